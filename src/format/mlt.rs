@@ -1,0 +1,1 @@
+//! MLT1 tokenizer files (placeholder: owned by the tokenizer work).
