@@ -61,11 +61,19 @@ impl FormatError {
         }
     }
 
-    pub fn format(field: impl Into<String>, value: impl fmt::Display, rule: impl Into<String>) -> Self {
+    pub fn format(
+        field: impl Into<String>,
+        value: impl fmt::Display,
+        rule: impl Into<String>,
+    ) -> Self {
         Self::new(Status::Format, field, value, rule)
     }
 
-    pub fn shape(field: impl Into<String>, value: impl fmt::Display, rule: impl Into<String>) -> Self {
+    pub fn shape(
+        field: impl Into<String>,
+        value: impl fmt::Display,
+        rule: impl Into<String>,
+    ) -> Self {
         Self::new(Status::Shape, field, value, rule)
     }
 

@@ -5,6 +5,8 @@
 //! `mlb-run`.
 
 pub mod error;
+pub mod mlb;
+pub mod mli;
 pub mod mlt;
 
 pub use error::{FormatError, Result, Status};

@@ -2,8 +2,290 @@
 //!
 //! Blocks are 32 consecutive values of a row. Q8_0 stores one int8 per value and a
 //! scale `d` per block; Q4_0 stores two 4-bit levels per byte and a scale per block.
+//! Matrices are quantized row by row in parallel (rayon); every row is a pure
+//! function of its values, so the bytes do not depend on the thread count.
 
+pub mod q4_0;
 pub mod q8_0;
+
+use rayon::prelude::*;
+
+pub use crate::format::mlb::QType;
 
 /// Values per quantization block.
 pub const QK: usize = 32;
+
+/// The scales of a quantized matrix, as they are stored.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Scales {
+    F32(Vec<f32>),
+    /// IEEE half bits.
+    F16(Vec<u16>),
+}
+
+impl Scales {
+    pub fn len(&self) -> usize {
+        match self {
+            Scales::F32(v) => v.len(),
+            Scales::F16(v) => v.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Scale `i` as f32 (f16 converted exactly).
+    pub fn get(&self, i: usize) -> f32 {
+        match self {
+            Scales::F32(v) => v[i],
+            Scales::F16(v) => half::f16::from_bits(v[i]).to_f32(),
+        }
+    }
+
+    /// All scales as f32.
+    pub fn to_f32(&self) -> Vec<f32> {
+        (0..self.len()).map(|i| self.get(i)).collect()
+    }
+}
+
+/// A quantized matrix: rows × cols, row-major blocks of 32.
+#[derive(Debug, Clone, PartialEq)]
+pub struct QuantMat {
+    pub qtype: QType,
+    pub rows: usize,
+    pub cols: usize,
+    /// Q8_0: rows × cols int8 as bytes; Q4_0: rows × cols / 2 packed nibbles.
+    pub q: Vec<u8>,
+    pub d: Scales,
+}
+
+/// How Q4_0 blocks are rounded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Q4Rule {
+    /// The least-squares search over 13 levels (the spec's tools/mlb.py).
+    Search,
+    /// llama.cpp's rule: d = max / -8, level = min(trunc(x / d + 8.5), 15).
+    Round,
+}
+
+/// Options of [`quantize`].
+#[derive(Debug, Clone, Copy)]
+pub struct QuantOpts<'a> {
+    pub scale_f16: bool,
+    pub q4_rule: Q4Rule,
+    /// Importance of each input channel (cols values, floored at 0.001 by the caller):
+    /// weights the Q4_0 search by imp × sqrt(s² + x²).
+    pub imatrix: Option<&'a [f32]>,
+}
+
+impl Default for QuantOpts<'_> {
+    fn default() -> Self {
+        QuantOpts {
+            scale_f16: false,
+            q4_rule: Q4Rule::Search,
+            imatrix: None,
+        }
+    }
+}
+
+/// Why a matrix could not be quantized.
+#[derive(Debug, Clone, PartialEq)]
+pub enum QuantError {
+    /// A weight is NaN or infinite.
+    NonFinite { row: usize, col: usize, value: f32 },
+    /// A scale is above 65504 and cannot be stored as f16.
+    ScaleOverflow { row: usize, block: usize, d: f32 },
+    /// cols is not a multiple of 32, or the data has the wrong length.
+    Shape {
+        rows: usize,
+        cols: usize,
+        len: usize,
+    },
+}
+
+impl std::fmt::Display for QuantError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            QuantError::NonFinite { row, col, value } => {
+                write!(f, "weight [{row}, {col}] is {value}: weights must be finite")
+            }
+            QuantError::ScaleOverflow { row, block, d } => write!(
+                f,
+                "scale of row {row} block {block} is {d}: above 65504, it cannot be stored as f16 (drop --f16-scales)"
+            ),
+            QuantError::Shape { rows, cols, len } => {
+                write!(f, "{rows}×{cols} matrix with {len} values: cols must be a multiple of 32")
+            }
+        }
+    }
+}
+
+impl std::error::Error for QuantError {}
+
+/// Quantizes a rows × cols matrix (row-major f32) to `qtype`.
+pub fn quantize(
+    qtype: QType,
+    rows: usize,
+    cols: usize,
+    x: &[f32],
+    opts: &QuantOpts,
+) -> Result<QuantMat, QuantError> {
+    if cols % QK != 0 || cols == 0 || rows.checked_mul(cols) != Some(x.len()) {
+        return Err(QuantError::Shape {
+            rows,
+            cols,
+            len: x.len(),
+        });
+    }
+    if let Some(i) = x.iter().position(|v| !v.is_finite()) {
+        return Err(QuantError::NonFinite {
+            row: i / cols,
+            col: i % cols,
+            value: x[i],
+        });
+    }
+    if let Some(imp) = opts.imatrix {
+        assert_eq!(imp.len(), cols, "imatrix length must equal cols");
+    }
+    let nb = cols / QK;
+    let qrow = match qtype {
+        QType::Q8_0 => cols,
+        QType::Q4_0 => cols / 2,
+    };
+    let mut q = vec![0u8; rows * qrow];
+    let mut d32 = vec![0f32; if opts.scale_f16 { 0 } else { rows * nb }];
+    let mut d16 = vec![0u16; if opts.scale_f16 { rows * nb } else { 0 }];
+    // One row per task: per-row results are independent of scheduling.
+    let rows_iter = x.par_chunks(cols).zip(q.par_chunks_mut(qrow)).enumerate();
+    let res: Result<(), QuantError> = if opts.scale_f16 {
+        rows_iter
+            .zip(d16.par_chunks_mut(nb))
+            .try_for_each(|((r, (xr, qr)), dr)| {
+                quantize_row(qtype, xr, qr, RowScales::F16(dr), opts)
+                    .map_err(|(block, d)| QuantError::ScaleOverflow { row: r, block, d })
+            })
+    } else {
+        rows_iter
+            .zip(d32.par_chunks_mut(nb))
+            .try_for_each(|((r, (xr, qr)), dr)| {
+                quantize_row(qtype, xr, qr, RowScales::F32(dr), opts)
+                    .map_err(|(block, d)| QuantError::ScaleOverflow { row: r, block, d })
+            })
+    };
+    res?;
+    let d = if opts.scale_f16 {
+        Scales::F16(d16)
+    } else {
+        Scales::F32(d32)
+    };
+    Ok(QuantMat {
+        qtype,
+        rows,
+        cols,
+        q,
+        d,
+    })
+}
+
+/// Where a row's scales go.
+enum RowScales<'a> {
+    F32(&'a mut [f32]),
+    F16(&'a mut [u16]),
+}
+
+/// Quantizes one row; on a scale that f16 cannot hold returns (block, d).
+fn quantize_row(
+    qtype: QType,
+    x: &[f32],
+    q: &mut [u8],
+    d: RowScales,
+    opts: &QuantOpts,
+) -> Result<(), (usize, f32)> {
+    let f16 = matches!(d, RowScales::F16(_));
+    let mut scales = Vec::with_capacity(x.len() / QK);
+    match qtype {
+        QType::Q8_0 => {
+            for (b, (xb, qb)) in x.chunks_exact(QK).zip(q.chunks_exact_mut(QK)).enumerate() {
+                let mut qi = [0i8; QK];
+                let s = if f16 {
+                    match q8_0::quantize_block_f16(xb, &mut qi) {
+                        Some(h) => h.to_f32(),
+                        None => {
+                            return Err((b, xb.iter().fold(0.0f32, |m, v| m.max(v.abs())) / 127.0))
+                        }
+                    }
+                } else {
+                    q8_0::quantize_block(xb, &mut qi)
+                };
+                for (o, v) in qb.iter_mut().zip(qi) {
+                    *o = v as u8;
+                }
+                scales.push(s);
+            }
+        }
+        QType::Q4_0 => {
+            let weights = q4_0::RowWeights::new(x, opts.imatrix);
+            for (b, (xb, qb)) in x
+                .chunks_exact(QK)
+                .zip(q.chunks_exact_mut(QK / 2))
+                .enumerate()
+            {
+                let s = match opts.q4_rule {
+                    Q4Rule::Round => q4_0::quantize_block_round(xb, qb),
+                    Q4Rule::Search => {
+                        q4_0::quantize_block_search(xb, weights.block(b).as_ref(), qb)
+                    }
+                };
+                if f16 && s.abs() > 65504.0 {
+                    return Err((b, s));
+                }
+                scales.push(s);
+            }
+        }
+    }
+    match d {
+        RowScales::F32(d) => d.copy_from_slice(&scales),
+        RowScales::F16(d) => {
+            for (o, s) in d.iter_mut().zip(scales) {
+                *o = half::f16::from_f32(s).to_bits();
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Dequantizes row `r` of a matrix into `out` (cols values): w = q × d.
+pub fn dequant_row(qtype: QType, q: &[u8], d: &[f32], cols: usize, r: usize, out: &mut [f32]) {
+    let nb = cols / QK;
+    let d = &d[r * nb..(r + 1) * nb];
+    match qtype {
+        QType::Q8_0 => {
+            let q = &q[r * cols..(r + 1) * cols];
+            for ((ob, qb), &s) in out.chunks_exact_mut(QK).zip(q.chunks_exact(QK)).zip(d) {
+                for (o, &v) in ob.iter_mut().zip(qb) {
+                    *o = (v as i8) as f32 * s;
+                }
+            }
+        }
+        QType::Q4_0 => {
+            let q = &q[r * cols / 2..(r + 1) * cols / 2];
+            for ((ob, qb), &s) in out.chunks_exact_mut(QK).zip(q.chunks_exact(QK / 2)).zip(d) {
+                for j in 0..QK / 2 {
+                    ob[j] = ((qb[j] & 0x0f) as i32 - 8) as f32 * s;
+                    ob[j + QK / 2] = ((qb[j] >> 4) as i32 - 8) as f32 * s;
+                }
+            }
+        }
+    }
+}
+
+/// Dequantizes a whole matrix (tests and statistics).
+pub fn dequantize(m: &QuantMat) -> Vec<f32> {
+    let d = m.d.to_f32();
+    let mut out = vec![0f32; m.rows * m.cols];
+    for (r, o) in out.chunks_exact_mut(m.cols).enumerate() {
+        dequant_row(m.qtype, &m.q, &d, m.cols, r, o);
+    }
+    out
+}

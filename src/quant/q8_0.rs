@@ -65,7 +65,11 @@ pub fn quantize_block_f16(x: &[f32], q: &mut [i8]) -> Option<half::f16> {
 /// Quantizes a row (length a multiple of 32) with f32 scales.
 pub fn quantize_row(x: &[f32], q: &mut [i8], d: &mut [f32]) {
     debug_assert_eq!(x.len() % QK, 0);
-    for ((xb, qb), db) in x.chunks_exact(QK).zip(q.chunks_exact_mut(QK)).zip(d.iter_mut()) {
+    for ((xb, qb), db) in x
+        .chunks_exact(QK)
+        .zip(q.chunks_exact_mut(QK))
+        .zip(d.iter_mut())
+    {
         *db = quantize_block(xb, qb);
     }
 }

@@ -1,0 +1,462 @@
+//! Where every array of an `.mlb` file lies: the spec's array order with 64-byte
+//! alignment, computed with checked `u64` arithmetic and a checked conversion to usize.
+
+use std::fmt;
+
+use super::header::{layer_flag, q8_class, wtype, Header, HEADER_SIZE};
+use super::validate::Dims;
+use crate::format::error::{FormatError, Result};
+use crate::quant::QK;
+
+/// Every array starts at a multiple of this.
+pub const ALIGN: u64 = 64;
+
+/// A tensor's name: `tok_emb`, `final_norm`, or `layers.N.wq`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct TensorName {
+    pub layer: Option<u32>,
+    pub name: &'static str,
+}
+
+impl fmt::Display for TensorName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.layer {
+            Some(l) => write!(f, "layers.{l}.{}", self.name),
+            None => f.write_str(self.name),
+        }
+    }
+}
+
+/// Storage type of a matrix.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum QType {
+    Q8_0,
+    Q4_0,
+}
+
+impl QType {
+    pub fn name(self) -> &'static str {
+        match self {
+            QType::Q8_0 => "Q8_0",
+            QType::Q4_0 => "Q4_0",
+        }
+    }
+
+    /// Bytes of quants in a block of 32.
+    pub fn block_bytes(self) -> u64 {
+        match self {
+            QType::Q8_0 => 32,
+            QType::Q4_0 => 16,
+        }
+    }
+}
+
+/// What a tensor holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// The layer flag bytes.
+    U8 { len: usize },
+    /// A float32 vector or matrix (norms, biases, conv taps) of `len` floats.
+    F32 { len: usize },
+    /// A quantized matrix: quants at `offset`, scales at `d_offset`.
+    Mat {
+        qtype: QType,
+        rows: usize,
+        cols: usize,
+        /// q8_mask class bit that decides its type in a Q4_0 model (0: always Q8_0).
+        class: u32,
+        d_offset: u64,
+        /// Bytes of the scale array (rows × cols / 32 × 2 or 4).
+        d_bytes: u64,
+    },
+}
+
+/// One tensor of the file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Tensor {
+    pub name: TensorName,
+    pub kind: Kind,
+    /// Offset of the (first) array.
+    pub offset: u64,
+    /// Bytes of the (first) array, without padding.
+    pub bytes: u64,
+}
+
+impl Tensor {
+    /// Offset one past the last byte of the tensor's last array (without padding).
+    pub fn end(&self) -> u64 {
+        match self.kind {
+            Kind::Mat {
+                d_offset, d_bytes, ..
+            } => d_offset + d_bytes,
+            _ => self.offset + self.bytes,
+        }
+    }
+
+    /// Number of parameters it holds.
+    pub fn params(&self) -> u64 {
+        match self.kind {
+            Kind::U8 { .. } => 0,
+            Kind::F32 { len } => len as u64,
+            Kind::Mat { rows, cols, .. } => rows as u64 * cols as u64,
+        }
+    }
+
+    /// Bytes it takes in the file (all arrays, without padding).
+    pub fn stored_bytes(&self) -> u64 {
+        match self.kind {
+            Kind::Mat { d_bytes, .. } => self.bytes + d_bytes,
+            _ => self.bytes,
+        }
+    }
+}
+
+/// Indices into [`Layout::tensors`] of one attention layer's arrays.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AttnIdx {
+    pub wq: usize,
+    pub wk: usize,
+    pub wv: usize,
+    pub wo: usize,
+    pub wg: Option<usize>,
+    pub bq: Option<usize>,
+    pub bk: Option<usize>,
+    pub bv: Option<usize>,
+    pub q_norm: Option<usize>,
+    pub k_norm: Option<usize>,
+}
+
+/// Indices of one linear-attention (gated delta rule) layer's arrays.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LinearIdx {
+    pub lqkv: usize,
+    pub lz: usize,
+    pub lb: usize,
+    pub la: usize,
+    pub lconv: usize,
+    pub dt_bias: usize,
+    pub a_log: usize,
+    pub lnorm: usize,
+    pub lout: usize,
+}
+
+/// Attention or linear attention.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Mixer {
+    Attention(AttnIdx),
+    Linear(LinearIdx),
+}
+
+/// Indices of one layer's arrays.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LayerIdx {
+    pub flags: u8,
+    pub attn_norm: usize,
+    pub mixer: Mixer,
+    pub ffn_norm: usize,
+    pub w1: usize,
+    pub w2: usize,
+    pub w3: usize,
+    pub post_attn_norm: Option<usize>,
+    pub post_ffn_norm: Option<usize>,
+}
+
+/// The positions of every array of a file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Layout {
+    /// Every tensor in file order.
+    pub tensors: Vec<Tensor>,
+    pub layer_flags: Option<usize>,
+    pub tok_emb: usize,
+    pub layers: Vec<LayerIdx>,
+    pub final_norm: usize,
+    /// The classifier: `wcls`, or `tok_emb` when shared.
+    pub wcls: usize,
+    /// One past the last byte of the last array.
+    pub end: u64,
+}
+
+/// `v` as usize if it fits under `limit` (the platform's `usize::MAX` in real use;
+/// tests pass `u32::MAX` to check what a 32-bit target would do).
+pub fn to_usize_limited(v: u64, limit: u64, what: &str) -> Result<usize> {
+    if v > limit || v > usize::MAX as u64 {
+        return Err(FormatError::shape(
+            what,
+            v,
+            "size does not fit in this platform's address space",
+        ));
+    }
+    Ok(v as usize)
+}
+
+/// `v` as usize on this platform.
+pub fn to_usize(v: u64, what: &str) -> Result<usize> {
+    to_usize_limited(v, usize::MAX as u64, what)
+}
+
+fn overflow(what: impl fmt::Display) -> FormatError {
+    FormatError::shape(what.to_string(), "overflow", "array size overflows 64 bits")
+}
+
+/// `v` rounded up to the next multiple of 64.
+pub fn align_up(v: u64) -> Option<u64> {
+    v.checked_add(ALIGN - 1).map(|x| x & !(ALIGN - 1))
+}
+
+/// A matrix class's storage type in a model of `wtype` with `q8_mask`.
+pub fn class_qtype(wtype_: u32, q8_mask: u32, class: u32) -> QType {
+    if wtype_ == wtype::Q8_0 || class == 0 || q8_mask & class != 0 {
+        QType::Q8_0
+    } else {
+        QType::Q4_0
+    }
+}
+
+/// Builder that places arrays one after the other, 64-byte aligned.
+struct Placer<'a> {
+    h: &'a Header,
+    pos: u64,
+    tensors: Vec<Tensor>,
+    /// Only sum sizes (no allocation): used to check a header against the file size
+    /// before any per-layer structure is allocated.
+    count_only: bool,
+    limit: u64,
+    /// One past the last byte of the last array placed (without its padding).
+    last_end: u64,
+}
+
+impl Placer<'_> {
+    fn place(&mut self, bytes: u64, name: TensorName) -> Result<u64> {
+        let at = self.pos;
+        let end = at.checked_add(bytes).ok_or_else(|| overflow(name))?;
+        self.pos = align_up(end).ok_or_else(|| overflow(name))?;
+        self.last_end = end;
+        if self.pos > self.limit {
+            return Err(FormatError::shape(
+                name.to_string(),
+                end,
+                "array ends past the addressable size",
+            ));
+        }
+        Ok(at)
+    }
+
+    fn push(&mut self, t: Tensor) -> usize {
+        if !self.count_only {
+            self.tensors.push(t);
+        }
+        self.tensors.len().saturating_sub(1)
+    }
+
+    fn u8s(&mut self, name: TensorName, len: usize) -> Result<usize> {
+        let offset = self.place(len as u64, name)?;
+        Ok(self.push(Tensor {
+            name,
+            kind: Kind::U8 { len },
+            offset,
+            bytes: len as u64,
+        }))
+    }
+
+    fn f32s(&mut self, name: TensorName, len: u64) -> Result<usize> {
+        let bytes = len.checked_mul(4).ok_or_else(|| overflow(name))?;
+        let offset = self.place(bytes, name)?;
+        let len = to_usize_limited(len, self.limit, &name.to_string())?;
+        Ok(self.push(Tensor {
+            name,
+            kind: Kind::F32 { len },
+            offset,
+            bytes,
+        }))
+    }
+
+    fn mat(&mut self, name: TensorName, rows: u64, cols: u64, class: u32) -> Result<usize> {
+        let qtype = class_qtype(self.h.wtype, self.h.q8_mask, class);
+        let n = rows.checked_mul(cols).ok_or_else(|| overflow(name))?;
+        debug_assert_eq!(cols % QK as u64, 0);
+        let blocks = n / QK as u64;
+        let q_bytes = blocks
+            .checked_mul(qtype.block_bytes())
+            .ok_or_else(|| overflow(name))?;
+        let d_size = if self.h.scale_f16 != 0 { 2 } else { 4 };
+        let d_bytes = blocks.checked_mul(d_size).ok_or_else(|| overflow(name))?;
+        let offset = self.place(q_bytes, name)?;
+        let d_offset = self.place(d_bytes, name)?;
+        let rows = to_usize_limited(rows, self.limit, &name.to_string())?;
+        let cols = to_usize_limited(cols, self.limit, &name.to_string())?;
+        Ok(self.push(Tensor {
+            name,
+            kind: Kind::Mat {
+                qtype,
+                rows,
+                cols,
+                class,
+                d_offset,
+                d_bytes,
+            },
+            offset,
+            bytes: q_bytes,
+        }))
+    }
+}
+
+fn top(name: &'static str) -> TensorName {
+    TensorName { layer: None, name }
+}
+
+impl Layout {
+    /// Places every array of a validated header. `flags` are the layer flag bytes
+    /// (empty when the header has none). `limit` caps every size and offset: pass
+    /// `usize::MAX as u64` (see [`Layout::new`]) or a smaller one to model a 32-bit target.
+    pub fn with_limit(h: &Header, d: &Dims, flags: &[u8], limit: u64) -> Result<Layout> {
+        Self::walk(h, d, flags, limit, false)
+    }
+
+    /// Places every array on this platform.
+    pub fn new(h: &Header, d: &Dims, flags: &[u8]) -> Result<Layout> {
+        Self::with_limit(h, d, flags, usize::MAX as u64)
+    }
+
+    /// The end offset of the arrays (for checking against the file size before
+    /// allocating anything per layer).
+    pub fn end_offset(h: &Header, d: &Dims, flags: &[u8], limit: u64) -> Result<u64> {
+        Ok(Self::walk(h, d, flags, limit, true)?.end)
+    }
+
+    fn walk(h: &Header, d: &Dims, flags: &[u8], limit: u64, count_only: bool) -> Result<Layout> {
+        let mut p = Placer {
+            h,
+            pos: HEADER_SIZE as u64,
+            tensors: Vec::new(),
+            count_only,
+            limit,
+            last_end: HEADER_SIZE as u64,
+        };
+        let nl = d.n_layers;
+        let (dim, hid, vocab) = (d.dim as u64, d.hidden_dim as u64, d.vocab as u64);
+        let (q_dim, kv_dim, hd) = (d.q_dim as u64, d.kv_dim as u64, d.head_dim as u64);
+        let layer_flags = if h.layer_flags != 0 {
+            Some(p.u8s(top("layer_flags"), nl)?)
+        } else {
+            None
+        };
+        let tok_emb = p.mat(
+            top("tok_emb"),
+            vocab,
+            dim,
+            q8_class::TOK_EMB | tok_emb_extra(h),
+        )?;
+        let mut layers = Vec::new();
+        if !count_only {
+            layers.reserve(nl);
+        }
+        for l in 0..nl {
+            let f = flags.get(l).copied().unwrap_or(0);
+            let n = |name| TensorName {
+                layer: Some(l as u32),
+                name,
+            };
+            let attn_norm = p.f32s(n("attn_norm"), dim)?;
+            let mixer = if f & layer_flag::LINEAR != 0 {
+                let (qkv, vt) = (d.lin_qkv as u64, d.lin_v_total as u64);
+                let v = h.lin_v_heads as u64;
+                Mixer::Linear(LinearIdx {
+                    lqkv: p.mat(n("lqkv"), qkv, dim, q8_class::WQK)?,
+                    lz: p.mat(n("lz"), vt, dim, q8_class::WV)?,
+                    lb: p.mat(n("lb"), v, dim, 0)?,
+                    la: p.mat(n("la"), v, dim, 0)?,
+                    lconv: p.f32s(
+                        n("lconv"),
+                        qkv.checked_mul(h.lin_conv as u64)
+                            .ok_or_else(|| overflow(n("lconv")))?,
+                    )?,
+                    dt_bias: p.f32s(n("dt_bias"), v)?,
+                    a_log: p.f32s(n("A_log"), v)?,
+                    lnorm: p.f32s(n("lnorm"), h.lin_v_dim as u64)?,
+                    lout: p.mat(n("lout"), dim, vt, q8_class::WO)?,
+                })
+            } else {
+                let mut a = AttnIdx {
+                    wq: p.mat(n("wq"), q_dim, dim, q8_class::WQK)?,
+                    wk: p.mat(n("wk"), kv_dim, dim, q8_class::WQK)?,
+                    wv: p.mat(n("wv"), kv_dim, dim, q8_class::WV)?,
+                    wo: p.mat(n("wo"), dim, q_dim, q8_class::WO)?,
+                    ..AttnIdx::default()
+                };
+                if h.attn_gate != 0 {
+                    a.wg = Some(p.mat(n("wg"), q_dim, dim, q8_class::WQK)?);
+                }
+                if h.qkv_bias != 0 {
+                    a.bq = Some(p.f32s(n("bq"), q_dim)?);
+                    a.bk = Some(p.f32s(n("bk"), kv_dim)?);
+                    a.bv = Some(p.f32s(n("bv"), kv_dim)?);
+                }
+                if h.qk_norm != 0 {
+                    a.q_norm = Some(p.f32s(n("q_norm"), hd)?);
+                    a.k_norm = Some(p.f32s(n("k_norm"), hd)?);
+                }
+                Mixer::Attention(a)
+            };
+            let ffn_norm = p.f32s(n("ffn_norm"), dim)?;
+            let w1 = p.mat(n("w1"), hid, dim, q8_class::W13)?;
+            let w2 = p.mat(n("w2"), dim, hid, q8_class::W2)?;
+            let w3 = p.mat(n("w3"), hid, dim, q8_class::W13)?;
+            let (post_attn_norm, post_ffn_norm) = if h.post_norms != 0 {
+                (
+                    Some(p.f32s(n("post_attn_norm"), dim)?),
+                    Some(p.f32s(n("post_ffn_norm"), dim)?),
+                )
+            } else {
+                (None, None)
+            };
+            if !count_only {
+                layers.push(LayerIdx {
+                    flags: f,
+                    attn_norm,
+                    mixer,
+                    ffn_norm,
+                    w1,
+                    w2,
+                    w3,
+                    post_attn_norm,
+                    post_ffn_norm,
+                });
+            }
+        }
+        let final_norm = p.f32s(top("final_norm"), dim)?;
+        let wcls = if h.shared_classifier != 0 {
+            tok_emb
+        } else {
+            p.mat(top("wcls"), vocab, dim, q8_class::WCLS)?
+        };
+        let end = p.last_end;
+        Ok(Layout {
+            tensors: p.tensors,
+            layer_flags,
+            tok_emb,
+            layers,
+            final_norm,
+            wcls,
+            end,
+        })
+    }
+
+    /// Parameters of every tensor (a shared classifier counts once).
+    pub fn params(&self) -> u64 {
+        self.tensors.iter().map(|t| t.params()).sum()
+    }
+
+    /// The tensor named `name` (as displayed, e.g. `layers.0.wq`).
+    pub fn find(&self, name: &str) -> Option<&Tensor> {
+        self.tensors.iter().find(|t| t.name.to_string() == name)
+    }
+}
+
+/// With a shared classifier, tok_emb is Q8_0 if the tok_emb or the wcls bit is set.
+fn tok_emb_extra(h: &Header) -> u32 {
+    if h.shared_classifier != 0 {
+        q8_class::WCLS
+    } else {
+        0
+    }
+}

@@ -1,0 +1,407 @@
+//! The spec's error table for `.mlb` headers and layer flags, rule by rule.
+//!
+//! `validate` returns the derived dimensions (`head_dim`, `q_dim`, `kv_dim`, ...) of a
+//! header that passes; every failure names the field and its value.
+
+use super::header::{act, layer_flag, q8_class, rope_type, wtype, Header, MAGIC, VERSION};
+use crate::format::error::{FormatError, Result};
+
+/// Limit of dim, n_layers, n_heads, n_kv_heads, hidden_dim (and of q_dim).
+pub const DIM_LIMIT: u32 = 65536;
+/// Limit of vocab, max_seq and sliding_window.
+pub const SEQ_LIMIT: u32 = 1 << 24;
+
+/// Values derived from a valid header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Dims {
+    pub dim: usize,
+    pub n_layers: usize,
+    pub n_heads: usize,
+    pub n_kv_heads: usize,
+    pub hidden_dim: usize,
+    pub vocab: usize,
+    pub head_dim: usize,
+    /// head_dim × n_heads.
+    pub q_dim: usize,
+    /// head_dim × n_kv_heads.
+    pub kv_dim: usize,
+    /// Rotated dimensions of each head (rot_dim, or head_dim when 0).
+    pub rot_dim: usize,
+    /// Linear attention: 2·K·dk + V·dv (rows of lqkv); 0 without it.
+    pub lin_qkv: usize,
+    /// Linear attention: V·dv (rows of lz, columns of lout); 0 without it.
+    pub lin_v_total: usize,
+}
+
+fn shape(field: &str, v: impl std::fmt::Display, rule: &str) -> FormatError {
+    FormatError::shape(field, v, rule)
+}
+
+fn format(field: &str, v: impl std::fmt::Display, rule: &str) -> FormatError {
+    FormatError::format(field, v, rule)
+}
+
+fn flag01(field: &str, v: u32) -> Result<()> {
+    if v > 1 {
+        return Err(format(field, v, "must be 0 or 1"));
+    }
+    Ok(())
+}
+
+fn nonneg_finite(field: &str, v: f32) -> Result<()> {
+    if !v.is_finite() || v < 0.0 {
+        return Err(format(field, v, "must be finite and ≥ 0"));
+    }
+    Ok(())
+}
+
+fn positive(field: &str, v: f32, rule: &str) -> Result<()> {
+    if !(v.is_finite() && v > 0.0) {
+        return Err(format(field, v, rule));
+    }
+    Ok(())
+}
+
+fn dim_in(field: &str, v: u32, limit: u32) -> Result<usize> {
+    if v == 0 {
+        return Err(shape(field, v, "must not be zero"));
+    }
+    if v > limit {
+        return Err(shape(field, v, &format!("above the limit {limit}")));
+    }
+    Ok(v as usize)
+}
+
+/// Checks the header against every rule of the spec; returns the derived dimensions.
+pub fn validate(h: &Header) -> Result<Dims> {
+    if h.magic != MAGIC {
+        return Err(format(
+            "magic",
+            format!("{:?}", String::from_utf8_lossy(&h.magic)),
+            "must be \"MLB1\"",
+        ));
+    }
+    if h.version != VERSION {
+        return Err(format("version", h.version, "must be 1"));
+    }
+    if h.wtype != wtype::Q8_0 && h.wtype != wtype::Q4_0 {
+        return Err(format("wtype", h.wtype, "must be 1 (Q8_0) or 2 (Q4_0)"));
+    }
+    if h.q8_mask & !q8_class::ALL != 0 {
+        return Err(format(
+            "q8_mask",
+            h.q8_mask,
+            "unknown class bits (above 64)",
+        ));
+    }
+    if h.wtype == wtype::Q8_0 && h.q8_mask != 0 {
+        return Err(format("q8_mask", h.q8_mask, "must be 0 in a Q8_0 model"));
+    }
+    positive("rope_theta", h.rope_theta, "must be finite and > 0")?;
+    nonneg_finite("norm_eps", h.norm_eps)?;
+    validate_rope(h)?;
+    flag01("qkv_bias", h.qkv_bias)?;
+    flag01("qk_norm", h.qk_norm)?;
+    flag01("layer_flags", h.layer_flags)?;
+    flag01("post_norms", h.post_norms)?;
+    flag01("scale_f16", h.scale_f16)?;
+    flag01("attn_gate", h.attn_gate)?;
+    if h.act != act::SILU && h.act != act::GELU_TANH {
+        return Err(format("act", h.act, "must be 0 (SiLU) or 1 (GELU tanh)"));
+    }
+    nonneg_finite("embed_scale", h.embed_scale)?;
+    nonneg_finite("attn_scale", h.attn_scale)?;
+    nonneg_finite("attn_softcap", h.attn_softcap)?;
+    nonneg_finite("final_softcap", h.final_softcap)?;
+    if !(h.rope_local_theta.is_finite() && h.rope_local_theta >= 0.0) {
+        return Err(format(
+            "rope_local_theta",
+            h.rope_local_theta,
+            "must be finite and ≥ 0",
+        ));
+    }
+    if h.sliding_window > SEQ_LIMIT {
+        return Err(format(
+            "sliding_window",
+            h.sliding_window,
+            "above the limit 2^24",
+        ));
+    }
+
+    let dim = dim_in("dim", h.dim, DIM_LIMIT)?;
+    let n_layers = dim_in("n_layers", h.n_layers, DIM_LIMIT)?;
+    let n_heads = dim_in("n_heads", h.n_heads, DIM_LIMIT)?;
+    let n_kv_heads = dim_in("n_kv_heads", h.n_kv_heads, DIM_LIMIT)?;
+    let hidden_dim = dim_in("hidden_dim", h.hidden_dim, DIM_LIMIT)?;
+    let vocab = dim_in("vocab", h.vocab, SEQ_LIMIT)?;
+    dim_in("max_seq", h.max_seq, SEQ_LIMIT)?;
+    if dim % 32 != 0 {
+        return Err(shape("dim", dim, "must be a multiple of 32"));
+    }
+    if hidden_dim % 32 != 0 {
+        return Err(shape("hidden_dim", hidden_dim, "must be a multiple of 32"));
+    }
+    if n_heads % n_kv_heads != 0 {
+        return Err(shape(
+            "n_kv_heads",
+            n_kv_heads,
+            &format!("must divide n_heads ({n_heads})"),
+        ));
+    }
+    if vocab < 3 {
+        return Err(shape("vocab", vocab, "must be at least 3"));
+    }
+    let head_dim = if h.head_dim == 0 {
+        if dim % n_heads != 0 {
+            return Err(shape(
+                "n_heads",
+                n_heads,
+                &format!("must divide dim ({dim}) when head_dim is 0"),
+            ));
+        }
+        dim / n_heads
+    } else {
+        dim_in("head_dim", h.head_dim, DIM_LIMIT)?
+    };
+    if head_dim % 2 != 0 {
+        return Err(shape("head_dim", head_dim, "must be even"));
+    }
+    // n_heads and head_dim are both ≤ 2^16, so the product fits in u64 and usize ≥ 32 bits
+    // would overflow only above 2^32: check in u64.
+    let q_dim64 = head_dim as u64 * n_heads as u64;
+    if q_dim64 > DIM_LIMIT as u64 {
+        return Err(shape(
+            "q_dim",
+            q_dim64,
+            "head_dim × n_heads above the limit 65536",
+        ));
+    }
+    let q_dim = q_dim64 as usize;
+    if q_dim % 32 != 0 {
+        return Err(shape(
+            "q_dim",
+            q_dim,
+            "head_dim × n_heads must be a multiple of 32",
+        ));
+    }
+    let kv_dim = head_dim * n_kv_heads;
+    let rot_dim = match h.rot_dim as usize {
+        0 => head_dim,
+        r if r % 2 != 0 => return Err(shape("rot_dim", r, "must be even")),
+        r if r > head_dim => {
+            return Err(shape(
+                "rot_dim",
+                r,
+                &format!("must be at most head_dim ({head_dim})"),
+            ))
+        }
+        r => r,
+    };
+
+    let (lin_qkv, lin_v_total) = validate_linear(h, dim)?;
+    Ok(Dims {
+        dim,
+        n_layers,
+        n_heads,
+        n_kv_heads,
+        hidden_dim,
+        vocab,
+        head_dim,
+        q_dim,
+        kv_dim,
+        rot_dim,
+        lin_qkv,
+        lin_v_total,
+    })
+}
+
+fn validate_rope(h: &Header) -> Result<()> {
+    match h.rope_type {
+        rope_type::PLAIN => {}
+        rope_type::LLAMA3 => {
+            positive(
+                "rope_factor",
+                h.rope_factor,
+                "llama3 RoPE needs rope_factor > 0",
+            )?;
+            positive(
+                "rope_low_freq_factor",
+                h.rope_low_freq_factor,
+                "llama3 RoPE needs rope_low_freq_factor > 0",
+            )?;
+            if !(h.rope_high_freq_factor.is_finite()
+                && h.rope_high_freq_factor > h.rope_low_freq_factor)
+            {
+                return Err(format(
+                    "rope_high_freq_factor",
+                    h.rope_high_freq_factor,
+                    &format!(
+                        "llama3 RoPE needs rope_high_freq_factor > rope_low_freq_factor ({})",
+                        h.rope_low_freq_factor
+                    ),
+                ));
+            }
+            if h.rope_orig_max_seq == 0 {
+                return Err(format(
+                    "rope_orig_max_seq",
+                    0,
+                    "llama3 RoPE needs rope_orig_max_seq > 0",
+                ));
+            }
+        }
+        rope_type::LINEAR => {
+            positive(
+                "rope_factor",
+                h.rope_factor,
+                "linear RoPE needs rope_factor > 0",
+            )?;
+        }
+        rope_type::YARN => {
+            positive(
+                "rope_factor",
+                h.rope_factor,
+                "yarn RoPE needs rope_factor > 0",
+            )?;
+            positive(
+                "rope_high_freq_factor",
+                h.rope_high_freq_factor,
+                "yarn RoPE needs beta_slow (rope_high_freq_factor) > 0",
+            )?;
+            if !(h.rope_low_freq_factor.is_finite()
+                && h.rope_low_freq_factor > h.rope_high_freq_factor)
+            {
+                return Err(format(
+                    "rope_low_freq_factor",
+                    h.rope_low_freq_factor,
+                    &format!(
+                        "yarn RoPE needs beta_fast (rope_low_freq_factor) > beta_slow ({})",
+                        h.rope_high_freq_factor
+                    ),
+                ));
+            }
+            if h.rope_orig_max_seq == 0 {
+                return Err(format(
+                    "rope_orig_max_seq",
+                    0,
+                    "yarn RoPE needs rope_orig_max_seq > 0",
+                ));
+            }
+            positive(
+                "rope_attn_factor",
+                h.rope_attn_factor,
+                "yarn RoPE needs rope_attn_factor > 0",
+            )?;
+        }
+        other => {
+            return Err(format(
+                "rope_type",
+                other,
+                "must be 0 (plain), 1 (llama3), 2 (linear) or 3 (yarn)",
+            ))
+        }
+    }
+    if h.rope_type != rope_type::YARN && h.rope_attn_factor != 0.0 {
+        return Err(format(
+            "rope_attn_factor",
+            h.rope_attn_factor,
+            "must be 0 unless rope_type is 3 (yarn)",
+        ));
+    }
+    Ok(())
+}
+
+/// Linear-attention dimensions: (2·K·dk + V·dv, V·dv), or zeros when there is none.
+fn validate_linear(h: &Header, _dim: usize) -> Result<(usize, usize)> {
+    let fields = [
+        h.lin_k_heads,
+        h.lin_v_heads,
+        h.lin_k_dim,
+        h.lin_v_dim,
+        h.lin_conv,
+    ];
+    if h.lin_k_heads == 0 {
+        let names = [
+            "lin_k_heads",
+            "lin_v_heads",
+            "lin_k_dim",
+            "lin_v_dim",
+            "lin_conv",
+        ];
+        for (n, v) in names.iter().zip(fields) {
+            if v != 0 {
+                return Err(shape(n, v, "must be 0 when lin_k_heads is 0"));
+            }
+        }
+        return Ok((0, 0));
+    }
+    let k = dim_in("lin_k_heads", h.lin_k_heads, DIM_LIMIT)? as u64;
+    let v = dim_in("lin_v_heads", h.lin_v_heads, DIM_LIMIT)? as u64;
+    let dk = dim_in("lin_k_dim", h.lin_k_dim, DIM_LIMIT)? as u64;
+    let dv = dim_in("lin_v_dim", h.lin_v_dim, DIM_LIMIT)? as u64;
+    dim_in("lin_conv", h.lin_conv, DIM_LIMIT)?;
+    if v % k != 0 || v % 4 != 0 {
+        return Err(shape(
+            "lin_v_heads",
+            v,
+            &format!("must be a multiple of lin_k_heads ({k}) and of 4"),
+        ));
+    }
+    let v_total = v * dv;
+    if v_total % 32 != 0 {
+        return Err(shape(
+            "lin_v_dim",
+            dv,
+            "lin_v_heads × lin_v_dim must be a multiple of 32",
+        ));
+    }
+    // All factors ≤ 2^16: the sum is below 2^34, exact in u64.
+    let qkv = 2 * k * dk + v_total;
+    let qkv = usize::try_from(qkv)
+        .map_err(|_| shape("lin_k_dim", dk, "linear-attention size overflows usize"))?;
+    let v_total = usize::try_from(v_total)
+        .map_err(|_| shape("lin_v_dim", dv, "linear-attention size overflows usize"))?;
+    Ok((qkv, v_total))
+}
+
+/// Checks the per-layer flag bytes against the header.
+pub fn validate_layer_flags(h: &Header, flags: &[u8]) -> Result<()> {
+    for (i, &f) in flags.iter().enumerate() {
+        let field = format!("layer_flags[{i}]");
+        if f & !layer_flag::ALL != 0 {
+            return Err(FormatError::format(
+                field,
+                f,
+                "unknown layer flag bits (only 1, 2, 4, 8)",
+            ));
+        }
+        if f & layer_flag::LOCAL_ROPE != 0 && f & layer_flag::NO_ROPE != 0 {
+            return Err(FormatError::format(
+                field,
+                f,
+                "local RoPE base (2) and no RoPE (4) together",
+            ));
+        }
+        if f & layer_flag::LINEAR != 0 && f != layer_flag::LINEAR {
+            return Err(FormatError::format(
+                field,
+                f,
+                "linear attention (8) must stand alone",
+            ));
+        }
+        if f & layer_flag::LOCAL_ROPE != 0 && h.rope_local_theta <= 0.0 {
+            return Err(FormatError::format(
+                field,
+                f,
+                "local-RoPE layer but rope_local_theta is 0",
+            ));
+        }
+        if f & layer_flag::LINEAR != 0 && h.lin_k_heads == 0 {
+            return Err(FormatError::shape(
+                field,
+                f,
+                "linear-attention layer but lin_k_heads is 0",
+            ));
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,321 @@
+//! Parsing and the zero-copy view: the same code validates a file for `mlb-inspect`
+//! and loads it for `mlb-run`.
+
+use std::borrow::Cow;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+use super::header::{Header, HEADER_SIZE};
+use super::layout::{Kind, Layout, QType};
+use super::validate::{validate, validate_layer_flags, Dims};
+use crate::format::error::{FormatError, Result};
+
+/// A validated file's header, dimensions and layout.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Parsed {
+    pub header: Header,
+    pub dims: Dims,
+    /// Per-layer flag bytes (all zero when the header has none).
+    pub flags: Vec<u8>,
+    pub layout: Layout,
+}
+
+/// Validates `bytes` as an `.mlb` file against every rule of the spec.
+pub fn parse(bytes: &[u8]) -> Result<Parsed> {
+    parse_limited(bytes, usize::MAX as u64)
+}
+
+/// [`parse`] with every size capped at `limit` (models a smaller address space).
+pub fn parse_limited(bytes: &[u8], limit: u64) -> Result<Parsed> {
+    if bytes.is_empty() {
+        return Err(FormatError::format(
+            "file",
+            "empty",
+            "an .mlb file starts with a 256-byte header",
+        ));
+    }
+    let head: &[u8; HEADER_SIZE] = bytes
+        .get(..HEADER_SIZE)
+        .and_then(|b| b.try_into().ok())
+        .ok_or_else(|| {
+            FormatError::format(
+                "file",
+                format!("{} bytes", bytes.len()),
+                "shorter than the 256-byte header",
+            )
+        })?;
+    let header = Header::decode(head);
+    let dims = validate(&header)?;
+    let flags: &[u8] = if header.layer_flags != 0 {
+        bytes
+            .get(HEADER_SIZE..HEADER_SIZE + dims.n_layers)
+            .ok_or_else(|| {
+                FormatError::format(
+                    "layer_flags",
+                    format!("{} bytes", bytes.len()),
+                    format!("file too short for {} layer flag bytes", dims.n_layers),
+                )
+            })?
+    } else {
+        &[]
+    };
+    validate_layer_flags(&header, flags)?;
+    // Check the implied size before allocating anything per layer: a header that
+    // claims 65536 layers of 2^24 × 65536 must fail here, cheaply.
+    let end = Layout::end_offset(&header, &dims, flags, limit)?;
+    if end > bytes.len() as u64 {
+        return Err(FormatError::format(
+            "file",
+            format!("{} bytes", bytes.len()),
+            format!("shorter than the {end} bytes the header implies"),
+        ));
+    }
+    let layout = Layout::with_limit(&header, &dims, flags, limit)?;
+    check_q8_quants(bytes, &layout)?;
+    let flags = if flags.is_empty() {
+        vec![0; dims.n_layers]
+    } else {
+        flags.to_vec()
+    };
+    Ok(Parsed {
+        header,
+        dims,
+        flags,
+        layout,
+    })
+}
+
+/// The x86 kernels negate weights by the activation's sign; -128 has no int8 negation.
+fn check_q8_quants(bytes: &[u8], layout: &Layout) -> Result<()> {
+    for t in &layout.tensors {
+        if let Kind::Mat {
+            qtype: QType::Q8_0, ..
+        } = t.kind
+        {
+            let q = &bytes[t.offset as usize..(t.offset + t.bytes) as usize];
+            if let Some(i) = memchr::memchr(0x80, q) {
+                return Err(FormatError::format(
+                    t.name.to_string(),
+                    -128,
+                    format!(
+                        "Q8_0 quant at file offset {} is -128 (quants must be in [-127, 127])",
+                        t.offset as usize + i
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A quantized matrix view: quants and f32 scales.
+#[derive(Debug, Clone, Copy)]
+pub struct MatRef<'a> {
+    pub qtype: QType,
+    pub rows: usize,
+    pub cols: usize,
+    /// Q8_0: rows × cols int8 (as bytes); Q4_0: rows × cols / 2 bytes.
+    pub q: &'a [u8],
+    /// rows × cols / 32 scales.
+    pub d: &'a [f32],
+}
+
+impl MatRef<'_> {
+    /// Dequantizes row `r` into `out` (cols floats): w = q × d.
+    pub fn dequant_row(&self, r: usize, out: &mut [f32]) {
+        crate::quant::dequant_row(self.qtype, self.q, self.d, self.cols, r, out)
+    }
+}
+
+/// Bytes behind a file: a read-only map, or an owned aligned buffer.
+enum Backing {
+    Map(memmap2::Mmap),
+    /// u64 storage keeps the bytes 8-aligned, so f32 arrays can be borrowed.
+    Owned(Vec<u64>, usize),
+}
+
+impl Backing {
+    fn bytes(&self) -> &[u8] {
+        match self {
+            Backing::Map(m) => m,
+            Backing::Owned(v, len) => {
+                // SAFETY: a Vec<u64> of ⌈len/8⌉ words holds at least len initialized bytes.
+                unsafe { std::slice::from_raw_parts(v.as_ptr() as *const u8, *len) }
+            }
+        }
+    }
+}
+
+/// An opened, validated `.mlb` file with typed, zero-copy access to its arrays.
+pub struct Mlb {
+    backing: Backing,
+    pub path: Option<PathBuf>,
+    pub parsed: Parsed,
+    /// Scales converted from f16 once at load, per tensor index (empty with f32 scales).
+    f16_scales: Vec<Option<Vec<f32>>>,
+}
+
+/// `bytes` as f32s without copying when aligned on a little-endian host.
+fn f32_view(bytes: &[u8]) -> Cow<'_, [f32]> {
+    if cfg!(target_endian = "little") {
+        // SAFETY: every bit pattern is a valid f32; align_to only yields the aligned middle.
+        let (pre, mid, post) = unsafe { bytes.align_to::<f32>() };
+        if pre.is_empty() && post.is_empty() {
+            return Cow::Borrowed(mid);
+        }
+    }
+    Cow::Owned(
+        bytes
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect(),
+    )
+}
+
+impl Mlb {
+    /// Maps and validates the file at `path`.
+    pub fn open(path: &Path) -> Result<Mlb> {
+        let file = File::open(path).map_err(|e| FormatError::io(path, &e))?;
+        let len = file
+            .metadata()
+            .map_err(|e| FormatError::io(path, &e))?
+            .len();
+        if len == 0 {
+            return Err(FormatError::format(
+                "file",
+                "empty",
+                "an .mlb file starts with a 256-byte header",
+            )
+            .in_file(path));
+        }
+        // SAFETY: the map is read-only. If another process truncates or rewrites the
+        // file while it is mapped, reads may fault or see new bytes; the runtime checks
+        // the size again before use (see docs/reliability.md). That is the mmap caveat.
+        let map = unsafe { memmap2::MmapOptions::new().map(&file) }
+            .map_err(|e| FormatError::io(path, &e))?;
+        let mut m = Self::from_backing(Backing::Map(map)).map_err(|e| e.in_file(path))?;
+        m.path = Some(path.to_path_buf());
+        Ok(m)
+    }
+
+    /// Validates an in-memory file (copied into an aligned buffer).
+    pub fn from_bytes(bytes: &[u8]) -> Result<Mlb> {
+        let mut words = vec![0u64; bytes.len().div_ceil(8)];
+        // SAFETY: words has room for bytes.len() bytes; the regions do not overlap.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                bytes.as_ptr(),
+                words.as_mut_ptr() as *mut u8,
+                bytes.len(),
+            )
+        };
+        Self::from_backing(Backing::Owned(words, bytes.len()))
+    }
+
+    fn from_backing(backing: Backing) -> Result<Mlb> {
+        let parsed = parse(backing.bytes())?;
+        let bytes = backing.bytes();
+        let f16_scales = if parsed.header.scale_f16 != 0 {
+            parsed
+                .layout
+                .tensors
+                .iter()
+                .map(|t| match t.kind {
+                    Kind::Mat {
+                        d_offset, d_bytes, ..
+                    } => {
+                        let b = &bytes[d_offset as usize..(d_offset + d_bytes) as usize];
+                        Some(
+                            b.chunks_exact(2)
+                                .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
+                                .collect(),
+                        )
+                    }
+                    _ => None,
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
+        // Borrowing f32 arrays needs aligned, little-endian bytes; copy otherwise.
+        if cfg!(target_endian = "big") {
+            return Err(FormatError::format(
+                "host",
+                "big-endian",
+                "this build reads .mlb files on little-endian hosts only",
+            ));
+        }
+        Ok(Mlb {
+            backing,
+            path: None,
+            parsed,
+            f16_scales,
+        })
+    }
+
+    /// The whole file.
+    pub fn bytes(&self) -> &[u8] {
+        self.backing.bytes()
+    }
+
+    pub fn header(&self) -> &Header {
+        &self.parsed.header
+    }
+
+    pub fn dims(&self) -> &Dims {
+        &self.parsed.dims
+    }
+
+    pub fn layout(&self) -> &Layout {
+        &self.parsed.layout
+    }
+
+    /// The float array of tensor `idx` (norms, biases, conv taps).
+    pub fn f32s(&self, idx: usize) -> &[f32] {
+        let t = &self.parsed.layout.tensors[idx];
+        let b = &self.bytes()[t.offset as usize..(t.offset + t.bytes) as usize];
+        match f32_view(b) {
+            Cow::Borrowed(s) => s,
+            // Unreachable on little-endian hosts: offsets are 64-aligned and the backing
+            // is page- or 8-aligned (big-endian hosts are refused at load).
+            Cow::Owned(_) => panic!("unaligned f32 array {}", t.name),
+        }
+    }
+
+    /// The quantized matrix of tensor `idx`.
+    pub fn mat(&self, idx: usize) -> MatRef<'_> {
+        let t = &self.parsed.layout.tensors[idx];
+        let Kind::Mat {
+            qtype,
+            rows,
+            cols,
+            d_offset,
+            d_bytes,
+            ..
+        } = t.kind
+        else {
+            panic!("{} is not a matrix", t.name)
+        };
+        let bytes = self.bytes();
+        let q = &bytes[t.offset as usize..(t.offset + t.bytes) as usize];
+        let d: &[f32] = match self.f16_scales.get(idx) {
+            Some(Some(v)) => v,
+            _ => match f32_view(&bytes[d_offset as usize..(d_offset + d_bytes) as usize]) {
+                Cow::Borrowed(s) => s,
+                Cow::Owned(_) => panic!("unaligned scales of {}", t.name),
+            },
+        };
+        MatRef {
+            qtype,
+            rows,
+            cols,
+            q,
+            d,
+        }
+    }
+
+    /// The layer flag byte of layer `l` (0 without layer flags).
+    pub fn layer_flags(&self, l: usize) -> u8 {
+        self.parsed.flags[l]
+    }
+}

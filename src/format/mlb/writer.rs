@@ -1,0 +1,213 @@
+//! The streaming `.mlb` writer: header, then each array in the spec's order, each
+//! zero-padded to 64 bytes. It checks every array against the layout as it goes, so a
+//! converter cannot write arrays out of order or of the wrong size.
+
+use std::io::Write;
+
+use super::header::{Header, HEADER_SIZE};
+use super::layout::{Kind, Layout, QType, Tensor, ALIGN};
+use super::validate::{validate, validate_layer_flags, Dims};
+use crate::format::error::FormatError;
+use crate::quant::{QuantMat, Scales};
+
+/// Why writing failed: a mismatch with the layout, or an I/O error.
+#[derive(Debug)]
+pub enum WriteError {
+    Format(FormatError),
+    Io(std::io::Error),
+}
+
+impl std::fmt::Display for WriteError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            WriteError::Format(e) => e.fmt(f),
+            WriteError::Io(e) => write!(f, "write failed: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for WriteError {}
+
+impl From<FormatError> for WriteError {
+    fn from(e: FormatError) -> Self {
+        WriteError::Format(e)
+    }
+}
+
+impl From<std::io::Error> for WriteError {
+    fn from(e: std::io::Error) -> Self {
+        WriteError::Io(e)
+    }
+}
+
+/// Writes one `.mlb` file to `W` array by array.
+pub struct MlbWriter<W: Write> {
+    out: W,
+    layout: Layout,
+    dims: Dims,
+    /// Index of the next tensor to write.
+    next: usize,
+    pos: u64,
+    scale_f16: bool,
+}
+
+const ZEROS: [u8; ALIGN as usize] = [0; ALIGN as usize];
+
+impl<W: Write> MlbWriter<W> {
+    /// Validates `header` and `flags` (one byte per layer when `layer_flags` is set)
+    /// and writes the header and the layer flags.
+    pub fn new(out: W, header: &Header, flags: &[u8]) -> std::result::Result<Self, WriteError> {
+        let dims = validate(header)?;
+        let want = if header.layer_flags != 0 {
+            dims.n_layers
+        } else {
+            0
+        };
+        if flags.len() != want {
+            return Err(FormatError::shape(
+                "layer_flags",
+                flags.len(),
+                format!("expected {want} flag bytes"),
+            )
+            .into());
+        }
+        validate_layer_flags(header, flags)?;
+        let layout = Layout::new(header, &dims, flags)?;
+        let scale_f16 = header.scale_f16 != 0;
+        let mut w = MlbWriter {
+            out,
+            layout,
+            dims,
+            next: 0,
+            pos: 0,
+            scale_f16,
+        };
+        w.raw(&header.encode())?;
+        debug_assert_eq!(w.pos, HEADER_SIZE as u64);
+        if header.layer_flags != 0 {
+            w.next = 1;
+            w.array(flags)?;
+        }
+        Ok(w)
+    }
+
+    pub fn dims(&self) -> &Dims {
+        &self.dims
+    }
+
+    pub fn layout(&self) -> &Layout {
+        &self.layout
+    }
+
+    /// The tensor the writer expects next, or `None` when all are written.
+    pub fn next_tensor(&self) -> Option<&Tensor> {
+        self.layout.tensors.get(self.next)
+    }
+
+    fn raw(&mut self, b: &[u8]) -> std::io::Result<()> {
+        self.out.write_all(b)?;
+        self.pos += b.len() as u64;
+        Ok(())
+    }
+
+    fn array(&mut self, b: &[u8]) -> std::io::Result<()> {
+        self.raw(b)?;
+        let pad = (ALIGN - self.pos % ALIGN) % ALIGN;
+        self.raw(&ZEROS[..pad as usize])
+    }
+
+    fn expect(&mut self) -> std::result::Result<Tensor, WriteError> {
+        let t = *self.layout.tensors.get(self.next).ok_or_else(|| {
+            FormatError::shape("tensor", self.next, "more arrays than the header implies")
+        })?;
+        if self.pos != t.offset {
+            return Err(FormatError::format(
+                t.name.to_string(),
+                self.pos,
+                format!("expected at offset {}", t.offset),
+            )
+            .into());
+        }
+        self.next += 1;
+        Ok(t)
+    }
+
+    /// Writes the next tensor, which must be a float array of this length.
+    pub fn write_f32(&mut self, x: &[f32]) -> std::result::Result<(), WriteError> {
+        let t = self.expect()?;
+        match t.kind {
+            Kind::F32 { len } if len == x.len() => {}
+            _ => {
+                return Err(FormatError::shape(
+                    t.name.to_string(),
+                    x.len(),
+                    format!("expected {:?}", t.kind),
+                )
+                .into())
+            }
+        }
+        if let Some(i) = x.iter().position(|v| !v.is_finite()) {
+            return Err(FormatError::format(
+                t.name.to_string(),
+                x[i],
+                format!("element {i} is not finite"),
+            )
+            .into());
+        }
+        let mut b = Vec::with_capacity(x.len() * 4);
+        for v in x {
+            b.extend_from_slice(&v.to_le_bytes());
+        }
+        self.array(&b)?;
+        Ok(())
+    }
+
+    /// Writes the next tensor, which must be a matrix of this type and shape.
+    pub fn write_mat(&mut self, m: &QuantMat) -> std::result::Result<(), WriteError> {
+        let t = self.expect()?;
+        let name = t.name.to_string();
+        let Kind::Mat {
+            qtype, rows, cols, ..
+        } = t.kind
+        else {
+            return Err(
+                FormatError::shape(name, "matrix", format!("expected {:?}", t.kind)).into(),
+            );
+        };
+        if m.qtype != qtype || m.rows != rows || m.cols != cols {
+            return Err(FormatError::shape(
+                name,
+                format!("{} {}×{}", m.qtype.name(), m.rows, m.cols),
+                format!("expected {} {rows}×{cols}", qtype.name()),
+            )
+            .into());
+        }
+        if m.qtype == QType::Q8_0 && memchr::memchr(0x80, &m.q).is_some() {
+            return Err(FormatError::format(name, -128, "Q8_0 quant -128 cannot be stored").into());
+        }
+        let d = match (&m.d, self.scale_f16) {
+            (Scales::F32(d), false) => d.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>(),
+            (Scales::F16(d), true) => d.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>(),
+            _ => {
+                return Err(FormatError::format(
+                    name,
+                    "scales",
+                    "scale type differs from the header's scale_f16",
+                )
+                .into())
+            }
+        };
+        self.array(&m.q)?;
+        self.array(&d)?;
+        Ok(())
+    }
+
+    /// Checks that every array was written and returns the output.
+    pub fn finish(mut self) -> std::result::Result<W, WriteError> {
+        if let Some(t) = self.layout.tensors.get(self.next) {
+            return Err(FormatError::shape(t.name.to_string(), "missing", "not written").into());
+        }
+        self.out.flush()?;
+        Ok(self.out)
+    }
+}
