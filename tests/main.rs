@@ -1,1 +1,2 @@
+mod kernels;
 mod util;

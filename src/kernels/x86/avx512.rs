@@ -1,0 +1,268 @@
+//! AVX-512 tiers (BW, and BW + VNNI): bit-identical to `kernels::scalar`.
+//!
+//! Two blocks fill one zmm. Sign trick: `u = |w|` as u8, `s = x` negated where `w < 0`
+//! (a masked `0 − x`; x is never −128), then either `vpdpbusd(0, u, s)` (VNNI) or
+//! `vpmaddwd(vpmaddubsw(u, s), 1)` gives 8 exact i32 partials per block. Four zmm
+//! (8 blocks) are reduced by shuffles into one ymm of `isum_b` for blocks `b..b+8`, the
+//! contract's 8 lanes, and the float step runs on that ymm like the AVX2 tier.
+
+use core::arch::x86_64::*;
+
+use super::avx2::{load_scales, reduce_lanes};
+use crate::kernels::{LANES, TILE_TOKENS};
+use crate::quant::QK;
+
+/// u8×s8 dot of groups of 4 bytes into i32 lanes.
+trait Dot {
+    /// # Safety
+    /// The CPU has the implementation's features.
+    unsafe fn dot(u: __m512i, s: __m512i) -> __m512i;
+}
+
+struct Vnni;
+struct Bw;
+
+impl Dot for Vnni {
+    #[inline(always)]
+    unsafe fn dot(u: __m512i, s: __m512i) -> __m512i {
+        // SAFETY: register-only; callers are compiled with avx512vnni.
+        unsafe { _mm512_dpbusd_epi32(_mm512_setzero_si512(), u, s) }
+    }
+}
+
+impl Dot for Bw {
+    #[inline(always)]
+    unsafe fn dot(u: __m512i, s: __m512i) -> __m512i {
+        // SAFETY: register-only; callers are compiled with avx512bw. Pair sums are at most
+        // 2·127·127 (w ≠ −128 gives |w| ≤ 127; −128 gives 128·127 + 127·127, still < 2^15).
+        unsafe { _mm512_madd_epi16(_mm512_maddubs_epi16(u, s), _mm512_set1_epi16(1)) }
+    }
+}
+
+/// How weight blocks become signed levels in a zmm (two blocks) or its low half (one).
+trait WPair {
+    /// Bytes per block.
+    const BYTES: usize;
+    /// # Safety
+    /// `2·BYTES` readable bytes at `p`; AVX-512 F/BW and AVX2 available.
+    unsafe fn load2(p: *const u8) -> __m512i;
+    /// # Safety
+    /// `BYTES` readable bytes at `p`; the upper half of the result is zero.
+    unsafe fn load1(p: *const u8) -> __m512i;
+}
+
+struct Q8;
+struct Q4;
+
+impl WPair for Q8 {
+    const BYTES: usize = QK;
+    #[inline(always)]
+    unsafe fn load2(p: *const u8) -> __m512i {
+        // SAFETY: 64 readable bytes (trait contract).
+        unsafe { _mm512_loadu_si512(p as *const _) }
+    }
+    #[inline(always)]
+    unsafe fn load1(p: *const u8) -> __m512i {
+        // SAFETY: 32 readable bytes (trait contract).
+        unsafe { _mm512_zextsi256_si512(_mm256_loadu_si256(p as *const __m256i)) }
+    }
+}
+
+impl WPair for Q4 {
+    const BYTES: usize = QK / 2;
+    #[inline(always)]
+    unsafe fn load2(p: *const u8) -> __m512i {
+        // SAFETY: 32 readable bytes (trait contract); the rest is register math.
+        unsafe {
+            let v = _mm256_loadu_si256(p as *const __m256i);
+            // [b0 lo, b1 lo, b0 hi, b1 hi] → [b0 lo, b0 hi, b1 lo, b1 hi] (128-bit lanes).
+            let z = _mm512_inserti64x4(_mm512_castsi256_si512(v), _mm256_srli_epi16(v, 4), 1);
+            let z = _mm512_shuffle_i64x2(z, z, 0xD8);
+            let nib = _mm512_and_si512(z, _mm512_set1_epi8(0x0F));
+            _mm512_sub_epi8(nib, _mm512_set1_epi8(8))
+        }
+    }
+    #[inline(always)]
+    unsafe fn load1(p: *const u8) -> __m512i {
+        // SAFETY: 16 readable bytes (trait contract); AVX2 available.
+        unsafe {
+            use super::avx2::WFormat;
+            _mm512_zextsi256_si512(super::avx2::Q4::load(p))
+        }
+    }
+}
+
+/// From 4 zmm of 2 blocks × 8 partials each: the ymm of the 8 block sums, in order.
+#[inline(always)]
+unsafe fn hsum4(v: &[__m512i; 4]) -> __m256i {
+    // SAFETY: register-only AVX-512F ops; the caller has them.
+    unsafe {
+        // 128-bit lane k of s01 = block k (k < 4) as 4 partials; s23 = blocks 4..8.
+        let s01 = _mm512_add_epi32(
+            _mm512_shuffle_i32x4(v[0], v[1], 0x88),
+            _mm512_shuffle_i32x4(v[0], v[1], 0xDD),
+        );
+        let s23 = _mm512_add_epi32(
+            _mm512_shuffle_i32x4(v[2], v[3], 0x88),
+            _mm512_shuffle_i32x4(v[2], v[3], 0xDD),
+        );
+        let (a, b) = (_mm512_castsi512_ps(s01), _mm512_castsi512_ps(s23));
+        // Lane k: [block k: 2 partials, block 4+k: 2 partials].
+        let t = _mm512_add_epi32(
+            _mm512_castps_si512(_mm512_shuffle_ps(a, b, 0x88)),
+            _mm512_castps_si512(_mm512_shuffle_ps(a, b, 0xDD)),
+        );
+        let tf = _mm512_castsi512_ps(t);
+        // Lane k: [block k, block 4+k, (repeated)].
+        let u = _mm512_add_epi32(
+            _mm512_castps_si512(_mm512_shuffle_ps(tf, tf, 0x88)),
+            _mm512_castps_si512(_mm512_shuffle_ps(tf, tf, 0xDD)),
+        );
+        let idx = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 0, 0, 0, 0, 0, 0, 0, 0);
+        _mm512_castsi512_si256(_mm512_permutexvar_epi32(idx, u))
+    }
+}
+
+/// One group of `k` (= 8 when `FULL`) blocks starting at block `b`, for `T` tokens.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn group<F: WPair, D: Dot, const T: usize, const FULL: bool>(
+    wq: *const u8,
+    wd: *const f32,
+    xq: *const i8,
+    xd: *const f32,
+    nb: usize,
+    b: usize,
+    k: usize,
+    acc: &mut [__m256; T],
+) {
+    let k = if FULL { LANES } else { k };
+    let pairs = k.div_ceil(2);
+    // SAFETY: blocks b..b+k exist in the row and in each token (the caller's contract);
+    // a last odd block is read with 32-byte (16 for Q4) loads only.
+    unsafe {
+        let zero = _mm512_setzero_si512();
+        let mut u = [zero; 4];
+        let mut m: [__mmask64; 4] = [0; 4];
+        for p in 0..pairs {
+            let wp = wq.add((b + 2 * p) * F::BYTES);
+            let w = if 2 * p + 1 < k {
+                F::load2(wp)
+            } else {
+                F::load1(wp)
+            };
+            u[p] = _mm512_abs_epi8(w);
+            m[p] = _mm512_movepi8_mask(w);
+        }
+        let dw = load_scales(wd.add(b), k);
+        for (t, acc_t) in acc.iter_mut().enumerate() {
+            let mut v = [zero; 4];
+            for p in 0..pairs {
+                let xp = xq.add((t * nb + b + 2 * p) * QK);
+                let x = if 2 * p + 1 < k {
+                    _mm512_loadu_si512(xp as *const _)
+                } else {
+                    _mm512_zextsi256_si512(_mm256_loadu_si256(xp as *const __m256i))
+                };
+                v[p] = D::dot(u[p], _mm512_mask_sub_epi8(x, m[p], zero, x));
+            }
+            let isum = _mm256_cvtepi32_ps(hsum4(&v));
+            let dx = load_scales(xd.add(t * nb + b), k);
+            *acc_t = _mm256_add_ps(*acc_t, _mm256_mul_ps(_mm256_mul_ps(dw, dx), isum));
+        }
+    }
+}
+
+/// One row against `T` tokens.
+#[inline(always)]
+unsafe fn tile<F: WPair, D: Dot, const T: usize>(
+    wq: &[u8],
+    wd: &[f32],
+    xq: &[i8],
+    xd: &[f32],
+    out: &mut [f32],
+) {
+    let nb = wd.len();
+    debug_assert!(wq.len() == nb * F::BYTES && xq.len() == T * nb * QK && xd.len() == T * nb);
+    debug_assert_eq!(out.len(), T);
+    let (wp, dp, xp, xdp) = (wq.as_ptr(), wd.as_ptr(), xq.as_ptr(), xd.as_ptr());
+    // SAFETY: the lengths above cover every block `group` reads.
+    unsafe {
+        let mut acc = [_mm256_setzero_ps(); T];
+        let full = nb / LANES * LANES;
+        for b in (0..full).step_by(LANES) {
+            group::<F, D, T, true>(wp, dp, xp, xdp, nb, b, LANES, &mut acc);
+        }
+        if full < nb {
+            group::<F, D, T, false>(wp, dp, xp, xdp, nb, full, nb - full, &mut acc);
+        }
+        for (o, a) in out.iter_mut().zip(acc) {
+            *o = reduce_lanes(a);
+        }
+    }
+}
+
+/// Token-count dispatch, inlined into each tier's `#[target_feature]` wrapper.
+#[inline(always)]
+unsafe fn tile_any<F: WPair, D: Dot>(
+    wq: &[u8],
+    wd: &[f32],
+    xq: &[i8],
+    xd: &[f32],
+    out: &mut [f32],
+) {
+    debug_assert!(out.len() <= TILE_TOKENS);
+    // SAFETY: features enabled by the wrapper; slice lengths per `TileFn`.
+    unsafe {
+        match out.len() {
+            0 => {}
+            1 => tile::<F, D, 1>(wq, wd, xq, xd, out),
+            2 => tile::<F, D, 2>(wq, wd, xq, xd, out),
+            3 => tile::<F, D, 3>(wq, wd, xq, xd, out),
+            _ => tile::<F, D, 4>(wq, wd, xq, xd, out),
+        }
+    }
+}
+
+macro_rules! tier_fn {
+    ($name:ident, $fmt:ty, $dot:ty, $features:literal, $doc:literal) => {
+        #[doc = $doc]
+        ///
+        /// # Safety
+        /// The CPU has the tier's features; slice lengths as `kernels::TileFn` says.
+        #[target_feature(enable = $features)]
+        pub unsafe fn $name(wq: &[u8], wd: &[f32], xq: &[i8], xd: &[f32], out: &mut [f32]) {
+            // SAFETY: forwarded caller contract; features enabled on this function.
+            unsafe { tile_any::<$fmt, $dot>(wq, wd, xq, xd, out) }
+        }
+    };
+}
+
+tier_fn!(
+    tile_q8_bw,
+    Q8,
+    Bw,
+    "avx2,avx512f,avx512bw",
+    "Q8_0 tile kernel, AVX-512 BW."
+);
+tier_fn!(
+    tile_q4_bw,
+    Q4,
+    Bw,
+    "avx2,avx512f,avx512bw",
+    "Q4_0 tile kernel, AVX-512 BW."
+);
+tier_fn!(
+    tile_q8_vnni,
+    Q8,
+    Vnni,
+    "avx2,avx512f,avx512bw,avx512vnni",
+    "Q8_0 tile kernel, AVX-512 VNNI."
+);
+tier_fn!(
+    tile_q4_vnni,
+    Q4,
+    Vnni,
+    "avx2,avx512f,avx512bw,avx512vnni",
+    "Q4_0 tile kernel, AVX-512 VNNI."
+);
