@@ -1,2 +1,3 @@
 mod kernels;
+mod run;
 mod util;
