@@ -138,9 +138,43 @@ pub struct QActs {
     cols: usize,
     q: Vec<i8>,
     d: Vec<f32>,
+    /// Block sums `Σ q` (for the VNNI kernels' `u8 × s8` offset correction).
+    s: Vec<i32>,
+    /// `q` rearranged per [`q4_layout_len`] (for the VNNI Q4_0 kernel).
+    q4: Vec<i8>,
+}
+
+/// Bytes per token of the Q4_0 arrangement of activations: 128 per group of 4 blocks.
+pub fn q4_layout_len(cols: usize) -> usize {
+    (cols / QK).div_ceil(4) * 128
+}
+
+/// One token's quants in the Q4_0 arrangement: block `j` of group `g` (4 blocks) puts
+/// elements 0..16 at `128g + 16j` and 16..32 at `128g + 64 + 16j`, matching the low and
+/// high nibbles of a 64-byte load of 4 Q4_0 blocks. Padding is zero.
+fn arrange_q4(q: &[i8], out: &mut [i8]) {
+    out.fill(0);
+    for (b, qb) in q.chunks_exact(QK).enumerate() {
+        let at = 128 * (b / 4) + 16 * (b % 4);
+        out[at..at + 16].copy_from_slice(&qb[..16]);
+        out[at + 64..at + 80].copy_from_slice(&qb[16..]);
+    }
 }
 
 impl QActs {
+    /// Fills the derived `s` and `q4` from `q`.
+    fn derive(&mut self) {
+        self.s.clear();
+        self.s.extend(self.q.chunks_exact(QK).map(|b| b.iter().map(|&v| v as i32).sum::<i32>()));
+        let l4 = q4_layout_len(self.cols);
+        self.q4.resize(self.n * l4, 0);
+        if self.n > 0 {
+            for (qt, ot) in self.q.chunks_exact(self.cols).zip(self.q4.chunks_exact_mut(l4)) {
+                arrange_q4(qt, ot);
+            }
+        }
+    }
+
     /// An empty set (n = 0); fill it with [`QActs::quantize`].
     pub fn new() -> Self {
         Self::default()
@@ -170,6 +204,7 @@ impl QActs {
         self.q.resize(x.len(), 0);
         self.d.resize(x.len() / QK, 0.0);
         k.quantize_act(x, &mut self.q, &mut self.d);
+        self.derive();
     }
 
     /// Takes already quantized activations (e.g. from a test); checks the lengths.
@@ -185,7 +220,9 @@ impl QActs {
                 d.len()
             )));
         }
-        Ok(QActs { n, cols, q, d })
+        let mut a = QActs { n, cols, q, d, s: Vec::new(), q4: Vec::new() };
+        a.derive();
+        Ok(a)
     }
 
     /// Tokens (rows).
@@ -257,9 +294,20 @@ const ALL_TIERS: [Tier; 5] = [
 /// Quantizes whole blocks: `x.len() = q.len() = 32·d.len()`.
 type QuantFn = unsafe fn(x: &[f32], q: &mut [i8], d: &mut [f32]);
 
-/// Dots one weight row (`wq`, `wd`) with `out.len()` ≤ [`TILE_TOKENS`] consecutive tokens
-/// (`xq`, `xd`, each `cols` quants / `cols/32` scales per token) into `out`.
-type TileFn = unsafe fn(wq: &[u8], wd: &[f32], xq: &[i8], xd: &[f32], out: &mut [f32]);
+/// Dots one weight row (`wq`, `wd`) with the `out.len()` ≤ [`TILE_TOKENS`] tokens of `x`.
+type TileFn = unsafe fn(wq: &[u8], wd: &[f32], x: &ActTile, out: &mut [f32]);
+
+/// Consecutive tokens of a [`QActs`] as the micro-kernels see them.
+pub struct ActTile<'a> {
+    /// `cols` quants per token.
+    pub q: &'a [i8],
+    /// `cols/32` scales per token.
+    pub d: &'a [f32],
+    /// `cols/32` block sums `Σ q` per token.
+    pub s: &'a [i32],
+    /// The quants rearranged for Q4_0 kernels, [`q4_layout_len`]`(cols)` per token.
+    pub q4: &'a [i8],
+}
 
 /// One tier's micro-kernels. Only built for tiers the CPU supports, which is what makes
 /// calling its `unsafe fn` pointers sound.
@@ -452,10 +500,16 @@ fn rows_into(tile: TileFn, w: &QMat, x: &QActs, r0: usize, out: &mut [f32]) {
         for (k, yt) in yr.chunks_mut(TILE_TOKENS).enumerate() {
             let t0 = k * TILE_TOKENS;
             let t1 = t0 + yt.len();
-            let (xq, xd) = (&x.q[t0 * cols..t1 * cols], &x.d[t0 * nb..t1 * nb]);
+            let l4 = q4_layout_len(cols);
+            let xt = ActTile {
+                q: &x.q[t0 * cols..t1 * cols],
+                d: &x.d[t0 * nb..t1 * nb],
+                s: &x.s[t0 * nb..t1 * nb],
+                q4: &x.q4[t0 * l4..t1 * l4],
+            };
             debug_assert_eq!(wq.len(), w.wtype.row_bytes(cols));
             // SAFETY: the tile fn belongs to a supported tier; slices sized per its contract.
-            unsafe { tile(wq, wd, xq, xd, yt) };
+            unsafe { tile(wq, wd, &xt, yt) };
         }
     }
 }

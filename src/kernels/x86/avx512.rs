@@ -9,7 +9,7 @@
 use core::arch::x86_64::*;
 
 use super::avx2::{load_scales, reduce_lanes};
-use crate::kernels::{LANES, TILE_TOKENS};
+use crate::kernels::{ActTile, LANES, TILE_TOKENS};
 use crate::quant::QK;
 
 /// u8×s8 dot of groups of 4 bytes into i32 lanes.
@@ -231,9 +231,9 @@ macro_rules! tier_fn {
         /// # Safety
         /// The CPU has the tier's features; slice lengths as `kernels::TileFn` says.
         #[target_feature(enable = $features)]
-        pub unsafe fn $name(wq: &[u8], wd: &[f32], xq: &[i8], xd: &[f32], out: &mut [f32]) {
+        pub unsafe fn $name(wq: &[u8], wd: &[f32], x: &ActTile, out: &mut [f32]) {
             // SAFETY: forwarded caller contract; features enabled on this function.
-            unsafe { tile_any::<$fmt, $dot>(wq, wd, xq, xd, out) }
+            unsafe { tile_any::<$fmt, $dot>(wq, wd, x.q, x.d, out) }
         }
     };
 }
