@@ -210,7 +210,7 @@ fn matmul_tiers_agree_random() {
     let mut rng = Rng::new(3);
     for wtype in [WType::Q8_0, WType::Q4_0] {
         for &rows in &[1, 7, 8, 9, 33] {
-            for &cols in &[32, 64, 224, 256, 288, 576, 1056] {
+            for &cols in &[32, 64, 224, 256, 288, 512, 544, 576, 1056] {
                 for n in 1..=13 {
                     check_matmul(&mut rng, wtype, rows, cols, n, false);
                 }

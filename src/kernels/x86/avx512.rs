@@ -1,10 +1,17 @@
 //! AVX-512 tiers (BW, and BW + VNNI): bit-identical to `kernels::scalar`.
 //!
-//! Two blocks fill one zmm. Sign trick: `u = |w|` as u8, `s = x` negated where `w < 0`
-//! (a masked `0 − x`; x is never −128), then either `vpdpbusd(0, u, s)` (VNNI) or
-//! `vpmaddwd(vpmaddubsw(u, s), 1)` gives 8 exact i32 partials per block. Four zmm
-//! (8 blocks) are reduced by shuffles into one ymm of `isum_b` for blocks `b..b+8`, the
-//! contract's 8 lanes, and the float step runs on that ymm like the AVX2 tier.
+//! BW tier: two blocks fill one zmm. Sign trick: `u = |w|` as u8, `s = x` negated where
+//! `w < 0` (a masked `0 − x`; x is never −128), then `vpmaddwd(vpmaddubsw(u, s), 1)`
+//! gives 8 exact i32 partials per block. Four zmm (8 blocks) are reduced by shuffles into
+//! one ymm of `isum_b` for blocks `b..b+8`, the contract's 8 lanes, and the float step
+//! runs on that ymm like the AVX2 tier.
+//!
+//! VNNI tier: `vpdpbusd` (u8 × s8, i32 sums of 4) with an offset instead of the sign
+//! trick, 16 blocks per step. Q8_0: `Σ (w+128)·x − 128·Σx`; Q4_0: `Σ nibble·x − 8·Σx`,
+//! with `Σx` per block precomputed in `QActs` (exact in i32: |Σ (w+128)·x| ≤ 32·255·127).
+//! Q4_0 reads activations in `QActs`' Q4 arrangement, so a 64-byte load of 4 weight
+//! blocks needs only `and`/`shift` to pair with it. The isum vector covers blocks
+//! `b..b+16`: lanes 0..8 are added to the contract's 8 accumulators, then lanes 8..16.
 
 use core::arch::x86_64::*;
 
@@ -19,16 +26,7 @@ trait Dot {
     unsafe fn dot(u: __m512i, s: __m512i) -> __m512i;
 }
 
-struct Vnni;
 struct Bw;
-
-impl Dot for Vnni {
-    #[inline(always)]
-    unsafe fn dot(u: __m512i, s: __m512i) -> __m512i {
-        // SAFETY: register-only; callers are compiled with avx512vnni.
-        unsafe { _mm512_dpbusd_epi32(_mm512_setzero_si512(), u, s) }
-    }
-}
 
 impl Dot for Bw {
     #[inline(always)]
@@ -252,17 +250,246 @@ tier_fn!(
     "avx2,avx512f,avx512bw",
     "Q4_0 tile kernel, AVX-512 BW."
 );
-tier_fn!(
-    tile_q8_vnni,
-    Q8,
-    Vnni,
-    "avx2,avx512f,avx512bw,avx512vnni",
-    "Q8_0 tile kernel, AVX-512 VNNI."
-);
-tier_fn!(
-    tile_q4_vnni,
-    Q4,
-    Vnni,
-    "avx2,avx512f,avx512bw,avx512vnni",
-    "Q4_0 tile kernel, AVX-512 VNNI."
-);
+
+/// All-ones in the first `k` of 16 lanes.
+#[inline(always)]
+fn mask16(k: usize) -> __mmask16 {
+    if k >= 16 {
+        !0
+    } else {
+        (1u16 << k) - 1
+    }
+}
+
+/// All-ones in the first `n` of 64 bytes.
+#[inline(always)]
+fn mask64(n: usize) -> __mmask64 {
+    if n >= 64 {
+        !0
+    } else {
+        (1u64 << n) - 1
+    }
+}
+
+/// From 4 zmm whose 128-bit lane `k` holds block `4q + k` as 4 partials (q = vector
+/// index): the 16 block sums in natural order.
+#[inline(always)]
+unsafe fn red4(s: &[__m512i; 4]) -> __m512i {
+    // SAFETY: register-only AVX-512F ops; the caller has them.
+    unsafe {
+        let f = |v: __m512i| _mm512_castsi512_ps(v);
+        let pair = |a: __m512i, b: __m512i| {
+            _mm512_add_epi32(
+                _mm512_castps_si512(_mm512_shuffle_ps(f(a), f(b), 0x88)),
+                _mm512_castps_si512(_mm512_shuffle_ps(f(a), f(b), 0xDD)),
+            )
+        };
+        // Lane k: [block k, 4+k] (resp. [8+k, 12+k]) × 2 partials.
+        let t01 = pair(s[0], s[1]);
+        let t23 = pair(s[2], s[3]);
+        // Lane k: blocks [k, 4+k, 8+k, 12+k]: element 4k+j is block 4j+k.
+        let u = pair(t01, t23);
+        let idx = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+        _mm512_permutexvar_epi32(idx, u)
+    }
+}
+
+/// From 8 zmm of 2 blocks × 8 partials (blocks 2i, 2i+1): the 16 block sums in order.
+#[inline(always)]
+unsafe fn red8(v: &[__m512i; 8]) -> __m512i {
+    // SAFETY: register-only AVX-512F ops; the caller has them.
+    unsafe {
+        let half = |a: __m512i, b: __m512i| {
+            _mm512_add_epi32(_mm512_shuffle_i32x4(a, b, 0x88), _mm512_shuffle_i32x4(a, b, 0xDD))
+        };
+        red4(&[half(v[0], v[1]), half(v[2], v[3]), half(v[4], v[5]), half(v[6], v[7])])
+    }
+}
+
+/// The float step for 16 blocks (`k` valid): `acc[j] += t[j]`, then `acc[j] += t[8+j]`,
+/// with `t = (dw·dx)·(isum − (Σx << SHIFT))`; invalid lanes are exactly zero.
+#[inline(always)]
+unsafe fn float_step<const SHIFT: u32>(
+    red: __m512i,
+    sx: *const i32,
+    dw: *const f32,
+    dx: *const f32,
+    k: usize,
+    acc: &mut __m256,
+) {
+    // SAFETY: `k` readable values at each pointer (the caller's contract); masked loads.
+    unsafe {
+        let m = mask16(k);
+        let corr = _mm512_slli_epi32(_mm512_maskz_loadu_epi32(m, sx), SHIFT);
+        let isum = _mm512_cvtepi32_ps(_mm512_sub_epi32(red, corr));
+        let d = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, dw), _mm512_maskz_loadu_ps(m, dx));
+        let t = _mm512_mul_ps(d, isum);
+        let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(t), 1));
+        *acc = _mm256_add_ps(_mm256_add_ps(*acc, _mm512_castps512_ps256(t)), hi);
+    }
+}
+
+/// VNNI Q8_0: 16 blocks (`k` valid) from block `b` for `T` tokens.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn vnni_q8_group<const T: usize, const FULL: bool>(
+    wq: *const u8,
+    wd: *const f32,
+    x: &ActTile,
+    nb: usize,
+    b: usize,
+    k: usize,
+    acc: &mut [__m256; T],
+) {
+    let k = if FULL { 16 } else { k };
+    let pairs = k.div_ceil(2);
+    // SAFETY: blocks b..b+k exist in the row and each token; tails use masked loads.
+    unsafe {
+        let zero = _mm512_setzero_si512();
+        let off = _mm512_set1_epi8(-128);
+        let mut wu = [zero; 8];
+        for (p, wp) in wu.iter_mut().enumerate().take(pairs) {
+            let ptr = wq.add((b + 2 * p) * QK) as *const i8;
+            let w = if FULL {
+                _mm512_loadu_si512(ptr as *const _)
+            } else {
+                _mm512_maskz_loadu_epi8(mask64((k - 2 * p) * QK), ptr)
+            };
+            *wp = _mm512_xor_si512(w, off);
+        }
+        for (t, acc_t) in acc.iter_mut().enumerate() {
+            let mut v = [zero; 8];
+            for p in 0..pairs {
+                let ptr = x.q.as_ptr().add((t * nb + b + 2 * p) * QK);
+                let xv = if FULL {
+                    _mm512_loadu_si512(ptr as *const _)
+                } else {
+                    _mm512_maskz_loadu_epi8(mask64((k - 2 * p) * QK), ptr)
+                };
+                v[p] = _mm512_dpbusd_epi32(zero, wu[p], xv);
+            }
+            let o = t * nb + b;
+            let (sx, dx) = (x.s.as_ptr().add(o), x.d.as_ptr().add(o));
+            float_step::<7>(red8(&v), sx, wd.add(b), dx, k, acc_t);
+        }
+    }
+}
+
+/// VNNI Q4_0: 16 blocks (`k` valid) from block `b` (a multiple of 16) for `T` tokens.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn vnni_q4_group<const T: usize, const FULL: bool>(
+    wq: *const u8,
+    wd: *const f32,
+    x: &ActTile,
+    nb: usize,
+    l4: usize,
+    b: usize,
+    k: usize,
+    acc: &mut [__m256; T],
+) {
+    let k = if FULL { 16 } else { k };
+    let quads = k.div_ceil(4);
+    // SAFETY: blocks b..b+k exist in the row; the Q4 arrangement of each token has
+    // `l4` bytes, whole 128-byte groups, so the two 64-byte loads per quad are inside.
+    unsafe {
+        let zero = _mm512_setzero_si512();
+        let low = _mm512_set1_epi8(0x0F);
+        let mut lo = [zero; 4];
+        let mut hi = [zero; 4];
+        for c in 0..quads {
+            let ptr = wq.add((b + 4 * c) * (QK / 2)) as *const i8;
+            let w = if FULL {
+                _mm512_loadu_si512(ptr as *const _)
+            } else {
+                _mm512_maskz_loadu_epi8(mask64((k - 4 * c) * (QK / 2)), ptr)
+            };
+            lo[c] = _mm512_and_si512(w, low);
+            hi[c] = _mm512_and_si512(_mm512_srli_epi16(w, 4), low);
+        }
+        for (t, acc_t) in acc.iter_mut().enumerate() {
+            let mut v = [zero; 4];
+            for c in 0..quads {
+                let ptr = x.q4.as_ptr().add(t * l4 + (b / 4 + c) * 128);
+                let xl = _mm512_loadu_si512(ptr as *const _);
+                let xh = _mm512_loadu_si512(ptr.add(64) as *const _);
+                v[c] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(zero, lo[c], xl), hi[c], xh);
+            }
+            let o = t * nb + b;
+            let (sx, dx) = (x.s.as_ptr().add(o), x.d.as_ptr().add(o));
+            float_step::<3>(red4(&v), sx, wd.add(b), dx, k, acc_t);
+        }
+    }
+}
+
+/// VNNI: one row against `T` tokens.
+#[inline(always)]
+unsafe fn vnni_tile<const IS_Q4: bool, const T: usize>(
+    wq: &[u8],
+    wd: &[f32],
+    x: &ActTile,
+    out: &mut [f32],
+) {
+    let nb = wd.len();
+    let l4 = crate::kernels::q4_layout_len(nb * QK);
+    debug_assert!(x.q.len() == T * nb * QK && x.d.len() == T * nb && x.s.len() == T * nb);
+    debug_assert!(x.q4.len() == T * l4 && out.len() == T);
+    debug_assert_eq!(wq.len(), nb * if IS_Q4 { QK / 2 } else { QK });
+    let (wp, dp) = (wq.as_ptr(), wd.as_ptr());
+    // SAFETY: the lengths above cover every block the groups read.
+    unsafe {
+        let mut acc = [_mm256_setzero_ps(); T];
+        let full = nb / 16 * 16;
+        for b in (0..full).step_by(16) {
+            if IS_Q4 {
+                vnni_q4_group::<T, true>(wp, dp, x, nb, l4, b, 16, &mut acc);
+            } else {
+                vnni_q8_group::<T, true>(wp, dp, x, nb, b, 16, &mut acc);
+            }
+        }
+        if full < nb {
+            let k = nb - full;
+            if IS_Q4 {
+                vnni_q4_group::<T, false>(wp, dp, x, nb, l4, full, k, &mut acc);
+            } else {
+                vnni_q8_group::<T, false>(wp, dp, x, nb, full, k, &mut acc);
+            }
+        }
+        for (o, a) in out.iter_mut().zip(acc) {
+            *o = reduce_lanes(a);
+        }
+    }
+}
+
+#[target_feature(enable = "avx2,avx512f,avx512bw,avx512vnni")]
+unsafe fn vnni_any<const IS_Q4: bool>(wq: &[u8], wd: &[f32], x: &ActTile, out: &mut [f32]) {
+    debug_assert!(out.len() <= TILE_TOKENS);
+    // SAFETY: features enabled here; slice lengths per `TileFn`.
+    unsafe {
+        match out.len() {
+            0 => {}
+            1 => vnni_tile::<IS_Q4, 1>(wq, wd, x, out),
+            2 => vnni_tile::<IS_Q4, 2>(wq, wd, x, out),
+            3 => vnni_tile::<IS_Q4, 3>(wq, wd, x, out),
+            _ => vnni_tile::<IS_Q4, 4>(wq, wd, x, out),
+        }
+    }
+}
+
+/// Q8_0 tile kernel, AVX-512 VNNI (see `kernels::TileFn`).
+///
+/// # Safety
+/// The CPU has AVX-512 F/BW/VNNI and AVX2; slice lengths as `TileFn` says.
+pub unsafe fn tile_q8_vnni(wq: &[u8], wd: &[f32], x: &ActTile, out: &mut [f32]) {
+    // SAFETY: forwarded caller contract.
+    unsafe { vnni_any::<false>(wq, wd, x, out) }
+}
+
+/// Q4_0 tile kernel, AVX-512 VNNI (see `kernels::TileFn`).
+///
+/// # Safety
+/// The CPU has AVX-512 F/BW/VNNI and AVX2; slice lengths as `TileFn` says.
+pub unsafe fn tile_q4_vnni(wq: &[u8], wd: &[f32], x: &ActTile, out: &mut [f32]) {
+    // SAFETY: forwarded caller contract.
+    unsafe { vnni_any::<true>(wq, wd, x, out) }
+}
