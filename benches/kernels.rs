@@ -26,14 +26,14 @@ impl Rng {
     }
 }
 
-/// Seconds per call: the fastest of repeated batches (~1 ms each) over at least `min`,
+/// Seconds per call: the fastest of repeated batches (~0.2 ms each) over at least `min`,
 /// after one warm-up call. The minimum filters out time slices lost to other processes
 /// on a shared machine.
 fn time(min: Duration, mut f: impl FnMut()) -> f64 {
     let t0 = Instant::now();
     f();
     let once = t0.elapsed().as_secs_f64();
-    let per_batch = ((1e-3 / once.max(1e-9)) as u32).clamp(1, 1000);
+    let per_batch = ((2e-4 / once.max(1e-9)) as u32).clamp(1, 1000);
     let start = Instant::now();
     let mut best = f64::INFINITY;
     let mut batches = 0;
@@ -49,8 +49,14 @@ fn time(min: Duration, mut f: impl FnMut()) -> f64 {
 }
 
 fn main() {
-    let filter: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with('-')).collect();
-    let n_batch: usize = std::env::var("KRAFLA_BENCH_N").ok().and_then(|s| s.parse().ok()).unwrap_or(32);
+    let filter: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with('-'))
+        .collect();
+    let n_batch: usize = std::env::var("KRAFLA_BENCH_N")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(32);
     let shapes = [
         ("smollm2 qkv/o", 576, 576),
         ("smollm2 up/gate", 1536, 576),
@@ -59,13 +65,20 @@ fn main() {
         ("gemma3 up", 2048, 640),
         ("classifier", 49152, 576),
     ];
-    let min = Duration::from_millis(std::env::var("KRAFLA_BENCH_MS").ok().and_then(|s| s.parse().ok()).unwrap_or(150));
+    let min = Duration::from_millis(
+        std::env::var("KRAFLA_BENCH_MS")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(150),
+    );
     let mut rng = Rng(0x1234_5678_9ABC_DEF1);
     println!("| shape | type | tier | threads | matvec µs | matvec GFLOP/s | matvec GB/s | matmul n={n_batch} ms | matmul GFLOP/s |");
     println!("|---|---|---|---|---|---|---|---|---|");
     for (name, rows, cols) in shapes {
         for wtype in [WType::Q8_0, WType::Q4_0] {
-            let q: Vec<u8> = (0..rows * wtype.row_bytes(cols)).map(|_| rng.next() as u8 & 0x7F).collect();
+            let q: Vec<u8> = (0..rows * wtype.row_bytes(cols))
+                .map(|_| rng.next() as u8 & 0x7F)
+                .collect();
             let d: Vec<f32> = (0..rows * cols / QK).map(|_| rng.unit() * 0.01).collect();
             let w = QMat::new(wtype, rows, cols, &q, &d).expect("shape");
             let bytes = (q.len() + 4 * d.len()) as f64;
@@ -83,7 +96,10 @@ fn main() {
                 }
                 let k = Kernels::for_tier(tier).expect("supported");
                 for threads in [1, 2] {
-                    let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().expect("pool");
+                    let pool = rayon::ThreadPoolBuilder::new()
+                        .num_threads(threads)
+                        .build()
+                        .expect("pool");
                     let tv = pool.install(|| time(min, || k.matvec(&w, &a1, black_box(&mut y1))));
                     let tm = pool.install(|| time(min, || k.matmul(&w, &an, black_box(&mut yn))));
                     let flop = 2.0 * rows as f64 * cols as f64;

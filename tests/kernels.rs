@@ -263,10 +263,10 @@ fn reference_matches_naive_f64() {
             kernels::dequant_row(&w, r, &mut wr);
             for t in 0..n {
                 let (mut sum, mut mag) = (0f64, 0f64);
-                for c in 0..cols {
+                for (c, &wv) in wr.iter().enumerate() {
                     let xv = xa.q()[t * cols + c] as f64 * xa.d()[(t * cols + c) / QK] as f64;
-                    sum += wr[c] as f64 * xv;
-                    mag += (wr[c] as f64 * xv).abs();
+                    sum += wv as f64 * xv;
+                    mag += (wv as f64 * xv).abs();
                 }
                 let got = y[t * rows + r] as f64;
                 assert!(

@@ -300,9 +300,17 @@ unsafe fn red8(v: &[__m512i; 8]) -> __m512i {
     // SAFETY: register-only AVX-512F ops; the caller has them.
     unsafe {
         let half = |a: __m512i, b: __m512i| {
-            _mm512_add_epi32(_mm512_shuffle_i32x4(a, b, 0x88), _mm512_shuffle_i32x4(a, b, 0xDD))
+            _mm512_add_epi32(
+                _mm512_shuffle_i32x4(a, b, 0x88),
+                _mm512_shuffle_i32x4(a, b, 0xDD),
+            )
         };
-        red4(&[half(v[0], v[1]), half(v[2], v[3]), half(v[4], v[5]), half(v[6], v[7])])
+        red4(&[
+            half(v[0], v[1]),
+            half(v[2], v[3]),
+            half(v[4], v[5]),
+            half(v[6], v[7]),
+        ])
     }
 }
 
@@ -329,10 +337,11 @@ unsafe fn float_step<const SHIFT: u32>(
     }
 }
 
-/// VNNI Q8_0: 16 blocks (`k` valid) from block `b` for `T` tokens.
+/// VNNI Q8_0: 16 blocks (`k` valid, `P = ⌈k/2⌉` pairs) from block `b` for `T` tokens.
+/// `P` is a constant so that a short tail reduces only the vectors it has.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn vnni_q8_group<const T: usize, const FULL: bool>(
+unsafe fn vnni_q8_group<const T: usize, const P: usize>(
     wq: *const u8,
     wd: *const f32,
     x: &ActTile,
@@ -341,31 +350,22 @@ unsafe fn vnni_q8_group<const T: usize, const FULL: bool>(
     k: usize,
     acc: &mut [__m256; T],
 ) {
-    let k = if FULL { 16 } else { k };
-    let pairs = k.div_ceil(2);
+    debug_assert_eq!(k.div_ceil(2), P);
     // SAFETY: blocks b..b+k exist in the row and each token; tails use masked loads.
     unsafe {
         let zero = _mm512_setzero_si512();
         let off = _mm512_set1_epi8(-128);
         let mut wu = [zero; 8];
-        for (p, wp) in wu.iter_mut().enumerate().take(pairs) {
+        for (p, wp) in wu.iter_mut().enumerate().take(P) {
             let ptr = wq.add((b + 2 * p) * QK) as *const i8;
-            let w = if FULL {
-                _mm512_loadu_si512(ptr as *const _)
-            } else {
-                _mm512_maskz_loadu_epi8(mask64((k - 2 * p) * QK), ptr)
-            };
+            let w = _mm512_maskz_loadu_epi8(mask64((k - 2 * p) * QK), ptr);
             *wp = _mm512_xor_si512(w, off);
         }
         for (t, acc_t) in acc.iter_mut().enumerate() {
             let mut v = [zero; 8];
-            for p in 0..pairs {
+            for p in 0..P {
                 let ptr = x.q.as_ptr().add((t * nb + b + 2 * p) * QK);
-                let xv = if FULL {
-                    _mm512_loadu_si512(ptr as *const _)
-                } else {
-                    _mm512_maskz_loadu_epi8(mask64((k - 2 * p) * QK), ptr)
-                };
+                let xv = _mm512_maskz_loadu_epi8(mask64((k - 2 * p) * QK), ptr);
                 v[p] = _mm512_dpbusd_epi32(zero, wu[p], xv);
             }
             let o = t * nb + b;
@@ -375,10 +375,11 @@ unsafe fn vnni_q8_group<const T: usize, const FULL: bool>(
     }
 }
 
-/// VNNI Q4_0: 16 blocks (`k` valid) from block `b` (a multiple of 16) for `T` tokens.
+/// VNNI Q4_0: 16 blocks (`k` valid, `Q = ⌈k/4⌉` quads) from block `b` (a multiple of
+/// 16) for `T` tokens.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn vnni_q4_group<const T: usize, const FULL: bool>(
+unsafe fn vnni_q4_group<const T: usize, const Q: usize>(
     wq: *const u8,
     wd: *const f32,
     x: &ActTile,
@@ -388,8 +389,7 @@ unsafe fn vnni_q4_group<const T: usize, const FULL: bool>(
     k: usize,
     acc: &mut [__m256; T],
 ) {
-    let k = if FULL { 16 } else { k };
-    let quads = k.div_ceil(4);
+    debug_assert_eq!(k.div_ceil(4), Q);
     // SAFETY: blocks b..b+k exist in the row; the Q4 arrangement of each token has
     // `l4` bytes, whole 128-byte groups, so the two 64-byte loads per quad are inside.
     unsafe {
@@ -397,19 +397,15 @@ unsafe fn vnni_q4_group<const T: usize, const FULL: bool>(
         let low = _mm512_set1_epi8(0x0F);
         let mut lo = [zero; 4];
         let mut hi = [zero; 4];
-        for c in 0..quads {
+        for c in 0..Q {
             let ptr = wq.add((b + 4 * c) * (QK / 2)) as *const i8;
-            let w = if FULL {
-                _mm512_loadu_si512(ptr as *const _)
-            } else {
-                _mm512_maskz_loadu_epi8(mask64((k - 4 * c) * (QK / 2)), ptr)
-            };
+            let w = _mm512_maskz_loadu_epi8(mask64((k - 4 * c) * (QK / 2)), ptr);
             lo[c] = _mm512_and_si512(w, low);
             hi[c] = _mm512_and_si512(_mm512_srli_epi16(w, 4), low);
         }
         for (t, acc_t) in acc.iter_mut().enumerate() {
             let mut v = [zero; 4];
-            for c in 0..quads {
+            for c in 0..Q {
                 let ptr = x.q4.as_ptr().add(t * l4 + (b / 4 + c) * 128);
                 let xl = _mm512_loadu_si512(ptr as *const _);
                 let xh = _mm512_loadu_si512(ptr.add(64) as *const _);
@@ -442,17 +438,33 @@ unsafe fn vnni_tile<const IS_Q4: bool, const T: usize>(
         let full = nb / 16 * 16;
         for b in (0..full).step_by(16) {
             if IS_Q4 {
-                vnni_q4_group::<T, true>(wp, dp, x, nb, l4, b, 16, &mut acc);
+                vnni_q4_group::<T, 4>(wp, dp, x, nb, l4, b, 16, &mut acc);
             } else {
-                vnni_q8_group::<T, true>(wp, dp, x, nb, b, 16, &mut acc);
+                vnni_q8_group::<T, 8>(wp, dp, x, nb, b, 16, &mut acc);
             }
         }
-        if full < nb {
-            let k = nb - full;
-            if IS_Q4 {
-                vnni_q4_group::<T, false>(wp, dp, x, nb, l4, full, k, &mut acc);
-            } else {
-                vnni_q8_group::<T, false>(wp, dp, x, nb, full, k, &mut acc);
+        let (b, k) = (full, nb - full);
+        if IS_Q4 {
+            let a = &mut acc;
+            match k.div_ceil(4) {
+                0 => {}
+                1 => vnni_q4_group::<T, 1>(wp, dp, x, nb, l4, b, k, a),
+                2 => vnni_q4_group::<T, 2>(wp, dp, x, nb, l4, b, k, a),
+                3 => vnni_q4_group::<T, 3>(wp, dp, x, nb, l4, b, k, a),
+                _ => vnni_q4_group::<T, 4>(wp, dp, x, nb, l4, b, k, a),
+            }
+        } else {
+            let a = &mut acc;
+            match k.div_ceil(2) {
+                0 => {}
+                1 => vnni_q8_group::<T, 1>(wp, dp, x, nb, b, k, a),
+                2 => vnni_q8_group::<T, 2>(wp, dp, x, nb, b, k, a),
+                3 => vnni_q8_group::<T, 3>(wp, dp, x, nb, b, k, a),
+                4 => vnni_q8_group::<T, 4>(wp, dp, x, nb, b, k, a),
+                5 => vnni_q8_group::<T, 5>(wp, dp, x, nb, b, k, a),
+                6 => vnni_q8_group::<T, 6>(wp, dp, x, nb, b, k, a),
+                7 => vnni_q8_group::<T, 7>(wp, dp, x, nb, b, k, a),
+                _ => vnni_q8_group::<T, 8>(wp, dp, x, nb, b, k, a),
             }
         }
         for (o, a) in out.iter_mut().zip(acc) {
