@@ -138,9 +138,51 @@ pub struct QActs {
     cols: usize,
     q: Vec<i8>,
     d: Vec<f32>,
+    /// Block sums `Σ q` (for the VNNI kernels' `u8 × s8` offset correction).
+    s: Vec<i32>,
+    /// `q` rearranged per [`q4_layout_len`] (for the VNNI Q4_0 kernel).
+    q4: Vec<i8>,
+}
+
+/// Bytes per token of the Q4_0 arrangement of activations: 128 per group of 4 blocks.
+pub fn q4_layout_len(cols: usize) -> usize {
+    (cols / QK).div_ceil(4) * 128
+}
+
+/// One token's quants in the Q4_0 arrangement: block `j` of group `g` (4 blocks) puts
+/// elements 0..16 at `128g + 16j` and 16..32 at `128g + 64 + 16j`, matching the low and
+/// high nibbles of a 64-byte load of 4 Q4_0 blocks. Padding is zero.
+fn arrange_q4(q: &[i8], out: &mut [i8]) {
+    out.fill(0);
+    for (b, qb) in q.chunks_exact(QK).enumerate() {
+        let at = 128 * (b / 4) + 16 * (b % 4);
+        out[at..at + 16].copy_from_slice(&qb[..16]);
+        out[at + 64..at + 80].copy_from_slice(&qb[16..]);
+    }
 }
 
 impl QActs {
+    /// Fills the derived `s` and `q4` from `q`.
+    fn derive(&mut self) {
+        self.s.clear();
+        self.s.extend(
+            self.q
+                .chunks_exact(QK)
+                .map(|b| b.iter().map(|&v| v as i32).sum::<i32>()),
+        );
+        let l4 = q4_layout_len(self.cols);
+        self.q4.resize(self.n * l4, 0);
+        if self.n > 0 {
+            for (qt, ot) in self
+                .q
+                .chunks_exact(self.cols)
+                .zip(self.q4.chunks_exact_mut(l4))
+            {
+                arrange_q4(qt, ot);
+            }
+        }
+    }
+
     /// An empty set (n = 0); fill it with [`QActs::quantize`].
     pub fn new() -> Self {
         Self::default()
@@ -170,6 +212,7 @@ impl QActs {
         self.q.resize(x.len(), 0);
         self.d.resize(x.len() / QK, 0.0);
         k.quantize_act(x, &mut self.q, &mut self.d);
+        self.derive();
     }
 
     /// Takes already quantized activations (e.g. from a test); checks the lengths.
@@ -185,7 +228,16 @@ impl QActs {
                 d.len()
             )));
         }
-        Ok(QActs { n, cols, q, d })
+        let mut a = QActs {
+            n,
+            cols,
+            q,
+            d,
+            s: Vec::new(),
+            q4: Vec::new(),
+        };
+        a.derive();
+        Ok(a)
     }
 
     /// Tokens (rows).
@@ -257,9 +309,20 @@ const ALL_TIERS: [Tier; 5] = [
 /// Quantizes whole blocks: `x.len() = q.len() = 32·d.len()`.
 type QuantFn = unsafe fn(x: &[f32], q: &mut [i8], d: &mut [f32]);
 
-/// Dots one weight row (`wq`, `wd`) with `out.len()` ≤ [`TILE_TOKENS`] consecutive tokens
-/// (`xq`, `xd`, each `cols` quants / `cols/32` scales per token) into `out`.
-type TileFn = unsafe fn(wq: &[u8], wd: &[f32], xq: &[i8], xd: &[f32], out: &mut [f32]);
+/// Dots one weight row (`wq`, `wd`) with the `out.len()` ≤ [`TILE_TOKENS`] tokens of `x`.
+type TileFn = unsafe fn(wq: &[u8], wd: &[f32], x: &ActTile, out: &mut [f32]);
+
+/// Consecutive tokens of a [`QActs`] as the micro-kernels see them.
+pub struct ActTile<'a> {
+    /// `cols` quants per token.
+    pub q: &'a [i8],
+    /// `cols/32` scales per token.
+    pub d: &'a [f32],
+    /// `cols/32` block sums `Σ q` per token.
+    pub s: &'a [i32],
+    /// The quants rearranged for Q4_0 kernels, [`q4_layout_len`]`(cols)` per token.
+    pub q4: &'a [i8],
+}
 
 /// One tier's micro-kernels. Only built for tiers the CPU supports, which is what makes
 /// calling its `unsafe fn` pointers sound.
@@ -304,12 +367,7 @@ impl Kernels {
         if !cpu_has(t) {
             return None;
         }
-        let s = Kernels {
-            tier: t,
-            quant: scalar::quantize_act,
-            q8: scalar::tile_q8,
-            q4: scalar::tile_q4,
-        };
+        let s = Kernels { tier: t, ..SCALAR };
         Some(match t {
             Tier::Scalar => s,
             #[cfg(target_arch = "x86_64")]
@@ -446,16 +504,27 @@ fn rows_per_task(rows: usize, macs_per_row: usize) -> usize {
 /// Rows `r0..r0 + out.len()/n` for all tokens into `out` (row-major, tokens inner).
 fn rows_into(tile: TileFn, w: &QMat, x: &QActs, r0: usize, out: &mut [f32]) {
     let n = x.n();
-    let (cols, nb) = (x.cols(), x.cols() / QK);
+    let (cols, nb, l4) = (x.cols(), x.cols() / QK, q4_layout_len(x.cols()));
+    // The token tiles are the same for every row: slice them once.
+    let tiles: Vec<ActTile> = (0..n)
+        .step_by(TILE_TOKENS)
+        .map(|t0| {
+            let t1 = (t0 + TILE_TOKENS).min(n);
+            ActTile {
+                q: &x.q[t0 * cols..t1 * cols],
+                d: &x.d[t0 * nb..t1 * nb],
+                s: &x.s[t0 * nb..t1 * nb],
+                q4: &x.q4[t0 * l4..t1 * l4],
+            }
+        })
+        .collect();
+    let (rb, q, d) = (w.wtype.row_bytes(cols), w.q, w.d);
     for (i, yr) in out.chunks_exact_mut(n).enumerate() {
-        let (wq, wd) = w.row(r0 + i);
-        for (k, yt) in yr.chunks_mut(TILE_TOKENS).enumerate() {
-            let t0 = k * TILE_TOKENS;
-            let t1 = t0 + yt.len();
-            let (xq, xd) = (&x.q[t0 * cols..t1 * cols], &x.d[t0 * nb..t1 * nb]);
-            debug_assert_eq!(wq.len(), w.wtype.row_bytes(cols));
+        let r = r0 + i;
+        let (wq, wd) = (&q[r * rb..(r + 1) * rb], &d[r * nb..(r + 1) * nb]);
+        for (xt, yt) in tiles.iter().zip(yr.chunks_mut(TILE_TOKENS)) {
             // SAFETY: the tile fn belongs to a supported tier; slices sized per its contract.
-            unsafe { tile(wq, wd, xq, xd, yt) };
+            unsafe { tile(wq, wd, xt, yt) };
         }
     }
 }
@@ -478,30 +547,31 @@ thread_local! {
     static FORCED: Cell<Option<Kernels>> = const { Cell::new(None) };
 }
 
+/// The tier to use given the supported ones (ascending) and a `KRAFLA_KERNEL` value:
+/// the highest supported tier not above the asked one (an unknown name is ignored).
+fn choose_tier(supported: &[Tier], asked: Option<&str>) -> Tier {
+    let cap = asked.and_then(Tier::from_name);
+    let ok = |t: &Tier| cap.map_or(true, |c| *t <= c);
+    supported.iter().copied().rfind(ok).unwrap_or(Tier::Scalar)
+}
+
 /// The best supported tier, lowered (never raised) by `KRAFLA_KERNEL`; chosen once.
 fn detected() -> &'static Kernels {
     static K: OnceLock<Kernels> = OnceLock::new();
     K.get_or_init(|| {
-        let best = *supported_tiers().last().unwrap_or(&Tier::Scalar);
-        let want = std::env::var("KRAFLA_KERNEL")
-            .ok()
-            .and_then(|s| Tier::from_name(&s));
-        let t = match want {
-            Some(w) if cpu_has(w) && w <= best => w,
-            Some(_) => {
-                // Unsupported tier asked for: the best one that is not above it.
-                let w = want.unwrap_or(best);
-                supported_tiers()
-                    .into_iter()
-                    .filter(|&t| t <= w)
-                    .last()
-                    .unwrap_or(Tier::Scalar)
-            }
-            None => best,
-        };
-        Kernels::for_tier(t).unwrap_or(Kernels::for_tier(Tier::Scalar).expect("scalar always"))
+        let asked = std::env::var("KRAFLA_KERNEL").ok();
+        let t = choose_tier(&supported_tiers(), asked.as_deref());
+        Kernels::for_tier(t).unwrap_or(SCALAR)
     })
 }
+
+/// The scalar reference kernels, available everywhere.
+const SCALAR: Kernels = Kernels {
+    tier: Tier::Scalar,
+    quant: scalar::quantize_act,
+    q8: scalar::tile_q8,
+    q4: scalar::tile_q4,
+};
 
 /// The kernels the free functions use: [`with_tier`]'s on this thread, else the detected.
 pub fn kernels() -> Kernels {
@@ -542,4 +612,49 @@ pub fn matvec(w: &QMat, x: &QActs, y: &mut [f32]) {
 /// `y = W·x` for `x.n()` tokens with the active tier (see [`Kernels::matmul`]).
 pub fn matmul(w: &QMat, x: &QActs, y: &mut [f32]) {
     kernels().matmul(w, x, y)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn env_var_only_lowers() {
+        use Tier::*;
+        let x86 = [Scalar, Avx2, Avx512, Avx512Vnni];
+        assert_eq!(choose_tier(&x86, None), Avx512Vnni);
+        assert_eq!(choose_tier(&x86, Some("avx2")), Avx2);
+        assert_eq!(choose_tier(&x86, Some("scalar")), Scalar);
+        assert_eq!(choose_tier(&x86, Some("bogus")), Avx512Vnni);
+        assert_eq!(choose_tier(&[Scalar, Avx2], Some("avx512vnni")), Avx2);
+        // NEON sorts above the x86 tiers but is never in an x86 list.
+        assert_eq!(choose_tier(&[Scalar, Neon], Some("avx2")), Scalar);
+        assert_eq!(choose_tier(&x86, Some("neon")), Avx512Vnni);
+    }
+
+    #[test]
+    fn tiers_agree_on_a_small_case() {
+        let (rows, cols, n) = (5, 96, 3);
+        let q: Vec<u8> = (0..rows * cols)
+            .map(|i| ((i * 37 % 255) as i32 - 127) as i8 as u8)
+            .collect();
+        let d: Vec<f32> = (0..rows * cols / QK)
+            .map(|i| 0.01 * (i as f32 - 3.0))
+            .collect();
+        let x: Vec<f32> = (0..n * cols)
+            .map(|i| ((i * 13 % 17) as f32 - 8.0) * 0.3)
+            .collect();
+        let w = QMat::new(WType::Q8_0, rows, cols, &q, &d).unwrap();
+        let mut xa = QActs::new();
+        xa.quantize_with(&SCALAR, &x, cols);
+        let mut y0 = vec![0.0; n * rows];
+        SCALAR.matmul(&w, &xa, &mut y0);
+        for t in supported_tiers() {
+            let k = Kernels::for_tier(t).unwrap();
+            let mut y = vec![0.0; n * rows];
+            k.matmul(&w, &xa, &mut y);
+            let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&y), bits(&y0), "tier {t}");
+        }
+    }
 }

@@ -4,7 +4,7 @@
 //! Per output: `acc[b % 8] += (d_w[b]·d_x[b]) · (isum_b as f32)` over blocks in order,
 //! then [`reduce_lanes`]; `isum_b` is the exact i32 dot product of the block's quants.
 
-use super::LANES;
+use super::{ActTile, LANES};
 use crate::quant::{q8_0, QK};
 
 /// The contract's fixed reduction tree: `((a0+a4)+(a2+a6)) + ((a1+a5)+(a3+a7))`.
@@ -41,7 +41,12 @@ pub fn q4_level(w: &[u8], j: usize) -> i32 {
 /// Exact dot product of one Q4_0 weight block (16 bytes) with one activation block.
 #[inline(always)]
 pub fn isum_q4(w: &[u8], x: &[i8]) -> i32 {
-    (0..QK).map(|j| q4_level(w, j) * x[j] as i32).sum()
+    let (lo, hi) = x.split_at(QK / 2);
+    let mut s = 0i32;
+    for ((&b, &xl), &xh) in w.iter().zip(lo).zip(hi) {
+        s += ((b & 0x0F) as i32 - 8) * xl as i32 + ((b >> 4) as i32 - 8) * xh as i32;
+    }
+    s
 }
 
 /// The contract for one row against one token, given the per-block integer dot.
@@ -76,7 +81,8 @@ pub fn dot_q4(wq: &[u8], wd: &[f32], xq: &[i8], xd: &[f32]) -> f32 {
 ///
 /// # Safety
 /// Always safe; `unsafe` only to share the tiers' function-pointer type.
-pub unsafe fn tile_q8(wq: &[u8], wd: &[f32], xq: &[i8], xd: &[f32], out: &mut [f32]) {
+pub unsafe fn tile_q8(wq: &[u8], wd: &[f32], x: &ActTile, out: &mut [f32]) {
+    let (xq, xd) = (x.q, x.d);
     let (cols, nb) = (wd.len() * QK, wd.len());
     for (t, o) in out.iter_mut().enumerate() {
         *o = dot_q8(
@@ -92,7 +98,8 @@ pub unsafe fn tile_q8(wq: &[u8], wd: &[f32], xq: &[i8], xd: &[f32], out: &mut [f
 ///
 /// # Safety
 /// Always safe; `unsafe` only to share the tiers' function-pointer type.
-pub unsafe fn tile_q4(wq: &[u8], wd: &[f32], xq: &[i8], xd: &[f32], out: &mut [f32]) {
+pub unsafe fn tile_q4(wq: &[u8], wd: &[f32], x: &ActTile, out: &mut [f32]) {
+    let (xq, xd) = (x.q, x.d);
     let (cols, nb) = (wd.len() * QK, wd.len());
     for (t, o) in out.iter_mut().enumerate() {
         *o = dot_q4(

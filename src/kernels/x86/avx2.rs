@@ -8,7 +8,7 @@
 
 use core::arch::x86_64::*;
 
-use crate::kernels::{LANES, TILE_TOKENS};
+use crate::kernels::{ActTile, LANES, TILE_TOKENS};
 use crate::quant::q8_0::AMAX_MIN;
 use crate::quant::QK;
 
@@ -184,7 +184,8 @@ unsafe fn tile_any<F: WFormat>(wq: &[u8], wd: &[f32], xq: &[i8], xd: &[f32], out
 ///
 /// # Safety
 /// The CPU has AVX2; slice lengths as `TileFn` says.
-pub unsafe fn tile_q8(wq: &[u8], wd: &[f32], xq: &[i8], xd: &[f32], out: &mut [f32]) {
+pub unsafe fn tile_q8(wq: &[u8], wd: &[f32], x: &ActTile, out: &mut [f32]) {
+    let (xq, xd) = (x.q, x.d);
     // SAFETY: forwarded caller contract.
     unsafe { tile_any::<Q8>(wq, wd, xq, xd, out) }
 }
@@ -193,7 +194,8 @@ pub unsafe fn tile_q8(wq: &[u8], wd: &[f32], xq: &[i8], xd: &[f32], out: &mut [f
 ///
 /// # Safety
 /// The CPU has AVX2; slice lengths as `TileFn` says.
-pub unsafe fn tile_q4(wq: &[u8], wd: &[f32], xq: &[i8], xd: &[f32], out: &mut [f32]) {
+pub unsafe fn tile_q4(wq: &[u8], wd: &[f32], x: &ActTile, out: &mut [f32]) {
+    let (xq, xd) = (x.q, x.d);
     // SAFETY: forwarded caller contract.
     unsafe { tile_any::<Q4>(wq, wd, xq, xd, out) }
 }

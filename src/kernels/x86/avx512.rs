@@ -1,15 +1,23 @@
 //! AVX-512 tiers (BW, and BW + VNNI): bit-identical to `kernels::scalar`.
 //!
-//! Two blocks fill one zmm. Sign trick: `u = |w|` as u8, `s = x` negated where `w < 0`
-//! (a masked `0 − x`; x is never −128), then either `vpdpbusd(0, u, s)` (VNNI) or
-//! `vpmaddwd(vpmaddubsw(u, s), 1)` gives 8 exact i32 partials per block. Four zmm
-//! (8 blocks) are reduced by shuffles into one ymm of `isum_b` for blocks `b..b+8`, the
-//! contract's 8 lanes, and the float step runs on that ymm like the AVX2 tier.
+//! BW tier: two blocks fill one zmm. Sign trick: `u = |w|` as u8, `s = x` negated where
+//! `w < 0` (a masked `0 − x`; x is never −128), then `vpmaddwd(vpmaddubsw(u, s), 1)`
+//! gives 8 exact i32 partials per block. Four zmm (8 blocks) are reduced by shuffles into
+//! one ymm of `isum_b` for blocks `b..b+8`, the contract's 8 lanes, and the float step
+//! runs on that ymm like the AVX2 tier.
+//!
+//! VNNI tier: `vpdpbusd` (u8 × s8, i32 sums of 4) with an offset instead of the sign
+//! trick, 16 blocks per step. Q8_0: `Σ (w+128)·x − 128·Σx`; Q4_0: `Σ nibble·x − 8·Σx`,
+//! with `Σx` per block precomputed in `QActs` (exact in i32: |Σ (w+128)·x| ≤ 32·255·127).
+//! Both read activations in `QActs`' Q4 arrangement (per 4 blocks: all first halves,
+//! then all second halves), so a Q4_0 64-byte load of 4 blocks needs only `and`/`shift`
+//! and Q8_0 two `vshufi64x2` per 4 blocks to pair with it. The isum vector covers blocks
+//! `b..b+16`: lanes 0..8 are added to the contract's 8 accumulators, then lanes 8..16.
 
 use core::arch::x86_64::*;
 
 use super::avx2::{load_scales, reduce_lanes};
-use crate::kernels::{LANES, TILE_TOKENS};
+use crate::kernels::{ActTile, LANES, TILE_TOKENS};
 use crate::quant::QK;
 
 /// u8×s8 dot of groups of 4 bytes into i32 lanes.
@@ -19,16 +27,7 @@ trait Dot {
     unsafe fn dot(u: __m512i, s: __m512i) -> __m512i;
 }
 
-struct Vnni;
 struct Bw;
-
-impl Dot for Vnni {
-    #[inline(always)]
-    unsafe fn dot(u: __m512i, s: __m512i) -> __m512i {
-        // SAFETY: register-only; callers are compiled with avx512vnni.
-        unsafe { _mm512_dpbusd_epi32(_mm512_setzero_si512(), u, s) }
-    }
-}
 
 impl Dot for Bw {
     #[inline(always)]
@@ -231,9 +230,9 @@ macro_rules! tier_fn {
         /// # Safety
         /// The CPU has the tier's features; slice lengths as `kernels::TileFn` says.
         #[target_feature(enable = $features)]
-        pub unsafe fn $name(wq: &[u8], wd: &[f32], xq: &[i8], xd: &[f32], out: &mut [f32]) {
+        pub unsafe fn $name(wq: &[u8], wd: &[f32], x: &ActTile, out: &mut [f32]) {
             // SAFETY: forwarded caller contract; features enabled on this function.
-            unsafe { tile_any::<$fmt, $dot>(wq, wd, xq, xd, out) }
+            unsafe { tile_any::<$fmt, $dot>(wq, wd, x.q, x.d, out) }
         }
     };
 }
@@ -252,17 +251,200 @@ tier_fn!(
     "avx2,avx512f,avx512bw",
     "Q4_0 tile kernel, AVX-512 BW."
 );
-tier_fn!(
-    tile_q8_vnni,
-    Q8,
-    Vnni,
-    "avx2,avx512f,avx512bw,avx512vnni",
-    "Q8_0 tile kernel, AVX-512 VNNI."
-);
-tier_fn!(
-    tile_q4_vnni,
-    Q4,
-    Vnni,
-    "avx2,avx512f,avx512bw,avx512vnni",
-    "Q4_0 tile kernel, AVX-512 VNNI."
-);
+
+/// All-ones in the first `k` of 16 lanes.
+#[inline(always)]
+fn mask16(k: usize) -> __mmask16 {
+    if k >= 16 {
+        !0
+    } else {
+        (1u16 << k) - 1
+    }
+}
+
+/// All-ones in the first `n` of 64 bytes.
+#[inline(always)]
+fn mask64(n: usize) -> __mmask64 {
+    if n >= 64 {
+        !0
+    } else {
+        (1u64 << n) - 1
+    }
+}
+
+/// From 4 zmm whose 128-bit lane `k` holds block `4q + k` as 4 partials (q = vector
+/// index): the 16 block sums in natural order.
+#[inline(always)]
+unsafe fn red4(s: &[__m512i; 4]) -> __m512i {
+    // SAFETY: register-only AVX-512F ops; the caller has them.
+    unsafe {
+        let f = |v: __m512i| _mm512_castsi512_ps(v);
+        let pair = |a: __m512i, b: __m512i| {
+            _mm512_add_epi32(
+                _mm512_castps_si512(_mm512_shuffle_ps(f(a), f(b), 0x88)),
+                _mm512_castps_si512(_mm512_shuffle_ps(f(a), f(b), 0xDD)),
+            )
+        };
+        // Lane k: [block k, 4+k] (resp. [8+k, 12+k]) × 2 partials.
+        let t01 = pair(s[0], s[1]);
+        let t23 = pair(s[2], s[3]);
+        // Lane k: blocks [k, 4+k, 8+k, 12+k]: element 4k+j is block 4j+k.
+        let u = pair(t01, t23);
+        let idx = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+        _mm512_permutexvar_epi32(idx, u)
+    }
+}
+
+/// The float step for 16 blocks (`k` valid): `acc[j] += t[j]`, then `acc[j] += t[8+j]`,
+/// with `t = (dw·dx)·(isum − (Σx << SHIFT))`; invalid lanes are exactly zero.
+#[inline(always)]
+unsafe fn float_step<const SHIFT: u32>(
+    red: __m512i,
+    sx: *const i32,
+    dw: *const f32,
+    dx: *const f32,
+    k: usize,
+    acc: &mut __m256,
+) {
+    // SAFETY: `k` readable values at each pointer (the caller's contract); masked loads.
+    unsafe {
+        let m = mask16(k);
+        let corr = _mm512_slli_epi32(_mm512_maskz_loadu_epi32(m, sx), SHIFT);
+        let isum = _mm512_cvtepi32_ps(_mm512_sub_epi32(red, corr));
+        let d = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, dw), _mm512_maskz_loadu_ps(m, dx));
+        let t = _mm512_mul_ps(d, isum);
+        let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(t), 1));
+        *acc = _mm256_add_ps(_mm256_add_ps(*acc, _mm512_castps512_ps256(t)), hi);
+    }
+}
+
+/// VNNI: 16 blocks (`k` valid, `Q = ⌈k/4⌉` quads of 4 blocks) from block `b` (a multiple
+/// of 16) for `T` tokens. Each quad becomes two u8 vectors whose 128-bit lane `j` holds
+/// block `j`'s elements 0..16 (`lo`) and 16..32 (`hi`), matching the activations' Q4
+/// arrangement, so two `vpdpbusd` leave 4 partials per block in lane `j`.
+/// Q8_0: `w + 128` (lanes regrouped by `vshufi64x2`); Q4_0: the nibbles as they are.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn vnni_group<const IS_Q4: bool, const T: usize, const Q: usize>(
+    wq: *const u8,
+    wd: *const f32,
+    x: &ActTile,
+    nb: usize,
+    l4: usize,
+    b: usize,
+    k: usize,
+    acc: &mut [__m256; T],
+) {
+    debug_assert_eq!(k.div_ceil(4), Q);
+    debug_assert_eq!(b % 16, 0);
+    // SAFETY: blocks b..b+k exist in the row (tails use masked loads); the Q4
+    // arrangement of each token has `l4` bytes, whole 128-byte groups, so the two 64-byte
+    // loads per quad are inside.
+    unsafe {
+        let zero = _mm512_setzero_si512();
+        let mut lo = [zero; 4];
+        let mut hi = [zero; 4];
+        for c in 0..Q {
+            let rem = k - 4 * c;
+            if IS_Q4 {
+                let ptr = wq.add((b + 4 * c) * (QK / 2)) as *const i8;
+                let w = _mm512_maskz_loadu_epi8(mask64(rem * (QK / 2)), ptr);
+                let low = _mm512_set1_epi8(0x0F);
+                lo[c] = _mm512_and_si512(w, low);
+                hi[c] = _mm512_and_si512(_mm512_srli_epi16(w, 4), low);
+            } else {
+                let ptr = wq.add((b + 4 * c) * QK) as *const i8;
+                let w01 = _mm512_maskz_loadu_epi8(mask64(rem * QK), ptr);
+                let w23 = _mm512_maskz_loadu_epi8(mask64(rem.saturating_sub(2) * QK), ptr.add(64));
+                // [b0 h0, b0 h1, b1 h0, b1 h1] and [b2 .., b3 ..] → [b0..b3 h0], [b0..b3 h1].
+                let off = _mm512_set1_epi8(-128);
+                lo[c] = _mm512_xor_si512(_mm512_shuffle_i64x2(w01, w23, 0x88), off);
+                hi[c] = _mm512_xor_si512(_mm512_shuffle_i64x2(w01, w23, 0xDD), off);
+            }
+        }
+        for (t, acc_t) in acc.iter_mut().enumerate() {
+            let mut v = [zero; 4];
+            for c in 0..Q {
+                let ptr = x.q4.as_ptr().add(t * l4 + (b / 4 + c) * 128);
+                let xl = _mm512_loadu_si512(ptr as *const _);
+                let xh = _mm512_loadu_si512(ptr.add(64) as *const _);
+                v[c] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(zero, lo[c], xl), hi[c], xh);
+            }
+            let o = t * nb + b;
+            let (sx, dx) = (x.s.as_ptr().add(o), x.d.as_ptr().add(o));
+            if IS_Q4 {
+                float_step::<3>(red4(&v), sx, wd.add(b), dx, k, acc_t);
+            } else {
+                float_step::<7>(red4(&v), sx, wd.add(b), dx, k, acc_t);
+            }
+        }
+    }
+}
+
+/// VNNI: one row against `T` tokens.
+#[inline(always)]
+unsafe fn vnni_tile<const IS_Q4: bool, const T: usize>(
+    wq: &[u8],
+    wd: &[f32],
+    x: &ActTile,
+    out: &mut [f32],
+) {
+    let nb = wd.len();
+    let l4 = crate::kernels::q4_layout_len(nb * QK);
+    debug_assert!(x.q.len() == T * nb * QK && x.d.len() == T * nb && x.s.len() == T * nb);
+    debug_assert!(x.q4.len() == T * l4 && out.len() == T);
+    debug_assert_eq!(wq.len(), nb * if IS_Q4 { QK / 2 } else { QK });
+    let (wp, dp) = (wq.as_ptr(), wd.as_ptr());
+    // SAFETY: the lengths above cover every block the groups read.
+    unsafe {
+        let mut acc = [_mm256_setzero_ps(); T];
+        let full = nb / 16 * 16;
+        for b in (0..full).step_by(16) {
+            vnni_group::<IS_Q4, T, 4>(wp, dp, x, nb, l4, b, 16, &mut acc);
+        }
+        let (b, k, a) = (full, nb - full, &mut acc);
+        match k.div_ceil(4) {
+            0 => {}
+            1 => vnni_group::<IS_Q4, T, 1>(wp, dp, x, nb, l4, b, k, a),
+            2 => vnni_group::<IS_Q4, T, 2>(wp, dp, x, nb, l4, b, k, a),
+            3 => vnni_group::<IS_Q4, T, 3>(wp, dp, x, nb, l4, b, k, a),
+            _ => vnni_group::<IS_Q4, T, 4>(wp, dp, x, nb, l4, b, k, a),
+        }
+        for (o, a) in out.iter_mut().zip(acc) {
+            *o = reduce_lanes(a);
+        }
+    }
+}
+
+#[target_feature(enable = "avx2,avx512f,avx512bw,avx512vnni")]
+unsafe fn vnni_any<const IS_Q4: bool>(wq: &[u8], wd: &[f32], x: &ActTile, out: &mut [f32]) {
+    debug_assert!(out.len() <= TILE_TOKENS);
+    // SAFETY: features enabled here; slice lengths per `TileFn`.
+    unsafe {
+        match out.len() {
+            0 => {}
+            1 => vnni_tile::<IS_Q4, 1>(wq, wd, x, out),
+            2 => vnni_tile::<IS_Q4, 2>(wq, wd, x, out),
+            3 => vnni_tile::<IS_Q4, 3>(wq, wd, x, out),
+            _ => vnni_tile::<IS_Q4, 4>(wq, wd, x, out),
+        }
+    }
+}
+
+/// Q8_0 tile kernel, AVX-512 VNNI (see `kernels::TileFn`).
+///
+/// # Safety
+/// The CPU has AVX-512 F/BW/VNNI and AVX2; slice lengths as `TileFn` says.
+pub unsafe fn tile_q8_vnni(wq: &[u8], wd: &[f32], x: &ActTile, out: &mut [f32]) {
+    // SAFETY: forwarded caller contract.
+    unsafe { vnni_any::<false>(wq, wd, x, out) }
+}
+
+/// Q4_0 tile kernel, AVX-512 VNNI (see `kernels::TileFn`).
+///
+/// # Safety
+/// The CPU has AVX-512 F/BW/VNNI and AVX2; slice lengths as `TileFn` says.
+pub unsafe fn tile_q4_vnni(wq: &[u8], wd: &[f32], x: &ActTile, out: &mut [f32]) {
+    // SAFETY: forwarded caller contract.
+    unsafe { vnni_any::<true>(wq, wd, x, out) }
+}

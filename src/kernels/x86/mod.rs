@@ -1,6 +1,9 @@
 //! x86_64 tiers: AVX2 and AVX-512 (with or without VNNI), detected at run time.
 
 pub mod avx2;
+// The AVX-512 intrinsics are stable since Rust 1.89: the crate's `rust-version` (1.80)
+// must be raised to 1.89 for this module to build on the oldest supported toolchain.
+#[clippy::msrv = "1.89"]
 pub mod avx512;
 
 /// AVX2 tier: 256-bit integer ops (`vpmaddubsw`, `vpsignb`).
