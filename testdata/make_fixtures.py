@@ -573,6 +573,12 @@ LEGACY = {
 }
 
 
+RENAMED = {
+    "gemma3_mm_model_prefix": ("gemma3_mm", "tensors named model.language_model.*, model.vision_tower.*, "
+                               "model.multi_modal_projector.* (lm_head tied, not stored)"),
+}
+
+
 def load_f32(cls, path):
     m = cls.from_pretrained(path, dtype=torch.float32, attn_implementation="eager")
     m.eval()
@@ -635,6 +641,37 @@ def make_fixture(name, results):
     print(f"{name:32s} {cfg_json['model_type']:13s} {dtype_name:9s} logit std {std:6.3f} |max| {float(logits.abs().max()):6.2f}"
           f"  nRMSE q8 {e8:.4f} q4 {e4:.4f}", flush=True)
     return cls, logits
+
+
+def make_inmemory_names(name, results, made):
+    """The checkpoint re-saved with transformers' in-memory tensor names (model.language_model.*,
+    model.vision_tower.*, ...), the layout of newer Hub uploads; save_pretrained in transformers
+    5.24 writes Gemma 3 back in the original layout (language_model.model.*, vision_tower.*)."""
+    from safetensors.torch import save_file
+    src, what = RENAMED[name]
+    cls, src_logits = made[src]
+    sdir, out = os.path.join(MODELS, src), os.path.join(MODELS, name)
+    shutil.rmtree(out, ignore_errors=True)
+    os.makedirs(out)
+    for f in os.listdir(sdir):
+        if not f.endswith(".safetensors"):
+            shutil.copyfile(os.path.join(sdir, f), os.path.join(out, f))
+    dtype = DTYPES[json.load(open(os.path.join(sdir, "reference.json")))["dtype"]]
+    m = cls.from_pretrained(sdir, dtype=dtype)
+    sd = m.state_dict()
+    tied = m.get_output_embeddings().weight.data_ptr() == m.get_input_embeddings().weight.data_ptr()
+    tensors = {k: v.detach().contiguous().clone() for k, v in sd.items() if not (tied and k == "lm_head.weight")}
+    assert any(k.startswith("model.language_model.") for k in tensors)
+    save_file(tensors, os.path.join(out, "model.safetensors"), metadata={"format": "pt"})
+    m2 = load_f32(cls, out)
+    logits = forward_logits(m2, json.load(open(os.path.join(sdir, "reference.json")))["tokens"])
+    assert torch.equal(logits, src_logits), f"{name}: renamed tensors give different logits"
+    ref = json.load(open(os.path.join(out, "reference.json")))
+    ref["name"] = name
+    ref["notes"] = f"same tensors, config and logits as {src}: {what}"
+    json.dump(ref, open(os.path.join(out, "reference.json"), "w"), indent=1)
+    results[name] = dict(results[src], files=sorted(os.listdir(out)))
+    print(f"{name:32s} {src} with in-memory tensor names: loads, identical logits", flush=True)
 
 
 def make_legacy(name, results, made):
@@ -790,14 +827,18 @@ def main():
     os.makedirs(MODELS, exist_ok=True)
     if only is None:
         for d in os.listdir(MODELS):
-            if d not in FIXTURES and d not in LEGACY:
+            if d not in FIXTURES and d not in LEGACY and d not in RENAMED:
                 shutil.rmtree(os.path.join(MODELS, d))
     for name in FIXTURES:
-        if only is None or name in only or any(LEGACY[l][0] == name for l in LEGACY if l in (only or ())):
+        deps = [LEGACY[l][0] for l in LEGACY if l in (only or ())] + [RENAMED[r][0] for r in RENAMED if r in (only or ())]
+        if only is None or name in only or name in deps:
             made[name] = make_fixture(name, results)
     for name in LEGACY:
         if only is None or name in only:
             make_legacy(name, results, made)
+    for name in RENAMED:
+        if only is None or name in only:
+            make_inmemory_names(name, results, made)
     if only is None or "default" in only:
         make_default(train=not args.skip_train)
     json.dump({k: {kk: vv for kk, vv in v.items() if kk != "files"} for k, v in results.items()},
