@@ -1,1 +1,2 @@
+mod convert;
 mod util;

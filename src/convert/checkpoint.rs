@@ -83,9 +83,7 @@ impl Checkpoint {
             let map = v
                 .get("weight_map")
                 .and_then(|m| m.as_object())
-                .ok_or_else(|| {
-                    ConvertError::checkpoint(&index, "has no \"weight_map\" object")
-                })?;
+                .ok_or_else(|| ConvertError::checkpoint(&index, "has no \"weight_map\" object"))?;
             // Shard file → the tensors the index places there (sorted: deterministic).
             let mut by_shard: BTreeMap<String, Vec<String>> = BTreeMap::new();
             for (name, file) in map {
@@ -100,15 +98,16 @@ impl Checkpoint {
                     .or_default()
                     .push(name.clone());
             }
-            let missing: Vec<&String> = by_shard
-                .keys()
-                .filter(|f| !dir.join(f).is_file())
-                .collect();
+            let missing: Vec<&String> =
+                by_shard.keys().filter(|f| !dir.join(f).is_file()).collect();
             if !missing.is_empty() {
                 let list: Vec<&str> = missing.iter().map(|s| s.as_str()).collect();
                 return Err(ConvertError::checkpoint(
                     &index,
-                    format!("shard(s) named in the index are missing: {}", list.join(", ")),
+                    format!(
+                        "shard(s) named in the index are missing: {}",
+                        list.join(", ")
+                    ),
                 ));
             }
             for (file, names) in &by_shard {

@@ -196,16 +196,34 @@ const UNSUPPORTED_KEYS: &[(&str, &str)] = &[
     ("num_local_experts", "mixture of experts is not supported"),
     ("n_routed_experts", "mixture of experts is not supported"),
     ("n_shared_experts", "mixture of experts is not supported"),
-    ("moe_intermediate_size", "mixture of experts is not supported"),
-    ("shared_expert_intermediate_size", "mixture of experts is not supported"),
+    (
+        "moe_intermediate_size",
+        "mixture of experts is not supported",
+    ),
+    (
+        "shared_expert_intermediate_size",
+        "mixture of experts is not supported",
+    ),
     ("mlp_bias", "MLP biases cannot be stored in an .mlb file"),
-    ("use_bidirectional_attention", "bidirectional attention is not supported"),
+    (
+        "use_bidirectional_attention",
+        "bidirectional attention is not supported",
+    ),
     ("qk_layernorm", "this q/k layer norm is not supported"),
     ("logits_scaling", "logit scaling is not supported"),
     ("logit_scale", "logit scaling is not supported"),
-    ("embedding_multiplier", "embedding multipliers are not supported"),
-    ("residual_multiplier", "residual multipliers are not supported"),
-    ("attention_multiplier", "attention multipliers are not supported"),
+    (
+        "embedding_multiplier",
+        "embedding multipliers are not supported",
+    ),
+    (
+        "residual_multiplier",
+        "residual multipliers are not supported",
+    ),
+    (
+        "attention_multiplier",
+        "attention multipliers are not supported",
+    ),
     ("clip_qkv", "q/k/v clipping is not supported"),
 ];
 
@@ -222,8 +240,9 @@ fn is_set(v: &Value) -> bool {
 pub fn load(dir: &Path) -> Result<ModelDesc> {
     let file: PathBuf = dir.join("config.json");
     let text = std::fs::read_to_string(&file).map_err(|e| ConvertError::io(&file, e))?;
-    let v: Value = serde_json::from_str(&text)
-        .map_err(|e| ConvertError::config(&file, "config.json", "?", format!("not valid JSON: {e}")))?;
+    let v: Value = serde_json::from_str(&text).map_err(|e| {
+        ConvertError::config(&file, "config.json", "?", format!("not valid JSON: {e}"))
+    })?;
     parse(&file, &v)
 }
 
@@ -406,7 +425,10 @@ fn describe(
                     "the local RoPE of sliding layers must be unscaled",
                 ));
             }
-            Some(l.theta.unwrap_or(arch.default_local_theta.unwrap_or(10_000.0)))
+            Some(
+                l.theta
+                    .unwrap_or(arch.default_local_theta.unwrap_or(10_000.0)),
+            )
         }
         (None, Some(d)) => Some(c.f64_opt("rope_local_base_freq")?.unwrap_or(d)),
         (None, None) => None,
@@ -814,7 +836,13 @@ fn rope_params(
         Ok(o as u32)
     };
     let factor_req = || -> Result<f64> {
-        let f = num("factor")?.ok_or_else(|| c.err(&k("factor"), "missing", format!("required for rope_type {ty}")))?;
+        let f = num("factor")?.ok_or_else(|| {
+            c.err(
+                &k("factor"),
+                "missing",
+                format!("required for rope_type {ty}"),
+            )
+        })?;
         if f <= 0.0 || !f.is_finite() {
             return Err(c.err(&k("factor"), f, "must be > 0"));
         }
@@ -924,7 +952,8 @@ impl ModelDesc {
         // -2i/head_dim into transformers' -2i/rot_dim.
         h.rope_theta = if self.rot_dim < self.head_dim {
             h.rot_dim = self.rot_dim as u32;
-            self.rope_theta.powf(self.head_dim as f64 / self.rot_dim as f64) as f32
+            self.rope_theta
+                .powf(self.head_dim as f64 / self.rot_dim as f64) as f32
         } else {
             self.rope_theta as f32
         };
@@ -998,4 +1027,3 @@ impl ModelDesc {
         (h, flags)
     }
 }
-

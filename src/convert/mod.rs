@@ -103,7 +103,10 @@ pub fn default_output(input: &Path, wtype: WType) -> PathBuf {
 /// Progress reports, in order: one `Start`, `Note`s, one `Tensor` per array written.
 #[derive(Debug, Clone, Copy)]
 pub enum Progress<'a> {
-    Start { tensors: usize, bytes: u64 },
+    Start {
+        tensors: usize,
+        bytes: u64,
+    },
     Note(&'a str),
     Tensor {
         index: usize,
@@ -168,7 +171,10 @@ fn run(opts: &Options, progress: &mut (dyn FnMut(Progress) + Send)) -> Result<Su
     let t0 = Instant::now();
     let dir = &opts.input;
     if !dir.is_dir() {
-        return Err(ConvertError::checkpoint(dir, "not a folder (expected a Hugging Face checkpoint folder)"));
+        return Err(ConvertError::checkpoint(
+            dir,
+            "not a folder (expected a Hugging Face checkpoint folder)",
+        ));
     }
     let desc = config::load(dir)?;
     let mut notes = desc.notes.clone();
@@ -192,9 +198,11 @@ fn run(opts: &Options, progress: &mut (dyn FnMut(Progress) + Send)) -> Result<Su
     header.q8_mask = mask;
     header.scale_f16 = opts.scale_f16 as u32;
     let gemma3 = desc.arch.name == "gemma3_text";
-    let q4_rule = opts
-        .q4_rule
-        .unwrap_or(if gemma3 { Q4Rule::Round } else { Q4Rule::Search });
+    let q4_rule = opts.q4_rule.unwrap_or(if gemma3 {
+        Q4Rule::Round
+    } else {
+        Q4Rule::Search
+    });
     let imatrix = match &opts.imatrix {
         None => None,
         Some(p) => {
@@ -218,7 +226,15 @@ fn run(opts: &Options, progress: &mut (dyn FnMut(Progress) + Send)) -> Result<Su
 
     // Text-model prefix and the tensors outside it.
     let (prefix, head_prefix) = text_prefix(&ck, &desc)?;
-    let sources = plan(&ck, &desc, &layout.tensors, &prefix, &head_prefix, imatrix.as_ref().map(|(_, m)| m), q4_rule)?;
+    let sources = plan(
+        &ck,
+        &desc,
+        &layout.tensors,
+        &prefix,
+        &head_prefix,
+        imatrix.as_ref().map(|(_, m)| m),
+        q4_rule,
+    )?;
     check_leftovers(&ck, &desc, &sources, &prefix, &mut notes)?;
     if let Some((_, m)) = &imatrix {
         if m.cls_tokens == 0 && !desc.tied {
@@ -246,16 +262,32 @@ fn run(opts: &Options, progress: &mut (dyn FnMut(Progress) + Send)) -> Result<Su
     };
     let fname = out
         .file_name()
-        .ok_or_else(|| ConvertError::options("-o", format!("{} is not a file name", out.display())))?
+        .ok_or_else(|| {
+            ConvertError::options("-o", format!("{} is not a file name", out.display()))
+        })?
         .to_string_lossy()
         .into_owned();
     if out.is_dir() {
-        return Err(ConvertError::options("-o", format!("{} is a folder", out.display())));
+        return Err(ConvertError::options(
+            "-o",
+            format!("{} is a folder", out.display()),
+        ));
     }
     let tmp = out_dir.join(format!(".{fname}.tmp-{}", std::process::id()));
     let file = File::create(&tmp).map_err(|e| ConvertError::io(&tmp, e))?;
-    let res = write_all(&ck, &header, &flags, &layout.tensors, &sources, opts.scale_f16, q4_rule, file, &tmp, progress)
-        .and_then(|()| std::fs::rename(&tmp, &out).map_err(|e| ConvertError::io(&out, e)));
+    let res = write_all(
+        &ck,
+        &header,
+        &flags,
+        &layout.tensors,
+        &sources,
+        opts.scale_f16,
+        q4_rule,
+        file,
+        &tmp,
+        progress,
+    )
+    .and_then(|()| std::fs::rename(&tmp, &out).map_err(|e| ConvertError::io(&out, e)));
     if let Err(e) = res {
         let _ = std::fs::remove_file(&tmp);
         return Err(e);
@@ -349,7 +381,10 @@ fn plan(
         }
         let spec = t.name.name;
         let (rel, transform) = d.arch.source(spec).ok_or_else(|| {
-            ConvertError::checkpoint(ck.first_path(), format!("{}: no source for spec array {spec}", d.arch.name))
+            ConvertError::checkpoint(
+                ck.first_path(),
+                format!("{}: no source for spec array {spec}", d.arch.name),
+            )
         })?;
         let hf = match (t.name.layer, spec) {
             (Some(l), _) => format!("{prefix}layers.{l}.{rel}"),
@@ -391,21 +426,33 @@ fn plan(
             return Err(ConvertError::tensor(
                 file,
                 &hf,
-                format!("dtype {} is not supported (expected BF16, F16 or F32)", info.dtype_name),
+                format!(
+                    "dtype {} is not supported (expected BF16, F16 or F32)",
+                    info.dtype_name
+                ),
             ));
         }
         if info.shape != want {
             return Err(ConvertError::tensor(
                 file,
                 &hf,
-                format!("shape {:?}, expected {:?} (for {})", info.shape, want, t.name),
+                format!(
+                    "shape {:?}, expected {:?} (for {})",
+                    info.shape, want, t.name
+                ),
             ));
         }
-        let plus_one = d.arch.norm_plus_one && matches!(transform, Transform::Norm | Transform::RopeNorm);
+        let plus_one =
+            d.arch.norm_plus_one && matches!(transform, Transform::Norm | Transform::RopeNorm);
         let imp = match (imatrix, t.kind) {
-            (Some(m), Kind::Mat { qtype: QType::Q4_0, cols, .. }) if q4_rule == Q4Rule::Search => {
-                importance(m, t, cols, d.tied)
-            }
+            (
+                Some(m),
+                Kind::Mat {
+                    qtype: QType::Q4_0,
+                    cols,
+                    ..
+                },
+            ) if q4_rule == Q4Rule::Search => importance(m, t, cols, d.tied),
             _ => None,
         };
         out.push(Some(Source {
@@ -431,7 +478,11 @@ fn importance(m: &Mli, t: &Tensor, cols: usize, tied: bool) -> Option<Vec<f32>> 
         (None, "wcls") if m.cls_tokens > 0 => m.cls(),
         _ => return None,
     };
-    let tokens = if t.name.layer.is_some() { m.tokens } else { m.cls_tokens };
+    let tokens = if t.name.layer.is_some() {
+        m.tokens
+    } else {
+        m.cls_tokens
+    };
     // lout's input is V·dv wide; the Wo slot is q_dim wide: use it only when they agree.
     (sums.len() == cols).then(|| Mli::importance(sums, tokens))
 }
@@ -477,14 +528,21 @@ fn check_leftovers(
         return Err(ConvertError::tensor(
             ck.path_of(info),
             name,
-            format!("not used by a {} model: refusing to drop it silently", d.arch.name),
+            format!(
+                "not used by a {} model: refusing to drop it silently",
+                d.arch.name
+            ),
         ));
     }
     if skipped > 0 {
-        notes.push(format!("skipped {skipped} vision tower / projector tensors"));
+        notes.push(format!(
+            "skipped {skipped} vision tower / projector tensors"
+        ));
     }
     if mtp > 0 {
-        notes.push(format!("skipped {mtp} multi-token-prediction (mtp.*) tensors"));
+        notes.push(format!(
+            "skipped {mtp} multi-token-prediction (mtp.*) tensors"
+        ));
     }
     Ok(())
 }
@@ -509,7 +567,8 @@ fn write_all(
         WriteError::Io(e) => ConvertError::io(tmp, e),
         WriteError::Format(f) => ConvertError::Format(f),
     };
-    let mut w = MlbWriter::new(BufWriter::with_capacity(1 << 20, file), header, flags).map_err(werr)?;
+    let mut w =
+        MlbWriter::new(BufWriter::with_capacity(1 << 20, file), header, flags).map_err(werr)?;
     let mut buf: Vec<f32> = Vec::new();
     for (i, (t, s)) in tensors.iter().zip(sources).enumerate() {
         let name = t.name.to_string();
@@ -535,7 +594,9 @@ fn write_all(
                     w.write_f32(&buf).map_err(werr)?;
                     ck.release(info, s.row_len, 0..s.map.src_rows(s.rows));
                 }
-                Kind::Mat { qtype, rows, cols, .. } => {
+                Kind::Mat {
+                    qtype, rows, cols, ..
+                } => {
                     let qopts = QuantOpts {
                         scale_f16,
                         q4_rule,
@@ -595,7 +656,13 @@ fn read_rows(
     }
 }
 
-fn quant_error(ck: &Checkpoint, info: &TensorInfo, s: &Source, r0: usize, e: QuantError) -> ConvertError {
+fn quant_error(
+    ck: &Checkpoint,
+    info: &TensorInfo,
+    s: &Source,
+    r0: usize,
+    e: QuantError,
+) -> ConvertError {
     let file = ck.path_of(info);
     match e {
         QuantError::NonFinite { row, col, value } => ConvertError::tensor(

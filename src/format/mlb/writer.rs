@@ -240,7 +240,12 @@ impl<W: Write> MlbWriter<W> {
     }
 
     /// Checks a matrix (`whole`) or a row chunk of one against tensor `t`.
-    fn check_mat(&self, t: &Tensor, m: &QuantMat, whole: bool) -> std::result::Result<(), WriteError> {
+    fn check_mat(
+        &self,
+        t: &Tensor,
+        m: &QuantMat,
+        whole: bool,
+    ) -> std::result::Result<(), WriteError> {
         let name = t.name.to_string();
         let Kind::Mat {
             qtype, rows, cols, ..
