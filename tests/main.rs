@@ -1,3 +1,4 @@
+mod convert;
 mod kernels;
 mod run;
 mod util;
