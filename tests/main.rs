@@ -2,3 +2,4 @@ mod convert;
 mod kernels;
 mod run;
 mod util;
+mod tokenizer;
