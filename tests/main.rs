@@ -1,1 +1,4 @@
+//! Integration tests: one binary, one module per tool or concern.
+
+mod inspect;
 mod util;
