@@ -1,4 +1,5 @@
 //! Integration tests: one binary, one module per tool or concern.
 
 mod inspect;
+mod kernels;
 mod util;

@@ -1,1 +1,660 @@
-//! placeholder
+//! Quantized matrix kernels: `y = W·x` with Q8_0 / Q4_0 weights and Q8_0 activations.
+//!
+//! The arithmetic contract (also in `docs/kernels.md`), identical in every tier:
+//!
+//! * per block `b` of 32 columns, `isum_b = Σ q_w·q_x` exactly in i32 (|isum| < 2^24,
+//!   so `isum_b as f32` is exact);
+//! * per output, [`LANES`] = 8 partial sums `acc[0..8] = +0.0`; block `b`, in increasing
+//!   order, does `acc[b % 8] += (d_w[b] · d_x[b]) · (isum_b as f32)`, every operation a
+//!   separately rounded f32 operation (no FMA);
+//! * the result is `((acc0+acc4) + (acc2+acc6)) + ((acc1+acc5) + (acc3+acc7))`.
+//!
+//! [`scalar`] is the reference; every SIMD tier (AVX2, AVX-512, AVX-512 VNNI, NEON) gives
+//! the same bits. The tier is chosen once at run time from the CPU's features and can be
+//! lowered with `KRAFLA_KERNEL=scalar|avx2|avx512|avx512vnni|neon`.
+//!
+//! Rows are independent, so the results do not depend on the thread count or on how
+//! rows are split between rayon tasks.
+
+use std::cell::Cell;
+use std::fmt;
+use std::sync::OnceLock;
+
+use rayon::prelude::*;
+
+use crate::quant::QK;
+
+pub mod scalar;
+
+#[cfg(target_arch = "x86_64")]
+pub mod x86;
+
+#[cfg(target_arch = "aarch64")]
+pub mod arm;
+
+/// Partial sums per output in the contract: block `b` goes to lane `b % LANES`.
+pub const LANES: usize = 8;
+
+/// Most tokens one micro-kernel call handles (a tile shares each weight block load).
+pub const TILE_TOKENS: usize = 4;
+
+/// Weight quantization types the kernels take.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum WType {
+    /// One int8 per weight in [-127, 127] and an f32 scale per block of 32.
+    Q8_0,
+    /// Two 4-bit levels per byte (`w = (nibble − 8)·d`) and an f32 scale per block.
+    Q4_0,
+}
+
+impl WType {
+    /// Bytes of `q` per row of `cols` weights.
+    pub fn row_bytes(self, cols: usize) -> usize {
+        match self {
+            WType::Q8_0 => cols,
+            WType::Q4_0 => cols / 2,
+        }
+    }
+}
+
+/// A shape or length that does not fit the kernels' views.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShapeError(pub String);
+
+impl fmt::Display for ShapeError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for ShapeError {}
+
+/// A borrowed quantized weight matrix, row-major, one row per output.
+///
+/// Built with [`QMat::new`], which checks every length; it usually points straight
+/// into an mmap. Q8_0 quants must not be -128 (the loader rejects it).
+#[derive(Debug, Clone, Copy)]
+pub struct QMat<'a> {
+    pub wtype: WType,
+    pub rows: usize,
+    pub cols: usize,
+    /// Q8_0: `rows·cols` int8 bytes; Q4_0: `rows·cols/2` packed bytes.
+    pub q: &'a [u8],
+    /// `rows·cols/32` f32 scales, row-major.
+    pub d: &'a [f32],
+}
+
+impl<'a> QMat<'a> {
+    /// Checks `cols % 32 == 0`, `rows, cols > 0` and the lengths of `q` and `d`.
+    pub fn new(
+        wtype: WType,
+        rows: usize,
+        cols: usize,
+        q: &'a [u8],
+        d: &'a [f32],
+    ) -> Result<Self, ShapeError> {
+        if rows == 0 || cols == 0 || cols % QK != 0 {
+            return Err(ShapeError(format!(
+                "matrix {rows}x{cols}: rows and cols must be > 0 and cols a multiple of {QK}"
+            )));
+        }
+        let qlen = rows.checked_mul(wtype.row_bytes(cols));
+        let dlen = rows.checked_mul(cols / QK);
+        if qlen != Some(q.len()) || dlen != Some(d.len()) {
+            return Err(ShapeError(format!(
+                "matrix {rows}x{cols} {wtype:?}: q has {} bytes and d {} scales, expected {:?} and {:?}",
+                q.len(),
+                d.len(),
+                qlen,
+                dlen
+            )));
+        }
+        Ok(QMat {
+            wtype,
+            rows,
+            cols,
+            q,
+            d,
+        })
+    }
+
+    /// Blocks per row.
+    pub fn blocks(&self) -> usize {
+        self.cols / QK
+    }
+
+    /// The quants and scales of row `r`.
+    fn row(&self, r: usize) -> (&'a [u8], &'a [f32]) {
+        let rb = self.wtype.row_bytes(self.cols);
+        let nb = self.blocks();
+        (&self.q[r * rb..(r + 1) * rb], &self.d[r * nb..(r + 1) * nb])
+    }
+}
+
+/// Q8_0 activations of `n` rows (tokens) of `cols` values; buffers are reused.
+#[derive(Debug, Clone, Default)]
+pub struct QActs {
+    n: usize,
+    cols: usize,
+    q: Vec<i8>,
+    d: Vec<f32>,
+    /// Block sums `Σ q` (for the VNNI kernels' `u8 × s8` offset correction).
+    s: Vec<i32>,
+    /// `q` rearranged per [`q4_layout_len`] (for the VNNI Q4_0 kernel).
+    q4: Vec<i8>,
+}
+
+/// Bytes per token of the Q4_0 arrangement of activations: 128 per group of 4 blocks.
+pub fn q4_layout_len(cols: usize) -> usize {
+    (cols / QK).div_ceil(4) * 128
+}
+
+/// One token's quants in the Q4_0 arrangement: block `j` of group `g` (4 blocks) puts
+/// elements 0..16 at `128g + 16j` and 16..32 at `128g + 64 + 16j`, matching the low and
+/// high nibbles of a 64-byte load of 4 Q4_0 blocks. Padding is zero.
+fn arrange_q4(q: &[i8], out: &mut [i8]) {
+    out.fill(0);
+    for (b, qb) in q.chunks_exact(QK).enumerate() {
+        let at = 128 * (b / 4) + 16 * (b % 4);
+        out[at..at + 16].copy_from_slice(&qb[..16]);
+        out[at + 64..at + 80].copy_from_slice(&qb[16..]);
+    }
+}
+
+impl QActs {
+    /// Fills the derived `s` and `q4` from `q`.
+    fn derive(&mut self) {
+        self.s.clear();
+        self.s.extend(
+            self.q
+                .chunks_exact(QK)
+                .map(|b| b.iter().map(|&v| v as i32).sum::<i32>()),
+        );
+        let l4 = q4_layout_len(self.cols);
+        self.q4.resize(self.n * l4, 0);
+        if self.n > 0 {
+            for (qt, ot) in self
+                .q
+                .chunks_exact(self.cols)
+                .zip(self.q4.chunks_exact_mut(l4))
+            {
+                arrange_q4(qt, ot);
+            }
+        }
+    }
+
+    /// An empty set (n = 0); fill it with [`QActs::quantize`].
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Quantizes `x` (`n × cols`, row-major) with the active tier.
+    ///
+    /// Panics if `cols` is not a positive multiple of 32 or does not divide `x.len()`.
+    pub fn quantize(&mut self, x: &[f32], cols: usize) {
+        self.quantize_with(&kernels(), x, cols);
+    }
+
+    /// [`QActs::quantize`] with an explicit kernel set.
+    pub fn quantize_with(&mut self, k: &Kernels, x: &[f32], cols: usize) {
+        assert!(
+            cols > 0 && cols % QK == 0,
+            "cols {cols} must be a positive multiple of {QK}"
+        );
+        assert_eq!(
+            x.len() % cols,
+            0,
+            "x has {} values, not a multiple of cols {cols}",
+            x.len()
+        );
+        self.n = x.len() / cols;
+        self.cols = cols;
+        self.q.resize(x.len(), 0);
+        self.d.resize(x.len() / QK, 0.0);
+        k.quantize_act(x, &mut self.q, &mut self.d);
+        self.derive();
+    }
+
+    /// Takes already quantized activations (e.g. from a test); checks the lengths.
+    pub fn from_parts(n: usize, cols: usize, q: Vec<i8>, d: Vec<f32>) -> Result<Self, ShapeError> {
+        if cols == 0
+            || cols % QK != 0
+            || Some(q.len()) != n.checked_mul(cols)
+            || d.len() * QK != q.len()
+        {
+            return Err(ShapeError(format!(
+                "activations {n}x{cols}: q has {} and d {} values",
+                q.len(),
+                d.len()
+            )));
+        }
+        let mut a = QActs {
+            n,
+            cols,
+            q,
+            d,
+            s: Vec::new(),
+            q4: Vec::new(),
+        };
+        a.derive();
+        Ok(a)
+    }
+
+    /// Tokens (rows).
+    pub fn n(&self) -> usize {
+        self.n
+    }
+
+    /// Values per token.
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+
+    /// `n·cols` quants, token-major.
+    pub fn q(&self) -> &[i8] {
+        &self.q
+    }
+
+    /// `n·cols/32` scales, token-major.
+    pub fn d(&self) -> &[f32] {
+        &self.d
+    }
+}
+
+/// An instruction-set tier; each has its own micro-kernels with identical results.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Tier {
+    Scalar,
+    Avx2,
+    Avx512,
+    Avx512Vnni,
+    Neon,
+}
+
+impl Tier {
+    /// The name `KRAFLA_KERNEL` takes.
+    pub fn name(self) -> &'static str {
+        match self {
+            Tier::Scalar => "scalar",
+            Tier::Avx2 => "avx2",
+            Tier::Avx512 => "avx512",
+            Tier::Avx512Vnni => "avx512vnni",
+            Tier::Neon => "neon",
+        }
+    }
+
+    /// Parses a `KRAFLA_KERNEL` value.
+    pub fn from_name(s: &str) -> Option<Tier> {
+        ALL_TIERS
+            .iter()
+            .copied()
+            .find(|t| t.name().eq_ignore_ascii_case(s.trim()))
+    }
+}
+
+impl fmt::Display for Tier {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+const ALL_TIERS: [Tier; 5] = [
+    Tier::Scalar,
+    Tier::Avx2,
+    Tier::Avx512,
+    Tier::Avx512Vnni,
+    Tier::Neon,
+];
+
+/// Quantizes whole blocks: `x.len() = q.len() = 32·d.len()`.
+type QuantFn = unsafe fn(x: &[f32], q: &mut [i8], d: &mut [f32]);
+
+/// Dots one weight row (`wq`, `wd`) with the `out.len()` ≤ [`TILE_TOKENS`] tokens of `x`.
+type TileFn = unsafe fn(wq: &[u8], wd: &[f32], x: &ActTile, out: &mut [f32]);
+
+/// Consecutive tokens of a [`QActs`] as the micro-kernels see them.
+pub struct ActTile<'a> {
+    /// `cols` quants per token.
+    pub q: &'a [i8],
+    /// `cols/32` scales per token.
+    pub d: &'a [f32],
+    /// `cols/32` block sums `Σ q` per token.
+    pub s: &'a [i32],
+    /// The quants rearranged for Q4_0 kernels, [`q4_layout_len`]`(cols)` per token.
+    pub q4: &'a [i8],
+}
+
+/// One tier's micro-kernels. Only built for tiers the CPU supports, which is what makes
+/// calling its `unsafe fn` pointers sound.
+#[derive(Clone, Copy)]
+pub struct Kernels {
+    tier: Tier,
+    quant: QuantFn,
+    q8: TileFn,
+    q4: TileFn,
+}
+
+impl fmt::Debug for Kernels {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Kernels({})", self.tier)
+    }
+}
+
+/// Tiers this CPU can run, lowest first (always starts with `Scalar`).
+pub fn supported_tiers() -> Vec<Tier> {
+    ALL_TIERS.iter().copied().filter(|&t| cpu_has(t)).collect()
+}
+
+fn cpu_has(t: Tier) -> bool {
+    match t {
+        Tier::Scalar => true,
+        #[cfg(target_arch = "x86_64")]
+        Tier::Avx2 => x86::has_avx2(),
+        #[cfg(target_arch = "x86_64")]
+        Tier::Avx512 => x86::has_avx512(),
+        #[cfg(target_arch = "x86_64")]
+        Tier::Avx512Vnni => x86::has_avx512vnni(),
+        #[cfg(target_arch = "aarch64")]
+        Tier::Neon => true,
+        #[allow(unreachable_patterns)]
+        _ => false,
+    }
+}
+
+impl Kernels {
+    /// The kernels of tier `t`, or `None` when this CPU (or build) cannot run it.
+    pub fn for_tier(t: Tier) -> Option<Kernels> {
+        if !cpu_has(t) {
+            return None;
+        }
+        let s = Kernels { tier: t, ..SCALAR };
+        Some(match t {
+            Tier::Scalar => s,
+            #[cfg(target_arch = "x86_64")]
+            Tier::Avx2 => Kernels {
+                quant: x86::avx2::quantize_act,
+                q8: x86::avx2::tile_q8,
+                q4: x86::avx2::tile_q4,
+                ..s
+            },
+            #[cfg(target_arch = "x86_64")]
+            Tier::Avx512 => Kernels {
+                quant: x86::avx2::quantize_act,
+                q8: x86::avx512::tile_q8_bw,
+                q4: x86::avx512::tile_q4_bw,
+                ..s
+            },
+            #[cfg(target_arch = "x86_64")]
+            Tier::Avx512Vnni => Kernels {
+                quant: x86::avx2::quantize_act,
+                q8: x86::avx512::tile_q8_vnni,
+                q4: x86::avx512::tile_q4_vnni,
+                ..s
+            },
+            #[cfg(target_arch = "aarch64")]
+            Tier::Neon => Kernels {
+                q8: arm::neon::tile_q8,
+                q4: arm::neon::tile_q4,
+                ..s
+            },
+            #[allow(unreachable_patterns)]
+            _ => return None,
+        })
+    }
+
+    /// This set's tier.
+    pub fn tier(&self) -> Tier {
+        self.tier
+    }
+
+    /// Quantizes `x` (a multiple of 32 values) into `q` (same length) and `d` (one per 32).
+    ///
+    /// Panics if the lengths disagree.
+    pub fn quantize_act(&self, x: &[f32], q: &mut [i8], d: &mut [f32]) {
+        assert!(
+            x.len() % QK == 0 && q.len() == x.len() && d.len() * QK == x.len(),
+            "quantize_act: x {} q {} d {}",
+            x.len(),
+            q.len(),
+            d.len()
+        );
+        // SAFETY: `self` exists only for a tier the CPU supports; lengths checked above.
+        unsafe { (self.quant)(x, q, d) }
+    }
+
+    /// `y = W·x` for one token (`x.n() == 1`, `y.len() == w.rows`).
+    pub fn matvec(&self, w: &QMat, x: &QActs, y: &mut [f32]) {
+        assert_eq!(x.n(), 1, "matvec takes one token");
+        self.matmul(w, x, y);
+    }
+
+    /// `y[t·rows + r] = W[r]·x[t]` for all `n` tokens (token-major output).
+    ///
+    /// Panics if `x.cols() != w.cols` or `y.len() != x.n()·w.rows`.
+    pub fn matmul(&self, w: &QMat, x: &QActs, y: &mut [f32]) {
+        let n = x.n();
+        assert_eq!(x.cols(), w.cols, "activation cols vs matrix cols");
+        assert_eq!(y.len(), n * w.rows, "y length vs n x rows");
+        if n == 0 {
+            return;
+        }
+        let tile = match w.wtype {
+            WType::Q8_0 => self.q8,
+            WType::Q4_0 => self.q4,
+        };
+        let chunk = rows_per_task(w.rows, w.cols * n);
+        if n == 1 {
+            let run = |(i, yc): (usize, &mut [f32])| rows_into(tile, w, x, i * chunk, yc);
+            if chunk >= w.rows {
+                run((0, y));
+            } else {
+                y.par_chunks_mut(chunk).enumerate().for_each(run);
+            }
+            return;
+        }
+        let out = SharedOut(y.as_mut_ptr());
+        let tasks = w.rows.div_ceil(chunk);
+        let run = |i: usize| {
+            let r0 = i * chunk;
+            let nr = chunk.min(w.rows - r0);
+            let mut local = vec![0.0f32; nr * n];
+            rows_into(tile, w, x, r0, &mut local);
+            for (j, v) in local.chunks_exact(n).enumerate() {
+                for (t, &val) in v.iter().enumerate() {
+                    // SAFETY: t < n and r0 + j < rows, so the index is inside y, and
+                    // task i is the only writer of rows r0..r0+nr.
+                    unsafe { out.write(t * w.rows + r0 + j, val) };
+                }
+            }
+        };
+        if tasks == 1 {
+            run(0);
+        } else {
+            (0..tasks).into_par_iter().for_each(run);
+        }
+    }
+}
+
+/// `y`'s base pointer, shared by tasks that write disjoint elements.
+#[derive(Clone, Copy)]
+struct SharedOut(*mut f32);
+
+// SAFETY: tasks only write disjoint indices (see `Kernels::matmul`), the slice outlives them.
+unsafe impl Send for SharedOut {}
+// SAFETY: as above.
+unsafe impl Sync for SharedOut {}
+
+impl SharedOut {
+    /// # Safety
+    /// `i` is inside the slice and no other thread accesses element `i` concurrently.
+    unsafe fn write(self, i: usize, v: f32) {
+        // SAFETY: guaranteed by the caller.
+        unsafe { *self.0.add(i) = v }
+    }
+}
+
+/// Rows per rayon task: enough work (~64K multiply-adds) to pay for a task, about
+/// four tasks per thread, a multiple of 16.
+fn rows_per_task(rows: usize, macs_per_row: usize) -> usize {
+    let min_rows = (65536 / macs_per_row.max(1)).max(1);
+    let per_thread = rows.div_ceil(4 * rayon::current_num_threads());
+    per_thread.max(min_rows).next_multiple_of(16).min(rows)
+}
+
+/// Rows `r0..r0 + out.len()/n` for all tokens into `out` (row-major, tokens inner).
+fn rows_into(tile: TileFn, w: &QMat, x: &QActs, r0: usize, out: &mut [f32]) {
+    let n = x.n();
+    let (cols, nb, l4) = (x.cols(), x.cols() / QK, q4_layout_len(x.cols()));
+    // The token tiles are the same for every row: slice them once.
+    let tiles: Vec<ActTile> = (0..n)
+        .step_by(TILE_TOKENS)
+        .map(|t0| {
+            let t1 = (t0 + TILE_TOKENS).min(n);
+            ActTile {
+                q: &x.q[t0 * cols..t1 * cols],
+                d: &x.d[t0 * nb..t1 * nb],
+                s: &x.s[t0 * nb..t1 * nb],
+                q4: &x.q4[t0 * l4..t1 * l4],
+            }
+        })
+        .collect();
+    let (rb, q, d) = (w.wtype.row_bytes(cols), w.q, w.d);
+    for (i, yr) in out.chunks_exact_mut(n).enumerate() {
+        let r = r0 + i;
+        let (wq, wd) = (&q[r * rb..(r + 1) * rb], &d[r * nb..(r + 1) * nb]);
+        for (xt, yt) in tiles.iter().zip(yr.chunks_mut(TILE_TOKENS)) {
+            // SAFETY: the tile fn belongs to a supported tier; slices sized per its contract.
+            unsafe { tile(wq, wd, xt, yt) };
+        }
+    }
+}
+
+/// Dequantizes row `r` into `out` (`w.cols` values): `out[c] = q·d`, one f32 multiply.
+///
+/// Panics if `r >= w.rows` or `out.len() != w.cols`.
+pub fn dequant_row(w: &QMat, r: usize, out: &mut [f32]) {
+    assert!(r < w.rows, "row {r} of {}", w.rows);
+    assert_eq!(out.len(), w.cols, "out length vs cols");
+    let (q, d) = w.row(r);
+    match w.wtype {
+        WType::Q8_0 => scalar::dequant_q8(q, d, out),
+        WType::Q4_0 => scalar::dequant_q4(q, d, out),
+    }
+}
+
+thread_local! {
+    /// A tier forced on this thread by [`with_tier`].
+    static FORCED: Cell<Option<Kernels>> = const { Cell::new(None) };
+}
+
+/// The tier to use given the supported ones (ascending) and a `KRAFLA_KERNEL` value:
+/// the highest supported tier not above the asked one (an unknown name is ignored).
+fn choose_tier(supported: &[Tier], asked: Option<&str>) -> Tier {
+    let cap = asked.and_then(Tier::from_name);
+    let ok = |t: &Tier| cap.map_or(true, |c| *t <= c);
+    supported.iter().copied().rfind(ok).unwrap_or(Tier::Scalar)
+}
+
+/// The best supported tier, lowered (never raised) by `KRAFLA_KERNEL`; chosen once.
+fn detected() -> &'static Kernels {
+    static K: OnceLock<Kernels> = OnceLock::new();
+    K.get_or_init(|| {
+        let asked = std::env::var("KRAFLA_KERNEL").ok();
+        let t = choose_tier(&supported_tiers(), asked.as_deref());
+        Kernels::for_tier(t).unwrap_or(SCALAR)
+    })
+}
+
+/// The scalar reference kernels, available everywhere.
+const SCALAR: Kernels = Kernels {
+    tier: Tier::Scalar,
+    quant: scalar::quantize_act,
+    q8: scalar::tile_q8,
+    q4: scalar::tile_q4,
+};
+
+/// The kernels the free functions use: [`with_tier`]'s on this thread, else the detected.
+pub fn kernels() -> Kernels {
+    FORCED.with(|f| f.get()).unwrap_or(*detected())
+}
+
+/// The active tier on this thread.
+pub fn tier() -> Tier {
+    kernels().tier
+}
+
+/// Runs `f` with tier `t` forced for the free functions called on this thread (the
+/// parallel work they start inherits it). `Err` if the CPU cannot run `t`.
+pub fn with_tier<R>(t: Tier, f: impl FnOnce() -> R) -> Result<R, ShapeError> {
+    let k =
+        Kernels::for_tier(t).ok_or_else(|| ShapeError(format!("tier {t} not supported here")))?;
+    let prev = FORCED.with(|c| c.replace(Some(k)));
+    struct Restore(Option<Kernels>);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            FORCED.with(|c| c.set(self.0));
+        }
+    }
+    let _restore = Restore(prev);
+    Ok(f())
+}
+
+/// Quantizes activations with the active tier (see [`Kernels::quantize_act`]).
+pub fn quantize_act(x: &[f32], q: &mut [i8], d: &mut [f32]) {
+    kernels().quantize_act(x, q, d)
+}
+
+/// `y = W·x` for one token with the active tier (see [`Kernels::matvec`]).
+pub fn matvec(w: &QMat, x: &QActs, y: &mut [f32]) {
+    kernels().matvec(w, x, y)
+}
+
+/// `y = W·x` for `x.n()` tokens with the active tier (see [`Kernels::matmul`]).
+pub fn matmul(w: &QMat, x: &QActs, y: &mut [f32]) {
+    kernels().matmul(w, x, y)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn env_var_only_lowers() {
+        use Tier::*;
+        let x86 = [Scalar, Avx2, Avx512, Avx512Vnni];
+        assert_eq!(choose_tier(&x86, None), Avx512Vnni);
+        assert_eq!(choose_tier(&x86, Some("avx2")), Avx2);
+        assert_eq!(choose_tier(&x86, Some("scalar")), Scalar);
+        assert_eq!(choose_tier(&x86, Some("bogus")), Avx512Vnni);
+        assert_eq!(choose_tier(&[Scalar, Avx2], Some("avx512vnni")), Avx2);
+        // NEON sorts above the x86 tiers but is never in an x86 list.
+        assert_eq!(choose_tier(&[Scalar, Neon], Some("avx2")), Scalar);
+        assert_eq!(choose_tier(&x86, Some("neon")), Avx512Vnni);
+    }
+
+    #[test]
+    fn tiers_agree_on_a_small_case() {
+        let (rows, cols, n) = (5, 96, 3);
+        let q: Vec<u8> = (0..rows * cols)
+            .map(|i| ((i * 37 % 255) as i32 - 127) as i8 as u8)
+            .collect();
+        let d: Vec<f32> = (0..rows * cols / QK)
+            .map(|i| 0.01 * (i as f32 - 3.0))
+            .collect();
+        let x: Vec<f32> = (0..n * cols)
+            .map(|i| ((i * 13 % 17) as f32 - 8.0) * 0.3)
+            .collect();
+        let w = QMat::new(WType::Q8_0, rows, cols, &q, &d).unwrap();
+        let mut xa = QActs::new();
+        xa.quantize_with(&SCALAR, &x, cols);
+        let mut y0 = vec![0.0; n * rows];
+        SCALAR.matmul(&w, &xa, &mut y0);
+        for t in supported_tiers() {
+            let k = Kernels::for_tier(t).unwrap();
+            let mut y = vec![0.0; n * rows];
+            k.matmul(&w, &xa, &mut y);
+            let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&y), bits(&y0), "tier {t}");
+        }
+    }
+}

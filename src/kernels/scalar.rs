@@ -1,0 +1,179 @@
+//! The scalar reference: the arithmetic contract written out plainly, always compiled
+//! and the fallback tier. Every SIMD tier must give these bits.
+//!
+//! Per output: `acc[b % 8] += (d_w[b]·d_x[b]) · (isum_b as f32)` over blocks in order,
+//! then [`reduce_lanes`]; `isum_b` is the exact i32 dot product of the block's quants.
+
+use super::{ActTile, LANES};
+use crate::quant::{q8_0, QK};
+
+/// The contract's fixed reduction tree: `((a0+a4)+(a2+a6)) + ((a1+a5)+(a3+a7))`.
+#[inline(always)]
+pub fn reduce_lanes(a: [f32; LANES]) -> f32 {
+    let h = [a[0] + a[4], a[1] + a[5], a[2] + a[6], a[3] + a[7]];
+    let q = [h[0] + h[2], h[1] + h[3]];
+    q[0] + q[1]
+}
+
+/// One block's float step: `acc[b % 8] += (dw·dx)·isum`.
+#[inline(always)]
+pub fn accumulate(acc: &mut [f32; LANES], b: usize, dw: f32, dx: f32, isum: i32) {
+    acc[b % LANES] += (dw * dx) * isum as f32;
+}
+
+/// Exact dot product of one Q8_0 weight block with one activation block.
+#[inline(always)]
+pub fn isum_q8(w: &[u8], x: &[i8]) -> i32 {
+    w.iter()
+        .zip(x)
+        .map(|(&a, &b)| a as i8 as i32 * b as i32)
+        .sum()
+}
+
+/// The level of Q4_0 element `j` (0..32) of a 16-byte block: `nibble − 8`.
+#[inline(always)]
+pub fn q4_level(w: &[u8], j: usize) -> i32 {
+    let byte = w[j % 16];
+    let nib = if j < 16 { byte & 0x0F } else { byte >> 4 };
+    nib as i32 - 8
+}
+
+/// Exact dot product of one Q4_0 weight block (16 bytes) with one activation block.
+#[inline(always)]
+pub fn isum_q4(w: &[u8], x: &[i8]) -> i32 {
+    let (lo, hi) = x.split_at(QK / 2);
+    let mut s = 0i32;
+    for ((&b, &xl), &xh) in w.iter().zip(lo).zip(hi) {
+        s += ((b & 0x0F) as i32 - 8) * xl as i32 + ((b >> 4) as i32 - 8) * xh as i32;
+    }
+    s
+}
+
+/// The contract for one row against one token, given the per-block integer dot.
+#[inline(always)]
+fn dot_row(
+    wq: &[u8],
+    wd: &[f32],
+    xq: &[i8],
+    xd: &[f32],
+    wblock: usize,
+    isum: impl Fn(&[u8], &[i8]) -> i32,
+) -> f32 {
+    let mut acc = [0.0f32; LANES];
+    let blocks = wq.chunks_exact(wblock).zip(xq.chunks_exact(QK));
+    for (b, (wb, xb)) in blocks.enumerate() {
+        accumulate(&mut acc, b, wd[b], xd[b], isum(wb, xb));
+    }
+    reduce_lanes(acc)
+}
+
+/// Q8_0 row · Q8_0 activation row.
+pub fn dot_q8(wq: &[u8], wd: &[f32], xq: &[i8], xd: &[f32]) -> f32 {
+    dot_row(wq, wd, xq, xd, QK, isum_q8)
+}
+
+/// Q4_0 row · Q8_0 activation row.
+pub fn dot_q4(wq: &[u8], wd: &[f32], xq: &[i8], xd: &[f32]) -> f32 {
+    dot_row(wq, wd, xq, xd, QK / 2, isum_q4)
+}
+
+/// Tile kernel (see `TileFn`): one Q8_0 row against `out.len()` tokens.
+///
+/// # Safety
+/// Always safe; `unsafe` only to share the tiers' function-pointer type.
+pub unsafe fn tile_q8(wq: &[u8], wd: &[f32], x: &ActTile, out: &mut [f32]) {
+    let (xq, xd) = (x.q, x.d);
+    let (cols, nb) = (wd.len() * QK, wd.len());
+    for (t, o) in out.iter_mut().enumerate() {
+        *o = dot_q8(
+            wq,
+            wd,
+            &xq[t * cols..(t + 1) * cols],
+            &xd[t * nb..(t + 1) * nb],
+        );
+    }
+}
+
+/// Tile kernel (see `TileFn`): one Q4_0 row against `out.len()` tokens.
+///
+/// # Safety
+/// Always safe; `unsafe` only to share the tiers' function-pointer type.
+pub unsafe fn tile_q4(wq: &[u8], wd: &[f32], x: &ActTile, out: &mut [f32]) {
+    let (xq, xd) = (x.q, x.d);
+    let (cols, nb) = (wd.len() * QK, wd.len());
+    for (t, o) in out.iter_mut().enumerate() {
+        *o = dot_q4(
+            wq,
+            wd,
+            &xq[t * cols..(t + 1) * cols],
+            &xd[t * nb..(t + 1) * nb],
+        );
+    }
+}
+
+/// The reference activation quantizer: `quant::q8_0::quantize_block` per block.
+///
+/// NaN values are skipped by the block maximum (`f32::max` returns the other operand)
+/// and quantize to 0; an infinite value makes `d = inf` and every quant 0.
+///
+/// # Safety
+/// Always safe; `unsafe` only to share the tiers' function-pointer type.
+pub unsafe fn quantize_act(x: &[f32], q: &mut [i8], d: &mut [f32]) {
+    let blocks = x.chunks_exact(QK).zip(q.chunks_exact_mut(QK));
+    for ((xb, qb), db) in blocks.zip(d.iter_mut()) {
+        *db = q8_0::quantize_block(xb, qb);
+    }
+}
+
+/// `out[c] = q[c]·d[c/32]` for a Q8_0 row.
+pub fn dequant_q8(q: &[u8], d: &[f32], out: &mut [f32]) {
+    for ((ob, qb), &db) in out.chunks_exact_mut(QK).zip(q.chunks_exact(QK)).zip(d) {
+        for (o, &v) in ob.iter_mut().zip(qb) {
+            *o = v as i8 as f32 * db;
+        }
+    }
+}
+
+/// `out[c] = (nibble − 8)·d[c/32]` for a Q4_0 row.
+pub fn dequant_q4(q: &[u8], d: &[f32], out: &mut [f32]) {
+    for ((ob, qb), &db) in out.chunks_exact_mut(QK).zip(q.chunks_exact(QK / 2)).zip(d) {
+        for (j, o) in ob.iter_mut().enumerate() {
+            *o = q4_level(qb, j) as f32 * db;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reduce_tree_order() {
+        // Values chosen so that a different association gives a different result.
+        let a = [1e8f32, 1.0, -1e8, 1.0, 1.0, 0.5, 1.0, 0.25];
+        let h = [a[0] + a[4], a[1] + a[5], a[2] + a[6], a[3] + a[7]];
+        assert_eq!(reduce_lanes(a), (h[0] + h[2]) + (h[1] + h[3]));
+    }
+
+    #[test]
+    fn q4_nibble_layout() {
+        let mut w = [0u8; 16];
+        w[0] = 0xF0; // element 0 = 0 → -8, element 16 = 15 → 7
+        w[3] = 0x29; // element 3 = 9 → 1, element 19 = 2 → -6
+        assert_eq!(q4_level(&w, 0), -8);
+        assert_eq!(q4_level(&w, 16), 7);
+        assert_eq!(q4_level(&w, 3), 1);
+        assert_eq!(q4_level(&w, 19), -6);
+        assert_eq!(q4_level(&w, 1), -8);
+    }
+
+    #[test]
+    fn dot_small() {
+        let wq: Vec<u8> = (0..64).map(|i| (i as i8 - 32) as u8).collect();
+        let xq: Vec<i8> = (0..64).map(|i| (i % 7) as i8 - 3).collect();
+        let (wd, xd) = ([0.5f32, 0.25], [2.0f32, 4.0]);
+        let i0 = isum_q8(&wq[..32], &xq[..32]);
+        let i1 = isum_q8(&wq[32..], &xq[32..]);
+        assert_eq!(dot_q8(&wq, &wd, &xq, &xd), i0 as f32 + i1 as f32);
+    }
+}

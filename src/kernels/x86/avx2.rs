@@ -1,0 +1,262 @@
+//! AVX2 tier: 256-bit micro-kernels, bit-identical to `kernels::scalar`.
+//!
+//! A block of 32 levels fills one ymm. The s8×s8 dot uses the sign trick:
+//! `vpmaddubsw(|w|, sign(x, w))` (u8×s8, pair sums ≤ 2·127·127, no saturation), then
+//! `vpmaddwd` by ones gives 8 exact i32 partials. Eight blocks are reduced together with
+//! `vphaddd` into one ymm holding `isum_b` for blocks `b..b+8` — exactly the contract's
+//! 8 lanes, so the float step `acc += (dw·dx)·isum` is one vector mul, mul, add.
+
+use core::arch::x86_64::*;
+
+use crate::kernels::{ActTile, LANES, TILE_TOKENS};
+use crate::quant::q8_0::AMAX_MIN;
+use crate::quant::QK;
+
+/// How one weight block becomes 32 signed levels in a ymm.
+pub(crate) trait WFormat {
+    /// Bytes per block.
+    const BYTES: usize;
+    /// # Safety
+    /// `p` points to `BYTES` readable bytes; AVX2 available.
+    unsafe fn load(p: *const u8) -> __m256i;
+}
+
+pub(crate) struct Q8;
+pub(crate) struct Q4;
+
+impl WFormat for Q8 {
+    const BYTES: usize = QK;
+    #[inline(always)]
+    unsafe fn load(p: *const u8) -> __m256i {
+        // SAFETY: 32 readable bytes per the trait contract.
+        unsafe { _mm256_loadu_si256(p as *const __m256i) }
+    }
+}
+
+impl WFormat for Q4 {
+    const BYTES: usize = QK / 2;
+    #[inline(always)]
+    unsafe fn load(p: *const u8) -> __m256i {
+        // SAFETY: 16 readable bytes per the trait contract; the rest is register math.
+        unsafe {
+            let v = _mm_loadu_si128(p as *const __m128i);
+            // Low nibbles are elements 0..16, high nibbles 16..32.
+            let both = _mm256_set_m128i(_mm_srli_epi16(v, 4), v);
+            let nib = _mm256_and_si256(both, _mm256_set1_epi8(0x0F));
+            _mm256_sub_epi8(nib, _mm256_set1_epi8(8))
+        }
+    }
+}
+
+/// 8 i32 partial sums of `w·x` for one block, given `u = |w|`.
+#[inline(always)]
+unsafe fn block_dot(u: __m256i, w: __m256i, x: __m256i) -> __m256i {
+    // SAFETY: register-only AVX2 ops; the caller has AVX2.
+    unsafe {
+        let s = _mm256_sign_epi8(x, w);
+        _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1))
+    }
+}
+
+/// Lane `j` = sum of the 8 lanes of `v[j]`.
+#[inline(always)]
+unsafe fn hsum8(v: &[__m256i; 8]) -> __m256i {
+    // SAFETY: register-only AVX2 ops; the caller has AVX2.
+    unsafe {
+        let h01 = _mm256_hadd_epi32(v[0], v[1]);
+        let h23 = _mm256_hadd_epi32(v[2], v[3]);
+        let h45 = _mm256_hadd_epi32(v[4], v[5]);
+        let h67 = _mm256_hadd_epi32(v[6], v[7]);
+        // 128-bit lane 0 holds elements 0..4 of v0..v3 (resp. v4..v7), lane 1 elements 4..8.
+        let h0123 = _mm256_hadd_epi32(h01, h23);
+        let h4567 = _mm256_hadd_epi32(h45, h67);
+        let lo = _mm256_permute2x128_si256(h0123, h4567, 0x20);
+        let hi = _mm256_permute2x128_si256(h0123, h4567, 0x31);
+        _mm256_add_epi32(lo, hi)
+    }
+}
+
+/// The contract's tree over 8 lanes: `((a0+a4)+(a2+a6)) + ((a1+a5)+(a3+a7))`.
+#[inline(always)]
+pub(crate) unsafe fn reduce_lanes(acc: __m256) -> f32 {
+    // SAFETY: register-only AVX ops; the caller has AVX2.
+    unsafe {
+        let h = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+        let q = _mm_add_ps(h, _mm_movehl_ps(h, h));
+        _mm_cvtss_f32(_mm_add_ss(q, _mm_movehdup_ps(q)))
+    }
+}
+
+/// `k ≤ 8` f32 scales from `p`, zeros in the other lanes.
+#[inline(always)]
+pub(crate) unsafe fn load_scales(p: *const f32, k: usize) -> __m256 {
+    // SAFETY: `p` has `k` readable f32 (the caller's contract); masked lanes aren't read.
+    unsafe {
+        if k == LANES {
+            return _mm256_loadu_ps(p);
+        }
+        let lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+        let mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(k as i32), lanes);
+        _mm256_maskload_ps(p, mask)
+    }
+}
+
+/// One group of `k` (= 8 when `FULL`) blocks starting at block `b`, for `T` tokens.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn group<F: WFormat, const T: usize, const FULL: bool>(
+    wq: *const u8,
+    wd: *const f32,
+    xq: *const i8,
+    xd: *const f32,
+    nb: usize,
+    b: usize,
+    k: usize,
+    acc: &mut [__m256; T],
+) {
+    let k = if FULL { LANES } else { k };
+    // SAFETY: blocks b..b+k exist in the row and in each token (the caller's contract).
+    unsafe {
+        let zero = _mm256_setzero_si256();
+        let mut w = [zero; 8];
+        for (j, wj) in w.iter_mut().enumerate().take(k) {
+            *wj = F::load(wq.add((b + j) * F::BYTES));
+        }
+        let dw = load_scales(wd.add(b), k);
+        for (t, acc_t) in acc.iter_mut().enumerate() {
+            let mut v = [zero; 8];
+            for j in 0..k {
+                let x = _mm256_loadu_si256(xq.add((t * nb + b + j) * QK) as *const __m256i);
+                v[j] = block_dot(_mm256_abs_epi8(w[j]), w[j], x);
+            }
+            let isum = _mm256_cvtepi32_ps(hsum8(&v));
+            let dx = load_scales(xd.add(t * nb + b), k);
+            *acc_t = _mm256_add_ps(*acc_t, _mm256_mul_ps(_mm256_mul_ps(dw, dx), isum));
+        }
+    }
+}
+
+/// One row against `T` tokens.
+#[inline(always)]
+unsafe fn tile<F: WFormat, const T: usize>(
+    wq: &[u8],
+    wd: &[f32],
+    xq: &[i8],
+    xd: &[f32],
+    out: &mut [f32],
+) {
+    let nb = wd.len();
+    debug_assert!(wq.len() == nb * F::BYTES && xq.len() == T * nb * QK && xd.len() == T * nb);
+    debug_assert_eq!(out.len(), T);
+    let (wp, dp, xp, xdp) = (wq.as_ptr(), wd.as_ptr(), xq.as_ptr(), xd.as_ptr());
+    // SAFETY: the lengths above cover every block `group` reads.
+    unsafe {
+        let mut acc = [_mm256_setzero_ps(); T];
+        let full = nb / LANES * LANES;
+        for b in (0..full).step_by(LANES) {
+            group::<F, T, true>(wp, dp, xp, xdp, nb, b, LANES, &mut acc);
+        }
+        if full < nb {
+            group::<F, T, false>(wp, dp, xp, xdp, nb, full, nb - full, &mut acc);
+        }
+        for (o, a) in out.iter_mut().zip(acc) {
+            *o = reduce_lanes(a);
+        }
+    }
+}
+
+#[target_feature(enable = "avx2")]
+unsafe fn tile_any<F: WFormat>(wq: &[u8], wd: &[f32], xq: &[i8], xd: &[f32], out: &mut [f32]) {
+    debug_assert!(out.len() <= TILE_TOKENS);
+    // SAFETY: AVX2 enabled here; slice lengths per `TileFn`.
+    unsafe {
+        match out.len() {
+            0 => {}
+            1 => tile::<F, 1>(wq, wd, xq, xd, out),
+            2 => tile::<F, 2>(wq, wd, xq, xd, out),
+            3 => tile::<F, 3>(wq, wd, xq, xd, out),
+            _ => tile::<F, 4>(wq, wd, xq, xd, out),
+        }
+    }
+}
+
+/// Q8_0 tile kernel (see `kernels::TileFn`).
+///
+/// # Safety
+/// The CPU has AVX2; slice lengths as `TileFn` says.
+pub unsafe fn tile_q8(wq: &[u8], wd: &[f32], x: &ActTile, out: &mut [f32]) {
+    let (xq, xd) = (x.q, x.d);
+    // SAFETY: forwarded caller contract.
+    unsafe { tile_any::<Q8>(wq, wd, xq, xd, out) }
+}
+
+/// Q4_0 tile kernel (see `kernels::TileFn`).
+///
+/// # Safety
+/// The CPU has AVX2; slice lengths as `TileFn` says.
+pub unsafe fn tile_q4(wq: &[u8], wd: &[f32], x: &ActTile, out: &mut [f32]) {
+    let (xq, xd) = (x.q, x.d);
+    // SAFETY: forwarded caller contract.
+    unsafe { tile_any::<Q4>(wq, wd, xq, xd, out) }
+}
+
+/// One block of the activation quantizer, the same f32 operations as `round_q8`.
+#[inline(always)]
+unsafe fn quantize_block(x: *const f32, q: *mut i8) -> f32 {
+    // SAFETY: 32 readable floats at `x`, 32 writable bytes at `q` (caller's contract).
+    unsafe {
+        let v = [0, 8, 16, 24].map(|i| _mm256_loadu_ps(x.add(i)));
+        let abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFF_FFFF));
+        // max_ps(a, m) returns m when a is NaN: NaN is skipped, as f32::max does.
+        let mut m = _mm256_setzero_ps();
+        for vi in v {
+            m = _mm256_max_ps(_mm256_and_ps(vi, abs_mask), m);
+        }
+        let m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+        let m2 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        let amax = _mm_cvtss_f32(_mm_max_ss(m2, _mm_movehdup_ps(m2)));
+        if amax < AMAX_MIN {
+            _mm256_storeu_si256(q as *mut __m256i, _mm256_setzero_si256());
+            return 0.0;
+        }
+        let id = _mm256_set1_ps(127.0 / amax);
+        let sign = _mm256_castsi256_ps(_mm256_set1_epi32(i32::MIN));
+        let half = _mm256_set1_ps(0.5);
+        let (lo, hi) = (_mm256_set1_ps(-127.0), _mm256_set1_ps(127.0));
+        let i = v.map(|vi| {
+            let r = _mm256_add_ps(
+                _mm256_mul_ps(vi, id),
+                _mm256_or_ps(_mm256_and_ps(vi, sign), half),
+            );
+            let r = _mm256_round_ps(r, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+            // NaN → 0, as the saturating `as i8` cast does.
+            let r = _mm256_and_ps(r, _mm256_cmp_ps(r, r, _CMP_ORD_Q));
+            _mm256_cvttps_epi32(_mm256_min_ps(_mm256_max_ps(r, lo), hi))
+        });
+        let p = _mm256_packs_epi16(
+            _mm256_packs_epi32(i[0], i[1]),
+            _mm256_packs_epi32(i[2], i[3]),
+        );
+        let p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+        _mm256_storeu_si256(q as *mut __m256i, p);
+        amax / 127.0
+    }
+}
+
+#[target_feature(enable = "avx2")]
+unsafe fn quantize_avx2(x: &[f32], q: &mut [i8], d: &mut [f32]) {
+    for (b, db) in d.iter_mut().enumerate() {
+        // SAFETY: x and q hold 32·d.len() values (checked by the caller).
+        *db = unsafe { quantize_block(x.as_ptr().add(b * QK), q.as_mut_ptr().add(b * QK)) };
+    }
+}
+
+/// Activation quantizer (see `kernels::QuantFn`), bit-identical to the scalar one.
+///
+/// # Safety
+/// The CPU has AVX2; `x.len() == q.len() == 32·d.len()`.
+pub unsafe fn quantize_act(x: &[f32], q: &mut [i8], d: &mut [f32]) {
+    debug_assert!(x.len() == q.len() && x.len() == d.len() * QK);
+    // SAFETY: forwarded caller contract.
+    unsafe { quantize_avx2(x, q, d) }
+}

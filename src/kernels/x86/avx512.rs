@@ -1,0 +1,507 @@
+//! AVX-512 tiers (BW, and BW + VNNI): bit-identical to `kernels::scalar`.
+//!
+//! BW tier: two blocks fill one zmm. Sign trick: `u = |w|` as u8, `s = x` negated where
+//! `w < 0` (a masked `0 − x`; x is never −128), then `vpmaddwd(vpmaddubsw(u, s), 1)`
+//! gives 8 exact i32 partials per block. Four zmm (8 blocks) are reduced by shuffles into
+//! one ymm of `isum_b` for blocks `b..b+8`, the contract's 8 lanes, and the float step
+//! runs on that ymm like the AVX2 tier.
+//!
+//! VNNI tier: `vpdpbusd` (u8 × s8, i32 sums of 4) with an offset instead of the sign
+//! trick, 16 blocks per step. Q8_0: `Σ (w+128)·x − 128·Σx`; Q4_0: `Σ nibble·x − 8·Σx`,
+//! with `Σx` per block precomputed in `QActs` (exact in i32: |Σ (w+128)·x| ≤ 32·255·127).
+//! Q4_0 reads activations in `QActs`' Q4 arrangement, so a 64-byte load of 4 weight
+//! blocks needs only `and`/`shift` to pair with it. The isum vector covers blocks
+//! `b..b+16`: lanes 0..8 are added to the contract's 8 accumulators, then lanes 8..16.
+
+use core::arch::x86_64::*;
+
+use super::avx2::{load_scales, reduce_lanes};
+use crate::kernels::{ActTile, LANES, TILE_TOKENS};
+use crate::quant::QK;
+
+/// u8×s8 dot of groups of 4 bytes into i32 lanes.
+trait Dot {
+    /// # Safety
+    /// The CPU has the implementation's features.
+    unsafe fn dot(u: __m512i, s: __m512i) -> __m512i;
+}
+
+struct Bw;
+
+impl Dot for Bw {
+    #[inline(always)]
+    unsafe fn dot(u: __m512i, s: __m512i) -> __m512i {
+        // SAFETY: register-only; callers are compiled with avx512bw. Pair sums are at most
+        // 2·127·127 (w ≠ −128 gives |w| ≤ 127; −128 gives 128·127 + 127·127, still < 2^15).
+        unsafe { _mm512_madd_epi16(_mm512_maddubs_epi16(u, s), _mm512_set1_epi16(1)) }
+    }
+}
+
+/// How weight blocks become signed levels in a zmm (two blocks) or its low half (one).
+trait WPair {
+    /// Bytes per block.
+    const BYTES: usize;
+    /// # Safety
+    /// `2·BYTES` readable bytes at `p`; AVX-512 F/BW and AVX2 available.
+    unsafe fn load2(p: *const u8) -> __m512i;
+    /// # Safety
+    /// `BYTES` readable bytes at `p`; the upper half of the result is zero.
+    unsafe fn load1(p: *const u8) -> __m512i;
+}
+
+struct Q8;
+struct Q4;
+
+impl WPair for Q8 {
+    const BYTES: usize = QK;
+    #[inline(always)]
+    unsafe fn load2(p: *const u8) -> __m512i {
+        // SAFETY: 64 readable bytes (trait contract).
+        unsafe { _mm512_loadu_si512(p as *const _) }
+    }
+    #[inline(always)]
+    unsafe fn load1(p: *const u8) -> __m512i {
+        // SAFETY: 32 readable bytes (trait contract).
+        unsafe { _mm512_zextsi256_si512(_mm256_loadu_si256(p as *const __m256i)) }
+    }
+}
+
+impl WPair for Q4 {
+    const BYTES: usize = QK / 2;
+    #[inline(always)]
+    unsafe fn load2(p: *const u8) -> __m512i {
+        // SAFETY: 32 readable bytes (trait contract); the rest is register math.
+        unsafe {
+            let v = _mm256_loadu_si256(p as *const __m256i);
+            // [b0 lo, b1 lo, b0 hi, b1 hi] → [b0 lo, b0 hi, b1 lo, b1 hi] (128-bit lanes).
+            let z = _mm512_inserti64x4(_mm512_castsi256_si512(v), _mm256_srli_epi16(v, 4), 1);
+            let z = _mm512_shuffle_i64x2(z, z, 0xD8);
+            let nib = _mm512_and_si512(z, _mm512_set1_epi8(0x0F));
+            _mm512_sub_epi8(nib, _mm512_set1_epi8(8))
+        }
+    }
+    #[inline(always)]
+    unsafe fn load1(p: *const u8) -> __m512i {
+        // SAFETY: 16 readable bytes (trait contract); AVX2 available.
+        unsafe {
+            use super::avx2::WFormat;
+            _mm512_zextsi256_si512(super::avx2::Q4::load(p))
+        }
+    }
+}
+
+/// From 4 zmm of 2 blocks × 8 partials each: the ymm of the 8 block sums, in order.
+#[inline(always)]
+unsafe fn hsum4(v: &[__m512i; 4]) -> __m256i {
+    // SAFETY: register-only AVX-512F ops; the caller has them.
+    unsafe {
+        // 128-bit lane k of s01 = block k (k < 4) as 4 partials; s23 = blocks 4..8.
+        let s01 = _mm512_add_epi32(
+            _mm512_shuffle_i32x4(v[0], v[1], 0x88),
+            _mm512_shuffle_i32x4(v[0], v[1], 0xDD),
+        );
+        let s23 = _mm512_add_epi32(
+            _mm512_shuffle_i32x4(v[2], v[3], 0x88),
+            _mm512_shuffle_i32x4(v[2], v[3], 0xDD),
+        );
+        let (a, b) = (_mm512_castsi512_ps(s01), _mm512_castsi512_ps(s23));
+        // Lane k: [block k: 2 partials, block 4+k: 2 partials].
+        let t = _mm512_add_epi32(
+            _mm512_castps_si512(_mm512_shuffle_ps(a, b, 0x88)),
+            _mm512_castps_si512(_mm512_shuffle_ps(a, b, 0xDD)),
+        );
+        let tf = _mm512_castsi512_ps(t);
+        // Lane k: [block k, block 4+k, (repeated)].
+        let u = _mm512_add_epi32(
+            _mm512_castps_si512(_mm512_shuffle_ps(tf, tf, 0x88)),
+            _mm512_castps_si512(_mm512_shuffle_ps(tf, tf, 0xDD)),
+        );
+        let idx = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 0, 0, 0, 0, 0, 0, 0, 0);
+        _mm512_castsi512_si256(_mm512_permutexvar_epi32(idx, u))
+    }
+}
+
+/// One group of `k` (= 8 when `FULL`) blocks starting at block `b`, for `T` tokens.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn group<F: WPair, D: Dot, const T: usize, const FULL: bool>(
+    wq: *const u8,
+    wd: *const f32,
+    xq: *const i8,
+    xd: *const f32,
+    nb: usize,
+    b: usize,
+    k: usize,
+    acc: &mut [__m256; T],
+) {
+    let k = if FULL { LANES } else { k };
+    let pairs = k.div_ceil(2);
+    // SAFETY: blocks b..b+k exist in the row and in each token (the caller's contract);
+    // a last odd block is read with 32-byte (16 for Q4) loads only.
+    unsafe {
+        let zero = _mm512_setzero_si512();
+        let mut u = [zero; 4];
+        let mut m: [__mmask64; 4] = [0; 4];
+        for p in 0..pairs {
+            let wp = wq.add((b + 2 * p) * F::BYTES);
+            let w = if 2 * p + 1 < k {
+                F::load2(wp)
+            } else {
+                F::load1(wp)
+            };
+            u[p] = _mm512_abs_epi8(w);
+            m[p] = _mm512_movepi8_mask(w);
+        }
+        let dw = load_scales(wd.add(b), k);
+        for (t, acc_t) in acc.iter_mut().enumerate() {
+            let mut v = [zero; 4];
+            for p in 0..pairs {
+                let xp = xq.add((t * nb + b + 2 * p) * QK);
+                let x = if 2 * p + 1 < k {
+                    _mm512_loadu_si512(xp as *const _)
+                } else {
+                    _mm512_zextsi256_si512(_mm256_loadu_si256(xp as *const __m256i))
+                };
+                v[p] = D::dot(u[p], _mm512_mask_sub_epi8(x, m[p], zero, x));
+            }
+            let isum = _mm256_cvtepi32_ps(hsum4(&v));
+            let dx = load_scales(xd.add(t * nb + b), k);
+            *acc_t = _mm256_add_ps(*acc_t, _mm256_mul_ps(_mm256_mul_ps(dw, dx), isum));
+        }
+    }
+}
+
+/// One row against `T` tokens.
+#[inline(always)]
+unsafe fn tile<F: WPair, D: Dot, const T: usize>(
+    wq: &[u8],
+    wd: &[f32],
+    xq: &[i8],
+    xd: &[f32],
+    out: &mut [f32],
+) {
+    let nb = wd.len();
+    debug_assert!(wq.len() == nb * F::BYTES && xq.len() == T * nb * QK && xd.len() == T * nb);
+    debug_assert_eq!(out.len(), T);
+    let (wp, dp, xp, xdp) = (wq.as_ptr(), wd.as_ptr(), xq.as_ptr(), xd.as_ptr());
+    // SAFETY: the lengths above cover every block `group` reads.
+    unsafe {
+        let mut acc = [_mm256_setzero_ps(); T];
+        let full = nb / LANES * LANES;
+        for b in (0..full).step_by(LANES) {
+            group::<F, D, T, true>(wp, dp, xp, xdp, nb, b, LANES, &mut acc);
+        }
+        if full < nb {
+            group::<F, D, T, false>(wp, dp, xp, xdp, nb, full, nb - full, &mut acc);
+        }
+        for (o, a) in out.iter_mut().zip(acc) {
+            *o = reduce_lanes(a);
+        }
+    }
+}
+
+/// Token-count dispatch, inlined into each tier's `#[target_feature]` wrapper.
+#[inline(always)]
+unsafe fn tile_any<F: WPair, D: Dot>(
+    wq: &[u8],
+    wd: &[f32],
+    xq: &[i8],
+    xd: &[f32],
+    out: &mut [f32],
+) {
+    debug_assert!(out.len() <= TILE_TOKENS);
+    // SAFETY: features enabled by the wrapper; slice lengths per `TileFn`.
+    unsafe {
+        match out.len() {
+            0 => {}
+            1 => tile::<F, D, 1>(wq, wd, xq, xd, out),
+            2 => tile::<F, D, 2>(wq, wd, xq, xd, out),
+            3 => tile::<F, D, 3>(wq, wd, xq, xd, out),
+            _ => tile::<F, D, 4>(wq, wd, xq, xd, out),
+        }
+    }
+}
+
+macro_rules! tier_fn {
+    ($name:ident, $fmt:ty, $dot:ty, $features:literal, $doc:literal) => {
+        #[doc = $doc]
+        ///
+        /// # Safety
+        /// The CPU has the tier's features; slice lengths as `kernels::TileFn` says.
+        #[target_feature(enable = $features)]
+        pub unsafe fn $name(wq: &[u8], wd: &[f32], x: &ActTile, out: &mut [f32]) {
+            // SAFETY: forwarded caller contract; features enabled on this function.
+            unsafe { tile_any::<$fmt, $dot>(wq, wd, x.q, x.d, out) }
+        }
+    };
+}
+
+tier_fn!(
+    tile_q8_bw,
+    Q8,
+    Bw,
+    "avx2,avx512f,avx512bw",
+    "Q8_0 tile kernel, AVX-512 BW."
+);
+tier_fn!(
+    tile_q4_bw,
+    Q4,
+    Bw,
+    "avx2,avx512f,avx512bw",
+    "Q4_0 tile kernel, AVX-512 BW."
+);
+
+/// All-ones in the first `k` of 16 lanes.
+#[inline(always)]
+fn mask16(k: usize) -> __mmask16 {
+    if k >= 16 {
+        !0
+    } else {
+        (1u16 << k) - 1
+    }
+}
+
+/// All-ones in the first `n` of 64 bytes.
+#[inline(always)]
+fn mask64(n: usize) -> __mmask64 {
+    if n >= 64 {
+        !0
+    } else {
+        (1u64 << n) - 1
+    }
+}
+
+/// From 4 zmm whose 128-bit lane `k` holds block `4q + k` as 4 partials (q = vector
+/// index): the 16 block sums in natural order.
+#[inline(always)]
+unsafe fn red4(s: &[__m512i; 4]) -> __m512i {
+    // SAFETY: register-only AVX-512F ops; the caller has them.
+    unsafe {
+        let f = |v: __m512i| _mm512_castsi512_ps(v);
+        let pair = |a: __m512i, b: __m512i| {
+            _mm512_add_epi32(
+                _mm512_castps_si512(_mm512_shuffle_ps(f(a), f(b), 0x88)),
+                _mm512_castps_si512(_mm512_shuffle_ps(f(a), f(b), 0xDD)),
+            )
+        };
+        // Lane k: [block k, 4+k] (resp. [8+k, 12+k]) × 2 partials.
+        let t01 = pair(s[0], s[1]);
+        let t23 = pair(s[2], s[3]);
+        // Lane k: blocks [k, 4+k, 8+k, 12+k]: element 4k+j is block 4j+k.
+        let u = pair(t01, t23);
+        let idx = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+        _mm512_permutexvar_epi32(idx, u)
+    }
+}
+
+/// From 8 zmm of 2 blocks × 8 partials (blocks 2i, 2i+1): the 16 block sums in order.
+#[inline(always)]
+unsafe fn red8(v: &[__m512i; 8]) -> __m512i {
+    // SAFETY: register-only AVX-512F ops; the caller has them.
+    unsafe {
+        let half = |a: __m512i, b: __m512i| {
+            _mm512_add_epi32(
+                _mm512_shuffle_i32x4(a, b, 0x88),
+                _mm512_shuffle_i32x4(a, b, 0xDD),
+            )
+        };
+        red4(&[
+            half(v[0], v[1]),
+            half(v[2], v[3]),
+            half(v[4], v[5]),
+            half(v[6], v[7]),
+        ])
+    }
+}
+
+/// The float step for 16 blocks (`k` valid): `acc[j] += t[j]`, then `acc[j] += t[8+j]`,
+/// with `t = (dw·dx)·(isum − (Σx << SHIFT))`; invalid lanes are exactly zero.
+#[inline(always)]
+unsafe fn float_step<const SHIFT: u32>(
+    red: __m512i,
+    sx: *const i32,
+    dw: *const f32,
+    dx: *const f32,
+    k: usize,
+    acc: &mut __m256,
+) {
+    // SAFETY: `k` readable values at each pointer (the caller's contract); masked loads.
+    unsafe {
+        let m = mask16(k);
+        let corr = _mm512_slli_epi32(_mm512_maskz_loadu_epi32(m, sx), SHIFT);
+        let isum = _mm512_cvtepi32_ps(_mm512_sub_epi32(red, corr));
+        let d = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, dw), _mm512_maskz_loadu_ps(m, dx));
+        let t = _mm512_mul_ps(d, isum);
+        let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(t), 1));
+        *acc = _mm256_add_ps(_mm256_add_ps(*acc, _mm512_castps512_ps256(t)), hi);
+    }
+}
+
+/// VNNI Q8_0: 16 blocks (`k` valid, `P = ⌈k/2⌉` pairs) from block `b` for `T` tokens.
+/// `P` is a constant so that a short tail reduces only the vectors it has.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn vnni_q8_group<const T: usize, const P: usize>(
+    wq: *const u8,
+    wd: *const f32,
+    x: &ActTile,
+    nb: usize,
+    b: usize,
+    k: usize,
+    acc: &mut [__m256; T],
+) {
+    debug_assert_eq!(k.div_ceil(2), P);
+    // SAFETY: blocks b..b+k exist in the row and each token; tails use masked loads.
+    unsafe {
+        let zero = _mm512_setzero_si512();
+        let off = _mm512_set1_epi8(-128);
+        let mut wu = [zero; 8];
+        for (p, wp) in wu.iter_mut().enumerate().take(P) {
+            let ptr = wq.add((b + 2 * p) * QK) as *const i8;
+            let w = _mm512_maskz_loadu_epi8(mask64((k - 2 * p) * QK), ptr);
+            *wp = _mm512_xor_si512(w, off);
+        }
+        for (t, acc_t) in acc.iter_mut().enumerate() {
+            let mut v = [zero; 8];
+            for p in 0..P {
+                let ptr = x.q.as_ptr().add((t * nb + b + 2 * p) * QK);
+                let xv = _mm512_maskz_loadu_epi8(mask64((k - 2 * p) * QK), ptr);
+                v[p] = _mm512_dpbusd_epi32(zero, wu[p], xv);
+            }
+            let o = t * nb + b;
+            let (sx, dx) = (x.s.as_ptr().add(o), x.d.as_ptr().add(o));
+            float_step::<7>(red8(&v), sx, wd.add(b), dx, k, acc_t);
+        }
+    }
+}
+
+/// VNNI Q4_0: 16 blocks (`k` valid, `Q = ⌈k/4⌉` quads) from block `b` (a multiple of
+/// 16) for `T` tokens.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn vnni_q4_group<const T: usize, const Q: usize>(
+    wq: *const u8,
+    wd: *const f32,
+    x: &ActTile,
+    nb: usize,
+    l4: usize,
+    b: usize,
+    k: usize,
+    acc: &mut [__m256; T],
+) {
+    debug_assert_eq!(k.div_ceil(4), Q);
+    // SAFETY: blocks b..b+k exist in the row; the Q4 arrangement of each token has
+    // `l4` bytes, whole 128-byte groups, so the two 64-byte loads per quad are inside.
+    unsafe {
+        let zero = _mm512_setzero_si512();
+        let low = _mm512_set1_epi8(0x0F);
+        let mut lo = [zero; 4];
+        let mut hi = [zero; 4];
+        for c in 0..Q {
+            let ptr = wq.add((b + 4 * c) * (QK / 2)) as *const i8;
+            let w = _mm512_maskz_loadu_epi8(mask64((k - 4 * c) * (QK / 2)), ptr);
+            lo[c] = _mm512_and_si512(w, low);
+            hi[c] = _mm512_and_si512(_mm512_srli_epi16(w, 4), low);
+        }
+        for (t, acc_t) in acc.iter_mut().enumerate() {
+            let mut v = [zero; 4];
+            for c in 0..Q {
+                let ptr = x.q4.as_ptr().add(t * l4 + (b / 4 + c) * 128);
+                let xl = _mm512_loadu_si512(ptr as *const _);
+                let xh = _mm512_loadu_si512(ptr.add(64) as *const _);
+                v[c] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(zero, lo[c], xl), hi[c], xh);
+            }
+            let o = t * nb + b;
+            let (sx, dx) = (x.s.as_ptr().add(o), x.d.as_ptr().add(o));
+            float_step::<3>(red4(&v), sx, wd.add(b), dx, k, acc_t);
+        }
+    }
+}
+
+/// VNNI: one row against `T` tokens.
+#[inline(always)]
+unsafe fn vnni_tile<const IS_Q4: bool, const T: usize>(
+    wq: &[u8],
+    wd: &[f32],
+    x: &ActTile,
+    out: &mut [f32],
+) {
+    let nb = wd.len();
+    let l4 = crate::kernels::q4_layout_len(nb * QK);
+    debug_assert!(x.q.len() == T * nb * QK && x.d.len() == T * nb && x.s.len() == T * nb);
+    debug_assert!(x.q4.len() == T * l4 && out.len() == T);
+    debug_assert_eq!(wq.len(), nb * if IS_Q4 { QK / 2 } else { QK });
+    let (wp, dp) = (wq.as_ptr(), wd.as_ptr());
+    // SAFETY: the lengths above cover every block the groups read.
+    unsafe {
+        let mut acc = [_mm256_setzero_ps(); T];
+        let full = nb / 16 * 16;
+        for b in (0..full).step_by(16) {
+            if IS_Q4 {
+                vnni_q4_group::<T, 4>(wp, dp, x, nb, l4, b, 16, &mut acc);
+            } else {
+                vnni_q8_group::<T, 8>(wp, dp, x, nb, b, 16, &mut acc);
+            }
+        }
+        let (b, k) = (full, nb - full);
+        if IS_Q4 {
+            let a = &mut acc;
+            match k.div_ceil(4) {
+                0 => {}
+                1 => vnni_q4_group::<T, 1>(wp, dp, x, nb, l4, b, k, a),
+                2 => vnni_q4_group::<T, 2>(wp, dp, x, nb, l4, b, k, a),
+                3 => vnni_q4_group::<T, 3>(wp, dp, x, nb, l4, b, k, a),
+                _ => vnni_q4_group::<T, 4>(wp, dp, x, nb, l4, b, k, a),
+            }
+        } else {
+            let a = &mut acc;
+            match k.div_ceil(2) {
+                0 => {}
+                1 => vnni_q8_group::<T, 1>(wp, dp, x, nb, b, k, a),
+                2 => vnni_q8_group::<T, 2>(wp, dp, x, nb, b, k, a),
+                3 => vnni_q8_group::<T, 3>(wp, dp, x, nb, b, k, a),
+                4 => vnni_q8_group::<T, 4>(wp, dp, x, nb, b, k, a),
+                5 => vnni_q8_group::<T, 5>(wp, dp, x, nb, b, k, a),
+                6 => vnni_q8_group::<T, 6>(wp, dp, x, nb, b, k, a),
+                7 => vnni_q8_group::<T, 7>(wp, dp, x, nb, b, k, a),
+                _ => vnni_q8_group::<T, 8>(wp, dp, x, nb, b, k, a),
+            }
+        }
+        for (o, a) in out.iter_mut().zip(acc) {
+            *o = reduce_lanes(a);
+        }
+    }
+}
+
+#[target_feature(enable = "avx2,avx512f,avx512bw,avx512vnni")]
+unsafe fn vnni_any<const IS_Q4: bool>(wq: &[u8], wd: &[f32], x: &ActTile, out: &mut [f32]) {
+    debug_assert!(out.len() <= TILE_TOKENS);
+    // SAFETY: features enabled here; slice lengths per `TileFn`.
+    unsafe {
+        match out.len() {
+            0 => {}
+            1 => vnni_tile::<IS_Q4, 1>(wq, wd, x, out),
+            2 => vnni_tile::<IS_Q4, 2>(wq, wd, x, out),
+            3 => vnni_tile::<IS_Q4, 3>(wq, wd, x, out),
+            _ => vnni_tile::<IS_Q4, 4>(wq, wd, x, out),
+        }
+    }
+}
+
+/// Q8_0 tile kernel, AVX-512 VNNI (see `kernels::TileFn`).
+///
+/// # Safety
+/// The CPU has AVX-512 F/BW/VNNI and AVX2; slice lengths as `TileFn` says.
+pub unsafe fn tile_q8_vnni(wq: &[u8], wd: &[f32], x: &ActTile, out: &mut [f32]) {
+    // SAFETY: forwarded caller contract.
+    unsafe { vnni_any::<false>(wq, wd, x, out) }
+}
+
+/// Q4_0 tile kernel, AVX-512 VNNI (see `kernels::TileFn`).
+///
+/// # Safety
+/// The CPU has AVX-512 F/BW/VNNI and AVX2; slice lengths as `TileFn` says.
+pub unsafe fn tile_q4_vnni(wq: &[u8], wd: &[f32], x: &ActTile, out: &mut [f32]) {
+    // SAFETY: forwarded caller contract.
+    unsafe { vnni_any::<true>(wq, wd, x, out) }
+}

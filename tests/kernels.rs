@@ -1,0 +1,369 @@
+//! Kernel tiers against the scalar reference (bit for bit), the reference against a
+//! naive f64 dot product, and independence from the thread count.
+
+use krafla::kernels::{self, Kernels, QActs, QMat, Tier, WType};
+use krafla::quant::QK;
+
+/// xorshift64*: small, deterministic, good enough for test data.
+struct Rng(u64);
+
+impl Rng {
+    fn new(seed: u64) -> Self {
+        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
+    }
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+    /// Uniform in [-1, 1).
+    fn unit(&mut self) -> f32 {
+        (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+    }
+}
+
+fn all_kernels() -> Vec<Kernels> {
+    kernels::supported_tiers()
+        .into_iter()
+        .map(|t| Kernels::for_tier(t).unwrap())
+        .collect()
+}
+
+fn scalar() -> Kernels {
+    Kernels::for_tier(Tier::Scalar).unwrap()
+}
+
+/// Random weights; `edge` mixes in extreme levels and scales.
+fn weights(
+    rng: &mut Rng,
+    wtype: WType,
+    rows: usize,
+    cols: usize,
+    edge: bool,
+) -> (Vec<u8>, Vec<f32>) {
+    let q: Vec<u8> = (0..rows * wtype.row_bytes(cols))
+        .map(|_| match wtype {
+            WType::Q8_0 => {
+                let v = if edge && rng.below(4) == 0 {
+                    [127i8, -127, 0][rng.below(3) as usize]
+                } else {
+                    (rng.below(255) as i32 - 127) as i8
+                };
+                v as u8
+            }
+            WType::Q4_0 => rng.next() as u8,
+        })
+        .collect();
+    let d = (0..rows * cols / QK)
+        .map(|_| {
+            let base = rng.unit() * 0.02;
+            if !edge {
+                return base;
+            }
+            match rng.below(8) {
+                0 => -base.abs() * 3.0,
+                1 => 0.0,
+                2 => 1e-40 * rng.unit(),
+                3 => 1e30 * rng.unit(),
+                _ => base,
+            }
+        })
+        .collect();
+    (q, d)
+}
+
+/// Random activations; `edge` makes blocks of special cases.
+fn activations(rng: &mut Rng, len: usize, edge: bool) -> Vec<f32> {
+    let mut x: Vec<f32> = (0..len).map(|_| rng.unit() * 4.0).collect();
+    if !edge {
+        return x;
+    }
+    for blk in x.chunks_exact_mut(QK) {
+        match rng.below(12) {
+            0 => blk.fill(0.0),
+            1 => blk.iter_mut().for_each(|v| *v *= 1e-31),
+            2 => {
+                // amax 127 makes id = 1: values k + 0.5 sit exactly on the rounding tie.
+                blk.iter_mut().for_each(|v| *v = (*v * 20.0).trunc() + 0.5);
+                blk[0] = 127.0;
+                blk[1] = -126.5;
+            }
+            3 => blk.iter_mut().for_each(|v| *v *= 1e37),
+            4 => blk.iter_mut().for_each(|v| *v *= 1e-39),
+            5 => {
+                blk[rng.below(32) as usize] = f32::NAN;
+                blk[rng.below(32) as usize] = -f32::NAN;
+            }
+            6 => blk.fill(f32::NAN),
+            7 => blk[rng.below(32) as usize] = f32::INFINITY,
+            8 => {
+                blk[0] = -3.0;
+                blk.iter_mut()
+                    .skip(1)
+                    .for_each(|v| *v = 3.0 * (*v).signum());
+            }
+            9 => blk.iter_mut().for_each(|v| *v = -*v * 1e-29),
+            _ => {}
+        }
+    }
+    x
+}
+
+/// Bits equal; otherwise the first differing index.
+fn first_diff(a: &[f32], b: &[f32]) -> Option<usize> {
+    a.iter()
+        .zip(b)
+        .position(|(x, y)| x.to_bits() != y.to_bits())
+}
+
+fn check_quantize(x: &[f32]) {
+    let s = scalar();
+    let (mut q0, mut d0) = (vec![0i8; x.len()], vec![0f32; x.len() / QK]);
+    s.quantize_act(x, &mut q0, &mut d0);
+    for k in all_kernels() {
+        let (mut q, mut d) = (vec![1i8; x.len()], vec![1f32; x.len() / QK]);
+        k.quantize_act(x, &mut q, &mut d);
+        for b in 0..d.len() {
+            let r = b * QK..(b + 1) * QK;
+            assert!(
+                d[b].to_bits() == d0[b].to_bits() && q[r.clone()] == q0[r.clone()],
+                "tier {}: block {b} differs: x {:?}\n d {} vs {}\n q {:?}\n vs {:?}",
+                k.tier(),
+                &x[r.clone()],
+                d[b],
+                d0[b],
+                &q[r.clone()],
+                &q0[r]
+            );
+        }
+    }
+}
+
+#[test]
+fn quantize_act_tiers_agree() {
+    let mut rng = Rng::new(1);
+    for len in [32, 64, 96, 576, 1024, 2048 + 32] {
+        check_quantize(&activations(&mut rng, len, false));
+        for _ in 0..20 {
+            check_quantize(&activations(&mut rng, len, true));
+        }
+    }
+}
+
+#[test]
+fn quantize_act_matches_q8_0_reference() {
+    let mut rng = Rng::new(2);
+    let x = activations(&mut rng, 4096, true);
+    let (mut q, mut d) = (vec![0i8; x.len()], vec![0f32; x.len() / QK]);
+    kernels::quantize_act(&x, &mut q, &mut d);
+    for (b, xb) in x.chunks_exact(QK).enumerate() {
+        let mut qb = [0i8; QK];
+        let db = krafla::quant::q8_0::quantize_block(xb, &mut qb);
+        assert_eq!(db.to_bits(), d[b].to_bits(), "block {b}");
+        assert_eq!(&qb[..], &q[b * QK..(b + 1) * QK], "block {b}");
+    }
+}
+
+/// Every tier's matmul against the scalar's, bits compared.
+fn check_matmul(rng: &mut Rng, wtype: WType, rows: usize, cols: usize, n: usize, edge: bool) {
+    let (q, d) = weights(rng, wtype, rows, cols, edge);
+    let w = QMat::new(wtype, rows, cols, &q, &d).unwrap();
+    let x = activations(rng, n * cols, edge);
+    let s = scalar();
+    let mut xa = QActs::new();
+    xa.quantize_with(&s, &x, cols);
+    let mut y0 = vec![0f32; n * rows];
+    s.matmul(&w, &xa, &mut y0);
+    for k in all_kernels() {
+        let mut y = vec![f32::NAN; n * rows];
+        k.matmul(&w, &xa, &mut y);
+        if let Some(i) = first_diff(&y, &y0) {
+            let (t, r) = (i / rows, i % rows);
+            panic!(
+                "tier {} {wtype:?} {rows}x{cols} n={n} edge={edge}: token {t} row {r}: {} ({:#x}) vs scalar {} ({:#x})",
+                k.tier(),
+                y[i],
+                y[i].to_bits(),
+                y0[i],
+                y0[i].to_bits()
+            );
+        }
+        if n == 1 {
+            let mut yv = vec![f32::NAN; rows];
+            k.matvec(&w, &xa, &mut yv);
+            assert_eq!(
+                first_diff(&yv, &y0),
+                None,
+                "tier {} matvec {rows}x{cols}",
+                k.tier()
+            );
+        }
+    }
+}
+
+#[test]
+fn matmul_tiers_agree_random() {
+    let mut rng = Rng::new(3);
+    for wtype in [WType::Q8_0, WType::Q4_0] {
+        for &rows in &[1, 7, 8, 9, 33] {
+            for &cols in &[32, 64, 224, 256, 288, 512, 544, 576, 1056] {
+                for n in 1..=13 {
+                    check_matmul(&mut rng, wtype, rows, cols, n, false);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn matmul_tiers_agree_edge_cases() {
+    let mut rng = Rng::new(4);
+    for wtype in [WType::Q8_0, WType::Q4_0] {
+        for &rows in &[1, 9, 33] {
+            for &cols in &[32, 96, 256, 320, 1024] {
+                for n in [1, 2, 4, 5, 13] {
+                    for _ in 0..3 {
+                        check_matmul(&mut rng, wtype, rows, cols, n, true);
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn matmul_larger_shapes_agree() {
+    let mut rng = Rng::new(5);
+    for wtype in [WType::Q8_0, WType::Q4_0] {
+        check_matmul(&mut rng, wtype, 200, 576, 1, false);
+        check_matmul(&mut rng, wtype, 130, 1536, 7, false);
+        check_matmul(&mut rng, wtype, 1100, 64, 3, true);
+    }
+}
+
+/// The contract's result is close to an f64 dot of the dequantized values.
+#[test]
+fn reference_matches_naive_f64() {
+    let mut rng = Rng::new(6);
+    for wtype in [WType::Q8_0, WType::Q4_0] {
+        let (rows, cols, n) = (17, 800, 3);
+        let (q, d) = weights(&mut rng, wtype, rows, cols, false);
+        let w = QMat::new(wtype, rows, cols, &q, &d).unwrap();
+        let x = activations(&mut rng, n * cols, false);
+        let mut xa = QActs::new();
+        xa.quantize(&x, cols);
+        let mut y = vec![0f32; n * rows];
+        scalar().matmul(&w, &xa, &mut y);
+        let mut wr = vec![0f32; cols];
+        for r in 0..rows {
+            kernels::dequant_row(&w, r, &mut wr);
+            for t in 0..n {
+                let (mut sum, mut mag) = (0f64, 0f64);
+                for (c, &wv) in wr.iter().enumerate() {
+                    let xv = xa.q()[t * cols + c] as f64 * xa.d()[(t * cols + c) / QK] as f64;
+                    sum += wv as f64 * xv;
+                    mag += (wv as f64 * xv).abs();
+                }
+                let got = y[t * rows + r] as f64;
+                assert!(
+                    (got - sum).abs() <= 1e-6 * mag + 1e-30,
+                    "{wtype:?} row {r} token {t}: {got} vs {sum} (mag {mag})"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn dequant_row_values() {
+    let q8: Vec<u8> = (0..64).map(|i| (i as i8 - 32) as u8).collect();
+    let d = [0.5f32, -2.0];
+    let w = QMat::new(WType::Q8_0, 1, 64, &q8, &d).unwrap();
+    let mut out = vec![0f32; 64];
+    kernels::dequant_row(&w, 0, &mut out);
+    for (c, &o) in out.iter().enumerate() {
+        assert_eq!(o, (c as i8 - 32) as f32 * d[c / 32]);
+    }
+    let q4: Vec<u8> = (0..32).map(|i| (i * 37) as u8).collect();
+    let w = QMat::new(WType::Q4_0, 1, 64, &q4, &d).unwrap();
+    kernels::dequant_row(&w, 0, &mut out);
+    for (c, &o) in out.iter().enumerate() {
+        let byte = q4[(c / 32) * 16 + c % 16];
+        let nib = if c % 32 < 16 { byte & 15 } else { byte >> 4 };
+        assert_eq!(o, (nib as i32 - 8) as f32 * d[c / 32]);
+    }
+}
+
+#[test]
+fn thread_count_does_not_change_bits() {
+    let mut rng = Rng::new(7);
+    for wtype in [WType::Q8_0, WType::Q4_0] {
+        let (rows, cols) = (1000, 320);
+        let (q, d) = weights(&mut rng, wtype, rows, cols, false);
+        let w = QMat::new(wtype, rows, cols, &q, &d).unwrap();
+        for n in [1, 6] {
+            let x = activations(&mut rng, n * cols, false);
+            let mut xa = QActs::new();
+            xa.quantize(&x, cols);
+            for k in all_kernels() {
+                let mut ys = Vec::new();
+                for threads in [1, 2, 3] {
+                    let pool = rayon::ThreadPoolBuilder::new()
+                        .num_threads(threads)
+                        .build()
+                        .unwrap();
+                    let mut y = vec![0f32; n * rows];
+                    pool.install(|| k.matmul(&w, &xa, &mut y));
+                    ys.push(y);
+                }
+                assert_eq!(first_diff(&ys[0], &ys[1]), None, "tier {} n {n}", k.tier());
+                assert_eq!(first_diff(&ys[0], &ys[2]), None, "tier {} n {n}", k.tier());
+            }
+        }
+    }
+}
+
+#[test]
+fn with_tier_forces_each_tier() {
+    let mut rng = Rng::new(8);
+    let (q, d) = weights(&mut rng, WType::Q8_0, 9, 96, false);
+    let w = QMat::new(WType::Q8_0, 9, 96, &q, &d).unwrap();
+    let x = activations(&mut rng, 2 * 96, false);
+    for t in kernels::supported_tiers() {
+        let y = kernels::with_tier(t, || {
+            assert_eq!(kernels::tier(), t);
+            let mut xa = QActs::new();
+            xa.quantize(&x, 96);
+            let mut y = vec![0f32; 18];
+            kernels::matmul(&w, &xa, &mut y);
+            y
+        })
+        .unwrap();
+        let mut xa = QActs::new();
+        xa.quantize_with(&scalar(), &x, 96);
+        let mut y0 = vec![0f32; 18];
+        scalar().matmul(&w, &xa, &mut y0);
+        assert_eq!(first_diff(&y, &y0), None, "tier {t}");
+    }
+    assert!(kernels::supported_tiers().contains(&kernels::tier()));
+}
+
+#[test]
+fn views_are_checked() {
+    let q = vec![0u8; 64];
+    let d = vec![0f32; 2];
+    assert!(QMat::new(WType::Q8_0, 1, 64, &q, &d).is_ok());
+    assert!(QMat::new(WType::Q8_0, 2, 32, &q, &d).is_ok());
+    assert!(QMat::new(WType::Q4_0, 1, 64, &q[..32], &d).is_ok());
+    assert!(QMat::new(WType::Q4_0, 1, 64, &q, &d).is_err());
+    assert!(QMat::new(WType::Q8_0, 1, 48, &q[..48], &d[..1]).is_err());
+    assert!(QMat::new(WType::Q8_0, 0, 64, &[], &[]).is_err());
+    assert!(QActs::from_parts(2, 32, vec![0; 64], vec![0.0; 2]).is_ok());
+    assert!(QActs::from_parts(2, 32, vec![0; 64], vec![0.0; 3]).is_err());
+    assert_eq!(Tier::from_name("AVX2"), Some(Tier::Avx2));
+    assert_eq!(Tier::from_name("nope"), None);
+}
