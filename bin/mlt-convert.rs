@@ -1,1 +1,43 @@
-fn main() {}
+//! mlt-convert: tokenizer.json (+ tokenizer_config.json beside it) → MLT1.
+
+use clap::Parser;
+use krafla::tokenizer::from_hf::{convert_file, Options};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+#[derive(Parser)]
+#[command(version, about = "Convert a Hugging Face tokenizer.json to an MLT1 tokenizer file")]
+struct Args {
+    /// The tokenizer.json to convert.
+    input: PathBuf,
+    /// The .mlt file to write.
+    #[arg(short, long)]
+    output: PathBuf,
+    /// BOS token text, overriding tokenizer_config.json.
+    #[arg(long)]
+    bos: Option<String>,
+    /// EOS token text, overriding tokenizer_config.json.
+    #[arg(long)]
+    eos: Option<String>,
+    /// Print nothing on success.
+    #[arg(short, long)]
+    quiet: bool,
+}
+
+fn main() -> ExitCode {
+    let a = Args::parse();
+    let opts = Options { bos: a.bos, eos: a.eos };
+    match convert_file(&a.input, &a.output, &opts) {
+        Ok(m) => {
+            if !a.quiet {
+                let (text, _) = krafla::tokenizer::describe(&m);
+                eprintln!("wrote {}\n{}", a.output.display(), text.lines().take(6).collect::<Vec<_>>().join("\n"));
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("mlt-convert: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

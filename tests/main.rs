@@ -3,3 +3,4 @@
 mod inspect;
 mod kernels;
 mod util;
+mod tokenizer;
