@@ -2,5 +2,5 @@
 
 mod inspect;
 mod kernels;
-mod util;
 mod tokenizer;
+mod util;
