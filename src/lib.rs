@@ -6,6 +6,7 @@
 
 pub mod convert;
 pub mod format;
+pub mod inspect;
 pub mod kernels;
 pub mod model;
 pub mod quant;

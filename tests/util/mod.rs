@@ -1,1 +1,34 @@
+//! Helpers shared by the integration tests.
+#![allow(dead_code)]
 
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+/// The path of one of the package's binaries.
+pub fn bin_path(name: &str) -> PathBuf {
+    match name {
+        "mlb-inspect" => PathBuf::from(env!("CARGO_BIN_EXE_mlb-inspect")),
+        "mlb-convert" => PathBuf::from(env!("CARGO_BIN_EXE_mlb-convert")),
+        "mlt-convert" => PathBuf::from(env!("CARGO_BIN_EXE_mlt-convert")),
+        "mlb-run" => PathBuf::from(env!("CARGO_BIN_EXE_mlb-run")),
+        _ => panic!("unknown binary {name}"),
+    }
+}
+
+/// Runs a binary in `dir` with `args`.
+pub fn run_in(dir: &Path, name: &str, args: &[&str]) -> Output {
+    Command::new(bin_path(name)).args(args).current_dir(dir).output().expect("spawn binary")
+}
+
+/// The repository's testdata folder.
+pub fn testdata() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata")
+}
+
+pub fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+pub fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# The main job on the bundled default model (testdata/default): convert the Hugging Face
+# checkpoint and its tokenizer, inspect the result, and generate text with it.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+cargo build --release --bins --quiet
+bin=target/release
+out=target/demo
+mkdir -p "$out"
+src=testdata/default
+prompt=${1:-"The list of built-in functions"}
+
+echo "== mlb-convert $src -> $out/default.mlb (Q8_0)"
+"$bin/mlb-convert" "$src" -o "$out/default.mlb" --wtype q8_0
+echo "== mlt-convert $src/tokenizer.json -> $out/default.mlt"
+"$bin/mlt-convert" "$src/tokenizer.json" -o "$out/default.mlt"
+echo "== mlb-inspect $out/default.mlb (header and totals)"
+"$bin/mlb-inspect" "$out/default.mlb" | sed -n '1,20p;/^totals/,$p'
+echo "== mlb-run: greedy continuation of \"$prompt\""
+"$bin/mlb-run" "$out/default.mlb" --tokenizer "$out/default.mlt" --prompt "$prompt" -n 48 --temp 0

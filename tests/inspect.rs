@@ -1,0 +1,166 @@
+//! mlb-inspect on synthetic files: snapshots of the reports, and the status of every
+//! row of the spec's error table through the binary.
+
+use std::path::Path;
+
+use krafla::format::mlb::header::{layer_flag, q8_class, wtype, Header};
+use krafla::format::mlb::synth::{synth_file, tiny_header};
+use krafla::format::mli::Mli;
+
+use crate::util::{run_in, stderr, stdout};
+
+fn write(dir: &Path, name: &str, bytes: &[u8]) {
+    std::fs::write(dir.join(name), bytes).unwrap();
+}
+
+fn rich_header() -> Header {
+    let mut h = tiny_header();
+    h.wtype = wtype::Q4_0;
+    h.q8_mask = q8_class::TOK_EMB | q8_class::WV;
+    h.qk_norm = 1;
+    h.layer_flags = 1;
+    h.sliding_window = 8;
+    h.rope_local_theta = 10000.0;
+    h.rope_theta = 1_000_000.0;
+    h.shared_classifier = 1;
+    h.act = 1;
+    h.post_norms = 1;
+    h.embed_scale = 8.0;
+    h
+}
+
+#[test]
+fn report_snapshots() {
+    let dir = tempfile::tempdir().unwrap();
+    write(dir.path(), "tiny.mlb", &synth_file(&tiny_header(), &[], 1));
+    let flags = [layer_flag::SLIDING | layer_flag::LOCAL_ROPE, 0];
+    write(dir.path(), "rich.mlb", &synth_file(&rich_header(), &flags, 2));
+    for (name, args) in [
+        ("tiny_text", vec!["tiny.mlb"]),
+        ("rich_text", vec!["rich.mlb"]),
+        ("rich_tensor", vec!["rich.mlb", "--tensor", "layers.0.wq"]),
+    ] {
+        let o = run_in(dir.path(), "mlb-inspect", &args);
+        assert!(o.status.success(), "{}", stderr(&o));
+        insta::assert_snapshot!(name, stdout(&o));
+    }
+    let o = run_in(dir.path(), "mlb-inspect", &["rich.mlb", "--json"]);
+    assert!(o.status.success());
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    insta::assert_json_snapshot!("rich_json", v);
+    // Every header field is a plain number under its spec name.
+    let hdr = v["header"].as_object().unwrap();
+    assert_eq!(hdr["magic"], "MLB1");
+    for f in krafla::format::mlb::FIELDS {
+        assert!(hdr[f.name].is_number(), "{}", f.name);
+    }
+    assert_eq!(hdr["norm_eps"].as_f64(), Some(1e-5));
+    assert_eq!(hdr["q8_mask"].as_u64(), Some(9));
+}
+
+#[test]
+fn mli_report() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut m = Mli::new(2, 32, 64, 32);
+    for (i, s) in m.sums.iter_mut().enumerate() {
+        *s = (i % 7) as f64;
+    }
+    m.tokens = 4;
+    m.cls_tokens = 3;
+    write(dir.path(), "a.mli", &m.to_bytes());
+    let o = run_in(dir.path(), "mlb-inspect", &["a.mli"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    insta::assert_snapshot!("mli_text", stdout(&o));
+    let o = run_in(dir.path(), "mlb-inspect", &["a.mli", "--json"]);
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(v["header"]["tokens"], 4);
+    assert_eq!(v["layers"].as_array().unwrap().len(), 2);
+}
+
+/// Runs mlb-inspect on `bytes` and returns (success, stderr).
+fn inspect_bytes(bytes: &[u8]) -> (bool, String) {
+    let dir = tempfile::tempdir().unwrap();
+    write(dir.path(), "x.mlb", bytes);
+    let o = run_in(dir.path(), "mlb-inspect", &["x.mlb"]);
+    (o.status.success(), stderr(&o))
+}
+
+fn with_header(edit: impl FnOnce(&mut Header)) -> Vec<u8> {
+    let h = tiny_header();
+    let mut b = synth_file(&h, &[], 3);
+    let mut e = h;
+    edit(&mut e);
+    b[..256].copy_from_slice(&e.encode());
+    b
+}
+
+#[test]
+fn error_table_through_the_binary() {
+    let good = synth_file(&tiny_header(), &[], 3);
+    let mut minus128 = good.clone();
+    let p = krafla::format::mlb::parse(&good).unwrap();
+    minus128[p.layout.find("layers.0.wk").unwrap().offset as usize] = 0x80;
+    let rows: Vec<(&str, Vec<u8>, &str)> = vec![
+        ("empty file", vec![], "ML_E_FORMAT"),
+        ("short file", good[..100].to_vec(), "ML_E_FORMAT"),
+        ("bad magic", with_header(|h| h.magic = *b"MLBX"), "ML_E_FORMAT"),
+        ("bad version", with_header(|h| h.version = 9), "ML_E_FORMAT"),
+        ("unknown wtype", with_header(|h| h.wtype = 7), "ML_E_FORMAT"),
+        ("unknown rope_type", with_header(|h| h.rope_type = 9), "ML_E_FORMAT"),
+        ("bad llama3", with_header(|h| h.rope_type = 1), "ML_E_FORMAT"),
+        ("bad linear", with_header(|h| h.rope_type = 2), "ML_E_FORMAT"),
+        ("bad yarn", with_header(|h| h.rope_type = 3), "ML_E_FORMAT"),
+        ("attn factor without yarn", with_header(|h| h.rope_attn_factor = 1.0), "ML_E_FORMAT"),
+        ("qkv_bias 2", with_header(|h| h.qkv_bias = 2), "ML_E_FORMAT"),
+        ("qk_norm 2", with_header(|h| h.qk_norm = 2), "ML_E_FORMAT"),
+        ("layer_flags 2", with_header(|h| h.layer_flags = 2), "ML_E_FORMAT"),
+        ("post_norms 2", with_header(|h| h.post_norms = 2), "ML_E_FORMAT"),
+        ("scale_f16 2", with_header(|h| h.scale_f16 = 2), "ML_E_FORMAT"),
+        ("unknown act", with_header(|h| h.act = 3), "ML_E_FORMAT"),
+        ("negative embed_scale", with_header(|h| h.embed_scale = -1.0), "ML_E_FORMAT"),
+        ("nan attn_scale", with_header(|h| h.attn_scale = f32::NAN), "ML_E_FORMAT"),
+        ("inf attn_softcap", with_header(|h| h.attn_softcap = f32::INFINITY), "ML_E_FORMAT"),
+        ("negative final_softcap", with_header(|h| h.final_softcap = -2.0), "ML_E_FORMAT"),
+        ("negative rope_local_theta", with_header(|h| h.rope_local_theta = -5.0), "ML_E_FORMAT"),
+        ("huge sliding_window", with_header(|h| h.sliding_window = u32::MAX), "ML_E_FORMAT"),
+        ("truncated arrays", good[..good.len() - 4096].to_vec(), "ML_E_FORMAT"),
+        ("q8 quant -128", minus128, "ML_E_FORMAT"),
+        ("zero dim", with_header(|h| h.dim = 0), "ML_E_SHAPE"),
+        ("over-limit n_layers", with_header(|h| h.n_layers = 70000), "ML_E_SHAPE"),
+        ("dim not multiple of 32", with_header(|h| h.dim = 40), "ML_E_SHAPE"),
+        ("hidden_dim not multiple of 32", with_header(|h| h.hidden_dim = 130), "ML_E_SHAPE"),
+        ("dim % n_heads", with_header(|h| { h.n_heads = 6; h.n_kv_heads = 2 }), "ML_E_SHAPE"),
+        ("n_heads % n_kv_heads", with_header(|h| h.n_kv_heads = 3), "ML_E_SHAPE"),
+        ("odd head_dim", with_header(|h| h.head_dim = 9), "ML_E_SHAPE"),
+        ("q_dim not multiple of 32", with_header(|h| h.head_dim = 20), "ML_E_SHAPE"),
+        ("q_dim above 65536", with_header(|h| h.head_dim = 65536), "ML_E_SHAPE"),
+        ("vocab < 3", with_header(|h| h.vocab = 2), "ML_E_SHAPE"),
+    ];
+    for (what, bytes, status) in rows {
+        let (ok, err) = inspect_bytes(&bytes);
+        assert!(!ok, "{what}: accepted");
+        assert!(err.contains(status), "{what}: expected {status}, got: {err}");
+        assert!(err.contains("x.mlb"), "{what}: error does not name the file: {err}");
+        assert_eq!(err.lines().count(), 1, "{what}: one line: {err}");
+    }
+    // Layer-flag rows.
+    let mut h = tiny_header();
+    h.layer_flags = 1;
+    h.rope_local_theta = 1e4;
+    for (flags, what) in [([32u8, 0], "unknown bits"), ([6, 0], "local RoPE and no RoPE"), ([2, 0], "local RoPE without base")] {
+        let mut b = synth_file(&h, &[0, 0], 4);
+        b[256..258].copy_from_slice(&flags);
+        if what == "local RoPE without base" {
+            let mut e = h;
+            e.rope_local_theta = 0.0;
+            b[..256].copy_from_slice(&e.encode());
+        }
+        let (ok, err) = inspect_bytes(&b);
+        assert!(!ok && err.contains("ML_E_FORMAT"), "{what}: {err}");
+    }
+    // ML_E_IO: a file that cannot be opened.
+    let dir = tempfile::tempdir().unwrap();
+    let o = run_in(dir.path(), "mlb-inspect", &["missing.mlb"]);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("ML_E_IO"), "{}", stderr(&o));
+}
