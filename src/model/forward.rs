@@ -258,15 +258,23 @@ fn attend(
     let hd = q.len();
     let s0 = cache.first_visible(pos);
     let att = &mut att[..pos + 1 - s0];
+    let (kvd, cap) = (cache.kv_dim, cache.cap);
+    // Visible positions in order, as slots (no division per position).
+    let first_slot = s0 % cap;
     let mut max = f32::NEG_INFINITY;
-    for (i, a) in att.iter_mut().enumerate() {
-        let k = &cache.key(s0 + i)[off..off + hd];
-        let mut s = dot(q, k) * scale;
+    let mut slot = first_slot;
+    for a in att.iter_mut() {
+        let at = slot * kvd + off;
+        let mut s = dot(q, &cache.k[at..at + hd]) * scale;
         if softcap > 0.0 {
             s = softcap * (s / softcap).tanh();
         }
         *a = s;
         max = max.max(s);
+        slot += 1;
+        if slot == cap {
+            slot = 0;
+        }
     }
     let mut sum = 0.0f32;
     for a in att.iter_mut() {
@@ -274,10 +282,15 @@ fn attend(
         sum += *a;
     }
     out.fill(0.0);
-    for (i, &p) in att.iter().enumerate() {
-        let v = &cache.value(s0 + i)[off..off + hd];
-        for (o, &vv) in out.iter_mut().zip(v) {
+    let mut slot = first_slot;
+    for &p in att.iter() {
+        let at = slot * kvd + off;
+        for (o, &vv) in out.iter_mut().zip(&cache.v[at..at + hd]) {
             *o += p * vv;
+        }
+        slot += 1;
+        if slot == cap {
+            slot = 0;
         }
     }
     let inv = 1.0 / sum;
