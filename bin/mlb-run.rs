@@ -163,6 +163,15 @@ fn run(a: Args) -> Result<(), String> {
             .build_global()
             .map_err(|e| format!("--threads = {t}: {e}"))?;
     }
+    if !(a.temp >= 0.0 && a.temp.is_finite()) {
+        return Err(format!(
+            "--temp = {}: must be a finite number ≥ 0 (0 is greedy)",
+            a.temp
+        ));
+    }
+    if !(a.top_p > 0.0 && a.top_p <= 1.0) {
+        return Err(format!("--top-p = {}: must be in (0, 1]", a.top_p));
+    }
     let t_load = Instant::now();
     let mlb = Mlb::open(&a.model).map_err(|e| e.to_string())?;
     let model = Model::new(&mlb).map_err(|e| e.to_string())?;
