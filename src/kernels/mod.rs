@@ -444,7 +444,8 @@ impl Kernels {
         };
         let chunk = rows_per_task(w.rows, w.cols * n);
         if n == 1 {
-            let run = |(i, yc): (usize, &mut [f32])| rows_into(tile, w, x, i * chunk, yc);
+            let tiles = token_tiles(x);
+            let run = |(i, yc): (usize, &mut [f32])| rows_into(tile, w, &tiles, 1, i * chunk, yc);
             if chunk >= w.rows {
                 run((0, y));
             } else {
@@ -456,14 +457,21 @@ impl Kernels {
         let tasks = w.rows.div_ceil(chunk);
         let run = |i: usize| {
             let r0 = i * chunk;
-            let nr = chunk.min(w.rows - r0);
-            let mut local = vec![0.0f32; nr * n];
-            rows_into(tile, w, x, r0, &mut local);
-            for (j, v) in local.chunks_exact(n).enumerate() {
-                for (t, &val) in v.iter().enumerate() {
-                    // SAFETY: t < n and r0 + j < rows, so the index is inside y, and
-                    // task i is the only writer of rows r0..r0+nr.
-                    unsafe { out.write(t * w.rows + r0 + j, val) };
+            let r1 = (r0 + chunk).min(w.rows);
+            let tiles = token_tiles(x);
+            // Rows in sub-blocks: a small buffer (row-major, tokens inner), then each
+            // token's run of `SUB_ROWS` outputs is written contiguously.
+            let mut local = vec![0.0f32; SUB_ROWS.min(r1 - r0) * n];
+            for s0 in (r0..r1).step_by(SUB_ROWS) {
+                let s1 = (s0 + SUB_ROWS).min(r1);
+                let buf = &mut local[..(s1 - s0) * n];
+                rows_into(tile, w, &tiles, n, s0, buf);
+                for t in 0..n {
+                    for (j, v) in buf.iter().skip(t).step_by(n).enumerate() {
+                        // SAFETY: t < n and s0 + j < r1 ≤ rows, so the index is inside y,
+                        // and task i is the only writer of rows r0..r1.
+                        unsafe { out.write(t * w.rows + s0 + j, *v) };
+                    }
                 }
             }
         };
@@ -474,6 +482,10 @@ impl Kernels {
         }
     }
 }
+
+/// Rows per output sub-block of a multi-token task (bounds its buffer, keeps the
+/// scattered writes to `y` in runs).
+const SUB_ROWS: usize = 64;
 
 /// `y`'s base pointer, shared by tasks that write disjoint elements.
 #[derive(Clone, Copy)]
@@ -501,12 +513,10 @@ fn rows_per_task(rows: usize, macs_per_row: usize) -> usize {
     per_thread.max(min_rows).next_multiple_of(16).min(rows)
 }
 
-/// Rows `r0..r0 + out.len()/n` for all tokens into `out` (row-major, tokens inner).
-fn rows_into(tile: TileFn, w: &QMat, x: &QActs, r0: usize, out: &mut [f32]) {
-    let n = x.n();
-    let (cols, nb, l4) = (x.cols(), x.cols() / QK, q4_layout_len(x.cols()));
-    // The token tiles are the same for every row: slice them once.
-    let tiles: Vec<ActTile> = (0..n)
+/// The activations cut into tiles of [`TILE_TOKENS`] tokens (the last may be shorter).
+fn token_tiles(x: &QActs) -> Vec<ActTile<'_>> {
+    let (n, cols, nb, l4) = (x.n(), x.cols(), x.cols() / QK, q4_layout_len(x.cols()));
+    (0..n)
         .step_by(TILE_TOKENS)
         .map(|t0| {
             let t1 = (t0 + TILE_TOKENS).min(n);
@@ -517,8 +527,14 @@ fn rows_into(tile: TileFn, w: &QMat, x: &QActs, r0: usize, out: &mut [f32]) {
                 q4: &x.q4[t0 * l4..t1 * l4],
             }
         })
-        .collect();
-    let (rb, q, d) = (w.wtype.row_bytes(cols), w.q, w.d);
+        .collect()
+}
+
+/// Rows `r0..r0 + out.len()/n` for all `n` tokens of `tiles` into `out` (row-major,
+/// tokens inner); each row's weights are used by every token tile while in L1.
+fn rows_into(tile: TileFn, w: &QMat, tiles: &[ActTile], n: usize, r0: usize, out: &mut [f32]) {
+    let (nb, rb) = (w.blocks(), w.wtype.row_bytes(w.cols));
+    let (q, d) = (w.q, w.d);
     for (i, yr) in out.chunks_exact_mut(n).enumerate() {
         let r = r0 + i;
         let (wq, wd) = (&q[r * rb..(r + 1) * rb], &d[r * nb..(r + 1) * nb]);
