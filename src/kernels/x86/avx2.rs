@@ -26,7 +26,6 @@ pub(crate) trait WFormat {
 }
 
 pub(crate) struct Q8;
-pub(crate) struct Q4;
 
 impl WFormat for Q8 {
     const BYTES: usize = QK;
@@ -34,21 +33,6 @@ impl WFormat for Q8 {
     unsafe fn load(p: *const u8) -> __m256i {
         // SAFETY: 32 readable bytes per the trait contract.
         unsafe { _mm256_loadu_si256(p as *const __m256i) }
-    }
-}
-
-impl WFormat for Q4 {
-    const BYTES: usize = QK / 2;
-    #[inline(always)]
-    unsafe fn load(p: *const u8) -> __m256i {
-        // SAFETY: 16 readable bytes per the trait contract; the rest is register math.
-        unsafe {
-            let v = _mm_loadu_si128(p as *const __m128i);
-            // Low nibbles are elements 0..16, high nibbles 16..32.
-            let both = _mm256_set_m128i(_mm_srli_epi16(v, 4), v);
-            let nib = _mm256_and_si256(both, _mm256_set1_epi8(0x0F));
-            _mm256_sub_epi8(nib, _mm256_set1_epi8(8))
-        }
     }
 }
 
