@@ -153,18 +153,34 @@ unsafe fn tile<F: WFormat, const T: usize>(
     }
 }
 
-#[target_feature(enable = "avx2")]
-unsafe fn tile_any<F: WFormat>(wq: &[u8], wd: &[f32], xq: &[i8], xd: &[f32], out: &mut [f32]) {
-    debug_assert!(out.len() <= TILE_TOKENS);
-    // SAFETY: AVX2 enabled here; slice lengths per `TileFn`.
-    unsafe {
-        match out.len() {
-            0 => {}
-            1 => tile::<F, 1>(wq, wd, xq, xd, out),
-            2 => tile::<F, 2>(wq, wd, xq, xd, out),
-            3 => tile::<F, 3>(wq, wd, xq, xd, out),
-            _ => tile::<F, 4>(wq, wd, xq, xd, out),
+/// The row loop of `kernels::for_rows` as a macro, so the tile inlines into the
+/// `#[target_feature]` function (a closure is a separate function).
+macro_rules! each_row {
+    ($rows:expr, $wq:expr, $wd:expr, $out:expr, |$q:ident, $d:ident, $o:ident| $call:expr) => {{
+        let (rb, nb, nt) = ($wq.len() / $rows, $wd.len() / $rows, $out.len() / $rows);
+        let it = $wq
+            .chunks_exact(rb)
+            .zip($wd.chunks_exact(nb))
+            .zip($out.chunks_exact_mut(nt));
+        for (($q, $d), $o) in it {
+            // SAFETY: the target features are enabled; slice lengths per `TileFn`.
+            unsafe { $call }
         }
+    }};
+}
+pub(crate) use each_row;
+
+#[target_feature(enable = "avx2")]
+unsafe fn tile_any<F: WFormat>(rows: usize, wq: &[u8], wd: &[f32], x: &ActTile, out: &mut [f32]) {
+    let nt = out.len() / rows;
+    debug_assert!(nt <= TILE_TOKENS);
+    let (xq, xd) = (x.q, x.d);
+    match nt {
+        0 => {}
+        1 => each_row!(rows, wq, wd, out, |q, d, o| tile::<F, 1>(q, d, xq, xd, o)),
+        2 => each_row!(rows, wq, wd, out, |q, d, o| tile::<F, 2>(q, d, xq, xd, o)),
+        3 => each_row!(rows, wq, wd, out, |q, d, o| tile::<F, 3>(q, d, xq, xd, o)),
+        _ => each_row!(rows, wq, wd, out, |q, d, o| tile::<F, 4>(q, d, xq, xd, o)),
     }
 }
 
@@ -172,19 +188,18 @@ unsafe fn tile_any<F: WFormat>(wq: &[u8], wd: &[f32], xq: &[i8], xd: &[f32], out
 ///
 /// # Safety
 /// The CPU has AVX2; slice lengths as `TileFn` says.
-pub unsafe fn tile_q8(wq: &[u8], wd: &[f32], x: &ActTile, out: &mut [f32]) {
-    let (xq, xd) = (x.q, x.d);
+pub unsafe fn tile_q8(rows: usize, wq: &[u8], wd: &[f32], x: &ActTile, out: &mut [f32]) {
     // SAFETY: forwarded caller contract.
-    unsafe { tile_any::<Q8>(wq, wd, xq, xd, out) }
+    unsafe { tile_any::<Q8>(rows, wq, wd, x, out) }
 }
 
 /// Q4_0 tile kernel (see `kernels::TileFn`).
 ///
 /// # Safety
 /// The CPU has AVX2; slice lengths as `TileFn` says.
-pub unsafe fn tile_q4(wq: &[u8], wd: &[f32], x: &ActTile, out: &mut [f32]) {
+pub unsafe fn tile_q4(rows: usize, wq: &[u8], wd: &[f32], x: &ActTile, out: &mut [f32]) {
     // SAFETY: forwarded caller contract.
-    unsafe { tile_q4_any(wq, wd, x, out) }
+    unsafe { tile_q4_any(rows, wq, wd, x, out) }
 }
 
 /// One block of the activation quantizer, the same f32 operations as `round_q8`.
@@ -341,16 +356,14 @@ unsafe fn tile_q4x<const T: usize>(wq: &[u8], wd: &[f32], x: &ActTile, out: &mut
 }
 
 #[target_feature(enable = "avx2")]
-unsafe fn tile_q4_any(wq: &[u8], wd: &[f32], x: &ActTile, out: &mut [f32]) {
-    debug_assert!(out.len() <= TILE_TOKENS);
-    // SAFETY: AVX2 enabled here; slice lengths per `TileFn`.
-    unsafe {
-        match out.len() {
-            0 => {}
-            1 => tile_q4x::<1>(wq, wd, x, out),
-            2 => tile_q4x::<2>(wq, wd, x, out),
-            3 => tile_q4x::<3>(wq, wd, x, out),
-            _ => tile_q4x::<4>(wq, wd, x, out),
-        }
+unsafe fn tile_q4_any(rows: usize, wq: &[u8], wd: &[f32], x: &ActTile, out: &mut [f32]) {
+    let nt = out.len() / rows;
+    debug_assert!(nt <= TILE_TOKENS);
+    match nt {
+        0 => {}
+        1 => each_row!(rows, wq, wd, out, |q, d, o| tile_q4x::<1>(q, d, x, o)),
+        2 => each_row!(rows, wq, wd, out, |q, d, o| tile_q4x::<2>(q, d, x, o)),
+        3 => each_row!(rows, wq, wd, out, |q, d, o| tile_q4x::<3>(q, d, x, o)),
+        _ => each_row!(rows, wq, wd, out, |q, d, o| tile_q4x::<4>(q, d, x, o)),
     }
 }

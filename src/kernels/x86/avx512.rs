@@ -17,7 +17,7 @@
 
 use core::arch::x86_64::*;
 
-use super::avx2::{load_scales, reduce_lanes};
+use super::avx2::{each_row, load_scales, reduce_lanes};
 use crate::kernels::{ActTile, LANES, TILE_TOKENS};
 use crate::quant::QK;
 
@@ -177,25 +177,32 @@ unsafe fn tile<F: WPair, D: Dot, const T: usize>(
     }
 }
 
-/// Token-count dispatch, inlined into each tier's `#[target_feature]` wrapper.
+/// Row loop and token-count dispatch, inlined into each tier's `#[target_feature]` wrapper.
 #[inline(always)]
 unsafe fn tile_any<F: WPair, D: Dot>(
+    rows: usize,
     wq: &[u8],
     wd: &[f32],
-    xq: &[i8],
-    xd: &[f32],
+    x: &ActTile,
     out: &mut [f32],
 ) {
-    debug_assert!(out.len() <= TILE_TOKENS);
-    // SAFETY: features enabled by the wrapper; slice lengths per `TileFn`.
-    unsafe {
-        match out.len() {
-            0 => {}
-            1 => tile::<F, D, 1>(wq, wd, xq, xd, out),
-            2 => tile::<F, D, 2>(wq, wd, xq, xd, out),
-            3 => tile::<F, D, 3>(wq, wd, xq, xd, out),
-            _ => tile::<F, D, 4>(wq, wd, xq, xd, out),
-        }
+    let nt = out.len() / rows;
+    debug_assert!(nt <= TILE_TOKENS);
+    let (xq, xd) = (x.q, x.d);
+    match nt {
+        0 => {}
+        1 => each_row!(rows, wq, wd, out, |q, d, o| tile::<F, D, 1>(
+            q, d, xq, xd, o
+        )),
+        2 => each_row!(rows, wq, wd, out, |q, d, o| tile::<F, D, 2>(
+            q, d, xq, xd, o
+        )),
+        3 => each_row!(rows, wq, wd, out, |q, d, o| tile::<F, D, 3>(
+            q, d, xq, xd, o
+        )),
+        _ => each_row!(rows, wq, wd, out, |q, d, o| tile::<F, D, 4>(
+            q, d, xq, xd, o
+        )),
     }
 }
 
@@ -206,9 +213,9 @@ macro_rules! tier_fn {
         /// # Safety
         /// The CPU has the tier's features; slice lengths as `kernels::TileFn` says.
         #[target_feature(enable = $features)]
-        pub unsafe fn $name(wq: &[u8], wd: &[f32], x: &ActTile, out: &mut [f32]) {
+        pub unsafe fn $name(rows: usize, wq: &[u8], wd: &[f32], x: &ActTile, out: &mut [f32]) {
             // SAFETY: forwarded caller contract; features enabled on this function.
-            unsafe { tile_any::<$fmt, $dot>(wq, wd, x.q, x.d, out) }
+            unsafe { tile_any::<$fmt, $dot>(rows, wq, wd, x, out) }
         }
     };
 }
@@ -396,24 +403,31 @@ unsafe fn vnni_tile<const VNNI: bool, const IS_Q4: bool, const T: usize>(
     }
 }
 
-/// Token-count dispatch of [`vnni_tile`], inlined into the `#[target_feature]` wrappers.
+/// Row loop and token-count dispatch of [`vnni_tile`], inlined into the wrappers.
 #[inline(always)]
 unsafe fn wide_any<const VNNI: bool, const IS_Q4: bool>(
+    rows: usize,
     wq: &[u8],
     wd: &[f32],
     x: &ActTile,
     out: &mut [f32],
 ) {
-    debug_assert!(out.len() <= TILE_TOKENS);
-    // SAFETY: features enabled by the wrapper; slice lengths per `TileFn`.
-    unsafe {
-        match out.len() {
-            0 => {}
-            1 => vnni_tile::<VNNI, IS_Q4, 1>(wq, wd, x, out),
-            2 => vnni_tile::<VNNI, IS_Q4, 2>(wq, wd, x, out),
-            3 => vnni_tile::<VNNI, IS_Q4, 3>(wq, wd, x, out),
-            _ => vnni_tile::<VNNI, IS_Q4, 4>(wq, wd, x, out),
-        }
+    let nt = out.len() / rows;
+    debug_assert!(nt <= TILE_TOKENS);
+    match nt {
+        0 => {}
+        1 => each_row!(rows, wq, wd, out, |q, d, o| vnni_tile::<VNNI, IS_Q4, 1>(
+            q, d, x, o
+        )),
+        2 => each_row!(rows, wq, wd, out, |q, d, o| vnni_tile::<VNNI, IS_Q4, 2>(
+            q, d, x, o
+        )),
+        3 => each_row!(rows, wq, wd, out, |q, d, o| vnni_tile::<VNNI, IS_Q4, 3>(
+            q, d, x, o
+        )),
+        _ => each_row!(rows, wq, wd, out, |q, d, o| vnni_tile::<VNNI, IS_Q4, 4>(
+            q, d, x, o
+        )),
     }
 }
 
@@ -422,9 +436,9 @@ unsafe fn wide_any<const VNNI: bool, const IS_Q4: bool>(
 /// # Safety
 /// The CPU has AVX-512 F/BW/VNNI and AVX2; slice lengths as `TileFn` says.
 #[target_feature(enable = "avx2,avx512f,avx512bw,avx512vnni")]
-pub unsafe fn tile_q8_vnni(wq: &[u8], wd: &[f32], x: &ActTile, out: &mut [f32]) {
+pub unsafe fn tile_q8_vnni(rows: usize, wq: &[u8], wd: &[f32], x: &ActTile, out: &mut [f32]) {
     // SAFETY: forwarded caller contract; features enabled on this function.
-    unsafe { wide_any::<true, false>(wq, wd, x, out) }
+    unsafe { wide_any::<true, false>(rows, wq, wd, x, out) }
 }
 
 /// Q4_0 tile kernel, AVX-512 VNNI (see `kernels::TileFn`).
@@ -432,9 +446,9 @@ pub unsafe fn tile_q8_vnni(wq: &[u8], wd: &[f32], x: &ActTile, out: &mut [f32]) 
 /// # Safety
 /// The CPU has AVX-512 F/BW/VNNI and AVX2; slice lengths as `TileFn` says.
 #[target_feature(enable = "avx2,avx512f,avx512bw,avx512vnni")]
-pub unsafe fn tile_q4_vnni(wq: &[u8], wd: &[f32], x: &ActTile, out: &mut [f32]) {
+pub unsafe fn tile_q4_vnni(rows: usize, wq: &[u8], wd: &[f32], x: &ActTile, out: &mut [f32]) {
     // SAFETY: forwarded caller contract; features enabled on this function.
-    unsafe { wide_any::<true, true>(wq, wd, x, out) }
+    unsafe { wide_any::<true, true>(rows, wq, wd, x, out) }
 }
 
 /// Q4_0 tile kernel, AVX-512 BW: the VNNI tier's layout with `vpmaddubsw`/`vpmaddwd`
@@ -443,7 +457,7 @@ pub unsafe fn tile_q4_vnni(wq: &[u8], wd: &[f32], x: &ActTile, out: &mut [f32]) 
 /// # Safety
 /// The CPU has AVX-512 F/BW and AVX2; slice lengths as `TileFn` says.
 #[target_feature(enable = "avx2,avx512f,avx512bw")]
-pub unsafe fn tile_q4_bw(wq: &[u8], wd: &[f32], x: &ActTile, out: &mut [f32]) {
+pub unsafe fn tile_q4_bw(rows: usize, wq: &[u8], wd: &[f32], x: &ActTile, out: &mut [f32]) {
     // SAFETY: forwarded caller contract; features enabled on this function.
-    unsafe { wide_any::<false, true>(wq, wd, x, out) }
+    unsafe { wide_any::<false, true>(rows, wq, wd, x, out) }
 }
