@@ -1027,3 +1027,124 @@ impl ModelDesc {
         (h, flags)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn desc(v: Value) -> Result<ModelDesc> {
+        parse(Path::new("config.json"), &v)
+    }
+
+    fn base(mt: &str) -> Value {
+        json!({"model_type": mt, "hidden_size": 64, "num_hidden_layers": 4,
+               "num_attention_heads": 4, "num_key_value_heads": 2,
+               "intermediate_size": 128, "vocab_size": 256,
+               "max_position_embeddings": 128})
+    }
+
+    #[test]
+    fn yarn_factor_from_lengths_and_default_attention_factor() {
+        let mut v = base("llama");
+        v["rope_parameters"] =
+            json!({"rope_type": "yarn", "original_max_position_embeddings": 32, "rope_theta": 1e4});
+        let d = desc(v).unwrap();
+        let RopeScaling::Yarn {
+            factor,
+            attn_factor,
+            beta_fast,
+            beta_slow,
+            orig,
+        } = d.rope
+        else {
+            panic!("{:?}", d.rope)
+        };
+        assert_eq!((factor, orig, beta_fast, beta_slow), (4.0, 32, 32.0, 1.0));
+        assert!((attn_factor - (0.1 * 4f64.ln() + 1.0)).abs() < 1e-12);
+    }
+
+    #[test]
+    fn truncate_false_and_unknown_rope_keys_are_refused() {
+        let mut v = base("llama");
+        v["rope_parameters"] = json!({"rope_type": "yarn", "factor": 2.0, "truncate": false});
+        assert!(desc(v).unwrap_err().to_string().contains("truncate"));
+        let mut v = base("llama");
+        v["rope_parameters"] = json!({"rope_type": "linear", "factor": 2.0, "short_factor": [1.0]});
+        assert!(desc(v).unwrap_err().to_string().contains("short_factor"));
+    }
+
+    #[test]
+    fn default_layer_types() {
+        // Gemma 3 without layer_types: pattern 6 by default (5 sliding, 1 full).
+        let mut v = base("gemma3_text");
+        v["num_hidden_layers"] = json!(6);
+        v["sliding_window"] = json!(16);
+        let d = desc(v).unwrap();
+        let f: Vec<u8> = d.layers.iter().map(|l| l.flags()).collect();
+        assert_eq!(f, vec![3, 3, 3, 3, 3, 0]);
+        // Qwen2: sliding from max_window_layers on, only with use_sliding_window.
+        let mut v = base("qwen2");
+        v["sliding_window"] = json!(16);
+        v["max_window_layers"] = json!(2);
+        assert!(desc(v.clone()).unwrap().layers.iter().all(|l| !l.sliding));
+        v["use_sliding_window"] = json!(true);
+        let s: Vec<bool> = desc(v).unwrap().layers.iter().map(|l| l.sliding).collect();
+        assert_eq!(s, vec![false, false, true, true]);
+        // SmolLM3: every 4th layer has no RoPE by default.
+        let d = desc(base("smollm3")).unwrap();
+        let n: Vec<bool> = d.layers.iter().map(|l| l.no_rope).collect();
+        assert_eq!(n, vec![false, false, false, true]);
+        // Qwen3.5: linear attention except every 4th layer; partial rotary 0.25.
+        let mut v = base("qwen3_5_text");
+        v["head_dim"] = json!(32);
+        v["linear_num_key_heads"] = json!(2);
+        v["linear_num_value_heads"] = json!(4);
+        v["linear_key_head_dim"] = json!(16);
+        v["linear_value_head_dim"] = json!(16);
+        let d = desc(v).unwrap();
+        let l: Vec<bool> = d.layers.iter().map(|l| l.linear).collect();
+        assert_eq!(l, vec![true, true, true, false]);
+        assert_eq!(d.rot_dim, 8);
+    }
+
+    #[test]
+    fn mistral_window_covers_every_layer_without_flags() {
+        let mut v = base("mistral");
+        v["sliding_window"] = json!(8);
+        let (h, flags) = desc(v).unwrap().header();
+        assert_eq!((h.sliding_window, h.layer_flags), (8, 0));
+        assert!(flags.is_empty());
+    }
+
+    #[test]
+    fn gemma2_defaults_softcaps() {
+        let d = desc(base("gemma2")).unwrap();
+        assert_eq!((d.attn_softcap, d.final_softcap), (Some(50.0), Some(30.0)));
+        let mut v = base("gemma2");
+        v["attn_logit_softcapping"] = Value::Null;
+        assert_eq!(desc(v).unwrap().attn_softcap, None);
+    }
+
+    #[test]
+    fn refusals_name_the_key() {
+        for (k, val) in [
+            ("num_experts", json!(8)),
+            ("attention_bias", json!(true)),
+            ("use_bidirectional_attention", json!(true)),
+        ] {
+            let mut v = base("gemma3_text");
+            v[k] = val;
+            let e = desc(v).unwrap_err().to_string();
+            assert!(e.contains(k), "{e}");
+        }
+        let e = desc(base("mixtral")).unwrap_err().to_string();
+        assert!(e.contains("model_type = mixtral"), "{e}");
+        let mut v = base("llama");
+        v["partial_rotary_factor"] = json!(0.5);
+        assert!(desc(v)
+            .unwrap_err()
+            .to_string()
+            .contains("partial_rotary_factor"));
+    }
+}
