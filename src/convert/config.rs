@@ -930,19 +930,21 @@ impl ModelDesc {
     /// The header fields that come from the model (wtype, q8_mask and scale_f16 are
     /// the caller's) and the layer flag bytes (empty without layer flags).
     pub fn header(&self) -> (Header, Vec<u8>) {
+        // Saturate: an oversized config value then fails validation instead of wrapping.
+        let u = |x: usize| x.min(u32::MAX as usize) as u32;
         let mut h = Header::new();
-        h.dim = self.dim as u32;
-        h.n_layers = self.n_layers as u32;
-        h.n_heads = self.n_heads as u32;
-        h.n_kv_heads = self.n_kv_heads as u32;
-        h.hidden_dim = self.hidden_dim as u32;
-        h.vocab = self.vocab as u32;
-        h.max_seq = self.max_seq as u32;
+        h.dim = u(self.dim);
+        h.n_layers = u(self.n_layers);
+        h.n_heads = u(self.n_heads);
+        h.n_kv_heads = u(self.n_kv_heads);
+        h.hidden_dim = u(self.hidden_dim);
+        h.vocab = u(self.vocab);
+        h.max_seq = u(self.max_seq);
         h.norm_eps = self.norm_eps as f32;
         h.shared_classifier = self.tied as u32;
         // head_dim 0 means dim / n_heads: write it only when it differs.
         if self.dim % self.n_heads != 0 || self.dim / self.n_heads != self.head_dim {
-            h.head_dim = self.head_dim as u32;
+            h.head_dim = u(self.head_dim);
         }
         h.qkv_bias = self.arch.qkv_bias as u32;
         h.qk_norm = self.arch.qk_norm as u32;
@@ -951,7 +953,7 @@ impl ModelDesc {
         // Partial rotary: theta^(head_dim / rot_dim) turns the spec's exponent
         // -2i/head_dim into transformers' -2i/rot_dim.
         h.rope_theta = if self.rot_dim < self.head_dim {
-            h.rot_dim = self.rot_dim as u32;
+            h.rot_dim = u(self.rot_dim);
             self.rope_theta
                 .powf(self.head_dim as f64 / self.rot_dim as f64) as f32
         } else {
@@ -990,7 +992,7 @@ impl ModelDesc {
                 h.rope_attn_factor = attn_factor as f32;
             }
         }
-        h.sliding_window = self.sliding_window.unwrap_or(0) as u32;
+        h.sliding_window = u(self.sliding_window.unwrap_or(0));
         let flags: Vec<u8> = self.layers.iter().map(|l| l.flags()).collect();
         if self.layers.iter().any(|l| l.local_rope) {
             h.rope_local_theta = self.rope_local_theta.unwrap_or(0.0) as f32;
@@ -1018,11 +1020,11 @@ impl ModelDesc {
             h.attn_gate = 1;
         }
         if let Some(l) = self.linear {
-            h.lin_k_heads = l.k_heads as u32;
-            h.lin_v_heads = l.v_heads as u32;
-            h.lin_k_dim = l.k_dim as u32;
-            h.lin_v_dim = l.v_dim as u32;
-            h.lin_conv = l.conv as u32;
+            h.lin_k_heads = u(l.k_heads);
+            h.lin_v_heads = u(l.v_heads);
+            h.lin_k_dim = u(l.k_dim);
+            h.lin_v_dim = u(l.v_dim);
+            h.lin_conv = u(l.conv);
         }
         (h, flags)
     }

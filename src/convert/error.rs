@@ -37,6 +37,8 @@ pub enum ConvertError {
     Options { option: String, msg: String },
     /// The header the converter built was refused by the format's own checks.
     Format(FormatError),
+    /// Stopped on request (Ctrl-C); the temporary output was removed.
+    Interrupted,
 }
 
 impl ConvertError {
@@ -106,6 +108,7 @@ impl fmt::Display for ConvertError {
             } => write!(f, "{}: {field} = {value}: {msg}", file.display()),
             ConvertError::Options { option, msg } => write!(f, "{option}: {msg}"),
             ConvertError::Format(e) => write!(f, "the converted header is not valid: {e}"),
+            ConvertError::Interrupted => write!(f, "interrupted; no output written"),
         }
     }
 }

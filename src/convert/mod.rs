@@ -21,6 +21,7 @@ pub mod permute;
 use std::fs::File;
 use std::io::BufWriter;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 pub use config::ModelDesc;
@@ -72,6 +73,9 @@ pub struct Options {
     pub imatrix: Option<PathBuf>,
     /// Rayon threads (`None`: rayon's default, one per core).
     pub threads: Option<usize>,
+    /// When set to true (e.g. by a Ctrl-C handler), the conversion stops at the next
+    /// row chunk with [`ConvertError::Interrupted`] and removes its temporary file.
+    pub cancel: Option<&'static AtomicBool>,
 }
 
 impl Options {
@@ -85,6 +89,7 @@ impl Options {
             q4_rule: None,
             imatrix: None,
             threads: None,
+            cancel: None,
         }
     }
 }
@@ -275,19 +280,17 @@ fn run(opts: &Options, progress: &mut (dyn FnMut(Progress) + Send)) -> Result<Su
     }
     let tmp = out_dir.join(format!(".{fname}.tmp-{}", std::process::id()));
     let file = File::create(&tmp).map_err(|e| ConvertError::io(&tmp, e))?;
-    let res = write_all(
-        &ck,
-        &header,
-        &flags,
-        &layout.tensors,
-        &sources,
-        opts.scale_f16,
+    let job = Job {
+        ck: &ck,
+        tensors: &layout.tensors,
+        sources: &sources,
+        scale_f16: opts.scale_f16,
         q4_rule,
-        file,
-        &tmp,
-        progress,
-    )
-    .and_then(|()| std::fs::rename(&tmp, &out).map_err(|e| ConvertError::io(&out, e)));
+        tmp: &tmp,
+        cancel: opts.cancel,
+    };
+    let res = write_all(&job, &header, &flags, file, progress)
+        .and_then(|()| std::fs::rename(&tmp, &out).map_err(|e| ConvertError::io(&out, e)));
     if let Err(e) = res {
         let _ = std::fs::remove_file(&tmp);
         return Err(e);
@@ -550,19 +553,34 @@ fn check_leftovers(
 /// Rows per chunk of a large matrix: ~4M values (16 MB as f32).
 const CHUNK_VALUES: usize = 1 << 22;
 
-#[allow(clippy::too_many_arguments)]
-fn write_all(
-    ck: &Checkpoint,
-    header: &Header,
-    flags: &[u8],
-    tensors: &[Tensor],
-    sources: &[Option<Source>],
+/// What [`write_all`] writes.
+struct Job<'a> {
+    ck: &'a Checkpoint,
+    tensors: &'a [Tensor],
+    sources: &'a [Option<Source>],
     scale_f16: bool,
     q4_rule: Q4Rule,
+    tmp: &'a Path,
+    cancel: Option<&'a AtomicBool>,
+}
+
+fn write_all(
+    job: &Job,
+    header: &Header,
+    flags: &[u8],
     file: File,
-    tmp: &Path,
     progress: &mut (dyn FnMut(Progress) + Send),
 ) -> Result<()> {
+    let Job {
+        ck,
+        tensors,
+        sources,
+        scale_f16,
+        q4_rule,
+        tmp,
+        cancel,
+    } = *job;
+    let cancelled = || cancel.is_some_and(|c| c.load(Ordering::Relaxed));
     let werr = |e: WriteError| match e {
         WriteError::Io(e) => ConvertError::io(tmp, e),
         WriteError::Format(f) => ConvertError::Format(f),
@@ -572,6 +590,9 @@ fn write_all(
     let mut buf: Vec<f32> = Vec::new();
     for (i, (t, s)) in tensors.iter().zip(sources).enumerate() {
         let name = t.name.to_string();
+        if cancelled() {
+            return Err(ConvertError::Interrupted);
+        }
         if let Some(s) = s {
             let info = ck.get(&s.hf).expect("planned");
             let dtype = info.dtype.expect("planned");
@@ -605,6 +626,9 @@ fn write_all(
                     let step = (CHUNK_VALUES / cols).max(1);
                     let mut r0 = 0;
                     while r0 < rows {
+                        if cancelled() {
+                            return Err(ConvertError::Interrupted);
+                        }
                         let r1 = (r0 + step).min(rows);
                         buf.clear();
                         read_rows(ck, info, dtype, s, r0..r1, &mut buf);
