@@ -857,6 +857,8 @@ fn convert_errors_name_file_tensor_and_value() {
         ("attention_bias", json!(true), "attention_bias"),
         ("mlp_bias", json!(true), "mlp_bias"),
         ("hidden_act", json!("relu"), "relu"),
+        // A model the format cannot hold: dim not a multiple of 32.
+        ("hidden_size", json!(48), "dim = 48"),
     ];
     for (k, v, needle) in cases {
         let mut m = Synth::llama();

@@ -217,31 +217,35 @@ fn run(opts: &Options, progress: &mut (dyn FnMut(Progress) + Send)) -> Result<Su
                     "weights the Q4_0 search only: use it with --wtype q4_0 --q4-rule search",
                 ));
             }
-            Some((p.clone(), load_imatrix(p, &desc)?))
+            Some(load_imatrix(p, &desc)?)
         }
     };
 
     // Validate the header (and compute the layout) before creating any file.
+    let cfg_file = dir.join("config.json");
     let probe = MlbWriter::new(std::io::sink(), &header, &flags).map_err(|e| match e {
-        WriteError::Format(f) => ConvertError::Format(f),
+        WriteError::Format(err) => ConvertError::Format {
+            file: cfg_file.clone(),
+            err: Box::new(err),
+        },
         WriteError::Io(e) => ConvertError::io(dir, e),
     })?;
     let layout = probe.layout().clone();
     drop(probe);
 
     // Text-model prefix and the tensors outside it.
-    let (prefix, head_prefix) = text_prefix(&ck, &desc)?;
+    let (prefix, head_prefix) = text_prefix(&ck)?;
     let sources = plan(
         &ck,
         &desc,
         &layout.tensors,
         &prefix,
         &head_prefix,
-        imatrix.as_ref().map(|(_, m)| m),
+        imatrix.as_ref(),
         q4_rule,
     )?;
     check_leftovers(&ck, &desc, &sources, &prefix, &mut notes)?;
-    if let Some((_, m)) = &imatrix {
+    if let Some(m) = &imatrix {
         if m.cls_tokens == 0 && !desc.tied {
             notes.push("the imatrix has no classifier tokens: wcls is quantized without it".into());
         }
@@ -345,7 +349,7 @@ fn load_imatrix(p: &Path, d: &ModelDesc) -> Result<Mli> {
 }
 
 /// The prefix of the text model's tensors and of its classifier.
-fn text_prefix(ck: &Checkpoint, d: &ModelDesc) -> Result<(String, String)> {
+fn text_prefix(ck: &Checkpoint) -> Result<(String, String)> {
     const CANDIDATES: [(&str, &str); 4] = [
         ("model.", ""),
         ("model.language_model.", ""),
@@ -357,7 +361,6 @@ fn text_prefix(ck: &Checkpoint, d: &ModelDesc) -> Result<(String, String)> {
             return Ok((p.to_string(), h.to_string()));
         }
     }
-    let _ = d;
     Err(ConvertError::checkpoint(
         ck.first_path(),
         "no embed_tokens.weight tensor (looked for model., model.language_model. and language_model.model. prefixes)",
@@ -455,7 +458,7 @@ fn plan(
                     cols,
                     ..
                 },
-            ) if q4_rule == Q4Rule::Search => importance(m, t, cols, d.tied),
+            ) if q4_rule == Q4Rule::Search => importance(m, t, cols),
             _ => None,
         };
         out.push(Some(Source {
@@ -471,8 +474,7 @@ fn plan(
 }
 
 /// The importance of a matrix's input channels, from the MLI slot of its input.
-fn importance(m: &Mli, t: &Tensor, cols: usize, tied: bool) -> Option<Vec<f32>> {
-    let _ = tied;
+fn importance(m: &Mli, t: &Tensor, cols: usize) -> Option<Vec<f32>> {
     let sums = match (t.name.layer, t.name.name) {
         (Some(l), "wq" | "wk" | "wv" | "wg" | "lqkv" | "lz") => m.slot(l as usize, Slot::Attn),
         (Some(l), "wo" | "lout") => m.slot(l as usize, Slot::Wo),
@@ -583,7 +585,10 @@ fn write_all(
     let cancelled = || cancel.is_some_and(|c| c.load(Ordering::Relaxed));
     let werr = |e: WriteError| match e {
         WriteError::Io(e) => ConvertError::io(tmp, e),
-        WriteError::Format(f) => ConvertError::Format(f),
+        WriteError::Format(err) => ConvertError::Format {
+            file: tmp.to_path_buf(),
+            err: Box::new(err),
+        },
     };
     let mut w =
         MlbWriter::new(BufWriter::with_capacity(1 << 20, file), header, flags).map_err(werr)?;
