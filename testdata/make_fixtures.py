@@ -706,7 +706,7 @@ def make_legacy(name, results, made):
 # testdata/default: a small trained Llama with a byte-level BPE tokenizer
 # --------------------------------------------------------------------------------------
 
-DEFAULT_PROMPTS = ["The ", "A function is", "Python supports"]
+DEFAULT_PROMPTS = ["The", "A function is", "In Python, a class"]
 SPECIALS = ["<|pad|>", "<|startoftext|>", "<|endoftext|>"]  # ids 0, 1 (BOS), 2 (EOS)
 
 
@@ -803,11 +803,15 @@ def make_default(train=True):
         gen = out[0, len(pid):].tolist()
         assert len(gen) == 24
         # cross-check: generate() equals a plain argmax loop over full forwards
-        seq = list(pid)
+        seq, margin = list(pid), float("inf")
         for _ in range(24):
-            seq.append(int(forward_logits(model, seq)[-1].argmax()))
+            last = forward_logits(model, seq)[-1]
+            top = torch.topk(last, 2).values
+            margin = min(margin, float(top[0] - top[1]))
+            seq.append(int(last.argmax()))
         assert seq[len(pid):] == gen, (seq[len(pid):], gen)
         greedy.append({"prompt": p, "prompt_ids": pid, "generated_ids": gen,
+                       "min_top1_top2_margin": round(margin, 5),
                        "generated_text": tok.decode(gen, skip_special_tokens=False)})
         print(f"  default greedy: {p!r} -> {tok.decode(gen)!r}", flush=True)
     json.dump({"max_new_tokens": 24, "note": "transformers float32 greedy decoding, BOS prepended, no EOS stop",
@@ -841,8 +845,10 @@ def main():
             make_inmemory_names(name, results, made)
     if only is None or "default" in only:
         make_default(train=not args.skip_train)
-    json.dump({k: {kk: vv for kk, vv in v.items() if kk != "files"} for k, v in results.items()},
-              sys.stdout if False else open(os.devnull, "w"))
+    if results:
+        print("\nsummary: name, model_type, dtype, logit std, nRMSE q8_0, nRMSE q4_0")
+        for k, v in results.items():
+            print(f"  {k:32s} {v['model_type']:13s} {v['dtype']:9s} {v['std']:.3f} {v['q8']:.4f} {v['q4']:.4f}")
 
 
 if __name__ == "__main__":
