@@ -28,6 +28,11 @@ fn fixtures() -> Vec<PathBuf> {
         .filter(|p| p.join("config.json").exists())
         .collect();
     v.sort();
+    // The bundled default model (a small trained Llama) too.
+    let default = models().parent().unwrap().join("default");
+    if default.join("config.json").exists() {
+        v.push(default);
+    }
     v
 }
 
