@@ -387,10 +387,10 @@ fn describe(
     // RoPE.
     let rope_src = RopeSource::read(arch, c)?;
     let (global, local) = match &rope_src {
-        RopeSource::Single(m, key) => (rope_params(c, m, key, max_seq, head_dim)?, None),
+        RopeSource::Single(m, key) => (rope_params(c, m, key, max_seq)?, None),
         RopeSource::PerLayerType { full, sliding } => (
-            rope_params(c, &full.0, &full.1, max_seq, head_dim)?,
-            Some(rope_params(c, &sliding.0, &sliding.1, max_seq, head_dim)?),
+            rope_params(c, &full.0, &full.1, max_seq)?,
+            Some(rope_params(c, &sliding.0, &sliding.1, max_seq)?),
         ),
     };
     let prf = global.partial_rotary.unwrap_or(arch.default_partial_rotary);
@@ -786,14 +786,7 @@ const ROPE_KEYS: &[&str] = &[
     "mrope_interleaved",
 ];
 
-fn rope_params(
-    c: &Cfg,
-    m: &Map<String, Value>,
-    key: &str,
-    max_pos: usize,
-    head_dim: usize,
-) -> Result<RopeParams> {
-    let _ = head_dim;
+fn rope_params(c: &Cfg, m: &Map<String, Value>, key: &str, max_pos: usize) -> Result<RopeParams> {
     let k = |x: &str| format!("{key}.{x}");
     let num = |x: &str| -> Result<Option<f64>> {
         match m.get(x) {
