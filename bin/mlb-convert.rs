@@ -2,11 +2,13 @@
 //!
 //! Thin: parses the options, calls `krafla::convert::convert`, shows a progress bar
 //! on a terminal, prints a one-line summary. Exit 0 on success, 1 on a conversion
-//! error (one line on stderr), 2 on bad usage.
+//! error (one line on stderr), 2 on bad usage, 130 when interrupted (Ctrl-C or
+//! SIGTERM: the conversion stops at the next row chunk and removes its temporary file).
 
 use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use clap::{Parser, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -61,8 +63,38 @@ fn parse_q8(s: &str) -> Result<u32, String> {
     q8_class::parse(s)
 }
 
+/// Set by SIGINT / SIGTERM; polled by the converter between row chunks.
+static STOP: AtomicBool = AtomicBool::new(false);
+
+#[cfg(unix)]
+mod signals {
+    use super::{Ordering, STOP};
+
+    extern "C" {
+        fn signal(sig: i32, handler: usize) -> usize;
+    }
+
+    extern "C" fn on_signal(_: i32) {
+        // An atomic store is async-signal-safe.
+        STOP.store(true, Ordering::Relaxed);
+    }
+
+    /// Routes SIGINT (2) and SIGTERM (15) to the stop flag.
+    pub fn install() {
+        let h = on_signal as extern "C" fn(i32) as usize;
+        // SAFETY: `signal` from the C library, with a handler that only stores an atomic.
+        unsafe {
+            signal(2, h);
+            signal(15, h);
+        }
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    #[cfg(unix)]
+    signals::install();
+
     let opts = Options {
         input: cli.checkpoint,
         output: cli.output,
@@ -78,6 +110,7 @@ fn main() -> ExitCode {
         }),
         imatrix: cli.imatrix,
         threads: cli.threads,
+        cancel: Some(&STOP),
     };
     let bar = std::io::stderr().is_terminal().then(|| {
         let b = ProgressBar::new(0);
@@ -137,7 +170,11 @@ fn main() -> ExitCode {
         }
         Err(e) => {
             eprintln!("mlb-convert: {e}");
-            ExitCode::from(1)
+            if matches!(e, convert::ConvertError::Interrupted) {
+                ExitCode::from(130)
+            } else {
+                ExitCode::from(1)
+            }
         }
     }
 }

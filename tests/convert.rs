@@ -28,6 +28,11 @@ fn fixtures() -> Vec<PathBuf> {
         .filter(|p| p.join("config.json").exists())
         .collect();
     v.sort();
+    // The bundled default model (a small trained Llama) too.
+    let default = models().parent().unwrap().join("default");
+    if default.join("config.json").exists() {
+        v.push(default);
+    }
     v
 }
 
@@ -144,6 +149,31 @@ fn q8_ref(x: &[f32]) -> (Vec<u8>, Vec<u8>) {
     (q, d)
 }
 
+/// llama.cpp's Q4_0 round rule as the spec states it (f32 scales), independently of src/quant.
+fn q4_round_ref(x: &[f32]) -> (Vec<u8>, Vec<u8>) {
+    let mut q = Vec::new();
+    let mut d = Vec::new();
+    for b in x.chunks(32) {
+        let mut m = 0f32;
+        for &v in b {
+            if v.abs() > m.abs() {
+                m = v;
+            }
+        }
+        let s = m / -8.0;
+        let id = if s != 0.0 { 1.0 / s } else { 0.0 };
+        let lv: Vec<u8> = b
+            .iter()
+            .map(|&v| ((v * id + 8.5).trunc() as u8).min(15))
+            .collect();
+        for j in 0..16 {
+            q.push(lv[j] | (lv[j + 16] << 4));
+        }
+        d.extend_from_slice(&s.to_le_bytes());
+    }
+    (q, d)
+}
+
 /// Reads every tensor of a fixture as f32 (all shards).
 fn read_all(dir: &Path) -> HashMap<String, (Vec<usize>, Vec<f32>)> {
     let mut out = HashMap::new();
@@ -235,8 +265,8 @@ fn hf_source(mt: &str, spec: &str) -> (&'static str, &'static str) {
     }
 }
 
-/// Compares every array of a converted Q8_0 file with the test's own computation.
-fn check_q8_arrays(dir: &Path, bytes: &[u8]) {
+/// Compares every array of a converted file (Q8_0, or Q4_0 with the round rule) with the test's own computation.
+fn check_arrays(dir: &Path, bytes: &[u8]) {
     let name = dir.file_name().unwrap().to_string_lossy().into_owned();
     let cfg: Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
@@ -309,8 +339,13 @@ fn check_q8_arrays(dir: &Path, bytes: &[u8]) {
                     ten.name
                 );
             }
-            Kind::Mat { d_offset, .. } => {
-                let (q, d) = q8_ref(&v);
+            Kind::Mat {
+                d_offset, qtype, ..
+            } => {
+                let (q, d) = match qtype {
+                    mlb::QType::Q8_0 => q8_ref(&v),
+                    mlb::QType::Q4_0 => q4_round_ref(&v),
+                };
                 assert_eq!(
                     &bytes[at..at + q.len()],
                     &q[..],
@@ -328,7 +363,7 @@ fn check_q8_arrays(dir: &Path, bytes: &[u8]) {
             Kind::U8 { .. } => unreachable!(),
         }
     }
-    assert_eq!(header.wtype, 1);
+    let _ = header;
 }
 
 #[test]
@@ -337,7 +372,25 @@ fn convert_q8_arrays_byte_exact_every_fixture() {
     for dir in fixtures() {
         let name = dir.file_name().unwrap().to_string_lossy().into_owned();
         let b = convert_to(&dir, &tmp.path().join(format!("{name}.mlb")), WType::Q8_0);
-        check_q8_arrays(&dir, &b);
+        check_arrays(&dir, &b);
+    }
+}
+
+#[test]
+fn convert_q4_round_arrays_byte_exact() {
+    // Q4_0 with --q8 none and the round rule: every matrix but lb/la is Q4_0.
+    let tmp = tempfile::tempdir().unwrap();
+    for name in ["gemma3_text", "qwen3_5_text", "qwen2", "llama_rope_linear"] {
+        let dir = models().join(name);
+        let out = tmp.path().join(format!("{name}.mlb"));
+        let mut o = Options::new(&dir, WType::Q4_0);
+        o.output = Some(out.clone());
+        o.q8_mask = Some(0);
+        o.q4_rule = Some(Q4Rule::Round);
+        run(&o).unwrap();
+        let b = std::fs::read(&out).unwrap();
+        assert_eq!(mlb::parse(&b).unwrap().header.wtype, 2);
+        check_arrays(&dir, &b);
     }
 }
 
@@ -809,6 +862,8 @@ fn convert_errors_name_file_tensor_and_value() {
         ("attention_bias", json!(true), "attention_bias"),
         ("mlp_bias", json!(true), "mlp_bias"),
         ("hidden_act", json!("relu"), "relu"),
+        // A model the format cannot hold: dim not a multiple of 32.
+        ("hidden_size", json!(48), "dim = 48"),
     ];
     for (k, v, needle) in cases {
         let mut m = Synth::llama();
@@ -960,4 +1015,21 @@ fn convert_help_snapshot() {
     let o = bin().arg("--help").output().unwrap();
     assert!(o.status.success());
     insta::assert_snapshot!(String::from_utf8(o.stdout).unwrap());
+}
+
+#[test]
+fn convert_cancelled_run_leaves_nothing() {
+    use std::sync::atomic::AtomicBool;
+    static STOP: AtomicBool = AtomicBool::new(true);
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = Synth::llama().write(tmp.path(), "c");
+    let out = tmp.path().join("c.mlb");
+    std::fs::write(&out, b"old").unwrap();
+    let mut o = Options::new(&dir, WType::Q8_0);
+    o.output = Some(out.clone());
+    o.cancel = Some(&STOP);
+    assert!(matches!(run(&o), Err(ConvertError::Interrupted)));
+    assert_eq!(std::fs::read(&out).unwrap(), b"old");
+    let n = std::fs::read_dir(tmp.path()).unwrap().count();
+    assert_eq!(n, 2, "only the checkpoint folder and the old output");
 }

@@ -387,10 +387,10 @@ fn describe(
     // RoPE.
     let rope_src = RopeSource::read(arch, c)?;
     let (global, local) = match &rope_src {
-        RopeSource::Single(m, key) => (rope_params(c, m, key, max_seq, head_dim)?, None),
+        RopeSource::Single(m, key) => (rope_params(c, m, key, max_seq)?, None),
         RopeSource::PerLayerType { full, sliding } => (
-            rope_params(c, &full.0, &full.1, max_seq, head_dim)?,
-            Some(rope_params(c, &sliding.0, &sliding.1, max_seq, head_dim)?),
+            rope_params(c, &full.0, &full.1, max_seq)?,
+            Some(rope_params(c, &sliding.0, &sliding.1, max_seq)?),
         ),
     };
     let prf = global.partial_rotary.unwrap_or(arch.default_partial_rotary);
@@ -786,14 +786,7 @@ const ROPE_KEYS: &[&str] = &[
     "mrope_interleaved",
 ];
 
-fn rope_params(
-    c: &Cfg,
-    m: &Map<String, Value>,
-    key: &str,
-    max_pos: usize,
-    head_dim: usize,
-) -> Result<RopeParams> {
-    let _ = head_dim;
+fn rope_params(c: &Cfg, m: &Map<String, Value>, key: &str, max_pos: usize) -> Result<RopeParams> {
     let k = |x: &str| format!("{key}.{x}");
     let num = |x: &str| -> Result<Option<f64>> {
         match m.get(x) {
@@ -930,19 +923,21 @@ impl ModelDesc {
     /// The header fields that come from the model (wtype, q8_mask and scale_f16 are
     /// the caller's) and the layer flag bytes (empty without layer flags).
     pub fn header(&self) -> (Header, Vec<u8>) {
+        // Saturate: an oversized config value then fails validation instead of wrapping.
+        let u = |x: usize| x.min(u32::MAX as usize) as u32;
         let mut h = Header::new();
-        h.dim = self.dim as u32;
-        h.n_layers = self.n_layers as u32;
-        h.n_heads = self.n_heads as u32;
-        h.n_kv_heads = self.n_kv_heads as u32;
-        h.hidden_dim = self.hidden_dim as u32;
-        h.vocab = self.vocab as u32;
-        h.max_seq = self.max_seq as u32;
+        h.dim = u(self.dim);
+        h.n_layers = u(self.n_layers);
+        h.n_heads = u(self.n_heads);
+        h.n_kv_heads = u(self.n_kv_heads);
+        h.hidden_dim = u(self.hidden_dim);
+        h.vocab = u(self.vocab);
+        h.max_seq = u(self.max_seq);
         h.norm_eps = self.norm_eps as f32;
         h.shared_classifier = self.tied as u32;
         // head_dim 0 means dim / n_heads: write it only when it differs.
         if self.dim % self.n_heads != 0 || self.dim / self.n_heads != self.head_dim {
-            h.head_dim = self.head_dim as u32;
+            h.head_dim = u(self.head_dim);
         }
         h.qkv_bias = self.arch.qkv_bias as u32;
         h.qk_norm = self.arch.qk_norm as u32;
@@ -951,7 +946,7 @@ impl ModelDesc {
         // Partial rotary: theta^(head_dim / rot_dim) turns the spec's exponent
         // -2i/head_dim into transformers' -2i/rot_dim.
         h.rope_theta = if self.rot_dim < self.head_dim {
-            h.rot_dim = self.rot_dim as u32;
+            h.rot_dim = u(self.rot_dim);
             self.rope_theta
                 .powf(self.head_dim as f64 / self.rot_dim as f64) as f32
         } else {
@@ -990,7 +985,7 @@ impl ModelDesc {
                 h.rope_attn_factor = attn_factor as f32;
             }
         }
-        h.sliding_window = self.sliding_window.unwrap_or(0) as u32;
+        h.sliding_window = u(self.sliding_window.unwrap_or(0));
         let flags: Vec<u8> = self.layers.iter().map(|l| l.flags()).collect();
         if self.layers.iter().any(|l| l.local_rope) {
             h.rope_local_theta = self.rope_local_theta.unwrap_or(0.0) as f32;
@@ -1018,12 +1013,133 @@ impl ModelDesc {
             h.attn_gate = 1;
         }
         if let Some(l) = self.linear {
-            h.lin_k_heads = l.k_heads as u32;
-            h.lin_v_heads = l.v_heads as u32;
-            h.lin_k_dim = l.k_dim as u32;
-            h.lin_v_dim = l.v_dim as u32;
-            h.lin_conv = l.conv as u32;
+            h.lin_k_heads = u(l.k_heads);
+            h.lin_v_heads = u(l.v_heads);
+            h.lin_k_dim = u(l.k_dim);
+            h.lin_v_dim = u(l.v_dim);
+            h.lin_conv = u(l.conv);
         }
         (h, flags)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn desc(v: Value) -> Result<ModelDesc> {
+        parse(Path::new("config.json"), &v)
+    }
+
+    fn base(mt: &str) -> Value {
+        json!({"model_type": mt, "hidden_size": 64, "num_hidden_layers": 4,
+               "num_attention_heads": 4, "num_key_value_heads": 2,
+               "intermediate_size": 128, "vocab_size": 256,
+               "max_position_embeddings": 128})
+    }
+
+    #[test]
+    fn yarn_factor_from_lengths_and_default_attention_factor() {
+        let mut v = base("llama");
+        v["rope_parameters"] =
+            json!({"rope_type": "yarn", "original_max_position_embeddings": 32, "rope_theta": 1e4});
+        let d = desc(v).unwrap();
+        let RopeScaling::Yarn {
+            factor,
+            attn_factor,
+            beta_fast,
+            beta_slow,
+            orig,
+        } = d.rope
+        else {
+            panic!("{:?}", d.rope)
+        };
+        assert_eq!((factor, orig, beta_fast, beta_slow), (4.0, 32, 32.0, 1.0));
+        assert!((attn_factor - (0.1 * 4f64.ln() + 1.0)).abs() < 1e-12);
+    }
+
+    #[test]
+    fn truncate_false_and_unknown_rope_keys_are_refused() {
+        let mut v = base("llama");
+        v["rope_parameters"] = json!({"rope_type": "yarn", "factor": 2.0, "truncate": false});
+        assert!(desc(v).unwrap_err().to_string().contains("truncate"));
+        let mut v = base("llama");
+        v["rope_parameters"] = json!({"rope_type": "linear", "factor": 2.0, "short_factor": [1.0]});
+        assert!(desc(v).unwrap_err().to_string().contains("short_factor"));
+    }
+
+    #[test]
+    fn default_layer_types() {
+        // Gemma 3 without layer_types: pattern 6 by default (5 sliding, 1 full).
+        let mut v = base("gemma3_text");
+        v["num_hidden_layers"] = json!(6);
+        v["sliding_window"] = json!(16);
+        let d = desc(v).unwrap();
+        let f: Vec<u8> = d.layers.iter().map(|l| l.flags()).collect();
+        assert_eq!(f, vec![3, 3, 3, 3, 3, 0]);
+        // Qwen2: sliding from max_window_layers on, only with use_sliding_window.
+        let mut v = base("qwen2");
+        v["sliding_window"] = json!(16);
+        v["max_window_layers"] = json!(2);
+        assert!(desc(v.clone()).unwrap().layers.iter().all(|l| !l.sliding));
+        v["use_sliding_window"] = json!(true);
+        let s: Vec<bool> = desc(v).unwrap().layers.iter().map(|l| l.sliding).collect();
+        assert_eq!(s, vec![false, false, true, true]);
+        // SmolLM3: every 4th layer has no RoPE by default.
+        let d = desc(base("smollm3")).unwrap();
+        let n: Vec<bool> = d.layers.iter().map(|l| l.no_rope).collect();
+        assert_eq!(n, vec![false, false, false, true]);
+        // Qwen3.5: linear attention except every 4th layer; partial rotary 0.25.
+        let mut v = base("qwen3_5_text");
+        v["head_dim"] = json!(32);
+        v["linear_num_key_heads"] = json!(2);
+        v["linear_num_value_heads"] = json!(4);
+        v["linear_key_head_dim"] = json!(16);
+        v["linear_value_head_dim"] = json!(16);
+        let d = desc(v).unwrap();
+        let l: Vec<bool> = d.layers.iter().map(|l| l.linear).collect();
+        assert_eq!(l, vec![true, true, true, false]);
+        assert_eq!(d.rot_dim, 8);
+    }
+
+    #[test]
+    fn mistral_window_covers_every_layer_without_flags() {
+        let mut v = base("mistral");
+        v["sliding_window"] = json!(8);
+        let (h, flags) = desc(v).unwrap().header();
+        assert_eq!((h.sliding_window, h.layer_flags), (8, 0));
+        assert!(flags.is_empty());
+    }
+
+    #[test]
+    fn gemma2_defaults_softcaps() {
+        let d = desc(base("gemma2")).unwrap();
+        assert_eq!((d.attn_softcap, d.final_softcap), (Some(50.0), Some(30.0)));
+        let mut v = base("gemma2");
+        v["attn_logit_softcapping"] = Value::Null;
+        assert_eq!(desc(v).unwrap().attn_softcap, None);
+    }
+
+    #[test]
+    fn refusals_name_the_key() {
+        for (k, val) in [
+            ("num_experts", json!(8)),
+            ("attention_bias", json!(true)),
+            ("use_bidirectional_attention", json!(true)),
+        ] {
+            let mut v = base("gemma3_text");
+            v[k] = val;
+            let e = desc(v).unwrap_err().to_string();
+            assert!(e.contains(k), "{e}");
+        }
+        let e = desc(base("mixtral")).unwrap_err().to_string();
+        assert!(e.contains("model_type = mixtral"), "{e}");
+        let mut v = base("llama");
+        v["partial_rotary_factor"] = json!(0.5);
+        assert!(desc(v)
+            .unwrap_err()
+            .to_string()
+            .contains("partial_rotary_factor"));
     }
 }

@@ -35,8 +35,14 @@ pub enum ConvertError {
     },
     /// Options that contradict each other.
     Options { option: String, msg: String },
-    /// The header the converter built was refused by the format's own checks.
-    Format(FormatError),
+    /// The header the converter built from `file` (config.json) was refused by the
+    /// format's own checks (e.g. dim not a multiple of 32).
+    Format {
+        file: PathBuf,
+        err: Box<FormatError>,
+    },
+    /// Stopped on request (Ctrl-C); the temporary output was removed.
+    Interrupted,
 }
 
 impl ConvertError {
@@ -105,17 +111,16 @@ impl fmt::Display for ConvertError {
                 msg,
             } => write!(f, "{}: {field} = {value}: {msg}", file.display()),
             ConvertError::Options { option, msg } => write!(f, "{option}: {msg}"),
-            ConvertError::Format(e) => write!(f, "the converted header is not valid: {e}"),
+            ConvertError::Format { file, err } => write!(
+                f,
+                "{}: the model does not fit the .mlb format: {err}",
+                file.display()
+            ),
+            ConvertError::Interrupted => write!(f, "interrupted; no output written"),
         }
     }
 }
 
 impl std::error::Error for ConvertError {}
-
-impl From<FormatError> for ConvertError {
-    fn from(e: FormatError) -> Self {
-        ConvertError::Format(e)
-    }
-}
 
 pub type Result<T> = std::result::Result<T, ConvertError>;

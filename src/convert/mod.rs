@@ -21,6 +21,7 @@ pub mod permute;
 use std::fs::File;
 use std::io::BufWriter;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 pub use config::ModelDesc;
@@ -72,6 +73,9 @@ pub struct Options {
     pub imatrix: Option<PathBuf>,
     /// Rayon threads (`None`: rayon's default, one per core).
     pub threads: Option<usize>,
+    /// When set to true (e.g. by a Ctrl-C handler), the conversion stops at the next
+    /// row chunk with [`ConvertError::Interrupted`] and removes its temporary file.
+    pub cancel: Option<&'static AtomicBool>,
 }
 
 impl Options {
@@ -85,6 +89,7 @@ impl Options {
             q4_rule: None,
             imatrix: None,
             threads: None,
+            cancel: None,
         }
     }
 }
@@ -212,31 +217,35 @@ fn run(opts: &Options, progress: &mut (dyn FnMut(Progress) + Send)) -> Result<Su
                     "weights the Q4_0 search only: use it with --wtype q4_0 --q4-rule search",
                 ));
             }
-            Some((p.clone(), load_imatrix(p, &desc)?))
+            Some(load_imatrix(p, &desc)?)
         }
     };
 
     // Validate the header (and compute the layout) before creating any file.
+    let cfg_file = dir.join("config.json");
     let probe = MlbWriter::new(std::io::sink(), &header, &flags).map_err(|e| match e {
-        WriteError::Format(f) => ConvertError::Format(f),
+        WriteError::Format(err) => ConvertError::Format {
+            file: cfg_file.clone(),
+            err: Box::new(err),
+        },
         WriteError::Io(e) => ConvertError::io(dir, e),
     })?;
     let layout = probe.layout().clone();
     drop(probe);
 
     // Text-model prefix and the tensors outside it.
-    let (prefix, head_prefix) = text_prefix(&ck, &desc)?;
+    let (prefix, head_prefix) = text_prefix(&ck)?;
     let sources = plan(
         &ck,
         &desc,
         &layout.tensors,
         &prefix,
         &head_prefix,
-        imatrix.as_ref().map(|(_, m)| m),
+        imatrix.as_ref(),
         q4_rule,
     )?;
     check_leftovers(&ck, &desc, &sources, &prefix, &mut notes)?;
-    if let Some((_, m)) = &imatrix {
+    if let Some(m) = &imatrix {
         if m.cls_tokens == 0 && !desc.tied {
             notes.push("the imatrix has no classifier tokens: wcls is quantized without it".into());
         }
@@ -275,19 +284,17 @@ fn run(opts: &Options, progress: &mut (dyn FnMut(Progress) + Send)) -> Result<Su
     }
     let tmp = out_dir.join(format!(".{fname}.tmp-{}", std::process::id()));
     let file = File::create(&tmp).map_err(|e| ConvertError::io(&tmp, e))?;
-    let res = write_all(
-        &ck,
-        &header,
-        &flags,
-        &layout.tensors,
-        &sources,
-        opts.scale_f16,
+    let job = Job {
+        ck: &ck,
+        tensors: &layout.tensors,
+        sources: &sources,
+        scale_f16: opts.scale_f16,
         q4_rule,
-        file,
-        &tmp,
-        progress,
-    )
-    .and_then(|()| std::fs::rename(&tmp, &out).map_err(|e| ConvertError::io(&out, e)));
+        tmp: &tmp,
+        cancel: opts.cancel,
+    };
+    let res = write_all(&job, &header, &flags, file, progress)
+        .and_then(|()| std::fs::rename(&tmp, &out).map_err(|e| ConvertError::io(&out, e)));
     if let Err(e) = res {
         let _ = std::fs::remove_file(&tmp);
         return Err(e);
@@ -342,7 +349,7 @@ fn load_imatrix(p: &Path, d: &ModelDesc) -> Result<Mli> {
 }
 
 /// The prefix of the text model's tensors and of its classifier.
-fn text_prefix(ck: &Checkpoint, d: &ModelDesc) -> Result<(String, String)> {
+fn text_prefix(ck: &Checkpoint) -> Result<(String, String)> {
     const CANDIDATES: [(&str, &str); 4] = [
         ("model.", ""),
         ("model.language_model.", ""),
@@ -354,7 +361,6 @@ fn text_prefix(ck: &Checkpoint, d: &ModelDesc) -> Result<(String, String)> {
             return Ok((p.to_string(), h.to_string()));
         }
     }
-    let _ = d;
     Err(ConvertError::checkpoint(
         ck.first_path(),
         "no embed_tokens.weight tensor (looked for model., model.language_model. and language_model.model. prefixes)",
@@ -452,7 +458,7 @@ fn plan(
                     cols,
                     ..
                 },
-            ) if q4_rule == Q4Rule::Search => importance(m, t, cols, d.tied),
+            ) if q4_rule == Q4Rule::Search => importance(m, t, cols),
             _ => None,
         };
         out.push(Some(Source {
@@ -468,8 +474,7 @@ fn plan(
 }
 
 /// The importance of a matrix's input channels, from the MLI slot of its input.
-fn importance(m: &Mli, t: &Tensor, cols: usize, tied: bool) -> Option<Vec<f32>> {
-    let _ = tied;
+fn importance(m: &Mli, t: &Tensor, cols: usize) -> Option<Vec<f32>> {
     let sums = match (t.name.layer, t.name.name) {
         (Some(l), "wq" | "wk" | "wv" | "wg" | "lqkv" | "lz") => m.slot(l as usize, Slot::Attn),
         (Some(l), "wo" | "lout") => m.slot(l as usize, Slot::Wo),
@@ -550,28 +555,49 @@ fn check_leftovers(
 /// Rows per chunk of a large matrix: ~4M values (16 MB as f32).
 const CHUNK_VALUES: usize = 1 << 22;
 
-#[allow(clippy::too_many_arguments)]
-fn write_all(
-    ck: &Checkpoint,
-    header: &Header,
-    flags: &[u8],
-    tensors: &[Tensor],
-    sources: &[Option<Source>],
+/// What [`write_all`] writes.
+struct Job<'a> {
+    ck: &'a Checkpoint,
+    tensors: &'a [Tensor],
+    sources: &'a [Option<Source>],
     scale_f16: bool,
     q4_rule: Q4Rule,
+    tmp: &'a Path,
+    cancel: Option<&'a AtomicBool>,
+}
+
+fn write_all(
+    job: &Job,
+    header: &Header,
+    flags: &[u8],
     file: File,
-    tmp: &Path,
     progress: &mut (dyn FnMut(Progress) + Send),
 ) -> Result<()> {
+    let Job {
+        ck,
+        tensors,
+        sources,
+        scale_f16,
+        q4_rule,
+        tmp,
+        cancel,
+    } = *job;
+    let cancelled = || cancel.is_some_and(|c| c.load(Ordering::Relaxed));
     let werr = |e: WriteError| match e {
         WriteError::Io(e) => ConvertError::io(tmp, e),
-        WriteError::Format(f) => ConvertError::Format(f),
+        WriteError::Format(err) => ConvertError::Format {
+            file: tmp.to_path_buf(),
+            err: Box::new(err),
+        },
     };
     let mut w =
         MlbWriter::new(BufWriter::with_capacity(1 << 20, file), header, flags).map_err(werr)?;
     let mut buf: Vec<f32> = Vec::new();
     for (i, (t, s)) in tensors.iter().zip(sources).enumerate() {
         let name = t.name.to_string();
+        if cancelled() {
+            return Err(ConvertError::Interrupted);
+        }
         if let Some(s) = s {
             let info = ck.get(&s.hf).expect("planned");
             let dtype = info.dtype.expect("planned");
@@ -605,6 +631,9 @@ fn write_all(
                     let step = (CHUNK_VALUES / cols).max(1);
                     let mut r0 = 0;
                     while r0 < rows {
+                        if cancelled() {
+                            return Err(ConvertError::Interrupted);
+                        }
                         let r1 = (r0 + step).min(rows);
                         buf.clear();
                         read_rows(ck, info, dtype, s, r0..r1, &mut buf);
