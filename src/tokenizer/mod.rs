@@ -106,6 +106,8 @@ pub struct Tokenizer {
     tokens: Vec<Vec<u8>>,
     attrs: Vec<Attr>,
     vocab: FxMap<Vec<u8>, u32>,
+    /// SentencePiece: the token of each single-char piece (hashing a char beats bytes).
+    char_tok: FxMap<char, u32>,
     /// Byte-level: the token of each single byte. SentencePiece: its `<0xXX>` token.
     byte_tok: [u32; 256],
     merges: Merges,
@@ -157,6 +159,17 @@ impl Tokenizer {
                 }
             }
         }
+        let mut char_tok = FxMap::default();
+        if m.kind == Kind::SentencePiece {
+            for (bytes, &id) in &vocab {
+                if let Ok(s) = std::str::from_utf8(bytes) {
+                    let mut it = s.chars();
+                    if let (Some(c), None) = (it.next(), it.next()) {
+                        char_tok.insert(c, id);
+                    }
+                }
+            }
+        }
         let mut added = AddedTrie::new();
         for (id, t) in m.tokens.iter().enumerate() {
             if t.attr == Attr::Added {
@@ -173,6 +186,7 @@ impl Tokenizer {
             tokens: m.tokens.iter().map(|t| t.bytes.clone()).collect(),
             attrs: m.tokens.iter().map(|t| t.attr).collect(),
             vocab,
+            char_tok,
             byte_tok,
             merges,
             added,
@@ -289,31 +303,30 @@ impl Tokenizer {
         } else {
             true
         };
-        let mut s = String::with_capacity(seg.len() * 2 + 3);
-        if prefix {
-            s.push_str(SPACE_MARK);
-        }
-        for c in seg.chars() {
-            if c == ' ' {
-                s.push_str(SPACE_MARK);
-            } else {
-                s.push(c);
-            }
-        }
         if self.flags & FLAG_IGNORE_MERGES != 0 {
+            let mut s = String::with_capacity(seg.len() * 2 + 3);
+            if prefix {
+                s.push_str(SPACE_MARK);
+            }
+            s.extend(seg.chars().map(|c| if c == ' ' { '\u{2581}' } else { c }));
             if let Some(&id) = self.vocab.get(s.as_bytes()) {
                 out.push(id);
                 return;
             }
         }
         scratch.clear();
-        let mut buf = [0u8; 4];
-        for c in s.chars() {
-            let cb = c.encode_utf8(&mut buf).as_bytes();
-            match self.vocab.get(cb) {
-                Some(&id) => scratch.push(id),
-                None => scratch.extend(cb.iter().map(|&b| self.byte_tok[b as usize])),
+        let mut push = |c: char| match self.char_tok.get(&c) {
+            Some(&id) => scratch.push(id),
+            None => {
+                let mut buf = [0u8; 4];
+                scratch.extend(c.encode_utf8(&mut buf).bytes().map(|b| self.byte_tok[b as usize]));
             }
+        };
+        if prefix {
+            push('\u{2581}');
+        }
+        for c in seg.chars() {
+            push(if c == ' ' { '\u{2581}' } else { c });
         }
         self.merges.apply(scratch);
         out.extend_from_slice(scratch);
