@@ -1,2 +1,2 @@
-mod util;
 mod tokenizer;
+mod util;
