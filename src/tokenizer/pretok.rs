@@ -440,6 +440,63 @@ mod tests {
     }
 
     #[test]
+    fn variants_split_differently() {
+        let text = "नमस्ते 12345 a\u{301}!";
+        let p = |f| pieces_fast(&PreTokenizer::new(f), text);
+        // A lone mark is a valid prefix of the next letter run, or punctuation.
+        assert_eq!(
+            p(0),
+            [
+                "नमस",
+                "\u{94d}त",
+                "\u{947}",
+                " ",
+                "123",
+                "45",
+                " a",
+                "\u{301}!"
+            ]
+        );
+        let singles = [
+            "नमस",
+            "\u{94d}त",
+            "\u{947}",
+            " ",
+            "1",
+            "2",
+            "3",
+            "4",
+            "5",
+            " a",
+            "\u{301}!",
+        ];
+        assert_eq!(p(FLAG_SINGLE_DIGITS), singles);
+        assert_eq!(
+            p(FLAG_LETTER_MARKS),
+            ["नमस्ते", " ", "123", "45", " a\u{301}", "!"]
+        );
+        assert_eq!(
+            p(FLAG_GPT2_REGEX),
+            ["नमस", "\u{94d}", "त", "\u{947}", " 12345", " a", "\u{301}!"]
+        );
+        let digits = [
+            "नमस",
+            "\u{94d}",
+            "त",
+            "\u{947}",
+            " ",
+            "1",
+            "2",
+            "3",
+            "4",
+            "5",
+            " a",
+            "\u{301}!",
+        ];
+        assert_eq!(p(FLAG_GPT2_REGEX | FLAG_DIGITS_SPLIT), digits);
+    }
+
+    #[test]
     fn matcher_equals_regex() {
         const A: &[&str] = &[
             "a",
