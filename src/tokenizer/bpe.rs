@@ -38,9 +38,12 @@ impl Hasher for FxHasher {
     fn write_usize(&mut self, v: usize) {
         self.write_u64(v as u64);
     }
+    /// A final mix: the multiply only carries low bits upwards, and hashbrown takes
+    /// the bucket from the low bits, so without it pairs sharing a right token collide.
     #[inline]
     fn finish(&self) -> u64 {
-        self.0
+        let h = self.0;
+        (h ^ (h >> 29)).wrapping_mul(0xbf58_476d_1ce4_e5b9) ^ (h >> 32)
     }
 }
 
@@ -173,7 +176,9 @@ mod tests {
         for len in 1..200 {
             let mut v = Vec::new();
             for _ in 0..len {
-                seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                seed = seed
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
                 v.push(((seed >> 33) % 3) as u32);
             }
             let (mut a, mut b) = (v.clone(), v.clone());

@@ -9,11 +9,14 @@
 //! the Unicode classes of `regex-syntax`; [`RegexPreTokenizer`] runs the same patterns
 //! through fancy-regex and is kept as the reference the matcher is tested against.
 
-use crate::format::mlt::{FLAG_DIGITS_SPLIT, FLAG_GPT2_REGEX, FLAG_LETTER_MARKS, FLAG_SINGLE_DIGITS};
+use crate::format::mlt::{
+    FLAG_DIGITS_SPLIT, FLAG_GPT2_REGEX, FLAG_LETTER_MARKS, FLAG_SINGLE_DIGITS,
+};
 use fancy_regex::Regex;
 
 /// The GPT-2 pattern of the ByteLevel pre-tokenizer with `use_regex: true`.
-pub const GPT2_PATTERN: &str = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+";
+pub const GPT2_PATTERN: &str =
+    r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+";
 
 /// The Llama 3-family pattern selected by the flags 16 (single digits) and 256
 /// (letter runs take marks), exactly as the tokenizer.json files spell it.
@@ -23,7 +26,11 @@ pub fn llama3_pattern(single_digits: bool, letter_marks: bool) -> String {
     } else {
         (r"\p{L}+", r"[^\s\p{L}\p{N}]+")
     };
-    let digits = if single_digits { r"\p{N}" } else { r"\p{N}{1,3}" };
+    let digits = if single_digits {
+        r"\p{N}"
+    } else {
+        r"\p{N}{1,3}"
+    };
     format!(
         r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{{L}}\p{{N}}]?{letters}|{digits}| ?{punct}[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
     )
@@ -34,7 +41,10 @@ pub fn pattern_for_flags(flags: u32) -> String {
     if flags & FLAG_GPT2_REGEX != 0 {
         GPT2_PATTERN.to_string()
     } else {
-        llama3_pattern(flags & FLAG_SINGLE_DIGITS != 0, flags & FLAG_LETTER_MARKS != 0)
+        llama3_pattern(
+            flags & FLAG_SINGLE_DIGITS != 0,
+            flags & FLAG_LETTER_MARKS != 0,
+        )
     }
 }
 
@@ -45,7 +55,11 @@ pub struct RegexPreTokenizer {
 }
 
 /// Digits(individual_digits): every numeric char is its own piece; `g` splits the rest.
-fn digits_split<'t>(text: &'t str, f: &mut impl FnMut(&'t str), g: impl Fn(&'t str, &mut dyn FnMut(&'t str))) {
+fn digits_split<'t>(
+    text: &'t str,
+    f: &mut impl FnMut(&'t str),
+    g: impl Fn(&'t str, &mut dyn FnMut(&'t str)),
+) {
     let mut start = 0;
     for (i, c) in text.char_indices() {
         if c.is_numeric() {
@@ -66,7 +80,10 @@ impl RegexPreTokenizer {
     pub fn new(flags: u32) -> RegexPreTokenizer {
         // The patterns are fixed and known to compile.
         let re = Regex::new(&pattern_for_flags(flags)).expect("built-in pattern compiles");
-        RegexPreTokenizer { re, digits_split: flags & FLAG_DIGITS_SPLIT != 0 }
+        RegexPreTokenizer {
+            re,
+            digits_split: flags & FLAG_DIGITS_SPLIT != 0,
+        }
     }
 
     /// Calls `f` on each pre-token of `text`, in order.
@@ -114,9 +131,15 @@ struct Classes {
 
 fn class_ranges(pattern: &str) -> Vec<(u32, u32)> {
     use regex_syntax::hir::{Class, HirKind};
-    let hir = regex_syntax::Parser::new().parse(pattern).expect("built-in class parses");
+    let hir = regex_syntax::Parser::new()
+        .parse(pattern)
+        .expect("built-in class parses");
     match hir.kind() {
-        HirKind::Class(Class::Unicode(c)) => c.ranges().iter().map(|r| (r.start() as u32, r.end() as u32)).collect(),
+        HirKind::Class(Class::Unicode(c)) => c
+            .ranges()
+            .iter()
+            .map(|r| (r.start() as u32, r.end() as u32))
+            .collect(),
         _ => unreachable!("a Unicode class"),
     }
 }
@@ -254,9 +277,16 @@ impl PreTokenizer {
         let pattern = if flags & FLAG_GPT2_REGEX != 0 {
             Pattern::Gpt2
         } else {
-            Pattern::Llama3 { single_digits: flags & FLAG_SINGLE_DIGITS != 0, marks: flags & FLAG_LETTER_MARKS != 0 }
+            Pattern::Llama3 {
+                single_digits: flags & FLAG_SINGLE_DIGITS != 0,
+                marks: flags & FLAG_LETTER_MARKS != 0,
+            }
         };
-        PreTokenizer { pattern, digits_split: flags & FLAG_DIGITS_SPLIT != 0, cls: classes() }
+        PreTokenizer {
+            pattern,
+            digits_split: flags & FLAG_DIGITS_SPLIT != 0,
+            cls: classes(),
+        }
     }
 
     /// Calls `f` on each pre-token of `text`, in order.
@@ -269,7 +299,10 @@ impl PreTokenizer {
     }
 
     fn split_one<'t>(&self, text: &'t str, f: &mut dyn FnMut(&'t str)) {
-        let cur = Cursor { s: text, cls: self.cls };
+        let cur = Cursor {
+            s: text,
+            cls: self.cls,
+        };
         let mut i = 0;
         let mut gap = 0;
         while i < text.len() {
@@ -299,7 +332,12 @@ impl PreTokenizer {
         let (letters, punct, prefix_ok, gpt2) = match self.pattern {
             Pattern::Llama3 { marks, .. } => {
                 let letters = if marks { L | M } else { L };
-                (letters, S | letters | N, (c0 != '\r' && c0 != '\n' && k0 & (L | N) == 0), false)
+                (
+                    letters,
+                    S | letters | N,
+                    (c0 != '\r' && c0 != '\n' && k0 & (L | N) == 0),
+                    false,
+                )
             }
             Pattern::Gpt2 => (L, S | L | N, c0 == ' ', true),
         };
@@ -327,7 +365,13 @@ impl PreTokenizer {
                 return Some(cur.run(i, |_, k| k & N != 0));
             }
         } else if k0 & N != 0 {
-            let single = matches!(self.pattern, Pattern::Llama3 { single_digits: true, .. });
+            let single = matches!(
+                self.pattern,
+                Pattern::Llama3 {
+                    single_digits: true,
+                    ..
+                }
+            );
             return Some(cur.digits(i, if single { 1 } else { 3 }));
         }
         // " ?PUNCT+" (Llama 3: then "[\r\n]*")
@@ -340,7 +384,11 @@ impl PreTokenizer {
         };
         if let Some(p) = p_start {
             let e = cur.run(p, |_, k| k & punct == 0);
-            return Some(if gpt2 { e } else { cur.run(e, |c, _| c == '\r' || c == '\n') });
+            return Some(if gpt2 {
+                e
+            } else {
+                cur.run(e, |c, _| c == '\r' || c == '\n')
+            });
         }
         if k0 & S == 0 {
             return None;
@@ -392,15 +440,125 @@ mod tests {
     }
 
     #[test]
+    fn variants_split_differently() {
+        let text = "नमस्ते 12345 a\u{301}!";
+        let p = |f| pieces_fast(&PreTokenizer::new(f), text);
+        // A lone mark is a valid prefix of the next letter run, or punctuation.
+        assert_eq!(
+            p(0),
+            [
+                "नमस",
+                "\u{94d}त",
+                "\u{947}",
+                " ",
+                "123",
+                "45",
+                " a",
+                "\u{301}!"
+            ]
+        );
+        let singles = [
+            "नमस",
+            "\u{94d}त",
+            "\u{947}",
+            " ",
+            "1",
+            "2",
+            "3",
+            "4",
+            "5",
+            " a",
+            "\u{301}!",
+        ];
+        assert_eq!(p(FLAG_SINGLE_DIGITS), singles);
+        assert_eq!(
+            p(FLAG_LETTER_MARKS),
+            ["नमस्ते", " ", "123", "45", " a\u{301}", "!"]
+        );
+        assert_eq!(
+            p(FLAG_GPT2_REGEX),
+            ["नमस", "\u{94d}", "त", "\u{947}", " 12345", " a", "\u{301}!"]
+        );
+        let digits = [
+            "नमस",
+            "\u{94d}",
+            "त",
+            "\u{947}",
+            " ",
+            "1",
+            "2",
+            "3",
+            "4",
+            "5",
+            " a",
+            "\u{301}!",
+        ];
+        assert_eq!(p(FLAG_GPT2_REGEX | FLAG_DIGITS_SPLIT), digits);
+    }
+
+    #[test]
     fn matcher_equals_regex() {
         const A: &[&str] = &[
-            "a", "Z", "é", "\u{301}", "\u{93F}", "क", "中", "0", "9", "²", "½", "٣", "Ⅻ", " ", " ", "  ", "\n", "\r",
-            "\t", "\u{A0}", "\u{3000}", "\u{2028}", "\u{85}", "\u{200B}", "\u{B}", "\u{C}", "'", "s", "S", "ſ", "t",
-            "r", "E", "v", "l", "L", "m", "d", "D", "!", ".", "_", "😀", "\u{1F3FD}", "\u{200D}", "\u{E0041}",
-            "\u{10FFFF}", "\u{0}", "𝟘", "𐌰",
+            "a",
+            "Z",
+            "é",
+            "\u{301}",
+            "\u{93F}",
+            "क",
+            "中",
+            "0",
+            "9",
+            "²",
+            "½",
+            "٣",
+            "Ⅻ",
+            " ",
+            " ",
+            "  ",
+            "\n",
+            "\r",
+            "\t",
+            "\u{A0}",
+            "\u{3000}",
+            "\u{2028}",
+            "\u{85}",
+            "\u{200B}",
+            "\u{B}",
+            "\u{C}",
+            "'",
+            "s",
+            "S",
+            "ſ",
+            "t",
+            "r",
+            "E",
+            "v",
+            "l",
+            "L",
+            "m",
+            "d",
+            "D",
+            "!",
+            ".",
+            "_",
+            "😀",
+            "\u{1F3FD}",
+            "\u{200D}",
+            "\u{E0041}",
+            "\u{10FFFF}",
+            "\u{0}",
+            "𝟘",
+            "𐌰",
         ];
         let mut seed = 88172645463325252u64;
-        for flags in [0, FLAG_SINGLE_DIGITS, FLAG_LETTER_MARKS, FLAG_SINGLE_DIGITS | FLAG_LETTER_MARKS | FLAG_NFC, FLAG_GPT2_REGEX, FLAG_GPT2_REGEX | FLAG_DIGITS_SPLIT] {
+        for flags in [
+            0,
+            FLAG_SINGLE_DIGITS,
+            FLAG_LETTER_MARKS,
+            FLAG_SINGLE_DIGITS | FLAG_LETTER_MARKS | FLAG_NFC,
+            FLAG_GPT2_REGEX,
+            FLAG_GPT2_REGEX | FLAG_DIGITS_SPLIT,
+        ] {
             let (fast, reference) = (PreTokenizer::new(flags), RegexPreTokenizer::new(flags));
             for _ in 0..4000 {
                 let mut s = String::new();
@@ -414,7 +572,11 @@ mod tests {
                     seed ^= seed << 17;
                     s.push_str(A[(seed % A.len() as u64) as usize]);
                 }
-                assert_eq!(pieces_fast(&fast, &s), pieces_ref(&reference, &s), "flags {flags:#x} on {s:?}");
+                assert_eq!(
+                    pieces_fast(&fast, &s),
+                    pieces_ref(&reference, &s),
+                    "flags {flags:#x} on {s:?}"
+                );
             }
         }
     }
