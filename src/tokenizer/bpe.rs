@@ -173,7 +173,9 @@ mod tests {
         for len in 1..200 {
             let mut v = Vec::new();
             for _ in 0..len {
-                seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                seed = seed
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
                 v.push(((seed >> 33) % 3) as u32);
             }
             let (mut a, mut b) = (v.clone(), v.clone());

@@ -45,14 +45,20 @@ fn type_of(v: &Value) -> &str {
 fn expect(v: &Value, field: &str, key: &str, want: &Value) -> Result<()> {
     let got = null_or(v.get(key));
     if got != want {
-        return Err(refuse(&format!("{field}.{key}"), got, &format!("only {want} is supported")));
+        return Err(refuse(
+            &format!("{field}.{key}"),
+            got,
+            &format!("only {want} is supported"),
+        ));
     }
     Ok(())
 }
 
 /// GPT-2's byte ↔ printable character map: char → byte.
 fn gpt2_char_to_byte() -> HashMap<char, u8> {
-    let printable = |b: u32| (0x21..=0x7e).contains(&b) || (0xa1..=0xac).contains(&b) || (0xae..=0xff).contains(&b);
+    let printable = |b: u32| {
+        (0x21..=0x7e).contains(&b) || (0xa1..=0xac).contains(&b) || (0xae..=0xff).contains(&b)
+    };
     let mut map = HashMap::with_capacity(256);
     let mut extra = 0u32;
     for b in 0..256u32 {
@@ -71,8 +77,18 @@ fn gpt2_char_to_byte() -> HashMap<char, u8> {
 fn byte_level_pretok(pre: &Value) -> Result<u32> {
     let steps: Vec<(String, &Value)> = match type_of(pre) {
         "Sequence" => match pre.get("pretokenizers").and_then(Value::as_array) {
-            Some(a) => a.iter().enumerate().map(|(i, p)| (format!("pre_tokenizer.pretokenizers[{i}]"), p)).collect(),
-            None => return Err(refuse("pre_tokenizer.pretokenizers", null_or(pre.get("pretokenizers")), "must be a list")),
+            Some(a) => a
+                .iter()
+                .enumerate()
+                .map(|(i, p)| (format!("pre_tokenizer.pretokenizers[{i}]"), p))
+                .collect(),
+            None => {
+                return Err(refuse(
+                    "pre_tokenizer.pretokenizers",
+                    null_or(pre.get("pretokenizers")),
+                    "must be a list",
+                ))
+            }
         },
         _ => vec![("pre_tokenizer".to_string(), pre)],
     };
@@ -142,7 +158,10 @@ fn regex_flags(pat: &str) -> Option<u32> {
 
 fn is_replace(v: &Value, from: &str, to: &str) -> bool {
     type_of(v) == "Replace"
-        && v.get("pattern").and_then(|p| p.get("String")).and_then(Value::as_str) == Some(from)
+        && v.get("pattern")
+            .and_then(|p| p.get("String"))
+            .and_then(Value::as_str)
+            == Some(from)
         && v.get("content").and_then(Value::as_str) == Some(to)
 }
 
@@ -154,11 +173,19 @@ fn kind_and_flags(j: &Value) -> Result<(Kind, u32)> {
     let sp_norm = if is_replace(norm, " ", "\u{2581}") {
         Some(FLAG_SP_NO_PREFIX)
     } else if type_of(norm) == "Sequence" {
-        let n = norm.get("normalizers").and_then(Value::as_array).map(Vec::as_slice).unwrap_or(&[]);
+        let n = norm
+            .get("normalizers")
+            .and_then(Value::as_array)
+            .map(Vec::as_slice)
+            .unwrap_or(&[]);
         match n {
-            [p, r] if type_of(p) == "Prepend"
-                && p.get("prepend").and_then(Value::as_str) == Some("\u{2581}")
-                && is_replace(r, " ", "\u{2581}") => Some(0),
+            [p, r]
+                if type_of(p) == "Prepend"
+                    && p.get("prepend").and_then(Value::as_str) == Some("\u{2581}")
+                    && is_replace(r, " ", "\u{2581}") =>
+            {
+                Some(0)
+            }
             _ => None,
         }
     } else {
@@ -167,10 +194,18 @@ fn kind_and_flags(j: &Value) -> Result<(Kind, u32)> {
     if let Some(flags) = sp_norm {
         // After spaces became ▁ a Split on " " finds nothing: it is a no-op.
         let noop_split = type_of(pre) == "Split"
-            && pre.get("pattern").and_then(|p| p.get("String")).and_then(Value::as_str) == Some(" ")
+            && pre
+                .get("pattern")
+                .and_then(|p| p.get("String"))
+                .and_then(Value::as_str)
+                == Some(" ")
             && pre.get("invert") != Some(&Value::Bool(true));
         if !pre.is_null() && !noop_split {
-            return Err(refuse("pre_tokenizer", pre, "a SentencePiece-style file supports no pre-tokenizer (or a no-op Split on \" \")"));
+            return Err(refuse(
+                "pre_tokenizer",
+                pre,
+                "a SentencePiece-style file supports no pre-tokenizer (or a no-op Split on \" \")",
+            ));
         }
         check_sp_decoder(dec, flags & FLAG_SP_NO_PREFIX == 0)?;
         return Ok((Kind::SentencePiece, flags));
@@ -178,20 +213,38 @@ fn kind_and_flags(j: &Value) -> Result<(Kind, u32)> {
     let mut flags = match type_of(norm) {
         "" if norm.is_null() => 0,
         "NFC" => FLAG_NFC,
-        _ => return Err(refuse("normalizer", norm, "only null, NFC (byte-level) or SentencePiece Replace/Prepend are supported")),
+        _ => {
+            return Err(refuse(
+                "normalizer",
+                norm,
+                "only null, NFC (byte-level) or SentencePiece Replace/Prepend are supported",
+            ))
+        }
     };
     if type_of(pre) == "Metaspace" {
-        return Err(refuse("pre_tokenizer", pre, "Metaspace is not supported (its prefix rules differ from MLT1's)"));
+        return Err(refuse(
+            "pre_tokenizer",
+            pre,
+            "Metaspace is not supported (its prefix rules differ from MLT1's)",
+        ));
     }
     flags |= byte_level_pretok(pre)?;
     if type_of(dec) != "ByteLevel" {
-        return Err(refuse("decoder", dec, "a byte-level file needs the ByteLevel decoder"));
+        return Err(refuse(
+            "decoder",
+            dec,
+            "a byte-level file needs the ByteLevel decoder",
+        ));
     }
     Ok((Kind::ByteLevel, flags))
 }
 
 fn check_sp_decoder(dec: &Value, prefix: bool) -> Result<()> {
-    let steps = dec.get("decoders").and_then(Value::as_array).map(Vec::as_slice).unwrap_or(&[]);
+    let steps = dec
+        .get("decoders")
+        .and_then(Value::as_array)
+        .map(Vec::as_slice)
+        .unwrap_or(&[]);
     let ok_step = |s: &Value| {
         is_replace(s, "\u{2581}", " ")
             || matches!(type_of(s), "ByteFallback" | "Fuse")
@@ -202,7 +255,11 @@ fn check_sp_decoder(dec: &Value, prefix: bool) -> Result<()> {
                 && s.get("stop").and_then(Value::as_u64) == Some(0))
     };
     if type_of(dec) != "Sequence" || steps.is_empty() || !steps.iter().all(ok_step) {
-        return Err(refuse("decoder", dec, "a SentencePiece-style file needs Sequence[Replace(▁→ ), ByteFallback, Fuse(, Strip)]"));
+        return Err(refuse(
+            "decoder",
+            dec,
+            "a SentencePiece-style file needs Sequence[Replace(▁→ ), ByteFallback, Fuse(, Strip)]",
+        ));
     }
     Ok(())
 }
@@ -210,29 +267,55 @@ fn check_sp_decoder(dec: &Value, prefix: bool) -> Result<()> {
 /// Checks the BPE model options MLT1 cannot express.
 fn check_model(model: &Value, kind: Kind) -> Result<u32> {
     if type_of(model) != "BPE" {
-        return Err(refuse("model.type", null_or(model.get("type")), "only BPE is supported"));
+        return Err(refuse(
+            "model.type",
+            null_or(model.get("type")),
+            "only BPE is supported",
+        ));
     }
     for key in ["continuing_subword_prefix", "end_of_word_suffix"] {
         let v = null_or(model.get(key));
         if !(v.is_null() || v == "") {
-            return Err(refuse(&format!("model.{key}"), v, "only null or \"\" is supported"));
+            return Err(refuse(
+                &format!("model.{key}"),
+                v,
+                "only null or \"\" is supported",
+            ));
         }
     }
     let dropout = null_or(model.get("dropout"));
     if !(dropout.is_null() || dropout.as_f64() == Some(0.0)) {
-        return Err(refuse("model.dropout", dropout, "BPE dropout is not supported"));
+        return Err(refuse(
+            "model.dropout",
+            dropout,
+            "BPE dropout is not supported",
+        ));
     }
-    let byte_fallback = model.get("byte_fallback").and_then(Value::as_bool).unwrap_or(false);
+    let byte_fallback = model
+        .get("byte_fallback")
+        .and_then(Value::as_bool)
+        .unwrap_or(false);
     match kind {
         Kind::SentencePiece if !byte_fallback => {
-            return Err(refuse("model.byte_fallback", &Value::Bool(false), "a SentencePiece-style file needs byte_fallback"))
+            return Err(refuse(
+                "model.byte_fallback",
+                &Value::Bool(false),
+                "a SentencePiece-style file needs byte_fallback",
+            ))
         }
         Kind::ByteLevel if byte_fallback => {
-            return Err(refuse("model.byte_fallback", &Value::Bool(true), "not supported with a byte-level vocabulary"))
+            return Err(refuse(
+                "model.byte_fallback",
+                &Value::Bool(true),
+                "not supported with a byte-level vocabulary",
+            ))
         }
         _ => {}
     }
-    let ignore = model.get("ignore_merges").and_then(Value::as_bool).unwrap_or(false);
+    let ignore = model
+        .get("ignore_merges")
+        .and_then(Value::as_bool)
+        .unwrap_or(false);
     Ok(if ignore { FLAG_IGNORE_MERGES } else { 0 })
 }
 
@@ -254,18 +337,35 @@ fn added_tokens(j: &Value, norm_is_null: bool) -> Result<Vec<Added>> {
         for key in ["lstrip", "rstrip", "single_word"] {
             expect(t, &f, key, &Value::Bool(false))?;
         }
-        let normalized = t.get("normalized").and_then(Value::as_bool).unwrap_or(false);
+        let normalized = t
+            .get("normalized")
+            .and_then(Value::as_bool)
+            .unwrap_or(false);
         if normalized && !norm_is_null {
-            return Err(refuse(&format!("{f}.normalized"), &Value::Bool(true), "matching on normalized text is not supported"));
+            return Err(refuse(
+                &format!("{f}.normalized"),
+                &Value::Bool(true),
+                "matching on normalized text is not supported",
+            ));
         }
         // Two matching passes (raw, then normalized) only equal one pass if all agree.
         if *normalized_seen.get_or_insert(normalized) != normalized {
-            return Err(refuse(&format!("{f}.normalized"), &Value::Bool(normalized), "all added tokens must agree on normalized"));
+            return Err(refuse(
+                &format!("{f}.normalized"),
+                &Value::Bool(normalized),
+                "all added tokens must agree on normalized",
+            ));
         }
-        let id = t.get("id").and_then(Value::as_u64).and_then(|v| u32::try_from(v).ok());
+        let id = t
+            .get("id")
+            .and_then(Value::as_u64)
+            .and_then(|v| u32::try_from(v).ok());
         let content = t.get("content").and_then(Value::as_str);
         match (id, content) {
-            (Some(id), Some(c)) if !c.is_empty() => out.push(Added { id, content: c.to_string() }),
+            (Some(id), Some(c)) if !c.is_empty() => out.push(Added {
+                id,
+                content: c.to_string(),
+            }),
             _ => return Err(refuse(&f, t, "needs an id and a non-empty content")),
         }
     }
@@ -275,7 +375,11 @@ fn added_tokens(j: &Value, norm_is_null: bool) -> Result<Vec<Added>> {
 /// A SentencePiece byte-fallback piece `<0xXX>`.
 fn byte_piece(p: &str) -> Option<u8> {
     let hex = p.strip_prefix("<0x")?.strip_suffix('>')?;
-    if hex.len() != 2 || !hex.bytes().all(|b| b.is_ascii_digit() || (b'A'..=b'F').contains(&b)) {
+    if hex.len() != 2
+        || !hex
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'A'..=b'F').contains(&b))
+    {
         return None;
     }
     u8::from_str_radix(hex, 16).ok()
@@ -300,40 +404,88 @@ fn merge_pair<'a>(m: &'a Value, f: &str) -> Result<(&'a str, &'a str)> {
 }
 
 /// Where BOS comes from: the post-processor's template, then tokenizer_config.json.
-fn bos_eos(j: &Value, config: Option<&Value>, opts: &Options) -> Result<(Option<String>, Option<String>, bool)> {
+fn bos_eos(
+    j: &Value,
+    config: Option<&Value>,
+    opts: &Options,
+) -> Result<(Option<String>, Option<String>, bool)> {
     let post = null_or(j.get("post_processor"));
     let mut templ_bos = None;
     let mut check_post = |p: &Value, f: &str| -> Result<()> {
         match type_of(p) {
             "ByteLevel" => Ok(()),
             "TemplateProcessing" => {
-                let single = p.get("single").and_then(Value::as_array).map(Vec::as_slice).unwrap_or(&[]);
-                let seq_a = |v: &Value| v.get("Sequence").and_then(|s| s.get("id")).and_then(Value::as_str) == Some("A");
-                let special = |v: &Value| v.get("SpecialToken").and_then(|s| s.get("id")).and_then(Value::as_str).map(str::to_string);
+                let single = p
+                    .get("single")
+                    .and_then(Value::as_array)
+                    .map(Vec::as_slice)
+                    .unwrap_or(&[]);
+                let seq_a = |v: &Value| {
+                    v.get("Sequence")
+                        .and_then(|s| s.get("id"))
+                        .and_then(Value::as_str)
+                        == Some("A")
+                };
+                let special = |v: &Value| {
+                    v.get("SpecialToken")
+                        .and_then(|s| s.get("id"))
+                        .and_then(Value::as_str)
+                        .map(str::to_string)
+                };
                 match single {
                     [a] if seq_a(a) => Ok(()),
                     [b, a] if seq_a(a) && special(b).is_some() => {
                         let name = special(b).unwrap_or_default();
                         // The template names a special token whose ids are listed.
-                        let ids = p.get("special_tokens").and_then(|s| s.get(&name)).and_then(|s| s.get("ids")).and_then(Value::as_array);
+                        let ids = p
+                            .get("special_tokens")
+                            .and_then(|s| s.get(&name))
+                            .and_then(|s| s.get("ids"))
+                            .and_then(Value::as_array);
                         if ids.map(|v| v.len()) != Some(1) {
-                            return Err(refuse(&format!("{f}.special_tokens"), null_or(p.get("special_tokens")), "the prepended token must be one id"));
+                            return Err(refuse(
+                                &format!("{f}.special_tokens"),
+                                null_or(p.get("special_tokens")),
+                                "the prepended token must be one id",
+                            ));
                         }
-                        let tokens = p.get("special_tokens").and_then(|s| s.get(&name)).and_then(|s| s.get("tokens")).and_then(Value::as_array);
-                        let text = tokens.and_then(|t| t.first()).and_then(Value::as_str).unwrap_or(&name);
+                        let tokens = p
+                            .get("special_tokens")
+                            .and_then(|s| s.get(&name))
+                            .and_then(|s| s.get("tokens"))
+                            .and_then(Value::as_array);
+                        let text = tokens
+                            .and_then(|t| t.first())
+                            .and_then(Value::as_str)
+                            .unwrap_or(&name);
                         templ_bos = Some(text.to_string());
                         Ok(())
                     }
-                    _ => Err(refuse(&format!("{f}.single"), null_or(p.get("single")), "only [A] or [BOS, A] is supported")),
+                    _ => Err(refuse(
+                        &format!("{f}.single"),
+                        null_or(p.get("single")),
+                        "only [A] or [BOS, A] is supported",
+                    )),
                 }
             }
-            _ => Err(refuse(f, p, "only ByteLevel, TemplateProcessing or their Sequence are supported")),
+            _ => Err(refuse(
+                f,
+                p,
+                "only ByteLevel, TemplateProcessing or their Sequence are supported",
+            )),
         }
     };
     match type_of(post) {
         _ if post.is_null() => {}
         "Sequence" => {
-            for (i, p) in post.get("processors").and_then(Value::as_array).map(Vec::as_slice).unwrap_or(&[]).iter().enumerate() {
+            for (i, p) in post
+                .get("processors")
+                .and_then(Value::as_array)
+                .map(Vec::as_slice)
+                .unwrap_or(&[])
+                .iter()
+                .enumerate()
+            {
                 check_post(p, &format!("post_processor.processors[{i}]"))?;
             }
         }
@@ -341,14 +493,30 @@ fn bos_eos(j: &Value, config: Option<&Value>, opts: &Options) -> Result<(Option<
     }
     let tok_text = |key: &str| -> Option<String> {
         let v = config?.get(key)?;
-        v.as_str().map(str::to_string).or_else(|| v.get("content").and_then(Value::as_str).map(str::to_string))
+        v.as_str()
+            .map(str::to_string)
+            .or_else(|| v.get("content").and_then(Value::as_str).map(str::to_string))
     };
-    let add_bos_cfg = config.and_then(|c| c.get("add_bos_token")).and_then(Value::as_bool);
+    let add_bos_cfg = config
+        .and_then(|c| c.get("add_bos_token"))
+        .and_then(Value::as_bool);
     let add_bos = templ_bos.is_some() || add_bos_cfg == Some(true);
-    let bos = opts.bos.clone().or(templ_bos).or_else(|| tok_text("bos_token"));
+    let bos = opts
+        .bos
+        .clone()
+        .or(templ_bos)
+        .or_else(|| tok_text("bos_token"));
     let eos = opts.eos.clone().or_else(|| tok_text("eos_token"));
-    if config.and_then(|c| c.get("add_eos_token")).and_then(Value::as_bool) == Some(true) {
-        return Err(FormatError::format("tokenizer_config.add_eos_token", true, "appending EOS is not supported"));
+    if config
+        .and_then(|c| c.get("add_eos_token"))
+        .and_then(Value::as_bool)
+        == Some(true)
+    {
+        return Err(FormatError::format(
+            "tokenizer_config.add_eos_token",
+            true,
+            "appending EOS is not supported",
+        ));
     }
     Ok((bos, eos, add_bos))
 }
@@ -358,15 +526,19 @@ pub fn convert(tokenizer_json: &str, config_json: Option<&str>, opts: &Options) 
     let j: Value = serde_json::from_str(tokenizer_json)
         .map_err(|e| FormatError::format("tokenizer.json", "", format!("not JSON: {e}")))?;
     let config: Option<Value> = match config_json {
-        Some(c) => Some(
-            serde_json::from_str(c).map_err(|e| FormatError::format("tokenizer_config.json", "", format!("not JSON: {e}")))?,
-        ),
+        Some(c) => Some(serde_json::from_str(c).map_err(|e| {
+            FormatError::format("tokenizer_config.json", "", format!("not JSON: {e}"))
+        })?),
         None => None,
     };
     for key in ["truncation", "padding"] {
         let v = null_or(j.get(key));
         if !v.is_null() {
-            return Err(refuse(key, v, "must be null (it changes what encode returns)"));
+            return Err(refuse(
+                key,
+                v,
+                "must be null (it changes what encode returns)",
+            ));
         }
     }
     let (kind, mut flags) = kind_and_flags(&j)?;
@@ -374,7 +546,11 @@ pub fn convert(tokenizer_json: &str, config_json: Option<&str>, opts: &Options) 
     flags |= check_model(model, kind)?;
     let added = added_tokens(&j, null_or(j.get("normalizer")).is_null())?;
     let Some(vocab) = model.get("vocab").and_then(Value::as_object) else {
-        return Err(refuse("model.vocab", null_or(model.get("vocab")), "must be an object"));
+        return Err(refuse(
+            "model.vocab",
+            null_or(model.get("vocab")),
+            "must be an object",
+        ));
     };
 
     // Slots: model vocabulary first, then added tokens (which must agree with it).
@@ -384,7 +560,11 @@ pub fn convert(tokenizer_json: &str, config_json: Option<&str>, opts: &Options) 
     let added_ids: HashMap<u32, &str> = added.iter().map(|a| (a.id, a.content.as_str())).collect();
     for (piece, id) in vocab {
         let Some(id) = id.as_u64().and_then(|v| u32::try_from(v).ok()) else {
-            return Err(refuse(&format!("model.vocab[{piece:?}]"), id, "must be a u32 id"));
+            return Err(refuse(
+                &format!("model.vocab[{piece:?}]"),
+                id,
+                "must be a u32 id",
+            ));
         };
         piece_id.insert(piece.as_str(), id);
         let idx = id as usize;
@@ -392,25 +572,52 @@ pub fn convert(tokenizer_json: &str, config_json: Option<&str>, opts: &Options) 
             slots.resize(idx + 1, None);
         }
         if slots[idx].is_some() {
-            return Err(FormatError::format(format!("model.vocab[{piece:?}]"), id, "id used twice"));
+            return Err(FormatError::format(
+                format!("model.vocab[{piece:?}]"),
+                id,
+                "id used twice",
+            ));
         }
         let tok = if let Some(content) = added_ids.get(&id) {
             if *content != piece {
-                return Err(FormatError::format(format!("added_tokens id {id}"), content, format!("the vocabulary has {piece:?} at that id")));
+                return Err(FormatError::format(
+                    format!("added_tokens id {id}"),
+                    content,
+                    format!("the vocabulary has {piece:?} at that id"),
+                ));
             }
-            Token { attr: Attr::Added, bytes: content.as_bytes().to_vec() }
+            Token {
+                attr: Attr::Added,
+                bytes: content.as_bytes().to_vec(),
+            }
         } else {
             match kind {
                 Kind::ByteLevel => {
-                    let bytes: Option<Vec<u8>> = piece.chars().map(|c| gpt2.get(&c).copied()).collect();
+                    let bytes: Option<Vec<u8>> =
+                        piece.chars().map(|c| gpt2.get(&c).copied()).collect();
                     match bytes {
-                        Some(b) if !b.is_empty() => Token { attr: Attr::Normal, bytes: b },
-                        _ => return Err(FormatError::format(format!("model.vocab[{id}]"), piece, "not a byte-level piece (GPT-2 characters)")),
+                        Some(b) if !b.is_empty() => Token {
+                            attr: Attr::Normal,
+                            bytes: b,
+                        },
+                        _ => {
+                            return Err(FormatError::format(
+                                format!("model.vocab[{id}]"),
+                                piece,
+                                "not a byte-level piece (GPT-2 characters)",
+                            ))
+                        }
                     }
                 }
                 Kind::SentencePiece => match byte_piece(piece) {
-                    Some(b) => Token { attr: Attr::Byte, bytes: vec![b] },
-                    None => Token { attr: Attr::Normal, bytes: piece.as_bytes().to_vec() },
+                    Some(b) => Token {
+                        attr: Attr::Byte,
+                        bytes: vec![b],
+                    },
+                    None => Token {
+                        attr: Attr::Normal,
+                        bytes: piece.as_bytes().to_vec(),
+                    },
                 },
             }
         };
@@ -423,30 +630,60 @@ pub fn convert(tokenizer_json: &str, config_json: Option<&str>, opts: &Options) 
         }
         match &slots[idx] {
             Some(t) if t.attr == Attr::Added && t.bytes != a.content.as_bytes() => {
-                return Err(FormatError::format(format!("added_tokens id {}", a.id), &a.content, "id used twice"));
+                return Err(FormatError::format(
+                    format!("added_tokens id {}", a.id),
+                    &a.content,
+                    "id used twice",
+                ));
             }
             Some(t) if t.attr != Attr::Added => {
-                return Err(FormatError::format(format!("added_tokens id {}", a.id), &a.content, "conflicts with the vocabulary"));
+                return Err(FormatError::format(
+                    format!("added_tokens id {}", a.id),
+                    &a.content,
+                    "conflicts with the vocabulary",
+                ));
             }
-            _ => slots[idx] = Some(Token { attr: Attr::Added, bytes: a.content.as_bytes().to_vec() }),
+            _ => {
+                slots[idx] = Some(Token {
+                    attr: Attr::Added,
+                    bytes: a.content.as_bytes().to_vec(),
+                })
+            }
         }
     }
     if let Some(hole) = slots.iter().position(Option::is_none) {
-        return Err(FormatError::format("model.vocab", format!("id {hole}"), "ids must be dense 0..n: this id has no token"));
+        return Err(FormatError::format(
+            "model.vocab",
+            format!("id {hole}"),
+            "ids must be dense 0..n: this id has no token",
+        ));
     }
     let tokens: Vec<Token> = slots.into_iter().flatten().collect();
 
     let Some(merge_list) = model.get("merges").and_then(Value::as_array) else {
-        return Err(refuse("model.merges", null_or(model.get("merges")), "must be a list"));
+        return Err(refuse(
+            "model.merges",
+            null_or(model.get("merges")),
+            "must be a list",
+        ));
     };
     let mut merges = Vec::with_capacity(merge_list.len());
     for (i, m) in merge_list.iter().enumerate() {
         let f = format!("model.merges[{i}]");
         let (l, r) = merge_pair(m, &f)?;
-        let look = |p: &str| piece_id.get(p).copied().ok_or_else(|| refuse(&f, m, &format!("{p:?} is not in the vocabulary")));
+        let look = |p: &str| {
+            piece_id
+                .get(p)
+                .copied()
+                .ok_or_else(|| refuse(&f, m, &format!("{p:?} is not in the vocabulary")))
+        };
         let (left, right) = (look(l)?, look(r)?);
         let merged = look(&format!("{l}{r}"))?;
-        merges.push(Merge { left, right, merged });
+        merges.push(Merge {
+            left,
+            right,
+            merged,
+        });
     }
 
     let (bos, eos, add_bos) = bos_eos(&j, config.as_ref(), opts)?;
@@ -457,24 +694,41 @@ pub fn convert(tokenizer_json: &str, config_json: Option<&str>, opts: &Options) 
             .find(|a| a.content == text)
             .map(|a| a.id)
             .or_else(|| piece_id.get(text.as_str()).copied());
-        id.map(Some).ok_or_else(|| FormatError::format(name, &text, "no such token"))
+        id.map(Some)
+            .ok_or_else(|| FormatError::format(name, &text, "no such token"))
     };
     let bos = find("bos_token", bos)?;
     let eos = find("eos_token", eos)?;
     if add_bos {
         if bos.is_none() {
-            return Err(FormatError::format("bos_token", "none", "BOS is prepended but no BOS token is named"));
+            return Err(FormatError::format(
+                "bos_token",
+                "none",
+                "BOS is prepended but no BOS token is named",
+            ));
         }
         flags |= FLAG_ADD_BOS;
     }
     check_flags(kind, flags)?;
-    let mlt = Mlt { kind, bos, eos, flags, tokens, merges };
+    let mlt = Mlt {
+        kind,
+        bos,
+        eos,
+        flags,
+        tokens,
+        merges,
+    };
     // Without unk a missing byte is dropped (as the library does); with one it is not.
     let unk = null_or(model.get("unk_token"));
     if kind == Kind::ByteLevel && !unk.is_null() {
-        let have: std::collections::HashSet<&[u8]> = mlt.tokens.iter().map(|t| t.bytes.as_slice()).collect();
+        let have: std::collections::HashSet<&[u8]> =
+            mlt.tokens.iter().map(|t| t.bytes.as_slice()).collect();
         if let Some(b) = (0..=255u8).find(|b| !have.contains(&[*b][..])) {
-            return Err(refuse("model.unk_token", unk, &format!("byte {b:#04x} has no token and unknown tokens are not supported")));
+            return Err(refuse(
+                "model.unk_token",
+                unk,
+                &format!("byte {b:#04x} has no token and unknown tokens are not supported"),
+            ));
         }
     }
     // The encoder's own checks (every byte present, ...) must pass too.
@@ -484,7 +738,11 @@ pub fn convert(tokenizer_json: &str, config_json: Option<&str>, opts: &Options) 
 
 /// Reads `input` (and tokenizer_config.json beside it, if present), converts it and
 /// writes `output` atomically: a temporary file beside it, renamed on success.
-pub fn convert_file(input: &std::path::Path, output: &std::path::Path, opts: &Options) -> Result<Mlt> {
+pub fn convert_file(
+    input: &std::path::Path,
+    output: &std::path::Path,
+    opts: &Options,
+) -> Result<Mlt> {
     let json = std::fs::read_to_string(input).map_err(|e| FormatError::io(input, &e))?;
     let cfg_path = input.with_file_name("tokenizer_config.json");
     let cfg = match std::fs::read_to_string(&cfg_path) {
@@ -494,7 +752,10 @@ pub fn convert_file(input: &std::path::Path, output: &std::path::Path, opts: &Op
     };
     let mlt = convert(&json, cfg.as_deref(), opts).map_err(|e| {
         // Errors about tokenizer_config.json name that file.
-        if e.field.starts_with("tokenizer_config") || e.field == "bos_token" || e.field == "eos_token" {
+        if e.field.starts_with("tokenizer_config")
+            || e.field == "bos_token"
+            || e.field == "eos_token"
+        {
             e.in_file(if cfg.is_some() { &cfg_path } else { input })
         } else {
             e.in_file(input)
@@ -508,7 +769,10 @@ pub fn convert_file(input: &std::path::Path, output: &std::path::Path, opts: &Op
 /// Writes through a temporary file beside `path` and renames it; no partial output.
 pub fn write_atomic(path: &std::path::Path, bytes: &[u8]) -> Result<()> {
     use std::io::Write;
-    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
     let tmp = path.with_file_name(format!(".{name}.tmp{}", std::process::id()));
     let res = (|| {
         let mut f = std::fs::File::create(&tmp)?;

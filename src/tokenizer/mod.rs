@@ -32,7 +32,10 @@ struct AddedTrie {
 
 impl AddedTrie {
     fn new() -> AddedTrie {
-        AddedTrie { nodes: vec![(Vec::new(), None)], first: [false; 256] }
+        AddedTrie {
+            nodes: vec![(Vec::new(), None)],
+            first: [false; 256],
+        }
     }
 
     fn insert(&mut self, bytes: &[u8], id: u32) {
@@ -232,14 +235,18 @@ impl Tokenizer {
     fn encode_byte_level(&self, seg: &str, out: &mut Vec<u32>, scratch: &mut Vec<u32>) {
         let nfc;
         let seg = if self.flags & FLAG_NFC != 0
-            && unicode_normalization::is_nfc_quick(seg.chars()) != unicode_normalization::IsNormalized::Yes
+            && unicode_normalization::is_nfc_quick(seg.chars())
+                != unicode_normalization::IsNormalized::Yes
         {
             nfc = seg.nfc().collect::<String>();
             nfc.as_str()
         } else {
             seg
         };
-        let pretok = self.pretok.as_ref().expect("byte-level tokenizer has a pre-tokenizer");
+        let pretok = self
+            .pretok
+            .as_ref()
+            .expect("byte-level tokenizer has a pre-tokenizer");
         let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
         pretok.split(seg, &mut |piece| {
             let b = piece.as_bytes();
@@ -321,7 +328,9 @@ impl Tokenizer {
 
     /// The bytes one token stands for in decoded text (▁ → space for SentencePiece).
     fn piece(&self, id: u32, out: &mut Vec<u8>) {
-        let Some(t) = self.tokens.get(id as usize) else { return };
+        let Some(t) = self.tokens.get(id as usize) else {
+            return;
+        };
         if self.kind == Kind::SentencePiece && self.attrs[id as usize] == Attr::Normal {
             let mark = SPACE_MARK.as_bytes();
             let mut i = 0;
@@ -365,7 +374,11 @@ impl Tokenizer {
 
     /// A streaming decoder for generation.
     pub fn stream_decoder(&self) -> StreamDecoder<'_> {
-        StreamDecoder { tok: self, pending: Vec::new(), first: true }
+        StreamDecoder {
+            tok: self,
+            pending: Vec::new(),
+            first: true,
+        }
     }
 }
 
@@ -426,15 +439,24 @@ pub fn encode_to_json(tok: &Tokenizer, text: &str) -> String {
 pub fn parse_ids(text: &str, n_vocab: usize) -> Result<Vec<u32>> {
     let t = text.trim();
     let ids: Vec<u32> = if t.starts_with('[') {
-        serde_json::from_str(t).map_err(|e| FormatError::format("ids", t.chars().take(40).collect::<String>(), e.to_string()))?
+        serde_json::from_str(t).map_err(|e| {
+            FormatError::format("ids", t.chars().take(40).collect::<String>(), e.to_string())
+        })?
     } else {
         t.split(|c: char| c.is_whitespace() || c == ',')
             .filter(|s| !s.is_empty())
-            .map(|s| s.parse::<u32>().map_err(|_| FormatError::format("ids", s, "not a token id")))
+            .map(|s| {
+                s.parse::<u32>()
+                    .map_err(|_| FormatError::format("ids", s, "not a token id"))
+            })
             .collect::<Result<_>>()?
     };
     if let Some(&bad) = ids.iter().find(|&&i| i as usize >= n_vocab) {
-        return Err(FormatError::shape("ids", bad, format!("must be below n_vocab ({n_vocab})")));
+        return Err(FormatError::shape(
+            "ids",
+            bad,
+            format!("must be below n_vocab ({n_vocab})"),
+        ));
     }
     Ok(ids)
 }
@@ -460,7 +482,13 @@ pub fn describe(m: &Mlt) -> (String, serde_json::Value) {
         .map(|(i, t)| (i, t.bytes.as_slice()))
         .collect();
     let name = |id: Option<u32>| match id {
-        Some(i) => format!("{i} {}", m.tokens.get(i as usize).map(|t| shown(&t.bytes)).unwrap_or_default()),
+        Some(i) => format!(
+            "{i} {}",
+            m.tokens
+                .get(i as usize)
+                .map(|t| shown(&t.bytes))
+                .unwrap_or_default()
+        ),
         None => "-1".into(),
     };
     let mut text = format!(

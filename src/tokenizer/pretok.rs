@@ -4,11 +4,14 @@
 //! input, as the tokenizers library's `Split(Isolated)` does (gaps between matches are
 //! pieces too).
 
-use crate::format::mlt::{FLAG_DIGITS_SPLIT, FLAG_GPT2_REGEX, FLAG_LETTER_MARKS, FLAG_SINGLE_DIGITS};
+use crate::format::mlt::{
+    FLAG_DIGITS_SPLIT, FLAG_GPT2_REGEX, FLAG_LETTER_MARKS, FLAG_SINGLE_DIGITS,
+};
 use fancy_regex::Regex;
 
 /// The GPT-2 pattern of the ByteLevel pre-tokenizer with `use_regex: true`.
-pub const GPT2_PATTERN: &str = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+";
+pub const GPT2_PATTERN: &str =
+    r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+";
 
 /// The Llama 3-family pattern selected by the flags 16 (single digits) and 256
 /// (letter runs take marks), exactly as the tokenizer.json files spell it.
@@ -18,7 +21,11 @@ pub fn llama3_pattern(single_digits: bool, letter_marks: bool) -> String {
     } else {
         (r"\p{L}+", r"[^\s\p{L}\p{N}]+")
     };
-    let digits = if single_digits { r"\p{N}" } else { r"\p{N}{1,3}" };
+    let digits = if single_digits {
+        r"\p{N}"
+    } else {
+        r"\p{N}{1,3}"
+    };
     format!(
         r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{{L}}\p{{N}}]?{letters}|{digits}| ?{punct}[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
     )
@@ -29,7 +36,10 @@ pub fn pattern_for_flags(flags: u32) -> String {
     if flags & FLAG_GPT2_REGEX != 0 {
         GPT2_PATTERN.to_string()
     } else {
-        llama3_pattern(flags & FLAG_SINGLE_DIGITS != 0, flags & FLAG_LETTER_MARKS != 0)
+        llama3_pattern(
+            flags & FLAG_SINGLE_DIGITS != 0,
+            flags & FLAG_LETTER_MARKS != 0,
+        )
     }
 }
 
@@ -43,7 +53,10 @@ impl PreTokenizer {
     pub fn new(flags: u32) -> PreTokenizer {
         // The patterns are fixed and known to compile.
         let re = Regex::new(&pattern_for_flags(flags)).expect("built-in pattern compiles");
-        PreTokenizer { re, digits_split: flags & FLAG_DIGITS_SPLIT != 0 }
+        PreTokenizer {
+            re,
+            digits_split: flags & FLAG_DIGITS_SPLIT != 0,
+        }
     }
 
     /// Calls `f` on each pre-token of `text`, in order.
