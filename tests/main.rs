@@ -1,5 +1,6 @@
 //! Integration tests: one binary, one module per tool or concern.
 
+mod convert;
 mod inspect;
 mod kernels;
 mod tokenizer;
