@@ -1,6 +1,6 @@
 //! mlb-inspect: dump and validate `.mlb`, `.mlt` and `.mli` files.
 
-use std::io::Read;
+use std::io::{Read, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -8,7 +8,9 @@ use clap::Parser;
 use krafla::format::error::FormatError;
 use krafla::format::mlb::Mlb;
 use krafla::format::mli;
+use krafla::format::mlt::Mlt;
 use krafla::inspect::{self, FileKind};
+use krafla::tokenizer::{self, Tokenizer};
 
 /// Dump and validate Krafla files: models (.mlb), tokenizers (.mlt) and importance
 /// matrices (.mli). Exits non-zero with the spec's status (ML_E_IO, ML_E_FORMAT,
@@ -35,10 +37,13 @@ struct Args {
 fn run(args: &Args) -> Result<(), String> {
     let err = |e: FormatError| e.in_file(&args.file).to_string();
     let name = args.file.display().to_string();
-    let bytes = std::fs::read(&args.file).map_err(|e| FormatError::io(&args.file, &e).to_string())?;
+    let bytes =
+        std::fs::read(&args.file).map_err(|e| FormatError::io(&args.file, &e).to_string())?;
     let kind = inspect::detect(&bytes).map_err(err)?;
     if (args.encode || args.decode) && kind != FileKind::Mlt {
-        return Err(format!("{name}: --encode and --decode need a tokenizer (.mlt) file"));
+        return Err(format!(
+            "{name}: --encode and --decode need a tokenizer (.mlt) file"
+        ));
     }
     if args.tensor.is_some() && kind != FileKind::Mlb {
         return Err(format!("{name}: --tensor needs a model (.mlb) file"));
@@ -76,9 +81,39 @@ fn run(args: &Args) -> Result<(), String> {
 }
 
 fn inspect_mlt(args: &Args, bytes: &[u8], name: &str) -> Result<(), String> {
-    let _ = (args, bytes);
-    let _ = std::io::stdin().read(&mut []);
-    Err(format!("{name}: MLT1 tokenizer files are not supported by this build yet"))
+    let err = |e: FormatError| e.in_file(&args.file).to_string();
+    let mlt = Mlt::parse(bytes).map_err(err)?;
+    if args.encode || args.decode {
+        let tok = Tokenizer::from_mlt(&mlt).map_err(err)?;
+        let mut input = Vec::new();
+        std::io::stdin()
+            .read_to_end(&mut input)
+            .map_err(|e| format!("stdin: {e}"))?;
+        if args.encode {
+            let text =
+                String::from_utf8(input).map_err(|e| format!("stdin: not UTF-8 text ({e})"))?;
+            println!("{}", tokenizer::encode_to_json(&tok, &text));
+        } else {
+            let text = String::from_utf8_lossy(&input);
+            let ids =
+                tokenizer::parse_ids(&text, tok.n_vocab()).map_err(|e| format!("stdin: {e}"))?;
+            let out = tok.decode(&ids);
+            std::io::stdout()
+                .write_all(&out)
+                .map_err(|e| format!("stdout: {e}"))?;
+        }
+        return Ok(());
+    }
+    let (text, json) = tokenizer::describe(&mlt);
+    if args.json {
+        let mut json = json;
+        json["file"] = serde_json::Value::String(name.to_string());
+        println!("{json}");
+    } else {
+        print!("{name}: {text}");
+        println!("\nverdict: valid");
+    }
+    Ok(())
 }
 
 fn main() -> ExitCode {

@@ -34,7 +34,11 @@ fn report_snapshots() {
     let dir = tempfile::tempdir().unwrap();
     write(dir.path(), "tiny.mlb", &synth_file(&tiny_header(), &[], 1));
     let flags = [layer_flag::SLIDING | layer_flag::LOCAL_ROPE, 0];
-    write(dir.path(), "rich.mlb", &synth_file(&rich_header(), &flags, 2));
+    write(
+        dir.path(),
+        "rich.mlb",
+        &synth_file(&rich_header(), &flags, 2),
+    );
     for (name, args) in [
         ("tiny_text", vec!["tiny.mlb"]),
         ("rich_text", vec!["rich.mlb"]),
@@ -103,51 +107,156 @@ fn error_table_through_the_binary() {
     let rows: Vec<(&str, Vec<u8>, &str)> = vec![
         ("empty file", vec![], "ML_E_FORMAT"),
         ("short file", good[..100].to_vec(), "ML_E_FORMAT"),
-        ("bad magic", with_header(|h| h.magic = *b"MLBX"), "ML_E_FORMAT"),
+        (
+            "bad magic",
+            with_header(|h| h.magic = *b"MLBX"),
+            "ML_E_FORMAT",
+        ),
         ("bad version", with_header(|h| h.version = 9), "ML_E_FORMAT"),
         ("unknown wtype", with_header(|h| h.wtype = 7), "ML_E_FORMAT"),
-        ("unknown rope_type", with_header(|h| h.rope_type = 9), "ML_E_FORMAT"),
-        ("bad llama3", with_header(|h| h.rope_type = 1), "ML_E_FORMAT"),
-        ("bad linear", with_header(|h| h.rope_type = 2), "ML_E_FORMAT"),
+        (
+            "unknown rope_type",
+            with_header(|h| h.rope_type = 9),
+            "ML_E_FORMAT",
+        ),
+        (
+            "bad llama3",
+            with_header(|h| h.rope_type = 1),
+            "ML_E_FORMAT",
+        ),
+        (
+            "bad linear",
+            with_header(|h| h.rope_type = 2),
+            "ML_E_FORMAT",
+        ),
         ("bad yarn", with_header(|h| h.rope_type = 3), "ML_E_FORMAT"),
-        ("attn factor without yarn", with_header(|h| h.rope_attn_factor = 1.0), "ML_E_FORMAT"),
+        (
+            "attn factor without yarn",
+            with_header(|h| h.rope_attn_factor = 1.0),
+            "ML_E_FORMAT",
+        ),
         ("qkv_bias 2", with_header(|h| h.qkv_bias = 2), "ML_E_FORMAT"),
         ("qk_norm 2", with_header(|h| h.qk_norm = 2), "ML_E_FORMAT"),
-        ("layer_flags 2", with_header(|h| h.layer_flags = 2), "ML_E_FORMAT"),
-        ("post_norms 2", with_header(|h| h.post_norms = 2), "ML_E_FORMAT"),
-        ("scale_f16 2", with_header(|h| h.scale_f16 = 2), "ML_E_FORMAT"),
+        (
+            "layer_flags 2",
+            with_header(|h| h.layer_flags = 2),
+            "ML_E_FORMAT",
+        ),
+        (
+            "post_norms 2",
+            with_header(|h| h.post_norms = 2),
+            "ML_E_FORMAT",
+        ),
+        (
+            "scale_f16 2",
+            with_header(|h| h.scale_f16 = 2),
+            "ML_E_FORMAT",
+        ),
         ("unknown act", with_header(|h| h.act = 3), "ML_E_FORMAT"),
-        ("negative embed_scale", with_header(|h| h.embed_scale = -1.0), "ML_E_FORMAT"),
-        ("nan attn_scale", with_header(|h| h.attn_scale = f32::NAN), "ML_E_FORMAT"),
-        ("inf attn_softcap", with_header(|h| h.attn_softcap = f32::INFINITY), "ML_E_FORMAT"),
-        ("negative final_softcap", with_header(|h| h.final_softcap = -2.0), "ML_E_FORMAT"),
-        ("negative rope_local_theta", with_header(|h| h.rope_local_theta = -5.0), "ML_E_FORMAT"),
-        ("huge sliding_window", with_header(|h| h.sliding_window = u32::MAX), "ML_E_FORMAT"),
-        ("truncated arrays", good[..good.len() - 4096].to_vec(), "ML_E_FORMAT"),
+        (
+            "negative embed_scale",
+            with_header(|h| h.embed_scale = -1.0),
+            "ML_E_FORMAT",
+        ),
+        (
+            "nan attn_scale",
+            with_header(|h| h.attn_scale = f32::NAN),
+            "ML_E_FORMAT",
+        ),
+        (
+            "inf attn_softcap",
+            with_header(|h| h.attn_softcap = f32::INFINITY),
+            "ML_E_FORMAT",
+        ),
+        (
+            "negative final_softcap",
+            with_header(|h| h.final_softcap = -2.0),
+            "ML_E_FORMAT",
+        ),
+        (
+            "negative rope_local_theta",
+            with_header(|h| h.rope_local_theta = -5.0),
+            "ML_E_FORMAT",
+        ),
+        (
+            "huge sliding_window",
+            with_header(|h| h.sliding_window = u32::MAX),
+            "ML_E_FORMAT",
+        ),
+        (
+            "truncated arrays",
+            good[..good.len() - 4096].to_vec(),
+            "ML_E_FORMAT",
+        ),
         ("q8 quant -128", minus128, "ML_E_FORMAT"),
         ("zero dim", with_header(|h| h.dim = 0), "ML_E_SHAPE"),
-        ("over-limit n_layers", with_header(|h| h.n_layers = 70000), "ML_E_SHAPE"),
-        ("dim not multiple of 32", with_header(|h| h.dim = 40), "ML_E_SHAPE"),
-        ("hidden_dim not multiple of 32", with_header(|h| h.hidden_dim = 130), "ML_E_SHAPE"),
-        ("dim % n_heads", with_header(|h| { h.n_heads = 6; h.n_kv_heads = 2 }), "ML_E_SHAPE"),
-        ("n_heads % n_kv_heads", with_header(|h| h.n_kv_heads = 3), "ML_E_SHAPE"),
-        ("odd head_dim", with_header(|h| h.head_dim = 9), "ML_E_SHAPE"),
-        ("q_dim not multiple of 32", with_header(|h| h.head_dim = 20), "ML_E_SHAPE"),
-        ("q_dim above 65536", with_header(|h| h.head_dim = 65536), "ML_E_SHAPE"),
+        (
+            "over-limit n_layers",
+            with_header(|h| h.n_layers = 70000),
+            "ML_E_SHAPE",
+        ),
+        (
+            "dim not multiple of 32",
+            with_header(|h| h.dim = 40),
+            "ML_E_SHAPE",
+        ),
+        (
+            "hidden_dim not multiple of 32",
+            with_header(|h| h.hidden_dim = 130),
+            "ML_E_SHAPE",
+        ),
+        (
+            "dim % n_heads",
+            with_header(|h| {
+                h.n_heads = 6;
+                h.n_kv_heads = 2
+            }),
+            "ML_E_SHAPE",
+        ),
+        (
+            "n_heads % n_kv_heads",
+            with_header(|h| h.n_kv_heads = 3),
+            "ML_E_SHAPE",
+        ),
+        (
+            "odd head_dim",
+            with_header(|h| h.head_dim = 9),
+            "ML_E_SHAPE",
+        ),
+        (
+            "q_dim not multiple of 32",
+            with_header(|h| h.head_dim = 20),
+            "ML_E_SHAPE",
+        ),
+        (
+            "q_dim above 65536",
+            with_header(|h| h.head_dim = 65536),
+            "ML_E_SHAPE",
+        ),
         ("vocab < 3", with_header(|h| h.vocab = 2), "ML_E_SHAPE"),
     ];
     for (what, bytes, status) in rows {
         let (ok, err) = inspect_bytes(&bytes);
         assert!(!ok, "{what}: accepted");
-        assert!(err.contains(status), "{what}: expected {status}, got: {err}");
-        assert!(err.contains("x.mlb"), "{what}: error does not name the file: {err}");
+        assert!(
+            err.contains(status),
+            "{what}: expected {status}, got: {err}"
+        );
+        assert!(
+            err.contains("x.mlb"),
+            "{what}: error does not name the file: {err}"
+        );
         assert_eq!(err.lines().count(), 1, "{what}: one line: {err}");
     }
     // Layer-flag rows.
     let mut h = tiny_header();
     h.layer_flags = 1;
     h.rope_local_theta = 1e4;
-    for (flags, what) in [([32u8, 0], "unknown bits"), ([6, 0], "local RoPE and no RoPE"), ([2, 0], "local RoPE without base")] {
+    for (flags, what) in [
+        ([32u8, 0], "unknown bits"),
+        ([6, 0], "local RoPE and no RoPE"),
+        ([2, 0], "local RoPE without base"),
+    ] {
         let mut b = synth_file(&h, &[0, 0], 4);
         b[256..258].copy_from_slice(&flags);
         if what == "local RoPE without base" {
@@ -163,4 +272,54 @@ fn error_table_through_the_binary() {
     let o = run_in(dir.path(), "mlb-inspect", &["missing.mlb"]);
     assert!(!o.status.success());
     assert!(stderr(&o).contains("ML_E_IO"), "{}", stderr(&o));
+}
+
+#[test]
+fn mlt_report_encode_decode() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = crate::util::testdata().join("default/tokenizer.json");
+    let o = run_in(
+        dir.path(),
+        "mlt-convert",
+        &[src.to_str().unwrap(), "-o", "t.mlt"],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = run_in(dir.path(), "mlb-inspect", &["t.mlt"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    insta::assert_snapshot!("mlt_text", stdout(&o));
+    let o = run_in(dir.path(), "mlb-inspect", &["t.mlt", "--json"]);
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(v["file"], "t.mlt");
+    let run_stdin = |args: &[&str], input: &str| {
+        use std::io::Write;
+        let mut c = std::process::Command::new(crate::util::bin_path("mlb-inspect"))
+            .args(args)
+            .current_dir(dir.path())
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        c.stdin.take().unwrap().write_all(input.as_bytes()).unwrap();
+        c.wait_with_output().unwrap()
+    };
+    let text = "The built-in functions, 1234 of them.";
+    let o = run_stdin(&["t.mlt", "--encode"], text);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let ids = stdout(&o);
+    assert_eq!(ids.lines().count(), 1);
+    let parsed: Vec<u32> = serde_json::from_str(ids.trim()).unwrap();
+    assert_eq!(parsed[0], 1, "BOS first");
+    // Decoding without the BOS gives the text back.
+    let rest = serde_json::to_string(&parsed[1..]).unwrap();
+    let o = run_stdin(&["t.mlt", "--decode"], &rest);
+    assert_eq!(stdout(&o), text);
+    // Out-of-range ids are refused with a status.
+    let o = run_stdin(&["t.mlt", "--decode"], "[999999]");
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("ML_E_SHAPE"), "{}", stderr(&o));
+    // --encode on a model file is refused.
+    std::fs::write(dir.path().join("m.mlb"), synth_file(&tiny_header(), &[], 5)).unwrap();
+    let o = run_in(dir.path(), "mlb-inspect", &["m.mlb", "--encode"]);
+    assert!(!o.status.success());
 }

@@ -58,7 +58,12 @@ struct Totals {
 
 fn totals(m: &Mlb) -> Totals {
     let l = m.layout();
-    let mut t = Totals { params: l.params(), file_bytes: m.bytes().len() as u64, mat_params: 0, mat_bytes: 0 };
+    let mut t = Totals {
+        params: l.params(),
+        file_bytes: m.bytes().len() as u64,
+        mat_params: 0,
+        mat_bytes: 0,
+    };
     for x in &l.tensors {
         if let Kind::Mat { .. } = x.kind {
             t.mat_params += x.params();
@@ -82,7 +87,11 @@ pub fn report_text(m: &Mlb, file_name: &str) -> String {
     let d = m.dims();
     let l = m.layout();
     let mut s = String::new();
-    let _ = writeln!(s, "{file_name}: MLB1 model, {}", human_bytes(m.bytes().len() as u64));
+    let _ = writeln!(
+        s,
+        "{file_name}: MLB1 model, {}",
+        human_bytes(m.bytes().len() as u64)
+    );
     let _ = writeln!(s, "\nheader");
     let _ = writeln!(s, "  {:<22} {:<16} magic number", "magic", "MLB1");
     for f in FIELDS {
@@ -100,7 +109,11 @@ pub fn report_text(m: &Mlb, file_name: &str) -> String {
         d.head_dim, d.q_dim, d.kv_dim, d.rot_dim
     );
     if d.lin_qkv != 0 {
-        let _ = writeln!(s, "  linear attention: qkv channels {}  value channels {}", d.lin_qkv, d.lin_v_total);
+        let _ = writeln!(
+            s,
+            "  linear attention: qkv channels {}  value channels {}",
+            d.lin_qkv, d.lin_v_total
+        );
     }
     let _ = writeln!(s, "\nlayers");
     for i in 0..d.n_layers {
@@ -109,13 +122,25 @@ pub fn report_text(m: &Mlb, file_name: &str) -> String {
         if h.layer_flags == 0 && h.sliding_window != 0 {
             names.push("sliding (all layers)");
         }
-        let desc = if names.is_empty() { "full attention".to_string() } else { names.join(", ") };
+        let desc = if names.is_empty() {
+            "full attention".to_string()
+        } else {
+            names.join(", ")
+        };
         let _ = writeln!(s, "  {i:>3}  {desc}");
     }
     let _ = writeln!(s, "\ntensors");
-    let _ = writeln!(s, "  {:<26} {:>12} {:>14} {:>5} {:>12}", "name", "offset", "shape", "type", "bytes");
+    let _ = writeln!(
+        s,
+        "  {:<26} {:>12} {:>14} {:>5} {:>12}",
+        "name", "offset", "shape", "type", "bytes"
+    );
     for t in &l.tensors {
-        let shp = shape(t).iter().map(|x| x.to_string()).collect::<Vec<_>>().join(" × ");
+        let shp = shape(t)
+            .iter()
+            .map(|x| x.to_string())
+            .collect::<Vec<_>>()
+            .join(" × ");
         let _ = writeln!(
             s,
             "  {:<26} {:>12} {:>14} {:>5} {:>12}",
@@ -132,8 +157,17 @@ pub fn report_text(m: &Mlb, file_name: &str) -> String {
     let t = totals(m);
     let _ = writeln!(s, "\ntotals");
     let _ = writeln!(s, "  parameters       {}", t.params);
-    let _ = writeln!(s, "  file bytes       {} ({})", t.file_bytes, human_bytes(t.file_bytes));
-    let _ = writeln!(s, "  bits per weight  {:.3} (quantized matrices, scales included)", bpw(&t));
+    let _ = writeln!(
+        s,
+        "  file bytes       {} ({})",
+        t.file_bytes,
+        human_bytes(t.file_bytes)
+    );
+    let _ = writeln!(
+        s,
+        "  bits per weight  {:.3} (quantized matrices, scales included)",
+        bpw(&t)
+    );
     let _ = writeln!(s, "\nverdict: valid");
     s
 }
@@ -169,7 +203,10 @@ pub fn report_json(m: &Mlb, file_name: &str) -> Value {
                 "type": type_name(t),
                 "bytes": t.stored_bytes(),
             });
-            if let Kind::Mat { d_offset, d_bytes, .. } = t.kind {
+            if let Kind::Mat {
+                d_offset, d_bytes, ..
+            } = t.kind
+            {
                 o["scales_offset"] = json!(d_offset);
                 o["scales_bytes"] = json!(d_bytes);
             }
@@ -241,7 +278,9 @@ pub fn tensor_stats(m: &Mlb, name: &str) -> Option<TensorStats> {
             }
         }
         Kind::F32 { .. } => m.f32s(idx).iter().for_each(|&v| add(v)),
-        Kind::Mat { qtype, rows, cols, .. } => {
+        Kind::Mat {
+            qtype, rows, cols, ..
+        } => {
             let mr = m.mat(idx);
             let mut row = vec![0f32; cols];
             for r in 0..rows {

@@ -6,7 +6,12 @@ use serde_json::{json, Value};
 
 use crate::format::mli::{Mli, Slot};
 
-const SLOTS: [(Slot, &str); 4] = [(Slot::Attn, "attn_in"), (Slot::Wo, "wo_in"), (Slot::W13, "ffn_in"), (Slot::W2, "w2_in")];
+const SLOTS: [(Slot, &str); 4] = [
+    (Slot::Attn, "attn_in"),
+    (Slot::Wo, "wo_in"),
+    (Slot::W13, "ffn_in"),
+    (Slot::W2, "w2_in"),
+];
 
 /// Mean of the per-channel mean squares (sums over tokens), and its maximum.
 fn summary(sums: &[f64], tokens: u64) -> (f64, f64) {
@@ -23,8 +28,15 @@ pub fn report_text(m: &Mli, file_name: &str) -> String {
     let _ = writeln!(s, "  dim         {}", m.dim);
     let _ = writeln!(s, "  hidden_dim  {}", m.hidden_dim);
     let _ = writeln!(s, "  q_dim       {}", m.q_dim);
-    let _ = writeln!(s, "  tokens      {} (layers), {} (classifier)", m.tokens, m.cls_tokens);
-    let _ = writeln!(s, "\nmean square of each matrix input (mean / max over channels)");
+    let _ = writeln!(
+        s,
+        "  tokens      {} (layers), {} (classifier)",
+        m.tokens, m.cls_tokens
+    );
+    let _ = writeln!(
+        s,
+        "\nmean square of each matrix input (mean / max over channels)"
+    );
     for l in 0..m.n_layers {
         let mut line = format!("  {l:>3}");
         for (slot, name) in SLOTS {

@@ -17,7 +17,11 @@ pub fn bin_path(name: &str) -> PathBuf {
 
 /// Runs a binary in `dir` with `args`.
 pub fn run_in(dir: &Path, name: &str, args: &[&str]) -> Output {
-    Command::new(bin_path(name)).args(args).current_dir(dir).output().expect("spawn binary")
+    Command::new(bin_path(name))
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .expect("spawn binary")
 }
 
 /// The repository's testdata folder.
