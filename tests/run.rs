@@ -458,7 +458,7 @@ mod cli {
             (vec!["/nonexistent/x.mlb", "--tokens", "1"], "x.mlb"),
             (vec![p, "--tokens", "1", "--ctx", "100000"], "max_seq"),
             (vec![p, "--tokens", "1", "--top-p", "0"], "top-p"),
-            (vec![p, "--tokens", "1", "--temp", "-1"], "temp"),
+            (vec![p, "--tokens", "1", "--temp=-1"], "temp"),
         ] {
             let (ok, _, err) = run(&args);
             assert!(!ok, "{args:?} should fail");
