@@ -9,6 +9,7 @@ use std::time::Instant;
 use clap::Parser;
 use krafla::format::mlb::Mlb;
 use krafla::kernels;
+use krafla::model::forward::LogitsSink;
 use krafla::model::{Model, Options, Sampler, SamplerOpts};
 use krafla::tokenizer::Tokenizer;
 
@@ -244,7 +245,7 @@ fn run(a: Args) -> Result<(), String> {
                 f.row(row)
             }
         };
-        let each: Option<&mut dyn FnMut(usize, &[f32])> = if a.logits.is_some() {
+        let each: Option<LogitsSink> = if a.logits.is_some() {
             Some(&mut sink)
         } else {
             None
