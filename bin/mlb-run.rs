@@ -30,7 +30,7 @@ struct Args {
     /// Token ids instead of text, e.g. "1 2 3".
     #[arg(long)]
     tokens: Option<String>,
-    /// Tokens to generate (default 128; 0 with --logits).
+    /// Tokens to generate (default 128; 0 with --logits or --imatrix).
     #[arg(short = 'n', long = "n-predict")]
     n: Option<usize>,
     /// Sampling temperature; 0 is greedy.
@@ -54,6 +54,11 @@ struct Args {
     /// Write every prompt position's logits (little-endian f32, positions × vocab).
     #[arg(long)]
     logits: Option<PathBuf>,
+    /// Sum the squared inputs of every matrix over the prompt and write them as an MLI1
+    /// importance matrix (for `mlb-convert --imatrix`); a prompt longer than the context
+    /// is run in consecutive windows of --ctx tokens.
+    #[arg(long, value_name = "FILE.mli")]
+    imatrix: Option<PathBuf>,
     /// Worker threads (default: all cores).
     #[arg(long)]
     threads: Option<usize>,
@@ -154,6 +159,15 @@ impl LogitsFile {
     }
 }
 
+/// Writes `bytes` to a temporary file beside `path`, then renames it.
+fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), String> {
+    let mut f = LogitsFile::create(path)?;
+    f.out
+        .write_all(bytes)
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    f.finish(path)
+}
+
 fn run(a: Args) -> Result<(), String> {
     if let Some(t) = a.threads {
         if t == 0 {
@@ -207,6 +221,7 @@ fn run(a: Args) -> Result<(), String> {
     let opts = Options {
         ctx: a.ctx,
         batch: a.batch.max(1),
+        imatrix: a.imatrix.is_some(),
         ..Options::default()
     };
     let mut st = model.state(&opts).map_err(|e| e.to_string())?;
@@ -245,23 +260,43 @@ fn run(a: Args) -> Result<(), String> {
                 f.row(row)
             }
         };
-        let each: Option<LogitsSink> = if a.logits.is_some() {
-            Some(&mut sink)
+        // With --imatrix every position goes through the classifier, so its input is summed.
+        let all = a.logits.is_some() || a.imatrix.is_some();
+        if a.imatrix.is_some() && a.logits.is_none() && prompt.len() > st.ctx() {
+            // A calibration text longer than the context: consecutive windows of ctx
+            // tokens, each from an empty context; the sums accumulate.
+            let mut last = Vec::new();
+            for w in prompt.chunks(st.ctx()) {
+                st.reset();
+                last = model
+                    .prefill(&mut st, w, Some(&mut sink))
+                    .map_err(|e| e.to_string())?
+                    .to_vec();
+            }
+            last
         } else {
-            None
-        };
-        model
-            .prefill(&mut st, &prompt, each)
-            .map_err(|e| e.to_string())?
-            .to_vec()
+            let each: Option<LogitsSink> = if all { Some(&mut sink) } else { None };
+            model
+                .prefill(&mut st, &prompt, each)
+                .map_err(|e| e.to_string())?
+                .to_vec()
+        }
     };
     let prompt_secs = t0.elapsed().as_secs_f64();
     if let (Some(f), Some(p)) = (logits_file.take(), &a.logits) {
         f.finish(p)?;
     }
 
+    if let (Some(p), Some(m)) = (&a.imatrix, st.imatrix()) {
+        write_atomic(p, &m.to_bytes())?;
+    }
+
     // Generation.
-    let n_gen = a.n.unwrap_or(if a.logits.is_some() { 0 } else { 128 });
+    let n_gen = a.n.unwrap_or(if a.logits.is_some() || a.imatrix.is_some() {
+        0
+    } else {
+        128
+    });
     let mut sampler = Sampler::new(SamplerOpts {
         temp: a.temp,
         top_k: a.top_k,
