@@ -10,12 +10,16 @@ use std::str::FromStr;
 use std::time::Instant;
 
 fn data(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("testdata/tokenizers").join(name)
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("testdata/tokenizers")
+        .join(name)
 }
 
 fn gunzip(name: &str) -> String {
     let mut s = String::new();
-    GzDecoder::new(std::fs::File::open(data(name)).unwrap()).read_to_string(&mut s).unwrap();
+    GzDecoder::new(std::fs::File::open(data(name)).unwrap())
+        .read_to_string(&mut s)
+        .unwrap();
     s
 }
 
@@ -57,18 +61,35 @@ fn best_of<T>(runs: usize, mut f: impl FnMut() -> T) -> (f64, T) {
 }
 
 fn main() {
-    let mb: f64 = std::env::args().skip(1).find_map(|a| a.parse().ok()).unwrap_or(4.0);
+    let mb: f64 = std::env::args()
+        .skip(1)
+        .find_map(|a| a.parse().ok())
+        .unwrap_or(4.0);
     let text = mixed_text((mb * 1e6) as usize);
     let size = text.len() as f64 / 1e6;
     let families: [(&str, &str, Option<&str>); 5] = [
         ("llama3", "llama3.tokenizer.json.gz", None),
         ("qwen3", "qwen3.tokenizer.json.gz", None),
-        ("gemma3", "gemma3.tokenizer.json.gz", Some("gemma3.tokenizer_config.json")),
-        ("smollm2", "smollm2.tokenizer.json.gz", Some("smollm2.tokenizer_config.json")),
-        ("smollm2-digits", "smollm2.tokenizer.digits-split.json.gz", Some("smollm2.tokenizer_config.json")),
+        (
+            "gemma3",
+            "gemma3.tokenizer.json.gz",
+            Some("gemma3.tokenizer_config.json"),
+        ),
+        (
+            "smollm2",
+            "smollm2.tokenizer.json.gz",
+            Some("smollm2.tokenizer_config.json"),
+        ),
+        (
+            "smollm2-digits",
+            "smollm2.tokenizer.digits-split.json.gz",
+            Some("smollm2.tokenizer_config.json"),
+        ),
     ];
     println!("encode throughput on {size:.1} MB of mixed text (best of 3, one thread)");
-    println!("| family | tokens | krafla MB/s | tokenizers MB/s (encode_fast) | speed-up | same ids |");
+    println!(
+        "| family | tokens | krafla MB/s | tokenizers MB/s (encode_fast) | speed-up | same ids |"
+    );
     println!("| --- | ---: | ---: | ---: | ---: | --- |");
     // TOK_BENCH_ONLY=name picks one family; TOK_BENCH_NO_HF=1 skips the oracle (profiling).
     let only = std::env::var("TOK_BENCH_ONLY").ok();
@@ -84,7 +105,11 @@ fn main() {
         let hf = tokenizers::Tokenizer::from_str(&json).unwrap();
         let (t_ours, ids) = best_of(3, || ours.encode(&text));
         if no_hf {
-            println!("| {name} | {} | {:.1} | - | - | - |", ids.len(), size / t_ours);
+            println!(
+                "| {name} | {} | {:.1} | - | - | - |",
+                ids.len(),
+                size / t_ours
+            );
             continue;
         }
         let (t_hf, enc) = best_of(3, || hf.encode_fast(text.as_str(), true).unwrap());

@@ -6,7 +6,10 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 #[derive(Parser)]
-#[command(version, about = "Convert a Hugging Face tokenizer.json to an MLT1 tokenizer file")]
+#[command(
+    version,
+    about = "Convert a Hugging Face tokenizer.json to an MLT1 tokenizer file"
+)]
 struct Args {
     /// The tokenizer.json to convert.
     input: PathBuf,
@@ -26,12 +29,19 @@ struct Args {
 
 fn main() -> ExitCode {
     let a = Args::parse();
-    let opts = Options { bos: a.bos, eos: a.eos };
+    let opts = Options {
+        bos: a.bos,
+        eos: a.eos,
+    };
     match convert_file(&a.input, &a.output, &opts) {
         Ok(m) => {
             if !a.quiet {
                 let (text, _) = krafla::tokenizer::describe(&m);
-                eprintln!("wrote {}\n{}", a.output.display(), text.lines().take(6).collect::<Vec<_>>().join("\n"));
+                eprintln!(
+                    "wrote {}\n{}",
+                    a.output.display(),
+                    text.lines().take(6).collect::<Vec<_>>().join("\n")
+                );
             }
             ExitCode::SUCCESS
         }

@@ -11,13 +11,17 @@ use std::path::PathBuf;
 use std::str::FromStr;
 
 fn data(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("testdata/tokenizers").join(name)
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("testdata/tokenizers")
+        .join(name)
 }
 
 fn gunzip(name: &str) -> String {
     let f = std::fs::File::open(data(name)).expect("test data present");
     let mut s = String::new();
-    GzDecoder::new(f).read_to_string(&mut s).expect("gzip of UTF-8");
+    GzDecoder::new(f)
+        .read_to_string(&mut s)
+        .expect("gzip of UTF-8");
     s
 }
 
@@ -57,20 +61,97 @@ fn corpus() -> Vec<(String, String)> {
             c.1.push(line);
         }
     }
-    let mut out: Vec<(String, String)> =
-        cases.into_iter().map(|(n, lines)| (n, unescape(&lines.join("\n")))).collect();
+    let mut out: Vec<(String, String)> = cases
+        .into_iter()
+        .map(|(n, lines)| (n, unescape(&lines.join("\n"))))
+        .collect();
     // All of it at once too, so cases meet each other.
-    let all: String = out.iter().map(|c| c.1.as_str()).collect::<Vec<_>>().join("\n");
+    let all: String = out
+        .iter()
+        .map(|c| c.1.as_str())
+        .collect::<Vec<_>>()
+        .join("\n");
     out.push(("whole corpus".into(), all));
     out
 }
 
 const ALPHABET: &[&str] = &[
-    "a", "b", "Z", "é", "e\u{301}", "\u{301}", "\u{93F}", "क", "ก", "\u{E49}", "中", "の", "한", "ع", "ß", "ſ",
-    "0", "1", "9", "²", "½", "٣", "३", "Ⅻ", " ", " ", " ", "  ", "\n", "\r\n", "\r", "\t", "\u{A0}", "\u{3000}",
-    "\u{2028}", "\u{85}", "\u{200B}", "\u{FEFF}", "'", "'s", "'S", "'ll", "'LL", "'t", "'d", "'Re", "!", ".", ",",
-    "-", "_", "(", ")", "\"", "<", ">", "|", "#", "😀", "👍🏽", "👨‍👩‍👧", "\u{200D}", "\u{FFFD}", "\u{FFFF}",
-    "\u{E000}", "\u{10FFFF}", "\u{0}", "\u{7F}", "▁", "<s>", "<0x41>", "<|", "|>", "im_", "<bo", "s>",
+    "a",
+    "b",
+    "Z",
+    "é",
+    "e\u{301}",
+    "\u{301}",
+    "\u{93F}",
+    "क",
+    "ก",
+    "\u{E49}",
+    "中",
+    "の",
+    "한",
+    "ع",
+    "ß",
+    "ſ",
+    "0",
+    "1",
+    "9",
+    "²",
+    "½",
+    "٣",
+    "३",
+    "Ⅻ",
+    " ",
+    " ",
+    " ",
+    "  ",
+    "\n",
+    "\r\n",
+    "\r",
+    "\t",
+    "\u{A0}",
+    "\u{3000}",
+    "\u{2028}",
+    "\u{85}",
+    "\u{200B}",
+    "\u{FEFF}",
+    "'",
+    "'s",
+    "'S",
+    "'ll",
+    "'LL",
+    "'t",
+    "'d",
+    "'Re",
+    "!",
+    ".",
+    ",",
+    "-",
+    "_",
+    "(",
+    ")",
+    "\"",
+    "<",
+    ">",
+    "|",
+    "#",
+    "😀",
+    "👍🏽",
+    "👨‍👩‍👧",
+    "\u{200D}",
+    "\u{FFFD}",
+    "\u{FFFF}",
+    "\u{E000}",
+    "\u{10FFFF}",
+    "\u{0}",
+    "\u{7F}",
+    "▁",
+    "<s>",
+    "<0x41>",
+    "<|",
+    "|>",
+    "im_",
+    "<bo",
+    "s>",
 ];
 
 /// Random strings over [`ALPHABET`], from a fixed seed.
@@ -85,7 +166,9 @@ fn fuzz_cases(n: usize) -> Vec<String> {
     (0..n)
         .map(|_| {
             let len = (next() % 24) as usize;
-            (0..len).map(|_| ALPHABET[(next() % ALPHABET.len() as u64) as usize]).collect()
+            (0..len)
+                .map(|_| ALPHABET[(next() % ALPHABET.len() as u64) as usize])
+                .collect()
         })
         .collect()
 }
@@ -113,14 +196,31 @@ struct Outcome {
     round_trips: usize,
 }
 
-fn compare(name: &str, ours: &Tokenizer, hf: &tokenizers::Tokenizer, cases: &[(String, String)]) -> Outcome {
-    let mut out = Outcome { cases: 0, diffs: Vec::new(), round_trips: 0 };
+fn compare(
+    name: &str,
+    ours: &Tokenizer,
+    hf: &tokenizers::Tokenizer,
+    cases: &[(String, String)],
+) -> Outcome {
+    let mut out = Outcome {
+        cases: 0,
+        diffs: Vec::new(),
+        round_trips: 0,
+    };
     for (case, text) in cases {
         out.cases += 1;
-        let want = hf.encode(text.as_str(), true).expect("oracle encodes").get_ids().to_vec();
+        let want = hf
+            .encode(text.as_str(), true)
+            .expect("oracle encodes")
+            .get_ids()
+            .to_vec();
         let got = ours.encode(text);
         if got != want {
-            let at = got.iter().zip(&want).position(|(a, b)| a != b).unwrap_or(got.len().min(want.len()));
+            let at = got
+                .iter()
+                .zip(&want)
+                .position(|(a, b)| a != b)
+                .unwrap_or(got.len().min(want.len()));
             let lo = at.saturating_sub(3);
             out.diffs.push(format!(
                 "{name} / {case} {text:?}: first difference at {at}: ours {:?} hf {:?}",
@@ -137,7 +237,10 @@ fn compare(name: &str, ours: &Tokenizer, hf: &tokenizers::Tokenizer, cases: &[(S
         if hf.decode(body, false).ok().as_deref() == Some(text.as_str()) {
             let dec = ours.decode(body);
             if dec != text.as_bytes() {
-                out.diffs.push(format!("{name} / {case} {text:?}: decode gave {:?}", String::from_utf8_lossy(&dec)));
+                out.diffs.push(format!(
+                    "{name} / {case} {text:?}: decode gave {:?}",
+                    String::from_utf8_lossy(&dec)
+                ));
             }
             out.round_trips += 1;
         }
@@ -150,16 +253,30 @@ fn compare(name: &str, ours: &Tokenizer, hf: &tokenizers::Tokenizer, cases: &[(S
         streamed.push_str(&sd.finish());
         let whole = String::from_utf8_lossy(&ours.decode(body)).into_owned();
         if streamed != whole {
-            out.diffs.push(format!("{name} / {case}: streamed {streamed:?} != decoded {whole:?}"));
+            out.diffs.push(format!(
+                "{name} / {case}: streamed {streamed:?} != decoded {whole:?}"
+            ));
         }
     }
     out
 }
 
 /// Converts, checks the file round-trips through bytes, and compares on every case.
-fn check_family(name: &str, json: &str, config: Option<&str>, want_kind: mlt::Kind, want_flags: u32) {
-    let m = from_hf::convert(json, config, &from_hf::Options::default()).unwrap_or_else(|e| panic!("{name}: {e}"));
-    assert_eq!((m.kind, m.flags), (want_kind, want_flags), "{name}: kind/flags {:?}", m.flag_names());
+fn check_family(
+    name: &str,
+    json: &str,
+    config: Option<&str>,
+    want_kind: mlt::Kind,
+    want_flags: u32,
+) {
+    let m = from_hf::convert(json, config, &from_hf::Options::default())
+        .unwrap_or_else(|e| panic!("{name}: {e}"));
+    assert_eq!(
+        (m.kind, m.flags),
+        (want_kind, want_flags),
+        "{name}: kind/flags {:?}",
+        m.flag_names()
+    );
     let bytes = m.to_bytes().unwrap();
     let m2 = Mlt::parse(&bytes).unwrap();
     assert!(m2 == m, "{name}: file does not round-trip");
@@ -168,41 +285,86 @@ fn check_family(name: &str, json: &str, config: Option<&str>, want_kind: mlt::Ki
     assert_eq!(ours.n_vocab(), hf.get_vocab_size(true), "{name}: n_vocab");
 
     let mut cases = corpus();
-    cases.extend(added_cases(&m).into_iter().enumerate().map(|(i, t)| (format!("added {i}"), t)));
-    cases.extend(fuzz_cases(3000).into_iter().enumerate().map(|(i, t)| (format!("fuzz {i}"), t)));
+    cases.extend(
+        added_cases(&m)
+            .into_iter()
+            .enumerate()
+            .map(|(i, t)| (format!("added {i}"), t)),
+    );
+    cases.extend(
+        fuzz_cases(3000)
+            .into_iter()
+            .enumerate()
+            .map(|(i, t)| (format!("fuzz {i}"), t)),
+    );
     let r = compare(name, &ours, &hf, &cases);
-    eprintln!("{name}: {} cases, {} differences, {} round trips checked", r.cases, r.diffs.len(), r.round_trips);
+    eprintln!(
+        "{name}: {} cases, {} differences, {} round trips checked",
+        r.cases,
+        r.diffs.len(),
+        r.round_trips
+    );
     for d in r.diffs.iter().take(15) {
         eprintln!("  {d}");
     }
-    assert!(r.diffs.is_empty(), "{name}: {} of {} cases differ", r.diffs.len(), r.cases);
+    assert!(
+        r.diffs.is_empty(),
+        "{name}: {} of {} cases differ",
+        r.diffs.len(),
+        r.cases
+    );
 }
 
 #[test]
 fn llama3_matches_hf() {
-    check_family("llama3", &gunzip("llama3.tokenizer.json.gz"), None, mlt::Kind::ByteLevel, mlt::FLAG_IGNORE_MERGES);
+    check_family(
+        "llama3",
+        &gunzip("llama3.tokenizer.json.gz"),
+        None,
+        mlt::Kind::ByteLevel,
+        mlt::FLAG_IGNORE_MERGES,
+    );
 }
 
 #[test]
 fn qwen3_matches_hf() {
     let f = mlt::FLAG_NFC | mlt::FLAG_SINGLE_DIGITS;
-    check_family("qwen3", &gunzip("qwen3.tokenizer.json.gz"), None, mlt::Kind::ByteLevel, f);
+    check_family(
+        "qwen3",
+        &gunzip("qwen3.tokenizer.json.gz"),
+        None,
+        mlt::Kind::ByteLevel,
+        f,
+    );
 }
 
 /// Qwen3.5's regex: the Qwen3 file with the letter-mark pattern put in.
 #[test]
 fn qwen35_synthetic_matches_hf() {
     let mut j: Value = serde_json::from_str(&gunzip("qwen3.tokenizer.json.gz")).unwrap();
-    j["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = Value::from(pretok::llama3_pattern(true, true));
+    j["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] =
+        Value::from(pretok::llama3_pattern(true, true));
     let f = mlt::FLAG_NFC | mlt::FLAG_SINGLE_DIGITS | mlt::FLAG_LETTER_MARKS;
-    check_family("qwen3.5 (synthetic)", &j.to_string(), None, mlt::Kind::ByteLevel, f);
+    check_family(
+        "qwen3.5 (synthetic)",
+        &j.to_string(),
+        None,
+        mlt::Kind::ByteLevel,
+        f,
+    );
 }
 
 #[test]
 fn gemma3_matches_hf() {
     let cfg = std::fs::read_to_string(data("gemma3.tokenizer_config.json")).unwrap();
     let f = mlt::FLAG_ADD_BOS | mlt::FLAG_SP_NO_PREFIX;
-    check_family("gemma3", &gunzip("gemma3.tokenizer.json.gz"), Some(&cfg), mlt::Kind::SentencePiece, f);
+    check_family(
+        "gemma3",
+        &gunzip("gemma3.tokenizer.json.gz"),
+        Some(&cfg),
+        mlt::Kind::SentencePiece,
+        f,
+    );
 }
 
 /// Llama 2-style SentencePiece (▁ prefix after every added token): Gemma 3's vocabulary
@@ -214,23 +376,44 @@ fn sentencepiece_prefix_synthetic_matches_hf() {
         {"type": "Prepend", "prepend": "\u{2581}"},
         {"type": "Replace", "pattern": {"String": " "}, "content": "\u{2581}"}]});
     j["pre_tokenizer"] = Value::Null;
-    j["decoder"]["decoders"].as_array_mut().unwrap().push(serde_json::json!(
+    j["decoder"]["decoders"]
+        .as_array_mut()
+        .unwrap()
+        .push(serde_json::json!(
         {"type": "Strip", "content": " ", "start": 1, "stop": 0}));
     let cfg = std::fs::read_to_string(data("gemma3.tokenizer_config.json")).unwrap();
-    check_family("sp-prefix (synthetic)", &j.to_string(), Some(&cfg), mlt::Kind::SentencePiece, mlt::FLAG_ADD_BOS);
+    check_family(
+        "sp-prefix (synthetic)",
+        &j.to_string(),
+        Some(&cfg),
+        mlt::Kind::SentencePiece,
+        mlt::FLAG_ADD_BOS,
+    );
 }
 
 #[test]
 fn smollm2_matches_hf() {
     let cfg = std::fs::read_to_string(data("smollm2.tokenizer_config.json")).unwrap();
-    check_family("smollm2", &gunzip("smollm2.tokenizer.json.gz"), Some(&cfg), mlt::Kind::ByteLevel, mlt::FLAG_GPT2_REGEX);
+    check_family(
+        "smollm2",
+        &gunzip("smollm2.tokenizer.json.gz"),
+        Some(&cfg),
+        mlt::Kind::ByteLevel,
+        mlt::FLAG_GPT2_REGEX,
+    );
 }
 
 #[test]
 fn smollm2_digits_matches_hf() {
     let cfg = std::fs::read_to_string(data("smollm2.tokenizer_config.json")).unwrap();
     let f = mlt::FLAG_GPT2_REGEX | mlt::FLAG_DIGITS_SPLIT;
-    check_family("smollm2-digits", &gunzip("smollm2.tokenizer.digits-split.json.gz"), Some(&cfg), mlt::Kind::ByteLevel, f);
+    check_family(
+        "smollm2-digits",
+        &gunzip("smollm2.tokenizer.digits-split.json.gz"),
+        Some(&cfg),
+        mlt::Kind::ByteLevel,
+        f,
+    );
 }
 
 fn smollm2_json() -> Value {
@@ -238,7 +421,8 @@ fn smollm2_json() -> Value {
 }
 
 fn refusal(j: &Value) -> krafla::format::FormatError {
-    from_hf::convert(&j.to_string(), None, &from_hf::Options::default()).expect_err("must be refused")
+    from_hf::convert(&j.to_string(), None, &from_hf::Options::default())
+        .expect_err("must be refused")
 }
 
 #[test]
@@ -251,7 +435,10 @@ fn converter_refuses_what_it_cannot_reproduce() {
         j
     };
     let e = refusal(&base);
-    assert!(e.to_string().contains("\\p{L}+|\\s+"), "the pattern is printed: {e}");
+    assert!(
+        e.to_string().contains("\\p{L}+|\\s+"),
+        "the pattern is printed: {e}"
+    );
 
     let mut j = smollm2_json();
     j["added_tokens"][0]["lstrip"] = Value::Bool(true);
@@ -276,7 +463,10 @@ fn converter_refuses_what_it_cannot_reproduce() {
     let mut j = smollm2_json();
     j["model"]["vocab"].as_object_mut().unwrap().remove("a");
     let e = refusal(&j);
-    assert!(e.field == "model.vocab" || e.field.starts_with("model.merges"), "{e}");
+    assert!(
+        e.field == "model.vocab" || e.field.starts_with("model.merges"),
+        "{e}"
+    );
 
     let mut j = smollm2_json();
     j["pre_tokenizer"] = serde_json::json!({"type": "Metaspace", "replacement": "\u{2581}", "prepend_scheme": "first", "split": false});
@@ -288,10 +478,20 @@ fn mlt_convert_binary_writes_and_refuses() {
     let dir = tempfile::tempdir().unwrap();
     let input = dir.path().join("tokenizer.json");
     std::fs::write(&input, gunzip("smollm2.tokenizer.json.gz")).unwrap();
-    std::fs::copy(data("smollm2.tokenizer_config.json"), dir.path().join("tokenizer_config.json")).unwrap();
+    std::fs::copy(
+        data("smollm2.tokenizer_config.json"),
+        dir.path().join("tokenizer_config.json"),
+    )
+    .unwrap();
     let out = dir.path().join("tok.mlt");
     let bin = env!("CARGO_BIN_EXE_mlt-convert");
-    let st = std::process::Command::new(bin).arg(&input).arg("-o").arg(&out).arg("-q").status().unwrap();
+    let st = std::process::Command::new(bin)
+        .arg(&input)
+        .arg("-o")
+        .arg(&out)
+        .arg("-q")
+        .status()
+        .unwrap();
     assert!(st.success());
     let m = Mlt::load(&out).unwrap();
     assert_eq!((m.bos, m.eos), (Some(1), Some(2)));
@@ -301,21 +501,42 @@ fn mlt_convert_binary_writes_and_refuses() {
     j["normalizer"] = serde_json::json!({"type": "Lowercase"});
     std::fs::write(&input, j.to_string()).unwrap();
     let out2 = dir.path().join("bad.mlt");
-    let o = std::process::Command::new(bin).arg(&input).arg("-o").arg(&out2).output().unwrap();
+    let o = std::process::Command::new(bin)
+        .arg(&input)
+        .arg("-o")
+        .arg(&out2)
+        .output()
+        .unwrap();
     assert!(!o.status.success());
     let err = String::from_utf8_lossy(&o.stderr);
-    assert!(err.contains("normalizer") && err.contains("Lowercase") && err.contains("tokenizer.json"), "{err}");
+    assert!(
+        err.contains("normalizer") && err.contains("Lowercase") && err.contains("tokenizer.json"),
+        "{err}"
+    );
     assert!(!out2.exists());
-    let leftovers: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+    let leftovers: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
     assert_eq!(leftovers.len(), 3, "{leftovers:?}");
 }
 
 #[test]
 fn stream_decoder_holds_back_partial_utf8() {
     let cfg = std::fs::read_to_string(data("gemma3.tokenizer_config.json")).unwrap();
-    let m = from_hf::convert(&gunzip("gemma3.tokenizer.json.gz"), Some(&cfg), &Default::default()).unwrap();
+    let m = from_hf::convert(
+        &gunzip("gemma3.tokenizer.json.gz"),
+        Some(&cfg),
+        &Default::default(),
+    )
+    .unwrap();
     let tok = Tokenizer::from_mlt(&m).unwrap();
-    let byte = |b: u8| m.tokens.iter().position(|t| t.attr == mlt::Attr::Byte && t.bytes == [b]).unwrap() as u32;
+    let byte = |b: u8| {
+        m.tokens
+            .iter()
+            .position(|t| t.attr == mlt::Attr::Byte && t.bytes == [b])
+            .unwrap() as u32
+    };
     // 😀 = F0 9F 98 80 as four byte-fallback tokens.
     let mut sd = tok.stream_decoder();
     assert_eq!(sd.push(byte(b'a')), "a");
@@ -327,14 +548,25 @@ fn stream_decoder_holds_back_partial_utf8() {
     assert_eq!(sd.push(byte(0xFF)), "\u{FFFD}");
     assert_eq!(sd.push(byte(0xE2)), "");
     assert_eq!(sd.finish(), "\u{FFFD}");
-    assert_eq!(tok.decode(&[byte(0xE2), byte(0x96), byte(0x81)]), "▁".as_bytes());
+    assert_eq!(
+        tok.decode(&[byte(0xE2), byte(0x96), byte(0x81)]),
+        "▁".as_bytes()
+    );
 }
 
 #[test]
 fn describe_and_json_helpers() {
-    let m = from_hf::convert(&gunzip("smollm2.tokenizer.json.gz"), None, &Default::default()).unwrap();
+    let m = from_hf::convert(
+        &gunzip("smollm2.tokenizer.json.gz"),
+        None,
+        &Default::default(),
+    )
+    .unwrap();
     let (text, json) = krafla::tokenizer::describe(&m);
-    assert!(text.contains("gpt2_regex") && text.contains("<|im_start|>"), "{text}");
+    assert!(
+        text.contains("gpt2_regex") && text.contains("<|im_start|>"),
+        "{text}"
+    );
     assert_eq!(json["n_vocab"], 49152);
     assert_eq!(json["flag_names"][0], "gpt2_regex");
     let tok = Tokenizer::from_mlt(&m).unwrap();
@@ -342,5 +574,8 @@ fn describe_and_json_helpers() {
     let ids = krafla::tokenizer::parse_ids(&line, tok.n_vocab()).unwrap();
     assert_eq!(tok.decode(&ids), b"Hello world");
     assert!(krafla::tokenizer::parse_ids("[1, 99999999]", tok.n_vocab()).is_err());
-    assert_eq!(krafla::tokenizer::parse_ids("1 2,3", tok.n_vocab()).unwrap(), [1, 2, 3]);
+    assert_eq!(
+        krafla::tokenizer::parse_ids("1 2,3", tok.n_vocab()).unwrap(),
+        [1, 2, 3]
+    );
 }

@@ -148,7 +148,9 @@ pub fn check_flags(kind: Kind, flags: u32) -> Result<()> {
             bad("SentencePiece flags (4, 128) set on a byte-level file")
         }
         _ if flags & SP_ONLY == SP_ONLY => bad("flags 4 and 128 contradict each other"),
-        _ if flags & FLAG_GPT2_REGEX != 0 && flags & (FLAG_SINGLE_DIGITS | FLAG_LETTER_MARKS) != 0 => {
+        _ if flags & FLAG_GPT2_REGEX != 0
+            && flags & (FLAG_SINGLE_DIGITS | FLAG_LETTER_MARKS) != 0 =>
+        {
             bad("flags 16 and 256 modify the Llama 3 regex, not the GPT-2 one (32)")
         }
         _ => Ok(()),
@@ -168,7 +170,11 @@ impl Mlt {
         let mut r = Reader { buf, pos: 0 };
         let magic = r.take(4, "magic")?;
         if magic != MAGIC {
-            return Err(FormatError::format("magic", format!("{magic:?}"), "must be \"MLT1\""));
+            return Err(FormatError::format(
+                "magic",
+                format!("{magic:?}"),
+                "must be \"MLT1\"",
+            ));
         }
         let version = r.u32("version")?;
         if version != VERSION {
@@ -198,7 +204,11 @@ impl Mlt {
             }
         }
         if flags & FLAG_ADD_BOS != 0 && bos == u32::MAX {
-            return Err(FormatError::format("bos", -1, "flag 1 (add_bos) needs a BOS token"));
+            return Err(FormatError::format(
+                "bos",
+                -1,
+                "flag 1 (add_bos) needs a BOS token",
+            ));
         }
         // Each token takes at least 5 bytes and each merge 12: check before allocating.
         let min_tokens = u64::from(n_vocab) * 5;
@@ -207,7 +217,11 @@ impl Mlt {
             return Err(FormatError::format(
                 "n_vocab/n_merges",
                 format!("{n_vocab}/{n_merges}"),
-                format!("tables need at least {} bytes, file has {} after the header", min_tokens + min_merges, r.remaining()),
+                format!(
+                    "tables need at least {} bytes, file has {} after the header",
+                    min_tokens + min_merges,
+                    r.remaining()
+                ),
             ));
         }
         let mut tokens = Vec::with_capacity(n_vocab as usize);
@@ -217,14 +231,27 @@ impl Mlt {
                 0 => Attr::Normal,
                 1 => Attr::Added,
                 2 => Attr::Byte,
-                a => return Err(FormatError::format(format!("{field}.attr"), a, "must be 0, 1 or 2")),
+                a => {
+                    return Err(FormatError::format(
+                        format!("{field}.attr"),
+                        a,
+                        "must be 0, 1 or 2",
+                    ))
+                }
             };
             let len = r.u32(&field)?;
             let bytes = r.take(len as usize, &field)?;
             if attr == Attr::Byte && len != 1 {
-                return Err(FormatError::format(format!("{field}.len"), len, "a byte token has length 1"));
+                return Err(FormatError::format(
+                    format!("{field}.len"),
+                    len,
+                    "a byte token has length 1",
+                ));
             }
-            tokens.push(Token { attr, bytes: bytes.to_vec() });
+            tokens.push(Token {
+                attr,
+                bytes: bytes.to_vec(),
+            });
         }
         if u64::from(n_merges) * 12 > r.remaining() as u64 {
             return Err(FormatError::format(
@@ -236,10 +263,18 @@ impl Mlt {
         let mut merges = Vec::with_capacity(n_merges as usize);
         for i in 0..n_merges {
             let field = format!("merges[{i}]");
-            let m = Merge { left: r.u32(&field)?, right: r.u32(&field)?, merged: r.u32(&field)? };
+            let m = Merge {
+                left: r.u32(&field)?,
+                right: r.u32(&field)?,
+                merged: r.u32(&field)?,
+            };
             for id in [m.left, m.right, m.merged] {
                 if id >= n_vocab {
-                    return Err(FormatError::format(field, id, format!("token id must be below n_vocab ({n_vocab})")));
+                    return Err(FormatError::format(
+                        field,
+                        id,
+                        format!("token id must be below n_vocab ({n_vocab})"),
+                    ));
                 }
             }
             merges.push(m);
@@ -251,7 +286,14 @@ impl Mlt {
                 "nothing may follow the merge table",
             ));
         }
-        Ok(Mlt { kind, bos: opt_id(bos), eos: opt_id(eos), flags, tokens, merges })
+        Ok(Mlt {
+            kind,
+            bos: opt_id(bos),
+            eos: opt_id(eos),
+            flags,
+            tokens,
+            merges,
+        })
     }
 
     /// Reads and parses a file, naming it in errors.
@@ -262,20 +304,43 @@ impl Mlt {
 
     /// Serializes the file. Fails only if a count does not fit the format.
     pub fn to_bytes(&self) -> Result<Vec<u8>> {
-        let n_vocab = u32::try_from(self.tokens.len())
-            .map_err(|_| FormatError::new(Status::Shape, "n_vocab", self.tokens.len(), "must fit in u32"))?;
-        let n_merges = u32::try_from(self.merges.len())
-            .map_err(|_| FormatError::new(Status::Shape, "n_merges", self.merges.len(), "must fit in u32"))?;
-        let size: usize = HEADER_LEN + self.tokens.iter().map(|t| 5 + t.bytes.len()).sum::<usize>() + self.merges.len() * 12;
+        let n_vocab = u32::try_from(self.tokens.len()).map_err(|_| {
+            FormatError::new(
+                Status::Shape,
+                "n_vocab",
+                self.tokens.len(),
+                "must fit in u32",
+            )
+        })?;
+        let n_merges = u32::try_from(self.merges.len()).map_err(|_| {
+            FormatError::new(
+                Status::Shape,
+                "n_merges",
+                self.merges.len(),
+                "must fit in u32",
+            )
+        })?;
+        let size: usize = HEADER_LEN
+            + self.tokens.iter().map(|t| 5 + t.bytes.len()).sum::<usize>()
+            + self.merges.len() * 12;
         let mut out = Vec::with_capacity(size);
         out.extend_from_slice(MAGIC);
         let id = |o: Option<u32>| o.unwrap_or(u32::MAX);
-        for v in [VERSION, self.kind as u32, n_vocab, n_merges, id(self.bos), id(self.eos), self.flags] {
+        for v in [
+            VERSION,
+            self.kind as u32,
+            n_vocab,
+            n_merges,
+            id(self.bos),
+            id(self.eos),
+            self.flags,
+        ] {
             out.extend_from_slice(&v.to_le_bytes());
         }
         for t in &self.tokens {
-            let len = u32::try_from(t.bytes.len())
-                .map_err(|_| FormatError::new(Status::Shape, "token.len", t.bytes.len(), "must fit in u32"))?;
+            let len = u32::try_from(t.bytes.len()).map_err(|_| {
+                FormatError::new(Status::Shape, "token.len", t.bytes.len(), "must fit in u32")
+            })?;
             out.push(t.attr as u8);
             out.extend_from_slice(&len.to_le_bytes());
             out.extend_from_slice(&t.bytes);
@@ -290,7 +355,11 @@ impl Mlt {
 
     /// The names of the set flags, in bit order.
     pub fn flag_names(&self) -> Vec<&'static str> {
-        FLAG_NAMES.iter().filter(|(b, _)| self.flags & b != 0).map(|&(_, n)| n).collect()
+        FLAG_NAMES
+            .iter()
+            .filter(|(b, _)| self.flags & b != 0)
+            .map(|&(_, n)| n)
+            .collect()
     }
 }
 
@@ -305,12 +374,28 @@ mod tests {
             eos: None,
             flags: FLAG_ADD_BOS | FLAG_NFC,
             tokens: vec![
-                Token { attr: Attr::Normal, bytes: b"a".to_vec() },
-                Token { attr: Attr::Normal, bytes: b"b".to_vec() },
-                Token { attr: Attr::Normal, bytes: b"ab".to_vec() },
-                Token { attr: Attr::Added, bytes: b"<s>".to_vec() },
+                Token {
+                    attr: Attr::Normal,
+                    bytes: b"a".to_vec(),
+                },
+                Token {
+                    attr: Attr::Normal,
+                    bytes: b"b".to_vec(),
+                },
+                Token {
+                    attr: Attr::Normal,
+                    bytes: b"ab".to_vec(),
+                },
+                Token {
+                    attr: Attr::Added,
+                    bytes: b"<s>".to_vec(),
+                },
             ],
-            merges: vec![Merge { left: 0, right: 1, merged: 2 }],
+            merges: vec![Merge {
+                left: 0,
+                right: 1,
+                merged: 2,
+            }],
         }
     }
 
@@ -351,11 +436,20 @@ mod tests {
     #[test]
     fn bad_flags() {
         let good = sample().to_bytes().unwrap();
-        for f in [1 << 9, 1 << 31, FLAG_SP_NO_PREFIX, FLAG_GPT2_REGEX | FLAG_SINGLE_DIGITS] {
+        for f in [
+            1 << 9,
+            1 << 31,
+            FLAG_SP_NO_PREFIX,
+            FLAG_GPT2_REGEX | FLAG_SINGLE_DIGITS,
+        ] {
             let mut b = good.clone();
             set_u32(&mut b, 28, f);
             let e = err(&b);
-            assert_eq!((e.status, e.field.as_str()), (Status::Format, "flags"), "{f:#x}");
+            assert_eq!(
+                (e.status, e.field.as_str()),
+                (Status::Format, "flags"),
+                "{f:#x}"
+            );
         }
         let mut b = good.clone();
         set_u32(&mut b, 8, 1); // SentencePiece with the NFC bit
