@@ -395,7 +395,7 @@ fn describe(
     };
     let prf = global.partial_rotary.unwrap_or(arch.default_partial_rotary);
     let rot_dim = (head_dim as f64 * prf) as usize;
-    if rot_dim == 0 || rot_dim > head_dim || rot_dim % 2 != 0 {
+    if rot_dim == 0 || rot_dim > head_dim || !rot_dim.is_multiple_of(2) {
         return Err(c.err(
             "partial_rotary_factor",
             prf,
@@ -936,7 +936,7 @@ impl ModelDesc {
         h.norm_eps = self.norm_eps as f32;
         h.shared_classifier = self.tied as u32;
         // head_dim 0 means dim / n_heads: write it only when it differs.
-        if self.dim % self.n_heads != 0 || self.dim / self.n_heads != self.head_dim {
+        if !self.dim.is_multiple_of(self.n_heads) || self.dim / self.n_heads != self.head_dim {
             h.head_dim = u(self.head_dim);
         }
         h.qkv_bias = self.arch.qkv_bias as u32;

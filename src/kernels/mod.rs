@@ -93,7 +93,7 @@ impl<'a> QMat<'a> {
         q: &'a [u8],
         d: &'a [f32],
     ) -> Result<Self, ShapeError> {
-        if rows == 0 || cols == 0 || cols % QK != 0 {
+        if rows == 0 || cols == 0 || !cols.is_multiple_of(QK) {
             return Err(ShapeError(format!(
                 "matrix {rows}x{cols}: rows and cols must be > 0 and cols a multiple of {QK}"
             )));
@@ -198,7 +198,7 @@ impl QActs {
     /// [`QActs::quantize`] with an explicit kernel set.
     pub fn quantize_with(&mut self, k: &Kernels, x: &[f32], cols: usize) {
         assert!(
-            cols > 0 && cols % QK == 0,
+            cols > 0 && cols.is_multiple_of(QK),
             "cols {cols} must be a positive multiple of {QK}"
         );
         assert_eq!(
@@ -218,7 +218,7 @@ impl QActs {
     /// Takes already quantized activations (e.g. from a test); checks the lengths.
     pub fn from_parts(n: usize, cols: usize, q: Vec<i8>, d: Vec<f32>) -> Result<Self, ShapeError> {
         if cols == 0
-            || cols % QK != 0
+            || !cols.is_multiple_of(QK)
             || Some(q.len()) != n.checked_mul(cols)
             || d.len() * QK != q.len()
         {
@@ -322,7 +322,7 @@ pub(crate) fn for_rows(
     out: &mut [f32],
     mut f: impl FnMut(&[u8], &[f32], &mut [f32]),
 ) {
-    debug_assert!(rows > 0 && wq.len() % rows == 0 && wd.len() % rows == 0);
+    debug_assert!(rows > 0 && wq.len().is_multiple_of(rows) && wd.len().is_multiple_of(rows));
     debug_assert_eq!(out.len() % rows, 0);
     let (rb, nb, nt) = (wq.len() / rows, wd.len() / rows, out.len() / rows);
     let it = wq
@@ -434,7 +434,7 @@ impl Kernels {
     /// Panics if the lengths disagree.
     pub fn quantize_act(&self, x: &[f32], q: &mut [i8], d: &mut [f32]) {
         assert!(
-            x.len() % QK == 0 && q.len() == x.len() && d.len() * QK == x.len(),
+            x.len().is_multiple_of(QK) && q.len() == x.len() && d.len() * QK == x.len(),
             "quantize_act: x {} q {} d {}",
             x.len(),
             q.len(),
@@ -585,7 +585,7 @@ thread_local! {
 /// the highest supported tier not above the asked one (an unknown name is ignored).
 fn choose_tier(supported: &[Tier], asked: Option<&str>) -> Tier {
     let cap = asked.and_then(Tier::from_name);
-    let ok = |t: &Tier| cap.map_or(true, |c| *t <= c);
+    let ok = |t: &Tier| cap.is_none_or(|c| *t <= c);
     supported.iter().copied().rfind(ok).unwrap_or(Tier::Scalar)
 }
 

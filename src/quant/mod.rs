@@ -131,7 +131,7 @@ pub fn quantize(
     x: &[f32],
     opts: &QuantOpts,
 ) -> Result<QuantMat, QuantError> {
-    if cols % QK != 0 || cols == 0 || rows.checked_mul(cols) != Some(x.len()) {
+    if !cols.is_multiple_of(QK) || cols == 0 || rows.checked_mul(cols) != Some(x.len()) {
         return Err(QuantError::Shape {
             rows,
             cols,

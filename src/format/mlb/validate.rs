@@ -177,7 +177,7 @@ pub fn validate(h: &Header) -> Result<Dims> {
         ));
     }
     let q_dim = q_dim64 as usize;
-    if q_dim % 32 != 0 {
+    if !q_dim.is_multiple_of(32) {
         return Err(shape(
             "q_dim",
             q_dim,
@@ -339,7 +339,7 @@ fn validate_linear(h: &Header, _dim: usize) -> Result<(usize, usize)> {
     let dk = dim_in("lin_k_dim", h.lin_k_dim, DIM_LIMIT)? as u64;
     let dv = dim_in("lin_v_dim", h.lin_v_dim, DIM_LIMIT)? as u64;
     dim_in("lin_conv", h.lin_conv, DIM_LIMIT)?;
-    if v % k != 0 || v % 4 != 0 {
+    if !v.is_multiple_of(k) || !v.is_multiple_of(4) {
         return Err(shape(
             "lin_v_heads",
             v,
@@ -347,7 +347,7 @@ fn validate_linear(h: &Header, _dim: usize) -> Result<(usize, usize)> {
         ));
     }
     let v_total = v * dv;
-    if v_total % 32 != 0 {
+    if !v_total.is_multiple_of(32) {
         return Err(shape(
             "lin_v_dim",
             dv,
