@@ -8,13 +8,13 @@ bin=target/release
 out=target/demo
 mkdir -p "$out"
 src=testdata/default
-prompt=${1:-"The list of built-in functions"}
+prompt=${1:-"A function is"}
 
 echo "== mlb-convert $src -> $out/default.mlb (Q8_0)"
 "$bin/mlb-convert" "$src" -o "$out/default.mlb" --wtype q8_0
 echo "== mlt-convert $src/tokenizer.json -> $out/default.mlt"
 "$bin/mlt-convert" "$src/tokenizer.json" -o "$out/default.mlt"
 echo "== mlb-inspect $out/default.mlb (header and totals)"
-"$bin/mlb-inspect" "$out/default.mlb" | sed -n '1,20p;/^totals/,$p'
+"$bin/mlb-inspect" "$out/default.mlb" | sed -n "1,14p;/^layers/,/^$/p;/^totals/,$p"
 echo "== mlb-run: greedy continuation of \"$prompt\""
 "$bin/mlb-run" "$out/default.mlb" --tokenizer "$out/default.mlt" --prompt "$prompt" -n 48 --temp 0

@@ -3,6 +3,7 @@
 mod convert;
 mod inspect;
 mod kernels;
+mod real;
 mod run;
 mod tokenizer;
 mod util;
