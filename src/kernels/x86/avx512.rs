@@ -9,8 +9,9 @@
 //! VNNI tier: `vpdpbusd` (u8 × s8, i32 sums of 4) with an offset instead of the sign
 //! trick, 16 blocks per step. Q8_0: `Σ (w+128)·x − 128·Σx`; Q4_0: `Σ nibble·x − 8·Σx`,
 //! with `Σx` per block precomputed in `QActs` (exact in i32: |Σ (w+128)·x| ≤ 32·255·127).
-//! Q4_0 reads activations in `QActs`' Q4 arrangement, so a 64-byte load of 4 weight
-//! blocks needs only `and`/`shift` to pair with it. The isum vector covers blocks
+//! Both read activations in `QActs`' Q4 arrangement (per 4 blocks: all first halves,
+//! then all second halves), so a Q4_0 64-byte load of 4 blocks needs only `and`/`shift`
+//! and Q8_0 two `vshufi64x2` per 4 blocks to pair with it. The isum vector covers blocks
 //! `b..b+16`: lanes 0..8 are added to the contract's 8 accumulators, then lanes 8..16.
 
 use core::arch::x86_64::*;
@@ -294,26 +295,6 @@ unsafe fn red4(s: &[__m512i; 4]) -> __m512i {
     }
 }
 
-/// From 8 zmm of 2 blocks × 8 partials (blocks 2i, 2i+1): the 16 block sums in order.
-#[inline(always)]
-unsafe fn red8(v: &[__m512i; 8]) -> __m512i {
-    // SAFETY: register-only AVX-512F ops; the caller has them.
-    unsafe {
-        let half = |a: __m512i, b: __m512i| {
-            _mm512_add_epi32(
-                _mm512_shuffle_i32x4(a, b, 0x88),
-                _mm512_shuffle_i32x4(a, b, 0xDD),
-            )
-        };
-        red4(&[
-            half(v[0], v[1]),
-            half(v[2], v[3]),
-            half(v[4], v[5]),
-            half(v[6], v[7]),
-        ])
-    }
-}
-
 /// The float step for 16 blocks (`k` valid): `acc[j] += t[j]`, then `acc[j] += t[8+j]`,
 /// with `t = (dw·dx)·(isum − (Σx << SHIFT))`; invalid lanes are exactly zero.
 #[inline(always)]
@@ -337,49 +318,14 @@ unsafe fn float_step<const SHIFT: u32>(
     }
 }
 
-/// VNNI Q8_0: 16 blocks (`k` valid, `P = ⌈k/2⌉` pairs) from block `b` for `T` tokens.
-/// `P` is a constant so that a short tail reduces only the vectors it has.
+/// VNNI: 16 blocks (`k` valid, `Q = ⌈k/4⌉` quads of 4 blocks) from block `b` (a multiple
+/// of 16) for `T` tokens. Each quad becomes two u8 vectors whose 128-bit lane `j` holds
+/// block `j`'s elements 0..16 (`lo`) and 16..32 (`hi`), matching the activations' Q4
+/// arrangement, so two `vpdpbusd` leave 4 partials per block in lane `j`.
+/// Q8_0: `w + 128` (lanes regrouped by `vshufi64x2`); Q4_0: the nibbles as they are.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn vnni_q8_group<const T: usize, const P: usize>(
-    wq: *const u8,
-    wd: *const f32,
-    x: &ActTile,
-    nb: usize,
-    b: usize,
-    k: usize,
-    acc: &mut [__m256; T],
-) {
-    debug_assert_eq!(k.div_ceil(2), P);
-    // SAFETY: blocks b..b+k exist in the row and each token; tails use masked loads.
-    unsafe {
-        let zero = _mm512_setzero_si512();
-        let off = _mm512_set1_epi8(-128);
-        let mut wu = [zero; 8];
-        for (p, wp) in wu.iter_mut().enumerate().take(P) {
-            let ptr = wq.add((b + 2 * p) * QK) as *const i8;
-            let w = _mm512_maskz_loadu_epi8(mask64((k - 2 * p) * QK), ptr);
-            *wp = _mm512_xor_si512(w, off);
-        }
-        for (t, acc_t) in acc.iter_mut().enumerate() {
-            let mut v = [zero; 8];
-            for p in 0..P {
-                let ptr = x.q.as_ptr().add((t * nb + b + 2 * p) * QK);
-                let xv = _mm512_maskz_loadu_epi8(mask64((k - 2 * p) * QK), ptr);
-                v[p] = _mm512_dpbusd_epi32(zero, wu[p], xv);
-            }
-            let o = t * nb + b;
-            let (sx, dx) = (x.s.as_ptr().add(o), x.d.as_ptr().add(o));
-            float_step::<7>(red8(&v), sx, wd.add(b), dx, k, acc_t);
-        }
-    }
-}
-
-/// VNNI Q4_0: 16 blocks (`k` valid, `Q = ⌈k/4⌉` quads) from block `b` (a multiple of
-/// 16) for `T` tokens.
-#[inline(always)]
-#[allow(clippy::too_many_arguments)]
-unsafe fn vnni_q4_group<const T: usize, const Q: usize>(
+unsafe fn vnni_group<const IS_Q4: bool, const T: usize, const Q: usize>(
     wq: *const u8,
     wd: *const f32,
     x: &ActTile,
@@ -390,18 +336,31 @@ unsafe fn vnni_q4_group<const T: usize, const Q: usize>(
     acc: &mut [__m256; T],
 ) {
     debug_assert_eq!(k.div_ceil(4), Q);
-    // SAFETY: blocks b..b+k exist in the row; the Q4 arrangement of each token has
-    // `l4` bytes, whole 128-byte groups, so the two 64-byte loads per quad are inside.
+    debug_assert_eq!(b % 16, 0);
+    // SAFETY: blocks b..b+k exist in the row (tails use masked loads); the Q4
+    // arrangement of each token has `l4` bytes, whole 128-byte groups, so the two 64-byte
+    // loads per quad are inside.
     unsafe {
         let zero = _mm512_setzero_si512();
-        let low = _mm512_set1_epi8(0x0F);
         let mut lo = [zero; 4];
         let mut hi = [zero; 4];
         for c in 0..Q {
-            let ptr = wq.add((b + 4 * c) * (QK / 2)) as *const i8;
-            let w = _mm512_maskz_loadu_epi8(mask64((k - 4 * c) * (QK / 2)), ptr);
-            lo[c] = _mm512_and_si512(w, low);
-            hi[c] = _mm512_and_si512(_mm512_srli_epi16(w, 4), low);
+            let rem = k - 4 * c;
+            if IS_Q4 {
+                let ptr = wq.add((b + 4 * c) * (QK / 2)) as *const i8;
+                let w = _mm512_maskz_loadu_epi8(mask64(rem * (QK / 2)), ptr);
+                let low = _mm512_set1_epi8(0x0F);
+                lo[c] = _mm512_and_si512(w, low);
+                hi[c] = _mm512_and_si512(_mm512_srli_epi16(w, 4), low);
+            } else {
+                let ptr = wq.add((b + 4 * c) * QK) as *const i8;
+                let w01 = _mm512_maskz_loadu_epi8(mask64(rem * QK), ptr);
+                let w23 = _mm512_maskz_loadu_epi8(mask64(rem.saturating_sub(2) * QK), ptr.add(64));
+                // [b0 h0, b0 h1, b1 h0, b1 h1] and [b2 .., b3 ..] → [b0..b3 h0], [b0..b3 h1].
+                let off = _mm512_set1_epi8(-128);
+                lo[c] = _mm512_xor_si512(_mm512_shuffle_i64x2(w01, w23, 0x88), off);
+                hi[c] = _mm512_xor_si512(_mm512_shuffle_i64x2(w01, w23, 0xDD), off);
+            }
         }
         for (t, acc_t) in acc.iter_mut().enumerate() {
             let mut v = [zero; 4];
@@ -413,7 +372,11 @@ unsafe fn vnni_q4_group<const T: usize, const Q: usize>(
             }
             let o = t * nb + b;
             let (sx, dx) = (x.s.as_ptr().add(o), x.d.as_ptr().add(o));
-            float_step::<3>(red4(&v), sx, wd.add(b), dx, k, acc_t);
+            if IS_Q4 {
+                float_step::<3>(red4(&v), sx, wd.add(b), dx, k, acc_t);
+            } else {
+                float_step::<7>(red4(&v), sx, wd.add(b), dx, k, acc_t);
+            }
         }
     }
 }
@@ -437,35 +400,15 @@ unsafe fn vnni_tile<const IS_Q4: bool, const T: usize>(
         let mut acc = [_mm256_setzero_ps(); T];
         let full = nb / 16 * 16;
         for b in (0..full).step_by(16) {
-            if IS_Q4 {
-                vnni_q4_group::<T, 4>(wp, dp, x, nb, l4, b, 16, &mut acc);
-            } else {
-                vnni_q8_group::<T, 8>(wp, dp, x, nb, b, 16, &mut acc);
-            }
+            vnni_group::<IS_Q4, T, 4>(wp, dp, x, nb, l4, b, 16, &mut acc);
         }
-        let (b, k) = (full, nb - full);
-        if IS_Q4 {
-            let a = &mut acc;
-            match k.div_ceil(4) {
-                0 => {}
-                1 => vnni_q4_group::<T, 1>(wp, dp, x, nb, l4, b, k, a),
-                2 => vnni_q4_group::<T, 2>(wp, dp, x, nb, l4, b, k, a),
-                3 => vnni_q4_group::<T, 3>(wp, dp, x, nb, l4, b, k, a),
-                _ => vnni_q4_group::<T, 4>(wp, dp, x, nb, l4, b, k, a),
-            }
-        } else {
-            let a = &mut acc;
-            match k.div_ceil(2) {
-                0 => {}
-                1 => vnni_q8_group::<T, 1>(wp, dp, x, nb, b, k, a),
-                2 => vnni_q8_group::<T, 2>(wp, dp, x, nb, b, k, a),
-                3 => vnni_q8_group::<T, 3>(wp, dp, x, nb, b, k, a),
-                4 => vnni_q8_group::<T, 4>(wp, dp, x, nb, b, k, a),
-                5 => vnni_q8_group::<T, 5>(wp, dp, x, nb, b, k, a),
-                6 => vnni_q8_group::<T, 6>(wp, dp, x, nb, b, k, a),
-                7 => vnni_q8_group::<T, 7>(wp, dp, x, nb, b, k, a),
-                _ => vnni_q8_group::<T, 8>(wp, dp, x, nb, b, k, a),
-            }
+        let (b, k, a) = (full, nb - full, &mut acc);
+        match k.div_ceil(4) {
+            0 => {}
+            1 => vnni_group::<IS_Q4, T, 1>(wp, dp, x, nb, l4, b, k, a),
+            2 => vnni_group::<IS_Q4, T, 2>(wp, dp, x, nb, l4, b, k, a),
+            3 => vnni_group::<IS_Q4, T, 3>(wp, dp, x, nb, l4, b, k, a),
+            _ => vnni_group::<IS_Q4, T, 4>(wp, dp, x, nb, l4, b, k, a),
         }
         for (o, a) in out.iter_mut().zip(acc) {
             *o = reduce_lanes(a);
