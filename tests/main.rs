@@ -3,6 +3,7 @@
 mod convert;
 mod inspect;
 mod kernels;
+mod reliability;
 mod run;
 mod tokenizer;
 mod util;
