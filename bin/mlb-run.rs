@@ -188,6 +188,7 @@ fn run(a: Args) -> Result<(), String> {
         return Err(format!("--top-p = {}: must be in (0, 1]", a.top_p));
     }
     let t_load = Instant::now();
+    sigbus::report_as(&a.model);
     let mlb = Mlb::open(&a.model).map_err(|e| e.to_string())?;
     let model = Model::new(&mlb).map_err(|e| e.to_string())?;
     let cfg = &model.cfg;
@@ -276,6 +277,7 @@ fn run(a: Args) -> Result<(), String> {
             last
         } else {
             let each: Option<LogitsSink> = if all { Some(&mut sink) } else { None };
+            mlb.check_unchanged().map_err(|e| e.to_string())?;
             model
                 .prefill(&mut st, &prompt, each)
                 .map_err(|e| e.to_string())?
@@ -332,6 +334,7 @@ fn run(a: Args) -> Result<(), String> {
             stop = " (context full)";
             break;
         }
+        mlb.check_unchanged().map_err(|e| e.to_string())?;
         logits = model
             .decode(&mut st, next)
             .map_err(|e| e.to_string())?
@@ -367,6 +370,48 @@ fn run(a: Args) -> Result<(), String> {
         }
     );
     Ok(())
+}
+
+/// A mapped model file that another process truncates while it is in use raises
+/// SIGBUS on the next read of a page past its new end. The size is re-checked before
+/// each forward pass; a fault inside one is reported as one line and exit 1 instead of
+/// a bare "Bus error" (see docs/reliability.md).
+#[cfg(unix)]
+mod sigbus {
+    use std::sync::OnceLock;
+
+    static MSG: OnceLock<Vec<u8>> = OnceLock::new();
+
+    extern "C" fn on_sigbus(_: libc::c_int) {
+        // Only async-signal-safe calls: write(2) of a prepared message, then _exit.
+        if let Some(m) = MSG.get() {
+            // SAFETY: m is a live, initialized buffer.
+            unsafe { libc::write(2, m.as_ptr().cast(), m.len()) };
+        }
+        // SAFETY: _exit ends the process without running any user code.
+        unsafe { libc::_exit(1) }
+    }
+
+    pub fn report_as(path: &std::path::Path) {
+        let msg = format!(
+            "mlb-run: ML_E_IO: {}: the file was truncated or changed while in use (SIGBUS)\n",
+            path.display()
+        );
+        if MSG.set(msg.into_bytes()).is_ok() {
+            // SAFETY: the handler only calls async-signal-safe functions.
+            unsafe {
+                libc::signal(
+                    libc::SIGBUS,
+                    on_sigbus as extern "C" fn(libc::c_int) as libc::sighandler_t,
+                )
+            };
+        }
+    }
+}
+
+#[cfg(not(unix))]
+mod sigbus {
+    pub fn report_as(_: &std::path::Path) {}
 }
 
 fn main() -> ExitCode {

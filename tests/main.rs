@@ -4,6 +4,7 @@ mod convert;
 mod inspect;
 mod kernels;
 mod real;
+mod reliability;
 mod run;
 mod tokenizer;
 mod util;

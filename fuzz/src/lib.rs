@@ -1,0 +1,111 @@
+//! Shared pieces of the fuzz targets: what each target does with its input, so the
+//! same code runs under libFuzzer and in the seed generator's self-check.
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+use krafla::format::mlb::{Kind, Mlb};
+use krafla::format::mlt::Mlt;
+use krafla::model::{Model, Options};
+use krafla::tokenizer::{from_hf, Tokenizer};
+
+/// The repository root (the fuzz crate lives in `fuzz/`).
+pub fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// `testdata/tokenizers/NAME`, gunzipped.
+pub fn gunzip(name: &str) -> String {
+    let path = repo().join("testdata/tokenizers").join(name);
+    let gz = std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let mut s = String::new();
+    flate2::read::GzDecoder::new(&gz[..])
+        .read_to_string(&mut s)
+        .expect("gzip of UTF-8");
+    s
+}
+
+/// Every `testdata/tokenizers/*.json.gz`, converted to `.mlt` (with its
+/// tokenizer_config.json when there is one).
+pub fn real_mlts() -> Vec<(String, Mlt)> {
+    let dir = repo().join("testdata/tokenizers");
+    let mut names: Vec<String> = std::fs::read_dir(&dir)
+        .expect("testdata/tokenizers")
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|n| n.ends_with(".json.gz"))
+        .collect();
+    names.sort();
+    names
+        .into_iter()
+        .map(|n| {
+            let family = n.split('.').next().unwrap().to_string();
+            let cfg = std::fs::read_to_string(dir.join(format!("{family}.tokenizer_config.json")));
+            let m = from_hf::convert(
+                &gunzip(&n),
+                cfg.ok().as_deref(),
+                &from_hf::Options::default(),
+            )
+            .unwrap_or_else(|e| panic!("{n}: {e}"));
+            (n, m)
+        })
+        .collect()
+}
+
+/// The real tokenizers, loaded.
+pub fn real_tokenizers() -> Vec<Tokenizer> {
+    real_mlts()
+        .iter()
+        .map(|(n, m)| Tokenizer::from_mlt(m).unwrap_or_else(|e| panic!("{n}: {e}")))
+        .collect()
+}
+
+/// Loads `data` as an `.mlb`; if it loads, touches every array (floats, quants,
+/// scales, the first and last row dequantized) and runs one token through the model.
+pub fn exercise_mlb(data: &[u8]) {
+    let parsed = krafla::format::mlb::parse(data);
+    let Ok(m) = Mlb::from_bytes(data) else {
+        assert!(parsed.is_err(), "parse accepts what from_bytes refuses");
+        return;
+    };
+    let mut sum = 0f32;
+    for (i, t) in m.layout().tensors.iter().enumerate() {
+        match t.kind {
+            Kind::F32 { .. } => sum += m.f32s(i).iter().sum::<f32>(),
+            Kind::Mat { rows, cols, .. } => {
+                let mat = m.mat(i);
+                let mut row = vec![0f32; cols];
+                mat.dequant_row(0, &mut row);
+                mat.dequant_row(rows - 1, &mut row);
+                sum += row[0];
+            }
+            Kind::U8 { .. } => {}
+        }
+    }
+    std::hint::black_box(sum);
+    // Files that validate may still be refused by the runtime, with an error.
+    let Ok(model) = Model::new(&m) else { return };
+    let opts = Options {
+        ctx: Some(2),
+        ..Options::default()
+    };
+    let Ok(mut st) = model.state(&opts) else {
+        return;
+    };
+    let _ = std::hint::black_box(model.prefill(&mut st, &[0], None).map(|l| l[0]));
+}
+
+/// Parses `data` as an `.mlt`; if it parses, builds the tokenizer and, if that
+/// works, round-trips a short text and the whole vocabulary's decode.
+pub fn exercise_mlt(data: &[u8]) {
+    let Ok(m) = Mlt::parse(data) else { return };
+    if let Ok(bytes) = m.to_bytes() {
+        assert_eq!(bytes, data, "a parsed file re-encodes to its bytes");
+    }
+    let Ok(t) = Tokenizer::from_mlt(&m) else {
+        return;
+    };
+    let ids = t.encode("Hello, world! 123 ünïcödé\n\t  x");
+    std::hint::black_box(t.decode(&ids));
+    let all: Vec<u32> = (0..t.n_vocab() as u32).take(4096).collect();
+    std::hint::black_box(t.decode(&all));
+}

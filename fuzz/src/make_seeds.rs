@@ -1,0 +1,149 @@
+//! Writes the small seed corpora of the fuzz targets into `fuzz/seeds/<target>/`.
+//! Run from `fuzz/`: `cargo run --release --bin make_seeds`.
+
+use std::path::Path;
+
+use krafla::format::mlb::header::{layer_flag, q8_class, wtype};
+use krafla::format::mlb::synth::{synth_file, tiny_header};
+use krafla::format::mlb::Header;
+use krafla::format::mli::Mli;
+use krafla::format::mlt::{Mlt, FLAG_ADD_BOS};
+
+fn write(target: &str, name: &str, bytes: &[u8]) {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("seeds")
+        .join(target);
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join(name), bytes).unwrap();
+}
+
+/// Small headers with the features that change the layout.
+fn mlb_shapes() -> Vec<(&'static str, Header, Vec<u8>)> {
+    let mut t = tiny_header();
+    t.n_layers = 1;
+    t.vocab = 32;
+    t.hidden_dim = 64;
+    let mut v = vec![("plain_q8", t, vec![])];
+    let mut h = t;
+    h.scale_f16 = 1;
+    h.shared_classifier = 1;
+    h.qkv_bias = 1;
+    v.push(("f16_tied_bias", h, vec![]));
+    let mut h = t;
+    h.wtype = wtype::Q4_0;
+    h.q8_mask = q8_class::TOK_EMB;
+    h.n_layers = 2;
+    h.layer_flags = 1;
+    h.sliding_window = 4;
+    h.rope_local_theta = 10000.0;
+    h.post_norms = 1;
+    h.qk_norm = 1;
+    v.push((
+        "q4_layer_flags",
+        h,
+        vec![
+            layer_flag::SLIDING | layer_flag::LOCAL_ROPE,
+            layer_flag::NO_ROPE,
+        ],
+    ));
+    let mut h = t;
+    h.n_layers = 2;
+    h.layer_flags = 1;
+    h.attn_gate = 1;
+    h.qk_norm = 1;
+    h.rot_dim = 8;
+    h.lin_k_heads = 2;
+    h.lin_v_heads = 4;
+    h.lin_k_dim = 16;
+    h.lin_v_dim = 16;
+    h.lin_conv = 4;
+    v.push(("linear_attention", h, vec![layer_flag::LINEAR, 0]));
+    v
+}
+
+/// The first `n` tokens of a real tokenizer with the merges among them.
+fn shrink(m: &Mlt, n: usize) -> Mlt {
+    let mut s = m.clone();
+    s.tokens.truncate(n);
+    let n = n as u32;
+    s.merges
+        .retain(|g| g.left < n && g.right < n && g.merged < n);
+    s.merges.truncate(200);
+    s.bos = s.bos.filter(|&b| b < n);
+    s.eos = s.eos.filter(|&e| e < n);
+    if s.bos.is_none() {
+        s.flags &= !FLAG_ADD_BOS;
+    }
+    s
+}
+
+fn main() {
+    for (name, h, flags) in mlb_shapes() {
+        let f = synth_file(&h, &flags, 7);
+        krafla::format::mlb::parse(&f).unwrap_or_else(|e| panic!("{name}: {e}"));
+        write("mlb_parse", &format!("{name}.mlb"), &f);
+        write("mlb_view", &format!("{name}.mlb"), &f);
+    }
+    for (name, m) in krafla_fuzz::real_mlts() {
+        let family = name.trim_end_matches(".json.gz").replace(".tokenizer", "");
+        let small = shrink(&m, 600);
+        let bytes = small.to_bytes().unwrap();
+        Mlt::parse(&bytes).unwrap_or_else(|e| panic!("{name}: {e}"));
+        write("mlt_parse", &format!("{family}.600.mlt"), &bytes);
+    }
+    let mut m = Mli::new(2, 32, 64, 64);
+    for (i, s) in m.sums.iter_mut().enumerate() {
+        *s = i as f64 * 0.5;
+    }
+    m.tokens = 10;
+    m.cls_tokens = 7;
+    write("mli_parse", "small.mli", &m.to_bytes());
+    write(
+        "mli_parse",
+        "qdim_eq_dim.mli",
+        &Mli::new(1, 32, 32, 32).to_bytes(),
+    );
+    let texts = [
+        (
+            "ascii",
+            "Hello, world! The quick brown fox jumps over 12345 lazy dogs.",
+        ),
+        (
+            "code",
+            "fn main() {\n    println!(\"{}\", 1 + 2);\n}\n\t\t  ",
+        ),
+        (
+            "unicode",
+            "Ünïcödé: 日本語のテキスト, emoji 🦀🎉, العربية, e\u{301}",
+        ),
+        (
+            "special",
+            "<|begin_of_text|><|im_start|>user\n<start_of_turn>hi<end_of_turn>",
+        ),
+        ("digits", "3.14159 1,000,000 ١٢٣ 0x7fff 2026-12-01"),
+    ];
+    for (name, t) in texts {
+        write("tok_encode", &format!("{name}.txt"), t.as_bytes());
+    }
+    let ids: [&[u32]; 3] = [
+        &[0, 1, 2, 3, 100, 200, 300, 1000, 5000],
+        &[220, 220, 256, 257, 198, 50000, u32::MAX],
+        &[3, 4, 5, 0xe2, 0x82, 0xac, 300],
+    ];
+    for (i, s) in ids.iter().enumerate() {
+        let b: Vec<u8> = s.iter().flat_map(|i| i.to_le_bytes()).collect();
+        write("tok_decode", &format!("ids{i}.bin"), &b);
+    }
+    let models = krafla_fuzz::repo().join("testdata/models");
+    let mut dirs: Vec<_> = std::fs::read_dir(&models)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    dirs.sort();
+    for d in dirs {
+        if let Ok(c) = std::fs::read(d.join("config.json")) {
+            let name = d.file_name().unwrap().to_string_lossy().into_owned();
+            write("convert_config", &format!("{name}.json"), &c);
+        }
+    }
+}
