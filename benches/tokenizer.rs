@@ -91,13 +91,23 @@ fn main() {
         "| family | tokens | krafla MB/s | tokenizers MB/s (encode_fast) | speed-up | same ids |"
     );
     println!("| --- | ---: | ---: | ---: | ---: | --- |");
+    // TOK_BENCH_ONLY=name picks one family; TOK_BENCH_NO_HF=1 skips the oracle (profiling).
+    let only = std::env::var("TOK_BENCH_ONLY").ok();
+    let no_hf = std::env::var_os("TOK_BENCH_NO_HF").is_some();
     for (name, file, cfg) in families {
+        if only.as_deref().is_some_and(|o| o != name) {
+            continue;
+        }
         let json = gunzip(file);
         let cfg = cfg.map(|c| std::fs::read_to_string(data(c)).unwrap());
         let m = from_hf::convert(&json, cfg.as_deref(), &Default::default()).unwrap();
         let ours = Tokenizer::from_mlt(&m).unwrap();
         let hf = tokenizers::Tokenizer::from_str(&json).unwrap();
         let (t_ours, ids) = best_of(3, || ours.encode(&text));
+        if no_hf {
+            println!("| {name} | {} | {:.1} | - | - | - |", ids.len(), size / t_ours);
+            continue;
+        }
         let (t_hf, enc) = best_of(3, || hf.encode_fast(text.as_str(), true).unwrap());
         let same = ids == enc.get_ids();
         println!(

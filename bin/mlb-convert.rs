@@ -1,1 +1,180 @@
-fn main() {}
+//! mlb-convert: Hugging Face checkpoint folder → one `.mlb` file.
+//!
+//! Thin: parses the options, calls `krafla::convert::convert`, shows a progress bar
+//! on a terminal, prints a one-line summary. Exit 0 on success, 1 on a conversion
+//! error (one line on stderr), 2 on bad usage, 130 when interrupted (Ctrl-C or
+//! SIGTERM: the conversion stops at the next row chunk and removes its temporary file).
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use clap::{Parser, ValueEnum};
+use indicatif::{ProgressBar, ProgressStyle};
+use krafla::convert::{self, Options, Progress, WType};
+use krafla::format::mlb::header::q8_class;
+use krafla::quant::Q4Rule;
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum WTypeArg {
+    #[value(name = "q8_0")]
+    Q8_0,
+    #[value(name = "q4_0")]
+    Q4_0,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum RuleArg {
+    Search,
+    Round,
+}
+
+/// Convert a Hugging Face checkpoint folder (config.json + safetensors) to an .mlb file.
+#[derive(Debug, Parser)]
+#[command(name = "mlb-convert", version)]
+struct Cli {
+    /// Checkpoint folder: config.json and model.safetensors or model.safetensors.index.json with its shards
+    checkpoint: PathBuf,
+    /// Output file [default: <folder>-<wtype>.mlb beside the folder]
+    #[arg(short, long, value_name = "OUT.mlb")]
+    output: Option<PathBuf>,
+    /// Weight type of the matrices
+    #[arg(long, value_enum, default_value = "q8_0")]
+    wtype: WTypeArg,
+    /// Q4_0 only: matrix classes stored as Q8_0 instead, comma-separated from tok_emb, wcls, wqk, wv, wo, w13, w2, or none [default: wcls]
+    #[arg(long, value_name = "CLASSES", value_parser = parse_q8)]
+    q8: Option<u32>,
+    /// Store every quantization scale as f16 instead of f32
+    #[arg(long)]
+    f16_scales: bool,
+    /// Q4_0 rounding: least-squares search, or llama.cpp's round [default: round for Gemma 3, search otherwise]
+    #[arg(long, value_enum)]
+    q4_rule: Option<RuleArg>,
+    /// Importance matrix (MLI1, from mlb-run --imatrix) weighting the Q4_0 search
+    #[arg(long, value_name = "FILE.mli")]
+    imatrix: Option<PathBuf>,
+    /// Worker threads [default: one per core]; the output does not depend on it
+    #[arg(long, value_name = "N")]
+    threads: Option<usize>,
+}
+
+fn parse_q8(s: &str) -> Result<u32, String> {
+    q8_class::parse(s)
+}
+
+/// Set by SIGINT / SIGTERM; polled by the converter between row chunks.
+static STOP: AtomicBool = AtomicBool::new(false);
+
+#[cfg(unix)]
+mod signals {
+    use super::{Ordering, STOP};
+
+    extern "C" {
+        fn signal(sig: i32, handler: usize) -> usize;
+    }
+
+    extern "C" fn on_signal(_: i32) {
+        // An atomic store is async-signal-safe.
+        STOP.store(true, Ordering::Relaxed);
+    }
+
+    /// Routes SIGINT (2) and SIGTERM (15) to the stop flag.
+    pub fn install() {
+        let h = on_signal as extern "C" fn(i32) as usize;
+        // SAFETY: `signal` from the C library, with a handler that only stores an atomic.
+        unsafe {
+            signal(2, h);
+            signal(15, h);
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    #[cfg(unix)]
+    signals::install();
+
+    let opts = Options {
+        input: cli.checkpoint,
+        output: cli.output,
+        wtype: match cli.wtype {
+            WTypeArg::Q8_0 => WType::Q8_0,
+            WTypeArg::Q4_0 => WType::Q4_0,
+        },
+        q8_mask: cli.q8,
+        scale_f16: cli.f16_scales,
+        q4_rule: cli.q4_rule.map(|r| match r {
+            RuleArg::Search => Q4Rule::Search,
+            RuleArg::Round => Q4Rule::Round,
+        }),
+        imatrix: cli.imatrix,
+        threads: cli.threads,
+        cancel: Some(&STOP),
+    };
+    let bar = std::io::stderr().is_terminal().then(|| {
+        let b = ProgressBar::new(0);
+        b.set_style(
+            ProgressStyle::with_template(
+                "{bar:32} {binary_bytes}/{binary_total_bytes} {binary_bytes_per_sec} ETA {eta} {msg}",
+            )
+            .expect("valid template"),
+        );
+        b
+    });
+    let mut tensors = 0;
+    let mut on_progress = |p: Progress| match p {
+        Progress::Start { tensors: n, bytes } => {
+            tensors = n;
+            if let Some(b) = &bar {
+                b.set_length(bytes);
+            }
+        }
+        Progress::Note(n) => match &bar {
+            Some(b) => b.println(format!("note: {n}")),
+            None => eprintln!("note: {n}"),
+        },
+        Progress::Tensor {
+            index,
+            name,
+            bytes_done,
+        } => {
+            if let Some(b) = &bar {
+                b.set_position(bytes_done);
+                b.set_message(format!("tensor {}/{tensors} {name}", index + 1));
+            }
+        }
+    };
+    let res = convert::convert(&opts, &mut on_progress);
+    if let Some(b) = &bar {
+        b.finish_and_clear();
+    }
+    match res {
+        Ok(s) => {
+            let rule = match s.q4_rule {
+                Some(Q4Rule::Search) => ", q4 search",
+                Some(Q4Rule::Round) => ", q4 round",
+                None => "",
+            };
+            println!(
+                "{}: {} {}, {:.1}M parameters, {:.1} MB, {:.2} bits/weight{rule}, {:.1} s",
+                s.output.display(),
+                s.arch,
+                opts.wtype.name(),
+                s.params as f64 / 1e6,
+                s.file_bytes as f64 / 1e6,
+                s.bits_per_weight(),
+                s.seconds
+            );
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("mlb-convert: {e}");
+            if matches!(e, convert::ConvertError::Interrupted) {
+                ExitCode::from(130)
+            } else {
+                ExitCode::from(1)
+            }
+        }
+    }
+}

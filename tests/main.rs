@@ -1,6 +1,8 @@
 //! Integration tests: one binary, one module per tool or concern.
 
+mod convert;
 mod inspect;
 mod kernels;
+mod run;
 mod tokenizer;
 mod util;

@@ -1,1 +1,719 @@
-//! placeholder
+//! Hugging Face checkpoint folder → one `.mlb` file.
+//!
+//! [`convert`] reads `config.json` ([`config`]), maps the checkpoint's tensors to the
+//! spec's arrays through the architecture's table ([`arch`], [`permute`]), checks every
+//! tensor's presence, dtype and shape before writing anything, then streams: for each
+//! array in spec order, read rows and upcast to f32 → transform (RoPE permutation,
+//! the +1 of (1 + w) norms, Qwen3.5's q/gate split) → quantize (rayon over rows) →
+//! write → drop. Large matrices go in row chunks, so peak memory stays near one chunk
+//! plus its quantized form; quantization is per row, so the bytes do not depend on the
+//! chunk size or the thread count.
+//!
+//! The output is written to `.NAME.tmp-PID` beside the target and renamed on success;
+//! on any error the temporary file is removed and an existing target is untouched.
+
+pub mod arch;
+pub mod checkpoint;
+pub mod config;
+pub mod error;
+pub mod permute;
+
+use std::fs::File;
+use std::io::BufWriter;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
+
+pub use config::ModelDesc;
+pub use error::{ConvertError, Result};
+
+use arch::Transform;
+use checkpoint::{Checkpoint, DType, TensorInfo};
+use permute::RowMap;
+
+use crate::format::mlb::header::{q8_class, wtype, Header};
+use crate::format::mlb::{Kind, MlbWriter, QType, Tensor, WriteError};
+use crate::format::mli::{self, Mli, Slot};
+use crate::quant::{quantize, Q4Rule, QuantError, QuantOpts};
+
+/// Weight type of the output.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WType {
+    Q8_0,
+    Q4_0,
+}
+
+impl WType {
+    pub fn name(self) -> &'static str {
+        match self {
+            WType::Q8_0 => "q8_0",
+            WType::Q4_0 => "q4_0",
+        }
+    }
+}
+
+/// The default `--q8` of a Q4_0 model: the classifier stays Q8_0, as llama.cpp keeps
+/// its output matrix at higher precision; with a shared classifier this makes tok_emb
+/// Q8_0 too (the spec's rule).
+pub const DEFAULT_Q4_Q8_MASK: u32 = q8_class::WCLS;
+
+/// What to convert and how.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// The checkpoint folder.
+    pub input: PathBuf,
+    /// The output file; `None`: [`default_output`].
+    pub output: Option<PathBuf>,
+    pub wtype: WType,
+    /// q8_mask for Q4_0 (`None`: [`DEFAULT_Q4_Q8_MASK`]); must be 0 or `None` for Q8_0.
+    pub q8_mask: Option<u32>,
+    pub scale_f16: bool,
+    /// `None`: round for Gemma 3, search otherwise.
+    pub q4_rule: Option<Q4Rule>,
+    pub imatrix: Option<PathBuf>,
+    /// Rayon threads (`None`: rayon's default, one per core).
+    pub threads: Option<usize>,
+    /// When set to true (e.g. by a Ctrl-C handler), the conversion stops at the next
+    /// row chunk with [`ConvertError::Interrupted`] and removes its temporary file.
+    pub cancel: Option<&'static AtomicBool>,
+}
+
+impl Options {
+    pub fn new(input: impl Into<PathBuf>, wtype: WType) -> Options {
+        Options {
+            input: input.into(),
+            output: None,
+            wtype,
+            q8_mask: None,
+            scale_f16: false,
+            q4_rule: None,
+            imatrix: None,
+            threads: None,
+            cancel: None,
+        }
+    }
+}
+
+/// `<folder>-<wtype>.mlb` beside the folder, e.g. `models/gemma-3-270m-q4_0.mlb`.
+pub fn default_output(input: &Path, wtype: WType) -> PathBuf {
+    let abs = std::path::absolute(input).unwrap_or_else(|_| input.to_path_buf());
+    let name = abs
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "model".into());
+    let parent = abs.parent().map(Path::to_path_buf).unwrap_or_default();
+    parent.join(format!("{name}-{}.mlb", wtype.name()))
+}
+
+/// Progress reports, in order: one `Start`, `Note`s, one `Tensor` per array written.
+#[derive(Debug, Clone, Copy)]
+pub enum Progress<'a> {
+    Start {
+        tensors: usize,
+        bytes: u64,
+    },
+    Note(&'a str),
+    Tensor {
+        index: usize,
+        name: &'a str,
+        bytes_done: u64,
+    },
+}
+
+/// What was written.
+#[derive(Debug, Clone)]
+pub struct Summary {
+    pub output: PathBuf,
+    pub arch: &'static str,
+    pub header: Header,
+    pub params: u64,
+    pub file_bytes: u64,
+    pub seconds: f64,
+    pub notes: Vec<String>,
+    pub q4_rule: Option<Q4Rule>,
+}
+
+impl Summary {
+    /// File bits per parameter.
+    pub fn bits_per_weight(&self) -> f64 {
+        if self.params == 0 {
+            0.0
+        } else {
+            self.file_bytes as f64 * 8.0 / self.params as f64
+        }
+    }
+}
+
+/// Converts a checkpoint folder; `progress` is called as the conversion advances.
+pub fn convert(opts: &Options, progress: &mut (dyn FnMut(Progress) + Send)) -> Result<Summary> {
+    match opts.threads {
+        Some(0) => Err(ConvertError::options("--threads", "must be at least 1")),
+        Some(n) => {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(n)
+                .build()
+                .map_err(|e| ConvertError::options("--threads", e.to_string()))?;
+            pool.install(|| run(opts, progress))
+        }
+        None => run(opts, progress),
+    }
+}
+
+/// One spec array and where it comes from.
+struct Source {
+    hf: String,
+    map: RowMap,
+    /// Output rows and elements per row (vectors: len × 1).
+    rows: usize,
+    row_len: usize,
+    /// Add 1 to every value ((1 + w) norms).
+    plus_one: bool,
+    /// Importance per input channel (Q4_0 search with an imatrix).
+    imp: Option<Vec<f32>>,
+}
+
+fn run(opts: &Options, progress: &mut (dyn FnMut(Progress) + Send)) -> Result<Summary> {
+    let t0 = Instant::now();
+    let dir = &opts.input;
+    if !dir.is_dir() {
+        return Err(ConvertError::checkpoint(
+            dir,
+            "not a folder (expected a Hugging Face checkpoint folder)",
+        ));
+    }
+    let desc = config::load(dir)?;
+    let mut notes = desc.notes.clone();
+    let ck = Checkpoint::open(dir)?;
+
+    // Options → header fields.
+    let (mut header, flags) = desc.header();
+    let (wt, mask) = match opts.wtype {
+        WType::Q8_0 => {
+            if opts.q8_mask.is_some_and(|m| m != 0) {
+                return Err(ConvertError::options(
+                    "--q8",
+                    "only applies to --wtype q4_0 (a Q8_0 model stores every matrix as Q8_0)",
+                ));
+            }
+            (wtype::Q8_0, 0)
+        }
+        WType::Q4_0 => (wtype::Q4_0, opts.q8_mask.unwrap_or(DEFAULT_Q4_Q8_MASK)),
+    };
+    header.wtype = wt;
+    header.q8_mask = mask;
+    header.scale_f16 = opts.scale_f16 as u32;
+    let gemma3 = desc.arch.name == "gemma3_text";
+    let q4_rule = opts.q4_rule.unwrap_or(if gemma3 {
+        Q4Rule::Round
+    } else {
+        Q4Rule::Search
+    });
+    let imatrix = match &opts.imatrix {
+        None => None,
+        Some(p) => {
+            if opts.wtype != WType::Q4_0 || q4_rule != Q4Rule::Search {
+                return Err(ConvertError::options(
+                    "--imatrix",
+                    "weights the Q4_0 search only: use it with --wtype q4_0 --q4-rule search",
+                ));
+            }
+            Some(load_imatrix(p, &desc)?)
+        }
+    };
+
+    // Validate the header (and compute the layout) before creating any file.
+    let cfg_file = dir.join("config.json");
+    let probe = MlbWriter::new(std::io::sink(), &header, &flags).map_err(|e| match e {
+        WriteError::Format(err) => ConvertError::Format {
+            file: cfg_file.clone(),
+            err: Box::new(err),
+        },
+        WriteError::Io(e) => ConvertError::io(dir, e),
+    })?;
+    let layout = probe.layout().clone();
+    drop(probe);
+
+    // Text-model prefix and the tensors outside it.
+    let (prefix, head_prefix) = text_prefix(&ck)?;
+    let sources = plan(
+        &ck,
+        &desc,
+        &layout.tensors,
+        &prefix,
+        &head_prefix,
+        imatrix.as_ref(),
+        q4_rule,
+    )?;
+    check_leftovers(&ck, &desc, &sources, &prefix, &mut notes)?;
+    if let Some(m) = &imatrix {
+        if m.cls_tokens == 0 && !desc.tied {
+            notes.push("the imatrix has no classifier tokens: wcls is quantized without it".into());
+        }
+    }
+
+    let total = layout.end;
+    progress(Progress::Start {
+        tensors: layout.tensors.len(),
+        bytes: total,
+    });
+    for n in &notes {
+        progress(Progress::Note(n));
+    }
+
+    // Output: a temporary file beside the target, renamed on success.
+    let out = opts
+        .output
+        .clone()
+        .unwrap_or_else(|| default_output(dir, opts.wtype));
+    let out_dir = match out.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let fname = out
+        .file_name()
+        .ok_or_else(|| {
+            ConvertError::options("-o", format!("{} is not a file name", out.display()))
+        })?
+        .to_string_lossy()
+        .into_owned();
+    if out.is_dir() {
+        return Err(ConvertError::options(
+            "-o",
+            format!("{} is a folder", out.display()),
+        ));
+    }
+    let tmp = out_dir.join(format!(".{fname}.tmp-{}", std::process::id()));
+    let file = File::create(&tmp).map_err(|e| ConvertError::io(&tmp, e))?;
+    let job = Job {
+        ck: &ck,
+        tensors: &layout.tensors,
+        sources: &sources,
+        scale_f16: opts.scale_f16,
+        q4_rule,
+        tmp: &tmp,
+        cancel: opts.cancel,
+    };
+    let res = write_all(&job, &header, &flags, file, progress)
+        .and_then(|()| std::fs::rename(&tmp, &out).map_err(|e| ConvertError::io(&out, e)));
+    if let Err(e) = res {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e);
+    }
+    let file_bytes = std::fs::metadata(&out).map(|m| m.len()).unwrap_or(total);
+    Ok(Summary {
+        output: out,
+        arch: desc.arch.name,
+        header,
+        params: layout.params(),
+        file_bytes,
+        seconds: t0.elapsed().as_secs_f64(),
+        notes,
+        q4_rule: (opts.wtype == WType::Q4_0).then_some(q4_rule),
+    })
+}
+
+/// Reads and checks an MLI1 file against the model.
+fn load_imatrix(p: &Path, d: &ModelDesc) -> Result<Mli> {
+    let b = std::fs::read(p).map_err(|e| ConvertError::io(p, e))?;
+    let m = mli::parse(&b).map_err(|e| ConvertError::Imatrix {
+        file: p.to_path_buf(),
+        field: e.field.clone(),
+        value: e.value.clone(),
+        msg: e.rule.clone(),
+    })?;
+    let q_dim = d.head_dim * d.n_heads;
+    for (field, got, want) in [
+        ("n_layers", m.n_layers, d.n_layers),
+        ("dim", m.dim, d.dim),
+        ("hidden_dim", m.hidden_dim, d.hidden_dim),
+        ("q_dim", m.q_dim, q_dim),
+    ] {
+        if got != want {
+            return Err(ConvertError::Imatrix {
+                file: p.to_path_buf(),
+                field: field.into(),
+                value: got.to_string(),
+                msg: format!("the model has {field} {want}: this imatrix is for another model"),
+            });
+        }
+    }
+    if m.tokens == 0 {
+        return Err(ConvertError::Imatrix {
+            file: p.to_path_buf(),
+            field: "tokens".into(),
+            value: "0".into(),
+            msg: "no tokens were summed: the importances are undefined".into(),
+        });
+    }
+    Ok(m)
+}
+
+/// The prefix of the text model's tensors and of its classifier.
+fn text_prefix(ck: &Checkpoint) -> Result<(String, String)> {
+    const CANDIDATES: [(&str, &str); 4] = [
+        ("model.", ""),
+        ("model.language_model.", ""),
+        ("language_model.model.", "language_model."),
+        ("", ""),
+    ];
+    for (p, h) in CANDIDATES {
+        if ck.contains(&format!("{p}embed_tokens.weight")) {
+            return Ok((p.to_string(), h.to_string()));
+        }
+    }
+    Err(ConvertError::checkpoint(
+        ck.first_path(),
+        "no embed_tokens.weight tensor (looked for model., model.language_model. and language_model.model. prefixes)",
+    ))
+}
+
+/// Maps every spec array to its source and checks presence, dtype and shape.
+#[allow(clippy::too_many_arguments)]
+fn plan(
+    ck: &Checkpoint,
+    d: &ModelDesc,
+    tensors: &[Tensor],
+    prefix: &str,
+    head_prefix: &str,
+    imatrix: Option<&Mli>,
+    q4_rule: Q4Rule,
+) -> Result<Vec<Option<Source>>> {
+    let (hd, rot) = (d.head_dim, d.rot_dim);
+    let mut out = Vec::with_capacity(tensors.len());
+    for t in tensors {
+        if let Kind::U8 { .. } = t.kind {
+            out.push(None);
+            continue;
+        }
+        let spec = t.name.name;
+        let (rel, transform) = d.arch.source(spec).ok_or_else(|| {
+            ConvertError::checkpoint(
+                ck.first_path(),
+                format!("{}: no source for spec array {spec}", d.arch.name),
+            )
+        })?;
+        let hf = match (t.name.layer, spec) {
+            (Some(l), _) => format!("{prefix}layers.{l}.{rel}"),
+            (None, "wcls") => format!("{head_prefix}{rel}"),
+            (None, _) => format!("{prefix}{rel}"),
+        };
+        let (rows, row_len, is_mat) = match t.kind {
+            Kind::Mat { rows, cols, .. } => (rows, cols, true),
+            Kind::F32 { len } => match transform {
+                Transform::Conv => {
+                    let k = d.linear.map(|l| l.conv).unwrap_or(1);
+                    (len / k, k, false)
+                }
+                _ => (len, 1, false),
+            },
+            Kind::U8 { .. } => unreachable!(),
+        };
+        let map = match transform {
+            Transform::Rope | Transform::RopeNorm => RowMap::Rope { head_dim: hd, rot },
+            Transform::GateQuery => RowMap::GateQuery { head_dim: hd, rot },
+            Transform::GateGate => RowMap::GateGate { head_dim: hd },
+            _ => RowMap::Identity,
+        };
+        // Expected source shape.
+        let src_rows = map.src_rows(rows);
+        let want: Vec<usize> = match (transform, is_mat) {
+            (Transform::Conv, _) => vec![rows, 1, row_len],
+            (_, true) => vec![src_rows, row_len],
+            (_, false) => vec![src_rows],
+        };
+        let info = ck.get(&hf).ok_or_else(|| {
+            ConvertError::checkpoint(
+                ck.first_path(),
+                format!("tensor {hf} is missing (needed for {})", t.name),
+            )
+        })?;
+        let file = ck.path_of(info);
+        if info.dtype.is_none() {
+            return Err(ConvertError::tensor(
+                file,
+                &hf,
+                format!(
+                    "dtype {} is not supported (expected BF16, F16 or F32)",
+                    info.dtype_name
+                ),
+            ));
+        }
+        if info.shape != want {
+            return Err(ConvertError::tensor(
+                file,
+                &hf,
+                format!(
+                    "shape {:?}, expected {:?} (for {})",
+                    info.shape, want, t.name
+                ),
+            ));
+        }
+        let plus_one =
+            d.arch.norm_plus_one && matches!(transform, Transform::Norm | Transform::RopeNorm);
+        let imp = match (imatrix, t.kind) {
+            (
+                Some(m),
+                Kind::Mat {
+                    qtype: QType::Q4_0,
+                    cols,
+                    ..
+                },
+            ) if q4_rule == Q4Rule::Search => importance(m, t, cols),
+            _ => None,
+        };
+        out.push(Some(Source {
+            hf,
+            map,
+            rows,
+            row_len,
+            plus_one,
+            imp,
+        }));
+    }
+    Ok(out)
+}
+
+/// The importance of a matrix's input channels, from the MLI slot of its input.
+fn importance(m: &Mli, t: &Tensor, cols: usize) -> Option<Vec<f32>> {
+    let sums = match (t.name.layer, t.name.name) {
+        (Some(l), "wq" | "wk" | "wv" | "wg" | "lqkv" | "lz") => m.slot(l as usize, Slot::Attn),
+        (Some(l), "wo" | "lout") => m.slot(l as usize, Slot::Wo),
+        (Some(l), "w1" | "w3") => m.slot(l as usize, Slot::W13),
+        (Some(l), "w2") => m.slot(l as usize, Slot::W2),
+        (None, "wcls") if m.cls_tokens > 0 => m.cls(),
+        _ => return None,
+    };
+    let tokens = if t.name.layer.is_some() {
+        m.tokens
+    } else {
+        m.cls_tokens
+    };
+    // lout's input is V·dv wide; the Wo slot is q_dim wide: use it only when they agree.
+    (sums.len() == cols).then(|| Mli::importance(sums, tokens))
+}
+
+/// Every checkpoint tensor must be used or knowingly skipped: a tensor the converter
+/// would silently drop may carry math the file cannot express.
+fn check_leftovers(
+    ck: &Checkpoint,
+    d: &ModelDesc,
+    sources: &[Option<Source>],
+    prefix: &str,
+    notes: &mut Vec<String>,
+) -> Result<()> {
+    let used: std::collections::HashSet<&str> =
+        sources.iter().flatten().map(|s| s.hf.as_str()).collect();
+    const SKIP_PREFIXES: [&str; 7] = [
+        "vision_tower.",
+        "multi_modal_projector.",
+        "model.visual.",
+        "model.vision_tower.",
+        "model.multi_modal_projector.",
+        "visual.",
+        "mtp.",
+    ];
+    let mut skipped = 0usize;
+    let mut mtp = 0usize;
+    for name in ck.names() {
+        if used.contains(name) || name.ends_with("rotary_emb.inv_freq") {
+            continue;
+        }
+        if d.tied && name.ends_with("lm_head.weight") {
+            continue; // tied: transformers uses embed_tokens
+        }
+        if SKIP_PREFIXES.iter().any(|p| name.starts_with(p)) && !name.starts_with(prefix) {
+            if name.starts_with("mtp.") {
+                mtp += 1;
+            } else {
+                skipped += 1;
+            }
+            continue;
+        }
+        let info = ck.get(name).expect("listed");
+        return Err(ConvertError::tensor(
+            ck.path_of(info),
+            name,
+            format!(
+                "not used by a {} model: refusing to drop it silently",
+                d.arch.name
+            ),
+        ));
+    }
+    if skipped > 0 {
+        notes.push(format!(
+            "skipped {skipped} vision tower / projector tensors"
+        ));
+    }
+    if mtp > 0 {
+        notes.push(format!(
+            "skipped {mtp} multi-token-prediction (mtp.*) tensors"
+        ));
+    }
+    Ok(())
+}
+
+/// Rows per chunk of a large matrix: ~4M values (16 MB as f32).
+const CHUNK_VALUES: usize = 1 << 22;
+
+/// What [`write_all`] writes.
+struct Job<'a> {
+    ck: &'a Checkpoint,
+    tensors: &'a [Tensor],
+    sources: &'a [Option<Source>],
+    scale_f16: bool,
+    q4_rule: Q4Rule,
+    tmp: &'a Path,
+    cancel: Option<&'a AtomicBool>,
+}
+
+fn write_all(
+    job: &Job,
+    header: &Header,
+    flags: &[u8],
+    file: File,
+    progress: &mut (dyn FnMut(Progress) + Send),
+) -> Result<()> {
+    let Job {
+        ck,
+        tensors,
+        sources,
+        scale_f16,
+        q4_rule,
+        tmp,
+        cancel,
+    } = *job;
+    let cancelled = || cancel.is_some_and(|c| c.load(Ordering::Relaxed));
+    let werr = |e: WriteError| match e {
+        WriteError::Io(e) => ConvertError::io(tmp, e),
+        WriteError::Format(err) => ConvertError::Format {
+            file: tmp.to_path_buf(),
+            err: Box::new(err),
+        },
+    };
+    let mut w =
+        MlbWriter::new(BufWriter::with_capacity(1 << 20, file), header, flags).map_err(werr)?;
+    let mut buf: Vec<f32> = Vec::new();
+    for (i, (t, s)) in tensors.iter().zip(sources).enumerate() {
+        let name = t.name.to_string();
+        if cancelled() {
+            return Err(ConvertError::Interrupted);
+        }
+        if let Some(s) = s {
+            let info = ck.get(&s.hf).expect("planned");
+            let dtype = info.dtype.expect("planned");
+            match t.kind {
+                Kind::F32 { .. } => {
+                    buf.clear();
+                    read_rows(ck, info, dtype, s, 0..s.rows, &mut buf);
+                    if s.plus_one {
+                        for v in buf.iter_mut() {
+                            *v += 1.0;
+                        }
+                    }
+                    if let Some(j) = buf.iter().position(|v| !v.is_finite()) {
+                        return Err(ConvertError::tensor(
+                            ck.path_of(info),
+                            &s.hf,
+                            format!("element {j} is {}: weights must be finite", buf[j]),
+                        ));
+                    }
+                    w.write_f32(&buf).map_err(werr)?;
+                    ck.release(info, s.row_len, 0..s.map.src_rows(s.rows));
+                }
+                Kind::Mat {
+                    qtype, rows, cols, ..
+                } => {
+                    let qopts = QuantOpts {
+                        scale_f16,
+                        q4_rule,
+                        imatrix: s.imp.as_deref(),
+                    };
+                    let step = (CHUNK_VALUES / cols).max(1);
+                    let mut r0 = 0;
+                    while r0 < rows {
+                        if cancelled() {
+                            return Err(ConvertError::Interrupted);
+                        }
+                        let r1 = (r0 + step).min(rows);
+                        buf.clear();
+                        read_rows(ck, info, dtype, s, r0..r1, &mut buf);
+                        let m = quantize(qtype, r1 - r0, cols, &buf, &qopts)
+                            .map_err(|e| quant_error(ck, info, s, r0, e))?;
+                        w.write_mat_rows(&m).map_err(werr)?;
+                        if s.map.is_identity() {
+                            ck.release(info, s.row_len, r0..r1);
+                        }
+                        r0 = r1;
+                    }
+                    if !s.map.is_identity() {
+                        ck.release(info, s.row_len, 0..s.map.src_rows(rows));
+                    }
+                }
+                Kind::U8 { .. } => unreachable!(),
+            }
+        }
+        progress(Progress::Tensor {
+            index: i,
+            name: &name,
+            bytes_done: t.end(),
+        });
+    }
+    let out = w.finish().map_err(werr)?;
+    let file = out
+        .into_inner()
+        .map_err(|e| ConvertError::io(tmp, e.into_error()))?;
+    file.sync_all().map_err(|e| ConvertError::io(tmp, e))?;
+    Ok(())
+}
+
+/// Appends output rows `rows` of `s` as f32 to `buf`.
+fn read_rows(
+    ck: &Checkpoint,
+    info: &TensorInfo,
+    dtype: DType,
+    s: &Source,
+    rows: std::ops::Range<usize>,
+    buf: &mut Vec<f32>,
+) {
+    if s.map.is_identity() {
+        ck.read_rows(info, dtype, s.row_len, rows, buf);
+    } else {
+        for r in rows {
+            let src = s.map.src(r);
+            ck.read_rows(info, dtype, s.row_len, src..src + 1, buf);
+        }
+    }
+}
+
+fn quant_error(
+    ck: &Checkpoint,
+    info: &TensorInfo,
+    s: &Source,
+    r0: usize,
+    e: QuantError,
+) -> ConvertError {
+    let file = ck.path_of(info);
+    match e {
+        QuantError::NonFinite { row, col, value } => ConvertError::tensor(
+            file,
+            &s.hf,
+            format!(
+                "weight [{}, {col}] is {value}: weights must be finite",
+                s.map.src(r0 + row)
+            ),
+        ),
+        QuantError::ScaleOverflow { row, block, d } => ConvertError::tensor(
+            file,
+            &s.hf,
+            format!(
+                "row {} block {block}: scale {d} is above 65504 and cannot be stored as f16 (drop --f16-scales)",
+                s.map.src(r0 + row)
+            ),
+        ),
+        QuantError::Shape { rows, cols, len } => ConvertError::tensor(
+            file,
+            &s.hf,
+            format!("{rows}×{cols} with {len} values: cols must be a multiple of 32"),
+        ),
+    }
+}

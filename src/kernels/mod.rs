@@ -309,8 +309,30 @@ const ALL_TIERS: [Tier; 5] = [
 /// Quantizes whole blocks: `x.len() = q.len() = 32·d.len()`.
 type QuantFn = unsafe fn(x: &[f32], q: &mut [i8], d: &mut [f32]);
 
-/// Dots one weight row (`wq`, `wd`) with the `out.len()` ≤ [`TILE_TOKENS`] tokens of `x`.
-type TileFn = unsafe fn(wq: &[u8], wd: &[f32], x: &ActTile, out: &mut [f32]);
+/// Dots `rows` consecutive weight rows (`wq`, `wd`: `rows` rows of quants and scales)
+/// with the `nt = out.len() / rows` ≤ [`TILE_TOKENS`] tokens of `x`: `out[r·nt + t]`.
+type TileFn = unsafe fn(rows: usize, wq: &[u8], wd: &[f32], x: &ActTile, out: &mut [f32]);
+
+/// Calls `f(wq_r, wd_r, out_r)` for each of `rows` rows: the tiers' row loop.
+#[inline(always)]
+pub(crate) fn for_rows(
+    rows: usize,
+    wq: &[u8],
+    wd: &[f32],
+    out: &mut [f32],
+    mut f: impl FnMut(&[u8], &[f32], &mut [f32]),
+) {
+    debug_assert!(rows > 0 && wq.len() % rows == 0 && wd.len() % rows == 0);
+    debug_assert_eq!(out.len() % rows, 0);
+    let (rb, nb, nt) = (wq.len() / rows, wd.len() / rows, out.len() / rows);
+    let it = wq
+        .chunks_exact(rb)
+        .zip(wd.chunks_exact(nb))
+        .zip(out.chunks_exact_mut(nt));
+    for ((q, d), o) in it {
+        f(q, d, o);
+    }
+}
 
 /// Consecutive tokens of a [`QActs`] as the micro-kernels see them.
 pub struct ActTile<'a> {
@@ -443,8 +465,16 @@ impl Kernels {
             WType::Q4_0 => self.q4,
         };
         let chunk = rows_per_task(w.rows, w.cols * n);
+        let tiles = token_tiles(x);
+        let (rb, nb) = (w.wtype.row_bytes(w.cols), w.blocks());
+        // Weight rows r0..r1 as slices.
+        let rows_of = |r0: usize, r1: usize| (&w.q[r0 * rb..r1 * rb], &w.d[r0 * nb..r1 * nb]);
         if n == 1 {
-            let run = |(i, yc): (usize, &mut [f32])| rows_into(tile, w, x, i * chunk, yc);
+            let run = |(i, yc): (usize, &mut [f32])| {
+                let (wq, wd) = rows_of(i * chunk, i * chunk + yc.len());
+                // SAFETY: a supported tier's kernel; slices sized per `TileFn`.
+                unsafe { tile(yc.len(), wq, wd, &tiles[0], yc) };
+            };
             if chunk >= w.rows {
                 run((0, y));
             } else {
@@ -455,15 +485,26 @@ impl Kernels {
         let out = SharedOut(y.as_mut_ptr());
         let tasks = w.rows.div_ceil(chunk);
         let run = |i: usize| {
-            let r0 = i * chunk;
-            let nr = chunk.min(w.rows - r0);
-            let mut local = vec![0.0f32; nr * n];
-            rows_into(tile, w, x, r0, &mut local);
-            for (j, v) in local.chunks_exact(n).enumerate() {
-                for (t, &val) in v.iter().enumerate() {
-                    // SAFETY: t < n and r0 + j < rows, so the index is inside y, and
-                    // task i is the only writer of rows r0..r0+nr.
-                    unsafe { out.write(t * w.rows + r0 + j, val) };
+            let r1 = ((i + 1) * chunk).min(w.rows);
+            // Rows in sub-blocks whose weights stay in L1/L2 across the token tiles; each
+            // tile's outputs go through a small buffer and are written in runs per token.
+            let mut buf = [0.0f32; SUB_ROWS * TILE_TOKENS];
+            for s0 in (i * chunk..r1).step_by(SUB_ROWS) {
+                let nr = SUB_ROWS.min(r1 - s0);
+                let (wq, wd) = rows_of(s0, s0 + nr);
+                for (k, xt) in tiles.iter().enumerate() {
+                    let nt = xt.d.len() / nb;
+                    let b = &mut buf[..nr * nt];
+                    // SAFETY: a supported tier's kernel; slices sized per `TileFn`.
+                    unsafe { tile(nr, wq, wd, xt, b) };
+                    for t in 0..nt {
+                        let row0 = (k * TILE_TOKENS + t) * w.rows + s0;
+                        for (j, v) in b.iter().skip(t).step_by(nt).enumerate() {
+                            // SAFETY: token k·TILE_TOKENS + t < n and s0 + j < r1 ≤ rows,
+                            // so the index is inside y; task i alone writes its rows.
+                            unsafe { out.write(row0 + j, *v) };
+                        }
+                    }
                 }
             }
         };
@@ -474,6 +515,10 @@ impl Kernels {
         }
     }
 }
+
+/// Rows per sub-block of a multi-token task (its weights, ~40 KB for 576 Q8_0 columns,
+/// are reused by every token tile).
+const SUB_ROWS: usize = 64;
 
 /// `y`'s base pointer, shared by tasks that write disjoint elements.
 #[derive(Clone, Copy)]
@@ -501,12 +546,10 @@ fn rows_per_task(rows: usize, macs_per_row: usize) -> usize {
     per_thread.max(min_rows).next_multiple_of(16).min(rows)
 }
 
-/// Rows `r0..r0 + out.len()/n` for all tokens into `out` (row-major, tokens inner).
-fn rows_into(tile: TileFn, w: &QMat, x: &QActs, r0: usize, out: &mut [f32]) {
-    let n = x.n();
-    let (cols, nb, l4) = (x.cols(), x.cols() / QK, q4_layout_len(x.cols()));
-    // The token tiles are the same for every row: slice them once.
-    let tiles: Vec<ActTile> = (0..n)
+/// The activations cut into tiles of [`TILE_TOKENS`] tokens (the last may be shorter).
+fn token_tiles(x: &QActs) -> Vec<ActTile<'_>> {
+    let (n, cols, nb, l4) = (x.n(), x.cols(), x.cols() / QK, q4_layout_len(x.cols()));
+    (0..n)
         .step_by(TILE_TOKENS)
         .map(|t0| {
             let t1 = (t0 + TILE_TOKENS).min(n);
@@ -517,16 +560,7 @@ fn rows_into(tile: TileFn, w: &QMat, x: &QActs, r0: usize, out: &mut [f32]) {
                 q4: &x.q4[t0 * l4..t1 * l4],
             }
         })
-        .collect();
-    let (rb, q, d) = (w.wtype.row_bytes(cols), w.q, w.d);
-    for (i, yr) in out.chunks_exact_mut(n).enumerate() {
-        let r = r0 + i;
-        let (wq, wd) = (&q[r * rb..(r + 1) * rb], &d[r * nb..(r + 1) * nb]);
-        for (xt, yt) in tiles.iter().zip(yr.chunks_mut(TILE_TOKENS)) {
-            // SAFETY: the tile fn belongs to a supported tier; slices sized per its contract.
-            unsafe { tile(wq, wd, xt, yt) };
-        }
-    }
+        .collect()
 }
 
 /// Dequantizes row `r` into `out` (`w.cols` values): `out[c] = q·d`, one f32 multiply.

@@ -4,7 +4,7 @@
 //! Per output: `acc[b % 8] += (d_w[b]·d_x[b]) · (isum_b as f32)` over blocks in order,
 //! then [`reduce_lanes`]; `isum_b` is the exact i32 dot product of the block's quants.
 
-use super::{ActTile, LANES};
+use super::{for_rows, ActTile, LANES};
 use crate::quant::{q8_0, QK};
 
 /// The contract's fixed reduction tree: `((a0+a4)+(a2+a6)) + ((a1+a5)+(a3+a7))`.
@@ -77,38 +77,32 @@ pub fn dot_q4(wq: &[u8], wd: &[f32], xq: &[i8], xd: &[f32]) -> f32 {
     dot_row(wq, wd, xq, xd, QK / 2, isum_q4)
 }
 
-/// Tile kernel (see `TileFn`): one Q8_0 row against `out.len()` tokens.
+/// Tile kernel (see `TileFn`): Q8_0 rows against a tile of tokens.
 ///
 /// # Safety
 /// Always safe; `unsafe` only to share the tiers' function-pointer type.
-pub unsafe fn tile_q8(wq: &[u8], wd: &[f32], x: &ActTile, out: &mut [f32]) {
-    let (xq, xd) = (x.q, x.d);
-    let (cols, nb) = (wd.len() * QK, wd.len());
-    for (t, o) in out.iter_mut().enumerate() {
-        *o = dot_q8(
-            wq,
-            wd,
-            &xq[t * cols..(t + 1) * cols],
-            &xd[t * nb..(t + 1) * nb],
-        );
-    }
+pub unsafe fn tile_q8(rows: usize, wq: &[u8], wd: &[f32], x: &ActTile, out: &mut [f32]) {
+    for_rows(rows, wq, wd, out, |wq, wd, out| {
+        let (cols, nb) = (wd.len() * QK, wd.len());
+        for (t, o) in out.iter_mut().enumerate() {
+            let (xq, xd) = (&x.q[t * cols..(t + 1) * cols], &x.d[t * nb..(t + 1) * nb]);
+            *o = dot_q8(wq, wd, xq, xd);
+        }
+    });
 }
 
-/// Tile kernel (see `TileFn`): one Q4_0 row against `out.len()` tokens.
+/// Tile kernel (see `TileFn`): Q4_0 rows against a tile of tokens.
 ///
 /// # Safety
 /// Always safe; `unsafe` only to share the tiers' function-pointer type.
-pub unsafe fn tile_q4(wq: &[u8], wd: &[f32], x: &ActTile, out: &mut [f32]) {
-    let (xq, xd) = (x.q, x.d);
-    let (cols, nb) = (wd.len() * QK, wd.len());
-    for (t, o) in out.iter_mut().enumerate() {
-        *o = dot_q4(
-            wq,
-            wd,
-            &xq[t * cols..(t + 1) * cols],
-            &xd[t * nb..(t + 1) * nb],
-        );
-    }
+pub unsafe fn tile_q4(rows: usize, wq: &[u8], wd: &[f32], x: &ActTile, out: &mut [f32]) {
+    for_rows(rows, wq, wd, out, |wq, wd, out| {
+        let (cols, nb) = (wd.len() * QK, wd.len());
+        for (t, o) in out.iter_mut().enumerate() {
+            let (xq, xd) = (&x.q[t * cols..(t + 1) * cols], &x.d[t * nb..(t + 1) * nb]);
+            *o = dot_q4(wq, wd, xq, xd);
+        }
+    });
 }
 
 /// The reference activation quantizer: `quant::q8_0::quantize_block` per block.

@@ -38,9 +38,12 @@ impl Hasher for FxHasher {
     fn write_usize(&mut self, v: usize) {
         self.write_u64(v as u64);
     }
+    /// A final mix: the multiply only carries low bits upwards, and hashbrown takes
+    /// the bucket from the low bits, so without it pairs sharing a right token collide.
     #[inline]
     fn finish(&self) -> u64 {
-        self.0
+        let h = self.0;
+        (h ^ (h >> 29)).wrapping_mul(0xbf58_476d_1ce4_e5b9) ^ (h >> 32)
     }
 }
 

@@ -24,16 +24,22 @@ use unicode_normalization::UnicodeNormalization;
 const SPACE_MARK: &str = "\u{2581}";
 
 /// A trie over the added tokens' bytes, for leftmost-longest matching.
+/// A trie node: sorted (byte, child) edges and the token ending here.
+#[derive(Default)]
+struct TrieNode {
+    edges: Vec<(u8, u32)>,
+    token: Option<u32>,
+}
+
 struct AddedTrie {
-    /// Per node: sorted (byte, child) edges and the token ending here.
-    nodes: Vec<(Vec<(u8, u32)>, Option<u32>)>,
+    nodes: Vec<TrieNode>,
     first: [bool; 256],
 }
 
 impl AddedTrie {
     fn new() -> AddedTrie {
         AddedTrie {
-            nodes: vec![(Vec::new(), None)],
+            nodes: vec![TrieNode::default()],
             first: [false; 256],
         }
     }
@@ -43,18 +49,18 @@ impl AddedTrie {
         self.first[b0 as usize] = true;
         let mut n = 0usize;
         for &b in bytes {
-            n = match self.nodes[n].0.binary_search_by_key(&b, |e| e.0) {
-                Ok(i) => self.nodes[n].0[i].1 as usize,
+            n = match self.nodes[n].edges.binary_search_by_key(&b, |e| e.0) {
+                Ok(i) => self.nodes[n].edges[i].1 as usize,
                 Err(i) => {
                     let child = self.nodes.len() as u32;
-                    self.nodes[n].0.insert(i, (b, child));
-                    self.nodes.push((Vec::new(), None));
+                    self.nodes[n].edges.insert(i, (b, child));
+                    self.nodes.push(TrieNode::default());
                     child as usize
                 }
             };
         }
         // The first token with this content keeps it, as a vocabulary would.
-        self.nodes[n].1.get_or_insert(id);
+        self.nodes[n].token.get_or_insert(id);
     }
 
     /// The longest added token starting at `text[at..]`: (id, length).
@@ -63,11 +69,11 @@ impl AddedTrie {
         let mut n = 0usize;
         let mut best = None;
         for (k, &b) in text[at..].iter().enumerate() {
-            match self.nodes[n].0.binary_search_by_key(&b, |e| e.0) {
-                Ok(i) => n = self.nodes[n].0[i].1 as usize,
+            match self.nodes[n].edges.binary_search_by_key(&b, |e| e.0) {
+                Ok(i) => n = self.nodes[n].edges[i].1 as usize,
                 Err(_) => break,
             }
-            if let Some(id) = self.nodes[n].1 {
+            if let Some(id) = self.nodes[n].token {
                 best = Some((id, k + 1));
             }
         }
@@ -109,6 +115,8 @@ pub struct Tokenizer {
     tokens: Vec<Vec<u8>>,
     attrs: Vec<Attr>,
     vocab: FxMap<Vec<u8>, u32>,
+    /// SentencePiece: the token of each single-char piece (hashing a char beats bytes).
+    char_tok: FxMap<char, u32>,
     /// Byte-level: the token of each single byte. SentencePiece: its `<0xXX>` token.
     byte_tok: [u32; 256],
     merges: Merges,
@@ -160,6 +168,17 @@ impl Tokenizer {
                 }
             }
         }
+        let mut char_tok = FxMap::default();
+        if m.kind == Kind::SentencePiece {
+            for (bytes, &id) in &vocab {
+                if let Ok(s) = std::str::from_utf8(bytes) {
+                    let mut it = s.chars();
+                    if let (Some(c), None) = (it.next(), it.next()) {
+                        char_tok.insert(c, id);
+                    }
+                }
+            }
+        }
         let mut added = AddedTrie::new();
         for (id, t) in m.tokens.iter().enumerate() {
             if t.attr == Attr::Added {
@@ -176,6 +195,7 @@ impl Tokenizer {
             tokens: m.tokens.iter().map(|t| t.bytes.clone()).collect(),
             attrs: m.tokens.iter().map(|t| t.attr).collect(),
             vocab,
+            char_tok,
             byte_tok,
             merges,
             added,
@@ -296,31 +316,34 @@ impl Tokenizer {
         } else {
             true
         };
-        let mut s = String::with_capacity(seg.len() * 2 + 3);
-        if prefix {
-            s.push_str(SPACE_MARK);
-        }
-        for c in seg.chars() {
-            if c == ' ' {
-                s.push_str(SPACE_MARK);
-            } else {
-                s.push(c);
-            }
-        }
         if self.flags & FLAG_IGNORE_MERGES != 0 {
+            let mut s = String::with_capacity(seg.len() * 2 + 3);
+            if prefix {
+                s.push_str(SPACE_MARK);
+            }
+            s.extend(seg.chars().map(|c| if c == ' ' { '\u{2581}' } else { c }));
             if let Some(&id) = self.vocab.get(s.as_bytes()) {
                 out.push(id);
                 return;
             }
         }
         scratch.clear();
-        let mut buf = [0u8; 4];
-        for c in s.chars() {
-            let cb = c.encode_utf8(&mut buf).as_bytes();
-            match self.vocab.get(cb) {
-                Some(&id) => scratch.push(id),
-                None => scratch.extend(cb.iter().map(|&b| self.byte_tok[b as usize])),
+        let mut push = |c: char| match self.char_tok.get(&c) {
+            Some(&id) => scratch.push(id),
+            None => {
+                let mut buf = [0u8; 4];
+                scratch.extend(
+                    c.encode_utf8(&mut buf)
+                        .bytes()
+                        .map(|b| self.byte_tok[b as usize]),
+                );
             }
+        };
+        if prefix {
+            push('\u{2581}');
+        }
+        for c in seg.chars() {
+            push(if c == ' ' { '\u{2581}' } else { c });
         }
         self.merges.apply(scratch);
         out.extend_from_slice(scratch);

@@ -49,6 +49,15 @@ pub struct MlbWriter<W: Write> {
     next: usize,
     pos: u64,
     scale_f16: bool,
+    /// A matrix being written in row chunks ([`MlbWriter::write_mat_rows`]).
+    pending: Option<PendingMat>,
+}
+
+/// A matrix whose quants are partly written: its scales wait until the last row.
+struct PendingMat {
+    tensor: Tensor,
+    rows_done: usize,
+    d: Vec<u8>,
 }
 
 const ZEROS: [u8; ALIGN as usize] = [0; ALIGN as usize];
@@ -81,6 +90,7 @@ impl<W: Write> MlbWriter<W> {
             next: 0,
             pos: 0,
             scale_f16,
+            pending: None,
         };
         w.raw(&header.encode())?;
         debug_assert_eq!(w.pos, HEADER_SIZE as u64);
@@ -117,6 +127,14 @@ impl<W: Write> MlbWriter<W> {
     }
 
     fn expect(&mut self) -> std::result::Result<Tensor, WriteError> {
+        if let Some(p) = &self.pending {
+            return Err(FormatError::shape(
+                p.tensor.name.to_string(),
+                p.rows_done,
+                "rows written of a matrix not yet complete",
+            )
+            .into());
+        }
         let t = *self.layout.tensors.get(self.next).ok_or_else(|| {
             FormatError::shape("tensor", self.next, "more arrays than the header implies")
         })?;
@@ -165,6 +183,69 @@ impl<W: Write> MlbWriter<W> {
     /// Writes the next tensor, which must be a matrix of this type and shape.
     pub fn write_mat(&mut self, m: &QuantMat) -> std::result::Result<(), WriteError> {
         let t = self.expect()?;
+        self.check_mat(&t, m, true)?;
+        let d = self.scale_bytes(&t, m)?;
+        self.array(&m.q)?;
+        self.array(&d)?;
+        Ok(())
+    }
+
+    /// Writes the next rows of the next matrix: call it with consecutive row chunks
+    /// (each a `QuantMat` of `rows_in_chunk` × cols) until all rows are written. The
+    /// quants go out at once; the scales, which follow all quants in the file, are
+    /// kept until the last chunk. This lets a converter quantize a large matrix
+    /// without holding all of it in memory.
+    pub fn write_mat_rows(&mut self, m: &QuantMat) -> std::result::Result<(), WriteError> {
+        if self.pending.is_none() {
+            let t = self.expect()?;
+            self.pending = Some(PendingMat {
+                tensor: t,
+                rows_done: 0,
+                d: Vec::new(),
+            });
+        }
+        let p = self.pending.take().expect("pending matrix");
+        let t = p.tensor;
+        let name = t.name.to_string();
+        let Kind::Mat { rows, .. } = t.kind else {
+            return Err(
+                FormatError::shape(name, "matrix", format!("expected {:?}", t.kind)).into(),
+            );
+        };
+        if m.rows == 0 || p.rows_done + m.rows > rows {
+            return Err(FormatError::shape(
+                name,
+                format!("{} more rows after {}", m.rows, p.rows_done),
+                format!("the matrix has {rows} rows"),
+            )
+            .into());
+        }
+        self.check_mat(&t, m, false)?;
+        let mut d = p.d;
+        d.extend_from_slice(&self.scale_bytes(&t, m)?);
+        self.raw(&m.q)?;
+        let rows_done = p.rows_done + m.rows;
+        if rows_done == rows {
+            let pad = (ALIGN - self.pos % ALIGN) % ALIGN;
+            self.raw(&ZEROS[..pad as usize])?;
+            self.array(&d)?;
+        } else {
+            self.pending = Some(PendingMat {
+                tensor: t,
+                rows_done,
+                d,
+            });
+        }
+        Ok(())
+    }
+
+    /// Checks a matrix (`whole`) or a row chunk of one against tensor `t`.
+    fn check_mat(
+        &self,
+        t: &Tensor,
+        m: &QuantMat,
+        whole: bool,
+    ) -> std::result::Result<(), WriteError> {
         let name = t.name.to_string();
         let Kind::Mat {
             qtype, rows, cols, ..
@@ -174,7 +255,7 @@ impl<W: Write> MlbWriter<W> {
                 FormatError::shape(name, "matrix", format!("expected {:?}", t.kind)).into(),
             );
         };
-        if m.qtype != qtype || m.rows != rows || m.cols != cols {
+        if m.qtype != qtype || (whole && m.rows != rows) || m.cols != cols {
             return Err(FormatError::shape(
                 name,
                 format!("{} {}×{}", m.qtype.name(), m.rows, m.cols),
@@ -185,25 +266,34 @@ impl<W: Write> MlbWriter<W> {
         if m.qtype == QType::Q8_0 && memchr::memchr(0x80, &m.q).is_some() {
             return Err(FormatError::format(name, -128, "Q8_0 quant -128 cannot be stored").into());
         }
-        let d = match (&m.d, self.scale_f16) {
-            (Scales::F32(d), false) => d.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>(),
-            (Scales::F16(d), true) => d.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>(),
+        Ok(())
+    }
+
+    fn scale_bytes(&self, t: &Tensor, m: &QuantMat) -> std::result::Result<Vec<u8>, WriteError> {
+        Ok(match (&m.d, self.scale_f16) {
+            (Scales::F32(d), false) => d.iter().flat_map(|v| v.to_le_bytes()).collect(),
+            (Scales::F16(d), true) => d.iter().flat_map(|v| v.to_le_bytes()).collect(),
             _ => {
                 return Err(FormatError::format(
-                    name,
+                    t.name.to_string(),
                     "scales",
                     "scale type differs from the header's scale_f16",
                 )
                 .into())
             }
-        };
-        self.array(&m.q)?;
-        self.array(&d)?;
-        Ok(())
+        })
     }
 
     /// Checks that every array was written and returns the output.
     pub fn finish(mut self) -> std::result::Result<W, WriteError> {
+        if let Some(p) = &self.pending {
+            return Err(FormatError::shape(
+                p.tensor.name.to_string(),
+                p.rows_done,
+                "rows written of a matrix not yet complete",
+            )
+            .into());
+        }
         if let Some(t) = self.layout.tensors.get(self.next) {
             return Err(FormatError::shape(t.name.to_string(), "missing", "not written").into());
         }

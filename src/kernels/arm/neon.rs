@@ -8,7 +8,7 @@
 use core::arch::aarch64::*;
 
 use crate::kernels::scalar::{accumulate, reduce_lanes};
-use crate::kernels::{ActTile, LANES, TILE_TOKENS};
+use crate::kernels::{for_rows, ActTile, LANES, TILE_TOKENS};
 use crate::quant::QK;
 
 /// Exact dot of 32 levels (`w0` = elements 0..16, `w1` = 16..32) with 32 activations.
@@ -81,18 +81,20 @@ unsafe fn tile(
 ///
 /// # Safety
 /// Slice lengths as `TileFn` says (NEON is always present on aarch64).
-pub unsafe fn tile_q8(wq: &[u8], wd: &[f32], x: &ActTile, out: &mut [f32]) {
-    let (xq, xd) = (x.q, x.d);
-    // SAFETY: forwarded caller contract.
-    unsafe { tile(wq, wd, xq, xd, out, QK, load_q8) }
+pub unsafe fn tile_q8(rows: usize, wq: &[u8], wd: &[f32], x: &ActTile, out: &mut [f32]) {
+    for_rows(rows, wq, wd, out, |wq, wd, out| {
+        // SAFETY: forwarded caller contract.
+        unsafe { tile(wq, wd, x.q, x.d, out, QK, load_q8) }
+    });
 }
 
 /// Q4_0 tile kernel (see `kernels::TileFn`).
 ///
 /// # Safety
 /// Slice lengths as `TileFn` says (NEON is always present on aarch64).
-pub unsafe fn tile_q4(wq: &[u8], wd: &[f32], x: &ActTile, out: &mut [f32]) {
-    let (xq, xd) = (x.q, x.d);
-    // SAFETY: forwarded caller contract.
-    unsafe { tile(wq, wd, xq, xd, out, QK / 2, load_q4) }
+pub unsafe fn tile_q4(rows: usize, wq: &[u8], wd: &[f32], x: &ActTile, out: &mut [f32]) {
+    for_rows(rows, wq, wd, out, |wq, wd, out| {
+        // SAFETY: forwarded caller contract.
+        unsafe { tile(wq, wd, x.q, x.d, out, QK / 2, load_q4) }
+    });
 }

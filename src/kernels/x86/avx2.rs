@@ -5,6 +5,10 @@
 //! `vpmaddwd` by ones gives 8 exact i32 partials. Eight blocks are reduced together with
 //! `vphaddd` into one ymm holding `isum_b` for blocks `b..b+8` — exactly the contract's
 //! 8 lanes, so the float step `acc += (dw·dx)·isum` is one vector mul, mul, add.
+//!
+//! Q4_0 skips the sign trick: the nibbles (u8, 0..15) go straight into `vpmaddubsw`
+//! against the activations' Q4 arrangement, and `isum = Σ nibble·x − 8·Σx` with the
+//! block sums kept in `QActs`.
 
 use core::arch::x86_64::*;
 
@@ -22,7 +26,6 @@ pub(crate) trait WFormat {
 }
 
 pub(crate) struct Q8;
-pub(crate) struct Q4;
 
 impl WFormat for Q8 {
     const BYTES: usize = QK;
@@ -30,21 +33,6 @@ impl WFormat for Q8 {
     unsafe fn load(p: *const u8) -> __m256i {
         // SAFETY: 32 readable bytes per the trait contract.
         unsafe { _mm256_loadu_si256(p as *const __m256i) }
-    }
-}
-
-impl WFormat for Q4 {
-    const BYTES: usize = QK / 2;
-    #[inline(always)]
-    unsafe fn load(p: *const u8) -> __m256i {
-        // SAFETY: 16 readable bytes per the trait contract; the rest is register math.
-        unsafe {
-            let v = _mm_loadu_si128(p as *const __m128i);
-            // Low nibbles are elements 0..16, high nibbles 16..32.
-            let both = _mm256_set_m128i(_mm_srli_epi16(v, 4), v);
-            let nib = _mm256_and_si256(both, _mm256_set1_epi8(0x0F));
-            _mm256_sub_epi8(nib, _mm256_set1_epi8(8))
-        }
     }
 }
 
@@ -165,18 +153,34 @@ unsafe fn tile<F: WFormat, const T: usize>(
     }
 }
 
-#[target_feature(enable = "avx2")]
-unsafe fn tile_any<F: WFormat>(wq: &[u8], wd: &[f32], xq: &[i8], xd: &[f32], out: &mut [f32]) {
-    debug_assert!(out.len() <= TILE_TOKENS);
-    // SAFETY: AVX2 enabled here; slice lengths per `TileFn`.
-    unsafe {
-        match out.len() {
-            0 => {}
-            1 => tile::<F, 1>(wq, wd, xq, xd, out),
-            2 => tile::<F, 2>(wq, wd, xq, xd, out),
-            3 => tile::<F, 3>(wq, wd, xq, xd, out),
-            _ => tile::<F, 4>(wq, wd, xq, xd, out),
+/// The row loop of `kernels::for_rows` as a macro, so the tile inlines into the
+/// `#[target_feature]` function (a closure is a separate function).
+macro_rules! each_row {
+    ($rows:expr, $wq:expr, $wd:expr, $out:expr, |$q:ident, $d:ident, $o:ident| $call:expr) => {{
+        let (rb, nb, nt) = ($wq.len() / $rows, $wd.len() / $rows, $out.len() / $rows);
+        let it = $wq
+            .chunks_exact(rb)
+            .zip($wd.chunks_exact(nb))
+            .zip($out.chunks_exact_mut(nt));
+        for (($q, $d), $o) in it {
+            // SAFETY: the target features are enabled; slice lengths per `TileFn`.
+            unsafe { $call }
         }
+    }};
+}
+pub(crate) use each_row;
+
+#[target_feature(enable = "avx2")]
+unsafe fn tile_any<F: WFormat>(rows: usize, wq: &[u8], wd: &[f32], x: &ActTile, out: &mut [f32]) {
+    let nt = out.len() / rows;
+    debug_assert!(nt <= TILE_TOKENS);
+    let (xq, xd) = (x.q, x.d);
+    match nt {
+        0 => {}
+        1 => each_row!(rows, wq, wd, out, |q, d, o| tile::<F, 1>(q, d, xq, xd, o)),
+        2 => each_row!(rows, wq, wd, out, |q, d, o| tile::<F, 2>(q, d, xq, xd, o)),
+        3 => each_row!(rows, wq, wd, out, |q, d, o| tile::<F, 3>(q, d, xq, xd, o)),
+        _ => each_row!(rows, wq, wd, out, |q, d, o| tile::<F, 4>(q, d, xq, xd, o)),
     }
 }
 
@@ -184,20 +188,18 @@ unsafe fn tile_any<F: WFormat>(wq: &[u8], wd: &[f32], xq: &[i8], xd: &[f32], out
 ///
 /// # Safety
 /// The CPU has AVX2; slice lengths as `TileFn` says.
-pub unsafe fn tile_q8(wq: &[u8], wd: &[f32], x: &ActTile, out: &mut [f32]) {
-    let (xq, xd) = (x.q, x.d);
+pub unsafe fn tile_q8(rows: usize, wq: &[u8], wd: &[f32], x: &ActTile, out: &mut [f32]) {
     // SAFETY: forwarded caller contract.
-    unsafe { tile_any::<Q8>(wq, wd, xq, xd, out) }
+    unsafe { tile_any::<Q8>(rows, wq, wd, x, out) }
 }
 
 /// Q4_0 tile kernel (see `kernels::TileFn`).
 ///
 /// # Safety
 /// The CPU has AVX2; slice lengths as `TileFn` says.
-pub unsafe fn tile_q4(wq: &[u8], wd: &[f32], x: &ActTile, out: &mut [f32]) {
-    let (xq, xd) = (x.q, x.d);
+pub unsafe fn tile_q4(rows: usize, wq: &[u8], wd: &[f32], x: &ActTile, out: &mut [f32]) {
     // SAFETY: forwarded caller contract.
-    unsafe { tile_any::<Q4>(wq, wd, xq, xd, out) }
+    unsafe { tile_q4_any(rows, wq, wd, x, out) }
 }
 
 /// One block of the activation quantizer, the same f32 operations as `round_q8`.
@@ -259,4 +261,109 @@ pub unsafe fn quantize_act(x: &[f32], q: &mut [i8], d: &mut [f32]) {
     debug_assert!(x.len() == q.len() && x.len() == d.len() * QK);
     // SAFETY: forwarded caller contract.
     unsafe { quantize_avx2(x, q, d) }
+}
+
+/// Q4_0, 8 blocks (`k` valid, = 8 when `FULL`) from block `b` (a multiple of 8) for `T`
+/// tokens, against the activations' Q4 arrangement: a 32-byte load of 2 blocks gives
+/// their low nibbles (elements 0..16) and high nibbles (16..32) as u8, which
+/// `vpmaddubsw` pairs with the arranged s8 activations (pair sums ≤ 2·15·127, exact);
+/// then `isum = Σ nibble·x − 8·Σx`.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn group_q4<const T: usize, const FULL: bool>(
+    wq: *const u8,
+    wd: *const f32,
+    x: &ActTile,
+    nb: usize,
+    l4: usize,
+    b: usize,
+    k: usize,
+    acc: &mut [__m256; T],
+) {
+    let k = if FULL { LANES } else { k };
+    let pairs = k.div_ceil(2);
+    // SAFETY: blocks b..b+k exist in the row (a last odd block is read with 16 bytes);
+    // the arrangement has whole 128-byte groups per token, so its loads are inside.
+    unsafe {
+        let zero = _mm256_setzero_si256();
+        let low = _mm256_set1_epi8(0x0F);
+        let ones = _mm256_set1_epi16(1);
+        let mut lo = [zero; 4];
+        let mut hi = [zero; 4];
+        for p in 0..pairs {
+            let ptr = wq.add((b + 2 * p) * (QK / 2));
+            let v = if 2 * p + 1 < k {
+                _mm256_loadu_si256(ptr as *const __m256i)
+            } else {
+                _mm256_zextsi128_si256(_mm_loadu_si128(ptr as *const __m128i))
+            };
+            lo[p] = _mm256_and_si256(v, low);
+            hi[p] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+        }
+        let dw = load_scales(wd.add(b), k);
+        let lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+        let smask = _mm256_cmpgt_epi32(_mm256_set1_epi32(k as i32), lanes);
+        for (t, acc_t) in acc.iter_mut().enumerate() {
+            let mut v = [zero; 4];
+            for p in 0..pairs {
+                // Pair p of the group: 128-byte group (b + 2p)/4, offset 32·(p % 2).
+                let base =
+                    x.q4.as_ptr()
+                        .add(t * l4 + (b + 2 * p) / 4 * 128 + 32 * (p % 2));
+                let xl = _mm256_loadu_si256(base as *const __m256i);
+                let xh = _mm256_loadu_si256(base.add(64) as *const __m256i);
+                let s16 = _mm256_add_epi16(
+                    _mm256_maddubs_epi16(lo[p], xl),
+                    _mm256_maddubs_epi16(hi[p], xh),
+                );
+                // 128-bit lane j: block b + 2p + j as 4 partials.
+                v[p] = _mm256_madd_epi16(s16, ones);
+            }
+            // Elements [B0, B2, B4, B6, B1, B3, B5, B7] → natural order.
+            let h = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
+            let h = _mm256_permutevar8x32_epi32(h, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+            let o = t * nb + b;
+            let sx = _mm256_maskload_epi32(x.s.as_ptr().add(o), smask);
+            let isum = _mm256_cvtepi32_ps(_mm256_sub_epi32(h, _mm256_slli_epi32(sx, 3)));
+            let dx = load_scales(x.d.as_ptr().add(o), k);
+            *acc_t = _mm256_add_ps(*acc_t, _mm256_mul_ps(_mm256_mul_ps(dw, dx), isum));
+        }
+    }
+}
+
+/// Q4_0: one row against `T` tokens (arranged activations).
+#[inline(always)]
+unsafe fn tile_q4x<const T: usize>(wq: &[u8], wd: &[f32], x: &ActTile, out: &mut [f32]) {
+    let nb = wd.len();
+    let l4 = crate::kernels::q4_layout_len(nb * QK);
+    debug_assert!(wq.len() == nb * QK / 2 && x.d.len() == T * nb && x.s.len() == T * nb);
+    debug_assert!(x.q4.len() == T * l4 && out.len() == T);
+    let (wp, dp) = (wq.as_ptr(), wd.as_ptr());
+    // SAFETY: the lengths above cover every block `group_q4` reads.
+    unsafe {
+        let mut acc = [_mm256_setzero_ps(); T];
+        let full = nb / LANES * LANES;
+        for b in (0..full).step_by(LANES) {
+            group_q4::<T, true>(wp, dp, x, nb, l4, b, LANES, &mut acc);
+        }
+        if full < nb {
+            group_q4::<T, false>(wp, dp, x, nb, l4, full, nb - full, &mut acc);
+        }
+        for (o, a) in out.iter_mut().zip(acc) {
+            *o = reduce_lanes(a);
+        }
+    }
+}
+
+#[target_feature(enable = "avx2")]
+unsafe fn tile_q4_any(rows: usize, wq: &[u8], wd: &[f32], x: &ActTile, out: &mut [f32]) {
+    let nt = out.len() / rows;
+    debug_assert!(nt <= TILE_TOKENS);
+    match nt {
+        0 => {}
+        1 => each_row!(rows, wq, wd, out, |q, d, o| tile_q4x::<1>(q, d, x, o)),
+        2 => each_row!(rows, wq, wd, out, |q, d, o| tile_q4x::<2>(q, d, x, o)),
+        3 => each_row!(rows, wq, wd, out, |q, d, o| tile_q4x::<3>(q, d, x, o)),
+        _ => each_row!(rows, wq, wd, out, |q, d, o| tile_q4x::<4>(q, d, x, o)),
+    }
 }

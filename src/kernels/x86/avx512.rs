@@ -1,21 +1,23 @@
 //! AVX-512 tiers (BW, and BW + VNNI): bit-identical to `kernels::scalar`.
 //!
-//! BW tier: two blocks fill one zmm. Sign trick: `u = |w|` as u8, `s = x` negated where
-//! `w < 0` (a masked `0 − x`; x is never −128), then `vpmaddwd(vpmaddubsw(u, s), 1)`
+//! BW tier, Q8_0: two blocks fill one zmm. Sign trick: `u = |w|` as u8, `s = x` negated
+//! where `w < 0` (a masked `0 − x`; x is never −128), then `vpmaddwd(vpmaddubsw(u, s), 1)`
 //! gives 8 exact i32 partials per block. Four zmm (8 blocks) are reduced by shuffles into
 //! one ymm of `isum_b` for blocks `b..b+8`, the contract's 8 lanes, and the float step
-//! runs on that ymm like the AVX2 tier.
+//! runs on that ymm like the AVX2 tier. BW tier, Q4_0: the VNNI layout below with
+//! `vpmaddubsw` + `vpmaddwd` in place of `vpdpbusd` (nibble sums cannot saturate).
 //!
 //! VNNI tier: `vpdpbusd` (u8 × s8, i32 sums of 4) with an offset instead of the sign
 //! trick, 16 blocks per step. Q8_0: `Σ (w+128)·x − 128·Σx`; Q4_0: `Σ nibble·x − 8·Σx`,
 //! with `Σx` per block precomputed in `QActs` (exact in i32: |Σ (w+128)·x| ≤ 32·255·127).
-//! Q4_0 reads activations in `QActs`' Q4 arrangement, so a 64-byte load of 4 weight
-//! blocks needs only `and`/`shift` to pair with it. The isum vector covers blocks
+//! Both read activations in `QActs`' Q4 arrangement (per 4 blocks: all first halves,
+//! then all second halves), so a Q4_0 64-byte load of 4 blocks needs only `and`/`shift`
+//! and Q8_0 two `vshufi64x2` per 4 blocks to pair with it. The isum vector covers blocks
 //! `b..b+16`: lanes 0..8 are added to the contract's 8 accumulators, then lanes 8..16.
 
 use core::arch::x86_64::*;
 
-use super::avx2::{load_scales, reduce_lanes};
+use super::avx2::{each_row, load_scales, reduce_lanes};
 use crate::kernels::{ActTile, LANES, TILE_TOKENS};
 use crate::quant::QK;
 
@@ -50,7 +52,6 @@ trait WPair {
 }
 
 struct Q8;
-struct Q4;
 
 impl WPair for Q8 {
     const BYTES: usize = QK;
@@ -63,30 +64,6 @@ impl WPair for Q8 {
     unsafe fn load1(p: *const u8) -> __m512i {
         // SAFETY: 32 readable bytes (trait contract).
         unsafe { _mm512_zextsi256_si512(_mm256_loadu_si256(p as *const __m256i)) }
-    }
-}
-
-impl WPair for Q4 {
-    const BYTES: usize = QK / 2;
-    #[inline(always)]
-    unsafe fn load2(p: *const u8) -> __m512i {
-        // SAFETY: 32 readable bytes (trait contract); the rest is register math.
-        unsafe {
-            let v = _mm256_loadu_si256(p as *const __m256i);
-            // [b0 lo, b1 lo, b0 hi, b1 hi] → [b0 lo, b0 hi, b1 lo, b1 hi] (128-bit lanes).
-            let z = _mm512_inserti64x4(_mm512_castsi256_si512(v), _mm256_srli_epi16(v, 4), 1);
-            let z = _mm512_shuffle_i64x2(z, z, 0xD8);
-            let nib = _mm512_and_si512(z, _mm512_set1_epi8(0x0F));
-            _mm512_sub_epi8(nib, _mm512_set1_epi8(8))
-        }
-    }
-    #[inline(always)]
-    unsafe fn load1(p: *const u8) -> __m512i {
-        // SAFETY: 16 readable bytes (trait contract); AVX2 available.
-        unsafe {
-            use super::avx2::WFormat;
-            _mm512_zextsi256_si512(super::avx2::Q4::load(p))
-        }
     }
 }
 
@@ -200,25 +177,32 @@ unsafe fn tile<F: WPair, D: Dot, const T: usize>(
     }
 }
 
-/// Token-count dispatch, inlined into each tier's `#[target_feature]` wrapper.
+/// Row loop and token-count dispatch, inlined into each tier's `#[target_feature]` wrapper.
 #[inline(always)]
 unsafe fn tile_any<F: WPair, D: Dot>(
+    rows: usize,
     wq: &[u8],
     wd: &[f32],
-    xq: &[i8],
-    xd: &[f32],
+    x: &ActTile,
     out: &mut [f32],
 ) {
-    debug_assert!(out.len() <= TILE_TOKENS);
-    // SAFETY: features enabled by the wrapper; slice lengths per `TileFn`.
-    unsafe {
-        match out.len() {
-            0 => {}
-            1 => tile::<F, D, 1>(wq, wd, xq, xd, out),
-            2 => tile::<F, D, 2>(wq, wd, xq, xd, out),
-            3 => tile::<F, D, 3>(wq, wd, xq, xd, out),
-            _ => tile::<F, D, 4>(wq, wd, xq, xd, out),
-        }
+    let nt = out.len() / rows;
+    debug_assert!(nt <= TILE_TOKENS);
+    let (xq, xd) = (x.q, x.d);
+    match nt {
+        0 => {}
+        1 => each_row!(rows, wq, wd, out, |q, d, o| tile::<F, D, 1>(
+            q, d, xq, xd, o
+        )),
+        2 => each_row!(rows, wq, wd, out, |q, d, o| tile::<F, D, 2>(
+            q, d, xq, xd, o
+        )),
+        3 => each_row!(rows, wq, wd, out, |q, d, o| tile::<F, D, 3>(
+            q, d, xq, xd, o
+        )),
+        _ => each_row!(rows, wq, wd, out, |q, d, o| tile::<F, D, 4>(
+            q, d, xq, xd, o
+        )),
     }
 }
 
@@ -229,9 +213,9 @@ macro_rules! tier_fn {
         /// # Safety
         /// The CPU has the tier's features; slice lengths as `kernels::TileFn` says.
         #[target_feature(enable = $features)]
-        pub unsafe fn $name(wq: &[u8], wd: &[f32], x: &ActTile, out: &mut [f32]) {
+        pub unsafe fn $name(rows: usize, wq: &[u8], wd: &[f32], x: &ActTile, out: &mut [f32]) {
             // SAFETY: forwarded caller contract; features enabled on this function.
-            unsafe { tile_any::<$fmt, $dot>(wq, wd, x.q, x.d, out) }
+            unsafe { tile_any::<$fmt, $dot>(rows, wq, wd, x, out) }
         }
     };
 }
@@ -242,13 +226,6 @@ tier_fn!(
     Bw,
     "avx2,avx512f,avx512bw",
     "Q8_0 tile kernel, AVX-512 BW."
-);
-tier_fn!(
-    tile_q4_bw,
-    Q4,
-    Bw,
-    "avx2,avx512f,avx512bw",
-    "Q4_0 tile kernel, AVX-512 BW."
 );
 
 /// All-ones in the first `k` of 16 lanes.
@@ -294,26 +271,6 @@ unsafe fn red4(s: &[__m512i; 4]) -> __m512i {
     }
 }
 
-/// From 8 zmm of 2 blocks × 8 partials (blocks 2i, 2i+1): the 16 block sums in order.
-#[inline(always)]
-unsafe fn red8(v: &[__m512i; 8]) -> __m512i {
-    // SAFETY: register-only AVX-512F ops; the caller has them.
-    unsafe {
-        let half = |a: __m512i, b: __m512i| {
-            _mm512_add_epi32(
-                _mm512_shuffle_i32x4(a, b, 0x88),
-                _mm512_shuffle_i32x4(a, b, 0xDD),
-            )
-        };
-        red4(&[
-            half(v[0], v[1]),
-            half(v[2], v[3]),
-            half(v[4], v[5]),
-            half(v[6], v[7]),
-        ])
-    }
-}
-
 /// The float step for 16 blocks (`k` valid): `acc[j] += t[j]`, then `acc[j] += t[8+j]`,
 /// with `t = (dw·dx)·(isum − (Σx << SHIFT))`; invalid lanes are exactly zero.
 #[inline(always)]
@@ -337,49 +294,14 @@ unsafe fn float_step<const SHIFT: u32>(
     }
 }
 
-/// VNNI Q8_0: 16 blocks (`k` valid, `P = ⌈k/2⌉` pairs) from block `b` for `T` tokens.
-/// `P` is a constant so that a short tail reduces only the vectors it has.
+/// VNNI: 16 blocks (`k` valid, `Q = ⌈k/4⌉` quads of 4 blocks) from block `b` (a multiple
+/// of 16) for `T` tokens. Each quad becomes two u8 vectors whose 128-bit lane `j` holds
+/// block `j`'s elements 0..16 (`lo`) and 16..32 (`hi`), matching the activations' Q4
+/// arrangement, so two `vpdpbusd` leave 4 partials per block in lane `j`.
+/// Q8_0: `w + 128` (lanes regrouped by `vshufi64x2`); Q4_0: the nibbles as they are.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn vnni_q8_group<const T: usize, const P: usize>(
-    wq: *const u8,
-    wd: *const f32,
-    x: &ActTile,
-    nb: usize,
-    b: usize,
-    k: usize,
-    acc: &mut [__m256; T],
-) {
-    debug_assert_eq!(k.div_ceil(2), P);
-    // SAFETY: blocks b..b+k exist in the row and each token; tails use masked loads.
-    unsafe {
-        let zero = _mm512_setzero_si512();
-        let off = _mm512_set1_epi8(-128);
-        let mut wu = [zero; 8];
-        for (p, wp) in wu.iter_mut().enumerate().take(P) {
-            let ptr = wq.add((b + 2 * p) * QK) as *const i8;
-            let w = _mm512_maskz_loadu_epi8(mask64((k - 2 * p) * QK), ptr);
-            *wp = _mm512_xor_si512(w, off);
-        }
-        for (t, acc_t) in acc.iter_mut().enumerate() {
-            let mut v = [zero; 8];
-            for p in 0..P {
-                let ptr = x.q.as_ptr().add((t * nb + b + 2 * p) * QK);
-                let xv = _mm512_maskz_loadu_epi8(mask64((k - 2 * p) * QK), ptr);
-                v[p] = _mm512_dpbusd_epi32(zero, wu[p], xv);
-            }
-            let o = t * nb + b;
-            let (sx, dx) = (x.s.as_ptr().add(o), x.d.as_ptr().add(o));
-            float_step::<7>(red8(&v), sx, wd.add(b), dx, k, acc_t);
-        }
-    }
-}
-
-/// VNNI Q4_0: 16 blocks (`k` valid, `Q = ⌈k/4⌉` quads) from block `b` (a multiple of
-/// 16) for `T` tokens.
-#[inline(always)]
-#[allow(clippy::too_many_arguments)]
-unsafe fn vnni_q4_group<const T: usize, const Q: usize>(
+unsafe fn vnni_group<const VNNI: bool, const IS_Q4: bool, const T: usize, const Q: usize>(
     wq: *const u8,
     wd: *const f32,
     x: &ActTile,
@@ -389,19 +311,34 @@ unsafe fn vnni_q4_group<const T: usize, const Q: usize>(
     k: usize,
     acc: &mut [__m256; T],
 ) {
+    // Q8_0's +128 offset would saturate `vpmaddubsw`: only VNNI takes it.
+    const { assert!(VNNI || IS_Q4) };
     debug_assert_eq!(k.div_ceil(4), Q);
-    // SAFETY: blocks b..b+k exist in the row; the Q4 arrangement of each token has
-    // `l4` bytes, whole 128-byte groups, so the two 64-byte loads per quad are inside.
+    debug_assert_eq!(b % 16, 0);
+    // SAFETY: blocks b..b+k exist in the row (tails use masked loads); the Q4
+    // arrangement of each token has `l4` bytes, whole 128-byte groups, so the two 64-byte
+    // loads per quad are inside.
     unsafe {
         let zero = _mm512_setzero_si512();
-        let low = _mm512_set1_epi8(0x0F);
         let mut lo = [zero; 4];
         let mut hi = [zero; 4];
         for c in 0..Q {
-            let ptr = wq.add((b + 4 * c) * (QK / 2)) as *const i8;
-            let w = _mm512_maskz_loadu_epi8(mask64((k - 4 * c) * (QK / 2)), ptr);
-            lo[c] = _mm512_and_si512(w, low);
-            hi[c] = _mm512_and_si512(_mm512_srli_epi16(w, 4), low);
+            let rem = k - 4 * c;
+            if IS_Q4 {
+                let ptr = wq.add((b + 4 * c) * (QK / 2)) as *const i8;
+                let w = _mm512_maskz_loadu_epi8(mask64(rem * (QK / 2)), ptr);
+                let low = _mm512_set1_epi8(0x0F);
+                lo[c] = _mm512_and_si512(w, low);
+                hi[c] = _mm512_and_si512(_mm512_srli_epi16(w, 4), low);
+            } else {
+                let ptr = wq.add((b + 4 * c) * QK) as *const i8;
+                let w01 = _mm512_maskz_loadu_epi8(mask64(rem * QK), ptr);
+                let w23 = _mm512_maskz_loadu_epi8(mask64(rem.saturating_sub(2) * QK), ptr.add(64));
+                // [b0 h0, b0 h1, b1 h0, b1 h1] and [b2 .., b3 ..] → [b0..b3 h0], [b0..b3 h1].
+                let off = _mm512_set1_epi8(-128);
+                lo[c] = _mm512_xor_si512(_mm512_shuffle_i64x2(w01, w23, 0x88), off);
+                hi[c] = _mm512_xor_si512(_mm512_shuffle_i64x2(w01, w23, 0xDD), off);
+            }
         }
         for (t, acc_t) in acc.iter_mut().enumerate() {
             let mut v = [zero; 4];
@@ -409,18 +346,31 @@ unsafe fn vnni_q4_group<const T: usize, const Q: usize>(
                 let ptr = x.q4.as_ptr().add(t * l4 + (b / 4 + c) * 128);
                 let xl = _mm512_loadu_si512(ptr as *const _);
                 let xh = _mm512_loadu_si512(ptr.add(64) as *const _);
-                v[c] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(zero, lo[c], xl), hi[c], xh);
+                v[c] = if VNNI {
+                    _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(zero, lo[c], xl), hi[c], xh)
+                } else {
+                    // BW, Q4_0 only: nibble pair sums ≤ 2·2·15·127 fit i16 exactly.
+                    let s16 = _mm512_add_epi16(
+                        _mm512_maddubs_epi16(lo[c], xl),
+                        _mm512_maddubs_epi16(hi[c], xh),
+                    );
+                    _mm512_madd_epi16(s16, _mm512_set1_epi16(1))
+                };
             }
             let o = t * nb + b;
             let (sx, dx) = (x.s.as_ptr().add(o), x.d.as_ptr().add(o));
-            float_step::<3>(red4(&v), sx, wd.add(b), dx, k, acc_t);
+            if IS_Q4 {
+                float_step::<3>(red4(&v), sx, wd.add(b), dx, k, acc_t);
+            } else {
+                float_step::<7>(red4(&v), sx, wd.add(b), dx, k, acc_t);
+            }
         }
     }
 }
 
 /// VNNI: one row against `T` tokens.
 #[inline(always)]
-unsafe fn vnni_tile<const IS_Q4: bool, const T: usize>(
+unsafe fn vnni_tile<const VNNI: bool, const IS_Q4: bool, const T: usize>(
     wq: &[u8],
     wd: &[f32],
     x: &ActTile,
@@ -437,35 +387,15 @@ unsafe fn vnni_tile<const IS_Q4: bool, const T: usize>(
         let mut acc = [_mm256_setzero_ps(); T];
         let full = nb / 16 * 16;
         for b in (0..full).step_by(16) {
-            if IS_Q4 {
-                vnni_q4_group::<T, 4>(wp, dp, x, nb, l4, b, 16, &mut acc);
-            } else {
-                vnni_q8_group::<T, 8>(wp, dp, x, nb, b, 16, &mut acc);
-            }
+            vnni_group::<VNNI, IS_Q4, T, 4>(wp, dp, x, nb, l4, b, 16, &mut acc);
         }
-        let (b, k) = (full, nb - full);
-        if IS_Q4 {
-            let a = &mut acc;
-            match k.div_ceil(4) {
-                0 => {}
-                1 => vnni_q4_group::<T, 1>(wp, dp, x, nb, l4, b, k, a),
-                2 => vnni_q4_group::<T, 2>(wp, dp, x, nb, l4, b, k, a),
-                3 => vnni_q4_group::<T, 3>(wp, dp, x, nb, l4, b, k, a),
-                _ => vnni_q4_group::<T, 4>(wp, dp, x, nb, l4, b, k, a),
-            }
-        } else {
-            let a = &mut acc;
-            match k.div_ceil(2) {
-                0 => {}
-                1 => vnni_q8_group::<T, 1>(wp, dp, x, nb, b, k, a),
-                2 => vnni_q8_group::<T, 2>(wp, dp, x, nb, b, k, a),
-                3 => vnni_q8_group::<T, 3>(wp, dp, x, nb, b, k, a),
-                4 => vnni_q8_group::<T, 4>(wp, dp, x, nb, b, k, a),
-                5 => vnni_q8_group::<T, 5>(wp, dp, x, nb, b, k, a),
-                6 => vnni_q8_group::<T, 6>(wp, dp, x, nb, b, k, a),
-                7 => vnni_q8_group::<T, 7>(wp, dp, x, nb, b, k, a),
-                _ => vnni_q8_group::<T, 8>(wp, dp, x, nb, b, k, a),
-            }
+        let (b, k, a) = (full, nb - full, &mut acc);
+        match k.div_ceil(4) {
+            0 => {}
+            1 => vnni_group::<VNNI, IS_Q4, T, 1>(wp, dp, x, nb, l4, b, k, a),
+            2 => vnni_group::<VNNI, IS_Q4, T, 2>(wp, dp, x, nb, l4, b, k, a),
+            3 => vnni_group::<VNNI, IS_Q4, T, 3>(wp, dp, x, nb, l4, b, k, a),
+            _ => vnni_group::<VNNI, IS_Q4, T, 4>(wp, dp, x, nb, l4, b, k, a),
         }
         for (o, a) in out.iter_mut().zip(acc) {
             *o = reduce_lanes(a);
@@ -473,18 +403,31 @@ unsafe fn vnni_tile<const IS_Q4: bool, const T: usize>(
     }
 }
 
-#[target_feature(enable = "avx2,avx512f,avx512bw,avx512vnni")]
-unsafe fn vnni_any<const IS_Q4: bool>(wq: &[u8], wd: &[f32], x: &ActTile, out: &mut [f32]) {
-    debug_assert!(out.len() <= TILE_TOKENS);
-    // SAFETY: features enabled here; slice lengths per `TileFn`.
-    unsafe {
-        match out.len() {
-            0 => {}
-            1 => vnni_tile::<IS_Q4, 1>(wq, wd, x, out),
-            2 => vnni_tile::<IS_Q4, 2>(wq, wd, x, out),
-            3 => vnni_tile::<IS_Q4, 3>(wq, wd, x, out),
-            _ => vnni_tile::<IS_Q4, 4>(wq, wd, x, out),
-        }
+/// Row loop and token-count dispatch of [`vnni_tile`], inlined into the wrappers.
+#[inline(always)]
+unsafe fn wide_any<const VNNI: bool, const IS_Q4: bool>(
+    rows: usize,
+    wq: &[u8],
+    wd: &[f32],
+    x: &ActTile,
+    out: &mut [f32],
+) {
+    let nt = out.len() / rows;
+    debug_assert!(nt <= TILE_TOKENS);
+    match nt {
+        0 => {}
+        1 => each_row!(rows, wq, wd, out, |q, d, o| vnni_tile::<VNNI, IS_Q4, 1>(
+            q, d, x, o
+        )),
+        2 => each_row!(rows, wq, wd, out, |q, d, o| vnni_tile::<VNNI, IS_Q4, 2>(
+            q, d, x, o
+        )),
+        3 => each_row!(rows, wq, wd, out, |q, d, o| vnni_tile::<VNNI, IS_Q4, 3>(
+            q, d, x, o
+        )),
+        _ => each_row!(rows, wq, wd, out, |q, d, o| vnni_tile::<VNNI, IS_Q4, 4>(
+            q, d, x, o
+        )),
     }
 }
 
@@ -492,16 +435,29 @@ unsafe fn vnni_any<const IS_Q4: bool>(wq: &[u8], wd: &[f32], x: &ActTile, out: &
 ///
 /// # Safety
 /// The CPU has AVX-512 F/BW/VNNI and AVX2; slice lengths as `TileFn` says.
-pub unsafe fn tile_q8_vnni(wq: &[u8], wd: &[f32], x: &ActTile, out: &mut [f32]) {
-    // SAFETY: forwarded caller contract.
-    unsafe { vnni_any::<false>(wq, wd, x, out) }
+#[target_feature(enable = "avx2,avx512f,avx512bw,avx512vnni")]
+pub unsafe fn tile_q8_vnni(rows: usize, wq: &[u8], wd: &[f32], x: &ActTile, out: &mut [f32]) {
+    // SAFETY: forwarded caller contract; features enabled on this function.
+    unsafe { wide_any::<true, false>(rows, wq, wd, x, out) }
 }
 
 /// Q4_0 tile kernel, AVX-512 VNNI (see `kernels::TileFn`).
 ///
 /// # Safety
 /// The CPU has AVX-512 F/BW/VNNI and AVX2; slice lengths as `TileFn` says.
-pub unsafe fn tile_q4_vnni(wq: &[u8], wd: &[f32], x: &ActTile, out: &mut [f32]) {
-    // SAFETY: forwarded caller contract.
-    unsafe { vnni_any::<true>(wq, wd, x, out) }
+#[target_feature(enable = "avx2,avx512f,avx512bw,avx512vnni")]
+pub unsafe fn tile_q4_vnni(rows: usize, wq: &[u8], wd: &[f32], x: &ActTile, out: &mut [f32]) {
+    // SAFETY: forwarded caller contract; features enabled on this function.
+    unsafe { wide_any::<true, true>(rows, wq, wd, x, out) }
+}
+
+/// Q4_0 tile kernel, AVX-512 BW: the VNNI tier's layout with `vpmaddubsw`/`vpmaddwd`
+/// (see `kernels::TileFn`).
+///
+/// # Safety
+/// The CPU has AVX-512 F/BW and AVX2; slice lengths as `TileFn` says.
+#[target_feature(enable = "avx2,avx512f,avx512bw")]
+pub unsafe fn tile_q4_bw(rows: usize, wq: &[u8], wd: &[f32], x: &ActTile, out: &mut [f32]) {
+    // SAFETY: forwarded caller contract; features enabled on this function.
+    unsafe { wide_any::<false, true>(rows, wq, wd, x, out) }
 }

@@ -1,0 +1,1035 @@
+//! mlb-convert: headers against the fixtures' expected_header.json, arrays byte-exact
+//! against an independent computation (the test's own name mapping, permutation,
+//! norm offset and Q8_0 formula), thread-count independence, error cases on synthetic
+//! checkpoints, and the binary end to end.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use krafla::convert::{self, ConvertError, Options, Progress, WType};
+use krafla::format::mlb::header::FieldValue;
+use krafla::format::mlb::{self, FIELDS};
+use krafla::format::mlb::{Kind, Parsed};
+use krafla::format::mli::{Mli, Slot};
+use krafla::quant::Q4Rule;
+use safetensors::tensor::TensorView;
+use safetensors::{Dtype, SafeTensors};
+use serde_json::{json, Value};
+
+fn models() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata/models")
+}
+
+fn fixtures() -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> = std::fs::read_dir(models())
+        .expect("testdata/models (merge branch fix)")
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.join("config.json").exists())
+        .collect();
+    v.sort();
+    // The bundled default model (a small trained Llama) too.
+    let default = models().parent().unwrap().join("default");
+    if default.join("config.json").exists() {
+        v.push(default);
+    }
+    v
+}
+
+fn run(opts: &Options) -> Result<convert::Summary, ConvertError> {
+    convert::convert(opts, &mut |_: Progress| {})
+}
+
+fn convert_to(dir: &Path, out: &Path, wtype: WType) -> Vec<u8> {
+    let mut o = Options::new(dir, wtype);
+    o.output = Some(out.to_path_buf());
+    run(&o).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+    std::fs::read(out).unwrap()
+}
+
+// ---------------------------------------------------------------- headers
+
+#[test]
+fn convert_headers_match_expected_for_every_fixture() {
+    let tmp = tempfile::tempdir().unwrap();
+    let all = fixtures();
+    assert!(all.len() >= 18, "fixtures missing: {}", all.len());
+    for dir in all {
+        let name = dir.file_name().unwrap().to_string_lossy().into_owned();
+        let out = tmp.path().join(format!("{name}.mlb"));
+        let bytes = convert_to(&dir, &out, WType::Q8_0);
+        let p = mlb::parse(&bytes).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let exp: Value = serde_json::from_str(
+            &std::fs::read_to_string(dir.join("expected_header.json")).unwrap(),
+        )
+        .unwrap();
+        let exp = exp.as_object().unwrap();
+        for (k, v) in exp {
+            if k == "layer_flag_bytes" {
+                let want: Vec<u8> = v
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|x| x.as_u64().unwrap() as u8)
+                    .collect();
+                let got = if p.header.layer_flags != 0 {
+                    p.flags.clone()
+                } else {
+                    vec![]
+                };
+                assert_eq!(got, want, "{name}: layer_flag_bytes");
+                continue;
+            }
+            match p
+                .header
+                .get(k)
+                .unwrap_or_else(|| panic!("{name}: unknown field {k}"))
+            {
+                FieldValue::U32(g) => assert_eq!(g as u64, v.as_u64().unwrap(), "{name}: {k}"),
+                FieldValue::F32(g) => {
+                    assert_eq!(
+                        g,
+                        v.as_f64().unwrap() as f32,
+                        "{name}: {k} (got {g}, want {v})"
+                    )
+                }
+            }
+        }
+        // Every spec field except the three converter options is in expected_header.
+        for f in FIELDS {
+            if !["version", "wtype", "q8_mask", "scale_f16"].contains(&f.name) {
+                assert!(
+                    exp.contains_key(f.name),
+                    "{name}: expected_header lacks {}",
+                    f.name
+                );
+            }
+        }
+        assert_eq!(p.header.wtype, 1);
+        assert_eq!(p.header.q8_mask, 0);
+        assert_eq!(p.header.scale_f16, 0);
+    }
+}
+
+#[test]
+fn convert_partial_rotary_rewrites_rope_theta() {
+    let tmp = tempfile::tempdir().unwrap();
+    let b = convert_to(
+        &models().join("qwen3_5_text"),
+        &tmp.path().join("q.mlb"),
+        WType::Q8_0,
+    );
+    let p = mlb::parse(&b).unwrap();
+    // head_dim 32, rot_dim 8: theta' = 1e4^(32/8) = 1e16 as f32.
+    assert_eq!(p.header.rot_dim, 8);
+    assert_eq!(p.header.rope_theta, 1e16f64 as f32);
+}
+
+// ---------------------------------------------------------------- byte-exact arrays
+
+/// The spec's Q8_0 formula (f32 scales), written here independently of src/quant.
+fn q8_ref(x: &[f32]) -> (Vec<u8>, Vec<u8>) {
+    let mut q = Vec::with_capacity(x.len());
+    let mut d = Vec::new();
+    for b in x.chunks(32) {
+        let amax = b.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+        if amax < 1e-30 {
+            q.extend_from_slice(&[0u8; 32]);
+            d.extend_from_slice(&0f32.to_le_bytes());
+            continue;
+        }
+        let s = amax / 127.0;
+        let id = 127.0 / amax;
+        for &v in b {
+            let t = (v * id + 0.5f32.copysign(v)).trunc().clamp(-127.0, 127.0);
+            q.push(t as i8 as u8);
+        }
+        d.extend_from_slice(&s.to_le_bytes());
+    }
+    (q, d)
+}
+
+/// llama.cpp's Q4_0 round rule as the spec states it (f32 scales), independently of src/quant.
+fn q4_round_ref(x: &[f32]) -> (Vec<u8>, Vec<u8>) {
+    let mut q = Vec::new();
+    let mut d = Vec::new();
+    for b in x.chunks(32) {
+        let mut m = 0f32;
+        for &v in b {
+            if v.abs() > m.abs() {
+                m = v;
+            }
+        }
+        let s = m / -8.0;
+        let id = if s != 0.0 { 1.0 / s } else { 0.0 };
+        let lv: Vec<u8> = b
+            .iter()
+            .map(|&v| ((v * id + 8.5).trunc() as u8).min(15))
+            .collect();
+        for j in 0..16 {
+            q.push(lv[j] | (lv[j + 16] << 4));
+        }
+        d.extend_from_slice(&s.to_le_bytes());
+    }
+    (q, d)
+}
+
+/// Reads every tensor of a fixture as f32 (all shards).
+fn read_all(dir: &Path) -> HashMap<String, (Vec<usize>, Vec<f32>)> {
+    let mut out = HashMap::new();
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.extension().and_then(|x| x.to_str()) != Some("safetensors") {
+            continue;
+        }
+        let b = std::fs::read(&p).unwrap();
+        let st = SafeTensors::deserialize(&b).unwrap();
+        for (name, t) in st.tensors() {
+            let data = t.data();
+            let v: Vec<f32> = match t.dtype() {
+                Dtype::F32 => data
+                    .chunks(4)
+                    .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+                    .collect(),
+                Dtype::F16 => data
+                    .chunks(2)
+                    .map(|c| half::f16::from_le_bytes(c.try_into().unwrap()).to_f32())
+                    .collect(),
+                Dtype::BF16 => data
+                    .chunks(2)
+                    .map(|c| half::bf16::from_le_bytes(c.try_into().unwrap()).to_f32())
+                    .collect(),
+                d => panic!("{d:?}"),
+            };
+            out.insert(name, (t.shape().to_vec(), v));
+        }
+    }
+    out
+}
+
+/// Per head of `hd` rows (of `cols` values), rows reordered so that the rotate-half
+/// pairs (i, i + rot/2) become (2i, 2i + 1); rows past rot stay.
+fn interleave(x: &[f32], hd: usize, rot: usize, cols: usize) -> Vec<f32> {
+    let heads = x.len() / (hd * cols);
+    let mut out = Vec::with_capacity(x.len());
+    for h in 0..heads {
+        let row = |d: usize| &x[(h * hd + d) * cols..(h * hd + d + 1) * cols];
+        for i in 0..rot / 2 {
+            out.extend_from_slice(row(i));
+            out.extend_from_slice(row(i + rot / 2));
+        }
+        for d in rot..hd {
+            out.extend_from_slice(row(d));
+        }
+    }
+    out
+}
+
+/// The test's own HF name of each spec array and its transform.
+fn hf_source(mt: &str, spec: &str) -> (&'static str, &'static str) {
+    let gemma = mt.starts_with("gemma");
+    let q35 = mt.starts_with("qwen3_5");
+    match spec {
+        "attn_norm" => ("input_layernorm.weight", "norm"),
+        "wq" if q35 => ("self_attn.q_proj.weight", "gate_q"),
+        "wg" => ("self_attn.q_proj.weight", "gate_g"),
+        "wq" => ("self_attn.q_proj.weight", "rope"),
+        "wk" => ("self_attn.k_proj.weight", "rope"),
+        "wv" => ("self_attn.v_proj.weight", ""),
+        "wo" => ("self_attn.o_proj.weight", ""),
+        "bq" => ("self_attn.q_proj.bias", "rope"),
+        "bk" => ("self_attn.k_proj.bias", "rope"),
+        "bv" => ("self_attn.v_proj.bias", ""),
+        "q_norm" => ("self_attn.q_norm.weight", "rope_norm"),
+        "k_norm" => ("self_attn.k_norm.weight", "rope_norm"),
+        "ffn_norm" if gemma => ("pre_feedforward_layernorm.weight", "norm"),
+        "ffn_norm" => ("post_attention_layernorm.weight", "norm"),
+        "post_attn_norm" => ("post_attention_layernorm.weight", "norm"),
+        "post_ffn_norm" => ("post_feedforward_layernorm.weight", "norm"),
+        "w1" => ("mlp.gate_proj.weight", ""),
+        "w2" => ("mlp.down_proj.weight", ""),
+        "w3" => ("mlp.up_proj.weight", ""),
+        "lqkv" => ("linear_attn.in_proj_qkv.weight", ""),
+        "lz" => ("linear_attn.in_proj_z.weight", ""),
+        "lb" => ("linear_attn.in_proj_b.weight", ""),
+        "la" => ("linear_attn.in_proj_a.weight", ""),
+        "lconv" => ("linear_attn.conv1d.weight", ""),
+        "dt_bias" => ("linear_attn.dt_bias", ""),
+        "A_log" => ("linear_attn.A_log", ""),
+        "lnorm" => ("linear_attn.norm.weight", ""), // x·w: no offset
+        "lout" => ("linear_attn.out_proj.weight", ""),
+        "tok_emb" => ("embed_tokens.weight", ""),
+        "final_norm" => ("norm.weight", "norm"),
+        "wcls" => ("lm_head.weight", ""),
+        s => panic!("no source for {s}"),
+    }
+}
+
+/// Compares every array of a converted file (Q8_0, or Q4_0 with the round rule) with the test's own computation.
+fn check_arrays(dir: &Path, bytes: &[u8]) {
+    let name = dir.file_name().unwrap().to_string_lossy().into_owned();
+    let cfg: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
+    let mt = cfg["text_config"]["model_type"]
+        .as_str()
+        .or(cfg["model_type"].as_str())
+        .unwrap()
+        .to_string();
+    let plus_one = mt.starts_with("gemma") || mt.starts_with("qwen3_5");
+    let t = read_all(dir);
+    let prefix = ["model.", "model.language_model.", "language_model.model."]
+        .into_iter()
+        .find(|p| t.contains_key(&format!("{p}embed_tokens.weight")))
+        .unwrap();
+    let head = if prefix == "language_model.model." {
+        "language_model."
+    } else {
+        ""
+    };
+    let Parsed {
+        header,
+        dims,
+        layout,
+        ..
+    } = mlb::parse(bytes).unwrap();
+    let (hd, rot) = (dims.head_dim, dims.rot_dim);
+    for ten in &layout.tensors {
+        let spec = ten.name.name;
+        if spec == "layer_flags" {
+            continue;
+        }
+        let (rel, tr) = hf_source(&mt, spec);
+        let hf = match (ten.name.layer, spec) {
+            (Some(l), _) => format!("{prefix}layers.{l}.{rel}"),
+            (None, "wcls") => format!("{head}{rel}"),
+            (None, _) => format!("{prefix}{rel}"),
+        };
+        let (shape, x) = t.get(&hf).unwrap_or_else(|| panic!("{name}: {hf}"));
+        let cols = if shape.len() == 2 { shape[1] } else { 1 };
+        let mut v: Vec<f32> = match tr {
+            "rope" => interleave(x, hd, rot, cols),
+            "rope_norm" => interleave(x, hd, rot, 1),
+            "gate_q" | "gate_g" => {
+                let off = if tr == "gate_q" { 0 } else { hd };
+                let mut o = Vec::new();
+                for h in 0..dims.n_heads {
+                    let a = (h * 2 * hd + off) * cols;
+                    o.extend_from_slice(&x[a..a + hd * cols]);
+                }
+                if tr == "gate_q" {
+                    interleave(&o, hd, rot, cols)
+                } else {
+                    o
+                }
+            }
+            _ => x.clone(),
+        };
+        if plus_one && (tr == "norm" || tr == "rope_norm") {
+            v.iter_mut().for_each(|a| *a += 1.0);
+        }
+        let at = ten.offset as usize;
+        match ten.kind {
+            Kind::F32 { len } => {
+                assert_eq!(len, v.len(), "{name}: {}", ten.name);
+                let want: Vec<u8> = v.iter().flat_map(|f| f.to_le_bytes()).collect();
+                assert_eq!(
+                    &bytes[at..at + want.len()],
+                    &want[..],
+                    "{name}: {}",
+                    ten.name
+                );
+            }
+            Kind::Mat {
+                d_offset, qtype, ..
+            } => {
+                let (q, d) = match qtype {
+                    mlb::QType::Q8_0 => q8_ref(&v),
+                    mlb::QType::Q4_0 => q4_round_ref(&v),
+                };
+                assert_eq!(
+                    &bytes[at..at + q.len()],
+                    &q[..],
+                    "{name}: {} quants",
+                    ten.name
+                );
+                let d_at = d_offset as usize;
+                assert_eq!(
+                    &bytes[d_at..d_at + d.len()],
+                    &d[..],
+                    "{name}: {} scales",
+                    ten.name
+                );
+            }
+            Kind::U8 { .. } => unreachable!(),
+        }
+    }
+    let _ = header;
+}
+
+#[test]
+fn convert_q8_arrays_byte_exact_every_fixture() {
+    let tmp = tempfile::tempdir().unwrap();
+    for dir in fixtures() {
+        let name = dir.file_name().unwrap().to_string_lossy().into_owned();
+        let b = convert_to(&dir, &tmp.path().join(format!("{name}.mlb")), WType::Q8_0);
+        check_arrays(&dir, &b);
+    }
+}
+
+#[test]
+fn convert_q4_round_arrays_byte_exact() {
+    // Q4_0 with --q8 none and the round rule: every matrix but lb/la is Q4_0.
+    let tmp = tempfile::tempdir().unwrap();
+    for name in ["gemma3_text", "qwen3_5_text", "qwen2", "llama_rope_linear"] {
+        let dir = models().join(name);
+        let out = tmp.path().join(format!("{name}.mlb"));
+        let mut o = Options::new(&dir, WType::Q4_0);
+        o.output = Some(out.clone());
+        o.q8_mask = Some(0);
+        o.q4_rule = Some(Q4Rule::Round);
+        run(&o).unwrap();
+        let b = std::fs::read(&out).unwrap();
+        assert_eq!(mlb::parse(&b).unwrap().header.wtype, 2);
+        check_arrays(&dir, &b);
+    }
+}
+
+#[test]
+fn convert_norm_offsets() {
+    let tmp = tempfile::tempdir().unwrap();
+    // Qwen3.5: attn_norm and q_norm are w + 1, the delta rule's lnorm is w.
+    let dir = models().join("qwen3_5_text");
+    let m =
+        mlb::Mlb::from_bytes(&convert_to(&dir, &tmp.path().join("a.mlb"), WType::Q8_0)).unwrap();
+    let t = read_all(&dir);
+    let l = m.layout();
+    let get = |n: &str| {
+        m.f32s(
+            l.tensors
+                .iter()
+                .position(|x| x.name.to_string() == n)
+                .unwrap(),
+        )
+        .to_vec()
+    };
+    let w = &t["model.layers.0.input_layernorm.weight"].1;
+    assert_eq!(
+        get("layers.0.attn_norm"),
+        w.iter().map(|v| v + 1.0).collect::<Vec<_>>()
+    );
+    assert_eq!(
+        &get("layers.0.lnorm"),
+        &t["model.layers.0.linear_attn.norm.weight"].1
+    );
+    // Llama: no offset.
+    let dir = models().join("llama");
+    let m =
+        mlb::Mlb::from_bytes(&convert_to(&dir, &tmp.path().join("b.mlb"), WType::Q8_0)).unwrap();
+    let t = read_all(&dir);
+    let i = m
+        .layout()
+        .tensors
+        .iter()
+        .position(|x| x.name.to_string() == "final_norm")
+        .unwrap();
+    assert_eq!(m.f32s(i), &t["model.norm.weight"].1[..]);
+}
+
+// ---------------------------------------------------------------- synthetic checkpoints
+
+/// A tiny synthetic checkpoint: config and named f32 tensors (or raw ones).
+struct Synth {
+    config: Value,
+    tensors: Vec<(String, Dtype, Vec<usize>, Vec<u8>)>,
+}
+
+fn f32_bytes(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+fn llama_config() -> Value {
+    json!({
+        "model_type": "llama", "hidden_size": 64, "num_hidden_layers": 1,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 64,
+        "vocab_size": 32, "max_position_embeddings": 64, "rms_norm_eps": 1e-5,
+        "rope_theta": 10000.0, "tie_word_embeddings": false
+    })
+}
+
+impl Synth {
+    /// A one-layer Llama (dim 64, 4 heads of 16, 2 kv heads) with pseudo-random weights.
+    fn llama() -> Synth {
+        let mut s = Synth {
+            config: llama_config(),
+            tensors: Vec::new(),
+        };
+        let mut seed = 1u64;
+        let mut rnd = |n: usize| -> Vec<f32> {
+            (0..n)
+                .map(|_| {
+                    seed = seed
+                        .wrapping_mul(6364136223846793005)
+                        .wrapping_add(1442695040888963407);
+                    ((seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 0.2
+                })
+                .collect()
+        };
+        for (n, shape) in [
+            ("model.embed_tokens.weight", vec![32, 64]),
+            ("model.layers.0.input_layernorm.weight", vec![64]),
+            ("model.layers.0.self_attn.q_proj.weight", vec![64, 64]),
+            ("model.layers.0.self_attn.k_proj.weight", vec![32, 64]),
+            ("model.layers.0.self_attn.v_proj.weight", vec![32, 64]),
+            ("model.layers.0.self_attn.o_proj.weight", vec![64, 64]),
+            ("model.layers.0.post_attention_layernorm.weight", vec![64]),
+            ("model.layers.0.mlp.gate_proj.weight", vec![64, 64]),
+            ("model.layers.0.mlp.up_proj.weight", vec![64, 64]),
+            ("model.layers.0.mlp.down_proj.weight", vec![64, 64]),
+            ("model.norm.weight", vec![64]),
+            ("lm_head.weight", vec![32, 64]),
+        ] {
+            let len = shape.iter().product();
+            let v = rnd(len);
+            s.tensors
+                .push((n.to_string(), Dtype::F32, shape, f32_bytes(&v)));
+        }
+        s
+    }
+
+    fn set(&mut self, name: &str, v: &[f32]) {
+        let t = self.tensors.iter_mut().find(|t| t.0 == name).unwrap();
+        assert_eq!(t.2.iter().product::<usize>(), v.len());
+        t.3 = f32_bytes(v);
+    }
+
+    fn remove(&mut self, name: &str) {
+        self.tensors.retain(|t| t.0 != name);
+    }
+
+    fn bytes(&self, names: &[&str]) -> Vec<u8> {
+        let views: Vec<(String, TensorView)> = self
+            .tensors
+            .iter()
+            .filter(|t| names.is_empty() || names.contains(&t.0.as_str()))
+            .map(|(n, d, s, b)| (n.clone(), TensorView::new(*d, s.clone(), b).unwrap()))
+            .collect();
+        safetensors::serialize(views, None).unwrap()
+    }
+
+    /// Writes config.json and model.safetensors into a new folder under `root`.
+    fn write(&self, root: &Path, name: &str) -> PathBuf {
+        let dir = root.join(name);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(
+            dir.join("config.json"),
+            serde_json::to_string_pretty(&self.config).unwrap(),
+        )
+        .unwrap();
+        std::fs::write(dir.join("model.safetensors"), self.bytes(&[])).unwrap();
+        dir
+    }
+
+    /// Writes the tensors as two shards and an index.
+    fn write_sharded(&self, root: &Path, name: &str) -> PathBuf {
+        let dir = root.join(name);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("config.json"), self.config.to_string()).unwrap();
+        let names: Vec<&str> = self.tensors.iter().map(|t| t.0.as_str()).collect();
+        let (a, b) = names.split_at(names.len() / 2);
+        let mut map = serde_json::Map::new();
+        for (file, part) in [
+            ("model-00001-of-00002.safetensors", a),
+            ("model-00002-of-00002.safetensors", b),
+        ] {
+            std::fs::write(dir.join(file), self.bytes(part)).unwrap();
+            for n in part {
+                map.insert(n.to_string(), json!(file));
+            }
+        }
+        std::fs::write(
+            dir.join("model.safetensors.index.json"),
+            json!({"metadata": {}, "weight_map": map}).to_string(),
+        )
+        .unwrap();
+        dir
+    }
+}
+
+fn err_of(dir: &Path, out: &Path, f: impl FnOnce(&mut Options)) -> String {
+    let mut o = Options::new(dir, WType::Q8_0);
+    o.output = Some(out.to_path_buf());
+    f(&mut o);
+    let e = run(&o).expect_err("conversion should fail").to_string();
+    assert!(!out.exists(), "no output after a failure: {e}");
+    let leftovers: Vec<_> = std::fs::read_dir(out.parent().unwrap())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.contains(".tmp-"))
+        .collect();
+    assert!(leftovers.is_empty(), "temp files left: {leftovers:?}");
+    assert!(!e.contains('\n'), "one line: {e}");
+    e
+}
+
+#[test]
+fn convert_permutation_of_known_rows() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut s = Synth::llama();
+    // Row r of q_proj holds the value r + 1 (times a column ramp, so blocks differ).
+    let wq: Vec<f32> = (0..64 * 64)
+        .map(|i| ((i / 64) + 1) as f32 * (1.0 + (i % 64) as f32 / 64.0))
+        .collect();
+    s.set("model.layers.0.self_attn.q_proj.weight", &wq);
+    let dir = s.write(tmp.path(), "perm");
+    let out = tmp.path().join("perm.mlb");
+    let m = mlb::Mlb::from_bytes(&convert_to(&dir, &out, WType::Q8_0)).unwrap();
+    let i = m
+        .layout()
+        .tensors
+        .iter()
+        .position(|x| x.name.to_string() == "layers.0.wq")
+        .unwrap();
+    let mat = m.mat(i);
+    let mut row = vec![0f32; 64];
+    let mut got = Vec::new();
+    for r in 0..64 {
+        mat.dequant_row(r, &mut row);
+        // Column 0 of source row r_src holds r_src + 1.
+        got.push(row[0].round() as usize - 1);
+    }
+    // head_dim 16: per head, out rows = in rows 0,8,1,9,...,7,15.
+    let mut want = Vec::new();
+    for h in 0..4 {
+        for i in 0..8 {
+            want.push(h * 16 + i);
+            want.push(h * 16 + i + 8);
+        }
+    }
+    assert_eq!(got, want);
+}
+
+#[test]
+fn convert_sharded_synthetic_and_threads_give_identical_bytes() {
+    let tmp = tempfile::tempdir().unwrap();
+    let s = Synth::llama();
+    let one = s.write(tmp.path(), "one");
+    let two = s.write_sharded(tmp.path(), "two");
+    for wt in [WType::Q8_0, WType::Q4_0] {
+        let mut outs = Vec::new();
+        for (dir, threads) in [(&one, 1), (&one, 2), (&two, 2)] {
+            let out = tmp.path().join(format!("t{threads}-{}.mlb", outs.len()));
+            let mut o = Options::new(dir, wt);
+            o.output = Some(out.clone());
+            o.threads = Some(threads);
+            run(&o).unwrap();
+            outs.push(std::fs::read(&out).unwrap());
+        }
+        assert_eq!(outs[0], outs[1], "1 vs 2 threads");
+        assert_eq!(outs[0], outs[2], "single file vs shards");
+    }
+    // A real fixture, Q4_0 search with f16 scales: 1 and 2 threads.
+    let dir = models().join("qwen3_5_text");
+    let mut outs = Vec::new();
+    for threads in [1, 2] {
+        let out = tmp.path().join(format!("q35-{threads}.mlb"));
+        let mut o = Options::new(&dir, WType::Q4_0);
+        o.output = Some(out.clone());
+        o.threads = Some(threads);
+        o.scale_f16 = true;
+        o.q4_rule = Some(Q4Rule::Search);
+        run(&o).unwrap();
+        outs.push(std::fs::read(&out).unwrap());
+    }
+    assert_eq!(outs[0], outs[1]);
+    mlb::parse(&outs[0]).unwrap();
+}
+
+#[test]
+fn convert_large_matrix_in_chunks_matches_whole() {
+    // vocab 70000 × 64 = 4.48M values: more than one 4M-value chunk.
+    let tmp = tempfile::tempdir().unwrap();
+    let mut s = Synth::llama();
+    s.config["vocab_size"] = json!(70000);
+    let emb: Vec<f32> = (0..70000u64 * 64)
+        .map(|i| ((i * 7919) % 1000) as f32 / 1000.0 - 0.5)
+        .collect();
+    for n in ["model.embed_tokens.weight", "lm_head.weight"] {
+        let t = s.tensors.iter_mut().find(|t| t.0 == n).unwrap();
+        t.2 = vec![70000, 64];
+        t.3 = f32_bytes(&emb);
+    }
+    let dir = s.write(tmp.path(), "big");
+    let out = tmp.path().join("big.mlb");
+    let b = convert_to(&dir, &out, WType::Q8_0);
+    let p = mlb::parse(&b).unwrap();
+    let t = &p.layout.tensors[p.layout.tok_emb];
+    let Kind::Mat { d_offset, .. } = t.kind else {
+        panic!()
+    };
+    let (q, d) = q8_ref(&emb);
+    assert_eq!(&b[t.offset as usize..t.offset as usize + q.len()], &q[..]);
+    assert_eq!(&b[d_offset as usize..d_offset as usize + d.len()], &d[..]);
+}
+
+#[test]
+fn convert_imatrix_checked_and_used() {
+    let tmp = tempfile::tempdir().unwrap();
+    let s = Synth::llama();
+    let dir = s.write(tmp.path(), "im");
+    let out = tmp.path().join("im.mlb");
+    let mut m = Mli::new(1, 64, 64, 64);
+    for (i, v) in m.sums.iter_mut().enumerate() {
+        *v = ((i * 37) % 11) as f64 + 0.5;
+    }
+    m.tokens = 10;
+    m.cls_tokens = 10;
+    let good = tmp.path().join("good.mli");
+    std::fs::write(&good, m.to_bytes()).unwrap();
+    let q4 = |o: &mut Options| {
+        o.wtype = WType::Q4_0;
+        o.q4_rule = Some(Q4Rule::Search);
+    };
+    // Used: differs from the unweighted search.
+    let mut o = Options::new(&dir, WType::Q4_0);
+    o.output = Some(out.clone());
+    run(&o).unwrap();
+    let plain = std::fs::read(&out).unwrap();
+    o.imatrix = Some(good.clone());
+    run(&o).unwrap();
+    let weighted = std::fs::read(&out).unwrap();
+    assert_ne!(plain, weighted);
+    let _ = m.slot(0, Slot::Attn);
+    // Mismatched dimensions and zero tokens are refused, naming the field.
+    let bad = tmp.path().join("bad.mli");
+    std::fs::write(&bad, Mli::new(2, 64, 64, 64).to_bytes()).unwrap();
+    let out2 = tmp.path().join("im2.mlb");
+    let e = err_of(&dir, &out2, |o| {
+        q4(o);
+        o.imatrix = Some(bad.clone());
+    });
+    assert!(e.contains("n_layers") && e.contains("bad.mli"), "{e}");
+    let mut z = m.clone();
+    z.tokens = 0;
+    std::fs::write(&bad, z.to_bytes()).unwrap();
+    let e = err_of(&dir, &out2, |o| {
+        q4(o);
+        o.imatrix = Some(bad.clone());
+    });
+    assert!(e.contains("tokens"), "{e}");
+    let mut h = Mli::new(1, 64, 96, 64);
+    h.tokens = 1;
+    std::fs::write(&bad, h.to_bytes()).unwrap();
+    let e = err_of(&dir, &out2, |o| {
+        q4(o);
+        o.imatrix = Some(bad.clone());
+    });
+    assert!(e.contains("hidden_dim"), "{e}");
+    // With the round rule it has no effect: refused.
+    let e = err_of(&dir, &out2, |o| {
+        o.wtype = WType::Q4_0;
+        o.q4_rule = Some(Q4Rule::Round);
+        o.imatrix = Some(good.clone());
+    });
+    assert!(e.contains("--imatrix"), "{e}");
+}
+
+#[test]
+fn convert_errors_name_file_tensor_and_value() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path();
+    let out = root.join("out.mlb");
+
+    // Truncated shard.
+    let s = Synth::llama();
+    let dir = s.write(root, "trunc");
+    let f = dir.join("model.safetensors");
+    let b = std::fs::read(&f).unwrap();
+    std::fs::write(&f, &b[..b.len() - 100]).unwrap();
+    let e = err_of(&dir, &out, |_| {});
+    assert!(
+        e.contains("model.safetensors") && e.contains("truncated"),
+        "{e}"
+    );
+
+    // Shard missing from the folder.
+    let dir = s.write_sharded(root, "noshard");
+    std::fs::remove_file(dir.join("model-00002-of-00002.safetensors")).unwrap();
+    let e = err_of(&dir, &out, |_| {});
+    assert!(
+        e.contains("model-00002-of-00002.safetensors") && e.contains("missing"),
+        "{e}"
+    );
+
+    // A tensor the index places in a shard is not there.
+    let dir = s.write_sharded(root, "idxlie");
+    let idx = dir.join("model.safetensors.index.json");
+    let mut v: Value = serde_json::from_str(&std::fs::read_to_string(&idx).unwrap()).unwrap();
+    v["weight_map"]["model.extra.weight"] = json!("model-00001-of-00002.safetensors");
+    std::fs::write(&idx, v.to_string()).unwrap();
+    let e = err_of(&dir, &out, |_| {});
+    assert!(e.contains("model.extra.weight"), "{e}");
+
+    // A tensor missing.
+    let mut m = Synth::llama();
+    m.remove("model.layers.0.mlp.up_proj.weight");
+    let dir = m.write(root, "missing");
+    let e = err_of(&dir, &out, |_| {});
+    assert!(
+        e.contains("model.layers.0.mlp.up_proj.weight") && e.contains("missing"),
+        "{e}"
+    );
+
+    // Wrong shape.
+    let mut m = Synth::llama();
+    let t = m
+        .tensors
+        .iter_mut()
+        .find(|t| t.0 == "model.layers.0.self_attn.k_proj.weight")
+        .unwrap();
+    t.2 = vec![64, 32];
+    let dir = m.write(root, "shape");
+    let e = err_of(&dir, &out, |_| {});
+    assert!(
+        e.contains("k_proj") && e.contains("[64, 32]") && e.contains("[32, 64]"),
+        "{e}"
+    );
+
+    // Wrong dtype.
+    let mut m = Synth::llama();
+    let t = m
+        .tensors
+        .iter_mut()
+        .find(|t| t.0 == "model.norm.weight")
+        .unwrap();
+    t.1 = Dtype::I64;
+    t.3 = vec![0u8; 64 * 8];
+    let dir = m.write(root, "dtype");
+    let e = err_of(&dir, &out, |_| {});
+    assert!(e.contains("model.norm.weight") && e.contains("I64"), "{e}");
+
+    // NaN and Inf weights.
+    for (bad, tag) in [(f32::NAN, "NaN"), (f32::INFINITY, "inf")] {
+        let mut m = Synth::llama();
+        let mut w = vec![0.01f32; 64 * 64];
+        w[70] = bad;
+        m.set("model.layers.0.mlp.down_proj.weight", &w);
+        let dir = m.write(root, &format!("bad{tag}"));
+        let e = err_of(&dir, &out, |_| {});
+        assert!(
+            e.contains("down_proj") && e.contains(tag) && e.contains("[1, 6]"),
+            "{e}"
+        );
+        let mut n = Synth::llama();
+        let mut v = vec![1f32; 64];
+        v[3] = bad;
+        n.set("model.norm.weight", &v);
+        let dir = n.write(root, &format!("badnorm{tag}"));
+        let e = err_of(&dir, &out, |_| {});
+        assert!(e.contains("model.norm.weight") && e.contains(tag), "{e}");
+    }
+
+    // A Q4 scale above 65504 with f16 scales.
+    let mut m = Synth::llama();
+    let mut w = vec![0.01f32; 64 * 64];
+    w[5] = 1e6;
+    m.set("model.layers.0.mlp.gate_proj.weight", &w);
+    let dir = m.write(root, "bigscale");
+    let e = err_of(&dir, &out, |o| {
+        o.wtype = WType::Q4_0;
+        o.scale_f16 = true;
+    });
+    assert!(e.contains("gate_proj") && e.contains("65504"), "{e}");
+    // ... which f32 scales store fine.
+    let mut o = Options::new(&dir, WType::Q4_0);
+    o.output = Some(out.clone());
+    run(&o).unwrap();
+    std::fs::remove_file(&out).unwrap();
+
+    // Config errors: unknown model_type, RoPE type, MoE, o_proj bias, dynamic RoPE.
+    let cases: Vec<(&str, Value, &str)> = vec![
+        ("model_type", json!("falcon"), "falcon"),
+        (
+            "rope_scaling",
+            json!({"rope_type": "longrope", "factor": 2.0}),
+            "longrope",
+        ),
+        (
+            "rope_scaling",
+            json!({"type": "dynamic", "factor": 2.0}),
+            "dynamic",
+        ),
+        ("num_local_experts", json!(8), "num_local_experts"),
+        ("attention_bias", json!(true), "attention_bias"),
+        ("mlp_bias", json!(true), "mlp_bias"),
+        ("hidden_act", json!("relu"), "relu"),
+        // A model the format cannot hold: dim not a multiple of 32.
+        ("hidden_size", json!(48), "dim = 48"),
+    ];
+    for (k, v, needle) in cases {
+        let mut m = Synth::llama();
+        m.config[k] = v;
+        let dir = m.write(root, &format!("cfg-{k}-{needle}"));
+        let e = err_of(&dir, &out, |_| {});
+        assert!(e.contains("config.json") && e.contains(needle), "{e}");
+    }
+
+    // An unexpected tensor (e.g. an o_proj bias) is refused, not dropped.
+    let mut m = Synth::llama();
+    m.tensors.push((
+        "model.layers.0.self_attn.o_proj.bias".into(),
+        Dtype::F32,
+        vec![64],
+        vec![0; 256],
+    ));
+    let dir = m.write(root, "extra");
+    let e = err_of(&dir, &out, |_| {});
+    assert!(e.contains("o_proj.bias"), "{e}");
+
+    // --q8 with Q8_0.
+    let dir = Synth::llama().write(root, "opts");
+    let e = err_of(&dir, &out, |o| o.q8_mask = Some(2));
+    assert!(e.contains("--q8"), "{e}");
+}
+
+#[test]
+fn convert_failed_run_keeps_existing_output_and_unwritable_folder_errors() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path();
+    let out = root.join("keep.mlb");
+    std::fs::write(&out, b"precious").unwrap();
+    let mut m = Synth::llama();
+    let mut w = vec![0.01f32; 64 * 64];
+    w[4000] = f32::NAN;
+    m.set("model.layers.0.mlp.up_proj.weight", &w); // the NaN is found mid-write
+    let dir = m.write(root, "nan");
+    let mut o = Options::new(&dir, WType::Q8_0);
+    o.output = Some(out.clone());
+    assert!(run(&o).is_err());
+    assert_eq!(std::fs::read(&out).unwrap(), b"precious");
+    let names: Vec<_> = std::fs::read_dir(root)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert!(
+        !names.iter().any(|n| n.to_string_lossy().contains(".tmp-")),
+        "{names:?}"
+    );
+
+    // An output folder that does not exist (unwritable).
+    let good = Synth::llama().write(root, "good");
+    let mut o = Options::new(&good, WType::Q8_0);
+    o.output = Some(root.join("no/such/dir/x.mlb"));
+    let e = run(&o).unwrap_err().to_string();
+    assert!(e.contains("no/such/dir"), "{e}");
+    // A read-only folder (skipped when running as root, who may write anyway).
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let ro = root.join("ro");
+        std::fs::create_dir(&ro).unwrap();
+        std::fs::set_permissions(&ro, std::fs::Permissions::from_mode(0o555)).unwrap();
+        if std::fs::write(ro.join("probe"), b"").is_err() {
+            o.output = Some(ro.join("x.mlb"));
+            let e = run(&o).unwrap_err().to_string();
+            assert!(e.contains("ro/"), "{e}");
+        }
+        std::fs::set_permissions(&ro, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+}
+
+#[test]
+fn convert_default_output_name_and_q4_defaults() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = Synth::llama().write(tmp.path(), "my-model");
+    let o = Options::new(&dir, WType::Q4_0);
+    let s = run(&o).unwrap();
+    assert_eq!(s.output, tmp.path().join("my-model-q4_0.mlb"));
+    assert_eq!(s.q4_rule, Some(Q4Rule::Search));
+    let p = mlb::parse(&std::fs::read(&s.output).unwrap()).unwrap();
+    assert_eq!(p.header.wtype, 2);
+    assert_eq!(p.header.q8_mask, convert::DEFAULT_Q4_Q8_MASK);
+    // Gemma 3 defaults to the round rule.
+    let g = models().join("gemma3_text");
+    let mut o = Options::new(&g, WType::Q4_0);
+    o.output = Some(tmp.path().join("g.mlb"));
+    assert_eq!(run(&o).unwrap().q4_rule, Some(Q4Rule::Round));
+}
+
+// ---------------------------------------------------------------- the binary
+
+fn bin() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_mlb-convert"))
+}
+
+#[test]
+fn convert_binary_end_to_end() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("g.mlb");
+    let o = bin()
+        .arg(models().join("gemma3_mm"))
+        .args([
+            "--wtype",
+            "q4_0",
+            "--q8",
+            "tok_emb,w2",
+            "--f16-scales",
+            "--threads",
+            "2",
+            "-o",
+        ])
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let stdout = String::from_utf8(o.stdout).unwrap();
+    let stderr = String::from_utf8(o.stderr).unwrap();
+    assert_eq!(stdout.lines().count(), 1, "{stdout}");
+    assert!(
+        stdout.contains("bits/weight") && stdout.contains("parameters"),
+        "{stdout}"
+    );
+    // Piped: no progress bar, only notes (vision tower skipped).
+    assert!(
+        stderr.contains("vision tower") && !stderr.contains("ETA"),
+        "{stderr}"
+    );
+    let p = mlb::parse(&std::fs::read(&out).unwrap()).unwrap();
+    assert_eq!(
+        (p.header.wtype, p.header.q8_mask, p.header.scale_f16),
+        (2, 65, 1)
+    );
+
+    // An error: exit 1, one line naming the file.
+    let o = bin().arg(tmp.path()).output().unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    let e = String::from_utf8(o.stderr).unwrap();
+    assert_eq!(e.lines().count(), 1, "{e}");
+    assert!(e.contains("config.json"), "{e}");
+    // Bad usage: exit 2.
+    let o = bin().args(["--q8", "bogus", "x"]).output().unwrap();
+    assert_eq!(o.status.code(), Some(2));
+}
+
+#[test]
+fn convert_help_snapshot() {
+    let o = bin().arg("--help").output().unwrap();
+    assert!(o.status.success());
+    insta::assert_snapshot!(String::from_utf8(o.stdout).unwrap());
+}
+
+#[test]
+fn convert_cancelled_run_leaves_nothing() {
+    use std::sync::atomic::AtomicBool;
+    static STOP: AtomicBool = AtomicBool::new(true);
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = Synth::llama().write(tmp.path(), "c");
+    let out = tmp.path().join("c.mlb");
+    std::fs::write(&out, b"old").unwrap();
+    let mut o = Options::new(&dir, WType::Q8_0);
+    o.output = Some(out.clone());
+    o.cancel = Some(&STOP);
+    assert!(matches!(run(&o), Err(ConvertError::Interrupted)));
+    assert_eq!(std::fs::read(&out).unwrap(), b"old");
+    let n = std::fs::read_dir(tmp.path()).unwrap().count();
+    assert_eq!(n, 2, "only the checkpoint folder and the old output");
+}
