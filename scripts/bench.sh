@@ -18,6 +18,7 @@
 #   N_PROMPT [512]  N_GEN [128]
 #   KRAFLA_Q4_RULE [round]: llama.cpp's Q4_0 rounding, so both files hold the same bits
 #   KRAFLA_EXTRA ["--f16-scales"]: f16 block scales, as GGUF's Q4_0/Q8_0 blocks
+#   LLAMA_DEPTH ["0,N_PROMPT"]: llama-bench's -d; "0" skips the runs after N_PROMPT tokens
 #   LLAMA_ONLY=1 measure llama.cpp and bandwidth only (no Krafla build, no mlb-run)
 # On a 2-core machine shared with other work, note `uptime` beside the figures.
 set -euo pipefail
@@ -35,6 +36,7 @@ N_GEN=${N_GEN:-128}
 KRAFLA_Q4_RULE=${KRAFLA_Q4_RULE:-round}
 KRAFLA_EXTRA=${KRAFLA_EXTRA---f16-scales}
 LLAMA_ONLY=${LLAMA_ONLY:-0}
+LLAMA_DEPTH=${LLAMA_DEPTH:-0,$N_PROMPT}
 if [ -z "${REAL_CHECKPOINTS:-}" ]; then
   REAL_CHECKPOINTS=$repo/../shared/tools/real-checkpoints.sh
   [ -f "$REAL_CHECKPOINTS" ] || REAL_CHECKPOINTS=/work/shared/tools/real-checkpoints.sh
@@ -126,7 +128,14 @@ done
 bw_file=$BENCH_DIR/results/bandwidth.txt
 if [ ! -f "$bw_file" ]; then
   log "measuring read bandwidth ($THREADS threads)"
-  (cd "$repo" && cargo bench -q --bench membw -- --threads "$THREADS" --reps 9) >"$bw_file.tmp"
+  # Built with the release profile (the bench profile would build the library once more).
+  membw=$(cd "$repo" && cargo build -q --release --bench membw --message-format=json |
+    python3 -c 'import json,sys
+for l in sys.stdin:
+    r = json.loads(l)
+    if r.get("reason") == "compiler-artifact" and r["target"]["name"] == "membw" and r.get("executable"):
+        print(r["executable"])')
+  "$membw" --threads "$THREADS" --reps 9 >"$bw_file.tmp"
   mv "$bw_file.tmp" "$bw_file"
 fi
 bw=$(sed -n 's/^read_bandwidth_gbs=//p' "$bw_file")
@@ -140,7 +149,7 @@ for m in $MODELS; do
       log "llama-bench $m $q"
       /usr/bin/time -v -o "$BENCH_DIR/results/llama-$m-$q.time" \
         "$bench_bin" -m "$BENCH_DIR/gguf/$m-$q.gguf" -t "$THREADS" -r "$REPS" \
-        -p "$N_PROMPT" -n "$N_GEN" -d "0,$N_PROMPT" -o jsonl >"$out.tmp" 2>"$BENCH_DIR/logs/llama-bench-$m-$q.log"
+        -p "$N_PROMPT" -n "$N_GEN" -d "$LLAMA_DEPTH" -o jsonl >"$out.tmp" 2>"$BENCH_DIR/logs/llama-bench-$m-$q.log"
       mv "$out.tmp" "$out"
     fi
   done
