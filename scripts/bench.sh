@@ -1,0 +1,209 @@
+#!/usr/bin/env bash
+# Krafla's mlb-run against llama.cpp's llama-bench, side by side, on the same real models
+# (SmolLM2-135M, Gemma 3 270M), the same quant types (Q4_0, Q8_0, the same bits on both
+# sides), the same thread count: prompt processing of 512 tokens and generation of 128,
+# tokens/s, ratio, peak RSS, and the memory-bandwidth bound of generation.
+# See docs/benchmarks.md. Not part of `cargo test` or CI: it downloads and builds
+# llama.cpp and takes tens of minutes on a fresh machine.
+#
+# Idempotent: every step whose output exists is skipped; delete a file to redo its step.
+# Environment (defaults in brackets):
+#   BENCH_DIR    work folder outside the repository: llama.cpp, GGUF/.mlb files, logs [/work/bench]
+#   BENCH_VENV   Python venv for convert_hf_to_gguf.py; created if absent [$BENCH_DIR/venv]
+#   REAL_DIR     the HF checkpoints (smollm2-135m/, gemma3-270m/); made if absent [$BENCH_DIR/real]
+#   REAL_CHECKPOINTS  the script that makes them [../shared/tools/real-checkpoints.sh beside the repo,
+#                else /work/shared/tools/real-checkpoints.sh]
+#   THREADS [2]  REPS: repetitions of each measurement, medians reported [5]
+#   MODELS ["smollm2-135m gemma3-270m"]  QUANTS ["q4_0 q8_0"]
+#   N_PROMPT [512]  N_GEN [128]
+#   KRAFLA_Q4_RULE [round]: llama.cpp's Q4_0 rounding, so both files hold the same bits
+#   KRAFLA_EXTRA ["--f16-scales"]: f16 block scales, as GGUF's Q4_0/Q8_0 blocks
+#   LLAMA_DEPTH ["0,N_PROMPT"]: llama-bench's -d; "0" skips the runs after N_PROMPT tokens
+#   LLAMA_ONLY=1 measure llama.cpp and bandwidth only (no Krafla build, no mlb-run)
+# On a 2-core machine shared with other work, note `uptime` beside the figures.
+set -euo pipefail
+
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+BENCH_DIR=${BENCH_DIR:-/work/bench}
+BENCH_VENV=${BENCH_VENV:-$BENCH_DIR/venv}
+REAL_DIR=${REAL_DIR:-$BENCH_DIR/real}
+THREADS=${THREADS:-2}
+REPS=${REPS:-5}
+MODELS=${MODELS:-smollm2-135m gemma3-270m}
+QUANTS=${QUANTS:-q4_0 q8_0}
+N_PROMPT=${N_PROMPT:-512}
+N_GEN=${N_GEN:-128}
+KRAFLA_Q4_RULE=${KRAFLA_Q4_RULE:-round}
+KRAFLA_EXTRA=${KRAFLA_EXTRA---f16-scales}
+LLAMA_ONLY=${LLAMA_ONLY:-0}
+LLAMA_DEPTH=${LLAMA_DEPTH:-0,$N_PROMPT}
+if [ -z "${REAL_CHECKPOINTS:-}" ]; then
+  REAL_CHECKPOINTS=$repo/../shared/tools/real-checkpoints.sh
+  [ -f "$REAL_CHECKPOINTS" ] || REAL_CHECKPOINTS=/work/shared/tools/real-checkpoints.sh
+fi
+case "$BENCH_DIR/" in "$repo"/*) echo "bench.sh: BENCH_DIR must be outside the repository" >&2; exit 2;; esac
+
+mkdir -p "$BENCH_DIR"/{gguf,mlb,logs,results}
+log() { printf '[bench %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+py=$BENCH_VENV/bin/python
+
+# 1. Python venv (torch, transformers, sentencepiece, safetensors, cmake).
+if [ ! -x "$py" ]; then
+  log "creating venv $BENCH_VENV"
+  python3 -m venv "$BENCH_VENV"
+  "$BENCH_VENV/bin/pip" install -q torch transformers safetensors sentencepiece tokenizers numpy protobuf cmake
+fi
+
+# 2. The real checkpoints.
+for m in $MODELS; do
+  if [ ! -f "$REAL_DIR/$m/config.json" ]; then
+    log "making the real checkpoints in $REAL_DIR"
+    bash "$REAL_CHECKPOINTS" "$REAL_DIR" "$BENCH_VENV"
+    break
+  fi
+done
+
+# 3. llama.cpp's source: the llama-cpp-python sdist carries it under vendor/llama.cpp.
+#    (--no-binary for this package only: with :all: pip would also build cmake and ninja
+#    from source just to read the sdist's metadata.)
+sdist=$(ls "$BENCH_DIR"/llama_cpp_python-*.tar.gz 2>/dev/null | sort -V | tail -1 || true)
+if [ -z "$sdist" ]; then
+  log "downloading the llama-cpp-python sdist"
+  "$BENCH_VENV/bin/pip" download -q --no-deps --no-binary llama-cpp-python llama-cpp-python -d "$BENCH_DIR"
+  sdist=$(ls "$BENCH_DIR"/llama_cpp_python-*.tar.gz | sort -V | tail -1)
+fi
+src=${sdist%.tar.gz}
+if [ ! -f "$src/vendor/llama.cpp/CMakeLists.txt" ]; then
+  log "unpacking $sdist"
+  tar -xzf "$sdist" -C "$BENCH_DIR"
+fi
+llama=$src/vendor/llama.cpp
+build=$BENCH_DIR/build
+bench_bin=$build/bin/llama-bench
+quant_bin=$build/bin/llama-quantize
+
+# 4. Build llama-bench and llama-quantize, CPU only. AMX is off: its path crashes here.
+if [ ! -x "$bench_bin" ] || [ ! -x "$quant_bin" ]; then
+  cmake=$(command -v cmake || true)
+  if [ -z "$cmake" ]; then
+    [ -x "$BENCH_VENV/bin/cmake" ] || "$BENCH_VENV/bin/pip" install -q cmake
+    cmake=$BENCH_VENV/bin/cmake
+  fi
+  flags="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+  log "building llama.cpp in $build (nice 19)"
+  nice -n 19 "$cmake" -S "$llama" -B "$build" -DCMAKE_BUILD_TYPE=Release \
+    -DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF \
+    -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF \
+    -DCMAKE_C_FLAGS="$flags" -DCMAKE_CXX_FLAGS="$flags" >"$BENCH_DIR/logs/cmake-configure.log" 2>&1
+  nice -n 19 "$cmake" --build "$build" --config Release -j "$(nproc)" \
+    --target llama-bench llama-quantize >"$BENCH_DIR/logs/cmake-build.log" 2>&1
+fi
+
+# 5. GGUF files: convert_hf_to_gguf.py to bf16 (lossless from the bf16 checkpoint), then
+#    llama-quantize --pure (every matrix, token embeddings included, in the one type).
+#    convert_hf_to_gguf.py puts the vendored gguf-py first on sys.path; it is also
+#    installed into a venv that lacks `gguf`.
+"$py" -c 'import gguf' 2>/dev/null || "$BENCH_VENV/bin/pip" install -q "$llama/gguf-py"
+for m in $MODELS; do
+  bf16=$BENCH_DIR/gguf/$m-bf16.gguf
+  if [ ! -f "$bf16" ]; then
+    log "convert_hf_to_gguf.py $m"
+    /usr/bin/time -v -o "$BENCH_DIR/logs/time-convert-$m.txt" \
+      "$py" "$llama/convert_hf_to_gguf.py" "$REAL_DIR/$m" --outtype bf16 --outfile "$bf16.tmp" \
+      >"$BENCH_DIR/logs/convert-$m.log" 2>&1
+    mv "$bf16.tmp" "$bf16"
+  fi
+  for q in $QUANTS; do
+    out=$BENCH_DIR/gguf/$m-$q.gguf
+    if [ ! -f "$out" ]; then
+      log "llama-quantize --pure $m $q"
+      /usr/bin/time -v -o "$BENCH_DIR/logs/time-quantize-$m-$q.txt" \
+        "$quant_bin" --pure "$bf16" "$out.tmp" "${q^^}" "$THREADS" >"$BENCH_DIR/logs/quantize-$m-$q.log" 2>&1
+      mv "$out.tmp" "$out"
+    fi
+  done
+done
+
+# 6. Read bandwidth with THREADS threads (benches/membw.rs), once per run of the script.
+bw_file=$BENCH_DIR/results/bandwidth.txt
+if [ ! -f "$bw_file" ]; then
+  log "measuring read bandwidth ($THREADS threads)"
+  # Built with the release profile (the bench profile would build the library once more).
+  membw=$(cd "$repo" && cargo build -q --release --bench membw --message-format=json |
+    python3 -c 'import json,sys
+for l in sys.stdin:
+    r = json.loads(l)
+    if r.get("reason") == "compiler-artifact" and r["target"]["name"] == "membw" and r.get("executable"):
+        print(r["executable"])')
+  "$membw" --threads "$THREADS" --reps 9 >"$bw_file.tmp"
+  mv "$bw_file.tmp" "$bw_file"
+fi
+bw=$(sed -n 's/^read_bandwidth_gbs=//p' "$bw_file")
+
+# 7. llama-bench: pp N_PROMPT and tg N_GEN from an empty context (its defaults, weight
+#    repacking on), and tg N_GEN after N_PROMPT tokens (-d), as mlb-run generates.
+for m in $MODELS; do
+  for q in $QUANTS; do
+    out=$BENCH_DIR/results/llama-$m-$q.jsonl
+    if [ ! -f "$out" ]; then
+      log "llama-bench $m $q"
+      /usr/bin/time -v -o "$BENCH_DIR/results/llama-$m-$q.time" \
+        "$bench_bin" -m "$BENCH_DIR/gguf/$m-$q.gguf" -t "$THREADS" -r "$REPS" \
+        -p "$N_PROMPT" -n "$N_GEN" -d "$LLAMA_DEPTH" -o jsonl >"$out.tmp" 2>"$BENCH_DIR/logs/llama-bench-$m-$q.log"
+      mv "$out.tmp" "$out"
+    fi
+  done
+done
+
+# 8. Krafla: build, convert, run. The prompt is N_PROMPT fixed pseudo-random ids within
+#    the vocabulary (as llama-bench's); generation is greedy.
+if [ "$LLAMA_ONLY" != 1 ]; then
+  (cd "$repo" && cargo build -q --release --bin mlb-convert --bin mlb-run)
+  kbin=$repo/target/release
+  ignore_eos=()
+  if "$kbin/mlb-run" --help 2>&1 | grep -q -- '--ignore-eos'; then
+    ignore_eos=(--ignore-eos)
+  else
+    log "warning: mlb-run has no --ignore-eos; a run that samples EOS generates fewer than $N_GEN tokens (reported)"
+  fi
+  for m in $MODELS; do
+    vocab=$(python3 -c 'import json,sys; c=json.load(open(sys.argv[1])); print((c.get("text_config") or c)["vocab_size"])' "$REAL_DIR/$m/config.json")
+    ids=$(awk -v n="$N_PROMPT" -v v="$vocab" 'BEGIN { x = 12345; for (i = 0; i < n; i++) { x = (x * 1103515245 + 12345) % 2147483648; printf "%s%d", (i ? " " : ""), 3 + x % (v - 3) } }')
+    for q in $QUANTS; do
+      mlb=$BENCH_DIR/mlb/$m-$q.mlb
+      if [ ! -f "$mlb" ]; then
+        if [ "$q" = q4_0 ]; then cflags=(--wtype q4_0 --q8 none --q4-rule "$KRAFLA_Q4_RULE"); else cflags=(--wtype q8_0); fi
+        # shellcheck disable=SC2206
+        cflags+=($KRAFLA_EXTRA)
+        log "mlb-convert $m ${cflags[*]}"
+        /usr/bin/time -v -o "$BENCH_DIR/logs/time-mlb-convert-$m-$q.txt" \
+          "$kbin/mlb-convert" "$REAL_DIR/$m" "${cflags[@]}" --threads "$THREADS" -o "$mlb" \
+          >"$BENCH_DIR/logs/mlb-convert-$m-$q.log" 2>&1
+      fi
+      out=$BENCH_DIR/results/krafla-$m-$q.txt
+      if [ ! -f "$out" ]; then
+        log "mlb-run $m $q x$REPS"
+        : >"$out.tmp"
+        for r in $(seq "$REPS"); do
+          # pp N_PROMPT then tg N_GEN at depth N_PROMPT ...
+          /usr/bin/time -v -o "$out.time" "$kbin/mlb-run" "$mlb" --threads "$THREADS" --temp 0 \
+            --ctx $((N_PROMPT + N_GEN)) --tokens "$ids" -n "$N_GEN" "${ignore_eos[@]}" \
+            >/dev/null 2>"$out.err" || { cat "$out.err" >&2; exit 1; }
+          echo "run=pp rss_kib=$(sed -n 's/.*Maximum resident set size (kbytes): //p' "$out.time") $(grep -E '^(prompt|memory):' "$out.err" | tr '\n' ' ')" >>"$out.tmp"
+          # ... and tg N_GEN from an empty context (one prompt token, N_GEN decode steps), as llama-bench's tg.
+          /usr/bin/time -v -o "$out.time" "$kbin/mlb-run" "$mlb" --threads "$THREADS" --temp 0 \
+            --ctx $((N_GEN + 1)) --tokens "${ids%% *}" -n $((N_GEN + 1)) "${ignore_eos[@]}" \
+            >/dev/null 2>"$out.err" || { cat "$out.err" >&2; exit 1; }
+          echo "run=tg rss_kib=$(sed -n 's/.*Maximum resident set size (kbytes): //p' "$out.time") $(grep -E '^(prompt|memory):' "$out.err" | tr '\n' ' ')" >>"$out.tmp"
+        done
+        rm -f "$out.err" "$out.time"
+        mv "$out.tmp" "$out"
+      fi
+    done
+  done
+fi
+
+# 9. The table.
+echo "# $(date -u '+%Y-%m-%d %H:%M UTC'); $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //'); threads $THREADS; load $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "# read bandwidth: $(head -1 "$bw_file")"
+python3 "$repo/scripts/bench_table.py" "$BENCH_DIR" "$bw" "$N_PROMPT" "$N_GEN" "$MODELS" "$QUANTS" "$LLAMA_ONLY"
