@@ -65,6 +65,9 @@ struct Args {
     /// Print the kernel tier and the model's shape.
     #[arg(short, long)]
     verbose: bool,
+    /// Keep generating past EOS (benchmarks: always -n tokens).
+    #[arg(long)]
+    ignore_eos: bool,
 }
 
 /// Peak resident memory from /proc/self/status (VmHWM), in KiB.
@@ -316,7 +319,7 @@ fn run(a: Args) -> Result<(), String> {
     for i in 0..n_gen {
         let next = sampler.sample(&logits);
         generated += 1;
-        if next == eos {
+        if next == eos && !a.ignore_eos {
             stop = " (EOS)";
             break;
         }
