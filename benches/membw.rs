@@ -18,7 +18,10 @@ fn arg(args: &[String], name: &str, default: usize) -> usize {
     args.iter()
         .position(|a| a == name)
         .and_then(|i| args.get(i + 1))
-        .map(|v| v.parse().unwrap_or_else(|_| panic!("{name} {v}: not a number")))
+        .map(|v| {
+            v.parse()
+                .unwrap_or_else(|_| panic!("{name} {v}: not a number"))
+        })
         .unwrap_or(default)
 }
 
@@ -78,7 +81,8 @@ fn main() {
                 })
             })
             .collect();
-        let spans: Vec<(Instant, Instant)> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+        let spans: Vec<(Instant, Instant)> =
+            handles.into_iter().map(|h| h.join().unwrap()).collect();
         // The pass: from the first thread's start to the last one's end.
         let t0 = spans.iter().map(|s| s.0).min().unwrap();
         let t1 = spans.iter().map(|s| s.1).max().unwrap();
