@@ -1,1 +1,336 @@
-fn main() {}
+//! mlb-run: run a `.mlb` model on a prompt; stream the generated text to stdout and a
+//! speed and memory summary to stderr, or write the prompt's logits with `--logits`.
+
+use std::io::{BufWriter, Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Instant;
+
+use clap::Parser;
+use krafla::format::mlb::Mlb;
+use krafla::kernels;
+use krafla::model::{Model, Options, Sampler, SamplerOpts};
+use krafla::tokenizer::Tokenizer;
+
+#[derive(Parser)]
+#[command(version, about = "Run a .mlb model on a prompt")]
+struct Args {
+    /// The model file.
+    model: PathBuf,
+    /// The tokenizer (default: the .mlt of the same name beside the model).
+    #[arg(long)]
+    tokenizer: Option<PathBuf>,
+    /// The prompt text.
+    #[arg(short, long, conflicts_with_all = ["file", "tokens"])]
+    prompt: Option<String>,
+    /// Read the prompt text from this file.
+    #[arg(short, long, conflicts_with = "tokens")]
+    file: Option<PathBuf>,
+    /// Token ids instead of text, e.g. "1 2 3".
+    #[arg(long)]
+    tokens: Option<String>,
+    /// Tokens to generate (default 128; 0 with --logits).
+    #[arg(short = 'n', long = "n-predict")]
+    n: Option<usize>,
+    /// Sampling temperature; 0 is greedy.
+    #[arg(long, default_value_t = 0.8)]
+    temp: f32,
+    /// Sample from the k most likely tokens (0: all).
+    #[arg(long, default_value_t = 40)]
+    top_k: usize,
+    /// Sample from the smallest set of tokens whose probability reaches p.
+    #[arg(long, default_value_t = 0.95)]
+    top_p: f32,
+    /// Seed of the sampler.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// KV cache positions (default: max_seq, capped at 4096).
+    #[arg(long)]
+    ctx: Option<usize>,
+    /// Most prompt tokens per prefill batch.
+    #[arg(long, default_value_t = krafla::model::forward::DEFAULT_BATCH)]
+    batch: usize,
+    /// Write every prompt position's logits (little-endian f32, positions × vocab).
+    #[arg(long)]
+    logits: Option<PathBuf>,
+    /// Worker threads (default: all cores).
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Print the kernel tier and the model's shape.
+    #[arg(short, long)]
+    verbose: bool,
+}
+
+/// Peak resident memory from /proc/self/status (VmHWM), in KiB.
+fn peak_rss_kib() -> Option<u64> {
+    let s = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = s.lines().find(|l| l.starts_with("VmHWM:"))?;
+    line.split_whitespace().nth(1)?.parse().ok()
+}
+
+fn mib(bytes: f64) -> String {
+    format!("{:.1} MiB", bytes / (1024.0 * 1024.0))
+}
+
+fn rate(n: usize, secs: f64) -> String {
+    if secs > 0.0 {
+        format!("{:.1} tok/s", n as f64 / secs)
+    } else {
+        "- tok/s".into()
+    }
+}
+
+/// The tokenizer to use: the one asked for (must load), or the `.mlt` beside the model
+/// if there is one.
+fn load_tokenizer(a: &Args, vocab: usize) -> Result<Option<Tokenizer>, String> {
+    let (path, explicit) = match &a.tokenizer {
+        Some(p) => (p.clone(), true),
+        None => (a.model.with_extension("mlt"), false),
+    };
+    if !explicit && !path.exists() {
+        return Ok(None);
+    }
+    let tok = Tokenizer::from_path(&path).map_err(|e| e.to_string())?;
+    if tok.n_vocab() > vocab {
+        return Err(format!(
+            "{}: n_vocab = {}: the tokenizer's vocabulary exceeds the model's vocab ({vocab})",
+            path.display(),
+            tok.n_vocab()
+        ));
+    }
+    Ok(Some(tok))
+}
+
+/// Writes the logits of every prompt position to a temporary file beside `path`, then
+/// renames it.
+struct LogitsFile {
+    tmp: PathBuf,
+    out: BufWriter<std::fs::File>,
+    err: Option<std::io::Error>,
+}
+
+impl LogitsFile {
+    fn create(path: &Path) -> Result<LogitsFile, String> {
+        let name = path
+            .file_name()
+            .ok_or_else(|| format!("--logits {}: not a file name", path.display()))?;
+        let mut tmp_name = std::ffi::OsString::from(".");
+        tmp_name.push(name);
+        tmp_name.push(format!(".tmp{}", std::process::id()));
+        let tmp = path.with_file_name(tmp_name);
+        let f = std::fs::File::create(&tmp).map_err(|e| format!("{}: {e}", tmp.display()))?;
+        Ok(LogitsFile {
+            tmp,
+            out: BufWriter::new(f),
+            err: None,
+        })
+    }
+
+    fn row(&mut self, row: &[f32]) {
+        if self.err.is_some() {
+            return;
+        }
+        let mut buf = Vec::with_capacity(row.len() * 4);
+        for v in row {
+            buf.extend_from_slice(&v.to_le_bytes());
+        }
+        if let Err(e) = self.out.write_all(&buf) {
+            self.err = Some(e);
+        }
+    }
+
+    fn finish(self, path: &Path) -> Result<(), String> {
+        let fail = |e: std::io::Error| {
+            let _ = std::fs::remove_file(&self.tmp);
+            format!("{}: {e}", path.display())
+        };
+        if let Some(e) = self.err {
+            return Err(fail(e));
+        }
+        let f = self.out.into_inner().map_err(|e| fail(e.into_error()))?;
+        f.sync_all().map_err(fail)?;
+        std::fs::rename(&self.tmp, path).map_err(fail)
+    }
+}
+
+fn run(a: Args) -> Result<(), String> {
+    if let Some(t) = a.threads {
+        if t == 0 {
+            return Err("--threads = 0: at least one thread is needed".into());
+        }
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(t)
+            .build_global()
+            .map_err(|e| format!("--threads = {t}: {e}"))?;
+    }
+    let t_load = Instant::now();
+    let mlb = Mlb::open(&a.model).map_err(|e| e.to_string())?;
+    let model = Model::new(&mlb).map_err(|e| e.to_string())?;
+    let cfg = &model.cfg;
+    let tok = load_tokenizer(&a, cfg.vocab)?;
+
+    let prompt: Vec<u32> = if let Some(ids) = &a.tokens {
+        krafla::tokenizer::parse_ids(ids, u32::MAX as usize)
+            .map_err(|e| format!("--tokens: {e}"))?
+    } else {
+        let text = match (&a.prompt, &a.file) {
+            (Some(p), _) => p.clone(),
+            (None, Some(f)) => {
+                std::fs::read_to_string(f).map_err(|e| format!("{}: {e}", f.display()))?
+            }
+            (None, None) => {
+                let mut s = String::new();
+                std::io::stdin()
+                    .read_to_string(&mut s)
+                    .map_err(|e| format!("stdin: {e}"))?;
+                s
+            }
+        };
+        let tok = tok.as_ref().ok_or_else(|| {
+            format!(
+                "no tokenizer: {} does not exist; a text prompt needs --tokenizer FILE.mlt (or use --tokens)",
+                a.model.with_extension("mlt").display()
+            )
+        })?;
+        tok.encode(&text)
+    };
+    let opts = Options {
+        ctx: a.ctx,
+        batch: a.batch.max(1),
+        ..Options::default()
+    };
+    let mut st = model.state(&opts).map_err(|e| e.to_string())?;
+    let load_secs = t_load.elapsed().as_secs_f64();
+    if a.verbose {
+        eprintln!(
+            "kernel tier: {} (supported: {})",
+            kernels::tier(),
+            kernels::supported_tiers()
+                .iter()
+                .map(|t| t.name())
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        eprintln!(
+            "threads: {}; model: dim {} layers {} heads {}/{} head_dim {} hidden {} vocab {}; ctx {} batch {}; loaded in {load_secs:.2} s",
+            rayon::current_num_threads(),
+            cfg.dim,
+            cfg.n_layers,
+            cfg.n_heads,
+            cfg.n_kv_heads,
+            cfg.head_dim,
+            cfg.hidden_dim,
+            cfg.vocab,
+            st.ctx(),
+            opts.batch
+        );
+    }
+
+    // Prompt.
+    let t0 = Instant::now();
+    let mut logits_file = a.logits.as_deref().map(LogitsFile::create).transpose()?;
+    let last: Vec<f32> = {
+        let mut sink = |_: usize, row: &[f32]| {
+            if let Some(f) = logits_file.as_mut() {
+                f.row(row)
+            }
+        };
+        let each: Option<&mut dyn FnMut(usize, &[f32])> = if a.logits.is_some() {
+            Some(&mut sink)
+        } else {
+            None
+        };
+        model
+            .prefill(&mut st, &prompt, each)
+            .map_err(|e| e.to_string())?
+            .to_vec()
+    };
+    let prompt_secs = t0.elapsed().as_secs_f64();
+    if let (Some(f), Some(p)) = (logits_file.take(), &a.logits) {
+        f.finish(p)?;
+    }
+
+    // Generation.
+    let n_gen = a.n.unwrap_or(if a.logits.is_some() { 0 } else { 128 });
+    let mut sampler = Sampler::new(SamplerOpts {
+        temp: a.temp,
+        top_k: a.top_k,
+        top_p: a.top_p,
+        seed: a.seed,
+    });
+    let eos = tok.as_ref().and_then(|t| t.eos()).unwrap_or(2);
+    let mut dec = tok.as_ref().map(|t| t.stream_decoder());
+    let stdout = std::io::stdout();
+    let mut out = stdout.lock();
+    let t1 = Instant::now();
+    let mut generated = 0;
+    let mut logits = last;
+    let mut stop = "";
+    for i in 0..n_gen {
+        let next = sampler.sample(&logits);
+        generated += 1;
+        if next == eos {
+            stop = " (EOS)";
+            break;
+        }
+        let text = match dec.as_mut() {
+            Some(d) => d.push(next),
+            None => format!("{}{next}", if i > 0 { " " } else { "" }),
+        };
+        out.write_all(text.as_bytes())
+            .and_then(|_| out.flush())
+            .map_err(|e| format!("stdout: {e}"))?;
+        if i + 1 == n_gen {
+            break;
+        }
+        if st.pos() >= st.ctx() {
+            stop = " (context full)";
+            break;
+        }
+        logits = model
+            .decode(&mut st, next)
+            .map_err(|e| e.to_string())?
+            .to_vec();
+    }
+    let tail = match dec.as_mut() {
+        Some(d) => d.finish(),
+        None => String::new(),
+    };
+    let nl = if n_gen > 0 { "\n" } else { "" };
+    write!(out, "{tail}{nl}")
+        .and_then(|_| out.flush())
+        .map_err(|e| format!("stdout: {e}"))?;
+    let gen_secs = t1.elapsed().as_secs_f64();
+
+    let rss = peak_rss_kib()
+        .map(|k| mib(k as f64 * 1024.0))
+        .unwrap_or_else(|| "?".into());
+    eprintln!(
+        "prompt: {} tokens in {prompt_secs:.3} s ({}); generated: {generated} tokens in {gen_secs:.3} s ({}){stop}",
+        prompt.len(),
+        rate(prompt.len(), prompt_secs),
+        rate(generated, gen_secs)
+    );
+    eprintln!(
+        "memory: peak RSS {rss}; KV cache {} ({} positions){}",
+        mib(st.kv_bytes() as f64),
+        st.ctx(),
+        if st.delta_bytes() > 0 {
+            format!("; linear-attention state {}", mib(st.delta_bytes() as f64))
+        } else {
+            String::new()
+        }
+    );
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    let a = Args::parse();
+    match run(a) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("mlb-run: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -3,5 +3,6 @@
 mod convert;
 mod inspect;
 mod kernels;
+mod run;
 mod tokenizer;
 mod util;

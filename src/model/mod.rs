@@ -1,1 +1,76 @@
-//! placeholder
+//! The model runtime: one forward pass for every architecture the `.mlb` format
+//! describes, read from the header and the per-layer flags.
+//!
+//! - [`config`]: the [`Config`] derived once from the header (effective scales, per-layer
+//!   kinds).
+//! - [`weights`]: borrowed views into the mapped file, as kernel matrices.
+//! - [`rope`]: inverse-frequency tables (plain, llama3, linear, yarn; local base).
+//! - [`kv`]: the KV cache; sliding-window layers keep a ring of their window.
+//! - [`delta`]: the gated delta rule's recurrent and convolution state.
+//! - [`forward`]: [`Model`] and its [`State`]: prefill (matrix-matrix) and decode.
+//! - [`sampler`]: temperature, top-k, top-p and a seeded PRNG; temperature 0 is greedy.
+//!
+//! Every matrix product quantizes its input to Q8_0 and goes through
+//! [`crate::kernels`]; matvec and matmul give the same bits, and so do prefill and
+//! token-by-token decoding.
+
+pub mod config;
+pub mod delta;
+pub mod forward;
+pub mod kv;
+pub mod rope;
+pub mod sampler;
+pub mod weights;
+
+pub use config::{Config, LayerKind, RopeSel};
+pub use forward::{Model, Options, State};
+pub use sampler::{Sampler, SamplerOpts};
+pub use weights::Weights;
+
+use std::fmt;
+
+use crate::format::FormatError;
+
+/// Why the runtime refused to run.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ModelError {
+    /// The model file is invalid (from the format's validator).
+    Format(FormatError),
+    /// A token id is not below the model's vocabulary.
+    TokenOutOfRange { index: usize, id: u32, vocab: usize },
+    /// The prompt (plus what is already cached) does not fit the context.
+    ContextFull { needed: usize, ctx: usize },
+    /// An option has a value the model cannot take.
+    BadOption {
+        name: &'static str,
+        value: String,
+        rule: String,
+    },
+}
+
+impl fmt::Display for ModelError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ModelError::Format(e) => write!(f, "{e}"),
+            ModelError::TokenOutOfRange { index, id, vocab } => write!(
+                f,
+                "token {index} = {id}: out of range, ids must be below the model's vocab ({vocab})"
+            ),
+            ModelError::ContextFull { needed, ctx } => write!(
+                f,
+                "prompt needs {needed} positions but the context holds {ctx} (raise --ctx, at most max_seq)"
+            ),
+            ModelError::BadOption { name, value, rule } => write!(f, "{name} = {value}: {rule}"),
+        }
+    }
+}
+
+impl std::error::Error for ModelError {}
+
+impl From<FormatError> for ModelError {
+    fn from(e: FormatError) -> Self {
+        ModelError::Format(e)
+    }
+}
+
+pub type Result<T> = std::result::Result<T, ModelError>;

@@ -1,0 +1,179 @@
+//! The gated delta rule (Qwen3.5's linear attention), one position at a time.
+//!
+//! With `K` key heads and `V` value heads of sizes `dk` and `dv`, the projections of a
+//! position are `2·K·dk + V·dv` channels (queries, keys, values), `V·dv` gate values
+//! `z`, and `V` values each of `b` and `a`. Then:
+//!
+//! 1. each channel `c`: `u_c = Σ_{j<L} lconv[c][j] · x_{t−L+1+j}[c]` (inputs before
+//!    position 0 are 0), then `silu`;
+//! 2. each query and key head is divided by `sqrt(Σ x² + 1e-6)`; queries also by
+//!    `sqrt(dk)`; value head `h` uses key head `h / (V/K)`;
+//! 3. `β = sigmoid(b)`, `g = −exp(A_log) · softplus(a + dt_bias)`;
+//! 4. the head's state `S` (dk × dv, zero at position 0) becomes `S·exp(g)`, then
+//!    `S + k (β (v − Sᵀk))ᵀ`; the output is `Sᵀq`;
+//! 5. the output is RMS-normalized per head (`lnorm`, `norm_eps`) and multiplied by
+//!    `silu(z)`; `lout` follows (in [`super::forward`]).
+
+use rayon::prelude::*;
+
+use super::config::Config;
+use super::forward::{dot, rmsnorm_inplace, silu};
+use super::weights::LinearWeights;
+
+/// One linear-attention layer's state.
+#[derive(Debug, Clone)]
+pub struct DeltaState {
+    /// (L − 1) × channels: the last L − 1 raw inputs, position p at slot p % (L − 1).
+    conv: Vec<f32>,
+    /// V × dk × dv: the recurrent state of each value head, row i = key dimension i.
+    s: Vec<f32>,
+    /// V × dv: scratch for each head's `β (v − Sᵀk)`.
+    delta: Vec<f32>,
+    /// Positions seen.
+    t: usize,
+}
+
+/// softplus as torch computes it (threshold 20).
+fn softplus(x: f32) -> f32 {
+    if x > 20.0 {
+        x
+    } else {
+        x.exp().ln_1p()
+    }
+}
+
+fn sigmoid(x: f32) -> f32 {
+    1.0 / (1.0 + (-x).exp())
+}
+
+/// Divides `x` by `sqrt(Σ x² + 1e-6)` and multiplies it by `extra`.
+fn l2norm(x: &mut [f32], extra: f32) {
+    let ss = dot(x, x);
+    let inv = 1.0 / (ss + 1e-6).sqrt() * extra;
+    for v in x {
+        *v *= inv;
+    }
+}
+
+impl DeltaState {
+    pub fn new(c: &Config) -> DeltaState {
+        let taps = c.lin_conv.max(1);
+        DeltaState {
+            conv: vec![0.0; (taps - 1) * c.lin_qkv],
+            s: vec![0.0; c.lin_v_heads * c.lin_k_dim * c.lin_v_dim],
+            delta: vec![0.0; c.lin_v_total],
+            t: 0,
+        }
+    }
+
+    /// Back to position 0.
+    pub fn reset(&mut self) {
+        self.conv.fill(0.0);
+        self.s.fill(0.0);
+        self.t = 0;
+    }
+
+    /// Bytes held.
+    pub fn bytes(&self) -> usize {
+        (self.conv.len() + self.s.len()) * std::mem::size_of::<f32>()
+    }
+
+    /// One position: `qkv` (2·K·dk + V·dv raw projections; overwritten with the
+    /// convolved, normalized channels), `z` (V·dv), `b` and `a` (V each) → `out` (V·dv).
+    #[allow(clippy::too_many_arguments)]
+    pub fn step(
+        &mut self,
+        c: &Config,
+        w: &LinearWeights,
+        qkv: &mut [f32],
+        z: &[f32],
+        b: &[f32],
+        a: &[f32],
+        out: &mut [f32],
+    ) {
+        let (kh, vh, dk, dv) = (c.lin_k_heads, c.lin_v_heads, c.lin_k_dim, c.lin_v_dim);
+        let ch = c.lin_qkv;
+        let taps = c.lin_conv.max(1);
+        let hist = taps - 1;
+        // 1. causal convolution over the last `taps` inputs, then SiLU.
+        if hist > 0 {
+            let slot = self.t % hist;
+            for (i, x) in qkv.iter_mut().enumerate() {
+                let wt = &w.lconv[i * taps..(i + 1) * taps];
+                let mut acc = 0.0f32;
+                for (j, &wj) in wt[..hist].iter().enumerate() {
+                    // Tap j multiplies the input of position t − hist + j: the oldest
+                    // held input is at slot t % hist.
+                    acc += wj * self.conv[((slot + j) % hist) * ch + i];
+                }
+                acc += wt[hist] * *x;
+                // The raw input replaces the oldest one.
+                self.conv[slot * ch + i] = *x;
+                *x = silu(acc);
+            }
+        } else {
+            for (i, x) in qkv.iter_mut().enumerate() {
+                *x = silu(w.lconv[i] * *x);
+            }
+        }
+        self.t += 1;
+        // 2. L2-normalized query and key heads; queries also / sqrt(dk).
+        let (qs, rest) = qkv.split_at_mut(kh * dk);
+        let (ks, vs) = rest.split_at_mut(kh * dk);
+        let qscale = 1.0 / (dk as f32).sqrt();
+        for h in 0..kh {
+            l2norm(&mut qs[h * dk..(h + 1) * dk], qscale);
+            l2norm(&mut ks[h * dk..(h + 1) * dk], 1.0);
+        }
+        let (qs, ks, vs) = (&*qs, &*ks, &*vs);
+        let group = vh / kh;
+        let head = |h: usize, s: &mut [f32], o: &mut [f32], delta: &mut [f32]| {
+            let k = &ks[(h / group) * dk..(h / group + 1) * dk];
+            let q = &qs[(h / group) * dk..(h / group + 1) * dk];
+            let v = &vs[h * dv..(h + 1) * dv];
+            // 3. gates.
+            let beta = sigmoid(b[h]);
+            let g = -w.a_log[h].exp() * softplus(a[h] + w.dt_bias[h]);
+            let decay = g.exp();
+            // 4. S ← S·exp(g) and Sᵀk; delta = β (v − Sᵀk); S ← S + k deltaᵀ; o = Sᵀq.
+            delta.fill(0.0);
+            for (row, &ki) in s.chunks_exact_mut(dv).zip(k) {
+                for (sv, dj) in row.iter_mut().zip(delta.iter_mut()) {
+                    *sv *= decay;
+                    *dj += *sv * ki;
+                }
+            }
+            for (dj, &vj) in delta.iter_mut().zip(v) {
+                *dj = (vj - *dj) * beta;
+            }
+            o.fill(0.0);
+            for ((row, &ki), &qi) in s.chunks_exact_mut(dv).zip(k).zip(q) {
+                for ((sv, &dj), ov) in row.iter_mut().zip(delta.iter()).zip(o.iter_mut()) {
+                    *sv += ki * dj;
+                    *ov += *sv * qi;
+                }
+            }
+            // 5. per-head RMSNorm with lnorm, times silu(z).
+            rmsnorm_inplace(o, w.lnorm, c.norm_eps);
+            for (ov, &zv) in o.iter_mut().zip(&z[h * dv..(h + 1) * dv]) {
+                *ov *= silu(zv);
+            }
+        };
+        let sd = dk * dv;
+        if vh * sd >= 1 << 16 {
+            self.s
+                .par_chunks_mut(sd)
+                .zip(out.par_chunks_mut(dv))
+                .zip(self.delta.par_chunks_mut(dv))
+                .enumerate()
+                .for_each(|(h, ((s, o), d))| head(h, s, o, d));
+        } else {
+            self.s
+                .chunks_exact_mut(sd)
+                .zip(out.chunks_exact_mut(dv))
+                .zip(self.delta.chunks_exact_mut(dv))
+                .enumerate()
+                .for_each(|(h, ((s, o), d))| head(h, s, o, d));
+        }
+    }
+}

@@ -1,0 +1,759 @@
+//! The forward pass: one code path for every architecture, driven by [`Config`] and
+//! each layer's [`LayerKind`].
+//!
+//! For a chunk of tokens at positions `p0..p0+n` (prefill: the whole chunk at once
+//! through `matmul`; decode: `n = 1`):
+//!
+//! ```text
+//! x = dequant(tok_emb[token]) · embed_scale
+//! per layer:
+//!   h = rmsnorm(x, attn_norm)                       rmsnorm(x) = x / sqrt(mean(x²) + eps) · w
+//!   attention:  q = Wq h (+bq), k = Wk h (+bk), v = Wv h (+bv)
+//!               q, k per head: rmsnorm(q_norm / k_norm), then RoPE (global, local or none)
+//!               a_h = Σ_s softmax_s(cap·tanh(attn_scale·q_h·k_s / cap)) v_s   over visible s
+//!               (s ≤ t, and t − s < window on sliding layers; head h uses kv head h / (H/KV))
+//!               o = Wo (a ⊙ sigmoid(Wg h))              (the gate only with attn_gate)
+//!   linear:     o = lout(gated delta rule(lqkv h, lz h, lb h, la h))   (see `delta`)
+//!   x = x + post_attn_norm(o)                           (the post norm only with post_norms)
+//!   h = rmsnorm(x, ffn_norm)
+//!   x = x + post_ffn_norm(W2 (act(W1 h) ⊙ W3 h))        act = SiLU or GELU (tanh)
+//! logits = final_cap·tanh(Wcls rmsnorm(x, final_norm) / final_cap)
+//! ```
+//!
+//! Every matrix input is quantized to Q8_0 ([`QActs`]) and multiplied by the kernels.
+//! Each position's arithmetic is the same whether it comes in a batch or alone, and the
+//! kernels' matmul and matvec give the same bits, so prefill and token-by-token decoding
+//! produce identical logits; so does any thread count.
+
+use rayon::prelude::*;
+
+use super::config::{Act, Config, LayerKind, RopeSel};
+use super::delta::DeltaState;
+use super::kv::LayerCache;
+use super::rope::{self, RopeTable};
+use super::weights::{AttnWeights, LinearWeights, MixerWeights, Weights};
+use super::{ModelError, Result};
+use crate::format::mlb::Mlb;
+use crate::kernels::{self, Kernels, QActs};
+
+/// The default context is max_seq, capped at this.
+pub const DEFAULT_CTX_CAP: usize = 4096;
+/// Default tokens per prefill chunk.
+pub const DEFAULT_BATCH: usize = 512;
+/// Rows of logits per classifier matmul when every position's logits are wanted.
+const LOGIT_ROWS: usize = 16;
+/// Below this many multiply-adds, element-wise and attention work stays on one thread.
+const PAR_MIN: usize = 1 << 15;
+
+/// Called with each position and its logits (vocab values).
+pub type LogitsSink<'f> = &'f mut dyn FnMut(usize, &[f32]);
+
+/// How a [`State`] is sized.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Options {
+    /// KV cache positions; `None`: max_seq capped at [`DEFAULT_CTX_CAP`].
+    pub ctx: Option<usize>,
+    /// Most tokens per prefill matmul.
+    pub batch: usize,
+    /// Sliding layers keep a ring of their window (true), or the whole context masked
+    /// to the window (false; for tests: the same results with more memory).
+    pub ring: bool,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            ctx: None,
+            batch: DEFAULT_BATCH,
+            ring: true,
+        }
+    }
+}
+
+/// A loaded model: its configuration, borrowed weights and RoPE tables.
+pub struct Model<'a> {
+    pub cfg: Config,
+    pub w: Weights<'a>,
+    /// rope_theta with the header's scaling.
+    global: RopeTable,
+    /// rope_local_theta, unscaled (only when a layer uses it).
+    local: Option<RopeTable>,
+}
+
+/// Everything a forward pass writes, allocated once (llama2.c's RunState). `cap` is
+/// the most tokens per chunk, `ctx` the KV positions.
+pub struct State {
+    ctx: usize,
+    cap: usize,
+    /// Positions processed so far.
+    pos: usize,
+    /// cap × dim: the residual stream.
+    x: Vec<f32>,
+    /// cap × dim: the normalized input of a branch (and of the classifier).
+    xb: Vec<f32>,
+    /// cap × dim: a branch's output (Wo / lout / W2).
+    xb2: Vec<f32>,
+    /// cap × q_dim: queries.
+    q: Vec<f32>,
+    /// cap × q_dim: attention gate pre-activations (attn_gate only, else empty).
+    gate: Vec<f32>,
+    /// cap × kv_dim: keys of the chunk.
+    kb: Vec<f32>,
+    /// cap × kv_dim: values of the chunk.
+    vb: Vec<f32>,
+    /// cap × max(q_dim, V·dv): the mixer's output before Wo / lout.
+    mix: Vec<f32>,
+    /// cap × hidden_dim: act(W1 h), then the product with W3 h.
+    hb: Vec<f32>,
+    /// cap × hidden_dim: W3 h.
+    hb2: Vec<f32>,
+    /// max(cap, n_heads) × att_len: attention scores, one row per task.
+    att: Vec<f32>,
+    /// Longest visible span of any attention layer.
+    att_len: usize,
+    /// cap × rot_dim: cos, sin per pair of the global table at each chunk position.
+    cs_global: Vec<f32>,
+    /// cap × rot_dim: the same for the local table (empty without local layers).
+    cs_local: Vec<f32>,
+    /// cap × (2·K·dk + V·dv): linear attention q, k, v channels.
+    lqkv: Vec<f32>,
+    /// cap × V·dv: linear attention output gate z.
+    lz: Vec<f32>,
+    /// cap × V: linear attention β pre-activations.
+    lb: Vec<f32>,
+    /// cap × V: linear attention decay pre-activations.
+    la: Vec<f32>,
+    /// min(cap, LOGIT_ROWS) × vocab: logits.
+    logits: Vec<f32>,
+    /// Q8_0 activations of the current matrix input (sized for the widest once).
+    qa: QActs,
+    /// Per layer: the KV cache of an attention layer.
+    caches: Vec<Option<LayerCache>>,
+    /// Per layer: the state of a linear-attention layer.
+    delta: Vec<Option<DeltaState>>,
+}
+
+impl State {
+    /// Positions processed so far.
+    pub fn pos(&self) -> usize {
+        self.pos
+    }
+
+    /// KV positions.
+    pub fn ctx(&self) -> usize {
+        self.ctx
+    }
+
+    /// Bytes of the KV caches.
+    pub fn kv_bytes(&self) -> usize {
+        self.caches.iter().flatten().map(LayerCache::bytes).sum()
+    }
+
+    /// Bytes of the linear-attention states.
+    pub fn delta_bytes(&self) -> usize {
+        self.delta.iter().flatten().map(DeltaState::bytes).sum()
+    }
+
+    /// Back to an empty context.
+    pub fn reset(&mut self) {
+        self.pos = 0;
+        for d in self.delta.iter_mut().flatten() {
+            d.reset();
+        }
+    }
+}
+
+/// Dot product with 8 partial sums in a fixed order (vectorizes; deterministic).
+#[inline]
+pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0f32; 8];
+    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
+    let (ra, rb) = (ca.remainder(), cb.remainder());
+    for (x, y) in ca.zip(cb) {
+        for i in 0..8 {
+            acc[i] += x[i] * y[i];
+        }
+    }
+    let mut s = ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
+    for (x, y) in ra.iter().zip(rb) {
+        s += x * y;
+    }
+    s
+}
+
+/// `out = x / sqrt(mean(x²) + eps) · w`.
+#[inline]
+pub(crate) fn rmsnorm(out: &mut [f32], x: &[f32], w: &[f32], eps: f32) {
+    let inv = 1.0 / (dot(x, x) / x.len() as f32 + eps).sqrt();
+    for ((o, &xv), &wv) in out.iter_mut().zip(x).zip(w) {
+        *o = xv * inv * wv;
+    }
+}
+
+/// [`rmsnorm`] in place.
+#[inline]
+pub(crate) fn rmsnorm_inplace(x: &mut [f32], w: &[f32], eps: f32) {
+    let inv = 1.0 / (dot(x, x) / x.len() as f32 + eps).sqrt();
+    for (xv, &wv) in x.iter_mut().zip(w) {
+        *xv = *xv * inv * wv;
+    }
+}
+
+#[inline]
+pub(crate) fn silu(x: f32) -> f32 {
+    x / (1.0 + (-x).exp())
+}
+
+#[inline]
+fn sigmoid(x: f32) -> f32 {
+    1.0 / (1.0 + (-x).exp())
+}
+
+/// GELU, tanh approximation: `0.5·x·(1 + tanh(sqrt(2/π)·(x + 0.044715·x³)))`.
+#[inline]
+fn gelu_tanh(x: f32) -> f32 {
+    const C: f32 = 0.797_884_6; // sqrt(2/π)
+    0.5 * x * (1.0 + (C * (x + 0.044715 * x * x * x)).tanh())
+}
+
+/// Runs `f(row_index, row)` over the rows of `buf` (rows of `width`), in parallel when
+/// there is enough work. Rows are independent, so the result is the same either way.
+fn for_rows(buf: &mut [f32], width: usize, f: impl Fn(usize, &mut [f32]) + Sync + Send) {
+    if buf.len() >= PAR_MIN && buf.len() > width {
+        buf.par_chunks_mut(width)
+            .enumerate()
+            .for_each(|(i, r)| f(i, r));
+    } else {
+        buf.chunks_mut(width).enumerate().for_each(|(i, r)| f(i, r));
+    }
+}
+
+/// `out[r] = rmsnorm(x[r], w)` for every row.
+fn rmsnorm_rows(out: &mut [f32], x: &[f32], w: &[f32], width: usize, eps: f32) {
+    for_rows(out, width, |i, o| {
+        rmsnorm(o, &x[i * width..(i + 1) * width], w, eps)
+    });
+}
+
+/// `x += y`.
+fn add(x: &mut [f32], y: &[f32]) {
+    for (a, &b) in x.iter_mut().zip(y) {
+        *a += b;
+    }
+}
+
+/// One head's attention for the query `q` at position `pos` over the cached keys and
+/// values of kv head offset `off`: scores into `att`, the weighted values into `out`.
+#[allow(clippy::too_many_arguments)]
+fn attend(
+    q: &[f32],
+    cache: &LayerCache,
+    off: usize,
+    pos: usize,
+    scale: f32,
+    softcap: f32,
+    att: &mut [f32],
+    out: &mut [f32],
+) {
+    let hd = q.len();
+    let s0 = cache.first_visible(pos);
+    let att = &mut att[..pos + 1 - s0];
+    let (kvd, cap) = (cache.kv_dim, cache.cap);
+    // Visible positions in order, as slots (no division per position).
+    let first_slot = s0 % cap;
+    let mut max = f32::NEG_INFINITY;
+    let mut slot = first_slot;
+    for a in att.iter_mut() {
+        let at = slot * kvd + off;
+        let mut s = dot(q, &cache.k[at..at + hd]) * scale;
+        if softcap > 0.0 {
+            s = softcap * (s / softcap).tanh();
+        }
+        *a = s;
+        max = max.max(s);
+        slot += 1;
+        if slot == cap {
+            slot = 0;
+        }
+    }
+    let mut sum = 0.0f32;
+    for a in att.iter_mut() {
+        *a = (*a - max).exp();
+        sum += *a;
+    }
+    out.fill(0.0);
+    let mut slot = first_slot;
+    for &p in att.iter() {
+        let at = slot * kvd + off;
+        for (o, &vv) in out.iter_mut().zip(&cache.v[at..at + hd]) {
+            *o += p * vv;
+        }
+        slot += 1;
+        if slot == cap {
+            slot = 0;
+        }
+    }
+    let inv = 1.0 / sum;
+    for o in out {
+        *o *= inv;
+    }
+}
+
+impl<'a> Model<'a> {
+    /// The model of a validated file: configuration and borrowed weights.
+    pub fn new(m: &'a Mlb) -> Result<Model<'a>> {
+        let cfg = Config::new(m.header(), m.dims(), &m.parsed.flags);
+        let w = Weights::new(m)?;
+        let global = RopeTable::global(&cfg.rope, cfg.head_dim, cfg.rot_dim);
+        let local = cfg
+            .has_local_rope()
+            .then(|| RopeTable::local(&cfg.rope, cfg.head_dim, cfg.rot_dim));
+        Ok(Model {
+            cfg,
+            w,
+            global,
+            local,
+        })
+    }
+
+    /// The context a [`State`] with `opts` gets; `BadOption` if it cannot be used.
+    pub fn context(&self, opts: &Options) -> Result<usize> {
+        let max = self.cfg.max_seq;
+        match opts.ctx {
+            None => Ok(max.min(DEFAULT_CTX_CAP)),
+            Some(0) => Err(ModelError::BadOption {
+                name: "--ctx",
+                value: "0".into(),
+                rule: "the context must hold at least one position".into(),
+            }),
+            Some(n) if n > max => Err(ModelError::BadOption {
+                name: "--ctx",
+                value: n.to_string(),
+                rule: format!("above the model's max_seq ({max})"),
+            }),
+            Some(n) => Ok(n),
+        }
+    }
+
+    /// Allocates every buffer of a forward pass once.
+    pub fn state(&self, opts: &Options) -> Result<State> {
+        let c = &self.cfg;
+        let ctx = self.context(opts)?;
+        let cap = opts.batch.clamp(1, ctx);
+        let mut att_len = 0;
+        let caches: Vec<Option<LayerCache>> = c
+            .layers
+            .iter()
+            .map(|l| match *l {
+                LayerKind::Attention { window, .. } => {
+                    let slots = match window {
+                        Some(w) if opts.ring => w.min(ctx),
+                        _ => ctx,
+                    };
+                    att_len = att_len.max(window.unwrap_or(ctx).min(ctx));
+                    Some(LayerCache::new(slots, c.kv_dim, window))
+                }
+                LayerKind::Linear => None,
+            })
+            .collect();
+        let delta = c
+            .layers
+            .iter()
+            .map(|l| (*l == LayerKind::Linear).then(|| DeltaState::new(c)))
+            .collect();
+        let mix_w = c.q_dim.max(c.lin_v_total);
+        let widest = c.dim.max(c.hidden_dim).max(mix_w);
+        let mut qa = QActs::new();
+        qa.quantize_with(&kernels::kernels(), &vec![0.0; cap * widest], widest);
+        let v = |w: usize| vec![0.0f32; cap * w];
+        Ok(State {
+            ctx,
+            cap,
+            pos: 0,
+            x: v(c.dim),
+            xb: v(c.dim),
+            xb2: v(c.dim),
+            q: v(c.q_dim),
+            gate: if c.attn_gate { v(c.q_dim) } else { Vec::new() },
+            kb: v(c.kv_dim),
+            vb: v(c.kv_dim),
+            mix: v(mix_w),
+            hb: v(c.hidden_dim),
+            hb2: v(c.hidden_dim),
+            att: vec![0.0; cap.max(c.n_heads) * att_len.max(1)],
+            att_len: att_len.max(1),
+            cs_global: v(c.rot_dim),
+            cs_local: if self.local.is_some() {
+                v(c.rot_dim)
+            } else {
+                Vec::new()
+            },
+            lqkv: v(c.lin_qkv),
+            lz: v(c.lin_v_total),
+            lb: v(c.lin_v_heads),
+            la: v(c.lin_v_heads),
+            logits: vec![0.0; cap.min(LOGIT_ROWS) * c.vocab],
+            qa,
+            caches,
+            delta,
+        })
+    }
+
+    /// Checks that `tokens` can follow what `st` holds.
+    fn check(&self, st: &State, tokens: &[u32]) -> Result<()> {
+        if tokens.is_empty() {
+            return Err(ModelError::BadOption {
+                name: "prompt",
+                value: "empty".into(),
+                rule: "at least one token is needed".into(),
+            });
+        }
+        if let Some((index, &id)) = tokens
+            .iter()
+            .enumerate()
+            .find(|(_, &t)| t as usize >= self.cfg.vocab)
+        {
+            return Err(ModelError::TokenOutOfRange {
+                index,
+                id,
+                vocab: self.cfg.vocab,
+            });
+        }
+        let needed = st.pos + tokens.len();
+        if needed > st.ctx {
+            return Err(ModelError::ContextFull {
+                needed,
+                ctx: st.ctx,
+            });
+        }
+        Ok(())
+    }
+
+    /// Runs `tokens` after what `st` holds, in chunks of at most `batch` tokens, and
+    /// returns the logits of the last one. With `each`, every position's logits are
+    /// computed and passed to it with the position.
+    pub fn prefill<'s>(
+        &self,
+        st: &'s mut State,
+        tokens: &[u32],
+        mut each: Option<LogitsSink>,
+    ) -> Result<&'s [f32]> {
+        self.check(st, tokens)?;
+        let k = kernels::kernels();
+        let vocab = self.cfg.vocab;
+        let mut last = 0;
+        let chunks = tokens.chunks(st.cap);
+        let n_chunks = chunks.len();
+        for (ci, chunk) in chunks.enumerate() {
+            let p0 = st.pos;
+            self.layers(&k, st, chunk);
+            let n = chunk.len();
+            let first = match each {
+                Some(_) => 0,
+                None if ci + 1 == n_chunks => n - 1,
+                None => n,
+            };
+            let mut r0 = first;
+            while r0 < n {
+                let r1 = (r0 + LOGIT_ROWS).min(n);
+                self.classify(&k, st, r0, r1);
+                if let Some(f) = each.as_mut() {
+                    for r in r0..r1 {
+                        f(p0 + r, &st.logits[(r - r0) * vocab..(r - r0 + 1) * vocab]);
+                    }
+                }
+                last = r1 - r0 - 1;
+                r0 = r1;
+            }
+        }
+        Ok(&st.logits[last * vocab..(last + 1) * vocab])
+    }
+
+    /// One token after what `st` holds; returns its logits.
+    pub fn decode<'s>(&self, st: &'s mut State, token: u32) -> Result<&'s [f32]> {
+        self.prefill(st, &[token], None)
+    }
+
+    /// Logits of chunk rows `r0..r1` (whose residual stream is in `st.x`) into `st.logits`.
+    fn classify(&self, k: &Kernels, st: &mut State, r0: usize, r1: usize) {
+        let (d, v) = (self.cfg.dim, self.cfg.vocab);
+        let m = r1 - r0;
+        rmsnorm_rows(
+            &mut st.xb[..m * d],
+            &st.x[r0 * d..r1 * d],
+            self.w.final_norm,
+            d,
+            self.cfg.norm_eps,
+        );
+        st.qa.quantize_with(k, &st.xb[..m * d], d);
+        let out = &mut st.logits[..m * v];
+        k.matmul(&self.w.wcls, &st.qa, out);
+        let cap = self.cfg.final_softcap;
+        if cap > 0.0 {
+            for_rows(out, v, |_, row| {
+                for l in row {
+                    *l = cap * (*l / cap).tanh();
+                }
+            });
+        }
+    }
+
+    /// Embeds `toks` at positions `st.pos..` and runs every layer; the residual stream
+    /// is left in `st.x` and `st.pos` advances.
+    fn layers(&self, k: &Kernels, st: &mut State, toks: &[u32]) {
+        let c = &self.cfg;
+        let (n, d, hid) = (toks.len(), c.dim, c.hidden_dim);
+        let p0 = st.pos;
+        let es = c.embed_scale;
+        for (row, &t) in st.x[..n * d].chunks_exact_mut(d).zip(toks) {
+            kernels::dequant_row(&self.w.tok_emb, t as usize, row);
+            if es != 1.0 {
+                for v in row {
+                    *v *= es;
+                }
+            }
+        }
+        let rd = c.rot_dim;
+        for t in 0..n {
+            self.global
+                .cos_sin(p0 + t, &mut st.cs_global[t * rd..(t + 1) * rd]);
+            if let Some(loc) = &self.local {
+                loc.cos_sin(p0 + t, &mut st.cs_local[t * rd..(t + 1) * rd]);
+            }
+        }
+        for (l, lw) in self.w.layers.iter().enumerate() {
+            rmsnorm_rows(
+                &mut st.xb[..n * d],
+                &st.x[..n * d],
+                lw.attn_norm,
+                d,
+                c.norm_eps,
+            );
+            match (&lw.mixer, c.layers[l]) {
+                (MixerWeights::Attention(a), LayerKind::Attention { rope, .. }) => {
+                    self.attention(k, st, l, a, rope, n, p0)
+                }
+                (MixerWeights::Linear(lin), _) => self.linear(k, st, l, lin, n),
+                _ => unreachable!("layout and config agree on layer kinds"),
+            }
+            if let Some(w) = lw.post_attn_norm {
+                for_rows(&mut st.xb2[..n * d], d, |_, r| {
+                    rmsnorm_inplace(r, w, c.norm_eps)
+                });
+            }
+            add(&mut st.x[..n * d], &st.xb2[..n * d]);
+            // FFN: W2 (act(W1 h) ⊙ W3 h).
+            rmsnorm_rows(
+                &mut st.xb[..n * d],
+                &st.x[..n * d],
+                lw.ffn_norm,
+                d,
+                c.norm_eps,
+            );
+            st.qa.quantize_with(k, &st.xb[..n * d], d);
+            k.matmul(&lw.w1, &st.qa, &mut st.hb[..n * hid]);
+            k.matmul(&lw.w3, &st.qa, &mut st.hb2[..n * hid]);
+            let up = &st.hb2[..n * hid];
+            let act = c.act;
+            for_rows(&mut st.hb[..n * hid], hid, |i, r| {
+                let u = &up[i * hid..(i + 1) * hid];
+                match act {
+                    Act::Silu => r.iter_mut().zip(u).for_each(|(g, &u)| *g = silu(*g) * u),
+                    Act::GeluTanh => r
+                        .iter_mut()
+                        .zip(u)
+                        .for_each(|(g, &u)| *g = gelu_tanh(*g) * u),
+                }
+            });
+            st.qa.quantize_with(k, &st.hb[..n * hid], hid);
+            k.matmul(&lw.w2, &st.qa, &mut st.xb2[..n * d]);
+            if let Some(w) = lw.post_ffn_norm {
+                for_rows(&mut st.xb2[..n * d], d, |_, r| {
+                    rmsnorm_inplace(r, w, c.norm_eps)
+                });
+            }
+            add(&mut st.x[..n * d], &st.xb2[..n * d]);
+        }
+        st.pos += n;
+    }
+
+    /// Softmax attention of layer `l` for the chunk's `n` tokens (input in `st.xb`,
+    /// output in `st.xb2`).
+    #[allow(clippy::too_many_arguments)]
+    fn attention(
+        &self,
+        k: &Kernels,
+        st: &mut State,
+        l: usize,
+        a: &AttnWeights,
+        rope: RopeSel,
+        n: usize,
+        p0: usize,
+    ) {
+        let c = &self.cfg;
+        let (d, hd, qd, kvd) = (c.dim, c.head_dim, c.q_dim, c.kv_dim);
+        st.qa.quantize_with(k, &st.xb[..n * d], d);
+        k.matmul(&a.wq, &st.qa, &mut st.q[..n * qd]);
+        k.matmul(&a.wk, &st.qa, &mut st.kb[..n * kvd]);
+        k.matmul(&a.wv, &st.qa, &mut st.vb[..n * kvd]);
+        if let Some(wg) = &a.wg {
+            k.matmul(wg, &st.qa, &mut st.gate[..n * qd]);
+        }
+        // Biases, per-head q/k norms, RoPE: per token.
+        let rd = c.rot_dim;
+        let cs: Option<&[f32]> = match rope {
+            RopeSel::Global => Some(&st.cs_global),
+            RopeSel::Local => Some(&st.cs_local),
+            RopeSel::None => None,
+        };
+        let eps = c.norm_eps;
+        let prep = |t: usize, q: &mut [f32], kr: &mut [f32], v: &mut [f32]| {
+            if let Some(b) = a.bq {
+                add(q, b);
+            }
+            if let Some(b) = a.bk {
+                add(kr, b);
+            }
+            if let Some(b) = a.bv {
+                add(v, b);
+            }
+            if let Some(w) = a.q_norm {
+                q.chunks_exact_mut(hd)
+                    .for_each(|h| rmsnorm_inplace(h, w, eps));
+            }
+            if let Some(w) = a.k_norm {
+                kr.chunks_exact_mut(hd)
+                    .for_each(|h| rmsnorm_inplace(h, w, eps));
+            }
+            if let Some(cs) = cs {
+                let cs = &cs[t * rd..(t + 1) * rd];
+                rope::apply(q, hd, cs);
+                rope::apply(kr, hd, cs);
+            }
+        };
+        let (q, kb, vb) = (
+            &mut st.q[..n * qd],
+            &mut st.kb[..n * kvd],
+            &mut st.vb[..n * kvd],
+        );
+        if n * qd >= PAR_MIN {
+            q.par_chunks_mut(qd)
+                .zip(kb.par_chunks_mut(kvd))
+                .zip(vb.par_chunks_mut(kvd))
+                .enumerate()
+                .for_each(|(t, ((q, kr), v))| prep(t, q, kr, v));
+        } else {
+            q.chunks_mut(qd)
+                .zip(kb.chunks_mut(kvd))
+                .zip(vb.chunks_mut(kvd))
+                .enumerate()
+                .for_each(|(t, ((q, kr), v))| prep(t, q, kr, v));
+        }
+
+        // Scores and weighted values.
+        let cache = st.caches[l].as_mut().expect("attention layer has a cache");
+        let group = c.n_heads / c.n_kv_heads;
+        let (scale, softcap) = (c.attn_scale, c.attn_softcap);
+        let al = st.att_len;
+        let q = &st.q[..n * qd];
+        let mix = &mut st.mix[..n * qd];
+        // All heads of token t (sequentially, scores in `att`).
+        let token = |cache: &LayerCache, t: usize, out: &mut [f32], att: &mut [f32]| {
+            for (h, o) in out.chunks_exact_mut(hd).enumerate() {
+                let qh = &q[t * qd + h * hd..t * qd + (h + 1) * hd];
+                attend(qh, cache, (h / group) * hd, p0 + t, scale, softcap, att, o);
+            }
+        };
+        // All heads of token t, in parallel (scores in rows of `att`).
+        let heads = |cache: &LayerCache, t: usize, out: &mut [f32], att: &mut [f32]| {
+            let visible = p0 + t + 1 - cache.first_visible(p0 + t);
+            let go = |(h, (o, s)): (usize, (&mut [f32], &mut [f32]))| {
+                let qh = &q[t * qd + h * hd..t * qd + (h + 1) * hd];
+                attend(qh, cache, (h / group) * hd, p0 + t, scale, softcap, s, o);
+            };
+            if visible * qd >= PAR_MIN {
+                out.par_chunks_mut(hd)
+                    .zip(att.par_chunks_mut(al))
+                    .enumerate()
+                    .for_each(go);
+            } else {
+                out.chunks_mut(hd)
+                    .zip(att.chunks_mut(al))
+                    .enumerate()
+                    .for_each(go);
+            }
+        };
+        if p0 + n <= cache.cap {
+            // No slot of this chunk overwrites one that an earlier token still needs:
+            // store the whole chunk, then run the tokens in parallel.
+            for t in 0..n {
+                cache.store(
+                    p0 + t,
+                    &st.kb[t * kvd..(t + 1) * kvd],
+                    &st.vb[t * kvd..(t + 1) * kvd],
+                );
+            }
+            let cache = &*cache;
+            if n == 1 {
+                heads(cache, 0, mix, &mut st.att);
+            } else {
+                let work = n * (p0 + n) * qd;
+                let run = |(t, (o, s)): (usize, (&mut [f32], &mut [f32]))| token(cache, t, o, s);
+                if work >= PAR_MIN {
+                    mix.par_chunks_mut(qd)
+                        .zip(st.att.par_chunks_mut(al))
+                        .enumerate()
+                        .for_each(run);
+                } else {
+                    mix.chunks_mut(qd)
+                        .zip(st.att.chunks_mut(al))
+                        .enumerate()
+                        .for_each(run);
+                }
+            }
+        } else {
+            // A ring that wraps inside the chunk: store and attend token by token.
+            for t in 0..n {
+                cache.store(
+                    p0 + t,
+                    &st.kb[t * kvd..(t + 1) * kvd],
+                    &st.vb[t * kvd..(t + 1) * kvd],
+                );
+                heads(cache, t, &mut mix[t * qd..(t + 1) * qd], &mut st.att);
+            }
+        }
+        if c.attn_gate {
+            for (m, &g) in mix.iter_mut().zip(&st.gate[..n * qd]) {
+                *m *= sigmoid(g);
+            }
+        }
+        st.qa.quantize_with(k, mix, qd);
+        k.matmul(&a.wo, &st.qa, &mut st.xb2[..n * d]);
+    }
+
+    /// The gated delta rule of layer `l` for the chunk's `n` tokens (input in `st.xb`,
+    /// output in `st.xb2`).
+    fn linear(&self, k: &Kernels, st: &mut State, l: usize, w: &LinearWeights, n: usize) {
+        let c = &self.cfg;
+        let (d, lq, lv, vh) = (c.dim, c.lin_qkv, c.lin_v_total, c.lin_v_heads);
+        st.qa.quantize_with(k, &st.xb[..n * d], d);
+        k.matmul(&w.lqkv, &st.qa, &mut st.lqkv[..n * lq]);
+        k.matmul(&w.lz, &st.qa, &mut st.lz[..n * lv]);
+        k.matmul(&w.lb, &st.qa, &mut st.lb[..n * vh]);
+        k.matmul(&w.la, &st.qa, &mut st.la[..n * vh]);
+        let ds = st.delta[l].as_mut().expect("linear layer has a state");
+        for t in 0..n {
+            ds.step(
+                c,
+                w,
+                &mut st.lqkv[t * lq..(t + 1) * lq],
+                &st.lz[t * lv..(t + 1) * lv],
+                &st.lb[t * vh..(t + 1) * vh],
+                &st.la[t * vh..(t + 1) * vh],
+                &mut st.mix[t * lv..(t + 1) * lv],
+            );
+        }
+        st.qa.quantize_with(k, &st.mix[..n * lv], lv);
+        k.matmul(&w.lout, &st.qa, &mut st.xb2[..n * d]);
+    }
+}

@@ -1,0 +1,154 @@
+//! Borrowed views of every array of a loaded `.mlb` file: matrices as
+//! [`kernels::QMat`](crate::kernels::QMat), vectors as `&[f32]`, all pointing into the
+//! map (only f16 scales were converted, once, by the loader).
+
+use crate::format::mlb::{Layout, MatRef, Mixer, Mlb, QType};
+use crate::format::FormatError;
+use crate::kernels::{QMat, WType};
+
+/// The weights of a softmax-attention mixer.
+#[derive(Debug, Clone, Copy)]
+pub struct AttnWeights<'a> {
+    /// q_dim × dim.
+    pub wq: QMat<'a>,
+    /// kv_dim × dim.
+    pub wk: QMat<'a>,
+    /// kv_dim × dim.
+    pub wv: QMat<'a>,
+    /// dim × q_dim.
+    pub wo: QMat<'a>,
+    /// q_dim × dim (attn_gate only).
+    pub wg: Option<QMat<'a>>,
+    /// q_dim, kv_dim, kv_dim (qkv_bias only).
+    pub bq: Option<&'a [f32]>,
+    pub bk: Option<&'a [f32]>,
+    pub bv: Option<&'a [f32]>,
+    /// head_dim each (qk_norm only).
+    pub q_norm: Option<&'a [f32]>,
+    pub k_norm: Option<&'a [f32]>,
+}
+
+/// The weights of a gated-delta-rule mixer.
+#[derive(Debug, Clone, Copy)]
+pub struct LinearWeights<'a> {
+    /// (2·K·dk + V·dv) × dim.
+    pub lqkv: QMat<'a>,
+    /// V·dv × dim.
+    pub lz: QMat<'a>,
+    /// V × dim each.
+    pub lb: QMat<'a>,
+    pub la: QMat<'a>,
+    /// (2·K·dk + V·dv) × lin_conv taps, row-major.
+    pub lconv: &'a [f32],
+    /// V each.
+    pub dt_bias: &'a [f32],
+    pub a_log: &'a [f32],
+    /// dv.
+    pub lnorm: &'a [f32],
+    /// dim × V·dv.
+    pub lout: QMat<'a>,
+}
+
+/// A layer's mixer weights.
+#[derive(Debug, Clone, Copy)]
+pub enum MixerWeights<'a> {
+    Attention(AttnWeights<'a>),
+    Linear(LinearWeights<'a>),
+}
+
+/// One layer.
+#[derive(Debug, Clone, Copy)]
+pub struct LayerWeights<'a> {
+    /// dim.
+    pub attn_norm: &'a [f32],
+    pub mixer: MixerWeights<'a>,
+    /// dim.
+    pub ffn_norm: &'a [f32],
+    /// hidden_dim × dim (gate).
+    pub w1: QMat<'a>,
+    /// dim × hidden_dim (down).
+    pub w2: QMat<'a>,
+    /// hidden_dim × dim (up).
+    pub w3: QMat<'a>,
+    /// dim each (post_norms only).
+    pub post_attn_norm: Option<&'a [f32]>,
+    pub post_ffn_norm: Option<&'a [f32]>,
+}
+
+/// All weights of a model.
+#[derive(Debug, Clone)]
+pub struct Weights<'a> {
+    /// vocab × dim.
+    pub tok_emb: QMat<'a>,
+    pub layers: Vec<LayerWeights<'a>>,
+    /// dim.
+    pub final_norm: &'a [f32],
+    /// vocab × dim (tok_emb when shared).
+    pub wcls: QMat<'a>,
+}
+
+fn qmat<'a>(m: &Mlb, layout: &Layout, idx: usize, mr: MatRef<'a>) -> Result<QMat<'a>, FormatError> {
+    let wtype = match mr.qtype {
+        QType::Q8_0 => WType::Q8_0,
+        QType::Q4_0 => WType::Q4_0,
+    };
+    QMat::new(wtype, mr.rows, mr.cols, mr.q, mr.d).map_err(|e| {
+        let mut err = FormatError::shape(layout.tensors[idx].name.to_string(), "matrix", e.0);
+        err.file = m.path.clone();
+        err
+    })
+}
+
+impl<'a> Weights<'a> {
+    /// Views of every array of `m`.
+    pub fn new(m: &'a Mlb) -> Result<Weights<'a>, FormatError> {
+        let lay = m.layout();
+        let mat = |i: usize| qmat(m, lay, i, m.mat(i));
+        let vec = |i: usize| m.f32s(i);
+        let opt = |i: Option<usize>| i.map(|i| m.f32s(i));
+        let mut layers = Vec::with_capacity(lay.layers.len());
+        for l in &lay.layers {
+            let mixer = match &l.mixer {
+                Mixer::Attention(a) => MixerWeights::Attention(AttnWeights {
+                    wq: mat(a.wq)?,
+                    wk: mat(a.wk)?,
+                    wv: mat(a.wv)?,
+                    wo: mat(a.wo)?,
+                    wg: a.wg.map(mat).transpose()?,
+                    bq: opt(a.bq),
+                    bk: opt(a.bk),
+                    bv: opt(a.bv),
+                    q_norm: opt(a.q_norm),
+                    k_norm: opt(a.k_norm),
+                }),
+                Mixer::Linear(x) => MixerWeights::Linear(LinearWeights {
+                    lqkv: mat(x.lqkv)?,
+                    lz: mat(x.lz)?,
+                    lb: mat(x.lb)?,
+                    la: mat(x.la)?,
+                    lconv: vec(x.lconv),
+                    dt_bias: vec(x.dt_bias),
+                    a_log: vec(x.a_log),
+                    lnorm: vec(x.lnorm),
+                    lout: mat(x.lout)?,
+                }),
+            };
+            layers.push(LayerWeights {
+                attn_norm: vec(l.attn_norm),
+                mixer,
+                ffn_norm: vec(l.ffn_norm),
+                w1: mat(l.w1)?,
+                w2: mat(l.w2)?,
+                w3: mat(l.w3)?,
+                post_attn_norm: opt(l.post_attn_norm),
+                post_ffn_norm: opt(l.post_ffn_norm),
+            });
+        }
+        Ok(Weights {
+            tok_emb: mat(lay.tok_emb)?,
+            layers,
+            final_norm: vec(lay.final_norm),
+            wcls: mat(lay.wcls)?,
+        })
+    }
+}

@@ -1,0 +1,468 @@
+//! The model runtime: against an independent naive forward on synthetic files (every
+//! header feature), prefill against decoding, the sliding-window ring against full
+//! masked attention, every kernel tier, errors, the `mlb-run` command, and the
+//! fixtures' transformers logits (through `mlb-convert`).
+
+mod fixtures;
+mod reference;
+
+use krafla::format::mlb::header::{layer_flag, q8_class, rope_type, wtype};
+use krafla::format::mlb::synth::{synth_file, tiny_header};
+use krafla::format::mlb::{Header, Mlb};
+use krafla::kernels::{self, Tier};
+use krafla::model::{Model, ModelError, Options};
+
+/// A synthetic case: name, header, layer flags.
+pub struct Case {
+    pub name: &'static str,
+    pub h: Header,
+    pub flags: Vec<u8>,
+}
+
+/// Headers covering every feature of the spec.
+pub fn cases() -> Vec<Case> {
+    let mut v = Vec::new();
+    let t = tiny_header();
+    v.push(Case {
+        name: "llama_gqa",
+        h: t,
+        flags: vec![],
+    });
+    let mut h = t;
+    h.sliding_window = 5;
+    v.push(Case {
+        name: "mistral_sliding_all",
+        h,
+        flags: vec![],
+    });
+    let mut h = t;
+    h.qkv_bias = 1;
+    h.shared_classifier = 1;
+    h.rope_type = rope_type::LLAMA3;
+    h.rope_factor = 8.0;
+    h.rope_low_freq_factor = 1.0;
+    h.rope_high_freq_factor = 4.0;
+    h.rope_orig_max_seq = 32;
+    v.push(Case {
+        name: "qwen2_bias_tied_llama3",
+        h,
+        flags: vec![],
+    });
+    let mut h = t;
+    h.head_dim = 32;
+    h.qk_norm = 1;
+    h.rope_type = rope_type::LINEAR;
+    h.rope_factor = 4.0;
+    h.scale_f16 = 1;
+    v.push(Case {
+        name: "qwen3_headdim_qknorm_linear_f16",
+        h,
+        flags: vec![],
+    });
+    let mut h = t;
+    h.act = 1;
+    h.post_norms = 1;
+    h.embed_scale = 8.0;
+    h.attn_scale = 0.2;
+    h.attn_softcap = 5.0;
+    h.final_softcap = 3.0;
+    h.sliding_window = 4;
+    h.layer_flags = 1;
+    v.push(Case {
+        name: "gemma2_softcaps",
+        h,
+        flags: vec![layer_flag::SLIDING, 0],
+    });
+    let mut h = t;
+    h.n_layers = 3;
+    h.act = 1;
+    h.post_norms = 1;
+    h.qk_norm = 1;
+    h.embed_scale = 8.0;
+    h.rope_theta = 1e6;
+    h.rope_local_theta = 10000.0;
+    h.rope_type = rope_type::YARN;
+    h.rope_factor = 4.0;
+    h.rope_low_freq_factor = 32.0;
+    h.rope_high_freq_factor = 1.0;
+    h.rope_orig_max_seq = 16;
+    h.rope_attn_factor = 1.2;
+    h.sliding_window = 5;
+    h.layer_flags = 1;
+    h.wtype = wtype::Q4_0;
+    h.q8_mask = q8_class::TOK_EMB | q8_class::WO;
+    h.shared_classifier = 1;
+    let sl = layer_flag::SLIDING | layer_flag::LOCAL_ROPE;
+    v.push(Case {
+        name: "gemma3_local_yarn_q4",
+        h,
+        flags: vec![sl, 0, sl],
+    });
+    let mut h = t;
+    h.n_layers = 3;
+    h.layer_flags = 1;
+    h.wtype = wtype::Q4_0;
+    v.push(Case {
+        name: "smollm3_norope_q4",
+        h,
+        flags: vec![0, layer_flag::NO_ROPE, 0],
+    });
+    let mut h = t;
+    h.n_layers = 3;
+    h.layer_flags = 1;
+    h.attn_gate = 1;
+    h.qk_norm = 1;
+    h.rot_dim = 8;
+    h.lin_k_heads = 2;
+    h.lin_v_heads = 4;
+    h.lin_k_dim = 16;
+    h.lin_v_dim = 16;
+    h.lin_conv = 4;
+    v.push(Case {
+        name: "qwen3_5_delta_gate_partial",
+        h,
+        flags: vec![layer_flag::LINEAR, 0, layer_flag::LINEAR],
+    });
+    v
+}
+
+/// The case's file, loaded.
+pub fn load(c: &Case, seed: u64) -> Mlb {
+    Mlb::from_bytes(&synth_file(&c.h, &c.flags, seed)).expect("synthetic file is valid")
+}
+
+pub fn tokens(vocab: u32, n: usize, seed: u64) -> Vec<u32> {
+    let mut s = seed | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            (s % vocab as u64) as u32
+        })
+        .collect()
+}
+
+/// Every position's logits, prefilled with `opts`.
+pub fn all_logits(m: &Model, opts: &Options, toks: &[u32]) -> Vec<f32> {
+    let mut st = m.state(opts).unwrap();
+    let mut out = Vec::new();
+    let mut each = |_: usize, l: &[f32]| out.extend_from_slice(l);
+    m.prefill(&mut st, toks, Some(&mut each)).unwrap();
+    out
+}
+
+/// RMS error over the reference's standard deviation.
+pub fn nrmse(got: &[f32], want: &[f32]) -> f64 {
+    assert_eq!(got.len(), want.len());
+    let n = want.len() as f64;
+    let mean = want.iter().map(|&v| v as f64).sum::<f64>() / n;
+    let var = want.iter().map(|&v| (v as f64 - mean).powi(2)).sum::<f64>() / n;
+    let err = got
+        .iter()
+        .zip(want)
+        .map(|(&a, &b)| (a as f64 - b as f64).powi(2))
+        .sum::<f64>()
+        / n;
+    (err / var).sqrt()
+}
+
+/// Share of positions whose top-1 token agrees.
+pub fn top1(got: &[f32], want: &[f32], vocab: usize) -> f64 {
+    let am = |r: &[f32]| {
+        r.iter()
+            .enumerate()
+            .fold(
+                (0, f32::NEG_INFINITY),
+                |b, (i, &v)| if v > b.1 { (i, v) } else { b },
+            )
+            .0
+    };
+    let rows = want.len() / vocab;
+    let same = got
+        .chunks(vocab)
+        .zip(want.chunks(vocab))
+        .filter(|(a, b)| am(a) == am(b))
+        .count();
+    same as f64 / rows as f64
+}
+
+#[test]
+fn synthetic_matches_naive_reference() {
+    for c in cases() {
+        let m = load(&c, 7);
+        let model = Model::new(&m).unwrap();
+        let toks = tokens(c.h.vocab, 20, 3);
+        let got = all_logits(&model, &Options::default(), &toks);
+        let want = reference::logits(&m, &toks);
+        let v = c.h.vocab as usize;
+        let e = nrmse(&got, &want);
+        let t1 = top1(&got, &want, v);
+        // Only float rounding differs, so most positions agree to ~1e-7; a Q8_0 input
+        // rounding the other way at a boundary shows at a few positions (~1e-3), while
+        // a real mistake (pairing, offset, mask) shows at every position, above 1e-2.
+        let exact = got
+            .chunks(v)
+            .zip(want.chunks(v))
+            .filter(|(a, b)| nrmse(a, b) < 1e-5)
+            .count();
+        eprintln!(
+            "{:36} nrmse {e:.2e} top1 {t1:.2} exact positions {exact}/20",
+            c.name
+        );
+        assert!(e < 2e-2, "{}: nrmse {e}", c.name);
+        assert!(
+            exact >= 15,
+            "{}: only {exact} of 20 positions agree",
+            c.name
+        );
+        assert!(t1 >= 0.9, "{}: top-1 {t1}", c.name);
+    }
+}
+
+#[test]
+fn prefill_equals_decode_bit_for_bit() {
+    for c in cases() {
+        let m = load(&c, 11);
+        let model = Model::new(&m).unwrap();
+        let toks = tokens(c.h.vocab, 19, 5);
+        let batch = all_logits(&model, &Options::default(), &toks);
+        // Chunks of 7 (a ring that wraps inside a chunk) give the same bits.
+        let chunked = all_logits(
+            &model,
+            &Options {
+                batch: 7,
+                ..Options::default()
+            },
+            &toks,
+        );
+        assert!(batch == chunked, "{}: chunked prefill differs", c.name);
+        let mut st = model.state(&Options::default()).unwrap();
+        let mut dec = Vec::new();
+        for &t in &toks {
+            dec.extend_from_slice(model.decode(&mut st, t).unwrap());
+        }
+        assert!(batch == dec, "{}: decode differs from prefill", c.name);
+        // The last logits returned by prefill are the last row.
+        let mut st = model.state(&Options::default()).unwrap();
+        let last = model.prefill(&mut st, &toks, None).unwrap().to_vec();
+        assert!(last[..] == batch[batch.len() - last.len()..], "{}", c.name);
+    }
+}
+
+#[test]
+fn ring_buffer_equals_masked_full_attention() {
+    for c in cases().into_iter().filter(|c| c.h.sliding_window > 0) {
+        let m = load(&c, 13);
+        let model = Model::new(&m).unwrap();
+        let toks = tokens(c.h.vocab, 30, 9);
+        let ring = Options::default();
+        let full = Options {
+            ring: false,
+            ..Options::default()
+        };
+        let a = all_logits(&model, &ring, &toks);
+        let b = all_logits(&model, &full, &toks);
+        assert!(
+            a == b,
+            "{}: ring differs from masked full attention",
+            c.name
+        );
+        let sr = model.state(&ring).unwrap();
+        let sf = model.state(&full).unwrap();
+        assert!(
+            sr.kv_bytes() < sf.kv_bytes(),
+            "{}: the ring keeps only its window",
+            c.name
+        );
+        // Decoding through the ring past several wraps.
+        let mut st = model.state(&ring).unwrap();
+        let mut dec = Vec::new();
+        for &t in &toks {
+            dec.extend_from_slice(model.decode(&mut st, t).unwrap());
+        }
+        assert!(a == dec, "{}", c.name);
+    }
+}
+
+#[test]
+fn every_tier_gives_the_same_bits() {
+    let tiers = kernels::supported_tiers();
+    eprintln!("tiers: {tiers:?}");
+    for c in cases() {
+        let m = load(&c, 17);
+        let model = Model::new(&m).unwrap();
+        let toks = tokens(c.h.vocab, 12, 1);
+        let base = kernels::with_tier(Tier::Scalar, || {
+            all_logits(&model, &Options::default(), &toks)
+        })
+        .unwrap();
+        for &t in &tiers {
+            let got =
+                kernels::with_tier(t, || all_logits(&model, &Options::default(), &toks)).unwrap();
+            assert!(got == base, "{}: tier {t} differs from scalar", c.name);
+        }
+    }
+}
+
+#[test]
+fn thread_count_does_not_change_bits() {
+    let c = &cases()[7];
+    let m = load(c, 19);
+    let model = Model::new(&m).unwrap();
+    let toks = tokens(c.h.vocab, 40, 2);
+    let one = rayon::ThreadPoolBuilder::new()
+        .num_threads(1)
+        .build()
+        .unwrap();
+    let a = one.install(|| all_logits(&model, &Options::default(), &toks));
+    let b = all_logits(&model, &Options::default(), &toks);
+    assert!(a == b);
+}
+
+#[test]
+fn errors_are_typed() {
+    let c = &cases()[0];
+    let m = load(c, 1);
+    let model = Model::new(&m).unwrap();
+    let opts = Options {
+        ctx: Some(8),
+        ..Options::default()
+    };
+    let mut st = model.state(&opts).unwrap();
+    let e = model.prefill(&mut st, &[1; 9], None).unwrap_err();
+    assert_eq!(e, ModelError::ContextFull { needed: 9, ctx: 8 });
+    let e = model
+        .prefill(&mut st, &[1, 2, c.h.vocab], None)
+        .unwrap_err();
+    assert_eq!(
+        e,
+        ModelError::TokenOutOfRange {
+            index: 2,
+            id: c.h.vocab,
+            vocab: c.h.vocab as usize
+        }
+    );
+    assert_eq!(st.pos(), 0, "a refused prompt leaves the state untouched");
+    model.prefill(&mut st, &[1; 8], None).unwrap();
+    assert!(matches!(
+        model.decode(&mut st, 1),
+        Err(ModelError::ContextFull { needed: 9, ctx: 8 })
+    ));
+    let too_big = Options {
+        ctx: Some(c.h.max_seq as usize + 1),
+        ..Options::default()
+    };
+    assert!(matches!(
+        model.state(&too_big),
+        Err(ModelError::BadOption { name: "--ctx", .. })
+    ));
+    assert!(model
+        .prefill(&mut model.state(&opts).unwrap(), &[], None)
+        .is_err());
+}
+
+#[test]
+fn default_context_is_max_seq_capped() {
+    let c = &cases()[0];
+    let m = load(c, 1);
+    let model = Model::new(&m).unwrap();
+    assert_eq!(
+        model.state(&Options::default()).unwrap().ctx(),
+        c.h.max_seq as usize
+    );
+    let mut h = c.h;
+    h.max_seq = 10000;
+    let m = Mlb::from_bytes(&synth_file(&h, &[], 1)).unwrap();
+    let model = Model::new(&m).unwrap();
+    assert_eq!(model.state(&Options::default()).unwrap().ctx(), 4096);
+    let st = model
+        .state(&Options {
+            ctx: Some(8000),
+            ..Options::default()
+        })
+        .unwrap();
+    assert_eq!(st.ctx(), 8000);
+}
+
+mod cli {
+    use super::*;
+    use std::process::Command;
+
+    fn run(args: &[&str]) -> (bool, String, String) {
+        let o = Command::new(env!("CARGO_BIN_EXE_mlb-run"))
+            .args(args)
+            .output()
+            .unwrap();
+        (
+            o.status.success(),
+            String::from_utf8_lossy(&o.stdout).into_owned(),
+            String::from_utf8_lossy(&o.stderr).into_owned(),
+        )
+    }
+
+    #[test]
+    fn logits_file_matches_library() {
+        let dir = tempfile::tempdir().unwrap();
+        let c = &cases()[7];
+        let bytes = synth_file(&c.h, &c.flags, 23);
+        let path = dir.path().join("m.mlb");
+        std::fs::write(&path, &bytes).unwrap();
+        let out = dir.path().join("logits.bin");
+        let (ok, _, err) = run(&[
+            path.to_str().unwrap(),
+            "--tokens",
+            "1 5 9 33 2 7",
+            "--logits",
+            out.to_str().unwrap(),
+        ]);
+        assert!(ok, "{err}");
+        let got: Vec<f32> = std::fs::read(&out)
+            .unwrap()
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect();
+        let m = Mlb::from_bytes(&bytes).unwrap();
+        let model = Model::new(&m).unwrap();
+        let want = all_logits(&model, &Options::default(), &[1, 5, 9, 33, 2, 7]);
+        assert!(got == want);
+        // Generation with ids printed (no tokenizer beside the model).
+        let (ok, stdout, err) = run(&[
+            path.to_str().unwrap(),
+            "--tokens",
+            "1 5 9",
+            "-n",
+            "4",
+            "--verbose",
+        ]);
+        assert!(ok, "{err}");
+        assert!(err.contains("tok/s") && err.contains("KV cache"), "{err}");
+        assert!(err.contains("kernel tier"), "{err}");
+        assert!(!stdout.trim().is_empty());
+    }
+
+    #[test]
+    fn errors_are_one_line_and_nonzero() {
+        let dir = tempfile::tempdir().unwrap();
+        let c = &cases()[0];
+        let path = dir.path().join("m.mlb");
+        std::fs::write(&path, synth_file(&c.h, &c.flags, 3)).unwrap();
+        let p = path.to_str().unwrap();
+        let bad = dir.path().join("bad.mlb");
+        std::fs::write(&bad, b"MLB2").unwrap();
+        for (args, needle) in [
+            (vec![p, "--tokens", "1 2 3", "--ctx", "2"], "ctx"),
+            (vec![p, "--tokens", "1 2 500"], "500"),
+            (vec![p, "--prompt", "hello"], "tokenizer"),
+            (vec![bad.to_str().unwrap(), "--tokens", "1"], "bad.mlb"),
+            (vec!["/nonexistent/x.mlb", "--tokens", "1"], "x.mlb"),
+            (vec![p, "--tokens", "1", "--ctx", "100000"], "max_seq"),
+        ] {
+            let (ok, _, err) = run(&args);
+            assert!(!ok, "{args:?} should fail");
+            assert_eq!(err.trim().lines().count(), 1, "{args:?}: {err}");
+            assert!(err.contains(needle), "{args:?}: {err}");
+            assert!(!err.contains("panicked"), "{args:?}: {err}");
+        }
+    }
+}

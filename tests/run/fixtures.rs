@@ -1,0 +1,234 @@
+//! The fixtures' transformers logits: each tiny checkpoint converted by `mlb-convert`
+//! (Q8_0; Q4_0 with the round rule and no Q8_0 classes) and run by the runtime, against
+//! `logits.sim_q8_0.bin` / `logits.sim_q4_0.bin` (the same forward with the format's
+//! rounding) and, for the record, `logits.f32.bin`.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use krafla::format::mlb::Mlb;
+use krafla::model::{Model, Options};
+
+use super::{all_logits, nrmse, top1};
+
+/// Bounds against the simulated quantized forward (noise floor ≈ 0.02).
+const MAX_NRMSE: f64 = 0.05;
+const MIN_TOP1: f64 = 0.9;
+
+pub fn testdata() -> PathBuf {
+    std::env::var_os("KRAFLA_TESTDATA")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata"))
+}
+
+fn read_f32(p: &Path) -> Vec<f32> {
+    std::fs::read(p)
+        .unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect()
+}
+
+/// Converts `dir` into `out` with extra `args`; `Err` with the converter's message.
+fn convert(dir: &Path, out: &Path, args: &[&str]) -> Result<(), String> {
+    let o = Command::new(env!("CARGO_BIN_EXE_mlb-convert"))
+        .arg(dir)
+        .arg("-o")
+        .arg(out)
+        .args(args)
+        .output()
+        .map_err(|e| e.to_string())?;
+    if !o.status.success() || !out.exists() {
+        return Err(format!(
+            "mlb-convert failed ({}): {}",
+            o.status,
+            String::from_utf8_lossy(&o.stderr).trim()
+        ));
+    }
+    Ok(())
+}
+
+struct Row {
+    name: String,
+    quant: &'static str,
+    vs_sim: f64,
+    top1_sim: f64,
+    vs_f32: f64,
+    top1_f32: f64,
+}
+
+#[test]
+fn fixtures_match_transformers() {
+    let root = testdata().join("models");
+    let Ok(rd) = std::fs::read_dir(&root) else {
+        eprintln!("SKIP: no fixtures at {}", root.display());
+        return;
+    };
+    let mut dirs: Vec<PathBuf> = rd
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.join("reference.json").exists())
+        .collect();
+    dirs.sort();
+    let tmp = tempfile::tempdir().unwrap();
+    let mut rows = Vec::new();
+    let mut failures = Vec::new();
+    for dir in &dirs {
+        let name = dir.file_name().unwrap().to_string_lossy().into_owned();
+        let r: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap())
+                .unwrap();
+        let toks: Vec<u32> = r["tokens"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_u64().unwrap() as u32)
+            .collect();
+        let vocab = r["vocab"].as_u64().unwrap() as usize;
+        let f32_ref = read_f32(&dir.join("logits.f32.bin"));
+        for (quant, args, sim) in [
+            ("q8_0", &["--wtype", "q8_0"][..], "logits.sim_q8_0.bin"),
+            (
+                "q4_0",
+                &["--wtype", "q4_0", "--q4-rule", "round", "--q8", "none"][..],
+                "logits.sim_q4_0.bin",
+            ),
+        ] {
+            let out = tmp.path().join(format!("{name}.{quant}.mlb"));
+            if let Err(e) = convert(dir, &out, args) {
+                eprintln!("SKIP {name} {quant}: {e}");
+                continue;
+            }
+            let m = Mlb::open(&out).unwrap_or_else(|e| panic!("{name}: {e}"));
+            let model = Model::new(&m).unwrap();
+            let got = all_logits(&model, &Options::default(), &toks);
+            let sim_ref = read_f32(&dir.join(sim));
+            let row = Row {
+                name: name.clone(),
+                quant,
+                vs_sim: nrmse(&got, &sim_ref),
+                top1_sim: top1(&got, &sim_ref, vocab),
+                vs_f32: nrmse(&got, &f32_ref),
+                top1_f32: top1(&got, &f32_ref, vocab),
+            };
+            if row.vs_sim >= MAX_NRMSE || row.top1_sim <= MIN_TOP1 {
+                failures.push(format!(
+                    "{name} {quant}: nRMSE {:.4} top-1 {:.3}",
+                    row.vs_sim, row.top1_sim
+                ));
+            }
+            rows.push(row);
+        }
+    }
+    eprintln!(
+        "{:34} {:5} {:>10} {:>8} {:>10} {:>8}",
+        "fixture", "quant", "nRMSE sim", "top1", "nRMSE f32", "top1"
+    );
+    for r in &rows {
+        eprintln!(
+            "{:34} {:5} {:>10.5} {:>8.3} {:>10.4} {:>8.3}",
+            r.name, r.quant, r.vs_sim, r.top1_sim, r.vs_f32, r.top1_f32
+        );
+    }
+    assert!(failures.is_empty(), "fixtures off: {failures:#?}");
+}
+
+/// The bundled default model: its logits on the reference prompt against transformers'
+/// f32 forward, greedy continuations against `greedy.json`, and the same through
+/// `mlb-run --prompt` with the converted tokenizer beside the model.
+#[test]
+fn default_model_greedy() {
+    let dir = testdata().join("default");
+    if !dir.join("reference.json").exists() {
+        eprintln!("SKIP: no default model at {}", dir.display());
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let mlb = tmp.path().join("default.mlb");
+    if let Err(e) = convert(&dir, &mlb, &["--wtype", "q8_0"]) {
+        eprintln!("SKIP default: {e}");
+        return;
+    }
+    let mlt = tmp.path().join("default.mlt");
+    let o = Command::new(env!("CARGO_BIN_EXE_mlt-convert"))
+        .arg(dir.join("tokenizer.json"))
+        .arg("-o")
+        .arg(&mlt)
+        .arg("-q")
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let tok = krafla::tokenizer::Tokenizer::from_path(&mlt).unwrap();
+    let m = Mlb::open(&mlb).unwrap();
+    let model = Model::new(&m).unwrap();
+
+    let r: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap())
+            .unwrap();
+    let ids = |v: &serde_json::Value| -> Vec<u32> {
+        v.as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_u64().unwrap() as u32)
+            .collect()
+    };
+    let toks = ids(&r["tokens"]);
+    assert_eq!(tok.encode(r["prompt"].as_str().unwrap()), toks);
+    let got = all_logits(&model, &Options::default(), &toks);
+    let want = read_f32(&dir.join("logits.f32.bin"));
+    let vocab = r["vocab"].as_u64().unwrap() as usize;
+    let (e, t1) = (nrmse(&got, &want), top1(&got, &want, vocab));
+    eprintln!("default q8_0 vs f32: nRMSE {e:.4} top-1 {t1:.3}");
+    assert!(e < MAX_NRMSE && t1 > MIN_TOP1, "nRMSE {e} top-1 {t1}");
+
+    let g: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("greedy.json")).unwrap()).unwrap();
+    let mut total = 0;
+    for p in g["prompts"].as_array().unwrap() {
+        let prompt = p["prompt"].as_str().unwrap();
+        let pids = ids(&p["prompt_ids"]);
+        let want = ids(&p["generated_ids"]);
+        assert_eq!(tok.encode(prompt), pids, "{prompt:?}");
+        let mut st = model.state(&Options::default()).unwrap();
+        let mut logits = model.prefill(&mut st, &pids, None).unwrap().to_vec();
+        let mut gen = Vec::new();
+        for _ in 0..want.len() {
+            let next = krafla::model::sampler::argmax(&logits);
+            gen.push(next);
+            logits = model.decode(&mut st, next).unwrap().to_vec();
+        }
+        let same = gen.iter().zip(&want).take_while(|(a, b)| a == b).count();
+        eprintln!(
+            "default greedy {prompt:?}: {same}/{} ids as transformers f32 (min margin {})",
+            want.len(),
+            p["min_top1_top2_margin"]
+        );
+        assert!(same >= 16, "{prompt:?}: diverges after {same} ids");
+        total += same;
+        // The command streams the same continuation as text.
+        let o = Command::new(env!("CARGO_BIN_EXE_mlb-run"))
+            .arg(&mlb)
+            .args([
+                "--prompt",
+                prompt,
+                "--temp",
+                "0",
+                "-n",
+                &want.len().to_string(),
+            ])
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let text = String::from_utf8(o.stdout).unwrap();
+        let eos = tok.eos();
+        let upto: Vec<u32> = gen
+            .iter()
+            .copied()
+            .take_while(|&t| Some(t) != eos)
+            .collect();
+        let expect = String::from_utf8_lossy(&tok.decode(&upto)).into_owned();
+        assert_eq!(text.trim_end_matches('\n'), expect, "{prompt:?}");
+    }
+    // Quantization may flip a near-tie late in a continuation, not early and not often.
+    assert!(total >= 64, "only {total} of 72 greedy ids agree");
+}
