@@ -29,6 +29,7 @@ use rayon::prelude::*;
 
 use super::config::{Act, Config, LayerKind, RopeSel};
 use super::delta::DeltaState;
+use super::imatrix::{tap, Input, Observer};
 use super::kv::LayerCache;
 use super::rope::{self, RopeTable};
 use super::weights::{AttnWeights, LinearWeights, MixerWeights, Weights};
@@ -131,6 +132,8 @@ pub struct State {
     caches: Vec<Option<LayerCache>>,
     /// Per layer: the state of a linear-attention layer.
     delta: Vec<Option<DeltaState>>,
+    /// Sees every matrix input (see `imatrix`); `None` normally.
+    pub(crate) observer: Option<Box<dyn Observer>>,
 }
 
 impl State {
@@ -396,6 +399,7 @@ impl<'a> Model<'a> {
             qa,
             caches,
             delta,
+            observer: None,
         })
     }
 
@@ -485,6 +489,7 @@ impl<'a> Model<'a> {
             d,
             self.cfg.norm_eps,
         );
+        tap(&mut st.observer, 0, Input::Cls, &st.xb[..m * d]);
         st.qa.quantize_with(k, &st.xb[..m * d], d);
         let out = &mut st.logits[..m * v];
         k.matmul(&self.w.wcls, &st.qa, out);
@@ -529,6 +534,7 @@ impl<'a> Model<'a> {
                 d,
                 c.norm_eps,
             );
+            tap(&mut st.observer, l, Input::Attn, &st.xb[..n * d]);
             match (&lw.mixer, c.layers[l]) {
                 (MixerWeights::Attention(a), LayerKind::Attention { rope, .. }) => {
                     self.attention(k, st, l, a, rope, n, p0)
@@ -550,6 +556,7 @@ impl<'a> Model<'a> {
                 d,
                 c.norm_eps,
             );
+            tap(&mut st.observer, l, Input::W13, &st.xb[..n * d]);
             st.qa.quantize_with(k, &st.xb[..n * d], d);
             k.matmul(&lw.w1, &st.qa, &mut st.hb[..n * hid]);
             k.matmul(&lw.w3, &st.qa, &mut st.hb2[..n * hid]);
@@ -565,6 +572,7 @@ impl<'a> Model<'a> {
                         .for_each(|(g, &u)| *g = gelu_tanh(*g) * u),
                 }
             });
+            tap(&mut st.observer, l, Input::W2, &st.hb[..n * hid]);
             st.qa.quantize_with(k, &st.hb[..n * hid], hid);
             k.matmul(&lw.w2, &st.qa, &mut st.xb2[..n * d]);
             if let Some(w) = lw.post_ffn_norm {
@@ -727,6 +735,7 @@ impl<'a> Model<'a> {
                 *m *= sigmoid(g);
             }
         }
+        tap(&mut st.observer, l, Input::Wo, mix);
         st.qa.quantize_with(k, mix, qd);
         k.matmul(&a.wo, &st.qa, &mut st.xb2[..n * d]);
     }
@@ -753,6 +762,7 @@ impl<'a> Model<'a> {
                 &mut st.mix[t * lv..(t + 1) * lv],
             );
         }
+        tap(&mut st.observer, l, Input::LinOut, &st.mix[..n * lv]);
         st.qa.quantize_with(k, &st.mix[..n * lv], lv);
         k.matmul(&w.lout, &st.qa, &mut st.xb2[..n * d]);
     }
