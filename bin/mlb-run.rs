@@ -12,6 +12,9 @@ use krafla::kernels;
 use krafla::model::{Model, Options, Sampler, SamplerOpts};
 use krafla::tokenizer::Tokenizer;
 
+#[path = "run_eval.rs"]
+mod run_eval;
+
 #[derive(Parser)]
 #[command(version, about = "Run a .mlb model on a prompt")]
 struct Args {
@@ -59,6 +62,26 @@ struct Args {
     /// Print the kernel tier and the model's shape.
     #[arg(short, long)]
     verbose: bool,
+    /// Write the importance matrix (MLI1) of the text to this file, in chunks of --ctx
+    /// tokens (default 512).
+    #[arg(long, value_name = "FILE.mli", conflicts_with_all = ["perplexity", "kl_divergence", "logits"])]
+    imatrix: Option<PathBuf>,
+    /// Print the perplexity of the text (the second half of each --ctx chunk).
+    #[arg(long, conflicts_with_all = ["kl_divergence", "logits"])]
+    perplexity: bool,
+    /// Print the KL divergence of the model's distributions from this reference model's
+    /// (and both perplexities) on the text.
+    #[arg(long, value_name = "REF.mlb", conflicts_with = "logits")]
+    kl_divergence: Option<PathBuf>,
+    /// --imatrix, --perplexity, --kl-divergence: stop after N chunks.
+    #[arg(long, value_name = "N")]
+    chunks: Option<usize>,
+    /// --imatrix: also write the file every K chunks.
+    #[arg(long, value_name = "K", requires = "imatrix")]
+    save_every: Option<usize>,
+    /// --imatrix, --perplexity, --kl-divergence: print the summary as JSON.
+    #[arg(long)]
+    json: bool,
 }
 
 /// Peak resident memory from /proc/self/status (VmHWM), in KiB.
@@ -194,6 +217,14 @@ fn run(a: Args) -> Result<(), String> {
         })?;
         tok.encode(&text)
     };
+    if run_eval::wanted(&a) {
+        // Each chunk starts with BOS when the tokenizer adds one to a text.
+        let bos = match (&tok, &a.tokens) {
+            (Some(t), None) => t.bos().filter(|b| t.encode("").first() == Some(b)),
+            _ => None,
+        };
+        return run_eval::run(&a, &model, bos, &prompt);
+    }
     let opts = Options {
         ctx: a.ctx,
         batch: a.batch.max(1),

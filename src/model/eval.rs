@@ -412,7 +412,10 @@ mod tests {
         assert_eq!(chunks(&b, 4, Some(1), None).unwrap().len(), 3);
         assert_eq!(
             chunks(&t, 11, None, None).unwrap_err(),
-            EvalError::TooFewTokens { tokens: 10, ctx: 11 }
+            EvalError::TooFewTokens {
+                tokens: 10,
+                ctx: 11
+            }
         );
     }
 
