@@ -92,12 +92,8 @@ pub fn chunks(
         }
         None => (tokens, ctx),
     };
-    let n = if step == 0 {
-        // ctx = 1 with BOS: every chunk is BOS alone; one per text token.
-        text.len()
-    } else {
-        text.len() / step
-    };
+    // ctx = 1 with BOS (step 0): every chunk is BOS alone; one per text token.
+    let n = text.len().checked_div(step).unwrap_or(text.len());
     let n = max.map_or(n, |m| n.min(m));
     if n == 0 {
         return Err(EvalError::TooFewTokens {
