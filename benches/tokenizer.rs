@@ -105,7 +105,11 @@ fn main() {
         let hf = tokenizers::Tokenizer::from_str(&json).unwrap();
         let (t_ours, ids) = best_of(3, || ours.encode(&text));
         if no_hf {
-            println!("| {name} | {} | {:.1} | - | - | - |", ids.len(), size / t_ours);
+            println!(
+                "| {name} | {} | {:.1} | - | - | - |",
+                ids.len(),
+                size / t_ours
+            );
             continue;
         }
         let (t_hf, enc) = best_of(3, || hf.encode_fast(text.as_str(), true).unwrap());

@@ -9,6 +9,7 @@ use std::time::Instant;
 use clap::Parser;
 use krafla::format::mlb::Mlb;
 use krafla::kernels;
+use krafla::model::forward::LogitsSink;
 use krafla::model::{Model, Options, Sampler, SamplerOpts};
 use krafla::tokenizer::Tokenizer;
 
@@ -62,8 +63,9 @@ struct Args {
     /// Print the kernel tier and the model's shape.
     #[arg(short, long)]
     verbose: bool,
-    /// Write the importance matrix (MLI1) of the text to this file, in chunks of --ctx
-    /// tokens (default 512).
+    /// Sum the squared inputs of every matrix over the text, in chunks of --ctx tokens
+    /// (default 512; a text shorter than one chunk runs as one), and write them as an
+    /// MLI1 importance matrix (for `mlb-convert --imatrix`).
     #[arg(long, value_name = "FILE.mli", conflicts_with_all = ["perplexity", "kl_divergence", "logits"])]
     imatrix: Option<PathBuf>,
     /// Print the perplexity of the text (the second half of each --ctx chunk).
@@ -186,6 +188,15 @@ fn run(a: Args) -> Result<(), String> {
             .build_global()
             .map_err(|e| format!("--threads = {t}: {e}"))?;
     }
+    if !(a.temp >= 0.0 && a.temp.is_finite()) {
+        return Err(format!(
+            "--temp = {}: must be a finite number ≥ 0 (0 is greedy)",
+            a.temp
+        ));
+    }
+    if !(a.top_p > 0.0 && a.top_p <= 1.0) {
+        return Err(format!("--top-p = {}: must be in (0, 1]", a.top_p));
+    }
     let t_load = Instant::now();
     let mlb = Mlb::open(&a.model).map_err(|e| e.to_string())?;
     let model = Model::new(&mlb).map_err(|e| e.to_string())?;
@@ -266,7 +277,7 @@ fn run(a: Args) -> Result<(), String> {
                 f.row(row)
             }
         };
-        let each: Option<&mut dyn FnMut(usize, &[f32])> = if a.logits.is_some() {
+        let each: Option<LogitsSink> = if a.logits.is_some() {
             Some(&mut sink)
         } else {
             None

@@ -65,8 +65,15 @@ pub fn run(a: &Args, model: &Model, bos: Option<u32>, tokens: &[u32]) -> Result<
         Some(p) => Some(Mlb::open(p).map_err(|e| e.to_string())?),
         None => None,
     };
-    let chunks = eval::chunks(tokens, ctx, bos, a.chunks).map_err(|e| e.to_string())?;
+    let chunks = match eval::chunks(tokens, ctx, bos, a.chunks) {
+        // A calibration text shorter than one chunk still gives an imatrix.
+        Err(eval::EvalError::TooFewTokens { .. }) if a.imatrix.is_some() && !tokens.is_empty() => {
+            vec![tokens.to_vec()]
+        }
+        r => r.map_err(|e| e.to_string())?,
+    };
     let n = chunks.len();
+    let ctx = chunks[0].len();
     let model_name = a.model.display().to_string();
     let scope = format!(
         "{n} chunks × {ctx} tokens{}; scored: the second half of each chunk (positions {}..{} predict the next token)",

@@ -149,10 +149,24 @@ fn imatrix_file_counts_and_dimensions() {
     // Scored positions: 15..31 of each chunk of 32.
     assert_eq!(stats.nll.n, 3 * 15);
 
-    // A text shorter than one chunk is one line naming --ctx.
+    // A text shorter than one chunk runs as one chunk; for a perplexity it is an
+    // error, one line naming --ctx.
+    let short = tmp.path().join("short.mli");
+    check(run(
+        &model,
+        &[
+            "--prompt",
+            "hello world",
+            "--imatrix",
+            short.to_str().unwrap(),
+        ],
+    ));
+    let sm = mli::parse(&std::fs::read(&short).unwrap()).unwrap();
+    let n = tok.encode("hello world").len() as u64;
+    assert_eq!((sm.tokens, sm.cls_tokens), (n, n));
     let o = run(
         &model,
-        &["--prompt", "hello", "--imatrix", "x.mli", "--ctx", "64"],
+        &["--prompt", "hello", "--perplexity", "--ctx", "64"],
     );
     assert!(!o.status.success());
     let e = String::from_utf8_lossy(&o.stderr);

@@ -457,6 +457,8 @@ mod cli {
             (vec![bad.to_str().unwrap(), "--tokens", "1"], "bad.mlb"),
             (vec!["/nonexistent/x.mlb", "--tokens", "1"], "x.mlb"),
             (vec![p, "--tokens", "1", "--ctx", "100000"], "max_seq"),
+            (vec![p, "--tokens", "1", "--top-p", "0"], "top-p"),
+            (vec![p, "--tokens", "1", "--temp=-1"], "temp"),
         ] {
             let (ok, _, err) = run(&args);
             assert!(!ok, "{args:?} should fail");
@@ -465,4 +467,41 @@ mod cli {
             assert!(!err.contains("panicked"), "{args:?}: {err}");
         }
     }
+}
+
+#[test]
+fn imatrix_sums_every_matrix_input() {
+    let c = &cases()[0];
+    let m = load(c, 29);
+    let model = Model::new(&m).unwrap();
+    let toks = tokens(c.h.vocab, 10, 4);
+    let opts = Options {
+        imatrix: true,
+        ..Options::default()
+    };
+    let mut st = model.state(&opts).unwrap();
+    let with = model.prefill(&mut st, &toks, None).unwrap().to_vec();
+    let mi = st.imatrix().unwrap();
+    assert_eq!((mi.tokens, mi.cls_tokens), (10, 1));
+    assert!(mi.sums.iter().all(|&s| s >= 0.0) && mi.sums.iter().any(|&s| s > 0.0));
+    // The input of w1/w3 of layer 0 is rmsnorm(x, ffn_norm): mean square ≈ mean w².
+    let w13 = mi.slot(0, krafla::format::mli::Slot::W13);
+    assert!(w13.iter().all(|&s| s > 0.0));
+    // Summing changes no logit.
+    let mut plain = model.state(&Options::default()).unwrap();
+    assert!(model.prefill(&mut plain, &toks, None).unwrap() == &with[..]);
+    // Through mlb-run: a valid MLI1 file for this model.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("m.mlb");
+    std::fs::write(&path, synth_file(&c.h, &c.flags, 29)).unwrap();
+    let mli = dir.path().join("m.mli");
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_mlb-run"))
+        .arg(&path)
+        .args(["--tokens", "1 2 3 4 5", "--imatrix"])
+        .arg(&mli)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let f = krafla::format::mli::parse(&std::fs::read(&mli).unwrap()).unwrap();
+    assert_eq!((f.n_layers, f.dim, f.tokens, f.cls_tokens), (2, 64, 5, 5));
 }

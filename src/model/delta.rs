@@ -55,6 +55,73 @@ fn l2norm(x: &mut [f32], extra: f32) {
     }
 }
 
+/// One value head's inputs at one position.
+struct HeadIn<'a> {
+    /// dk: the (normalized, scaled) query of its key head.
+    q: &'a [f32],
+    /// dk: the normalized key.
+    k: &'a [f32],
+    /// dv: the value.
+    v: &'a [f32],
+    /// dv: the output gate.
+    z: &'a [f32],
+    /// sigmoid(b).
+    beta: f32,
+    /// exp(g), g = −exp(A_log) · softplus(a + dt_bias).
+    decay: f32,
+    /// dv.
+    lnorm: &'a [f32],
+    eps: f32,
+}
+
+/// Steps 4 and 5 for one head: state `s` (dk × dv), output `o` (dv), scratch `delta`.
+fn head_step(x: &HeadIn, s: &mut [f32], o: &mut [f32], delta: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if std::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU supports AVX2 (checked just above).
+        return unsafe { head_step_avx2(x, s, o, delta) };
+    }
+    head_step_body(x, s, o, delta)
+}
+
+/// [`head_step`] compiled for AVX2: the same operations in the same order, same bits.
+///
+/// # Safety
+/// The CPU must support AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn head_step_avx2(x: &HeadIn, s: &mut [f32], o: &mut [f32], delta: &mut [f32]) {
+    head_step_body(x, s, o, delta)
+}
+
+#[inline(always)]
+fn head_step_body(x: &HeadIn, s: &mut [f32], o: &mut [f32], delta: &mut [f32]) {
+    let dv = o.len();
+    // S ← S·exp(g) and Sᵀk; delta = β (v − Sᵀk); S ← S + k deltaᵀ; o = Sᵀq.
+    delta.fill(0.0);
+    for (row, &ki) in s.chunks_exact_mut(dv).zip(x.k) {
+        for (sv, dj) in row.iter_mut().zip(delta.iter_mut()) {
+            *sv *= x.decay;
+            *dj += *sv * ki;
+        }
+    }
+    for (dj, &vj) in delta.iter_mut().zip(x.v) {
+        *dj = (vj - *dj) * x.beta;
+    }
+    o.fill(0.0);
+    for ((row, &ki), &qi) in s.chunks_exact_mut(dv).zip(x.k).zip(x.q) {
+        for ((sv, &dj), ov) in row.iter_mut().zip(delta.iter()).zip(o.iter_mut()) {
+            *sv += ki * dj;
+            *ov += *sv * qi;
+        }
+    }
+    // 5. per-head RMSNorm with lnorm, times silu(z).
+    rmsnorm_inplace(o, x.lnorm, x.eps);
+    for (ov, &zv) in o.iter_mut().zip(x.z) {
+        *ov *= silu(zv);
+    }
+}
+
 impl DeltaState {
     pub fn new(c: &Config) -> DeltaState {
         let taps = c.lin_conv.max(1);
@@ -128,36 +195,18 @@ impl DeltaState {
         let (qs, ks, vs) = (&*qs, &*ks, &*vs);
         let group = vh / kh;
         let head = |h: usize, s: &mut [f32], o: &mut [f32], delta: &mut [f32]| {
-            let k = &ks[(h / group) * dk..(h / group + 1) * dk];
-            let q = &qs[(h / group) * dk..(h / group + 1) * dk];
-            let v = &vs[h * dv..(h + 1) * dv];
-            // 3. gates.
-            let beta = sigmoid(b[h]);
-            let g = -w.a_log[h].exp() * softplus(a[h] + w.dt_bias[h]);
-            let decay = g.exp();
-            // 4. S ← S·exp(g) and Sᵀk; delta = β (v − Sᵀk); S ← S + k deltaᵀ; o = Sᵀq.
-            delta.fill(0.0);
-            for (row, &ki) in s.chunks_exact_mut(dv).zip(k) {
-                for (sv, dj) in row.iter_mut().zip(delta.iter_mut()) {
-                    *sv *= decay;
-                    *dj += *sv * ki;
-                }
-            }
-            for (dj, &vj) in delta.iter_mut().zip(v) {
-                *dj = (vj - *dj) * beta;
-            }
-            o.fill(0.0);
-            for ((row, &ki), &qi) in s.chunks_exact_mut(dv).zip(k).zip(q) {
-                for ((sv, &dj), ov) in row.iter_mut().zip(delta.iter()).zip(o.iter_mut()) {
-                    *sv += ki * dj;
-                    *ov += *sv * qi;
-                }
-            }
-            // 5. per-head RMSNorm with lnorm, times silu(z).
-            rmsnorm_inplace(o, w.lnorm, c.norm_eps);
-            for (ov, &zv) in o.iter_mut().zip(&z[h * dv..(h + 1) * dv]) {
-                *ov *= silu(zv);
-            }
+            let kk = h / group;
+            let hw = HeadIn {
+                q: &qs[kk * dk..(kk + 1) * dk],
+                k: &ks[kk * dk..(kk + 1) * dk],
+                v: &vs[h * dv..(h + 1) * dv],
+                z: &z[h * dv..(h + 1) * dv],
+                beta: sigmoid(b[h]),
+                decay: (-w.a_log[h].exp() * softplus(a[h] + w.dt_bias[h])).exp(),
+                lnorm: w.lnorm,
+                eps: c.norm_eps,
+            };
+            head_step(&hw, s, o, delta);
         };
         let sd = dk * dv;
         if vh * sd >= 1 << 16 {

@@ -417,14 +417,17 @@ pub struct StreamDecoder<'a> {
 /// The length of the longest prefix of `b` that ends at a character boundary such that
 /// the rest could still become a valid character.
 fn complete_len(b: &[u8]) -> usize {
-    match std::str::from_utf8(b) {
-        Ok(_) => b.len(),
-        Err(e) => match e.error_len() {
-            // Invalid bytes inside: everything up to and including them is final.
-            Some(_) => b.len(),
-            // An incomplete character at the end: hold it back.
-            None => e.valid_up_to(),
-        },
+    let mut done = 0;
+    loop {
+        match std::str::from_utf8(&b[done..]) {
+            Ok(_) => return b.len(),
+            Err(e) => match e.error_len() {
+                // Invalid bytes: final (they become U+FFFD); look past them.
+                Some(n) => done += e.valid_up_to() + n,
+                // An incomplete character at the end: hold it back.
+                None => return done + e.valid_up_to(),
+            },
+        }
     }
 }
 
@@ -564,5 +567,7 @@ mod tests {
         assert_eq!(complete_len(b"a\xe2\x96"), 1);
         assert_eq!(complete_len(b"a\xff"), 2);
         assert_eq!(complete_len("é".as_bytes()), 2);
+        assert_eq!(complete_len(b"\xffa\xe2\x96"), 2);
+        assert_eq!(complete_len(b"\xe2\x96\xff\xf0"), 3);
     }
 }

@@ -232,3 +232,44 @@ fn default_model_greedy() {
     // Quantization may flip a near-tie late in a continuation, not early and not often.
     assert!(total >= 64, "only {total} of 72 greedy ids agree");
 }
+
+/// A tokenizer with more tokens than the model's vocabulary is refused in one line.
+#[test]
+fn tokenizer_larger_than_model_is_refused() {
+    let tj = testdata().join("default").join("tokenizer.json");
+    if !tj.exists() {
+        eprintln!("SKIP: no {}", tj.display());
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let mlt = tmp.path().join("big.mlt");
+    let o = Command::new(env!("CARGO_BIN_EXE_mlt-convert"))
+        .arg(&tj)
+        .arg("-o")
+        .arg(&mlt)
+        .arg("-q")
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let c = &super::cases()[0];
+    let model = tmp.path().join("small.mlb");
+    std::fs::write(
+        &model,
+        krafla::format::mlb::synth::synth_file(&c.h, &c.flags, 1),
+    )
+    .unwrap();
+    let o = Command::new(env!("CARGO_BIN_EXE_mlb-run"))
+        .arg(&model)
+        .arg("--tokenizer")
+        .arg(&mlt)
+        .args(["--prompt", "hi"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success());
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(
+        err.contains("big.mlt") && err.contains("n_vocab") && err.contains("96"),
+        "{err}"
+    );
+}
