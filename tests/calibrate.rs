@@ -392,6 +392,37 @@ fn imatrix_lowers_the_weighted_q4_error() {
         assert!(q.0 < p.0, "{name}: {} ≥ {}", q.0, p.0);
         assert!(q.1 < p.1, "{name}: top tenth {} ≥ {}", q.1, p.1);
     }
+
+    // An all-zero slot (layer 0's Wo) and no classifier tokens: those matrices fall
+    // back to the unweighted search, the others keep their weighting.
+    let mut z = im.clone();
+    z.slot_mut(0, Slot::Wo).fill(0.0);
+    z.cls_tokens = 0;
+    z.cls_mut().fill(0.0);
+    let z_path = tmp.path().join("zero.mli");
+    std::fs::write(&z_path, z.to_bytes()).unwrap();
+    let mut zq = q4.to_vec();
+    zq.extend(["--imatrix", z_path.to_str().unwrap()]);
+    let zm = Mlb::open(&default_model(tmp.path(), "zero", &zq)).unwrap();
+    let all = |m: &MatRef| -> Vec<f32> {
+        let mut row = vec![0f32; m.cols];
+        (0..m.rows)
+            .flat_map(|r| {
+                m.dequant_row(r, &mut row);
+                row.clone()
+            })
+            .collect()
+    };
+    let wo = |m: &Mlb| match &m.layout().layers[0].mixer {
+        Mixer::Attention(a) => a.wo,
+        _ => unreachable!(),
+    };
+    let w2 = |m: &Mlb| m.layout().layers[0].w2;
+    let emb = |m: &Mlb| m.layout().tok_emb;
+    assert!(all(&zm.mat(wo(&zm))) == all(&pm.mat(wo(&pm))));
+    assert!(all(&zm.mat(emb(&zm))) == all(&pm.mat(emb(&pm))));
+    assert!(all(&zm.mat(w2(&zm))) == all(&wm.mat(w2(&wm))));
+    assert!(all(&zm.mat(w2(&zm))) != all(&pm.mat(w2(&pm))));
 }
 
 /// Every position's logits of one chunk, run alone.
