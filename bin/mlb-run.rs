@@ -13,6 +13,9 @@ use krafla::model::forward::LogitsSink;
 use krafla::model::{Model, Options, Sampler, SamplerOpts};
 use krafla::tokenizer::Tokenizer;
 
+#[path = "run_eval.rs"]
+mod run_eval;
+
 #[derive(Parser)]
 #[command(version, about = "Run a .mlb model on a prompt")]
 struct Args {
@@ -30,7 +33,7 @@ struct Args {
     /// Token ids instead of text, e.g. "1 2 3".
     #[arg(long)]
     tokens: Option<String>,
-    /// Tokens to generate (default 128; 0 with --logits or --imatrix).
+    /// Tokens to generate (default 128; 0 with --logits).
     #[arg(short = 'n', long = "n-predict")]
     n: Option<usize>,
     /// Sampling temperature; 0 is greedy.
@@ -54,17 +57,33 @@ struct Args {
     /// Write every prompt position's logits (little-endian f32, positions × vocab).
     #[arg(long)]
     logits: Option<PathBuf>,
-    /// Sum the squared inputs of every matrix over the prompt and write them as an MLI1
-    /// importance matrix (for `mlb-convert --imatrix`); a prompt longer than the context
-    /// is run in consecutive windows of --ctx tokens.
-    #[arg(long, value_name = "FILE.mli")]
-    imatrix: Option<PathBuf>,
     /// Worker threads (default: all cores).
     #[arg(long)]
     threads: Option<usize>,
     /// Print the kernel tier and the model's shape.
     #[arg(short, long)]
     verbose: bool,
+    /// Sum the squared inputs of every matrix over the text, in chunks of --ctx tokens
+    /// (default 512; a text shorter than one chunk runs as one), and write them as an
+    /// MLI1 importance matrix (for `mlb-convert --imatrix`).
+    #[arg(long, value_name = "FILE.mli", conflicts_with_all = ["perplexity", "kl_divergence", "logits"])]
+    imatrix: Option<PathBuf>,
+    /// Print the perplexity of the text (the second half of each --ctx chunk).
+    #[arg(long, conflicts_with_all = ["kl_divergence", "logits"])]
+    perplexity: bool,
+    /// Print the KL divergence of the model's distributions from this reference model's
+    /// (and both perplexities) on the text.
+    #[arg(long, value_name = "REF.mlb", conflicts_with = "logits")]
+    kl_divergence: Option<PathBuf>,
+    /// --imatrix, --perplexity, --kl-divergence: stop after N chunks.
+    #[arg(long, value_name = "N")]
+    chunks: Option<usize>,
+    /// --imatrix: also write the file every K chunks.
+    #[arg(long, value_name = "K", requires = "imatrix")]
+    save_every: Option<usize>,
+    /// --imatrix, --perplexity, --kl-divergence: print the summary as JSON.
+    #[arg(long)]
+    json: bool,
     /// Keep generating past EOS (benchmarks: always -n tokens).
     #[arg(long)]
     ignore_eos: bool,
@@ -162,15 +181,6 @@ impl LogitsFile {
     }
 }
 
-/// Writes `bytes` to a temporary file beside `path`, then renames it.
-fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), String> {
-    let mut f = LogitsFile::create(path)?;
-    f.out
-        .write_all(bytes)
-        .map_err(|e| format!("{}: {e}", path.display()))?;
-    f.finish(path)
-}
-
 fn run(a: Args) -> Result<(), String> {
     if let Some(t) = a.threads {
         if t == 0 {
@@ -222,10 +232,17 @@ fn run(a: Args) -> Result<(), String> {
         })?;
         tok.encode(&text)
     };
+    if run_eval::wanted(&a) {
+        // Each chunk starts with BOS when the tokenizer adds one to a text.
+        let bos = match (&tok, &a.tokens) {
+            (Some(t), None) => t.bos().filter(|b| t.encode("").first() == Some(b)),
+            _ => None,
+        };
+        return run_eval::run(&a, &model, bos, &prompt);
+    }
     let opts = Options {
         ctx: a.ctx,
         batch: a.batch.max(1),
-        imatrix: a.imatrix.is_some(),
         ..Options::default()
     };
     let mut st = model.state(&opts).map_err(|e| e.to_string())?;
@@ -264,44 +281,24 @@ fn run(a: Args) -> Result<(), String> {
                 f.row(row)
             }
         };
-        // With --imatrix every position goes through the classifier, so its input is summed.
-        let all = a.logits.is_some() || a.imatrix.is_some();
-        if a.imatrix.is_some() && a.logits.is_none() && prompt.len() > st.ctx() {
-            // A calibration text longer than the context: consecutive windows of ctx
-            // tokens, each from an empty context; the sums accumulate.
-            let mut last = Vec::new();
-            for w in prompt.chunks(st.ctx()) {
-                st.reset();
-                last = model
-                    .prefill(&mut st, w, Some(&mut sink))
-                    .map_err(|e| e.to_string())?
-                    .to_vec();
-            }
-            last
+        let each: Option<LogitsSink> = if a.logits.is_some() {
+            Some(&mut sink)
         } else {
-            let each: Option<LogitsSink> = if all { Some(&mut sink) } else { None };
-            mlb.check_unchanged().map_err(|e| e.to_string())?;
-            model
-                .prefill(&mut st, &prompt, each)
-                .map_err(|e| e.to_string())?
-                .to_vec()
-        }
+            None
+        };
+        mlb.check_unchanged().map_err(|e| e.to_string())?;
+        model
+            .prefill(&mut st, &prompt, each)
+            .map_err(|e| e.to_string())?
+            .to_vec()
     };
     let prompt_secs = t0.elapsed().as_secs_f64();
     if let (Some(f), Some(p)) = (logits_file.take(), &a.logits) {
         f.finish(p)?;
     }
 
-    if let (Some(p), Some(m)) = (&a.imatrix, st.imatrix()) {
-        write_atomic(p, &m.to_bytes())?;
-    }
-
     // Generation.
-    let n_gen = a.n.unwrap_or(if a.logits.is_some() || a.imatrix.is_some() {
-        0
-    } else {
-        128
-    });
+    let n_gen = a.n.unwrap_or(if a.logits.is_some() { 0 } else { 128 });
     let mut sampler = Sampler::new(SamplerOpts {
         temp: a.temp,
         top_k: a.top_k,

@@ -246,8 +246,15 @@ fn run(opts: &Options, progress: &mut (dyn FnMut(Progress) + Send)) -> Result<Su
     )?;
     check_leftovers(&ck, &desc, &sources, &prefix, &mut notes)?;
     if let Some(m) = &imatrix {
-        if m.cls_tokens == 0 && !desc.tied {
-            notes.push("the imatrix has no classifier tokens: wcls is quantized without it".into());
+        if m.cls_tokens == 0 {
+            let cls = if desc.tied {
+                "tok_emb (the shared classifier)"
+            } else {
+                "wcls"
+            };
+            notes.push(format!(
+                "the imatrix has no classifier tokens: {cls} is quantized without it"
+            ));
         }
     }
 
@@ -458,7 +465,7 @@ fn plan(
                     cols,
                     ..
                 },
-            ) if q4_rule == Q4Rule::Search => importance(m, t, cols),
+            ) if q4_rule == Q4Rule::Search => importance(m, t, cols, d.tied),
             _ => None,
         };
         out.push(Some(Source {
@@ -473,16 +480,25 @@ fn plan(
     Ok(out)
 }
 
-/// The importance of a matrix's input channels, from the MLI slot of its input.
-fn importance(m: &Mli, t: &Tensor, cols: usize) -> Option<Vec<f32>> {
+/// The importance of a matrix's input channels, from the MLI slot of its input
+/// (docs/calibration.md). `None` (the unweighted search) for a matrix without a slot,
+/// a slot of another width (lout when V·dv ≠ q_dim) or an all-zero slot.
+fn importance(m: &Mli, t: &Tensor, cols: usize, tied: bool) -> Option<Vec<f32>> {
     let sums = match (t.name.layer, t.name.name) {
-        (Some(l), "wq" | "wk" | "wv" | "wg" | "lqkv" | "lz") => m.slot(l as usize, Slot::Attn),
+        (Some(l), "wq" | "wk" | "wv" | "wg" | "lqkv" | "lz" | "lb" | "la") => {
+            m.slot(l as usize, Slot::Attn)
+        }
         (Some(l), "wo" | "lout") => m.slot(l as usize, Slot::Wo),
         (Some(l), "w1" | "w3") => m.slot(l as usize, Slot::W13),
         (Some(l), "w2") => m.slot(l as usize, Slot::W2),
         (None, "wcls") if m.cls_tokens > 0 => m.cls(),
+        // A shared classifier: tok_emb's columns are the classifier's input channels.
+        (None, "tok_emb") if tied && m.cls_tokens > 0 => m.cls(),
         _ => return None,
     };
+    if sums.iter().all(|&s| s == 0.0) {
+        return None;
+    }
     let tokens = if t.name.layer.is_some() {
         m.tokens
     } else {

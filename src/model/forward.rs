@@ -29,12 +29,13 @@ use rayon::prelude::*;
 
 use super::config::{Act, Config, LayerKind, RopeSel};
 use super::delta::DeltaState;
+use super::imatrix::{tap, Collector, Input, Observer};
 use super::kv::LayerCache;
 use super::rope::{self, RopeTable};
 use super::weights::{AttnWeights, LinearWeights, MixerWeights, Weights};
 use super::{ModelError, Result};
 use crate::format::mlb::Mlb;
-use crate::format::mli::{Mli, Slot};
+use crate::format::mli::Mli;
 use crate::kernels::{self, Kernels, QActs};
 
 /// The default context is max_seq, capped at this.
@@ -59,7 +60,8 @@ pub struct Options {
     /// Sliding layers keep a ring of their window (true), or the whole context masked
     /// to the window (false; for tests: the same results with more memory).
     pub ring: bool,
-    /// Sum the squares of every matrix input per channel (an MLI1 importance matrix).
+    /// Sum the squares of every matrix input per channel (an MLI1 importance matrix):
+    /// the state starts with a [`Collector`] as its observer.
     pub imatrix: bool,
 }
 
@@ -135,8 +137,8 @@ pub struct State {
     caches: Vec<Option<LayerCache>>,
     /// Per layer: the state of a linear-attention layer.
     delta: Vec<Option<DeltaState>>,
-    /// Sums of squared matrix inputs per channel (with `Options::imatrix`).
-    imatrix: Option<Mli>,
+    /// Sees every matrix input (see `imatrix`); `None` normally.
+    pub(crate) observer: Option<Box<dyn Observer>>,
 }
 
 impl State {
@@ -160,9 +162,11 @@ impl State {
         self.delta.iter().flatten().map(DeltaState::bytes).sum()
     }
 
-    /// The importance sums so far (with `Options::imatrix`).
+    /// The importance sums so far (with `Options::imatrix`, or a [`Collector`] set as
+    /// the observer).
     pub fn imatrix(&self) -> Option<&Mli> {
-        self.imatrix.as_ref()
+        let o: &dyn std::any::Any = self.observer.as_deref()?;
+        o.downcast_ref::<Collector>().map(Collector::mli)
     }
 
     /// Back to an empty context.
@@ -280,15 +284,6 @@ fn rmsnorm_rows(out: &mut [f32], x: &[f32], w: &[f32], width: usize, eps: f32) {
     for_rows(out, width, |i, o| {
         rmsnorm(o, &x[i * width..(i + 1) * width], w, eps)
     });
-}
-
-/// Adds the squares of each row of `x` (rows of `dst.len()`) to `dst`.
-fn sum_sq(dst: &mut [f64], x: &[f32]) {
-    for row in x.chunks_exact(dst.len()) {
-        for (d, &v) in dst.iter_mut().zip(row) {
-            *d += v as f64 * v as f64;
-        }
-    }
 }
 
 /// `x += y`.
@@ -496,9 +491,9 @@ impl<'a> Model<'a> {
             qa,
             caches,
             delta,
-            imatrix: opts
+            observer: opts
                 .imatrix
-                .then(|| Mli::new(c.n_layers, c.dim, c.hidden_dim, c.q_dim)),
+                .then(|| Box::new(Collector::new(c)) as Box<dyn Observer>),
         })
     }
 
@@ -588,10 +583,7 @@ impl<'a> Model<'a> {
             d,
             self.cfg.norm_eps,
         );
-        if let Some(mi) = st.imatrix.as_mut() {
-            sum_sq(mi.cls_mut(), &st.xb[..m * d]);
-            mi.cls_tokens += m as u64;
-        }
+        tap(&mut st.observer, 0, Input::Cls, &st.xb[..m * d]);
         st.qa.quantize_with(k, &st.xb[..m * d], d);
         let out = &mut st.logits[..m * v];
         k.matmul(&self.w.wcls, &st.qa, out);
@@ -636,9 +628,7 @@ impl<'a> Model<'a> {
                 d,
                 c.norm_eps,
             );
-            if let Some(mi) = st.imatrix.as_mut() {
-                sum_sq(mi.slot_mut(l, Slot::Attn), &st.xb[..n * d]);
-            }
+            tap(&mut st.observer, l, Input::Attn, &st.xb[..n * d]);
             match (&lw.mixer, c.layers[l]) {
                 (MixerWeights::Attention(a), LayerKind::Attention { rope, .. }) => {
                     self.attention(k, st, l, a, rope, n, p0)
@@ -660,9 +650,7 @@ impl<'a> Model<'a> {
                 d,
                 c.norm_eps,
             );
-            if let Some(mi) = st.imatrix.as_mut() {
-                sum_sq(mi.slot_mut(l, Slot::W13), &st.xb[..n * d]);
-            }
+            tap(&mut st.observer, l, Input::W13, &st.xb[..n * d]);
             st.qa.quantize_with(k, &st.xb[..n * d], d);
             k.matmul(&lw.w1, &st.qa, &mut st.hb[..n * hid]);
             k.matmul(&lw.w3, &st.qa, &mut st.hb2[..n * hid]);
@@ -678,9 +666,7 @@ impl<'a> Model<'a> {
                         .for_each(|(g, &u)| *g = gelu_tanh(*g) * u),
                 }
             });
-            if let Some(mi) = st.imatrix.as_mut() {
-                sum_sq(mi.slot_mut(l, Slot::W2), &st.hb[..n * hid]);
-            }
+            tap(&mut st.observer, l, Input::W2, &st.hb[..n * hid]);
             st.qa.quantize_with(k, &st.hb[..n * hid], hid);
             k.matmul(&lw.w2, &st.qa, &mut st.xb2[..n * d]);
             if let Some(w) = lw.post_ffn_norm {
@@ -689,9 +675,6 @@ impl<'a> Model<'a> {
                 });
             }
             add(&mut st.x[..n * d], &st.xb2[..n * d]);
-        }
-        if let Some(mi) = st.imatrix.as_mut() {
-            mi.tokens += n as u64;
         }
         st.pos += n;
     }
@@ -846,9 +829,7 @@ impl<'a> Model<'a> {
                 *m *= sigmoid(g);
             }
         }
-        if let Some(mi) = st.imatrix.as_mut() {
-            sum_sq(mi.slot_mut(l, Slot::Wo), mix);
-        }
+        tap(&mut st.observer, l, Input::Wo, mix);
         st.qa.quantize_with(k, mix, qd);
         k.matmul(&a.wo, &st.qa, &mut st.xb2[..n * d]);
     }
@@ -875,12 +856,7 @@ impl<'a> Model<'a> {
                 &mut st.mix[t * lv..(t + 1) * lv],
             );
         }
-        if let Some(mi) = st.imatrix.as_mut() {
-            // lout's input is V·dv wide; the file's slot is q_dim wide.
-            if lv == c.q_dim {
-                sum_sq(mi.slot_mut(l, Slot::Wo), &st.mix[..n * lv]);
-            }
-        }
+        tap(&mut st.observer, l, Input::LinOut, &st.mix[..n * lv]);
         st.qa.quantize_with(k, &st.mix[..n * lv], lv);
         k.matmul(&w.lout, &st.qa, &mut st.xb2[..n * d]);
     }

@@ -9,6 +9,8 @@
 //! - [`delta`]: the gated delta rule's recurrent and convolution state.
 //! - [`forward`]: [`Model`] and its [`State`]: prefill (matrix-matrix) and decode.
 //! - [`sampler`]: temperature, top-k, top-p and a seeded PRNG; temperature 0 is greedy.
+//! - [`imatrix`]: an observer of every matrix input, and the importance-matrix collector.
+//! - [`eval`]: perplexity and KL divergence over chunks of a text.
 //!
 //! Every matrix product quantizes its input to Q8_0 and goes through
 //! [`crate::kernels`]; matvec and matmul give the same bits, and so do prefill and
@@ -16,7 +18,9 @@
 
 pub mod config;
 pub mod delta;
+pub mod eval;
 pub mod forward;
+pub mod imatrix;
 pub mod kv;
 pub mod rope;
 pub mod sampler;

@@ -1,0 +1,556 @@
+//! Calibration and quality measurement: `mlb-run --imatrix` (counts, dimensions, an
+//! independent computation of every slot on a synthetic model), the imatrix's effect
+//! on `mlb-convert`'s Q4_0 search (lower importance-weighted error against the
+//! checkpoint's weights), and `mlb-run --perplexity` / `--kl-divergence` against
+//! values computed here from every position's logits.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use krafla::format::mlb::synth::{synth_file, tiny_header};
+use krafla::format::mlb::{MatRef, Mixer, Mlb};
+use krafla::format::mli::{self, Mli, Slot};
+use krafla::model::eval::{self, log_softmax};
+use krafla::model::imatrix::{self, Collector};
+use krafla::model::{Model, Options};
+use krafla::quant::q8_0::quantize_row;
+use krafla::quant::QK;
+
+use crate::util::testdata;
+
+fn bin(name: &str) -> Command {
+    Command::new(crate::util::bin_path(name))
+}
+
+fn check(o: std::process::Output) -> String {
+    assert!(
+        o.status.success(),
+        "{}",
+        String::from_utf8_lossy(&o.stderr).trim()
+    );
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// The default model converted to `dir/default-<wtype>.mlb` with `args`, and its
+/// tokenizer beside it (`.mlt` of the same name).
+fn default_model(dir: &Path, name: &str, args: &[&str]) -> PathBuf {
+    let out = dir.join(format!("{name}.mlb"));
+    check(
+        bin("mlb-convert")
+            .arg(testdata().join("default"))
+            .arg("-o")
+            .arg(&out)
+            .args(args)
+            .output()
+            .unwrap(),
+    );
+    check(
+        bin("mlt-convert")
+            .arg(testdata().join("default/tokenizer.json"))
+            .arg("-o")
+            .arg(out.with_extension("mlt"))
+            .arg("-q")
+            .output()
+            .unwrap(),
+    );
+    out
+}
+
+fn corpus() -> PathBuf {
+    testdata().join("tokenizers/corpus.txt")
+}
+
+fn run(model: &Path, args: &[&str]) -> std::process::Output {
+    bin("mlb-run").arg(model).args(args).output().unwrap()
+}
+
+fn slots(m: &Mli) -> Vec<(String, &[f64])> {
+    let mut v = Vec::new();
+    for l in 0..m.n_layers {
+        for (s, n) in [
+            (Slot::Attn, "attn"),
+            (Slot::Wo, "wo"),
+            (Slot::W13, "w13"),
+            (Slot::W2, "w2"),
+        ] {
+            v.push((format!("layer {l} {n}"), m.slot(l, s)));
+        }
+    }
+    v.push(("classifier".into(), m.cls()));
+    v
+}
+
+/// `mlb-run --imatrix`: header, token counts, non-negative non-zero sums, the
+/// periodic save, and the same matrix as the library's `collect`.
+#[test]
+fn imatrix_file_counts_and_dimensions() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = default_model(tmp.path(), "q8", &[]);
+    let out = tmp.path().join("cal.mli");
+    let stdout = check(run(
+        &model,
+        &[
+            "--file",
+            corpus().to_str().unwrap(),
+            "--imatrix",
+            out.to_str().unwrap(),
+            "--ctx",
+            "32",
+            "--chunks",
+            "3",
+            "--save-every",
+            "1",
+        ],
+    ));
+    assert!(stdout.contains("perplexity"), "{stdout}");
+    assert!(stdout.contains("96 layer tokens"), "{stdout}");
+    let bytes = std::fs::read(&out).unwrap();
+    assert_eq!(&bytes[..4], b"MLI1");
+    let m = mli::parse(&bytes).unwrap();
+    assert_eq!(
+        (m.n_layers, m.dim, m.hidden_dim, m.q_dim),
+        (4, 128, 384, 128)
+    );
+    assert_eq!(u32::from_le_bytes(bytes[20..24].try_into().unwrap()), 0);
+    assert_eq!(m.tokens, 3 * 32);
+    assert_eq!(m.cls_tokens, 3 * 32);
+    for (name, s) in slots(&m) {
+        assert!(s.iter().all(|&v| v >= 0.0), "{name}");
+        assert!(s.iter().sum::<f64>() > 0.0, "{name} is all zero");
+    }
+    // Only the file is left in the folder besides the model (no temporary files).
+    let left: Vec<_> = std::fs::read_dir(tmp.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with('.'))
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
+
+    // The library on the same chunks gives the same sums.
+    let tok = krafla::tokenizer::Tokenizer::from_path(&model.with_extension("mlt")).unwrap();
+    let text = std::fs::read_to_string(corpus()).unwrap();
+    let ids = tok.encode(&text);
+    let bos = tok.bos().filter(|b| tok.encode("").first() == Some(b));
+    let chunks = eval::chunks(&ids, 32, bos, Some(3)).unwrap();
+    let mlb = Mlb::open(&model).unwrap();
+    let mdl = Model::new(&mlb).unwrap();
+    let opts = Options {
+        ctx: Some(32),
+        ..Options::default()
+    };
+    let mut saves = 0;
+    let (lib, stats) = imatrix::collect(&mdl, &opts, &chunks, |_, _| {
+        saves += 1;
+        Ok(())
+    })
+    .unwrap();
+    assert_eq!(saves, 3);
+    assert_eq!(lib, m);
+    // Scored positions: 15..31 of each chunk of 32.
+    assert_eq!(stats.nll.n, 3 * 15);
+
+    // A text shorter than one chunk runs as one chunk; for a perplexity it is an
+    // error, one line naming --ctx.
+    let short = tmp.path().join("short.mli");
+    check(run(
+        &model,
+        &[
+            "--prompt",
+            "hello world",
+            "--imatrix",
+            short.to_str().unwrap(),
+        ],
+    ));
+    let sm = mli::parse(&std::fs::read(&short).unwrap()).unwrap();
+    let n = tok.encode("hello world").len() as u64;
+    assert_eq!((sm.tokens, sm.cls_tokens), (n, n));
+    let o = run(
+        &model,
+        &["--prompt", "hello", "--perplexity", "--ctx", "64"],
+    );
+    assert!(!o.status.success());
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(e.trim().lines().count(), 1, "{e}");
+    assert!(e.contains("--ctx 64"), "{e}");
+}
+
+/// Rounds through Q8_0 as the runtime's activation quantizer does.
+fn q8(x: &[f64]) -> Vec<f64> {
+    let xf: Vec<f32> = x.iter().map(|&v| v as f32).collect();
+    let mut q = vec![0i8; xf.len()];
+    let mut d = vec![0f32; xf.len() / QK];
+    quantize_row(&xf, &mut q, &mut d);
+    q.iter()
+        .enumerate()
+        .map(|(i, &v)| v as f64 * d[i / QK] as f64)
+        .collect()
+}
+
+fn mv(m: &MatRef, x: &[f64]) -> Vec<f64> {
+    let xq = q8(x);
+    let mut row = vec![0f32; m.cols];
+    (0..m.rows)
+        .map(|r| {
+            m.dequant_row(r, &mut row);
+            row.iter().zip(&xq).map(|(&w, &v)| w as f64 * v).sum()
+        })
+        .collect()
+}
+
+fn rms(x: &[f64], w: &[f32], eps: f32) -> Vec<f64> {
+    let ms = x.iter().map(|v| v * v).sum::<f64>() / x.len() as f64;
+    let inv = 1.0 / (ms + eps as f64).sqrt();
+    x.iter().zip(w).map(|(&v, &w)| v * inv * w as f64).collect()
+}
+
+fn add_sq(s: &mut [f64], x: &[f64]) {
+    s.iter_mut().zip(x).for_each(|(s, v)| *s += v * v);
+}
+
+/// Every slot of a synthetic Llama, from chunks of one token: at position 0 attention
+/// is the token's own value vector, so the whole forward is a few matrix products,
+/// computed here in f64 without the runtime.
+#[test]
+fn imatrix_slots_match_an_independent_forward() {
+    let h = tiny_header();
+    let bytes = synth_file(&h, &[], 41);
+    let m = Mlb::from_bytes(&bytes).unwrap();
+    let d = *m.dims();
+    let lay = m.layout().clone();
+    let toks: Vec<u32> = vec![5, 17, 3, 88, 42, 17, 60];
+    let mut want = Mli::new(d.n_layers, d.dim, d.hidden_dim, d.n_heads * d.head_dim);
+    for &t in &toks {
+        let mut row = vec![0f32; d.dim];
+        m.mat(lay.tok_emb).dequant_row(t as usize, &mut row);
+        let mut x: Vec<f64> = row.iter().map(|&v| v as f64).collect();
+        for (l, li) in lay.layers.iter().enumerate() {
+            let xn = rms(&x, m.f32s(li.attn_norm), h.norm_eps);
+            add_sq(want.slot_mut(l, Slot::Attn), &xn);
+            let Mixer::Attention(a) = &li.mixer else {
+                panic!("attention layers only")
+            };
+            let v = mv(&m.mat(a.wv), &xn);
+            let group = d.n_heads / d.n_kv_heads;
+            let att: Vec<f64> = (0..d.n_heads)
+                .flat_map(|hh| {
+                    let k = hh / group;
+                    v[k * d.head_dim..(k + 1) * d.head_dim].to_vec()
+                })
+                .collect();
+            add_sq(want.slot_mut(l, Slot::Wo), &att);
+            let o = mv(&m.mat(a.wo), &att);
+            x.iter_mut().zip(&o).for_each(|(x, o)| *x += o);
+            let hn = rms(&x, m.f32s(li.ffn_norm), h.norm_eps);
+            add_sq(want.slot_mut(l, Slot::W13), &hn);
+            let g = mv(&m.mat(li.w1), &hn);
+            let u = mv(&m.mat(li.w3), &hn);
+            let hid: Vec<f64> = g
+                .iter()
+                .zip(&u)
+                .map(|(&g, &u)| g / (1.0 + (-g).exp()) * u)
+                .collect();
+            add_sq(want.slot_mut(l, Slot::W2), &hid);
+            let o = mv(&m.mat(li.w2), &hid);
+            x.iter_mut().zip(&o).for_each(|(x, o)| *x += o);
+        }
+        add_sq(want.cls_mut(), &rms(&x, m.f32s(lay.final_norm), h.norm_eps));
+    }
+    let model = Model::new(&m).unwrap();
+    let chunks: Vec<Vec<u32>> = toks.iter().map(|&t| vec![t]).collect();
+    let opts = Options {
+        ctx: Some(1),
+        ..Options::default()
+    };
+    let (got, stats) = imatrix::collect(&model, &opts, &chunks, |_, _| Ok(())).unwrap();
+    assert_eq!(got.tokens, toks.len() as u64);
+    assert_eq!(got.cls_tokens, toks.len() as u64);
+    assert_eq!(stats.nll.n, 0, "a chunk of one token scores nothing");
+    for ((name, g), (_, w)) in slots(&got).into_iter().zip(slots(&want)) {
+        let num: f64 = g.iter().zip(w).map(|(a, b)| (a - b).powi(2)).sum();
+        let den: f64 = w.iter().map(|b| b * b).sum();
+        let rel = (num / den).sqrt();
+        assert!(rel < 1e-4, "{name}: relative error {rel}");
+    }
+
+    // The observer sees nothing once taken off, and classifier rows only where logits
+    // are computed: a prefill without logits classifies its last position alone.
+    let mut st = model.state(&Options::default()).unwrap();
+    st.set_observer(Box::new(Collector::new(&model.cfg)));
+    model.prefill(&mut st, &toks, None).unwrap();
+    let c = st.take_observer_as::<Collector>().unwrap().into_mli();
+    assert_eq!((c.tokens, c.cls_tokens), (toks.len() as u64, 1));
+    model.prefill(&mut st, &[1], None).unwrap();
+    assert!(st.take_observer().is_none());
+}
+
+/// Reads a bf16 / f32 tensor of a safetensors file as f32.
+fn st_tensor(path: &Path, name: &str) -> (Vec<usize>, Vec<f32>) {
+    let b = std::fs::read(path).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&b).unwrap();
+    let t = st.tensor(name).unwrap();
+    let v = match t.dtype() {
+        safetensors::Dtype::BF16 => t
+            .data()
+            .chunks_exact(2)
+            .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32())
+            .collect(),
+        safetensors::Dtype::F32 => t
+            .data()
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect(),
+        d => panic!("{name}: dtype {d:?}"),
+    };
+    (t.shape().to_vec(), v)
+}
+
+/// `Σ_rows Σ_j imp_j (w − ŵ)²` of a quantized matrix against the original weights,
+/// and the same over the tenth of the channels with the highest importance.
+fn weighted_err(m: &MatRef, w: &[f32], imp: &[f32]) -> (f64, f64) {
+    let mut order: Vec<usize> = (0..imp.len()).collect();
+    order.sort_by(|&a, &b| imp[b].total_cmp(&imp[a]));
+    let top = &order[..imp.len() / 10];
+    let mut row = vec![0f32; m.cols];
+    let (mut all, mut hi) = (0.0, 0.0);
+    for r in 0..m.rows {
+        m.dequant_row(r, &mut row);
+        let src = &w[r * m.cols..(r + 1) * m.cols];
+        for j in 0..m.cols {
+            all += imp[j] as f64 * ((src[j] - row[j]) as f64).powi(2);
+        }
+        for &j in top {
+            hi += imp[j] as f64 * ((src[j] - row[j]) as f64).powi(2);
+        }
+    }
+    (all, hi)
+}
+
+/// An imatrix from the default model's own calibration run makes `mlb-convert`'s
+/// Q4_0 search trade error on unimportant channels for less error on important ones:
+/// the importance-weighted squared error against the checkpoint's weights goes down
+/// for every matrix it weights, and most on the top tenth of channels.
+#[test]
+fn imatrix_lowers_the_weighted_q4_error() {
+    let tmp = tempfile::tempdir().unwrap();
+    let q8 = default_model(tmp.path(), "q8", &[]);
+    let mli_path = tmp.path().join("cal.mli");
+    check(run(
+        &q8,
+        &[
+            "--file",
+            corpus().to_str().unwrap(),
+            "--imatrix",
+            mli_path.to_str().unwrap(),
+            "--ctx",
+            "64",
+        ],
+    ));
+    let im = mli::parse(&std::fs::read(&mli_path).unwrap()).unwrap();
+    let q4 = ["--wtype", "q4_0", "--q4-rule", "search", "--q8", "none"];
+    let plain = default_model(tmp.path(), "plain", &q4);
+    let mut wq = q4.to_vec();
+    wq.extend(["--imatrix", mli_path.to_str().unwrap()]);
+    let weighted = default_model(tmp.path(), "weighted", &wq);
+    let (pm, wm) = (Mlb::open(&plain).unwrap(), Mlb::open(&weighted).unwrap());
+    let st = testdata().join("default/model.safetensors");
+    let mut rows = Vec::new();
+    for l in 0..im.n_layers {
+        let (pl, wl) = (&pm.layout().layers[l], &wm.layout().layers[l]);
+        let (Mixer::Attention(pa), Mixer::Attention(wa)) = (&pl.mixer, &wl.mixer) else {
+            panic!("attention layers only")
+        };
+        for (hf, pi, wi, slot) in [
+            ("self_attn.v_proj", pa.wv, wa.wv, Slot::Attn),
+            ("self_attn.o_proj", pa.wo, wa.wo, Slot::Wo),
+            ("mlp.gate_proj", pl.w1, wl.w1, Slot::W13),
+            ("mlp.up_proj", pl.w3, wl.w3, Slot::W13),
+            ("mlp.down_proj", pl.w2, wl.w2, Slot::W2),
+        ] {
+            let (_, w) = st_tensor(&st, &format!("model.layers.{l}.{hf}.weight"));
+            let imp = Mli::importance(im.slot(l, slot), im.tokens);
+            let p = weighted_err(&pm.mat(pi), &w, &imp);
+            let q = weighted_err(&wm.mat(wi), &w, &imp);
+            rows.push((format!("layer {l} {hf}"), p, q));
+        }
+    }
+    // The tied classifier (tok_emb) is weighted by the classifier input.
+    let (_, w) = st_tensor(&st, "model.embed_tokens.weight");
+    let imp = Mli::importance(im.cls(), im.cls_tokens);
+    let p = weighted_err(&pm.mat(pm.layout().tok_emb), &w, &imp);
+    let q = weighted_err(&wm.mat(wm.layout().tok_emb), &w, &imp);
+    rows.push(("tok_emb (tied classifier)".into(), p, q));
+    for (name, p, q) in &rows {
+        eprintln!(
+            "{name}: weighted error {:.4e} → {:.4e} ({:+.1}%), top tenth {:.4e} → {:.4e} ({:+.1}%)",
+            p.0,
+            q.0,
+            100.0 * (q.0 / p.0 - 1.0),
+            p.1,
+            q.1,
+            100.0 * (q.1 / p.1 - 1.0)
+        );
+        assert!(q.0 < p.0, "{name}: {} ≥ {}", q.0, p.0);
+        assert!(q.1 < p.1, "{name}: top tenth {} ≥ {}", q.1, p.1);
+    }
+
+    // An all-zero slot (layer 0's Wo) and no classifier tokens: those matrices fall
+    // back to the unweighted search, the others keep their weighting.
+    let mut z = im.clone();
+    z.slot_mut(0, Slot::Wo).fill(0.0);
+    z.cls_tokens = 0;
+    z.cls_mut().fill(0.0);
+    let z_path = tmp.path().join("zero.mli");
+    std::fs::write(&z_path, z.to_bytes()).unwrap();
+    let mut zq = q4.to_vec();
+    zq.extend(["--imatrix", z_path.to_str().unwrap()]);
+    let zm = Mlb::open(&default_model(tmp.path(), "zero", &zq)).unwrap();
+    let all = |m: &MatRef| -> Vec<f32> {
+        let mut row = vec![0f32; m.cols];
+        (0..m.rows)
+            .flat_map(|r| {
+                m.dequant_row(r, &mut row);
+                row.clone()
+            })
+            .collect()
+    };
+    let wo = |m: &Mlb| match &m.layout().layers[0].mixer {
+        Mixer::Attention(a) => a.wo,
+        _ => unreachable!(),
+    };
+    let w2 = |m: &Mlb| m.layout().layers[0].w2;
+    let emb = |m: &Mlb| m.layout().tok_emb;
+    assert!(all(&zm.mat(wo(&zm))) == all(&pm.mat(wo(&pm))));
+    assert!(all(&zm.mat(emb(&zm))) == all(&pm.mat(emb(&pm))));
+    assert!(all(&zm.mat(w2(&zm))) == all(&wm.mat(w2(&wm))));
+    assert!(all(&zm.mat(w2(&zm))) != all(&pm.mat(w2(&pm))));
+}
+
+/// Every position's logits of one chunk, run alone.
+fn chunk_logits(model: &Model, chunk: &[u32]) -> Vec<f32> {
+    let mut st = model.state(&Options::default()).unwrap();
+    let mut out = Vec::new();
+    let mut sink = |_: usize, l: &[f32]| out.extend_from_slice(l);
+    model.prefill(&mut st, chunk, Some(&mut sink)).unwrap();
+    out
+}
+
+fn json(s: &str) -> serde_json::Value {
+    serde_json::from_str(s.trim()).unwrap_or_else(|e| panic!("{e}: {s}"))
+}
+
+/// `--perplexity` and `--kl-divergence` against the definitions applied here to
+/// every position's logits of each chunk run alone; a model against itself has KL 0.
+#[test]
+fn perplexity_and_kl_divergence_match_the_definitions() {
+    let tmp = tempfile::tempdir().unwrap();
+    let q8 = default_model(tmp.path(), "q8", &[]);
+    let q4 = default_model(tmp.path(), "q4", &["--wtype", "q4_0", "--q8", "none"]);
+    let text = corpus();
+    let common = [
+        "--file",
+        text.to_str().unwrap(),
+        "--ctx",
+        "48",
+        "--chunks",
+        "4",
+    ];
+    let mut a = common.to_vec();
+    a.extend(["--perplexity", "--json"]);
+    let ppl = json(&check(run(&q4, &a)));
+    let mut a = common.to_vec();
+    a.extend(["--kl-divergence", q8.to_str().unwrap(), "--json"]);
+    let kl = json(&check(run(&q4, &a)));
+    let mut a = common.to_vec();
+    a.extend(["--kl-divergence", q8.to_str().unwrap()]);
+    let self_kl = json(&check(run(&q8, &{
+        let mut b = a.clone();
+        b.push("--json");
+        b
+    })));
+    let text_out = check(run(&q4, &a));
+    assert!(text_out.contains("KL(ref ‖ model)") && text_out.contains("top-1"));
+    assert!(text_out.contains("second half"), "{text_out}");
+
+    // The definitions, from full logits.
+    let tok = krafla::tokenizer::Tokenizer::from_path(&q8.with_extension("mlt")).unwrap();
+    let ids = tok.encode(&std::fs::read_to_string(&text).unwrap());
+    let bos = tok.bos().filter(|b| tok.encode("").first() == Some(b));
+    let chunks = eval::chunks(&ids, 48, bos, Some(4)).unwrap();
+    let (m8, m4) = (Mlb::open(&q8).unwrap(), Mlb::open(&q4).unwrap());
+    let (r, m) = (Model::new(&m8).unwrap(), Model::new(&m4).unwrap());
+    let v = m.cfg.vocab;
+    let (mut nll, mut nll_ref, mut kls, mut agree) = (vec![], vec![], vec![], 0);
+    for c in &chunks {
+        let (lr, lm) = (chunk_logits(&r, c), chunk_logits(&m, c));
+        for i in 24..47 {
+            let (rr, rm) = (&lr[i * v..(i + 1) * v], &lm[i * v..(i + 1) * v]);
+            let (mut pr, mut pm) = (vec![], vec![]);
+            log_softmax(rr, &mut pr);
+            log_softmax(rm, &mut pm);
+            let t = c[i + 1] as usize;
+            nll.push(-pm[t]);
+            nll_ref.push(-pr[t]);
+            kls.push(
+                pr.iter()
+                    .zip(&pm)
+                    .map(|(a, b)| a.exp() * (a - b))
+                    .sum::<f64>(),
+            );
+            agree += (eval::argmax(rr) == eval::argmax(rm)) as u64;
+        }
+    }
+    let n = kls.len() as f64;
+    let mean = |x: &[f64]| x.iter().sum::<f64>() / x.len() as f64;
+    let close = |a: f64, b: f64, what: &str| {
+        assert!(
+            (a - b).abs() <= 1e-6 * b.abs().max(1e-3),
+            "{what}: {a} vs {b}"
+        )
+    };
+    assert_eq!(ppl["positions"].as_u64().unwrap(), 4 * 23);
+    close(ppl["ppl"].as_f64().unwrap(), mean(&nll).exp(), "ppl");
+    close(kl["ppl"].as_f64().unwrap(), mean(&nll).exp(), "kl ppl");
+    close(
+        kl["ppl_ref"].as_f64().unwrap(),
+        mean(&nll_ref).exp(),
+        "ppl_ref",
+    );
+    let km = mean(&kls);
+    close(kl["kl_mean"].as_f64().unwrap(), km, "kl_mean");
+    let sd = (kls.iter().map(|k| (k - km).powi(2)).sum::<f64>() / (n - 1.0)).sqrt();
+    close(kl["kl_ci95"].as_f64().unwrap(), 1.96 * sd / n.sqrt(), "ci");
+    let mut sorted = kls.clone();
+    sorted.sort_by(f64::total_cmp);
+    close(
+        kl["kl_p99"].as_f64().unwrap(),
+        sorted[(0.99 * n).ceil() as usize - 1],
+        "p99",
+    );
+    close(kl["top1"].as_f64().unwrap(), agree as f64 / n, "top1");
+    assert!(km > 0.0);
+    assert_eq!(self_kl["kl_mean"].as_f64().unwrap(), 0.0);
+    assert_eq!(self_kl["top1"].as_f64().unwrap(), 1.0);
+    assert_eq!(self_kl["ppl"], self_kl["ppl_ref"]);
+
+    // Errors: one line, non-zero.
+    for (args, needle) in [
+        (
+            vec!["--tokens", "1 2 3", "--perplexity", "--ctx", "1"],
+            "--ctx",
+        ),
+        (
+            vec!["--tokens", "1 2 3", "--kl-divergence", "/nonexistent/r.mlb"],
+            "r.mlb",
+        ),
+        (
+            vec!["--tokens", "1 2 3", "--perplexity", "--chunks", "0"],
+            "--chunks",
+        ),
+    ] {
+        let o = run(&q4, &args);
+        assert!(!o.status.success(), "{args:?}");
+        let e = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(e.trim().lines().count(), 1, "{args:?}: {e}");
+        assert!(e.contains(needle), "{args:?}: {e}");
+    }
+}
