@@ -554,3 +554,88 @@ fn perplexity_and_kl_divergence_match_the_definitions() {
         assert!(e.contains(needle), "{args:?}: {e}");
     }
 }
+
+/// Qwen3.5's linear-attention layers: lqkv/lz/lb/la share the Attn slot; lout's input
+/// (V·dv = 64 channels here, q_dim = 128) has no slot of its width, so the Wo slot of
+/// those layers stays zero and mlb-convert quantizes lout by the unweighted search.
+#[test]
+fn imatrix_linear_attention_slots() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = testdata().join("models/qwen3_5_text");
+    let conv = |out: &Path, extra: &[&str]| {
+        check(
+            bin("mlb-convert")
+                .arg(&src)
+                .arg("-o")
+                .arg(out)
+                .args(extra)
+                .output()
+                .unwrap(),
+        );
+    };
+    let q8 = tmp.path().join("q8.mlb");
+    conv(&q8, &["--wtype", "q8_0"]);
+    let reference: serde_json::Value =
+        json(&std::fs::read_to_string(src.join("reference.json")).unwrap());
+    let toks: Vec<String> = reference["tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.to_string())
+        .collect();
+    let mli_path = tmp.path().join("q.mli");
+    check(run(
+        &q8,
+        &[
+            "--tokens",
+            &toks.join(" "),
+            "--imatrix",
+            mli_path.to_str().unwrap(),
+            "--ctx",
+            "32",
+        ],
+    ));
+    let m = mli::parse(&std::fs::read(&mli_path).unwrap()).unwrap();
+    let model = Mlb::open(&q8).unwrap();
+    for l in 0..m.n_layers {
+        let linear = matches!(model.layout().layers[l].mixer, Mixer::Linear(_));
+        assert!(
+            m.slot(l, Slot::Attn).iter().any(|&s| s > 0.0),
+            "layer {l} Attn slot empty"
+        );
+        let wo_sum: f64 = m.slot(l, Slot::Wo).iter().sum();
+        assert_eq!(
+            wo_sum == 0.0,
+            linear,
+            "layer {l}: Wo slot {wo_sum}, linear {linear}"
+        );
+    }
+    let plain = tmp.path().join("plain.mlb");
+    let weighted = tmp.path().join("weighted.mlb");
+    let q4 = ["--wtype", "q4_0", "--q8", "none", "--q4-rule", "search"];
+    conv(&plain, &q4);
+    conv(
+        &weighted,
+        &[&q4[..], &["--imatrix", mli_path.to_str().unwrap()]].concat(),
+    );
+    let (p, w) = (Mlb::open(&plain).unwrap(), Mlb::open(&weighted).unwrap());
+    let bytes = |m: &Mlb, name: &str| {
+        let t = m.layout().find(name).unwrap();
+        m.bytes()[t.offset as usize..t.end() as usize].to_vec()
+    };
+    assert_eq!(
+        bytes(&p, "layers.0.lout"),
+        bytes(&w, "layers.0.lout"),
+        "lout falls back to the unweighted search"
+    );
+    assert_ne!(
+        bytes(&p, "layers.0.lqkv"),
+        bytes(&w, "layers.0.lqkv"),
+        "lqkv is weighted by the Attn slot"
+    );
+    assert_ne!(
+        bytes(&p, "layers.2.wo"),
+        bytes(&w, "layers.2.wo"),
+        "full-attention wo is weighted"
+    );
+}
