@@ -13,9 +13,8 @@ use krafla::format::mli::{self, Mli, Slot};
 use krafla::model::eval::{self, log_softmax};
 use krafla::model::imatrix::{self, Collector};
 use krafla::model::{Model, Options};
-use krafla::quant::q8_0::quantize_row;
-use krafla::quant::QK;
 
+use crate::run::reference::{mv, rms};
 use crate::util::testdata;
 
 fn bin(name: &str) -> Command {
@@ -172,35 +171,6 @@ fn imatrix_file_counts_and_dimensions() {
     let e = String::from_utf8_lossy(&o.stderr);
     assert_eq!(e.trim().lines().count(), 1, "{e}");
     assert!(e.contains("--ctx 64"), "{e}");
-}
-
-/// Rounds through Q8_0 as the runtime's activation quantizer does.
-fn q8(x: &[f64]) -> Vec<f64> {
-    let xf: Vec<f32> = x.iter().map(|&v| v as f32).collect();
-    let mut q = vec![0i8; xf.len()];
-    let mut d = vec![0f32; xf.len() / QK];
-    quantize_row(&xf, &mut q, &mut d);
-    q.iter()
-        .enumerate()
-        .map(|(i, &v)| v as f64 * d[i / QK] as f64)
-        .collect()
-}
-
-fn mv(m: &MatRef, x: &[f64]) -> Vec<f64> {
-    let xq = q8(x);
-    let mut row = vec![0f32; m.cols];
-    (0..m.rows)
-        .map(|r| {
-            m.dequant_row(r, &mut row);
-            row.iter().zip(&xq).map(|(&w, &v)| w as f64 * v).sum()
-        })
-        .collect()
-}
-
-fn rms(x: &[f64], w: &[f32], eps: f32) -> Vec<f64> {
-    let ms = x.iter().map(|v| v * v).sum::<f64>() / x.len() as f64;
-    let inv = 1.0 / (ms + eps as f64).sqrt();
-    x.iter().zip(w).map(|(&v, &w)| v * inv * w as f64).collect()
 }
 
 fn add_sq(s: &mut [f64], x: &[f64]) {

@@ -4,7 +4,7 @@
 //! fixtures' transformers logits (through `mlb-convert`).
 
 mod fixtures;
-mod reference;
+pub mod reference;
 
 use krafla::format::mlb::header::{layer_flag, q8_class, rope_type, wtype};
 use krafla::format::mlb::synth::{synth_file, tiny_header};

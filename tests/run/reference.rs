@@ -10,7 +10,7 @@ use krafla::quant::q8_0::quantize_row;
 use krafla::quant::QK;
 
 /// Rounds `x` through Q8_0 as the runtime's activation quantizer does.
-fn q8(x: &[f64]) -> Vec<f64> {
+pub fn q8(x: &[f64]) -> Vec<f64> {
     let xf: Vec<f32> = x.iter().map(|&v| v as f32).collect();
     let mut q = vec![0i8; xf.len()];
     let mut d = vec![0f32; xf.len() / QK];
@@ -22,7 +22,7 @@ fn q8(x: &[f64]) -> Vec<f64> {
 }
 
 /// `W · q8(x)`, in f64.
-fn mv(m: &MatRef, x: &[f64]) -> Vec<f64> {
+pub fn mv(m: &MatRef, x: &[f64]) -> Vec<f64> {
     let xq = q8(x);
     let mut row = vec![0f32; m.cols];
     (0..m.rows)
@@ -33,7 +33,8 @@ fn mv(m: &MatRef, x: &[f64]) -> Vec<f64> {
         .collect()
 }
 
-fn rms(x: &[f64], w: &[f32], eps: f32) -> Vec<f64> {
+/// RMSNorm in f64 with the stored (offset-included) weights.
+pub fn rms(x: &[f64], w: &[f32], eps: f32) -> Vec<f64> {
     let ms = x.iter().map(|v| v * v).sum::<f64>() / x.len() as f64;
     let inv = 1.0 / (ms + eps as f64).sqrt();
     x.iter().zip(w).map(|(&v, &w)| v * inv * w as f64).collect()
