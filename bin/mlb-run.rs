@@ -7,6 +7,7 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use clap::Parser;
+use krafla::atomic::AtomicFile;
 use krafla::format::mlb::Mlb;
 use krafla::kernels;
 use krafla::model::forward::LogitsSink;
@@ -129,26 +130,17 @@ fn load_tokenizer(a: &Args, vocab: usize) -> Result<Option<Tokenizer>, String> {
     Ok(Some(tok))
 }
 
-/// Writes the logits of every prompt position to a temporary file beside `path`, then
-/// renames it.
+/// Writes the logits of every prompt position; the file appears only when all are written
+/// (dropped unfinished, on any error, it leaves nothing).
 struct LogitsFile {
-    tmp: PathBuf,
-    out: BufWriter<std::fs::File>,
+    out: BufWriter<AtomicFile>,
     err: Option<std::io::Error>,
 }
 
 impl LogitsFile {
     fn create(path: &Path) -> Result<LogitsFile, String> {
-        let name = path
-            .file_name()
-            .ok_or_else(|| format!("--logits {}: not a file name", path.display()))?;
-        let mut tmp_name = std::ffi::OsString::from(".");
-        tmp_name.push(name);
-        tmp_name.push(format!(".tmp{}", std::process::id()));
-        let tmp = path.with_file_name(tmp_name);
-        let f = std::fs::File::create(&tmp).map_err(|e| format!("{}: {e}", tmp.display()))?;
+        let f = AtomicFile::create(path).map_err(|e| format!("--logits {}: {e}", path.display()))?;
         Ok(LogitsFile {
-            tmp,
             out: BufWriter::new(f),
             err: None,
         })
@@ -168,16 +160,12 @@ impl LogitsFile {
     }
 
     fn finish(self, path: &Path) -> Result<(), String> {
-        let fail = |e: std::io::Error| {
-            let _ = std::fs::remove_file(&self.tmp);
-            format!("{}: {e}", path.display())
-        };
+        let fail = |e: std::io::Error| format!("--logits {}: {e}", path.display());
         if let Some(e) = self.err {
             return Err(fail(e));
         }
         let f = self.out.into_inner().map_err(|e| fail(e.into_error()))?;
-        f.sync_all().map_err(fail)?;
-        std::fs::rename(&self.tmp, path).map_err(fail)
+        f.commit().map_err(fail)
     }
 }
 

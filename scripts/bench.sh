@@ -20,6 +20,7 @@
 #   KRAFLA_EXTRA ["--f16-scales"]: f16 block scales, as GGUF's Q4_0/Q8_0 blocks
 #   LLAMA_DEPTH ["0,N_PROMPT"]: llama-bench's -d; "0" skips the runs after N_PROMPT tokens
 #   LLAMA_ONLY=1 measure llama.cpp and bandwidth only (no Krafla build, no mlb-run)
+#   PREPARE_ONLY=1 stop after the downloads, builds and GGUF files: measure later, on an idle machine
 # On a 2-core machine shared with other work, note `uptime` beside the figures.
 set -euo pipefail
 
@@ -36,6 +37,7 @@ N_GEN=${N_GEN:-128}
 KRAFLA_Q4_RULE=${KRAFLA_Q4_RULE:-round}
 KRAFLA_EXTRA=${KRAFLA_EXTRA---f16-scales}
 LLAMA_ONLY=${LLAMA_ONLY:-0}
+PREPARE_ONLY=${PREPARE_ONLY:-0}
 LLAMA_DEPTH=${LLAMA_DEPTH:-0,$N_PROMPT}
 if [ -z "${REAL_CHECKPOINTS:-}" ]; then
   REAL_CHECKPOINTS=$repo/../shared/tools/real-checkpoints.sh
@@ -51,7 +53,8 @@ py=$BENCH_VENV/bin/python
 if [ ! -x "$py" ]; then
   log "creating venv $BENCH_VENV"
   python3 -m venv "$BENCH_VENV"
-  "$BENCH_VENV/bin/pip" install -q torch transformers safetensors sentencepiece tokenizers numpy protobuf cmake
+  # accelerate and gguf: real-checkpoints.sh dequantizes its GGUF sources with them.
+  "$BENCH_VENV/bin/pip" install -q torch transformers accelerate gguf safetensors sentencepiece tokenizers numpy protobuf cmake
 fi
 
 # 2. The real checkpoints.
@@ -123,6 +126,11 @@ for m in $MODELS; do
     fi
   done
 done
+
+if [ "$PREPARE_ONLY" = 1 ]; then
+  log "prepared in $BENCH_DIR; nothing measured (PREPARE_ONLY=1)"
+  exit 0
+fi
 
 # 6. Read bandwidth with THREADS threads (benches/membw.rs), once per run of the script.
 bw_file=$BENCH_DIR/results/bandwidth.txt

@@ -4,6 +4,7 @@
 //! quantizers, the SIMD kernels, the model runtime, the BPE tokenizer and the
 //! Hugging Face checkpoint converter.
 
+pub mod atomic;
 pub mod convert;
 pub mod format;
 pub mod inspect;

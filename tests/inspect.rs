@@ -323,3 +323,26 @@ fn mlt_report_encode_decode() {
     let o = run_in(dir.path(), "mlb-inspect", &["m.mlb", "--encode"]);
     assert!(!o.status.success());
 }
+
+/// A non-zero byte in the header padding (offsets 160–255) is not in the spec's error
+/// table, so the file loads; mlb-inspect names the byte as a warning, in both reports.
+#[test]
+fn nonzero_header_padding_loads_with_a_warning() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut b = synth_file(&tiny_header(), &[], 6);
+    write(dir.path(), "clean.mlb", &b);
+    b[200] = 0x5a;
+    write(dir.path(), "pad.mlb", &b);
+    assert!(krafla::format::mlb::Mlb::from_bytes(&b).is_ok());
+    let o = run_in(dir.path(), "mlb-inspect", &["pad.mlb"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = stdout(&o);
+    assert!(text.contains("header padding at offset 200 = 0x5a"), "{text}");
+    assert!(text.contains("verdict: valid, 1 warning(s)"), "{text}");
+    let o = run_in(dir.path(), "mlb-inspect", &["pad.mlb", "--json"]);
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(v["warnings"].as_array().unwrap().len(), 1, "{v}");
+    let o = run_in(dir.path(), "mlb-inspect", &["clean.mlb", "--json"]);
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(v["warnings"], serde_json::json!([]));
+}

@@ -518,7 +518,7 @@ fn mlb_run_prompt_longer_than_ctx_and_ids_out_of_range_fail_with_one_line() {
     let small = shrink(&Mlt::parse(&real_mlts()[0].1).unwrap(), c.h.vocab as usize);
     std::fs::write(d.join("m.mlt"), small.to_bytes().unwrap()).unwrap();
     let long = "a b c d e f g h i j k l m n o p".to_string();
-    for (args, needle) in [
+    for (mut args, needle) in [
         (vec!["m.mlb", "-p", &long, "--ctx", "4"], "ctx"),
         (vec!["m.mlb", "--tokens", "1 2 3 4 5", "--ctx", "4"], "ctx"),
         (vec!["m.mlb", "--tokens", "1 96"], "96"),
@@ -526,12 +526,50 @@ fn mlb_run_prompt_longer_than_ctx_and_ids_out_of_range_fail_with_one_line() {
         (vec!["m.mlb", "--tokens", "1 99999999999"], "99999999999"),
         (vec!["m.mlb", "--tokens", "1 -1"], "-1"),
     ] {
-        let o = run_in(d, "mlb-run", &args);
-        let err = stderr(&o);
-        assert_eq!(o.status.code(), Some(1), "{args:?}: {err}");
-        assert_eq!(err.lines().count(), 1, "{args:?}: {err}");
-        assert!(err.contains(needle), "{args:?}: {err}");
-        assert!(!err.contains("panicked"), "{args:?}: {err}");
+        for logits in [false, true] {
+            if logits {
+                args.extend(["--logits", "out.f32"]);
+            }
+            let o = run_in(d, "mlb-run", &args);
+            let err = stderr(&o);
+            assert_eq!(o.status.code(), Some(1), "{args:?}: {err}");
+            assert_eq!(err.lines().count(), 1, "{args:?}: {err}");
+            assert!(err.contains(needle), "{args:?}: {err}");
+            assert!(!err.contains("panicked"), "{args:?}: {err}");
+            // A failed run leaves no logits file, finished or temporary.
+            assert_eq!(names_in(d), ["m.mlb", "m.mlt"], "{args:?}");
+        }
+    }
+    // A run that fails after some positions were written (the model file changes
+    // size) leaves nothing either: see a_mapped_file_that_changes_size_is_refused_before_use.
+}
+
+/// The file names in `dir`, sorted.
+fn names_in(dir: &Path) -> Vec<String> {
+    let mut v: Vec<_> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    v.sort();
+    v
+}
+
+/// Whether `dir`'s file system makes anonymous files (O_TMPFILE), so that even a
+/// SIGKILLed writer leaves no temporary file.
+fn has_o_tmpfile(dir: &Path) -> bool {
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        std::fs::OpenOptions::new()
+            .write(true)
+            .custom_flags(libc::O_TMPFILE)
+            .open(dir)
+            .is_ok()
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        let _ = dir;
+        false
     }
 }
 
@@ -693,7 +731,46 @@ fn mlb_convert_killed_midway_leaves_the_existing_output_intact() {
             now == old || Mlb::from_bytes(&now).is_ok(),
             "killed after {delay_ms} ms: out.mlb damaged"
         );
+        // The temporary file was anonymous: nothing is left beside the output.
+        if has_o_tmpfile(d) {
+            assert_eq!(names_in(d), ["out.mlb"], "killed after {delay_ms} ms");
+        }
     }
+}
+
+/// A disk that fills up mid-conversion: a 256 KiB tmpfs, mounted in a private mount
+/// namespace (`unshare -rm`), holding an existing output. The conversion fails with one
+/// line naming the output and the cause; the old file is untouched and nothing else is
+/// left. Skipped, with a message, where namespaces or tmpfs mounts are not allowed.
+#[test]
+fn mlb_convert_on_a_full_disk_fails_and_keeps_the_existing_output() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = dir.path().join("mnt");
+    std::fs::create_dir(&m).unwrap();
+    let script = r#"mount -t tmpfs -o size=256k tmpfs "$1" || exit 77
+printf precious > "$1/out.mlb"
+"$2" "$3" -o "$1/out.mlb" >/dev/null
+echo "rc=$?"
+ls -A "$1"
+cat "$1/out.mlb""#;
+    let o = std::process::Command::new("unshare")
+        .args(["-rm", "sh", "-c", script, "sh"])
+        .arg(&m)
+        .arg(crate::util::bin_path("mlb-convert"))
+        .arg(testdata().join("default"))
+        .output();
+    let o = match o {
+        Ok(o) if o.status.code() != Some(77) && o.status.success() => o,
+        other => {
+            eprintln!("skipped: no private tmpfs mount here ({other:?})");
+            return;
+        }
+    };
+    let out = String::from_utf8_lossy(&o.stdout);
+    let err = stderr(&o);
+    assert_eq!(out, "rc=1\nout.mlb\nprecious", "stderr: {err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("out.mlb") && err.contains("No space left"), "{err}");
 }
 
 #[test]

@@ -9,8 +9,8 @@
 //! plus its quantized form; quantization is per row, so the bytes do not depend on the
 //! chunk size or the thread count.
 //!
-//! The output is written to `.NAME.tmp-PID` beside the target and renamed on success;
-//! on any error the temporary file is removed and an existing target is untouched.
+//! The output goes through [`AtomicFile`]: it gets its name only on success, and on any
+//! error (or a kill) an existing target is untouched.
 
 pub mod arch;
 pub mod checkpoint;
@@ -18,7 +18,6 @@ pub mod config;
 pub mod error;
 pub mod permute;
 
-use std::fs::File;
 use std::io::BufWriter;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -31,6 +30,7 @@ use arch::Transform;
 use checkpoint::{Checkpoint, DType, TensorInfo};
 use permute::RowMap;
 
+use crate::atomic::AtomicFile;
 use crate::format::mlb::header::{q8_class, wtype, Header};
 use crate::format::mlb::{Kind, MlbWriter, QType, Tensor, WriteError};
 use crate::format::mli::{self, Mli, Slot};
@@ -272,40 +272,25 @@ fn run(opts: &Options, progress: &mut (dyn FnMut(Progress) + Send)) -> Result<Su
         .output
         .clone()
         .unwrap_or_else(|| default_output(dir, opts.wtype));
-    let out_dir = match out.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
-    let fname = out
-        .file_name()
-        .ok_or_else(|| {
-            ConvertError::options("-o", format!("{} is not a file name", out.display()))
-        })?
-        .to_string_lossy()
-        .into_owned();
-    if out.is_dir() {
+    if out.file_name().is_none() || out.is_dir() {
         return Err(ConvertError::options(
             "-o",
-            format!("{} is a folder", out.display()),
+            format!("{} is not a file name", out.display()),
         ));
     }
-    let tmp = out_dir.join(format!(".{fname}.tmp-{}", std::process::id()));
-    let file = File::create(&tmp).map_err(|e| ConvertError::io(&tmp, e))?;
+    let mut file = AtomicFile::create(&out).map_err(|e| ConvertError::io(&out, e))?;
     let job = Job {
         ck: &ck,
         tensors: &layout.tensors,
         sources: &sources,
         scale_f16: opts.scale_f16,
         q4_rule,
-        tmp: &tmp,
+        out: &out,
         cancel: opts.cancel,
     };
-    let res = write_all(&job, &header, &flags, file, progress)
-        .and_then(|()| std::fs::rename(&tmp, &out).map_err(|e| ConvertError::io(&out, e)));
-    if let Err(e) = res {
-        let _ = std::fs::remove_file(&tmp);
-        return Err(e);
-    }
+    // On an error `file` is dropped uncommitted: the target stays as it was.
+    write_all(&job, &header, &flags, &mut file, progress)?;
+    file.commit().map_err(|e| ConvertError::io(&out, e))?;
     let file_bytes = std::fs::metadata(&out).map(|m| m.len()).unwrap_or(total);
     Ok(Summary {
         output: out,
@@ -578,7 +563,7 @@ struct Job<'a> {
     sources: &'a [Option<Source>],
     scale_f16: bool,
     q4_rule: Q4Rule,
-    tmp: &'a Path,
+    out: &'a Path,
     cancel: Option<&'a AtomicBool>,
 }
 
@@ -586,7 +571,7 @@ fn write_all(
     job: &Job,
     header: &Header,
     flags: &[u8],
-    file: File,
+    file: &mut AtomicFile,
     progress: &mut (dyn FnMut(Progress) + Send),
 ) -> Result<()> {
     let Job {
@@ -595,14 +580,14 @@ fn write_all(
         sources,
         scale_f16,
         q4_rule,
-        tmp,
+        out,
         cancel,
     } = *job;
     let cancelled = || cancel.is_some_and(|c| c.load(Ordering::Relaxed));
     let werr = |e: WriteError| match e {
-        WriteError::Io(e) => ConvertError::io(tmp, e),
+        WriteError::Io(e) => ConvertError::io(out, e),
         WriteError::Format(err) => ConvertError::Format {
-            file: tmp.to_path_buf(),
+            file: out.to_path_buf(),
             err: Box::new(err),
         },
     };
@@ -674,11 +659,10 @@ fn write_all(
             bytes_done: t.end(),
         });
     }
-    let out = w.finish().map_err(werr)?;
-    let file = out
+    w.finish()
+        .map_err(werr)?
         .into_inner()
-        .map_err(|e| ConvertError::io(tmp, e.into_error()))?;
-    file.sync_all().map_err(|e| ConvertError::io(tmp, e))?;
+        .map_err(|e| ConvertError::io(out, e.into_error()))?;
     Ok(())
 }
 

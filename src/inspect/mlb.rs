@@ -6,8 +6,10 @@ use std::fmt::Write;
 use serde_json::{json, Map, Value};
 
 use super::{human_bytes, json_f32};
-use crate::format::mlb::header::{act, layer_flag, q8_class, rope_type, FieldValue, FIELDS};
-use crate::format::mlb::{Kind, Mlb, Tensor};
+use crate::format::mlb::header::{
+    act, layer_flag, q8_class, rope_type, FieldValue, FIELDS, FIELDS_END,
+};
+use crate::format::mlb::{Kind, Mlb, Tensor, HEADER_SIZE};
 use crate::quant::{dequant_row, QK};
 
 /// The decoded meaning of a field's value, where it has one (e.g. `llama3`).
@@ -78,6 +80,23 @@ fn bpw(t: &Totals) -> f64 {
         0.0
     } else {
         t.mat_bytes as f64 * 8.0 / t.mat_params as f64
+    }
+}
+
+/// What a valid file holds that the spec's readers ignore but a user should know: a
+/// non-zero byte in the header padding (offsets 160–255) is a field this reader does not
+/// know, written by a newer converter, and the file may not run as that writer meant.
+pub fn warnings(m: &Mlb) -> Vec<String> {
+    let pad = &m.bytes()[FIELDS_END..HEADER_SIZE];
+    match pad.iter().position(|&b| b != 0) {
+        Some(i) => vec![format!(
+            "header padding at offset {} = {:#04x} (offsets {FIELDS_END}–{} must be zero): \
+             a field this reader does not know, from a newer writer?",
+            FIELDS_END + i,
+            pad[i],
+            HEADER_SIZE - 1
+        )],
+        None => vec![],
     }
 }
 
@@ -168,7 +187,16 @@ pub fn report_text(m: &Mlb, file_name: &str) -> String {
         "  bits per weight  {:.3} (quantized matrices, scales included)",
         bpw(&t)
     );
-    let _ = writeln!(s, "\nverdict: valid");
+    let w = warnings(m);
+    if w.is_empty() {
+        let _ = writeln!(s, "\nverdict: valid");
+    } else {
+        let _ = writeln!(s, "\nwarnings");
+        for x in &w {
+            let _ = writeln!(s, "  {x}");
+        }
+        let _ = writeln!(s, "\nverdict: valid, {} warning(s)", w.len());
+    }
     s
 }
 
@@ -218,6 +246,7 @@ pub fn report_json(m: &Mlb, file_name: &str) -> Value {
         "file": file_name,
         "format": "MLB1",
         "valid": true,
+        "warnings": warnings(m),
         "header": header,
         "derived": {
             "head_dim": d.head_dim, "q_dim": d.q_dim, "kv_dim": d.kv_dim, "rot_dim": d.rot_dim,

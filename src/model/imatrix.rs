@@ -220,30 +220,10 @@ pub fn collect(
 /// Writes `bytes` to a temporary file beside `path`, then renames it over `path`: a
 /// reader never sees a partial file.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), EvalError> {
-    use std::io::Write;
-    let io = |p: &Path, e: std::io::Error| EvalError::Io {
-        path: p.to_path_buf(),
-        msg: e.to_string(),
-    };
-    let name = path.file_name().ok_or_else(|| EvalError::Io {
+    crate::atomic::write(path, bytes).map_err(|e| EvalError::Io {
         path: path.to_path_buf(),
-        msg: "not a file name".into(),
-    })?;
-    let mut tmp_name = std::ffi::OsString::from(".");
-    tmp_name.push(name);
-    tmp_name.push(format!(".tmp{}", std::process::id()));
-    let tmp = path.with_file_name(tmp_name);
-    let res = (|| {
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(bytes)?;
-        f.sync_all()
-    })()
-    .map_err(|e| io(&tmp, e))
-    .and_then(|()| std::fs::rename(&tmp, path).map_err(|e| io(path, e)));
-    if res.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    res
+        msg: e.to_string(),
+    })
 }
 
 #[cfg(test)]

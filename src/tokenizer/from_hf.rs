@@ -768,20 +768,5 @@ pub fn convert_file(
 
 /// Writes through a temporary file beside `path` and renames it; no partial output.
 pub fn write_atomic(path: &std::path::Path, bytes: &[u8]) -> Result<()> {
-    use std::io::Write;
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let tmp = path.with_file_name(format!(".{name}.tmp{}", std::process::id()));
-    let res = (|| {
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(bytes)?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, path)
-    })();
-    res.map_err(|e| {
-        let _ = std::fs::remove_file(&tmp);
-        FormatError::io(path, &e)
-    })
+    crate::atomic::write(path, bytes).map_err(|e| FormatError::io(path, &e))
 }
