@@ -9,6 +9,7 @@
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
+use krafla::kernels::pool::Pool;
 use krafla::kernels::{self, Kernels, QActs, QMat, WType};
 use krafla::quant::QK;
 
@@ -72,6 +73,7 @@ fn main() {
             .unwrap_or(150),
     );
     let mut rng = Rng(0x1234_5678_9ABC_DEF1);
+    let (pool1, pool2) = (Pool::leak(1), Pool::leak(2));
     println!("| shape | type | tier | threads | matvec µs | matvec GFLOP/s | matvec GB/s | matmul n={n_batch} ms | matmul GFLOP/s |");
     println!("|---|---|---|---|---|---|---|---|---|");
     for (name, rows, cols) in shapes {
@@ -95,11 +97,7 @@ fn main() {
                     continue;
                 }
                 let k = Kernels::for_tier(tier).expect("supported");
-                for threads in [1, 2] {
-                    let pool = rayon::ThreadPoolBuilder::new()
-                        .num_threads(threads)
-                        .build()
-                        .expect("pool");
+                for (threads, pool) in [(1, pool1), (2, pool2)] {
                     let tv = pool.install(|| time(min, || k.matvec(&w, &a1, black_box(&mut y1))));
                     let tm = pool.install(|| time(min, || k.matmul(&w, &an, black_box(&mut yn))));
                     let flop = 2.0 * rows as f64 * cols as f64;

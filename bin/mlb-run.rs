@@ -139,7 +139,8 @@ struct LogitsFile {
 
 impl LogitsFile {
     fn create(path: &Path) -> Result<LogitsFile, String> {
-        let f = AtomicFile::create(path).map_err(|e| format!("--logits {}: {e}", path.display()))?;
+        let f =
+            AtomicFile::create(path).map_err(|e| format!("--logits {}: {e}", path.display()))?;
         Ok(LogitsFile {
             out: BufWriter::new(f),
             err: None,
@@ -174,10 +175,7 @@ fn run(a: Args) -> Result<(), String> {
         if t == 0 {
             return Err("--threads = 0: at least one thread is needed".into());
         }
-        rayon::ThreadPoolBuilder::new()
-            .num_threads(t)
-            .build_global()
-            .map_err(|e| format!("--threads = {t}: {e}"))?;
+        kernels::pool::set_threads(t);
     }
     if !(a.temp >= 0.0 && a.temp.is_finite()) {
         return Err(format!(
@@ -247,7 +245,7 @@ fn run(a: Args) -> Result<(), String> {
         );
         eprintln!(
             "threads: {}; model: dim {} layers {} heads {}/{} head_dim {} hidden {} vocab {}; ctx {} batch {}; loaded in {load_secs:.2} s",
-            rayon::current_num_threads(),
+            kernels::pool::threads(),
             cfg.dim,
             cfg.n_layers,
             cfg.n_heads,

@@ -26,7 +26,10 @@ pub struct AtomicFile {
 
 fn tmp_path(target: &Path) -> io::Result<PathBuf> {
     let name = target.file_name().ok_or_else(|| {
-        io::Error::new(io::ErrorKind::InvalidInput, "the output path has no file name")
+        io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "the output path has no file name",
+        )
     })?;
     let mut tmp = std::ffi::OsString::from(".");
     tmp.push(name);
@@ -220,7 +223,9 @@ mod tests {
         let mut f = AtomicFile::create(&out).unwrap();
         f.write_all(b"half").unwrap();
         // Nothing visible but the old file while writing (anonymous), or its hidden temp.
-        assert!(names(dir.path()).iter().all(|n| n == "out.bin" || n.starts_with(".out.bin.tmp-")));
+        assert!(names(dir.path())
+            .iter()
+            .all(|n| n == "out.bin" || n.starts_with(".out.bin.tmp-")));
         drop(f);
         assert_eq!(names(dir.path()), ["out.bin"]);
         assert_eq!(std::fs::read(&out).unwrap(), b"old");

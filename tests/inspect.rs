@@ -337,7 +337,10 @@ fn nonzero_header_padding_loads_with_a_warning() {
     let o = run_in(dir.path(), "mlb-inspect", &["pad.mlb"]);
     assert!(o.status.success(), "{}", stderr(&o));
     let text = stdout(&o);
-    assert!(text.contains("header padding at offset 200 = 0x5a"), "{text}");
+    assert!(
+        text.contains("header padding at offset 200 = 0x5a"),
+        "{text}"
+    );
     assert!(text.contains("verdict: valid, 1 warning(s)"), "{text}");
     let o = run_in(dir.path(), "mlb-inspect", &["pad.mlb", "--json"]);
     let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();

@@ -1,6 +1,7 @@
 //! Kernel tiers against the scalar reference (bit for bit), the reference against a
 //! naive f64 dot product, and independence from the thread count.
 
+use krafla::kernels::pool::Pool;
 use krafla::kernels::{self, Kernels, QActs, QMat, Tier, WType};
 use krafla::quant::QK;
 
@@ -312,12 +313,8 @@ fn thread_count_does_not_change_bits() {
             for k in all_kernels() {
                 let mut ys = Vec::new();
                 for threads in [1, 2, 3] {
-                    let pool = rayon::ThreadPoolBuilder::new()
-                        .num_threads(threads)
-                        .build()
-                        .unwrap();
                     let mut y = vec![0f32; n * rows];
-                    pool.install(|| k.matmul(&w, &xa, &mut y));
+                    Pool::leak(threads).install(|| k.matmul(&w, &xa, &mut y));
                     ys.push(y);
                 }
                 assert_eq!(first_diff(&ys[0], &ys[1]), None, "tier {} n {n}", k.tier());

@@ -770,7 +770,10 @@ cat "$1/out.mlb""#;
     let err = stderr(&o);
     assert_eq!(out, "rc=1\nout.mlb\nprecious", "stderr: {err}");
     assert_eq!(err.lines().count(), 1, "{err}");
-    assert!(err.contains("out.mlb") && err.contains("No space left"), "{err}");
+    assert!(
+        err.contains("out.mlb") && err.contains("No space left"),
+        "{err}"
+    );
 }
 
 #[test]

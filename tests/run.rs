@@ -9,6 +9,7 @@ pub mod reference;
 use krafla::format::mlb::header::{layer_flag, q8_class, rope_type, wtype};
 use krafla::format::mlb::synth::{synth_file, tiny_header};
 use krafla::format::mlb::{Header, Mlb};
+use krafla::kernels::pool::Pool;
 use krafla::kernels::{self, Tier};
 use krafla::model::{Model, ModelError, Options};
 
@@ -311,13 +312,11 @@ fn thread_count_does_not_change_bits() {
     let m = load(c, 19);
     let model = Model::new(&m).unwrap();
     let toks = tokens(c.h.vocab, 40, 2);
-    let one = rayon::ThreadPoolBuilder::new()
-        .num_threads(1)
-        .build()
-        .unwrap();
-    let a = one.install(|| all_logits(&model, &Options::default(), &toks));
-    let b = all_logits(&model, &Options::default(), &toks);
-    assert!(a == b);
+    let a = Pool::leak(1).install(|| all_logits(&model, &Options::default(), &toks));
+    for threads in [2, 3] {
+        let b = Pool::leak(threads).install(|| all_logits(&model, &Options::default(), &toks));
+        assert!(a == b, "{threads} threads");
+    }
 }
 
 #[test]

@@ -14,16 +14,15 @@
 //! lowered with `KRAFLA_KERNEL=scalar|avx2|avx512|avx512vnni|neon`.
 //!
 //! Rows are independent, so the results do not depend on the thread count or on how
-//! rows are split between rayon tasks.
+//! rows are split between tasks of the thread pool ([`pool`]).
 
 use std::cell::Cell;
 use std::fmt;
 use std::sync::OnceLock;
 
-use rayon::prelude::*;
-
 use crate::quant::QK;
 
+pub mod pool;
 pub mod scalar;
 
 #[cfg(target_arch = "x86_64")]
@@ -470,15 +469,15 @@ impl Kernels {
         // Weight rows r0..r1 as slices.
         let rows_of = |r0: usize, r1: usize| (&w.q[r0 * rb..r1 * rb], &w.d[r0 * nb..r1 * nb]);
         if n == 1 {
-            let run = |(i, yc): (usize, &mut [f32])| {
+            let run = |i: usize, yc: &mut [f32]| {
                 let (wq, wd) = rows_of(i * chunk, i * chunk + yc.len());
                 // SAFETY: a supported tier's kernel; slices sized per `TileFn`.
                 unsafe { tile(yc.len(), wq, wd, &tiles[0], yc) };
             };
             if chunk >= w.rows {
-                run((0, y));
+                run(0, y);
             } else {
-                y.par_chunks_mut(chunk).enumerate().for_each(run);
+                pool::for_chunks(y, chunk, run);
             }
             return;
         }
@@ -511,7 +510,7 @@ impl Kernels {
         if tasks == 1 {
             run(0);
         } else {
-            (0..tasks).into_par_iter().for_each(run);
+            pool::run(tasks, run);
         }
     }
 }
@@ -538,11 +537,11 @@ impl SharedOut {
     }
 }
 
-/// Rows per rayon task: enough work (~64K multiply-adds) to pay for a task, about
+/// Rows per pool task: enough work (~64K multiply-adds) to pay for a task, about
 /// four tasks per thread, a multiple of 16.
 fn rows_per_task(rows: usize, macs_per_row: usize) -> usize {
     let min_rows = (65536 / macs_per_row.max(1)).max(1);
-    let per_thread = rows.div_ceil(4 * rayon::current_num_threads());
+    let per_thread = rows.div_ceil(4 * pool::threads());
     per_thread.max(min_rows).next_multiple_of(16).min(rows)
 }
 

@@ -14,7 +14,7 @@
 //! 5. the output is RMS-normalized per head (`lnorm`, `norm_eps`) and multiplied by
 //!    `silu(z)`; `lout` follows (in [`super::forward`]).
 
-use rayon::prelude::*;
+use crate::kernels::pool;
 
 use super::config::Config;
 use super::forward::{dot, rmsnorm_inplace, silu};
@@ -210,12 +210,7 @@ impl DeltaState {
         };
         let sd = dk * dv;
         if vh * sd >= 1 << 16 {
-            self.s
-                .par_chunks_mut(sd)
-                .zip(out.par_chunks_mut(dv))
-                .zip(self.delta.par_chunks_mut(dv))
-                .enumerate()
-                .for_each(|(h, ((s, o), d))| head(h, s, o, d));
+            pool::for_chunks3((&mut self.s, sd), (out, dv), (&mut self.delta, dv), head);
         } else {
             self.s
                 .chunks_exact_mut(sd)

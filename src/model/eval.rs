@@ -24,7 +24,7 @@
 use std::fmt;
 use std::path::PathBuf;
 
-use rayon::prelude::*;
+use crate::kernels::pool;
 
 use super::forward::{Model, Options};
 use super::ModelError;
@@ -368,15 +368,13 @@ pub fn kl_divergence(
                 };
                 m.prefill(s, &c[a..b], Some(&mut sink))?;
             }
-            let cmp: Vec<Cmp> = (0..b - a)
-                .into_par_iter()
-                .map(|r| {
-                    let rr = &rows_ref[r * vocab..(r + 1) * vocab];
-                    let rm = &rows[r * vocab..(r + 1) * vocab];
-                    compare(rr, rm, c[a + r + 1] as usize)
-                })
-                .collect();
-            for x in cmp {
+            let mut cmp: Vec<Option<Cmp>> = (0..b - a).map(|_| None).collect();
+            pool::for_chunks(&mut cmp, 1, |r, x| {
+                let rr = &rows_ref[r * vocab..(r + 1) * vocab];
+                let rm = &rows[r * vocab..(r + 1) * vocab];
+                x[0] = Some(compare(rr, rm, c[a + r + 1] as usize));
+            });
+            for x in cmp.into_iter().flatten() {
                 rep.kl.push(x.kl);
                 rep.kl_max = rep.kl_max.max(x.kl);
                 all_kl.push(x.kl);

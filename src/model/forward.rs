@@ -25,8 +25,9 @@
 //! kernels' matmul and matvec give the same bits, so prefill and token-by-token decoding
 //! produce identical logits; so does any thread count.
 
-use rayon::prelude::*;
+use crate::kernels::pool;
 
+use super::attention::attend;
 use super::config::{Act, Config, LayerKind, RopeSel};
 use super::delta::DeltaState;
 use super::imatrix::{tap, Collector, Input, Observer};
@@ -180,7 +181,7 @@ impl State {
 
 /// Dot product with 8 partial sums in a fixed order: element `i` of each group of 8
 /// goes to `acc[i]`, then `((a0+a4) + (a2+a6)) + ((a1+a5) + (a3+a7))`, then the tail
-/// in order. [`dot_avx2`] computes exactly the same operations on one register.
+/// in order. The AVX2 attention computes exactly the same operations on one register.
 #[inline(always)]
 pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
     let mut acc = [0f32; 8];
@@ -195,41 +196,12 @@ pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
 }
 
 #[inline(always)]
-fn reduce8(acc: [f32; 8], ra: &[f32], rb: &[f32]) -> f32 {
+pub(crate) fn reduce8(acc: [f32; 8], ra: &[f32], rb: &[f32]) -> f32 {
     let mut s = ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
     for (x, y) in ra.iter().zip(rb) {
         s += x * y;
     }
     s
-}
-
-/// [`dot`] with AVX2 intrinsics (no FMA: a separate multiply and add, as in [`dot`]).
-///
-/// # Safety
-/// The CPU must support AVX2.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-#[inline]
-unsafe fn dot_avx2(a: &[f32], b: &[f32]) -> f32 {
-    use std::arch::x86_64::*;
-    let n = a.len().min(b.len()) / 8 * 8;
-    let mut acc = _mm256_setzero_ps();
-    let mut i = 0;
-    while i < n {
-        // SAFETY: i + 8 <= n <= a.len(), b.len(); unaligned loads.
-        let (x, y) = unsafe {
-            (
-                _mm256_loadu_ps(a.as_ptr().add(i)),
-                _mm256_loadu_ps(b.as_ptr().add(i)),
-            )
-        };
-        acc = _mm256_add_ps(acc, _mm256_mul_ps(x, y));
-        i += 8;
-    }
-    let mut arr = [0f32; 8];
-    // SAFETY: arr has room for 8 floats.
-    unsafe { _mm256_storeu_ps(arr.as_mut_ptr(), acc) };
-    reduce8(arr, &a[n..], &b[n..])
 }
 
 /// `out = x / sqrt(mean(x²) + eps) · w`.
@@ -271,9 +243,7 @@ fn gelu_tanh(x: f32) -> f32 {
 /// there is enough work. Rows are independent, so the result is the same either way.
 fn for_rows(buf: &mut [f32], width: usize, f: impl Fn(usize, &mut [f32]) + Sync + Send) {
     if buf.len() >= PAR_MIN && buf.len() > width {
-        buf.par_chunks_mut(width)
-            .enumerate()
-            .for_each(|(i, r)| f(i, r));
+        pool::for_chunks(buf, width, f);
     } else {
         buf.chunks_mut(width).enumerate().for_each(|(i, r)| f(i, r));
     }
@@ -290,107 +260,6 @@ fn rmsnorm_rows(out: &mut [f32], x: &[f32], w: &[f32], width: usize, eps: f32) {
 fn add(x: &mut [f32], y: &[f32]) {
     for (a, &b) in x.iter_mut().zip(y) {
         *a += b;
-    }
-}
-
-/// One head's attention for the query `q` at position `pos` over the cached keys and
-/// values of kv head offset `off`: scores into `att`, the weighted values into `out`.
-#[allow(clippy::too_many_arguments)]
-fn attend(
-    q: &[f32],
-    cache: &LayerCache,
-    off: usize,
-    pos: usize,
-    scale: f32,
-    softcap: f32,
-    att: &mut [f32],
-    out: &mut [f32],
-) {
-    #[cfg(target_arch = "x86_64")]
-    if std::is_x86_feature_detected!("avx2") {
-        // SAFETY: the CPU supports AVX2 (checked just above).
-        return unsafe { attend_avx2(q, cache, off, pos, scale, softcap, att, out) };
-    }
-    attend_body(dot, q, cache, off, pos, scale, softcap, att, out)
-}
-
-/// [`attend`] compiled for AVX2: the same operations in the same order (Rust never
-/// fuses a multiply and an add), so the same bits, on 8 lanes instead of 4.
-///
-/// # Safety
-/// The CPU must support AVX2.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-#[allow(clippy::too_many_arguments)]
-unsafe fn attend_avx2(
-    q: &[f32],
-    cache: &LayerCache,
-    off: usize,
-    pos: usize,
-    scale: f32,
-    softcap: f32,
-    att: &mut [f32],
-    out: &mut [f32],
-) {
-    // SAFETY: this function only runs on CPUs with AVX2.
-    let d = |a: &[f32], b: &[f32]| unsafe { dot_avx2(a, b) };
-    attend_body(d, q, cache, off, pos, scale, softcap, att, out)
-}
-
-#[inline(always)]
-#[allow(clippy::too_many_arguments)]
-fn attend_body(
-    dot: impl Fn(&[f32], &[f32]) -> f32,
-    q: &[f32],
-    cache: &LayerCache,
-    off: usize,
-    pos: usize,
-    scale: f32,
-    softcap: f32,
-    att: &mut [f32],
-    out: &mut [f32],
-) {
-    let hd = q.len();
-    let s0 = cache.first_visible(pos);
-    let att = &mut att[..pos + 1 - s0];
-    let (kvd, cap) = (cache.kv_dim, cache.cap);
-    // Visible positions in order, as slots (no division per position).
-    let first_slot = s0 % cap;
-    let mut max = f32::NEG_INFINITY;
-    let mut slot = first_slot;
-    for a in att.iter_mut() {
-        let at = slot * kvd + off;
-        let mut s = dot(q, &cache.k[at..at + hd]) * scale;
-        if softcap > 0.0 {
-            s = softcap * (s / softcap).tanh();
-        }
-        *a = s;
-        max = max.max(s);
-        slot += 1;
-        if slot == cap {
-            slot = 0;
-        }
-    }
-    let mut sum = 0.0f32;
-    for a in att.iter_mut() {
-        *a = (*a - max).exp();
-        sum += *a;
-    }
-    out.fill(0.0);
-    let mut slot = first_slot;
-    for &p in att.iter() {
-        let at = slot * kvd + off;
-        for (o, &vv) in out.iter_mut().zip(&cache.v[at..at + hd]) {
-            *o += p * vv;
-        }
-        slot += 1;
-        if slot == cap {
-            slot = 0;
-        }
-    }
-    let inv = 1.0 / sum;
-    for o in out {
-        *o *= inv;
     }
 }
 
@@ -739,11 +608,7 @@ impl<'a> Model<'a> {
             &mut st.vb[..n * kvd],
         );
         if n * qd >= PAR_MIN {
-            q.par_chunks_mut(qd)
-                .zip(kb.par_chunks_mut(kvd))
-                .zip(vb.par_chunks_mut(kvd))
-                .enumerate()
-                .for_each(|(t, ((q, kr), v))| prep(t, q, kr, v));
+            pool::for_chunks3((q, qd), (kb, kvd), (vb, kvd), prep);
         } else {
             q.chunks_mut(qd)
                 .zip(kb.chunks_mut(kvd))
@@ -774,10 +639,7 @@ impl<'a> Model<'a> {
                 attend(qh, cache, (h / group) * hd, p0 + t, scale, softcap, s, o);
             };
             if visible * qd >= PAR_MIN {
-                out.par_chunks_mut(hd)
-                    .zip(att.par_chunks_mut(al))
-                    .enumerate()
-                    .for_each(go);
+                pool::for_chunks2(out, hd, att, al, |h, o, s| go((h, (o, s))));
             } else {
                 out.chunks_mut(hd)
                     .zip(att.chunks_mut(al))
@@ -802,10 +664,7 @@ impl<'a> Model<'a> {
                 let work = n * (p0 + n) * qd;
                 let run = |(t, (o, s)): (usize, (&mut [f32], &mut [f32]))| token(cache, t, o, s);
                 if work >= PAR_MIN {
-                    mix.par_chunks_mut(qd)
-                        .zip(st.att.par_chunks_mut(al))
-                        .enumerate()
-                        .for_each(run);
+                    pool::for_chunks2(mix, qd, &mut st.att, al, |t, o, s| run((t, (o, s))));
                 } else {
                     mix.chunks_mut(qd)
                         .zip(st.att.chunks_mut(al))
@@ -867,7 +726,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn dot_avx2_is_bit_identical() {
+    fn dot_is_accurate() {
         let mut s = 0x1234_5678_9abc_def1u64;
         let mut r = || {
             s ^= s << 13;
@@ -878,12 +737,6 @@ mod tests {
         for n in [0usize, 1, 7, 8, 9, 16, 63, 64, 65, 130, 256] {
             let a: Vec<f32> = (0..n).map(|_| r() * 100.0).collect();
             let b: Vec<f32> = (0..n).map(|_| r()).collect();
-            #[cfg(target_arch = "x86_64")]
-            if std::is_x86_feature_detected!("avx2") {
-                // SAFETY: AVX2 checked just above.
-                let v = unsafe { dot_avx2(&a, &b) };
-                assert_eq!(v.to_bits(), dot(&a, &b).to_bits(), "n = {n}");
-            }
             let exact: f64 = a.iter().zip(&b).map(|(&x, &y)| x as f64 * y as f64).sum();
             assert!((dot(&a, &b) as f64 - exact).abs() < 1e-3 * (1.0 + exact.abs()));
         }

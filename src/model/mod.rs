@@ -16,6 +16,7 @@
 //! [`crate::kernels`]; matvec and matmul give the same bits, and so do prefill and
 //! token-by-token decoding.
 
+mod attention;
 pub mod config;
 pub mod delta;
 pub mod eval;

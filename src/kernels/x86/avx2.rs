@@ -207,7 +207,12 @@ pub unsafe fn tile_q4(rows: usize, wq: &[u8], wd: &[f32], x: &ActTile, out: &mut
 unsafe fn quantize_block(x: *const f32, q: *mut i8) -> f32 {
     // SAFETY: 32 readable floats at `x`, 32 writable bytes at `q` (caller's contract).
     unsafe {
-        let v = [0, 8, 16, 24].map(|i| _mm256_loadu_ps(x.add(i)));
+        // Plain loops, not `map` closures: a closure does not inherit the caller's
+        // target features, and its intrinsics would become calls.
+        let mut v = [_mm256_setzero_ps(); 4];
+        for (j, vj) in v.iter_mut().enumerate() {
+            *vj = _mm256_loadu_ps(x.add(8 * j));
+        }
         let abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFF_FFFF));
         // max_ps(a, m) returns m when a is NaN: NaN is skipped, as f32::max does.
         let mut m = _mm256_setzero_ps();
@@ -225,7 +230,8 @@ unsafe fn quantize_block(x: *const f32, q: *mut i8) -> f32 {
         let sign = _mm256_castsi256_ps(_mm256_set1_epi32(i32::MIN));
         let half = _mm256_set1_ps(0.5);
         let (lo, hi) = (_mm256_set1_ps(-127.0), _mm256_set1_ps(127.0));
-        let i = v.map(|vi| {
+        let mut i = [_mm256_setzero_si256(); 4];
+        for (ij, &vi) in i.iter_mut().zip(&v) {
             let r = _mm256_add_ps(
                 _mm256_mul_ps(vi, id),
                 _mm256_or_ps(_mm256_and_ps(vi, sign), half),
@@ -233,8 +239,8 @@ unsafe fn quantize_block(x: *const f32, q: *mut i8) -> f32 {
             let r = _mm256_round_ps(r, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
             // NaN → 0, as the saturating `as i8` cast does.
             let r = _mm256_and_ps(r, _mm256_cmp_ps(r, r, _CMP_ORD_Q));
-            _mm256_cvttps_epi32(_mm256_min_ps(_mm256_max_ps(r, lo), hi))
-        });
+            *ij = _mm256_cvttps_epi32(_mm256_min_ps(_mm256_max_ps(r, lo), hi));
+        }
         let p = _mm256_packs_epi16(
             _mm256_packs_epi32(i[0], i[1]),
             _mm256_packs_epi32(i[2], i[3]),
