@@ -498,10 +498,10 @@ impl Kernels {
                     unsafe { tile(nr, wq, wd, xt, b) };
                     for t in 0..nt {
                         let row0 = (k * TILE_TOKENS + t) * w.rows + s0;
-                        for (j, v) in b.iter().skip(t).step_by(nt).enumerate() {
+                        for j in 0..nr {
                             // SAFETY: token k·TILE_TOKENS + t < n and s0 + j < r1 ≤ rows,
                             // so the index is inside y; task i alone writes its rows.
-                            unsafe { out.write(row0 + j, *v) };
+                            unsafe { out.write(row0 + j, b[j * nt + t]) };
                         }
                     }
                 }

@@ -39,6 +39,44 @@ pub(crate) fn attend(
     attend_scalar(q, cache, off, pos, scale, softcap, att, out)
 }
 
+/// Most queries per [`attend_many`] call.
+pub(crate) const TILE_QUERIES: usize = 32;
+
+/// One query of an [`attend_many`] tile.
+pub(crate) struct Query<'a> {
+    pub q: &'a [f32],
+    pub pos: usize,
+    pub att: &'a mut [f32],
+    pub out: &'a mut [f32],
+}
+
+/// [`attend`] for queries of the same kv head, [`TILE_QUERIES`] at a time (a tile of
+/// prompt tokens and the query heads that share the kv head), each with the bits
+/// [`attend`] gives it alone. Every key and value row is read from memory once for the
+/// whole tile instead of once per query.
+pub(crate) fn attend_many(
+    qs: &mut [Query],
+    cache: &LayerCache,
+    off: usize,
+    scale: f32,
+    softcap: f32,
+) {
+    if qs.len() > TILE_QUERIES {
+        for part in qs.chunks_mut(TILE_QUERIES) {
+            attend_many(part, cache, off, scale, softcap);
+        }
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if std::is_x86_feature_detected!("avx2") && qs.iter().all(|q| q.pos < cache.cap) {
+        // SAFETY: AVX2 checked; every position is below cap.
+        return unsafe { avx2::attend_many(qs, cache, off, scale, softcap) };
+    }
+    for q in qs {
+        attend(q.q, cache, off, q.pos, scale, softcap, q.att, q.out);
+    }
+}
+
 /// The reference path (also the one on CPUs without AVX2).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn attend_scalar(
@@ -143,7 +181,7 @@ fn softmax(att: &mut [f32], softcap: f32) -> f32 {
 mod avx2 {
     use std::arch::x86_64::*;
 
-    use super::{reduce8, softmax, Rows};
+    use super::{reduce8, softmax, Query, Rows};
     use crate::model::kv::LayerCache;
 
     /// [`super::attend_scalar`] on AVX2: the same operations (no FMA) in the same order
@@ -163,39 +201,119 @@ mod avx2 {
         att: &mut [f32],
         out: &mut [f32],
     ) {
-        let hd = q.len();
-        let rows = Rows::new(cache, off, pos, hd);
+        let rows = Rows::new(cache, off, pos, q.len());
         let att = &mut att[..rows.len];
+        // SAFETY: AVX2 (this function's contract); every row has q.len() values.
+        unsafe { scores(q, |i| rows.k(i), scale, att) };
+        let inv = 1.0 / softmax(att, softcap);
+        out.fill(0.0);
+        // SAFETY: as above; out has q.len() values.
+        unsafe { values(att, |i| rows.v(i), out) };
+        for o in out {
+            *o *= inv;
+        }
+    }
+
+    /// Positions per block of [`attend_many`]: the block's keys (or values) stay in L1
+    /// while every query of the tile uses them.
+    const BLOCK: usize = 64;
+
+    /// [`super::attend_many`] on AVX2, blocked over positions; each query's bits are
+    /// those of [`attend`] (scores are independent; each value sum runs in position
+    /// order whatever the blocking).
+    ///
+    /// # Safety
+    /// The CPU must support AVX2; every query's position is below `cache.cap`.
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn attend_many(
+        qs: &mut [Query],
+        cache: &LayerCache,
+        off: usize,
+        scale: f32,
+        softcap: f32,
+    ) {
+        let Some(hd) = qs.first().map(|q| q.q.len()) else {
+            return;
+        };
+        let stride = cache.kv_dim;
+        // With every position below cap, position p is in slot p.
+        let k = |p: usize| &cache.k[p * stride + off..p * stride + off + hd];
+        let v = |p: usize| &cache.v[p * stride + off..p * stride + off + hd];
+        let lo = qs
+            .iter()
+            .map(|q| cache.first_visible(q.pos))
+            .min()
+            .unwrap_or(0);
+        let hi = qs.iter().map(|q| q.pos).max().unwrap_or(0);
+        // The part of block b0..b0+BLOCK that query q sees: positions s..e.
+        let span = |q: &Query, b0: usize| {
+            let s = cache.first_visible(q.pos).max(b0);
+            let e = (q.pos + 1).min(b0 + BLOCK);
+            (s, e)
+        };
+        for b0 in (lo..=hi).step_by(BLOCK) {
+            for q in qs.iter_mut() {
+                let (s, e) = span(q, b0);
+                if s < e {
+                    let f = cache.first_visible(q.pos);
+                    // SAFETY: AVX2; rows of hd values.
+                    unsafe { scores(q.q, |i| k(s + i), scale, &mut q.att[s - f..e - f]) };
+                }
+            }
+        }
+        let mut inv = [0f32; super::TILE_QUERIES];
+        for (q, iv) in qs.iter_mut().zip(&mut inv) {
+            let n = q.pos + 1 - cache.first_visible(q.pos);
+            *iv = 1.0 / softmax(&mut q.att[..n], softcap);
+            q.out.fill(0.0);
+        }
+        for b0 in (lo..=hi).step_by(BLOCK) {
+            for q in qs.iter_mut() {
+                let (s, e) = span(q, b0);
+                if s < e {
+                    let f = cache.first_visible(q.pos);
+                    // SAFETY: AVX2; rows and out of hd values.
+                    unsafe { values(&q.att[s - f..e - f], |i| v(s + i), q.out) };
+                }
+            }
+        }
+        for (q, &iv) in qs.iter_mut().zip(&inv) {
+            for o in q.out.iter_mut() {
+                *o *= iv;
+            }
+        }
+    }
+
+    /// `att[i] = dot(q, row(i)) · scale`, eight rows at a time (eight add chains).
+    #[inline(always)]
+    unsafe fn scores<'r>(q: &[f32], row: impl Fn(usize) -> &'r [f32], scale: f32, att: &mut [f32]) {
+        let hd = q.len();
         let n8 = hd / 8 * 8;
-        // Scores, four positions at a time.
+        let n = att.len();
         let mut i = 0;
-        while i + 4 <= rows.len {
-            let k = [rows.k(i), rows.k(i + 1), rows.k(i + 2), rows.k(i + 3)];
-            let mut acc = [_mm256_setzero_ps(); 4];
+        while i + 8 <= n {
+            let k: [&[f32]; 8] = std::array::from_fn(|t| row(i + t));
+            let mut acc = [_mm256_setzero_ps(); 8];
             let mut j = 0;
             while j < n8 {
-                // SAFETY: j + 8 <= hd = the length of q and of every k row.
+                // SAFETY: j + 8 <= hd = the length of q and of every row.
                 unsafe {
                     let x = _mm256_loadu_ps(q.as_ptr().add(j));
                     for (a, kr) in acc.iter_mut().zip(&k) {
-                        *a = _mm256_add_ps(
-                            *a,
-                            _mm256_mul_ps(x, _mm256_loadu_ps(kr.as_ptr().add(j))),
-                        );
+                        let kv = _mm256_loadu_ps(kr.as_ptr().add(j));
+                        *a = _mm256_add_ps(*a, _mm256_mul_ps(x, kv));
                     }
                 }
                 j += 8;
             }
             for (t, (a, kr)) in acc.into_iter().zip(&k).enumerate() {
-                let mut arr = [0f32; 8];
-                // SAFETY: arr holds 8 floats.
-                unsafe { _mm256_storeu_ps(arr.as_mut_ptr(), a) };
-                att[i + t] = reduce8(arr, &q[n8..], &kr[n8..]) * scale;
+                // SAFETY: register and stack only.
+                att[i + t] = unsafe { finish(a, &q[n8..], &kr[n8..]) } * scale;
             }
-            i += 4;
+            i += 8;
         }
-        while i < rows.len {
-            let kr = rows.k(i);
+        while i < n {
+            let kr = row(i);
             let mut a = _mm256_setzero_ps();
             let mut j = 0;
             while j < n8 {
@@ -206,52 +324,131 @@ mod avx2 {
                 }
                 j += 8;
             }
-            let mut arr = [0f32; 8];
-            // SAFETY: arr holds 8 floats.
-            unsafe { _mm256_storeu_ps(arr.as_mut_ptr(), a) };
-            att[i] = reduce8(arr, &q[n8..], &kr[n8..]) * scale;
+            // SAFETY: register and stack only.
+            att[i] = unsafe { finish(a, &q[n8..], &kr[n8..]) } * scale;
             i += 1;
         }
-        let sum = softmax(att, softcap);
-        let inv = 1.0 / sum;
-        // Weighted values, 32 dimensions at a time in four registers.
+    }
+
+    /// The dot product's lanes reduced as `forward::dot` does, plus its tail.
+    #[inline(always)]
+    unsafe fn finish(a: __m256, qt: &[f32], kt: &[f32]) -> f32 {
+        let mut arr = [0f32; 8];
+        // SAFETY: arr holds 8 floats.
+        unsafe { _mm256_storeu_ps(arr.as_mut_ptr(), a) };
+        reduce8(arr, qt, kt)
+    }
+
+    /// `out[d] += Σ_i att[i] · row(i)[d]`, the sum in position order from out's value;
+    /// 64 (then 32) dimensions at a time in registers, the rest one by one.
+    #[inline(always)]
+    unsafe fn values<'r>(att: &[f32], row: impl Fn(usize) -> &'r [f32] + Copy, out: &mut [f32]) {
+        let hd = out.len();
         let mut c = 0;
+        while c + 64 <= hd {
+            // SAFETY: c + 64 <= hd.
+            c = unsafe { values_regs::<8>(att, row, c, out) };
+        }
         while c + 32 <= hd {
-            let mut acc = [_mm256_setzero_ps(); 4];
-            for (i, &p) in att.iter().enumerate() {
-                let pv = _mm256_set1_ps(p);
-                let v = rows.v(i);
-                for (r, a) in acc.iter_mut().enumerate() {
-                    // SAFETY: c + 8r + 8 <= c + 32 <= hd = the row length.
-                    let x = unsafe { _mm256_loadu_ps(v.as_ptr().add(c + 8 * r)) };
-                    *a = _mm256_add_ps(*a, _mm256_mul_ps(pv, x));
-                }
-            }
-            let iv = _mm256_set1_ps(inv);
-            for (r, a) in acc.into_iter().enumerate() {
-                // SAFETY: as above, into `out` (hd values).
-                unsafe { _mm256_storeu_ps(out.as_mut_ptr().add(c + 8 * r), _mm256_mul_ps(a, iv)) };
-            }
-            c += 32;
+            // SAFETY: c + 32 <= hd.
+            c = unsafe { values_regs::<4>(att, row, c, out) };
         }
         if c < hd {
-            let tail = &mut out[c..hd];
-            tail.fill(0.0);
+            let tail = &mut out[c..];
             for (i, &p) in att.iter().enumerate() {
-                for (o, &v) in tail.iter_mut().zip(&rows.v(i)[c..]) {
-                    *o += p * v;
+                for (o, &x) in tail.iter_mut().zip(&row(i)[c..]) {
+                    *o += p * x;
                 }
             }
-            for o in tail {
-                *o *= inv;
+        }
+    }
+
+    /// [`values`] for dimensions `c..c + 8R` in `R` registers; returns `c + 8R`.
+    #[inline(always)]
+    unsafe fn values_regs<'r, const R: usize>(
+        att: &[f32],
+        row: impl Fn(usize) -> &'r [f32],
+        c: usize,
+        out: &mut [f32],
+    ) -> usize {
+        let mut acc = [_mm256_setzero_ps(); R];
+        for (r, a) in acc.iter_mut().enumerate() {
+            // SAFETY: c + 8R <= out.len() (the caller's bound).
+            *a = unsafe { _mm256_loadu_ps(out.as_ptr().add(c + 8 * r)) };
+        }
+        for (i, &p) in att.iter().enumerate() {
+            let pv = _mm256_set1_ps(p);
+            let v = row(i).as_ptr();
+            for (r, a) in acc.iter_mut().enumerate() {
+                // SAFETY: rows have out.len() values.
+                let x = unsafe { _mm256_loadu_ps(v.add(c + 8 * r)) };
+                *a = _mm256_add_ps(*a, _mm256_mul_ps(pv, x));
             }
         }
+        for (r, a) in acc.into_iter().enumerate() {
+            // SAFETY: as above.
+            unsafe { _mm256_storeu_ps(out.as_mut_ptr().add(c + 8 * r), a) };
+        }
+        c + 8 * R
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A tile of queries (tokens × heads of one kv head, some with a window) gets, for
+    /// each query, the bits of [`attend_scalar`] alone; also past `TILE_QUERIES`.
+    #[test]
+    fn attend_many_is_bit_identical_to_one_by_one() {
+        let mut seed = 0x9e37_79b9u32;
+        let mut rnd = || {
+            seed ^= seed << 13;
+            seed ^= seed >> 17;
+            seed ^= seed << 5;
+            (seed as f32 / u32::MAX as f32) * 4.0 - 2.0
+        };
+        for (hd, window, p0, nt, group) in [
+            (64, None, 0, 10, 3),
+            (64, None, 100, 7, 3),
+            (256, Some(70), 130, 8, 4),
+            (40, Some(5), 3, 9, 2),
+            (16, None, 0, 40, 1),
+        ] {
+            let cap = 200;
+            let mut cache = LayerCache::new(cap, hd * 2, window);
+            for v in cache.k.iter_mut().chain(cache.v.iter_mut()) {
+                *v = rnd();
+            }
+            let qv: Vec<f32> = (0..nt * group * hd).map(|_| rnd()).collect();
+            let n = nt * group;
+            let mut att = vec![0.0; n * cap];
+            let mut out = vec![0.0; n * hd];
+            let mut qs: Vec<Query> = att
+                .chunks_exact_mut(cap)
+                .zip(out.chunks_exact_mut(hd))
+                .enumerate()
+                .map(|(i, (a, o))| Query {
+                    q: &qv[i * hd..(i + 1) * hd],
+                    pos: p0 + i / group,
+                    att: a,
+                    out: o,
+                })
+                .collect();
+            attend_many(&mut qs, &cache, hd, 0.3, 0.0);
+            for i in 0..n {
+                let (mut a1, mut o1) = (vec![0.0; cap], vec![0.0; hd]);
+                let q = &qv[i * hd..(i + 1) * hd];
+                attend_scalar(q, &cache, hd, p0 + i / group, 0.3, 0.0, &mut a1, &mut o1);
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(
+                    bits(&o1),
+                    bits(&out[i * hd..(i + 1) * hd]),
+                    "hd {hd} query {i}"
+                );
+            }
+        }
+    }
 
     /// Every path gives the scalar bits: head sizes with and without a tail of 8 and of
     /// 32, a ring that wraps, a window, softcap on and off, NaN-free random data.

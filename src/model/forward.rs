@@ -27,7 +27,7 @@
 
 use crate::kernels::pool;
 
-use super::attention::attend;
+use super::attention::{attend_many, Query, TILE_QUERIES};
 use super::config::{Act, Config, LayerKind, RopeSel};
 use super::delta::DeltaState;
 use super::imatrix::{tap, Collector, Input, Observer};
@@ -114,7 +114,8 @@ pub struct State {
     hb: Vec<f32>,
     /// cap × hidden_dim: W3 h.
     hb2: Vec<f32>,
-    /// max(cap, n_heads) × att_len: attention scores, one row per task.
+    /// (max(cap + TILE_QUERIES, n_heads) × group) × att_len: attention scores, a row per
+    /// head (decode) or per query of a prompt tile.
     att: Vec<f32>,
     /// Longest visible span of any attention layer.
     att_len: usize,
@@ -304,6 +305,7 @@ impl<'a> Model<'a> {
         let c = &self.cfg;
         let ctx = self.context(opts)?;
         let cap = opts.batch.clamp(1, ctx);
+        let group = c.n_heads / c.n_kv_heads.max(1);
         let mut att_len = 0;
         let caches: Vec<Option<LayerCache>> = c
             .layers
@@ -344,7 +346,8 @@ impl<'a> Model<'a> {
             mix: v(mix_w),
             hb: v(c.hidden_dim),
             hb2: v(c.hidden_dim),
-            att: vec![0.0; cap.max(c.n_heads) * att_len.max(1)],
+            // Decode: a row per head; prefill: a row per query of each tile.
+            att: vec![0.0; (cap + TILE_QUERIES).max(c.n_heads) * group * att_len.max(1)],
             att_len: att_len.max(1),
             cs_global: v(c.rot_dim),
             cs_local: if self.local.is_some() {
@@ -624,27 +627,63 @@ impl<'a> Model<'a> {
         let al = st.att_len;
         let q = &st.q[..n * qd];
         let mix = &mut st.mix[..n * qd];
-        // All heads of token t (sequentially, scores in `att`).
-        let token = |cache: &LayerCache, t: usize, out: &mut [f32], att: &mut [f32]| {
-            for (h, o) in out.chunks_exact_mut(hd).enumerate() {
-                let qh = &q[t * qd + h * hd..t * qd + (h + 1) * hd];
-                attend(qh, cache, (h / group) * hd, p0 + t, scale, softcap, att, o);
+        // Tokens t0.. of a prompt tile, all heads: per kv head, its query heads of every
+        // token of the tile at once (`attend_many`), scores in rows of `att`.
+        let tile_tokens = (TILE_QUERIES / group).max(1);
+        let tile = |cache: &LayerCache, t0: usize, out: &mut [f32], att: &mut [f32]| {
+            let nt = out.len() / qd;
+            let mut outs: Vec<Option<&mut [f32]>> = out.chunks_exact_mut(hd).map(Some).collect();
+            for g in 0..c.n_kv_heads {
+                let mut qs = Vec::with_capacity(nt * group);
+                for ((t, h), s) in (0..nt)
+                    .flat_map(|t| (g * group..(g + 1) * group).map(move |h| (t, h)))
+                    .zip(att.chunks_exact_mut(al))
+                {
+                    let tq = (t0 + t) * qd + h * hd;
+                    qs.push(Query {
+                        q: &q[tq..tq + hd],
+                        pos: p0 + t0 + t,
+                        att: s,
+                        out: outs[t * c.n_heads + h].take().expect("each head once"),
+                    });
+                }
+                attend_many(&mut qs, cache, g * hd, scale, softcap);
             }
         };
-        // All heads of token t, in parallel (scores in rows of `att`).
+        // All heads of token t, in parallel (scores in rows of `att`). A task takes `per`
+        // query heads of one kv head, so that it reads their keys and values once; `per`
+        // divides the group and is as large as still gives every thread a task.
+        let per = (1..=group)
+            .rev()
+            .find(|&d| group.is_multiple_of(d) && c.n_kv_heads * (group / d) >= pool::threads())
+            .unwrap_or(1);
         let heads = |cache: &LayerCache, t: usize, out: &mut [f32], att: &mut [f32]| {
             let visible = p0 + t + 1 - cache.first_visible(p0 + t);
-            let go = |(h, (o, s)): (usize, (&mut [f32], &mut [f32]))| {
-                let qh = &q[t * qd + h * hd..t * qd + (h + 1) * hd];
-                attend(qh, cache, (h / group) * hd, p0 + t, scale, softcap, s, o);
+            let go = |i: usize, o: &mut [f32], s: &mut [f32]| {
+                let h0 = i * per;
+                let mut qs: Vec<Query> = o
+                    .chunks_exact_mut(hd)
+                    .zip(s.chunks_exact_mut(al))
+                    .enumerate()
+                    .map(|(j, (o, s))| {
+                        let at = t * qd + (h0 + j) * hd;
+                        Query {
+                            q: &q[at..at + hd],
+                            pos: p0 + t,
+                            att: s,
+                            out: o,
+                        }
+                    })
+                    .collect();
+                attend_many(&mut qs, cache, (h0 / group) * hd, scale, softcap);
             };
             if visible * qd >= PAR_MIN {
-                pool::for_chunks2(out, hd, att, al, |h, o, s| go((h, (o, s))));
+                pool::for_chunks2(out, per * hd, att, per * al, go);
             } else {
-                out.chunks_mut(hd)
-                    .zip(att.chunks_mut(al))
+                out.chunks_mut(per * hd)
+                    .zip(att.chunks_mut(per * al))
                     .enumerate()
-                    .for_each(go);
+                    .for_each(|(i, (o, s))| go(i, o, s));
             }
         };
         if p0 + n <= cache.cap {
@@ -662,14 +701,16 @@ impl<'a> Model<'a> {
                 heads(cache, 0, mix, &mut st.att);
             } else {
                 let work = n * (p0 + n) * qd;
-                let run = |(t, (o, s)): (usize, (&mut [f32], &mut [f32]))| token(cache, t, o, s);
+                let (tq, ta) = (tile_tokens * qd, tile_tokens * group * al);
+                let run =
+                    |i: usize, o: &mut [f32], s: &mut [f32]| tile(cache, i * tile_tokens, o, s);
                 if work >= PAR_MIN {
-                    pool::for_chunks2(mix, qd, &mut st.att, al, |t, o, s| run((t, (o, s))));
+                    pool::for_chunks2(mix, tq, &mut st.att, ta, run);
                 } else {
-                    mix.chunks_mut(qd)
-                        .zip(st.att.chunks_mut(al))
+                    mix.chunks_mut(tq)
+                        .zip(st.att.chunks_mut(ta))
                         .enumerate()
-                        .for_each(run);
+                        .for_each(|(i, (o, s))| run(i, o, s));
                 }
             }
         } else {
