@@ -364,3 +364,49 @@ fn views_are_checked() {
     assert_eq!(Tier::from_name("AVX2"), Some(Tier::Avx2));
     assert_eq!(Tier::from_name("nope"), None);
 }
+
+/// f16 block scales (read as stored, converted per block of rows by the kernels) give
+/// the bits of the same scales passed as f32, for matvec, matmul and dequant_row, every
+/// tier, row counts that are not multiples of the kernels' sub-blocks; and the f16 view
+/// is checked like the f32 one.
+#[test]
+fn f16_scales_give_the_bits_of_f32_scales() {
+    let mut rng = Rng(0x000F_165C_A1E5);
+    for (wtype, rows, cols, n) in [
+        (WType::Q8_0, 200, 96, 1),
+        (WType::Q4_0, 131, 320, 1),
+        (WType::Q8_0, 70, 64, 5),
+        (WType::Q4_0, 257, 96, 9),
+    ] {
+        let (q, d) = weights(&mut rng, wtype, rows, cols, false);
+        let d16: Vec<u16> = d
+            .iter()
+            .map(|&v| half::f16::from_f32(v).to_bits())
+            .collect();
+        let d32: Vec<f32> = d16
+            .iter()
+            .map(|&b| half::f16::from_bits(b).to_f32())
+            .collect();
+        let w32 = QMat::new(wtype, rows, cols, &q, &d32).unwrap();
+        let w16 = QMat::new_f16(wtype, rows, cols, &q, &d16).unwrap();
+        let x = activations(&mut rng, n * cols, false);
+        let mut xa = QActs::new();
+        xa.quantize(&x, cols);
+        for k in all_kernels() {
+            let (mut a, mut b) = (vec![0f32; n * rows], vec![0f32; n * rows]);
+            k.matmul(&w32, &xa, &mut a);
+            k.matmul(&w16, &xa, &mut b);
+            assert_eq!(
+                first_diff(&a, &b),
+                None,
+                "tier {} {wtype:?} n={n}",
+                k.tier()
+            );
+        }
+        let (mut r32, mut r16) = (vec![0f32; cols], vec![0f32; cols]);
+        kernels::dequant_row(&w32, rows - 1, &mut r32);
+        kernels::dequant_row(&w16, rows - 1, &mut r16);
+        assert_eq!(first_diff(&r32, &r16), None);
+        assert!(QMat::new_f16(wtype, rows, cols, &q, &d16[1..]).is_err());
+    }
+}

@@ -79,8 +79,12 @@ pub struct QMat<'a> {
     pub cols: usize,
     /// Q8_0: `rows·cols` int8 bytes; Q4_0: `rows·cols/2` packed bytes.
     pub q: &'a [u8],
-    /// `rows·cols/32` f32 scales, row-major.
+    /// `rows·cols/32` f32 scales, row-major (empty when the scales are `d16`).
     pub d: &'a [f32],
+    /// `rows·cols/32` f16 scales (as bits), row-major, when the file stores f16 scales:
+    /// the kernels convert them per block of rows as they go (exact), so no f32 copy of
+    /// them exists and a decode step reads 2 bytes per block instead of 4. Empty otherwise.
+    pub d16: &'a [u16],
 }
 
 impl<'a> QMat<'a> {
@@ -114,7 +118,75 @@ impl<'a> QMat<'a> {
             cols,
             q,
             d,
+            d16: &[],
         })
+    }
+
+    /// [`QMat::new`] with f16 scales (their bits, little-endian order as in the file).
+    pub fn new_f16(
+        wtype: WType,
+        rows: usize,
+        cols: usize,
+        q: &'a [u8],
+        d16: &'a [u16],
+    ) -> Result<Self, ShapeError> {
+        let m = QMat::new_unchecked_scales(wtype, rows, cols, q)?;
+        let nb = rows.checked_mul(cols / QK);
+        if nb != Some(d16.len()) {
+            return Err(ShapeError(format!(
+                "matrix {rows}x{cols} {wtype:?}: {} f16 scales, expected {nb:?}",
+                d16.len()
+            )));
+        }
+        Ok(QMat { d16, ..m })
+    }
+
+    /// Shape and `q` checks of [`QMat::new`]; `d` left empty.
+    fn new_unchecked_scales(
+        wtype: WType,
+        rows: usize,
+        cols: usize,
+        q: &'a [u8],
+    ) -> Result<Self, ShapeError> {
+        if rows == 0 || cols == 0 || !cols.is_multiple_of(QK) {
+            return Err(ShapeError(format!(
+                "matrix {rows}x{cols}: rows and cols must be > 0 and cols a multiple of {QK}"
+            )));
+        }
+        if rows.checked_mul(wtype.row_bytes(cols)) != Some(q.len()) {
+            return Err(ShapeError(format!(
+                "matrix {rows}x{cols} {wtype:?}: q has {} bytes",
+                q.len()
+            )));
+        }
+        Ok(QMat {
+            wtype,
+            rows,
+            cols,
+            q,
+            d: &[],
+            d16: &[],
+        })
+    }
+
+    /// The f32 scales of rows `r0..r1`: borrowed, or converted from f16 into `buf`.
+    #[inline]
+    fn scales<'b>(&'b self, r0: usize, r1: usize, buf: &'b mut Vec<f32>) -> &'b [f32] {
+        let nb = self.blocks();
+        if self.d16.is_empty() {
+            return &self.d[r0 * nb..r1 * nb];
+        }
+        let src = &self.d16[r0 * nb..r1 * nb];
+        buf.resize(src.len(), 0.0);
+        #[cfg(target_arch = "x86_64")]
+        if x86::f16_to_f32(src, buf).is_some() {
+            return buf;
+        }
+        use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
+        // The aarch64 fp16 instructions when the CPU has them; exact either way.
+        src.reinterpret_cast::<half::f16>()
+            .convert_to_f32_slice(buf);
+        buf
     }
 
     /// Blocks per row.
@@ -122,11 +194,10 @@ impl<'a> QMat<'a> {
         self.cols / QK
     }
 
-    /// The quants and scales of row `r`.
-    fn row(&self, r: usize) -> (&'a [u8], &'a [f32]) {
+    /// The quants of row `r`.
+    fn row_q(&self, r: usize) -> &'a [u8] {
         let rb = self.wtype.row_bytes(self.cols);
-        let nb = self.blocks();
-        (&self.q[r * rb..(r + 1) * rb], &self.d[r * nb..(r + 1) * nb])
+        &self.q[r * rb..(r + 1) * rb]
     }
 }
 
@@ -466,13 +537,29 @@ impl Kernels {
         let chunk = rows_per_task(w.rows, w.cols * n);
         let tiles = token_tiles(x);
         let (rb, nb) = (w.wtype.row_bytes(w.cols), w.blocks());
-        // Weight rows r0..r1 as slices.
-        let rows_of = |r0: usize, r1: usize| (&w.q[r0 * rb..r1 * rb], &w.d[r0 * nb..r1 * nb]);
+        let f16 = !w.d16.is_empty();
         if n == 1 {
             let run = |i: usize, yc: &mut [f32]| {
-                let (wq, wd) = rows_of(i * chunk, i * chunk + yc.len());
-                // SAFETY: a supported tier's kernel; slices sized per `TileFn`.
-                unsafe { tile(yc.len(), wq, wd, &tiles[0], yc) };
+                let r0 = i * chunk;
+                if !f16 {
+                    let (wq, wd) = (
+                        &w.q[r0 * rb..(r0 + yc.len()) * rb],
+                        &w.d[r0 * nb..(r0 + yc.len()) * nb],
+                    );
+                    // SAFETY: a supported tier's kernel; slices sized per `TileFn`.
+                    unsafe { tile(yc.len(), wq, wd, &tiles[0], yc) };
+                    return;
+                }
+                // f16 scales: converted per sub-block of rows into a per-thread buffer.
+                SCALES.with_borrow_mut(|buf| {
+                    for (j, ys) in yc.chunks_mut(SUB_ROWS).enumerate() {
+                        let s0 = r0 + j * SUB_ROWS;
+                        let s1 = s0 + ys.len();
+                        let wd = w.scales(s0, s1, buf);
+                        // SAFETY: as above.
+                        unsafe { tile(ys.len(), &w.q[s0 * rb..s1 * rb], wd, &tiles[0], ys) };
+                    }
+                });
             };
             if chunk >= w.rows {
                 run(0, y);
@@ -488,9 +575,13 @@ impl Kernels {
             // Rows in sub-blocks whose weights stay in L1/L2 across the token tiles; each
             // tile's outputs go through a small buffer and are written in runs per token.
             let mut buf = [0.0f32; SUB_ROWS * TILE_TOKENS];
+            let mut sbuf = Vec::new();
             for s0 in (i * chunk..r1).step_by(SUB_ROWS) {
                 let nr = SUB_ROWS.min(r1 - s0);
-                let (wq, wd) = rows_of(s0, s0 + nr);
+                let (wq, wd) = (
+                    &w.q[s0 * rb..(s0 + nr) * rb],
+                    w.scales(s0, s0 + nr, &mut sbuf),
+                );
                 for (k, xt) in tiles.iter().enumerate() {
                     let nt = xt.d.len() / nb;
                     let b = &mut buf[..nr * nt];
@@ -513,6 +604,11 @@ impl Kernels {
             pool::run(tasks, run);
         }
     }
+}
+
+thread_local! {
+    /// Scales of one sub-block of rows converted from f16 (decode of f16-scale files).
+    static SCALES: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 /// Rows per sub-block of a multi-token task (its weights, ~40 KB for 576 Q8_0 columns,
@@ -568,7 +664,9 @@ fn token_tiles(x: &QActs) -> Vec<ActTile<'_>> {
 pub fn dequant_row(w: &QMat, r: usize, out: &mut [f32]) {
     assert!(r < w.rows, "row {r} of {}", w.rows);
     assert_eq!(out.len(), w.cols, "out length vs cols");
-    let (q, d) = w.row(r);
+    let q = w.row_q(r);
+    let mut buf = Vec::new();
+    let d = w.scales(r, r + 1, &mut buf);
     match w.wtype {
         WType::Q8_0 => scalar::dequant_q8(q, d, out),
         WType::Q4_0 => scalar::dequant_q4(q, d, out),

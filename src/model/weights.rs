@@ -1,8 +1,8 @@
 //! Borrowed views of every array of a loaded `.mlb` file: matrices as
 //! [`kernels::QMat`](crate::kernels::QMat), vectors as `&[f32]`, all pointing into the
-//! map (only f16 scales were converted, once, by the loader).
+//! map, f16 block scales included (the kernels convert those as they read them).
 
-use crate::format::mlb::{Layout, MatRef, Mixer, Mlb, QType};
+use crate::format::mlb::{Layout, Mixer, Mlb, QType};
 use crate::format::FormatError;
 use crate::kernels::{QMat, WType};
 
@@ -87,12 +87,18 @@ pub struct Weights<'a> {
     pub wcls: QMat<'a>,
 }
 
-fn qmat<'a>(m: &Mlb, layout: &Layout, idx: usize, mr: MatRef<'a>) -> Result<QMat<'a>, FormatError> {
-    let wtype = match mr.qtype {
+fn qmat<'a>(m: &'a Mlb, layout: &Layout, idx: usize) -> Result<QMat<'a>, FormatError> {
+    let (qtype, rows, cols, q) = m.mat_quants(idx);
+    let wtype = match qtype {
         QType::Q8_0 => WType::Q8_0,
         QType::Q4_0 => WType::Q4_0,
     };
-    QMat::new(wtype, mr.rows, mr.cols, mr.q, mr.d).map_err(|e| {
+    // f16 scales stay in the map: the kernels convert them as they read them.
+    match m.mat_f16(idx) {
+        Some(d16) => QMat::new_f16(wtype, rows, cols, q, d16),
+        None => QMat::new(wtype, rows, cols, q, m.mat(idx).d),
+    }
+    .map_err(|e| {
         let mut err = FormatError::shape(layout.tensors[idx].name.to_string(), "matrix", e.0);
         err.file = m.path.clone();
         err
@@ -103,7 +109,7 @@ impl<'a> Weights<'a> {
     /// Views of every array of `m`.
     pub fn new(m: &'a Mlb) -> Result<Weights<'a>, FormatError> {
         let lay = m.layout();
-        let mat = |i: usize| qmat(m, lay, i, m.mat(i));
+        let mat = |i: usize| qmat(m, lay, i);
         let vec = |i: usize| m.f32s(i);
         let opt = |i: Option<usize>| i.map(|i| m.f32s(i));
         let mut layers = Vec::with_capacity(lay.layers.len());

@@ -171,8 +171,10 @@ pub struct Mlb {
     backing: Backing,
     pub path: Option<PathBuf>,
     pub parsed: Parsed,
-    /// Scales converted from f16 once at load, per tensor index (empty with f32 scales).
-    f16_scales: Vec<Option<Vec<f32>>>,
+    /// Scales converted from f16 on the first [`Mlb::mat`] of each tensor (empty with f32
+    /// scales). The runtime reads f16 scales directly ([`Mlb::mat_f16`]) and never
+    /// converts them here.
+    f16_scales: Vec<std::sync::OnceLock<Vec<f32>>>,
 }
 
 /// `bytes` as f32s without copying when aligned on a little-endian host.
@@ -234,25 +236,9 @@ impl Mlb {
 
     fn from_backing(backing: Backing) -> Result<Mlb> {
         let parsed = parse(backing.bytes())?;
-        let bytes = backing.bytes();
         let f16_scales = if parsed.header.scale_f16 != 0 {
-            parsed
-                .layout
-                .tensors
-                .iter()
-                .map(|t| match t.kind {
-                    Kind::Mat {
-                        d_offset, d_bytes, ..
-                    } => {
-                        let b = &bytes[d_offset as usize..(d_offset + d_bytes) as usize];
-                        Some(
-                            b.chunks_exact(2)
-                                .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
-                                .collect(),
-                        )
-                    }
-                    _ => None,
-                })
+            (0..parsed.layout.tensors.len())
+                .map(|_| std::sync::OnceLock::new())
                 .collect()
         } else {
             Vec::new()
@@ -343,9 +329,14 @@ impl Mlb {
         };
         let bytes = self.bytes();
         let q = &bytes[t.offset as usize..(t.offset + t.bytes) as usize];
+        let raw = &bytes[d_offset as usize..(d_offset + d_bytes) as usize];
         let d: &[f32] = match self.f16_scales.get(idx) {
-            Some(Some(v)) => v,
-            _ => match f32_view(&bytes[d_offset as usize..(d_offset + d_bytes) as usize]) {
+            Some(cell) => cell.get_or_init(|| {
+                raw.chunks_exact(2)
+                    .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
+                    .collect()
+            }),
+            None => match f32_view(raw) {
                 Cow::Borrowed(s) => s,
                 Cow::Owned(_) => panic!("unaligned scales of {}", t.name),
             },
@@ -357,6 +348,42 @@ impl Mlb {
             q,
             d,
         }
+    }
+
+    /// Type, rows, cols and quants of matrix `idx`, without touching its scales.
+    pub fn mat_quants(&self, idx: usize) -> (QType, usize, usize, &[u8]) {
+        let t = &self.parsed.layout.tensors[idx];
+        let Kind::Mat {
+            qtype, rows, cols, ..
+        } = t.kind
+        else {
+            panic!("{} is not a matrix", t.name)
+        };
+        (
+            qtype,
+            rows,
+            cols,
+            &self.bytes()[t.offset as usize..(t.offset + t.bytes) as usize],
+        )
+    }
+
+    /// The f16 scales of matrix `idx` as stored (bits), when the file has f16 scales.
+    pub fn mat_f16(&self, idx: usize) -> Option<&[u16]> {
+        if self.f16_scales.is_empty() {
+            return None;
+        }
+        let t = &self.parsed.layout.tensors[idx];
+        let Kind::Mat {
+            d_offset, d_bytes, ..
+        } = t.kind
+        else {
+            panic!("{} is not a matrix", t.name)
+        };
+        let raw = &self.bytes()[d_offset as usize..(d_offset + d_bytes) as usize];
+        // SAFETY: every bit pattern is a valid u16; align_to yields only the aligned
+        // middle (arrays are 64-aligned in a page- or 8-aligned buffer, so all of it).
+        let (pre, mid, post) = unsafe { raw.align_to::<u16>() };
+        (cfg!(target_endian = "little") && pre.is_empty() && post.is_empty()).then_some(mid)
     }
 
     /// The layer flag byte of layer `l` (0 without layer flags).
