@@ -96,30 +96,15 @@ impl<'a> QMat<'a> {
         q: &'a [u8],
         d: &'a [f32],
     ) -> Result<Self, ShapeError> {
-        if rows == 0 || cols == 0 || !cols.is_multiple_of(QK) {
-            return Err(ShapeError(format!(
-                "matrix {rows}x{cols}: rows and cols must be > 0 and cols a multiple of {QK}"
-            )));
-        }
-        let qlen = rows.checked_mul(wtype.row_bytes(cols));
+        let m = QMat::new_unchecked_scales(wtype, rows, cols, q)?;
         let dlen = rows.checked_mul(cols / QK);
-        if qlen != Some(q.len()) || dlen != Some(d.len()) {
+        if dlen != Some(d.len()) {
             return Err(ShapeError(format!(
-                "matrix {rows}x{cols} {wtype:?}: q has {} bytes and d {} scales, expected {:?} and {:?}",
-                q.len(),
-                d.len(),
-                qlen,
-                dlen
+                "matrix {rows}x{cols} {wtype:?}: {} scales, expected {dlen:?}",
+                d.len()
             )));
         }
-        Ok(QMat {
-            wtype,
-            rows,
-            cols,
-            q,
-            d,
-            d16: &[],
-        })
+        Ok(QMat { d, ..m })
     }
 
     /// [`QMat::new`] with f16 scales (their bits, little-endian order as in the file).
@@ -141,7 +126,7 @@ impl<'a> QMat<'a> {
         Ok(QMat { d16, ..m })
     }
 
-    /// Shape and `q` checks of [`QMat::new`]; `d` left empty.
+    /// The shape and `q` checks of both constructors; no scales yet.
     fn new_unchecked_scales(
         wtype: WType,
         rows: usize,
@@ -153,9 +138,10 @@ impl<'a> QMat<'a> {
                 "matrix {rows}x{cols}: rows and cols must be > 0 and cols a multiple of {QK}"
             )));
         }
-        if rows.checked_mul(wtype.row_bytes(cols)) != Some(q.len()) {
+        let qlen = rows.checked_mul(wtype.row_bytes(cols));
+        if qlen != Some(q.len()) {
             return Err(ShapeError(format!(
-                "matrix {rows}x{cols} {wtype:?}: q has {} bytes",
+                "matrix {rows}x{cols} {wtype:?}: q has {} bytes, expected {qlen:?}",
                 q.len()
             )));
         }

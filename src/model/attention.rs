@@ -397,17 +397,25 @@ mod avx2 {
 mod tests {
     use super::*;
 
-    /// A tile of queries (tokens × heads of one kv head, some with a window) gets, for
-    /// each query, the bits of [`attend_scalar`] alone; also past `TILE_QUERIES`.
-    #[test]
-    fn attend_many_is_bit_identical_to_one_by_one() {
-        let mut seed = 0x9e37_79b9u32;
-        let mut rnd = || {
+    /// Values in [-2, 2) from an xorshift32 stream.
+    fn uniform(mut seed: u32) -> impl FnMut() -> f32 {
+        move || {
             seed ^= seed << 13;
             seed ^= seed >> 17;
             seed ^= seed << 5;
             (seed as f32 / u32::MAX as f32) * 4.0 - 2.0
-        };
+        }
+    }
+
+    fn bits(v: &[f32]) -> Vec<u32> {
+        v.iter().map(|x| x.to_bits()).collect()
+    }
+
+    /// A tile of queries (tokens × heads of one kv head, some with a window) gets, for
+    /// each query, the bits of [`attend_scalar`] alone; also past `TILE_QUERIES`.
+    #[test]
+    fn attend_many_is_bit_identical_to_one_by_one() {
+        let mut rnd = uniform(0x9e37_79b9);
         for (hd, window, p0, nt, group) in [
             (64, None, 0, 10, 3),
             (64, None, 100, 7, 3),
@@ -440,7 +448,6 @@ mod tests {
                 let (mut a1, mut o1) = (vec![0.0; cap], vec![0.0; hd]);
                 let q = &qv[i * hd..(i + 1) * hd];
                 attend_scalar(q, &cache, hd, p0 + i / group, 0.3, 0.0, &mut a1, &mut o1);
-                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
                 assert_eq!(
                     bits(&o1),
                     bits(&out[i * hd..(i + 1) * hd]),
@@ -454,13 +461,7 @@ mod tests {
     /// 32, a ring that wraps, a window, softcap on and off, NaN-free random data.
     #[test]
     fn avx2_attention_is_bit_identical_to_scalar() {
-        let mut seed = 0x1234_5678u32;
-        let mut rnd = || {
-            seed ^= seed << 13;
-            seed ^= seed >> 17;
-            seed ^= seed << 5;
-            (seed as f32 / u32::MAX as f32) * 4.0 - 2.0
-        };
+        let mut rnd = uniform(0x1234_5678);
         for (hd, heads, cap, window, pos) in [
             (64, 3, 40, None, 37),
             (256, 1, 9, None, 8),
@@ -482,7 +483,6 @@ mod tests {
                     let mut a2 = vec![0.0; cap];
                     let mut o2 = vec![0.0; hd];
                     attend(&q, &cache, h * hd, pos, 0.125, softcap, &mut a2, &mut o2);
-                    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
                     assert_eq!(bits(&o1), bits(&o2), "hd {hd} cap {cap} pos {pos}");
                     assert!(o1.iter().all(|x| x.is_finite()));
                 }
