@@ -5,7 +5,7 @@
 //! ```text
 //! s_i = dot(q, k_i) · scale            dot: 8 partial sums, see `forward::dot`
 //! s_i = cap · tanh(s_i / cap)          when softcap > 0
-//! e_i = exp(s_i − max_i s_i);  sum = Σ e_i   (in position order)
+//! e_i = exp(s_i − max_i s_i);  sum = Σ e_i   (in position order; exp: `vmath::exp`)
 //! out[d] = (Σ_i e_i · v_i[d]) · (1 / sum)    (the Σ in position order, from +0.0)
 //! ```
 //!
@@ -169,10 +169,13 @@ fn softmax(att: &mut [f32], softcap: f32) -> f32 {
         }
         max = max.max(*a);
     }
-    let mut sum = 0.0f32;
     for a in att.iter_mut() {
-        *a = (*a - max).exp();
-        sum += *a;
+        *a -= max;
+    }
+    super::vmath::exp_in_place(att);
+    let mut sum = 0.0f32;
+    for &a in att.iter() {
+        sum += a;
     }
     sum
 }

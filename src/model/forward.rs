@@ -225,7 +225,7 @@ pub(crate) fn rmsnorm_inplace(x: &mut [f32], w: &[f32], eps: f32) {
 
 #[inline(always)]
 pub(crate) fn silu(x: f32) -> f32 {
-    x / (1.0 + (-x).exp())
+    super::vmath::silu(x)
 }
 
 #[inline]
@@ -531,7 +531,7 @@ impl<'a> Model<'a> {
             for_rows(&mut st.hb[..n * hid], hid, |i, r| {
                 let u = &up[i * hid..(i + 1) * hid];
                 match act {
-                    Act::Silu => r.iter_mut().zip(u).for_each(|(g, &u)| *g = silu(*g) * u),
+                    Act::Silu => super::vmath::silu_mul(r, u),
                     Act::GeluTanh => r
                         .iter_mut()
                         .zip(u)

@@ -25,6 +25,7 @@ pub mod imatrix;
 pub mod kv;
 pub mod rope;
 pub mod sampler;
+mod vmath;
 pub mod weights;
 
 pub use config::{Config, LayerKind, RopeSel};

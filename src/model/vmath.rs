@@ -1,0 +1,235 @@
+//! `exp` for the runtime's element-wise work (softmax, SiLU), one fixed sequence of f32
+//! operations, so the portable version and the 8-lane AVX2 version give the same bits.
+//!
+//! libm's `expf` cannot serve: its bits differ between platforms and it has no vector
+//! form with the same bits. This is Cephes' `expf` scheme: `n = floor(x·log2 e + 0.5)`,
+//! `r = (x − n·C1) − n·C2` (C1 + C2 = ln 2, C1 exact in few bits), a degree-5 polynomial
+//! `p(r)`, `y = (p·r² + r) + 1`, times `2^n` built from its exponent bits. Relative
+//! error below 2·2⁻²³ (tested against f64). Inputs above [`HI`] give +inf, below [`LO`]
+//! give +0 (results under 2⁻¹²⁶, never significant in a softmax sum or a SiLU), NaN gives
+//! NaN. No FMA anywhere: Rust does not fuse, and the AVX2 code uses separate mul/add.
+
+const LOG2E: f32 = std::f32::consts::LOG2_E;
+const C1: f32 = 0.693_359_4;
+const C2: f32 = -2.121_944_4e-4;
+const P: [f32; 6] = [
+    1.987_569_1e-4,
+    1.398_2e-3,
+    8.333_452e-3,
+    4.166_579_6e-2,
+    1.666_666_5e-1,
+    5.000_000_1e-1,
+];
+/// Above this, +inf (so that `n ≤ 127` and `2^n` is a normal f32).
+pub const HI: f32 = 88.3;
+/// Below this, +0.
+pub const LO: f32 = -87.336_54;
+
+/// e^x; see the module docs.
+#[inline]
+pub fn exp(x: f32) -> f32 {
+    if x.is_nan() {
+        return x;
+    }
+    if x > HI {
+        return f32::INFINITY;
+    }
+    if x < LO {
+        return 0.0;
+    }
+    let n = (x * LOG2E + 0.5).floor();
+    let r = (x - n * C1) - n * C2;
+    let z = r * r;
+    let mut p = P[0];
+    for &c in &P[1..] {
+        p = p * r + c;
+    }
+    let y = (p * z + r) + 1.0;
+    y * f32::from_bits(((n as i32 + 127) as u32) << 23)
+}
+
+/// `x / (1 + e^−x)`.
+#[inline]
+pub fn silu(x: f32) -> f32 {
+    x / (1.0 + exp(-x))
+}
+
+/// `g[i] = silu(g[i]) · u[i]`.
+pub fn silu_mul(g: &mut [f32], u: &[f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if std::is_x86_feature_detected!("avx2") {
+        // SAFETY: AVX2 checked just above.
+        return unsafe { avx2::silu_mul(g, u) };
+    }
+    for (g, &u) in g.iter_mut().zip(u) {
+        *g = silu(*g) * u;
+    }
+}
+
+/// `v[i] = exp(v[i])`.
+pub fn exp_in_place(v: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if std::is_x86_feature_detected!("avx2") {
+        // SAFETY: AVX2 checked just above.
+        return unsafe { avx2::exp_in_place(v) };
+    }
+    for x in v {
+        *x = exp(*x);
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod avx2 {
+    use std::arch::x86_64::*;
+
+    use super::{C1, C2, HI, LO, LOG2E, P};
+
+    /// [`super::exp`] on 8 lanes: the same operations in the same order.
+    #[inline(always)]
+    pub(crate) unsafe fn exp8(x: __m256) -> __m256 {
+        // SAFETY: register-only AVX2 ops; the caller has AVX2.
+        unsafe {
+            let n = _mm256_floor_ps(_mm256_add_ps(
+                _mm256_mul_ps(x, _mm256_set1_ps(LOG2E)),
+                _mm256_set1_ps(0.5),
+            ));
+            let r = _mm256_sub_ps(
+                _mm256_sub_ps(x, _mm256_mul_ps(n, _mm256_set1_ps(C1))),
+                _mm256_mul_ps(n, _mm256_set1_ps(C2)),
+            );
+            let z = _mm256_mul_ps(r, r);
+            let mut p = _mm256_set1_ps(P[0]);
+            for &c in &P[1..] {
+                p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(c));
+            }
+            let y = _mm256_add_ps(_mm256_add_ps(_mm256_mul_ps(p, z), r), _mm256_set1_ps(1.0));
+            // n is integral in [-126, 127] where it is used; other lanes are replaced.
+            let e = _mm256_slli_epi32(
+                _mm256_add_epi32(_mm256_cvttps_epi32(n), _mm256_set1_epi32(127)),
+                23,
+            );
+            let v = _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+            let v = _mm256_blendv_ps(
+                v,
+                _mm256_set1_ps(f32::INFINITY),
+                _mm256_cmp_ps(x, _mm256_set1_ps(HI), _CMP_GT_OQ),
+            );
+            let v = _mm256_blendv_ps(
+                v,
+                _mm256_setzero_ps(),
+                _mm256_cmp_ps(x, _mm256_set1_ps(LO), _CMP_LT_OQ),
+            );
+            _mm256_blendv_ps(v, x, _mm256_cmp_ps(x, x, _CMP_UNORD_Q))
+        }
+    }
+
+    /// # Safety
+    /// The CPU must support AVX2.
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn exp_in_place(v: &mut [f32]) {
+        let n8 = v.len() / 8 * 8;
+        let mut i = 0;
+        while i < n8 {
+            // SAFETY: i + 8 <= len.
+            unsafe {
+                let p = v.as_mut_ptr().add(i);
+                _mm256_storeu_ps(p, exp8(_mm256_loadu_ps(p)));
+            }
+            i += 8;
+        }
+        for x in &mut v[n8..] {
+            *x = super::exp(*x);
+        }
+    }
+
+    /// # Safety
+    /// The CPU must support AVX2.
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn silu_mul(g: &mut [f32], u: &[f32]) {
+        let n = g.len().min(u.len());
+        let n8 = n / 8 * 8;
+        let mut i = 0;
+        while i < n8 {
+            // SAFETY: i + 8 <= n <= both lengths.
+            unsafe {
+                let p = g.as_mut_ptr().add(i);
+                let x = _mm256_loadu_ps(p);
+                let e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), x));
+                let s = _mm256_div_ps(x, _mm256_add_ps(_mm256_set1_ps(1.0), e));
+                _mm256_storeu_ps(p, _mm256_mul_ps(s, _mm256_loadu_ps(u.as_ptr().add(i))));
+            }
+            i += 8;
+        }
+        for (g, &u) in g[n8..n].iter_mut().zip(&u[n8..n]) {
+            *g = super::silu(*g) * u;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sweep() -> Vec<f32> {
+        let mut v: Vec<f32> = (-2000..=2000).map(|i| i as f32 * 0.05).collect();
+        v.extend((0..20000).map(|i| -87.5 + i as f32 * 0.0088));
+        v.extend([
+            0.0,
+            -0.0,
+            1e-30,
+            -1e-30,
+            HI,
+            HI + 0.01,
+            LO,
+            LO - 0.01,
+            88.0,
+            -87.0,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::NAN,
+            f32::MAX,
+            f32::MIN,
+        ]);
+        v
+    }
+
+    #[test]
+    fn exp_is_accurate() {
+        for x in sweep() {
+            let got = exp(x);
+            if x.is_nan() {
+                assert!(got.is_nan());
+                continue;
+            }
+            let want = (x as f64).exp();
+            if x > HI {
+                assert_eq!(got, f32::INFINITY, "{x}");
+            } else if x < LO {
+                assert_eq!(got.to_bits(), 0, "{x}");
+            } else {
+                let rel = ((got as f64 - want) / want).abs();
+                assert!(
+                    rel < 2.0 * f32::EPSILON as f64,
+                    "exp({x}) = {got}, want {want}: {rel:e}"
+                );
+            }
+        }
+        assert_eq!(exp(0.0), 1.0);
+    }
+
+    #[test]
+    fn vector_paths_give_the_scalar_bits() {
+        let xs = sweep();
+        let mut v = xs.clone();
+        exp_in_place(&mut v);
+        for (&x, &y) in xs.iter().zip(&v) {
+            assert_eq!(y.to_bits(), exp(x).to_bits(), "exp({x})");
+        }
+        let mut g = xs.clone();
+        let u: Vec<f32> = (0..xs.len()).map(|i| 1.0 + (i % 7) as f32 * 0.25).collect();
+        silu_mul(&mut g, &u);
+        for ((&x, &y), &w) in xs.iter().zip(&g).zip(&u) {
+            assert_eq!(y.to_bits(), (silu(x) * w).to_bits(), "silu({x})");
+        }
+    }
+}
