@@ -18,7 +18,7 @@ const P: [f32; 6] = [
     8.333_452e-3,
     4.166_579_6e-2,
     1.666_666_5e-1,
-    5.000_000_1e-1,
+    0.5,
 ];
 /// Above this, +inf (so that `n ≤ 127` and `2^n` is a normal f32).
 pub const HI: f32 = 88.3;
