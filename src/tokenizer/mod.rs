@@ -88,7 +88,12 @@ impl AddedTrie {
         let mut i = 0;
         while i < b.len() {
             if self.first[b[i] as usize] {
-                if let Some((id, len)) = self.longest_at(b, i) {
+                // (Added tokens are UTF-8, so a match starts and ends on a character
+                // boundary; the check keeps a slice of `text` from ever panicking.)
+                if let Some((id, len)) = self
+                    .longest_at(b, i)
+                    .filter(|&(_, len)| text.is_char_boundary(i) && text.is_char_boundary(i + len))
+                {
                     if start < i {
                         f(start, i, None);
                     }
@@ -182,6 +187,15 @@ impl Tokenizer {
         let mut added = AddedTrie::new();
         for (id, t) in m.tokens.iter().enumerate() {
             if t.attr == Attr::Added {
+                // Added tokens are matched in the text, so they must be text: a partial
+                // UTF-8 sequence would match inside a character.
+                if std::str::from_utf8(&t.bytes).is_err() {
+                    return Err(FormatError::format(
+                        format!("tokens[{id}]"),
+                        format!("{:02x?}", &t.bytes[..t.bytes.len().min(8)]),
+                        "an added token must be UTF-8 text",
+                    ));
+                }
                 added.insert(&t.bytes, id as u32);
             }
         }
