@@ -150,21 +150,32 @@ bw=$(sed -n 's/^read_bandwidth_gbs=//p' "$bw_file")
 
 # 7. llama-bench: pp N_PROMPT and tg N_GEN from an empty context (its defaults, weight
 #    repacking on), and tg N_GEN after N_PROMPT tokens (-d), as mlb-run generates.
-for m in $MODELS; do
-  for q in $QUANTS; do
-    out=$BENCH_DIR/results/llama-$m-$q.jsonl
-    if [ ! -f "$out" ]; then
-      log "llama-bench $m $q"
-      /usr/bin/time -v -o "$BENCH_DIR/results/llama-$m-$q.time" \
-        "$bench_bin" -m "$BENCH_DIR/gguf/$m-$q.gguf" -t "$THREADS" -r "$REPS" \
-        -p "$N_PROMPT" -n "$N_GEN" -d "$LLAMA_DEPTH" -o jsonl >"$out.tmp" 2>"$BENCH_DIR/logs/llama-bench-$m-$q.log"
-      mv "$out.tmp" "$out"
-    fi
+#    With Krafla measured too, the two alternate: one llama-bench repetition, then one
+#    pair of mlb-run runs, REPS times, so that a machine whose speed drifts over minutes
+#    (a shared VM) slows both alike.
+llama_rep() { # model quant reps -> appends jsonl to $out.tmp
+  /usr/bin/time -v -o "$BENCH_DIR/results/llama-$1-$2.time" \
+    "$bench_bin" -m "$BENCH_DIR/gguf/$1-$2.gguf" -t "$THREADS" -r "$3" \
+    -p "$N_PROMPT" -n "$N_GEN" -d "$LLAMA_DEPTH" -o jsonl >>"$BENCH_DIR/results/llama-$1-$2.jsonl.tmp" \
+    2>>"$BENCH_DIR/logs/llama-bench-$1-$2.log"
+}
+if [ "$LLAMA_ONLY" = 1 ]; then
+  for m in $MODELS; do
+    for q in $QUANTS; do
+      out=$BENCH_DIR/results/llama-$m-$q.jsonl
+      if [ ! -f "$out" ]; then
+        log "llama-bench $m $q"
+        : >"$out.tmp"
+        llama_rep "$m" "$q" "$REPS"
+        mv "$out.tmp" "$out"
+      fi
+    done
   done
-done
+fi
 
-# 8. Krafla: build, convert, run. The prompt is N_PROMPT fixed pseudo-random ids within
-#    the vocabulary (as llama-bench's); generation is greedy.
+# 8. Krafla: build, convert, run (alternating with llama-bench, see 7). The prompt is
+#    N_PROMPT fixed pseudo-random ids within the vocabulary (as llama-bench's); generation
+#    is greedy.
 if [ "$LLAMA_ONLY" != 1 ]; then
   (cd "$repo" && cargo build -q --release --bin mlb-convert --bin mlb-run)
   kbin=$repo/target/release
@@ -188,11 +199,17 @@ if [ "$LLAMA_ONLY" != 1 ]; then
           "$kbin/mlb-convert" "$REAL_DIR/$m" "${cflags[@]}" --threads "$THREADS" -o "$mlb" \
           >"$BENCH_DIR/logs/mlb-convert-$m-$q.log" 2>&1
       fi
+      # No tokenizer beside the model: mlb-run runs on ids and loads none (llama-bench
+      # loads its vocabulary, a few MiB; Gemma 3's .mlt would add ~30 MiB of RSS).
+      rm -f "${mlb%.mlb}.mlt"
       out=$BENCH_DIR/results/krafla-$m-$q.txt
-      if [ ! -f "$out" ]; then
-        log "mlb-run $m $q x$REPS"
+      lout=$BENCH_DIR/results/llama-$m-$q.jsonl
+      if [ ! -f "$out" ] || [ ! -f "$lout" ]; then
+        log "llama-bench and mlb-run $m $q, alternating x$REPS"
         : >"$out.tmp"
+        : >"$lout.tmp"
         for r in $(seq "$REPS"); do
+          llama_rep "$m" "$q" 1
           # pp N_PROMPT then tg N_GEN at depth N_PROMPT ...
           /usr/bin/time -v -o "$out.time" "$kbin/mlb-run" "$mlb" --threads "$THREADS" --temp 0 \
             --ctx $((N_PROMPT + N_GEN)) --tokens "$ids" -n "$N_GEN" "${ignore_eos[@]}" \
@@ -206,6 +223,7 @@ if [ "$LLAMA_ONLY" != 1 ]; then
         done
         rm -f "$out.err" "$out.time"
         mv "$out.tmp" "$out"
+        mv "$lout.tmp" "$lout"
       fi
     done
   done

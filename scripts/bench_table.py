@@ -45,10 +45,11 @@ def llama(m, q):
                 continue
             r = json.loads(line)
             ts = r.get("samples_ts") or [r["avg_ts"]]
-            out[(r["n_prompt"], r["n_gen"], r.get("n_depth", 0))] = med(ts)
+            # One record per test and llama-bench run (several when the script alternates).
+            out.setdefault((r["n_prompt"], r["n_gen"], r.get("n_depth", 0)), []).extend(ts)
     except OSError:
         pass
-    return out, rss_of_time(os.path.join(res, f"llama-{m}-{q}.time"))
+    return {k: med(v) for k, v in out.items()}, rss_of_time(os.path.join(res, f"llama-{m}-{q}.time"))
 
 
 LINE = re.compile(
