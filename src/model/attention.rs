@@ -17,26 +17,16 @@
 use super::forward::{dot, reduce8};
 use super::kv::LayerCache;
 
-/// Attention of the query `q` (one head, `q.len()` = head_dim) at position `pos` over
-/// the cached keys and values at offset `off` of each slot: scores in `att`, the
-/// result in `out`.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn attend(
-    q: &[f32],
-    cache: &LayerCache,
-    off: usize,
-    pos: usize,
-    scale: f32,
-    softcap: f32,
-    att: &mut [f32],
-    out: &mut [f32],
-) {
+/// Attention of one query (one head: `q.len()` = head_dim, at position `pos`) over the
+/// cached keys and values at offset `off` of each slot: scores in its `att`, the result
+/// in its `out`.
+pub(crate) fn attend(query: &mut Query, cache: &LayerCache, off: usize, scale: f32, softcap: f32) {
     #[cfg(target_arch = "x86_64")]
     if std::is_x86_feature_detected!("avx2") {
         // SAFETY: the CPU supports AVX2 (checked just above).
-        return unsafe { avx2::attend(q, cache, off, pos, scale, softcap, att, out) };
+        return unsafe { avx2::attend(query, cache, off, scale, softcap) };
     }
-    attend_scalar(q, cache, off, pos, scale, softcap, att, out)
+    attend_scalar(query, cache, off, scale, softcap)
 }
 
 /// Most queries per [`attend_many`] call.
@@ -73,22 +63,19 @@ pub(crate) fn attend_many(
         return unsafe { avx2::attend_many(qs, cache, off, scale, softcap) };
     }
     for q in qs {
-        attend(q.q, cache, off, q.pos, scale, softcap, q.att, q.out);
+        attend(q, cache, off, scale, softcap);
     }
 }
 
 /// The reference path (also the one on CPUs without AVX2).
-#[allow(clippy::too_many_arguments)]
 pub(crate) fn attend_scalar(
-    q: &[f32],
+    query: &mut Query,
     cache: &LayerCache,
     off: usize,
-    pos: usize,
     scale: f32,
     softcap: f32,
-    att: &mut [f32],
-    out: &mut [f32],
 ) {
+    let (q, pos, att, out) = (query.q, query.pos, &mut *query.att, &mut *query.out);
     let hd = q.len();
     let rows = Rows::new(cache, off, pos, hd);
     let att = &mut att[..rows.len];
@@ -193,17 +180,14 @@ mod avx2 {
     /// # Safety
     /// The CPU must support AVX2.
     #[target_feature(enable = "avx2")]
-    #[allow(clippy::too_many_arguments)]
     pub(super) unsafe fn attend(
-        q: &[f32],
+        query: &mut Query,
         cache: &LayerCache,
         off: usize,
-        pos: usize,
         scale: f32,
         softcap: f32,
-        att: &mut [f32],
-        out: &mut [f32],
     ) {
+        let (q, pos, att, out) = (query.q, query.pos, &mut *query.att, &mut *query.out);
         let rows = Rows::new(cache, off, pos, q.len());
         let att = &mut att[..rows.len];
         // SAFETY: AVX2 (this function's contract); every row has q.len() values.
@@ -450,7 +434,13 @@ mod tests {
             for i in 0..n {
                 let (mut a1, mut o1) = (vec![0.0; cap], vec![0.0; hd]);
                 let q = &qv[i * hd..(i + 1) * hd];
-                attend_scalar(q, &cache, hd, p0 + i / group, 0.3, 0.0, &mut a1, &mut o1);
+                let mut one = Query {
+                    q,
+                    pos: p0 + i / group,
+                    att: &mut a1,
+                    out: &mut o1,
+                };
+                attend_scalar(&mut one, &cache, hd, 0.3, 0.0);
                 assert_eq!(
                     bits(&o1),
                     bits(&out[i * hd..(i + 1) * hd]),
@@ -480,12 +470,18 @@ mod tests {
             let q: Vec<f32> = (0..hd).map(|_| rnd()).collect();
             for softcap in [0.0, 20.0] {
                 for h in 0..heads {
-                    let mut a1 = vec![0.0; cap];
-                    let mut o1 = vec![0.0; hd];
-                    attend_scalar(&q, &cache, h * hd, pos, 0.125, softcap, &mut a1, &mut o1);
-                    let mut a2 = vec![0.0; cap];
-                    let mut o2 = vec![0.0; hd];
-                    attend(&q, &cache, h * hd, pos, 0.125, softcap, &mut a2, &mut o2);
+                    let run = |f: fn(&mut Query, &LayerCache, usize, f32, f32)| {
+                        let (mut att, mut out) = (vec![0.0; cap], vec![0.0; hd]);
+                        let mut one = Query {
+                            q: &q,
+                            pos,
+                            att: &mut att,
+                            out: &mut out,
+                        };
+                        f(&mut one, &cache, h * hd, 0.125, softcap);
+                        out
+                    };
+                    let (o1, o2) = (run(attend_scalar), run(attend));
                     assert_eq!(bits(&o1), bits(&o2), "hd {hd} cap {cap} pos {pos}");
                     assert!(o1.iter().all(|x| x.is_finite()));
                 }
