@@ -91,6 +91,7 @@ mod signals {
 }
 
 fn main() -> ExitCode {
+    krafla::cli::default_sigpipe();
     let cli = Cli::parse();
     #[cfg(unix)]
     signals::install();
@@ -156,7 +157,7 @@ fn main() -> ExitCode {
                 Some(Q4Rule::Round) => ", q4 round",
                 None => "",
             };
-            println!(
+            krafla::outln!(
                 "{}: {} {}, {:.1}M parameters, {:.1} MB, {:.2} bits/weight{rule}, {:.1} s",
                 s.output.display(),
                 s.arch,

@@ -76,7 +76,7 @@ fn run(args: &Args) -> Result<(), String> {
         }
         FileKind::Mlt => return inspect_mlt(args, &bytes, &name),
     };
-    print!("{out}");
+    krafla::out!("{out}");
     Ok(())
 }
 
@@ -92,7 +92,7 @@ fn inspect_mlt(args: &Args, bytes: &[u8], name: &str) -> Result<(), String> {
         if args.encode {
             let text =
                 String::from_utf8(input).map_err(|e| format!("stdin: not UTF-8 text ({e})"))?;
-            println!("{}", tokenizer::encode_to_json(&tok, &text));
+            krafla::outln!("{}", tokenizer::encode_to_json(&tok, &text));
         } else {
             let text = String::from_utf8_lossy(&input);
             let ids =
@@ -108,15 +108,16 @@ fn inspect_mlt(args: &Args, bytes: &[u8], name: &str) -> Result<(), String> {
     if args.json {
         let mut json = json;
         json["file"] = serde_json::Value::String(name.to_string());
-        println!("{json}");
+        krafla::outln!("{json}");
     } else {
-        print!("{name}: {text}");
-        println!("\nverdict: valid");
+        krafla::out!("{name}: {text}");
+        krafla::outln!("\nverdict: valid");
     }
     Ok(())
 }
 
 fn main() -> ExitCode {
+    krafla::cli::default_sigpipe();
     let args = Args::parse();
     match run(&args) {
         Ok(()) => ExitCode::SUCCESS,

@@ -401,6 +401,7 @@ mod sigbus {
 }
 
 fn main() -> ExitCode {
+    krafla::cli::default_sigpipe();
     let a = Args::parse();
     match run(a) {
         Ok(()) => ExitCode::SUCCESS,

@@ -28,6 +28,7 @@ struct Args {
 }
 
 fn main() -> ExitCode {
+    krafla::cli::default_sigpipe();
     let a = Args::parse();
     let opts = Options {
         bos: a.bos,

@@ -147,12 +147,12 @@ fn imatrix_mode(
             "ppl": num(stats.ppl()),
             "lout_unweighted": lout,
         });
-        println!("{v}");
+        krafla::outln!("{v}");
         return Ok(());
     }
-    println!("model:      {}", a.model.display());
-    println!("text:       {scope}");
-    println!(
+    krafla::outln!("model:      {}", a.model.display());
+    krafla::outln!("text:       {scope}");
+    krafla::outln!(
         "imatrix:    {} (MLI1): {} layer tokens, {} classifier tokens; {} layers, dim {}, q_dim {}, hidden_dim {}",
         path.display(),
         m.tokens,
@@ -163,13 +163,13 @@ fn imatrix_mode(
         m.hidden_dim
     );
     if lout {
-        println!(
+        krafla::outln!(
             "note:       lout's input (V·dv = {}) differs from q_dim: the Wo slot of the linear-attention layers stays zero and mlb-convert quantizes their lout unweighted",
             model.cfg.lin_v_total
         );
     }
     if stats.nll.n > 0 {
-        println!(
+        krafla::outln!(
             "perplexity: {:.4} (mean NLL {:.5} ± {:.5}, 95% CI over {} positions)",
             stats.ppl(),
             stats.nll.mean(),
@@ -193,12 +193,12 @@ fn print_ppl(a: &Args, model: &str, scope: &str, r: &PplReport) {
             "nll_mean": num(s.nll.mean()),
             "nll_ci95": num(s.nll.ci95()),
         });
-        println!("{v}");
+        krafla::outln!("{v}");
         return;
     }
-    println!("model:      {model}");
-    println!("text:       {scope}");
-    println!(
+    krafla::outln!("model:      {model}");
+    krafla::outln!("text:       {scope}");
+    krafla::outln!(
         "perplexity: {:.4} (mean NLL {:.5} ± {:.5}, 95% CI over {} positions)",
         s.ppl(),
         s.nll.mean(),
@@ -224,13 +224,13 @@ fn print_kl(a: &Args, model: &str, reference: &str, scope: &str, r: &KlReport) {
             "ppl": num(r.model.ppl()),
             "ppl_ref": num(r.reference.ppl()),
         });
-        println!("{v}");
+        krafla::outln!("{v}");
         return;
     }
-    println!("model:      {model}");
-    println!("reference:  {reference}");
-    println!("text:       {scope}");
-    println!(
+    krafla::outln!("model:      {model}");
+    krafla::outln!("reference:  {reference}");
+    krafla::outln!("text:       {scope}");
+    krafla::outln!(
         "KL(ref ‖ model): mean {:.6} ± {:.6} nats (95% CI: 1.96·sd/√n over {} positions); p99 {:.6}; max {:.6}",
         r.kl.mean(),
         r.kl.ci95(),
@@ -238,13 +238,13 @@ fn print_kl(a: &Args, model: &str, reference: &str, scope: &str, r: &KlReport) {
         r.kl_p99,
         r.kl_max
     );
-    println!(
+    krafla::outln!(
         "top-1 agreement: {:.2}% ({} of {})",
         100.0 * r.top1_rate(),
         r.top1,
         r.kl.n
     );
-    println!(
+    krafla::outln!(
         "perplexity: model {:.4}, reference {:.4} (ratio {:.4})",
         r.model.ppl(),
         r.reference.ppl(),

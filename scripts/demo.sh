@@ -3,9 +3,11 @@
 # checkpoint and its tokenizer, inspect the result, and generate text with it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-cargo build --release --bins --quiet
-bin=target/release
-out=target/demo
+# DEMO_PROFILE=dev: the debug build (CI runs the demo that way, after the tests).
+profile=${DEMO_PROFILE:-release}
+cargo build --profile "$profile" --bins --quiet
+if [ "$profile" = dev ]; then bin=target/debug; else bin=target/$profile; fi
+out=target/demo-$profile
 mkdir -p "$out"
 src=testdata/default
 prompt=${1:-"A function is"}
@@ -15,6 +17,6 @@ echo "== mlb-convert $src -> $out/default.mlb (Q8_0)"
 echo "== mlt-convert $src/tokenizer.json -> $out/default.mlt"
 "$bin/mlt-convert" "$src/tokenizer.json" -o "$out/default.mlt"
 echo "== mlb-inspect $out/default.mlb (header and totals)"
-"$bin/mlb-inspect" "$out/default.mlb" | sed -n "1,14p;/^layers/,/^$/p;/^totals/,$p"
+"$bin/mlb-inspect" "$out/default.mlb" | sed -n '1,14p;/^layers/,/^$/p;/^totals/,$p'
 echo "== mlb-run: greedy continuation of \"$prompt\""
 "$bin/mlb-run" "$out/default.mlb" --tokenizer "$out/default.mlt" --prompt "$prompt" -n 48 --temp 0

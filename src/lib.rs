@@ -12,3 +12,5 @@ pub mod kernels;
 pub mod model;
 pub mod quant;
 pub mod tokenizer;
+
+pub mod cli;

@@ -828,3 +828,39 @@ fn mlt_convert_bad_inputs_fail_with_one_line() {
         assert!(!d.join("t.mlt").exists(), "{f}: output written");
     }
 }
+
+/// A stdout that fails (a full disk: /dev/full) ends every tool with one line and exit
+/// status 1, never a panic; a closed pipe ends it quietly (SIGPIPE's default).
+#[test]
+fn a_failing_stdout_is_one_line_not_a_panic() {
+    let Ok(full) = std::fs::OpenOptions::new().write(true).open("/dev/full") else {
+        eprintln!("skipped: no /dev/full here");
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let c = &cases()[0];
+    std::fs::write(d.join("m.mlb"), synth_file(&c.h, &c.flags, 4)).unwrap();
+    let ck = testdata().join("default");
+    let ck = ck.to_str().unwrap();
+    for (bin, args) in [
+        ("mlb-inspect", vec!["m.mlb"]),
+        ("mlb-inspect", vec!["m.mlb", "--json"]),
+        ("mlb-run", vec!["m.mlb", "--tokens", "1 2", "-n", "2"]),
+        ("mlb-convert", vec![ck, "-o", "c.mlb"]),
+    ] {
+        let o = std::process::Command::new(crate::util::bin_path(bin))
+            .args(&args)
+            .current_dir(d)
+            .stdout(full.try_clone().unwrap())
+            .output()
+            .unwrap();
+        let err = stderr(&o);
+        assert_eq!(o.status.code(), Some(1), "{bin} {args:?}: {err}");
+        assert_eq!(err.lines().count(), 1, "{bin} {args:?}: {err}");
+        assert!(
+            err.contains("stdout") && !err.contains("panicked"),
+            "{bin}: {err}"
+        );
+    }
+}

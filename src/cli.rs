@@ -1,0 +1,50 @@
+//! What the four binaries share about their standard output.
+//!
+//! `print!` panics when stdout fails (a closed pipe, a full disk behind a redirect). The
+//! tools print through [`out!`](crate::out) and [`outln!`](crate::outln) instead: a write
+//! error ends the process with one line on stderr and exit status 1, and after
+//! [`default_sigpipe`] a closed pipe ends it quietly, as it does C tools
+//! (`mlb-inspect f.mlb | head`).
+
+use std::io::Write;
+
+/// Makes writing to a closed pipe end the process quietly (Rust ignores SIGPIPE by
+/// default, which turns it into an EPIPE error). Called first thing by every binary.
+pub fn default_sigpipe() {
+    #[cfg(unix)]
+    // SAFETY: setting a signal's disposition to its default has no preconditions.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+}
+
+/// Writes `s` to stdout and flushes; on an error prints `PROGRAM: stdout: ERROR` and
+/// exits with status 1.
+pub fn write_stdout(s: &str) {
+    let mut o = std::io::stdout().lock();
+    if let Err(e) = o.write_all(s.as_bytes()).and_then(|()| o.flush()) {
+        let prog = std::env::args()
+            .next()
+            .and_then(|a| {
+                std::path::Path::new(&a)
+                    .file_name()
+                    .map(|n| n.to_string_lossy().into_owned())
+            })
+            .unwrap_or_else(|| "krafla".into());
+        eprintln!("{prog}: stdout: {e}");
+        std::process::exit(1);
+    }
+}
+
+/// `print!` that never panics; see the module docs.
+#[macro_export]
+macro_rules! out {
+    ($($t:tt)*) => { $crate::cli::write_stdout(&format!($($t)*)) };
+}
+
+/// `println!` that never panics; see the module docs.
+#[macro_export]
+macro_rules! outln {
+    () => { $crate::cli::write_stdout("\n") };
+    ($($t:tt)*) => { $crate::cli::write_stdout(&(format!($($t)*) + "\n")) };
+}
