@@ -165,7 +165,7 @@ impl<'a> QMat<'a> {
         let src = &self.d16[r0 * nb..r1 * nb];
         buf.resize(src.len(), 0.0);
         #[cfg(target_arch = "x86_64")]
-        if x86::f16_to_f32(src, buf).is_some() {
+        if x86::f16_to_f32(src, buf) {
             return buf;
         }
         use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
@@ -523,26 +523,17 @@ impl Kernels {
         let chunk = rows_per_task(w.rows, w.cols * n);
         let tiles = token_tiles(x);
         let (rb, nb) = (w.wtype.row_bytes(w.cols), w.blocks());
-        let f16 = !w.d16.is_empty();
+        // f16 scales are converted per sub-block of rows into a per-thread buffer; f32
+        // scales are borrowed, so a decode task takes its rows in one kernel call.
+        let step = if w.d16.is_empty() { w.rows } else { SUB_ROWS };
         if n == 1 {
             let run = |i: usize, yc: &mut [f32]| {
-                let r0 = i * chunk;
-                if !f16 {
-                    let (wq, wd) = (
-                        &w.q[r0 * rb..(r0 + yc.len()) * rb],
-                        &w.d[r0 * nb..(r0 + yc.len()) * nb],
-                    );
-                    // SAFETY: a supported tier's kernel; slices sized per `TileFn`.
-                    unsafe { tile(yc.len(), wq, wd, &tiles[0], yc) };
-                    return;
-                }
-                // f16 scales: converted per sub-block of rows into a per-thread buffer.
                 SCALES.with_borrow_mut(|buf| {
-                    for (j, ys) in yc.chunks_mut(SUB_ROWS).enumerate() {
-                        let s0 = r0 + j * SUB_ROWS;
+                    for (j, ys) in yc.chunks_mut(step).enumerate() {
+                        let s0 = i * chunk + j * step;
                         let s1 = s0 + ys.len();
                         let wd = w.scales(s0, s1, buf);
-                        // SAFETY: as above.
+                        // SAFETY: a supported tier's kernel; slices sized per `TileFn`.
                         unsafe { tile(ys.len(), &w.q[s0 * rb..s1 * rb], wd, &tiles[0], ys) };
                     }
                 });
@@ -561,28 +552,26 @@ impl Kernels {
             // Rows in sub-blocks whose weights stay in L1/L2 across the token tiles; each
             // tile's outputs go through a small buffer and are written in runs per token.
             let mut buf = [0.0f32; SUB_ROWS * TILE_TOKENS];
-            let mut sbuf = Vec::new();
-            for s0 in (i * chunk..r1).step_by(SUB_ROWS) {
-                let nr = SUB_ROWS.min(r1 - s0);
-                let (wq, wd) = (
-                    &w.q[s0 * rb..(s0 + nr) * rb],
-                    w.scales(s0, s0 + nr, &mut sbuf),
-                );
-                for (k, xt) in tiles.iter().enumerate() {
-                    let nt = xt.d.len() / nb;
-                    let b = &mut buf[..nr * nt];
-                    // SAFETY: a supported tier's kernel; slices sized per `TileFn`.
-                    unsafe { tile(nr, wq, wd, xt, b) };
-                    for t in 0..nt {
-                        let row0 = (k * TILE_TOKENS + t) * w.rows + s0;
-                        for j in 0..nr {
-                            // SAFETY: token k·TILE_TOKENS + t < n and s0 + j < r1 ≤ rows,
-                            // so the index is inside y; task i alone writes its rows.
-                            unsafe { out.write(row0 + j, b[j * nt + t]) };
+            SCALES.with_borrow_mut(|sbuf| {
+                for s0 in (i * chunk..r1).step_by(SUB_ROWS) {
+                    let nr = SUB_ROWS.min(r1 - s0);
+                    let (wq, wd) = (&w.q[s0 * rb..(s0 + nr) * rb], w.scales(s0, s0 + nr, sbuf));
+                    for (k, xt) in tiles.iter().enumerate() {
+                        let nt = xt.d.len() / nb;
+                        let b = &mut buf[..nr * nt];
+                        // SAFETY: a supported tier's kernel; slices sized per `TileFn`.
+                        unsafe { tile(nr, wq, wd, xt, b) };
+                        for t in 0..nt {
+                            let row0 = (k * TILE_TOKENS + t) * w.rows + s0;
+                            for j in 0..nr {
+                                // SAFETY: token k·TILE_TOKENS + t < n and s0 + j < r1 ≤ rows,
+                                // so the index is inside y; task i alone writes its rows.
+                                unsafe { out.write(row0 + j, b[j * nt + t]) };
+                            }
                         }
                     }
                 }
-            }
+            });
         };
         if tasks == 1 {
             run(0);
@@ -593,7 +582,7 @@ impl Kernels {
 }
 
 thread_local! {
-    /// Scales of one sub-block of rows converted from f16 (decode of f16-scale files).
+    /// Scales of one sub-block of rows converted from f16 (f16-scale files).
     static SCALES: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 

@@ -17,7 +17,8 @@
 use crate::kernels::pool;
 
 use super::config::Config;
-use super::forward::{dot, rmsnorm_inplace, silu};
+use super::forward::{dot, rmsnorm_inplace};
+use super::vmath::silu;
 use super::weights::LinearWeights;
 
 /// One linear-attention layer's state.

@@ -223,11 +223,6 @@ pub(crate) fn rmsnorm_inplace(x: &mut [f32], w: &[f32], eps: f32) {
     }
 }
 
-#[inline(always)]
-pub(crate) fn silu(x: f32) -> f32 {
-    super::vmath::silu(x)
-}
-
 #[inline]
 fn sigmoid(x: f32) -> f32 {
     1.0 / (1.0 + (-x).exp())

@@ -315,21 +315,8 @@ impl Mlb {
 
     /// The quantized matrix of tensor `idx`.
     pub fn mat(&self, idx: usize) -> MatRef<'_> {
-        let t = &self.parsed.layout.tensors[idx];
-        let Kind::Mat {
-            qtype,
-            rows,
-            cols,
-            d_offset,
-            d_bytes,
-            ..
-        } = t.kind
-        else {
-            panic!("{} is not a matrix", t.name)
-        };
-        let bytes = self.bytes();
-        let q = &bytes[t.offset as usize..(t.offset + t.bytes) as usize];
-        let raw = &bytes[d_offset as usize..(d_offset + d_bytes) as usize];
+        let (qtype, rows, cols, q) = self.mat_quants(idx);
+        let raw = self.scale_bytes(idx);
         let d: &[f32] = match self.f16_scales.get(idx) {
             Some(cell) => cell.get_or_init(|| {
                 raw.chunks_exact(2)
@@ -338,7 +325,10 @@ impl Mlb {
             }),
             None => match f32_view(raw) {
                 Cow::Borrowed(s) => s,
-                Cow::Owned(_) => panic!("unaligned scales of {}", t.name),
+                Cow::Owned(_) => panic!(
+                    "unaligned scales of {}",
+                    self.parsed.layout.tensors[idx].name
+                ),
             },
         };
         MatRef {
@@ -367,11 +357,8 @@ impl Mlb {
         )
     }
 
-    /// The f16 scales of matrix `idx` as stored (bits), when the file has f16 scales.
-    pub fn mat_f16(&self, idx: usize) -> Option<&[u16]> {
-        if self.f16_scales.is_empty() {
-            return None;
-        }
+    /// The stored bytes of matrix `idx`'s scales (f32 or f16 per the header).
+    fn scale_bytes(&self, idx: usize) -> &[u8] {
         let t = &self.parsed.layout.tensors[idx];
         let Kind::Mat {
             d_offset, d_bytes, ..
@@ -379,7 +366,15 @@ impl Mlb {
         else {
             panic!("{} is not a matrix", t.name)
         };
-        let raw = &self.bytes()[d_offset as usize..(d_offset + d_bytes) as usize];
+        &self.bytes()[d_offset as usize..(d_offset + d_bytes) as usize]
+    }
+
+    /// The f16 scales of matrix `idx` as stored (bits), when the file has f16 scales.
+    pub fn mat_f16(&self, idx: usize) -> Option<&[u16]> {
+        if self.f16_scales.is_empty() {
+            return None;
+        }
+        let raw = self.scale_bytes(idx);
         // SAFETY: every bit pattern is a valid u16; align_to yields only the aligned
         // middle (arrays are 64-aligned in a page- or 8-aligned buffer, so all of it).
         let (pre, mid, post) = unsafe { raw.align_to::<u16>() };

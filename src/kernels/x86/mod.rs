@@ -21,16 +21,16 @@ pub fn has_avx512vnni() -> bool {
     has_avx512() && is_x86_feature_detected!("avx512vnni")
 }
 
-/// `dst[i] = src[i]` as f32 (f16 bits in, exact), 8 at a time with F16C; `None` when the
-/// CPU has no F16C (the caller converts another way).
+/// `dst[i] = src[i]` as f32 (f16 bits in, exact), 8 at a time with F16C; false (nothing
+/// written) when the CPU has no F16C and the caller must convert another way.
 #[inline]
-pub fn f16_to_f32(src: &[u16], dst: &mut [f32]) -> Option<()> {
+pub fn f16_to_f32(src: &[u16], dst: &mut [f32]) -> bool {
     if !(is_x86_feature_detected!("f16c") && is_x86_feature_detected!("avx")) {
-        return None;
+        return false;
     }
     // SAFETY: F16C and AVX checked above.
     unsafe { f16_to_f32_f16c(src, dst) };
-    Some(())
+    true
 }
 
 #[target_feature(enable = "avx,f16c")]
