@@ -10,7 +10,7 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use krafla::kernels::pool::Pool;
-use krafla::kernels::{self, Kernels, QActs, QMat, WType};
+use krafla::kernels::{self, Kernels, PackedMat, QActs, QMat, WType};
 use krafla::quant::QK;
 
 struct Rng(u64);
@@ -91,15 +91,21 @@ fn main() {
             an.quantize(&xn, cols);
             let mut y1 = vec![0f32; rows];
             let mut yn = vec![0f32; rows * n_batch];
-            for tier in kernels::supported_tiers() {
+            let packed = PackedMat::new(&w);
+            let wp = w.with_packed(&packed).expect("packed");
+            let variants = kernels::supported_tiers().into_iter().flat_map(|t| {
+                let k = Kernels::for_tier(t).expect("supported");
+                let p = k.packs().then_some((k, format!("{t}+packed"), &wp));
+                std::iter::once((k, t.to_string(), &w)).chain(p)
+            });
+            for (k, tier, w) in variants {
                 let label = format!("{name} {rows}x{cols} {wtype:?} {tier}");
                 if !filter.is_empty() && !filter.iter().any(|f| label.contains(f.as_str())) {
                     continue;
                 }
-                let k = Kernels::for_tier(tier).expect("supported");
                 for (threads, pool) in [(1, pool1), (2, pool2)] {
-                    let tv = pool.install(|| time(min, || k.matvec(&w, &a1, black_box(&mut y1))));
-                    let tm = pool.install(|| time(min, || k.matmul(&w, &an, black_box(&mut yn))));
+                    let tv = pool.install(|| time(min, || k.matvec(w, &a1, black_box(&mut y1))));
+                    let tm = pool.install(|| time(min, || k.matmul(w, &an, black_box(&mut yn))));
                     let flop = 2.0 * rows as f64 * cols as f64;
                     println!(
                         "| {name} {rows}×{cols} | {wtype:?} | {tier} | {threads} | {:.1} | {:.1} | {:.1} | {:.2} | {:.1} |",

@@ -11,7 +11,7 @@ use krafla::atomic::AtomicFile;
 use krafla::format::mlb::Mlb;
 use krafla::kernels;
 use krafla::model::forward::LogitsSink;
-use krafla::model::{Model, Options, Sampler, SamplerOpts};
+use krafla::model::{Model, Options, Packs, Sampler, SamplerOpts};
 use krafla::tokenizer::Tokenizer;
 
 #[path = "run_eval.rs"]
@@ -88,6 +88,10 @@ struct Args {
     /// Keep generating past EOS (benchmarks: always -n tokens).
     #[arg(long)]
     ignore_eos: bool,
+    /// Read the weights from the mapped file as they are: no packed copy at load
+    /// (same results; slower where the kernel tier has packed kernels).
+    #[arg(long)]
+    no_pack: bool,
 }
 
 /// Peak resident memory from /proc/self/status (VmHWM), in KiB.
@@ -189,7 +193,12 @@ fn run(a: Args) -> Result<(), String> {
     let t_load = Instant::now();
     sigbus::report_as(&a.model);
     let mlb = Mlb::open(&a.model).map_err(|e| e.to_string())?;
-    let model = Model::new(&mlb).map_err(|e| e.to_string())?;
+    let packs = if a.no_pack {
+        Packs::none()
+    } else {
+        Packs::new(&mlb, &kernels::kernels()).map_err(|e| e.to_string())?
+    };
+    let model = Model::with_packs(&mlb, &packs).map_err(|e| e.to_string())?;
     let cfg = &model.cfg;
     let tok = load_tokenizer(&a, cfg.vocab)?;
 
@@ -235,13 +244,17 @@ fn run(a: Args) -> Result<(), String> {
     let load_secs = t_load.elapsed().as_secs_f64();
     if a.verbose {
         eprintln!(
-            "kernel tier: {} (supported: {})",
+            "kernel tier: {} (supported: {}); packed weights: {}",
             kernels::tier(),
             kernels::supported_tiers()
                 .iter()
                 .map(|t| t.name())
                 .collect::<Vec<_>>()
-                .join(", ")
+                .join(", "),
+            match packs.bytes() {
+                0 => "none".to_string(),
+                b => mib(b as f64),
+            }
         );
         eprintln!(
             "threads: {}; model: dim {} layers {} heads {}/{} head_dim {} hidden {} vocab {}; ctx {} batch {}; loaded in {load_secs:.2} s",

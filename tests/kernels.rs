@@ -2,7 +2,7 @@
 //! naive f64 dot product, and independence from the thread count.
 
 use krafla::kernels::pool::Pool;
-use krafla::kernels::{self, Kernels, QActs, QMat, Tier, WType};
+use krafla::kernels::{self, Kernels, PackedMat, QActs, QMat, Tier, WType};
 use krafla::quant::QK;
 
 /// xorshift64*: small, deterministic, good enough for test data.
@@ -193,6 +193,7 @@ fn check_matmul(rng: &mut Rng, wtype: WType, rows: usize, cols: usize, n: usize,
                 y0[i].to_bits()
             );
         }
+        check_packed(&k, &w, &xa, &y0);
         if n == 1 {
             let mut yv = vec![f32::NAN; rows];
             k.matvec(&w, &xa, &mut yv);
@@ -206,11 +207,62 @@ fn check_matmul(rng: &mut Rng, wtype: WType, rows: usize, cols: usize, n: usize,
     }
 }
 
+/// On tiers with packed kernels: the packed form of `w` gives `y0`'s bits, and so does
+/// the packed form of `w` with f16 scales against the scalar result of that matrix.
+fn check_packed(k: &Kernels, w: &QMat, xa: &QActs, y0: &[f32]) {
+    if !k.packs() {
+        return;
+    }
+    let desc = format!(
+        "tier {} packed {:?} {}x{} n={}",
+        k.tier(),
+        w.wtype,
+        w.rows,
+        w.cols,
+        xa.n()
+    );
+    let p = PackedMat::new(w);
+    let wp = w.with_packed(&p).unwrap();
+    let mut y = vec![f32::NAN; y0.len()];
+    k.matmul(&wp, xa, &mut y);
+    if let Some(i) = first_diff(&y, y0) {
+        panic!("{desc}: output {i}: {} vs scalar {}", y[i], y0[i]);
+    }
+    let d16: Vec<u16> =
+        w.d.iter()
+            .map(|&v| half::f16::from_f32(v).to_bits())
+            .collect();
+    let w16 = QMat::new_f16(w.wtype, w.rows, w.cols, w.q, &d16).unwrap();
+    let mut r16 = vec![f32::NAN; y0.len()];
+    scalar().matmul(&w16, xa, &mut r16);
+    let p16 = PackedMat::new(&w16);
+    k.matmul(&w16.with_packed(&p16).unwrap(), xa, &mut y);
+    if let Some(i) = first_diff(&y, &r16) {
+        panic!(
+            "{desc} f16 scales: output {i}: {} vs scalar {}",
+            y[i], r16[i]
+        );
+    }
+    assert!(
+        w.with_packed(&p16).is_err(),
+        "{desc}: f16 packing taken for f32 scales"
+    );
+    // Rows read back from the packed copy (embeddings): the map's values.
+    for (m, pm) in [(w, &wp), (&w16, &w16.with_packed(&p16).unwrap())] {
+        for r in [0, w.rows / 2, w.rows - 1] {
+            let (mut a, mut b) = (vec![0f32; w.cols], vec![1f32; w.cols]);
+            kernels::dequant_row(m, r, &mut a);
+            kernels::dequant_row(pm, r, &mut b);
+            assert_eq!(first_diff(&a, &b), None, "{desc}: dequant_row {r}");
+        }
+    }
+}
+
 #[test]
 fn matmul_tiers_agree_random() {
     let mut rng = Rng::new(3);
     for wtype in [WType::Q8_0, WType::Q4_0] {
-        for &rows in &[1, 7, 8, 9, 33] {
+        for &rows in &[1, 7, 8, 9, 16, 33] {
             for &cols in &[32, 64, 224, 256, 288, 512, 544, 576, 1056] {
                 for n in 1..=13 {
                     check_matmul(&mut rng, wtype, rows, cols, n, false);

@@ -10,8 +10,8 @@ use krafla::format::mlb::header::{layer_flag, q8_class, rope_type, wtype};
 use krafla::format::mlb::synth::{synth_file, tiny_header};
 use krafla::format::mlb::{Header, Mlb};
 use krafla::kernels::pool::Pool;
-use krafla::kernels::{self, Tier};
-use krafla::model::{Model, ModelError, Options};
+use krafla::kernels::{self, Kernels, Tier};
+use krafla::model::{Model, ModelError, Options, Packs};
 
 /// A synthetic case: name, header, layer flags.
 pub struct Case {
@@ -302,6 +302,19 @@ fn every_tier_gives_the_same_bits() {
             let got =
                 kernels::with_tier(t, || all_logits(&model, &Options::default(), &toks)).unwrap();
             assert!(got == base, "{}: tier {t} differs from scalar", c.name);
+            let k = Kernels::for_tier(t).unwrap();
+            if k.packs() {
+                let packs = Packs::new(&m, &k).unwrap();
+                assert!(packs.bytes() > 0, "{}: tier {t} packs nothing", c.name);
+                let pm = Model::with_packs(&m, &packs).unwrap();
+                let got =
+                    kernels::with_tier(t, || all_logits(&pm, &Options::default(), &toks)).unwrap();
+                assert!(
+                    got == base,
+                    "{}: tier {t}, packed, differs from scalar",
+                    c.name
+                );
+            }
         }
     }
 }

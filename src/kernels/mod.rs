@@ -22,8 +22,11 @@ use std::sync::OnceLock;
 
 use crate::quant::QK;
 
+pub mod packed;
 pub mod pool;
 pub mod scalar;
+
+pub use packed::PackedMat;
 
 #[cfg(target_arch = "x86_64")]
 pub mod x86;
@@ -85,6 +88,9 @@ pub struct QMat<'a> {
     /// the kernels convert them per block of rows as they go (exact), so no f32 copy of
     /// them exists and a decode step reads 2 bytes per block instead of 4. Empty otherwise.
     pub d16: &'a [u16],
+    /// The same matrix in the row-interleaved layout ([`packed`]), when the runtime
+    /// packed it; tiers with a packed kernel read it instead of `q` and the scales.
+    pub pk: Option<&'a PackedMat>,
 }
 
 impl<'a> QMat<'a> {
@@ -152,6 +158,21 @@ impl<'a> QMat<'a> {
             q,
             d: &[],
             d16: &[],
+            pk: None,
+        })
+    }
+
+    /// This matrix with its packed form `p` (made by [`PackedMat::new`] from it).
+    pub fn with_packed(self, p: &'a PackedMat) -> Result<Self, ShapeError> {
+        if !p.fits(&self) {
+            return Err(ShapeError(format!(
+                "{p:?} is not the packed form of a {:?} {}x{} matrix",
+                self.wtype, self.rows, self.cols
+            )));
+        }
+        Ok(QMat {
+            pk: Some(p),
+            ..self
         })
     }
 
@@ -369,6 +390,14 @@ type QuantFn = unsafe fn(x: &[f32], q: &mut [i8], d: &mut [f32]);
 /// with the `nt = out.len() / rows` ≤ [`TILE_TOKENS`] tokens of `x`: `out[r·nt + t]`.
 type TileFn = unsafe fn(rows: usize, wq: &[u8], wd: &[f32], x: &ActTile, out: &mut [f32]);
 
+/// Dots groups `g0..g1` of a packed matrix with the 1..=[`PACKED_TILE`] tokens of `x`:
+/// `y[t·ld + r]` for every real row `r` of those groups.
+type PackedFn =
+    unsafe fn(p: &packed::PackedView, g0: usize, g1: usize, x: &ActTile, y: *mut f32, ld: usize);
+
+/// Most tokens per packed micro-kernel call.
+pub const PACKED_TILE: usize = 8;
+
 /// Calls `f(wq_r, wd_r, out_r)` for each of `rows` rows: the tiers' row loop.
 #[inline(always)]
 pub(crate) fn for_rows(
@@ -410,6 +439,8 @@ pub struct Kernels {
     quant: QuantFn,
     q8: TileFn,
     q4: TileFn,
+    /// Packed-weight kernels (Q8_0, Q4_0), on tiers that have them.
+    packed: Option<(PackedFn, PackedFn)>,
 }
 
 impl fmt::Debug for Kernels {
@@ -467,6 +498,7 @@ impl Kernels {
                 quant: x86::avx2::quantize_act,
                 q8: x86::avx512::tile_q8_vnni,
                 q4: x86::avx512::tile_q4_vnni,
+                packed: Some((x86::packed::q8_vnni, x86::packed::q4_vnni)),
                 ..s
             },
             #[cfg(target_arch = "aarch64")]
@@ -483,6 +515,11 @@ impl Kernels {
     /// This set's tier.
     pub fn tier(&self) -> Tier {
         self.tier
+    }
+
+    /// Whether this tier reads packed matrices ([`QMat::pk`]): worth packing for.
+    pub fn packs(&self) -> bool {
+        self.packed.is_some()
     }
 
     /// Quantizes `x` (a multiple of 32 values) into `q` (same length) and `d` (one per 32).
@@ -516,12 +553,19 @@ impl Kernels {
         if n == 0 {
             return;
         }
+        if let (Some(p), Some((f8, f4))) = (w.pk, self.packed) {
+            let f = match w.wtype {
+                WType::Q8_0 => f8,
+                WType::Q4_0 => f4,
+            };
+            return matmul_packed(f, p, x, y);
+        }
         let tile = match w.wtype {
             WType::Q8_0 => self.q8,
             WType::Q4_0 => self.q4,
         };
         let chunk = rows_per_task(w.rows, w.cols * n);
-        let tiles = token_tiles(x);
+        let tiles = token_tiles(x, TILE_TOKENS);
         let (rb, nb) = (w.wtype.row_bytes(w.cols), w.blocks());
         // f16 scales are converted per sub-block of rows into a per-thread buffer; f32
         // scales are borrowed, so a decode task takes its rows in one kernel call.
@@ -600,6 +644,11 @@ unsafe impl Send for SharedOut {}
 unsafe impl Sync for SharedOut {}
 
 impl SharedOut {
+    /// The address of element `i` (no access).
+    fn at(self, i: usize) -> *mut f32 {
+        self.0.wrapping_add(i)
+    }
+
     /// # Safety
     /// `i` is inside the slice and no other thread accesses element `i` concurrently.
     unsafe fn write(self, i: usize, v: f32) {
@@ -616,13 +665,44 @@ fn rows_per_task(rows: usize, macs_per_row: usize) -> usize {
     per_thread.max(min_rows).next_multiple_of(16).min(rows)
 }
 
-/// The activations cut into tiles of [`TILE_TOKENS`] tokens (the last may be shorter).
-fn token_tiles(x: &QActs) -> Vec<ActTile<'_>> {
+/// `y = W·x` from the packed form `p` of `W` with packed kernel `f`: tasks take runs of
+/// 16-row groups, walked in sub-blocks of [`SUB_GROUPS`] whose weights stay in cache
+/// across the token tiles.
+fn matmul_packed(f: PackedFn, p: &PackedMat, x: &QActs, y: &mut [f32]) {
+    let (v, groups, n, rows) = (p.view(), p.groups(), x.n(), p.rows);
+    let per_task = rows_per_task(rows, p.cols * n).div_ceil(packed::GROUP);
+    let tasks = groups.div_ceil(per_task);
+    let tiles = token_tiles(x, PACKED_TILE);
+    let out = SharedOut(y.as_mut_ptr());
+    let run = |i: usize| {
+        let g1 = ((i + 1) * per_task).min(groups);
+        for s0 in (i * per_task..g1).step_by(SUB_GROUPS) {
+            let s1 = (s0 + SUB_GROUPS).min(g1);
+            for (k, xt) in tiles.iter().enumerate() {
+                // SAFETY: a supported tier's kernel; `xt` holds 1..=PACKED_TILE tokens
+                // of `v.nb` blocks; tile k's outputs start at row k·PACKED_TILE of y
+                // (n × rows) and task i alone writes rows of groups s0..s1.
+                unsafe { f(&v, s0, s1, xt, out.at(k * PACKED_TILE * rows), rows) };
+            }
+        }
+    };
+    if tasks == 1 {
+        run(0);
+    } else {
+        pool::run(tasks, run);
+    }
+}
+
+/// Groups per sub-block of a packed task: 64 rows, as [`SUB_ROWS`].
+const SUB_GROUPS: usize = SUB_ROWS / packed::GROUP;
+
+/// The activations cut into tiles of `size` tokens (the last may be shorter).
+fn token_tiles(x: &QActs, size: usize) -> Vec<ActTile<'_>> {
     let (n, cols, nb, l4) = (x.n(), x.cols(), x.cols() / QK, q4_layout_len(x.cols()));
     (0..n)
-        .step_by(TILE_TOKENS)
+        .step_by(size)
         .map(|t0| {
-            let t1 = (t0 + TILE_TOKENS).min(n);
+            let t1 = (t0 + size).min(n);
             ActTile {
                 q: &x.q[t0 * cols..t1 * cols],
                 d: &x.d[t0 * nb..t1 * nb],
@@ -639,9 +719,15 @@ fn token_tiles(x: &QActs) -> Vec<ActTile<'_>> {
 pub fn dequant_row(w: &QMat, r: usize, out: &mut [f32]) {
     assert!(r < w.rows, "row {r} of {}", w.rows);
     assert_eq!(out.len(), w.cols, "out length vs cols");
-    let q = w.row_q(r);
-    let mut buf = Vec::new();
-    let d = w.scales(r, r + 1, &mut buf);
+    let (mut qbuf, mut buf) = (Vec::new(), Vec::new());
+    let (q, d) = match w.pk {
+        // Packed: the map's pages of this matrix were released; read the copy.
+        Some(p) => {
+            p.unpack_row(r, &mut qbuf, &mut buf);
+            (&qbuf[..], &buf[..])
+        }
+        None => (w.row_q(r), w.scales(r, r + 1, &mut buf)),
+    };
     match w.wtype {
         WType::Q8_0 => scalar::dequant_q8(q, d, out),
         WType::Q4_0 => scalar::dequant_q4(q, d, out),
@@ -677,6 +763,7 @@ const SCALAR: Kernels = Kernels {
     quant: scalar::quantize_act,
     q8: scalar::tile_q8,
     q4: scalar::tile_q4,
+    packed: None,
 };
 
 /// The kernels the free functions use: [`with_tier`]'s on this thread, else the detected.

@@ -33,7 +33,7 @@ use super::delta::DeltaState;
 use super::imatrix::{tap, Collector, Input, Observer};
 use super::kv::LayerCache;
 use super::rope::{self, RopeTable};
-use super::weights::{AttnWeights, LinearWeights, MixerWeights, Weights};
+use super::weights::{AttnWeights, LinearWeights, MixerWeights, Packs, Weights};
 use super::{ModelError, Result};
 use crate::format::mlb::Mlb;
 use crate::format::mli::Mli;
@@ -260,10 +260,18 @@ fn add(x: &mut [f32], y: &[f32]) {
 }
 
 impl<'a> Model<'a> {
-    /// The model of a validated file: configuration and borrowed weights.
+    /// The model of a validated file: configuration and borrowed weights, read from
+    /// the map (see [`Model::with_packs`] for the packed layout).
     pub fn new(m: &'a Mlb) -> Result<Model<'a>> {
+        Model::with_packs(m, &super::weights::NO_PACKS)
+    }
+
+    /// [`Model::new`] with the matrices' packed forms from `packs` (made by
+    /// [`Packs::new`] for the tier that will run the model): same results, faster on
+    /// tiers with packed kernels.
+    pub fn with_packs(m: &'a Mlb, packs: &'a Packs) -> Result<Model<'a>> {
         let cfg = Config::new(m.header(), m.dims(), &m.parsed.flags);
-        let w = Weights::new(m)?;
+        let w = Weights::new(m, packs)?;
         let global = RopeTable::global(&cfg.rope, cfg.head_dim, cfg.rot_dim);
         let local = cfg
             .has_local_rope()

@@ -31,7 +31,7 @@ pub mod weights;
 pub use config::{Config, LayerKind, RopeSel};
 pub use forward::{Model, Options, State};
 pub use sampler::{Sampler, SamplerOpts};
-pub use weights::Weights;
+pub use weights::{Packs, Weights};
 
 use std::fmt;
 

@@ -2,9 +2,9 @@
 //! [`kernels::QMat`](crate::kernels::QMat), vectors as `&[f32]`, all pointing into the
 //! map, f16 block scales included (the kernels convert those as they read them).
 
-use crate::format::mlb::{Layout, Mixer, Mlb, QType};
+use crate::format::mlb::{Kind, Layout, Mixer, Mlb, QType};
 use crate::format::FormatError;
-use crate::kernels::{QMat, WType};
+use crate::kernels::{Kernels, PackedMat, QMat, WType};
 
 /// The weights of a softmax-attention mixer.
 #[derive(Debug, Clone, Copy)]
@@ -87,6 +87,61 @@ pub struct Weights<'a> {
     pub wcls: QMat<'a>,
 }
 
+/// Packed copies of a file's matrices ([`crate::kernels::packed`]), made once at load
+/// for a tier with packed kernels; the matrices' mapped pages are released afterwards,
+/// so the copy replaces them in memory rather than adding to it.
+#[derive(Debug, Default)]
+pub struct Packs {
+    /// By tensor index; `None` for vectors (and everything when not packing).
+    mats: Vec<Option<PackedMat>>,
+}
+
+/// No packed matrices: the kernels read the map.
+pub static NO_PACKS: Packs = Packs { mats: Vec::new() };
+
+impl Packs {
+    /// No packed matrices: the kernels read the map.
+    pub fn none() -> Packs {
+        Packs::default()
+    }
+
+    /// Packs every matrix of `m` when `k` has packed kernels (else [`Packs::none`]).
+    pub fn new(m: &Mlb, k: &Kernels) -> Result<Packs, FormatError> {
+        if !k.packs() {
+            return Ok(Packs::none());
+        }
+        let lay = m.layout();
+        // Opening read every Q8_0 quant (the −128 check): unmap it all first, so that
+        // the map and the copy are never resident together beyond one batch of rows.
+        for (i, t) in lay.tensors.iter().enumerate() {
+            if let Kind::Mat { rows, .. } = t.kind {
+                m.release_rows(i, 0, rows);
+            }
+        }
+        let mut mats = Vec::with_capacity(lay.tensors.len());
+        for (i, t) in lay.tensors.iter().enumerate() {
+            if !matches!(t.kind, Kind::Mat { .. }) {
+                mats.push(None);
+                continue;
+            }
+            let w = qmat(m, lay, i)?;
+            mats.push(Some(PackedMat::new_with(&w, |r0, r1| {
+                m.release_rows(i, r0, r1)
+            })));
+        }
+        Ok(Packs { mats })
+    }
+
+    /// Bytes of all packed matrices.
+    pub fn bytes(&self) -> usize {
+        self.mats.iter().flatten().map(PackedMat::bytes).sum()
+    }
+
+    fn get(&self, idx: usize) -> Option<&PackedMat> {
+        self.mats.get(idx).and_then(Option::as_ref)
+    }
+}
+
 fn qmat<'a>(m: &'a Mlb, layout: &Layout, idx: usize) -> Result<QMat<'a>, FormatError> {
     let (qtype, rows, cols, q) = m.mat_quants(idx);
     let wtype = match qtype {
@@ -106,10 +161,17 @@ fn qmat<'a>(m: &'a Mlb, layout: &Layout, idx: usize) -> Result<QMat<'a>, FormatE
 }
 
 impl<'a> Weights<'a> {
-    /// Views of every array of `m`.
-    pub fn new(m: &'a Mlb) -> Result<Weights<'a>, FormatError> {
+    /// Views of every array of `m`, matrices with their packed form from `packs`.
+    pub fn new(m: &'a Mlb, packs: &'a Packs) -> Result<Weights<'a>, FormatError> {
         let lay = m.layout();
-        let mat = |i: usize| qmat(m, lay, i);
+        let mat = |i: usize| {
+            let w = qmat(m, lay, i)?;
+            match packs.get(i) {
+                // A pack made from this file always fits.
+                Some(p) => Ok(w.with_packed(p).unwrap_or(w)),
+                None => Ok(w),
+            }
+        };
         let vec = |i: usize| m.f32s(i);
         let opt = |i: Option<usize>| i.map(|i| m.f32s(i));
         let mut layers = Vec::with_capacity(lay.layers.len());

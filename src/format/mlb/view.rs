@@ -381,6 +381,50 @@ impl Mlb {
         (cfg!(target_endian = "little") && pre.is_empty() && post.is_empty()).then_some(mid)
     }
 
+    /// Drops the mapped pages of rows `r0..r1` of matrix `idx` (quants and scales) from
+    /// this process's memory, for a caller that copied them elsewhere (the packed
+    /// kernels' layout): the pages stay in the page cache and a later read maps them
+    /// again. Nothing for an in-memory file.
+    ///
+    /// The range released starts up to 4 MiB before the rows: the kernel maps pages
+    /// around each fault (fault-around, large folios), so reading one range maps parts
+    /// of its neighbours again; releasing in file order with that margin leaves none
+    /// behind. Vectors in the margin are mapped again when read (a few pages).
+    pub fn release_rows(&self, idx: usize, r0: usize, r1: usize) {
+        let Backing::Map(map, _) = &self.backing else {
+            return;
+        };
+        let t = &self.parsed.layout.tensors[idx];
+        let Kind::Mat {
+            rows,
+            d_offset,
+            d_bytes,
+            ..
+        } = t.kind
+        else {
+            return;
+        };
+        let (r0, r1) = (r0.min(rows) as u64, r1.min(rows) as u64);
+        let (qrow, drow) = (t.bytes / rows as u64, d_bytes / rows as u64);
+        const MARGIN: u64 = 4 << 20;
+        for (off, len) in [
+            (t.offset + r0 * qrow, (r1 - r0) * qrow),
+            (d_offset + r0 * drow, (r1 - r0) * drow),
+        ] {
+            let (off, len) = (off.saturating_sub(MARGIN), len + off.min(MARGIN));
+            // SAFETY: a read-only shared file map: MADV_DONTNEED only drops page-table
+            // entries, and the next access reads the same bytes from the page cache.
+            // A failure only means the pages stay resident.
+            let _ = unsafe {
+                map.unchecked_advise_range(
+                    memmap2::UncheckedAdvice::DontNeed,
+                    off as usize,
+                    len as usize,
+                )
+            };
+        }
+    }
+
     /// The layer flag byte of layer `l` (0 without layer flags).
     pub fn layer_flags(&self, l: usize) -> u8 {
         self.parsed.flags[l]

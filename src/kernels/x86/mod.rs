@@ -5,6 +5,8 @@ pub mod avx2;
 // must be raised to 1.89 for this module to build on the oldest supported toolchain.
 #[clippy::msrv = "1.89"]
 pub mod avx512;
+#[clippy::msrv = "1.89"]
+pub mod packed;
 
 /// AVX2 tier: 256-bit integer ops (`vpmaddubsw`, `vpsignb`).
 pub fn has_avx2() -> bool {
