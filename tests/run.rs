@@ -326,9 +326,15 @@ fn thread_count_does_not_change_bits() {
     let model = Model::new(&m).unwrap();
     let toks = tokens(c.h.vocab, 40, 2);
     let a = Pool::leak(1).install(|| all_logits(&model, &Options::default(), &toks));
+    // Packed weights (where the tier has packed kernels) run q/k/v and gate/up as one
+    // parallel step: still the same bits for any thread count.
+    let packs = Packs::new(&m, &kernels::kernels()).unwrap();
+    let packed = Model::with_packs(&m, &packs).unwrap();
     for threads in [2, 3] {
         let b = Pool::leak(threads).install(|| all_logits(&model, &Options::default(), &toks));
         assert!(a == b, "{threads} threads");
+        let p = Pool::leak(threads).install(|| all_logits(&packed, &Options::default(), &toks));
+        assert!(a == p, "{threads} threads, packed");
     }
 }
 

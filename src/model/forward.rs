@@ -228,13 +228,6 @@ fn sigmoid(x: f32) -> f32 {
     1.0 / (1.0 + (-x).exp())
 }
 
-/// GELU, tanh approximation: `0.5·x·(1 + tanh(sqrt(2/π)·(x + 0.044715·x³)))`.
-#[inline]
-fn gelu_tanh(x: f32) -> f32 {
-    const C: f32 = 0.797_884_6; // sqrt(2/π)
-    0.5 * x * (1.0 + (C * (x + 0.044715 * x * x * x)).tanh())
-}
-
 /// Runs `f(row_index, row)` over the rows of `buf` (rows of `width`), in parallel when
 /// there is enough work. Rows are independent, so the result is the same either way.
 fn for_rows(buf: &mut [f32], width: usize, f: impl Fn(usize, &mut [f32]) + Sync + Send) {
@@ -527,18 +520,18 @@ impl<'a> Model<'a> {
             );
             tap(&mut st.observer, l, Input::W13, &st.xb[..n * d]);
             st.qa.quantize_with(k, &st.xb[..n * d], d);
-            k.matmul(&lw.w1, &st.qa, &mut st.hb[..n * hid]);
-            k.matmul(&lw.w3, &st.qa, &mut st.hb2[..n * hid]);
+            k.matmul_each(
+                &[&lw.w1, &lw.w3],
+                &st.qa,
+                &mut [&mut st.hb[..n * hid], &mut st.hb2[..n * hid]],
+            );
             let up = &st.hb2[..n * hid];
             let act = c.act;
             for_rows(&mut st.hb[..n * hid], hid, |i, r| {
                 let u = &up[i * hid..(i + 1) * hid];
                 match act {
                     Act::Silu => super::vmath::silu_mul(r, u),
-                    Act::GeluTanh => r
-                        .iter_mut()
-                        .zip(u)
-                        .for_each(|(g, &u)| *g = gelu_tanh(*g) * u),
+                    Act::GeluTanh => super::vmath::gelu_mul(r, u),
                 }
             });
             tap(&mut st.observer, l, Input::W2, &st.hb[..n * hid]);
@@ -570,11 +563,18 @@ impl<'a> Model<'a> {
         let c = &self.cfg;
         let (d, hd, qd, kvd) = (c.dim, c.head_dim, c.q_dim, c.kv_dim);
         st.qa.quantize_with(k, &st.xb[..n * d], d);
-        k.matmul(&a.wq, &st.qa, &mut st.q[..n * qd]);
-        k.matmul(&a.wk, &st.qa, &mut st.kb[..n * kvd]);
-        k.matmul(&a.wv, &st.qa, &mut st.vb[..n * kvd]);
-        if let Some(wg) = &a.wg {
-            k.matmul(wg, &st.qa, &mut st.gate[..n * qd]);
+        let (q, kb, vb) = (
+            &mut st.q[..n * qd],
+            &mut st.kb[..n * kvd],
+            &mut st.vb[..n * kvd],
+        );
+        match &a.wg {
+            Some(wg) => k.matmul_each(
+                &[&a.wq, &a.wk, &a.wv, wg],
+                &st.qa,
+                &mut [q, kb, vb, &mut st.gate[..n * qd]],
+            ),
+            None => k.matmul_each(&[&a.wq, &a.wk, &a.wv], &st.qa, &mut [q, kb, vb]),
         }
         // Biases, per-head q/k norms, RoPE: per token.
         let rd = c.rot_dim;
@@ -743,10 +743,16 @@ impl<'a> Model<'a> {
         let c = &self.cfg;
         let (d, lq, lv, vh) = (c.dim, c.lin_qkv, c.lin_v_total, c.lin_v_heads);
         st.qa.quantize_with(k, &st.xb[..n * d], d);
-        k.matmul(&w.lqkv, &st.qa, &mut st.lqkv[..n * lq]);
-        k.matmul(&w.lz, &st.qa, &mut st.lz[..n * lv]);
-        k.matmul(&w.lb, &st.qa, &mut st.lb[..n * vh]);
-        k.matmul(&w.la, &st.qa, &mut st.la[..n * vh]);
+        k.matmul_each(
+            &[&w.lqkv, &w.lz, &w.lb, &w.la],
+            &st.qa,
+            &mut [
+                &mut st.lqkv[..n * lq],
+                &mut st.lz[..n * lv],
+                &mut st.lb[..n * vh],
+                &mut st.la[..n * vh],
+            ],
+        );
         let ds = st.delta[l].as_mut().expect("linear layer has a state");
         for t in 0..n {
             ds.step(

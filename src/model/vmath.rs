@@ -1,4 +1,4 @@
-//! `exp` for the runtime's element-wise work (softmax, SiLU), one fixed sequence of f32
+//! `exp` for the runtime's element-wise work (softmax, SiLU, GELU), one fixed sequence of f32
 //! operations, so the portable version and the 8-lane AVX2 version give the same bits.
 //!
 //! libm's `expf` cannot serve: its bits differ between platforms and it has no vector
@@ -66,6 +66,30 @@ pub fn silu_mul(g: &mut [f32], u: &[f32]) {
     }
 }
 
+/// √(2/π), GELU's tanh-approximation constant.
+const GELU_C: f32 = 0.797_884_6;
+
+/// GELU, tanh approximation, `0.5·x·(1 + tanh(u))` with `u = √(2/π)·(x + 0.044715·x³)`,
+/// computed as `x / (1 + e^(−2u))` (the same function: `1 + tanh u = 2 / (1 + e^(−2u))`),
+/// so it needs only [`exp`] and has a vector form with the same bits.
+#[inline]
+pub fn gelu_tanh(x: f32) -> f32 {
+    let u = GELU_C * (x + 0.044_715 * (x * x * x));
+    x / (1.0 + exp(-2.0 * u))
+}
+
+/// `g[i] = gelu_tanh(g[i]) · u[i]`.
+pub fn gelu_mul(g: &mut [f32], u: &[f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if std::is_x86_feature_detected!("avx2") {
+        // SAFETY: AVX2 checked just above.
+        return unsafe { avx2::gelu_mul(g, u) };
+    }
+    for (g, &u) in g.iter_mut().zip(u) {
+        *g = gelu_tanh(*g) * u;
+    }
+}
+
 /// `v[i] = exp(v[i])`.
 pub fn exp_in_place(v: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
@@ -82,7 +106,7 @@ pub fn exp_in_place(v: &mut [f32]) {
 pub(crate) mod avx2 {
     use std::arch::x86_64::*;
 
-    use super::{C1, C2, HI, LO, LOG2E, P};
+    use super::{C1, C2, GELU_C, HI, LO, LOG2E, P};
 
     /// [`super::exp`] on 8 lanes: the same operations in the same order.
     #[inline(always)]
@@ -164,6 +188,32 @@ pub(crate) mod avx2 {
             *g = super::silu(*g) * u;
         }
     }
+
+    /// # Safety
+    /// The CPU must support AVX2.
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn gelu_mul(g: &mut [f32], u: &[f32]) {
+        let n = g.len().min(u.len());
+        let n8 = n / 8 * 8;
+        let mut i = 0;
+        while i < n8 {
+            // SAFETY: i + 8 <= n <= both lengths.
+            unsafe {
+                let p = g.as_mut_ptr().add(i);
+                let x = _mm256_loadu_ps(p);
+                let x3 = _mm256_mul_ps(_mm256_mul_ps(x, x), x);
+                let inner = _mm256_add_ps(x, _mm256_mul_ps(_mm256_set1_ps(0.044_715), x3));
+                let v = _mm256_mul_ps(_mm256_set1_ps(GELU_C), inner);
+                let e = exp8(_mm256_mul_ps(_mm256_set1_ps(-2.0), v));
+                let s = _mm256_div_ps(x, _mm256_add_ps(_mm256_set1_ps(1.0), e));
+                _mm256_storeu_ps(p, _mm256_mul_ps(s, _mm256_loadu_ps(u.as_ptr().add(i))));
+            }
+            i += 8;
+        }
+        for (g, &u) in g[n8..n].iter_mut().zip(&u[n8..n]) {
+            *g = super::gelu_tanh(*g) * u;
+        }
+    }
 }
 
 #[cfg(test)]
@@ -231,5 +281,28 @@ mod tests {
         for ((&x, &y), &w) in xs.iter().zip(&g).zip(&u) {
             assert_eq!(y.to_bits(), (silu(x) * w).to_bits(), "silu({x})");
         }
+        let mut g = xs.clone();
+        gelu_mul(&mut g, &u);
+        for ((&x, &y), &w) in xs.iter().zip(&g).zip(&u) {
+            assert_eq!(y.to_bits(), (gelu_tanh(x) * w).to_bits(), "gelu({x})");
+        }
+    }
+
+    #[test]
+    fn gelu_matches_the_tanh_formula() {
+        for x in sweep()
+            .into_iter()
+            .filter(|x| x.is_finite() && x.abs() < 30.0)
+        {
+            let xd = x as f64;
+            let u = (2.0 / std::f64::consts::PI).sqrt() * (xd + 0.044715 * xd * xd * xd);
+            let want = 0.5 * xd * (1.0 + u.tanh());
+            let got = gelu_tanh(x) as f64;
+            // Relative to |x|: GELU is x times a factor in [0, 1].
+            let err = (got - want).abs() / xd.abs().max(1e-30);
+            assert!(err < 1e-6, "gelu({x}) = {got}, want {want}");
+        }
+        assert_eq!(gelu_tanh(0.0), 0.0);
+        assert!(gelu_tanh(f32::NAN).is_nan());
     }
 }
