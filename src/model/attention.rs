@@ -330,6 +330,10 @@ mod avx2 {
     /// 64 (then 32) dimensions at a time in registers, the rest one by one.
     #[inline(always)]
     unsafe fn values<'r>(att: &[f32], row: impl Fn(usize) -> &'r [f32] + Copy, out: &mut [f32]) {
+        if std::is_x86_feature_detected!("avx512f") {
+            // SAFETY: AVX-512 F checked just above (AVX2 is the caller's contract).
+            return unsafe { values_wide(att, row, out) };
+        }
         let hd = out.len();
         let mut c = 0;
         while c + 64 <= hd {
@@ -348,6 +352,75 @@ mod avx2 {
                 }
             }
         }
+    }
+
+    /// [`values`] with 16 dimensions per register: 128 (then 64, 16) at a time. Each
+    /// dimension's sum is its own chain in position order, so the width changes nothing
+    /// in the bits.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2 and AVX-512 F; rows have `out.len()` values.
+    #[target_feature(enable = "avx2,avx512f")]
+    unsafe fn values_wide<'r>(
+        att: &[f32],
+        row: impl Fn(usize) -> &'r [f32] + Copy,
+        out: &mut [f32],
+    ) {
+        let hd = out.len();
+        let mut c = 0;
+        while c + 128 <= hd {
+            // SAFETY: c + 128 <= hd.
+            c = unsafe { values_zmm::<8>(att, row, c, out) };
+        }
+        while c + 64 <= hd {
+            // SAFETY: c + 64 <= hd.
+            c = unsafe { values_zmm::<4>(att, row, c, out) };
+        }
+        while c + 16 <= hd {
+            // SAFETY: c + 16 <= hd.
+            c = unsafe { values_zmm::<1>(att, row, c, out) };
+        }
+        if c + 8 <= hd {
+            // SAFETY: c + 8 <= hd.
+            c = unsafe { values_regs::<1>(att, row, c, out) };
+        }
+        if c < hd {
+            let tail = &mut out[c..];
+            for (i, &p) in att.iter().enumerate() {
+                for (o, &x) in tail.iter_mut().zip(&row(i)[c..]) {
+                    *o += p * x;
+                }
+            }
+        }
+    }
+
+    /// [`values_wide`] for dimensions `c..c + 16R` in `R` zmm registers; returns `c + 16R`.
+    #[inline(always)]
+    unsafe fn values_zmm<'r, const R: usize>(
+        att: &[f32],
+        row: impl Fn(usize) -> &'r [f32],
+        c: usize,
+        out: &mut [f32],
+    ) -> usize {
+        let mut acc = [_mm512_setzero_ps(); R];
+        for (r, a) in acc.iter_mut().enumerate() {
+            // SAFETY: c + 16R <= out.len() (the caller's bound).
+            *a = unsafe { _mm512_loadu_ps(out.as_ptr().add(c + 16 * r)) };
+        }
+        for (i, &p) in att.iter().enumerate() {
+            let pv = _mm512_set1_ps(p);
+            let v = row(i).as_ptr();
+            for (r, a) in acc.iter_mut().enumerate() {
+                // SAFETY: rows have out.len() values.
+                let x = unsafe { _mm512_loadu_ps(v.add(c + 16 * r)) };
+                *a = _mm512_add_ps(*a, _mm512_mul_ps(pv, x));
+            }
+        }
+        for (r, a) in acc.into_iter().enumerate() {
+            // SAFETY: as above.
+            unsafe { _mm512_storeu_ps(out.as_mut_ptr().add(c + 16 * r), a) };
+        }
+        c + 16 * R
     }
 
     /// [`values`] for dimensions `c..c + 8R` in `R` registers; returns `c + 8R`.

@@ -19,7 +19,83 @@ use crate::quant::QK;
 /// Most tokens per call: the accumulators and the block's weights stay in registers.
 pub const TILE: usize = 8;
 
+/// Lane `l`'s accumulators for `T` tokens: blocks `l, l + 8, …` of one group, which the
+/// packed buffer stores from block position `pos` on. All zero when `l ≥ nb`.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn lane<const IS_Q4: bool, const F16: bool, const T: usize>(
+    qg: *const u8,
+    sg: *const u8,
+    x: &ActTile,
+    nb: usize,
+    l: usize,
+) -> [__m512; T] {
+    let cols = nb * QK;
+    let bb = block_bytes(if IS_Q4 { WType::Q4_0 } else { WType::Q8_0 });
+    // Lane l' holds ⌈(nb − l')/8⌉ blocks; lane l starts after the lanes before it.
+    let mut pos: usize = (0..l.min(nb)).map(|k| (nb - k).div_ceil(LANES)).sum();
+    // SAFETY: the caller's contract (see `group`): blocks of this group and T tokens.
+    unsafe {
+        let (xq, xd, xs) = (x.q.as_ptr(), x.d.as_ptr(), x.s.as_ptr());
+        let mut acc = [_mm512_setzero_ps(); T];
+        let mut b = l;
+        while b < nb {
+            let wp = qg.add(pos * bb);
+            let dw = if F16 {
+                _mm512_cvtph_ps(_mm256_loadu_si256(sg.add(pos * 32) as *const __m256i))
+            } else {
+                _mm512_loadu_ps(sg.add(pos * 64) as *const f32)
+            };
+            // The block's 16 rows as u8 vectors: w[k] pairs with x[4k..4k+4] and
+            // w[4 + k] with x[16+4k..] (Q4: low and high nibbles of chunk k; Q8: chunks).
+            let mut w = [_mm512_setzero_si512(); 8];
+            if IS_Q4 {
+                let m = _mm512_set1_epi8(0x0F);
+                for k in 0..4 {
+                    let v = _mm512_load_si512(wp.add(64 * k) as *const _);
+                    w[k] = _mm512_and_si512(v, m);
+                    w[4 + k] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m);
+                }
+            } else {
+                for (k, wk) in w.iter_mut().enumerate() {
+                    *wk = _mm512_load_si512(wp.add(64 * k) as *const _);
+                }
+            }
+            for (t, acc_t) in acc.iter_mut().enumerate() {
+                let xb = xq.add(t * cols + b * QK) as *const i32;
+                let s = *xs.add(t * nb + b);
+                let corr = if IS_Q4 { -8 * s } else { -128 * s };
+                // Two chains of 4 halve the dependent `vpdpbusd` latency.
+                let mut i0 = _mm512_set1_epi32(corr);
+                let mut i1 = _mm512_setzero_si512();
+                for k in 0..4 {
+                    let x0 = _mm512_set1_epi32(xb.add(k).read_unaligned());
+                    let x1 = _mm512_set1_epi32(xb.add(4 + k).read_unaligned());
+                    i0 = _mm512_dpbusd_epi32(i0, w[k], x0);
+                    i1 = _mm512_dpbusd_epi32(i1, w[4 + k], x1);
+                }
+                let isum = _mm512_cvtepi32_ps(_mm512_add_epi32(i0, i1));
+                let d = _mm512_mul_ps(dw, _mm512_set1_ps(*xd.add(t * nb + b)));
+                *acc_t = _mm512_add_ps(*acc_t, _mm512_mul_ps(d, isum));
+            }
+            pos += 1;
+            b += LANES;
+        }
+        acc
+    }
+}
+
+/// `a[t] + b[t]` for every token.
+#[inline(always)]
+fn add<const T: usize>(a: [__m512; T], b: [__m512; T]) -> [__m512; T] {
+    // SAFETY: register-only AVX-512 F op; every caller is compiled with it.
+    std::array::from_fn(|t| unsafe { _mm512_add_ps(a[t], b[t]) })
+}
+
 /// One group of 16 rows against `T` tokens; writes `y[t·ld + 16g + j]` for real rows.
+/// The lanes are run in the order of the contract's tree,
+/// `((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7))`, so no lane is kept longer than
+/// its pair needs.
 #[inline(always)]
 unsafe fn group<const IS_Q4: bool, const F16: bool, const T: usize>(
     p: &PackedView,
@@ -29,7 +105,6 @@ unsafe fn group<const IS_Q4: bool, const F16: bool, const T: usize>(
     ld: usize,
 ) {
     let nb = p.nb;
-    let cols = nb * QK;
     let bb = block_bytes(if IS_Q4 { WType::Q4_0 } else { WType::Q8_0 });
     let ss = if F16 { 2 } else { 4 };
     // SAFETY: the caller guarantees g < groups, `x` holds T tokens of nb blocks, and y
@@ -37,58 +112,10 @@ unsafe fn group<const IS_Q4: bool, const F16: bool, const T: usize>(
     unsafe {
         let qg = p.q.as_ptr().add(g * nb * bb);
         let sg = p.s.as_ptr().add(g * nb * GROUP * ss);
-        let (xq, xd, xs) = (x.q.as_ptr(), x.d.as_ptr(), x.s.as_ptr());
-        let zero = _mm512_setzero_ps();
-        let mut lanes = [[zero; T]; LANES];
-        let mut pos = 0;
-        for (l, lane) in lanes.iter_mut().enumerate().take(nb) {
-            let mut acc = [zero; T];
-            let mut b = l;
-            while b < nb {
-                let wp = qg.add(pos * bb);
-                let dw = if F16 {
-                    _mm512_cvtph_ps(_mm256_loadu_si256(sg.add(pos * 32) as *const __m256i))
-                } else {
-                    _mm512_loadu_ps(sg.add(pos * 64) as *const f32)
-                };
-                // The block's 16 rows as u8 vectors: chunk k pairs with x[4k..4k+4].
-                let mut w = [_mm512_setzero_si512(); 8];
-                if IS_Q4 {
-                    let m = _mm512_set1_epi8(0x0F);
-                    for k in 0..4 {
-                        let v = _mm512_load_si512(wp.add(64 * k) as *const _);
-                        w[k] = _mm512_and_si512(v, m);
-                        w[4 + k] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m);
-                    }
-                } else {
-                    for (k, wk) in w.iter_mut().enumerate() {
-                        *wk = _mm512_load_si512(wp.add(64 * k) as *const _);
-                    }
-                }
-                for (t, acc_t) in acc.iter_mut().enumerate() {
-                    let xb = xq.add(t * cols + b * QK) as *const i32;
-                    let s = *xs.add(t * nb + b);
-                    let corr = if IS_Q4 { -8 * s } else { -128 * s };
-                    // Two chains of 4 halve the dependent `vpdpbusd` latency.
-                    let mut i0 = _mm512_set1_epi32(corr);
-                    let mut i1 = _mm512_setzero_si512();
-                    for k in 0..4 {
-                        // Q4: w[k] (low nibbles) are elements 4k.., w[4+k] are 16+4k...
-                        // Q8: w[k] are elements 4k.., w[4+k] are 16+4k.. too.
-                        let x0 = _mm512_set1_epi32(xb.add(k).read_unaligned());
-                        let x1 = _mm512_set1_epi32(xb.add(4 + k).read_unaligned());
-                        i0 = _mm512_dpbusd_epi32(i0, w[k], x0);
-                        i1 = _mm512_dpbusd_epi32(i1, w[4 + k], x1);
-                    }
-                    let isum = _mm512_cvtepi32_ps(_mm512_add_epi32(i0, i1));
-                    let d = _mm512_mul_ps(dw, _mm512_set1_ps(*xd.add(t * nb + b)));
-                    *acc_t = _mm512_add_ps(*acc_t, _mm512_mul_ps(d, isum));
-                }
-                pos += 1;
-                b += LANES;
-            }
-            *lane = acc;
-        }
+        let ln = |l: usize| lane::<IS_Q4, F16, T>(qg, sg, x, nb, l);
+        let h0 = add(add(ln(0), ln(4)), add(ln(2), ln(6)));
+        let h1 = add(add(ln(1), ln(5)), add(ln(3), ln(7)));
+        let r = add(h0, h1);
         let r0 = g * GROUP;
         let valid = (p.rows - r0).min(GROUP);
         let mask: __mmask16 = if valid == GROUP {
@@ -96,12 +123,8 @@ unsafe fn group<const IS_Q4: bool, const F16: bool, const T: usize>(
         } else {
             (1u16 << valid) - 1
         };
-        #[allow(clippy::needless_range_loop)] // t indexes the inner arrays of `lanes`
-        for t in 0..T {
-            let a = |l: usize| lanes[l][t];
-            let h0 = _mm512_add_ps(_mm512_add_ps(a(0), a(4)), _mm512_add_ps(a(2), a(6)));
-            let h1 = _mm512_add_ps(_mm512_add_ps(a(1), a(5)), _mm512_add_ps(a(3), a(7)));
-            _mm512_mask_storeu_ps(y.add(t * ld + r0), mask, _mm512_add_ps(h0, h1));
+        for (t, v) in r.iter().enumerate() {
+            _mm512_mask_storeu_ps(y.add(t * ld + r0), mask, *v);
         }
     }
 }
