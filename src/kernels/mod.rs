@@ -439,8 +439,9 @@ pub struct Kernels {
     quant: QuantFn,
     q8: TileFn,
     q4: TileFn,
-    /// Packed-weight kernels (Q8_0, Q4_0), on tiers that have them.
-    packed: Option<(PackedFn, PackedFn)>,
+    /// Packed-weight kernels for Q8_0 and for Q4_0, where the tier has them.
+    packed_q8: Option<PackedFn>,
+    packed_q4: Option<PackedFn>,
 }
 
 impl fmt::Debug for Kernels {
@@ -484,6 +485,7 @@ impl Kernels {
                 quant: x86::avx2::quantize_act,
                 q8: x86::avx2::tile_q8,
                 q4: x86::avx2::tile_q4,
+                packed_q4: x86::packed::has_avx2_packed().then_some(x86::packed::q4_avx2 as _),
                 ..s
             },
             #[cfg(target_arch = "x86_64")]
@@ -491,6 +493,7 @@ impl Kernels {
                 quant: x86::avx2::quantize_act,
                 q8: x86::avx512::tile_q8_bw,
                 q4: x86::avx512::tile_q4_bw,
+                packed_q4: x86::packed::has_avx2_packed().then_some(x86::packed::q4_avx2 as _),
                 ..s
             },
             #[cfg(target_arch = "x86_64")]
@@ -498,7 +501,8 @@ impl Kernels {
                 quant: x86::avx2::quantize_act,
                 q8: x86::avx512::tile_q8_vnni,
                 q4: x86::avx512::tile_q4_vnni,
-                packed: Some((x86::packed::q8_vnni, x86::packed::q4_vnni)),
+                packed_q8: Some(x86::packed::q8_vnni),
+                packed_q4: Some(x86::packed::q4_vnni),
                 ..s
             },
             #[cfg(target_arch = "aarch64")]
@@ -517,9 +521,21 @@ impl Kernels {
         self.tier
     }
 
-    /// Whether this tier reads packed matrices ([`QMat::pk`]): worth packing for.
+    /// Whether this tier reads packed matrices ([`QMat::pk`]) of some type.
     pub fn packs(&self) -> bool {
-        self.packed.is_some()
+        self.packed_q8.is_some() || self.packed_q4.is_some()
+    }
+
+    /// Whether this tier reads packed matrices of type `t`: worth packing those for.
+    pub fn packs_type(&self, t: WType) -> bool {
+        self.packed_fn(t).is_some()
+    }
+
+    fn packed_fn(&self, t: WType) -> Option<PackedFn> {
+        match t {
+            WType::Q8_0 => self.packed_q8,
+            WType::Q4_0 => self.packed_q4,
+        }
     }
 
     /// Quantizes `x` (a multiple of 32 values) into `q` (same length) and `d` (one per 32).
@@ -542,12 +558,13 @@ impl Kernels {
     /// one barrier instead of several. Same results as separate [`Kernels::matmul`]s.
     pub fn matmul_each(&self, ws: &[&QMat], x: &QActs, ys: &mut [&mut [f32]]) {
         assert_eq!(ws.len(), ys.len(), "matrices vs outputs");
-        let (Some((f8, f4)), true) = (self.packed, ws.iter().all(|w| w.pk.is_some())) else {
+        let packed = |w: &&QMat| w.pk.is_some() && self.packs_type(w.wtype);
+        if !ws.iter().all(packed) {
             for (w, y) in ws.iter().zip(ys.iter_mut()) {
                 self.matmul(w, x, y);
             }
             return;
-        };
+        }
         if x.n() == 0 {
             return;
         }
@@ -555,11 +572,8 @@ impl Kernels {
             .iter()
             .zip(ys.iter_mut())
             .map(|(w, y)| {
-                let f = match w.wtype {
-                    WType::Q8_0 => f8,
-                    WType::Q4_0 => f4,
-                };
-                PackedPlan::new(f, w.pk.expect("checked above"), x, y)
+                let (f, p) = (self.packed_fn(w.wtype), w.pk);
+                PackedPlan::new(f.expect("checked above"), p.expect("checked above"), x, y)
             })
             .collect();
         let tiles = token_tiles(x, PACKED_TILE);
@@ -590,11 +604,7 @@ impl Kernels {
         if n == 0 {
             return;
         }
-        if let (Some(p), Some((f8, f4))) = (w.pk, self.packed) {
-            let f = match w.wtype {
-                WType::Q8_0 => f8,
-                WType::Q4_0 => f4,
-            };
+        if let (Some(p), Some(f)) = (w.pk, self.packed_fn(w.wtype)) {
             return matmul_packed(f, p, x, y);
         }
         let tile = match w.wtype {
@@ -833,7 +843,8 @@ const SCALAR: Kernels = Kernels {
     quant: scalar::quantize_act,
     q8: scalar::tile_q8,
     q4: scalar::tile_q4,
-    packed: None,
+    packed_q8: None,
+    packed_q4: None,
 };
 
 /// The kernels the free functions use: [`with_tier`]'s on this thread, else the detected.

@@ -166,53 +166,85 @@ pub(crate) mod avx2 {
         }
     }
 
-    /// # Safety
-    /// The CPU must support AVX2.
-    #[target_feature(enable = "avx2")]
-    pub(super) unsafe fn silu_mul(g: &mut [f32], u: &[f32]) {
+    /// An activation in its 8-lane and scalar forms (the same bits).
+    trait Act {
+        /// # Safety
+        /// AVX2 is available (the caller is compiled with it).
+        unsafe fn v8(x: __m256) -> __m256;
+        fn one(x: f32) -> f32;
+    }
+
+    struct Silu;
+
+    impl Act for Silu {
+        #[inline(always)]
+        unsafe fn v8(x: __m256) -> __m256 {
+            // SAFETY: register-only AVX2 ops (trait contract).
+            unsafe {
+                let e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), x));
+                _mm256_div_ps(x, _mm256_add_ps(_mm256_set1_ps(1.0), e))
+            }
+        }
+        #[inline(always)]
+        fn one(x: f32) -> f32 {
+            super::silu(x)
+        }
+    }
+
+    struct Gelu;
+
+    impl Act for Gelu {
+        #[inline(always)]
+        unsafe fn v8(x: __m256) -> __m256 {
+            // SAFETY: register-only AVX2 ops (trait contract).
+            unsafe {
+                let x3 = _mm256_mul_ps(_mm256_mul_ps(x, x), x);
+                let inner = _mm256_add_ps(x, _mm256_mul_ps(_mm256_set1_ps(0.044_715), x3));
+                let v = _mm256_mul_ps(_mm256_set1_ps(GELU_C), inner);
+                let e = exp8(_mm256_mul_ps(_mm256_set1_ps(-2.0), v));
+                _mm256_div_ps(x, _mm256_add_ps(_mm256_set1_ps(1.0), e))
+            }
+        }
+        #[inline(always)]
+        fn one(x: f32) -> f32 {
+            super::gelu_tanh(x)
+        }
+    }
+
+    /// `g[i] = A(g[i]) · u[i]`, 8 at a time, the tail one by one.
+    #[inline(always)]
+    unsafe fn act_mul<A: Act>(g: &mut [f32], u: &[f32]) {
         let n = g.len().min(u.len());
         let n8 = n / 8 * 8;
         let mut i = 0;
         while i < n8 {
-            // SAFETY: i + 8 <= n <= both lengths.
+            // SAFETY: i + 8 <= n <= both lengths; AVX2 in the callers.
             unsafe {
                 let p = g.as_mut_ptr().add(i);
-                let x = _mm256_loadu_ps(p);
-                let e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), x));
-                let s = _mm256_div_ps(x, _mm256_add_ps(_mm256_set1_ps(1.0), e));
+                let s = A::v8(_mm256_loadu_ps(p));
                 _mm256_storeu_ps(p, _mm256_mul_ps(s, _mm256_loadu_ps(u.as_ptr().add(i))));
             }
             i += 8;
         }
         for (g, &u) in g[n8..n].iter_mut().zip(&u[n8..n]) {
-            *g = super::silu(*g) * u;
+            *g = A::one(*g) * u;
         }
     }
 
     /// # Safety
     /// The CPU must support AVX2.
     #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn silu_mul(g: &mut [f32], u: &[f32]) {
+        // SAFETY: AVX2 (this function's contract).
+        unsafe { act_mul::<Silu>(g, u) }
+    }
+
+    /// # Safety
+    /// The CPU must support AVX2.
+    #[target_feature(enable = "avx2")]
     pub(super) unsafe fn gelu_mul(g: &mut [f32], u: &[f32]) {
-        let n = g.len().min(u.len());
-        let n8 = n / 8 * 8;
-        let mut i = 0;
-        while i < n8 {
-            // SAFETY: i + 8 <= n <= both lengths.
-            unsafe {
-                let p = g.as_mut_ptr().add(i);
-                let x = _mm256_loadu_ps(p);
-                let x3 = _mm256_mul_ps(_mm256_mul_ps(x, x), x);
-                let inner = _mm256_add_ps(x, _mm256_mul_ps(_mm256_set1_ps(0.044_715), x3));
-                let v = _mm256_mul_ps(_mm256_set1_ps(GELU_C), inner);
-                let e = exp8(_mm256_mul_ps(_mm256_set1_ps(-2.0), v));
-                let s = _mm256_div_ps(x, _mm256_add_ps(_mm256_set1_ps(1.0), e));
-                _mm256_storeu_ps(p, _mm256_mul_ps(s, _mm256_loadu_ps(u.as_ptr().add(i))));
-            }
-            i += 8;
-        }
-        for (g, &u) in g[n8..n].iter_mut().zip(&u[n8..n]) {
-            *g = super::gelu_tanh(*g) * u;
-        }
+        // SAFETY: AVX2 (this function's contract).
+        unsafe { act_mul::<Gelu>(g, u) }
     }
 }
 

@@ -105,7 +105,8 @@ impl Packs {
         Packs::default()
     }
 
-    /// Packs every matrix of `m` when `k` has packed kernels (else [`Packs::none`]).
+    /// Packs every matrix of `m` whose type `k` has a packed kernel for (none when it
+    /// has none: [`Packs::none`]).
     pub fn new(m: &Mlb, k: &Kernels) -> Result<Packs, FormatError> {
         if !k.packs() {
             return Ok(Packs::none());
@@ -113,14 +114,21 @@ impl Packs {
         let lay = m.layout();
         // Opening read every Q8_0 quant (the −128 check): unmap it all first, so that
         // the map and the copy are never resident together beyond one batch of rows.
+        let wanted = |t: &crate::format::mlb::Tensor| match t.kind {
+            Kind::Mat { qtype, .. } => k.packs_type(match qtype {
+                QType::Q8_0 => WType::Q8_0,
+                QType::Q4_0 => WType::Q4_0,
+            }),
+            _ => false,
+        };
         for (i, t) in lay.tensors.iter().enumerate() {
-            if let Kind::Mat { rows, .. } = t.kind {
+            if let (Kind::Mat { rows, .. }, true) = (t.kind, wanted(t)) {
                 m.release_rows(i, 0, rows);
             }
         }
         let mut mats = Vec::with_capacity(lay.tensors.len());
         for (i, t) in lay.tensors.iter().enumerate() {
-            if !matches!(t.kind, Kind::Mat { .. }) {
+            if !wanted(t) {
                 mats.push(None);
                 continue;
             }

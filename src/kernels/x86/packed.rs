@@ -1,6 +1,7 @@
-//! Micro-kernels for packed weights ([`crate::kernels::packed`]), AVX-512 VNNI: one zmm
-//! lane per row of a 16-row group, so `isum_b` of 16 rows comes out of 8 `vpdpbusd` per
-//! block and token with no reduction across lanes.
+//! Micro-kernels for packed weights ([`crate::kernels::packed`]). AVX-512 VNNI (Q8_0 and
+//! Q4_0): one zmm lane per row of a 16-row group, so `isum_b` of 16 rows comes out of 8
+//! `vpdpbusd` per block and token with no reduction across lanes. AVX2 (Q4_0 only, for
+//! the AVX2 and AVX-512 BW tiers): the same with a ymm per half group, below.
 //!
 //! Per block and token: the accumulator starts at the offset correction (`−128·Σx` for
 //! Q8_0, whose packed levels are `w + 128`; `−8·Σx` for Q4_0 nibbles), `vpdpbusd` adds
@@ -202,4 +203,168 @@ pub unsafe fn q8_vnni(p: &PackedView, g0: usize, g1: usize, x: &ActTile, y: *mut
 pub unsafe fn q4_vnni(p: &PackedView, g0: usize, g1: usize, x: &ActTile, y: *mut f32, ld: usize) {
     // SAFETY: forwarded caller contract; features enabled on this function.
     unsafe { any::<true>(p, g0, g1, x, y, ld) }
+}
+
+/// The AVX2 packed kernel: Q4_0 (F16C for f16 scales).
+pub fn has_avx2_packed() -> bool {
+    super::has_avx2() && is_x86_feature_detected!("f16c")
+}
+
+/// AVX2, Q4_0: a group as two halves of 8 rows (a ymm lane per row). Per block, half
+/// and token: 8 `vpmaddubsw` of the nibbles (u8) with the broadcast activation bytes
+/// (s8), summed in i16, which is exact: each lane adds 16 products of at most 15·127,
+/// ≤ 30480 < 2^15; one `vpmaddwd` by 1 gives the row's `Σ nibble·x`, then `− 8·Σx`.
+/// The float step and the lane order are the VNNI kernel's.
+mod avx2q4 {
+    use super::*;
+
+    /// Most tokens per inner pass: 8 weight vectors and 4 accumulators in 16 ymm.
+    pub const PASS: usize = 4;
+
+    /// Lane `l` of half `h` of one group for `T` tokens (see [`super::lane`]).
+    #[inline(always)]
+    unsafe fn lane<const F16: bool, const T: usize>(
+        qg: *const u8,
+        sg: *const u8,
+        x: &ActTile,
+        t0: usize,
+        nb: usize,
+        h: usize,
+        l: usize,
+    ) -> [__m256; T] {
+        let cols = nb * QK;
+        let bb = block_bytes(WType::Q4_0);
+        let mut pos: usize = (0..l.min(nb)).map(|k| (nb - k).div_ceil(LANES)).sum();
+        // SAFETY: the caller's contract (see `group`): blocks of this group, tokens
+        // t0..t0 + T of `x`.
+        unsafe {
+            let (xq, xd, xs) = (x.q.as_ptr(), x.d.as_ptr(), x.s.as_ptr());
+            let ones = _mm256_set1_epi16(1);
+            let m = _mm256_set1_epi8(0x0F);
+            let mut acc = [_mm256_setzero_ps(); T];
+            let mut b = l;
+            while b < nb {
+                let wp = qg.add(pos * bb + 32 * h);
+                let dw = if F16 {
+                    _mm256_cvtph_ps(_mm_loadu_si128(sg.add(pos * 32 + 16 * h) as *const __m128i))
+                } else {
+                    _mm256_loadu_ps(sg.add(pos * 64 + 32 * h) as *const f32)
+                };
+                let mut w = [_mm256_setzero_si256(); 8];
+                for k in 0..4 {
+                    let v = _mm256_loadu_si256(wp.add(64 * k) as *const __m256i);
+                    w[k] = _mm256_and_si256(v, m);
+                    w[4 + k] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m);
+                }
+                for (i, acc_t) in acc.iter_mut().enumerate() {
+                    let t = t0 + i;
+                    let xb = xq.add(t * cols + b * QK) as *const i32;
+                    let mut s16 = _mm256_setzero_si256();
+                    for (k, wk) in w.iter().enumerate() {
+                        let xv = _mm256_set1_epi32(xb.add(k).read_unaligned());
+                        s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(*wk, xv));
+                    }
+                    let corr = _mm256_set1_epi32(-8 * *xs.add(t * nb + b));
+                    let isum = _mm256_add_epi32(_mm256_madd_epi16(s16, ones), corr);
+                    let d = _mm256_mul_ps(dw, _mm256_set1_ps(*xd.add(t * nb + b)));
+                    *acc_t = _mm256_add_ps(*acc_t, _mm256_mul_ps(d, _mm256_cvtepi32_ps(isum)));
+                }
+                pos += 1;
+                b += LANES;
+            }
+            acc
+        }
+    }
+
+    #[inline(always)]
+    fn add<const T: usize>(a: [__m256; T], b: [__m256; T]) -> [__m256; T] {
+        // SAFETY: register-only AVX op; every caller is compiled with AVX2.
+        std::array::from_fn(|t| unsafe { _mm256_add_ps(a[t], b[t]) })
+    }
+
+    /// Tokens `t0..t0 + T` of group `g`, both halves.
+    #[inline(always)]
+    unsafe fn group<const F16: bool, const T: usize>(
+        p: &PackedView,
+        g: usize,
+        x: &ActTile,
+        t0: usize,
+        y: *mut f32,
+        ld: usize,
+    ) {
+        let nb = p.nb;
+        let ss = if F16 { 2 } else { 4 };
+        // SAFETY: as in `super::group`.
+        unsafe {
+            let qg = p.q.as_ptr().add(g * nb * block_bytes(WType::Q4_0));
+            let sg = p.s.as_ptr().add(g * nb * GROUP * ss);
+            for h in 0..2 {
+                let r0 = g * GROUP + 8 * h;
+                if r0 >= p.rows {
+                    break;
+                }
+                let ln = |l: usize| lane::<F16, T>(qg, sg, x, t0, nb, h, l);
+                let h0 = add(add(ln(0), ln(4)), add(ln(2), ln(6)));
+                let h1 = add(add(ln(1), ln(5)), add(ln(3), ln(7)));
+                let r = add(h0, h1);
+                let valid = (p.rows - r0).min(8);
+                for (i, v) in r.iter().enumerate() {
+                    let out = y.add((t0 + i) * ld + r0);
+                    if valid == 8 {
+                        _mm256_storeu_ps(out, *v);
+                    } else {
+                        let mut tmp = [0f32; 8];
+                        _mm256_storeu_ps(tmp.as_mut_ptr(), *v);
+                        std::ptr::copy_nonoverlapping(tmp.as_ptr(), out, valid);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Groups `g0..g1`, all tokens of `x`, in passes of at most [`PASS`] tokens.
+    #[inline(always)]
+    pub unsafe fn run<const F16: bool>(
+        p: &PackedView,
+        g0: usize,
+        g1: usize,
+        x: &ActTile,
+        y: *mut f32,
+        ld: usize,
+    ) {
+        let nt = x.d.len() / p.nb;
+        for g in g0..g1 {
+            let mut t0 = 0;
+            while t0 < nt {
+                let n = (nt - t0).min(PASS);
+                // SAFETY: forwarded caller contract; tokens t0..t0 + n exist.
+                unsafe {
+                    match n {
+                        1 => group::<F16, 1>(p, g, x, t0, y, ld),
+                        2 => group::<F16, 2>(p, g, x, t0, y, ld),
+                        3 => group::<F16, 3>(p, g, x, t0, y, ld),
+                        _ => group::<F16, 4>(p, g, x, t0, y, ld),
+                    }
+                }
+                t0 += n;
+            }
+        }
+    }
+}
+
+/// Packed Q4_0, AVX2 (see `kernels::PackedFn`).
+///
+/// # Safety
+/// The CPU has AVX2 and F16C; otherwise as [`q8_vnni`], for a Q4_0 packed view.
+#[target_feature(enable = "avx2,f16c")]
+pub unsafe fn q4_avx2(p: &PackedView, g0: usize, g1: usize, x: &ActTile, y: *mut f32, ld: usize) {
+    debug_assert!(x.q.len() == x.d.len() * QK && x.s.len() == x.d.len());
+    // SAFETY: forwarded caller contract; features enabled on this function.
+    unsafe {
+        if p.f16 {
+            avx2q4::run::<true>(p, g0, g1, x, y, ld)
+        } else {
+            avx2q4::run::<false>(p, g0, g1, x, y, ld)
+        }
+    }
 }
