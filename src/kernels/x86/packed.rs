@@ -20,6 +20,20 @@ use crate::quant::QK;
 /// Most tokens per call: the accumulators and the block's weights stay in registers.
 pub const TILE: usize = 8;
 
+/// How far ahead a decode call (one token) prefetches the weights it streams: the
+/// hardware prefetcher alone left DRAM streaming 10-30% short (alternating runs of
+/// Gemma 3 and SmolLM2 generation). Prefill calls reuse cached weights and skip it.
+const PF_DIST: usize = 4096;
+
+/// Prefetches the `bytes` (whole lines) that follow `p + PF_DIST`.
+#[inline(always)]
+unsafe fn prefetch(p: *const u8, bytes: usize) {
+    for line in (0..bytes).step_by(64) {
+        // SAFETY: a prefetch never faults, even past the end of the buffer.
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PF_DIST + line) as *const i8) };
+    }
+}
+
 /// Lane `l`'s accumulators for `T` tokens: blocks `l, l + 8, …` of one group, which the
 /// packed buffer stores from block position `pos` on. All zero when `l ≥ nb`.
 #[inline(always)]
@@ -42,6 +56,9 @@ unsafe fn lane<const IS_Q4: bool, const F16: bool, const T: usize>(
         let mut b = l;
         while b < nb {
             let wp = qg.add(pos * bb);
+            if T == 1 {
+                prefetch(wp, bb);
+            }
             let dw = if F16 {
                 _mm512_cvtph_ps(_mm256_loadu_si256(sg.add(pos * 32) as *const __m256i))
             } else {
@@ -245,6 +262,10 @@ mod avx2q4 {
             let mut b = l;
             while b < nb {
                 let wp = qg.add(pos * bb + 32 * h);
+                if T == 1 && h == 0 {
+                    // The first half's pass reads every line of the block.
+                    prefetch(wp, bb);
+                }
                 let dw = if F16 {
                     _mm256_cvtph_ps(_mm_loadu_si128(sg.add(pos * 32 + 16 * h) as *const __m128i))
                 } else {
