@@ -149,13 +149,12 @@ impl<'a> Rows<'a> {
 /// Softcap, then `att = exp(att − max)` in place; returns the sum (in order).
 #[inline(always)]
 fn softmax(att: &mut [f32], softcap: f32) -> f32 {
-    let mut max = f32::NEG_INFINITY;
-    for a in att.iter_mut() {
-        if softcap > 0.0 {
+    if softcap > 0.0 {
+        for a in att.iter_mut() {
             *a = softcap * (*a / softcap).tanh();
         }
-        max = max.max(*a);
     }
+    let max = super::vmath::max(att);
     for a in att.iter_mut() {
         *a -= max;
     }
@@ -293,9 +292,17 @@ mod avx2 {
                 }
                 j += 8;
             }
-            for (t, (a, kr)) in acc.into_iter().zip(&k).enumerate() {
-                // SAFETY: register and stack only.
-                att[i + t] = unsafe { finish(a, &q[n8..], &kr[n8..]) } * scale;
+            if n8 == hd {
+                // SAFETY: register ops; att[i..i + 8] exists (i + 8 <= n).
+                unsafe {
+                    let v = _mm256_mul_ps(reduce8x8(&acc), _mm256_set1_ps(scale));
+                    _mm256_storeu_ps(att.as_mut_ptr().add(i), v);
+                }
+            } else {
+                for (t, (a, kr)) in acc.into_iter().zip(&k).enumerate() {
+                    // SAFETY: register and stack only.
+                    att[i + t] = unsafe { finish(a, &q[n8..], &kr[n8..]) } * scale;
+                }
             }
             i += 8;
         }
@@ -314,6 +321,45 @@ mod avx2 {
             // SAFETY: register and stack only.
             att[i] = unsafe { finish(a, &q[n8..], &kr[n8..]) } * scale;
             i += 1;
+        }
+    }
+
+    /// Eight accumulators (one per key) reduced at once, each as `forward::reduce8` does
+    /// with no tail: an 8×8 transpose puts lane `l` of every key in one vector, then
+    /// `((c0 + c4) + (c2 + c6)) + ((c1 + c5) + (c3 + c7))` runs on all eight keys.
+    #[inline(always)]
+    unsafe fn reduce8x8(r: &[__m256; 8]) -> __m256 {
+        // SAFETY: register-only AVX ops; the caller has AVX2.
+        unsafe {
+            let t0 = _mm256_unpacklo_ps(r[0], r[1]);
+            let t1 = _mm256_unpackhi_ps(r[0], r[1]);
+            let t2 = _mm256_unpacklo_ps(r[2], r[3]);
+            let t3 = _mm256_unpackhi_ps(r[2], r[3]);
+            let t4 = _mm256_unpacklo_ps(r[4], r[5]);
+            let t5 = _mm256_unpackhi_ps(r[4], r[5]);
+            let t6 = _mm256_unpacklo_ps(r[6], r[7]);
+            let t7 = _mm256_unpackhi_ps(r[6], r[7]);
+            // u_l (l < 4): lane l of keys 0..4 in the low half, lane l + 4 in the high.
+            let u0 = _mm256_shuffle_ps(t0, t2, 0x44);
+            let u1 = _mm256_shuffle_ps(t0, t2, 0xEE);
+            let u2 = _mm256_shuffle_ps(t1, t3, 0x44);
+            let u3 = _mm256_shuffle_ps(t1, t3, 0xEE);
+            let u4 = _mm256_shuffle_ps(t4, t6, 0x44);
+            let u5 = _mm256_shuffle_ps(t4, t6, 0xEE);
+            let u6 = _mm256_shuffle_ps(t5, t7, 0x44);
+            let u7 = _mm256_shuffle_ps(t5, t7, 0xEE);
+            // c_l: lane l of all eight keys.
+            let c0 = _mm256_permute2f128_ps(u0, u4, 0x20);
+            let c4 = _mm256_permute2f128_ps(u0, u4, 0x31);
+            let c1 = _mm256_permute2f128_ps(u1, u5, 0x20);
+            let c5 = _mm256_permute2f128_ps(u1, u5, 0x31);
+            let c2 = _mm256_permute2f128_ps(u2, u6, 0x20);
+            let c6 = _mm256_permute2f128_ps(u2, u6, 0x31);
+            let c3 = _mm256_permute2f128_ps(u3, u7, 0x20);
+            let c7 = _mm256_permute2f128_ps(u3, u7, 0x31);
+            let h0 = _mm256_add_ps(_mm256_add_ps(c0, c4), _mm256_add_ps(c2, c6));
+            let h1 = _mm256_add_ps(_mm256_add_ps(c1, c5), _mm256_add_ps(c3, c7));
+            _mm256_add_ps(h0, h1)
         }
     }
 

@@ -90,6 +90,19 @@ pub fn gelu_mul(g: &mut [f32], u: &[f32]) {
     }
 }
 
+/// The largest non-NaN value of `v` (−inf when there is none), as
+/// `v.iter().fold(−inf, f32::max)`. The order of comparisons is free (the maximum of a
+/// set does not depend on it), so the AVX2 form keeps 32 running maxima; only the sign
+/// of a zero result could differ, and `e^(s − max)` is the same for ±0.
+pub fn max(v: &[f32]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if std::is_x86_feature_detected!("avx2") {
+        // SAFETY: AVX2 checked just above.
+        return unsafe { avx2::max(v) };
+    }
+    v.iter().fold(f32::NEG_INFINITY, |m, &a| m.max(a))
+}
+
 /// `v[i] = exp(v[i])`.
 pub fn exp_in_place(v: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
@@ -164,6 +177,32 @@ pub(crate) mod avx2 {
         for x in &mut v[n8..] {
             *x = super::exp(*x);
         }
+    }
+
+    /// # Safety
+    /// The CPU must support AVX2.
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn max(v: &[f32]) -> f32 {
+        let n32 = v.len() / 32 * 32;
+        let mut m = [_mm256_set1_ps(f32::NEG_INFINITY); 4];
+        let mut i = 0;
+        while i < n32 {
+            for (k, mk) in m.iter_mut().enumerate() {
+                // SAFETY: i + 32 <= len. `max_ps(x, m)` returns m when x is NaN.
+                *mk = unsafe { _mm256_max_ps(_mm256_loadu_ps(v.as_ptr().add(i + 8 * k)), *mk) };
+            }
+            i += 32;
+        }
+        // The running maxima are never NaN, so any combining order gives the maximum.
+        let m = _mm256_max_ps(_mm256_max_ps(m[0], m[1]), _mm256_max_ps(m[2], m[3]));
+        let mut lanes = [0f32; 8];
+        // SAFETY: lanes holds 8 floats.
+        unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), m) };
+        let mut r = lanes.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+        for &x in &v[n32..] {
+            r = r.max(x);
+        }
+        r
     }
 
     /// An activation in its 8-lane and scalar forms (the same bits).
@@ -309,6 +348,19 @@ mod tests {
         }
         let mut g = xs.clone();
         let u: Vec<f32> = (0..xs.len()).map(|i| 1.0 + (i % 7) as f32 * 0.25).collect();
+        let fold = |v: &[f32]| v.iter().fold(f32::NEG_INFINITY, |m, &a| m.max(a));
+        for len in [0, 1, 7, 31, 32, 33, 100, xs.len()] {
+            for start in [0, 3] {
+                let v = &xs[start.min(xs.len() - len)..][..len];
+                assert_eq!(max(v).to_bits(), fold(v).to_bits(), "max of {len}");
+            }
+        }
+        let nans = [f32::NAN; 40];
+        assert_eq!(max(&nans), f32::NEG_INFINITY);
+        let mut mixed = [f32::NAN; 40];
+        mixed[37] = -3.0;
+        mixed[5] = -7.0;
+        assert_eq!(max(&mixed), -3.0);
         silu_mul(&mut g, &u);
         for ((&x, &y), &w) in xs.iter().zip(&g).zip(&u) {
             assert_eq!(y.to_bits(), (silu(x) * w).to_bits(), "silu({x})");
