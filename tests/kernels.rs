@@ -331,6 +331,35 @@ fn reference_matches_naive_f64() {
     }
 }
 
+/// A prompt-sized input (more than one pool task of values) is quantized in parallel:
+/// the same quants and scales as one thread, per block as the reference.
+#[test]
+fn parallel_quantization_gives_the_same_blocks() {
+    let mut rng = Rng::new(11);
+    let (n, cols) = (300, 320);
+    let x = activations(&mut rng, n * cols, true);
+    let one = Pool::leak(1).install(|| {
+        let mut a = QActs::new();
+        a.quantize(&x, cols);
+        a
+    });
+    for threads in [2, 3] {
+        let many = Pool::leak(threads).install(|| {
+            let mut a = QActs::new();
+            a.quantize(&x, cols);
+            a
+        });
+        assert_eq!(many.q(), one.q(), "{threads} threads");
+        assert_eq!(first_diff(many.d(), one.d()), None, "{threads} threads");
+    }
+    let mut qb = [0i8; QK];
+    for (b, xb) in x.chunks_exact(QK).enumerate().step_by(97) {
+        let db = krafla::quant::q8_0::quantize_block(xb, &mut qb);
+        assert_eq!(db.to_bits(), one.d()[b].to_bits(), "block {b}");
+        assert_eq!(&qb[..], &one.q()[b * QK..(b + 1) * QK], "block {b}");
+    }
+}
+
 #[test]
 fn dequant_row_values() {
     let q8: Vec<u8> = (0..64).map(|i| (i as i8 - 32) as u8).collect();

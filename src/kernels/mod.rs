@@ -221,6 +221,9 @@ pub struct QActs {
     q4: Vec<i8>,
 }
 
+/// Values per pool task when quantizing many tokens.
+const QUANT_PAR_VALUES: usize = 32768;
+
 /// Bytes per token of the Q4_0 arrangement of activations: 128 per group of 4 blocks.
 pub fn q4_layout_len(cols: usize) -> usize {
     (cols / QK).div_ceil(4) * 128
@@ -288,7 +291,17 @@ impl QActs {
         self.cols = cols;
         self.q.resize(x.len(), 0);
         self.d.resize(x.len() / QK, 0.0);
-        k.quantize_act(x, &mut self.q, &mut self.d);
+        // A prompt chunk (e.g. 512 × 1536 values) is quantized by the pool, whole tokens
+        // per task: blocks are independent, so the bits are the same.
+        let per = (QUANT_PAR_VALUES / cols).max(1);
+        if self.n > per && pool::threads() > 1 {
+            let (xs, qs, ds) = (per * cols, per * cols, per * cols / QK);
+            pool::for_chunks2(&mut self.q, qs, &mut self.d, ds, |i, q, d| {
+                k.quantize_act(&x[i * xs..i * xs + q.len()], q, d);
+            });
+        } else {
+            k.quantize_act(x, &mut self.q, &mut self.d);
+        }
         self.derive();
     }
 
