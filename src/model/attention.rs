@@ -237,14 +237,30 @@ mod avx2 {
             let e = (q.pos + 1).min(b0 + BLOCK);
             (s, e)
         };
+        // Two queries of one position (heads sharing this kv head) take their scores
+        // together where AVX-512 F exists: one zmm holds both queries' 8 partial sums.
+        let pairs =
+            hd % 8 == 0 && hd / 8 <= PAIR_MAX_CHUNKS && std::is_x86_feature_detected!("avx512f");
         for b0 in (lo..=hi).step_by(BLOCK) {
-            for q in qs.iter_mut() {
+            let mut rest = &mut qs[..];
+            while let Some((q, tail)) = rest.split_first_mut() {
                 let (s, e) = span(q, b0);
+                let f = cache.first_visible(q.pos);
+                if let (true, Some(q2)) = (pairs && s < e, tail.first_mut()) {
+                    if q2.pos == q.pos {
+                        let (a, b) = (&mut q.att[s - f..e - f], &mut q2.att[s - f..e - f]);
+                        // SAFETY: AVX-512 F checked, AVX2 this function's contract; rows
+                        // of hd values, hd a multiple of 8 within the pair buffer.
+                        unsafe { scores_pair(q.q, q2.q, |i| k(s + i), scale, a, b) };
+                        rest = &mut tail[1..];
+                        continue;
+                    }
+                }
                 if s < e {
-                    let f = cache.first_visible(q.pos);
                     // SAFETY: AVX2; rows of hd values.
                     unsafe { scores(q.q, |i| k(s + i), scale, &mut q.att[s - f..e - f]) };
                 }
+                rest = tail;
             }
         }
         let mut inv = [0f32; super::TILE_QUERIES];
@@ -321,6 +337,113 @@ mod avx2 {
             // SAFETY: register and stack only.
             att[i] = unsafe { finish(a, &q[n8..], &kr[n8..]) } * scale;
             i += 1;
+        }
+    }
+
+    /// Most 8-value chunks of a head for [`scores_pair`] (head_dim ≤ 256).
+    const PAIR_MAX_CHUNKS: usize = 32;
+
+    /// [`scores`] for two queries `qa`, `qb` over the same rows, into `att_a`, `att_b`:
+    /// a zmm holds `[qa chunk, qb chunk]` and each key chunk is broadcast to both halves,
+    /// so each half runs exactly the 8-lane chain of [`scores`] for its query.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2 and AVX-512 F; every row has `qa.len() = qb.len()`
+    /// values, a multiple of 8 and at most `8·PAIR_MAX_CHUNKS`; `att_a` and `att_b`
+    /// have one length.
+    #[target_feature(enable = "avx2,avx512f")]
+    unsafe fn scores_pair<'r>(
+        qa: &[f32],
+        qb: &[f32],
+        row: impl Fn(usize) -> &'r [f32],
+        scale: f32,
+        att_a: &mut [f32],
+        att_b: &mut [f32],
+    ) {
+        let chunks = qa.len() / 8;
+        debug_assert!(
+            qa.len() == qb.len() && qa.len().is_multiple_of(8) && chunks <= PAIR_MAX_CHUNKS
+        );
+        debug_assert_eq!(att_a.len(), att_b.len());
+        // Only the first `chunks` entries are written and read.
+        let mut qp = [std::mem::MaybeUninit::<__m512>::uninit(); PAIR_MAX_CHUNKS];
+        for (j, v) in qp.iter_mut().enumerate().take(chunks) {
+            // SAFETY: 8j + 8 <= hd for both queries.
+            unsafe {
+                let lo = _mm256_castps_pd(_mm256_loadu_ps(qa.as_ptr().add(8 * j)));
+                let hi = _mm256_castps_pd(_mm256_loadu_ps(qb.as_ptr().add(8 * j)));
+                v.write(_mm512_castpd_ps(_mm512_insertf64x4(
+                    _mm512_castpd256_pd512(lo),
+                    hi,
+                    1,
+                )));
+            }
+        }
+        let n = att_a.len();
+        let vscale = _mm256_set1_ps(scale);
+        let mut i = 0;
+        while i + 8 <= n {
+            let k: [&[f32]; 8] = [
+                row(i),
+                row(i + 1),
+                row(i + 2),
+                row(i + 3),
+                row(i + 4),
+                row(i + 5),
+                row(i + 6),
+                row(i + 7),
+            ];
+            let mut acc = [_mm512_setzero_ps(); 8];
+            for (j, x) in qp.iter().enumerate().take(chunks) {
+                // SAFETY: entry j < chunks was written above; 8j + 8 <= every row's length.
+                let x = unsafe { x.assume_init() };
+                for (a, kr) in acc.iter_mut().zip(&k) {
+                    *a = _mm512_add_ps(*a, _mm512_mul_ps(x, unsafe { key2(kr, j) }));
+                }
+            }
+            let lo: [__m256; 8] = std::array::from_fn(|t| _mm512_castps512_ps256(acc[t]));
+            let hi: [__m256; 8] = std::array::from_fn(|t| {
+                _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[t]), 1))
+            });
+            // SAFETY: register ops; att_a/att_b[i..i + 8] exist (i + 8 <= n).
+            unsafe {
+                _mm256_storeu_ps(
+                    att_a.as_mut_ptr().add(i),
+                    _mm256_mul_ps(reduce8x8(&lo), vscale),
+                );
+                _mm256_storeu_ps(
+                    att_b.as_mut_ptr().add(i),
+                    _mm256_mul_ps(reduce8x8(&hi), vscale),
+                );
+            }
+            i += 8;
+        }
+        while i < n {
+            let kr = row(i);
+            let mut a = _mm512_setzero_ps();
+            for (j, x) in qp.iter().enumerate().take(chunks) {
+                // SAFETY: as above.
+                let x = unsafe { x.assume_init() };
+                a = _mm512_add_ps(a, _mm512_mul_ps(x, unsafe { key2(kr, j) }));
+            }
+            let lo = _mm512_castps512_ps256(a);
+            let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1));
+            // SAFETY: register and stack only; no tail (hd a multiple of 8).
+            unsafe {
+                att_a[i] = finish(lo, &[], &[]) * scale;
+                att_b[i] = finish(hi, &[], &[]) * scale;
+            }
+            i += 1;
+        }
+    }
+
+    /// Chunk `j` of a key row in both halves of a zmm.
+    #[inline(always)]
+    unsafe fn key2(r: &[f32], j: usize) -> __m512 {
+        // SAFETY: 8j + 8 <= r.len() (the caller's bound); AVX-512 F in the caller.
+        unsafe {
+            let c = _mm256_castps_pd(_mm256_loadu_ps(r.as_ptr().add(8 * j)));
+            _mm512_castpd_ps(_mm512_broadcast_f64x4(c))
         }
     }
 
