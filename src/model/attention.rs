@@ -507,11 +507,11 @@ mod avx2 {
         let mut c = 0;
         while c + 64 <= hd {
             // SAFETY: c + 64 <= hd.
-            c = unsafe { values_regs::<8>(att, row, c, out) };
+            c = unsafe { values_regs::<__m256, 8>(att, row, c, out) };
         }
         while c + 32 <= hd {
             // SAFETY: c + 32 <= hd.
-            c = unsafe { values_regs::<4>(att, row, c, out) };
+            c = unsafe { values_regs::<__m256, 4>(att, row, c, out) };
         }
         if c < hd {
             let tail = &mut out[c..];
@@ -539,19 +539,19 @@ mod avx2 {
         let mut c = 0;
         while c + 128 <= hd {
             // SAFETY: c + 128 <= hd.
-            c = unsafe { values_zmm::<8>(att, row, c, out) };
+            c = unsafe { values_regs::<__m512, 8>(att, row, c, out) };
         }
         while c + 64 <= hd {
             // SAFETY: c + 64 <= hd.
-            c = unsafe { values_zmm::<4>(att, row, c, out) };
+            c = unsafe { values_regs::<__m512, 4>(att, row, c, out) };
         }
         while c + 16 <= hd {
             // SAFETY: c + 16 <= hd.
-            c = unsafe { values_zmm::<1>(att, row, c, out) };
+            c = unsafe { values_regs::<__m512, 1>(att, row, c, out) };
         }
         if c + 8 <= hd {
             // SAFETY: c + 8 <= hd.
-            c = unsafe { values_regs::<1>(att, row, c, out) };
+            c = unsafe { values_regs::<__m256, 1>(att, row, c, out) };
         }
         if c < hd {
             let tail = &mut out[c..];
@@ -563,62 +563,103 @@ mod avx2 {
         }
     }
 
-    /// [`values_wide`] for dimensions `c..c + 16R` in `R` zmm registers; returns `c + 16R`.
-    #[inline(always)]
-    unsafe fn values_zmm<'r, const R: usize>(
-        att: &[f32],
-        row: impl Fn(usize) -> &'r [f32],
-        c: usize,
-        out: &mut [f32],
-    ) -> usize {
-        let mut acc = [_mm512_setzero_ps(); R];
-        for (r, a) in acc.iter_mut().enumerate() {
-            // SAFETY: c + 16R <= out.len() (the caller's bound).
-            *a = unsafe { _mm512_loadu_ps(out.as_ptr().add(c + 16 * r)) };
-        }
-        for (i, &p) in att.iter().enumerate() {
-            let pv = _mm512_set1_ps(p);
-            let v = row(i).as_ptr();
-            for (r, a) in acc.iter_mut().enumerate() {
-                // SAFETY: rows have out.len() values.
-                let x = unsafe { _mm512_loadu_ps(v.add(c + 16 * r)) };
-                *a = _mm512_add_ps(*a, _mm512_mul_ps(pv, x));
-            }
-        }
-        for (r, a) in acc.into_iter().enumerate() {
-            // SAFETY: as above.
-            unsafe { _mm512_storeu_ps(out.as_mut_ptr().add(c + 16 * r), a) };
-        }
-        c + 16 * R
+    /// A float vector for [`values_regs`]: `ymm` (8 lanes) or `zmm` (16).
+    trait Lanes: Copy {
+        const N: usize;
+        /// # Safety
+        /// `N` readable floats at `p`; the caller is compiled with the vector's features.
+        unsafe fn load(p: *const f32) -> Self;
+        /// # Safety
+        /// `N` writable floats at `p`; features as for `load`.
+        unsafe fn store(self, p: *mut f32);
+        /// # Safety
+        /// Features as for `load`.
+        unsafe fn splat(v: f32) -> Self;
+        /// `self + p·x`, two rounded operations (no FMA).
+        ///
+        /// # Safety
+        /// Features as for `load`.
+        unsafe fn add_mul(self, p: Self, x: Self) -> Self;
     }
 
-    /// [`values`] for dimensions `c..c + 8R` in `R` registers; returns `c + 8R`.
+    impl Lanes for __m256 {
+        const N: usize = 8;
+        #[inline(always)]
+        unsafe fn load(p: *const f32) -> Self {
+            // SAFETY: the trait contract.
+            unsafe { _mm256_loadu_ps(p) }
+        }
+        #[inline(always)]
+        unsafe fn store(self, p: *mut f32) {
+            // SAFETY: the trait contract.
+            unsafe { _mm256_storeu_ps(p, self) }
+        }
+        #[inline(always)]
+        unsafe fn splat(v: f32) -> Self {
+            // SAFETY: register-only (the trait contract).
+            unsafe { _mm256_set1_ps(v) }
+        }
+        #[inline(always)]
+        unsafe fn add_mul(self, p: Self, x: Self) -> Self {
+            // SAFETY: register-only (the trait contract).
+            unsafe { _mm256_add_ps(self, _mm256_mul_ps(p, x)) }
+        }
+    }
+
+    impl Lanes for __m512 {
+        const N: usize = 16;
+        #[inline(always)]
+        unsafe fn load(p: *const f32) -> Self {
+            // SAFETY: the trait contract.
+            unsafe { _mm512_loadu_ps(p) }
+        }
+        #[inline(always)]
+        unsafe fn store(self, p: *mut f32) {
+            // SAFETY: the trait contract.
+            unsafe { _mm512_storeu_ps(p, self) }
+        }
+        #[inline(always)]
+        unsafe fn splat(v: f32) -> Self {
+            // SAFETY: register-only (the trait contract).
+            unsafe { _mm512_set1_ps(v) }
+        }
+        #[inline(always)]
+        unsafe fn add_mul(self, p: Self, x: Self) -> Self {
+            // SAFETY: register-only (the trait contract).
+            unsafe { _mm512_add_ps(self, _mm512_mul_ps(p, x)) }
+        }
+    }
+
+    /// [`values`] for dimensions `c..c + R·V::N` in `R` registers of `V`; returns the end.
+    ///
+    /// # Safety
+    /// `c + R·V::N <= out.len()`, rows have `out.len()` values, the CPU has `V`'s
+    /// features (the caller is compiled with them).
     #[inline(always)]
-    unsafe fn values_regs<'r, const R: usize>(
+    unsafe fn values_regs<'r, V: Lanes, const R: usize>(
         att: &[f32],
         row: impl Fn(usize) -> &'r [f32],
         c: usize,
         out: &mut [f32],
     ) -> usize {
-        let mut acc = [_mm256_setzero_ps(); R];
-        for (r, a) in acc.iter_mut().enumerate() {
-            // SAFETY: c + 8R <= out.len() (the caller's bound).
-            *a = unsafe { _mm256_loadu_ps(out.as_ptr().add(c + 8 * r)) };
-        }
-        for (i, &p) in att.iter().enumerate() {
-            let pv = _mm256_set1_ps(p);
-            let v = row(i).as_ptr();
+        // SAFETY: the bounds and features of this function's contract.
+        unsafe {
+            let mut acc = [V::splat(0.0); R];
             for (r, a) in acc.iter_mut().enumerate() {
-                // SAFETY: rows have out.len() values.
-                let x = unsafe { _mm256_loadu_ps(v.add(c + 8 * r)) };
-                *a = _mm256_add_ps(*a, _mm256_mul_ps(pv, x));
+                *a = V::load(out.as_ptr().add(c + V::N * r));
+            }
+            for (i, &p) in att.iter().enumerate() {
+                let pv = V::splat(p);
+                let v = row(i).as_ptr();
+                for (r, a) in acc.iter_mut().enumerate() {
+                    *a = a.add_mul(pv, V::load(v.add(c + V::N * r)));
+                }
+            }
+            for (r, a) in acc.into_iter().enumerate() {
+                a.store(out.as_mut_ptr().add(c + V::N * r));
             }
         }
-        for (r, a) in acc.into_iter().enumerate() {
-            // SAFETY: as above.
-            unsafe { _mm256_storeu_ps(out.as_mut_ptr().add(c + 8 * r), a) };
-        }
-        c + 8 * R
+        c + V::N * R
     }
 }
 
