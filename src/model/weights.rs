@@ -1,6 +1,7 @@
 //! Borrowed views of every array of a loaded `.mlb` file: matrices as
 //! [`kernels::QMat`](crate::kernels::QMat), vectors as `&[f32]`, all pointing into the
-//! map, f16 block scales included (the kernels convert those as they read them).
+//! map, f16 block scales included (the kernels convert those as they read them); and
+//! [`Packs`], the matrices' packed copies for tiers with packed kernels.
 
 use crate::format::mlb::{Kind, Layout, Mixer, Mlb, QType};
 use crate::format::FormatError;
@@ -115,10 +116,7 @@ impl Packs {
         // Opening read every Q8_0 quant (the −128 check): unmap it all first, so that
         // the map and the copy are never resident together beyond one batch of rows.
         let wanted = |t: &crate::format::mlb::Tensor| match t.kind {
-            Kind::Mat { qtype, .. } => k.packs_type(match qtype {
-                QType::Q8_0 => WType::Q8_0,
-                QType::Q4_0 => WType::Q4_0,
-            }),
+            Kind::Mat { qtype, .. } => k.packs_type(wtype(qtype)),
             _ => false,
         };
         for (i, t) in lay.tensors.iter().enumerate() {
@@ -150,12 +148,17 @@ impl Packs {
     }
 }
 
-fn qmat<'a>(m: &'a Mlb, layout: &Layout, idx: usize) -> Result<QMat<'a>, FormatError> {
-    let (qtype, rows, cols, q) = m.mat_quants(idx);
-    let wtype = match qtype {
+/// The kernels' name for a file's quantization type.
+fn wtype(q: QType) -> WType {
+    match q {
         QType::Q8_0 => WType::Q8_0,
         QType::Q4_0 => WType::Q4_0,
-    };
+    }
+}
+
+fn qmat<'a>(m: &'a Mlb, layout: &Layout, idx: usize) -> Result<QMat<'a>, FormatError> {
+    let (qtype, rows, cols, q) = m.mat_quants(idx);
+    let wtype = wtype(qtype);
     // f16 scales stay in the map: the kernels convert them as they read them.
     match m.mat_f16(idx) {
         Some(d16) => QMat::new_f16(wtype, rows, cols, q, d16),
