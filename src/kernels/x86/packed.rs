@@ -14,15 +14,12 @@
 use core::arch::x86_64::*;
 
 use crate::kernels::packed::{block_bytes, PackedView, GROUP};
-use crate::kernels::{ActTile, WType, LANES};
+use crate::kernels::{ActTile, WType, LANES, PACKED_TILE};
 use crate::quant::QK;
 
-/// Most tokens per call: the accumulators and the block's weights stay in registers.
-pub const TILE: usize = 8;
-
-/// How far ahead a decode call (one token) prefetches the weights it streams: the
-/// hardware prefetcher alone left DRAM streaming 10-30% short (alternating runs of
-/// Gemma 3 and SmolLM2 generation). Prefill calls reuse cached weights and skip it.
+/// How far ahead a decode call (one token) prefetches the weights it streams: with the
+/// hardware prefetcher alone, generation was 30-40% slower (alternating runs of Gemma 3
+/// and SmolLM2 at Q4_0; docs/kernels.md). Prefill calls reuse cached weights and skip it.
 const PF_DIST: usize = 4096;
 
 /// Prefetches the `bytes` (whole lines) that follow `p + PF_DIST`.
@@ -174,7 +171,7 @@ unsafe fn any<const IS_Q4: bool>(
     ld: usize,
 ) {
     let nt = x.d.len() / p.nb;
-    debug_assert!((1..=TILE).contains(&nt));
+    debug_assert!((1..=PACKED_TILE).contains(&nt));
     debug_assert!(x.q.len() == nt * p.nb * QK && x.s.len() == nt * p.nb);
     macro_rules! go {
         ($f16:literal) => {
