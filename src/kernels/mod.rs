@@ -589,16 +589,7 @@ impl Kernels {
                 PackedPlan::new(f.expect("checked above"), p.expect("checked above"), x, y)
             })
             .collect();
-        let tiles = token_tiles(x, PACKED_TILE);
-        let total: usize = plans.iter().map(|p| p.tasks).sum();
-        pool::run(total, |mut i| {
-            for p in &plans {
-                if i < p.tasks {
-                    return p.run(i, &tiles);
-                }
-                i -= p.tasks;
-            }
-        });
+        run_plans(&plans, x);
     }
 
     /// `y = W·x` for one token (`x.n() == 1`, `y.len() == w.rows`).
@@ -618,7 +609,7 @@ impl Kernels {
             return;
         }
         if let (Some(p), Some(f)) = (w.pk, self.packed_fn(w.wtype)) {
-            return matmul_packed(f, p, x, y);
+            return run_plans(&[PackedPlan::new(f, p, x, y)], x);
         }
         let tile = match w.wtype {
             WType::Q8_0 => self.q8,
@@ -725,7 +716,7 @@ fn rows_per_task(rows: usize, macs_per_row: usize) -> usize {
     per_thread.max(min_rows).next_multiple_of(16).min(rows)
 }
 
-/// One packed matrix product cut into pool tasks (see [`matmul_packed`]).
+/// One packed matrix product cut into pool tasks (run by [`run_plans`]).
 struct PackedPlan<'a> {
     f: PackedFn,
     v: packed::PackedView<'a>,
@@ -774,16 +765,19 @@ impl<'a> PackedPlan<'a> {
     }
 }
 
-/// `y = W·x` from the packed form `p` of `W` with packed kernel `f`: tasks take runs of
-/// 16-row groups.
-fn matmul_packed(f: PackedFn, p: &PackedMat, x: &QActs, y: &mut [f32]) {
-    let plan = PackedPlan::new(f, p, x, y);
+/// Packed products of one input `x` (a single `y = W·x`, or [`Kernels::matmul_each`]'s
+/// several) as one pool step: every plan's tasks (runs of 16-row groups) in one list.
+fn run_plans(plans: &[PackedPlan], x: &QActs) {
     let tiles = token_tiles(x, PACKED_TILE);
-    if plan.tasks == 1 {
-        plan.run(0, &tiles);
-    } else {
-        pool::run(plan.tasks, |i| plan.run(i, &tiles));
-    }
+    let total: usize = plans.iter().map(|p| p.tasks).sum();
+    pool::run(total, |mut i| {
+        for p in plans {
+            if i < p.tasks {
+                return p.run(i, &tiles);
+            }
+            i -= p.tasks;
+        }
+    });
 }
 
 /// Groups per sub-block of a packed task: 64 rows, as [`SUB_ROWS`].

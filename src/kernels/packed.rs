@@ -72,6 +72,24 @@ pub fn block_order(nb: usize) -> impl Iterator<Item = usize> {
     (0..super::LANES.min(nb)).flat_map(move |l| (l..nb).step_by(super::LANES))
 }
 
+/// The packed position of lane `l`'s first block: lane `k` holds `⌈(nb − k)/8⌉` blocks.
+#[inline(always)]
+pub fn lane_start(nb: usize, l: usize) -> usize {
+    (0..l.min(nb))
+        .map(|k| (nb - k).div_ceil(super::LANES))
+        .sum()
+}
+
+/// How a row's block bytes are stored: `(bytes per block, XOR applied)`. Q8_0 levels
+/// get the VNNI offset (`level + 128` is `level ^ 0x80` as u8); Q4_0 bytes stay as in
+/// the file. A padding row stores level 0: `0x80`, resp. `0x88` (both nibbles 8).
+fn byte_code(wtype: WType) -> (usize, u8, u8) {
+    match wtype {
+        WType::Q8_0 => (QK, 0x80, 0x80),
+        WType::Q4_0 => (QK / 2, 0, 0x88),
+    }
+}
+
 impl PackedMat {
     /// Packs `w` (on the calling thread's pool, groups in parallel).
     pub fn new(w: &QMat) -> PackedMat {
@@ -95,39 +113,25 @@ impl PackedMat {
         let (qreg, sreg) = bytes.split_at_mut(qlen);
         let order: Vec<usize> = block_order(nb).collect();
         let rb = w.wtype.row_bytes(w.cols);
+        let (per, xor, pad_byte) = byte_code(w.wtype);
         let pack_group = |g: usize, qg: &mut [u8], sg: &mut [u8]| {
             for (p, &b) in order.iter().enumerate() {
                 let qb = &mut qg[p * bb..(p + 1) * bb];
                 let sb = &mut sg[p * GROUP * ss..(p + 1) * GROUP * ss];
                 for j in 0..GROUP {
                     let r = g * GROUP + j;
-                    let pad = r >= w.rows;
-                    match w.wtype {
-                        WType::Q8_0 => {
-                            let src = &w.q[r.min(w.rows - 1) * rb + b * QK..][..QK];
-                            for k in 0..QK / 4 {
-                                for i in 0..4 {
-                                    let v = if pad { 0 } else { src[4 * k + i] };
-                                    qb[64 * k + 4 * j + i] = v ^ 0x80;
-                                }
-                            }
-                        }
-                        WType::Q4_0 => {
-                            let src = &w.q[r.min(w.rows - 1) * rb + b * QK / 2..][..QK / 2];
-                            for k in 0..QK / 8 {
-                                for i in 0..4 {
-                                    // 0x88: both nibbles at level 0.
-                                    let v = if pad { 0x88 } else { src[4 * k + i] };
-                                    qb[64 * k + 4 * j + i] = v;
-                                }
-                            }
-                        }
+                    let s = &mut sb[j * ss..(j + 1) * ss];
+                    if r >= w.rows {
+                        (0..per).for_each(|e| qb[64 * (e / 4) + 4 * j + e % 4] = pad_byte);
+                        s.fill(0);
+                        continue;
+                    }
+                    let src = &w.q[r * rb + b * per..][..per];
+                    for (e, &v) in src.iter().enumerate() {
+                        qb[64 * (e / 4) + 4 * j + e % 4] = v ^ xor;
                     }
                     let si = r * nb + b;
-                    let s = &mut sb[j * ss..(j + 1) * ss];
-                    if pad {
-                        s.fill(0);
-                    } else if f16 {
+                    if f16 {
                         s.copy_from_slice(&w.d16[si].to_le_bytes());
                     } else {
                         s.copy_from_slice(&w.d[si].to_le_bytes());
@@ -167,21 +171,13 @@ impl PackedMat {
         let qg = &v.q[g * nb * bb..(g + 1) * nb * bb];
         let ss = if self.f16 { 2 } else { 4 };
         let sg = &v.s[g * nb * GROUP * ss..(g + 1) * nb * GROUP * ss];
-        let per = self.wtype.row_bytes(QK);
+        let (per, xor, _) = byte_code(self.wtype);
         q.resize(nb * per, 0);
         d.resize(nb, 0.0);
         for (p, b) in block_order(nb).enumerate() {
             let src = &qg[p * bb..(p + 1) * bb];
-            let dst = &mut q[b * per..(b + 1) * per];
-            for (k, c) in dst.chunks_exact_mut(4).enumerate() {
-                for (i, o) in c.iter_mut().enumerate() {
-                    let v = src[64 * k + 4 * j + i];
-                    *o = if self.wtype == WType::Q8_0 {
-                        v ^ 0x80
-                    } else {
-                        v
-                    };
-                }
+            for (e, o) in q[b * per..(b + 1) * per].iter_mut().enumerate() {
+                *o = src[64 * (e / 4) + 4 * j + e % 4] ^ xor;
             }
             let s = &sg[(p * GROUP + j) * ss..(p * GROUP + j + 1) * ss];
             d[b] = if self.f16 {

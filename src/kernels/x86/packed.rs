@@ -13,7 +13,7 @@
 
 use core::arch::x86_64::*;
 
-use crate::kernels::packed::{block_bytes, PackedView, GROUP};
+use crate::kernels::packed::{block_bytes, lane_start, PackedView, GROUP};
 use crate::kernels::{ActTile, WType, LANES, PACKED_TILE};
 use crate::quant::QK;
 
@@ -31,10 +31,21 @@ unsafe fn prefetch(p: *const u8, bytes: usize) {
     }
 }
 
+/// The contract's tree over the 8 lanes, `((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 +
+/// l7))`, with `$lane(l)` run just before its pair needs it. A macro, not a function
+/// taking closures: the lanes must inline into the `#[target_feature]` kernels.
+macro_rules! lane_tree {
+    ($lane:expr, $add:expr) => {{
+        let (ln, add) = (&$lane, &$add);
+        let h0 = add(add(ln(0), ln(4)), add(ln(2), ln(6)));
+        let h1 = add(add(ln(1), ln(5)), add(ln(3), ln(7)));
+        add(h0, h1)
+    }};
+}
+
 /// Lane `l`'s accumulators for `T` tokens: blocks `l, l + 8, …` of one group, which the
 /// packed buffer stores from block position `pos` on. All zero when `l ≥ nb`.
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
 unsafe fn lane<const IS_Q4: bool, const F16: bool, const T: usize>(
     qg: *const u8,
     sg: *const u8,
@@ -44,8 +55,7 @@ unsafe fn lane<const IS_Q4: bool, const F16: bool, const T: usize>(
 ) -> [__m512; T] {
     let cols = nb * QK;
     let bb = block_bytes(if IS_Q4 { WType::Q4_0 } else { WType::Q8_0 });
-    // Lane l' holds ⌈(nb − l')/8⌉ blocks; lane l starts after the lanes before it.
-    let mut pos: usize = (0..l.min(nb)).map(|k| (nb - k).div_ceil(LANES)).sum();
+    let mut pos = lane_start(nb, l);
     // SAFETY: the caller's contract (see `group`): blocks of this group and T tokens.
     unsafe {
         let (xq, xd, xs) = (x.q.as_ptr(), x.d.as_ptr(), x.s.as_ptr());
@@ -107,10 +117,8 @@ fn add<const T: usize>(a: [__m512; T], b: [__m512; T]) -> [__m512; T] {
     std::array::from_fn(|t| unsafe { _mm512_add_ps(a[t], b[t]) })
 }
 
-/// One group of 16 rows against `T` tokens; writes `y[t·ld + 16g + j]` for real rows.
-/// The lanes are run in the order of the contract's tree,
-/// `((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7))`, so no lane is kept longer than
-/// its pair needs.
+/// One group of 16 rows against `T` tokens; writes `y[t·ld + 16g + j]` for real rows;
+/// the lanes combined by `lane_tree!`.
 #[inline(always)]
 unsafe fn group<const IS_Q4: bool, const F16: bool, const T: usize>(
     p: &PackedView,
@@ -127,10 +135,7 @@ unsafe fn group<const IS_Q4: bool, const F16: bool, const T: usize>(
     unsafe {
         let qg = p.q.as_ptr().add(g * nb * bb);
         let sg = p.s.as_ptr().add(g * nb * GROUP * ss);
-        let ln = |l: usize| lane::<IS_Q4, F16, T>(qg, sg, x, nb, l);
-        let h0 = add(add(ln(0), ln(4)), add(ln(2), ln(6)));
-        let h1 = add(add(ln(1), ln(5)), add(ln(3), ln(7)));
-        let r = add(h0, h1);
+        let r = lane_tree!(|l: usize| lane::<IS_Q4, F16, T>(qg, sg, x, nb, l), add);
         let r0 = g * GROUP;
         let valid = (p.rows - r0).min(GROUP);
         let mask: __mmask16 = if valid == GROUP {
@@ -248,7 +253,7 @@ mod avx2q4 {
     ) -> [__m256; T] {
         let cols = nb * QK;
         let bb = block_bytes(WType::Q4_0);
-        let mut pos: usize = (0..l.min(nb)).map(|k| (nb - k).div_ceil(LANES)).sum();
+        let mut pos = lane_start(nb, l);
         // SAFETY: the caller's contract (see `group`): blocks of this group, tokens
         // t0..t0 + T of `x`.
         unsafe {
@@ -321,10 +326,7 @@ mod avx2q4 {
                 if r0 >= p.rows {
                     break;
                 }
-                let ln = |l: usize| lane::<F16, T>(qg, sg, x, t0, nb, h, l);
-                let h0 = add(add(ln(0), ln(4)), add(ln(2), ln(6)));
-                let h1 = add(add(ln(1), ln(5)), add(ln(3), ln(7)));
-                let r = add(h0, h1);
+                let r = lane_tree!(|l: usize| lane::<F16, T>(qg, sg, x, t0, nb, h, l), add);
                 let valid = (p.rows - r0).min(8);
                 for (i, v) in r.iter().enumerate() {
                     let out = y.add((t0 + i) * ld + r0);
