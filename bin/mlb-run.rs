@@ -94,6 +94,14 @@ struct Args {
     no_pack: bool,
 }
 
+/// The packed copies of `m`'s matrices for the active kernel tier, unless `--no-pack`.
+fn load_packs(a: &Args, m: &Mlb) -> Result<Packs, krafla::format::FormatError> {
+    if a.no_pack {
+        return Ok(Packs::none());
+    }
+    Packs::new(m, &kernels::kernels())
+}
+
 /// Peak resident memory from /proc/self/status (VmHWM), in KiB.
 fn peak_rss_kib() -> Option<u64> {
     let s = std::fs::read_to_string("/proc/self/status").ok()?;
@@ -193,11 +201,7 @@ fn run(a: Args) -> Result<(), String> {
     let t_load = Instant::now();
     sigbus::report_as(&a.model);
     let mlb = Mlb::open(&a.model).map_err(|e| e.to_string())?;
-    let packs = if a.no_pack {
-        Packs::none()
-    } else {
-        Packs::new(&mlb, &kernels::kernels()).map_err(|e| e.to_string())?
-    };
+    let packs = load_packs(&a, &mlb).map_err(|e| e.to_string())?;
     let model = Model::with_packs(&mlb, &packs).map_err(|e| e.to_string())?;
     let cfg = &model.cfg;
     let tok = load_tokenizer(&a, cfg.vocab)?;

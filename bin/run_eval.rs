@@ -86,12 +86,7 @@ pub fn run(a: &Args, model: &Model, bos: Option<u32>, tokens: &[u32]) -> Result<
         return imatrix_mode(a, model, &opts, &chunks, path, &scope);
     }
     if let (Some(rp), Some(rm)) = (&a.kl_divergence, &ref_mlb) {
-        let packs = if a.no_pack {
-            krafla::model::Packs::none()
-        } else {
-            krafla::model::Packs::new(rm, &krafla::kernels::kernels())
-                .map_err(|e| format!("{}: {e}", rp.display()))?
-        };
+        let packs = super::load_packs(a, rm).map_err(|e| format!("{}: {e}", rp.display()))?;
         let reference =
             Model::with_packs(rm, &packs).map_err(|e| format!("{}: {e}", rp.display()))?;
         let pb = bar(n);

@@ -91,19 +91,19 @@ pub struct Weights<'a> {
 /// Packed copies of a file's matrices ([`crate::kernels::packed`]), made once at load
 /// for a tier with packed kernels; the matrices' mapped pages are released afterwards,
 /// so the copy replaces them in memory rather than adding to it.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Packs {
     /// By tensor index; `None` for vectors (and everything when not packing).
     mats: Vec<Option<PackedMat>>,
 }
 
-/// No packed matrices: the kernels read the map.
-pub static NO_PACKS: Packs = Packs { mats: Vec::new() };
+/// [`Packs::none`] for [`Model::new`](super::Model::new), which borrows one.
+pub(crate) static NO_PACKS: Packs = Packs::none();
 
 impl Packs {
     /// No packed matrices: the kernels read the map.
-    pub fn none() -> Packs {
-        Packs::default()
+    pub const fn none() -> Packs {
+        Packs { mats: Vec::new() }
     }
 
     /// Packs every matrix of `m` whose type `k` has a packed kernel for (none when it
