@@ -340,11 +340,11 @@ fn check_arrays(dir: &Path, bytes: &[u8]) {
                 );
             }
             Kind::Mat {
-                d_offset, qtype, ..
+                d_offset, wtype, ..
             } => {
-                let (q, d) = match qtype {
-                    mlb::QType::Q8_0 => q8_ref(&v),
-                    mlb::QType::Q4_0 => q4_round_ref(&v),
+                let (q, d) = match wtype {
+                    mlb::WType::Q8_0 => q8_ref(&v),
+                    mlb::WType::Q4_0 => q4_round_ref(&v),
                 };
                 assert_eq!(
                     &bytes[at..at + q.len()],

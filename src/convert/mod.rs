@@ -32,25 +32,10 @@ use permute::RowMap;
 
 use crate::atomic::AtomicFile;
 use crate::format::mlb::header::{q8_class, wtype, Header};
-use crate::format::mlb::{Kind, MlbWriter, QType, Tensor, WriteError};
+use crate::format::mlb::{Kind, MlbWriter, Tensor, WriteError};
 use crate::format::mli::{self, Mli, Slot};
+pub use crate::format::WType;
 use crate::quant::{quantize, Q4Rule, QuantError, QuantOpts};
-
-/// Weight type of the output.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum WType {
-    Q8_0,
-    Q4_0,
-}
-
-impl WType {
-    pub fn name(self) -> &'static str {
-        match self {
-            WType::Q8_0 => "q8_0",
-            WType::Q4_0 => "q4_0",
-        }
-    }
-}
 
 /// The default `--q8` of a Q4_0 model: the classifier stays Q8_0, as llama.cpp keeps
 /// its output matrix at higher precision; with a shared classifier this makes tok_emb
@@ -102,7 +87,7 @@ pub fn default_output(input: &Path, wtype: WType) -> PathBuf {
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_else(|| "model".into());
     let parent = abs.parent().map(Path::to_path_buf).unwrap_or_default();
-    parent.join(format!("{name}-{}.mlb", wtype.name()))
+    parent.join(format!("{name}-{}.mlb", wtype.cli_name()))
 }
 
 /// Progress reports, in order: one `Start`, `Note`s, one `Tensor` per array written.
@@ -446,7 +431,7 @@ fn plan(
             (
                 Some(m),
                 Kind::Mat {
-                    qtype: QType::Q4_0,
+                    wtype: WType::Q4_0,
                     cols,
                     ..
                 },
@@ -622,7 +607,7 @@ fn write_all(
                     ck.release(info, s.row_len, 0..s.map.src_rows(s.rows));
                 }
                 Kind::Mat {
-                    qtype, rows, cols, ..
+                    wtype, rows, cols, ..
                 } => {
                     let qopts = QuantOpts {
                         scale_f16,
@@ -638,7 +623,7 @@ fn write_all(
                         let r1 = (r0 + step).min(rows);
                         buf.clear();
                         read_rows(ck, info, dtype, s, r0..r1, &mut buf);
-                        let m = quantize(qtype, r1 - r0, cols, &buf, &qopts)
+                        let m = quantize(wtype, r1 - r0, cols, &buf, &qopts)
                             .map_err(|e| quant_error(ck, info, s, r0, e))?;
                         w.write_mat_rows(&m).map_err(werr)?;
                         if s.map.is_identity() {

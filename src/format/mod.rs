@@ -8,5 +8,7 @@ pub mod error;
 pub mod mlb;
 pub mod mli;
 pub mod mlt;
+pub mod wtype;
 
 pub use error::{FormatError, Result, Status};
+pub use wtype::WType;

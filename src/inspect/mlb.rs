@@ -46,7 +46,7 @@ fn type_name(t: &Tensor) -> &'static str {
     match t.kind {
         Kind::U8 { .. } => "U8",
         Kind::F32 { .. } => "F32",
-        Kind::Mat { qtype, .. } => qtype.name(),
+        Kind::Mat { wtype, .. } => wtype.name(),
     }
 }
 
@@ -308,12 +308,12 @@ pub fn tensor_stats(m: &Mlb, name: &str) -> Option<TensorStats> {
         }
         Kind::F32 { .. } => m.f32s(idx).iter().for_each(|&v| add(v)),
         Kind::Mat {
-            qtype, rows, cols, ..
+            wtype, rows, cols, ..
         } => {
             let mr = m.mat(idx);
             let mut row = vec![0f32; cols];
             for r in 0..rows {
-                dequant_row(qtype, mr.q, mr.d, cols, r, &mut row);
+                dequant_row(wtype, mr.q, mr.d, cols, r, &mut row);
                 for b in row.chunks_exact(QK) {
                     if b.iter().all(|&v| v == 0.0) {
                         zero_blocks += 1;

@@ -20,6 +20,7 @@ use std::cell::Cell;
 use std::fmt;
 use std::sync::OnceLock;
 
+pub use crate::format::WType;
 use crate::quant::QK;
 
 pub mod packed;
@@ -39,25 +40,6 @@ pub const LANES: usize = 8;
 
 /// Most tokens one micro-kernel call handles (a tile shares each weight block load).
 pub const TILE_TOKENS: usize = 4;
-
-/// Weight quantization types the kernels take.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum WType {
-    /// One int8 per weight in [-127, 127] and an f32 scale per block of 32.
-    Q8_0,
-    /// Two 4-bit levels per byte (`w = (nibble − 8)·d`) and an f32 scale per block.
-    Q4_0,
-}
-
-impl WType {
-    /// Bytes of `q` per row of `cols` weights.
-    pub fn row_bytes(self, cols: usize) -> usize {
-        match self {
-            WType::Q8_0 => cols,
-            WType::Q4_0 => cols / 2,
-        }
-    }
-}
 
 /// A shape or length that does not fit the kernels' views.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -3,9 +3,9 @@
 //! map, f16 block scales included (the kernels convert those as they read them); and
 //! [`Packs`], the matrices' packed copies for tiers with packed kernels.
 
-use crate::format::mlb::{Kind, Layout, Mixer, Mlb, QType};
+use crate::format::mlb::{Kind, Layout, Mixer, Mlb};
 use crate::format::FormatError;
-use crate::kernels::{Kernels, PackedMat, QMat, WType};
+use crate::kernels::{Kernels, PackedMat, QMat};
 
 /// The weights of a softmax-attention mixer.
 #[derive(Debug, Clone, Copy)]
@@ -116,7 +116,7 @@ impl Packs {
         // Opening read every Q8_0 quant (the −128 check): unmap it all first, so that
         // the map and the copy are never resident together beyond one batch of rows.
         let wanted = |t: &crate::format::mlb::Tensor| match t.kind {
-            Kind::Mat { qtype, .. } => k.packs_type(wtype(qtype)),
+            Kind::Mat { wtype, .. } => k.packs_type(wtype),
             _ => false,
         };
         for (i, t) in lay.tensors.iter().enumerate() {
@@ -148,17 +148,8 @@ impl Packs {
     }
 }
 
-/// The kernels' name for a file's quantization type.
-fn wtype(q: QType) -> WType {
-    match q {
-        QType::Q8_0 => WType::Q8_0,
-        QType::Q4_0 => WType::Q4_0,
-    }
-}
-
 fn qmat<'a>(m: &'a Mlb, layout: &Layout, idx: usize) -> Result<QMat<'a>, FormatError> {
-    let (qtype, rows, cols, q) = m.mat_quants(idx);
-    let wtype = wtype(qtype);
+    let (wtype, rows, cols, q) = m.mat_quants(idx);
     // f16 scales stay in the map: the kernels convert them as they read them.
     match m.mat_f16(idx) {
         Some(d16) => QMat::new_f16(wtype, rows, cols, q, d16),

@@ -10,10 +10,7 @@ pub mod q8_0;
 
 use rayon::prelude::*;
 
-pub use crate::format::mlb::QType;
-
-/// Values per quantization block.
-pub const QK: usize = 32;
+pub use crate::format::wtype::{WType, QK};
 
 /// The scales of a quantized matrix, as they are stored.
 #[derive(Debug, Clone, PartialEq)]
@@ -52,7 +49,7 @@ impl Scales {
 /// A quantized matrix: rows × cols, row-major blocks of 32.
 #[derive(Debug, Clone, PartialEq)]
 pub struct QuantMat {
-    pub qtype: QType,
+    pub wtype: WType,
     pub rows: usize,
     pub cols: usize,
     /// Q8_0: rows × cols int8 as bytes; Q4_0: rows × cols / 2 packed nibbles.
@@ -123,9 +120,9 @@ impl std::fmt::Display for QuantError {
 
 impl std::error::Error for QuantError {}
 
-/// Quantizes a rows × cols matrix (row-major f32) to `qtype`.
+/// Quantizes a rows × cols matrix (row-major f32) to `wtype`.
 pub fn quantize(
-    qtype: QType,
+    wtype: WType,
     rows: usize,
     cols: usize,
     x: &[f32],
@@ -149,9 +146,9 @@ pub fn quantize(
         assert_eq!(imp.len(), cols, "imatrix length must equal cols");
     }
     let nb = cols / QK;
-    let qrow = match qtype {
-        QType::Q8_0 => cols,
-        QType::Q4_0 => cols / 2,
+    let qrow = match wtype {
+        WType::Q8_0 => cols,
+        WType::Q4_0 => cols / 2,
     };
     let mut q = vec![0u8; rows * qrow];
     let mut d32 = vec![0f32; if opts.scale_f16 { 0 } else { rows * nb }];
@@ -162,14 +159,14 @@ pub fn quantize(
         rows_iter
             .zip(d16.par_chunks_mut(nb))
             .try_for_each(|((r, (xr, qr)), dr)| {
-                quantize_row(qtype, xr, qr, RowScales::F16(dr), opts)
+                quantize_row(wtype, xr, qr, RowScales::F16(dr), opts)
                     .map_err(|(block, d)| QuantError::ScaleOverflow { row: r, block, d })
             })
     } else {
         rows_iter
             .zip(d32.par_chunks_mut(nb))
             .try_for_each(|((r, (xr, qr)), dr)| {
-                quantize_row(qtype, xr, qr, RowScales::F32(dr), opts)
+                quantize_row(wtype, xr, qr, RowScales::F32(dr), opts)
                     .map_err(|(block, d)| QuantError::ScaleOverflow { row: r, block, d })
             })
     };
@@ -180,7 +177,7 @@ pub fn quantize(
         Scales::F32(d32)
     };
     Ok(QuantMat {
-        qtype,
+        wtype,
         rows,
         cols,
         q,
@@ -196,7 +193,7 @@ enum RowScales<'a> {
 
 /// Quantizes one row; on a scale that f16 cannot hold returns (block, d).
 fn quantize_row(
-    qtype: QType,
+    wtype: WType,
     x: &[f32],
     q: &mut [u8],
     d: RowScales,
@@ -204,8 +201,8 @@ fn quantize_row(
 ) -> Result<(), (usize, f32)> {
     let f16 = matches!(d, RowScales::F16(_));
     let mut scales = Vec::with_capacity(x.len() / QK);
-    match qtype {
-        QType::Q8_0 => {
+    match wtype {
+        WType::Q8_0 => {
             for (b, (xb, qb)) in x.chunks_exact(QK).zip(q.chunks_exact_mut(QK)).enumerate() {
                 let mut qi = [0i8; QK];
                 let s = if f16 {
@@ -224,7 +221,7 @@ fn quantize_row(
                 scales.push(s);
             }
         }
-        QType::Q4_0 => {
+        WType::Q4_0 => {
             let weights = q4_0::RowWeights::new(x, opts.imatrix);
             for (b, (xb, qb)) in x
                 .chunks_exact(QK)
@@ -256,11 +253,11 @@ fn quantize_row(
 }
 
 /// Dequantizes row `r` of a matrix into `out` (cols values): w = q × d.
-pub fn dequant_row(qtype: QType, q: &[u8], d: &[f32], cols: usize, r: usize, out: &mut [f32]) {
+pub fn dequant_row(wtype: WType, q: &[u8], d: &[f32], cols: usize, r: usize, out: &mut [f32]) {
     let nb = cols / QK;
     let d = &d[r * nb..(r + 1) * nb];
-    match qtype {
-        QType::Q8_0 => {
+    match wtype {
+        WType::Q8_0 => {
             let q = &q[r * cols..(r + 1) * cols];
             for ((ob, qb), &s) in out.chunks_exact_mut(QK).zip(q.chunks_exact(QK)).zip(d) {
                 for (o, &v) in ob.iter_mut().zip(qb) {
@@ -268,7 +265,7 @@ pub fn dequant_row(qtype: QType, q: &[u8], d: &[f32], cols: usize, r: usize, out
                 }
             }
         }
-        QType::Q4_0 => {
+        WType::Q4_0 => {
             let q = &q[r * cols / 2..(r + 1) * cols / 2];
             for ((ob, qb), &s) in out.chunks_exact_mut(QK).zip(q.chunks_exact(QK / 2)).zip(d) {
                 for j in 0..QK / 2 {
@@ -285,7 +282,7 @@ pub fn dequantize(m: &QuantMat) -> Vec<f32> {
     let d = m.d.to_f32();
     let mut out = vec![0f32; m.rows * m.cols];
     for (r, o) in out.chunks_exact_mut(m.cols).enumerate() {
-        dequant_row(m.qtype, &m.q, &d, m.cols, r, o);
+        dequant_row(m.wtype, &m.q, &d, m.cols, r, o);
     }
     out
 }

@@ -143,8 +143,9 @@ impl Header {
 
 /// `wtype` values.
 pub mod wtype {
-    pub const Q8_0: u32 = 1;
-    pub const Q4_0: u32 = 2;
+    use crate::format::WType;
+    pub const Q8_0: u32 = WType::Q8_0.code();
+    pub const Q4_0: u32 = WType::Q4_0.code();
 }
 
 /// `rope_type` values.

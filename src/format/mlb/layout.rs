@@ -6,7 +6,7 @@ use std::fmt;
 use super::header::{layer_flag, q8_class, wtype, Header, HEADER_SIZE};
 use super::validate::Dims;
 use crate::format::error::{FormatError, Result};
-use crate::quant::QK;
+use crate::format::wtype::{WType, QK};
 
 /// Every array starts at a multiple of this.
 pub const ALIGN: u64 = 64;
@@ -27,30 +27,6 @@ impl fmt::Display for TensorName {
     }
 }
 
-/// Storage type of a matrix.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum QType {
-    Q8_0,
-    Q4_0,
-}
-
-impl QType {
-    pub fn name(self) -> &'static str {
-        match self {
-            QType::Q8_0 => "Q8_0",
-            QType::Q4_0 => "Q4_0",
-        }
-    }
-
-    /// Bytes of quants in a block of 32.
-    pub fn block_bytes(self) -> u64 {
-        match self {
-            QType::Q8_0 => 32,
-            QType::Q4_0 => 16,
-        }
-    }
-}
-
 /// What a tensor holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
@@ -60,7 +36,7 @@ pub enum Kind {
     F32 { len: usize },
     /// A quantized matrix: quants at `offset`, scales at `d_offset`.
     Mat {
-        qtype: QType,
+        wtype: WType,
         rows: usize,
         cols: usize,
         /// q8_mask class bit that decides its type in a Q4_0 model (0: always Q8_0).
@@ -204,11 +180,11 @@ pub fn align_up(v: u64) -> Option<u64> {
 }
 
 /// A matrix class's storage type in a model of `wtype` with `q8_mask`.
-pub fn class_qtype(wtype_: u32, q8_mask: u32, class: u32) -> QType {
+pub fn class_wtype(wtype_: u32, q8_mask: u32, class: u32) -> WType {
     if wtype_ == wtype::Q8_0 || class == 0 || q8_mask & class != 0 {
-        QType::Q8_0
+        WType::Q8_0
     } else {
-        QType::Q4_0
+        WType::Q4_0
     }
 }
 
@@ -271,12 +247,12 @@ impl Placer<'_> {
     }
 
     fn mat(&mut self, name: TensorName, rows: u64, cols: u64, class: u32) -> Result<usize> {
-        let qtype = class_qtype(self.h.wtype, self.h.q8_mask, class);
+        let wtype = class_wtype(self.h.wtype, self.h.q8_mask, class);
         let n = rows.checked_mul(cols).ok_or_else(|| overflow(name))?;
         debug_assert_eq!(cols % QK as u64, 0);
         let blocks = n / QK as u64;
         let q_bytes = blocks
-            .checked_mul(qtype.block_bytes())
+            .checked_mul(wtype.block_bytes() as u64)
             .ok_or_else(|| overflow(name))?;
         let d_size = if self.h.scale_f16 != 0 { 2 } else { 4 };
         let d_bytes = blocks.checked_mul(d_size).ok_or_else(|| overflow(name))?;
@@ -287,7 +263,7 @@ impl Placer<'_> {
         Ok(self.push(Tensor {
             name,
             kind: Kind::Mat {
-                qtype,
+                wtype,
                 rows,
                 cols,
                 class,

@@ -54,10 +54,10 @@ pub fn synth_file(h: &Header, flags: &[u8], seed: u64) -> Vec<u8> {
                 w.write_f32(&v).unwrap();
             }
             Kind::Mat {
-                qtype, rows, cols, ..
+                wtype, rows, cols, ..
             } => {
                 let x = rng.vec(rows * cols);
-                let m = quantize(qtype, rows, cols, &x, &opts).unwrap();
+                let m = quantize(wtype, rows, cols, &x, &opts).unwrap();
                 w.write_mat(&m).unwrap();
             }
             Kind::U8 { .. } => unreachable!("the writer writes the layer flags itself"),

@@ -1,11 +1,12 @@
 //! Layout, round-trip and one test per row of the spec's error table.
 
 use super::header::{layer_flag, q8_class, rope_type, wtype, Header};
-use super::layout::{align_up, to_usize_limited, Kind, Layout, Mixer, QType};
+use super::layout::{align_up, to_usize_limited, Kind, Layout, Mixer};
 use super::synth::{synth_file, tiny_header};
 use super::validate::validate;
 use super::view::{parse, parse_limited, Mlb};
 use crate::format::error::Status;
+use crate::format::WType;
 
 fn valid_file(h: &Header, flags: &[u8]) -> Vec<u8> {
     synth_file(h, flags, 7)
@@ -150,15 +151,15 @@ fn every_optional_array() {
     ];
     assert_eq!(names, want);
     let qt = |n: &str| match l.find(n).unwrap().kind {
-        Kind::Mat { qtype, .. } => qtype,
+        Kind::Mat { wtype, .. } => wtype,
         _ => panic!(),
     };
-    assert_eq!(qt("tok_emb"), QType::Q8_0);
-    assert_eq!(qt("layers.1.wq"), QType::Q4_0);
-    assert_eq!(qt("layers.1.wv"), QType::Q8_0);
-    assert_eq!(qt("layers.0.lz"), QType::Q8_0);
-    assert_eq!(qt("layers.0.lb"), QType::Q8_0);
-    assert_eq!(qt("layers.0.lqkv"), QType::Q4_0);
+    assert_eq!(qt("tok_emb"), WType::Q8_0);
+    assert_eq!(qt("layers.1.wq"), WType::Q4_0);
+    assert_eq!(qt("layers.1.wv"), WType::Q8_0);
+    assert_eq!(qt("layers.0.lz"), WType::Q8_0);
+    assert_eq!(qt("layers.0.lb"), WType::Q8_0);
+    assert_eq!(qt("layers.0.lqkv"), WType::Q4_0);
     // lqkv: 2·K·dk + V·dv = 2·2·16 + 4·16 rows; lconv that many × 4 taps.
     match l.find("layers.0.lqkv").unwrap().kind {
         Kind::Mat { rows, cols, .. } => assert_eq!((rows, cols), (128, 64)),
@@ -181,7 +182,7 @@ fn every_optional_array() {
     assert!(matches!(
         l2.tensors[l2.tok_emb].kind,
         Kind::Mat {
-            qtype: QType::Q8_0,
+            wtype: WType::Q8_0,
             ..
         }
     ));
@@ -477,14 +478,14 @@ fn quantize_is_thread_count_independent() {
     use crate::quant::{quantize, QuantOpts};
     let mut rng = super::synth::Rng(99);
     let x = rng.vec(257 * 96);
-    let run = |threads: usize, qt: QType| {
+    let run = |threads: usize, qt: WType| {
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(threads)
             .build()
             .unwrap();
         pool.install(|| quantize(qt, 257, 96, &x, &QuantOpts::default()).unwrap())
     };
-    for qt in [QType::Q8_0, QType::Q4_0] {
+    for qt in [WType::Q8_0, WType::Q4_0] {
         assert_eq!(run(1, qt), run(2, qt));
         assert_eq!(run(1, qt), run(3, qt));
     }

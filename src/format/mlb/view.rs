@@ -6,9 +6,10 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 
 use super::header::{Header, HEADER_SIZE};
-use super::layout::{Kind, Layout, QType};
+use super::layout::{Kind, Layout};
 use super::validate::{validate, validate_layer_flags, Dims};
 use crate::format::error::{FormatError, Result};
+use crate::format::WType;
 
 /// A validated file's header, dimensions and layout.
 #[derive(Debug, Clone, PartialEq)]
@@ -108,7 +109,7 @@ pub fn parse_limited(bytes: &[u8], limit: u64) -> Result<Parsed> {
 fn check_q8_quants(bytes: &[u8], layout: &Layout) -> Result<()> {
     for t in &layout.tensors {
         if let Kind::Mat {
-            qtype: QType::Q8_0, ..
+            wtype: WType::Q8_0, ..
         } = t.kind
         {
             let q = &bytes[t.offset as usize..(t.offset + t.bytes) as usize];
@@ -130,7 +131,7 @@ fn check_q8_quants(bytes: &[u8], layout: &Layout) -> Result<()> {
 /// A quantized matrix view: quants and f32 scales.
 #[derive(Debug, Clone, Copy)]
 pub struct MatRef<'a> {
-    pub qtype: QType,
+    pub wtype: WType,
     pub rows: usize,
     pub cols: usize,
     /// Q8_0: rows × cols int8 (as bytes); Q4_0: rows × cols / 2 bytes.
@@ -142,7 +143,7 @@ pub struct MatRef<'a> {
 impl MatRef<'_> {
     /// Dequantizes row `r` into `out` (cols floats): w = q × d.
     pub fn dequant_row(&self, r: usize, out: &mut [f32]) {
-        crate::quant::dequant_row(self.qtype, self.q, self.d, self.cols, r, out)
+        crate::quant::dequant_row(self.wtype, self.q, self.d, self.cols, r, out)
     }
 }
 
@@ -315,7 +316,7 @@ impl Mlb {
 
     /// The quantized matrix of tensor `idx`.
     pub fn mat(&self, idx: usize) -> MatRef<'_> {
-        let (qtype, rows, cols, q) = self.mat_quants(idx);
+        let (wtype, rows, cols, q) = self.mat_quants(idx);
         let raw = self.scale_bytes(idx);
         let d: &[f32] = match self.f16_scales.get(idx) {
             Some(cell) => cell.get_or_init(|| {
@@ -332,7 +333,7 @@ impl Mlb {
             },
         };
         MatRef {
-            qtype,
+            wtype,
             rows,
             cols,
             q,
@@ -341,16 +342,16 @@ impl Mlb {
     }
 
     /// Type, rows, cols and quants of matrix `idx`, without touching its scales.
-    pub fn mat_quants(&self, idx: usize) -> (QType, usize, usize, &[u8]) {
+    pub fn mat_quants(&self, idx: usize) -> (WType, usize, usize, &[u8]) {
         let t = &self.parsed.layout.tensors[idx];
         let Kind::Mat {
-            qtype, rows, cols, ..
+            wtype, rows, cols, ..
         } = t.kind
         else {
             panic!("{} is not a matrix", t.name)
         };
         (
-            qtype,
+            wtype,
             rows,
             cols,
             &self.bytes()[t.offset as usize..(t.offset + t.bytes) as usize],

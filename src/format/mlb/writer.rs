@@ -5,9 +5,10 @@
 use std::io::Write;
 
 use super::header::{Header, HEADER_SIZE};
-use super::layout::{Kind, Layout, QType, Tensor, ALIGN};
+use super::layout::{Kind, Layout, Tensor, ALIGN};
 use super::validate::{validate, validate_layer_flags, Dims};
 use crate::format::error::FormatError;
+use crate::format::WType;
 use crate::quant::{QuantMat, Scales};
 
 /// Why writing failed: a mismatch with the layout, or an I/O error.
@@ -248,22 +249,22 @@ impl<W: Write> MlbWriter<W> {
     ) -> std::result::Result<(), WriteError> {
         let name = t.name.to_string();
         let Kind::Mat {
-            qtype, rows, cols, ..
+            wtype, rows, cols, ..
         } = t.kind
         else {
             return Err(
                 FormatError::shape(name, "matrix", format!("expected {:?}", t.kind)).into(),
             );
         };
-        if m.qtype != qtype || (whole && m.rows != rows) || m.cols != cols {
+        if m.wtype != wtype || (whole && m.rows != rows) || m.cols != cols {
             return Err(FormatError::shape(
                 name,
-                format!("{} {}×{}", m.qtype.name(), m.rows, m.cols),
-                format!("expected {} {rows}×{cols}", qtype.name()),
+                format!("{} {}×{}", m.wtype.name(), m.rows, m.cols),
+                format!("expected {} {rows}×{cols}", wtype.name()),
             )
             .into());
         }
-        if m.qtype == QType::Q8_0 && memchr::memchr(0x80, &m.q).is_some() {
+        if m.wtype == WType::Q8_0 && memchr::memchr(0x80, &m.q).is_some() {
             return Err(FormatError::format(name, -128, "Q8_0 quant -128 cannot be stored").into());
         }
         Ok(())
