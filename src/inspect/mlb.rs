@@ -215,16 +215,21 @@ pub fn report_text(m: &Mlb, file_name: &str) -> String {
     );
     let _ = writeln!(
         s,
-        "  bits per weight  {:.3} (quantized matrices, scales included)",
+        "  bits per weight  {:.3} (all matrices, scales included)",
         bpw(&t)
     );
     let types = type_totals(m);
     if types.len() > 1 {
         let _ = writeln!(s, "\nweight types");
+        let _ = writeln!(
+            s,
+            "  {:<5} {:>8} {:>13} {:>13} {:>15}",
+            "type", "matrices", "weights", "bytes", "bits per weight"
+        );
         for e in &types {
             let _ = writeln!(
                 s,
-                "  {:<5} {:>5} matrices {:>13} weights {:>13} bytes  {:.3} bits per weight",
+                "  {:<5} {:>8} {:>13} {:>13} {:>15.3}",
                 e.wtype.name(),
                 e.matrices,
                 e.params,
