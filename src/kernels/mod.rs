@@ -26,6 +26,7 @@ use crate::quant::QK;
 pub mod packed;
 pub mod pool;
 pub mod scalar;
+pub mod scalar_half;
 
 pub use packed::PackedMat;
 
