@@ -749,6 +749,25 @@ fn convert_mixed_runs_like_the_q8_mask_file() {
     assert_eq!(logits[0], logits[1]);
 }
 
+/// Until the BF16/F16 kernels and forward pass land (the runtime step of issue 15),
+/// mlb-run refuses such files with one line and a non-zero exit, never a panic. That
+/// step replaces this test with the logits checks.
+#[test]
+fn convert_bf16_output_is_refused_by_mlb_run_for_now() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("b.mlb");
+    convert_with(&models().join("llama"), &out, |o| o.wtype = WType::BF16);
+    let o = Command::new(env!("CARGO_BIN_EXE_mlb-run"))
+        .arg(&out)
+        .args(["--tokens", "1 2 3", "-n", "1"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    let e = String::from_utf8(o.stderr).unwrap();
+    assert_eq!(e.lines().count(), 1, "{e}");
+    assert!(e.contains("BF16") && e.contains("b.mlb"), "{e}");
+}
+
 #[test]
 fn convert_norm_offsets() {
     let tmp = tempfile::tempdir().unwrap();

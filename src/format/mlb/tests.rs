@@ -854,3 +854,67 @@ fn layout_follows_the_geometry_alone() {
     );
     assert!(mat_bytes(name, "X", sb, u64::MAX / 2, 512, false).is_err());
 }
+
+#[test]
+fn mutated_bf16_and_mixed_files_load_or_fail_with_a_status() {
+    // Every byte of the header, the layer flags and the type table set to edge values:
+    // the file loads (and every matrix can be read) or fails with a status, never a
+    // panic or an out-of-bounds read.
+    let bf16 = {
+        let mut h = tiny_header();
+        h.wtype = wtype::BF16;
+        (valid_file(&h, &[]), 256)
+    };
+    let mixed = {
+        let mut h = mixed_header();
+        h.layer_flags = 1;
+        h.scale_f16 = 1;
+        h.lin_k_heads = 2;
+        h.lin_v_heads = 4;
+        h.lin_k_dim = 16;
+        h.lin_v_dim = 16;
+        h.lin_conv = 4;
+        let flags = [layer_flag::LINEAR, 0];
+        let d = validate(&h).unwrap();
+        let n = Layout::matrix_count(&h, &d, &flags).unwrap();
+        let types: Vec<WType> = (0..n).map(|i| WType::ALL[(i * 3) % 4]).collect();
+        (synth_mixed(&h, &flags, &types, 9), 256 + 64 + n)
+    };
+    let (mut loaded, mut refused) = (0, 0);
+    for (good, end) in [bf16, mixed] {
+        assert!(parse(&good).is_ok());
+        for pos in 0..end {
+            for v in [0u8, 1, 2, 3, 4, 5, 0x7f, 0x80, 0xff, good[pos] ^ 1] {
+                let mut b = good.clone();
+                b[pos] = v;
+                let r = std::panic::catch_unwind(|| match Mlb::from_bytes(&b) {
+                    Ok(m) => {
+                        for (i, t) in m.layout().tensors.iter().enumerate() {
+                            if let Kind::Mat { rows, cols, .. } = t.kind {
+                                let mut row = vec![0f32; cols];
+                                m.mat(i).dequant_row(rows - 1, &mut row);
+                                if let Some(h) = m.mat_half(i) {
+                                    h.dequant_row(0, &mut row);
+                                }
+                            }
+                        }
+                        true
+                    }
+                    Err(e) => {
+                        assert_ne!(e.status, Status::Io);
+                        false
+                    }
+                });
+                match r {
+                    Ok(true) => loaded += 1,
+                    Ok(false) => refused += 1,
+                    Err(_) => panic!("byte {pos} = {v:#04x}: panicked"),
+                }
+            }
+        }
+    }
+    assert!(
+        loaded > 100 && refused > 100,
+        "{loaded} loaded, {refused} refused"
+    );
+}
