@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use clap::{Parser, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
-use krafla::convert::{self, Options, Progress, WType};
+use krafla::convert::{self, Options, Progress, TypePlan, WType};
 use krafla::format::mlb::header::q8_class;
 use krafla::quant::Q4Rule;
 
@@ -22,6 +22,10 @@ enum WTypeArg {
     Q8_0,
     #[value(name = "q4_0")]
     Q4_0,
+    #[value(name = "bf16")]
+    Bf16,
+    #[value(name = "f16")]
+    F16,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -45,6 +49,9 @@ struct Cli {
     /// Q4_0 only: matrix classes stored as Q8_0 instead, comma-separated from tok_emb, wcls, wqk, wv, wo, w13, w2, or none [default: wcls]
     #[arg(long, value_name = "CLASSES", value_parser = parse_q8)]
     q8: Option<u32>,
+    /// Other types for some matrices (a mixed file), comma-separated TARGET=TYPE: a class (tok_emb, wcls, wqk, wv, wo, w13, w2) or a tensor (layers.3.w2), e.g. tok_emb=q8_0
+    #[arg(long, value_name = "RULES", value_parser = TypePlan::parse)]
+    types: Option<TypePlan>,
     /// Store every quantization scale as f16 instead of f32
     #[arg(long)]
     f16_scales: bool,
@@ -102,8 +109,11 @@ fn main() -> ExitCode {
         wtype: match cli.wtype {
             WTypeArg::Q8_0 => WType::Q8_0,
             WTypeArg::Q4_0 => WType::Q4_0,
+            WTypeArg::Bf16 => WType::BF16,
+            WTypeArg::F16 => WType::F16,
         },
         q8_mask: cli.q8,
+        types: cli.types.unwrap_or_default(),
         scale_f16: cli.f16_scales,
         q4_rule: cli.q4_rule.map(|r| match r {
             RuleArg::Search => Q4Rule::Search,
@@ -161,7 +171,7 @@ fn main() -> ExitCode {
                 "{}: {} {}, {:.1}M parameters, {:.1} MB, {:.2} bits/weight{rule}, {:.1} s",
                 s.output.display(),
                 s.arch,
-                opts.wtype.name(),
+                s.type_text(),
                 s.params as f64 / 1e6,
                 s.file_bytes as f64 / 1e6,
                 s.bits_per_weight(),

@@ -4,8 +4,9 @@
 use std::path::Path;
 
 use krafla::format::mlb::header::{layer_flag, q8_class, wtype, Header};
-use krafla::format::mlb::synth::{synth_file, tiny_header};
+use krafla::format::mlb::synth::{synth_file, synth_mixed, tiny_header};
 use krafla::format::mli::Mli;
+use krafla::format::WType;
 
 use crate::util::{run_in, stderr, stdout};
 
@@ -39,10 +40,34 @@ fn report_snapshots() {
         "rich.mlb",
         &synth_file(&rich_header(), &flags, 2),
     );
+    let mut bf16 = tiny_header();
+    bf16.wtype = wtype::BF16;
+    write(dir.path(), "bf16.mlb", &synth_file(&bf16, &[], 3));
+    let mut mixed = rich_header();
+    mixed.wtype = wtype::MIXED;
+    mixed.q8_mask = 0;
+    mixed.scale_f16 = 1;
+    // tok_emb (the shared classifier) Q8_0; layer 0 BF16 but w2 F16; layer 1 Q4_0.
+    let types: Vec<WType> = (0..15)
+        .map(|i| match i {
+            0 => WType::Q8_0,
+            6 => WType::F16,
+            1..=7 => WType::BF16,
+            _ => WType::Q4_0,
+        })
+        .collect();
+    write(
+        dir.path(),
+        "mixed.mlb",
+        &synth_mixed(&mixed, &flags, &types, 4),
+    );
     for (name, args) in [
         ("tiny_text", vec!["tiny.mlb"]),
         ("rich_text", vec!["rich.mlb"]),
         ("rich_tensor", vec!["rich.mlb", "--tensor", "layers.0.wq"]),
+        ("bf16_text", vec!["bf16.mlb"]),
+        ("bf16_tensor", vec!["bf16.mlb", "--tensor", "layers.1.w3"]),
+        ("mixed_text", vec!["mixed.mlb"]),
     ] {
         let o = run_in(dir.path(), "mlb-inspect", &args);
         assert!(o.status.success(), "{}", stderr(&o));
@@ -60,6 +85,39 @@ fn report_snapshots() {
     }
     assert_eq!(hdr["norm_eps"].as_f64(), Some(1e-5));
     assert_eq!(hdr["q8_mask"].as_u64(), Some(9));
+
+    let o = run_in(dir.path(), "mlb-inspect", &["mixed.mlb", "--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    insta::assert_json_snapshot!("mixed_json", v);
+    // The mix: matrices, weights and bytes per type; bits per weight over all matrices.
+    let types = v["totals"]["types"].as_array().unwrap();
+    let names: Vec<&str> = types.iter().map(|t| t["type"].as_str().unwrap()).collect();
+    assert_eq!(names, ["Q8_0", "Q4_0", "BF16", "F16"]);
+    let count: u64 = types.iter().map(|t| t["matrices"].as_u64().unwrap()).sum();
+    assert_eq!(count, 15);
+    let bytes: u64 = types.iter().map(|t| t["bytes"].as_u64().unwrap()).sum();
+    let mats: u64 = v["tensors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|t| t["type"] != "F32" && t["type"] != "U8")
+        .map(|t| t["bytes"].as_u64().unwrap())
+        .sum();
+    assert_eq!(bytes, mats);
+    let bf = types.iter().find(|t| t["type"] == "BF16").unwrap();
+    assert_eq!(bf["bits_per_weight"].as_f64(), Some(16.0));
+    // --tensor on a BF16 matrix: the widened values, in JSON too.
+    let o = run_in(
+        dir.path(),
+        "mlb-inspect",
+        &["bf16.mlb", "--tensor", "tok_emb", "--json"],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(v["count"], 96 * 64);
+    assert!(v["zero_blocks"].is_null());
+    assert!(v["max"].as_f64().unwrap() <= 1.0 && v["min"].as_f64().unwrap() >= -1.0);
 }
 
 #[test]
@@ -98,6 +156,15 @@ fn with_header(edit: impl FnOnce(&mut Header)) -> Vec<u8> {
     b
 }
 
+/// A mixed file whose type-table entry for layers.0.wv is 9 (reserved).
+fn bad_table_entry() -> Vec<u8> {
+    let mut h = tiny_header();
+    h.wtype = wtype::MIXED;
+    let mut b = synth_mixed(&h, &[], &[WType::BF16; 16], 8);
+    b[256 + 3] = 9;
+    b
+}
+
 #[test]
 fn error_table_through_the_binary() {
     let good = synth_file(&tiny_header(), &[], 3);
@@ -114,6 +181,12 @@ fn error_table_through_the_binary() {
         ),
         ("bad version", with_header(|h| h.version = 9), "ML_E_FORMAT"),
         ("unknown wtype", with_header(|h| h.wtype = 7), "ML_E_FORMAT"),
+        (
+            "wtype above the known ones",
+            with_header(|h| h.wtype = 129),
+            "ML_E_FORMAT",
+        ),
+        ("bad type table entry", bad_table_entry(), "ML_E_FORMAT"),
         (
             "unknown rope_type",
             with_header(|h| h.rope_type = 9),

@@ -4,8 +4,9 @@
 use std::path::Path;
 
 use krafla::format::mlb::header::{layer_flag, q8_class, wtype};
-use krafla::format::mlb::synth::{synth_file, tiny_header};
-use krafla::format::mlb::Header;
+use krafla::format::mlb::synth::{synth_file, synth_mixed, tiny_header};
+use krafla::format::mlb::{validate, Header, Layout};
+use krafla::format::WType;
 use krafla::format::mli::Mli;
 use krafla::format::mlt::{Mlt, FLAG_ADD_BOS};
 
@@ -58,6 +59,21 @@ fn mlb_shapes() -> Vec<(&'static str, Header, Vec<u8>)> {
     h.lin_v_dim = 16;
     h.lin_conv = 4;
     v.push(("linear_attention", h, vec![layer_flag::LINEAR, 0]));
+    let mut h = t;
+    h.wtype = wtype::BF16;
+    v.push(("bf16", h, vec![]));
+    // Mixed: a type table after the layer flags, every type in turn.
+    let mut h = t;
+    h.wtype = wtype::MIXED;
+    h.scale_f16 = 1;
+    h.n_layers = 2;
+    h.layer_flags = 1;
+    h.lin_k_heads = 2;
+    h.lin_v_heads = 4;
+    h.lin_k_dim = 16;
+    h.lin_v_dim = 16;
+    h.lin_conv = 4;
+    v.push(("mixed_linear", h, vec![layer_flag::LINEAR, 0]));
     v
 }
 
@@ -79,7 +95,14 @@ fn shrink(m: &Mlt, n: usize) -> Mlt {
 
 fn main() {
     for (name, h, flags) in mlb_shapes() {
-        let f = synth_file(&h, &flags, 7);
+        let f = if h.wtype == wtype::MIXED {
+            let d = validate(&h).unwrap();
+            let n = Layout::matrix_count(&h, &d, &flags).unwrap();
+            let types: Vec<WType> = (0..n).map(|i| WType::ALL[i % WType::ALL.len()]).collect();
+            synth_mixed(&h, &flags, &types, 7)
+        } else {
+            synth_file(&h, &flags, 7)
+        };
         krafla::format::mlb::parse(&f).unwrap_or_else(|e| panic!("{name}: {e}"));
         write("mlb_parse", &format!("{name}.mlb"), &f);
         write("mlb_view", &format!("{name}.mlb"), &f);

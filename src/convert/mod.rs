@@ -4,8 +4,9 @@
 //! spec's arrays through the architecture's table ([`arch`], [`permute`]), checks every
 //! tensor's presence, dtype and shape before writing anything, then streams: for each
 //! array in spec order, read rows and upcast to f32 → transform (RoPE permutation,
-//! the +1 of (1 + w) norms, Qwen3.5's q/gate split) → quantize (rayon over rows) →
-//! write → drop. Large matrices go in row chunks, so peak memory stays near one chunk
+//! the +1 of (1 + w) norms, Qwen3.5's q/gate split) → quantize or round to BF16/F16
+//! (rayon over rows) → write → drop. Each matrix's type comes from `--wtype` and a
+//! [`TypePlan`] ([`plan`]); a plan that mixes types gives a mixed file. Large matrices go in row chunks, so peak memory stays near one chunk
 //! plus its quantized form; quantization is per row, so the bytes do not depend on the
 //! chunk size or the thread count.
 //!
@@ -17,6 +18,7 @@ pub mod checkpoint;
 pub mod config;
 pub mod error;
 pub mod permute;
+pub mod plan;
 
 use std::io::BufWriter;
 use std::path::{Path, PathBuf};
@@ -25,6 +27,7 @@ use std::time::Instant;
 
 pub use config::ModelDesc;
 pub use error::{ConvertError, Result};
+pub use plan::{Select, TypePlan, TypeRule};
 
 use arch::Transform;
 use checkpoint::{Checkpoint, DType, TensorInfo};
@@ -49,9 +52,13 @@ pub struct Options {
     pub input: PathBuf,
     /// The output file; `None`: [`default_output`].
     pub output: Option<PathBuf>,
+    /// The type of every matrix (Q4_0: except the `q8_mask` classes and lb/la, Q8_0).
     pub wtype: WType,
-    /// q8_mask for Q4_0 (`None`: [`DEFAULT_Q4_Q8_MASK`]); must be 0 or `None` for Q8_0.
+    /// q8_mask for Q4_0 (`None`: [`DEFAULT_Q4_Q8_MASK`]); must be 0 or `None` otherwise.
     pub q8_mask: Option<u32>,
+    /// Per-class or per-tensor types over `wtype`'s (`--types`); when the result is not
+    /// what `wtype` and `q8_mask` alone give, the file is mixed (`wtype` 128).
+    pub types: TypePlan,
     pub scale_f16: bool,
     /// `None`: round for Gemma 3, search otherwise.
     pub q4_rule: Option<Q4Rule>,
@@ -70,6 +77,7 @@ impl Options {
             output: None,
             wtype,
             q8_mask: None,
+            types: TypePlan::default(),
             scale_f16: false,
             q4_rule: None,
             imatrix: None,
@@ -115,10 +123,24 @@ pub struct Summary {
     pub file_bytes: u64,
     pub seconds: f64,
     pub notes: Vec<String>,
+    /// The Q4_0 rule used, when some matrix is Q4_0.
     pub q4_rule: Option<Q4Rule>,
+    /// Matrices per type, in code order (one entry for a uniform file).
+    pub types: Vec<(WType, usize)>,
 }
 
 impl Summary {
+    /// `BF16`, or `mixed (30 BF16, 1 Q8_0)`.
+    pub fn type_text(&self) -> String {
+        match self.types.as_slice() {
+            [(t, _)] => t.name().to_string(),
+            all => {
+                let parts: Vec<String> = all.iter().map(|(t, n)| format!("{n} {t}")).collect();
+                format!("mixed ({})", parts.join(", "))
+            }
+        }
+    }
+
     /// File bits per parameter.
     pub fn bits_per_weight(&self) -> f64 {
         if self.params == 0 {
@@ -172,21 +194,54 @@ fn run(opts: &Options, progress: &mut (dyn FnMut(Progress) + Send)) -> Result<Su
 
     // Options → header fields.
     let (mut header, flags) = desc.header();
-    let (wt, mask) = match opts.wtype {
-        WType::Q8_0 => {
+    let mask = match opts.wtype {
+        WType::Q4_0 => opts.q8_mask.unwrap_or(DEFAULT_Q4_Q8_MASK),
+        t => {
             if opts.q8_mask.is_some_and(|m| m != 0) {
                 return Err(ConvertError::options(
                     "--q8",
-                    "only applies to --wtype q4_0 (a Q8_0 model stores every matrix as Q8_0)",
+                    format!(
+                        "only applies to --wtype q4_0 (a {t} model stores every matrix as {t}; --types sets other types)"
+                    ),
                 ));
             }
-            (wtype::Q8_0, 0)
+            0
         }
-        WType::Q4_0 => (wtype::Q4_0, opts.q8_mask.unwrap_or(DEFAULT_Q4_Q8_MASK)),
     };
-    header.wtype = wt;
+    header.wtype = opts.wtype.code();
     header.q8_mask = mask;
+    let cfg_file = dir.join("config.json");
+    let format_err = |e: WriteError| match e {
+        WriteError::Format(err) => ConvertError::Format {
+            file: cfg_file.clone(),
+            err: Box::new(err),
+        },
+        WriteError::Io(e) => ConvertError::io(dir, e),
+    };
+    // The uniform layout names the matrices the plan picks from; validating the header
+    // here refuses a model the format cannot hold before any file is created.
+    let uniform = MlbWriter::new(std::io::sink(), &header, &flags)
+        .map_err(format_err)?
+        .layout()
+        .clone();
+    opts.types
+        .check_names(&uniform.tensors)
+        .map_err(|m| ConvertError::options("--types", m))?;
+    let types = plan::matrix_types(&uniform.tensors, header.wtype, mask, &opts.types);
+    let mixed =
+        types != plan::matrix_types(&uniform.tensors, header.wtype, mask, &TypePlan::default());
+    let has = |t: WType| types.contains(&t);
+    if opts.scale_f16 && !types.iter().any(|t| t.has_scales()) {
+        return Err(ConvertError::options(
+            "--f16-scales",
+            "no matrix of this model has scales (BF16 and F16 store none)",
+        ));
+    }
     header.scale_f16 = opts.scale_f16 as u32;
+    if mixed {
+        header.wtype = wtype::MIXED;
+        header.q8_mask = 0;
+    }
     let gemma3 = desc.arch.name == "gemma3_text";
     let q4_rule = opts.q4_rule.unwrap_or(if gemma3 {
         Q4Rule::Round
@@ -196,27 +251,22 @@ fn run(opts: &Options, progress: &mut (dyn FnMut(Progress) + Send)) -> Result<Su
     let imatrix = match &opts.imatrix {
         None => None,
         Some(p) => {
-            if opts.wtype != WType::Q4_0 || q4_rule != Q4Rule::Search {
+            if !has(WType::Q4_0) || q4_rule != Q4Rule::Search {
                 return Err(ConvertError::options(
                     "--imatrix",
-                    "weights the Q4_0 search only: use it with --wtype q4_0 --q4-rule search",
+                    "weights the Q4_0 search only: use it with Q4_0 matrices and --q4-rule search",
                 ));
             }
             Some(load_imatrix(p, &desc)?)
         }
     };
 
-    // Validate the header (and compute the layout) before creating any file.
-    let cfg_file = dir.join("config.json");
-    let probe = MlbWriter::new(std::io::sink(), &header, &flags).map_err(|e| match e {
-        WriteError::Format(err) => ConvertError::Format {
-            file: cfg_file.clone(),
-            err: Box::new(err),
-        },
-        WriteError::Io(e) => ConvertError::io(dir, e),
-    })?;
-    let layout = probe.layout().clone();
-    drop(probe);
+    // The final layout (with the type table of a mixed file).
+    let mixed_types = mixed.then_some(types.as_slice());
+    let layout = new_writer(std::io::sink(), &header, &flags, mixed_types)
+        .map_err(format_err)?
+        .layout()
+        .clone();
 
     // Text-model prefix and the tensors outside it.
     let (prefix, head_prefix) = text_prefix(&ck)?;
@@ -266,6 +316,7 @@ fn run(opts: &Options, progress: &mut (dyn FnMut(Progress) + Send)) -> Result<Su
     let mut file = AtomicFile::create(&out).map_err(|e| ConvertError::io(&out, e))?;
     let job = Job {
         ck: &ck,
+        mixed_types,
         tensors: &layout.tensors,
         sources: &sources,
         scale_f16: opts.scale_f16,
@@ -285,8 +336,26 @@ fn run(opts: &Options, progress: &mut (dyn FnMut(Progress) + Send)) -> Result<Su
         file_bytes,
         seconds: t0.elapsed().as_secs_f64(),
         notes,
-        q4_rule: (opts.wtype == WType::Q4_0).then_some(q4_rule),
+        q4_rule: has(WType::Q4_0).then_some(q4_rule),
+        types: WType::ALL
+            .into_iter()
+            .map(|t| (t, types.iter().filter(|&&x| x == t).count()))
+            .filter(|&(_, n)| n > 0)
+            .collect(),
     })
+}
+
+/// A writer for a uniform header, or a mixed one with its matrix types.
+fn new_writer<W: std::io::Write>(
+    out: W,
+    header: &Header,
+    flags: &[u8],
+    mixed_types: Option<&[WType]>,
+) -> std::result::Result<MlbWriter<W>, WriteError> {
+    match mixed_types {
+        Some(t) => MlbWriter::new_mixed(out, header, flags, t),
+        None => MlbWriter::new(out, header, flags),
+    }
 }
 
 /// Reads and checks an MLI1 file against the model.
@@ -544,6 +613,8 @@ const CHUNK_VALUES: usize = 1 << 22;
 /// What [`write_all`] writes.
 struct Job<'a> {
     ck: &'a Checkpoint,
+    /// Every matrix's type, for a mixed file.
+    mixed_types: Option<&'a [WType]>,
     tensors: &'a [Tensor],
     sources: &'a [Option<Source>],
     scale_f16: bool,
@@ -561,6 +632,7 @@ fn write_all(
 ) -> Result<()> {
     let Job {
         ck,
+        mixed_types,
         tensors,
         sources,
         scale_f16,
@@ -576,8 +648,13 @@ fn write_all(
             err: Box::new(err),
         },
     };
-    let mut w =
-        MlbWriter::new(BufWriter::with_capacity(1 << 20, file), header, flags).map_err(werr)?;
+    let mut w = new_writer(
+        BufWriter::with_capacity(1 << 20, file),
+        header,
+        flags,
+        mixed_types,
+    )
+    .map_err(werr)?;
     let mut buf: Vec<f32> = Vec::new();
     for (i, (t, s)) in tensors.iter().zip(sources).enumerate() {
         let name = t.name.to_string();
@@ -693,6 +770,20 @@ fn quant_error(
             format!(
                 "row {} block {block}: scale {d} is above 65504 and cannot be stored as f16 (drop --f16-scales)",
                 s.map.src(r0 + row)
+            ),
+        ),
+        QuantError::OutOfRange {
+            row,
+            col,
+            value,
+            wtype,
+        } => ConvertError::tensor(
+            file,
+            &s.hf,
+            format!(
+                "weight [{}, {col}] is {value}: beyond the {wtype} range (largest finite {}); store this matrix in another type (--types)",
+                s.map.src(r0 + row),
+                crate::quant::half_float::max_finite(wtype)
             ),
         ),
         QuantError::Shape { rows, cols, len } => ConvertError::tensor(

@@ -7,20 +7,16 @@ use serde_json::{json, Map, Value};
 
 use super::{human_bytes, json_f32};
 use crate::format::mlb::header::{
-    act, layer_flag, q8_class, rope_type, FieldValue, FIELDS, FIELDS_END,
+    act, layer_flag, q8_class, rope_type, wtype, FieldValue, FIELDS, FIELDS_END,
 };
 use crate::format::mlb::{Kind, Mlb, Tensor, HEADER_SIZE};
-use crate::quant::{dequant_row, QK};
+use crate::format::WType;
 
 /// The decoded meaning of a field's value, where it has one (e.g. `llama3`).
 fn meaning(name: &str, v: FieldValue) -> Option<String> {
     let FieldValue::U32(u) = v else { return None };
     Some(match name {
-        "wtype" => match u {
-            1 => "Q8_0".into(),
-            2 => "Q4_0".into(),
-            _ => return None,
-        },
+        "wtype" => wtype::name(u)?.into(),
         "rope_type" => rope_type::name(u).into(),
         "act" => act::name(u).into(),
         "q8_mask" if u != 0 => q8_class::names(u).join(", "),
@@ -76,11 +72,46 @@ fn totals(m: &Mlb) -> Totals {
 }
 
 fn bpw(t: &Totals) -> f64 {
-    if t.mat_params == 0 {
+    bits_per_weight(t.mat_bytes, t.mat_params)
+}
+
+fn bits_per_weight(bytes: u64, params: u64) -> f64 {
+    if params == 0 {
         0.0
     } else {
-        t.mat_bytes as f64 * 8.0 / t.mat_params as f64
+        bytes as f64 * 8.0 / params as f64
     }
+}
+
+/// The matrices of one weight type: count, weights, bytes (scales included).
+struct TypeTotals {
+    wtype: WType,
+    matrices: usize,
+    params: u64,
+    bytes: u64,
+}
+
+/// Per weight type, in code order (only the types present).
+fn type_totals(m: &Mlb) -> Vec<TypeTotals> {
+    let mut v: Vec<TypeTotals> = WType::ALL
+        .into_iter()
+        .map(|wtype| TypeTotals {
+            wtype,
+            matrices: 0,
+            params: 0,
+            bytes: 0,
+        })
+        .collect();
+    for t in &m.layout().tensors {
+        if let Kind::Mat { wtype, .. } = t.kind {
+            let e = v.iter_mut().find(|e| e.wtype == wtype).expect("every type");
+            e.matrices += 1;
+            e.params += t.params();
+            e.bytes += t.stored_bytes();
+        }
+    }
+    v.retain(|e| e.matrices > 0);
+    v
 }
 
 /// What a valid file holds that the spec's readers ignore but a user should know: a
@@ -184,9 +215,29 @@ pub fn report_text(m: &Mlb, file_name: &str) -> String {
     );
     let _ = writeln!(
         s,
-        "  bits per weight  {:.3} (quantized matrices, scales included)",
+        "  bits per weight  {:.3} (all matrices, scales included)",
         bpw(&t)
     );
+    let types = type_totals(m);
+    if types.len() > 1 {
+        let _ = writeln!(s, "\nweight types");
+        let _ = writeln!(
+            s,
+            "  {:<5} {:>8} {:>13} {:>13} {:>15}",
+            "type", "matrices", "weights", "bytes", "bits per weight"
+        );
+        for e in &types {
+            let _ = writeln!(
+                s,
+                "  {:<5} {:>8} {:>13} {:>13} {:>15.3}",
+                e.wtype.name(),
+                e.matrices,
+                e.params,
+                e.bytes,
+                bits_per_weight(e.bytes, e.params)
+            );
+        }
+    }
     let w = warnings(m);
     if w.is_empty() {
         let _ = writeln!(s, "\nverdict: valid");
@@ -242,6 +293,18 @@ pub fn report_json(m: &Mlb, file_name: &str) -> Value {
         })
         .collect();
     let t = totals(m);
+    let types: Vec<Value> = type_totals(m)
+        .iter()
+        .map(|e| {
+            json!({
+                "type": e.wtype.name(),
+                "matrices": e.matrices,
+                "parameters": e.params,
+                "bytes": e.bytes,
+                "bits_per_weight": (bits_per_weight(e.bytes, e.params) * 1000.0).round() / 1000.0,
+            })
+        })
+        .collect();
     json!({
         "file": file_name,
         "format": "MLB1",
@@ -258,6 +321,7 @@ pub fn report_json(m: &Mlb, file_name: &str) -> Value {
             "parameters": t.params,
             "file_bytes": t.file_bytes,
             "bits_per_weight": (bpw(&t) * 1000.0).round() / 1000.0,
+            "types": types,
         },
     })
 }
@@ -271,7 +335,7 @@ pub struct TensorStats {
     pub max: f32,
     pub mean: f64,
     pub rms: f64,
-    /// Blocks of 32 whose values are all zero (quantized matrices only).
+    /// Blocks whose values are all zero (block-quantized matrices only, not BF16/F16).
     pub zero_blocks: Option<u64>,
     pub blocks: Option<u64>,
 }
@@ -311,18 +375,21 @@ pub fn tensor_stats(m: &Mlb, name: &str) -> Option<TensorStats> {
             wtype, rows, cols, ..
         } => {
             let mr = m.mat(idx);
+            let bw = wtype.block_weights();
             let mut row = vec![0f32; cols];
             for r in 0..rows {
-                dequant_row(wtype, mr.q, mr.d, cols, r, &mut row);
-                for b in row.chunks_exact(QK) {
+                mr.dequant_row(r, &mut row);
+                for b in row.chunks_exact(bw) {
                     if b.iter().all(|&v| v == 0.0) {
                         zero_blocks += 1;
                     }
                 }
                 row.iter().for_each(|&v| add(v));
             }
-            st.zero_blocks = Some(zero_blocks);
-            st.blocks = Some((rows * cols / QK) as u64);
+            if bw > 1 {
+                st.zero_blocks = Some(zero_blocks);
+                st.blocks = Some((rows * cols / bw) as u64);
+            }
         }
     }
     st.count = count;

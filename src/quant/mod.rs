@@ -2,9 +2,11 @@
 //!
 //! Blocks are 32 consecutive values of a row. Q8_0 stores one int8 per value and a
 //! scale `d` per block; Q4_0 stores two 4-bit levels per byte and a scale per block.
-//! Matrices are quantized row by row in parallel (rayon); every row is a pure
-//! function of its values, so the bytes do not depend on the thread count.
+//! BF16 and F16 store every value as a 2-byte float, rounded to nearest even
+//! ([`half_float`]). Matrices are quantized row by row in parallel (rayon); every row is a
+//! pure function of its values, so the bytes do not depend on the thread count.
 
+pub mod half_float;
 pub mod q4_0;
 pub mod q8_0;
 
@@ -46,14 +48,16 @@ impl Scales {
     }
 }
 
-/// A quantized matrix: rows × cols, row-major blocks of 32.
+/// A quantized matrix: rows × cols, row-major blocks.
 #[derive(Debug, Clone, PartialEq)]
 pub struct QuantMat {
     pub wtype: WType,
     pub rows: usize,
     pub cols: usize,
-    /// Q8_0: rows × cols int8 as bytes; Q4_0: rows × cols / 2 packed nibbles.
+    /// Q8_0: rows × cols int8 as bytes; Q4_0: rows × cols / 2 packed nibbles; BF16, F16:
+    /// rows × cols 2-byte floats, little-endian.
     pub q: Vec<u8>,
+    /// One per block of 32 (empty for BF16 and F16).
     pub d: Scales,
 }
 
@@ -93,6 +97,13 @@ pub enum QuantError {
     NonFinite { row: usize, col: usize, value: f32 },
     /// A scale is above 65504 and cannot be stored as f16.
     ScaleOverflow { row: usize, block: usize, d: f32 },
+    /// A weight rounds to infinity in a 2-byte float type (BF16, F16).
+    OutOfRange {
+        row: usize,
+        col: usize,
+        value: f32,
+        wtype: WType,
+    },
     /// cols is not a multiple of 32, or the data has the wrong length.
     Shape {
         rows: usize,
@@ -110,6 +121,16 @@ impl std::fmt::Display for QuantError {
             QuantError::ScaleOverflow { row, block, d } => write!(
                 f,
                 "scale of row {row} block {block} is {d}: above 65504, it cannot be stored as f16 (drop --f16-scales)"
+            ),
+            QuantError::OutOfRange {
+                row,
+                col,
+                value,
+                wtype,
+            } => write!(
+                f,
+                "weight [{row}, {col}] is {value}: beyond the {wtype} range (largest finite {})",
+                half_float::max_finite(*wtype)
             ),
             QuantError::Shape { rows, cols, len } => {
                 write!(f, "{rows}×{cols} matrix with {len} values: cols must be a multiple of 32")
@@ -142,14 +163,14 @@ pub fn quantize(
             value: x[i],
         });
     }
+    if wtype.is_half() {
+        return quantize_half(wtype, rows, cols, x);
+    }
     if let Some(imp) = opts.imatrix {
         assert_eq!(imp.len(), cols, "imatrix length must equal cols");
     }
     let nb = cols / QK;
-    let qrow = match wtype {
-        WType::Q8_0 => cols,
-        WType::Q4_0 => cols / 2,
-    };
+    let qrow = wtype.row_bytes(cols);
     let mut q = vec![0u8; rows * qrow];
     let mut d32 = vec![0f32; if opts.scale_f16 { 0 } else { rows * nb }];
     let mut d16 = vec![0u16; if opts.scale_f16 { rows * nb } else { 0 }];
@@ -182,6 +203,42 @@ pub fn quantize(
         cols,
         q,
         d,
+    })
+}
+
+/// Rounds a matrix to BF16 or F16 (finite `x`): rows in parallel, the first value out
+/// of range (in row-major order) is the error.
+fn quantize_half(
+    wtype: WType,
+    rows: usize,
+    cols: usize,
+    x: &[f32],
+) -> Result<QuantMat, QuantError> {
+    let mut w = vec![0u16; x.len()];
+    let bad: Option<usize> = x
+        .par_chunks(cols)
+        .zip(w.par_chunks_mut(cols))
+        .enumerate()
+        .filter_map(|(r, (xr, wr))| {
+            half_float::to_half(wtype, xr, wr)
+                .err()
+                .map(|c| r * cols + c)
+        })
+        .min();
+    if let Some(i) = bad {
+        return Err(QuantError::OutOfRange {
+            row: i / cols,
+            col: i % cols,
+            value: x[i],
+            wtype,
+        });
+    }
+    Ok(QuantMat {
+        wtype,
+        rows,
+        cols,
+        q: w.iter().flat_map(|b| b.to_le_bytes()).collect(),
+        d: Scales::F32(Vec::new()),
     })
 }
 
@@ -240,6 +297,7 @@ fn quantize_row(
                 scales.push(s);
             }
         }
+        WType::BF16 | WType::F16 => unreachable!("quantize_half rounds 2-byte float types"),
     }
     match d {
         RowScales::F32(d) => d.copy_from_slice(&scales),
@@ -252,8 +310,16 @@ fn quantize_row(
     Ok(())
 }
 
-/// Dequantizes row `r` of a matrix into `out` (cols values): w = q × d.
+/// Dequantizes row `r` of a matrix into `out` (cols values): w = q × d, or the 2-byte
+/// floats (little-endian bytes in `q`; `d` unused) widened to f32.
 pub fn dequant_row(wtype: WType, q: &[u8], d: &[f32], cols: usize, r: usize, out: &mut [f32]) {
+    if wtype.is_half() {
+        let row = &q[r * cols * 2..(r + 1) * cols * 2];
+        for (o, c) in out.iter_mut().zip(row.chunks_exact(2)) {
+            *o = half_float::to_f32(wtype, u16::from_le_bytes([c[0], c[1]]));
+        }
+        return;
+    }
     let nb = cols / QK;
     let d = &d[r * nb..(r + 1) * nb];
     match wtype {
@@ -274,6 +340,7 @@ pub fn dequant_row(wtype: WType, q: &[u8], d: &[f32], cols: usize, r: usize, out
                 }
             }
         }
+        WType::BF16 | WType::F16 => unreachable!("widened above"),
     }
 }
 

@@ -97,7 +97,7 @@ header! {
     32 max_seq: u32, "longest context the model allows";
     36 rope_theta: f32, "RoPE base";
     40 norm_eps: f32, "RMSNorm epsilon";
-    44 wtype: u32, "weight type: 1 = Q8_0, 2 = Q4_0";
+    44 wtype: u32, "weight type: 1 Q8_0, 2 Q4_0, 3 BF16, 4 F16, 128 mixed";
     48 shared_classifier: u32, "non-zero: wcls is omitted and tok_emb is used";
     52 rope_type: u32, "0 = plain, 1 = llama3, 2 = linear, 3 = yarn";
     56 rope_factor: f32, "RoPE scaling factor (llama3, linear, yarn)";
@@ -141,11 +141,29 @@ impl Header {
     }
 }
 
-/// `wtype` values.
+/// `wtype` values: a concrete type ([`WType::code`](crate::format::WType::code)) for a
+/// file whose matrices all have that type (Q4_0: except the `q8_mask` classes), or
+/// [`MIXED`](wtype::MIXED).
 pub mod wtype {
     use crate::format::WType;
     pub const Q8_0: u32 = WType::Q8_0.code();
     pub const Q4_0: u32 = WType::Q4_0.code();
+    /// Krafla: every matrix BF16.
+    pub const BF16: u32 = WType::BF16.code();
+    /// Krafla: every matrix F16.
+    pub const F16: u32 = WType::F16.code();
+    /// Krafla: codes reserved for the super-block types (issue 16); refused until then.
+    pub const RESERVED: std::ops::RangeInclusive<u32> = 5..=31;
+    /// Krafla: a per-matrix type table follows the header (and the layer flags).
+    pub const MIXED: u32 = 128;
+
+    /// The name of a `wtype` value: a type's name, `mixed`, or `None`.
+    pub fn name(v: u32) -> Option<&'static str> {
+        if v == MIXED {
+            return Some("mixed");
+        }
+        WType::from_code(v).map(WType::name)
+    }
 }
 
 /// `rope_type` values.

@@ -1,12 +1,16 @@
 //! Where every array of an `.mlb` file lies: the spec's array order with 64-byte
 //! alignment, computed with checked `u64` arithmetic and a checked conversion to usize.
+//!
+//! A matrix's type comes from the header (`wtype`, and `q8_mask` in a Q4_0 file) or,
+//! in a mixed file (`wtype` 128), from the type table: one byte per matrix in array
+//! order, stored after the layer flags. Sizes come from the type's [`Geometry`] alone.
 
 use std::fmt;
 
 use super::header::{layer_flag, q8_class, wtype, Header, HEADER_SIZE};
 use super::validate::Dims;
 use crate::format::error::{FormatError, Result};
-use crate::format::wtype::{WType, QK};
+use crate::format::wtype::{Geometry, WType};
 
 /// Every array starts at a multiple of this.
 pub const ALIGN: u64 = 64;
@@ -30,19 +34,21 @@ impl fmt::Display for TensorName {
 /// What a tensor holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
-    /// The layer flag bytes.
+    /// The layer flag bytes, or a mixed file's type table.
     U8 { len: usize },
     /// A float32 vector or matrix (norms, biases, conv taps) of `len` floats.
     F32 { len: usize },
-    /// A quantized matrix: quants at `offset`, scales at `d_offset`.
+    /// A weight matrix: its blocks (quants, or 2-byte floats) at `offset`, the per-block
+    /// scales at `d_offset` when its type has them.
     Mat {
         wtype: WType,
         rows: usize,
         cols: usize,
-        /// q8_mask class bit that decides its type in a Q4_0 model (0: always Q8_0).
+        /// q8_mask class bits of the matrix (0 for lb and la: always Q8_0 in a Q4_0 model).
         class: u32,
+        /// Offset of the scale array; for a type without one, the end of the blocks.
         d_offset: u64,
-        /// Bytes of the scale array (rows × cols / 32 × 2 or 4).
+        /// Bytes of the scale array (blocks × 2 or 4; 0 for a type without scales).
         d_bytes: u64,
     },
 }
@@ -143,6 +149,8 @@ pub struct Layout {
     /// Every tensor in file order.
     pub tensors: Vec<Tensor>,
     pub layer_flags: Option<usize>,
+    /// The type table of a mixed file.
+    pub type_table: Option<usize>,
     pub tok_emb: usize,
     pub layers: Vec<LayerIdx>,
     pub final_norm: usize,
@@ -179,18 +187,65 @@ pub fn align_up(v: u64) -> Option<u64> {
     v.checked_add(ALIGN - 1).map(|x| x & !(ALIGN - 1))
 }
 
-/// A matrix class's storage type in a model of `wtype` with `q8_mask`.
+/// A matrix's type in a file whose header gives it (`wtype` not mixed): `wtype`, except
+/// in a Q4_0 model, where the `q8_mask` classes and lb/la (class 0) are Q8_0.
 pub fn class_wtype(wtype_: u32, q8_mask: u32, class: u32) -> WType {
-    if wtype_ == wtype::Q8_0 || class == 0 || q8_mask & class != 0 {
-        WType::Q8_0
-    } else {
-        WType::Q4_0
+    match WType::from_code(wtype_) {
+        Some(WType::Q4_0) if class == 0 || q8_mask & class != 0 => WType::Q8_0,
+        Some(t) => t,
+        // validate() admits only known codes and mixed, whose types come from the table.
+        None => WType::Q8_0,
     }
+}
+
+/// Bytes of a `rows × cols` matrix of geometry `g`: (blocks, scales). `cols` that is
+/// not a multiple of the block is ML_E_SHAPE naming the tensor.
+pub fn mat_bytes(
+    name: TensorName,
+    type_name: &str,
+    g: Geometry,
+    rows: u64,
+    cols: u64,
+    scale_f16: bool,
+) -> Result<(u64, u64)> {
+    let bw = g.block_weights as u64;
+    if !cols.is_multiple_of(bw) {
+        return Err(FormatError::shape(
+            name.to_string(),
+            format!("{rows} × {cols}"),
+            format!("{type_name} needs columns in whole blocks of {bw} weights"),
+        ));
+    }
+    let blocks = rows.checked_mul(cols / bw).ok_or_else(|| overflow(name))?;
+    let q_bytes = blocks
+        .checked_mul(g.block_bytes as u64)
+        .ok_or_else(|| overflow(name))?;
+    let d_bytes = if g.scale_array {
+        let d_size = if scale_f16 { 2 } else { 4 };
+        blocks.checked_mul(d_size).ok_or_else(|| overflow(name))?
+    } else {
+        0
+    };
+    Ok((q_bytes, d_bytes))
+}
+
+/// Where matrix types come from.
+#[derive(Clone, Copy)]
+enum Types<'a> {
+    /// The header (`wtype`, `q8_mask`).
+    Header,
+    /// A mixed file's type table, one code per matrix in array order.
+    Table(&'a [u8]),
+    /// Counting the matrices of a mixed file (sizes are not needed): no table placed.
+    Counting,
 }
 
 /// Builder that places arrays one after the other, 64-byte aligned.
 struct Placer<'a> {
     h: &'a Header,
+    types: Types<'a>,
+    /// Matrices placed so far (the index of the next type-table entry).
+    mats: usize,
     pos: u64,
     tensors: Vec<Tensor>,
     /// Only sum sizes (no allocation): used to check a header against the file size
@@ -246,18 +301,51 @@ impl Placer<'_> {
         }))
     }
 
+    /// The type of the next matrix, `name` of class `class`.
+    fn mat_type(&self, name: TensorName, class: u32) -> Result<WType> {
+        let table = match self.types {
+            Types::Header => return Ok(class_wtype(self.h.wtype, self.h.q8_mask, class)),
+            Types::Counting => return Ok(WType::Q8_0),
+            Types::Table(t) => t,
+        };
+        let i = self.mats;
+        let code = *table.get(i).ok_or_else(|| {
+            FormatError::format(
+                "type_table",
+                format!("{} entries", table.len()),
+                format!("no entry for matrix {i} ({name})"),
+            )
+        })?;
+        WType::from_code(code as u32).ok_or_else(|| {
+            FormatError::format(
+                name.to_string(),
+                code,
+                format!(
+                    "type table entry {i} is not a known weight type \
+                     (1 Q8_0, 2 Q4_0, 3 BF16, 4 F16)"
+                ),
+            )
+        })
+    }
+
     fn mat(&mut self, name: TensorName, rows: u64, cols: u64, class: u32) -> Result<usize> {
-        let wtype = class_wtype(self.h.wtype, self.h.q8_mask, class);
-        let n = rows.checked_mul(cols).ok_or_else(|| overflow(name))?;
-        debug_assert_eq!(cols % QK as u64, 0);
-        let blocks = n / QK as u64;
-        let q_bytes = blocks
-            .checked_mul(wtype.block_bytes() as u64)
-            .ok_or_else(|| overflow(name))?;
-        let d_size = if self.h.scale_f16 != 0 { 2 } else { 4 };
-        let d_bytes = blocks.checked_mul(d_size).ok_or_else(|| overflow(name))?;
+        let wtype = self.mat_type(name, class)?;
+        self.mats += 1;
+        let (q_bytes, d_bytes) = mat_bytes(
+            name,
+            wtype.name(),
+            wtype.geometry(),
+            rows,
+            cols,
+            self.h.scale_f16 != 0,
+        )?;
         let offset = self.place(q_bytes, name)?;
-        let d_offset = self.place(d_bytes, name)?;
+        // A type without scales has no second array (not even an empty aligned one).
+        let d_offset = if wtype.has_scales() {
+            self.place(d_bytes, name)?
+        } else {
+            offset + q_bytes
+        };
         let rows = to_usize_limited(rows, self.limit, &name.to_string())?;
         let cols = to_usize_limited(cols, self.limit, &name.to_string())?;
         Ok(self.push(Tensor {
@@ -281,33 +369,106 @@ fn top(name: &'static str) -> TensorName {
 }
 
 impl Layout {
-    /// Places every array of a validated header. `flags` are the layer flag bytes
-    /// (empty when the header has none). `limit` caps every size and offset: pass
-    /// `usize::MAX as u64` (see [`Layout::new`]) or a smaller one to model a 32-bit target.
+    /// Places every array of a validated header whose `wtype` is not mixed. `flags` are
+    /// the layer flag bytes (empty when the header has none). `limit` caps every size
+    /// and offset: pass `usize::MAX as u64` (see [`Layout::new`]) or a smaller one to
+    /// model a 32-bit target.
     pub fn with_limit(h: &Header, d: &Dims, flags: &[u8], limit: u64) -> Result<Layout> {
-        Self::walk(h, d, flags, limit, false)
+        Self::with_table(h, d, flags, &[], limit)
     }
 
-    /// Places every array on this platform.
+    /// Places every array on this platform (a header whose `wtype` is not mixed).
     pub fn new(h: &Header, d: &Dims, flags: &[u8]) -> Result<Layout> {
         Self::with_limit(h, d, flags, usize::MAX as u64)
     }
 
-    /// The end offset of the arrays (for checking against the file size before
-    /// allocating anything per layer).
-    pub fn end_offset(h: &Header, d: &Dims, flags: &[u8], limit: u64) -> Result<u64> {
-        Ok(Self::walk(h, d, flags, limit, true)?.end)
+    /// Places every array; `table` is a mixed file's type table (one code per matrix,
+    /// [`Layout::matrix_count`] of them) and must be empty for any other `wtype`.
+    pub fn with_table(
+        h: &Header,
+        d: &Dims,
+        flags: &[u8],
+        table: &[u8],
+        limit: u64,
+    ) -> Result<Layout> {
+        Self::walk(h, d, flags, Self::types(h, table)?, limit, false)
     }
 
-    fn walk(h: &Header, d: &Dims, flags: &[u8], limit: u64, count_only: bool) -> Result<Layout> {
-        let mut p = Placer {
+    /// The end offset of the arrays (for checking against the file size before
+    /// allocating anything per layer).
+    pub fn end_offset(h: &Header, d: &Dims, flags: &[u8], table: &[u8], limit: u64) -> Result<u64> {
+        Ok(Self::walk(h, d, flags, Self::types(h, table)?, limit, true)?.end)
+    }
+
+    /// The number of matrices of the file: a mixed file's type table has this many
+    /// entries (tok_emb, each layer's matrices, then wcls unless shared).
+    pub fn matrix_count(h: &Header, d: &Dims, flags: &[u8]) -> Result<usize> {
+        let mut p = Self::placer(h, Types::Counting, u64::MAX, true);
+        Self::place_all(&mut p, h, d, flags)?;
+        Ok(p.mats)
+    }
+
+    /// Offset of a mixed file's type table: right after the layer flags (padded to 64),
+    /// or at the end of the header without them.
+    pub fn type_table_offset(h: &Header, d: &Dims) -> u64 {
+        let flags = if h.layer_flags != 0 {
+            align_up(d.n_layers as u64).expect("n_layers ≤ 65536")
+        } else {
+            0
+        };
+        HEADER_SIZE as u64 + flags
+    }
+
+    fn types<'a>(h: &Header, table: &'a [u8]) -> Result<Types<'a>> {
+        match (h.wtype == wtype::MIXED, table.is_empty()) {
+            (true, _) => Ok(Types::Table(table)),
+            (false, true) => Ok(Types::Header),
+            (false, false) => Err(FormatError::format(
+                "type_table",
+                format!("{} entries", table.len()),
+                format!("a type table needs wtype 128 (mixed), not {}", h.wtype),
+            )),
+        }
+    }
+
+    fn placer<'a>(h: &'a Header, types: Types<'a>, limit: u64, count_only: bool) -> Placer<'a> {
+        Placer {
             h,
+            types,
+            mats: 0,
             pos: HEADER_SIZE as u64,
             tensors: Vec::new(),
             count_only,
             limit,
             last_end: HEADER_SIZE as u64,
-        };
+        }
+    }
+
+    fn walk(
+        h: &Header,
+        d: &Dims,
+        flags: &[u8],
+        types: Types,
+        limit: u64,
+        count_only: bool,
+    ) -> Result<Layout> {
+        let mut p = Self::placer(h, types, limit, count_only);
+        let mut layout = Self::place_all(&mut p, h, d, flags)?;
+        if let Types::Table(t) = types {
+            if p.mats != t.len() {
+                return Err(FormatError::format(
+                    "type_table",
+                    format!("{} entries", t.len()),
+                    format!("the model has {} matrices", p.mats),
+                ));
+            }
+        }
+        layout.tensors = std::mem::take(&mut p.tensors);
+        Ok(layout)
+    }
+
+    /// Places the arrays in the spec's order (the tensors stay in `p`).
+    fn place_all(p: &mut Placer, h: &Header, d: &Dims, flags: &[u8]) -> Result<Layout> {
         let nl = d.n_layers;
         let (dim, hid, vocab) = (d.dim as u64, d.hidden_dim as u64, d.vocab as u64);
         let (q_dim, kv_dim, hd) = (d.q_dim as u64, d.kv_dim as u64, d.head_dim as u64);
@@ -316,6 +477,10 @@ impl Layout {
         } else {
             None
         };
+        let type_table = match p.types {
+            Types::Table(t) => Some(p.u8s(top("type_table"), t.len())?),
+            _ => None,
+        };
         let tok_emb = p.mat(
             top("tok_emb"),
             vocab,
@@ -323,7 +488,7 @@ impl Layout {
             q8_class::TOK_EMB | tok_emb_extra(h),
         )?;
         let mut layers = Vec::new();
-        if !count_only {
+        if !p.count_only {
             layers.reserve(nl);
         }
         for l in 0..nl {
@@ -385,7 +550,7 @@ impl Layout {
             } else {
                 (None, None)
             };
-            if !count_only {
+            if !p.count_only {
                 layers.push(LayerIdx {
                     flags: f,
                     attn_norm,
@@ -407,8 +572,9 @@ impl Layout {
         };
         let end = p.last_end;
         Ok(Layout {
-            tensors: p.tensors,
+            tensors: Vec::new(),
             layer_flags,
+            type_table,
             tok_emb,
             layers,
             final_norm,
@@ -428,7 +594,8 @@ impl Layout {
     }
 }
 
-/// With a shared classifier, tok_emb is Q8_0 if the tok_emb or the wcls bit is set.
+/// With a shared classifier tok_emb is also the classifier: it has the wcls class bit
+/// too (in a Q4_0 model it is Q8_0 if the tok_emb or the wcls bit is set).
 fn tok_emb_extra(h: &Header) -> u32 {
     if h.shared_classifier != 0 {
         q8_class::WCLS

@@ -4,6 +4,7 @@
 use super::header::{wtype, Header};
 use super::layout::Kind;
 use super::writer::MlbWriter;
+use crate::format::WType;
 use crate::quant::{quantize, Q4Rule, QuantOpts};
 
 /// A small valid Llama-like header: dim 64, 2 layers, 4 heads, 2 kv heads.
@@ -40,7 +41,17 @@ impl Rng {
 
 /// Writes a complete file for `h` and `flags` with random weights (norms near 1).
 pub fn synth_file(h: &Header, flags: &[u8], seed: u64) -> Vec<u8> {
-    let mut w = MlbWriter::new(Vec::new(), h, flags).expect("valid synthetic header");
+    let w = MlbWriter::new(Vec::new(), h, flags).expect("valid synthetic header");
+    fill(w, h, seed)
+}
+
+/// [`synth_file`] for a mixed header: `types` gives every matrix's type in array order.
+pub fn synth_mixed(h: &Header, flags: &[u8], types: &[WType], seed: u64) -> Vec<u8> {
+    let w = MlbWriter::new_mixed(Vec::new(), h, flags, types).expect("valid synthetic header");
+    fill(w, h, seed)
+}
+
+fn fill(mut w: MlbWriter<Vec<u8>>, h: &Header, seed: u64) -> Vec<u8> {
     let mut rng = Rng(seed | 1);
     let opts = QuantOpts {
         scale_f16: h.scale_f16 != 0,
@@ -60,7 +71,9 @@ pub fn synth_file(h: &Header, flags: &[u8], seed: u64) -> Vec<u8> {
                 let m = quantize(wtype, rows, cols, &x, &opts).unwrap();
                 w.write_mat(&m).unwrap();
             }
-            Kind::U8 { .. } => unreachable!("the writer writes the layer flags itself"),
+            Kind::U8 { .. } => {
+                unreachable!("the writer writes the layer flags and the type table itself")
+            }
         }
     }
     w.finish().unwrap()

@@ -214,7 +214,8 @@ fn err_empty_and_short() {
 fn err_magic_version_enums() {
     assert_eq!(fmt(|h| h.magic = *b"MLB2"), "magic");
     assert_eq!(fmt(|h| h.version = 2), "version");
-    assert_eq!(fmt(|h| h.wtype = 3), "wtype");
+    assert_eq!(fmt(|h| h.wtype = 5), "wtype");
+    assert_eq!(fmt(|h| h.wtype = 129), "wtype");
     assert_eq!(fmt(|h| h.wtype = 0), "wtype");
     assert_eq!(fmt(|h| h.rope_type = 4), "rope_type");
     assert_eq!(fmt(|h| h.act = 2), "act");
@@ -450,7 +451,7 @@ fn sizes_past_32_bits_refused_on_a_32_bit_target() {
     assert_eq!(e.field, "tok_emb");
     // On 64 bits the size is computed exactly (no overflow) and compared with the file,
     // without allocating the per-layer table first.
-    let end = Layout::end_offset(&h, &d, &[], u64::MAX).unwrap();
+    let end = Layout::end_offset(&h, &d, &[], &[], u64::MAX).unwrap();
     assert!(end > 1 << 40);
     let mut bytes = vec![0u8; 4096];
     bytes[..256].copy_from_slice(&h.encode());
@@ -489,4 +490,431 @@ fn quantize_is_thread_count_independent() {
         assert_eq!(run(1, qt), run(2, qt));
         assert_eq!(run(1, qt), run(3, qt));
     }
+}
+
+// ---------------------------------------------------------------- Krafla weight types
+
+use super::layout::mat_bytes;
+use super::synth::synth_mixed;
+use super::writer::MlbWriter;
+use crate::format::mlb::{Geometry, TensorName};
+
+/// main at 09aeb59 (before BF16/F16) checked `wtype` with exactly this rule, first
+/// among the header's enums, and refused anything else with ML_E_FORMAT ("must be 1
+/// (Q8_0) or 2 (Q4_0)"): a reader of that version refuses BF16, F16 and mixed files.
+fn wtype_accepted_by_krafla_0_9(v: u32) -> bool {
+    v == wtype::Q8_0 || v == wtype::Q4_0
+}
+
+#[test]
+fn wtype_values_known_reserved_and_refused() {
+    for v in 0..=300u32 {
+        let mut h = tiny_header();
+        h.wtype = v;
+        let ok = validate(&h).is_ok();
+        assert_eq!(ok, [1, 2, 3, 4, 128].contains(&v), "wtype {v}");
+        if !ok {
+            let e = validate(&h).unwrap_err();
+            assert_eq!((e.status, e.field.as_str()), (Status::Format, "wtype"));
+            if (5..=31).contains(&v) {
+                assert!(e.rule.contains("reserved"), "{e}");
+            }
+        }
+        // The extensions are exactly the values the previous reader refused.
+        if [3, 4, 128].contains(&v) {
+            assert!(!wtype_accepted_by_krafla_0_9(v));
+        }
+    }
+    // A real BF16 file carries 3 at offset 44.
+    let mut h = tiny_header();
+    h.wtype = wtype::BF16;
+    let f = valid_file(&h, &[]);
+    let v = u32::from_le_bytes(f[44..48].try_into().unwrap());
+    assert_eq!(v, 3);
+    assert!(!wtype_accepted_by_krafla_0_9(v));
+}
+
+#[test]
+fn bf16_and_f16_layout_view_and_round_trip() {
+    for (code, t) in [(wtype::BF16, WType::BF16), (wtype::F16, WType::F16)] {
+        let mut h = tiny_header();
+        h.wtype = code;
+        let bytes = valid_file(&h, &[]);
+        let m = Mlb::from_bytes(&bytes).unwrap();
+        let l = m.layout();
+        let mut pos = 256;
+        for (i, ten) in l.tensors.iter().enumerate() {
+            assert_eq!(ten.offset, pos, "{}", ten.name);
+            if let Kind::Mat {
+                wtype,
+                rows,
+                cols,
+                d_offset,
+                d_bytes,
+                ..
+            } = ten.kind
+            {
+                // One array of rows × cols 2-byte floats, no scales.
+                assert_eq!(wtype, t);
+                assert_eq!(ten.bytes, (rows * cols * 2) as u64);
+                assert_eq!((d_offset, d_bytes), (ten.offset + ten.bytes, 0));
+                assert_eq!(m.mat_type(i), Some(t));
+                let hm = m.mat_half(i).unwrap();
+                assert_eq!((hm.rows, hm.cols, hm.w.len()), (rows, cols, rows * cols));
+                let at = hm.w.as_ptr() as usize - m.bytes().as_ptr() as usize;
+                assert_eq!(at as u64, ten.offset);
+                // The bits are the file's bytes; dequantizing widens them.
+                let at = ten.offset as usize;
+                assert_eq!(
+                    hm.w[5],
+                    u16::from_le_bytes([bytes[at + 10], bytes[at + 11]])
+                );
+                let (mut a, mut b) = (vec![0f32; cols], vec![0f32; cols]);
+                hm.dequant_row(rows - 1, &mut a);
+                m.mat(i).dequant_row(rows - 1, &mut b);
+                assert_eq!(a, b);
+                assert!(a.iter().all(|v| v.is_finite() && v.abs() <= 1.0));
+                assert!(m.mat_f16(i).is_none());
+            } else {
+                assert_eq!(m.mat_type(i), None);
+                assert!(m.mat_half(i).is_none());
+            }
+            pos = align_up(ten.end()).unwrap();
+        }
+        assert_eq!(m.layout().end, bytes.len() as u64);
+        // Deterministic; truncating the last array fails.
+        assert_eq!(bytes, valid_file(&h, &[]));
+        assert_eq!(
+            parse(&bytes[..bytes.len() - 1]).unwrap_err().status,
+            Status::Format
+        );
+    }
+    // Q8_0 matrices are not half views.
+    let m = Mlb::from_bytes(&valid_file(&tiny_header(), &[])).unwrap();
+    assert!(m.mat_half(m.layout().tok_emb).is_none());
+}
+
+#[test]
+fn bf16_stores_linear_attention_lb_la_as_bf16() {
+    // A lossless original: in a uniform BF16 file lb and la are BF16 too (Q8_0 only
+    // in a Q4_0 model, where the spec keeps them at 8 bits).
+    let mut h = tiny_header();
+    h.wtype = wtype::BF16;
+    h.layer_flags = 1;
+    h.lin_k_heads = 2;
+    h.lin_v_heads = 4;
+    h.lin_k_dim = 16;
+    h.lin_v_dim = 16;
+    h.lin_conv = 4;
+    let m = Mlb::from_bytes(&valid_file(&h, &[layer_flag::LINEAR, 0])).unwrap();
+    for n in ["layers.0.lb", "layers.0.la", "layers.0.lqkv", "tok_emb"] {
+        let t = m.layout().find(n).unwrap();
+        assert!(
+            matches!(
+                t.kind,
+                Kind::Mat {
+                    wtype: WType::BF16,
+                    ..
+                }
+            ),
+            "{n}"
+        );
+    }
+}
+
+#[test]
+fn err_q8_mask_and_scale_f16_without_meaning() {
+    for code in [wtype::Q8_0, wtype::BF16, wtype::F16, wtype::MIXED] {
+        let mut h = tiny_header();
+        h.wtype = code;
+        h.q8_mask = q8_class::WCLS;
+        let e = validate(&h).unwrap_err();
+        assert_eq!((e.status, e.field.as_str()), (Status::Format, "q8_mask"));
+    }
+    for code in [wtype::BF16, wtype::F16] {
+        let mut h = tiny_header();
+        h.wtype = code;
+        h.scale_f16 = 1;
+        let e = validate(&h).unwrap_err();
+        assert_eq!((e.status, e.field.as_str()), (Status::Format, "scale_f16"));
+    }
+    // In a mixed file scale_f16 applies to its Q8_0 / Q4_0 matrices.
+    let mut h = tiny_header();
+    h.wtype = wtype::MIXED;
+    h.scale_f16 = 1;
+    assert!(validate(&h).is_ok());
+}
+
+/// The matrix types of a layout, in array order.
+fn mat_types(l: &Layout) -> Vec<WType> {
+    l.tensors
+        .iter()
+        .filter_map(|t| match t.kind {
+            Kind::Mat { wtype, .. } => Some(wtype),
+            _ => None,
+        })
+        .collect()
+}
+
+fn mixed_header() -> Header {
+    let mut h = tiny_header();
+    h.wtype = wtype::MIXED;
+    h
+}
+
+#[test]
+fn mixed_type_table_position_and_types() {
+    use WType::*;
+    // tok_emb, 2 × (wq wk wv wo w1 w2 w3), wcls: 16 matrices.
+    let h = mixed_header();
+    let d = validate(&h).unwrap();
+    assert_eq!(Layout::matrix_count(&h, &d, &[]).unwrap(), 16);
+    let mut types = vec![BF16; 16];
+    types[0] = Q8_0; // tok_emb
+    types[2] = F16; // layers.0.wk
+    types[8] = Q4_0; // layers.1.wq
+    types[15] = Q8_0; // wcls
+    let bytes = synth_mixed(&h, &[], &types, 5);
+    let m = Mlb::from_bytes(&bytes).unwrap();
+    let l = m.layout();
+    // The table right after the header: one byte per matrix, padded to 64.
+    let tt = &l.tensors[l.type_table.unwrap()];
+    assert_eq!(
+        (tt.name.to_string().as_str(), tt.offset, tt.bytes),
+        ("type_table", 256, 16)
+    );
+    assert_eq!(Layout::type_table_offset(&h, &d), 256);
+    let codes: Vec<u8> = types.iter().map(|t| t.code() as u8).collect();
+    assert_eq!(&bytes[256..272], &codes[..]);
+    assert!(bytes[272..320].iter().all(|&b| b == 0));
+    assert_eq!(l.tensors[l.tok_emb].offset, 320);
+    assert_eq!(mat_types(l), types);
+    assert!(matches!(
+        l.find("layers.0.wk").unwrap().kind,
+        Kind::Mat {
+            wtype: F16,
+            d_bytes: 0,
+            ..
+        }
+    ));
+    assert!(matches!(
+        l.find("layers.1.wq").unwrap().kind,
+        Kind::Mat {
+            wtype: Q4_0,
+            d_bytes: 512,
+            ..
+        }
+    ));
+    assert!(m.mat_half(l.tok_emb).is_none());
+    assert!(m.mat_half(l.layers[0].w1).is_some());
+
+    // With layer flags, a shared classifier and linear layers: the table follows the
+    // flags, and counts tok_emb, 8 + 7 (+ wg) layer matrices and no wcls.
+    let mut h = mixed_header();
+    h.layer_flags = 1;
+    h.shared_classifier = 1;
+    h.attn_gate = 1;
+    h.scale_f16 = 1;
+    h.lin_k_heads = 2;
+    h.lin_v_heads = 4;
+    h.lin_k_dim = 16;
+    h.lin_v_dim = 16;
+    h.lin_conv = 4;
+    let flags = [layer_flag::LINEAR, 0];
+    let d = validate(&h).unwrap();
+    assert_eq!(Layout::matrix_count(&h, &d, &flags).unwrap(), 1 + 8 + 8);
+    assert_eq!(Layout::type_table_offset(&h, &d), 320);
+    let types: Vec<WType> = (0..17).map(|i| WType::ALL[i % 4]).collect();
+    let bytes = synth_mixed(&h, &flags, &types, 6);
+    let m = Mlb::from_bytes(&bytes).unwrap();
+    let l = m.layout();
+    assert_eq!(l.tensors[l.type_table.unwrap()].offset, 320);
+    assert_eq!(mat_types(l), types);
+    // lb (entry 3) takes the table's type like any matrix; f16 scales where there are scales.
+    assert!(matches!(
+        l.find("layers.0.lb").unwrap().kind,
+        Kind::Mat { wtype: F16, .. }
+    ));
+    assert!(matches!(
+        l.find("layers.0.lz").unwrap().kind,
+        Kind::Mat {
+            wtype: BF16,
+            d_bytes: 0,
+            ..
+        }
+    ));
+    match l.find("layers.0.lqkv").unwrap().kind {
+        Kind::Mat {
+            wtype,
+            rows,
+            cols,
+            d_bytes,
+            ..
+        } => {
+            assert_eq!(wtype, Q4_0);
+            assert_eq!(d_bytes, (rows * cols / 32 * 2) as u64);
+        }
+        _ => panic!(),
+    }
+}
+
+#[test]
+fn err_mixed_type_table() {
+    let h = mixed_header();
+    let types = vec![WType::BF16; 16];
+    let good = synth_mixed(&h, &[], &types, 7);
+    assert!(parse(&good).is_ok());
+    // An entry that is not a concrete type names the tensor.
+    for (entry, code, tensor) in [
+        (0, 0u8, "tok_emb"),
+        (3, 5, "layers.0.wv"),
+        (9, 128, "layers.1.wk"),
+        (15, 255, "wcls"),
+    ] {
+        let mut b = good.clone();
+        b[256 + entry] = code;
+        let e = parse(&b).unwrap_err();
+        assert_eq!(
+            (e.status, e.field.as_str()),
+            (Status::Format, tensor),
+            "{e}"
+        );
+        assert!(e.rule.contains(&format!("entry {entry}")), "{e}");
+    }
+    // An entry changed to a type of another size: the arrays no longer fit the file.
+    let mut b = good.clone();
+    b[256] = WType::Q8_0.code() as u8;
+    assert_eq!(parse(&b).unwrap_err().status, Status::Format);
+    // A file that ends inside the table (parse_limited: parse refuses so short a
+    // file for its layer count first).
+    let e = parse_limited(&good[..256 + 8], u64::MAX).unwrap_err();
+    assert_eq!((e.status, e.field.as_str()), (Status::Format, "type_table"));
+    // The writer wants one type per matrix, and a table only with wtype 128.
+    let e = MlbWriter::new_mixed(Vec::new(), &h, &[], &types[..15])
+        .err()
+        .unwrap();
+    assert!(e.to_string().contains("16 matrices"), "{e}");
+    assert!(MlbWriter::new(Vec::new(), &h, &[]).is_err());
+    let e = MlbWriter::new_mixed(Vec::new(), &tiny_header(), &[], &types)
+        .err()
+        .unwrap();
+    assert!(e.to_string().contains("wtype"), "{e}");
+    let d = validate(&h).unwrap();
+    let e = Layout::with_table(&tiny_header(), &d, &[], &[1, 2], u64::MAX).unwrap_err();
+    assert_eq!(e.field, "type_table");
+}
+
+#[test]
+fn mixed_file_holds_the_same_arrays_as_q8_mask() {
+    // A Q4_0 model with q8_mask and the mixed file with the same types: every array
+    // has the same bytes (only the header and the table differ).
+    let mut q4 = tiny_header();
+    q4.wtype = wtype::Q4_0;
+    q4.q8_mask = q8_class::WV | q8_class::TOK_EMB;
+    let a = Mlb::from_bytes(&valid_file(&q4, &[])).unwrap();
+    let types = mat_types(a.layout());
+    let b = Mlb::from_bytes(&synth_mixed(&mixed_header(), &[], &types, 7)).unwrap();
+    let (la, lb) = (a.layout(), b.layout());
+    let shift = lb.tensors[lb.tok_emb].offset - la.tensors[la.tok_emb].offset;
+    assert_eq!(shift, 64);
+    let arrays = |m: &Mlb, t: &super::layout::Tensor| {
+        m.bytes()[t.offset as usize..t.end() as usize].to_vec()
+    };
+    for (ta, tb) in la.tensors.iter().zip(lb.tensors.iter().skip(1)) {
+        assert_eq!(ta.name, tb.name);
+        assert_eq!(tb.offset, ta.offset + shift);
+        assert_eq!(arrays(&a, ta), arrays(&b, tb), "{}", ta.name);
+    }
+}
+
+#[test]
+fn layout_follows_the_geometry_alone() {
+    // A super-block type (256 weights per 144-byte block, scales inside, one array)
+    // needs nothing but its geometry: sizes, and columns in whole blocks (ML_E_SHAPE
+    // naming the tensor otherwise).
+    let name = TensorName {
+        layer: Some(3),
+        name: "w2",
+    };
+    let sb = Geometry {
+        block_weights: 256,
+        block_bytes: 144,
+        scale_array: false,
+    };
+    assert_eq!(
+        mat_bytes(name, "Q4_K", sb, 10, 512, false).unwrap(),
+        (10 * 2 * 144, 0)
+    );
+    let e = mat_bytes(name, "Q4_K", sb, 10, 576, false).unwrap_err();
+    assert_eq!((e.status, e.field.as_str()), (Status::Shape, "layers.3.w2"));
+    assert!(e.rule.contains("256"), "{e}");
+    assert_eq!(
+        mat_bytes(name, "Q8_0", WType::Q8_0.geometry(), 2, 64, true).unwrap(),
+        (128, 8)
+    );
+    assert!(mat_bytes(name, "X", sb, u64::MAX / 2, 512, false).is_err());
+}
+
+#[test]
+fn mutated_bf16_and_mixed_files_load_or_fail_with_a_status() {
+    // Every byte of the header, the layer flags and the type table set to edge values:
+    // the file loads (and every matrix can be read) or fails with a status, never a
+    // panic or an out-of-bounds read.
+    let bf16 = {
+        let mut h = tiny_header();
+        h.wtype = wtype::BF16;
+        (valid_file(&h, &[]), 256)
+    };
+    let mixed = {
+        let mut h = mixed_header();
+        h.layer_flags = 1;
+        h.scale_f16 = 1;
+        h.lin_k_heads = 2;
+        h.lin_v_heads = 4;
+        h.lin_k_dim = 16;
+        h.lin_v_dim = 16;
+        h.lin_conv = 4;
+        let flags = [layer_flag::LINEAR, 0];
+        let d = validate(&h).unwrap();
+        let n = Layout::matrix_count(&h, &d, &flags).unwrap();
+        let types: Vec<WType> = (0..n).map(|i| WType::ALL[(i * 3) % 4]).collect();
+        (synth_mixed(&h, &flags, &types, 9), 256 + 64 + n)
+    };
+    let (mut loaded, mut refused) = (0, 0);
+    for (good, end) in [bf16, mixed] {
+        assert!(parse(&good).is_ok());
+        for pos in 0..end {
+            for v in [0u8, 1, 2, 3, 4, 5, 0x7f, 0x80, 0xff, good[pos] ^ 1] {
+                let mut b = good.clone();
+                b[pos] = v;
+                let r = std::panic::catch_unwind(|| match Mlb::from_bytes(&b) {
+                    Ok(m) => {
+                        for (i, t) in m.layout().tensors.iter().enumerate() {
+                            if let Kind::Mat { rows, cols, .. } = t.kind {
+                                let mut row = vec![0f32; cols];
+                                m.mat(i).dequant_row(rows - 1, &mut row);
+                                if let Some(h) = m.mat_half(i) {
+                                    h.dequant_row(0, &mut row);
+                                }
+                            }
+                        }
+                        true
+                    }
+                    Err(e) => {
+                        assert_ne!(e.status, Status::Io);
+                        false
+                    }
+                });
+                match r {
+                    Ok(true) => loaded += 1,
+                    Ok(false) => refused += 1,
+                    Err(_) => panic!("byte {pos} = {v:#04x}: panicked"),
+                }
+            }
+        }
+    }
+    assert!(
+        loaded > 100 && refused > 100,
+        "{loaded} loaded, {refused} refused"
+    );
 }

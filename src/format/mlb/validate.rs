@@ -84,19 +84,7 @@ pub fn validate(h: &Header) -> Result<Dims> {
     if h.version != VERSION {
         return Err(format("version", h.version, "must be 1"));
     }
-    if h.wtype != wtype::Q8_0 && h.wtype != wtype::Q4_0 {
-        return Err(format("wtype", h.wtype, "must be 1 (Q8_0) or 2 (Q4_0)"));
-    }
-    if h.q8_mask & !q8_class::ALL != 0 {
-        return Err(format(
-            "q8_mask",
-            h.q8_mask,
-            "unknown class bits (above 64)",
-        ));
-    }
-    if h.wtype == wtype::Q8_0 && h.q8_mask != 0 {
-        return Err(format("q8_mask", h.q8_mask, "must be 0 in a Q8_0 model"));
-    }
+    validate_wtype(h)?;
     positive("rope_theta", h.rope_theta, "must be finite and > 0")?;
     nonneg_finite("norm_eps", h.norm_eps)?;
     validate_rope(h)?;
@@ -213,6 +201,42 @@ pub fn validate(h: &Header) -> Result<Dims> {
         lin_qkv,
         lin_v_total,
     })
+}
+
+/// `wtype` is a known type or mixed; `q8_mask` only in Q4_0 files; `scale_f16` only
+/// where some matrix has scales.
+fn validate_wtype(h: &Header) -> Result<()> {
+    let Some(name) = wtype::name(h.wtype) else {
+        let rule = if wtype::RESERVED.contains(&h.wtype) {
+            "reserved for weight types this reader does not know (5–31)"
+        } else {
+            "must be 1 (Q8_0), 2 (Q4_0), 3 (BF16), 4 (F16) or 128 (mixed)"
+        };
+        return Err(format("wtype", h.wtype, rule));
+    };
+    if h.q8_mask & !q8_class::ALL != 0 {
+        return Err(format(
+            "q8_mask",
+            h.q8_mask,
+            "unknown class bits (above 64)",
+        ));
+    }
+    if h.wtype != wtype::Q4_0 && h.q8_mask != 0 {
+        let rule = if h.wtype == wtype::MIXED {
+            "must be 0 in a mixed model (its type table gives every matrix's type)".to_string()
+        } else {
+            format!("must be 0 in a {name} model")
+        };
+        return Err(format("q8_mask", h.q8_mask, rule.as_str()));
+    }
+    if (h.wtype == wtype::BF16 || h.wtype == wtype::F16) && h.scale_f16 != 0 {
+        return Err(format(
+            "scale_f16",
+            h.scale_f16,
+            &format!("must be 0 in a {name} model (it stores no scales)"),
+        ));
+    }
+    Ok(())
 }
 
 fn validate_rope(h: &Header) -> Result<()> {

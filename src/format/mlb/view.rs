@@ -5,7 +5,7 @@ use std::borrow::Cow;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 
-use super::header::{Header, HEADER_SIZE};
+use super::header::{wtype, Header, HEADER_SIZE};
 use super::layout::{Kind, Layout};
 use super::validate::{validate, validate_layer_flags, Dims};
 use crate::format::error::{FormatError, Result};
@@ -80,9 +80,10 @@ pub fn parse_limited(bytes: &[u8], limit: u64) -> Result<Parsed> {
         &[]
     };
     validate_layer_flags(&header, flags)?;
+    let table = type_table(bytes, &header, &dims, flags)?;
     // Check the implied size before allocating anything per layer: a header that
     // claims 65536 layers of 2^24 × 65536 must fail here, cheaply.
-    let end = Layout::end_offset(&header, &dims, flags, limit)?;
+    let end = Layout::end_offset(&header, &dims, flags, table, limit)?;
     if end > bytes.len() as u64 {
         return Err(FormatError::format(
             "file",
@@ -90,7 +91,7 @@ pub fn parse_limited(bytes: &[u8], limit: u64) -> Result<Parsed> {
             format!("shorter than the {end} bytes the header implies"),
         ));
     }
-    let layout = Layout::with_limit(&header, &dims, flags, limit)?;
+    let layout = Layout::with_table(&header, &dims, flags, table, limit)?;
     check_q8_quants(bytes, &layout)?;
     let flags = if flags.is_empty() {
         vec![0; dims.n_layers]
@@ -102,6 +103,23 @@ pub fn parse_limited(bytes: &[u8], limit: u64) -> Result<Parsed> {
         dims,
         flags,
         layout,
+    })
+}
+
+/// A mixed file's type table (empty for any other `wtype`): one byte per matrix, after
+/// the layer flags. Its entries are checked as the layout is placed, naming the tensor.
+fn type_table<'a>(bytes: &'a [u8], h: &Header, d: &Dims, flags: &[u8]) -> Result<&'a [u8]> {
+    if h.wtype != wtype::MIXED {
+        return Ok(&[]);
+    }
+    let n = Layout::matrix_count(h, d, flags)?;
+    let at = Layout::type_table_offset(h, d) as usize;
+    bytes.get(at..at + n).ok_or_else(|| {
+        FormatError::format(
+            "type_table",
+            format!("{} bytes", bytes.len()),
+            format!("file too short for the {n}-entry type table at offset {at}"),
+        )
     })
 }
 
@@ -128,22 +146,47 @@ fn check_q8_quants(bytes: &[u8], layout: &Layout) -> Result<()> {
     Ok(())
 }
 
-/// A quantized matrix view: quants and f32 scales.
+/// A matrix as stored: its blocks and f32 scales.
 #[derive(Debug, Clone, Copy)]
 pub struct MatRef<'a> {
     pub wtype: WType,
     pub rows: usize,
     pub cols: usize,
-    /// Q8_0: rows × cols int8 (as bytes); Q4_0: rows × cols / 2 bytes.
+    /// Q8_0: rows × cols int8 (as bytes); Q4_0: rows × cols / 2 bytes; BF16, F16:
+    /// rows × cols 2-byte floats, little-endian (see [`Mlb::mat_half`] for a `&[u16]`).
     pub q: &'a [u8],
-    /// rows × cols / 32 scales.
+    /// rows × cols / 32 scales (empty for a type without scales).
     pub d: &'a [f32],
 }
 
 impl MatRef<'_> {
-    /// Dequantizes row `r` into `out` (cols floats): w = q × d.
+    /// Dequantizes row `r` into `out` (cols floats): w = q × d, or the 2-byte floats
+    /// widened to f32 (exact).
     pub fn dequant_row(&self, r: usize, out: &mut [f32]) {
         crate::quant::dequant_row(self.wtype, self.q, self.d, self.cols, r, out)
+    }
+}
+
+/// A BF16 or F16 matrix: `rows × cols` 2-byte floats (their bits), row-major, borrowed
+/// from the file (64-byte aligned).
+#[derive(Debug, Clone, Copy)]
+pub struct HalfRef<'a> {
+    /// [`WType::BF16`] or [`WType::F16`].
+    pub wtype: WType,
+    pub rows: usize,
+    pub cols: usize,
+    pub w: &'a [u16],
+}
+
+impl<'a> HalfRef<'a> {
+    /// Row `r`'s bits.
+    pub fn row(&self, r: usize) -> &'a [u16] {
+        &self.w[r * self.cols..(r + 1) * self.cols]
+    }
+
+    /// Row `r` widened to f32 (exact).
+    pub fn dequant_row(&self, r: usize, out: &mut [f32]) {
+        crate::quant::half_float::widen(self.wtype, self.row(r), out)
     }
 }
 
@@ -314,7 +357,7 @@ impl Mlb {
         }
     }
 
-    /// The quantized matrix of tensor `idx`.
+    /// The matrix of tensor `idx` as stored: blocks and (f32) scales.
     pub fn mat(&self, idx: usize) -> MatRef<'_> {
         let (wtype, rows, cols, q) = self.mat_quants(idx);
         let raw = self.scale_bytes(idx);
@@ -341,7 +384,39 @@ impl Mlb {
         }
     }
 
-    /// Type, rows, cols and quants of matrix `idx`, without touching its scales.
+    /// The storage type of tensor `idx`, or `None` when it is not a matrix.
+    pub fn mat_type(&self, idx: usize) -> Option<WType> {
+        match self.parsed.layout.tensors[idx].kind {
+            Kind::Mat { wtype, .. } => Some(wtype),
+            _ => None,
+        }
+    }
+
+    /// Tensor `idx` as a BF16 or F16 matrix (zero-copy), or `None` when it is not one.
+    pub fn mat_half(&self, idx: usize) -> Option<HalfRef<'_>> {
+        if !self.mat_type(idx)?.is_half() {
+            return None;
+        }
+        let (wtype, rows, cols, raw) = self.mat_quants(idx);
+        // SAFETY: every bit pattern is a valid u16; align_to yields only the aligned
+        // middle (arrays are 64-aligned in a page- or 8-aligned buffer, so all of it,
+        // and big-endian hosts are refused at load).
+        let (pre, w, post) = unsafe { raw.align_to::<u16>() };
+        assert!(
+            pre.is_empty() && post.is_empty(),
+            "unaligned {wtype} matrix {}",
+            self.parsed.layout.tensors[idx].name
+        );
+        Some(HalfRef {
+            wtype,
+            rows,
+            cols,
+            w,
+        })
+    }
+
+    /// Type, rows, cols and blocks (quants, or 2-byte floats) of matrix `idx`, without
+    /// touching its scales.
     pub fn mat_quants(&self, idx: usize) -> (WType, usize, usize, &[u8]) {
         let t = &self.parsed.layout.tensors[idx];
         let Kind::Mat {
@@ -370,9 +445,10 @@ impl Mlb {
         &self.bytes()[d_offset as usize..(d_offset + d_bytes) as usize]
     }
 
-    /// The f16 scales of matrix `idx` as stored (bits), when the file has f16 scales.
+    /// The f16 scales of matrix `idx` as stored (bits), when the file has f16 scales
+    /// and the matrix's type has scales.
     pub fn mat_f16(&self, idx: usize) -> Option<&[u16]> {
-        if self.f16_scales.is_empty() {
+        if self.f16_scales.is_empty() || !self.mat_type(idx).is_some_and(WType::has_scales) {
             return None;
         }
         let raw = self.scale_bytes(idx);
@@ -412,6 +488,9 @@ impl Mlb {
             (t.offset + r0 * qrow, (r1 - r0) * qrow),
             (d_offset + r0 * drow, (r1 - r0) * drow),
         ] {
+            if len == 0 {
+                continue; // no scale array
+            }
             let (off, len) = (off.saturating_sub(MARGIN), len + off.min(MARGIN));
             // SAFETY: a read-only shared file map: MADV_DONTNEED only drops page-table
             // entries, and the next access reads the same bytes from the page cache.

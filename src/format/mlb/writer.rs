@@ -4,7 +4,7 @@
 
 use std::io::Write;
 
-use super::header::{Header, HEADER_SIZE};
+use super::header::{wtype, Header, HEADER_SIZE};
 use super::layout::{Kind, Layout, Tensor, ALIGN};
 use super::validate::{validate, validate_layer_flags, Dims};
 use crate::format::error::FormatError;
@@ -65,8 +65,38 @@ const ZEROS: [u8; ALIGN as usize] = [0; ALIGN as usize];
 
 impl<W: Write> MlbWriter<W> {
     /// Validates `header` and `flags` (one byte per layer when `layer_flags` is set)
-    /// and writes the header and the layer flags.
+    /// and writes the header and the layer flags. For a mixed header (`wtype` 128) use
+    /// [`MlbWriter::new_mixed`].
     pub fn new(out: W, header: &Header, flags: &[u8]) -> std::result::Result<Self, WriteError> {
+        Self::create(out, header, flags, &[])
+    }
+
+    /// [`MlbWriter::new`] for a mixed header: `types` gives every matrix's type in
+    /// array order ([`Layout::matrix_count`] of them); written as the type table.
+    pub fn new_mixed(
+        out: W,
+        header: &Header,
+        flags: &[u8],
+        types: &[WType],
+    ) -> std::result::Result<Self, WriteError> {
+        if header.wtype != wtype::MIXED {
+            return Err(FormatError::format(
+                "wtype",
+                header.wtype,
+                "a type table needs wtype 128 (mixed)",
+            )
+            .into());
+        }
+        let table: Vec<u8> = types.iter().map(|t| t.code() as u8).collect();
+        Self::create(out, header, flags, &table)
+    }
+
+    fn create(
+        out: W,
+        header: &Header,
+        flags: &[u8],
+        table: &[u8],
+    ) -> std::result::Result<Self, WriteError> {
         let dims = validate(header)?;
         let want = if header.layer_flags != 0 {
             dims.n_layers
@@ -82,7 +112,18 @@ impl<W: Write> MlbWriter<W> {
             .into());
         }
         validate_layer_flags(header, flags)?;
-        let layout = Layout::new(header, &dims, flags)?;
+        if header.wtype == wtype::MIXED {
+            let n = Layout::matrix_count(header, &dims, flags)?;
+            if table.len() != n {
+                return Err(FormatError::format(
+                    "type_table",
+                    format!("{} entries", table.len()),
+                    format!("the model has {n} matrices"),
+                )
+                .into());
+            }
+        }
+        let layout = Layout::with_table(header, &dims, flags, table, usize::MAX as u64)?;
         let scale_f16 = header.scale_f16 != 0;
         let mut w = MlbWriter {
             out,
@@ -96,8 +137,12 @@ impl<W: Write> MlbWriter<W> {
         w.raw(&header.encode())?;
         debug_assert_eq!(w.pos, HEADER_SIZE as u64);
         if header.layer_flags != 0 {
-            w.next = 1;
+            w.next += 1;
             w.array(flags)?;
+        }
+        if header.wtype == wtype::MIXED {
+            w.next += 1;
+            w.array(table)?;
         }
         Ok(w)
     }
@@ -264,6 +309,15 @@ impl<W: Write> MlbWriter<W> {
             )
             .into());
         }
+        let want = m.rows.checked_mul(wtype.row_bytes(cols));
+        if want != Some(m.q.len()) {
+            return Err(FormatError::shape(
+                name,
+                format!("{} bytes", m.q.len()),
+                format!("{} rows of {} need {want:?}", m.rows, wtype.name()),
+            )
+            .into());
+        }
         if m.wtype == WType::Q8_0 && memchr::memchr(0x80, &m.q).is_some() {
             return Err(FormatError::format(name, -128, "Q8_0 quant -128 cannot be stored").into());
         }
@@ -271,6 +325,26 @@ impl<W: Write> MlbWriter<W> {
     }
 
     fn scale_bytes(&self, t: &Tensor, m: &QuantMat) -> std::result::Result<Vec<u8>, WriteError> {
+        if !m.wtype.has_scales() {
+            if !m.d.is_empty() {
+                return Err(FormatError::format(
+                    t.name.to_string(),
+                    format!("{} scales", m.d.len()),
+                    format!("{} stores no scales", m.wtype.name()),
+                )
+                .into());
+            }
+            return Ok(Vec::new());
+        }
+        let nb = m.rows * (m.cols / m.wtype.block_weights());
+        if m.d.len() != nb {
+            return Err(FormatError::shape(
+                t.name.to_string(),
+                format!("{} scales", m.d.len()),
+                format!("{} rows of {} need {nb}", m.rows, m.wtype.name()),
+            )
+            .into());
+        }
         Ok(match (&m.d, self.scale_f16) {
             (Scales::F32(d), false) => d.iter().flat_map(|v| v.to_le_bytes()).collect(),
             (Scales::F16(d), true) => d.iter().flat_map(|v| v.to_le_bytes()).collect(),
