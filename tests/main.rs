@@ -7,5 +7,6 @@ mod kernels;
 mod real;
 mod reliability;
 mod run;
+mod session;
 mod tokenizer;
 mod util;
