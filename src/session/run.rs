@@ -471,3 +471,98 @@ pub fn run(o: &RunOptions, fe: &mut dyn Frontend) -> Result<Outcome, RunError> {
         delta_bytes: s.state().delta_bytes(),
     }))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn options_are_checked_before_any_file_is_read() {
+        let ok = RunOptions::new("/nonexistent/m.mlb");
+        assert!(ok.validate().is_ok());
+        let mut o = ok.clone();
+        o.threads = Some(0);
+        let e = o.validate().unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "--threads = 0: at least one thread is needed"
+        );
+        let mut o = ok.clone();
+        o.sampling.temp = -1.0;
+        assert_eq!(
+            o.validate().unwrap_err().to_string(),
+            "--temp = -1: must be a finite number ≥ 0 (0 is greedy)"
+        );
+        let mut o = ok.clone();
+        o.sampling.top_p = 0.0;
+        assert_eq!(
+            o.validate().unwrap_err().to_string(),
+            "--top-p = 0: must be in (0, 1]"
+        );
+        let mut o = ok.clone();
+        o.measure = Some(Measure {
+            chunks: Some(0),
+            ..Measure::new(measure::Mode::Perplexity)
+        });
+        assert_eq!(
+            o.validate().unwrap_err().to_string(),
+            "--chunks = 0: give a number of chunks of at least 1"
+        );
+        o.measure = Some(Measure::new(measure::Mode::Imatrix {
+            output: "x.mli".into(),
+            save_every: Some(0),
+        }));
+        assert!(matches!(
+            o.validate(),
+            Err(RunError::BadOption {
+                name: "--save-every",
+                ..
+            })
+        ));
+        // The run refuses before it opens the model.
+        struct Null;
+        impl Frontend for Null {
+            fn text(&mut self, _: &str) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        assert!(matches!(
+            run(&o, &mut Null),
+            Err(RunError::BadOption { .. })
+        ));
+        assert!(matches!(
+            run(&ok, &mut Null),
+            Err(RunError::Session(SessionError::Format(_)))
+        ));
+        assert_eq!(run(&ok, &mut Null).unwrap_err().exit_code(), 1);
+    }
+
+    #[test]
+    fn summary_lines() {
+        let s = Summary {
+            prompt_tokens: 3,
+            prompt_secs: 0.5,
+            generated: 4,
+            gen_secs: 0.0,
+            stop: StopReason::StopId(2),
+            peak_rss_kib: Some(2048),
+            kv_bytes: 1 << 20,
+            ctx: 64,
+            delta_bytes: 0,
+        };
+        assert_eq!(
+            s.to_string(),
+            "prompt: 3 tokens in 0.500 s (6.0 tok/s); generated: 4 tokens in 0.000 s (- tok/s) (EOS)\n\
+             memory: peak RSS 2.0 MiB; KV cache 1.0 MiB (64 positions)"
+        );
+        let s = Summary {
+            stop: StopReason::ContextFull,
+            peak_rss_kib: None,
+            delta_bytes: 3 << 19,
+            ..s
+        };
+        let t = s.to_string();
+        assert!(t.contains("(context full)\nmemory: peak RSS ?;"), "{t}");
+        assert!(t.ends_with("; linear-attention state 1.5 MiB"), "{t}");
+    }
+}

@@ -150,7 +150,10 @@ impl<'e> Session<'e> {
     /// Encodes `text` and feeds it; the tokenizer's BOS only at position 0.
     pub fn feed_text(&mut self, text: &str) -> Result<&[f32], SessionError> {
         let mut ids = self.engine.encode(text)?;
-        if self.pos() > 0 && self.engine.bos_added().is_some() {
+        if self.pos() > 0
+            && ids.first().is_some()
+            && ids.first() == self.engine.bos_added().as_ref()
+        {
             ids.remove(0);
         }
         self.feed(&ids)
