@@ -151,8 +151,9 @@ impl<'e> Session<'e> {
     pub fn feed_text(&mut self, text: &str) -> Result<&[f32], SessionError> {
         let mut ids = self.engine.encode(text)?;
         if self.pos() > 0
-            && ids.first().is_some()
-            && ids.first() == self.engine.bos_added().as_ref()
+            && ids
+                .first()
+                .is_some_and(|&f| Some(f) == self.engine.bos_added())
         {
             ids.remove(0);
         }
