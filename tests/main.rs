@@ -8,5 +8,7 @@ mod real;
 mod reliability;
 mod run;
 mod session;
+#[cfg(unix)]
+mod signals;
 mod tokenizer;
 mod util;
