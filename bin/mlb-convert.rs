@@ -8,7 +8,7 @@
 use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 
 use clap::{Parser, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -73,35 +73,10 @@ fn parse_q8(s: &str) -> Result<u32, String> {
 /// Set by SIGINT / SIGTERM; polled by the converter between row chunks.
 static STOP: AtomicBool = AtomicBool::new(false);
 
-#[cfg(unix)]
-mod signals {
-    use super::{Ordering, STOP};
-
-    extern "C" {
-        fn signal(sig: i32, handler: usize) -> usize;
-    }
-
-    extern "C" fn on_signal(_: i32) {
-        // An atomic store is async-signal-safe.
-        STOP.store(true, Ordering::Relaxed);
-    }
-
-    /// Routes SIGINT (2) and SIGTERM (15) to the stop flag.
-    pub fn install() {
-        let h = on_signal as extern "C" fn(i32) as usize;
-        // SAFETY: `signal` from the C library, with a handler that only stores an atomic.
-        unsafe {
-            signal(2, h);
-            signal(15, h);
-        }
-    }
-}
-
 fn main() -> ExitCode {
     krafla::cli::default_sigpipe();
     let cli = Cli::parse();
-    #[cfg(unix)]
-    signals::install();
+    krafla::signals::stop_on_interrupt(&STOP);
 
     let opts = Options {
         input: cli.checkpoint,

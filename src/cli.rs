@@ -4,19 +4,12 @@
 //! tools print through [`out!`](crate::out) and [`outln!`](crate::outln) instead: a write
 //! error ends the process with one line on stderr and exit status 1, and after
 //! [`default_sigpipe`] a closed pipe ends it quietly, as it does C tools
-//! (`mlb-inspect f.mlb | head`).
+//! (`mlb-inspect f.mlb | head`). Their signals: [`crate::signals`].
 
 use std::io::Write;
 
-/// Makes writing to a closed pipe end the process quietly (Rust ignores SIGPIPE by
-/// default, which turns it into an EPIPE error). Called first thing by every binary.
-pub fn default_sigpipe() {
-    #[cfg(unix)]
-    // SAFETY: setting a signal's disposition to its default has no preconditions.
-    unsafe {
-        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
-    }
-}
+/// Makes writing to a closed pipe end the process quietly; see [`crate::signals`].
+pub use crate::signals::default_sigpipe;
 
 /// Writes `s` to stdout and flushes; on an error prints `PROGRAM: stdout: ERROR` and
 /// exits with status 1.

@@ -1,8 +1,8 @@
 //! Krafla: run open LLM weights on plain CPUs.
 //!
 //! The core shared by the four tools: the `.mlb` / `.mlt` / `.mli` formats, the
-//! quantizers, the SIMD kernels, the model runtime, the BPE tokenizer and the
-//! Hugging Face checkpoint converter.
+//! quantizers, the SIMD kernels, the model runtime and its session API, the BPE
+//! tokenizer and the Hugging Face checkpoint converter.
 
 pub mod atomic;
 pub mod convert;
@@ -11,6 +11,8 @@ pub mod inspect;
 pub mod kernels;
 pub mod model;
 pub mod quant;
+pub mod session;
+pub mod signals;
 pub mod tokenizer;
 
 pub mod cli;

@@ -7,5 +7,8 @@ mod kernels;
 mod real;
 mod reliability;
 mod run;
+mod session;
+#[cfg(unix)]
+mod signals;
 mod tokenizer;
 mod util;

@@ -178,6 +178,23 @@ impl State {
             d.reset();
         }
     }
+
+    /// Per layer: the KV cache or the linear-attention state (for the session's
+    /// snapshots, `crate::session`).
+    pub(crate) fn layer_states(&self) -> (&[Option<LayerCache>], &[Option<DeltaState>]) {
+        (&self.caches, &self.delta)
+    }
+
+    /// [`State::layer_states`], writable, with the position.
+    pub(crate) fn layer_states_mut(
+        &mut self,
+    ) -> (
+        &mut usize,
+        &mut [Option<LayerCache>],
+        &mut [Option<DeltaState>],
+    ) {
+        (&mut self.pos, &mut self.caches, &mut self.delta)
+    }
 }
 
 /// Dot product with 8 partial sums in a fixed order: element `i` of each group of 8

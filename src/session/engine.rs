@@ -1,0 +1,198 @@
+//! [`Engine`]: what every session of a model shares, loaded once: the mapped file, the
+//! packed weights, the [`Model`] that borrows them, and the tokenizer.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use self_cell::self_cell;
+
+use super::{Session, SessionError};
+use crate::format::mlb::Mlb;
+use crate::kernels;
+use crate::model::{Config, Model, Options, Packs};
+use crate::tokenizer::Tokenizer;
+
+/// Where the tokenizer comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TokenizerSource {
+    /// The `.mlt` of the same name beside the model, if there is one.
+    Beside,
+    /// This file (it must load).
+    File(PathBuf),
+    /// None: ids in, ids out.
+    None,
+}
+
+/// How [`Engine::load`] loads a model.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LoadOptions {
+    pub model: PathBuf,
+    pub tokenizer: TokenizerSource,
+    /// Pack the matrices for the active kernel tier's packed kernels (same results,
+    /// faster where the tier has them; see docs/kernels.md, "Packed weights").
+    pub pack: bool,
+}
+
+impl LoadOptions {
+    /// `model` with the tokenizer beside it, packed.
+    pub fn new(model: impl Into<PathBuf>) -> LoadOptions {
+        LoadOptions {
+            model: model.into(),
+            tokenizer: TokenizerSource::Beside,
+            pack: true,
+        }
+    }
+}
+
+/// The file and the packed copies that the model borrows.
+struct Files {
+    mlb: Mlb,
+    packs: Packs,
+}
+
+self_cell!(
+    struct Loaded {
+        owner: Files,
+        #[covariant]
+        dependent: Model,
+    }
+);
+
+/// Tells engines apart, so that a snapshot is only restored into a session of its own.
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+
+/// A loaded model and its tokenizer: shared, read-only, by every [`Session`] made
+/// from it (`Send + Sync`: sessions on several threads may share one engine).
+pub struct Engine {
+    loaded: Loaded,
+    tokenizer: Option<Tokenizer>,
+    id: u64,
+}
+
+impl Engine {
+    /// Maps and validates the model, packs it (with `pack`), loads the tokenizer.
+    pub fn load(o: &LoadOptions) -> Result<Engine, SessionError> {
+        let mlb = Mlb::open(&o.model).map_err(SessionError::Format)?;
+        let packs = if o.pack {
+            Packs::new(&mlb, &kernels::kernels()).map_err(SessionError::Format)?
+        } else {
+            Packs::none()
+        };
+        let (path, explicit) = match &o.tokenizer {
+            TokenizerSource::Beside => (o.model.with_extension("mlt"), false),
+            TokenizerSource::File(p) => (p.clone(), true),
+            TokenizerSource::None => (PathBuf::new(), false),
+        };
+        let engine = Engine::new(mlb, packs, None)?;
+        let tokenizer = if explicit || (o.tokenizer == TokenizerSource::Beside && path.exists()) {
+            Some(Tokenizer::from_path(&path).map_err(SessionError::Tokenizer)?)
+        } else {
+            None
+        };
+        engine.with_tokenizer(tokenizer, Some(&path))
+    }
+
+    /// An engine over an opened file and its packed copies (e.g. an in-memory file in
+    /// tests, with [`Packs::none`]), without a tokenizer.
+    pub fn new(
+        mlb: Mlb,
+        packs: Packs,
+        tokenizer: Option<Tokenizer>,
+    ) -> Result<Engine, SessionError> {
+        let loaded = Loaded::try_new(Files { mlb, packs }, |f| {
+            Model::with_packs(&f.mlb, &f.packs)
+        })
+        .map_err(SessionError::Model)?;
+        Engine {
+            loaded,
+            tokenizer: None,
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+        }
+        .with_tokenizer(tokenizer, None)
+    }
+
+    /// Sets the tokenizer, refusing one with more tokens than the model's vocabulary.
+    fn with_tokenizer(
+        mut self,
+        tokenizer: Option<Tokenizer>,
+        path: Option<&Path>,
+    ) -> Result<Engine, SessionError> {
+        if let Some(t) = &tokenizer {
+            let vocab = self.config().vocab;
+            if t.n_vocab() > vocab {
+                return Err(SessionError::TokenizerTooLarge {
+                    path: path.map(Path::to_path_buf),
+                    n_vocab: t.n_vocab(),
+                    vocab,
+                });
+            }
+        }
+        self.tokenizer = tokenizer;
+        Ok(self)
+    }
+
+    pub fn model(&self) -> &Model<'_> {
+        self.loaded.borrow_dependent()
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.model().cfg
+    }
+
+    /// The validated file (also for [`Mlb::check_unchanged`]).
+    pub fn mlb(&self) -> &Mlb {
+        &self.loaded.borrow_owner().mlb
+    }
+
+    /// Bytes of the packed copies (0 when nothing was packed).
+    pub fn packed_bytes(&self) -> usize {
+        self.loaded.borrow_owner().packs.bytes()
+    }
+
+    pub fn tokenizer(&self) -> Option<&Tokenizer> {
+        self.tokenizer.as_ref()
+    }
+
+    /// The ids that end a generation: the tokenizer's EOS, if it names one. With no
+    /// EOS known the set is empty and generation stops only at its length or a full
+    /// context (no id is guessed: in byte-level vocabularies a small id such as 2 is an
+    /// ordinary token).
+    pub fn stop_ids(&self) -> Vec<u32> {
+        self.tokenizer.iter().filter_map(Tokenizer::eos).collect()
+    }
+
+    /// The BOS id when the tokenizer puts one before every text it encodes.
+    pub fn bos_added(&self) -> Option<u32> {
+        let t = self.tokenizer.as_ref()?;
+        t.bos().filter(|b| t.encode("").first() == Some(b))
+    }
+
+    /// `text` as ids (with the BOS the tokenizer adds, if any).
+    pub fn encode(&self, text: &str) -> Result<Vec<u32>, SessionError> {
+        let t = self.tokenizer.as_ref().ok_or(SessionError::NoTokenizer)?;
+        Ok(t.encode(text))
+    }
+
+    /// A new sequence over this model: its own KV caches and linear-attention state,
+    /// sized by `opts` (see [`Options`]).
+    pub fn session(&self, opts: &Options) -> Result<Session<'_>, SessionError> {
+        Session::new(self, opts)
+    }
+
+    pub(crate) fn id(&self) -> u64 {
+        self.id
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_engine_is_shared_across_threads() {
+        fn send_sync<T: Send + Sync>() {}
+        fn send<T: Send>() {}
+        send_sync::<Engine>();
+        send::<Session<'static>>();
+    }
+}

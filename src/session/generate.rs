@@ -1,0 +1,250 @@
+//! Generation: sample a token from the session's logits, decide whether to stop, feed
+//! it, again. [`Generator`] is one step of that loop, so that a caller can run the
+//! steps of several sessions together (a server's batch); [`super::Session::generate`]
+//! is the loop for one.
+//!
+//! A step samples `id` ([`Sampler::sample_with`], penalties over the session's ids),
+//! then, in this order:
+//! 1. `id` in `stop_ids`: stop (`StopId`); its text is not given out;
+//! 2. its text (the tokenizer's stream decoder: only complete UTF-8; without a
+//!    tokenizer, the id in decimal, space-separated) joins any held-back text; a
+//!    complete stop string ends the text before it (`StopString`); text that could
+//!    still become a stop string is held back;
+//! 3. `max_tokens` sampled: stop (`Length`); the context full: stop (`ContextFull`).
+//!
+//! Otherwise the caller feeds `id` and steps again. The last sampled token is never
+//! fed (nothing needs its logits).
+
+use super::{Engine, Session, SessionError};
+use crate::model::sampler::{Logprobs, Sampler, SamplerOpts};
+use crate::tokenizer::StreamDecoder;
+
+/// mlb-run's `-n` default.
+pub const DEFAULT_MAX_TOKENS: usize = 128;
+
+/// How to generate: length, sampling, stops.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GenerateOptions {
+    /// Most tokens sampled (a stop id included).
+    pub max_tokens: usize,
+    pub sampling: SamplerOpts,
+    /// Ids that end the generation ([`Engine::stop_ids`]: the tokenizer's EOS). Empty:
+    /// only the length and the context end it.
+    pub stop_ids: Vec<u32>,
+    /// Texts that end the generation; the text given out stops before them.
+    pub stop_strings: Vec<String>,
+}
+
+impl Default for GenerateOptions {
+    fn default() -> Self {
+        GenerateOptions {
+            max_tokens: DEFAULT_MAX_TOKENS,
+            sampling: SamplerOpts::default(),
+            stop_ids: Vec::new(),
+            stop_strings: Vec::new(),
+        }
+    }
+}
+
+/// Why a generation ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StopReason {
+    /// A stop id was sampled (this one).
+    StopId(u32),
+    /// The stop string of this index in `stop_strings` appeared.
+    StopString(usize),
+    /// `max_tokens` were sampled.
+    Length,
+    /// The session's context is full.
+    ContextFull,
+    /// The caller ended it.
+    Cancelled,
+}
+
+/// One sampled token.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Step {
+    pub id: u32,
+    /// The text it completes (maybe empty: an incomplete character or a possible stop
+    /// string held back, or a stop id).
+    pub text: String,
+    pub logprobs: Option<Logprobs>,
+    /// Set on the last step.
+    pub stop: Option<StopReason>,
+}
+
+/// A finished generation.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Generation {
+    /// Every sampled id, a stop id included.
+    pub tokens: Vec<u32>,
+    /// The whole text (the steps' texts, then `tail`).
+    pub text: String,
+    /// Text no step gave out: bytes the decoder held back (incomplete UTF-8 becomes
+    /// U+FFFD) or the start of a stop string that never completed.
+    pub tail: String,
+    pub stop: StopReason,
+}
+
+/// The state of one generation between steps.
+pub struct Generator<'e> {
+    opts: GenerateOptions,
+    sampler: Sampler,
+    dec: Option<StreamDecoder<'e>>,
+    /// Text held back: it could be the start of a stop string.
+    held: String,
+    tokens: Vec<u32>,
+    text: String,
+    stop: Option<StopReason>,
+}
+
+/// The first complete stop string in `text`: (byte offset, index).
+fn first_stop(text: &str, stops: &[String]) -> Option<(usize, usize)> {
+    stops
+        .iter()
+        .enumerate()
+        .filter_map(|(k, s)| text.find(s.as_str()).map(|at| (at, k)))
+        .min()
+}
+
+/// Where the longest suffix of `text` that could begin a stop string starts
+/// (`text.len()` if none).
+fn partial_stop(text: &str, stops: &[String]) -> usize {
+    text.char_indices()
+        .map(|(i, _)| i)
+        .find(|&i| stops.iter().any(|s| s.starts_with(&text[i..])))
+        .unwrap_or(text.len())
+}
+
+impl<'e> Generator<'e> {
+    /// Checks `opts` (sampling ranges, logit-bias ids, non-empty stop strings).
+    pub fn new(engine: &'e Engine, opts: GenerateOptions) -> Result<Generator<'e>, SessionError> {
+        opts.sampling
+            .validate(Some(engine.config().vocab))
+            .map_err(SessionError::Sampling)?;
+        if opts.stop_strings.iter().any(String::is_empty) {
+            return Err(SessionError::BadOption {
+                name: "stop",
+                value: "\"\"".into(),
+                rule: "a stop string cannot be empty",
+            });
+        }
+        Ok(Generator {
+            sampler: Sampler::new(opts.sampling.clone()),
+            dec: engine.tokenizer().map(|t| t.stream_decoder()),
+            held: String::new(),
+            tokens: Vec::new(),
+            text: String::new(),
+            stop: (opts.max_tokens == 0).then_some(StopReason::Length),
+            opts,
+        })
+    }
+
+    /// Whether the generation has ended.
+    pub fn done(&self) -> bool {
+        self.stop.is_some()
+    }
+
+    /// Samples the next token from `s`'s logits (see the module docs). When the step
+    /// does not stop, the caller feeds its id to `s` before the next step.
+    pub fn step(&mut self, s: &Session) -> Result<Step, SessionError> {
+        if self.stop.is_some() {
+            return Err(SessionError::Finished);
+        }
+        let logits = s.logits().ok_or(SessionError::NoLogits)?;
+        let i = self.tokens.len();
+        let sampled = self.sampler.sample_with(logits, s.tokens());
+        let id = sampled.id;
+        self.tokens.push(id);
+        let (text, stop) = if self.opts.stop_ids.contains(&id) {
+            (String::new(), Some(StopReason::StopId(id)))
+        } else {
+            let piece = match self.dec.as_mut() {
+                Some(d) => d.push(id),
+                None => format!("{}{id}", if i > 0 { " " } else { "" }),
+            };
+            let (text, hit) = self.cut(&piece);
+            let stop = if let Some(k) = hit {
+                Some(StopReason::StopString(k))
+            } else if i + 1 == self.opts.max_tokens {
+                Some(StopReason::Length)
+            } else if s.pos() >= s.ctx() {
+                Some(StopReason::ContextFull)
+            } else {
+                None
+            };
+            (text, stop)
+        };
+        self.text.push_str(&text);
+        self.stop = stop;
+        Ok(Step {
+            id,
+            text,
+            logprobs: sampled.logprobs,
+            stop,
+        })
+    }
+
+    /// Adds `piece` to the held text; returns what can be given out and, when a stop
+    /// string is complete, its index (the text then ends before it).
+    fn cut(&mut self, piece: &str) -> (String, Option<usize>) {
+        let stops = &self.opts.stop_strings;
+        if stops.is_empty() {
+            return (piece.to_string(), None);
+        }
+        self.held.push_str(piece);
+        if let Some((at, k)) = first_stop(&self.held, stops) {
+            let out = self.held[..at].to_string();
+            self.held.clear();
+            return (out, Some(k));
+        }
+        let keep = partial_stop(&self.held, stops);
+        let out = self.held[..keep].to_string();
+        self.held.drain(..keep);
+        (out, None)
+    }
+
+    /// Ends the generation now (`Cancelled`), unless it has ended.
+    pub fn cancel(&mut self) {
+        self.stop.get_or_insert(StopReason::Cancelled);
+    }
+
+    /// The result: the ids, the text, the tail and why it ended.
+    pub fn finish(mut self) -> Generation {
+        let mut tail = String::new();
+        if !matches!(self.stop, Some(StopReason::StopString(_))) {
+            tail = std::mem::take(&mut self.held);
+            if let Some(d) = self.dec.as_mut() {
+                tail.push_str(&d.finish());
+            }
+            if let Some((at, _)) = first_stop(&tail, &self.opts.stop_strings) {
+                tail.truncate(at);
+            }
+        }
+        self.text.push_str(&tail);
+        Generation {
+            tokens: self.tokens,
+            text: self.text,
+            tail,
+            stop: self.stop.unwrap_or(StopReason::Cancelled),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stop_strings_are_found_and_held_back() {
+        let stops = vec!["</s>".to_string(), "END".to_string()];
+        assert_eq!(first_stop("a</s>bEND", &stops), Some((1, 0)));
+        assert_eq!(first_stop("aENDb</s>", &stops), Some((1, 1)));
+        assert_eq!(first_stop("abc", &stops), None);
+        assert_eq!(partial_stop("abc</", &stops), 3);
+        assert_eq!(partial_stop("abcE", &stops), 3);
+        assert_eq!(partial_stop("abc", &stops), 3);
+        assert_eq!(partial_stop("é<", &stops), "é".len());
+        assert_eq!(partial_stop("", &stops), 0);
+    }
+}

@@ -1,0 +1,568 @@
+//! `mlb-run` as one library call: [`RunOptions`] (every flag, validated here), [`run`]
+//! (load, read the prompt, prefill with the optional `--logits` file, generate or
+//! measure) and [`RunError`] (typed, one line each, an exit code).
+//!
+//! What the command shows goes through a [`Frontend`] (generated text to stdout,
+//! `--verbose` lines and progress to stderr), so the binary stays a flag parser.
+
+use std::fmt;
+use std::io::{BufWriter, Read, Write};
+use std::ops::ControlFlow;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use super::measure::{self, Measure};
+use super::{Engine, GenerateOptions, LoadOptions, SessionError, StopReason, TokenizerSource};
+use crate::atomic::AtomicFile;
+use crate::format::FormatError;
+use crate::kernels::{self, pool};
+use crate::model::eval::EvalError;
+use crate::model::forward::{LogitsSink, DEFAULT_BATCH};
+use crate::model::{Options, SamplerOpts};
+
+/// `--temp` default.
+pub const DEFAULT_TEMP: f32 = 0.8;
+/// `--top-k` default.
+pub const DEFAULT_TOP_K: usize = 40;
+/// `--top-p` default.
+pub const DEFAULT_TOP_P: f32 = 0.95;
+
+/// Where the prompt comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Prompt {
+    Text(String),
+    File(PathBuf),
+    /// Token ids as text: "1 2 3", "1,2,3" or a JSON array (no tokenizer needed).
+    Ids(String),
+    Stdin,
+}
+
+/// Every option of `mlb-run`, with its defaults (`RunOptions::new`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunOptions {
+    pub model: PathBuf,
+    /// `None`: the `.mlt` of the same name beside the model, if there is one.
+    pub tokenizer: Option<PathBuf>,
+    pub prompt: Prompt,
+    /// Tokens to generate; `None`: 128, or 0 with `logits`.
+    pub n_predict: Option<usize>,
+    pub sampling: SamplerOpts,
+    /// KV positions; `None`: max_seq capped at 4096 (512 for a measurement).
+    pub ctx: Option<usize>,
+    /// Most prompt tokens per prefill batch.
+    pub batch: usize,
+    /// Write every prompt position's logits here (little-endian f32, positions × vocab).
+    pub logits: Option<PathBuf>,
+    /// Worker threads; `None`: all cores.
+    pub threads: Option<usize>,
+    /// Show the kernel tier and the model's shape.
+    pub verbose: bool,
+    /// Measure instead of generating.
+    pub measure: Option<Measure>,
+    /// Keep generating past EOS (always `n_predict` tokens).
+    pub ignore_eos: bool,
+    /// Pack the weights for the tier's packed kernels.
+    pub pack: bool,
+}
+
+impl RunOptions {
+    /// mlb-run's defaults for `model`, prompt from stdin.
+    pub fn new(model: impl Into<PathBuf>) -> RunOptions {
+        RunOptions {
+            model: model.into(),
+            tokenizer: None,
+            prompt: Prompt::Stdin,
+            n_predict: None,
+            sampling: SamplerOpts {
+                temp: DEFAULT_TEMP,
+                top_k: DEFAULT_TOP_K,
+                top_p: DEFAULT_TOP_P,
+                ..SamplerOpts::default()
+            },
+            ctx: None,
+            batch: DEFAULT_BATCH,
+            logits: None,
+            threads: None,
+            verbose: false,
+            measure: None,
+            ignore_eos: false,
+            pack: true,
+        }
+    }
+
+    /// Checks what can be checked without the files.
+    pub fn validate(&self) -> Result<(), RunError> {
+        if self.threads == Some(0) {
+            return Err(RunError::BadOption {
+                name: "--threads",
+                value: "0".into(),
+                rule: "at least one thread is needed",
+            });
+        }
+        self.sampling
+            .validate(None)
+            .map_err(|e| RunError::Session(SessionError::Sampling(e)))?;
+        if let Some(m) = &self.measure {
+            m.validate()?;
+        }
+        Ok(())
+    }
+}
+
+/// Why mlb-run failed: one line each (the binary prefixes `mlb-run: `).
+#[derive(Debug)]
+pub enum RunError {
+    /// Loading, feeding or generating.
+    Session(SessionError),
+    /// A measurement.
+    Eval(EvalError),
+    /// An option out of range.
+    BadOption {
+        name: &'static str,
+        value: String,
+        rule: &'static str,
+    },
+    /// A text prompt and no tokenizer (`expected`: where it was looked for).
+    NoTokenizer { expected: PathBuf },
+    /// `--tokens` is not a list of ids.
+    Ids(FormatError),
+    /// The prompt file or stdin cannot be read.
+    Read { what: String, err: std::io::Error },
+    /// The `--logits` file cannot be written.
+    Logits { path: PathBuf, err: std::io::Error },
+    /// Generated text cannot be written.
+    Stdout(std::io::Error),
+    /// `--kl-divergence`: the reference model cannot be used.
+    Reference {
+        path: PathBuf,
+        err: Box<SessionError>,
+    },
+}
+
+impl fmt::Display for RunError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RunError::Reference { path, err } => write!(f, "{}: {err}", path.display()),
+            RunError::Session(e) => write!(f, "{e}"),
+            RunError::Eval(e) => write!(f, "{e}"),
+            RunError::BadOption { name, value, rule } => write!(f, "{name} = {value}: {rule}"),
+            RunError::NoTokenizer { expected } => write!(
+                f,
+                "no tokenizer: {} does not exist; a text prompt needs --tokenizer FILE.mlt (or use --tokens)",
+                expected.display()
+            ),
+            RunError::Ids(e) => write!(f, "--tokens: {e}"),
+            RunError::Read { what, err } => write!(f, "{what}: {err}"),
+            RunError::Logits { path, err } => write!(f, "--logits {}: {err}", path.display()),
+            RunError::Stdout(e) => write!(f, "stdout: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for RunError {}
+
+impl RunError {
+    /// The process exit status: 1 for every run error (2 is clap's bad usage).
+    pub fn exit_code(&self) -> u8 {
+        1
+    }
+}
+
+impl From<SessionError> for RunError {
+    fn from(e: SessionError) -> Self {
+        RunError::Session(e)
+    }
+}
+
+impl From<EvalError> for RunError {
+    fn from(e: EvalError) -> Self {
+        RunError::Eval(e)
+    }
+}
+
+/// What the command shows, as it happens.
+pub trait Frontend {
+    /// Generated text (stdout), as it is made; an error ends the run.
+    fn text(&mut self, s: &str) -> std::io::Result<()>;
+    /// A `--verbose` line (stderr).
+    fn info(&mut self, _line: &str) {}
+    /// A measurement starts over `total` chunks.
+    fn chunks_start(&mut self, _total: usize) {}
+    /// `done` chunks measured; `figure` is the running result ("PPL 12.3456"), when
+    /// there is one.
+    fn chunks_done(&mut self, _done: usize, _figure: Option<&str>) {}
+    /// The measurement is over (before its report is shown).
+    fn chunks_end(&mut self) {}
+}
+
+/// What a successful run gives back for the binary to show.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Outcome {
+    /// A generation's summary (stderr).
+    Generated(Summary),
+    /// A measurement's report (stdout, text or JSON).
+    Measured(String),
+}
+
+/// The speed and memory of a generation: two lines for stderr ([`fmt::Display`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Summary {
+    pub prompt_tokens: usize,
+    pub prompt_secs: f64,
+    pub generated: usize,
+    pub gen_secs: f64,
+    pub stop: StopReason,
+    pub peak_rss_kib: Option<u64>,
+    pub kv_bytes: usize,
+    pub ctx: usize,
+    pub delta_bytes: usize,
+}
+
+fn mib(bytes: f64) -> String {
+    format!("{:.1} MiB", bytes / (1024.0 * 1024.0))
+}
+
+fn rate(n: usize, secs: f64) -> String {
+    if secs > 0.0 {
+        format!("{:.1} tok/s", n as f64 / secs)
+    } else {
+        "- tok/s".into()
+    }
+}
+
+impl fmt::Display for Summary {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let stop = match self.stop {
+            StopReason::StopId(_) => " (EOS)",
+            StopReason::StopString(_) => " (stop string)",
+            StopReason::ContextFull => " (context full)",
+            StopReason::Length | StopReason::Cancelled => "",
+        };
+        writeln!(
+            f,
+            "prompt: {} tokens in {:.3} s ({}); generated: {} tokens in {:.3} s ({}){stop}",
+            self.prompt_tokens,
+            self.prompt_secs,
+            rate(self.prompt_tokens, self.prompt_secs),
+            self.generated,
+            self.gen_secs,
+            rate(self.generated, self.gen_secs)
+        )?;
+        let rss = self
+            .peak_rss_kib
+            .map(|k| mib(k as f64 * 1024.0))
+            .unwrap_or_else(|| "?".into());
+        write!(
+            f,
+            "memory: peak RSS {rss}; KV cache {} ({} positions){}",
+            mib(self.kv_bytes as f64),
+            self.ctx,
+            if self.delta_bytes > 0 {
+                format!("; linear-attention state {}", mib(self.delta_bytes as f64))
+            } else {
+                String::new()
+            }
+        )
+    }
+}
+
+/// Peak resident memory from /proc/self/status (VmHWM), in KiB.
+pub fn peak_rss_kib() -> Option<u64> {
+    let s = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = s.lines().find(|l| l.starts_with("VmHWM:"))?;
+    line.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// Writes the logits of every prompt position; the file appears only when all are
+/// written (dropped unfinished, on any error, it leaves nothing).
+struct LogitsFile {
+    out: BufWriter<AtomicFile>,
+    err: Option<std::io::Error>,
+}
+
+impl LogitsFile {
+    fn create(path: &Path) -> Result<LogitsFile, RunError> {
+        let f = AtomicFile::create(path).map_err(|err| RunError::Logits {
+            path: path.to_path_buf(),
+            err,
+        })?;
+        Ok(LogitsFile {
+            out: BufWriter::new(f),
+            err: None,
+        })
+    }
+
+    fn row(&mut self, row: &[f32]) {
+        if self.err.is_some() {
+            return;
+        }
+        let mut buf = Vec::with_capacity(row.len() * 4);
+        for v in row {
+            buf.extend_from_slice(&v.to_le_bytes());
+        }
+        if let Err(e) = self.out.write_all(&buf) {
+            self.err = Some(e);
+        }
+    }
+
+    fn finish(self, path: &Path) -> Result<(), RunError> {
+        let fail = |err: std::io::Error| RunError::Logits {
+            path: path.to_path_buf(),
+            err,
+        };
+        if let Some(e) = self.err {
+            return Err(fail(e));
+        }
+        let f = self.out.into_inner().map_err(|e| fail(e.into_error()))?;
+        f.commit().map_err(fail)
+    }
+}
+
+/// The prompt's ids.
+fn prompt_ids(o: &RunOptions, engine: &Engine) -> Result<Vec<u32>, RunError> {
+    let text = match &o.prompt {
+        Prompt::Ids(ids) => {
+            return crate::tokenizer::parse_ids(ids, u32::MAX as usize).map_err(RunError::Ids)
+        }
+        Prompt::Text(t) => t.clone(),
+        Prompt::File(f) => std::fs::read_to_string(f).map_err(|err| RunError::Read {
+            what: f.display().to_string(),
+            err,
+        })?,
+        Prompt::Stdin => {
+            let mut s = String::new();
+            std::io::stdin()
+                .read_to_string(&mut s)
+                .map_err(|err| RunError::Read {
+                    what: "stdin".into(),
+                    err,
+                })?;
+            s
+        }
+    };
+    match engine.tokenizer() {
+        Some(t) => Ok(t.encode(&text)),
+        None => Err(RunError::NoTokenizer {
+            expected: o.model.with_extension("mlt"),
+        }),
+    }
+}
+
+/// Runs mlb-run: validates `o`, loads the model, and generates (or measures, or writes
+/// the prompt's logits); shows what it makes through `fe`.
+pub fn run(o: &RunOptions, fe: &mut dyn Frontend) -> Result<Outcome, RunError> {
+    o.validate()?;
+    if let Some(t) = o.threads {
+        pool::set_threads(t);
+    }
+    let t_load = Instant::now();
+    let engine = Engine::load(&LoadOptions {
+        model: o.model.clone(),
+        tokenizer: match &o.tokenizer {
+            Some(p) => TokenizerSource::File(p.clone()),
+            None => TokenizerSource::Beside,
+        },
+        pack: o.pack,
+    })?;
+    let prompt = prompt_ids(o, &engine)?;
+    if let Some(m) = &o.measure {
+        // Each chunk starts with BOS when the tokenizer adds one to a text.
+        let bos = match o.prompt {
+            Prompt::Ids(_) => None,
+            _ => engine.bos_added(),
+        };
+        return measure::run(o, m, &engine, bos, &prompt, fe).map(Outcome::Measured);
+    }
+    let opts = Options {
+        ctx: o.ctx,
+        batch: o.batch.max(1),
+        ..Options::default()
+    };
+    let mut s = engine.session(&opts)?;
+    let load_secs = t_load.elapsed().as_secs_f64();
+    if o.verbose {
+        let cfg = engine.config();
+        fe.info(&format!(
+            "kernel tier: {} (supported: {}); packed weights: {}",
+            kernels::tier(),
+            kernels::supported_tiers()
+                .iter()
+                .map(|t| t.name())
+                .collect::<Vec<_>>()
+                .join(", "),
+            match engine.packed_bytes() {
+                0 => "none".to_string(),
+                b => mib(b as f64),
+            }
+        ));
+        fe.info(&format!(
+            "threads: {}; model: dim {} layers {} heads {}/{} head_dim {} hidden {} vocab {}; ctx {} batch {}; loaded in {load_secs:.2} s",
+            pool::threads(),
+            cfg.dim,
+            cfg.n_layers,
+            cfg.n_heads,
+            cfg.n_kv_heads,
+            cfg.head_dim,
+            cfg.hidden_dim,
+            cfg.vocab,
+            s.ctx(),
+            opts.batch
+        ));
+    }
+
+    // The prompt.
+    let t0 = Instant::now();
+    match &o.logits {
+        Some(path) => {
+            let mut file = LogitsFile::create(path)?;
+            let mut sink = |_: usize, row: &[f32]| file.row(row);
+            let each: LogitsSink = &mut sink;
+            s.feed_with(&prompt, Some(each))?;
+            file.finish(path)?;
+        }
+        None => {
+            s.feed(&prompt)?;
+        }
+    }
+    let prompt_secs = t0.elapsed().as_secs_f64();
+
+    // The generation.
+    let n_gen = o.n_predict.unwrap_or(if o.logits.is_some() {
+        0
+    } else {
+        super::DEFAULT_MAX_TOKENS
+    });
+    let gopts = GenerateOptions {
+        max_tokens: n_gen,
+        sampling: o.sampling.clone(),
+        stop_ids: if o.ignore_eos {
+            Vec::new()
+        } else {
+            engine.stop_ids()
+        },
+        stop_strings: Vec::new(),
+    };
+    let t1 = Instant::now();
+    let mut failed = None;
+    let g = s.generate(&gopts, |step| match fe.text(&step.text) {
+        Ok(()) => ControlFlow::Continue(()),
+        Err(e) => {
+            failed = Some(e);
+            ControlFlow::Break(())
+        }
+    })?;
+    if let Some(e) = failed {
+        return Err(RunError::Stdout(e));
+    }
+    let nl = if n_gen > 0 { "\n" } else { "" };
+    fe.text(&format!("{}{nl}", g.tail))
+        .map_err(RunError::Stdout)?;
+    let gen_secs = t1.elapsed().as_secs_f64();
+
+    Ok(Outcome::Generated(Summary {
+        prompt_tokens: prompt.len(),
+        prompt_secs,
+        generated: g.tokens.len(),
+        gen_secs,
+        stop: g.stop,
+        peak_rss_kib: peak_rss_kib(),
+        kv_bytes: s.state().kv_bytes(),
+        ctx: s.ctx(),
+        delta_bytes: s.state().delta_bytes(),
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn options_are_checked_before_any_file_is_read() {
+        let ok = RunOptions::new("/nonexistent/m.mlb");
+        assert!(ok.validate().is_ok());
+        let mut o = ok.clone();
+        o.threads = Some(0);
+        let e = o.validate().unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "--threads = 0: at least one thread is needed"
+        );
+        let mut o = ok.clone();
+        o.sampling.temp = -1.0;
+        assert_eq!(
+            o.validate().unwrap_err().to_string(),
+            "--temp = -1: must be a finite number ≥ 0 (0 is greedy)"
+        );
+        let mut o = ok.clone();
+        o.sampling.top_p = 0.0;
+        assert_eq!(
+            o.validate().unwrap_err().to_string(),
+            "--top-p = 0: must be in (0, 1]"
+        );
+        let mut o = ok.clone();
+        o.measure = Some(Measure {
+            chunks: Some(0),
+            ..Measure::new(measure::Mode::Perplexity)
+        });
+        assert_eq!(
+            o.validate().unwrap_err().to_string(),
+            "--chunks = 0: give a number of chunks of at least 1"
+        );
+        o.measure = Some(Measure::new(measure::Mode::Imatrix {
+            output: "x.mli".into(),
+            save_every: Some(0),
+        }));
+        assert!(matches!(
+            o.validate(),
+            Err(RunError::BadOption {
+                name: "--save-every",
+                ..
+            })
+        ));
+        // The run refuses before it opens the model.
+        struct Null;
+        impl Frontend for Null {
+            fn text(&mut self, _: &str) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        assert!(matches!(
+            run(&o, &mut Null),
+            Err(RunError::BadOption { .. })
+        ));
+        assert!(matches!(
+            run(&ok, &mut Null),
+            Err(RunError::Session(SessionError::Format(_)))
+        ));
+        assert_eq!(run(&ok, &mut Null).unwrap_err().exit_code(), 1);
+    }
+
+    #[test]
+    fn summary_lines() {
+        let s = Summary {
+            prompt_tokens: 3,
+            prompt_secs: 0.5,
+            generated: 4,
+            gen_secs: 0.0,
+            stop: StopReason::StopId(2),
+            peak_rss_kib: Some(2048),
+            kv_bytes: 1 << 20,
+            ctx: 64,
+            delta_bytes: 0,
+        };
+        assert_eq!(
+            s.to_string(),
+            "prompt: 3 tokens in 0.500 s (6.0 tok/s); generated: 4 tokens in 0.000 s (- tok/s) (EOS)\n\
+             memory: peak RSS 2.0 MiB; KV cache 1.0 MiB (64 positions)"
+        );
+        let s = Summary {
+            stop: StopReason::ContextFull,
+            peak_rss_kib: None,
+            delta_bytes: 3 << 19,
+            ..s
+        };
+        let t = s.to_string();
+        assert!(t.contains("(context full)\nmemory: peak RSS ?;"), "{t}");
+        assert!(t.ends_with("; linear-attention state 1.5 MiB"), "{t}");
+    }
+}
