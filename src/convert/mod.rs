@@ -183,6 +183,12 @@ fn run(opts: &Options, progress: &mut (dyn FnMut(Progress) + Send)) -> Result<Su
             (wtype::Q8_0, 0)
         }
         WType::Q4_0 => (wtype::Q4_0, opts.q8_mask.unwrap_or(DEFAULT_Q4_Q8_MASK)),
+        t => {
+            return Err(ConvertError::options(
+                "--wtype",
+                format!("{t} cannot be written by mlb-convert yet"),
+            ))
+        }
     };
     header.wtype = wt;
     header.q8_mask = mask;
@@ -692,6 +698,19 @@ fn quant_error(
             &s.hf,
             format!(
                 "row {} block {block}: scale {d} is above 65504 and cannot be stored as f16 (drop --f16-scales)",
+                s.map.src(r0 + row)
+            ),
+        ),
+        QuantError::BlockScaleOverflow {
+            wtype,
+            row,
+            block,
+            d,
+        } => ConvertError::tensor(
+            file,
+            &s.hf,
+            format!(
+                "row {} block {block}: scale {d} is above 65504 and cannot be stored in {wtype}'s f16 scales",
                 s.map.src(r0 + row)
             ),
         ),

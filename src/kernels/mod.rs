@@ -26,6 +26,7 @@ use crate::quant::QK;
 pub mod packed;
 pub mod pool;
 pub mod scalar;
+pub mod scalar_k;
 
 pub use packed::PackedMat;
 
@@ -124,6 +125,11 @@ impl<'a> QMat<'a> {
         if rows == 0 || cols == 0 || !cols.is_multiple_of(QK) {
             return Err(ShapeError(format!(
                 "matrix {rows}x{cols}: rows and cols must be > 0 and cols a multiple of {QK}"
+            )));
+        }
+        if !matches!(wtype, WType::Q8_0 | WType::Q4_0) {
+            return Err(ShapeError(format!(
+                "matrix {rows}x{cols} {wtype}: no kernel for this weight type yet"
             )));
         }
         let qlen = rows.checked_mul(wtype.row_bytes(cols));
@@ -530,6 +536,7 @@ impl Kernels {
         match t {
             WType::Q8_0 => self.packed_q8,
             WType::Q4_0 => self.packed_q4,
+            _ => None,
         }
     }
 
@@ -596,6 +603,7 @@ impl Kernels {
         let tile = match w.wtype {
             WType::Q8_0 => self.q8,
             WType::Q4_0 => self.q4,
+            t => unreachable!("QMat::new refuses {t}"),
         };
         let chunk = rows_per_task(w.rows, w.cols * n);
         let tiles = token_tiles(x, TILE_TOKENS);
@@ -800,6 +808,7 @@ pub fn dequant_row(w: &QMat, r: usize, out: &mut [f32]) {
     match w.wtype {
         WType::Q8_0 => scalar::dequant_q8(q, d, out),
         WType::Q4_0 => scalar::dequant_q4(q, d, out),
+        t => unreachable!("QMat::new refuses {t}"),
     }
 }
 

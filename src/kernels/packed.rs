@@ -64,6 +64,7 @@ pub const fn block_bytes(wtype: WType) -> usize {
     match wtype {
         WType::Q8_0 => GROUP * QK,
         WType::Q4_0 => GROUP * QK / 2,
+        _ => panic!("no packed layout for this weight type"),
     }
 }
 
@@ -87,6 +88,7 @@ fn byte_code(wtype: WType) -> (usize, u8, u8) {
     match wtype {
         WType::Q8_0 => (QK, 0x80, 0x80),
         WType::Q4_0 => (QK / 2, 0, 0x88),
+        t => unreachable!("QMat::new refuses {t}"),
     }
 }
 

@@ -5,6 +5,10 @@
 //! Matrices are quantized row by row in parallel (rayon); every row is a pure
 //! function of its values, so the bytes do not depend on the thread count.
 
+pub mod blocks;
+pub mod blocks32;
+pub mod fit;
+pub mod kquants;
 pub mod q4_0;
 pub mod q8_0;
 
@@ -93,6 +97,13 @@ pub enum QuantError {
     NonFinite { row: usize, col: usize, value: f32 },
     /// A scale is above 65504 and cannot be stored as f16.
     ScaleOverflow { row: usize, block: usize, d: f32 },
+    /// A scale of a GGUF block type (always f16) is above 65504.
+    BlockScaleOverflow {
+        wtype: WType,
+        row: usize,
+        block: usize,
+        d: f32,
+    },
     /// cols is not a multiple of 32, or the data has the wrong length.
     Shape {
         rows: usize,
@@ -111,6 +122,15 @@ impl std::fmt::Display for QuantError {
                 f,
                 "scale of row {row} block {block} is {d}: above 65504, it cannot be stored as f16 (drop --f16-scales)"
             ),
+            QuantError::BlockScaleOverflow {
+                wtype,
+                row,
+                block,
+                d,
+            } => write!(
+                f,
+                "scale of row {row} block {block} is {d}: above 65504, it cannot be stored in {wtype}'s f16 scales"
+            ),
             QuantError::Shape { rows, cols, len } => {
                 write!(f, "{rows}×{cols} matrix with {len} values: cols must be a multiple of 32")
             }
@@ -128,6 +148,17 @@ pub fn quantize(
     x: &[f32],
     opts: &QuantOpts,
 ) -> Result<QuantMat, QuantError> {
+    if blocks::is_block_type(wtype) {
+        let q = blocks::quantize_matrix(wtype, rows, cols, x, opts.imatrix)?;
+        let d = Scales::F32(Vec::new());
+        return Ok(QuantMat {
+            wtype,
+            rows,
+            cols,
+            q,
+            d,
+        });
+    }
     if !cols.is_multiple_of(QK) || cols == 0 || rows.checked_mul(cols) != Some(x.len()) {
         return Err(QuantError::Shape {
             rows,
@@ -146,10 +177,7 @@ pub fn quantize(
         assert_eq!(imp.len(), cols, "imatrix length must equal cols");
     }
     let nb = cols / QK;
-    let qrow = match wtype {
-        WType::Q8_0 => cols,
-        WType::Q4_0 => cols / 2,
-    };
+    let qrow = wtype.row_bytes(cols);
     let mut q = vec![0u8; rows * qrow];
     let mut d32 = vec![0f32; if opts.scale_f16 { 0 } else { rows * nb }];
     let mut d16 = vec![0u16; if opts.scale_f16 { rows * nb } else { 0 }];
@@ -240,6 +268,7 @@ fn quantize_row(
                 scales.push(s);
             }
         }
+        t => unreachable!("{t} is quantized by quant::blocks"),
     }
     match d {
         RowScales::F32(d) => d.copy_from_slice(&scales),
@@ -252,8 +281,13 @@ fn quantize_row(
     Ok(())
 }
 
-/// Dequantizes row `r` of a matrix into `out` (cols values): w = q × d.
+/// Dequantizes row `r` of a matrix into `out` (cols values): w = q × d (the GGUF block
+/// types: their own rule, `d` unused).
 pub fn dequant_row(wtype: WType, q: &[u8], d: &[f32], cols: usize, r: usize, out: &mut [f32]) {
+    if blocks::is_block_type(wtype) {
+        let rb = wtype.row_bytes(cols);
+        return blocks::dequant_row(wtype, &q[r * rb..(r + 1) * rb], out);
+    }
     let nb = cols / QK;
     let d = &d[r * nb..(r + 1) * nb];
     match wtype {
@@ -274,6 +308,7 @@ pub fn dequant_row(wtype: WType, q: &[u8], d: &[f32], cols: usize, r: usize, out
                 }
             }
         }
+        t => unreachable!("{t} is dequantized by quant::blocks"),
     }
 }
 
