@@ -345,6 +345,7 @@ fn check_arrays(dir: &Path, bytes: &[u8]) {
                 let (q, d) = match wtype {
                     mlb::WType::Q8_0 => q8_ref(&v),
                     mlb::WType::Q4_0 => q4_round_ref(&v),
+                    t => unreachable!("mlb-convert does not write {t}"),
                 };
                 assert_eq!(
                     &bytes[at..at + q.len()],

@@ -57,6 +57,7 @@ fn weights(
                 v as u8
             }
             WType::Q4_0 => rng.next() as u8,
+            t => unreachable!("no kernel for {t} yet"),
         })
         .collect();
     let d = (0..rows * cols / QK)
