@@ -387,6 +387,7 @@ fn check_arrays(dir: &Path, bytes: &[u8]) {
                     mlb::WType::Q4_0 => q4_round_ref(&v),
                     mlb::WType::BF16 => (halves(&v, bf16_ref), vec![]),
                     mlb::WType::F16 => (halves(&v, f16_ref), vec![]),
+                    t => unreachable!("mlb-convert does not write {t}"),
                 };
                 assert_eq!(
                     &bytes[at..at + q.len()],

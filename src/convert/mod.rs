@@ -196,6 +196,12 @@ fn run(opts: &Options, progress: &mut (dyn FnMut(Progress) + Send)) -> Result<Su
     let (mut header, flags) = desc.header();
     let mask = match opts.wtype {
         WType::Q4_0 => opts.q8_mask.unwrap_or(DEFAULT_Q4_Q8_MASK),
+        t if crate::quant::blocks::is_block_type(t) => {
+            return Err(ConvertError::options(
+                "--wtype",
+                format!("{t} cannot be written by mlb-convert yet"),
+            ))
+        }
         t => {
             if opts.q8_mask.is_some_and(|m| m != 0) {
                 return Err(ConvertError::options(
@@ -784,6 +790,19 @@ fn quant_error(
                 "weight [{}, {col}] is {value}: beyond the {wtype} range (largest finite {}); store this matrix in another type (--types)",
                 s.map.src(r0 + row),
                 crate::quant::half_float::max_finite(wtype)
+            ),
+        ),
+        QuantError::BlockScaleOverflow {
+            wtype,
+            row,
+            block,
+            d,
+        } => ConvertError::tensor(
+            file,
+            &s.hf,
+            format!(
+                "row {} block {block}: scale {d} is above 65504 and cannot be stored in {wtype}'s f16 scales",
+                s.map.src(r0 + row)
             ),
         ),
         QuantError::Shape { rows, cols, len } => ConvertError::tensor(

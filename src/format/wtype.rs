@@ -9,10 +9,14 @@
 
 use std::fmt;
 
-/// Values per block of the block-quantized types (Q8_0, Q4_0).
+/// Values per block of the 32-weight block types (Q8_0, Q4_0, Q4_1, Q5_0, ...).
 pub const QK: usize = 32;
 
+/// Weights per super-block of the K types (Q4_K, Q5_K, Q6_K), as in GGUF.
+pub const QK_K: usize = 256;
+
 /// How a matrix's weights are stored.
+#[allow(non_camel_case_types)] // GGUF's names: Q4_K, IQ4_NL
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum WType {
     /// One int8 per weight in [-127, 127] and a scale per block of 32.
@@ -23,6 +27,25 @@ pub enum WType {
     BF16,
     /// One IEEE binary16 per weight, no scales.
     F16,
+    /// GGUF's block_q4_K (144 bytes per 256 weights): 8 sub-blocks of 32 with 6-bit
+    /// scales and minimums under f16 super-scales, `w = d·sc·q − dmin·m`, q in 0..=15.
+    Q4_K,
+    /// GGUF's block_q5_K (176 bytes per 256): Q4_K's scales with 5-bit levels.
+    Q5_K,
+    /// GGUF's block_q6_K (210 bytes per 256): 16 sub-blocks of 16 with int8 scales,
+    /// `w = d·sc·(q − 32)`, q in 0..=63.
+    Q6_K,
+    /// GGUF's block_q4_1 (20 bytes per 32): `w = d·q + m`, f16 d and m.
+    Q4_1,
+    /// GGUF's block_q5_0 (22 bytes per 32): `w = d·(q − 16)`, q in 0..=31.
+    Q5_0,
+    /// GGUF's block_q5_1 (24 bytes per 32): `w = d·q + m`, q in 0..=31.
+    Q5_1,
+    /// GGUF's block_iq4_nl (18 bytes per 32): `w = d·T[nibble]`, T the 16 fixed levels.
+    IQ4_NL,
+    /// Krafla's 6-bit 32-block (26 bytes per 32; ik_llama.cpp's block_q6_0 layout):
+    /// `w = d·(q − 32)`, q in 0..=63.
+    Q6_0,
 }
 
 /// How a type lays out the weights of a row: what the file layout needs to know.
@@ -44,7 +67,20 @@ pub struct Geometry {
 
 impl WType {
     /// Every type, in code order.
-    pub const ALL: [WType; 4] = [WType::Q8_0, WType::Q4_0, WType::BF16, WType::F16];
+    pub const ALL: [WType; 12] = [
+        WType::Q8_0,
+        WType::Q4_0,
+        WType::BF16,
+        WType::F16,
+        WType::Q4_K,
+        WType::Q5_K,
+        WType::Q6_K,
+        WType::Q4_1,
+        WType::Q5_0,
+        WType::Q5_1,
+        WType::IQ4_NL,
+        WType::Q6_0,
+    ];
 
     /// The header's `wtype` value of a model stored entirely in this type (and this
     /// type's entry in a mixed file's type table).
@@ -54,6 +90,14 @@ impl WType {
             WType::Q4_0 => 2,
             WType::BF16 => 3,
             WType::F16 => 4,
+            WType::Q4_K => 5,
+            WType::Q5_K => 6,
+            WType::Q6_K => 7,
+            WType::Q4_1 => 8,
+            WType::Q5_0 => 9,
+            WType::Q5_1 => 10,
+            WType::IQ4_NL => 11,
+            WType::Q6_0 => 12,
         }
     }
 
@@ -69,6 +113,14 @@ impl WType {
             WType::Q4_0 => "Q4_0",
             WType::BF16 => "BF16",
             WType::F16 => "F16",
+            WType::Q4_K => "Q4_K",
+            WType::Q5_K => "Q5_K",
+            WType::Q6_K => "Q6_K",
+            WType::Q4_1 => "Q4_1",
+            WType::Q5_0 => "Q5_0",
+            WType::Q5_1 => "Q5_1",
+            WType::IQ4_NL => "IQ4_NL",
+            WType::Q6_0 => "Q6_0",
         }
     }
 
@@ -79,6 +131,14 @@ impl WType {
             WType::Q4_0 => "q4_0",
             WType::BF16 => "bf16",
             WType::F16 => "f16",
+            WType::Q4_K => "q4_k",
+            WType::Q5_K => "q5_k",
+            WType::Q6_K => "q6_k",
+            WType::Q4_1 => "q4_1",
+            WType::Q5_0 => "q5_0",
+            WType::Q5_1 => "q5_1",
+            WType::IQ4_NL => "iq4_nl",
+            WType::Q6_0 => "q6_0",
         }
     }
 
@@ -107,10 +167,19 @@ impl WType {
                 block_bytes: 2,
                 scale_array: false,
             },
+            // GGUF's blocks: scales (and minimums) inside each block, one array.
+            WType::Q4_K => gguf_block(QK_K, 144),
+            WType::Q5_K => gguf_block(QK_K, 176),
+            WType::Q6_K => gguf_block(QK_K, 210),
+            WType::Q4_1 => gguf_block(QK, 20),
+            WType::Q5_0 => gguf_block(QK, 22),
+            WType::Q5_1 => gguf_block(QK, 24),
+            WType::IQ4_NL => gguf_block(QK, 18),
+            WType::Q6_0 => gguf_block(QK, 26),
         }
     }
 
-    /// Weights per block ([`QK`] for Q8_0 and Q4_0, 1 for BF16 and F16).
+    /// Weights per block ([`QK`], [`QK_K`] for the K types, 1 for BF16 and F16).
     pub const fn block_weights(self) -> usize {
         self.geometry().block_weights
     }
@@ -137,6 +206,15 @@ impl WType {
     }
 }
 
+/// A block type that carries its own scales (GGUF's layout): one array, no scales after.
+const fn gguf_block(block_weights: usize, block_bytes: usize) -> Geometry {
+    Geometry {
+        block_weights,
+        block_bytes,
+        scale_array: false,
+    }
+}
+
 impl fmt::Display for WType {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.name())
@@ -159,11 +237,11 @@ mod tests {
             assert_eq!(WType::from_cli_name(t.name()), Some(t));
         }
         assert_eq!(WType::from_code(0), None);
-        // 5–31 are reserved for the super-block types; 128 is a header value (mixed),
+        // 13–31 are reserved for further block types; 128 is a header value (mixed),
         // not a matrix type.
-        assert_eq!(WType::from_code(5), None);
+        assert_eq!(WType::from_code(13), None);
         assert_eq!(WType::from_code(128), None);
-        assert_eq!(WType::from_cli_name("q4_k"), None);
+        assert_eq!(WType::from_cli_name("q4_k"), Some(WType::Q4_K));
     }
 
     #[test]
@@ -177,5 +255,29 @@ mod tests {
         assert!(WType::BF16.is_half() && !WType::Q8_0.is_half());
         assert_eq!(WType::BF16.block_weights(), 1);
         assert_eq!(WType::Q4_0.block_weights(), QK);
+    }
+
+    #[test]
+    fn gguf_block_types_have_their_codes_and_gguf_sizes() {
+        let expect = [
+            (WType::Q4_K, 5, 256, 144),
+            (WType::Q5_K, 6, 256, 176),
+            (WType::Q6_K, 7, 256, 210),
+            (WType::Q4_1, 8, 32, 20),
+            (WType::Q5_0, 9, 32, 22),
+            (WType::Q5_1, 10, 32, 24),
+            (WType::IQ4_NL, 11, 32, 18),
+            (WType::Q6_0, 12, 32, 26),
+        ];
+        for (t, code, w, b) in expect {
+            assert_eq!(
+                (t.code(), t.block_weights(), t.block_bytes()),
+                (code, w, b),
+                "{t}"
+            );
+            assert_eq!(t.name().to_ascii_lowercase(), t.cli_name());
+        }
+        assert_eq!(WType::Q6_K.row_bytes(512), 420);
+        assert_eq!(WType::IQ4_NL.row_bytes(576), 18 * 18);
     }
 }

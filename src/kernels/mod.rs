@@ -27,6 +27,7 @@ pub mod packed;
 pub mod pool;
 pub mod scalar;
 pub mod scalar_half;
+pub mod scalar_k;
 
 pub use packed::PackedMat;
 

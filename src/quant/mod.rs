@@ -6,7 +6,11 @@
 //! ([`half_float`]). Matrices are quantized row by row in parallel (rayon); every row is a
 //! pure function of its values, so the bytes do not depend on the thread count.
 
+pub mod blocks;
+pub mod blocks32;
+pub mod fit;
 pub mod half_float;
+pub mod kquants;
 pub mod q4_0;
 pub mod q8_0;
 
@@ -104,6 +108,13 @@ pub enum QuantError {
         value: f32,
         wtype: WType,
     },
+    /// A scale of a GGUF block type (always f16) is above 65504.
+    BlockScaleOverflow {
+        wtype: WType,
+        row: usize,
+        block: usize,
+        d: f32,
+    },
     /// cols is not a multiple of 32, or the data has the wrong length.
     Shape {
         rows: usize,
@@ -132,6 +143,15 @@ impl std::fmt::Display for QuantError {
                 "weight [{row}, {col}] is {value}: beyond the {wtype} range (largest finite {})",
                 half_float::max_finite(*wtype)
             ),
+            QuantError::BlockScaleOverflow {
+                wtype,
+                row,
+                block,
+                d,
+            } => write!(
+                f,
+                "scale of row {row} block {block} is {d}: above 65504, it cannot be stored in {wtype}'s f16 scales"
+            ),
             QuantError::Shape { rows, cols, len } => {
                 write!(f, "{rows}×{cols} matrix with {len} values: cols must be a multiple of 32")
             }
@@ -149,6 +169,17 @@ pub fn quantize(
     x: &[f32],
     opts: &QuantOpts,
 ) -> Result<QuantMat, QuantError> {
+    if blocks::is_block_type(wtype) {
+        let q = blocks::quantize_matrix(wtype, rows, cols, x, opts.imatrix)?;
+        let d = Scales::F32(Vec::new());
+        return Ok(QuantMat {
+            wtype,
+            rows,
+            cols,
+            q,
+            d,
+        });
+    }
     if !cols.is_multiple_of(QK) || cols == 0 || rows.checked_mul(cols) != Some(x.len()) {
         return Err(QuantError::Shape {
             rows,
@@ -298,6 +329,7 @@ fn quantize_row(
             }
         }
         WType::BF16 | WType::F16 => unreachable!("quantize_half rounds 2-byte float types"),
+        t => unreachable!("{t} is quantized by quant::blocks"),
     }
     match d {
         RowScales::F32(d) => d.copy_from_slice(&scales),
@@ -311,7 +343,8 @@ fn quantize_row(
 }
 
 /// Dequantizes row `r` of a matrix into `out` (cols values): w = q × d, or the 2-byte
-/// floats (little-endian bytes in `q`; `d` unused) widened to f32.
+/// floats (little-endian bytes in `q`; `d` unused) widened to f32, or a GGUF block
+/// type's own rule.
 pub fn dequant_row(wtype: WType, q: &[u8], d: &[f32], cols: usize, r: usize, out: &mut [f32]) {
     if wtype.is_half() {
         let row = &q[r * cols * 2..(r + 1) * cols * 2];
@@ -319,6 +352,11 @@ pub fn dequant_row(wtype: WType, q: &[u8], d: &[f32], cols: usize, r: usize, out
             *o = half_float::to_f32(wtype, u16::from_le_bytes([c[0], c[1]]));
         }
         return;
+    }
+    // The GGUF block types: their own rule, `d` unused.
+    if blocks::is_block_type(wtype) {
+        let rb = wtype.row_bytes(cols);
+        return blocks::dequant_row(wtype, &q[r * rb..(r + 1) * rb], out);
     }
     let nb = cols / QK;
     let d = &d[r * nb..(r + 1) * nb];
@@ -341,6 +379,7 @@ pub fn dequant_row(wtype: WType, q: &[u8], d: &[f32], cols: usize, r: usize, out
             }
         }
         WType::BF16 | WType::F16 => unreachable!("widened above"),
+        t => unreachable!("{t} is dequantized by quant::blocks"),
     }
 }
 

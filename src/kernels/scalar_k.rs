@@ -1,0 +1,310 @@
+//! Scalar reference of `y = W·x` for the GGUF block types (Q4_K, Q5_K, Q6_K, Q4_1, Q5_0,
+//! Q5_1, IQ4_NL, Q6_0) against the runtime's Q8_0 activations: the arithmetic contract
+//! of `docs/kernels.md` ("GGUF block types") written out plainly. Not in the kernel table
+//! yet; SIMD tiers must give these bits.
+//!
+//! Per 32-weight block `b` of a row (a Q4_K / Q5_K sub-block, a half of a Q6_K
+//! super-block's 16 sub-blocks... i.e. the 32 weights that meet activation block `b`):
+//!
+//! ```text
+//! isum_b  exact i32: Σ q·qx (Q6_K: sc_2k·Σ_lo + sc_2k+1·Σ_hi, each Σ over 16)
+//! dw_b    f32, exact from the stored bits: d·sc (K types), d (the others)
+//! symmetric: acc[b % 8] += (dw_b · dx_b) · (isum_b as f32)
+//! affine:    acc[b % 8] += ((dw_b · dx_b) · (isum_b as f32)) + (mw_b · xs_b)
+//!            mw_b = −(dmin·m) (Q4_K, Q5_K) or m (Q4_1, Q5_1); xs_b = dx_b · (Σ qx as f32)
+//! y = ((acc0+acc4) + (acc2+acc6)) + ((acc1+acc5) + (acc3+acc7))
+//! ```
+//!
+//! every f32 operation separately rounded (no FMA), as the Q8_0 / Q4_0 contract.
+
+use super::scalar::reduce_lanes;
+use super::{QActs, LANES};
+use crate::format::wtype::{WType, QK, QK_K};
+use crate::quant::blocks32::{self, Kind};
+use crate::quant::fit::Levels;
+use crate::quant::{blocks, kquants};
+
+/// Exact sum of one activation block's quants (`QActs`' block sum `s`).
+#[inline(always)]
+pub fn act_sum(x: &[i8]) -> i32 {
+    x.iter().map(|&v| v as i32).sum()
+}
+
+/// `xs_b = dx_b · (s_b as f32)`: the block's share of the affine types' minimum term.
+#[inline(always)]
+pub fn act_xs(dx: f32, x: &[i8]) -> f32 {
+    dx * act_sum(x) as f32
+}
+
+/// The symmetric step: `acc[b % 8] += (dw·dx)·isum`.
+#[inline(always)]
+fn step(acc: &mut [f32; LANES], b: usize, dw: f32, dx: f32, isum: i32) {
+    acc[b % LANES] += (dw * dx) * isum as f32;
+}
+
+/// The affine step: `acc[b % 8] += ((dw·dx)·isum) + mw·xs`.
+#[inline(always)]
+fn step_affine(acc: &mut [f32; LANES], b: usize, dw: f32, dx: f32, isum: i32, mw: f32, xs: f32) {
+    acc[b % LANES] += (dw * dx) * isum as f32 + mw * xs;
+}
+
+/// Exact `Σ q_i·x_i` of unsigned levels against activation quants.
+#[inline(always)]
+fn isum_u(q: &[u8], x: &[i8]) -> i32 {
+    q.iter().zip(x).map(|(&a, &b)| a as i32 * b as i32).sum()
+}
+
+/// One row (`w` = its blocks) · one token (`xq`, `xd`: `cols` quants, `cols/32` scales).
+pub fn dot(t: WType, w: &[u8], xq: &[i8], xd: &[f32]) -> f32 {
+    let mut acc = [0.0f32; LANES];
+    let nb = xd.len();
+    match t {
+        WType::Q4_K | WType::Q5_K => {
+            for (sb, wb) in w.chunks_exact(t.block_bytes()).enumerate() {
+                let sub = kquants::sub_scales(wb);
+                let q = kquants::levels_q45(t, wb);
+                for (j, &(dj, mj)) in sub.iter().enumerate() {
+                    let b = sb * (QK_K / QK) + j;
+                    let xb = &xq[QK * b..QK * (b + 1)];
+                    let isum = isum_u(&q[QK * j..QK * (j + 1)], xb);
+                    step_affine(&mut acc, b, dj, xd[b], isum, -mj, act_xs(xd[b], xb));
+                }
+            }
+        }
+        WType::Q6_K => {
+            for (sb, wb) in w.chunks_exact(t.block_bytes()).enumerate() {
+                let (d, sc) = kquants::q6_scales(wb);
+                let q = kquants::levels_q6(wb);
+                for j in 0..QK_K / QK {
+                    let b = sb * (QK_K / QK) + j;
+                    let half = |h: usize| -> i32 {
+                        let (q, x) = (&q[QK * j + 16 * h..][..16], &xq[QK * b + 16 * h..][..16]);
+                        q.iter()
+                            .zip(x)
+                            .map(|(&l, &v)| (l as i32 - 32) * v as i32)
+                            .sum()
+                    };
+                    let isum = sc[2 * j] as i32 * half(0) + sc[2 * j + 1] as i32 * half(1);
+                    step(&mut acc, b, d, xd[b], isum);
+                }
+            }
+        }
+        t if blocks32::is_block32(t) => {
+            let kind = blocks32::kind(t);
+            for (b, wb) in w.chunks_exact(t.block_bytes()).enumerate() {
+                let (d, m) = blocks32::scales(t, wb);
+                let q = blocks32::unpack(t, wb);
+                let xb = &xq[QK * b..QK * (b + 1)];
+                match kind {
+                    Kind::Symmetric(lv) => {
+                        let isum = q
+                            .iter()
+                            .zip(xb)
+                            .map(|(&l, &v)| level_int(&lv, l) * v as i32)
+                            .sum();
+                        step(&mut acc, b, d, xd[b], isum);
+                    }
+                    Kind::Affine { .. } => {
+                        let isum = isum_u(&q, xb);
+                        step_affine(&mut acc, b, d, xd[b], isum, m, act_xs(xd[b], xb));
+                    }
+                }
+            }
+        }
+        t => panic!("{t} has its kernels in kernels::scalar"),
+    }
+    debug_assert_eq!(nb * QK, xq.len());
+    reduce_lanes(acc)
+}
+
+/// The integer value of a symmetric level index.
+#[inline(always)]
+fn level_int(lv: &Levels, l: u8) -> i32 {
+    match *lv {
+        Levels::Uniform { lo, .. } => lo + l as i32,
+        Levels::Table(tab) => tab[l as usize] as i32,
+    }
+}
+
+/// `y[t·rows + r] = W[r]·x[t]` for every token of `x` (`w`: rows × cols of type `t`).
+///
+/// Panics if the lengths disagree or `t` is not a GGUF block type.
+pub fn matmul(t: WType, rows: usize, cols: usize, w: &[u8], x: &QActs, y: &mut [f32]) {
+    assert!(blocks::is_block_type(t), "{t} is not a GGUF block type");
+    assert!(
+        cols > 0 && cols.is_multiple_of(t.block_weights()),
+        "cols {cols} for {t}"
+    );
+    let rb = t.row_bytes(cols);
+    assert_eq!(w.len(), rows * rb, "weights of a {rows}x{cols} {t} matrix");
+    assert_eq!(x.cols(), cols, "activation width");
+    assert_eq!(y.len(), x.n() * rows, "output length");
+    let nb = cols / QK;
+    for (tok, yt) in y.chunks_exact_mut(rows).enumerate() {
+        let xq = &x.q()[tok * cols..(tok + 1) * cols];
+        let xd = &x.d()[tok * nb..(tok + 1) * nb];
+        for (o, wr) in yt.iter_mut().zip(w.chunks_exact(rb)) {
+            *o = dot(t, wr, xq, xd);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::quant::blocks::{dequantize_matrix, quantize_matrix};
+
+    const TYPES: [WType; 8] = [
+        WType::Q4_K,
+        WType::Q5_K,
+        WType::Q6_K,
+        WType::Q4_1,
+        WType::Q5_0,
+        WType::Q5_1,
+        WType::IQ4_NL,
+        WType::Q6_0,
+    ];
+
+    fn h(v: f32) -> [u8; 2] {
+        half::f16::from_f32(v).to_bits().to_le_bytes()
+    }
+
+    struct Rng(u64);
+    impl Rng {
+        fn f(&mut self) -> f32 {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            (self.0 >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
+        }
+    }
+
+    #[test]
+    fn q4_1_one_block_by_hand() {
+        // d = 0.5, m = -2, levels: element 0 → 3, element 16 → 15, the rest 0.
+        let mut w = [0u8; 20];
+        w[0..2].copy_from_slice(&h(0.5));
+        w[2..4].copy_from_slice(&h(-2.0));
+        w[4] = 0xf3;
+        let mut xq = [0i8; 32];
+        xq[0] = 10;
+        xq[16] = -4;
+        xq[5] = 7;
+        let xd = [0.25f32];
+        // isum = 3·10 + 15·(−4) = −30; Σx = 13, xs = 3.25;
+        // y = (0.5·0.25)·(−30) + (−2)·3.25 = −3.75 − 6.5.
+        assert_eq!(dot(WType::Q4_1, &w, &xq, &xd), -10.25);
+    }
+
+    #[test]
+    fn q4_k_sub_blocks_by_hand() {
+        // d = 1, dmin = 0.5; sub-block 0: sc 2, m 4; sub-block 1: sc 3, m 0.
+        let mut w = [0u8; 144];
+        w[0..2].copy_from_slice(&h(1.0));
+        w[2..4].copy_from_slice(&h(0.5));
+        let (mut sc, mut m) = ([0u8; 8], [0u8; 8]);
+        (sc[0], m[0], sc[1]) = (2, 4, 3);
+        kquants::pack_scale_min(&sc, &m, &mut w[4..16]);
+        // Sub-block 0 element 1 = 5 (low nibble of qs[1]); sub-block 1 element 1 = 7.
+        w[16 + 1] = 0x75;
+        let mut xq = vec![0i8; 256];
+        let mut xd = vec![1.0f32; 8];
+        xq[1] = 2; // block 0: isum = 5·2 = 10, Σx = 2 + 3 = 5
+        xq[2] = 3;
+        xq[33] = -1; // block 1: isum = 7·(−1) = −7, Σx = −1
+        xd[1] = 0.5;
+        // block 0: (2·1)·10 + (−2)·(1·5) = 20 − 10 = 10 → lane 0
+        // block 1: (3·0.5)·(−7) + (−0)·(0.5·−1) = −10.5 + 0 → lane 1
+        assert_eq!(dot(WType::Q4_K, &w, &xq, &xd), 10.0 - 10.5);
+    }
+
+    #[test]
+    fn q6_k_scales_combine_in_integer() {
+        // Sub-blocks 0 and 1 (block 0) with scales 3 and −2; element 0 = 33 (level 1),
+        // element 16 = 30 (level −2); every other level 32 (0).
+        let mut w = [0u8; 210];
+        let mut q = [32u8; 256];
+        (q[0], q[16]) = (33, 30);
+        for (e, &v) in q.iter().enumerate() {
+            let (hh, k, l) = (e / 128, (e % 128) / 32, e % 32);
+            w[64 * hh + 32 * (k % 2) + l] |= (v & 15) << (4 * (k / 2));
+            w[128 + 32 * hh + l] |= (v >> 4) << (2 * k);
+        }
+        w[192] = 3;
+        w[193] = (-2i8) as u8;
+        w[208..210].copy_from_slice(&h(0.25));
+        let mut xq = vec![0i8; 256];
+        (xq[0], xq[16]) = (5, 7);
+        let xd = vec![2.0f32; 8];
+        // isum = 3·(1·5) + (−2)·(−2·7) = 15 + 28 = 43; y = (0.25·2)·43.
+        assert_eq!(dot(WType::Q6_K, &w, &xq, &xd), 21.5);
+    }
+
+    #[test]
+    fn lanes_follow_the_contract_tree() {
+        // Q5_0 blocks with a single level each, so block b adds exactly v_b to lane b % 8:
+        // values chosen so that any other association or lane order rounds differently.
+        let vals = [1e8f32, 1.0, -1e8, 1.0, 1.0, 0.5, 1.0, 0.25, 3.0, -7.0];
+        let nb = vals.len();
+        let mut w = vec![0u8; 22 * nb];
+        let mut xq = vec![0i8; 32 * nb];
+        for b in 0..nb {
+            let wb = &mut w[22 * b..22 * (b + 1)];
+            wb[0..2].copy_from_slice(&h(1.0));
+            // Element 0: q = 17 (low nibble 1, qh bit 0) → level 1; the others q = 0
+            // (level −16) against x = 0.
+            wb[2..6].copy_from_slice(&1u32.to_le_bytes());
+            wb[6] = 0x01;
+            xq[32 * b] = 1;
+        }
+        let xd: Vec<f32> = vals.to_vec();
+        let mut acc = [0f32; 8];
+        for (b, &v) in vals.iter().enumerate() {
+            acc[b % 8] += (1.0 * v) * 1.0;
+        }
+        let want = reduce_lanes(acc);
+        assert_eq!(dot(WType::Q5_0, &w, &xq, &xd).to_bits(), want.to_bits());
+        let seq: f32 = vals.iter().sum();
+        assert_ne!(want, seq, "the test values must tell the orders apart");
+    }
+
+    /// The kernels against an f64 dot of the dequantized weights and activations.
+    #[test]
+    fn dot_matches_f64_of_dequantized() {
+        let mut rng = Rng(0x9e3779b97f4a7c15);
+        for t in TYPES {
+            for &cols in &[256usize, 512, 768] {
+                let rows = 5;
+                let x: Vec<f32> = (0..rows * cols).map(|_| rng.f() * 0.1).collect();
+                let q = quantize_matrix(t, rows, cols, &x, None).unwrap();
+                let wd = dequantize_matrix(t, rows, cols, &q);
+                let a: Vec<f32> = (0..2 * cols).map(|_| rng.f() * 3.0).collect();
+                let mut acts = QActs::new();
+                acts.quantize_with(
+                    &super::super::Kernels::for_tier(super::super::Tier::Scalar).unwrap(),
+                    &a,
+                    cols,
+                );
+                let mut y = vec![0f32; 2 * rows];
+                matmul(t, rows, cols, &q, &acts, &mut y);
+                for tok in 0..2 {
+                    for r in 0..rows {
+                        let (mut s, mut sa) = (0f64, 0f64);
+                        for c in 0..cols {
+                            let xv = acts.q()[tok * cols + c] as f64
+                                * acts.d()[tok * cols / 32 + c / 32] as f64;
+                            let p = wd[r * cols + c] as f64 * xv;
+                            s += p;
+                            sa += p.abs();
+                        }
+                        let got = y[tok * rows + r] as f64;
+                        assert!(
+                            (got - s).abs() <= 1e-5 * sa + 1e-30,
+                            "{t} cols {cols} row {r} tok {tok}: {got} vs {s} (Σ|p| {sa})"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,524 @@
+//! Matrices of the GGUF block types (the K types of [`super::kquants`] and the 32-weight
+//! types of [`super::blocks32`]): one array of `rows × cols / block_weights` blocks,
+//! row-major, each block its GGUF bytes with its scales inside (no scale array).
+//!
+//! Rows are quantized in parallel (rayon), each a pure function of its values and the
+//! imatrix, so the bytes do not depend on the thread count.
+
+use rayon::prelude::*;
+
+use super::{blocks32, fit, kquants, QuantError};
+use crate::format::wtype::WType;
+
+/// Whether `t` is stored as GGUF blocks with their scales inside.
+pub fn is_block_type(t: WType) -> bool {
+    kquants::is_k(t) || blocks32::is_block32(t)
+}
+
+/// Dequantizes one row (`q` = its blocks) into `out` (`cols` values).
+pub fn dequant_row(t: WType, q: &[u8], out: &mut [f32]) {
+    let (bw, bb) = (t.block_weights(), t.block_bytes());
+    debug_assert_eq!(q.len() / bb * bw, out.len());
+    for (ob, qb) in out.chunks_exact_mut(bw).zip(q.chunks_exact(bb)) {
+        if kquants::is_k(t) {
+            kquants::dequant_block(t, qb, ob);
+        } else {
+            blocks32::dequant_block(t, qb, ob);
+        }
+    }
+}
+
+/// Quantizes one row `x` with importance `imp` (one per column, or `None`) into `out`
+/// ([`WType::row_bytes`] bytes). `Err((block, v))` when a scale `v` of block `block`
+/// does not fit in an f16.
+pub fn quantize_row(
+    t: WType,
+    x: &[f32],
+    imp: Option<&[f32]>,
+    out: &mut [u8],
+) -> Result<(), (usize, f32)> {
+    let (bw, bb) = (t.block_weights(), t.block_bytes());
+    let mut w = Vec::with_capacity(x.len());
+    fit::row_weights(x, imp, &mut w);
+    let blocks = x.chunks_exact(bw).zip(w.chunks_exact(bw));
+    for (i, ((xb, wb), ob)) in blocks.zip(out.chunks_exact_mut(bb)).enumerate() {
+        let r = if kquants::is_k(t) {
+            kquants::quantize_block(t, xb, wb, ob)
+        } else {
+            blocks32::quantize_block(t, xb, wb, ob)
+        };
+        r.map_err(|v| (i, v))?;
+    }
+    Ok(())
+}
+
+/// Quantizes a rows × cols matrix (row-major f32, finite) to block type `t`.
+///
+/// `cols` must be a positive multiple of `t.block_weights()`; `imatrix`, when given,
+/// has one importance per column.
+pub fn quantize_matrix(
+    t: WType,
+    rows: usize,
+    cols: usize,
+    x: &[f32],
+    imatrix: Option<&[f32]>,
+) -> Result<Vec<u8>, QuantError> {
+    assert!(is_block_type(t), "{t} is not a GGUF block type");
+    if cols == 0
+        || !cols.is_multiple_of(t.block_weights())
+        || rows.checked_mul(cols) != Some(x.len())
+    {
+        return Err(QuantError::Shape {
+            rows,
+            cols,
+            len: x.len(),
+        });
+    }
+    if let Some(i) = x.iter().position(|v| !v.is_finite()) {
+        return Err(QuantError::NonFinite {
+            row: i / cols,
+            col: i % cols,
+            value: x[i],
+        });
+    }
+    if let Some(imp) = imatrix {
+        assert_eq!(imp.len(), cols, "imatrix length must equal cols");
+    }
+    let rb = t.row_bytes(cols);
+    let mut q = vec![0u8; rows * rb];
+    x.par_chunks(cols)
+        .zip(q.par_chunks_mut(rb))
+        .enumerate()
+        .try_for_each(|(r, (xr, qr))| {
+            quantize_row(t, xr, imatrix, qr).map_err(|(block, d)| QuantError::BlockScaleOverflow {
+                wtype: t,
+                row: r,
+                block,
+                d,
+            })
+        })?;
+    Ok(q)
+}
+
+/// Dequantizes a whole matrix of block type `t` (tests and statistics).
+pub fn dequantize_matrix(t: WType, rows: usize, cols: usize, q: &[u8]) -> Vec<f32> {
+    let rb = t.row_bytes(cols);
+    let mut out = vec![0f32; rows * cols];
+    for (o, qr) in out.chunks_exact_mut(cols).zip(q.chunks_exact(rb)) {
+        dequant_row(t, qr, o);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `testdata/gguf_blocks.bin` (made by `testdata/make_gguf_blocks.py`): random blocks
+    /// and gguf-py's numpy dequantization of them.
+    const FIXTURE: &[u8] = include_bytes!("../../testdata/gguf_blocks.bin");
+
+    fn u32_at(b: &[u8], at: usize) -> usize {
+        u32::from_le_bytes(b[at..at + 4].try_into().unwrap()) as usize
+    }
+
+    #[test]
+    fn dequant_matches_gguf_py() {
+        assert_eq!(&FIXTURE[..4], b"KQF1");
+        let mut at = 8;
+        let mut seen = Vec::new();
+        for _ in 0..u32_at(FIXTURE, 4) {
+            let t = WType::from_code(u32_at(FIXTURE, at) as u32).unwrap();
+            let (n, bb, bw) = (
+                u32_at(FIXTURE, at + 4),
+                u32_at(FIXTURE, at + 8),
+                u32_at(FIXTURE, at + 12),
+            );
+            assert_eq!((bb, bw), (t.block_bytes(), t.block_weights()), "{t}");
+            at += 16;
+            let q = &FIXTURE[at..at + n * bb];
+            at += n * bb;
+            let want: Vec<f32> = FIXTURE[at..at + 4 * n * bw]
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+                .collect();
+            at += 4 * n * bw;
+            let mut got = vec![0f32; n * bw];
+            dequant_row(t, q, &mut got);
+            for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                assert_eq!(
+                    g.to_bits(),
+                    w.to_bits(),
+                    "{t} block {} element {}: {g} vs gguf-py {w}",
+                    i / bw,
+                    i % bw
+                );
+            }
+            seen.push(t);
+        }
+        assert_eq!(at, FIXTURE.len());
+        let all: Vec<WType> = WType::ALL
+            .into_iter()
+            .filter(|&t| is_block_type(t))
+            .collect();
+        assert_eq!(seen, all);
+    }
+
+    struct Rng(u64);
+    impl Rng {
+        fn u(&mut self) -> f64 {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            (self.0 >> 11) as f64 / (1u64 << 53) as f64
+        }
+        /// Heavy-tailed values (a Laplace-like mix with rare outliers), like weights.
+        fn w(&mut self) -> f32 {
+            let v = -(1.0 - self.u()).ln() * if self.u() < 0.5 { -1.0 } else { 1.0 };
+            let v = if self.u() < 0.02 { v * 6.0 } else { v };
+            (v * 0.02) as f32
+        }
+    }
+
+    /// `rows × cols` heavy-tailed values with per-column spread (outlier channels).
+    fn matrix(rng: &mut Rng, rows: usize, cols: usize) -> Vec<f32> {
+        let colscale: Vec<f32> = (0..cols)
+            .map(|_| (0.5 + 2.0 * rng.u() * rng.u()) as f32)
+            .collect();
+        (0..rows * cols)
+            .map(|i| rng.w() * colscale[i % cols])
+            .collect()
+    }
+
+    const TYPES: [WType; 8] = [
+        WType::Q4_K,
+        WType::Q5_K,
+        WType::Q6_K,
+        WType::Q4_1,
+        WType::Q5_0,
+        WType::Q5_1,
+        WType::IQ4_NL,
+        WType::Q6_0,
+    ];
+
+    /// Weighted squared error in f64 of `xhat` against `x`.
+    fn werr(x: &[f32], xhat: &[f64], w: &[f32]) -> f64 {
+        (0..x.len())
+            .map(|i| w[i] as f64 * (x[i] as f64 - xhat[i]).powi(2))
+            .sum()
+    }
+
+    fn f16r(v: f64) -> f64 {
+        half::f16::from_f64(v).to_f64()
+    }
+
+    /// Plain rounding of one block (no search), computed independently in f64 from the
+    /// type's formula: the baseline every searched block must beat. Returns the
+    /// dequantized values.
+    fn round_block(t: WType, x: &[f32]) -> Vec<f64> {
+        let x: Vec<f64> = x.iter().map(|&v| v as f64).collect();
+        let signed_max = |x: &[f64]| {
+            x.iter()
+                .fold(0.0f64, |m, &v| if v.abs() > m.abs() { v } else { m })
+        };
+        let sym = |x: &[f64], vals: &[f64]| -> Vec<f64> {
+            // d maps the largest-magnitude element to the lowest level.
+            let d = f16r(signed_max(x) / vals[0]);
+            x.iter()
+                .map(|&v| {
+                    let best = vals.iter().fold(f64::INFINITY, |b, &l| {
+                        if (v - d * l).abs() < (v - d * b).abs() {
+                            l
+                        } else {
+                            b
+                        }
+                    });
+                    d * best
+                })
+                .collect()
+        };
+        let affine = |x: &[f64], nmax: f64, d: f64, mn: f64| -> Vec<f64> {
+            x.iter()
+                .map(|&v| {
+                    let l = if d == 0.0 {
+                        0.0
+                    } else {
+                        ((v - mn) / d).round().clamp(0.0, nmax)
+                    };
+                    d * l + mn
+                })
+                .collect()
+        };
+        let uniform = |lo: i32, hi: i32| -> Vec<f64> { (lo..=hi).map(|v| v as f64).collect() };
+        match t {
+            WType::Q5_0 => sym(&x, &uniform(-16, 15)),
+            WType::Q6_0 => sym(&x, &uniform(-32, 31)),
+            WType::IQ4_NL => {
+                let vals: Vec<f64> = blocks32::IQ4NL_VALUES.iter().map(|&v| v as f64).collect();
+                sym(&x, &vals)
+            }
+            WType::Q4_1 | WType::Q5_1 => {
+                let nmax = if t == WType::Q4_1 { 15.0 } else { 31.0 };
+                let mn = x.iter().cloned().fold(f64::INFINITY, f64::min);
+                let mx = x.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                affine(&x, nmax, f16r((mx - mn) / nmax), f16r(mn))
+            }
+            WType::Q4_K | WType::Q5_K => {
+                let nmax = if t == WType::Q4_K { 15.0 } else { 31.0 };
+                let (mut s, mut mu) = ([0f64; 8], [0f64; 8]);
+                for j in 0..8 {
+                    let xj = &x[32 * j..32 * (j + 1)];
+                    let mn = xj.iter().cloned().fold(0.0, f64::min);
+                    let mx = xj.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                    (s[j], mu[j]) = ((mx - mn) / nmax, -mn);
+                }
+                let d = f16r(s.iter().cloned().fold(0.0, f64::max) / 63.0);
+                let dm = f16r(mu.iter().cloned().fold(0.0, f64::max) / 63.0);
+                let code = |v: f64, d: f64| {
+                    if d == 0.0 {
+                        0.0
+                    } else {
+                        (v / d).round().min(63.0)
+                    }
+                };
+                (0..8)
+                    .flat_map(|j| {
+                        let xj = &x[32 * j..32 * (j + 1)];
+                        affine(xj, nmax, d * code(s[j], d), -(dm * code(mu[j], dm)))
+                    })
+                    .collect()
+            }
+            WType::Q6_K => {
+                let s: Vec<f64> = x.chunks(16).map(|xj| signed_max(xj) / -32.0).collect();
+                let ms = signed_max(&s);
+                let d = f16r(ms / -128.0);
+                (0..16)
+                    .flat_map(|j| {
+                        let c = if d == 0.0 {
+                            0.0
+                        } else {
+                            (s[j] / d).round().clamp(-128.0, 127.0)
+                        };
+                        let dj = d * c;
+                        x[16 * j..16 * (j + 1)]
+                            .iter()
+                            .map(move |&v| {
+                                let l = if dj == 0.0 {
+                                    0.0
+                                } else {
+                                    (v / dj).round().clamp(-32.0, 31.0)
+                                };
+                                dj * l
+                            })
+                            .collect::<Vec<_>>()
+                    })
+                    .collect()
+            }
+            t => panic!("{t}"),
+        }
+    }
+
+    /// The search beats plain rounding on every block, in the weighted error it
+    /// minimizes (with and without an imatrix).
+    #[test]
+    fn search_is_no_worse_than_rounding_on_every_block() {
+        let mut rng = Rng(0x2545f4914f6cdd1d);
+        let (rows, cols) = (24, 512);
+        let x = matrix(&mut rng, rows, cols);
+        let imp: Vec<f32> = (0..cols)
+            .map(|_| (0.001 + 4.0 * rng.u().powi(3)) as f32)
+            .collect();
+        for t in TYPES {
+            for imatrix in [None, Some(&imp[..])] {
+                let q = quantize_matrix(t, rows, cols, &x, imatrix).unwrap();
+                let xq = dequantize_matrix(t, rows, cols, &q);
+                let bw = t.block_weights();
+                let (mut tot_s, mut tot_r) = (0f64, 0f64);
+                for r in 0..rows {
+                    let xr = &x[r * cols..(r + 1) * cols];
+                    let mut w = Vec::new();
+                    fit::row_weights(xr, imatrix, &mut w);
+                    for b in 0..cols / bw {
+                        let (xb, wb) = (&xr[b * bw..(b + 1) * bw], &w[b * bw..(b + 1) * bw]);
+                        let got: Vec<f64> = xq[r * cols + b * bw..][..bw]
+                            .iter()
+                            .map(|&v| v as f64)
+                            .collect();
+                        let es = werr(xb, &got, wb);
+                        let er = werr(xb, &round_block(t, xb), wb);
+                        assert!(
+                            es <= er * (1.0 + 1e-6),
+                            "{t} imatrix {} row {r} block {b}: searched {es} > rounded {er}",
+                            imatrix.is_some()
+                        );
+                        (tot_s, tot_r) = (tot_s + es, tot_r + er);
+                    }
+                }
+                eprintln!(
+                    "{t} imatrix {}: searched/rounded error {:.3}",
+                    imatrix.is_some(),
+                    tot_s / tot_r
+                );
+            }
+        }
+    }
+
+    /// The symmetric 32-weight types against an exhaustive search in f64: every f16
+    /// value of `d` (either sign) with `|d|` within a factor 1.5 of `amax / |extreme
+    /// level|`, each with every element on its nearest level (optimal for that `d`).
+    #[test]
+    fn symmetric_search_is_near_the_exhaustive_optimum() {
+        let mut rng = Rng(0x853c49e6748fea9b);
+        let (rows, cols) = (4, 512);
+        let x = matrix(&mut rng, rows, cols);
+        for t in [WType::Q5_0, WType::IQ4_NL, WType::Q6_0] {
+            let vals: Vec<f64> = match blocks32::kind(t) {
+                blocks32::Kind::Symmetric(lv) => {
+                    (0..lv.len() as u8).map(|l| lv.value(l) as f64).collect()
+                }
+                _ => unreachable!(),
+            };
+            let (vmin, vmax) = (
+                vals[0].abs().min(vals[vals.len() - 1].abs()),
+                vals[0].abs().max(vals[vals.len() - 1].abs()),
+            );
+            let q = quantize_matrix(t, rows, cols, &x, None).unwrap();
+            let xq = dequantize_matrix(t, rows, cols, &q);
+            let (mut worst, mut sum, mut n) = (0f64, 0f64, 0usize);
+            for r in 0..rows {
+                let xr = &x[r * cols..(r + 1) * cols];
+                let mut w = Vec::new();
+                fit::row_weights(xr, None, &mut w);
+                for b in 0..cols / 32 {
+                    let (xb, wb) = (&xr[32 * b..32 * (b + 1)], &w[32 * b..32 * (b + 1)]);
+                    let amax = xb.iter().fold(0f64, |m, &v| m.max(v.abs() as f64));
+                    let (lo, hi) = (amax / (1.5 * vmax), 1.5 * amax / vmin);
+                    let mut best = f64::INFINITY;
+                    for bits in 0u16..0x7c00 {
+                        let d = half::f16::from_bits(bits).to_f64();
+                        if d < lo || d > hi {
+                            continue;
+                        }
+                        for d in [d, -d] {
+                            let mut e = 0.0;
+                            for (&v, &wi) in xb.iter().zip(wb) {
+                                let v = v as f64;
+                                let r = vals
+                                    .iter()
+                                    .fold(f64::INFINITY, |m, &l| m.min((v - d * l).abs()));
+                                e += wi as f64 * r * r;
+                            }
+                            best = best.min(e);
+                        }
+                    }
+                    let got: Vec<f64> = xq[r * cols + 32 * b..][..32]
+                        .iter()
+                        .map(|&v| v as f64)
+                        .collect();
+                    let ratio = werr(xb, &got, wb) / best;
+                    worst = worst.max(ratio);
+                    sum += ratio;
+                    n += 1;
+                }
+            }
+            eprintln!(
+                "{t}: searched / exhaustive optimum: mean {:.4}, worst {:.4}",
+                sum / n as f64,
+                worst
+            );
+            assert!(
+                sum / n as f64 <= 1.01 && worst <= 1.15,
+                "{t}: mean {} worst {worst}",
+                sum / n as f64
+            );
+        }
+    }
+
+    /// The same bytes at 1, 2 and 3 threads.
+    #[test]
+    fn bytes_do_not_depend_on_the_thread_count() {
+        use std::hash::{Hash, Hasher};
+        let mut rng = Rng(0xda942042e4dd58b5);
+        let (rows, cols) = (37, 768);
+        let x = matrix(&mut rng, rows, cols);
+        let imp: Vec<f32> = (0..cols).map(|_| (0.001 + rng.u()) as f32).collect();
+        for t in TYPES {
+            let hashes: Vec<u64> = (1..=3)
+                .map(|n| {
+                    let pool = rayon::ThreadPoolBuilder::new()
+                        .num_threads(n)
+                        .build()
+                        .unwrap();
+                    let q =
+                        pool.install(|| quantize_matrix(t, rows, cols, &x, Some(&imp)).unwrap());
+                    let mut h = std::collections::hash_map::DefaultHasher::new();
+                    q.hash(&mut h);
+                    h.finish()
+                })
+                .collect();
+            assert!(hashes.iter().all(|&h| h == hashes[0]), "{t}: {hashes:x?}");
+        }
+    }
+
+    /// With an imatrix the error it weights is lower than without it (the quantizer
+    /// uses it), on a matrix whose channels differ in importance by up to 4000×.
+    #[test]
+    fn imatrix_lowers_the_importance_weighted_error() {
+        let mut rng = Rng(0x9e3779b97f4a7c15);
+        let (rows, cols) = (16, 512);
+        let x = matrix(&mut rng, rows, cols);
+        let imp: Vec<f32> = (0..cols)
+            .map(|_| (0.001 + 4.0 * rng.u().powi(4)) as f32)
+            .collect();
+        for t in TYPES {
+            let e = |imatrix: Option<&[f32]>| -> f64 {
+                let q = quantize_matrix(t, rows, cols, &x, imatrix).unwrap();
+                let xq = dequantize_matrix(t, rows, cols, &q);
+                (0..rows * cols)
+                    .map(|i| imp[i % cols] as f64 * (x[i] as f64 - xq[i] as f64).powi(2))
+                    .sum()
+            };
+            let (with, without) = (e(Some(&imp)), e(None));
+            eprintln!(
+                "{t}: imatrix-weighted error with / without the imatrix {:.3}",
+                with / without
+            );
+            assert!(with < 0.95 * without, "{t}: {with} vs {without}");
+        }
+    }
+
+    #[test]
+    fn shapes_and_values_are_checked() {
+        let x = vec![0.5f32; 2 * 256];
+        assert!(matches!(
+            quantize_matrix(WType::Q4_K, 2, 256, &x[..300], None),
+            Err(QuantError::Shape { .. })
+        ));
+        assert!(matches!(
+            quantize_matrix(WType::Q6_K, 4, 128, &x, None),
+            Err(QuantError::Shape { .. })
+        ));
+        assert!(quantize_matrix(WType::Q5_0, 4, 128, &x, None).is_ok());
+        let mut y = x.clone();
+        y[300] = f32::NAN;
+        match quantize_matrix(WType::Q4_K, 2, 256, &y, None) {
+            Err(QuantError::NonFinite {
+                row: 1,
+                col: 44,
+                value,
+            }) => assert!(value.is_nan()),
+            r => panic!("{r:?}"),
+        }
+        y[300] = 1e9;
+        match quantize_matrix(WType::Q4_K, 2, 256, &y, None) {
+            Err(
+                e @ QuantError::BlockScaleOverflow {
+                    row: 1, block: 0, ..
+                },
+            ) => {
+                assert!(e.to_string().contains("Q4_K's f16 scales"), "{e}")
+            }
+            r => panic!("{r:?}"),
+        }
+    }
+}
