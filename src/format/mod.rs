@@ -8,5 +8,6 @@ pub mod error;
 pub mod mlb;
 pub mod mli;
 pub mod mlt;
+pub mod mlt_chat;
 
 pub use error::{FormatError, Result, Status};
