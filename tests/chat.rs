@@ -168,3 +168,186 @@ fn real_templates_match_transformers() {
     eprintln!("chat parity:\n  {}", report.join("\n  "));
     assert!(failures.is_empty(), "{} of {total} differ:\n{}", failures.len(), failures.join("\n"));
 }
+
+/// A chatml-style template over the default tokenizer's added tokens.
+const TINY_TEMPLATE: &str = "{% for m in messages %}<|startoftext|>{{ m.role }}\n{{ m.content }}<|endoftext|>\n{% endfor %}{% if add_generation_prompt %}<|startoftext|>assistant\n{% endif %}";
+
+/// A folder with the default tokenizer.json and tokenizer_config.json.
+fn tokenizer_folder() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    for f in ["tokenizer.json", "tokenizer_config.json"] {
+        std::fs::copy(testdata().join("default").join(f), dir.path().join(f)).unwrap();
+    }
+    dir
+}
+
+fn convert(dir: &Path, extra: &[&str]) -> std::process::Output {
+    let mut args = vec!["tokenizer.json", "-o", "t.mlt", "-q"];
+    args.extend_from_slice(extra);
+    run_in(dir, "mlt-convert", &args)
+}
+
+fn write(dir: &Path, name: &str, text: &str) {
+    let p = dir.join(name);
+    std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+    std::fs::write(p, text).unwrap();
+}
+
+#[test]
+fn mlt_convert_captures_templates_and_stop_set() {
+    let dir = tokenizer_folder();
+    let d = dir.path();
+    write(d, "chat_template.jinja", TINY_TEMPLATE);
+    write(d, "generation_config.json", r#"{"eos_token_id": [2, 0]}"#);
+    let o = convert(d, &[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let m = Mlt::load(&d.join("t.mlt")).unwrap();
+    assert_ne!(m.flags & FLAG_CHAT, 0);
+    let o = run_in(d, "mlb-inspect", &["t.mlt"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    insta::assert_snapshot!("mlt_chat_text", stdout(&o));
+    let o = run_in(d, "mlb-inspect", &["t.mlt", "--json"]);
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    insta::assert_json_snapshot!("mlt_chat_json", v["chat"]);
+
+    // --chat prints the ids on one line, --chat-text the text; no BOS is added although
+    // this tokenizer prepends one to plain text (add_special_tokens=False).
+    write(
+        d,
+        "conv.json",
+        r#"{"messages": [{"role": "user", "content": "Hi <|endoftext|> there"}], "add_generation_prompt": true}"#,
+    );
+    let o = run_in(d, "mlb-inspect", &["t.mlt", "--chat", "conv.json", "--chat-text"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = stdout(&o);
+    assert_eq!(
+        text,
+        "<|startoftext|>user\nHi <|endoftext|> there<|endoftext|>\n<|startoftext|>assistant\n"
+    );
+    let o = run_in(d, "mlb-inspect", &["t.mlt", "--chat", "conv.json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert_eq!(out.lines().count(), 1);
+    let ids: Vec<u32> = serde_json::from_str(out.trim()).unwrap();
+    let tok = Tokenizer::from_mlt(&m).unwrap();
+    let plain = tok.encode(&text);
+    assert_eq!(plain[0], 1, "plain encoding starts with BOS");
+    assert_eq!(ids, plain[1..], "chat ids are the text's ids without BOS");
+    // The special-token text in the content is matched as a token (as transformers does).
+    assert_eq!(ids.iter().filter(|&&i| i == 2).count(), 2);
+}
+
+#[test]
+fn template_files_take_transformers_precedence() {
+    // chat_template.jinja and additional_chat_templates/ win over tokenizer_config.json.
+    let dir = tokenizer_folder();
+    let d = dir.path();
+    let mut cfg: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(d.join("tokenizer_config.json")).unwrap()).unwrap();
+    cfg["chat_template"] = serde_json::json!("CONFIG{{ messages|length }}");
+    write(d, "tokenizer_config.json", &cfg.to_string());
+    write(d, "chat_template.json", r#"{"chat_template": "LEGACY"}"#);
+    let names = |d: &Path| -> Vec<(String, String)> {
+        let m = Mlt::load(&d.join("t.mlt")).unwrap();
+        m.chat
+            .map(|c| c.templates.into_iter().map(|t| (t.name, t.source)).collect())
+            .unwrap_or_default()
+    };
+    assert!(convert(d, &[]).status.success());
+    assert_eq!(names(d), [("default".into(), "CONFIG{{ messages|length }}".into())]);
+    write(d, "chat_template.jinja", "JINJA");
+    write(d, "additional_chat_templates/tool_use.jinja", "TOOLS");
+    write(d, "additional_chat_templates/notes.txt", "ignored");
+    assert!(convert(d, &[]).status.success());
+    assert_eq!(
+        names(d),
+        [
+            ("default".to_string(), "JINJA".to_string()),
+            ("tool_use".into(), "TOOLS".into())
+        ]
+    );
+    // The list form of tokenizer_config.json.
+    std::fs::remove_file(d.join("chat_template.jinja")).unwrap();
+    std::fs::remove_dir_all(d.join("additional_chat_templates")).unwrap();
+    cfg["chat_template"] = serde_json::json!([{"name": "default", "template": "D"}, {"name": "rag", "template": "R"}]);
+    write(d, "tokenizer_config.json", &cfg.to_string());
+    assert!(convert(d, &[]).status.success());
+    assert_eq!(names(d), [("default".to_string(), "D".to_string()), ("rag".into(), "R".into())]);
+    // chat_template.json alone (the processor's file) is the last resort.
+    cfg.as_object_mut().unwrap().remove("chat_template");
+    write(d, "tokenizer_config.json", &cfg.to_string());
+    assert!(convert(d, &[]).status.success());
+    assert_eq!(names(d), [("default".to_string(), "LEGACY".to_string())]);
+    // --chat-template FILE replaces them; --no-chat writes none.
+    write(d, "mine.jinja", TINY_TEMPLATE);
+    assert!(convert(d, &["--chat-template", "mine.jinja"]).status.success());
+    assert_eq!(names(d), [("default".to_string(), TINY_TEMPLATE.to_string())]);
+    assert!(convert(d, &["--no-chat"]).status.success());
+    let m = Mlt::load(&d.join("t.mlt")).unwrap();
+    assert!(m.chat.is_none() && m.flags & FLAG_CHAT == 0);
+    // Without any template the file is exactly what it was before chat sections existed.
+    std::fs::remove_file(d.join("chat_template.json")).unwrap();
+    assert!(convert(d, &[]).status.success());
+    let without = std::fs::read(d.join("t.mlt")).unwrap();
+    assert!(convert(d, &["--no-chat"]).status.success());
+    assert_eq!(std::fs::read(d.join("t.mlt")).unwrap(), without);
+}
+
+#[test]
+fn stop_tokens_and_refusals() {
+    let dir = tokenizer_folder();
+    let d = dir.path();
+    write(d, "chat_template.jinja", TINY_TEMPLATE);
+    assert!(convert(d, &["--stop-token", "<|pad|>"]).status.success());
+    let m = Mlt::load(&d.join("t.mlt")).unwrap();
+    let stop: Vec<(u32, u32)> = m.chat.unwrap().stop.iter().map(|s| (s.id, s.sources)).collect();
+    assert_eq!(stop, [(0, 8), (2, STOP_EOS | STOP_END_OF_TURN)]);
+    // An unknown stop token, a template that does not compile, a bad generation config:
+    // one line naming the file, field and value; no output written.
+    let cases: &[(&str, &str, &[&str], &str)] = &[
+        ("chat_template.jinja", TINY_TEMPLATE, &["--stop-token", "<nope>"], "--stop-token = <nope>: no such token"),
+        ("chat_template.jinja", "ok\n{% for %}", &[], "chat_template.jinja: chat_template 'default' = line 2: does not compile"),
+        ("generation_config.json", r#"{"eos_token_id": [2, 99999]}"#, &[], "generation_config.json: eos_token_id = 99999: must be a token id below n_vocab (2048)"),
+    ];
+    for (file, text, extra, want) in cases {
+        let dir = tokenizer_folder();
+        let d = dir.path();
+        write(d, "chat_template.jinja", TINY_TEMPLATE);
+        write(d, file, text);
+        let o = convert(d, extra);
+        assert!(!o.status.success(), "{want}");
+        let e = stderr(&o);
+        assert_eq!(e.lines().count(), 1, "{e}");
+        assert!(e.contains("ML_E_FORMAT") && e.contains(want), "{e}\nwant {want}");
+        assert!(!d.join("t.mlt").exists());
+    }
+}
+
+#[test]
+fn inspect_chat_errors_name_the_template_line() {
+    let dir = tokenizer_folder();
+    let d = dir.path();
+    write(
+        d,
+        "chat_template.jinja",
+        "{% for m in messages %}\n{% if m.role == 'system' %}\n{{ raise_exception('System role not supported') }}\n{% endif %}{{ m.content }}<|endoftext|>{% endfor %}",
+    );
+    assert!(convert(d, &[]).status.success());
+    write(d, "sys.json", r#"{"messages": [{"role": "system", "content": "x"}]}"#);
+    let o = run_in(d, "mlb-inspect", &["t.mlt", "--chat", "sys.json"]);
+    assert!(!o.status.success());
+    assert_eq!(
+        stderr(&o),
+        "mlb-inspect: t.mlt: chat template 'default' line 3: raise_exception: System role not supported\n"
+    );
+    write(d, "bad.json", r#"{"messages": [{"content": "x"}]}"#);
+    let o = run_in(d, "mlb-inspect", &["t.mlt", "--chat", "bad.json"]);
+    assert!(!o.status.success());
+    assert!(stderr(&o).starts_with("mlb-inspect: bad.json: messages[0].role"), "{}", stderr(&o));
+    // A tokenizer without a chat section says so.
+    assert!(convert(d, &["--no-chat"]).status.success());
+    write(d, "ok.json", r#"{"messages": [{"role": "user", "content": "x"}]}"#);
+    let o = run_in(d, "mlb-inspect", &["t.mlt", "--chat", "ok.json"]);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("has none"), "{}", stderr(&o));
+}

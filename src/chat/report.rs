@@ -53,7 +53,9 @@ pub fn describe(m: &Mlt, c: &ChatSection) -> (String, Value) {
             text.push_str(&format!("      | {}\n", clip(l)));
         }
         if lines.len() > SHOW_LINES {
-            text.push_str(&format!("      | ... {} more lines\n", lines.len() - SHOW_LINES));
+            let more = lines.len() - SHOW_LINES;
+            let s = if more == 1 { "" } else { "s" };
+            text.push_str(&format!("      | ... {more} more line{s}\n"));
         }
         templates.push(json!({
             "name": t.name,
