@@ -92,14 +92,13 @@ fn inspect_mlt(args: &Args, bytes: &[u8], name: &str) -> Result<(), String> {
     let mlt = Mlt::parse(bytes).map_err(err)?;
     if let Some(file) = &args.chat {
         let tok = Tokenizer::from_mlt(&mlt).map_err(err)?;
-        let json = std::fs::read_to_string(file)
-            .map_err(|e| FormatError::io(file, &e).to_string())?;
-        let (text, ids) = krafla::chat::render_json(&mlt, &tok, &json)
-            .map_err(|e| match e {
-                // A bad conversation names its file; a template failure names the .mlt.
-                krafla::chat::ChatError::Input { .. } => format!("{}: {e}", file.display()),
-                _ => format!("{name}: {e}"),
-            })?;
+        let json =
+            std::fs::read_to_string(file).map_err(|e| FormatError::io(file, &e).to_string())?;
+        let (text, ids) = krafla::chat::render_json(&mlt, &tok, &json).map_err(|e| match e {
+            // A bad conversation names its file; a template failure names the .mlt.
+            krafla::chat::ChatError::Input { .. } => format!("{}: {e}", file.display()),
+            _ => format!("{name}: {e}"),
+        })?;
         if args.chat_text {
             krafla::out!("{text}");
         } else {

@@ -59,6 +59,15 @@ fn main() -> ExitCode {
                     a.output.display(),
                     text.lines().take(6).collect::<Vec<_>>().join("\n")
                 );
+                if let Some(c) = &m.chat {
+                    let names: Vec<&str> = c.templates.iter().map(|t| t.name.as_str()).collect();
+                    let stop: Vec<String> = c.stop.iter().map(|s| s.id.to_string()).collect();
+                    eprintln!(
+                        "  chat templates: {}; stop ids: {} (mlb-inspect shows them)",
+                        names.join(", "),
+                        stop.join(", ")
+                    );
+                }
             }
             ExitCode::SUCCESS
         }

@@ -31,10 +31,15 @@ fn gunzip(path: &Path) -> String {
 fn configs(family: &str) -> (String, Option<String>) {
     let own = chat_dir().join(format!("configs/{family}.tokenizer_config.json"));
     let cfg = std::fs::read_to_string(&own).unwrap_or_else(|_| {
-        std::fs::read_to_string(testdata().join(format!("tokenizers/{family}.tokenizer_config.json")))
-            .expect("config present")
+        std::fs::read_to_string(
+            testdata().join(format!("tokenizers/{family}.tokenizer_config.json")),
+        )
+        .expect("config present")
     });
-    let gen = std::fs::read_to_string(chat_dir().join(format!("configs/{family}.generation_config.json"))).ok();
+    let gen = std::fs::read_to_string(
+        chat_dir().join(format!("configs/{family}.generation_config.json")),
+    )
+    .ok();
     (cfg, gen)
 }
 
@@ -46,7 +51,9 @@ fn mlt_with_template(family: &str, cfg_family: &str, template: &str) -> Mlt {
     let mut m = from_hf::convert(&json, Some(&cfg), &from_hf::Options::default()).unwrap();
     let cfg_v: serde_json::Value = serde_json::from_str(&cfg).unwrap();
     let gen_eos = match gen {
-        Some(g) => capture::generation_eos(&serde_json::from_str(&g).unwrap(), m.tokens.len()).unwrap(),
+        Some(g) => {
+            capture::generation_eos(&serde_json::from_str(&g).unwrap(), m.tokens.len()).unwrap()
+        }
         None => Vec::new(),
     };
     let section = capture::build_section(
@@ -99,7 +106,8 @@ fn real_templates_match_transformers() {
     let mut total = 0;
     for &(name, eot) in END_OF_TURN {
         let exp = read_value(&chat_dir().join(format!("expected/{name}.json")));
-        let source = std::fs::read_to_string(chat_dir().join(format!("templates/{name}.jinja"))).unwrap();
+        let source =
+            std::fs::read_to_string(chat_dir().join(format!("templates/{name}.jinja"))).unwrap();
         let family = get(&exp, "tokenizer").to_string();
         let cfg_family = get(&exp, "config").to_string();
         let m = mlt_with_template(&family, &cfg_family, &source);
@@ -113,14 +121,23 @@ fn real_templates_match_transformers() {
             .expect("end-of-turn token in vocab") as u32;
         let stop = chat.stop();
         assert!(
-            stop.tokens().iter().any(|s| s.id == eot_id && s.sources & STOP_END_OF_TURN != 0),
+            stop.tokens()
+                .iter()
+                .any(|s| s.id == eot_id && s.sources & STOP_END_OF_TURN != 0),
             "{name}: stop set {:?} lacks {eot} ({eot_id}) as end of turn",
             stop.tokens()
         );
         if let Some(eos) = m.eos {
-            assert!(stop.tokens().iter().any(|s| s.id == eos && s.sources & STOP_EOS != 0));
+            assert!(stop
+                .tokens()
+                .iter()
+                .any(|s| s.id == eos && s.sources & STOP_EOS != 0));
         }
-        let now = chrono::NaiveDateTime::parse_from_str(&get(&exp, "now").to_string(), "%Y-%m-%dT%H:%M:%S").unwrap();
+        let now = chrono::NaiveDateTime::parse_from_str(
+            &get(&exp, "now").to_string(),
+            "%Y-%m-%dT%H:%M:%S",
+        )
+        .unwrap();
         let results: HashMap<String, Value> = get(&exp, "results")
             .try_iter()
             .unwrap()
@@ -147,26 +164,44 @@ fn real_templates_match_transformers() {
                         if got_ids == ids {
                             same += 1;
                         } else {
-                            failures.push(format!("{name}/{cname}: ids differ\n  want {ids:?}\n  got  {got_ids:?}"));
+                            failures.push(format!(
+                                "{name}/{cname}: ids differ\n  want {ids:?}\n  got  {got_ids:?}"
+                            ));
                         }
                     }
-                    Ok(t) => failures.push(format!("{name}/{cname}: text differs\n  want {text:?}\n  got  {t:?}")),
-                    Err(e) => failures.push(format!("{name}/{cname}: error {e}, want text {text:?}")),
+                    Ok(t) => failures.push(format!(
+                        "{name}/{cname}: text differs\n  want {text:?}\n  got  {t:?}"
+                    )),
+                    Err(e) => {
+                        failures.push(format!("{name}/{cname}: error {e}, want text {text:?}"))
+                    }
                 }
             } else {
                 errors += 1;
                 let msg = get(want, "message").to_string();
                 match (err.as_str(), got) {
-                    (Some("raised"), Err(ChatError::Raised { message, .. })) if message == msg => same += 1,
+                    (Some("raised"), Err(ChatError::Raised { message, .. })) if message == msg => {
+                        same += 1
+                    }
                     (Some("other"), Err(e)) if !matches!(e, ChatError::Raised { .. }) => same += 1,
-                    (_, got) => failures.push(format!("{name}/{cname}: want {err} {msg:?}, got {got:?}")),
+                    (_, got) => {
+                        failures.push(format!("{name}/{cname}: want {err} {msg:?}, got {got:?}"))
+                    }
                 }
             }
         }
-        report.push(format!("{name}: {same}/{} identical ({errors} expected errors)", convs.len()));
+        report.push(format!(
+            "{name}: {same}/{} identical ({errors} expected errors)",
+            convs.len()
+        ));
     }
     eprintln!("chat parity:\n  {}", report.join("\n  "));
-    assert!(failures.is_empty(), "{} of {total} differ:\n{}", failures.len(), failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "{} of {total} differ:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
 }
 
 /// A chatml-style template over the default tokenizer's added tokens.
@@ -217,7 +252,11 @@ fn mlt_convert_captures_templates_and_stop_set() {
         "conv.json",
         r#"{"messages": [{"role": "user", "content": "Hi <|endoftext|> there"}], "add_generation_prompt": true}"#,
     );
-    let o = run_in(d, "mlb-inspect", &["t.mlt", "--chat", "conv.json", "--chat-text"]);
+    let o = run_in(
+        d,
+        "mlb-inspect",
+        &["t.mlt", "--chat", "conv.json", "--chat-text"],
+    );
     assert!(o.status.success(), "{}", stderr(&o));
     let text = stdout(&o);
     assert_eq!(
@@ -243,18 +282,27 @@ fn template_files_take_transformers_precedence() {
     let dir = tokenizer_folder();
     let d = dir.path();
     let mut cfg: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(d.join("tokenizer_config.json")).unwrap()).unwrap();
+        serde_json::from_str(&std::fs::read_to_string(d.join("tokenizer_config.json")).unwrap())
+            .unwrap();
     cfg["chat_template"] = serde_json::json!("CONFIG{{ messages|length }}");
     write(d, "tokenizer_config.json", &cfg.to_string());
     write(d, "chat_template.json", r#"{"chat_template": "LEGACY"}"#);
     let names = |d: &Path| -> Vec<(String, String)> {
         let m = Mlt::load(&d.join("t.mlt")).unwrap();
         m.chat
-            .map(|c| c.templates.into_iter().map(|t| (t.name, t.source)).collect())
+            .map(|c| {
+                c.templates
+                    .into_iter()
+                    .map(|t| (t.name, t.source))
+                    .collect()
+            })
             .unwrap_or_default()
     };
     assert!(convert(d, &[]).status.success());
-    assert_eq!(names(d), [("default".into(), "CONFIG{{ messages|length }}".into())]);
+    assert_eq!(
+        names(d),
+        [("default".into(), "CONFIG{{ messages|length }}".into())]
+    );
     write(d, "chat_template.jinja", "JINJA");
     write(d, "additional_chat_templates/tool_use.jinja", "TOOLS");
     write(d, "additional_chat_templates/notes.txt", "ignored");
@@ -269,10 +317,17 @@ fn template_files_take_transformers_precedence() {
     // The list form of tokenizer_config.json.
     std::fs::remove_file(d.join("chat_template.jinja")).unwrap();
     std::fs::remove_dir_all(d.join("additional_chat_templates")).unwrap();
-    cfg["chat_template"] = serde_json::json!([{"name": "default", "template": "D"}, {"name": "rag", "template": "R"}]);
+    cfg["chat_template"] =
+        serde_json::json!([{"name": "default", "template": "D"}, {"name": "rag", "template": "R"}]);
     write(d, "tokenizer_config.json", &cfg.to_string());
     assert!(convert(d, &[]).status.success());
-    assert_eq!(names(d), [("default".to_string(), "D".to_string()), ("rag".into(), "R".into())]);
+    assert_eq!(
+        names(d),
+        [
+            ("default".to_string(), "D".to_string()),
+            ("rag".into(), "R".into())
+        ]
+    );
     // chat_template.json alone (the processor's file) is the last resort.
     cfg.as_object_mut().unwrap().remove("chat_template");
     write(d, "tokenizer_config.json", &cfg.to_string());
@@ -280,8 +335,13 @@ fn template_files_take_transformers_precedence() {
     assert_eq!(names(d), [("default".to_string(), "LEGACY".to_string())]);
     // --chat-template FILE replaces them; --no-chat writes none.
     write(d, "mine.jinja", TINY_TEMPLATE);
-    assert!(convert(d, &["--chat-template", "mine.jinja"]).status.success());
-    assert_eq!(names(d), [("default".to_string(), TINY_TEMPLATE.to_string())]);
+    assert!(convert(d, &["--chat-template", "mine.jinja"])
+        .status
+        .success());
+    assert_eq!(
+        names(d),
+        [("default".to_string(), TINY_TEMPLATE.to_string())]
+    );
     assert!(convert(d, &["--no-chat"]).status.success());
     let m = Mlt::load(&d.join("t.mlt")).unwrap();
     assert!(m.chat.is_none() && m.flags & FLAG_CHAT == 0);
@@ -300,14 +360,35 @@ fn stop_tokens_and_refusals() {
     write(d, "chat_template.jinja", TINY_TEMPLATE);
     assert!(convert(d, &["--stop-token", "<|pad|>"]).status.success());
     let m = Mlt::load(&d.join("t.mlt")).unwrap();
-    let stop: Vec<(u32, u32)> = m.chat.unwrap().stop.iter().map(|s| (s.id, s.sources)).collect();
+    let stop: Vec<(u32, u32)> = m
+        .chat
+        .unwrap()
+        .stop
+        .iter()
+        .map(|s| (s.id, s.sources))
+        .collect();
     assert_eq!(stop, [(0, 8), (2, STOP_EOS | STOP_END_OF_TURN)]);
     // An unknown stop token, a template that does not compile, a bad generation config:
     // one line naming the file, field and value; no output written.
     let cases: &[(&str, &str, &[&str], &str)] = &[
-        ("chat_template.jinja", TINY_TEMPLATE, &["--stop-token", "<nope>"], "--stop-token = <nope>: no such token"),
-        ("chat_template.jinja", "ok\n{% for %}", &[], "chat_template.jinja: chat_template 'default' = line 2: does not compile"),
-        ("generation_config.json", r#"{"eos_token_id": [2, 99999]}"#, &[], "generation_config.json: eos_token_id = 99999: must be a token id below n_vocab (2048)"),
+        (
+            "chat_template.jinja",
+            TINY_TEMPLATE,
+            &["--stop-token", "<nope>"],
+            "--stop-token = <nope>: no such token",
+        ),
+        (
+            "chat_template.jinja",
+            "ok\n{% for %}",
+            &[],
+            "chat_template.jinja: chat_template 'default' = line 2: does not compile",
+        ),
+        (
+            "generation_config.json",
+            r#"{"eos_token_id": [2, 99999]}"#,
+            &[],
+            "generation_config.json: eos_token_id = 99999: must be a token id below n_vocab (2048)",
+        ),
     ];
     for (file, text, extra, want) in cases {
         let dir = tokenizer_folder();
@@ -318,7 +399,10 @@ fn stop_tokens_and_refusals() {
         assert!(!o.status.success(), "{want}");
         let e = stderr(&o);
         assert_eq!(e.lines().count(), 1, "{e}");
-        assert!(e.contains("ML_E_FORMAT") && e.contains(want), "{e}\nwant {want}");
+        assert!(
+            e.contains("ML_E_FORMAT") && e.contains(want),
+            "{e}\nwant {want}"
+        );
         assert!(!d.join("t.mlt").exists());
     }
 }
@@ -333,7 +417,11 @@ fn inspect_chat_errors_name_the_template_line() {
         "{% for m in messages %}\n{% if m.role == 'system' %}\n{{ raise_exception('System role not supported') }}\n{% endif %}{{ m.content }}<|endoftext|>{% endfor %}",
     );
     assert!(convert(d, &[]).status.success());
-    write(d, "sys.json", r#"{"messages": [{"role": "system", "content": "x"}]}"#);
+    write(
+        d,
+        "sys.json",
+        r#"{"messages": [{"role": "system", "content": "x"}]}"#,
+    );
     let o = run_in(d, "mlb-inspect", &["t.mlt", "--chat", "sys.json"]);
     assert!(!o.status.success());
     assert_eq!(
@@ -343,10 +431,18 @@ fn inspect_chat_errors_name_the_template_line() {
     write(d, "bad.json", r#"{"messages": [{"content": "x"}]}"#);
     let o = run_in(d, "mlb-inspect", &["t.mlt", "--chat", "bad.json"]);
     assert!(!o.status.success());
-    assert!(stderr(&o).starts_with("mlb-inspect: bad.json: messages[0].role"), "{}", stderr(&o));
+    assert!(
+        stderr(&o).starts_with("mlb-inspect: bad.json: messages[0].role"),
+        "{}",
+        stderr(&o)
+    );
     // A tokenizer without a chat section says so.
     assert!(convert(d, &["--no-chat"]).status.success());
-    write(d, "ok.json", r#"{"messages": [{"role": "user", "content": "x"}]}"#);
+    write(
+        d,
+        "ok.json",
+        r#"{"messages": [{"role": "user", "content": "x"}]}"#,
+    );
     let o = run_in(d, "mlb-inspect", &["t.mlt", "--chat", "ok.json"]);
     assert!(!o.status.success());
     assert!(stderr(&o).contains("has none"), "{}", stderr(&o));

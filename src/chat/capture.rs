@@ -63,8 +63,12 @@ pub struct FoundTemplate {
 fn read_opt(path: &Path) -> Result<Option<String>> {
     match std::fs::read(path) {
         Ok(b) => String::from_utf8(b).map(Some).map_err(|e| {
-            FormatError::format("file", format!("byte {}", e.utf8_error().valid_up_to()), "not UTF-8")
-                .in_file(path)
+            FormatError::format(
+                "file",
+                format!("byte {}", e.utf8_error().valid_up_to()),
+                "not UTF-8",
+            )
+            .in_file(path)
         }),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
         Err(e) => Err(FormatError::io(path, &e)),
@@ -327,12 +331,8 @@ pub fn build_section(
             ));
         }
     }
-    let compiled = ChatTemplate::new(&section).map_err(|e| {
-        (
-            0,
-            FormatError::format("chat_template", "", e.to_string()),
-        )
-    })?;
+    let compiled = ChatTemplate::new(&section)
+        .map_err(|e| (0, FormatError::format("chat_template", "", e.to_string())))?;
     let mut stop: Vec<StopToken> = Vec::new();
     let mut add = |id: u32, sources: u32| match stop.iter_mut().find(|s| s.id == id) {
         Some(s) => s.sources |= sources,
@@ -480,12 +480,18 @@ mod tests {
         assert_eq!(eot(chatml, &m), Some(258));
         // Whitespace (even a whitespace token) before it is skipped.
         assert_eq!(
-            eot("{% for m in messages %}{{ m.content }}\n  <|end|>{% endfor %}", &m),
+            eot(
+                "{% for m in messages %}{{ m.content }}\n  <|end|>{% endfor %}",
+                &m
+            ),
             Some(256)
         );
         // Text after the answer: no end-of-turn token.
         assert_eq!(
-            eot("{% for m in messages %}{{ m.content }} END<|end|>{% endfor %}", &m),
+            eot(
+                "{% for m in messages %}{{ m.content }} END<|end|>{% endfor %}",
+                &m
+            ),
             None
         );
         // A template that raises on the probe gives none.
@@ -496,11 +502,16 @@ mod tests {
     fn config_template_forms() {
         let v: Value = serde_json::json!([{"name": "default", "template": "A"}, {"name": "tool_use", "template": "B"}]);
         let t = templates_from_config(&v).unwrap();
-        assert_eq!((t[1].name.as_str(), t[1].source.as_str()), ("tool_use", "B"));
+        assert_eq!(
+            (t[1].name.as_str(), t[1].source.as_str()),
+            ("tool_use", "B")
+        );
         let e = templates_from_config(&serde_json::json!([{"name": "x"}])).unwrap_err();
         assert_eq!(e.field, "chat_template[0]");
         assert_eq!(
-            templates_from_config(&serde_json::json!(3)).unwrap_err().field,
+            templates_from_config(&serde_json::json!(3))
+                .unwrap_err()
+                .field,
             "chat_template"
         );
     }
@@ -515,7 +526,9 @@ mod tests {
         let e = generation_eos(&v, 10).unwrap_err();
         assert_eq!((e.field.as_str(), e.value.as_str()), ("eos_token_id", "10"));
         assert!(generation_eos(&serde_json::json!({"eos_token_id": "x"}), 10).is_err());
-        assert!(generation_eos(&serde_json::json!({}), 10).unwrap().is_empty());
+        assert!(generation_eos(&serde_json::json!({}), 10)
+            .unwrap()
+            .is_empty());
     }
 
     #[test]
@@ -523,7 +536,8 @@ mod tests {
         let m = mlt(&["<|end|>", "<|im_start|>", "<|im_end|>"]);
         let t = vec![NamedTemplate {
             name: "default".into(),
-            source: "{% for m in messages %}<|im_start|>{{ m.content }}<|im_end|>{% endfor %}".into(),
+            source: "{% for m in messages %}<|im_start|>{{ m.content }}<|im_end|>{% endfor %}"
+                .into(),
         }];
         let s = build_section(&m, t, Vec::new(), &[256, 3], &["<|im_start|>".into()])
             .unwrap()

@@ -34,10 +34,17 @@ impl Message {
     /// A message from a template value (a map with a string `role`).
     pub fn from_value(v: &Value, field: &str) -> Result<Message, ChatError> {
         if v.kind() != ValueKind::Map {
-            return Err(ChatError::input(field, v, "a message must be a JSON object"));
+            return Err(ChatError::input(
+                field,
+                v,
+                "a message must be a JSON object",
+            ));
         }
         let mut fields = Vec::new();
-        for key in v.try_iter().map_err(|e| ChatError::input(field, v, e.to_string()))? {
+        for key in v
+            .try_iter()
+            .map_err(|e| ChatError::input(field, v, e.to_string()))?
+        {
             let Some(k) = key.as_str() else {
                 return Err(ChatError::input(field, &key, "keys must be strings"));
             };
@@ -222,7 +229,10 @@ impl Conversation {
                 None => return Err(ChatError::input("chat_template", &t, "must be a string")),
             }
         }
-        for key in v.try_iter().map_err(|e| ChatError::input("conversation", "", e.to_string()))? {
+        for key in v
+            .try_iter()
+            .map_err(|e| ChatError::input("conversation", "", e.to_string()))?
+        {
             let Some(k) = key.as_str() else { continue };
             if !OPTION_KEYS.contains(&k) {
                 options.kwargs.push((k.to_string(), item(k)));
@@ -262,7 +272,10 @@ mod tests {
             (r#"{"messages": {}}"#, "messages"),
             (r#"{"messages": [1]}"#, "messages[0]"),
             (r#"{"messages": [{"content": "x"}]}"#, "messages[0].role"),
-            (r#"{"messages": [], "add_generation_prompt": 1}"#, "add_generation_prompt"),
+            (
+                r#"{"messages": [], "add_generation_prompt": 1}"#,
+                "add_generation_prompt",
+            ),
             (r#"{"messages": [], "chat_template": 3}"#, "chat_template"),
         ] {
             match Conversation::from_json(json) {
@@ -281,7 +294,13 @@ mod tests {
         let n = c.messages[0].normalized();
         assert_eq!(
             keys(&n),
-            ["thinking", "role", "content", "reasoning", "reasoning_content"]
+            [
+                "thinking",
+                "role",
+                "content",
+                "reasoning",
+                "reasoning_content"
+            ]
         );
         assert_eq!(n.get("thinking").unwrap().as_str(), Some("r"));
         assert_eq!(n.get("reasoning_content").unwrap().as_str(), Some("r"));

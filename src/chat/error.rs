@@ -24,7 +24,10 @@ pub enum ChatError {
         message: String,
     },
     /// No template of that name (or none at all).
-    NoTemplate { name: String, available: Vec<String> },
+    NoTemplate {
+        name: String,
+        available: Vec<String>,
+    },
     /// The conversation or an option is not what a template can take.
     Input {
         field: String,

@@ -81,7 +81,11 @@ pub fn tojson_filter(value: Value, args: Rest<Value>, kwargs: Kwargs) -> Result<
             };
             o.indent = Some(" ".repeat(n));
         }
-        Some(v) => return Err(bad(format!("tojson: indent must be an int or a string, got {v}"))),
+        Some(v) => {
+            return Err(bad(format!(
+                "tojson: indent must be an int or a string, got {v}"
+            )))
+        }
     }
     if o.indent.is_some() {
         o.item_sep = ",".into();

@@ -65,7 +65,10 @@ pub fn describe(m: &Mlt, c: &ChatSection) -> (String, Value) {
             "first_lines": lines.iter().take(SHOW_LINES).collect::<Vec<_>>(),
         }));
     }
-    text.push_str(&format!("  template special tokens ({}):", c.specials.len()));
+    text.push_str(&format!(
+        "  template special tokens ({}):",
+        c.specials.len()
+    ));
     for (n, v) in &c.specials {
         text.push_str(&format!(" {n} {v:?}"));
     }

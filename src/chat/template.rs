@@ -57,10 +57,7 @@ impl std::fmt::Display for Raised {
 impl std::error::Error for Raised {}
 
 fn raise_exception(message: Rest<Value>) -> Result<Value, Error> {
-    let text = message
-        .first()
-        .map(|m| m.to_string())
-        .unwrap_or_default();
+    let text = message.first().map(|m| m.to_string()).unwrap_or_default();
     Err(Error::new(ErrorKind::InvalidOperation, text.clone()).with_source(Raised(text)))
 }
 
@@ -75,7 +72,12 @@ fn trim_filter(value: Value, chars: Option<String>) -> String {
 
 /// minijinja-contrib's Python methods, with `strip`, `lstrip` and `rstrip` (no
 /// argument) using Python's whitespace.
-fn py_methods(state: &mut State, value: &Value, method: &str, args: &[Value]) -> Result<Value, Error> {
+fn py_methods(
+    state: &mut State,
+    value: &Value,
+    method: &str,
+    args: &[Value],
+) -> Result<Value, Error> {
     if let (Some(s), true) = (
         value.as_str(),
         args.is_empty() || (args.len() == 1 && args[0].is_none()),
@@ -230,7 +232,10 @@ impl ChatTemplate {
     }
 
     /// One template (named `default`) and the special-token strings it reads.
-    pub fn from_source(source: &str, specials: &[(String, String)]) -> Result<ChatTemplate, ChatError> {
+    pub fn from_source(
+        source: &str,
+        specials: &[(String, String)],
+    ) -> Result<ChatTemplate, ChatError> {
         ChatTemplate::new(&ChatSection {
             templates: vec![crate::format::mlt_chat::NamedTemplate {
                 name: DEFAULT_TEMPLATE.into(),
@@ -317,14 +322,20 @@ impl ChatTemplate {
         }
         let now = opts.now;
         let strftime_now = Value::from_function(move |fmt: String| -> Result<String, Error> {
-            strftime(now.unwrap_or_else(|| chrono::Local::now().naive_local()), &fmt)
+            strftime(
+                now.unwrap_or_else(|| chrono::Local::now().naive_local()),
+                &fmt,
+            )
         });
         let mut ctx: Vec<(String, Value)> = vec![
             (
                 "messages".into(),
                 chat.iter().map(Message::to_value).collect::<Value>(),
             ),
-            ("tools".into(), opts.tools.clone().unwrap_or(Value::from(()))),
+            (
+                "tools".into(),
+                opts.tools.clone().unwrap_or(Value::from(())),
+            ),
             (
                 "documents".into(),
                 opts.documents.clone().unwrap_or(Value::from(())),
@@ -410,7 +421,9 @@ fn cut_at_tag(name: &str, rendered: String, final_text: &str) -> Result<String, 
         return Err(ChatError::Render {
             template: name.to_string(),
             line: None,
-            message: "continue_final_message: the final message does not appear in the rendered chat".into(),
+            message:
+                "continue_final_message: the final message does not appear in the rendered chat"
+                    .into(),
         });
     }
     let at = rendered.rfind(tag).expect("contains the tag");
@@ -458,6 +471,15 @@ mod tests {
     }
 
     #[test]
+    fn values_print_as_python_prints_them() {
+        // Jinja2 prints str(x): None, True, ['a', 1], {'k': 1.5}; `~` and |string too.
+        let r = t("{{ none }}|{{ true }}|{{ ['a', 1] }}|{{ {'k': 1.5} }}|{{ 'x' ~ none }}|{{ false|string }}|{{ 2.0 }}")
+            .render(&conv(&[("user", "x")]), &RenderOptions::default())
+            .unwrap();
+        assert_eq!(r, "None|True|['a', 1]|{'k': 1.5}|xNone|False|2.0");
+    }
+
+    #[test]
     fn raise_exception_names_the_line() {
         let e = t("line one\n{% if messages|length > 1 %}\n{{ raise_exception('Roles must alternate') }}\n{% endif %}")
             .render(&conv(&[("user", "a"), ("user", "b")]), &RenderOptions::default())
@@ -494,9 +516,10 @@ mod tests {
 
     #[test]
     fn endless_templates_run_out_of_fuel() {
-        let e = t("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}")
-            .render(&conv(&[("user", "x")]), &RenderOptions::default())
-            .unwrap_err();
+        let e =
+            t("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}")
+                .render(&conv(&[("user", "x")]), &RenderOptions::default())
+                .unwrap_err();
         assert!(e.to_string().contains("fuel"), "{e}");
     }
 
@@ -515,8 +538,7 @@ mod tests {
     #[test]
     fn kwargs_override_specials_and_strftime_uses_the_given_clock() {
         let mut o = RenderOptions {
-            now: chrono::NaiveDate::from_ymd_opt(2024, 7, 26)
-                .and_then(|d| d.and_hms_opt(9, 5, 0)),
+            now: chrono::NaiveDate::from_ymd_opt(2024, 7, 26).and_then(|d| d.and_hms_opt(9, 5, 0)),
             ..Default::default()
         };
         o.set("bos_token", "<B>");

@@ -574,7 +574,10 @@ mod tests {
         let mut big = m.clone();
         big.chat.as_mut().unwrap().stop[0].id = 4;
         let e = err(&big.to_bytes().unwrap());
-        assert_eq!((e.field.as_str(), e.value.as_str()), ("chat.stop[0].id", "4"));
+        assert_eq!(
+            (e.field.as_str(), e.value.as_str()),
+            ("chat.stop[0].id", "4")
+        );
         // The writer sets the bit from the section, and clears it without one.
         let mut nf = m.clone();
         nf.flags &= !FLAG_CHAT;

@@ -150,11 +150,7 @@ impl<'a> Cursor<'a> {
         }
         let b = self.take(len, field)?;
         std::str::from_utf8(b).map_err(|e| {
-            FormatError::format(
-                field,
-                format!("bytes at {}", e.valid_up_to()),
-                "not UTF-8",
-            )
+            FormatError::format(field, format!("bytes at {}", e.valid_up_to()), "not UTF-8")
         })
     }
 }
@@ -254,8 +250,8 @@ impl ChatSection {
     pub fn to_bytes(&self) -> Result<Vec<u8>> {
         let mut out = Vec::new();
         let put_len = |out: &mut Vec<u8>, n: usize, field: &str| -> Result<()> {
-            let n = u32::try_from(n)
-                .map_err(|_| FormatError::shape(field, n, "must fit in u32"))?;
+            let n =
+                u32::try_from(n).map_err(|_| FormatError::shape(field, n, "must fit in u32"))?;
             out.extend_from_slice(&n.to_le_bytes());
             Ok(())
         };
@@ -370,16 +366,10 @@ mod tests {
     fn names_and_utf8() {
         let mut s = sample();
         s.templates[1].name = "default".into();
-        assert_eq!(
-            err(&s.to_bytes().unwrap()).field,
-            "chat.templates[1].name"
-        );
+        assert_eq!(err(&s.to_bytes().unwrap()).field, "chat.templates[1].name");
         let mut s = sample();
         s.templates[0].name.clear();
-        assert_eq!(
-            err(&s.to_bytes().unwrap()).field,
-            "chat.templates[0].name"
-        );
+        assert_eq!(err(&s.to_bytes().unwrap()).field, "chat.templates[0].name");
         let mut s = sample();
         s.specials[1].0 = "eos token".into();
         assert_eq!(err(&s.to_bytes().unwrap()).field, "chat.specials[1].name");
@@ -401,7 +391,10 @@ mod tests {
         let mut s = sample();
         s.stop[1].id = 10;
         let e = err(&s.to_bytes().unwrap());
-        assert_eq!((e.field.as_str(), e.value.as_str()), ("chat.stop[1].id", "10"));
+        assert_eq!(
+            (e.field.as_str(), e.value.as_str()),
+            ("chat.stop[1].id", "10")
+        );
         let mut s = sample();
         s.stop[1].id = 2;
         assert_eq!(err(&s.to_bytes().unwrap()).field, "chat.stop[1].id");
