@@ -436,6 +436,26 @@ fn inspect_chat_errors_name_the_template_line() {
         "{}",
         stderr(&o)
     );
+    // A file whose template minijinja cannot compile is valid MLT1; the report says why
+    // the template is unusable, and --chat fails naming it.
+    let mut m = Mlt::load(&d.join("t.mlt")).unwrap();
+    m.chat.as_mut().unwrap().templates[0].source = "ok\n{% for %}".into();
+    std::fs::write(d.join("bad.mlt"), m.to_bytes().unwrap()).unwrap();
+    let o = run_in(d, "mlb-inspect", &["bad.mlt"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        stdout(&o).contains("      ! chat template 'default' line 2: does not compile"),
+        "{}",
+        stdout(&o)
+    );
+    let o = run_in(d, "mlb-inspect", &["bad.mlt", "--chat", "sys.json"]);
+    assert!(!o.status.success());
+    assert!(
+        stderr(&o)
+            .starts_with("mlb-inspect: bad.mlt: chat template 'default' line 2: does not compile"),
+        "{}",
+        stderr(&o)
+    );
     // A tokenizer without a chat section says so.
     assert!(convert(d, &["--no-chat"]).status.success());
     write(

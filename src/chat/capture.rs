@@ -292,16 +292,23 @@ pub fn end_of_turn(template: &ChatTemplate, name: &str, m: &Mlt) -> Option<u32> 
     }
 }
 
-/// Builds the chat section from its parts: `templates` (compiled to check them),
-/// `specials`, the generation config's EOS ids, and `stop_tokens` given by text.
-/// `None` when there is no template.
+/// The field of a template's compile error: `chat_template 'NAME'`.
+fn template_field(name: &str) -> String {
+    format!("chat_template '{name}'")
+}
+
+/// Builds the chat section from its parts: `templates` (each compiled, to refuse one
+/// that does not compile, naming it: field `chat_template 'NAME'`), `specials`, the
+/// generation config's EOS ids (checked below n_vocab by the caller) and `stop_tokens`
+/// given by text. `None` when there is no template. A GGUF reader can call this with
+/// `tokenizer.chat_template` and its EOS id.
 pub fn build_section(
     m: &Mlt,
     templates: Vec<NamedTemplate>,
     specials: Vec<(String, String)>,
     generation_eos: &[u32],
     stop_tokens: &[String],
-) -> std::result::Result<Option<ChatSection>, (usize, FormatError)> {
+) -> Result<Option<ChatSection>> {
     if templates.is_empty() {
         return Ok(None);
     }
@@ -310,7 +317,7 @@ pub fn build_section(
         specials,
         stop: Vec::new(),
     };
-    for (i, t) in section.templates.iter().enumerate() {
+    for t in &section.templates {
         if let Err(e) = ChatTemplate::new(&ChatSection {
             templates: vec![t.clone()],
             ..Default::default()
@@ -319,20 +326,19 @@ pub fn build_section(
                 super::ChatError::Syntax { line, message, .. } => (*line, message.clone()),
                 other => (None, other.to_string()),
             };
-            return Err((
-                i,
-                FormatError::format(
-                    format!("chat_template '{}'", t.name),
-                    line.map(|l| format!("line {l}")).unwrap_or_default(),
-                    format!(
-                        "does not compile ({msg}); convert with --no-chat, or give one with --chat-template FILE"
-                    ),
+            return Err(FormatError::format(
+                template_field(&t.name),
+                line.map(|l| format!("line {l}")).unwrap_or_default(),
+                format!(
+                    "does not compile ({msg}); convert with --no-chat, or give one with --chat-template FILE"
                 ),
             ));
         }
     }
+    // Names, sizes and specials are checked before the templates are compiled together.
+    section.validate(m.tokens.len() as u32)?;
     let compiled = ChatTemplate::new(&section)
-        .map_err(|e| (0, FormatError::format("chat_template", "", e.to_string())))?;
+        .map_err(|e| FormatError::format("chat_template", "", e.to_string()))?;
     let mut stop: Vec<StopToken> = Vec::new();
     let mut add = |id: u32, sources: u32| match stop.iter_mut().find(|s| s.id == id) {
         Some(s) => s.sources |= sources,
@@ -350,19 +356,13 @@ pub fn build_section(
         }
     }
     for text in stop_tokens {
-        let id = token_id(m, text).ok_or_else(|| {
-            (
-                usize::MAX,
-                FormatError::format("--stop-token", text, "no such token"),
-            )
-        })?;
+        let id = token_id(m, text)
+            .ok_or_else(|| FormatError::format("--stop-token", text, "no such token"))?;
         add(id, STOP_GIVEN);
     }
     stop.sort_by_key(|s| s.id);
     section.stop = stop;
-    section
-        .validate(m.tokens.len() as u32)
-        .map_err(|e| (usize::MAX, e))?;
+    section.validate(m.tokens.len() as u32)?;
     Ok(Some(section))
 }
 
@@ -417,7 +417,10 @@ pub fn attach(
             .map_err(|e| e.in_file(&gen_path))?,
         None => Vec::new(),
     };
-    let files: Vec<PathBuf> = found.iter().map(|f| f.file.clone()).collect();
+    let files: Vec<(String, PathBuf)> = found
+        .iter()
+        .map(|f| (template_field(&f.template.name), f.file.clone()))
+        .collect();
     let templates = found.into_iter().map(|f| f.template).collect();
     match build_section(m, templates, specials, &gen_eos, &opts.stop_tokens) {
         Ok(Some(section)) => {
@@ -432,8 +435,9 @@ pub fn attach(
         )
         .in_file(input)),
         Ok(None) => Ok(()),
-        Err((i, e)) => Err(match files.get(i) {
-            Some(f) => e.in_file(f),
+        // A template's error names the file it came from.
+        Err(e) => Err(match files.iter().find(|(field, _)| *field == e.field) {
+            Some((_, f)) => e.in_file(f),
             None => e.in_file(input),
         }),
     }
@@ -556,8 +560,8 @@ mod tests {
             name: "default".into(),
             source: "ok\n{% if %}".into(),
         }];
-        let (i, e) = build_section(&m, bad, Vec::new(), &[], &[]).unwrap_err();
-        assert_eq!(i, 0);
+        let e = build_section(&m, bad, Vec::new(), &[], &[]).unwrap_err();
+        assert_eq!(e.field, "chat_template 'default'");
         assert_eq!(e.value, "line 2");
         assert!(e.rule.contains("--no-chat"), "{e}");
     }

@@ -1,8 +1,8 @@
 //! The chat section as people and scripts see it (`mlb-inspect`, `mlt-convert`).
 //!
 //! Each template is shown by its name, size, the SHA-256 of its source (the same as
-//! `sha256sum chat_template.jinja` gives for a template read from that file) and its
-//! first lines; the stop set by id, token text and source.
+//! `sha256sum chat_template.jinja` gives for a template read from that file), its first
+//! lines and, if it does not compile, why; the stop set by id, token text and source.
 
 use crate::format::mlt::Mlt;
 use crate::format::mlt_chat::{source_names, ChatSection};
@@ -49,6 +49,13 @@ pub fn describe(m: &Mlt, c: &ChatSection) -> (String, Value) {
             lines.len(),
             &hash[..16]
         ));
+        // The format holds any UTF-8; say so when minijinja cannot compile it.
+        let error = super::ChatTemplate::from_source(&t.source, &[])
+            .err()
+            .map(|e| e.to_string());
+        if let Some(e) = &error {
+            text.push_str(&format!("      ! {e}\n"));
+        }
         for l in lines.iter().take(SHOW_LINES) {
             text.push_str(&format!("      | {}\n", clip(l)));
         }
@@ -63,6 +70,7 @@ pub fn describe(m: &Mlt, c: &ChatSection) -> (String, Value) {
             "lines": lines.len(),
             "sha256": hash,
             "first_lines": lines.iter().take(SHOW_LINES).collect::<Vec<_>>(),
+            "compile_error": error,
         }));
     }
     text.push_str(&format!(

@@ -397,12 +397,14 @@ fn mark_final(chat: &mut [Message], source: &str) -> Result<String, ChatError> {
     if content.kind() == ValueKind::Seq {
         let mut parts: Vec<Value> = content.try_iter().map(|i| i.collect()).unwrap_or_default();
         for part in parts.iter_mut().rev() {
-            let text = part.get_attr("text").unwrap_or_default();
+            let text = part.get_item(&Value::from("text")).unwrap_or_default();
             if let Some(t) = text.as_str() {
                 let original = t.to_string();
-                let mut m = Message::from_value(part, "content part")?;
-                m.set("text", Value::from(format!("{original}{CONTINUE_TAG}")));
-                *part = m.to_value();
+                *part = with_key(
+                    part,
+                    "text",
+                    Value::from(format!("{original}{CONTINUE_TAG}")),
+                );
                 last.set("content", parts.into_iter().collect());
                 return Ok(original);
             }
@@ -413,6 +415,24 @@ fn mark_final(chat: &mut [Message], source: &str) -> Result<String, ChatError> {
         true,
         "found no text to continue in the final message",
     ))
+}
+
+/// A copy of the map `map` with `key` set (in place, or appended).
+fn with_key(map: &Value, key: &str, value: Value) -> Value {
+    let mut pairs: Vec<(Value, Value)> = match map.try_iter() {
+        Ok(keys) => keys
+            .map(|k| {
+                let v = map.get_item(&k).unwrap_or_default();
+                (k, v)
+            })
+            .collect(),
+        Err(_) => Vec::new(),
+    };
+    match pairs.iter_mut().find(|(k, _)| k.as_str() == Some(key)) {
+        Some(p) => p.1 = value,
+        None => pairs.push((Value::from(key), value)),
+    }
+    Value::from_pairs(pairs)
 }
 
 fn cut_at_tag(name: &str, rendered: String, final_text: &str) -> Result<String, ChatError> {
@@ -611,5 +631,14 @@ mod tests {
             .unwrap();
         assert_eq!(r, "<user>q</end>\n<assistant>The answer is");
         assert!(ct.render(&[], &RenderOptions::default()).is_err());
+        // A list of parts: the last text part is continued.
+        let parts = crate::chat::Conversation::from_json(
+            r#"{"messages": [{"role": "assistant", "content": [{"type": "text", "text": "a"}, {"type": "image"}, {"type": "text", "text": "b c"}]}]}"#,
+        )
+        .unwrap();
+        let r = t("{% for p in messages[0].content %}{{ p.text }}|{% endfor %}")
+            .render(&parts.messages, &o)
+            .unwrap();
+        assert_eq!(r, "a||b c");
     }
 }
