@@ -32,6 +32,13 @@ struct Args {
     /// .mlt: read a JSON array of ids (or whitespace-separated ids) on stdin, print the text.
     #[arg(long, conflicts_with = "tensor")]
     decode: bool,
+    /// .mlt: render the conversation in FILE (`{"messages": [...], "add_generation_prompt":
+    /// true, ...}`) with the chat template, print its token ids as one JSON array.
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["encode", "decode", "tensor"])]
+    chat: Option<PathBuf>,
+    /// With --chat: print the rendered text instead of the ids.
+    #[arg(long, requires = "chat")]
+    chat_text: bool,
 }
 
 fn run(args: &Args) -> Result<(), String> {
@@ -40,9 +47,9 @@ fn run(args: &Args) -> Result<(), String> {
     let bytes =
         std::fs::read(&args.file).map_err(|e| FormatError::io(&args.file, &e).to_string())?;
     let kind = inspect::detect(&bytes).map_err(err)?;
-    if (args.encode || args.decode) && kind != FileKind::Mlt {
+    if (args.encode || args.decode || args.chat.is_some()) && kind != FileKind::Mlt {
         return Err(format!(
-            "{name}: --encode and --decode need a tokenizer (.mlt) file"
+            "{name}: --encode, --decode and --chat need a tokenizer (.mlt) file"
         ));
     }
     if args.tensor.is_some() && kind != FileKind::Mlb {
@@ -83,6 +90,22 @@ fn run(args: &Args) -> Result<(), String> {
 fn inspect_mlt(args: &Args, bytes: &[u8], name: &str) -> Result<(), String> {
     let err = |e: FormatError| e.in_file(&args.file).to_string();
     let mlt = Mlt::parse(bytes).map_err(err)?;
+    if let Some(file) = &args.chat {
+        let tok = Tokenizer::from_mlt(&mlt).map_err(err)?;
+        let json =
+            std::fs::read_to_string(file).map_err(|e| FormatError::io(file, &e).to_string())?;
+        let (text, ids) = krafla::chat::render_json(&mlt, &tok, &json).map_err(|e| match e {
+            // A bad conversation names its file; a template failure names the .mlt.
+            krafla::chat::ChatError::Input { .. } => format!("{}: {e}", file.display()),
+            _ => format!("{name}: {e}"),
+        })?;
+        if args.chat_text {
+            krafla::out!("{text}");
+        } else {
+            krafla::outln!("{}", serde_json::to_string(&ids).unwrap_or_default());
+        }
+        return Ok(());
+    }
     if args.encode || args.decode {
         let tok = Tokenizer::from_mlt(&mlt).map_err(err)?;
         let mut input = Vec::new();

@@ -1,6 +1,8 @@
-//! mlt-convert: tokenizer.json (+ tokenizer_config.json beside it) → MLT1.
+//! mlt-convert: tokenizer.json (+ tokenizer_config.json, chat templates and
+//! generation_config.json beside it) → MLT1.
 
 use clap::Parser;
+use krafla::chat::capture::ChatOptions;
 use krafla::tokenizer::from_hf::{convert_file, Options};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -22,6 +24,15 @@ struct Args {
     /// EOS token text, overriding tokenizer_config.json.
     #[arg(long)]
     eos: Option<String>,
+    /// Write no chat section (templates and stop set), even if the folder has a template.
+    #[arg(long, conflicts_with_all = ["chat_template", "stop_token"])]
+    no_chat: bool,
+    /// A Jinja chat template file to use instead of the folder's templates.
+    #[arg(long, value_name = "FILE")]
+    chat_template: Option<PathBuf>,
+    /// A token (by its text) that also ends a generated turn; repeatable.
+    #[arg(long, value_name = "TEXT")]
+    stop_token: Vec<String>,
     /// Print nothing on success.
     #[arg(short, long)]
     quiet: bool,
@@ -33,6 +44,11 @@ fn main() -> ExitCode {
     let opts = Options {
         bos: a.bos,
         eos: a.eos,
+        chat: ChatOptions {
+            disable: a.no_chat,
+            template_file: a.chat_template,
+            stop_tokens: a.stop_token,
+        },
     };
     match convert_file(&a.input, &a.output, &opts) {
         Ok(m) => {
@@ -43,6 +59,15 @@ fn main() -> ExitCode {
                     a.output.display(),
                     text.lines().take(6).collect::<Vec<_>>().join("\n")
                 );
+                if let Some(c) = &m.chat {
+                    let names: Vec<&str> = c.templates.iter().map(|t| t.name.as_str()).collect();
+                    let stop: Vec<String> = c.stop.iter().map(|s| s.id.to_string()).collect();
+                    eprintln!(
+                        "  chat templates: {}; stop ids: {} (mlb-inspect shows them)",
+                        names.join(", "),
+                        stop.join(", ")
+                    );
+                }
             }
             ExitCode::SUCCESS
         }

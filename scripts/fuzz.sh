@@ -19,7 +19,7 @@ secs=${FUZZ_SECS:-60}
 san=${FUZZ_SANITIZER:-none}
 targets=("$@")
 if [ ${#targets[@]} -eq 0 ]; then
-  targets=(mlb_parse mlb_view mlt_parse mli_parse tok_encode tok_decode convert_config convert_safetensors)
+  targets=(mlb_parse mlb_view mlt_parse mli_parse tok_encode tok_decode convert_config convert_safetensors chat_render)
 fi
 export RUSTC_BOOTSTRAP=1
 for t in "${targets[@]}"; do
@@ -36,6 +36,7 @@ for t in "${targets[@]}"; do
   case $t in
     convert_safetensors) max_len=(-max_len=262144) ;;
     tok_encode | tok_decode | convert_config) max_len=(-max_len=4096) ;;
+    chat_render) max_len=(-max_len=16384) ;;
   esac
   before=$(ls "artifacts/$t" | wc -l)
   log="artifacts/$t.log"

@@ -5,6 +5,7 @@
 //! tokenizer and the Hugging Face checkpoint converter.
 
 pub mod atomic;
+pub mod chat;
 pub mod convert;
 pub mod format;
 pub mod inspect;

@@ -1,6 +1,7 @@
 //! Integration tests: one binary, one module per tool or concern.
 
 mod calibrate;
+mod chat;
 mod convert;
 mod inspect;
 mod kernels;

@@ -108,4 +108,40 @@ pub fn exercise_mlt(data: &[u8]) {
     std::hint::black_box(t.decode(&ids));
     let all: Vec<u32> = (0..t.n_vocab() as u32).take(4096).collect();
     std::hint::black_box(t.decode(&all));
+    // A chat section's templates compile and render, or fail with an error.
+    if let Ok(Some(chat)) = krafla::chat::Chat::from_mlt(&m) {
+        let msgs = [
+            krafla::chat::Message::new("system", "Be brief."),
+            krafla::chat::Message::new("user", "Hello <|im_end|> {{ x }}"),
+        ];
+        let opts = krafla::chat::RenderOptions {
+            add_generation_prompt: true,
+            ..Default::default()
+        };
+        let _ = std::hint::black_box(chat.encode(&t, &msgs, &opts));
+    }
+}
+
+/// A chat template and a conversation JSON, separated by the first NUL byte: compiled,
+/// parsed and rendered (errors are fine; panics and hangs are not).
+pub fn exercise_chat(data: &[u8]) {
+    let Some(split) = data.iter().position(|&b| b == 0) else {
+        return;
+    };
+    let (Ok(source), Ok(conv)) = (
+        std::str::from_utf8(&data[..split]),
+        std::str::from_utf8(&data[split + 1..]),
+    ) else {
+        return;
+    };
+    let Ok(t) = krafla::chat::ChatTemplate::from_source(
+        source,
+        &[("bos_token".into(), "<s>".into())],
+    ) else {
+        return;
+    };
+    let Ok(c) = krafla::chat::Conversation::from_json(conv) else {
+        return;
+    };
+    let _ = std::hint::black_box(t.render(&c.messages, &c.options));
 }

@@ -157,6 +157,41 @@ fn main() {
         let b: Vec<u8> = s.iter().flat_map(|i| i.to_le_bytes()).collect();
         write("tok_decode", &format!("ids{i}.bin"), &b);
     }
+    // chat_render: each real template with a conversation; mlt_parse: a small
+    // tokenizer with a chat section.
+    let chat = krafla_fuzz::repo().join("testdata/chat");
+    let conv = r#"{"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi {{ x }} <|im_end|>"}, {"role": "assistant", "content": "Hello!"}], "add_generation_prompt": true, "tools": [{"type": "function", "function": {"name": "f", "parameters": {"a": 1.5}}}]}"#;
+    let mut names: Vec<String> = std::fs::read_dir(chat.join("templates"))
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .collect();
+    names.sort();
+    for n in &names {
+        let mut b = std::fs::read(chat.join("templates").join(n)).unwrap();
+        b.push(0);
+        b.extend_from_slice(conv.as_bytes());
+        write("chat_render", &format!("{n}.bin"), &b);
+    }
+    let (_, smol) = krafla_fuzz::real_mlts()
+        .into_iter()
+        .find(|(n, _)| n == "smollm2.tokenizer.json.gz")
+        .expect("smollm2 tokenizer");
+    let mut small = shrink(&smol, 600);
+    let source = std::fs::read_to_string(chat.join("templates/smollm2.jinja")).unwrap();
+    small.chat = krafla::chat::capture::build_section(
+        &small,
+        vec![krafla::format::mlt_chat::NamedTemplate {
+            name: "default".into(),
+            source,
+        }],
+        vec![("eos_token".into(), "<|im_end|>".into())],
+        &[2],
+        &[],
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let bytes = small.to_bytes().unwrap();
+    Mlt::parse(&bytes).unwrap();
+    write("mlt_parse", "smollm2.600.chat.mlt", &bytes);
     let models = krafla_fuzz::repo().join("testdata/models");
     let mut dirs: Vec<_> = std::fs::read_dir(&models)
         .unwrap()

@@ -7,6 +7,7 @@
 //! it never panics.
 
 use super::error::{FormatError, Result, Status};
+use super::mlt_chat::ChatSection;
 use std::path::Path;
 
 pub const MAGIC: &[u8; 4] = b"MLT1";
@@ -32,6 +33,9 @@ pub const FLAG_SP_NO_PREFIX: u32 = 128;
 /// Extension: byte-level Llama 3-family regex whose letter runs take marks,
 /// `[\p{L}\p{M}]+`, and whose punctuation class excludes them (Qwen3.5).
 pub const FLAG_LETTER_MARKS: u32 = 256;
+/// Extension: a chat section (templates, special-token strings, stop set) follows the
+/// merge table (`super::mlt_chat`).
+pub const FLAG_CHAT: u32 = 512;
 
 /// Every flag bit with its name, in bit order.
 pub const FLAG_NAMES: &[(u32, &str)] = &[
@@ -44,9 +48,10 @@ pub const FLAG_NAMES: &[(u32, &str)] = &[
     (FLAG_DIGITS_SPLIT, "digits_split"),
     (FLAG_SP_NO_PREFIX, "sp_no_prefix"),
     (FLAG_LETTER_MARKS, "letter_marks"),
+    (FLAG_CHAT, "chat"),
 ];
 
-const KNOWN_FLAGS: u32 = 0x1ff;
+const KNOWN_FLAGS: u32 = 0x3ff;
 const SP_ONLY: u32 = FLAG_SP_PREFIX_FIRST | FLAG_SP_NO_PREFIX;
 const BYTE_ONLY: u32 =
     FLAG_NFC | FLAG_SINGLE_DIGITS | FLAG_GPT2_REGEX | FLAG_DIGITS_SPLIT | FLAG_LETTER_MARKS;
@@ -93,6 +98,9 @@ pub struct Mlt {
     pub flags: u32,
     pub tokens: Vec<Token>,
     pub merges: Vec<Merge>,
+    /// The chat section; present exactly when `flags` has FLAG_CHAT (`to_bytes` sets
+    /// the bit from it).
+    pub chat: Option<ChatSection>,
 }
 
 /// A bounds-checked little-endian reader over the file bytes.
@@ -279,13 +287,17 @@ impl Mlt {
             }
             merges.push(m);
         }
-        if r.remaining() != 0 {
+        let chat = if flags & FLAG_CHAT != 0 {
+            Some(ChatSection::parse(&buf[r.pos..], n_vocab)?)
+        } else if r.remaining() != 0 {
             return Err(FormatError::format(
                 "file",
                 format!("{} trailing bytes", r.remaining()),
                 "nothing may follow the merge table",
             ));
-        }
+        } else {
+            None
+        };
         Ok(Mlt {
             kind,
             bos: opt_id(bos),
@@ -293,6 +305,7 @@ impl Mlt {
             flags,
             tokens,
             merges,
+            chat,
         })
     }
 
@@ -302,7 +315,8 @@ impl Mlt {
         Mlt::parse(&buf).map_err(|e| e.in_file(path))
     }
 
-    /// Serializes the file. Fails only if a count does not fit the format.
+    /// Serializes the file. Fails only if a count does not fit the format. The chat
+    /// bit of the flags is written from `chat`.
     pub fn to_bytes(&self) -> Result<Vec<u8>> {
         let n_vocab = u32::try_from(self.tokens.len()).map_err(|_| {
             FormatError::new(
@@ -333,7 +347,10 @@ impl Mlt {
             n_merges,
             id(self.bos),
             id(self.eos),
-            self.flags,
+            match self.chat {
+                Some(_) => self.flags | FLAG_CHAT,
+                None => self.flags & !FLAG_CHAT,
+            },
         ] {
             out.extend_from_slice(&v.to_le_bytes());
         }
@@ -349,6 +366,9 @@ impl Mlt {
             for v in [m.left, m.right, m.merged] {
                 out.extend_from_slice(&v.to_le_bytes());
             }
+        }
+        if let Some(chat) = &self.chat {
+            out.extend_from_slice(&chat.to_bytes()?);
         }
         Ok(out)
     }
@@ -396,6 +416,7 @@ mod tests {
                 right: 1,
                 merged: 2,
             }],
+            chat: None,
         }
     }
 
@@ -437,7 +458,7 @@ mod tests {
     fn bad_flags() {
         let good = sample().to_bytes().unwrap();
         for f in [
-            1 << 9,
+            1 << 10,
             1 << 31,
             FLAG_SP_NO_PREFIX,
             FLAG_GPT2_REGEX | FLAG_SINGLE_DIGITS,
@@ -521,6 +542,49 @@ mod tests {
         let n = b.len();
         set_u32(&mut b, n - 4, 4);
         assert_eq!(err(&b).field, "merges[0]");
+    }
+
+    #[test]
+    fn chat_section_behind_its_flag() {
+        use crate::format::mlt_chat::{NamedTemplate, StopToken, STOP_EOS};
+        let mut m = sample();
+        m.flags |= FLAG_CHAT;
+        m.chat = Some(ChatSection {
+            templates: vec![NamedTemplate {
+                name: "default".into(),
+                source: "{{ messages }}".into(),
+            }],
+            specials: vec![("bos_token".into(), "<s>".into())],
+            stop: vec![StopToken {
+                id: 3,
+                sources: STOP_EOS,
+            }],
+        });
+        let b = m.to_bytes().unwrap();
+        assert_eq!(Mlt::parse(&b).unwrap(), m);
+        // Without the bit the section is trailing bytes.
+        let mut nb = b.clone();
+        set_u32(&mut nb, 28, m.flags & !FLAG_CHAT);
+        assert_eq!(err(&nb).field, "file");
+        // The bit without a section.
+        let mut fb = sample().to_bytes().unwrap();
+        set_u32(&mut fb, 28, sample().flags | FLAG_CHAT);
+        assert_eq!(err(&fb).field, "chat.n_templates");
+        // Stop ids are checked against this file's n_vocab (4).
+        let mut big = m.clone();
+        big.chat.as_mut().unwrap().stop[0].id = 4;
+        let e = err(&big.to_bytes().unwrap());
+        assert_eq!(
+            (e.field.as_str(), e.value.as_str()),
+            ("chat.stop[0].id", "4")
+        );
+        // The writer sets the bit from the section, and clears it without one.
+        let mut nf = m.clone();
+        nf.flags &= !FLAG_CHAT;
+        assert_eq!(nf.to_bytes().unwrap(), b);
+        let mut plain = sample();
+        plain.flags |= FLAG_CHAT;
+        assert_eq!(plain.to_bytes().unwrap(), sample().to_bytes().unwrap());
     }
 
     #[test]

@@ -8,6 +8,7 @@ pub mod error;
 pub mod mlb;
 pub mod mli;
 pub mod mlt;
+pub mod mlt_chat;
 pub mod wtype;
 
 pub use error::{FormatError, Result, Status};

@@ -22,6 +22,8 @@ pub struct Options {
     pub bos: Option<String>,
     /// EOS token text, replacing tokenizer_config.json's.
     pub eos: Option<String>,
+    /// The chat section (templates and stop set) `convert_file` reads beside the input.
+    pub chat: crate::chat::capture::ChatOptions,
 }
 
 fn refuse(field: &str, value: &Value, rule: &str) -> FormatError {
@@ -717,6 +719,7 @@ pub fn convert(tokenizer_json: &str, config_json: Option<&str>, opts: &Options) 
         flags,
         tokens,
         merges,
+        chat: None,
     };
     // Without unk a missing byte is dropped (as the library does); with one it is not.
     let unk = null_or(model.get("unk_token"));
@@ -736,8 +739,9 @@ pub fn convert(tokenizer_json: &str, config_json: Option<&str>, opts: &Options) 
     Ok(mlt)
 }
 
-/// Reads `input` (and tokenizer_config.json beside it, if present), converts it and
-/// writes `output` atomically: a temporary file beside it, renamed on success.
+/// Reads `input` (and tokenizer_config.json beside it, if present), converts it, adds
+/// the chat section from the files beside it (`crate::chat::capture`) and writes
+/// `output` atomically: a temporary file beside it, renamed on success.
 pub fn convert_file(
     input: &std::path::Path,
     output: &std::path::Path,
@@ -750,7 +754,7 @@ pub fn convert_file(
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
         Err(e) => return Err(FormatError::io(&cfg_path, &e)),
     };
-    let mlt = convert(&json, cfg.as_deref(), opts).map_err(|e| {
+    let mut mlt = convert(&json, cfg.as_deref(), opts).map_err(|e| {
         // Errors about tokenizer_config.json name that file.
         if e.field.starts_with("tokenizer_config")
             || e.field == "bos_token"
@@ -761,6 +765,14 @@ pub fn convert_file(
             e.in_file(input)
         }
     })?;
+    crate::chat::capture::attach(
+        &mut mlt,
+        input,
+        cfg.as_deref().map(|c| (cfg_path.as_path(), c)),
+        opts.bos.as_deref(),
+        opts.eos.as_deref(),
+        &opts.chat,
+    )?;
     let bytes = mlt.to_bytes().map_err(|e| e.in_file(output))?;
     write_atomic(output, &bytes)?;
     Ok(mlt)

@@ -249,10 +249,16 @@ impl Tokenizer {
         self.attrs.get(id as usize) == Some(&Attr::Added)
     }
 
-    /// Encodes UTF-8 text into token ids.
+    /// Encodes UTF-8 text into token ids (BOS first when the file says so).
     pub fn encode(&self, text: &str) -> Vec<u32> {
+        self.encode_with(text, true)
+    }
+
+    /// Encodes text; `add_special_tokens = false` never prepends BOS (the tokenizers
+    /// library's flag of that name: what rendered chat templates are encoded with).
+    pub fn encode_with(&self, text: &str, add_special_tokens: bool) -> Vec<u32> {
         let mut out = Vec::with_capacity(text.len() / 3 + 2);
-        if self.flags & FLAG_ADD_BOS != 0 {
+        if add_special_tokens && self.flags & FLAG_ADD_BOS != 0 {
             out.extend(self.bos);
         }
         let mut scratch = Vec::new();
@@ -552,7 +558,11 @@ pub fn describe(m: &Mlt) -> (String, serde_json::Value) {
     if added.len() > SHOW {
         text.push_str(&format!("    ... {} more\n", added.len() - SHOW));
     }
-    let json = serde_json::json!({
+    let chat = m.chat.as_ref().map(|c| crate::chat::report::describe(m, c));
+    if let Some((t, _)) = &chat {
+        text.push_str(t);
+    }
+    let mut json = serde_json::json!({
         "magic": "MLT1",
         "version": 1,
         "kind": m.kind as u32,
@@ -568,6 +578,9 @@ pub fn describe(m: &Mlt) -> (String, serde_json::Value) {
         "n_byte": count(Attr::Byte),
         "added_tokens": added.iter().map(|(i, b)| serde_json::json!({"id": i, "text": String::from_utf8_lossy(b)})).collect::<Vec<_>>(),
     });
+    if let Some((_, j)) = chat {
+        json["chat"] = j;
+    }
     (text, json)
 }
 
