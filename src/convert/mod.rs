@@ -53,7 +53,8 @@ pub struct Options {
     /// q8_mask for Q4_0 (`None`: [`DEFAULT_Q4_Q8_MASK`]); must be 0 or `None` for Q8_0.
     pub q8_mask: Option<u32>,
     pub scale_f16: bool,
-    /// `None`: round for Gemma 3, search otherwise.
+    /// `None`: the architecture's default (`arch::Arch::default_q4_rule`: round for
+    /// Gemma 3, search otherwise).
     pub q4_rule: Option<Q4Rule>,
     pub imatrix: Option<PathBuf>,
     /// Rayon threads (`None`: rayon's default, one per core).
@@ -187,12 +188,7 @@ fn run(opts: &Options, progress: &mut (dyn FnMut(Progress) + Send)) -> Result<Su
     header.wtype = wt;
     header.q8_mask = mask;
     header.scale_f16 = opts.scale_f16 as u32;
-    let gemma3 = desc.arch.name == "gemma3_text";
-    let q4_rule = opts.q4_rule.unwrap_or(if gemma3 {
-        Q4Rule::Round
-    } else {
-        Q4Rule::Search
-    });
+    let q4_rule = opts.q4_rule.unwrap_or(desc.arch.default_q4_rule);
     let imatrix = match &opts.imatrix {
         None => None,
         Some(p) => {
@@ -385,8 +381,14 @@ fn plan(
             },
             Kind::U8 { .. } => unreachable!(),
         };
+        // A layer without RoPE (layer flag bit 2) has no rotate-half layout to bridge:
+        // its wq / wk rows (and bq, bk, q_norm, k_norm) keep the checkpoint's order.
+        let rot = match t.name.layer {
+            Some(l) if d.layers[l as usize].no_rope => 0,
+            _ => rot,
+        };
         let map = match transform {
-            Transform::Rope | Transform::RopeNorm => RowMap::Rope { head_dim: hd, rot },
+            Transform::Rope | Transform::RopeNorm if rot > 0 => RowMap::Rope { head_dim: hd, rot },
             Transform::GateQuery => RowMap::GateQuery { head_dim: hd, rot },
             Transform::GateGate => RowMap::GateGate { head_dim: hd },
             _ => RowMap::Identity,
