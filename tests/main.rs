@@ -4,6 +4,7 @@ mod calibrate;
 mod convert;
 mod inspect;
 mod kernels;
+mod kernels_f32;
 mod real;
 mod reliability;
 mod run;

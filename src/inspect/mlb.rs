@@ -10,7 +10,7 @@ use crate::format::mlb::header::{
     act, layer_flag, q8_class, rope_type, FieldValue, FIELDS, FIELDS_END,
 };
 use crate::format::mlb::{Kind, Mlb, Tensor, HEADER_SIZE};
-use crate::quant::{dequant_row, QK};
+use crate::quant::QK;
 
 /// The decoded meaning of a field's value, where it has one (e.g. `llama3`).
 fn meaning(name: &str, v: FieldValue) -> Option<String> {
@@ -307,13 +307,11 @@ pub fn tensor_stats(m: &Mlb, name: &str) -> Option<TensorStats> {
             }
         }
         Kind::F32 { .. } => m.f32s(idx).iter().for_each(|&v| add(v)),
-        Kind::Mat {
-            wtype, rows, cols, ..
-        } => {
+        Kind::Mat { rows, cols, .. } => {
             let mr = m.mat(idx);
             let mut row = vec![0f32; cols];
             for r in 0..rows {
-                dequant_row(wtype, mr.q, mr.d, cols, r, &mut row);
+                mr.dequant_row(r, &mut row);
                 for b in row.chunks_exact(QK) {
                     if b.iter().all(|&v| v == 0.0) {
                         zero_blocks += 1;

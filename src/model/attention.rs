@@ -1,774 +1,243 @@
-//! One head's attention over the KV cache: scores, softmax, weighted values.
+//! A softmax-attention layer's mixer for a chunk of tokens, as work is scheduled: the
+//! q/k/v(/gate) projections in one step, per token the biases, q/k norms and RoPE, the
+//! keys and values into the cache, the kernels' attention over the pool, the output
+//! gate and wo. The arithmetic of attention itself (scores, softmax, value sums) is the
+//! kernels' (`kernels::scalar_attn` and the tiers' versions), reached through
+//! [`Kernels::attend`].
 //!
-//! The arithmetic (which every path must reproduce bit for bit):
+//! Scheduling never splits one query's work, so neither the thread count nor the
+//! grouping of queries changes a bit:
 //!
-//! ```text
-//! s_i = dot(q, k_i) · scale            dot: 8 partial sums, see `forward::dot`
-//! s_i = cap · tanh(s_i / cap)          when softcap > 0
-//! e_i = exp(s_i − max_i s_i);  sum = Σ e_i   (in position order; exp: `vmath::exp`)
-//! out[d] = (Σ_i e_i · v_i[d]) · (1 / sum)    (the Σ in position order, from +0.0)
-//! ```
-//!
-//! Speed comes from the order of work, not from other arithmetic: scores are taken for
-//! four positions at a time (four independent dependency chains instead of one), and the
-//! weighted values are summed for 32 dimensions at a time over all positions in
-//! registers, instead of loading and storing `out` once per position.
+//! * a prompt chunk whose positions fit the cache without wrapping is stored whole, then
+//!   attended in tiles of tokens in parallel; per tile and kv head, one kernel call takes
+//!   the query heads of that kv head for every token of the tile, so each block of keys
+//!   and values is read once for up to [`TILE_QUERIES`] queries;
+//! * a single token (decode), or a chunk in which a sliding layer's ring wraps, is
+//!   stored and attended token by token, the heads in parallel: a task takes `per` query
+//!   heads of one kv head (the most that still gives every thread a task), reading their
+//!   keys and values once.
 
-use super::forward::{dot, reduce8};
+use super::config::RopeSel;
+use super::forward::{Model, State};
 use super::kv::LayerCache;
+use super::observer::{tap, Input};
+use super::ops::{add, rmsnorm_inplace, sigmoid, PAR_MIN};
+use super::rope;
+use super::weights::AttnWeights;
+use crate::kernels::{pool, Kernels, Query, TILE_QUERIES};
 
-/// Attention of one query (one head: `q.len()` = head_dim, at position `pos`) over the
-/// cached keys and values at offset `off` of each slot: scores in its `att`, the result
-/// in its `out`.
-pub(crate) fn attend(query: &mut Query, cache: &LayerCache, off: usize, scale: f32, softcap: f32) {
-    #[cfg(target_arch = "x86_64")]
-    if std::is_x86_feature_detected!("avx2") {
-        // SAFETY: the CPU supports AVX2 (checked just above).
-        return unsafe { avx2::attend(query, cache, off, scale, softcap) };
-    }
-    attend_scalar(query, cache, off, scale, softcap)
-}
-
-/// Most queries per [`attend_many`] call.
-pub(crate) const TILE_QUERIES: usize = 32;
-
-/// One query of an [`attend_many`] tile.
-pub(crate) struct Query<'a> {
-    pub q: &'a [f32],
-    pub pos: usize,
-    pub att: &'a mut [f32],
-    pub out: &'a mut [f32],
-}
-
-/// [`attend`] for queries of the same kv head, [`TILE_QUERIES`] at a time (a tile of
-/// prompt tokens and the query heads that share the kv head), each with the bits
-/// [`attend`] gives it alone. Every key and value row is read from memory once for the
-/// whole tile instead of once per query.
-pub(crate) fn attend_many(
-    qs: &mut [Query],
-    cache: &LayerCache,
-    off: usize,
-    scale: f32,
-    softcap: f32,
-) {
-    if qs.len() > TILE_QUERIES {
-        for part in qs.chunks_mut(TILE_QUERIES) {
-            attend_many(part, cache, off, scale, softcap);
-        }
-        return;
-    }
-    #[cfg(target_arch = "x86_64")]
-    if std::is_x86_feature_detected!("avx2") && qs.iter().all(|q| q.pos < cache.cap) {
-        // SAFETY: AVX2 checked; every position is below cap.
-        return unsafe { avx2::attend_many(qs, cache, off, scale, softcap) };
-    }
-    for q in qs {
-        attend(q, cache, off, scale, softcap);
-    }
-}
-
-/// The reference path (also the one on CPUs without AVX2).
-pub(crate) fn attend_scalar(
-    query: &mut Query,
-    cache: &LayerCache,
-    off: usize,
-    scale: f32,
-    softcap: f32,
-) {
-    let (q, pos, att, out) = (query.q, query.pos, &mut *query.att, &mut *query.out);
-    let hd = q.len();
-    let rows = Rows::new(cache, off, pos, hd);
-    let att = &mut att[..rows.len];
-    for (i, a) in att.iter_mut().enumerate() {
-        *a = dot(q, rows.k(i)) * scale;
-    }
-    let sum = softmax(att, softcap);
-    out.fill(0.0);
-    for (i, &p) in att.iter().enumerate() {
-        for (o, &v) in out.iter_mut().zip(rows.v(i)) {
-            *o += p * v;
-        }
-    }
-    let inv = 1.0 / sum;
-    for o in out {
-        *o *= inv;
-    }
-}
-
-/// The visible positions' key and value rows, in position order.
-struct Rows<'a> {
-    k: &'a [f32],
-    v: &'a [f32],
-    /// Slot of the first visible position.
-    first: usize,
-    cap: usize,
-    stride: usize,
-    off: usize,
+/// The attention of one chunk: its queries and the layer's shape.
+struct Heads<'a> {
+    k: &'a Kernels,
+    /// n × q_dim: the chunk's queries (normed, rotated).
+    q: &'a [f32],
+    /// The chunk's first position.
+    p0: usize,
     hd: usize,
-    len: usize,
+    qd: usize,
+    n_heads: usize,
+    n_kv_heads: usize,
+    /// Query heads per kv head.
+    group: usize,
+    /// Length of a row of scores.
+    al: usize,
+    scale: f32,
+    softcap: f32,
 }
 
-impl<'a> Rows<'a> {
-    fn new(cache: &'a LayerCache, off: usize, pos: usize, hd: usize) -> Rows<'a> {
-        let s0 = cache.first_visible(pos);
-        Rows {
-            k: &cache.k,
-            v: &cache.v,
-            first: s0 % cache.cap,
-            cap: cache.cap,
-            stride: cache.kv_dim,
-            off,
-            hd,
-            len: pos + 1 - s0,
+impl Heads<'_> {
+    /// Query head `h` of chunk token `t`, into `out` with scores in `att`.
+    fn query<'q>(
+        &'q self,
+        t: usize,
+        h: usize,
+        out: &'q mut [f32],
+        att: &'q mut [f32],
+    ) -> Query<'q> {
+        let at = t * self.qd + h * self.hd;
+        Query {
+            q: &self.q[at..at + self.hd],
+            pos: self.p0 + t,
+            att,
+            out,
         }
     }
 
-    /// Start of the row of the `i`-th visible position.
-    #[inline(always)]
-    fn at(&self, i: usize) -> usize {
-        let mut slot = self.first + i;
-        if slot >= self.cap {
-            slot -= self.cap;
-        }
-        slot * self.stride + self.off
-    }
-
-    #[inline(always)]
-    fn k(&self, i: usize) -> &'a [f32] {
-        let at = self.at(i);
-        &self.k[at..at + self.hd]
-    }
-
-    #[inline(always)]
-    fn v(&self, i: usize) -> &'a [f32] {
-        let at = self.at(i);
-        &self.v[at..at + self.hd]
-    }
-}
-
-/// Softcap, then `att = exp(att − max)` in place; returns the sum (in order).
-#[inline(always)]
-fn softmax(att: &mut [f32], softcap: f32) -> f32 {
-    if softcap > 0.0 {
-        for a in att.iter_mut() {
-            *a = softcap * (*a / softcap).tanh();
-        }
-    }
-    let max = super::vmath::max(att);
-    for a in att.iter_mut() {
-        *a -= max;
-    }
-    super::vmath::exp_in_place(att);
-    let mut sum = 0.0f32;
-    for &a in att.iter() {
-        sum += a;
-    }
-    sum
-}
-
-#[cfg(target_arch = "x86_64")]
-mod avx2 {
-    use std::arch::x86_64::*;
-
-    use super::{reduce8, softmax, Query, Rows};
-    use crate::model::kv::LayerCache;
-
-    /// [`super::attend_scalar`] on AVX2: the same operations (no FMA) in the same order
-    /// per output, so the same bits.
-    ///
-    /// # Safety
-    /// The CPU must support AVX2.
-    #[target_feature(enable = "avx2")]
-    pub(super) unsafe fn attend(
-        query: &mut Query,
-        cache: &LayerCache,
-        off: usize,
-        scale: f32,
-        softcap: f32,
-    ) {
-        let (q, pos, att, out) = (query.q, query.pos, &mut *query.att, &mut *query.out);
-        let rows = Rows::new(cache, off, pos, q.len());
-        let att = &mut att[..rows.len];
-        // SAFETY: AVX2 (this function's contract); every row has q.len() values.
-        unsafe { scores(q, |i| rows.k(i), scale, att) };
-        let inv = 1.0 / softmax(att, softcap);
-        out.fill(0.0);
-        // SAFETY: as above; out has q.len() values.
-        unsafe { values(att, |i| rows.v(i), out) };
-        for o in out {
-            *o *= inv;
-        }
-    }
-
-    /// Positions per block of [`attend_many`]: the block's keys (or values) stay in L1
-    /// while every query of the tile uses them.
-    const BLOCK: usize = 64;
-
-    /// [`super::attend_many`] on AVX2, blocked over positions; each query's bits are
-    /// those of [`attend`] (scores are independent; each value sum runs in position
-    /// order whatever the blocking).
-    ///
-    /// # Safety
-    /// The CPU must support AVX2; every query's position is below `cache.cap`.
-    #[target_feature(enable = "avx2")]
-    pub(super) unsafe fn attend_many(
-        qs: &mut [Query],
-        cache: &LayerCache,
-        off: usize,
-        scale: f32,
-        softcap: f32,
-    ) {
-        let Some(hd) = qs.first().map(|q| q.q.len()) else {
-            return;
-        };
-        let stride = cache.kv_dim;
-        // With every position below cap, position p is in slot p.
-        let k = |p: usize| &cache.k[p * stride + off..p * stride + off + hd];
-        let v = |p: usize| &cache.v[p * stride + off..p * stride + off + hd];
-        let lo = qs
-            .iter()
-            .map(|q| cache.first_visible(q.pos))
-            .min()
-            .unwrap_or(0);
-        let hi = qs.iter().map(|q| q.pos).max().unwrap_or(0);
-        // The part of block b0..b0+BLOCK that query q sees: positions s..e.
-        let span = |q: &Query, b0: usize| {
-            let s = cache.first_visible(q.pos).max(b0);
-            let e = (q.pos + 1).min(b0 + BLOCK);
-            (s, e)
-        };
-        // Two queries of one position (heads sharing this kv head) take their scores
-        // together where AVX-512 F exists: one zmm holds both queries' 8 partial sums.
-        let pairs =
-            hd % 8 == 0 && hd / 8 <= PAIR_MAX_CHUNKS && std::is_x86_feature_detected!("avx512f");
-        for b0 in (lo..=hi).step_by(BLOCK) {
-            let mut rest = &mut qs[..];
-            while let Some((q, tail)) = rest.split_first_mut() {
-                let (s, e) = span(q, b0);
-                let f = cache.first_visible(q.pos);
-                if let (true, Some(q2)) = (pairs && s < e, tail.first_mut()) {
-                    if q2.pos == q.pos {
-                        let (a, b) = (&mut q.att[s - f..e - f], &mut q2.att[s - f..e - f]);
-                        // SAFETY: AVX-512 F checked, AVX2 this function's contract; rows
-                        // of hd values, hd a multiple of 8 within the pair buffer.
-                        unsafe { scores_pair(q.q, q2.q, |i| k(s + i), scale, a, b) };
-                        rest = &mut tail[1..];
-                        continue;
-                    }
-                }
-                if s < e {
-                    // SAFETY: AVX2; rows of hd values.
-                    unsafe { scores(q.q, |i| k(s + i), scale, &mut q.att[s - f..e - f]) };
-                }
-                rest = tail;
-            }
-        }
-        let mut inv = [0f32; super::TILE_QUERIES];
-        for (q, iv) in qs.iter_mut().zip(&mut inv) {
-            let n = q.pos + 1 - cache.first_visible(q.pos);
-            *iv = 1.0 / softmax(&mut q.att[..n], softcap);
-            q.out.fill(0.0);
-        }
-        for b0 in (lo..=hi).step_by(BLOCK) {
-            for q in qs.iter_mut() {
-                let (s, e) = span(q, b0);
-                if s < e {
-                    let f = cache.first_visible(q.pos);
-                    // SAFETY: AVX2; rows and out of hd values.
-                    unsafe { values(&q.att[s - f..e - f], |i| v(s + i), q.out) };
+    /// Every head of the tile of tokens `t0..` whose outputs are `out` (tokens × q_dim):
+    /// per kv head, its query heads of every token of the tile in one kernel call, the
+    /// scores in rows of `att`.
+    fn tile(&self, cache: &LayerCache, t0: usize, out: &mut [f32], att: &mut [f32]) {
+        let nt = out.len() / self.qd;
+        let mut outs: Vec<Option<&mut [f32]>> = out.chunks_exact_mut(self.hd).map(Some).collect();
+        for g in 0..self.n_kv_heads {
+            let mut rows = att.chunks_exact_mut(self.al);
+            let mut qs = Vec::with_capacity(nt * self.group);
+            for t in 0..nt {
+                for h in g * self.group..(g + 1) * self.group {
+                    let o = outs[t * self.n_heads + h].take().expect("each head once");
+                    let s = rows.next().expect("a row of scores per query of the tile");
+                    qs.push(self.query(t0 + t, h, o, s));
                 }
             }
-        }
-        for (q, &iv) in qs.iter_mut().zip(&inv) {
-            for o in q.out.iter_mut() {
-                *o *= iv;
-            }
+            self.k
+                .attend(&mut qs, &cache.view(g * self.hd), self.scale, self.softcap);
         }
     }
 
-    /// `att[i] = dot(q, row(i)) · scale`, eight rows at a time (eight add chains).
-    #[inline(always)]
-    unsafe fn scores<'r>(q: &[f32], row: impl Fn(usize) -> &'r [f32], scale: f32, att: &mut [f32]) {
-        let hd = q.len();
-        let n8 = hd / 8 * 8;
-        let n = att.len();
-        let mut i = 0;
-        while i + 8 <= n {
-            let k: [&[f32]; 8] = std::array::from_fn(|t| row(i + t));
-            let mut acc = [_mm256_setzero_ps(); 8];
-            let mut j = 0;
-            while j < n8 {
-                // SAFETY: j + 8 <= hd = the length of q and of every row.
-                unsafe {
-                    let x = _mm256_loadu_ps(q.as_ptr().add(j));
-                    for (a, kr) in acc.iter_mut().zip(&k) {
-                        let kv = _mm256_loadu_ps(kr.as_ptr().add(j));
-                        *a = _mm256_add_ps(*a, _mm256_mul_ps(x, kv));
-                    }
-                }
-                j += 8;
-            }
-            if n8 == hd {
-                // SAFETY: register ops; att[i..i + 8] exists (i + 8 <= n).
-                unsafe {
-                    let v = _mm256_mul_ps(reduce8x8(&acc), _mm256_set1_ps(scale));
-                    _mm256_storeu_ps(att.as_mut_ptr().add(i), v);
-                }
-            } else {
-                for (t, (a, kr)) in acc.into_iter().zip(&k).enumerate() {
-                    // SAFETY: register and stack only.
-                    att[i + t] = unsafe { finish(a, &q[n8..], &kr[n8..]) } * scale;
-                }
-            }
-            i += 8;
-        }
-        while i < n {
-            let kr = row(i);
-            let mut a = _mm256_setzero_ps();
-            let mut j = 0;
-            while j < n8 {
-                // SAFETY: as above.
-                unsafe {
-                    let x = _mm256_loadu_ps(q.as_ptr().add(j));
-                    a = _mm256_add_ps(a, _mm256_mul_ps(x, _mm256_loadu_ps(kr.as_ptr().add(j))));
-                }
-                j += 8;
-            }
-            // SAFETY: register and stack only.
-            att[i] = unsafe { finish(a, &q[n8..], &kr[n8..]) } * scale;
-            i += 1;
-        }
-    }
-
-    /// Most 8-value chunks of a head for [`scores_pair`] (head_dim ≤ 256).
-    const PAIR_MAX_CHUNKS: usize = 32;
-
-    /// [`scores`] for two queries `qa`, `qb` over the same rows, into `att_a`, `att_b`:
-    /// a zmm holds `[qa chunk, qb chunk]` and each key chunk is broadcast to both halves,
-    /// so each half runs exactly the 8-lane chain of [`scores`] for its query.
-    ///
-    /// # Safety
-    /// The CPU must support AVX2 and AVX-512 F; every row has `qa.len() = qb.len()`
-    /// values, a multiple of 8 and at most `8·PAIR_MAX_CHUNKS`; `att_a` and `att_b`
-    /// have one length.
-    #[target_feature(enable = "avx2,avx512f")]
-    unsafe fn scores_pair<'r>(
-        qa: &[f32],
-        qb: &[f32],
-        row: impl Fn(usize) -> &'r [f32],
-        scale: f32,
-        att_a: &mut [f32],
-        att_b: &mut [f32],
-    ) {
-        let chunks = qa.len() / 8;
-        debug_assert!(
-            qa.len() == qb.len() && qa.len().is_multiple_of(8) && chunks <= PAIR_MAX_CHUNKS
+    /// Every head of chunk token `t` (outputs `out`, q_dim), in parallel above
+    /// [`PAR_MIN`]: a task takes `per` query heads of one kv head.
+    fn token(&self, cache: &LayerCache, t: usize, out: &mut [f32], att: &mut [f32]) {
+        let per = (1..=self.group)
+            .rev()
+            .find(|&d| {
+                self.group.is_multiple_of(d)
+                    && self.n_kv_heads * (self.group / d) >= pool::threads()
+            })
+            .unwrap_or(1);
+        let pos = self.p0 + t;
+        let visible = pos + 1 - cache.first_visible(pos);
+        let (hd, al) = (self.hd, self.al);
+        pool::parallel_if(visible * self.qd >= PAR_MIN).for_chunks2(
+            (out, per * hd),
+            (att, per * al),
+            |i, o, s| {
+                let h0 = i * per;
+                let mut qs: Vec<Query> = o
+                    .chunks_exact_mut(hd)
+                    .zip(s.chunks_exact_mut(al))
+                    .enumerate()
+                    .map(|(j, (o, s))| self.query(t, h0 + j, o, s))
+                    .collect();
+                let kv = cache.view((h0 / self.group) * hd);
+                self.k.attend(&mut qs, &kv, self.scale, self.softcap);
+            },
         );
-        debug_assert_eq!(att_a.len(), att_b.len());
-        // Only the first `chunks` entries are written and read.
-        let mut qp = [std::mem::MaybeUninit::<__m512>::uninit(); PAIR_MAX_CHUNKS];
-        for (j, v) in qp.iter_mut().enumerate().take(chunks) {
-            // SAFETY: 8j + 8 <= hd for both queries.
-            unsafe {
-                let lo = _mm256_castps_pd(_mm256_loadu_ps(qa.as_ptr().add(8 * j)));
-                let hi = _mm256_castps_pd(_mm256_loadu_ps(qb.as_ptr().add(8 * j)));
-                v.write(_mm512_castpd_ps(_mm512_insertf64x4(
-                    _mm512_castpd256_pd512(lo),
-                    hi,
-                    1,
-                )));
-            }
-        }
-        let n = att_a.len();
-        let vscale = _mm256_set1_ps(scale);
-        let mut i = 0;
-        while i + 8 <= n {
-            let k: [&[f32]; 8] = [
-                row(i),
-                row(i + 1),
-                row(i + 2),
-                row(i + 3),
-                row(i + 4),
-                row(i + 5),
-                row(i + 6),
-                row(i + 7),
-            ];
-            let mut acc = [_mm512_setzero_ps(); 8];
-            for (j, x) in qp.iter().enumerate().take(chunks) {
-                // SAFETY: entry j < chunks was written above; 8j + 8 <= every row's length.
-                let x = unsafe { x.assume_init() };
-                for (a, kr) in acc.iter_mut().zip(&k) {
-                    *a = _mm512_add_ps(*a, _mm512_mul_ps(x, unsafe { key2(kr, j) }));
-                }
-            }
-            let lo: [__m256; 8] = std::array::from_fn(|t| _mm512_castps512_ps256(acc[t]));
-            let hi: [__m256; 8] = std::array::from_fn(|t| {
-                _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[t]), 1))
-            });
-            // SAFETY: register ops; att_a/att_b[i..i + 8] exist (i + 8 <= n).
-            unsafe {
-                _mm256_storeu_ps(
-                    att_a.as_mut_ptr().add(i),
-                    _mm256_mul_ps(reduce8x8(&lo), vscale),
-                );
-                _mm256_storeu_ps(
-                    att_b.as_mut_ptr().add(i),
-                    _mm256_mul_ps(reduce8x8(&hi), vscale),
-                );
-            }
-            i += 8;
-        }
-        while i < n {
-            let kr = row(i);
-            let mut a = _mm512_setzero_ps();
-            for (j, x) in qp.iter().enumerate().take(chunks) {
-                // SAFETY: as above.
-                let x = unsafe { x.assume_init() };
-                a = _mm512_add_ps(a, _mm512_mul_ps(x, unsafe { key2(kr, j) }));
-            }
-            let lo = _mm512_castps512_ps256(a);
-            let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1));
-            // SAFETY: register and stack only; no tail (hd a multiple of 8).
-            unsafe {
-                att_a[i] = finish(lo, &[], &[]) * scale;
-                att_b[i] = finish(hi, &[], &[]) * scale;
-            }
-            i += 1;
-        }
-    }
-
-    /// Chunk `j` of a key row in both halves of a zmm.
-    #[inline(always)]
-    unsafe fn key2(r: &[f32], j: usize) -> __m512 {
-        // SAFETY: 8j + 8 <= r.len() (the caller's bound); AVX-512 F in the caller.
-        unsafe {
-            let c = _mm256_castps_pd(_mm256_loadu_ps(r.as_ptr().add(8 * j)));
-            _mm512_castpd_ps(_mm512_broadcast_f64x4(c))
-        }
-    }
-
-    /// Eight accumulators (one per key) reduced at once, each as `forward::reduce8` does
-    /// with no tail: an 8×8 transpose puts lane `l` of every key in one vector, then
-    /// `((c0 + c4) + (c2 + c6)) + ((c1 + c5) + (c3 + c7))` runs on all eight keys.
-    #[inline(always)]
-    unsafe fn reduce8x8(r: &[__m256; 8]) -> __m256 {
-        // SAFETY: register-only AVX ops; the caller has AVX2.
-        unsafe {
-            let t0 = _mm256_unpacklo_ps(r[0], r[1]);
-            let t1 = _mm256_unpackhi_ps(r[0], r[1]);
-            let t2 = _mm256_unpacklo_ps(r[2], r[3]);
-            let t3 = _mm256_unpackhi_ps(r[2], r[3]);
-            let t4 = _mm256_unpacklo_ps(r[4], r[5]);
-            let t5 = _mm256_unpackhi_ps(r[4], r[5]);
-            let t6 = _mm256_unpacklo_ps(r[6], r[7]);
-            let t7 = _mm256_unpackhi_ps(r[6], r[7]);
-            // u_l (l < 4): lane l of keys 0..4 in the low half, lane l + 4 in the high.
-            let u0 = _mm256_shuffle_ps(t0, t2, 0x44);
-            let u1 = _mm256_shuffle_ps(t0, t2, 0xEE);
-            let u2 = _mm256_shuffle_ps(t1, t3, 0x44);
-            let u3 = _mm256_shuffle_ps(t1, t3, 0xEE);
-            let u4 = _mm256_shuffle_ps(t4, t6, 0x44);
-            let u5 = _mm256_shuffle_ps(t4, t6, 0xEE);
-            let u6 = _mm256_shuffle_ps(t5, t7, 0x44);
-            let u7 = _mm256_shuffle_ps(t5, t7, 0xEE);
-            // c_l: lane l of all eight keys.
-            let c0 = _mm256_permute2f128_ps(u0, u4, 0x20);
-            let c4 = _mm256_permute2f128_ps(u0, u4, 0x31);
-            let c1 = _mm256_permute2f128_ps(u1, u5, 0x20);
-            let c5 = _mm256_permute2f128_ps(u1, u5, 0x31);
-            let c2 = _mm256_permute2f128_ps(u2, u6, 0x20);
-            let c6 = _mm256_permute2f128_ps(u2, u6, 0x31);
-            let c3 = _mm256_permute2f128_ps(u3, u7, 0x20);
-            let c7 = _mm256_permute2f128_ps(u3, u7, 0x31);
-            let h0 = _mm256_add_ps(_mm256_add_ps(c0, c4), _mm256_add_ps(c2, c6));
-            let h1 = _mm256_add_ps(_mm256_add_ps(c1, c5), _mm256_add_ps(c3, c7));
-            _mm256_add_ps(h0, h1)
-        }
-    }
-
-    /// The dot product's lanes reduced as `forward::dot` does, plus its tail.
-    #[inline(always)]
-    unsafe fn finish(a: __m256, qt: &[f32], kt: &[f32]) -> f32 {
-        let mut arr = [0f32; 8];
-        // SAFETY: arr holds 8 floats.
-        unsafe { _mm256_storeu_ps(arr.as_mut_ptr(), a) };
-        reduce8(arr, qt, kt)
-    }
-
-    /// `out[d] += Σ_i att[i] · row(i)[d]`, the sum in position order from out's value;
-    /// 64 (then 32) dimensions at a time in registers, the rest one by one.
-    #[inline(always)]
-    unsafe fn values<'r>(att: &[f32], row: impl Fn(usize) -> &'r [f32] + Copy, out: &mut [f32]) {
-        if std::is_x86_feature_detected!("avx512f") {
-            // SAFETY: AVX-512 F checked just above (AVX2 is the caller's contract).
-            return unsafe { values_wide(att, row, out) };
-        }
-        let hd = out.len();
-        let mut c = 0;
-        while c + 64 <= hd {
-            // SAFETY: c + 64 <= hd.
-            c = unsafe { values_regs::<__m256, 8>(att, row, c, out) };
-        }
-        while c + 32 <= hd {
-            // SAFETY: c + 32 <= hd.
-            c = unsafe { values_regs::<__m256, 4>(att, row, c, out) };
-        }
-        if c < hd {
-            let tail = &mut out[c..];
-            for (i, &p) in att.iter().enumerate() {
-                for (o, &x) in tail.iter_mut().zip(&row(i)[c..]) {
-                    *o += p * x;
-                }
-            }
-        }
-    }
-
-    /// [`values`] with 16 dimensions per register: 128 (then 64, 16) at a time. Each
-    /// dimension's sum is its own chain in position order, so the width changes nothing
-    /// in the bits.
-    ///
-    /// # Safety
-    /// The CPU must support AVX2 and AVX-512 F; rows have `out.len()` values.
-    #[target_feature(enable = "avx2,avx512f")]
-    unsafe fn values_wide<'r>(
-        att: &[f32],
-        row: impl Fn(usize) -> &'r [f32] + Copy,
-        out: &mut [f32],
-    ) {
-        let hd = out.len();
-        let mut c = 0;
-        while c + 128 <= hd {
-            // SAFETY: c + 128 <= hd.
-            c = unsafe { values_regs::<__m512, 8>(att, row, c, out) };
-        }
-        while c + 64 <= hd {
-            // SAFETY: c + 64 <= hd.
-            c = unsafe { values_regs::<__m512, 4>(att, row, c, out) };
-        }
-        while c + 16 <= hd {
-            // SAFETY: c + 16 <= hd.
-            c = unsafe { values_regs::<__m512, 1>(att, row, c, out) };
-        }
-        if c + 8 <= hd {
-            // SAFETY: c + 8 <= hd.
-            c = unsafe { values_regs::<__m256, 1>(att, row, c, out) };
-        }
-        if c < hd {
-            let tail = &mut out[c..];
-            for (i, &p) in att.iter().enumerate() {
-                for (o, &x) in tail.iter_mut().zip(&row(i)[c..]) {
-                    *o += p * x;
-                }
-            }
-        }
-    }
-
-    /// A float vector for [`values_regs`]: `ymm` (8 lanes) or `zmm` (16).
-    trait Lanes: Copy {
-        const N: usize;
-        /// # Safety
-        /// `N` readable floats at `p`; the caller is compiled with the vector's features.
-        unsafe fn load(p: *const f32) -> Self;
-        /// # Safety
-        /// `N` writable floats at `p`; features as for `load`.
-        unsafe fn store(self, p: *mut f32);
-        /// # Safety
-        /// Features as for `load`.
-        unsafe fn splat(v: f32) -> Self;
-        /// `self + p·x`, two rounded operations (no FMA).
-        ///
-        /// # Safety
-        /// Features as for `load`.
-        unsafe fn add_mul(self, p: Self, x: Self) -> Self;
-    }
-
-    impl Lanes for __m256 {
-        const N: usize = 8;
-        #[inline(always)]
-        unsafe fn load(p: *const f32) -> Self {
-            // SAFETY: the trait contract.
-            unsafe { _mm256_loadu_ps(p) }
-        }
-        #[inline(always)]
-        unsafe fn store(self, p: *mut f32) {
-            // SAFETY: the trait contract.
-            unsafe { _mm256_storeu_ps(p, self) }
-        }
-        #[inline(always)]
-        unsafe fn splat(v: f32) -> Self {
-            // SAFETY: register-only (the trait contract).
-            unsafe { _mm256_set1_ps(v) }
-        }
-        #[inline(always)]
-        unsafe fn add_mul(self, p: Self, x: Self) -> Self {
-            // SAFETY: register-only (the trait contract).
-            unsafe { _mm256_add_ps(self, _mm256_mul_ps(p, x)) }
-        }
-    }
-
-    impl Lanes for __m512 {
-        const N: usize = 16;
-        #[inline(always)]
-        unsafe fn load(p: *const f32) -> Self {
-            // SAFETY: the trait contract.
-            unsafe { _mm512_loadu_ps(p) }
-        }
-        #[inline(always)]
-        unsafe fn store(self, p: *mut f32) {
-            // SAFETY: the trait contract.
-            unsafe { _mm512_storeu_ps(p, self) }
-        }
-        #[inline(always)]
-        unsafe fn splat(v: f32) -> Self {
-            // SAFETY: register-only (the trait contract).
-            unsafe { _mm512_set1_ps(v) }
-        }
-        #[inline(always)]
-        unsafe fn add_mul(self, p: Self, x: Self) -> Self {
-            // SAFETY: register-only (the trait contract).
-            unsafe { _mm512_add_ps(self, _mm512_mul_ps(p, x)) }
-        }
-    }
-
-    /// [`values`] for dimensions `c..c + R·V::N` in `R` registers of `V`; returns the end.
-    ///
-    /// # Safety
-    /// `c + R·V::N <= out.len()`, rows have `out.len()` values, the CPU has `V`'s
-    /// features (the caller is compiled with them).
-    #[inline(always)]
-    unsafe fn values_regs<'r, V: Lanes, const R: usize>(
-        att: &[f32],
-        row: impl Fn(usize) -> &'r [f32],
-        c: usize,
-        out: &mut [f32],
-    ) -> usize {
-        // SAFETY: the bounds and features of this function's contract.
-        unsafe {
-            let mut acc = [V::splat(0.0); R];
-            for (r, a) in acc.iter_mut().enumerate() {
-                *a = V::load(out.as_ptr().add(c + V::N * r));
-            }
-            for (i, &p) in att.iter().enumerate() {
-                let pv = V::splat(p);
-                let v = row(i).as_ptr();
-                for (r, a) in acc.iter_mut().enumerate() {
-                    *a = a.add_mul(pv, V::load(v.add(c + V::N * r)));
-                }
-            }
-            for (r, a) in acc.into_iter().enumerate() {
-                a.store(out.as_mut_ptr().add(c + V::N * r));
-            }
-        }
-        c + V::N * R
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Values in [-2, 2) from an xorshift32 stream.
-    fn uniform(mut seed: u32) -> impl FnMut() -> f32 {
-        move || {
-            seed ^= seed << 13;
-            seed ^= seed >> 17;
-            seed ^= seed << 5;
-            (seed as f32 / u32::MAX as f32) * 4.0 - 2.0
+impl Model<'_> {
+    /// Softmax attention of layer `l` for the chunk's `n` tokens at positions `p0..`
+    /// (input in `st.xb`, output in `st.xb2`).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn attention(
+        &self,
+        k: &Kernels,
+        st: &mut State,
+        l: usize,
+        a: &AttnWeights,
+        rope: RopeSel,
+        n: usize,
+        p0: usize,
+    ) {
+        let c = &self.cfg;
+        let (d, qd, kvd) = (c.dim, c.q_dim, c.kv_dim);
+        // q, k, v (and the gate) as one step.
+        st.qa.quantize_with(k, &st.xb[..n * d], d);
+        let (q, kb, vb) = (
+            &mut st.q[..n * qd],
+            &mut st.kb[..n * kvd],
+            &mut st.vb[..n * kvd],
+        );
+        match &a.wg {
+            Some(wg) => k.matmul_each(
+                &[&a.wq, &a.wk, &a.wv, wg],
+                &st.qa,
+                &mut [q, kb, vb, &mut st.gate[..n * qd]],
+            ),
+            None => k.matmul_each(&[&a.wq, &a.wk, &a.wv], &st.qa, &mut [q, kb, vb]),
         }
-    }
+        self.prepare(st, a, rope, n);
 
-    fn bits(v: &[f32]) -> Vec<u32> {
-        v.iter().map(|x| x.to_bits()).collect()
-    }
-
-    /// A tile of queries (tokens × heads of one kv head, some with a window) gets, for
-    /// each query, the bits of [`attend_scalar`] alone; also past `TILE_QUERIES`.
-    #[test]
-    fn attend_many_is_bit_identical_to_one_by_one() {
-        let mut rnd = uniform(0x9e37_79b9);
-        for (hd, window, p0, nt, group) in [
-            (64, None, 0, 10, 3),
-            (64, None, 100, 7, 3),
-            (256, Some(70), 130, 8, 4),
-            (40, Some(5), 3, 9, 2),
-            (16, None, 0, 40, 1),
-        ] {
-            let cap = 200;
-            let mut cache = LayerCache::new(cap, hd * 2, window);
-            for v in cache.k.iter_mut().chain(cache.v.iter_mut()) {
-                *v = rnd();
+        let cache = st.caches[l].as_mut().expect("attention layer has a cache");
+        let heads = Heads {
+            k,
+            q: &st.q[..n * qd],
+            p0,
+            hd: c.head_dim,
+            qd,
+            n_heads: c.n_heads,
+            n_kv_heads: c.n_kv_heads,
+            group: c.n_heads / c.n_kv_heads,
+            al: st.att_len,
+            scale: c.attn_scale,
+            softcap: c.attn_softcap,
+        };
+        let mix = &mut st.mix[..n * qd];
+        let kv = |t: usize| {
+            (
+                &st.kb[t * kvd..(t + 1) * kvd],
+                &st.vb[t * kvd..(t + 1) * kvd],
+            )
+        };
+        if p0 + n <= cache.cap {
+            // No slot of this chunk overwrites one that an earlier token still needs:
+            // store the whole chunk, then run the tokens in parallel.
+            for t in 0..n {
+                let (kr, vr) = kv(t);
+                cache.store(p0 + t, kr, vr);
             }
-            let qv: Vec<f32> = (0..nt * group * hd).map(|_| rnd()).collect();
-            let n = nt * group;
-            let mut att = vec![0.0; n * cap];
-            let mut out = vec![0.0; n * hd];
-            let mut qs: Vec<Query> = att
-                .chunks_exact_mut(cap)
-                .zip(out.chunks_exact_mut(hd))
-                .enumerate()
-                .map(|(i, (a, o))| Query {
-                    q: &qv[i * hd..(i + 1) * hd],
-                    pos: p0 + i / group,
-                    att: a,
-                    out: o,
-                })
-                .collect();
-            attend_many(&mut qs, &cache, hd, 0.3, 0.0);
-            for i in 0..n {
-                let (mut a1, mut o1) = (vec![0.0; cap], vec![0.0; hd]);
-                let q = &qv[i * hd..(i + 1) * hd];
-                let mut one = Query {
-                    q,
-                    pos: p0 + i / group,
-                    att: &mut a1,
-                    out: &mut o1,
-                };
-                attend_scalar(&mut one, &cache, hd, 0.3, 0.0);
-                assert_eq!(
-                    bits(&o1),
-                    bits(&out[i * hd..(i + 1) * hd]),
-                    "hd {hd} query {i}"
+            let cache = &*cache;
+            if n == 1 {
+                heads.token(cache, 0, mix, &mut st.att);
+            } else {
+                let tile = (TILE_QUERIES / heads.group).max(1);
+                pool::parallel_if(n * (p0 + n) * qd >= PAR_MIN).for_chunks2(
+                    (mix, tile * qd),
+                    (&mut st.att, tile * heads.group * heads.al),
+                    |i, o, s| heads.tile(cache, i * tile, o, s),
                 );
             }
+        } else {
+            // A ring that wraps inside the chunk: store and attend token by token.
+            for t in 0..n {
+                let (kr, vr) = kv(t);
+                cache.store(p0 + t, kr, vr);
+                heads.token(cache, t, &mut mix[t * qd..(t + 1) * qd], &mut st.att);
+            }
         }
+        if c.attn_gate {
+            for (m, &g) in mix.iter_mut().zip(&st.gate[..n * qd]) {
+                *m *= sigmoid(g);
+            }
+        }
+        tap(&mut st.observer, l, Input::Wo, mix);
+        st.qa.quantize_with(k, mix, qd);
+        k.matmul(&a.wo, &st.qa, &mut st.xb2[..n * d]);
     }
 
-    /// Every path gives the scalar bits: head sizes with and without a tail of 8 and of
-    /// 32, a ring that wraps, a window, softcap on and off, NaN-free random data.
-    #[test]
-    fn avx2_attention_is_bit_identical_to_scalar() {
-        let mut rnd = uniform(0x1234_5678);
-        for (hd, heads, cap, window, pos) in [
-            (64, 3, 40, None, 37),
-            (256, 1, 9, None, 8),
-            (40, 2, 20, None, 19),
-            (12, 2, 7, Some(7), 30),
-            (96, 2, 16, Some(16), 100),
-        ] {
-            let kvd = hd * heads;
-            let mut cache = LayerCache::new(cap, kvd, window);
-            for v in cache.k.iter_mut().chain(cache.v.iter_mut()) {
-                *v = rnd();
-            }
-            let q: Vec<f32> = (0..hd).map(|_| rnd()).collect();
-            for softcap in [0.0, 20.0] {
-                for h in 0..heads {
-                    let run = |f: fn(&mut Query, &LayerCache, usize, f32, f32)| {
-                        let (mut att, mut out) = (vec![0.0; cap], vec![0.0; hd]);
-                        let mut one = Query {
-                            q: &q,
-                            pos,
-                            att: &mut att,
-                            out: &mut out,
-                        };
-                        f(&mut one, &cache, h * hd, 0.125, softcap);
-                        out
-                    };
-                    let (o1, o2) = (run(attend_scalar), run(attend));
-                    assert_eq!(bits(&o1), bits(&o2), "hd {hd} cap {cap} pos {pos}");
-                    assert!(o1.iter().all(|x| x.is_finite()));
+    /// Per token of the chunk: the biases, the per-head q/k norms and RoPE on `st.q`
+    /// and `st.kb` (`st.vb` gets its bias).
+    fn prepare(&self, st: &mut State, a: &AttnWeights, rope: RopeSel, n: usize) {
+        let c = &self.cfg;
+        let (hd, qd, kvd, rd, eps) = (c.head_dim, c.q_dim, c.kv_dim, c.rot_dim, c.norm_eps);
+        let cs: Option<&[f32]> = match rope {
+            RopeSel::Global => Some(&st.cs_global),
+            RopeSel::Local => Some(&st.cs_local),
+            RopeSel::None => None,
+        };
+        let prep = |t: usize, q: &mut [f32], kr: &mut [f32], v: &mut [f32]| {
+            for (x, b) in [(&mut *q, a.bq), (&mut *kr, a.bk), (&mut *v, a.bv)] {
+                if let Some(b) = b {
+                    add(x, b);
                 }
             }
-        }
+            for (x, w) in [(&mut *q, a.q_norm), (&mut *kr, a.k_norm)] {
+                if let Some(w) = w {
+                    x.chunks_exact_mut(hd)
+                        .for_each(|h| rmsnorm_inplace(h, w, eps));
+                }
+            }
+            if let Some(cs) = cs {
+                let cs = &cs[t * rd..(t + 1) * rd];
+                rope::apply(q, hd, cs);
+                rope::apply(kr, hd, cs);
+            }
+        };
+        pool::parallel_if(n * qd >= PAR_MIN).for_chunks3(
+            (&mut st.q[..n * qd], qd),
+            (&mut st.kb[..n * kvd], kvd),
+            (&mut st.vb[..n * kvd], kvd),
+            prep,
+        );
     }
 }

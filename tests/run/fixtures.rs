@@ -7,9 +7,11 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use krafla::format::mlb::Mlb;
-use krafla::model::{Model, Options};
+use krafla::kernels::pool::Pool;
+use krafla::kernels::{self, Kernels, Tier};
+use krafla::model::{Model, Options, Packs};
 
-use super::{all_logits, nrmse, top1};
+use super::{all_logits, nrmse, prefill_and_decode, top1};
 
 /// Bounds against the simulated quantized forward (noise floor ≈ 0.02).
 const MAX_NRMSE: f64 = 0.05;
@@ -131,6 +133,67 @@ fn fixtures_match_transformers() {
         );
     }
     assert!(failures.is_empty(), "fixtures off: {failures:#?}");
+}
+
+/// Scalar == every kernel tier, end to end, on converted fixtures that cover GQA and
+/// q/k norms, sliding windows and local RoPE (Gemma 3, Mistral), softcaps and GELU
+/// (Gemma 2), no-RoPE layers (SmolLM3) and the delta rule (Qwen3.5): prefill and
+/// decode, 1 to 3 threads, read from the map and packed, Q8_0 and Q4_0 with f16 scales.
+#[test]
+fn fixture_tiers_give_the_same_bits() {
+    let root = testdata().join("models");
+    let tmp = tempfile::tempdir().unwrap();
+    let pools = [Pool::leak(1), Pool::leak(2), Pool::leak(3)];
+    for name in [
+        "gemma2",
+        "gemma3_text",
+        "mistral_sliding",
+        "qwen3_5_text",
+        "smollm3",
+    ] {
+        let dir = root.join(name);
+        let Ok(r) = std::fs::read_to_string(dir.join("reference.json")) else {
+            eprintln!("SKIP: no fixture {}", dir.display());
+            continue;
+        };
+        let r: serde_json::Value = serde_json::from_str(&r).unwrap();
+        let toks: Vec<u32> = r["tokens"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_u64().unwrap() as u32)
+            .collect();
+        for (quant, args) in [
+            ("q8_0", &["--wtype", "q8_0"][..]),
+            ("q4_0", &["--wtype", "q4_0", "--f16-scales"][..]),
+        ] {
+            let out = tmp.path().join(format!("{name}.{quant}.mlb"));
+            convert(&dir, &out, args).unwrap();
+            let m = Mlb::open(&out).unwrap();
+            let model = Model::new(&m).unwrap();
+            let (base, dec) = pools[0]
+                .install(|| kernels::with_tier(Tier::Scalar, || prefill_and_decode(&model, &toks)))
+                .unwrap();
+            assert!(
+                base == dec,
+                "{name} {quant}: scalar decode differs from prefill"
+            );
+            for t in kernels::supported_tiers() {
+                let packs = Packs::new(&m, &Kernels::for_tier(t).unwrap()).unwrap();
+                let pm = Model::with_packs(&m, &packs).unwrap();
+                for (threads, pool) in pools.iter().enumerate() {
+                    for model in [&model, &pm] {
+                        let (p, d) = pool
+                            .install(|| kernels::with_tier(t, || prefill_and_decode(model, &toks)))
+                            .unwrap();
+                        let at = format!("{name} {quant}: tier {t}, {} threads", threads + 1);
+                        assert!(p == base, "{at}: prefill differs from scalar");
+                        assert!(d == base, "{at}: decode differs from scalar");
+                    }
+                }
+            }
+        }
+    }
 }
 
 /// The bundled default model: its logits on the reference prompt against transformers'

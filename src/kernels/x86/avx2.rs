@@ -12,7 +12,8 @@
 
 use core::arch::x86_64::*;
 
-use crate::kernels::{ActTile, LANES, TILE_TOKENS};
+use crate::kernels::counters::{count, Op};
+use crate::kernels::{ActTile, Tier, LANES, TILE_TOKENS};
 use crate::quant::q8_0::AMAX_MIN;
 use crate::quant::QK;
 
@@ -189,6 +190,7 @@ unsafe fn tile_any<F: WFormat>(rows: usize, wq: &[u8], wd: &[f32], x: &ActTile, 
 /// # Safety
 /// The CPU has AVX2; slice lengths as `TileFn` says.
 pub unsafe fn tile_q8(rows: usize, wq: &[u8], wd: &[f32], x: &ActTile, out: &mut [f32]) {
+    count(Tier::Avx2, Op::Tile);
     // SAFETY: forwarded caller contract.
     unsafe { tile_any::<Q8>(rows, wq, wd, x, out) }
 }
@@ -198,6 +200,7 @@ pub unsafe fn tile_q8(rows: usize, wq: &[u8], wd: &[f32], x: &ActTile, out: &mut
 /// # Safety
 /// The CPU has AVX2; slice lengths as `TileFn` says.
 pub unsafe fn tile_q4(rows: usize, wq: &[u8], wd: &[f32], x: &ActTile, out: &mut [f32]) {
+    count(Tier::Avx2, Op::Tile);
     // SAFETY: forwarded caller contract.
     unsafe { tile_q4_any(rows, wq, wd, x, out) }
 }
@@ -264,6 +267,7 @@ unsafe fn quantize_avx2(x: &[f32], q: &mut [i8], d: &mut [f32]) {
 /// # Safety
 /// The CPU has AVX2; `x.len() == q.len() == 32·d.len()`.
 pub unsafe fn quantize_act(x: &[f32], q: &mut [i8], d: &mut [f32]) {
+    count(Tier::Avx2, Op::Quantize);
     debug_assert!(x.len() == q.len() && x.len() == d.len() * QK);
     // SAFETY: forwarded caller contract.
     unsafe { quantize_avx2(x, q, d) }

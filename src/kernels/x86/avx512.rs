@@ -18,7 +18,8 @@
 use core::arch::x86_64::*;
 
 use super::avx2::{each_row, load_scales, reduce_lanes};
-use crate::kernels::{ActTile, LANES, TILE_TOKENS};
+use crate::kernels::counters::{count, Op};
+use crate::kernels::{ActTile, Tier, LANES, TILE_TOKENS};
 use crate::quant::QK;
 
 /// u8×s8 dot of groups of 4 bytes into i32 lanes.
@@ -214,6 +215,7 @@ macro_rules! tier_fn {
         /// The CPU has the tier's features; slice lengths as `kernels::TileFn` says.
         #[target_feature(enable = $features)]
         pub unsafe fn $name(rows: usize, wq: &[u8], wd: &[f32], x: &ActTile, out: &mut [f32]) {
+            count(Tier::Avx512, Op::Tile);
             // SAFETY: forwarded caller contract; features enabled on this function.
             unsafe { tile_any::<$fmt, $dot>(rows, wq, wd, x, out) }
         }
@@ -437,6 +439,7 @@ unsafe fn wide_any<const VNNI: bool, const IS_Q4: bool>(
 /// The CPU has AVX-512 F/BW/VNNI and AVX2; slice lengths as `TileFn` says.
 #[target_feature(enable = "avx2,avx512f,avx512bw,avx512vnni")]
 pub unsafe fn tile_q8_vnni(rows: usize, wq: &[u8], wd: &[f32], x: &ActTile, out: &mut [f32]) {
+    count(Tier::Avx512Vnni, Op::Tile);
     // SAFETY: forwarded caller contract; features enabled on this function.
     unsafe { wide_any::<true, false>(rows, wq, wd, x, out) }
 }
@@ -447,6 +450,7 @@ pub unsafe fn tile_q8_vnni(rows: usize, wq: &[u8], wd: &[f32], x: &ActTile, out:
 /// The CPU has AVX-512 F/BW/VNNI and AVX2; slice lengths as `TileFn` says.
 #[target_feature(enable = "avx2,avx512f,avx512bw,avx512vnni")]
 pub unsafe fn tile_q4_vnni(rows: usize, wq: &[u8], wd: &[f32], x: &ActTile, out: &mut [f32]) {
+    count(Tier::Avx512Vnni, Op::Tile);
     // SAFETY: forwarded caller contract; features enabled on this function.
     unsafe { wide_any::<true, true>(rows, wq, wd, x, out) }
 }
@@ -458,6 +462,7 @@ pub unsafe fn tile_q4_vnni(rows: usize, wq: &[u8], wd: &[f32], x: &ActTile, out:
 /// The CPU has AVX-512 F/BW and AVX2; slice lengths as `TileFn` says.
 #[target_feature(enable = "avx2,avx512f,avx512bw")]
 pub unsafe fn tile_q4_bw(rows: usize, wq: &[u8], wd: &[f32], x: &ActTile, out: &mut [f32]) {
+    count(Tier::Avx512, Op::Tile);
     // SAFETY: forwarded caller contract; features enabled on this function.
     unsafe { wide_any::<false, true>(rows, wq, wd, x, out) }
 }
