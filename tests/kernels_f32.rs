@@ -1,5 +1,5 @@
 //! The f32 kernels of every tier (attention, exp, the maximum, SiLU / GELU, the delta
-//! rule's head step) against their scalar references, bit for bit, on random data and
+//! rule's head step) against their scalar references (which are checked against f64), bit for bit, on random data and
 //! edge cases; and the call counters that show which tier's code ran.
 
 use krafla::kernels::counters::{self, Op};
@@ -79,6 +79,48 @@ fn sweep() -> Vec<f32> {
         f32::MIN_POSITIVE,
     ]);
     v
+}
+
+#[test]
+fn exp_is_accurate() {
+    for x in sweep() {
+        let got = sm::exp(x);
+        if x.is_nan() {
+            assert!(got.is_nan());
+            continue;
+        }
+        let want = (x as f64).exp();
+        if x > HI {
+            assert_eq!(got, f32::INFINITY, "{x}");
+        } else if x < LO {
+            assert_eq!(got.to_bits(), 0, "{x}");
+        } else {
+            let rel = ((got as f64 - want) / want).abs();
+            assert!(
+                rel < 2.0 * f32::EPSILON as f64,
+                "exp({x}) = {got}, want {want}: {rel:e}"
+            );
+        }
+    }
+    assert_eq!(sm::exp(0.0), 1.0);
+}
+
+#[test]
+fn gelu_matches_the_tanh_formula() {
+    for x in sweep()
+        .into_iter()
+        .filter(|x| x.is_finite() && x.abs() < 30.0)
+    {
+        let xd = x as f64;
+        let u = (2.0 / std::f64::consts::PI).sqrt() * (xd + 0.044715 * xd * xd * xd);
+        let want = 0.5 * xd * (1.0 + u.tanh());
+        let got = sm::gelu_tanh(x) as f64;
+        // Relative to |x|: GELU is x times a factor in [0, 1].
+        let err = (got - want).abs() / xd.abs().max(1e-30);
+        assert!(err < 1e-6, "gelu({x}) = {got}, want {want}");
+    }
+    assert_eq!(sm::gelu_tanh(0.0), 0.0);
+    assert!(sm::gelu_tanh(f32::NAN).is_nan());
 }
 
 #[test]

@@ -679,28 +679,18 @@ fn quant_error(
     r0: usize,
     e: QuantError,
 ) -> ConvertError {
-    let file = ck.path_of(info);
-    match e {
-        QuantError::NonFinite { row, col, value } => ConvertError::tensor(
-            file,
-            &s.hf,
-            format!(
-                "weight [{}, {col}] is {value}: weights must be finite",
-                s.map.src(r0 + row)
-            ),
+    let msg = match e {
+        QuantError::NonFinite { row, col, value } => format!(
+            "weight [{}, {col}] is {value}: weights must be finite",
+            s.map.src(r0 + row)
         ),
-        QuantError::ScaleOverflow { row, block, d } => ConvertError::tensor(
-            file,
-            &s.hf,
-            format!(
-                "row {} block {block}: scale {d} is above 65504 and cannot be stored as f16 (drop --f16-scales)",
-                s.map.src(r0 + row)
-            ),
+        QuantError::ScaleOverflow { row, block, d } => format!(
+            "row {} block {block}: scale {d} is above 65504 and cannot be stored as f16 (drop --f16-scales)",
+            s.map.src(r0 + row)
         ),
-        QuantError::Shape { rows, cols, len } => ConvertError::tensor(
-            file,
-            &s.hf,
-            format!("{rows}×{cols} with {len} values: cols must be a multiple of 32"),
-        ),
-    }
+        QuantError::Shape { rows, cols, len } => {
+            format!("{rows}×{cols} with {len} values: cols must be a multiple of 32")
+        }
+    };
+    ConvertError::tensor(ck.path_of(info), &s.hf, msg)
 }

@@ -75,14 +75,7 @@ pub fn dot_q4(wq: &[u8], wd: &[f32], xq: &[i8], xd: &[f32]) -> f32 {
 /// # Safety
 /// Always safe; `unsafe` only to share the tiers' function-pointer type.
 pub unsafe fn tile_q8(rows: usize, wq: &[u8], wd: &[f32], x: &ActTile, out: &mut [f32]) {
-    count(Tier::Scalar, Op::Tile);
-    for_rows(rows, wq, wd, out, |wq, wd, out| {
-        let (cols, nb) = (wd.len() * QK, wd.len());
-        for (t, o) in out.iter_mut().enumerate() {
-            let (xq, xd) = (&x.q[t * cols..(t + 1) * cols], &x.d[t * nb..(t + 1) * nb]);
-            *o = dot_q8(wq, wd, xq, xd);
-        }
-    });
+    tile(rows, wq, wd, x, out, dot_q8)
 }
 
 /// Tile kernel (see `TileFn`): Q4_0 rows against a tile of tokens.
@@ -90,12 +83,21 @@ pub unsafe fn tile_q8(rows: usize, wq: &[u8], wd: &[f32], x: &ActTile, out: &mut
 /// # Safety
 /// Always safe; `unsafe` only to share the tiers' function-pointer type.
 pub unsafe fn tile_q4(rows: usize, wq: &[u8], wd: &[f32], x: &ActTile, out: &mut [f32]) {
+    tile(rows, wq, wd, x, out, dot_q4)
+}
+
+/// A weight row (quants, scales) · an activation row (quants, scales).
+type RowDot = fn(&[u8], &[f32], &[i8], &[f32]) -> f32;
+
+/// Every row against every token of the tile with the row dot `dot`.
+#[inline(always)]
+fn tile(rows: usize, wq: &[u8], wd: &[f32], x: &ActTile, out: &mut [f32], dot: RowDot) {
     count(Tier::Scalar, Op::Tile);
     for_rows(rows, wq, wd, out, |wq, wd, out| {
         let (cols, nb) = (wd.len() * QK, wd.len());
         for (t, o) in out.iter_mut().enumerate() {
             let (xq, xd) = (&x.q[t * cols..(t + 1) * cols], &x.d[t * nb..(t + 1) * nb]);
-            *o = dot_q4(wq, wd, xq, xd);
+            *o = dot(wq, wd, xq, xd);
         }
     });
 }

@@ -33,19 +33,18 @@ pub struct Query<'a> {
     pub out: &'a mut [f32],
 }
 
-/// The keys and values of one kv head, as the KV cache stores them: position `p` at slot
-/// `p % cap`, a slot every `stride` values, this head's values at offset `off`.
+/// The keys and values of one kv head, as the KV cache stores them: `k` and `v` hold
+/// `cap` slots of `stride` values, position `p` in slot `p % cap`, this head's values at
+/// offset `off` of a slot; a query at `t` sees positions `s` with `t − s < window`
+/// (every earlier one without a window).
 #[derive(Debug, Clone, Copy)]
 pub struct KvView<'a> {
-    /// cap × stride.
     pub k: &'a [f32],
-    /// cap × stride.
     pub v: &'a [f32],
+    pub window: Option<usize>,
     pub cap: usize,
     pub stride: usize,
     pub off: usize,
-    /// Sliding window (None: every earlier position is visible).
-    pub window: Option<usize>,
 }
 
 impl<'a> KvView<'a> {

@@ -25,6 +25,8 @@
 //! kernels' matmul and matvec give the same bits, so prefill and token-by-token decoding
 //! produce identical logits; so does any thread count.
 
+mod attention;
+
 use std::any::Any;
 
 use super::config::{Act, Config, LayerKind};
@@ -80,65 +82,65 @@ pub struct Model<'a> {
     pub cfg: Config,
     pub w: Weights<'a>,
     /// rope_theta with the header's scaling.
-    pub(super) global: RopeTable,
+    global: RopeTable,
     /// rope_local_theta, unscaled (only when a layer uses it).
-    pub(super) local: Option<RopeTable>,
+    local: Option<RopeTable>,
 }
 
 /// Everything a forward pass writes, allocated once (llama2.c's RunState). `cap` is
 /// the most tokens per chunk, `ctx` the KV positions.
 pub struct State {
-    pub(super) ctx: usize,
-    pub(super) cap: usize,
+    ctx: usize,
+    cap: usize,
     /// Positions processed so far.
-    pub(super) pos: usize,
+    pos: usize,
     /// cap × dim: the residual stream.
-    pub(super) x: Vec<f32>,
+    x: Vec<f32>,
     /// cap × dim: the normalized input of a branch (and of the classifier).
-    pub(super) xb: Vec<f32>,
+    xb: Vec<f32>,
     /// cap × dim: a branch's output (Wo / lout / W2).
-    pub(super) xb2: Vec<f32>,
+    xb2: Vec<f32>,
     /// cap × q_dim: queries.
-    pub(super) q: Vec<f32>,
+    q: Vec<f32>,
     /// cap × q_dim: attention gate pre-activations (attn_gate only, else empty).
-    pub(super) gate: Vec<f32>,
+    gate: Vec<f32>,
     /// cap × kv_dim: keys of the chunk.
-    pub(super) kb: Vec<f32>,
+    kb: Vec<f32>,
     /// cap × kv_dim: values of the chunk.
-    pub(super) vb: Vec<f32>,
+    vb: Vec<f32>,
     /// cap × max(q_dim, V·dv): the mixer's output before Wo / lout.
-    pub(super) mix: Vec<f32>,
+    mix: Vec<f32>,
     /// cap × hidden_dim: act(W1 h), then the product with W3 h.
-    pub(super) hb: Vec<f32>,
+    hb: Vec<f32>,
     /// cap × hidden_dim: W3 h.
-    pub(super) hb2: Vec<f32>,
+    hb2: Vec<f32>,
     /// (max(cap + TILE_QUERIES, n_heads) × group) × att_len: attention scores, a row per
     /// head (decode) or per query of a prompt tile.
-    pub(super) att: Vec<f32>,
+    att: Vec<f32>,
     /// Longest visible span of any attention layer.
-    pub(super) att_len: usize,
+    att_len: usize,
     /// cap × rot_dim: cos, sin per pair of the global table at each chunk position.
-    pub(super) cs_global: Vec<f32>,
+    cs_global: Vec<f32>,
     /// cap × rot_dim: the same for the local table (empty without local layers).
-    pub(super) cs_local: Vec<f32>,
+    cs_local: Vec<f32>,
     /// cap × (2·K·dk + V·dv): linear attention q, k, v channels.
-    pub(super) lqkv: Vec<f32>,
+    lqkv: Vec<f32>,
     /// cap × V·dv: linear attention output gate z.
-    pub(super) lz: Vec<f32>,
+    lz: Vec<f32>,
     /// cap × V: linear attention β pre-activations.
-    pub(super) lb: Vec<f32>,
+    lb: Vec<f32>,
     /// cap × V: linear attention decay pre-activations.
-    pub(super) la: Vec<f32>,
+    la: Vec<f32>,
     /// min(cap, LOGIT_ROWS) × vocab: logits.
-    pub(super) logits: Vec<f32>,
+    logits: Vec<f32>,
     /// Q8_0 activations of the current matrix input (sized for the widest once).
-    pub(super) qa: QActs,
+    qa: QActs,
     /// Per layer: the KV cache of an attention layer.
-    pub(super) caches: Vec<Option<LayerCache>>,
+    caches: Vec<Option<LayerCache>>,
     /// Per layer: the state of a linear-attention layer.
-    pub(super) delta: Vec<Option<DeltaState>>,
+    delta: Vec<Option<DeltaState>>,
     /// Sees every matrix input (see `imatrix`); `None` normally.
-    pub(super) observer: Option<Box<dyn Observer>>,
+    observer: Option<Box<dyn Observer>>,
 }
 
 impl State {
@@ -193,6 +195,25 @@ impl State {
         let any: Box<dyn Any> = o;
         any.downcast::<T>().ok()
     }
+}
+
+/// `xb = rmsnorm(x, norm)` over the chunk's `len` values: a branch's input, shown to
+/// the observer as input `at` (layer, which input).
+fn branch_input(st: &mut State, len: usize, norm: &[f32], c: &Config, at: (usize, Input)) {
+    let (x, xb) = (&st.x[..len], &mut st.xb[..len]);
+    rmsnorm_rows(xb, x, norm, c.dim, c.norm_eps);
+    tap(&mut st.observer, at.0, at.1, xb);
+}
+
+/// `x += post_norm(xb2)` over the chunk's `len` values: a branch's output, through its
+/// post norm when the layer has one, added to the residual stream.
+fn residual(st: &mut State, len: usize, post_norm: Option<&[f32]>, c: &Config) {
+    if let Some(w) = post_norm {
+        for_rows(&mut st.xb2[..len], c.dim, |_, r| {
+            rmsnorm_inplace(r, w, c.norm_eps)
+        });
+    }
+    add(&mut st.x[..len], &st.xb2[..len]);
 }
 
 impl<'a> Model<'a> {
@@ -479,14 +500,7 @@ impl<'a> Model<'a> {
             }
         }
         for (l, lw) in self.w.layers.iter().enumerate() {
-            rmsnorm_rows(
-                &mut st.xb[..n * d],
-                &st.x[..n * d],
-                lw.attn_norm,
-                d,
-                c.norm_eps,
-            );
-            tap(&mut st.observer, l, Input::Attn, &st.xb[..n * d]);
+            branch_input(st, n * d, lw.attn_norm, c, (l, Input::Attn));
             match (&lw.mixer, c.layers[l]) {
                 (MixerWeights::Attention(a), LayerKind::Attention { rope, .. }) => {
                     self.attention(k, st, l, a, rope, n, p0)
@@ -494,21 +508,9 @@ impl<'a> Model<'a> {
                 (MixerWeights::Linear(lin), _) => self.linear(k, st, l, lin, n),
                 _ => unreachable!("layout and config agree on layer kinds"),
             }
-            if let Some(w) = lw.post_attn_norm {
-                for_rows(&mut st.xb2[..n * d], d, |_, r| {
-                    rmsnorm_inplace(r, w, c.norm_eps)
-                });
-            }
-            add(&mut st.x[..n * d], &st.xb2[..n * d]);
+            residual(st, n * d, lw.post_attn_norm, c);
             // FFN: W2 (act(W1 h) ⊙ W3 h).
-            rmsnorm_rows(
-                &mut st.xb[..n * d],
-                &st.x[..n * d],
-                lw.ffn_norm,
-                d,
-                c.norm_eps,
-            );
-            tap(&mut st.observer, l, Input::W13, &st.xb[..n * d]);
+            branch_input(st, n * d, lw.ffn_norm, c, (l, Input::W13));
             st.qa.quantize_with(k, &st.xb[..n * d], d);
             k.matmul_each(
                 &[&lw.w1, &lw.w3],
@@ -527,12 +529,7 @@ impl<'a> Model<'a> {
             tap(&mut st.observer, l, Input::W2, &st.hb[..n * hid]);
             st.qa.quantize_with(k, &st.hb[..n * hid], hid);
             k.matmul(&lw.w2, &st.qa, &mut st.xb2[..n * d]);
-            if let Some(w) = lw.post_ffn_norm {
-                for_rows(&mut st.xb2[..n * d], d, |_, r| {
-                    rmsnorm_inplace(r, w, c.norm_eps)
-                });
-            }
-            add(&mut st.x[..n * d], &st.xb2[..n * d]);
+            residual(st, n * d, lw.post_ffn_norm, c);
         }
         st.pos += n;
     }

@@ -8,9 +8,9 @@
 //! - [`kv`]: the KV cache; sliding-window layers keep a ring of their window.
 //! - [`delta`]: the gated delta rule's recurrent and convolution state.
 //! - [`forward`]: [`Model`] and its [`State`]: prefill (matrix-matrix) and decode, the
-//!   layer loop; `attention` (private): a softmax-attention layer's work scheduled
-//!   over the pool; `ops` (private): the small shared operations (RMSNorm rows, adds,
-//!   sigmoid, fallible zeroed buffers).
+//!   layer loop, with `forward::attention` (private): a softmax-attention layer's work
+//!   scheduled over the pool; `ops` (private): the small shared operations (RMSNorm
+//!   rows, adds, sigmoid, fallible zeroed buffers).
 //! - [`observer`]: the hook that sees every matrix input, and the importance-matrix
 //!   [`observer::Collector`].
 //! - [`sampler`]: temperature, top-k, top-p and a seeded PRNG; temperature 0 is greedy.
@@ -23,7 +23,6 @@
 //! matmul give the same bits, and so do prefill and token-by-token decoding, every tier
 //! and every thread count.
 
-mod attention;
 pub mod config;
 pub mod delta;
 pub mod eval;

@@ -17,7 +17,7 @@
 
 use core::arch::x86_64::*;
 
-use super::avx2::{each_row, load_scales, reduce_lanes};
+use super::avx2::{each_row, each_row_of_tile, load_scales, reduce_lanes};
 use crate::kernels::counters::{count, Op};
 use crate::kernels::{ActTile, Tier, LANES, TILE_TOKENS};
 use crate::quant::QK;
@@ -190,21 +190,9 @@ unsafe fn tile_any<F: WPair, D: Dot>(
     let nt = out.len() / rows;
     debug_assert!(nt <= TILE_TOKENS);
     let (xq, xd) = (x.q, x.d);
-    match nt {
-        0 => {}
-        1 => each_row!(rows, wq, wd, out, |q, d, o| tile::<F, D, 1>(
-            q, d, xq, xd, o
-        )),
-        2 => each_row!(rows, wq, wd, out, |q, d, o| tile::<F, D, 2>(
-            q, d, xq, xd, o
-        )),
-        3 => each_row!(rows, wq, wd, out, |q, d, o| tile::<F, D, 3>(
-            q, d, xq, xd, o
-        )),
-        _ => each_row!(rows, wq, wd, out, |q, d, o| tile::<F, D, 4>(
-            q, d, xq, xd, o
-        )),
-    }
+    each_row_of_tile!(nt, rows, wq, wd, out, |q, d, o, N| tile::<F, D, N>(
+        q, d, xq, xd, o
+    ));
 }
 
 macro_rules! tier_fn {
@@ -416,21 +404,11 @@ unsafe fn wide_any<const VNNI: bool, const IS_Q4: bool>(
 ) {
     let nt = out.len() / rows;
     debug_assert!(nt <= TILE_TOKENS);
-    match nt {
-        0 => {}
-        1 => each_row!(rows, wq, wd, out, |q, d, o| vnni_tile::<VNNI, IS_Q4, 1>(
-            q, d, x, o
-        )),
-        2 => each_row!(rows, wq, wd, out, |q, d, o| vnni_tile::<VNNI, IS_Q4, 2>(
-            q, d, x, o
-        )),
-        3 => each_row!(rows, wq, wd, out, |q, d, o| vnni_tile::<VNNI, IS_Q4, 3>(
-            q, d, x, o
-        )),
-        _ => each_row!(rows, wq, wd, out, |q, d, o| vnni_tile::<VNNI, IS_Q4, 4>(
-            q, d, x, o
-        )),
-    }
+    each_row_of_tile!(nt, rows, wq, wd, out, |q, d, o, N| vnni_tile::<
+        VNNI,
+        IS_Q4,
+        N,
+    >(q, d, x, o));
 }
 
 /// Q8_0 tile kernel, AVX-512 VNNI (see `kernels::TileFn`).

@@ -17,14 +17,14 @@
 //!   heads of one kv head (the most that still gives every thread a task), reading their
 //!   keys and values once.
 
-use super::config::RopeSel;
-use super::forward::{Model, State};
-use super::kv::LayerCache;
-use super::observer::{tap, Input};
-use super::ops::{add, rmsnorm_inplace, sigmoid, PAR_MIN};
-use super::rope;
-use super::weights::AttnWeights;
+use super::{Model, State};
 use crate::kernels::{pool, Kernels, Query, TILE_QUERIES};
+use crate::model::config::RopeSel;
+use crate::model::kv::LayerCache;
+use crate::model::observer::{tap, Input};
+use crate::model::ops::{add, rmsnorm_inplace, sigmoid, PAR_MIN};
+use crate::model::rope;
+use crate::model::weights::AttnWeights;
 
 /// The attention of one chunk: its queries and the layer's shape.
 struct Heads<'a> {
