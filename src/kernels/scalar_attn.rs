@@ -112,25 +112,45 @@ impl<'a> Rows<'a> {
     }
 }
 
-/// Softcap, then `att = exp(att − max)` in place with the given `max` and `exp` of a
-/// tier; returns the sum in order.
+/// The slice maximum and `exp` a tier's softmax runs (with the bits of
+/// [`scalar_math::max`](super::scalar_math::max) and [`scalar_math::exp`](exp)). A trait
+/// with `#[inline(always)]` methods rather than closures, so that a SIMD tier's
+/// versions inline into its `#[target_feature]` kernel.
+pub(crate) trait SoftmaxMath {
+    fn max(v: &[f32]) -> f32;
+    fn exp(v: &mut [f32]);
+}
+
+/// The reference's.
+pub(crate) struct ScalarMath;
+
+impl SoftmaxMath for ScalarMath {
+    #[inline(always)]
+    fn max(v: &[f32]) -> f32 {
+        max(v)
+    }
+
+    #[inline(always)]
+    fn exp(v: &mut [f32]) {
+        for x in v {
+            *x = exp(*x);
+        }
+    }
+}
+
+/// Softcap, then `att = exp(att − max)` in place; returns the sum (in order).
 #[inline(always)]
-pub(crate) fn softmax(
-    att: &mut [f32],
-    softcap: f32,
-    max: impl FnOnce(&[f32]) -> f32,
-    exp: impl FnOnce(&mut [f32]),
-) -> f32 {
+pub(crate) fn softmax<M: SoftmaxMath>(att: &mut [f32], softcap: f32) -> f32 {
     if softcap > 0.0 {
         for a in att.iter_mut() {
             *a = softcap * (*a / softcap).tanh();
         }
     }
-    let m = max(att);
+    let m = M::max(att);
     for a in att.iter_mut() {
         *a -= m;
     }
-    exp(att);
+    M::exp(att);
     let mut sum = 0.0f32;
     for &a in att.iter() {
         sum += a;
@@ -146,9 +166,7 @@ pub fn attend_one(query: &mut Query, kv: &KvView, scale: f32, softcap: f32) {
     for (i, a) in att.iter_mut().enumerate() {
         *a = dot(q, rows.k(i)) * scale;
     }
-    let sum = softmax(att, softcap, max, |v| {
-        v.iter_mut().for_each(|x| *x = exp(*x))
-    });
+    let sum = softmax::<ScalarMath>(att, softcap);
     out.fill(0.0);
     for (i, &p) in att.iter().enumerate() {
         for (o, &v) in out.iter_mut().zip(rows.v(i)) {

@@ -11,7 +11,7 @@ use std::arch::x86_64::*;
 
 use super::math::{exp_all, max_all};
 use crate::kernels::counters::{count, Op};
-use crate::kernels::scalar_attn::{softmax, KvView, Query, TILE_QUERIES};
+use crate::kernels::scalar_attn::{softmax, KvView, Query, SoftmaxMath, TILE_QUERIES};
 use crate::kernels::scalar_math::reduce8;
 use crate::kernels::Tier;
 
@@ -52,16 +52,28 @@ unsafe fn attend_any<const WIDE: bool>(qs: &mut [Query], kv: &KvView, scale: f32
     }
 }
 
+/// The slice maximum and `exp` of `x86::math` for `scalar_attn::softmax`. Used only
+/// inside this module's AVX2 kernels, whose callers guarantee the CPU has AVX2.
+struct Avx2Math;
+
+impl SoftmaxMath for Avx2Math {
+    #[inline(always)]
+    fn max(v: &[f32]) -> f32 {
+        // SAFETY: only reached from the AVX2 / AVX-512 entries of this module.
+        unsafe { max_all(v) }
+    }
+
+    #[inline(always)]
+    fn exp(v: &mut [f32]) {
+        // SAFETY: as for `max`.
+        unsafe { exp_all(v) }
+    }
+}
+
 /// The softmax of `scalar_attn` with this tier's max and exp.
 #[inline(always)]
 unsafe fn softmax_avx2(att: &mut [f32], softcap: f32) -> f32 {
-    // SAFETY: AVX2 in the caller (closures run the inlined AVX2 code as calls).
-    softmax(
-        att,
-        softcap,
-        |v| unsafe { max_all(v) },
-        |v| unsafe { exp_all(v) },
-    )
+    softmax::<Avx2Math>(att, softcap)
 }
 
 /// One query (any slots, a ring included): `scalar_attn::attend_one` in AVX2.
