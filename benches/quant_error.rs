@@ -95,7 +95,11 @@ fn measure(m: &Mat, t: WType, use_imatrix: bool, s: &mut Sums) -> bool {
         imatrix: if use_imatrix { imp.as_deref() } else { None },
     };
     let q = quant::quantize(t, r2, c2, x, &opts).expect("quantize");
-    let xq = quant::dequantize(&q);
+    let mut xq = vec![0f32; q.rows * q.cols];
+    let m = q.view();
+    for (r, row) in xq.chunks_exact_mut(q.cols).enumerate() {
+        m.dequant_row(r, row);
+    }
     for (i, (&a, &b)) in x.iter().zip(&xq).enumerate() {
         let (a, b) = (a as f64, b as f64);
         let w = imp.as_ref().map_or(1.0, |v| v[i % c2] as f64);

@@ -8,11 +8,12 @@
 #
 # Idempotent: every step whose output exists is skipped; delete a file to redo its step.
 # Environment (defaults in brackets):
-#   BENCH_DIR    work folder outside the repository: llama.cpp, GGUF/.mlb files, logs [/work/bench]
+#   BENCH_DIR    work folder outside the repository: llama.cpp, GGUF/.mlb files, logs
+#                [${XDG_CACHE_HOME:-$HOME/.cache}/krafla-bench]
 #   BENCH_VENV   Python venv for convert_hf_to_gguf.py; created if absent [$BENCH_DIR/venv]
 #   REAL_DIR     the HF checkpoints (smollm2-135m/, gemma3-270m/); made if absent [$BENCH_DIR/real]
-#   REAL_CHECKPOINTS  the script that makes them [../shared/tools/real-checkpoints.sh beside the repo,
-#                else /work/shared/tools/real-checkpoints.sh]
+#   REAL_CHECKPOINTS  the script that makes them [../shared/tools/real-checkpoints.sh beside the
+#                repository, else ../../shared/tools/real-checkpoints.sh (a worktree's)]
 #   THREADS [2]  REPS: repetitions of each measurement, medians reported [5]
 #   MODELS ["smollm2-135m gemma3-270m"]  QUANTS ["q4_0 q8_0"]
 #   N_PROMPT [512]  N_GEN [128]
@@ -25,7 +26,7 @@
 set -euo pipefail
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-BENCH_DIR=${BENCH_DIR:-/work/bench}
+BENCH_DIR=${BENCH_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/krafla-bench}
 BENCH_VENV=${BENCH_VENV:-$BENCH_DIR/venv}
 REAL_DIR=${REAL_DIR:-$BENCH_DIR/real}
 THREADS=${THREADS:-2}
@@ -41,7 +42,7 @@ PREPARE_ONLY=${PREPARE_ONLY:-0}
 LLAMA_DEPTH=${LLAMA_DEPTH:-0,$N_PROMPT}
 if [ -z "${REAL_CHECKPOINTS:-}" ]; then
   REAL_CHECKPOINTS=$repo/../shared/tools/real-checkpoints.sh
-  [ -f "$REAL_CHECKPOINTS" ] || REAL_CHECKPOINTS=/work/shared/tools/real-checkpoints.sh
+  [ -f "$REAL_CHECKPOINTS" ] || REAL_CHECKPOINTS=$repo/../../shared/tools/real-checkpoints.sh
 fi
 case "$BENCH_DIR/" in "$repo"/*) echo "bench.sh: BENCH_DIR must be outside the repository" >&2; exit 2;; esac
 

@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """Regenerates Krafla's test fixtures from scratch.
 
-    /work/venv/bin/python testdata/make_fixtures.py              # everything
-    /work/venv/bin/python testdata/make_fixtures.py --skip-train # keep testdata/default as committed
-    /work/venv/bin/python testdata/make_fixtures.py --only gemma2 qwen3   # a few fixtures (dev)
+    python testdata/make_fixtures.py              # everything
+    python testdata/make_fixtures.py --skip-train # keep testdata/default as committed
+    python testdata/make_fixtures.py --only gemma2 qwen3   # a few fixtures (dev)
 
 Writes testdata/models/<name>/ (tiny random Hugging Face checkpoints with transformers'
 reference logits, simulated Q8_0 / Q4_0 logits and the expected .mlb header) and

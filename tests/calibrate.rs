@@ -8,10 +8,12 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use krafla::format::mlb::synth::{synth_file, tiny_header};
-use krafla::format::mlb::{MatRef, Mixer, Mlb};
+use krafla::format::mlb::{Mixer, Mlb};
 use krafla::format::mli::{self, Mli, Slot};
+use krafla::kernels::QMat;
 use krafla::model::eval::{self, log_softmax};
 use krafla::model::imatrix::{self, Collector};
+use krafla::model::sampler;
 use krafla::model::{Model, Options};
 
 use crate::run::reference::{mv, rms};
@@ -276,7 +278,7 @@ fn st_tensor(path: &Path, name: &str) -> (Vec<usize>, Vec<f32>) {
 
 /// `Σ_rows Σ_j imp_j (w − ŵ)²` of a quantized matrix against the original weights,
 /// and the same over the tenth of the channels with the highest importance.
-fn weighted_err(m: &MatRef, w: &[f32], imp: &[f32]) -> (f64, f64) {
+fn weighted_err(m: &QMat, w: &[f32], imp: &[f32]) -> (f64, f64) {
     let mut order: Vec<usize> = (0..imp.len()).collect();
     order.sort_by(|&a, &b| imp[b].total_cmp(&imp[a]));
     let top = &order[..imp.len() / 10];
@@ -374,7 +376,7 @@ fn imatrix_lowers_the_weighted_q4_error() {
     let mut zq = q4.to_vec();
     zq.extend(["--imatrix", z_path.to_str().unwrap()]);
     let zm = Mlb::open(&default_model(tmp.path(), "zero", &zq)).unwrap();
-    let all = |m: &MatRef| -> Vec<f32> {
+    let all = |m: &QMat| -> Vec<f32> {
         let mut row = vec![0f32; m.cols];
         (0..m.rows)
             .flat_map(|r| {
@@ -466,7 +468,7 @@ fn perplexity_and_kl_divergence_match_the_definitions() {
                     .map(|(a, b)| a.exp() * (a - b))
                     .sum::<f64>(),
             );
-            agree += (eval::argmax(rr) == eval::argmax(rm)) as u64;
+            agree += (sampler::argmax(rr) == sampler::argmax(rm)) as u64;
         }
     }
     let n = kls.len() as f64;

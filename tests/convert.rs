@@ -333,11 +333,25 @@ fn check_arrays(dir: &Path, bytes: &[u8]) {
         ..
     } = mlb::parse(bytes).unwrap();
     let (hd, rot) = (dims.head_dim, dims.rot_dim);
+    // The fixture script's layer flags: a layer without RoPE (bit 2) keeps the
+    // checkpoint's row order (rot 0: no permutation).
+    let expected: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("expected_header.json")).unwrap())
+            .unwrap();
+    let no_rope = |l: Option<u32>| {
+        let flag = |l: u32| {
+            expected["layer_flag_bytes"][l as usize]
+                .as_u64()
+                .unwrap_or(0)
+        };
+        l.is_some_and(|l| flag(l) & 4 != 0)
+    };
     for ten in &layout.tensors {
         let spec = ten.name.name;
         if spec == "layer_flags" || spec == "type_table" {
             continue;
         }
+        let rot = if no_rope(ten.name.layer) { 0 } else { rot };
         let (rel, tr) = hf_source(&mt, spec);
         let hf = match (ten.name.layer, spec) {
             (Some(l), _) => format!("{prefix}layers.{l}.{rel}"),
@@ -946,41 +960,68 @@ fn err_of(dir: &Path, out: &Path, f: impl FnOnce(&mut Options)) -> String {
     e
 }
 
+/// The source row of every row of layer 0's wq and wk after converting `s`, whose
+/// q_proj and k_proj rows are marked (row r holds r + 1 times a column ramp).
+fn qk_row_sources(mut s: Synth, root: &Path, name: &str) -> [Vec<usize>; 2] {
+    for (proj, rows) in [("q_proj", 64), ("k_proj", 32)] {
+        let w: Vec<f32> = (0..rows * 64)
+            .map(|i| ((i / 64) + 1) as f32 * (1.0 + (i % 64) as f32 / 64.0))
+            .collect();
+        s.set(&format!("model.layers.0.self_attn.{proj}.weight"), &w);
+    }
+    let dir = s.write(root, name);
+    let out = root.join(format!("{name}.mlb"));
+    let m = mlb::Mlb::from_bytes(&convert_to(&dir, &out, WType::Q8_0)).unwrap();
+    ["layers.0.wq", "layers.0.wk"].map(|t| {
+        let i = m
+            .layout()
+            .tensors
+            .iter()
+            .position(|x| x.name.to_string() == t)
+            .unwrap();
+        let mat = m.mat(i);
+        let mut row = vec![0f32; 64];
+        (0..mat.rows)
+            .map(|r| {
+                mat.dequant_row(r, &mut row);
+                // Column 0 of source row r_src holds r_src + 1.
+                row[0].round() as usize - 1
+            })
+            .collect()
+    })
+}
+
 #[test]
 fn convert_permutation_of_known_rows() {
     let tmp = tempfile::tempdir().unwrap();
-    let mut s = Synth::llama();
-    // Row r of q_proj holds the value r + 1 (times a column ramp, so blocks differ).
-    let wq: Vec<f32> = (0..64 * 64)
-        .map(|i| ((i / 64) + 1) as f32 * (1.0 + (i % 64) as f32 / 64.0))
-        .collect();
-    s.set("model.layers.0.self_attn.q_proj.weight", &wq);
-    let dir = s.write(tmp.path(), "perm");
-    let out = tmp.path().join("perm.mlb");
-    let m = mlb::Mlb::from_bytes(&convert_to(&dir, &out, WType::Q8_0)).unwrap();
-    let i = m
-        .layout()
-        .tensors
-        .iter()
-        .position(|x| x.name.to_string() == "layers.0.wq")
-        .unwrap();
-    let mat = m.mat(i);
-    let mut row = vec![0f32; 64];
-    let mut got = Vec::new();
-    for r in 0..64 {
-        mat.dequant_row(r, &mut row);
-        // Column 0 of source row r_src holds r_src + 1.
-        got.push(row[0].round() as usize - 1);
-    }
+    let [wq, wk] = qk_row_sources(Synth::llama(), tmp.path(), "perm");
     // head_dim 16: per head, out rows = in rows 0,8,1,9,...,7,15.
-    let mut want = Vec::new();
-    for h in 0..4 {
-        for i in 0..8 {
-            want.push(h * 16 + i);
-            want.push(h * 16 + i + 8);
-        }
-    }
-    assert_eq!(got, want);
+    let want = |heads: usize| -> Vec<usize> {
+        (0..heads)
+            .flat_map(|h| (0..8).flat_map(move |i| [h * 16 + i, h * 16 + i + 8]))
+            .collect()
+    };
+    assert_eq!(wq, want(4));
+    assert_eq!(wk, want(2));
+}
+
+/// A layer without RoPE (SmolLM3's NoPE layers, flag bit 2) keeps the checkpoint's row
+/// order: there is no rotate-half layout to bridge.
+#[test]
+fn convert_no_rope_layer_keeps_row_order() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut s = Synth::llama();
+    s.config["model_type"] = json!("smollm3");
+    s.config["no_rope_layers"] = json!([0]);
+    let [wq, wk] = qk_row_sources(s, tmp.path(), "nope");
+    assert_eq!(wq, (0..64).collect::<Vec<_>>());
+    assert_eq!(wk, (0..32).collect::<Vec<_>>());
+    // The same checkpoint with RoPE on that layer is permuted.
+    let mut s = Synth::llama();
+    s.config["model_type"] = json!("smollm3");
+    s.config["no_rope_layers"] = json!([1]);
+    let [wq, _] = qk_row_sources(s, tmp.path(), "rope");
+    assert_eq!(&wq[..4], &[0, 8, 1, 9]);
 }
 
 #[test]

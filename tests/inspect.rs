@@ -161,7 +161,7 @@ fn bad_table_entry() -> Vec<u8> {
     let mut h = tiny_header();
     h.wtype = wtype::MIXED;
     let mut b = synth_mixed(&h, &[], &[WType::BF16; 16], 8);
-    b[256 + 3] = 9;
+    b[256 + 3] = 13;
     b
 }
 
@@ -180,7 +180,11 @@ fn error_table_through_the_binary() {
             "ML_E_FORMAT",
         ),
         ("bad version", with_header(|h| h.version = 9), "ML_E_FORMAT"),
-        ("unknown wtype", with_header(|h| h.wtype = 7), "ML_E_FORMAT"),
+        (
+            "unknown wtype",
+            with_header(|h| h.wtype = 13),
+            "ML_E_FORMAT",
+        ),
         (
             "wtype above the known ones",
             with_header(|h| h.wtype = 129),

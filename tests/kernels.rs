@@ -252,8 +252,8 @@ fn check_packed(k: &Kernels, w: &QMat, xa: &QActs, y0: &[f32]) {
     for (m, pm) in [(w, &wp), (&w16, &w16.with_packed(&p16).unwrap())] {
         for r in [0, w.rows / 2, w.rows - 1] {
             let (mut a, mut b) = (vec![0f32; w.cols], vec![1f32; w.cols]);
-            kernels::dequant_row(m, r, &mut a);
-            kernels::dequant_row(pm, r, &mut b);
+            m.dequant_row(r, &mut a);
+            pm.dequant_row(r, &mut b);
             assert_eq!(first_diff(&a, &b), None, "{desc}: dequant_row {r}");
         }
     }
@@ -314,7 +314,7 @@ fn reference_matches_naive_f64() {
         scalar().matmul(&w, &xa, &mut y);
         let mut wr = vec![0f32; cols];
         for r in 0..rows {
-            kernels::dequant_row(&w, r, &mut wr);
+            w.dequant_row(r, &mut wr);
             for t in 0..n {
                 let (mut sum, mut mag) = (0f64, 0f64);
                 for (c, &wv) in wr.iter().enumerate() {
@@ -367,13 +367,13 @@ fn dequant_row_values() {
     let d = [0.5f32, -2.0];
     let w = QMat::new(WType::Q8_0, 1, 64, &q8, &d).unwrap();
     let mut out = vec![0f32; 64];
-    kernels::dequant_row(&w, 0, &mut out);
+    w.dequant_row(0, &mut out);
     for (c, &o) in out.iter().enumerate() {
         assert_eq!(o, (c as i8 - 32) as f32 * d[c / 32]);
     }
     let q4: Vec<u8> = (0..32).map(|i| (i * 37) as u8).collect();
     let w = QMat::new(WType::Q4_0, 1, 64, &q4, &d).unwrap();
-    kernels::dequant_row(&w, 0, &mut out);
+    w.dequant_row(0, &mut out);
     for (c, &o) in out.iter().enumerate() {
         let byte = q4[(c / 32) * 16 + c % 16];
         let nib = if c % 32 < 16 { byte & 15 } else { byte >> 4 };
@@ -486,8 +486,8 @@ fn f16_scales_give_the_bits_of_f32_scales() {
             );
         }
         let (mut r32, mut r16) = (vec![0f32; cols], vec![0f32; cols]);
-        kernels::dequant_row(&w32, rows - 1, &mut r32);
-        kernels::dequant_row(&w16, rows - 1, &mut r16);
+        w32.dequant_row(rows - 1, &mut r32);
+        w16.dequant_row(rows - 1, &mut r16);
         assert_eq!(first_diff(&r32, &r16), None);
         assert!(QMat::new_f16(wtype, rows, cols, &q, &d16[1..]).is_err());
     }

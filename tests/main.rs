@@ -5,6 +5,7 @@ mod chat;
 mod convert;
 mod inspect;
 mod kernels;
+mod kernels_f32;
 mod real;
 mod reliability;
 mod run;

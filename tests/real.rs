@@ -13,7 +13,7 @@ use krafla::model::sampler::argmax;
 use krafla::model::{Model, Options};
 use krafla::tokenizer::Tokenizer;
 
-use crate::util::bin_path;
+use crate::util::{bin_path, mlt_convert};
 
 /// Logit margin below which the reference's choice is a near-tie.
 const NEAR_TIE: f64 = 0.2;
@@ -62,14 +62,7 @@ fn real_checkpoints_greedy_q8_0() {
             .unwrap();
         assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
         let mlt = tmp.path().join(format!("{name}.mlt"));
-        let o = Command::new(bin_path("mlt-convert"))
-            .arg(src.join("tokenizer.json"))
-            .arg("-o")
-            .arg(&mlt)
-            .arg("-q")
-            .output()
-            .unwrap();
-        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        mlt_convert(&src.join("tokenizer.json"), &mlt);
         let tok = Tokenizer::from_path(&mlt).unwrap();
         let m = Mlb::open(&mlb).unwrap();
         let model = Model::new(&m).unwrap();

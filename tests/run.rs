@@ -9,6 +9,7 @@ pub mod reference;
 use krafla::format::mlb::header::{layer_flag, q8_class, rope_type, wtype};
 use krafla::format::mlb::synth::{synth_file, tiny_header};
 use krafla::format::mlb::{Header, Mlb};
+use krafla::kernels::counters::{self, Op};
 use krafla::kernels::pool::Pool;
 use krafla::kernels::{self, Kernels, Tier};
 use krafla::model::{Model, ModelError, Options, Packs};
@@ -286,37 +287,54 @@ fn ring_buffer_equals_masked_full_attention() {
     }
 }
 
+/// Every position's logits by prefill, and by decoding token by token.
+pub fn prefill_and_decode(m: &Model, toks: &[u32]) -> (Vec<f32>, Vec<f32>) {
+    let prefill = all_logits(m, &Options::default(), toks);
+    let mut st = m.state(&Options::default()).unwrap();
+    let mut decode = Vec::new();
+    for &t in toks {
+        decode.extend_from_slice(m.decode(&mut st, t).unwrap());
+    }
+    (prefill, decode)
+}
+
+/// Scalar == every tier, end to end: prefill and decode, 1, 2 and 3 threads, with and
+/// without packed weights, on every synthetic case (attention with GQA, sliding windows
+/// and a ring, softcaps, GELU, f16 scales, Q4_0, no-RoPE layers, the delta rule).
 #[test]
 fn every_tier_gives_the_same_bits() {
     let tiers = kernels::supported_tiers();
     eprintln!("tiers: {tiers:?}");
+    let pools = [Pool::leak(1), Pool::leak(2), Pool::leak(3)];
     let mut packed_cases = Vec::new();
     for c in cases() {
         let m = load(&c, 17);
         let model = Model::new(&m).unwrap();
         let toks = tokens(c.h.vocab, 12, 1);
-        let base = kernels::with_tier(Tier::Scalar, || {
-            all_logits(&model, &Options::default(), &toks)
-        })
-        .unwrap();
+        let (base, dec) = pools[0]
+            .install(|| kernels::with_tier(Tier::Scalar, || prefill_and_decode(&model, &toks)))
+            .unwrap();
+        assert!(
+            base == dec,
+            "{}: scalar decode differs from prefill",
+            c.name
+        );
         for &t in &tiers {
-            let got =
-                kernels::with_tier(t, || all_logits(&model, &Options::default(), &toks)).unwrap();
-            assert!(got == base, "{}: tier {t} differs from scalar", c.name);
             let k = Kernels::for_tier(t).unwrap();
-            if k.packs() {
-                let packs = Packs::new(&m, &k).unwrap();
-                if packs.bytes() > 0 {
-                    packed_cases.push(t);
+            let packs = Packs::new(&m, &k).unwrap();
+            if packs.bytes() > 0 {
+                packed_cases.push(t);
+            }
+            let pm = Model::with_packs(&m, &packs).unwrap();
+            for (threads, pool) in pools.iter().enumerate() {
+                for (model, how) in [(&model, "read from the map"), (&pm, "packed")] {
+                    let (p, d) = pool
+                        .install(|| kernels::with_tier(t, || prefill_and_decode(model, &toks)))
+                        .unwrap();
+                    let at = format!("{}: tier {t}, {how}, {} threads", c.name, threads + 1);
+                    assert!(p == base, "{at}: prefill differs from scalar");
+                    assert!(d == base, "{at}: decode differs from scalar");
                 }
-                let pm = Model::with_packs(&m, &packs).unwrap();
-                let got =
-                    kernels::with_tier(t, || all_logits(&pm, &Options::default(), &toks)).unwrap();
-                assert!(
-                    got == base,
-                    "{}: tier {t}, packed, differs from scalar",
-                    c.name
-                );
             }
         }
     }
@@ -324,6 +342,96 @@ fn every_tier_gives_the_same_bits() {
     for t in tiers {
         if Kernels::for_tier(t).unwrap().packs() {
             assert!(packed_cases.contains(&t), "tier {t} never ran packed");
+        }
+    }
+}
+
+/// Forcing a tier forces the whole forward pass: the scalar tier runs no SIMD code at
+/// all, and a SIMD tier runs its own kernels (for every kind of work on x86) and none
+/// of a higher tier (the call counters of debug builds; one thread, so every call is
+/// counted on this one).
+#[test]
+fn forced_tier_runs_only_its_kernels() {
+    if !counters::ENABLED {
+        eprintln!("SKIP: call counters need debug assertions");
+        return;
+    }
+    let pool = Pool::leak(1);
+    let all = [
+        Tier::Scalar,
+        Tier::Avx2,
+        Tier::Avx512,
+        Tier::Avx512Vnni,
+        Tier::Neon,
+    ];
+    // The work of a forward pass, each kind of it on every synthetic case set (Delta:
+    // the Qwen3.5 case; F16: the f16-scale case; Packed only where the tier packs).
+    let work = [
+        Op::Quantize,
+        Op::Tile,
+        Op::Attend,
+        Op::Act,
+        Op::Delta,
+        Op::F16,
+    ];
+    for t in kernels::supported_tiers() {
+        let k = Kernels::for_tier(t).unwrap();
+        let mut calls = Vec::new();
+        for c in cases() {
+            let m = load(&c, 5);
+            let packs = Packs::new(&m, &k).unwrap();
+            let toks = tokens(c.h.vocab, 9, 4);
+            counters::take();
+            pool.install(|| {
+                kernels::with_tier(t, || {
+                    for model in [
+                        Model::new(&m).unwrap(),
+                        Model::with_packs(&m, &packs).unwrap(),
+                    ] {
+                        prefill_and_decode(&model, &toks);
+                    }
+                })
+            })
+            .unwrap();
+            calls.push((c.name, counters::take()));
+        }
+        let total =
+            |f: &dyn Fn(&counters::Calls) -> u64| calls.iter().map(|(_, c)| f(c)).sum::<u64>();
+        for (name, c) in &calls {
+            for &u in all.iter().filter(|&&u| u > t) {
+                assert_eq!(
+                    c.of_tier(u),
+                    0,
+                    "{name}: tier {t} ran code of tier {u}: {c:?}"
+                );
+            }
+            if t == Tier::Scalar {
+                for op in Op::ALL {
+                    assert_eq!(c.simd(op), 0, "{name}: the scalar tier ran SIMD {op:?}");
+                }
+            }
+        }
+        assert!(
+            total(&|c| c.of_tier(t)) > 0,
+            "tier {t} never ran its own code"
+        );
+        let simd_f32 = cfg!(target_arch = "x86_64") && t != Tier::Scalar;
+        for op in work {
+            let (scalar, simd) = (total(&|c| c.get(Tier::Scalar, op)), total(&|c| c.simd(op)));
+            match t {
+                Tier::Scalar => assert!(scalar > 0, "scalar tier: no {op:?} ran"),
+                _ if simd_f32 => {
+                    assert!(simd > 0, "tier {t}: {op:?} never ran in SIMD");
+                    assert_eq!(scalar, 0, "tier {t}: {op:?} ran scalar code");
+                }
+                _ => assert!(scalar + simd > 0, "tier {t}: no {op:?} ran"),
+            }
+        }
+        if k.packs() {
+            assert!(
+                total(&|c| c.simd(Op::Packed)) > 0,
+                "tier {t}: no packed kernel ran"
+            );
         }
     }
 }
@@ -389,6 +497,42 @@ fn errors_are_typed() {
         .is_err());
 }
 
+/// A model with max_seq 2^24 asked for all of it in one batch: its attention scores
+/// alone would take 2^51 bytes, more than any address space.
+fn huge_context_model() -> Vec<u8> {
+    let mut h = tiny_header();
+    h.max_seq = 1 << 24;
+    synth_file(&h, &[], 1)
+}
+
+/// A context the machine cannot hold is a typed error naming --ctx and the bytes it
+/// needs, not an abort on allocation.
+#[test]
+fn huge_context_is_an_error_not_an_abort() {
+    let m = Mlb::from_bytes(&huge_context_model()).unwrap();
+    let model = Model::new(&m).unwrap();
+    let opts = Options {
+        ctx: Some(1 << 24),
+        batch: 1 << 24,
+        ..Options::default()
+    };
+    let Err(ModelError::BadOption { name, value, rule }) = model.state(&opts) else {
+        panic!("a 2^51-byte state was allocated");
+    };
+    assert_eq!((name, value.as_str()), ("--ctx", "16777216"));
+    let bytes: u128 = rule
+        .split_whitespace()
+        .find_map(|w| w.parse().ok())
+        .unwrap_or_else(|| panic!("no byte count in {rule:?}"));
+    assert!(bytes > 1 << 51, "{rule}");
+    // A context that fits still works.
+    let small = Options {
+        ctx: Some(64),
+        ..Options::default()
+    };
+    assert_eq!(model.state(&small).unwrap().ctx(), 64);
+}
+
 #[test]
 fn default_context_is_max_seq_capped() {
     let c = &cases()[0];
@@ -426,6 +570,20 @@ mod cli {
             String::from_utf8_lossy(&o.stdout).into_owned(),
             String::from_utf8_lossy(&o.stderr).into_owned(),
         )
+    }
+
+    #[test]
+    fn huge_context_is_one_line_not_an_abort() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("m.mlb");
+        std::fs::write(&path, huge_context_model()).unwrap();
+        let p = path.to_str().unwrap();
+        let (ok, _, err) = run(&[
+            p, "--tokens", "1 2", "--ctx", "16777216", "--batch", "16777216",
+        ]);
+        assert!(!ok, "{err}");
+        assert_eq!(err.trim().lines().count(), 1, "{err}");
+        assert!(err.contains("--ctx") && err.contains("bytes"), "{err}");
     }
 
     #[test]

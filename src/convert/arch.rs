@@ -5,6 +5,8 @@
 //! Defaults are transformers 5.24's config class defaults, used only when config.json
 //! omits the key.
 
+use crate::quant::Q4Rule;
+
 /// How a Hugging Face tensor becomes a spec array.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Transform {
@@ -134,6 +136,16 @@ pub enum DefaultLayerTypes {
     LinearInterval,
 }
 
+/// Qwen3.5's gated-delta-rule dimensions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LinearDims {
+    pub k_heads: usize,
+    pub v_heads: usize,
+    pub k_dim: usize,
+    pub v_dim: usize,
+    pub conv: usize,
+}
+
 /// One architecture.
 #[derive(Debug)]
 pub struct Arch {
@@ -170,6 +182,12 @@ pub struct Arch {
     pub default_partial_rotary: f64,
     /// Attention output gate and gated-delta-rule layers (Qwen3.5).
     pub qwen35: bool,
+    /// The gated-delta-rule layers' dimensions where config.json omits them (with
+    /// `qwen35`).
+    pub default_linear: Option<LinearDims>,
+    /// The Q4_0 rounding of `--wtype q4_0` without `--q4-rule`: llama.cpp's round rule
+    /// for Gemma 3 (whose reference quantizations use it), the search elsewhere.
+    pub default_q4_rule: Q4Rule,
     /// SmolLM3's no_rope_layers.
     pub no_rope_layers: bool,
     /// Multimodal wrappers of this text model: (wrapper model_type).
@@ -198,6 +216,8 @@ const BASE: Arch = Arch {
     default_layer_types: DefaultLayerTypes::Full,
     default_partial_rotary: 1.0,
     qwen35: false,
+    default_linear: None,
+    default_q4_rule: Q4Rule::Search,
     no_rope_layers: false,
     wrappers: &[],
 };
@@ -280,6 +300,7 @@ pub const ARCHS: &[Arch] = &[
         gemma: true,
         window: Window::LayerTypes,
         default_layer_types: DefaultLayerTypes::Pattern,
+        default_q4_rule: Q4Rule::Round,
         wrappers: &["gemma3"],
         ..BASE
     },
@@ -294,6 +315,13 @@ pub const ARCHS: &[Arch] = &[
         default_layer_types: DefaultLayerTypes::LinearInterval,
         default_partial_rotary: 0.25,
         qwen35: true,
+        default_linear: Some(LinearDims {
+            k_heads: 16,
+            v_heads: 32,
+            k_dim: 128,
+            v_dim: 128,
+            conv: 4,
+        }),
         wrappers: &["qwen3_5"],
         ..BASE
     },

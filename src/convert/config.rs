@@ -21,6 +21,7 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{Map, Value};
 
+pub use super::arch::LinearDims;
 use super::arch::{self, Arch, DefaultLayerTypes, Window};
 use super::error::{ConvertError, Result};
 use crate::format::mlb::header::{act, layer_flag, rope_type, Header};
@@ -48,17 +49,18 @@ pub enum RopeScaling {
     },
 }
 
-/// One layer's kind.
+/// One layer's flags, as the header's per-layer flag byte stores them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct LayerKind {
+pub struct LayerFlags {
     pub linear: bool,
     pub sliding: bool,
     pub local_rope: bool,
     pub no_rope: bool,
 }
 
-impl LayerKind {
-    pub fn flags(self) -> u8 {
+impl LayerFlags {
+    /// The flag byte.
+    pub fn bits(self) -> u8 {
         let mut f = 0;
         if self.sliding {
             f |= layer_flag::SLIDING;
@@ -74,16 +76,6 @@ impl LayerKind {
         }
         f
     }
-}
-
-/// Qwen3.5's gated-delta-rule dimensions.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct LinearDims {
-    pub k_heads: usize,
-    pub v_heads: usize,
-    pub k_dim: usize,
-    pub v_dim: usize,
-    pub conv: usize,
 }
 
 /// What the converter needs to know about the model.
@@ -107,7 +99,7 @@ pub struct ModelDesc {
     pub rope_local_theta: Option<f64>,
     /// Rotated dimensions per head (head_dim when all).
     pub rot_dim: usize,
-    pub layers: Vec<LayerKind>,
+    pub layers: Vec<LayerFlags>,
     pub sliding_window: Option<usize>,
     pub tied: bool,
     pub act: u32,
@@ -461,7 +453,7 @@ fn describe(
 
     let mut layers = Vec::with_capacity(n_layers);
     for (i, t) in layer_types.iter().enumerate() {
-        let mut k = LayerKind::default();
+        let mut k = LayerFlags::default();
         match t.as_str() {
             "full_attention" => {}
             "sliding_attention" => {
@@ -516,17 +508,18 @@ fn describe(
         (None, None, None)
     };
 
-    let linear = if arch.qwen35 {
-        Some(LinearDims {
-            k_heads: c.usize_opt("linear_num_key_heads")?.unwrap_or(16),
-            v_heads: c.usize_opt("linear_num_value_heads")?.unwrap_or(32),
-            k_dim: c.usize_opt("linear_key_head_dim")?.unwrap_or(128),
-            v_dim: c.usize_opt("linear_value_head_dim")?.unwrap_or(128),
-            conv: c.usize_opt("linear_conv_kernel_dim")?.unwrap_or(4),
+    let linear = match arch.default_linear {
+        Some(def) => Some(LinearDims {
+            k_heads: c.usize_opt("linear_num_key_heads")?.unwrap_or(def.k_heads),
+            v_heads: c
+                .usize_opt("linear_num_value_heads")?
+                .unwrap_or(def.v_heads),
+            k_dim: c.usize_opt("linear_key_head_dim")?.unwrap_or(def.k_dim),
+            v_dim: c.usize_opt("linear_value_head_dim")?.unwrap_or(def.v_dim),
+            conv: c.usize_opt("linear_conv_kernel_dim")?.unwrap_or(def.conv),
         })
-        .filter(|_| layers.iter().any(|l| l.linear))
-    } else {
-        None
+        .filter(|_| layers.iter().any(|l| l.linear)),
+        None => None,
     };
 
     if let Some(w) = &wrapper {
@@ -986,7 +979,7 @@ impl ModelDesc {
             }
         }
         h.sliding_window = u(self.sliding_window.unwrap_or(0));
-        let flags: Vec<u8> = self.layers.iter().map(|l| l.flags()).collect();
+        let flags: Vec<u8> = self.layers.iter().map(|l| l.bits()).collect();
         if self.layers.iter().any(|l| l.local_rope) {
             h.rope_local_theta = self.rope_local_theta.unwrap_or(0.0) as f32;
         }
@@ -1076,7 +1069,7 @@ mod tests {
         v["num_hidden_layers"] = json!(6);
         v["sliding_window"] = json!(16);
         let d = desc(v).unwrap();
-        let f: Vec<u8> = d.layers.iter().map(|l| l.flags()).collect();
+        let f: Vec<u8> = d.layers.iter().map(|l| l.bits()).collect();
         assert_eq!(f, vec![3, 3, 3, 3, 3, 0]);
         // Qwen2: sliding from max_window_layers on, only with use_sliding_window.
         let mut v = base("qwen2");

@@ -60,7 +60,8 @@ pub struct Options {
     /// what `wtype` and `q8_mask` alone give, the file is mixed (`wtype` 128).
     pub types: TypePlan,
     pub scale_f16: bool,
-    /// `None`: round for Gemma 3, search otherwise.
+    /// `None`: the architecture's default (`arch::Arch::default_q4_rule`: round for
+    /// Gemma 3, search otherwise).
     pub q4_rule: Option<Q4Rule>,
     pub imatrix: Option<PathBuf>,
     /// Rayon threads (`None`: rayon's default, one per core).
@@ -248,12 +249,7 @@ fn run(opts: &Options, progress: &mut (dyn FnMut(Progress) + Send)) -> Result<Su
         header.wtype = wtype::MIXED;
         header.q8_mask = 0;
     }
-    let gemma3 = desc.arch.name == "gemma3_text";
-    let q4_rule = opts.q4_rule.unwrap_or(if gemma3 {
-        Q4Rule::Round
-    } else {
-        Q4Rule::Search
-    });
+    let q4_rule = opts.q4_rule.unwrap_or(desc.arch.default_q4_rule);
     let imatrix = match &opts.imatrix {
         None => None,
         Some(p) => {
@@ -460,8 +456,14 @@ fn plan(
             },
             Kind::U8 { .. } => unreachable!(),
         };
+        // A layer without RoPE (layer flag bit 2) has no rotate-half layout to bridge:
+        // its wq / wk rows (and bq, bk, q_norm, k_norm) keep the checkpoint's order.
+        let rot = match t.name.layer {
+            Some(l) if d.layers[l as usize].no_rope => 0,
+            _ => rot,
+        };
         let map = match transform {
-            Transform::Rope | Transform::RopeNorm => RowMap::Rope { head_dim: hd, rot },
+            Transform::Rope | Transform::RopeNorm if rot > 0 => RowMap::Rope { head_dim: hd, rot },
             Transform::GateQuery => RowMap::GateQuery { head_dim: hd, rot },
             Transform::GateGate => RowMap::GateGate { head_dim: hd },
             _ => RowMap::Identity,
@@ -760,55 +762,37 @@ fn quant_error(
     r0: usize,
     e: QuantError,
 ) -> ConvertError {
-    let file = ck.path_of(info);
-    match e {
-        QuantError::NonFinite { row, col, value } => ConvertError::tensor(
-            file,
-            &s.hf,
-            format!(
-                "weight [{}, {col}] is {value}: weights must be finite",
-                s.map.src(r0 + row)
-            ),
+    let msg = match e {
+        QuantError::NonFinite { row, col, value } => format!(
+            "weight [{}, {col}] is {value}: weights must be finite",
+            s.map.src(r0 + row)
         ),
-        QuantError::ScaleOverflow { row, block, d } => ConvertError::tensor(
-            file,
-            &s.hf,
-            format!(
-                "row {} block {block}: scale {d} is above 65504 and cannot be stored as f16 (drop --f16-scales)",
-                s.map.src(r0 + row)
-            ),
+        QuantError::ScaleOverflow { row, block, d } => format!(
+            "row {} block {block}: scale {d} is above 65504 and cannot be stored as f16 (drop --f16-scales)",
+            s.map.src(r0 + row)
         ),
         QuantError::OutOfRange {
             row,
             col,
             value,
             wtype,
-        } => ConvertError::tensor(
-            file,
-            &s.hf,
-            format!(
-                "weight [{}, {col}] is {value}: beyond the {wtype} range (largest finite {}); store this matrix in another type (--types)",
-                s.map.src(r0 + row),
-                crate::quant::half_float::max_finite(wtype)
-            ),
+        } => format!(
+            "weight [{}, {col}] is {value}: beyond the {wtype} range (largest finite {}); store this matrix in another type (--types)",
+            s.map.src(r0 + row),
+            crate::quant::half_float::max_finite(wtype)
         ),
         QuantError::BlockScaleOverflow {
             wtype,
             row,
             block,
             d,
-        } => ConvertError::tensor(
-            file,
-            &s.hf,
-            format!(
-                "row {} block {block}: scale {d} is above 65504 and cannot be stored in {wtype}'s f16 scales",
-                s.map.src(r0 + row)
-            ),
+        } => format!(
+            "row {} block {block}: scale {d} is above 65504 and cannot be stored in {wtype}'s f16 scales",
+            s.map.src(r0 + row)
         ),
-        QuantError::Shape { rows, cols, len } => ConvertError::tensor(
-            file,
-            &s.hf,
-            format!("{rows}×{cols} with {len} values: cols must be a multiple of 32"),
-        ),
-    }
+        QuantError::Shape { rows, cols, len } => {
+            format!("{rows}×{cols} with {len} values: cols must be a multiple of 32")
+        }
+    };
+    ConvertError::tensor(ck.path_of(info), &s.hf, msg)
 }

@@ -4,7 +4,9 @@
 //! with i + rot/2), the spec rotates interleaved pairs (2i, 2i + 1). Per head, over
 //! the first `rot` dimensions only, out[2i + j] = in[j·rot/2 + i] for i < rot/2 and
 //! j ∈ {0, 1}; dimensions at or past `rot` stay. It applies to the rows of wq and wk
-//! and equally to bq, bk, q_norm and k_norm, so q·k is unchanged on no-RoPE layers.
+//! and equally to bq, bk, q_norm and k_norm of layers with RoPE. A layer without RoPE
+//! (layer flag bit 2, SmolLM3's NoPE layers) has no layout to bridge and keeps the
+//! checkpoint's row order (`rot` = 0 there), as the spec reads.
 //!
 //! Qwen3.5's q_proj holds, per head, head_dim query rows then head_dim gate rows:
 //! wq takes the first half of each head's block (then the RoPE permutation), wg the

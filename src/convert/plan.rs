@@ -164,9 +164,9 @@ mod tests {
         assert!(TypePlan::parse("tok_emb")
             .unwrap_err()
             .contains("TARGET=TYPE"));
-        assert!(TypePlan::parse("tok_emb=q4_k")
+        assert!(TypePlan::parse("tok_emb=q9_z")
             .unwrap_err()
-            .contains("q4_k"));
+            .contains("q9_z"));
         assert!(TypePlan::parse("wq=bf16").unwrap_err().contains("'wq'"));
     }
 

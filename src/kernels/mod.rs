@@ -1,6 +1,13 @@
-//! Quantized matrix kernels: `y = W·x` with Q8_0 / Q4_0 weights and Q8_0 activations.
+//! Every SIMD path of the crate, reached through one table per instruction-set tier
+//! ([`Kernels`]) chosen once: the quantized matrix products `y = W·x` (Q8_0 / Q4_0
+//! weights, Q8_0 activations), the activation quantizer, f16 scale conversion, and the
+//! f32 work of a forward pass: attention (scores, softmax, value sums), `exp`,
+//! SiLU / GELU, the maximum of a slice and the gated delta rule's head step. Forcing a
+//! tier (`KRAFLA_KERNEL`, [`with_tier`], [`Kernels::for_tier`]) forces all of it; the
+//! call [`counters`] let a test see which tier's code ran.
 //!
-//! The arithmetic contract (also in `docs/kernels.md`), identical in every tier:
+//! The arithmetic contract of the matrix products (also in `docs/kernels.md`),
+//! identical in every tier:
 //!
 //! * per block `b` of 32 columns, `isum_b = Σ q_w·q_x` exactly in i32 (|isum| < 2^24,
 //!   so `isum_b as f32` is exact);
@@ -9,8 +16,9 @@
 //!   separately rounded f32 operation (no FMA);
 //! * the result is `((acc0+acc4) + (acc2+acc6)) + ((acc1+acc5) + (acc3+acc7))`.
 //!
-//! [`scalar`] is the reference; every SIMD tier (AVX2, AVX-512, AVX-512 VNNI, NEON) gives
-//! the same bits. The tier is chosen once at run time from the CPU's features and can be
+//! [`scalar`] is the reference of the matrix products, [`scalar_math`], [`scalar_attn`]
+//! and [`scalar_delta`] of the f32 kernels; every SIMD tier (AVX2, AVX-512, AVX-512
+//! VNNI, NEON) gives the same bits. The tier is chosen once at run time from the CPU's features and can be
 //! lowered with `KRAFLA_KERNEL=scalar|avx2|avx512|avx512vnni|neon`.
 //!
 //! Rows are independent, so the results do not depend on the thread count or on how
@@ -23,13 +31,19 @@ use std::sync::OnceLock;
 pub use crate::format::WType;
 use crate::quant::QK;
 
+pub mod counters;
 pub mod packed;
 pub mod pool;
 pub mod scalar;
+pub mod scalar_attn;
+pub mod scalar_delta;
 pub mod scalar_half;
 pub mod scalar_k;
+pub mod scalar_math;
 
 pub use packed::PackedMat;
+pub use scalar_attn::{KvView, Query, TILE_QUERIES};
+pub use scalar_delta::DeltaHead;
 
 #[cfg(target_arch = "x86_64")]
 pub mod x86;
@@ -123,14 +137,14 @@ impl<'a> QMat<'a> {
         cols: usize,
         q: &'a [u8],
     ) -> Result<Self, ShapeError> {
-        if rows == 0 || cols == 0 || !cols.is_multiple_of(QK) {
-            return Err(ShapeError(format!(
-                "matrix {rows}x{cols}: rows and cols must be > 0 and cols a multiple of {QK}"
-            )));
-        }
         if !matches!(wtype, WType::Q8_0 | WType::Q4_0) {
             return Err(ShapeError(format!(
                 "matrix {rows}x{cols} {wtype}: no kernel for this weight type yet"
+            )));
+        }
+        if rows == 0 || cols == 0 || !cols.is_multiple_of(QK) {
+            return Err(ShapeError(format!(
+                "matrix {rows}x{cols}: rows and cols must be > 0 and cols a multiple of {QK}"
             )));
         }
         let qlen = rows.checked_mul(wtype.row_bytes(cols));
@@ -165,24 +179,29 @@ impl<'a> QMat<'a> {
         })
     }
 
-    /// The f32 scales of rows `r0..r1`: borrowed, or converted from f16 into `buf`.
+    /// The f32 scales of rows `r0..r1`: borrowed, or converted from f16 into `buf` with
+    /// a tier's conversion `f16` (exact in every tier).
     #[inline]
-    fn scales<'b>(&'b self, r0: usize, r1: usize, buf: &'b mut Vec<f32>) -> &'b [f32] {
+    fn scales<'b>(&'b self, r0: usize, r1: usize, buf: &'b mut Vec<f32>, f16: F16Fn) -> &'b [f32] {
         let nb = self.blocks();
         if self.d16.is_empty() {
             return &self.d[r0 * nb..r1 * nb];
         }
         let src = &self.d16[r0 * nb..r1 * nb];
         buf.resize(src.len(), 0.0);
-        #[cfg(target_arch = "x86_64")]
-        if x86::f16_to_f32(src, buf) {
-            return buf;
-        }
-        use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
-        // The aarch64 fp16 instructions when the CPU has them; exact either way.
-        src.reinterpret_cast::<half::f16>()
-            .convert_to_f32_slice(buf);
+        // SAFETY: `f16` comes from a tier the CPU supports; the lengths agree.
+        unsafe { f16(src, buf) };
         buf
+    }
+
+    /// Dequantizes row `r` into `out` (`cols` values): `out[c] = q·d`, one f32 multiply
+    /// (`quant::dequant_row`), from the packed copy when there is one; f16 scales are
+    /// converted in software (the runtime's [`Kernels::dequant_row`] uses its tier's
+    /// conversion, with the same bits).
+    ///
+    /// Panics if `r >= rows` or `out.len() != cols`.
+    pub fn dequant_row(&self, r: usize, out: &mut [f32]) {
+        scalar_kernels().dequant_row(self, r, out)
     }
 
     /// Blocks per row.
@@ -400,6 +419,25 @@ type PackedFn =
 /// Most tokens per packed micro-kernel call.
 pub const PACKED_TILE: usize = 8;
 
+/// f16 bits to f32, exactly: `src.len() == dst.len()`.
+type F16Fn = unsafe fn(src: &[u16], dst: &mut [f32]);
+
+/// Attention of at most [`TILE_QUERIES`] queries of one kv head (shapes checked by
+/// [`Kernels::attend`]).
+type AttendFn = unsafe fn(qs: &mut [Query], kv: &KvView, scale: f32, softcap: f32);
+
+/// An element-wise map of a slice in place.
+type SliceFn = unsafe fn(v: &mut [f32]);
+
+/// A reduction of a slice to one value.
+type ReduceFn = unsafe fn(v: &[f32]) -> f32;
+
+/// `g[i] = act(g[i]) · u[i]`.
+type ActFn = unsafe fn(g: &mut [f32], u: &[f32]);
+
+/// The delta rule's step of one head: state (dk × dv), output (dv), scratch (dv).
+type DeltaFn = unsafe fn(x: &DeltaHead, s: &mut [f32], o: &mut [f32], delta: &mut [f32]);
+
 /// Calls `f(wq_r, wd_r, out_r)` for each of `rows` rows: the tiers' row loop.
 #[inline(always)]
 pub(crate) fn for_rows(
@@ -433,22 +471,138 @@ pub struct ActTile<'a> {
     pub q4: &'a [i8],
 }
 
-/// One tier's micro-kernels. Only built for tiers the CPU supports, which is what makes
-/// calling its `unsafe fn` pointers sound.
+/// One weight type's matrix kernels in a tier: the row-major micro-kernel, and the
+/// packed one where the tier has it. A new weight type adds an entry to every tier
+/// (see docs/architecture.md, "How to add a weight type").
+#[derive(Clone, Copy)]
+struct MatKernels {
+    tile: TileFn,
+    packed: Option<PackedFn>,
+}
+
+/// Weight types, and so entries of [`Kernels::mats`].
+const N_WTYPES: usize = WType::ALL.len();
+
+// `Kernels::mats` is indexed by `WType as usize`: `WType::ALL` lists the types in that order.
+const _: () = {
+    let mut i = 0;
+    while i < N_WTYPES {
+        assert!(WType::ALL[i] as usize == i);
+        i += 1;
+    }
+};
+
+/// The matrix kernels of every weight type, from `f` (an exhaustive `match` on the
+/// type, so that a new type cannot be left without kernels).
+fn per_type(f: impl Fn(WType) -> Option<MatKernels>) -> [Option<MatKernels>; N_WTYPES] {
+    std::array::from_fn(|i| f(WType::ALL[i]))
+}
+
+/// A tier's f32 kernels.
+#[derive(Clone, Copy)]
+struct F32Kernels {
+    attend: AttendFn,
+    exp: SliceFn,
+    max: ReduceFn,
+    silu_mul: ActFn,
+    gelu_mul: ActFn,
+    delta: DeltaFn,
+}
+
+/// The reference f32 kernels (every tier without SIMD versions of them).
+const SCALAR_F32: F32Kernels = F32Kernels {
+    attend: scalar_attn::attend,
+    exp: scalar_math::exp_slice,
+    max: scalar_math::max_slice,
+    silu_mul: scalar_math::silu_mul,
+    gelu_mul: scalar_math::gelu_mul,
+    delta: scalar_delta::delta_head,
+};
+
+/// One tier's kernels: every SIMD path of the crate. Only built for tiers the CPU
+/// supports, which is what makes calling its `unsafe fn` pointers sound.
 #[derive(Clone, Copy)]
 pub struct Kernels {
     tier: Tier,
     quant: QuantFn,
-    q8: TileFn,
-    q4: TileFn,
-    /// Packed-weight kernels for Q8_0 and for Q4_0, where the tier has them.
-    packed_q8: Option<PackedFn>,
-    packed_q4: Option<PackedFn>,
+    f16: F16Fn,
+    /// Per weight type, at `WType as usize`.
+    /// By `WType as usize`; `None`: the tier has no kernel for that type.
+    mats: [Option<MatKernels>; N_WTYPES],
+    f32: F32Kernels,
 }
 
 impl fmt::Debug for Kernels {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "Kernels({})", self.tier)
+    }
+}
+
+/// The x86 tiers' table (`base`: the scalar one with the tier set). AVX2 code serves
+/// every x86 tier where nothing wider exists (the activation quantizer, exp, SiLU,
+/// GELU, the delta rule's step); the AVX-512 tiers add their own matrix kernels and
+/// attention.
+#[cfg(target_arch = "x86_64")]
+fn x86_kernels(t: Tier, base: Kernels) -> Kernels {
+    use x86::{attention, avx2, avx512, math, packed as xp};
+    // The AVX2 packed Q4_0 kernel (it needs F16C) serves the AVX2 and AVX-512 BW tiers.
+    let q4_avx2 = xp::has_avx2_packed().then_some(xp::q4_avx2 as PackedFn);
+    let mats = match t {
+        Tier::Avx2 => per_type(|w| match w {
+            WType::Q8_0 => Some(MatKernels {
+                tile: avx2::tile_q8,
+                packed: None,
+            }),
+            WType::Q4_0 => Some(MatKernels {
+                tile: avx2::tile_q4,
+                packed: q4_avx2,
+            }),
+            _ => None,
+        }),
+        Tier::Avx512 => per_type(|w| match w {
+            WType::Q8_0 => Some(MatKernels {
+                tile: avx512::tile_q8_bw,
+                packed: None,
+            }),
+            WType::Q4_0 => Some(MatKernels {
+                tile: avx512::tile_q4_bw,
+                packed: q4_avx2,
+            }),
+            _ => None,
+        }),
+        _ => per_type(|w| match w {
+            WType::Q8_0 => Some(MatKernels {
+                tile: avx512::tile_q8_vnni,
+                packed: Some(xp::q8_vnni),
+            }),
+            WType::Q4_0 => Some(MatKernels {
+                tile: avx512::tile_q4_vnni,
+                packed: Some(xp::q4_vnni),
+            }),
+            _ => None,
+        }),
+    };
+    let attend = match t {
+        Tier::Avx2 => attention::attend_avx2 as AttendFn,
+        _ => attention::attend_avx512,
+    };
+    Kernels {
+        quant: avx2::quantize_act,
+        f16: if x86::has_f16c() {
+            x86::f16_to_f32
+        } else {
+            base.f16
+        },
+        mats,
+        f32: F32Kernels {
+            attend,
+            exp: math::exp_slice,
+            max: math::max_slice,
+            silu_mul: math::silu_mul,
+            gelu_mul: math::gelu_mul,
+            delta: math::delta_head,
+        },
+        ..base
     }
 }
 
@@ -479,38 +633,27 @@ impl Kernels {
         if !cpu_has(t) {
             return None;
         }
-        let s = Kernels { tier: t, ..SCALAR };
+        let s = Kernels {
+            tier: t,
+            ..scalar_kernels()
+        };
         Some(match t {
             Tier::Scalar => s,
             #[cfg(target_arch = "x86_64")]
-            Tier::Avx2 => Kernels {
-                quant: x86::avx2::quantize_act,
-                q8: x86::avx2::tile_q8,
-                q4: x86::avx2::tile_q4,
-                packed_q4: x86::packed::has_avx2_packed().then_some(x86::packed::q4_avx2 as _),
-                ..s
-            },
-            #[cfg(target_arch = "x86_64")]
-            Tier::Avx512 => Kernels {
-                quant: x86::avx2::quantize_act,
-                q8: x86::avx512::tile_q8_bw,
-                q4: x86::avx512::tile_q4_bw,
-                packed_q4: x86::packed::has_avx2_packed().then_some(x86::packed::q4_avx2 as _),
-                ..s
-            },
-            #[cfg(target_arch = "x86_64")]
-            Tier::Avx512Vnni => Kernels {
-                quant: x86::avx2::quantize_act,
-                q8: x86::avx512::tile_q8_vnni,
-                q4: x86::avx512::tile_q4_vnni,
-                packed_q8: Some(x86::packed::q8_vnni),
-                packed_q4: Some(x86::packed::q4_vnni),
-                ..s
-            },
+            Tier::Avx2 | Tier::Avx512 | Tier::Avx512Vnni => x86_kernels(t, s),
             #[cfg(target_arch = "aarch64")]
             Tier::Neon => Kernels {
-                q8: arm::neon::tile_q8,
-                q4: arm::neon::tile_q4,
+                mats: per_type(|w| match w {
+                    WType::Q8_0 => Some(MatKernels {
+                        tile: arm::neon::tile_q8,
+                        packed: None,
+                    }),
+                    WType::Q4_0 => Some(MatKernels {
+                        tile: arm::neon::tile_q4,
+                        packed: None,
+                    }),
+                    _ => None,
+                }),
                 ..s
             },
             #[allow(unreachable_patterns)]
@@ -525,7 +668,13 @@ impl Kernels {
 
     /// Whether this tier reads packed matrices ([`QMat::pk`]) of some type.
     pub fn packs(&self) -> bool {
-        self.packed_q8.is_some() || self.packed_q4.is_some()
+        self.mats.iter().flatten().any(|m| m.packed.is_some())
+    }
+
+    /// Whether this tier multiplies matrices of type `t` (a model with a matrix of
+    /// another type is refused at load).
+    pub fn supports(&self, t: WType) -> bool {
+        self.mats[t as usize].is_some()
     }
 
     /// Whether this tier reads packed matrices of type `t`: worth packing those for.
@@ -534,11 +683,114 @@ impl Kernels {
     }
 
     fn packed_fn(&self, t: WType) -> Option<PackedFn> {
-        match t {
-            WType::Q8_0 => self.packed_q8,
-            WType::Q4_0 => self.packed_q4,
-            _ => None,
+        self.mats[t as usize].and_then(|m| m.packed)
+    }
+
+    /// Attention of queries that share one kv head over `kv`, by the arithmetic of
+    /// [`scalar_attn`]: each query's `out` gets the bits the reference gives it alone,
+    /// whatever the tier and however the queries are grouped (a tile of prompt tokens
+    /// and the query heads of the kv head is read from memory once per block of keys).
+    ///
+    /// Panics unless every query has `q.len() == out.len() == hd` (one head_dim), an
+    /// `att` at least as long as its visible span, and a span that fits the cache;
+    /// and `kv` holds `cap × stride` keys and values with the head inside a slot.
+    pub fn attend(&self, qs: &mut [Query], kv: &KvView, scale: f32, softcap: f32) {
+        let Some(hd) = qs.first().map(|q| q.q.len()) else {
+            return;
+        };
+        assert!(
+            kv.cap > 0
+                && kv.off + hd <= kv.stride
+                && kv.k.len() == kv.cap * kv.stride
+                && kv.v.len() == kv.k.len(),
+            "attend: head at {} of {} in a cache of {} x {}",
+            kv.off,
+            kv.stride,
+            kv.cap,
+            kv.stride
+        );
+        for q in qs.iter() {
+            let span = q.pos + 1 - kv.first_visible(q.pos);
+            assert!(
+                q.q.len() == hd && q.out.len() == hd && span <= q.att.len() && span <= kv.cap,
+                "attend: query of {} values at {} (span {span}, att {}, cap {})",
+                q.q.len(),
+                q.pos,
+                q.att.len(),
+                kv.cap
+            );
         }
+        for tile in qs.chunks_mut(TILE_QUERIES) {
+            // SAFETY: a supported tier's kernel; shapes checked above.
+            unsafe { (self.f32.attend)(tile, kv, scale, softcap) }
+        }
+    }
+
+    /// `v[i] = exp(v[i])` ([`scalar_math::exp`]).
+    pub fn exp(&self, v: &mut [f32]) {
+        // SAFETY: a supported tier's kernel.
+        unsafe { (self.f32.exp)(v) }
+    }
+
+    /// The largest non-NaN value of `v`, −inf when there is none ([`scalar_math::max`]).
+    pub fn max(&self, v: &[f32]) -> f32 {
+        // SAFETY: a supported tier's kernel.
+        unsafe { (self.f32.max)(v) }
+    }
+
+    /// `g[i] = silu(g[i]) · u[i]` ([`scalar_math::silu`]).
+    ///
+    /// Panics if the lengths differ.
+    pub fn silu_mul(&self, g: &mut [f32], u: &[f32]) {
+        assert_eq!(g.len(), u.len(), "silu_mul lengths");
+        // SAFETY: a supported tier's kernel.
+        unsafe { (self.f32.silu_mul)(g, u) }
+    }
+
+    /// `g[i] = gelu_tanh(g[i]) · u[i]` ([`scalar_math::gelu_tanh`]).
+    ///
+    /// Panics if the lengths differ.
+    pub fn gelu_mul(&self, g: &mut [f32], u: &[f32]) {
+        assert_eq!(g.len(), u.len(), "gelu_mul lengths");
+        // SAFETY: a supported tier's kernel.
+        unsafe { (self.f32.gelu_mul)(g, u) }
+    }
+
+    /// The gated delta rule's step of one value head ([`scalar_delta`]): state `s`
+    /// (dk × dv), output `o` (dv), scratch `delta` (dv).
+    ///
+    /// Panics if the lengths disagree.
+    pub fn delta_head(&self, x: &DeltaHead, s: &mut [f32], o: &mut [f32], delta: &mut [f32]) {
+        let (dk, dv) = (x.k.len(), o.len());
+        assert!(
+            x.q.len() == dk
+                && s.len() == dk * dv
+                && [x.v.len(), x.z.len(), x.lnorm.len(), delta.len()] == [dv; 4],
+            "delta_head: dk {dk}, dv {dv}, state {}",
+            s.len()
+        );
+        // SAFETY: a supported tier's kernel.
+        unsafe { (self.f32.delta)(x, s, o, delta) }
+    }
+
+    /// [`QMat::dequant_row`] with this tier's f16 conversion.
+    ///
+    /// Panics if `r >= w.rows` or `out.len() != w.cols`.
+    pub fn dequant_row(&self, w: &QMat, r: usize, out: &mut [f32]) {
+        assert!(r < w.rows, "row {r} of {}", w.rows);
+        assert_eq!(out.len(), w.cols, "out length vs cols");
+        let (mut qbuf, mut buf) = (Vec::new(), Vec::new());
+        let (q, d) = match w.pk {
+            // Packed: the map's pages of this matrix were released; read the copy.
+            Some(p) => {
+                p.unpack_row(r, &mut qbuf, &mut buf);
+                (&qbuf[..], &buf[..])
+            }
+            // A type without a scale array (BF16, F16, GGUF blocks) carries its own.
+            None if !w.wtype.has_scales() => (w.row_q(r), &buf[..]),
+            None => (w.row_q(r), w.scales(r, r + 1, &mut buf, self.f16)),
+        };
+        crate::quant::dequant_row(w.wtype, q, d, out)
     }
 
     /// Quantizes `x` (a multiple of 32 values) into `q` (same length) and `d` (one per 32).
@@ -601,11 +853,9 @@ impl Kernels {
         if let (Some(p), Some(f)) = (w.pk, self.packed_fn(w.wtype)) {
             return run_plans(&[PackedPlan::new(f, p, x, y)], x);
         }
-        let tile = match w.wtype {
-            WType::Q8_0 => self.q8,
-            WType::Q4_0 => self.q4,
-            t => unreachable!("QMat::new refuses {t}"),
-        };
+        let tile = self.mats[w.wtype as usize]
+            .unwrap_or_else(|| panic!("no {} kernel on tier {}", w.wtype, self.tier))
+            .tile;
         let chunk = rows_per_task(w.rows, w.cols * n);
         let tiles = token_tiles(x, TILE_TOKENS);
         let (rb, nb) = (w.wtype.row_bytes(w.cols), w.blocks());
@@ -613,22 +863,18 @@ impl Kernels {
         // scales are borrowed, so a decode task takes its rows in one kernel call.
         let step = if w.d16.is_empty() { w.rows } else { SUB_ROWS };
         if n == 1 {
-            let run = |i: usize, yc: &mut [f32]| {
+            // One chunk runs on this thread (`pool::run` of one task).
+            pool::for_chunks(y, chunk, |i: usize, yc: &mut [f32]| {
                 SCALES.with_borrow_mut(|buf| {
                     for (j, ys) in yc.chunks_mut(step).enumerate() {
                         let s0 = i * chunk + j * step;
                         let s1 = s0 + ys.len();
-                        let wd = w.scales(s0, s1, buf);
+                        let wd = w.scales(s0, s1, buf, self.f16);
                         // SAFETY: a supported tier's kernel; slices sized per `TileFn`.
                         unsafe { tile(ys.len(), &w.q[s0 * rb..s1 * rb], wd, &tiles[0], ys) };
                     }
                 });
-            };
-            if chunk >= w.rows {
-                run(0, y);
-            } else {
-                pool::for_chunks(y, chunk, run);
-            }
+            });
             return;
         }
         let out = SharedOut(y.as_mut_ptr());
@@ -641,7 +887,8 @@ impl Kernels {
             SCALES.with_borrow_mut(|sbuf| {
                 for s0 in (i * chunk..r1).step_by(SUB_ROWS) {
                     let nr = SUB_ROWS.min(r1 - s0);
-                    let (wq, wd) = (&w.q[s0 * rb..(s0 + nr) * rb], w.scales(s0, s0 + nr, sbuf));
+                    let wq = &w.q[s0 * rb..(s0 + nr) * rb];
+                    let wd = w.scales(s0, s0 + nr, sbuf, self.f16);
                     for (k, xt) in tiles.iter().enumerate() {
                         let nt = xt.d.len() / nb;
                         let b = &mut buf[..nr * nt];
@@ -659,11 +906,7 @@ impl Kernels {
                 }
             });
         };
-        if tasks == 1 {
-            run(0);
-        } else {
-            pool::run(tasks, run);
-        }
+        pool::run(tasks, run);
     }
 }
 
@@ -791,28 +1034,6 @@ fn token_tiles(x: &QActs, size: usize) -> Vec<ActTile<'_>> {
         .collect()
 }
 
-/// Dequantizes row `r` into `out` (`w.cols` values): `out[c] = q·d`, one f32 multiply.
-///
-/// Panics if `r >= w.rows` or `out.len() != w.cols`.
-pub fn dequant_row(w: &QMat, r: usize, out: &mut [f32]) {
-    assert!(r < w.rows, "row {r} of {}", w.rows);
-    assert_eq!(out.len(), w.cols, "out length vs cols");
-    let (mut qbuf, mut buf) = (Vec::new(), Vec::new());
-    let (q, d) = match w.pk {
-        // Packed: the map's pages of this matrix were released; read the copy.
-        Some(p) => {
-            p.unpack_row(r, &mut qbuf, &mut buf);
-            (&qbuf[..], &buf[..])
-        }
-        None => (w.row_q(r), w.scales(r, r + 1, &mut buf)),
-    };
-    match w.wtype {
-        WType::Q8_0 => scalar::dequant_q8(q, d, out),
-        WType::Q4_0 => scalar::dequant_q4(q, d, out),
-        t => unreachable!("QMat::new refuses {t}"),
-    }
-}
-
 thread_local! {
     /// A tier forced on this thread by [`with_tier`].
     static FORCED: Cell<Option<Kernels>> = const { Cell::new(None) };
@@ -832,19 +1053,27 @@ fn detected() -> &'static Kernels {
     K.get_or_init(|| {
         let asked = std::env::var("KRAFLA_KERNEL").ok();
         let t = choose_tier(&supported_tiers(), asked.as_deref());
-        Kernels::for_tier(t).unwrap_or(SCALAR)
+        Kernels::for_tier(t).unwrap_or_else(scalar_kernels)
     })
 }
 
 /// The scalar reference kernels, available everywhere.
-const SCALAR: Kernels = Kernels {
-    tier: Tier::Scalar,
-    quant: scalar::quantize_act,
-    q8: scalar::tile_q8,
-    q4: scalar::tile_q4,
-    packed_q8: None,
-    packed_q4: None,
-};
+fn scalar_kernels() -> Kernels {
+    Kernels {
+        tier: Tier::Scalar,
+        quant: scalar::quantize_act,
+        f16: scalar::f16_to_f32,
+        mats: per_type(|w| {
+            let tile = match w {
+                WType::Q8_0 => scalar::tile_q8,
+                WType::Q4_0 => scalar::tile_q4,
+                _ => return None,
+            };
+            Some(MatKernels { tile, packed: None })
+        }),
+        f32: SCALAR_F32,
+    }
+}
 
 /// The kernels the free functions use: [`with_tier`]'s on this thread, else the detected.
 pub fn kernels() -> Kernels {
@@ -919,9 +1148,9 @@ mod tests {
             .collect();
         let w = QMat::new(WType::Q8_0, rows, cols, &q, &d).unwrap();
         let mut xa = QActs::new();
-        xa.quantize_with(&SCALAR, &x, cols);
+        xa.quantize_with(&scalar_kernels(), &x, cols);
         let mut y0 = vec![0.0; n * rows];
-        SCALAR.matmul(&w, &xa, &mut y0);
+        scalar_kernels().matmul(&w, &xa, &mut y0);
         for t in supported_tiers() {
             let k = Kernels::for_tier(t).unwrap();
             let mut y = vec![0.0; n * rows];

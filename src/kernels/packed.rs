@@ -183,7 +183,7 @@ impl PackedMat {
             }
             let s = &sg[(p * GROUP + j) * ss..(p * GROUP + j + 1) * ss];
             d[b] = if self.f16 {
-                half::f16::from_bits(u16::from_le_bytes([s[0], s[1]])).to_f32()
+                half::f16::from_bits(u16::from_le_bytes([s[0], s[1]])).to_f32_const()
             } else {
                 f32::from_le_bytes([s[0], s[1], s[2], s[3]])
             };

@@ -109,9 +109,7 @@ pub fn run(n: usize, f: impl Fn(usize) + Sync) {
 /// `f(i, chunk_i)` for the chunks of `size` elements of `buf` (the last may be
 /// shorter), in parallel on the current pool.
 pub fn for_chunks<T: Send>(buf: &mut [T], size: usize, f: impl Fn(usize, &mut [T]) + Sync) {
-    let a = Parts::new(buf, size);
-    // SAFETY: the pool runs each index once, so every chunk is borrowed by one task.
-    run(a.count(), |i| f(i, unsafe { a.get(i) }));
+    parallel_if(true).for_chunks(buf, size, f)
 }
 
 /// `f(i, a_i, b_i)` over the chunks of `a` (of `sa`) and `b` (of `sb`) side by side, as
@@ -123,11 +121,7 @@ pub fn for_chunks2<A: Send, B: Send>(
     sb: usize,
     f: impl Fn(usize, &mut [A], &mut [B]) + Sync,
 ) {
-    let (a, b) = (Parts::new(a, sa), Parts::new(b, sb));
-    // SAFETY: as in `for_chunks`.
-    run(a.count().min(b.count()), |i| unsafe {
-        f(i, a.get(i), b.get(i))
-    });
+    parallel_if(true).for_chunks2((a, sa), (b, sb), f)
 }
 
 /// [`for_chunks2`] with three slices.
@@ -137,10 +131,71 @@ pub fn for_chunks3<A: Send, B: Send, C: Send>(
     (c, sc): (&mut [C], usize),
     f: impl Fn(usize, &mut [A], &mut [B], &mut [C]) + Sync,
 ) {
-    let (a, b, c) = (Parts::new(a, sa), Parts::new(b, sb), Parts::new(c, sc));
-    let n = a.count().min(b.count()).min(c.count());
-    // SAFETY: as in `for_chunks`.
-    run(n, |i| unsafe { f(i, a.get(i), b.get(i), c.get(i)) });
+    parallel_if(true).for_chunks3((a, sa), (b, sb), (c, sc), f)
+}
+
+/// A step that is worth spreading over the pool only above some amount of work (a step
+/// costs microseconds to start and to join): `parallel_if(work >= MIN).for_chunks(..)`
+/// runs on the current pool when the condition holds, else makes the same calls in
+/// order on the calling thread. The calls, and so the results, are the same either way.
+#[derive(Debug, Clone, Copy)]
+pub struct MaybeParallel(bool);
+
+/// See [`MaybeParallel`].
+pub fn parallel_if(parallel: bool) -> MaybeParallel {
+    MaybeParallel(parallel)
+}
+
+impl MaybeParallel {
+    /// `f(i)` for `i in 0..n`: [`run`], or in order here.
+    pub fn run(self, n: usize, f: impl Fn(usize) + Sync) {
+        if self.0 {
+            run(n, f)
+        } else {
+            (0..n).for_each(f)
+        }
+    }
+
+    /// [`for_chunks`], or in order here.
+    pub fn for_chunks<T: Send>(
+        self,
+        buf: &mut [T],
+        size: usize,
+        f: impl Fn(usize, &mut [T]) + Sync,
+    ) {
+        let a = Parts::new(buf, size);
+        // SAFETY: each index runs once (on the pool or here), so every chunk is
+        // borrowed by one call.
+        self.run(a.count(), |i| f(i, unsafe { a.get(i) }));
+    }
+
+    /// [`for_chunks2`], or in order here.
+    pub fn for_chunks2<A: Send, B: Send>(
+        self,
+        (a, sa): (&mut [A], usize),
+        (b, sb): (&mut [B], usize),
+        f: impl Fn(usize, &mut [A], &mut [B]) + Sync,
+    ) {
+        let (a, b) = (Parts::new(a, sa), Parts::new(b, sb));
+        // SAFETY: as in `for_chunks`.
+        self.run(a.count().min(b.count()), |i| unsafe {
+            f(i, a.get(i), b.get(i))
+        });
+    }
+
+    /// [`for_chunks3`], or in order here.
+    pub fn for_chunks3<A: Send, B: Send, C: Send>(
+        self,
+        (a, sa): (&mut [A], usize),
+        (b, sb): (&mut [B], usize),
+        (c, sc): (&mut [C], usize),
+        f: impl Fn(usize, &mut [A], &mut [B], &mut [C]) + Sync,
+    ) {
+        let (a, b, c) = (Parts::new(a, sa), Parts::new(b, sb), Parts::new(c, sc));
+        let n = a.count().min(b.count()).min(c.count());
+        // SAFETY: as in `for_chunks`.
+        self.run(n, |i| unsafe { f(i, a.get(i), b.get(i), c.get(i)) });
+    }
 }
 
 /// A mutable slice cut into chunks that tasks take by index.

@@ -4,7 +4,8 @@
 //! Per output: `acc[b % 8] += (d_w[b]·d_x[b]) · (isum_b as f32)` over blocks in order,
 //! then [`reduce_lanes`]; `isum_b` is the exact i32 dot product of the block's quants.
 
-use super::{for_rows, ActTile, LANES};
+use super::counters::{count, Op};
+use super::{for_rows, ActTile, Tier, LANES};
 use crate::quant::{q8_0, QK};
 
 /// The contract's fixed reduction tree: `((a0+a4)+(a2+a6)) + ((a1+a5)+(a3+a7))`.
@@ -28,14 +29,6 @@ pub fn isum_q8(w: &[u8], x: &[i8]) -> i32 {
         .zip(x)
         .map(|(&a, &b)| a as i8 as i32 * b as i32)
         .sum()
-}
-
-/// The level of Q4_0 element `j` (0..32) of a 16-byte block: `nibble − 8`.
-#[inline(always)]
-pub fn q4_level(w: &[u8], j: usize) -> i32 {
-    let byte = w[j % 16];
-    let nib = if j < 16 { byte & 0x0F } else { byte >> 4 };
-    nib as i32 - 8
 }
 
 /// Exact dot product of one Q4_0 weight block (16 bytes) with one activation block.
@@ -82,13 +75,7 @@ pub fn dot_q4(wq: &[u8], wd: &[f32], xq: &[i8], xd: &[f32]) -> f32 {
 /// # Safety
 /// Always safe; `unsafe` only to share the tiers' function-pointer type.
 pub unsafe fn tile_q8(rows: usize, wq: &[u8], wd: &[f32], x: &ActTile, out: &mut [f32]) {
-    for_rows(rows, wq, wd, out, |wq, wd, out| {
-        let (cols, nb) = (wd.len() * QK, wd.len());
-        for (t, o) in out.iter_mut().enumerate() {
-            let (xq, xd) = (&x.q[t * cols..(t + 1) * cols], &x.d[t * nb..(t + 1) * nb]);
-            *o = dot_q8(wq, wd, xq, xd);
-        }
-    });
+    tile(rows, wq, wd, x, out, dot_q8)
 }
 
 /// Tile kernel (see `TileFn`): Q4_0 rows against a tile of tokens.
@@ -96,11 +83,21 @@ pub unsafe fn tile_q8(rows: usize, wq: &[u8], wd: &[f32], x: &ActTile, out: &mut
 /// # Safety
 /// Always safe; `unsafe` only to share the tiers' function-pointer type.
 pub unsafe fn tile_q4(rows: usize, wq: &[u8], wd: &[f32], x: &ActTile, out: &mut [f32]) {
+    tile(rows, wq, wd, x, out, dot_q4)
+}
+
+/// A weight row (quants, scales) · an activation row (quants, scales).
+type RowDot = fn(&[u8], &[f32], &[i8], &[f32]) -> f32;
+
+/// Every row against every token of the tile with the row dot `dot`.
+#[inline(always)]
+fn tile(rows: usize, wq: &[u8], wd: &[f32], x: &ActTile, out: &mut [f32], dot: RowDot) {
+    count(Tier::Scalar, Op::Tile);
     for_rows(rows, wq, wd, out, |wq, wd, out| {
         let (cols, nb) = (wd.len() * QK, wd.len());
         for (t, o) in out.iter_mut().enumerate() {
             let (xq, xd) = (&x.q[t * cols..(t + 1) * cols], &x.d[t * nb..(t + 1) * nb]);
-            *o = dot_q4(wq, wd, xq, xd);
+            *o = dot(wq, wd, xq, xd);
         }
     });
 }
@@ -113,27 +110,22 @@ pub unsafe fn tile_q4(rows: usize, wq: &[u8], wd: &[f32], x: &ActTile, out: &mut
 /// # Safety
 /// Always safe; `unsafe` only to share the tiers' function-pointer type.
 pub unsafe fn quantize_act(x: &[f32], q: &mut [i8], d: &mut [f32]) {
+    count(Tier::Scalar, Op::Quantize);
     let blocks = x.chunks_exact(QK).zip(q.chunks_exact_mut(QK));
     for ((xb, qb), db) in blocks.zip(d.iter_mut()) {
         *db = q8_0::quantize_block(xb, qb);
     }
 }
 
-/// `out[c] = q[c]·d[c/32]` for a Q8_0 row.
-pub fn dequant_q8(q: &[u8], d: &[f32], out: &mut [f32]) {
-    for ((ob, qb), &db) in out.chunks_exact_mut(QK).zip(q.chunks_exact(QK)).zip(d) {
-        for (o, &v) in ob.iter_mut().zip(qb) {
-            *o = v as i8 as f32 * db;
-        }
-    }
-}
-
-/// `out[c] = (nibble − 8)·d[c/32]` for a Q4_0 row.
-pub fn dequant_q4(q: &[u8], d: &[f32], out: &mut [f32]) {
-    for ((ob, qb), &db) in out.chunks_exact_mut(QK).zip(q.chunks_exact(QK / 2)).zip(d) {
-        for (j, o) in ob.iter_mut().enumerate() {
-            *o = q4_level(qb, j) as f32 * db;
-        }
+/// f16 scales (their bits) to f32, exactly, in software (see `kernels::F16Fn`).
+///
+/// # Safety
+/// Always safe; `unsafe` only to share the tiers' function-pointer type.
+pub unsafe fn f16_to_f32(src: &[u16], dst: &mut [f32]) {
+    count(Tier::Scalar, Op::F16);
+    assert_eq!(src.len(), dst.len());
+    for (d, &s) in dst.iter_mut().zip(src) {
+        *d = half::f16::from_bits(s).to_f32_const();
     }
 }
 
@@ -147,18 +139,6 @@ mod tests {
         let a = [1e8f32, 1.0, -1e8, 1.0, 1.0, 0.5, 1.0, 0.25];
         let h = [a[0] + a[4], a[1] + a[5], a[2] + a[6], a[3] + a[7]];
         assert_eq!(reduce_lanes(a), (h[0] + h[2]) + (h[1] + h[3]));
-    }
-
-    #[test]
-    fn q4_nibble_layout() {
-        let mut w = [0u8; 16];
-        w[0] = 0xF0; // element 0 = 0 → -8, element 16 = 15 → 7
-        w[3] = 0x29; // element 3 = 9 → 1, element 19 = 2 → -6
-        assert_eq!(q4_level(&w, 0), -8);
-        assert_eq!(q4_level(&w, 16), 7);
-        assert_eq!(q4_level(&w, 3), 1);
-        assert_eq!(q4_level(&w, 19), -6);
-        assert_eq!(q4_level(&w, 1), -8);
     }
 
     #[test]

@@ -13,13 +13,14 @@
 //!    `S + k (β (v − Sᵀk))ᵀ`; the output is `Sᵀq`;
 //! 5. the output is RMS-normalized per head (`lnorm`, `norm_eps`) and multiplied by
 //!    `silu(z)`; `lout` follows (in [`super::forward`]).
-
-use crate::kernels::pool;
+//!
+//! Steps 4 and 5 are the kernels' head step (`kernels::scalar_delta`, through the
+//! tier's table); this module keeps the state and runs steps 1 to 3 and the heads.
 
 use super::config::Config;
-use super::forward::{dot, rmsnorm_inplace};
-use super::vmath::silu;
+use super::ops::{dot, sigmoid, silu, Zeros, PAR_MIN};
 use super::weights::LinearWeights;
+use crate::kernels::{pool, DeltaHead, Kernels};
 
 /// One linear-attention layer's state.
 #[derive(Debug, Clone)]
@@ -43,10 +44,6 @@ fn softplus(x: f32) -> f32 {
     }
 }
 
-fn sigmoid(x: f32) -> f32 {
-    1.0 / (1.0 + (-x).exp())
-}
-
 /// Divides `x` by `sqrt(Σ x² + 1e-6)` and multiplies it by `extra`.
 fn l2norm(x: &mut [f32], extra: f32) {
     let ss = dot(x, x);
@@ -56,80 +53,14 @@ fn l2norm(x: &mut [f32], extra: f32) {
     }
 }
 
-/// One value head's inputs at one position.
-struct HeadIn<'a> {
-    /// dk: the (normalized, scaled) query of its key head.
-    q: &'a [f32],
-    /// dk: the normalized key.
-    k: &'a [f32],
-    /// dv: the value.
-    v: &'a [f32],
-    /// dv: the output gate.
-    z: &'a [f32],
-    /// sigmoid(b).
-    beta: f32,
-    /// exp(g), g = −exp(A_log) · softplus(a + dt_bias).
-    decay: f32,
-    /// dv.
-    lnorm: &'a [f32],
-    eps: f32,
-}
-
-/// Steps 4 and 5 for one head: state `s` (dk × dv), output `o` (dv), scratch `delta`.
-fn head_step(x: &HeadIn, s: &mut [f32], o: &mut [f32], delta: &mut [f32]) {
-    #[cfg(target_arch = "x86_64")]
-    if std::is_x86_feature_detected!("avx2") {
-        // SAFETY: the CPU supports AVX2 (checked just above).
-        return unsafe { head_step_avx2(x, s, o, delta) };
-    }
-    head_step_body(x, s, o, delta)
-}
-
-/// [`head_step`] compiled for AVX2: the same operations in the same order, same bits.
-///
-/// # Safety
-/// The CPU must support AVX2.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-unsafe fn head_step_avx2(x: &HeadIn, s: &mut [f32], o: &mut [f32], delta: &mut [f32]) {
-    head_step_body(x, s, o, delta)
-}
-
-#[inline(always)]
-fn head_step_body(x: &HeadIn, s: &mut [f32], o: &mut [f32], delta: &mut [f32]) {
-    let dv = o.len();
-    // S ← S·exp(g) and Sᵀk; delta = β (v − Sᵀk); S ← S + k deltaᵀ; o = Sᵀq.
-    delta.fill(0.0);
-    for (row, &ki) in s.chunks_exact_mut(dv).zip(x.k) {
-        for (sv, dj) in row.iter_mut().zip(delta.iter_mut()) {
-            *sv *= x.decay;
-            *dj += *sv * ki;
-        }
-    }
-    for (dj, &vj) in delta.iter_mut().zip(x.v) {
-        *dj = (vj - *dj) * x.beta;
-    }
-    o.fill(0.0);
-    for ((row, &ki), &qi) in s.chunks_exact_mut(dv).zip(x.k).zip(x.q) {
-        for ((sv, &dj), ov) in row.iter_mut().zip(delta.iter()).zip(o.iter_mut()) {
-            *sv += ki * dj;
-            *ov += *sv * qi;
-        }
-    }
-    // 5. per-head RMSNorm with lnorm, times silu(z).
-    rmsnorm_inplace(o, x.lnorm, x.eps);
-    for (ov, &zv) in o.iter_mut().zip(x.z) {
-        *ov *= silu(zv);
-    }
-}
-
 impl DeltaState {
-    pub fn new(c: &Config) -> DeltaState {
+    /// The state of a layer of `c`, its buffers from `z`.
+    pub(super) fn new(c: &Config, z: &mut Zeros) -> DeltaState {
         let taps = c.lin_conv.max(1);
         DeltaState {
-            conv: vec![0.0; (taps - 1) * c.lin_qkv],
-            s: vec![0.0; c.lin_v_heads * c.lin_k_dim * c.lin_v_dim],
-            delta: vec![0.0; c.lin_v_total],
+            conv: z.take(&[taps - 1, c.lin_qkv]),
+            s: z.take(&[c.lin_v_heads, c.lin_k_dim, c.lin_v_dim]),
+            delta: z.take(&[c.lin_v_total]),
             t: 0,
         }
     }
@@ -151,6 +82,7 @@ impl DeltaState {
     #[allow(clippy::too_many_arguments)]
     pub fn step(
         &mut self,
+        k: &Kernels,
         c: &Config,
         w: &LinearWeights,
         qkv: &mut [f32],
@@ -197,7 +129,7 @@ impl DeltaState {
         let group = vh / kh;
         let head = |h: usize, s: &mut [f32], o: &mut [f32], delta: &mut [f32]| {
             let kk = h / group;
-            let hw = HeadIn {
+            let hw = DeltaHead {
                 q: &qs[kk * dk..(kk + 1) * dk],
                 k: &ks[kk * dk..(kk + 1) * dk],
                 v: &vs[h * dv..(h + 1) * dv],
@@ -207,18 +139,14 @@ impl DeltaState {
                 lnorm: w.lnorm,
                 eps: c.norm_eps,
             };
-            head_step(&hw, s, o, delta);
+            k.delta_head(&hw, s, o, delta);
         };
         let sd = dk * dv;
-        if vh * sd >= 1 << 16 {
-            pool::for_chunks3((&mut self.s, sd), (out, dv), (&mut self.delta, dv), head);
-        } else {
-            self.s
-                .chunks_exact_mut(sd)
-                .zip(out.chunks_exact_mut(dv))
-                .zip(self.delta.chunks_exact_mut(dv))
-                .enumerate()
-                .for_each(|(h, ((s, o), d))| head(h, s, o, d));
-        }
+        pool::parallel_if(vh * sd >= 2 * PAR_MIN).for_chunks3(
+            (&mut self.s, sd),
+            (out, dv),
+            (&mut self.delta, dv),
+            head,
+        );
     }
 }

@@ -27,6 +27,7 @@ use std::path::PathBuf;
 use crate::kernels::pool;
 
 use super::forward::{Model, Options};
+use super::sampler::argmax;
 use super::ModelError;
 
 /// Why a measurement could not run.
@@ -133,17 +134,6 @@ pub fn kl(log_p: &[f64], log_q: &[f64]) -> f64 {
         .map(|(&a, &b)| if a > -700.0 { a.exp() * (a - b) } else { 0.0 })
         .sum::<f64>()
         .max(0.0)
-}
-
-/// The index of the largest value (the first among equals).
-pub fn argmax(x: &[f32]) -> usize {
-    let mut best = 0;
-    for (i, &v) in x.iter().enumerate() {
-        if v > x[best] {
-            best = i;
-        }
-    }
-    best
 }
 
 /// Running mean and variance (Welford).
@@ -428,7 +418,6 @@ mod tests {
         let mut v: Vec<f64> = (1..=200).map(f64::from).collect();
         v.reverse();
         assert_eq!(percentile(&mut v, 0.99), 198.0);
-        assert_eq!(argmax(&[1.0, 3.0, 3.0]), 1);
     }
 
     #[test]

@@ -25,19 +25,21 @@
 //! kernels' matmul and matvec give the same bits, so prefill and token-by-token decoding
 //! produce identical logits; so does any thread count.
 
-use crate::kernels::pool;
+mod attention;
 
-use super::attention::{attend_many, Query, TILE_QUERIES};
-use super::config::{Act, Config, LayerKind, RopeSel};
+use std::any::Any;
+
+use super::config::{Act, Config, LayerKind};
 use super::delta::DeltaState;
-use super::imatrix::{tap, Collector, Input, Observer};
 use super::kv::LayerCache;
-use super::rope::{self, RopeTable};
-use super::weights::{AttnWeights, LinearWeights, MixerWeights, Packs, Weights};
+use super::observer::{tap, Collector, Input, Observer};
+use super::ops::{add, for_rows, rmsnorm_inplace, rmsnorm_rows, Zeros};
+use super::rope::RopeTable;
+use super::weights::{LinearWeights, MixerWeights, Packs, Weights};
 use super::{ModelError, Result};
 use crate::format::mlb::Mlb;
 use crate::format::mli::Mli;
-use crate::kernels::{self, Kernels, QActs};
+use crate::kernels::{self, Kernels, QActs, TILE_QUERIES};
 
 /// The default context is max_seq, capped at this.
 pub const DEFAULT_CTX_CAP: usize = 4096;
@@ -45,8 +47,6 @@ pub const DEFAULT_CTX_CAP: usize = 4096;
 pub const DEFAULT_BATCH: usize = 512;
 /// Rows of logits per classifier matmul when every position's logits are wanted.
 const LOGIT_ROWS: usize = 16;
-/// Below this many multiply-adds, element-wise and attention work stays on one thread.
-const PAR_MIN: usize = 1 << 15;
 
 /// Called with each position and its logits (vocab values).
 pub type LogitsSink<'f> = &'f mut dyn FnMut(usize, &[f32]);
@@ -140,7 +140,7 @@ pub struct State {
     /// Per layer: the state of a linear-attention layer.
     delta: Vec<Option<DeltaState>>,
     /// Sees every matrix input (see `imatrix`); `None` normally.
-    pub(crate) observer: Option<Box<dyn Observer>>,
+    observer: Option<Box<dyn Observer>>,
 }
 
 impl State {
@@ -167,7 +167,7 @@ impl State {
     /// The importance sums so far (with `Options::imatrix`, or a [`Collector`] set as
     /// the observer).
     pub fn imatrix(&self) -> Option<&Mli> {
-        let o: &dyn std::any::Any = self.observer.as_deref()?;
+        let o: &dyn Any = self.observer.as_deref()?;
         o.downcast_ref::<Collector>().map(Collector::mli)
     }
 
@@ -195,78 +195,42 @@ impl State {
     ) {
         (&mut self.pos, &mut self.caches, &mut self.delta)
     }
-}
 
-/// Dot product with 8 partial sums in a fixed order: element `i` of each group of 8
-/// goes to `acc[i]`, then `((a0+a4) + (a2+a6)) + ((a1+a5) + (a3+a7))`, then the tail
-/// in order. The AVX2 attention computes exactly the same operations on one register.
-#[inline(always)]
-pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
-    let mut acc = [0f32; 8];
-    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
-    let (ra, rb) = (ca.remainder(), cb.remainder());
-    for (x, y) in ca.zip(cb) {
-        for i in 0..8 {
-            acc[i] += x[i] * y[i];
-        }
+    /// Shows every following matrix input to `o`.
+    pub fn set_observer(&mut self, o: Box<dyn Observer>) {
+        self.observer = Some(o);
     }
-    reduce8(acc, ra, rb)
-}
 
-#[inline(always)]
-pub(crate) fn reduce8(acc: [f32; 8], ra: &[f32], rb: &[f32]) -> f32 {
-    let mut s = ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
-    for (x, y) in ra.iter().zip(rb) {
-        s += x * y;
+    /// Removes the observer.
+    pub fn take_observer(&mut self) -> Option<Box<dyn Observer>> {
+        self.observer.take()
     }
-    s
-}
 
-/// `out = x / sqrt(mean(x²) + eps) · w`.
-#[inline]
-pub(crate) fn rmsnorm(out: &mut [f32], x: &[f32], w: &[f32], eps: f32) {
-    let inv = 1.0 / (dot(x, x) / x.len() as f32 + eps).sqrt();
-    for ((o, &xv), &wv) in out.iter_mut().zip(x).zip(w) {
-        *o = xv * inv * wv;
+    /// Removes the observer if it is a `T`.
+    pub fn take_observer_as<T: Observer>(&mut self) -> Option<Box<T>> {
+        let o = self.observer.take()?;
+        let any: Box<dyn Any> = o;
+        any.downcast::<T>().ok()
     }
 }
 
-/// [`rmsnorm`] in place.
-#[inline(always)]
-pub(crate) fn rmsnorm_inplace(x: &mut [f32], w: &[f32], eps: f32) {
-    let inv = 1.0 / (dot(x, x) / x.len() as f32 + eps).sqrt();
-    for (xv, &wv) in x.iter_mut().zip(w) {
-        *xv = *xv * inv * wv;
+/// `xb = rmsnorm(x, norm)` over the chunk's `len` values: a branch's input, shown to
+/// the observer as input `at` (layer, which input).
+fn branch_input(st: &mut State, len: usize, norm: &[f32], c: &Config, at: (usize, Input)) {
+    let (x, xb) = (&st.x[..len], &mut st.xb[..len]);
+    rmsnorm_rows(xb, x, norm, c.dim, c.norm_eps);
+    tap(&mut st.observer, at.0, at.1, xb);
+}
+
+/// `x += post_norm(xb2)` over the chunk's `len` values: a branch's output, through its
+/// post norm when the layer has one, added to the residual stream.
+fn residual(st: &mut State, len: usize, post_norm: Option<&[f32]>, c: &Config) {
+    if let Some(w) = post_norm {
+        for_rows(&mut st.xb2[..len], c.dim, |_, r| {
+            rmsnorm_inplace(r, w, c.norm_eps)
+        });
     }
-}
-
-#[inline]
-fn sigmoid(x: f32) -> f32 {
-    1.0 / (1.0 + (-x).exp())
-}
-
-/// Runs `f(row_index, row)` over the rows of `buf` (rows of `width`), in parallel when
-/// there is enough work. Rows are independent, so the result is the same either way.
-fn for_rows(buf: &mut [f32], width: usize, f: impl Fn(usize, &mut [f32]) + Sync + Send) {
-    if buf.len() >= PAR_MIN && buf.len() > width {
-        pool::for_chunks(buf, width, f);
-    } else {
-        buf.chunks_mut(width).enumerate().for_each(|(i, r)| f(i, r));
-    }
-}
-
-/// `out[r] = rmsnorm(x[r], w)` for every row.
-fn rmsnorm_rows(out: &mut [f32], x: &[f32], w: &[f32], width: usize, eps: f32) {
-    for_rows(out, width, |i, o| {
-        rmsnorm(o, &x[i * width..(i + 1) * width], w, eps)
-    });
-}
-
-/// `x += y`.
-fn add(x: &mut [f32], y: &[f32]) {
-    for (a, &b) in x.iter_mut().zip(y) {
-        *a += b;
-    }
+    add(&mut st.x[..len], &st.xb2[..len]);
 }
 
 impl<'a> Model<'a> {
@@ -313,10 +277,45 @@ impl<'a> Model<'a> {
         }
     }
 
-    /// Allocates every buffer of a forward pass once.
+    /// Allocates every buffer of a forward pass once. The bytes are summed first
+    /// (checked); a context whose buffers cannot be allocated is a `BadOption` naming
+    /// `--ctx` and the bytes needed, never an abort.
     pub fn state(&self, opts: &Options) -> Result<State> {
-        let c = &self.cfg;
         let ctx = self.context(opts)?;
+        let mut count = Zeros::counting();
+        self.buffers(opts, ctx, &mut count);
+        let mut alloc = Zeros::allocating();
+        let mut st = self.buffers(opts, ctx, &mut alloc);
+        // `qa` is sized once, last, by quantizing a zero input of the widest matrix
+        // input (a chunk of `cap` tokens).
+        let widest = self.widest_input();
+        let x0 = alloc.take(&[st.cap, widest]);
+        if alloc.ok() {
+            st.qa.quantize_with(&kernels::kernels(), &x0, widest);
+            return Ok(st);
+        }
+        let bytes = match count.bytes() {
+            Some(b) => format!("{b} bytes"),
+            None => "more bytes than a 128-bit count holds".into(),
+        };
+        Err(ModelError::BadOption {
+            name: "--ctx",
+            value: ctx.to_string(),
+            rule: format!(
+                "the KV cache and buffers of this context need {bytes}, more than can be allocated here: lower --ctx (or --batch)"
+            ),
+        })
+    }
+
+    /// The widest matrix input: dim, hidden_dim, q_dim or the delta rule's V·dv.
+    fn widest_input(&self) -> usize {
+        let c = &self.cfg;
+        c.dim.max(c.hidden_dim).max(c.q_dim).max(c.lin_v_total)
+    }
+
+    /// The state for `ctx` positions with the buffers `z` gives (empty when counting).
+    fn buffers(&self, opts: &Options, ctx: usize, z: &mut Zeros) -> State {
+        let c = &self.cfg;
         let cap = opts.batch.clamp(1, ctx);
         let group = c.n_heads / c.n_kv_heads.max(1);
         let mut att_len = 0;
@@ -330,7 +329,13 @@ impl<'a> Model<'a> {
                         _ => ctx,
                     };
                     att_len = att_len.max(window.unwrap_or(ctx).min(ctx));
-                    Some(LayerCache::new(slots, c.kv_dim, window))
+                    Some(LayerCache {
+                        k: z.take(&[slots, c.kv_dim]),
+                        v: z.take(&[slots, c.kv_dim]),
+                        cap: slots,
+                        window,
+                        kv_dim: c.kv_dim,
+                    })
                 }
                 LayerKind::Linear => None,
             })
@@ -338,48 +343,54 @@ impl<'a> Model<'a> {
         let delta = c
             .layers
             .iter()
-            .map(|l| (*l == LayerKind::Linear).then(|| DeltaState::new(c)))
+            .map(|l| (*l == LayerKind::Linear).then(|| DeltaState::new(c, z)))
             .collect();
+        let att_len = att_len.max(1);
         let mix_w = c.q_dim.max(c.lin_v_total);
-        let widest = c.dim.max(c.hidden_dim).max(mix_w);
-        let mut qa = QActs::new();
-        qa.quantize_with(&kernels::kernels(), &vec![0.0; cap * widest], widest);
-        let v = |w: usize| vec![0.0f32; cap * w];
-        Ok(State {
+        // `qa` (sized by `state`): a zero input of the widest matrix input, 4 bytes per
+        // value, and its quants, their Q4_0 arrangement (a byte per value each), and a
+        // scale and a sum per block.
+        let widest = self.widest_input() as u128;
+        z.add(Some(cap as u128 * widest * 25 / 4));
+        State {
             ctx,
             cap,
             pos: 0,
-            x: v(c.dim),
-            xb: v(c.dim),
-            xb2: v(c.dim),
-            q: v(c.q_dim),
-            gate: if c.attn_gate { v(c.q_dim) } else { Vec::new() },
-            kb: v(c.kv_dim),
-            vb: v(c.kv_dim),
-            mix: v(mix_w),
-            hb: v(c.hidden_dim),
-            hb2: v(c.hidden_dim),
-            // Decode: a row per head; prefill: a row per query of each tile.
-            att: vec![0.0; (cap + TILE_QUERIES).max(c.n_heads) * group * att_len.max(1)],
-            att_len: att_len.max(1),
-            cs_global: v(c.rot_dim),
-            cs_local: if self.local.is_some() {
-                v(c.rot_dim)
+            x: z.take(&[cap, c.dim]),
+            xb: z.take(&[cap, c.dim]),
+            xb2: z.take(&[cap, c.dim]),
+            q: z.take(&[cap, c.q_dim]),
+            gate: if c.attn_gate {
+                z.take(&[cap, c.q_dim])
             } else {
                 Vec::new()
             },
-            lqkv: v(c.lin_qkv),
-            lz: v(c.lin_v_total),
-            lb: v(c.lin_v_heads),
-            la: v(c.lin_v_heads),
-            logits: vec![0.0; cap.min(LOGIT_ROWS) * c.vocab],
-            qa,
+            kb: z.take(&[cap, c.kv_dim]),
+            vb: z.take(&[cap, c.kv_dim]),
+            mix: z.take(&[cap, mix_w]),
+            hb: z.take(&[cap, c.hidden_dim]),
+            hb2: z.take(&[cap, c.hidden_dim]),
+            // Decode: a row per head; prefill: a row per query of each tile.
+            att: z.take(&[(cap + TILE_QUERIES).max(c.n_heads), group, att_len]),
+            att_len,
+            cs_global: z.take(&[cap, c.rot_dim]),
+            cs_local: if self.local.is_some() {
+                z.take(&[cap, c.rot_dim])
+            } else {
+                Vec::new()
+            },
+            lqkv: z.take(&[cap, c.lin_qkv]),
+            lz: z.take(&[cap, c.lin_v_total]),
+            lb: z.take(&[cap, c.lin_v_heads]),
+            la: z.take(&[cap, c.lin_v_heads]),
+            logits: z.take(&[cap.min(LOGIT_ROWS), c.vocab]),
+            qa: QActs::new(),
             caches,
             delta,
             observer: opts
                 .imatrix
                 .then(|| Box::new(Collector::new(c)) as Box<dyn Observer>),
-        })
+        }
     }
 
     /// Checks that `tokens` can follow what `st` holds.
@@ -490,7 +501,7 @@ impl<'a> Model<'a> {
         let p0 = st.pos;
         let es = c.embed_scale;
         for (row, &t) in st.x[..n * d].chunks_exact_mut(d).zip(toks) {
-            kernels::dequant_row(&self.w.tok_emb, t as usize, row);
+            k.dequant_row(&self.w.tok_emb, t as usize, row);
             if es != 1.0 {
                 for v in row {
                     *v *= es;
@@ -506,14 +517,7 @@ impl<'a> Model<'a> {
             }
         }
         for (l, lw) in self.w.layers.iter().enumerate() {
-            rmsnorm_rows(
-                &mut st.xb[..n * d],
-                &st.x[..n * d],
-                lw.attn_norm,
-                d,
-                c.norm_eps,
-            );
-            tap(&mut st.observer, l, Input::Attn, &st.xb[..n * d]);
+            branch_input(st, n * d, lw.attn_norm, c, (l, Input::Attn));
             match (&lw.mixer, c.layers[l]) {
                 (MixerWeights::Attention(a), LayerKind::Attention { rope, .. }) => {
                     self.attention(k, st, l, a, rope, n, p0)
@@ -521,21 +525,9 @@ impl<'a> Model<'a> {
                 (MixerWeights::Linear(lin), _) => self.linear(k, st, l, lin, n),
                 _ => unreachable!("layout and config agree on layer kinds"),
             }
-            if let Some(w) = lw.post_attn_norm {
-                for_rows(&mut st.xb2[..n * d], d, |_, r| {
-                    rmsnorm_inplace(r, w, c.norm_eps)
-                });
-            }
-            add(&mut st.x[..n * d], &st.xb2[..n * d]);
+            residual(st, n * d, lw.post_attn_norm, c);
             // FFN: W2 (act(W1 h) ⊙ W3 h).
-            rmsnorm_rows(
-                &mut st.xb[..n * d],
-                &st.x[..n * d],
-                lw.ffn_norm,
-                d,
-                c.norm_eps,
-            );
-            tap(&mut st.observer, l, Input::W13, &st.xb[..n * d]);
+            branch_input(st, n * d, lw.ffn_norm, c, (l, Input::W13));
             st.qa.quantize_with(k, &st.xb[..n * d], d);
             k.matmul_each(
                 &[&lw.w1, &lw.w3],
@@ -547,211 +539,16 @@ impl<'a> Model<'a> {
             for_rows(&mut st.hb[..n * hid], hid, |i, r| {
                 let u = &up[i * hid..(i + 1) * hid];
                 match act {
-                    Act::Silu => super::vmath::silu_mul(r, u),
-                    Act::GeluTanh => super::vmath::gelu_mul(r, u),
+                    Act::Silu => k.silu_mul(r, u),
+                    Act::GeluTanh => k.gelu_mul(r, u),
                 }
             });
             tap(&mut st.observer, l, Input::W2, &st.hb[..n * hid]);
             st.qa.quantize_with(k, &st.hb[..n * hid], hid);
             k.matmul(&lw.w2, &st.qa, &mut st.xb2[..n * d]);
-            if let Some(w) = lw.post_ffn_norm {
-                for_rows(&mut st.xb2[..n * d], d, |_, r| {
-                    rmsnorm_inplace(r, w, c.norm_eps)
-                });
-            }
-            add(&mut st.x[..n * d], &st.xb2[..n * d]);
+            residual(st, n * d, lw.post_ffn_norm, c);
         }
         st.pos += n;
-    }
-
-    /// Softmax attention of layer `l` for the chunk's `n` tokens (input in `st.xb`,
-    /// output in `st.xb2`).
-    #[allow(clippy::too_many_arguments)]
-    fn attention(
-        &self,
-        k: &Kernels,
-        st: &mut State,
-        l: usize,
-        a: &AttnWeights,
-        rope: RopeSel,
-        n: usize,
-        p0: usize,
-    ) {
-        let c = &self.cfg;
-        let (d, hd, qd, kvd) = (c.dim, c.head_dim, c.q_dim, c.kv_dim);
-        st.qa.quantize_with(k, &st.xb[..n * d], d);
-        let (q, kb, vb) = (
-            &mut st.q[..n * qd],
-            &mut st.kb[..n * kvd],
-            &mut st.vb[..n * kvd],
-        );
-        match &a.wg {
-            Some(wg) => k.matmul_each(
-                &[&a.wq, &a.wk, &a.wv, wg],
-                &st.qa,
-                &mut [q, kb, vb, &mut st.gate[..n * qd]],
-            ),
-            None => k.matmul_each(&[&a.wq, &a.wk, &a.wv], &st.qa, &mut [q, kb, vb]),
-        }
-        // Biases, per-head q/k norms, RoPE: per token.
-        let rd = c.rot_dim;
-        let cs: Option<&[f32]> = match rope {
-            RopeSel::Global => Some(&st.cs_global),
-            RopeSel::Local => Some(&st.cs_local),
-            RopeSel::None => None,
-        };
-        let eps = c.norm_eps;
-        let prep = |t: usize, q: &mut [f32], kr: &mut [f32], v: &mut [f32]| {
-            if let Some(b) = a.bq {
-                add(q, b);
-            }
-            if let Some(b) = a.bk {
-                add(kr, b);
-            }
-            if let Some(b) = a.bv {
-                add(v, b);
-            }
-            if let Some(w) = a.q_norm {
-                q.chunks_exact_mut(hd)
-                    .for_each(|h| rmsnorm_inplace(h, w, eps));
-            }
-            if let Some(w) = a.k_norm {
-                kr.chunks_exact_mut(hd)
-                    .for_each(|h| rmsnorm_inplace(h, w, eps));
-            }
-            if let Some(cs) = cs {
-                let cs = &cs[t * rd..(t + 1) * rd];
-                rope::apply(q, hd, cs);
-                rope::apply(kr, hd, cs);
-            }
-        };
-        let (q, kb, vb) = (
-            &mut st.q[..n * qd],
-            &mut st.kb[..n * kvd],
-            &mut st.vb[..n * kvd],
-        );
-        if n * qd >= PAR_MIN {
-            pool::for_chunks3((q, qd), (kb, kvd), (vb, kvd), prep);
-        } else {
-            q.chunks_mut(qd)
-                .zip(kb.chunks_mut(kvd))
-                .zip(vb.chunks_mut(kvd))
-                .enumerate()
-                .for_each(|(t, ((q, kr), v))| prep(t, q, kr, v));
-        }
-
-        // Scores and weighted values.
-        let cache = st.caches[l].as_mut().expect("attention layer has a cache");
-        let group = c.n_heads / c.n_kv_heads;
-        let (scale, softcap) = (c.attn_scale, c.attn_softcap);
-        let al = st.att_len;
-        let q = &st.q[..n * qd];
-        let mix = &mut st.mix[..n * qd];
-        // Tokens t0.. of a prompt tile, all heads: per kv head, its query heads of every
-        // token of the tile at once (`attend_many`), scores in rows of `att`.
-        let tile_tokens = (TILE_QUERIES / group).max(1);
-        let tile = |cache: &LayerCache, t0: usize, out: &mut [f32], att: &mut [f32]| {
-            let nt = out.len() / qd;
-            let mut outs: Vec<Option<&mut [f32]>> = out.chunks_exact_mut(hd).map(Some).collect();
-            for g in 0..c.n_kv_heads {
-                let mut qs = Vec::with_capacity(nt * group);
-                for ((t, h), s) in (0..nt)
-                    .flat_map(|t| (g * group..(g + 1) * group).map(move |h| (t, h)))
-                    .zip(att.chunks_exact_mut(al))
-                {
-                    let tq = (t0 + t) * qd + h * hd;
-                    qs.push(Query {
-                        q: &q[tq..tq + hd],
-                        pos: p0 + t0 + t,
-                        att: s,
-                        out: outs[t * c.n_heads + h].take().expect("each head once"),
-                    });
-                }
-                attend_many(&mut qs, cache, g * hd, scale, softcap);
-            }
-        };
-        // All heads of token t, in parallel (scores in rows of `att`). A task takes `per`
-        // query heads of one kv head, so that it reads their keys and values once; `per`
-        // divides the group and is as large as still gives every thread a task.
-        let per = (1..=group)
-            .rev()
-            .find(|&d| group.is_multiple_of(d) && c.n_kv_heads * (group / d) >= pool::threads())
-            .unwrap_or(1);
-        let heads = |cache: &LayerCache, t: usize, out: &mut [f32], att: &mut [f32]| {
-            let visible = p0 + t + 1 - cache.first_visible(p0 + t);
-            let go = |i: usize, o: &mut [f32], s: &mut [f32]| {
-                let h0 = i * per;
-                let mut qs: Vec<Query> = o
-                    .chunks_exact_mut(hd)
-                    .zip(s.chunks_exact_mut(al))
-                    .enumerate()
-                    .map(|(j, (o, s))| {
-                        let at = t * qd + (h0 + j) * hd;
-                        Query {
-                            q: &q[at..at + hd],
-                            pos: p0 + t,
-                            att: s,
-                            out: o,
-                        }
-                    })
-                    .collect();
-                attend_many(&mut qs, cache, (h0 / group) * hd, scale, softcap);
-            };
-            if visible * qd >= PAR_MIN {
-                pool::for_chunks2(out, per * hd, att, per * al, go);
-            } else {
-                out.chunks_mut(per * hd)
-                    .zip(att.chunks_mut(per * al))
-                    .enumerate()
-                    .for_each(|(i, (o, s))| go(i, o, s));
-            }
-        };
-        if p0 + n <= cache.cap {
-            // No slot of this chunk overwrites one that an earlier token still needs:
-            // store the whole chunk, then run the tokens in parallel.
-            for t in 0..n {
-                cache.store(
-                    p0 + t,
-                    &st.kb[t * kvd..(t + 1) * kvd],
-                    &st.vb[t * kvd..(t + 1) * kvd],
-                );
-            }
-            let cache = &*cache;
-            if n == 1 {
-                heads(cache, 0, mix, &mut st.att);
-            } else {
-                let work = n * (p0 + n) * qd;
-                let (tq, ta) = (tile_tokens * qd, tile_tokens * group * al);
-                let run =
-                    |i: usize, o: &mut [f32], s: &mut [f32]| tile(cache, i * tile_tokens, o, s);
-                if work >= PAR_MIN {
-                    pool::for_chunks2(mix, tq, &mut st.att, ta, run);
-                } else {
-                    mix.chunks_mut(tq)
-                        .zip(st.att.chunks_mut(ta))
-                        .enumerate()
-                        .for_each(|(i, (o, s))| run(i, o, s));
-                }
-            }
-        } else {
-            // A ring that wraps inside the chunk: store and attend token by token.
-            for t in 0..n {
-                cache.store(
-                    p0 + t,
-                    &st.kb[t * kvd..(t + 1) * kvd],
-                    &st.vb[t * kvd..(t + 1) * kvd],
-                );
-                heads(cache, t, &mut mix[t * qd..(t + 1) * qd], &mut st.att);
-            }
-        }
-        if c.attn_gate {
-            for (m, &g) in mix.iter_mut().zip(&st.gate[..n * qd]) {
-                *m *= sigmoid(g);
-            }
-        }
-        tap(&mut st.observer, l, Input::Wo, mix);
-        st.qa.quantize_with(k, mix, qd);
-        k.matmul(&a.wo, &st.qa, &mut st.xb2[..n * d]);
     }
 
     /// The gated delta rule of layer `l` for the chunk's `n` tokens (input in `st.xb`,
@@ -773,6 +570,7 @@ impl<'a> Model<'a> {
         let ds = st.delta[l].as_mut().expect("linear layer has a state");
         for t in 0..n {
             ds.step(
+                k,
                 c,
                 w,
                 &mut st.lqkv[t * lq..(t + 1) * lq],
@@ -785,27 +583,5 @@ impl<'a> Model<'a> {
         tap(&mut st.observer, l, Input::LinOut, &st.mix[..n * lv]);
         st.qa.quantize_with(k, &st.mix[..n * lv], lv);
         k.matmul(&w.lout, &st.qa, &mut st.xb2[..n * d]);
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn dot_is_accurate() {
-        let mut s = 0x1234_5678_9abc_def1u64;
-        let mut r = || {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            (s >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-        };
-        for n in [0usize, 1, 7, 8, 9, 16, 63, 64, 65, 130, 256] {
-            let a: Vec<f32> = (0..n).map(|_| r() * 100.0).collect();
-            let b: Vec<f32> = (0..n).map(|_| r()).collect();
-            let exact: f64 = a.iter().zip(&b).map(|(&x, &y)| x as f64 * y as f64).sum();
-            assert!((dot(&a, &b) as f64 - exact).abs() < 1e-3 * (1.0 + exact.abs()));
-        }
     }
 }

@@ -6,6 +6,8 @@
 //! oldest slot is overwritten by the newest position. Linear-attention layers have no
 //! cache (their state is in [`super::delta`]).
 
+use crate::kernels::KvView;
+
 /// One layer's keys and values.
 #[derive(Debug, Clone)]
 pub struct LayerCache {
@@ -41,9 +43,19 @@ impl LayerCache {
 
     /// The first position that position `pos` attends to.
     pub fn first_visible(&self, pos: usize) -> usize {
-        match self.window {
-            Some(w) => (pos + 1).saturating_sub(w),
-            None => 0,
+        self.view(0).first_visible(pos)
+    }
+
+    /// The keys and values of the kv head at offset `off` of each slot, as the
+    /// kernels' attention reads them.
+    pub fn view(&self, off: usize) -> KvView<'_> {
+        KvView {
+            k: &self.k,
+            v: &self.v,
+            cap: self.cap,
+            stride: self.kv_dim,
+            off,
+            window: self.window,
         }
     }
 

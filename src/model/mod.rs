@@ -7,25 +7,32 @@
 //! - [`rope`]: inverse-frequency tables (plain, llama3, linear, yarn; local base).
 //! - [`kv`]: the KV cache; sliding-window layers keep a ring of their window.
 //! - [`delta`]: the gated delta rule's recurrent and convolution state.
-//! - [`forward`]: [`Model`] and its [`State`]: prefill (matrix-matrix) and decode.
+//! - [`forward`]: [`Model`] and its [`State`]: prefill (matrix-matrix) and decode, the
+//!   layer loop, with `forward::attention` (private): a softmax-attention layer's work
+//!   scheduled over the pool; `ops` (private): the small shared operations (RMSNorm
+//!   rows, adds, sigmoid, fallible zeroed buffers).
+//! - [`observer`]: the hook that sees every matrix input, and the importance-matrix
+//!   [`observer::Collector`].
 //! - [`sampler`]: temperature, top-k, top-p and a seeded PRNG; temperature 0 is greedy.
-//! - [`imatrix`]: an observer of every matrix input, and the importance-matrix collector.
+//! - [`imatrix`]: runs a text through the model to collect an importance matrix.
 //! - [`eval`]: perplexity and KL divergence over chunks of a text.
 //!
-//! Every matrix product quantizes its input to Q8_0 and goes through
-//! [`crate::kernels`]; matvec and matmul give the same bits, and so do prefill and
-//! token-by-token decoding.
+//! Every SIMD instruction of a forward pass runs in [`crate::kernels`], through the one
+//! table chosen per call (`kernels::kernels()`): the matrix products (their inputs
+//! quantized to Q8_0), attention, SiLU / GELU and the delta rule's head step. matvec and
+//! matmul give the same bits, and so do prefill and token-by-token decoding, every tier
+//! and every thread count.
 
-mod attention;
 pub mod config;
 pub mod delta;
 pub mod eval;
 pub mod forward;
 pub mod imatrix;
 pub mod kv;
+pub mod observer;
+mod ops;
 pub mod rope;
 pub mod sampler;
-mod vmath;
 pub mod weights;
 
 pub use config::{Config, LayerKind, RopeSel};

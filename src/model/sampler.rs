@@ -174,7 +174,7 @@ pub struct Sampler {
     seen: Vec<u32>,
 }
 
-/// The index of the first largest value.
+/// The index of the first largest value (greedy sampling; the evaluation's top-1).
 pub fn argmax(x: &[f32]) -> u32 {
     let mut best = 0;
     for (i, &v) in x.iter().enumerate() {
@@ -356,6 +356,7 @@ mod tests {
 
     #[test]
     fn greedy_and_seeded() {
+        assert_eq!(argmax(&[1.0, 3.0, 3.0]), 1, "the first among equals");
         let l = [0.1, 3.0, 2.9, -1.0];
         assert_eq!(Sampler::new(SamplerOpts::default()).sample(&l), 1);
         let opts = SamplerOpts {

@@ -1,9 +1,10 @@
 //! Borrowed views of every array of a loaded `.mlb` file: matrices as
-//! [`kernels::QMat`](crate::kernels::QMat), vectors as `&[f32]`, all pointing into the
-//! map, f16 block scales included (the kernels convert those as they read them); and
+//! [`kernels::QMat`](crate::kernels::QMat) (from `Mlb::mat`), vectors as `&[f32]`, all
+//! pointing into the map, f16 block scales included (the kernels convert those as they
+//! read them); and
 //! [`Packs`], the matrices' packed copies for tiers with packed kernels.
 
-use crate::format::mlb::{Kind, Layout, Mixer, Mlb};
+use crate::format::mlb::{Kind, Mixer, Mlb};
 use crate::format::FormatError;
 use crate::kernels::{Kernels, PackedMat, QMat};
 
@@ -130,7 +131,7 @@ impl Packs {
                 mats.push(None);
                 continue;
             }
-            let w = qmat(m, lay, i)?;
+            let w = m.mat(i);
             mats.push(Some(PackedMat::new_with(&w, |r0, r1| {
                 m.release_rows(i, r0, r1)
             })));
@@ -148,30 +149,37 @@ impl Packs {
     }
 }
 
-fn qmat<'a>(m: &'a Mlb, layout: &Layout, idx: usize) -> Result<QMat<'a>, FormatError> {
-    let (wtype, rows, cols, q) = m.mat_quants(idx);
-    // f16 scales stay in the map: the kernels convert them as they read them.
-    match m.mat_f16(idx) {
-        Some(d16) => QMat::new_f16(wtype, rows, cols, q, d16),
-        None => QMat::new(wtype, rows, cols, q, m.mat(idx).d),
-    }
-    .map_err(|e| {
-        let mut err = FormatError::shape(layout.tensors[idx].name.to_string(), "matrix", e.0);
-        err.file = m.path.clone();
-        err
-    })
-}
-
 impl<'a> Weights<'a> {
     /// Views of every array of `m`, matrices with their packed form from `packs`.
     pub fn new(m: &'a Mlb, packs: &'a Packs) -> Result<Weights<'a>, FormatError> {
         let lay = m.layout();
-        let mat = |i: usize| {
-            let w = qmat(m, lay, i)?;
+        // A matrix type without a kernel on this tier (BF16/F16 until their kernels
+        // land) is refused here, naming the tensor, rather than when first multiplied.
+        let k = crate::kernels::kernels();
+        for t in &lay.tensors {
+            if let Kind::Mat {
+                wtype, rows, cols, ..
+            } = t.kind
+            {
+                if !k.supports(wtype) {
+                    let e = FormatError::shape(
+                        t.name.to_string(),
+                        "matrix",
+                        format!("matrix {rows}x{cols} {wtype}: no kernel for this weight type yet"),
+                    );
+                    return Err(match &m.path {
+                        Some(p) => e.in_file(p),
+                        None => e,
+                    });
+                }
+            }
+        }
+        let mat = |i: usize| -> QMat<'a> {
+            let w = m.mat(i);
             match packs.get(i) {
                 // A pack made from this file always fits.
-                Some(p) => Ok(w.with_packed(p).unwrap_or(w)),
-                None => Ok(w),
+                Some(p) => w.with_packed(p).unwrap_or(w),
+                None => w,
             }
         };
         let vec = |i: usize| m.f32s(i);
@@ -180,11 +188,11 @@ impl<'a> Weights<'a> {
         for l in &lay.layers {
             let mixer = match &l.mixer {
                 Mixer::Attention(a) => MixerWeights::Attention(AttnWeights {
-                    wq: mat(a.wq)?,
-                    wk: mat(a.wk)?,
-                    wv: mat(a.wv)?,
-                    wo: mat(a.wo)?,
-                    wg: a.wg.map(mat).transpose()?,
+                    wq: mat(a.wq),
+                    wk: mat(a.wk),
+                    wv: mat(a.wv),
+                    wo: mat(a.wo),
+                    wg: a.wg.map(mat),
                     bq: opt(a.bq),
                     bk: opt(a.bk),
                     bv: opt(a.bv),
@@ -192,33 +200,33 @@ impl<'a> Weights<'a> {
                     k_norm: opt(a.k_norm),
                 }),
                 Mixer::Linear(x) => MixerWeights::Linear(LinearWeights {
-                    lqkv: mat(x.lqkv)?,
-                    lz: mat(x.lz)?,
-                    lb: mat(x.lb)?,
-                    la: mat(x.la)?,
+                    lqkv: mat(x.lqkv),
+                    lz: mat(x.lz),
+                    lb: mat(x.lb),
+                    la: mat(x.la),
                     lconv: vec(x.lconv),
                     dt_bias: vec(x.dt_bias),
                     a_log: vec(x.a_log),
                     lnorm: vec(x.lnorm),
-                    lout: mat(x.lout)?,
+                    lout: mat(x.lout),
                 }),
             };
             layers.push(LayerWeights {
                 attn_norm: vec(l.attn_norm),
                 mixer,
                 ffn_norm: vec(l.ffn_norm),
-                w1: mat(l.w1)?,
-                w2: mat(l.w2)?,
-                w3: mat(l.w3)?,
+                w1: mat(l.w1),
+                w2: mat(l.w2),
+                w3: mat(l.w3),
                 post_attn_norm: opt(l.post_attn_norm),
                 post_ffn_norm: opt(l.post_ffn_norm),
             });
         }
         Ok(Weights {
-            tok_emb: mat(lay.tok_emb)?,
+            tok_emb: mat(lay.tok_emb),
             layers,
             final_norm: vec(lay.final_norm),
-            wcls: mat(lay.wcls)?,
+            wcls: mat(lay.wcls),
         })
     }
 }

@@ -16,6 +16,8 @@ pub mod q8_0;
 
 use rayon::prelude::*;
 
+use crate::kernels::QMat;
+
 pub use crate::format::wtype::{WType, QK};
 
 /// The scales of a quantized matrix, as they are stored.
@@ -37,24 +39,13 @@ impl Scales {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
-
-    /// Scale `i` as f32 (f16 converted exactly).
-    pub fn get(&self, i: usize) -> f32 {
-        match self {
-            Scales::F32(v) => v[i],
-            Scales::F16(v) => half::f16::from_bits(v[i]).to_f32(),
-        }
-    }
-
-    /// All scales as f32.
-    pub fn to_f32(&self) -> Vec<f32> {
-        (0..self.len()).map(|i| self.get(i)).collect()
-    }
 }
 
-/// A quantized matrix: rows × cols, row-major blocks.
+/// The quantizer's output: a matrix's quants and scales, owned (rows × cols, row-major
+/// blocks), as the writer stores them. The one borrowed view of a quantized matrix
+/// is [`QMat`] ([`Quantized::view`], `Mlb::mat`), which the kernels multiply.
 #[derive(Debug, Clone, PartialEq)]
-pub struct QuantMat {
+pub struct Quantized {
     pub wtype: WType,
     pub rows: usize,
     pub cols: usize,
@@ -63,6 +54,25 @@ pub struct QuantMat {
     pub q: Vec<u8>,
     /// One per block of 32 (empty for BF16 and F16).
     pub d: Scales,
+}
+
+impl Quantized {
+    /// The matrix as a borrowed view.
+    pub fn view(&self) -> QMat<'_> {
+        let m = QMat {
+            wtype: self.wtype,
+            rows: self.rows,
+            cols: self.cols,
+            q: &self.q,
+            d: &[],
+            d16: &[],
+            pk: None,
+        };
+        match &self.d {
+            Scales::F32(d) => QMat { d, ..m },
+            Scales::F16(d16) => QMat { d16, ..m },
+        }
+    }
 }
 
 /// How Q4_0 blocks are rounded.
@@ -168,11 +178,11 @@ pub fn quantize(
     cols: usize,
     x: &[f32],
     opts: &QuantOpts,
-) -> Result<QuantMat, QuantError> {
+) -> Result<Quantized, QuantError> {
     if blocks::is_block_type(wtype) {
         let q = blocks::quantize_matrix(wtype, rows, cols, x, opts.imatrix)?;
         let d = Scales::F32(Vec::new());
-        return Ok(QuantMat {
+        return Ok(Quantized {
             wtype,
             rows,
             cols,
@@ -228,7 +238,7 @@ pub fn quantize(
     } else {
         Scales::F32(d32)
     };
-    Ok(QuantMat {
+    Ok(Quantized {
         wtype,
         rows,
         cols,
@@ -244,7 +254,7 @@ fn quantize_half(
     rows: usize,
     cols: usize,
     x: &[f32],
-) -> Result<QuantMat, QuantError> {
+) -> Result<Quantized, QuantError> {
     let mut w = vec![0u16; x.len()];
     let bad: Option<usize> = x
         .par_chunks(cols)
@@ -264,7 +274,7 @@ fn quantize_half(
             wtype,
         });
     }
-    Ok(QuantMat {
+    Ok(Quantized {
         wtype,
         rows,
         cols,
@@ -342,53 +352,27 @@ fn quantize_row(
     Ok(())
 }
 
-/// Dequantizes row `r` of a matrix into `out` (cols values): w = q × d, or the 2-byte
-/// floats (little-endian bytes in `q`; `d` unused) widened to f32, or a GGUF block
-/// type's own rule.
-pub fn dequant_row(wtype: WType, q: &[u8], d: &[f32], cols: usize, r: usize, out: &mut [f32]) {
+/// Dequantizes one row (`q`: its bytes in the matrix's first array, `d`: its scales,
+/// `out`: its values): `w = level · d` per block, one f32 multiply
+/// ([`q8_0::dequant_block`], [`q4_0::dequant_block`]); the 2-byte floats widened (`d`
+/// unused); a GGUF block type by its own rule (`d` unused). The one dequantization of
+/// the crate: the converter's statistics, `mlb-inspect` and the runtime's embedding rows
+/// all use it.
+pub fn dequant_row(wtype: WType, q: &[u8], d: &[f32], out: &mut [f32]) {
     if wtype.is_half() {
-        let row = &q[r * cols * 2..(r + 1) * cols * 2];
-        for (o, c) in out.iter_mut().zip(row.chunks_exact(2)) {
+        for (o, c) in out.iter_mut().zip(q.chunks_exact(2)) {
             *o = half_float::to_f32(wtype, u16::from_le_bytes([c[0], c[1]]));
         }
         return;
     }
-    // The GGUF block types: their own rule, `d` unused.
     if blocks::is_block_type(wtype) {
-        let rb = wtype.row_bytes(cols);
-        return blocks::dequant_row(wtype, &q[r * rb..(r + 1) * rb], out);
+        return blocks::dequant_row(wtype, q, out);
     }
-    let nb = cols / QK;
-    let d = &d[r * nb..(r + 1) * nb];
+    let per = wtype.block_bytes();
+    let blocks = out.chunks_exact_mut(QK).zip(q.chunks_exact(per)).zip(d);
     match wtype {
-        WType::Q8_0 => {
-            let q = &q[r * cols..(r + 1) * cols];
-            for ((ob, qb), &s) in out.chunks_exact_mut(QK).zip(q.chunks_exact(QK)).zip(d) {
-                for (o, &v) in ob.iter_mut().zip(qb) {
-                    *o = (v as i8) as f32 * s;
-                }
-            }
-        }
-        WType::Q4_0 => {
-            let q = &q[r * cols / 2..(r + 1) * cols / 2];
-            for ((ob, qb), &s) in out.chunks_exact_mut(QK).zip(q.chunks_exact(QK / 2)).zip(d) {
-                for j in 0..QK / 2 {
-                    ob[j] = ((qb[j] & 0x0f) as i32 - 8) as f32 * s;
-                    ob[j + QK / 2] = ((qb[j] >> 4) as i32 - 8) as f32 * s;
-                }
-            }
-        }
-        WType::BF16 | WType::F16 => unreachable!("widened above"),
-        t => unreachable!("{t} is dequantized by quant::blocks"),
+        WType::Q8_0 => blocks.for_each(|((o, qb), &s)| q8_0::dequant_block(qb, s, o)),
+        WType::Q4_0 => blocks.for_each(|((o, qb), &s)| q4_0::dequant_block(qb, s, o)),
+        t => unreachable!("{t} is handled above"),
     }
-}
-
-/// Dequantizes a whole matrix (tests and statistics).
-pub fn dequantize(m: &QuantMat) -> Vec<f32> {
-    let d = m.d.to_f32();
-    let mut out = vec![0f32; m.rows * m.cols];
-    for (r, o) in out.chunks_exact_mut(m.cols).enumerate() {
-        dequant_row(m.wtype, &m.q, &d, m.cols, r, o);
-    }
-    out
 }

@@ -32,6 +32,22 @@ fn signed_max(x: &[f32]) -> f32 {
     m
 }
 
+/// The level of element `j` (0..32) of a 16-byte block: `nibble − 8`.
+#[inline(always)]
+pub fn level(q: &[u8], j: usize) -> i32 {
+    let byte = q[j % (QK / 2)];
+    let nib = if j < QK / 2 { byte & 0x0F } else { byte >> 4 };
+    nib as i32 - 8
+}
+
+/// Dequantizes one 16-byte block: `out[j] = level(j) · d`, one f32 multiply.
+#[inline]
+pub fn dequant_block(q: &[u8], d: f32, out: &mut [f32]) {
+    for (j, o) in out.iter_mut().enumerate() {
+        *o = level(q, j) as f32 * d;
+    }
+}
+
 fn pack(levels: &[u8; QK], q: &mut [u8]) {
     for j in 0..QK / 2 {
         q[j] = levels[j] | (levels[j + QK / 2] << 4);
@@ -150,12 +166,22 @@ mod tests {
     use super::*;
 
     fn unpack(q: &[u8]) -> [i32; QK] {
-        let mut l = [0i32; QK];
-        for j in 0..QK / 2 {
-            l[j] = (q[j] & 15) as i32 - 8;
-            l[j + 16] = (q[j] >> 4) as i32 - 8;
-        }
-        l
+        std::array::from_fn(|j| level(q, j))
+    }
+
+    #[test]
+    fn nibble_layout() {
+        let mut w = [0u8; 16];
+        w[0] = 0xF0; // element 0 = 0 → -8, element 16 = 15 → 7
+        w[3] = 0x29; // element 3 = 9 → 1, element 19 = 2 → -6
+        assert_eq!(level(&w, 0), -8);
+        assert_eq!(level(&w, 16), 7);
+        assert_eq!(level(&w, 3), 1);
+        assert_eq!(level(&w, 19), -6);
+        assert_eq!(level(&w, 1), -8);
+        let mut out = [0f32; QK];
+        dequant_block(&w, 0.5, &mut out);
+        assert_eq!((out[0], out[16], out[3], out[19]), (-4.0, 3.5, 0.5, -3.0));
     }
 
     fn block(seed: u32) -> [f32; QK] {

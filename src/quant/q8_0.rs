@@ -26,6 +26,14 @@ pub fn quantize_block(x: &[f32], q: &mut [i8]) -> f32 {
     d
 }
 
+/// Dequantizes one block: `out[i] = (q[i] as i8) · d`, one f32 multiply.
+#[inline]
+pub fn dequant_block(q: &[u8], d: f32, out: &mut [f32]) {
+    for (o, &v) in out.iter_mut().zip(q) {
+        *o = v as i8 as f32 * d;
+    }
+}
+
 /// `trunc(v + copysign(0.5, v))` clamped to ±127; the float-to-int cast truncates.
 #[inline(always)]
 pub fn round_q8(v: f32) -> i8 {

@@ -7,9 +7,12 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use krafla::format::mlb::Mlb;
-use krafla::model::{Model, Options};
+use krafla::kernels::pool::Pool;
+use krafla::kernels::{self, Kernels, Tier};
+use krafla::model::{Model, Options, Packs};
 
-use super::{all_logits, nrmse, top1};
+use super::{all_logits, nrmse, prefill_and_decode, top1};
+use crate::util::mlt_convert;
 
 /// Bounds against the simulated quantized forward (noise floor ≈ 0.02).
 const MAX_NRMSE: f64 = 0.05;
@@ -27,6 +30,19 @@ fn read_f32(p: &Path) -> Vec<f32> {
         .chunks_exact(4)
         .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
         .collect()
+}
+
+/// A fixture's reference.json and its tokens; `None` without the file.
+fn reference(dir: &Path) -> Option<(serde_json::Value, Vec<u32>)> {
+    let r: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).ok()?).unwrap();
+    let toks = r["tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_u64().unwrap() as u32)
+        .collect();
+    Some((r, toks))
 }
 
 /// Converts `dir` into `out` with extra `args`; `Err` with the converter's message.
@@ -75,15 +91,7 @@ fn fixtures_match_transformers() {
     let mut failures = Vec::new();
     for dir in &dirs {
         let name = dir.file_name().unwrap().to_string_lossy().into_owned();
-        let r: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap())
-                .unwrap();
-        let toks: Vec<u32> = r["tokens"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|v| v.as_u64().unwrap() as u32)
-            .collect();
+        let (r, toks) = reference(dir).unwrap();
         let vocab = r["vocab"].as_u64().unwrap() as usize;
         let f32_ref = read_f32(&dir.join("logits.f32.bin"));
         for (quant, args, sim) in [
@@ -133,6 +141,60 @@ fn fixtures_match_transformers() {
     assert!(failures.is_empty(), "fixtures off: {failures:#?}");
 }
 
+/// Scalar == every kernel tier, end to end, on converted fixtures that cover GQA and
+/// q/k norms, sliding windows and local RoPE (Gemma 3, Mistral), softcaps and GELU
+/// (Gemma 2), no-RoPE layers (SmolLM3) and the delta rule (Qwen3.5): prefill and
+/// decode, 1 to 3 threads, read from the map and packed, Q8_0 and Q4_0 with f16 scales.
+#[test]
+fn fixture_tiers_give_the_same_bits() {
+    let root = testdata().join("models");
+    let tmp = tempfile::tempdir().unwrap();
+    let pools = [Pool::leak(1), Pool::leak(2), Pool::leak(3)];
+    for name in [
+        "gemma2",
+        "gemma3_text",
+        "mistral_sliding",
+        "qwen3_5_text",
+        "smollm3",
+    ] {
+        let dir = root.join(name);
+        let Some((_, toks)) = reference(&dir) else {
+            eprintln!("SKIP: no fixture {}", dir.display());
+            continue;
+        };
+        for (quant, args) in [
+            ("q8_0", &["--wtype", "q8_0"][..]),
+            ("q4_0", &["--wtype", "q4_0", "--f16-scales"][..]),
+        ] {
+            let out = tmp.path().join(format!("{name}.{quant}.mlb"));
+            convert(&dir, &out, args).unwrap();
+            let m = Mlb::open(&out).unwrap();
+            let model = Model::new(&m).unwrap();
+            let (base, dec) = pools[0]
+                .install(|| kernels::with_tier(Tier::Scalar, || prefill_and_decode(&model, &toks)))
+                .unwrap();
+            assert!(
+                base == dec,
+                "{name} {quant}: scalar decode differs from prefill"
+            );
+            for t in kernels::supported_tiers() {
+                let packs = Packs::new(&m, &Kernels::for_tier(t).unwrap()).unwrap();
+                let pm = Model::with_packs(&m, &packs).unwrap();
+                for (threads, pool) in pools.iter().enumerate() {
+                    for model in [&model, &pm] {
+                        let (p, d) = pool
+                            .install(|| kernels::with_tier(t, || prefill_and_decode(model, &toks)))
+                            .unwrap();
+                        let at = format!("{name} {quant}: tier {t}, {} threads", threads + 1);
+                        assert!(p == base, "{at}: prefill differs from scalar");
+                        assert!(d == base, "{at}: decode differs from scalar");
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// The bundled default model: its logits on the reference prompt against transformers'
 /// f32 forward, greedy continuations against `greedy.json`, and the same through
 /// `mlb-run --prompt` with the converted tokenizer beside the model.
@@ -150,14 +212,7 @@ fn default_model_greedy() {
         return;
     }
     let mlt = tmp.path().join("default.mlt");
-    let o = Command::new(env!("CARGO_BIN_EXE_mlt-convert"))
-        .arg(dir.join("tokenizer.json"))
-        .arg("-o")
-        .arg(&mlt)
-        .arg("-q")
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    mlt_convert(&dir.join("tokenizer.json"), &mlt);
     let tok = krafla::tokenizer::Tokenizer::from_path(&mlt).unwrap();
     let m = Mlb::open(&mlb).unwrap();
     let model = Model::new(&m).unwrap();
@@ -243,14 +298,7 @@ fn tokenizer_larger_than_model_is_refused() {
     }
     let tmp = tempfile::tempdir().unwrap();
     let mlt = tmp.path().join("big.mlt");
-    let o = Command::new(env!("CARGO_BIN_EXE_mlt-convert"))
-        .arg(&tj)
-        .arg("-o")
-        .arg(&mlt)
-        .arg("-q")
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    mlt_convert(&tj, &mlt);
     let c = &super::cases()[0];
     let model = tmp.path().join("small.mlb");
     std::fs::write(

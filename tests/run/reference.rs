@@ -5,7 +5,8 @@
 #![allow(clippy::needless_range_loop)]
 
 use krafla::format::mlb::header::layer_flag;
-use krafla::format::mlb::{MatRef, Mixer, Mlb};
+use krafla::format::mlb::{Mixer, Mlb};
+use krafla::kernels::QMat;
 use krafla::quant::q8_0::quantize_row;
 use krafla::quant::QK;
 
@@ -22,7 +23,7 @@ pub fn q8(x: &[f64]) -> Vec<f64> {
 }
 
 /// `W · q8(x)`, in f64.
-pub fn mv(m: &MatRef, x: &[f64]) -> Vec<f64> {
+pub fn mv(m: &QMat, x: &[f64]) -> Vec<f64> {
     let xq = q8(x);
     let mut row = vec![0f32; m.cols];
     (0..m.rows)

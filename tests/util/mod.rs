@@ -24,6 +24,19 @@ pub fn run_in(dir: &Path, name: &str, args: &[&str]) -> Output {
         .expect("spawn binary")
 }
 
+/// Converts the tokenizer.json `json` into the `.mlt` file `out` (quietly); panics
+/// with mlt-convert's message if it fails.
+pub fn mlt_convert(json: &Path, out: &Path) {
+    let o = Command::new(bin_path("mlt-convert"))
+        .arg(json)
+        .arg("-o")
+        .arg(out)
+        .arg("-q")
+        .output()
+        .expect("spawn mlt-convert");
+    assert!(o.status.success(), "{}", stderr(&o));
+}
+
 /// The repository's testdata folder.
 pub fn testdata() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata")

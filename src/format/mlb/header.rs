@@ -152,8 +152,8 @@ pub mod wtype {
     pub const BF16: u32 = WType::BF16.code();
     /// Krafla: every matrix F16.
     pub const F16: u32 = WType::F16.code();
-    /// Krafla: codes reserved for the super-block types (issue 16); refused until then.
-    pub const RESERVED: std::ops::RangeInclusive<u32> = 5..=31;
+    /// Krafla: codes reserved for further block types; refused until defined.
+    pub const RESERVED: std::ops::RangeInclusive<u32> = 13..=31;
     /// Krafla: a per-matrix type table follows the header (and the layer flags).
     pub const MIXED: u32 = 128;
 

@@ -18,7 +18,7 @@ pub use crate::format::wtype::{Geometry, WType};
 pub use header::{Header, FIELDS, HEADER_SIZE};
 pub use layout::{Kind, LayerIdx, Layout, Mixer, Tensor, TensorName};
 pub use validate::{validate, Dims};
-pub use view::{parse, HalfRef, MatRef, Mlb, Parsed};
+pub use view::{parse, HalfRef, Mlb, Parsed};
 pub use writer::{MlbWriter, WriteError};
 
 #[cfg(test)]

@@ -208,7 +208,7 @@ pub fn validate(h: &Header) -> Result<Dims> {
 fn validate_wtype(h: &Header) -> Result<()> {
     let Some(name) = wtype::name(h.wtype) else {
         let rule = if wtype::RESERVED.contains(&h.wtype) {
-            "reserved for weight types this reader does not know (5–31)"
+            "reserved for weight types this reader does not know (13–31)"
         } else {
             "must be 1 (Q8_0), 2 (Q4_0), 3 (BF16), 4 (F16) or 128 (mixed)"
         };

@@ -10,6 +10,7 @@ use super::layout::{Kind, Layout};
 use super::validate::{validate, validate_layer_flags, Dims};
 use crate::format::error::{FormatError, Result};
 use crate::format::WType;
+use crate::kernels::QMat;
 
 /// A validated file's header, dimensions and layout.
 #[derive(Debug, Clone, PartialEq)]
@@ -80,9 +81,9 @@ pub fn parse_limited(bytes: &[u8], limit: u64) -> Result<Parsed> {
         &[]
     };
     validate_layer_flags(&header, flags)?;
-    let table = type_table(bytes, &header, &dims, flags)?;
     // Check the implied size before allocating anything per layer: a header that
     // claims 65536 layers of 2^24 × 65536 must fail here, cheaply.
+    let table = type_table(bytes, &header, &dims, flags)?;
     let end = Layout::end_offset(&header, &dims, flags, table, limit)?;
     if end > bytes.len() as u64 {
         return Err(FormatError::format(
@@ -146,27 +147,6 @@ fn check_q8_quants(bytes: &[u8], layout: &Layout) -> Result<()> {
     Ok(())
 }
 
-/// A matrix as stored: its blocks and f32 scales.
-#[derive(Debug, Clone, Copy)]
-pub struct MatRef<'a> {
-    pub wtype: WType,
-    pub rows: usize,
-    pub cols: usize,
-    /// Q8_0: rows × cols int8 (as bytes); Q4_0: rows × cols / 2 bytes; BF16, F16:
-    /// rows × cols 2-byte floats, little-endian (see [`Mlb::mat_half`] for a `&[u16]`).
-    pub q: &'a [u8],
-    /// rows × cols / 32 scales (empty for a type without scales).
-    pub d: &'a [f32],
-}
-
-impl MatRef<'_> {
-    /// Dequantizes row `r` into `out` (cols floats): w = q × d, or the 2-byte floats
-    /// widened to f32 (exact).
-    pub fn dequant_row(&self, r: usize, out: &mut [f32]) {
-        crate::quant::dequant_row(self.wtype, self.q, self.d, self.cols, r, out)
-    }
-}
-
 /// A BF16 or F16 matrix: `rows × cols` 2-byte floats (their bits), row-major, borrowed
 /// from the file (64-byte aligned).
 #[derive(Debug, Clone, Copy)]
@@ -215,10 +195,6 @@ pub struct Mlb {
     backing: Backing,
     pub path: Option<PathBuf>,
     pub parsed: Parsed,
-    /// Scales converted from f16 on the first [`Mlb::mat`] of each tensor (empty with f32
-    /// scales). The runtime reads f16 scales directly ([`Mlb::mat_f16`]) and never
-    /// converts them here.
-    f16_scales: Vec<std::sync::OnceLock<Vec<f32>>>,
 }
 
 /// `bytes` as f32s without copying when aligned on a little-endian host.
@@ -280,13 +256,6 @@ impl Mlb {
 
     fn from_backing(backing: Backing) -> Result<Mlb> {
         let parsed = parse(backing.bytes())?;
-        let f16_scales = if parsed.header.scale_f16 != 0 {
-            (0..parsed.layout.tensors.len())
-                .map(|_| std::sync::OnceLock::new())
-                .collect()
-        } else {
-            Vec::new()
-        };
         // Borrowing f32 arrays needs aligned, little-endian bytes; copy otherwise.
         if cfg!(target_endian = "big") {
             return Err(FormatError::format(
@@ -299,7 +268,6 @@ impl Mlb {
             backing,
             path: None,
             parsed,
-            f16_scales,
         })
     }
 
@@ -357,30 +325,53 @@ impl Mlb {
         }
     }
 
-    /// The matrix of tensor `idx` as stored: blocks and (f32) scales.
-    pub fn mat(&self, idx: usize) -> MatRef<'_> {
-        let (wtype, rows, cols, q) = self.mat_quants(idx);
-        let raw = self.scale_bytes(idx);
-        let d: &[f32] = match self.f16_scales.get(idx) {
-            Some(cell) => cell.get_or_init(|| {
-                raw.chunks_exact(2)
-                    .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
-                    .collect()
-            }),
-            None => match f32_view(raw) {
-                Cow::Borrowed(s) => s,
-                Cow::Owned(_) => panic!(
-                    "unaligned scales of {}",
-                    self.parsed.layout.tensors[idx].name
-                ),
-            },
-        };
-        MatRef {
+    /// The quantized matrix of tensor `idx`, borrowed from the file: quants and scales
+    /// as stored (f32, or f16 bits in [`QMat::d16`], which the kernels convert as they
+    /// read them). The layout was validated, so the lengths agree with the shape.
+    ///
+    /// Panics if tensor `idx` is not a matrix.
+    pub fn mat(&self, idx: usize) -> QMat<'_> {
+        let t = &self.parsed.layout.tensors[idx];
+        let Kind::Mat {
             wtype,
             rows,
             cols,
-            q,
-            d,
+            d_offset,
+            d_bytes,
+            ..
+        } = t.kind
+        else {
+            panic!("{} is not a matrix", t.name)
+        };
+        let bytes = self.bytes();
+        let raw = &bytes[d_offset as usize..(d_offset + d_bytes) as usize];
+        let m = QMat {
+            wtype,
+            rows,
+            cols,
+            q: &bytes[t.offset as usize..(t.offset + t.bytes) as usize],
+            d: &[],
+            d16: &[],
+            pk: None,
+        };
+        if !wtype.has_scales() {
+            return m;
+        }
+        if self.parsed.header.scale_f16 != 0 {
+            // SAFETY: every bit pattern is a valid u16; align_to yields only the aligned
+            // middle (arrays are 64-aligned in a page- or 8-aligned buffer, so all of it).
+            let (pre, d16, post) = unsafe { raw.align_to::<u16>() };
+            assert!(
+                pre.is_empty() && post.is_empty(),
+                "unaligned scales of {}",
+                t.name
+            );
+            return QMat { d16, ..m };
+        }
+        match f32_view(raw) {
+            Cow::Borrowed(d) => QMat { d, ..m },
+            // Unreachable on little-endian hosts (big-endian ones are refused at load).
+            Cow::Owned(_) => panic!("unaligned scales of {}", t.name),
         }
     }
 
@@ -397,65 +388,30 @@ impl Mlb {
         if !self.mat_type(idx)?.is_half() {
             return None;
         }
-        let (wtype, rows, cols, raw) = self.mat_quants(idx);
+        let m = self.mat(idx);
         // SAFETY: every bit pattern is a valid u16; align_to yields only the aligned
         // middle (arrays are 64-aligned in a page- or 8-aligned buffer, so all of it,
         // and big-endian hosts are refused at load).
-        let (pre, w, post) = unsafe { raw.align_to::<u16>() };
+        let (pre, w, post) = unsafe { m.q.align_to::<u16>() };
         assert!(
             pre.is_empty() && post.is_empty(),
-            "unaligned {wtype} matrix {}",
+            "unaligned {} matrix {}",
+            m.wtype,
             self.parsed.layout.tensors[idx].name
         );
         Some(HalfRef {
-            wtype,
-            rows,
-            cols,
+            wtype: m.wtype,
+            rows: m.rows,
+            cols: m.cols,
             w,
         })
-    }
-
-    /// Type, rows, cols and blocks (quants, or 2-byte floats) of matrix `idx`, without
-    /// touching its scales.
-    pub fn mat_quants(&self, idx: usize) -> (WType, usize, usize, &[u8]) {
-        let t = &self.parsed.layout.tensors[idx];
-        let Kind::Mat {
-            wtype, rows, cols, ..
-        } = t.kind
-        else {
-            panic!("{} is not a matrix", t.name)
-        };
-        (
-            wtype,
-            rows,
-            cols,
-            &self.bytes()[t.offset as usize..(t.offset + t.bytes) as usize],
-        )
-    }
-
-    /// The stored bytes of matrix `idx`'s scales (f32 or f16 per the header).
-    fn scale_bytes(&self, idx: usize) -> &[u8] {
-        let t = &self.parsed.layout.tensors[idx];
-        let Kind::Mat {
-            d_offset, d_bytes, ..
-        } = t.kind
-        else {
-            panic!("{} is not a matrix", t.name)
-        };
-        &self.bytes()[d_offset as usize..(d_offset + d_bytes) as usize]
     }
 
     /// The f16 scales of matrix `idx` as stored (bits), when the file has f16 scales
     /// and the matrix's type has scales.
     pub fn mat_f16(&self, idx: usize) -> Option<&[u16]> {
-        if self.f16_scales.is_empty() || !self.mat_type(idx).is_some_and(WType::has_scales) {
-            return None;
-        }
-        let raw = self.scale_bytes(idx);
-        // SAFETY: every bit pattern is a valid u16; align_to yields only the aligned
-        // middle (arrays are 64-aligned in a page- or 8-aligned buffer, so all of it).
-        let (pre, mid, post) = unsafe { raw.align_to::<u16>() };
-        (cfg!(target_endian = "little") && pre.is_empty() && post.is_empty()).then_some(mid)
+        let m = self.mat(idx);
+        (!m.d16.is_empty()).then_some(m.d16)
     }
 
     /// Drops the mapped pages of rows `r0..r1` of matrix `idx` (quants and scales) from

@@ -9,7 +9,7 @@ use super::layout::{Kind, Layout, Tensor, ALIGN};
 use super::validate::{validate, validate_layer_flags, Dims};
 use crate::format::error::FormatError;
 use crate::format::WType;
-use crate::quant::{QuantMat, Scales};
+use crate::quant::{Quantized, Scales};
 
 /// Why writing failed: a mismatch with the layout, or an I/O error.
 #[derive(Debug)]
@@ -227,7 +227,7 @@ impl<W: Write> MlbWriter<W> {
     }
 
     /// Writes the next tensor, which must be a matrix of this type and shape.
-    pub fn write_mat(&mut self, m: &QuantMat) -> std::result::Result<(), WriteError> {
+    pub fn write_mat(&mut self, m: &Quantized) -> std::result::Result<(), WriteError> {
         let t = self.expect()?;
         self.check_mat(&t, m, true)?;
         let d = self.scale_bytes(&t, m)?;
@@ -237,11 +237,11 @@ impl<W: Write> MlbWriter<W> {
     }
 
     /// Writes the next rows of the next matrix: call it with consecutive row chunks
-    /// (each a `QuantMat` of `rows_in_chunk` × cols) until all rows are written. The
+    /// (each a `Quantized` of `rows_in_chunk` × cols) until all rows are written. The
     /// quants go out at once; the scales, which follow all quants in the file, are
     /// kept until the last chunk. This lets a converter quantize a large matrix
     /// without holding all of it in memory.
-    pub fn write_mat_rows(&mut self, m: &QuantMat) -> std::result::Result<(), WriteError> {
+    pub fn write_mat_rows(&mut self, m: &Quantized) -> std::result::Result<(), WriteError> {
         if self.pending.is_none() {
             let t = self.expect()?;
             self.pending = Some(PendingMat {
@@ -289,7 +289,7 @@ impl<W: Write> MlbWriter<W> {
     fn check_mat(
         &self,
         t: &Tensor,
-        m: &QuantMat,
+        m: &Quantized,
         whole: bool,
     ) -> std::result::Result<(), WriteError> {
         let name = t.name.to_string();
@@ -324,7 +324,7 @@ impl<W: Write> MlbWriter<W> {
         Ok(())
     }
 
-    fn scale_bytes(&self, t: &Tensor, m: &QuantMat) -> std::result::Result<Vec<u8>, WriteError> {
+    fn scale_bytes(&self, t: &Tensor, m: &Quantized) -> std::result::Result<Vec<u8>, WriteError> {
         if !m.wtype.has_scales() {
             if !m.d.is_empty() {
                 return Err(FormatError::format(

@@ -7,8 +7,9 @@
 
 use core::arch::aarch64::*;
 
+use crate::kernels::counters::{count, Op};
 use crate::kernels::scalar::{accumulate, reduce_lanes};
-use crate::kernels::{for_rows, ActTile, LANES, TILE_TOKENS};
+use crate::kernels::{for_rows, ActTile, Tier, LANES, TILE_TOKENS};
 use crate::quant::QK;
 
 /// Exact dot of 32 levels (`w0` = elements 0..16, `w1` = 16..32) with 32 activations.
@@ -82,6 +83,7 @@ unsafe fn tile(
 /// # Safety
 /// Slice lengths as `TileFn` says (NEON is always present on aarch64).
 pub unsafe fn tile_q8(rows: usize, wq: &[u8], wd: &[f32], x: &ActTile, out: &mut [f32]) {
+    count(Tier::Neon, Op::Tile);
     for_rows(rows, wq, wd, out, |wq, wd, out| {
         // SAFETY: forwarded caller contract.
         unsafe { tile(wq, wd, x.q, x.d, out, QK, load_q8) }
@@ -93,6 +95,7 @@ pub unsafe fn tile_q8(rows: usize, wq: &[u8], wd: &[f32], x: &ActTile, out: &mut
 /// # Safety
 /// Slice lengths as `TileFn` says (NEON is always present on aarch64).
 pub unsafe fn tile_q4(rows: usize, wq: &[u8], wd: &[f32], x: &ActTile, out: &mut [f32]) {
+    count(Tier::Neon, Op::Tile);
     for_rows(rows, wq, wd, out, |wq, wd, out| {
         // SAFETY: forwarded caller contract.
         unsafe { tile(wq, wd, x.q, x.d, out, QK / 2, load_q4) }

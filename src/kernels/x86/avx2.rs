@@ -12,7 +12,8 @@
 
 use core::arch::x86_64::*;
 
-use crate::kernels::{ActTile, LANES, TILE_TOKENS};
+use crate::kernels::counters::{count, Op};
+use crate::kernels::{ActTile, Tier, LANES, TILE_TOKENS};
 use crate::quant::q8_0::AMAX_MIN;
 use crate::quant::QK;
 
@@ -170,18 +171,41 @@ macro_rules! each_row {
 }
 pub(crate) use each_row;
 
+/// [`each_row!`] for a tile of `$nt` ≤ [`TILE_TOKENS`] tokens, the count a const `$n`
+/// in `$call`: each count gets its own monomorphized tile, inlined into the caller.
+macro_rules! each_row_of_tile {
+    ($nt:expr, $rows:expr, $wq:expr, $wd:expr, $out:expr, |$q:ident, $d:ident, $o:ident, $n:ident| $call:expr) => {{
+        match $nt {
+            0 => {}
+            1 => {
+                const $n: usize = 1;
+                each_row!($rows, $wq, $wd, $out, |$q, $d, $o| $call)
+            }
+            2 => {
+                const $n: usize = 2;
+                each_row!($rows, $wq, $wd, $out, |$q, $d, $o| $call)
+            }
+            3 => {
+                const $n: usize = 3;
+                each_row!($rows, $wq, $wd, $out, |$q, $d, $o| $call)
+            }
+            _ => {
+                const $n: usize = 4;
+                each_row!($rows, $wq, $wd, $out, |$q, $d, $o| $call)
+            }
+        }
+    }};
+}
+pub(crate) use each_row_of_tile;
+
 #[target_feature(enable = "avx2")]
 unsafe fn tile_any<F: WFormat>(rows: usize, wq: &[u8], wd: &[f32], x: &ActTile, out: &mut [f32]) {
     let nt = out.len() / rows;
     debug_assert!(nt <= TILE_TOKENS);
     let (xq, xd) = (x.q, x.d);
-    match nt {
-        0 => {}
-        1 => each_row!(rows, wq, wd, out, |q, d, o| tile::<F, 1>(q, d, xq, xd, o)),
-        2 => each_row!(rows, wq, wd, out, |q, d, o| tile::<F, 2>(q, d, xq, xd, o)),
-        3 => each_row!(rows, wq, wd, out, |q, d, o| tile::<F, 3>(q, d, xq, xd, o)),
-        _ => each_row!(rows, wq, wd, out, |q, d, o| tile::<F, 4>(q, d, xq, xd, o)),
-    }
+    each_row_of_tile!(nt, rows, wq, wd, out, |q, d, o, N| tile::<F, N>(
+        q, d, xq, xd, o
+    ));
 }
 
 /// Q8_0 tile kernel (see `kernels::TileFn`).
@@ -189,6 +213,7 @@ unsafe fn tile_any<F: WFormat>(rows: usize, wq: &[u8], wd: &[f32], x: &ActTile, 
 /// # Safety
 /// The CPU has AVX2; slice lengths as `TileFn` says.
 pub unsafe fn tile_q8(rows: usize, wq: &[u8], wd: &[f32], x: &ActTile, out: &mut [f32]) {
+    count(Tier::Avx2, Op::Tile);
     // SAFETY: forwarded caller contract.
     unsafe { tile_any::<Q8>(rows, wq, wd, x, out) }
 }
@@ -198,6 +223,7 @@ pub unsafe fn tile_q8(rows: usize, wq: &[u8], wd: &[f32], x: &ActTile, out: &mut
 /// # Safety
 /// The CPU has AVX2; slice lengths as `TileFn` says.
 pub unsafe fn tile_q4(rows: usize, wq: &[u8], wd: &[f32], x: &ActTile, out: &mut [f32]) {
+    count(Tier::Avx2, Op::Tile);
     // SAFETY: forwarded caller contract.
     unsafe { tile_q4_any(rows, wq, wd, x, out) }
 }
@@ -264,6 +290,7 @@ unsafe fn quantize_avx2(x: &[f32], q: &mut [i8], d: &mut [f32]) {
 /// # Safety
 /// The CPU has AVX2; `x.len() == q.len() == 32·d.len()`.
 pub unsafe fn quantize_act(x: &[f32], q: &mut [i8], d: &mut [f32]) {
+    count(Tier::Avx2, Op::Quantize);
     debug_assert!(x.len() == q.len() && x.len() == d.len() * QK);
     // SAFETY: forwarded caller contract.
     unsafe { quantize_avx2(x, q, d) }
@@ -365,11 +392,7 @@ unsafe fn tile_q4x<const T: usize>(wq: &[u8], wd: &[f32], x: &ActTile, out: &mut
 unsafe fn tile_q4_any(rows: usize, wq: &[u8], wd: &[f32], x: &ActTile, out: &mut [f32]) {
     let nt = out.len() / rows;
     debug_assert!(nt <= TILE_TOKENS);
-    match nt {
-        0 => {}
-        1 => each_row!(rows, wq, wd, out, |q, d, o| tile_q4x::<1>(q, d, x, o)),
-        2 => each_row!(rows, wq, wd, out, |q, d, o| tile_q4x::<2>(q, d, x, o)),
-        3 => each_row!(rows, wq, wd, out, |q, d, o| tile_q4x::<3>(q, d, x, o)),
-        _ => each_row!(rows, wq, wd, out, |q, d, o| tile_q4x::<4>(q, d, x, o)),
-    }
+    each_row_of_tile!(nt, rows, wq, wd, out, |q, d, o, N| tile_q4x::<N>(
+        q, d, x, o
+    ));
 }

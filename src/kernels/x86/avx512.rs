@@ -17,8 +17,9 @@
 
 use core::arch::x86_64::*;
 
-use super::avx2::{each_row, load_scales, reduce_lanes};
-use crate::kernels::{ActTile, LANES, TILE_TOKENS};
+use super::avx2::{each_row, each_row_of_tile, load_scales, reduce_lanes};
+use crate::kernels::counters::{count, Op};
+use crate::kernels::{ActTile, Tier, LANES, TILE_TOKENS};
 use crate::quant::QK;
 
 /// u8×s8 dot of groups of 4 bytes into i32 lanes.
@@ -189,21 +190,9 @@ unsafe fn tile_any<F: WPair, D: Dot>(
     let nt = out.len() / rows;
     debug_assert!(nt <= TILE_TOKENS);
     let (xq, xd) = (x.q, x.d);
-    match nt {
-        0 => {}
-        1 => each_row!(rows, wq, wd, out, |q, d, o| tile::<F, D, 1>(
-            q, d, xq, xd, o
-        )),
-        2 => each_row!(rows, wq, wd, out, |q, d, o| tile::<F, D, 2>(
-            q, d, xq, xd, o
-        )),
-        3 => each_row!(rows, wq, wd, out, |q, d, o| tile::<F, D, 3>(
-            q, d, xq, xd, o
-        )),
-        _ => each_row!(rows, wq, wd, out, |q, d, o| tile::<F, D, 4>(
-            q, d, xq, xd, o
-        )),
-    }
+    each_row_of_tile!(nt, rows, wq, wd, out, |q, d, o, N| tile::<F, D, N>(
+        q, d, xq, xd, o
+    ));
 }
 
 macro_rules! tier_fn {
@@ -214,6 +203,7 @@ macro_rules! tier_fn {
         /// The CPU has the tier's features; slice lengths as `kernels::TileFn` says.
         #[target_feature(enable = $features)]
         pub unsafe fn $name(rows: usize, wq: &[u8], wd: &[f32], x: &ActTile, out: &mut [f32]) {
+            count(Tier::Avx512, Op::Tile);
             // SAFETY: forwarded caller contract; features enabled on this function.
             unsafe { tile_any::<$fmt, $dot>(rows, wq, wd, x, out) }
         }
@@ -414,21 +404,11 @@ unsafe fn wide_any<const VNNI: bool, const IS_Q4: bool>(
 ) {
     let nt = out.len() / rows;
     debug_assert!(nt <= TILE_TOKENS);
-    match nt {
-        0 => {}
-        1 => each_row!(rows, wq, wd, out, |q, d, o| vnni_tile::<VNNI, IS_Q4, 1>(
-            q, d, x, o
-        )),
-        2 => each_row!(rows, wq, wd, out, |q, d, o| vnni_tile::<VNNI, IS_Q4, 2>(
-            q, d, x, o
-        )),
-        3 => each_row!(rows, wq, wd, out, |q, d, o| vnni_tile::<VNNI, IS_Q4, 3>(
-            q, d, x, o
-        )),
-        _ => each_row!(rows, wq, wd, out, |q, d, o| vnni_tile::<VNNI, IS_Q4, 4>(
-            q, d, x, o
-        )),
-    }
+    each_row_of_tile!(nt, rows, wq, wd, out, |q, d, o, N| vnni_tile::<
+        VNNI,
+        IS_Q4,
+        N,
+    >(q, d, x, o));
 }
 
 /// Q8_0 tile kernel, AVX-512 VNNI (see `kernels::TileFn`).
@@ -437,6 +417,7 @@ unsafe fn wide_any<const VNNI: bool, const IS_Q4: bool>(
 /// The CPU has AVX-512 F/BW/VNNI and AVX2; slice lengths as `TileFn` says.
 #[target_feature(enable = "avx2,avx512f,avx512bw,avx512vnni")]
 pub unsafe fn tile_q8_vnni(rows: usize, wq: &[u8], wd: &[f32], x: &ActTile, out: &mut [f32]) {
+    count(Tier::Avx512Vnni, Op::Tile);
     // SAFETY: forwarded caller contract; features enabled on this function.
     unsafe { wide_any::<true, false>(rows, wq, wd, x, out) }
 }
@@ -447,6 +428,7 @@ pub unsafe fn tile_q8_vnni(rows: usize, wq: &[u8], wd: &[f32], x: &ActTile, out:
 /// The CPU has AVX-512 F/BW/VNNI and AVX2; slice lengths as `TileFn` says.
 #[target_feature(enable = "avx2,avx512f,avx512bw,avx512vnni")]
 pub unsafe fn tile_q4_vnni(rows: usize, wq: &[u8], wd: &[f32], x: &ActTile, out: &mut [f32]) {
+    count(Tier::Avx512Vnni, Op::Tile);
     // SAFETY: forwarded caller contract; features enabled on this function.
     unsafe { wide_any::<true, true>(rows, wq, wd, x, out) }
 }
@@ -458,6 +440,7 @@ pub unsafe fn tile_q4_vnni(rows: usize, wq: &[u8], wd: &[f32], x: &ActTile, out:
 /// The CPU has AVX-512 F/BW and AVX2; slice lengths as `TileFn` says.
 #[target_feature(enable = "avx2,avx512f,avx512bw")]
 pub unsafe fn tile_q4_bw(rows: usize, wq: &[u8], wd: &[f32], x: &ActTile, out: &mut [f32]) {
+    count(Tier::Avx512, Op::Tile);
     // SAFETY: forwarded caller contract; features enabled on this function.
     unsafe { wide_any::<false, true>(rows, wq, wd, x, out) }
 }

@@ -1,12 +1,14 @@
-//! x86_64 tiers: AVX2 and AVX-512 (with or without VNNI), detected at run time.
+//! x86_64 tiers: AVX2 and AVX-512 (with or without VNNI), detected at run time once
+//! (`kernels::Kernels::for_tier`); every function here is reached through the table.
 
+pub mod attention;
 pub mod avx2;
-// The AVX-512 intrinsics are stable since Rust 1.89: the crate's `rust-version` (1.80)
-// must be raised to 1.89 for this module to build on the oldest supported toolchain.
-#[clippy::msrv = "1.89"]
 pub mod avx512;
-#[clippy::msrv = "1.89"]
+pub mod math;
 pub mod packed;
+
+use crate::kernels::counters::{count, Op};
+use crate::kernels::Tier;
 
 /// AVX2 tier: 256-bit integer ops (`vpmaddubsw`, `vpsignb`).
 pub fn has_avx2() -> bool {
@@ -23,21 +25,19 @@ pub fn has_avx512vnni() -> bool {
     has_avx512() && is_x86_feature_detected!("avx512vnni")
 }
 
-/// `dst[i] = src[i]` as f32 (f16 bits in, exact), 8 at a time with F16C; false (nothing
-/// written) when the CPU has no F16C and the caller must convert another way.
-#[inline]
-pub fn f16_to_f32(src: &[u16], dst: &mut [f32]) -> bool {
-    if !(is_x86_feature_detected!("f16c") && is_x86_feature_detected!("avx")) {
-        return false;
-    }
-    // SAFETY: F16C and AVX checked above.
-    unsafe { f16_to_f32_f16c(src, dst) };
-    true
+/// F16C (with AVX), for converting f16 scales 8 at a time.
+pub fn has_f16c() -> bool {
+    is_x86_feature_detected!("f16c") && is_x86_feature_detected!("avx")
 }
 
+/// `dst[i] = src[i]` as f32 (f16 bits in, exact), 8 at a time (see `kernels::F16Fn`).
+///
+/// # Safety
+/// The CPU has F16C and AVX; `src.len() == dst.len()`.
 #[target_feature(enable = "avx,f16c")]
-unsafe fn f16_to_f32_f16c(src: &[u16], dst: &mut [f32]) {
+pub unsafe fn f16_to_f32(src: &[u16], dst: &mut [f32]) {
     use core::arch::x86_64::*;
+    count(Tier::Avx2, Op::F16);
     assert_eq!(src.len(), dst.len());
     let n8 = src.len() / 8 * 8;
     let mut i = 0;
@@ -50,6 +50,6 @@ unsafe fn f16_to_f32_f16c(src: &[u16], dst: &mut [f32]) {
         i += 8;
     }
     for (d, &s) in dst[n8..].iter_mut().zip(&src[n8..]) {
-        *d = half::f16::from_bits(s).to_f32();
+        *d = half::f16::from_bits(s).to_f32_const();
     }
 }

@@ -13,8 +13,9 @@
 
 use core::arch::x86_64::*;
 
+use crate::kernels::counters::{count, Op};
 use crate::kernels::packed::{block_bytes, lane_start, PackedView, GROUP};
-use crate::kernels::{ActTile, WType, LANES, PACKED_TILE};
+use crate::kernels::{ActTile, Tier, WType, LANES, PACKED_TILE};
 use crate::quant::QK;
 
 /// How far ahead a decode call (one token) prefetches the weights it streams: with the
@@ -210,6 +211,7 @@ unsafe fn any<const IS_Q4: bool>(
 /// every token `t` and row `r < p.rows` of the groups.
 #[target_feature(enable = "avx2,avx512f,avx512bw,avx512vnni")]
 pub unsafe fn q8_vnni(p: &PackedView, g0: usize, g1: usize, x: &ActTile, y: *mut f32, ld: usize) {
+    count(Tier::Avx512Vnni, Op::Packed);
     // SAFETY: forwarded caller contract; features enabled on this function.
     unsafe { any::<false>(p, g0, g1, x, y, ld) }
 }
@@ -220,6 +222,7 @@ pub unsafe fn q8_vnni(p: &PackedView, g0: usize, g1: usize, x: &ActTile, y: *mut
 /// As [`q8_vnni`], for a Q4_0 packed view.
 #[target_feature(enable = "avx2,avx512f,avx512bw,avx512vnni")]
 pub unsafe fn q4_vnni(p: &PackedView, g0: usize, g1: usize, x: &ActTile, y: *mut f32, ld: usize) {
+    count(Tier::Avx512Vnni, Op::Packed);
     // SAFETY: forwarded caller contract; features enabled on this function.
     unsafe { any::<true>(p, g0, g1, x, y, ld) }
 }
@@ -378,6 +381,7 @@ mod avx2q4 {
 /// The CPU has AVX2 and F16C; otherwise as [`q8_vnni`], for a Q4_0 packed view.
 #[target_feature(enable = "avx2,f16c")]
 pub unsafe fn q4_avx2(p: &PackedView, g0: usize, g1: usize, x: &ActTile, y: *mut f32, ld: usize) {
+    count(Tier::Avx2, Op::Packed);
     debug_assert!(x.q.len() == x.d.len() * QK && x.s.len() == x.d.len());
     // SAFETY: forwarded caller contract; features enabled on this function.
     unsafe {

@@ -1,0 +1,191 @@
+//! Attention of queries over a KV cache, the reference: scores, softmax, weighted values.
+//!
+//! Per query `q` (head_dim values) at position `t`, over the visible positions `s` (the
+//! cache's window: `t − s < window`, else all `s ≤ t`) in position order:
+//!
+//! ```text
+//! s_i = dot(q, k_i) · scale            dot: scalar_math::dot (8 lanes, the tree, the tail)
+//! s_i = cap · tanh(s_i / cap)          when softcap > 0 (libm tanhf, the same on every tier)
+//! m   = max_i s_i                      (scalar_math::max; any order gives the maximum)
+//! e_i = exp(s_i − m)                   (scalar_math::exp)
+//! sum = Σ e_i                          in position order, from +0.0
+//! out[d] = (Σ_i e_i · v_i[d]) · (1 / sum)   each Σ in position order, from +0.0
+//! ```
+//!
+//! Every operation is a separately rounded f32 operation (no FMA). SIMD tiers change the
+//! order of work only (several keys, dimensions or queries at a time), never the
+//! operations of one output, so they give these bits.
+
+use super::counters::{count, Op};
+use super::scalar_math::{dot, exp, max};
+use super::Tier;
+
+/// Most queries a tier's attention kernel takes per call ([`super::Kernels::attend`]
+/// cuts longer lists).
+pub const TILE_QUERIES: usize = 32;
+
+/// One query: `q` (head_dim values) at position `pos`; `att` holds at least its visible
+/// span (scratch for the scores), `out` gets head_dim values.
+pub struct Query<'a> {
+    pub q: &'a [f32],
+    pub pos: usize,
+    pub att: &'a mut [f32],
+    pub out: &'a mut [f32],
+}
+
+/// The keys and values of one kv head, as the KV cache stores them: `k` and `v` hold
+/// `cap` slots of `stride` values, position `p` in slot `p % cap`, this head's values at
+/// offset `off` of a slot; a query at `t` sees positions `s` with `t − s < window`
+/// (every earlier one without a window).
+#[derive(Debug, Clone, Copy)]
+pub struct KvView<'a> {
+    pub k: &'a [f32],
+    pub v: &'a [f32],
+    pub window: Option<usize>,
+    pub cap: usize,
+    pub stride: usize,
+    pub off: usize,
+}
+
+impl<'a> KvView<'a> {
+    /// The first position that position `pos` attends to.
+    #[inline]
+    pub fn first_visible(&self, pos: usize) -> usize {
+        match self.window {
+            Some(w) => (pos + 1).saturating_sub(w),
+            None => 0,
+        }
+    }
+
+    /// The key and value rows (`hd` values) of the positions `pos` sees.
+    #[inline]
+    pub(crate) fn rows(&self, pos: usize, hd: usize) -> Rows<'a> {
+        let s0 = self.first_visible(pos);
+        Rows {
+            k: self.k,
+            v: self.v,
+            first: s0 % self.cap,
+            cap: self.cap,
+            stride: self.stride,
+            off: self.off,
+            hd,
+            len: pos + 1 - s0,
+        }
+    }
+}
+
+/// The visible positions' key and value rows, in position order.
+pub(crate) struct Rows<'a> {
+    k: &'a [f32],
+    v: &'a [f32],
+    /// Slot of the first visible position.
+    first: usize,
+    cap: usize,
+    stride: usize,
+    off: usize,
+    hd: usize,
+    /// Visible positions.
+    pub len: usize,
+}
+
+impl<'a> Rows<'a> {
+    /// Start of the row of the `i`-th visible position.
+    #[inline(always)]
+    fn at(&self, i: usize) -> usize {
+        let mut slot = self.first + i;
+        if slot >= self.cap {
+            slot -= self.cap;
+        }
+        slot * self.stride + self.off
+    }
+
+    #[inline(always)]
+    pub fn k(&self, i: usize) -> &'a [f32] {
+        let at = self.at(i);
+        &self.k[at..at + self.hd]
+    }
+
+    #[inline(always)]
+    pub fn v(&self, i: usize) -> &'a [f32] {
+        let at = self.at(i);
+        &self.v[at..at + self.hd]
+    }
+}
+
+/// The slice maximum and `exp` a tier's softmax runs (with the bits of
+/// [`scalar_math::max`](super::scalar_math::max) and [`scalar_math::exp`](exp)). A trait
+/// with `#[inline(always)]` methods rather than closures, so that a SIMD tier's
+/// versions inline into its `#[target_feature]` kernel.
+pub(crate) trait SoftmaxMath {
+    fn max(v: &[f32]) -> f32;
+    fn exp(v: &mut [f32]);
+}
+
+/// The reference's.
+pub(crate) struct ScalarMath;
+
+impl SoftmaxMath for ScalarMath {
+    #[inline(always)]
+    fn max(v: &[f32]) -> f32 {
+        max(v)
+    }
+
+    #[inline(always)]
+    fn exp(v: &mut [f32]) {
+        for x in v {
+            *x = exp(*x);
+        }
+    }
+}
+
+/// Softcap, then `att = exp(att − max)` in place; returns the sum (in order).
+#[inline(always)]
+pub(crate) fn softmax<M: SoftmaxMath>(att: &mut [f32], softcap: f32) -> f32 {
+    if softcap > 0.0 {
+        for a in att.iter_mut() {
+            *a = softcap * (*a / softcap).tanh();
+        }
+    }
+    let m = M::max(att);
+    for a in att.iter_mut() {
+        *a -= m;
+    }
+    M::exp(att);
+    let mut sum = 0.0f32;
+    for &a in att.iter() {
+        sum += a;
+    }
+    sum
+}
+
+/// The reference for one query; see the module docs.
+pub fn attend_one(query: &mut Query, kv: &KvView, scale: f32, softcap: f32) {
+    let (q, att, out) = (query.q, &mut *query.att, &mut *query.out);
+    let rows = kv.rows(query.pos, q.len());
+    let att = &mut att[..rows.len];
+    for (i, a) in att.iter_mut().enumerate() {
+        *a = dot(q, rows.k(i)) * scale;
+    }
+    let sum = softmax::<ScalarMath>(att, softcap);
+    out.fill(0.0);
+    for (i, &p) in att.iter().enumerate() {
+        for (o, &v) in out.iter_mut().zip(rows.v(i)) {
+            *o += p * v;
+        }
+    }
+    let inv = 1.0 / sum;
+    for o in out {
+        *o *= inv;
+    }
+}
+
+/// The scalar tier's attention entry (see `kernels::AttendFn`): each query alone.
+///
+/// # Safety
+/// Always safe; `unsafe` only to share the tiers' pointer type.
+pub unsafe fn attend(qs: &mut [Query], kv: &KvView, scale: f32, softcap: f32) {
+    count(Tier::Scalar, Op::Attend);
+    for q in qs {
+        attend_one(q, kv, scale, softcap);
+    }
+}

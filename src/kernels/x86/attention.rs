@@ -1,0 +1,554 @@
+//! AVX2 and AVX-512 F attention (`kernels::scalar_attn`'s arithmetic): the same f32
+//! operations per output in the same order (no FMA), so the same bits. The speed comes
+//! from the order of work: scores for eight keys at a time (eight add chains, reduced
+//! together through an 8×8 transpose), the weighted values summed over all positions
+//! in registers for 64 dimensions at a time (128 in zmm), and, for a tile of queries of
+//! one kv head, blocks of 64 key and value rows streamed once for the whole tile. With
+//! AVX-512 F, two queries of one position share a zmm for their scores (each half the
+//! same 8-lane chain).
+
+use std::arch::x86_64::*;
+
+use super::math::{exp_all, max_all};
+use crate::kernels::counters::{count, Op};
+use crate::kernels::scalar_attn::{softmax, KvView, Query, SoftmaxMath, TILE_QUERIES};
+use crate::kernels::scalar_math::reduce8;
+use crate::kernels::Tier;
+
+/// The AVX2 tier's attention entry (see `kernels::AttendFn`).
+///
+/// # Safety
+/// The CPU must support AVX2; the shapes as `Kernels::attend` checks them.
+#[target_feature(enable = "avx2")]
+pub unsafe fn attend_avx2(qs: &mut [Query], kv: &KvView, scale: f32, softcap: f32) {
+    count(Tier::Avx2, Op::Attend);
+    // SAFETY: AVX2 (this function's contract).
+    unsafe { attend_any::<false>(qs, kv, scale, softcap) }
+}
+
+/// The AVX-512 tiers' attention entry: zmm value sums and query pairs.
+///
+/// # Safety
+/// The CPU must support AVX2 and AVX-512 F; the shapes as `Kernels::attend` checks them.
+#[target_feature(enable = "avx2,avx512f")]
+pub unsafe fn attend_avx512(qs: &mut [Query], kv: &KvView, scale: f32, softcap: f32) {
+    count(Tier::Avx512, Op::Attend);
+    // SAFETY: AVX2 and AVX-512 F (this function's contract).
+    unsafe { attend_any::<true>(qs, kv, scale, softcap) }
+}
+
+/// A tile blocked over positions when no query's positions wrap around the cache's
+/// ring, else each query alone.
+#[inline(always)]
+unsafe fn attend_any<const WIDE: bool>(qs: &mut [Query], kv: &KvView, scale: f32, softcap: f32) {
+    if qs.iter().all(|q| q.pos < kv.cap) {
+        // SAFETY: forwarded features; every position is below cap.
+        unsafe { attend_many::<WIDE>(qs, kv, scale, softcap) }
+    } else {
+        for q in qs {
+            // SAFETY: forwarded features.
+            unsafe { attend_one::<WIDE>(q, kv, scale, softcap) }
+        }
+    }
+}
+
+/// The slice maximum and `exp` of `x86::math` for `scalar_attn::softmax`. Used only
+/// inside this module's AVX2 kernels, whose callers guarantee the CPU has AVX2.
+struct Avx2Math;
+
+impl SoftmaxMath for Avx2Math {
+    #[inline(always)]
+    fn max(v: &[f32]) -> f32 {
+        // SAFETY: only reached from the AVX2 / AVX-512 entries of this module.
+        unsafe { max_all(v) }
+    }
+
+    #[inline(always)]
+    fn exp(v: &mut [f32]) {
+        // SAFETY: as for `max`.
+        unsafe { exp_all(v) }
+    }
+}
+
+/// The softmax of `scalar_attn` with this tier's max and exp.
+#[inline(always)]
+unsafe fn softmax_avx2(att: &mut [f32], softcap: f32) -> f32 {
+    softmax::<Avx2Math>(att, softcap)
+}
+
+/// One query (any slots, a ring included): `scalar_attn::attend_one` in AVX2.
+///
+/// # Safety
+/// The CPU has AVX2 (and AVX-512 F when `WIDE`); the caller is compiled with them.
+#[inline(always)]
+unsafe fn attend_one<const WIDE: bool>(query: &mut Query, kv: &KvView, scale: f32, softcap: f32) {
+    let (q, att, out) = (query.q, &mut *query.att, &mut *query.out);
+    let rows = kv.rows(query.pos, q.len());
+    let att = &mut att[..rows.len];
+    // SAFETY: AVX2 (this function's contract); every row has q.len() values.
+    unsafe { scores(q, |i| rows.k(i), scale, att) };
+    // SAFETY: AVX2.
+    let inv = 1.0 / unsafe { softmax_avx2(att, softcap) };
+    out.fill(0.0);
+    // SAFETY: as above; out has q.len() values.
+    unsafe { values::<WIDE>(att, |i| rows.v(i), out) };
+    for o in out {
+        *o *= inv;
+    }
+}
+
+/// Positions per block of [`attend_many`]: the block's keys (or values) stay in L1
+/// while every query of the tile uses them.
+const BLOCK: usize = 64;
+
+/// At most [`TILE_QUERIES`] queries of one kv head, blocked over positions; each
+/// query's bits are those of [`attend_one`] (scores are independent; each value sum
+/// runs in position order whatever the blocking).
+///
+/// # Safety
+/// The CPU has AVX2 (and AVX-512 F when `WIDE`); every query's position is below
+/// `kv.cap`; every query and `out` has the same length.
+#[inline(always)]
+unsafe fn attend_many<const WIDE: bool>(qs: &mut [Query], kv: &KvView, scale: f32, softcap: f32) {
+    debug_assert!(qs.len() <= TILE_QUERIES);
+    let Some(hd) = qs.first().map(|q| q.q.len()) else {
+        return;
+    };
+    let (stride, off) = (kv.stride, kv.off);
+    // With every position below cap, position p is in slot p.
+    let k = |p: usize| &kv.k[p * stride + off..p * stride + off + hd];
+    let v = |p: usize| &kv.v[p * stride + off..p * stride + off + hd];
+    let lo = qs
+        .iter()
+        .map(|q| kv.first_visible(q.pos))
+        .min()
+        .unwrap_or(0);
+    let hi = qs.iter().map(|q| q.pos).max().unwrap_or(0);
+    // The part of block b0..b0+BLOCK that query q sees: positions s..e.
+    let span = |q: &Query, b0: usize| {
+        let s = kv.first_visible(q.pos).max(b0);
+        let e = (q.pos + 1).min(b0 + BLOCK);
+        (s, e)
+    };
+    // Two queries of one position (heads sharing this kv head) take their scores
+    // together with AVX-512 F: one zmm holds both queries' 8 partial sums.
+    let pairs = WIDE && hd % 8 == 0 && hd / 8 <= PAIR_MAX_CHUNKS;
+    for b0 in (lo..=hi).step_by(BLOCK) {
+        let mut rest = &mut qs[..];
+        while let Some((q, tail)) = rest.split_first_mut() {
+            let (s, e) = span(q, b0);
+            let f = kv.first_visible(q.pos);
+            if let (true, Some(q2)) = (pairs && s < e, tail.first_mut()) {
+                if q2.pos == q.pos {
+                    let (a, b) = (&mut q.att[s - f..e - f], &mut q2.att[s - f..e - f]);
+                    // SAFETY: AVX-512 F and AVX2 (WIDE, this function's contract); rows
+                    // of hd values, hd a multiple of 8 within the pair buffer.
+                    unsafe { scores_pair(q.q, q2.q, |i| k(s + i), scale, a, b) };
+                    rest = &mut tail[1..];
+                    continue;
+                }
+            }
+            if s < e {
+                // SAFETY: AVX2; rows of hd values.
+                unsafe { scores(q.q, |i| k(s + i), scale, &mut q.att[s - f..e - f]) };
+            }
+            rest = tail;
+        }
+    }
+    let mut inv = [0f32; TILE_QUERIES];
+    for (q, iv) in qs.iter_mut().zip(&mut inv) {
+        let n = q.pos + 1 - kv.first_visible(q.pos);
+        // SAFETY: AVX2.
+        *iv = 1.0 / unsafe { softmax_avx2(&mut q.att[..n], softcap) };
+        q.out.fill(0.0);
+    }
+    for b0 in (lo..=hi).step_by(BLOCK) {
+        for q in qs.iter_mut() {
+            let (s, e) = span(q, b0);
+            if s < e {
+                let f = kv.first_visible(q.pos);
+                // SAFETY: AVX2 (AVX-512 F when WIDE); rows and out of hd values.
+                unsafe { values::<WIDE>(&q.att[s - f..e - f], |i| v(s + i), q.out) };
+            }
+        }
+    }
+    for (q, &iv) in qs.iter_mut().zip(&inv) {
+        for o in q.out.iter_mut() {
+            *o *= iv;
+        }
+    }
+}
+
+/// `att[i] = dot(q, row(i)) · scale`, eight rows at a time (eight add chains).
+#[inline(always)]
+unsafe fn scores<'r>(q: &[f32], row: impl Fn(usize) -> &'r [f32], scale: f32, att: &mut [f32]) {
+    let hd = q.len();
+    let n8 = hd / 8 * 8;
+    let n = att.len();
+    let mut i = 0;
+    while i + 8 <= n {
+        let k: [&[f32]; 8] = std::array::from_fn(|t| row(i + t));
+        let mut acc = [_mm256_setzero_ps(); 8];
+        let mut j = 0;
+        while j < n8 {
+            // SAFETY: j + 8 <= hd = the length of q and of every row.
+            unsafe {
+                let x = _mm256_loadu_ps(q.as_ptr().add(j));
+                for (a, kr) in acc.iter_mut().zip(&k) {
+                    let kv = _mm256_loadu_ps(kr.as_ptr().add(j));
+                    *a = _mm256_add_ps(*a, _mm256_mul_ps(x, kv));
+                }
+            }
+            j += 8;
+        }
+        if n8 == hd {
+            // SAFETY: register ops; att[i..i + 8] exists (i + 8 <= n).
+            unsafe {
+                let v = _mm256_mul_ps(reduce8x8(&acc), _mm256_set1_ps(scale));
+                _mm256_storeu_ps(att.as_mut_ptr().add(i), v);
+            }
+        } else {
+            for (t, (a, kr)) in acc.into_iter().zip(&k).enumerate() {
+                // SAFETY: register and stack only.
+                att[i + t] = unsafe { finish(a, &q[n8..], &kr[n8..]) } * scale;
+            }
+        }
+        i += 8;
+    }
+    while i < n {
+        let kr = row(i);
+        let mut a = _mm256_setzero_ps();
+        let mut j = 0;
+        while j < n8 {
+            // SAFETY: as above.
+            unsafe {
+                let x = _mm256_loadu_ps(q.as_ptr().add(j));
+                a = _mm256_add_ps(a, _mm256_mul_ps(x, _mm256_loadu_ps(kr.as_ptr().add(j))));
+            }
+            j += 8;
+        }
+        // SAFETY: register and stack only.
+        att[i] = unsafe { finish(a, &q[n8..], &kr[n8..]) } * scale;
+        i += 1;
+    }
+}
+
+/// Most 8-value chunks of a head for [`scores_pair`] (head_dim ≤ 256).
+const PAIR_MAX_CHUNKS: usize = 32;
+
+/// [`scores`] for two queries `qa`, `qb` over the same rows, into `att_a`, `att_b`:
+/// a zmm holds `[qa chunk, qb chunk]` and each key chunk is broadcast to both halves,
+/// so each half runs exactly the 8-lane chain of [`scores`] for its query.
+///
+/// # Safety
+/// The CPU must support AVX2 and AVX-512 F; every row has `qa.len() = qb.len()`
+/// values, a multiple of 8 and at most `8·PAIR_MAX_CHUNKS`; `att_a` and `att_b`
+/// have one length.
+#[target_feature(enable = "avx2,avx512f")]
+unsafe fn scores_pair<'r>(
+    qa: &[f32],
+    qb: &[f32],
+    row: impl Fn(usize) -> &'r [f32],
+    scale: f32,
+    att_a: &mut [f32],
+    att_b: &mut [f32],
+) {
+    let chunks = qa.len() / 8;
+    debug_assert!(qa.len() == qb.len() && qa.len().is_multiple_of(8) && chunks <= PAIR_MAX_CHUNKS);
+    debug_assert_eq!(att_a.len(), att_b.len());
+    // Only the first `chunks` entries are written and read.
+    let mut qp = [std::mem::MaybeUninit::<__m512>::uninit(); PAIR_MAX_CHUNKS];
+    for (j, v) in qp.iter_mut().enumerate().take(chunks) {
+        // SAFETY: 8j + 8 <= hd for both queries.
+        unsafe {
+            let lo = _mm256_castps_pd(_mm256_loadu_ps(qa.as_ptr().add(8 * j)));
+            let hi = _mm256_castps_pd(_mm256_loadu_ps(qb.as_ptr().add(8 * j)));
+            v.write(_mm512_castpd_ps(_mm512_insertf64x4(
+                _mm512_castpd256_pd512(lo),
+                hi,
+                1,
+            )));
+        }
+    }
+    let n = att_a.len();
+    let vscale = _mm256_set1_ps(scale);
+    let mut i = 0;
+    while i + 8 <= n {
+        let k: [&[f32]; 8] = [
+            row(i),
+            row(i + 1),
+            row(i + 2),
+            row(i + 3),
+            row(i + 4),
+            row(i + 5),
+            row(i + 6),
+            row(i + 7),
+        ];
+        let mut acc = [_mm512_setzero_ps(); 8];
+        for (j, x) in qp.iter().enumerate().take(chunks) {
+            // SAFETY: entry j < chunks was written above; 8j + 8 <= every row's length.
+            let x = unsafe { x.assume_init() };
+            for (a, kr) in acc.iter_mut().zip(&k) {
+                *a = _mm512_add_ps(*a, _mm512_mul_ps(x, unsafe { key2(kr, j) }));
+            }
+        }
+        let lo: [__m256; 8] = std::array::from_fn(|t| _mm512_castps512_ps256(acc[t]));
+        let hi: [__m256; 8] = std::array::from_fn(|t| {
+            _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[t]), 1))
+        });
+        // SAFETY: register ops; att_a/att_b[i..i + 8] exist (i + 8 <= n).
+        unsafe {
+            _mm256_storeu_ps(
+                att_a.as_mut_ptr().add(i),
+                _mm256_mul_ps(reduce8x8(&lo), vscale),
+            );
+            _mm256_storeu_ps(
+                att_b.as_mut_ptr().add(i),
+                _mm256_mul_ps(reduce8x8(&hi), vscale),
+            );
+        }
+        i += 8;
+    }
+    while i < n {
+        let kr = row(i);
+        let mut a = _mm512_setzero_ps();
+        for (j, x) in qp.iter().enumerate().take(chunks) {
+            // SAFETY: as above.
+            let x = unsafe { x.assume_init() };
+            a = _mm512_add_ps(a, _mm512_mul_ps(x, unsafe { key2(kr, j) }));
+        }
+        let lo = _mm512_castps512_ps256(a);
+        let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1));
+        // SAFETY: register and stack only; no tail (hd a multiple of 8).
+        unsafe {
+            att_a[i] = finish(lo, &[], &[]) * scale;
+            att_b[i] = finish(hi, &[], &[]) * scale;
+        }
+        i += 1;
+    }
+}
+
+/// Chunk `j` of a key row in both halves of a zmm.
+#[inline(always)]
+unsafe fn key2(r: &[f32], j: usize) -> __m512 {
+    // SAFETY: 8j + 8 <= r.len() (the caller's bound); AVX-512 F in the caller.
+    unsafe {
+        let c = _mm256_castps_pd(_mm256_loadu_ps(r.as_ptr().add(8 * j)));
+        _mm512_castpd_ps(_mm512_broadcast_f64x4(c))
+    }
+}
+
+/// Eight accumulators (one per key) reduced at once, each as `scalar_math::reduce8` does
+/// with no tail: an 8×8 transpose puts lane `l` of every key in one vector, then
+/// `((c0 + c4) + (c2 + c6)) + ((c1 + c5) + (c3 + c7))` runs on all eight keys.
+#[inline(always)]
+unsafe fn reduce8x8(r: &[__m256; 8]) -> __m256 {
+    // SAFETY: register-only AVX ops; the caller has AVX2.
+    unsafe {
+        let t0 = _mm256_unpacklo_ps(r[0], r[1]);
+        let t1 = _mm256_unpackhi_ps(r[0], r[1]);
+        let t2 = _mm256_unpacklo_ps(r[2], r[3]);
+        let t3 = _mm256_unpackhi_ps(r[2], r[3]);
+        let t4 = _mm256_unpacklo_ps(r[4], r[5]);
+        let t5 = _mm256_unpackhi_ps(r[4], r[5]);
+        let t6 = _mm256_unpacklo_ps(r[6], r[7]);
+        let t7 = _mm256_unpackhi_ps(r[6], r[7]);
+        // u_l (l < 4): lane l of keys 0..4 in the low half, lane l + 4 in the high.
+        let u0 = _mm256_shuffle_ps(t0, t2, 0x44);
+        let u1 = _mm256_shuffle_ps(t0, t2, 0xEE);
+        let u2 = _mm256_shuffle_ps(t1, t3, 0x44);
+        let u3 = _mm256_shuffle_ps(t1, t3, 0xEE);
+        let u4 = _mm256_shuffle_ps(t4, t6, 0x44);
+        let u5 = _mm256_shuffle_ps(t4, t6, 0xEE);
+        let u6 = _mm256_shuffle_ps(t5, t7, 0x44);
+        let u7 = _mm256_shuffle_ps(t5, t7, 0xEE);
+        // c_l: lane l of all eight keys.
+        let c0 = _mm256_permute2f128_ps(u0, u4, 0x20);
+        let c4 = _mm256_permute2f128_ps(u0, u4, 0x31);
+        let c1 = _mm256_permute2f128_ps(u1, u5, 0x20);
+        let c5 = _mm256_permute2f128_ps(u1, u5, 0x31);
+        let c2 = _mm256_permute2f128_ps(u2, u6, 0x20);
+        let c6 = _mm256_permute2f128_ps(u2, u6, 0x31);
+        let c3 = _mm256_permute2f128_ps(u3, u7, 0x20);
+        let c7 = _mm256_permute2f128_ps(u3, u7, 0x31);
+        let h0 = _mm256_add_ps(_mm256_add_ps(c0, c4), _mm256_add_ps(c2, c6));
+        let h1 = _mm256_add_ps(_mm256_add_ps(c1, c5), _mm256_add_ps(c3, c7));
+        _mm256_add_ps(h0, h1)
+    }
+}
+
+/// The dot product's lanes reduced as `scalar_math::dot` does, plus its tail.
+#[inline(always)]
+unsafe fn finish(a: __m256, qt: &[f32], kt: &[f32]) -> f32 {
+    let mut arr = [0f32; 8];
+    // SAFETY: arr holds 8 floats.
+    unsafe { _mm256_storeu_ps(arr.as_mut_ptr(), a) };
+    reduce8(arr, qt, kt)
+}
+
+/// `out[d] += Σ_i att[i] · row(i)[d]`, the sum in position order from out's value;
+/// 64 (then 32) dimensions at a time in registers, the rest one by one.
+#[inline(always)]
+unsafe fn values<'r, const WIDE: bool>(
+    att: &[f32],
+    row: impl Fn(usize) -> &'r [f32] + Copy,
+    out: &mut [f32],
+) {
+    if WIDE {
+        // SAFETY: AVX-512 F with WIDE (the caller's contract), AVX2.
+        return unsafe { values_wide(att, row, out) };
+    }
+    let hd = out.len();
+    let mut c = 0;
+    while c + 64 <= hd {
+        // SAFETY: c + 64 <= hd.
+        c = unsafe { values_regs::<__m256, 8>(att, row, c, out) };
+    }
+    while c + 32 <= hd {
+        // SAFETY: c + 32 <= hd.
+        c = unsafe { values_regs::<__m256, 4>(att, row, c, out) };
+    }
+    if c < hd {
+        let tail = &mut out[c..];
+        for (i, &p) in att.iter().enumerate() {
+            for (o, &x) in tail.iter_mut().zip(&row(i)[c..]) {
+                *o += p * x;
+            }
+        }
+    }
+}
+
+/// [`values`] with 16 dimensions per register: 128 (then 64, 16) at a time. Each
+/// dimension's sum is its own chain in position order, so the width changes nothing
+/// in the bits.
+///
+/// # Safety
+/// The CPU must support AVX2 and AVX-512 F; rows have `out.len()` values.
+#[target_feature(enable = "avx2,avx512f")]
+unsafe fn values_wide<'r>(att: &[f32], row: impl Fn(usize) -> &'r [f32] + Copy, out: &mut [f32]) {
+    let hd = out.len();
+    let mut c = 0;
+    while c + 128 <= hd {
+        // SAFETY: c + 128 <= hd.
+        c = unsafe { values_regs::<__m512, 8>(att, row, c, out) };
+    }
+    while c + 64 <= hd {
+        // SAFETY: c + 64 <= hd.
+        c = unsafe { values_regs::<__m512, 4>(att, row, c, out) };
+    }
+    while c + 16 <= hd {
+        // SAFETY: c + 16 <= hd.
+        c = unsafe { values_regs::<__m512, 1>(att, row, c, out) };
+    }
+    if c + 8 <= hd {
+        // SAFETY: c + 8 <= hd.
+        c = unsafe { values_regs::<__m256, 1>(att, row, c, out) };
+    }
+    if c < hd {
+        let tail = &mut out[c..];
+        for (i, &p) in att.iter().enumerate() {
+            for (o, &x) in tail.iter_mut().zip(&row(i)[c..]) {
+                *o += p * x;
+            }
+        }
+    }
+}
+
+/// A float vector for [`values_regs`]: `ymm` (8 lanes) or `zmm` (16).
+trait Lanes: Copy {
+    const N: usize;
+    /// # Safety
+    /// `N` readable floats at `p`; the caller is compiled with the vector's features.
+    unsafe fn load(p: *const f32) -> Self;
+    /// # Safety
+    /// `N` writable floats at `p`; features as for `load`.
+    unsafe fn store(self, p: *mut f32);
+    /// # Safety
+    /// Features as for `load`.
+    unsafe fn splat(v: f32) -> Self;
+    /// `self + p·x`, two rounded operations (no FMA).
+    ///
+    /// # Safety
+    /// Features as for `load`.
+    unsafe fn add_mul(self, p: Self, x: Self) -> Self;
+}
+
+impl Lanes for __m256 {
+    const N: usize = 8;
+    #[inline(always)]
+    unsafe fn load(p: *const f32) -> Self {
+        // SAFETY: the trait contract.
+        unsafe { _mm256_loadu_ps(p) }
+    }
+    #[inline(always)]
+    unsafe fn store(self, p: *mut f32) {
+        // SAFETY: the trait contract.
+        unsafe { _mm256_storeu_ps(p, self) }
+    }
+    #[inline(always)]
+    unsafe fn splat(v: f32) -> Self {
+        // SAFETY: register-only (the trait contract).
+        unsafe { _mm256_set1_ps(v) }
+    }
+    #[inline(always)]
+    unsafe fn add_mul(self, p: Self, x: Self) -> Self {
+        // SAFETY: register-only (the trait contract).
+        unsafe { _mm256_add_ps(self, _mm256_mul_ps(p, x)) }
+    }
+}
+
+impl Lanes for __m512 {
+    const N: usize = 16;
+    #[inline(always)]
+    unsafe fn load(p: *const f32) -> Self {
+        // SAFETY: the trait contract.
+        unsafe { _mm512_loadu_ps(p) }
+    }
+    #[inline(always)]
+    unsafe fn store(self, p: *mut f32) {
+        // SAFETY: the trait contract.
+        unsafe { _mm512_storeu_ps(p, self) }
+    }
+    #[inline(always)]
+    unsafe fn splat(v: f32) -> Self {
+        // SAFETY: register-only (the trait contract).
+        unsafe { _mm512_set1_ps(v) }
+    }
+    #[inline(always)]
+    unsafe fn add_mul(self, p: Self, x: Self) -> Self {
+        // SAFETY: register-only (the trait contract).
+        unsafe { _mm512_add_ps(self, _mm512_mul_ps(p, x)) }
+    }
+}
+
+/// [`values`] for dimensions `c..c + R·V::N` in `R` registers of `V`; returns the end.
+///
+/// # Safety
+/// `c + R·V::N <= out.len()`, rows have `out.len()` values, the CPU has `V`'s
+/// features (the caller is compiled with them).
+#[inline(always)]
+unsafe fn values_regs<'r, V: Lanes, const R: usize>(
+    att: &[f32],
+    row: impl Fn(usize) -> &'r [f32],
+    c: usize,
+    out: &mut [f32],
+) -> usize {
+    // SAFETY: the bounds and features of this function's contract.
+    unsafe {
+        let mut acc = [V::splat(0.0); R];
+        for (r, a) in acc.iter_mut().enumerate() {
+            *a = V::load(out.as_ptr().add(c + V::N * r));
+        }
+        for (i, &p) in att.iter().enumerate() {
+            let pv = V::splat(p);
+            let v = row(i).as_ptr();
+            for (r, a) in acc.iter_mut().enumerate() {
+                *a = a.add_mul(pv, V::load(v.add(c + V::N * r)));
+            }
+        }
+        for (r, a) in acc.into_iter().enumerate() {
+            a.store(out.as_mut_ptr().add(c + V::N * r));
+        }
+    }
+    c + V::N * R
+}

@@ -1,0 +1,214 @@
+//! AVX2 forms of `kernels::scalar_math` and `kernels::scalar_delta`: `exp`, the maximum,
+//! SiLU and GELU times the up projection on 8 lanes, and the delta rule's head step
+//! compiled for AVX2. The same f32 operations in the same order per element, so the
+//! same bits; tails shorter than 8 run the scalar functions.
+
+use core::arch::x86_64::*;
+
+use crate::kernels::counters::{count, Op};
+use crate::kernels::scalar_delta::{head_step, DeltaHead};
+use crate::kernels::scalar_math::{self as sm, C1, C2, GELU_C, HI, LO, LOG2E, P};
+use crate::kernels::Tier;
+
+/// [`sm::exp`] on 8 lanes: the same operations in the same order.
+#[inline(always)]
+pub(crate) unsafe fn exp8(x: __m256) -> __m256 {
+    // SAFETY: register-only AVX2 ops; the caller has AVX2.
+    unsafe {
+        let n = _mm256_floor_ps(_mm256_add_ps(
+            _mm256_mul_ps(x, _mm256_set1_ps(LOG2E)),
+            _mm256_set1_ps(0.5),
+        ));
+        let r = _mm256_sub_ps(
+            _mm256_sub_ps(x, _mm256_mul_ps(n, _mm256_set1_ps(C1))),
+            _mm256_mul_ps(n, _mm256_set1_ps(C2)),
+        );
+        let z = _mm256_mul_ps(r, r);
+        let mut p = _mm256_set1_ps(P[0]);
+        for &c in &P[1..] {
+            p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(c));
+        }
+        let y = _mm256_add_ps(_mm256_add_ps(_mm256_mul_ps(p, z), r), _mm256_set1_ps(1.0));
+        // n is integral in [-126, 127] where it is used; other lanes are replaced.
+        let e = _mm256_slli_epi32(
+            _mm256_add_epi32(_mm256_cvttps_epi32(n), _mm256_set1_epi32(127)),
+            23,
+        );
+        let v = _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+        let v = _mm256_blendv_ps(
+            v,
+            _mm256_set1_ps(f32::INFINITY),
+            _mm256_cmp_ps(x, _mm256_set1_ps(HI), _CMP_GT_OQ),
+        );
+        let v = _mm256_blendv_ps(
+            v,
+            _mm256_setzero_ps(),
+            _mm256_cmp_ps(x, _mm256_set1_ps(LO), _CMP_LT_OQ),
+        );
+        _mm256_blendv_ps(v, x, _mm256_cmp_ps(x, x, _CMP_UNORD_Q))
+    }
+}
+
+/// `v[i] = exp(v[i])`, 8 at a time (inlined into AVX2 callers).
+#[inline(always)]
+pub(crate) unsafe fn exp_all(v: &mut [f32]) {
+    let n8 = v.len() / 8 * 8;
+    let mut i = 0;
+    while i < n8 {
+        // SAFETY: i + 8 <= len; AVX2 in the caller.
+        unsafe {
+            let p = v.as_mut_ptr().add(i);
+            _mm256_storeu_ps(p, exp8(_mm256_loadu_ps(p)));
+        }
+        i += 8;
+    }
+    for x in &mut v[n8..] {
+        *x = sm::exp(*x);
+    }
+}
+
+/// [`sm::max`] with 32 running maxima (inlined into AVX2 callers).
+#[inline(always)]
+pub(crate) unsafe fn max_all(v: &[f32]) -> f32 {
+    let n32 = v.len() / 32 * 32;
+    // SAFETY (all intrinsics below): register-only or in-bounds AVX2 ops; AVX2 in the caller.
+    let mut m = unsafe { [_mm256_set1_ps(f32::NEG_INFINITY); 4] };
+    let mut i = 0;
+    while i < n32 {
+        for (k, mk) in m.iter_mut().enumerate() {
+            // SAFETY: i + 32 <= len. `max_ps(x, m)` returns m when x is NaN.
+            *mk = unsafe { _mm256_max_ps(_mm256_loadu_ps(v.as_ptr().add(i + 8 * k)), *mk) };
+        }
+        i += 32;
+    }
+    // The running maxima are never NaN, so any combining order gives the maximum.
+    let mut lanes = [0f32; 8];
+    // SAFETY: register ops; lanes holds 8 floats.
+    unsafe {
+        let m = _mm256_max_ps(_mm256_max_ps(m[0], m[1]), _mm256_max_ps(m[2], m[3]));
+        _mm256_storeu_ps(lanes.as_mut_ptr(), m);
+    }
+    let r = sm::max(&lanes);
+    v[n32..].iter().fold(r, |r, &x| r.max(x))
+}
+
+/// An activation in its 8-lane and scalar forms (the same bits).
+trait Act {
+    /// # Safety
+    /// AVX2 is available (the caller is compiled with it).
+    unsafe fn v8(x: __m256) -> __m256;
+    fn one(x: f32) -> f32;
+}
+
+struct Silu;
+
+impl Act for Silu {
+    #[inline(always)]
+    unsafe fn v8(x: __m256) -> __m256 {
+        // SAFETY: register-only AVX2 ops (trait contract).
+        unsafe {
+            let e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), x));
+            _mm256_div_ps(x, _mm256_add_ps(_mm256_set1_ps(1.0), e))
+        }
+    }
+    #[inline(always)]
+    fn one(x: f32) -> f32 {
+        sm::silu(x)
+    }
+}
+
+struct Gelu;
+
+impl Act for Gelu {
+    #[inline(always)]
+    unsafe fn v8(x: __m256) -> __m256 {
+        // SAFETY: register-only AVX2 ops (trait contract).
+        unsafe {
+            let x3 = _mm256_mul_ps(_mm256_mul_ps(x, x), x);
+            let inner = _mm256_add_ps(x, _mm256_mul_ps(_mm256_set1_ps(0.044_715), x3));
+            let v = _mm256_mul_ps(_mm256_set1_ps(GELU_C), inner);
+            let e = exp8(_mm256_mul_ps(_mm256_set1_ps(-2.0), v));
+            _mm256_div_ps(x, _mm256_add_ps(_mm256_set1_ps(1.0), e))
+        }
+    }
+    #[inline(always)]
+    fn one(x: f32) -> f32 {
+        sm::gelu_tanh(x)
+    }
+}
+
+/// `g[i] = A(g[i]) · u[i]`, 8 at a time, the tail one by one.
+#[inline(always)]
+unsafe fn act_mul<A: Act>(g: &mut [f32], u: &[f32]) {
+    let n = g.len().min(u.len());
+    let n8 = n / 8 * 8;
+    let mut i = 0;
+    while i < n8 {
+        // SAFETY: i + 8 <= n <= both lengths; AVX2 in the callers.
+        unsafe {
+            let p = g.as_mut_ptr().add(i);
+            let s = A::v8(_mm256_loadu_ps(p));
+            _mm256_storeu_ps(p, _mm256_mul_ps(s, _mm256_loadu_ps(u.as_ptr().add(i))));
+        }
+        i += 8;
+    }
+    for (g, &u) in g[n8..n].iter_mut().zip(&u[n8..n]) {
+        *g = A::one(*g) * u;
+    }
+}
+
+// The table's entries (see `kernels::F32Kernels`).
+
+/// `v[i] = exp(v[i])`.
+///
+/// # Safety
+/// The CPU must support AVX2.
+#[target_feature(enable = "avx2")]
+pub unsafe fn exp_slice(v: &mut [f32]) {
+    count(Tier::Avx2, Op::Exp);
+    // SAFETY: AVX2 (this function's contract).
+    unsafe { exp_all(v) }
+}
+
+/// The maximum of `v` (see [`sm::max`]).
+///
+/// # Safety
+/// The CPU must support AVX2.
+#[target_feature(enable = "avx2")]
+pub unsafe fn max_slice(v: &[f32]) -> f32 {
+    count(Tier::Avx2, Op::Max);
+    // SAFETY: AVX2 (this function's contract).
+    unsafe { max_all(v) }
+}
+
+/// `g[i] = silu(g[i]) · u[i]`.
+///
+/// # Safety
+/// The CPU must support AVX2.
+#[target_feature(enable = "avx2")]
+pub unsafe fn silu_mul(g: &mut [f32], u: &[f32]) {
+    count(Tier::Avx2, Op::Act);
+    // SAFETY: AVX2 (this function's contract).
+    unsafe { act_mul::<Silu>(g, u) }
+}
+
+/// `g[i] = gelu_tanh(g[i]) · u[i]`.
+///
+/// # Safety
+/// The CPU must support AVX2.
+#[target_feature(enable = "avx2")]
+pub unsafe fn gelu_mul(g: &mut [f32], u: &[f32]) {
+    count(Tier::Avx2, Op::Act);
+    // SAFETY: AVX2 (this function's contract).
+    unsafe { act_mul::<Gelu>(g, u) }
+}
+
+/// The delta rule's head step (`scalar_delta::head_step`) compiled for AVX2.
+///
+/// # Safety
+/// The CPU must support AVX2.
+#[target_feature(enable = "avx2")]
+pub unsafe fn delta_head(x: &DeltaHead, s: &mut [f32], o: &mut [f32], delta: &mut [f32]) {
+    count(Tier::Avx2, Op::Delta);
+    head_step(x, s, o, delta)
+}
