@@ -7,6 +7,7 @@
 pub mod atomic;
 pub mod convert;
 pub mod format;
+pub mod input;
 pub mod inspect;
 pub mod kernels;
 pub mod model;
