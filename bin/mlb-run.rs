@@ -35,31 +35,31 @@ struct Args {
     #[arg(long)]
     tokens: Option<String>,
     /// Tokens to generate (default 128; 0 with --logits).
-    #[arg(short = 'n', long = "n-predict")]
+    #[arg(short = 'n', long = "n-predict", allow_negative_numbers = true)]
     n: Option<usize>,
     /// Sampling temperature; 0 is greedy.
-    #[arg(long, default_value_t = 0.8)]
+    #[arg(long, default_value_t = 0.8, allow_negative_numbers = true)]
     temp: f32,
     /// Sample from the k most likely tokens (0: all).
-    #[arg(long, default_value_t = 40)]
+    #[arg(long, default_value_t = 40, allow_negative_numbers = true)]
     top_k: usize,
     /// Sample from the smallest set of tokens whose probability reaches p.
-    #[arg(long, default_value_t = 0.95)]
+    #[arg(long, default_value_t = 0.95, allow_negative_numbers = true)]
     top_p: f32,
     /// Seed of the sampler.
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
     seed: u64,
     /// KV cache positions (default: max_seq, capped at 4096).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     ctx: Option<usize>,
     /// Most prompt tokens per prefill batch.
-    #[arg(long, default_value_t = krafla::model::forward::DEFAULT_BATCH)]
+    #[arg(long, default_value_t = krafla::model::forward::DEFAULT_BATCH, allow_negative_numbers = true)]
     batch: usize,
     /// Write every prompt position's logits (little-endian f32, positions × vocab).
     #[arg(long)]
     logits: Option<PathBuf>,
     /// Worker threads (default: all cores).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     threads: Option<usize>,
     /// Print the kernel tier and the model's shape.
     #[arg(short, long)]
@@ -77,10 +77,15 @@ struct Args {
     #[arg(long, value_name = "REF.mlb", conflicts_with = "logits")]
     kl_divergence: Option<PathBuf>,
     /// --imatrix, --perplexity, --kl-divergence: stop after N chunks.
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", allow_negative_numbers = true)]
     chunks: Option<usize>,
     /// --imatrix: also write the file every K chunks.
-    #[arg(long, value_name = "K", requires = "imatrix")]
+    #[arg(
+        long,
+        value_name = "K",
+        requires = "imatrix",
+        allow_negative_numbers = true
+    )]
     save_every: Option<usize>,
     /// --imatrix, --perplexity, --kl-divergence: print the summary as JSON.
     #[arg(long)]
@@ -142,6 +147,25 @@ fn load_tokenizer(a: &Args, vocab: usize) -> Result<Option<Tokenizer>, String> {
     Ok(Some(tok))
 }
 
+/// Refuses an output (--logits, --imatrix) that is one of the inputs.
+fn check_outputs(a: &Args) -> Result<(), String> {
+    let default_tok = a.model.with_extension("mlt");
+    let inputs = [
+        Some(a.model.as_path()),
+        Some(a.tokenizer.as_deref().unwrap_or(&default_tok)),
+        a.kl_divergence.as_deref(),
+        a.file.as_deref(),
+    ];
+    let inputs: Vec<&Path> = inputs.into_iter().flatten().collect();
+    for (opt, out) in [("--logits", &a.logits), ("--imatrix", &a.imatrix)] {
+        if let Some(out) = out {
+            krafla::atomic::check_not_input(out, &inputs)
+                .map_err(|e| format!("{opt} {}: {e}", out.display()))?;
+        }
+    }
+    Ok(())
+}
+
 /// Writes the logits of every prompt position; the file appears only when all are written
 /// (dropped unfinished, on any error, it leaves nothing).
 struct LogitsFile {
@@ -187,8 +211,16 @@ fn run(a: Args) -> Result<(), String> {
         if t == 0 {
             return Err("--threads = 0: at least one thread is needed".into());
         }
+        if t > kernels::pool::MAX_THREADS {
+            let max = kernels::pool::MAX_THREADS;
+            return Err(format!("--threads = {t}: at most {max}"));
+        }
         kernels::pool::set_threads(t);
     }
+    if let Some(note) = kernels::pool::global().shortfall() {
+        eprintln!("mlb-run: note: {note}");
+    }
+    check_outputs(&a)?;
     if !(a.temp >= 0.0 && a.temp.is_finite()) {
         return Err(format!(
             "--temp = {}: must be a finite number ≥ 0 (0 is greedy)",
@@ -207,8 +239,7 @@ fn run(a: Args) -> Result<(), String> {
     let tok = load_tokenizer(&a, cfg.vocab)?;
 
     let prompt: Vec<u32> = if let Some(ids) = &a.tokens {
-        krafla::tokenizer::parse_ids(ids, u32::MAX as usize)
-            .map_err(|e| format!("--tokens: {e}"))?
+        krafla::tokenizer::parse_ids(ids, cfg.vocab).map_err(|e| format!("--tokens: {e}"))?
     } else {
         let text = match (&a.prompt, &a.file) {
             (Some(p), _) => p.clone(),
