@@ -2,6 +2,7 @@
 
 mod calibrate;
 mod convert;
+mod hostile;
 mod inspect;
 mod kernels;
 mod real;
