@@ -39,7 +39,9 @@ fn run(args: &Args) -> Result<(), String> {
     let name = args.file.display().to_string();
     // Mapped, not read: a model larger than free memory is inspected as mlb-run maps
     // it, and a FIFO or device is refused (krafla::input).
-    // SAFETY: read-only map; see krafla::input::map (the mmap caveat).
+    krafla::cli::exit_on_sigbus("mlb-inspect", &args.file);
+    // SAFETY: read-only map; see krafla::input::map (the mmap caveat: a truncation by
+    // another process ends the tool with one line, through the SIGBUS handler).
     let map = unsafe { krafla::input::map(&args.file) }
         .map_err(|e| FormatError::io(&args.file, &e).to_string())?;
     let bytes: &[u8] = &map;

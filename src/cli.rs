@@ -48,3 +48,39 @@ macro_rules! outln {
     () => { $crate::cli::write_stdout("\n") };
     ($($t:tt)*) => { $crate::cli::write_stdout(&(format!($($t)*) + "\n")) };
 }
+
+/// Makes a SIGBUS (a mapped file truncated by another process while in use) end the
+/// process with one line, `TOOL: ML_E_IO: PATH: the file was truncated or changed while
+/// in use (SIGBUS)`, and exit status 1, instead of a bare "Bus error". Tools that map
+/// their input call it before mapping (docs/reliability.md, the mmap caveat).
+#[cfg(unix)]
+pub fn exit_on_sigbus(tool: &str, path: &std::path::Path) {
+    use std::sync::OnceLock;
+    static MSG: OnceLock<Vec<u8>> = OnceLock::new();
+    extern "C" fn on_sigbus(_: libc::c_int) {
+        // Only async-signal-safe calls: write(2) of a prepared message, then _exit.
+        if let Some(m) = MSG.get() {
+            // SAFETY: m is a live, initialized buffer.
+            unsafe { libc::write(2, m.as_ptr().cast(), m.len()) };
+        }
+        // SAFETY: _exit ends the process without running any user code.
+        unsafe { libc::_exit(1) }
+    }
+    let msg = format!(
+        "{tool}: ML_E_IO: {}: the file was truncated or changed while in use (SIGBUS)\n",
+        path.display()
+    );
+    if MSG.set(msg.into_bytes()).is_ok() {
+        // SAFETY: the handler only calls async-signal-safe functions.
+        unsafe {
+            libc::signal(
+                libc::SIGBUS,
+                on_sigbus as extern "C" fn(libc::c_int) as libc::sighandler_t,
+            )
+        };
+    }
+}
+
+/// Does nothing where there is no SIGBUS.
+#[cfg(not(unix))]
+pub fn exit_on_sigbus(_tool: &str, _path: &std::path::Path) {}
