@@ -932,7 +932,7 @@ fn mlb_inspect_reports_a_sigbus_as_one_line() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     small_model(d);
-    let mut child = Command::new(bin_path("mlb-inspect"))
+    let child = Command::new(bin_path("mlb-inspect"))
         .args(["m.mlt", "--encode"])
         .current_dir(d)
         .stdin(Stdio::piped())
