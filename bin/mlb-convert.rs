@@ -62,7 +62,7 @@ struct Cli {
     #[arg(long, value_name = "FILE.mli")]
     imatrix: Option<PathBuf>,
     /// Worker threads [default: one per core]; the output does not depend on it
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", allow_negative_numbers = true)]
     threads: Option<usize>,
 }
 

@@ -44,9 +44,15 @@ struct Args {
 fn run(args: &Args) -> Result<(), String> {
     let err = |e: FormatError| e.in_file(&args.file).to_string();
     let name = args.file.display().to_string();
-    let bytes =
-        std::fs::read(&args.file).map_err(|e| FormatError::io(&args.file, &e).to_string())?;
-    let kind = inspect::detect(&bytes).map_err(err)?;
+    // Mapped, not read: a model larger than free memory is inspected as mlb-run maps
+    // it, and a FIFO or device is refused (krafla::input).
+    krafla::signals::report_sigbus("mlb-inspect", &args.file);
+    // SAFETY: read-only map; see krafla::input::map (the mmap caveat: a truncation by
+    // another process ends the tool with one line, through the SIGBUS handler).
+    let map = unsafe { krafla::input::map(&args.file) }
+        .map_err(|e| FormatError::io(&args.file, &e).to_string())?;
+    let bytes: &[u8] = &map;
+    let kind = inspect::detect(bytes).map_err(err)?;
     if (args.encode || args.decode || args.chat.is_some()) && kind != FileKind::Mlt {
         return Err(format!(
             "{name}: --encode, --decode and --chat need a tokenizer (.mlt) file"
@@ -57,7 +63,7 @@ fn run(args: &Args) -> Result<(), String> {
     }
     let out = match kind {
         FileKind::Mlb => {
-            drop(bytes);
+            drop(map);
             let m = Mlb::open(&args.file).map_err(|e| e.to_string())?;
             if let Some(t) = &args.tensor {
                 let st = inspect::mlb::tensor_stats(&m, t)
@@ -74,14 +80,14 @@ fn run(args: &Args) -> Result<(), String> {
             }
         }
         FileKind::Mli => {
-            let m = mli::parse(&bytes).map_err(err)?;
+            let m = mli::parse(bytes).map_err(err)?;
             if args.json {
                 inspect::mli::report_json(&m, &name).to_string() + "\n"
             } else {
                 inspect::mli::report_text(&m, &name)
             }
         }
-        FileKind::Mlt => return inspect_mlt(args, &bytes, &name),
+        FileKind::Mlt => return inspect_mlt(args, bytes, &name),
     };
     krafla::out!("{out}");
     Ok(())
@@ -90,8 +96,9 @@ fn run(args: &Args) -> Result<(), String> {
 fn inspect_mlt(args: &Args, bytes: &[u8], name: &str) -> Result<(), String> {
     let err = |e: FormatError| e.in_file(&args.file).to_string();
     let mlt = Mlt::parse(bytes).map_err(err)?;
+    // The loader's own checks: "valid" means mlb-run can load it.
+    let tok = Tokenizer::from_mlt(&mlt).map_err(err)?;
     if let Some(file) = &args.chat {
-        let tok = Tokenizer::from_mlt(&mlt).map_err(err)?;
         let json =
             std::fs::read_to_string(file).map_err(|e| FormatError::io(file, &e).to_string())?;
         let (text, ids) = krafla::chat::render_json(&mlt, &tok, &json).map_err(|e| match e {
@@ -107,7 +114,6 @@ fn inspect_mlt(args: &Args, bytes: &[u8], name: &str) -> Result<(), String> {
         return Ok(());
     }
     if args.encode || args.decode {
-        let tok = Tokenizer::from_mlt(&mlt).map_err(err)?;
         let mut input = Vec::new();
         std::io::stdin()
             .read_to_end(&mut input)

@@ -39,31 +39,31 @@ struct Args {
     #[arg(long)]
     tokens: Option<String>,
     /// Tokens to generate (default 128; 0 with --logits).
-    #[arg(short = 'n', long = "n-predict")]
+    #[arg(short = 'n', long = "n-predict", allow_negative_numbers = true)]
     n: Option<usize>,
     /// Sampling temperature; 0 is greedy.
-    #[arg(long, default_value_t = DEFAULT_TEMP)]
+    #[arg(long, default_value_t = DEFAULT_TEMP, allow_negative_numbers = true)]
     temp: f32,
     /// Sample from the k most likely tokens (0: all).
-    #[arg(long, default_value_t = DEFAULT_TOP_K)]
+    #[arg(long, default_value_t = DEFAULT_TOP_K, allow_negative_numbers = true)]
     top_k: usize,
     /// Sample from the smallest set of tokens whose probability reaches p.
-    #[arg(long, default_value_t = DEFAULT_TOP_P)]
+    #[arg(long, default_value_t = DEFAULT_TOP_P, allow_negative_numbers = true)]
     top_p: f32,
     /// Seed of the sampler.
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
     seed: u64,
     /// KV cache positions (default: max_seq, capped at 4096).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     ctx: Option<usize>,
     /// Most prompt tokens per prefill batch.
-    #[arg(long, default_value_t = DEFAULT_BATCH)]
+    #[arg(long, default_value_t = DEFAULT_BATCH, allow_negative_numbers = true)]
     batch: usize,
     /// Write every prompt position's logits (little-endian f32, positions × vocab).
     #[arg(long)]
     logits: Option<PathBuf>,
     /// Worker threads (default: all cores).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     threads: Option<usize>,
     /// Print the kernel tier and the model's shape.
     #[arg(short, long)]
@@ -81,10 +81,15 @@ struct Args {
     #[arg(long, value_name = "REF.mlb", conflicts_with = "logits")]
     kl_divergence: Option<PathBuf>,
     /// --imatrix, --perplexity, --kl-divergence: stop after N chunks.
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", allow_negative_numbers = true)]
     chunks: Option<usize>,
     /// --imatrix: also write the file every K chunks.
-    #[arg(long, value_name = "K", requires = "imatrix")]
+    #[arg(
+        long,
+        value_name = "K",
+        requires = "imatrix",
+        allow_negative_numbers = true
+    )]
     save_every: Option<usize>,
     /// --imatrix, --perplexity, --kl-divergence: print the summary as JSON.
     #[arg(long)]

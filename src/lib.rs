@@ -8,6 +8,7 @@ pub mod atomic;
 pub mod chat;
 pub mod convert;
 pub mod format;
+pub mod input;
 pub mod inspect;
 pub mod kernels;
 pub mod model;

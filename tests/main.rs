@@ -3,6 +3,7 @@
 mod calibrate;
 mod chat;
 mod convert;
+mod hostile;
 mod inspect;
 mod kernels;
 mod kernels_f32;

@@ -192,6 +192,40 @@ fn main() {
     let bytes = small.to_bytes().unwrap();
     Mlt::parse(&bytes).unwrap();
     write("mlt_parse", "smollm2.600.chat.mlt", &bytes);
+    // run_options: temp, top_p, top_k, seed, n_vocab, --tokens text, NUL, logits.
+    let opts: [(f32, f32, u16, u64, u32, &str, &[f32]); 3] = [
+        (0.8, 0.95, 40, 0, 96, "1 2 3", &[0.5, -1.0, 2.0, 0.0]),
+        (
+            0.0,
+            1.0,
+            0,
+            42,
+            4,
+            "[0, 3]",
+            &[1.0, 1.0, f32::NAN, f32::INFINITY],
+        ),
+        (
+            1.5,
+            0.1,
+            1,
+            7,
+            1 << 24,
+            "4294967295, 5",
+            &[-1e30, 1e30, 3.0],
+        ),
+    ];
+    for (i, (temp, top_p, top_k, seed, n_vocab, text, logits)) in opts.iter().enumerate() {
+        let mut b = Vec::new();
+        b.extend(temp.to_le_bytes());
+        b.extend(top_p.to_le_bytes());
+        b.extend(top_k.to_le_bytes());
+        b.extend(seed.to_le_bytes());
+        b.extend(n_vocab.to_le_bytes());
+        b.extend(text.as_bytes());
+        b.push(0);
+        b.extend(logits.iter().flat_map(|x| x.to_le_bytes()));
+        write("run_options", &format!("opts{i}.bin"), &b);
+    }
     let models = krafla_fuzz::repo().join("testdata/models");
     let mut dirs: Vec<_> = std::fs::read_dir(&models)
         .unwrap()

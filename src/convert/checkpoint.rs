@@ -8,7 +8,6 @@
 //! resident memory stays near one tensor, not the checkpoint's size.
 
 use std::collections::{BTreeMap, HashMap};
-use std::fs::File;
 use std::path::{Path, PathBuf};
 
 use memmap2::Mmap;
@@ -53,6 +52,8 @@ struct Shard {
 
 /// An opened checkpoint.
 pub struct Checkpoint {
+    /// `model.safetensors.index.json`, when the checkpoint is sharded.
+    index: Option<PathBuf>,
     shards: Vec<Shard>,
     tensors: HashMap<String, TensorInfo>,
 }
@@ -73,11 +74,14 @@ impl Checkpoint {
         let index = dir.join("model.safetensors.index.json");
         let single = dir.join("model.safetensors");
         let mut ck = Checkpoint {
+            index: None,
             shards: Vec::new(),
             tensors: HashMap::new(),
         };
         if index.exists() {
-            let text = std::fs::read_to_string(&index).map_err(|e| ConvertError::io(&index, e))?;
+            ck.index = Some(index.clone());
+            let text =
+                crate::input::read_to_string(&index).map_err(|e| ConvertError::io(&index, e))?;
             let v: serde_json::Value = serde_json::from_str(&text)
                 .map_err(|e| ConvertError::checkpoint(&index, format!("not valid JSON: {e}")))?;
             let map = v
@@ -98,8 +102,7 @@ impl Checkpoint {
                     .or_default()
                     .push(name.clone());
             }
-            let missing: Vec<&String> =
-                by_shard.keys().filter(|f| !dir.join(f).is_file()).collect();
+            let missing: Vec<&String> = by_shard.keys().filter(|f| !dir.join(f).exists()).collect();
             if !missing.is_empty() {
                 let list: Vec<&str> = missing.iter().map(|s| s.as_str()).collect();
                 return Err(ConvertError::checkpoint(
@@ -141,7 +144,8 @@ impl Checkpoint {
     }
 
     fn add_shard(&mut self, path: &Path) -> Result<usize> {
-        let f = File::open(path).map_err(|e| ConvertError::io(path, e))?;
+        // A regular file only: a FIFO would block the open.
+        let f = crate::input::open(path).map_err(|e| ConvertError::io(path, e))?;
         // SAFETY: the map is read-only; the checkpoint files are not expected to change
         // during the conversion (as for every mmap-based loader).
         let map = unsafe { Mmap::map(&f) }.map_err(|e| ConvertError::io(path, e))?;
@@ -200,6 +204,12 @@ impl Checkpoint {
         &self.shards[t.shard].path
     }
 
+    /// Every file of the checkpoint this reads: the index, if any, and the shards.
+    pub fn files(&self) -> impl Iterator<Item = &Path> {
+        let shards = self.shards.iter().map(|s| s.path.as_path());
+        self.index.as_deref().into_iter().chain(shards)
+    }
+
     /// The first shard (the file errors name when no tensor is involved).
     pub fn first_path(&self) -> &Path {
         &self.shards[0].path
@@ -220,6 +230,26 @@ impl Checkpoint {
         let b = t.start + rows.end * row_len * es;
         debug_assert!(b <= t.end);
         upcast(dtype, &self.shards[t.shard].map[a..b], out);
+    }
+
+    /// The stored bytes of tensor `t`.
+    pub fn raw_bytes(&self, t: &TensorInfo) -> &[u8] {
+        &self.shards[t.shard].map[t.start..t.end]
+    }
+
+    /// Drops all of `t`'s pages from this process's resident set (see [`Self::release`]).
+    pub fn release_all(&self, t: &TensorInfo) {
+        #[cfg(unix)]
+        if t.end > t.start {
+            // SAFETY: as in `release`: a private read-only file mapping.
+            let _ = unsafe {
+                self.shards[t.shard].map.unchecked_advise_range(
+                    memmap2::UncheckedAdvice::DontNeed,
+                    t.start,
+                    t.end - t.start,
+                )
+            };
+        }
     }
 
     /// Drops the pages of `t`'s rows `rows` from this process's resident set (the data

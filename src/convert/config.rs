@@ -25,7 +25,7 @@ pub use super::arch::LinearDims;
 use super::arch::{self, Arch, DefaultLayerTypes, Window};
 use super::error::{ConvertError, Result};
 use crate::format::mlb::header::{act, layer_flag, rope_type, Header};
-use crate::format::mlb::validate::SEQ_LIMIT;
+use crate::format::mlb::validate::{DIM_LIMIT, SEQ_LIMIT};
 
 /// RoPE frequency scaling.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -231,7 +231,7 @@ fn is_set(v: &Value) -> bool {
 /// Reads `dir/config.json`.
 pub fn load(dir: &Path) -> Result<ModelDesc> {
     let file: PathBuf = dir.join("config.json");
-    let text = std::fs::read_to_string(&file).map_err(|e| ConvertError::io(&file, e))?;
+    let text = crate::input::read_to_string(&file).map_err(|e| ConvertError::io(&file, e))?;
     let v: Value = serde_json::from_str(&text).map_err(|e| {
         ConvertError::config(&file, "config.json", "?", format!("not valid JSON: {e}"))
     })?;
@@ -333,6 +333,20 @@ fn describe(
         Some(h) => h,
         None => arch.default_head_dim.unwrap_or(dim / n_heads),
     };
+    // The format's limits, before anything is allocated per layer or per token.
+    for (k, v, limit) in [
+        ("hidden_size", dim, DIM_LIMIT),
+        ("num_hidden_layers", n_layers, DIM_LIMIT),
+        ("num_attention_heads", n_heads, DIM_LIMIT),
+        ("num_key_value_heads", n_kv_heads, DIM_LIMIT),
+        ("intermediate_size", hidden_dim, DIM_LIMIT),
+        ("head_dim", head_dim, DIM_LIMIT),
+        ("vocab_size", vocab, SEQ_LIMIT),
+    ] {
+        if v > limit as usize {
+            return Err(c.err(k, v, format!("above the format's limit {limit}")));
+        }
+    }
     let mut max_seq = c
         .usize_opt("max_position_embeddings")?
         .unwrap_or(arch.default_max_pos);
@@ -509,16 +523,23 @@ fn describe(
     };
 
     let linear = match arch.default_linear {
-        Some(def) => Some(LinearDims {
-            k_heads: c.usize_opt("linear_num_key_heads")?.unwrap_or(def.k_heads),
-            v_heads: c
-                .usize_opt("linear_num_value_heads")?
-                .unwrap_or(def.v_heads),
-            k_dim: c.usize_opt("linear_key_head_dim")?.unwrap_or(def.k_dim),
-            v_dim: c.usize_opt("linear_value_head_dim")?.unwrap_or(def.v_dim),
-            conv: c.usize_opt("linear_conv_kernel_dim")?.unwrap_or(def.conv),
-        })
-        .filter(|_| layers.iter().any(|l| l.linear)),
+        Some(def) => {
+            let dim = |k: &str, default: usize| -> Result<usize> {
+                let v = c.usize_opt(k)?.unwrap_or(default);
+                if v > DIM_LIMIT as usize {
+                    return Err(c.err(k, v, format!("above the format's limit {DIM_LIMIT}")));
+                }
+                Ok(v)
+            };
+            Some(LinearDims {
+                k_heads: dim("linear_num_key_heads", def.k_heads)?,
+                v_heads: dim("linear_num_value_heads", def.v_heads)?,
+                k_dim: dim("linear_key_head_dim", def.k_dim)?,
+                v_dim: dim("linear_value_head_dim", def.v_dim)?,
+                conv: dim("linear_conv_kernel_dim", def.conv)?,
+            })
+            .filter(|_| layers.iter().any(|l| l.linear))
+        }
         None => None,
     };
 
@@ -1030,6 +1051,36 @@ mod tests {
                "num_attention_heads": 4, "num_key_value_heads": 2,
                "intermediate_size": 128, "vocab_size": 256,
                "max_position_embeddings": 128})
+    }
+
+    /// Each size key far above the format's limit fails on the limit, naming the key,
+    /// before anything is allocated from it (a per-layer vector of 10^12 entries used
+    /// to abort the process).
+    #[test]
+    fn sizes_above_the_format_limits_fail_before_allocating() {
+        for (mt, k) in [
+            ("llama", "num_hidden_layers"),
+            ("llama", "hidden_size"),
+            ("llama", "num_attention_heads"),
+            ("llama", "num_key_value_heads"),
+            ("llama", "intermediate_size"),
+            ("llama", "head_dim"),
+            ("llama", "vocab_size"),
+            ("gemma3_text", "num_hidden_layers"),
+            ("smollm3", "num_hidden_layers"),
+            ("qwen3_5_text", "num_hidden_layers"),
+            ("qwen3_5_text", "linear_num_value_heads"),
+        ] {
+            for big in [1u64 << 40, 1_000_000_000_000, u64::MAX] {
+                let mut v = base(mt);
+                v[k] = json!(big);
+                let e = desc(v).unwrap_err().to_string();
+                assert!(
+                    e.contains(&format!("{k} = {big}: above the format's limit")),
+                    "{mt} {k}: {e}"
+                );
+            }
+        }
     }
 
     #[test]

@@ -155,16 +155,44 @@ impl Summary {
 /// Converts a checkpoint folder; `progress` is called as the conversion advances.
 pub fn convert(opts: &Options, progress: &mut (dyn FnMut(Progress) + Send)) -> Result<Summary> {
     match opts.threads {
-        Some(0) => Err(ConvertError::options("--threads", "must be at least 1")),
-        Some(n) => {
-            let pool = rayon::ThreadPoolBuilder::new()
-                .num_threads(n)
-                .build()
-                .map_err(|e| ConvertError::options("--threads", e.to_string()))?;
-            pool.install(|| run(opts, progress))
+        Some(0) => return Err(ConvertError::options("--threads", "must be at least 1")),
+        Some(n) if n > crate::kernels::pool::MAX_THREADS => {
+            let max = crate::kernels::pool::MAX_THREADS;
+            return Err(ConvertError::options(
+                "--threads",
+                format!("at most {max} (got {n})"),
+            ));
         }
-        None => run(opts, progress),
+        _ => {}
     }
+    let (pool, note) = thread_pool(opts.threads);
+    let pool = pool?;
+    pool.install(|| run(opts, note, progress))
+}
+
+/// The rayon pool of `threads` threads (`None`: rayon's default). Where threads cannot
+/// be started (a process limit in a container), the conversion runs on the calling
+/// thread alone, with a note saying so: the output does not depend on the thread
+/// count, and rayon's global pool would panic instead.
+fn thread_pool(threads: Option<usize>) -> (Result<rayon::ThreadPool>, Option<String>) {
+    let want = threads.unwrap_or(0);
+    let e = match rayon::ThreadPoolBuilder::new().num_threads(want).build() {
+        Ok(p) => return (Ok(p), None),
+        Err(e) => e,
+    };
+    let n = match want {
+        0 => "worker".to_string(),
+        n => n.to_string(),
+    };
+    let one = rayon::ThreadPoolBuilder::new()
+        .num_threads(1)
+        .use_current_thread()
+        .build()
+        .map_err(|e1| {
+            ConvertError::options("--threads", format!("cannot start threads: {e}; {e1}"))
+        });
+    let note = format!("could not start {n} threads ({e}): converting on one thread");
+    (one, Some(note))
 }
 
 /// One spec array and where it comes from.
@@ -180,7 +208,11 @@ struct Source {
     imp: Option<Vec<f32>>,
 }
 
-fn run(opts: &Options, progress: &mut (dyn FnMut(Progress) + Send)) -> Result<Summary> {
+fn run(
+    opts: &Options,
+    thread_note: Option<String>,
+    progress: &mut (dyn FnMut(Progress) + Send),
+) -> Result<Summary> {
     let t0 = Instant::now();
     let dir = &opts.input;
     if !dir.is_dir() {
@@ -190,8 +222,25 @@ fn run(opts: &Options, progress: &mut (dyn FnMut(Progress) + Send)) -> Result<Su
         ));
     }
     let desc = config::load(dir)?;
-    let mut notes = desc.notes.clone();
+    let mut notes: Vec<String> = thread_note.into_iter().chain(desc.notes.clone()).collect();
     let ck = Checkpoint::open(dir)?;
+
+    // The output: a file name that is none of the inputs (checked before any work).
+    let out = opts
+        .output
+        .clone()
+        .unwrap_or_else(|| default_output(dir, opts.wtype));
+    if out.file_name().is_none() || out.is_dir() {
+        return Err(ConvertError::options(
+            "-o",
+            format!("{} is not a file name", out.display()),
+        ));
+    }
+    let cfg_file = dir.join("config.json");
+    let mut inputs: Vec<&Path> = vec![&cfg_file];
+    inputs.extend(ck.files());
+    inputs.extend(opts.imatrix.as_deref());
+    crate::atomic::check_not_input(&out, &inputs).map_err(|e| ConvertError::io(&out, e))?;
 
     // Options → header fields.
     let (mut header, flags) = desc.header();
@@ -304,17 +353,7 @@ fn run(opts: &Options, progress: &mut (dyn FnMut(Progress) + Send)) -> Result<Su
         progress(Progress::Note(n));
     }
 
-    // Output: a temporary file beside the target, renamed on success.
-    let out = opts
-        .output
-        .clone()
-        .unwrap_or_else(|| default_output(dir, opts.wtype));
-    if out.file_name().is_none() || out.is_dir() {
-        return Err(ConvertError::options(
-            "-o",
-            format!("{} is not a file name", out.display()),
-        ));
-    }
+    // A temporary file beside the target, renamed on success.
     let mut file = AtomicFile::create(&out).map_err(|e| ConvertError::io(&out, e))?;
     let job = Job {
         ck: &ck,
@@ -329,7 +368,10 @@ fn run(opts: &Options, progress: &mut (dyn FnMut(Progress) + Send)) -> Result<Su
     // On an error `file` is dropped uncommitted: the target stays as it was.
     write_all(&job, &header, &flags, &mut file, progress)?;
     file.commit().map_err(|e| ConvertError::io(&out, e))?;
-    let file_bytes = std::fs::metadata(&out).map(|m| m.len()).unwrap_or(total);
+    let file_bytes = std::fs::metadata(&out)
+        .ok()
+        .filter(|m| m.is_file()) // a device given as the output has no length
+        .map_or(total, |m| m.len());
     Ok(Summary {
         output: out,
         arch: desc.arch.name,
@@ -362,7 +404,7 @@ fn new_writer<W: std::io::Write>(
 
 /// Reads and checks an MLI1 file against the model.
 fn load_imatrix(p: &Path, d: &ModelDesc) -> Result<Mli> {
-    let b = std::fs::read(p).map_err(|e| ConvertError::io(p, e))?;
+    let b = crate::input::read(p).map_err(|e| ConvertError::io(p, e))?;
     let m = mli::parse(&b).map_err(|e| ConvertError::Imatrix {
         file: p.to_path_buf(),
         field: e.field.clone(),
@@ -582,7 +624,13 @@ fn check_leftovers(
             continue;
         }
         if d.tied && name.ends_with("lm_head.weight") {
-            continue; // tied: transformers uses embed_tokens
+            // Tied: transformers uses embed_tokens as the classifier and ignores this.
+            notes.push(tied_head_note(
+                ck,
+                name,
+                &format!("{prefix}embed_tokens.weight"),
+            ));
+            continue;
         }
         if SKIP_PREFIXES.iter().any(|p| name.starts_with(p)) && !name.starts_with(prefix) {
             if name.starts_with("mtp.") {
@@ -613,6 +661,29 @@ fn check_leftovers(
         ));
     }
     Ok(())
+}
+
+/// The note for a classifier tensor `head` that a tied model does not use: whether it
+/// holds the same values as the embeddings `emb` (nothing is lost) or not (dropped,
+/// as transformers drops it; docs/convert.md).
+fn tied_head_note(ck: &Checkpoint, head: &str, emb: &str) -> String {
+    let same = match (ck.get(head), ck.get(emb)) {
+        (Some(h), Some(e)) => {
+            let same = h.dtype_name == e.dtype_name
+                && h.shape == e.shape
+                && ck.raw_bytes(h) == ck.raw_bytes(e);
+            ck.release_all(h);
+            same
+        }
+        _ => false,
+    };
+    if same {
+        format!("{head} is a copy of {emb} (tie_word_embeddings = true): stored once, as the shared classifier")
+    } else {
+        format!(
+            "{head} differs from {emb} and is dropped: tie_word_embeddings = true makes {emb} the classifier, as in transformers (set it to false in config.json to convert {head} as the classifier)"
+        )
+    }
 }
 
 /// Rows per chunk of a large matrix: ~4M values (16 MB as f32).

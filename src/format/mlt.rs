@@ -311,7 +311,7 @@ impl Mlt {
 
     /// Reads and parses a file, naming it in errors.
     pub fn load(path: &Path) -> Result<Mlt> {
-        let buf = std::fs::read(path).map_err(|e| FormatError::io(path, &e))?;
+        let buf = crate::input::read(path).map_err(|e| FormatError::io(path, &e))?;
         Mlt::parse(&buf).map_err(|e| e.in_file(path))
     }
 

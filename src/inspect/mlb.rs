@@ -114,21 +114,38 @@ fn type_totals(m: &Mlb) -> Vec<TypeTotals> {
     v
 }
 
+/// Bytes past the last array from which [`warnings`] reports them: a writer may pad
+/// the file to the next 64-byte boundary (at most 63 bytes), never more.
+pub const UNACCOUNTED_WARN: u64 = 64;
+
 /// What a valid file holds that the spec's readers ignore but a user should know: a
 /// non-zero byte in the header padding (offsets 160–255) is a field this reader does not
-/// know, written by a newer converter, and the file may not run as that writer meant.
+/// know, written by a newer converter, and the file may not run as that writer meant;
+/// a file that goes on [`UNACCOUNTED_WARN`] bytes or more past the arrays the header
+/// implies has a header that does not describe it (e.g. wtype or shared_classifier
+/// changed: the arrays it implies are smaller than the ones written).
 pub fn warnings(m: &Mlb) -> Vec<String> {
+    let mut w = Vec::new();
     let pad = &m.bytes()[FIELDS_END..HEADER_SIZE];
-    match pad.iter().position(|&b| b != 0) {
-        Some(i) => vec![format!(
+    if let Some(i) = pad.iter().position(|&b| b != 0) {
+        w.push(format!(
             "header padding at offset {} = {:#04x} (offsets {FIELDS_END}–{} must be zero): \
              a field this reader does not know, from a newer writer?",
             FIELDS_END + i,
             pad[i],
             HEADER_SIZE - 1
-        )],
-        None => vec![],
+        ));
     }
+    let (end, len) = (m.layout().end, m.bytes().len() as u64);
+    if len.saturating_sub(end) >= UNACCOUNTED_WARN {
+        w.push(format!(
+            "{} bytes past the last array: the arrays the header implies end at byte {end} \
+             of {len} (more than a 64-byte padding); a header field (wtype, q8_mask, \
+             scale_f16, shared_classifier, a dimension) may not match the arrays written",
+            len - end
+        ));
+    }
+    w
 }
 
 /// The human-readable report.

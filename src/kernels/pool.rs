@@ -31,6 +31,9 @@ const IDX_BITS: u32 = 20;
 const IDX_MASK: u64 = (1 << IDX_BITS) - 1;
 /// Most tasks per step.
 pub const MAX_TASKS: usize = 1 << IDX_BITS;
+/// Most threads a caller should ask for: far above any core count, far below the
+/// tens of thousands of spinning threads a mistyped `--threads` would start.
+pub const MAX_THREADS: usize = 1024;
 
 /// The shared state. `state` packs the step's epoch (bits 40..64), its task count
 /// (20..40) and the next unclaimed task (0..20) in one word, so a claim is checked
@@ -51,6 +54,8 @@ struct Shared {
 pub struct Pool {
     shared: &'static Shared,
     threads: usize,
+    /// Threads asked for and why not all started (a process or thread limit), if so.
+    short: Option<(usize, String)>,
     /// One step at a time; a second caller runs its tasks itself.
     submit: Mutex<()>,
 }
@@ -240,10 +245,21 @@ impl<'a, T> Parts<'a, T> {
     }
 }
 
+/// Starts one worker thread named `name` running `f`.
+type Spawn<'a> = dyn FnMut(String, Box<dyn FnOnce() + Send>) -> std::io::Result<()> + 'a;
+
 impl Pool {
-    /// A pool of `threads` threads in all: the caller and `threads − 1` workers.
+    /// A pool of `threads` threads in all: the caller and `threads − 1` workers. Where a
+    /// worker cannot be started (a process or thread limit, as in many containers), the
+    /// pool runs with the threads it got; [`Pool::shortfall`] says so.
     pub fn new(threads: usize) -> Pool {
-        let threads = threads.max(1);
+        Self::with_spawn(threads, &mut |name, f| {
+            std::thread::Builder::new().name(name).spawn(f).map(drop)
+        })
+    }
+
+    fn with_spawn(threads: usize, spawn: &mut Spawn) -> Pool {
+        let wanted = threads.max(1);
         let shared: &'static Shared = Box::leak(Box::new(Shared {
             state: AtomicU64::new(0),
             task: AtomicUsize::new(0),
@@ -253,17 +269,38 @@ impl Pool {
             sleep: Mutex::new(()),
             wake: Condvar::new(),
         }));
-        for i in 1..threads {
-            std::thread::Builder::new()
-                .name(format!("krafla-{i}"))
-                .spawn(move || worker(shared))
-                .expect("spawn a pool thread");
+        let mut threads = 1;
+        let mut short = None;
+        while threads < wanted {
+            match spawn(
+                format!("krafla-{threads}"),
+                Box::new(move || worker(shared)),
+            ) {
+                Ok(()) => threads += 1,
+                Err(e) => {
+                    short = Some((wanted, e.to_string()));
+                    break;
+                }
+            }
         }
         Pool {
             shared,
             threads,
+            short,
             submit: Mutex::new(()),
         }
+    }
+
+    /// When fewer threads than asked for could be started: one line saying how many
+    /// run and why (e.g. "started 1 of 8 threads (Resource temporarily unavailable
+    /// (os error 11)): running on 1").
+    pub fn shortfall(&self) -> Option<String> {
+        self.short.as_ref().map(|(wanted, why)| {
+            format!(
+                "started {} of {wanted} threads ({why}): running on {}",
+                self.threads, self.threads
+            )
+        })
     }
 
     /// A pool that lives as long as the process (for [`Pool::install`]; tests and
@@ -496,6 +533,40 @@ mod tests {
             c.fetch_add(1, Relaxed);
         });
         assert_eq!(c.load(Relaxed), 8);
+    }
+
+    /// A thread limit (here: the third spawn fails) gives a smaller pool that works
+    /// and says why; it used to panic ("spawn a pool thread").
+    #[test]
+    fn a_worker_that_cannot_start_leaves_a_smaller_working_pool() {
+        for (wanted, ok) in [(4usize, 2usize), (3, 0), (1, 0), (2, 5)] {
+            let mut n = 0;
+            let p = Pool::with_spawn(wanted, &mut |name, f| {
+                n += 1;
+                if n > ok {
+                    return Err(std::io::Error::from_raw_os_error(11));
+                }
+                std::thread::Builder::new().name(name).spawn(f).map(drop)
+            });
+            let got = wanted.min(ok + 1);
+            assert_eq!(p.threads(), got, "{wanted} {ok}");
+            match p.shortfall() {
+                None => assert_eq!(got, wanted),
+                Some(s) => {
+                    assert!(got < wanted);
+                    assert!(
+                        s.starts_with(&format!("started {got} of {wanted} threads (")),
+                        "{s}"
+                    );
+                    assert!(s.ends_with(&format!("running on {got}")), "{s}");
+                }
+            }
+            let c = AtomicUsize::new(0);
+            p.run(16, &|_| {
+                c.fetch_add(1, Relaxed);
+            });
+            assert_eq!(c.load(Relaxed), 16);
+        }
     }
 
     #[test]

@@ -99,6 +99,13 @@ impl RunOptions {
                 rule: "at least one thread is needed",
             });
         }
+        if let Some(t) = self.threads.filter(|&t| t > pool::MAX_THREADS) {
+            return Err(RunError::BadOption {
+                name: "--threads",
+                value: t.to_string(),
+                rule: "at most 1024",
+            });
+        }
         self.sampling
             .validate(None)
             .map_err(|e| RunError::Session(SessionError::Sampling(e)))?;
@@ -132,6 +139,12 @@ pub enum RunError {
     Logits { path: PathBuf, err: std::io::Error },
     /// Generated text cannot be written.
     Stdout(std::io::Error),
+    /// An output (`--logits`, `--imatrix`) is one of the inputs.
+    OutputIsInput {
+        option: &'static str,
+        path: PathBuf,
+        err: std::io::Error,
+    },
     /// `--kl-divergence`: the reference model cannot be used.
     Reference {
         path: PathBuf,
@@ -155,6 +168,9 @@ impl fmt::Display for RunError {
             RunError::Read { what, err } => write!(f, "{what}: {err}"),
             RunError::Logits { path, err } => write!(f, "--logits {}: {err}", path.display()),
             RunError::Stdout(e) => write!(f, "stdout: {e}"),
+            RunError::OutputIsInput { option, path, err } => {
+                write!(f, "{option} {}: {err}", path.display())
+            }
         }
     }
 }
@@ -184,7 +200,7 @@ impl From<EvalError> for RunError {
 pub trait Frontend {
     /// Generated text (stdout), as it is made; an error ends the run.
     fn text(&mut self, s: &str) -> std::io::Result<()>;
-    /// A `--verbose` line (stderr).
+    /// A `--verbose` line or a note (stderr).
     fn info(&mut self, _line: &str) {}
     /// A measurement starts over `total` chunks.
     fn chunks_start(&mut self, _total: usize) {}
@@ -318,11 +334,41 @@ impl LogitsFile {
     }
 }
 
+/// Refuses an output (`--logits`, `--imatrix`) that is one of the inputs (the model,
+/// the tokenizer, the `--kl-divergence` reference, the prompt file).
+fn check_outputs(o: &RunOptions) -> Result<(), RunError> {
+    let beside = o.model.with_extension("mlt");
+    let mut inputs = vec![o.model.as_path(), o.tokenizer.as_deref().unwrap_or(&beside)];
+    if let Prompt::File(f) = &o.prompt {
+        inputs.push(f);
+    }
+    let mut outputs = vec![("--logits", o.logits.as_deref())];
+    if let Some(m) = &o.measure {
+        match &m.mode {
+            measure::Mode::KlDivergence { reference } => inputs.push(reference),
+            measure::Mode::Imatrix { output, .. } => outputs.push(("--imatrix", Some(output))),
+            measure::Mode::Perplexity => {}
+        }
+    }
+    for (option, out) in outputs {
+        if let Some(path) = out {
+            crate::atomic::check_not_input(path, &inputs).map_err(|err| {
+                RunError::OutputIsInput {
+                    option,
+                    path: path.to_path_buf(),
+                    err,
+                }
+            })?;
+        }
+    }
+    Ok(())
+}
+
 /// The prompt's ids.
 fn prompt_ids(o: &RunOptions, engine: &Engine) -> Result<Vec<u32>, RunError> {
     let text = match &o.prompt {
         Prompt::Ids(ids) => {
-            return crate::tokenizer::parse_ids(ids, u32::MAX as usize).map_err(RunError::Ids)
+            return crate::tokenizer::parse_ids(ids, engine.config().vocab).map_err(RunError::Ids)
         }
         Prompt::Text(t) => t.clone(),
         Prompt::File(f) => std::fs::read_to_string(f).map_err(|err| RunError::Read {
@@ -355,6 +401,10 @@ pub fn run(o: &RunOptions, fe: &mut dyn Frontend) -> Result<Outcome, RunError> {
     if let Some(t) = o.threads {
         pool::set_threads(t);
     }
+    if let Some(note) = pool::global().shortfall() {
+        fe.info(&format!("mlb-run: note: {note}"));
+    }
+    check_outputs(o)?;
     let t_load = Instant::now();
     let engine = Engine::load(&LoadOptions {
         model: o.model.clone(),

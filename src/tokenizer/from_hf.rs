@@ -555,6 +555,16 @@ pub fn convert(tokenizer_json: &str, config_json: Option<&str>, opts: &Options) 
         ));
     };
 
+    // Ids are dense, so none can reach the number of entries: checked before the slot
+    // table grows to an id (an id of 2^32 − 1 would allocate 100 GB).
+    let max_tokens = vocab.len() + added.len();
+    let too_big = |field: &str, id: u32| {
+        FormatError::format(
+            field,
+            id,
+            format!("ids must be dense 0..n, and there are only {max_tokens} tokens"),
+        )
+    };
     // Slots: model vocabulary first, then added tokens (which must agree with it).
     let mut slots: Vec<Option<Token>> = Vec::new();
     let mut piece_id: HashMap<&str, u32> = HashMap::with_capacity(vocab.len());
@@ -570,6 +580,9 @@ pub fn convert(tokenizer_json: &str, config_json: Option<&str>, opts: &Options) 
         };
         piece_id.insert(piece.as_str(), id);
         let idx = id as usize;
+        if idx >= max_tokens {
+            return Err(too_big(&format!("model.vocab[{piece:?}]"), id));
+        }
         if idx >= slots.len() {
             slots.resize(idx + 1, None);
         }
@@ -627,6 +640,9 @@ pub fn convert(tokenizer_json: &str, config_json: Option<&str>, opts: &Options) 
     }
     for a in &added {
         let idx = a.id as usize;
+        if idx >= max_tokens {
+            return Err(too_big(&format!("added_tokens id {}", a.id), a.id));
+        }
         if idx >= slots.len() {
             slots.resize(idx + 1, None);
         }
@@ -747,9 +763,9 @@ pub fn convert_file(
     output: &std::path::Path,
     opts: &Options,
 ) -> Result<Mlt> {
-    let json = std::fs::read_to_string(input).map_err(|e| FormatError::io(input, &e))?;
+    let json = crate::input::read_to_string(input).map_err(|e| FormatError::io(input, &e))?;
     let cfg_path = input.with_file_name("tokenizer_config.json");
-    let cfg = match std::fs::read_to_string(&cfg_path) {
+    let cfg = match crate::input::read_to_string(&cfg_path) {
         Ok(s) => Some(s),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
         Err(e) => return Err(FormatError::io(&cfg_path, &e)),
@@ -774,6 +790,11 @@ pub fn convert_file(
         &opts.chat,
     )?;
     let bytes = mlt.to_bytes().map_err(|e| e.in_file(output))?;
+    let read: &[&std::path::Path] = match cfg {
+        Some(_) => &[input, &cfg_path],
+        None => &[input],
+    };
+    crate::atomic::check_not_input(output, read).map_err(|e| FormatError::io(output, &e))?;
     write_atomic(output, &bytes)?;
     Ok(mlt)
 }

@@ -217,7 +217,8 @@ fn f32_view(bytes: &[u8]) -> Cow<'_, [f32]> {
 impl Mlb {
     /// Maps and validates the file at `path`.
     pub fn open(path: &Path) -> Result<Mlb> {
-        let file = File::open(path).map_err(|e| FormatError::io(path, &e))?;
+        // A regular file only: a FIFO would block and a device never end.
+        let file = crate::input::open(path).map_err(|e| FormatError::io(path, &e))?;
         let len = file
             .metadata()
             .map_err(|e| FormatError::io(path, &e))?
