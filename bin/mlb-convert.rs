@@ -30,11 +30,11 @@ enum RuleArg {
     Round,
 }
 
-/// Convert a Hugging Face checkpoint folder (config.json + safetensors) to an .mlb file.
+/// Convert a Hugging Face checkpoint folder (config.json + safetensors) or a GGUF file to an .mlb file.
 #[derive(Debug, Parser)]
 #[command(name = "mlb-convert", version)]
 struct Cli {
-    /// Checkpoint folder: config.json and model.safetensors or model.safetensors.index.json with its shards
+    /// Checkpoint folder (config.json and model.safetensors or model.safetensors.index.json with its shards), or a GGUF file
     checkpoint: PathBuf,
     /// Output file [default: <folder>-<wtype>.mlb beside the folder]
     #[arg(short, long, value_name = "OUT.mlb")]
@@ -54,6 +54,9 @@ struct Cli {
     /// Importance matrix (MLI1, from mlb-run --imatrix) weighting the Q4_0 search
     #[arg(long, value_name = "FILE.mli")]
     imatrix: Option<PathBuf>,
+    /// GGUF input: dequantize and quantize again the matrices Krafla cannot store as they are (F16/BF16/F32 matrices, Q4_1, Q5_x, K-quants) to this type; without it they are refused
+    #[arg(long, value_enum, value_name = "TYPE")]
+    requantize: Option<WTypeArg>,
     /// Worker threads [default: one per core]; the output does not depend on it
     #[arg(long, value_name = "N")]
     threads: Option<usize>,
@@ -111,6 +114,10 @@ fn main() -> ExitCode {
         }),
         imatrix: cli.imatrix,
         threads: cli.threads,
+        requantize: cli.requantize.map(|w| match w {
+            WTypeArg::Q8_0 => WType::Q8_0,
+            WTypeArg::Q4_0 => WType::Q4_0,
+        }),
         cancel: Some(&STOP),
     };
     let bar = std::io::stderr().is_terminal().then(|| {
@@ -161,7 +168,7 @@ fn main() -> ExitCode {
                 "{}: {} {}, {:.1}M parameters, {:.1} MB, {:.2} bits/weight{rule}, {:.1} s",
                 s.output.display(),
                 s.arch,
-                opts.wtype.name(),
+                if s.header.wtype == krafla::format::mlb::header::wtype::Q4_0 { "q4_0" } else { "q8_0" },
                 s.params as f64 / 1e6,
                 s.file_bytes as f64 / 1e6,
                 s.bits_per_weight(),

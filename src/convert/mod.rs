@@ -16,6 +16,8 @@ pub mod arch;
 pub mod checkpoint;
 pub mod config;
 pub mod error;
+pub mod gguf_arch;
+pub mod gguf_in;
 pub mod permute;
 
 use std::io::BufWriter;
@@ -73,6 +75,9 @@ pub struct Options {
     pub imatrix: Option<PathBuf>,
     /// Rayon threads (`None`: rayon's default, one per core).
     pub threads: Option<usize>,
+    /// GGUF input: the type of the matrices Krafla cannot store as they are
+    /// (dequantized, then quantized again); `None` refuses them.
+    pub requantize: Option<WType>,
     /// When set to true (e.g. by a Ctrl-C handler), the conversion stops at the next
     /// row chunk with [`ConvertError::Interrupted`] and removes its temporary file.
     pub cancel: Option<&'static AtomicBool>,
@@ -89,6 +94,7 @@ impl Options {
             q4_rule: None,
             imatrix: None,
             threads: None,
+            requantize: None,
             cancel: None,
         }
     }
@@ -153,10 +159,24 @@ pub fn convert(opts: &Options, progress: &mut (dyn FnMut(Progress) + Send)) -> R
                 .num_threads(n)
                 .build()
                 .map_err(|e| ConvertError::options("--threads", e.to_string()))?;
-            pool.install(|| run(opts, progress))
+            pool.install(|| run_any(opts, progress))
         }
-        None => run(opts, progress),
+        None => run_any(opts, progress),
     }
+}
+
+/// A GGUF file or a checkpoint folder.
+fn run_any(opts: &Options, progress: &mut (dyn FnMut(Progress) + Send)) -> Result<Summary> {
+    if gguf_in::is_gguf_file(&opts.input) {
+        return gguf_in::run(opts, progress);
+    }
+    if opts.requantize.is_some() {
+        return Err(ConvertError::options(
+            "--requantize",
+            "applies to GGUF input only",
+        ));
+    }
+    run(opts, progress)
 }
 
 /// One spec array and where it comes from.
@@ -178,7 +198,7 @@ fn run(opts: &Options, progress: &mut (dyn FnMut(Progress) + Send)) -> Result<Su
     if !dir.is_dir() {
         return Err(ConvertError::checkpoint(
             dir,
-            "not a folder (expected a Hugging Face checkpoint folder)",
+            "not a folder (expected a Hugging Face checkpoint folder or a GGUF file)",
         ));
     }
     let desc = config::load(dir)?;

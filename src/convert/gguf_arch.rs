@@ -1,0 +1,233 @@
+//! One table per GGUF architecture (llama.cpp's `general.architecture`): the Krafla
+//! architecture it is, whether llama.cpp keeps q/k rows in Hugging Face's rotate-half
+//! order, which metadata keys it reads, and which GGUF tensor is which spec array.
+//!
+//! Facts from llama.cpp (convert_hf_to_gguf.py and src/models/*.cpp of the vendored
+//! copy in llama-cpp-python 0.3.36):
+//! - `llama` and `smollm3` use llama.cpp's "normal" RoPE on consecutive pairs: the
+//!   converter permutes the q/k rows of every head (`LlamaModel.permute`) into exactly
+//!   the interleaved order the spec wants, so the rows are copied as they are.
+//! - `qwen2`, `qwen3`, `gemma2`, `gemma3` and `qwen35` use NEOX (rotate-half) RoPE: the
+//!   rows are Hugging Face's, and the converter applies the spec's permutation
+//!   (`permute.rs`) to whole rows, which moves quantized blocks without touching them.
+//! - Gemma and Qwen3.5 norms are stored as w + 1 by llama.cpp's converter, as in .mlb.
+
+use super::arch::Transform;
+
+/// Tensor name of a spec array: per layer (`blk.N.` + suffix) or global.
+pub type GgufNames = &'static [(&'static str, &'static str, Transform)];
+
+use Transform::*;
+
+/// Llama, SmolLM3, Qwen2, Qwen3 (the transform matters only for NEOX architectures).
+const LLAMA: GgufNames = &[
+    ("tok_emb", "token_embd.weight", Plain),
+    ("attn_norm", "attn_norm.weight", Plain),
+    ("wq", "attn_q.weight", Rope),
+    ("wk", "attn_k.weight", Rope),
+    ("wv", "attn_v.weight", Plain),
+    ("wo", "attn_output.weight", Plain),
+    ("bq", "attn_q.bias", Rope),
+    ("bk", "attn_k.bias", Rope),
+    ("bv", "attn_v.bias", Plain),
+    ("q_norm", "attn_q_norm.weight", RopeNorm),
+    ("k_norm", "attn_k_norm.weight", RopeNorm),
+    ("ffn_norm", "ffn_norm.weight", Plain),
+    ("w1", "ffn_gate.weight", Plain),
+    ("w2", "ffn_down.weight", Plain),
+    ("w3", "ffn_up.weight", Plain),
+    ("final_norm", "output_norm.weight", Plain),
+    ("wcls", "output.weight", Plain),
+];
+
+/// Gemma 2 and 3: llama.cpp's `post_attention_norm` is the norm of the attention
+/// output, `ffn_norm` the FFN's input norm (Hugging Face's pre_feedforward_layernorm).
+const GEMMA: GgufNames = &[
+    ("tok_emb", "token_embd.weight", Plain),
+    ("attn_norm", "attn_norm.weight", Plain),
+    ("wq", "attn_q.weight", Rope),
+    ("wk", "attn_k.weight", Rope),
+    ("wv", "attn_v.weight", Plain),
+    ("wo", "attn_output.weight", Plain),
+    ("q_norm", "attn_q_norm.weight", RopeNorm),
+    ("k_norm", "attn_k_norm.weight", RopeNorm),
+    ("ffn_norm", "ffn_norm.weight", Plain),
+    ("w1", "ffn_gate.weight", Plain),
+    ("w2", "ffn_down.weight", Plain),
+    ("w3", "ffn_up.weight", Plain),
+    ("post_attn_norm", "post_attention_norm.weight", Plain),
+    ("post_ffn_norm", "post_ffw_norm.weight", Plain),
+    ("final_norm", "output_norm.weight", Plain),
+    ("wcls", "output.weight", Plain),
+];
+
+/// How llama.cpp lays out q/k rows of an architecture.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RopeRows {
+    /// Already the spec's interleaved pairs (llama.cpp permuted them).
+    Interleaved,
+    /// Hugging Face's rotate-half order (NEOX).
+    RotateHalf,
+}
+
+/// Which layers have no RoPE.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NoRope {
+    None,
+    /// SmolLM3: llama.cpp's `n_no_rope_layer_step = 4`, layers (i + 1) % 4 == 0.
+    Every4th,
+}
+
+/// Sliding-window layers as llama.cpp decides them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Swa {
+    /// llama.cpp has no window for the architecture.
+    None,
+    /// Gemma 2: always a window (default 4096), layer pattern default 2, the sliding
+    /// layers' RoPE base `rope.freq_base_swa` (default the global one).
+    Gemma2,
+    /// Gemma 3: a window only when `attention.sliding_window` > 0, pattern default 6,
+    /// sliding layers' base default 10000, unscaled.
+    Gemma3,
+}
+
+/// One GGUF architecture.
+#[derive(Debug)]
+pub struct GgufArch {
+    /// `general.architecture`.
+    pub name: &'static str,
+    /// The Krafla architecture (`arch::ARCHS` name).
+    pub krafla: &'static str,
+    pub rows: RopeRows,
+    pub names: GgufNames,
+    pub no_rope: NoRope,
+    pub swa: Swa,
+    /// Metadata keys (after `{arch}.`) read by the converter; any other key under the
+    /// architecture's prefix is refused by name.
+    pub keys: &'static [&'static str],
+}
+
+/// Keys every architecture reads.
+const COMMON_KEYS: &[&str] = &[
+    "context_length",
+    "embedding_length",
+    "block_count",
+    "feed_forward_length",
+    "attention.head_count",
+    "attention.head_count_kv",
+    "attention.key_length",
+    "attention.value_length",
+    "attention.layer_norm_rms_epsilon",
+    "rope.dimension_count",
+    "rope.freq_base",
+    "rope.scaling.type",
+    "rope.scaling.factor",
+    "rope.scale_linear",
+    "rope.scaling.original_context_length",
+    "rope.scaling.attn_factor",
+    "rope.scaling.finetuned",
+    "vocab_size",
+];
+
+const GEMMA2_KEYS: &[&str] = &[
+    "attn_logit_softcapping",
+    "final_logit_softcapping",
+    "attention.sliding_window",
+    "attention.sliding_window_pattern",
+    "rope.freq_base_swa",
+];
+
+const GEMMA3_KEYS: &[&str] = &[
+    "final_logit_softcapping",
+    "attention.sliding_window",
+    "attention.sliding_window_pattern",
+    "rope.freq_base_swa",
+];
+
+pub const GGUF_ARCHS: &[GgufArch] = &[
+    GgufArch {
+        name: "llama",
+        krafla: "llama",
+        rows: RopeRows::Interleaved,
+        names: LLAMA,
+        no_rope: NoRope::None,
+        swa: Swa::None,
+        keys: &[],
+    },
+    GgufArch {
+        name: "smollm3",
+        krafla: "smollm3",
+        rows: RopeRows::Interleaved,
+        names: LLAMA,
+        no_rope: NoRope::Every4th,
+        swa: Swa::None,
+        keys: &[],
+    },
+    GgufArch {
+        name: "qwen2",
+        krafla: "qwen2",
+        rows: RopeRows::RotateHalf,
+        names: LLAMA,
+        no_rope: NoRope::None,
+        swa: Swa::None,
+        keys: &[],
+    },
+    GgufArch {
+        name: "qwen3",
+        krafla: "qwen3",
+        rows: RopeRows::RotateHalf,
+        names: LLAMA,
+        no_rope: NoRope::None,
+        swa: Swa::None,
+        keys: &[],
+    },
+    GgufArch {
+        name: "gemma2",
+        krafla: "gemma2",
+        rows: RopeRows::RotateHalf,
+        names: GEMMA,
+        no_rope: NoRope::None,
+        swa: Swa::Gemma2,
+        keys: GEMMA2_KEYS,
+    },
+    GgufArch {
+        name: "gemma3",
+        krafla: "gemma3_text",
+        rows: RopeRows::RotateHalf,
+        names: GEMMA,
+        no_rope: NoRope::None,
+        swa: Swa::Gemma3,
+        keys: GEMMA3_KEYS,
+    },
+];
+
+impl GgufArch {
+    /// The GGUF tensor name and transform of spec array `spec` in layer `layer`.
+    pub fn tensor_name(&self, spec: &str, layer: Option<u32>) -> Option<(String, Transform)> {
+        let (_, suffix, t) = self.names.iter().find(|(s, _, _)| *s == spec)?;
+        Some(match layer {
+            Some(l) => (format!("blk.{l}.{suffix}"), *t),
+            None => (suffix.to_string(), *t),
+        })
+    }
+
+    /// Whether `{arch}.key` is a key this converter reads for the architecture.
+    pub fn knows_key(&self, key: &str) -> bool {
+        COMMON_KEYS.contains(&key) || self.keys.contains(&key)
+    }
+}
+
+/// The architecture named `name`.
+pub fn by_name(name: &str) -> Option<&'static GgufArch> {
+    GGUF_ARCHS.iter().find(|a| a.name == name)
+}
+
+/// The GGUF architecture of a Krafla architecture (export).
+pub fn by_krafla(name: &str) -> Option<&'static GgufArch> {
+    GGUF_ARCHS.iter().find(|a| a.krafla == name)
+}
+
+/// Every accepted `general.architecture`, for messages.
+pub fn names() -> Vec<&'static str> {
+    GGUF_ARCHS.iter().map(|a| a.name).collect()
+}
