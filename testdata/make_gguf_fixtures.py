@@ -45,7 +45,7 @@ MODELS = os.path.join(HERE, "models")
 OUT = os.path.join(HERE, "gguf")
 
 FLOAT = [
-    "llama", "llama_tied", "llama_rope_llama3", "llama_rope_linear", "llama_rope_yarn",
+    "llama", "llama_tied", "llama_rope_llama3", "llama_rope_yarn",
     "mistral_sliding", "qwen2", "qwen3", "gemma2", "gemma3_text", "smollm3",
 ]
 QUANT = ["llama", "qwen3", "gemma3_text"]
@@ -80,7 +80,10 @@ def byte_tokenizer(dst):
     tok.decoder = decoders.ByteLevel()
     tok.save(os.path.join(dst, "tokenizer.json"))
     with open(os.path.join(dst, "tokenizer_config.json"), "w") as f:
-        json.dump({"tokenizer_class": "PreTrainedTokenizerFast"}, f)
+        # No special tokens: some tokenizer classes add their defaults (Qwen2's
+        # <|endoftext|>) past the model's 256 ids otherwise.
+        json.dump({"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": None,
+                   "eos_token": None, "unk_token": None, "pad_token": None}, f)
 
 
 def convert(llama, src, out, outtype, extra=()):

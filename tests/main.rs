@@ -2,6 +2,7 @@
 
 mod calibrate;
 mod convert;
+mod gguf;
 mod inspect;
 mod kernels;
 mod real;

@@ -1006,6 +1006,10 @@ fn choose_types(
         };
         if target == GgmlType::Q4_0 {
             any_q4 = true;
+        } else if class & user_mask != 0 {
+            // Q8_0 because the user (or the default) asked for it: the same bits as
+            // mlb-convert on a checkpoint (a shared classifier's tok_emb: wcls only).
+            mask |= class & user_mask;
         } else {
             mask |= class;
         }
