@@ -467,3 +467,119 @@ fn gguf_dequantizers_match_gguf_py() {
     }
     assert_eq!(seen, 12);
 }
+
+// ---------------------------------------------------------------------------------
+// Tokenizers
+
+use krafla::convert::gguf_tok;
+use krafla::format::mlt::Mlt;
+use krafla::tokenizer::{from_hf, Tokenizer};
+use std::str::FromStr;
+
+fn real_gguf(name: &str) -> Option<PathBuf> {
+    let d = PathBuf::from(std::env::var_os("KRAFLA_REAL_DIR")?).join("gguf").join(name);
+    d.exists().then_some(d)
+}
+
+/// Our encoder on the GGUF's tokenizer against the tokenizers library on `json`: the
+/// corpus, every added token in context and random strings.
+fn check_against_hf(name: &str, m: &Mlt, json: &str) {
+    use crate::tokenizer::{added_cases, compare, corpus, fuzz_cases};
+    let ours = Tokenizer::from_mlt(m).unwrap();
+    let hf = tokenizers::Tokenizer::from_str(json).expect("oracle loads");
+    assert_eq!(ours.n_vocab(), hf.get_vocab_size(true), "{name}: n_vocab");
+    let mut cases = corpus();
+    cases.extend(added_cases(m).into_iter().enumerate().map(|(i, t)| (format!("added {i}"), t)));
+    cases.extend(fuzz_cases(3000).into_iter().enumerate().map(|(i, t)| (format!("fuzz {i}"), t)));
+    let r = compare(name, &ours, &hf, &cases);
+    eprintln!("{name}: {} cases, {} differences", r.cases, r.diffs.len());
+    for d in r.diffs.iter().take(10) {
+        eprintln!("  {d}");
+    }
+    assert!(r.diffs.is_empty(), "{name}: {} of {} cases differ", r.diffs.len(), r.cases);
+}
+
+#[test]
+fn gguf_vocab_of_default_model_equals_its_tokenizer_json() {
+    // convert_hf_to_gguf.py --vocab-only of testdata/default, read back: the same file
+    // mlt-convert makes from the tokenizer.json.
+    let m = gguf_tok::mlt_from_gguf_file(&gguf_dir().join("default.vocab.gguf")).unwrap();
+    let dir = testdata().join("default");
+    let json = std::fs::read_to_string(dir.join("tokenizer.json")).unwrap();
+    let cfg = std::fs::read_to_string(dir.join("tokenizer_config.json")).unwrap();
+    let want = from_hf::convert(&json, Some(&cfg), &from_hf::Options::default()).unwrap();
+    assert_eq!(m, want);
+    check_against_hf("default (GGUF)", &m, &json);
+}
+
+#[test]
+fn gguf_real_tokenizers_match_hf() {
+    use crate::tokenizer::gunzip;
+    let (Some(smol), Some(gemma)) = (
+        real_gguf("smollm2-135m-instruct-q4_1.gguf"),
+        real_gguf("gemma-3-270m-q4_k_m.gguf"),
+    ) else {
+        eprintln!("SKIP gguf_real_tokenizers_match_hf: set KRAFLA_REAL_DIR to the output of shared/tools/real-checkpoints.sh");
+        return;
+    };
+    // SmolLM2: pre-tokenizer "smollm" splits digits first, as SmolLM's own
+    // tokenizer.json does (the one transformers writes from the GGUF drops that step).
+    let m = gguf_tok::mlt_from_gguf_file(&smol).unwrap();
+    check_against_hf("smollm2 (GGUF)", &m, &gunzip("smollm2.tokenizer.digits-split.json.gz"));
+    let m = gguf_tok::mlt_from_gguf_file(&gemma).unwrap();
+    check_against_hf("gemma3 (GGUF)", &m, &gunzip("gemma3.tokenizer.json.gz"));
+}
+
+#[test]
+fn gguf_tokenizer_metadata_round_trips() {
+    use crate::tokenizer::gunzip;
+    for (name, json, cfg, arch) in [
+        ("default", std::fs::read_to_string(testdata().join("default/tokenizer.json")).unwrap(),
+            Some(std::fs::read_to_string(testdata().join("default/tokenizer_config.json")).unwrap()), "llama"),
+        ("smollm2", gunzip("smollm2.tokenizer.digits-split.json.gz"), None, "llama"),
+        ("qwen3", gunzip("qwen3.tokenizer.json.gz"), None, "qwen3"),
+        ("llama3", gunzip("llama3.tokenizer.json.gz"), None, "llama"),
+        ("gemma3", gunzip("gemma3.tokenizer.json.gz"),
+            Some(std::fs::read_to_string(testdata().join("tokenizers/gemma3.tokenizer_config.json")).unwrap()), "gemma3"),
+    ] {
+        let m = from_hf::convert(&json, cfg.as_deref(), &from_hf::Options::default()).unwrap();
+        let kvs = gguf_tok::gguf_tokenizer_kvs(&m, arch).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let mut all = vec![("general.architecture".to_string(), MetaValue::Str(arch.into()))];
+        all.extend(kvs);
+        let bytes = gguf::to_bytes(&all, &[]).unwrap();
+        let back = gguf_tok::mlt_from_gguf(&gguf::parse(&bytes).unwrap()).unwrap();
+        assert!(back == m, "{name}: does not round-trip");
+    }
+}
+
+#[test]
+fn gguf_tokenizer_refusals() {
+    let base = std::fs::read(gguf_dir().join("default.vocab.gguf")).unwrap();
+    let same = |_: &str, _: GgmlType, _: &[u64], _: &[u8]| None;
+    let err = |b: &[u8]| gguf_tok::mlt_from_gguf(&gguf::parse(b).unwrap()).unwrap_err().to_string();
+    let b = rewrite(&base, |k| set_kv(k, "tokenizer.ggml.pre", MetaValue::Str("default".into())), same);
+    let e = err(&b);
+    assert!(e.contains("tokenizer.ggml.pre = \"default\"") && e.contains("cannot reproduce"), "{e}");
+    let b = rewrite(&base, |k| set_kv(k, "tokenizer.ggml.model", MetaValue::Str("bert".into())), same);
+    assert!(err(&b).contains("tokenizer.ggml.model = \"bert\""));
+    let b = rewrite(&base, |k| set_kv(k, "tokenizer.ggml.add_eos_token", MetaValue::Bool(true)), same);
+    assert!(err(&b).contains("tokenizer.ggml.add_eos_token"));
+    let b = rewrite(&base, |k| k.retain(|(n, _)| n != "tokenizer.ggml.merges"), same);
+    assert!(err(&b).contains("tokenizer.ggml.merges = missing"));
+    let b = rewrite(&base, |k| set_kv(k, "tokenizer.ggml.bos_token_id", MetaValue::U32(99999)), same);
+    assert!(err(&b).contains("tokenizer.ggml.bos_token_id = 99999"));
+    // mlt-convert on a GGUF: one line naming the file.
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("bad.gguf");
+    let b = rewrite(&base, |k| set_kv(k, "tokenizer.ggml.pre", MetaValue::Str("falcon".into())), same);
+    std::fs::write(&src, b).unwrap();
+    let o = Command::new(env!("CARGO_BIN_EXE_mlt-convert"))
+        .arg(&src)
+        .arg("-o")
+        .arg(tmp.path().join("x.mlt"))
+        .output()
+        .unwrap();
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && e.contains("bad.gguf") && e.contains("falcon"), "{e}");
+    assert!(!tmp.path().join("x.mlt").exists());
+}
