@@ -583,3 +583,121 @@ fn gguf_tokenizer_refusals() {
     assert!(!o.status.success() && e.contains("bad.gguf") && e.contains("falcon"), "{e}");
     assert!(!tmp.path().join("x.mlt").exists());
 }
+
+// ---------------------------------------------------------------------------------
+// Export
+
+/// A byte-level tokenizer of the 256 bytes (the fixtures' GGUFs carry one without
+/// merges, which llama.cpp's byte-level BPE would refuse).
+fn byte_mlt(path: &Path) {
+    use krafla::format::mlt::{Attr, Kind, Token, FLAG_GPT2_REGEX};
+    let m = Mlt {
+        kind: Kind::ByteLevel,
+        bos: Some(1),
+        eos: Some(2),
+        flags: FLAG_GPT2_REGEX,
+        tokens: (0..=255u8).map(|b| Token { attr: Attr::Normal, bytes: vec![b] }).collect(),
+        merges: Vec::new(),
+    };
+    std::fs::write(path, m.to_bytes().unwrap()).unwrap();
+}
+
+fn mlb_export(model: &Path, out: &Path, args: &[&str]) -> Result<String, String> {
+    let o = Command::new(env!("CARGO_BIN_EXE_mlb-export"))
+        .arg(model)
+        .arg("-o")
+        .arg(out)
+        .args(args)
+        .output()
+        .expect("spawn mlb-export");
+    let text = String::from_utf8_lossy(&o.stdout).into_owned() + &String::from_utf8_lossy(&o.stderr);
+    if o.status.success() && out.exists() { Ok(text) } else { Err(text) }
+}
+
+/// Every tensor of `a` is in `b` with the same type, shape and bytes, and the reverse.
+fn same_tensors(a: &[u8], b: &[u8]) -> Result<(), String> {
+    let (va, vb) = (gguf::parse(a).unwrap(), gguf::parse(b).unwrap());
+    if va.tensors.len() != vb.tensors.len() {
+        return Err(format!("{} vs {} tensors", va.tensors.len(), vb.tensors.len()));
+    }
+    for t in &va.tensors {
+        let u = vb.tensor(t.name).ok_or_else(|| format!("{} missing", t.name))?;
+        if (t.ty, t.shape()) != (u.ty, u.shape()) || va.data(t) != vb.data(u) {
+            return Err(format!("{}: {} {:?} vs {} {:?}, data equal: {}", t.name, t.ty, t.shape(), u.ty, u.shape(), va.data(t) == vb.data(u)));
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn gguf_export_round_trip_is_byte_identical() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut failures = Vec::new();
+    for name in QUANT {
+        for q in ["q8_0", "q4_0"] {
+            let src = gguf_dir().join(format!("{name}.{q}.gguf"));
+            let a = tmp.path().join(format!("{name}.{q}.mlb"));
+            let first = convert_ok(&src, &a, &[]);
+            byte_mlt(&a.with_extension("mlt"));
+            let x = tmp.path().join(format!("{name}.{q}.export.gguf"));
+            mlb_export(&a, &x, &[]).unwrap_or_else(|e| panic!("{name} {q}: {e}"));
+            // llama.cpp's names, types, shapes and row order: the tensors of the file
+            // its converter (or gguf-py's Q4_0) made.
+            if let Err(e) = same_tensors(&std::fs::read(&src).unwrap(), &std::fs::read(&x).unwrap()) {
+                failures.push(format!("{name} {q}: tensors: {e}"));
+            }
+            let b = tmp.path().join(format!("{name}.{q}.again.mlb"));
+            let second = convert_ok(&x, &b, &[]);
+            if let Some(d) = first_diff(&first, &second) {
+                failures.push(format!("{name} {q}: .mlb → GGUF → .mlb: {d}"));
+            }
+        }
+    }
+    // Every float fixture, requantized with f16 scales: the header mapping both ways.
+    for (name, file) in FLOAT {
+        let a = tmp.path().join(format!("{name}.f.mlb"));
+        let first = convert_ok(&gguf_dir().join(file), &a, &["--requantize", "q4_0", "--f16-scales"]);
+        byte_mlt(&a.with_extension("mlt"));
+        let x = tmp.path().join(format!("{name}.f.gguf"));
+        if let Err(e) = mlb_export(&a, &x, &[]) {
+            failures.push(format!("{name}: export: {e}"));
+            continue;
+        }
+        let b = tmp.path().join(format!("{name}.f.again.mlb"));
+        let mut second = convert_ok(&x, &b, &[]);
+        if *name == "llama_rope_llama3" {
+            // With one interpolated frequency (head_dim 16) the Llama 3 parameters read
+            // back from llama.cpp's factors are equivalent ones: the same divisors.
+            second = llama_cpp_view(name, second, &first);
+        }
+        if let Some(d) = first_diff(&first, &second) {
+            failures.push(format!("{name}: .mlb → GGUF → .mlb: {d}"));
+        }
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
+}
+
+#[test]
+fn gguf_export_refuses_what_llama_cpp_would_run_differently() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cases: &[(&str, &[&str], &str)] = &[
+        ("gemma3_text", &["--f16-scales"], "attn_scale = 0.20412415"),
+        ("mistral_sliding", &["--f16-scales"], "sliding_window = 8"),
+        ("smollm3", &["--f16-scales"], "layer_flags[2] = 4"),
+        ("llama", &[], "is not an f16"),
+    ];
+    for (name, args, want) in cases {
+        let a = tmp.path().join(format!("{name}.mlb"));
+        convert_ok(&testdata().join("models").join(name), &a, args);
+        byte_mlt(&a.with_extension("mlt"));
+        let x = tmp.path().join(format!("{name}.gguf"));
+        let e = mlb_export(&a, &x, &[]).expect_err("refused");
+        assert!(e.contains(want) && e.trim().lines().count() == 1, "{name}: {e}");
+        assert!(!x.exists());
+    }
+    // No tokenizer beside the model.
+    let a = tmp.path().join("lonely.mlb");
+    convert_ok(&gguf_dir().join("llama.q8_0.gguf"), &a, &[]);
+    let e = mlb_export(&a, &tmp.path().join("lonely.gguf"), &[]).expect_err("refused");
+    assert!(e.contains("lonely.mlt") && e.contains("--tokenizer"), "{e}");
+}

@@ -595,25 +595,40 @@ pub(crate) fn llama3_from_factors(
         return Err("the factors do not follow Llama 3's scaling".into());
     }
     let orig_f = orig as f64;
-    let low = beta * orig_f / alpha;
-    let high = low + orig_f / alpha;
-    // Check the spec's formula against every stored factor.
-    for i in 0..n {
-        let wavelen = 1.0 / u[i];
-        let want = if wavelen < orig_f / high {
-            1.0
-        } else if wavelen > orig_f / low {
-            f
-        } else {
-            let s = (orig_f / wavelen - low) / (high - low);
-            1.0 / ((1.0 - s) / f + s)
-        };
-        if (want - fs[i]).abs() > 1e-5 * fs[i] {
-            return Err(format!(
-                "factor {i} is {}, Llama 3 scaling with factor {f}, low {low}, high {high}, original context {orig} gives {want}",
-                fs[i]
-            ));
+    let fits = |low: f64, high: f64| -> std::result::Result<(), String> {
+        for i in 0..n {
+            let wavelen = 1.0 / u[i];
+            let want = if wavelen < orig_f / high {
+                1.0
+            } else if wavelen > orig_f / low {
+                f
+            } else {
+                let s = (orig_f / wavelen - low) / (high - low);
+                1.0 / ((1.0 - s) / f + s)
+            };
+            if (want - fs[i]).abs() > 1e-5 * fs[i] {
+                return Err(format!(
+                    "factor {i} is {}, Llama 3 scaling with factor {f}, low {low}, high {high}, original context {orig} gives {want}",
+                    fs[i]
+                ));
+            }
         }
+        Ok(())
+    };
+    let mut low = beta * orig_f / alpha;
+    let mut high = low + orig_f / alpha;
+    fits(low, high)?;
+    // The shortest decimals that give the same factors (Llama 3.1's 1 and 4, not
+    // 0.99999...): the fit is exact only to float rounding.
+    let sig = |x: f64, k: i32| {
+        let e = 10f64.powi(k - 1 - x.abs().log10().floor() as i32);
+        (x * e).round() / e
+    };
+    if let Some((l, h)) = (1..=9)
+        .map(|k| (sig(low, k), sig(high, k)))
+        .find(|&(l, h)| l > 0.0 && h > l && fits(l, h).is_ok())
+    {
+        (low, high) = (l, h);
     }
     Ok(RopeScaling::Llama3 {
         factor: f,
@@ -1008,8 +1023,12 @@ fn choose_types(
             any_q4 = true;
         } else if class & user_mask != 0 {
             // Q8_0 because the user (or the default) asked for it: the same bits as
-            // mlb-convert on a checkpoint (a shared classifier's tok_emb: wcls only).
+            // mlb-convert on a checkpoint.
             mask |= class & user_mask;
+        } else if class & q8_class::WCLS != 0 {
+            // A shared classifier's tok_emb: the wcls bit, as `--q8 wcls` (the default)
+            // writes it.
+            mask |= q8_class::WCLS;
         } else {
             mask |= class;
         }

@@ -18,6 +18,7 @@ pub mod config;
 pub mod error;
 pub mod gguf_arch;
 pub mod gguf_in;
+pub mod gguf_out;
 pub mod gguf_tok;
 pub mod permute;
 
