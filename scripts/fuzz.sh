@@ -19,7 +19,7 @@ secs=${FUZZ_SECS:-60}
 san=${FUZZ_SANITIZER:-none}
 targets=("$@")
 if [ ${#targets[@]} -eq 0 ]; then
-  targets=(mlb_parse mlb_view mlt_parse mli_parse tok_encode tok_decode convert_config convert_safetensors)
+  targets=(mlb_parse mlb_view mlt_parse mli_parse gguf_parse tok_encode tok_decode convert_config convert_safetensors)
 fi
 export RUSTC_BOOTSTRAP=1
 for t in "${targets[@]}"; do

@@ -701,3 +701,47 @@ fn gguf_export_refuses_what_llama_cpp_would_run_differently() {
     let e = mlb_export(&a, &tmp.path().join("lonely.gguf"), &[]).expect_err("refused");
     assert!(e.contains("lonely.mlt") && e.contains("--tokenizer"), "{e}");
 }
+
+/// The real GGUF files (Q4_1, and Gemma 3's Q4_K_M mix) with `--requantize q8_0`,
+/// against the Hugging Face checkpoints real-checkpoints.sh dequantized from the same
+/// files (bf16): logits of a prompt close, greedy tokens agreeing.
+#[test]
+fn gguf_real_models_requantized_run_like_their_checkpoints() {
+    use krafla::format::mlb::Mlb;
+    use krafla::model::{Model, Options};
+    let Some(real) = std::env::var_os("KRAFLA_REAL_DIR").map(PathBuf::from) else {
+        eprintln!("SKIP gguf_real_models_requantized_run_like_their_checkpoints: set KRAFLA_REAL_DIR");
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    for (ckpt, file) in [
+        ("smollm2-135m", "smollm2-135m-instruct-q4_1.gguf"),
+        ("gemma3-270m", "gemma-3-270m-q4_k_m.gguf"),
+    ] {
+        let (src, dir) = (real.join("gguf").join(file), real.join(ckpt));
+        if !src.exists() || !dir.exists() {
+            eprintln!("SKIP {ckpt}: missing in {}", real.display());
+            continue;
+        }
+        let a = tmp.path().join(format!("{ckpt}.gguf.mlb"));
+        let b = tmp.path().join(format!("{ckpt}.hf.mlb"));
+        let log = mlb_convert(&src, &a, &["--requantize", "q8_0"]).unwrap();
+        assert!(log.contains("requantized"), "{log}");
+        convert_ok(&dir, &b, &["--wtype", "q8_0", "--f16-scales"]);
+        let tok = gguf_tok::mlt_from_gguf_file(&src).unwrap();
+        let ids = Tokenizer::from_mlt(&tok)
+            .unwrap()
+            .encode("The capital of France is Paris. The largest planet of the solar system is");
+        let logits = |p: &Path| {
+            let m = Mlb::open(p).unwrap();
+            let model = Model::new(&m).unwrap();
+            crate::run::all_logits(&model, &Options::default(), &ids)
+        };
+        let (got, want) = (logits(&a), logits(&b));
+        let vocab = got.len() / ids.len();
+        let e = crate::run::nrmse(&got, &want);
+        let t = crate::run::top1(&got, &want, vocab);
+        eprintln!("{ckpt}: GGUF --requantize q8_0 vs checkpoint q8_0: nRMSE {e:.4}, top-1 {t:.3} over {} positions", ids.len());
+        assert!(e < 0.1 && t >= 0.9, "{ckpt}: nRMSE {e}, top-1 {t}");
+    }
+}

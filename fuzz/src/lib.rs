@@ -109,3 +109,57 @@ pub fn exercise_mlt(data: &[u8]) {
     let all: Vec<u32> = (0..t.n_vocab() as u32).take(4096).collect();
     std::hint::black_box(t.decode(&all));
 }
+
+/// Parses `data` as GGUF; if it parses, reads every metadata array and every tensor
+/// (dequantizing a first row of a readable type), builds the tokenizer from the
+/// metadata, and writes the file again: the same metadata must read back.
+pub fn exercise_gguf(data: &[u8]) {
+    use krafla::format::gguf::{self, dequant, MetaValue, TensorSpec};
+    let Ok(v) = gguf::parse(data) else { return };
+    let mut n = 0usize;
+    for kv in &v.kvs {
+        if let Some(a) = kv.value.as_array() {
+            n += a.iter().count();
+        }
+    }
+    for t in &v.tensors {
+        let d = v.data(t);
+        n += d.len();
+        let cols = t.cols() as usize;
+        if dequant::supported(t.ty) && cols <= 1 << 16 {
+            let mut row = vec![0f32; cols];
+            assert!(dequant::dequantize_row(t.ty, &d[..t.row_bytes() as usize], &mut row));
+            std::hint::black_box(&row);
+        }
+    }
+    std::hint::black_box(n);
+    let _ = krafla::convert::gguf_tok::mlt_from_gguf(&v);
+    let kvs: Vec<(String, MetaValue)> = v
+        .kvs
+        .iter()
+        .map(|k| (k.key.to_string(), MetaValue::from_value(&k.value)))
+        .collect();
+    let specs: Vec<TensorSpec> = v
+        .tensors
+        .iter()
+        .map(|t| TensorSpec { name: t.name.to_string(), dims: t.shape().to_vec(), ty: t.ty })
+        .collect();
+    // Strings that are not UTF-8 are written lossily; the rest reads back as it was.
+    let lossless = v.kvs.iter().all(|k| match k.value {
+        gguf::Value::Str(s) => std::str::from_utf8(s).is_ok(),
+        gguf::Value::Array(a) => a.iter().all(|x| !matches!(x, gguf::Value::Str(s) if std::str::from_utf8(s).is_err())),
+        _ => true,
+    });
+    let Ok(mut w) = gguf::GgufWriter::new(Vec::new(), &kvs, specs) else { return };
+    for t in &v.tensors {
+        w.write_data(v.data(t)).expect("sizes as parsed");
+    }
+    let bytes = w.finish().expect("every tensor written");
+    let back = gguf::parse(&bytes).expect("the writer's output parses");
+    if lossless {
+        assert_eq!(back.kvs, v.kvs, "metadata round-trips");
+    }
+    for (a, b) in v.tensors.iter().zip(&back.tensors) {
+        assert_eq!(v.data(a), back.data(b), "tensor data round-trips");
+    }
+}
