@@ -34,6 +34,7 @@ const FLOAT: &[(&str, &str)] = &[
     ("gemma2", "gemma2.bf16.gguf"),
     ("gemma3_text", "gemma3_text.bf16.gguf"),
     ("smollm3", "smollm3.f16.gguf"),
+    ("qwen3_5_text", "qwen3_5_text.bf16.gguf"),
 ];
 
 const QUANT: &[&str] = &["llama", "qwen3", "gemma3_text"];
@@ -653,8 +654,10 @@ fn gguf_export_round_trip_is_byte_identical() {
             }
         }
     }
-    // Every float fixture, requantized with f16 scales: the header mapping both ways.
-    for (name, file) in FLOAT {
+    // Every float fixture, requantized with f16 scales: the header mapping both ways
+    // (Qwen 3.5's fixture is refused: its 16-wide value heads would split blocks of
+    // ssm_out; the synthetic test below has 32-wide ones).
+    for (name, file) in FLOAT.iter().filter(|(n, _)| *n != "qwen3_5_text") {
         let a = tmp.path().join(format!("{name}.f.mlb"));
         let first = convert_ok(&gguf_dir().join(file), &a, &["--requantize", "q4_0", "--f16-scales"]);
         byte_mlt(&a.with_extension("mlt"));
@@ -743,5 +746,59 @@ fn gguf_real_models_requantized_run_like_their_checkpoints() {
         let t = crate::run::top1(&got, &want, vocab);
         eprintln!("{ckpt}: GGUF --requantize q8_0 vs checkpoint q8_0: nRMSE {e:.4}, top-1 {t:.3} over {} positions", ids.len());
         assert!(e < 0.1 && t >= 0.9, "{ckpt}: nRMSE {e}, top-1 {t}");
+    }
+}
+
+/// `A_log` arrays of `b` replaced by `a`'s where they differ by at most 2 ulps (llama.cpp
+/// stores −exp(A_log), read back as ln(−ssm_a)); any other difference is kept.
+fn a_log_within_ulps(a: &[u8], mut b: Vec<u8>) -> Vec<u8> {
+    let p = mlb::parse(a).unwrap();
+    for t in p.layout.tensors.iter().filter(|t| t.name.name == "A_log") {
+        let r = t.offset as usize..(t.offset + t.bytes) as usize;
+        for (x, y) in a[r.clone()].chunks_exact(4).zip(b[r.clone()].chunks_exact(4)) {
+            let (x, y) = (u32::from_le_bytes(x.try_into().unwrap()), u32::from_le_bytes(y.try_into().unwrap()));
+            assert!((x as i64 - y as i64).abs() <= 2, "{}: {} vs {}", t.name, f32::from_bits(x), f32::from_bits(y));
+        }
+        b[r.clone()].copy_from_slice(&a[r]);
+    }
+    b
+}
+
+#[test]
+fn gguf_export_round_trip_qwen35_synthetic() {
+    use krafla::format::mlb::header::{layer_flag, wtype};
+    use krafla::format::mlb::synth::{synth_file, tiny_header};
+    let tmp = tempfile::tempdir().unwrap();
+    for (q, seed) in [(wtype::Q8_0, 3), (wtype::Q4_0, 4)] {
+        let mut h = tiny_header();
+        h.vocab = 256;
+        h.n_layers = 3;
+        h.layer_flags = 1;
+        h.attn_gate = 1;
+        h.qk_norm = 1;
+        h.rot_dim = 8;
+        h.rope_theta = 1e8; // θ = 1e4 over head_dim / rot_dim = 2
+        h.lin_k_heads = 2;
+        h.lin_v_heads = 4;
+        h.lin_k_dim = 32;
+        h.lin_v_dim = 32;
+        h.lin_conv = 4;
+        h.scale_f16 = 1;
+        h.wtype = q;
+        let bytes = synth_file(&h, &[layer_flag::LINEAR, 0, layer_flag::LINEAR], seed);
+        let a = tmp.path().join(format!("q35.{q}.mlb"));
+        std::fs::write(&a, &bytes).unwrap();
+        byte_mlt(&a.with_extension("mlt"));
+        let x = tmp.path().join(format!("q35.{q}.gguf"));
+        mlb_export(&a, &x, &[]).unwrap();
+        let v = std::fs::read(&x).unwrap();
+        let g = gguf::parse(&v).unwrap();
+        assert_eq!(g.get("general.architecture").unwrap().as_str(), Some("qwen35"));
+        assert_eq!(g.tensor("blk.1.attn_q.weight").unwrap().shape(), &[64, 128]);
+        let b = tmp.path().join(format!("q35.{q}.again.mlb"));
+        let back = a_log_within_ulps(&bytes, convert_ok(&x, &b, &[]));
+        if let Some(d) = first_diff(&bytes, &back) {
+            panic!("wtype {q}: .mlb → GGUF → .mlb: {d}");
+        }
     }
 }

@@ -11,8 +11,101 @@
 //!   rows are Hugging Face's, and the converter applies the spec's permutation
 //!   (`permute.rs`) to whole rows, which moves quantized blocks without touching them.
 //! - Gemma and Qwen3.5 norms are stored as w + 1 by llama.cpp's converter, as in .mlb.
+//! - `qwen35`: llama.cpp's converter tiles the delta rule's value heads
+//!   (`_reorder_v_heads`), stores `ssm_a = −exp(A_log)` and the conv taps as [K, C];
+//!   the gather maps here undo that (A_log as ln(−ssm_a), exact to float rounding).
 
-use super::arch::Transform;
+/// How a GGUF tensor becomes a spec array (rows gathered, values changed).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Transform {
+    /// As stored.
+    Plain,
+    /// q/k rows (or bq/bk elements): the spec's RoPE permutation on NEOX architectures.
+    Rope,
+    /// q/k norm: permuted like the rows on NEOX architectures.
+    RopeNorm,
+    /// Qwen3.5's attn_q → wq: per head the first head_dim of 2·head_dim rows, permuted.
+    GateQuery,
+    /// Qwen3.5's attn_q → wg: per head the second head_dim rows.
+    GateGate,
+    /// Qwen3.5's attn_qkv: q and k rows as stored, value-head rows back to grouped order.
+    VQkv,
+    /// Rows in value heads of lin_v_dim (attn_gate → lz).
+    VHeads,
+    /// One element or row per value head (ssm_beta, ssm_alpha, ssm_dt.bias).
+    VScalar,
+    /// ssm_conv1d [K, C]: channels as VQkv's rows.
+    VConv,
+    /// ssm_a = −exp(A_log), per value head: A_log = ln(−ssm_a).
+    NegExpA,
+    /// ssm_out: columns in value heads back to grouped order.
+    VCols,
+}
+
+/// The dimensions the gathers of [`Transform`] need.
+#[derive(Debug, Clone, Copy)]
+pub struct Geometry {
+    pub head_dim: usize,
+    pub rot_dim: usize,
+    /// llama.cpp keeps q/k rows in rotate-half order (NEOX).
+    pub neox: bool,
+    /// Qwen3.5: key heads, value heads per key head, value head size, and the q/k rows
+    /// of attn_qkv (2·K·dk); 1, 1, 1, 0 without linear attention.
+    pub k_heads: usize,
+    pub per_k: usize,
+    pub v_dim: usize,
+    pub qk_rows: usize,
+}
+
+impl Transform {
+    /// The GGUF row (or element) holding the spec array's row `r`.
+    pub fn src_row(self, g: &Geometry, r: usize) -> usize {
+        use super::permute::RowMap;
+        let v = |x: usize, size: usize| v_head_src(x / size, g.k_heads, g.per_k) * size + x % size;
+        match self {
+            Rope | RopeNorm if g.neox => RowMap::Rope {
+                head_dim: g.head_dim,
+                rot: g.rot_dim,
+            }
+            .src(r),
+            GateQuery => RowMap::GateQuery {
+                head_dim: g.head_dim,
+                rot: g.rot_dim,
+            }
+            .src(r),
+            GateGate => RowMap::GateGate { head_dim: g.head_dim }.src(r),
+            VQkv | VConv if r >= g.qk_rows => g.qk_rows + v(r - g.qk_rows, g.v_dim),
+            VHeads => v(r, g.v_dim),
+            VScalar | NegExpA => v(r, 1),
+            _ => r,
+        }
+    }
+
+    /// Rows of the GGUF tensor behind `rows` spec rows.
+    pub fn src_rows(self, rows: usize) -> usize {
+        match self {
+            GateQuery | GateGate => 2 * rows,
+            _ => rows,
+        }
+    }
+
+    /// Whether rows are gathered (not row r from row r).
+    pub fn moves_rows(self, g: &Geometry) -> bool {
+        match self {
+            Rope | RopeNorm => g.neox,
+            GateQuery | GateGate | VQkv | VConv | VHeads | VScalar | NegExpA => true,
+            _ => false,
+        }
+    }
+
+    /// The GGUF column holding the spec array's column `c` (ssm_out).
+    pub fn src_col(self, g: &Geometry, c: usize) -> usize {
+        match self {
+            VCols => v_head_src(c / g.v_dim, g.k_heads, g.per_k) * g.v_dim + c % g.v_dim,
+            _ => c,
+        }
+    }
+}
 
 /// Tensor name of a spec array: per layer (`blk.N.` + suffix) or global.
 pub type GgufNames = &'static [(&'static str, &'static str, Transform)];
@@ -59,6 +152,53 @@ const GEMMA: GgufNames = &[
     ("post_ffn_norm", "post_ffw_norm.weight", Plain),
     ("final_norm", "output_norm.weight", Plain),
     ("wcls", "output.weight", Plain),
+];
+
+/// Qwen3.5: llama.cpp's converter tiles the value heads (v-major: for each value head
+/// of a key head, every key head), Hugging Face groups them (k-major). The GGUF value
+/// head holding Hugging Face's head `h`.
+pub fn v_head_src(h: usize, k_heads: usize, per_k: usize) -> usize {
+    (h % per_k) * k_heads + h / per_k
+}
+
+/// Qwen3.5: gated attention layers (q and gate rows interleaved per head in attn_q) and
+/// gated-delta-rule layers (llama.cpp's ssm_* tensors, value heads tiled).
+const QWEN35: GgufNames = &[
+    ("tok_emb", "token_embd.weight", Plain),
+    ("attn_norm", "attn_norm.weight", Plain),
+    ("wq", "attn_q.weight", GateQuery),
+    ("wk", "attn_k.weight", Rope),
+    ("wv", "attn_v.weight", Plain),
+    ("wo", "attn_output.weight", Plain),
+    ("wg", "attn_q.weight", GateGate),
+    ("q_norm", "attn_q_norm.weight", RopeNorm),
+    ("k_norm", "attn_k_norm.weight", RopeNorm),
+    ("lqkv", "attn_qkv.weight", VQkv),
+    ("lz", "attn_gate.weight", VHeads),
+    ("lb", "ssm_beta.weight", VScalar),
+    ("la", "ssm_alpha.weight", VScalar),
+    ("lconv", "ssm_conv1d.weight", VConv),
+    ("dt_bias", "ssm_dt.bias", VScalar),
+    ("A_log", "ssm_a", NegExpA),
+    ("lnorm", "ssm_norm.weight", Plain),
+    ("lout", "ssm_out.weight", VCols),
+    ("ffn_norm", "post_attention_norm.weight", Plain),
+    ("w1", "ffn_gate.weight", Plain),
+    ("w2", "ffn_down.weight", Plain),
+    ("w3", "ffn_up.weight", Plain),
+    ("final_norm", "output_norm.weight", Plain),
+    ("wcls", "output.weight", Plain),
+];
+
+const QWEN35_KEYS: &[&str] = &[
+    "rope.dimension_sections",
+    "ssm.conv_kernel",
+    "ssm.state_size",
+    "ssm.group_count",
+    "ssm.time_step_rank",
+    "ssm.inner_size",
+    "attention.recurrent_layers",
+    "full_attention_interval",
 ];
 
 /// How llama.cpp lays out q/k rows of an architecture.
@@ -198,6 +338,17 @@ pub const GGUF_ARCHS: &[GgufArch] = &[
         no_rope: NoRope::None,
         swa: Swa::Gemma3,
         keys: GEMMA3_KEYS,
+    },
+    // Interleaved multimodal RoPE (IMROPE) is NEOX on the rotated dimensions for text,
+    // whose three position components are equal.
+    GgufArch {
+        name: "qwen35",
+        krafla: "qwen3_5_text",
+        rows: RopeRows::RotateHalf,
+        names: QWEN35,
+        no_rope: NoRope::None,
+        swa: Swa::None,
+        keys: QWEN35_KEYS,
     },
 ];
 

@@ -31,11 +31,10 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
-use super::arch::{self, Transform};
-use super::config::{LayerKind, ModelDesc, RopeScaling};
+use super::arch;
+use super::config::{LayerKind, LinearDims, ModelDesc, RopeScaling};
 use super::error::{ConvertError, Result};
-use super::gguf_arch::{self, GgufArch, NoRope, RopeRows, Swa};
-use super::permute::RowMap;
+use super::gguf_arch::{self, GgufArch, NoRope, RopeRows, Swa, Transform};
 use super::{importance, load_imatrix, Options, Progress, Summary, WType, CHUNK_VALUES};
 use super::DEFAULT_Q4_Q8_MASK;
 use crate::atomic::AtomicFile;
@@ -244,7 +243,7 @@ fn describe(m: &Meta, ga: &'static GgufArch, notes: &mut Vec<String>) -> Result<
         Some(r) => usize_of(m, "rope.dimension_count", r)?,
         None => head_dim,
     };
-    if rot_dim != head_dim {
+    if rot_dim != head_dim && !arch.qwen35 {
         return Err(m.err(
             "rope.dimension_count",
             rot_dim,
@@ -252,6 +251,13 @@ fn describe(m: &Meta, ga: &'static GgufArch, notes: &mut Vec<String>) -> Result<
                 "partial rotary (head size {head_dim}) is not supported for {}",
                 ga.name
             ),
+        ));
+    }
+    if rot_dim == 0 || rot_dim > head_dim || rot_dim % 2 != 0 {
+        return Err(m.err(
+            "rope.dimension_count",
+            rot_dim,
+            format!("must be even and in 1..={head_dim}"),
         ));
     }
     let ctx = m.u64_req("context_length")?;
@@ -391,6 +397,91 @@ fn describe(m: &Meta, ga: &'static GgufArch, notes: &mut Vec<String>) -> Result<
             }
         }
     }
+    let mut linear = None;
+    if arch.qwen35 {
+        // Text positions: every mrope section rotates by the same position.
+        // ggml's interleaved sections: pair i takes section sector = i mod Σ; sector
+        // s % 3 = 0, 1, 2 rotates by position t, h, w below 3·section, else by the fourth
+        // position, 0 for text. Every rotated pair must get t, h or w.
+        if let Some(v) = m.get("rope.dimension_sections") {
+            let sec: Option<Vec<i64>> = v.as_array().and_then(|a| a.iter().map(|x| x.as_i64()).collect());
+            let sec = sec
+                .filter(|s| s.len() == 4 && s.iter().all(|&x| x >= 0))
+                .ok_or_else(|| m.err("rope.dimension_sections", v, "must be 4 non-negative integers"))?;
+            let sum: i64 = sec.iter().sum();
+            let covered = |i: i64| {
+                let s = if sum > 0 { i % sum } else { return false };
+                (s % 3 == 0 && s < 3 * sec[0]) || (s % 3 == 1 && s < 3 * sec[1]) || (s % 3 == 2 && s < 3 * sec[2])
+            };
+            if let Some(i) = (0..rot_dim as i64 / 2).find(|&i| !covered(i)) {
+                return Err(m.err(
+                    "rope.dimension_sections",
+                    v,
+                    format!("leaves rotary pair {i} unrotated for text (llama.cpp's fourth position is 0)"),
+                ));
+            }
+        }
+        let recurrent: Vec<bool> = match m.get("attention.recurrent_layers") {
+            Some(Value::Array(a)) if a.len == n_layers => a
+                .iter()
+                .map(|x| {
+                    x.as_bool()
+                        .ok_or_else(|| m.err("attention.recurrent_layers", Value::Array(a), "must hold booleans"))
+                })
+                .collect::<Result<_>>()?,
+            Some(v) => {
+                return Err(m.err(
+                    "attention.recurrent_layers",
+                    v,
+                    format!("must be {n_layers} booleans"),
+                ))
+            }
+            None => {
+                let p = m.u64_opt("full_attention_interval")?.unwrap_or(4);
+                if p == 0 {
+                    return Err(m.err("full_attention_interval", 0, "must be ≥ 1"));
+                }
+                (0..n_layers as u64).map(|i| (i + 1) % p != 0).collect()
+            }
+        };
+        let _ = m.get("full_attention_interval");
+        for (l, r) in layers.iter_mut().zip(&recurrent) {
+            l.linear = *r;
+        }
+        if recurrent.iter().any(|&r| r) {
+            let g = |k: &str| -> Result<usize> {
+                let v = m.u64_req(k)?;
+                usize::try_from(v).map_err(|_| m.err(k, v, "too large"))
+            };
+            let (k_heads, v_heads, k_dim, conv) = (
+                g("ssm.group_count")?,
+                g("ssm.time_step_rank")?,
+                g("ssm.state_size")?,
+                g("ssm.conv_kernel")?,
+            );
+            let inner = g("ssm.inner_size")?;
+            if v_heads == 0 || k_heads == 0 || v_heads % k_heads != 0 || inner != v_heads * k_dim {
+                return Err(m.err(
+                    "ssm.inner_size",
+                    inner,
+                    format!(
+                        "must be time_step_rank ({v_heads}) × state_size ({k_dim}), with group_count ({k_heads}) dividing time_step_rank (llama.cpp's value heads are key-head sized)"
+                    ),
+                ));
+            }
+            linear = Some(LinearDims {
+                k_heads,
+                v_heads,
+                k_dim,
+                v_dim: k_dim,
+                conv,
+            });
+        } else {
+            for k in ["ssm.conv_kernel", "ssm.state_size", "ssm.group_count", "ssm.time_step_rank", "ssm.inner_size"] {
+                let _ = m.get(k);
+            }
+        }
+    }
     let desc = ModelDesc {
         arch,
         wrapper: None,
@@ -414,7 +505,7 @@ fn describe(m: &Meta, ga: &'static GgufArch, notes: &mut Vec<String>) -> Result<
         attn_scale,
         attn_softcap,
         final_softcap,
-        linear: None,
+        linear,
         notes: Vec::new(),
     };
     Ok(Described { desc, consumed })
@@ -643,6 +734,10 @@ struct Source<'a> {
     t: &'a TensorInfo<'a>,
     /// Source row of each output row; `None`: row r is row r.
     rows_from: Option<Vec<usize>>,
+    /// Source column of each output column (Qwen3.5's ssm_out); `None`: as stored.
+    cols_from: Option<Vec<usize>>,
+    /// A_log = ln(−x) of each value (Qwen3.5's ssm_a).
+    neg_exp: bool,
     /// Output rows and elements per row (vectors: len × 1).
     rows: usize,
     row_len: usize,
@@ -725,7 +820,8 @@ pub fn run(opts: &Options, progress: &mut (dyn FnMut(Progress) + Send)) -> Resul
     header.wtype = wtype::Q4_0;
     header.scale_f16 = 1;
     let probe = probe_layout(path, &header, &flags)?;
-    let (wt, mask) = choose_types(path, &v, ga, &probe, opts)?;
+    let lin_v_dim = desc.linear.map_or(0, |l| l.v_dim);
+    let (wt, mask) = choose_types(path, &v, ga, &probe, opts, lin_v_dim)?;
     header.wtype = wt;
     header.q8_mask = mask;
     let layout = probe_layout(path, &header, &flags)?;
@@ -959,12 +1055,18 @@ fn choose_types(
     ga: &GgufArch,
     probe: &crate::format::mlb::Layout,
     opts: &Options,
+    lin_v_dim: usize,
 ) -> Result<(u32, u32)> {
-    // class value → GGUF types and the first tensor of each type.
-    let mut classes: Vec<(u32, Vec<(GgmlType, String)>)> = Vec::new();
+    // class value → (GGUF type, first tensor of that type, whether its blocks can be
+    // moved as they are).
+    type Entry = (GgmlType, String, bool);
+    let mut classes: Vec<(u32, Vec<Entry>)> = Vec::new();
     for t in &probe.tensors {
         let Kind::Mat { class, .. } = t.kind else { continue };
-        let (info, _) = source_of(path, v, ga, t)?;
+        let (info, tr) = source_of(path, v, ga, t)?;
+        // Qwen3.5's ssm_out columns move by value heads: whole blocks only when a head
+        // is a whole number of blocks.
+        let movable = tr != Transform::VCols || lin_v_dim % QK == 0;
         let entry = match classes.iter_mut().position(|(c, _)| *c == class) {
             Some(i) => &mut classes[i].1,
             None => {
@@ -972,8 +1074,8 @@ fn choose_types(
                 &mut classes.last_mut().expect("pushed").1
             }
         };
-        if !entry.iter().any(|(ty, _)| *ty == info.ty) {
-            entry.push((info.ty, info.name.to_string()));
+        if !entry.iter().any(|(ty, _, m)| *ty == info.ty && *m == movable) {
+            entry.push((info.ty, info.name.to_string(), movable));
         }
     }
     let req = opts.requantize;
@@ -984,21 +1086,26 @@ fn choose_types(
     let mut any_q4 = false;
     let mut mask = 0u32;
     for (class, types) in &classes {
-        let copyable = |ty: GgmlType| match ty {
-            GgmlType::Q8_0 => true,
-            GgmlType::Q4_0 => *class != 0,
-            _ => false,
+        let copyable = |e: &Entry| {
+            e.2 && match e.0 {
+                GgmlType::Q8_0 => true,
+                GgmlType::Q4_0 => *class != 0,
+                _ => false,
+            }
         };
-        let target = if types.len() == 1 && copyable(types[0].0) {
+        let target = if types.len() == 1 && copyable(&types[0]) {
             types[0].0
         } else {
             let Some(r) = req else {
-                let (ty, name) = types
+                let e = types
                     .iter()
-                    .find(|(ty, _)| !copyable(*ty))
-                    .or_else(|| types.iter().find(|(ty, _)| *ty == GgmlType::Q4_0))
+                    .find(|e| !copyable(e))
+                    .or_else(|| types.iter().find(|e| e.0 == GgmlType::Q4_0))
                     .expect("a class with more than one type has a non-copyable one");
-                let why = if copyable(*ty) {
+                let ty = e.0;
+                let why = if !e.2 {
+                    format!("{ty}: its columns move by value heads of {lin_v_dim}, which split the {QK}-value blocks")
+                } else if copyable(e) {
                     "its class (q8_mask) mixes Q4_0 and Q8_0 tensors".to_string()
                 } else if *class == 0 {
                     format!("{ty}: this matrix is always Q8_0 in the .mlb format")
@@ -1007,7 +1114,7 @@ fn choose_types(
                 };
                 return Err(ConvertError::tensor(
                     path,
-                    name,
+                    &e.1,
                     format!(
                         "{why}; convert with --requantize q8_0 or q4_0 to dequantize and quantize it again (not lossless)"
                     ),
@@ -1048,7 +1155,8 @@ fn plan<'a>(
     d: &ModelDesc,
     layout: &crate::format::mlb::Layout,
 ) -> Result<Vec<Option<Source<'a>>>> {
-    let (hd, rot) = (d.head_dim, d.rot_dim);
+    let g = geometry(d, ga);
+    let (dv, conv) = d.linear.map_or((1, 1), |l| (l.v_dim, l.conv));
     let mut out = Vec::with_capacity(layout.tensors.len());
     for t in &layout.tensors {
         if let Kind::U8 { .. } = t.kind {
@@ -1056,19 +1164,19 @@ fn plan<'a>(
             continue;
         }
         let (info, tr) = source_of(path, v, ga, t)?;
-        let (rows, row_len) = match t.kind {
-            Kind::Mat { rows, cols, .. } => (rows, cols),
-            Kind::F32 { len } => (len, 1),
-            Kind::U8 { .. } => unreachable!(),
+        let (rows, row_len) = match (t.kind, tr) {
+            (Kind::Mat { rows, cols, .. }, _) => (rows, cols),
+            (Kind::F32 { len }, Transform::VConv) => (len / conv, conv),
+            (Kind::F32 { len }, _) => (len, 1),
+            (Kind::U8 { .. }, _) => unreachable!(),
         };
-        let map = match (ga.rows, tr) {
-            (RopeRows::RotateHalf, Transform::Rope | Transform::RopeNorm) => {
-                RowMap::Rope { head_dim: hd, rot }
-            }
-            _ => RowMap::Identity,
-        };
-        let want: Vec<u64> = match t.kind {
-            Kind::Mat { .. } => vec![row_len as u64, rows as u64],
+        let src_rows = tr.src_rows(rows);
+        let rows_from: Option<Vec<usize>> =
+            tr.moves_rows(&g).then(|| (0..rows).map(|r| tr.src_row(&g, r)).collect());
+        let cols_from: Option<Vec<usize>> =
+            (tr == Transform::VCols).then(|| (0..row_len).map(|c| tr.src_col(&g, c)).collect());
+        let want: Vec<u64> = match (t.kind, tr) {
+            (Kind::Mat { .. }, _) | (_, Transform::VConv) => vec![row_len as u64, src_rows as u64],
             _ => vec![rows as u64],
         };
         if info.shape() != want.as_slice() {
@@ -1098,7 +1206,8 @@ fn plan<'a>(
                     (qtype, info.ty),
                     (QType::Q8_0, GgmlType::Q8_0) | (QType::Q4_0, GgmlType::Q4_0)
                 );
-                if same {
+                let movable = cols_from.is_none() || dv % QK == 0;
+                if same && movable {
                     Action::Copy
                 } else if dequant::supported(info.ty) {
                     Action::Requant
@@ -1112,10 +1221,11 @@ fn plan<'a>(
             }
             Kind::U8 { .. } => unreachable!(),
         };
-        let rows_from = (!map.is_identity()).then(|| (0..rows).map(|r| map.src(r)).collect());
         out.push(Some(Source {
             t: info,
             rows_from,
+            cols_from,
+            neg_exp: tr == Transform::NegExpA,
             rows,
             row_len,
             action,
@@ -1123,6 +1233,19 @@ fn plan<'a>(
         }));
     }
     Ok(out)
+}
+
+/// The gathers' dimensions of a model.
+pub(crate) fn geometry(d: &ModelDesc, ga: &GgufArch) -> gguf_arch::Geometry {
+    gguf_arch::Geometry {
+        head_dim: d.head_dim,
+        rot_dim: d.rot_dim,
+        neox: ga.rows == RopeRows::RotateHalf,
+        k_heads: d.linear.map_or(1, |l| l.k_heads),
+        per_k: d.linear.map_or(1, |l| l.v_heads / l.k_heads),
+        v_dim: d.linear.map_or(1, |l| l.v_dim),
+        qk_rows: d.linear.map_or(0, |l| 2 * l.k_heads * l.k_dim),
+    }
 }
 
 /// Appends output rows `rows` of `s` as f32 to `buf` (any type dequant reads).
@@ -1140,12 +1263,31 @@ fn read_floats(v: &GgufView, s: &Source, rows: std::ops::Range<usize>, buf: &mut
         for (o, r) in buf[start..].iter_mut().zip(rows) {
             *o = all[s.src(r)];
         }
-        return;
+    } else {
+        let mut tmp = vec![0f32; if s.cols_from.is_some() { s.row_len } else { 0 }];
+        for (o, r) in buf[start..].chunks_exact_mut(s.row_len).zip(rows) {
+            let src = s.src(r);
+            let row = &data[src * rb..(src + 1) * rb];
+            match &s.cols_from {
+                None => {
+                    let ok = dequant::dequantize_row(s.t.ty, row, o);
+                    debug_assert!(ok, "planned types are readable");
+                }
+                Some(cf) => {
+                    dequant::dequantize_row(s.t.ty, row, &mut tmp);
+                    for (x, &c) in o.iter_mut().zip(cf) {
+                        *x = tmp[c];
+                    }
+                }
+            }
+        }
     }
-    for (o, r) in buf[start..].chunks_exact_mut(s.row_len).zip(rows) {
-        let src = s.src(r);
-        let ok = dequant::dequantize_row(s.t.ty, &data[src * rb..(src + 1) * rb], o);
-        debug_assert!(ok, "planned types are readable");
+    if s.neg_exp {
+        // ssm_a = −exp(A_log): A_log = ln(−ssm_a); a non-negative ssm_a stays as a NaN
+        // for the finiteness check to name.
+        for x in &mut buf[start..] {
+            *x = if *x < 0.0 { (-(*x as f64)).ln() as f32 } else { f32::NAN };
+        }
     }
 }
 
@@ -1167,7 +1309,11 @@ fn copy_rows(
     let mut d16 = Vec::with_capacity(n * nb);
     for r in rows {
         let src = s.src(r);
-        for blk in data[src * rb..(src + 1) * rb].chunks_exact(2 + qb) {
+        let row = &data[src * rb..(src + 1) * rb];
+        for b in 0..nb {
+            // Columns moved by whole blocks (checked when planned).
+            let sb = s.cols_from.as_ref().map_or(b, |cf| cf[b * QK] / QK);
+            let blk = &row[sb * (2 + qb)..(sb + 1) * (2 + qb)];
             d16.push(u16::from_le_bytes([blk[0], blk[1]]));
             q.extend_from_slice(&blk[2..]);
         }

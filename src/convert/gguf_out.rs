@@ -15,13 +15,12 @@ use std::io::BufWriter;
 use std::path::{Path, PathBuf};
 
 use super::error::{ConvertError, Result};
-use super::gguf_arch::{self, GgufArch, NoRope, RopeRows, Swa};
+use super::gguf_arch::{self, GgufArch, NoRope, RopeRows, Swa, Transform};
 use super::gguf_tok;
-use super::permute::RowMap;
 use crate::atomic::AtomicFile;
 use crate::format::gguf::{GgmlType, GgufWriter, MetaValue, TensorSpec, ValueType};
 use crate::format::mlb::header::{act, layer_flag, rope_type, wtype};
-use crate::format::mlb::{Kind, Mlb, QType, Tensor, WriteError};
+use crate::format::mlb::{Kind, Mlb, QType, WriteError};
 use crate::format::mlt::Mlt;
 use crate::quant::QK;
 
@@ -35,6 +34,19 @@ pub struct ExportOptions {
     pub output: Option<PathBuf>,
     /// `general.name`; `None`: the file's stem.
     pub name: Option<String>,
+}
+
+/// One GGUF tensor: the (.mlb array, row) of each of its rows.
+struct Out {
+    spec: TensorSpec,
+    /// Empty for rope_freqs.
+    fill: Vec<(usize, usize)>,
+    row_len: usize,
+    mat: Option<QType>,
+    /// ssm_out: the .mlb block of each GGUF block of a row.
+    col_blocks: Option<Vec<usize>>,
+    /// ssm_a = −exp(A_log).
+    neg_exp: bool,
 }
 
 /// What was written.
@@ -54,7 +66,9 @@ fn field(input: &Path, f: &str, v: impl std::fmt::Display, msg: impl Into<String
 fn arch_of(m: &Mlb) -> &'static GgufArch {
     let h = m.header();
     let flags: Vec<u8> = (0..m.dims().n_layers).map(|l| m.layer_flags(l)).collect();
-    let name = if h.post_norms != 0 && h.qk_norm != 0 {
+    let name = if h.attn_gate != 0 || h.lin_k_heads != 0 {
+        "qwen3_5_text"
+    } else if h.post_norms != 0 && h.qk_norm != 0 {
         "gemma3_text"
     } else if h.post_norms != 0 {
         "gemma2"
@@ -89,17 +103,21 @@ pub fn export(opts: &ExportOptions) -> Result<ExportSummary> {
     })?;
     let h = *m.header();
     let d = *m.dims();
-    if h.lin_k_heads != 0 || h.attn_gate != 0 {
-        return Err(field(input, "lin_k_heads", h.lin_k_heads, "Qwen3.5 (gated attention, delta rule) export is not supported"));
-    }
     let ga = arch_of(&m);
     let a = ga.name;
     let key = |k: &str| format!("{a}.{k}");
     let flags: Vec<u8> = (0..d.n_layers).map(|l| m.layer_flags(l)).collect();
 
     // What llama.cpp computes on its own must be what the header says.
-    if h.rot_dim != 0 && h.rot_dim as usize != d.head_dim {
+    let qwen35 = a == "qwen35";
+    if h.rot_dim != 0 && h.rot_dim as usize != d.head_dim && !qwen35 {
         return Err(field(input, "rot_dim", h.rot_dim, format!("partial rotary cannot be expressed for {a}")));
+    }
+    if qwen35 && h.attn_gate == 0 {
+        return Err(field(input, "attn_gate", 0, "llama.cpp's qwen35 gates every attention layer"));
+    }
+    if qwen35 && h.lin_k_heads != 0 && h.lin_k_dim != h.lin_v_dim {
+        return Err(field(input, "lin_v_dim", h.lin_v_dim, format!("llama.cpp's qwen35 has value heads of the key head size ({})", h.lin_k_dim)));
     }
     let gemma = ga.swa != Swa::None;
     if gemma {
@@ -133,7 +151,7 @@ pub fn export(opts: &ExportOptions) -> Result<ExportSummary> {
         if flags.iter().any(|f| f & layer_flag::SLIDING != 0) || (h.sliding_window != 0 && h.layer_flags == 0) {
             return Err(field(input, "sliding_window", h.sliding_window, format!("llama.cpp's {a} has no sliding window")));
         }
-        if h.qk_norm != 0 && !matches!(a, "qwen3") {
+        if h.qk_norm != 0 && !matches!(a, "qwen3" | "qwen35") {
             return Err(field(input, "qk_norm", 1, format!("llama.cpp's {a} has no q/k norm")));
         }
     }
@@ -143,6 +161,18 @@ pub fn export(opts: &ExportOptions) -> Result<ExportSummary> {
             return Err(field(input, &format!("layer_flags[{l}]"), f, format!("llama.cpp's {a} has no RoPE exactly on every fourth layer")));
         }
     }
+
+    // The header stores a partial rotary's base as θ^(head_dim/rot_dim) (the spec's
+    // exponent); llama.cpp's is θ itself. Refused when it would not read back the same.
+    let rope_base = if d.rot_dim < d.head_dim {
+        let t = (h.rope_theta as f64).powf(d.rot_dim as f64 / d.head_dim as f64) as f32;
+        if ((t as f64).powf(d.head_dim as f64 / d.rot_dim as f64) as f32) != h.rope_theta {
+            return Err(field(input, "rope_theta", h.rope_theta, format!("not θ^({}/{}) of an f32 θ", d.head_dim, d.rot_dim)));
+        }
+        t
+    } else {
+        h.rope_theta
+    };
 
     // Metadata.
     let mut kv: Vec<(String, MetaValue)> = vec![
@@ -160,11 +190,11 @@ pub fn export(opts: &ExportOptions) -> Result<ExportSummary> {
         (key("feed_forward_length"), MetaValue::U32(h.hidden_dim)),
         (key("attention.head_count"), MetaValue::U32(h.n_heads)),
         (key("attention.head_count_kv"), MetaValue::U32(h.n_kv_heads)),
-        (key("rope.freq_base"), MetaValue::F32(h.rope_theta)),
+        (key("rope.freq_base"), MetaValue::F32(rope_base)),
         (key("attention.layer_norm_rms_epsilon"), MetaValue::F32(h.norm_eps)),
         (key("attention.key_length"), MetaValue::U32(d.head_dim as u32)),
         (key("attention.value_length"), MetaValue::U32(d.head_dim as u32)),
-        (key("rope.dimension_count"), MetaValue::U32(d.head_dim as u32)),
+        (key("rope.dimension_count"), MetaValue::U32(d.rot_dim as u32)),
         (key("vocab_size"), MetaValue::U32(h.vocab)),
     ];
     let mut rope_freqs = None;
@@ -260,6 +290,29 @@ pub fn export(opts: &ExportOptions) -> Result<ExportSummary> {
             return Err(field(input, "rope_type", h.rope_type, "gemma3: only linear scaling of the global layers"));
         }
     }
+    if qwen35 {
+        // Interleaved multimodal RoPE: three near-equal sections cover every rotated
+        // pair (llama.cpp's default [11, 11, 10] for 32 pairs); text positions are equal.
+        let n = d.rot_dim as i32 / 2;
+        let a0 = (n + 2) / 3;
+        let b0 = (n - a0 + 1) / 2;
+        kv.push((
+            key("rope.dimension_sections"),
+            MetaValue::Array(ValueType::I32, [a0, b0, n - a0 - b0, 0].into_iter().map(MetaValue::I32).collect()),
+        ));
+        let lin: Vec<bool> = flags.iter().map(|f| f & layer_flag::LINEAR != 0).collect();
+        kv.push((
+            key("attention.recurrent_layers"),
+            MetaValue::Array(ValueType::Bool, lin.iter().map(|&b| MetaValue::Bool(b)).collect()),
+        ));
+        if h.lin_k_heads != 0 {
+            kv.push((key("ssm.conv_kernel"), MetaValue::U32(h.lin_conv)));
+            kv.push((key("ssm.state_size"), MetaValue::U32(h.lin_k_dim)));
+            kv.push((key("ssm.group_count"), MetaValue::U32(h.lin_k_heads)));
+            kv.push((key("ssm.time_step_rank"), MetaValue::U32(h.lin_v_heads)));
+            kv.push((key("ssm.inner_size"), MetaValue::U32(h.lin_v_heads * h.lin_v_dim)));
+        }
+    }
     let ftype = if h.wtype == wtype::Q4_0 { 2 } else { 7 };
     kv.push(("general.file_type".into(), MetaValue::U32(ftype)));
     kv.push(("general.quantization_version".into(), MetaValue::U32(2)));
@@ -289,49 +342,94 @@ pub fn export(opts: &ExportOptions) -> Result<ExportSummary> {
         kv.push((k, v));
     }
 
-    // Tensors.
+    // Tensors: each GGUF tensor gathers its rows from one or more .mlb arrays (the
+    // inverse of the import's gathers; Qwen3.5's attn_q from wq and wg).
+    let g = super::gguf_arch::Geometry {
+        head_dim: d.head_dim,
+        rot_dim: d.rot_dim,
+        neox: ga.rows == RopeRows::RotateHalf,
+        k_heads: (h.lin_k_heads as usize).max(1),
+        per_k: if h.lin_k_heads != 0 { (h.lin_v_heads / h.lin_k_heads) as usize } else { 1 },
+        v_dim: (h.lin_v_dim as usize).max(1),
+        qk_rows: 2 * h.lin_k_heads as usize * h.lin_k_dim as usize,
+    };
     let layout = m.layout();
-    let mut plan: Vec<(TensorSpec, Option<&Tensor>, Option<Vec<usize>>)> = Vec::new();
+    let mut outs: Vec<Out> = Vec::new();
     if let Some(f) = &rope_freqs {
-        plan.push((TensorSpec::vector("rope_freqs.weight", f.len() as u64, GgmlType::F32), None, None));
+        outs.push(Out {
+            spec: TensorSpec::vector("rope_freqs.weight", f.len() as u64, GgmlType::F32),
+            fill: Vec::new(),
+            row_len: f.len(),
+            mat: None,
+            col_blocks: None,
+            neg_exp: false,
+        });
     }
-    for t in &layout.tensors {
+    for (idx, t) in layout.tensors.iter().enumerate() {
         let (name, tr) = match t.kind {
             Kind::U8 { .. } => continue,
             _ => ga.tensor_name(t.name.name, t.name.layer).ok_or_else(|| {
                 field(input, &t.name.to_string(), "", format!("no {a} tensor for it"))
             })?,
         };
-        let spec = match t.kind {
-            Kind::F32 { len } => TensorSpec::vector(name, len as u64, GgmlType::F32),
-            Kind::Mat { qtype, rows, cols, .. } => TensorSpec::matrix(
-                name,
-                rows as u64,
-                cols as u64,
-                if qtype == QType::Q8_0 { GgmlType::Q8_0 } else { GgmlType::Q4_0 },
-            ),
-            Kind::U8 { .. } => unreachable!(),
+        let (rows, row_len, mat) = match (t.kind, tr) {
+            (Kind::Mat { qtype, rows, cols, .. }, _) => (rows, cols, Some(qtype)),
+            (Kind::F32 { len }, Transform::VConv) => (len / h.lin_conv as usize, h.lin_conv as usize, None),
+            (Kind::F32 { len }, _) => (len, 1, None),
+            (Kind::U8 { .. }, _) => unreachable!(),
         };
-        // GGUF row j holds .mlb row r where map.src(r) = j (the inverse gather).
-        let rows = match t.kind {
-            Kind::Mat { rows, .. } => rows,
-            Kind::F32 { len } => len,
-            Kind::U8 { .. } => 0,
-        };
-        let inverse = match (ga.rows, tr) {
-            (RopeRows::RotateHalf, super::arch::Transform::Rope | super::arch::Transform::RopeNorm) => {
-                let map = RowMap::Rope { head_dim: d.head_dim, rot: d.rot_dim };
-                let mut inv = vec![0usize; rows];
-                for (r, slot) in (0..rows).map(|r| (r, map.src(r))) {
-                    inv[slot] = r;
-                }
-                Some(inv)
+        let g_rows = tr.src_rows(rows);
+        let at = match outs.iter().position(|o| o.spec.name == name) {
+            Some(i) => i,
+            None => {
+                let spec = match mat {
+                    Some(q) => TensorSpec::matrix(
+                        name.clone(),
+                        g_rows as u64,
+                        row_len as u64,
+                        if q == QType::Q8_0 { GgmlType::Q8_0 } else { GgmlType::Q4_0 },
+                    ),
+                    None if row_len > 1 => TensorSpec::matrix(name.clone(), g_rows as u64, row_len as u64, GgmlType::F32),
+                    None => TensorSpec::vector(name.clone(), g_rows as u64, GgmlType::F32),
+                };
+                let col_blocks = if tr == Transform::VCols {
+                    if mat.is_some() && g.v_dim % QK != 0 {
+                        return Err(field(input, &t.name.to_string(), format!("value heads of {}", g.v_dim),
+                            format!("llama.cpp's column order moves value heads, which would split the {QK}-value blocks")));
+                    }
+                    // GGUF block j holds the .mlb block whose first column lands there.
+                    let nb = row_len / QK;
+                    let mut inv = vec![0usize; nb];
+                    for b in 0..nb {
+                        inv[tr.src_col(&g, b * QK) / QK] = b;
+                    }
+                    Some(inv)
+                } else {
+                    None
+                };
+                outs.push(Out {
+                    spec,
+                    fill: vec![(usize::MAX, 0); g_rows],
+                    row_len,
+                    mat,
+                    col_blocks,
+                    neg_exp: tr == Transform::NegExpA,
+                });
+                outs.len() - 1
             }
-            _ => None,
         };
-        plan.push((spec, Some(t), inverse));
+        let o = &mut outs[at];
+        if o.mat != mat || o.row_len != row_len || o.fill.len() != g_rows {
+            return Err(field(input, &t.name.to_string(), "", format!("does not fit {name} beside the arrays already in it")));
+        }
+        for r in 0..rows {
+            o.fill[tr.src_row(&g, r)] = (idx, r);
+        }
     }
-    let specs: Vec<TensorSpec> = plan.iter().map(|(s, _, _)| s.clone()).collect();
+    if let Some(o) = outs.iter().find(|o| o.fill.iter().any(|&(i, _)| i == usize::MAX)) {
+        return Err(field(input, &o.spec.name, "", "not every row has a source"));
+    }
+    let specs: Vec<TensorSpec> = outs.iter().map(|o| o.spec.clone()).collect();
 
     let out = opts.output.clone().unwrap_or_else(|| input.with_extension("gguf"));
     if super::gguf_in::same_file(&out, input) || super::gguf_in::same_file(&out, &tok_path) {
@@ -344,39 +442,37 @@ pub fn export(opts: &ExportOptions) -> Result<ExportSummary> {
     };
     {
         let mut w = GgufWriter::new(BufWriter::with_capacity(1 << 20, &mut file), &kv, specs).map_err(werr)?;
-        for (spec, t, inverse) in &plan {
-            let Some(t) = t else {
+        let mut buf = Vec::new();
+        for o in &outs {
+            if o.fill.is_empty() {
                 let f = rope_freqs.as_ref().expect("rope_freqs planned");
                 let b: Vec<u8> = f.iter().flat_map(|x| x.to_le_bytes()).collect();
                 w.write_data(&b).map_err(werr)?;
                 continue;
-            };
-            let idx = layout.tensors.iter().position(|x| x.name == t.name).expect("from the layout");
-            match t.kind {
-                Kind::F32 { .. } => {
-                    let x = m.f32s(idx);
-                    let b: Vec<u8> = match inverse {
-                        Some(inv) => inv.iter().flat_map(|&r| x[r].to_le_bytes()).collect(),
-                        None => x.iter().flat_map(|v| v.to_le_bytes()).collect(),
-                    };
-                    w.write_data(&b).map_err(werr)?;
-                }
-                Kind::Mat { qtype, rows, cols, .. } => {
-                    let (_, _, _, q) = m.mat_quants(idx);
-                    let f16 = m.mat_f16(idx);
-                    let f32s = if f16.is_none() { Some(m.mat(idx).d.to_vec()) } else { None };
-                    let nb = cols / QK;
-                    let qb = qtype.block_bytes() as usize;
-                    let qrow = nb * qb;
-                    let mut buf = Vec::with_capacity(nb * (2 + qb));
-                    for j in 0..rows {
-                        let r = inverse.as_ref().map_or(j, |inv| inv[j]);
-                        buf.clear();
-                        for b in 0..nb {
-                            let bits = match (&f16, &f32s) {
-                                (Some(s), _) => s[r * nb + b],
-                                (None, Some(s)) => {
-                                    let x = s[r * nb + b];
+            }
+            for &(idx, r) in &o.fill {
+                buf.clear();
+                let t = &layout.tensors[idx];
+                match o.mat {
+                    None => {
+                        let x = &m.f32s(idx)[r * o.row_len..(r + 1) * o.row_len];
+                        for &v in x {
+                            let v = if o.neg_exp { neg_exp(v) } else { v };
+                            buf.extend_from_slice(&v.to_le_bytes());
+                        }
+                    }
+                    Some(qtype) => {
+                        let (_, _, cols, q) = m.mat_quants(idx);
+                        let nb = cols / QK;
+                        let qb = qtype.block_bytes() as usize;
+                        let qrow = nb * qb;
+                        let f16 = m.mat_f16(idx);
+                        for j in 0..nb {
+                            let b = o.col_blocks.as_ref().map_or(j, |cb| cb[j]);
+                            let bits = match f16 {
+                                Some(s) => s[r * nb + b],
+                                None => {
+                                    let x = m.mat(idx).d[r * nb + b];
                                     let hb = half::f16::from_f32(x);
                                     if hb.to_f32() != x {
                                         return Err(ConvertError::tensor(
@@ -387,16 +483,13 @@ pub fn export(opts: &ExportOptions) -> Result<ExportSummary> {
                                     }
                                     hb.to_bits()
                                 }
-                                _ => unreachable!(),
                             };
                             buf.extend_from_slice(&bits.to_le_bytes());
                             buf.extend_from_slice(&q[r * qrow + b * qb..r * qrow + (b + 1) * qb]);
                         }
-                        w.write_data(&buf).map_err(werr)?;
                     }
-                    let _ = spec;
                 }
-                Kind::U8 { .. } => unreachable!(),
+                w.write_data(&buf).map_err(werr)?;
             }
         }
         w.finish()
@@ -408,7 +501,27 @@ pub fn export(opts: &ExportOptions) -> Result<ExportSummary> {
     Ok(ExportSummary {
         output: out.clone(),
         arch: a,
-        tensors: plan.len(),
+        tensors: outs.len(),
         file_bytes: std::fs::metadata(&out).map(|x| x.len()).unwrap_or(0),
     })
+}
+
+/// ssm_a = −exp(A_log), as llama.cpp's converter computes it in f32; of the floats
+/// within two ulps of it, the nearest one whose ln(−a) (how the import reads it) is
+/// A_log again, so that the round trip keeps A_log's bits where such a float exists.
+fn neg_exp(x: f32) -> f32 {
+    let a = -x.exp();
+    if !a.is_finite() || a == 0.0 {
+        return a;
+    }
+    let back = |a: f32| (-(a as f64)).ln() as f32 == x;
+    let exact = -(x as f64).exp();
+    let mut best: Option<f32> = None;
+    for k in -2i32..=2 {
+        let c = f32::from_bits((a.to_bits() as i64 + k as i64) as u32);
+        if back(c) && best.is_none_or(|b| (c as f64 - exact).abs() < (b as f64 - exact).abs()) {
+            best = Some(c);
+        }
+    }
+    best.unwrap_or(a)
 }
