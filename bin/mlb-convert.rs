@@ -168,7 +168,11 @@ fn main() -> ExitCode {
                 "{}: {} {}, {:.1}M parameters, {:.1} MB, {:.2} bits/weight{rule}, {:.1} s",
                 s.output.display(),
                 s.arch,
-                if s.header.wtype == krafla::format::mlb::header::wtype::Q4_0 { "q4_0" } else { "q8_0" },
+                if s.header.wtype == krafla::format::mlb::header::wtype::Q4_0 {
+                    "q4_0"
+                } else {
+                    "q8_0"
+                },
                 s.params as f64 / 1e6,
                 s.file_bytes as f64 / 1e6,
                 s.bits_per_weight(),

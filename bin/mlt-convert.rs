@@ -36,7 +36,12 @@ fn main() -> ExitCode {
         eos: a.eos,
     };
     let res = if krafla::convert::gguf_in::is_gguf_file(&a.input) {
-        krafla::convert::gguf_tok::convert_file(&a.input, &a.output, opts.bos.as_deref(), opts.eos.as_deref())
+        krafla::convert::gguf_tok::convert_file(
+            &a.input,
+            &a.output,
+            opts.bos.as_deref(),
+            opts.eos.as_deref(),
+        )
     } else {
         convert_file(&a.input, &a.output, &opts)
     };

@@ -132,13 +132,20 @@ fn llama_cpp_view(name: &str, mut hf: Vec<u8>, gguf_mlb: &[u8]) -> Vec<u8> {
     let mut h = header_of(&hf);
     let g = header_of(gguf_mlb);
     let set_flags = |hf: &mut Vec<u8>, from: &[u8], to: &[u8]| {
-        assert_eq!(&hf[HEADER_SIZE..HEADER_SIZE + from.len()], from, "{name}: HF flags");
+        assert_eq!(
+            &hf[HEADER_SIZE..HEADER_SIZE + from.len()],
+            from,
+            "{name}: HF flags"
+        );
         hf[HEADER_SIZE..HEADER_SIZE + to.len()].copy_from_slice(to);
     };
     match name {
         // query_pre_attn_scalar is not in the GGUF: llama.cpp uses 1/sqrt(head_dim).
         "gemma2" | "gemma3_text" => {
-            assert_ne!(h.attn_scale, 0.25, "{name}: the fixture tests a different scale");
+            assert_ne!(
+                h.attn_scale, 0.25,
+                "{name}: the fixture tests a different scale"
+            );
             h.attn_scale = 0.25;
         }
         // llama.cpp's llama architecture has no sliding window.
@@ -175,7 +182,10 @@ fn gguf_float_requantized_equals_hf_conversion() {
     let mut failures = Vec::new();
     for (name, file) in FLOAT {
         let dir = testdata().join("models").join(name);
-        for (q, hf_args) in [("q8_0", vec!["--wtype", "q8_0"]), ("q4_0", vec!["--wtype", "q4_0"])] {
+        for (q, hf_args) in [
+            ("q8_0", vec!["--wtype", "q8_0"]),
+            ("q4_0", vec!["--wtype", "q4_0"]),
+        ] {
             let a = tmp.path().join(format!("{name}.{q}.gguf.mlb"));
             let b = tmp.path().join(format!("{name}.{q}.hf.mlb"));
             let got = convert_ok(&gguf_dir().join(file), &a, &["--requantize", q]);
@@ -203,7 +213,15 @@ fn gguf_q4_0_blocks_copied_equal_hf_round_rule() {
         let hf = convert_ok(
             &dir,
             &b,
-            &["--wtype", "q4_0", "--q4-rule", "round", "--f16-scales", "--q8", "none"],
+            &[
+                "--wtype",
+                "q4_0",
+                "--q4-rule",
+                "round",
+                "--f16-scales",
+                "--q8",
+                "none",
+            ],
         );
         let want = llama_cpp_view(name, hf, &got);
         if let Some(d) = first_diff(&got, &want) {
@@ -270,9 +288,11 @@ fn gguf_q8_0_blocks_copied_are_exact() {
         // rule with f16 scales, give back the same blocks: d = amax / 127 of a block
         // whose largest quant is ±127 is the stored d, and each q·d rounds to q.
         let bytes = std::fs::read(&src).unwrap();
-        let f32s = rewrite(&bytes, |_| {}, |_, ty, _, data| {
-            (ty == GgmlType::Q8_0).then(|| (GgmlType::F32, q8_to_f32(data)))
-        });
+        let f32s = rewrite(
+            &bytes,
+            |_| {},
+            |_, ty, _, data| (ty == GgmlType::Q8_0).then(|| (GgmlType::F32, q8_to_f32(data))),
+        );
         let fsrc = tmp.path().join(format!("{name}.dequantized.gguf"));
         std::fs::write(&fsrc, f32s).unwrap();
         let b = tmp.path().join(format!("{name}.requant.mlb"));
@@ -351,29 +371,64 @@ fn gguf_refusals_name_the_key_or_tensor() {
     let e = refusal(&base[..200], &[]);
     assert!(e.contains("in.gguf") && e.contains("ML_E_FORMAT"), "{e}");
     // Unknown architecture.
-    let b = rewrite(&base, |k| set_kv(k, "general.architecture", MetaValue::Str("mamba".into())), same);
+    let b = rewrite(
+        &base,
+        |k| set_kv(k, "general.architecture", MetaValue::Str("mamba".into())),
+        same,
+    );
     let e = refusal(&b, &[]);
     assert!(e.contains("general.architecture = mamba"), "{e}");
     // A key that may change the math.
-    let b = rewrite(&base, |k| set_kv(k, "llama.expert_count", MetaValue::U32(8)), same);
+    let b = rewrite(
+        &base,
+        |k| set_kv(k, "llama.expert_count", MetaValue::U32(8)),
+        same,
+    );
     let e = refusal(&b, &[]);
-    assert!(e.contains("llama.expert_count = 8") && e.contains("unknown key"), "{e}");
+    assert!(
+        e.contains("llama.expert_count = 8") && e.contains("unknown key"),
+        "{e}"
+    );
     // A yarn key llama.cpp ignores for this architecture.
-    let b = rewrite(&base, |k| {
-        set_kv(k, "llama.rope.scaling.type", MetaValue::Str("yarn".into()));
-        set_kv(k, "llama.rope.scaling.factor", MetaValue::F32(4.0));
-        set_kv(k, "llama.rope.scaling.yarn_beta_fast", MetaValue::F32(16.0));
-    }, same);
+    let b = rewrite(
+        &base,
+        |k| {
+            set_kv(k, "llama.rope.scaling.type", MetaValue::Str("yarn".into()));
+            set_kv(k, "llama.rope.scaling.factor", MetaValue::F32(4.0));
+            set_kv(k, "llama.rope.scaling.yarn_beta_fast", MetaValue::F32(16.0));
+        },
+        same,
+    );
     let e = refusal(&b, &[]);
     assert!(e.contains("llama.rope.scaling.yarn_beta_fast = 16"), "{e}");
     // Unsupported RoPE scaling.
-    let b = rewrite(&base, |k| set_kv(k, "llama.rope.scaling.type", MetaValue::Str("longrope".into())), same);
+    let b = rewrite(
+        &base,
+        |k| {
+            set_kv(
+                k,
+                "llama.rope.scaling.type",
+                MetaValue::Str("longrope".into()),
+            )
+        },
+        same,
+    );
     assert!(refusal(&b, &[]).contains("llama.rope.scaling.type = \"longrope\""));
     // Per-layer values that differ.
-    let b = rewrite(&base, |k| {
-        set_kv(k, "llama.attention.head_count_kv", MetaValue::Array(
-            gguf::ValueType::U32, vec![MetaValue::U32(2), MetaValue::U32(1)]))
-    }, same);
+    let b = rewrite(
+        &base,
+        |k| {
+            set_kv(
+                k,
+                "llama.attention.head_count_kv",
+                MetaValue::Array(
+                    gguf::ValueType::U32,
+                    vec![MetaValue::U32(2), MetaValue::U32(1)],
+                ),
+            )
+        },
+        same,
+    );
     assert!(refusal(&b, &[]).contains("llama.attention.head_count_kv"));
     // A split file.
     let b = rewrite(&base, |k| set_kv(k, "split.count", MetaValue::U16(2)), same);
@@ -382,10 +437,26 @@ fn gguf_refusals_name_the_key_or_tensor() {
     let mut extra = rewrite(&base, |_| {}, same);
     {
         let v = gguf::parse(&extra).unwrap();
-        let kvs: Vec<_> = v.kvs.iter().map(|k| (k.key.to_string(), MetaValue::from_value(&k.value))).collect();
-        let mut specs: Vec<TensorSpec> = v.tensors.iter().map(|t| TensorSpec { name: t.name.into(), dims: t.shape().to_vec(), ty: t.ty }).collect();
+        let kvs: Vec<_> = v
+            .kvs
+            .iter()
+            .map(|k| (k.key.to_string(), MetaValue::from_value(&k.value)))
+            .collect();
+        let mut specs: Vec<TensorSpec> = v
+            .tensors
+            .iter()
+            .map(|t| TensorSpec {
+                name: t.name.into(),
+                dims: t.shape().to_vec(),
+                ty: t.ty,
+            })
+            .collect();
         let mut datas: Vec<Vec<u8>> = v.tensors.iter().map(|t| v.data(t).to_vec()).collect();
-        specs.push(TensorSpec::vector("blk.0.attn_output.bias", 64, GgmlType::F32));
+        specs.push(TensorSpec::vector(
+            "blk.0.attn_output.bias",
+            64,
+            GgmlType::F32,
+        ));
         datas.push(vec![0; 256]);
         let mut w = GgufWriter::new(Vec::new(), &kvs, specs).unwrap();
         for d in &datas {
@@ -394,9 +465,16 @@ fn gguf_refusals_name_the_key_or_tensor() {
         extra = w.finish().unwrap();
     }
     let e = refusal(&extra, &[]);
-    assert!(e.contains("blk.0.attn_output.bias") && e.contains("not used"), "{e}");
+    assert!(
+        e.contains("blk.0.attn_output.bias") && e.contains("not used"),
+        "{e}"
+    );
     // Wrong shape.
-    let b = rewrite(&base, |k| set_kv(k, "llama.feed_forward_length", MetaValue::U32(96)), same);
+    let b = rewrite(
+        &base,
+        |k| set_kv(k, "llama.feed_forward_length", MetaValue::U32(96)),
+        same,
+    );
     assert!(refusal(&b, &[]).contains("blk.0.ffn_gate.weight"));
 }
 
@@ -425,28 +503,47 @@ fn gguf_mixed_types_map_to_q8_mask_or_need_requantize() {
     let q8 = std::fs::read(gguf_dir().join("llama.q8_0.gguf")).unwrap();
     let v8 = gguf::parse(&q8).unwrap();
     let emb8 = v8.data(v8.tensor("token_embd.weight").unwrap()).to_vec();
-    let mixed = rewrite(&q4, |_| {}, |name, _, shape, _| match name {
-        "token_embd.weight" => Some((GgmlType::Q8_0, emb8.clone())),
-        "output.weight" => Some((GgmlType::Q5_0, q5_0_blocks(shape[1] as usize, shape[0] as usize))),
-        _ => None,
-    });
+    let mixed = rewrite(
+        &q4,
+        |_| {},
+        |name, _, shape, _| match name {
+            "token_embd.weight" => Some((GgmlType::Q8_0, emb8.clone())),
+            "output.weight" => Some((
+                GgmlType::Q5_0,
+                q5_0_blocks(shape[1] as usize, shape[0] as usize),
+            )),
+            _ => None,
+        },
+    );
     let e = refusal(&mixed, &[]);
-    assert!(e.contains("output.weight") && e.contains("Q5_0") && e.contains("--requantize"), "{e}");
+    assert!(
+        e.contains("output.weight") && e.contains("Q5_0") && e.contains("--requantize"),
+        "{e}"
+    );
     let tmp = tempfile::tempdir().unwrap();
     let src = tmp.path().join("mixed.gguf");
     std::fs::write(&src, &mixed).unwrap();
     let out = tmp.path().join("mixed.mlb");
     let log = mlb_convert(&src, &out, &["--requantize", "q8_0"]).unwrap();
-    assert!(log.contains("requantized 1 tensor(s)") && log.contains("output.weight (Q5_0)"), "{log}");
+    assert!(
+        log.contains("requantized 1 tensor(s)") && log.contains("output.weight (Q5_0)"),
+        "{log}"
+    );
     let h = header_of(&std::fs::read(&out).unwrap());
     use krafla::format::mlb::header::q8_class;
-    assert_eq!((h.wtype, h.q8_mask, h.scale_f16), (2, q8_class::TOK_EMB | q8_class::WCLS, 1));
+    assert_eq!(
+        (h.wtype, h.q8_mask, h.scale_f16),
+        (2, q8_class::TOK_EMB | q8_class::WCLS, 1)
+    );
     // The embedding rows are the Q8_0 file's blocks, copied.
     let m = mlb::parse(&std::fs::read(&out).unwrap()).unwrap();
     let t = m.layout.find("tok_emb").unwrap();
     let bytes = std::fs::read(&out).unwrap();
     let q = &bytes[t.offset as usize..(t.offset + t.bytes) as usize];
-    let want: Vec<u8> = emb8.chunks_exact(34).flat_map(|b| b[2..].to_vec()).collect();
+    let want: Vec<u8> = emb8
+        .chunks_exact(34)
+        .flat_map(|b| b[2..].to_vec())
+        .collect();
     assert_eq!(q, &want[..]);
 }
 
@@ -456,11 +553,20 @@ fn gguf_dequantizers_match_gguf_py() {
     let v = gguf::parse(&bytes).unwrap();
     let mut seen = 0;
     for t in &v.tensors {
-        let Some(ty) = t.name.strip_suffix(".blocks") else { continue };
+        let Some(ty) = t.name.strip_suffix(".blocks") else {
+            continue;
+        };
         let e = v.tensor(&format!("{ty}.expected")).unwrap();
-        let want: Vec<f32> = v.data(e).chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
+        let want: Vec<f32> = v
+            .data(e)
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect();
         let mut got = vec![0f32; want.len()];
-        assert!(gguf::dequant::dequantize_row(t.ty, v.data(t), &mut got), "{ty}");
+        assert!(
+            gguf::dequant::dequantize_row(t.ty, v.data(t), &mut got),
+            "{ty}"
+        );
         for (i, (a, b)) in got.iter().zip(&want).enumerate() {
             assert_eq!(a.to_bits(), b.to_bits(), "{ty} element {i}: {a} vs {b}");
         }
@@ -478,7 +584,9 @@ use krafla::tokenizer::{from_hf, Tokenizer};
 use std::str::FromStr;
 
 fn real_gguf(name: &str) -> Option<PathBuf> {
-    let d = PathBuf::from(std::env::var_os("KRAFLA_REAL_DIR")?).join("gguf").join(name);
+    let d = PathBuf::from(std::env::var_os("KRAFLA_REAL_DIR")?)
+        .join("gguf")
+        .join(name);
     d.exists().then_some(d)
 }
 
@@ -490,14 +598,29 @@ fn check_against_hf(name: &str, m: &Mlt, json: &str) {
     let hf = tokenizers::Tokenizer::from_str(json).expect("oracle loads");
     assert_eq!(ours.n_vocab(), hf.get_vocab_size(true), "{name}: n_vocab");
     let mut cases = corpus();
-    cases.extend(added_cases(m).into_iter().enumerate().map(|(i, t)| (format!("added {i}"), t)));
-    cases.extend(fuzz_cases(3000).into_iter().enumerate().map(|(i, t)| (format!("fuzz {i}"), t)));
+    cases.extend(
+        added_cases(m)
+            .into_iter()
+            .enumerate()
+            .map(|(i, t)| (format!("added {i}"), t)),
+    );
+    cases.extend(
+        fuzz_cases(3000)
+            .into_iter()
+            .enumerate()
+            .map(|(i, t)| (format!("fuzz {i}"), t)),
+    );
     let r = compare(name, &ours, &hf, &cases);
     eprintln!("{name}: {} cases, {} differences", r.cases, r.diffs.len());
     for d in r.diffs.iter().take(10) {
         eprintln!("  {d}");
     }
-    assert!(r.diffs.is_empty(), "{name}: {} of {} cases differ", r.diffs.len(), r.cases);
+    assert!(
+        r.diffs.is_empty(),
+        "{name}: {} of {} cases differ",
+        r.diffs.len(),
+        r.cases
+    );
 }
 
 #[test]
@@ -526,7 +649,11 @@ fn gguf_real_tokenizers_match_hf() {
     // SmolLM2: pre-tokenizer "smollm" splits digits first, as SmolLM's own
     // tokenizer.json does (the one transformers writes from the GGUF drops that step).
     let m = gguf_tok::mlt_from_gguf_file(&smol).unwrap();
-    check_against_hf("smollm2 (GGUF)", &m, &gunzip("smollm2.tokenizer.digits-split.json.gz"));
+    check_against_hf(
+        "smollm2 (GGUF)",
+        &m,
+        &gunzip("smollm2.tokenizer.digits-split.json.gz"),
+    );
     let m = gguf_tok::mlt_from_gguf_file(&gemma).unwrap();
     check_against_hf("gemma3 (GGUF)", &m, &gunzip("gemma3.tokenizer.json.gz"));
 }
@@ -535,17 +662,38 @@ fn gguf_real_tokenizers_match_hf() {
 fn gguf_tokenizer_metadata_round_trips() {
     use crate::tokenizer::gunzip;
     for (name, json, cfg, arch) in [
-        ("default", std::fs::read_to_string(testdata().join("default/tokenizer.json")).unwrap(),
-            Some(std::fs::read_to_string(testdata().join("default/tokenizer_config.json")).unwrap()), "llama"),
-        ("smollm2", gunzip("smollm2.tokenizer.digits-split.json.gz"), None, "llama"),
+        (
+            "default",
+            std::fs::read_to_string(testdata().join("default/tokenizer.json")).unwrap(),
+            Some(
+                std::fs::read_to_string(testdata().join("default/tokenizer_config.json")).unwrap(),
+            ),
+            "llama",
+        ),
+        (
+            "smollm2",
+            gunzip("smollm2.tokenizer.digits-split.json.gz"),
+            None,
+            "llama",
+        ),
         ("qwen3", gunzip("qwen3.tokenizer.json.gz"), None, "qwen3"),
         ("llama3", gunzip("llama3.tokenizer.json.gz"), None, "llama"),
-        ("gemma3", gunzip("gemma3.tokenizer.json.gz"),
-            Some(std::fs::read_to_string(testdata().join("tokenizers/gemma3.tokenizer_config.json")).unwrap()), "gemma3"),
+        (
+            "gemma3",
+            gunzip("gemma3.tokenizer.json.gz"),
+            Some(
+                std::fs::read_to_string(testdata().join("tokenizers/gemma3.tokenizer_config.json"))
+                    .unwrap(),
+            ),
+            "gemma3",
+        ),
     ] {
         let m = from_hf::convert(&json, cfg.as_deref(), &from_hf::Options::default()).unwrap();
         let kvs = gguf_tok::gguf_tokenizer_kvs(&m, arch).unwrap_or_else(|e| panic!("{name}: {e}"));
-        let mut all = vec![("general.architecture".to_string(), MetaValue::Str(arch.into()))];
+        let mut all = vec![(
+            "general.architecture".to_string(),
+            MetaValue::Str(arch.into()),
+        )];
         all.extend(kvs);
         let bytes = gguf::to_bytes(&all, &[]).unwrap();
         let back = gguf_tok::mlt_from_gguf(&gguf::parse(&bytes).unwrap()).unwrap();
@@ -557,22 +705,53 @@ fn gguf_tokenizer_metadata_round_trips() {
 fn gguf_tokenizer_refusals() {
     let base = std::fs::read(gguf_dir().join("default.vocab.gguf")).unwrap();
     let same = |_: &str, _: GgmlType, _: &[u64], _: &[u8]| None;
-    let err = |b: &[u8]| gguf_tok::mlt_from_gguf(&gguf::parse(b).unwrap()).unwrap_err().to_string();
-    let b = rewrite(&base, |k| set_kv(k, "tokenizer.ggml.pre", MetaValue::Str("default".into())), same);
+    let err = |b: &[u8]| {
+        gguf_tok::mlt_from_gguf(&gguf::parse(b).unwrap())
+            .unwrap_err()
+            .to_string()
+    };
+    let b = rewrite(
+        &base,
+        |k| set_kv(k, "tokenizer.ggml.pre", MetaValue::Str("default".into())),
+        same,
+    );
     let e = err(&b);
-    assert!(e.contains("tokenizer.ggml.pre = \"default\"") && e.contains("cannot reproduce"), "{e}");
-    let b = rewrite(&base, |k| set_kv(k, "tokenizer.ggml.model", MetaValue::Str("bert".into())), same);
+    assert!(
+        e.contains("tokenizer.ggml.pre = \"default\"") && e.contains("cannot reproduce"),
+        "{e}"
+    );
+    let b = rewrite(
+        &base,
+        |k| set_kv(k, "tokenizer.ggml.model", MetaValue::Str("bert".into())),
+        same,
+    );
     assert!(err(&b).contains("tokenizer.ggml.model = \"bert\""));
-    let b = rewrite(&base, |k| set_kv(k, "tokenizer.ggml.add_eos_token", MetaValue::Bool(true)), same);
+    let b = rewrite(
+        &base,
+        |k| set_kv(k, "tokenizer.ggml.add_eos_token", MetaValue::Bool(true)),
+        same,
+    );
     assert!(err(&b).contains("tokenizer.ggml.add_eos_token"));
-    let b = rewrite(&base, |k| k.retain(|(n, _)| n != "tokenizer.ggml.merges"), same);
+    let b = rewrite(
+        &base,
+        |k| k.retain(|(n, _)| n != "tokenizer.ggml.merges"),
+        same,
+    );
     assert!(err(&b).contains("tokenizer.ggml.merges = missing"));
-    let b = rewrite(&base, |k| set_kv(k, "tokenizer.ggml.bos_token_id", MetaValue::U32(99999)), same);
+    let b = rewrite(
+        &base,
+        |k| set_kv(k, "tokenizer.ggml.bos_token_id", MetaValue::U32(99999)),
+        same,
+    );
     assert!(err(&b).contains("tokenizer.ggml.bos_token_id = 99999"));
     // mlt-convert on a GGUF: one line naming the file.
     let tmp = tempfile::tempdir().unwrap();
     let src = tmp.path().join("bad.gguf");
-    let b = rewrite(&base, |k| set_kv(k, "tokenizer.ggml.pre", MetaValue::Str("falcon".into())), same);
+    let b = rewrite(
+        &base,
+        |k| set_kv(k, "tokenizer.ggml.pre", MetaValue::Str("falcon".into())),
+        same,
+    );
     std::fs::write(&src, b).unwrap();
     let o = Command::new(env!("CARGO_BIN_EXE_mlt-convert"))
         .arg(&src)
@@ -581,7 +760,10 @@ fn gguf_tokenizer_refusals() {
         .output()
         .unwrap();
     let e = String::from_utf8_lossy(&o.stderr);
-    assert!(!o.status.success() && e.contains("bad.gguf") && e.contains("falcon"), "{e}");
+    assert!(
+        !o.status.success() && e.contains("bad.gguf") && e.contains("falcon"),
+        "{e}"
+    );
     assert!(!tmp.path().join("x.mlt").exists());
 }
 
@@ -597,7 +779,12 @@ fn byte_mlt(path: &Path) {
         bos: Some(1),
         eos: Some(2),
         flags: FLAG_GPT2_REGEX,
-        tokens: (0..=255u8).map(|b| Token { attr: Attr::Normal, bytes: vec![b] }).collect(),
+        tokens: (0..=255u8)
+            .map(|b| Token {
+                attr: Attr::Normal,
+                bytes: vec![b],
+            })
+            .collect(),
         merges: Vec::new(),
     };
     std::fs::write(path, m.to_bytes().unwrap()).unwrap();
@@ -611,20 +798,39 @@ fn mlb_export(model: &Path, out: &Path, args: &[&str]) -> Result<String, String>
         .args(args)
         .output()
         .expect("spawn mlb-export");
-    let text = String::from_utf8_lossy(&o.stdout).into_owned() + &String::from_utf8_lossy(&o.stderr);
-    if o.status.success() && out.exists() { Ok(text) } else { Err(text) }
+    let text =
+        String::from_utf8_lossy(&o.stdout).into_owned() + &String::from_utf8_lossy(&o.stderr);
+    if o.status.success() && out.exists() {
+        Ok(text)
+    } else {
+        Err(text)
+    }
 }
 
 /// Every tensor of `a` is in `b` with the same type, shape and bytes, and the reverse.
 fn same_tensors(a: &[u8], b: &[u8]) -> Result<(), String> {
     let (va, vb) = (gguf::parse(a).unwrap(), gguf::parse(b).unwrap());
     if va.tensors.len() != vb.tensors.len() {
-        return Err(format!("{} vs {} tensors", va.tensors.len(), vb.tensors.len()));
+        return Err(format!(
+            "{} vs {} tensors",
+            va.tensors.len(),
+            vb.tensors.len()
+        ));
     }
     for t in &va.tensors {
-        let u = vb.tensor(t.name).ok_or_else(|| format!("{} missing", t.name))?;
+        let u = vb
+            .tensor(t.name)
+            .ok_or_else(|| format!("{} missing", t.name))?;
         if (t.ty, t.shape()) != (u.ty, u.shape()) || va.data(t) != vb.data(u) {
-            return Err(format!("{}: {} {:?} vs {} {:?}, data equal: {}", t.name, t.ty, t.shape(), u.ty, u.shape(), va.data(t) == vb.data(u)));
+            return Err(format!(
+                "{}: {} {:?} vs {} {:?}, data equal: {}",
+                t.name,
+                t.ty,
+                t.shape(),
+                u.ty,
+                u.shape(),
+                va.data(t) == vb.data(u)
+            ));
         }
     }
     Ok(())
@@ -644,7 +850,8 @@ fn gguf_export_round_trip_is_byte_identical() {
             mlb_export(&a, &x, &[]).unwrap_or_else(|e| panic!("{name} {q}: {e}"));
             // llama.cpp's names, types, shapes and row order: the tensors of the file
             // its converter (or gguf-py's Q4_0) made.
-            if let Err(e) = same_tensors(&std::fs::read(&src).unwrap(), &std::fs::read(&x).unwrap()) {
+            if let Err(e) = same_tensors(&std::fs::read(&src).unwrap(), &std::fs::read(&x).unwrap())
+            {
                 failures.push(format!("{name} {q}: tensors: {e}"));
             }
             let b = tmp.path().join(format!("{name}.{q}.again.mlb"));
@@ -659,7 +866,11 @@ fn gguf_export_round_trip_is_byte_identical() {
     // ssm_out; the synthetic test below has 32-wide ones).
     for (name, file) in FLOAT.iter().filter(|(n, _)| *n != "qwen3_5_text") {
         let a = tmp.path().join(format!("{name}.f.mlb"));
-        let first = convert_ok(&gguf_dir().join(file), &a, &["--requantize", "q4_0", "--f16-scales"]);
+        let first = convert_ok(
+            &gguf_dir().join(file),
+            &a,
+            &["--requantize", "q4_0", "--f16-scales"],
+        );
         byte_mlt(&a.with_extension("mlt"));
         let x = tmp.path().join(format!("{name}.f.gguf"));
         if let Err(e) = mlb_export(&a, &x, &[]) {
@@ -695,7 +906,10 @@ fn gguf_export_refuses_what_llama_cpp_would_run_differently() {
         byte_mlt(&a.with_extension("mlt"));
         let x = tmp.path().join(format!("{name}.gguf"));
         let e = mlb_export(&a, &x, &[]).expect_err("refused");
-        assert!(e.contains(want) && e.trim().lines().count() == 1, "{name}: {e}");
+        assert!(
+            e.contains(want) && e.trim().lines().count() == 1,
+            "{name}: {e}"
+        );
         assert!(!x.exists());
     }
     // No tokenizer beside the model.
@@ -713,7 +927,9 @@ fn gguf_real_models_requantized_run_like_their_checkpoints() {
     use krafla::format::mlb::Mlb;
     use krafla::model::{Model, Options};
     let Some(real) = std::env::var_os("KRAFLA_REAL_DIR").map(PathBuf::from) else {
-        eprintln!("SKIP gguf_real_models_requantized_run_like_their_checkpoints: set KRAFLA_REAL_DIR");
+        eprintln!(
+            "SKIP gguf_real_models_requantized_run_like_their_checkpoints: set KRAFLA_REAL_DIR"
+        );
         return;
     };
     let tmp = tempfile::tempdir().unwrap();
@@ -755,9 +971,21 @@ fn a_log_within_ulps(a: &[u8], mut b: Vec<u8>) -> Vec<u8> {
     let p = mlb::parse(a).unwrap();
     for t in p.layout.tensors.iter().filter(|t| t.name.name == "A_log") {
         let r = t.offset as usize..(t.offset + t.bytes) as usize;
-        for (x, y) in a[r.clone()].chunks_exact(4).zip(b[r.clone()].chunks_exact(4)) {
-            let (x, y) = (u32::from_le_bytes(x.try_into().unwrap()), u32::from_le_bytes(y.try_into().unwrap()));
-            assert!((x as i64 - y as i64).abs() <= 2, "{}: {} vs {}", t.name, f32::from_bits(x), f32::from_bits(y));
+        for (x, y) in a[r.clone()]
+            .chunks_exact(4)
+            .zip(b[r.clone()].chunks_exact(4))
+        {
+            let (x, y) = (
+                u32::from_le_bytes(x.try_into().unwrap()),
+                u32::from_le_bytes(y.try_into().unwrap()),
+            );
+            assert!(
+                (x as i64 - y as i64).abs() <= 2,
+                "{}: {} vs {}",
+                t.name,
+                f32::from_bits(x),
+                f32::from_bits(y)
+            );
         }
         b[r.clone()].copy_from_slice(&a[r]);
     }
@@ -793,7 +1021,10 @@ fn gguf_export_round_trip_qwen35_synthetic() {
         mlb_export(&a, &x, &[]).unwrap();
         let v = std::fs::read(&x).unwrap();
         let g = gguf::parse(&v).unwrap();
-        assert_eq!(g.get("general.architecture").unwrap().as_str(), Some("qwen35"));
+        assert_eq!(
+            g.get("general.architecture").unwrap().as_str(),
+            Some("qwen35")
+        );
         assert_eq!(g.tensor("blk.1.attn_q.weight").unwrap().shape(), &[64, 128]);
         let b = tmp.path().join(format!("q35.{q}.again.mlb"));
         let back = a_log_within_ulps(&bytes, convert_ok(&x, &b, &[]));

@@ -73,7 +73,10 @@ impl Transform {
                 rot: g.rot_dim,
             }
             .src(r),
-            GateGate => RowMap::GateGate { head_dim: g.head_dim }.src(r),
+            GateGate => RowMap::GateGate {
+                head_dim: g.head_dim,
+            }
+            .src(r),
             VQkv | VConv if r >= g.qk_rows => g.qk_rows + v(r - g.qk_rows, g.v_dim),
             VHeads => v(r, g.v_dim),
             VScalar | NegExpA => v(r, 1),

@@ -35,8 +35,8 @@ use super::arch;
 use super::config::{LayerKind, LinearDims, ModelDesc, RopeScaling};
 use super::error::{ConvertError, Result};
 use super::gguf_arch::{self, GgufArch, NoRope, RopeRows, Swa, Transform};
-use super::{importance, load_imatrix, Options, Progress, Summary, WType, CHUNK_VALUES};
 use super::DEFAULT_Q4_Q8_MASK;
+use super::{importance, load_imatrix, Options, Progress, Summary, WType, CHUNK_VALUES};
 use crate::atomic::AtomicFile;
 use crate::format::gguf::{self, dequant, GgmlType, GgufView, TensorInfo, Value};
 use crate::format::mlb::header::{act, q8_class, wtype, Header};
@@ -97,7 +97,12 @@ impl<'v, 'a> Meta<'v, 'a> {
         format!("{}.{suffix}", self.arch)
     }
 
-    pub fn err(&self, suffix: &str, v: impl std::fmt::Display, msg: impl Into<String>) -> ConvertError {
+    pub fn err(
+        &self,
+        suffix: &str,
+        v: impl std::fmt::Display,
+        msg: impl Into<String>,
+    ) -> ConvertError {
         ConvertError::config(self.file, self.full(suffix), v, msg)
     }
 
@@ -272,7 +277,13 @@ fn describe(m: &Meta, ga: &'static GgufArch, notes: &mut Vec<String>) -> Result<
     };
     let norm_eps = m
         .f64_opt("attention.layer_norm_rms_epsilon")?
-        .ok_or_else(|| m.err("attention.layer_norm_rms_epsilon", "missing", "required key"))?;
+        .ok_or_else(|| {
+            m.err(
+                "attention.layer_norm_rms_epsilon",
+                "missing",
+                "required key",
+            )
+        })?;
     // llama.cpp's default base is 10000.
     let rope_theta = m.f64_opt("rope.freq_base")?.unwrap_or(10_000.0);
     if rope_theta <= 0.0 {
@@ -280,9 +291,9 @@ fn describe(m: &Meta, ga: &'static GgufArch, notes: &mut Vec<String>) -> Result<
     }
 
     // Vocabulary and classifier from the tensors.
-    let emb = v.tensor("token_embd.weight").ok_or_else(|| {
-        ConvertError::checkpoint(m.file, "tensor token_embd.weight is missing")
-    })?;
+    let emb = v
+        .tensor("token_embd.weight")
+        .ok_or_else(|| ConvertError::checkpoint(m.file, "tensor token_embd.weight is missing"))?;
     let vocab = emb.rows() as usize;
     if let Some(vs) = m.u64_opt("vocab_size")? {
         if vs as usize != vocab {
@@ -344,7 +355,8 @@ fn describe(m: &Meta, ga: &'static GgufArch, notes: &mut Vec<String>) -> Result<
     if arch.gemma {
         // llama.cpp: 1/sqrt(head size), except the 27B models (46 layers for Gemma 2,
         // 62 for Gemma 3): 1/sqrt(dim / n_heads). query_pre_attn_scalar is not stored.
-        let big = (ga.swa == Swa::Gemma2 && n_layers == 46) || (ga.swa == Swa::Gemma3 && n_layers == 62);
+        let big =
+            (ga.swa == Swa::Gemma2 && n_layers == 46) || (ga.swa == Swa::Gemma3 && n_layers == 62);
         let d = if big { dim / n_heads } else { head_dim };
         attn_scale = Some(1.0 / (d as f64).sqrt());
         let cap = |suffix: &str, default: f64| -> Result<Option<f64>> {
@@ -374,7 +386,11 @@ fn describe(m: &Meta, ga: &'static GgufArch, notes: &mut Vec<String>) -> Result<
                 .u64_opt("attention.sliding_window")?
                 .unwrap_or(default_window);
             if w > SEQ_LIMIT as u64 {
-                return Err(m.err("attention.sliding_window", w, "above the format's limit 2^24"));
+                return Err(m.err(
+                    "attention.sliding_window",
+                    w,
+                    "above the format's limit 2^24",
+                ));
             }
             if w > 0 {
                 let swa = swa_layers(m, n_layers, default_pattern)?;
@@ -404,14 +420,24 @@ fn describe(m: &Meta, ga: &'static GgufArch, notes: &mut Vec<String>) -> Result<
         // s % 3 = 0, 1, 2 rotates by position t, h, w below 3·section, else by the fourth
         // position, 0 for text. Every rotated pair must get t, h or w.
         if let Some(v) = m.get("rope.dimension_sections") {
-            let sec: Option<Vec<i64>> = v.as_array().and_then(|a| a.iter().map(|x| x.as_i64()).collect());
+            let sec: Option<Vec<i64>> = v
+                .as_array()
+                .and_then(|a| a.iter().map(|x| x.as_i64()).collect());
             let sec = sec
                 .filter(|s| s.len() == 4 && s.iter().all(|&x| x >= 0))
-                .ok_or_else(|| m.err("rope.dimension_sections", v, "must be 4 non-negative integers"))?;
+                .ok_or_else(|| {
+                    m.err(
+                        "rope.dimension_sections",
+                        v,
+                        "must be 4 non-negative integers",
+                    )
+                })?;
             let sum: i64 = sec.iter().sum();
             let covered = |i: i64| {
                 let s = if sum > 0 { i % sum } else { return false };
-                (s % 3 == 0 && s < 3 * sec[0]) || (s % 3 == 1 && s < 3 * sec[1]) || (s % 3 == 2 && s < 3 * sec[2])
+                (s % 3 == 0 && s < 3 * sec[0])
+                    || (s % 3 == 1 && s < 3 * sec[1])
+                    || (s % 3 == 2 && s < 3 * sec[2])
             };
             if let Some(i) = (0..rot_dim as i64 / 2).find(|&i| !covered(i)) {
                 return Err(m.err(
@@ -425,8 +451,13 @@ fn describe(m: &Meta, ga: &'static GgufArch, notes: &mut Vec<String>) -> Result<
             Some(Value::Array(a)) if a.len == n_layers => a
                 .iter()
                 .map(|x| {
-                    x.as_bool()
-                        .ok_or_else(|| m.err("attention.recurrent_layers", Value::Array(a), "must hold booleans"))
+                    x.as_bool().ok_or_else(|| {
+                        m.err(
+                            "attention.recurrent_layers",
+                            Value::Array(a),
+                            "must hold booleans",
+                        )
+                    })
                 })
                 .collect::<Result<_>>()?,
             Some(v) => {
@@ -477,7 +508,13 @@ fn describe(m: &Meta, ga: &'static GgufArch, notes: &mut Vec<String>) -> Result<
                 conv,
             });
         } else {
-            for k in ["ssm.conv_kernel", "ssm.state_size", "ssm.group_count", "ssm.time_step_rank", "ssm.inner_size"] {
+            for k in [
+                "ssm.conv_kernel",
+                "ssm.state_size",
+                "ssm.group_count",
+                "ssm.time_step_rank",
+                "ssm.inner_size",
+            ] {
                 let _ = m.get(k);
             }
         }
@@ -501,7 +538,11 @@ fn describe(m: &Meta, ga: &'static GgufArch, notes: &mut Vec<String>) -> Result<
         layers,
         sliding_window,
         tied,
-        act: if arch.gemma { act::GELU_TANH } else { act::SILU },
+        act: if arch.gemma {
+            act::GELU_TANH
+        } else {
+            act::SILU
+        },
         attn_scale,
         attn_softcap,
         final_softcap,
@@ -518,7 +559,11 @@ fn swa_layers(m: &Meta, n: usize, default: u64) -> Result<Vec<bool>> {
     match m.get(key) {
         Some(Value::Array(a)) => {
             if a.len != n {
-                return Err(m.err(key, Value::Array(a), format!("must have block_count ({n}) entries")));
+                return Err(m.err(
+                    key,
+                    Value::Array(a),
+                    format!("must have block_count ({n}) entries"),
+                ));
             }
             a.iter()
                 .map(|x| match x {
@@ -648,7 +693,9 @@ pub(crate) fn llama3_from_factors(
     }
     let f = fs.iter().cloned().fold(0.0f64, f64::max);
     if f <= 1.0 {
-        return Err(format!("largest factor {f} is not above 1: not Llama 3 scaling"));
+        return Err(format!(
+            "largest factor {f} is not above 1: not Llama 3 scaling"
+        ));
     }
     // Dims are in order of falling frequency: unscaled, interpolated, scaled.
     let unscaled: Vec<usize> = (0..n).filter(|&i| close(fs[i], 1.0)).collect();
@@ -862,7 +909,15 @@ pub fn run(opts: &Options, progress: &mut (dyn FnMut(Progress) + Send)) -> Resul
     };
     if let Some(mli) = &imatrix {
         for (s, t) in sources.iter_mut().zip(&layout.tensors) {
-            if let (Some(s), Kind::Mat { qtype: QType::Q4_0, cols, .. }) = (s.as_mut(), t.kind) {
+            if let (
+                Some(s),
+                Kind::Mat {
+                    qtype: QType::Q4_0,
+                    cols,
+                    ..
+                },
+            ) = (s.as_mut(), t.kind)
+            {
                 if s.action == Action::Requant {
                     s.imp = importance(mli, t, cols, desc.tied);
                 }
@@ -917,8 +972,12 @@ pub fn run(opts: &Options, progress: &mut (dyn FnMut(Progress) + Send)) -> Resul
                 err: Box::new(err),
             },
         };
-        let mut w = MlbWriter::new(BufWriter::with_capacity(1 << 20, &mut file), &header, &flags)
-            .map_err(werr)?;
+        let mut w = MlbWriter::new(
+            BufWriter::with_capacity(1 << 20, &mut file),
+            &header,
+            &flags,
+        )
+        .map_err(werr)?;
         let cancelled = || opts.cancel.is_some_and(|c| c.load(Ordering::Relaxed));
         let mut buf: Vec<f32> = Vec::new();
         for (i, (t, s)) in layout.tensors.iter().zip(&sources).enumerate() {
@@ -939,7 +998,9 @@ pub fn run(opts: &Options, progress: &mut (dyn FnMut(Progress) + Send)) -> Resul
                         }
                         w.write_f32(&buf).map_err(werr)?;
                     }
-                    Kind::Mat { qtype, rows, cols, .. } => {
+                    Kind::Mat {
+                        qtype, rows, cols, ..
+                    } => {
                         let step = (CHUNK_VALUES / cols).max(1);
                         let mut r0 = 0;
                         while r0 < rows {
@@ -948,7 +1009,9 @@ pub fn run(opts: &Options, progress: &mut (dyn FnMut(Progress) + Send)) -> Resul
                             }
                             let r1 = (r0 + step).min(rows);
                             let chunk = match s.action {
-                                Action::Copy => copy_rows(&v, s, qtype, cols, r0..r1, header.scale_f16 != 0),
+                                Action::Copy => {
+                                    copy_rows(&v, s, qtype, cols, r0..r1, header.scale_f16 != 0)
+                                }
                                 _ => {
                                     buf.clear();
                                     read_floats(&v, s, r0..r1, &mut buf);
@@ -957,10 +1020,13 @@ pub fn run(opts: &Options, progress: &mut (dyn FnMut(Progress) + Send)) -> Resul
                                         q4_rule,
                                         imatrix: s.imp.as_deref(),
                                     };
-                                    quantize(qtype, r1 - r0, cols, &buf, &qopts)
-                                        .map_err(|e| {
-                                            ConvertError::tensor(path, s.t.name, format!("rows from {r0}: {e}"))
-                                        })?
+                                    quantize(qtype, r1 - r0, cols, &buf, &qopts).map_err(|e| {
+                                        ConvertError::tensor(
+                                            path,
+                                            s.t.name,
+                                            format!("rows from {r0}: {e}"),
+                                        )
+                                    })?
                                 }
                             };
                             w.write_mat_rows(&chunk).map_err(|e| match e {
@@ -1043,7 +1109,10 @@ fn source_of<'a>(
         )
     })?;
     let info = v.tensor(&name).ok_or_else(|| {
-        ConvertError::checkpoint(path, format!("tensor {name} is missing (needed for {})", t.name))
+        ConvertError::checkpoint(
+            path,
+            format!("tensor {name} is missing (needed for {})", t.name),
+        )
     })?;
     Ok((info, tr))
 }
@@ -1062,11 +1131,13 @@ fn choose_types(
     type Entry = (GgmlType, String, bool);
     let mut classes: Vec<(u32, Vec<Entry>)> = Vec::new();
     for t in &probe.tensors {
-        let Kind::Mat { class, .. } = t.kind else { continue };
+        let Kind::Mat { class, .. } = t.kind else {
+            continue;
+        };
         let (info, tr) = source_of(path, v, ga, t)?;
         // Qwen3.5's ssm_out columns move by value heads: whole blocks only when a head
         // is a whole number of blocks.
-        let movable = tr != Transform::VCols || lin_v_dim % QK == 0;
+        let movable = tr != Transform::VCols || lin_v_dim.is_multiple_of(QK);
         let entry = match classes.iter_mut().position(|(c, _)| *c == class) {
             Some(i) => &mut classes[i].1,
             None => {
@@ -1074,7 +1145,10 @@ fn choose_types(
                 &mut classes.last_mut().expect("pushed").1
             }
         };
-        if !entry.iter().any(|(ty, _, m)| *ty == info.ty && *m == movable) {
+        if !entry
+            .iter()
+            .any(|(ty, _, m)| *ty == info.ty && *m == movable)
+        {
             entry.push((info.ty, info.name.to_string(), movable));
         }
     }
@@ -1171,8 +1245,9 @@ fn plan<'a>(
             (Kind::U8 { .. }, _) => unreachable!(),
         };
         let src_rows = tr.src_rows(rows);
-        let rows_from: Option<Vec<usize>> =
-            tr.moves_rows(&g).then(|| (0..rows).map(|r| tr.src_row(&g, r)).collect());
+        let rows_from: Option<Vec<usize>> = tr
+            .moves_rows(&g)
+            .then(|| (0..rows).map(|r| tr.src_row(&g, r)).collect());
         let cols_from: Option<Vec<usize>> =
             (tr == Transform::VCols).then(|| (0..row_len).map(|c| tr.src_col(&g, c)).collect());
         let want: Vec<u64> = match (t.kind, tr) {
@@ -1215,7 +1290,10 @@ fn plan<'a>(
                     return Err(ConvertError::tensor(
                         path,
                         info.name,
-                        format!("type {}: not one Krafla can read, even to requantize", info.ty),
+                        format!(
+                            "type {}: not one Krafla can read, even to requantize",
+                            info.ty
+                        ),
                     ));
                 }
             }
@@ -1286,7 +1364,11 @@ fn read_floats(v: &GgufView, s: &Source, rows: std::ops::Range<usize>, buf: &mut
         // ssm_a = −exp(A_log): A_log = ln(−ssm_a); a non-negative ssm_a stays as a NaN
         // for the finiteness check to name.
         for x in &mut buf[start..] {
-            *x = if *x < 0.0 { (-(*x as f64)).ln() as f32 } else { f32::NAN };
+            *x = if *x < 0.0 {
+                (-(*x as f64)).ln() as f32
+            } else {
+                f32::NAN
+            };
         }
     }
 }
@@ -1321,7 +1403,11 @@ fn copy_rows(
     let d = if scale_f16 {
         Scales::F16(d16)
     } else {
-        Scales::F32(d16.iter().map(|&b| half::f16::from_bits(b).to_f32()).collect())
+        Scales::F32(
+            d16.iter()
+                .map(|&b| half::f16::from_bits(b).to_f32())
+                .collect(),
+        )
     };
     QuantMat {
         qtype,
@@ -1358,13 +1444,20 @@ mod tests {
     fn llama3_parameters_are_recovered() {
         // Llama 3.1 (head_dim 128): many interpolated frequencies.
         let fs = factors(500000.0, 128, 8.0, 1.0, 4.0, 8192.0);
-        let RopeScaling::Llama3 { factor, low, high, orig } =
-            llama3_from_factors(500000.0, 128, &fs, 8192).unwrap()
+        let RopeScaling::Llama3 {
+            factor,
+            low,
+            high,
+            orig,
+        } = llama3_from_factors(500000.0, 128, &fs, 8192).unwrap()
         else {
             panic!()
         };
         assert_eq!((factor, orig), (8.0, 8192));
-        assert!((low - 1.0).abs() < 1e-4 && (high - 4.0).abs() < 1e-3, "{low} {high}");
+        assert!(
+            (low - 1.0).abs() < 1e-4 && (high - 4.0).abs() < 1e-3,
+            "{low} {high}"
+        );
         // The fixture: one interpolated frequency only; any equivalent parameters do.
         let fs = factors(10000.0, 16, 8.0, 1.0, 4.0, 32.0);
         assert!(llama3_from_factors(10000.0, 16, &fs, 8192).is_ok());
@@ -1373,6 +1466,8 @@ mod tests {
             llama3_from_factors(1e4, 16, &[1.0; 8], 8192).unwrap(),
             RopeScaling::None
         );
-        assert!(llama3_from_factors(1e4, 16, &[2.0, 1.0, 3.0, 1.0, 1.0, 1.0, 1.0, 1.0], 8192).is_err());
+        assert!(
+            llama3_from_factors(1e4, 16, &[2.0, 1.0, 3.0, 1.0, 1.0, 1.0, 1.0, 1.0], 8192).is_err()
+        );
     }
 }

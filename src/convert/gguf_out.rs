@@ -111,13 +111,31 @@ pub fn export(opts: &ExportOptions) -> Result<ExportSummary> {
     // What llama.cpp computes on its own must be what the header says.
     let qwen35 = a == "qwen35";
     if h.rot_dim != 0 && h.rot_dim as usize != d.head_dim && !qwen35 {
-        return Err(field(input, "rot_dim", h.rot_dim, format!("partial rotary cannot be expressed for {a}")));
+        return Err(field(
+            input,
+            "rot_dim",
+            h.rot_dim,
+            format!("partial rotary cannot be expressed for {a}"),
+        ));
     }
     if qwen35 && h.attn_gate == 0 {
-        return Err(field(input, "attn_gate", 0, "llama.cpp's qwen35 gates every attention layer"));
+        return Err(field(
+            input,
+            "attn_gate",
+            0,
+            "llama.cpp's qwen35 gates every attention layer",
+        ));
     }
     if qwen35 && h.lin_k_heads != 0 && h.lin_k_dim != h.lin_v_dim {
-        return Err(field(input, "lin_v_dim", h.lin_v_dim, format!("llama.cpp's qwen35 has value heads of the key head size ({})", h.lin_k_dim)));
+        return Err(field(
+            input,
+            "lin_v_dim",
+            h.lin_v_dim,
+            format!(
+                "llama.cpp's qwen35 has value heads of the key head size ({})",
+                h.lin_k_dim
+            ),
+        ));
     }
     let gemma = ga.swa != Swa::None;
     if gemma {
@@ -125,40 +143,90 @@ pub fn export(opts: &ExportOptions) -> Result<ExportSummary> {
             return Err(field(input, "act", h.act, format!("{a} uses GELU (tanh)")));
         }
         if h.embed_scale != (d.dim as f32).sqrt() {
-            return Err(field(input, "embed_scale", h.embed_scale, format!("llama.cpp's {a} scales embeddings by sqrt(dim) = {}", (d.dim as f32).sqrt())));
+            return Err(field(
+                input,
+                "embed_scale",
+                h.embed_scale,
+                format!(
+                    "llama.cpp's {a} scales embeddings by sqrt(dim) = {}",
+                    (d.dim as f32).sqrt()
+                ),
+            ));
         }
-        let big = (ga.swa == Swa::Gemma2 && d.n_layers == 46) || (ga.swa == Swa::Gemma3 && d.n_layers == 62);
+        let big = (ga.swa == Swa::Gemma2 && d.n_layers == 46)
+            || (ga.swa == Swa::Gemma3 && d.n_layers == 62);
         let hd = if big { d.dim / d.n_heads } else { d.head_dim };
         let want = (1.0 / (hd as f64).sqrt()) as f32;
         if h.attn_scale != want {
-            return Err(field(input, "attn_scale", h.attn_scale, format!("llama.cpp's {a} computes 1/sqrt({hd}) = {want}")));
+            return Err(field(
+                input,
+                "attn_scale",
+                h.attn_scale,
+                format!("llama.cpp's {a} computes 1/sqrt({hd}) = {want}"),
+            ));
         }
         if ga.swa == Swa::Gemma3 && h.attn_softcap != 0.0 {
-            return Err(field(input, "attn_softcap", h.attn_softcap, "llama.cpp's gemma3 has no attention softcap"));
+            return Err(field(
+                input,
+                "attn_softcap",
+                h.attn_softcap,
+                "llama.cpp's gemma3 has no attention softcap",
+            ));
         }
     } else {
-        for (f, v) in [("embed_scale", h.embed_scale), ("attn_softcap", h.attn_softcap), ("final_softcap", h.final_softcap)] {
+        for (f, v) in [
+            ("embed_scale", h.embed_scale),
+            ("attn_softcap", h.attn_softcap),
+            ("final_softcap", h.final_softcap),
+        ] {
             if v != 0.0 && !(f == "embed_scale" && v == 1.0) {
-                return Err(field(input, f, v, format!("llama.cpp's {a} has no such factor")));
+                return Err(field(
+                    input,
+                    f,
+                    v,
+                    format!("llama.cpp's {a} has no such factor"),
+                ));
             }
         }
         if h.attn_scale != 0.0 && h.attn_scale != (1.0 / (d.head_dim as f64).sqrt()) as f32 {
-            return Err(field(input, "attn_scale", h.attn_scale, format!("llama.cpp's {a} uses 1/sqrt(head_dim)")));
+            return Err(field(
+                input,
+                "attn_scale",
+                h.attn_scale,
+                format!("llama.cpp's {a} uses 1/sqrt(head_dim)"),
+            ));
         }
         if h.act != act::SILU {
             return Err(field(input, "act", h.act, format!("{a} uses SiLU")));
         }
-        if flags.iter().any(|f| f & layer_flag::SLIDING != 0) || (h.sliding_window != 0 && h.layer_flags == 0) {
-            return Err(field(input, "sliding_window", h.sliding_window, format!("llama.cpp's {a} has no sliding window")));
+        if flags.iter().any(|f| f & layer_flag::SLIDING != 0)
+            || (h.sliding_window != 0 && h.layer_flags == 0)
+        {
+            return Err(field(
+                input,
+                "sliding_window",
+                h.sliding_window,
+                format!("llama.cpp's {a} has no sliding window"),
+            ));
         }
         if h.qk_norm != 0 && !matches!(a, "qwen3" | "qwen35") {
-            return Err(field(input, "qk_norm", 1, format!("llama.cpp's {a} has no q/k norm")));
+            return Err(field(
+                input,
+                "qk_norm",
+                1,
+                format!("llama.cpp's {a} has no q/k norm"),
+            ));
         }
     }
     for (l, &f) in flags.iter().enumerate() {
         let want_no_rope = ga.no_rope == NoRope::Every4th && (l + 1) % 4 == 0;
         if (f & layer_flag::NO_ROPE != 0) != want_no_rope {
-            return Err(field(input, &format!("layer_flags[{l}]"), f, format!("llama.cpp's {a} has no RoPE exactly on every fourth layer")));
+            return Err(field(
+                input,
+                &format!("layer_flags[{l}]"),
+                f,
+                format!("llama.cpp's {a} has no RoPE exactly on every fourth layer"),
+            ));
         }
     }
 
@@ -167,7 +235,12 @@ pub fn export(opts: &ExportOptions) -> Result<ExportSummary> {
     let rope_base = if d.rot_dim < d.head_dim {
         let t = (h.rope_theta as f64).powf(d.rot_dim as f64 / d.head_dim as f64) as f32;
         if ((t as f64).powf(d.head_dim as f64 / d.rot_dim as f64) as f32) != h.rope_theta {
-            return Err(field(input, "rope_theta", h.rope_theta, format!("not θ^({}/{}) of an f32 θ", d.head_dim, d.rot_dim)));
+            return Err(field(
+                input,
+                "rope_theta",
+                h.rope_theta,
+                format!("not θ^({}/{}) of an f32 θ", d.head_dim, d.rot_dim),
+            ));
         }
         t
     } else {
@@ -181,7 +254,10 @@ pub fn export(opts: &ExportOptions) -> Result<ExportSummary> {
         (
             "general.name".into(),
             MetaValue::Str(opts.name.clone().unwrap_or_else(|| {
-                input.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default()
+                input
+                    .file_stem()
+                    .map(|s| s.to_string_lossy().into_owned())
+                    .unwrap_or_default()
             })),
         ),
         (key("block_count"), MetaValue::U32(h.n_layers)),
@@ -191,10 +267,22 @@ pub fn export(opts: &ExportOptions) -> Result<ExportSummary> {
         (key("attention.head_count"), MetaValue::U32(h.n_heads)),
         (key("attention.head_count_kv"), MetaValue::U32(h.n_kv_heads)),
         (key("rope.freq_base"), MetaValue::F32(rope_base)),
-        (key("attention.layer_norm_rms_epsilon"), MetaValue::F32(h.norm_eps)),
-        (key("attention.key_length"), MetaValue::U32(d.head_dim as u32)),
-        (key("attention.value_length"), MetaValue::U32(d.head_dim as u32)),
-        (key("rope.dimension_count"), MetaValue::U32(d.rot_dim as u32)),
+        (
+            key("attention.layer_norm_rms_epsilon"),
+            MetaValue::F32(h.norm_eps),
+        ),
+        (
+            key("attention.key_length"),
+            MetaValue::U32(d.head_dim as u32),
+        ),
+        (
+            key("attention.value_length"),
+            MetaValue::U32(d.head_dim as u32),
+        ),
+        (
+            key("rope.dimension_count"),
+            MetaValue::U32(d.rot_dim as u32),
+        ),
         (key("vocab_size"), MetaValue::U32(h.vocab)),
     ];
     let mut rope_freqs = None;
@@ -213,21 +301,39 @@ pub fn export(opts: &ExportOptions) -> Result<ExportSummary> {
             // llama.cpp multiplies get_mscale(f) by rope.scaling.attn_factor (default 1).
             let attn = (h.rope_attn_factor as f64 / mscale) as f32;
             if (mscale * attn as f64) as f32 != h.rope_attn_factor {
-                return Err(field(input, "rope_attn_factor", h.rope_attn_factor, "not expressible as llama.cpp's yarn attention factor"));
+                return Err(field(
+                    input,
+                    "rope_attn_factor",
+                    h.rope_attn_factor,
+                    "not expressible as llama.cpp's yarn attention factor",
+                ));
             }
             kv.push((key("rope.scaling.type"), MetaValue::Str("yarn".into())));
             kv.push((key("rope.scaling.factor"), MetaValue::F32(h.rope_factor)));
-            kv.push((key("rope.scaling.original_context_length"), MetaValue::U32(h.rope_orig_max_seq)));
+            kv.push((
+                key("rope.scaling.original_context_length"),
+                MetaValue::U32(h.rope_orig_max_seq),
+            ));
             if attn != 1.0 {
                 kv.push((key("rope.scaling.attn_factor"), MetaValue::F32(attn)));
             }
         }
         rope_type::LLAMA3 => {
             if ga.rows != RopeRows::Interleaved || gemma {
-                return Err(field(input, "rope_type", "llama3", format!("llama.cpp's {a} takes no frequency factors")));
+                return Err(field(
+                    input,
+                    "rope_type",
+                    "llama3",
+                    format!("llama.cpp's {a} takes no frequency factors"),
+                ));
             }
             // llama.cpp's converter: divisor per pair of the head (generate_extra_tensors).
-            let (f, lo, hi, orig) = (h.rope_factor as f64, h.rope_low_freq_factor as f64, h.rope_high_freq_factor as f64, h.rope_orig_max_seq as f64);
+            let (f, lo, hi, orig) = (
+                h.rope_factor as f64,
+                h.rope_low_freq_factor as f64,
+                h.rope_high_freq_factor as f64,
+                h.rope_orig_max_seq as f64,
+            );
             let factors: Vec<f32> = (0..d.head_dim / 2)
                 .map(|i| {
                     let inv = (h.rope_theta as f64).powf(-2.0 * i as f64 / d.head_dim as f64);
@@ -242,18 +348,30 @@ pub fn export(opts: &ExportOptions) -> Result<ExportSummary> {
                     }
                 })
                 .collect();
-            kv.push((key("rope.scaling.original_context_length"), MetaValue::U32(h.rope_orig_max_seq)));
+            kv.push((
+                key("rope.scaling.original_context_length"),
+                MetaValue::U32(h.rope_orig_max_seq),
+            ));
             rope_freqs = Some(factors);
         }
         t => return Err(field(input, "rope_type", t, "unknown")),
     }
     if gemma {
         let sliding: Vec<bool> = flags.iter().map(|f| f & layer_flag::SLIDING != 0).collect();
-        let local: Vec<bool> = flags.iter().map(|f| f & layer_flag::LOCAL_ROPE != 0).collect();
+        let local: Vec<bool> = flags
+            .iter()
+            .map(|f| f & layer_flag::LOCAL_ROPE != 0)
+            .collect();
         if ga.swa == Swa::Gemma2 {
-            kv.push((key("attn_logit_softcapping"), MetaValue::F32(h.attn_softcap)));
+            kv.push((
+                key("attn_logit_softcapping"),
+                MetaValue::F32(h.attn_softcap),
+            ));
         }
-        kv.push((key("final_logit_softcapping"), MetaValue::F32(h.final_softcap)));
+        kv.push((
+            key("final_logit_softcapping"),
+            MetaValue::F32(h.final_softcap),
+        ));
         let window = if h.layer_flags == 0 && h.sliding_window != 0 {
             // A window on every layer.
             vec![true; d.n_layers]
@@ -262,10 +380,16 @@ pub fn export(opts: &ExportOptions) -> Result<ExportSummary> {
         };
         let any = window.iter().any(|&s| s) && h.sliding_window != 0;
         if any {
-            kv.push((key("attention.sliding_window"), MetaValue::U32(h.sliding_window)));
+            kv.push((
+                key("attention.sliding_window"),
+                MetaValue::U32(h.sliding_window),
+            ));
             kv.push((
                 key("attention.sliding_window_pattern"),
-                MetaValue::Array(ValueType::Bool, window.iter().map(|&b| MetaValue::Bool(b)).collect()),
+                MetaValue::Array(
+                    ValueType::Bool,
+                    window.iter().map(|&b| MetaValue::Bool(b)).collect(),
+                ),
             ));
         } else if ga.swa == Swa::Gemma2 {
             // llama.cpp's Gemma 2 always has a window: make it cover no layer.
@@ -277,17 +401,39 @@ pub fn export(opts: &ExportOptions) -> Result<ExportSummary> {
         // The sliding layers, and only they, use the local base.
         let uses_local = local.iter().any(|&l| l);
         if uses_local && (local != window || !any) {
-            return Err(field(input, "layer_flags", format!("{flags:?}"), format!("llama.cpp's {a} uses the local RoPE base on exactly the sliding layers")));
+            return Err(field(
+                input,
+                "layer_flags",
+                format!("{flags:?}"),
+                format!("llama.cpp's {a} uses the local RoPE base on exactly the sliding layers"),
+            ));
         }
         match (ga.swa, uses_local) {
-            (_, true) => kv.push((key("rope.freq_base_swa"), MetaValue::F32(h.rope_local_theta))),
+            (_, true) => kv.push((
+                key("rope.freq_base_swa"),
+                MetaValue::F32(h.rope_local_theta),
+            )),
             (Swa::Gemma3, false) if any => {
-                return Err(field(input, "rope_local_theta", h.rope_local_theta, "llama.cpp's gemma3 sliding layers use a local RoPE base"));
+                return Err(field(
+                    input,
+                    "rope_local_theta",
+                    h.rope_local_theta,
+                    "llama.cpp's gemma3 sliding layers use a local RoPE base",
+                ));
             }
             _ => {}
         }
-        if ga.swa == Swa::Gemma3 && uses_local && h.rope_type != rope_type::PLAIN && h.rope_type != rope_type::LINEAR {
-            return Err(field(input, "rope_type", h.rope_type, "gemma3: only linear scaling of the global layers"));
+        if ga.swa == Swa::Gemma3
+            && uses_local
+            && h.rope_type != rope_type::PLAIN
+            && h.rope_type != rope_type::LINEAR
+        {
+            return Err(field(
+                input,
+                "rope_type",
+                h.rope_type,
+                "gemma3: only linear scaling of the global layers",
+            ));
         }
     }
     if qwen35 {
@@ -298,27 +444,47 @@ pub fn export(opts: &ExportOptions) -> Result<ExportSummary> {
         let b0 = (n - a0 + 1) / 2;
         kv.push((
             key("rope.dimension_sections"),
-            MetaValue::Array(ValueType::I32, [a0, b0, n - a0 - b0, 0].into_iter().map(MetaValue::I32).collect()),
+            MetaValue::Array(
+                ValueType::I32,
+                [a0, b0, n - a0 - b0, 0]
+                    .into_iter()
+                    .map(MetaValue::I32)
+                    .collect(),
+            ),
         ));
         let lin: Vec<bool> = flags.iter().map(|f| f & layer_flag::LINEAR != 0).collect();
         kv.push((
             key("attention.recurrent_layers"),
-            MetaValue::Array(ValueType::Bool, lin.iter().map(|&b| MetaValue::Bool(b)).collect()),
+            MetaValue::Array(
+                ValueType::Bool,
+                lin.iter().map(|&b| MetaValue::Bool(b)).collect(),
+            ),
         ));
         if h.lin_k_heads != 0 {
             kv.push((key("ssm.conv_kernel"), MetaValue::U32(h.lin_conv)));
             kv.push((key("ssm.state_size"), MetaValue::U32(h.lin_k_dim)));
             kv.push((key("ssm.group_count"), MetaValue::U32(h.lin_k_heads)));
             kv.push((key("ssm.time_step_rank"), MetaValue::U32(h.lin_v_heads)));
-            kv.push((key("ssm.inner_size"), MetaValue::U32(h.lin_v_heads * h.lin_v_dim)));
+            kv.push((
+                key("ssm.inner_size"),
+                MetaValue::U32(h.lin_v_heads * h.lin_v_dim),
+            ));
         }
     }
     let ftype = if h.wtype == wtype::Q4_0 { 2 } else { 7 };
     kv.push(("general.file_type".into(), MetaValue::U32(ftype)));
     kv.push(("general.quantization_version".into(), MetaValue::U32(2)));
-    let tok = gguf_tok::gguf_tokenizer_kvs(&mlt, a).map_err(|e| ConvertError::checkpoint(&tok_path, e.to_string()))?;
+    let tok = gguf_tok::gguf_tokenizer_kvs(&mlt, a)
+        .map_err(|e| ConvertError::checkpoint(&tok_path, e.to_string()))?;
     if mlt.tokens.len() > d.vocab {
-        return Err(ConvertError::checkpoint(&tok_path, format!("{} tokens for a model of {} rows", mlt.tokens.len(), d.vocab)));
+        return Err(ConvertError::checkpoint(
+            &tok_path,
+            format!(
+                "{} tokens for a model of {} rows",
+                mlt.tokens.len(),
+                d.vocab
+            ),
+        ));
     }
     for (k, v) in tok {
         // llama.cpp wants one token per embedding row: pad as convert_hf_to_gguf.py does.
@@ -349,7 +515,7 @@ pub fn export(opts: &ExportOptions) -> Result<ExportSummary> {
         rot_dim: d.rot_dim,
         neox: ga.rows == RopeRows::RotateHalf,
         k_heads: (h.lin_k_heads as usize).max(1),
-        per_k: if h.lin_k_heads != 0 { (h.lin_v_heads / h.lin_k_heads) as usize } else { 1 },
+        per_k: h.lin_v_heads.checked_div(h.lin_k_heads).unwrap_or(1) as usize,
         v_dim: (h.lin_v_dim as usize).max(1),
         qk_rows: 2 * h.lin_k_heads as usize * h.lin_k_dim as usize,
     };
@@ -369,12 +535,24 @@ pub fn export(opts: &ExportOptions) -> Result<ExportSummary> {
         let (name, tr) = match t.kind {
             Kind::U8 { .. } => continue,
             _ => ga.tensor_name(t.name.name, t.name.layer).ok_or_else(|| {
-                field(input, &t.name.to_string(), "", format!("no {a} tensor for it"))
+                field(
+                    input,
+                    &t.name.to_string(),
+                    "",
+                    format!("no {a} tensor for it"),
+                )
             })?,
         };
         let (rows, row_len, mat) = match (t.kind, tr) {
-            (Kind::Mat { qtype, rows, cols, .. }, _) => (rows, cols, Some(qtype)),
-            (Kind::F32 { len }, Transform::VConv) => (len / h.lin_conv as usize, h.lin_conv as usize, None),
+            (
+                Kind::Mat {
+                    qtype, rows, cols, ..
+                },
+                _,
+            ) => (rows, cols, Some(qtype)),
+            (Kind::F32 { len }, Transform::VConv) => {
+                (len / h.lin_conv as usize, h.lin_conv as usize, None)
+            }
             (Kind::F32 { len }, _) => (len, 1, None),
             (Kind::U8 { .. }, _) => unreachable!(),
         };
@@ -387,13 +565,22 @@ pub fn export(opts: &ExportOptions) -> Result<ExportSummary> {
                         name.clone(),
                         g_rows as u64,
                         row_len as u64,
-                        if q == QType::Q8_0 { GgmlType::Q8_0 } else { GgmlType::Q4_0 },
+                        if q == QType::Q8_0 {
+                            GgmlType::Q8_0
+                        } else {
+                            GgmlType::Q4_0
+                        },
                     ),
-                    None if row_len > 1 => TensorSpec::matrix(name.clone(), g_rows as u64, row_len as u64, GgmlType::F32),
+                    None if row_len > 1 => TensorSpec::matrix(
+                        name.clone(),
+                        g_rows as u64,
+                        row_len as u64,
+                        GgmlType::F32,
+                    ),
                     None => TensorSpec::vector(name.clone(), g_rows as u64, GgmlType::F32),
                 };
                 let col_blocks = if tr == Transform::VCols {
-                    if mat.is_some() && g.v_dim % QK != 0 {
+                    if mat.is_some() && !g.v_dim.is_multiple_of(QK) {
                         return Err(field(input, &t.name.to_string(), format!("value heads of {}", g.v_dim),
                             format!("llama.cpp's column order moves value heads, which would split the {QK}-value blocks")));
                     }
@@ -420,28 +607,46 @@ pub fn export(opts: &ExportOptions) -> Result<ExportSummary> {
         };
         let o = &mut outs[at];
         if o.mat != mat || o.row_len != row_len || o.fill.len() != g_rows {
-            return Err(field(input, &t.name.to_string(), "", format!("does not fit {name} beside the arrays already in it")));
+            return Err(field(
+                input,
+                &t.name.to_string(),
+                "",
+                format!("does not fit {name} beside the arrays already in it"),
+            ));
         }
         for r in 0..rows {
             o.fill[tr.src_row(&g, r)] = (idx, r);
         }
     }
-    if let Some(o) = outs.iter().find(|o| o.fill.iter().any(|&(i, _)| i == usize::MAX)) {
+    if let Some(o) = outs
+        .iter()
+        .find(|o| o.fill.iter().any(|&(i, _)| i == usize::MAX))
+    {
         return Err(field(input, &o.spec.name, "", "not every row has a source"));
     }
     let specs: Vec<TensorSpec> = outs.iter().map(|o| o.spec.clone()).collect();
 
-    let out = opts.output.clone().unwrap_or_else(|| input.with_extension("gguf"));
+    let out = opts
+        .output
+        .clone()
+        .unwrap_or_else(|| input.with_extension("gguf"));
     if super::gguf_in::same_file(&out, input) || super::gguf_in::same_file(&out, &tok_path) {
-        return Err(ConvertError::options("-o", format!("{} is an input file", out.display())));
+        return Err(ConvertError::options(
+            "-o",
+            format!("{} is an input file", out.display()),
+        ));
     }
     let mut file = AtomicFile::create(&out).map_err(|e| ConvertError::io(&out, e))?;
     let werr = |e: WriteError| match e {
         WriteError::Io(e) => ConvertError::io(&out, e),
-        WriteError::Format(err) => ConvertError::Format { file: out.clone(), err: Box::new(err) },
+        WriteError::Format(err) => ConvertError::Format {
+            file: out.clone(),
+            err: Box::new(err),
+        },
     };
     {
-        let mut w = GgufWriter::new(BufWriter::with_capacity(1 << 20, &mut file), &kv, specs).map_err(werr)?;
+        let mut w = GgufWriter::new(BufWriter::with_capacity(1 << 20, &mut file), &kv, specs)
+            .map_err(werr)?;
         let mut buf = Vec::new();
         for o in &outs {
             if o.fill.is_empty() {

@@ -79,7 +79,11 @@ fn gpt2_chars() -> ([char; 256], HashMap<char, u8>) {
         };
         to_char[b as usize] = char::from_u32(c).expect("valid scalar");
     }
-    let to_byte = to_char.iter().enumerate().map(|(b, &c)| (c, b as u8)).collect();
+    let to_byte = to_char
+        .iter()
+        .enumerate()
+        .map(|(b, &c)| (c, b as u8))
+        .collect();
     (to_char, to_byte)
 }
 
@@ -104,7 +108,11 @@ fn numbers(v: &GgufView, key: &str, n: usize) -> Result<Option<Vec<f64>>> {
         None => Ok(None),
         Some(Value::Array(a)) => {
             if a.len != n {
-                return Err(bad(key, Value::Array(*a), format!("must have {n} entries, one per token")));
+                return Err(bad(
+                    key,
+                    Value::Array(*a),
+                    format!("must have {n} entries, one per token"),
+                ));
             }
             a.iter()
                 .map(|x| {
@@ -149,7 +157,13 @@ fn py_space(c: char) -> bool {
 /// The tokenizer of a GGUF file.
 pub fn mlt_from_gguf(v: &GgufView) -> Result<Mlt> {
     let model = match v.get("tokenizer.ggml.model") {
-        None => return Err(bad("tokenizer.ggml.model", "missing", "the file has no tokenizer")),
+        None => {
+            return Err(bad(
+                "tokenizer.ggml.model",
+                "missing",
+                "the file has no tokenizer",
+            ))
+        }
         Some(x) => x
             .as_str()
             .ok_or_else(|| bad("tokenizer.ggml.model", x, "must be a string"))?,
@@ -165,7 +179,11 @@ pub fn mlt_from_gguf(v: &GgufView) -> Result<Mlt> {
         None => vec![NORMAL; n],
     };
     if bool_opt(v, "tokenizer.ggml.add_eos_token")? == Some(true) {
-        return Err(bad("tokenizer.ggml.add_eos_token", true, "appending EOS is not supported"));
+        return Err(bad(
+            "tokenizer.ggml.add_eos_token",
+            true,
+            "appending EOS is not supported",
+        ));
     }
     let bos = id_opt(v, "tokenizer.ggml.bos_token_id", n)?;
     let eos = id_opt(v, "tokenizer.ggml.eos_token_id", n)?;
@@ -174,19 +192,19 @@ pub fn mlt_from_gguf(v: &GgufView) -> Result<Mlt> {
         .get("general.architecture")
         .and_then(|x| x.as_str())
         .unwrap_or("");
-    let (kind, mut flags, tokens, merges) = match model {
-        "gpt2" => byte_level(v, &tokens, &types)?,
-        "llama" => sentencepiece(v, &tokens, &types, GEMMA_ARCHS.contains(&arch))?,
-        other => {
-            return Err(bad(
+    let (kind, mut flags, tokens, merges) =
+        match model {
+            "gpt2" => byte_level(v, &tokens, &types)?,
+            "llama" => sentencepiece(v, &tokens, &types, GEMMA_ARCHS.contains(&arch))?,
+            other => return Err(bad(
                 "tokenizer.ggml.model",
                 format!("{other:?}"),
                 "only \"gpt2\" (byte-level BPE) and \"llama\" (SentencePiece BPE) are supported",
-            ))
-        }
-    };
+            )),
+        };
     // llama.cpp's defaults: BOS for SentencePiece and the Llama 3 family.
-    let add_bos = add_bos_key.unwrap_or(kind == Kind::SentencePiece || flags & FLAG_IGNORE_MERGES != 0);
+    let add_bos =
+        add_bos_key.unwrap_or(kind == Kind::SentencePiece || flags & FLAG_IGNORE_MERGES != 0);
     if add_bos {
         if bos.is_none() {
             return Err(bad(
@@ -215,7 +233,10 @@ type Parts = (Kind, u32, Vec<Token>, Vec<Merge>);
 fn byte_level(v: &GgufView, tokens: &[&str], types: &[i64]) -> Result<Parts> {
     let pre = v
         .get("tokenizer.ggml.pre")
-        .map(|x| x.as_str().ok_or_else(|| bad("tokenizer.ggml.pre", x, "must be a string")))
+        .map(|x| {
+            x.as_str()
+                .ok_or_else(|| bad("tokenizer.ggml.pre", x, "must be a string"))
+        })
         .transpose()?
         .unwrap_or("");
     let flags = PRE
@@ -266,12 +287,21 @@ fn byte_level(v: &GgufView, tokens: &[&str], types: &[i64]) -> Result<Parts> {
             }
         };
         if tok.bytes.is_empty() {
-            return Err(bad(&format!("tokenizer.ggml.tokens[{i}]"), "\"\"", "empty token"));
+            return Err(bad(
+                &format!("tokenizer.ggml.tokens[{i}]"),
+                "\"\"",
+                "empty token",
+            ));
         }
         out.push(tok);
     }
-    let merge_strs = strings(v, "tokenizer.ggml.merges")?
-        .ok_or_else(|| bad("tokenizer.ggml.merges", "missing", "a byte-level BPE needs merges"))?;
+    let merge_strs = strings(v, "tokenizer.ggml.merges")?.ok_or_else(|| {
+        bad(
+            "tokenizer.ggml.merges",
+            "missing",
+            "a byte-level BPE needs merges",
+        )
+    })?;
     let mut merges = Vec::with_capacity(merge_strs.len());
     for (i, m) in merge_strs.iter().enumerate() {
         let key = format!("tokenizer.ggml.merges[{i}]");
@@ -330,8 +360,13 @@ fn sentencepiece(v: &GgufView, tokens: &[&str], types: &[i64], gemma: bool) -> R
     let key: Vec<f64> = if gemma {
         (0..n).map(|i| -(i as f64)).collect()
     } else {
-        numbers(v, "tokenizer.ggml.scores", n)?
-            .ok_or_else(|| bad("tokenizer.ggml.scores", "missing", "needed to rank the merges"))?
+        numbers(v, "tokenizer.ggml.scores", n)?.ok_or_else(|| {
+            bad(
+                "tokenizer.ggml.scores",
+                "missing",
+                "needed to rank the merges",
+            )
+        })?
     };
     // transformers' generate_merges: pieces in dict order (first position of each
     // distinct piece, last value), splits sorted by (left id, right id), then a stable
@@ -351,7 +386,14 @@ fn sentencepiece(v: &GgufView, tokens: &[&str], types: &[i64], gemma: bool) -> R
         for (at, _) in p.char_indices().skip(1) {
             let (l, r) = (&p[..at], &p[at..]);
             if let (Some(&li), Some(&ri)) = (vocab.get(l), vocab.get(r)) {
-                local.push((li, ri, vocab[p], score[p], l.chars().count(), r.chars().count()));
+                local.push((
+                    li,
+                    ri,
+                    vocab[p],
+                    score[p],
+                    l.chars().count(),
+                    r.chars().count(),
+                ));
             }
         }
         local.sort_by_key(|x| (x.0, x.1));
@@ -500,7 +542,10 @@ pub fn gguf_tokenizer_kvs(mlt: &Mlt, arch: &str) -> Result<Vec<(String, MetaValu
                 types.push(ty as i32);
                 scores.push(MetaValue::F32(score));
             }
-            kv.push(("tokenizer.ggml.model".into(), MetaValue::Str("llama".into())));
+            kv.push((
+                "tokenizer.ggml.model".into(),
+                MetaValue::Str("llama".into()),
+            ));
             kv.push(("tokenizer.ggml.tokens".into(), MetaValue::strings(strs)));
             kv.push((
                 "tokenizer.ggml.scores".into(),
@@ -547,7 +592,11 @@ pub fn gguf_tokenizer_kvs(mlt: &Mlt, arch: &str) -> Result<Vec<(String, MetaValu
         } else if back.merges != mlt.merges {
             "its merges are not the ones llama.cpp's vocabulary implies (every split of a piece, ranked by the piece)".to_string()
         } else {
-            format!("flags {:?} would read back as {:?}", mlt.flag_names(), back.flag_names())
+            format!(
+                "flags {:?} would read back as {:?}",
+                mlt.flag_names(),
+                back.flag_names()
+            )
         };
         return Err(bad(
             "tokenizer",
@@ -561,6 +610,9 @@ pub fn gguf_tokenizer_kvs(mlt: &Mlt, arch: &str) -> Result<Vec<(String, MetaValu
 fn token_types(types: Vec<i32>) -> (String, MetaValue) {
     (
         "tokenizer.ggml.token_type".into(),
-        MetaValue::Array(ValueType::I32, types.into_iter().map(MetaValue::I32).collect()),
+        MetaValue::Array(
+            ValueType::I32,
+            types.into_iter().map(MetaValue::I32).collect(),
+        ),
     )
 }

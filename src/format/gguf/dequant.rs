@@ -26,7 +26,7 @@ fn h(b: &[u8], at: usize) -> f32 {
 /// or mismatched lengths.
 pub fn dequantize_row(ty: GgmlType, src: &[u8], out: &mut [f32]) -> bool {
     let (bs, bb) = (ty.block_size() as usize, ty.block_bytes() as usize);
-    if !supported(ty) || src.len() % bb != 0 || out.len() != src.len() / bb * bs {
+    if !supported(ty) || !src.len().is_multiple_of(bb) || out.len() != src.len() / bb * bs {
         return false;
     }
     for (x, y) in src.chunks_exact(bb).zip(out.chunks_exact_mut(bs)) {
@@ -247,6 +247,10 @@ mod tests {
         assert_eq!((y[0], y[16], y[1]), (-8.0, 7.0, -8.0));
         // Wrong lengths and unsupported types write nothing.
         assert!(!dequantize_row(GgmlType::Q4_0, &b[..17], &mut y));
-        assert!(!dequantize_row(GgmlType::IQ2_XXS, &[0; 66], &mut [0.0; 256]));
+        assert!(!dequantize_row(
+            GgmlType::IQ2_XXS,
+            &[0; 66],
+            &mut [0.0; 256]
+        ));
     }
 }

@@ -121,7 +121,10 @@ fn good_file_parses() {
     let b = Raw::good().bytes();
     let v = parse(&b).unwrap();
     assert_eq!(v.version, 3);
-    assert_eq!(v.get("general.architecture").unwrap().as_str(), Some("llama"));
+    assert_eq!(
+        v.get("general.architecture").unwrap().as_str(),
+        Some("llama")
+    );
     assert_eq!(v.get("llama.block_count").unwrap().as_u64(), Some(1));
     let t = v.tensor("token_embd.weight").unwrap();
     assert_eq!((t.cols(), t.rows(), t.ty), (64, 2, GgmlType::Q8_0));
@@ -155,7 +158,11 @@ fn counts_are_capped_before_allocating() {
     assert_err(&r.bytes(), Status::Format, &["n_tensors", "cannot fit"]);
     // Truncated in the middle of the metadata.
     let b = Raw::good().bytes();
-    assert_err(&b[..150], Status::Format, &["output_norm.weight", "truncated"]);
+    assert_err(
+        &b[..150],
+        Status::Format,
+        &["output_norm.weight", "truncated"],
+    );
 }
 
 #[test]
@@ -168,13 +175,21 @@ fn keys_and_values() {
     assert_err(&r.bytes(), Status::Format, &["empty key"]);
     let mut r = Raw::good();
     r.kvs.push(kv(b"x.type", 13, &[]));
-    assert_err(&r.bytes(), Status::Format, &["x.type = 13", "unknown value type"]);
+    assert_err(
+        &r.bytes(),
+        Status::Format,
+        &["x.type = 13", "unknown value type"],
+    );
     let mut r = Raw::good();
     r.kvs.push(kv(b"x.flag", 7, &[2]));
     assert_err(&r.bytes(), Status::Format, &["x.flag = 2", "bool"]);
     let mut r = Raw::good();
     r.kvs.push(kv_u32("llama.block_count", 2));
-    assert_err(&r.bytes(), Status::Format, &["llama.block_count = 2", "duplicate key"]);
+    assert_err(
+        &r.bytes(),
+        Status::Format,
+        &["llama.block_count = 2", "duplicate key"],
+    );
 }
 
 #[test]
@@ -183,7 +198,11 @@ fn string_length_past_the_end() {
     let mut val = Vec::new();
     val.extend_from_slice(&(1u64 << 50).to_le_bytes());
     r.kvs.push(kv(b"general.name", 8, &val));
-    assert_err(&r.bytes(), Status::Format, &["general.name", "length 1125899906842624", "left"]);
+    assert_err(
+        &r.bytes(),
+        Status::Format,
+        &["general.name", "length 1125899906842624", "left"],
+    );
 }
 
 #[test]
@@ -206,7 +225,11 @@ fn arrays() {
     val.extend_from_slice(&1u64.to_le_bytes());
     val.extend_from_slice(&1000u64.to_le_bytes());
     r.kvs.push(kv(b"tokenizer.ggml.tokens", 9, &val));
-    assert_err(&r.bytes(), Status::Format, &["tokenizer.ggml.tokens", "length 1000"]);
+    assert_err(
+        &r.bytes(),
+        Status::Format,
+        &["tokenizer.ggml.tokens", "length 1000"],
+    );
     // A good one reads back.
     let mut r = Raw::good();
     let mut val = 8u32.to_le_bytes().to_vec();
@@ -225,9 +248,14 @@ fn arrays() {
 fn alignment() {
     let mut r = Raw::good();
     r.kvs.push(kv_u32("general.alignment", 24));
-    assert_err(&r.bytes(), Status::Format, &["general.alignment = 24", "power of two"]);
+    assert_err(
+        &r.bytes(),
+        Status::Format,
+        &["general.alignment = 24", "power of two"],
+    );
     let mut r = Raw::good();
-    r.kvs.push(kv(b"general.alignment", 10, &64u64.to_le_bytes()));
+    r.kvs
+        .push(kv(b"general.alignment", 10, &64u64.to_le_bytes()));
     assert_err(&r.bytes(), Status::Format, &["general.alignment", "u64"]);
     // 64 works, and moves the data section.
     let mut r = Raw::good();
@@ -250,24 +278,56 @@ fn tensor_infos() {
         Status::Format,
         &["longer than 63"],
     );
-    assert_err(&bad(tensor(b"t\xfe", &[64, 2], 8, 256)), Status::Format, &["not UTF-8"]);
-    assert_err(&bad(tensor(b"t", &[], 8, 256)), Status::Shape, &["t = n_dims 0"]);
-    assert_err(&bad(tensor(b"t", &[32; 5], 8, 256)), Status::Shape, &["n_dims 5"]);
-    assert_err(&bad(tensor(b"t", &[64, 0], 8, 256)), Status::Shape, &["t = [64, 0]", "zero"]);
+    assert_err(
+        &bad(tensor(b"t\xfe", &[64, 2], 8, 256)),
+        Status::Format,
+        &["not UTF-8"],
+    );
+    assert_err(
+        &bad(tensor(b"t", &[], 8, 256)),
+        Status::Shape,
+        &["t = n_dims 0"],
+    );
+    assert_err(
+        &bad(tensor(b"t", &[32; 5], 8, 256)),
+        Status::Shape,
+        &["n_dims 5"],
+    );
+    assert_err(
+        &bad(tensor(b"t", &[64, 0], 8, 256)),
+        Status::Shape,
+        &["t = [64, 0]", "zero"],
+    );
     assert_err(
         &bad(tensor(b"t", &[1 << 32, 1 << 32], 0, 256)),
         Status::Shape,
         &["overflows"],
     );
-    assert_err(&bad(tensor(b"t", &[64, 2], 4, 256)), Status::Format, &["t = type 4", "unknown ggml type"]);
-    assert_err(&bad(tensor(b"t", &[48, 2], 8, 256)), Status::Shape, &["t = [48, 2]", "block size 32"]);
-    assert_err(&bad(tensor(b"t", &[64, 2], 8, 250)), Status::Format, &["t = offset 250", "alignment 32"]);
+    assert_err(
+        &bad(tensor(b"t", &[64, 2], 4, 256)),
+        Status::Format,
+        &["t = type 4", "unknown ggml type"],
+    );
+    assert_err(
+        &bad(tensor(b"t", &[48, 2], 8, 256)),
+        Status::Shape,
+        &["t = [48, 2]", "block size 32"],
+    );
+    assert_err(
+        &bad(tensor(b"t", &[64, 2], 8, 250)),
+        Status::Format,
+        &["t = offset 250", "alignment 32"],
+    );
     assert_err(
         &bad(tensor(b"output_norm.weight", &[64, 2], 8, 256)),
         Status::Format,
         &["output_norm.weight", "duplicate tensor name"],
     );
-    assert_err(&bad(tensor(b"t", &[64, 4], 8, 256)), Status::Format, &["t = offset 256 + 272 bytes", "past the end"]);
+    assert_err(
+        &bad(tensor(b"t", &[64, 4], 8, 256)),
+        Status::Format,
+        &["t = offset 256 + 272 bytes", "past the end"],
+    );
     // The data section itself missing.
     let mut r = Raw::good();
     r.data.clear();
@@ -278,19 +338,28 @@ fn tensor_infos() {
 #[test]
 fn writer_matches_hand_laid_bytes_and_is_deterministic() {
     let kvs = vec![
-        ("general.architecture".to_string(), MetaValue::Str("llama".into())),
+        (
+            "general.architecture".to_string(),
+            MetaValue::Str("llama".into()),
+        ),
         ("llama.block_count".to_string(), MetaValue::U32(1)),
     ];
-    let norm = vec![0u8; 256];
-    let emb = vec![0u8; 136];
+    let norm = [0u8; 256];
+    let emb = [0u8; 136];
     let tensors = [
-        (TensorSpec::vector("output_norm.weight", 64, GgmlType::F32), &norm[..]),
-        (TensorSpec::matrix("token_embd.weight", 2, 64, GgmlType::Q8_0), &emb[..]),
+        (
+            TensorSpec::vector("output_norm.weight", 64, GgmlType::F32),
+            &norm[..],
+        ),
+        (
+            TensorSpec::matrix("token_embd.weight", 2, 64, GgmlType::Q8_0),
+            &emb[..],
+        ),
     ];
     let a = to_bytes(&kvs, &tensors).unwrap();
     let mut want = Raw::good().bytes();
     // The writer pads the last tensor too.
-    while want.len() % 32 != 0 {
+    while !want.len().is_multiple_of(32) {
         want.push(0);
     }
     assert_eq!(a, want);
@@ -315,7 +384,10 @@ fn writer_round_trips_every_value_type() {
         ("a.strs".into(), MetaValue::strings(["x", "", "yz"])),
         (
             "a.bools".into(),
-            MetaValue::Array(ValueType::Bool, vec![MetaValue::Bool(false), MetaValue::Bool(true)]),
+            MetaValue::Array(
+                ValueType::Bool,
+                vec![MetaValue::Bool(false), MetaValue::Bool(true)],
+            ),
         ),
         ("general.alignment".into(), MetaValue::U32(64)),
     ];
@@ -335,10 +407,17 @@ fn writer_round_trips_every_value_type() {
         MetaValue::Array(ValueType::U32, vec![MetaValue::U8(1)]),
     )];
     assert!(to_bytes(&mixed, &[]).is_err());
-    let dup = [("x".to_string(), MetaValue::U8(1)), ("x".to_string(), MetaValue::U8(2))];
+    let dup = [
+        ("x".to_string(), MetaValue::U8(1)),
+        ("x".to_string(), MetaValue::U8(2)),
+    ];
     assert!(to_bytes(&dup, &[]).is_err());
-    let mut w = GgufWriter::new(Vec::new(), &[], vec![TensorSpec::vector("v", 4, GgmlType::F32)])
-        .unwrap();
+    let mut w = GgufWriter::new(
+        Vec::new(),
+        &[],
+        vec![TensorSpec::vector("v", 4, GgmlType::F32)],
+    )
+    .unwrap();
     w.write_data(&[0; 8]).unwrap();
     assert!(w.finish().is_err());
 }

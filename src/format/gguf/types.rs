@@ -212,7 +212,10 @@ mod tests {
         assert_eq!(GgmlType::Q3_K.block_bytes(), 2 + 256 / 4 + 256 / 8 + 12);
         assert_eq!(GgmlType::Q4_K.block_bytes(), 2 + 2 + 256 / 2 + 12);
         assert_eq!(GgmlType::Q5_K.block_bytes(), 2 + 2 + 256 / 2 + 256 / 8 + 12);
-        assert_eq!(GgmlType::Q6_K.block_bytes(), 2 + 256 / 2 + 256 / 4 + 256 / 16);
+        assert_eq!(
+            GgmlType::Q6_K.block_bytes(),
+            2 + 256 / 2 + 256 / 4 + 256 / 16
+        );
         assert_eq!(GgmlType::IQ3_S.block_bytes(), 2 + 64 + 32 + 8 + 4);
         assert_eq!(GgmlType::IQ1_M.block_bytes(), 32 + 16 + 8);
         for v in 0..64 {

@@ -375,8 +375,7 @@ fn read_scalar<'a>(r: &mut Reader<'a>, ty: ValueType, key: &str) -> Result<Value
 }
 
 fn value_type(v: u32, key: &str) -> Result<ValueType> {
-    ValueType::from_u32(v)
-        .ok_or_else(|| FormatError::format(key, v, "unknown value type (0..=12)"))
+    ValueType::from_u32(v).ok_or_else(|| FormatError::format(key, v, "unknown value type (0..=12)"))
 }
 
 /// Reads one value of type `ty` for `key`.
@@ -609,9 +608,8 @@ pub fn parse(bytes: &[u8]) -> Result<GgufView<'_>> {
         infos.push((name, dims, n_dims as usize, ty, offset, n_bytes));
     }
 
-    let data_offset = align_up(r.pos as u64, alignment).ok_or_else(|| {
-        FormatError::format("data", r.pos, "data offset overflows")
-    })?;
+    let data_offset = align_up(r.pos as u64, alignment)
+        .ok_or_else(|| FormatError::format("data", r.pos, "data offset overflows"))?;
     let file_len = bytes.len() as u64;
     if !infos.is_empty() && data_offset > file_len {
         return Err(FormatError::format(

@@ -75,9 +75,10 @@ impl MetaValue {
             Value::I64(x) => MetaValue::I64(x),
             Value::F64(x) => MetaValue::F64(x),
             Value::Str(s) => MetaValue::Str(String::from_utf8_lossy(s).into_owned()),
-            Value::Array(a) => {
-                MetaValue::Array(a.elem, a.iter().map(|e| MetaValue::from_value(&e)).collect())
-            }
+            Value::Array(a) => MetaValue::Array(
+                a.elem,
+                a.iter().map(|e| MetaValue::from_value(&e)).collect(),
+            ),
         }
     }
 
@@ -163,7 +164,7 @@ impl TensorSpec {
                 format!("1 to {MAX_DIMS} non-zero dimensions"),
             ));
         }
-        if self.dims[0] % self.ty.block_size() != 0 {
+        if !self.dims[0].is_multiple_of(self.ty.block_size()) {
             return Err(FormatError::shape(
                 name,
                 format!("{:?}", self.dims),
