@@ -460,6 +460,9 @@ pub fn convert_file(
     bos: Option<&str>,
     eos: Option<&str>,
 ) -> Result<Mlt> {
+    if super::gguf_in::same_file(input, output) {
+        return Err(bad("-o", output.display(), "is the input file"));
+    }
     let mut mlt = mlt_from_gguf_file(input)?;
     for (name, text, slot) in [("--bos", bos, &mut mlt.bos), ("--eos", eos, &mut mlt.eos)] {
         if let Some(t) = text {
