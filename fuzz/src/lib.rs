@@ -156,10 +156,30 @@ pub fn exercise_gguf(data: &[u8]) {
     }
     let bytes = w.finish().expect("every tensor written");
     let back = gguf::parse(&bytes).expect("the writer's output parses");
-    if lossless {
-        assert_eq!(back.kvs, v.kvs, "metadata round-trips");
-    }
+    let keys = |v: &gguf::GgufView| -> Vec<(String, gguf::ValueType)> {
+        v.kvs.iter().map(|k| (k.key.to_string(), k.value.value_type())).collect()
+    };
+    assert_eq!(keys(&back), keys(&v), "metadata keys and types round-trip");
     for (a, b) in v.tensors.iter().zip(&back.tensors) {
         assert_eq!(v.data(a), back.data(b), "tensor data round-trips");
+    }
+    // Values compared as written bytes (NaN-safe): writing what was read back gives
+    // the same file.
+    if lossless {
+        let kvs2: Vec<(String, MetaValue)> = back
+            .kvs
+            .iter()
+            .map(|k| (k.key.to_string(), MetaValue::from_value(&k.value)))
+            .collect();
+        let specs2: Vec<TensorSpec> = back
+            .tensors
+            .iter()
+            .map(|t| TensorSpec { name: t.name.to_string(), dims: t.shape().to_vec(), ty: t.ty })
+            .collect();
+        let mut w2 = gguf::GgufWriter::new(Vec::new(), &kvs2, specs2).expect("valid again");
+        for t in &back.tensors {
+            w2.write_data(back.data(t)).expect("sizes as parsed");
+        }
+        assert_eq!(w2.finish().expect("written"), bytes, "metadata values round-trip");
     }
 }
