@@ -124,10 +124,9 @@ for m in $MODELS; do
     echo
 
     echo "== $m $q: token ids, llama-tokenize vs mlb-inspect --encode"
-    "$lbin/llama-tokenize" -m "$base.gguf" -f "$out/corpus.txt" --ids --log-disable 2>/dev/null |
-      tr -d '[],' | tr -s ' \n' ' ' | sed 's/^ //; s/ $//' >"$base.llama.ids"
-    "$kbin/mlb-inspect" "$base.mlt" --encode <"$out/corpus.txt" | tr -d '[],' | tr -s ' \n' ' ' |
-      sed 's/^ //; s/ $//' >"$base.krafla.ids"
+    ids() { tr ',[]' '   ' | tr -s ' \n' ' ' | sed 's/^ //; s/ $//'; }
+    "$lbin/llama-tokenize" -m "$base.gguf" -f "$out/corpus.txt" --ids --log-disable 2>/dev/null | ids >"$base.llama.ids"
+    "$kbin/mlb-inspect" "$base.mlt" --encode <"$out/corpus.txt" | ids >"$base.krafla.ids"
     if cmp -s "$base.llama.ids" "$base.krafla.ids"; then
       echo "identical ($(wc -w <"$base.llama.ids") ids)"
     else
@@ -135,9 +134,9 @@ for m in $MODELS; do
     fi
 
     echo "== $m $q: llama-perplexity (ctx $PPL_CTX, $PPL_CHUNKS chunks): Krafla's export, then llama.cpp's own"
-    for g in "$base.gguf" "$BENCH_DIR/gguf/$m-$q.gguf"; do
-      "$lbin/llama-perplexity" -m "$g" -f "$EVAL_TXT" -c "$PPL_CTX" --chunks "$PPL_CHUNKS" -t "$THREADS" \
-        2>&1 | grep -E "Final estimate" | sed "s|^|$(basename "$g"): |" || { echo "llama-perplexity FAILED on $g"; fail=1; }
+    for g in "krafla:$base.gguf" "llama.cpp:$BENCH_DIR/gguf/$m-$q.gguf"; do
+      "$lbin/llama-perplexity" -m "${g#*:}" -f "$EVAL_TXT" -c "$PPL_CTX" --chunks "$PPL_CHUNKS" -t "$THREADS" \
+        2>&1 | grep -oE "Final estimate.*" | sed "s|^|${g%%:*}: |" || { echo "llama-perplexity FAILED on ${g#*:}"; fail=1; }
     done
   done
 done
