@@ -28,17 +28,26 @@ enum WTypeArg {
     F16,
 }
 
+/// What `--requantize` can write today.
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum RequantArg {
+    #[value(name = "q8_0")]
+    Q8_0,
+    #[value(name = "q4_0")]
+    Q4_0,
+}
+
 #[derive(Debug, Clone, Copy, ValueEnum)]
 enum RuleArg {
     Search,
     Round,
 }
 
-/// Convert a Hugging Face checkpoint folder (config.json + safetensors) to an .mlb file.
+/// Convert a Hugging Face checkpoint folder (config.json + safetensors) or a GGUF file to an .mlb file.
 #[derive(Debug, Parser)]
 #[command(name = "mlb-convert", version)]
 struct Cli {
-    /// Checkpoint folder: config.json and model.safetensors or model.safetensors.index.json with its shards
+    /// Checkpoint folder (config.json and model.safetensors or model.safetensors.index.json with its shards), or a GGUF file
     checkpoint: PathBuf,
     /// Output file [default: <folder>-<wtype>.mlb beside the folder]
     #[arg(short, long, value_name = "OUT.mlb")]
@@ -61,9 +70,21 @@ struct Cli {
     /// Importance matrix (MLI1, from mlb-run --imatrix) weighting the Q4_0 search
     #[arg(long, value_name = "FILE.mli")]
     imatrix: Option<PathBuf>,
+    /// GGUF input: dequantize and quantize again the matrices Krafla cannot store as they are (F16/BF16/F32 matrices, Q4_1, Q5_x, K-quants) to this type; without it they are refused
+    #[arg(long, value_enum, value_name = "TYPE")]
+    requantize: Option<RequantArg>,
     /// Worker threads [default: one per core]; the output does not depend on it
     #[arg(long, value_name = "N", allow_negative_numbers = true)]
     threads: Option<usize>,
+}
+
+fn wtype(w: WTypeArg) -> WType {
+    match w {
+        WTypeArg::Q8_0 => WType::Q8_0,
+        WTypeArg::Q4_0 => WType::Q4_0,
+        WTypeArg::Bf16 => WType::BF16,
+        WTypeArg::F16 => WType::F16,
+    }
 }
 
 fn parse_q8(s: &str) -> Result<u32, String> {
@@ -81,12 +102,7 @@ fn main() -> ExitCode {
     let opts = Options {
         input: cli.checkpoint,
         output: cli.output,
-        wtype: match cli.wtype {
-            WTypeArg::Q8_0 => WType::Q8_0,
-            WTypeArg::Q4_0 => WType::Q4_0,
-            WTypeArg::Bf16 => WType::BF16,
-            WTypeArg::F16 => WType::F16,
-        },
+        wtype: wtype(cli.wtype),
         q8_mask: cli.q8,
         types: cli.types.unwrap_or_default(),
         scale_f16: cli.f16_scales,
@@ -96,6 +112,10 @@ fn main() -> ExitCode {
         }),
         imatrix: cli.imatrix,
         threads: cli.threads,
+        requantize: cli.requantize.map(|r| match r {
+            RequantArg::Q8_0 => WType::Q8_0,
+            RequantArg::Q4_0 => WType::Q4_0,
+        }),
         cancel: Some(&STOP),
     };
     let bar = std::io::stderr().is_terminal().then(|| {

@@ -1,5 +1,5 @@
 //! mlt-convert: tokenizer.json (+ tokenizer_config.json, chat templates and
-//! generation_config.json beside it) → MLT1.
+//! generation_config.json beside it), or a GGUF file's tokenizer metadata, → MLT1.
 
 use clap::Parser;
 use krafla::chat::capture::ChatOptions;
@@ -10,10 +10,10 @@ use std::process::ExitCode;
 #[derive(Parser)]
 #[command(
     version,
-    about = "Convert a Hugging Face tokenizer.json to an MLT1 tokenizer file"
+    about = "Convert a Hugging Face tokenizer.json, or the tokenizer of a GGUF file, to an MLT1 tokenizer file"
 )]
 struct Args {
-    /// The tokenizer.json to convert.
+    /// The tokenizer.json (or GGUF file) to convert.
     input: PathBuf,
     /// The .mlt file to write.
     #[arg(short, long)]
@@ -50,7 +50,17 @@ fn main() -> ExitCode {
             stop_tokens: a.stop_token,
         },
     };
-    match convert_file(&a.input, &a.output, &opts) {
+    let res = if krafla::convert::gguf_in::is_gguf_file(&a.input) {
+        krafla::convert::gguf_tok::convert_file(
+            &a.input,
+            &a.output,
+            opts.bos.as_deref(),
+            opts.eos.as_deref(),
+        )
+    } else {
+        convert_file(&a.input, &a.output, &opts)
+    };
+    match res {
         Ok(m) => {
             if !a.quiet {
                 let (text, _) = krafla::tokenizer::describe(&m);

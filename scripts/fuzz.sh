@@ -23,7 +23,7 @@ runs=()
 san=${FUZZ_SANITIZER:-none}
 targets=("$@")
 if [ ${#targets[@]} -eq 0 ]; then
-  targets=(mlb_parse mlb_view mlt_parse mli_parse tok_encode tok_decode convert_config convert_safetensors convert_pair run_options chat_render)
+  targets=(mlb_parse mlb_view mlt_parse mli_parse gguf_parse tok_encode tok_decode convert_config convert_safetensors convert_pair run_options chat_render)
 fi
 export RUSTC_BOOTSTRAP=1
 for t in "${targets[@]}"; do

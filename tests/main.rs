@@ -3,6 +3,7 @@
 mod calibrate;
 mod chat;
 mod convert;
+mod gguf;
 mod hostile;
 mod inspect;
 mod kernels;

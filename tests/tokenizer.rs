@@ -16,7 +16,7 @@ fn data(name: &str) -> PathBuf {
         .join(name)
 }
 
-fn gunzip(name: &str) -> String {
+pub(crate) fn gunzip(name: &str) -> String {
     let f = std::fs::File::open(data(name)).expect("test data present");
     let mut s = String::new();
     GzDecoder::new(f)
@@ -51,7 +51,7 @@ fn unescape(s: &str) -> String {
 }
 
 /// The corpus cases: (name, text).
-fn corpus() -> Vec<(String, String)> {
+pub(crate) fn corpus() -> Vec<(String, String)> {
     let text = std::fs::read_to_string(data("corpus.txt")).unwrap();
     let mut cases: Vec<(String, Vec<&str>)> = Vec::new();
     for line in text.lines() {
@@ -155,7 +155,7 @@ const ALPHABET: &[&str] = &[
 ];
 
 /// Random strings over [`ALPHABET`], from a fixed seed.
-fn fuzz_cases(n: usize) -> Vec<String> {
+pub(crate) fn fuzz_cases(n: usize) -> Vec<String> {
     let mut seed = 0x9e37_79b9_7f4a_7c15u64;
     let mut next = move || {
         seed ^= seed << 13;
@@ -174,7 +174,7 @@ fn fuzz_cases(n: usize) -> Vec<String> {
 }
 
 /// Every added token in context: inside words, next to each other and to spaces.
-fn added_cases(m: &Mlt) -> Vec<String> {
+pub(crate) fn added_cases(m: &Mlt) -> Vec<String> {
     let added: Vec<String> = m
         .tokens
         .iter()
@@ -190,13 +190,13 @@ fn added_cases(m: &Mlt) -> Vec<String> {
     out
 }
 
-struct Outcome {
-    cases: usize,
-    diffs: Vec<String>,
-    round_trips: usize,
+pub(crate) struct Outcome {
+    pub cases: usize,
+    pub diffs: Vec<String>,
+    pub round_trips: usize,
 }
 
-fn compare(
+pub(crate) fn compare(
     name: &str,
     ours: &Tokenizer,
     hf: &tokenizers::Tokenizer,

@@ -145,3 +145,77 @@ pub fn exercise_chat(data: &[u8]) {
     };
     let _ = std::hint::black_box(t.render(&c.messages, &c.options));
 }
+
+/// Parses `data` as GGUF; if it parses, reads every metadata array and every tensor
+/// (dequantizing a first row of a readable type), builds the tokenizer from the
+/// metadata, and writes the file again: the same metadata must read back.
+pub fn exercise_gguf(data: &[u8]) {
+    use krafla::format::gguf::{self, dequant, MetaValue, TensorSpec};
+    let Ok(v) = gguf::parse(data) else { return };
+    let mut n = 0usize;
+    for kv in &v.kvs {
+        if let Some(a) = kv.value.as_array() {
+            n += a.iter().count();
+        }
+    }
+    for t in &v.tensors {
+        let d = v.data(t);
+        n += d.len();
+        let cols = t.cols() as usize;
+        if dequant::supported(t.ty) && cols <= 1 << 16 {
+            let mut row = vec![0f32; cols];
+            assert!(dequant::dequantize_row(t.ty, &d[..t.row_bytes() as usize], &mut row));
+            std::hint::black_box(&row);
+        }
+    }
+    std::hint::black_box(n);
+    let _ = krafla::convert::gguf_tok::mlt_from_gguf(&v);
+    let kvs: Vec<(String, MetaValue)> = v
+        .kvs
+        .iter()
+        .map(|k| (k.key.to_string(), MetaValue::from_value(&k.value)))
+        .collect();
+    let specs: Vec<TensorSpec> = v
+        .tensors
+        .iter()
+        .map(|t| TensorSpec { name: t.name.to_string(), dims: t.shape().to_vec(), ty: t.ty })
+        .collect();
+    // Strings that are not UTF-8 are written lossily; the rest reads back as it was.
+    let lossless = v.kvs.iter().all(|k| match k.value {
+        gguf::Value::Str(s) => std::str::from_utf8(s).is_ok(),
+        gguf::Value::Array(a) => a.iter().all(|x| !matches!(x, gguf::Value::Str(s) if std::str::from_utf8(s).is_err())),
+        _ => true,
+    });
+    let Ok(mut w) = gguf::GgufWriter::new(Vec::new(), &kvs, specs) else { return };
+    for t in &v.tensors {
+        w.write_data(v.data(t)).expect("sizes as parsed");
+    }
+    let bytes = w.finish().expect("every tensor written");
+    let back = gguf::parse(&bytes).expect("the writer's output parses");
+    let keys = |v: &gguf::GgufView| -> Vec<(String, gguf::ValueType)> {
+        v.kvs.iter().map(|k| (k.key.to_string(), k.value.value_type())).collect()
+    };
+    assert_eq!(keys(&back), keys(&v), "metadata keys and types round-trip");
+    for (a, b) in v.tensors.iter().zip(&back.tensors) {
+        assert_eq!(v.data(a), back.data(b), "tensor data round-trips");
+    }
+    // Values compared as written bytes (NaN-safe): writing what was read back gives
+    // the same file.
+    if lossless {
+        let kvs2: Vec<(String, MetaValue)> = back
+            .kvs
+            .iter()
+            .map(|k| (k.key.to_string(), MetaValue::from_value(&k.value)))
+            .collect();
+        let specs2: Vec<TensorSpec> = back
+            .tensors
+            .iter()
+            .map(|t| TensorSpec { name: t.name.to_string(), dims: t.shape().to_vec(), ty: t.ty })
+            .collect();
+        let mut w2 = gguf::GgufWriter::new(Vec::new(), &kvs2, specs2).expect("valid again");
+        for t in &back.tensors {
+            w2.write_data(back.data(t)).expect("sizes as parsed");
+        }
+        assert_eq!(w2.finish().expect("written"), bytes, "metadata values round-trip");
+    }
+}

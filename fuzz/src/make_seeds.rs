@@ -225,6 +225,10 @@ fn main() {
         b.push(0);
         b.extend(logits.iter().flat_map(|x| x.to_le_bytes()));
         write("run_options", &format!("opts{i}.bin"), &b);
+    for (name, bytes) in gguf_seeds() {
+        krafla::format::gguf::parse(&bytes).unwrap_or_else(|e| panic!("{name}: {e}"));
+        krafla_fuzz::exercise_gguf(&bytes);
+        write("gguf_parse", name, &bytes);
     }
     let models = krafla_fuzz::repo().join("testdata/models");
     let mut dirs: Vec<_> = std::fs::read_dir(&models)
@@ -238,4 +242,57 @@ fn main() {
             write("convert_config", &format!("{name}.json"), &c);
         }
     }
+}
+
+/// Small GGUF files: a tiny model with a tokenizer, and one block of every type.
+fn gguf_seeds() -> Vec<(&'static str, Vec<u8>)> {
+    use krafla::format::gguf::{to_bytes, GgmlType, MetaValue, TensorSpec, ValueType};
+    let s = |k: &str, v: &str| (k.to_string(), MetaValue::Str(v.into()));
+    let u = |k: &str, v: u32| (k.to_string(), MetaValue::U32(v));
+    let tokens: Vec<String> = (0..=255u8)
+        .map(|b| {
+            let c = if (0x21..=0x7e).contains(&b) { b as char } else { char::from_u32(0x100 + b as u32).unwrap() };
+            c.to_string()
+        })
+        .collect();
+    let kvs = vec![
+        s("general.architecture", "llama"),
+        u("llama.block_count", 1),
+        u("llama.context_length", 64),
+        u("llama.embedding_length", 32),
+        u("llama.feed_forward_length", 32),
+        u("llama.attention.head_count", 2),
+        ("llama.attention.layer_norm_rms_epsilon".into(), MetaValue::F32(1e-5)),
+        s("tokenizer.ggml.model", "gpt2"),
+        s("tokenizer.ggml.pre", "gpt-2"),
+        ("tokenizer.ggml.tokens".into(), MetaValue::strings(tokens)),
+        ("tokenizer.ggml.merges".into(), MetaValue::strings(Vec::<String>::new())),
+        ("tokenizer.ggml.token_type".into(), MetaValue::Array(ValueType::I32, vec![MetaValue::I32(1); 256])),
+        u("tokenizer.ggml.bos_token_id", 1),
+    ];
+    let norm = vec![0u8; 32 * 4];
+    let mat = vec![0u8; 32 * 34];
+    let model = to_bytes(
+        &kvs,
+        &[
+            (TensorSpec::vector("output_norm.weight", 32, GgmlType::F32), &norm[..]),
+            (TensorSpec::matrix("blk.0.attn_q.weight", 32, 32, GgmlType::Q8_0), &mat[..]),
+        ],
+    )
+    .unwrap();
+    let types = [
+        GgmlType::F16, GgmlType::BF16, GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0,
+        GgmlType::Q5_1, GgmlType::Q8_0, GgmlType::Q2_K, GgmlType::Q3_K, GgmlType::Q4_K,
+        GgmlType::Q5_K, GgmlType::Q6_K,
+    ];
+    let datas: Vec<(TensorSpec, Vec<u8>)> = types
+        .iter()
+        .map(|&t| {
+            let spec = TensorSpec::vector(t.name(), t.block_size(), t);
+            (spec, (0..t.block_bytes()).map(|i| (i * 37 % 251) as u8).collect())
+        })
+        .collect();
+    let refs: Vec<(TensorSpec, &[u8])> = datas.iter().map(|(s, d)| (s.clone(), &d[..])).collect();
+    let blocks = to_bytes(&[s("general.architecture", "types")], &refs).unwrap();
+    vec![("tiny_model.gguf", model), ("types.gguf", blocks)]
 }

@@ -17,6 +17,10 @@ pub mod arch;
 pub mod checkpoint;
 pub mod config;
 pub mod error;
+pub mod gguf_arch;
+pub mod gguf_in;
+pub mod gguf_out;
+pub mod gguf_tok;
 pub mod permute;
 pub mod plan;
 
@@ -66,6 +70,9 @@ pub struct Options {
     pub imatrix: Option<PathBuf>,
     /// Rayon threads (`None`: rayon's default, one per core).
     pub threads: Option<usize>,
+    /// GGUF input: the type of the matrices Krafla cannot store as they are
+    /// (dequantized, then quantized again); `None` refuses them.
+    pub requantize: Option<WType>,
     /// When set to true (e.g. by a Ctrl-C handler), the conversion stops at the next
     /// row chunk with [`ConvertError::Interrupted`] and removes its temporary file.
     pub cancel: Option<&'static AtomicBool>,
@@ -83,6 +90,7 @@ impl Options {
             q4_rule: None,
             imatrix: None,
             threads: None,
+            requantize: None,
             cancel: None,
         }
     }
@@ -167,7 +175,7 @@ pub fn convert(opts: &Options, progress: &mut (dyn FnMut(Progress) + Send)) -> R
     }
     let (pool, note) = thread_pool(opts.threads);
     let pool = pool?;
-    pool.install(|| run(opts, note, progress))
+    pool.install(|| run_any(opts, note, progress))
 }
 
 /// The rayon pool of `threads` threads (`None`: rayon's default). Where threads cannot
@@ -195,6 +203,24 @@ fn thread_pool(threads: Option<usize>) -> (Result<rayon::ThreadPool>, Option<Str
     (one, Some(note))
 }
 
+/// A GGUF file or a checkpoint folder.
+fn run_any(
+    opts: &Options,
+    thread_note: Option<String>,
+    progress: &mut (dyn FnMut(Progress) + Send),
+) -> Result<Summary> {
+    if gguf_in::is_gguf_file(&opts.input) {
+        return gguf_in::run(opts, progress);
+    }
+    if opts.requantize.is_some() {
+        return Err(ConvertError::options(
+            "--requantize",
+            "applies to GGUF input only",
+        ));
+    }
+    run(opts, thread_note, progress)
+}
+
 /// One spec array and where it comes from.
 struct Source {
     hf: String,
@@ -218,7 +244,7 @@ fn run(
     if !dir.is_dir() {
         return Err(ConvertError::checkpoint(
             dir,
-            "not a folder (expected a Hugging Face checkpoint folder)",
+            "not a folder (expected a Hugging Face checkpoint folder or a GGUF file)",
         ));
     }
     let desc = config::load(dir)?;
@@ -381,12 +407,23 @@ fn run(
         seconds: t0.elapsed().as_secs_f64(),
         notes,
         q4_rule: has(WType::Q4_0).then_some(q4_rule),
-        types: WType::ALL
-            .into_iter()
-            .map(|t| (t, types.iter().filter(|&&x| x == t).count()))
-            .filter(|&(_, n)| n > 0)
-            .collect(),
+        types: type_counts(&layout),
     })
+}
+
+/// Matrices per type in `layout`, in code order (the types present).
+pub(crate) fn type_counts(layout: &crate::format::mlb::Layout) -> Vec<(WType, usize)> {
+    let mut n = [0usize; WType::ALL.len()];
+    for t in &layout.tensors {
+        if let Kind::Mat { wtype, .. } = t.kind {
+            n[wtype as usize] += 1;
+        }
+    }
+    WType::ALL
+        .into_iter()
+        .zip(n)
+        .filter(|&(_, c)| c > 0)
+        .collect()
 }
 
 /// A writer for a uniform header, or a mixed one with its matrix types.

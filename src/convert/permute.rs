@@ -39,6 +39,18 @@ pub fn rope_src(d: usize, rot: usize) -> usize {
     }
 }
 
+/// The inverse of [`rope_src`]: the output dimension that reads source dimension `d`.
+pub fn rope_dst(d: usize, rot: usize) -> usize {
+    let half = rot / 2;
+    if d < half {
+        2 * d
+    } else if d < rot {
+        2 * (d - half) + 1
+    } else {
+        d
+    }
+}
+
 impl RowMap {
     /// The source row of output row `r`.
     pub fn src(self, r: usize) -> usize {
@@ -76,6 +88,19 @@ impl RowMap {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn rope_dst_inverts_rope_src() {
+        for (hd, rot) in [(8, 8), (8, 4), (64, 64), (64, 32), (6, 2)] {
+            for d in 0..hd {
+                assert_eq!(
+                    rope_dst(rope_src(d, rot), rot),
+                    d,
+                    "hd {hd} rot {rot} d {d}"
+                );
+            }
+        }
+    }
 
     #[test]
     fn full_rotary_interleaves_halves() {

@@ -1,0 +1,1097 @@
+//! GGUF in and out, against the fixtures llama.cpp's own converter made
+//! (`testdata/make_gguf_fixtures.py`, `testdata/gguf/`):
+//!
+//! - float GGUFs (the checkpoint's own bf16/f16 values) with `--requantize` give the
+//!   same bytes as `mlb-convert` on the Hugging Face checkpoint, up to what llama.cpp's
+//!   GGUF itself changes (listed in `llama_cpp_view`);
+//! - Q4_0 GGUFs (gguf-py's Q4_0, llama.cpp's round rule) are copied block for block and
+//!   give the bytes of `--wtype q4_0 --q4-rule round --f16-scales --q8 none`;
+//! - Q8_0 GGUFs are copied block for block: the same bytes as requantizing their own
+//!   dequantized values, and logits within the fixtures' bounds of transformers';
+//! - the refusals, one per kind.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use krafla::format::gguf::{self, GgmlType, GgufWriter, MetaValue, TensorSpec};
+use krafla::format::mlb::{self, Header, HEADER_SIZE};
+
+use crate::util::testdata;
+
+fn gguf_dir() -> PathBuf {
+    testdata().join("gguf")
+}
+
+/// The float GGUF fixtures: (fixture, file).
+const FLOAT: &[(&str, &str)] = &[
+    ("llama", "llama.bf16.gguf"),
+    ("llama_tied", "llama_tied.f16.gguf"),
+    ("llama_rope_llama3", "llama_rope_llama3.bf16.gguf"),
+    ("llama_rope_yarn", "llama_rope_yarn.bf16.gguf"),
+    ("mistral_sliding", "mistral_sliding.bf16.gguf"),
+    ("qwen2", "qwen2.f16.gguf"),
+    ("qwen3", "qwen3.bf16.gguf"),
+    ("gemma2", "gemma2.bf16.gguf"),
+    ("gemma3_text", "gemma3_text.bf16.gguf"),
+    ("smollm3", "smollm3.f16.gguf"),
+    ("qwen3_5_text", "qwen3_5_text.bf16.gguf"),
+];
+
+const QUANT: &[&str] = &["llama", "qwen3", "gemma3_text"];
+
+/// Runs mlb-convert; Ok(stderr) on success, Err(stderr) on failure.
+fn mlb_convert(input: &Path, out: &Path, args: &[&str]) -> Result<String, String> {
+    let o = Command::new(env!("CARGO_BIN_EXE_mlb-convert"))
+        .arg(input)
+        .arg("-o")
+        .arg(out)
+        .args(args)
+        .output()
+        .expect("spawn mlb-convert");
+    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    if o.status.success() && out.exists() {
+        Ok(err)
+    } else {
+        Err(err)
+    }
+}
+
+fn convert_ok(input: &Path, out: &Path, args: &[&str]) -> Vec<u8> {
+    mlb_convert(input, out, args)
+        .unwrap_or_else(|e| panic!("mlb-convert {} {args:?}: {e}", input.display()));
+    std::fs::read(out).unwrap()
+}
+
+/// The first differing byte, named by the tensor it falls in.
+fn first_diff(a: &[u8], b: &[u8]) -> Option<String> {
+    if a == b {
+        return None;
+    }
+    let at = a
+        .iter()
+        .zip(b)
+        .position(|(x, y)| x != y)
+        .unwrap_or(a.len().min(b.len()));
+    let what = if at < HEADER_SIZE {
+        let f = mlb::FIELDS
+            .iter()
+            .find(|f| f.offset <= at && at < f.offset + 4)
+            .map_or("padding", |f| f.name);
+        format!("header field {f}")
+    } else {
+        match mlb::parse(a) {
+            Ok(p) => p
+                .layout
+                .tensors
+                .iter()
+                .find(|t| (t.offset as usize) <= at && at < t.end().next_multiple_of(64) as usize)
+                .map_or("?".to_string(), |t| t.name.to_string()),
+            Err(e) => format!("(unparsable: {e})"),
+        }
+    };
+    Some(format!(
+        "sizes {} and {}, first difference at byte {at} ({what})",
+        a.len(),
+        b.len()
+    ))
+}
+
+fn header_of(b: &[u8]) -> Header {
+    Header::decode(b[..HEADER_SIZE].try_into().unwrap())
+}
+
+/// The spec's llama3 frequency divisors of a header (f64), per pair.
+fn llama3_divisors(h: &Header, head_dim: usize) -> Vec<f64> {
+    let (f, lo, hi, orig) = (
+        h.rope_factor as f64,
+        h.rope_low_freq_factor as f64,
+        h.rope_high_freq_factor as f64,
+        h.rope_orig_max_seq as f64,
+    );
+    (0..head_dim / 2)
+        .map(|i| {
+            let inv = (h.rope_theta as f64).powf(-2.0 * i as f64 / head_dim as f64);
+            let wl = 2.0 * std::f64::consts::PI / inv;
+            if wl < orig / hi {
+                1.0
+            } else if wl > orig / lo {
+                f
+            } else {
+                let s = (orig / wl - lo) / (hi - lo);
+                1.0 / ((1.0 - s) / f + s)
+            }
+        })
+        .collect()
+}
+
+/// The `.mlb` of a Hugging Face fixture as llama.cpp's GGUF of it means it: what
+/// convert_hf_to_gguf.py does not store, or llama.cpp decides by its own rules.
+/// `gguf_mlb` supplies the Llama 3 RoPE parameters (equivalent ones are recovered
+/// from llama.cpp's per-frequency factors; checked here to give the same divisors).
+fn llama_cpp_view(name: &str, mut hf: Vec<u8>, gguf_mlb: &[u8]) -> Vec<u8> {
+    let mut h = header_of(&hf);
+    let g = header_of(gguf_mlb);
+    let set_flags = |hf: &mut Vec<u8>, from: &[u8], to: &[u8]| {
+        assert_eq!(
+            &hf[HEADER_SIZE..HEADER_SIZE + from.len()],
+            from,
+            "{name}: HF flags"
+        );
+        hf[HEADER_SIZE..HEADER_SIZE + to.len()].copy_from_slice(to);
+    };
+    match name {
+        // query_pre_attn_scalar is not in the GGUF: llama.cpp uses 1/sqrt(head_dim).
+        "gemma2" | "gemma3_text" => {
+            assert_ne!(
+                h.attn_scale, 0.25,
+                "{name}: the fixture tests a different scale"
+            );
+            h.attn_scale = 0.25;
+        }
+        // llama.cpp's llama architecture has no sliding window.
+        "mistral_sliding" => {
+            assert_eq!(h.sliding_window, 8);
+            h.sliding_window = 0;
+        }
+        "llama_rope_llama3" => {
+            let (a, b) = (llama3_divisors(&h, 16), llama3_divisors(&g, 16));
+            for (x, y) in a.iter().zip(&b) {
+                assert!((x - y).abs() <= 1e-5 * x, "{name}: divisors {a:?} vs {b:?}");
+            }
+            h.rope_low_freq_factor = g.rope_low_freq_factor;
+            h.rope_high_freq_factor = g.rope_high_freq_factor;
+            h.rope_orig_max_seq = g.rope_orig_max_seq;
+        }
+        _ => {}
+    }
+    match name {
+        // The converter writes no sliding-window pattern: llama.cpp's default of 6
+        // makes every one of the four layers a sliding one (HF: S S F S).
+        "gemma3_text" => set_flags(&mut hf, &[3, 3, 0, 3], &[3, 3, 3, 3]),
+        // llama.cpp's SmolLM3 drops RoPE on every fourth layer (the fixture: layer 2).
+        "smollm3" => {
+            set_flags(&mut hf, &[0, 0, 4, 0], &[0, 0, 0, 4]);
+            // A no-RoPE layer keeps the checkpoint's q/k row order; a RoPE layer has
+            // the spec's interleaved order. Layer 2 gains RoPE, layer 3 loses it.
+            move_qk_rows(&mut hf, 2, true);
+            move_qk_rows(&mut hf, 3, false);
+        }
+        _ => {}
+    }
+    hf[..HEADER_SIZE].copy_from_slice(&h.encode());
+    hf
+}
+
+/// Reorders the q/k rows (whole quantized rows with their scales) of one layer of an
+/// .mlb: to the spec's interleaved RoPE order (`to_rope`) or back to the checkpoint's.
+fn move_qk_rows(bytes: &mut [u8], layer: u32, to_rope: bool) {
+    use krafla::convert::permute::{rope_dst, rope_src};
+    use krafla::format::mlb::layout::Kind;
+    let m = mlb::Mlb::from_bytes(bytes).unwrap();
+    let (hd, rot) = (m.dims().head_dim, m.dims().rot_dim);
+    let mut moves = Vec::new();
+    for t in &m.layout().tensors {
+        if t.name.layer != Some(layer) || !matches!(t.name.name, "wq" | "wk" | "bq" | "bk") {
+            continue;
+        }
+        let (rows, arrays) = match t.kind {
+            Kind::Mat {
+                rows,
+                d_offset,
+                d_bytes,
+                ..
+            } => (rows, vec![(t.offset, t.bytes), (d_offset, d_bytes)]),
+            Kind::F32 { len } => (len, vec![(t.offset, t.bytes)]),
+            Kind::U8 { .. } => continue,
+        };
+        moves.push((rows, arrays));
+    }
+    assert!(!moves.is_empty(), "layer {layer} has no q/k arrays");
+    drop(m);
+    for (rows, arrays) in moves {
+        for (off, len) in arrays {
+            let (off, len) = (off as usize, len as usize);
+            let rb = len / rows;
+            let old = bytes[off..off + len].to_vec();
+            for r in 0..rows {
+                let (h, d) = (r / hd, r % hd);
+                let from = h * hd
+                    + if to_rope {
+                        rope_src(d, rot)
+                    } else {
+                        rope_dst(d, rot)
+                    };
+                bytes[off + r * rb..off + (r + 1) * rb]
+                    .copy_from_slice(&old[from * rb..(from + 1) * rb]);
+            }
+        }
+    }
+}
+
+#[test]
+fn gguf_float_requantized_equals_hf_conversion() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut failures = Vec::new();
+    for (name, file) in FLOAT {
+        let dir = testdata().join("models").join(name);
+        for (q, hf_args) in [
+            ("q8_0", vec!["--wtype", "q8_0"]),
+            ("q4_0", vec!["--wtype", "q4_0"]),
+        ] {
+            let a = tmp.path().join(format!("{name}.{q}.gguf.mlb"));
+            let b = tmp.path().join(format!("{name}.{q}.hf.mlb"));
+            let got = convert_ok(&gguf_dir().join(file), &a, &["--requantize", q]);
+            let want = llama_cpp_view(name, convert_ok(&dir, &b, &hf_args), &got);
+            if let Some(d) = first_diff(&got, &want) {
+                failures.push(format!("{name} {q}: {d}"));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
+}
+
+#[test]
+fn gguf_q4_0_blocks_copied_equal_hf_round_rule() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut failures = Vec::new();
+    for name in QUANT {
+        let dir = testdata().join("models").join(name);
+        let a = tmp.path().join(format!("{name}.gguf.mlb"));
+        let b = tmp.path().join(format!("{name}.hf.mlb"));
+        let log = mlb_convert(&gguf_dir().join(format!("{name}.q4_0.gguf")), &a, &[])
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert!(!log.contains("requantized"), "{name}: {log}");
+        let got = std::fs::read(&a).unwrap();
+        let hf = convert_ok(
+            &dir,
+            &b,
+            &[
+                "--wtype",
+                "q4_0",
+                "--q4-rule",
+                "round",
+                "--f16-scales",
+                "--q8",
+                "none",
+            ],
+        );
+        let want = llama_cpp_view(name, hf, &got);
+        if let Some(d) = first_diff(&got, &want) {
+            failures.push(format!("{name}: {d}"));
+        }
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
+}
+
+/// A GGUF rewritten: metadata edited by `kv`, tensors by `tensor` (name, type, data).
+fn rewrite(
+    src: &[u8],
+    kv: impl Fn(&mut Vec<(String, MetaValue)>),
+    tensor: impl Fn(&str, GgmlType, &[u64], &[u8]) -> Option<(GgmlType, Vec<u8>)>,
+) -> Vec<u8> {
+    let v = gguf::parse(src).unwrap();
+    let mut kvs: Vec<(String, MetaValue)> = v
+        .kvs
+        .iter()
+        .map(|k| (k.key.to_string(), MetaValue::from_value(&k.value)))
+        .collect();
+    kv(&mut kvs);
+    let mut specs = Vec::new();
+    let mut datas = Vec::new();
+    for t in &v.tensors {
+        let data = v.data(t);
+        let (ty, d) = tensor(t.name, t.ty, t.shape(), data).unwrap_or((t.ty, data.to_vec()));
+        specs.push(TensorSpec {
+            name: t.name.to_string(),
+            dims: t.shape().to_vec(),
+            ty,
+        });
+        datas.push(d);
+    }
+    let mut w = GgufWriter::new(Vec::new(), &kvs, specs).unwrap();
+    for d in &datas {
+        w.write_data(d).unwrap();
+    }
+    w.finish().unwrap()
+}
+
+/// Q8_0 blocks → F32 values (d · q), as a GGUF tensor.
+fn q8_to_f32(data: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for b in data.chunks_exact(34) {
+        let d = half::f16::from_le_bytes([b[0], b[1]]).to_f32();
+        for &q in &b[2..] {
+            out.extend_from_slice(&((q as i8) as f32 * d).to_le_bytes());
+        }
+    }
+    out
+}
+
+#[test]
+fn gguf_q8_0_blocks_copied_are_exact() {
+    let tmp = tempfile::tempdir().unwrap();
+    for name in QUANT {
+        let src = gguf_dir().join(format!("{name}.q8_0.gguf"));
+        let a = tmp.path().join(format!("{name}.copy.mlb"));
+        let copied = convert_ok(&src, &a, &[]);
+        let h = header_of(&copied);
+        assert_eq!((h.wtype, h.scale_f16, h.q8_mask), (1, 1, 0), "{name}");
+        // The GGUF's own values, dequantized and quantized again by the spec's Q8_0
+        // rule with f16 scales, give back the same blocks: d = amax / 127 of a block
+        // whose largest quant is ±127 is the stored d, and each q·d rounds to q.
+        let bytes = std::fs::read(&src).unwrap();
+        let f32s = rewrite(
+            &bytes,
+            |_| {},
+            |_, ty, _, data| (ty == GgmlType::Q8_0).then(|| (GgmlType::F32, q8_to_f32(data))),
+        );
+        let fsrc = tmp.path().join(format!("{name}.dequantized.gguf"));
+        std::fs::write(&fsrc, f32s).unwrap();
+        let b = tmp.path().join(format!("{name}.requant.mlb"));
+        let requant = convert_ok(&fsrc, &b, &["--requantize", "q8_0", "--f16-scales"]);
+        if let Some(d) = first_diff(&copied, &requant) {
+            panic!("{name}: copy vs requantized: {d}");
+        }
+    }
+}
+
+#[test]
+fn gguf_quantized_logits_match_transformers() {
+    use krafla::format::mlb::Mlb;
+    use krafla::model::{Model, Options};
+    let tmp = tempfile::tempdir().unwrap();
+    for name in QUANT {
+        let dir = testdata().join("models").join(name);
+        let r: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap())
+                .unwrap();
+        let toks: Vec<u32> = r["tokens"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_u64().unwrap() as u32)
+            .collect();
+        let f32_ref: Vec<f32> = std::fs::read(dir.join("logits.f32.bin"))
+            .unwrap()
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect();
+        for q in ["q8_0", "q4_0"] {
+            let out = tmp.path().join(format!("{name}.{q}.mlb"));
+            convert_ok(&gguf_dir().join(format!("{name}.{q}.gguf")), &out, &[]);
+            let m = Mlb::open(&out).unwrap();
+            let model = Model::new(&m).unwrap();
+            let got = crate::run::all_logits(&model, &Options::default(), &toks);
+            let e = crate::run::nrmse(&got, &f32_ref);
+            eprintln!("{name} {q}: nRMSE vs transformers f32 {e:.4}");
+            // Gemma 3's GGUF makes every layer a sliding one (llama.cpp's default
+            // pattern), so it is compared loosely; the others as the fixture tests do.
+            let bound = match (*name, q) {
+                ("gemma3_text", _) => 1.0,
+                (_, "q8_0") => 0.05,
+                _ => 0.4,
+            };
+            assert!(e < bound, "{name} {q}: nRMSE {e}");
+        }
+    }
+}
+
+fn set_kv(kvs: &mut Vec<(String, MetaValue)>, key: &str, v: MetaValue) {
+    match kvs.iter_mut().find(|(k, _)| k == key) {
+        Some(e) => e.1 = v,
+        None => kvs.push((key.to_string(), v)),
+    }
+}
+
+/// Converts crafted GGUF bytes; the error text.
+fn refusal(bytes: &[u8], args: &[&str]) -> String {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("in.gguf");
+    std::fs::write(&src, bytes).unwrap();
+    let out = tmp.path().join("out.mlb");
+    let e = mlb_convert(&src, &out, args).expect_err("refused");
+    assert!(!out.exists(), "no output on a refusal");
+    assert_eq!(e.trim().lines().count(), 1, "one line: {e}");
+    e
+}
+
+#[test]
+fn gguf_refusals_name_the_key_or_tensor() {
+    let base = std::fs::read(gguf_dir().join("llama.q8_0.gguf")).unwrap();
+    let same = |_: &str, _: GgmlType, _: &[u64], _: &[u8]| None;
+    // Not a GGUF past its magic: the parser's error, naming the file.
+    let e = refusal(&base[..200], &[]);
+    assert!(e.contains("in.gguf") && e.contains("ML_E_FORMAT"), "{e}");
+    // Unknown architecture.
+    let b = rewrite(
+        &base,
+        |k| set_kv(k, "general.architecture", MetaValue::Str("mamba".into())),
+        same,
+    );
+    let e = refusal(&b, &[]);
+    assert!(e.contains("general.architecture = mamba"), "{e}");
+    // A key that may change the math.
+    let b = rewrite(
+        &base,
+        |k| set_kv(k, "llama.expert_count", MetaValue::U32(8)),
+        same,
+    );
+    let e = refusal(&b, &[]);
+    assert!(
+        e.contains("llama.expert_count = 8") && e.contains("unknown key"),
+        "{e}"
+    );
+    // A yarn key llama.cpp ignores for this architecture.
+    let b = rewrite(
+        &base,
+        |k| {
+            set_kv(k, "llama.rope.scaling.type", MetaValue::Str("yarn".into()));
+            set_kv(k, "llama.rope.scaling.factor", MetaValue::F32(4.0));
+            set_kv(k, "llama.rope.scaling.yarn_beta_fast", MetaValue::F32(16.0));
+        },
+        same,
+    );
+    let e = refusal(&b, &[]);
+    assert!(e.contains("llama.rope.scaling.yarn_beta_fast = 16"), "{e}");
+    // Unsupported RoPE scaling.
+    let b = rewrite(
+        &base,
+        |k| {
+            set_kv(
+                k,
+                "llama.rope.scaling.type",
+                MetaValue::Str("longrope".into()),
+            )
+        },
+        same,
+    );
+    assert!(refusal(&b, &[]).contains("llama.rope.scaling.type = \"longrope\""));
+    // Per-layer values that differ.
+    let b = rewrite(
+        &base,
+        |k| {
+            set_kv(
+                k,
+                "llama.attention.head_count_kv",
+                MetaValue::Array(
+                    gguf::ValueType::U32,
+                    vec![MetaValue::U32(2), MetaValue::U32(1)],
+                ),
+            )
+        },
+        same,
+    );
+    assert!(refusal(&b, &[]).contains("llama.attention.head_count_kv"));
+    // A split file.
+    let b = rewrite(&base, |k| set_kv(k, "split.count", MetaValue::U16(2)), same);
+    assert!(refusal(&b, &[]).contains("split.count = 2"));
+    // A tensor the model does not use, and one it needs that is missing.
+    let mut extra = rewrite(&base, |_| {}, same);
+    {
+        let v = gguf::parse(&extra).unwrap();
+        let kvs: Vec<_> = v
+            .kvs
+            .iter()
+            .map(|k| (k.key.to_string(), MetaValue::from_value(&k.value)))
+            .collect();
+        let mut specs: Vec<TensorSpec> = v
+            .tensors
+            .iter()
+            .map(|t| TensorSpec {
+                name: t.name.into(),
+                dims: t.shape().to_vec(),
+                ty: t.ty,
+            })
+            .collect();
+        let mut datas: Vec<Vec<u8>> = v.tensors.iter().map(|t| v.data(t).to_vec()).collect();
+        specs.push(TensorSpec::vector(
+            "blk.0.attn_output.bias",
+            64,
+            GgmlType::F32,
+        ));
+        datas.push(vec![0; 256]);
+        let mut w = GgufWriter::new(Vec::new(), &kvs, specs).unwrap();
+        for d in &datas {
+            w.write_data(d).unwrap();
+        }
+        extra = w.finish().unwrap();
+    }
+    let e = refusal(&extra, &[]);
+    assert!(
+        e.contains("blk.0.attn_output.bias") && e.contains("not used"),
+        "{e}"
+    );
+    // Wrong shape.
+    let b = rewrite(
+        &base,
+        |k| set_kv(k, "llama.feed_forward_length", MetaValue::U32(96)),
+        same,
+    );
+    assert!(refusal(&b, &[]).contains("blk.0.ffn_gate.weight"));
+}
+
+/// Random but valid Q5_0 blocks for a rows × cols matrix (small scales).
+fn q5_0_blocks(rows: usize, cols: usize) -> Vec<u8> {
+    let mut out = Vec::new();
+    let mut x = 12345u32;
+    for _ in 0..rows * cols / 32 {
+        let mut b = [0u8; 22];
+        for v in b.iter_mut() {
+            x = x.wrapping_mul(1664525).wrapping_add(1013904223);
+            *v = (x >> 24) as u8;
+        }
+        b[..2].copy_from_slice(&half::f16::from_f32(0.01).to_le_bytes());
+        out.extend_from_slice(&b);
+    }
+    out
+}
+
+#[test]
+fn gguf_mixed_types_map_to_q8_mask_or_need_requantize() {
+    // Like llama-quantize's mixes: token_embd Q8_0 (copied from the Q8_0 file), output
+    // a type Krafla lacks (Q5_0 here; llama-quantize's Q4_0 uses Q6_K, but the
+    // fixture's 64-wide rows are shorter than a K-quant block).
+    let q4 = std::fs::read(gguf_dir().join("llama.q4_0.gguf")).unwrap();
+    let q8 = std::fs::read(gguf_dir().join("llama.q8_0.gguf")).unwrap();
+    let v8 = gguf::parse(&q8).unwrap();
+    let emb8 = v8.data(v8.tensor("token_embd.weight").unwrap()).to_vec();
+    let mixed = rewrite(
+        &q4,
+        |_| {},
+        |name, _, shape, _| match name {
+            "token_embd.weight" => Some((GgmlType::Q8_0, emb8.clone())),
+            "output.weight" => Some((
+                GgmlType::Q5_0,
+                q5_0_blocks(shape[1] as usize, shape[0] as usize),
+            )),
+            _ => None,
+        },
+    );
+    let e = refusal(&mixed, &[]);
+    assert!(
+        e.contains("output.weight") && e.contains("Q5_0") && e.contains("--requantize"),
+        "{e}"
+    );
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("mixed.gguf");
+    std::fs::write(&src, &mixed).unwrap();
+    let out = tmp.path().join("mixed.mlb");
+    let log = mlb_convert(&src, &out, &["--requantize", "q8_0"]).unwrap();
+    assert!(
+        log.contains("requantized 1 tensor(s)") && log.contains("output.weight (Q5_0)"),
+        "{log}"
+    );
+    let h = header_of(&std::fs::read(&out).unwrap());
+    use krafla::format::mlb::header::q8_class;
+    assert_eq!(
+        (h.wtype, h.q8_mask, h.scale_f16),
+        (2, q8_class::TOK_EMB | q8_class::WCLS, 1)
+    );
+    // The embedding rows are the Q8_0 file's blocks, copied.
+    let m = mlb::parse(&std::fs::read(&out).unwrap()).unwrap();
+    let t = m.layout.find("tok_emb").unwrap();
+    let bytes = std::fs::read(&out).unwrap();
+    let q = &bytes[t.offset as usize..(t.offset + t.bytes) as usize];
+    let want: Vec<u8> = emb8
+        .chunks_exact(34)
+        .flat_map(|b| b[2..].to_vec())
+        .collect();
+    assert_eq!(q, &want[..]);
+}
+
+#[test]
+fn gguf_dequantizers_match_gguf_py() {
+    let bytes = std::fs::read(gguf_dir().join("dequant.gguf")).unwrap();
+    let v = gguf::parse(&bytes).unwrap();
+    let mut seen = 0;
+    for t in &v.tensors {
+        let Some(ty) = t.name.strip_suffix(".blocks") else {
+            continue;
+        };
+        let e = v.tensor(&format!("{ty}.expected")).unwrap();
+        let want: Vec<f32> = v
+            .data(e)
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect();
+        let mut got = vec![0f32; want.len()];
+        assert!(
+            gguf::dequant::dequantize_row(t.ty, v.data(t), &mut got),
+            "{ty}"
+        );
+        for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+            assert_eq!(a.to_bits(), b.to_bits(), "{ty} element {i}: {a} vs {b}");
+        }
+        seen += 1;
+    }
+    assert_eq!(seen, 12);
+}
+
+// ---------------------------------------------------------------------------------
+// Tokenizers
+
+use krafla::convert::gguf_tok;
+use krafla::format::mlt::Mlt;
+use krafla::tokenizer::{from_hf, Tokenizer};
+use std::str::FromStr;
+
+fn real_gguf(name: &str) -> Option<PathBuf> {
+    let d = PathBuf::from(std::env::var_os("KRAFLA_REAL_DIR")?)
+        .join("gguf")
+        .join(name);
+    d.exists().then_some(d)
+}
+
+/// Our encoder on the GGUF's tokenizer against the tokenizers library on `json`: the
+/// corpus, every added token in context and random strings.
+fn check_against_hf(name: &str, m: &Mlt, json: &str) {
+    use crate::tokenizer::{added_cases, compare, corpus, fuzz_cases};
+    let ours = Tokenizer::from_mlt(m).unwrap();
+    let hf = tokenizers::Tokenizer::from_str(json).expect("oracle loads");
+    assert_eq!(ours.n_vocab(), hf.get_vocab_size(true), "{name}: n_vocab");
+    let mut cases = corpus();
+    cases.extend(
+        added_cases(m)
+            .into_iter()
+            .enumerate()
+            .map(|(i, t)| (format!("added {i}"), t)),
+    );
+    cases.extend(
+        fuzz_cases(3000)
+            .into_iter()
+            .enumerate()
+            .map(|(i, t)| (format!("fuzz {i}"), t)),
+    );
+    let r = compare(name, &ours, &hf, &cases);
+    eprintln!("{name}: {} cases, {} differences", r.cases, r.diffs.len());
+    for d in r.diffs.iter().take(10) {
+        eprintln!("  {d}");
+    }
+    assert!(
+        r.diffs.is_empty(),
+        "{name}: {} of {} cases differ",
+        r.diffs.len(),
+        r.cases
+    );
+}
+
+#[test]
+fn gguf_vocab_of_default_model_equals_its_tokenizer_json() {
+    // convert_hf_to_gguf.py --vocab-only of testdata/default, read back: the same file
+    // mlt-convert makes from the tokenizer.json.
+    let m = gguf_tok::mlt_from_gguf_file(&gguf_dir().join("default.vocab.gguf")).unwrap();
+    let dir = testdata().join("default");
+    let json = std::fs::read_to_string(dir.join("tokenizer.json")).unwrap();
+    let cfg = std::fs::read_to_string(dir.join("tokenizer_config.json")).unwrap();
+    let want = from_hf::convert(&json, Some(&cfg), &from_hf::Options::default()).unwrap();
+    assert_eq!(m, want);
+    check_against_hf("default (GGUF)", &m, &json);
+}
+
+#[test]
+fn gguf_real_tokenizers_match_hf() {
+    use crate::tokenizer::gunzip;
+    let (Some(smol), Some(gemma)) = (
+        real_gguf("smollm2-135m-instruct-q4_1.gguf"),
+        real_gguf("gemma-3-270m-q4_k_m.gguf"),
+    ) else {
+        eprintln!("SKIP gguf_real_tokenizers_match_hf: set KRAFLA_REAL_DIR to the output of shared/tools/real-checkpoints.sh");
+        return;
+    };
+    // SmolLM2: pre-tokenizer "smollm" splits digits first, as SmolLM's own
+    // tokenizer.json does (the one transformers writes from the GGUF drops that step).
+    let m = gguf_tok::mlt_from_gguf_file(&smol).unwrap();
+    check_against_hf(
+        "smollm2 (GGUF)",
+        &m,
+        &gunzip("smollm2.tokenizer.digits-split.json.gz"),
+    );
+    let m = gguf_tok::mlt_from_gguf_file(&gemma).unwrap();
+    check_against_hf("gemma3 (GGUF)", &m, &gunzip("gemma3.tokenizer.json.gz"));
+}
+
+#[test]
+fn gguf_tokenizer_metadata_round_trips() {
+    use crate::tokenizer::gunzip;
+    for (name, json, cfg, arch) in [
+        (
+            "default",
+            std::fs::read_to_string(testdata().join("default/tokenizer.json")).unwrap(),
+            Some(
+                std::fs::read_to_string(testdata().join("default/tokenizer_config.json")).unwrap(),
+            ),
+            "llama",
+        ),
+        (
+            "smollm2",
+            gunzip("smollm2.tokenizer.digits-split.json.gz"),
+            None,
+            "llama",
+        ),
+        ("qwen3", gunzip("qwen3.tokenizer.json.gz"), None, "qwen3"),
+        ("llama3", gunzip("llama3.tokenizer.json.gz"), None, "llama"),
+        (
+            "gemma3",
+            gunzip("gemma3.tokenizer.json.gz"),
+            Some(
+                std::fs::read_to_string(testdata().join("tokenizers/gemma3.tokenizer_config.json"))
+                    .unwrap(),
+            ),
+            "gemma3",
+        ),
+    ] {
+        let m = from_hf::convert(&json, cfg.as_deref(), &from_hf::Options::default()).unwrap();
+        let kvs = gguf_tok::gguf_tokenizer_kvs(&m, arch).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let mut all = vec![(
+            "general.architecture".to_string(),
+            MetaValue::Str(arch.into()),
+        )];
+        all.extend(kvs);
+        let bytes = gguf::to_bytes(&all, &[]).unwrap();
+        let back = gguf_tok::mlt_from_gguf(&gguf::parse(&bytes).unwrap()).unwrap();
+        assert!(back == m, "{name}: does not round-trip");
+    }
+}
+
+#[test]
+fn gguf_tokenizer_refusals() {
+    let base = std::fs::read(gguf_dir().join("default.vocab.gguf")).unwrap();
+    let same = |_: &str, _: GgmlType, _: &[u64], _: &[u8]| None;
+    let err = |b: &[u8]| {
+        gguf_tok::mlt_from_gguf(&gguf::parse(b).unwrap())
+            .unwrap_err()
+            .to_string()
+    };
+    let b = rewrite(
+        &base,
+        |k| set_kv(k, "tokenizer.ggml.pre", MetaValue::Str("default".into())),
+        same,
+    );
+    let e = err(&b);
+    assert!(
+        e.contains("tokenizer.ggml.pre = \"default\"") && e.contains("cannot reproduce"),
+        "{e}"
+    );
+    let b = rewrite(
+        &base,
+        |k| set_kv(k, "tokenizer.ggml.model", MetaValue::Str("bert".into())),
+        same,
+    );
+    assert!(err(&b).contains("tokenizer.ggml.model = \"bert\""));
+    let b = rewrite(
+        &base,
+        |k| set_kv(k, "tokenizer.ggml.add_eos_token", MetaValue::Bool(true)),
+        same,
+    );
+    assert!(err(&b).contains("tokenizer.ggml.add_eos_token"));
+    let b = rewrite(
+        &base,
+        |k| k.retain(|(n, _)| n != "tokenizer.ggml.merges"),
+        same,
+    );
+    assert!(err(&b).contains("tokenizer.ggml.merges = missing"));
+    let b = rewrite(
+        &base,
+        |k| set_kv(k, "tokenizer.ggml.bos_token_id", MetaValue::U32(99999)),
+        same,
+    );
+    assert!(err(&b).contains("tokenizer.ggml.bos_token_id = 99999"));
+    // mlt-convert on a GGUF: one line naming the file.
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("bad.gguf");
+    let b = rewrite(
+        &base,
+        |k| set_kv(k, "tokenizer.ggml.pre", MetaValue::Str("falcon".into())),
+        same,
+    );
+    std::fs::write(&src, b).unwrap();
+    let o = Command::new(env!("CARGO_BIN_EXE_mlt-convert"))
+        .arg(&src)
+        .arg("-o")
+        .arg(tmp.path().join("x.mlt"))
+        .output()
+        .unwrap();
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success() && e.contains("bad.gguf") && e.contains("falcon"),
+        "{e}"
+    );
+    assert!(!tmp.path().join("x.mlt").exists());
+}
+
+// ---------------------------------------------------------------------------------
+// Export
+
+/// A byte-level tokenizer of the 256 bytes (the fixtures' GGUFs carry one without
+/// merges, which llama.cpp's byte-level BPE would refuse).
+fn byte_mlt(path: &Path) {
+    use krafla::format::mlt::{Attr, Kind, Token, FLAG_GPT2_REGEX};
+    let m = Mlt {
+        kind: Kind::ByteLevel,
+        bos: Some(1),
+        eos: Some(2),
+        flags: FLAG_GPT2_REGEX,
+        tokens: (0..=255u8)
+            .map(|b| Token {
+                attr: Attr::Normal,
+                bytes: vec![b],
+            })
+            .collect(),
+        merges: Vec::new(),
+        chat: None,
+    };
+    std::fs::write(path, m.to_bytes().unwrap()).unwrap();
+}
+
+fn mlb_export(model: &Path, out: &Path, args: &[&str]) -> Result<String, String> {
+    let o = Command::new(env!("CARGO_BIN_EXE_mlb-export"))
+        .arg(model)
+        .arg("-o")
+        .arg(out)
+        .args(args)
+        .output()
+        .expect("spawn mlb-export");
+    let text =
+        String::from_utf8_lossy(&o.stdout).into_owned() + &String::from_utf8_lossy(&o.stderr);
+    if o.status.success() && out.exists() {
+        Ok(text)
+    } else {
+        Err(text)
+    }
+}
+
+/// Every tensor of `a` is in `b` with the same type, shape and bytes, and the reverse.
+fn same_tensors(a: &[u8], b: &[u8]) -> Result<(), String> {
+    let (va, vb) = (gguf::parse(a).unwrap(), gguf::parse(b).unwrap());
+    if va.tensors.len() != vb.tensors.len() {
+        return Err(format!(
+            "{} vs {} tensors",
+            va.tensors.len(),
+            vb.tensors.len()
+        ));
+    }
+    for t in &va.tensors {
+        let u = vb
+            .tensor(t.name)
+            .ok_or_else(|| format!("{} missing", t.name))?;
+        if (t.ty, t.shape()) != (u.ty, u.shape()) || va.data(t) != vb.data(u) {
+            return Err(format!(
+                "{}: {} {:?} vs {} {:?}, data equal: {}",
+                t.name,
+                t.ty,
+                t.shape(),
+                u.ty,
+                u.shape(),
+                va.data(t) == vb.data(u)
+            ));
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn gguf_export_round_trip_is_byte_identical() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut failures = Vec::new();
+    for name in QUANT {
+        for q in ["q8_0", "q4_0"] {
+            let src = gguf_dir().join(format!("{name}.{q}.gguf"));
+            let a = tmp.path().join(format!("{name}.{q}.mlb"));
+            let first = convert_ok(&src, &a, &[]);
+            byte_mlt(&a.with_extension("mlt"));
+            let x = tmp.path().join(format!("{name}.{q}.export.gguf"));
+            mlb_export(&a, &x, &[]).unwrap_or_else(|e| panic!("{name} {q}: {e}"));
+            // llama.cpp's names, types, shapes and row order: the tensors of the file
+            // its converter (or gguf-py's Q4_0) made.
+            if let Err(e) = same_tensors(&std::fs::read(&src).unwrap(), &std::fs::read(&x).unwrap())
+            {
+                failures.push(format!("{name} {q}: tensors: {e}"));
+            }
+            let b = tmp.path().join(format!("{name}.{q}.again.mlb"));
+            let second = convert_ok(&x, &b, &[]);
+            if let Some(d) = first_diff(&first, &second) {
+                failures.push(format!("{name} {q}: .mlb → GGUF → .mlb: {d}"));
+            }
+        }
+    }
+    // Every float fixture, requantized with f16 scales: the header mapping both ways
+    // (Qwen 3.5's fixture is refused: its 16-wide value heads would split blocks of
+    // ssm_out; the synthetic test below has 32-wide ones).
+    for (name, file) in FLOAT.iter().filter(|(n, _)| *n != "qwen3_5_text") {
+        let a = tmp.path().join(format!("{name}.f.mlb"));
+        let first = convert_ok(
+            &gguf_dir().join(file),
+            &a,
+            &["--requantize", "q4_0", "--f16-scales"],
+        );
+        byte_mlt(&a.with_extension("mlt"));
+        let x = tmp.path().join(format!("{name}.f.gguf"));
+        if let Err(e) = mlb_export(&a, &x, &[]) {
+            failures.push(format!("{name}: export: {e}"));
+            continue;
+        }
+        let b = tmp.path().join(format!("{name}.f.again.mlb"));
+        let mut second = convert_ok(&x, &b, &[]);
+        if *name == "llama_rope_llama3" {
+            // With one interpolated frequency (head_dim 16) the Llama 3 parameters read
+            // back from llama.cpp's factors are equivalent ones: the same divisors.
+            second = llama_cpp_view(name, second, &first);
+        }
+        if let Some(d) = first_diff(&first, &second) {
+            failures.push(format!("{name}: .mlb → GGUF → .mlb: {d}"));
+        }
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
+}
+
+#[test]
+fn gguf_export_refuses_what_llama_cpp_would_run_differently() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cases: &[(&str, &[&str], &str)] = &[
+        ("gemma3_text", &["--f16-scales"], "attn_scale = 0.20412415"),
+        ("mistral_sliding", &["--f16-scales"], "sliding_window = 8"),
+        ("smollm3", &["--f16-scales"], "layer_flags[2] = 4"),
+        ("llama", &[], "is not an f16"),
+    ];
+    for (name, args, want) in cases {
+        let a = tmp.path().join(format!("{name}.mlb"));
+        convert_ok(&testdata().join("models").join(name), &a, args);
+        byte_mlt(&a.with_extension("mlt"));
+        let x = tmp.path().join(format!("{name}.gguf"));
+        let e = mlb_export(&a, &x, &[]).expect_err("refused");
+        assert!(
+            e.contains(want) && e.trim().lines().count() == 1,
+            "{name}: {e}"
+        );
+        assert!(!x.exists());
+    }
+    // No tokenizer beside the model.
+    let a = tmp.path().join("lonely.mlb");
+    convert_ok(&gguf_dir().join("llama.q8_0.gguf"), &a, &[]);
+    let e = mlb_export(&a, &tmp.path().join("lonely.gguf"), &[]).expect_err("refused");
+    assert!(e.contains("lonely.mlt") && e.contains("--tokenizer"), "{e}");
+}
+
+/// The real GGUF files (Q4_1, and Gemma 3's Q4_K_M mix) with `--requantize q8_0`,
+/// against the Hugging Face checkpoints real-checkpoints.sh dequantized from the same
+/// files (bf16): logits of a prompt close, greedy tokens agreeing.
+#[test]
+fn gguf_real_models_requantized_run_like_their_checkpoints() {
+    use krafla::format::mlb::Mlb;
+    use krafla::model::{Model, Options};
+    let Some(real) = std::env::var_os("KRAFLA_REAL_DIR").map(PathBuf::from) else {
+        eprintln!(
+            "SKIP gguf_real_models_requantized_run_like_their_checkpoints: set KRAFLA_REAL_DIR"
+        );
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    for (ckpt, file) in [
+        ("smollm2-135m", "smollm2-135m-instruct-q4_1.gguf"),
+        ("gemma3-270m", "gemma-3-270m-q4_k_m.gguf"),
+    ] {
+        let (src, dir) = (real.join("gguf").join(file), real.join(ckpt));
+        if !src.exists() || !dir.exists() {
+            eprintln!("SKIP {ckpt}: missing in {}", real.display());
+            continue;
+        }
+        let a = tmp.path().join(format!("{ckpt}.gguf.mlb"));
+        let b = tmp.path().join(format!("{ckpt}.hf.mlb"));
+        let log = mlb_convert(&src, &a, &["--requantize", "q8_0"]).unwrap();
+        assert!(log.contains("requantized"), "{log}");
+        convert_ok(&dir, &b, &["--wtype", "q8_0", "--f16-scales"]);
+        let tok = gguf_tok::mlt_from_gguf_file(&src).unwrap();
+        let ids = Tokenizer::from_mlt(&tok)
+            .unwrap()
+            .encode("The capital of France is Paris. The largest planet of the solar system is");
+        let logits = |p: &Path| {
+            let m = Mlb::open(p).unwrap();
+            let model = Model::new(&m).unwrap();
+            crate::run::all_logits(&model, &Options::default(), &ids)
+        };
+        let (got, want) = (logits(&a), logits(&b));
+        let vocab = got.len() / ids.len();
+        let e = crate::run::nrmse(&got, &want);
+        let t = crate::run::top1(&got, &want, vocab);
+        eprintln!("{ckpt}: GGUF --requantize q8_0 vs checkpoint q8_0: nRMSE {e:.4}, top-1 {t:.3} over {} positions", ids.len());
+        assert!(e < 0.1 && t >= 0.9, "{ckpt}: nRMSE {e}, top-1 {t}");
+    }
+}
+
+/// `A_log` arrays of `b` replaced by `a`'s where they differ by at most 2 ulps (llama.cpp
+/// stores −exp(A_log), read back as ln(−ssm_a)); any other difference is kept.
+fn a_log_within_ulps(a: &[u8], mut b: Vec<u8>) -> Vec<u8> {
+    let p = mlb::parse(a).unwrap();
+    for t in p.layout.tensors.iter().filter(|t| t.name.name == "A_log") {
+        let r = t.offset as usize..(t.offset + t.bytes) as usize;
+        for (x, y) in a[r.clone()]
+            .chunks_exact(4)
+            .zip(b[r.clone()].chunks_exact(4))
+        {
+            let (x, y) = (
+                u32::from_le_bytes(x.try_into().unwrap()),
+                u32::from_le_bytes(y.try_into().unwrap()),
+            );
+            assert!(
+                (x as i64 - y as i64).abs() <= 2,
+                "{}: {} vs {}",
+                t.name,
+                f32::from_bits(x),
+                f32::from_bits(y)
+            );
+        }
+        b[r.clone()].copy_from_slice(&a[r]);
+    }
+    b
+}
+
+#[test]
+fn gguf_export_round_trip_qwen35_synthetic() {
+    use krafla::format::mlb::header::{layer_flag, wtype};
+    use krafla::format::mlb::synth::{synth_file, tiny_header};
+    let tmp = tempfile::tempdir().unwrap();
+    for (q, seed) in [(wtype::Q8_0, 3), (wtype::Q4_0, 4)] {
+        let mut h = tiny_header();
+        h.vocab = 256;
+        h.n_layers = 3;
+        h.layer_flags = 1;
+        h.attn_gate = 1;
+        h.qk_norm = 1;
+        h.rot_dim = 8;
+        h.rope_theta = 1e8; // θ = 1e4 over head_dim / rot_dim = 2
+        h.lin_k_heads = 2;
+        h.lin_v_heads = 4;
+        h.lin_k_dim = 32;
+        h.lin_v_dim = 32;
+        h.lin_conv = 4;
+        h.scale_f16 = 1;
+        h.wtype = q;
+        let bytes = synth_file(&h, &[layer_flag::LINEAR, 0, layer_flag::LINEAR], seed);
+        let a = tmp.path().join(format!("q35.{q}.mlb"));
+        std::fs::write(&a, &bytes).unwrap();
+        byte_mlt(&a.with_extension("mlt"));
+        let x = tmp.path().join(format!("q35.{q}.gguf"));
+        mlb_export(&a, &x, &[]).unwrap();
+        let v = std::fs::read(&x).unwrap();
+        let g = gguf::parse(&v).unwrap();
+        assert_eq!(
+            g.get("general.architecture").unwrap().as_str(),
+            Some("qwen35")
+        );
+        assert_eq!(g.tensor("blk.1.attn_q.weight").unwrap().shape(), &[64, 128]);
+        let b = tmp.path().join(format!("q35.{q}.again.mlb"));
+        let back = a_log_within_ulps(&bytes, convert_ok(&x, &b, &[]));
+        if let Some(d) = first_diff(&bytes, &back) {
+            panic!("wtype {q}: .mlb → GGUF → .mlb: {d}");
+        }
+    }
+}
+
+#[test]
+fn mlb_export_help_snapshot() {
+    let o = Command::new(env!("CARGO_BIN_EXE_mlb-export"))
+        .arg("--help")
+        .output()
+        .unwrap();
+    insta::assert_snapshot!(String::from_utf8(o.stdout).unwrap());
+}
