@@ -14,8 +14,13 @@ pub use crate::signals::default_sigpipe;
 /// Writes `s` to stdout and flushes; on an error prints `PROGRAM: stdout: ERROR` and
 /// exits with status 1.
 pub fn write_stdout(s: &str) {
+    write_stdout_bytes(s.as_bytes());
+}
+
+/// [`write_stdout`] for bytes that need not be UTF-8 (decoded tokens).
+pub fn write_stdout_bytes(b: &[u8]) {
     let mut o = std::io::stdout().lock();
-    if let Err(e) = o.write_all(s.as_bytes()).and_then(|()| o.flush()) {
+    if let Err(e) = o.write_all(b).and_then(|()| o.flush()) {
         let prog = std::env::args()
             .next()
             .and_then(|a| {

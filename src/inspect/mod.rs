@@ -5,6 +5,7 @@
 
 pub mod mlb;
 pub mod mli;
+pub mod run;
 
 use crate::format::error::{FormatError, Result};
 
