@@ -64,23 +64,7 @@ pub fn quantize_matrix(
     imatrix: Option<&[f32]>,
 ) -> Result<Vec<u8>, QuantError> {
     assert!(is_block_type(t), "{t} is not a GGUF block type");
-    if cols == 0
-        || !cols.is_multiple_of(t.block_weights())
-        || rows.checked_mul(cols) != Some(x.len())
-    {
-        return Err(QuantError::Shape {
-            rows,
-            cols,
-            len: x.len(),
-        });
-    }
-    if let Some(i) = x.iter().position(|v| !v.is_finite()) {
-        return Err(QuantError::NonFinite {
-            row: i / cols,
-            col: i % cols,
-            value: x[i],
-        });
-    }
+    super::check_matrix(rows, cols, t.block_weights(), x)?;
     if let Some(imp) = imatrix {
         assert_eq!(imp.len(), cols, "imatrix length must equal cols");
     }

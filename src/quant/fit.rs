@@ -117,6 +117,22 @@ pub fn err_symmetric(x: &[f32], w: &[f32], lv: &Levels, d: f32, l: &[u8]) -> f32
     e
 }
 
+/// The weighted least-squares scale `d = Σ w x v[l] / Σ w v[l]²` for the levels `l`,
+/// with its error `err_symmetric`; `None` when `Σ w v[l]² ≤ 0`.
+fn solve_symmetric(x: &[f32], w: &[f32], lv: &Levels, l: &[u8]) -> Option<(f32, f32)> {
+    let (mut sxv, mut svv) = (0.0f32, 0.0f32);
+    for i in 0..x.len() {
+        let v = lv.value(l[i]);
+        sxv += w[i] * x[i] * v;
+        svv += w[i] * v * v;
+    }
+    if svv <= 0.0 {
+        return None;
+    }
+    let d = sxv / svv;
+    Some((d, err_symmetric(x, w, lv, d, l)))
+}
+
 /// Levels nearest to `x / d` (all level 0's nearest-to-zero index when `d` is 0).
 pub fn assign_symmetric(x: &[f32], lv: &Levels, d: f32, l: &mut [u8]) {
     if d == 0.0 {
@@ -157,18 +173,12 @@ pub fn fit_symmetric(x: &[f32], w: &[f32], lv: &Levels, l: &mut [u8]) -> f32 {
         for k in 0..SYM_CANDIDATES {
             let t = end * (1.04 - 0.02 * k as f32);
             let id = t / m;
-            let (mut sxv, mut svv) = (0.0f32, 0.0f32);
-            for i in 0..n {
-                cand[i] = lv.nearest(x[i] * id);
-                let v = lv.value(cand[i]);
-                sxv += w[i] * x[i] * v;
-                svv += w[i] * v * v;
+            for (c, &v) in cand.iter_mut().zip(x) {
+                *c = lv.nearest(v * id);
             }
-            if svv <= 0.0 {
+            let Some((d, e)) = solve_symmetric(x, w, lv, cand) else {
                 continue;
-            }
-            let d = sxv / svv;
-            let e = err_symmetric(x, w, lv, d, cand);
+            };
             if e < best_err {
                 best_err = e;
                 best_d = d;
@@ -184,17 +194,9 @@ pub fn fit_symmetric(x: &[f32], w: &[f32], lv: &Levels, l: &mut [u8]) -> f32 {
     }
     for _ in 0..2 {
         assign_symmetric(x, lv, best_d, cand);
-        let (mut sxv, mut svv) = (0.0f32, 0.0f32);
-        for i in 0..n {
-            let v = lv.value(cand[i]);
-            sxv += w[i] * x[i] * v;
-            svv += w[i] * v * v;
-        }
-        if svv <= 0.0 {
+        let Some((d, e)) = solve_symmetric(x, w, lv, cand) else {
             break;
-        }
-        let d = sxv / svv;
-        let e = err_symmetric(x, w, lv, d, cand);
+        };
         if e < best_err {
             best_err = e;
             best_d = d;

@@ -194,34 +194,8 @@ fn quantize_scales_u6(s: &[f32; NSUB], wt: &[f32; NSUB]) -> (f32, [u8; NSUB]) {
         }
         c
     };
-    let err = |d: f32, c: &[u8; NSUB]| -> f32 {
-        (0..NSUB)
-            .map(|j| {
-                let r = s[j] - d * c[j] as f32;
-                wt[j] * r * r
-            })
-            .sum()
-    };
-    let mut best = (f32::INFINITY, 0.0f32, [0u8; NSUB]);
-    for k in 0..8 {
-        let c = codes(smax / (63.5 - 0.5 * k as f32));
-        let (mut scs, mut scc) = (0.0f32, 0.0f32);
-        for j in 0..NSUB {
-            scs += wt[j] * c[j] as f32 * s[j];
-            scc += wt[j] * c[j] as f32 * c[j] as f32;
-        }
-        if scc <= 0.0 {
-            continue;
-        }
-        for d16 in fit::f16_neighbours(scs / scc) {
-            let c = codes(d16);
-            let e = err(d16, &c);
-            if e < best.0 {
-                best = (e, d16, c);
-            }
-        }
-    }
-    (best.1, best.2)
+    let starts = (0..8).map(|k| smax / (63.5 - 0.5 * k as f32));
+    fit_scale_codes(s, wt, starts, codes)
 }
 
 /// Int8 codes (−128..=127) for signed sub-block scales under an f16 super-scale: the
@@ -242,33 +216,50 @@ fn quantize_scales_i8(s: &[f32; 16], wt: &[f32; 16]) -> (f32, [i8; 16]) {
         }
         c
     };
-    let err = |d: f32, c: &[i8; 16]| -> f32 {
-        (0..16)
+    let starts = [-128.0f32, 127.0]
+        .into_iter()
+        .flat_map(|end| (0..8).map(move |k| m / (end - end.signum() * 0.5 * k as f32)));
+    fit_scale_codes(s, wt, starts, codes)
+}
+
+/// The search both sub-block scale quantizers share: for each starting super-scale in
+/// `starts` (in order), the codes `codes(start)`, the weighted least-squares
+/// `d = Σ W c s / Σ W c²` for them (skipped when `Σ W c² ≤ 0`), then the f16 values
+/// next to `d`, each with its own codes; the first with the smallest
+/// `Σ W_j (s_j − d·c_j)²` wins. Returns `(d, codes)`; `d = 0` with all-zero codes
+/// when no candidate has a finite error.
+fn fit_scale_codes<T: Copy + Default + Into<f32>, const N: usize>(
+    s: &[f32; N],
+    wt: &[f32; N],
+    starts: impl IntoIterator<Item = f32>,
+    codes: impl Fn(f32) -> [T; N],
+) -> (f32, [T; N]) {
+    let err = |d: f32, c: &[T; N]| -> f32 {
+        (0..N)
             .map(|j| {
-                let r = s[j] - d * c[j] as f32;
+                let cj: f32 = c[j].into();
+                let r = s[j] - d * cj;
                 wt[j] * r * r
             })
             .sum()
     };
-    let mut best = (f32::INFINITY, 0.0f32, [0i8; 16]);
-    for end in [-128.0f32, 127.0] {
-        for k in 0..8 {
-            let t = end - end.signum() * 0.5 * k as f32;
-            let c = codes(m / t);
-            let (mut scs, mut scc) = (0.0f32, 0.0f32);
-            for j in 0..16 {
-                scs += wt[j] * c[j] as f32 * s[j];
-                scc += wt[j] * c[j] as f32 * c[j] as f32;
-            }
-            if scc <= 0.0 {
-                continue;
-            }
-            for d16 in fit::f16_neighbours(scs / scc) {
-                let c = codes(d16);
-                let e = err(d16, &c);
-                if e < best.0 {
-                    best = (e, d16, c);
-                }
+    let mut best = (f32::INFINITY, 0.0f32, [T::default(); N]);
+    for start in starts {
+        let c = codes(start);
+        let (mut scs, mut scc) = (0.0f32, 0.0f32);
+        for j in 0..N {
+            let cj: f32 = c[j].into();
+            scs += wt[j] * cj * s[j];
+            scc += wt[j] * cj * cj;
+        }
+        if scc <= 0.0 {
+            continue;
+        }
+        for d16 in fit::f16_neighbours(scs / scc) {
+            let c = codes(d16);
+            let e = err(d16, &c);
+            if e < best.0 {
+                best = (e, d16, c);
             }
         }
     }

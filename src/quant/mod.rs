@@ -171,6 +171,27 @@ impl std::fmt::Display for QuantError {
 
 impl std::error::Error for QuantError {}
 
+/// Checks a rows × cols matrix (row-major f32) before quantizing: `cols` a non-zero
+/// multiple of `block`, `x` holding exactly rows × cols values, all finite (the first
+/// NaN or infinity is reported with its row and column).
+fn check_matrix(rows: usize, cols: usize, block: usize, x: &[f32]) -> Result<(), QuantError> {
+    if cols == 0 || !cols.is_multiple_of(block) || rows.checked_mul(cols) != Some(x.len()) {
+        return Err(QuantError::Shape {
+            rows,
+            cols,
+            len: x.len(),
+        });
+    }
+    if let Some(i) = x.iter().position(|v| !v.is_finite()) {
+        return Err(QuantError::NonFinite {
+            row: i / cols,
+            col: i % cols,
+            value: x[i],
+        });
+    }
+    Ok(())
+}
+
 /// Quantizes a rows × cols matrix (row-major f32) to `wtype`.
 pub fn quantize(
     wtype: WType,
@@ -190,20 +211,7 @@ pub fn quantize(
             d,
         });
     }
-    if !cols.is_multiple_of(QK) || cols == 0 || rows.checked_mul(cols) != Some(x.len()) {
-        return Err(QuantError::Shape {
-            rows,
-            cols,
-            len: x.len(),
-        });
-    }
-    if let Some(i) = x.iter().position(|v| !v.is_finite()) {
-        return Err(QuantError::NonFinite {
-            row: i / cols,
-            col: i % cols,
-            value: x[i],
-        });
-    }
+    check_matrix(rows, cols, QK, x)?;
     if wtype.is_half() {
         return quantize_half(wtype, rows, cols, x);
     }
