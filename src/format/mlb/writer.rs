@@ -172,15 +172,21 @@ impl<W: Write> MlbWriter<W> {
         self.raw(&ZEROS[..pad as usize])
     }
 
-    fn expect(&mut self) -> std::result::Result<Tensor, WriteError> {
-        if let Some(p) = &self.pending {
-            return Err(FormatError::shape(
+    /// An error when a matrix written row by row is not yet complete.
+    fn check_no_pending(&self) -> std::result::Result<(), WriteError> {
+        match &self.pending {
+            Some(p) => Err(FormatError::shape(
                 p.tensor.name.to_string(),
                 p.rows_done,
                 "rows written of a matrix not yet complete",
             )
-            .into());
+            .into()),
+            None => Ok(()),
         }
+    }
+
+    fn expect(&mut self) -> std::result::Result<Tensor, WriteError> {
+        self.check_no_pending()?;
         let t = *self.layout.tensors.get(self.next).ok_or_else(|| {
             FormatError::shape("tensor", self.next, "more arrays than the header implies")
         })?;
@@ -361,14 +367,7 @@ impl<W: Write> MlbWriter<W> {
 
     /// Checks that every array was written and returns the output.
     pub fn finish(mut self) -> std::result::Result<W, WriteError> {
-        if let Some(p) = &self.pending {
-            return Err(FormatError::shape(
-                p.tensor.name.to_string(),
-                p.rows_done,
-                "rows written of a matrix not yet complete",
-            )
-            .into());
-        }
+        self.check_no_pending()?;
         if let Some(t) = self.layout.tensors.get(self.next) {
             return Err(FormatError::shape(t.name.to_string(), "missing", "not written").into());
         }
