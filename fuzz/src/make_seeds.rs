@@ -225,6 +225,7 @@ fn main() {
         b.push(0);
         b.extend(logits.iter().flat_map(|x| x.to_le_bytes()));
         write("run_options", &format!("opts{i}.bin"), &b);
+    }
     for (name, bytes) in gguf_seeds() {
         krafla::format::gguf::parse(&bytes).unwrap_or_else(|e| panic!("{name}: {e}"));
         krafla_fuzz::exercise_gguf(&bytes);
