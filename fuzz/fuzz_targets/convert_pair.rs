@@ -7,20 +7,10 @@
 use std::path::PathBuf;
 use std::sync::LazyLock;
 
-use krafla::convert::{convert, Options, WType};
-use krafla::format::mlb::Mlb;
+use krafla::convert::WType;
 use libfuzzer_sys::fuzz_target;
 
-static DIR: LazyLock<PathBuf> = LazyLock::new(|| {
-    let base = if std::path::Path::new("/dev/shm").is_dir() {
-        PathBuf::from("/dev/shm")
-    } else {
-        std::env::temp_dir()
-    };
-    let dir = base.join(format!("krafla-fuzz-pair-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-});
+static DIR: LazyLock<PathBuf> = LazyLock::new(|| krafla_fuzz::scratch_dir("pair"));
 
 fuzz_target!(|data: &[u8]| {
     let Some(nul) = data.iter().position(|&b| b == 0) else {
@@ -28,8 +18,6 @@ fuzz_target!(|data: &[u8]| {
     };
     let (cfg, st) = (&data[..nul], &data[nul + 1..]);
     let dir = &*DIR;
-    let out = dir.join("out.mlb");
-    let _ = std::fs::remove_file(&out);
     std::fs::write(dir.join("config.json"), cfg).unwrap();
     std::fs::write(dir.join("model.safetensors"), st).unwrap();
     let wtype = if cfg.len() % 2 == 1 {
@@ -37,22 +25,7 @@ fuzz_target!(|data: &[u8]| {
     } else {
         WType::Q8_0
     };
-    let mut opts = Options::new(dir.clone(), wtype);
-    opts.output = Some(out.clone());
-    let r = convert(&opts, &mut |_| {});
-    let left: Vec<String> = std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().into_string().unwrap())
-        .filter(|n| n != "config.json" && n != "model.safetensors" && n != "out.mlb")
-        .collect();
-    assert!(left.is_empty(), "files left behind: {left:?}");
-    match r {
-        Ok(_) => {
-            Mlb::open(&out).expect("a converted file loads");
-        }
-        Err(e) => {
-            assert!(!out.exists(), "output written on failure");
-            assert!(!e.to_string().contains('\n'), "multi-line error: {e}");
-        }
+    if let Err(e) = krafla_fuzz::convert_checked(dir, wtype) {
+        assert!(!e.to_string().contains('\n'), "multi-line error: {e}");
     }
 });

@@ -4,6 +4,7 @@
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
+use krafla::convert::{convert, ConvertError, Options as ConvertOptions, WType};
 use krafla::format::mlb::{Kind, Mlb};
 use krafla::format::mlt::Mlt;
 use krafla::model::{Model, Options};
@@ -12,6 +13,46 @@ use krafla::tokenizer::{from_hf, Tokenizer};
 /// The repository root (the fuzz crate lives in `fuzz/`).
 pub fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// A scratch folder for this fuzz process, `krafla-fuzz-TAG-PID`: in /dev/shm (a RAM
+/// disk) where there is one, else in the temp dir.
+pub fn scratch_dir(tag: &str) -> PathBuf {
+    let base = if Path::new("/dev/shm").is_dir() {
+        PathBuf::from("/dev/shm")
+    } else {
+        std::env::temp_dir()
+    };
+    let dir = base.join(format!("krafla-fuzz-{tag}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// Converts the checkpoint in `dir` (config.json, model.safetensors) to `dir/out.mlb`
+/// and checks the converter's promises: no other file is left behind, a converted file
+/// loads, and a failure leaves no output. Returns the converter's result.
+pub fn convert_checked(dir: &Path, wtype: WType) -> Result<(), ConvertError> {
+    let out = dir.join("out.mlb");
+    let _ = std::fs::remove_file(&out);
+    let mut opts = ConvertOptions::new(dir.to_path_buf(), wtype);
+    opts.output = Some(out.clone());
+    let r = convert(&opts, &mut |_| {});
+    let left: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|n| n != "config.json" && n != "model.safetensors" && n != "out.mlb")
+        .collect();
+    assert!(left.is_empty(), "files left behind: {left:?}");
+    match r {
+        Ok(_) => {
+            Mlb::open(&out).expect("a converted file loads");
+            Ok(())
+        }
+        Err(e) => {
+            assert!(!out.exists(), "output written on failure");
+            Err(e)
+        }
+    }
 }
 
 /// `testdata/tokenizers/NAME`, gunzipped.

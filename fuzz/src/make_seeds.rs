@@ -53,11 +53,7 @@ fn mlb_shapes() -> Vec<(&'static str, Header, Vec<u8>)> {
     h.attn_gate = 1;
     h.qk_norm = 1;
     h.rot_dim = 8;
-    h.lin_k_heads = 2;
-    h.lin_v_heads = 4;
-    h.lin_k_dim = 16;
-    h.lin_v_dim = 16;
-    h.lin_conv = 4;
+    linear_dims(&mut h);
     v.push(("linear_attention", h, vec![layer_flag::LINEAR, 0]));
     let mut h = t;
     h.wtype = wtype::BF16;
@@ -68,13 +64,18 @@ fn mlb_shapes() -> Vec<(&'static str, Header, Vec<u8>)> {
     h.scale_f16 = 1;
     h.n_layers = 2;
     h.layer_flags = 1;
+    linear_dims(&mut h);
+    v.push(("mixed_linear", h, vec![layer_flag::LINEAR, 0]));
+    v
+}
+
+/// The smallest gated-delta-rule shape: 2 key heads and 4 value heads of 16, conv 4.
+fn linear_dims(h: &mut Header) {
     h.lin_k_heads = 2;
     h.lin_v_heads = 4;
     h.lin_k_dim = 16;
     h.lin_v_dim = 16;
     h.lin_conv = 4;
-    v.push(("mixed_linear", h, vec![layer_flag::LINEAR, 0]));
-    v
 }
 
 /// The first `n` tokens of a real tokenizer with the merges among them.
