@@ -22,6 +22,15 @@ fn status_with(base: &Header, flags: &[u8], edit: impl FnOnce(&mut Header)) -> (
     (e.status, e.field)
 }
 
+/// The smallest gated-delta-rule shape: 2 key heads and 4 value heads of 16, conv 4.
+fn linear_dims(h: &mut Header) {
+    h.lin_k_heads = 2;
+    h.lin_v_heads = 4;
+    h.lin_k_dim = 16;
+    h.lin_v_dim = 16;
+    h.lin_conv = 4;
+}
+
 fn fmt(edit: impl FnOnce(&mut Header)) -> String {
     let (s, f) = status_with(&tiny_header(), &[], edit);
     assert_eq!(s, Status::Format, "field {f}");
@@ -98,11 +107,7 @@ fn every_optional_array() {
     h.scale_f16 = 1;
     h.layer_flags = 1;
     h.rope_local_theta = 10000.0;
-    h.lin_k_heads = 2;
-    h.lin_v_heads = 4;
-    h.lin_k_dim = 16;
-    h.lin_v_dim = 16;
-    h.lin_conv = 4;
+    linear_dims(&mut h);
     let flags = [
         layer_flag::LINEAR,
         layer_flag::SLIDING | layer_flag::LOCAL_ROPE,
@@ -224,85 +229,66 @@ fn err_magic_version_enums() {
 
 #[test]
 fn err_rope_parameters() {
-    let llama3 = |h: &mut Header| {
+    fn plain(_: &mut Header) {}
+    fn llama3(h: &mut Header) {
         h.rope_type = rope_type::LLAMA3;
         h.rope_factor = 8.0;
         h.rope_low_freq_factor = 1.0;
         h.rope_high_freq_factor = 4.0;
         h.rope_orig_max_seq = 8192;
-    };
-    let mut ok = tiny_header();
-    llama3(&mut ok);
-    assert!(validate(&ok).is_ok());
-    assert_eq!(
-        fmt(|h| {
-            llama3(h);
-            h.rope_factor = 0.0
-        }),
-        "rope_factor"
-    );
-    assert_eq!(
-        fmt(|h| {
-            llama3(h);
-            h.rope_low_freq_factor = -1.0
-        }),
-        "rope_low_freq_factor"
-    );
-    assert_eq!(
-        fmt(|h| {
-            llama3(h);
-            h.rope_high_freq_factor = 1.0
-        }),
-        "rope_high_freq_factor"
-    );
-    assert_eq!(
-        fmt(|h| {
-            llama3(h);
-            h.rope_orig_max_seq = 0
-        }),
-        "rope_orig_max_seq"
-    );
-    assert_eq!(
-        fmt(|h| {
-            h.rope_type = rope_type::LINEAR;
-            h.rope_factor = f32::NAN
-        }),
-        "rope_factor"
-    );
-    let yarn = |h: &mut Header| {
+    }
+    fn linear(h: &mut Header) {
+        h.rope_type = rope_type::LINEAR;
+    }
+    fn yarn(h: &mut Header) {
         h.rope_type = rope_type::YARN;
         h.rope_factor = 4.0;
         h.rope_low_freq_factor = 32.0;
         h.rope_high_freq_factor = 1.0;
         h.rope_orig_max_seq = 4096;
         h.rope_attn_factor = 1.1;
-    };
-    let mut ok = tiny_header();
-    yarn(&mut ok);
-    assert!(validate(&ok).is_ok());
-    assert_eq!(
-        fmt(|h| {
-            yarn(h);
-            h.rope_high_freq_factor = 0.0
-        }),
-        "rope_high_freq_factor"
-    );
-    assert_eq!(
-        fmt(|h| {
-            yarn(h);
-            h.rope_low_freq_factor = 0.5
-        }),
-        "rope_low_freq_factor"
-    );
-    assert_eq!(
-        fmt(|h| {
-            yarn(h);
-            h.rope_attn_factor = 0.0
-        }),
-        "rope_attn_factor"
-    );
-    assert_eq!(fmt(|h| h.rope_attn_factor = 1.0), "rope_attn_factor");
-    assert_eq!(fmt(|h| h.rope_theta = 0.0), "rope_theta");
+    }
+    for base in [llama3 as fn(&mut Header), yarn] {
+        let mut ok = tiny_header();
+        base(&mut ok);
+        assert!(validate(&ok).is_ok());
+    }
+    // A valid RoPE setting, one bad value on top of it, the field the error names.
+    let rows: [(fn(&mut Header), fn(&mut Header), &str); 10] = [
+        (llama3, |h| h.rope_factor = 0.0, "rope_factor"),
+        (
+            llama3,
+            |h| h.rope_low_freq_factor = -1.0,
+            "rope_low_freq_factor",
+        ),
+        (
+            llama3,
+            |h| h.rope_high_freq_factor = 1.0,
+            "rope_high_freq_factor",
+        ),
+        (llama3, |h| h.rope_orig_max_seq = 0, "rope_orig_max_seq"),
+        (linear, |h| h.rope_factor = f32::NAN, "rope_factor"),
+        (
+            yarn,
+            |h| h.rope_high_freq_factor = 0.0,
+            "rope_high_freq_factor",
+        ),
+        (
+            yarn,
+            |h| h.rope_low_freq_factor = 0.5,
+            "rope_low_freq_factor",
+        ),
+        (yarn, |h| h.rope_attn_factor = 0.0, "rope_attn_factor"),
+        (plain, |h| h.rope_attn_factor = 1.0, "rope_attn_factor"),
+        (plain, |h| h.rope_theta = 0.0, "rope_theta"),
+    ];
+    for (i, (base, bad, field)) in rows.into_iter().enumerate() {
+        let got = fmt(|h| {
+            base(h);
+            bad(h)
+        });
+        assert_eq!(got, field, "row {i}");
+    }
 }
 
 #[test]
@@ -601,11 +587,7 @@ fn bf16_stores_linear_attention_lb_la_as_bf16() {
     let mut h = tiny_header();
     h.wtype = wtype::BF16;
     h.layer_flags = 1;
-    h.lin_k_heads = 2;
-    h.lin_v_heads = 4;
-    h.lin_k_dim = 16;
-    h.lin_v_dim = 16;
-    h.lin_conv = 4;
+    linear_dims(&mut h);
     let m = Mlb::from_bytes(&valid_file(&h, &[layer_flag::LINEAR, 0])).unwrap();
     for n in ["layers.0.lb", "layers.0.la", "layers.0.lqkv", "tok_emb"] {
         let t = m.layout().find(n).unwrap();
@@ -715,11 +697,7 @@ fn mixed_type_table_position_and_types() {
     h.shared_classifier = 1;
     h.attn_gate = 1;
     h.scale_f16 = 1;
-    h.lin_k_heads = 2;
-    h.lin_v_heads = 4;
-    h.lin_k_dim = 16;
-    h.lin_v_dim = 16;
-    h.lin_conv = 4;
+    linear_dims(&mut h);
     let flags = [layer_flag::LINEAR, 0];
     let d = validate(&h).unwrap();
     assert_eq!(Layout::matrix_count(&h, &d, &flags).unwrap(), 1 + 8 + 8);
@@ -869,11 +847,7 @@ fn mutated_bf16_and_mixed_files_load_or_fail_with_a_status() {
         let mut h = mixed_header();
         h.layer_flags = 1;
         h.scale_f16 = 1;
-        h.lin_k_heads = 2;
-        h.lin_v_heads = 4;
-        h.lin_k_dim = 16;
-        h.lin_v_dim = 16;
-        h.lin_conv = 4;
+        linear_dims(&mut h);
         let flags = [layer_flag::LINEAR, 0];
         let d = validate(&h).unwrap();
         let n = Layout::matrix_count(&h, &d, &flags).unwrap();
