@@ -171,147 +171,62 @@ fn error_table_through_the_binary() {
     let mut minus128 = good.clone();
     let p = krafla::format::mlb::parse(&good).unwrap();
     minus128[p.layout.find("layers.0.wk").unwrap().offset as usize] = 0x80;
-    let rows: Vec<(&str, Vec<u8>, &str)> = vec![
-        ("empty file", vec![], "ML_E_FORMAT"),
-        ("short file", good[..100].to_vec(), "ML_E_FORMAT"),
+    const FORMAT: &str = "ML_E_FORMAT";
+    const SHAPE: &str = "ML_E_SHAPE";
+    // One edit of a valid header each, with the status of its row of the error table.
+    let header_rows: [(&str, fn(&mut Header), &str); 31] = [
+        ("bad magic", |h| h.magic = *b"MLBX", FORMAT),
+        ("bad version", |h| h.version = 9, FORMAT),
+        ("unknown wtype", |h| h.wtype = 13, FORMAT),
+        ("wtype above the known ones", |h| h.wtype = 129, FORMAT),
+        ("unknown rope_type", |h| h.rope_type = 9, FORMAT),
+        ("bad llama3", |h| h.rope_type = 1, FORMAT),
+        ("bad linear", |h| h.rope_type = 2, FORMAT),
+        ("bad yarn", |h| h.rope_type = 3, FORMAT),
+        ("attn_factor no yarn", |h| h.rope_attn_factor = 1.0, FORMAT),
+        ("qkv_bias 2", |h| h.qkv_bias = 2, FORMAT),
+        ("qk_norm 2", |h| h.qk_norm = 2, FORMAT),
+        ("layer_flags 2", |h| h.layer_flags = 2, FORMAT),
+        ("post_norms 2", |h| h.post_norms = 2, FORMAT),
+        ("scale_f16 2", |h| h.scale_f16 = 2, FORMAT),
+        ("unknown act", |h| h.act = 3, FORMAT),
+        ("negative embed_scale", |h| h.embed_scale = -1.0, FORMAT),
+        ("nan attn_scale", |h| h.attn_scale = f32::NAN, FORMAT),
+        ("inf softcap", |h| h.attn_softcap = f32::INFINITY, FORMAT),
+        ("negative final_softcap", |h| h.final_softcap = -2.0, FORMAT),
+        ("local theta < 0", |h| h.rope_local_theta = -5.0, FORMAT),
+        ("huge window", |h| h.sliding_window = u32::MAX, FORMAT),
+        ("zero dim", |h| h.dim = 0, SHAPE),
+        ("over-limit n_layers", |h| h.n_layers = 70000, SHAPE),
+        ("dim not multiple of 32", |h| h.dim = 40, SHAPE),
+        ("hidden_dim % 32", |h| h.hidden_dim = 130, SHAPE),
         (
-            "bad magic",
-            with_header(|h| h.magic = *b"MLBX"),
-            "ML_E_FORMAT",
+            "dim % n_heads",
+            |h| (h.n_heads, h.n_kv_heads) = (6, 2),
+            SHAPE,
         ),
-        ("bad version", with_header(|h| h.version = 9), "ML_E_FORMAT"),
-        (
-            "unknown wtype",
-            with_header(|h| h.wtype = 13),
-            "ML_E_FORMAT",
-        ),
-        (
-            "wtype above the known ones",
-            with_header(|h| h.wtype = 129),
-            "ML_E_FORMAT",
-        ),
-        ("bad type table entry", bad_table_entry(), "ML_E_FORMAT"),
-        (
-            "unknown rope_type",
-            with_header(|h| h.rope_type = 9),
-            "ML_E_FORMAT",
-        ),
-        (
-            "bad llama3",
-            with_header(|h| h.rope_type = 1),
-            "ML_E_FORMAT",
-        ),
-        (
-            "bad linear",
-            with_header(|h| h.rope_type = 2),
-            "ML_E_FORMAT",
-        ),
-        ("bad yarn", with_header(|h| h.rope_type = 3), "ML_E_FORMAT"),
-        (
-            "attn factor without yarn",
-            with_header(|h| h.rope_attn_factor = 1.0),
-            "ML_E_FORMAT",
-        ),
-        ("qkv_bias 2", with_header(|h| h.qkv_bias = 2), "ML_E_FORMAT"),
-        ("qk_norm 2", with_header(|h| h.qk_norm = 2), "ML_E_FORMAT"),
-        (
-            "layer_flags 2",
-            with_header(|h| h.layer_flags = 2),
-            "ML_E_FORMAT",
-        ),
-        (
-            "post_norms 2",
-            with_header(|h| h.post_norms = 2),
-            "ML_E_FORMAT",
-        ),
-        (
-            "scale_f16 2",
-            with_header(|h| h.scale_f16 = 2),
-            "ML_E_FORMAT",
-        ),
-        ("unknown act", with_header(|h| h.act = 3), "ML_E_FORMAT"),
-        (
-            "negative embed_scale",
-            with_header(|h| h.embed_scale = -1.0),
-            "ML_E_FORMAT",
-        ),
-        (
-            "nan attn_scale",
-            with_header(|h| h.attn_scale = f32::NAN),
-            "ML_E_FORMAT",
-        ),
-        (
-            "inf attn_softcap",
-            with_header(|h| h.attn_softcap = f32::INFINITY),
-            "ML_E_FORMAT",
-        ),
-        (
-            "negative final_softcap",
-            with_header(|h| h.final_softcap = -2.0),
-            "ML_E_FORMAT",
-        ),
-        (
-            "negative rope_local_theta",
-            with_header(|h| h.rope_local_theta = -5.0),
-            "ML_E_FORMAT",
-        ),
-        (
-            "huge sliding_window",
-            with_header(|h| h.sliding_window = u32::MAX),
-            "ML_E_FORMAT",
-        ),
+        ("n_heads % n_kv_heads", |h| h.n_kv_heads = 3, SHAPE),
+        ("odd head_dim", |h| h.head_dim = 9, SHAPE),
+        ("q_dim not multiple of 32", |h| h.head_dim = 20, SHAPE),
+        ("q_dim above 65536", |h| h.head_dim = 65536, SHAPE),
+        ("vocab < 3", |h| h.vocab = 2, SHAPE),
+    ];
+    let mut rows: Vec<(&str, Vec<u8>, &str)> = vec![
+        ("empty file", vec![], FORMAT),
+        ("short file", good[..100].to_vec(), FORMAT),
+        ("bad type table entry", bad_table_entry(), FORMAT),
         (
             "truncated arrays",
             good[..good.len() - 4096].to_vec(),
-            "ML_E_FORMAT",
+            FORMAT,
         ),
-        ("q8 quant -128", minus128, "ML_E_FORMAT"),
-        ("zero dim", with_header(|h| h.dim = 0), "ML_E_SHAPE"),
-        (
-            "over-limit n_layers",
-            with_header(|h| h.n_layers = 70000),
-            "ML_E_SHAPE",
-        ),
-        (
-            "dim not multiple of 32",
-            with_header(|h| h.dim = 40),
-            "ML_E_SHAPE",
-        ),
-        (
-            "hidden_dim not multiple of 32",
-            with_header(|h| h.hidden_dim = 130),
-            "ML_E_SHAPE",
-        ),
-        (
-            "dim % n_heads",
-            with_header(|h| {
-                h.n_heads = 6;
-                h.n_kv_heads = 2
-            }),
-            "ML_E_SHAPE",
-        ),
-        (
-            "n_heads % n_kv_heads",
-            with_header(|h| h.n_kv_heads = 3),
-            "ML_E_SHAPE",
-        ),
-        (
-            "odd head_dim",
-            with_header(|h| h.head_dim = 9),
-            "ML_E_SHAPE",
-        ),
-        (
-            "q_dim not multiple of 32",
-            with_header(|h| h.head_dim = 20),
-            "ML_E_SHAPE",
-        ),
-        (
-            "q_dim above 65536",
-            with_header(|h| h.head_dim = 65536),
-            "ML_E_SHAPE",
-        ),
-        ("vocab < 3", with_header(|h| h.vocab = 2), "ML_E_SHAPE"),
+        ("q8 quant -128", minus128, FORMAT),
     ];
+    rows.extend(
+        header_rows
+            .into_iter()
+            .map(|(what, edit, status)| (what, with_header(edit), status)),
+    );
     for (what, bytes, status) in rows {
         let (ok, err) = inspect_bytes(&bytes);
         assert!(!ok, "{what}: accepted");
