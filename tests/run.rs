@@ -23,109 +23,85 @@ pub struct Case {
 
 /// Headers covering every feature of the spec.
 pub fn cases() -> Vec<Case> {
-    let mut v = Vec::new();
-    let t = tiny_header();
-    v.push(Case {
-        name: "llama_gqa",
-        h: t,
-        flags: vec![],
-    });
-    let mut h = t;
-    h.sliding_window = 5;
-    v.push(Case {
-        name: "mistral_sliding_all",
-        h,
-        flags: vec![],
-    });
-    let mut h = t;
-    h.qkv_bias = 1;
-    h.shared_classifier = 1;
-    h.rope_type = rope_type::LLAMA3;
-    h.rope_factor = 8.0;
-    h.rope_low_freq_factor = 1.0;
-    h.rope_high_freq_factor = 4.0;
-    h.rope_orig_max_seq = 32;
-    v.push(Case {
-        name: "qwen2_bias_tied_llama3",
-        h,
-        flags: vec![],
-    });
-    let mut h = t;
-    h.head_dim = 32;
-    h.qk_norm = 1;
-    h.rope_type = rope_type::LINEAR;
-    h.rope_factor = 4.0;
-    h.scale_f16 = 1;
-    v.push(Case {
-        name: "qwen3_headdim_qknorm_linear_f16",
-        h,
-        flags: vec![],
-    });
-    let mut h = t;
-    h.act = 1;
-    h.post_norms = 1;
-    h.embed_scale = 8.0;
-    h.attn_scale = 0.2;
-    h.attn_softcap = 5.0;
-    h.final_softcap = 3.0;
-    h.sliding_window = 4;
-    h.layer_flags = 1;
-    v.push(Case {
-        name: "gemma2_softcaps",
-        h,
-        flags: vec![layer_flag::SLIDING, 0],
-    });
-    let mut h = t;
-    h.n_layers = 3;
-    h.act = 1;
-    h.post_norms = 1;
-    h.qk_norm = 1;
-    h.embed_scale = 8.0;
-    h.rope_theta = 1e6;
-    h.rope_local_theta = 10000.0;
-    h.rope_type = rope_type::YARN;
-    h.rope_factor = 4.0;
-    h.rope_low_freq_factor = 32.0;
-    h.rope_high_freq_factor = 1.0;
-    h.rope_orig_max_seq = 16;
-    h.rope_attn_factor = 1.2;
-    h.sliding_window = 5;
-    h.layer_flags = 1;
-    h.wtype = wtype::Q4_0;
-    h.q8_mask = q8_class::TOK_EMB | q8_class::WO;
-    h.shared_classifier = 1;
+    let case = |name, flags: Vec<u8>, edit: fn(&mut Header)| {
+        let mut h = tiny_header();
+        edit(&mut h);
+        Case { name, h, flags }
+    };
     let sl = layer_flag::SLIDING | layer_flag::LOCAL_ROPE;
-    v.push(Case {
-        name: "gemma3_local_yarn_q4",
-        h,
-        flags: vec![sl, 0, sl],
-    });
-    let mut h = t;
-    h.n_layers = 3;
-    h.layer_flags = 1;
-    h.wtype = wtype::Q4_0;
-    v.push(Case {
-        name: "smollm3_norope_q4",
-        h,
-        flags: vec![0, layer_flag::NO_ROPE, 0],
-    });
-    let mut h = t;
-    h.n_layers = 3;
-    h.layer_flags = 1;
-    h.attn_gate = 1;
-    h.qk_norm = 1;
-    h.rot_dim = 8;
-    h.lin_k_heads = 2;
-    h.lin_v_heads = 4;
-    h.lin_k_dim = 16;
-    h.lin_v_dim = 16;
-    h.lin_conv = 4;
-    v.push(Case {
-        name: "qwen3_5_delta_gate_partial",
-        h,
-        flags: vec![layer_flag::LINEAR, 0, layer_flag::LINEAR],
-    });
-    v
+    vec![
+        case("llama_gqa", vec![], |_| {}),
+        case("mistral_sliding_all", vec![], |h| {
+            h.sliding_window = 5;
+        }),
+        case("qwen2_bias_tied_llama3", vec![], |h| {
+            h.qkv_bias = 1;
+            h.shared_classifier = 1;
+            h.rope_type = rope_type::LLAMA3;
+            h.rope_factor = 8.0;
+            h.rope_low_freq_factor = 1.0;
+            h.rope_high_freq_factor = 4.0;
+            h.rope_orig_max_seq = 32;
+        }),
+        case("qwen3_headdim_qknorm_linear_f16", vec![], |h| {
+            h.head_dim = 32;
+            h.qk_norm = 1;
+            h.rope_type = rope_type::LINEAR;
+            h.rope_factor = 4.0;
+            h.scale_f16 = 1;
+        }),
+        case("gemma2_softcaps", vec![layer_flag::SLIDING, 0], |h| {
+            h.act = 1;
+            h.post_norms = 1;
+            h.embed_scale = 8.0;
+            h.attn_scale = 0.2;
+            h.attn_softcap = 5.0;
+            h.final_softcap = 3.0;
+            h.sliding_window = 4;
+            h.layer_flags = 1;
+        }),
+        case("gemma3_local_yarn_q4", vec![sl, 0, sl], |h| {
+            h.n_layers = 3;
+            h.act = 1;
+            h.post_norms = 1;
+            h.qk_norm = 1;
+            h.embed_scale = 8.0;
+            h.rope_theta = 1e6;
+            h.rope_local_theta = 10000.0;
+            h.rope_type = rope_type::YARN;
+            h.rope_factor = 4.0;
+            h.rope_low_freq_factor = 32.0;
+            h.rope_high_freq_factor = 1.0;
+            h.rope_orig_max_seq = 16;
+            h.rope_attn_factor = 1.2;
+            h.sliding_window = 5;
+            h.layer_flags = 1;
+            h.wtype = wtype::Q4_0;
+            h.q8_mask = q8_class::TOK_EMB | q8_class::WO;
+            h.shared_classifier = 1;
+        }),
+        case("smollm3_norope_q4", vec![0, layer_flag::NO_ROPE, 0], |h| {
+            h.n_layers = 3;
+            h.layer_flags = 1;
+            h.wtype = wtype::Q4_0;
+        }),
+        case(
+            "qwen3_5_delta_gate_partial",
+            vec![layer_flag::LINEAR, 0, layer_flag::LINEAR],
+            |h| {
+                h.n_layers = 3;
+                h.layer_flags = 1;
+                h.attn_gate = 1;
+                h.qk_norm = 1;
+                h.rot_dim = 8;
+                h.lin_k_heads = 2;
+                h.lin_v_heads = 4;
+                h.lin_k_dim = 16;
+                h.lin_v_dim = 16;
+                h.lin_conv = 4;
+            },
+        ),
+    ]
 }
 
 /// The case's file, loaded.
