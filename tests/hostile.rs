@@ -290,41 +290,25 @@ fn mlb_run_refuses_an_output_that_is_one_of_its_inputs() {
     std::fs::write(d.join("prompt.txt"), "a b c").unwrap();
     std::fs::copy(d.join("m.mlb"), d.join("ref.mlb")).unwrap();
     std::os::unix::fs::symlink("m.mlb", d.join("link.f32")).unwrap();
-    for (args, out) in [
-        (
-            vec!["m.mlb", "--tokens", "1 2 3", "--logits", "m.mlb"],
+    // The output, named last, is one of the inputs (or a link to one).
+    for args in [
+        &["m.mlb", "--tokens", "1 2 3", "--logits", "m.mlb"][..],
+        &["m.mlb", "--tokens", "1 2 3", "--logits", "link.f32"],
+        &["m.mlb", "--tokens", "1 2 3", "--logits", "m.mlt"],
+        &["m.mlb", "--file", "prompt.txt", "--logits", "prompt.txt"],
+        &["m.mlb", "--tokens", "1 2 3", "--imatrix", "m.mlb"],
+        &[
             "m.mlb",
-        ),
-        (
-            vec!["m.mlb", "--tokens", "1 2 3", "--logits", "link.f32"],
-            "link.f32",
-        ),
-        (
-            vec!["m.mlb", "--tokens", "1 2 3", "--logits", "m.mlt"],
+            "--tokenizer",
             "m.mlt",
-        ),
-        (
-            vec!["m.mlb", "--file", "prompt.txt", "--logits", "prompt.txt"],
+            "--file",
             "prompt.txt",
-        ),
-        (
-            vec!["m.mlb", "--tokens", "1 2 3", "--imatrix", "m.mlb"],
-            "m.mlb",
-        ),
-        (
-            vec![
-                "m.mlb",
-                "--tokenizer",
-                "m.mlt",
-                "--file",
-                "prompt.txt",
-                "--imatrix",
-                "m.mlt",
-            ],
+            "--imatrix",
             "m.mlt",
-        ),
+        ],
     ] {
-        refused(d, "mlb-run", &args, &[out, "the same file as the input"]);
+        let out = args[args.len() - 1];
+        refused(d, "mlb-run", args, &[out, "the same file as the input"]);
     }
     succeeds(
         d,
