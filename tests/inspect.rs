@@ -147,6 +147,9 @@ fn inspect_bytes(bytes: &[u8]) -> (bool, String) {
     (o.status.success(), stderr(&o))
 }
 
+/// One change to a valid header.
+type HeaderEdit = fn(&mut Header);
+
 fn with_header(edit: impl FnOnce(&mut Header)) -> Vec<u8> {
     let h = tiny_header();
     let mut b = synth_file(&h, &[], 3);
@@ -174,7 +177,7 @@ fn error_table_through_the_binary() {
     const FORMAT: &str = "ML_E_FORMAT";
     const SHAPE: &str = "ML_E_SHAPE";
     // One edit of a valid header each, with the status of its row of the error table.
-    let header_rows: [(&str, fn(&mut Header), &str); 31] = [
+    let header_rows: [(&str, HeaderEdit, &str); 31] = [
         ("bad magic", |h| h.magic = *b"MLBX", FORMAT),
         ("bad version", |h| h.version = 9, FORMAT),
         ("unknown wtype", |h| h.wtype = 13, FORMAT),

@@ -22,6 +22,9 @@ fn status_with(base: &Header, flags: &[u8], edit: impl FnOnce(&mut Header)) -> (
     (e.status, e.field)
 }
 
+/// One change to a header.
+type HeaderEdit = fn(&mut Header);
+
 /// The smallest gated-delta-rule shape: 2 key heads and 4 value heads of 16, conv 4.
 fn linear_dims(h: &mut Header) {
     h.lin_k_heads = 2;
@@ -248,13 +251,13 @@ fn err_rope_parameters() {
         h.rope_orig_max_seq = 4096;
         h.rope_attn_factor = 1.1;
     }
-    for base in [llama3 as fn(&mut Header), yarn] {
+    for base in [llama3 as HeaderEdit, yarn] {
         let mut ok = tiny_header();
         base(&mut ok);
         assert!(validate(&ok).is_ok());
     }
     // A valid RoPE setting, one bad value on top of it, the field the error names.
-    let rows: [(fn(&mut Header), fn(&mut Header), &str); 10] = [
+    let rows: [(HeaderEdit, HeaderEdit, &str); 10] = [
         (llama3, |h| h.rope_factor = 0.0, "rope_factor"),
         (
             llama3,
