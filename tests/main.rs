@@ -6,6 +6,7 @@ mod convert;
 mod inspect;
 mod kernels;
 mod kernels_f32;
+mod kernels_half;
 mod real;
 mod reliability;
 mod run;

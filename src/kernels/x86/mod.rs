@@ -2,6 +2,7 @@
 //! (`kernels::Kernels::for_tier`); every function here is reached through the table.
 
 pub mod attention;
+pub mod half;
 pub mod avx2;
 pub mod avx512;
 pub mod math;
@@ -50,6 +51,6 @@ pub unsafe fn f16_to_f32(src: &[u16], dst: &mut [f32]) {
         i += 8;
     }
     for (d, &s) in dst[n8..].iter_mut().zip(&src[n8..]) {
-        *d = half::f16::from_bits(s).to_f32_const();
+        *d = ::half::f16::from_bits(s).to_f32_const();
     }
 }
