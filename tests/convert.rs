@@ -796,7 +796,11 @@ fn convert_bf16_output_runs_in_mlb_run() {
     let mut st = model.state(&Default::default()).unwrap();
     let mut want = Vec::new();
     model
-        .prefill(&mut st, &[1, 2, 3], Some(&mut |_, l: &[f32]| want.extend_from_slice(l)))
+        .prefill(
+            &mut st,
+            &[1, 2, 3],
+            Some(&mut |_, l: &[f32]| want.extend_from_slice(l)),
+        )
         .unwrap();
     assert!(got == want, "mlb-run's logits differ from the library's");
 }

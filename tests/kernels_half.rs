@@ -50,7 +50,7 @@ fn weights(rng: &mut Rng, t: WType, n: usize, edge: bool, nonfinite: bool) -> Ve
             half_float::round(t, v)
         } else {
             match rng.below(16) {
-                0 => rng.next() as u16 & 0x807F,         // BF16 subnormal / F16 small
+                0 => rng.next() as u16 & 0x807F, // BF16 subnormal / F16 small
                 1 => (rng.next() as u16 & 0x8000) | 0x3FF, // F16 subnormal / BF16 tiny
                 2 => 0x8000,
                 3 => half_float::round(t, half_float::max_finite(t) * rng.unit()),
@@ -80,7 +80,9 @@ fn activations(rng: &mut Rng, n: usize, edge: bool, nonfinite: bool) -> Vec<f32>
                 1 => v * 1e30,
                 2 => -0.0,
                 3 => v * 1e-38,
-                4 if nonfinite => [f32::INFINITY, f32::NEG_INFINITY, f32::NAN][rng.below(3) as usize],
+                4 if nonfinite => {
+                    [f32::INFINITY, f32::NEG_INFINITY, f32::NAN][rng.below(3) as usize]
+                }
                 _ => v,
             }
         })
@@ -99,13 +101,24 @@ fn same(a: f32, b: f32) -> bool {
 }
 
 /// The reference's `y[t·rows + r]` for the rows `which` (all when `None`).
-fn reference(t: WType, w: &[u8], rows: usize, cols: usize, x: &[f32], which: &[usize]) -> Vec<(usize, usize, f32)> {
+fn reference(
+    t: WType,
+    w: &[u8],
+    rows: usize,
+    cols: usize,
+    x: &[f32],
+    which: &[usize],
+) -> Vec<(usize, usize, f32)> {
     let wb = bits16(w);
     let n = x.len() / cols;
     let mut out = Vec::new();
     for &r in which {
         for tk in 0..n {
-            let d = dot_half(t, &wb[r * cols..(r + 1) * cols], &x[tk * cols..(tk + 1) * cols]);
+            let d = dot_half(
+                t,
+                &wb[r * cols..(r + 1) * cols],
+                &x[tk * cols..(tk + 1) * cols],
+            );
             out.push((tk, r, d));
         }
     }
@@ -167,19 +180,30 @@ fn every_tier_gives_the_reference_bits() {
                 let which: Vec<usize> = if rows <= 130 {
                     (0..rows).collect()
                 } else {
-                    (0..rows).filter(|r| r % 37 == 0 || *r + 9 >= rows).collect()
+                    (0..rows)
+                        .filter(|r| r % 37 == 0 || *r + 9 >= rows)
+                        .collect()
                 };
                 let want = reference(t, &w, rows, cols, &x, &which);
                 let mut base = vec![0f32; n * rows];
                 Kernels::for_tier(Tier::Scalar)
                     .unwrap()
                     .matmul_f32(&m, &x, &mut base);
-                check(&format!("{t} {rows}x{cols} n={n} scalar"), &base, rows, &want);
+                check(
+                    &format!("{t} {rows}x{cols} n={n} scalar"),
+                    &base,
+                    rows,
+                    &want,
+                );
                 for k in all_kernels() {
                     for (threads, pool) in pools.iter().enumerate() {
                         let mut y = vec![f32::NAN; n * rows];
                         pool.install(|| k.matmul_f32(&m, &x, &mut y));
-                        let at = format!("{t} {rows}x{cols} n={n} tier {} {} threads", k.tier(), threads + 1);
+                        let at = format!(
+                            "{t} {rows}x{cols} n={n} tier {} {} threads",
+                            k.tier(),
+                            threads + 1
+                        );
                         check(&at, &y, rows, &want);
                         // Every output, against the scalar tier.
                         for (i, (&a, &b)) in y.iter().zip(&base).enumerate() {
@@ -210,11 +234,20 @@ fn large_shapes() {
         let m = QMat::new_half(t, rows, cols, &w).unwrap();
         for &n in ns {
             let x = activations(&mut rng, n * cols, false, false);
-            let which: Vec<usize> = (0..rows).filter(|r| r % 1009 == 0 || *r + 5 >= rows).collect();
+            let which: Vec<usize> = (0..rows)
+                .filter(|r| r % 1009 == 0 || *r + 5 >= rows)
+                .collect();
             let want = reference(t, &w, rows, cols, &x, &which);
             let mut base = vec![0f32; n * rows];
-            Kernels::for_tier(Tier::Scalar).unwrap().matmul_f32(&m, &x, &mut base);
-            check(&format!("{t} {rows}x{cols} n={n} scalar"), &base, rows, &want);
+            Kernels::for_tier(Tier::Scalar)
+                .unwrap()
+                .matmul_f32(&m, &x, &mut base);
+            check(
+                &format!("{t} {rows}x{cols} n={n} scalar"),
+                &base,
+                rows,
+                &want,
+            );
             for k in all_kernels() {
                 for pool in [Pool::leak(1), Pool::leak(3)] {
                     let mut y = vec![0f32; n * rows];
@@ -249,7 +282,12 @@ fn infinities_and_nan() {
             for k in all_kernels() {
                 let mut y = vec![0f32; n * rows];
                 k.matmul_f32(&m, &x, &mut y);
-                check(&format!("{t} case {case} tier {}", k.tier()), &y, rows, &want);
+                check(
+                    &format!("{t} case {case} tier {}", k.tier()),
+                    &y,
+                    rows,
+                    &want,
+                );
             }
         }
     }
@@ -288,8 +326,16 @@ fn lane_order_and_fma_are_the_contract() {
             k.matmul_f32(&m, &x, &mut y);
             assert_eq!(y[0].to_bits(), want.to_bits(), "{t} tier {}", k.tier());
         }
-        let naive: f32 = w.iter().zip(&x).map(|(&b, &v)| half_float::to_f32(t, b) * v).sum();
-        assert_ne!(naive.to_bits(), want.to_bits(), "{t}: the case must tell orders apart");
+        let naive: f32 = w
+            .iter()
+            .zip(&x)
+            .map(|(&b, &v)| half_float::to_f32(t, b) * v)
+            .sum();
+        assert_ne!(
+            naive.to_bits(),
+            want.to_bits(),
+            "{t}: the case must tell orders apart"
+        );
     }
 }
 
@@ -320,7 +366,12 @@ fn project_each_mixes_kinds() {
     for k in all_kernels() {
         let (mut yb, mut yf, mut yq) = (vec![0f32; n * 48], vec![0f32; n * 32], vec![0f32; n * 16]);
         let mut qa = QActs::new();
-        k.project_each(&[&mb, &mq, &mf], &x, &mut qa, &mut [&mut yb, &mut yq, &mut yf]);
+        k.project_each(
+            &[&mb, &mq, &mf],
+            &x,
+            &mut qa,
+            &mut [&mut yb, &mut yq, &mut yf],
+        );
         let mut want_b = vec![0f32; n * 48];
         k.matmul_f32(&mb, &x, &mut want_b);
         let mut want_f = vec![0f32; n * 32];
@@ -329,12 +380,21 @@ fn project_each_mixes_kinds() {
         xa.quantize_with(&k, &x, cols);
         let mut want_q = vec![0f32; n * 16];
         k.matmul(&mq, &xa, &mut want_q);
-        assert!(yb == want_b && yf == want_f && yq == want_q, "tier {}", k.tier());
+        assert!(
+            yb == want_b && yf == want_f && yq == want_q,
+            "tier {}",
+            k.tier()
+        );
         assert_eq!(qa.n(), n, "the quantized matrix got its activations");
         // Only 2-byte float matrices: nothing is quantized.
         let mut qa = QActs::new();
         k.project_each(&[&mb, &mf], &x, &mut qa, &mut [&mut yb, &mut yf]);
-        assert_eq!(qa.n(), 0, "tier {}: quantized an input no matrix needs", k.tier());
+        assert_eq!(
+            qa.n(),
+            0,
+            "tier {}: quantized an input no matrix needs",
+            k.tier()
+        );
         let mut y1 = vec![0f32; n * 48];
         k.project(&mb, &x, &mut qa, &mut y1);
         assert!(y1 == want_b && qa.n() == 0);
@@ -365,7 +425,10 @@ fn half_kernels_count_under_their_tier() {
         };
         assert!(c.get(expect, Op::Half) > 0, "tier {}: {c:?}", k.tier());
         assert_eq!(c.of_tier(expect), c.get(expect, Op::Half), "{c:?}");
-        for t in kernels::supported_tiers().into_iter().filter(|&t| t != expect) {
+        for t in kernels::supported_tiers()
+            .into_iter()
+            .filter(|&t| t != expect)
+        {
             assert_eq!(c.of_tier(t), 0, "tier {} ran {t} code: {c:?}", k.tier());
         }
     }

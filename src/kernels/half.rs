@@ -56,7 +56,12 @@ impl HalfKernels {
 impl<'a> QMat<'a> {
     /// A BF16 / F16 matrix: `w` holds `rows × cols` 2-byte floats, row-major,
     /// little-endian; `cols` a positive multiple of 32 as in a file.
-    pub fn new_half(wtype: WType, rows: usize, cols: usize, w: &'a [u8]) -> Result<Self, ShapeError> {
+    pub fn new_half(
+        wtype: WType,
+        rows: usize,
+        cols: usize,
+        w: &'a [u8],
+    ) -> Result<Self, ShapeError> {
         if !wtype.is_half() {
             return Err(ShapeError(format!(
                 "matrix {rows}x{cols} {wtype}: not a 2-byte float type"

@@ -171,7 +171,12 @@ fn fixture_tiers_give_the_same_bits() {
             // A mixed file: 2-byte floats and quantized matrices sharing inputs.
             (
                 "mixed",
-                &["--wtype", "bf16", "--types", "wv=q8_0,w13=f16,w2=q4_0,wcls=q8_0"][..],
+                &[
+                    "--wtype",
+                    "bf16",
+                    "--types",
+                    "wv=q8_0,w13=f16,w2=q4_0,wcls=q8_0",
+                ][..],
             ),
         ] {
             let out = tmp.path().join(format!("{name}.{quant}.mlb"));

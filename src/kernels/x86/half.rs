@@ -111,6 +111,8 @@ unsafe fn reduce512(a: __m512) -> f32 {
 /// # Safety
 /// AVX-512 F; the rows, tokens and outputs are in bounds; `cols` a multiple of 16.
 #[inline(always)]
+// Indexed loops: acc[r][t] is the (row, token) grid the FMAs fill, in the contract's order.
+#[allow(clippy::needless_range_loop)]
 unsafe fn tile512<W: Widen, const R: usize, const T: usize, const PF: bool>(
     w: *const u8,
     cols: usize,

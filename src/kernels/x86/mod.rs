@@ -2,9 +2,9 @@
 //! (`kernels::Kernels::for_tier`); every function here is reached through the table.
 
 pub mod attention;
-pub mod half;
 pub mod avx2;
 pub mod avx512;
+pub mod half;
 pub mod math;
 pub mod packed;
 
