@@ -82,7 +82,7 @@ PY
 fi
 CALIB=${CALIB:-$OUT/calib.txt}
 EVAL=${EVAL:-$OUT/eval.txt}
-echo "# texts: calibration $(basename "$CALIB") $(md5sum <"$CALIB" | cut -c1-32), evaluation $(basename "$EVAL") $(md5sum <"$EVAL" | cut -c1-32)" >"$OUT/texts.txt"
+echo "Texts: calibration $(basename "$CALIB") $(md5sum <"$CALIB" | cut -c1-32), evaluation $(basename "$EVAL") $(md5sum <"$EVAL" | cut -c1-32)" >"$OUT/texts.txt"
 
 for m in $MODELS; do
   d=$OUT/$m
@@ -207,7 +207,7 @@ label = {
     "llama-q4_k_m-imatrix": "Q4_K_M + imatrix",
 }
 print(open(os.path.join(out, "texts.txt")).read().strip())
-print(f"# {chunks} evaluation chunks of {ctx} tokens (second halves scored), imatrices from {cchunks} calibration chunks")
+print(f"\n{chunks} evaluation chunks of {ctx} tokens (second halves scored), imatrices from {cchunks} calibration chunks")
 for m in models:
     d = os.path.join(out, m)
     rows = [json.loads(l) for l in open(os.path.join(d, "results.jsonl"))]
