@@ -5,7 +5,9 @@
 //! per call, for each supported tier at 1 and 2 threads. The weights stay in cache
 //! between calls when they fit (L2 is 2 MB per core here), so small shapes show cache
 //! bandwidth, the 49152×576 classifier shows L3/DRAM bandwidth, Gemma 3's 262144×640
-//! (168 MB at Q8_0) mostly DRAM bandwidth.
+//! (168 MB at Q8_0) mostly DRAM bandwidth. BF16 and F16 rows: f32 activations
+//! (`Kernels::matmul_f32`), GB/s of the 2-byte weights, on every shape and on Llama
+//! 3.2 1B's FFN shapes (8192×2048, 2048×8192: 32 MB each as BF16, DRAM-bound).
 
 use std::hint::black_box;
 use std::time::{Duration, Instant};
@@ -67,6 +69,8 @@ fn main() {
         ("gemma3 up", 2048, 640),
         ("classifier", 49152, 576),
         ("gemma3 classifier", 262144, 640),
+        ("llama1b up", 8192, 2048),
+        ("llama1b down", 2048, 8192),
     ];
     let min = Duration::from_millis(
         std::env::var("KRAFLA_BENCH_MS")
@@ -79,7 +83,13 @@ fn main() {
     println!("| shape | type | tier | threads | matvec µs | matvec GFLOP/s | matvec GB/s | matmul n={n_batch} ms | matmul GFLOP/s |");
     println!("|---|---|---|---|---|---|---|---|---|");
     for (name, rows, cols) in shapes {
-        for wtype in [WType::Q8_0, WType::Q4_0] {
+        // Llama 1B's shapes for the 2-byte float types only.
+        let quantized = if name.starts_with("llama1b") {
+            &[][..]
+        } else {
+            &[WType::Q8_0, WType::Q4_0][..]
+        };
+        for &wtype in quantized {
             let q: Vec<u8> = (0..rows * wtype.row_bytes(cols))
                 .map(|_| rng.next() as u8 & 0x7F)
                 .collect();
@@ -118,6 +128,49 @@ fn main() {
                         flop * n_batch as f64 / tm * 1e-9
                     );
                 }
+            }
+        }
+        half_rows(&mut rng, &filter, min, n_batch, (name, rows, cols));
+    }
+}
+
+/// BF16 / F16 rows of one shape: `matmul_f32` with one token and with `n_batch`.
+fn half_rows(
+    rng: &mut Rng,
+    filter: &[String],
+    min: Duration,
+    n_batch: usize,
+    (name, rows, cols): (&str, usize, usize),
+) {
+    let (pool1, pool2) = (Pool::leak(1), Pool::leak(2));
+    for wtype in [WType::BF16, WType::F16] {
+        let q: Vec<u8> = (0..rows * cols)
+            .flat_map(|_| krafla::quant::half_float::round(wtype, rng.unit() * 0.05).to_le_bytes())
+            .collect();
+        let w = QMat::new_half(wtype, rows, cols, &q).expect("shape");
+        let bytes = q.len() as f64;
+        let x1: Vec<f32> = (0..cols).map(|_| rng.unit()).collect();
+        let xn: Vec<f32> = (0..cols * n_batch).map(|_| rng.unit()).collect();
+        let mut y1 = vec![0f32; rows];
+        let mut yn = vec![0f32; rows * n_batch];
+        for t in kernels::supported_tiers() {
+            let k = Kernels::for_tier(t).expect("supported");
+            let label = format!("{name} {rows}x{cols} {wtype:?} {t}");
+            if !filter.is_empty() && !filter.iter().any(|f| label.contains(f.as_str())) {
+                continue;
+            }
+            for (threads, pool) in [(1, pool1), (2, pool2)] {
+                let tv = pool.install(|| time(min, || k.matmul_f32(&w, &x1, black_box(&mut y1))));
+                let tm = pool.install(|| time(min, || k.matmul_f32(&w, &xn, black_box(&mut yn))));
+                let flop = 2.0 * rows as f64 * cols as f64;
+                println!(
+                    "| {name} {rows}×{cols} | {wtype:?} | {t} | {threads} | {:.1} | {:.1} | {:.1} | {:.2} | {:.1} |",
+                    tv * 1e6,
+                    flop / tv * 1e-9,
+                    bytes / tv * 1e-9,
+                    tm * 1e3,
+                    flop * n_batch as f64 / tm * 1e-9
+                );
             }
         }
     }

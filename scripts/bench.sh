@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Krafla's mlb-run against llama.cpp's llama-bench, side by side, on the same real models
-# (SmolLM2-135M, Gemma 3 270M), the same quant types (Q4_0, Q8_0, the same bits on both
-# sides), the same thread count: prompt processing of 512 tokens and generation of 128,
-# tokens/s, ratio, peak RSS, and the memory-bandwidth bound of generation.
+# (SmolLM2-135M, Gemma 3 270M, and a 1B-class model with Llama 3.2 1B's shapes and random
+# weights), the same quant types (Q4_0, Q8_0: the same bits on both sides; BF16: the
+# checkpoint's own weights, Krafla's `--wtype bf16` against llama.cpp's bf16 GGUF), the
+# same thread count: prompt processing of 512 tokens and generation of 128, tokens/s,
+# ratio, peak RSS, and the memory-bandwidth bound of generation.
 # See docs/benchmarks.md. Not part of `cargo test` or CI: it downloads and builds
 # llama.cpp and takes tens of minutes on a fresh machine.
 #
@@ -14,8 +16,10 @@
 #   REAL_DIR     the HF checkpoints (smollm2-135m/, gemma3-270m/); made if absent [$BENCH_DIR/real]
 #   REAL_CHECKPOINTS  the script that makes them [../shared/tools/real-checkpoints.sh beside the
 #                repository, else ../../shared/tools/real-checkpoints.sh (a worktree's)]
+#   SYNTH_CHECKPOINT  the script that makes llama1b/ (random weights, Llama 3.2 1B's shapes)
+#                [synth-checkpoint.py beside REAL_CHECKPOINTS]
 #   THREADS [2]  REPS: repetitions of each measurement, medians reported [5]
-#   MODELS ["smollm2-135m gemma3-270m"]  QUANTS ["q4_0 q8_0"]
+#   MODELS ["smollm2-135m gemma3-270m llama1b"]  QUANTS ["q4_0 q8_0 bf16"]
 #   N_PROMPT [512]  N_GEN [128]
 #   KRAFLA_Q4_RULE [round]: llama.cpp's Q4_0 rounding, so both files hold the same bits
 #   KRAFLA_EXTRA ["--f16-scales"]: f16 block scales, as GGUF's Q4_0/Q8_0 blocks
@@ -31,8 +35,8 @@ BENCH_VENV=${BENCH_VENV:-$BENCH_DIR/venv}
 REAL_DIR=${REAL_DIR:-$BENCH_DIR/real}
 THREADS=${THREADS:-2}
 REPS=${REPS:-5}
-MODELS=${MODELS:-smollm2-135m gemma3-270m}
-QUANTS=${QUANTS:-q4_0 q8_0}
+MODELS=${MODELS:-smollm2-135m gemma3-270m llama1b}
+QUANTS=${QUANTS:-q4_0 q8_0 bf16}
 N_PROMPT=${N_PROMPT:-512}
 N_GEN=${N_GEN:-128}
 KRAFLA_Q4_RULE=${KRAFLA_Q4_RULE:-round}
@@ -44,6 +48,7 @@ if [ -z "${REAL_CHECKPOINTS:-}" ]; then
   REAL_CHECKPOINTS=$repo/../shared/tools/real-checkpoints.sh
   [ -f "$REAL_CHECKPOINTS" ] || REAL_CHECKPOINTS=$repo/../../shared/tools/real-checkpoints.sh
 fi
+SYNTH_CHECKPOINT=${SYNTH_CHECKPOINT:-$(dirname "$REAL_CHECKPOINTS")/synth-checkpoint.py}
 case "$BENCH_DIR/" in "$repo"/*) echo "bench.sh: BENCH_DIR must be outside the repository" >&2; exit 2;; esac
 
 mkdir -p "$BENCH_DIR"/{gguf,mlb,logs,results}
@@ -58,14 +63,20 @@ if [ ! -x "$py" ]; then
   "$BENCH_VENV/bin/pip" install -q torch transformers accelerate gguf safetensors sentencepiece tokenizers numpy protobuf cmake
 fi
 
-# 2. The real checkpoints.
+# 2. The real checkpoints (and the random-weight 1B-class one).
 for m in $MODELS; do
-  if [ ! -f "$REAL_DIR/$m/config.json" ]; then
+  if [ "$m" != llama1b ] && [ ! -f "$REAL_DIR/$m/config.json" ]; then
     log "making the real checkpoints in $REAL_DIR"
     bash "$REAL_CHECKPOINTS" "$REAL_DIR" "$BENCH_VENV"
     break
   fi
 done
+case " $MODELS " in *" llama1b "*)
+  if [ ! -f "$REAL_DIR/llama1b/config.json" ]; then
+    log "making llama1b (random weights) in $REAL_DIR"
+    "$py" "$SYNTH_CHECKPOINT" "$REAL_DIR"
+  fi;;
+esac
 
 # 3. llama.cpp's source: the llama-cpp-python sdist carries it under vendor/llama.cpp.
 #    (--no-binary for this package only: with :all: pip would also build cmake and ninja
@@ -119,7 +130,8 @@ for m in $MODELS; do
   fi
   for q in $QUANTS; do
     out=$BENCH_DIR/gguf/$m-$q.gguf
-    if [ ! -f "$out" ]; then
+    # bf16: the converted GGUF itself.
+    if [ "$q" != bf16 ] && [ ! -f "$out" ]; then
       log "llama-quantize --pure $m $q"
       /usr/bin/time -v -o "$BENCH_DIR/logs/time-quantize-$m-$q.txt" \
         "$quant_bin" --pure "$bf16" "$out.tmp" "${q^^}" "$THREADS" >"$BENCH_DIR/logs/quantize-$m-$q.log" 2>&1
@@ -192,9 +204,13 @@ if [ "$LLAMA_ONLY" != 1 ]; then
     for q in $QUANTS; do
       mlb=$BENCH_DIR/mlb/$m-$q.mlb
       if [ ! -f "$mlb" ]; then
-        if [ "$q" = q4_0 ]; then cflags=(--wtype q4_0 --q8 none --q4-rule "$KRAFLA_Q4_RULE"); else cflags=(--wtype q8_0); fi
+        case $q in
+          q4_0) cflags=(--wtype q4_0 --q8 none --q4-rule "$KRAFLA_Q4_RULE");;
+          bf16) cflags=(--wtype bf16);;
+          *) cflags=(--wtype "$q");;
+        esac
         # shellcheck disable=SC2206
-        cflags+=($KRAFLA_EXTRA)
+        [ "$q" = bf16 ] || cflags+=($KRAFLA_EXTRA)  # no scales in a BF16 file
         log "mlb-convert $m ${cflags[*]}"
         /usr/bin/time -v -o "$BENCH_DIR/logs/time-mlb-convert-$m-$q.txt" \
           "$kbin/mlb-convert" "$REAL_DIR/$m" "${cflags[@]}" --threads "$THREADS" -o "$mlb" \

@@ -417,6 +417,53 @@ fn perplexity_and_kl_divergence_match_the_definitions() {
     let tmp = tempfile::tempdir().unwrap();
     let q8 = default_model(tmp.path(), "q8", &[]);
     let q4 = default_model(tmp.path(), "q4", &["--wtype", "q4_0", "--q8", "none"]);
+    kl_matches_the_definitions(&q8, &q4);
+    // Errors: one line, non-zero.
+    for (args, needle) in [
+        (
+            vec!["--tokens", "1 2 3", "--perplexity", "--ctx", "1"],
+            "--ctx",
+        ),
+        (
+            vec!["--tokens", "1 2 3", "--kl-divergence", "/nonexistent/r.mlb"],
+            "r.mlb",
+        ),
+        (
+            vec!["--tokens", "1 2 3", "--perplexity", "--chunks", "0"],
+            "--chunks",
+        ),
+    ] {
+        let o = run(&q4, &args);
+        assert!(!o.status.success(), "{args:?}");
+        let e = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(e.trim().lines().count(), 1, "{args:?}: {e}");
+        assert!(e.contains(needle), "{args:?}: {e}");
+    }
+}
+
+/// `--kl-divergence` with the unquantized model as the reference (issue 15): a BF16
+/// reference for Q4_0 and Q8_0 files, a mixed reference (BF16 with Q8_0 w2 and F16
+/// w13), and a mixed model against the BF16 one, each against the definitions.
+#[test]
+fn kl_divergence_against_bf16_and_mixed_references() {
+    let tmp = tempfile::tempdir().unwrap();
+    let bf16 = default_model(tmp.path(), "bf16", &["--wtype", "bf16"]);
+    let q4 = default_model(tmp.path(), "q4", &["--wtype", "q4_0", "--q8", "none"]);
+    let q8 = default_model(tmp.path(), "q8", &[]);
+    let mixed = default_model(
+        tmp.path(),
+        "mixed",
+        &["--wtype", "bf16", "--types", "w2=q8_0,w13=f16"],
+    );
+    kl_matches_the_definitions(&bf16, &q4);
+    kl_matches_the_definitions(&bf16, &q8);
+    kl_matches_the_definitions(&mixed, &q4);
+    kl_matches_the_definitions(&bf16, &mixed);
+}
+
+/// `model --kl-divergence reference` (and `--perplexity`) against the definitions.
+fn kl_matches_the_definitions(reference: &Path, model: &Path) {
+    let (q8, q4) = (reference, model);
     let text = corpus();
     let common = [
         "--file",
@@ -428,18 +475,18 @@ fn perplexity_and_kl_divergence_match_the_definitions() {
     ];
     let mut a = common.to_vec();
     a.extend(["--perplexity", "--json"]);
-    let ppl = json(&check(run(&q4, &a)));
+    let ppl = json(&check(run(q4, &a)));
     let mut a = common.to_vec();
     a.extend(["--kl-divergence", q8.to_str().unwrap(), "--json"]);
-    let kl = json(&check(run(&q4, &a)));
+    let kl = json(&check(run(q4, &a)));
     let mut a = common.to_vec();
     a.extend(["--kl-divergence", q8.to_str().unwrap()]);
-    let self_kl = json(&check(run(&q8, &{
+    let self_kl = json(&check(run(q8, &{
         let mut b = a.clone();
         b.push("--json");
         b
     })));
-    let text_out = check(run(&q4, &a));
+    let text_out = check(run(q4, &a));
     assert!(text_out.contains("KL(ref ‖ model)") && text_out.contains("top-1"));
     assert!(text_out.contains("second half"), "{text_out}");
 
@@ -448,7 +495,7 @@ fn perplexity_and_kl_divergence_match_the_definitions() {
     let ids = tok.encode(&std::fs::read_to_string(&text).unwrap());
     let bos = tok.bos().filter(|b| tok.encode("").first() == Some(b));
     let chunks = eval::chunks(&ids, 48, bos, Some(4)).unwrap();
-    let (m8, m4) = (Mlb::open(&q8).unwrap(), Mlb::open(&q4).unwrap());
+    let (m8, m4) = (Mlb::open(q8).unwrap(), Mlb::open(q4).unwrap());
     let (r, m) = (Model::new(&m8).unwrap(), Model::new(&m4).unwrap());
     let v = m.cfg.vocab;
     let (mut nll, mut nll_ref, mut kls, mut agree) = (vec![], vec![], vec![], 0);
@@ -499,32 +546,15 @@ fn perplexity_and_kl_divergence_match_the_definitions() {
         "p99",
     );
     close(kl["top1"].as_f64().unwrap(), agree as f64 / n, "top1");
-    assert!(km > 0.0);
+    assert!(
+        km > 0.0,
+        "{} against {}: KL 0",
+        model.display(),
+        reference.display()
+    );
     assert_eq!(self_kl["kl_mean"].as_f64().unwrap(), 0.0);
     assert_eq!(self_kl["top1"].as_f64().unwrap(), 1.0);
     assert_eq!(self_kl["ppl"], self_kl["ppl_ref"]);
-
-    // Errors: one line, non-zero.
-    for (args, needle) in [
-        (
-            vec!["--tokens", "1 2 3", "--perplexity", "--ctx", "1"],
-            "--ctx",
-        ),
-        (
-            vec!["--tokens", "1 2 3", "--kl-divergence", "/nonexistent/r.mlb"],
-            "r.mlb",
-        ),
-        (
-            vec!["--tokens", "1 2 3", "--perplexity", "--chunks", "0"],
-            "--chunks",
-        ),
-    ] {
-        let o = run(&q4, &args);
-        assert!(!o.status.success(), "{args:?}");
-        let e = String::from_utf8_lossy(&o.stderr);
-        assert_eq!(e.trim().lines().count(), 1, "{args:?}: {e}");
-        assert!(e.contains(needle), "{args:?}: {e}");
-    }
 }
 
 /// Qwen3.5's linear-attention layers: lqkv/lz/lb/la share the Attn slot; lout's input

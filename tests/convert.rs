@@ -768,10 +768,66 @@ fn convert_mixed_runs_like_the_q8_mask_file() {
 /// mlb-run refuses such files with one line and a non-zero exit, never a panic. That
 /// step replaces this test with the logits checks.
 #[test]
-fn convert_bf16_output_is_refused_by_mlb_run_for_now() {
+fn convert_bf16_output_runs_in_mlb_run() {
+    // mlb-run runs BF16 files (f32 activations × BF16 weights): its logits are the
+    // library's, and close to transformers' float32 forward (the fixture is bf16, so the
+    // file holds its exact weights).
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("b.mlb");
     convert_with(&models().join("llama"), &out, |o| o.wtype = WType::BF16);
+    let logits = tmp.path().join("b.f32");
+    let o = Command::new(env!("CARGO_BIN_EXE_mlb-run"))
+        .arg(&out)
+        .args(["--tokens", "1 2 3", "--logits"])
+        .arg(&logits)
+        .arg("--verbose")
+        .output()
+        .unwrap();
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{e}");
+    assert!(e.contains("kernel tier"), "{e}");
+    let got: Vec<f32> = std::fs::read(&logits)
+        .unwrap()
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect();
+    let m = mlb::Mlb::open(&out).unwrap();
+    let model = krafla::model::Model::new(&m).unwrap();
+    let mut st = model.state(&Default::default()).unwrap();
+    let mut want = Vec::new();
+    model
+        .prefill(
+            &mut st,
+            &[1, 2, 3],
+            Some(&mut |_, l: &[f32]| want.extend_from_slice(l)),
+        )
+        .unwrap();
+    assert!(got == want, "mlb-run's logits differ from the library's");
+}
+
+/// A matrix type the runtime has no kernel for is refused at load in one line naming
+/// the file and the tensor (the GGUF block types until their kernels land).
+#[test]
+fn a_type_without_kernels_is_refused_by_mlb_run() {
+    use krafla::format::mlb::header::wtype;
+    use krafla::format::mlb::synth::{synth_mixed, tiny_header};
+    let Some(t) = WType::ALL
+        .iter()
+        .copied()
+        .find(|&t| !krafla::kernels::kernels().supports(t) && t.block_weights() == 32)
+    else {
+        eprintln!("SKIP: every weight type has kernels");
+        return;
+    };
+    let mut h = tiny_header();
+    h.wtype = wtype::MIXED;
+    let d = mlb::validate(&h).unwrap();
+    let n = mlb::Layout::matrix_count(&h, &d, &[]).unwrap();
+    let mut types = vec![WType::BF16; n];
+    types[3] = t;
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("k.mlb");
+    std::fs::write(&out, synth_mixed(&h, &[], &types, 1)).unwrap();
     let o = Command::new(env!("CARGO_BIN_EXE_mlb-run"))
         .arg(&out)
         .args(["--tokens", "1 2 3", "-n", "1"])
@@ -780,7 +836,10 @@ fn convert_bf16_output_is_refused_by_mlb_run_for_now() {
     assert_eq!(o.status.code(), Some(1));
     let e = String::from_utf8(o.stderr).unwrap();
     assert_eq!(e.lines().count(), 1, "{e}");
-    assert!(e.contains("BF16") && e.contains("b.mlb"), "{e}");
+    assert!(
+        e.contains(t.name()) && e.contains("k.mlb") && e.contains("no kernel"),
+        "{e}"
+    );
 }
 
 #[test]

@@ -8,6 +8,7 @@ mod hostile;
 mod inspect;
 mod kernels;
 mod kernels_f32;
+mod kernels_half;
 mod real;
 mod reliability;
 mod run;

@@ -15,7 +15,7 @@ use krafla::format::{FormatError, Status};
 use krafla::model::{Model, Options};
 use krafla::tokenizer::{from_hf, Tokenizer};
 
-use crate::run::cases;
+use crate::run::{cases, file};
 use crate::util::{run_in, stderr, testdata};
 
 /// Values each header byte is set to: the edges of every field type, plus small
@@ -108,7 +108,7 @@ fn mlb_every_header_byte_change_loads_or_fails_with_a_status() {
     let mut loaded = 0;
     let mut refused = 0;
     for c in cases() {
-        let good = synth_file(&c.h, &c.flags, 11);
+        let good = file(&c, 11);
         assert!(load_mlb(&good, c.name));
         let n_flags = if c.h.layer_flags != 0 {
             c.flags.len()
@@ -163,7 +163,7 @@ fn mlb_every_value_of_every_field_byte_of_the_seed_files() {
 #[test]
 fn mlb_truncation_at_every_64_byte_boundary_fails() {
     for c in cases() {
-        let good = synth_file(&c.h, &c.flags, 3);
+        let good = file(&c, 3);
         let cuts = (0..good.len()).step_by(64).chain([good.len() - 1]);
         for n in cuts {
             let what = format!("{}: truncated to {n} of {} bytes", c.name, good.len());
@@ -176,7 +176,7 @@ fn mlb_truncation_at_every_64_byte_boundary_fails() {
 fn mlb_random_body_bit_flips_load_or_fail_with_a_status() {
     let mut rng = Rng(0x5eed);
     for c in cases() {
-        let good = synth_file(&c.h, &c.flags, 9);
+        let good = file(&c, 9);
         let body = good.len() - HEADER_SIZE;
         for k in 0..60 {
             let mut b = good.clone();

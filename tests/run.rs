@@ -7,8 +7,11 @@ mod fixtures;
 pub mod reference;
 
 use krafla::format::mlb::header::{layer_flag, q8_class, rope_type, wtype};
-use krafla::format::mlb::synth::{synth_file, tiny_header};
+use krafla::format::mlb::layout::Layout;
+use krafla::format::mlb::synth::{synth_file, synth_mixed, tiny_header};
+use krafla::format::mlb::validate::validate;
 use krafla::format::mlb::{Header, Mlb};
+use krafla::format::WType;
 use krafla::kernels::counters::{self, Op};
 use krafla::kernels::pool::Pool;
 use krafla::kernels::{self, Kernels, Tier};
@@ -29,7 +32,7 @@ pub fn cases() -> Vec<Case> {
         Case { name, h, flags }
     };
     let sl = layer_flag::SLIDING | layer_flag::LOCAL_ROPE;
-    vec![
+    let mut v = vec![
         case("llama_gqa", vec![], |_| {}),
         case("mistral_sliding_all", vec![], |h| {
             h.sliding_window = 5;
@@ -101,12 +104,64 @@ pub fn cases() -> Vec<Case> {
                 h.lin_conv = 4;
             },
         ),
-    ]
+        ];
+    // 2-byte float weights (f32 activations): BF16 with biases, q/k norms and a tied
+    // classifier; F16 with Gemma 2's softcaps, GELU and sliding layers; BF16 with the
+    // delta rule (lb and la BF16 too); and a mixed file of all four types (below).
+    v.push(case("bf16_bias_qknorm_tied", vec![], |h| {
+        h.wtype = wtype::BF16;
+        h.qkv_bias = 1;
+        h.shared_classifier = 1;
+        h.head_dim = 32;
+        h.qk_norm = 1;
+    }));
+    let mut h = v[4].h;
+    h.wtype = wtype::F16;
+    v.push(Case {
+        name: "f16_gemma2_softcaps",
+        h,
+        flags: v[4].flags.clone(),
+    });
+    let mut h = v[7].h;
+    h.wtype = wtype::BF16;
+    v.push(Case {
+        name: "bf16_qwen3_5_delta",
+        h,
+        flags: v[7].flags.clone(),
+    });
+    let mut h = v[7].h;
+    h.wtype = wtype::MIXED;
+    h.scale_f16 = 1;
+    v.push(Case {
+        name: "mixed_all_types_delta_f16_scales",
+        h,
+        flags: v[7].flags.clone(),
+    });
+    v
+}
+
+/// The types of a mixed case's matrices, in array order: BF16, Q8_0, F16, Q4_0 in turn,
+/// so that q/k/v, gate/up and the delta rule's four inputs mix 2-byte float and
+/// quantized matrices that share an input.
+pub fn mixed_types(h: &Header, flags: &[u8]) -> Vec<WType> {
+    let d = validate(h).expect("valid synthetic header");
+    let n = Layout::matrix_count(h, &d, flags).expect("valid synthetic layout");
+    let cycle = [WType::BF16, WType::Q8_0, WType::F16, WType::Q4_0];
+    (0..n).map(|i| cycle[i % 4]).collect()
+}
+
+/// The case's file.
+pub fn file(c: &Case, seed: u64) -> Vec<u8> {
+    if c.h.wtype == wtype::MIXED {
+        synth_mixed(&c.h, &c.flags, &mixed_types(&c.h, &c.flags), seed)
+    } else {
+        synth_file(&c.h, &c.flags, seed)
+    }
 }
 
 /// The case's file, loaded.
 pub fn load(c: &Case, seed: u64) -> Mlb {
-    Mlb::from_bytes(&synth_file(&c.h, &c.flags, seed)).expect("synthetic file is valid")
+    Mlb::from_bytes(&file(c, seed)).expect("synthetic file is valid")
 }
 
 pub fn tokens(vocab: u32, n: usize, seed: u64) -> Vec<u32> {
@@ -341,10 +396,12 @@ fn forced_tier_runs_only_its_kernels() {
         Tier::Neon,
     ];
     // The work of a forward pass, each kind of it on every synthetic case set (Delta:
-    // the Qwen3.5 case; F16: the f16-scale case; Packed only where the tier packs).
+    // the Qwen3.5 case; F16: the f16-scale case; Half: the BF16, F16 and mixed cases;
+    // Packed only where the tier packs).
     let work = [
         Op::Quantize,
         Op::Tile,
+        Op::Half,
         Op::Attend,
         Op::Act,
         Op::Delta,

@@ -36,10 +36,12 @@ pub enum Op {
     Act,
     /// The gated delta rule's step of one head.
     Delta,
+    /// A BF16 / F16 matrix micro-kernel (f32 activations).
+    Half,
 }
 
 impl Op {
-    pub const ALL: [Op; 9] = [
+    pub const ALL: [Op; 10] = [
         Op::Quantize,
         Op::Tile,
         Op::Packed,
@@ -49,6 +51,7 @@ impl Op {
         Op::Max,
         Op::Act,
         Op::Delta,
+        Op::Half,
     ];
 }
 

@@ -1,6 +1,8 @@
 //! Every SIMD path of the crate, reached through one table per instruction-set tier
 //! ([`Kernels`]) chosen once: the quantized matrix products `y = W·x` (Q8_0 / Q4_0
-//! weights, Q8_0 activations), the activation quantizer, f16 scale conversion, and the
+//! weights, Q8_0 activations), f32 activations × BF16 / F16 weights ([`half`]: their
+//! own contract, 16 lanes of fused multiply-adds), the activation quantizer, f16 scale
+//! conversion, and the
 //! f32 work of a forward pass: attention (scores, softmax, value sums), `exp`,
 //! SiLU / GELU, the maximum of a slice and the gated delta rule's head step. Forcing a
 //! tier (`KRAFLA_KERNEL`, [`with_tier`], [`Kernels::for_tier`]) forces all of it; the
@@ -32,6 +34,7 @@ pub use crate::format::WType;
 use crate::quant::QK;
 
 pub mod counters;
+pub mod half;
 pub mod packed;
 pub mod pool;
 pub mod scalar;
@@ -529,6 +532,8 @@ pub struct Kernels {
     /// Per weight type, at `WType as usize`.
     /// By `WType as usize`; `None`: the tier has no kernel for that type.
     mats: [Option<MatKernels>; N_WTYPES],
+    /// BF16 / F16 weights × f32 activations.
+    half: half::HalfKernels,
     f32: F32Kernels,
 }
 
@@ -594,6 +599,7 @@ fn x86_kernels(t: Tier, base: Kernels) -> Kernels {
             base.f16
         },
         mats,
+        half: x86::half::kernels(t).unwrap_or(base.half),
         f32: F32Kernels {
             attend,
             exp: math::exp_slice,
@@ -674,7 +680,7 @@ impl Kernels {
     /// Whether this tier multiplies matrices of type `t` (a model with a matrix of
     /// another type is refused at load).
     pub fn supports(&self, t: WType) -> bool {
-        self.mats[t as usize].is_some()
+        self.mats[t as usize].is_some() || self.half_fn(t).is_some()
     }
 
     /// Whether this tier reads packed matrices of type `t`: worth packing those for.
@@ -1071,6 +1077,7 @@ fn scalar_kernels() -> Kernels {
             };
             Some(MatKernels { tile, packed: None })
         }),
+        half: half::SCALAR,
         f32: SCALAR_F32,
     }
 }

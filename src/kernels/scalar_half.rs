@@ -1,7 +1,7 @@
 //! The scalar reference for f32 activations × BF16 / F16 weights: the arithmetic
 //! contract of `docs/kernels.md` ("2-byte float weights") written out plainly. Every
-//! tier that multiplies these weights must give these bits. (Not in the tier table
-//! yet: the SIMD kernels and the runtime come in a later step.)
+//! tier that multiplies these weights gives these bits; [`tile_bf16`] and [`tile_f16`]
+//! are the scalar tier's entries of the kernel table (`kernels::half`).
 //!
 //! For an output `y = Σ_c w[c]·x[c]` over `cols` columns:
 //!
@@ -17,7 +17,9 @@
 //! IEEE arithmetic. `f32::mul_add` is a correctly rounded fused multiply-add on every
 //! target (a hardware FMA, or the C library's `fmaf`).
 
+use super::counters::{count, Op};
 use super::scalar::reduce_lanes;
+use super::Tier;
 use crate::format::WType;
 use crate::quant::half_float;
 
@@ -40,20 +42,84 @@ pub fn reduce_half_lanes(a: [f32; HALF_LANES]) -> f32 {
 pub fn dot_half(wtype: WType, w: &[u16], x: &[f32]) -> f32 {
     assert_eq!(w.len(), x.len(), "weights vs activations");
     match wtype {
-        WType::BF16 => dot_with(w, x, |b| f32::from_bits((b as u32) << 16)),
-        WType::F16 => dot_with(w, x, |b| ::half::f16::from_bits(b).to_f32()),
+        WType::BF16 => dot_with(w, x, widen_bf16),
+        WType::F16 => dot_with(w, x, widen_f16),
         t => panic!("{t} is not a 2-byte float type"),
     }
 }
 
 #[inline(always)]
 fn dot_with(w: &[u16], x: &[f32], widen: impl Fn(u16) -> f32) -> f32 {
+    dot_iter(w.iter().copied(), x, widen)
+}
+
+/// The contract over the weights' bits in column order.
+#[inline(always)]
+fn dot_iter(w: impl Iterator<Item = u16>, x: &[f32], widen: impl Fn(u16) -> f32) -> f32 {
     let mut acc = [0f32; HALF_LANES];
-    for (c, (&b, &v)) in w.iter().zip(x).enumerate() {
+    for (c, (b, &v)) in w.zip(x).enumerate() {
         let l = c % HALF_LANES;
         acc[l] = widen(b).mul_add(v, acc[l]);
     }
     reduce_half_lanes(acc)
+}
+
+/// BF16 bits to f32 (exact).
+#[inline(always)]
+fn widen_bf16(b: u16) -> f32 {
+    f32::from_bits((b as u32) << 16)
+}
+
+/// F16 bits to f32 (exact).
+#[inline(always)]
+fn widen_f16(b: u16) -> f32 {
+    ::half::f16::from_bits(b).to_f32()
+}
+
+/// The scalar tier's BF16 entry (see `kernels::half::HalfFn`): `y[t·ld + r]` =
+/// row `r` of `w` · token `t` of `x`.
+///
+/// # Safety
+/// `w` holds `rows × cols` weights (little-endian bytes), `x` a whole number of tokens
+/// of `cols` values, and `y[t·ld + r]` is writable for every row and token.
+pub unsafe fn tile_bf16(rows: usize, cols: usize, w: &[u8], x: &[f32], y: *mut f32, ld: usize) {
+    count(Tier::Scalar, Op::Half);
+    // SAFETY: forwarded caller contract.
+    unsafe { tile(rows, cols, w, x, y, ld, widen_bf16) }
+}
+
+/// The scalar tier's F16 entry, as [`tile_bf16`].
+///
+/// # Safety
+/// As [`tile_bf16`].
+pub unsafe fn tile_f16(rows: usize, cols: usize, w: &[u8], x: &[f32], y: *mut f32, ld: usize) {
+    count(Tier::Scalar, Op::Half);
+    // SAFETY: forwarded caller contract.
+    unsafe { tile(rows, cols, w, x, y, ld, widen_f16) }
+}
+
+/// Every row of `w` against every token of `x` by the contract.
+///
+/// # Safety
+/// As [`tile_bf16`].
+#[inline(always)]
+unsafe fn tile(
+    rows: usize,
+    cols: usize,
+    w: &[u8],
+    x: &[f32],
+    y: *mut f32,
+    ld: usize,
+    widen: fn(u16) -> f32,
+) {
+    debug_assert_eq!(w.len(), rows * cols * 2);
+    for (r, wr) in w.chunks_exact(cols * 2).enumerate() {
+        for (t, xt) in x.chunks_exact(cols).enumerate() {
+            let bits = wr.chunks_exact(2).map(|c| u16::from_le_bytes([c[0], c[1]]));
+            // SAFETY: row r < rows and token t of x: writable (caller's contract).
+            unsafe { *y.add(t * ld + r) = dot_iter(bits, xt, widen) };
+        }
+    }
 }
 
 /// `y[t·rows + r] = dot(w row r, x row t)` for `n = x.len() / cols` activation rows;

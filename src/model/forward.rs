@@ -20,7 +20,9 @@
 //! logits = final_cap·tanh(Wcls rmsnorm(x, final_norm) / final_cap)
 //! ```
 //!
-//! Every matrix input is quantized to Q8_0 ([`QActs`]) and multiplied by the kernels.
+//! Every matrix input goes to the kernels as f32 rows ([`Kernels::project`]): BF16 / F16
+//! matrices take them as they are, the quantized types as Q8_0 activations ([`QActs`]),
+//! quantized once per input however many matrices share it.
 //! Each position's arithmetic is the same whether it comes in a batch or alone, and the
 //! kernels' matmul and matvec give the same bits, so prefill and token-by-token decoding
 //! produce identical logits; so does any thread count.
@@ -480,9 +482,8 @@ impl<'a> Model<'a> {
             self.cfg.norm_eps,
         );
         tap(&mut st.observer, 0, Input::Cls, &st.xb[..m * d]);
-        st.qa.quantize_with(k, &st.xb[..m * d], d);
         let out = &mut st.logits[..m * v];
-        k.matmul(&self.w.wcls, &st.qa, out);
+        k.project(&self.w.wcls, &st.xb[..m * d], &mut st.qa, out);
         let cap = self.cfg.final_softcap;
         if cap > 0.0 {
             for_rows(out, v, |_, row| {
@@ -528,10 +529,10 @@ impl<'a> Model<'a> {
             residual(st, n * d, lw.post_attn_norm, c);
             // FFN: W2 (act(W1 h) ⊙ W3 h).
             branch_input(st, n * d, lw.ffn_norm, c, (l, Input::W13));
-            st.qa.quantize_with(k, &st.xb[..n * d], d);
-            k.matmul_each(
+            k.project_each(
                 &[&lw.w1, &lw.w3],
-                &st.qa,
+                &st.xb[..n * d],
+                &mut st.qa,
                 &mut [&mut st.hb[..n * hid], &mut st.hb2[..n * hid]],
             );
             let up = &st.hb2[..n * hid];
@@ -544,8 +545,7 @@ impl<'a> Model<'a> {
                 }
             });
             tap(&mut st.observer, l, Input::W2, &st.hb[..n * hid]);
-            st.qa.quantize_with(k, &st.hb[..n * hid], hid);
-            k.matmul(&lw.w2, &st.qa, &mut st.xb2[..n * d]);
+            k.project(&lw.w2, &st.hb[..n * hid], &mut st.qa, &mut st.xb2[..n * d]);
             residual(st, n * d, lw.post_ffn_norm, c);
         }
         st.pos += n;
@@ -556,10 +556,10 @@ impl<'a> Model<'a> {
     fn linear(&self, k: &Kernels, st: &mut State, l: usize, w: &LinearWeights, n: usize) {
         let c = &self.cfg;
         let (d, lq, lv, vh) = (c.dim, c.lin_qkv, c.lin_v_total, c.lin_v_heads);
-        st.qa.quantize_with(k, &st.xb[..n * d], d);
-        k.matmul_each(
+        k.project_each(
             &[&w.lqkv, &w.lz, &w.lb, &w.la],
-            &st.qa,
+            &st.xb[..n * d],
+            &mut st.qa,
             &mut [
                 &mut st.lqkv[..n * lq],
                 &mut st.lz[..n * lv],
@@ -581,7 +581,6 @@ impl<'a> Model<'a> {
             );
         }
         tap(&mut st.observer, l, Input::LinOut, &st.mix[..n * lv]);
-        st.qa.quantize_with(k, &st.mix[..n * lv], lv);
-        k.matmul(&w.lout, &st.qa, &mut st.xb2[..n * d]);
+        k.project(&w.lout, &st.mix[..n * lv], &mut st.qa, &mut st.xb2[..n * d]);
     }
 }

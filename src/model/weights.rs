@@ -153,8 +153,9 @@ impl<'a> Weights<'a> {
     /// Views of every array of `m`, matrices with their packed form from `packs`.
     pub fn new(m: &'a Mlb, packs: &'a Packs) -> Result<Weights<'a>, FormatError> {
         let lay = m.layout();
-        // A matrix type without a kernel on this tier (BF16/F16 until their kernels
-        // land) is refused here, naming the tensor, rather than when first multiplied.
+        // A matrix type without a kernel on this tier (the GGUF block types until their
+        // kernels land) is refused here, naming the tensor, rather than when first
+        // multiplied.
         let k = crate::kernels::kernels();
         for t in &lay.tensors {
             if let Kind::Mat {

@@ -144,7 +144,8 @@ fn fixtures_match_transformers() {
 /// Scalar == every kernel tier, end to end, on converted fixtures that cover GQA and
 /// q/k norms, sliding windows and local RoPE (Gemma 3, Mistral), softcaps and GELU
 /// (Gemma 2), no-RoPE layers (SmolLM3) and the delta rule (Qwen3.5): prefill and
-/// decode, 1 to 3 threads, read from the map and packed, Q8_0 and Q4_0 with f16 scales.
+/// decode, 1 to 3 threads, read from the map and packed, Q8_0 and Q4_0 with f16 scales,
+/// BF16, F16 and a mixed file of BF16, F16, Q8_0 and Q4_0 matrices.
 #[test]
 fn fixture_tiers_give_the_same_bits() {
     let root = testdata().join("models");
@@ -165,6 +166,18 @@ fn fixture_tiers_give_the_same_bits() {
         for (quant, args) in [
             ("q8_0", &["--wtype", "q8_0"][..]),
             ("q4_0", &["--wtype", "q4_0", "--f16-scales"][..]),
+            ("bf16", &["--wtype", "bf16"][..]),
+            ("f16", &["--wtype", "f16"][..]),
+            // A mixed file: 2-byte floats and quantized matrices sharing inputs.
+            (
+                "mixed",
+                &[
+                    "--wtype",
+                    "bf16",
+                    "--types",
+                    "wv=q8_0,w13=f16,w2=q4_0,wcls=q8_0",
+                ][..],
+            ),
         ] {
             let out = tmp.path().join(format!("{name}.{quant}.mlb"));
             convert(&dir, &out, args).unwrap();
@@ -194,6 +207,64 @@ fn fixture_tiers_give_the_same_bits() {
         }
     }
 }
+
+/// The unquantized weights against the original: every fixture converted to BF16 and
+/// to F16 (`--wtype bf16|f16`) and run by the runtime, against transformers' float32
+/// forward (`logits.f32.bin`): nRMSE at most [`MAX_NRMSE_HALF`] each (the figures are
+/// in docs/runtime.md). A bf16 / f16 checkpoint converts to its own type without loss,
+/// so there only the arithmetic differs; an f32 checkpoint (llama_rope_linear,
+/// llama_rope_yarn_mscale, qwen3_5_mm) is rounded to 2-byte floats.
+#[test]
+fn fixtures_bf16_f16_match_transformers_f32() {
+    let root = testdata().join("models");
+    let Ok(rd) = std::fs::read_dir(&root) else {
+        eprintln!("SKIP: no fixtures at {}", root.display());
+        return;
+    };
+    let mut dirs: Vec<PathBuf> = rd
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.join("reference.json").exists())
+        .collect();
+    dirs.sort();
+    let tmp = tempfile::tempdir().unwrap();
+    let mut failures = Vec::new();
+    let mut worst: f64 = 0.0;
+    eprintln!(
+        "{:34} {:9} {:5} {:>10} {:>8}",
+        "fixture", "stored", "type", "nRMSE f32", "top1"
+    );
+    for dir in &dirs {
+        let name = dir.file_name().unwrap().to_string_lossy().into_owned();
+        let (r, toks) = reference(dir).unwrap();
+        let vocab = r["vocab"].as_u64().unwrap() as usize;
+        let f32_ref = read_f32(&dir.join("logits.f32.bin"));
+        for ty in ["bf16", "f16"] {
+            let out = tmp.path().join(format!("{name}.{ty}.mlb"));
+            convert(dir, &out, &["--wtype", ty]).unwrap_or_else(|e| panic!("{name} {ty}: {e}"));
+            let m = Mlb::open(&out).unwrap_or_else(|e| panic!("{name}: {e}"));
+            let model = Model::new(&m).unwrap();
+            let got = all_logits(&model, &Options::default(), &toks);
+            let (e, t1) = (nrmse(&got, &f32_ref), top1(&got, &f32_ref, vocab));
+            let stored = r["dtype"].as_str().unwrap_or("?");
+            eprintln!("{name:34} {stored:9} {ty:5} {e:>10.2e} {t1:>8.3}");
+            worst = worst.max(e);
+            // Stored in the same type, the weights are the checkpoint's bits: only the
+            // order of the f32 arithmetic differs from transformers.
+            let lossless = matches!((stored, ty), ("bfloat16", "bf16") | ("float16", "f16"));
+            if e > MAX_NRMSE_HALF || (lossless && e > MAX_NRMSE_LOSSLESS) {
+                failures.push(format!("{name} {ty}: nRMSE {e:.6} top-1 {t1:.3}"));
+            }
+        }
+    }
+    eprintln!("worst nRMSE {worst:.6}");
+    assert!(failures.is_empty(), "fixtures off: {failures:#?}");
+}
+
+/// The bound for BF16 / F16 files against transformers' float32 logits.
+const MAX_NRMSE_HALF: f64 = 0.01;
+/// The bound when the file holds the checkpoint's own bits (f32 rounding only).
+const MAX_NRMSE_LOSSLESS: f64 = 1e-4;
 
 /// The bundled default model: its logits on the reference prompt against transformers'
 /// f32 forward, greedy continuations against `greedy.json`, and the same through

@@ -22,9 +22,13 @@ pub fn q8(x: &[f64]) -> Vec<f64> {
         .collect()
 }
 
-/// `W · q8(x)`, in f64.
+/// `W · q8(x)` in f64 (`W · x` for BF16 / F16 matrices, which take f32 activations).
 pub fn mv(m: &QMat, x: &[f64]) -> Vec<f64> {
-    let xq = q8(x);
+    let xq = if m.wtype.is_half() {
+        x.iter().map(|&v| v as f32 as f64).collect()
+    } else {
+        q8(x)
+    };
     let mut row = vec![0f32; m.cols];
     (0..m.rows)
         .map(|r| {

@@ -4,6 +4,7 @@
 pub mod attention;
 pub mod avx2;
 pub mod avx512;
+pub mod half;
 pub mod math;
 pub mod packed;
 
@@ -50,6 +51,6 @@ pub unsafe fn f16_to_f32(src: &[u16], dst: &mut [f32]) {
         i += 8;
     }
     for (d, &s) in dst[n8..].iter_mut().zip(&src[n8..]) {
-        *d = half::f16::from_bits(s).to_f32_const();
+        *d = ::half::f16::from_bits(s).to_f32_const();
     }
 }

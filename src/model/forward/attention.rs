@@ -132,19 +132,20 @@ impl Model<'_> {
         let c = &self.cfg;
         let (d, qd, kvd) = (c.dim, c.q_dim, c.kv_dim);
         // q, k, v (and the gate) as one step.
-        st.qa.quantize_with(k, &st.xb[..n * d], d);
+        let (x, qa) = (&st.xb[..n * d], &mut st.qa);
         let (q, kb, vb) = (
             &mut st.q[..n * qd],
             &mut st.kb[..n * kvd],
             &mut st.vb[..n * kvd],
         );
         match &a.wg {
-            Some(wg) => k.matmul_each(
+            Some(wg) => k.project_each(
                 &[&a.wq, &a.wk, &a.wv, wg],
-                &st.qa,
+                x,
+                qa,
                 &mut [q, kb, vb, &mut st.gate[..n * qd]],
             ),
-            None => k.matmul_each(&[&a.wq, &a.wk, &a.wv], &st.qa, &mut [q, kb, vb]),
+            None => k.project_each(&[&a.wq, &a.wk, &a.wv], x, qa, &mut [q, kb, vb]),
         }
         self.prepare(st, a, rope, n);
 
@@ -201,8 +202,7 @@ impl Model<'_> {
             }
         }
         tap(&mut st.observer, l, Input::Wo, mix);
-        st.qa.quantize_with(k, mix, qd);
-        k.matmul(&a.wo, &st.qa, &mut st.xb2[..n * d]);
+        k.project(&a.wo, mix, &mut st.qa, &mut st.xb2[..n * d]);
     }
 
     /// Per token of the chunk: the biases, the per-head q/k norms and RoPE on `st.q`

@@ -1,0 +1,318 @@
+//! f32 activations × BF16 / F16 weights on x86: AVX2 + FMA + F16C (the `avx2` tier) and
+//! AVX-512 F (the `avx512` and `avx512vnni` tiers), bit-identical to
+//! `kernels::scalar_half` (the contract of docs/kernels.md, "2-byte float weights").
+//!
+//! 16 weights at a time are widened exactly to f32 (BF16: `vpmovzxwd` + `vpslld 16`;
+//! F16: `vcvtph2ps`) and multiplied into the output's 16 lanes with `vfmadd231ps`: one
+//! zmm per output on AVX-512, two ymm (lanes 0–7 and 8–15) on AVX2. At the end, lanes
+//! `i` and `i + 8` are added (the zmm's halves, or the two ymm), then the 8-lane tree.
+//! Each (row, token) output is one such chain; the kernels run micro-tiles of rows ×
+//! tokens so that each widened weight vector serves every token of the tile:
+//!
+//! * AVX-512: 4 rows × 6 tokens (24 zmm accumulators, 4 widened weights, 1 activation
+//!   vector); decode 8 rows × 1 token (8 independent FMA chains);
+//! * AVX2: 2 rows × 3 tokens (12 ymm accumulators); decode 4 rows × 1 token.
+//!
+//! Decode calls (one token) stream weights that nothing else reads: they prefetch the
+//! bytes [`PF_DIST`] ahead of the rows in flight (each micro-tile's rows are adjacent in
+//! memory, so its column steps walk one contiguous range), as the packed quantized
+//! kernels do.
+
+use core::arch::x86_64::*;
+
+use crate::kernels::counters::{count, Op};
+use crate::kernels::half::HalfKernels;
+use crate::kernels::Tier;
+
+/// How far ahead a decode call prefetches the weights it streams.
+const PF_DIST: usize = 4096;
+
+/// The 2-byte float types' exact widening to f32.
+trait Widen {
+    /// # Safety
+    /// 16 readable bytes at `p`; AVX2 and F16C available.
+    unsafe fn w8(p: *const u8) -> __m256;
+    /// # Safety
+    /// 32 readable bytes at `p`; AVX-512 F available.
+    unsafe fn w16(p: *const u8) -> __m512;
+}
+
+struct Bf16;
+struct F16;
+
+impl Widen for Bf16 {
+    #[inline(always)]
+    unsafe fn w8(p: *const u8) -> __m256 {
+        // SAFETY: 16 readable bytes (trait contract); BF16 is the upper half of an f32.
+        unsafe {
+            let h = _mm_loadu_si128(p as *const __m128i);
+            _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16))
+        }
+    }
+    #[inline(always)]
+    unsafe fn w16(p: *const u8) -> __m512 {
+        // SAFETY: 32 readable bytes (trait contract).
+        unsafe {
+            let h = _mm256_loadu_si256(p as *const __m256i);
+            _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16))
+        }
+    }
+}
+
+impl Widen for F16 {
+    #[inline(always)]
+    unsafe fn w8(p: *const u8) -> __m256 {
+        // SAFETY: 16 readable bytes (trait contract); `vcvtph2ps` is exact (subnormals
+        // too, MXCSR not consulted for this conversion's exact results).
+        unsafe { _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i)) }
+    }
+    #[inline(always)]
+    unsafe fn w16(p: *const u8) -> __m512 {
+        // SAFETY: 32 readable bytes (trait contract).
+        unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i)) }
+    }
+}
+
+/// Prefetches the `lines` cache lines at `p + PF_DIST`.
+#[inline(always)]
+unsafe fn prefetch(p: *const u8, lines: usize) {
+    for l in 0..lines {
+        // SAFETY: a prefetch never faults, even past the end of the buffer.
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PF_DIST + 64 * l) as *const i8) };
+    }
+}
+
+/// Lanes `i` (of `lo`) and `i + 8` (of `hi`) added, then the 8-lane tree
+/// `((h0+h4) + (h2+h6)) + ((h1+h5) + (h3+h7))`.
+#[inline(always)]
+unsafe fn reduce_pair(lo: __m256, hi: __m256) -> f32 {
+    // SAFETY: register-only AVX ops; every caller is compiled with AVX2.
+    unsafe {
+        let h = _mm256_add_ps(lo, hi);
+        let q = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1)); // i + 4
+        let p = _mm_add_ps(q, _mm_movehl_ps(q, q)); // (0+2), (1+3)
+        _mm_cvtss_f32(_mm_add_ss(p, _mm_shuffle_ps(p, p, 1)))
+    }
+}
+
+/// [`reduce_pair`] of a zmm's two halves.
+#[inline(always)]
+unsafe fn reduce512(a: __m512) -> f32 {
+    // SAFETY: register-only AVX-512 F ops; every caller is compiled with them.
+    unsafe {
+        let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1));
+        reduce_pair(_mm512_castps512_ps256(a), hi)
+    }
+}
+
+/// `R` adjacent rows at `w` (`cols` weights each) against `T` tokens at `x` (`cols`
+/// f32 each), into `y[t·ld + r]`; prefetches ahead when `PF`.
+///
+/// # Safety
+/// AVX-512 F; the rows, tokens and outputs are in bounds; `cols` a multiple of 16.
+#[inline(always)]
+// Indexed loops: acc[r][t] is the (row, token) grid the FMAs fill, in the contract's order.
+#[allow(clippy::needless_range_loop)]
+unsafe fn tile512<W: Widen, const R: usize, const T: usize, const PF: bool>(
+    w: *const u8,
+    cols: usize,
+    x: *const f32,
+    y: *mut f32,
+    ld: usize,
+) {
+    // SAFETY: every load is inside the R rows and T tokens (caller's contract).
+    unsafe {
+        let rb = 2 * cols;
+        let mut acc = [[_mm512_setzero_ps(); T]; R];
+        let mut pf = w;
+        for c in (0..cols).step_by(16) {
+            if PF {
+                // R·32 bytes per step: the rows' next steps, a contiguous range ahead.
+                prefetch(pf, (R * 32).div_ceil(64));
+                pf = pf.wrapping_add(R * 32);
+            }
+            let mut wv = [_mm512_setzero_ps(); R];
+            for (r, v) in wv.iter_mut().enumerate() {
+                *v = W::w16(w.add(r * rb + 2 * c));
+            }
+            for t in 0..T {
+                let xv = _mm512_loadu_ps(x.add(t * cols + c));
+                for r in 0..R {
+                    acc[r][t] = _mm512_fmadd_ps(wv[r], xv, acc[r][t]);
+                }
+            }
+        }
+        for (r, row) in acc.iter().enumerate() {
+            for (t, &a) in row.iter().enumerate() {
+                *y.add(t * ld + r) = reduce512(a);
+            }
+        }
+    }
+}
+
+/// [`tile512`] on AVX2: each output's 16 lanes as two ymm.
+///
+/// # Safety
+/// AVX2, FMA, F16C; bounds as [`tile512`].
+#[inline(always)]
+unsafe fn tile256<W: Widen, const R: usize, const T: usize, const PF: bool>(
+    w: *const u8,
+    cols: usize,
+    x: *const f32,
+    y: *mut f32,
+    ld: usize,
+) {
+    // SAFETY: every load is inside the R rows and T tokens (caller's contract).
+    unsafe {
+        let rb = 2 * cols;
+        let mut lo = [[_mm256_setzero_ps(); T]; R];
+        let mut hi = [[_mm256_setzero_ps(); T]; R];
+        let mut pf = w;
+        for c in (0..cols).step_by(16) {
+            if PF {
+                prefetch(pf, (R * 32).div_ceil(64));
+                pf = pf.wrapping_add(R * 32);
+            }
+            for r in 0..R {
+                let p = w.add(r * rb + 2 * c);
+                let (wl, wh) = (W::w8(p), W::w8(p.add(16)));
+                for t in 0..T {
+                    let xp = x.add(t * cols + c);
+                    lo[r][t] = _mm256_fmadd_ps(wl, _mm256_loadu_ps(xp), lo[r][t]);
+                    hi[r][t] = _mm256_fmadd_ps(wh, _mm256_loadu_ps(xp.add(8)), hi[r][t]);
+                }
+            }
+        }
+        for r in 0..R {
+            for t in 0..T {
+                *y.add(t * ld + r) = reduce_pair(lo[r][t], hi[r][t]);
+            }
+        }
+    }
+}
+
+/// Rows `0..rows` in micro-tiles of `$rp` rows (the rest one by one) × `$n` tokens.
+macro_rules! row_tiles {
+    ($tile:ident, $rp:literal, $n:literal, $pf:literal, $w:expr, $rows:expr, $cols:expr, $x:expr, $y:expr, $ld:expr) => {{
+        let (wp, rows, cols, xp, y, ld) = ($w, $rows, $cols, $x, $y, $ld);
+        let (rb, full) = (2 * cols, rows / $rp * $rp);
+        for r in (0..full).step_by($rp) {
+            $tile::<W, $rp, $n, $pf>(wp.add(r * rb), cols, xp, y.add(r), ld);
+        }
+        for r in full..rows {
+            $tile::<W, 1, $n, $pf>(wp.add(r * rb), cols, xp, y.add(r), ld);
+        }
+    }};
+}
+
+/// The driver of a tier: every row of `w` against every token of `x`, through the
+/// micro-tile `$tile`: `$rp` rows × up to `$t` tokens in prefill, `$rd` rows × 1 token
+/// (with prefetch) in decode.
+macro_rules! driver {
+    ($name:ident, $tile:ident, $feat:literal, $rp:literal, $rd:literal, $t:literal) => {
+        /// # Safety
+        /// The tier's CPU features; the `HalfFn` contract.
+        #[target_feature(enable = $feat)]
+        unsafe fn $name<W: Widen>(
+            rows: usize,
+            cols: usize,
+            w: &[u8],
+            x: &[f32],
+            y: *mut f32,
+            ld: usize,
+        ) {
+            debug_assert!(cols.is_multiple_of(16) && w.len() == rows * cols * 2);
+            debug_assert!(x.len().is_multiple_of(cols));
+            let nt = x.len() / cols;
+            let (wp, xp) = (w.as_ptr(), x.as_ptr());
+            // SAFETY: rows r..r + R of w and tokens t..t + T of x exist; outputs are
+            // y[t·ld + r] inside the caller's contract.
+            unsafe {
+                if nt == 1 {
+                    row_tiles!($tile, $rd, 1, true, wp, rows, cols, xp, y, ld);
+                    return;
+                }
+                let mut t0 = 0;
+                while t0 < nt {
+                    let tn = (nt - t0).min($t);
+                    let (xt, yt) = (xp.add(t0 * cols), y.add(t0 * ld));
+                    match tn {
+                        1 => row_tiles!($tile, $rp, 1, false, wp, rows, cols, xt, yt, ld),
+                        2 => row_tiles!($tile, $rp, 2, false, wp, rows, cols, xt, yt, ld),
+                        3 => row_tiles!($tile, $rp, 3, false, wp, rows, cols, xt, yt, ld),
+                        4 => row_tiles!($tile, $rp, 4, false, wp, rows, cols, xt, yt, ld),
+                        5 => row_tiles!($tile, $rp, 5, false, wp, rows, cols, xt, yt, ld),
+                        _ => row_tiles!($tile, $rp, $t, false, wp, rows, cols, xt, yt, ld),
+                    }
+                    t0 += tn;
+                }
+            }
+        }
+    };
+}
+
+driver!(drive512, tile512, "avx512f", 4, 8, 6);
+driver!(drive256, tile256, "avx2,fma,f16c", 2, 4, 3);
+
+/// AVX-512 F, BF16 (see `kernels::half::HalfFn`).
+///
+/// # Safety
+/// The CPU has AVX-512 F; the `HalfFn` contract.
+pub unsafe fn bf16_avx512(rows: usize, cols: usize, w: &[u8], x: &[f32], y: *mut f32, ld: usize) {
+    count(Tier::Avx512, Op::Half);
+    // SAFETY: forwarded caller contract.
+    unsafe { drive512::<Bf16>(rows, cols, w, x, y, ld) }
+}
+
+/// AVX-512 F, F16 (see `kernels::half::HalfFn`).
+///
+/// # Safety
+/// As [`bf16_avx512`].
+pub unsafe fn f16_avx512(rows: usize, cols: usize, w: &[u8], x: &[f32], y: *mut f32, ld: usize) {
+    count(Tier::Avx512, Op::Half);
+    // SAFETY: forwarded caller contract.
+    unsafe { drive512::<F16>(rows, cols, w, x, y, ld) }
+}
+
+/// AVX2 + FMA + F16C, BF16 (see `kernels::half::HalfFn`).
+///
+/// # Safety
+/// The CPU has AVX2, FMA and F16C; the `HalfFn` contract.
+pub unsafe fn bf16_avx2(rows: usize, cols: usize, w: &[u8], x: &[f32], y: *mut f32, ld: usize) {
+    count(Tier::Avx2, Op::Half);
+    // SAFETY: forwarded caller contract.
+    unsafe { drive256::<Bf16>(rows, cols, w, x, y, ld) }
+}
+
+/// AVX2 + FMA + F16C, F16 (see `kernels::half::HalfFn`).
+///
+/// # Safety
+/// As [`bf16_avx2`].
+pub unsafe fn f16_avx2(rows: usize, cols: usize, w: &[u8], x: &[f32], y: *mut f32, ld: usize) {
+    count(Tier::Avx2, Op::Half);
+    // SAFETY: forwarded caller contract.
+    unsafe { drive256::<F16>(rows, cols, w, x, y, ld) }
+}
+
+/// Whether the AVX2 kernels can run: they need FMA (one rounding per term, the
+/// contract) and F16C besides AVX2. Every AVX2 CPU made has both; one without them
+/// runs the scalar reference for these weights.
+pub fn has_avx2_half() -> bool {
+    super::has_avx2() && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c")
+}
+
+/// The 2-byte float kernels of x86 tier `t` (`None`: the scalar reference's).
+pub(crate) fn kernels(t: Tier) -> Option<HalfKernels> {
+    match t {
+        Tier::Avx2 if has_avx2_half() => Some(HalfKernels {
+            bf16: bf16_avx2,
+            f16: f16_avx2,
+        }),
+        // Both AVX-512 tiers have AVX-512 F (`has_avx512`).
+        Tier::Avx512 | Tier::Avx512Vnni => Some(HalfKernels {
+            bf16: bf16_avx512,
+            f16: f16_avx512,
+        }),
+        _ => None,
+    }
+}
