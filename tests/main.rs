@@ -6,6 +6,7 @@ mod convert;
 mod hostile;
 mod inspect;
 mod kernels;
+mod kernels_blocks;
 mod kernels_f32;
 mod real;
 mod reliability;

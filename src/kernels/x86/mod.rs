@@ -4,8 +4,10 @@
 pub mod attention;
 pub mod avx2;
 pub mod avx512;
+pub mod blocks;
 pub mod math;
 pub mod packed;
+pub mod packed_blocks;
 
 use crate::kernels::counters::{count, Op};
 use crate::kernels::Tier;
