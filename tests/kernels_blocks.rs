@@ -53,7 +53,9 @@ fn f16_fields(t: WType) -> &'static [usize] {
 /// values: ordinary ones, or with `edge` also 0, ±65504, subnormals and tiny values; with
 /// `edge` some blocks have every level at its maximum or at 0.
 fn random_blocks(rng: &mut Rng, t: WType, rows: usize, cols: usize, edge: bool) -> Vec<u8> {
-    let mut q: Vec<u8> = (0..rows * t.row_bytes(cols)).map(|_| rng.next() as u8).collect();
+    let mut q: Vec<u8> = (0..rows * t.row_bytes(cols))
+        .map(|_| rng.next() as u8)
+        .collect();
     for blk in q.chunks_exact_mut(t.block_bytes()) {
         if edge {
             match rng.below(6) {
@@ -145,7 +147,12 @@ fn check(w: &QMat, x: &[f32], what: &str) {
             if n == 1 {
                 let mut yv = vec![f32::NAN; rows];
                 k.matvec(m, &xa, &mut yv);
-                assert_eq!(first_diff(&yv, &y0), None, "{what}: tier {} {how} matvec", k.tier());
+                assert_eq!(
+                    first_diff(&yv, &y0),
+                    None,
+                    "{what}: tier {} {how} matvec",
+                    k.tier()
+                );
             }
         }
     }
@@ -154,7 +161,11 @@ fn check(w: &QMat, x: &[f32], what: &str) {
         let (mut a, mut b) = (vec![0f32; cols], vec![1f32; cols]);
         w.dequant_row(r, &mut a);
         wp.dequant_row(r, &mut b);
-        assert_eq!(first_diff(&a, &b), None, "{what}: dequant_row {r} from the packed copy");
+        assert_eq!(
+            first_diff(&a, &b),
+            None,
+            "{what}: dequant_row {r} from the packed copy"
+        );
     }
 }
 
@@ -212,7 +223,11 @@ fn block_tiers_agree_on_quantized_matrices() {
         let m = quantize(t, rows, cols, &v, &QuantOpts::default()).unwrap();
         let w = QMat::new_blocks(t, rows, cols, &m.q).unwrap();
         for n in [1, 7] {
-            check(&w, &activations(&mut rng, n * cols, false), &format!("{t} quantized"));
+            check(
+                &w,
+                &activations(&mut rng, n * cols, false),
+                &format!("{t} quantized"),
+            );
         }
     }
 }
@@ -240,8 +255,18 @@ fn block_thread_count_does_not_change_bits() {
                             y
                         })
                         .collect();
-                    assert_eq!(first_diff(&ys[0], &ys[1]), None, "{t} tier {} n {n}", k.tier());
-                    assert_eq!(first_diff(&ys[0], &ys[2]), None, "{t} tier {} n {n}", k.tier());
+                    assert_eq!(
+                        first_diff(&ys[0], &ys[1]),
+                        None,
+                        "{t} tier {} n {n}",
+                        k.tier()
+                    );
+                    assert_eq!(
+                        first_diff(&ys[0], &ys[2]),
+                        None,
+                        "{t} tier {} n {n}",
+                        k.tier()
+                    );
                 }
             }
         }
@@ -252,7 +277,10 @@ fn block_thread_count_does_not_change_bits() {
 fn block_views_are_checked() {
     let q = vec![0u8; 2 * 144];
     assert!(QMat::new_blocks(WType::Q4_K, 2, 256, &q).is_ok());
-    assert!(QMat::new_blocks(WType::Q4_K, 1, 256, &q).is_err(), "q too long");
+    assert!(
+        QMat::new_blocks(WType::Q4_K, 1, 256, &q).is_err(),
+        "q too long"
+    );
     let e = QMat::new_blocks(WType::Q4_K, 1, 576, &q[..144]).unwrap_err();
     assert!(e.0.contains("multiple of 256"), "{e}");
     assert!(QMat::new_blocks(WType::Q8_0, 1, 32, &q[..32]).is_err());

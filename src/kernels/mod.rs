@@ -280,7 +280,8 @@ impl QActs {
         self.s.clear();
         self.s.extend(self.q.chunks_exact(QK).map(sum));
         self.h.clear();
-        self.h.extend(self.q.chunks_exact(QK).map(|b| sum(&b[..QK / 2])));
+        self.h
+            .extend(self.q.chunks_exact(QK).map(|b| sum(&b[..QK / 2])));
         let l4 = q4_layout_len(self.cols);
         self.q4.resize(self.n * l4, 0);
         if self.n > 0 {

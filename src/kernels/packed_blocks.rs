@@ -217,7 +217,11 @@ pub struct GroupLayout {
 
 impl GroupLayout {
     pub const fn new(bits: u32, sc: ScaleKind, nb: usize) -> GroupLayout {
-        let (qb, ps, sb) = (quant_bytes(bits), pos_scale_bytes(sc), super_scale_bytes(sc));
+        let (qb, ps, sb) = (
+            quant_bytes(bits),
+            pos_scale_bytes(sc),
+            super_scale_bytes(sc),
+        );
         let scales_at = qb * nb;
         let supers_at = scales_at + (ps * nb).next_multiple_of(64);
         let nsb = nb / (QK_K / QK);
@@ -272,7 +276,8 @@ fn row_parts(t: WType, q: &[u8], cols: usize, p: &mut RowParts) {
                 p.levels.extend_from_slice(&kquants::levels_q6(blk));
                 p.sup.push([f16_bits(blk, 208), 0]);
                 for j in 0..QK_K / QK {
-                    p.pos.push([blk[192 + 2 * j] as u16, blk[193 + 2 * j] as u16]);
+                    p.pos
+                        .push([blk[192 + 2 * j] as u16, blk[193 + 2 * j] as u16]);
                 }
             }
             _ => {
@@ -436,7 +441,9 @@ pub(super) fn pack(w: &QMat, mut done: impl FnMut(usize, usize)) -> PackedMat {
     for g0 in (0..groups).step_by(batch) {
         let g1 = (g0 + batch).min(groups);
         let chunk = &mut buf[g0 * lay.group..g1 * lay.group];
-        pool::for_chunks(chunk, lay.group, |i, out: &mut [u8]| pack_group(g0 + i, out));
+        pool::for_chunks(chunk, lay.group, |i, out: &mut [u8]| {
+            pack_group(g0 + i, out)
+        });
         done(g0 * GROUP, (g1 * GROUP).min(w.rows));
     }
     pm
@@ -460,7 +467,11 @@ pub(super) fn unpack_row(p: &PackedMat, r: usize, q: &mut Vec<u8>) {
         let at = lay.scales_at + pos * lay.pos_scale_bytes;
         parts.pos[b] = get_pos_scales(sc, &grp[at..at + lay.pos_scale_bytes], j);
     }
-    let supers = if lay.super_bytes > 0 { nb / (QK_K / QK) } else { 0 };
+    let supers = if lay.super_bytes > 0 {
+        nb / (QK_K / QK)
+    } else {
+        0
+    };
     for s in 0..supers {
         let sp = &grp[lay.supers_at + s * lay.super_bytes..];
         let dmin = if sc == ScaleKind::K45 {
@@ -494,7 +505,10 @@ mod tests {
                 let q = quantize_matrix(t, rows, cols, &x, None).unwrap();
                 let w = QMat::new_blocks(t, rows, cols, &q).unwrap();
                 let p = PackedMat::new(&w);
-                assert_eq!(p.bytes(), rows.div_ceil(GROUP) * GroupLayout::of(t, cols / QK).group);
+                assert_eq!(
+                    p.bytes(),
+                    rows.div_ceil(GROUP) * GroupLayout::of(t, cols / QK).group
+                );
                 let rb = t.row_bytes(cols);
                 let mut back = Vec::new();
                 for r in 0..rows {

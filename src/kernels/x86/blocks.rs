@@ -69,7 +69,12 @@ unsafe fn bits5(qh: u32) -> __m256i {
     // SAFETY: register-only AVX2 ops.
     unsafe {
         let v = _mm256_set1_epi32(qh as i32);
-        let idx = _mm256_setr_epi64x(0, 0x0101_0101_0101_0101, 0x0202_0202_0202_0202, 0x0303_0303_0303_0303);
+        let idx = _mm256_setr_epi64x(
+            0,
+            0x0101_0101_0101_0101,
+            0x0202_0202_0202_0202,
+            0x0303_0303_0303_0303,
+        );
         let bytes = _mm256_shuffle_epi8(v, idx);
         let mask = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
         let set = _mm256_cmpeq_epi8(_mm256_and_si256(bytes, mask), mask);
@@ -208,8 +213,14 @@ unsafe fn decode<B: BlockTy>(wq: *const u8, b0: usize, k: usize) -> Group {
                     let qs_at = qh_at + [0, 0, 0, 0, 0, 4, 8][B::BITS as usize];
                     let n = nibbles32(blk.add(qs_at));
                     g.w[j] = match B::BITS {
-                        5 => _mm256_or_si256(n, bits5((blk.add(qh_at) as *const u32).read_unaligned())),
-                        6 => _mm256_or_si256(n, bits6((blk.add(qh_at) as *const u64).read_unaligned())),
+                        5 => _mm256_or_si256(
+                            n,
+                            bits5((blk.add(qh_at) as *const u32).read_unaligned()),
+                        ),
+                        6 => _mm256_or_si256(
+                            n,
+                            bits6((blk.add(qh_at) as *const u64).read_unaligned()),
+                        ),
                         _ if B::TABLE => {
                             g.aux[j] = _mm256_shuffle_epi8(tab, n);
                             _mm256_shuffle_epi8(tab_abs, n)

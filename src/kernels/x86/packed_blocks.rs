@@ -99,8 +99,11 @@ unsafe fn scales512<B: BlockTy>(sp: *const u8, ss: *const u8, b: usize) -> Scale
             ScaleKind::DMin => (s.dw, s.mw) = (h16x16(sp), h16x16(sp.add(32))),
             ScaleKind::K45 => {
                 let sup = ss.add(64 * sb);
-                let sc = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(sp as *const __m128i)));
-                let m = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(sp.add(16) as *const __m128i)));
+                let sc =
+                    _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(sp as *const __m128i)));
+                let m = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(
+                    sp.add(16) as *const __m128i
+                )));
                 s.dw = _mm512_mul_ps(h16x16(sup), sc);
                 let neg = _mm512_set1_ps(-0.0);
                 s.mw = _mm512_castsi512_ps(_mm512_xor_si512(
@@ -318,7 +321,14 @@ unsafe fn vnni_any<B: BlockTy>(
 /// The CPU has AVX-512 F/BW/VNNI, AVX2 and F16C; `p` is a packed view of type `B`,
 /// `g0 ≤ g1 ≤ groups`, `x` holds 1..=8 tokens of `p.nb` blocks, `y[t·ld + r]` is
 /// writable for every token `t` and row `r < p.rows` of the groups.
-pub unsafe fn vnni<B: BlockTy>(p: &PackedView, g0: usize, g1: usize, x: &ActTile, y: *mut f32, ld: usize) {
+pub unsafe fn vnni<B: BlockTy>(
+    p: &PackedView,
+    g0: usize,
+    g1: usize,
+    x: &ActTile,
+    y: *mut f32,
+    ld: usize,
+) {
     count(Tier::Avx512Vnni, Op::Packed);
     // SAFETY: forwarded caller contract.
     unsafe { vnni_any::<B>(p, g0, g1, x, y, ld) }
@@ -349,8 +359,12 @@ unsafe fn scales256<B: BlockTy>(sp: *const u8, ss: *const u8, b: usize, h: usize
             ScaleKind::DMin => (s.dw, s.mw) = (h16x8(sp.add(16 * h)), h16x8(sp.add(32 + 16 * h))),
             ScaleKind::K45 => {
                 let sup = ss.add(64 * sb);
-                let sc = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(sp.add(8 * h) as *const __m128i)));
-                let m = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(sp.add(16 + 8 * h) as *const __m128i)));
+                let sc = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(
+                    sp.add(8 * h) as *const __m128i
+                )));
+                let m = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(
+                    sp.add(16 + 8 * h) as *const __m128i,
+                )));
                 s.dw = _mm256_mul_ps(h16x8(sup.add(16 * h)), sc);
                 let neg = _mm256_set1_ps(-0.0);
                 s.mw = _mm256_xor_ps(_mm256_mul_ps(h16x8(sup.add(32 + 16 * h)), m), neg);
@@ -358,7 +372,8 @@ unsafe fn scales256<B: BlockTy>(sp: *const u8, ss: *const u8, b: usize, h: usize
             ScaleKind::K6 => {
                 s.dw = h16x8(ss.add(32 * sb + 16 * h));
                 s.sc_lo = _mm256_cvtepi8_epi32(_mm_loadl_epi64(sp.add(8 * h) as *const __m128i));
-                s.sc_hi = _mm256_cvtepi8_epi32(_mm_loadl_epi64(sp.add(16 + 8 * h) as *const __m128i));
+                s.sc_hi =
+                    _mm256_cvtepi8_epi32(_mm_loadl_epi64(sp.add(16 + 8 * h) as *const __m128i));
             }
         }
         s
@@ -409,10 +424,14 @@ unsafe fn levels256<B: BlockTy>(
         let (mut slo, mut shi) = ([zero; 4], [zero; 4]);
         if B::TABLE {
             let (ta, ts) = (table(true, 0), table(false, 0));
-            let tab_abs = _mm256_broadcastsi128_si256(_mm_loadu_si128(ta.as_ptr() as *const __m128i));
+            let tab_abs =
+                _mm256_broadcastsi128_si256(_mm_loadu_si128(ta.as_ptr() as *const __m128i));
             let tab = _mm256_broadcastsi128_si256(_mm_loadu_si128(ts.as_ptr() as *const __m128i));
             for k in 0..4 {
-                (slo[k], shi[k]) = (_mm256_shuffle_epi8(tab, lo[k]), _mm256_shuffle_epi8(tab, hi[k]));
+                (slo[k], shi[k]) = (
+                    _mm256_shuffle_epi8(tab, lo[k]),
+                    _mm256_shuffle_epi8(tab, hi[k]),
+                );
                 lo[k] = _mm256_shuffle_epi8(tab_abs, lo[k]);
                 hi[k] = _mm256_shuffle_epi8(tab_abs, hi[k]);
             }
@@ -459,8 +478,14 @@ unsafe fn lane256<B: BlockTy, const T: usize>(
                 if B::TABLE {
                     let (mut a, mut c) = (_mm256_setzero_si256(), _mm256_setzero_si256());
                     for k in 0..4 {
-                        let p0 = _mm256_maddubs_epi16(lo[k], _mm256_sign_epi8(bcast4(xb.add(k)), slo[k]));
-                        let p1 = _mm256_maddubs_epi16(hi[k], _mm256_sign_epi8(bcast4(xb.add(4 + k)), shi[k]));
+                        let p0 = _mm256_maddubs_epi16(
+                            lo[k],
+                            _mm256_sign_epi8(bcast4(xb.add(k)), slo[k]),
+                        );
+                        let p1 = _mm256_maddubs_epi16(
+                            hi[k],
+                            _mm256_sign_epi8(bcast4(xb.add(4 + k)), shi[k]),
+                        );
                         a = _mm256_add_epi32(a, _mm256_madd_epi16(ones, p0));
                         c = _mm256_add_epi32(c, _mm256_madd_epi16(ones, p1));
                     }
@@ -469,7 +494,10 @@ unsafe fn lane256<B: BlockTy, const T: usize>(
                     let mut s16 = _mm256_setzero_si256();
                     for k in 0..4 {
                         s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(lo[k], bcast4(xb.add(k))));
-                        s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(hi[k], bcast4(xb.add(4 + k))));
+                        s16 = _mm256_add_epi16(
+                            s16,
+                            _mm256_maddubs_epi16(hi[k], bcast4(xb.add(4 + k))),
+                        );
                     }
                     (i0, i1) = (_mm256_madd_epi16(ones, s16), _mm256_setzero_si256());
                 } else if B::BITS == 5 {
@@ -551,7 +579,10 @@ unsafe fn group256<B: BlockTy, const T: usize>(
             if r0 >= p.rows {
                 break;
             }
-            let r = lane_tree!(|l: usize| lane256::<B, T>(grp, lay, x, t0, nb, h, l), add256);
+            let r = lane_tree!(
+                |l: usize| lane256::<B, T>(grp, lay, x, t0, nb, h, l),
+                add256
+            );
             let valid = (p.rows - r0).min(8);
             for (i, v) in r.iter().enumerate() {
                 let out = y.add((t0 + i) * ld + r0);
@@ -605,7 +636,14 @@ unsafe fn avx2_any<B: BlockTy>(
 ///
 /// # Safety
 /// The CPU has AVX2 and F16C; otherwise as [`vnni`].
-pub unsafe fn avx2<B: BlockTy>(p: &PackedView, g0: usize, g1: usize, x: &ActTile, y: *mut f32, ld: usize) {
+pub unsafe fn avx2<B: BlockTy>(
+    p: &PackedView,
+    g0: usize,
+    g1: usize,
+    x: &ActTile,
+    y: *mut f32,
+    ld: usize,
+) {
     count(Tier::Avx2, Op::Packed);
     // SAFETY: forwarded caller contract.
     unsafe { avx2_any::<B>(p, g0, g1, x, y, ld) }
