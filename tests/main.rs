@@ -8,6 +8,7 @@ mod inspect;
 mod kernels;
 mod kernels_blocks;
 mod kernels_f32;
+mod mixes;
 mod real;
 mod reliability;
 mod run;
