@@ -145,8 +145,8 @@ unsafe fn decode<B: BlockTy>(wq: *const u8, b0: usize, k: usize) -> Group {
                         _mm256_srli_epi16(qh, 2),
                         _mm256_srli_epi16(qh, 3),
                     ];
-                    for j in 0..LANES {
-                        g.w[j] = _mm256_or_si256(g.w[j], _mm256_and_si256(hb[j], b4));
+                    for (w, h) in g.w.iter_mut().zip(hb) {
+                        *w = _mm256_or_si256(*w, _mm256_and_si256(h, b4));
                     }
                 }
                 let s = std::slice::from_raw_parts(blk.add(4), 12);
@@ -255,10 +255,10 @@ unsafe fn step<B: BlockTy, const T: usize>(
         let kmask = _mm256_cmpgt_epi32(_mm256_set1_epi32(k as i32), lanes);
         for (t, acc_t) in acc.iter_mut().enumerate() {
             let mut p = [zero; LANES];
-            for j in 0..k {
+            for (j, pj) in p.iter_mut().enumerate().take(k) {
                 let xp = x.q.as_ptr().add(t * cols + (b0 + j) * QK);
                 let xv = _mm256_loadu_si256(xp as *const __m256i);
-                p[j] = if B::TABLE {
+                *pj = if B::TABLE {
                     let s = _mm256_maddubs_epi16(g.w[j], _mm256_sign_epi8(xv, g.aux[j]));
                     _mm256_madd_epi16(s, ones)
                 } else if B::SC == ScaleKind::K6 {
