@@ -26,6 +26,22 @@ enum WTypeArg {
     Bf16,
     #[value(name = "f16")]
     F16,
+    #[value(name = "q4_k")]
+    Q4K,
+    #[value(name = "q5_k")]
+    Q5K,
+    #[value(name = "q6_k")]
+    Q6K,
+    #[value(name = "q4_1")]
+    Q4_1,
+    #[value(name = "q5_0")]
+    Q5_0,
+    #[value(name = "q5_1")]
+    Q5_1,
+    #[value(name = "iq4_nl")]
+    Iq4Nl,
+    #[value(name = "q6_0")]
+    Q6_0,
 }
 
 /// What `--requantize` can write today.
@@ -52,9 +68,18 @@ struct Cli {
     /// Output file [default: <folder>-<wtype>.mlb beside the folder]
     #[arg(short, long, value_name = "OUT.mlb")]
     output: Option<PathBuf>,
-    /// Weight type of the matrices
+    /// Weight type of the matrices (K types on rows that are not a multiple of 256 fall back to the 32-weight type of the same size, with a note)
     #[arg(long, value_enum, default_value = "q8_0")]
     wtype: WTypeArg,
+    /// Choose every matrix's type by measured error under this many bits per weight (all matrices, scales included, as mlb-inspect counts them)
+    #[arg(long, value_name = "BPW", conflicts_with_all = ["wtype", "preset"])]
+    target_bpw: Option<f64>,
+    /// A named --target-bpw: q4_k_s (4.6), q4_k_m (4.9), q5_k_m (5.7), q6_k (6.6), q8_0 (8.5)
+    #[arg(long, value_name = "NAME", value_parser = parse_preset, conflicts_with = "wtype")]
+    preset: Option<f64>,
+    /// With --target-bpw or --preset: write every matrix's measured errors and chosen type as JSON
+    #[arg(long, value_name = "FILE.json")]
+    mix_report: Option<PathBuf>,
     /// Q4_0 only: matrix classes stored as Q8_0 instead, comma-separated from tok_emb, wcls, wqk, wv, wo, w13, w2, or none [default: wcls]
     #[arg(long, value_name = "CLASSES", value_parser = parse_q8)]
     q8: Option<u32>,
@@ -67,7 +92,7 @@ struct Cli {
     /// Q4_0 rounding: least-squares search, or llama.cpp's round [default: round for Gemma 3, search otherwise]
     #[arg(long, value_enum)]
     q4_rule: Option<RuleArg>,
-    /// Importance matrix (MLI1, from mlb-run --imatrix) weighting the Q4_0 search
+    /// Importance matrix (MLI1, from mlb-run --imatrix) weighting the searching quantizers (Q4_0 search, the block types) and the --target-bpw error measure
     #[arg(long, value_name = "FILE.mli")]
     imatrix: Option<PathBuf>,
     /// GGUF input: dequantize and quantize again the matrices Krafla cannot store as they are (F16/BF16/F32 matrices, Q4_1, Q5_x, K-quants) to this type; without it they are refused
@@ -84,11 +109,26 @@ fn wtype(w: WTypeArg) -> WType {
         WTypeArg::Q4_0 => WType::Q4_0,
         WTypeArg::Bf16 => WType::BF16,
         WTypeArg::F16 => WType::F16,
+        WTypeArg::Q4K => WType::Q4_K,
+        WTypeArg::Q5K => WType::Q5_K,
+        WTypeArg::Q6K => WType::Q6_K,
+        WTypeArg::Q4_1 => WType::Q4_1,
+        WTypeArg::Q5_0 => WType::Q5_0,
+        WTypeArg::Q5_1 => WType::Q5_1,
+        WTypeArg::Iq4Nl => WType::IQ4_NL,
+        WTypeArg::Q6_0 => WType::Q6_0,
     }
 }
 
 fn parse_q8(s: &str) -> Result<u32, String> {
     q8_class::parse(s)
+}
+
+fn parse_preset(s: &str) -> Result<f64, String> {
+    convert::mix::preset(s).ok_or_else(|| {
+        let names: Vec<&str> = convert::mix::PRESETS.iter().map(|p| p.0).collect();
+        format!("unknown preset '{s}' (known: {})", names.join(", "))
+    })
 }
 
 /// Set by SIGINT / SIGTERM; polled by the converter between row chunks.
@@ -117,7 +157,12 @@ fn main() -> ExitCode {
             RequantArg::Q4_0 => WType::Q4_0,
         }),
         cancel: Some(&STOP),
+        target_bpw: cli.target_bpw.or(cli.preset),
     };
+    if cli.mix_report.is_some() && opts.target_bpw.is_none() {
+        eprintln!("mlb-convert: --mix-report needs --target-bpw or --preset");
+        return ExitCode::from(2);
+    }
     let bar = std::io::stderr().is_terminal().then(|| {
         let b = ProgressBar::new(0);
         b.set_style(
@@ -172,6 +217,13 @@ fn main() -> ExitCode {
                 s.bits_per_weight(),
                 s.seconds
             );
+            if let Some(p) = &cli.mix_report {
+                let json = convert::mix::report_json(&s.mix, s.matrix_bpw);
+                if let Err(e) = krafla::atomic::write(p, json.as_bytes()) {
+                    eprintln!("mlb-convert: {}: {e}", p.display());
+                    return ExitCode::from(1);
+                }
+            }
             ExitCode::SUCCESS
         }
         Err(e) => {

@@ -386,6 +386,11 @@ def fx_llama():
     return LlamaForCausalLM, LlamaConfig(**LLAMA, rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
 
 
+def fx_llama_k256():
+    return LlamaForCausalLM, LlamaConfig(**{**LLAMA, "hidden_size": 256, "intermediate_size": 256},
+                                         rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+
+
 def fx_llama_tied():
     return LlamaForCausalLM, LlamaConfig(**{**LLAMA, "num_hidden_layers": 3}, tie_word_embeddings=True,
                                          rope_parameters={"rope_type": "default", "rope_theta": 500000.0})
@@ -509,6 +514,7 @@ def fx_qwen3_5_mm():
 # name -> (builder, stored dtype, max_shard_size, what it tests)
 FIXTURES = {
     "llama": (fx_llama, "bfloat16", None, "Llama, plain RoPE (theta 1e4), GQA 4/2, untied lm_head"),
+    "llama_k256": (fx_llama_k256, "bfloat16", None, "Llama with rows of 256 (dim 256, FFN 256, 4 heads of 64, GQA 4/2): every matrix takes the K types' 256-weight super-blocks"),
     "llama_tied": (fx_llama_tied, "float16", None, "Llama, tie_word_embeddings=True (shared classifier), theta 5e5, 3 layers"),
     "llama_rope_llama3": (fx_llama_rope_llama3, "bfloat16", None, "Llama 3 RoPE scaling: factor 8, low 1, high 4, original max 32 (all three frequency regimes occur)"),
     "llama_rope_linear": (fx_llama_rope_linear, "float32", "180KB", "linear RoPE scaling factor 4; f32 checkpoint sharded with model.safetensors.index.json"),

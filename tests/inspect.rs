@@ -61,7 +61,26 @@ fn report_snapshots() {
         "mixed.mlb",
         &synth_mixed(&mixed, &flags, &types, 4),
     );
+    // The 32-weight block types and Q8_0 in one file (the K types need rows of 256).
+    let mut blocks = tiny_header();
+    blocks.wtype = wtype::MIXED;
+    let bt = [
+        WType::Q4_1,
+        WType::Q5_0,
+        WType::Q5_1,
+        WType::IQ4_NL,
+        WType::Q6_0,
+    ];
+    let types: Vec<WType> = (0..16)
+        .map(|i| if i == 0 { WType::Q8_0 } else { bt[i % 5] })
+        .collect();
+    write(
+        dir.path(),
+        "blocks.mlb",
+        &synth_mixed(&blocks, &[], &types, 5),
+    );
     for (name, args) in [
+        ("blocks_text", vec!["blocks.mlb"]),
         ("tiny_text", vec!["tiny.mlb"]),
         ("rich_text", vec!["rich.mlb"]),
         ("rich_tensor", vec!["rich.mlb", "--tensor", "layers.0.wq"]),

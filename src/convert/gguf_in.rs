@@ -1071,6 +1071,8 @@ pub fn run(opts: &Options, progress: &mut (dyn FnMut(Progress) + Send)) -> Resul
         notes,
         q4_rule: (!requant.is_empty() && header.wtype == wtype::Q4_0).then_some(q4_rule),
         types: super::type_counts(&layout),
+        mix: Vec::new(),
+        matrix_bpw: super::matrix_bpw(&layout),
     })
 }
 

@@ -21,6 +21,7 @@ pub mod gguf_arch;
 pub mod gguf_in;
 pub mod gguf_out;
 pub mod gguf_tok;
+pub mod mix;
 pub mod permute;
 pub mod plan;
 
@@ -76,6 +77,10 @@ pub struct Options {
     /// When set to true (e.g. by a Ctrl-C handler), the conversion stops at the next
     /// row chunk with [`ConvertError::Interrupted`] and removes its temporary file.
     pub cancel: Option<&'static AtomicBool>,
+    /// `--target-bpw` (or a `--preset`'s): every matrix's type chosen by measured error
+    /// under this many bits per weight ([`mix`]); `wtype` and `q8_mask` are not used,
+    /// `types` pins the matrices its rules pick.
+    pub target_bpw: Option<f64>,
 }
 
 impl Options {
@@ -92,6 +97,7 @@ impl Options {
             threads: None,
             requantize: None,
             cancel: None,
+            target_bpw: None,
         }
     }
 }
@@ -136,6 +142,10 @@ pub struct Summary {
     pub q4_rule: Option<Q4Rule>,
     /// Matrices per type, in code order (one entry for a uniform file).
     pub types: Vec<(WType, usize)>,
+    /// With `target_bpw`: every matrix's measured candidates and choice.
+    pub mix: Vec<mix::MixRow>,
+    /// Bits per weight of the matrices (as mlb-inspect counts them).
+    pub matrix_bpw: f64,
 }
 
 impl Summary {
@@ -270,14 +280,22 @@ fn run(
 
     // Options → header fields.
     let (mut header, flags) = desc.header();
-    let mask = match opts.wtype {
-        WType::Q4_0 => opts.q8_mask.unwrap_or(DEFAULT_Q4_Q8_MASK),
-        t if crate::quant::blocks::is_block_type(t) => {
+    if let Some(x) = opts.target_bpw {
+        if !(x.is_finite() && (1.0..=32.0).contains(&x)) {
             return Err(ConvertError::options(
-                "--wtype",
-                format!("{t} cannot be written by mlb-convert yet"),
-            ))
+                "--target-bpw",
+                format!("{x}: expected bits per weight between 1 and 32"),
+            ));
         }
+        if opts.q8_mask.is_some() {
+            return Err(ConvertError::options(
+                "--q8",
+                "does not apply with --target-bpw (the mix chooses every matrix's type; --types pins some)",
+            ));
+        }
+    }
+    let mut mask = match opts.wtype {
+        WType::Q4_0 if opts.target_bpw.is_none() => opts.q8_mask.unwrap_or(DEFAULT_Q4_Q8_MASK),
         t => {
             if opts.q8_mask.is_some_and(|m| m != 0) {
                 return Err(ConvertError::options(
@@ -302,41 +320,98 @@ fn run(
     };
     // The uniform layout names the matrices the plan picks from; validating the header
     // here refuses a model the format cannot hold before any file is created.
-    let uniform = MlbWriter::new(std::io::sink(), &header, &flags)
+    // A K type's 256-weight rows are checked per matrix below (rows that are not whole
+    // super-blocks fall back): the shapes are validated as Q8_0.
+    let mut shape_header = header;
+    if crate::quant::blocks::is_block_type(opts.wtype) {
+        shape_header.wtype = WType::Q8_0.code();
+    }
+    let uniform = MlbWriter::new(std::io::sink(), &shape_header, &flags)
         .map_err(format_err)?
         .layout()
         .clone();
     opts.types
         .check_names(&uniform.tensors)
         .map_err(|m| ConvertError::options("--types", m))?;
-    let types = plan::matrix_types(&uniform.tensors, header.wtype, mask, &opts.types);
-    let mixed =
+    let mut types = plan::matrix_types(&uniform.tensors, header.wtype, mask, &opts.types);
+    let is_block = crate::quant::blocks::is_block_type;
+    // lb and la (the delta rule's gates) stay Q8_0 in a block-type model, as the spec
+    // keeps them in a Q4_0 one, unless a tensor rule names them.
+    for ((t, _, _, class), ty) in mix::matrices(&uniform.tensors).zip(types.iter_mut()) {
+        if class == 0 && is_block(opts.wtype) && !opts.types.names(t) {
+            *ty = WType::Q8_0;
+        }
+    }
+    let q4_rule = opts.q4_rule.unwrap_or(desc.arch.default_q4_rule);
+    // --target-bpw's candidates are block types, which the imatrix weights.
+    let searched = |t: &WType| is_block(*t) || (*t == WType::Q4_0 && q4_rule == Q4Rule::Search);
+    if opts.imatrix.is_some() && opts.target_bpw.is_none() && !types.iter().any(searched) {
+        return Err(ConvertError::options(
+            "--imatrix",
+            "weights the searching quantizers only: use it with Q4_0 matrices and --q4-rule search, or with the block types (q4_k, ..., q6_0)",
+        ));
+    }
+    let imatrix = match &opts.imatrix {
+        None => None,
+        Some(p) => Some(load_imatrix(p, &desc)?),
+    };
+    let mut mix_rows = Vec::new();
+    if let Some(bpw) = opts.target_bpw {
+        let fixed: Vec<Option<WType>> = mix::matrices(&uniform.tensors)
+            .map(|(t, _, _, class)| match opts.types.rule_for(t) {
+                Some(ty) => Some(ty),
+                None if class == 0 => Some(WType::Q8_0),
+                None => None,
+            })
+            .collect();
+        let sources = plan(&ck, &desc, &uniform.tensors, imatrix.as_ref())?;
+        mix_rows = measure_mix(
+            &ck,
+            &desc,
+            &uniform.tensors,
+            &sources,
+            &fixed,
+            opts,
+            progress,
+        )?;
+        let weights: u64 = mix_rows.iter().map(|r| (r.rows * r.cols) as u64).sum();
+        let budget = (bpw * weights as f64 / 8.0).floor() as u64;
+        mix::allocate(&mut mix_rows, budget).map_err(|least| {
+            ConvertError::options(
+                "--target-bpw",
+                format!(
+                    "{bpw}: below the smallest mix this model takes ({least:.3} bits per weight)"
+                ),
+            )
+        })?;
+        types = mix_rows.iter().map(|r| r.chosen).collect();
+    }
+    fall_back(&uniform.tensors, &mut types, &mut notes);
+    let mut mixed =
         types != plan::matrix_types(&uniform.tensors, header.wtype, mask, &TypePlan::default());
+    // One type for every matrix after all (a fallback or a mix that chose one type): a
+    // uniform file of that type.
+    if mixed && types.iter().all(|&t| t == types[0]) {
+        (mixed, header.wtype, mask) = (false, types[0].code(), 0);
+    }
     let has = |t: WType| types.contains(&t);
+    // A --target-bpw file stores the scales of Q8_0 (and of pinned Q4_0) as f16, as GGUF
+    // does (8.5 bits per weight), which is what the budget counted (mix::matrix_bytes).
+    let scale_f16 =
+        opts.scale_f16 || (opts.target_bpw.is_some() && types.iter().any(|t| t.has_scales()));
     if opts.scale_f16 && !types.iter().any(|t| t.has_scales()) {
         return Err(ConvertError::options(
             "--f16-scales",
             "no matrix of this model has scales (BF16 and F16 store none)",
         ));
     }
-    header.scale_f16 = opts.scale_f16 as u32;
+    header.scale_f16 = scale_f16 as u32;
     if mixed {
         header.wtype = wtype::MIXED;
         header.q8_mask = 0;
+    } else {
+        header.q8_mask = mask;
     }
-    let q4_rule = opts.q4_rule.unwrap_or(desc.arch.default_q4_rule);
-    let imatrix = match &opts.imatrix {
-        None => None,
-        Some(p) => {
-            if !has(WType::Q4_0) || q4_rule != Q4Rule::Search {
-                return Err(ConvertError::options(
-                    "--imatrix",
-                    "weights the Q4_0 search only: use it with Q4_0 matrices and --q4-rule search",
-                ));
-            }
-            Some(load_imatrix(p, &desc)?)
-        }
-    };
 
     // The final layout (with the type table of a mixed file).
     let mixed_types = mixed.then_some(types.as_slice());
@@ -345,17 +420,8 @@ fn run(
         .layout()
         .clone();
 
-    // Text-model prefix and the tensors outside it.
-    let (prefix, head_prefix) = text_prefix(&ck)?;
-    let sources = plan(
-        &ck,
-        &desc,
-        &layout.tensors,
-        &prefix,
-        &head_prefix,
-        imatrix.as_ref(),
-        q4_rule,
-    )?;
+    let prefix = text_prefix(&ck)?.0;
+    let sources = plan(&ck, &desc, &layout.tensors, imatrix.as_ref())?;
     check_leftovers(&ck, &desc, &sources, &prefix, &mut notes)?;
     if let Some(m) = &imatrix {
         if m.cls_tokens == 0 {
@@ -386,7 +452,7 @@ fn run(
         mixed_types,
         tensors: &layout.tensors,
         sources: &sources,
-        scale_f16: opts.scale_f16,
+        scale_f16,
         q4_rule,
         out: &out,
         cancel: opts.cancel,
@@ -407,8 +473,143 @@ fn run(
         seconds: t0.elapsed().as_secs_f64(),
         notes,
         q4_rule: has(WType::Q4_0).then_some(q4_rule),
-        types: type_counts(&layout),
+        types: WType::ALL
+            .into_iter()
+            .map(|t| (t, types.iter().filter(|&&x| x == t).count()))
+            .filter(|&(_, n)| n > 0)
+            .collect(),
+        mix: mix_rows,
+        matrix_bpw: matrix_bpw(&layout),
     })
+}
+
+/// Measures every matrix of `tensors` (the uniform layout) in its candidate types on
+/// sampled rows ([`mix`]); `fixed` gives the matrices whose type is not chosen.
+fn measure_mix(
+    ck: &Checkpoint,
+    d: &ModelDesc,
+    tensors: &[Tensor],
+    sources: &[Option<Source>],
+    fixed: &[Option<WType>],
+    opts: &Options,
+    progress: &mut (dyn FnMut(Progress) + Send),
+) -> Result<Vec<mix::MixRow>> {
+    let sens = mix::SENSITIVITY;
+    let free = fixed.iter().filter(|f| f.is_none()).count();
+    progress(Progress::Note(&format!(
+        "--target-bpw {}: measuring {free} matrices in 4 types each ({} rows of each)",
+        opts.target_bpw.unwrap_or(0.0),
+        mix::SAMPLE_ROWS
+    )));
+    let mut rows_out = Vec::new();
+    let mut buf: Vec<f32> = Vec::new();
+    let mats = tensors
+        .iter()
+        .zip(sources)
+        .filter(|(t, _)| matches!(t.kind, Kind::Mat { .. }));
+    for (index, ((t, s), fix)) in mats.zip(fixed).enumerate() {
+        if opts.cancel.is_some_and(|c| c.load(Ordering::Relaxed)) {
+            return Err(ConvertError::Interrupted);
+        }
+        let Kind::Mat {
+            rows, cols, class, ..
+        } = t.kind
+        else {
+            unreachable!("filtered")
+        };
+        let s = s.as_ref().expect("matrices have sources");
+        let mut row = mix::MixRow {
+            index,
+            name: t.name.to_string(),
+            class,
+            layer: t.name.layer,
+            rows,
+            cols,
+            cands: Vec::new(),
+            weight: sens.class(class) * sens.band(t.name.layer, d.n_layers),
+            fixed: *fix,
+            chosen: fix.unwrap_or(WType::Q8_0),
+        };
+        if fix.is_none() {
+            let info = ck.get(&s.hf).expect("planned");
+            let dtype = info.dtype.expect("planned");
+            let k = rows.min(mix::SAMPLE_ROWS);
+            buf.clear();
+            for j in 0..k {
+                let r = j * rows / k;
+                read_rows(ck, info, dtype, s, r..r + 1, &mut buf);
+            }
+            if let Some(j) = buf.iter().position(|v| !v.is_finite()) {
+                let e = QuantError::NonFinite {
+                    row: j / cols * rows / k,
+                    col: j % cols,
+                    value: buf[j],
+                };
+                return Err(quant_error(ck, info, s, 0, e));
+            }
+            for &ty in mix::candidates(cols) {
+                let e = mix::rel_error(ty, k, cols, &buf, s.imp.as_deref());
+                row.cands.push((ty, mix::matrix_bytes(ty, rows, cols), e));
+            }
+            ck.release_all(info);
+        }
+        rows_out.push(row);
+    }
+    Ok(rows_out)
+}
+
+/// The 32-weight type of the same size as K type `t`, for rows that are not a multiple
+/// of 256 (llama.cpp falls back too, silently, and to larger types: Q4_K → Q5_0, Q5_K →
+/// Q5_1, Q6_K → Q8_0); other types as they are.
+pub fn fallback(t: WType) -> WType {
+    match t {
+        WType::Q4_K => WType::IQ4_NL,
+        WType::Q5_K => WType::Q5_0,
+        WType::Q6_K => WType::Q6_0,
+        t => t,
+    }
+}
+
+/// Replaces K types on matrices whose rows are not a multiple of 256 by [`fallback`],
+/// with one note per replacement naming the matrices.
+fn fall_back(tensors: &[Tensor], types: &mut [WType], notes: &mut Vec<String>) {
+    let mut moved: Vec<(WType, Vec<String>)> = Vec::new();
+    for ((t, _, cols, _), ty) in mix::matrices(tensors).zip(types.iter_mut()) {
+        if cols % ty.block_weights() == 0 {
+            continue;
+        }
+        let name = match t.name.layer {
+            Some(_) => format!("layers.*.{}", t.name.name),
+            None => t.name.name.to_string(),
+        };
+        match moved.iter_mut().find(|(k, _)| *k == *ty) {
+            Some((_, names)) if names.contains(&name) => {}
+            Some((_, names)) => names.push(name),
+            None => moved.push((*ty, vec![name])),
+        }
+        *ty = fallback(*ty);
+    }
+    for (k, names) in moved {
+        let f = fallback(k);
+        notes.push(format!(
+            "{k} needs rows of whole 256-weight super-blocks: {} stored as {f}, the 32-weight type of the same size ({:.1} bits per weight)",
+            names.join(", "),
+            (f.block_bytes() * 8) as f64 / f.block_weights() as f64,
+        ));
+    }
+}
+
+/// Bits per weight of all matrices of `layout`, scales included (as mlb-inspect counts).
+pub(crate) fn matrix_bpw(layout: &crate::format::mlb::Layout) -> f64 {
+    let (mut w, mut b) = (0u64, 0u64);
+    for t in layout
+        .tensors
+        .iter()
+        .filter(|t| matches!(t.kind, Kind::Mat { .. }))
+    {
+        (w, b) = (w + t.params(), b + t.stored_bytes());
+    }
+    b as f64 * 8.0 / w.max(1) as f64
 }
 
 /// Matrices per type in `layout`, in code order (the types present).
@@ -495,16 +696,13 @@ fn text_prefix(ck: &Checkpoint) -> Result<(String, String)> {
 }
 
 /// Maps every spec array to its source and checks presence, dtype and shape.
-#[allow(clippy::too_many_arguments)]
 fn plan(
     ck: &Checkpoint,
     d: &ModelDesc,
     tensors: &[Tensor],
-    prefix: &str,
-    head_prefix: &str,
     imatrix: Option<&Mli>,
-    q4_rule: Q4Rule,
 ) -> Result<Vec<Option<Source>>> {
+    let (prefix, head_prefix) = text_prefix(ck)?;
     let (hd, rot) = (d.head_dim, d.rot_dim);
     let mut out = Vec::with_capacity(tensors.len());
     for t in tensors {
@@ -583,15 +781,10 @@ fn plan(
         }
         let plus_one =
             d.arch.norm_plus_one && matches!(transform, Transform::Norm | Transform::RopeNorm);
+        // The searching quantizers (Q4_0 search, the block types) use it; the others
+        // ignore it.
         let imp = match (imatrix, t.kind) {
-            (
-                Some(m),
-                Kind::Mat {
-                    wtype: WType::Q4_0,
-                    cols,
-                    ..
-                },
-            ) if q4_rule == Q4Rule::Search => importance(m, t, cols, d.tied),
+            (Some(m), Kind::Mat { cols, .. }) => importance(m, t, cols, d.tied),
             _ => None,
         };
         out.push(Some(Source {

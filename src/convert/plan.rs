@@ -49,7 +49,7 @@ impl fmt::Display for Select {
 impl TypePlan {
     /// Parses `--types`: comma-separated `TARGET=TYPE`, a target being a class name
     /// (`tok_emb, wcls, wqk, wv, wo, w13, w2`) or a tensor name (`layers.3.w2`), a
-    /// type `q8_0, q4_0, bf16, f16`. Tensor names are checked against the model later.
+    /// type by its `--wtype` name (`q8_0, q4_0, bf16, f16, q4_k, …, q6_0`). Tensor names are checked against the model later.
     pub fn parse(s: &str) -> Result<TypePlan, String> {
         let mut rules = Vec::new();
         for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
@@ -86,8 +86,13 @@ impl TypePlan {
 
     /// The type of matrix `t` given the default `base` (the header's rule).
     pub fn resolve(&self, t: &Tensor, base: WType) -> WType {
+        self.rule_for(t).unwrap_or(base)
+    }
+
+    /// The type a rule gives matrix `t`, if any rule picks it.
+    pub fn rule_for(&self, t: &Tensor) -> Option<WType> {
         let Kind::Mat { class, .. } = t.kind else {
-            return base;
+            return None;
         };
         let name = t.name.to_string();
         let by = |want: &dyn Fn(&Select) -> bool| {
@@ -99,7 +104,14 @@ impl TypePlan {
         };
         by(&|s| matches!(s, Select::Tensor(n) if *n == name))
             .or_else(|| by(&|s| matches!(s, Select::Class(b) if class & b != 0)))
-            .unwrap_or(base)
+    }
+
+    /// Whether a tensor rule names `t` itself.
+    pub fn names(&self, t: &Tensor) -> bool {
+        let name = t.name.to_string();
+        self.rules
+            .iter()
+            .any(|r| matches!(&r.select, Select::Tensor(n) if *n == name))
     }
 
     /// Every tensor rule's name must be a matrix of the model.

@@ -240,13 +240,13 @@ pub fn report_text(m: &Mlb, file_name: &str) -> String {
         let _ = writeln!(s, "\nweight types");
         let _ = writeln!(
             s,
-            "  {:<5} {:>8} {:>13} {:>13} {:>15}",
+            "  {:<6} {:>8} {:>13} {:>13} {:>15}",
             "type", "matrices", "weights", "bytes", "bits per weight"
         );
         for e in &types {
             let _ = writeln!(
                 s,
-                "  {:<5} {:>8} {:>13} {:>13} {:>15.3}",
+                "  {:<6} {:>8} {:>13} {:>13} {:>15.3}",
                 e.wtype.name(),
                 e.matrices,
                 e.params,

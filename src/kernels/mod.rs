@@ -31,11 +31,12 @@ use std::fmt;
 use std::sync::OnceLock;
 
 pub use crate::format::WType;
-use crate::quant::QK;
+use crate::quant::{blocks, QK};
 
 pub mod counters;
 pub mod half;
 pub mod packed;
+pub mod packed_blocks;
 pub mod pool;
 pub mod scalar;
 pub mod scalar_attn;
@@ -45,6 +46,7 @@ pub mod scalar_k;
 pub mod scalar_math;
 
 pub use packed::PackedMat;
+use packed_blocks::for_block_type;
 pub use scalar_attn::{KvView, Query, TILE_QUERIES};
 pub use scalar_delta::DeltaHead;
 
@@ -140,14 +142,15 @@ impl<'a> QMat<'a> {
         cols: usize,
         q: &'a [u8],
     ) -> Result<Self, ShapeError> {
-        if !matches!(wtype, WType::Q8_0 | WType::Q4_0) {
+        if !matches!(wtype, WType::Q8_0 | WType::Q4_0) && !blocks::is_block_type(wtype) {
             return Err(ShapeError(format!(
                 "matrix {rows}x{cols} {wtype}: no kernel for this weight type yet"
             )));
         }
-        if rows == 0 || cols == 0 || !cols.is_multiple_of(QK) {
+        let bw = wtype.block_weights().max(QK);
+        if rows == 0 || cols == 0 || !cols.is_multiple_of(bw) {
             return Err(ShapeError(format!(
-                "matrix {rows}x{cols}: rows and cols must be > 0 and cols a multiple of {QK}"
+                "matrix {rows}x{cols} {wtype}: rows and cols must be > 0 and cols a multiple of {bw}"
             )));
         }
         let qlen = rows.checked_mul(wtype.row_bytes(cols));
@@ -166,6 +169,22 @@ impl<'a> QMat<'a> {
             d16: &[],
             pk: None,
         })
+    }
+
+    /// A matrix of a GGUF block type (Q4_K, …, Q6_0: the scales are inside the blocks);
+    /// checks the shape (cols a multiple of the type's block) and the length of `q`.
+    pub fn new_blocks(
+        wtype: WType,
+        rows: usize,
+        cols: usize,
+        q: &'a [u8],
+    ) -> Result<Self, ShapeError> {
+        if !blocks::is_block_type(wtype) {
+            return Err(ShapeError(format!(
+                "matrix {rows}x{cols} {wtype}: not a block type (its scales are an array)"
+            )));
+        }
+        QMat::new_unchecked_scales(wtype, rows, cols, q)
     }
 
     /// This matrix with its packed form `p` (made by [`PackedMat::new`] from it).
@@ -187,6 +206,9 @@ impl<'a> QMat<'a> {
     #[inline]
     fn scales<'b>(&'b self, r0: usize, r1: usize, buf: &'b mut Vec<f32>, f16: F16Fn) -> &'b [f32] {
         let nb = self.blocks();
+        if !self.wtype.has_scales() {
+            return &[]; // GGUF block types carry their scales inside the blocks
+        }
         if self.d16.is_empty() {
             return &self.d[r0 * nb..r1 * nb];
         }
@@ -230,6 +252,8 @@ pub struct QActs {
     s: Vec<i32>,
     /// `q` rearranged per [`q4_layout_len`] (for the VNNI Q4_0 kernel).
     q4: Vec<i8>,
+    /// Sums of the first 16 quants of each block (Q6_K's half-block offset correction).
+    h: Vec<i32>,
 }
 
 /// Values per pool task when quantizing many tokens.
@@ -253,14 +277,14 @@ fn arrange_q4(q: &[i8], out: &mut [i8]) {
 }
 
 impl QActs {
-    /// Fills the derived `s` and `q4` from `q`.
+    /// Fills the derived `s`, `h` and `q4` from `q`.
     fn derive(&mut self) {
+        let sum = |b: &[i8]| b.iter().map(|&v| v as i32).sum::<i32>();
         self.s.clear();
-        self.s.extend(
-            self.q
-                .chunks_exact(QK)
-                .map(|b| b.iter().map(|&v| v as i32).sum::<i32>()),
-        );
+        self.s.extend(self.q.chunks_exact(QK).map(sum));
+        self.h.clear();
+        self.h
+            .extend(self.q.chunks_exact(QK).map(|b| sum(&b[..QK / 2])));
         let l4 = q4_layout_len(self.cols);
         self.q4.resize(self.n * l4, 0);
         if self.n > 0 {
@@ -336,6 +360,7 @@ impl QActs {
             d,
             s: Vec::new(),
             q4: Vec::new(),
+            h: Vec::new(),
         };
         a.derive();
         Ok(a)
@@ -472,6 +497,8 @@ pub struct ActTile<'a> {
     pub s: &'a [i32],
     /// The quants rearranged for Q4_0 kernels, [`q4_layout_len`]`(cols)` per token.
     pub q4: &'a [i8],
+    /// `cols/32` sums of each block's first 16 quants per token (Q6_K).
+    pub h: &'a [i32],
 }
 
 /// One weight type's matrix kernels in a tier: the row-major micro-kernel, and the
@@ -562,7 +589,7 @@ fn x86_kernels(t: Tier, base: Kernels) -> Kernels {
                 tile: avx2::tile_q4,
                 packed: q4_avx2,
             }),
-            _ => None,
+            _ => x86_blocks(w, false),
         }),
         Tier::Avx512 => per_type(|w| match w {
             WType::Q8_0 => Some(MatKernels {
@@ -573,7 +600,7 @@ fn x86_kernels(t: Tier, base: Kernels) -> Kernels {
                 tile: avx512::tile_q4_bw,
                 packed: q4_avx2,
             }),
-            _ => None,
+            _ => x86_blocks(w, false),
         }),
         _ => per_type(|w| match w {
             WType::Q8_0 => Some(MatKernels {
@@ -584,7 +611,7 @@ fn x86_kernels(t: Tier, base: Kernels) -> Kernels {
                 tile: avx512::tile_q4_vnni,
                 packed: Some(xp::q4_vnni),
             }),
-            _ => None,
+            _ => x86_blocks(w, true),
         }),
     };
     let attend = match t {
@@ -610,6 +637,25 @@ fn x86_kernels(t: Tier, base: Kernels) -> Kernels {
         },
         ..base
     }
+}
+
+/// An x86 tier's entry of a GGUF block type (`None` for other types): the AVX2 row-major
+/// kernel, and the packed one of VNNI (`vnni`) or AVX2. They need F16C (every AVX2 CPU
+/// made has it); without it the type keeps the scalar reference's entry.
+#[cfg(target_arch = "x86_64")]
+fn x86_blocks(w: WType, vnni: bool) -> Option<MatKernels> {
+    use x86::{blocks as xb, packed_blocks as xpb};
+    if !x86::has_f16c() {
+        return scalar_blocks(w);
+    }
+    for_block_type!(w, |B| MatKernels {
+        tile: xb::tile::<B>,
+        packed: Some(if vnni {
+            xpb::vnni::<B> as PackedFn
+        } else {
+            xpb::avx2::<B>
+        }),
+    })
 }
 
 /// Tiers this CPU can run, lowest first (always starts with `Scalar`).
@@ -1035,6 +1081,7 @@ fn token_tiles(x: &QActs, size: usize) -> Vec<ActTile<'_>> {
                 d: &x.d[t0 * nb..t1 * nb],
                 s: &x.s[t0 * nb..t1 * nb],
                 q4: &x.q4[t0 * l4..t1 * l4],
+                h: &x.h[t0 * nb..t1 * nb],
             }
         })
         .collect()
@@ -1073,13 +1120,21 @@ fn scalar_kernels() -> Kernels {
             let tile = match w {
                 WType::Q8_0 => scalar::tile_q8,
                 WType::Q4_0 => scalar::tile_q4,
-                _ => return None,
+                _ => return scalar_blocks(w),
             };
             Some(MatKernels { tile, packed: None })
         }),
         half: half::SCALAR,
         f32: SCALAR_F32,
     }
+}
+
+/// The scalar reference's entry of a GGUF block type (`None` for other types).
+fn scalar_blocks(w: WType) -> Option<MatKernels> {
+    for_block_type!(w, |B| MatKernels {
+        tile: scalar_k::tile::<B>,
+        packed: None,
+    })
 }
 
 /// The kernels the free functions use: [`with_tier`]'s on this thread, else the detected.

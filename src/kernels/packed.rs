@@ -23,7 +23,7 @@
 //! The runtime packs only when the active tier has a packed kernel
 //! ([`Kernels::packs`](super::Kernels::packs)); scalar and NEON keep reading the map.
 
-use super::{pool, QMat, WType};
+use super::{packed_blocks, pool, QMat, WType};
 use crate::quant::QK;
 
 /// Rows per group: one 512-bit vector of i32/f32 lanes.
@@ -101,6 +101,9 @@ impl PackedMat {
     /// [`PackedMat::new`], calling `done(r0, r1)` after each batch of rows is packed
     /// (in order), so a caller can release the source rows as it goes.
     pub fn new_with(w: &QMat, mut done: impl FnMut(usize, usize)) -> PackedMat {
+        if packed_blocks::has_layout(w.wtype) {
+            return packed_blocks::pack(w, done);
+        }
         let nb = w.blocks();
         let groups = w.rows.div_ceil(GROUP);
         let bb = block_bytes(w.wtype);
@@ -166,6 +169,10 @@ impl PackedMat {
     /// The runtime reads embedding rows from here, so the released map stays unmapped.
     pub fn unpack_row(&self, r: usize, q: &mut Vec<u8>, d: &mut Vec<f32>) {
         assert!(r < self.rows, "row {r} of {}", self.rows);
+        if packed_blocks::has_layout(self.wtype) {
+            d.clear(); // the scales are inside the GGUF blocks
+            return packed_blocks::unpack_row(self, r, q);
+        }
         let nb = self.cols / QK;
         let (g, j) = (r / GROUP, r % GROUP);
         let bb = block_bytes(self.wtype);
@@ -188,6 +195,25 @@ impl PackedMat {
                 f32::from_le_bytes([s[0], s[1], s[2], s[3]])
             };
         }
+    }
+
+    /// An all-zero matrix of `len` bytes in a layout of another module (the GGUF block
+    /// types': [`packed_blocks`]), which fills it through [`PackedMat::bytes_mut`].
+    pub(super) fn zeroed(wtype: WType, rows: usize, cols: usize, len: usize) -> PackedMat {
+        PackedMat {
+            wtype,
+            rows,
+            cols,
+            f16: false,
+            buf: vec![Line([0; 64]); len.div_ceil(64)],
+            qlen: len,
+        }
+    }
+
+    /// The buffer's bytes, to fill.
+    pub(super) fn bytes_mut(&mut self) -> &mut [u8] {
+        // SAFETY: `Line` is 64 plain bytes; the byte view covers exactly the Vec's storage.
+        unsafe { std::slice::from_raw_parts_mut(self.buf.as_mut_ptr() as *mut u8, self.bytes()) }
     }
 
     /// Groups of 16 rows (the last may be partly padding).

@@ -1,7 +1,7 @@
 //! Scalar reference of `y = W·x` for the GGUF block types (Q4_K, Q5_K, Q6_K, Q4_1, Q5_0,
 //! Q5_1, IQ4_NL, Q6_0) against the runtime's Q8_0 activations: the arithmetic contract
-//! of `docs/kernels.md` ("GGUF block types") written out plainly. Not in the kernel table
-//! yet; SIMD tiers must give these bits.
+//! of `docs/kernels.md` ("GGUF block types") written out plainly: the scalar tier's
+//! entries of the kernel table ([`tile`]), and the bits every SIMD tier gives.
 //!
 //! Per 32-weight block `b` of a row (a Q4_K / Q5_K sub-block, a half of a Q6_K
 //! super-block's 16 sub-blocks... i.e. the 32 weights that meet activation block `b`):
@@ -17,8 +17,10 @@
 //!
 //! every f32 operation separately rounded (no FMA), as the Q8_0 / Q4_0 contract.
 
+use super::counters::{count, Op};
+use super::packed_blocks::BlockTy;
 use super::scalar::reduce_lanes;
-use super::{QActs, LANES};
+use super::{ActTile, QActs, Tier, LANES};
 use crate::format::wtype::{WType, QK, QK_K};
 use crate::quant::blocks32::{self, Kind};
 use crate::quant::fit::Levels;
@@ -123,6 +125,24 @@ fn level_int(lv: &Levels, l: u8) -> i32 {
     match *lv {
         Levels::Uniform { lo, .. } => lo + l as i32,
         Levels::Table(tab) => tab[l as usize] as i32,
+    }
+}
+
+/// Tile kernel (see `kernels::TileFn`) of block type `B`: `rows` rows (`wq`, their
+/// blocks; `wd` is empty, the scales are inside) against every token of `x`.
+///
+/// # Safety
+/// Always safe; `unsafe` only to share the tiers' function-pointer type.
+pub unsafe fn tile<B: BlockTy>(rows: usize, wq: &[u8], _wd: &[f32], x: &ActTile, out: &mut [f32]) {
+    count(Tier::Scalar, Op::Tile);
+    let (nt, rb) = (out.len() / rows, wq.len() / rows);
+    let nb = x.d.len() / nt;
+    let cols = nb * QK;
+    for (wr, o) in wq.chunks_exact(rb).zip(out.chunks_exact_mut(nt)) {
+        for (t, y) in o.iter_mut().enumerate() {
+            let (xq, xd) = (&x.q[t * cols..(t + 1) * cols], &x.d[t * nb..(t + 1) * nb]);
+            *y = dot(B::W, wr, xq, xd);
+        }
     }
 }
 

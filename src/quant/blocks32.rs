@@ -118,7 +118,7 @@ pub fn unpack(t: WType, b: &[u8]) -> [u8; QK] {
 }
 
 /// Writes the 32 level indices into block `b`'s `qs` (and `qh`).
-fn pack(t: WType, q: &[u8; QK], b: &mut [u8]) {
+pub(crate) fn pack(t: WType, q: &[u8; QK], b: &mut [u8]) {
     let (qs_at, has_m, qh_len) = parts(t);
     let qh_at = if has_m { 4 } else { 2 };
     for j in 0..16 {

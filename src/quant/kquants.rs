@@ -104,7 +104,7 @@ pub fn levels_q45(t: WType, b: &[u8]) -> [u8; QK_K] {
 }
 
 /// Writes the 256 levels into a Q4_K / Q5_K block's `qs` (and `qh`).
-fn pack_q45(t: WType, q: &[u8; QK_K], b: &mut [u8]) {
+pub(crate) fn pack_q45(t: WType, q: &[u8; QK_K], b: &mut [u8]) {
     let five = t == WType::Q5_K;
     let qs_at = if five { 48 } else { 16 };
     if five {
@@ -135,7 +135,7 @@ pub fn levels_q6(b: &[u8]) -> [u8; QK_K] {
     q
 }
 
-fn pack_q6(q: &[u8; QK_K], b: &mut [u8]) {
+pub(crate) fn pack_q6(q: &[u8; QK_K], b: &mut [u8]) {
     b[0..192].fill(0);
     for (e, &v) in q.iter().enumerate() {
         let (h, k, l) = (e / 128, (e % 128) / 32, e % 32);

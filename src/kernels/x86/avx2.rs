@@ -49,7 +49,7 @@ unsafe fn block_dot(u: __m256i, w: __m256i, x: __m256i) -> __m256i {
 
 /// Lane `j` = sum of the 8 lanes of `v[j]`.
 #[inline(always)]
-unsafe fn hsum8(v: &[__m256i; 8]) -> __m256i {
+pub(crate) unsafe fn hsum8(v: &[__m256i; 8]) -> __m256i {
     // SAFETY: register-only AVX2 ops; the caller has AVX2.
     unsafe {
         let h01 = _mm256_hadd_epi32(v[0], v[1]);

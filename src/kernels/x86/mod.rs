@@ -5,8 +5,10 @@ pub mod attention;
 pub mod avx2;
 pub mod avx512;
 pub mod half;
+pub mod blocks;
 pub mod math;
 pub mod packed;
+pub mod packed_blocks;
 
 use crate::kernels::counters::{count, Op};
 use crate::kernels::Tier;

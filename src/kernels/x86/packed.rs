@@ -25,7 +25,7 @@ const PF_DIST: usize = 4096;
 
 /// Prefetches the `bytes` (whole lines) that follow `p + PF_DIST`.
 #[inline(always)]
-unsafe fn prefetch(p: *const u8, bytes: usize) {
+pub(super) unsafe fn prefetch(p: *const u8, bytes: usize) {
     for line in (0..bytes).step_by(64) {
         // SAFETY: a prefetch never faults, even past the end of the buffer.
         unsafe { _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PF_DIST + line) as *const i8) };
@@ -43,6 +43,7 @@ macro_rules! lane_tree {
         add(h0, h1)
     }};
 }
+pub(super) use lane_tree;
 
 /// Lane `l`'s accumulators for `T` tokens: blocks `l, l + 8, …` of one group, which the
 /// packed buffer stores from block position `pos` on. All zero when `l ≥ nb`.

@@ -1,0 +1,419 @@
+//! `--target-bpw X` and `--preset NAME`: every matrix's type chosen to minimize the
+//! model's predicted error under a budget of X bits per weight (as mlb-inspect counts
+//! them: the bytes of every matrix, scales included, × 8 / the weights of every matrix).
+//!
+//! 1. **Measure.** For every matrix, a sample of its rows (evenly spaced, at most
+//!    [`SAMPLE_ROWS`]) is quantized to each candidate type ([`candidates`]: the K types
+//!    where the row is a multiple of 256, else the 32-weight types of the same sizes,
+//!    and Q8_0) with the imatrix when given, and the importance-weighted relative error
+//!    `r = Σ imp_c (w − ŵ)² / Σ imp_c w²` is taken (`imp_c`: the mean square of the
+//!    matrix's input channel `c`, from the imatrix; 1 without one). With uncorrelated
+//!    inputs, `r` is the noise-to-signal ratio of the matrix's output.
+//! 2. **Predict.** The model's error is predicted as `Σ_m α_class(m) · β_band(m) · r_m`:
+//!    every matrix's output noise-to-signal ratio adds into the residual stream, so a
+//!    matrix counts by its relative error, not by its size (the budget sees its size).
+//!    α per matrix class and β per depth band (first eighth of the layers, middle, last
+//!    eighth) are [`SENSITIVITY`]; they are all 1 until a calibration against measured
+//!    KL divergence sets them (docs/convert.md, "Mixes").
+//! 3. **Allocate.** Every matrix starts at its cheapest candidate; upgrades along each
+//!    matrix's lower convex hull of (bytes, predicted error) are taken in order of
+//!    predicted error saved per byte while they fit the budget (ties by array order),
+//!    then any remaining upgrade that still fits. Deterministic: the same checkpoint,
+//!    imatrix and target give the same mix at any thread count.
+
+use crate::format::mlb::header::q8_class;
+use crate::format::mlb::{Kind, Tensor};
+use crate::format::WType;
+use crate::quant::{dequant_row, quantize, Q4Rule, QuantOpts, Scales};
+
+/// Rows of a matrix quantized to measure its error in each candidate type.
+pub const SAMPLE_ROWS: usize = 64;
+
+/// Named points: `--preset NAME` is `--target-bpw BPW` (llama.cpp's names for the sizes
+/// its mixes reach on models whose rows are multiples of 256).
+pub const PRESETS: [(&str, f64); 5] = [
+    ("q4_k_s", 4.6),
+    ("q4_k_m", 4.9),
+    ("q5_k_m", 5.7),
+    ("q6_k", 6.6),
+    ("q8_0", 8.5),
+];
+
+/// The bits per weight of preset `name`.
+pub fn preset(name: &str) -> Option<f64> {
+    PRESETS
+        .iter()
+        .find(|(n, _)| n.eq_ignore_ascii_case(name))
+        .map(|&(_, b)| b)
+}
+
+/// The types a matrix of `cols` columns may take, smallest first: the K types on rows
+/// of whole super-blocks, else the 32-weight types of the same sizes (IQ4_NL 4.5, Q5_0
+/// 5.5, Q6_0 6.5 bits); Q8_0 always. Q4_1 and Q5_1 are left out: per bit they are no
+/// better than these on general weights (docs/benchmarks-quality.md), and they would
+/// win only on checkpoints that were Q4_1 before (SmolLM2's here).
+pub fn candidates(cols: usize) -> &'static [WType] {
+    if cols.is_multiple_of(256) {
+        &[WType::Q4_K, WType::Q5_K, WType::Q6_K, WType::Q8_0]
+    } else {
+        &[WType::IQ4_NL, WType::Q5_0, WType::Q6_0, WType::Q8_0]
+    }
+}
+
+/// Bytes of a `rows × cols` matrix of type `t` in a file with f16 scales.
+pub fn matrix_bytes(t: WType, rows: usize, cols: usize) -> u64 {
+    let scales = if t.has_scales() {
+        rows * cols / 32 * 2
+    } else {
+        0
+    };
+    (rows * t.row_bytes(cols) + scales) as u64
+}
+
+/// Sensitivity of the predicted KL divergence to a matrix's relative error: α per class,
+/// β per depth band (first eighth, middle, last eighth of the layers).
+#[derive(Debug, Clone, Copy)]
+pub struct Sensitivity {
+    pub tok_emb: f64,
+    /// The classifier (and a shared tok_emb, which is the classifier).
+    pub wcls: f64,
+    pub wqk: f64,
+    pub wv: f64,
+    pub wo: f64,
+    pub w13: f64,
+    pub w2: f64,
+    /// lb, la (Qwen3.5's gates; they stay Q8_0, so this only weighs nothing).
+    pub other: f64,
+    pub bands: [f64; 3],
+}
+
+/// The sensitivities: uniform (not yet calibrated against KL divergence; docs/convert.md,
+/// "Mixes", says how a calibration would set them).
+pub const SENSITIVITY: Sensitivity = Sensitivity {
+    tok_emb: 1.0,
+    wcls: 1.0,
+    wqk: 1.0,
+    wv: 1.0,
+    wo: 1.0,
+    w13: 1.0,
+    w2: 1.0,
+    other: 1.0,
+    bands: [1.0, 1.0, 1.0],
+};
+
+impl Sensitivity {
+    /// α of a matrix of class bits `class` (a shared tok_emb has the wcls bit too).
+    pub fn class(&self, class: u32) -> f64 {
+        if class & q8_class::WCLS != 0 {
+            self.wcls
+        } else if class & q8_class::TOK_EMB != 0 {
+            self.tok_emb
+        } else if class & q8_class::WQK != 0 {
+            self.wqk
+        } else if class & q8_class::WV != 0 {
+            self.wv
+        } else if class & q8_class::WO != 0 {
+            self.wo
+        } else if class & q8_class::W13 != 0 {
+            self.w13
+        } else if class & q8_class::W2 != 0 {
+            self.w2
+        } else {
+            self.other
+        }
+    }
+
+    /// β of layer `l` of `n` (tok_emb and the classifier: the middle band's 1).
+    pub fn band(&self, layer: Option<u32>, n: usize) -> f64 {
+        self.bands[band(layer, n)]
+    }
+}
+
+/// The depth band of layer `l` of `n`: 0 for the first eighth (at least one layer), 2 for
+/// the last eighth, 1 otherwise and for matrices outside the layers.
+pub fn band(layer: Option<u32>, n: usize) -> usize {
+    let Some(l) = layer.map(|l| l as usize) else {
+        return 1;
+    };
+    let e = n.div_ceil(8).max(1);
+    if l < e {
+        0
+    } else if l + e >= n {
+        2
+    } else {
+        1
+    }
+}
+
+/// One matrix of the mix: what was measured and what was chosen.
+#[derive(Debug, Clone)]
+pub struct MixRow {
+    /// Index among the file's matrices (array order).
+    pub index: usize,
+    pub name: String,
+    pub class: u32,
+    pub layer: Option<u32>,
+    pub rows: usize,
+    pub cols: usize,
+    /// Candidate types with their bytes and measured relative error, smallest first.
+    pub cands: Vec<(WType, u64, f64)>,
+    /// α · β of the matrix.
+    pub weight: f64,
+    /// `None`: the matrix's type is fixed (lb, la: Q8_0; or a `--types` tensor rule).
+    pub fixed: Option<WType>,
+    pub chosen: WType,
+}
+
+impl MixRow {
+    /// Bytes of the chosen type.
+    pub fn bytes(&self) -> u64 {
+        match self.cands.iter().find(|c| c.0 == self.chosen) {
+            Some(c) => c.1,
+            None => matrix_bytes(self.chosen, self.rows, self.cols),
+        }
+    }
+}
+
+/// The importance-weighted relative error of `x` (`rows × cols`, sampled rows) stored
+/// as `t`: `Σ imp_c (x − x̂)² / Σ imp_c x²` in f64 (0 for an all-zero sample).
+pub fn rel_error(t: WType, rows: usize, cols: usize, x: &[f32], imp: Option<&[f32]>) -> f64 {
+    let opts = QuantOpts {
+        scale_f16: true,
+        q4_rule: Q4Rule::Search,
+        imatrix: imp,
+    };
+    let Ok(q) = quantize(t, rows, cols, x, &opts) else {
+        return f64::INFINITY; // a scale beyond f16: never chosen
+    };
+    let rb = t.row_bytes(cols);
+    let nb = if t.has_scales() { cols / 32 } else { 0 };
+    let d: Vec<f32> = match &q.d {
+        Scales::F32(d) => d.clone(),
+        Scales::F16(d) => d
+            .iter()
+            .map(|&b| half::f16::from_bits(b).to_f32())
+            .collect(),
+    };
+    let mut row = vec![0f32; cols];
+    let (mut e, mut s) = (0f64, 0f64);
+    for (r, xr) in x.chunks_exact(cols).enumerate() {
+        dequant_row(
+            t,
+            &q.q[r * rb..(r + 1) * rb],
+            &d[r * nb..(r + 1) * nb],
+            &mut row,
+        );
+        for (c, (&a, &b)) in xr.iter().zip(&row).enumerate() {
+            let w = imp.map_or(1.0, |i| i[c] as f64);
+            e += w * (a as f64 - b as f64).powi(2);
+            s += w * (a as f64).powi(2);
+        }
+    }
+    if s > 0.0 {
+        e / s
+    } else {
+        0.0
+    }
+}
+
+/// The lower convex hull of a matrix's candidates in (bytes, predicted error): indices
+/// into `cands`, bytes increasing, error strictly decreasing, slopes increasing.
+fn hull(cands: &[(WType, u64, f64)], weight: f64) -> Vec<usize> {
+    let mut h: Vec<usize> = Vec::new();
+    for (i, c) in cands.iter().enumerate() {
+        let err = weight * c.2;
+        if let Some(&last) = h.last() {
+            if err >= weight * cands[last].2 || c.1 <= cands[last].1 {
+                continue; // no better for more bytes
+            }
+        }
+        while h.len() >= 2 {
+            let (a, b) = (&cands[h[h.len() - 2]], &cands[h[h.len() - 1]]);
+            let s_ab = (weight * (b.2 - a.2)) / (b.1 - a.1) as f64;
+            let s_bc = (err - weight * b.2) / (c.1 - b.1) as f64;
+            if s_bc <= s_ab {
+                h.pop(); // b lies above the segment a–c
+            } else {
+                break;
+            }
+        }
+        h.push(i);
+    }
+    h
+}
+
+/// Chooses every free matrix's type so that the bytes of all matrices fit in `budget`,
+/// minimizing `Σ weight · r` (the module docs' greedy). `Err` with the smallest mix's
+/// bits per weight when even that does not fit.
+pub fn allocate(rows: &mut [MixRow], budget: u64) -> Result<(), f64> {
+    let weights: u64 = rows.iter().map(|r| (r.rows * r.cols) as u64).sum();
+    let hulls: Vec<Vec<usize>> = rows.iter().map(|r| hull(&r.cands, r.weight)).collect();
+    let mut at = vec![0usize; rows.len()];
+    let mut used = 0u64;
+    for (r, h) in rows.iter_mut().zip(&hulls) {
+        if r.fixed.is_none() {
+            r.chosen = r.cands[h[0]].0;
+        }
+        used += r.bytes();
+    }
+    if used > budget {
+        return Err(used as f64 * 8.0 / weights as f64);
+    }
+    // Greedy by error saved per byte; a skipped upgrade retires its matrix.
+    let mut done = vec![false; rows.len()];
+    loop {
+        let mut best: Option<(f64, usize)> = None;
+        for (i, r) in rows.iter().enumerate() {
+            if r.fixed.is_some() || done[i] || at[i] + 1 >= hulls[i].len() {
+                continue;
+            }
+            let (a, b) = (&r.cands[hulls[i][at[i]]], &r.cands[hulls[i][at[i] + 1]]);
+            let gain = r.weight * (a.2 - b.2) / (b.1 - a.1) as f64;
+            if best.is_none_or(|(g, _)| gain > g) {
+                best = Some((gain, i));
+            }
+        }
+        let Some((_, i)) = best else { break };
+        let r = &mut rows[i];
+        let next = &r.cands[hulls[i][at[i] + 1]];
+        let extra = next.1 - r.bytes();
+        if used + extra <= budget {
+            used += extra;
+            at[i] += 1;
+            r.chosen = next.0;
+        } else {
+            done[i] = true;
+        }
+    }
+    Ok(())
+}
+
+/// The matrices of `tensors` in array order with their class and shape.
+pub fn matrices(tensors: &[Tensor]) -> impl Iterator<Item = (&Tensor, usize, usize, u32)> {
+    tensors.iter().filter_map(|t| match t.kind {
+        Kind::Mat {
+            rows, cols, class, ..
+        } => Some((t, rows, cols, class)),
+        _ => None,
+    })
+}
+
+/// The mix as JSON (`mlb-convert --mix-report`): the achieved bits per weight and, per
+/// matrix, its class, band weight, candidates (type, bytes, relative error) and choice.
+pub fn report_json(rows: &[MixRow], bpw: f64) -> String {
+    let mats: Vec<serde_json::Value> = rows
+        .iter()
+        .map(|r| {
+            serde_json::json!({
+                "name": r.name,
+                "class": q8_class::names(r.class).first().copied().unwrap_or("other"),
+                "layer": r.layer,
+                "rows": r.rows,
+                "cols": r.cols,
+                "weight": r.weight,
+                "fixed": r.fixed.is_some(),
+                "chosen": r.chosen.cli_name(),
+                "candidates": r.cands.iter().map(|c| serde_json::json!({
+                    "type": c.0.cli_name(), "bytes": c.1, "rel_error": c.2,
+                })).collect::<Vec<_>>(),
+            })
+        })
+        .collect();
+    let v = serde_json::json!({ "bits_per_weight": bpw, "matrices": mats });
+    serde_json::to_string_pretty(&v).expect("plain JSON") + "\n"
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(index: usize, cands: Vec<(WType, u64, f64)>, weight: f64) -> MixRow {
+        MixRow {
+            index,
+            name: format!("m{index}"),
+            class: q8_class::W13,
+            layer: Some(0),
+            rows: 1,
+            cols: 100,
+            chosen: cands[0].0,
+            cands,
+            weight,
+            fixed: None,
+        }
+    }
+
+    #[test]
+    fn hull_drops_dominated_and_concave_points() {
+        use WType::*;
+        // Q5_K is above the segment Q4_K–Q6_K: skipped; Q8_0 saves nothing: skipped.
+        let c = vec![
+            (Q4_K, 100, 1.0),
+            (Q5_K, 150, 0.8),
+            (Q6_K, 200, 0.2),
+            (Q8_0, 300, 0.2),
+        ];
+        assert_eq!(hull(&c, 2.0), vec![0, 2]);
+        let c = vec![
+            (Q4_K, 100, 1.0),
+            (Q5_K, 150, 0.4),
+            (Q6_K, 200, 0.2),
+            (Q8_0, 300, 0.1),
+        ];
+        assert_eq!(hull(&c, 1.0), vec![0, 1, 2, 3]);
+    }
+
+    #[test]
+    fn greedy_spends_the_budget_where_it_saves_most() {
+        use WType::*;
+        let a = vec![(IQ4_NL, 100, 1.0), (Q5_0, 120, 0.5), (Q8_0, 200, 0.01)];
+        let b = vec![(IQ4_NL, 100, 1.0), (Q5_0, 120, 0.9), (Q8_0, 200, 0.8)];
+        let mut rows = vec![row(0, a.clone(), 1.0), row(1, b.clone(), 1.0)];
+        // 240 bytes: both can take Q5_0, but a's saving per byte is larger.
+        allocate(&mut rows, 240).unwrap();
+        assert_eq!((rows[0].chosen, rows[1].chosen), (Q5_0, Q5_0));
+        let mut rows = vec![row(0, a.clone(), 1.0), row(1, b.clone(), 1.0)];
+        allocate(&mut rows, 300).unwrap();
+        assert_eq!((rows[0].chosen, rows[1].chosen), (Q8_0, IQ4_NL));
+        // A sensitivity weight reverses it.
+        let mut rows = vec![row(0, a.clone(), 1.0), row(1, b, 100.0)];
+        allocate(&mut rows, 300).unwrap();
+        assert_eq!(rows[1].chosen, Q8_0);
+        let mut rows = vec![row(0, a, 1.0)];
+        assert_eq!(allocate(&mut rows, 99), Err(8.0));
+    }
+
+    #[test]
+    fn bands_and_presets() {
+        assert_eq!(
+            (band(Some(0), 30), band(Some(3), 30), band(Some(4), 30)),
+            (0, 0, 1)
+        );
+        assert_eq!(
+            (band(Some(26), 30), band(Some(25), 30), band(None, 30)),
+            (2, 1, 1)
+        );
+        assert_eq!((band(Some(0), 2), band(Some(1), 2)), (0, 2));
+        assert_eq!(preset("Q4_K_M"), Some(4.9));
+        assert_eq!(preset("q3"), None);
+    }
+
+    #[test]
+    fn relative_error_orders_the_types() {
+        let mut s = 1u64;
+        let x: Vec<f32> = (0..8 * 512)
+            .map(|_| {
+                s ^= s << 13;
+                s ^= s >> 7;
+                s ^= s << 17;
+                (s >> 40) as f32 / (1u64 << 24) as f32 - 0.5
+            })
+            .collect();
+        let e: Vec<f64> = candidates(512)
+            .iter()
+            .map(|&t| rel_error(t, 8, 512, &x, None))
+            .collect();
+        assert!(e.windows(2).all(|w| w[0] > w[1]), "{e:?}");
+        // Q4_K on uniform values: about 1/(12·15²)·12 of the signal, i.e. ~0.5%.
+        assert!(e[0] > 1e-3 && e[0] < 2e-2, "{e:?}");
+    }
+}

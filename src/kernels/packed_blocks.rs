@@ -1,0 +1,541 @@
+//! The GGUF block types (Q4_K, Q5_K, Q6_K, Q4_1, Q5_0, Q5_1, IQ4_NL, Q6_0) as the
+//! kernels see them: [`BlockTy`], one marker type per weight type with the shape of its
+//! integer dot and float step (docs/kernels.md, "GGUF block types"), and their packed
+//! layout, row-interleaved as [`super::packed`] packs Q8_0 and Q4_0.
+//!
+//! Every type becomes, per block `b` of 32 weights of a row: 32 unsigned levels
+//! (0..=15, 31 or 63; IQ4_NL: the nibble, an index into its table), the integer offset
+//! the contract subtracts (`16·s_b`, `32·s_b`; Q6_K: `32·` each half's sum, the halves
+//! then scaled by their int8 scales) and the float step's `dw_b` (and `mw_b`).
+//!
+//! Packed layout of a [`PackedMat`] of a block type: groups of 16 rows (the last padded
+//! with zero rows: levels 0, scales 0), each group one contiguous record of
+//!
+//! ```text
+//! quants   nb positions × QB bytes       (positions in `block_order`: lane-major)
+//!          4 chunks of 64 bytes: chunk k holds for row j, at 4j..4j+4, the bytes
+//!            (level[4k+i] & 15) | (level[16+4k+i] & 15) << 4, i < 4 (Q4_0's packing);
+//!          5-bit types: + 64 bytes: row j's byte i at 4j+i has bit k = bit 4 of
+//!            level[4k+i] and bit 4+k = bit 4 of level[16+4k+i], k < 4;
+//!          6-bit types: + 2 × 64 bytes: plane A, row j's byte i, bits 2k..2k+2 = bits
+//!            4-5 of level[4k+i]; plane B the same for level[16+4k+i].
+//! scales   nb positions × PS bytes, then padding to 64:
+//!            Q4_K, Q5_K: sc[16] u8, m[16] u8 (the sub-block's 6-bit codes, per row);
+//!            Q6_K: sc[16] i8 of the block's first 16 weights, sc[16] of its last 16;
+//!            Q4_1, Q5_1: d[16] f16, m[16] f16; Q5_0, Q6_0, IQ4_NL: d[16] f16.
+//! supers   (K types) per super-block of 256: d[16] f16, dmin[16] f16 (Q4_K, Q5_K) or
+//!            d[16] f16 (Q6_K), then padding to 64.
+//! ```
+//!
+//! QB is 256, 320 or 384 bytes (4, 5, 6 bits): the packed matrix is the file's size
+//! give or take the rearranged scale bits, so a decode step streams as many bytes per
+//! weight as the file holds. Scales are kept as their f16 bits and codes: `d·sc` and
+//! `dmin·m` are exact in f32, so a kernel computes them on the fly with the bits of the
+//! reference. [`PackedMat::unpack_row`] gives back the row's GGUF bytes exactly.
+
+use super::packed::{block_order, PackedMat, GROUP};
+use super::{pool, QMat, WType};
+use crate::format::wtype::{QK, QK_K};
+use crate::quant::{blocks, blocks32, kquants};
+
+/// How a type's per-block float factors are stored (see the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ScaleKind {
+    /// One f16 `d` per block: `dw = d`.
+    D,
+    /// f16 `d` and `m` per block (Q4_1, Q5_1): `dw = d`, `mw = m`.
+    DMin,
+    /// 6-bit `sc`, `m` per block under f16 `d`, `dmin` per super-block (Q4_K, Q5_K):
+    /// `dw = d·sc`, `mw = −(dmin·m)`.
+    K45,
+    /// int8 scales of the block's two halves under an f16 `d` per super-block (Q6_K):
+    /// `isum = sc_lo·Σ_lo + sc_hi·Σ_hi`, `dw = d`.
+    K6,
+}
+
+/// A GGUF block type as the kernels see it (one marker type per [`WType`]).
+pub trait BlockTy {
+    /// The weight type.
+    const W: WType;
+    /// Bits per level: 4, 5 or 6.
+    const BITS: u32;
+    /// Levels are indices into IQ4_NL's table.
+    const TABLE: bool;
+    /// The contract's integer offset per block: `isum = Σ q·x − OFF·s_b` (Q5_0: 16,
+    /// Q6_0: 32; Q6_K: 32 per half, under the halves' scales).
+    const OFF: i32;
+    /// How `dw` (and `mw`) are stored.
+    const SC: ScaleKind;
+    /// The float step has the minimum term `mw·xs`.
+    const AFFINE: bool;
+}
+
+macro_rules! block_ty {
+    ($(#[$doc:meta])* $name:ident, $w:expr, $bits:expr, $table:expr, $off:expr, $sc:expr, $aff:expr) => {
+        $(#[$doc])*
+        pub struct $name;
+        impl BlockTy for $name {
+            const W: WType = $w;
+            const BITS: u32 = $bits;
+            const TABLE: bool = $table;
+            const OFF: i32 = $off;
+            const SC: ScaleKind = $sc;
+            const AFFINE: bool = $aff;
+        }
+    };
+}
+
+block_ty!(
+    /// Q4_K.
+    Q4K, WType::Q4_K, 4, false, 0, ScaleKind::K45, true);
+block_ty!(
+    /// Q5_K.
+    Q5K, WType::Q5_K, 5, false, 0, ScaleKind::K45, true);
+block_ty!(
+    /// Q6_K.
+    Q6K, WType::Q6_K, 6, false, 32, ScaleKind::K6, false);
+block_ty!(
+    /// Q4_1.
+    Q41, WType::Q4_1, 4, false, 0, ScaleKind::DMin, true);
+block_ty!(
+    /// Q5_0.
+    Q50, WType::Q5_0, 5, false, 16, ScaleKind::D, false);
+block_ty!(
+    /// Q5_1.
+    Q51, WType::Q5_1, 5, false, 0, ScaleKind::DMin, true);
+block_ty!(
+    /// IQ4_NL (`OFF` applies to the `T + 128` levels of the VNNI kernels).
+    Iq4Nl, WType::IQ4_NL, 4, true, 128, ScaleKind::D, false);
+block_ty!(
+    /// Q6_0.
+    Q60, WType::Q6_0, 6, false, 32, ScaleKind::D, false);
+
+/// `Some($e)` with the marker type of block type `$w` as `$B`, `None` for other types:
+/// the one place that lists the block types for the kernel tables.
+macro_rules! for_block_type {
+    ($w:expr, |$B:ident| $e:expr) => {{
+        use $crate::kernels::packed_blocks as pb;
+        use $crate::kernels::WType;
+        match $w {
+            WType::Q4_K => {
+                type $B = pb::Q4K;
+                Some($e)
+            }
+            WType::Q5_K => {
+                type $B = pb::Q5K;
+                Some($e)
+            }
+            WType::Q6_K => {
+                type $B = pb::Q6K;
+                Some($e)
+            }
+            WType::Q4_1 => {
+                type $B = pb::Q41;
+                Some($e)
+            }
+            WType::Q5_0 => {
+                type $B = pb::Q50;
+                Some($e)
+            }
+            WType::Q5_1 => {
+                type $B = pb::Q51;
+                Some($e)
+            }
+            WType::IQ4_NL => {
+                type $B = pb::Iq4Nl;
+                Some($e)
+            }
+            WType::Q6_0 => {
+                type $B = pb::Q60;
+                Some($e)
+            }
+            WType::Q8_0 | WType::Q4_0 | WType::BF16 | WType::F16 => None,
+        }
+    }};
+}
+pub(crate) use for_block_type;
+
+/// Bits per level of block type `t`.
+fn bits(t: WType) -> u32 {
+    match t {
+        WType::Q5_K | WType::Q5_0 | WType::Q5_1 => 5,
+        WType::Q6_K | WType::Q6_0 => 6,
+        _ => 4,
+    }
+}
+
+fn scale_kind(t: WType) -> ScaleKind {
+    match t {
+        WType::Q4_K | WType::Q5_K => ScaleKind::K45,
+        WType::Q6_K => ScaleKind::K6,
+        WType::Q4_1 | WType::Q5_1 => ScaleKind::DMin,
+        _ => ScaleKind::D,
+    }
+}
+
+/// Whether `t` is packed by this module.
+pub fn has_layout(t: WType) -> bool {
+    blocks::is_block_type(t)
+}
+
+/// Quant bytes of one block position of a group: 256 + 64 per level bit above 4.
+pub const fn quant_bytes(bits: u32) -> usize {
+    256 + 64 * (bits as usize - 4)
+}
+
+/// Scale bytes of one block position of a group.
+pub const fn pos_scale_bytes(sc: ScaleKind) -> usize {
+    match sc {
+        ScaleKind::DMin => 64,
+        _ => 32,
+    }
+}
+
+/// Scale bytes of one super-block of a group (K types).
+pub const fn super_scale_bytes(sc: ScaleKind) -> usize {
+    match sc {
+        ScaleKind::K45 => 64,
+        ScaleKind::K6 => 32,
+        _ => 0,
+    }
+}
+
+/// Where a group's parts are: offsets of the position scales and super-block scales,
+/// and the group's size, for `nb` blocks per row (every part 64-byte aligned).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GroupLayout {
+    pub quant_bytes: usize,
+    pub pos_scale_bytes: usize,
+    pub super_bytes: usize,
+    /// Offset of the position scales in a group.
+    pub scales_at: usize,
+    /// Offset of the super-block scales.
+    pub supers_at: usize,
+    /// Bytes per group.
+    pub group: usize,
+}
+
+impl GroupLayout {
+    pub const fn new(bits: u32, sc: ScaleKind, nb: usize) -> GroupLayout {
+        let (qb, ps, sb) = (
+            quant_bytes(bits),
+            pos_scale_bytes(sc),
+            super_scale_bytes(sc),
+        );
+        let scales_at = qb * nb;
+        let supers_at = scales_at + (ps * nb).next_multiple_of(64);
+        let nsb = nb / (QK_K / QK);
+        let group = supers_at + (sb * nsb).next_multiple_of(64);
+        GroupLayout {
+            quant_bytes: qb,
+            pos_scale_bytes: ps,
+            super_bytes: sb,
+            scales_at,
+            supers_at,
+            group,
+        }
+    }
+
+    /// The layout of type `t`'s groups.
+    pub fn of(t: WType, nb: usize) -> GroupLayout {
+        GroupLayout::new(bits(t), scale_kind(t), nb)
+    }
+}
+
+/// One row of a block type in the kernels' terms: every level (one per weight) and the
+/// stored scale bits per block (see [`ScaleKind`]).
+struct RowParts {
+    levels: Vec<u8>,
+    /// Per block: `[a, b]` as stored in the position scales (f16 bits or codes).
+    pos: Vec<[u16; 2]>,
+    /// Per super-block: `[d, dmin]` f16 bits (K types).
+    sup: Vec<[u16; 2]>,
+}
+
+fn f16_bits(b: &[u8], at: usize) -> u16 {
+    u16::from_le_bytes([b[at], b[at + 1]])
+}
+
+/// Splits row `q` (its GGUF blocks) of type `t` into levels and scale bits.
+fn row_parts(t: WType, q: &[u8], cols: usize, p: &mut RowParts) {
+    let nb = cols / QK;
+    p.levels.clear();
+    p.pos.clear();
+    p.sup.clear();
+    for blk in q.chunks_exact(t.block_bytes()) {
+        match t {
+            WType::Q4_K | WType::Q5_K => {
+                p.levels.extend_from_slice(&kquants::levels_q45(t, blk));
+                p.sup.push([f16_bits(blk, 0), f16_bits(blk, 2)]);
+                for j in 0..QK_K / QK {
+                    let (sc, m) = kquants::scale_min(j, &blk[4..16]);
+                    p.pos.push([sc as u16, m as u16]);
+                }
+            }
+            WType::Q6_K => {
+                p.levels.extend_from_slice(&kquants::levels_q6(blk));
+                p.sup.push([f16_bits(blk, 208), 0]);
+                for j in 0..QK_K / QK {
+                    p.pos
+                        .push([blk[192 + 2 * j] as u16, blk[193 + 2 * j] as u16]);
+                }
+            }
+            _ => {
+                p.levels.extend_from_slice(&blocks32::unpack(t, blk));
+                let m = if scale_kind(t) == ScaleKind::DMin {
+                    f16_bits(blk, 2)
+                } else {
+                    0
+                };
+                p.pos.push([f16_bits(blk, 0), m]);
+            }
+        }
+    }
+    debug_assert_eq!((p.levels.len(), p.pos.len()), (cols, nb));
+}
+
+/// Row `q` of type `t` back from its parts (the inverse of [`row_parts`]).
+fn row_bytes(t: WType, p: &RowParts, out: &mut [u8]) {
+    let bb = t.block_bytes();
+    let per = t.block_weights() / QK;
+    for (s, blk) in out.chunks_exact_mut(bb).enumerate() {
+        let lv = &p.levels[s * t.block_weights()..(s + 1) * t.block_weights()];
+        let pos = &p.pos[s * per..(s + 1) * per];
+        match t {
+            WType::Q4_K | WType::Q5_K => {
+                blk[0..2].copy_from_slice(&p.sup[s][0].to_le_bytes());
+                blk[2..4].copy_from_slice(&p.sup[s][1].to_le_bytes());
+                let (mut sc, mut m) = ([0u8; 8], [0u8; 8]);
+                for j in 0..8 {
+                    (sc[j], m[j]) = (pos[j][0] as u8, pos[j][1] as u8);
+                }
+                kquants::pack_scale_min(&sc, &m, &mut blk[4..16]);
+                kquants::pack_q45(t, lv.try_into().expect("256 levels"), blk);
+            }
+            WType::Q6_K => {
+                kquants::pack_q6(lv.try_into().expect("256 levels"), blk);
+                for j in 0..8 {
+                    blk[192 + 2 * j] = pos[j][0] as u8;
+                    blk[193 + 2 * j] = pos[j][1] as u8;
+                }
+                blk[208..210].copy_from_slice(&p.sup[s][0].to_le_bytes());
+            }
+            _ => {
+                blk[0..2].copy_from_slice(&pos[0][0].to_le_bytes());
+                if scale_kind(t) == ScaleKind::DMin {
+                    blk[2..4].copy_from_slice(&pos[0][1].to_le_bytes());
+                }
+                blocks32::pack(t, lv.try_into().expect("32 levels"), blk);
+            }
+        }
+    }
+}
+
+/// Byte `i` of row `j` in chunk `k` of a position, and the high-bit planes' bytes.
+#[inline(always)]
+fn at(k: usize, j: usize, i: usize) -> usize {
+    64 * k + 4 * j + i
+}
+
+/// Writes row `j`'s block (levels `lv`, 32) into position record `qp` (QB bytes).
+fn put_levels(bits: u32, lv: &[u8], j: usize, qp: &mut [u8]) {
+    for k in 0..4 {
+        for i in 0..4 {
+            let (lo, hi) = (lv[4 * k + i], lv[16 + 4 * k + i]);
+            qp[at(k, j, i)] = (lo & 15) | (hi & 15) << 4;
+            match bits {
+                5 => qp[at(4, j, i)] |= ((lo >> 4) & 1) << k | ((hi >> 4) & 1) << (4 + k),
+                6 => {
+                    qp[at(4, j, i)] |= ((lo >> 4) & 3) << (2 * k);
+                    qp[at(5, j, i)] |= ((hi >> 4) & 3) << (2 * k);
+                }
+                _ => {}
+            }
+        }
+    }
+}
+
+/// Row `j`'s 32 levels of a position record (the inverse of [`put_levels`]).
+fn get_levels(bits: u32, qp: &[u8], j: usize, lv: &mut [u8]) {
+    for k in 0..4 {
+        for i in 0..4 {
+            let v = qp[at(k, j, i)];
+            let (mut lo, mut hi) = (v & 15, v >> 4);
+            match bits {
+                5 => {
+                    let h = qp[at(4, j, i)];
+                    lo |= ((h >> k) & 1) << 4;
+                    hi |= ((h >> (4 + k)) & 1) << 4;
+                }
+                6 => {
+                    lo |= ((qp[at(4, j, i)] >> (2 * k)) & 3) << 4;
+                    hi |= ((qp[at(5, j, i)] >> (2 * k)) & 3) << 4;
+                }
+                _ => {}
+            }
+            (lv[4 * k + i], lv[16 + 4 * k + i]) = (lo, hi);
+        }
+    }
+}
+
+/// Stores one position's scale pair of row `j` (`sp`: PS bytes).
+fn put_pos_scales(sc: ScaleKind, v: [u16; 2], j: usize, sp: &mut [u8]) {
+    match sc {
+        ScaleKind::K45 | ScaleKind::K6 => {
+            (sp[j], sp[16 + j]) = (v[0] as u8, v[1] as u8);
+        }
+        ScaleKind::D => sp[2 * j..2 * j + 2].copy_from_slice(&v[0].to_le_bytes()),
+        ScaleKind::DMin => {
+            sp[2 * j..2 * j + 2].copy_from_slice(&v[0].to_le_bytes());
+            sp[32 + 2 * j..32 + 2 * j + 2].copy_from_slice(&v[1].to_le_bytes());
+        }
+    }
+}
+
+fn get_pos_scales(sc: ScaleKind, sp: &[u8], j: usize) -> [u16; 2] {
+    match sc {
+        ScaleKind::K45 | ScaleKind::K6 => [sp[j] as u16, sp[16 + j] as u16],
+        ScaleKind::D => [f16_bits(sp, 2 * j), 0],
+        ScaleKind::DMin => [f16_bits(sp, 2 * j), f16_bits(sp, 32 + 2 * j)],
+    }
+}
+
+/// Packs `w` (a block type) as [`PackedMat::new_with`] does: groups in parallel on the
+/// pool, `done(r0, r1)` after each batch of about 4 MiB.
+pub(super) fn pack(w: &QMat, mut done: impl FnMut(usize, usize)) -> PackedMat {
+    let t = w.wtype;
+    let (nb, bits, sc) = (w.blocks(), bits(t), scale_kind(t));
+    let lay = GroupLayout::of(t, nb);
+    let groups = w.rows.div_ceil(GROUP);
+    let mut pm = PackedMat::zeroed(t, w.rows, w.cols, groups * lay.group);
+    let order: Vec<usize> = block_order(nb).collect();
+    let rb = t.row_bytes(w.cols);
+    let pack_group = |g: usize, out: &mut [u8]| {
+        let mut parts = RowParts {
+            levels: Vec::new(),
+            pos: Vec::new(),
+            sup: Vec::new(),
+        };
+        for j in 0..GROUP.min(w.rows - g * GROUP) {
+            let r = g * GROUP + j;
+            row_parts(t, &w.q[r * rb..(r + 1) * rb], w.cols, &mut parts);
+            let (qr, rest) = out.split_at_mut(lay.scales_at);
+            let (sr, ssr) = rest.split_at_mut(lay.supers_at - lay.scales_at);
+            for (p, &b) in order.iter().enumerate() {
+                let qp = &mut qr[p * lay.quant_bytes..(p + 1) * lay.quant_bytes];
+                put_levels(bits, &parts.levels[QK * b..QK * (b + 1)], j, qp);
+                let sp = &mut sr[p * lay.pos_scale_bytes..(p + 1) * lay.pos_scale_bytes];
+                put_pos_scales(sc, parts.pos[b], j, sp);
+            }
+            for (s, v) in parts.sup.iter().enumerate() {
+                let sp = &mut ssr[s * lay.super_bytes..(s + 1) * lay.super_bytes];
+                sp[2 * j..2 * j + 2].copy_from_slice(&v[0].to_le_bytes());
+                if sc == ScaleKind::K45 {
+                    sp[32 + 2 * j..34 + 2 * j].copy_from_slice(&v[1].to_le_bytes());
+                }
+            }
+        }
+    };
+    let batch = (4 << 20) / lay.group + 1;
+    let buf = pm.bytes_mut();
+    for g0 in (0..groups).step_by(batch) {
+        let g1 = (g0 + batch).min(groups);
+        let chunk = &mut buf[g0 * lay.group..g1 * lay.group];
+        pool::for_chunks(chunk, lay.group, |i, out: &mut [u8]| {
+            pack_group(g0 + i, out)
+        });
+        done(g0 * GROUP, (g1 * GROUP).min(w.rows));
+    }
+    pm
+}
+
+/// Row `r` of packed matrix `p` (a block type) as its GGUF bytes, into `q`.
+pub(super) fn unpack_row(p: &PackedMat, r: usize, q: &mut Vec<u8>) {
+    let t = p.wtype;
+    let (nb, bits, sc) = (p.cols / QK, bits(t), scale_kind(t));
+    let lay = GroupLayout::of(t, nb);
+    let (g, j) = (r / GROUP, r % GROUP);
+    let grp = &p.view().q[g * lay.group..(g + 1) * lay.group];
+    let mut parts = RowParts {
+        levels: vec![0; p.cols],
+        pos: vec![[0; 2]; nb],
+        sup: Vec::new(),
+    };
+    for (pos, b) in block_order(nb).enumerate() {
+        let qp = &grp[pos * lay.quant_bytes..(pos + 1) * lay.quant_bytes];
+        get_levels(bits, qp, j, &mut parts.levels[QK * b..QK * (b + 1)]);
+        let at = lay.scales_at + pos * lay.pos_scale_bytes;
+        parts.pos[b] = get_pos_scales(sc, &grp[at..at + lay.pos_scale_bytes], j);
+    }
+    let supers = if lay.super_bytes > 0 {
+        nb / (QK_K / QK)
+    } else {
+        0
+    };
+    for s in 0..supers {
+        let sp = &grp[lay.supers_at + s * lay.super_bytes..];
+        let dmin = if sc == ScaleKind::K45 {
+            f16_bits(sp, 32 + 2 * j)
+        } else {
+            0
+        };
+        parts.sup.push([f16_bits(sp, 2 * j), dmin]);
+    }
+    q.resize(t.row_bytes(p.cols), 0);
+    row_bytes(t, &parts, q);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::quant::blocks::quantize_matrix;
+
+    #[test]
+    fn rows_round_trip_through_the_packed_layout() {
+        let mut s = 0x5eed_u64;
+        let mut rnd = || {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            (s >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
+        };
+        for t in WType::ALL.into_iter().filter(|&t| has_layout(t)) {
+            for (rows, cols) in [(1, 256), (17, 512), (33, 768)] {
+                let x: Vec<f32> = (0..rows * cols).map(|_| rnd() * 0.1).collect();
+                let q = quantize_matrix(t, rows, cols, &x, None).unwrap();
+                let w = QMat::new_blocks(t, rows, cols, &q).unwrap();
+                let p = PackedMat::new(&w);
+                assert_eq!(
+                    p.bytes(),
+                    rows.div_ceil(GROUP) * GroupLayout::of(t, cols / QK).group
+                );
+                let rb = t.row_bytes(cols);
+                let mut back = Vec::new();
+                for r in 0..rows {
+                    unpack_row(&p, r, &mut back);
+                    assert_eq!(back, &q[r * rb..(r + 1) * rb], "{t} {rows}x{cols} row {r}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn levels_sit_where_the_docs_say() {
+        // One 6-bit block, row 3: level[5] = 0b10_0110 (k = 1, i = 1), level[21] =
+        // 0b01_1001 (the high half's k = 1, i = 1).
+        let mut lv = [0u8; 32];
+        (lv[5], lv[21]) = (0b10_0110, 0b01_1001);
+        let mut qp = vec![0u8; quant_bytes(6)];
+        put_levels(6, &lv, 3, &mut qp);
+        assert_eq!(qp[64 + 12 + 1], 0x96);
+        assert_eq!(qp[256 + 12 + 1], 0b10 << 2);
+        assert_eq!(qp[320 + 12 + 1], 0b01 << 2);
+        let mut back = [0u8; 32];
+        get_levels(6, &qp, 3, &mut back);
+        assert_eq!(back, lv);
+        let mut q5 = vec![0u8; quant_bytes(5)];
+        (lv[5], lv[21]) = (0b1_0110, 0b1_1001);
+        put_levels(5, &lv, 3, &mut q5);
+        assert_eq!(q5[256 + 12 + 1], 1 << 1 | 1 << 5);
+    }
+}

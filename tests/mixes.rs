@@ -1,0 +1,244 @@
+//! `mlb-convert --wtype <block type>`, `--target-bpw`, `--preset` and `--mix-report`
+//! through the binaries, read back by `mlb-inspect --json`: the bits per weight a file
+//! reaches, the fallback of the K types on rows that are not whole super-blocks, the
+//! budget, determinism at any thread count, and the presets' documented targets.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use crate::util::{bin_path, stderr, testdata};
+
+fn model(name: &str) -> PathBuf {
+    testdata().join("models").join(name)
+}
+
+fn convert(dir: &Path, out: &Path, args: &[&str]) -> Output {
+    Command::new(bin_path("mlb-convert"))
+        .arg(dir)
+        .arg("-o")
+        .arg(out)
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+fn convert_ok(dir: &Path, out: &Path, args: &[&str]) -> String {
+    let o = convert(dir, out, args);
+    assert!(o.status.success(), "{args:?}: {}", stderr(&o));
+    stderr(&o)
+}
+
+fn inspect(p: &Path) -> serde_json::Value {
+    let o = Command::new(bin_path("mlb-inspect"))
+        .arg(p)
+        .arg("--json")
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    serde_json::from_slice(&o.stdout).unwrap()
+}
+
+fn bpw(v: &serde_json::Value) -> f64 {
+    v["totals"]["bits_per_weight"].as_f64().unwrap()
+}
+
+fn type_names(v: &serde_json::Value) -> Vec<String> {
+    v["totals"]["types"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["type"].as_str().unwrap().to_string())
+        .collect()
+}
+
+/// Every block type writes a uniform file of its exact size (llama_k256: rows of 256);
+/// on 64-wide rows a K type falls back to the 32-weight type of the same size, with a
+/// note naming the matrices.
+#[test]
+fn wtype_block_types_write_uniform_files() {
+    let tmp = tempfile::tempdir().unwrap();
+    for (ty, name, bits) in [
+        ("q4_k", "Q4_K", 4.5),
+        ("q5_k", "Q5_K", 5.5),
+        ("q6_k", "Q6_K", 6.5625),
+        ("q4_1", "Q4_1", 5.0),
+        ("q5_0", "Q5_0", 5.5),
+        ("q5_1", "Q5_1", 6.0),
+        ("iq4_nl", "IQ4_NL", 4.5),
+        ("q6_0", "Q6_0", 6.5),
+    ] {
+        let out = tmp.path().join(format!("{ty}.mlb"));
+        convert_ok(&model("llama_k256"), &out, &["--wtype", ty]);
+        let v = inspect(&out);
+        assert_eq!(type_names(&v), [name], "{ty}");
+        assert!((bpw(&v) - bits).abs() < 1e-3, "{ty}: {} bits", bpw(&v));
+    }
+    let out = tmp.path().join("fallback.mlb");
+    let err = convert_ok(&model("llama"), &out, &["--wtype", "q6_k"]);
+    assert!(
+        err.contains("Q6_K needs rows of whole 256-weight super-blocks")
+            && err.contains("layers.*.w2")
+            && err.contains("stored as Q6_0"),
+        "{err}"
+    );
+    let v = inspect(&out);
+    assert_eq!(type_names(&v), ["Q6_0"]);
+    assert_eq!(
+        v["header"]["wtype"].as_u64(),
+        Some(12),
+        "a uniform Q6_0 file"
+    );
+}
+
+/// `--target-bpw X`: the file's bits per weight (mlb-inspect's, all matrices with their
+/// scales) is at most X and within 0.15 of it, the mix uses more than one type, and
+/// the choice grows with X.
+#[test]
+fn target_bpw_hits_the_budget() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut last = 0.0;
+    for x in [4.6, 5.0, 5.5, 6.0, 7.0] {
+        let out = tmp.path().join(format!("t{x}.mlb"));
+        convert_ok(
+            &model("llama_k256"),
+            &out,
+            &["--target-bpw", &x.to_string()],
+        );
+        let v = inspect(&out);
+        let got = bpw(&v);
+        eprintln!(
+            "--target-bpw {x}: {got:.3} bits per weight, {:?}",
+            type_names(&v)
+        );
+        assert!(got <= x && got > x - 0.15, "target {x}: {got}");
+        assert!(got > last, "target {x}: {got} after {last}");
+        last = got;
+    }
+    // Below the smallest mix: one line naming the option and the least it takes.
+    let o = convert(
+        &model("llama_k256"),
+        &tmp.path().join("low.mlb"),
+        &["--target-bpw", "4"],
+    );
+    let e = stderr(&o);
+    assert!(
+        !o.status.success() && e.contains("--target-bpw") && e.contains("4.5"),
+        "{e}"
+    );
+    let errors = e.lines().filter(|l| l.starts_with("mlb-convert:")).count();
+    assert_eq!(errors, 1, "{e}");
+}
+
+fn fnv(b: &[u8]) -> u64 {
+    b.iter().fold(0xcbf29ce484222325u64, |h, &x| {
+        (h ^ x as u64).wrapping_mul(0x100000001b3)
+    })
+}
+
+/// The same target gives the same bytes at 1, 2 and 3 threads (Gemma 3: K types fall
+/// back on its 64-wide rows; Qwen 3.5: lb and la stay Q8_0); a preset is its target.
+#[test]
+fn target_bpw_deterministic_and_presets_are_their_targets() {
+    let tmp = tempfile::tempdir().unwrap();
+    for name in ["llama_k256", "gemma3_text", "qwen3_5_text"] {
+        let hashes: Vec<u64> = ["1", "2", "3"]
+            .iter()
+            .map(|n| {
+                let out = tmp.path().join(format!("{name}{n}.mlb"));
+                convert_ok(&model(name), &out, &["--target-bpw", "5.2", "--threads", n]);
+                fnv(&std::fs::read(&out).unwrap())
+            })
+            .collect();
+        assert!(
+            hashes.iter().all(|&h| h == hashes[0]),
+            "{name}: {hashes:x?}"
+        );
+    }
+    for (preset, x) in [("q4_k_m", "4.9"), ("q5_k_m", "5.7"), ("q6_k", "6.6")] {
+        let (a, b) = (tmp.path().join("a.mlb"), tmp.path().join("b.mlb"));
+        convert_ok(&model("llama_k256"), &a, &["--preset", preset]);
+        convert_ok(&model("llama_k256"), &b, &["--target-bpw", x]);
+        assert_eq!(
+            std::fs::read(&a).unwrap(),
+            std::fs::read(&b).unwrap(),
+            "{preset}"
+        );
+        assert!(bpw(&inspect(&a)) <= x.parse::<f64>().unwrap(), "{preset}");
+    }
+    let o = convert(
+        &model("llama"),
+        &tmp.path().join("p.mlb"),
+        &["--preset", "q3_x"],
+    );
+    let e = stderr(&o);
+    assert!(
+        !o.status.success() && e.contains("q3_x") && e.contains("q4_k_m"),
+        "{e}"
+    );
+}
+
+/// `--mix-report`: per matrix the measured candidates and the choice, which is the type
+/// the file stores; `--types` pins a matrix, and Qwen 3.5's lb and la stay Q8_0.
+#[test]
+fn mix_report_matches_the_file_and_pins_hold() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("q.mlb");
+    let rep = tmp.path().join("q.json");
+    convert_ok(
+        &model("qwen3_5_text"),
+        &out,
+        &[
+            "--target-bpw",
+            "5.5",
+            "--types",
+            "layers.0.w2=q8_0",
+            "--mix-report",
+            rep.to_str().unwrap(),
+        ],
+    );
+    let r: serde_json::Value = serde_json::from_slice(&std::fs::read(&rep).unwrap()).unwrap();
+    let v = inspect(&out);
+    let mats: Vec<&serde_json::Value> = v["tensors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|t| t.get("scales_offset").is_some())
+        .collect();
+    let rows = r["matrices"].as_array().unwrap();
+    assert_eq!(rows.len(), mats.len());
+    for (row, t) in rows.iter().zip(&mats) {
+        let name = row["name"].as_str().unwrap();
+        assert_eq!(name, t["name"].as_str().unwrap());
+        let chosen = row["chosen"].as_str().unwrap();
+        assert!(
+            t["type"].as_str().unwrap().eq_ignore_ascii_case(chosen),
+            "{name}: report {chosen}, file {}",
+            t["type"]
+        );
+        if name == "layers.0.w2" || name.ends_with(".lb") || name.ends_with(".la") {
+            assert_eq!(
+                (chosen, row["fixed"].as_bool()),
+                ("q8_0", Some(true)),
+                "{name}"
+            );
+        } else {
+            // Measured: errors fall as the candidates grow.
+            let e: Vec<f64> = row["candidates"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|c| c["rel_error"].as_f64().unwrap())
+                .collect();
+            assert!(
+                e.len() == 4 && e.windows(2).all(|w| w[0] > w[1]),
+                "{name}: {e:?}"
+            );
+        }
+    }
+    let o = convert(
+        &model("llama"),
+        &tmp.path().join("m.mlb"),
+        &["--mix-report", "x.json"],
+    );
+    assert!(!o.status.success() && stderr(&o).contains("--target-bpw"));
+}
