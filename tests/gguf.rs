@@ -635,8 +635,8 @@ fn gguf_mixed_types_copied_or_need_requantize() {
         .collect();
     assert_eq!(q, &want[..]);
     // A type with no Krafla counterpart, by name.
-    let e = refusal(&f32s, &["--requantize", "q9_9"]);
-    assert!(e.contains("q9_9"), "{e}");
+    let e = mlb_convert(&src, &out, &["--requantize", "q9_9"]).unwrap_err();
+    assert!(e.contains("q9_9") && e.contains("q4_k"), "{e}");
 }
 
 #[test]

@@ -195,7 +195,7 @@ pub fn templates_from_gguf(v: &GgufView) -> Result<Vec<NamedTemplate>> {
         let source = kv
             .value
             .as_str()
-            .ok_or_else(|| bad(kv.key, &kv.value, "must be a string (a Jinja template)"))?;
+            .ok_or_else(|| bad(kv.key, kv.value, "must be a string (a Jinja template)"))?;
         if name.is_empty() {
             return Err(bad(kv.key, "", "a template name must not be empty"));
         }
