@@ -44,13 +44,12 @@ enum WTypeArg {
     Q6_0,
 }
 
-/// What `--requantize` can write today.
-#[derive(Debug, Clone, Copy, ValueEnum)]
-enum RequantArg {
-    #[value(name = "q8_0")]
-    Q8_0,
-    #[value(name = "q4_0")]
-    Q4_0,
+/// `--requantize`: any type Krafla writes.
+fn requant_type(s: &str) -> Result<WType, String> {
+    WType::from_cli_name(s).ok_or_else(|| {
+        let known: Vec<_> = WType::ALL.iter().map(|t| t.cli_name()).collect();
+        format!("unknown weight type '{s}' (known: {})", known.join(", "))
+    })
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -95,9 +94,9 @@ struct Cli {
     /// Importance matrix (MLI1, from mlb-run --imatrix) weighting the searching quantizers (Q4_0 search, the block types) and the --target-bpw error measure
     #[arg(long, value_name = "FILE.mli")]
     imatrix: Option<PathBuf>,
-    /// GGUF input: dequantize and quantize again the matrices Krafla cannot store as they are (F16/BF16/F32 matrices, Q4_1, Q5_x, K-quants) to this type; without it they are refused
-    #[arg(long, value_enum, value_name = "TYPE")]
-    requantize: Option<RequantArg>,
+    /// GGUF input: quantize the F32/F16/BF16 matrices, and dequantize and quantize again those of types Krafla lacks (Q2_K, Q3_K, ...), to this type (q8_0, q4_0, bf16, f16, q4_k, q5_k, q6_k, q4_1, q5_0, q5_1, iq4_nl, q6_0); without it F16/BF16 are kept and the others refused
+    #[arg(long, value_name = "TYPE", value_parser = requant_type)]
+    requantize: Option<WType>,
     /// Worker threads [default: one per core]; the output does not depend on it
     #[arg(long, value_name = "N", allow_negative_numbers = true)]
     threads: Option<usize>,
@@ -152,10 +151,7 @@ fn main() -> ExitCode {
         }),
         imatrix: cli.imatrix,
         threads: cli.threads,
-        requantize: cli.requantize.map(|r| match r {
-            RequantArg::Q8_0 => WType::Q8_0,
-            RequantArg::Q4_0 => WType::Q4_0,
-        }),
+        requantize: cli.requantize,
         cancel: Some(&STOP),
         target_bpw: cli.target_bpw.or(cli.preset),
     };

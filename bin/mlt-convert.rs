@@ -56,6 +56,7 @@ fn main() -> ExitCode {
             &a.output,
             opts.bos.as_deref(),
             opts.eos.as_deref(),
+            &opts.chat,
         )
     } else {
         convert_file(&a.input, &a.output, &opts)

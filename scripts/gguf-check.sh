@@ -8,6 +8,8 @@
 # and the GGUF's tensors are compared with llama-quantize --pure's from the bf16 GGUF
 # (Q4_0 round rule: the same bits; Q8_0: llama.cpp rounds differently). The GGUF is read
 # back by mlb-convert and must give the same .mlb bytes.
+# BF16 (--wtype bf16) and the real GGUFs of $REAL_DIR/gguf (llama.cpp's Q4_1, Q4_K_M:
+# blocks copied by mlb-convert, then exported) must give the source's tensors back.
 #
 # KLD=1 adds issue 19's comparison (slow; needs an idle machine): Krafla's Q4_0 with the
 # imatrix-weighted search against llama-quantize's Q4_0 with llama-imatrix's matrix, both
@@ -26,6 +28,7 @@
 #   EVAL_TXT, CALIB_TXT  text files [Python's reference-manual topics, two disjoint halves]
 #   PPL_CTX [256] PPL_CHUNKS [16]  KLD_CTX [512] KLD_CHUNKS [32] CALIB_CHUNKS [64]
 #   KLD=1              also run the KL-divergence comparison
+#   KRAFLA_BIN         Krafla's binaries [built: target/release]
 #   KRAFLA_IMATRIX_REF ["--wtype q8_0"]: mlb-convert options of the model mlb-run
 #                      --imatrix runs on (bf16 once Krafla has it, to match llama-imatrix)
 set -euo pipefail
@@ -67,8 +70,12 @@ src=$(ls -d "$BENCH_DIR"/llama_cpp_python-*/vendor/llama.cpp | sort -V | tail -1
 "$py" -c 'import gguf' 2>/dev/null || "$BENCH_VENV/bin/pip" install -q "$src/gguf-py"
 
 # 2. Krafla.
-(cd "$repo" && cargo build -q --release --bin mlb-convert --bin mlt-convert --bin mlb-export --bin mlb-run --bin mlb-inspect)
-kbin=$repo/target/release
+if [ -n "${KRAFLA_BIN:-}" ]; then
+  kbin=$KRAFLA_BIN
+else
+  (cd "$repo" && cargo build -q --release --bin mlb-convert --bin mlt-convert --bin mlb-export --bin mlb-run --bin mlb-inspect)
+  kbin=$repo/target/release
+fi
 
 # 3. Texts.
 if [ -z "${EVAL_TXT:-}" ] || [ -z "${CALIB_TXT:-}" ]; then
@@ -139,6 +146,37 @@ for m in $MODELS; do
         2>&1 | grep -oE "Final estimate.*" | sed "s|^|${g%%:*}: |" || { echo "llama-perplexity FAILED on ${g#*:}"; fail=1; }
     done
   done
+done
+
+# BF16 and GGUF's block types: exported as the same GGUF types. The bf16 conversion
+# against convert_hf_to_gguf.py's bf16 file; the real GGUFs in $REAL_DIR/gguf
+# (llama.cpp's Q4_1, Q4_K_M, ...) converted with no flag (blocks copied) and exported
+# again: the same tensors, the same perplexity.
+ppl() { # label file
+  "$lbin/llama-perplexity" -m "$2" -f "$EVAL_TXT" -c "$PPL_CTX" --chunks "$PPL_CHUNKS" -t "$THREADS" \
+    2>&1 | grep -oE "Final estimate.*" | sed "s|^|$1: |" || { echo "llama-perplexity FAILED on $2"; fail=1; }
+}
+for m in $MODELS; do
+  base=$out/$m-bf16
+  [ -f "$base.mlb" ] || "$kbin/mlb-convert" "$REAL_DIR/$m" --wtype bf16 --threads "$THREADS" -o "$base.mlb"
+  [ -f "$base.gguf" ] || "$kbin/mlb-export" "$base.mlb" --tokenizer "$out/$m-q8_0.mlt" -o "$base.gguf"
+  echo "== $m bf16: tensors against convert_hf_to_gguf.py's bf16"
+  same_tensors "$BENCH_DIR/gguf/$m-bf16.gguf" "$base.gguf"
+  echo "== $m bf16: llama-perplexity (ctx $PPL_CTX, $PPL_CHUNKS chunks)"
+  ppl krafla "$base.gguf"
+  ppl llama.cpp "$BENCH_DIR/gguf/$m-bf16.gguf"
+done
+for src in "$REAL_DIR"/gguf/*.gguf; do
+  [ -f "$src" ] || continue
+  base=$out/$(basename "$src" .gguf)
+  [ -f "$base.mlb" ] || "$kbin/mlb-convert" "$src" --threads "$THREADS" -o "$base.mlb" >/dev/null
+  [ -f "$base.mlt" ] || "$kbin/mlt-convert" "$src" -o "$base.mlt" -q
+  [ -f "$base.gguf" ] || "$kbin/mlb-export" "$base.mlb" -o "$base.gguf"
+  echo "== $(basename "$src"): blocks copied, exported again: tensors against the source"
+  same_tensors "$src" "$base.gguf"
+  echo "== $(basename "$src"): llama-perplexity (ctx $PPL_CTX, $PPL_CHUNKS chunks)"
+  ppl krafla "$base.gguf"
+  ppl source "$src"
 done
 
 if [ "$KLD" = 1 ]; then

@@ -546,57 +546,155 @@ fn q5_0_blocks(rows: usize, cols: usize) -> Vec<u8> {
     out
 }
 
+/// The storage type of every matrix of an .mlb, by name.
+fn matrix_types(bytes: &[u8]) -> Vec<(String, krafla::format::WType)> {
+    use krafla::format::mlb::layout::Kind;
+    let m = mlb::parse(bytes).unwrap();
+    m.layout
+        .tensors
+        .iter()
+        .filter_map(|t| match t.kind {
+            Kind::Mat { wtype, .. } => Some((t.name.to_string(), wtype)),
+            _ => None,
+        })
+        .collect()
+}
+
 #[test]
-fn gguf_mixed_types_map_to_q8_mask_or_need_requantize() {
+fn gguf_mixed_types_copied_or_need_requantize() {
+    use krafla::format::mlb::header::{q8_class, wtype};
+    use krafla::format::WType;
     // Like llama-quantize's mixes: token_embd Q8_0 (copied from the Q8_0 file), output
-    // a type Krafla lacks (Q5_0 here; llama-quantize's Q4_0 uses Q6_K, but the
-    // fixture's 64-wide rows are shorter than a K-quant block).
+    // in another type Krafla has (Q5_0): every matrix keeps its blocks, in a mixed file.
     let q4 = std::fs::read(gguf_dir().join("llama.q4_0.gguf")).unwrap();
     let q8 = std::fs::read(gguf_dir().join("llama.q8_0.gguf")).unwrap();
     let v8 = gguf::parse(&q8).unwrap();
     let emb8 = v8.data(v8.tensor("token_embd.weight").unwrap()).to_vec();
-    let mixed = rewrite(
-        &q4,
-        |_| {},
-        |name, _, shape, _| match name {
-            "token_embd.weight" => Some((GgmlType::Q8_0, emb8.clone())),
-            "output.weight" => Some((
-                GgmlType::Q5_0,
-                q5_0_blocks(shape[1] as usize, shape[0] as usize),
-            )),
-            _ => None,
-        },
-    );
-    let e = refusal(&mixed, &[]);
-    assert!(
-        e.contains("output.weight") && e.contains("Q5_0") && e.contains("--requantize"),
-        "{e}"
-    );
+    let out8 = v8.data(v8.tensor("output.weight").unwrap()).to_vec();
+    let with_output = |ty: GgmlType, data: Vec<u8>| {
+        rewrite(
+            &q4,
+            |_| {},
+            |name, _, _, _| match name {
+                "token_embd.weight" => Some((GgmlType::Q8_0, emb8.clone())),
+                "output.weight" => Some((ty, data.clone())),
+                _ => None,
+            },
+        )
+    };
+    let q5 = q5_0_blocks(256, 64);
+    let mixed = with_output(GgmlType::Q5_0, q5.clone());
     let tmp = tempfile::tempdir().unwrap();
     let src = tmp.path().join("mixed.gguf");
     std::fs::write(&src, &mixed).unwrap();
     let out = tmp.path().join("mixed.mlb");
+    let log = mlb_convert(&src, &out, &[]).unwrap();
+    assert!(!log.contains("requantized"), "{log}");
+    let bytes = std::fs::read(&out).unwrap();
+    assert_eq!(header_of(&bytes).wtype, wtype::MIXED);
+    let types = matrix_types(&bytes);
+    let of = |n: &str| types.iter().find(|(x, _)| x == n).unwrap().1;
+    assert_eq!(
+        (of("tok_emb"), of("wcls"), of("layers.0.wq")),
+        (WType::Q8_0, WType::Q5_0, WType::Q4_0)
+    );
+    let m = mlb::parse(&bytes).unwrap();
+    let t = m.layout.find("wcls").unwrap();
+    assert_eq!(
+        &bytes[t.offset as usize..(t.offset + t.bytes) as usize],
+        &q5[..]
+    );
+
+    // An F32 output matrix: Krafla stores no F32 matrices, so --requantize is needed.
+    let f32s = with_output(GgmlType::F32, q8_to_f32(&out8));
+    let e = refusal(&f32s, &[]);
+    assert!(
+        e.contains("output.weight") && e.contains("F32") && e.contains("--requantize"),
+        "{e}"
+    );
+    std::fs::write(&src, &f32s).unwrap();
     let log = mlb_convert(&src, &out, &["--requantize", "q8_0"]).unwrap();
     assert!(
-        log.contains("requantized 1 tensor(s)") && log.contains("output.weight (Q5_0)"),
+        log.contains("requantized 1 tensor(s)") && log.contains("output.weight (F32)"),
         "{log}"
     );
-    let h = header_of(&std::fs::read(&out).unwrap());
-    use krafla::format::mlb::header::q8_class;
+    let bytes = std::fs::read(&out).unwrap();
+    let h = header_of(&bytes);
+    // Uniform again: Q4_0 with the Q8_0 classes in q8_mask.
     assert_eq!(
         (h.wtype, h.q8_mask, h.scale_f16),
-        (2, q8_class::TOK_EMB | q8_class::WCLS, 1)
+        (wtype::Q4_0, q8_class::TOK_EMB | q8_class::WCLS, 1)
     );
     // The embedding rows are the Q8_0 file's blocks, copied.
-    let m = mlb::parse(&std::fs::read(&out).unwrap()).unwrap();
+    let m = mlb::parse(&bytes).unwrap();
     let t = m.layout.find("tok_emb").unwrap();
-    let bytes = std::fs::read(&out).unwrap();
     let q = &bytes[t.offset as usize..(t.offset + t.bytes) as usize];
     let want: Vec<u8> = emb8
         .chunks_exact(34)
         .flat_map(|b| b[2..].to_vec())
         .collect();
     assert_eq!(q, &want[..]);
+    // A type with no Krafla counterpart, by name.
+    let e = mlb_convert(&src, &out, &["--requantize", "q9_9"]).unwrap_err();
+    assert!(e.contains("q9_9") && e.contains("q4_k"), "{e}");
+}
+
+#[test]
+fn gguf_llama_cpp_mixed_types_copied_and_exported() {
+    use krafla::format::mlb::header::wtype;
+    use krafla::format::WType;
+    // llama-quantize's file with Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q8_0, F16 and BF16
+    // matrices (testdata/make_gguf_mixed.sh), q/k rows in llama.cpp's rotate-half order.
+    let src = gguf_dir().join("qwen3.mixed.gguf");
+    let tmp = tempfile::tempdir().unwrap();
+    let a = tmp.path().join("mixed.mlb");
+    let first = convert_ok(&src, &a, &[]);
+    assert_eq!(header_of(&first).wtype, wtype::MIXED);
+    let types = matrix_types(&first);
+    let of = |n: &str| types.iter().find(|(x, _)| x == n).unwrap().1;
+    assert_eq!(
+        [
+            of("layers.1.wq"),
+            of("layers.1.wk"),
+            of("layers.1.wv"),
+            of("layers.1.wo"),
+            of("layers.1.w1"),
+            of("layers.1.w3"),
+            of("layers.1.w2"),
+            of("tok_emb"),
+            of("wcls"),
+        ],
+        [
+            WType::Q5_1,
+            WType::Q4_1,
+            WType::IQ4_NL,
+            WType::Q8_0,
+            WType::F16,
+            WType::BF16,
+            WType::Q5_0,
+            WType::Q4_0,
+            WType::Q8_0,
+        ]
+    );
+    // Exported: every tensor is the GGUF's, bytes and types, rows back in llama.cpp's
+    // order; so the .mlb holds each matrix's blocks unchanged up to the row permutation.
+    byte_mlt(&a.with_extension("mlt"));
+    let x = tmp.path().join("mixed.export.gguf");
+    mlb_export(&a, &x, &[]).unwrap();
+    same_tensors(&std::fs::read(&src).unwrap(), &std::fs::read(&x).unwrap()).unwrap();
+    let b = tmp.path().join("mixed.again.mlb");
+    let second = convert_ok(&x, &b, &[]);
+    assert_eq!(first_diff(&first, &second), None);
+    // --requantize quantizes the float (F16/BF16) matrices; blocks stay as they are.
+    let c = tmp.path().join("mixed.q4.mlb");
+    let log = mlb_convert(&src, &c, &["--requantize", "q4_0"]).unwrap();
+    assert!(log.contains("blk.0.ffn_gate.weight (F16)"), "{log}");
+    let types = matrix_types(&std::fs::read(&c).unwrap());
+    let of = |n: &str| types.iter().find(|(x, _)| x == n).unwrap().1;
+    assert_eq!(
+        (of("layers.0.w1"), of("layers.0.w3"), of("layers.0.wq")),
+        (WType::Q4_0, WType::Q4_0, WType::Q5_1)
+    );
 }
 
 #[test]
@@ -751,6 +849,140 @@ fn gguf_tokenizer_metadata_round_trips() {
         let back = gguf_tok::mlt_from_gguf(&gguf::parse(&bytes).unwrap()).unwrap();
         assert!(back == m, "{name}: does not round-trip");
     }
+}
+
+/// mlt-convert on a Hugging Face folder made of a fixture's tokenizer.json,
+/// tokenizer_config.json and chat template: the .mlt with its chat section.
+fn hf_chat_mlt(dir: &Path, json: &str, cfg: &str, template: &str) -> Mlt {
+    std::fs::create_dir_all(dir).unwrap();
+    std::fs::write(dir.join("tokenizer.json"), json).unwrap();
+    std::fs::write(dir.join("tokenizer_config.json"), cfg).unwrap();
+    std::fs::write(dir.join("chat_template.jinja"), template).unwrap();
+    let out = dir.join("hf.mlt");
+    from_hf::convert_file(
+        &dir.join("tokenizer.json"),
+        &out,
+        &from_hf::Options::default(),
+    )
+    .unwrap()
+}
+
+/// The stop ids of an .mlt's chat section.
+fn stop_ids(m: &Mlt) -> Vec<u32> {
+    m.chat.as_ref().unwrap().stop.iter().map(|s| s.id).collect()
+}
+
+#[test]
+fn gguf_chat_template_round_trips_with_its_stop_set() {
+    use crate::tokenizer::gunzip;
+    use krafla::chat::capture::ChatOptions;
+    use krafla::format::mlt_chat::NamedTemplate;
+    let tmp = tempfile::tempdir().unwrap();
+    let chat = testdata().join("chat/templates");
+    for (name, json, cfg, template, arch, want_stop) in [
+        (
+            "smollm2",
+            gunzip("smollm2.tokenizer.digits-split.json.gz"),
+            std::fs::read_to_string(testdata().join("tokenizers/smollm2.tokenizer_config.json"))
+                .unwrap(),
+            "smollm2.jinja",
+            "llama",
+            vec![2],
+        ),
+        (
+            "gemma3",
+            gunzip("gemma3.tokenizer.json.gz"),
+            std::fs::read_to_string(testdata().join("tokenizers/gemma3.tokenizer_config.json"))
+                .unwrap(),
+            "gemma3.jinja",
+            "gemma3",
+            vec![1, 106],
+        ),
+    ] {
+        let template = std::fs::read_to_string(chat.join(template)).unwrap();
+        let mut hf = hf_chat_mlt(&tmp.path().join(name), &json, &cfg, &template);
+        // A named template too (tokenizer.chat_template.NAME).
+        let c = hf.chat.as_mut().unwrap();
+        c.templates.push(NamedTemplate {
+            name: "tool_use".into(),
+            source: template.clone(),
+        });
+        assert_eq!(stop_ids(&hf), want_stop, "{name}: the HF folder's stop set");
+        // The export's metadata (mlb-export writes these keys) ...
+        let mut all = vec![(
+            "general.architecture".to_string(),
+            MetaValue::Str(arch.into()),
+        )];
+        all.extend(gguf_tok::gguf_tokenizer_kvs(&hf, arch).unwrap());
+        let keys: Vec<&str> = all.iter().map(|(k, _)| k.as_str()).collect();
+        assert!(
+            keys.contains(&"tokenizer.chat_template")
+                && keys.contains(&"tokenizer.chat_template.tool_use"),
+            "{name}: {keys:?}"
+        );
+        // Gemma's end of turn is not its EOS: llama.cpp's eot_token_id says it.
+        assert_eq!(
+            keys.contains(&"tokenizer.ggml.eot_token_id"),
+            name == "gemma3",
+            "{name}"
+        );
+        let g = tmp.path().join(format!("{name}.gguf"));
+        std::fs::write(&g, gguf::to_bytes(&all, &[]).unwrap()).unwrap();
+        // ... imported by mlt-convert: the same templates and stop ids.
+        let back = gguf_tok::convert_file(
+            &g,
+            &tmp.path().join(format!("{name}.mlt")),
+            None,
+            None,
+            &ChatOptions::default(),
+        )
+        .unwrap();
+        let (a, b) = (hf.chat.as_ref().unwrap(), back.chat.as_ref().unwrap());
+        assert_eq!(a.templates, b.templates, "{name}");
+        assert_eq!(stop_ids(&back), want_stop, "{name}");
+        // And --no-chat writes none.
+        let none = gguf_tok::convert_file(
+            &g,
+            &tmp.path().join(format!("{name}.nochat.mlt")),
+            None,
+            None,
+            &ChatOptions {
+                disable: true,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        assert!(none.chat.is_none());
+    }
+}
+
+#[test]
+fn gguf_real_chat_template_matches_hf_folder() {
+    use krafla::chat::capture::ChatOptions;
+    let Some(smol) = real_gguf("smollm2-135m-instruct-q4_1.gguf") else {
+        eprintln!("SKIP gguf_real_chat_template_matches_hf_folder: set KRAFLA_REAL_DIR");
+        return;
+    };
+    let real = PathBuf::from(std::env::var_os("KRAFLA_REAL_DIR").unwrap());
+    let tmp = tempfile::tempdir().unwrap();
+    // llama.cpp's GGUF of SmolLM2-135M-Instruct (template and ids from its
+    // tokenizer_config.json) against mlt-convert on the Hugging Face folder.
+    let g = gguf_tok::convert_file(
+        &smol,
+        &tmp.path().join("g.mlt"),
+        None,
+        None,
+        &ChatOptions::default(),
+    )
+    .unwrap();
+    let hf = from_hf::convert_file(
+        &real.join("smollm2-135m/tokenizer.json"),
+        &tmp.path().join("hf.mlt"),
+        &from_hf::Options::default(),
+    )
+    .unwrap();
+    assert_eq!(stop_ids(&g), stop_ids(&hf));
+    eprintln!("smollm2: stop ids {:?}", stop_ids(&g));
 }
 
 #[test]
@@ -942,6 +1174,81 @@ fn gguf_export_round_trip_is_byte_identical() {
         }
     }
     assert!(failures.is_empty(), "{failures:#?}");
+}
+
+#[test]
+fn gguf_export_writes_the_chat_template() {
+    use krafla::chat::capture::{build_section, ChatOptions};
+    use krafla::format::mlt::FLAG_CHAT;
+    use krafla::format::mlt_chat::NamedTemplate;
+    let tmp = tempfile::tempdir().unwrap();
+    let a = tmp.path().join("m.mlb");
+    convert_ok(&gguf_dir().join("llama.q8_0.gguf"), &a, &[]);
+    let t = a.with_extension("mlt");
+    byte_mlt(&t);
+    let mut m = Mlt::load(&t).unwrap();
+    let templates = vec![
+        NamedTemplate {
+            name: "default".into(),
+            source: "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}".into(),
+        },
+        NamedTemplate {
+            name: "rag".into(),
+            source: "{{ documents }}".into(),
+        },
+    ];
+    m.chat = build_section(&m, templates, Vec::new(), &[], &[]).unwrap();
+    m.flags |= FLAG_CHAT;
+    std::fs::write(&t, m.to_bytes().unwrap()).unwrap();
+    let x = tmp.path().join("m.gguf");
+    mlb_export(&a, &x, &[]).unwrap();
+    let back = gguf_tok::convert_file(
+        &x,
+        &tmp.path().join("back.mlt"),
+        None,
+        None,
+        &ChatOptions::default(),
+    )
+    .unwrap();
+    let (want, got) = (m.chat.unwrap(), back.chat.unwrap());
+    assert_eq!((got.templates, got.stop), (want.templates, want.stop));
+}
+
+#[test]
+fn gguf_real_k_quants_copied_and_exported() {
+    use krafla::chat::capture::ChatOptions;
+    use krafla::format::WType;
+    let Some(src) = real_gguf("gemma-3-270m-q4_k_m.gguf") else {
+        eprintln!("SKIP gguf_real_k_quants_copied_and_exported: set KRAFLA_REAL_DIR");
+        return;
+    };
+    // llama-quantize's Q4_K_M of Gemma 3 270M: Q4_K, Q6_K, Q5_0 and Q8_0 matrices,
+    // copied with no flag, exported as the same tensors.
+    let tmp = tempfile::tempdir().unwrap();
+    let a = tmp.path().join("g.mlb");
+    let first = convert_ok(&src, &a, &[]);
+    let types = matrix_types(&first);
+    for w in [WType::Q4_K, WType::Q6_K, WType::Q5_0, WType::Q8_0] {
+        assert!(types.iter().any(|(_, t)| *t == w), "{w}: {types:?}");
+    }
+    let t = a.with_extension("mlt");
+    gguf_tok::convert_file(&src, &t, None, None, &ChatOptions::default()).unwrap();
+    let x = tmp.path().join("g.gguf");
+    mlb_export(&a, &x, &[]).unwrap();
+    let (sb, xb) = (std::fs::read(&src).unwrap(), std::fs::read(&x).unwrap());
+    let (vs, vx) = (gguf::parse(&sb).unwrap(), gguf::parse(&xb).unwrap());
+    let mut n = 0;
+    for t in vs.tensors.iter().filter(|t| t.ty != GgmlType::F32) {
+        let u = vx
+            .tensor(t.name)
+            .unwrap_or_else(|| panic!("{} missing", t.name));
+        assert_eq!((t.ty, t.shape()), (u.ty, u.shape()), "{}", t.name);
+        assert!(vs.data(t) == vx.data(u), "{}: bytes differ", t.name);
+        n += 1;
+    }
+    eprintln!("gemma3 Q4_K_M: {n} quantized tensors exported as they were");
+    let b = tmp.path().join("g.again.mlb");
+    assert_eq!(first_diff(&first, &convert_ok(&x, &b, &[])), None);
 }
 
 #[test]

@@ -210,7 +210,10 @@ pub fn exercise_gguf(data: &[u8]) {
         }
     }
     std::hint::black_box(n);
-    let _ = krafla::convert::gguf_tok::mlt_from_gguf(&v);
+    if let Ok(m) = krafla::convert::gguf_tok::mlt_from_gguf(&v) {
+        // The chat section: templates compiled, the probe rendered, the stop set.
+        let _ = krafla::convert::gguf_tok::chat_from_gguf(&v, &m, &Default::default());
+    }
     let kvs: Vec<(String, MetaValue)> = v
         .kvs
         .iter()

@@ -7,21 +7,24 @@
 //! that the converter does not read are refused by name: they may change the math.
 //!
 //! Tensors, by type:
-//! - Q8_0 and Q4_0 matrices are copied block by block: a GGUF block is an f16 scale `d`
-//!   followed by the quants, the `.mlb` stores the quants array then the scales array
-//!   (f16, `scale_f16 = 1`), so nothing is rounded. q/k rows of NEOX architectures are
-//!   permuted as whole rows (`gguf_arch`), which moves blocks without changing them.
+//! - Matrices of a type Krafla stores ([`copy_type`]: Q8_0, Q4_0, F16, BF16, Q4_K,
+//!   Q5_K, Q6_K, Q4_1, Q5_0, Q5_1, IQ4_NL) are copied block by block. Q8_0/Q4_0: a GGUF
+//!   block is an f16 scale `d` followed by the quants, the `.mlb` stores the quants
+//!   array then the scales array (f16, `scale_f16 = 1`); the others are GGUF's own
+//!   blocks (or 2-byte floats) in both. Nothing is rounded. q/k rows of NEOX
+//!   architectures are permuted as whole rows (`gguf_arch`), which moves blocks
+//!   without changing them.
 //! - F32, F16 and BF16 vectors (norms, biases) become F32 exactly.
-//! - Any other matrix type (F32/F16/BF16 matrices, Q4_1, Q5_x, K-quants) is
-//!   dequantized and quantized again by Krafla's quantizer only with `--requantize`;
-//!   without it the conversion is refused naming the tensor and its type.
-//!   `copy_rows` is the per-type lossless path: a later weight type (BF16/F16, K-quants)
-//!   adds its arm there.
+//! - Any other matrix type (F32 matrices, Q2_K, Q3_K, ...) is dequantized and quantized
+//!   again by Krafla's quantizer only with `--requantize TYPE`; without it the
+//!   conversion is refused naming the tensor and its type. `--requantize` also
+//!   quantizes the F16/BF16 matrices (a float GGUF is what one quantizes); blocks of
+//!   Krafla's types are always copied.
 //!
-//! Matrix classes (q8_mask): a class whose tensors are all Q8_0 (or all Q4_0) keeps
-//! that type; a class that needs requantizing takes the `--requantize` type, or Q8_0
-//! when it is in `--q8` (default `wcls` for `--requantize q4_0`). The file's weight type
-//! is Q4_0 when any class is Q4_0, with the Q8_0 classes in q8_mask.
+//! Each matrix keeps its type; a requantized one takes the `--requantize` type (Q8_0 in
+//! the `--q8` classes of a Q4_0 target, default `wcls`, as for checkpoints). The file
+//! is uniform (header `wtype`, `q8_mask` for Q4_0) when a header states those types,
+//! else mixed (`wtype` 128 with a type table).
 
 use std::cell::RefCell;
 use std::collections::{BTreeSet, HashMap};
@@ -41,8 +44,8 @@ use crate::atomic::AtomicFile;
 use crate::format::gguf::{self, dequant, GgmlType, GgufView, TensorInfo, Value};
 use crate::format::mlb::header::{act, q8_class, wtype, Header};
 use crate::format::mlb::validate::SEQ_LIMIT;
-use crate::format::mlb::{Kind, MlbWriter, Tensor, WriteError};
-use crate::quant::{quantize, Q4Rule, QuantOpts, Quantized, Scales, QK};
+use crate::format::mlb::{Kind, Tensor, WriteError};
+use crate::quant::{quantize, Q4Rule, QuantOpts, Quantized, Scales};
 
 /// Whether `path` is a GGUF file (by its magic).
 pub fn is_gguf_file(path: &Path) -> bool {
@@ -813,13 +816,10 @@ impl Source<'_> {
 pub fn run(opts: &Options, progress: &mut (dyn FnMut(Progress) + Send)) -> Result<Summary> {
     let t0 = Instant::now();
     let path = &opts.input;
-    if let Some(t) = opts
-        .requantize
-        .filter(|t| !matches!(*t, WType::Q8_0 | WType::Q4_0))
-    {
+    if opts.target_bpw.is_some() {
         return Err(ConvertError::options(
-            "--requantize",
-            format!("{t}: GGUF input is requantized to q8_0 or q4_0"),
+            "--target-bpw",
+            "measures a checkpoint's weights: convert the GGUF's own types, or use --requantize TYPE",
         ));
     }
     let map = map_file(path)?;
@@ -875,16 +875,24 @@ pub fn run(opts: &Options, progress: &mut (dyn FnMut(Progress) + Send)) -> Resul
     let (mut header, flags) = desc.header();
     header.wtype = wtype::Q4_0;
     header.scale_f16 = 1;
-    let probe = probe_layout(path, &header, &flags)?;
+    let probe = probe_layout(path, &header, &flags, None)?;
     let lin_v_dim = desc.linear.map_or(0, |l| l.v_dim);
-    let (wt, mask) = choose_types(path, &v, ga, &probe, opts, lin_v_dim)?;
+    let (wt, mask, mixed) = choose_types(path, &v, ga, &probe, opts, lin_v_dim)?;
     header.wtype = wt;
     header.q8_mask = mask;
-    let layout = probe_layout(path, &header, &flags)?;
+    let layout = probe_layout(path, &header, &flags, mixed.as_deref())?;
     let mut sources = plan(path, &v, ga, &desc, &layout)?;
-    let any_copy = sources.iter().flatten().any(|s| s.action == Action::Copy);
-    header.scale_f16 = (opts.scale_f16 || any_copy) as u32;
-    let layout = probe_layout(path, &header, &flags)?;
+    // Copied Q8_0/Q4_0 blocks hold f16 scales.
+    let mut any_scales = false;
+    let mut scale_copy = false;
+    for (s, t) in sources.iter().zip(&layout.tensors) {
+        if let (Some(s), Kind::Mat { wtype, .. }) = (s, t.kind) {
+            any_scales |= wtype.has_scales();
+            scale_copy |= wtype.has_scales() && s.action == Action::Copy;
+        }
+    }
+    header.scale_f16 = (any_scales && (opts.scale_f16 || scale_copy)) as u32;
+    let layout = probe_layout(path, &header, &flags, mixed.as_deref())?;
 
     // Requantization needs the flag; say what it does.
     let requant: Vec<String> = sources
@@ -904,10 +912,20 @@ pub fn run(opts: &Options, progress: &mut (dyn FnMut(Progress) + Send)) -> Resul
         ));
     }
 
+    let requant_q4 = sources.iter().zip(&layout.tensors).any(|(s, t)| {
+        s.as_ref().is_some_and(|s| s.action == Action::Requant)
+            && matches!(
+                t.kind,
+                Kind::Mat {
+                    wtype: WType::Q4_0,
+                    ..
+                }
+            )
+    });
     let imatrix = match &opts.imatrix {
         None => None,
         Some(p) => {
-            if header.wtype != wtype::Q4_0 || q4_rule != Q4Rule::Search || requant.is_empty() {
+            if !requant_q4 || q4_rule != Q4Rule::Search {
                 return Err(ConvertError::options(
                     "--imatrix",
                     "weights the Q4_0 search of requantized tensors only: use it with --requantize q4_0 --q4-rule search",
@@ -977,10 +995,11 @@ pub fn run(opts: &Options, progress: &mut (dyn FnMut(Progress) + Send)) -> Resul
                 err: Box::new(err),
             },
         };
-        let mut w = MlbWriter::new(
+        let mut w = super::new_writer(
             BufWriter::with_capacity(1 << 20, &mut file),
             &header,
             &flags,
+            mixed.as_deref(),
         )
         .map_err(werr)?;
         let cancelled = || opts.cancel.is_some_and(|c| c.load(Ordering::Relaxed));
@@ -1069,7 +1088,7 @@ pub fn run(opts: &Options, progress: &mut (dyn FnMut(Progress) + Send)) -> Resul
         file_bytes,
         seconds: t0.elapsed().as_secs_f64(),
         notes,
-        q4_rule: (!requant.is_empty() && header.wtype == wtype::Q4_0).then_some(q4_rule),
+        q4_rule: requant_q4.then_some(q4_rule),
         types: super::type_counts(&layout),
         mix: Vec::new(),
         matrix_bpw: super::matrix_bpw(&layout),
@@ -1084,8 +1103,13 @@ fn summarize(v: &[String]) -> String {
     }
 }
 
-fn probe_layout(path: &Path, h: &Header, flags: &[u8]) -> Result<crate::format::mlb::Layout> {
-    let probe = MlbWriter::new(std::io::sink(), h, flags).map_err(|e| match e {
+fn probe_layout(
+    path: &Path,
+    h: &Header,
+    flags: &[u8],
+    mixed: Option<&[WType]>,
+) -> Result<crate::format::mlb::Layout> {
+    let probe = super::new_writer(std::io::sink(), h, flags, mixed).map_err(|e| match e {
         WriteError::Format(err) => ConvertError::Format {
             file: path.to_path_buf(),
             err: Box::new(err),
@@ -1117,7 +1141,30 @@ fn source_of<'a>(
     Ok((info, tr))
 }
 
-/// Per q8_mask class, the storage type: the file's weight type and q8_mask.
+/// The `.mlb` type a GGUF matrix type is stored as, bits unchanged (blocks, or 2-byte
+/// floats), if Krafla has it.
+pub fn copy_type(ty: GgmlType) -> Option<WType> {
+    Some(match ty {
+        GgmlType::Q8_0 => WType::Q8_0,
+        GgmlType::Q4_0 => WType::Q4_0,
+        GgmlType::F16 => WType::F16,
+        GgmlType::BF16 => WType::BF16,
+        GgmlType::Q4_K => WType::Q4_K,
+        GgmlType::Q5_K => WType::Q5_K,
+        GgmlType::Q6_K => WType::Q6_K,
+        GgmlType::Q4_1 => WType::Q4_1,
+        GgmlType::Q5_0 => WType::Q5_0,
+        GgmlType::Q5_1 => WType::Q5_1,
+        GgmlType::IQ4_NL => WType::IQ4_NL,
+        _ => return None,
+    })
+}
+
+/// The storage type of every matrix (array order): its GGUF type when Krafla has it
+/// (and, for Qwen3.5's ssm_out, whole blocks move with the value heads), else the
+/// `--requantize` type (Q8_0 in the `--q8` classes and lb/la of a Q4_0 target).
+/// Returns the header's `wtype` and `q8_mask`, and the type table when no uniform
+/// header states these types.
 fn choose_types(
     path: &Path,
     v: &GgufView,
@@ -1125,11 +1172,13 @@ fn choose_types(
     probe: &crate::format::mlb::Layout,
     opts: &Options,
     lin_v_dim: usize,
-) -> Result<(u32, u32)> {
-    // class value → (GGUF type, first tensor of that type, whether its blocks can be
-    // moved as they are).
-    type Entry = (GgmlType, String, bool);
-    let mut classes: Vec<(u32, Vec<Entry>)> = Vec::new();
+) -> Result<(u32, u32, Option<Vec<WType>>)> {
+    let req = opts.requantize;
+    let user_mask = opts.q8_mask.unwrap_or(match req {
+        Some(WType::Q4_0) => DEFAULT_Q4_Q8_MASK,
+        _ => 0,
+    });
+    let mut types = Vec::new();
     for t in &probe.tensors {
         let Kind::Mat { class, .. } = t.kind else {
             continue;
@@ -1137,88 +1186,76 @@ fn choose_types(
         let (info, tr) = source_of(path, v, ga, t)?;
         // Qwen3.5's ssm_out columns move by value heads: whole blocks only when a head
         // is a whole number of blocks.
-        let movable = tr != Transform::VCols || lin_v_dim.is_multiple_of(QK);
-        let entry = match classes.iter_mut().position(|(c, _)| *c == class) {
-            Some(i) => &mut classes[i].1,
-            None => {
-                classes.push((class, Vec::new()));
-                &mut classes.last_mut().expect("pushed").1
-            }
-        };
-        if !entry
-            .iter()
-            .any(|(ty, _, m)| *ty == info.ty && *m == movable)
-        {
-            entry.push((info.ty, info.name.to_string(), movable));
-        }
-    }
-    let req = opts.requantize;
-    let user_mask = opts.q8_mask.unwrap_or(match req {
-        Some(WType::Q4_0) => DEFAULT_Q4_Q8_MASK,
-        _ => 0,
-    });
-    let mut any_q4 = false;
-    let mut mask = 0u32;
-    for (class, types) in &classes {
-        let copyable = |e: &Entry| {
-            e.2 && match e.0 {
-                GgmlType::Q8_0 => true,
-                GgmlType::Q4_0 => *class != 0,
-                _ => false,
-            }
-        };
-        let target = if types.len() == 1 && copyable(&types[0]) {
-            types[0].0
-        } else {
-            let Some(r) = req else {
-                let e = types
-                    .iter()
-                    .find(|e| !copyable(e))
-                    .or_else(|| types.iter().find(|e| e.0 == GgmlType::Q4_0))
-                    .expect("a class with more than one type has a non-copyable one");
-                let ty = e.0;
-                let why = if !e.2 {
-                    format!("{ty}: its columns move by value heads of {lin_v_dim}, which split the {QK}-value blocks")
-                } else if copyable(e) {
-                    "its class (q8_mask) mixes Q4_0 and Q8_0 tensors".to_string()
-                } else if *class == 0 {
-                    format!("{ty}: this matrix is always Q8_0 in the .mlb format")
-                } else {
-                    format!("{ty}: Krafla stores only Q8_0 and Q4_0 blocks as they are")
+        let movable =
+            |w: WType| tr != Transform::VCols || lin_v_dim.is_multiple_of(w.block_weights());
+        // With --requantize, float matrices are quantized (they are the source a
+        // user quantizes); without it F16/BF16 ones are kept.
+        let float = matches!(info.ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16);
+        let ty = match copy_type(info.ty) {
+            Some(w) if movable(w) && !(float && req.is_some()) => w,
+            copy => {
+                let Some(r) = req else {
+                    let why = match copy {
+                        Some(w) => format!(
+                            "{}: its columns move by value heads of {lin_v_dim}, which split the {}-value blocks",
+                            info.ty,
+                            w.block_weights()
+                        ),
+                        None => format!(
+                            "{}: Krafla stores F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q4_K, Q5_K and Q6_K matrices as they are, not this type",
+                            info.ty
+                        ),
+                    };
+                    return Err(ConvertError::tensor(
+                        path,
+                        info.name,
+                        format!(
+                            "{why}; convert with --requantize TYPE (e.g. q8_0) to dequantize and quantize it again (not lossless)"
+                        ),
+                    ));
                 };
-                return Err(ConvertError::tensor(
-                    path,
-                    &e.1,
-                    format!(
-                        "{why}; convert with --requantize q8_0 or q4_0 to dequantize and quantize it again (not lossless)"
-                    ),
-                ));
-            };
-            if *class == 0 || r == WType::Q8_0 || class & user_mask != 0 {
-                GgmlType::Q8_0
-            } else {
-                GgmlType::Q4_0
+                crate::format::mlb::layout::class_wtype(r.code(), user_mask, class)
             }
         };
-        if target == GgmlType::Q4_0 {
-            any_q4 = true;
-        } else if class & user_mask != 0 {
-            // Q8_0 because the user (or the default) asked for it: the same bits as
-            // mlb-convert on a checkpoint.
-            mask |= class & user_mask;
-        } else if class & q8_class::WCLS != 0 {
-            // A shared classifier's tok_emb: the wcls bit, as `--q8 wcls` (the default)
-            // writes it.
-            mask |= q8_class::WCLS;
+        types.push(ty);
+    }
+    let uniform = |wt: u32, mask: u32| {
+        super::plan::matrix_types(&probe.tensors, wt, mask, &super::plan::TypePlan::default())
+            == types
+    };
+    for &w in &types {
+        let mask = if w == WType::Q4_0 {
+            // The classes of the Q8_0 matrices (a shared classifier's tok_emb: the wcls
+            // bit, as `--q8 wcls` writes it).
+            let mut mask = 0;
+            for (t, &ty) in probe
+                .tensors
+                .iter()
+                .filter(|t| matches!(t.kind, Kind::Mat { .. }))
+                .zip(&types)
+            {
+                let Kind::Mat { class, .. } = t.kind else {
+                    continue;
+                };
+                if ty == WType::Q8_0 {
+                    mask |= if class & user_mask != 0 {
+                        class & user_mask
+                    } else if class & q8_class::WCLS != 0 {
+                        q8_class::WCLS
+                    } else {
+                        class
+                    };
+                }
+            }
+            mask & q8_class::ALL
         } else {
-            mask |= class;
+            0
+        };
+        if uniform(w.code(), mask) {
+            return Ok((w.code(), mask, None));
         }
     }
-    if any_q4 {
-        Ok((wtype::Q4_0, mask & q8_class::ALL))
-    } else {
-        Ok((wtype::Q8_0, 0))
-    }
+    Ok((wtype::MIXED, 0, Some(types)))
 }
 
 /// Maps every spec array to its GGUF tensor and checks types and shapes.
@@ -1278,11 +1315,8 @@ fn plan<'a>(
                 }
             },
             Kind::Mat { wtype, .. } => {
-                let same = matches!(
-                    (wtype, info.ty),
-                    (WType::Q8_0, GgmlType::Q8_0) | (WType::Q4_0, GgmlType::Q4_0)
-                );
-                let movable = cols_from.is_none() || dv % QK == 0;
+                let same = copy_type(info.ty) == Some(wtype);
+                let movable = cols_from.is_none() || dv.is_multiple_of(wtype.block_weights());
                 if same && movable {
                     Action::Copy
                 } else if dequant::supported(info.ty) {
@@ -1374,7 +1408,9 @@ fn read_floats(v: &GgufView, s: &Source, rows: std::ops::Range<usize>, buf: &mut
     }
 }
 
-/// Output rows `rows` of a Q8_0/Q4_0 tensor, blocks copied: quants and scales split.
+/// Output rows `rows` of a tensor whose type the `.mlb` has, blocks copied: Q8_0/Q4_0
+/// blocks split into quants and scales, other types' blocks (and 2-byte floats) as
+/// they are.
 fn copy_rows(
     v: &GgufView,
     s: &Source,
@@ -1386,22 +1422,29 @@ fn copy_rows(
     let data = v.data(s.t);
     let rb = s.t.row_bytes() as usize;
     let qb = wtype.block_bytes();
-    let nb = cols / QK;
+    let bw = wtype.block_weights();
+    let nb = cols / bw;
     let n = rows.len();
+    // The GGUF block: Q8_0/Q4_0 carry their f16 scale in front.
+    let gb = if wtype.has_scales() { 2 + qb } else { qb };
     let mut q = Vec::with_capacity(n * nb * qb);
-    let mut d16 = Vec::with_capacity(n * nb);
+    let mut d16 = Vec::with_capacity(if wtype.has_scales() { n * nb } else { 0 });
     for r in rows {
         let src = s.src(r);
         let row = &data[src * rb..(src + 1) * rb];
         for b in 0..nb {
             // Columns moved by whole blocks (checked when planned).
-            let sb = s.cols_from.as_ref().map_or(b, |cf| cf[b * QK] / QK);
-            let blk = &row[sb * (2 + qb)..(sb + 1) * (2 + qb)];
-            d16.push(u16::from_le_bytes([blk[0], blk[1]]));
-            q.extend_from_slice(&blk[2..]);
+            let sb = s.cols_from.as_ref().map_or(b, |cf| cf[b * bw] / bw);
+            let blk = &row[sb * gb..(sb + 1) * gb];
+            if wtype.has_scales() {
+                d16.push(u16::from_le_bytes([blk[0], blk[1]]));
+                q.extend_from_slice(&blk[2..]);
+            } else {
+                q.extend_from_slice(blk);
+            }
         }
     }
-    let d = if scale_f16 {
+    let d = if scale_f16 && wtype.has_scales() {
         Scales::F16(d16)
     } else {
         Scales::F32(
@@ -1422,6 +1465,57 @@ fn copy_rows(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn blocks_of_every_copied_type_move_whole() {
+        // K-quant blocks need 256-value rows, which the fixtures lack: random blocks
+        // (any bytes: copying never reads them), rows permuted, then value-head
+        // columns moved by whole blocks.
+        for w in [
+            WType::Q4_K,
+            WType::Q5_K,
+            WType::Q6_K,
+            WType::Q4_1,
+            WType::IQ4_NL,
+            WType::BF16,
+        ] {
+            let ty = crate::convert::gguf_out::ggml_type(w).unwrap();
+            assert_eq!(copy_type(ty), Some(w));
+            let (rows, cols) = (3usize, 512usize);
+            let rb = w.row_bytes(cols);
+            let data: Vec<u8> = (0..rows * rb).map(|i| (i * 7 + i / 251) as u8).collect();
+            let spec = gguf::TensorSpec::matrix("m", rows as u64, cols as u64, ty);
+            let mut wr = gguf::GgufWriter::new(Vec::new(), &[], vec![spec]).unwrap();
+            wr.write_data(&data).unwrap();
+            let bytes = wr.finish().unwrap();
+            let v = gguf::parse(&bytes).unwrap();
+            let order = [2usize, 0, 1];
+            let mut s = Source {
+                t: &v.tensors[0],
+                rows_from: Some(order.to_vec()),
+                cols_from: None,
+                neg_exp: false,
+                rows,
+                row_len: cols,
+                action: Action::Copy,
+                imp: None,
+            };
+            let q = copy_rows(&v, &s, w, cols, 0..rows, false);
+            let want: Vec<u8> = order
+                .iter()
+                .flat_map(|&r| data[r * rb..(r + 1) * rb].to_vec())
+                .collect();
+            assert_eq!(q.q, want, "{w}");
+            assert_eq!((q.rows, q.cols), (rows, cols));
+            // Two halves of 256 columns swapped: whole blocks of every type.
+            s.rows_from = None;
+            s.cols_from = Some((0..cols).map(|c| (c + 256) % cols).collect());
+            let q = copy_rows(&v, &s, w, cols, 1..2, false);
+            let half = rb / 2;
+            let row = &data[rb..2 * rb];
+            assert_eq!(q.q, [&row[half..], &row[..half]].concat(), "{w}");
+        }
+    }
 
     /// The factors llama.cpp's converter computes (generate_extra_tensors).
     fn factors(theta: f64, hd: usize, f: f64, low: f64, high: f64, orig: f64) -> Vec<f32> {

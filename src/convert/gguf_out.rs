@@ -19,7 +19,7 @@ use super::gguf_arch::{self, GgufArch, NoRope, RopeRows, Swa, Transform};
 use super::gguf_tok;
 use crate::atomic::AtomicFile;
 use crate::format::gguf::{GgmlType, GgufWriter, MetaValue, TensorSpec, ValueType};
-use crate::format::mlb::header::{act, layer_flag, rope_type, wtype};
+use crate::format::mlb::header::{act, layer_flag, rope_type};
 use crate::format::mlb::{Kind, Mlb, WType, WriteError};
 use crate::format::mlt::Mlt;
 use crate::quant::QK;
@@ -471,7 +471,7 @@ pub fn export(opts: &ExportOptions) -> Result<ExportSummary> {
             ));
         }
     }
-    let ftype = if h.wtype == wtype::Q4_0 { 2 } else { 7 };
+    let ftype = file_type(&m);
     kv.push(("general.file_type".into(), MetaValue::U32(ftype)));
     kv.push(("general.quantization_version".into(), MetaValue::U32(2)));
     let tok = gguf_tok::gguf_tokenizer_kvs(&mlt, a)
@@ -565,11 +565,14 @@ pub fn export(opts: &ExportOptions) -> Result<ExportSummary> {
                         name.clone(),
                         g_rows as u64,
                         row_len as u64,
-                        if q == WType::Q8_0 {
-                            GgmlType::Q8_0
-                        } else {
-                            GgmlType::Q4_0
-                        },
+                        ggml_type(q).ok_or_else(|| {
+                            field(
+                                input,
+                                &t.name.to_string(),
+                                q,
+                                "llama.cpp has no such type (convert with another --types)",
+                            )
+                        })?,
                     ),
                     None if row_len > 1 => TensorSpec::matrix(
                         name.clone(),
@@ -580,15 +583,16 @@ pub fn export(opts: &ExportOptions) -> Result<ExportSummary> {
                     None => TensorSpec::vector(name.clone(), g_rows as u64, GgmlType::F32),
                 };
                 let col_blocks = if tr == Transform::VCols {
-                    if mat.is_some() && !g.v_dim.is_multiple_of(QK) {
+                    let bw = mat.map_or(QK, |q| q.block_weights());
+                    if mat.is_some() && !g.v_dim.is_multiple_of(bw) {
                         return Err(field(input, &t.name.to_string(), format!("value heads of {}", g.v_dim),
-                            format!("llama.cpp's column order moves value heads, which would split the {QK}-value blocks")));
+                            format!("llama.cpp's column order moves value heads, which would split the {bw}-value blocks")));
                     }
                     // GGUF block j holds the .mlb block whose first column lands there.
-                    let nb = row_len / QK;
+                    let nb = row_len / bw;
                     let mut inv = vec![0usize; nb];
                     for b in 0..nb {
-                        inv[tr.src_col(&g, b * QK) / QK] = b;
+                        inv[tr.src_col(&g, b * bw) / bw] = b;
                     }
                     Some(inv)
                 } else {
@@ -666,6 +670,17 @@ pub fn export(opts: &ExportOptions) -> Result<ExportSummary> {
                             buf.extend_from_slice(&v.to_le_bytes());
                         }
                     }
+                    Some(wtype) if !wtype.has_scales() => {
+                        // GGUF's own blocks (or 2-byte floats): the same bytes.
+                        let mat = m.mat(idx);
+                        let qb = wtype.block_bytes();
+                        let nb = mat.cols / wtype.block_weights();
+                        let row = &mat.q[r * nb * qb..(r + 1) * nb * qb];
+                        for j in 0..nb {
+                            let b = o.col_blocks.as_ref().map_or(j, |cb| cb[j]);
+                            buf.extend_from_slice(&row[b * qb..(b + 1) * qb]);
+                        }
+                    }
                     Some(wtype) => {
                         let mat = m.mat(idx);
                         let (cols, q) = (mat.cols, mat.q);
@@ -710,6 +725,59 @@ pub fn export(opts: &ExportOptions) -> Result<ExportSummary> {
         tensors: outs.len(),
         file_bytes: std::fs::metadata(&out).map(|x| x.len()).unwrap_or(0),
     })
+}
+
+/// The GGUF type of an `.mlb` matrix type (Krafla's Q6_0 has none).
+pub fn ggml_type(w: WType) -> Option<GgmlType> {
+    Some(match w {
+        WType::Q8_0 => GgmlType::Q8_0,
+        WType::Q4_0 => GgmlType::Q4_0,
+        WType::F16 => GgmlType::F16,
+        WType::BF16 => GgmlType::BF16,
+        WType::Q4_K => GgmlType::Q4_K,
+        WType::Q5_K => GgmlType::Q5_K,
+        WType::Q6_K => GgmlType::Q6_K,
+        WType::Q4_1 => GgmlType::Q4_1,
+        WType::Q5_0 => GgmlType::Q5_0,
+        WType::Q5_1 => GgmlType::Q5_1,
+        WType::IQ4_NL => GgmlType::IQ4_NL,
+        WType::Q6_0 => return None,
+    })
+}
+
+/// `general.file_type` (llama.cpp's `llama_ftype`, informational): the type of the most
+/// matrices (the first of them on a tie).
+fn file_type(m: &Mlb) -> u32 {
+    let mut count: Vec<(WType, usize)> = Vec::new();
+    for t in &m.layout().tensors {
+        if let Kind::Mat { wtype, .. } = t.kind {
+            match count.iter_mut().find(|(w, _)| *w == wtype) {
+                Some(c) => c.1 += 1,
+                None => count.push((wtype, 1)),
+            }
+        }
+    }
+    let most = count
+        .iter()
+        .fold(None::<(WType, usize)>, |b, &(w, n)| match b {
+            Some((_, bn)) if bn >= n => b,
+            _ => Some((w, n)),
+        })
+        .map_or(WType::Q8_0, |(w, _)| w);
+    match most {
+        WType::Q8_0 => 7,
+        WType::Q4_0 => 2,
+        WType::F16 => 1,
+        WType::BF16 => 32,
+        WType::Q4_1 => 3,
+        WType::Q5_0 => 8,
+        WType::Q5_1 => 9,
+        WType::Q4_K => 14,
+        WType::Q5_K => 16,
+        WType::Q6_K => 18,
+        WType::IQ4_NL => 25,
+        WType::Q6_0 => 7,
+    }
 }
 
 /// ssm_a = −exp(A_log), as llama.cpp's converter computes it in f32; of the floats

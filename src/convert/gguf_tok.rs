@@ -20,13 +20,28 @@
 //!
 //! Export (`mlb-export`) writes the same keys from an `.mlt`, and is refused unless
 //! importing what it wrote gives back the same `.mlt`.
+//!
+//! Chat: `tokenizer.chat_template` is the default template and each
+//! `tokenizer.chat_template.NAME` a named one (gguf-py's `add_chat_template`, which
+//! also lists the names in `tokenizer.chat_templates`). The section is built by
+//! [`crate::chat::capture::build_section`] as for a Hugging Face folder: the special
+//! strings are the texts of the `bos/eos/unknown/seperator/padding/cls/mask_token_id`
+//! tokens, the stop set EOS, each template's end-of-turn token, and llama.cpp's
+//! `eot_token_id`/`eom_token_id` (end-of-turn). Export writes the templates and, when
+//! an end-of-turn stop token is not EOS, `eot_token_id`.
 
 use std::collections::HashMap;
 
+use crate::chat::capture::build_section;
+use crate::chat::capture::ChatOptions;
 use crate::format::gguf::{GgufView, MetaValue, Value, ValueType};
 use crate::format::mlt::{
-    check_flags, Attr, Kind, Merge, Mlt, Token, FLAG_ADD_BOS, FLAG_DIGITS_SPLIT, FLAG_GPT2_REGEX,
-    FLAG_IGNORE_MERGES, FLAG_LETTER_MARKS, FLAG_NFC, FLAG_SINGLE_DIGITS, FLAG_SP_NO_PREFIX,
+    check_flags, Attr, Kind, Merge, Mlt, Token, FLAG_ADD_BOS, FLAG_CHAT, FLAG_DIGITS_SPLIT,
+    FLAG_GPT2_REGEX, FLAG_IGNORE_MERGES, FLAG_LETTER_MARKS, FLAG_NFC, FLAG_SINGLE_DIGITS,
+    FLAG_SP_NO_PREFIX,
+};
+use crate::format::mlt_chat::{
+    ChatSection, NamedTemplate, StopToken, DEFAULT_TEMPLATE, STOP_END_OF_TURN,
 };
 use crate::format::{FormatError, Result};
 
@@ -147,6 +162,142 @@ fn bool_opt(v: &GgufView, key: &str) -> Result<Option<bool>> {
             .map(Some)
             .ok_or_else(|| bad(key, x, "must be a bool")),
     }
+}
+
+/// The default chat template's key; named ones are `{CHAT_TEMPLATE}.NAME`.
+pub const CHAT_TEMPLATE: &str = "tokenizer.chat_template";
+/// gguf-py's list of the named templates' names.
+const CHAT_TEMPLATES: &str = "tokenizer.chat_templates";
+/// llama.cpp's end-of-turn and end-of-message tokens.
+const EOT_ID: &str = "tokenizer.ggml.eot_token_id";
+const EOM_ID: &str = "tokenizer.ggml.eom_token_id";
+/// transformers' special-token names and the GGUF keys of their ids (BOS and EOS come
+/// from the tokenizer itself, so `--bos`/`--eos` apply).
+const SPECIAL_IDS: [(&str, &str); 5] = [
+    ("unk_token", "tokenizer.ggml.unknown_token_id"),
+    ("sep_token", "tokenizer.ggml.seperator_token_id"),
+    ("pad_token", "tokenizer.ggml.padding_token_id"),
+    ("cls_token", "tokenizer.ggml.cls_token_id"),
+    ("mask_token", "tokenizer.ggml.mask_token_id"),
+];
+
+/// The chat templates of a GGUF: the default first, then the named ones in file order.
+pub fn templates_from_gguf(v: &GgufView) -> Result<Vec<NamedTemplate>> {
+    let mut out = Vec::new();
+    for kv in &v.kvs {
+        let name = if kv.key == CHAT_TEMPLATE {
+            DEFAULT_TEMPLATE
+        } else if let Some(n) = kv.key.strip_prefix("tokenizer.chat_template.") {
+            n
+        } else {
+            continue;
+        };
+        let source = kv
+            .value
+            .as_str()
+            .ok_or_else(|| bad(kv.key, kv.value, "must be a string (a Jinja template)"))?;
+        if name.is_empty() {
+            return Err(bad(kv.key, "", "a template name must not be empty"));
+        }
+        out.push(NamedTemplate {
+            name: name.to_string(),
+            source: source.to_string(),
+        });
+    }
+    // The default first, as a Hugging Face folder's chat_template.jinja.
+    out.sort_by_key(|t| t.name != DEFAULT_TEMPLATE);
+    Ok(out)
+}
+
+/// The chat section of a GGUF for its tokenizer `m` (`None`: no template, or
+/// `opts.disable`). `opts.template_file` replaces the file's templates.
+pub fn chat_from_gguf(v: &GgufView, m: &Mlt, opts: &ChatOptions) -> Result<Option<ChatSection>> {
+    if opts.disable {
+        return Ok(None);
+    }
+    let templates = match &opts.template_file {
+        Some(f) => {
+            let source = std::fs::read(f)
+                .map_err(|e| FormatError::io(f, &e))
+                .and_then(|b| {
+                    String::from_utf8(b)
+                        .map_err(|_| bad("--chat-template", f.display(), "not UTF-8"))
+                })?;
+            vec![NamedTemplate {
+                name: DEFAULT_TEMPLATE.into(),
+                source,
+            }]
+        }
+        None => templates_from_gguf(v)?,
+    };
+    let n = m.tokens.len();
+    let text = |id: u32| String::from_utf8(m.tokens[id as usize].bytes.clone()).ok();
+    let mut specials = Vec::new();
+    for (name, id) in [("bos_token", m.bos), ("eos_token", m.eos)] {
+        if let Some(t) = id.and_then(text) {
+            specials.push((name.to_string(), t));
+        }
+    }
+    for (name, key) in SPECIAL_IDS {
+        if let Some(t) = id_opt(v, key, n)?.and_then(text) {
+            specials.push((name.to_string(), t));
+        }
+    }
+    let section = build_section(m, templates, specials, &[], &opts.stop_tokens)?;
+    let Some(mut section) = section else {
+        if let Some(t) = opts.stop_tokens.first() {
+            return Err(bad(
+                "--stop-token",
+                t,
+                "a stop set is written with a chat template; the file has none (give one with --chat-template FILE)",
+            ));
+        }
+        return Ok(None);
+    };
+    // llama.cpp's end-of-turn and end-of-message tokens end a turn.
+    for key in [EOT_ID, EOM_ID] {
+        if let Some(id) = id_opt(v, key, n)? {
+            match section.stop.iter_mut().find(|s| s.id == id) {
+                Some(s) => s.sources |= STOP_END_OF_TURN,
+                None => section.stop.push(StopToken {
+                    id,
+                    sources: STOP_END_OF_TURN,
+                }),
+            }
+        }
+    }
+    section.stop.sort_by_key(|s| s.id);
+    section.validate(n as u32)?;
+    Ok(Some(section))
+}
+
+/// The chat keys of `section` for a GGUF: the templates, and `eot_token_id` when an
+/// end-of-turn stop token is not EOS (`eos`).
+fn chat_kvs(section: &ChatSection, eos: Option<u32>) -> Vec<(String, MetaValue)> {
+    let mut kv = Vec::new();
+    let mut names = Vec::new();
+    for t in &section.templates {
+        if t.name == DEFAULT_TEMPLATE {
+            kv.push((CHAT_TEMPLATE.to_string(), MetaValue::Str(t.source.clone())));
+        } else {
+            names.push(t.name.clone());
+            kv.push((
+                format!("{CHAT_TEMPLATE}.{}", t.name),
+                MetaValue::Str(t.source.clone()),
+            ));
+        }
+    }
+    if !names.is_empty() {
+        kv.push((CHAT_TEMPLATES.to_string(), MetaValue::strings(names)));
+    }
+    if let Some(s) = section
+        .stop
+        .iter()
+        .find(|s| s.sources & STOP_END_OF_TURN != 0 && Some(s.id) != eos)
+    {
+        kv.push((EOT_ID.to_string(), MetaValue::U32(s.id)));
+    }
+    kv
 }
 
 /// Python's `str.isspace`: Unicode White_Space plus the separators U+001C..U+001F.
@@ -460,11 +611,16 @@ pub fn convert_file(
     output: &std::path::Path,
     bos: Option<&str>,
     eos: Option<&str>,
+    chat: &ChatOptions,
 ) -> Result<Mlt> {
     if let Err(e) = crate::atomic::check_not_input(output, &[input]) {
         return Err(bad("-o", output.display(), e.to_string()));
     }
-    let mut mlt = mlt_from_gguf_file(input)?;
+    let f = std::fs::File::open(input).map_err(|e| FormatError::io(input, &e))?;
+    // SAFETY: a read-only map of an input file (the mmap caveat, docs/reliability.md).
+    let map = unsafe { memmap2::Mmap::map(&f) }.map_err(|e| FormatError::io(input, &e))?;
+    let v = crate::format::gguf::parse(&map).map_err(|e| e.in_file(input))?;
+    let mut mlt = mlt_from_gguf(&v).map_err(|e| e.in_file(input))?;
     for (name, text, slot) in [("--bos", bos, &mut mlt.bos), ("--eos", eos, &mut mlt.eos)] {
         if let Some(t) = text {
             let id = mlt
@@ -475,15 +631,54 @@ pub fn convert_file(
             *slot = Some(id as u32);
         }
     }
+    if let Some(section) = chat_from_gguf(&v, &mlt, chat).map_err(|e| e.in_file(input))? {
+        mlt.chat = Some(section);
+        mlt.flags |= FLAG_CHAT;
+    }
     crate::tokenizer::Tokenizer::from_mlt(&mlt).map_err(|e| e.in_file(input))?;
     let bytes = mlt.to_bytes().map_err(|e| e.in_file(output))?;
     crate::atomic::write(output, &bytes).map_err(|e| FormatError::io(output, &e))?;
     Ok(mlt)
 }
 
-/// The `tokenizer.ggml.*` metadata of an `.mlt` for `arch` (a GGUF architecture).
-/// Refused when importing it would not give the same `.mlt` back.
+/// The `tokenizer.*` metadata of an `.mlt` for `arch` (a GGUF architecture): the
+/// tokenizer, then the chat templates. Refused when importing it would not give the
+/// same tokenizer and templates back.
 pub fn gguf_tokenizer_kvs(mlt: &Mlt, arch: &str) -> Result<Vec<(String, MetaValue)>> {
+    let mut plain = mlt.clone();
+    plain.chat = None;
+    plain.flags &= !FLAG_CHAT;
+    let mut kv = tokenizer_kvs(&plain, arch)?;
+    if let Some(c) = &mlt.chat {
+        let chat = chat_kvs(c, mlt.eos);
+        let mut probe = vec![(
+            "general.architecture".to_string(),
+            MetaValue::Str(arch.to_string()),
+        )];
+        probe.extend(kv.iter().cloned());
+        probe.extend(chat.iter().cloned());
+        let bytes = crate::format::gguf::to_bytes(&probe, &[]).map_err(|e| match e {
+            crate::format::mlb::WriteError::Format(f) => f,
+            crate::format::mlb::WriteError::Io(e) => bad("chat_template", "", e.to_string()),
+        })?;
+        let view = crate::format::gguf::parse(&bytes)?;
+        let mut back = templates_from_gguf(&view)?;
+        let mut want = c.templates.clone();
+        back.sort_by(|a, b| a.name.cmp(&b.name));
+        want.sort_by(|a, b| a.name.cmp(&b.name));
+        if back != want {
+            return Err(bad(
+                "chat_template",
+                "",
+                "the templates cannot be written as GGUF metadata exactly",
+            ));
+        }
+        kv.extend(chat);
+    }
+    Ok(kv)
+}
+
+fn tokenizer_kvs(mlt: &Mlt, arch: &str) -> Result<Vec<(String, MetaValue)>> {
     let mut kv: Vec<(String, MetaValue)> = Vec::new();
     let n = mlt.tokens.len();
     let text = |i: usize, t: &Token| {
