@@ -15,8 +15,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use clap::Parser;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use krafla::model::forward::DEFAULT_BATCH;
-use krafla::session::measure::{Measure, Mode};
 use krafla::session::chat_run::{default_history_file, ChatRun};
+use krafla::session::measure::{Measure, Mode};
 use krafla::session::run::{
     parse_logit_bias, Outcome, Prompt, DEFAULT_TEMP, DEFAULT_TOP_K, DEFAULT_TOP_P,
 };
@@ -172,7 +172,9 @@ impl Args {
         };
         let interactive = self.chat
             && (self.interactive
-                || (self.prompt.is_none() && self.file.is_none() && std::io::stdin().is_terminal()));
+                || (self.prompt.is_none()
+                    && self.file.is_none()
+                    && std::io::stdin().is_terminal()));
         let mut o = RunOptions::new(self.model);
         o.tokenizer = self.tokenizer;
         o.prompt = match (self.tokens, self.prompt, self.file) {
@@ -194,7 +196,7 @@ impl Args {
         o.sampling.logit_bias = self.logit_bias;
         o.stop_strings = self.stop;
         o.logprobs = self.logprobs;
-        o.chat = self.chat.then(|| ChatRun {
+        o.chat = self.chat.then_some(ChatRun {
             system: self.system,
             context_shift: self.context_shift,
             interactive,

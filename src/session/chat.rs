@@ -331,7 +331,10 @@ impl<'e> ChatSession<'e> {
     /// The final assistant message to continue, when `continue_final_message` is set.
     fn continues(&self) -> bool {
         self.opts.render.continue_final_message
-            && self.messages.last().is_some_and(|m| m.role() == "assistant")
+            && self
+                .messages
+                .last()
+                .is_some_and(|m| m.role() == "assistant")
     }
 
     /// Puts the next reply's prompt into the session: renders the conversation (with the
@@ -483,7 +486,10 @@ impl<'e> ChatSession<'e> {
         // The message being written: the final one continued, or a new one.
         let existing = self.continues();
         let mut open = match existing {
-            true => self.messages.pop().unwrap_or_else(|| Message::new("assistant", "")),
+            true => self
+                .messages
+                .pop()
+                .unwrap_or_else(|| Message::new("assistant", "")),
             false => Message::new("assistant", ""),
         };
         let start = open.content().unwrap_or("").to_string();

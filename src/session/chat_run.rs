@@ -45,7 +45,10 @@ pub const COMMANDS: &[(&str, &str)] = &[
         "/reset",
         "start the conversation over (the system prompt stays)",
     ),
-    ("/undo", "take back the last turn (your message and the reply)"),
+    (
+        "/undo",
+        "take back the last turn (your message and the reply)",
+    ),
     (
         "/system [TEXT]",
         "set the system prompt (none without TEXT); the conversation stays",
@@ -56,7 +59,11 @@ pub const COMMANDS: &[(&str, &str)] = &[
 /// Where the interactive chat keeps its history: `$XDG_STATE_HOME/krafla/chat_history`,
 /// else `$HOME/.local/state/krafla/chat_history` (`None` without either).
 pub fn default_history_file() -> Option<PathBuf> {
-    let var = |k| std::env::var_os(k).filter(|v| !v.is_empty()).map(PathBuf::from);
+    let var = |k| {
+        std::env::var_os(k)
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+    };
     let state = var("XDG_STATE_HOME")
         .filter(|p| p.is_absolute())
         .or_else(|| var("HOME").map(|h| h.join(".local/state")))?;
@@ -316,7 +323,9 @@ fn interactive(
         fe.interrupted();
         match turn(o, chat, fe, totals, Some(text)) {
             Ok(_) => {}
-            Err(RunError::Chat(e @ (ChatSessionError::ContextFull { .. } | ChatSessionError::Chat(_)))) => {
+            Err(RunError::Chat(
+                e @ (ChatSessionError::ContextFull { .. } | ChatSessionError::Chat(_)),
+            )) => {
                 fe.info(&format!("mlb-run: {e}"));
             }
             Err(e) => return Err(e),

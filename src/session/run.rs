@@ -18,8 +18,8 @@ use super::{
     ChatSessionError, Engine, GenerateOptions, LoadOptions, SessionError, StopReason,
     TokenizerSource,
 };
-use crate::chat::ChatError;
 use crate::atomic::AtomicFile;
+use crate::chat::ChatError;
 use crate::format::FormatError;
 use crate::kernels::{self, pool};
 use crate::model::eval::EvalError;
