@@ -1,27 +1,36 @@
 //! mlb-run: run a `.mlb` model on a prompt; stream the generated text to stdout and a
 //! speed and memory summary to stderr, or write the prompt's logits with `--logits`,
-//! or measure (`--imatrix`, `--perplexity`, `--kl-divergence`).
+//! or measure (`--imatrix`, `--perplexity`, `--kl-divergence`), or chat (`--chat`).
 //!
 //! Thin: flags → `krafla::session::RunOptions` → `krafla::session::run` → exit code
 //! (0, or 1 with one line on stderr; 2 for bad usage). The library does the work and
-//! the checks; this shows text, progress bars and the summary.
+//! the checks; this shows text, progress bars and the summary, and reads the
+//! interactive chat's lines (rustyline on a terminal, with its history file).
 
-use std::io::{IsTerminal, StdoutLock, Write};
+use std::io::{BufRead, IsTerminal, StdoutLock, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use clap::Parser;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use krafla::model::forward::DEFAULT_BATCH;
+use krafla::session::chat_run::{default_history_file, ChatRun};
 use krafla::session::measure::{Measure, Mode};
-use krafla::session::run::{Outcome, Prompt, DEFAULT_TEMP, DEFAULT_TOP_K, DEFAULT_TOP_P};
+use krafla::session::run::{
+    parse_logit_bias, Outcome, Prompt, DEFAULT_TEMP, DEFAULT_TOP_K, DEFAULT_TOP_P,
+};
 use krafla::session::{Frontend, RunOptions};
+use rustyline::error::ReadlineError;
+use rustyline::history::DefaultHistory;
 
 #[derive(Parser)]
 #[command(
     version,
     about = "Run a .mlb model on a prompt",
-    after_help = "Generation stops at the tokenizer's EOS (unless --ignore-eos), after -n tokens, or when the context is full. With no EOS known (no tokenizer, or one that names none) it stops only at -n or a full context: no id is taken for EOS."
+    after_help = "Generation stops at an id of the tokenizer's stop set (its EOS, generation_config.json's eos_token_id and the chat template's end-of-turn token, as mlt-convert captured them; unless --ignore-eos), at a --stop string, after -n tokens, or when the context is full. With no stop set (no tokenizer, or one that names no EOS) it stops only at -n or a full context: no id is taken for EOS.
+
+--chat: on a terminal (or with --interactive) type a message per line (end a line with \\ to go on on the next); /help lists the commands (/reset, /undo, /system, /exit); Ctrl-C stops a reply, Ctrl-D ends. The history is kept in $XDG_STATE_HOME/krafla/chat_history (default ~/.local/state/krafla/chat_history; --history, --no-history). From a pipe or --file: a JSON conversation {\"messages\": [...]} in, the reply out; --prompt: one user message."
 )]
 struct Args {
     /// The model file.
@@ -50,6 +59,32 @@ struct Args {
     /// Sample from the smallest set of tokens whose probability reaches p.
     #[arg(long, default_value_t = DEFAULT_TOP_P, allow_negative_numbers = true)]
     top_p: f32,
+    /// Keep only tokens whose probability is at least p times the most likely one's.
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
+    min_p: f32,
+    /// Divide positive logits (multiply negative ones) of the recent tokens by this
+    /// (1: off).
+    #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
+    repeat_penalty: f32,
+    /// Subtract this from the logit of each token seen in the recent tokens (0: off).
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
+    presence_penalty: f32,
+    /// Subtract this times its count from the logit of each recent token (0: off).
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
+    frequency_penalty: f32,
+    /// How many of the last tokens the penalties look at (0: all).
+    #[arg(long, default_value_t = 64, allow_negative_numbers = true)]
+    repeat_last_n: usize,
+    /// Add BIAS to the logit of token ID (-inf: never); repeatable.
+    #[arg(long, value_name = "ID=BIAS", value_parser = parse_logit_bias, allow_hyphen_values = true)]
+    logit_bias: Vec<(u32, f32)>,
+    /// Stop when the text contains STRING (not printed); repeatable.
+    #[arg(long, value_name = "STRING", allow_hyphen_values = true)]
+    stop: Vec<String>,
+    /// Print each generated token's log-probability and its N most likely alternatives,
+    /// one JSON line per token on stderr.
+    #[arg(long, value_name = "N", allow_negative_numbers = true)]
+    logprobs: Option<usize>,
     /// Seed of the sampler.
     #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
     seed: u64,
@@ -94,9 +129,30 @@ struct Args {
     /// --imatrix, --perplexity, --kl-divergence: print the summary as JSON.
     #[arg(long)]
     json: bool,
-    /// Keep generating past EOS (benchmarks: always -n tokens).
+    /// Keep generating past the stop set's ids (benchmarks: always -n tokens).
     #[arg(long)]
     ignore_eos: bool,
+    /// Chat with the model through its chat template: interactive on a terminal, a JSON
+    /// conversation from a pipe or --file, one message with --prompt (-n: most tokens
+    /// per reply, default 1024).
+    #[arg(long, conflicts_with_all = ["tokens", "logits", "imatrix", "perplexity", "kl_divergence"])]
+    chat: bool,
+    /// --chat: the system prompt.
+    #[arg(long, value_name = "TEXT", requires = "chat")]
+    system: Option<String>,
+    /// --chat: when the context is full, drop the oldest turns after the system prompt
+    /// and prefill the rest again (instead of stopping).
+    #[arg(long, requires = "chat")]
+    context_shift: bool,
+    /// --chat: read messages line by line even when stdin is not a terminal.
+    #[arg(short, long, requires = "chat", conflicts_with_all = ["prompt", "file"])]
+    interactive: bool,
+    /// --chat: the history file of the interactive chat.
+    #[arg(long, value_name = "FILE", requires = "chat")]
+    history: Option<PathBuf>,
+    /// --chat: keep no history.
+    #[arg(long, requires = "chat", conflicts_with = "history")]
+    no_history: bool,
     /// Read the weights from the mapped file as they are: no packed copy at load
     /// (same results; slower where the kernel tier has packed kernels).
     #[arg(long)]
@@ -114,6 +170,11 @@ impl Args {
             (None, false, Some(reference)) => Some(Mode::KlDivergence { reference }),
             _ => None,
         };
+        let interactive = self.chat
+            && (self.interactive
+                || (self.prompt.is_none()
+                    && self.file.is_none()
+                    && std::io::stdin().is_terminal()));
         let mut o = RunOptions::new(self.model);
         o.tokenizer = self.tokenizer;
         o.prompt = match (self.tokens, self.prompt, self.file) {
@@ -127,6 +188,19 @@ impl Args {
         o.sampling.top_k = self.top_k;
         o.sampling.top_p = self.top_p;
         o.sampling.seed = self.seed;
+        o.sampling.min_p = self.min_p;
+        o.sampling.repeat_penalty = self.repeat_penalty;
+        o.sampling.presence_penalty = self.presence_penalty;
+        o.sampling.frequency_penalty = self.frequency_penalty;
+        o.sampling.penalty_window = self.repeat_last_n;
+        o.sampling.logit_bias = self.logit_bias;
+        o.stop_strings = self.stop;
+        o.logprobs = self.logprobs;
+        o.chat = self.chat.then_some(ChatRun {
+            system: self.system,
+            context_shift: self.context_shift,
+            interactive,
+        });
         o.ctx = self.ctx;
         o.batch = self.batch;
         o.logits = self.logits;
@@ -143,11 +217,81 @@ impl Args {
     }
 }
 
+/// Ctrl-C during a reply of the interactive chat.
+static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+
+/// Where the interactive chat's lines come from.
+enum Lines {
+    /// A terminal: rustyline, with its history file.
+    Editor(Box<rustyline::Editor<(), DefaultHistory>>, Option<PathBuf>),
+    /// A pipe (`--interactive`): plain lines.
+    Plain(std::io::StdinLock<'static>),
+}
+
+impl Lines {
+    fn open(history: Option<PathBuf>) -> Lines {
+        if !std::io::stdin().is_terminal() {
+            return Lines::Plain(std::io::stdin().lock());
+        }
+        let config = rustyline::Config::builder()
+            .max_history_size(1000)
+            .map(|b| b.build())
+            .unwrap_or_default();
+        match rustyline::Editor::with_config(config) {
+            Ok(mut ed) => {
+                if let Some(h) = &history {
+                    if let Some(dir) = h.parent() {
+                        let _ = std::fs::create_dir_all(dir);
+                    }
+                    // A missing history file is a first run.
+                    let _ = ed.load_history(h);
+                }
+                Lines::Editor(Box::new(ed), history)
+            }
+            Err(_) => Lines::Plain(std::io::stdin().lock()),
+        }
+    }
+
+    fn read(&mut self, prompt: &str) -> std::io::Result<Option<String>> {
+        match self {
+            Lines::Plain(r) => {
+                let mut s = String::new();
+                if r.read_line(&mut s)? == 0 {
+                    return Ok(None);
+                }
+                let n = s.trim_end_matches(['\n', '\r']).len();
+                s.truncate(n);
+                Ok(Some(s))
+            }
+            Lines::Editor(ed, history) => match ed.readline(prompt) {
+                Ok(line) => {
+                    if !line.trim().is_empty() {
+                        let _ = ed.add_history_entry(line.as_str());
+                        if let Some(h) = history {
+                            if let Err(e) = ed.append_history(h) {
+                                eprintln!("mlb-run: note: history {}: {e}", h.display());
+                                *history = None;
+                            }
+                        }
+                    }
+                    Ok(Some(line))
+                }
+                // Ctrl-C at the prompt drops the line.
+                Err(ReadlineError::Interrupted) => Ok(Some(String::new())),
+                Err(ReadlineError::Eof) => Ok(None),
+                Err(ReadlineError::Io(e)) => Err(e),
+                Err(e) => Err(std::io::Error::other(e.to_string())),
+            },
+        }
+    }
+}
+
 /// Text to stdout as it is made; `--verbose` lines and a progress bar (on a terminal)
-/// to stderr.
+/// to stderr; the interactive chat's lines from stdin.
 struct Terminal {
     out: StdoutLock<'static>,
     bar: Option<ProgressBar>,
+    lines: Option<Lines>,
 }
 
 impl Frontend for Terminal {
@@ -188,17 +332,40 @@ impl Frontend for Terminal {
             pb.finish_and_clear();
         }
     }
+
+    fn read_line(&mut self, prompt: &str) -> std::io::Result<Option<String>> {
+        match &mut self.lines {
+            Some(l) => l.read(prompt),
+            None => Ok(None),
+        }
+    }
+
+    fn interrupted(&mut self) -> bool {
+        INTERRUPTED.swap(false, Ordering::Relaxed)
+    }
 }
 
 fn main() -> ExitCode {
     krafla::cli::default_sigpipe();
-    let opts = Args::parse().into_options();
+    let args = Args::parse();
+    let history = match (&args.history, args.no_history) {
+        (_, true) => None,
+        (Some(h), false) => Some(h.clone()),
+        (None, false) => default_history_file(),
+    };
+    let opts = args.into_options();
     // A model file truncated while mapped faults (SIGBUS) inside a forward pass: one
     // line and exit 1 (docs/reliability.md).
     krafla::signals::report_sigbus("mlb-run", &opts.model);
+    let interactive = opts.chat.as_ref().is_some_and(|c| c.interactive);
+    if interactive {
+        // Ctrl-C stops the reply being generated, not the chat.
+        krafla::signals::flag_on_sigint(&INTERRUPTED);
+    }
     let mut term = Terminal {
         out: std::io::stdout().lock(),
         bar: None,
+        lines: interactive.then(|| Lines::open(history)),
     };
     match krafla::session::run(&opts, &mut term) {
         Ok(Outcome::Generated(summary)) => {

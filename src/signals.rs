@@ -4,6 +4,8 @@
 //!   C tools (`mlb-inspect f.mlb | head`); every binary calls it first.
 //! - [`stop_on_interrupt`]: SIGINT and SIGTERM set a flag that long work polls
 //!   (mlb-convert stops at the next row chunk, removes its temporary file, exits 130).
+//! - [`flag_on_sigint`]: SIGINT alone sets a flag (the interactive chat's Ctrl-C stops
+//!   a reply).
 //! - [`report_sigbus`]: a mapped model file that another process truncates raises
 //!   SIGBUS on the next read past its new end; the handler writes one prepared line and
 //!   exits 1 instead of a bare "Bus error" (docs/reliability.md).
@@ -28,6 +30,15 @@ pub fn default_sigpipe() {
 pub fn stop_on_interrupt(flag: &'static AtomicBool) {
     #[cfg(unix)]
     unix::stop_on_interrupt(flag);
+    #[cfg(not(unix))]
+    let _ = flag;
+}
+
+/// Routes SIGINT (Ctrl-C) alone to `flag` (SIGTERM keeps ending the process): the
+/// interactive chat stops the reply being generated.
+pub fn flag_on_sigint(flag: &'static AtomicBool) {
+    #[cfg(unix)]
+    unix::flag_on_sigint(flag);
     #[cfg(not(unix))]
     let _ = flag;
 }
@@ -82,6 +93,11 @@ mod unix {
         STOP.store((flag as *const AtomicBool).cast_mut(), Ordering::Relaxed);
         install(libc::SIGINT, on_interrupt);
         install(libc::SIGTERM, on_interrupt);
+    }
+
+    pub fn flag_on_sigint(flag: &'static AtomicBool) {
+        STOP.store((flag as *const AtomicBool).cast_mut(), Ordering::Relaxed);
+        install(libc::SIGINT, on_interrupt);
     }
 
     pub fn report_sigbus(msg: String) {

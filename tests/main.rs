@@ -2,6 +2,7 @@
 
 mod calibrate;
 mod chat;
+mod chat_session;
 mod convert;
 mod gguf;
 mod hostile;

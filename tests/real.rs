@@ -279,3 +279,170 @@ fn real_checkpoints_bf16_against_transformers() {
         );
     }
 }
+
+// ---- issue 17: chat on the real checkpoints (mlb-run --chat's library path) ----
+
+mod chat {
+    use std::ops::ControlFlow;
+    use std::path::{Path, PathBuf};
+    use std::process::Command;
+
+    use krafla::chat::Message;
+    use krafla::model::{Options, SamplerOpts};
+    use krafla::session::{
+        ChatEvent, ChatOptions, ChatSession, Engine, GenerateOptions, LoadOptions, StopReason,
+    };
+
+    use super::real_dir;
+    use crate::util::{bin_path, testdata};
+
+    /// `REAL/name` at Q8_0 in `tmp` with its `.mlt` beside (the chat template `template`
+    /// instead of the checkpoint's, if given); `None` (and a SKIP line) without it.
+    fn convert(name: &str, tmp: &Path, template: Option<&Path>) -> Option<PathBuf> {
+        let Some(real) = real_dir() else {
+            eprintln!("SKIP chat {name}: set KRAFLA_REAL_DIR to the output of shared/tools/real-checkpoints.sh");
+            return None;
+        };
+        let src = real.join(name);
+        if !src.join("model.safetensors").exists() {
+            eprintln!("SKIP chat {name}: no {}", src.display());
+            return None;
+        }
+        let mlb = tmp.join(format!("{name}.mlb"));
+        let o = Command::new(bin_path("mlb-convert"))
+            .arg(&src)
+            .args(["--wtype", "q8_0", "-o"])
+            .arg(&mlb)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let mut c = Command::new(bin_path("mlt-convert"));
+        c.arg(src.join("tokenizer.json"))
+            .arg("-q")
+            .arg("-o")
+            .arg(mlb.with_extension("mlt"));
+        if let Some(t) = template {
+            c.arg("--chat-template").arg(t);
+        }
+        let o = c.output().unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        Some(mlb)
+    }
+
+    fn greedy(max_tokens: usize) -> ChatOptions {
+        ChatOptions {
+            generate: GenerateOptions {
+                max_tokens,
+                sampling: SamplerOpts {
+                    temp: 0.0,
+                    ..SamplerOpts::default()
+                },
+                ..GenerateOptions::default()
+            },
+            ..ChatOptions::default()
+        }
+    }
+
+    fn quiet(_: ChatEvent<'_>) -> ControlFlow<()> {
+        ControlFlow::Continue(())
+    }
+
+    /// The id of a special token's text.
+    fn id_of(e: &Engine, text: &str) -> u32 {
+        let tok = e.tokenizer().unwrap();
+        (0..e.config().vocab as u32)
+            .find(|&i| tok.token_bytes(i) == Some(text.as_bytes()))
+            .unwrap_or_else(|| panic!("no token {text:?}"))
+    }
+
+    /// SmolLM2-135M-Instruct answers a fixed question and stops by itself at
+    /// `<|im_end|>`; a second turn prefills only its new ids, with the bits of a fresh
+    /// prefill of the whole conversation, and stops there too.
+    #[test]
+    fn real_smollm2_chat_stops_at_im_end() {
+        let tmp = tempfile::tempdir().unwrap();
+        let Some(mlb) = convert("smollm2-135m", tmp.path(), None) else {
+            return;
+        };
+        let e = Engine::load(&LoadOptions::new(&mlb)).unwrap();
+        let im_end = id_of(&e, "<|im_end|>");
+        assert!(e.stop_ids().contains(&im_end), "{:?}", e.stop_ids());
+        let o = Options {
+            ctx: Some(512),
+            ..Options::default()
+        };
+        let mut chat = ChatSession::new(&e, &o, greedy(64)).unwrap();
+        let r = chat.say("What is the capital of France?", quiet).unwrap();
+        eprintln!("smollm2: {:?} ({:?})", r.text, r.stop);
+        assert_eq!(r.stop, StopReason::StopId(im_end), "{:?}", r.text);
+        assert!(r.text.contains("Paris"), "{:?}", r.text);
+        chat.push(Message::new("user", "And the capital of Germany?"));
+        let info = chat.prefill().unwrap();
+        let ids = chat.session().tokens().to_vec();
+        let mut st = e.model().state(&o).unwrap();
+        let fresh = e.model().prefill(&mut st, &ids, None).unwrap().to_vec();
+        assert!(
+            chat.session().logits().unwrap() == fresh,
+            "incremental != fresh"
+        );
+        assert!(info.fed < ids.len() / 2, "{info:?} of {}", ids.len());
+        let r = chat.respond(quiet).unwrap();
+        eprintln!("smollm2 turn 2: {:?} ({:?})", r.text, r.stop);
+        assert_eq!(r.stop, StopReason::StopId(im_end), "{:?}", r.text);
+        assert!(r.text.contains("Berlin"), "{:?}", r.text);
+    }
+
+    /// A Gemma 3 conversation (the committed Gemma 3 template) ends at `<end_of_turn>`:
+    /// it is in the stop set (from the template), the rendered prompt is Gemma's, and a
+    /// generation that reaches it stops there without printing it. The checkpoint of
+    /// real-checkpoints.sh is the base (not instruction-tuned) Gemma 3 270M, which does
+    /// not write `<end_of_turn>` by itself, so the test says whether it stopped
+    /// unforced and then makes it the next token with a logit bias.
+    #[test]
+    fn real_gemma3_chat_stops_at_end_of_turn() {
+        let tmp = tempfile::tempdir().unwrap();
+        let template = testdata().join("chat/templates/gemma3.jinja");
+        let Some(mlb) = convert("gemma3-270m", tmp.path(), Some(&template)) else {
+            return;
+        };
+        let e = Engine::load(&LoadOptions::new(&mlb)).unwrap();
+        let eot = id_of(&e, "<end_of_turn>");
+        let sources = e.stop_set().sources(eot);
+        assert!(sources.contains(&"end_of_turn"), "{sources:?}");
+        let o = Options {
+            ctx: Some(512),
+            ..Options::default()
+        };
+        let mut chat = ChatSession::new(&e, &o, greedy(24)).unwrap();
+        chat.push(Message::new("user", "What is 2+2?"));
+        chat.push(Message::new("assistant", "4"));
+        chat.push(Message::new("user", "What is the capital of Italy?"));
+        let r = chat.respond(quiet).unwrap();
+        eprintln!("gemma3 (unforced): {:?} ({:?})", r.text, r.stop);
+        let start = id_of(&e, "<start_of_turn>");
+        let toks = chat.session().tokens();
+        assert_eq!(&toks[..2], &[id_of(&e, "<bos>"), start]);
+        assert_eq!(
+            toks.iter().filter(|&&t| t == eot).count(),
+            3,
+            "one per message"
+        );
+        let forced = ChatOptions {
+            generate: GenerateOptions {
+                sampling: SamplerOpts {
+                    temp: 0.0,
+                    logit_bias: vec![(eot, 1000.0)],
+                    ..SamplerOpts::default()
+                },
+                ..greedy(24).generate
+            },
+            ..ChatOptions::default()
+        };
+        let mut chat = ChatSession::new(&e, &o, forced).unwrap();
+        let r = chat.say("What is the capital of Italy?", quiet).unwrap();
+        assert_eq!(
+            (r.stop, &r.tokens[..], &r.text[..]),
+            (StopReason::StopId(eot), &[eot][..], "")
+        );
+    }
+}

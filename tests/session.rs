@@ -504,6 +504,7 @@ fn default_model_through_the_session() {
             &GenerateOptions {
                 max_tokens: 24,
                 sampling: so.clone(),
+                ignore_eos: false,
                 stop_ids: e.stop_ids(),
                 stop_strings: Vec::new(),
             },

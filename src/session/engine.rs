@@ -1,5 +1,6 @@
 //! [`Engine`]: what every session of a model shares, loaded once: the mapped file, the
-//! packed weights, the [`Model`] that borrows them, and the tokenizer.
+//! packed weights, the [`Model`] that borrows them, the tokenizer and its chat section
+//! (templates and stop set).
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -7,7 +8,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use self_cell::self_cell;
 
 use super::{Session, SessionError};
+use crate::chat::{Chat, StopSet};
 use crate::format::mlb::Mlb;
+use crate::format::mlt::Mlt;
+use crate::format::FormatError;
 use crate::kernels;
 use crate::model::{Config, Model, Options, Packs};
 use crate::tokenizer::Tokenizer;
@@ -66,6 +70,8 @@ static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 pub struct Engine {
     loaded: Loaded,
     tokenizer: Option<Tokenizer>,
+    /// The `.mlt`'s chat templates and stop set, when it has a chat section.
+    chat: Option<Chat>,
     id: u64,
 }
 
@@ -84,12 +90,13 @@ impl Engine {
             TokenizerSource::None => (PathBuf::new(), false),
         };
         let engine = Engine::new(mlb, packs, None)?;
-        let tokenizer = if explicit || (o.tokenizer == TokenizerSource::Beside && path.exists()) {
-            Some(Tokenizer::from_path(&path).map_err(SessionError::Tokenizer)?)
-        } else {
-            None
-        };
-        engine.with_tokenizer(tokenizer, Some(&path))
+        if !(explicit || (o.tokenizer == TokenizerSource::Beside && path.exists())) {
+            return Ok(engine);
+        }
+        let (tokenizer, chat) = load_tokenizer(&path).map_err(SessionError::Tokenizer)?;
+        let mut engine = engine.with_tokenizer(Some(tokenizer), Some(&path))?;
+        engine.chat = chat;
+        Ok(engine)
     }
 
     /// An engine over an opened file and its packed copies (e.g. an in-memory file in
@@ -106,6 +113,7 @@ impl Engine {
         Engine {
             loaded,
             tokenizer: None,
+            chat: None,
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
         }
         .with_tokenizer(tokenizer, None)
@@ -153,12 +161,52 @@ impl Engine {
         self.tokenizer.as_ref()
     }
 
-    /// The ids that end a generation: the tokenizer's EOS, if it names one. With no
-    /// EOS known the set is empty and generation stops only at its length or a full
-    /// context (no id is guessed: in byte-level vocabularies a small id such as 2 is an
-    /// ordinary token).
+    /// Sets the chat templates and stop set (e.g. built in memory in tests; [`Engine::load`]
+    /// takes them from the `.mlt`). Their ids must be below the model's vocabulary.
+    pub fn with_chat(mut self, chat: Option<Chat>) -> Result<Engine, SessionError> {
+        let vocab = self.config().vocab;
+        if let Some(id) = chat
+            .iter()
+            .flat_map(|c| c.stop().ids())
+            .find(|&id| id as usize >= vocab)
+        {
+            return Err(SessionError::BadOption {
+                name: "stop id",
+                value: id.to_string(),
+                rule: "not below the model's vocab",
+            });
+        }
+        self.chat = chat;
+        Ok(self)
+    }
+
+    /// The chat templates and stop set of the tokenizer, when its `.mlt` has a chat
+    /// section (`mlt-convert` writes one when the checkpoint has a template).
+    pub fn chat(&self) -> Option<&Chat> {
+        self.chat.as_ref()
+    }
+
+    /// The stop set: the `.mlt`'s (its EOS, generation_config.json's `eos_token_id`, the
+    /// templates' end-of-turn tokens, `mlt-convert --stop-token`) and the tokenizer's
+    /// EOS. Empty without a tokenizer.
+    pub fn stop_set(&self) -> StopSet {
+        let mut s = self
+            .chat
+            .as_ref()
+            .map(|c| c.stop().clone())
+            .unwrap_or_default();
+        if let Some(eos) = self.tokenizer.as_ref().and_then(Tokenizer::eos) {
+            s.add_id(eos, crate::format::mlt_chat::STOP_EOS);
+        }
+        s
+    }
+
+    /// The ids that end a generation ([`Engine::stop_set`]), in increasing order. With
+    /// no tokenizer, or one that names no EOS and has no chat section, the set is empty
+    /// and generation stops only at its length or a full context (no id is guessed: in
+    /// byte-level vocabularies a small id such as 2 is an ordinary token).
     pub fn stop_ids(&self) -> Vec<u32> {
-        self.tokenizer.iter().filter_map(Tokenizer::eos).collect()
+        self.stop_set().ids().collect()
     }
 
     /// The BOS id when the tokenizer puts one before every text it encodes.
@@ -182,6 +230,15 @@ impl Engine {
     pub(crate) fn id(&self) -> u64 {
         self.id
     }
+}
+
+/// The tokenizer of an `.mlt` file and its chat section's templates, compiled.
+fn load_tokenizer(path: &Path) -> Result<(Tokenizer, Option<Chat>), FormatError> {
+    let mlt = Mlt::load(path)?;
+    let tok = Tokenizer::from_mlt(&mlt).map_err(|e| e.in_file(path))?;
+    let chat = Chat::from_mlt(&mlt)
+        .map_err(|e| FormatError::format("chat", "", e.to_string()).in_file(path))?;
+    Ok((tok, chat))
 }
 
 #[cfg(test)]

@@ -5,7 +5,8 @@
 //!
 //! A step samples `id` ([`Sampler::sample_with`], penalties over the session's ids),
 //! then, in this order:
-//! 1. `id` in `stop_ids`: stop (`StopId`); its text is not given out;
+//! 1. `id` in the stop set (the engine's, [`Engine::stop_ids`], unless `ignore_eos`,
+//!    and `stop_ids`): stop (`StopId`); its text is not given out;
 //! 2. its text (the tokenizer's stream decoder: only complete UTF-8; without a
 //!    tokenizer, the id in decimal, space-separated) joins any held-back text; a
 //!    complete stop string ends the text before it (`StopString`); text that could
@@ -28,8 +29,10 @@ pub struct GenerateOptions {
     /// Most tokens sampled (a stop id included).
     pub max_tokens: usize,
     pub sampling: SamplerOpts,
-    /// Ids that end the generation ([`Engine::stop_ids`]: the tokenizer's EOS). Empty:
-    /// only the length and the context end it.
+    /// Do not stop at the engine's stop set ([`Engine::stop_ids`]: the tokenizer's EOS,
+    /// the chat section's end-of-turn and generation_config ids); `stop_ids` still apply.
+    pub ignore_eos: bool,
+    /// More ids that end the generation, besides the engine's stop set.
     pub stop_ids: Vec<u32>,
     /// Texts that end the generation; the text given out stops before them.
     pub stop_strings: Vec<String>,
@@ -40,6 +43,7 @@ impl Default for GenerateOptions {
         GenerateOptions {
             max_tokens: DEFAULT_MAX_TOKENS,
             sampling: SamplerOpts::default(),
+            ignore_eos: false,
             stop_ids: Vec::new(),
             stop_strings: Vec::new(),
         }
@@ -89,6 +93,8 @@ pub struct Generation {
 /// The state of one generation between steps.
 pub struct Generator<'e> {
     opts: GenerateOptions,
+    /// The ids that stop it, sorted: `stop_ids` and (unless `ignore_eos`) the engine's.
+    stop_ids: Vec<u32>,
     sampler: Sampler,
     dec: Option<StreamDecoder<'e>>,
     /// Text held back: it could be the start of a stop string.
@@ -129,7 +135,14 @@ impl<'e> Generator<'e> {
                 rule: "a stop string cannot be empty",
             });
         }
+        let mut stop_ids = opts.stop_ids.clone();
+        if !opts.ignore_eos {
+            stop_ids.extend(engine.stop_ids());
+        }
+        stop_ids.sort_unstable();
+        stop_ids.dedup();
         Ok(Generator {
+            stop_ids,
             sampler: Sampler::new(opts.sampling.clone()),
             dec: engine.tokenizer().map(|t| t.stream_decoder()),
             held: String::new(),
@@ -156,7 +169,7 @@ impl<'e> Generator<'e> {
         let sampled = self.sampler.sample_with(logits, s.tokens());
         let id = sampled.id;
         self.tokens.push(id);
-        let (text, stop) = if self.opts.stop_ids.contains(&id) {
+        let (text, stop) = if self.stop_ids.binary_search(&id).is_ok() {
             (String::new(), Some(StopReason::StopId(id)))
         } else {
             let piece = match self.dec.as_mut() {

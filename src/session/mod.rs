@@ -7,6 +7,9 @@
 //!   state, the ids it holds and the logits after the last. Feed ids or text, read
 //!   logits, sample with a stop reason ([`Session::generate`], or [`Generator`] one
 //!   step at a time), snapshot, restore, truncate, rewind.
+//! - [`ChatSession`]: a conversation over a session: the chat template renders it,
+//!   each turn prefills only its new ids, replies stop at the stop set, the context
+//!   shift drops the oldest turns.
 //! - [`run`]: `mlb-run` as one call: its validated [`RunOptions`], the generation,
 //!   the `--logits` file, and ([`measure`]) `--imatrix`, `--perplexity`,
 //!   `--kl-divergence`.
@@ -23,9 +26,9 @@
 //! let engine = Engine::load(&LoadOptions::new("smollm2-q8_0.mlb"))?;
 //! let mut s = engine.session(&Options::default())?;
 //! s.feed_text("The capital of France is")?;
+//! // Stops at the model's stop set (engine.stop_ids()) unless ignore_eos.
 //! let opts = GenerateOptions {
 //!     max_tokens: 16,
-//!     stop_ids: engine.stop_ids(),
 //!     ..GenerateOptions::default()
 //! };
 //! let g = s.generate(&opts, |step| {
@@ -36,12 +39,18 @@
 //! # Ok::<(), krafla::session::SessionError>(())
 //! ```
 
+mod chat;
+pub mod chat_run;
 mod engine;
 mod generate;
 pub mod measure;
 pub mod run;
 mod sequence;
 
+pub use chat::{
+    ChatEvent, ChatOptions, ChatSession, ChatSessionError, PromptInfo, Reply,
+    DEFAULT_CHAT_MAX_TOKENS,
+};
 pub use engine::{Engine, LoadOptions, TokenizerSource};
 pub use generate::{GenerateOptions, Generation, Generator, Step, StopReason, DEFAULT_MAX_TOKENS};
 pub use run::{run, Frontend, RunError, RunOptions};

@@ -3,7 +3,8 @@
 //! measure) and [`RunError`] (typed, one line each, an exit code).
 //!
 //! What the command shows goes through a [`Frontend`] (generated text to stdout,
-//! `--verbose` lines and progress to stderr), so the binary stays a flag parser.
+//! `--verbose` lines and progress to stderr; the interactive chat's lines come from it),
+//! so the binary stays a flag parser. `--chat` runs in [`super::chat_run`].
 
 use std::fmt;
 use std::io::{BufWriter, Read, Write};
@@ -11,13 +12,19 @@ use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
+use super::chat_run::{self, ChatRun};
 use super::measure::{self, Measure};
-use super::{Engine, GenerateOptions, LoadOptions, SessionError, StopReason, TokenizerSource};
+use super::{
+    ChatSessionError, Engine, GenerateOptions, LoadOptions, SessionError, StopReason,
+    TokenizerSource,
+};
 use crate::atomic::AtomicFile;
+use crate::chat::ChatError;
 use crate::format::FormatError;
 use crate::kernels::{self, pool};
 use crate::model::eval::EvalError;
 use crate::model::forward::{LogitsSink, DEFAULT_BATCH};
+use crate::model::sampler::Logprobs;
 use crate::model::{Options, SamplerOpts};
 
 /// `--temp` default.
@@ -59,10 +66,17 @@ pub struct RunOptions {
     pub verbose: bool,
     /// Measure instead of generating.
     pub measure: Option<Measure>,
-    /// Keep generating past EOS (always `n_predict` tokens).
+    /// Keep generating past the stop set (always `n_predict` tokens).
     pub ignore_eos: bool,
     /// Pack the weights for the tier's packed kernels.
     pub pack: bool,
+    /// Texts that end the generation (`--stop`); the output stops before them.
+    pub stop_strings: Vec<String>,
+    /// Print each sampled token's log-probability and this many alternatives
+    /// (`--logprobs N`), one JSON line per token on stderr.
+    pub logprobs: Option<usize>,
+    /// Chat with the model (`--chat`): the prompt is a conversation.
+    pub chat: Option<ChatRun>,
 }
 
 impl RunOptions {
@@ -87,6 +101,18 @@ impl RunOptions {
             measure: None,
             ignore_eos: false,
             pack: true,
+            stop_strings: Vec::new(),
+            logprobs: None,
+            chat: None,
+        }
+    }
+
+    /// The sampler's options, with `--logprobs`.
+    pub fn sampling_opts(&self) -> SamplerOpts {
+        SamplerOpts {
+            logprobs: self.logprobs.is_some(),
+            top_logprobs: self.logprobs.unwrap_or(0),
+            ..self.sampling.clone()
         }
     }
 
@@ -111,6 +137,31 @@ impl RunOptions {
             .map_err(|e| RunError::Session(SessionError::Sampling(e)))?;
         if let Some(m) = &self.measure {
             m.validate()?;
+        }
+        if self.stop_strings.iter().any(String::is_empty) {
+            return Err(RunError::BadOption {
+                name: "--stop",
+                value: "\"\"".into(),
+                rule: "a stop string cannot be empty",
+            });
+        }
+        if self.chat.is_some() {
+            let clash = if matches!(self.prompt, Prompt::Ids(_)) {
+                Some("--tokens")
+            } else if self.logits.is_some() {
+                Some("--logits")
+            } else if self.measure.is_some() {
+                Some("--imatrix, --perplexity, --kl-divergence")
+            } else {
+                None
+            };
+            if let Some(name) = clash {
+                return Err(RunError::BadOption {
+                    name,
+                    value: "(given)".into(),
+                    rule: "cannot be used with --chat",
+                });
+            }
         }
         Ok(())
     }
@@ -150,6 +201,10 @@ pub enum RunError {
         path: PathBuf,
         err: Box<SessionError>,
     },
+    /// `--chat`: a turn failed (a full context, a template that raised, ...).
+    Chat(ChatSessionError),
+    /// `--chat`: the conversation JSON (from `what`) is not one.
+    Conversation { what: String, err: ChatError },
 }
 
 impl fmt::Display for RunError {
@@ -171,6 +226,8 @@ impl fmt::Display for RunError {
             RunError::OutputIsInput { option, path, err } => {
                 write!(f, "{option} {}: {err}", path.display())
             }
+            RunError::Chat(e) => write!(f, "{e}"),
+            RunError::Conversation { what, err } => write!(f, "{what}: {err}"),
         }
     }
 }
@@ -209,6 +266,16 @@ pub trait Frontend {
     fn chunks_done(&mut self, _done: usize, _figure: Option<&str>) {}
     /// The measurement is over (before its report is shown).
     fn chunks_end(&mut self) {}
+    /// The interactive chat's next line, `prompt` shown before it; `None` at the end of
+    /// the input (Ctrl-D).
+    fn read_line(&mut self, _prompt: &str) -> std::io::Result<Option<String>> {
+        Ok(None)
+    }
+    /// Whether the user asked to stop the reply being generated (Ctrl-C) since the
+    /// last call.
+    fn interrupted(&mut self) -> bool {
+        false
+    }
 }
 
 /// What a successful run gives back for the binary to show.
@@ -249,10 +316,10 @@ fn rate(n: usize, secs: f64) -> String {
 impl fmt::Display for Summary {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let stop = match self.stop {
-            StopReason::StopId(_) => " (EOS)",
-            StopReason::StopString(_) => " (stop string)",
-            StopReason::ContextFull => " (context full)",
-            StopReason::Length | StopReason::Cancelled => "",
+            StopReason::StopId(id) => format!(" (stop id {id})"),
+            StopReason::StopString(_) => " (stop string)".into(),
+            StopReason::ContextFull => " (context full)".into(),
+            StopReason::Length | StopReason::Cancelled => String::new(),
         };
         writeln!(
             f,
@@ -394,6 +461,104 @@ fn prompt_ids(o: &RunOptions, engine: &Engine) -> Result<Vec<u32>, RunError> {
     }
 }
 
+/// The `--verbose` lines: the kernel tier, the threads, the model's shape.
+pub(super) fn note_verbose(
+    engine: &Engine,
+    ctx: usize,
+    batch: usize,
+    load_secs: f64,
+    fe: &mut dyn Frontend,
+) {
+    let cfg = engine.config();
+    fe.info(&format!(
+        "kernel tier: {} (supported: {}); packed weights: {}",
+        kernels::tier(),
+        kernels::supported_tiers()
+            .iter()
+            .map(|t| t.name())
+            .collect::<Vec<_>>()
+            .join(", "),
+        match engine.packed_bytes() {
+            0 => "none".to_string(),
+            b => mib(b as f64),
+        }
+    ));
+    fe.info(&format!(
+        "threads: {}; model: dim {} layers {} heads {}/{} head_dim {} hidden {} vocab {}; ctx {ctx} batch {batch}; loaded in {load_secs:.2} s",
+        pool::threads(),
+        cfg.dim,
+        cfg.n_layers,
+        cfg.n_heads,
+        cfg.n_kv_heads,
+        cfg.head_dim,
+        cfg.hidden_dim,
+        cfg.vocab,
+    ));
+    let stops: Vec<String> = engine
+        .stop_set()
+        .tokens()
+        .iter()
+        .map(|t| {
+            let text = engine
+                .tokenizer()
+                .and_then(|tok| tok.token_bytes(t.id))
+                .map(String::from_utf8_lossy)
+                .unwrap_or_default();
+            format!(
+                "{} {text:?} ({})",
+                t.id,
+                crate::format::mlt_chat::source_names(t.sources).join(", ")
+            )
+        })
+        .collect();
+    fe.info(&format!(
+        "stop ids: {}",
+        if stops.is_empty() {
+            "none".to_string()
+        } else {
+            stops.join("; ")
+        }
+    ));
+}
+
+/// One `--logprobs` line: `{"id": ID, "token": TEXT, "logprob": LP, "top": [{"id", "token",
+/// "logprob"}, ...]}` (`token` is null without a tokenizer; a log-probability of −∞ is
+/// null).
+pub fn logprobs_json(engine: &Engine, id: u32, lp: &Logprobs) -> String {
+    let text = |id: u32| {
+        engine
+            .tokenizer()
+            .map(|t| String::from_utf8_lossy(&t.decode(&[id])).into_owned())
+    };
+    let top: Vec<serde_json::Value> = lp
+        .top
+        .iter()
+        .map(|&(i, l)| serde_json::json!({"id": i, "token": text(i), "logprob": l}))
+        .collect();
+    serde_json::json!({"id": id, "token": text(id), "logprob": lp.chosen, "top": top}).to_string()
+}
+
+/// Parses `--logit-bias ID=BIAS` (BIAS a number or `-inf`).
+pub fn parse_logit_bias(s: &str) -> Result<(u32, f32), String> {
+    let (id, bias) = s
+        .split_once('=')
+        .ok_or_else(|| format!("{s:?}: give ID=BIAS, e.g. 2=-inf or 504=1.5"))?;
+    let id = id
+        .trim()
+        .parse::<u32>()
+        .map_err(|e| format!("{s:?}: the id {id:?}: {e}"))?;
+    let bias = bias
+        .trim()
+        .parse::<f32>()
+        .map_err(|e| format!("{s:?}: the bias {bias:?}: {e}"))?;
+    if bias.is_nan() || bias == f32::INFINITY {
+        return Err(format!(
+            "{s:?}: a bias is a number or -inf (never this token)"
+        ));
+    }
+    Ok((id, bias))
+}
+
 /// Runs mlb-run: validates `o`, loads the model, and generates (or measures, or writes
 /// the prompt's logits); shows what it makes through `fe`.
 pub fn run(o: &RunOptions, fe: &mut dyn Frontend) -> Result<Outcome, RunError> {
@@ -414,6 +579,9 @@ pub fn run(o: &RunOptions, fe: &mut dyn Frontend) -> Result<Outcome, RunError> {
         },
         pack: o.pack,
     })?;
+    if let Some(c) = &o.chat {
+        return chat_run::run(o, c, &engine, fe, t_load.elapsed().as_secs_f64());
+    }
     let prompt = prompt_ids(o, &engine)?;
     if let Some(m) = &o.measure {
         // Each chunk starts with BOS when the tokenizer adds one to a text.
@@ -431,33 +599,7 @@ pub fn run(o: &RunOptions, fe: &mut dyn Frontend) -> Result<Outcome, RunError> {
     let mut s = engine.session(&opts)?;
     let load_secs = t_load.elapsed().as_secs_f64();
     if o.verbose {
-        let cfg = engine.config();
-        fe.info(&format!(
-            "kernel tier: {} (supported: {}); packed weights: {}",
-            kernels::tier(),
-            kernels::supported_tiers()
-                .iter()
-                .map(|t| t.name())
-                .collect::<Vec<_>>()
-                .join(", "),
-            match engine.packed_bytes() {
-                0 => "none".to_string(),
-                b => mib(b as f64),
-            }
-        ));
-        fe.info(&format!(
-            "threads: {}; model: dim {} layers {} heads {}/{} head_dim {} hidden {} vocab {}; ctx {} batch {}; loaded in {load_secs:.2} s",
-            pool::threads(),
-            cfg.dim,
-            cfg.n_layers,
-            cfg.n_heads,
-            cfg.n_kv_heads,
-            cfg.head_dim,
-            cfg.hidden_dim,
-            cfg.vocab,
-            s.ctx(),
-            opts.batch
-        ));
+        note_verbose(&engine, s.ctx(), opts.batch, load_secs, fe);
     }
 
     // The prompt.
@@ -484,21 +626,23 @@ pub fn run(o: &RunOptions, fe: &mut dyn Frontend) -> Result<Outcome, RunError> {
     });
     let gopts = GenerateOptions {
         max_tokens: n_gen,
-        sampling: o.sampling.clone(),
-        stop_ids: if o.ignore_eos {
-            Vec::new()
-        } else {
-            engine.stop_ids()
-        },
-        stop_strings: Vec::new(),
+        sampling: o.sampling_opts(),
+        ignore_eos: o.ignore_eos,
+        stop_ids: Vec::new(),
+        stop_strings: o.stop_strings.clone(),
     };
     let t1 = Instant::now();
     let mut failed = None;
-    let g = s.generate(&gopts, |step| match fe.text(&step.text) {
-        Ok(()) => ControlFlow::Continue(()),
-        Err(e) => {
-            failed = Some(e);
-            ControlFlow::Break(())
+    let g = s.generate(&gopts, |step| {
+        if let (Some(_), Some(lp)) = (o.logprobs, &step.logprobs) {
+            fe.info(&logprobs_json(&engine, step.id, lp));
+        }
+        match fe.text(&step.text) {
+            Ok(()) => ControlFlow::Continue(()),
+            Err(e) => {
+                failed = Some(e);
+                ControlFlow::Break(())
+            }
         }
     })?;
     if let Some(e) = failed {
@@ -602,7 +746,7 @@ mod tests {
         };
         assert_eq!(
             s.to_string(),
-            "prompt: 3 tokens in 0.500 s (6.0 tok/s); generated: 4 tokens in 0.000 s (- tok/s) (EOS)\n\
+            "prompt: 3 tokens in 0.500 s (6.0 tok/s); generated: 4 tokens in 0.000 s (- tok/s) (stop id 2)\n\
              memory: peak RSS 2.0 MiB; KV cache 1.0 MiB (64 positions)"
         );
         let s = Summary {
