@@ -18,7 +18,7 @@ use crate::format::FormatError;
 use crate::kernels::{self, pool};
 use crate::model::eval::EvalError;
 use crate::model::forward::{LogitsSink, DEFAULT_BATCH};
-use crate::model::{Options, SamplerOpts};
+use crate::model::{KvType, Options, SamplerOpts};
 
 /// `--temp` default.
 pub const DEFAULT_TEMP: f32 = 0.8;
@@ -51,6 +51,8 @@ pub struct RunOptions {
     pub ctx: Option<usize>,
     /// Most prompt tokens per prefill batch.
     pub batch: usize,
+    /// How the KV cache stores keys and values.
+    pub kv_type: KvType,
     /// Write every prompt position's logits here (little-endian f32, positions × vocab).
     pub logits: Option<PathBuf>,
     /// Worker threads; `None`: all cores.
@@ -81,6 +83,7 @@ impl RunOptions {
             },
             ctx: None,
             batch: DEFAULT_BATCH,
+            kv_type: KvType::F32,
             logits: None,
             threads: None,
             verbose: false,
@@ -426,6 +429,7 @@ pub fn run(o: &RunOptions, fe: &mut dyn Frontend) -> Result<Outcome, RunError> {
     let opts = Options {
         ctx: o.ctx,
         batch: o.batch.max(1),
+        kv_type: o.kv_type,
         ..Options::default()
     };
     let mut s = engine.session(&opts)?;
@@ -446,7 +450,7 @@ pub fn run(o: &RunOptions, fe: &mut dyn Frontend) -> Result<Outcome, RunError> {
             }
         ));
         fe.info(&format!(
-            "threads: {}; model: dim {} layers {} heads {}/{} head_dim {} hidden {} vocab {}; ctx {} batch {}; loaded in {load_secs:.2} s",
+            "threads: {}; model: dim {} layers {} heads {}/{} head_dim {} hidden {} vocab {}; ctx {} batch {} kv {}; loaded in {load_secs:.2} s",
             pool::threads(),
             cfg.dim,
             cfg.n_layers,
@@ -456,7 +460,8 @@ pub fn run(o: &RunOptions, fe: &mut dyn Frontend) -> Result<Outcome, RunError> {
             cfg.hidden_dim,
             cfg.vocab,
             s.ctx(),
-            opts.batch
+            opts.batch,
+            opts.kv_type
         ));
     }
 
