@@ -643,3 +643,182 @@ fn slot_memory_reports_each_kv_type() {
         );
     }
 }
+
+/// Feeds `a` alone (the reference for a batched session).
+fn feed_alone(s: &mut Session, ids: &[u32]) -> Vec<f32> {
+    s.feed(ids).unwrap().to_vec()
+}
+
+/// A long prompt fed in chunks of 8 between decode steps of two other sessions (one
+/// `feed_batch` per step, each decoding session one id) ends with the logits of one
+/// prefill of the whole prompt, and the decoding sessions get theirs alone; also with a
+/// batch budget of 3 tokens (every step cut into passes). Every synthetic case (sliding
+/// rings that wrap, the delta rule, ...), every KV cache type.
+#[test]
+fn chunked_prefill_beside_decoding_sessions_equals_one_prefill() {
+    for c in cases() {
+        for t in KvType::ALL {
+            for budget in [None, Some(3)] {
+                let e = Engine::new(load(&c, 43), Packs::none(), None).unwrap();
+                if let Some(b) = budget {
+                    e.reserve_batch(b, None).unwrap();
+                }
+                let o = with_kv(t);
+                let at = format!("{} {t} cache, budget {budget:?}", c.name);
+                let prompt = tokens(c.h.vocab, 37, 5);
+                let mut long = e.session(&o).unwrap();
+                let mut dec: Vec<Session> = (0..2).map(|_| e.session(&o).unwrap()).collect();
+                let mut solo: Vec<Session> = (0..2).map(|_| e.session(&o).unwrap()).collect();
+                for (i, (d, s)) in dec.iter_mut().zip(&mut solo).enumerate() {
+                    let p = tokens(c.h.vocab, 3 + 4 * i, 60 + i as u64);
+                    d.feed(&p).unwrap();
+                    s.feed(&p).unwrap();
+                }
+                let stream: Vec<Vec<u32>> = (0..2).map(|i| tokens(c.h.vocab, 5, 70 + i)).collect();
+                for (step, chunk) in prompt.chunks(8).enumerate() {
+                    let [d0, d1] = &mut dec[..] else {
+                        unreachable!()
+                    };
+                    let mut refs = vec![&mut long, d0, d1];
+                    let one = |i: usize| &stream[i][step..step + 1];
+                    feed_batch(&mut refs, &[chunk, one(0), one(1)]).unwrap();
+                    for (i, (d, s)) in dec.iter().zip(&mut solo).enumerate() {
+                        let want = feed_alone(s, one(i));
+                        assert!(
+                            d.logits() == Some(&want[..]),
+                            "{at}: step {step}, session {}",
+                            i + 1
+                        );
+                    }
+                }
+                let mut fresh = e.session(&o).unwrap();
+                let want = feed_alone(&mut fresh, &prompt);
+                assert_eq!(long.tokens(), &prompt[..], "{at}");
+                assert!(long.logits() == Some(&want[..]), "{at}: the chunked prompt");
+            }
+        }
+    }
+}
+
+/// Prefix reuse in a batch: a session that ran a prompt and generated (batched steps
+/// beside another session) takes a new prompt that shares a prefix with what it holds:
+/// it goes back to the common prefix ([`Session::rewind`]: free for full attention,
+/// from a snapshot for the delta rule or a wrapped ring) and feeds only the rest in a
+/// batched step; its logits are a fresh prefill's of the new prompt. Then a prompt
+/// that extends what it holds feeds only the extension. Every synthetic case, every KV
+/// cache type.
+#[test]
+fn prefix_reuse_in_a_batch_equals_a_fresh_prefill() {
+    for c in cases() {
+        for t in KvType::ALL {
+            let e = Engine::new(load(&c, 47), Packs::none(), None).unwrap();
+            let o = with_kv(t);
+            let at = format!("{} {t} cache", c.name);
+            let v = c.h.vocab;
+            let (mut a, mut b) = (e.session(&o).unwrap(), e.session(&o).unwrap());
+            b.feed(&tokens(v, 4, 3)).unwrap();
+            let turn1 = tokens(v, 20, 11);
+            let gen = tokens(v, 5, 12);
+            let other = tokens(v, 12, 13);
+            let mut snaps = Vec::new();
+            feed_batch(&mut [&mut a, &mut b], &[&turn1, &other[..1]]).unwrap();
+            snaps.push(a.snapshot());
+            for (i, g) in gen.iter().enumerate() {
+                feed_batch(&mut [&mut a, &mut b], &[&[*g], &other[1 + i..2 + i]]).unwrap();
+            }
+            // Turn 2 shares the first prompt and 3 generated ids.
+            let p2 = [&turn1[..], &gen[..3], &tokens(v, 9, 14)].concat();
+            let n = a.common_prefix(&p2);
+            assert_eq!(n, 23, "{at}");
+            let refed = a.rewind(n, &snaps).unwrap();
+            if c.name == "llama_gqa" {
+                assert_eq!(refed, 0, "{at}: full attention rewinds for free");
+            }
+            assert!(
+                refed <= 3,
+                "{at}: fed {refed} ids again, the snapshot is at 20"
+            );
+            feed_batch(&mut [&mut a, &mut b], &[&p2[n..], &other[6..7]]).unwrap();
+            let want = feed_alone(&mut e.session(&o).unwrap(), &p2);
+            assert_eq!(a.tokens(), &p2[..], "{at}");
+            assert!(a.logits() == Some(&want[..]), "{at}: turn 2");
+            // Turn 3 extends turn 2: nothing to go back over.
+            let p3 = [&p2[..], &tokens(v, 4, 15)].concat();
+            assert_eq!(a.common_prefix(&p3), p2.len(), "{at}");
+            feed_batch(&mut [&mut a, &mut b], &[&p3[p2.len()..], &other[7..8]]).unwrap();
+            let want = feed_alone(&mut e.session(&o).unwrap(), &p3);
+            assert!(a.logits() == Some(&want[..]), "{at}: turn 3");
+            // b, beside all of it, has the logits of its own ids alone.
+            let want = feed_alone(&mut e.session(&o).unwrap(), b.tokens());
+            assert!(b.logits() == Some(&want[..]), "{at}: the other session");
+        }
+    }
+}
+
+/// `mlb-run --kv-type` on every tier forced by `KRAFLA_KERNEL`: the `--logits` file of
+/// each cache type is the library's scalar logits for that type, bit for bit (and f16
+/// and Q8_0 differ from f32, so the flag reaches the cache); `--verbose` names the
+/// type and the memory of the session; an unknown type is one line and exit 2.
+#[test]
+fn mlb_run_kv_type_on_every_tier() {
+    use krafla::format::mlb::synth::synth_file;
+    let dir = tempfile::tempdir().unwrap();
+    let c = &cases()[4];
+    let bytes = synth_file(&c.h, &c.flags, 19);
+    let path = dir.path().join("m.mlb");
+    std::fs::write(&path, &bytes).unwrap();
+    let toks = [1u32, 5, 9, 33, 2, 7, 4, 8, 3];
+    let list = toks.map(|t| t.to_string()).join(" ");
+    let mlb = Mlb::from_bytes(&bytes).unwrap();
+    let m = Model::new(&mlb).unwrap();
+    let f32_logits = all_logits(&m, &Options::default(), &toks);
+    let out = dir.path().join("logits.bin");
+    for t in KvType::ALL {
+        let want = kernels::with_tier(Tier::Scalar, || all_logits(&m, &with_kv(t), &toks)).unwrap();
+        assert_eq!(t == KvType::F32, want == f32_logits, "{t}");
+        for tier in kernels::supported_tiers() {
+            let o = Command::new(env!("CARGO_BIN_EXE_mlb-run"))
+                .arg(&path)
+                .args([
+                    "--tokens",
+                    &list,
+                    "--kv-type",
+                    t.name(),
+                    "--verbose",
+                    "--logits",
+                ])
+                .arg(&out)
+                .env("KRAFLA_KERNEL", tier.name())
+                .output()
+                .unwrap();
+            let err = String::from_utf8_lossy(&o.stderr);
+            assert!(o.status.success(), "{t} {tier}: {err}");
+            assert!(err.contains(&format!("kv {t}")), "{t} {tier}: {err}");
+            assert!(
+                err.contains(&format!("memory: KV cache {t} ")),
+                "{t} {tier}: {err}"
+            );
+            let got: Vec<f32> = std::fs::read(&out)
+                .unwrap()
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                .collect();
+            assert!(
+                got.len() == want.len()
+                    && got
+                        .iter()
+                        .zip(&want)
+                        .all(|(a, b)| a.to_bits() == b.to_bits()),
+                "{t} {tier}"
+            );
+        }
+    }
+    let o = Command::new(env!("CARGO_BIN_EXE_mlb-run"))
+        .arg(&path)
+        .args(["--tokens", "1 2", "--kv-type", "q4_0"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(err.contains("q4_0") && err.contains("--kv-type"), "{err}");
+}

@@ -463,6 +463,7 @@ pub fn run(o: &RunOptions, fe: &mut dyn Frontend) -> Result<Outcome, RunError> {
             opts.batch,
             opts.kv_type
         ));
+        fe.info(&format!("memory: {}", engine.slot_memory(&opts)?));
     }
 
     // The prompt.
