@@ -822,3 +822,80 @@ fn mlb_run_kv_type_on_every_tier() {
     assert_eq!(o.status.code(), Some(2), "{err}");
     assert!(err.contains("q4_0") && err.contains("--kv-type"), "{err}");
 }
+
+/// Sessions of one engine with different options share a batch: each its own context
+/// and KV cache type, each with the bits of its own options alone.
+#[test]
+fn sessions_of_different_options_share_a_batch() {
+    for c in cases() {
+        let e = Engine::new(load(&c, 53), Packs::none(), None).unwrap();
+        let opts: Vec<Options> = KvType::ALL
+            .iter()
+            .zip([Some(24), None, Some(40)])
+            .map(|(&t, ctx)| Options {
+                ctx,
+                kv_type: t,
+                ..Options::default()
+            })
+            .collect();
+        let mut batch: Vec<Session> = opts.iter().map(|o| e.session(o).unwrap()).collect();
+        let ids: Vec<Vec<u32>> = (0..3).map(|i| tokens(c.h.vocab, 20, 80 + i)).collect();
+        for (from, to) in [(0, 9), (9, 10), (10, 16), (16, 17)] {
+            let lists: Vec<&[u32]> = ids.iter().map(|l| &l[from..to]).collect();
+            let mut refs: Vec<&mut Session> = batch.iter_mut().collect();
+            feed_batch(&mut refs, &lists).unwrap();
+        }
+        for (i, (s, o)) in batch.iter().zip(&opts).enumerate() {
+            let want = feed_alone(&mut e.session(o).unwrap(), &ids[i][..17]);
+            assert!(
+                s.logits() == Some(&want[..]),
+                "{}: session {i} ({})",
+                c.name,
+                o.kv_type
+            );
+        }
+    }
+}
+
+/// A batched step multiplies each matrix once for all its rows: three decoding
+/// sessions and a prefill chunk in one step quantize as many matrix inputs (one per
+/// matrix, or per group of matrices sharing an input) as one session's decode step,
+/// not four times as many (the call counters of debug builds, one thread; the batch
+/// buffers reserved first, as making them quantizes a zero input once to size them).
+#[test]
+fn a_batched_step_quantizes_each_matrix_input_once() {
+    if !counters::ENABLED {
+        eprintln!("SKIP: call counters need debug assertions");
+        return;
+    }
+    let pool = Pool::leak(1);
+    for c in cases() {
+        let e = Engine::new(load(&c, 59), Packs::none(), None).unwrap();
+        let o = Options::default();
+        e.reserve_batch(16, None).unwrap();
+        let mut s: Vec<Session> = (0..4).map(|_| e.session(&o).unwrap()).collect();
+        for (i, x) in s.iter_mut().enumerate() {
+            x.feed(&tokens(c.h.vocab, 3 + i, 90 + i as u64)).unwrap();
+        }
+        let calls = |f: &mut dyn FnMut()| {
+            counters::take();
+            pool.install(|| kernels::with_tier(Tier::Scalar, &mut *f))
+                .unwrap();
+            counters::take().get(Tier::Scalar, Op::Quantize)
+        };
+        let mut lone = e.session(&o).unwrap();
+        lone.feed(&[1, 2]).unwrap();
+        let one = calls(&mut || {
+            lone.feed(&[3]).unwrap();
+        });
+        let mut refs: Vec<&mut Session> = s.iter_mut().collect();
+        let batched = calls(&mut || {
+            feed_batch(&mut refs, &[&[1], &[2], &[3], &[4, 5, 6, 7, 8]]).unwrap();
+        });
+        assert!(
+            one > 0 && batched == one,
+            "{}: {batched} quantizations, one session {one}",
+            c.name
+        );
+    }
+}
