@@ -16,6 +16,7 @@ use clap::Parser;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use krafla::model::forward::DEFAULT_BATCH;
 use krafla::session::chat_run::{default_history_file, ChatRun};
+use krafla::model::KvType;
 use krafla::session::measure::{Measure, Mode};
 use krafla::session::run::{
     parse_logit_bias, Outcome, Prompt, DEFAULT_TEMP, DEFAULT_TOP_K, DEFAULT_TOP_P,
@@ -94,6 +95,10 @@ struct Args {
     /// Most prompt tokens per prefill batch.
     #[arg(long, default_value_t = DEFAULT_BATCH, allow_negative_numbers = true)]
     batch: usize,
+    /// How the KV cache stores keys and values: f32, f16 (half the memory) or q8_0
+    /// (about 0.28 of it).
+    #[arg(long, default_value_t = KvType::F32, value_name = "f32|f16|q8_0")]
+    kv_type: KvType,
     /// Write every prompt position's logits (little-endian f32, positions × vocab).
     #[arg(long)]
     logits: Option<PathBuf>,
@@ -203,6 +208,7 @@ impl Args {
         });
         o.ctx = self.ctx;
         o.batch = self.batch;
+        o.kv_type = self.kv_type;
         o.logits = self.logits;
         o.threads = self.threads;
         o.verbose = self.verbose;

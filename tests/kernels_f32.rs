@@ -5,8 +5,9 @@
 use krafla::kernels::counters::{self, Op};
 use krafla::kernels::scalar_attn::attend_one;
 use krafla::kernels::scalar_delta::head_step;
+use krafla::kernels::scalar_kv::{store_f16, store_q8_0};
 use krafla::kernels::scalar_math::{self as sm, HI, LO};
-use krafla::kernels::{self, DeltaHead, Kernels, KvView, Query, Tier};
+use krafla::kernels::{self, DeltaHead, Kernels, KvData, KvType, KvView, Query, Tier};
 
 /// xorshift32 values in [-scale, scale).
 struct Rng(u32);
@@ -163,6 +164,79 @@ fn exp_max_and_activations_give_the_scalar_bits() {
     }
 }
 
+/// A cache of `slots × heads × hd` f32 values stored as `t`: the stored arrays and the
+/// slot stride in them, and the widened f32 cache (stride `heads × hd`) that attention
+/// over the stored one must match bit for bit.
+struct Typed {
+    f32s: Vec<f32>,
+    f16s: Vec<u16>,
+    q: Vec<i8>,
+    d: Vec<f32>,
+    t: KvType,
+    stride: usize,
+    widened: Vec<f32>,
+}
+
+impl Typed {
+    fn new(t: KvType, x: &[f32], heads: usize, hd: usize) -> Typed {
+        let slots = x.len() / (heads * hd);
+        let hs = t.head_stride(hd);
+        let stride = heads * hs;
+        let mut c = Typed {
+            f32s: Vec::new(),
+            f16s: Vec::new(),
+            q: Vec::new(),
+            d: Vec::new(),
+            t,
+            stride,
+            widened: Vec::new(),
+        };
+        match t {
+            KvType::F32 => c.f32s = x.to_vec(),
+            KvType::F16 => {
+                c.f16s = vec![0; x.len()];
+                store_f16(x, &mut c.f16s);
+            }
+            KvType::Q8_0 => {
+                let s = Kernels::for_tier(Tier::Scalar).unwrap();
+                c.q = vec![0; slots * stride];
+                c.d = vec![0.0; slots * stride / 32];
+                let mut pad = vec![0.0; hs];
+                for (i, row) in x.chunks_exact(heads * hd).enumerate() {
+                    let (q, d) = (&mut c.q[i * stride..], &mut c.d[i * stride / 32..]);
+                    store_q8_0(
+                        &s,
+                        row,
+                        hd,
+                        &mut pad,
+                        &mut q[..stride],
+                        &mut d[..stride / 32],
+                    );
+                }
+            }
+        }
+        let mut buf = vec![0.0; hd];
+        for slot in 0..slots {
+            for g in 0..heads {
+                let r = c.data().row(slot * stride + g * hs, hd, &mut buf).to_vec();
+                c.widened.extend_from_slice(&r);
+            }
+        }
+        c
+    }
+
+    fn data(&self) -> KvData<'_> {
+        match self.t {
+            KvType::F32 => KvData::F32(&self.f32s),
+            KvType::F16 => KvData::F16(&self.f16s),
+            KvType::Q8_0 => KvData::Q8_0 {
+                q: &self.q,
+                d: &self.d,
+            },
+        }
+    }
+}
+
 /// One attention case: head size, kv heads, cache slots, window, positions of the
 /// queries (a tile: consecutive tokens × the query heads of one kv head).
 struct AttnCase {
@@ -179,17 +253,30 @@ struct AttnCase {
     mag: f32,
 }
 
-fn check_attention(k: &Kernels, c: &AttnCase, rng: &mut Rng) {
+/// Every tier's attention over the cache stored as `t` against the reference over the
+/// widened f32 cache: the same bits (only the rounding at storage differs from f32).
+fn check_attention(k: &Kernels, c: &AttnCase, t: KvType, rng: &mut Rng) {
     let stride = c.hd * c.kv_heads;
-    let kc = rng.vec(c.cap * stride, c.mag);
-    let vc = rng.vec(c.cap * stride, 1.0);
+    let (kc, vc) = (
+        Typed::new(t, &rng.vec(c.cap * stride, c.mag), c.kv_heads, c.hd),
+        Typed::new(t, &rng.vec(c.cap * stride, 1.0), c.kv_heads, c.hd),
+    );
     let n = c.tokens * c.group;
     let qv = rng.vec(n * c.hd, c.mag);
     let al = c.cap.max(1);
+    let hs = t.head_stride(c.hd);
     for g in 0..c.kv_heads {
         let kv = KvView {
-            k: &kc,
-            v: &vc,
+            k: kc.data(),
+            v: vc.data(),
+            cap: c.cap,
+            stride: kc.stride,
+            off: g * hs,
+            window: c.window,
+        };
+        let wide = KvView {
+            k: KvData::F32(&kc.widened),
+            v: KvData::F32(&vc.widened),
             cap: c.cap,
             stride,
             off: g * c.hd,
@@ -216,12 +303,12 @@ fn check_attention(k: &Kernels, c: &AttnCase, rng: &mut Rng) {
                 att: &mut a1,
                 out: &mut o1,
             };
-            attend_one(&mut one, &kv, 0.3, c.softcap);
+            attend_one(&mut one, &wide, 0.3, c.softcap);
             same_bits(
                 &out[i * c.hd..(i + 1) * c.hd],
                 &o1,
                 &format!(
-                    "{} attention: hd {} cap {} window {:?} pos {} query {i} kv head {g}",
+                    "{} attention, {t} cache: hd {} cap {} window {:?} pos {} query {i} kv head {g}",
                     k.tier(),
                     c.hd,
                     c.cap,
@@ -267,9 +354,11 @@ fn attention_gives_the_scalar_bits() {
         }
     }
     for k in all_kernels() {
-        let mut rng = Rng(0x1234_5678);
-        for c in &cases {
-            check_attention(&k, c, &mut rng);
+        for t in KvType::ALL {
+            let mut rng = Rng(0x1234_5678);
+            for c in &cases {
+                check_attention(&k, c, t, &mut rng);
+            }
         }
     }
 }
@@ -282,37 +371,41 @@ fn attention_edge_values_give_the_scalar_bits() {
     let mut rng = Rng(99);
     let mut kc = rng.vec(cap * hd, 1.0);
     let vc = rng.vec(cap * hd, 1.0);
-    for (i, v) in [0.0, -0.0, 1e-40, -1e-40, f32::INFINITY, f32::NAN]
+    for (i, v) in [0.0, -0.0, 1e-40, -1e-40, f32::INFINITY, f32::NAN, 7e4, -1e5]
         .into_iter()
         .enumerate()
     {
         kc[(5 * i + 3) * hd + i] = v;
     }
-    let kv = KvView {
-        k: &kc,
-        v: &vc,
-        cap,
-        stride: hd,
-        off: 0,
-        window: None,
-    };
     let q = rng.vec(hd, 1.0);
-    let run = |k: &Kernels, pos: usize| {
-        let (mut att, mut out) = (vec![0.0; cap], vec![0.0; hd]);
-        let mut qs = [Query {
-            q: &q,
-            pos,
-            att: &mut att,
-            out: &mut out,
-        }];
-        k.attend(&mut qs, &kv, 0.125, 0.0);
-        out
-    };
-    let s = Kernels::for_tier(Tier::Scalar).unwrap();
-    for pos in [0, 2, 3, 8, 13, 17, 39] {
-        let want = run(&s, pos);
-        for k in all_kernels() {
-            assert_eq!(bits(&run(&k, pos)), bits(&want), "{} pos {pos}", k.tier());
+    for t in KvType::ALL {
+        let (kt, vt) = (Typed::new(t, &kc, 1, hd), Typed::new(t, &vc, 1, hd));
+        let kv = KvView {
+            k: kt.data(),
+            v: vt.data(),
+            cap,
+            stride: kt.stride,
+            off: 0,
+            window: None,
+        };
+        let run = |k: &Kernels, pos: usize| {
+            let (mut att, mut out) = (vec![0.0; cap], vec![0.0; hd]);
+            let mut qs = [Query {
+                q: &q,
+                pos,
+                att: &mut att,
+                out: &mut out,
+            }];
+            k.attend(&mut qs, &kv, 0.125, 0.0);
+            out
+        };
+        let s = Kernels::for_tier(Tier::Scalar).unwrap();
+        for pos in [0, 2, 3, 8, 13, 17, 29, 39] {
+            let want = run(&s, pos);
+            for k in all_kernels() {
+                let at = format!("{} {t} cache, pos {pos}", k.tier());
+                assert_eq!(bits(&run(&k, pos)), bits(&want), "{at}");
+            }
         }
     }
 }
@@ -363,26 +456,32 @@ fn f32_kernels_count_under_their_tier() {
         return;
     }
     let (hd, cap) = (16, 8);
-    let kc = vec![0.5; cap * hd];
-    let kv = KvView {
-        k: &kc,
-        v: &kc,
-        cap,
-        stride: hd,
-        off: 0,
-        window: None,
-    };
+    let caches: Vec<Typed> = KvType::ALL
+        .into_iter()
+        .map(|t| Typed::new(t, &vec![0.5; cap * hd], 1, hd))
+        .collect();
     let q = vec![0.25; hd];
     for k in all_kernels() {
         counters::take();
-        let (mut att, mut out) = (vec![0.0; cap], vec![0.0; hd]);
-        let mut qs = [Query {
-            q: &q,
-            pos: 3,
-            att: &mut att,
-            out: &mut out,
-        }];
-        k.attend(&mut qs, &kv, 0.25, 0.0);
+        // Attention over an f32, an f16 and a Q8_0 cache.
+        for c in &caches {
+            let kv = KvView {
+                k: c.data(),
+                v: c.data(),
+                cap,
+                stride: c.stride,
+                off: 0,
+                window: None,
+            };
+            let (mut att, mut out) = (vec![0.0; cap], vec![0.0; hd]);
+            let mut qs = [Query {
+                q: &q,
+                pos: 3,
+                att: &mut att,
+                out: &mut out,
+            }];
+            k.attend(&mut qs, &kv, 0.25, 0.0);
+        }
         let mut g = vec![0.5; 20];
         k.silu_mul(&mut g, &[1.0; 20]);
         k.gelu_mul(&mut g, &[1.0; 20]);
@@ -415,6 +514,7 @@ fn f32_kernels_count_under_their_tier() {
                     assert!(c.simd(op) > 0, "{t} {op:?}: no SIMD code ran");
                 }
                 assert!(c.get(Tier::Avx2, Op::Act) == 2, "{t}: two activations");
+                assert_eq!(c.simd(Op::Attend), 3, "{t}: three cache types");
             }
         }
     }

@@ -1,5 +1,6 @@
 //! Integration tests: one binary, one module per tool or concern.
 
+mod batch;
 mod calibrate;
 mod chat;
 mod chat_session;

@@ -43,12 +43,14 @@ pub mod scalar_attn;
 pub mod scalar_delta;
 pub mod scalar_half;
 pub mod scalar_k;
+pub mod scalar_kv;
 pub mod scalar_math;
 
 pub use packed::PackedMat;
 use packed_blocks::for_block_type;
 pub use scalar_attn::{KvView, Query, TILE_QUERIES};
 pub use scalar_delta::DeltaHead;
+pub use scalar_kv::{KvData, KvType};
 
 #[cfg(target_arch = "x86_64")]
 pub mod x86;
@@ -531,7 +533,12 @@ fn per_type(f: impl Fn(WType) -> Option<MatKernels>) -> [Option<MatKernels>; N_W
 /// A tier's f32 kernels.
 #[derive(Clone, Copy)]
 struct F32Kernels {
+    /// Attention over an f32 cache.
     attend: AttendFn,
+    /// Attention over an f16 cache.
+    attend_f16: AttendFn,
+    /// Attention over a Q8_0 cache.
+    attend_q8: AttendFn,
     exp: SliceFn,
     max: ReduceFn,
     silu_mul: ActFn,
@@ -542,6 +549,8 @@ struct F32Kernels {
 /// The reference f32 kernels (every tier without SIMD versions of them).
 const SCALAR_F32: F32Kernels = F32Kernels {
     attend: scalar_attn::attend,
+    attend_f16: scalar_attn::attend,
+    attend_q8: scalar_attn::attend,
     exp: scalar_math::exp_slice,
     max: scalar_math::max_slice,
     silu_mul: scalar_math::silu_mul,
@@ -576,7 +585,7 @@ impl fmt::Debug for Kernels {
 /// attention.
 #[cfg(target_arch = "x86_64")]
 fn x86_kernels(t: Tier, base: Kernels) -> Kernels {
-    use x86::{attention, avx2, avx512, math, packed as xp};
+    use x86::{attention, attention_kv as akv, avx2, avx512, math, packed as xp};
     // The AVX2 packed Q4_0 kernel (it needs F16C) serves the AVX2 and AVX-512 BW tiers.
     let q4_avx2 = xp::has_avx2_packed().then_some(xp::q4_avx2 as PackedFn);
     let mats = match t {
@@ -614,9 +623,22 @@ fn x86_kernels(t: Tier, base: Kernels) -> Kernels {
             _ => x86_blocks(w, true),
         }),
     };
-    let attend = match t {
-        Tier::Avx2 => attention::attend_avx2 as AttendFn,
-        _ => attention::attend_avx512,
+    let (attend, attend_f16, attend_q8) = match t {
+        Tier::Avx2 => (
+            attention::attend_avx2 as AttendFn,
+            if x86::has_f16c() {
+                akv::attend_f16_avx2 as AttendFn
+            } else {
+                base.f32.attend_f16
+            },
+            akv::attend_q8_avx2 as AttendFn,
+        ),
+        // The AVX-512 tiers need F16C (`x86::has_avx512`).
+        _ => (
+            attention::attend_avx512 as AttendFn,
+            akv::attend_f16_avx512 as AttendFn,
+            akv::attend_q8_avx512 as AttendFn,
+        ),
     };
     Kernels {
         quant: avx2::quantize_act,
@@ -629,6 +651,8 @@ fn x86_kernels(t: Tier, base: Kernels) -> Kernels {
         half: x86::half::kernels(t).unwrap_or(base.half),
         f32: F32Kernels {
             attend,
+            attend_f16,
+            attend_q8,
             exp: math::exp_slice,
             max: math::max_slice,
             silu_mul: math::silu_mul,
@@ -743,19 +767,32 @@ impl Kernels {
     /// whatever the tier and however the queries are grouped (a tile of prompt tokens
     /// and the query heads of the kv head is read from memory once per block of keys).
     ///
+    /// The cache may hold f32, f16 or Q8_0 keys and values ([`KvData`], both of one
+    /// type): each row is widened to f32 as the reference does ([`scalar_kv`]), then
+    /// the f32 arithmetic runs, so the bits are those of f32 attention over the widened
+    /// cache, on every tier.
+    ///
     /// Panics unless every query has `q.len() == out.len() == hd` (one head_dim), an
     /// `att` at least as long as its visible span, and a span that fits the cache;
-    /// and `kv` holds `cap × stride` keys and values with the head inside a slot.
+    /// and `kv` holds `cap × stride` keys and values with the head inside a slot (for
+    /// Q8_0: a scale per 32, `stride` and `off` multiples of 32).
     pub fn attend(&self, qs: &mut [Query], kv: &KvView, scale: f32, softcap: f32) {
         let Some(hd) = qs.first().map(|q| q.q.len()) else {
             return;
         };
+        let ty = kv.k.kv_type();
+        let blocks =
+            ty != KvType::Q8_0 || (kv.stride.is_multiple_of(QK) && kv.off.is_multiple_of(QK));
         assert!(
             kv.cap > 0
                 && kv.off + hd <= kv.stride
                 && kv.k.len() == kv.cap * kv.stride
-                && kv.v.len() == kv.k.len(),
-            "attend: head at {} of {} in a cache of {} x {}",
+                && kv.v.len() == kv.k.len()
+                && kv.v.kv_type() == ty
+                && kv.k.consistent()
+                && kv.v.consistent()
+                && blocks,
+            "attend: head at {} of {} in a {ty} cache of {} x {}",
             kv.off,
             kv.stride,
             kv.cap,
@@ -772,9 +809,14 @@ impl Kernels {
                 kv.cap
             );
         }
+        let f = match ty {
+            KvType::F32 => self.f32.attend,
+            KvType::F16 => self.f32.attend_f16,
+            KvType::Q8_0 => self.f32.attend_q8,
+        };
         for tile in qs.chunks_mut(TILE_QUERIES) {
             // SAFETY: a supported tier's kernel; shapes checked above.
-            unsafe { (self.f32.attend)(tile, kv, scale, softcap) }
+            unsafe { f(tile, kv, scale, softcap) }
         }
     }
 

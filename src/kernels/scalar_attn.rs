@@ -15,8 +15,12 @@
 //! Every operation is a separately rounded f32 operation (no FMA). SIMD tiers change the
 //! order of work only (several keys, dimensions or queries at a time), never the
 //! operations of one output, so they give these bits.
+//!
+//! A cache of f16 or Q8_0 values ([`super::scalar_kv`]) is read by widening each key and
+//! value row to f32 (exact for f16; `q · d` for Q8_0), then exactly the above.
 
 use super::counters::{count, Op};
+use super::scalar_kv::KvData;
 use super::scalar_math::{dot, exp, max};
 use super::Tier;
 
@@ -34,13 +38,14 @@ pub struct Query<'a> {
 }
 
 /// The keys and values of one kv head, as the KV cache stores them: `k` and `v` hold
-/// `cap` slots of `stride` values, position `p` in slot `p % cap`, this head's values at
-/// offset `off` of a slot; a query at `t` sees positions `s` with `t − s < window`
+/// `cap` slots of `stride` values (f32, f16 or Q8_0, both of one type), position `p` in
+/// slot `p % cap`, this head's values at offset `off` of a slot (for Q8_0, `stride` and
+/// `off` are multiples of 32); a query at `t` sees positions `s` with `t − s < window`
 /// (every earlier one without a window).
 #[derive(Debug, Clone, Copy)]
 pub struct KvView<'a> {
-    pub k: &'a [f32],
-    pub v: &'a [f32],
+    pub k: KvData<'a>,
+    pub v: KvData<'a>,
     pub window: Option<usize>,
     pub cap: usize,
     pub stride: usize,
@@ -76,8 +81,8 @@ impl<'a> KvView<'a> {
 
 /// The visible positions' key and value rows, in position order.
 pub(crate) struct Rows<'a> {
-    k: &'a [f32],
-    v: &'a [f32],
+    k: KvData<'a>,
+    v: KvData<'a>,
     /// Slot of the first visible position.
     first: usize,
     cap: usize,
@@ -89,28 +94,45 @@ pub(crate) struct Rows<'a> {
 }
 
 impl<'a> Rows<'a> {
+    /// The slot of the `i`-th visible position.
+    #[inline(always)]
+    pub fn slot(&self, i: usize) -> usize {
+        let slot = self.first + i;
+        if slot >= self.cap {
+            slot - self.cap
+        } else {
+            slot
+        }
+    }
+
     /// Start of the row of the `i`-th visible position.
     #[inline(always)]
     fn at(&self, i: usize) -> usize {
-        let mut slot = self.first + i;
-        if slot >= self.cap {
-            slot -= self.cap;
-        }
-        slot * self.stride + self.off
+        self.slot(i) * self.stride + self.off
     }
 
+    /// The key of the `i`-th visible position in f32 (widened into `buf` unless the
+    /// cache is f32).
     #[inline(always)]
-    pub fn k(&self, i: usize) -> &'a [f32] {
-        let at = self.at(i);
-        &self.k[at..at + self.hd]
+    pub fn k<'b>(&self, i: usize, buf: &'b mut [f32]) -> &'b [f32]
+    where
+        'a: 'b,
+    {
+        self.k.row(self.at(i), self.hd, buf)
     }
 
+    /// The value of the `i`-th visible position, as [`Rows::k`].
     #[inline(always)]
-    pub fn v(&self, i: usize) -> &'a [f32] {
-        let at = self.at(i);
-        &self.v[at..at + self.hd]
+    pub fn v<'b>(&self, i: usize, buf: &'b mut [f32]) -> &'b [f32]
+    where
+        'a: 'b,
+    {
+        self.v.row(self.at(i), self.hd, buf)
     }
 }
+
+/// Head sizes up to this widen their rows on the stack.
+const STACK_ROW: usize = 512;
 
 /// The slice maximum and `exp` a tier's softmax runs (with the bits of
 /// [`scalar_math::max`](super::scalar_math::max) and [`scalar_math::exp`](exp)). A trait
@@ -163,13 +185,21 @@ pub fn attend_one(query: &mut Query, kv: &KvView, scale: f32, softcap: f32) {
     let (q, att, out) = (query.q, &mut *query.att, &mut *query.out);
     let rows = kv.rows(query.pos, q.len());
     let att = &mut att[..rows.len];
+    let mut stack = [0f32; STACK_ROW];
+    let mut heap = Vec::new();
+    let buf = if q.len() <= STACK_ROW {
+        &mut stack[..]
+    } else {
+        heap.resize(q.len(), 0.0);
+        &mut heap[..]
+    };
     for (i, a) in att.iter_mut().enumerate() {
-        *a = dot(q, rows.k(i)) * scale;
+        *a = dot(q, rows.k(i, buf)) * scale;
     }
     let sum = softmax::<ScalarMath>(att, softcap);
     out.fill(0.0);
     for (i, &p) in att.iter().enumerate() {
-        for (o, &v) in out.iter_mut().zip(rows.v(i)) {
+        for (o, &v) in out.iter_mut().zip(rows.v(i, buf)) {
             *o += p * v;
         }
     }

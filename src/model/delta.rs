@@ -77,6 +77,13 @@ impl DeltaState {
         (self.conv.len() + self.s.len()) * std::mem::size_of::<f32>()
     }
 
+    /// The bytes a layer of `c` holds ([`DeltaState::bytes`] before allocating).
+    pub fn bytes_for(c: &Config) -> usize {
+        let taps = c.lin_conv.max(1);
+        ((taps - 1) * c.lin_qkv + c.lin_v_heads * c.lin_k_dim * c.lin_v_dim)
+            * std::mem::size_of::<f32>()
+    }
+
     /// One position: `qkv` (2·K·dk + V·dv raw projections; overwritten with the
     /// convolved, normalized channels), `z` (V·dv), `b` and `a` (V each) → `out` (V·dv).
     #[allow(clippy::too_many_arguments)]

@@ -26,6 +26,13 @@
 //! Each position's arithmetic is the same whether it comes in a batch or alone, and the
 //! kernels' matmul and matvec give the same bits, so prefill and token-by-token decoding
 //! produce identical logits; so does any thread count.
+//!
+//! A step's rows need not be one sequence's: [`Model::forward_batch`] runs the tokens of
+//! several sequences, each with its own [`State`] (caches, delta states, position),
+//! through every matrix together. The rows of a step are cut into segments (`Seg`), one
+//! per sequence; everything but the mixer works on rows whatever their sequence, and
+//! the mixer runs each segment against its own caches and delta states. So each
+//! sequence's logits are those it gets alone.
 
 mod attention;
 
@@ -33,9 +40,9 @@ use std::any::Any;
 
 use super::config::{Act, Config, LayerKind};
 use super::delta::DeltaState;
-use super::kv::LayerCache;
+use super::kv::{KvType, LayerCache};
 use super::observer::{tap, Collector, Input, Observer};
-use super::ops::{add, for_rows, rmsnorm_inplace, rmsnorm_rows, Zeros};
+use super::ops::{add, for_rows, rmsnorm, rmsnorm_inplace, rmsnorm_rows, Zeros};
 use super::rope::RopeTable;
 use super::weights::{LinearWeights, MixerWeights, Packs, Weights};
 use super::{ModelError, Result};
@@ -49,9 +56,16 @@ pub const DEFAULT_CTX_CAP: usize = 4096;
 pub const DEFAULT_BATCH: usize = 512;
 /// Rows of logits per classifier matmul when every position's logits are wanted.
 const LOGIT_ROWS: usize = 16;
+/// Rows of logits per classifier matmul of a batched step (its sequences' last tokens
+/// share one pass over the classifier).
+const BATCH_LOGIT_ROWS: usize = 64;
 
 /// Called with each position and its logits (vocab values).
 pub type LogitsSink<'f> = &'f mut dyn FnMut(usize, &[f32]);
+
+/// Called by [`Model::forward_batch`] with a sequence's index, a position and its
+/// logits (vocab values).
+pub type BatchSink<'f> = &'f mut dyn FnMut(usize, usize, &[f32]);
 
 /// How a [`State`] is sized.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -66,6 +80,9 @@ pub struct Options {
     /// Sum the squares of every matrix input per channel (an MLI1 importance matrix):
     /// the state starts with a [`Collector`] as its observer.
     pub imatrix: bool,
+    /// How the KV caches store keys and values: f32, f16 or Q8_0 (docs/kernels.md,
+    /// "KV cache types").
+    pub kv_type: KvType,
 }
 
 impl Default for Options {
@@ -75,6 +92,7 @@ impl Default for Options {
             batch: DEFAULT_BATCH,
             ring: true,
             imatrix: false,
+            kv_type: KvType::F32,
         }
     }
 }
@@ -89,13 +107,31 @@ pub struct Model<'a> {
     local: Option<RopeTable>,
 }
 
-/// Everything a forward pass writes, allocated once (llama2.c's RunState). `cap` is
-/// the most tokens per chunk, `ctx` the KV positions.
+/// One sequence's forward-pass state, allocated once (llama2.c's RunState): what the
+/// sequence holds (position, KV caches, delta states) and the buffers of a step of up
+/// to `cap` of its tokens. `ctx` is the KV positions.
 pub struct State {
+    seq: Seq,
+    buf: Scratch,
+}
+
+/// What a sequence holds between steps.
+struct Seq {
     ctx: usize,
-    cap: usize,
     /// Positions processed so far.
     pos: usize,
+    /// Per layer: the KV cache of an attention layer.
+    caches: Vec<Option<LayerCache>>,
+    /// Per layer: the state of a linear-attention layer.
+    delta: Vec<Option<DeltaState>>,
+    /// Sees every matrix input (see `imatrix`); `None` normally.
+    observer: Option<Box<dyn Observer>>,
+}
+
+/// Every buffer a step writes, for up to `cap` rows (tokens of one sequence, or of
+/// several in a batched step), allocated once.
+struct Scratch {
+    cap: usize,
     /// cap × dim: the residual stream.
     x: Vec<f32>,
     /// cap × dim: the normalized input of a branch (and of the classifier).
@@ -121,7 +157,7 @@ pub struct State {
     att: Vec<f32>,
     /// Longest visible span of any attention layer.
     att_len: usize,
-    /// cap × rot_dim: cos, sin per pair of the global table at each chunk position.
+    /// cap × rot_dim: cos, sin per pair of the global table at each row's position.
     cs_global: Vec<f32>,
     /// cap × rot_dim: the same for the local table (empty without local layers).
     cs_local: Vec<f32>,
@@ -133,50 +169,96 @@ pub struct State {
     lb: Vec<f32>,
     /// cap × V: linear attention decay pre-activations.
     la: Vec<f32>,
-    /// min(cap, LOGIT_ROWS) × vocab: logits.
+    /// logit_rows × vocab: logits.
     logits: Vec<f32>,
+    /// min(cap, LOGIT_ROWS), or BATCH_LOGIT_ROWS for a batch.
+    logit_rows: usize,
     /// Q8_0 activations of the current matrix input (sized for the widest once).
     qa: QActs,
-    /// Per layer: the KV cache of an attention layer.
-    caches: Vec<Option<LayerCache>>,
-    /// Per layer: the state of a linear-attention layer.
-    delta: Vec<Option<DeltaState>>,
-    /// Sees every matrix input (see `imatrix`); `None` normally.
-    observer: Option<Box<dyn Observer>>,
+}
+
+/// The buffers of [`Model::forward_batch`]'s steps, shared by the sequences of a step
+/// (made by [`Model::batch_scratch`], allocated once): room for `tokens()` rows of a
+/// step, and attention scores for sequences of up to the context it was made for.
+pub struct BatchScratch {
+    buf: Scratch,
+    ctx: usize,
+    /// The step's ids, row by row.
+    toks: Vec<u32>,
+}
+
+impl BatchScratch {
+    /// Most tokens of one step (a longer batch runs as several steps).
+    pub fn tokens(&self) -> usize {
+        self.buf.cap
+    }
+
+    /// The longest context of the sequences it can run.
+    pub fn ctx(&self) -> usize {
+        self.ctx
+    }
+}
+
+/// The rows `r0..r0 + n` of a step: one sequence's tokens at positions `p0..p0 + n`.
+struct Seg<'s> {
+    seq: &'s mut Seq,
+    r0: usize,
+    n: usize,
+    p0: usize,
+}
+
+/// Shows the observers the rows of `rows` (one row per step row, each as wide as the
+/// input): each segment's observer its own rows.
+fn tap_rows(segs: &mut [Seg], layer: usize, input: Input, rows: &[f32]) {
+    let total: usize = segs.iter().map(|s| s.n).sum();
+    let w = rows.len() / total.max(1);
+    for s in segs.iter_mut() {
+        tap(
+            &mut s.seq.observer,
+            layer,
+            input,
+            &rows[s.r0 * w..(s.r0 + s.n) * w],
+        );
+    }
 }
 
 impl State {
     /// Positions processed so far.
     pub fn pos(&self) -> usize {
-        self.pos
+        self.seq.pos
     }
 
     /// KV positions.
     pub fn ctx(&self) -> usize {
-        self.ctx
+        self.seq.ctx
     }
 
     /// Bytes of the KV caches.
     pub fn kv_bytes(&self) -> usize {
-        self.caches.iter().flatten().map(LayerCache::bytes).sum()
+        self.seq
+            .caches
+            .iter()
+            .flatten()
+            .map(LayerCache::bytes)
+            .sum()
     }
 
     /// Bytes of the linear-attention states.
     pub fn delta_bytes(&self) -> usize {
-        self.delta.iter().flatten().map(DeltaState::bytes).sum()
+        self.seq.delta.iter().flatten().map(DeltaState::bytes).sum()
     }
 
     /// The importance sums so far (with `Options::imatrix`, or a [`Collector`] set as
     /// the observer).
     pub fn imatrix(&self) -> Option<&Mli> {
-        let o: &dyn Any = self.observer.as_deref()?;
+        let o: &dyn Any = self.seq.observer.as_deref()?;
         o.downcast_ref::<Collector>().map(Collector::mli)
     }
 
     /// Back to an empty context.
     pub fn reset(&mut self) {
-        self.pos = 0;
-        for d in self.delta.iter_mut().flatten() {
+        self.seq.pos = 0;
+        for d in self.seq.delta.iter_mut().flatten() {
             d.reset();
         }
     }
@@ -184,7 +266,7 @@ impl State {
     /// Per layer: the KV cache or the linear-attention state (for the session's
     /// snapshots, `crate::session`).
     pub(crate) fn layer_states(&self) -> (&[Option<LayerCache>], &[Option<DeltaState>]) {
-        (&self.caches, &self.delta)
+        (&self.seq.caches, &self.seq.delta)
     }
 
     /// [`State::layer_states`], writable, with the position.
@@ -195,44 +277,60 @@ impl State {
         &mut [Option<LayerCache>],
         &mut [Option<DeltaState>],
     ) {
-        (&mut self.pos, &mut self.caches, &mut self.delta)
+        let s = &mut self.seq;
+        (&mut s.pos, &mut s.caches, &mut s.delta)
     }
 
     /// Shows every following matrix input to `o`.
     pub fn set_observer(&mut self, o: Box<dyn Observer>) {
-        self.observer = Some(o);
+        self.seq.observer = Some(o);
     }
 
     /// Removes the observer.
     pub fn take_observer(&mut self) -> Option<Box<dyn Observer>> {
-        self.observer.take()
+        self.seq.observer.take()
     }
 
     /// Removes the observer if it is a `T`.
     pub fn take_observer_as<T: Observer>(&mut self) -> Option<Box<T>> {
-        let o = self.observer.take()?;
+        let o = self.seq.observer.take()?;
         let any: Box<dyn Any> = o;
         any.downcast::<T>().ok()
     }
 }
 
-/// `xb = rmsnorm(x, norm)` over the chunk's `len` values: a branch's input, shown to
-/// the observer as input `at` (layer, which input).
-fn branch_input(st: &mut State, len: usize, norm: &[f32], c: &Config, at: (usize, Input)) {
+/// `xb = rmsnorm(x, norm)` over the step's `len` values: a branch's input, shown to
+/// the observers as input `at` (layer, which input).
+fn branch_input(
+    st: &mut Scratch,
+    segs: &mut [Seg],
+    len: usize,
+    norm: &[f32],
+    c: &Config,
+    at: (usize, Input),
+) {
     let (x, xb) = (&st.x[..len], &mut st.xb[..len]);
     rmsnorm_rows(xb, x, norm, c.dim, c.norm_eps);
-    tap(&mut st.observer, at.0, at.1, xb);
+    tap_rows(segs, at.0, at.1, xb);
 }
 
 /// `x += post_norm(xb2)` over the chunk's `len` values: a branch's output, through its
 /// post norm when the layer has one, added to the residual stream.
-fn residual(st: &mut State, len: usize, post_norm: Option<&[f32]>, c: &Config) {
+fn residual(st: &mut Scratch, len: usize, post_norm: Option<&[f32]>, c: &Config) {
     if let Some(w) = post_norm {
         for_rows(&mut st.xb2[..len], c.dim, |_, r| {
             rmsnorm_inplace(r, w, c.norm_eps)
         });
     }
     add(&mut st.x[..len], &st.xb2[..len]);
+}
+
+/// Bytes asked of `z`, as the text of an allocation error.
+fn bytes_text(z: &Zeros) -> String {
+    match z.bytes() {
+        Some(b) => format!("{b} bytes"),
+        None => "more bytes than a 128-bit count holds".into(),
+    }
 }
 
 impl<'a> Model<'a> {
@@ -284,23 +382,12 @@ impl<'a> Model<'a> {
     /// `--ctx` and the bytes needed, never an abort.
     pub fn state(&self, opts: &Options) -> Result<State> {
         let ctx = self.context(opts)?;
-        let mut count = Zeros::counting();
-        self.buffers(opts, ctx, &mut count);
-        let mut alloc = Zeros::allocating();
-        let mut st = self.buffers(opts, ctx, &mut alloc);
-        // `qa` is sized once, last, by quantizing a zero input of the widest matrix
-        // input (a chunk of `cap` tokens).
-        let widest = self.widest_input();
-        let x0 = alloc.take(&[st.cap, widest]);
-        if alloc.ok() {
-            st.qa.quantize_with(&kernels::kernels(), &x0, widest);
-            return Ok(st);
-        }
-        let bytes = match count.bytes() {
-            Some(b) => format!("{b} bytes"),
-            None => "more bytes than a 128-bit count holds".into(),
+        let cap = opts.batch.clamp(1, ctx);
+        let make = |z: &mut Zeros| State {
+            seq: self.seq(opts, ctx, z),
+            buf: self.scratch(cap, self.att_len(ctx), cap.min(LOGIT_ROWS), z),
         };
-        Err(ModelError::BadOption {
+        self.allocate(make, |st| &mut st.buf).map_err(|bytes| ModelError::BadOption {
             name: "--ctx",
             value: ctx.to_string(),
             rule: format!(
@@ -309,18 +396,122 @@ impl<'a> Model<'a> {
         })
     }
 
+    /// The buffers of [`Model::forward_batch`] for steps of up to `tokens` rows and
+    /// sequences of up to `ctx` positions (`None`: the default context), allocated once
+    /// (fallibly, like [`Model::state`]).
+    pub fn batch_scratch(&self, tokens: usize, ctx: Option<usize>) -> Result<BatchScratch> {
+        let ctx = self.context(&Options {
+            ctx,
+            ..Options::default()
+        })?;
+        let cap = tokens.max(1);
+        let make = |z: &mut Zeros| BatchScratch {
+            buf: self.scratch(cap, self.att_len(ctx), cap.min(BATCH_LOGIT_ROWS), z),
+            ctx,
+            toks: Vec::new(),
+        };
+        let mut bs = self
+            .allocate(make, |b| &mut b.buf)
+            .map_err(|bytes| ModelError::BadOption {
+                name: "batch",
+                value: tokens.to_string(),
+                rule: format!(
+                    "the buffers of a batched step of this many tokens (context {ctx}) need {bytes}, more than can be allocated here"
+                ),
+            })?;
+        bs.toks
+            .try_reserve_exact(cap)
+            .map_err(|_| ModelError::BadOption {
+                name: "batch",
+                value: tokens.to_string(),
+                rule: "cannot allocate the ids of a step".into(),
+            })?;
+        Ok(bs)
+    }
+
+    /// Bytes of a [`BatchScratch`] for `tokens` rows and a context of `ctx` (counted,
+    /// not allocated).
+    pub fn batch_scratch_bytes(&self, tokens: usize, ctx: usize) -> Option<u128> {
+        let mut z = Zeros::counting();
+        let cap = tokens.max(1);
+        self.scratch(cap, self.att_len(ctx), cap.min(BATCH_LOGIT_ROWS), &mut z);
+        z.add(Some(cap as u128 * 4));
+        z.bytes()
+    }
+
+    /// Memory of one sequence's [`State`] with `opts` (computed, not allocated): the KV
+    /// caches (and per position), the delta states, the step buffers.
+    pub fn slot_memory(&self, opts: &Options) -> Result<SlotMemory> {
+        let ctx = self.context(opts)?;
+        let cap = opts.batch.clamp(1, ctx);
+        let c = &self.cfg;
+        let row = opts.kv_type.row_bytes(c.n_kv_heads, c.head_dim) as u128 * 2;
+        let (mut kv, mut full, mut delta) = (0u128, 0, 0u128);
+        for l in &c.layers {
+            match *l {
+                LayerKind::Attention { window, .. } => {
+                    let slots = match window {
+                        Some(w) if opts.ring => w.min(ctx),
+                        _ => ctx,
+                    };
+                    kv += slots as u128 * row;
+                    full += usize::from(window.is_none());
+                }
+                LayerKind::Linear => delta += DeltaState::bytes_for(c) as u128,
+            }
+        }
+        let mut z = Zeros::counting();
+        self.scratch(cap, self.att_len(ctx), cap.min(LOGIT_ROWS), &mut z);
+        Ok(SlotMemory {
+            ctx,
+            kv_type: opts.kv_type,
+            kv_per_position: full * row as usize,
+            kv,
+            delta,
+            buffers: z.bytes().unwrap_or(u128::MAX),
+        })
+    }
+
+    /// Counts the bytes `make` asks for, then allocates them (zeroed, without aborting);
+    /// the scratch's `qa` is sized last by quantizing a zero input of the widest matrix
+    /// input. `Err` with the bytes needed when they cannot be allocated.
+    fn allocate<T>(
+        &self,
+        make: impl Fn(&mut Zeros) -> T,
+        scratch: impl Fn(&mut T) -> &mut Scratch,
+    ) -> std::result::Result<T, String> {
+        let mut count = Zeros::counting();
+        make(&mut count);
+        let mut alloc = Zeros::allocating();
+        let mut t = make(&mut alloc);
+        let widest = self.widest_input();
+        let s = scratch(&mut t);
+        let x0 = alloc.take(&[s.cap, widest]);
+        if alloc.ok() {
+            s.qa.quantize_with(&kernels::kernels(), &x0, widest);
+            return Ok(t);
+        }
+        Err(bytes_text(&count))
+    }
+
     /// The widest matrix input: dim, hidden_dim, q_dim or the delta rule's V·dv.
     fn widest_input(&self) -> usize {
         let c = &self.cfg;
         c.dim.max(c.hidden_dim).max(c.q_dim).max(c.lin_v_total)
     }
 
-    /// The state for `ctx` positions with the buffers `z` gives (empty when counting).
-    fn buffers(&self, opts: &Options, ctx: usize, z: &mut Zeros) -> State {
+    /// The longest span a query of any attention layer sees in a context of `ctx`.
+    fn att_len(&self, ctx: usize) -> usize {
+        let spans = self.cfg.layers.iter().map(|l| match *l {
+            LayerKind::Attention { window, .. } => window.unwrap_or(ctx).min(ctx),
+            LayerKind::Linear => 0,
+        });
+        spans.max().unwrap_or(0).max(1)
+    }
+
+    /// A sequence's caches and delta states for `ctx` positions, from `z`.
+    fn seq(&self, opts: &Options, ctx: usize, z: &mut Zeros) -> Seq {
         let c = &self.cfg;
-        let cap = opts.batch.clamp(1, ctx);
-        let group = c.n_heads / c.n_kv_heads.max(1);
-        let mut att_len = 0;
         let caches: Vec<Option<LayerCache>> = c
             .layers
             .iter()
@@ -330,14 +521,14 @@ impl<'a> Model<'a> {
                         Some(w) if opts.ring => w.min(ctx),
                         _ => ctx,
                     };
-                    att_len = att_len.max(window.unwrap_or(ctx).min(ctx));
-                    Some(LayerCache {
-                        k: z.take(&[slots, c.kv_dim]),
-                        v: z.take(&[slots, c.kv_dim]),
-                        cap: slots,
+                    Some(LayerCache::new_in(
+                        opts.kv_type,
+                        slots,
+                        c.n_kv_heads,
+                        c.head_dim,
                         window,
-                        kv_dim: c.kv_dim,
-                    })
+                        z,
+                    ))
                 }
                 LayerKind::Linear => None,
             })
@@ -347,17 +538,30 @@ impl<'a> Model<'a> {
             .iter()
             .map(|l| (*l == LayerKind::Linear).then(|| DeltaState::new(c, z)))
             .collect();
-        let att_len = att_len.max(1);
+        Seq {
+            ctx,
+            pos: 0,
+            caches,
+            delta,
+            observer: opts
+                .imatrix
+                .then(|| Box::new(Collector::new(c)) as Box<dyn Observer>),
+        }
+    }
+
+    /// The buffers of a step of `cap` rows with scores of `att_len` and `logit_rows`
+    /// rows of logits, from `z` (empty when counting).
+    fn scratch(&self, cap: usize, att_len: usize, logit_rows: usize, z: &mut Zeros) -> Scratch {
+        let c = &self.cfg;
+        let group = c.n_heads / c.n_kv_heads.max(1);
         let mix_w = c.q_dim.max(c.lin_v_total);
-        // `qa` (sized by `state`): a zero input of the widest matrix input, 4 bytes per
-        // value, and its quants, their Q4_0 arrangement (a byte per value each), and a
-        // scale and a sum per block.
+        // `qa` (sized by `allocate`): a zero input of the widest matrix input, 4 bytes
+        // per value, and its quants, their Q4_0 arrangement (a byte per value each), and
+        // a scale and a sum per block.
         let widest = self.widest_input() as u128;
         z.add(Some(cap as u128 * widest * 25 / 4));
-        State {
-            ctx,
+        Scratch {
             cap,
-            pos: 0,
             x: z.take(&[cap, c.dim]),
             xb: z.take(&[cap, c.dim]),
             xb2: z.take(&[cap, c.dim]),
@@ -385,18 +589,14 @@ impl<'a> Model<'a> {
             lz: z.take(&[cap, c.lin_v_total]),
             lb: z.take(&[cap, c.lin_v_heads]),
             la: z.take(&[cap, c.lin_v_heads]),
-            logits: z.take(&[cap.min(LOGIT_ROWS), c.vocab]),
+            logits: z.take(&[logit_rows, c.vocab]),
+            logit_rows,
             qa: QActs::new(),
-            caches,
-            delta,
-            observer: opts
-                .imatrix
-                .then(|| Box::new(Collector::new(c)) as Box<dyn Observer>),
         }
     }
 
-    /// Checks that `tokens` can follow what `st` holds.
-    fn check(&self, st: &State, tokens: &[u32]) -> Result<()> {
+    /// Checks that `tokens` can follow what `seq` holds.
+    fn check(&self, seq: &Seq, tokens: &[u32]) -> Result<()> {
         if tokens.is_empty() {
             return Err(ModelError::BadOption {
                 name: "prompt",
@@ -415,11 +615,11 @@ impl<'a> Model<'a> {
                 vocab: self.cfg.vocab,
             });
         }
-        let needed = st.pos + tokens.len();
-        if needed > st.ctx {
+        let needed = seq.pos + tokens.len();
+        if needed > seq.ctx {
             return Err(ModelError::ContextFull {
                 needed,
-                ctx: st.ctx,
+                ctx: seq.ctx,
             });
         }
         Ok(())
@@ -434,16 +634,23 @@ impl<'a> Model<'a> {
         tokens: &[u32],
         mut each: Option<LogitsSink>,
     ) -> Result<&'s [f32]> {
-        self.check(st, tokens)?;
+        self.check(&st.seq, tokens)?;
         let k = kernels::kernels();
         let vocab = self.cfg.vocab;
+        let State { seq, buf } = st;
         let mut last = 0;
-        let chunks = tokens.chunks(st.cap);
+        let chunks = tokens.chunks(buf.cap);
         let n_chunks = chunks.len();
+        let mut rows = [(0, 0); LOGIT_ROWS];
         for (ci, chunk) in chunks.enumerate() {
-            let p0 = st.pos;
-            self.layers(&k, st, chunk);
-            let n = chunk.len();
+            let (n, p0) = (chunk.len(), seq.pos);
+            let mut segs = [Seg {
+                seq: &mut *seq,
+                r0: 0,
+                n,
+                p0,
+            }];
+            self.layers(&k, buf, &mut segs, chunk);
             let first = match each {
                 Some(_) => 0,
                 None if ci + 1 == n_chunks => n - 1,
@@ -451,18 +658,21 @@ impl<'a> Model<'a> {
             };
             let mut r0 = first;
             while r0 < n {
-                let r1 = (r0 + LOGIT_ROWS).min(n);
-                self.classify(&k, st, r0, r1);
+                let r1 = (r0 + buf.logit_rows).min(n);
+                for (row, r) in rows.iter_mut().zip(r0..r1) {
+                    *row = (0, r);
+                }
+                self.classify(&k, buf, &mut segs, &rows[..r1 - r0]);
                 if let Some(f) = each.as_mut() {
                     for r in r0..r1 {
-                        f(p0 + r, &st.logits[(r - r0) * vocab..(r - r0 + 1) * vocab]);
+                        f(p0 + r, &buf.logits[(r - r0) * vocab..(r - r0 + 1) * vocab]);
                     }
                 }
                 last = r1 - r0 - 1;
                 r0 = r1;
             }
         }
-        Ok(&st.logits[last * vocab..(last + 1) * vocab])
+        Ok(&buf.logits[last * vocab..(last + 1) * vocab])
     }
 
     /// One token after what `st` holds; returns its logits.
@@ -470,18 +680,133 @@ impl<'a> Model<'a> {
         self.prefill(st, &[token], None)
     }
 
-    /// Logits of chunk rows `r0..r1` (whose residual stream is in `st.x`) into `st.logits`.
-    fn classify(&self, k: &Kernels, st: &mut State, r0: usize, r1: usize) {
+    /// Several sequences at once: sequence `i` runs `seqs[i].1` after what its state
+    /// holds (an empty list: it is skipped). The tokens of all sequences go through
+    /// every matrix together (one quantization and one product per matrix for all of
+    /// them, so the weights are read once per step), each sequence's mixer against its
+    /// own caches and delta states; the classifier runs over each sequence's last token
+    /// (every token with `every`), and `sink(i, pos, logits)` gets them. Each
+    /// sequence's logits are bit-identical to those [`Model::prefill`] gives it alone.
+    ///
+    /// Every sequence is checked first (ids in the vocabulary, room in its context,
+    /// `bs` made for its context): an error is `InBatch` naming the sequence, and no
+    /// state has changed. A batch of more tokens than `bs.tokens()` runs as several
+    /// steps, single tokens (decoding sequences) first.
+    pub fn forward_batch(
+        &self,
+        bs: &mut BatchScratch,
+        seqs: &mut [(&mut State, &[u32])],
+        every: bool,
+        sink: BatchSink,
+    ) -> Result<()> {
+        for (i, (st, ids)) in seqs.iter().enumerate() {
+            if ids.is_empty() {
+                continue;
+            }
+            let in_batch = |e| ModelError::InBatch {
+                index: i,
+                error: Box::new(e),
+            };
+            self.check(&st.seq, ids).map_err(in_batch)?;
+            if self.att_len(st.seq.ctx) > bs.buf.att_len {
+                return Err(in_batch(ModelError::BadOption {
+                    name: "ctx",
+                    value: st.seq.ctx.to_string(),
+                    rule: format!("the batch's buffers were made for a context of {}", bs.ctx),
+                }));
+            }
+        }
+        let k = kernels::kernels();
+        let vocab = self.cfg.vocab;
+        let ids: Vec<&[u32]> = seqs.iter().map(|(_, ids)| *ids).collect();
+        let mut done = vec![0usize; seqs.len()];
+        loop {
+            // The step: (sequence, first id, ids), single tokens first, up to the budget.
+            let mut plan = Vec::new();
+            let mut budget = bs.buf.cap;
+            for single in [true, false] {
+                for (i, ids) in ids.iter().enumerate() {
+                    let left = ids.len() - done[i];
+                    if left > 0 && (left == 1) == single && budget > 0 {
+                        let n = left.min(budget);
+                        plan.push((i, done[i], n));
+                        budget -= n;
+                    }
+                }
+            }
+            if plan.is_empty() {
+                return Ok(());
+            }
+            let mut parts: Vec<Option<&mut Seq>> =
+                seqs.iter_mut().map(|(st, _)| Some(&mut st.seq)).collect();
+            let BatchScratch { buf, toks, .. } = &mut *bs;
+            toks.clear();
+            let mut segs = Vec::with_capacity(plan.len());
+            for &(i, from, n) in &plan {
+                let seq = parts[i].take().expect("a sequence once per step");
+                toks.extend_from_slice(&ids[i][from..from + n]);
+                segs.push(Seg {
+                    p0: seq.pos,
+                    seq,
+                    r0: toks.len() - n,
+                    n,
+                });
+            }
+            self.layers(&k, buf, &mut segs, toks);
+            // Rows to classify: each sequence's last, or all of them.
+            let want: Vec<(usize, usize)> = segs
+                .iter()
+                .enumerate()
+                .flat_map(|(s, g)| {
+                    let (i, from, n) = plan[s];
+                    let t0 = match (every, from + n == ids[i].len()) {
+                        (true, _) => 0,
+                        (false, true) => n - 1,
+                        (false, false) => n,
+                    };
+                    (t0..n).map(move |t| (s, g.r0 + t))
+                })
+                .collect();
+            for rows in want.chunks(buf.logit_rows) {
+                self.classify(&k, buf, &mut segs, rows);
+                for (j, &(s, r)) in rows.iter().enumerate() {
+                    let g = &segs[s];
+                    sink(
+                        plan[s].0,
+                        g.p0 + (r - g.r0),
+                        &buf.logits[j * vocab..(j + 1) * vocab],
+                    );
+                }
+            }
+            for &(i, _, n) in &plan {
+                done[i] += n;
+            }
+        }
+    }
+
+    /// Logits of the step rows `rows` (segment, row; whose residual stream is in
+    /// `st.x`) into `st.logits`, a row each.
+    fn classify(&self, k: &Kernels, st: &mut Scratch, segs: &mut [Seg], rows: &[(usize, usize)]) {
         let (d, v) = (self.cfg.dim, self.cfg.vocab);
-        let m = r1 - r0;
-        rmsnorm_rows(
-            &mut st.xb[..m * d],
-            &st.x[r0 * d..r1 * d],
-            self.w.final_norm,
-            d,
-            self.cfg.norm_eps,
-        );
-        tap(&mut st.observer, 0, Input::Cls, &st.xb[..m * d]);
+        let m = rows.len();
+        let (x, w, eps) = (&st.x, self.w.final_norm, self.cfg.norm_eps);
+        for_rows(&mut st.xb[..m * d], d, |i, o| {
+            let r = rows[i].1;
+            rmsnorm(o, &x[r * d..(r + 1) * d], w, eps)
+        });
+        // Each sequence's observer sees its rows (consecutive in `rows`).
+        let mut i0 = 0;
+        while i0 < m {
+            let s = rows[i0].0;
+            let i1 = i0 + rows[i0..].iter().take_while(|r| r.0 == s).count();
+            tap(
+                &mut segs[s].seq.observer,
+                0,
+                Input::Cls,
+                &st.xb[i0 * d..i1 * d],
+            );
+            i0 = i1;
+        }
         let out = &mut st.logits[..m * v];
         k.project(&self.w.wcls, &st.xb[..m * d], &mut st.qa, out);
         let cap = self.cfg.final_softcap;
@@ -494,12 +819,12 @@ impl<'a> Model<'a> {
         }
     }
 
-    /// Embeds `toks` at positions `st.pos..` and runs every layer; the residual stream
-    /// is left in `st.x` and `st.pos` advances.
-    fn layers(&self, k: &Kernels, st: &mut State, toks: &[u32]) {
+    /// Embeds `toks` (the step's rows: segment `s` holds rows `r0..r0 + n` at its
+    /// positions `p0..`) and runs every layer; the residual stream is left in `st.x`
+    /// and each sequence's position advances.
+    fn layers(&self, k: &Kernels, st: &mut Scratch, segs: &mut [Seg], toks: &[u32]) {
         let c = &self.cfg;
         let (n, d, hid) = (toks.len(), c.dim, c.hidden_dim);
-        let p0 = st.pos;
         let es = c.embed_scale;
         for (row, &t) in st.x[..n * d].chunks_exact_mut(d).zip(toks) {
             k.dequant_row(&self.w.tok_emb, t as usize, row);
@@ -510,25 +835,28 @@ impl<'a> Model<'a> {
             }
         }
         let rd = c.rot_dim;
-        for t in 0..n {
-            self.global
-                .cos_sin(p0 + t, &mut st.cs_global[t * rd..(t + 1) * rd]);
-            if let Some(loc) = &self.local {
-                loc.cos_sin(p0 + t, &mut st.cs_local[t * rd..(t + 1) * rd]);
+        for s in segs.iter() {
+            for t in s.r0..s.r0 + s.n {
+                let pos = s.p0 + (t - s.r0);
+                self.global
+                    .cos_sin(pos, &mut st.cs_global[t * rd..(t + 1) * rd]);
+                if let Some(loc) = &self.local {
+                    loc.cos_sin(pos, &mut st.cs_local[t * rd..(t + 1) * rd]);
+                }
             }
         }
         for (l, lw) in self.w.layers.iter().enumerate() {
-            branch_input(st, n * d, lw.attn_norm, c, (l, Input::Attn));
+            branch_input(st, segs, n * d, lw.attn_norm, c, (l, Input::Attn));
             match (&lw.mixer, c.layers[l]) {
                 (MixerWeights::Attention(a), LayerKind::Attention { rope, .. }) => {
-                    self.attention(k, st, l, a, rope, n, p0)
+                    self.attention(k, st, segs, l, a, rope, n)
                 }
-                (MixerWeights::Linear(lin), _) => self.linear(k, st, l, lin, n),
+                (MixerWeights::Linear(lin), _) => self.linear(k, st, segs, l, lin, n),
                 _ => unreachable!("layout and config agree on layer kinds"),
             }
             residual(st, n * d, lw.post_attn_norm, c);
             // FFN: W2 (act(W1 h) ⊙ W3 h).
-            branch_input(st, n * d, lw.ffn_norm, c, (l, Input::W13));
+            branch_input(st, segs, n * d, lw.ffn_norm, c, (l, Input::W13));
             k.project_each(
                 &[&lw.w1, &lw.w3],
                 &st.xb[..n * d],
@@ -544,16 +872,26 @@ impl<'a> Model<'a> {
                     Act::GeluTanh => k.gelu_mul(r, u),
                 }
             });
-            tap(&mut st.observer, l, Input::W2, &st.hb[..n * hid]);
+            tap_rows(segs, l, Input::W2, &st.hb[..n * hid]);
             k.project(&lw.w2, &st.hb[..n * hid], &mut st.qa, &mut st.xb2[..n * d]);
             residual(st, n * d, lw.post_ffn_norm, c);
         }
-        st.pos += n;
+        for s in segs.iter_mut() {
+            s.seq.pos += s.n;
+        }
     }
 
-    /// The gated delta rule of layer `l` for the chunk's `n` tokens (input in `st.xb`,
-    /// output in `st.xb2`).
-    fn linear(&self, k: &Kernels, st: &mut State, l: usize, w: &LinearWeights, n: usize) {
+    /// The gated delta rule of layer `l` for the step's `n` rows (input in `st.xb`,
+    /// output in `st.xb2`), each segment's rows in order against its own state.
+    fn linear(
+        &self,
+        k: &Kernels,
+        st: &mut Scratch,
+        segs: &mut [Seg],
+        l: usize,
+        w: &LinearWeights,
+        n: usize,
+    ) {
         let c = &self.cfg;
         let (d, lq, lv, vh) = (c.dim, c.lin_qkv, c.lin_v_total, c.lin_v_heads);
         k.project_each(
@@ -567,20 +905,64 @@ impl<'a> Model<'a> {
                 &mut st.la[..n * vh],
             ],
         );
-        let ds = st.delta[l].as_mut().expect("linear layer has a state");
-        for t in 0..n {
-            ds.step(
-                k,
-                c,
-                w,
-                &mut st.lqkv[t * lq..(t + 1) * lq],
-                &st.lz[t * lv..(t + 1) * lv],
-                &st.lb[t * vh..(t + 1) * vh],
-                &st.la[t * vh..(t + 1) * vh],
-                &mut st.mix[t * lv..(t + 1) * lv],
-            );
+        for s in segs.iter_mut() {
+            let ds = s.seq.delta[l].as_mut().expect("linear layer has a state");
+            for t in s.r0..s.r0 + s.n {
+                ds.step(
+                    k,
+                    c,
+                    w,
+                    &mut st.lqkv[t * lq..(t + 1) * lq],
+                    &st.lz[t * lv..(t + 1) * lv],
+                    &st.lb[t * vh..(t + 1) * vh],
+                    &st.la[t * vh..(t + 1) * vh],
+                    &mut st.mix[t * lv..(t + 1) * lv],
+                );
+            }
         }
-        tap(&mut st.observer, l, Input::LinOut, &st.mix[..n * lv]);
+        tap_rows(segs, l, Input::LinOut, &st.mix[..n * lv]);
         k.project(&w.lout, &st.mix[..n * lv], &mut st.qa, &mut st.xb2[..n * d]);
+    }
+}
+
+/// What one sequence's [`State`] takes in memory ([`Model::slot_memory`]): a server
+/// prints it for its slots.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SlotMemory {
+    pub ctx: usize,
+    pub kv_type: KvType,
+    /// Bytes of keys and values per position over the full-attention layers.
+    pub kv_per_position: usize,
+    /// Bytes of all KV caches (sliding layers' rings included).
+    pub kv: u128,
+    /// Bytes of the linear-attention states.
+    pub delta: u128,
+    /// Bytes of the step buffers (scores, activations, logits; untouched pages of
+    /// them take no memory).
+    pub buffers: u128,
+}
+
+impl SlotMemory {
+    /// Everything.
+    pub fn total(&self) -> u128 {
+        self.kv + self.delta + self.buffers
+    }
+}
+
+impl std::fmt::Display for SlotMemory {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mib = |b: u128| b as f64 / (1024.0 * 1024.0);
+        write!(
+            f,
+            "KV cache {} {:.1} MiB ({} bytes per position, {} positions)",
+            self.kv_type,
+            mib(self.kv),
+            self.kv_per_position,
+            self.ctx
+        )?;
+        if self.delta > 0 {
+            write!(f, ", linear-attention state {:.1} MiB", mib(self.delta))?;
+        }
+        write!(f, ", buffers {:.1} MiB", mib(self.buffers))
     }
 }

@@ -36,7 +36,8 @@ pub mod sampler;
 pub mod weights;
 
 pub use config::{Config, LayerKind, RopeSel};
-pub use forward::{Model, Options, State};
+pub use forward::{BatchScratch, Model, Options, SlotMemory, State};
+pub use kv::KvType;
 pub use sampler::{Sampler, SamplerOpts};
 pub use weights::{Packs, Weights};
 
@@ -59,6 +60,12 @@ pub enum ModelError {
         value: String,
         rule: String,
     },
+    /// Sequence `index` of a batched step ([`Model::forward_batch`]) was refused; no
+    /// sequence of the batch has changed.
+    InBatch {
+        index: usize,
+        error: Box<ModelError>,
+    },
 }
 
 impl fmt::Display for ModelError {
@@ -74,6 +81,7 @@ impl fmt::Display for ModelError {
                 "prompt needs {needed} positions but the context holds {ctx} (raise --ctx, at most max_seq)"
             ),
             ModelError::BadOption { name, value, rule } => write!(f, "{name} = {value}: {rule}"),
+            ModelError::InBatch { index, error } => write!(f, "sequence {index} of the batch: {error}"),
         }
     }
 }

@@ -72,8 +72,14 @@ impl Zeros {
 
     /// A buffer of the product of `dims` zeros (shape comments stay at the call).
     pub(crate) fn take(&mut self, dims: &[usize]) -> Vec<f32> {
+        self.take_of(dims)
+    }
+
+    /// [`Zeros::take`] of any element type whose all-zero bytes are a zero (f32, the
+    /// KV cache's f16 bits and Q8_0 quants).
+    pub(crate) fn take_of<T: ZeroBits>(&mut self, dims: &[usize]) -> Vec<T> {
         let n = dims.iter().try_fold(1usize, |a, &d| a.checked_mul(d));
-        self.add(n.map(|n| n as u128 * 4));
+        self.add(n.map(|n| n as u128 * std::mem::size_of::<T>() as u128));
         if !self.alloc || self.failed {
             return Vec::new();
         }
@@ -102,19 +108,32 @@ impl Zeros {
     }
 }
 
+/// Element types whose all-zero bytes are a valid value.
+///
+/// # Safety
+/// Every bit pattern of zeros must be a valid `Self` (and `Self` not zero-sized).
+pub(crate) unsafe trait ZeroBits: Copy {}
+
+// SAFETY: all-zero bytes are 0.0, 0 and 0.
+unsafe impl ZeroBits for f32 {}
+// SAFETY: as above.
+unsafe impl ZeroBits for u16 {}
+// SAFETY: as above.
+unsafe impl ZeroBits for i8 {}
+
 /// `n` zeros, or `None` when the allocator cannot provide them.
-fn try_zeros(n: usize) -> Option<Vec<f32>> {
+fn try_zeros<T: ZeroBits>(n: usize) -> Option<Vec<T>> {
     if n == 0 {
         return Some(Vec::new());
     }
-    let layout = std::alloc::Layout::array::<f32>(n).ok()?;
-    // SAFETY: the layout's size is not zero (n > 0).
-    let p = unsafe { std::alloc::alloc_zeroed(layout) }.cast::<f32>();
+    let layout = std::alloc::Layout::array::<T>(n).ok()?;
+    // SAFETY: the layout's size is not zero (n > 0, T not zero-sized).
+    let p = unsafe { std::alloc::alloc_zeroed(layout) }.cast::<T>();
     if p.is_null() {
         return None;
     }
-    // SAFETY: `p` comes from the global allocator with the layout of `[f32; n]` (so a
-    // capacity of n), and n zero-filled f32s are n valid `0.0`.
+    // SAFETY: `p` comes from the global allocator with the layout of `[T; n]` (so a
+    // capacity of n), and n zero-filled `T`s are valid (`ZeroBits`).
     Some(unsafe { Vec::from_raw_parts(p, n, n) })
 }
 

@@ -127,6 +127,7 @@ pub(super) fn run(
     let model = Options {
         ctx: o.ctx,
         batch: o.batch.max(1),
+        kv_type: o.kv_type,
         ..Options::default()
     };
     let mut chat = ChatSession::new(engine, &model, opts).map_err(RunError::Chat)?;
@@ -134,7 +135,7 @@ pub(super) fn run(
         chat.push(m);
     }
     if o.verbose {
-        note_verbose(engine, chat.session().ctx(), model.batch, load_secs, fe);
+        note_verbose(engine, chat.session().ctx(), &model, load_secs, fe)?;
     }
     let mut totals = Totals::default();
     if c.interactive {

@@ -4,6 +4,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
 
 use self_cell::self_cell;
 
@@ -13,7 +14,8 @@ use crate::format::mlb::Mlb;
 use crate::format::mlt::Mlt;
 use crate::format::FormatError;
 use crate::kernels;
-use crate::model::{Config, Model, Options, Packs};
+use crate::model::forward::DEFAULT_BATCH;
+use crate::model::{BatchScratch, Config, Model, Options, Packs, SlotMemory};
 use crate::tokenizer::Tokenizer;
 
 /// Where the tokenizer comes from.
@@ -73,6 +75,14 @@ pub struct Engine {
     /// The `.mlt`'s chat templates and stop set, when it has a chat section.
     chat: Option<Chat>,
     id: u64,
+    /// The buffers of batched steps ([`super::feed_batch`]), made on first use.
+    batch: Mutex<Batch>,
+}
+
+/// The batched steps' buffers and the most tokens a step runs in one pass.
+struct Batch {
+    scratch: Option<BatchScratch>,
+    budget: usize,
 }
 
 impl Engine {
@@ -115,6 +125,10 @@ impl Engine {
             tokenizer: None,
             chat: None,
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+            batch: Mutex::new(Batch {
+                scratch: None,
+                budget: DEFAULT_BATCH,
+            }),
         }
         .with_tokenizer(tokenizer, None)
     }
@@ -229,6 +243,56 @@ impl Engine {
 
     pub(crate) fn id(&self) -> u64 {
         self.id
+    }
+
+    /// The memory one session with `opts` takes (a server prints it for its slots):
+    /// KV caches (per position and in all), delta states, step buffers.
+    pub fn slot_memory(&self, opts: &Options) -> Result<SlotMemory, SessionError> {
+        Ok(self.model().slot_memory(opts)?)
+    }
+
+    /// Allocates the buffers of batched steps ([`super::feed_batch`]) now, for steps
+    /// of up to `tokens` tokens (a longer step runs as several passes over the
+    /// weights; [`DEFAULT_BATCH`] without this call) and sessions of up to `ctx`
+    /// positions (`None`: the default context). Returns their bytes. Without this call
+    /// they are made at the first batched step and grown when a step needs more.
+    pub fn reserve_batch(&self, tokens: usize, ctx: Option<usize>) -> Result<u128, SessionError> {
+        let bs = self.model().batch_scratch(tokens, ctx)?;
+        let bytes = self
+            .model()
+            .batch_scratch_bytes(bs.tokens(), bs.ctx())
+            .unwrap_or(u128::MAX);
+        let mut b = self.batch.lock().unwrap_or_else(|p| p.into_inner());
+        b.budget = bs.tokens();
+        b.scratch = Some(bs);
+        Ok(bytes)
+    }
+
+    /// Runs `f` with the model and the batch buffers, made (or grown) for `tokens`
+    /// tokens (at most the budget) and contexts of `ctx`.
+    pub(super) fn with_batch<R>(
+        &self,
+        tokens: usize,
+        ctx: usize,
+        f: impl FnOnce(&Model<'_>, &mut BatchScratch) -> R,
+    ) -> Result<R, SessionError> {
+        let mut b = self.batch.lock().unwrap_or_else(|p| p.into_inner());
+        let want = tokens.min(b.budget).max(1);
+        let fits = b
+            .scratch
+            .as_ref()
+            .is_some_and(|s| s.tokens() >= want && s.ctx() >= ctx);
+        if !fits {
+            let (t, c) = match &b.scratch {
+                Some(s) => (s.tokens().max(want), s.ctx().max(ctx)),
+                None => (want, ctx),
+            };
+            // The old buffers go first: both need not fit at once.
+            b.scratch = None;
+            b.scratch = Some(self.model().batch_scratch(t, Some(c))?);
+        }
+        let bs = b.scratch.as_mut().expect("made above");
+        Ok(f(self.model(), bs))
     }
 }
 

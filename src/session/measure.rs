@@ -112,6 +112,7 @@ pub(crate) fn run(
     let opts = Options {
         ctx: Some(ctx),
         batch: o.batch.max(1),
+        kv_type: o.kv_type,
         ..Options::default()
     };
     model.context(&opts).map_err(SessionError::Model)?;

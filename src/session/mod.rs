@@ -41,6 +41,7 @@
 
 mod chat;
 pub mod chat_run;
+mod batch;
 mod engine;
 mod generate;
 pub mod measure;
@@ -51,6 +52,7 @@ pub use chat::{
     ChatEvent, ChatOptions, ChatSession, ChatSessionError, PromptInfo, Reply,
     DEFAULT_CHAT_MAX_TOKENS,
 };
+pub use batch::feed_batch;
 pub use engine::{Engine, LoadOptions, TokenizerSource};
 pub use generate::{GenerateOptions, Generation, Generator, Step, StopReason, DEFAULT_MAX_TOKENS};
 pub use run::{run, Frontend, RunError, RunOptions};
@@ -102,6 +104,12 @@ pub enum SessionError {
     SnapshotMismatch,
     /// The session no longer holds the snapshot's ids in its full-attention caches.
     SnapshotStale { pos: usize, held: usize },
+    /// Session `index` of a batched step ([`feed_batch`]) was refused; no session of
+    /// the batch has changed.
+    InBatch {
+        index: usize,
+        error: Box<SessionError>,
+    },
 }
 
 impl fmt::Display for SessionError {
@@ -140,6 +148,9 @@ impl fmt::Display for SessionError {
                 f,
                 "the snapshot's {pos} ids are no longer in the session's caches (it holds {held} ids that do not start with them)"
             ),
+            SessionError::InBatch { index, error } => {
+                write!(f, "session {index} of the batch: {error}")
+            }
         }
     }
 }

@@ -25,7 +25,7 @@ use crate::kernels::{self, pool};
 use crate::model::eval::EvalError;
 use crate::model::forward::{LogitsSink, DEFAULT_BATCH};
 use crate::model::sampler::Logprobs;
-use crate::model::{Options, SamplerOpts};
+use crate::model::{KvType, Options, SamplerOpts};
 
 /// `--temp` default.
 pub const DEFAULT_TEMP: f32 = 0.8;
@@ -58,6 +58,8 @@ pub struct RunOptions {
     pub ctx: Option<usize>,
     /// Most prompt tokens per prefill batch.
     pub batch: usize,
+    /// How the KV cache stores keys and values.
+    pub kv_type: KvType,
     /// Write every prompt position's logits here (little-endian f32, positions × vocab).
     pub logits: Option<PathBuf>,
     /// Worker threads; `None`: all cores.
@@ -95,6 +97,7 @@ impl RunOptions {
             },
             ctx: None,
             batch: DEFAULT_BATCH,
+            kv_type: KvType::F32,
             logits: None,
             threads: None,
             verbose: false,
@@ -465,10 +468,10 @@ fn prompt_ids(o: &RunOptions, engine: &Engine) -> Result<Vec<u32>, RunError> {
 pub(super) fn note_verbose(
     engine: &Engine,
     ctx: usize,
-    batch: usize,
+    opts: &Options,
     load_secs: f64,
     fe: &mut dyn Frontend,
-) {
+) -> Result<(), RunError> {
     let cfg = engine.config();
     fe.info(&format!(
         "kernel tier: {} (supported: {}); packed weights: {}",
@@ -484,7 +487,7 @@ pub(super) fn note_verbose(
         }
     ));
     fe.info(&format!(
-        "threads: {}; model: dim {} layers {} heads {}/{} head_dim {} hidden {} vocab {}; ctx {ctx} batch {batch}; loaded in {load_secs:.2} s",
+        "threads: {}; model: dim {} layers {} heads {}/{} head_dim {} hidden {} vocab {}; ctx {ctx} batch {} kv {}; loaded in {load_secs:.2} s",
         pool::threads(),
         cfg.dim,
         cfg.n_layers,
@@ -493,7 +496,10 @@ pub(super) fn note_verbose(
         cfg.head_dim,
         cfg.hidden_dim,
         cfg.vocab,
+        opts.batch,
+        opts.kv_type,
     ));
+    fe.info(&format!("memory: {}", engine.slot_memory(opts)?));
     let stops: Vec<String> = engine
         .stop_set()
         .tokens()
@@ -519,6 +525,7 @@ pub(super) fn note_verbose(
             stops.join("; ")
         }
     ));
+    Ok(())
 }
 
 /// One `--logprobs` line: `{"id": ID, "token": TEXT, "logprob": LP, "top": [{"id", "token",
@@ -594,12 +601,13 @@ pub fn run(o: &RunOptions, fe: &mut dyn Frontend) -> Result<Outcome, RunError> {
     let opts = Options {
         ctx: o.ctx,
         batch: o.batch.max(1),
+        kv_type: o.kv_type,
         ..Options::default()
     };
     let mut s = engine.session(&opts)?;
     let load_secs = t_load.elapsed().as_secs_f64();
     if o.verbose {
-        note_verbose(&engine, s.ctx(), opts.batch, load_secs, fe);
+        note_verbose(&engine, s.ctx(), &opts, load_secs, fe)?;
     }
 
     // The prompt.

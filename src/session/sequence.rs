@@ -5,7 +5,7 @@ use super::generate::{GenerateOptions, Generation, Generator, Step};
 use super::{Engine, SessionError};
 use crate::model::delta::DeltaState;
 use crate::model::forward::LogitsSink;
-use crate::model::kv::LayerCache;
+use crate::model::kv::{KvBuf, LayerCache};
 use crate::model::{Options, State};
 
 use std::ops::ControlFlow;
@@ -36,7 +36,7 @@ pub struct Snapshot {
     tokens: Vec<u32>,
     logits: Option<Vec<f32>>,
     /// Per layer: a sliding layer's ring (keys, values), when it can wrap.
-    rings: Vec<Option<(Vec<f32>, Vec<f32>)>>,
+    rings: Vec<Option<(KvBuf, KvBuf)>>,
     /// Per layer: a linear-attention layer's state.
     delta: Vec<Option<DeltaState>>,
 }
@@ -58,7 +58,7 @@ impl Snapshot {
             .rings
             .iter()
             .flatten()
-            .map(|(k, v)| (k.len() + v.len()) * 4)
+            .map(|(k, v)| k.bytes() + v.bytes())
             .sum();
         let delta: usize = self.delta.iter().flatten().map(DeltaState::bytes).sum();
         rings + delta + self.tokens.len() * 4 + self.logits.as_ref().map_or(0, |l| l.len() * 4)
@@ -141,10 +141,21 @@ impl<'e> Session<'e> {
         let p0 = self.pos();
         let last = self.engine.model().prefill(&mut self.state, ids, each)?;
         self.logits.copy_from_slice(last);
+        self.fed(p0, ids);
+        Ok(&self.logits)
+    }
+
+    /// The state and the logits buffer, for a batched step ([`super::feed_batch`]).
+    pub(super) fn step_parts(&mut self) -> (&mut State, &mut [f32]) {
+        (&mut self.state, &mut self.logits)
+    }
+
+    /// After `ids` ran from position `p0` and their last logits are in place: the held
+    /// ids and the logits as [`Session::feed`] leaves them.
+    pub(super) fn fed(&mut self, p0: usize, ids: &[u32]) {
         self.has_logits = true;
         self.held.truncate(p0);
         self.held.extend_from_slice(ids);
-        Ok(&self.logits)
     }
 
     /// Encodes `text` and feeds it; the tokenizer's BOS only at position 0.
@@ -198,7 +209,7 @@ impl<'e> Session<'e> {
             && caches.iter().zip(&snap.rings).all(|(c, r)| {
                 let ring = c.as_ref().filter(|c| wraps(c, self.ctx()));
                 match (ring, r) {
-                    (Some(c), Some((k, _))) => c.k.len() == k.len(),
+                    (Some(c), Some((k, _))) => c.k.len() == k.len() && c.k.kv_type() == k.kv_type(),
                     (None, None) => true,
                     _ => false,
                 }
@@ -228,8 +239,8 @@ impl<'e> Session<'e> {
         let (pos, caches, delta) = self.state.layer_states_mut();
         for (c, r) in caches.iter_mut().zip(&snap.rings) {
             if let (Some(c), Some((k, v))) = (c.as_mut().filter(|c| wraps(c, ctx)), r) {
-                c.k.copy_from_slice(k);
-                c.v.copy_from_slice(v);
+                c.k.copy_from(k);
+                c.v.copy_from(v);
             }
         }
         for (d, s) in delta.iter_mut().zip(&snap.delta) {

@@ -6,14 +6,107 @@
 //! one kv head, blocks of 64 key and value rows streamed once for the whole tile. With
 //! AVX-512 F, two queries of one position share a zmm for their scores (each half the
 //! same 8-lane chain).
+//!
+//! The kernels read the cache's rows through [`Src`] / [`Row`]: f32 rows as they are,
+//! f16 and Q8_0 rows (`x86::attention_kv`) widened to f32 as they are loaded into a
+//! register, with the reference's widening, so every cache type runs this same code.
 
 use std::arch::x86_64::*;
 
 use super::math::{exp_all, max_all};
 use crate::kernels::counters::{count, Op};
 use crate::kernels::scalar_attn::{softmax, KvView, Query, SoftmaxMath, TILE_QUERIES};
+use crate::kernels::scalar_kv::KvData;
 use crate::kernels::scalar_math::reduce8;
 use crate::kernels::Tier;
+
+/// One cached row of a kv head (`hd` values) as the kernels load it: 8 or 16 values
+/// into a register, or one value, each in f32 with the reference's widening.
+pub(crate) trait Row: Copy {
+    /// Values `j..j + 8` (a multiple of 8).
+    ///
+    /// # Safety
+    /// `j + 8 <= hd`; the CPU has the features the row type needs (AVX2, and F16C for
+    /// f16 rows), and the caller is compiled with them.
+    unsafe fn ld8(self, j: usize) -> __m256;
+    /// Values `j..j + 16` (a multiple of 16).
+    ///
+    /// # Safety
+    /// As [`Row::ld8`] with `j + 16 <= hd`, and AVX-512 F.
+    unsafe fn ld16(self, j: usize) -> __m512;
+    /// Value `j < hd`.
+    fn get(self, j: usize) -> f32;
+}
+
+/// Where a kv head's rows are: the row of a slot.
+pub(crate) trait Src: Copy {
+    type R: Row;
+    fn row(self, slot: usize) -> Self::R;
+}
+
+/// An f32 row.
+#[derive(Clone, Copy)]
+pub(crate) struct F32Row<'a>(&'a [f32]);
+
+impl Row for F32Row<'_> {
+    #[inline(always)]
+    unsafe fn ld8(self, j: usize) -> __m256 {
+        debug_assert!(j + 8 <= self.0.len());
+        // SAFETY: j + 8 <= hd (the trait contract).
+        unsafe { _mm256_loadu_ps(self.0.as_ptr().add(j)) }
+    }
+    #[inline(always)]
+    unsafe fn ld16(self, j: usize) -> __m512 {
+        debug_assert!(j + 16 <= self.0.len());
+        // SAFETY: j + 16 <= hd (the trait contract).
+        unsafe { _mm512_loadu_ps(self.0.as_ptr().add(j)) }
+    }
+    #[inline(always)]
+    fn get(self, j: usize) -> f32 {
+        self.0[j]
+    }
+}
+
+/// The rows of one kv head of an f32 cache.
+#[derive(Clone, Copy)]
+pub(crate) struct F32Src<'a> {
+    x: &'a [f32],
+    stride: usize,
+    off: usize,
+    hd: usize,
+}
+
+impl<'a> Src for F32Src<'a> {
+    type R = F32Row<'a>;
+    #[inline(always)]
+    fn row(self, slot: usize) -> F32Row<'a> {
+        let at = slot * self.stride + self.off;
+        F32Row(&self.x[at..at + self.hd])
+    }
+}
+
+/// The kv head `kv` shows, as [`Src`]s of f32 rows.
+///
+/// Panics unless both arrays are f32.
+#[inline(always)]
+fn f32_srcs<'a>(kv: &KvView<'a>, hd: usize) -> (F32Src<'a>, F32Src<'a>) {
+    let (KvData::F32(k), KvData::F32(v)) = (kv.k, kv.v) else {
+        panic!("f32 attention on a {} cache", kv.k.kv_type());
+    };
+    let src = |x| F32Src {
+        x,
+        stride: kv.stride,
+        off: kv.off,
+        hd,
+    };
+    (src(k), src(v))
+}
+
+/// The head size of a tile (every query has it; `Kernels::attend` checks).
+#[inline(always)]
+pub(crate) fn head_size(qs: &[Query]) -> usize {
+    qs.first().map_or(0, |q| q.q.len())
+}
 
 /// The AVX2 tier's attention entry (see `kernels::AttendFn`).
 ///
@@ -22,8 +115,9 @@ use crate::kernels::Tier;
 #[target_feature(enable = "avx2")]
 pub unsafe fn attend_avx2(qs: &mut [Query], kv: &KvView, scale: f32, softcap: f32) {
     count(Tier::Avx2, Op::Attend);
+    let (ks, vs) = f32_srcs(kv, head_size(qs));
     // SAFETY: AVX2 (this function's contract).
-    unsafe { attend_any::<false>(qs, kv, scale, softcap) }
+    unsafe { attend_any::<false, _>(qs, kv, ks, vs, scale, softcap) }
 }
 
 /// The AVX-512 tiers' attention entry: zmm value sums and query pairs.
@@ -33,21 +127,34 @@ pub unsafe fn attend_avx2(qs: &mut [Query], kv: &KvView, scale: f32, softcap: f3
 #[target_feature(enable = "avx2,avx512f")]
 pub unsafe fn attend_avx512(qs: &mut [Query], kv: &KvView, scale: f32, softcap: f32) {
     count(Tier::Avx512, Op::Attend);
+    let (ks, vs) = f32_srcs(kv, head_size(qs));
     // SAFETY: AVX2 and AVX-512 F (this function's contract).
-    unsafe { attend_any::<true>(qs, kv, scale, softcap) }
+    unsafe { attend_any::<true, _>(qs, kv, ks, vs, scale, softcap) }
 }
 
 /// A tile blocked over positions when no query's positions wrap around the cache's
-/// ring, else each query alone.
+/// ring, else each query alone; keys and values from `ks` and `vs` (the view gives the
+/// window and the slots).
+///
+/// # Safety
+/// The CPU has AVX2 (and AVX-512 F when `WIDE`) and what `S`'s rows need; the caller
+/// is compiled with them; the shapes as `Kernels::attend` checks them.
 #[inline(always)]
-unsafe fn attend_any<const WIDE: bool>(qs: &mut [Query], kv: &KvView, scale: f32, softcap: f32) {
+pub(crate) unsafe fn attend_any<const WIDE: bool, S: Src>(
+    qs: &mut [Query],
+    kv: &KvView,
+    ks: S,
+    vs: S,
+    scale: f32,
+    softcap: f32,
+) {
     if qs.iter().all(|q| q.pos < kv.cap) {
         // SAFETY: forwarded features; every position is below cap.
-        unsafe { attend_many::<WIDE>(qs, kv, scale, softcap) }
+        unsafe { attend_many::<WIDE, S>(qs, kv, ks, vs, scale, softcap) }
     } else {
         for q in qs {
             // SAFETY: forwarded features.
-            unsafe { attend_one::<WIDE>(q, kv, scale, softcap) }
+            unsafe { attend_one::<WIDE, S>(q, kv, ks, vs, scale, softcap) }
         }
     }
 }
@@ -79,19 +186,27 @@ unsafe fn softmax_avx2(att: &mut [f32], softcap: f32) -> f32 {
 /// One query (any slots, a ring included): `scalar_attn::attend_one` in AVX2.
 ///
 /// # Safety
-/// The CPU has AVX2 (and AVX-512 F when `WIDE`); the caller is compiled with them.
+/// The CPU has AVX2 (and AVX-512 F when `WIDE`) and what `S` needs; the caller is
+/// compiled with them.
 #[inline(always)]
-unsafe fn attend_one<const WIDE: bool>(query: &mut Query, kv: &KvView, scale: f32, softcap: f32) {
+unsafe fn attend_one<const WIDE: bool, S: Src>(
+    query: &mut Query,
+    kv: &KvView,
+    ks: S,
+    vs: S,
+    scale: f32,
+    softcap: f32,
+) {
     let (q, att, out) = (query.q, &mut *query.att, &mut *query.out);
     let rows = kv.rows(query.pos, q.len());
     let att = &mut att[..rows.len];
     // SAFETY: AVX2 (this function's contract); every row has q.len() values.
-    unsafe { scores(q, |i| rows.k(i), scale, att) };
+    unsafe { scores(q, |i| ks.row(rows.slot(i)), scale, att) };
     // SAFETY: AVX2.
     let inv = 1.0 / unsafe { softmax_avx2(att, softcap) };
     out.fill(0.0);
     // SAFETY: as above; out has q.len() values.
-    unsafe { values::<WIDE>(att, |i| rows.v(i), out) };
+    unsafe { values::<WIDE, _>(att, |i| vs.row(rows.slot(i)), out) };
     for o in out {
         *o *= inv;
     }
@@ -106,18 +221,24 @@ const BLOCK: usize = 64;
 /// runs in position order whatever the blocking).
 ///
 /// # Safety
-/// The CPU has AVX2 (and AVX-512 F when `WIDE`); every query's position is below
-/// `kv.cap`; every query and `out` has the same length.
+/// The CPU has AVX2 (and AVX-512 F when `WIDE`) and what `S` needs; every query's
+/// position is below `kv.cap`; every query and `out` has the same length.
 #[inline(always)]
-unsafe fn attend_many<const WIDE: bool>(qs: &mut [Query], kv: &KvView, scale: f32, softcap: f32) {
+unsafe fn attend_many<const WIDE: bool, S: Src>(
+    qs: &mut [Query],
+    kv: &KvView,
+    ks: S,
+    vs: S,
+    scale: f32,
+    softcap: f32,
+) {
     debug_assert!(qs.len() <= TILE_QUERIES);
     let Some(hd) = qs.first().map(|q| q.q.len()) else {
         return;
     };
-    let (stride, off) = (kv.stride, kv.off);
     // With every position below cap, position p is in slot p.
-    let k = |p: usize| &kv.k[p * stride + off..p * stride + off + hd];
-    let v = |p: usize| &kv.v[p * stride + off..p * stride + off + hd];
+    let k = |p: usize| ks.row(p);
+    let v = |p: usize| vs.row(p);
     let lo = qs
         .iter()
         .map(|q| kv.first_visible(q.pos))
@@ -168,7 +289,7 @@ unsafe fn attend_many<const WIDE: bool>(qs: &mut [Query], kv: &KvView, scale: f3
             if s < e {
                 let f = kv.first_visible(q.pos);
                 // SAFETY: AVX2 (AVX-512 F when WIDE); rows and out of hd values.
-                unsafe { values::<WIDE>(&q.att[s - f..e - f], |i| v(s + i), q.out) };
+                unsafe { values::<WIDE, _>(&q.att[s - f..e - f], |i| v(s + i), q.out) };
             }
         }
     }
@@ -181,13 +302,13 @@ unsafe fn attend_many<const WIDE: bool>(qs: &mut [Query], kv: &KvView, scale: f3
 
 /// `att[i] = dot(q, row(i)) · scale`, eight rows at a time (eight add chains).
 #[inline(always)]
-unsafe fn scores<'r>(q: &[f32], row: impl Fn(usize) -> &'r [f32], scale: f32, att: &mut [f32]) {
+unsafe fn scores<R: Row>(q: &[f32], row: impl Fn(usize) -> R, scale: f32, att: &mut [f32]) {
     let hd = q.len();
     let n8 = hd / 8 * 8;
     let n = att.len();
     let mut i = 0;
     while i + 8 <= n {
-        let k: [&[f32]; 8] = std::array::from_fn(|t| row(i + t));
+        let k: [R; 8] = std::array::from_fn(|t| row(i + t));
         let mut acc = [_mm256_setzero_ps(); 8];
         let mut j = 0;
         while j < n8 {
@@ -195,7 +316,7 @@ unsafe fn scores<'r>(q: &[f32], row: impl Fn(usize) -> &'r [f32], scale: f32, at
             unsafe {
                 let x = _mm256_loadu_ps(q.as_ptr().add(j));
                 for (a, kr) in acc.iter_mut().zip(&k) {
-                    let kv = _mm256_loadu_ps(kr.as_ptr().add(j));
+                    let kv = kr.ld8(j);
                     *a = _mm256_add_ps(*a, _mm256_mul_ps(x, kv));
                 }
             }
@@ -208,9 +329,9 @@ unsafe fn scores<'r>(q: &[f32], row: impl Fn(usize) -> &'r [f32], scale: f32, at
                 _mm256_storeu_ps(att.as_mut_ptr().add(i), v);
             }
         } else {
-            for (t, (a, kr)) in acc.into_iter().zip(&k).enumerate() {
+            for (t, (a, kr)) in acc.into_iter().zip(k).enumerate() {
                 // SAFETY: register and stack only.
-                att[i + t] = unsafe { finish(a, &q[n8..], &kr[n8..]) } * scale;
+                att[i + t] = unsafe { finish_row(a, &q[n8..], kr, n8) } * scale;
             }
         }
         i += 8;
@@ -223,14 +344,26 @@ unsafe fn scores<'r>(q: &[f32], row: impl Fn(usize) -> &'r [f32], scale: f32, at
             // SAFETY: as above.
             unsafe {
                 let x = _mm256_loadu_ps(q.as_ptr().add(j));
-                a = _mm256_add_ps(a, _mm256_mul_ps(x, _mm256_loadu_ps(kr.as_ptr().add(j))));
+                a = _mm256_add_ps(a, _mm256_mul_ps(x, kr.ld8(j)));
             }
             j += 8;
         }
         // SAFETY: register and stack only.
-        att[i] = unsafe { finish(a, &q[n8..], &kr[n8..]) } * scale;
+        att[i] = unsafe { finish_row(a, &q[n8..], kr, n8) } * scale;
         i += 1;
     }
+}
+
+/// [`finish`] with the tail of a row (its values from `from` on, `qt.len() < 8` of them)
+/// widened into a stack buffer.
+#[inline(always)]
+unsafe fn finish_row<R: Row>(a: __m256, qt: &[f32], r: R, from: usize) -> f32 {
+    let mut t = [0f32; 8];
+    for (j, x) in t.iter_mut().enumerate().take(qt.len()) {
+        *x = r.get(from + j);
+    }
+    // SAFETY: register and stack only.
+    unsafe { finish(a, qt, &t[..qt.len()]) }
 }
 
 /// Most 8-value chunks of a head for [`scores_pair`] (head_dim ≤ 256).
@@ -241,14 +374,14 @@ const PAIR_MAX_CHUNKS: usize = 32;
 /// so each half runs exactly the 8-lane chain of [`scores`] for its query.
 ///
 /// # Safety
-/// The CPU must support AVX2 and AVX-512 F; every row has `qa.len() = qb.len()`
-/// values, a multiple of 8 and at most `8·PAIR_MAX_CHUNKS`; `att_a` and `att_b`
-/// have one length.
-#[target_feature(enable = "avx2,avx512f")]
-unsafe fn scores_pair<'r>(
+/// The CPU must support AVX2, AVX-512 F and F16C (every AVX-512 tier does) and what
+/// `R` needs; every row has `qa.len() = qb.len()` values, a multiple of 8 and at most
+/// `8·PAIR_MAX_CHUNKS`; `att_a` and `att_b` have one length.
+#[target_feature(enable = "avx2,avx512f,f16c")]
+unsafe fn scores_pair<R: Row>(
     qa: &[f32],
     qb: &[f32],
-    row: impl Fn(usize) -> &'r [f32],
+    row: impl Fn(usize) -> R,
     scale: f32,
     att_a: &mut [f32],
     att_b: &mut [f32],
@@ -274,7 +407,7 @@ unsafe fn scores_pair<'r>(
     let vscale = _mm256_set1_ps(scale);
     let mut i = 0;
     while i + 8 <= n {
-        let k: [&[f32]; 8] = [
+        let k: [R; 8] = [
             row(i),
             row(i + 1),
             row(i + 2),
@@ -289,7 +422,7 @@ unsafe fn scores_pair<'r>(
             // SAFETY: entry j < chunks was written above; 8j + 8 <= every row's length.
             let x = unsafe { x.assume_init() };
             for (a, kr) in acc.iter_mut().zip(&k) {
-                *a = _mm512_add_ps(*a, _mm512_mul_ps(x, unsafe { key2(kr, j) }));
+                *a = _mm512_add_ps(*a, _mm512_mul_ps(x, unsafe { key2(*kr, j) }));
             }
         }
         let lo: [__m256; 8] = std::array::from_fn(|t| _mm512_castps512_ps256(acc[t]));
@@ -330,10 +463,10 @@ unsafe fn scores_pair<'r>(
 
 /// Chunk `j` of a key row in both halves of a zmm.
 #[inline(always)]
-unsafe fn key2(r: &[f32], j: usize) -> __m512 {
-    // SAFETY: 8j + 8 <= r.len() (the caller's bound); AVX-512 F in the caller.
+unsafe fn key2<R: Row>(r: R, j: usize) -> __m512 {
+    // SAFETY: 8j + 8 <= the row's length (the caller's bound); AVX-512 F in the caller.
     unsafe {
-        let c = _mm256_castps_pd(_mm256_loadu_ps(r.as_ptr().add(8 * j)));
+        let c = _mm256_castps_pd(r.ld8(8 * j));
         _mm512_castpd_ps(_mm512_broadcast_f64x4(c))
     }
 }
@@ -389,9 +522,9 @@ unsafe fn finish(a: __m256, qt: &[f32], kt: &[f32]) -> f32 {
 /// `out[d] += Σ_i att[i] · row(i)[d]`, the sum in position order from out's value;
 /// 64 (then 32) dimensions at a time in registers, the rest one by one.
 #[inline(always)]
-unsafe fn values<'r, const WIDE: bool>(
+unsafe fn values<const WIDE: bool, R: Row>(
     att: &[f32],
-    row: impl Fn(usize) -> &'r [f32] + Copy,
+    row: impl Fn(usize) -> R + Copy,
     out: &mut [f32],
 ) {
     if WIDE {
@@ -402,17 +535,24 @@ unsafe fn values<'r, const WIDE: bool>(
     let mut c = 0;
     while c + 64 <= hd {
         // SAFETY: c + 64 <= hd.
-        c = unsafe { values_regs::<__m256, 8>(att, row, c, out) };
+        c = unsafe { values_regs::<__m256, R, 8>(att, row, c, out) };
     }
     while c + 32 <= hd {
         // SAFETY: c + 32 <= hd.
-        c = unsafe { values_regs::<__m256, 4>(att, row, c, out) };
+        c = unsafe { values_regs::<__m256, R, 4>(att, row, c, out) };
     }
-    if c < hd {
+    values_tail(att, row, c, out);
+}
+
+/// `out[d] += Σ_i att[i] · row(i)[d]` for the dimensions `c..` one by one.
+#[inline(always)]
+fn values_tail<R: Row>(att: &[f32], row: impl Fn(usize) -> R, c: usize, out: &mut [f32]) {
+    if c < out.len() {
         let tail = &mut out[c..];
         for (i, &p) in att.iter().enumerate() {
-            for (o, &x) in tail.iter_mut().zip(&row(i)[c..]) {
-                *o += p * x;
+            let r = row(i);
+            for (j, o) in tail.iter_mut().enumerate() {
+                *o += p * r.get(c + j);
             }
         }
     }
@@ -423,35 +563,29 @@ unsafe fn values<'r, const WIDE: bool>(
 /// in the bits.
 ///
 /// # Safety
-/// The CPU must support AVX2 and AVX-512 F; rows have `out.len()` values.
-#[target_feature(enable = "avx2,avx512f")]
-unsafe fn values_wide<'r>(att: &[f32], row: impl Fn(usize) -> &'r [f32] + Copy, out: &mut [f32]) {
+/// The CPU must support AVX2, AVX-512 F and F16C (every AVX-512 tier does) and what
+/// `R` needs; rows have `out.len()` values.
+#[target_feature(enable = "avx2,avx512f,f16c")]
+unsafe fn values_wide<R: Row>(att: &[f32], row: impl Fn(usize) -> R + Copy, out: &mut [f32]) {
     let hd = out.len();
     let mut c = 0;
     while c + 128 <= hd {
         // SAFETY: c + 128 <= hd.
-        c = unsafe { values_regs::<__m512, 8>(att, row, c, out) };
+        c = unsafe { values_regs::<__m512, R, 8>(att, row, c, out) };
     }
     while c + 64 <= hd {
         // SAFETY: c + 64 <= hd.
-        c = unsafe { values_regs::<__m512, 4>(att, row, c, out) };
+        c = unsafe { values_regs::<__m512, R, 4>(att, row, c, out) };
     }
     while c + 16 <= hd {
         // SAFETY: c + 16 <= hd.
-        c = unsafe { values_regs::<__m512, 1>(att, row, c, out) };
+        c = unsafe { values_regs::<__m512, R, 1>(att, row, c, out) };
     }
     if c + 8 <= hd {
         // SAFETY: c + 8 <= hd.
-        c = unsafe { values_regs::<__m256, 1>(att, row, c, out) };
+        c = unsafe { values_regs::<__m256, R, 1>(att, row, c, out) };
     }
-    if c < hd {
-        let tail = &mut out[c..];
-        for (i, &p) in att.iter().enumerate() {
-            for (o, &x) in tail.iter_mut().zip(&row(i)[c..]) {
-                *o += p * x;
-            }
-        }
-    }
+    values_tail(att, row, c, out);
 }
 
 /// A float vector for [`values_regs`]: `ymm` (8 lanes) or `zmm` (16).
@@ -460,6 +594,11 @@ trait Lanes: Copy {
     /// # Safety
     /// `N` readable floats at `p`; the caller is compiled with the vector's features.
     unsafe fn load(p: *const f32) -> Self;
+    /// `N` values of `r` from `j`.
+    ///
+    /// # Safety
+    /// `j + N <= hd`; features as for `load` and `R`'s.
+    unsafe fn load_row<R: Row>(r: R, j: usize) -> Self;
     /// # Safety
     /// `N` writable floats at `p`; features as for `load`.
     unsafe fn store(self, p: *mut f32);
@@ -479,6 +618,11 @@ impl Lanes for __m256 {
     unsafe fn load(p: *const f32) -> Self {
         // SAFETY: the trait contract.
         unsafe { _mm256_loadu_ps(p) }
+    }
+    #[inline(always)]
+    unsafe fn load_row<R: Row>(r: R, j: usize) -> Self {
+        // SAFETY: the trait contract.
+        unsafe { r.ld8(j) }
     }
     #[inline(always)]
     unsafe fn store(self, p: *mut f32) {
@@ -505,6 +649,11 @@ impl Lanes for __m512 {
         unsafe { _mm512_loadu_ps(p) }
     }
     #[inline(always)]
+    unsafe fn load_row<R: Row>(r: R, j: usize) -> Self {
+        // SAFETY: the trait contract.
+        unsafe { r.ld16(j) }
+    }
+    #[inline(always)]
     unsafe fn store(self, p: *mut f32) {
         // SAFETY: the trait contract.
         unsafe { _mm512_storeu_ps(p, self) }
@@ -527,9 +676,9 @@ impl Lanes for __m512 {
 /// `c + R·V::N <= out.len()`, rows have `out.len()` values, the CPU has `V`'s
 /// features (the caller is compiled with them).
 #[inline(always)]
-unsafe fn values_regs<'r, V: Lanes, const R: usize>(
+unsafe fn values_regs<V: Lanes, W: Row, const R: usize>(
     att: &[f32],
-    row: impl Fn(usize) -> &'r [f32],
+    row: impl Fn(usize) -> W,
     c: usize,
     out: &mut [f32],
 ) -> usize {
@@ -541,9 +690,9 @@ unsafe fn values_regs<'r, V: Lanes, const R: usize>(
         }
         for (i, &p) in att.iter().enumerate() {
             let pv = V::splat(p);
-            let v = row(i).as_ptr();
+            let v = row(i);
             for (r, a) in acc.iter_mut().enumerate() {
-                *a = a.add_mul(pv, V::load(v.add(c + V::N * r)));
+                *a = a.add_mul(pv, V::load_row(v, c + V::N * r));
             }
         }
         for (r, a) in acc.into_iter().enumerate() {

@@ -2,6 +2,7 @@
 //! (`kernels::Kernels::for_tier`); every function here is reached through the table.
 
 pub mod attention;
+pub mod attention_kv;
 pub mod avx2;
 pub mod avx512;
 pub mod half;
@@ -18,9 +19,13 @@ pub fn has_avx2() -> bool {
     is_x86_feature_detected!("avx2")
 }
 
-/// AVX-512 tier: AVX-512 F and BW (and AVX2 for the shared activation quantizer).
+/// AVX-512 tier: AVX-512 F and BW (and AVX2 for the shared activation quantizer, F16C
+/// for f16 KV caches; every AVX-512 CPU has it).
 pub fn has_avx512() -> bool {
-    has_avx2() && is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512bw")
+    has_avx2()
+        && has_f16c()
+        && is_x86_feature_detected!("avx512f")
+        && is_x86_feature_detected!("avx512bw")
 }
 
 /// AVX-512 VNNI tier: adds `vpdpbusd`.

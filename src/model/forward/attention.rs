@@ -15,13 +15,16 @@
 //! * a single token (decode), or a chunk in which a sliding layer's ring wraps, is
 //!   stored and attended token by token, the heads in parallel: a task takes `per` query
 //!   heads of one kv head (the most that still gives every thread a task), reading their
-//!   keys and values once.
+//!   keys and values once;
+//! * in a batched step, each sequence's rows (a segment) run against its own cache as
+//!   above, except that the single tokens of decoding sequences (the step's first
+//!   segments) are attended in one parallel step for all of them.
 
-use super::{Model, State};
+use super::{tap_rows, Model, Scratch, Seg};
 use crate::kernels::{pool, Kernels, Query, TILE_QUERIES};
 use crate::model::config::RopeSel;
 use crate::model::kv::LayerCache;
-use crate::model::observer::{tap, Input};
+use crate::model::observer::Input;
 use crate::model::ops::{add, rmsnorm_inplace, sigmoid, PAR_MIN};
 use crate::model::rope;
 use crate::model::weights::AttnWeights;
@@ -31,7 +34,7 @@ struct Heads<'a> {
     k: &'a Kernels,
     /// n × q_dim: the chunk's queries (normed, rotated).
     q: &'a [f32],
-    /// The chunk's first position.
+    /// The chunk's first position (unused for [`Heads::singles`]).
     p0: usize,
     hd: usize,
     qd: usize,
@@ -54,13 +57,37 @@ impl Heads<'_> {
         out: &'q mut [f32],
         att: &'q mut [f32],
     ) -> Query<'q> {
+        self.query_at(t, h, self.p0 + t, out, att)
+    }
+
+    /// [`Heads::query`] at position `pos`.
+    fn query_at<'q>(
+        &'q self,
+        t: usize,
+        h: usize,
+        pos: usize,
+        out: &'q mut [f32],
+        att: &'q mut [f32],
+    ) -> Query<'q> {
         let at = t * self.qd + h * self.hd;
         Query {
             q: &self.q[at..at + self.hd],
-            pos: self.p0 + t,
+            pos,
             att,
             out,
         }
+    }
+
+    /// Query heads per task when `tokens` tokens are attended at once: the most (a
+    /// divisor of the group) that still gives every thread a task.
+    fn per(&self, tokens: usize) -> usize {
+        (1..=self.group)
+            .rev()
+            .find(|&d| {
+                self.group.is_multiple_of(d)
+                    && tokens * self.n_kv_heads * (self.group / d) >= pool::threads()
+            })
+            .unwrap_or(1)
     }
 
     /// Every head of the tile of tokens `t0..` whose outputs are `out` (tokens × q_dim):
@@ -80,20 +107,14 @@ impl Heads<'_> {
                 }
             }
             self.k
-                .attend(&mut qs, &cache.view(g * self.hd), self.scale, self.softcap);
+                .attend(&mut qs, &cache.head(g), self.scale, self.softcap);
         }
     }
 
     /// Every head of chunk token `t` (outputs `out`, q_dim), in parallel above
     /// [`PAR_MIN`]: a task takes `per` query heads of one kv head.
     fn token(&self, cache: &LayerCache, t: usize, out: &mut [f32], att: &mut [f32]) {
-        let per = (1..=self.group)
-            .rev()
-            .find(|&d| {
-                self.group.is_multiple_of(d)
-                    && self.n_kv_heads * (self.group / d) >= pool::threads()
-            })
-            .unwrap_or(1);
+        let per = self.per(1);
         let pos = self.p0 + t;
         let visible = pos + 1 - cache.first_visible(pos);
         let (hd, al) = (self.hd, self.al);
@@ -108,7 +129,38 @@ impl Heads<'_> {
                     .enumerate()
                     .map(|(j, (o, s))| self.query(t, h0 + j, o, s))
                     .collect();
-                let kv = cache.view((h0 / self.group) * hd);
+                let kv = cache.head(h0 / self.group);
+                self.k.attend(&mut qs, &kv, self.scale, self.softcap);
+            },
+        );
+    }
+
+    /// Token `t` of this step's queries belongs to a sequence with cache `caches[t]` at
+    /// position `pos[t]`: every head of every token (outputs `out`, a q_dim row each)
+    /// in one parallel step above [`PAR_MIN`], a task taking `per` query heads of one
+    /// kv head of one token. `att` holds at least n_heads rows of scores per token.
+    fn singles(&self, caches: &[&LayerCache], pos: &[usize], out: &mut [f32], att: &mut [f32]) {
+        let n = caches.len();
+        let per = self.per(n);
+        let tasks = self.n_heads / per;
+        let (hd, al) = (self.hd, self.al);
+        let work: usize = caches
+            .iter()
+            .zip(pos)
+            .map(|(c, &p)| p + 1 - c.first_visible(p))
+            .sum();
+        pool::parallel_if(work * self.qd >= PAR_MIN).for_chunks2(
+            (out, per * hd),
+            (&mut att[..n * self.n_heads * al], per * al),
+            |i, o, s| {
+                let (t, h0) = (i / tasks, (i % tasks) * per);
+                let mut qs: Vec<Query> = o
+                    .chunks_exact_mut(hd)
+                    .zip(s.chunks_exact_mut(al))
+                    .enumerate()
+                    .map(|(j, (o, s))| self.query_at(t, h0 + j, pos[t], o, s))
+                    .collect();
+                let kv = caches[t].head(h0 / self.group);
                 self.k.attend(&mut qs, &kv, self.scale, self.softcap);
             },
         );
@@ -116,18 +168,18 @@ impl Heads<'_> {
 }
 
 impl Model<'_> {
-    /// Softmax attention of layer `l` for the chunk's `n` tokens at positions `p0..`
-    /// (input in `st.xb`, output in `st.xb2`).
+    /// Softmax attention of layer `l` for the step's `n` rows, each segment at its own
+    /// positions against its own cache (input in `st.xb`, output in `st.xb2`).
     #[allow(clippy::too_many_arguments)]
     pub(super) fn attention(
         &self,
         k: &Kernels,
-        st: &mut State,
+        st: &mut Scratch,
+        segs: &mut [Seg],
         l: usize,
         a: &AttnWeights,
         rope: RopeSel,
         n: usize,
-        p0: usize,
     ) {
         let c = &self.cfg;
         let (d, qd, kvd) = (c.dim, c.q_dim, c.kv_dim);
@@ -149,10 +201,9 @@ impl Model<'_> {
         }
         self.prepare(st, a, rope, n);
 
-        let cache = st.caches[l].as_mut().expect("attention layer has a cache");
-        let heads = Heads {
+        let shape = |q, p0| Heads {
             k,
-            q: &st.q[..n * qd],
+            q,
             p0,
             hd: c.head_dim,
             qd,
@@ -163,37 +214,74 @@ impl Model<'_> {
             scale: c.attn_scale,
             softcap: c.attn_softcap,
         };
-        let mix = &mut st.mix[..n * qd];
         let kv = |t: usize| {
             (
                 &st.kb[t * kvd..(t + 1) * kvd],
                 &st.vb[t * kvd..(t + 1) * kvd],
             )
         };
-        if p0 + n <= cache.cap {
-            // No slot of this chunk overwrites one that an earlier token still needs:
-            // store the whole chunk, then run the tokens in parallel.
-            for t in 0..n {
-                let (kr, vr) = kv(t);
-                cache.store(p0 + t, kr, vr);
+        let mix = &mut st.mix[..n * qd];
+        let att = &mut st.att;
+        // Decoding sequences (one token each, the first segments): stored, then
+        // attended together, as many at a time as `att` holds scores for.
+        let singles = segs.iter().take_while(|s| s.n == 1).count();
+        let (ones, rest) = segs.split_at_mut(if singles > 1 { singles } else { 0 });
+        if !ones.is_empty() {
+            for s in ones.iter_mut() {
+                let (kr, vr) = kv(s.r0);
+                let cache = s.seq.caches[l]
+                    .as_mut()
+                    .expect("attention layer has a cache");
+                cache.store(k, s.p0, kr, vr);
             }
-            let cache = &*cache;
-            if n == 1 {
-                heads.token(cache, 0, mix, &mut st.att);
+            let fit = (att.len() / (st.att_len * c.n_heads)).max(1);
+            for (i, group) in ones.chunks(fit).enumerate() {
+                let caches: Vec<&LayerCache> = group
+                    .iter()
+                    .map(|s| {
+                        s.seq.caches[l]
+                            .as_ref()
+                            .expect("attention layer has a cache")
+                    })
+                    .collect();
+                let pos: Vec<usize> = group.iter().map(|s| s.p0).collect();
+                let rows = i * fit * qd..(i * fit + group.len()) * qd;
+                let heads = shape(&st.q[rows.clone()], 0);
+                heads.singles(&caches, &pos, &mut mix[rows], att);
+            }
+        }
+        for s in rest.iter_mut() {
+            let (r0, n, p0) = (s.r0, s.n, s.p0);
+            let cache = s.seq.caches[l]
+                .as_mut()
+                .expect("attention layer has a cache");
+            let heads = shape(&st.q[r0 * qd..(r0 + n) * qd], p0);
+            let mix = &mut mix[r0 * qd..(r0 + n) * qd];
+            if p0 + n <= cache.cap {
+                // No slot of this chunk overwrites one that an earlier token still needs:
+                // store the whole chunk, then run the tokens in parallel.
+                for t in 0..n {
+                    let (kr, vr) = kv(r0 + t);
+                    cache.store(k, p0 + t, kr, vr);
+                }
+                let cache = &*cache;
+                if n == 1 {
+                    heads.token(cache, 0, mix, att);
+                } else {
+                    let tile = (TILE_QUERIES / heads.group).max(1);
+                    pool::parallel_if(n * (p0 + n) * qd >= PAR_MIN).for_chunks2(
+                        (mix, tile * qd),
+                        (&mut att[..], tile * heads.group * heads.al),
+                        |i, o, s| heads.tile(cache, i * tile, o, s),
+                    );
+                }
             } else {
-                let tile = (TILE_QUERIES / heads.group).max(1);
-                pool::parallel_if(n * (p0 + n) * qd >= PAR_MIN).for_chunks2(
-                    (mix, tile * qd),
-                    (&mut st.att, tile * heads.group * heads.al),
-                    |i, o, s| heads.tile(cache, i * tile, o, s),
-                );
-            }
-        } else {
-            // A ring that wraps inside the chunk: store and attend token by token.
-            for t in 0..n {
-                let (kr, vr) = kv(t);
-                cache.store(p0 + t, kr, vr);
-                heads.token(cache, t, &mut mix[t * qd..(t + 1) * qd], &mut st.att);
+                // A ring that wraps inside the chunk: store and attend token by token.
+                for t in 0..n {
+                    let (kr, vr) = kv(r0 + t);
+                    cache.store(k, p0 + t, kr, vr);
+                    heads.token(cache, t, &mut mix[t * qd..(t + 1) * qd], att);
+                }
             }
         }
         if c.attn_gate {
@@ -201,13 +289,13 @@ impl Model<'_> {
                 *m *= sigmoid(g);
             }
         }
-        tap(&mut st.observer, l, Input::Wo, mix);
+        tap_rows(segs, l, Input::Wo, mix);
         k.project(&a.wo, mix, &mut st.qa, &mut st.xb2[..n * d]);
     }
 
     /// Per token of the chunk: the biases, the per-head q/k norms and RoPE on `st.q`
     /// and `st.kb` (`st.vb` gets its bias).
-    fn prepare(&self, st: &mut State, a: &AttnWeights, rope: RopeSel, n: usize) {
+    fn prepare(&self, st: &mut Scratch, a: &AttnWeights, rope: RopeSel, n: usize) {
         let c = &self.cfg;
         let (hd, qd, kvd, rd, eps) = (c.head_dim, c.q_dim, c.kv_dim, c.rot_dim, c.norm_eps);
         let cs: Option<&[f32]> = match rope {

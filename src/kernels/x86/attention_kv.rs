@@ -1,0 +1,200 @@
+//! Attention over f16 and Q8_0 KV caches (`kernels::scalar_kv`): the kernels of
+//! `x86::attention`, reading rows that are widened to f32 as they are loaded into a
+//! register, exactly as the reference widens them, so every tier gives the reference's
+//! bits and only the cache's rounding at storage differs from an f32 cache.
+//!
+//! * f16: `vcvtph2ps` (F16C, or its zmm form in AVX-512 F): exact, as the reference's
+//!   software conversion (stored NaNs are quiet, so both read them back alike).
+//! * Q8_0: the quants sign-extended to i32 (`vpmovsxbd`), converted (`vcvtdq2ps`,
+//!   exact) and multiplied by the block's scale: `q · d`, one rounded multiply, as
+//!   `quant::dequant_row`. A head's values are whole blocks (the cache pads a head to a
+//!   multiple of 32), so 8 or 16 values at a multiple of 8 or 16 share one scale.
+
+use std::arch::x86_64::*;
+
+use super::attention::{attend_any, head_size, Row, Src};
+use crate::kernels::counters::{count, Op};
+use crate::kernels::scalar_attn::{KvView, Query};
+use crate::kernels::scalar_kv::{widen_f16, KvData};
+use crate::kernels::Tier;
+use crate::quant::QK;
+
+/// A row of f16 bits.
+#[derive(Clone, Copy)]
+struct F16Row<'a>(&'a [u16]);
+
+impl Row for F16Row<'_> {
+    #[inline(always)]
+    unsafe fn ld8(self, j: usize) -> __m256 {
+        debug_assert!(j + 8 <= self.0.len());
+        // SAFETY: j + 8 <= hd (the trait contract); F16C in the caller.
+        unsafe { _mm256_cvtph_ps(_mm_loadu_si128(self.0.as_ptr().add(j) as *const __m128i)) }
+    }
+    #[inline(always)]
+    unsafe fn ld16(self, j: usize) -> __m512 {
+        debug_assert!(j + 16 <= self.0.len());
+        // SAFETY: j + 16 <= hd (the trait contract); AVX-512 F in the caller.
+        unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(self.0.as_ptr().add(j) as *const __m256i)) }
+    }
+    #[inline(always)]
+    fn get(self, j: usize) -> f32 {
+        widen_f16(self.0[j])
+    }
+}
+
+/// A row of Q8_0 quants with its scales (one per 32 quants, the row starting a block).
+#[derive(Clone, Copy)]
+struct Q8Row<'a> {
+    q: &'a [i8],
+    d: &'a [f32],
+}
+
+impl Row for Q8Row<'_> {
+    #[inline(always)]
+    unsafe fn ld8(self, j: usize) -> __m256 {
+        debug_assert!(j + 8 <= self.q.len() && j / QK < self.d.len());
+        // SAFETY: j + 8 <= hd (the trait contract) and the row has a scale per 32 of
+        // its values; AVX2 in the caller.
+        unsafe {
+            let b = _mm_loadl_epi64(self.q.as_ptr().add(j) as *const __m128i);
+            let x = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b));
+            _mm256_mul_ps(x, _mm256_set1_ps(*self.d.get_unchecked(j / QK)))
+        }
+    }
+    #[inline(always)]
+    unsafe fn ld16(self, j: usize) -> __m512 {
+        debug_assert!(j + 16 <= self.q.len() && j / QK < self.d.len());
+        // SAFETY: as `ld8` with j + 16 <= hd; AVX-512 F in the caller.
+        unsafe {
+            let b = _mm_loadu_si128(self.q.as_ptr().add(j) as *const __m128i);
+            let x = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b));
+            _mm512_mul_ps(x, _mm512_set1_ps(*self.d.get_unchecked(j / QK)))
+        }
+    }
+    #[inline(always)]
+    fn get(self, j: usize) -> f32 {
+        self.q[j] as f32 * self.d[j / QK]
+    }
+}
+
+/// The rows of one kv head of an f16 cache.
+#[derive(Clone, Copy)]
+struct F16Src<'a> {
+    x: &'a [u16],
+    stride: usize,
+    off: usize,
+    hd: usize,
+}
+
+impl<'a> Src for F16Src<'a> {
+    type R = F16Row<'a>;
+    #[inline(always)]
+    fn row(self, slot: usize) -> F16Row<'a> {
+        let at = slot * self.stride + self.off;
+        F16Row(&self.x[at..at + self.hd])
+    }
+}
+
+/// The rows of one kv head of a Q8_0 cache (`stride` and `off` multiples of 32).
+#[derive(Clone, Copy)]
+struct Q8Src<'a> {
+    q: &'a [i8],
+    d: &'a [f32],
+    stride: usize,
+    off: usize,
+    hd: usize,
+}
+
+impl<'a> Src for Q8Src<'a> {
+    type R = Q8Row<'a>;
+    #[inline(always)]
+    fn row(self, slot: usize) -> Q8Row<'a> {
+        let at = slot * self.stride + self.off;
+        let b = at / QK;
+        Q8Row {
+            q: &self.q[at..at + self.hd],
+            d: &self.d[b..b + self.hd.div_ceil(QK)],
+        }
+    }
+}
+
+/// The f16 kv head `kv` shows. Panics unless both arrays are f16.
+#[inline(always)]
+fn f16_srcs<'a>(kv: &KvView<'a>, hd: usize) -> (F16Src<'a>, F16Src<'a>) {
+    let (KvData::F16(k), KvData::F16(v)) = (kv.k, kv.v) else {
+        panic!("f16 attention on a {} cache", kv.k.kv_type());
+    };
+    let src = |x| F16Src {
+        x,
+        stride: kv.stride,
+        off: kv.off,
+        hd,
+    };
+    (src(k), src(v))
+}
+
+/// The Q8_0 kv head `kv` shows. Panics unless both arrays are Q8_0.
+#[inline(always)]
+fn q8_srcs<'a>(kv: &KvView<'a>, hd: usize) -> (Q8Src<'a>, Q8Src<'a>) {
+    let (KvData::Q8_0 { q: kq, d: kd }, KvData::Q8_0 { q: vq, d: vd }) = (kv.k, kv.v) else {
+        panic!("Q8_0 attention on a {} cache", kv.k.kv_type());
+    };
+    let src = |q, d| Q8Src {
+        q,
+        d,
+        stride: kv.stride,
+        off: kv.off,
+        hd,
+    };
+    (src(kq, kd), src(vq, vd))
+}
+
+/// The AVX2 tier's attention over an f16 cache (see `kernels::AttendFn`).
+///
+/// # Safety
+/// The CPU must support AVX2 and F16C; the shapes as `Kernels::attend` checks them.
+#[target_feature(enable = "avx2,f16c")]
+pub unsafe fn attend_f16_avx2(qs: &mut [Query], kv: &KvView, scale: f32, softcap: f32) {
+    count(Tier::Avx2, Op::Attend);
+    let (ks, vs) = f16_srcs(kv, head_size(qs));
+    // SAFETY: AVX2 and F16C (this function's contract).
+    unsafe { attend_any::<false, _>(qs, kv, ks, vs, scale, softcap) }
+}
+
+/// The AVX-512 tiers' attention over an f16 cache.
+///
+/// # Safety
+/// The CPU must support AVX2, AVX-512 F and F16C; the shapes as `Kernels::attend`
+/// checks them.
+#[target_feature(enable = "avx2,avx512f,f16c")]
+pub unsafe fn attend_f16_avx512(qs: &mut [Query], kv: &KvView, scale: f32, softcap: f32) {
+    count(Tier::Avx512, Op::Attend);
+    let (ks, vs) = f16_srcs(kv, head_size(qs));
+    // SAFETY: AVX2, AVX-512 F and F16C (this function's contract).
+    unsafe { attend_any::<true, _>(qs, kv, ks, vs, scale, softcap) }
+}
+
+/// The AVX2 tier's attention over a Q8_0 cache.
+///
+/// # Safety
+/// The CPU must support AVX2; the shapes as `Kernels::attend` checks them.
+#[target_feature(enable = "avx2")]
+pub unsafe fn attend_q8_avx2(qs: &mut [Query], kv: &KvView, scale: f32, softcap: f32) {
+    count(Tier::Avx2, Op::Attend);
+    let (ks, vs) = q8_srcs(kv, head_size(qs));
+    // SAFETY: AVX2 (this function's contract).
+    unsafe { attend_any::<false, _>(qs, kv, ks, vs, scale, softcap) }
+}
+
+/// The AVX-512 tiers' attention over a Q8_0 cache.
+///
+/// # Safety
+/// The CPU must support AVX2, AVX-512 F and F16C; the shapes as `Kernels::attend`
+/// checks them.
+#[target_feature(enable = "avx2,avx512f,f16c")]
+pub unsafe fn attend_q8_avx512(qs: &mut [Query], kv: &KvView, scale: f32, softcap: f32) {
+    count(Tier::Avx512, Op::Attend);
+    let (ks, vs) = q8_srcs(kv, head_size(qs));
+    // SAFETY: AVX2, AVX-512 F and F16C (this function's contract).
+    unsafe { attend_any::<true, _>(qs, kv, ks, vs, scale, softcap) }
+}
