@@ -10,6 +10,7 @@ mod kernels_f32;
 mod real;
 mod reliability;
 mod run;
+mod serve;
 mod session;
 #[cfg(unix)]
 mod signals;

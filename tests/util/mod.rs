@@ -11,6 +11,7 @@ pub fn bin_path(name: &str) -> PathBuf {
         "mlb-convert" => PathBuf::from(env!("CARGO_BIN_EXE_mlb-convert")),
         "mlt-convert" => PathBuf::from(env!("CARGO_BIN_EXE_mlt-convert")),
         "mlb-run" => PathBuf::from(env!("CARGO_BIN_EXE_mlb-run")),
+        "mlb-serve" => PathBuf::from(env!("CARGO_BIN_EXE_mlb-serve")),
         _ => panic!("unknown binary {name}"),
     }
 }
