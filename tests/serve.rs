@@ -982,3 +982,83 @@ fn serve_survives_a_client_that_never_reads() {
     drop(half);
     s.wait_idle();
 }
+
+/// `serve::step_all` (the scheduler's one model call per step, which the batched
+/// engine's `feed_batch` replaces) leaves every session with the bits it gets fed
+/// alone: uneven lists (a prefill chunk, a decode id, nothing) over every synthetic
+/// case, for several steps.
+#[test]
+fn serve_step_all_gives_each_session_its_solo_bits() {
+    use krafla::model::{Options, Packs};
+    use krafla::session::Engine;
+
+    for c in crate::run::cases() {
+        let e = Engine::new(crate::run::load(&c, 5), Packs::none(), None).unwrap();
+        let o = Options {
+            ctx: Some(64),
+            ..Options::default()
+        };
+        // Per session, per step: the ids fed (empty: the session sits the step out).
+        let plan: Vec<Vec<Vec<u32>>> = (0..3u64)
+            .map(|k| {
+                let t = crate::run::tokens(c.h.vocab, 12, 7 + k);
+                match k {
+                    0 => vec![t[..9].to_vec(), t[9..10].to_vec(), t[10..11].to_vec()],
+                    1 => vec![t[..1].to_vec(), vec![], t[1..5].to_vec()],
+                    _ => vec![vec![], t[..3].to_vec(), t[3..4].to_vec()],
+                }
+            })
+            .collect();
+        let mut batch: Vec<_> = (0..3).map(|_| e.session(&o).unwrap()).collect();
+        let mut solo: Vec<_> = (0..3).map(|_| e.session(&o).unwrap()).collect();
+        for step in 0..3 {
+            let ids: Vec<&[u32]> = plan.iter().map(|p| p[step].as_slice()).collect();
+            let mut refs: Vec<_> = batch.iter_mut().collect();
+            krafla::serve::step_all(&mut refs, &ids).unwrap();
+            for (k, s) in solo.iter_mut().enumerate() {
+                if !ids[k].is_empty() {
+                    s.feed(ids[k]).unwrap();
+                }
+                let bits = |l: Option<&[f32]>| {
+                    l.map(|l| l.iter().map(|x| x.to_bits()).collect::<Vec<_>>())
+                };
+                assert_eq!(
+                    bits(batch[k].logits()),
+                    bits(s.logits()),
+                    "{}: session {k} step {step}",
+                    c.name
+                );
+                assert_eq!(batch[k].tokens(), s.tokens());
+            }
+        }
+    }
+}
+
+/// tests/openai_client.py: the official `openai` Python package against mlb-serve
+/// (models, chat, chat stream, completions, completions stream, logprobs, typed
+/// errors, SIGTERM exit 0). Needs `KRAFLA_OPENAI_PYTHON` naming a python with `openai`
+/// installed; `.ci/run` makes that venv and sets it. Skipped (with a message) without.
+#[test]
+fn serve_openai_python_client() {
+    let Some(py) = std::env::var_os("KRAFLA_OPENAI_PYTHON") else {
+        eprintln!(
+            "serve_openai_python_client: skipped (set KRAFLA_OPENAI_PYTHON to a python with the openai package; .ci/run does)"
+        );
+        return;
+    };
+    let bins = bin_path("mlb-serve").parent().unwrap().to_path_buf();
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/openai_client.py");
+    let o = Command::new(&py)
+        .arg(&script)
+        .arg(&bins)
+        .output()
+        .unwrap_or_else(|e| panic!("{}: {e}", Path::new(&py).display()));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        o.status.success(),
+        "{}\n{}",
+        out,
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(out.contains("all checks ok"), "{out}");
+}
