@@ -18,6 +18,7 @@
 #               if absent  [$BENCH_DIR/build-server/bin/llama-server]
 #   MODELS [smollm2-135m]  QUANT [q8_0]  THREADS [2]  PARALLEL [4]  CLIENTS ["1 4 8"]
 #   REQUESTS [4]: per client   N_GEN [128]   CTX [1024]: positions per slot
+#   KRAFLA_BIN  folder with mlb-convert, mlt-convert, mlb-serve  [target/release, built here]
 #   KRAFLA_ONLY=1 skip llama-server   LLAMA_ONLY=1 skip mlb-serve
 # Results: $BENCH_DIR/results/serve-MODEL-QUANT.tsv and the table on stdout.
 set -euo pipefail
@@ -63,10 +64,10 @@ if [ "$KRAFLA_ONLY" != 1 ] && [ ! -x "$LLAMA_SERVER" ]; then
 fi
 
 # 2. Krafla's tools.
-if [ "$LLAMA_ONLY" != 1 ]; then
+kbin=${KRAFLA_BIN:-$repo/target/release}
+if [ "$LLAMA_ONLY" != 1 ] && [ -z "${KRAFLA_BIN:-}" ]; then
   (cd "$repo" && cargo build -q --release --bin mlb-convert --bin mlt-convert --bin mlb-serve)
 fi
-kbin=$repo/target/release
 
 # Starts a server in the background; sets pid and url.
 start_krafla() { # model
