@@ -14,6 +14,7 @@
 #               with `PREPARE_ONLY=1 scripts/bench.sh`)  [${XDG_CACHE_HOME:-$HOME/.cache}/krafla-bench]
 #   REAL_DIR    the HF checkpoints (MODEL/config.json, tokenizer.json)  [$BENCH_DIR/real]
 #   LLAMA_SRC   llama.cpp's source  [the one bench.sh unpacked: $BENCH_DIR/llama_cpp_python-*/vendor/llama.cpp]
+#   BENCH_VENV  a venv with cmake, if cmake is not on PATH (pip installs it)  [$BENCH_DIR/venv]
 #   LLAMA_SERVER  the llama-server binary; built from LLAMA_SRC into $BENCH_DIR/build-server
 #               if absent  [$BENCH_DIR/build-server/bin/llama-server]
 #   MODELS [smollm2-135m]  QUANT [q8_0]  THREADS [2]  PARALLEL [4]  CLIENTS ["1 4 8"]
@@ -26,6 +27,7 @@ set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 BENCH_DIR=${BENCH_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/krafla-bench}
 REAL_DIR=${REAL_DIR:-$BENCH_DIR/real}
+BENCH_VENV=${BENCH_VENV:-$BENCH_DIR/venv}
 MODELS=${MODELS:-smollm2-135m}
 QUANT=${QUANT:-q8_0}
 THREADS=${THREADS:-2}
@@ -53,13 +55,18 @@ if [ "$KRAFLA_ONLY" != 1 ] && [ ! -x "$LLAMA_SERVER" ]; then
   fi
   [ -f "${LLAMA_SRC:-}/CMakeLists.txt" ] || { echo "bench-serve.sh: no llama.cpp source (set LLAMA_SRC, or run scripts/bench.sh first)" >&2; exit 1; }
   build=$(dirname "$(dirname "$LLAMA_SERVER")")
+  cmake=$(command -v cmake || true)
+  if [ -z "$cmake" ]; then
+    [ -x "$BENCH_VENV/bin/cmake" ] || { [ -x "$BENCH_VENV/bin/pip" ] || python3 -m venv "$BENCH_VENV"; "$BENCH_VENV/bin/pip" install -q cmake; }
+    cmake=$BENCH_VENV/bin/cmake
+  fi
   flags="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
   log "building llama-server in $build (nice 19)"
-  nice -n 19 cmake -S "$LLAMA_SRC" -B "$build" -DCMAKE_BUILD_TYPE=Release \
+  nice -n 19 "$cmake" -S "$LLAMA_SRC" -B "$build" -DCMAKE_BUILD_TYPE=Release \
     -DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF \
     -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON \
     -DCMAKE_C_FLAGS="$flags" -DCMAKE_CXX_FLAGS="$flags" >"$BENCH_DIR/logs/cmake-server-configure.log" 2>&1
-  nice -n 19 cmake --build "$build" --config Release -j "$(nproc)" --target llama-server \
+  nice -n 19 "$cmake" --build "$build" --config Release -j "$(nproc)" --target llama-server \
     >"$BENCH_DIR/logs/cmake-server-build.log" 2>&1
 fi
 

@@ -1062,3 +1062,47 @@ fn serve_openai_python_client() {
     );
     assert!(out.contains("all checks ok"), "{out}");
 }
+
+/// SIGINT as SIGTERM, and a second one cancels what still runs: the stream still ends
+/// in `[DONE]` (finished, or with the shutdown error event), and the exit is clean (0,
+/// not death by the signal).
+#[cfg(unix)]
+#[test]
+fn serve_sigint_twice_cancels_and_exits_0() {
+    let mut s = start(&["--parallel", "1"]);
+    let body = json!({"prompt": "A", "max_tokens": 250, "temperature": 0, "stream": true, "logit_bias": {"2": -100}});
+    let r = agent()
+        .post(format!("{}/v1/completions", s.url))
+        .send(body.to_string())
+        .unwrap();
+    let mut lines = BufReader::new(r.into_body().into_reader()).lines();
+    let first = lines.next().unwrap().unwrap();
+    assert!(first.starts_with("data: "), "{first}");
+    for _ in 0..2 {
+        // SAFETY: kill(2) on our own running child.
+        assert_eq!(unsafe { libc::kill(s.pid(), libc::SIGINT) }, 0);
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let data: Vec<String> = lines
+        .map_while(Result::ok)
+        .filter_map(|l| l.strip_prefix("data: ").map(str::to_string))
+        .collect();
+    assert_eq!(data.last().map(String::as_str), Some("[DONE]"), "{data:?}");
+    if let Some(err) = data.iter().find(|d| d.starts_with("{\"error\"")) {
+        assert!(err.contains("shutting down"), "{err}");
+    }
+    let t0 = Instant::now();
+    let status = loop {
+        if let Some(st) = s.child.try_wait().unwrap() {
+            break st;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "no exit: {}",
+            s.log()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    assert_eq!(status.code(), Some(0), "{}", s.log());
+    assert!(s.log().contains("shutting down"), "{}", s.log());
+}
