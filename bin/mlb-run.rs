@@ -15,8 +15,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use clap::Parser;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use krafla::model::forward::DEFAULT_BATCH;
-use krafla::session::chat_run::{default_history_file, ChatRun};
 use krafla::model::KvType;
+use krafla::session::chat_run::{default_history_file, ChatRun};
 use krafla::session::measure::{Measure, Mode};
 use krafla::session::run::{
     parse_logit_bias, Outcome, Prompt, DEFAULT_TEMP, DEFAULT_TOP_K, DEFAULT_TOP_P,

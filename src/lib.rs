@@ -13,6 +13,7 @@ pub mod inspect;
 pub mod kernels;
 pub mod model;
 pub mod quant;
+pub mod serve;
 pub mod session;
 pub mod signals;
 pub mod tokenizer;

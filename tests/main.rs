@@ -16,6 +16,7 @@ mod mixes;
 mod real;
 mod reliability;
 mod run;
+mod serve;
 mod session;
 #[cfg(unix)]
 mod signals;

@@ -104,7 +104,7 @@ pub fn cases() -> Vec<Case> {
                 h.lin_conv = 4;
             },
         ),
-        ];
+    ];
     // 2-byte float weights (f32 activations): BF16 with biases, q/k norms and a tied
     // classifier; F16 with Gemma 2's softcaps, GELU and sliding layers; BF16 with the
     // delta rule (lb and la BF16 too); and a mixed file of all four types (below).

@@ -39,20 +39,20 @@
 //! # Ok::<(), krafla::session::SessionError>(())
 //! ```
 
+mod batch;
 mod chat;
 pub mod chat_run;
-mod batch;
 mod engine;
 mod generate;
 pub mod measure;
 pub mod run;
 mod sequence;
 
+pub use batch::feed_batch;
 pub use chat::{
     ChatEvent, ChatOptions, ChatSession, ChatSessionError, PromptInfo, Reply,
     DEFAULT_CHAT_MAX_TOKENS,
 };
-pub use batch::feed_batch;
 pub use engine::{Engine, LoadOptions, TokenizerSource};
 pub use generate::{GenerateOptions, Generation, Generator, Step, StopReason, DEFAULT_MAX_TOKENS};
 pub use run::{run, Frontend, RunError, RunOptions};

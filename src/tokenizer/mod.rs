@@ -370,7 +370,7 @@ impl Tokenizer {
     }
 
     /// The bytes one token stands for in decoded text (▁ → space for SentencePiece).
-    fn piece(&self, id: u32, out: &mut Vec<u8>) {
+    pub fn piece(&self, id: u32, out: &mut Vec<u8>) {
         let Some(t) = self.tokens.get(id as usize) else {
             return;
         };

@@ -12,6 +12,7 @@ pub fn bin_path(name: &str) -> PathBuf {
         "mlt-convert" => PathBuf::from(env!("CARGO_BIN_EXE_mlt-convert")),
         "mlb-run" => PathBuf::from(env!("CARGO_BIN_EXE_mlb-run")),
         "mlb-export" => PathBuf::from(env!("CARGO_BIN_EXE_mlb-export")),
+        "mlb-serve" => PathBuf::from(env!("CARGO_BIN_EXE_mlb-serve")),
         _ => panic!("unknown binary {name}"),
     }
 }

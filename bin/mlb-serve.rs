@@ -1,0 +1,119 @@
+//! mlb-serve: an OpenAI-compatible HTTP server for a `.mlb` model.
+//!
+//! Thin: flags → `krafla::serve::ServeOptions` → `krafla::serve::serve` → exit code (0
+//! after a clean shutdown on SIGINT/SIGTERM; 1 with one line on stderr; 2 for bad
+//! usage). `listening on http://HOST:PORT` goes to stdout when the server is ready; the
+//! summary and one line per request go to stderr.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use clap::Parser;
+use krafla::serve::{Frontend, KvType, Ready, ServeOptions};
+
+#[derive(Parser)]
+#[command(
+    version,
+    about = "Serve a .mlb model over an OpenAI-compatible HTTP API",
+    after_help = "Routes: POST /v1/chat/completions, POST /v1/completions (streaming or not), GET /v1/models, GET /health, POST /tokenize, POST /detokenize. The chat template and stop set come from the tokenizer (.mlt). SIGINT/SIGTERM: stop accepting, let running requests finish, exit 0 (a second signal cancels them)."
+)]
+struct Args {
+    /// The model file.
+    model: PathBuf,
+    /// The tokenizer (default: the .mlt of the same name beside the model).
+    #[arg(long)]
+    tokenizer: Option<PathBuf>,
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1")]
+    host: String,
+    /// Port to listen on (0: any free port; the one taken is printed).
+    #[arg(long, default_value_t = krafla::serve::DEFAULT_PORT)]
+    port: u16,
+    /// Slots: requests run together (each with its own KV cache).
+    #[arg(long, default_value_t = 1, allow_negative_numbers = true)]
+    parallel: usize,
+    /// KV cache positions per slot (default: max_seq, capped at 4096).
+    #[arg(long, allow_negative_numbers = true)]
+    ctx: Option<usize>,
+    /// Model threads (default: all cores).
+    #[arg(long, allow_negative_numbers = true)]
+    threads: Option<usize>,
+    /// Require `Authorization: Bearer KEY` on every route but /health.
+    #[arg(long, env = "MLB_SERVE_API_KEY", hide_env_values = true)]
+    api_key: Option<String>,
+    /// KV cache type: f32, f16 or q8_0.
+    #[arg(long, default_value = "f32")]
+    kv_type: KvType,
+    /// Requests that may wait for a slot; more get 503 with Retry-After.
+    #[arg(long, default_value_t = krafla::serve::DEFAULT_QUEUE, allow_negative_numbers = true)]
+    queue: usize,
+    /// Prompt tokens read per step over all slots (long prompts are read in chunks
+    /// between decode steps).
+    #[arg(long, default_value_t = krafla::serve::DEFAULT_PREFILL_CHUNK, allow_negative_numbers = true)]
+    prefill_chunk: usize,
+    /// Largest request body in bytes (larger: 413).
+    #[arg(long, default_value_t = krafla::serve::DEFAULT_MAX_BODY, allow_negative_numbers = true)]
+    max_body: usize,
+    /// The model's name in responses and /v1/models (default: the file name).
+    #[arg(long)]
+    alias: Option<String>,
+    /// Read the weights from the mapped file as they are: no packed copy at load.
+    #[arg(long)]
+    no_pack: bool,
+}
+
+impl Args {
+    fn into_options(self) -> ServeOptions {
+        let mut o = ServeOptions::new(self.model);
+        o.tokenizer = self.tokenizer;
+        o.host = self.host;
+        o.port = self.port;
+        o.parallel = self.parallel;
+        o.ctx = self.ctx;
+        o.threads = self.threads;
+        o.api_key = self.api_key;
+        o.kv_type = self.kv_type;
+        o.queue = self.queue;
+        o.prefill_chunk = self.prefill_chunk;
+        o.max_body = self.max_body;
+        o.alias = self.alias;
+        o.pack = !self.no_pack;
+        o
+    }
+}
+
+/// `listening on` to stdout, everything else to stderr.
+struct Terminal;
+
+impl Frontend for Terminal {
+    fn ready(&self, r: &Ready) {
+        self.log(&r.to_string());
+        // A closed stdout is no reason to stop serving.
+        let mut out = std::io::stdout().lock();
+        let _ = writeln!(out, "listening on {}", r.url()).and_then(|()| out.flush());
+    }
+
+    fn log(&self, line: &str) {
+        // A closed stderr neither: the line is lost, the server goes on.
+        let _ = writeln!(std::io::stderr(), "mlb-serve: {line}");
+    }
+}
+
+fn main() -> ExitCode {
+    // No default_sigpipe here: a client that closes its socket must give the server an
+    // EPIPE error, not end the process.
+    let opts = Args::parse().into_options();
+    krafla::signals::report_sigbus("mlb-serve", &opts.model);
+    match krafla::serve::serve(&opts, Arc::new(Terminal)) {
+        Ok(()) => {
+            eprintln!("mlb-serve: shut down");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("mlb-serve: {e}");
+            ExitCode::from(1)
+        }
+    }
+}

@@ -1,0 +1,580 @@
+//! The HTTP edge of mlb-serve: axum routes and handlers, server-sent event streams,
+//! the API key check. Handlers read and check a request, render and encode its prompt
+//! (on tokio's blocking pool), and hand it to the model thread through a channel; the
+//! model's events come back on a channel of the request's own.
+
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::mpsc::Sender;
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::rejection::{BytesRejection, FailedToBufferBody};
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::header::{AUTHORIZATION, RETRY_AFTER, WWW_AUTHENTICATE};
+use axum::http::{HeaderValue, Method, StatusCode, Uri};
+use axum::middleware::{self, Next};
+use axum::response::sse::{Event as SseEvent, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use futures_util::stream::{self, StreamExt};
+use serde::Deserialize;
+use serde_json::json;
+use sha2::{Digest, Sha256};
+use subtle::ConstantTimeEq;
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
+
+use super::api::{self, ApiError, Endpoint, Meta, Prompt, Request, TokenLogprob};
+use super::scheduler::{Event, Job, Msg, Shared};
+use crate::chat::Chat;
+use crate::session::{Engine, GenerateOptions};
+
+/// What every handler shares.
+pub struct App {
+    pub engine: Arc<Engine>,
+    /// The tokenizer's chat template and stop set (`None`: no template).
+    pub chat: Option<Chat>,
+    /// Ids that end a generation (the `.mlt`'s stop set).
+    pub stop_ids: Vec<u32>,
+    pub tx: Sender<Msg>,
+    pub shared: Arc<Shared>,
+    /// The model's name in responses and /v1/models.
+    pub model: String,
+    /// The tokenizer file (named in errors).
+    pub tokenizer: String,
+    /// When the model was loaded (Unix seconds).
+    pub created: u64,
+    /// SHA-256 of the API key, if one is needed.
+    pub key: Option<Vec<u8>>,
+    pub ctx: usize,
+    pub parallel: usize,
+    pub queue: usize,
+    pub max_body: usize,
+    /// Per-process random bits for ids and seeds.
+    pub salt: u64,
+    pub counter: AtomicU64,
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let mut r = (self.status, Json(self.body())).into_response();
+        if let Some(s) = self.retry_after {
+            r.headers_mut().insert(RETRY_AFTER, HeaderValue::from(s));
+        }
+        if self.status == StatusCode::UNAUTHORIZED {
+            r.headers_mut()
+                .insert(WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
+        r
+    }
+}
+
+/// Unix seconds now.
+pub fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// splitmix64: spreads a counter over 64 bits.
+fn mix(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+impl App {
+    /// A fresh number for ids and seeds.
+    fn next(&self) -> u64 {
+        mix(self.salt ^ self.counter.fetch_add(1, Relaxed))
+    }
+
+    fn tokenizer(&self) -> &crate::tokenizer::Tokenizer {
+        self.engine
+            .tokenizer()
+            .expect("mlb-serve loads a tokenizer at start")
+    }
+
+    /// The prompt's ids: the chat template rendered and encoded (no BOS added), or the
+    /// text encoded (with the tokenizer's BOS), or the ids given.
+    fn prompt_ids(&self, req: &Request) -> Result<Vec<u32>, ApiError> {
+        match &req.prompt {
+            Prompt::Chat(messages, opts) => {
+                let chat = self.chat.as_ref().ok_or_else(|| self.no_template())?;
+                chat.encode(self.tokenizer(), messages, opts)
+                    .map_err(|e| api::chat_error(&e))
+            }
+            Prompt::Text(t) => Ok(self.tokenizer().encode(t)),
+            Prompt::Ids(ids) => Ok(ids.clone()),
+        }
+    }
+
+    /// 404, as OpenAI answers a chat request to a model that only completes text.
+    fn no_template(&self) -> ApiError {
+        ApiError {
+            param: Some("model".into()),
+            ..ApiError::not_found(format!(
+                "This model has no chat template ({} has none), so /v1/chat/completions cannot render a conversation; use /v1/completions, or give the tokenizer a template (mlt-convert --chat-template FILE).",
+                self.tokenizer
+            ))
+        }
+    }
+
+    /// The generation's options, checked against the context.
+    fn gen_options(&self, req: &Request, n: usize) -> Result<GenerateOptions, ApiError> {
+        let what = match req.endpoint {
+            Endpoint::Chat => "messages",
+            Endpoint::Completion => "prompt",
+        };
+        if n == 0 {
+            return Err(ApiError::invalid(what, "The prompt is empty (no tokens)."));
+        }
+        let ctx = self.ctx;
+        if n >= ctx {
+            return Err(ApiError::context(
+                what,
+                format!(
+                    "This model's maximum context length is {ctx} tokens. However, your {what} resulted in {n} tokens, and at least one must be left to generate. Please reduce the length of the {what}."
+                ),
+            ));
+        }
+        let room = ctx - n;
+        let max_tokens = match req.max_tokens {
+            Some(m) if m > room => {
+                return Err(ApiError::context(
+                    "max_tokens",
+                    format!(
+                        "This model's maximum context length is {ctx} tokens. However, you requested {} tokens ({n} in the {what}, {m} in the completion). Please reduce the length of the {what} or completion.",
+                        n.saturating_add(m)
+                    ),
+                ))
+            }
+            Some(m) => m,
+            None => match req.endpoint {
+                Endpoint::Chat => room,
+                Endpoint::Completion => api::DEFAULT_COMPLETION_TOKENS.min(room),
+            },
+        };
+        let mut sampling = req.sampling.clone();
+        if !req.seeded {
+            sampling.seed = self.next();
+        }
+        sampling
+            .validate(Some(self.engine.config().vocab))
+            .map_err(|e| ApiError::bad_request(e.to_string()))?;
+        Ok(GenerateOptions {
+            max_tokens,
+            sampling,
+            stop_ids: self.stop_ids.clone(),
+            stop_strings: req.stop.clone(),
+            ignore_eos: false,
+        })
+    }
+}
+
+/// The router with every route, the API key check and the body limit.
+pub fn router(app: Arc<App>) -> Router {
+    Router::new()
+        .route("/v1/chat/completions", post(chat))
+        .route("/v1/completions", post(completions))
+        .route("/v1/models", get(models))
+        .route("/health", get(health))
+        .route("/tokenize", post(tokenize))
+        .route("/detokenize", post(detokenize))
+        .fallback(not_found)
+        .method_not_allowed_fallback(not_allowed)
+        .layer(middleware::from_fn_with_state(app.clone(), auth))
+        .layer(DefaultBodyLimit::max(app.max_body))
+        .with_state(app)
+}
+
+/// With `--api-key`, every route but /health needs `Authorization: Bearer KEY`. The
+/// given key's SHA-256 is compared with the key's in constant time (no early exit on
+/// the first differing byte, and no length to learn).
+async fn auth(State(app): State<Arc<App>>, req: axum::extract::Request, next: Next) -> Response {
+    let Some(want) = &app.key else {
+        return next.run(req).await;
+    };
+    if req.uri().path() == "/health" {
+        return next.run(req).await;
+    }
+    let header = req.headers().get(AUTHORIZATION);
+    let key = header
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().split_once(' '))
+        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+        .map(|(_, k)| k.trim());
+    match key {
+        Some(k) if bool::from(Sha256::digest(k.as_bytes()).as_slice().ct_eq(want)) => {
+            next.run(req).await
+        }
+        _ => ApiError::unauthorized(header.is_some()).into_response(),
+    }
+}
+
+async fn not_found(method: Method, uri: Uri) -> Response {
+    ApiError::not_found(format!("Invalid URL ({method} {})", uri.path())).into_response()
+}
+
+async fn not_allowed(method: Method, uri: Uri) -> Response {
+    ApiError::method_not_allowed(format!(
+        "Method {method} is not allowed for {}.",
+        uri.path()
+    ))
+    .into_response()
+}
+
+/// The body, or 413 past the size limit.
+fn body_of(b: Result<Bytes, BytesRejection>, limit: usize) -> Result<Bytes, ApiError> {
+    match b {
+        Ok(b) => Ok(b),
+        Err(BytesRejection::FailedToBufferBody(FailedToBufferBody::LengthLimitError(_))) => {
+            Err(ApiError::too_large(limit))
+        }
+        Err(e) => Err(ApiError::bad_request(format!(
+            "The request body could not be read: {}",
+            e.body_text()
+        ))),
+    }
+}
+
+async fn models(State(app): State<Arc<App>>) -> Response {
+    Json(json!({
+        "object": "list",
+        "data": [{
+            "id": app.model,
+            "object": "model",
+            "created": app.created,
+            "owned_by": "krafla",
+        }],
+    }))
+    .into_response()
+}
+
+async fn health(State(app): State<Arc<App>>) -> Response {
+    let busy = app.shared.processing.load(Relaxed);
+    Json(json!({
+        "status": "ok",
+        "slots_idle": app.parallel.saturating_sub(busy),
+        "slots_processing": busy,
+        "requests_queued": app.shared.queued.load(Relaxed),
+    }))
+    .into_response()
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// llama-server's /tokenize.
+#[derive(Deserialize)]
+struct TokenizeRequest {
+    content: String,
+    /// Put the tokenizer's BOS first (as it does for a text).
+    #[serde(default)]
+    add_special: bool,
+    /// Match special tokens in the text (always done).
+    #[serde(default = "yes")]
+    parse_special: bool,
+    /// Each id with its text.
+    #[serde(default)]
+    with_pieces: bool,
+}
+
+/// llama-server's /detokenize.
+#[derive(Deserialize)]
+struct DetokenizeRequest {
+    tokens: Vec<u32>,
+}
+
+/// Runs `f` on tokio's blocking pool (tokenizing and rendering are CPU work).
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, ApiError> + Send + 'static,
+) -> Result<T, ApiError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| ApiError::internal(format!("a worker failed: {e}")))?
+}
+
+async fn tokenize(
+    State(app): State<Arc<App>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let body = body_of(body, app.max_body)?;
+    let req: TokenizeRequest = api::from_json(&body)?;
+    if !req.parse_special {
+        return Err(ApiError::invalid(
+            "parse_special",
+            "'parse_special' = false is not supported: special tokens in the text are always matched.",
+        ));
+    }
+    let a = app.clone();
+    let out = blocking(move || {
+        let tok = a.tokenizer();
+        let ids = tok.encode_with(&req.content, req.add_special);
+        Ok(if req.with_pieces {
+            let pieces: Vec<serde_json::Value> = ids
+                .iter()
+                .map(|&id| {
+                    let mut b = Vec::new();
+                    tok.piece(id, &mut b);
+                    let piece = match String::from_utf8(b) {
+                        Ok(s) => json!(s),
+                        Err(e) => json!(e.into_bytes()),
+                    };
+                    json!({"id": id, "piece": piece})
+                })
+                .collect();
+            json!({ "tokens": pieces })
+        } else {
+            json!({ "tokens": ids })
+        })
+    })
+    .await?;
+    Ok(Json(out).into_response())
+}
+
+async fn detokenize(
+    State(app): State<Arc<App>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let body = body_of(body, app.max_body)?;
+    let req: DetokenizeRequest = api::from_json(&body)?;
+    let n = app.tokenizer().n_vocab();
+    if let Some((i, id)) = req
+        .tokens
+        .iter()
+        .enumerate()
+        .find(|(_, &id)| id as usize >= n)
+    {
+        return Err(ApiError::invalid(
+            "tokens",
+            format!("'tokens[{i}]' = {id}: ids must be below the tokenizer's vocabulary ({n})."),
+        ));
+    }
+    let a = app.clone();
+    let text = blocking(move || {
+        Ok(String::from_utf8_lossy(&a.tokenizer().decode(&req.tokens)).into_owned())
+    })
+    .await?;
+    Ok(Json(json!({ "content": text })).into_response())
+}
+
+async fn chat(State(app): State<Arc<App>>, body: Result<Bytes, BytesRejection>) -> Response {
+    generate(app, Endpoint::Chat, body)
+        .await
+        .unwrap_or_else(IntoResponse::into_response)
+}
+
+async fn completions(State(app): State<Arc<App>>, body: Result<Bytes, BytesRejection>) -> Response {
+    generate(app, Endpoint::Completion, body)
+        .await
+        .unwrap_or_else(IntoResponse::into_response)
+}
+
+/// A generation request: checked, queued for the model thread, answered whole or as
+/// a stream once a slot has taken it.
+async fn generate(
+    app: Arc<App>,
+    endpoint: Endpoint,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let body = body_of(body, app.max_body)?;
+    if endpoint == Endpoint::Chat && app.chat.is_none() {
+        return Err(app.no_template());
+    }
+    let req = api::parse(&body, endpoint, app.engine.config().vocab)?;
+    if app.shared.draining.load(Relaxed) {
+        return Err(ApiError::shutting_down());
+    }
+    let ticket = app
+        .shared
+        .ticket()
+        .ok_or_else(|| ApiError::busy(app.parallel, app.queue))?;
+    let a = app.clone();
+    let (req, ids) = blocking(move || a.prompt_ids(&req).map(|ids| (req, ids))).await?;
+    let gen = app.gen_options(&req, ids.len())?;
+    let prefix = match endpoint {
+        Endpoint::Chat => "chatcmpl",
+        Endpoint::Completion => "cmpl",
+    };
+    let meta = Meta {
+        id: format!("{prefix}-{:016x}", app.next()),
+        created: unix_now(),
+        model: app.model.clone(),
+        endpoint,
+        logprobs: req.sampling.logprobs,
+    };
+    let (events, mut rx) = unbounded_channel();
+    app.tx
+        .send(Msg::Job(Job {
+            ids,
+            gen,
+            events,
+            label: endpoint.name(),
+            ticket,
+        }))
+        .map_err(|_| ApiError::shutting_down())?;
+    match rx.recv().await {
+        Some(Event::Started) => {}
+        Some(Event::Failed(e)) => return Err(e),
+        _ => return Err(ApiError::internal("the model thread dropped the request")),
+    }
+    if req.stream {
+        Ok(stream_response(app, meta, req.include_usage, rx))
+    } else {
+        collect(app, meta, rx).await
+    }
+}
+
+/// The whole answer of a request that does not stream.
+async fn collect(
+    app: Arc<App>,
+    meta: Meta,
+    mut rx: UnboundedReceiver<Event>,
+) -> Result<Response, ApiError> {
+    let mut text = String::new();
+    let mut lps = Vec::new();
+    while let Some(ev) = rx.recv().await {
+        match ev {
+            Event::Started => {}
+            Event::Token { text: t, logprob } => {
+                text.push_str(&t);
+                lps.extend(logprob);
+            }
+            Event::Done {
+                finish,
+                usage,
+                tail,
+            } => {
+                text.push_str(&tail);
+                let lp = api::logprobs_json(&meta, app.tokenizer(), &lps, 0);
+                return Ok(Json(api::response(&meta, &text, finish, &usage, lp)).into_response());
+            }
+            Event::Failed(e) => return Err(e),
+        }
+    }
+    Err(ApiError::internal("the model thread dropped the request"))
+}
+
+/// A stream's state between events.
+struct Streaming {
+    app: Arc<App>,
+    meta: Meta,
+    rx: UnboundedReceiver<Event>,
+    include_usage: bool,
+    /// Logprobs of tokens whose text has not been sent yet.
+    lps: Vec<TokenLogprob>,
+    /// Characters of completion text sent (the completions' `text_offset`).
+    offset: usize,
+    done: bool,
+}
+
+impl Streaming {
+    /// The chunk carrying `text` and the pending logprobs.
+    fn chunk(&mut self, text: &str, finish: Option<api::Finish>) -> String {
+        let lp = api::logprobs_json(&self.meta, self.app.tokenizer(), &self.lps, self.offset);
+        self.lps.clear();
+        self.offset += text.chars().count();
+        api::chunk(
+            &self.meta,
+            Some(text).filter(|t| !t.is_empty() || self.meta.endpoint == Endpoint::Completion),
+            false,
+            finish,
+            lp,
+            self.include_usage,
+        )
+        .to_string()
+    }
+
+    /// The SSE data of one model event.
+    fn on(&mut self, ev: Option<Event>) -> Vec<String> {
+        match ev {
+            Some(Event::Started) => Vec::new(),
+            Some(Event::Token { text, logprob }) => {
+                self.lps.extend(logprob);
+                if text.is_empty() {
+                    return Vec::new();
+                }
+                vec![self.chunk(&text, None)]
+            }
+            Some(Event::Done {
+                finish,
+                usage,
+                tail,
+            }) => {
+                self.done = true;
+                let mut out = Vec::new();
+                match self.meta.endpoint {
+                    Endpoint::Chat => {
+                        if !tail.is_empty() {
+                            out.push(self.chunk(&tail, None));
+                        }
+                        out.push(self.chunk("", Some(finish)));
+                    }
+                    Endpoint::Completion => out.push(self.chunk(&tail, Some(finish))),
+                }
+                if self.include_usage {
+                    out.push(api::usage_chunk(&self.meta, &usage).to_string());
+                }
+                out.push("[DONE]".into());
+                out
+            }
+            Some(Event::Failed(e)) => {
+                self.done = true;
+                vec![e.body().to_string(), "[DONE]".into()]
+            }
+            None => {
+                self.done = true;
+                let e = ApiError::internal("the model thread dropped the request");
+                vec![e.body().to_string(), "[DONE]".into()]
+            }
+        }
+    }
+}
+
+/// Server-sent events: OpenAI's chunks (the chat's first carries the role), ending in
+/// `data: [DONE]`; an error after the stream has begun is an `{"error": ...}` event.
+fn stream_response(
+    app: Arc<App>,
+    meta: Meta,
+    include_usage: bool,
+    rx: UnboundedReceiver<Event>,
+) -> Response {
+    let head = match meta.endpoint {
+        Endpoint::Chat => vec![api::chunk(
+            &meta,
+            Some(""),
+            true,
+            None,
+            serde_json::Value::Null,
+            include_usage,
+        )
+        .to_string()],
+        Endpoint::Completion => Vec::new(),
+    };
+    let st = Streaming {
+        app,
+        meta,
+        rx,
+        include_usage,
+        lps: Vec::new(),
+        offset: 0,
+        done: false,
+    };
+    let body = stream::unfold(st, |mut st| async move {
+        if st.done {
+            return None;
+        }
+        let ev = st.rx.recv().await;
+        let out = st.on(ev);
+        Some((out, st))
+    })
+    .flat_map(stream::iter);
+    let events = stream::iter(head)
+        .chain(body)
+        .map(|data| Ok::<_, Infallible>(SseEvent::default().data(data)));
+    Sse::new(events).into_response()
+}

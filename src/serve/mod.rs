@@ -1,0 +1,551 @@
+//! mlb-serve: an OpenAI-compatible HTTP server over the session API.
+//!
+//! - [`api`]: the JSON of requests, responses, stream chunks and errors;
+//! - `http`: axum on tokio: routes, handlers, server-sent events, the API key check;
+//! - `scheduler`: the model's own thread: `parallel` slots (each a
+//!   [`Session`](crate::session::Session) over the one [`Engine`]), continuous batching
+//!   (every step runs each busy slot's next ids through one call), chunked prefill,
+//!   prefix reuse, cancellation and shutdown.
+//!
+//! The async runtime never runs the model: handlers send a request to the model thread
+//! over a channel and get its tokens back on another, so a forward pass never blocks the
+//! HTTP side and the HTTP side never slows a step.
+//!
+//! [`serve`] is the whole server as one call: [`ServeOptions`] in, `Ok(())` after a
+//! clean shutdown (SIGINT/SIGTERM), or a typed [`ServeError`].
+
+pub mod api;
+mod http;
+mod scheduler;
+
+pub use scheduler::step_all;
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
+use std::sync::Arc;
+use std::time::Duration;
+
+use sha2::{Digest, Sha256};
+
+use crate::chat::{Chat, ChatError, StopSet};
+use crate::format::mlt::Mlt;
+use crate::format::FormatError;
+use crate::kernels::pool;
+use crate::model::Options;
+use crate::session::{Engine, LoadOptions, SessionError, TokenizerSource};
+use scheduler::{Msg, Shared, SlotsConfig};
+
+/// `--port` default.
+pub const DEFAULT_PORT: u16 = 8080;
+/// Prompt ids per step over all slots (`--prefill-chunk` default).
+pub const DEFAULT_PREFILL_CHUNK: usize = 256;
+/// Requests that may wait for a slot (`--queue` default).
+pub const DEFAULT_QUEUE: usize = 64;
+/// Largest request body (`--max-body` default).
+pub const DEFAULT_MAX_BODY: usize = 8 << 20;
+/// How long running requests may finish after SIGINT/SIGTERM.
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+/// Most slots.
+pub const MAX_PARALLEL: usize = 256;
+
+/// The KV cache's element type (`--kv-type`): the engine's.
+pub use crate::model::KvType;
+
+/// Every option of mlb-serve, with its defaults ([`ServeOptions::new`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ServeOptions {
+    pub model: PathBuf,
+    /// `None`: the `.mlt` of the same name beside the model.
+    pub tokenizer: Option<PathBuf>,
+    /// Address to listen on (a name or an IP; default 127.0.0.1).
+    pub host: String,
+    /// 0: any free port (the one taken is printed).
+    pub port: u16,
+    /// Slots: sequences run together.
+    pub parallel: usize,
+    /// Positions per slot; `None`: max_seq capped at 4096.
+    pub ctx: Option<usize>,
+    /// Model threads; `None`: all cores.
+    pub threads: Option<usize>,
+    /// Requests need `Authorization: Bearer KEY` (all routes but /health).
+    pub api_key: Option<String>,
+    pub kv_type: KvType,
+    /// Requests that may wait for a free slot; more get 503 with Retry-After.
+    pub queue: usize,
+    /// Prompt ids per step over all slots.
+    pub prefill_chunk: usize,
+    /// Largest request body in bytes; larger get 413.
+    pub max_body: usize,
+    /// The model's name in responses (default: the file name without `.mlb`).
+    pub alias: Option<String>,
+    /// Pack the weights for the tier's packed kernels.
+    pub pack: bool,
+    /// How long running requests may finish after the first SIGINT/SIGTERM.
+    pub grace: Duration,
+}
+
+impl ServeOptions {
+    /// The defaults for `model`.
+    pub fn new(model: impl Into<PathBuf>) -> ServeOptions {
+        ServeOptions {
+            model: model.into(),
+            tokenizer: None,
+            host: "127.0.0.1".into(),
+            port: DEFAULT_PORT,
+            parallel: 1,
+            ctx: None,
+            threads: None,
+            api_key: None,
+            kv_type: KvType::F32,
+            queue: DEFAULT_QUEUE,
+            prefill_chunk: DEFAULT_PREFILL_CHUNK,
+            max_body: DEFAULT_MAX_BODY,
+            alias: None,
+            pack: true,
+            grace: SHUTDOWN_GRACE,
+        }
+    }
+
+    /// Checks what can be checked without the files.
+    pub fn validate(&self) -> Result<(), ServeError> {
+        let bad = |name, value: String, rule: &str| {
+            Err(ServeError::BadOption {
+                name,
+                value,
+                rule: rule.into(),
+            })
+        };
+        if !(1..=MAX_PARALLEL).contains(&self.parallel) {
+            return bad(
+                "--parallel",
+                self.parallel.to_string(),
+                "must be between 1 and 256",
+            );
+        }
+        match self.threads {
+            Some(0) => return bad("--threads", "0".into(), "at least one thread is needed"),
+            Some(t) if t > pool::MAX_THREADS => {
+                return bad("--threads", t.to_string(), "at most 1024")
+            }
+            _ => {}
+        }
+        if self.prefill_chunk == 0 {
+            return bad("--prefill-chunk", "0".into(), "at least one id per step");
+        }
+        if self.max_body < 1024 {
+            return bad(
+                "--max-body",
+                self.max_body.to_string(),
+                "at least 1024 bytes",
+            );
+        }
+        if self.host.is_empty() {
+            return bad("--host", "\"\"".into(), "an address is needed");
+        }
+        if self.api_key.as_deref() == Some("") {
+            return bad(
+                "--api-key",
+                "\"\"".into(),
+                "an empty key would let anyone in",
+            );
+        }
+        if self.alias.as_deref() == Some("") {
+            return bad("--alias", "\"\"".into(), "a model name cannot be empty");
+        }
+        model_options(self).map(|_| ())
+    }
+
+    /// The tokenizer file: `--tokenizer`, else the `.mlt` beside the model.
+    pub fn tokenizer_path(&self) -> PathBuf {
+        self.tokenizer
+            .clone()
+            .unwrap_or_else(|| self.model.with_extension("mlt"))
+    }
+}
+
+/// The sessions' options.
+fn model_options(o: &ServeOptions) -> Result<Options, ServeError> {
+    Ok(Options {
+        ctx: o.ctx,
+        // A step reads at most `prefill_chunk` prompt ids into one slot.
+        batch: o.prefill_chunk,
+        kv_type: o.kv_type,
+        ..Options::default()
+    })
+}
+
+/// Why mlb-serve could not start (or stopped): one line each.
+#[derive(Debug)]
+pub enum ServeError {
+    BadOption {
+        name: &'static str,
+        value: String,
+        rule: String,
+    },
+    /// Loading the model or making the slots.
+    Session(SessionError),
+    /// The tokenizer file does not exist (the server needs one).
+    NoTokenizer { expected: PathBuf },
+    /// The tokenizer file is invalid.
+    Tokenizer {
+        path: PathBuf,
+        err: Box<FormatError>,
+    },
+    /// Its chat template does not compile.
+    Chat { path: PathBuf, err: ChatError },
+    /// The address cannot be listened on.
+    Listen { addr: String, err: std::io::Error },
+    /// A thread or the async runtime could not be started, or the server failed.
+    Thread(String),
+}
+
+impl fmt::Display for ServeError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ServeError::BadOption { name, value, rule } => write!(f, "{name} = {value}: {rule}"),
+            ServeError::Session(e) => write!(f, "{e}"),
+            ServeError::NoTokenizer { expected } => write!(
+                f,
+                "no tokenizer: {} does not exist; mlb-serve needs one (--tokenizer FILE.mlt)",
+                expected.display()
+            ),
+            ServeError::Tokenizer { path, err } => write!(f, "{}: {err}", path.display()),
+            ServeError::Chat { path, err } => write!(f, "{}: {err}", path.display()),
+            ServeError::Listen { addr, err } => write!(f, "cannot listen on {addr}: {err}"),
+            ServeError::Thread(e) => write!(f, "{e}"),
+        }
+    }
+}
+
+impl std::error::Error for ServeError {}
+
+impl From<SessionError> for ServeError {
+    fn from(e: SessionError) -> Self {
+        ServeError::Session(e)
+    }
+}
+
+/// What the server shows as it runs (the binary prints it).
+pub trait Frontend: Send + Sync {
+    /// The server listens: print the address (and the memory per slot).
+    fn ready(&self, ready: &Ready);
+    /// One line for the log (a finished request, shutdown).
+    fn log(&self, line: &str);
+}
+
+/// The server at start: where it listens and what each slot holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Ready {
+    pub addr: SocketAddr,
+    pub model: String,
+    pub slots: usize,
+    /// Positions per slot.
+    pub ctx: usize,
+    /// Bytes of one slot's KV cache.
+    pub kv_bytes: usize,
+    /// Bytes of one slot's linear-attention state.
+    pub delta_bytes: usize,
+    pub chat: bool,
+    pub threads: usize,
+}
+
+impl Ready {
+    /// `http://HOST:PORT`.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+}
+
+fn mib(b: usize) -> String {
+    format!("{:.1} MiB", b as f64 / (1024.0 * 1024.0))
+}
+
+impl fmt::Display for Ready {
+    /// The start-up summary: model, slots and the memory of each.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let per = self.kv_bytes + self.delta_bytes;
+        write!(
+            f,
+            "{}: {} slot{} of {} positions; memory per slot: KV cache {}",
+            self.model,
+            self.slots,
+            if self.slots == 1 { "" } else { "s" },
+            self.ctx,
+            mib(self.kv_bytes)
+        )?;
+        if self.delta_bytes > 0 {
+            write!(f, " + linear-attention state {}", mib(self.delta_bytes))?;
+        }
+        write!(
+            f,
+            " ({} for all slots); chat template: {}; {} thread{}",
+            mib(per * self.slots),
+            if self.chat { "yes" } else { "none" },
+            self.threads,
+            if self.threads == 1 { "" } else { "s" }
+        )
+    }
+}
+
+/// SIGINT and SIGTERM, listened for from their creation on.
+struct Signals {
+    #[cfg(unix)]
+    term: Option<tokio::signal::unix::Signal>,
+    #[cfg(unix)]
+    int: Option<tokio::signal::unix::Signal>,
+}
+
+impl Signals {
+    /// Catches the signals from now on (needs the runtime).
+    fn new() -> Signals {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{signal, SignalKind};
+            Signals {
+                term: signal(SignalKind::terminate()).ok(),
+                int: signal(SignalKind::interrupt()).ok(),
+            }
+        }
+        #[cfg(not(unix))]
+        Signals {}
+    }
+
+    /// The next SIGINT or SIGTERM.
+    async fn recv(&mut self) {
+        #[cfg(unix)]
+        {
+            async fn one(s: &mut Option<tokio::signal::unix::Signal>) {
+                match s {
+                    Some(s) => {
+                        s.recv().await;
+                    }
+                    None => std::future::pending().await,
+                }
+            }
+            tokio::select! {
+                _ = one(&mut self.term) => {}
+                _ = one(&mut self.int) => {}
+            }
+        }
+        #[cfg(not(unix))]
+        {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}
+
+/// Runs the server until SIGINT or SIGTERM: loads the model and tokenizer, makes the
+/// slots, listens, tells `fe` it is ready, and answers requests. At the first signal it
+/// stops accepting connections and requests, answers queued requests with 503, lets
+/// running ones finish (for at most [`ServeOptions::grace`]; a second signal cancels
+/// them at once), and returns when every connection has closed.
+pub fn serve(o: &ServeOptions, fe: Arc<dyn Frontend>) -> Result<(), ServeError> {
+    o.validate()?;
+    let model_opts = model_options(o)?;
+    if let Some(t) = o.threads {
+        pool::set_threads(t);
+    }
+    if let Some(note) = pool::global().shortfall() {
+        fe.log(&format!("note: {note}"));
+    }
+    let tok_path = o.tokenizer_path();
+    if o.tokenizer.is_none() && !tok_path.exists() {
+        return Err(ServeError::NoTokenizer { expected: tok_path });
+    }
+    let engine = Engine::load(&LoadOptions {
+        model: o.model.clone(),
+        tokenizer: TokenizerSource::File(tok_path.clone()),
+        pack: o.pack,
+    })?;
+    let mlt = Mlt::load(&tok_path).map_err(|err| ServeError::Tokenizer {
+        path: tok_path.clone(),
+        err: Box::new(err),
+    })?;
+    let chat = Chat::from_mlt(&mlt).map_err(|err| ServeError::Chat {
+        path: tok_path.clone(),
+        err,
+    })?;
+    let stop_ids: Vec<u32> = match &chat {
+        Some(c) => c.stop().ids().collect(),
+        None => StopSet::from_mlt(&mlt).ids().collect(),
+    };
+    drop(mlt);
+    let model = o.alias.clone().unwrap_or_else(|| {
+        o.model
+            .file_stem()
+            .map_or_else(|| "model".into(), |s| s.to_string_lossy().into_owned())
+    });
+    let engine = Arc::new(engine);
+    let shared = Arc::new(Shared::new(o.parallel + o.queue));
+    let cfg = SlotsConfig {
+        parallel: o.parallel,
+        model: model_opts,
+        prefill_chunk: o.prefill_chunk,
+        grace: o.grace,
+    };
+    let (tx, thread, info) = scheduler::start(engine.clone(), cfg, shared.clone(), fe.clone())?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("mlb-serve-http")
+        .enable_all()
+        .build()
+        .map_err(|e| ServeError::Thread(format!("cannot start the async runtime: {e}")))?;
+    let salt = {
+        use std::hash::{BuildHasher, Hasher};
+        std::collections::hash_map::RandomState::new()
+            .build_hasher()
+            .finish()
+    };
+    let app = Arc::new(http::App {
+        engine,
+        chat,
+        stop_ids,
+        tx: tx.clone(),
+        shared: shared.clone(),
+        model: model.clone(),
+        tokenizer: tok_path.display().to_string(),
+        created: http::unix_now(),
+        key: o
+            .api_key
+            .as_ref()
+            .map(|k| Sha256::digest(k.as_bytes()).to_vec()),
+        ctx: info.ctx,
+        parallel: o.parallel,
+        queue: o.queue,
+        max_body: o.max_body,
+        salt,
+        counter: AtomicU64::new(0),
+    });
+    let has_chat = app.chat.is_some();
+    let result = rt.block_on(async {
+        // Before "listening": a signal from then on is a shutdown, not a kill.
+        let mut signals = Signals::new();
+        let addr = format!("{}:{}", o.host, o.port);
+        let listener = tokio::net::TcpListener::bind((o.host.as_str(), o.port))
+            .await
+            .map_err(|err| ServeError::Listen {
+                addr: addr.clone(),
+                err,
+            })?;
+        let local = listener
+            .local_addr()
+            .map_err(|err| ServeError::Listen { addr, err })?;
+        fe.ready(&Ready {
+            addr: local,
+            model,
+            slots: o.parallel,
+            ctx: info.ctx,
+            kv_bytes: info.kv_bytes,
+            delta_bytes: info.delta_bytes,
+            chat: has_chat,
+            threads: pool::threads(),
+        });
+        let (fe2, shared2, tx2) = (fe.clone(), shared.clone(), tx.clone());
+        let shutdown = async move {
+            signals.recv().await;
+            let running = shared2.processing.load(SeqCst);
+            fe2.log(&format!(
+                "shutting down: {running} running request{} may finish (a second signal cancels them)",
+                if running == 1 { "" } else { "s" }
+            ));
+            shared2.draining.store(true, SeqCst);
+            let _ = tx2.send(Msg::Drain);
+            tokio::spawn(async move {
+                signals.recv().await;
+                let _ = tx2.send(Msg::CancelAll);
+            });
+        };
+        axum::serve(listener, http::router(app))
+            .with_graceful_shutdown(shutdown)
+            .await
+            .map_err(|e| ServeError::Thread(format!("the server failed: {e}")))
+    });
+    // Every handler has finished; with the last sender gone the model thread ends.
+    drop(tx);
+    rt.shutdown_timeout(Duration::from_secs(1));
+    let _ = thread.join();
+    result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn options_are_checked() {
+        let ok = ServeOptions::new("m.mlb");
+        assert!(ok.validate().is_ok());
+        for (o, name) in [
+            (
+                ServeOptions {
+                    parallel: 0,
+                    ..ok.clone()
+                },
+                "--parallel",
+            ),
+            (
+                ServeOptions {
+                    parallel: 257,
+                    ..ok.clone()
+                },
+                "--parallel",
+            ),
+            (
+                ServeOptions {
+                    threads: Some(0),
+                    ..ok.clone()
+                },
+                "--threads",
+            ),
+            (
+                ServeOptions {
+                    prefill_chunk: 0,
+                    ..ok.clone()
+                },
+                "--prefill-chunk",
+            ),
+            (
+                ServeOptions {
+                    max_body: 10,
+                    ..ok.clone()
+                },
+                "--max-body",
+            ),
+            (
+                ServeOptions {
+                    api_key: Some(String::new()),
+                    ..ok.clone()
+                },
+                "--api-key",
+            ),
+        ] {
+            match o.validate() {
+                Err(ServeError::BadOption { name: n, .. }) => assert_eq!(n, name),
+                other => panic!("{name}: {other:?}"),
+            }
+        }
+        assert_eq!("Q8_0".parse::<KvType>(), Ok(KvType::Q8_0));
+        assert!("f8".parse::<KvType>().is_err());
+    }
+
+    #[test]
+    fn the_summary_names_the_memory_per_slot() {
+        let r = Ready {
+            addr: "127.0.0.1:8080".parse().unwrap(),
+            model: "m".into(),
+            slots: 4,
+            ctx: 256,
+            kv_bytes: 1 << 20,
+            delta_bytes: 0,
+            chat: false,
+            threads: 2,
+        };
+        assert_eq!(r.url(), "http://127.0.0.1:8080");
+        assert_eq!(
+            r.to_string(),
+            "m: 4 slots of 256 positions; memory per slot: KV cache 1.0 MiB (4.0 MiB for all slots); chat template: none; 2 threads"
+        );
+    }
+}

@@ -1,0 +1,590 @@
+//! The model's thread: N slots (each a [`Session`] over the one [`Engine`]), the
+//! requests waiting for one, and the step loop of continuous batching.
+//!
+//! Each turn of the loop:
+//! 1. takes the new requests from the channel (it blocks only when there is nothing to do);
+//! 2. drops the requests whose client has gone (their event channel is closed), so a
+//!    client that disconnects frees its slot at the next step;
+//! 3. gives free slots to waiting requests, first come first served: each goes to the
+//!    free slot whose ids share the longest prefix with its prompt (ties: the least
+//!    recently used), which keeps that prefix and prefills only the rest;
+//! 4. runs one [`step_all`] over every busy slot: a decoding slot feeds the token it sampled
+//!    last, a prefilling slot the next chunk of its prompt (at most `prefill_chunk`
+//!    prompt ids per step over all slots, the oldest request first), so running streams
+//!    keep flowing while a long prompt is read;
+//! 5. samples the next token of every slot whose prompt is complete ([`Generator::step`])
+//!    and sends it, ending the request at a stop.
+//!
+//! All model work of a step is the one call to [`step_all`].
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
+use std::sync::mpsc::{self, Receiver, Sender, TryRecvError};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use tokio::sync::mpsc::UnboundedSender;
+
+use super::api::{ApiError, Finish, TokenLogprob, Usage};
+use super::{Frontend, ServeError};
+use crate::model::config::LayerKind;
+use crate::model::Options;
+use crate::session::{
+    Engine, GenerateOptions, Generator, Session, SessionError, Snapshot, StopReason,
+};
+
+/// Snapshots a slot keeps (at the ends of its latest prompts), for models whose state
+/// cannot be truncated (linear attention, sliding windows that wrap).
+const SNAPSHOTS: usize = 2;
+
+/// All model work of one scheduler step: session `i` is fed `ids[i]` (empty: skipped),
+/// all of them in one batched forward step ([`session::feed_batch`]: the weights are
+/// read once for every slot, each slot's logits bit-identical to feeding it alone);
+/// afterwards each fed session holds the logits after the last of its ids (the sampler
+/// reads them from the session).
+pub fn step_all(sessions: &mut [&mut Session<'_>], ids: &[&[u32]]) -> Result<(), SessionError> {
+    crate::session::feed_batch(sessions, ids).map(|_| ())
+}
+
+/// What the model thread tells a request's handler.
+#[derive(Debug)]
+pub enum Event {
+    /// A slot took the request.
+    Started,
+    /// A sampled token: the text it completes (maybe empty) and its logprobs.
+    Token {
+        text: String,
+        logprob: Option<TokenLogprob>,
+    },
+    /// The request is complete: the text no token gave out (held back, then flushed).
+    Done {
+        finish: Finish,
+        usage: Usage,
+        tail: String,
+    },
+    /// The request failed or was cancelled by the server.
+    Failed(ApiError),
+}
+
+/// Counts shared by the handlers and the model thread.
+pub struct Shared {
+    /// Requests admitted and not yet finished (waiting or in a slot).
+    load: AtomicUsize,
+    /// `parallel + queue`: more admitted requests are refused (503).
+    limit: usize,
+    pub processing: AtomicUsize,
+    pub queued: AtomicUsize,
+    /// Set at the first SIGINT/SIGTERM: new requests are refused.
+    pub draining: AtomicBool,
+}
+
+impl Shared {
+    pub fn new(limit: usize) -> Shared {
+        Shared {
+            load: AtomicUsize::new(0),
+            limit,
+            processing: AtomicUsize::new(0),
+            queued: AtomicUsize::new(0),
+            draining: AtomicBool::new(false),
+        }
+    }
+
+    /// A place for one more request, if the slots and the queue have one.
+    pub fn ticket(self: &Arc<Self>) -> Option<Ticket> {
+        self.load
+            .fetch_update(SeqCst, SeqCst, |n| (n < self.limit).then_some(n + 1))
+            .ok()
+            .map(|_| Ticket(self.clone()))
+    }
+}
+
+/// A request's place; dropped (wherever the request ends) it frees the place.
+pub struct Ticket(Arc<Shared>);
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        self.0.load.fetch_sub(1, SeqCst);
+    }
+}
+
+/// A request for the model thread.
+pub struct Job {
+    pub ids: Vec<u32>,
+    pub gen: GenerateOptions,
+    pub events: UnboundedSender<Event>,
+    /// "chat" or "completion" (the log line).
+    pub label: &'static str,
+    /// Held for its `Drop`: the request's place is free again when the job ends.
+    #[allow(dead_code)]
+    pub ticket: Ticket,
+}
+
+/// Messages to the model thread.
+pub enum Msg {
+    Job(Job),
+    /// Finish what is running (within the grace period), refuse the rest.
+    Drain,
+    /// Cancel everything now.
+    CancelAll,
+}
+
+/// How the slots are made and run.
+#[derive(Clone)]
+pub struct SlotsConfig {
+    pub parallel: usize,
+    pub model: Options,
+    pub prefill_chunk: usize,
+    /// How long running requests may go on after a shutdown signal.
+    pub grace: Duration,
+}
+
+/// What one slot holds, for the start-up summary.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SlotInfo {
+    pub ctx: usize,
+    pub kv_bytes: usize,
+    pub delta_bytes: usize,
+}
+
+/// Starts the model thread with its slots (allocated before this returns, so that a
+/// context that does not fit is an error at start).
+pub fn start(
+    engine: Arc<Engine>,
+    cfg: SlotsConfig,
+    shared: Arc<Shared>,
+    fe: Arc<dyn Frontend>,
+) -> Result<(Sender<Msg>, JoinHandle<()>, SlotInfo), ServeError> {
+    let (tx, rx) = mpsc::channel();
+    let (ready_tx, ready_rx) = mpsc::sync_channel(1);
+    let thread = std::thread::Builder::new()
+        .name("mlb-serve-model".into())
+        .spawn(move || {
+            let sessions: Result<Vec<Session>, SessionError> = (0..cfg.parallel)
+                .map(|_| engine.session(&cfg.model))
+                .collect();
+            let sessions = match sessions {
+                Ok(s) => s,
+                Err(e) => {
+                    let _ = ready_tx.send(Err(e));
+                    return;
+                }
+            };
+            let st = sessions[0].state();
+            let _ = ready_tx.send(Ok(SlotInfo {
+                ctx: st.ctx(),
+                kv_bytes: st.kv_bytes(),
+                delta_bytes: st.delta_bytes(),
+            }));
+            Scheduler::new(&engine, sessions, cfg, shared, fe).run(rx);
+        })
+        .map_err(|e| ServeError::Thread(e.to_string()))?;
+    match ready_rx.recv() {
+        Ok(Ok(info)) => Ok((tx, thread, info)),
+        Ok(Err(e)) => {
+            let _ = thread.join();
+            Err(ServeError::Session(e))
+        }
+        Err(_) => {
+            let _ = thread.join();
+            Err(ServeError::Thread(
+                "the model thread ended while making its slots".into(),
+            ))
+        }
+    }
+}
+
+/// A request in a slot.
+struct Task<'e> {
+    job: Job,
+    gen: Generator<'e>,
+    /// Prompt ids fed so far (the prompt is being read while `fed < ids.len()`).
+    fed: usize,
+    /// Decoding: the sampled id to feed next.
+    next: Option<u32>,
+    /// Prompt ids the slot already held.
+    cached: usize,
+    /// Admission order (prefill goes oldest first).
+    order: u64,
+    started: Instant,
+    first_token: Option<Duration>,
+    /// Tokens sampled so far.
+    sampled: usize,
+}
+
+struct Slot<'e> {
+    session: Session<'e>,
+    snapshots: Vec<Snapshot>,
+    /// When it was last given a request (least recently used goes first on ties).
+    used: u64,
+    task: Option<Task<'e>>,
+}
+
+struct Scheduler<'e> {
+    engine: &'e Engine,
+    slots: Vec<Slot<'e>>,
+    waiting: VecDeque<Job>,
+    cfg: SlotsConfig,
+    shared: Arc<Shared>,
+    fe: Arc<dyn Frontend>,
+    clock: u64,
+    /// When the shutdown signal came.
+    draining: Option<Instant>,
+    /// Whether prefix reuse needs snapshots (some state cannot be truncated).
+    snapshots: bool,
+}
+
+/// `finish_reason` of a stop, `None` for a cancellation.
+fn finish_of(stop: StopReason) -> Option<Finish> {
+    match stop {
+        StopReason::StopId(_) | StopReason::StopString(_) => Some(Finish::Stop),
+        StopReason::Length | StopReason::ContextFull => Some(Finish::Length),
+        StopReason::Cancelled => None,
+    }
+}
+
+impl<'e> Scheduler<'e> {
+    fn new(
+        engine: &'e Engine,
+        sessions: Vec<Session<'e>>,
+        cfg: SlotsConfig,
+        shared: Arc<Shared>,
+        fe: Arc<dyn Frontend>,
+    ) -> Scheduler<'e> {
+        let ctx = sessions.first().map_or(0, Session::ctx);
+        let snapshots = engine.config().layers.iter().any(|l| match l {
+            LayerKind::Linear => true,
+            LayerKind::Attention { window, .. } => window.is_some_and(|w| w < ctx),
+        });
+        Scheduler {
+            engine,
+            slots: sessions
+                .into_iter()
+                .map(|session| Slot {
+                    session,
+                    snapshots: Vec::new(),
+                    used: 0,
+                    task: None,
+                })
+                .collect(),
+            waiting: VecDeque::new(),
+            cfg,
+            shared,
+            fe,
+            clock: 0,
+            draining: None,
+            snapshots,
+        }
+    }
+
+    fn busy(&self) -> bool {
+        !self.waiting.is_empty() || self.slots.iter().any(|s| s.task.is_some())
+    }
+
+    fn run(mut self, rx: Receiver<Msg>) {
+        loop {
+            if !self.busy() {
+                match rx.recv() {
+                    Ok(m) => self.on(m),
+                    Err(_) => return,
+                }
+            }
+            loop {
+                match rx.try_recv() {
+                    Ok(m) => self.on(m),
+                    Err(TryRecvError::Empty) => break,
+                    Err(TryRecvError::Disconnected) => {
+                        self.cancel_all(ApiError::shutting_down());
+                        return;
+                    }
+                }
+            }
+            self.drop_gone();
+            if self.draining.is_some_and(|t| t.elapsed() >= self.cfg.grace) {
+                self.cancel_all(ApiError::shutting_down());
+            }
+            self.admit();
+            self.publish();
+            if self.slots.iter().any(|s| s.task.is_some()) {
+                self.step();
+            }
+            self.publish();
+        }
+    }
+
+    fn on(&mut self, m: Msg) {
+        match m {
+            Msg::Job(job) if self.draining.is_some() => {
+                let _ = job.events.send(Event::Failed(ApiError::shutting_down()));
+            }
+            Msg::Job(job) => self.waiting.push_back(job),
+            Msg::Drain => {
+                self.draining.get_or_insert_with(Instant::now);
+                for job in self.waiting.drain(..) {
+                    let _ = job.events.send(Event::Failed(ApiError::shutting_down()));
+                }
+            }
+            Msg::CancelAll => {
+                self.draining.get_or_insert_with(Instant::now);
+                self.cancel_all(ApiError::shutting_down());
+            }
+        }
+    }
+
+    /// Ends every request with `err`.
+    fn cancel_all(&mut self, err: ApiError) {
+        for job in self.waiting.drain(..) {
+            let _ = job.events.send(Event::Failed(err.clone()));
+        }
+        for i in 0..self.slots.len() {
+            if let Some(t) = self.slots[i].task.take() {
+                let _ = t.job.events.send(Event::Failed(err.clone()));
+                self.log_end(i, &t, t.sampled, "cancelled (shutdown)");
+            }
+        }
+    }
+
+    /// Drops the requests whose client has gone.
+    fn drop_gone(&mut self) {
+        self.waiting.retain(|j| !j.events.is_closed());
+        for i in 0..self.slots.len() {
+            if self.slots[i]
+                .task
+                .as_ref()
+                .is_some_and(|t| t.job.events.is_closed())
+            {
+                let t = self.slots[i].task.take().expect("checked");
+                self.log_end(i, &t, t.sampled, "cancelled (client gone)");
+            }
+        }
+    }
+
+    /// The free slot for `ids`: the longest common prefix, then the least recently used.
+    fn pick(&self, ids: &[u32]) -> Option<usize> {
+        self.slots
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| s.task.is_none())
+            .max_by_key(|(_, s)| (s.session.common_prefix(ids), std::cmp::Reverse(s.used)))
+            .map(|(i, _)| i)
+    }
+
+    /// Gives free slots to waiting requests.
+    fn admit(&mut self) {
+        while let Some(i) = self.waiting.front().and_then(|j| self.pick(&j.ids)) {
+            let job = self.waiting.pop_front().expect("front");
+            self.clock += 1;
+            let gen = match Generator::new(self.engine, job.gen.clone()) {
+                Ok(g) => g,
+                Err(e) => {
+                    let _ = job
+                        .events
+                        .send(Event::Failed(ApiError::bad_request(e.to_string())));
+                    continue;
+                }
+            };
+            let slot = &mut self.slots[i];
+            slot.used = self.clock;
+            let cached = reuse(&mut slot.session, &slot.snapshots, &job.ids);
+            if job.events.send(Event::Started).is_err() {
+                continue;
+            }
+            slot.task = Some(Task {
+                job,
+                gen,
+                fed: cached,
+                next: None,
+                cached,
+                order: self.clock,
+                started: Instant::now(),
+                first_token: None,
+                sampled: 0,
+            });
+        }
+    }
+
+    fn publish(&self) {
+        let busy = self.slots.iter().filter(|s| s.task.is_some()).count();
+        self.shared.processing.store(busy, SeqCst);
+        self.shared.queued.store(self.waiting.len(), SeqCst);
+    }
+
+    /// One step: every busy slot's ids through [`step_all`], then sampling.
+    fn step(&mut self) {
+        // Prompt ids per prefilling slot, oldest request first, within the budget.
+        let mut take = vec![0usize; self.slots.len()];
+        let mut reading: Vec<(u64, usize)> = self
+            .slots
+            .iter()
+            .enumerate()
+            .filter_map(|(i, s)| {
+                s.task
+                    .as_ref()
+                    .filter(|t| t.next.is_none())
+                    .map(|t| (t.order, i))
+            })
+            .collect();
+        reading.sort_unstable();
+        let mut budget = self.cfg.prefill_chunk;
+        for &(_, i) in &reading {
+            let t = self.slots[i].task.as_ref().expect("busy");
+            take[i] = (t.job.ids.len() - t.fed).min(budget);
+            budget -= take[i];
+        }
+        let mut who = Vec::new();
+        let result = {
+            let mut sessions: Vec<&mut Session<'e>> = Vec::new();
+            let mut ids: Vec<&[u32]> = Vec::new();
+            for (i, slot) in self.slots.iter_mut().enumerate() {
+                let Slot { session, task, .. } = slot;
+                let Some(t) = task.as_ref() else { continue };
+                let fed: &[u32] = match &t.next {
+                    Some(_) => t.next.as_slice(),
+                    None => &t.job.ids[t.fed..t.fed + take[i]],
+                };
+                if fed.is_empty() {
+                    continue;
+                }
+                who.push(i);
+                sessions.push(session);
+                ids.push(fed);
+            }
+            step_all(&mut sessions, &ids)
+        };
+        if let Err(e) = result {
+            for &i in &who {
+                let slot = &mut self.slots[i];
+                slot.session.reset();
+                slot.snapshots.clear();
+                if let Some(t) = slot.task.take() {
+                    let _ = t
+                        .job
+                        .events
+                        .send(Event::Failed(ApiError::internal(e.to_string())));
+                    self.log_end(i, &t, t.sampled, "failed");
+                }
+            }
+            return;
+        }
+        for i in who {
+            self.advance(i, take[i]);
+        }
+    }
+
+    /// After a step: record the prompt ids fed, or sample the next token.
+    fn advance(&mut self, i: usize, fed: usize) {
+        let snapshots = self.snapshots;
+        let slot = &mut self.slots[i];
+        let t = slot.task.as_mut().expect("busy");
+        if t.next.is_none() {
+            t.fed += fed;
+            if t.fed < t.job.ids.len() {
+                return;
+            }
+            if snapshots {
+                if slot.snapshots.len() == SNAPSHOTS {
+                    slot.snapshots.remove(0);
+                }
+                slot.snapshots.push(slot.session.snapshot());
+            }
+        }
+        let step = match t.gen.step(&slot.session) {
+            Ok(s) => s,
+            Err(e) => {
+                let t = slot.task.take().expect("busy");
+                let _ = t
+                    .job
+                    .events
+                    .send(Event::Failed(ApiError::internal(e.to_string())));
+                self.log_end(i, &t, t.sampled, "failed");
+                return;
+            }
+        };
+        t.first_token.get_or_insert_with(|| t.started.elapsed());
+        t.sampled += 1;
+        let logprob = match (step.stop, step.logprobs) {
+            (Some(StopReason::StopId(_)), _) | (_, None) => None,
+            (_, Some(l)) => Some(TokenLogprob {
+                id: step.id,
+                logprob: l.chosen,
+                top: l.top,
+            }),
+        };
+        let gone = (!step.text.is_empty() || logprob.is_some())
+            && t.job
+                .events
+                .send(Event::Token {
+                    text: step.text,
+                    logprob,
+                })
+                .is_err();
+        match step.stop {
+            _ if gone => {
+                let t = slot.task.take().expect("busy");
+                self.log_end(i, &t, t.sampled, "cancelled (client gone)");
+            }
+            Some(stop) => {
+                let t = slot.task.take().expect("busy");
+                let prompt = t.job.ids.len();
+                let cached = t.cached;
+                let (events, label) = (t.job.events.clone(), t.job.label);
+                let started = t.started;
+                let first = t.first_token;
+                let g = t.gen.finish();
+                let usage = Usage {
+                    prompt,
+                    completion: g.tokens.len(),
+                    cached,
+                };
+                let finish = finish_of(stop).unwrap_or(Finish::Stop);
+                let _ = events.send(Event::Done {
+                    finish,
+                    usage,
+                    tail: g.tail,
+                });
+                self.fe.log(&format!(
+                    "{label} slot {i}: prompt {prompt} tokens ({cached} cached), {} generated in {:.3} s (first token {:.3} s): {}",
+                    usage.completion,
+                    started.elapsed().as_secs_f64(),
+                    first.unwrap_or_default().as_secs_f64(),
+                    finish.as_str()
+                ));
+            }
+            None => t.next = Some(step.id),
+        }
+    }
+
+    fn log_end(&self, i: usize, t: &Task, generated: usize, how: &str) {
+        self.fe.log(&format!(
+            "{} slot {i}: prompt {} tokens ({} cached), {generated} generated in {:.3} s: {how}",
+            t.job.label,
+            t.job.ids.len(),
+            t.cached,
+            t.started.elapsed().as_secs_f64(),
+        ));
+    }
+}
+
+/// Makes `s` hold the longest prefix of `ids` it can keep (at most all but the last id:
+/// the last is fed to get the logits to sample from) and returns its length: by
+/// truncation where the state allows it, else from the latest snapshot that holds a
+/// prefix of `ids`, else from the start.
+fn reuse(s: &mut Session, snapshots: &[Snapshot], ids: &[u32]) -> usize {
+    let n = s.common_prefix(ids).min(ids.len().saturating_sub(1));
+    if s.truncate(n).is_ok() {
+        return n;
+    }
+    let mut usable: Vec<&Snapshot> = snapshots
+        .iter()
+        .filter(|p| p.pos() <= n && ids.starts_with(p.tokens()))
+        .collect();
+    usable.sort_by_key(|p| std::cmp::Reverse(p.pos()));
+    for p in usable {
+        if s.restore(p).is_ok() {
+            return p.pos();
+        }
+    }
+    // Truncating to 0 always succeeds.
+    let _ = s.truncate(0);
+    0
+}

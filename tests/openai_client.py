@@ -1,0 +1,166 @@
+#!/usr/bin/env python3
+"""mlb-serve through the official `openai` Python client: models, chat, chat streaming,
+completions, completions streaming, logprobs, and errors raised as the client's typed
+exceptions.
+
+    python tests/openai_client.py [BIN_DIR]
+
+BIN_DIR holds mlb-serve, mlb-convert and mlt-convert (default: target/debug). The script
+converts the bundled default model (testdata/default) with a chat template into a
+temporary folder, starts mlb-serve on a free port with an API key, runs the client
+against it, then stops the server with SIGTERM and expects exit status 0. `.ci/run`
+runs it in a virtual environment of its own (python3 -m venv; pip install openai).
+Exit status 0 when every check passes.
+"""
+
+import pathlib
+import signal
+import subprocess
+import sys
+import tempfile
+
+import openai
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+# The template the tests give the default model; its end of turn is the EOS.
+TEMPLATE = (
+    "{% for m in messages %}<|startoftext|>{{ m['role'] }}\n{{ m['content'] }}<|endoftext|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|startoftext|>assistant\n{% endif %}"
+)
+KEY = "test-key"
+
+
+def run(*args):
+    subprocess.run([str(a) for a in args], check=True, stdout=subprocess.DEVNULL)
+
+
+def check(name, ok, detail=""):
+    if not ok:
+        raise AssertionError(f"{name}: {detail}")
+    print(f"ok  {name}")
+
+
+def stream_text(chunks, chat):
+    text, finish, usage = "", None, None
+    for c in chunks:
+        if c.usage is not None:
+            usage = c.usage
+        for ch in c.choices:
+            part = ch.delta.content if chat else ch.text
+            text += part or ""
+            finish = ch.finish_reason or finish
+    return text, finish, usage
+
+
+def exercise(url):
+    client = openai.OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0, timeout=60)
+    models = client.models.list()
+    check("models", [m.id for m in models.data] == ["default"], models)
+
+    messages = [
+        {"role": "system", "content": "You answer."},
+        {"role": "user", "content": "What is a list?"},
+    ]
+    r = client.chat.completions.create(model="default", messages=messages, max_tokens=12, temperature=0)
+    c = r.choices[0]
+    check(
+        "chat",
+        r.object == "chat.completion" and c.message.role == "assistant"
+        and c.finish_reason in ("stop", "length") and r.usage.completion_tokens >= 1
+        and r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens,
+        r,
+    )
+    chunks = list(
+        client.chat.completions.create(
+            model="default", messages=messages, max_tokens=12, temperature=0,
+            stream=True, stream_options={"include_usage": True},
+        )
+    )
+    text, finish, usage = stream_text(chunks, chat=True)
+    check(
+        "chat stream",
+        text == (c.message.content or "") and finish == c.finish_reason
+        and usage is not None and usage.completion_tokens == r.usage.completion_tokens
+        and chunks[0].choices[0].delta.role == "assistant",
+        (text, c.message.content, finish, usage),
+    )
+
+    r = client.chat.completions.create(
+        model="default", messages=messages, max_tokens=3, temperature=0,
+        logprobs=True, top_logprobs=2, logit_bias={"2": -100},
+    )
+    lp = r.choices[0].logprobs.content
+    check(
+        "chat logprobs",
+        len(lp) == 3 and all(len(t.top_logprobs) == 2 and t.logprob == t.top_logprobs[0].logprob for t in lp),
+        lp,
+    )
+
+    p = client.completions.create(model="default", prompt="A function is", max_tokens=12, temperature=0)
+    pc = p.choices[0]
+    check(
+        "completions",
+        p.object == "text_completion" and pc.finish_reason in ("stop", "length")
+        and p.usage.completion_tokens >= 1,
+        p,
+    )
+    chunks = list(
+        client.completions.create(model="default", prompt="A function is", max_tokens=12, temperature=0, stream=True)
+    )
+    text, finish, _ = stream_text(chunks, chat=False)
+    check("completions stream", text == pc.text and finish == pc.finish_reason, (text, pc.text))
+
+    s = client.completions.create(model="default", prompt="A function is", max_tokens=12, temperature=0, stop=[pc.text[3:5]])
+    check(
+        "stop string",
+        pc.text[3:5] == "" or (s.choices[0].finish_reason == "stop" and s.choices[0].text == pc.text[: pc.text.find(pc.text[3:5])]),
+        (s, pc.text),
+    )
+
+    try:
+        client.chat.completions.create(model="default", messages=messages, max_tokens=0)
+        check("max_tokens 0 refused", False, "no error")
+    except openai.BadRequestError as e:
+        check("max_tokens 0 refused", e.status_code == 400 and e.body.get("param") == "max_tokens", e.body)
+    try:
+        client.completions.create(model="default", prompt="word " * 400)
+        check("prompt too long refused", False, "no error")
+    except openai.BadRequestError as e:
+        check("prompt too long refused", e.code == "context_length_exceeded", e.body)
+    try:
+        openai.OpenAI(base_url=url + "/v1", api_key="wrong", max_retries=0).models.list()
+        check("wrong key refused", False, "no error")
+    except openai.AuthenticationError as e:
+        check("wrong key refused", e.status_code == 401 and e.code == "invalid_api_key", e.body)
+
+
+def main():
+    bins = pathlib.Path(sys.argv[1]) if len(sys.argv) > 1 else ROOT / "target" / "debug"
+    src = ROOT / "testdata" / "default"
+    with tempfile.TemporaryDirectory() as tmp:
+        d = pathlib.Path(tmp)
+        (d / "template.jinja").write_text(TEMPLATE)
+        run(bins / "mlb-convert", src, "-o", d / "default.mlb")
+        run(bins / "mlt-convert", src / "tokenizer.json", "-o", d / "default.mlt", "--chat-template", d / "template.jinja", "-q")
+        with open(d / "server.log", "w") as log:
+            server = subprocess.Popen(
+                [str(bins / "mlb-serve"), str(d / "default.mlb"), "--port", "0", "--parallel", "2", "--api-key", KEY],
+                stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL, text=True,
+            )
+            try:
+                line = server.stdout.readline().strip()
+                if not line.startswith("listening on http://"):
+                    raise AssertionError(f"mlb-serve did not start: {line!r}\n{(d / 'server.log').read_text()}")
+                exercise(line[len("listening on "):])
+                server.send_signal(signal.SIGTERM)
+                code = server.wait(timeout=60)
+                check("SIGTERM: exit 0", code == 0, (code, (d / "server.log").read_text()))
+            finally:
+                if server.poll() is None:
+                    server.kill()
+                    server.wait()
+    print("openai client against mlb-serve: all checks ok")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1108 @@
+//! mlb-serve end to end: the real binary on an ephemeral port, used over real HTTP
+//! (ureq), on the bundled default model (converted here as scripts/demo.sh does; given
+//! a ChatML-style template with `mlt-convert --chat-template` for the chat routes).
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+use crate::util::{bin_path, testdata};
+
+/// The template the tests give the default model; its end of turn is the EOS.
+const TEMPLATE: &str = "{% for m in messages %}<|startoftext|>{{ m['role'] }}\n{{ m['content'] }}<|endoftext|>\n{% endfor %}{% if add_generation_prompt %}<|startoftext|>assistant\n{% endif %}";
+
+/// The converted default model, its tokenizer without a chat section, and one with the
+/// template (made once per test run).
+struct Files {
+    mlb: PathBuf,
+    plain: PathBuf,
+    chat: PathBuf,
+}
+
+fn convert(bin: &str, args: &[&Path], extra: &[&str]) {
+    let o = Command::new(bin_path(bin))
+        .args(args)
+        .args(extra)
+        .output()
+        .unwrap();
+    assert!(
+        o.status.success(),
+        "{bin}: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
+
+fn files() -> &'static Files {
+    static F: OnceLock<Files> = OnceLock::new();
+    F.get_or_init(|| {
+        let dir =
+            Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("serve-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let src = testdata().join("default");
+        let f = Files {
+            mlb: dir.join("default.mlb"),
+            plain: dir.join("plain.mlt"),
+            chat: dir.join("default.mlt"),
+        };
+        let template = dir.join("template.jinja");
+        std::fs::write(&template, TEMPLATE).unwrap();
+        convert(
+            "mlb-convert",
+            &[&src, Path::new("-o"), &f.mlb],
+            &["--wtype", "q8_0"],
+        );
+        let json = src.join("tokenizer.json");
+        convert(
+            "mlt-convert",
+            &[&json, Path::new("-o"), &f.plain],
+            &["-q", "--no-chat"],
+        );
+        convert(
+            "mlt-convert",
+            &[
+                &json,
+                Path::new("-o"),
+                &f.chat,
+                Path::new("--chat-template"),
+                &template,
+            ],
+            &["-q"],
+        );
+        f
+    })
+}
+
+/// A running mlb-serve; killed when dropped (if still running).
+struct Server {
+    child: Child,
+    url: String,
+    log: Arc<Mutex<String>>,
+}
+
+/// Starts mlb-serve on the default model (the chat tokenizer beside it) with `args`;
+/// `Err((exit code, stderr))` if it exits before listening.
+fn try_start(args: &[&str]) -> Result<Server, (Option<i32>, String)> {
+    let f = files();
+    let mut child = Command::new(bin_path("mlb-serve"))
+        .arg(&f.mlb)
+        .args(["--port", "0", "--threads", "2"])
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let log = Arc::new(Mutex::new(String::new()));
+    let (l2, mut err) = (log.clone(), child.stderr.take().unwrap());
+    let errs = std::thread::spawn(move || {
+        let mut buf = [0u8; 4096];
+        while let Ok(n) = err.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            l2.lock()
+                .unwrap()
+                .push_str(&String::from_utf8_lossy(&buf[..n]));
+        }
+    });
+    let (tx, rx) = mpsc::channel();
+    let out = child.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        let mut lines = BufReader::new(out).lines();
+        let _ = tx.send(lines.next().and_then(Result::ok));
+        for _ in lines {}
+    });
+    match rx.recv_timeout(Duration::from_secs(120)) {
+        Ok(Some(line)) => {
+            let url = line
+                .strip_prefix("listening on ")
+                .unwrap_or_else(|| panic!("first line: {line}"))
+                .to_string();
+            assert!(url.starts_with("http://127.0.0.1:"), "{url}");
+            Ok(Server { child, url, log })
+        }
+        _ => {
+            let status = child.wait().unwrap();
+            errs.join().unwrap();
+            let e = log.lock().unwrap().clone();
+            Err((status.code(), e))
+        }
+    }
+}
+
+fn start(args: &[&str]) -> Server {
+    try_start(args).unwrap_or_else(|(c, e)| panic!("mlb-serve exited {c:?}: {e}"))
+}
+
+fn agent() -> ureq::Agent {
+    ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .timeout_global(Some(Duration::from_secs(120)))
+        .build()
+        .into()
+}
+
+/// A response: status, headers we look at, body.
+struct Reply {
+    status: u16,
+    retry_after: Option<String>,
+    www_auth: Option<String>,
+    body: String,
+}
+
+impl Reply {
+    fn json(&self) -> Value {
+        serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("{e}: {}", self.body))
+    }
+
+    /// An OpenAI error object with this status; returns it.
+    fn error(&self, status: u16) -> Value {
+        assert_eq!(self.status, status, "{}", self.body);
+        let v = self.json();
+        let e = &v["error"];
+        assert!(e["message"].as_str().is_some_and(|m| !m.is_empty()), "{v}");
+        assert!(e["type"].is_string(), "{v}");
+        assert!(e.get("param").is_some() && e.get("code").is_some(), "{v}");
+        e.clone()
+    }
+}
+
+fn reply(r: Result<ureq::http::Response<ureq::Body>, ureq::Error>) -> Reply {
+    let mut r = r.unwrap();
+    let h = |k: &str| r.headers().get(k).map(|v| v.to_str().unwrap().to_string());
+    let (retry_after, www_auth) = (h("retry-after"), h("www-authenticate"));
+    Reply {
+        status: r.status().as_u16(),
+        retry_after,
+        www_auth,
+        body: r.body_mut().read_to_string().unwrap(),
+    }
+}
+
+impl Server {
+    fn get(&self, path: &str) -> Reply {
+        reply(agent().get(format!("{}{path}", self.url)).call())
+    }
+
+    fn post(&self, path: &str, body: &str) -> Reply {
+        self.post_with(path, body, None)
+    }
+
+    fn post_with(&self, path: &str, body: &str, key: Option<&str>) -> Reply {
+        let mut r = agent()
+            .post(format!("{}{path}", self.url))
+            .header("content-type", "application/json");
+        if let Some(k) = key {
+            r = r.header("authorization", format!("Bearer {k}"));
+        }
+        reply(r.send(body))
+    }
+
+    /// POSTs a request with `"stream": true`; returns the `data:` payloads up to and
+    /// including `[DONE]`.
+    fn stream(&self, path: &str, body: &Value) -> Vec<String> {
+        let mut body = body.clone();
+        body["stream"] = json!(true);
+        let r = agent()
+            .post(format!("{}{path}", self.url))
+            .send(body.to_string())
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        let ct = r.headers().get("content-type").unwrap().to_str().unwrap();
+        assert!(ct.starts_with("text/event-stream"), "{ct}");
+        let mut out = Vec::new();
+        for line in BufReader::new(r.into_body().into_reader()).lines() {
+            let line = line.unwrap();
+            if let Some(d) = line.strip_prefix("data: ") {
+                out.push(d.to_string());
+            } else {
+                assert!(line.is_empty(), "not SSE: {line}");
+            }
+        }
+        assert_eq!(out.last().map(String::as_str), Some("[DONE]"), "{out:?}");
+        out
+    }
+
+    fn log(&self) -> String {
+        self.log.lock().unwrap().clone()
+    }
+
+    fn pid(&self) -> i32 {
+        self.child.id() as i32
+    }
+
+    /// The server's resident memory (VmRSS), KiB.
+    fn rss_kib(&self) -> u64 {
+        let s = std::fs::read_to_string(format!("/proc/{}/status", self.pid())).unwrap();
+        let l = s.lines().find(|l| l.starts_with("VmRSS:")).unwrap();
+        l.split_whitespace().nth(1).unwrap().parse().unwrap()
+    }
+
+    /// Waits until /health reports no busy slot and no queued request.
+    fn wait_idle(&self) {
+        let t0 = Instant::now();
+        loop {
+            let h = self.get("/health").json();
+            if h["slots_processing"] == 0 && h["requests_queued"] == 0 {
+                return;
+            }
+            assert!(t0.elapsed() < Duration::from_secs(30), "never idle: {h}");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// The text of a stream's chunks (chat deltas or completion texts), its finish reason
+/// and its usage chunk.
+fn stream_text(data: &[String]) -> (String, String, Option<Value>) {
+    let mut text = String::new();
+    let mut finish = String::new();
+    let mut usage = None;
+    for d in &data[..data.len() - 1] {
+        let v: Value = serde_json::from_str(d).unwrap();
+        assert!(v.get("error").is_none(), "{v}");
+        if v["choices"].as_array().unwrap().is_empty() {
+            usage = Some(v["usage"].clone());
+            continue;
+        }
+        let c = &v["choices"][0];
+        if let Some(t) = c["delta"]["content"].as_str().or(c["text"].as_str()) {
+            text.push_str(t);
+        }
+        if let Some(f) = c["finish_reason"].as_str() {
+            finish = f.to_string();
+        }
+    }
+    (text, finish, usage)
+}
+
+/// mlb-run's greedy continuation of `prompt` (the reference for the server's).
+fn mlb_run_greedy(prompt: &str, n: usize) -> String {
+    let f = files();
+    let o = Command::new(bin_path("mlb-run"))
+        .arg(&f.mlb)
+        .args(["--prompt", prompt, "-n", &n.to_string(), "--temp", "0"])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let s = String::from_utf8(o.stdout).unwrap();
+    s.strip_suffix('\n').unwrap_or(&s).to_string()
+}
+
+#[test]
+fn serve_completions() {
+    let s = start(&["--parallel", "2"]);
+    let h = s.get("/health");
+    assert_eq!(h.status, 200);
+    assert_eq!(h.json()["status"], "ok");
+    let m = s.get("/v1/models").json();
+    assert_eq!(m["object"], "list");
+    assert_eq!(m["data"][0]["id"], "default");
+    assert_eq!(m["data"][0]["object"], "model");
+
+    let prompt = "A function is";
+    let want = mlb_run_greedy(prompt, 12);
+    let body = json!({"model": "default", "prompt": prompt, "max_tokens": 12, "temperature": 0});
+    let r = s.post("/v1/completions", &body.to_string());
+    assert_eq!(r.status, 200, "{}", r.body);
+    let v = r.json();
+    assert_eq!(v["object"], "text_completion");
+    assert!(v["id"].as_str().unwrap().starts_with("cmpl-"));
+    assert_eq!(v["model"], "default");
+    assert!(v["created"].as_u64().unwrap() > 1_600_000_000);
+    let c = &v["choices"][0];
+    assert_eq!(c["index"], 0);
+    assert_eq!(c["text"], want.as_str());
+    assert_eq!(c["logprobs"], Value::Null);
+    let n_prompt = s
+        .post(
+            "/tokenize",
+            &json!({"content": prompt, "add_special": true}).to_string(),
+        )
+        .json()["tokens"]
+        .as_array()
+        .unwrap()
+        .len();
+    let u = &v["usage"];
+    assert_eq!(u["prompt_tokens"], n_prompt);
+    let done = u["completion_tokens"].as_u64().unwrap();
+    assert_eq!(u["total_tokens"], n_prompt as u64 + done);
+    assert_eq!(
+        c["finish_reason"],
+        if done == 12 { "length" } else { "stop" },
+        "{v}"
+    );
+    // The same prompt again: all but its last id come from the slot.
+    let again = s.post("/v1/completions", &body.to_string()).json();
+    assert_eq!(again["choices"][0]["text"], want.as_str());
+    assert_eq!(
+        again["usage"]["prompt_tokens_details"]["cached_tokens"],
+        n_prompt - 1
+    );
+
+    // Streaming, with the usage chunk.
+    let mut sb = body.clone();
+    sb["stream_options"] = json!({"include_usage": true});
+    let data = s.stream("/v1/completions", &sb);
+    let (text, finish, usage) = stream_text(&data);
+    assert_eq!(text, want);
+    assert_eq!(finish, c["finish_reason"].as_str().unwrap());
+    let usage = usage.expect("a usage chunk");
+    assert_eq!(usage["completion_tokens"], done);
+    for d in &data[..data.len() - 2] {
+        let v: Value = serde_json::from_str(d).unwrap();
+        assert_eq!(v["object"], "text_completion");
+        assert_eq!(v["usage"], Value::Null, "{v}");
+    }
+    // Without include_usage there is no usage at all.
+    let data = s.stream("/v1/completions", &body);
+    assert_eq!(stream_text(&data).0, want);
+    assert!(data.iter().all(|d| !d.contains("\"usage\"")));
+
+    // A stop string: the text ends before it.
+    let cut = want.char_indices().nth(want.chars().count() / 2).unwrap().0;
+    let stop = want[cut..].chars().take(2).collect::<String>();
+    let at = want.find(&stop).unwrap();
+    let v = s
+        .post(
+            "/v1/completions",
+            &json!({"prompt": prompt, "max_tokens": 12, "temperature": 0, "stop": [stop]})
+                .to_string(),
+        )
+        .json();
+    assert_eq!(v["choices"][0]["text"], &want[..at]);
+    assert_eq!(v["choices"][0]["finish_reason"], "stop");
+
+    // Logprobs: the greedy choice is the most likely alternative.
+    let v = s
+        .post(
+            "/v1/completions",
+            &json!({"prompt": prompt, "max_tokens": 4, "temperature": 0, "logprobs": 3, "logit_bias": {"2": -100}}).to_string(),
+        )
+        .json();
+    let lp = &v["choices"][0]["logprobs"];
+    assert_eq!(lp["tokens"].as_array().unwrap().len(), 4, "{v}");
+    assert_eq!(lp["text_offset"][0], 0);
+    for (i, top) in lp["top_logprobs"].as_array().unwrap().iter().enumerate() {
+        let top = top.as_object().unwrap();
+        assert!(!top.is_empty() && top.len() <= 3);
+        let best = top
+            .values()
+            .map(|x| x.as_f64().unwrap())
+            .fold(f64::MIN, f64::max);
+        assert!(
+            (lp["token_logprobs"][i].as_f64().unwrap() - best).abs() < 1e-6,
+            "{v}"
+        );
+    }
+    // Prompts as ids give the same text.
+    let ids = s
+        .post(
+            "/tokenize",
+            &json!({"content": prompt, "add_special": true}).to_string(),
+        )
+        .json()["tokens"]
+        .clone();
+    let v = s
+        .post(
+            "/v1/completions",
+            &json!({"prompt": ids, "max_tokens": 12, "temperature": 0}).to_string(),
+        )
+        .json();
+    assert_eq!(v["choices"][0]["text"], want.as_str());
+}
+
+#[test]
+fn serve_chat() {
+    let s = start(&[]);
+    let conv = json!([{"role": "system", "content": "You answer."}, {"role": "user", "content": "What is a list?"}]);
+    let body = json!({"model": "x", "messages": conv, "max_tokens": 10, "temperature": 0, "logit_bias": {"2": -100}});
+    let r = s.post("/v1/chat/completions", &body.to_string());
+    assert_eq!(r.status, 200, "{}", r.body);
+    let v = r.json();
+    assert_eq!(v["object"], "chat.completion");
+    assert!(v["id"].as_str().unwrap().starts_with("chatcmpl-"));
+    let c = &v["choices"][0];
+    assert_eq!(c["message"]["role"], "assistant");
+    assert_eq!(c["finish_reason"], "length");
+    let reply = c["message"]["content"].as_str().unwrap().to_string();
+    assert_eq!(v["usage"]["completion_tokens"], 10);
+
+    // The prompt is the template's rendering, encoded without BOS.
+    let rendered = "<|startoftext|>system\nYou answer.<|endoftext|>\n<|startoftext|>user\nWhat is a list?<|endoftext|>\n<|startoftext|>assistant\n";
+    let ids = s
+        .post("/tokenize", &json!({"content": rendered}).to_string())
+        .json()["tokens"]
+        .clone();
+    assert_eq!(v["usage"]["prompt_tokens"], ids.as_array().unwrap().len());
+    let want = s
+        .post(
+            "/v1/completions",
+            &json!({"prompt": ids, "max_tokens": 10, "temperature": 0, "logit_bias": {"2": -100}})
+                .to_string(),
+        )
+        .json();
+    assert_eq!(want["choices"][0]["text"], reply.as_str());
+
+    // Streaming: a role chunk first, then content, then the finish reason alone.
+    let data = s.stream("/v1/chat/completions", &body);
+    let first: Value = serde_json::from_str(&data[0]).unwrap();
+    assert_eq!(first["object"], "chat.completion.chunk");
+    assert_eq!(first["choices"][0]["delta"]["role"], "assistant");
+    let last: Value = serde_json::from_str(&data[data.len() - 2]).unwrap();
+    assert_eq!(last["choices"][0]["delta"], json!({}));
+    assert_eq!(last["choices"][0]["finish_reason"], "length");
+    assert_eq!(stream_text(&data).0, reply);
+
+    // Multi-turn: the next turn's prompt starts with this one's prompt and reply, which
+    // the slot still holds.
+    let mut turn2 = conv.as_array().unwrap().clone();
+    turn2.push(json!({"role": "assistant", "content": reply}));
+    turn2.push(json!({"role": "user", "content": "And a tuple?"}));
+    let v2 = s
+        .post(
+            "/v1/chat/completions",
+            &json!({"messages": turn2, "max_tokens": 4, "temperature": 0}).to_string(),
+        )
+        .json();
+    let cached = v2["usage"]["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap();
+    assert!(cached >= ids.as_array().unwrap().len() as u64, "{v2}");
+
+    // Logprobs in chat's shape.
+    let v = s
+        .post(
+            "/v1/chat/completions",
+            &json!({"messages": conv, "max_tokens": 3, "temperature": 0, "logprobs": true, "top_logprobs": 2, "logit_bias": {"2": -100}}).to_string(),
+        )
+        .json();
+    let content = v["choices"][0]["logprobs"]["content"].as_array().unwrap();
+    assert_eq!(content.len(), 3, "{v}");
+    for t in content {
+        assert!(t["token"].is_string() && t["bytes"].is_array());
+        let top = t["top_logprobs"].as_array().unwrap();
+        assert_eq!(top.len(), 2);
+        assert_eq!(t["logprob"], top[0]["logprob"], "{t}");
+    }
+    // Template kwargs reach the template (this one ignores them).
+    let r = s.post(
+        "/v1/chat/completions",
+        &json!({"messages": conv, "max_tokens": 1, "chat_template_kwargs": {"enable_thinking": false}}).to_string(),
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+}
+
+#[test]
+fn serve_tokenize_and_detokenize() {
+    let s = start(&[]);
+    let text = "A function is <|endoftext|> é";
+    let v = s
+        .post("/tokenize", &json!({"content": text}).to_string())
+        .json();
+    let ids: Vec<u64> = v["tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap())
+        .collect();
+    assert!(ids.contains(&2), "special tokens are matched: {ids:?}");
+    let with = s
+        .post(
+            "/tokenize",
+            &json!({"content": text, "add_special": true}).to_string(),
+        )
+        .json();
+    assert_eq!(with["tokens"][0], 1, "BOS first");
+    let back = s
+        .post("/detokenize", &json!({"tokens": ids}).to_string())
+        .json();
+    assert_eq!(back["content"], text);
+    let p = s
+        .post(
+            "/tokenize",
+            &json!({"content": "ab", "with_pieces": true}).to_string(),
+        )
+        .json();
+    let joined: String = p["tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["piece"].as_str().unwrap())
+        .collect();
+    assert_eq!(joined, "ab");
+    s.post("/detokenize", &json!({"tokens": [99999]}).to_string())
+        .error(400);
+    s.post("/tokenize", &json!({"text": "x"}).to_string())
+        .error(400);
+}
+
+#[test]
+fn serve_bad_input_is_a_4xx_and_the_server_stays_up() {
+    let s = start(&["--max-body", "4096"]);
+    let p = |body: &str| s.post("/v1/completions", body);
+    let e = p("{not json").error(400);
+    assert!(
+        e["message"].as_str().unwrap().contains("parse the JSON"),
+        "{e}"
+    );
+    assert_eq!(p("[1, 2]").error(400)["param"], Value::Null);
+    let e = p(r#"{"prompt": "a", "max_tokens": "many"}"#).error(400);
+    assert_eq!(
+        (e["param"].as_str(), e["code"].as_str()),
+        (Some("max_tokens"), Some("invalid_type"))
+    );
+    for bad in [0, -3] {
+        let e = p(&json!({"prompt": "a", "max_tokens": bad}).to_string()).error(400);
+        assert_eq!(e["param"], "max_tokens");
+    }
+    // The default model's context is 256 positions.
+    let e = p(&json!({"prompt": "a", "max_tokens": 1000}).to_string()).error(400);
+    assert_eq!(e["code"], "context_length_exceeded");
+    let long = "word ".repeat(400);
+    let e = p(&json!({"prompt": long}).to_string()).error(400);
+    assert_eq!(
+        (e["code"].as_str(), e["param"].as_str()),
+        (Some("context_length_exceeded"), Some("prompt"))
+    );
+    let e = p(&json!({"prompt": vec![5; 300]}).to_string()).error(400);
+    assert_eq!(e["code"], "context_length_exceeded");
+    assert_eq!(
+        p(&json!({"prompt": [5, 2048]}).to_string()).error(400)["param"],
+        "prompt"
+    );
+    assert_eq!(
+        p(&json!({"prompt": "a", "temperature": -1}).to_string()).error(400)["param"],
+        "temperature"
+    );
+    assert_eq!(
+        p(&json!({"prompt": "a", "n": 3}).to_string()).error(400)["param"],
+        "n"
+    );
+    assert_eq!(
+        p(r#"{"max_tokens": 3}"#).error(400)["code"],
+        "missing_required_parameter"
+    );
+    let c = |body: &str| s.post("/v1/chat/completions", body);
+    assert_eq!(
+        c(r#"{"messages": [{"role": "user"}], "stop": 5}"#).error(400)["param"],
+        "stop"
+    );
+    assert_eq!(
+        c(r#"{"messages": [{"content": "hi"}]}"#).error(400)["param"],
+        "messages[0].role"
+    );
+    assert_eq!(c(r#"{"messages": 7}"#).error(400)["param"], "messages");
+    // Over the body limit.
+    let big = json!({"prompt": "x".repeat(8000)}).to_string();
+    let e = p(&big).error(413);
+    assert_eq!(e["code"], "request_too_large");
+    // Unknown routes and methods.
+    let e = s.get("/v1/nothing").error(404);
+    assert!(e["message"].as_str().unwrap().contains("GET /v1/nothing"));
+    s.get("/v1/completions").error(405);
+    // Still up, still right.
+    assert_eq!(s.get("/health").status, 200);
+    let v = p(&json!({"prompt": "A function is", "max_tokens": 3, "temperature": 0}).to_string());
+    assert_eq!(v.status, 200);
+}
+
+#[test]
+fn serve_chat_without_a_template_is_an_error() {
+    let s = start(&["--tokenizer", files().plain.to_str().unwrap()]);
+    let e = s
+        .post(
+            "/v1/chat/completions",
+            &json!({"messages": [{"role": "user", "content": "hi"}]}).to_string(),
+        )
+        .error(404);
+    assert!(
+        e["message"].as_str().unwrap().contains("no chat template"),
+        "{e}"
+    );
+    // Completions work.
+    let r = s.post(
+        "/v1/completions",
+        &json!({"prompt": "A", "max_tokens": 2}).to_string(),
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+}
+
+#[test]
+fn serve_api_key() {
+    let s = start(&["--api-key", "s3cret"]);
+    let body = json!({"prompt": "A", "max_tokens": 2}).to_string();
+    let r = s.post("/v1/completions", &body);
+    let e = r.error(401);
+    assert_eq!(r.www_auth.as_deref(), Some("Bearer"));
+    assert!(e["message"]
+        .as_str()
+        .unwrap()
+        .contains("didn't provide an API key"));
+    for wrong in ["s3cre", "s3cret!", "S3CRET", ""] {
+        let e = s
+            .post_with("/v1/completions", &body, Some(wrong))
+            .error(401);
+        assert_eq!(e["code"], "invalid_api_key", "{wrong:?}");
+    }
+    assert_eq!(
+        s.post_with("/v1/completions", &body, Some("s3cret")).status,
+        200
+    );
+    assert_eq!(s.get("/v1/models").status, 401);
+    assert_eq!(s.get("/health").status, 200, "health needs no key");
+}
+
+#[test]
+fn serve_full_queue_is_503_with_retry_after() {
+    let s = start(&["--parallel", "1", "--queue", "1"]);
+    // Each request runs to the end of the context (no EOS).
+    let body =
+        json!({"prompt": "A", "max_tokens": 250, "temperature": 0, "logit_bias": {"2": -100}})
+            .to_string();
+    let n = 12;
+    let gate = Arc::new(std::sync::Barrier::new(n));
+    let replies: Vec<Reply> = std::thread::scope(|sc| {
+        let hs: Vec<_> = (0..n)
+            .map(|_| {
+                let (gate, body, s) = (gate.clone(), &body, &s);
+                sc.spawn(move || {
+                    gate.wait();
+                    s.post("/v1/completions", body)
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let ok = replies.iter().filter(|r| r.status == 200).count();
+    let busy: Vec<&Reply> = replies.iter().filter(|r| r.status == 503).collect();
+    assert_eq!(ok + busy.len(), n, "only 200 or 503");
+    assert!(
+        ok >= 1 && !busy.is_empty(),
+        "{ok} answered, {} refused",
+        busy.len()
+    );
+    for r in busy {
+        r.error(503);
+        assert_eq!(r.retry_after.as_deref(), Some("1"));
+    }
+    s.wait_idle();
+}
+
+/// A client that goes away mid-stream frees its slot at the next step: the next
+/// request is served at once, and the log shows the first cancelled.
+#[test]
+fn serve_disconnect_frees_the_slot() {
+    let s = start(&["--parallel", "1"]);
+    let body = json!({"prompt": "A", "max_tokens": 250, "temperature": 0, "stream": true, "logit_bias": {"2": -100}});
+    let r = agent()
+        .post(format!("{}/v1/completions", s.url))
+        .send(body.to_string())
+        .unwrap();
+    let mut lines = BufReader::new(r.into_body().into_reader()).lines();
+    let first = lines.next().unwrap().unwrap();
+    assert!(first.starts_with("data: "), "{first}");
+    drop(lines);
+    s.wait_idle();
+    let t0 = Instant::now();
+    while !s.log().contains("cancelled (client gone)") {
+        assert!(t0.elapsed() < Duration::from_secs(10), "{}", s.log());
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let line = s
+        .log()
+        .lines()
+        .find(|l| l.contains("cancelled"))
+        .unwrap()
+        .to_string();
+    let generated: usize = line
+        .split(", ")
+        .nth(1)
+        .unwrap()
+        .split(' ')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(generated < 250, "{line}");
+    assert_eq!(
+        s.post(
+            "/v1/completions",
+            &json!({"prompt": "A", "max_tokens": 2}).to_string()
+        )
+        .status,
+        200
+    );
+}
+
+/// SIGTERM: running streams finish, new connections are refused, exit 0.
+#[cfg(unix)]
+#[test]
+fn serve_graceful_shutdown() {
+    let mut s = start(&["--parallel", "2"]);
+    let body = json!({"prompt": "A", "max_tokens": 200, "temperature": 0, "stream": true, "logit_bias": {"2": -100}});
+    let r = agent()
+        .post(format!("{}/v1/completions", s.url))
+        .send(body.to_string())
+        .unwrap();
+    let mut lines = BufReader::new(r.into_body().into_reader()).lines();
+    let first = lines.next().unwrap().unwrap();
+    assert!(first.starts_with("data: "), "{first}");
+    // SAFETY: kill(2) on our own running child.
+    assert_eq!(unsafe { libc::kill(s.pid(), libc::SIGTERM) }, 0);
+    let mut data: Vec<String> = vec![first[6..].to_string()];
+    for l in lines {
+        if let Some(d) = l.unwrap().strip_prefix("data: ") {
+            data.push(d.to_string());
+        }
+    }
+    assert_eq!(data.last().unwrap(), "[DONE]");
+    let (_, finish, _) = stream_text(&data);
+    assert_eq!(finish, "length", "the running stream finished: {data:?}");
+    let t0 = Instant::now();
+    let status = loop {
+        if let Some(st) = s.child.try_wait().unwrap() {
+            break st;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "no exit: {}",
+            s.log()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    assert_eq!(status.code(), Some(0), "{}", s.log());
+    assert!(s.log().contains("shutting down"), "{}", s.log());
+    assert!(std::net::TcpStream::connect(s.url.trim_start_matches("http://")).is_err());
+}
+
+#[test]
+fn serve_startup_errors_are_one_line() {
+    let f = files();
+    for (args, want) in [
+        (vec!["--kv-type", "f16"], "--kv-type = f16"),
+        (vec!["--kv-type", "q8_0"], "--kv-type = q8_0"),
+        (vec!["--parallel", "0"], "--parallel = 0"),
+        (vec!["--ctx", "100000"], "--ctx = 100000"),
+        (
+            vec!["--tokenizer", "/nonexistent/t.mlt"],
+            "/nonexistent/t.mlt",
+        ),
+        (vec!["--host", "256.1.1.1"], "cannot listen on 256.1.1.1:0"),
+    ] {
+        let (code, err) = match try_start(&args) {
+            Ok(_) => panic!("{args:?} started"),
+            Err(e) => e,
+        };
+        assert_eq!(code, Some(1), "{args:?}: {err}");
+        assert_eq!(err.lines().count(), 1, "{args:?}: {err}");
+        assert!(
+            err.starts_with("mlb-serve: ") && err.contains(want),
+            "{args:?}: {err}"
+        );
+    }
+    // No tokenizer beside the model.
+    let dir = tempfile::tempdir().unwrap();
+    let lone = dir.path().join("lone.mlb");
+    std::fs::copy(&f.mlb, &lone).unwrap();
+    let o = Command::new(bin_path("mlb-serve"))
+        .arg(&lone)
+        .args(["--port", "0"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("no tokenizer") && err.contains("lone.mlt"),
+        "{err}"
+    );
+    // The summary names the memory per slot.
+    let s = start(&["--parallel", "3", "--ctx", "128"]);
+    let t0 = Instant::now();
+    while !s.log().contains("memory per slot") {
+        assert!(t0.elapsed() < Duration::from_secs(10), "{}", s.log());
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    // 4 layers × 2 (k, v) × 128 positions × 64 (kv_dim) × 4 bytes = 256 KiB per slot.
+    assert!(
+        s.log().contains(
+            "3 slots of 128 positions; memory per slot: KV cache 0.2 MiB (0.8 MiB for all slots)"
+        ),
+        "{}",
+        s.log()
+    );
+}
+
+/// Prompts read in chunks of 8 ids between other slots' steps give the same greedy
+/// text as read whole.
+#[test]
+fn serve_chunked_prefill_gives_the_same_text() {
+    let prompt =
+        "The Python interpreter reads a program and runs it; a function is a block of code that "
+            .repeat(2);
+    let body = json!({"prompt": prompt, "max_tokens": 16, "temperature": 0}).to_string();
+    let whole = start(&[]).post("/v1/completions", &body).json()["choices"][0]["text"].clone();
+    let s = start(&["--parallel", "3", "--prefill-chunk", "8"]);
+    let texts: Vec<Value> = std::thread::scope(|sc| {
+        let hs: Vec<_> = (0..3)
+            .map(|_| {
+                sc.spawn(|| s.post("/v1/completions", &body).json()["choices"][0]["text"].clone())
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for t in texts {
+        assert_eq!(t, whole);
+    }
+}
+
+/// 16 concurrent streaming clients × 10 requests on 4 slots: every request completes,
+/// greedy answers equal the same requests run alone, no errors, and the server's memory
+/// does not grow.
+#[test]
+fn serve_load_16_clients_x_10_requests() {
+    let s = start(&["--parallel", "4", "--queue", "16"]);
+    let words = [
+        "A function",
+        "The list",
+        "A class is",
+        "Python",
+        "An exception",
+        "The module",
+        "A string",
+        "Numbers",
+    ];
+    let body = |i: usize| json!({"prompt": words[i % words.len()], "max_tokens": 8 + i % 5, "temperature": 0});
+    // Alone, one at a time.
+    let solo: Vec<String> = (0..words.len() * 5)
+        .map(|i| {
+            s.post("/v1/completions", &body(i).to_string()).json()["choices"][0]["text"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        })
+        .collect();
+    let run = |clients: usize, per: usize| {
+        std::thread::scope(|sc| {
+            let hs: Vec<_> = (0..clients)
+                .map(|c| {
+                    let (s, solo) = (&s, &solo);
+                    sc.spawn(move || {
+                        for k in 0..per {
+                            let i = (c * 7 + k) % solo.len();
+                            let data = s.stream("/v1/completions", &body(i));
+                            let (text, finish, _) = stream_text(&data);
+                            assert!(finish == "stop" || finish == "length");
+                            assert_eq!(text, solo[i], "client {c} request {k}");
+                        }
+                    })
+                })
+                .collect();
+            for h in hs {
+                h.join().unwrap();
+            }
+        })
+    };
+    run(16, 2); // warm-up: every slot and buffer used
+    s.wait_idle();
+    let before = s.rss_kib();
+    run(16, 10);
+    s.wait_idle();
+    let after = s.rss_kib();
+    assert!(
+        after <= before + 8 * 1024,
+        "RSS grew from {before} KiB to {after} KiB"
+    );
+    assert!(
+        !s.log().contains("cancelled") && !s.log().contains("failed"),
+        "{}",
+        s.log()
+    );
+    let done = s
+        .log()
+        .lines()
+        .filter(|l| l.contains("completion slot"))
+        .count();
+    assert_eq!(done, solo.len() + 16 * 12);
+}
+
+#[test]
+fn serve_help_snapshot() {
+    let o = Command::new(bin_path("mlb-serve"))
+        .arg("--help")
+        .output()
+        .unwrap();
+    assert!(o.status.success());
+    insta::assert_snapshot!(String::from_utf8_lossy(&o.stdout));
+}
+
+/// Writing to the server without reading its answers leaves it serving others.
+#[test]
+fn serve_survives_a_client_that_never_reads() {
+    let s = start(&[]);
+    let addr = s.url.trim_start_matches("http://").to_string();
+    let mut raw = std::net::TcpStream::connect(&addr).unwrap();
+    let body = json!({"prompt": "A", "max_tokens": 100, "stream": true}).to_string();
+    write!(
+        raw,
+        "POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    // Half a request on another connection.
+    let mut half = std::net::TcpStream::connect(&addr).unwrap();
+    write!(
+        half,
+        "POST /v1/completions HTTP/1.1\r\ncontent-length: 100\r\n\r\n{{\"pro"
+    )
+    .unwrap();
+    assert_eq!(
+        s.post(
+            "/v1/completions",
+            &json!({"prompt": "A", "max_tokens": 2}).to_string()
+        )
+        .status,
+        200
+    );
+    drop(raw);
+    drop(half);
+    s.wait_idle();
+}
+
+/// `serve::step_all` (the scheduler's one model call per step, which the batched
+/// engine's `feed_batch` replaces) leaves every session with the bits it gets fed
+/// alone: uneven lists (a prefill chunk, a decode id, nothing) over every synthetic
+/// case, for several steps.
+#[test]
+fn serve_step_all_gives_each_session_its_solo_bits() {
+    use krafla::model::{Options, Packs};
+    use krafla::session::Engine;
+
+    for c in crate::run::cases() {
+        let e = Engine::new(crate::run::load(&c, 5), Packs::none(), None).unwrap();
+        let o = Options {
+            ctx: Some(64),
+            ..Options::default()
+        };
+        // Per session, per step: the ids fed (empty: the session sits the step out).
+        let plan: Vec<Vec<Vec<u32>>> = (0..3u64)
+            .map(|k| {
+                let t = crate::run::tokens(c.h.vocab, 12, 7 + k);
+                match k {
+                    0 => vec![t[..9].to_vec(), t[9..10].to_vec(), t[10..11].to_vec()],
+                    1 => vec![t[..1].to_vec(), vec![], t[1..5].to_vec()],
+                    _ => vec![vec![], t[..3].to_vec(), t[3..4].to_vec()],
+                }
+            })
+            .collect();
+        let mut batch: Vec<_> = (0..3).map(|_| e.session(&o).unwrap()).collect();
+        let mut solo: Vec<_> = (0..3).map(|_| e.session(&o).unwrap()).collect();
+        for step in 0..3 {
+            let ids: Vec<&[u32]> = plan.iter().map(|p| p[step].as_slice()).collect();
+            let mut refs: Vec<_> = batch.iter_mut().collect();
+            krafla::serve::step_all(&mut refs, &ids).unwrap();
+            for (k, s) in solo.iter_mut().enumerate() {
+                if !ids[k].is_empty() {
+                    s.feed(ids[k]).unwrap();
+                }
+                let bits = |l: Option<&[f32]>| {
+                    l.map(|l| l.iter().map(|x| x.to_bits()).collect::<Vec<_>>())
+                };
+                assert_eq!(
+                    bits(batch[k].logits()),
+                    bits(s.logits()),
+                    "{}: session {k} step {step}",
+                    c.name
+                );
+                assert_eq!(batch[k].tokens(), s.tokens());
+            }
+        }
+    }
+}
+
+/// tests/openai_client.py: the official `openai` Python package against mlb-serve
+/// (models, chat, chat stream, completions, completions stream, logprobs, typed
+/// errors, SIGTERM exit 0). Needs `KRAFLA_OPENAI_PYTHON` naming a python with `openai`
+/// installed; `.ci/run` makes that venv and sets it. Skipped (with a message) without.
+#[test]
+fn serve_openai_python_client() {
+    let Some(py) = std::env::var_os("KRAFLA_OPENAI_PYTHON") else {
+        eprintln!(
+            "serve_openai_python_client: skipped (set KRAFLA_OPENAI_PYTHON to a python with the openai package; .ci/run does)"
+        );
+        return;
+    };
+    let bins = bin_path("mlb-serve").parent().unwrap().to_path_buf();
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/openai_client.py");
+    let o = Command::new(&py)
+        .arg(&script)
+        .arg(&bins)
+        .output()
+        .unwrap_or_else(|e| panic!("{}: {e}", Path::new(&py).display()));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        o.status.success(),
+        "{}\n{}",
+        out,
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(out.contains("all checks ok"), "{out}");
+}
+
+/// SIGINT as SIGTERM, and a second one cancels what still runs: the stream still ends
+/// in `[DONE]` (finished, or with the shutdown error event), and the exit is clean (0,
+/// not death by the signal).
+#[cfg(unix)]
+#[test]
+fn serve_sigint_twice_cancels_and_exits_0() {
+    let mut s = start(&["--parallel", "1"]);
+    let body = json!({"prompt": "A", "max_tokens": 250, "temperature": 0, "stream": true, "logit_bias": {"2": -100}});
+    let r = agent()
+        .post(format!("{}/v1/completions", s.url))
+        .send(body.to_string())
+        .unwrap();
+    let mut lines = BufReader::new(r.into_body().into_reader()).lines();
+    let first = lines.next().unwrap().unwrap();
+    assert!(first.starts_with("data: "), "{first}");
+    for _ in 0..2 {
+        // SAFETY: kill(2) on our own running child.
+        assert_eq!(unsafe { libc::kill(s.pid(), libc::SIGINT) }, 0);
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let data: Vec<String> = lines
+        .map_while(Result::ok)
+        .filter_map(|l| l.strip_prefix("data: ").map(str::to_string))
+        .collect();
+    assert_eq!(data.last().map(String::as_str), Some("[DONE]"), "{data:?}");
+    if let Some(err) = data.iter().find(|d| d.starts_with("{\"error\"")) {
+        assert!(err.contains("shutting down"), "{err}");
+    }
+    let t0 = Instant::now();
+    let status = loop {
+        if let Some(st) = s.child.try_wait().unwrap() {
+            break st;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "no exit: {}",
+            s.log()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    assert_eq!(status.code(), Some(0), "{}", s.log());
+    assert!(s.log().contains("shutting down"), "{}", s.log());
+}
