@@ -7,6 +7,7 @@
 use std::path::Path;
 use std::process::Command;
 
+use krafla::format::mlb::header::wtype;
 use krafla::format::mlb::Mlb;
 use krafla::kernels::counters::{self, Op};
 use krafla::kernels::pool::Pool;
@@ -892,8 +893,10 @@ fn a_batched_step_quantizes_each_matrix_input_once() {
         let batched = calls(&mut || {
             feed_batch(&mut refs, &[&[1], &[2], &[3], &[4, 5, 6, 7, 8]]).unwrap();
         });
+        // 2-byte float matrices take f32 inputs: such a model quantizes nothing.
+        let half = matches!(c.h.wtype, wtype::BF16 | wtype::F16);
         assert!(
-            one > 0 && batched == one,
+            (one > 0 || half) && batched == one,
             "{}: {batched} quantizations, one session {one}",
             c.name
         );

@@ -292,15 +292,33 @@ fn stream_text(data: &[String]) -> (String, String, Option<Value>) {
 
 /// mlb-run's greedy continuation of `prompt` (the reference for the server's).
 fn mlb_run_greedy(prompt: &str, n: usize) -> String {
+    mlb_run_greedy_with(prompt, n, &[])
+}
+
+fn mlb_run_greedy_with(prompt: &str, n: usize, args: &[&str]) -> String {
     let f = files();
     let o = Command::new(bin_path("mlb-run"))
         .arg(&f.mlb)
         .args(["--prompt", prompt, "-n", &n.to_string(), "--temp", "0"])
+        .args(args)
         .output()
         .unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let s = String::from_utf8(o.stdout).unwrap();
     s.strip_suffix('\n').unwrap_or(&s).to_string()
+}
+
+#[test]
+fn serve_kv_types_answer_as_mlb_run() {
+    for kv in ["f16", "q8_0"] {
+        let s = start(&["--parallel", "2", "--kv-type", kv]);
+        let prompt = "A function is";
+        let want = mlb_run_greedy_with(prompt, 12, &["--kv-type", kv]);
+        let body = json!({"prompt": prompt, "max_tokens": 12, "temperature": 0});
+        let r = s.post("/v1/completions", &body.to_string());
+        assert_eq!(r.status, 200, "{kv}: {}", r.body);
+        assert_eq!(r.json()["choices"][0]["text"], want.as_str(), "{kv}");
+    }
 }
 
 #[test]
@@ -794,8 +812,6 @@ fn serve_graceful_shutdown() {
 fn serve_startup_errors_are_one_line() {
     let f = files();
     for (args, want) in [
-        (vec!["--kv-type", "f16"], "--kv-type = f16"),
-        (vec!["--kv-type", "q8_0"], "--kv-type = q8_0"),
         (vec!["--parallel", "0"], "--parallel = 0"),
         (vec!["--ctx", "100000"], "--ctx = 100000"),
         (

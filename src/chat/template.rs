@@ -101,7 +101,8 @@ fn rewrite_generation_tags(src: &str) -> String {
     while let Some(i) = rest.find("{%") {
         out.push_str(&rest[..i]);
         let tag = &rest[i..];
-        let Some(end) = tag.find("%}") else {
+        // From after the `{%`: in `{%}` the `%}` overlaps it.
+        let Some(end) = tag[2..].find("%}").map(|e| e + 2) else {
             out.push_str(tag);
             return out;
         };
@@ -549,6 +550,11 @@ mod tests {
             rewrite_generation_tags("a{%- generation %}b{% endgeneration -%} c{% if x %}"),
             "a{%- if true %}b{% endif -%} c{% if x %}"
         );
+        // A `%}` overlapping the `{%` (found by the chat_render fuzz target: it panicked).
+        for src in ["{%}", "x{%}{% generation %}", "{%-}", "{%"] {
+            let _ = rewrite_generation_tags(src);
+        }
+        assert_eq!(rewrite_generation_tags("{%}"), "{%}");
         let r = t("{% for m in messages %}{% generation %}[{{ m.content }}]{% endgeneration %}{% endfor %}")
             .render(&conv(&[("assistant", "x")]), &RenderOptions::default())
             .unwrap();

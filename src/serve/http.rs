@@ -409,13 +409,13 @@ async fn generate(
     };
     let (events, mut rx) = unbounded_channel();
     app.tx
-        .send(Msg::Job(Job {
+        .send(Msg::Job(Box::new(Job {
             ids,
             gen,
             events,
             label: endpoint.name(),
             ticket,
-        }))
+        })))
         .map_err(|_| ApiError::shutting_down())?;
     match rx.recv().await {
         Some(Event::Started) => {}

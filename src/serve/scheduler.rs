@@ -122,7 +122,7 @@ pub struct Job {
 
 /// Messages to the model thread.
 pub enum Msg {
-    Job(Job),
+    Job(Box<Job>),
     /// Finish what is running (within the grace period), refuse the rest.
     Drain,
     /// Cancel everything now.
@@ -317,7 +317,7 @@ impl<'e> Scheduler<'e> {
             Msg::Job(job) if self.draining.is_some() => {
                 let _ = job.events.send(Event::Failed(ApiError::shutting_down()));
             }
-            Msg::Job(job) => self.waiting.push_back(job),
+            Msg::Job(job) => self.waiting.push_back(*job),
             Msg::Drain => {
                 self.draining.get_or_insert_with(Instant::now);
                 for job in self.waiting.drain(..) {
