@@ -5,27 +5,7 @@ use krafla::kernels::pool::Pool;
 use krafla::kernels::{self, Kernels, PackedMat, QActs, QMat, Tier, WType};
 use krafla::quant::QK;
 
-/// xorshift64*: small, deterministic, good enough for test data.
-struct Rng(u64);
-
-impl Rng {
-    fn new(seed: u64) -> Self {
-        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
-    }
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-    /// Uniform in [-1, 1).
-    fn unit(&mut self) -> f32 {
-        (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-    }
-}
+use crate::util::Rng;
 
 fn all_kernels() -> Vec<Kernels> {
     kernels::supported_tiers()

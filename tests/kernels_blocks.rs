@@ -7,6 +7,8 @@ use krafla::kernels::pool::Pool;
 use krafla::kernels::{self, Kernels, PackedMat, QActs, QMat, Tier, WType};
 use krafla::quant::{quantize, QuantOpts, QK};
 
+use crate::util::Rng;
+
 const TYPES: [WType; 8] = [
     WType::Q4_K,
     WType::Q5_K,
@@ -17,24 +19,6 @@ const TYPES: [WType; 8] = [
     WType::IQ4_NL,
     WType::Q6_0,
 ];
-
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-    /// Uniform in [-1, 1).
-    fn unit(&mut self) -> f32 {
-        (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-    }
-}
 
 fn f16(v: f32) -> [u8; 2] {
     half::f16::from_f32(v).to_bits().to_le_bytes()
