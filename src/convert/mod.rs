@@ -473,11 +473,7 @@ fn run(
         seconds: t0.elapsed().as_secs_f64(),
         notes,
         q4_rule: has(WType::Q4_0).then_some(q4_rule),
-        types: WType::ALL
-            .into_iter()
-            .map(|t| (t, types.iter().filter(|&&x| x == t).count()))
-            .filter(|&(_, n)| n > 0)
-            .collect(),
+        types: type_counts(&layout),
         mix: mix_rows,
         matrix_bpw: matrix_bpw(&layout),
     })
