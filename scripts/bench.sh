@@ -19,7 +19,9 @@
 #   SYNTH_CHECKPOINT  the script that makes llama1b/ (random weights, Llama 3.2 1B's shapes)
 #                [synth-checkpoint.py beside REAL_CHECKPOINTS]
 #   THREADS [2]  REPS: repetitions of each measurement, medians reported [5]
-#   MODELS ["smollm2-135m gemma3-270m llama1b"]  QUANTS ["q4_0 q8_0 bf16"]
+#   MODELS ["smollm2-135m gemma3-270m llama1b"]  QUANTS ["q4_0 q8_0 bf16"]: also any
+#                llama-quantize type (q4_k, q6_k, iq4_nl, ...), which Krafla reads from
+#                llama.cpp's --pure GGUF (the same bits; rows must suit the type)
 #   N_PROMPT [512]  N_GEN [128]
 #   KRAFLA_Q4_RULE [round]: llama.cpp's Q4_0 rounding, so both files hold the same bits
 #   KRAFLA_EXTRA ["--f16-scales"]: f16 block scales, as GGUF's Q4_0/Q8_0 blocks
@@ -204,16 +206,20 @@ if [ "$LLAMA_ONLY" != 1 ]; then
     for q in $QUANTS; do
       mlb=$BENCH_DIR/mlb/$m-$q.mlb
       if [ ! -f "$mlb" ]; then
+        src=$REAL_DIR/$m
         case $q in
           q4_0) cflags=(--wtype q4_0 --q8 none --q4-rule "$KRAFLA_Q4_RULE");;
+          q8_0) cflags=(--wtype q8_0);;
           bf16) cflags=(--wtype bf16);;
-          *) cflags=(--wtype "$q");;
+          # The block types (q4_k, q6_k, iq4_nl, ...): llama-quantize --pure's GGUF,
+          # copied block for block by mlb-convert, so both tools run the same bits.
+          *) src=$BENCH_DIR/gguf/$m-$q.gguf; cflags=();;
         esac
         # shellcheck disable=SC2206
-        [ "$q" = bf16 ] || cflags+=($KRAFLA_EXTRA)  # no scales in a BF16 file
-        log "mlb-convert $m ${cflags[*]}"
+        case $q in q4_0|q8_0) cflags+=($KRAFLA_EXTRA);; esac  # scales of the spec's types
+        log "mlb-convert $src ${cflags[*]}"
         /usr/bin/time -v -o "$BENCH_DIR/logs/time-mlb-convert-$m-$q.txt" \
-          "$kbin/mlb-convert" "$REAL_DIR/$m" "${cflags[@]}" --threads "$THREADS" -o "$mlb" \
+          "$kbin/mlb-convert" "$src" "${cflags[@]}" --threads "$THREADS" -o "$mlb" \
           >"$BENCH_DIR/logs/mlb-convert-$m-$q.log" 2>&1
       fi
       # No tokenizer beside the model: mlb-run runs on ids and loads none (llama-bench
