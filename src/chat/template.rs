@@ -467,6 +467,11 @@ mod tests {
         pairs.iter().map(|(r, c)| Message::new(r, c)).collect()
     }
 
+    /// `src` rendered over `pairs` with the default options.
+    fn render(src: &str, pairs: &[(&str, &str)]) -> Result<String, ChatError> {
+        t(src).render(&conv(pairs), &RenderOptions::default())
+    }
+
     #[test]
     fn trim_and_lstrip_blocks_as_transformers() {
         let src = "{{ bos_token }}\n{% for m in messages %}\n    {% if m.role == 'user' %}\nU:{{ m.content }}\n    {% endif %}\n{% endfor %}\n{% if add_generation_prompt %}A:{% endif %}\n";
@@ -485,8 +490,7 @@ mod tests {
 
     #[test]
     fn python_methods_and_whitespace() {
-        let r = t("{{ messages[0].content.strip() }}|{{ messages[0].content | trim }}|{{ messages[0].content.split('b')[-1].lstrip('x') }}|{{ messages[0].content.startswith('\\x1f') }}")
-            .render(&conv(&[("user", "\u{1f} axbxxc \u{85}")]), &RenderOptions::default())
+        let r = render("{{ messages[0].content.strip() }}|{{ messages[0].content | trim }}|{{ messages[0].content.split('b')[-1].lstrip('x') }}|{{ messages[0].content.startswith('\\x1f') }}", &[("user", "\u{1f} axbxxc \u{85}")])
             .unwrap();
         assert_eq!(r, "axbxxc|axbxxc|c \u{85}|True");
     }
@@ -494,16 +498,14 @@ mod tests {
     #[test]
     fn values_print_as_python_prints_them() {
         // Jinja2 prints str(x): None, True, ['a', 1], {'k': 1.5}; `~` and |string too.
-        let r = t("{{ none }}|{{ true }}|{{ ['a', 1] }}|{{ {'k': 1.5} }}|{{ 'x' ~ none }}|{{ false|string }}|{{ 2.0 }}")
-            .render(&conv(&[("user", "x")]), &RenderOptions::default())
+        let r = render("{{ none }}|{{ true }}|{{ ['a', 1] }}|{{ {'k': 1.5} }}|{{ 'x' ~ none }}|{{ false|string }}|{{ 2.0 }}", &[("user", "x")])
             .unwrap();
         assert_eq!(r, "None|True|['a', 1]|{'k': 1.5}|xNone|False|2.0");
     }
 
     #[test]
     fn raise_exception_names_the_line() {
-        let e = t("line one\n{% if messages|length > 1 %}\n{{ raise_exception('Roles must alternate') }}\n{% endif %}")
-            .render(&conv(&[("user", "a"), ("user", "b")]), &RenderOptions::default())
+        let e = render("line one\n{% if messages|length > 1 %}\n{{ raise_exception('Roles must alternate') }}\n{% endif %}", &[("user", "a"), ("user", "b")])
             .unwrap_err();
         assert_eq!(
             e,
@@ -526,9 +528,7 @@ mod tests {
             matches!(&e, ChatError::Syntax { line: Some(2), .. }),
             "{e:?}"
         );
-        let e = t("a\nb\n{{ messages[0].missing.deeper }}")
-            .render(&conv(&[("user", "x")]), &RenderOptions::default())
-            .unwrap_err();
+        let e = render("a\nb\n{{ messages[0].missing.deeper }}", &[("user", "x")]).unwrap_err();
         assert!(
             matches!(&e, ChatError::Render { line: Some(3), .. }),
             "{e:?}"
@@ -537,10 +537,11 @@ mod tests {
 
     #[test]
     fn endless_templates_run_out_of_fuel() {
-        let e =
-            t("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}")
-                .render(&conv(&[("user", "x")]), &RenderOptions::default())
-                .unwrap_err();
+        let e = render(
+            "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",
+            &[("user", "x")],
+        )
+        .unwrap_err();
         assert!(e.to_string().contains("fuel"), "{e}");
     }
 
@@ -555,8 +556,7 @@ mod tests {
             let _ = rewrite_generation_tags(src);
         }
         assert_eq!(rewrite_generation_tags("{%}"), "{%}");
-        let r = t("{% for m in messages %}{% generation %}[{{ m.content }}]{% endgeneration %}{% endfor %}")
-            .render(&conv(&[("assistant", "x")]), &RenderOptions::default())
+        let r = render("{% for m in messages %}{% generation %}[{{ m.content }}]{% endgeneration %}{% endfor %}", &[("assistant", "x")])
             .unwrap();
         assert_eq!(r, "[x]");
     }

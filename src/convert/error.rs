@@ -4,6 +4,7 @@
 use std::fmt;
 use std::path::{Path, PathBuf};
 
+use crate::format::mlb::WriteError;
 use crate::format::FormatError;
 
 /// Why a conversion failed.
@@ -79,6 +80,18 @@ impl ConvertError {
             file: file.to_path_buf(),
             tensor: tensor.into(),
             msg: msg.into(),
+        }
+    }
+
+    /// A writer's failure: an I/O error on `io_path`, or the format refusing what was
+    /// built from `file` (config.json for a checkpoint, else the output itself).
+    pub fn write(file: &Path, io_path: &Path, e: WriteError) -> Self {
+        match e {
+            WriteError::Io(e) => ConvertError::io(io_path, e),
+            WriteError::Format(err) => ConvertError::Format {
+                file: file.to_path_buf(),
+                err: Box::new(err),
+            },
         }
     }
 

@@ -116,14 +116,20 @@ impl<'v, 'a> Meta<'v, 'a> {
         v
     }
 
+    /// The value of `suffix` as `read` reads it; one it cannot read is refused with `rule`.
+    fn typed<T>(
+        &self,
+        suffix: &str,
+        read: impl FnOnce(Value<'a>) -> Option<T>,
+        rule: &str,
+    ) -> Result<Option<T>> {
+        self.get(suffix)
+            .map(|v| read(v).ok_or_else(|| self.err(suffix, v, rule)))
+            .transpose()
+    }
+
     pub fn u64_opt(&self, suffix: &str) -> Result<Option<u64>> {
-        match self.get(suffix) {
-            None => Ok(None),
-            Some(v) => v
-                .as_u64()
-                .map(Some)
-                .ok_or_else(|| self.err(suffix, v, "must be a non-negative integer")),
-        }
+        self.typed(suffix, |v| v.as_u64(), "must be a non-negative integer")
     }
 
     pub fn u64_req(&self, suffix: &str) -> Result<u64> {
@@ -132,25 +138,16 @@ impl<'v, 'a> Meta<'v, 'a> {
     }
 
     pub fn f64_opt(&self, suffix: &str) -> Result<Option<f64>> {
-        match self.get(suffix) {
-            None => Ok(None),
-            Some(v) => v
-                .as_f64()
+        let finite = |v: Value<'a>| {
+            v.as_f64()
                 .or_else(|| v.as_i64().map(|i| i as f64))
                 .filter(|x| x.is_finite())
-                .map(Some)
-                .ok_or_else(|| self.err(suffix, v, "must be a finite number")),
-        }
+        };
+        self.typed(suffix, finite, "must be a finite number")
     }
 
     pub fn str_opt(&self, suffix: &str) -> Result<Option<&'a str>> {
-        match self.get(suffix) {
-            None => Ok(None),
-            Some(v) => v
-                .as_str()
-                .map(Some)
-                .ok_or_else(|| self.err(suffix, v, "must be a string")),
-        }
+        self.typed(suffix, |v| v.as_str(), "must be a string")
     }
 
     /// A per-layer integer: one value, or an array of `n` values that must all agree.
@@ -969,13 +966,7 @@ pub fn run(opts: &Options, progress: &mut (dyn FnMut(Progress) + Send)) -> Resul
     }
 
     let total = layout.end;
-    progress(Progress::Start {
-        tensors: layout.tensors.len(),
-        bytes: total,
-    });
-    for n in &notes {
-        progress(Progress::Note(n));
-    }
+    super::announce(progress, &layout, &notes);
 
     let out = opts.output.clone().unwrap_or_else(|| default_output(path));
     if out.file_name().is_none() || out.is_dir() {
@@ -988,13 +979,7 @@ pub fn run(opts: &Options, progress: &mut (dyn FnMut(Progress) + Send)) -> Resul
         .map_err(|e| ConvertError::options("-o", format!("{}: {e}", out.display())))?;
     let mut file = AtomicFile::create(&out).map_err(|e| ConvertError::io(&out, e))?;
     {
-        let werr = |e: WriteError| match e {
-            WriteError::Io(e) => ConvertError::io(&out, e),
-            WriteError::Format(err) => ConvertError::Format {
-                file: out.clone(),
-                err: Box::new(err),
-            },
-        };
+        let werr = |e| ConvertError::write(&out, &out, e);
         let mut w = super::new_writer(
             BufWriter::with_capacity(1 << 20, &mut file),
             &header,
@@ -1013,13 +998,7 @@ pub fn run(opts: &Options, progress: &mut (dyn FnMut(Progress) + Send)) -> Resul
                     Kind::F32 { .. } => {
                         buf.clear();
                         read_floats(&v, s, 0..s.rows, &mut buf);
-                        if let Some(j) = buf.iter().position(|x| !x.is_finite()) {
-                            return Err(ConvertError::tensor(
-                                path,
-                                s.t.name,
-                                format!("element {j} is {}: weights must be finite", buf[j]),
-                            ));
-                        }
+                        super::check_finite(&buf, path, s.t.name)?;
                         w.write_f32(&buf).map_err(werr)?;
                     }
                     Kind::Mat {
@@ -1081,17 +1060,10 @@ pub fn run(opts: &Options, progress: &mut (dyn FnMut(Progress) + Send)) -> Resul
     file.commit().map_err(|e| ConvertError::io(&out, e))?;
     let file_bytes = std::fs::metadata(&out).map(|x| x.len()).unwrap_or(total);
     Ok(Summary {
-        output: out,
-        arch: desc.arch.name,
-        header,
-        params: layout.params(),
         file_bytes,
-        seconds: t0.elapsed().as_secs_f64(),
         notes,
         q4_rule: requant_q4.then_some(q4_rule),
-        types: super::type_counts(&layout),
-        mix: Vec::new(),
-        matrix_bpw: super::matrix_bpw(&layout),
+        ..Summary::of_layout(out, desc.arch.name, header, &layout, t0)
     })
 }
 
@@ -1109,13 +1081,8 @@ fn probe_layout(
     flags: &[u8],
     mixed: Option<&[WType]>,
 ) -> Result<crate::format::mlb::Layout> {
-    let probe = super::new_writer(std::io::sink(), h, flags, mixed).map_err(|e| match e {
-        WriteError::Format(err) => ConvertError::Format {
-            file: path.to_path_buf(),
-            err: Box::new(err),
-        },
-        WriteError::Io(e) => ConvertError::io(path, e),
-    })?;
+    let probe = super::new_writer(std::io::sink(), h, flags, mixed)
+        .map_err(|e| ConvertError::write(path, path, e))?;
     Ok(probe.layout().clone())
 }
 

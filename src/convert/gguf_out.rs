@@ -20,7 +20,7 @@ use super::gguf_tok;
 use crate::atomic::AtomicFile;
 use crate::format::gguf::{GgmlType, GgufWriter, MetaValue, TensorSpec, ValueType};
 use crate::format::mlb::header::{act, layer_flag, rope_type};
-use crate::format::mlb::{Kind, Mlb, WType, WriteError};
+use crate::format::mlb::{Kind, Mlb, WType};
 use crate::format::mlt::Mlt;
 use crate::quant::QK;
 
@@ -641,13 +641,7 @@ pub fn export(opts: &ExportOptions) -> Result<ExportSummary> {
     crate::atomic::check_not_input(&out, &[input, tok_path.as_path()])
         .map_err(|e| ConvertError::options("-o", format!("{}: {e}", out.display())))?;
     let mut file = AtomicFile::create(&out).map_err(|e| ConvertError::io(&out, e))?;
-    let werr = |e: WriteError| match e {
-        WriteError::Io(e) => ConvertError::io(&out, e),
-        WriteError::Format(err) => ConvertError::Format {
-            file: out.clone(),
-            err: Box::new(err),
-        },
-    };
+    let werr = |e| ConvertError::write(&out, &out, e);
     {
         let mut w = GgufWriter::new(BufWriter::with_capacity(1 << 20, &mut file), &kv, specs)
             .map_err(werr)?;

@@ -36,7 +36,7 @@ use crate::chat::capture::build_section;
 use crate::chat::capture::ChatOptions;
 use crate::format::gguf::{GgufView, MetaValue, Value, ValueType};
 use crate::format::mlt::{
-    check_flags, Attr, Kind, Merge, Mlt, Token, FLAG_ADD_BOS, FLAG_CHAT, FLAG_DIGITS_SPLIT,
+    Attr, Kind, Merge, Mlt, Parts, Token, FLAG_ADD_BOS, FLAG_CHAT, FLAG_DIGITS_SPLIT,
     FLAG_GPT2_REGEX, FLAG_IGNORE_MERGES, FLAG_LETTER_MARKS, FLAG_NFC, FLAG_SINGLE_DIGITS,
     FLAG_SP_NO_PREFIX,
 };
@@ -44,6 +44,7 @@ use crate::format::mlt_chat::{
     ChatSection, NamedTemplate, StopToken, DEFAULT_TEMPLATE, STOP_END_OF_TURN,
 };
 use crate::format::{FormatError, Result};
+use crate::tokenizer::from_hf::gpt2_chars;
 
 /// llama.cpp's token types.
 const NORMAL: i64 = 1;
@@ -76,30 +77,6 @@ const GEMMA_ARCHS: &[&str] = &["gemma", "gemma2", "gemma3"];
 
 fn bad(key: &str, v: impl std::fmt::Display, rule: impl Into<String>) -> FormatError {
     FormatError::format(key, v, rule)
-}
-
-/// GPT-2's byte ↔ printable character map.
-fn gpt2_chars() -> ([char; 256], HashMap<char, u8>) {
-    let printable = |b: u32| {
-        (0x21..=0x7e).contains(&b) || (0xa1..=0xac).contains(&b) || (0xae..=0xff).contains(&b)
-    };
-    let mut to_char = ['\0'; 256];
-    let mut extra = 0u32;
-    for b in 0..256u32 {
-        let c = if printable(b) {
-            b
-        } else {
-            extra += 1;
-            255 + extra
-        };
-        to_char[b as usize] = char::from_u32(c).expect("valid scalar");
-    }
-    let to_byte = to_char
-        .iter()
-        .enumerate()
-        .map(|(b, &c)| (c, b as u8))
-        .collect();
-    (to_char, to_byte)
 }
 
 fn strings<'a>(v: &GgufView<'a>, key: &str) -> Result<Option<Vec<&'a str>>> {
@@ -343,7 +320,7 @@ pub fn mlt_from_gguf(v: &GgufView) -> Result<Mlt> {
         .get("general.architecture")
         .and_then(|x| x.as_str())
         .unwrap_or("");
-    let (kind, mut flags, tokens, merges) =
+    let parts =
         match model {
             "gpt2" => byte_level(v, &tokens, &types)?,
             "llama" => sentencepiece(v, &tokens, &types, GEMMA_ARCHS.contains(&arch))?,
@@ -354,33 +331,20 @@ pub fn mlt_from_gguf(v: &GgufView) -> Result<Mlt> {
             )),
         };
     // llama.cpp's defaults: BOS for SentencePiece and the Llama 3 family.
+    let (kind, flags) = (parts.0, parts.1);
     let add_bos =
         add_bos_key.unwrap_or(kind == Kind::SentencePiece || flags & FLAG_IGNORE_MERGES != 0);
-    if add_bos {
-        if bos.is_none() {
-            return Err(bad(
-                "tokenizer.ggml.bos_token_id",
-                "missing",
-                "BOS is prepended but no BOS token is named",
-            ));
-        }
-        flags |= FLAG_ADD_BOS;
-    }
-    check_flags(kind, flags)?;
-    let mlt = Mlt {
-        kind,
+    let mlt = Mlt::from_parts(
+        parts,
         bos,
         eos,
-        flags,
-        tokens,
-        merges,
-        chat: None,
-    };
+        add_bos,
+        "tokenizer.ggml.bos_token_id",
+        "missing",
+    )?;
     crate::tokenizer::Tokenizer::from_mlt(&mlt)?;
     Ok(mlt)
 }
-
-type Parts = (Kind, u32, Vec<Token>, Vec<Merge>);
 
 fn byte_level(v: &GgufView, tokens: &[&str], types: &[i64]) -> Result<Parts> {
     let pre = v

@@ -160,6 +160,30 @@ impl Summary {
         }
     }
 
+    /// What any conversion reports of the `layout` it wrote to `output`, `t0` being its
+    /// start; the caller sets the rest (file size, notes, Q4_0 rule, mix rows).
+    fn of_layout(
+        output: PathBuf,
+        arch: &'static str,
+        header: Header,
+        layout: &crate::format::mlb::Layout,
+        t0: Instant,
+    ) -> Summary {
+        Summary {
+            output,
+            arch,
+            header,
+            params: layout.params(),
+            file_bytes: 0,
+            seconds: t0.elapsed().as_secs_f64(),
+            notes: Vec::new(),
+            q4_rule: None,
+            types: type_counts(layout),
+            mix: Vec::new(),
+            matrix_bpw: matrix_bpw(layout),
+        }
+    }
+
     /// File bits per parameter.
     pub fn bits_per_weight(&self) -> f64 {
         if self.params == 0 {
@@ -311,13 +335,7 @@ fn run(
     header.wtype = opts.wtype.code();
     header.q8_mask = mask;
     let cfg_file = dir.join("config.json");
-    let format_err = |e: WriteError| match e {
-        WriteError::Format(err) => ConvertError::Format {
-            file: cfg_file.clone(),
-            err: Box::new(err),
-        },
-        WriteError::Io(e) => ConvertError::io(dir, e),
-    };
+    let format_err = |e| ConvertError::write(&cfg_file, dir, e);
     // The uniform layout names the matrices the plan picks from; validating the header
     // here refuses a model the format cannot hold before any file is created.
     // A K type's 256-weight rows are checked per matrix below (rows that are not whole
@@ -437,13 +455,7 @@ fn run(
     }
 
     let total = layout.end;
-    progress(Progress::Start {
-        tensors: layout.tensors.len(),
-        bytes: total,
-    });
-    for n in &notes {
-        progress(Progress::Note(n));
-    }
+    announce(progress, &layout, &notes);
 
     // A temporary file beside the target, renamed on success.
     let mut file = AtomicFile::create(&out).map_err(|e| ConvertError::io(&out, e))?;
@@ -465,17 +477,11 @@ fn run(
         .filter(|m| m.is_file()) // a device given as the output has no length
         .map_or(total, |m| m.len());
     Ok(Summary {
-        output: out,
-        arch: desc.arch.name,
-        header,
-        params: layout.params(),
         file_bytes,
-        seconds: t0.elapsed().as_secs_f64(),
         notes,
         q4_rule: has(WType::Q4_0).then_some(q4_rule),
-        types: type_counts(&layout),
         mix: mix_rows,
-        matrix_bpw: matrix_bpw(&layout),
+        ..Summary::of_layout(out, desc.arch.name, header, &layout, t0)
     })
 }
 
@@ -595,8 +601,35 @@ fn fall_back(tensors: &[Tensor], types: &mut [WType], notes: &mut Vec<String>) {
     }
 }
 
+/// Refuses a tensor with a weight that is NaN or infinite, naming the first.
+fn check_finite(buf: &[f32], file: &Path, tensor: &str) -> Result<()> {
+    match buf.iter().position(|x| !x.is_finite()) {
+        Some(j) => Err(ConvertError::tensor(
+            file,
+            tensor,
+            format!("element {j} is {}: weights must be finite", buf[j]),
+        )),
+        None => Ok(()),
+    }
+}
+
+/// Tells `progress` the size of the file to write and the notes gathered planning it.
+fn announce(
+    progress: &mut (dyn FnMut(Progress) + Send),
+    layout: &crate::format::mlb::Layout,
+    notes: &[String],
+) {
+    progress(Progress::Start {
+        tensors: layout.tensors.len(),
+        bytes: layout.end,
+    });
+    for n in notes {
+        progress(Progress::Note(n));
+    }
+}
+
 /// Bits per weight of all matrices of `layout`, scales included (as mlb-inspect counts).
-pub(crate) fn matrix_bpw(layout: &crate::format::mlb::Layout) -> f64 {
+fn matrix_bpw(layout: &crate::format::mlb::Layout) -> f64 {
     let (mut w, mut b) = (0u64, 0u64);
     for t in layout
         .tensors
@@ -609,7 +642,7 @@ pub(crate) fn matrix_bpw(layout: &crate::format::mlb::Layout) -> f64 {
 }
 
 /// Matrices per type in `layout`, in code order (the types present).
-pub(crate) fn type_counts(layout: &crate::format::mlb::Layout) -> Vec<(WType, usize)> {
+fn type_counts(layout: &crate::format::mlb::Layout) -> Vec<(WType, usize)> {
     let mut n = [0usize; WType::ALL.len()];
     for t in &layout.tensors {
         if let Kind::Mat { wtype, .. } = t.kind {
@@ -946,13 +979,7 @@ fn write_all(
         cancel,
     } = *job;
     let cancelled = || cancel.is_some_and(|c| c.load(Ordering::Relaxed));
-    let werr = |e: WriteError| match e {
-        WriteError::Io(e) => ConvertError::io(out, e),
-        WriteError::Format(err) => ConvertError::Format {
-            file: out.to_path_buf(),
-            err: Box::new(err),
-        },
-    };
+    let werr = |e| ConvertError::write(out, out, e);
     let mut w = new_writer(
         BufWriter::with_capacity(1 << 20, file),
         header,
@@ -978,13 +1005,7 @@ fn write_all(
                             *v += 1.0;
                         }
                     }
-                    if let Some(j) = buf.iter().position(|v| !v.is_finite()) {
-                        return Err(ConvertError::tensor(
-                            ck.path_of(info),
-                            &s.hf,
-                            format!("element {j} is {}: weights must be finite", buf[j]),
-                        ));
-                    }
+                    check_finite(&buf, ck.path_of(info), &s.hf)?;
                     w.write_f32(&buf).map_err(werr)?;
                     ck.release(info, s.row_len, 0..s.map.src_rows(s.rows));
                 }

@@ -6,8 +6,9 @@
 //! every rule of the spec and every size against the file length before allocating;
 //! it never panics.
 
-use super::error::{FormatError, Result, Status};
+use super::error::{FormatError, Result};
 use super::mlt_chat::ChatSection;
+use super::reader::Reader;
 use std::path::Path;
 
 pub const MAGIC: &[u8; 4] = b"MLT1";
@@ -103,38 +104,18 @@ pub struct Mlt {
     pub chat: Option<ChatSection>,
 }
 
-/// A bounds-checked little-endian reader over the file bytes.
-struct Reader<'a> {
-    buf: &'a [u8],
-    pos: usize,
+/// A truncated file: the offset of `field` and the bytes it needs.
+fn truncated(field: &str, n: usize, pos: usize, len: usize) -> FormatError {
+    FormatError::format(
+        field,
+        format!("offset {pos}"),
+        format!("truncated: needs {n} bytes, file has {len}"),
+    )
 }
 
-impl<'a> Reader<'a> {
-    fn take(&mut self, n: usize, field: &str) -> Result<&'a [u8]> {
-        let end = self.pos.checked_add(n).filter(|&e| e <= self.buf.len());
-        match end {
-            Some(end) => {
-                let s = &self.buf[self.pos..end];
-                self.pos = end;
-                Ok(s)
-            }
-            None => Err(FormatError::format(
-                field,
-                format!("offset {}", self.pos),
-                format!("truncated: needs {n} bytes, file has {}", self.buf.len()),
-            )),
-        }
-    }
-    fn u8(&mut self, field: &str) -> Result<u8> {
-        Ok(self.take(1, field)?[0])
-    }
-    fn u32(&mut self, field: &str) -> Result<u32> {
-        let b = self.take(4, field)?;
-        Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-    }
-    fn remaining(&self) -> usize {
-        self.buf.len() - self.pos
-    }
+/// A count or length as the u32 the file stores.
+pub(super) fn fit_u32(n: usize, field: &str) -> Result<u32> {
+    u32::try_from(n).map_err(|_| FormatError::shape(field, n, "must fit in u32"))
 }
 
 fn opt_id(v: u32) -> Option<u32> {
@@ -165,7 +146,43 @@ pub fn check_flags(kind: Kind, flags: u32) -> Result<()> {
     }
 }
 
+/// What a converter builds from a tokenizer's files: kind, flags, tokens, merges.
+pub type Parts = (Kind, u32, Vec<Token>, Vec<Merge>);
+
 impl Mlt {
+    /// A converter's file, without a chat section: FLAG_ADD_BOS is set when `add_bos`,
+    /// which needs a BOS token (the error names the source's key for it, `bos_key`, and
+    /// says how it is absent, `missing`); then the flags are checked against the kind.
+    pub fn from_parts(
+        (kind, mut flags, tokens, merges): Parts,
+        bos: Option<u32>,
+        eos: Option<u32>,
+        add_bos: bool,
+        bos_key: &str,
+        missing: &str,
+    ) -> Result<Mlt> {
+        if add_bos {
+            if bos.is_none() {
+                return Err(FormatError::format(
+                    bos_key,
+                    missing,
+                    "BOS is prepended but no BOS token is named",
+                ));
+            }
+            flags |= FLAG_ADD_BOS;
+        }
+        check_flags(kind, flags)?;
+        Ok(Mlt {
+            kind,
+            bos,
+            eos,
+            flags,
+            tokens,
+            merges,
+            chat: None,
+        })
+    }
+
     /// Parses and validates a whole file.
     pub fn parse(buf: &[u8]) -> Result<Mlt> {
         if buf.len() < HEADER_LEN {
@@ -175,7 +192,7 @@ impl Mlt {
                 format!("file shorter than the {HEADER_LEN}-byte header"),
             ));
         }
-        let mut r = Reader { buf, pos: 0 };
+        let mut r = Reader::new(buf, truncated);
         let magic = r.take(4, "magic")?;
         if magic != MAGIC {
             return Err(FormatError::format(
@@ -288,7 +305,7 @@ impl Mlt {
             merges.push(m);
         }
         let chat = if flags & FLAG_CHAT != 0 {
-            Some(ChatSection::parse(&buf[r.pos..], n_vocab)?)
+            Some(ChatSection::parse(&buf[r.pos()..], n_vocab)?)
         } else if r.remaining() != 0 {
             return Err(FormatError::format(
                 "file",
@@ -318,22 +335,8 @@ impl Mlt {
     /// Serializes the file. Fails only if a count does not fit the format. The chat
     /// bit of the flags is written from `chat`.
     pub fn to_bytes(&self) -> Result<Vec<u8>> {
-        let n_vocab = u32::try_from(self.tokens.len()).map_err(|_| {
-            FormatError::new(
-                Status::Shape,
-                "n_vocab",
-                self.tokens.len(),
-                "must fit in u32",
-            )
-        })?;
-        let n_merges = u32::try_from(self.merges.len()).map_err(|_| {
-            FormatError::new(
-                Status::Shape,
-                "n_merges",
-                self.merges.len(),
-                "must fit in u32",
-            )
-        })?;
+        let n_vocab = fit_u32(self.tokens.len(), "n_vocab")?;
+        let n_merges = fit_u32(self.merges.len(), "n_merges")?;
         let size: usize = HEADER_LEN
             + self.tokens.iter().map(|t| 5 + t.bytes.len()).sum::<usize>()
             + self.merges.len() * 12;
@@ -355,9 +358,7 @@ impl Mlt {
             out.extend_from_slice(&v.to_le_bytes());
         }
         for t in &self.tokens {
-            let len = u32::try_from(t.bytes.len()).map_err(|_| {
-                FormatError::new(Status::Shape, "token.len", t.bytes.len(), "must fit in u32")
-            })?;
+            let len = fit_u32(t.bytes.len(), "token.len")?;
             out.push(t.attr as u8);
             out.extend_from_slice(&len.to_le_bytes());
             out.extend_from_slice(&t.bytes);
@@ -386,6 +387,7 @@ impl Mlt {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::format::Status;
 
     fn sample() -> Mlt {
         Mlt {

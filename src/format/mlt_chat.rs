@@ -17,6 +17,8 @@
 //! `krafla::chat` compiles and renders it.
 
 use super::error::{FormatError, Result};
+use super::mlt::fit_u32;
+use super::reader::Reader;
 
 /// At most this many templates (HF's list form has a handful: default, tool_use, rag).
 pub const MAX_TEMPLATES: usize = 64;
@@ -96,69 +98,19 @@ pub fn is_identifier(s: &str) -> bool {
         && c.all(|ch| ch.is_ascii_alphanumeric() || ch == '_')
 }
 
-struct Cursor<'a> {
-    buf: &'a [u8],
-    pos: usize,
-}
-
-impl<'a> Cursor<'a> {
-    fn take(&mut self, n: usize, field: &str) -> Result<&'a [u8]> {
-        match self.pos.checked_add(n).filter(|&e| e <= self.buf.len()) {
-            Some(end) => {
-                let s = &self.buf[self.pos..end];
-                self.pos = end;
-                Ok(s)
-            }
-            None => Err(FormatError::format(
-                field,
-                format!("{n} bytes"),
-                format!(
-                    "chat section truncated: {} bytes left",
-                    self.buf.len() - self.pos
-                ),
-            )),
-        }
-    }
-    fn u32(&mut self, field: &str) -> Result<u32> {
-        let b = self.take(4, field)?;
-        Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-    }
-    fn count(&mut self, field: &str, max: usize, min_each: usize) -> Result<usize> {
-        let n = self.u32(field)? as usize;
-        if n > max {
-            return Err(FormatError::format(field, n, format!("at most {max}")));
-        }
-        let left = self.buf.len() - self.pos;
-        if n.saturating_mul(min_each) > left {
-            return Err(FormatError::format(
-                field,
-                n,
-                format!("needs at least {} bytes, {left} left", n * min_each),
-            ));
-        }
-        Ok(n)
-    }
-    /// A length-prefixed UTF-8 string of at most `max` bytes.
-    fn text(&mut self, field: &str, max: usize) -> Result<&'a str> {
-        let len = self.u32(field)? as usize;
-        if len > max {
-            return Err(FormatError::format(
-                field,
-                format!("length {len}"),
-                format!("at most {max} bytes"),
-            ));
-        }
-        let b = self.take(len, field)?;
-        std::str::from_utf8(b).map_err(|e| {
-            FormatError::format(field, format!("bytes at {}", e.valid_up_to()), "not UTF-8")
-        })
-    }
+/// A truncated section: the bytes `field` needs and the bytes left in the section.
+fn truncated(field: &str, n: usize, pos: usize, len: usize) -> FormatError {
+    FormatError::format(
+        field,
+        format!("{n} bytes"),
+        format!("chat section truncated: {} bytes left", len - pos),
+    )
 }
 
 impl ChatSection {
     /// Parses the section (all bytes after the merge table) and checks every rule.
     pub fn parse(buf: &[u8], n_vocab: u32) -> Result<ChatSection> {
-        let mut c = Cursor { buf, pos: 0 };
+        let mut c = Reader::new(buf, truncated);
         let n_templates = c.count("chat.n_templates", MAX_TEMPLATES, 8)?;
         if n_templates == 0 {
             return Err(FormatError::format(
@@ -227,10 +179,10 @@ impl ChatSection {
             }
             stop.push(StopToken { id, sources });
         }
-        if c.pos != buf.len() {
+        if c.remaining() != 0 {
             return Err(FormatError::format(
                 "file",
-                format!("{} trailing bytes", buf.len() - c.pos),
+                format!("{} trailing bytes", c.remaining()),
                 "nothing may follow the chat section",
             ));
         }
@@ -250,9 +202,7 @@ impl ChatSection {
     pub fn to_bytes(&self) -> Result<Vec<u8>> {
         let mut out = Vec::new();
         let put_len = |out: &mut Vec<u8>, n: usize, field: &str| -> Result<()> {
-            let n =
-                u32::try_from(n).map_err(|_| FormatError::shape(field, n, "must fit in u32"))?;
-            out.extend_from_slice(&n.to_le_bytes());
+            out.extend_from_slice(&fit_u32(n, field)?.to_le_bytes());
             Ok(())
         };
         let put_str = |out: &mut Vec<u8>, s: &str, field: &str| -> Result<()> {

@@ -11,6 +11,7 @@ pub mod mlb;
 pub mod mli;
 pub mod mlt;
 pub mod mlt_chat;
+mod reader;
 pub mod wtype;
 
 pub use error::{FormatError, Result, Status};

@@ -338,8 +338,7 @@ impl<'e> Scheduler<'e> {
         }
         for i in 0..self.slots.len() {
             if let Some(t) = self.slots[i].task.take() {
-                let _ = t.job.events.send(Event::Failed(err.clone()));
-                self.log_end(i, &t, t.sampled, "cancelled (shutdown)");
+                self.fail(i, &t, err.clone(), "cancelled (shutdown)");
             }
         }
     }
@@ -457,11 +456,7 @@ impl<'e> Scheduler<'e> {
                 slot.session.reset();
                 slot.snapshots.clear();
                 if let Some(t) = slot.task.take() {
-                    let _ = t
-                        .job
-                        .events
-                        .send(Event::Failed(ApiError::internal(e.to_string())));
-                    self.log_end(i, &t, t.sampled, "failed");
+                    self.fail(i, &t, ApiError::internal(e.to_string()), "failed");
                 }
             }
             return;
@@ -492,11 +487,7 @@ impl<'e> Scheduler<'e> {
             Ok(s) => s,
             Err(e) => {
                 let t = slot.task.take().expect("busy");
-                let _ = t
-                    .job
-                    .events
-                    .send(Event::Failed(ApiError::internal(e.to_string())));
-                self.log_end(i, &t, t.sampled, "failed");
+                self.fail(i, &t, ApiError::internal(e.to_string()), "failed");
                 return;
             }
         };
@@ -552,6 +543,12 @@ impl<'e> Scheduler<'e> {
             }
             None => t.next = Some(step.id),
         }
+    }
+
+    /// Ends slot `i`'s task `t` (taken from the slot) with `err`, logged as `how`.
+    fn fail(&self, i: usize, t: &Task, err: ApiError, how: &str) {
+        let _ = t.job.events.send(Event::Failed(err));
+        self.log_end(i, t, t.sampled, how);
     }
 
     fn log_end(&self, i: usize, t: &Task, generated: usize, how: &str) {

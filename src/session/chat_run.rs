@@ -14,12 +14,11 @@
 //! The reply streams to stdout and ends with a newline; notes (a context shift, a reply
 //! cut by the context) and `--logprobs` lines go to stderr.
 
-use std::io::Read;
 use std::ops::ControlFlow;
 use std::path::PathBuf;
 use std::time::Instant;
 
-use super::run::{logprobs_json, note_verbose, Outcome, Prompt, RunError, Summary};
+use super::run::{logprobs_json, note_verbose, read_text, Outcome, Prompt, RunError, Summary};
 use super::{
     ChatEvent, ChatOptions, ChatSession, ChatSessionError, Engine, Frontend, GenerateOptions,
     Reply, RunOptions, StopReason, DEFAULT_CHAT_MAX_TOKENS,
@@ -159,25 +158,11 @@ pub(super) fn run(
 
 /// The conversation JSON of `--file` or stdin.
 fn read_conversation(o: &RunOptions) -> Result<Conversation, RunError> {
-    let (what, text) = match &o.prompt {
-        Prompt::File(f) => (
-            f.display().to_string(),
-            std::fs::read_to_string(f).map_err(|err| RunError::Read {
-                what: f.display().to_string(),
-                err,
-            })?,
-        ),
-        _ => {
-            let mut s = String::new();
-            std::io::stdin()
-                .read_to_string(&mut s)
-                .map_err(|err| RunError::Read {
-                    what: "stdin".into(),
-                    err,
-                })?;
-            ("stdin".to_string(), s)
-        }
+    let (what, file) = match &o.prompt {
+        Prompt::File(f) => (f.display().to_string(), Some(f.as_path())),
+        _ => ("stdin".to_string(), None),
     };
+    let text = read_text(file)?;
     Conversation::from_json(&text).map_err(|e| RunError::Conversation { what, err: e })
 }
 

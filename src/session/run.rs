@@ -434,18 +434,14 @@ fn check_outputs(o: &RunOptions) -> Result<(), RunError> {
     Ok(())
 }
 
-/// The prompt's ids.
-fn prompt_ids(o: &RunOptions, engine: &Engine) -> Result<Vec<u32>, RunError> {
-    let text = match &o.prompt {
-        Prompt::Ids(ids) => {
-            return crate::tokenizer::parse_ids(ids, engine.config().vocab).map_err(RunError::Ids)
-        }
-        Prompt::Text(t) => t.clone(),
-        Prompt::File(f) => std::fs::read_to_string(f).map_err(|err| RunError::Read {
+/// The text of `file`, or of stdin without one.
+pub(super) fn read_text(file: Option<&Path>) -> Result<String, RunError> {
+    match file {
+        Some(f) => std::fs::read_to_string(f).map_err(|err| RunError::Read {
             what: f.display().to_string(),
             err,
-        })?,
-        Prompt::Stdin => {
+        }),
+        None => {
             let mut s = String::new();
             std::io::stdin()
                 .read_to_string(&mut s)
@@ -453,8 +449,20 @@ fn prompt_ids(o: &RunOptions, engine: &Engine) -> Result<Vec<u32>, RunError> {
                     what: "stdin".into(),
                     err,
                 })?;
-            s
+            Ok(s)
         }
+    }
+}
+
+/// The prompt's ids.
+fn prompt_ids(o: &RunOptions, engine: &Engine) -> Result<Vec<u32>, RunError> {
+    let text = match &o.prompt {
+        Prompt::Ids(ids) => {
+            return crate::tokenizer::parse_ids(ids, engine.config().vocab).map_err(RunError::Ids)
+        }
+        Prompt::Text(t) => t.clone(),
+        Prompt::File(f) => read_text(Some(f))?,
+        Prompt::Stdin => read_text(None)?,
     };
     match engine.tokenizer() {
         Some(t) => Ok(t.encode(&text)),

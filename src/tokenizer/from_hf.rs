@@ -7,8 +7,8 @@
 //! bytes their GPT-2 characters stand for.
 
 use crate::format::mlt::{
-    check_flags, Attr, Kind, Merge, Mlt, Token, FLAG_ADD_BOS, FLAG_DIGITS_SPLIT, FLAG_GPT2_REGEX,
-    FLAG_IGNORE_MERGES, FLAG_LETTER_MARKS, FLAG_NFC, FLAG_SINGLE_DIGITS, FLAG_SP_NO_PREFIX,
+    Attr, Kind, Merge, Mlt, Token, FLAG_DIGITS_SPLIT, FLAG_GPT2_REGEX, FLAG_IGNORE_MERGES,
+    FLAG_LETTER_MARKS, FLAG_NFC, FLAG_SINGLE_DIGITS, FLAG_SP_NO_PREFIX,
 };
 use crate::format::{FormatError, Result};
 use crate::tokenizer::pretok::{llama3_pattern, GPT2_PATTERN};
@@ -56,12 +56,12 @@ fn expect(v: &Value, field: &str, key: &str, want: &Value) -> Result<()> {
     Ok(())
 }
 
-/// GPT-2's byte ↔ printable character map: char → byte.
-fn gpt2_char_to_byte() -> HashMap<char, u8> {
+/// GPT-2's byte ↔ printable character map, both ways (byte → char, char → byte).
+pub(crate) fn gpt2_chars() -> ([char; 256], HashMap<char, u8>) {
     let printable = |b: u32| {
         (0x21..=0x7e).contains(&b) || (0xa1..=0xac).contains(&b) || (0xae..=0xff).contains(&b)
     };
-    let mut map = HashMap::with_capacity(256);
+    let mut to_char = ['\0'; 256];
     let mut extra = 0u32;
     for b in 0..256u32 {
         let c = if printable(b) {
@@ -70,9 +70,14 @@ fn gpt2_char_to_byte() -> HashMap<char, u8> {
             extra += 1;
             255 + extra
         };
-        map.insert(char::from_u32(c).expect("valid scalar"), b as u8);
+        to_char[b as usize] = char::from_u32(c).expect("valid scalar");
     }
-    map
+    let to_byte = to_char
+        .iter()
+        .enumerate()
+        .map(|(b, &c)| (c, b as u8))
+        .collect();
+    (to_char, to_byte)
 }
 
 /// The flags a byte-level pre-tokenizer stands for.
@@ -568,7 +573,7 @@ pub fn convert(tokenizer_json: &str, config_json: Option<&str>, opts: &Options) 
     // Slots: model vocabulary first, then added tokens (which must agree with it).
     let mut slots: Vec<Option<Token>> = Vec::new();
     let mut piece_id: HashMap<&str, u32> = HashMap::with_capacity(vocab.len());
-    let gpt2 = gpt2_char_to_byte();
+    let gpt2 = gpt2_chars().1;
     let added_ids: HashMap<u32, &str> = added.iter().map(|a| (a.id, a.content.as_str())).collect();
     for (piece, id) in vocab {
         let Some(id) = id.as_u64().and_then(|v| u32::try_from(v).ok()) else {
@@ -717,26 +722,14 @@ pub fn convert(tokenizer_json: &str, config_json: Option<&str>, opts: &Options) 
     };
     let bos = find("bos_token", bos)?;
     let eos = find("eos_token", eos)?;
-    if add_bos {
-        if bos.is_none() {
-            return Err(FormatError::format(
-                "bos_token",
-                "none",
-                "BOS is prepended but no BOS token is named",
-            ));
-        }
-        flags |= FLAG_ADD_BOS;
-    }
-    check_flags(kind, flags)?;
-    let mlt = Mlt {
-        kind,
+    let mlt = Mlt::from_parts(
+        (kind, flags, tokens, merges),
         bos,
         eos,
-        flags,
-        tokens,
-        merges,
-        chat: None,
-    };
+        add_bos,
+        "bos_token",
+        "none",
+    )?;
     // Without unk a missing byte is dropped (as the library does); with one it is not.
     let unk = null_or(model.get("unk_token"));
     if kind == Kind::ByteLevel && !unk.is_null() {
