@@ -79,15 +79,7 @@ impl<'a> QMat<'a> {
                 w.len()
             )));
         }
-        Ok(QMat {
-            wtype,
-            rows,
-            cols,
-            q: w,
-            d: &[],
-            d16: &[],
-            pk: None,
-        })
+        Ok(QMat::bare(wtype, rows, cols, w))
     }
 }
 
