@@ -118,20 +118,28 @@ fn main() {
                 for (threads, pool) in [(1, pool1), (2, pool2)] {
                     let tv = pool.install(|| time(min, || k.matvec(w, &a1, black_box(&mut y1))));
                     let tm = pool.install(|| time(min, || k.matmul(w, &an, black_box(&mut yn))));
-                    let flop = 2.0 * rows as f64 * cols as f64;
-                    println!(
-                        "| {name} {rows}×{cols} | {wtype:?} | {tier} | {threads} | {:.1} | {:.1} | {:.1} | {:.2} | {:.1} |",
-                        tv * 1e6,
-                        flop / tv * 1e-9,
-                        bytes / tv * 1e-9,
-                        tm * 1e3,
-                        flop * n_batch as f64 / tm * 1e-9
-                    );
+                    let at = format!("{name} {rows}×{cols} | {wtype:?} | {tier} | {threads}");
+                    print_row(&at, rows * cols, bytes, n_batch, tv, tm);
                 }
             }
         }
         half_rows(&mut rng, &filter, min, n_batch, (name, rows, cols));
     }
+}
+
+/// One table row: `at` (shape, type, tier, threads), then the decode product's time
+/// (`tv` s, one token), GFLOP/s and GB/s of weights read, and the batch product's time
+/// (`tm` s, `n_batch` tokens) and GFLOP/s, for `weights` multiply-adds per token.
+fn print_row(at: &str, weights: usize, bytes: f64, n_batch: usize, tv: f64, tm: f64) {
+    let flop = 2.0 * weights as f64;
+    println!(
+        "| {at} | {:.1} | {:.1} | {:.1} | {:.2} | {:.1} |",
+        tv * 1e6,
+        flop / tv * 1e-9,
+        bytes / tv * 1e-9,
+        tm * 1e3,
+        flop * n_batch as f64 / tm * 1e-9
+    );
 }
 
 /// BF16 / F16 rows of one shape: `matmul_f32` with one token and with `n_batch`.
@@ -162,15 +170,8 @@ fn half_rows(
             for (threads, pool) in [(1, pool1), (2, pool2)] {
                 let tv = pool.install(|| time(min, || k.matmul_f32(&w, &x1, black_box(&mut y1))));
                 let tm = pool.install(|| time(min, || k.matmul_f32(&w, &xn, black_box(&mut yn))));
-                let flop = 2.0 * rows as f64 * cols as f64;
-                println!(
-                    "| {name} {rows}×{cols} | {wtype:?} | {t} | {threads} | {:.1} | {:.1} | {:.1} | {:.2} | {:.1} |",
-                    tv * 1e6,
-                    flop / tv * 1e-9,
-                    bytes / tv * 1e-9,
-                    tm * 1e3,
-                    flop * n_batch as f64 / tm * 1e-9
-                );
+                let at = format!("{name} {rows}×{cols} | {wtype:?} | {t} | {threads}");
+                print_row(&at, rows * cols, bytes, n_batch, tv, tm);
             }
         }
     }

@@ -3,10 +3,19 @@
 # checkpoint and its tokenizer, inspect the result, and generate text with it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-# DEMO_PROFILE=dev: the debug build (CI runs the demo that way, after the tests).
+# DEMO_PROFILE=dev: the debug build. DEMO_PROFILE=test: the binaries as `cargo test`
+# builds them (its profile, and its features, which the dev-dependencies widen); CI runs
+# the demo that way, after the tests, with nothing left to compile.
 profile=${DEMO_PROFILE:-release}
-cargo build --profile "$profile" --bins --quiet
-if [ "$profile" = dev ]; then bin=target/debug; else bin=target/$profile; fi
+if [ "$profile" = test ]; then
+    cargo test --no-run --quiet
+else
+    cargo build --profile "$profile" --bins --quiet
+fi
+case $profile in
+dev | test) bin=target/debug ;;
+*) bin=target/$profile ;;
+esac
 out=target/demo-$profile
 mkdir -p "$out"
 src=testdata/default

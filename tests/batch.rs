@@ -4,19 +4,19 @@
 //! the delta rule), every tier, 1-3 threads, packed and not, every KV cache type;
 //! errors name the sequence and change nothing; f16 and Q8_0 caches stay close to f32.
 
-use std::path::Path;
 use std::process::Command;
 
 use krafla::format::mlb::header::wtype;
 use krafla::format::mlb::Mlb;
 use krafla::kernels::counters::{self, Op};
 use krafla::kernels::pool::Pool;
-use krafla::kernels::{self, Kernels, KvType, Tier};
+use krafla::kernels::{self, KvType, Tier};
 use krafla::model::{Model, ModelError, Options, Packs, State};
 use krafla::session::{feed_batch, Engine, Session, SessionError};
 
 use crate::run::{all_logits, cases, load, nrmse, tokens, top1};
-use crate::util::testdata;
+use crate::util::fixtures::{convert, read_f32, reference};
+use crate::util::{testdata, tiers};
 
 /// xorshift64 in 0..n.
 struct Rng(u64);
@@ -171,7 +171,7 @@ fn batched_steps_give_each_sequence_its_own_bits() {
 /// tier packs Q8_0 and Q4_0, AVX2 and AVX-512 Q4_0).
 #[test]
 fn batched_steps_agree_on_every_tier_and_thread_count() {
-    let pools = [Pool::leak(1), Pool::leak(2), Pool::leak(3)];
+    let pools = tiers::pools();
     for c in cases() {
         let mlb = load(&c, 37);
         let m = Model::new(&mlb).unwrap();
@@ -179,35 +179,12 @@ fn batched_steps_agree_on_every_tier_and_thread_count() {
         for t in [KvType::F32, KvType::Q8_0] {
             let o = with_kv(t);
             let want = kernels::with_tier(Tier::Scalar, || alone(&m, &o, &p)).unwrap();
-            for tier in kernels::supported_tiers() {
-                let packs = Packs::new(&mlb, &Kernels::for_tier(tier).unwrap()).unwrap();
-                let pm = Model::with_packs(&mlb, &packs).unwrap();
-                for (th, pool) in pools.iter().enumerate() {
-                    for (model, how) in [(&m, "map"), (&pm, "packed")] {
-                        let what = format!("{} {t}: {tier}, {how}, {} threads", c.name, th + 1);
-                        pool.install(|| {
-                            kernels::with_tier(tier, || {
-                                run_plan(model, &o, &p, &want, 64, false, &what)
-                            })
-                        })
-                        .unwrap();
-                    }
-                }
-            }
+            tiers::on_every_tier(&pools, &mlb, &m, |_, model, what| {
+                let what = format!("{} {t}: {what}", c.name);
+                run_plan(model, &o, &p, &want, 64, false, &what)
+            });
         }
     }
-}
-
-/// Converts a fixture with `mlb-convert` (Q8_0; Q4_0 with f16 scales).
-fn convert(dir: &Path, out: &Path, args: &[&str]) {
-    let o = Command::new(env!("CARGO_BIN_EXE_mlb-convert"))
-        .arg(dir)
-        .arg("-o")
-        .arg(out)
-        .args(args)
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
 }
 
 /// Converted fixtures with sliding windows and softcaps (Gemma 2, Gemma 3, Mistral) and
@@ -217,7 +194,7 @@ fn convert(dir: &Path, out: &Path, args: &[&str]) {
 fn fixtures_batched_give_each_sequence_its_own_bits() {
     let root = testdata().join("models");
     let tmp = tempfile::tempdir().unwrap();
-    let pools = [Pool::leak(1), Pool::leak(2), Pool::leak(3)];
+    let pools = tiers::pools();
     for name in ["gemma2", "gemma3_text", "mistral_sliding", "qwen3_5_text"] {
         let dir = root.join(name);
         if !dir.join("config.json").exists() {
@@ -229,29 +206,17 @@ fn fixtures_batched_give_each_sequence_its_own_bits() {
             ("q4_0", &["--wtype", "q4_0", "--f16-scales"][..]),
         ] {
             let out = tmp.path().join(format!("{name}.{quant}.mlb"));
-            convert(&dir, &out, args);
+            convert(&dir, &out, args).unwrap();
             let mlb = Mlb::open(&out).unwrap();
             let m = Model::new(&mlb).unwrap();
             let p = plan(m.cfg.vocab as u32, 8, 77);
             for t in [KvType::F32, KvType::Q8_0] {
                 let o = with_kv(t);
                 let want = kernels::with_tier(Tier::Scalar, || alone(&m, &o, &p)).unwrap();
-                for tier in kernels::supported_tiers() {
-                    let packs = Packs::new(&mlb, &Kernels::for_tier(tier).unwrap()).unwrap();
-                    let pm = Model::with_packs(&mlb, &packs).unwrap();
-                    for (th, pool) in pools.iter().enumerate() {
-                        for (model, how) in [(&m, "map"), (&pm, "packed")] {
-                            let what =
-                                format!("{name} {quant} {t}: {tier}, {how}, {} threads", th + 1);
-                            pool.install(|| {
-                                kernels::with_tier(tier, || {
-                                    run_plan(model, &o, &p, &want, 512, false, &what)
-                                })
-                            })
-                            .unwrap();
-                        }
-                    }
-                }
+                tiers::on_every_tier(&pools, &mlb, &m, |_, model, what| {
+                    let what = format!("{name} {quant} {t}: {what}");
+                    run_plan(model, &o, &p, &want, 512, false, &what)
+                });
             }
         }
     }
@@ -551,24 +516,12 @@ fn kv_types_stay_close_to_transformers() {
         "smollm3",
     ] {
         let dir = root.join(name);
-        let Ok(r) = std::fs::read_to_string(dir.join("reference.json")) else {
-            eprintln!("SKIP: no fixture {}", dir.display());
+        let Some((_, toks)) = reference(&dir) else {
             continue;
         };
-        let r: serde_json::Value = serde_json::from_str(&r).unwrap();
-        let toks: Vec<u32> = r["tokens"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|v| v.as_u64().unwrap() as u32)
-            .collect();
-        let sim: Vec<f32> = std::fs::read(dir.join("logits.sim_q8_0.bin"))
-            .unwrap()
-            .chunks_exact(4)
-            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-            .collect();
+        let sim = read_f32(&dir.join("logits.sim_q8_0.bin"));
         let out = tmp.path().join(format!("{name}.mlb"));
-        convert(&dir, &out, &["--wtype", "q8_0"]);
+        convert(&dir, &out, &["--wtype", "q8_0"]).unwrap();
         let mlb = Mlb::open(&out).unwrap();
         let m = Model::new(&mlb).unwrap();
         let v = m.cfg.vocab;
@@ -799,11 +752,7 @@ fn mlb_run_kv_type_on_every_tier() {
                 err.contains(&format!("memory: KV cache {t} ")),
                 "{t} {tier}: {err}"
             );
-            let got: Vec<f32> = std::fs::read(&out)
-                .unwrap()
-                .chunks_exact(4)
-                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-                .collect();
+            let got = read_f32(&out);
             assert!(
                 got.len() == want.len()
                     && got

@@ -266,11 +266,7 @@ fn st_tensor(path: &Path, name: &str) -> (Vec<usize>, Vec<f32>) {
             .chunks_exact(2)
             .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32())
             .collect(),
-        safetensors::Dtype::F32 => t
-            .data()
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect(),
+        safetensors::Dtype::F32 => crate::util::fixtures::f32s(t.data()),
         d => panic!("{name}: dtype {d:?}"),
     };
     (t.shape().to_vec(), v)

@@ -786,11 +786,7 @@ fn convert_bf16_output_runs_in_mlb_run() {
     let e = String::from_utf8_lossy(&o.stderr);
     assert!(o.status.success(), "{e}");
     assert!(e.contains("kernel tier"), "{e}");
-    let got: Vec<f32> = std::fs::read(&logits)
-        .unwrap()
-        .chunks_exact(4)
-        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-        .collect();
+    let got = crate::util::fixtures::read_f32(&logits);
     let m = mlb::Mlb::open(&out).unwrap();
     let model = krafla::model::Model::new(&m).unwrap();
     let mut st = model.state(&Default::default()).unwrap();

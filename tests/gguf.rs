@@ -16,6 +16,7 @@ use std::process::Command;
 use krafla::format::gguf::{self, GgmlType, GgufWriter, MetaValue, TensorSpec};
 use krafla::format::mlb::{self, Header, HEADER_SIZE};
 
+use crate::util::fixtures::{f32s, read_f32, reference};
 use crate::util::testdata;
 
 fn gguf_dir() -> PathBuf {
@@ -362,20 +363,8 @@ fn gguf_quantized_logits_match_transformers() {
     let tmp = tempfile::tempdir().unwrap();
     for name in QUANT {
         let dir = testdata().join("models").join(name);
-        let r: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap())
-                .unwrap();
-        let toks: Vec<u32> = r["tokens"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|v| v.as_u64().unwrap() as u32)
-            .collect();
-        let f32_ref: Vec<f32> = std::fs::read(dir.join("logits.f32.bin"))
-            .unwrap()
-            .chunks_exact(4)
-            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-            .collect();
+        let (_, toks) = reference(&dir).unwrap();
+        let f32_ref = read_f32(&dir.join("logits.f32.bin"));
         for q in ["q8_0", "q4_0"] {
             let out = tmp.path().join(format!("{name}.{q}.mlb"));
             convert_ok(&gguf_dir().join(format!("{name}.{q}.gguf")), &out, &[]);
@@ -707,11 +696,7 @@ fn gguf_dequantizers_match_gguf_py() {
             continue;
         };
         let e = v.tensor(&format!("{ty}.expected")).unwrap();
-        let want: Vec<f32> = v
-            .data(e)
-            .chunks_exact(4)
-            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-            .collect();
+        let want = f32s(v.data(e));
         let mut got = vec![0f32; want.len()];
         assert!(
             gguf::dequant::dequantize_row(t.ty, v.data(t), &mut got),
@@ -731,7 +716,6 @@ fn gguf_dequantizers_match_gguf_py() {
 use krafla::convert::gguf_tok;
 use krafla::format::mlt::Mlt;
 use krafla::tokenizer::{from_hf, Tokenizer};
-use std::str::FromStr;
 
 fn real_gguf(name: &str) -> Option<PathBuf> {
     let d = PathBuf::from(std::env::var_os("KRAFLA_REAL_DIR")?)
@@ -743,34 +727,8 @@ fn real_gguf(name: &str) -> Option<PathBuf> {
 /// Our encoder on the GGUF's tokenizer against the tokenizers library on `json`: the
 /// corpus, every added token in context and random strings.
 fn check_against_hf(name: &str, m: &Mlt, json: &str) {
-    use crate::tokenizer::{added_cases, compare, corpus, fuzz_cases};
     let ours = Tokenizer::from_mlt(m).unwrap();
-    let hf = tokenizers::Tokenizer::from_str(json).expect("oracle loads");
-    assert_eq!(ours.n_vocab(), hf.get_vocab_size(true), "{name}: n_vocab");
-    let mut cases = corpus();
-    cases.extend(
-        added_cases(m)
-            .into_iter()
-            .enumerate()
-            .map(|(i, t)| (format!("added {i}"), t)),
-    );
-    cases.extend(
-        fuzz_cases(3000)
-            .into_iter()
-            .enumerate()
-            .map(|(i, t)| (format!("fuzz {i}"), t)),
-    );
-    let r = compare(name, &ours, &hf, &cases);
-    eprintln!("{name}: {} cases, {} differences", r.cases, r.diffs.len());
-    for d in r.diffs.iter().take(10) {
-        eprintln!("  {d}");
-    }
-    assert!(
-        r.diffs.is_empty(),
-        "{name}: {} of {} cases differ",
-        r.diffs.len(),
-        r.cases
-    );
+    crate::tokenizer::assert_matches_hf(name, &ours, m, json);
 }
 
 #[test]

@@ -5,18 +5,8 @@ use krafla::kernels::pool::Pool;
 use krafla::kernels::{self, Kernels, PackedMat, QActs, QMat, Tier, WType};
 use krafla::quant::QK;
 
+use crate::util::tiers::{all_kernels, scalar};
 use crate::util::Rng;
-
-fn all_kernels() -> Vec<Kernels> {
-    kernels::supported_tiers()
-        .into_iter()
-        .map(|t| Kernels::for_tier(t).unwrap())
-        .collect()
-}
-
-fn scalar() -> Kernels {
-    Kernels::for_tier(Tier::Scalar).unwrap()
-}
 
 /// Random weights; `edge` mixes in extreme levels and scales.
 fn weights(

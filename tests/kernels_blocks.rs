@@ -4,21 +4,17 @@
 //! threads.
 
 use krafla::kernels::pool::Pool;
-use krafla::kernels::{self, Kernels, PackedMat, QActs, QMat, Tier, WType};
+use krafla::kernels::{self, Kernels, PackedMat, QActs, QMat, WType};
+use krafla::quant::blocks::is_block_type;
 use krafla::quant::{quantize, QuantOpts, QK};
 
+use crate::util::tiers::{all_kernels, scalar};
 use crate::util::Rng;
 
-const TYPES: [WType; 8] = [
-    WType::Q4_K,
-    WType::Q5_K,
-    WType::Q6_K,
-    WType::Q4_1,
-    WType::Q5_0,
-    WType::Q5_1,
-    WType::IQ4_NL,
-    WType::Q6_0,
-];
+/// The GGUF block types (Q4_K … Q6_0), in `WType::ALL`'s order.
+fn types() -> impl Iterator<Item = WType> {
+    WType::ALL.into_iter().filter(|&t| is_block_type(t))
+}
 
 fn f16(v: f32) -> [u8; 2] {
     half::f16::from_f32(v).to_bits().to_le_bytes()
@@ -82,17 +78,6 @@ fn activations(rng: &mut Rng, len: usize, edge: bool) -> Vec<f32> {
         }
     }
     x
-}
-
-fn all_kernels() -> Vec<Kernels> {
-    kernels::supported_tiers()
-        .into_iter()
-        .map(|t| Kernels::for_tier(t).unwrap())
-        .collect()
-}
-
-fn scalar() -> Kernels {
-    Kernels::for_tier(Tier::Scalar).unwrap()
 }
 
 fn first_diff(a: &[f32], b: &[f32]) -> Option<usize> {
@@ -162,8 +147,9 @@ fn widths(t: WType) -> impl Iterator<Item = usize> {
 
 #[test]
 fn block_tiers_agree_random_bytes() {
+    assert!(types().count() >= 8, "the GGUF block types");
     let mut rng = Rng(0xB10C_5EED);
-    for t in TYPES {
+    for t in types() {
         for cols in widths(t) {
             for rows in [1, 7, 17, 33] {
                 let q = random_blocks(&mut rng, t, rows, cols, false);
@@ -180,7 +166,7 @@ fn block_tiers_agree_random_bytes() {
 #[test]
 fn block_tiers_agree_edge_cases() {
     let mut rng = Rng(0xED6E_CA5E);
-    for t in TYPES {
+    for t in types() {
         for cols in widths(t).take(3) {
             for rows in [3, 16, 19] {
                 for n in [1, 4, 6] {
@@ -201,7 +187,7 @@ fn block_tiers_agree_edge_cases() {
 #[test]
 fn block_tiers_agree_on_quantized_matrices() {
     let mut rng = Rng(0x0DD5_0F7E);
-    for t in TYPES {
+    for t in types() {
         let (rows, cols) = (70, 8192);
         let v: Vec<f32> = (0..rows * cols).map(|_| rng.unit() * 0.05).collect();
         let m = quantize(t, rows, cols, &v, &QuantOpts::default()).unwrap();
@@ -219,7 +205,7 @@ fn block_tiers_agree_on_quantized_matrices() {
 #[test]
 fn block_thread_count_does_not_change_bits() {
     let mut rng = Rng(0x7EAD_5000);
-    for t in TYPES {
+    for t in types() {
         let (rows, cols) = (300, 512);
         let q = random_blocks(&mut rng, t, rows, cols, false);
         let w = QMat::new_blocks(t, rows, cols, &q).unwrap();

@@ -7,7 +7,9 @@ use krafla::kernels::scalar_attn::attend_one;
 use krafla::kernels::scalar_delta::head_step;
 use krafla::kernels::scalar_kv::{store_f16, store_q8_0};
 use krafla::kernels::scalar_math::{self as sm, HI, LO};
-use krafla::kernels::{self, DeltaHead, Kernels, KvData, KvType, KvView, Query, Tier};
+use krafla::kernels::{DeltaHead, Kernels, KvData, KvType, KvView, Query, Tier};
+
+use crate::util::tiers::all_kernels;
 
 /// xorshift32 values in [-scale, scale).
 struct Rng(u32);
@@ -22,13 +24,6 @@ impl Rng {
     fn vec(&mut self, n: usize, scale: f32) -> Vec<f32> {
         (0..n).map(|_| self.unit() * scale).collect()
     }
-}
-
-fn all_kernels() -> Vec<Kernels> {
-    kernels::supported_tiers()
-        .into_iter()
-        .map(|t| Kernels::for_tier(t).unwrap())
-        .collect()
 }
 
 fn bits(v: &[f32]) -> Vec<u32> {

@@ -6,19 +6,13 @@
 use krafla::kernels::counters::{self, Op};
 use krafla::kernels::pool::Pool;
 use krafla::kernels::scalar_half::dot_half;
-use krafla::kernels::{self, Kernels, QActs, QMat, Tier, WType};
+use krafla::kernels::{self, QActs, QMat, Tier, WType};
 use krafla::quant::half_float;
 
+use crate::util::tiers::{all_kernels, scalar};
 use crate::util::Rng;
 
 const TYPES: [WType; 2] = [WType::BF16, WType::F16];
-
-fn all_kernels() -> Vec<Kernels> {
-    kernels::supported_tiers()
-        .into_iter()
-        .map(|t| Kernels::for_tier(t).unwrap())
-        .collect()
-}
 
 /// Random weights (their bits, as a file stores them: little-endian bytes); `edge` mixes
 /// in subnormals, zeros of both signs, the extremes and (with `nonfinite`) inf and NaN.
@@ -120,6 +114,28 @@ fn check(at: &str, got: &[f32], rows: usize, want: &[(usize, usize, f32)]) {
     }
 }
 
+/// The scalar tier's product of `m` (weights `w`) and `x`, checked against the reference
+/// on the rows `which`; returns the reference values and the scalar output.
+fn scalar_checked(
+    m: &QMat,
+    w: &[u8],
+    x: &[f32],
+    which: &[usize],
+) -> (Vec<(usize, usize, f32)>, Vec<f32>) {
+    let (t, rows, cols) = (m.wtype, m.rows, m.cols);
+    let n = x.len() / cols;
+    let want = reference(t, w, rows, cols, x, which);
+    let mut base = vec![0f32; n * rows];
+    scalar().matmul_f32(m, x, &mut base);
+    check(
+        &format!("{t} {rows}x{cols} n={n} scalar"),
+        &base,
+        rows,
+        &want,
+    );
+    (want, base)
+}
+
 /// Every tier, both types, rows across every micro-tile and task boundary, cols from
 /// one step to the real models' widths, 1..=31 tokens (tails of the 6- and 3-token
 /// tiles and of the 24-token prefill tile), with and without edge values.
@@ -164,17 +180,7 @@ fn every_tier_gives_the_reference_bits() {
                         .filter(|r| r % 37 == 0 || *r + 9 >= rows)
                         .collect()
                 };
-                let want = reference(t, &w, rows, cols, &x, &which);
-                let mut base = vec![0f32; n * rows];
-                Kernels::for_tier(Tier::Scalar)
-                    .unwrap()
-                    .matmul_f32(&m, &x, &mut base);
-                check(
-                    &format!("{t} {rows}x{cols} n={n} scalar"),
-                    &base,
-                    rows,
-                    &want,
-                );
+                let (want, base) = scalar_checked(&m, &w, &x, &which);
                 for k in all_kernels() {
                     for (threads, pool) in pools.iter().enumerate() {
                         let mut y = vec![f32::NAN; n * rows];
@@ -217,17 +223,7 @@ fn large_shapes() {
             let which: Vec<usize> = (0..rows)
                 .filter(|r| r % 1009 == 0 || *r + 5 >= rows)
                 .collect();
-            let want = reference(t, &w, rows, cols, &x, &which);
-            let mut base = vec![0f32; n * rows];
-            Kernels::for_tier(Tier::Scalar)
-                .unwrap()
-                .matmul_f32(&m, &x, &mut base);
-            check(
-                &format!("{t} {rows}x{cols} n={n} scalar"),
-                &base,
-                rows,
-                &want,
-            );
+            let (_, base) = scalar_checked(&m, &w, &x, &which);
             for k in all_kernels() {
                 for pool in [Pool::leak(1), Pool::leak(3)] {
                     let mut y = vec![0f32; n * rows];

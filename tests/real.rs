@@ -15,22 +15,22 @@ use krafla::model::sampler::argmax;
 use krafla::model::{Model, Options};
 use krafla::tokenizer::Tokenizer;
 
+use crate::util::fixtures::{ids, read_f32};
 use crate::util::{bin_path, mlt_convert};
 
 /// Logit margin below which the reference's choice is a near-tie.
 const NEAR_TIE: f64 = 0.2;
 
-fn real_dir() -> Option<PathBuf> {
-    let d = PathBuf::from(std::env::var_os("KRAFLA_REAL_DIR")?);
-    d.exists().then_some(d)
-}
-
-fn ids(v: &serde_json::Value) -> Vec<u32> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_u64().unwrap() as u32)
-        .collect()
+/// `KRAFLA_REAL_DIR`; `None` (with a SKIP line naming `what`) without it.
+fn real_dir(what: &str) -> Option<PathBuf> {
+    let d = std::env::var_os("KRAFLA_REAL_DIR").map(PathBuf::from);
+    let d = d.filter(|d| d.exists());
+    if d.is_none() {
+        eprintln!(
+            "SKIP {what}: set KRAFLA_REAL_DIR to the output of shared/tools/real-checkpoints.sh"
+        );
+    }
+    d
 }
 
 /// Greedy continuations at Q8_0 against transformers' float32 greedy output. Every
@@ -40,8 +40,7 @@ fn ids(v: &serde_json::Value) -> Vec<u32> {
 /// figures).
 #[test]
 fn real_checkpoints_greedy_q8_0() {
-    let Some(real) = real_dir() else {
-        eprintln!("SKIP real_checkpoints_greedy_q8_0: set KRAFLA_REAL_DIR to the output of shared/tools/real-checkpoints.sh");
+    let Some(real) = real_dir("real_checkpoints_greedy_q8_0") else {
         return;
     };
     let tmp = tempfile::tempdir().unwrap();
@@ -55,12 +54,7 @@ fn real_checkpoints_greedy_q8_0() {
             );
             continue;
         }
-        let mlb = tmp.path().join(format!("{name}.mlb"));
-        convert(&src, &mlb, "q8_0");
-        let mlt = tmp.path().join(format!("{name}.mlt"));
-        mlt_convert(&src.join("tokenizer.json"), &mlt);
-        let tok = Tokenizer::from_path(&mlt).unwrap();
-        let m = Mlb::open(&mlb).unwrap();
+        let (m, tok) = convert(&src, tmp.path(), name, "q8_0");
         let model = Model::new(&m).unwrap();
         let g: serde_json::Value =
             serde_json::from_str(&std::fs::read_to_string(&refs).unwrap()).unwrap();
@@ -111,15 +105,23 @@ fn floats(v: &serde_json::Value) -> Vec<f64> {
         .collect()
 }
 
-/// Converts the checkpoint `src` to `out` with `--wtype wtype`.
-fn convert(src: &Path, out: &Path, wtype: &str) {
+/// Converts the checkpoint `src` (`--wtype wtype`) and its tokenizer into `tmp`;
+/// returns both opened.
+fn convert(src: &Path, tmp: &Path, name: &str, wtype: &str) -> (Mlb, Tokenizer) {
+    let mlb = tmp.join(format!("{name}.{wtype}.mlb"));
     let o = Command::new(bin_path("mlb-convert"))
         .arg(src)
         .args(["--wtype", wtype, "-o"])
-        .arg(out)
+        .arg(&mlb)
         .output()
         .unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let mlt = tmp.join(format!("{name}.{wtype}.mlt"));
+    mlt_convert(&src.join("tokenizer.json"), &mlt);
+    (
+        Mlb::open(&mlb).unwrap(),
+        Tokenizer::from_path(&mlt).unwrap(),
+    )
 }
 
 /// The greedy continuation of case `c` of greedy.json (`n` ids), its prompt ids checked
@@ -159,8 +161,7 @@ const BF16_TIE: f64 = 1e-3;
 /// docs/runtime.md).
 #[test]
 fn real_checkpoints_bf16_against_transformers() {
-    let Some(real) = real_dir() else {
-        eprintln!("SKIP real_checkpoints_bf16_against_transformers: set KRAFLA_REAL_DIR to the output of shared/tools/real-checkpoints.sh");
+    let Some(real) = real_dir("real_checkpoints_bf16_against_transformers") else {
         return;
     };
     let tmp = tempfile::tempdir().unwrap();
@@ -171,12 +172,7 @@ fn real_checkpoints_bf16_against_transformers() {
             eprintln!("SKIP {name}: no greedy.json / text512.json (run scripts/real_reference.py)");
             continue;
         }
-        let mlb = tmp.path().join(format!("{name}.bf16.mlb"));
-        convert(&src, &mlb, "bf16");
-        let mlt = tmp.path().join(format!("{name}.bf16.mlt"));
-        mlt_convert(&src.join("tokenizer.json"), &mlt);
-        let tok = Tokenizer::from_path(&mlt).unwrap();
-        let m = Mlb::open(&mlb).unwrap();
+        let (m, tok) = convert(&src, tmp.path(), name, "bf16");
         let model = Model::new(&m).unwrap();
 
         // 512 tokens of text: every position's logits.
@@ -185,11 +181,7 @@ fn real_checkpoints_bf16_against_transformers() {
         let toks = ids(&t["tokens"]);
         let vocab = t["vocab"].as_u64().unwrap() as usize;
         let margins = floats(&t["margins"]);
-        let want: Vec<f32> = std::fs::read(src.join("text512.f32.bin"))
-            .unwrap()
-            .chunks_exact(4)
-            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-            .collect();
+        let want = read_f32(&src.join("text512.f32.bin"));
         assert_eq!(
             want.len(),
             toks.len() * vocab,
@@ -299,10 +291,7 @@ mod chat {
     /// `REAL/name` at Q8_0 in `tmp` with its `.mlt` beside (the chat template `template`
     /// instead of the checkpoint's, if given); `None` (and a SKIP line) without it.
     fn convert(name: &str, tmp: &Path, template: Option<&Path>) -> Option<PathBuf> {
-        let Some(real) = real_dir() else {
-            eprintln!("SKIP chat {name}: set KRAFLA_REAL_DIR to the output of shared/tools/real-checkpoints.sh");
-            return None;
-        };
+        let real = real_dir(&format!("chat {name}"))?;
         let src = real.join(name);
         if !src.join("model.safetensors").exists() {
             eprintln!("SKIP chat {name}: no {}", src.display());

@@ -17,6 +17,8 @@ use krafla::kernels::pool::Pool;
 use krafla::kernels::{self, Kernels, Tier};
 use krafla::model::{Model, ModelError, Options, Packs};
 
+use crate::util::tiers;
+
 /// A synthetic case: name, header, layer flags.
 pub struct Case {
     pub name: &'static str,
@@ -336,7 +338,7 @@ pub fn prefill_and_decode(m: &Model, toks: &[u32]) -> (Vec<f32>, Vec<f32>) {
 fn every_tier_gives_the_same_bits() {
     let tiers = kernels::supported_tiers();
     eprintln!("tiers: {tiers:?}");
-    let pools = [Pool::leak(1), Pool::leak(2), Pool::leak(3)];
+    let pools = tiers::pools();
     let mut packed_cases = Vec::new();
     for c in cases() {
         let m = load(&c, 17);
@@ -350,24 +352,16 @@ fn every_tier_gives_the_same_bits() {
             "{}: scalar decode differs from prefill",
             c.name
         );
-        for &t in &tiers {
-            let k = Kernels::for_tier(t).unwrap();
-            let packs = Packs::new(&m, &k).unwrap();
-            if packs.bytes() > 0 {
-                packed_cases.push(t);
-            }
-            let pm = Model::with_packs(&m, &packs).unwrap();
-            for (threads, pool) in pools.iter().enumerate() {
-                for (model, how) in [(&model, "read from the map"), (&pm, "packed")] {
-                    let (p, d) = pool
-                        .install(|| kernels::with_tier(t, || prefill_and_decode(model, &toks)))
-                        .unwrap();
-                    let at = format!("{}: tier {t}, {how}, {} threads", c.name, threads + 1);
-                    assert!(p == base, "{at}: prefill differs from scalar");
-                    assert!(d == base, "{at}: decode differs from scalar");
-                }
-            }
-        }
+        packed_cases.extend(tiers::on_every_tier(
+            &pools,
+            &m,
+            &model,
+            |_, model, what| {
+                let (p, d) = prefill_and_decode(model, &toks);
+                assert!(p == base, "{}: {what}: prefill differs from scalar", c.name);
+                assert!(d == base, "{}: {what}: decode differs from scalar", c.name);
+            },
+        ));
     }
     // Every tier with packed kernels ran packed on some case (Q4_0 and Q8_0 files).
     for t in tiers {

@@ -228,6 +228,47 @@ impl Server {
         out
     }
 
+    /// POSTs the streaming completion `body`; returns its first line (a `data:` line)
+    /// and the lines after it, unread.
+    fn stream_started(&self, body: &Value) -> (String, std::io::Lines<impl BufRead>) {
+        let r = agent()
+            .post(format!("{}/v1/completions", self.url))
+            .send(body.to_string())
+            .unwrap();
+        let mut lines = BufReader::new(r.into_body().into_reader()).lines();
+        let first = lines.next().unwrap().unwrap();
+        assert!(first.starts_with("data: "), "{first}");
+        (first, lines)
+    }
+
+    /// A short completion answers 200.
+    fn assert_serves(&self) {
+        let r = self.post(
+            "/v1/completions",
+            &json!({"prompt": "A", "max_tokens": 2}).to_string(),
+        );
+        assert_eq!(r.status, 200, "{}", r.body);
+    }
+
+    /// Waits (30 s at most) for the server to exit; asserts it exited 0 after logging
+    /// that it was shutting down.
+    fn assert_shut_down(&mut self) {
+        let t0 = Instant::now();
+        let status = loop {
+            if let Some(st) = self.child.try_wait().unwrap() {
+                break st;
+            }
+            assert!(
+                t0.elapsed() < Duration::from_secs(30),
+                "no exit: {}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        assert_eq!(status.code(), Some(0), "{}", self.log());
+        assert!(self.log().contains("shutting down"), "{}", self.log());
+    }
+
     fn log(&self) -> String {
         self.log.lock().unwrap().clone()
     }
@@ -727,13 +768,7 @@ fn serve_full_queue_is_503_with_retry_after() {
 fn serve_disconnect_frees_the_slot() {
     let s = start(&["--parallel", "1"]);
     let body = json!({"prompt": "A", "max_tokens": 250, "temperature": 0, "stream": true, "logit_bias": {"2": -100}});
-    let r = agent()
-        .post(format!("{}/v1/completions", s.url))
-        .send(body.to_string())
-        .unwrap();
-    let mut lines = BufReader::new(r.into_body().into_reader()).lines();
-    let first = lines.next().unwrap().unwrap();
-    assert!(first.starts_with("data: "), "{first}");
+    let (_, lines) = s.stream_started(&body);
     drop(lines);
     s.wait_idle();
     let t0 = Instant::now();
@@ -757,14 +792,7 @@ fn serve_disconnect_frees_the_slot() {
         .parse()
         .unwrap();
     assert!(generated < 250, "{line}");
-    assert_eq!(
-        s.post(
-            "/v1/completions",
-            &json!({"prompt": "A", "max_tokens": 2}).to_string()
-        )
-        .status,
-        200
-    );
+    s.assert_serves();
 }
 
 /// SIGTERM: running streams finish, new connections are refused, exit 0.
@@ -773,13 +801,7 @@ fn serve_disconnect_frees_the_slot() {
 fn serve_graceful_shutdown() {
     let mut s = start(&["--parallel", "2"]);
     let body = json!({"prompt": "A", "max_tokens": 200, "temperature": 0, "stream": true, "logit_bias": {"2": -100}});
-    let r = agent()
-        .post(format!("{}/v1/completions", s.url))
-        .send(body.to_string())
-        .unwrap();
-    let mut lines = BufReader::new(r.into_body().into_reader()).lines();
-    let first = lines.next().unwrap().unwrap();
-    assert!(first.starts_with("data: "), "{first}");
+    let (first, lines) = s.stream_started(&body);
     // SAFETY: kill(2) on our own running child.
     assert_eq!(unsafe { libc::kill(s.pid(), libc::SIGTERM) }, 0);
     let mut data: Vec<String> = vec![first[6..].to_string()];
@@ -791,20 +813,7 @@ fn serve_graceful_shutdown() {
     assert_eq!(data.last().unwrap(), "[DONE]");
     let (_, finish, _) = stream_text(&data);
     assert_eq!(finish, "length", "the running stream finished: {data:?}");
-    let t0 = Instant::now();
-    let status = loop {
-        if let Some(st) = s.child.try_wait().unwrap() {
-            break st;
-        }
-        assert!(
-            t0.elapsed() < Duration::from_secs(30),
-            "no exit: {}",
-            s.log()
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    };
-    assert_eq!(status.code(), Some(0), "{}", s.log());
-    assert!(s.log().contains("shutting down"), "{}", s.log());
+    s.assert_shut_down();
     assert!(std::net::TcpStream::connect(s.url.trim_start_matches("http://")).is_err());
 }
 
@@ -986,14 +995,7 @@ fn serve_survives_a_client_that_never_reads() {
         "POST /v1/completions HTTP/1.1\r\ncontent-length: 100\r\n\r\n{{\"pro"
     )
     .unwrap();
-    assert_eq!(
-        s.post(
-            "/v1/completions",
-            &json!({"prompt": "A", "max_tokens": 2}).to_string()
-        )
-        .status,
-        200
-    );
+    s.assert_serves();
     drop(raw);
     drop(half);
     s.wait_idle();
@@ -1087,13 +1089,7 @@ fn serve_openai_python_client() {
 fn serve_sigint_twice_cancels_and_exits_0() {
     let mut s = start(&["--parallel", "1"]);
     let body = json!({"prompt": "A", "max_tokens": 250, "temperature": 0, "stream": true, "logit_bias": {"2": -100}});
-    let r = agent()
-        .post(format!("{}/v1/completions", s.url))
-        .send(body.to_string())
-        .unwrap();
-    let mut lines = BufReader::new(r.into_body().into_reader()).lines();
-    let first = lines.next().unwrap().unwrap();
-    assert!(first.starts_with("data: "), "{first}");
+    let (_, lines) = s.stream_started(&body);
     for _ in 0..2 {
         // SAFETY: kill(2) on our own running child.
         assert_eq!(unsafe { libc::kill(s.pid(), libc::SIGINT) }, 0);
@@ -1107,18 +1103,5 @@ fn serve_sigint_twice_cancels_and_exits_0() {
     if let Some(err) = data.iter().find(|d| d.starts_with("{\"error\"")) {
         assert!(err.contains("shutting down"), "{err}");
     }
-    let t0 = Instant::now();
-    let status = loop {
-        if let Some(st) = s.child.try_wait().unwrap() {
-            break st;
-        }
-        assert!(
-            t0.elapsed() < Duration::from_secs(30),
-            "no exit: {}",
-            s.log()
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    };
-    assert_eq!(status.code(), Some(0), "{}", s.log());
-    assert!(s.log().contains("shutting down"), "{}", s.log());
+    s.assert_shut_down();
 }

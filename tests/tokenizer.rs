@@ -281,12 +281,17 @@ fn check_family(
     let m2 = Mlt::parse(&bytes).unwrap();
     assert!(m2 == m, "{name}: file does not round-trip");
     let ours = Tokenizer::from_mlt(&m2).unwrap();
+    assert_matches_hf(name, &ours, &m2, json);
+}
+
+/// `ours` (made from `m`) against the tokenizers library on `json`: the corpus, every
+/// added token in context and random strings; encode, decode and streamed decode.
+pub(crate) fn assert_matches_hf(name: &str, ours: &Tokenizer, m: &Mlt, json: &str) {
     let hf = tokenizers::Tokenizer::from_str(json).expect("oracle loads");
     assert_eq!(ours.n_vocab(), hf.get_vocab_size(true), "{name}: n_vocab");
-
     let mut cases = corpus();
     cases.extend(
-        added_cases(&m)
+        added_cases(m)
             .into_iter()
             .enumerate()
             .map(|(i, t)| (format!("added {i}"), t)),
@@ -297,7 +302,7 @@ fn check_family(
             .enumerate()
             .map(|(i, t)| (format!("fuzz {i}"), t)),
     );
-    let r = compare(name, &ours, &hf, &cases);
+    let r = compare(name, ours, &hf, &cases);
     eprintln!(
         "{name}: {} cases, {} differences, {} round trips checked",
         r.cases,

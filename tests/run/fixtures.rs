@@ -7,12 +7,12 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use krafla::format::mlb::Mlb;
-use krafla::kernels::pool::Pool;
-use krafla::kernels::{self, Kernels, Tier};
-use krafla::model::{Model, Options, Packs};
+use krafla::kernels::{self, Tier};
+use krafla::model::{Model, Options};
 
 use super::{all_logits, nrmse, prefill_and_decode, top1};
-use crate::util::mlt_convert;
+use crate::util::fixtures::{convert, fixture_dirs, ids, read_f32, reference};
+use crate::util::{mlt_convert, tiers};
 
 /// Bounds against the simulated quantized forward (noise floor ≈ 0.02).
 const MAX_NRMSE: f64 = 0.05;
@@ -22,46 +22,6 @@ pub fn testdata() -> PathBuf {
     std::env::var_os("KRAFLA_TESTDATA")
         .map(PathBuf::from)
         .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata"))
-}
-
-fn read_f32(p: &Path) -> Vec<f32> {
-    std::fs::read(p)
-        .unwrap_or_else(|e| panic!("{}: {e}", p.display()))
-        .chunks_exact(4)
-        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-        .collect()
-}
-
-/// A fixture's reference.json and its tokens; `None` without the file.
-fn reference(dir: &Path) -> Option<(serde_json::Value, Vec<u32>)> {
-    let r: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).ok()?).unwrap();
-    let toks = r["tokens"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|v| v.as_u64().unwrap() as u32)
-        .collect();
-    Some((r, toks))
-}
-
-/// Converts `dir` into `out` with extra `args`; `Err` with the converter's message.
-fn convert(dir: &Path, out: &Path, args: &[&str]) -> Result<(), String> {
-    let o = Command::new(env!("CARGO_BIN_EXE_mlb-convert"))
-        .arg(dir)
-        .arg("-o")
-        .arg(out)
-        .args(args)
-        .output()
-        .map_err(|e| e.to_string())?;
-    if !o.status.success() || !out.exists() {
-        return Err(format!(
-            "mlb-convert failed ({}): {}",
-            o.status,
-            String::from_utf8_lossy(&o.stderr).trim()
-        ));
-    }
-    Ok(())
 }
 
 struct Row {
@@ -75,17 +35,9 @@ struct Row {
 
 #[test]
 fn fixtures_match_transformers() {
-    let root = testdata().join("models");
-    let Ok(rd) = std::fs::read_dir(&root) else {
-        eprintln!("SKIP: no fixtures at {}", root.display());
+    let Some(dirs) = fixture_dirs(&testdata().join("models")) else {
         return;
     };
-    let mut dirs: Vec<PathBuf> = rd
-        .flatten()
-        .map(|e| e.path())
-        .filter(|p| p.join("reference.json").exists())
-        .collect();
-    dirs.sort();
     let tmp = tempfile::tempdir().unwrap();
     let mut rows = Vec::new();
     let mut failures = Vec::new();
@@ -150,7 +102,7 @@ fn fixtures_match_transformers() {
 fn fixture_tiers_give_the_same_bits() {
     let root = testdata().join("models");
     let tmp = tempfile::tempdir().unwrap();
-    let pools = [Pool::leak(1), Pool::leak(2), Pool::leak(3)];
+    let pools = tiers::pools();
     for name in [
         "gemma2",
         "gemma3_text",
@@ -160,7 +112,6 @@ fn fixture_tiers_give_the_same_bits() {
     ] {
         let dir = root.join(name);
         let Some((_, toks)) = reference(&dir) else {
-            eprintln!("SKIP: no fixture {}", dir.display());
             continue;
         };
         for (quant, args) in [
@@ -190,20 +141,17 @@ fn fixture_tiers_give_the_same_bits() {
                 base == dec,
                 "{name} {quant}: scalar decode differs from prefill"
             );
-            for t in kernels::supported_tiers() {
-                let packs = Packs::new(&m, &Kernels::for_tier(t).unwrap()).unwrap();
-                let pm = Model::with_packs(&m, &packs).unwrap();
-                for (threads, pool) in pools.iter().enumerate() {
-                    for model in [&model, &pm] {
-                        let (p, d) = pool
-                            .install(|| kernels::with_tier(t, || prefill_and_decode(model, &toks)))
-                            .unwrap();
-                        let at = format!("{name} {quant}: tier {t}, {} threads", threads + 1);
-                        assert!(p == base, "{at}: prefill differs from scalar");
-                        assert!(d == base, "{at}: decode differs from scalar");
-                    }
-                }
-            }
+            tiers::on_every_tier(&pools, &m, &model, |_, model, what| {
+                let (p, d) = prefill_and_decode(model, &toks);
+                assert!(
+                    p == base,
+                    "{name} {quant}: {what}: prefill differs from scalar"
+                );
+                assert!(
+                    d == base,
+                    "{name} {quant}: {what}: decode differs from scalar"
+                );
+            });
         }
     }
 }
@@ -216,17 +164,9 @@ fn fixture_tiers_give_the_same_bits() {
 /// llama_rope_yarn_mscale, qwen3_5_mm) is rounded to 2-byte floats.
 #[test]
 fn fixtures_bf16_f16_match_transformers_f32() {
-    let root = testdata().join("models");
-    let Ok(rd) = std::fs::read_dir(&root) else {
-        eprintln!("SKIP: no fixtures at {}", root.display());
+    let Some(dirs) = fixture_dirs(&testdata().join("models")) else {
         return;
     };
-    let mut dirs: Vec<PathBuf> = rd
-        .flatten()
-        .map(|e| e.path())
-        .filter(|p| p.join("reference.json").exists())
-        .collect();
-    dirs.sort();
     let tmp = tempfile::tempdir().unwrap();
     let mut failures = Vec::new();
     let mut worst: f64 = 0.0;
@@ -291,13 +231,6 @@ fn default_model_greedy() {
     let r: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap())
             .unwrap();
-    let ids = |v: &serde_json::Value| -> Vec<u32> {
-        v.as_array()
-            .unwrap()
-            .iter()
-            .map(|x| x.as_u64().unwrap() as u32)
-            .collect()
-    };
     let toks = ids(&r["tokens"]);
     assert_eq!(tok.encode(r["prompt"].as_str().unwrap()), toks);
     let got = all_logits(&model, &Options::default(), &toks);
@@ -401,7 +334,6 @@ fn tokenizer_larger_than_model_is_refused() {
 fn block_types_match_transformers() {
     let dir = testdata().join("models").join("llama_k256");
     let Some((r, toks)) = reference(&dir) else {
-        eprintln!("SKIP: no fixture {}", dir.display());
         return;
     };
     let vocab = r["vocab"].as_u64().unwrap() as usize;
@@ -465,7 +397,7 @@ fn block_types_match_transformers() {
 fn block_type_fixtures_give_the_same_bits_on_every_tier() {
     let root = testdata().join("models");
     let tmp = tempfile::tempdir().unwrap();
-    let pools = [Pool::leak(1), Pool::leak(2), Pool::leak(3)];
+    let pools = tiers::pools();
     let mix = "tok_emb=q5_1,wqk=q4_k,wv=q6_k,wo=q5_k,w13=iq4_nl,w2=q5_0,wcls=q6_0,layers.1.w2=q4_1";
     for (name, args) in [
         ("llama_k256", &["--types", mix][..]),
@@ -474,7 +406,6 @@ fn block_type_fixtures_give_the_same_bits_on_every_tier() {
     ] {
         let dir = root.join(name);
         let Some((r, toks)) = reference(&dir) else {
-            eprintln!("SKIP: no fixture {}", dir.display());
             continue;
         };
         let out = tmp.path().join(format!("{name}.mlb"));
@@ -490,19 +421,10 @@ fn block_type_fixtures_give_the_same_bits_on_every_tier() {
         let (e, t1) = (nrmse(&base, &f32_ref), top1(&base, &f32_ref, vocab));
         eprintln!("{name} {args:?}: nRMSE vs f32 {e:.4} top-1 {t1:.3}");
         assert!(e < 0.3 && t1 > 0.6, "{name}: nRMSE {e} top-1 {t1}");
-        for t in kernels::supported_tiers() {
-            let packs = Packs::new(&m, &Kernels::for_tier(t).unwrap()).unwrap();
-            let pm = Model::with_packs(&m, &packs).unwrap();
-            for (threads, pool) in pools.iter().enumerate() {
-                for model in [&model, &pm] {
-                    let (p, d) = pool
-                        .install(|| kernels::with_tier(t, || prefill_and_decode(model, &toks)))
-                        .unwrap();
-                    let at = format!("{name}: tier {t}, {} threads", threads + 1);
-                    assert!(p == base, "{at}: prefill differs from scalar");
-                    assert!(d == base, "{at}: decode differs from scalar");
-                }
-            }
-        }
+        tiers::on_every_tier(&pools, &m, &model, |_, model, what| {
+            let (p, d) = prefill_and_decode(model, &toks);
+            assert!(p == base, "{name}: {what}: prefill differs from scalar");
+            assert!(d == base, "{name}: {what}: decode differs from scalar");
+        });
     }
 }

@@ -4,6 +4,9 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+pub mod fixtures;
+pub mod tiers;
+
 /// The path of one of the package's binaries.
 pub fn bin_path(name: &str) -> PathBuf {
     match name {

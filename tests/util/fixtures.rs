@@ -1,0 +1,75 @@
+//! The tiny checkpoints of testdata/models: their transformers references and their
+//! conversion by `mlb-convert`.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde_json::Value;
+
+/// Little-endian f32 values.
+pub fn f32s(b: &[u8]) -> Vec<f32> {
+    b.chunks_exact(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect()
+}
+
+/// A little-endian f32 file (the fixtures' logits).
+pub fn read_f32(p: &Path) -> Vec<f32> {
+    f32s(&std::fs::read(p).unwrap_or_else(|e| panic!("{}: {e}", p.display())))
+}
+
+/// A JSON array of token ids.
+pub fn ids(v: &Value) -> Vec<u32> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
+}
+
+/// A fixture's reference.json and its tokens; `None` (with a SKIP line) without the
+/// file.
+pub fn reference(dir: &Path) -> Option<(Value, Vec<u32>)> {
+    let Ok(text) = std::fs::read_to_string(dir.join("reference.json")) else {
+        eprintln!("SKIP: no fixture {}", dir.display());
+        return None;
+    };
+    let r: Value = serde_json::from_str(&text).unwrap();
+    let toks = ids(&r["tokens"]);
+    Some((r, toks))
+}
+
+/// The fixtures below `root` that have a reference.json, sorted; `None` (with a SKIP
+/// line) without the folder.
+pub fn fixture_dirs(root: &Path) -> Option<Vec<PathBuf>> {
+    let Ok(rd) = std::fs::read_dir(root) else {
+        eprintln!("SKIP: no fixtures at {}", root.display());
+        return None;
+    };
+    let mut dirs: Vec<PathBuf> = rd
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.join("reference.json").exists())
+        .collect();
+    dirs.sort();
+    Some(dirs)
+}
+
+/// Converts `dir` into `out` with extra `args`; `Err` with the converter's message.
+pub fn convert(dir: &Path, out: &Path, args: &[&str]) -> Result<(), String> {
+    let o = Command::new(env!("CARGO_BIN_EXE_mlb-convert"))
+        .arg(dir)
+        .arg("-o")
+        .arg(out)
+        .args(args)
+        .output()
+        .map_err(|e| e.to_string())?;
+    if !o.status.success() || !out.exists() {
+        return Err(format!(
+            "mlb-convert failed ({}): {}",
+            o.status,
+            String::from_utf8_lossy(&o.stderr).trim()
+        ));
+    }
+    Ok(())
+}
