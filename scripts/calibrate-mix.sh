@@ -23,7 +23,8 @@
 # Then the constants of both models are put on one scale (each model's α divided by the
 # geometric mean of its five layer classes' α, the classifier's also multiplied by the
 # number of layers: mix::Sensitivity::band divides a layer matrix's weight by it) and
-# averaged geometrically; fit.json and the printed table hold every figure. The KLDs are deterministic, so the load only slows it.
+# averaged geometrically; fit.json and the printed table hold every figure. The KLDs are
+# deterministic, so the load only slows it.
 #
 # usage: scripts/calibrate-mix.sh
 # Environment (defaults in brackets):
@@ -31,7 +32,8 @@
 #   OUT       probe files and results [${XDG_CACHE_HOME:-$HOME/.cache}/krafla-mixcal]
 #   MODELS ["smollm2-135m gemma3-270m"]  CHUNKS: evaluation chunks [8]
 #   CALIB_CHUNKS [8]  CTX [512]  THREADS [2]
-#   CALIB, EVAL: the texts [made in OUT as scripts/quality-vs-llama.sh makes them]
+#   CALIB, EVAL: the calibration and evaluation texts [required; docs/benchmarks-quality.md,
+#             "Texts": scripts/quality-vs-llama.sh writes them as calib.txt and eval.txt]
 #   KEEP=1    keep the probe .mlb files (deleted once measured otherwise)
 #   BIN       the Krafla binaries [built in target/release]
 set -euo pipefail
@@ -39,12 +41,7 @@ set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 : "${REAL_DIR:?set REAL_DIR to the folder of the HF checkpoints}"
 OUT=${OUT:-${XDG_CACHE_HOME:-$HOME/.cache}/krafla-mixcal}
-MODELS=${MODELS:-smollm2-135m gemma3-270m}
-CHUNKS=${CHUNKS:-8}
-CALIB_CHUNKS=${CALIB_CHUNKS:-8}
-CTX=${CTX:-512}
-THREADS=${THREADS:-2}
-KEEP=${KEEP:-0}
+: "${MODELS:=smollm2-135m gemma3-270m}" "${CHUNKS:=8}" "${CALIB_CHUNKS:=8}" "${CTX:=512}" "${THREADS:=2}" "${KEEP:=0}"
 case "$OUT/" in "$repo"/*) echo "calibrate-mix.sh: OUT must be outside the repository" >&2; exit 2;; esac
 mkdir -p "$OUT"
 log() { printf '[mixcal %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
@@ -56,22 +53,9 @@ if [ -z "${BIN:-}" ]; then
 fi
 kb=${BIN:-$repo/target/release}
 
-# The texts of docs/benchmarks-quality.md ("Texts"), unless given.
-if [ -z "${CALIB:-}" ] || [ -z "${EVAL:-}" ]; then
-  python3 - "$OUT" <<'PY'
-import os, sys
-from pydoc_data.topics import topics as t
-out = sys.argv[1]
-open(os.path.join(out, 'calib.txt'), 'w').write('\n\n'.join(t[k] for k in sorted(t)))
-names = ['GPL-3', 'GPL-2', 'LGPL-2.1', 'MPL-2.0', 'Apache-2.0', 'GFDL-1.3', 'Artistic',
-         'CC0-1.0', 'MPL-1.1', 'GPL-1']
-open(os.path.join(out, 'eval.txt'), 'w').write('\n\n'.join(
-    open('/usr/share/common-licenses/' + n, encoding='utf-8', errors='replace').read()
-    for n in names))
-PY
-fi
-CALIB=${CALIB:-$OUT/calib.txt}
-EVAL=${EVAL:-$OUT/eval.txt}
+# The texts of docs/benchmarks-quality.md ("Texts"): scripts/quality-vs-llama.sh makes them.
+: "${CALIB:?set CALIB and EVAL to the texts (scripts/quality-vs-llama.sh writes calib.txt and eval.txt in its OUT)}"
+: "${EVAL:?set EVAL to the evaluation text}"
 
 classes="wqk wv wo w13 w2 wcls"  # the checks' rules
 for m in $MODELS; do
