@@ -8,7 +8,19 @@
 #   llama.cpp: llama-perplexity --kl-divergence-base from its bf16 GGUF
 #              (convert_hf_to_gguf.py --outtype bf16), then --kl-divergence for Q8_0, Q6_K,
 #              Q4_0 (its default mix), Q4_0 --pure, Q4_0 + imatrix and Q4_K_M + imatrix; the
-#              imatrix from llama-imatrix on the bf16 GGUF with the same CALIB text.
+#              imatrix from llama-imatrix on the bf16 GGUF with the same CALIB text; also
+#              Q6_K + imatrix and IQ4_NL --pure + imatrix (its best type at 4.5 bits per
+#              weight on every matrix: its K types fall back to larger types on rows that
+#              are not whole 256-weight super-blocks, as these models' are).
+#   Krafla mixes (issue 16): mlb-convert --target-bpw X --imatrix (Krafla's imatrix, same
+#              CALIB text) at X = the bits per weight of llama.cpp's Q4_K_M + imatrix file,
+#              of its Q6_K file, and 4.5. Sizes are matched on the matrices, the bits per
+#              weight as mlb-inspect counts them: 8 × the bytes of every 2-D tensor of the
+#              GGUF (scales included) / their weights, rounded down to 1e-6, is the target;
+#              the mix stays at or below it. The file sizes differ by what is not a matrix
+#              (norms; the GGUF also carries the tokenizer, which Krafla keeps in the .mlt);
+#              the table lists both sizes and both bits per weight, and a targets table the
+#              ratio of mean KLDs (the issue's target: ≤ 0.9).
 #
 # The same evaluation text, 512-token chunks, the second half of each chunk scored (both
 # tools' rule), the same calibration text and chunk count for both imatrices; file sizes
@@ -27,6 +39,8 @@
 #   CALIB, EVAL: the texts [made in OUT: Python's pydoc_data topics; Debian's common-licenses]
 #   OUT        results and the files it makes [$BENCH_DIR/quality]
 #   WRITE_DOC=1  splice the tables into docs/benchmarks-quality.md
+#   ONLY_TARGETS=1  only the rows issue 16's targets compare (Krafla's mixes; llama.cpp's
+#              Q4_K_M + imatrix, Q6_K with and without, IQ4_NL --pure + imatrix)
 # Slow at the defaults (tens of minutes per model on 2 cores); CHUNKS=2 CALIB_CHUNKS=2
 # proves the pipeline in a few minutes. Measure on an idle machine: the figures are
 # deterministic, but the run is long.
@@ -43,6 +57,7 @@ CTX=${CTX:-512}
 THREADS=${THREADS:-2}
 OUT=${OUT:-$BENCH_DIR/quality}
 WRITE_DOC=${WRITE_DOC:-0}
+ONLY_TARGETS=${ONLY_TARGETS:-0}
 case "$OUT/" in "$repo"/*) echo "quality-vs-llama.sh: OUT must be outside the repository" >&2; exit 2;; esac
 mkdir -p "$OUT"
 log() { printf '[quality %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
@@ -63,7 +78,7 @@ if [ ! -x "$lb/llama-perplexity" ] || [ ! -x "$lb/llama-imatrix" ] || [ ! -x "$l
 fi
 
 # Krafla.
-(cd "$repo" && cargo build -q --release --bin mlb-convert --bin mlt-convert --bin mlb-run)
+(cd "$repo" && cargo build -q --release --bin mlb-convert --bin mlt-convert --bin mlb-run --bin mlb-inspect)
 kb=$repo/target/release
 
 # The texts (docs/benchmarks-quality.md, "Texts"), unless given.
@@ -101,6 +116,22 @@ for m in $MODELS; do
     fi
     [ "$n" = bf16 ] || cp "$d/bf16.mlt" "$d/$n.mlt"
   }
+  krow() { # name kl.json: one result line, with the matrices' bits per weight (mlb-inspect's)
+    local bpw
+    bpw=$("$kb/mlb-inspect" "$d/$1.mlb" --json | python3 -c 'import json, sys
+t = json.load(sys.stdin)["totals"]["types"]
+print(8 * sum(x["bytes"] for x in t) / sum(x["parameters"] for x in t))')
+    echo "{\"tool\": \"krafla\", \"name\": \"$1\", \"bytes\": $(stat -c %s "$d/$1.mlb"), \"bpw\": $bpw, \"kl\": $(cat "$2")}" >>"$res.tmp"
+  }
+  kld() { # name: the mean KLD of NAME.mlb against bf16.mlb, kept as NAME.kl-CHUNKS.json
+    local kj=$d/$1.kl-$CHUNKS.json  # kept: a rerun (e.g. with WRITE_DOC=1) only tabulates
+    if [ ! -f "$kj" ]; then
+      log "mlb-run --kl-divergence $m $1"
+      "$kb/mlb-run" "$d/$1.mlb" --file "$EVAL" --kl-divergence "$d/bf16.mlb" --ctx "$CTX" \
+        --chunks "$CHUNKS" --threads "$THREADS" --json >"$kj.tmp" 2>"$d/$1.kl.log"
+      mv "$kj.tmp" "$kj"
+    fi
+  }
   "$kb/mlt-convert" "$src/tokenizer.json" -o "$d/bf16.mlt" -q
   conv bf16 --wtype bf16
   if [ ! -f "$d/krafla.mli" ]; then
@@ -108,22 +139,21 @@ for m in $MODELS; do
     "$kb/mlb-run" "$d/bf16.mlb" --file "$CALIB" --imatrix "$d/krafla.mli" --ctx "$CTX" \
       --chunks "$CALIB_CHUNKS" --threads "$THREADS" >"$d/krafla-imatrix.log" 2>&1
   fi
-  conv q8_0 --wtype q8_0
-  for q8 in none wcls; do
+  kq="q8_0 q4_0-round-none q4_0-search-none q4_0-imatrix-none q4_0-round-wcls q4_0-search-wcls q4_0-imatrix-wcls"
+  lqs="llama-q8_0 llama-q6_k llama-q6_k-imatrix llama-q4_0 llama-q4_0-pure llama-q4_0-imatrix llama-iq4_nl-pure-imatrix llama-q4_k_m-imatrix"
+  if [ "$ONLY_TARGETS" = 1 ]; then
+    kq="" lqs="llama-q6_k llama-q6_k-imatrix llama-iq4_nl-pure-imatrix llama-q4_k_m-imatrix"
+  fi
+  [ -z "$kq" ] || conv q8_0 --wtype q8_0
+  [ -z "$kq" ] || for q8 in none wcls; do
     q4=(--wtype q4_0 --q8 "$q8")
     conv "q4_0-round-$q8" "${q4[@]}" --q4-rule round
     conv "q4_0-search-$q8" "${q4[@]}" --q4-rule search
     conv "q4_0-imatrix-$q8" "${q4[@]}" --q4-rule search --imatrix "$d/krafla.mli"
   done
-  for n in q8_0 q4_0-round-none q4_0-search-none q4_0-imatrix-none q4_0-round-wcls q4_0-search-wcls q4_0-imatrix-wcls; do
-    kj=$d/$n.kl-$CHUNKS.json  # kept: a rerun (e.g. with WRITE_DOC=1) only tabulates
-    if [ ! -f "$kj" ]; then
-      log "mlb-run --kl-divergence $m $n"
-      "$kb/mlb-run" "$d/$n.mlb" --file "$EVAL" --kl-divergence "$d/bf16.mlb" --ctx "$CTX" \
-        --chunks "$CHUNKS" --threads "$THREADS" --json >"$kj.tmp" 2>"$d/$n.kl.log"
-      mv "$kj.tmp" "$kj"
-    fi
-    echo "{\"tool\": \"krafla\", \"name\": \"$n\", \"bytes\": $(stat -c %s "$d/$n.mlb"), \"kl\": $(cat "$kj")}" >>"$res.tmp"
+  for n in $kq; do
+    kld "$n"
+    krow "$n" "$d/$n.kl-$CHUNKS.json"
   done
 
   # ---- llama.cpp
@@ -148,12 +178,29 @@ for m in $MODELS; do
       mv "$d/$n.gguf.tmp" "$d/$n.gguf"
     fi
   }
-  lq llama-q8_0 Q8_0
-  lq llama-q6_k Q6_K
-  lq llama-q4_0 Q4_0
-  lq llama-q4_0-pure Q4_0 --pure
-  lq llama-q4_0-imatrix Q4_0 --imatrix "$imat"
-  lq llama-q4_k_m-imatrix Q4_K_M --imatrix "$imat"
+  for n in $lqs; do
+    case $n in
+      llama-q8_0) lq $n Q8_0 ;;
+      llama-q6_k) lq $n Q6_K ;;
+      llama-q6_k-imatrix) lq $n Q6_K --imatrix "$imat" ;;
+      llama-q4_0) lq $n Q4_0 ;;
+      llama-q4_0-pure) lq $n Q4_0 --pure ;;
+      llama-q4_0-imatrix) lq $n Q4_0 --imatrix "$imat" ;;
+      llama-iq4_nl-pure-imatrix) lq $n IQ4_NL --pure --imatrix "$imat" ;;
+      llama-q4_k_m-imatrix) lq $n Q4_K_M --imatrix "$imat" ;;
+    esac
+  done
+  gbpw() { # GGUF: bits per weight of its 2-D tensors, scales included (mlb-inspect's count)
+    PYTHONPATH=$llama/gguf-py "$PYTHON" - "$1" <<'PY'
+import sys, gguf
+r = gguf.GGUFReader(sys.argv[1])
+w = b = 0
+for t in r.tensors:
+    if len(t.shape) == 2:
+        w += int(t.n_elements); b += int(t.n_bytes)
+print(f"{8 * b / w:.9f}")
+PY
+  }
   base=$d/llama-bf16-$CHUNKS.kld
   if [ ! -f "$base" ]; then
     log "llama-perplexity --kl-divergence-base $m"
@@ -161,16 +208,16 @@ for m in $MODELS; do
       --kl-divergence-base "$base.tmp" >"$d/llama-base.log" 2>&1
     mv "$base.tmp" "$base"
   fi
-  for n in llama-q8_0 llama-q6_k llama-q4_0 llama-q4_0-pure llama-q4_0-imatrix llama-q4_k_m-imatrix; do
+  for n in $lqs; do
     if [ ! -f "$d/$n.kl-$CHUNKS.log" ]; then
       log "llama-perplexity --kl-divergence $m $n"
       "$lb/llama-perplexity" -m "$d/$n.gguf" --kl-divergence-base "$base" --kl-divergence \
         -c "$CTX" --chunks "$CHUNKS" -t "$THREADS" >"$d/$n.kl-$CHUNKS.log.tmp" 2>&1
       mv "$d/$n.kl-$CHUNKS.log.tmp" "$d/$n.kl-$CHUNKS.log"
     fi
-    python3 - "$d/$n.kl-$CHUNKS.log" "$n" "$(stat -c %s "$d/$n.gguf")" >>"$res.tmp" <<'PY'
+    "$PYTHON" - "$d/$n.kl-$CHUNKS.log" "$n" "$(stat -c %s "$d/$n.gguf")" "$(gbpw "$d/$n.gguf")" >>"$res.tmp" <<'PY'
 import json, re, sys
-log, name, size = sys.argv[1], sys.argv[2], int(sys.argv[3])
+log, name, size, bpw = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
 t = open(log, errors="replace").read()
 def pm(label):
     m = re.search(re.escape(label) + r"\s*:\s*([-\d.]+)(?:\s*±\s*([-\d.]+))?", t)
@@ -183,10 +230,25 @@ top, topci = pm("Same top p")
 ppl, _ = pm("Mean PPL(Q)")
 ppl_ref, _ = pm("Mean PPL(base)")
 # llama-perplexity prints ± one standard error; Krafla's ± is 1.96 of them (95% CI).
-print(json.dumps({"tool": "llama.cpp", "name": name, "bytes": size,
+print(json.dumps({"tool": "llama.cpp", "name": name, "bytes": size, "bpw": bpw,
                   "kl": {"kl_mean": kl, "kl_ci95": 1.96 * ci, "kl_p99": p99,
                          "top1": top / 100, "ppl": ppl, "ppl_ref": ppl_ref}}))
 PY
+  done
+
+  # ---- Krafla mixes at llama.cpp's sizes (rounded down: the mix stays at or below)
+  mixes="mix-q4_k_m:$(gbpw "$d/llama-q4_k_m-imatrix.gguf") mix-q6_k:$(gbpw "$d/llama-q6_k.gguf") mix-4.5:4.5"
+  for nb in $mixes; do
+    n=${nb%%:*} x=$(python3 -c "import math, sys; print(f'{math.floor(float(sys.argv[1]) * 1e6) / 1e6:.6f}')" "${nb#*:}")
+    # A new target or new mix constants (src/convert/mix.rs) make the mix again.
+    stamp="$x $(md5sum <"$repo/src/convert/mix.rs" | cut -c1-32)"
+    if [ "$(cat "$d/$n.stamp" 2>/dev/null)" != "$stamp" ]; then
+      rm -f "$d/$n.mlb" "$d/$n".kl-*.json
+      echo "$stamp" >"$d/$n.stamp"
+    fi
+    conv "$n" --target-bpw "$x" --imatrix "$d/krafla.mli" --mix-report "$d/$n.mix.json"
+    kld "$n"
+    krow "$n" "$d/$n.kl-$CHUNKS.json"
   done
   mv "$res.tmp" "$res"
   stat -c %s "$d/bf16.mlb" >"$d/bf16.bytes"
@@ -204,8 +266,14 @@ label = {
     "q4_0-search-wcls": "Q4_0 search (default `--q8 wcls`)", "q4_0-imatrix-wcls": "Q4_0 imatrix (default `--q8 wcls`)",
     "llama-q8_0": "Q8_0", "llama-q6_k": "Q6_K", "llama-q4_0": "Q4_0 (its default mix)",
     "llama-q4_0-pure": "Q4_0 `--pure`", "llama-q4_0-imatrix": "Q4_0 + imatrix",
-    "llama-q4_k_m-imatrix": "Q4_K_M + imatrix",
+    "llama-q4_k_m-imatrix": "Q4_K_M + imatrix", "llama-q6_k-imatrix": "Q6_K + imatrix",
+    "llama-iq4_nl-pure-imatrix": "IQ4_NL `--pure` + imatrix",
+    "mix-q4_k_m": "`--target-bpw` at Q4_K_M's bpw + imatrix", "mix-q6_k": "`--target-bpw` at Q6_K's bpw + imatrix",
+    "mix-4.5": "`--target-bpw 4.5` + imatrix",
 }
+# The issue's targets: Krafla's mix against llama.cpp's file of the same size.
+pairs = [("mix-q4_k_m", ["llama-q4_k_m-imatrix"]), ("mix-q6_k", ["llama-q6_k", "llama-q6_k-imatrix"]),
+         ("mix-4.5", ["llama-iq4_nl-pure-imatrix"])]
 print(open(os.path.join(out, "texts.txt")).read().strip())
 print(f"\n{chunks} evaluation chunks of {ctx} tokens (second halves scored), imatrices from {cchunks} calibration chunks")
 for m in models:
@@ -215,13 +283,27 @@ for m in models:
     print(f"\n### {m}\n")
     print(f"Reference: each tool's BF16 file (Krafla {n_params_bytes / 1e6:.1f} MB, llama.cpp "
           f"{int(open(os.path.join(d, 'llama-bf16.bytes')).read()) / 1e6:.1f} MB).\n")
-    print("| tool | file | size MB | mean KLD ± 95% CI | KLD p99 | top-1 | PPL | PPL BF16 |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| tool | file | size MB | matrix bpw | mean KLD ± 95% CI | KLD p99 | top-1 | PPL | PPL BF16 |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         k = r["kl"]
-        print(f"| {r['tool']} | {label.get(r['name'], r['name'])} | {r['bytes'] / 1e6:.1f} | "
+        print(f"| {r['tool']} | {label.get(r['name'], r['name'])} | {r['bytes'] / 1e6:.1f} | {r['bpw']:.3f} | "
               f"{k['kl_mean']:.4f} ± {k['kl_ci95']:.4f} | {k['kl_p99']:.3f} | {100 * k['top1']:.2f}% | "
               f"{k['ppl']:.3f} | {k['ppl_ref']:.3f} |")
+    by = {r["name"]: r for r in rows}
+    print("\nIssue 16's targets (Krafla's mean KLD ≤ 0.9 × llama.cpp's at the same size, ±2%):\n")
+    print("| Krafla | llama.cpp | bpw K / L | size MB K / L (ratio) | mean KLD K / L | ratio | ≤ 0.9 |")
+    print("|---|---|---|---|---|---|---|")
+    for kn, lns in pairs:
+        if kn not in by:
+            continue
+        k = by[kn]
+        # The comparator: the best llama.cpp file of that size.
+        l = min((by[n] for n in lns if n in by), key=lambda r: r["kl"]["kl_mean"])
+        q = k["kl"]["kl_mean"] / l["kl"]["kl_mean"]
+        print(f"| {label[kn]} | {label[l['name']]} | {k['bpw']:.3f} / {l['bpw']:.3f} | "
+              f"{k['bytes'] / 1e6:.1f} / {l['bytes'] / 1e6:.1f} ({k['bytes'] / l['bytes']:.3f}) | "
+              f"{k['kl']['kl_mean']:.4f} / {l['kl']['kl_mean']:.4f} | {q:.2f} | {'yes' if q <= 0.9 else 'no'} |")
 PY
 cat "$table"
 

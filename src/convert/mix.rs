@@ -9,12 +9,14 @@
 //!    `r = Σ imp_c (w − ŵ)² / Σ imp_c w²` is taken (`imp_c`: the mean square of the
 //!    matrix's input channel `c`, from the imatrix; 1 without one). With uncorrelated
 //!    inputs, `r` is the noise-to-signal ratio of the matrix's output.
-//! 2. **Predict.** The model's error is predicted as `Σ_m α_class(m) · β_band(m) · r_m`:
-//!    every matrix's output noise-to-signal ratio adds into the residual stream, so a
-//!    matrix counts by its relative error, not by its size (the budget sees its size).
-//!    α per matrix class and β per depth band (first eighth of the layers, middle, last
-//!    eighth) are [`SENSITIVITY`]; they are all 1 until a calibration against measured
-//!    KL divergence sets them (docs/convert.md, "Mixes").
+//! 2. **Predict.** The model's KL divergence is predicted as `Σ_m w_m · r_m`: every
+//!    matrix's output noise-to-signal ratio adds into the residual stream (the
+//!    classifier's into the logits), so a matrix counts by its relative error, not by its
+//!    size (the budget sees its size). `w = α_class · β_band / n_layers` for a layer's
+//!    matrix (its output is one of n layers' in the residual stream) and `α_class` for
+//!    the embedding and the classifier; α per class and β per depth band (first eighth
+//!    of the layers, middle, last eighth) are [`SENSITIVITY`], calibrated against
+//!    measured KL divergence by scripts/calibrate-mix.sh (docs/convert.md, "Mixes").
 //! 3. **Allocate.** Every matrix starts at its cheapest candidate; upgrades along each
 //!    matrix's lower convex hull of (bytes, predicted error) are taken in order of
 //!    predicted error saved per byte while they fit the budget (ties by array order),
@@ -71,7 +73,8 @@ pub fn matrix_bytes(t: WType, rows: usize, cols: usize) -> u64 {
 }
 
 /// Sensitivity of the predicted KL divergence to a matrix's relative error: α per class,
-/// β per depth band (first eighth, middle, last eighth of the layers).
+/// β per depth band (first eighth, middle, last eighth of the layers). Only the ratios
+/// matter (the allocation is the same for any common factor).
 #[derive(Debug, Clone, Copy)]
 pub struct Sensitivity {
     pub tok_emb: f64,
@@ -87,18 +90,24 @@ pub struct Sensitivity {
     pub bands: [f64; 3],
 }
 
-/// The sensitivities: uniform (not yet calibrated against KL divergence; docs/convert.md,
-/// "Mixes", says how a calibration would set them).
+/// The sensitivities, fitted to the mean KL divergence against BF16 of files with one
+/// class (or band) quantized, on SmolLM2-135M and Gemma 3 270M (scripts/calibrate-mix.sh;
+/// docs/convert.md, "Mixes: calibration", has the measurements). The layer classes are
+/// scaled to a geometric mean of 1; each is the geometric mean of the two models'.
 pub const SENSITIVITY: Sensitivity = Sensitivity {
-    tok_emb: 1.0,
-    wcls: 1.0,
-    wqk: 1.0,
-    wv: 1.0,
-    wo: 1.0,
-    w13: 1.0,
-    w2: 1.0,
+    // Not measured: both models tie it to the classifier. An untied embedding's noise is
+    // one more input to the residual stream, weighed as a layer matrix of a 24-layer
+    // model (between these two's 30 and 18).
+    tok_emb: 1.0 / 24.0,
+    wcls: 20.25,
+    wqk: 0.50,
+    wv: 1.03,
+    wo: 0.81,
+    w13: 1.35,
+    w2: 1.78,
+    // lb, la: pinned to Q8_0, never chosen.
     other: 1.0,
-    bands: [1.0, 1.0, 1.0],
+    bands: [0.84, 1.0, 0.90],
 };
 
 impl Sensitivity {
@@ -123,9 +132,13 @@ impl Sensitivity {
         }
     }
 
-    /// β of layer `l` of `n` (tok_emb and the classifier: the middle band's 1).
+    /// β of layer `l` of `n` over `n` (a layer's output is one of n in the residual
+    /// stream); tok_emb and the classifier: 1.
     pub fn band(&self, layer: Option<u32>, n: usize) -> f64 {
-        self.bands[band(layer, n)]
+        match layer {
+            Some(_) => self.bands[band(layer, n)] / n.max(1) as f64,
+            None => 1.0,
+        }
     }
 }
 
@@ -395,6 +408,19 @@ mod tests {
         assert_eq!((band(Some(0), 2), band(Some(1), 2)), (0, 2));
         assert_eq!(preset("Q4_K_M"), Some(4.9));
         assert_eq!(preset("q3"), None);
+    }
+
+    #[test]
+    fn layer_weights_are_shared_over_the_layers() {
+        let s = SENSITIVITY;
+        let mid = |n: usize| s.class(q8_class::W13) * s.band(Some(n as u32 / 2), n);
+        // A layer matrix's output is one of n in the residual stream.
+        assert!((mid(30) * 30.0 - mid(18) * 18.0).abs() < 1e-12);
+        assert_eq!(s.band(None, 30), 1.0);
+        // Measured: the classifier's relative error costs hundreds of times a layer
+        // matrix's (the KL divergence is its logits' noise).
+        let cls = s.class(q8_class::WCLS | q8_class::TOK_EMB);
+        assert!(cls > 100.0 * mid(18), "{cls} {}", mid(18));
     }
 
     #[test]
