@@ -82,10 +82,6 @@ impl WType {
         WType::Q6_0,
     ];
 
-    /// The GGUF block types (Q4_K, …, Q6_0: those `quant::blocks` quantizes), in code
-    /// order: [`WType::ALL`] after Q8_0, Q4_0 and the two 2-byte float types.
-    pub const BLOCK_TYPES: [WType; 8] = *Self::ALL.last_chunk().unwrap();
-
     /// The header's `wtype` value of a model stored entirely in this type (and this
     /// type's entry in a mixed file's type table).
     pub const fn code(self) -> u32 {

@@ -79,7 +79,15 @@ impl<'a> QMat<'a> {
                 w.len()
             )));
         }
-        Ok(QMat::bare(wtype, rows, cols, w))
+        Ok(QMat {
+            wtype,
+            rows,
+            cols,
+            q: w,
+            d: &[],
+            d16: &[],
+            pk: None,
+        })
     }
 }
 

@@ -108,7 +108,13 @@ impl<'a> QMat<'a> {
         d: &'a [f32],
     ) -> Result<Self, ShapeError> {
         let m = QMat::new_unchecked_scales(wtype, rows, cols, q)?;
-        m.check_scales(d.len(), "")?;
+        let dlen = rows.checked_mul(cols / QK);
+        if dlen != Some(d.len()) {
+            return Err(ShapeError(format!(
+                "matrix {rows}x{cols} {wtype:?}: {} scales, expected {dlen:?}",
+                d.len()
+            )));
+        }
         Ok(QMat { d, ..m })
     }
 
@@ -121,7 +127,13 @@ impl<'a> QMat<'a> {
         d16: &'a [u16],
     ) -> Result<Self, ShapeError> {
         let m = QMat::new_unchecked_scales(wtype, rows, cols, q)?;
-        m.check_scales(d16.len(), "f16 ")?;
+        let nb = rows.checked_mul(cols / QK);
+        if nb != Some(d16.len()) {
+            return Err(ShapeError(format!(
+                "matrix {rows}x{cols} {wtype:?}: {} f16 scales, expected {nb:?}",
+                d16.len()
+            )));
+        }
         Ok(QMat { d16, ..m })
     }
 
@@ -150,24 +162,7 @@ impl<'a> QMat<'a> {
                 q.len()
             )));
         }
-        Ok(QMat::bare(wtype, rows, cols, q))
-    }
-
-    /// `Err` unless `n` scales (`kind`: "" or "f16 ") are one per block of the matrix.
-    fn check_scales(&self, n: usize, kind: &str) -> Result<(), ShapeError> {
-        let (wtype, rows, cols) = (self.wtype, self.rows, self.cols);
-        let want = rows.checked_mul(cols / QK);
-        if want != Some(n) {
-            return Err(ShapeError(format!(
-                "matrix {rows}x{cols} {wtype:?}: {n} {kind}scales, expected {want:?}"
-            )));
-        }
-        Ok(())
-    }
-
-    /// A matrix of `q` alone: no scale arrays, no packed copy, the shape unchecked.
-    pub(crate) const fn bare(wtype: WType, rows: usize, cols: usize, q: &'a [u8]) -> Self {
-        QMat {
+        Ok(QMat {
             wtype,
             rows,
             cols,
@@ -175,7 +170,7 @@ impl<'a> QMat<'a> {
             d: &[],
             d16: &[],
             pk: None,
-        }
+        })
     }
 
     /// A matrix of a GGUF block type (Q4_K, …, Q6_0: the scales are inside the blocks);

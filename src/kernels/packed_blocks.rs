@@ -113,40 +113,64 @@ block_ty!(
 /// `Some($e)` with the marker type of block type `$w` as `$B`, `None` for other types:
 /// the one place that lists the block types for the kernel tables.
 macro_rules! for_block_type {
-    ($w:expr, |$B:ident| $e:expr) => {
-        $crate::kernels::packed_blocks::block_type_arms!(
-            $w, $B, $e;
-            Q4_K => Q4K, Q5_K => Q5K, Q6_K => Q6K, Q4_1 => Q41,
-            Q5_0 => Q50, Q5_1 => Q51, IQ4_NL => Iq4Nl, Q6_0 => Q60
-        )
-    };
-}
-pub(crate) use for_block_type;
-
-/// The `match` of [`for_block_type!`]: an arm per `WType => marker` pair.
-macro_rules! block_type_arms {
-    ($w:expr, $B:ident, $e:expr; $($t:ident => $m:ident),*) => {{
+    ($w:expr, |$B:ident| $e:expr) => {{
         use $crate::kernels::packed_blocks as pb;
         use $crate::kernels::WType;
         match $w {
-            $(WType::$t => {
-                type $B = pb::$m;
+            WType::Q4_K => {
+                type $B = pb::Q4K;
                 Some($e)
-            })*
+            }
+            WType::Q5_K => {
+                type $B = pb::Q5K;
+                Some($e)
+            }
+            WType::Q6_K => {
+                type $B = pb::Q6K;
+                Some($e)
+            }
+            WType::Q4_1 => {
+                type $B = pb::Q41;
+                Some($e)
+            }
+            WType::Q5_0 => {
+                type $B = pb::Q50;
+                Some($e)
+            }
+            WType::Q5_1 => {
+                type $B = pb::Q51;
+                Some($e)
+            }
+            WType::IQ4_NL => {
+                type $B = pb::Iq4Nl;
+                Some($e)
+            }
+            WType::Q6_0 => {
+                type $B = pb::Q60;
+                Some($e)
+            }
             WType::Q8_0 | WType::Q4_0 | WType::BF16 | WType::F16 => None,
         }
     }};
 }
-pub(crate) use block_type_arms;
+pub(crate) use for_block_type;
 
 /// Bits per level of block type `t`.
 fn bits(t: WType) -> u32 {
-    for_block_type!(t, |B| B::BITS).unwrap_or(4)
+    match t {
+        WType::Q5_K | WType::Q5_0 | WType::Q5_1 => 5,
+        WType::Q6_K | WType::Q6_0 => 6,
+        _ => 4,
+    }
 }
 
-/// How block type `t` stores its float factors.
 fn scale_kind(t: WType) -> ScaleKind {
-    for_block_type!(t, |B| B::SC).unwrap_or(ScaleKind::D)
+    match t {
+        WType::Q4_K | WType::Q5_K => ScaleKind::K45,
+        WType::Q6_K => ScaleKind::K6,
+        WType::Q4_1 | WType::Q5_1 => ScaleKind::DMin,
+        _ => ScaleKind::D,
+    }
 }
 
 /// Whether `t` is packed by this module.

@@ -67,58 +67,39 @@ impl Row for F32Row<'_> {
     }
 }
 
-/// A cache array whose values `at..at + hd` make one [`Row`].
-pub(crate) trait RowData: Copy {
-    type R: Row;
-    fn row_at(self, at: usize, hd: usize) -> Self::R;
-}
-
-impl<'a> RowData for &'a [f32] {
-    type R = F32Row<'a>;
-    #[inline(always)]
-    fn row_at(self, at: usize, hd: usize) -> F32Row<'a> {
-        F32Row(&self[at..at + hd])
-    }
-}
-
-/// The rows of one kv head: a slot's row starts at `slot·stride + off`.
+/// The rows of one kv head of an f32 cache.
 #[derive(Clone, Copy)]
-pub(crate) struct Head<D> {
-    data: D,
+pub(crate) struct F32Src<'a> {
+    x: &'a [f32],
     stride: usize,
     off: usize,
     hd: usize,
 }
 
-impl<D: RowData> Src for Head<D> {
-    type R = D::R;
+impl<'a> Src for F32Src<'a> {
+    type R = F32Row<'a>;
     #[inline(always)]
-    fn row(self, slot: usize) -> D::R {
-        self.data.row_at(slot * self.stride + self.off, self.hd)
+    fn row(self, slot: usize) -> F32Row<'a> {
+        let at = slot * self.stride + self.off;
+        F32Row(&self.x[at..at + self.hd])
     }
-}
-
-/// The key and value heads `kv` shows, over the arrays `k` and `v`.
-#[inline(always)]
-pub(crate) fn heads<D>(kv: &KvView, hd: usize, k: D, v: D) -> (Head<D>, Head<D>) {
-    let head = |data| Head {
-        data,
-        stride: kv.stride,
-        off: kv.off,
-        hd,
-    };
-    (head(k), head(v))
 }
 
 /// The kv head `kv` shows, as [`Src`]s of f32 rows.
 ///
 /// Panics unless both arrays are f32.
 #[inline(always)]
-fn f32_srcs<'a>(kv: &KvView<'a>, hd: usize) -> (Head<&'a [f32]>, Head<&'a [f32]>) {
+fn f32_srcs<'a>(kv: &KvView<'a>, hd: usize) -> (F32Src<'a>, F32Src<'a>) {
     let (KvData::F32(k), KvData::F32(v)) = (kv.k, kv.v) else {
         panic!("f32 attention on a {} cache", kv.k.kv_type());
     };
-    heads(kv, hd, k, v)
+    let src = |x| F32Src {
+        x,
+        stride: kv.stride,
+        off: kv.off,
+        hd,
+    };
+    (src(k), src(v))
 }
 
 /// The head size of a tile (every query has it; `Kernels::attend` checks).
@@ -127,39 +108,29 @@ pub(crate) fn head_size(qs: &[Query]) -> usize {
     qs.first().map_or(0, |q| q.q.len())
 }
 
-/// A tier's attention entry (see `kernels::AttendFn`) for one cache type: `$srcs`
-/// gives the view's key and value [`Src`]s, `$wide` picks the AVX-512 F value sums
-/// and query pairs (see [`attend_any`]).
-macro_rules! attend_entry {
-    ($(#[$doc:meta])* $name:ident, $features:literal, $tier:expr, $wide:literal, $srcs:ident) => {
-        $(#[$doc])*
-        #[target_feature(enable = $features)]
-        pub unsafe fn $name(qs: &mut [Query], kv: &KvView, scale: f32, softcap: f32) {
-            count($tier, Op::Attend);
-            let (ks, vs) = $srcs(kv, head_size(qs));
-            // SAFETY: the features enabled on this function (its contract).
-            unsafe { attend_any::<$wide, _>(qs, kv, ks, vs, scale, softcap) }
-        }
-    };
+/// The AVX2 tier's attention entry (see `kernels::AttendFn`).
+///
+/// # Safety
+/// The CPU must support AVX2; the shapes as `Kernels::attend` checks them.
+#[target_feature(enable = "avx2")]
+pub unsafe fn attend_avx2(qs: &mut [Query], kv: &KvView, scale: f32, softcap: f32) {
+    count(Tier::Avx2, Op::Attend);
+    let (ks, vs) = f32_srcs(kv, head_size(qs));
+    // SAFETY: AVX2 (this function's contract).
+    unsafe { attend_any::<false, _>(qs, kv, ks, vs, scale, softcap) }
 }
-pub(crate) use attend_entry;
 
-attend_entry!(
-    /// The AVX2 tier's attention entry (see `kernels::AttendFn`).
-    ///
-    /// # Safety
-    /// The CPU must support AVX2; the shapes as `Kernels::attend` checks them.
-    attend_avx2, "avx2", Tier::Avx2, false, f32_srcs
-);
-
-attend_entry!(
-    /// The AVX-512 tiers' attention entry: zmm value sums and query pairs.
-    ///
-    /// # Safety
-    /// The CPU must support AVX2 and AVX-512 F; the shapes as `Kernels::attend` checks
-    /// them.
-    attend_avx512, "avx2,avx512f", Tier::Avx512, true, f32_srcs
-);
+/// The AVX-512 tiers' attention entry: zmm value sums and query pairs.
+///
+/// # Safety
+/// The CPU must support AVX2 and AVX-512 F; the shapes as `Kernels::attend` checks them.
+#[target_feature(enable = "avx2,avx512f")]
+pub unsafe fn attend_avx512(qs: &mut [Query], kv: &KvView, scale: f32, softcap: f32) {
+    count(Tier::Avx512, Op::Attend);
+    let (ks, vs) = f32_srcs(kv, head_size(qs));
+    // SAFETY: AVX2 and AVX-512 F (this function's contract).
+    unsafe { attend_any::<true, _>(qs, kv, ks, vs, scale, softcap) }
+}
 
 /// A tile blocked over positions when no query's positions wrap around the cache's
 /// ring, else each query alone; keys and values from `ks` and `vs` (the view gives the
@@ -560,11 +531,16 @@ unsafe fn values<const WIDE: bool, R: Row>(
         // SAFETY: AVX-512 F with WIDE (the caller's contract), AVX2.
         return unsafe { values_wide(att, row, out) };
     }
-    // SAFETY: AVX2 (the caller's contract); each run stays inside `out`.
-    let c = unsafe {
-        let c = values_runs::<__m256, R, 8>(att, row, 0, out);
-        values_runs::<__m256, R, 4>(att, row, c, out)
-    };
+    let hd = out.len();
+    let mut c = 0;
+    while c + 64 <= hd {
+        // SAFETY: c + 64 <= hd.
+        c = unsafe { values_regs::<__m256, R, 8>(att, row, c, out) };
+    }
+    while c + 32 <= hd {
+        // SAFETY: c + 32 <= hd.
+        c = unsafe { values_regs::<__m256, R, 4>(att, row, c, out) };
+    }
     values_tail(att, row, c, out);
 }
 
@@ -592,12 +568,19 @@ fn values_tail<R: Row>(att: &[f32], row: impl Fn(usize) -> R, c: usize, out: &mu
 #[target_feature(enable = "avx2,avx512f,f16c")]
 unsafe fn values_wide<R: Row>(att: &[f32], row: impl Fn(usize) -> R + Copy, out: &mut [f32]) {
     let hd = out.len();
-    // SAFETY: AVX-512 F (this function's contract); each run stays inside `out`.
-    let mut c = unsafe {
-        let c = values_runs::<__m512, R, 8>(att, row, 0, out);
-        let c = values_runs::<__m512, R, 4>(att, row, c, out);
-        values_runs::<__m512, R, 1>(att, row, c, out)
-    };
+    let mut c = 0;
+    while c + 128 <= hd {
+        // SAFETY: c + 128 <= hd.
+        c = unsafe { values_regs::<__m512, R, 8>(att, row, c, out) };
+    }
+    while c + 64 <= hd {
+        // SAFETY: c + 64 <= hd.
+        c = unsafe { values_regs::<__m512, R, 4>(att, row, c, out) };
+    }
+    while c + 16 <= hd {
+        // SAFETY: c + 16 <= hd.
+        c = unsafe { values_regs::<__m512, R, 1>(att, row, c, out) };
+    }
     if c + 8 <= hd {
         // SAFETY: c + 8 <= hd.
         c = unsafe { values_regs::<__m256, R, 1>(att, row, c, out) };
@@ -629,78 +612,62 @@ trait Lanes: Copy {
     unsafe fn add_mul(self, p: Self, x: Self) -> Self;
 }
 
-/// [`Lanes`] for a vector type from its intrinsics (the two impls differ in nothing else).
-macro_rules! lanes {
-    ($v:ty, $n:literal, $ld_row:ident, $load:ident, $store:ident, $set1:ident, $add:ident, $mul:ident) => {
-        impl Lanes for $v {
-            const N: usize = $n;
-            #[inline(always)]
-            unsafe fn load(p: *const f32) -> Self {
-                // SAFETY: the trait contract.
-                unsafe { $load(p) }
-            }
-            #[inline(always)]
-            unsafe fn load_row<R: Row>(r: R, j: usize) -> Self {
-                // SAFETY: the trait contract.
-                unsafe { r.$ld_row(j) }
-            }
-            #[inline(always)]
-            unsafe fn store(self, p: *mut f32) {
-                // SAFETY: the trait contract.
-                unsafe { $store(p, self) }
-            }
-            #[inline(always)]
-            unsafe fn splat(v: f32) -> Self {
-                // SAFETY: register-only (the trait contract).
-                unsafe { $set1(v) }
-            }
-            #[inline(always)]
-            unsafe fn add_mul(self, p: Self, x: Self) -> Self {
-                // SAFETY: register-only (the trait contract).
-                unsafe { $add(self, $mul(p, x)) }
-            }
-        }
-    };
+impl Lanes for __m256 {
+    const N: usize = 8;
+    #[inline(always)]
+    unsafe fn load(p: *const f32) -> Self {
+        // SAFETY: the trait contract.
+        unsafe { _mm256_loadu_ps(p) }
+    }
+    #[inline(always)]
+    unsafe fn load_row<R: Row>(r: R, j: usize) -> Self {
+        // SAFETY: the trait contract.
+        unsafe { r.ld8(j) }
+    }
+    #[inline(always)]
+    unsafe fn store(self, p: *mut f32) {
+        // SAFETY: the trait contract.
+        unsafe { _mm256_storeu_ps(p, self) }
+    }
+    #[inline(always)]
+    unsafe fn splat(v: f32) -> Self {
+        // SAFETY: register-only (the trait contract).
+        unsafe { _mm256_set1_ps(v) }
+    }
+    #[inline(always)]
+    unsafe fn add_mul(self, p: Self, x: Self) -> Self {
+        // SAFETY: register-only (the trait contract).
+        unsafe { _mm256_add_ps(self, _mm256_mul_ps(p, x)) }
+    }
 }
 
-lanes!(
-    __m256,
-    8,
-    ld8,
-    _mm256_loadu_ps,
-    _mm256_storeu_ps,
-    _mm256_set1_ps,
-    _mm256_add_ps,
-    _mm256_mul_ps
-);
-lanes!(
-    __m512,
-    16,
-    ld16,
-    _mm512_loadu_ps,
-    _mm512_storeu_ps,
-    _mm512_set1_ps,
-    _mm512_add_ps,
-    _mm512_mul_ps
-);
-
-/// [`values_regs`] from dimension `c` as long as a whole run of `R·V::N` fits in
-/// `out`; returns where the runs end.
-///
-/// # Safety
-/// As [`values_regs`], bounds aside.
-#[inline(always)]
-unsafe fn values_runs<V: Lanes, W: Row, const R: usize>(
-    att: &[f32],
-    row: impl Fn(usize) -> W + Copy,
-    mut c: usize,
-    out: &mut [f32],
-) -> usize {
-    while c + V::N * R <= out.len() {
-        // SAFETY: c + R·V::N <= hd; the caller's features.
-        c = unsafe { values_regs::<V, W, R>(att, row, c, out) };
+impl Lanes for __m512 {
+    const N: usize = 16;
+    #[inline(always)]
+    unsafe fn load(p: *const f32) -> Self {
+        // SAFETY: the trait contract.
+        unsafe { _mm512_loadu_ps(p) }
     }
-    c
+    #[inline(always)]
+    unsafe fn load_row<R: Row>(r: R, j: usize) -> Self {
+        // SAFETY: the trait contract.
+        unsafe { r.ld16(j) }
+    }
+    #[inline(always)]
+    unsafe fn store(self, p: *mut f32) {
+        // SAFETY: the trait contract.
+        unsafe { _mm512_storeu_ps(p, self) }
+    }
+    #[inline(always)]
+    unsafe fn splat(v: f32) -> Self {
+        // SAFETY: register-only (the trait contract).
+        unsafe { _mm512_set1_ps(v) }
+    }
+    #[inline(always)]
+    unsafe fn add_mul(self, p: Self, x: Self) -> Self {
+        // SAFETY: register-only (the trait contract).
+        unsafe { _mm512_add_ps(self, _mm512_mul_ps(p, x)) }
+    }
 }
 
 /// [`values`] for dimensions `c..c + R·V::N` in `R` registers of `V`; returns the end.

@@ -12,7 +12,7 @@
 
 use std::arch::x86_64::*;
 
-use super::attention::{attend_any, attend_entry, head_size, heads, Head, Row, RowData};
+use super::attention::{attend_any, head_size, Row, Src};
 use crate::kernels::counters::{count, Op};
 use crate::kernels::scalar_attn::{KvView, Query};
 use crate::kernels::scalar_kv::{widen_f16, KvData};
@@ -21,7 +21,7 @@ use crate::quant::QK;
 
 /// A row of f16 bits.
 #[derive(Clone, Copy)]
-pub(crate) struct F16Row<'a>(&'a [u16]);
+struct F16Row<'a>(&'a [u16]);
 
 impl Row for F16Row<'_> {
     #[inline(always)]
@@ -44,7 +44,7 @@ impl Row for F16Row<'_> {
 
 /// A row of Q8_0 quants with its scales (one per 32 quants, the row starting a block).
 #[derive(Clone, Copy)]
-pub(crate) struct Q8Row<'a> {
+struct Q8Row<'a> {
     q: &'a [i8],
     d: &'a [f32],
 }
@@ -77,82 +77,124 @@ impl Row for Q8Row<'_> {
     }
 }
 
-impl<'a> RowData for &'a [u16] {
+/// The rows of one kv head of an f16 cache.
+#[derive(Clone, Copy)]
+struct F16Src<'a> {
+    x: &'a [u16],
+    stride: usize,
+    off: usize,
+    hd: usize,
+}
+
+impl<'a> Src for F16Src<'a> {
     type R = F16Row<'a>;
     #[inline(always)]
-    fn row_at(self, at: usize, hd: usize) -> F16Row<'a> {
-        F16Row(&self[at..at + hd])
+    fn row(self, slot: usize) -> F16Row<'a> {
+        let at = slot * self.stride + self.off;
+        F16Row(&self.x[at..at + self.hd])
     }
 }
 
-/// A Q8_0 cache array: quants and their scales (a head's rows start blocks: `stride`
-/// and `off` multiples of 32).
+/// The rows of one kv head of a Q8_0 cache (`stride` and `off` multiples of 32).
 #[derive(Clone, Copy)]
-pub(crate) struct Q8Data<'a> {
+struct Q8Src<'a> {
     q: &'a [i8],
     d: &'a [f32],
+    stride: usize,
+    off: usize,
+    hd: usize,
 }
 
-impl<'a> RowData for Q8Data<'a> {
+impl<'a> Src for Q8Src<'a> {
     type R = Q8Row<'a>;
     #[inline(always)]
-    fn row_at(self, at: usize, hd: usize) -> Q8Row<'a> {
+    fn row(self, slot: usize) -> Q8Row<'a> {
+        let at = slot * self.stride + self.off;
         let b = at / QK;
         Q8Row {
-            q: &self.q[at..at + hd],
-            d: &self.d[b..b + hd.div_ceil(QK)],
+            q: &self.q[at..at + self.hd],
+            d: &self.d[b..b + self.hd.div_ceil(QK)],
         }
     }
 }
 
 /// The f16 kv head `kv` shows. Panics unless both arrays are f16.
 #[inline(always)]
-fn f16_srcs<'a>(kv: &KvView<'a>, hd: usize) -> (Head<&'a [u16]>, Head<&'a [u16]>) {
+fn f16_srcs<'a>(kv: &KvView<'a>, hd: usize) -> (F16Src<'a>, F16Src<'a>) {
     let (KvData::F16(k), KvData::F16(v)) = (kv.k, kv.v) else {
         panic!("f16 attention on a {} cache", kv.k.kv_type());
     };
-    heads(kv, hd, k, v)
+    let src = |x| F16Src {
+        x,
+        stride: kv.stride,
+        off: kv.off,
+        hd,
+    };
+    (src(k), src(v))
 }
 
 /// The Q8_0 kv head `kv` shows. Panics unless both arrays are Q8_0.
 #[inline(always)]
-fn q8_srcs<'a>(kv: &KvView<'a>, hd: usize) -> (Head<Q8Data<'a>>, Head<Q8Data<'a>>) {
+fn q8_srcs<'a>(kv: &KvView<'a>, hd: usize) -> (Q8Src<'a>, Q8Src<'a>) {
     let (KvData::Q8_0 { q: kq, d: kd }, KvData::Q8_0 { q: vq, d: vd }) = (kv.k, kv.v) else {
         panic!("Q8_0 attention on a {} cache", kv.k.kv_type());
     };
-    heads(kv, hd, Q8Data { q: kq, d: kd }, Q8Data { q: vq, d: vd })
+    let src = |q, d| Q8Src {
+        q,
+        d,
+        stride: kv.stride,
+        off: kv.off,
+        hd,
+    };
+    (src(kq, kd), src(vq, vd))
 }
 
-attend_entry!(
-    /// The AVX2 tier's attention over an f16 cache (see `kernels::AttendFn`).
-    ///
-    /// # Safety
-    /// The CPU must support AVX2 and F16C; the shapes as `Kernels::attend` checks them.
-    attend_f16_avx2, "avx2,f16c", Tier::Avx2, false, f16_srcs
-);
+/// The AVX2 tier's attention over an f16 cache (see `kernels::AttendFn`).
+///
+/// # Safety
+/// The CPU must support AVX2 and F16C; the shapes as `Kernels::attend` checks them.
+#[target_feature(enable = "avx2,f16c")]
+pub unsafe fn attend_f16_avx2(qs: &mut [Query], kv: &KvView, scale: f32, softcap: f32) {
+    count(Tier::Avx2, Op::Attend);
+    let (ks, vs) = f16_srcs(kv, head_size(qs));
+    // SAFETY: AVX2 and F16C (this function's contract).
+    unsafe { attend_any::<false, _>(qs, kv, ks, vs, scale, softcap) }
+}
 
-attend_entry!(
-    /// The AVX-512 tiers' attention over an f16 cache.
-    ///
-    /// # Safety
-    /// The CPU must support AVX2, AVX-512 F and F16C; the shapes as `Kernels::attend`
-    /// checks them.
-    attend_f16_avx512, "avx2,avx512f,f16c", Tier::Avx512, true, f16_srcs
-);
+/// The AVX-512 tiers' attention over an f16 cache.
+///
+/// # Safety
+/// The CPU must support AVX2, AVX-512 F and F16C; the shapes as `Kernels::attend`
+/// checks them.
+#[target_feature(enable = "avx2,avx512f,f16c")]
+pub unsafe fn attend_f16_avx512(qs: &mut [Query], kv: &KvView, scale: f32, softcap: f32) {
+    count(Tier::Avx512, Op::Attend);
+    let (ks, vs) = f16_srcs(kv, head_size(qs));
+    // SAFETY: AVX2, AVX-512 F and F16C (this function's contract).
+    unsafe { attend_any::<true, _>(qs, kv, ks, vs, scale, softcap) }
+}
 
-attend_entry!(
-    /// The AVX2 tier's attention over a Q8_0 cache.
-    ///
-    /// # Safety
-    /// The CPU must support AVX2; the shapes as `Kernels::attend` checks them.
-    attend_q8_avx2, "avx2", Tier::Avx2, false, q8_srcs
-);
+/// The AVX2 tier's attention over a Q8_0 cache.
+///
+/// # Safety
+/// The CPU must support AVX2; the shapes as `Kernels::attend` checks them.
+#[target_feature(enable = "avx2")]
+pub unsafe fn attend_q8_avx2(qs: &mut [Query], kv: &KvView, scale: f32, softcap: f32) {
+    count(Tier::Avx2, Op::Attend);
+    let (ks, vs) = q8_srcs(kv, head_size(qs));
+    // SAFETY: AVX2 (this function's contract).
+    unsafe { attend_any::<false, _>(qs, kv, ks, vs, scale, softcap) }
+}
 
-attend_entry!(
-    /// The AVX-512 tiers' attention over a Q8_0 cache.
-    ///
-    /// # Safety
-    /// The CPU must support AVX2, AVX-512 F and F16C; the shapes as `Kernels::attend`
-    /// checks them.
-    attend_q8_avx512, "avx2,avx512f,f16c", Tier::Avx512, true, q8_srcs
-);
+/// The AVX-512 tiers' attention over a Q8_0 cache.
+///
+/// # Safety
+/// The CPU must support AVX2, AVX-512 F and F16C; the shapes as `Kernels::attend`
+/// checks them.
+#[target_feature(enable = "avx2,avx512f,f16c")]
+pub unsafe fn attend_q8_avx512(qs: &mut [Query], kv: &KvView, scale: f32, softcap: f32) {
+    count(Tier::Avx512, Op::Attend);
+    let (ks, vs) = q8_srcs(kv, head_size(qs));
+    // SAFETY: AVX2, AVX-512 F and F16C (this function's contract).
+    unsafe { attend_any::<true, _>(qs, kv, ks, vs, scale, softcap) }
+}

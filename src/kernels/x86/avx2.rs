@@ -11,7 +11,6 @@
 //! block sums kept in `QActs`.
 
 use core::arch::x86_64::*;
-use std::marker::PhantomData;
 
 use crate::kernels::counters::{count, Op};
 use crate::kernels::{ActTile, Tier, LANES, TILE_TOKENS};
@@ -91,38 +90,63 @@ pub(crate) unsafe fn load_scales(p: *const f32, k: usize) -> __m256 {
     }
 }
 
-/// A row's blocks, 8 at a time (the contract's lanes): one implementation per kernel.
-pub(crate) trait Groups8 {
-    /// `k` blocks (= 8 when `FULL`) from block `b` (a multiple of 8) for `T` tokens,
-    /// added to the tokens' lane accumulators.
-    ///
-    /// # Safety
-    /// The kernel's CPU features (the caller is compiled with them); blocks `b..b + k`
-    /// exist in the row and in each token.
-    unsafe fn group<const T: usize, const FULL: bool>(
-        &self,
-        b: usize,
-        k: usize,
-        acc: &mut [__m256; T],
-    );
+/// One group of `k` (= 8 when `FULL`) blocks starting at block `b`, for `T` tokens.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn group<F: WFormat, const T: usize, const FULL: bool>(
+    wq: *const u8,
+    wd: *const f32,
+    xq: *const i8,
+    xd: *const f32,
+    nb: usize,
+    b: usize,
+    k: usize,
+    acc: &mut [__m256; T],
+) {
+    let k = if FULL { LANES } else { k };
+    // SAFETY: blocks b..b+k exist in the row and in each token (the caller's contract).
+    unsafe {
+        let zero = _mm256_setzero_si256();
+        let mut w = [zero; 8];
+        for (j, wj) in w.iter_mut().enumerate().take(k) {
+            *wj = F::load(wq.add((b + j) * F::BYTES));
+        }
+        let dw = load_scales(wd.add(b), k);
+        for (t, acc_t) in acc.iter_mut().enumerate() {
+            let mut v = [zero; 8];
+            for j in 0..k {
+                let x = _mm256_loadu_si256(xq.add((t * nb + b + j) * QK) as *const __m256i);
+                v[j] = block_dot(_mm256_abs_epi8(w[j]), w[j], x);
+            }
+            let isum = _mm256_cvtepi32_ps(hsum8(&v));
+            let dx = load_scales(xd.add(t * nb + b), k);
+            *acc_t = _mm256_add_ps(*acc_t, _mm256_mul_ps(_mm256_mul_ps(dw, dx), isum));
+        }
+    }
 }
 
-/// One row of `nb` blocks against `T` tokens: the whole groups of 8, the partial last
-/// one, then the contract's tree per token into `out`.
-///
-/// # Safety
-/// As [`Groups8::group`] for every group of the row; `out.len() == T`.
+/// One row against `T` tokens.
 #[inline(always)]
-pub(crate) unsafe fn row_groups<G: Groups8, const T: usize>(g: &G, nb: usize, out: &mut [f32]) {
-    // SAFETY: the caller's contract.
+unsafe fn tile<F: WFormat, const T: usize>(
+    wq: &[u8],
+    wd: &[f32],
+    xq: &[i8],
+    xd: &[f32],
+    out: &mut [f32],
+) {
+    let nb = wd.len();
+    debug_assert!(wq.len() == nb * F::BYTES && xq.len() == T * nb * QK && xd.len() == T * nb);
+    debug_assert_eq!(out.len(), T);
+    let (wp, dp, xp, xdp) = (wq.as_ptr(), wd.as_ptr(), xq.as_ptr(), xd.as_ptr());
+    // SAFETY: the lengths above cover every block `group` reads.
     unsafe {
         let mut acc = [_mm256_setzero_ps(); T];
         let full = nb / LANES * LANES;
         for b in (0..full).step_by(LANES) {
-            g.group::<T, true>(b, LANES, &mut acc);
+            group::<F, T, true>(wp, dp, xp, xdp, nb, b, LANES, &mut acc);
         }
         if full < nb {
-            g.group::<T, false>(full, nb - full, &mut acc);
+            group::<F, T, false>(wp, dp, xp, xdp, nb, full, nb - full, &mut acc);
         }
         for (o, a) in out.iter_mut().zip(acc) {
             *o = reduce_lanes(a);
@@ -130,148 +154,58 @@ pub(crate) unsafe fn row_groups<G: Groups8, const T: usize>(g: &G, nb: usize, ou
     }
 }
 
-/// A row-major micro-kernel: one row's quants and scales against a tile of `T` tokens.
-pub(crate) trait RowTile {
-    /// # Safety
-    /// The kernel's CPU features (the caller is compiled with them); slice lengths as
-    /// `kernels::TileFn` says for one row and `T` tokens.
-    unsafe fn row<const T: usize>(wq: &[u8], wd: &[f32], x: &ActTile, out: &mut [f32]);
+/// The row loop of `kernels::for_rows` as a macro, so the tile inlines into the
+/// `#[target_feature]` function (a closure is a separate function).
+macro_rules! each_row {
+    ($rows:expr, $wq:expr, $wd:expr, $out:expr, |$q:ident, $d:ident, $o:ident| $call:expr) => {{
+        let (rb, nb, nt) = ($wq.len() / $rows, $wd.len() / $rows, $out.len() / $rows);
+        let it = $wq
+            .chunks_exact(rb)
+            .zip($wd.chunks_exact(nb))
+            .zip($out.chunks_exact_mut(nt));
+        for (($q, $d), $o) in it {
+            // SAFETY: the target features are enabled; slice lengths per `TileFn`.
+            unsafe { $call }
+        }
+    }};
 }
+pub(crate) use each_row;
 
-/// The row loop of `kernels::for_rows` for a tile of `out.len() / rows` ≤
-/// [`TILE_TOKENS`] tokens: each count gets its own monomorphized row kernel, inlined
-/// into the `#[target_feature]` caller.
-///
-/// # Safety
-/// `K`'s features (the caller is compiled with them); slice lengths per `TileFn`.
-#[inline(always)]
-pub(crate) unsafe fn each_row_of_tile<K: RowTile>(
-    rows: usize,
-    wq: &[u8],
-    wd: &[f32],
-    x: &ActTile,
-    out: &mut [f32],
-) {
-    let (rb, nb, nt) = (wq.len() / rows, wd.len() / rows, out.len() / rows);
-    debug_assert!(nt <= TILE_TOKENS);
-    macro_rules! go {
-        ($n:literal) => {{
-            let it = wq
-                .chunks_exact(rb)
-                .zip(wd.chunks_exact(nb))
-                .zip(out.chunks_exact_mut(nt));
-            for ((q, d), o) in it {
-                // SAFETY: the target features are enabled; slice lengths per `TileFn`.
-                unsafe { K::row::<$n>(q, d, x, o) }
+/// [`each_row!`] for a tile of `$nt` ≤ [`TILE_TOKENS`] tokens, the count a const `$n`
+/// in `$call`: each count gets its own monomorphized tile, inlined into the caller.
+macro_rules! each_row_of_tile {
+    ($nt:expr, $rows:expr, $wq:expr, $wd:expr, $out:expr, |$q:ident, $d:ident, $o:ident, $n:ident| $call:expr) => {{
+        match $nt {
+            0 => {}
+            1 => {
+                const $n: usize = 1;
+                each_row!($rows, $wq, $wd, $out, |$q, $d, $o| $call)
             }
-        }};
-    }
-    match nt {
-        0 => {}
-        1 => go!(1),
-        2 => go!(2),
-        3 => go!(3),
-        _ => go!(4),
-    }
-}
-
-/// One row of a row-major kernel `K` and its tokens' quants and scales, as pointers.
-pub(crate) struct Rows<K> {
-    pub(crate) wq: *const u8,
-    pub(crate) wd: *const f32,
-    pub(crate) xq: *const i8,
-    pub(crate) xd: *const f32,
-    pub(crate) nb: usize,
-    k: PhantomData<K>,
-}
-
-/// A row-major kernel's group step on the tokens' Q8_0 quants (AVX2's sign trick,
-/// AVX-512 BW's block pairs): [`Groups8::group`] for a row of [`Rows`].
-pub(crate) trait RowsGroup: Sized {
-    /// Weight bytes per block.
-    const BYTES: usize;
-    /// # Safety
-    /// As [`Groups8::group`].
-    unsafe fn group<const T: usize, const FULL: bool>(
-        r: &Rows<Self>,
-        b: usize,
-        k: usize,
-        acc: &mut [__m256; T],
-    );
-}
-
-impl<K: RowsGroup> Groups8 for Rows<K> {
-    #[inline(always)]
-    unsafe fn group<const T: usize, const FULL: bool>(
-        &self,
-        b: usize,
-        k: usize,
-        acc: &mut [__m256; T],
-    ) {
-        // SAFETY: forwarded caller contract.
-        unsafe { K::group::<T, FULL>(self, b, k, acc) }
-    }
-}
-
-impl<K: RowsGroup> RowTile for Rows<K> {
-    #[inline(always)]
-    unsafe fn row<const T: usize>(wq: &[u8], wd: &[f32], x: &ActTile, out: &mut [f32]) {
-        let nb = wd.len();
-        debug_assert!(wq.len() == nb * K::BYTES && x.q.len() == T * nb * QK && x.d.len() == T * nb);
-        debug_assert_eq!(out.len(), T);
-        let g = Rows::<K> {
-            wq: wq.as_ptr(),
-            wd: wd.as_ptr(),
-            xq: x.q.as_ptr(),
-            xd: x.d.as_ptr(),
-            nb,
-            k: PhantomData,
-        };
-        // SAFETY: the lengths above cover every block `group` reads.
-        unsafe { row_groups::<_, T>(&g, nb, out) }
-    }
-}
-
-/// The AVX2 group step of format `F`.
-struct Plain<F>(PhantomData<F>);
-
-impl<F: WFormat> RowsGroup for Plain<F> {
-    const BYTES: usize = F::BYTES;
-    #[inline(always)]
-    unsafe fn group<const T: usize, const FULL: bool>(
-        r: &Rows<Self>,
-        b: usize,
-        k: usize,
-        acc: &mut [__m256; T],
-    ) {
-        let (wq, wd, xq, xd, nb) = (r.wq, r.wd, r.xq, r.xd, r.nb);
-        let k = if FULL { LANES } else { k };
-        // SAFETY: blocks b..b+k exist in the row and in each token (the caller's contract).
-        unsafe {
-            let zero = _mm256_setzero_si256();
-            let mut w = [zero; 8];
-            for (j, wj) in w.iter_mut().enumerate().take(k) {
-                *wj = F::load(wq.add((b + j) * F::BYTES));
+            2 => {
+                const $n: usize = 2;
+                each_row!($rows, $wq, $wd, $out, |$q, $d, $o| $call)
             }
-            let dw = load_scales(wd.add(b), k);
-            for (t, acc_t) in acc.iter_mut().enumerate() {
-                let mut v = [zero; 8];
-                for j in 0..k {
-                    let x = _mm256_loadu_si256(xq.add((t * nb + b + j) * QK) as *const __m256i);
-                    v[j] = block_dot(_mm256_abs_epi8(w[j]), w[j], x);
-                }
-                let isum = _mm256_cvtepi32_ps(hsum8(&v));
-                let dx = load_scales(xd.add(t * nb + b), k);
-                *acc_t = _mm256_add_ps(*acc_t, _mm256_mul_ps(_mm256_mul_ps(dw, dx), isum));
+            3 => {
+                const $n: usize = 3;
+                each_row!($rows, $wq, $wd, $out, |$q, $d, $o| $call)
+            }
+            _ => {
+                const $n: usize = 4;
+                each_row!($rows, $wq, $wd, $out, |$q, $d, $o| $call)
             }
         }
-    }
+    }};
 }
+pub(crate) use each_row_of_tile;
 
 #[target_feature(enable = "avx2")]
 unsafe fn tile_any<F: WFormat>(rows: usize, wq: &[u8], wd: &[f32], x: &ActTile, out: &mut [f32]) {
-    // SAFETY: AVX2 enabled here; forwarded caller contract.
-    unsafe { each_row_of_tile::<Rows<Plain<F>>>(rows, wq, wd, x, out) }
+    let nt = out.len() / rows;
+    debug_assert!(nt <= TILE_TOKENS);
+    let (xq, xd) = (x.q, x.d);
+    each_row_of_tile!(nt, rows, wq, wd, out, |q, d, o, N| tile::<F, N>(
+        q, d, xq, xd, o
+    ));
 }
 
 /// Q8_0 tile kernel (see `kernels::TileFn`).
@@ -367,95 +301,98 @@ pub unsafe fn quantize_act(x: &[f32], q: &mut [i8], d: &mut [f32]) {
 /// their low nibbles (elements 0..16) and high nibbles (16..32) as u8, which
 /// `vpmaddubsw` pairs with the arranged s8 activations (pair sums ≤ 2·15·127, exact);
 /// then `isum = Σ nibble·x − 8·Σx`.
-struct Q4Rows<'a> {
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn group_q4<const T: usize, const FULL: bool>(
     wq: *const u8,
     wd: *const f32,
-    x: &'a ActTile<'a>,
+    x: &ActTile,
     nb: usize,
     l4: usize,
-}
-
-impl Groups8 for Q4Rows<'_> {
-    #[inline(always)]
-    unsafe fn group<const T: usize, const FULL: bool>(
-        &self,
-        b: usize,
-        k: usize,
-        acc: &mut [__m256; T],
-    ) {
-        let (wq, wd, x, nb, l4) = (self.wq, self.wd, self.x, self.nb, self.l4);
-        let k = if FULL { LANES } else { k };
-        let pairs = k.div_ceil(2);
-        // SAFETY: blocks b..b+k exist in the row (a last odd block is read with 16 bytes);
-        // the arrangement has whole 128-byte groups per token, so its loads are inside.
-        unsafe {
-            let zero = _mm256_setzero_si256();
-            let low = _mm256_set1_epi8(0x0F);
-            let ones = _mm256_set1_epi16(1);
-            let mut lo = [zero; 4];
-            let mut hi = [zero; 4];
+    b: usize,
+    k: usize,
+    acc: &mut [__m256; T],
+) {
+    let k = if FULL { LANES } else { k };
+    let pairs = k.div_ceil(2);
+    // SAFETY: blocks b..b+k exist in the row (a last odd block is read with 16 bytes);
+    // the arrangement has whole 128-byte groups per token, so its loads are inside.
+    unsafe {
+        let zero = _mm256_setzero_si256();
+        let low = _mm256_set1_epi8(0x0F);
+        let ones = _mm256_set1_epi16(1);
+        let mut lo = [zero; 4];
+        let mut hi = [zero; 4];
+        for p in 0..pairs {
+            let ptr = wq.add((b + 2 * p) * (QK / 2));
+            let v = if 2 * p + 1 < k {
+                _mm256_loadu_si256(ptr as *const __m256i)
+            } else {
+                _mm256_zextsi128_si256(_mm_loadu_si128(ptr as *const __m128i))
+            };
+            lo[p] = _mm256_and_si256(v, low);
+            hi[p] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+        }
+        let dw = load_scales(wd.add(b), k);
+        let lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+        let smask = _mm256_cmpgt_epi32(_mm256_set1_epi32(k as i32), lanes);
+        for (t, acc_t) in acc.iter_mut().enumerate() {
+            let mut v = [zero; 4];
             for p in 0..pairs {
-                let ptr = wq.add((b + 2 * p) * (QK / 2));
-                let v = if 2 * p + 1 < k {
-                    _mm256_loadu_si256(ptr as *const __m256i)
-                } else {
-                    _mm256_zextsi128_si256(_mm_loadu_si128(ptr as *const __m128i))
-                };
-                lo[p] = _mm256_and_si256(v, low);
-                hi[p] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+                // Pair p of the group: 128-byte group (b + 2p)/4, offset 32·(p % 2).
+                let base =
+                    x.q4.as_ptr()
+                        .add(t * l4 + (b + 2 * p) / 4 * 128 + 32 * (p % 2));
+                let xl = _mm256_loadu_si256(base as *const __m256i);
+                let xh = _mm256_loadu_si256(base.add(64) as *const __m256i);
+                let s16 = _mm256_add_epi16(
+                    _mm256_maddubs_epi16(lo[p], xl),
+                    _mm256_maddubs_epi16(hi[p], xh),
+                );
+                // 128-bit lane j: block b + 2p + j as 4 partials.
+                v[p] = _mm256_madd_epi16(s16, ones);
             }
-            let dw = load_scales(wd.add(b), k);
-            let lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-            let smask = _mm256_cmpgt_epi32(_mm256_set1_epi32(k as i32), lanes);
-            for (t, acc_t) in acc.iter_mut().enumerate() {
-                let mut v = [zero; 4];
-                for p in 0..pairs {
-                    // Pair p of the group: 128-byte group (b + 2p)/4, offset 32·(p % 2).
-                    let base =
-                        x.q4.as_ptr()
-                            .add(t * l4 + (b + 2 * p) / 4 * 128 + 32 * (p % 2));
-                    let xl = _mm256_loadu_si256(base as *const __m256i);
-                    let xh = _mm256_loadu_si256(base.add(64) as *const __m256i);
-                    let s16 = _mm256_add_epi16(
-                        _mm256_maddubs_epi16(lo[p], xl),
-                        _mm256_maddubs_epi16(hi[p], xh),
-                    );
-                    // 128-bit lane j: block b + 2p + j as 4 partials.
-                    v[p] = _mm256_madd_epi16(s16, ones);
-                }
-                // Elements [B0, B2, B4, B6, B1, B3, B5, B7] → natural order.
-                let h =
-                    _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
-                let h = _mm256_permutevar8x32_epi32(h, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-                let o = t * nb + b;
-                let sx = _mm256_maskload_epi32(x.s.as_ptr().add(o), smask);
-                let isum = _mm256_cvtepi32_ps(_mm256_sub_epi32(h, _mm256_slli_epi32(sx, 3)));
-                let dx = load_scales(x.d.as_ptr().add(o), k);
-                *acc_t = _mm256_add_ps(*acc_t, _mm256_mul_ps(_mm256_mul_ps(dw, dx), isum));
-            }
+            // Elements [B0, B2, B4, B6, B1, B3, B5, B7] → natural order.
+            let h = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
+            let h = _mm256_permutevar8x32_epi32(h, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+            let o = t * nb + b;
+            let sx = _mm256_maskload_epi32(x.s.as_ptr().add(o), smask);
+            let isum = _mm256_cvtepi32_ps(_mm256_sub_epi32(h, _mm256_slli_epi32(sx, 3)));
+            let dx = load_scales(x.d.as_ptr().add(o), k);
+            *acc_t = _mm256_add_ps(*acc_t, _mm256_mul_ps(_mm256_mul_ps(dw, dx), isum));
         }
     }
 }
 
 /// Q4_0: one row against `T` tokens (arranged activations).
-struct Q4;
-
-impl RowTile for Q4 {
-    #[inline(always)]
-    unsafe fn row<const T: usize>(wq: &[u8], wd: &[f32], x: &ActTile, out: &mut [f32]) {
-        let nb = wd.len();
-        let l4 = crate::kernels::q4_layout_len(nb * QK);
-        debug_assert!(wq.len() == nb * QK / 2 && x.d.len() == T * nb && x.s.len() == T * nb);
-        debug_assert!(x.q4.len() == T * l4 && out.len() == T);
-        let (wq, wd) = (wq.as_ptr(), wd.as_ptr());
-        let g = Q4Rows { wq, wd, x, nb, l4 };
-        // SAFETY: the lengths above cover every block `group` reads.
-        unsafe { row_groups::<_, T>(&g, nb, out) }
+#[inline(always)]
+unsafe fn tile_q4x<const T: usize>(wq: &[u8], wd: &[f32], x: &ActTile, out: &mut [f32]) {
+    let nb = wd.len();
+    let l4 = crate::kernels::q4_layout_len(nb * QK);
+    debug_assert!(wq.len() == nb * QK / 2 && x.d.len() == T * nb && x.s.len() == T * nb);
+    debug_assert!(x.q4.len() == T * l4 && out.len() == T);
+    let (wp, dp) = (wq.as_ptr(), wd.as_ptr());
+    // SAFETY: the lengths above cover every block `group_q4` reads.
+    unsafe {
+        let mut acc = [_mm256_setzero_ps(); T];
+        let full = nb / LANES * LANES;
+        for b in (0..full).step_by(LANES) {
+            group_q4::<T, true>(wp, dp, x, nb, l4, b, LANES, &mut acc);
+        }
+        if full < nb {
+            group_q4::<T, false>(wp, dp, x, nb, l4, full, nb - full, &mut acc);
+        }
+        for (o, a) in out.iter_mut().zip(acc) {
+            *o = reduce_lanes(a);
+        }
     }
 }
 
 #[target_feature(enable = "avx2")]
 unsafe fn tile_q4_any(rows: usize, wq: &[u8], wd: &[f32], x: &ActTile, out: &mut [f32]) {
-    // SAFETY: AVX2 enabled here; forwarded caller contract.
-    unsafe { each_row_of_tile::<Q4>(rows, wq, wd, x, out) }
+    let nt = out.len() / rows;
+    debug_assert!(nt <= TILE_TOKENS);
+    each_row_of_tile!(nt, rows, wq, wd, out, |q, d, o, N| tile_q4x::<N>(
+        q, d, x, o
+    ));
 }

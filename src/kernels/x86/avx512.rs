@@ -16,11 +16,10 @@
 //! `b..b+16`: lanes 0..8 are added to the contract's 8 accumulators, then lanes 8..16.
 
 use core::arch::x86_64::*;
-use std::marker::PhantomData;
 
-use super::avx2::{each_row_of_tile, load_scales, reduce_lanes, RowTile, Rows, RowsGroup};
+use super::avx2::{each_row, each_row_of_tile, load_scales, reduce_lanes};
 use crate::kernels::counters::{count, Op};
-use crate::kernels::{ActTile, Tier, LANES};
+use crate::kernels::{ActTile, Tier, LANES, TILE_TOKENS};
 use crate::quant::QK;
 
 /// u8×s8 dot of groups of 4 bytes into i32 lanes.
@@ -100,55 +99,100 @@ unsafe fn hsum4(v: &[__m512i; 4]) -> __m256i {
     }
 }
 
-/// The BW group step: weight format `F`, dot `D`.
-struct Pair<F, D>(PhantomData<(F, D)>);
-
-impl<F: WPair, D: Dot> RowsGroup for Pair<F, D> {
-    const BYTES: usize = F::BYTES;
-    #[inline(always)]
-    unsafe fn group<const T: usize, const FULL: bool>(
-        r: &Rows<Self>,
-        b: usize,
-        k: usize,
-        acc: &mut [__m256; T],
-    ) {
-        let (wq, wd, xq, xd, nb) = (r.wq, r.wd, r.xq, r.xd, r.nb);
-        let k = if FULL { LANES } else { k };
-        let pairs = k.div_ceil(2);
-        // SAFETY: blocks b..b+k exist in the row and in each token (the caller's contract);
-        // a last odd block is read with 32-byte (16 for Q4) loads only.
-        unsafe {
-            let zero = _mm512_setzero_si512();
-            let mut u = [zero; 4];
-            let mut m: [__mmask64; 4] = [0; 4];
+/// One group of `k` (= 8 when `FULL`) blocks starting at block `b`, for `T` tokens.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn group<F: WPair, D: Dot, const T: usize, const FULL: bool>(
+    wq: *const u8,
+    wd: *const f32,
+    xq: *const i8,
+    xd: *const f32,
+    nb: usize,
+    b: usize,
+    k: usize,
+    acc: &mut [__m256; T],
+) {
+    let k = if FULL { LANES } else { k };
+    let pairs = k.div_ceil(2);
+    // SAFETY: blocks b..b+k exist in the row and in each token (the caller's contract);
+    // a last odd block is read with 32-byte (16 for Q4) loads only.
+    unsafe {
+        let zero = _mm512_setzero_si512();
+        let mut u = [zero; 4];
+        let mut m: [__mmask64; 4] = [0; 4];
+        for p in 0..pairs {
+            let wp = wq.add((b + 2 * p) * F::BYTES);
+            let w = if 2 * p + 1 < k {
+                F::load2(wp)
+            } else {
+                F::load1(wp)
+            };
+            u[p] = _mm512_abs_epi8(w);
+            m[p] = _mm512_movepi8_mask(w);
+        }
+        let dw = load_scales(wd.add(b), k);
+        for (t, acc_t) in acc.iter_mut().enumerate() {
+            let mut v = [zero; 4];
             for p in 0..pairs {
-                let wp = wq.add((b + 2 * p) * F::BYTES);
-                let w = if 2 * p + 1 < k {
-                    F::load2(wp)
+                let xp = xq.add((t * nb + b + 2 * p) * QK);
+                let x = if 2 * p + 1 < k {
+                    _mm512_loadu_si512(xp as *const _)
                 } else {
-                    F::load1(wp)
+                    _mm512_zextsi256_si512(_mm256_loadu_si256(xp as *const __m256i))
                 };
-                u[p] = _mm512_abs_epi8(w);
-                m[p] = _mm512_movepi8_mask(w);
+                v[p] = D::dot(u[p], _mm512_mask_sub_epi8(x, m[p], zero, x));
             }
-            let dw = load_scales(wd.add(b), k);
-            for (t, acc_t) in acc.iter_mut().enumerate() {
-                let mut v = [zero; 4];
-                for p in 0..pairs {
-                    let xp = xq.add((t * nb + b + 2 * p) * QK);
-                    let x = if 2 * p + 1 < k {
-                        _mm512_loadu_si512(xp as *const _)
-                    } else {
-                        _mm512_zextsi256_si512(_mm256_loadu_si256(xp as *const __m256i))
-                    };
-                    v[p] = D::dot(u[p], _mm512_mask_sub_epi8(x, m[p], zero, x));
-                }
-                let isum = _mm256_cvtepi32_ps(hsum4(&v));
-                let dx = load_scales(xd.add(t * nb + b), k);
-                *acc_t = _mm256_add_ps(*acc_t, _mm256_mul_ps(_mm256_mul_ps(dw, dx), isum));
-            }
+            let isum = _mm256_cvtepi32_ps(hsum4(&v));
+            let dx = load_scales(xd.add(t * nb + b), k);
+            *acc_t = _mm256_add_ps(*acc_t, _mm256_mul_ps(_mm256_mul_ps(dw, dx), isum));
         }
     }
+}
+
+/// One row against `T` tokens.
+#[inline(always)]
+unsafe fn tile<F: WPair, D: Dot, const T: usize>(
+    wq: &[u8],
+    wd: &[f32],
+    xq: &[i8],
+    xd: &[f32],
+    out: &mut [f32],
+) {
+    let nb = wd.len();
+    debug_assert!(wq.len() == nb * F::BYTES && xq.len() == T * nb * QK && xd.len() == T * nb);
+    debug_assert_eq!(out.len(), T);
+    let (wp, dp, xp, xdp) = (wq.as_ptr(), wd.as_ptr(), xq.as_ptr(), xd.as_ptr());
+    // SAFETY: the lengths above cover every block `group` reads.
+    unsafe {
+        let mut acc = [_mm256_setzero_ps(); T];
+        let full = nb / LANES * LANES;
+        for b in (0..full).step_by(LANES) {
+            group::<F, D, T, true>(wp, dp, xp, xdp, nb, b, LANES, &mut acc);
+        }
+        if full < nb {
+            group::<F, D, T, false>(wp, dp, xp, xdp, nb, full, nb - full, &mut acc);
+        }
+        for (o, a) in out.iter_mut().zip(acc) {
+            *o = reduce_lanes(a);
+        }
+    }
+}
+
+/// Row loop and token-count dispatch, inlined into each tier's `#[target_feature]` wrapper.
+#[inline(always)]
+unsafe fn tile_any<F: WPair, D: Dot>(
+    rows: usize,
+    wq: &[u8],
+    wd: &[f32],
+    x: &ActTile,
+    out: &mut [f32],
+) {
+    let nt = out.len() / rows;
+    debug_assert!(nt <= TILE_TOKENS);
+    let (xq, xd) = (x.q, x.d);
+    each_row_of_tile!(nt, rows, wq, wd, out, |q, d, o, N| tile::<F, D, N>(
+        q, d, xq, xd, o
+    ));
 }
 
 macro_rules! tier_fn {
@@ -161,7 +205,7 @@ macro_rules! tier_fn {
         pub unsafe fn $name(rows: usize, wq: &[u8], wd: &[f32], x: &ActTile, out: &mut [f32]) {
             count(Tier::Avx512, Op::Tile);
             // SAFETY: forwarded caller contract; features enabled on this function.
-            unsafe { each_row_of_tile::<Rows<Pair<$fmt, $dot>>>(rows, wq, wd, x, out) }
+            unsafe { tile_any::<$fmt, $dot>(rows, wq, wd, x, out) }
         }
     };
 }
@@ -314,38 +358,57 @@ unsafe fn vnni_group<const VNNI: bool, const IS_Q4: bool, const T: usize, const 
     }
 }
 
-/// VNNI (or BW for Q4_0): one row against `T` tokens.
-struct Wide<const VNNI: bool, const IS_Q4: bool>;
-
-impl<const VNNI: bool, const IS_Q4: bool> RowTile for Wide<VNNI, IS_Q4> {
-    #[inline(always)]
-    unsafe fn row<const T: usize>(wq: &[u8], wd: &[f32], x: &ActTile, out: &mut [f32]) {
-        let nb = wd.len();
-        let l4 = crate::kernels::q4_layout_len(nb * QK);
-        debug_assert!(x.q.len() == T * nb * QK && x.d.len() == T * nb && x.s.len() == T * nb);
-        debug_assert!(x.q4.len() == T * l4 && out.len() == T);
-        debug_assert_eq!(wq.len(), nb * if IS_Q4 { QK / 2 } else { QK });
-        let (wp, dp) = (wq.as_ptr(), wd.as_ptr());
-        // SAFETY: the lengths above cover every block the groups read.
-        unsafe {
-            let mut acc = [_mm256_setzero_ps(); T];
-            let full = nb / 16 * 16;
-            for b in (0..full).step_by(16) {
-                vnni_group::<VNNI, IS_Q4, T, 4>(wp, dp, x, nb, l4, b, 16, &mut acc);
-            }
-            let (b, k, a) = (full, nb - full, &mut acc);
-            match k.div_ceil(4) {
-                0 => {}
-                1 => vnni_group::<VNNI, IS_Q4, T, 1>(wp, dp, x, nb, l4, b, k, a),
-                2 => vnni_group::<VNNI, IS_Q4, T, 2>(wp, dp, x, nb, l4, b, k, a),
-                3 => vnni_group::<VNNI, IS_Q4, T, 3>(wp, dp, x, nb, l4, b, k, a),
-                _ => vnni_group::<VNNI, IS_Q4, T, 4>(wp, dp, x, nb, l4, b, k, a),
-            }
-            for (o, a) in out.iter_mut().zip(acc) {
-                *o = reduce_lanes(a);
-            }
+/// VNNI: one row against `T` tokens.
+#[inline(always)]
+unsafe fn vnni_tile<const VNNI: bool, const IS_Q4: bool, const T: usize>(
+    wq: &[u8],
+    wd: &[f32],
+    x: &ActTile,
+    out: &mut [f32],
+) {
+    let nb = wd.len();
+    let l4 = crate::kernels::q4_layout_len(nb * QK);
+    debug_assert!(x.q.len() == T * nb * QK && x.d.len() == T * nb && x.s.len() == T * nb);
+    debug_assert!(x.q4.len() == T * l4 && out.len() == T);
+    debug_assert_eq!(wq.len(), nb * if IS_Q4 { QK / 2 } else { QK });
+    let (wp, dp) = (wq.as_ptr(), wd.as_ptr());
+    // SAFETY: the lengths above cover every block the groups read.
+    unsafe {
+        let mut acc = [_mm256_setzero_ps(); T];
+        let full = nb / 16 * 16;
+        for b in (0..full).step_by(16) {
+            vnni_group::<VNNI, IS_Q4, T, 4>(wp, dp, x, nb, l4, b, 16, &mut acc);
+        }
+        let (b, k, a) = (full, nb - full, &mut acc);
+        match k.div_ceil(4) {
+            0 => {}
+            1 => vnni_group::<VNNI, IS_Q4, T, 1>(wp, dp, x, nb, l4, b, k, a),
+            2 => vnni_group::<VNNI, IS_Q4, T, 2>(wp, dp, x, nb, l4, b, k, a),
+            3 => vnni_group::<VNNI, IS_Q4, T, 3>(wp, dp, x, nb, l4, b, k, a),
+            _ => vnni_group::<VNNI, IS_Q4, T, 4>(wp, dp, x, nb, l4, b, k, a),
+        }
+        for (o, a) in out.iter_mut().zip(acc) {
+            *o = reduce_lanes(a);
         }
     }
+}
+
+/// Row loop and token-count dispatch of [`vnni_tile`], inlined into the wrappers.
+#[inline(always)]
+unsafe fn wide_any<const VNNI: bool, const IS_Q4: bool>(
+    rows: usize,
+    wq: &[u8],
+    wd: &[f32],
+    x: &ActTile,
+    out: &mut [f32],
+) {
+    let nt = out.len() / rows;
+    debug_assert!(nt <= TILE_TOKENS);
+    each_row_of_tile!(nt, rows, wq, wd, out, |q, d, o, N| vnni_tile::<
+        VNNI,
+        IS_Q4,
+        N,
+    >(q, d, x, o));
 }
 
 /// Q8_0 tile kernel, AVX-512 VNNI (see `kernels::TileFn`).
@@ -356,7 +419,7 @@ impl<const VNNI: bool, const IS_Q4: bool> RowTile for Wide<VNNI, IS_Q4> {
 pub unsafe fn tile_q8_vnni(rows: usize, wq: &[u8], wd: &[f32], x: &ActTile, out: &mut [f32]) {
     count(Tier::Avx512Vnni, Op::Tile);
     // SAFETY: forwarded caller contract; features enabled on this function.
-    unsafe { each_row_of_tile::<Wide<true, false>>(rows, wq, wd, x, out) }
+    unsafe { wide_any::<true, false>(rows, wq, wd, x, out) }
 }
 
 /// Q4_0 tile kernel, AVX-512 VNNI (see `kernels::TileFn`).
@@ -367,7 +430,7 @@ pub unsafe fn tile_q8_vnni(rows: usize, wq: &[u8], wd: &[f32], x: &ActTile, out:
 pub unsafe fn tile_q4_vnni(rows: usize, wq: &[u8], wd: &[f32], x: &ActTile, out: &mut [f32]) {
     count(Tier::Avx512Vnni, Op::Tile);
     // SAFETY: forwarded caller contract; features enabled on this function.
-    unsafe { each_row_of_tile::<Wide<true, true>>(rows, wq, wd, x, out) }
+    unsafe { wide_any::<true, true>(rows, wq, wd, x, out) }
 }
 
 /// Q4_0 tile kernel, AVX-512 BW: the VNNI tier's layout with `vpmaddubsw`/`vpmaddwd`
@@ -379,5 +442,5 @@ pub unsafe fn tile_q4_vnni(rows: usize, wq: &[u8], wd: &[f32], x: &ActTile, out:
 pub unsafe fn tile_q4_bw(rows: usize, wq: &[u8], wd: &[f32], x: &ActTile, out: &mut [f32]) {
     count(Tier::Avx512, Op::Tile);
     // SAFETY: forwarded caller contract; features enabled on this function.
-    unsafe { each_row_of_tile::<Wide<false, true>>(rows, wq, wd, x, out) }
+    unsafe { wide_any::<false, true>(rows, wq, wd, x, out) }
 }

@@ -105,124 +105,15 @@ unsafe fn reduce512(a: __m512) -> f32 {
     }
 }
 
-/// A micro-tile's operands: `R` rows at `w` (`rb` bytes apart), `T` tokens at `x`
-/// (`cols` f32 each).
-#[derive(Clone, Copy)]
-struct Mats {
-    w: *const u8,
-    rb: usize,
-    x: *const f32,
-    cols: usize,
-}
-
-/// One output's 16 lanes in a tier's registers, and the tier's order of work in one
-/// column step of a micro-tile.
-trait Acc16: Copy {
-    /// # Safety
-    /// The tier's features (AVX-512 F; AVX2, FMA and F16C), as for every method.
-    unsafe fn zero() -> Self;
-    /// Columns `c..c + 16` of the `R` rows of `m` into `acc[r][t]`, against its `T`
-    /// tokens: one FMA per lane and step.
-    ///
-    /// # Safety
-    /// The tier's features; the rows and tokens are in bounds.
-    unsafe fn step<W: Widen, const R: usize, const T: usize>(
-        acc: &mut [[Self; T]; R],
-        m: &Mats,
-        c: usize,
-    );
-    /// The contract's reduction of the 16 lanes.
-    ///
-    /// # Safety
-    /// The tier's features.
-    unsafe fn reduce(self) -> f32;
-}
-
-/// AVX-512: one zmm. A step widens the R rows' weights first, then each token's
-/// activations serve every row.
-#[derive(Clone, Copy)]
-struct Zmm(__m512);
-
-impl Acc16 for Zmm {
-    #[inline(always)]
-    unsafe fn zero() -> Self {
-        // SAFETY: register-only (the trait contract).
-        Zmm(unsafe { _mm512_setzero_ps() })
-    }
-    #[inline(always)]
-    // Indexed loops: acc[r][t] is the (row, token) grid the FMAs fill, in the contract's order.
-    #[allow(clippy::needless_range_loop)]
-    unsafe fn step<W: Widen, const R: usize, const T: usize>(
-        acc: &mut [[Self; T]; R],
-        m: &Mats,
-        c: usize,
-    ) {
-        let Mats { w, rb, x, cols } = *m;
-        // SAFETY: the trait contract.
-        unsafe {
-            let mut wv = [_mm512_setzero_ps(); R];
-            for (r, v) in wv.iter_mut().enumerate() {
-                *v = W::w16(w.add(r * rb + 2 * c));
-            }
-            for t in 0..T {
-                let xv = _mm512_loadu_ps(x.add(t * cols + c));
-                for r in 0..R {
-                    acc[r][t].0 = _mm512_fmadd_ps(wv[r], xv, acc[r][t].0);
-                }
-            }
-        }
-    }
-    #[inline(always)]
-    unsafe fn reduce(self) -> f32 {
-        // SAFETY: the trait contract.
-        unsafe { reduce512(self.0) }
-    }
-}
-
-/// AVX2: two ymm (lanes 0–7 and 8–15), one row's weights widened at a time.
-#[derive(Clone, Copy)]
-struct Ymm2(__m256, __m256);
-
-impl Acc16 for Ymm2 {
-    #[inline(always)]
-    unsafe fn zero() -> Self {
-        // SAFETY: register-only (the trait contract).
-        unsafe { Ymm2(_mm256_setzero_ps(), _mm256_setzero_ps()) }
-    }
-    #[inline(always)]
-    unsafe fn step<W: Widen, const R: usize, const T: usize>(
-        acc: &mut [[Self; T]; R],
-        m: &Mats,
-        c: usize,
-    ) {
-        let Mats { w, rb, x, cols } = *m;
-        // SAFETY: the trait contract.
-        unsafe {
-            for (r, row) in acc.iter_mut().enumerate() {
-                let p = w.add(r * rb + 2 * c);
-                let (wl, wh) = (W::w8(p), W::w8(p.add(16)));
-                for (t, a) in row.iter_mut().enumerate() {
-                    let xp = x.add(t * cols + c);
-                    a.0 = _mm256_fmadd_ps(wl, _mm256_loadu_ps(xp), a.0);
-                    a.1 = _mm256_fmadd_ps(wh, _mm256_loadu_ps(xp.add(8)), a.1);
-                }
-            }
-        }
-    }
-    #[inline(always)]
-    unsafe fn reduce(self) -> f32 {
-        // SAFETY: the trait contract.
-        unsafe { reduce_pair(self.0, self.1) }
-    }
-}
-
 /// `R` adjacent rows at `w` (`cols` weights each) against `T` tokens at `x` (`cols`
 /// f32 each), into `y[t·ld + r]`; prefetches ahead when `PF`.
 ///
 /// # Safety
-/// `A`'s features; the rows, tokens and outputs are in bounds; `cols` a multiple of 16.
+/// AVX-512 F; the rows, tokens and outputs are in bounds; `cols` a multiple of 16.
 #[inline(always)]
-unsafe fn tile<A: Acc16, W: Widen, const R: usize, const T: usize, const PF: bool>(
+// Indexed loops: acc[r][t] is the (row, token) grid the FMAs fill, in the contract's order.
+#[allow(clippy::needless_range_loop)]
+unsafe fn tile512<W: Widen, const R: usize, const T: usize, const PF: bool>(
     w: *const u8,
     cols: usize,
     x: *const f32,
@@ -231,13 +122,8 @@ unsafe fn tile<A: Acc16, W: Widen, const R: usize, const T: usize, const PF: boo
 ) {
     // SAFETY: every load is inside the R rows and T tokens (caller's contract).
     unsafe {
-        let m = Mats {
-            w,
-            rb: 2 * cols,
-            x,
-            cols,
-        };
-        let mut acc = [[A::zero(); T]; R];
+        let rb = 2 * cols;
+        let mut acc = [[_mm512_setzero_ps(); T]; R];
         let mut pf = w;
         for c in (0..cols).step_by(16) {
             if PF {
@@ -245,11 +131,61 @@ unsafe fn tile<A: Acc16, W: Widen, const R: usize, const T: usize, const PF: boo
                 prefetch(pf, (R * 32).div_ceil(64));
                 pf = pf.wrapping_add(R * 32);
             }
-            A::step::<W, R, T>(&mut acc, &m, c);
+            let mut wv = [_mm512_setzero_ps(); R];
+            for (r, v) in wv.iter_mut().enumerate() {
+                *v = W::w16(w.add(r * rb + 2 * c));
+            }
+            for t in 0..T {
+                let xv = _mm512_loadu_ps(x.add(t * cols + c));
+                for r in 0..R {
+                    acc[r][t] = _mm512_fmadd_ps(wv[r], xv, acc[r][t]);
+                }
+            }
         }
         for (r, row) in acc.iter().enumerate() {
             for (t, &a) in row.iter().enumerate() {
-                *y.add(t * ld + r) = a.reduce();
+                *y.add(t * ld + r) = reduce512(a);
+            }
+        }
+    }
+}
+
+/// [`tile512`] on AVX2: each output's 16 lanes as two ymm.
+///
+/// # Safety
+/// AVX2, FMA, F16C; bounds as [`tile512`].
+#[inline(always)]
+unsafe fn tile256<W: Widen, const R: usize, const T: usize, const PF: bool>(
+    w: *const u8,
+    cols: usize,
+    x: *const f32,
+    y: *mut f32,
+    ld: usize,
+) {
+    // SAFETY: every load is inside the R rows and T tokens (caller's contract).
+    unsafe {
+        let rb = 2 * cols;
+        let mut lo = [[_mm256_setzero_ps(); T]; R];
+        let mut hi = [[_mm256_setzero_ps(); T]; R];
+        let mut pf = w;
+        for c in (0..cols).step_by(16) {
+            if PF {
+                prefetch(pf, (R * 32).div_ceil(64));
+                pf = pf.wrapping_add(R * 32);
+            }
+            for r in 0..R {
+                let p = w.add(r * rb + 2 * c);
+                let (wl, wh) = (W::w8(p), W::w8(p.add(16)));
+                for t in 0..T {
+                    let xp = x.add(t * cols + c);
+                    lo[r][t] = _mm256_fmadd_ps(wl, _mm256_loadu_ps(xp), lo[r][t]);
+                    hi[r][t] = _mm256_fmadd_ps(wh, _mm256_loadu_ps(xp.add(8)), hi[r][t]);
+                }
+            }
+        }
+        for r in 0..R {
+            for t in 0..T {
+                *y.add(t * ld + r) = reduce_pair(lo[r][t], hi[r][t]);
             }
         }
     }
@@ -257,23 +193,23 @@ unsafe fn tile<A: Acc16, W: Widen, const R: usize, const T: usize, const PF: boo
 
 /// Rows `0..rows` in micro-tiles of `$rp` rows (the rest one by one) × `$n` tokens.
 macro_rules! row_tiles {
-    ($acc:ident, $rp:literal, $n:literal, $pf:literal, $w:expr, $rows:expr, $cols:expr, $x:expr, $y:expr, $ld:expr) => {{
+    ($tile:ident, $rp:literal, $n:literal, $pf:literal, $w:expr, $rows:expr, $cols:expr, $x:expr, $y:expr, $ld:expr) => {{
         let (wp, rows, cols, xp, y, ld) = ($w, $rows, $cols, $x, $y, $ld);
         let (rb, full) = (2 * cols, rows / $rp * $rp);
         for r in (0..full).step_by($rp) {
-            tile::<$acc, W, $rp, $n, $pf>(wp.add(r * rb), cols, xp, y.add(r), ld);
+            $tile::<W, $rp, $n, $pf>(wp.add(r * rb), cols, xp, y.add(r), ld);
         }
         for r in full..rows {
-            tile::<$acc, W, 1, $n, $pf>(wp.add(r * rb), cols, xp, y.add(r), ld);
+            $tile::<W, 1, $n, $pf>(wp.add(r * rb), cols, xp, y.add(r), ld);
         }
     }};
 }
 
 /// The driver of a tier: every row of `w` against every token of `x`, through the
-/// micro-tile of accumulator `$acc`: `$rp` rows × up to `$t` tokens in prefill, `$rd` rows × 1 token
+/// micro-tile `$tile`: `$rp` rows × up to `$t` tokens in prefill, `$rd` rows × 1 token
 /// (with prefetch) in decode.
 macro_rules! driver {
-    ($name:ident, $acc:ident, $feat:literal, $rp:literal, $rd:literal, $t:literal) => {
+    ($name:ident, $tile:ident, $feat:literal, $rp:literal, $rd:literal, $t:literal) => {
         /// # Safety
         /// The tier's CPU features; the `HalfFn` contract.
         #[target_feature(enable = $feat)]
@@ -293,7 +229,7 @@ macro_rules! driver {
             // y[t·ld + r] inside the caller's contract.
             unsafe {
                 if nt == 1 {
-                    row_tiles!($acc, $rd, 1, true, wp, rows, cols, xp, y, ld);
+                    row_tiles!($tile, $rd, 1, true, wp, rows, cols, xp, y, ld);
                     return;
                 }
                 let mut t0 = 0;
@@ -301,12 +237,12 @@ macro_rules! driver {
                     let tn = (nt - t0).min($t);
                     let (xt, yt) = (xp.add(t0 * cols), y.add(t0 * ld));
                     match tn {
-                        1 => row_tiles!($acc, $rp, 1, false, wp, rows, cols, xt, yt, ld),
-                        2 => row_tiles!($acc, $rp, 2, false, wp, rows, cols, xt, yt, ld),
-                        3 => row_tiles!($acc, $rp, 3, false, wp, rows, cols, xt, yt, ld),
-                        4 => row_tiles!($acc, $rp, 4, false, wp, rows, cols, xt, yt, ld),
-                        5 => row_tiles!($acc, $rp, 5, false, wp, rows, cols, xt, yt, ld),
-                        _ => row_tiles!($acc, $rp, $t, false, wp, rows, cols, xt, yt, ld),
+                        1 => row_tiles!($tile, $rp, 1, false, wp, rows, cols, xt, yt, ld),
+                        2 => row_tiles!($tile, $rp, 2, false, wp, rows, cols, xt, yt, ld),
+                        3 => row_tiles!($tile, $rp, 3, false, wp, rows, cols, xt, yt, ld),
+                        4 => row_tiles!($tile, $rp, 4, false, wp, rows, cols, xt, yt, ld),
+                        5 => row_tiles!($tile, $rp, 5, false, wp, rows, cols, xt, yt, ld),
+                        _ => row_tiles!($tile, $rp, $t, false, wp, rows, cols, xt, yt, ld),
                     }
                     t0 += tn;
                 }
@@ -315,50 +251,48 @@ macro_rules! driver {
     };
 }
 
-driver!(drive512, Zmm, "avx512f", 4, 8, 6);
-driver!(drive256, Ymm2, "avx2,fma,f16c", 2, 4, 3);
+driver!(drive512, tile512, "avx512f", 4, 8, 6);
+driver!(drive256, tile256, "avx2,fma,f16c", 2, 4, 3);
 
-/// A tier's entry for one weight type (see `kernels::half::HalfFn`): `$drive` widening
-/// with `$w`.
-macro_rules! entry {
-    ($(#[$doc:meta])* $name:ident, $tier:expr, $drive:ident, $w:ty) => {
-        $(#[$doc])*
-        pub unsafe fn $name(rows: usize, cols: usize, w: &[u8], x: &[f32], y: *mut f32, ld: usize) {
-            count($tier, Op::Half);
-            // SAFETY: forwarded caller contract.
-            unsafe { $drive::<$w>(rows, cols, w, x, y, ld) }
-        }
-    };
+/// AVX-512 F, BF16 (see `kernels::half::HalfFn`).
+///
+/// # Safety
+/// The CPU has AVX-512 F; the `HalfFn` contract.
+pub unsafe fn bf16_avx512(rows: usize, cols: usize, w: &[u8], x: &[f32], y: *mut f32, ld: usize) {
+    count(Tier::Avx512, Op::Half);
+    // SAFETY: forwarded caller contract.
+    unsafe { drive512::<Bf16>(rows, cols, w, x, y, ld) }
 }
 
-entry!(
-    /// AVX-512 F, BF16 (see `kernels::half::HalfFn`).
-    ///
-    /// # Safety
-    /// The CPU has AVX-512 F; the `HalfFn` contract.
-    bf16_avx512, Tier::Avx512, drive512, Bf16
-);
-entry!(
-    /// AVX-512 F, F16 (see `kernels::half::HalfFn`).
-    ///
-    /// # Safety
-    /// As [`bf16_avx512`].
-    f16_avx512, Tier::Avx512, drive512, F16
-);
-entry!(
-    /// AVX2 + FMA + F16C, BF16 (see `kernels::half::HalfFn`).
-    ///
-    /// # Safety
-    /// The CPU has AVX2, FMA and F16C; the `HalfFn` contract.
-    bf16_avx2, Tier::Avx2, drive256, Bf16
-);
-entry!(
-    /// AVX2 + FMA + F16C, F16 (see `kernels::half::HalfFn`).
-    ///
-    /// # Safety
-    /// As [`bf16_avx2`].
-    f16_avx2, Tier::Avx2, drive256, F16
-);
+/// AVX-512 F, F16 (see `kernels::half::HalfFn`).
+///
+/// # Safety
+/// As [`bf16_avx512`].
+pub unsafe fn f16_avx512(rows: usize, cols: usize, w: &[u8], x: &[f32], y: *mut f32, ld: usize) {
+    count(Tier::Avx512, Op::Half);
+    // SAFETY: forwarded caller contract.
+    unsafe { drive512::<F16>(rows, cols, w, x, y, ld) }
+}
+
+/// AVX2 + FMA + F16C, BF16 (see `kernels::half::HalfFn`).
+///
+/// # Safety
+/// The CPU has AVX2, FMA and F16C; the `HalfFn` contract.
+pub unsafe fn bf16_avx2(rows: usize, cols: usize, w: &[u8], x: &[f32], y: *mut f32, ld: usize) {
+    count(Tier::Avx2, Op::Half);
+    // SAFETY: forwarded caller contract.
+    unsafe { drive256::<Bf16>(rows, cols, w, x, y, ld) }
+}
+
+/// AVX2 + FMA + F16C, F16 (see `kernels::half::HalfFn`).
+///
+/// # Safety
+/// As [`bf16_avx2`].
+pub unsafe fn f16_avx2(rows: usize, cols: usize, w: &[u8], x: &[f32], y: *mut f32, ld: usize) {
+    count(Tier::Avx2, Op::Half);
+    // SAFETY: forwarded caller contract.
+    unsafe { drive256::<F16>(rows, cols, w, x, y, ld) }
+}
 
 /// Whether the AVX2 kernels can run: they need FMA (one rounding per term, the
 /// contract) and F16C besides AVX2. Every AVX2 CPU made has both; one without them

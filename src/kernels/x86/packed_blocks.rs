@@ -19,12 +19,8 @@
 //! `vpmaddwd` per `vpmaddubsw`).
 
 use core::arch::x86_64::*;
-use std::marker::PhantomData;
 
-use super::packed::{
-    add256, add512, all_tokens, dot_chains, float_step, lane_tree, nibbles, prefetch, store16,
-    store8, token_passes, GroupFn, Width, Y, Z,
-};
+use super::packed::{lane_tree, prefetch};
 use crate::kernels::counters::{count, Op};
 use crate::kernels::packed::{lane_start, PackedView, GROUP};
 use crate::kernels::packed_blocks::{BlockTy, GroupLayout, ScaleKind};
@@ -41,6 +37,34 @@ fn table(abs: bool, off: i8) -> [i8; 16] {
     t
 }
 
+/// 16 f16 at `p` as f32.
+#[inline(always)]
+unsafe fn h16x16(p: *const u8) -> __m512 {
+    // SAFETY: 32 readable bytes (the caller's contract); AVX-512 F.
+    unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i)) }
+}
+
+/// 8 f16 at `p` as f32.
+#[inline(always)]
+unsafe fn h16x8(p: *const u8) -> __m256 {
+    // SAFETY: 16 readable bytes (the caller's contract); F16C.
+    unsafe { _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i)) }
+}
+
+/// `a | (b & m)`.
+#[inline(always)]
+unsafe fn or_and512(a: __m512i, b: __m512i, m: __m512i) -> __m512i {
+    // SAFETY: register-only AVX-512 F ops.
+    unsafe { _mm512_or_si512(a, _mm512_and_si512(b, m)) }
+}
+
+/// `a | (b & m)`.
+#[inline(always)]
+unsafe fn or_and256(a: __m256i, b: __m256i, m: __m256i) -> __m256i {
+    // SAFETY: register-only AVX2 ops.
+    unsafe { _mm256_or_si256(a, _mm256_and_si256(b, m)) }
+}
+
 /// Four activation bytes at `p` in every i32 lane.
 #[inline(always)]
 unsafe fn bcast4(p: *const i32) -> __m256i {
@@ -48,96 +72,91 @@ unsafe fn bcast4(p: *const i32) -> __m256i {
     unsafe { _mm256_set1_epi32(p.read_unaligned()) }
 }
 
-/// The float factors of one block position for a vector of rows.
-struct Scales<V: Width> {
-    dw: V::F,
-    mw: V::F,
-    sc_lo: V::I,
-    sc_hi: V::I,
+/// The float factors of one block position for the 16 rows (zmm) of a group.
+struct Scales512 {
+    dw: __m512,
+    mw: __m512,
+    sc_lo: __m512i,
+    sc_hi: __m512i,
 }
 
 /// `dw`, `mw` (and Q6_K's half scales) of block `b` at position record `sp` of a group
-/// whose super-block scales start at `ss`, for the rows of half `h` (zmm: `h = 0`, the
-/// whole group).
+/// whose super-block scales start at `ss`.
 #[inline(always)]
-unsafe fn scales<V: Width, B: BlockTy>(
-    sp: *const u8,
-    ss: *const u8,
-    b: usize,
-    h: usize,
-) -> Scales<V> {
+unsafe fn scales512<B: BlockTy>(sp: *const u8, ss: *const u8, b: usize) -> Scales512 {
     // SAFETY: the position and super-block records exist (the caller's contract).
     unsafe {
-        let zero = V::zero_i();
-        let mut s = Scales::<V> {
-            dw: V::zero_f(),
-            mw: V::zero_f(),
+        let zero = _mm512_setzero_si512();
+        let mut s = Scales512 {
+            dw: _mm512_setzero_ps(),
+            mw: _mm512_setzero_ps(),
             sc_lo: zero,
             sc_hi: zero,
         };
         let sb = b / LANES;
-        // Half h's offset in a record of f16 per row (hf) and of a byte per row (hc).
-        let (hf, hc) = (2 * V::ROWS * h, V::ROWS * h);
         match B::SC {
-            ScaleKind::D => s.dw = V::h16(sp.add(hf)),
-            ScaleKind::DMin => (s.dw, s.mw) = (V::h16(sp.add(hf)), V::h16(sp.add(32 + hf))),
+            ScaleKind::D => s.dw = h16x16(sp),
+            ScaleKind::DMin => (s.dw, s.mw) = (h16x16(sp), h16x16(sp.add(32))),
             ScaleKind::K45 => {
                 let sup = ss.add(64 * sb);
-                let sc = V::u8_f32(sp.add(hc));
-                let m = V::u8_f32(sp.add(16 + hc));
-                s.dw = V::mul(V::h16(sup.add(hf)), sc);
-                s.mw = V::neg(V::mul(V::h16(sup.add(32 + hf)), m));
+                let sc =
+                    _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(sp as *const __m128i)));
+                let m = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(
+                    sp.add(16) as *const __m128i
+                )));
+                s.dw = _mm512_mul_ps(h16x16(sup), sc);
+                let neg = _mm512_set1_ps(-0.0);
+                s.mw = _mm512_castsi512_ps(_mm512_xor_si512(
+                    _mm512_castps_si512(_mm512_mul_ps(h16x16(sup.add(32)), m)),
+                    _mm512_castps_si512(neg),
+                ));
             }
             ScaleKind::K6 => {
-                s.dw = V::h16(ss.add(32 * sb + hf));
-                s.sc_lo = V::i8_i32(sp.add(hc));
-                s.sc_hi = V::i8_i32(sp.add(16 + hc));
+                s.dw = h16x16(ss.add(32 * sb));
+                s.sc_lo = _mm512_cvtepi8_epi32(_mm_loadu_si128(sp as *const __m128i));
+                s.sc_hi = _mm512_cvtepi8_epi32(_mm_loadu_si128(sp.add(16) as *const __m128i));
             }
         }
         s
     }
 }
 
-/// The rows' levels of one block position as u8 vectors, before IQ4_NL's table:
-/// `lo[k]` pairs with activation bytes `4k..4k+4`, `hi[k]` with `16+4k..`; the
-/// nibbles or-ed with the fifth bit or the top two bits from their planes.
-#[inline(always)]
-unsafe fn levels<V: Width, B: BlockTy>(wp: *const u8) -> ([V::I; 4], [V::I; 4]) {
-    // SAFETY: the position's quant record (QB bytes) exists.
-    unsafe {
-        let (mut lo, mut hi) = nibbles::<V>(wp);
-        if B::BITS == 5 {
-            let qh = V::load_q(wp.add(256));
-            let m = V::splat8(0x10);
-            lo[0] = V::or_and(lo[0], V::slli::<4>(qh), m);
-            lo[1] = V::or_and(lo[1], V::slli::<3>(qh), m);
-            lo[2] = V::or_and(lo[2], V::slli::<2>(qh), m);
-            lo[3] = V::or_and(lo[3], V::slli::<1>(qh), m);
-            hi[0] = V::or_and(hi[0], qh, m);
-            hi[1] = V::or_and(hi[1], V::srli::<1>(qh), m);
-            hi[2] = V::or_and(hi[2], V::srli::<2>(qh), m);
-            hi[3] = V::or_and(hi[3], V::srli::<3>(qh), m);
-        }
-        if B::BITS == 6 {
-            let m = V::splat8(0x30);
-            for (plane, v) in [(256, &mut lo), (320, &mut hi)] {
-                let q = V::load_q(wp.add(plane));
-                v[0] = V::or_and(v[0], V::slli::<4>(q), m);
-                v[1] = V::or_and(v[1], V::slli::<2>(q), m);
-                v[2] = V::or_and(v[2], q, m);
-                v[3] = V::or_and(v[3], V::srli::<2>(q), m);
-            }
-        }
-        (lo, hi)
-    }
-}
-
-/// The 16 rows' levels of one block position (see [`levels`]; IQ4_NL: `T + 128`).
+/// The 16 rows' levels of one block position as u8 vectors: `lo[k]` pairs with
+/// activation bytes `4k..4k+4`, `hi[k]` with `16+4k..` (IQ4_NL: `T + 128`).
 #[inline(always)]
 unsafe fn levels512<B: BlockTy>(wp: *const u8) -> ([__m512i; 4], [__m512i; 4]) {
     // SAFETY: the position's quant record (QB bytes, 64-aligned) exists.
     unsafe {
-        let (mut lo, mut hi) = levels::<Z, B>(wp);
+        let m4 = _mm512_set1_epi8(0x0F);
+        let zero = _mm512_setzero_si512();
+        let (mut lo, mut hi) = ([zero; 4], [zero; 4]);
+        for k in 0..4 {
+            let v = _mm512_load_si512(wp.add(64 * k) as *const _);
+            lo[k] = _mm512_and_si512(v, m4);
+            hi[k] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+        }
+        if B::BITS == 5 {
+            let qh = _mm512_load_si512(wp.add(256) as *const _);
+            let m = _mm512_set1_epi8(0x10);
+            lo[0] = or_and512(lo[0], _mm512_slli_epi16(qh, 4), m);
+            lo[1] = or_and512(lo[1], _mm512_slli_epi16(qh, 3), m);
+            lo[2] = or_and512(lo[2], _mm512_slli_epi16(qh, 2), m);
+            lo[3] = or_and512(lo[3], _mm512_slli_epi16(qh, 1), m);
+            hi[0] = or_and512(hi[0], qh, m);
+            hi[1] = or_and512(hi[1], _mm512_srli_epi16(qh, 1), m);
+            hi[2] = or_and512(hi[2], _mm512_srli_epi16(qh, 2), m);
+            hi[3] = or_and512(hi[3], _mm512_srli_epi16(qh, 3), m);
+        }
+        if B::BITS == 6 {
+            let m = _mm512_set1_epi8(0x30);
+            for (plane, v) in [(256, &mut lo), (320, &mut hi)] {
+                let q = _mm512_load_si512(wp.add(plane) as *const _);
+                v[0] = or_and512(v[0], _mm512_slli_epi16(q, 4), m);
+                v[1] = or_and512(v[1], _mm512_slli_epi16(q, 2), m);
+                v[2] = or_and512(v[2], q, m);
+                v[3] = or_and512(v[3], _mm512_srli_epi16(q, 2), m);
+            }
+        }
         if B::TABLE {
             let t = table(false, -128);
             let tab = _mm512_broadcast_i32x4(_mm_loadu_si128(t.as_ptr() as *const __m128i));
@@ -161,7 +180,7 @@ unsafe fn lane512<B: BlockTy, const T: usize>(
 ) -> [__m512; T] {
     let cols = nb * QK;
     let mut pos = lane_start(nb, l);
-    // SAFETY: the caller's contract (see the zmm `Job::group`): a whole group, T tokens of nb blocks.
+    // SAFETY: the caller's contract (see `group512`): a whole group, T tokens of nb blocks.
     unsafe {
         let (xq, xd, xs, xh) = (x.q.as_ptr(), x.d.as_ptr(), x.s.as_ptr(), x.h.as_ptr());
         let ss = grp.add(lay.supers_at);
@@ -175,7 +194,7 @@ unsafe fn lane512<B: BlockTy, const T: usize>(
                 prefetch(sp, lay.pos_scale_bytes);
             }
             let (lo, hi) = levels512::<B>(wp);
-            let sc = scales::<Z, B>(sp, ss, b, 0);
+            let sc = scales512::<B>(sp, ss, b);
             for (t, acc_t) in acc.iter_mut().enumerate() {
                 let xb = xq.add(t * cols + b * QK) as *const i32;
                 let s = *xs.add(t * nb + b);
@@ -185,8 +204,15 @@ unsafe fn lane512<B: BlockTy, const T: usize>(
                 } else {
                     (-B::OFF * s, 0)
                 };
-                // Two chains: the block's halves.
-                let (i0, i1) = dot_chains(c0, c1, &lo, &hi, xb);
+                // Two chains (the block's halves) also halve the `vpdpbusd` latency.
+                let mut i0 = _mm512_set1_epi32(c0);
+                let mut i1 = _mm512_set1_epi32(c1);
+                for k in 0..4 {
+                    let x0 = _mm512_set1_epi32(xb.add(k).read_unaligned());
+                    let x1 = _mm512_set1_epi32(xb.add(4 + k).read_unaligned());
+                    i0 = _mm512_dpbusd_epi32(i0, lo[k], x0);
+                    i1 = _mm512_dpbusd_epi32(i1, hi[k], x1);
+                }
                 let isum = if B::SC == ScaleKind::K6 {
                     _mm512_add_epi32(
                         _mm512_mullo_epi32(i0, sc.sc_lo),
@@ -196,7 +222,13 @@ unsafe fn lane512<B: BlockTy, const T: usize>(
                     _mm512_add_epi32(i0, i1)
                 };
                 let dx = *xd.add(t * nb + b);
-                *acc_t = float_step::<Z>(B::AFFINE, *acc_t, sc.dw, sc.mw, isum, dx, s);
+                let d = _mm512_mul_ps(sc.dw, _mm512_set1_ps(dx));
+                let mut term = _mm512_mul_ps(d, _mm512_cvtepi32_ps(isum));
+                if B::AFFINE {
+                    let xsum = _mm512_set1_ps(dx * s as f32);
+                    term = _mm512_add_ps(term, _mm512_mul_ps(sc.mw, xsum));
+                }
+                *acc_t = _mm512_add_ps(*acc_t, term);
             }
             pos += 1;
             b += LANES;
@@ -205,43 +237,80 @@ unsafe fn lane512<B: BlockTy, const T: usize>(
     }
 }
 
-/// A packed view of block type `B` with its tokens and outputs, for the kernels of
-/// width `V`.
-struct Job<'a, B, V> {
-    p: &'a PackedView<'a>,
-    lay: GroupLayout,
-    x: &'a ActTile<'a>,
-    y: *mut f32,
-    ld: usize,
-    ty: PhantomData<(B, V)>,
+#[inline(always)]
+fn add512<const T: usize>(a: [__m512; T], b: [__m512; T]) -> [__m512; T] {
+    // SAFETY: register-only AVX-512 F op; every caller is compiled with it.
+    std::array::from_fn(|t| unsafe { _mm512_add_ps(a[t], b[t]) })
 }
 
-impl<'a, B: BlockTy, V> Job<'a, B, V> {
-    #[inline(always)]
-    fn new(p: &'a PackedView<'a>, g1: usize, x: &'a ActTile<'a>, y: *mut f32, ld: usize) -> Self {
-        let lay = GroupLayout::of(B::W, p.nb);
-        debug_assert!(p.q.len() >= g1 * lay.group);
-        Job {
-            p,
-            lay,
-            x,
-            y,
-            ld,
-            ty: PhantomData,
+/// One group of 16 rows against `T` tokens; writes `y[t·ld + 16g + j]` for real rows.
+#[inline(always)]
+unsafe fn group512<B: BlockTy, const T: usize>(
+    p: &PackedView,
+    lay: &GroupLayout,
+    g: usize,
+    x: &ActTile,
+    y: *mut f32,
+    ld: usize,
+) {
+    let nb = p.nb;
+    // SAFETY: g < groups, `x` holds T tokens of nb blocks, y has T rows of ld ≥ rows.
+    unsafe {
+        let grp = p.q.as_ptr().add(g * lay.group);
+        let r = lane_tree!(|l: usize| lane512::<B, T>(grp, lay, x, nb, l), add512);
+        let r0 = g * GROUP;
+        let valid = (p.rows - r0).min(GROUP);
+        let mask: __mmask16 = if valid == GROUP {
+            !0
+        } else {
+            (1u16 << valid) - 1
+        };
+        for (t, v) in r.iter().enumerate() {
+            _mm512_mask_storeu_ps(y.add(t * ld + r0), mask, *v);
         }
     }
 }
 
-/// One group of 16 rows against `T` tokens; writes `y[t·ld + 16g + j]` for real rows.
-impl<B: BlockTy> GroupFn for Job<'_, B, Z> {
-    #[inline(always)]
-    unsafe fn group<const T: usize>(&self, g: usize, _t0: usize) {
-        let (p, lay, x) = (self.p, &self.lay, self.x);
-        // SAFETY: g < groups, `x` holds T tokens of nb blocks, y has T rows of ld ≥ rows.
-        unsafe {
-            let grp = p.q.as_ptr().add(g * lay.group);
-            let r = lane_tree!(|l: usize| lane512::<B, T>(grp, lay, x, p.nb, l), add512);
-            store16(&r, p.rows, g, self.y, self.ld);
+#[inline(always)]
+unsafe fn groups512<B: BlockTy, const T: usize>(
+    p: &PackedView,
+    g0: usize,
+    g1: usize,
+    x: &ActTile,
+    y: *mut f32,
+    ld: usize,
+) {
+    let lay = GroupLayout::of(B::W, p.nb);
+    debug_assert!(p.q.len() >= g1 * lay.group);
+    for g in g0..g1 {
+        // SAFETY: forwarded caller contract.
+        unsafe { group512::<B, T>(p, &lay, g, x, y, ld) }
+    }
+}
+
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vnni")]
+unsafe fn vnni_any<B: BlockTy>(
+    p: &PackedView,
+    g0: usize,
+    g1: usize,
+    x: &ActTile,
+    y: *mut f32,
+    ld: usize,
+) {
+    let nt = x.d.len() / p.nb;
+    debug_assert!((1..=PACKED_TILE).contains(&nt));
+    debug_assert!(x.q.len() == nt * p.nb * QK && x.s.len() == nt * p.nb && x.h.len() == x.s.len());
+    // SAFETY: forwarded caller contract; features enabled on this function.
+    unsafe {
+        match nt {
+            1 => groups512::<B, 1>(p, g0, g1, x, y, ld),
+            2 => groups512::<B, 2>(p, g0, g1, x, y, ld),
+            3 => groups512::<B, 3>(p, g0, g1, x, y, ld),
+            4 => groups512::<B, 4>(p, g0, g1, x, y, ld),
+            5 => groups512::<B, 5>(p, g0, g1, x, y, ld),
+            6 => groups512::<B, 6>(p, g0, g1, x, y, ld),
+            7 => groups512::<B, 7>(p, g0, g1, x, y, ld),
+            _ => groups512::<B, 8>(p, g0, g1, x, y, ld),
         }
     }
 }
@@ -252,7 +321,6 @@ impl<B: BlockTy> GroupFn for Job<'_, B, Z> {
 /// The CPU has AVX-512 F/BW/VNNI, AVX2 and F16C; `p` is a packed view of type `B`,
 /// `g0 ≤ g1 ≤ groups`, `x` holds 1..=8 tokens of `p.nb` blocks, `y[t·ld + r]` is
 /// writable for every token `t` and row `r < p.rows` of the groups.
-#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vnni")]
 pub unsafe fn vnni<B: BlockTy>(
     p: &PackedView,
     g0: usize,
@@ -262,13 +330,57 @@ pub unsafe fn vnni<B: BlockTy>(
     ld: usize,
 ) {
     count(Tier::Avx512Vnni, Op::Packed);
-    let nt = x.d.len() / p.nb;
-    debug_assert!(x.q.len() == nt * p.nb * QK && x.s.len() == nt * p.nb && x.h.len() == x.s.len());
-    // SAFETY: forwarded caller contract; features enabled on this function.
-    unsafe { all_tokens(&Job::<B, Z>::new(p, g1, x, y, ld), g0, g1, nt) }
+    // SAFETY: forwarded caller contract.
+    unsafe { vnni_any::<B>(p, g0, g1, x, y, ld) }
 }
 
-/// Half `h`'s levels of one block position (see [`levels`]); IQ4_NL: `|T|` in the
+/// The float factors of one block position for a half group (ymm).
+struct Scales256 {
+    dw: __m256,
+    mw: __m256,
+    sc_lo: __m256i,
+    sc_hi: __m256i,
+}
+
+#[inline(always)]
+unsafe fn scales256<B: BlockTy>(sp: *const u8, ss: *const u8, b: usize, h: usize) -> Scales256 {
+    // SAFETY: the position and super-block records exist (the caller's contract).
+    unsafe {
+        let zero = _mm256_setzero_si256();
+        let mut s = Scales256 {
+            dw: _mm256_setzero_ps(),
+            mw: _mm256_setzero_ps(),
+            sc_lo: zero,
+            sc_hi: zero,
+        };
+        let sb = b / LANES;
+        match B::SC {
+            ScaleKind::D => s.dw = h16x8(sp.add(16 * h)),
+            ScaleKind::DMin => (s.dw, s.mw) = (h16x8(sp.add(16 * h)), h16x8(sp.add(32 + 16 * h))),
+            ScaleKind::K45 => {
+                let sup = ss.add(64 * sb);
+                let sc = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(
+                    sp.add(8 * h) as *const __m128i
+                )));
+                let m = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(
+                    sp.add(16 + 8 * h) as *const __m128i,
+                )));
+                s.dw = _mm256_mul_ps(h16x8(sup.add(16 * h)), sc);
+                let neg = _mm256_set1_ps(-0.0);
+                s.mw = _mm256_xor_ps(_mm256_mul_ps(h16x8(sup.add(32 + 16 * h)), m), neg);
+            }
+            ScaleKind::K6 => {
+                s.dw = h16x8(ss.add(32 * sb + 16 * h));
+                s.sc_lo = _mm256_cvtepi8_epi32(_mm_loadl_epi64(sp.add(8 * h) as *const __m128i));
+                s.sc_hi =
+                    _mm256_cvtepi8_epi32(_mm_loadl_epi64(sp.add(16 + 8 * h) as *const __m128i));
+            }
+        }
+        s
+    }
+}
+
+/// Half `h`'s levels of one block position (see [`levels512`]); IQ4_NL: `|T|` in the
 /// first pair, `T` (for the sign) in the second.
 #[inline(always)]
 #[allow(clippy::type_complexity)]
@@ -278,8 +390,37 @@ unsafe fn levels256<B: BlockTy>(
 ) -> ([__m256i; 4], [__m256i; 4], [__m256i; 4], [__m256i; 4]) {
     // SAFETY: the position's quant record (QB bytes) exists.
     unsafe {
-        let (mut lo, mut hi) = levels::<Y, B>(wp.add(32 * h));
+        let wp = wp.add(32 * h);
+        let m4 = _mm256_set1_epi8(0x0F);
         let zero = _mm256_setzero_si256();
+        let (mut lo, mut hi) = ([zero; 4], [zero; 4]);
+        for k in 0..4 {
+            let v = _mm256_loadu_si256(wp.add(64 * k) as *const __m256i);
+            lo[k] = _mm256_and_si256(v, m4);
+            hi[k] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+        }
+        if B::BITS == 5 {
+            let qh = _mm256_loadu_si256(wp.add(256) as *const __m256i);
+            let m = _mm256_set1_epi8(0x10);
+            lo[0] = or_and256(lo[0], _mm256_slli_epi16(qh, 4), m);
+            lo[1] = or_and256(lo[1], _mm256_slli_epi16(qh, 3), m);
+            lo[2] = or_and256(lo[2], _mm256_slli_epi16(qh, 2), m);
+            lo[3] = or_and256(lo[3], _mm256_slli_epi16(qh, 1), m);
+            hi[0] = or_and256(hi[0], qh, m);
+            hi[1] = or_and256(hi[1], _mm256_srli_epi16(qh, 1), m);
+            hi[2] = or_and256(hi[2], _mm256_srli_epi16(qh, 2), m);
+            hi[3] = or_and256(hi[3], _mm256_srli_epi16(qh, 3), m);
+        }
+        if B::BITS == 6 {
+            let m = _mm256_set1_epi8(0x30);
+            for (plane, v) in [(256, &mut lo), (320, &mut hi)] {
+                let q = _mm256_loadu_si256(wp.add(plane) as *const __m256i);
+                v[0] = or_and256(v[0], _mm256_slli_epi16(q, 4), m);
+                v[1] = or_and256(v[1], _mm256_slli_epi16(q, 2), m);
+                v[2] = or_and256(v[2], q, m);
+                v[3] = or_and256(v[3], _mm256_srli_epi16(q, 2), m);
+            }
+        }
         let (mut slo, mut shi) = ([zero; 4], [zero; 4]);
         if B::TABLE {
             let (ta, ts) = (table(true, 0), table(false, 0));
@@ -313,7 +454,7 @@ unsafe fn lane256<B: BlockTy, const T: usize>(
 ) -> [__m256; T] {
     let cols = nb * QK;
     let mut pos = lane_start(nb, l);
-    // SAFETY: the caller's contract (see the ymm `Job::group`).
+    // SAFETY: the caller's contract (see `group256`).
     unsafe {
         let (xq, xd, xs, xh) = (x.q.as_ptr(), x.d.as_ptr(), x.s.as_ptr(), x.h.as_ptr());
         let ss = grp.add(lay.supers_at);
@@ -328,7 +469,7 @@ unsafe fn lane256<B: BlockTy, const T: usize>(
                 prefetch(sp, lay.pos_scale_bytes);
             }
             let (lo, hi, slo, shi) = levels256::<B>(wp, h);
-            let sc = scales::<Y, B>(sp, ss, b, h);
+            let sc = scales256::<B>(sp, ss, b, h);
             for (i, acc_t) in acc.iter_mut().enumerate() {
                 let t = t0 + i;
                 let xb = xq.add(t * cols + b * QK) as *const i32;
@@ -396,7 +537,13 @@ unsafe fn lane256<B: BlockTy, const T: usize>(
                     _mm256_sub_epi32(_mm256_add_epi32(i0, i1), _mm256_set1_epi32(off))
                 };
                 let dx = *xd.add(t * nb + b);
-                *acc_t = float_step::<Y>(B::AFFINE, *acc_t, sc.dw, sc.mw, isum, dx, s);
+                let d = _mm256_mul_ps(sc.dw, _mm256_set1_ps(dx));
+                let mut term = _mm256_mul_ps(d, _mm256_cvtepi32_ps(isum));
+                if B::AFFINE {
+                    let xsum = _mm256_set1_ps(dx * s as f32);
+                    term = _mm256_add_ps(term, _mm256_mul_ps(sc.mw, xsum));
+                }
+                *acc_t = _mm256_add_ps(*acc_t, term);
             }
             pos += 1;
             b += LANES;
@@ -405,25 +552,82 @@ unsafe fn lane256<B: BlockTy, const T: usize>(
     }
 }
 
+#[inline(always)]
+fn add256<const T: usize>(a: [__m256; T], b: [__m256; T]) -> [__m256; T] {
+    // SAFETY: register-only AVX op; every caller is compiled with AVX2.
+    std::array::from_fn(|t| unsafe { _mm256_add_ps(a[t], b[t]) })
+}
+
 /// Tokens `t0..t0 + T` of group `g`, both halves.
-impl<B: BlockTy> GroupFn for Job<'_, B, Y> {
-    #[inline(always)]
-    unsafe fn group<const T: usize>(&self, g: usize, t0: usize) {
-        let (p, lay, x) = (self.p, &self.lay, self.x);
-        // SAFETY: as for the zmm group, tokens t0..t0 + T.
-        unsafe {
-            let grp = p.q.as_ptr().add(g * lay.group);
-            for h in 0..2 {
-                let r0 = g * GROUP + 8 * h;
-                if r0 >= p.rows {
-                    break;
-                }
-                let r = lane_tree!(
-                    |l: usize| lane256::<B, T>(grp, lay, x, t0, p.nb, h, l),
-                    add256
-                );
-                store8(&r, p.rows, r0, t0, self.y, self.ld);
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn group256<B: BlockTy, const T: usize>(
+    p: &PackedView,
+    lay: &GroupLayout,
+    g: usize,
+    x: &ActTile,
+    t0: usize,
+    y: *mut f32,
+    ld: usize,
+) {
+    let nb = p.nb;
+    // SAFETY: as in `group512`.
+    unsafe {
+        let grp = p.q.as_ptr().add(g * lay.group);
+        for h in 0..2 {
+            let r0 = g * GROUP + 8 * h;
+            if r0 >= p.rows {
+                break;
             }
+            let r = lane_tree!(
+                |l: usize| lane256::<B, T>(grp, lay, x, t0, nb, h, l),
+                add256
+            );
+            let valid = (p.rows - r0).min(8);
+            for (i, v) in r.iter().enumerate() {
+                let out = y.add((t0 + i) * ld + r0);
+                if valid == 8 {
+                    _mm256_storeu_ps(out, *v);
+                } else {
+                    let mut tmp = [0f32; 8];
+                    _mm256_storeu_ps(tmp.as_mut_ptr(), *v);
+                    std::ptr::copy_nonoverlapping(tmp.as_ptr(), out, valid);
+                }
+            }
+        }
+    }
+}
+
+/// Most tokens per inner pass of the AVX2 kernel.
+const PASS: usize = 4;
+
+#[target_feature(enable = "avx2,f16c")]
+unsafe fn avx2_any<B: BlockTy>(
+    p: &PackedView,
+    g0: usize,
+    g1: usize,
+    x: &ActTile,
+    y: *mut f32,
+    ld: usize,
+) {
+    let nt = x.d.len() / p.nb;
+    debug_assert!((1..=PACKED_TILE).contains(&nt));
+    let lay = GroupLayout::of(B::W, p.nb);
+    debug_assert!(p.q.len() >= g1 * lay.group);
+    for g in g0..g1 {
+        let mut t0 = 0;
+        while t0 < nt {
+            let n = (nt - t0).min(PASS);
+            // SAFETY: forwarded caller contract; tokens t0..t0 + n exist.
+            unsafe {
+                match n {
+                    1 => group256::<B, 1>(p, &lay, g, x, t0, y, ld),
+                    2 => group256::<B, 2>(p, &lay, g, x, t0, y, ld),
+                    3 => group256::<B, 3>(p, &lay, g, x, t0, y, ld),
+                    _ => group256::<B, 4>(p, &lay, g, x, t0, y, ld),
+                }
+            }
+            t0 += n;
         }
     }
 }
@@ -432,7 +636,6 @@ impl<B: BlockTy> GroupFn for Job<'_, B, Y> {
 ///
 /// # Safety
 /// The CPU has AVX2 and F16C; otherwise as [`vnni`].
-#[target_feature(enable = "avx2,f16c")]
 pub unsafe fn avx2<B: BlockTy>(
     p: &PackedView,
     g0: usize,
@@ -442,8 +645,6 @@ pub unsafe fn avx2<B: BlockTy>(
     ld: usize,
 ) {
     count(Tier::Avx2, Op::Packed);
-    let nt = x.d.len() / p.nb;
-    debug_assert!((1..=PACKED_TILE).contains(&nt));
-    // SAFETY: forwarded caller contract; features enabled on this function.
-    unsafe { token_passes(&Job::<B, Y>::new(p, g1, x, y, ld), g0, g1, nt) }
+    // SAFETY: forwarded caller contract.
+    unsafe { avx2_any::<B>(p, g0, g1, x, y, ld) }
 }
