@@ -16,8 +16,9 @@
 #              CALIB text) at X = the bits per weight of llama.cpp's Q4_K_M + imatrix file,
 #              of its Q6_K file, and 4.5. Sizes are matched on the matrices, the bits per
 #              weight as mlb-inspect counts them: 8 × the bytes of every 2-D tensor of the
-#              GGUF (scales included) / their weights, rounded down to 1e-6, is the target;
-#              the mix stays at or below it. The file sizes differ by what is not a matrix
+#              GGUF (scales included) / their weights, rounded up to 1e-9, is the target, so
+#              the budget (mlb-convert floors target × weights / 8) is the GGUF's matrix
+#              bytes to the byte; the mix stays at or below it. The file sizes differ by what is not a matrix
 #              (norms; the GGUF also carries the tokenizer, which Krafla keeps in the .mlt);
 #              the table lists both sizes and both bits per weight, and a targets table the
 #              ratio of mean KLDs (the issue's target: ≤ 0.9).
@@ -198,7 +199,7 @@ w = b = 0
 for t in r.tensors:
     if len(t.shape) == 2:
         w += int(t.n_elements); b += int(t.n_bytes)
-print(f"{8 * b / w:.9f}")
+print(f"{8 * b / w:.15f}")
 PY
   }
   base=$d/llama-bf16-$CHUNKS.kld
@@ -236,10 +237,10 @@ print(json.dumps({"tool": "llama.cpp", "name": name, "bytes": size, "bpw": bpw,
 PY
   done
 
-  # ---- Krafla mixes at llama.cpp's sizes (rounded down: the mix stays at or below)
+  # ---- Krafla mixes at llama.cpp's sizes (the GGUF's matrix bytes as the budget)
   mixes="mix-q4_k_m:$(gbpw "$d/llama-q4_k_m-imatrix.gguf") mix-q6_k:$(gbpw "$d/llama-q6_k.gguf") mix-4.5:4.5"
   for nb in $mixes; do
-    n=${nb%%:*} x=$(python3 -c "import math, sys; print(f'{math.floor(float(sys.argv[1]) * 1e6) / 1e6:.6f}')" "${nb#*:}")
+    n=${nb%%:*} x=$(python3 -c "import math, sys; print(f'{math.ceil(float(sys.argv[1]) * 1e9) / 1e9:.9f}')" "${nb#*:}")
     # A new target or new mix constants (src/convert/mix.rs) make the mix again.
     stamp="$x $(md5sum <"$repo/src/convert/mix.rs" | cut -c1-32)"
     if [ "$(cat "$d/$n.stamp" 2>/dev/null)" != "$stamp" ]; then

@@ -19,9 +19,15 @@
 //!    measured KL divergence by scripts/calibrate-mix.sh (docs/convert.md, "Mixes").
 //! 3. **Allocate.** Every matrix starts at its cheapest candidate; upgrades along each
 //!    matrix's lower convex hull of (bytes, predicted error) are taken in order of
-//!    predicted error saved per byte while they fit the budget (ties by array order),
-//!    then any remaining upgrade that still fits. Deterministic: the same checkpoint,
-//!    imatrix and target give the same mix at any thread count.
+//!    predicted error saved per byte while they fit the budget (ties by array order).
+//!    The greedy alone strands a large upgrade that no longer fits behind many small
+//!    ones (Gemma 3's 168M-weight tied embedding at Q8_0 missed a budget by 4 bytes and
+//!    left 42 MB unspent), so exchanges follow: an upgrade that does not fit is taken
+//!    when giving back other matrices' last upgrades, cheapest loss per byte first,
+//!    frees its bytes for less predicted error than it saves; the best such exchange,
+//!    repeatedly, until none saves anything. Every exchange lowers the predicted error,
+//!    so this ends. Deterministic: the same checkpoint, imatrix and target give the same
+//!    mix at any thread count.
 
 use crate::format::mlb::header::q8_class;
 use crate::format::mlb::{Kind, Tensor};
@@ -256,12 +262,17 @@ fn hull(cands: &[(WType, u64, f64)], weight: f64) -> Vec<usize> {
 }
 
 /// Chooses every free matrix's type so that the bytes of all matrices fit in `budget`,
-/// minimizing `Σ weight · r` (the module docs' greedy). `Err` with the smallest mix's
-/// bits per weight when even that does not fit.
+/// minimizing `Σ weight · r` (the module docs' greedy, then exchanges). `Err` with the
+/// smallest mix's bits per weight when even that does not fit.
 pub fn allocate(rows: &mut [MixRow], budget: u64) -> Result<(), f64> {
     let weights: u64 = rows.iter().map(|r| (r.rows * r.cols) as u64).sum();
-    let hulls: Vec<Vec<usize>> = rows.iter().map(|r| hull(&r.cands, r.weight)).collect();
-    let mut at = vec![0usize; rows.len()];
+    let mut hulls: Vec<Vec<usize>> = rows.iter().map(|r| hull(&r.cands, r.weight)).collect();
+    for (r, h) in rows.iter().zip(hulls.iter_mut()) {
+        if r.fixed.is_some() {
+            h.truncate(1); // never moves: its bytes are r.bytes() whatever the hull says
+        }
+    }
+    let at = vec![0usize; rows.len()];
     let mut used = 0u64;
     for (r, h) in rows.iter_mut().zip(&hulls) {
         if r.fixed.is_none() {
@@ -272,33 +283,113 @@ pub fn allocate(rows: &mut [MixRow], budget: u64) -> Result<(), f64> {
     if used > budget {
         return Err(used as f64 * 8.0 / weights as f64);
     }
+    let mut mix = Mix {
+        rows,
+        hulls: &hulls,
+        at,
+        used,
+    };
     // Greedy by error saved per byte; a skipped upgrade retires its matrix.
-    let mut done = vec![false; rows.len()];
+    let mut done = vec![false; mix.rows.len()];
     loop {
         let mut best: Option<(f64, usize)> = None;
-        for (i, r) in rows.iter().enumerate() {
-            if r.fixed.is_some() || done[i] || at[i] + 1 >= hulls[i].len() {
-                continue;
-            }
-            let (a, b) = (&r.cands[hulls[i][at[i]]], &r.cands[hulls[i][at[i] + 1]]);
-            let gain = r.weight * (a.2 - b.2) / (b.1 - a.1) as f64;
-            if best.is_none_or(|(g, _)| gain > g) {
-                best = Some((gain, i));
+        for (i, _) in done.iter().enumerate().filter(|(_, &d)| !d) {
+            if let Some((bytes, gain)) = mix.step(i, 1) {
+                let per_byte = gain / bytes as f64;
+                if best.is_none_or(|(g, _)| per_byte > g) {
+                    best = Some((per_byte, i));
+                }
             }
         }
         let Some((_, i)) = best else { break };
-        let r = &mut rows[i];
-        let next = &r.cands[hulls[i][at[i] + 1]];
-        let extra = next.1 - r.bytes();
-        if used + extra <= budget {
-            used += extra;
-            at[i] += 1;
-            r.chosen = next.0;
+        let (bytes, _) = mix.step(i, 1).expect("a step was found");
+        if mix.used + bytes <= budget {
+            mix.moved(i, 1);
         } else {
             done[i] = true;
         }
     }
+    // Exchanges: the best upgrade that fits once other matrices give back their last step.
+    // Each one lowers Σ weight · r, so the loop ends; the cap only guards against float
+    // ties that the strict comparison already excludes.
+    for _ in 0..mix.rows.len() * 16 {
+        let Some((i, give)) = mix.best_exchange(budget) else {
+            break;
+        };
+        for j in give {
+            mix.moved(j, -1);
+        }
+        mix.moved(i, 1);
+    }
+    debug_assert!(mix.used <= budget);
     Ok(())
+}
+
+/// The allocator's state: each matrix's position on its hull and the bytes used.
+struct Mix<'a> {
+    rows: &'a mut [MixRow],
+    hulls: &'a [Vec<usize>],
+    at: Vec<usize>,
+    used: u64,
+}
+
+impl Mix<'_> {
+    /// Matrix `i`'s step up (`dir` 1) or down (−1) its hull: (bytes it adds or frees,
+    /// predicted error it saves or costs); `None` at the hull's end.
+    fn step(&self, i: usize, dir: isize) -> Option<(u64, f64)> {
+        let (h, at) = (&self.hulls[i], self.at[i]);
+        let to = at.checked_add_signed(dir).filter(|&t| t < h.len())?;
+        let (a, b) = (&self.rows[i].cands[h[at]], &self.rows[i].cands[h[to]]);
+        Some((a.1.abs_diff(b.1), self.rows[i].weight * (a.2 - b.2).abs()))
+    }
+
+    fn moved(&mut self, i: usize, dir: isize) {
+        let (bytes, _) = self.step(i, dir).expect("a step on the hull");
+        self.at[i] = self.at[i].checked_add_signed(dir).expect("on the hull");
+        let r = &mut self.rows[i];
+        r.chosen = r.cands[self.hulls[i][self.at[i]]].0;
+        if dir > 0 {
+            self.used += bytes;
+        } else {
+            self.used -= bytes;
+        }
+    }
+
+    /// The upgrade with the largest net saving once the matrices it names give back
+    /// their last step (cheapest loss per byte first, until the upgrade fits).
+    fn best_exchange(&self, budget: u64) -> Option<(usize, Vec<usize>)> {
+        let mut downs: Vec<(f64, usize, u64, f64)> = (0..self.rows.len())
+            .filter_map(|j| {
+                let (bytes, loss) = self.step(j, -1)?;
+                Some((loss / bytes as f64, j, bytes, loss))
+            })
+            .collect();
+        downs.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+        let free = budget - self.used;
+        let mut best: Option<(f64, usize, Vec<usize>)> = None;
+        for i in 0..self.rows.len() {
+            let Some((bytes, gain)) = self.step(i, 1) else {
+                continue;
+            };
+            let (mut freed, mut loss, mut give) = (free, 0.0, Vec::new());
+            for &(_, j, b, l) in &downs {
+                if freed >= bytes || loss >= gain {
+                    break;
+                }
+                if j != i {
+                    freed += b;
+                    loss += l;
+                    give.push(j);
+                }
+            }
+            let net = gain - loss;
+            // Strictly better, by more than rounding: no exchange undoes another.
+            if freed >= bytes && net > gain * 1e-9 && best.as_ref().is_none_or(|b| net > b.0) {
+                best = Some((net, i, give));
+            }
+        }
+        best.map(|(_, i, give)| (i, give))
+    }
 }
 
 /// The matrices of `tensors` in array order with their class and shape.
@@ -393,6 +484,38 @@ mod tests {
         assert_eq!(rows[1].chosen, Q8_0);
         let mut rows = vec![row(0, a, 1.0)];
         assert_eq!(allocate(&mut rows, 99), Err(8.0));
+    }
+
+    #[test]
+    fn exchanges_give_back_small_upgrades_for_a_large_one() {
+        use WType::*;
+        // The greedy takes b first (0.02 saved per byte against a's 0.01), and then a's
+        // 100 bytes no longer fit; giving b's back (0.2 lost) affords a (1.0 saved).
+        let a = vec![(IQ4_NL, 100, 1.0), (Q8_0, 200, 0.0)];
+        let b = vec![(IQ4_NL, 10, 1.0), (Q5_0, 20, 0.8)];
+        let mut rows = vec![row(0, a.clone(), 1.0), row(1, b.clone(), 1.0)];
+        allocate(&mut rows, 210).unwrap();
+        assert_eq!((rows[0].chosen, rows[1].chosen), (Q8_0, IQ4_NL));
+        // Not when the give-back costs more than the upgrade saves.
+        let mut rows = vec![row(0, a.clone(), 1.0), row(1, b.clone(), 10.0)];
+        allocate(&mut rows, 210).unwrap();
+        assert_eq!((rows[0].chosen, rows[1].chosen), (IQ4_NL, Q5_0));
+        // Nor when everything given back still does not make room.
+        let mut rows = vec![row(0, a.clone(), 1.0), row(1, b.clone(), 1.0)];
+        allocate(&mut rows, 199).unwrap();
+        assert_eq!((rows[0].chosen, rows[1].chosen), (IQ4_NL, Q5_0));
+        // Several small ones, cheapest loss per byte first; the others stay.
+        let c = vec![(IQ4_NL, 10, 1.0), (Q5_0, 20, 0.5)];
+        let mut rows = vec![
+            row(0, a, 1.0),
+            row(1, b.clone(), 1.0),
+            row(2, b, 1.0),
+            row(3, c, 1.0),
+        ];
+        allocate(&mut rows, 240).unwrap();
+        let chosen: Vec<WType> = rows.iter().map(|r| r.chosen).collect();
+        assert_eq!(chosen, vec![Q8_0, IQ4_NL, IQ4_NL, Q5_0]);
+        assert!(rows.iter().map(MixRow::bytes).sum::<u64>() <= 240);
     }
 
     #[test]

@@ -501,6 +501,10 @@ pub struct ActTile<'a> {
     pub q4: &'a [i8],
     /// `cols/32` sums of each block's first 16 quants per token (Q6_K).
     pub h: &'a [i32],
+    /// The product's only tile (decode, a batched decode step, a short prompt): its
+    /// weights stream from memory once, so the packed kernels prefetch them. Later tiles
+    /// of a prefill find them cached.
+    pub stream: bool,
 }
 
 /// One weight type's matrix kernels in a tier: the row-major micro-kernel, and the
@@ -1124,6 +1128,7 @@ fn token_tiles(x: &QActs, size: usize) -> Vec<ActTile<'_>> {
                 s: &x.s[t0 * nb..t1 * nb],
                 q4: &x.q4[t0 * l4..t1 * l4],
                 h: &x.h[t0 * nb..t1 * nb],
+                stream: n <= size,
             }
         })
         .collect()

@@ -13,10 +13,9 @@
 //!   vector); decode 8 rows × 1 token (8 independent FMA chains);
 //! * AVX2: 2 rows × 3 tokens (12 ymm accumulators); decode 4 rows × 1 token.
 //!
-//! Decode calls (one token) stream weights that nothing else reads: they prefetch the
-//! bytes [`PF_DIST`] ahead of the rows in flight (each micro-tile's rows are adjacent in
-//! memory, so its column steps walk one contiguous range), as the packed quantized
-//! kernels do.
+//! Decode calls (one token) stream weights that nothing else reads: they prefetch each
+//! row of the micro-tile in flight `PF_DIST / R` bytes ahead (continuing into the next
+//! micro-tile's rows), [`PF_DIST`] bytes in all, as the packed quantized kernels do.
 
 use core::arch::x86_64::*;
 
@@ -73,12 +72,21 @@ impl Widen for F16 {
     }
 }
 
-/// Prefetches the `lines` cache lines at `p + PF_DIST`.
+/// Prefetches, for each of the `R` rows of a micro-tile at `w` (`rb` bytes each, adjacent),
+/// the line `PF_DIST / R` bytes ahead of column byte `at` in that row, or, past the row's
+/// end, at that offset in the row `R` (or a multiple) below: the next micro-tile's, which
+/// the stream reaches next. The tile reads its rows side by side, R streams `rb` bytes
+/// apart, so one pointer running `PF_DIST` ahead through the tile's range (as the packed
+/// kernels' single stream does) would mostly land on lines already being read: with
+/// 2048-column rows it was one row ahead, the very line loaded in the same step.
 #[inline(always)]
-unsafe fn prefetch(p: *const u8, lines: usize) {
-    for l in 0..lines {
+unsafe fn prefetch_rows<const R: usize>(w: *const u8, rb: usize, at: usize) {
+    let ahead = at + PF_DIST / R;
+    let (down, off) = (ahead / rb * R, ahead % rb);
+    for r in 0..R {
+        let p = w.wrapping_add((r + down) * rb + off);
         // SAFETY: a prefetch never faults, even past the end of the buffer.
-        unsafe { _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PF_DIST + 64 * l) as *const i8) };
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(p as *const i8) };
     }
 }
 
@@ -124,12 +132,10 @@ unsafe fn tile512<W: Widen, const R: usize, const T: usize, const PF: bool>(
     unsafe {
         let rb = 2 * cols;
         let mut acc = [[_mm512_setzero_ps(); T]; R];
-        let mut pf = w;
         for c in (0..cols).step_by(16) {
-            if PF {
-                // R·32 bytes per step: the rows' next steps, a contiguous range ahead.
-                prefetch(pf, (R * 32).div_ceil(64));
-                pf = pf.wrapping_add(R * 32);
+            if PF && c % 32 == 0 {
+                // A step reads 32 bytes of each row: a line per row every other step.
+                prefetch_rows::<R>(w, rb, 2 * c);
             }
             let mut wv = [_mm512_setzero_ps(); R];
             for (r, v) in wv.iter_mut().enumerate() {
@@ -167,11 +173,9 @@ unsafe fn tile256<W: Widen, const R: usize, const T: usize, const PF: bool>(
         let rb = 2 * cols;
         let mut lo = [[_mm256_setzero_ps(); T]; R];
         let mut hi = [[_mm256_setzero_ps(); T]; R];
-        let mut pf = w;
         for c in (0..cols).step_by(16) {
-            if PF {
-                prefetch(pf, (R * 32).div_ceil(64));
-                pf = pf.wrapping_add(R * 32);
+            if PF && c % 32 == 0 {
+                prefetch_rows::<R>(w, rb, 2 * c);
             }
             for r in 0..R {
                 let p = w.add(r * rb + 2 * c);

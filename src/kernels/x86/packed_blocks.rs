@@ -189,7 +189,7 @@ unsafe fn lane512<B: BlockTy, const T: usize>(
         while b < nb {
             let wp = grp.add(pos * lay.quant_bytes);
             let sp = grp.add(lay.scales_at + pos * lay.pos_scale_bytes);
-            if T == 1 {
+            if x.stream {
                 prefetch(wp, lay.quant_bytes);
                 prefetch(sp, lay.pos_scale_bytes);
             }
@@ -464,7 +464,7 @@ unsafe fn lane256<B: BlockTy, const T: usize>(
         while b < nb {
             let wp = grp.add(pos * lay.quant_bytes);
             let sp = grp.add(lay.scales_at + pos * lay.pos_scale_bytes);
-            if T == 1 && h == 0 {
+            if x.stream && h == 0 {
                 prefetch(wp, lay.quant_bytes);
                 prefetch(sp, lay.pos_scale_bytes);
             }
