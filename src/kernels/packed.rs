@@ -126,14 +126,20 @@ impl PackedMat {
                 for j in 0..GROUP {
                     let r = g * GROUP + j;
                     let s = &mut sb[j * ss..(j + 1) * ss];
+                    // Chunk k of the block holds this row's bytes 4k..4k+4 at 4j..4j+4:
+                    // whole 4-byte words (a byte loop with computed indices made packing
+                    // 2.3x slower at load, llama1b Q8_0).
+                    let chunks = qb.chunks_exact_mut(64).map(|c| &mut c[4 * j..4 * j + 4]);
                     if r >= w.rows {
-                        (0..per).for_each(|e| qb[64 * (e / 4) + 4 * j + e % 4] = pad_byte);
+                        chunks.for_each(|d| d.fill(pad_byte));
                         s.fill(0);
                         continue;
                     }
                     let src = &w.q[r * rb + b * per..][..per];
-                    for (e, &v) in src.iter().enumerate() {
-                        qb[64 * (e / 4) + 4 * j + e % 4] = v ^ xor;
+                    let x = u32::from_ne_bytes([xor; 4]);
+                    for (d, v) in chunks.zip(src.chunks_exact(4)) {
+                        let v = u32::from_ne_bytes(v.try_into().expect("4 bytes")) ^ x;
+                        d.copy_from_slice(&v.to_ne_bytes());
                     }
                     let si = r * nb + b;
                     if f16 {

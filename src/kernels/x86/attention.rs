@@ -117,14 +117,15 @@ pub unsafe fn attend_avx2(qs: &mut [Query], kv: &KvView, scale: f32, softcap: f3
     count(Tier::Avx2, Op::Attend);
     let (ks, vs) = f32_srcs(kv, head_size(qs));
     // SAFETY: AVX2 (this function's contract).
-    unsafe { attend_any::<false, _>(qs, kv, ks, vs, scale, softcap) }
+    unsafe { attend_any::<false, false, _>(qs, kv, ks, vs, scale, softcap) }
 }
 
-/// The AVX-512 tiers' attention entry for f32 caches: the AVX2 order of work (ymm value
-/// sums, no query pairs), compiled with AVX-512 F. Measured on Zen 5 (perf samples of
-/// SmolLM2 Q4_0 prefills of 512 tokens): the zmm value sums took about 25% more time
-/// here than ymm, while for f16 and Q8_0 rows, which widen as they load, zmm was 10-20%
-/// faster, so `attention_kv`'s entries keep it. Either order gives the contract's bits.
+/// The AVX-512 tiers' attention entry for f32 caches: query pairs for the scores, ymm
+/// value sums. Measured on Zen 5 (perf samples of 512-token prefills): zmm value sums
+/// took about 25% more attention time than ymm over f32 rows (SmolLM2), and the pairs
+/// 12% less than single queries (llama1b, 4 query heads per kv head); over f16 and Q8_0
+/// rows, which widen as they load, zmm sums were 10-20% faster, so `attention_kv`'s
+/// entries keep them. Every order gives the contract's bits.
 ///
 /// # Safety
 /// The CPU must support AVX2 and AVX-512 F; the shapes as `Kernels::attend` checks them.
@@ -132,8 +133,8 @@ pub unsafe fn attend_avx2(qs: &mut [Query], kv: &KvView, scale: f32, softcap: f3
 pub unsafe fn attend_avx512(qs: &mut [Query], kv: &KvView, scale: f32, softcap: f32) {
     count(Tier::Avx512, Op::Attend);
     let (ks, vs) = f32_srcs(kv, head_size(qs));
-    // SAFETY: AVX2 (this function's contract).
-    unsafe { attend_any::<false, _>(qs, kv, ks, vs, scale, softcap) }
+    // SAFETY: AVX2 and AVX-512 F (this function's contract).
+    unsafe { attend_any::<true, false, _>(qs, kv, ks, vs, scale, softcap) }
 }
 
 /// A tile blocked over positions when no query's positions wrap around the cache's
@@ -141,10 +142,10 @@ pub unsafe fn attend_avx512(qs: &mut [Query], kv: &KvView, scale: f32, softcap: 
 /// window and the slots).
 ///
 /// # Safety
-/// The CPU has AVX2 (and AVX-512 F when `WIDE`) and what `S`'s rows need; the caller
+/// The CPU has AVX2 (and AVX-512 F when `PAIRS` or `WIDE`) and what `S`'s rows need; the caller
 /// is compiled with them; the shapes as `Kernels::attend` checks them.
 #[inline(always)]
-pub(crate) unsafe fn attend_any<const WIDE: bool, S: Src>(
+pub(crate) unsafe fn attend_any<const PAIRS: bool, const WIDE: bool, S: Src>(
     qs: &mut [Query],
     kv: &KvView,
     ks: S,
@@ -154,7 +155,7 @@ pub(crate) unsafe fn attend_any<const WIDE: bool, S: Src>(
 ) {
     if qs.iter().all(|q| q.pos < kv.cap) {
         // SAFETY: forwarded features; every position is below cap.
-        unsafe { attend_many::<WIDE, S>(qs, kv, ks, vs, scale, softcap) }
+        unsafe { attend_many::<PAIRS, WIDE, S>(qs, kv, ks, vs, scale, softcap) }
     } else {
         for q in qs {
             // SAFETY: forwarded features.
@@ -225,10 +226,10 @@ const BLOCK: usize = 64;
 /// runs in position order whatever the blocking).
 ///
 /// # Safety
-/// The CPU has AVX2 (and AVX-512 F when `WIDE`) and what `S` needs; every query's
+/// The CPU has AVX2 (and AVX-512 F when `PAIRS` or `WIDE`) and what `S` needs; every query's
 /// position is below `kv.cap`; every query and `out` has the same length.
 #[inline(always)]
-unsafe fn attend_many<const WIDE: bool, S: Src>(
+unsafe fn attend_many<const PAIRS: bool, const WIDE: bool, S: Src>(
     qs: &mut [Query],
     kv: &KvView,
     ks: S,
@@ -257,7 +258,7 @@ unsafe fn attend_many<const WIDE: bool, S: Src>(
     };
     // Two queries of one position (heads sharing this kv head) take their scores
     // together with AVX-512 F: one zmm holds both queries' 8 partial sums.
-    let pairs = WIDE && hd % 8 == 0 && hd / 8 <= PAIR_MAX_CHUNKS;
+    let pairs = PAIRS && hd % 8 == 0 && hd / 8 <= PAIR_MAX_CHUNKS;
     for b0 in (lo..=hi).step_by(BLOCK) {
         let mut rest = &mut qs[..];
         while let Some((q, tail)) = rest.split_first_mut() {
@@ -266,7 +267,7 @@ unsafe fn attend_many<const WIDE: bool, S: Src>(
             if let (true, Some(q2)) = (pairs && s < e, tail.first_mut()) {
                 if q2.pos == q.pos {
                     let (a, b) = (&mut q.att[s - f..e - f], &mut q2.att[s - f..e - f]);
-                    // SAFETY: AVX-512 F and AVX2 (WIDE, this function's contract); rows
+                    // SAFETY: AVX-512 F and AVX2 (PAIRS, this function's contract); rows
                     // of hd values, hd a multiple of 8 within the pair buffer.
                     unsafe { scores_pair(q.q, q2.q, |i| k(s + i), scale, a, b) };
                     rest = &mut tail[1..];

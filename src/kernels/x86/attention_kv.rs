@@ -158,7 +158,7 @@ pub unsafe fn attend_f16_avx2(qs: &mut [Query], kv: &KvView, scale: f32, softcap
     count(Tier::Avx2, Op::Attend);
     let (ks, vs) = f16_srcs(kv, head_size(qs));
     // SAFETY: AVX2 and F16C (this function's contract).
-    unsafe { attend_any::<false, _>(qs, kv, ks, vs, scale, softcap) }
+    unsafe { attend_any::<false, false, _>(qs, kv, ks, vs, scale, softcap) }
 }
 
 /// The AVX-512 tiers' attention over an f16 cache.
@@ -171,7 +171,7 @@ pub unsafe fn attend_f16_avx512(qs: &mut [Query], kv: &KvView, scale: f32, softc
     count(Tier::Avx512, Op::Attend);
     let (ks, vs) = f16_srcs(kv, head_size(qs));
     // SAFETY: AVX2, AVX-512 F and F16C (this function's contract).
-    unsafe { attend_any::<true, _>(qs, kv, ks, vs, scale, softcap) }
+    unsafe { attend_any::<true, true, _>(qs, kv, ks, vs, scale, softcap) }
 }
 
 /// The AVX2 tier's attention over a Q8_0 cache.
@@ -183,7 +183,7 @@ pub unsafe fn attend_q8_avx2(qs: &mut [Query], kv: &KvView, scale: f32, softcap:
     count(Tier::Avx2, Op::Attend);
     let (ks, vs) = q8_srcs(kv, head_size(qs));
     // SAFETY: AVX2 (this function's contract).
-    unsafe { attend_any::<false, _>(qs, kv, ks, vs, scale, softcap) }
+    unsafe { attend_any::<false, false, _>(qs, kv, ks, vs, scale, softcap) }
 }
 
 /// The AVX-512 tiers' attention over a Q8_0 cache.
@@ -196,5 +196,5 @@ pub unsafe fn attend_q8_avx512(qs: &mut [Query], kv: &KvView, scale: f32, softca
     count(Tier::Avx512, Op::Attend);
     let (ks, vs) = q8_srcs(kv, head_size(qs));
     // SAFETY: AVX2, AVX-512 F and F16C (this function's contract).
-    unsafe { attend_any::<true, _>(qs, kv, ks, vs, scale, softcap) }
+    unsafe { attend_any::<true, true, _>(qs, kv, ks, vs, scale, softcap) }
 }
