@@ -272,7 +272,6 @@ pub fn allocate(rows: &mut [MixRow], budget: u64) -> Result<(), f64> {
             h.truncate(1); // never moves: its bytes are r.bytes() whatever the hull says
         }
     }
-    let at = vec![0usize; rows.len()];
     let mut used = 0u64;
     for (r, h) in rows.iter_mut().zip(&hulls) {
         if r.fixed.is_none() {
@@ -284,9 +283,9 @@ pub fn allocate(rows: &mut [MixRow], budget: u64) -> Result<(), f64> {
         return Err(used as f64 * 8.0 / weights as f64);
     }
     let mut mix = Mix {
+        at: vec![0; rows.len()],
         rows,
         hulls: &hulls,
-        at,
         used,
     };
     // Greedy by error saved per byte; a skipped upgrade retires its matrix.

@@ -119,6 +119,7 @@ impl PackedMat {
         let order: Vec<usize> = block_order(nb).collect();
         let rb = w.wtype.row_bytes(w.cols);
         let (per, xor, pad_byte) = byte_code(w.wtype);
+        let xor4 = u32::from_ne_bytes([xor; 4]);
         let pack_group = |g: usize, qg: &mut [u8], sg: &mut [u8]| {
             for (p, &b) in order.iter().enumerate() {
                 let qb = &mut qg[p * bb..(p + 1) * bb];
@@ -136,9 +137,8 @@ impl PackedMat {
                         continue;
                     }
                     let src = &w.q[r * rb + b * per..][..per];
-                    let x = u32::from_ne_bytes([xor; 4]);
                     for (d, v) in chunks.zip(src.chunks_exact(4)) {
-                        let v = u32::from_ne_bytes(v.try_into().expect("4 bytes")) ^ x;
+                        let v = u32::from_ne_bytes(v.try_into().expect("4 bytes")) ^ xor4;
                         d.copy_from_slice(&v.to_ne_bytes());
                     }
                     let si = r * nb + b;
