@@ -5,9 +5,10 @@
 //!
 //! Layout of a [`PackedMat`] (one 64-byte aligned buffer): `groups = ⌈rows/16⌉` groups
 //! of 16 rows, the last padded with zero rows (level 0, scale 0). Per group, blocks come
-//! in the contract's lane order, [`block_order`]: blocks 0, 8, 16, … (lane 0), then 1, 9,
-//! 17, … (lane 1), and so on, so a kernel runs one lane's accumulator over consecutive
-//! memory. Per block of 16 rows:
+//! lane by lane, [`block_order`]: blocks 0, 8, 16, … (lane 0), then 4, 12, … (lane 4), in
+//! the order the kernels run the lanes ([`LANE_VISIT`]), so a kernel runs one lane's
+//! accumulator over consecutive memory and reads the group front to back. Per block of
+//! 16 rows:
 //!
 //! * Q8_0: 8 chunks of 64 bytes; chunk `k` holds, for row `j`, elements `4k..4k+4` at
 //!   `4j..4j+4`, stored as `level + 128` (u8, the VNNI offset; padding is `0x80`);
@@ -68,16 +69,31 @@ pub const fn block_bytes(wtype: WType) -> usize {
     }
 }
 
-/// The blocks of a row in packed order: lane 0's blocks (0, 8, 16, …), then lane 1's, ….
+/// The order in which the kernels run a group's lanes: the contract's tree pairs
+/// (0, 4), (2, 6), (1, 5), (3, 7), and `lane_tree!` runs each lane just before its pair
+/// needs it. The buffer stores the lanes in this order, so a kernel reads a group front
+/// to back and its prefetch ahead lands on the lanes it runs next (stored lane by lane in
+/// index order, 2 of every 4 lanes' lines were never prefetched).
+pub const LANE_VISIT: [usize; super::LANES] = [0, 4, 2, 6, 1, 5, 3, 7];
+
+/// The blocks of a row in packed order: the lanes in [`LANE_VISIT`] order, each lane's
+/// blocks (`l, l + 8, …`) in a run.
 pub fn block_order(nb: usize) -> impl Iterator<Item = usize> {
-    (0..super::LANES.min(nb)).flat_map(move |l| (l..nb).step_by(super::LANES))
+    LANE_VISIT
+        .into_iter()
+        .filter(move |&l| l < nb)
+        .flat_map(move |l| (l..nb).step_by(super::LANES))
 }
 
-/// The packed position of lane `l`'s first block: lane `k` holds `⌈(nb − k)/8⌉` blocks.
+/// The packed position of lane `l`'s first block: lane `k` holds `⌈(nb − k)/8⌉` blocks,
+/// and the lanes before `l` in [`LANE_VISIT`] come first.
 #[inline(always)]
 pub fn lane_start(nb: usize, l: usize) -> usize {
-    (0..l.min(nb))
-        .map(|k| (nb - k).div_ceil(super::LANES))
+    LANE_VISIT
+        .iter()
+        .take_while(|&&k| k != l)
+        .filter(|&&k| k < nb)
+        .map(|&k| (nb - k).div_ceil(super::LANES))
         .sum()
 }
 
@@ -276,12 +292,19 @@ mod tests {
     use super::*;
 
     #[test]
-    fn block_order_is_lane_major() {
+    fn block_order_is_lane_major_in_visit_order() {
         let o: Vec<usize> = block_order(18).collect();
         assert_eq!(o.len(), 18);
-        assert_eq!(&o[..4], &[0, 8, 16, 1]);
+        assert_eq!(&o[..5], &[0, 8, 16, 4, 12]);
         let o3: Vec<usize> = block_order(3).collect();
-        assert_eq!(o3, vec![0, 1, 2]);
+        assert_eq!(o3, vec![0, 2, 1]);
+        // Every lane's run starts where `lane_start` says.
+        for nb in [1, 3, 8, 18, 64] {
+            let o: Vec<usize> = block_order(nb).collect();
+            for l in 0..crate::kernels::LANES.min(nb) {
+                assert_eq!(o[lane_start(nb, l)], l, "nb {nb} lane {l}");
+            }
+        }
     }
 
     #[test]

@@ -12,7 +12,7 @@
 //! with zero rows: levels 0, scales 0), each group one contiguous record of
 //!
 //! ```text
-//! quants   nb positions × QB bytes       (positions in `block_order`: lane-major)
+//! quants   nb positions × QB bytes       (positions in `block_order`)
 //!          4 chunks of 64 bytes: chunk k holds for row j, at 4j..4j+4, the bytes
 //!            (level[4k+i] & 15) | (level[16+4k+i] & 15) << 4, i < 4 (Q4_0's packing);
 //!          5-bit types: + 64 bytes: row j's byte i at 4j+i has bit k = bit 4 of

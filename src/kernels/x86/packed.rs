@@ -397,3 +397,24 @@ pub unsafe fn q4_avx2(p: &PackedView, g0: usize, g1: usize, x: &ActTile, y: *mut
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::kernels::packed::LANE_VISIT;
+
+    #[test]
+    fn lane_tree_runs_the_lanes_in_the_packed_order() {
+        // The buffer stores the lanes in the order `lane_tree!` runs them, so that the
+        // kernels read a group front to back (and prefetch what they read next).
+        let seen = std::cell::RefCell::new(Vec::new());
+        let sum = lane_tree!(
+            |l: usize| {
+                seen.borrow_mut().push(l);
+                l
+            },
+            |a: usize, b: usize| a + b
+        );
+        assert_eq!(sum, 28);
+        assert_eq!(seen.into_inner(), LANE_VISIT);
+    }
+}
