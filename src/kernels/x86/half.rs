@@ -13,7 +13,8 @@
 //!   vector); decode 8 rows × 1 token (8 independent FMA chains);
 //! * AVX2: 2 rows × 3 tokens (12 ymm accumulators); decode 4 rows × 1 token.
 //!
-//! Decode calls (one token) stream weights that nothing else reads: they prefetch each
+//! Decode calls (one token) and calls of a single token tile (a server's batched decode
+//! step, a short prompt) stream weights that nothing else reads: they prefetch each
 //! row of the micro-tile in flight `PF_DIST / R` bytes ahead (continuing into the next
 //! micro-tile's rows), [`PF_DIST`] bytes in all, as the packed quantized kernels do.
 
@@ -195,9 +196,17 @@ unsafe fn tile256<W: Widen, const R: usize, const T: usize, const PF: bool>(
     }
 }
 
-/// Rows `0..rows` in micro-tiles of `$rp` rows (the rest one by one) × `$n` tokens.
+/// Rows `0..rows` in micro-tiles of `$rp` rows (the rest one by one) × `$n` tokens,
+/// prefetching ahead when `$pf` (a bool, chosen once per call).
 macro_rules! row_tiles {
-    ($tile:ident, $rp:literal, $n:literal, $pf:literal, $w:expr, $rows:expr, $cols:expr, $x:expr, $y:expr, $ld:expr) => {{
+    ($tile:ident, $rp:literal, $n:literal, $pf:expr, $w:expr, $rows:expr, $cols:expr, $x:expr, $y:expr, $ld:expr) => {{
+        if $pf {
+            row_tiles!(@ $tile, $rp, $n, true, $w, $rows, $cols, $x, $y, $ld)
+        } else {
+            row_tiles!(@ $tile, $rp, $n, false, $w, $rows, $cols, $x, $y, $ld)
+        }
+    }};
+    (@ $tile:ident, $rp:literal, $n:literal, $pf:literal, $w:expr, $rows:expr, $cols:expr, $x:expr, $y:expr, $ld:expr) => {{
         let (wp, rows, cols, xp, y, ld) = ($w, $rows, $cols, $x, $y, $ld);
         let (rb, full) = (2 * cols, rows / $rp * $rp);
         for r in (0..full).step_by($rp) {
@@ -236,17 +245,21 @@ macro_rules! driver {
                     row_tiles!($tile, $rd, 1, true, wp, rows, cols, xp, y, ld);
                     return;
                 }
+                // One tile of tokens (a server's batched decode step, a short prompt)
+                // streams its weights once, as decode does: prefetch. Longer prompts
+                // read them again per tile, from cache.
+                let pf = nt <= $t;
                 let mut t0 = 0;
                 while t0 < nt {
                     let tn = (nt - t0).min($t);
                     let (xt, yt) = (xp.add(t0 * cols), y.add(t0 * ld));
                     match tn {
-                        1 => row_tiles!($tile, $rp, 1, false, wp, rows, cols, xt, yt, ld),
-                        2 => row_tiles!($tile, $rp, 2, false, wp, rows, cols, xt, yt, ld),
-                        3 => row_tiles!($tile, $rp, 3, false, wp, rows, cols, xt, yt, ld),
-                        4 => row_tiles!($tile, $rp, 4, false, wp, rows, cols, xt, yt, ld),
-                        5 => row_tiles!($tile, $rp, 5, false, wp, rows, cols, xt, yt, ld),
-                        _ => row_tiles!($tile, $rp, $t, false, wp, rows, cols, xt, yt, ld),
+                        1 => row_tiles!($tile, $rp, 1, pf, wp, rows, cols, xt, yt, ld),
+                        2 => row_tiles!($tile, $rp, 2, pf, wp, rows, cols, xt, yt, ld),
+                        3 => row_tiles!($tile, $rp, 3, pf, wp, rows, cols, xt, yt, ld),
+                        4 => row_tiles!($tile, $rp, 4, pf, wp, rows, cols, xt, yt, ld),
+                        5 => row_tiles!($tile, $rp, 5, pf, wp, rows, cols, xt, yt, ld),
+                        _ => row_tiles!($tile, $rp, $t, pf, wp, rows, cols, xt, yt, ld),
                     }
                     t0 += tn;
                 }
