@@ -657,7 +657,11 @@ fn x86_kernels(t: Tier, base: Kernels) -> Kernels {
             attend,
             attend_f16,
             attend_q8,
-            exp: math::exp_slice,
+            exp: if t == Tier::Avx2 {
+                math::exp_slice
+            } else {
+                math::exp_slice512
+            },
             max: math::max_slice,
             silu_mul: math::silu_mul,
             gelu_mul: math::gelu_mul,

@@ -13,7 +13,7 @@
 
 use std::arch::x86_64::*;
 
-use super::math::{exp_all, max_all};
+use super::math::{exp_all, exp_all16, max_all};
 use crate::kernels::counters::{count, Op};
 use crate::kernels::scalar_attn::{softmax, KvView, Query, SoftmaxMath, TILE_QUERIES};
 use crate::kernels::scalar_kv::KvData;
@@ -164,11 +164,12 @@ pub(crate) unsafe fn attend_any<const PAIRS: bool, const WIDE: bool, S: Src>(
     }
 }
 
-/// The slice maximum and `exp` of `x86::math` for `scalar_attn::softmax`. Used only
-/// inside this module's AVX2 kernels, whose callers guarantee the CPU has AVX2.
-struct Avx2Math;
+/// The slice maximum and `exp` of `x86::math` for `scalar_attn::softmax`: `exp` 16
+/// lanes at a time when `Z` (AVX-512 F), else 8. Used only inside this module's
+/// kernels, whose callers guarantee the CPU has AVX2 (and AVX-512 F when `Z`).
+struct X86Math<const Z: bool>;
 
-impl SoftmaxMath for Avx2Math {
+impl<const Z: bool> SoftmaxMath for X86Math<Z> {
     #[inline(always)]
     fn max(v: &[f32]) -> f32 {
         // SAFETY: only reached from the AVX2 / AVX-512 entries of this module.
@@ -177,15 +178,26 @@ impl SoftmaxMath for Avx2Math {
 
     #[inline(always)]
     fn exp(v: &mut [f32]) {
-        // SAFETY: as for `max`.
-        unsafe { exp_all(v) }
+        // SAFETY: as for `max`; AVX-512 F when Z.
+        unsafe {
+            if Z {
+                exp_all16(v)
+            } else {
+                exp_all(v)
+            }
+        }
     }
 }
 
-/// The softmax of `scalar_attn` with this tier's max and exp.
+/// The softmax of `scalar_attn` with this tier's max and exp (`zmm`: AVX-512 F; a
+/// constant in every caller).
 #[inline(always)]
-unsafe fn softmax_avx2(att: &mut [f32], softcap: f32) -> f32 {
-    softmax::<Avx2Math>(att, softcap)
+unsafe fn softmax_x86(att: &mut [f32], softcap: f32, zmm: bool) -> f32 {
+    if zmm {
+        softmax::<X86Math<true>>(att, softcap)
+    } else {
+        softmax::<X86Math<false>>(att, softcap)
+    }
 }
 
 /// One query (any slots, a ring included): `scalar_attn::attend_one` in AVX2.
@@ -208,7 +220,7 @@ unsafe fn attend_one<const WIDE: bool, S: Src>(
     // SAFETY: AVX2 (this function's contract); every row has q.len() values.
     unsafe { scores(q, |i| ks.row(rows.slot(i)), scale, att) };
     // SAFETY: AVX2.
-    let inv = 1.0 / unsafe { softmax_avx2(att, softcap) };
+    let inv = 1.0 / unsafe { softmax_x86(att, softcap, WIDE) };
     out.fill(0.0);
     // SAFETY: as above; out has q.len() values.
     unsafe { values::<WIDE, _>(att, |i| vs.row(rows.slot(i)), out) };
@@ -285,7 +297,7 @@ unsafe fn attend_many<const PAIRS: bool, const WIDE: bool, S: Src>(
     for (q, iv) in qs.iter_mut().zip(&mut inv) {
         let n = q.pos + 1 - kv.first_visible(q.pos);
         // SAFETY: AVX2.
-        *iv = 1.0 / unsafe { softmax_avx2(&mut q.att[..n], softcap) };
+        *iv = 1.0 / unsafe { softmax_x86(&mut q.att[..n], softcap, PAIRS || WIDE) };
         q.out.fill(0.0);
     }
     for b0 in (lo..=hi).step_by(BLOCK) {
