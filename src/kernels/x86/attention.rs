@@ -159,7 +159,7 @@ pub(crate) unsafe fn attend_any<const PAIRS: bool, const WIDE: bool, S: Src>(
     } else {
         for q in qs {
             // SAFETY: forwarded features.
-            unsafe { attend_one::<WIDE, S>(q, kv, ks, vs, scale, softcap) }
+            unsafe { attend_one::<PAIRS, WIDE, S>(q, kv, ks, vs, scale, softcap) }
         }
     }
 }
@@ -202,11 +202,14 @@ unsafe fn softmax_x86(att: &mut [f32], softcap: f32, zmm: bool) -> f32 {
 
 /// One query (any slots, a ring included): `scalar_attn::attend_one` in AVX2.
 ///
+/// A lone query has no pair to score with; `PAIRS` (as `WIDE`) only says that AVX-512 F
+/// is there, for the softmax's 16-lane `exp`, as in [`attend_many`].
+///
 /// # Safety
-/// The CPU has AVX2 (and AVX-512 F when `WIDE`) and what `S` needs; the caller is
-/// compiled with them.
+/// The CPU has AVX2 (and AVX-512 F when `PAIRS` or `WIDE`) and what `S` needs; the
+/// caller is compiled with them.
 #[inline(always)]
-unsafe fn attend_one<const WIDE: bool, S: Src>(
+unsafe fn attend_one<const PAIRS: bool, const WIDE: bool, S: Src>(
     query: &mut Query,
     kv: &KvView,
     ks: S,
@@ -220,7 +223,7 @@ unsafe fn attend_one<const WIDE: bool, S: Src>(
     // SAFETY: AVX2 (this function's contract); every row has q.len() values.
     unsafe { scores(q, |i| ks.row(rows.slot(i)), scale, att) };
     // SAFETY: AVX2.
-    let inv = 1.0 / unsafe { softmax_x86(att, softcap, WIDE) };
+    let inv = 1.0 / unsafe { softmax_x86(att, softcap, PAIRS || WIDE) };
     out.fill(0.0);
     // SAFETY: as above; out has q.len() values.
     unsafe { values::<WIDE, _>(att, |i| vs.row(rows.slot(i)), out) };
