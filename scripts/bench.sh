@@ -19,9 +19,10 @@
 #   SYNTH_CHECKPOINT  the script that makes llama1b/ (random weights, Llama 3.2 1B's shapes)
 #                [synth-checkpoint.py beside REAL_CHECKPOINTS]
 #   THREADS [2]  REPS: repetitions of each measurement, medians reported [5]
-#   MODELS ["smollm2-135m gemma3-270m llama1b"]  QUANTS ["q4_0 q8_0 bf16"]: also any
+#   MODELS ["smollm2-135m gemma3-270m llama1b"]  QUANTS ["q4_0 q8_0 bf16 bf16a"]: also any
 #                llama-quantize type (q4_k, q6_k, iq4_nl, ...), which Krafla reads from
-#                llama.cpp's --pure GGUF (the same bits; rows must suit the type)
+#                llama.cpp's --pure GGUF (the same bits; rows must suit the type);
+#                bf16a: the BF16 files, mlb-run with --bf16-activations (llama.cpp's arithmetic)
 #   N_PROMPT [512]  N_GEN [128]
 #   KRAFLA_Q4_RULE [round]: llama.cpp's Q4_0 rounding, so both files hold the same bits
 #   KRAFLA_EXTRA ["--f16-scales"]: f16 block scales, as GGUF's Q4_0/Q8_0 blocks
@@ -38,7 +39,7 @@ REAL_DIR=${REAL_DIR:-$BENCH_DIR/real}
 THREADS=${THREADS:-2}
 REPS=${REPS:-5}
 MODELS=${MODELS:-smollm2-135m gemma3-270m llama1b}
-QUANTS=${QUANTS:-q4_0 q8_0 bf16}
+QUANTS=${QUANTS:-q4_0 q8_0 bf16 bf16a}
 N_PROMPT=${N_PROMPT:-512}
 N_GEN=${N_GEN:-128}
 KRAFLA_Q4_RULE=${KRAFLA_Q4_RULE:-round}
@@ -54,6 +55,8 @@ SYNTH_CHECKPOINT=${SYNTH_CHECKPOINT:-$(dirname "$REAL_CHECKPOINTS")/synth-checkp
 case "$BENCH_DIR/" in "$repo"/*) echo "bench.sh: BENCH_DIR must be outside the repository" >&2; exit 2;; esac
 
 mkdir -p "$BENCH_DIR"/{gguf,mlb,logs,results}
+# The files a QUANTS entry runs on: bf16a is the bf16 files with BF16 activations.
+file_q() { if [ "$1" = bf16a ]; then echo bf16; else echo "$1"; fi; }
 log() { printf '[bench %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 py=$BENCH_VENV/bin/python
 
@@ -132,8 +135,8 @@ for m in $MODELS; do
   fi
   for q in $QUANTS; do
     out=$BENCH_DIR/gguf/$m-$q.gguf
-    # bf16: the converted GGUF itself.
-    if [ "$q" != bf16 ] && [ ! -f "$out" ]; then
+    # bf16 (and bf16a): the converted GGUF itself.
+    if [ "$(file_q "$q")" != bf16 ] && [ ! -f "$out" ]; then
       log "llama-quantize --pure $m $q"
       /usr/bin/time -v -o "$BENCH_DIR/logs/time-quantize-$m-$q.txt" \
         "$quant_bin" --pure "$bf16" "$out.tmp" "${q^^}" "$THREADS" >"$BENCH_DIR/logs/quantize-$m-$q.log" 2>&1
@@ -170,7 +173,7 @@ bw=$(sed -n 's/^read_bandwidth_gbs=//p' "$bw_file")
 #    (a shared VM) slows both alike.
 llama_rep() { # model quant reps -> appends jsonl to $out.tmp
   /usr/bin/time -v -o "$BENCH_DIR/results/llama-$1-$2.time" \
-    "$bench_bin" -m "$BENCH_DIR/gguf/$1-$2.gguf" -t "$THREADS" -r "$3" \
+    "$bench_bin" -m "$BENCH_DIR/gguf/$1-$(file_q "$2").gguf" -t "$THREADS" -r "$3" \
     -p "$N_PROMPT" -n "$N_GEN" -d "$LLAMA_DEPTH" -o jsonl >>"$BENCH_DIR/results/llama-$1-$2.jsonl.tmp" \
     2>>"$BENCH_DIR/logs/llama-bench-$1-$2.log"
 }
@@ -195,7 +198,9 @@ if [ "$LLAMA_ONLY" != 1 ]; then
   (cd "$repo" && cargo build -q --release --bin mlb-convert --bin mlb-run)
   kbin=$repo/target/release
   ignore_eos=()
-  if "$kbin/mlb-run" --help 2>&1 | grep -q -- '--ignore-eos'; then
+  # grep reads all of it: with -q it would stop early, mlb-run would die of SIGPIPE,
+  # and pipefail would fail the test.
+  if "$kbin/mlb-run" --help 2>&1 | grep -- '--ignore-eos' >/dev/null; then
     ignore_eos=(--ignore-eos)
   else
     log "warning: mlb-run has no --ignore-eos; a run that samples EOS generates fewer than $N_GEN tokens (reported)"
@@ -204,10 +209,12 @@ if [ "$LLAMA_ONLY" != 1 ]; then
     vocab=$(python3 -c 'import json,sys; c=json.load(open(sys.argv[1])); print((c.get("text_config") or c)["vocab_size"])' "$REAL_DIR/$m/config.json")
     ids=$(awk -v n="$N_PROMPT" -v v="$vocab" 'BEGIN { x = 12345; for (i = 0; i < n; i++) { x = (x * 1103515245 + 12345) % 2147483648; printf "%s%d", (i ? " " : ""), 3 + x % (v - 3) } }')
     for q in $QUANTS; do
-      mlb=$BENCH_DIR/mlb/$m-$q.mlb
+      mlb=$BENCH_DIR/mlb/$m-$(file_q "$q").mlb
+      run_flags=()
+      [ "$q" = bf16a ] && run_flags=(--bf16-activations)
       if [ ! -f "$mlb" ]; then
         src=$REAL_DIR/$m
-        case $q in
+        case $(file_q "$q") in
           q4_0) cflags=(--wtype q4_0 --q8 none --q4-rule "$KRAFLA_Q4_RULE");;
           q8_0) cflags=(--wtype q8_0);;
           bf16) cflags=(--wtype bf16);;
@@ -235,12 +242,12 @@ if [ "$LLAMA_ONLY" != 1 ]; then
           llama_rep "$m" "$q" 1
           # pp N_PROMPT then tg N_GEN at depth N_PROMPT ...
           /usr/bin/time -v -o "$out.time" "$kbin/mlb-run" "$mlb" --threads "$THREADS" --temp 0 \
-            --ctx $((N_PROMPT + N_GEN)) --tokens "$ids" -n "$N_GEN" "${ignore_eos[@]}" \
+            --ctx $((N_PROMPT + N_GEN)) --tokens "$ids" -n "$N_GEN" "${ignore_eos[@]}" "${run_flags[@]}" \
             >/dev/null 2>"$out.err" || { cat "$out.err" >&2; exit 1; }
           echo "run=pp rss_kib=$(sed -n 's/.*Maximum resident set size (kbytes): //p' "$out.time") $(grep -E '^(prompt|memory):' "$out.err" | tr '\n' ' ')" >>"$out.tmp"
           # ... and tg N_GEN from an empty context (one prompt token, N_GEN decode steps), as llama-bench's tg.
           /usr/bin/time -v -o "$out.time" "$kbin/mlb-run" "$mlb" --threads "$THREADS" --temp 0 \
-            --ctx $((N_GEN + 1)) --tokens "${ids%% *}" -n $((N_GEN + 1)) "${ignore_eos[@]}" \
+            --ctx $((N_GEN + 1)) --tokens "${ids%% *}" -n $((N_GEN + 1)) "${ignore_eos[@]}" "${run_flags[@]}" \
             >/dev/null 2>"$out.err" || { cat "$out.err" >&2; exit 1; }
           echo "run=tg rss_kib=$(sed -n 's/.*Maximum resident set size (kbytes): //p' "$out.time") $(grep -E '^(prompt|memory):' "$out.err" | tr '\n' ' ')" >>"$out.tmp"
         done

@@ -111,8 +111,9 @@ for m in models.split():
             ratio = kv / lv if (kv and lv) else None
             rows.append(f"| {m} | {q.upper()} | {name} | {fmt(lv)} | {fmt(kv)} | {fmt(ratio, 2)} |")
         rows.append(f"| {m} | {q.upper()} | peak RSS MiB | {fmt(lrss)} | {fmt(krss)} | {fmt(krss / lrss if (krss and lrss) else None, 2)} |")
-        g = size_mb(os.path.join(bench, "gguf", f"{m}-{q}.gguf"))
-        kb = size_mb(os.path.join(bench, "mlb", f"{m}-{q}.mlb"))
+        fq = "bf16" if q == "bf16a" else q  # bf16a runs the bf16 files
+        g = size_mb(os.path.join(bench, "gguf", f"{m}-{fq}.gguf"))
+        kb = size_mb(os.path.join(bench, "mlb", f"{m}-{fq}.mlb"))
         bounds.append(
             f"| {m} | {q.upper()} | {fmt(g)} | {fmt(bw * 1e3 / g if g else None)} | {fmt(kb)} | {fmt(bw * 1e3 / kb if kb else None)} |"
         )

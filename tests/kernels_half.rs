@@ -5,8 +5,9 @@
 
 use krafla::kernels::counters::{self, Op};
 use krafla::kernels::pool::Pool;
+use krafla::kernels::scalar_bf16dot::{self, round_bf16};
 use krafla::kernels::scalar_half::dot_half;
-use krafla::kernels::{self, QActs, QMat, Tier, WType};
+use krafla::kernels::{self, HalfActs, QActs, QMat, Tier, WType};
 use krafla::quant::half_float;
 
 use crate::util::tiers::{all_kernels, scalar};
@@ -197,6 +198,101 @@ fn every_tier_gives_the_reference_bits() {
                         }
                         checked += 1;
                     }
+                }
+            }
+        }
+    }
+    eprintln!("{checked} products checked");
+}
+
+/// BF16 activations (`HalfActs::Bf16`, docs/kernels.md "BF16 activations"): every
+/// tier's `matmul_f32` under the option, `project_each` and `matmul_bf16` on the rounded
+/// input give `scalar_bf16dot::dot`'s bits at every output: rows across the micro-tiles
+/// (8 × 1 decode, 4 × 6 prefill) and task tails, 1–31 tokens (one prefetching tile up to
+/// 6), 1–3 threads, a third of the cases with edge values (subnormal weights and
+/// activations, products below the normal range, ±0, huge values), and the
+/// vocabulary-sized and FFN shapes of the real models on sampled rows.
+#[test]
+fn bf16_activations_give_the_reference_bits() {
+    let mut rng = Rng::new(7);
+    let pools = [Pool::leak(1), Pool::leak(2), Pool::leak(3)];
+    let mut checked = 0;
+    let shapes = [
+        (1, 32, &[1usize, 2, 6, 7][..]),
+        (3, 64, &[1, 3, 5, 13][..]),
+        (4, 96, &[1, 6, 7, 25][..]),
+        (5, 32, &[2, 6, 12, 31][..]),
+        (9, 576, &[1, 4, 6, 7, 13][..]),
+        (17, 1536, &[1, 6, 19][..]),
+        (33, 2048, &[1, 2, 7][..]),
+        (130, 576, &[1, 6, 25][..]),
+        (576, 576, &[1, 13][..]),
+        (640, 2048, &[1, 7][..]),
+        (8192, 2048, &[1, 7][..]),
+        (49152, 576, &[1][..]),
+    ];
+    for (rows, cols, ns) in shapes {
+        for &n in ns {
+            let edge = rng.below(3) == 0;
+            let w = weights(&mut rng, WType::BF16, rows * cols, edge, false);
+            let x = activations(&mut rng, n * cols, edge, false);
+            let xb: Vec<u16> = x.iter().map(|&v| round_bf16(v)).collect();
+            let m = QMat::new_half(WType::BF16, rows, cols, &w).unwrap();
+            let wb = bits16(&w);
+            let which: Vec<usize> = if rows <= 130 {
+                (0..rows).collect()
+            } else {
+                (0..rows)
+                    .filter(|r| r % 211 == 0 || *r + 9 >= rows)
+                    .collect()
+            };
+            let mut want = Vec::new();
+            for &r in &which {
+                for tk in 0..n {
+                    let d = scalar_bf16dot::dot(
+                        &wb[r * cols..(r + 1) * cols],
+                        &xb[tk * cols..(tk + 1) * cols],
+                    );
+                    want.push((tk, r, d));
+                }
+            }
+            let mut base = vec![0f32; n * rows];
+            scalar()
+                .with_half_acts(HalfActs::Bf16)
+                .matmul_f32(&m, &x, &mut base);
+            check(&format!("{rows}x{cols} n={n} scalar"), &base, rows, &want);
+            // The reference tiers (all but avx512bf16) run the same code: once each is
+            // enough for the big shapes.
+            let big = rows * cols * n > 2_000_000;
+            for k in all_kernels() {
+                if big && k.tier() != Tier::Avx512Bf16 {
+                    continue;
+                }
+                let k = k.with_half_acts(HalfActs::Bf16);
+                for (threads, pool) in pools.iter().enumerate() {
+                    let at = format!(
+                        "BF16 acts {rows}x{cols} n={n} tier {} {} threads",
+                        k.tier(),
+                        threads + 1
+                    );
+                    let mut y = vec![f32::NAN; n * rows];
+                    let mut y2 = vec![f32::NAN; n * rows];
+                    let mut y3 = vec![f32::NAN; n * rows];
+                    pool.install(|| {
+                        k.matmul_f32(&m, &x, &mut y);
+                        k.matmul_bf16(&m, &xb, &mut y2);
+                        k.project_each(&[&m], &x, &mut QActs::new(), &mut [&mut y3]);
+                    });
+                    check(&at, &y, rows, &want);
+                    for (i, ((&a, &b), (&c, &d))) in
+                        y.iter().zip(&base).zip(y2.iter().zip(&y3)).enumerate()
+                    {
+                        assert!(
+                            same(a, b) && same(c, b) && same(d, b),
+                            "{at}: output {i}: {a:e} / {c:e} / {d:e} vs scalar {b:e}"
+                        );
+                    }
+                    checked += 1;
                 }
             }
         }
@@ -396,7 +492,7 @@ fn half_kernels_count_under_their_tier() {
         Pool::leak(1).install(|| k.matmul_f32(&m, &x, &mut y));
         let c = counters::take();
         let expect = match k.tier() {
-            Tier::Avx512Vnni => Tier::Avx512,
+            Tier::Avx512Vnni | Tier::Avx512Bf16 => Tier::Avx512,
             t => t,
         };
         assert!(c.get(expect, Op::Half) > 0, "tier {}: {c:?}", k.tier());

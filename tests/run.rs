@@ -14,7 +14,7 @@ use krafla::format::mlb::{Header, Mlb};
 use krafla::format::WType;
 use krafla::kernels::counters::{self, Op};
 use krafla::kernels::pool::Pool;
-use krafla::kernels::{self, Kernels, Tier};
+use krafla::kernels::{self, HalfActs, Kernels, Tier};
 use krafla::model::{Model, ModelError, Options, Packs};
 
 use crate::util::tiers;
@@ -371,6 +371,48 @@ fn every_tier_gives_the_same_bits() {
     }
 }
 
+/// BF16 activations (`HalfActs::Bf16`): scalar == every tier end to end on the cases with
+/// BF16 matrices (BF16 with biases and q/k norms, BF16 with the delta rule, the mixed
+/// file), prefill == decode, and the results differ from f32 activations' (the option
+/// reaches the products).
+#[test]
+fn bf16_activations_give_the_same_bits_on_every_tier() {
+    let pools = tiers::pools();
+    let mut cased = 0;
+    for c in cases()
+        .into_iter()
+        .filter(|c| c.name.starts_with("bf16") || c.name.starts_with("mixed"))
+    {
+        let m = load(&c, 23);
+        let exact = Model::new(&m).unwrap();
+        let model = Model::new(&m).unwrap().with_half_acts(HalfActs::Bf16);
+        let toks = tokens(c.h.vocab, 11, 2);
+        let run = |t, model: &Model| {
+            pools[0]
+                .install(|| kernels::with_tier(t, || prefill_and_decode(model, &toks)))
+                .unwrap()
+        };
+        let (base, dec) = run(Tier::Scalar, &model);
+        assert!(
+            base == dec,
+            "{}: scalar decode differs from prefill",
+            c.name
+        );
+        assert!(
+            base != run(Tier::Scalar, &exact).0,
+            "{}: BF16 activations changed nothing",
+            c.name
+        );
+        tiers::on_every_tier(&pools, &m, &model, |_, model, what| {
+            let (p, d) = prefill_and_decode(model, &toks);
+            assert!(p == base, "{}: {what}: prefill differs from scalar", c.name);
+            assert!(d == base, "{}: {what}: decode differs from scalar", c.name);
+        });
+        cased += 1;
+    }
+    assert_eq!(cased, 3);
+}
+
 /// Forcing a tier forces the whole forward pass: the scalar tier runs no SIMD code at
 /// all, and a SIMD tier runs its own kernels (for every kind of work on x86) and none
 /// of a higher tier (the call counters of debug builds; one thread, so every call is
@@ -387,6 +429,7 @@ fn forced_tier_runs_only_its_kernels() {
         Tier::Avx2,
         Tier::Avx512,
         Tier::Avx512Vnni,
+        Tier::Avx512Bf16,
         Tier::Neon,
     ];
     // The work of a forward pass, each kind of it on every synthetic case set (Delta:
@@ -414,6 +457,7 @@ fn forced_tier_runs_only_its_kernels() {
                     for model in [
                         Model::new(&m).unwrap(),
                         Model::with_packs(&m, &packs).unwrap(),
+                        Model::new(&m).unwrap().with_half_acts(HalfActs::Bf16),
                     ] {
                         prefill_and_decode(&model, &toks);
                     }
@@ -458,6 +502,22 @@ fn forced_tier_runs_only_its_kernels() {
             assert!(
                 total(&|c| c.simd(Op::Packed)) > 0,
                 "tier {t}: no packed kernel ran"
+            );
+        }
+        // BF16 activations: `vdpbf16ps` on its tier, the reference everywhere else.
+        let (scalar, simd) = (
+            total(&|c| c.get(Tier::Scalar, Op::Dot)),
+            total(&|c| c.simd(Op::Dot)),
+        );
+        if t == Tier::Avx512Bf16 {
+            assert!(
+                simd > 0 && scalar == 0,
+                "tier {t}: BF16 activations: {scalar} scalar, {simd} SIMD calls"
+            );
+        } else {
+            assert!(
+                scalar > 0 && simd == 0,
+                "tier {t}: BF16 activations: {scalar} scalar, {simd} SIMD calls"
             );
         }
     }

@@ -38,10 +38,12 @@ pub enum Op {
     Delta,
     /// A BF16 / F16 matrix micro-kernel (f32 activations).
     Half,
+    /// A BF16 matrix micro-kernel on BF16 activations (`HalfActs::Bf16`).
+    Dot,
 }
 
 impl Op {
-    pub const ALL: [Op; 10] = [
+    pub const ALL: [Op; 11] = [
         Op::Quantize,
         Op::Tile,
         Op::Packed,
@@ -52,6 +54,7 @@ impl Op {
         Op::Act,
         Op::Delta,
         Op::Half,
+        Op::Dot,
     ];
 }
 

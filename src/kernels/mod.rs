@@ -40,12 +40,14 @@ pub mod packed_blocks;
 pub mod pool;
 pub mod scalar;
 pub mod scalar_attn;
+pub mod scalar_bf16dot;
 pub mod scalar_delta;
 pub mod scalar_half;
 pub mod scalar_k;
 pub mod scalar_kv;
 pub mod scalar_math;
 
+pub use half::HalfActs;
 pub use packed::PackedMat;
 use packed_blocks::for_block_type;
 pub use scalar_attn::{KvView, Query, TILE_QUERIES};
@@ -256,6 +258,8 @@ pub struct QActs {
     q4: Vec<i8>,
     /// Sums of the first 16 quants of each block (Q6_K's half-block offset correction).
     h: Vec<i32>,
+    /// The f32 input rounded to BF16, for BF16 weights under `HalfActs::Bf16`.
+    b16: Vec<u16>,
 }
 
 /// Values per pool task when quantizing many tokens.
@@ -363,6 +367,7 @@ impl QActs {
             s: Vec::new(),
             q4: Vec::new(),
             h: Vec::new(),
+            b16: Vec::new(),
         };
         a.derive();
         Ok(a)
@@ -396,6 +401,8 @@ pub enum Tier {
     Avx2,
     Avx512,
     Avx512Vnni,
+    /// AVX-512 VNNI's kernels, and `vdpbf16ps` for BF16 weights × BF16 activations.
+    Avx512Bf16,
     Neon,
 }
 
@@ -407,6 +414,7 @@ impl Tier {
             Tier::Avx2 => "avx2",
             Tier::Avx512 => "avx512",
             Tier::Avx512Vnni => "avx512vnni",
+            Tier::Avx512Bf16 => "avx512bf16",
             Tier::Neon => "neon",
         }
     }
@@ -426,11 +434,12 @@ impl fmt::Display for Tier {
     }
 }
 
-const ALL_TIERS: [Tier; 5] = [
+const ALL_TIERS: [Tier; 6] = [
     Tier::Scalar,
     Tier::Avx2,
     Tier::Avx512,
     Tier::Avx512Vnni,
+    Tier::Avx512Bf16,
     Tier::Neon,
 ];
 
@@ -572,8 +581,10 @@ pub struct Kernels {
     /// Per weight type, at `WType as usize`.
     /// By `WType as usize`; `None`: the tier has no kernel for that type.
     mats: [Option<MatKernels>; N_WTYPES],
-    /// BF16 / F16 weights × f32 activations.
+    /// BF16 / F16 weights × f32 (or BF16) activations.
     half: half::HalfKernels,
+    /// What BF16 weights multiply (`Kernels::with_half_acts`).
+    half_acts: half::HalfActs,
     f32: F32Kernels,
 }
 
@@ -704,6 +715,8 @@ fn cpu_has(t: Tier) -> bool {
         Tier::Avx512 => x86::has_avx512(),
         #[cfg(target_arch = "x86_64")]
         Tier::Avx512Vnni => x86::has_avx512vnni(),
+        #[cfg(target_arch = "x86_64")]
+        Tier::Avx512Bf16 => x86::has_avx512bf16(),
         #[cfg(target_arch = "aarch64")]
         Tier::Neon => true,
         #[allow(unreachable_patterns)]
@@ -724,7 +737,7 @@ impl Kernels {
         Some(match t {
             Tier::Scalar => s,
             #[cfg(target_arch = "x86_64")]
-            Tier::Avx2 | Tier::Avx512 | Tier::Avx512Vnni => x86_kernels(t, s),
+            Tier::Avx2 | Tier::Avx512 | Tier::Avx512Vnni | Tier::Avx512Bf16 => x86_kernels(t, s),
             #[cfg(target_arch = "aarch64")]
             Tier::Neon => Kernels {
                 mats: per_type(|w| match w {
@@ -1176,6 +1189,7 @@ fn scalar_kernels() -> Kernels {
             Some(MatKernels { tile, packed: None })
         }),
         half: half::SCALAR,
+        half_acts: half::HalfActs::F32,
         f32: SCALAR_F32,
     }
 }
@@ -1236,15 +1250,17 @@ mod tests {
     #[test]
     fn env_var_only_lowers() {
         use Tier::*;
-        let x86 = [Scalar, Avx2, Avx512, Avx512Vnni];
-        assert_eq!(choose_tier(&x86, None), Avx512Vnni);
+        let x86 = [Scalar, Avx2, Avx512, Avx512Vnni, Avx512Bf16];
+        assert_eq!(choose_tier(&x86, None), Avx512Bf16);
         assert_eq!(choose_tier(&x86, Some("avx2")), Avx2);
+        assert_eq!(choose_tier(&x86, Some("avx512vnni")), Avx512Vnni);
         assert_eq!(choose_tier(&x86, Some("scalar")), Scalar);
-        assert_eq!(choose_tier(&x86, Some("bogus")), Avx512Vnni);
+        assert_eq!(choose_tier(&x86, Some("bogus")), Avx512Bf16);
         assert_eq!(choose_tier(&[Scalar, Avx2], Some("avx512vnni")), Avx2);
+        assert_eq!(choose_tier(&x86[..4], Some("avx512bf16")), Avx512Vnni);
         // NEON sorts above the x86 tiers but is never in an x86 list.
         assert_eq!(choose_tier(&[Scalar, Neon], Some("avx2")), Scalar);
-        assert_eq!(choose_tier(&x86, Some("neon")), Avx512Vnni);
+        assert_eq!(choose_tier(&x86, Some("neon")), Avx512Bf16);
     }
 
     #[test]

@@ -48,7 +48,7 @@ use super::weights::{LinearWeights, MixerWeights, Packs, Weights};
 use super::{ModelError, Result};
 use crate::format::mlb::Mlb;
 use crate::format::mli::Mli;
-use crate::kernels::{self, Kernels, QActs, TILE_QUERIES};
+use crate::kernels::{self, HalfActs, Kernels, QActs, TILE_QUERIES};
 
 /// The default context is max_seq, capped at this.
 pub const DEFAULT_CTX_CAP: usize = 4096;
@@ -105,6 +105,8 @@ pub struct Model<'a> {
     global: RopeTable,
     /// rope_local_theta, unscaled (only when a layer uses it).
     local: Option<RopeTable>,
+    /// What BF16 matrices multiply ([`Model::with_half_acts`]).
+    half_acts: HalfActs,
 }
 
 /// One sequence's forward-pass state, allocated once (llama2.c's RunState): what the
@@ -355,7 +357,31 @@ impl<'a> Model<'a> {
             w,
             global,
             local,
+            half_acts: HalfActs::F32,
         })
+    }
+
+    /// This model with its BF16 matrices multiplying `a` activations: f32 (the
+    /// default: exact products) or rounded to BF16 (docs/kernels.md, "BF16
+    /// activations": llama.cpp's arithmetic, `vdpbf16ps`). Other types are unaffected.
+    pub fn with_half_acts(mut self, a: HalfActs) -> Model<'a> {
+        self.set_half_acts(a);
+        self
+    }
+
+    /// [`Model::with_half_acts`] in place.
+    pub fn set_half_acts(&mut self, a: HalfActs) {
+        self.half_acts = a;
+    }
+
+    /// What the model's BF16 matrices multiply.
+    pub fn half_acts(&self) -> HalfActs {
+        self.half_acts
+    }
+
+    /// The kernels a step runs: the active tier's, with this model's activations.
+    fn kernels(&self) -> Kernels {
+        kernels::kernels().with_half_acts(self.half_acts)
     }
 
     /// The context a [`State`] with `opts` gets; `BadOption` if it cannot be used.
@@ -635,7 +661,7 @@ impl<'a> Model<'a> {
         mut each: Option<LogitsSink>,
     ) -> Result<&'s [f32]> {
         self.check(&st.seq, tokens)?;
-        let k = kernels::kernels();
+        let k = self.kernels();
         let vocab = self.cfg.vocab;
         let State { seq, buf } = st;
         let mut last = 0;
@@ -716,7 +742,7 @@ impl<'a> Model<'a> {
                 }));
             }
         }
-        let k = kernels::kernels();
+        let k = self.kernels();
         let vocab = self.cfg.vocab;
         let ids: Vec<&[u32]> = seqs.iter().map(|(_, ids)| *ids).collect();
         let mut done = vec![0usize; seqs.len()];

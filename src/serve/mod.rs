@@ -32,7 +32,7 @@ use sha2::{Digest, Sha256};
 use crate::chat::{Chat, ChatError, StopSet};
 use crate::format::mlt::Mlt;
 use crate::format::FormatError;
-use crate::kernels::pool;
+use crate::kernels::{pool, HalfActs};
 use crate::model::Options;
 use crate::session::{Engine, LoadOptions, SessionError, TokenizerSource};
 use scheduler::{Msg, Shared, SlotsConfig};
@@ -82,6 +82,8 @@ pub struct ServeOptions {
     pub alias: Option<String>,
     /// Pack the weights for the tier's packed kernels.
     pub pack: bool,
+    /// What BF16 matrices multiply (`--bf16-activations`).
+    pub half_acts: HalfActs,
     /// How long running requests may finish after the first SIGINT/SIGTERM.
     pub grace: Duration,
 }
@@ -104,6 +106,7 @@ impl ServeOptions {
             max_body: DEFAULT_MAX_BODY,
             alias: None,
             pack: true,
+            half_acts: HalfActs::F32,
             grace: SHUTDOWN_GRACE,
         }
     }
@@ -358,6 +361,7 @@ pub fn serve(o: &ServeOptions, fe: Arc<dyn Frontend>) -> Result<(), ServeError> 
         model: o.model.clone(),
         tokenizer: TokenizerSource::File(tok_path.clone()),
         pack: o.pack,
+        half_acts: o.half_acts,
     })?;
     let mlt = Mlt::load(&tok_path).map_err(|err| ServeError::Tokenizer {
         path: tok_path.clone(),

@@ -13,7 +13,7 @@ use crate::chat::{Chat, StopSet};
 use crate::format::mlb::Mlb;
 use crate::format::mlt::Mlt;
 use crate::format::FormatError;
-use crate::kernels;
+use crate::kernels::{self, HalfActs};
 use crate::model::forward::DEFAULT_BATCH;
 use crate::model::{BatchScratch, Config, Model, Options, Packs, SlotMemory};
 use crate::tokenizer::Tokenizer;
@@ -37,6 +37,9 @@ pub struct LoadOptions {
     /// Pack the matrices for the active kernel tier's packed kernels (same results,
     /// faster where the tier has them; see docs/kernels.md, "Packed weights").
     pub pack: bool,
+    /// What the model's BF16 matrices multiply: f32 activations (exact products, the
+    /// default) or activations rounded to BF16 (docs/kernels.md, "BF16 activations").
+    pub half_acts: HalfActs,
 }
 
 impl LoadOptions {
@@ -46,6 +49,7 @@ impl LoadOptions {
             model: model.into(),
             tokenizer: TokenizerSource::Beside,
             pack: true,
+            half_acts: HalfActs::F32,
         }
     }
 }
@@ -99,7 +103,10 @@ impl Engine {
             TokenizerSource::File(p) => (p.clone(), true),
             TokenizerSource::None => (PathBuf::new(), false),
         };
-        let engine = Engine::new(mlb, packs, None)?;
+        let mut engine = Engine::new(mlb, packs, None)?;
+        engine
+            .loaded
+            .with_dependent_mut(|_, m| m.set_half_acts(o.half_acts));
         if !(explicit || (o.tokenizer == TokenizerSource::Beside && path.exists())) {
             return Ok(engine);
         }

@@ -21,7 +21,7 @@ use super::{
 use crate::atomic::AtomicFile;
 use crate::chat::ChatError;
 use crate::format::FormatError;
-use crate::kernels::{self, pool};
+use crate::kernels::{self, pool, HalfActs};
 use crate::model::eval::EvalError;
 use crate::model::forward::{LogitsSink, DEFAULT_BATCH};
 use crate::model::sampler::Logprobs;
@@ -72,6 +72,9 @@ pub struct RunOptions {
     pub ignore_eos: bool,
     /// Pack the weights for the tier's packed kernels.
     pub pack: bool,
+    /// What BF16 matrices multiply (`--bf16-activations`); the reference model of
+    /// `--kl-divergence` always takes f32 activations.
+    pub half_acts: HalfActs,
     /// Texts that end the generation (`--stop`); the output stops before them.
     pub stop_strings: Vec<String>,
     /// Print each sampled token's log-probability and this many alternatives
@@ -104,6 +107,7 @@ impl RunOptions {
             measure: None,
             ignore_eos: false,
             pack: true,
+            half_acts: HalfActs::F32,
             stop_strings: Vec::new(),
             logprobs: None,
             chat: None,
@@ -593,6 +597,7 @@ pub fn run(o: &RunOptions, fe: &mut dyn Frontend) -> Result<Outcome, RunError> {
             None => TokenizerSource::Beside,
         },
         pack: o.pack,
+        half_acts: o.half_acts,
     })?;
     if let Some(c) = &o.chat {
         return chat_run::run(o, c, &engine, fe, t_load.elapsed().as_secs_f64());

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use krafla::format::mlb::Mlb;
-use krafla::kernels::{self, Tier};
+use krafla::kernels::{self, HalfActs, Tier};
 use krafla::model::{Model, Options};
 
 use super::{all_logits, nrmse, prefill_and_decode, top1};
@@ -159,7 +159,7 @@ fn fixture_tiers_give_the_same_bits() {
 /// The unquantized weights against the original: every fixture converted to BF16 and
 /// to F16 (`--wtype bf16|f16`) and run by the runtime, against transformers' float32
 /// forward (`logits.f32.bin`): nRMSE at most [`MAX_NRMSE_HALF`] each (the figures are
-/// in docs/runtime.md). A bf16 / f16 checkpoint converts to its own type without loss,
+/// in docs/runtime.md), BF16 also with BF16 activations (`bf16a`, `HalfActs::Bf16`). A bf16 / f16 checkpoint converts to its own type without loss,
 /// so there only the arithmetic differs; an f32 checkpoint (llama_rope_linear,
 /// llama_rope_yarn_mscale, qwen3_5_mm) is rounded to 2-byte floats.
 #[test]
@@ -179,11 +179,18 @@ fn fixtures_bf16_f16_match_transformers_f32() {
         let (r, toks) = reference(dir).unwrap();
         let vocab = r["vocab"].as_u64().unwrap() as usize;
         let f32_ref = read_f32(&dir.join("logits.f32.bin"));
-        for ty in ["bf16", "f16"] {
-            let out = tmp.path().join(format!("{name}.{ty}.mlb"));
-            convert(dir, &out, &["--wtype", ty]).unwrap_or_else(|e| panic!("{name} {ty}: {e}"));
+        for (ty, acts) in [
+            ("bf16", HalfActs::F32),
+            ("bf16a", HalfActs::Bf16),
+            ("f16", HalfActs::F32),
+        ] {
+            let wt = if ty == "f16" { ty } else { "bf16" };
+            let out = tmp.path().join(format!("{name}.{wt}.mlb"));
+            if !out.exists() {
+                convert(dir, &out, &["--wtype", wt]).unwrap_or_else(|e| panic!("{name} {ty}: {e}"));
+            }
             let m = Mlb::open(&out).unwrap_or_else(|e| panic!("{name}: {e}"));
-            let model = Model::new(&m).unwrap();
+            let model = Model::new(&m).unwrap().with_half_acts(acts);
             let got = all_logits(&model, &Options::default(), &toks);
             let (e, t1) = (nrmse(&got, &f32_ref), top1(&got, &f32_ref, vocab));
             let stored = r["dtype"].as_str().unwrap_or("?");
@@ -191,6 +198,7 @@ fn fixtures_bf16_f16_match_transformers_f32() {
             worst = worst.max(e);
             // Stored in the same type, the weights are the checkpoint's bits: only the
             // order of the f32 arithmetic differs from transformers.
+            // (BF16 activations round every matrix input: not lossless.)
             let lossless = matches!((stored, ty), ("bfloat16", "bf16") | ("float16", "f16"));
             if e > MAX_NRMSE_HALF || (lossless && e > MAX_NRMSE_LOSSLESS) {
                 failures.push(format!("{name} {ty}: nRMSE {e:.6} top-1 {t1:.3}"));

@@ -26,7 +26,8 @@ pub fn pools() -> [&'static Pool; 3] {
 }
 
 /// Runs `f` on every tier this CPU has, in `pools` (of 1 to 3 threads), on `model` (read
-/// from the map) and on a copy with the tier's packed weights; `f` gets the tier, the
+/// from the map) and on a copy with the tier's packed weights (and `model`'s BF16
+/// activations); `f` gets the tier, the
 /// model and a label naming the tier, the weights and the thread count. Returns the
 /// tiers that packed some matrix of `mlb`.
 pub fn on_every_tier(
@@ -41,7 +42,9 @@ pub fn on_every_tier(
         if packs.bytes() > 0 {
             packed.push(t);
         }
-        let pm = Model::with_packs(mlb, &packs).unwrap();
+        let pm = Model::with_packs(mlb, &packs)
+            .unwrap()
+            .with_half_acts(model.half_acts());
         for (threads, pool) in pools.iter().enumerate() {
             for (m, how) in [(model, "read from the map"), (&pm, "packed")] {
                 let what = format!("tier {t}, {how}, {} threads", threads + 1);

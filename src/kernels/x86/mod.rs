@@ -33,6 +33,11 @@ pub fn has_avx512vnni() -> bool {
     has_avx512() && is_x86_feature_detected!("avx512vnni")
 }
 
+/// AVX-512 BF16 tier: the VNNI tier's kernels, and `vdpbf16ps`.
+pub fn has_avx512bf16() -> bool {
+    has_avx512vnni() && is_x86_feature_detected!("avx512bf16")
+}
+
 /// F16C (with AVX), for converting f16 scales 8 at a time.
 pub fn has_f16c() -> bool {
     is_x86_feature_detected!("f16c") && is_x86_feature_detected!("avx")
