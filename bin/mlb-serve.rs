@@ -65,7 +65,7 @@ struct Args {
     no_pack: bool,
     /// BF16 weights multiply activations rounded to BF16 (llama.cpp's arithmetic, the
     /// `vdpbf16ps` instruction): about 1.6x the prompt speed on CPUs with AVX-512 BF16,
-    /// and slower elsewhere (the same bits, by the scalar reference). Default: f32
+    /// and slower elsewhere (the same bits, emulated with FMA). Default: f32
     /// activations, every product exact. Other weight types are unaffected.
     #[arg(long)]
     bf16_activations: bool,

@@ -5,15 +5,17 @@
 #   scripts/logit-hashes.sh [BIN_DIR] > hashes.txt
 #
 # BIN_DIR holds mlb-convert, mlt-convert and mlb-run (default: target/release, built
-# first). For every fixture in testdata/models and the bundled default model, at Q8_0
-# and Q4_0, one line per output: the .mlb file's SHA-256, then per kernel tier
+# first). For every fixture in testdata/models and the bundled default model, at Q8_0,
+# Q4_0, BF16 and F16, one line per output: the .mlb file's SHA-256, then per kernel tier
 # (KRAFLA_KERNEL) the `--logits` file of the fixture's tokens (prefill) and the ids of a
-# greedy continuation (decode), and once `--no-pack`. The default model adds its .mlt
+# greedy continuation (decode), and once `--no-pack`; BF16 files also with
+# `--bf16-activations` per tier (when the binary has the flag). The default model adds its .mlt
 # and an `--imatrix` file. Tiers the CPU does not have fall back to lower ones (their
 # lines then repeat the lower tier's hashes).
 #
 # Environment (all optional):
-#   KRAFLA_HASH_TIERS  tiers to run (default: "scalar avx2 avx512 avx512vnni")
+#   KRAFLA_HASH_TIERS  tiers to run (default: "scalar avx2 avx512 avx512vnni avx512bf16")
+#   KRAFLA_HASH_TYPES  weight types to convert to (default: "q8_0 q4_0 bf16 f16")
 #   KRAFLA_REAL_DIR    a folder with real checkpoints (smollm2-135m/, gemma3-270m/, as
 #                      shared/tools/real-checkpoints.sh writes them); each one present
 #                      is converted and hashed the same way on fixed token ids
@@ -27,7 +29,11 @@ else
     (cd "$root" && cargo build --release --bins --quiet)
     bin=$root/target/release
 fi
-tiers=${KRAFLA_HASH_TIERS:-scalar avx2 avx512 avx512vnni}
+tiers=${KRAFLA_HASH_TIERS:-scalar avx2 avx512 avx512vnni avx512bf16}
+types=${KRAFLA_HASH_TYPES:-q8_0 q4_0 bf16 f16}
+# Whether mlb-run has --bf16-activations (grep reads all: -q would SIGPIPE mlb-run).
+bf16a=0
+if "$bin/mlb-run" --help 2>&1 | grep -- --bf16-activations >/dev/null; then bf16a=1; fi
 if [ -n "${KRAFLA_HASH_WORK:-}" ]; then
     work=$KRAFLA_HASH_WORK
     mkdir -p "$work"
@@ -54,12 +60,19 @@ run() {
     done
     "$bin/mlb-run" "$mlb" --tokens "$toks" --logits "$work/l.f32" -n 0 --no-pack 2>/dev/null
     echo "$(hash "$work/l.f32")  $name no-pack logits"
+    if [ "$bf16a" = 1 ] && [[ $name == *bf16 ]]; then
+        for t in $tiers; do
+            KRAFLA_KERNEL=$t "$bin/mlb-run" "$mlb" --tokens "$toks" --logits "$work/l.f32" -n 0 \
+                --bf16-activations 2>/dev/null
+            echo "$(hash "$work/l.f32")  $name $t bf16-activations logits"
+        done
+    fi
 }
 
-# model NAME CHECKPOINT "TOKENS": convert at Q8_0 and Q4_0, hash the files, run them.
+# model NAME CHECKPOINT "TOKENS": convert to each type, hash the files, run them.
 model() {
     local name=$1 ckpt=$2 toks=$3 wt
-    for wt in q8_0 q4_0; do
+    for wt in $types; do
         "$bin/mlb-convert" "$ckpt" -o "$work/$name-$wt.mlb" --wtype "$wt" >/dev/null 2>&1
         echo "$(hash "$work/$name-$wt.mlb")  $name $wt mlb"
         run "$name $wt" "$work/$name-$wt.mlb" "$toks"

@@ -6,7 +6,7 @@
 use krafla::kernels::counters::{self, Op};
 use krafla::kernels::pool::Pool;
 use krafla::kernels::scalar_bf16dot::{self, round_bf16};
-use krafla::kernels::scalar_half::dot_half;
+use krafla::kernels::scalar_half::{dot_half, reduce_half_lanes, HALF_LANES};
 use krafla::kernels::{self, HalfActs, QActs, QMat, Tier, WType};
 use krafla::quant::half_float;
 
@@ -207,8 +207,9 @@ fn every_tier_gives_the_reference_bits() {
 
 /// BF16 activations (`HalfActs::Bf16`, docs/kernels.md "BF16 activations"): every
 /// tier's `matmul_f32` under the option, `project_each` and `matmul_bf16` on the rounded
-/// input give `scalar_bf16dot::dot`'s bits at every output: rows across the micro-tiles
-/// (8 × 1 decode, 4 × 6 prefill) and task tails, 1–31 tokens (one prefetching tile up to
+/// input give `scalar_bf16dot::dot`'s bits at every output (`vdpbf16ps` on avx512bf16,
+/// the emulations on avx512 / avx512vnni and avx2): rows across the micro-tiles
+/// (8 × 1 decode, 4 × 6 prefill; 4 × 1 and 2 × 3 emulated) and task tails, 1–31 tokens (one prefetching tile up to
 /// 6), 1–3 threads, a third of the cases with edge values (subnormal weights and
 /// activations, products below the normal range, ±0, huge values), and the
 /// vocabulary-sized and FFN shapes of the real models on sampled rows.
@@ -261,13 +262,7 @@ fn bf16_activations_give_the_reference_bits() {
                 .with_half_acts(HalfActs::Bf16)
                 .matmul_f32(&m, &x, &mut base);
             check(&format!("{rows}x{cols} n={n} scalar"), &base, rows, &want);
-            // The reference tiers (all but avx512bf16) run the same code: once each is
-            // enough for the big shapes.
-            let big = rows * cols * n > 2_000_000;
             for k in all_kernels() {
-                if big && k.tier() != Tier::Avx512Bf16 {
-                    continue;
-                }
                 let k = k.with_half_acts(HalfActs::Bf16);
                 for (threads, pool) in pools.iter().enumerate() {
                     let at = format!(
@@ -298,6 +293,68 @@ fn bf16_activations_give_the_reference_bits() {
         }
     }
     eprintln!("{checked} products checked");
+}
+
+/// BF16 activations near the bottom of the normal range: weights and activations of
+/// 2^-80 to 2^-50 with random signs, so that products and lane sums cross 2^-126 both
+/// ways and flushing decides the result. Every tier (the emulations' compare-and-redo
+/// path above all) against `scalar_bf16dot::dot`, decode and prefill tiles.
+#[test]
+fn bf16_activations_flush_as_the_reference() {
+    let mut rng = Rng::new(8);
+    let mut tiny = |n: usize| -> Vec<f32> {
+        (0..n)
+            .map(|_| {
+                let e = -80 + rng.below(31) as i32;
+                let s = if rng.below(2) == 0 { 1.0 } else { -1.0 };
+                s * (1.0 + rng.unit().abs()) * 2f32.powi(e)
+            })
+            .collect()
+    };
+    let mut flushed = 0;
+    for (rows, cols, n) in [(9, 64, 1), (9, 64, 3), (17, 96, 7), (8, 32, 13)] {
+        let wf = tiny(rows * cols);
+        let x = tiny(n * cols);
+        let w: Vec<u8> = wf
+            .iter()
+            .flat_map(|&v| round_bf16(v).to_le_bytes())
+            .collect();
+        let xb: Vec<u16> = x.iter().map(|&v| round_bf16(v)).collect();
+        let wb = bits16(&w);
+        let m = QMat::new_half(WType::BF16, rows, cols, &w).unwrap();
+        let mut want = Vec::new();
+        for r in 0..rows {
+            for tk in 0..n {
+                let d = scalar_bf16dot::dot(
+                    &wb[r * cols..(r + 1) * cols],
+                    &xb[tk * cols..(tk + 1) * cols],
+                );
+                // The same order without the flush (IEEE subnormals).
+                let f = |b: u16| f32::from_bits((b as u32) << 16);
+                let mut acc = [0f32; HALF_LANES];
+                for p in 0..cols / 2 {
+                    let (wr, xr) = (&wb[r * cols + 2 * p..], &xb[tk * cols + 2 * p..]);
+                    let a = f(wr[1]).mul_add(f(xr[1]), acc[p % HALF_LANES]);
+                    acc[p % HALF_LANES] = f(wr[0]).mul_add(f(xr[0]), a);
+                }
+                flushed += usize::from(reduce_half_lanes(acc).to_bits() != d.to_bits());
+                want.push((tk, r, d));
+            }
+        }
+        for k in all_kernels() {
+            let mut y = vec![f32::NAN; n * rows];
+            k.with_half_acts(HalfActs::Bf16).matmul_f32(&m, &x, &mut y);
+            check(
+                &format!("tiny {rows}x{cols} n={n} tier {}", k.tier()),
+                &y,
+                rows,
+                &want,
+            );
+        }
+    }
+    // The data reaches the flush: it changes some outputs.
+    assert!(flushed > 0, "the flush changed no output");
+    eprintln!("{flushed} outputs changed by the flush");
 }
 
 /// The vocabulary-sized classifiers (SmolLM2 49152 × 576; Gemma 3's 262144 rows, here

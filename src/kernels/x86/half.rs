@@ -20,9 +20,9 @@
 
 use core::arch::x86_64::*;
 
+use super::bf16dot;
 use crate::kernels::counters::{count, Op};
 use crate::kernels::half::HalfKernels;
-use crate::kernels::scalar_bf16dot;
 use crate::kernels::Tier;
 
 /// How far ahead a decode call prefetches the weights it streams.
@@ -97,7 +97,7 @@ impl Widen for F16 {
 /// kernels' single stream does) would mostly land on lines already being read: with
 /// 2048-column rows it was one row ahead, the very line loaded in the same step.
 #[inline(always)]
-unsafe fn prefetch_rows<const R: usize>(w: *const u8, rb: usize, at: usize) {
+pub(super) unsafe fn prefetch_rows<const R: usize>(w: *const u8, rb: usize, at: usize) {
     let ahead = at + PF_DIST / R;
     let (down, off) = (ahead / rb * R, ahead % rb);
     for r in 0..R {
@@ -110,7 +110,7 @@ unsafe fn prefetch_rows<const R: usize>(w: *const u8, rb: usize, at: usize) {
 /// Lanes `i` (of `lo`) and `i + 8` (of `hi`) added, then the 8-lane tree
 /// `((h0+h4) + (h2+h6)) + ((h1+h5) + (h3+h7))`.
 #[inline(always)]
-unsafe fn reduce_pair(lo: __m256, hi: __m256) -> f32 {
+pub(super) unsafe fn reduce_pair(lo: __m256, hi: __m256) -> f32 {
     // SAFETY: register-only AVX ops; every caller is compiled with AVX2.
     unsafe {
         let h = _mm256_add_ps(lo, hi);
@@ -122,7 +122,7 @@ unsafe fn reduce_pair(lo: __m256, hi: __m256) -> f32 {
 
 /// [`reduce_pair`] of a zmm's two halves.
 #[inline(always)]
-unsafe fn reduce512(a: __m512) -> f32 {
+pub(super) unsafe fn reduce512(a: __m512) -> f32 {
     // SAFETY: register-only AVX-512 F ops; every caller is compiled with them.
     unsafe {
         let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1));
@@ -393,218 +393,6 @@ macro_rules! driver {
 driver!(drive512, tile512, "avx512f", 4, 8, 6);
 driver!(drive256, tile256, "avx2,fma,f16c", 2, 4, 3);
 
-/// BF16 weights × BF16 activations (the BF16-activation contract) on AVX-512 BF16:
-/// `vdpbf16ps` is the contract's step for 16 lanes of column pairs, so the kernel is
-/// the f32 one without the widening: `R` adjacent rows against `T` tokens (`cols` BF16
-/// bits each), 32 columns per step, into `y[t·ld + r]`; prefetches ahead when `PF`.
-///
-/// # Safety
-/// AVX-512 F and BF16; the rows, tokens and outputs are in bounds; `cols` a multiple
-/// of 32.
-#[inline(always)]
-#[allow(clippy::needless_range_loop)]
-unsafe fn dot_tile<const R: usize, const T: usize, const PF: bool>(
-    w: *const u8,
-    cols: usize,
-    x: *const u16,
-    y: *mut f32,
-    ld: usize,
-) {
-    // SAFETY: every load is inside the R rows and T tokens (caller's contract).
-    unsafe {
-        let rb = 2 * cols;
-        let mut acc = [[_mm512_setzero_ps(); T]; R];
-        for c in (0..cols).step_by(32) {
-            if PF {
-                // A step reads a line of each row.
-                prefetch_rows::<R>(w, rb, 2 * c);
-            }
-            let mut wv = [_mm512_setzero_si512(); R];
-            for (r, v) in wv.iter_mut().enumerate() {
-                *v = _mm512_loadu_si512(w.add(r * rb + 2 * c).cast());
-            }
-            for t in 0..T {
-                let xv = bh(_mm512_loadu_si512(x.add(t * cols + c).cast()));
-                for r in 0..R {
-                    acc[r][t] = _mm512_dpbf16_ps(acc[r][t], bh(wv[r]), xv);
-                }
-            }
-        }
-        for (r, row) in acc.iter().enumerate() {
-            for (t, &a) in row.iter().enumerate() {
-                *y.add(t * ld + r) = reduce512(a);
-            }
-        }
-    }
-}
-
-/// 32 BF16 values as the type `vdpbf16ps` takes (a reinterpretation).
-#[inline(always)]
-fn bh(v: __m512i) -> __m512bh {
-    // SAFETY: both are 64 bytes of plain bits.
-    unsafe { core::mem::transmute::<__m512i, __m512bh>(v) }
-}
-
-/// [`dot_tile`]`::<4, 6, false>` with its 24 accumulators pinned to zmm0–23 (the
-/// weights in zmm24–27, the tokens in zmm28–31). LLVM allocates only zmm0–19 to the
-/// intrinsic form and keeps ten accumulators on the stack, a load and a store per
-/// `vdpbf16ps`: llama1b BF16 pp512 ran at 235 tok/s that way and 325 like this.
-///
-/// # Safety
-/// As [`dot_tile`].
-#[target_feature(enable = "avx512f,avx512bf16")]
-#[inline]
-unsafe fn dot_tile46(w: *const u8, cols: usize, x: *const u16, y: *mut f32, ld: usize) {
-    debug_assert!(cols >= 32 && cols.is_multiple_of(32));
-    let rb = 2 * cols;
-    let mut a = [_mm512_setzero_ps(); 24];
-    // SAFETY: the loop reads 64 bytes per step at row r (w + r·rb) and token t
-    // (x + t·rb) for cols / 32 ≥ 1 steps: inside the caller's rows and tokens.
-    unsafe {
-        core::arch::asm!(
-            "2:",
-            "vmovdqu64 zmm24, [{wp}]",
-            "vmovdqu64 zmm25, [{wp} + {rb}]",
-            "vmovdqu64 zmm26, [{wp} + {rb}*2]",
-            "vmovdqu64 zmm27, [{wp} + {rb3}]",
-            "vmovdqu64 zmm28, [{xp}]",
-            "vdpbf16ps zmm0, zmm24, zmm28",
-            "vdpbf16ps zmm1, zmm25, zmm28",
-            "vdpbf16ps zmm2, zmm26, zmm28",
-            "vdpbf16ps zmm3, zmm27, zmm28",
-            "vmovdqu64 zmm29, [{xp} + {rb}]",
-            "vdpbf16ps zmm4, zmm24, zmm29",
-            "vdpbf16ps zmm5, zmm25, zmm29",
-            "vdpbf16ps zmm6, zmm26, zmm29",
-            "vdpbf16ps zmm7, zmm27, zmm29",
-            "vmovdqu64 zmm30, [{xp} + {rb}*2]",
-            "vdpbf16ps zmm8, zmm24, zmm30",
-            "vdpbf16ps zmm9, zmm25, zmm30",
-            "vdpbf16ps zmm10, zmm26, zmm30",
-            "vdpbf16ps zmm11, zmm27, zmm30",
-            "vmovdqu64 zmm31, [{xp} + {rb3}]",
-            "vdpbf16ps zmm12, zmm24, zmm31",
-            "vdpbf16ps zmm13, zmm25, zmm31",
-            "vdpbf16ps zmm14, zmm26, zmm31",
-            "vdpbf16ps zmm15, zmm27, zmm31",
-            "vmovdqu64 zmm28, [{xp} + {rb}*4]",
-            "vdpbf16ps zmm16, zmm24, zmm28",
-            "vdpbf16ps zmm17, zmm25, zmm28",
-            "vdpbf16ps zmm18, zmm26, zmm28",
-            "vdpbf16ps zmm19, zmm27, zmm28",
-            "vmovdqu64 zmm29, [{xp} + {rb5}]",
-            "vdpbf16ps zmm20, zmm24, zmm29",
-            "vdpbf16ps zmm21, zmm25, zmm29",
-            "vdpbf16ps zmm22, zmm26, zmm29",
-            "vdpbf16ps zmm23, zmm27, zmm29",
-            "add {wp}, 64",
-            "add {xp}, 64",
-            "dec {n}",
-            "jnz 2b",
-            wp = inout(reg) w => _,
-            xp = inout(reg) x => _,
-            n = inout(reg) cols / 32 => _,
-            rb = in(reg) rb,
-            rb3 = in(reg) 3 * rb,
-            rb5 = in(reg) 5 * rb,
-            inout("zmm0") a[0], inout("zmm1") a[1], inout("zmm2") a[2], inout("zmm3") a[3],
-            inout("zmm4") a[4], inout("zmm5") a[5], inout("zmm6") a[6], inout("zmm7") a[7],
-            inout("zmm8") a[8], inout("zmm9") a[9], inout("zmm10") a[10], inout("zmm11") a[11],
-            inout("zmm12") a[12], inout("zmm13") a[13], inout("zmm14") a[14],
-            inout("zmm15") a[15], inout("zmm16") a[16], inout("zmm17") a[17],
-            inout("zmm18") a[18], inout("zmm19") a[19], inout("zmm20") a[20],
-            inout("zmm21") a[21], inout("zmm22") a[22], inout("zmm23") a[23],
-            out("zmm24") _, out("zmm25") _, out("zmm26") _, out("zmm27") _,
-            out("zmm28") _, out("zmm29") _, out("zmm30") _, out("zmm31") _,
-            options(nostack, readonly),
-        );
-        // Accumulator 4t + r is (row r, token t).
-        for (i, &v) in a.iter().enumerate() {
-            *y.add(i / 4 * ld + i % 4) = reduce512(v);
-        }
-    }
-}
-
-/// Rows `0..rows` of a BF16-activation call in micro-tiles of `$rp` rows (the rest one
-/// by one) × `$n` tokens, through `$full` for the whole micro-tiles.
-macro_rules! dot_rows {
-    ($full:expr, $rp:literal, $n:literal, $pf:literal, $w:expr, $rows:expr, $cols:expr, $x:expr, $y:expr, $ld:expr) => {{
-        let (wp, rows, cols, xp, y, ld) = ($w, $rows, $cols, $x, $y, $ld);
-        let (rb, full) = (2 * cols, rows / $rp * $rp);
-        for r in (0..full).step_by($rp) {
-            $full(wp.add(r * rb), cols, xp, y.add(r), ld);
-        }
-        for r in full..rows {
-            dot_tile::<1, $n, $pf>(wp.add(r * rb), cols, xp, y.add(r), ld);
-        }
-    }};
-}
-
-/// AVX-512 BF16, BF16 weights × BF16 activations (see `kernels::half::DotFn`): decode
-/// 8 rows × 1 token with prefetch; prefill 4 rows × 6 tokens ([`dot_tile46`]), a
-/// call of at most 6 tokens prefetching as decode does (as the f32 driver).
-///
-/// # Safety
-/// The CPU has AVX-512 F and BF16; the `DotFn` contract.
-#[target_feature(enable = "avx512f,avx512bf16")]
-pub unsafe fn bf16_dot_avx512bf16(
-    rows: usize,
-    cols: usize,
-    w: &[u8],
-    x: &[u16],
-    y: *mut f32,
-    ld: usize,
-) {
-    count(Tier::Avx512Bf16, Op::Dot);
-    debug_assert!(cols.is_multiple_of(32) && w.len() == rows * cols * 2);
-    debug_assert!(x.len().is_multiple_of(cols));
-    let nt = x.len() / cols;
-    let (wp, xp) = (w.as_ptr(), x.as_ptr());
-    // SAFETY: rows r..r + R of w and tokens t..t + T of x exist; outputs are
-    // y[t·ld + r] inside the caller's contract.
-    unsafe {
-        macro_rules! pf {
-            ($r:literal, $n:literal) => {
-                dot_tile::<$r, $n, true>
-            };
-        }
-        if nt == 1 {
-            dot_rows!(pf!(8, 1), 8, 1, true, wp, rows, cols, xp, y, ld);
-            return;
-        }
-        if nt <= 6 {
-            // One tile of tokens streams its weights once: prefetch.
-            match nt {
-                2 => dot_rows!(pf!(4, 2), 4, 2, true, wp, rows, cols, xp, y, ld),
-                3 => dot_rows!(pf!(4, 3), 4, 3, true, wp, rows, cols, xp, y, ld),
-                4 => dot_rows!(pf!(4, 4), 4, 4, true, wp, rows, cols, xp, y, ld),
-                5 => dot_rows!(pf!(4, 5), 4, 5, true, wp, rows, cols, xp, y, ld),
-                _ => dot_rows!(pf!(4, 6), 4, 6, true, wp, rows, cols, xp, y, ld),
-            }
-            return;
-        }
-        macro_rules! no {
-            ($r:literal, $n:literal) => {
-                dot_tile::<$r, $n, false>
-            };
-        }
-        let mut t0 = 0;
-        while t0 < nt {
-            let tn = (nt - t0).min(6);
-            let (xt, yt) = (xp.add(t0 * cols), y.add(t0 * ld));
-            match tn {
-                1 => dot_rows!(no!(4, 1), 4, 1, false, wp, rows, cols, xt, yt, ld),
-                2 => dot_rows!(no!(4, 2), 4, 2, false, wp, rows, cols, xt, yt, ld),
-                3 => dot_rows!(no!(4, 3), 4, 3, false, wp, rows, cols, xt, yt, ld),
-                4 => dot_rows!(no!(4, 4), 4, 4, false, wp, rows, cols, xt, yt, ld),
-                5 => dot_rows!(no!(4, 5), 4, 5, false, wp, rows, cols, xt, yt, ld),
-                _ => dot_rows!(dot_tile46, 4, 6, false, wp, rows, cols, xt, yt, ld),
-            }
-            t0 += tn;
-        }
-    }
-}
-
 /// AVX-512 F, BF16 (see `kernels::half::HalfFn`).
 ///
 /// # Safety
@@ -658,19 +446,19 @@ pub(crate) fn kernels(t: Tier) -> Option<HalfKernels> {
         Tier::Avx2 if has_avx2_half() => Some(HalfKernels {
             bf16: bf16_avx2,
             f16: f16_avx2,
-            bf16_dot: scalar_bf16dot::tile,
+            bf16_dot: bf16dot::bf16_dot_avx2,
         }),
         // The AVX-512 tiers have AVX-512 F (`has_avx512`). Without `vdpbf16ps`, BF16
-        // activations run the reference.
+        // activations run its emulation.
         Tier::Avx512 | Tier::Avx512Vnni => Some(HalfKernels {
             bf16: bf16_avx512,
             f16: f16_avx512,
-            bf16_dot: scalar_bf16dot::tile,
+            bf16_dot: bf16dot::bf16_dot_avx512,
         }),
         Tier::Avx512Bf16 => Some(HalfKernels {
             bf16: bf16_avx512,
             f16: f16_avx512,
-            bf16_dot: bf16_dot_avx512bf16,
+            bf16_dot: bf16dot::bf16_dot_avx512bf16,
         }),
         _ => None,
     }

@@ -5,6 +5,7 @@ pub mod attention;
 pub mod attention_kv;
 pub mod avx2;
 pub mod avx512;
+pub mod bf16dot;
 pub mod blocks;
 pub mod half;
 pub mod math;

@@ -1,0 +1,476 @@
+//! BF16 weights × BF16 activations (the opt-in contract of docs/kernels.md, "BF16
+//! activations"; reference: `kernels::scalar_bf16dot`) on x86, bit-identical to the
+//! reference on every tier:
+//!
+//! * AVX-512 BF16 (`avx512bf16` tier): `vdpbf16ps` is the contract's step for 16 lanes of
+//!   column pairs ([`bf16_dot_avx512bf16`]);
+//! * AVX-512 F (`avx512`, `avx512vnni`) and AVX2 + FMA (`avx2`): the step emulated
+//!   ([`bf16_dot_avx512`], [`bf16_dot_avx2`]): the pair split into its odd and even
+//!   columns (a BF16 is the upper half of an f32: `& 0xffff0000` and `<< 16`), a
+//!   subnormal weight cleared to its sign, one `vfmadd` per column, and a lane whose
+//!   result is at most 2^-126 and not zero (a branch that is almost never taken) redone
+//!   by the reference's `step`, which flushes it or keeps it as `vdpbf16ps` does.
+//!
+//! The emulations run about a quarter of the f32-activation kernels' speed in a prompt
+//! (compare and branch per multiply-add) and at memory speed in decode: the option is for
+//! CPUs with AVX-512 BF16; elsewhere it reproduces their bits.
+
+use core::arch::x86_64::*;
+
+use super::half::{prefetch_rows, reduce512, reduce_pair};
+use crate::kernels::counters::{count, Op};
+use crate::kernels::scalar_bf16dot::step;
+use crate::kernels::Tier;
+
+/// BF16 weights × BF16 activations (the BF16-activation contract) on AVX-512 BF16:
+/// `vdpbf16ps` is the contract's step for 16 lanes of column pairs, so the kernel is
+/// the f32 one without the widening: `R` adjacent rows against `T` tokens (`cols` BF16
+/// bits each), 32 columns per step, into `y[t·ld + r]`; prefetches ahead when `PF`.
+///
+/// # Safety
+/// AVX-512 F and BF16; the rows, tokens and outputs are in bounds; `cols` a multiple
+/// of 32.
+#[inline(always)]
+#[allow(clippy::needless_range_loop)]
+unsafe fn dot_tile<const R: usize, const T: usize, const PF: bool>(
+    w: *const u8,
+    cols: usize,
+    x: *const u16,
+    y: *mut f32,
+    ld: usize,
+) {
+    // SAFETY: every load is inside the R rows and T tokens (caller's contract).
+    unsafe {
+        let rb = 2 * cols;
+        let mut acc = [[_mm512_setzero_ps(); T]; R];
+        for c in (0..cols).step_by(32) {
+            if PF {
+                // A step reads a line of each row.
+                prefetch_rows::<R>(w, rb, 2 * c);
+            }
+            let mut wv = [_mm512_setzero_si512(); R];
+            for (r, v) in wv.iter_mut().enumerate() {
+                *v = _mm512_loadu_si512(w.add(r * rb + 2 * c).cast());
+            }
+            for t in 0..T {
+                let xv = bh(_mm512_loadu_si512(x.add(t * cols + c).cast()));
+                for r in 0..R {
+                    acc[r][t] = _mm512_dpbf16_ps(acc[r][t], bh(wv[r]), xv);
+                }
+            }
+        }
+        for (r, row) in acc.iter().enumerate() {
+            for (t, &a) in row.iter().enumerate() {
+                *y.add(t * ld + r) = reduce512(a);
+            }
+        }
+    }
+}
+
+/// 32 BF16 values as the type `vdpbf16ps` takes (a reinterpretation).
+#[inline(always)]
+fn bh(v: __m512i) -> __m512bh {
+    // SAFETY: both are 64 bytes of plain bits.
+    unsafe { core::mem::transmute::<__m512i, __m512bh>(v) }
+}
+
+/// [`dot_tile`]`::<4, 6, false>` with its 24 accumulators pinned to zmm0–23 (the
+/// weights in zmm24–27, the tokens in zmm28–31). LLVM allocates only zmm0–19 to the
+/// intrinsic form and keeps ten accumulators on the stack, a load and a store per
+/// `vdpbf16ps`: llama1b BF16 pp512 ran at 235 tok/s that way and 325 like this.
+///
+/// # Safety
+/// As [`dot_tile`].
+#[target_feature(enable = "avx512f,avx512bf16")]
+#[inline]
+unsafe fn dot_tile46(w: *const u8, cols: usize, x: *const u16, y: *mut f32, ld: usize) {
+    debug_assert!(cols >= 32 && cols.is_multiple_of(32));
+    let rb = 2 * cols;
+    let mut a = [_mm512_setzero_ps(); 24];
+    // SAFETY: the loop reads 64 bytes per step at row r (w + r·rb) and token t
+    // (x + t·rb) for cols / 32 ≥ 1 steps: inside the caller's rows and tokens.
+    unsafe {
+        core::arch::asm!(
+            "2:",
+            "vmovdqu64 zmm24, [{wp}]",
+            "vmovdqu64 zmm25, [{wp} + {rb}]",
+            "vmovdqu64 zmm26, [{wp} + {rb}*2]",
+            "vmovdqu64 zmm27, [{wp} + {rb3}]",
+            "vmovdqu64 zmm28, [{xp}]",
+            "vdpbf16ps zmm0, zmm24, zmm28",
+            "vdpbf16ps zmm1, zmm25, zmm28",
+            "vdpbf16ps zmm2, zmm26, zmm28",
+            "vdpbf16ps zmm3, zmm27, zmm28",
+            "vmovdqu64 zmm29, [{xp} + {rb}]",
+            "vdpbf16ps zmm4, zmm24, zmm29",
+            "vdpbf16ps zmm5, zmm25, zmm29",
+            "vdpbf16ps zmm6, zmm26, zmm29",
+            "vdpbf16ps zmm7, zmm27, zmm29",
+            "vmovdqu64 zmm30, [{xp} + {rb}*2]",
+            "vdpbf16ps zmm8, zmm24, zmm30",
+            "vdpbf16ps zmm9, zmm25, zmm30",
+            "vdpbf16ps zmm10, zmm26, zmm30",
+            "vdpbf16ps zmm11, zmm27, zmm30",
+            "vmovdqu64 zmm31, [{xp} + {rb3}]",
+            "vdpbf16ps zmm12, zmm24, zmm31",
+            "vdpbf16ps zmm13, zmm25, zmm31",
+            "vdpbf16ps zmm14, zmm26, zmm31",
+            "vdpbf16ps zmm15, zmm27, zmm31",
+            "vmovdqu64 zmm28, [{xp} + {rb}*4]",
+            "vdpbf16ps zmm16, zmm24, zmm28",
+            "vdpbf16ps zmm17, zmm25, zmm28",
+            "vdpbf16ps zmm18, zmm26, zmm28",
+            "vdpbf16ps zmm19, zmm27, zmm28",
+            "vmovdqu64 zmm29, [{xp} + {rb5}]",
+            "vdpbf16ps zmm20, zmm24, zmm29",
+            "vdpbf16ps zmm21, zmm25, zmm29",
+            "vdpbf16ps zmm22, zmm26, zmm29",
+            "vdpbf16ps zmm23, zmm27, zmm29",
+            "add {wp}, 64",
+            "add {xp}, 64",
+            "dec {n}",
+            "jnz 2b",
+            wp = inout(reg) w => _,
+            xp = inout(reg) x => _,
+            n = inout(reg) cols / 32 => _,
+            rb = in(reg) rb,
+            rb3 = in(reg) 3 * rb,
+            rb5 = in(reg) 5 * rb,
+            inout("zmm0") a[0], inout("zmm1") a[1], inout("zmm2") a[2], inout("zmm3") a[3],
+            inout("zmm4") a[4], inout("zmm5") a[5], inout("zmm6") a[6], inout("zmm7") a[7],
+            inout("zmm8") a[8], inout("zmm9") a[9], inout("zmm10") a[10], inout("zmm11") a[11],
+            inout("zmm12") a[12], inout("zmm13") a[13], inout("zmm14") a[14],
+            inout("zmm15") a[15], inout("zmm16") a[16], inout("zmm17") a[17],
+            inout("zmm18") a[18], inout("zmm19") a[19], inout("zmm20") a[20],
+            inout("zmm21") a[21], inout("zmm22") a[22], inout("zmm23") a[23],
+            out("zmm24") _, out("zmm25") _, out("zmm26") _, out("zmm27") _,
+            out("zmm28") _, out("zmm29") _, out("zmm30") _, out("zmm31") _,
+            options(nostack, readonly),
+        );
+        // Accumulator 4t + r is (row r, token t).
+        for (i, &v) in a.iter().enumerate() {
+            *y.add(i / 4 * ld + i % 4) = reduce512(v);
+        }
+    }
+}
+
+/// Rows `0..rows` of a BF16-activation call in micro-tiles of `$rp` rows × `$n` tokens
+/// through `$full`, the rest one by one through `$one::<1, $n, $pf>`.
+macro_rules! dot_rows {
+    ($full:expr, $one:ident, $rp:literal, $n:literal, $pf:literal, $w:expr, $rows:expr, $cols:expr, $x:expr, $y:expr, $ld:expr) => {{
+        let (wp, rows, cols, xp, y, ld) = ($w, $rows, $cols, $x, $y, $ld);
+        let (rb, full) = (2 * cols, rows / $rp * $rp);
+        for r in (0..full).step_by($rp) {
+            $full(wp.add(r * rb), cols, xp, y.add(r), ld);
+        }
+        for r in full..rows {
+            $one::<1, $n, $pf>(wp.add(r * rb), cols, xp, y.add(r), ld);
+        }
+    }};
+}
+
+/// AVX-512 BF16, BF16 weights × BF16 activations (see `kernels::half::DotFn`): decode
+/// 8 rows × 1 token with prefetch; prefill 4 rows × 6 tokens ([`dot_tile46`]), a
+/// call of at most 6 tokens prefetching as decode does (as the f32 driver).
+///
+/// # Safety
+/// The CPU has AVX-512 F and BF16; the `DotFn` contract.
+#[target_feature(enable = "avx512f,avx512bf16")]
+pub unsafe fn bf16_dot_avx512bf16(
+    rows: usize,
+    cols: usize,
+    w: &[u8],
+    x: &[u16],
+    y: *mut f32,
+    ld: usize,
+) {
+    count(Tier::Avx512Bf16, Op::Dot);
+    debug_assert!(cols.is_multiple_of(32) && w.len() == rows * cols * 2);
+    debug_assert!(x.len().is_multiple_of(cols));
+    let nt = x.len() / cols;
+    let (wp, xp) = (w.as_ptr(), x.as_ptr());
+    // SAFETY: rows r..r + R of w and tokens t..t + T of x exist; outputs are
+    // y[t·ld + r] inside the caller's contract.
+    unsafe {
+        macro_rules! pf {
+            ($r:literal, $n:literal) => {
+                dot_tile::<$r, $n, true>
+            };
+        }
+        if nt == 1 {
+            dot_rows!(pf!(8, 1), dot_tile, 8, 1, true, wp, rows, cols, xp, y, ld);
+            return;
+        }
+        if nt <= 6 {
+            // One tile of tokens streams its weights once: prefetch.
+            match nt {
+                2 => dot_rows!(pf!(4, 2), dot_tile, 4, 2, true, wp, rows, cols, xp, y, ld),
+                3 => dot_rows!(pf!(4, 3), dot_tile, 4, 3, true, wp, rows, cols, xp, y, ld),
+                4 => dot_rows!(pf!(4, 4), dot_tile, 4, 4, true, wp, rows, cols, xp, y, ld),
+                5 => dot_rows!(pf!(4, 5), dot_tile, 4, 5, true, wp, rows, cols, xp, y, ld),
+                _ => dot_rows!(pf!(4, 6), dot_tile, 4, 6, true, wp, rows, cols, xp, y, ld),
+            }
+            return;
+        }
+        macro_rules! no {
+            ($r:literal, $n:literal) => {
+                dot_tile::<$r, $n, false>
+            };
+        }
+        let mut t0 = 0;
+        while t0 < nt {
+            let tn = (nt - t0).min(6);
+            let (xt, yt) = (xp.add(t0 * cols), y.add(t0 * ld));
+            match tn {
+                1 => dot_rows!(no!(4, 1), dot_tile, 4, 1, false, wp, rows, cols, xt, yt, ld),
+                2 => dot_rows!(no!(4, 2), dot_tile, 4, 2, false, wp, rows, cols, xt, yt, ld),
+                3 => dot_rows!(no!(4, 3), dot_tile, 4, 3, false, wp, rows, cols, xt, yt, ld),
+                4 => dot_rows!(no!(4, 4), dot_tile, 4, 4, false, wp, rows, cols, xt, yt, ld),
+                5 => dot_rows!(no!(4, 5), dot_tile, 4, 5, false, wp, rows, cols, xt, yt, ld),
+                _ => dot_rows!(dot_tile46, dot_tile, 4, 6, false, wp, rows, cols, xt, yt, ld),
+            }
+            t0 += tn;
+        }
+    }
+}
+
+/// The odd and even columns of 16 column pairs (32 BF16 bits) as f32, a subnormal
+/// weight read as zero when `daz` (activations were flushed when rounded).
+#[inline(always)]
+unsafe fn split512<const DAZ: bool>(v: __m512i) -> (__m512, __m512) {
+    // SAFETY: register-only AVX-512 F ops; every caller is compiled with them.
+    unsafe {
+        let mut odd = _mm512_and_si512(v, _mm512_set1_epi32(0xffff_0000u32 as i32));
+        let mut even = _mm512_slli_epi32(v, 16);
+        if DAZ {
+            let (exp, sign) = (_mm512_set1_epi32(0x7f80_0000), _mm512_set1_epi32(i32::MIN));
+            odd = _mm512_mask_and_epi32(odd, _mm512_testn_epi32_mask(odd, exp), odd, sign);
+            even = _mm512_mask_and_epi32(even, _mm512_testn_epi32_mask(even, exp), even, sign);
+        }
+        (_mm512_castsi512_ps(odd), _mm512_castsi512_ps(even))
+    }
+}
+
+/// One step of the contract on 16 lanes: `fma(w, x, acc)`, and the reference's `step`
+/// on a lane whose result is tiny (0 < |r| ≤ 2^-126).
+#[inline(always)]
+unsafe fn step512(acc: __m512, w: __m512, x: __m512) -> __m512 {
+    // SAFETY: register-only AVX-512 F ops; every caller is compiled with them.
+    unsafe {
+        let r = _mm512_fmadd_ps(w, x, acc);
+        let a = _mm512_abs_ps(r);
+        let small = _mm512_cmp_ps_mask::<_CMP_LE_OQ>(a, _mm512_set1_ps(f32::MIN_POSITIVE));
+        let tiny = _mm512_mask_cmp_ps_mask::<_CMP_NEQ_OQ>(small, a, _mm512_setzero_ps());
+        if tiny == 0 {
+            return r;
+        }
+        // SAFETY: a __m512 is 16 f32.
+        let f = |v: __m512| core::mem::transmute::<__m512, [f32; 16]>(v);
+        core::mem::transmute(redo(f(acc), f(w), f(x), f(r), u32::from(tiny)))
+    }
+}
+
+/// The lanes `tiny` (a bit mask) of an emulated step redone by the reference: `r` with
+/// lane `i` replaced by `step(acc[i], w[i], x[i])`.
+#[cold]
+#[inline(never)]
+fn redo<const N: usize>(
+    acc: [f32; N],
+    w: [f32; N],
+    x: [f32; N],
+    r: [f32; N],
+    tiny: u32,
+) -> [f32; N] {
+    std::array::from_fn(|i| {
+        if tiny >> i & 1 == 1 {
+            step(acc[i], w[i], x[i])
+        } else {
+            r[i]
+        }
+    })
+}
+
+/// `R` rows × `T` tokens of the emulated contract on AVX-512 F (see [`dot_tile`]).
+///
+/// # Safety
+/// AVX-512 F; bounds as [`dot_tile`].
+#[inline(always)]
+#[allow(clippy::needless_range_loop)]
+unsafe fn emu_tile512<const R: usize, const T: usize, const PF: bool>(
+    w: *const u8,
+    cols: usize,
+    x: *const u16,
+    y: *mut f32,
+    ld: usize,
+) {
+    // SAFETY: every load is inside the R rows and T tokens (caller's contract).
+    unsafe {
+        let rb = 2 * cols;
+        let mut acc = [[_mm512_setzero_ps(); T]; R];
+        for c in (0..cols).step_by(32) {
+            if PF {
+                prefetch_rows::<R>(w, rb, 2 * c);
+            }
+            let mut wv = [(_mm512_setzero_ps(), _mm512_setzero_ps()); R];
+            for (r, v) in wv.iter_mut().enumerate() {
+                *v = split512::<true>(_mm512_loadu_si512(w.add(r * rb + 2 * c).cast()));
+            }
+            for t in 0..T {
+                let (xo, xe) = split512::<false>(_mm512_loadu_si512(x.add(t * cols + c).cast()));
+                for r in 0..R {
+                    let a = step512(acc[r][t], wv[r].0, xo);
+                    acc[r][t] = step512(a, wv[r].1, xe);
+                }
+            }
+        }
+        for (r, row) in acc.iter().enumerate() {
+            for (t, &a) in row.iter().enumerate() {
+                *y.add(t * ld + r) = reduce512(a);
+            }
+        }
+    }
+}
+
+/// [`split512`] on AVX2: 8 column pairs (16 BF16 bits).
+#[inline(always)]
+unsafe fn split256<const DAZ: bool>(v: __m256i) -> (__m256, __m256) {
+    // SAFETY: register-only AVX2 ops; every caller is compiled with them.
+    unsafe {
+        let mut odd = _mm256_and_si256(v, _mm256_set1_epi32(0xffff_0000u32 as i32));
+        let mut even = _mm256_slli_epi32(v, 16);
+        if DAZ {
+            let (exp, mag) = (_mm256_set1_epi32(0x7f80_0000), _mm256_set1_epi32(i32::MAX));
+            let flush = |v: __m256i| {
+                let z = _mm256_cmpeq_epi32(_mm256_and_si256(v, exp), _mm256_setzero_si256());
+                _mm256_andnot_si256(_mm256_and_si256(z, mag), v)
+            };
+            odd = flush(odd);
+            even = flush(even);
+        }
+        (_mm256_castsi256_ps(odd), _mm256_castsi256_ps(even))
+    }
+}
+
+/// [`step512`] on 8 lanes (AVX2 + FMA).
+#[inline(always)]
+unsafe fn step256(acc: __m256, w: __m256, x: __m256) -> __m256 {
+    // SAFETY: register-only AVX2 / FMA ops; every caller is compiled with them.
+    unsafe {
+        let r = _mm256_fmadd_ps(w, x, acc);
+        let a = _mm256_and_ps(r, _mm256_castsi256_ps(_mm256_set1_epi32(i32::MAX)));
+        let small = _mm256_cmp_ps::<_CMP_LE_OQ>(a, _mm256_set1_ps(f32::MIN_POSITIVE));
+        let nonzero = _mm256_cmp_ps::<_CMP_NEQ_OQ>(a, _mm256_setzero_ps());
+        let tiny = _mm256_movemask_ps(_mm256_and_ps(small, nonzero));
+        if tiny == 0 {
+            return r;
+        }
+        // SAFETY: a __m256 is 8 f32.
+        let f = |v: __m256| core::mem::transmute::<__m256, [f32; 8]>(v);
+        core::mem::transmute(redo(f(acc), f(w), f(x), f(r), tiny as u32))
+    }
+}
+
+/// `R` rows × `T` tokens of the emulated contract on AVX2: each output's 16 lanes as two
+/// ymm (lanes 0–7: the step's first 16 columns, 8–15: the next 16).
+///
+/// # Safety
+/// AVX2 and FMA; bounds as [`dot_tile`].
+#[inline(always)]
+#[allow(clippy::needless_range_loop)]
+unsafe fn emu_tile256<const R: usize, const T: usize, const PF: bool>(
+    w: *const u8,
+    cols: usize,
+    x: *const u16,
+    y: *mut f32,
+    ld: usize,
+) {
+    // SAFETY: every load is inside the R rows and T tokens (caller's contract).
+    unsafe {
+        let rb = 2 * cols;
+        let mut acc = [[[_mm256_setzero_ps(); 2]; T]; R];
+        for c in (0..cols).step_by(32) {
+            if PF {
+                prefetch_rows::<R>(w, rb, 2 * c);
+            }
+            for h in 0..2 {
+                let mut wv = [(_mm256_setzero_ps(), _mm256_setzero_ps()); R];
+                for (r, v) in wv.iter_mut().enumerate() {
+                    let p = w.add(r * rb + 2 * c + 32 * h);
+                    *v = split256::<true>(_mm256_loadu_si256(p.cast()));
+                }
+                for t in 0..T {
+                    let p = x.add(t * cols + c + 16 * h);
+                    let (xo, xe) = split256::<false>(_mm256_loadu_si256(p.cast()));
+                    for r in 0..R {
+                        let a = step256(acc[r][t][h], wv[r].0, xo);
+                        acc[r][t][h] = step256(a, wv[r].1, xe);
+                    }
+                }
+            }
+        }
+        for (r, row) in acc.iter().enumerate() {
+            for (t, a) in row.iter().enumerate() {
+                *y.add(t * ld + r) = reduce_pair(a[0], a[1]);
+            }
+        }
+    }
+}
+
+/// The driver of an emulating tier: `$rp` rows × up to `$t` tokens, 4 rows × 1 token with
+/// prefetch in decode (and a call of at most `$t` tokens prefetching too).
+macro_rules! emu_driver {
+    ($name:ident, $tile:ident, $feat:literal, $tier:expr, $rp:literal, $t:literal) => {
+        /// # Safety
+        /// The tier's CPU features; the `DotFn` contract.
+        #[target_feature(enable = $feat)]
+        pub unsafe fn $name(rows: usize, cols: usize, w: &[u8], x: &[u16], y: *mut f32, ld: usize) {
+            count($tier, Op::Dot);
+            debug_assert!(cols.is_multiple_of(32) && w.len() == rows * cols * 2);
+            debug_assert!(x.len().is_multiple_of(cols));
+            let nt = x.len() / cols;
+            let (wp, xp) = (w.as_ptr(), x.as_ptr());
+            // SAFETY: rows r..r + R of w and tokens t..t + T of x exist; outputs are
+            // y[t·ld + r] inside the caller's contract.
+            unsafe {
+                macro_rules! tiles {
+                    ($r:literal, $n:literal, $pf:literal, $xt:expr, $yt:expr) => {
+                        dot_rows!(
+                            $tile::<$r, $n, $pf>,
+                            $tile,
+                            $r,
+                            $n,
+                            $pf,
+                            wp,
+                            rows,
+                            cols,
+                            $xt,
+                            $yt,
+                            ld
+                        )
+                    };
+                }
+                if nt == 1 {
+                    tiles!(4, 1, true, xp, y);
+                    return;
+                }
+                let pf = nt <= $t;
+                let mut t0 = 0;
+                while t0 < nt {
+                    let tn = (nt - t0).min($t);
+                    let (xt, yt) = (xp.add(t0 * cols), y.add(t0 * ld));
+                    match (tn, pf) {
+                        (1, _) => tiles!($rp, 1, false, xt, yt),
+                        (2, true) => tiles!($rp, 2, true, xt, yt),
+                        (2, false) => tiles!($rp, 2, false, xt, yt),
+                        (_, true) => tiles!($rp, $t, true, xt, yt),
+                        _ => tiles!($rp, $t, false, xt, yt),
+                    }
+                    t0 += tn;
+                }
+            }
+        }
+    };
+}
+
+emu_driver!(bf16_dot_avx512, emu_tile512, "avx512f", Tier::Avx512, 2, 3);
+emu_driver!(bf16_dot_avx2, emu_tile256, "avx2,fma", Tier::Avx2, 2, 3);
