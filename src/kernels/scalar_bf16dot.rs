@@ -124,17 +124,7 @@ pub unsafe fn tile(rows: usize, cols: usize, w: &[u8], x: &[u16], y: *mut f32, l
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// A small deterministic generator (xorshift), as the other reference tests use.
-    struct Rng(u64);
-    impl Rng {
-        fn next(&mut self) -> u64 {
-            self.0 ^= self.0 << 13;
-            self.0 ^= self.0 >> 7;
-            self.0 ^= self.0 << 17;
-            self.0
-        }
-    }
+    use crate::format::mlb::synth::Rng;
 
     fn bf(x: f32) -> u16 {
         round_bf16(x)
@@ -149,7 +139,7 @@ mod tests {
                 // Ties and near-ties around every exponent.
                 (i << 19) | 0x8000 | (i & 1) << 16
             } else {
-                rng.next() as u32
+                rng.next_u64() as u32
             };
             let x = f32::from_bits(u);
             let got = round_bf16(x);
@@ -308,7 +298,7 @@ mod tests {
             let mut b = [0u16; 32];
             let mut acc = [0f32; 16];
             for i in 0..16 {
-                let r = rng.next();
+                let r = rng.next_u64();
                 // Exponents spread over the whole range, clustered near the bottom in
                 // a third of the cases, with cancelling signs.
                 let e = |s: u64| -> u16 {
@@ -322,7 +312,7 @@ mod tests {
                 a[2 * i + 1] = ((r >> 24) as u16 & 0x807f) | e(r >> 40) << 7;
                 b[2 * i] = ((r >> 32) as u16 & 0x807f) | (e(r >> 48) + 60).min(254) << 7;
                 b[2 * i + 1] = ((r >> 48) as u16 & 0x807f) | (e(r >> 8) + 60).min(254) << 7;
-                let s = rng.next() as u32;
+                let s = rng.next_u64() as u32;
                 acc[i] = match case % 4 {
                     0 => 0.0,
                     1 => f32::from_bits(s & 0x8fff_ffff), // small, normal or subnormal

@@ -146,27 +146,15 @@ pub fn dequant_row_half(wtype: WType, w: &[u16], out: &mut [f32]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::format::mlb::synth::Rng;
 
     const ONE_BF16: u16 = 0x3F80;
 
-    struct Rng(u64);
-    impl Rng {
-        fn next(&mut self) -> u64 {
-            self.0 ^= self.0 << 13;
-            self.0 ^= self.0 >> 7;
-            self.0 ^= self.0 << 17;
-            self.0
-        }
-        fn unit(&mut self) -> f32 {
-            (self.next() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
-        }
-    }
-
     fn rand_row(rng: &mut Rng, t: WType, n: usize) -> (Vec<u16>, Vec<f32>) {
         let w = (0..n)
-            .map(|_| half_float::round(t, rng.unit() * 0.1))
+            .map(|_| half_float::round(t, rng.next_f32() * 0.1))
             .collect();
-        let x = (0..n).map(|_| rng.unit() * 3.0).collect();
+        let x = (0..n).map(|_| rng.next_f32() * 3.0).collect();
         (w, x)
     }
 
@@ -375,8 +363,8 @@ mod tests {
                             // Subnormal weights and activations, cancellation.
                             for (c, (wb, xv)) in w.iter_mut().zip(x.iter_mut()).enumerate() {
                                 if c % 3 == 0 {
-                                    *wb = (rng.next() as u16) & 0x807F;
-                                    *xv = f32::from_bits(rng.next() as u32 & 0x807F_FFFF);
+                                    *wb = (rng.next_u64() as u16) & 0x807F;
+                                    *xv = f32::from_bits(rng.next_u64() as u32 & 0x807F_FFFF);
                                 }
                             }
                         }

@@ -172,6 +172,7 @@ pub fn matmul(t: WType, rows: usize, cols: usize, w: &[u8], x: &QActs, y: &mut [
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::format::mlb::synth::Rng;
     use crate::quant::blocks::{dequantize_matrix, quantize_matrix};
 
     const TYPES: [WType; 8] = [
@@ -187,16 +188,6 @@ mod tests {
 
     fn h(v: f32) -> [u8; 2] {
         half::f16::from_f32(v).to_bits().to_le_bytes()
-    }
-
-    struct Rng(u64);
-    impl Rng {
-        fn f(&mut self) -> f32 {
-            self.0 ^= self.0 << 13;
-            self.0 ^= self.0 >> 7;
-            self.0 ^= self.0 << 17;
-            (self.0 >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
-        }
     }
 
     #[test]
@@ -295,10 +286,10 @@ mod tests {
         for t in TYPES {
             for &cols in &[256usize, 512, 768] {
                 let rows = 5;
-                let x: Vec<f32> = (0..rows * cols).map(|_| rng.f() * 0.1).collect();
+                let x: Vec<f32> = (0..rows * cols).map(|_| rng.next_f32() * 0.1).collect();
                 let q = quantize_matrix(t, rows, cols, &x, None).unwrap();
                 let wd = dequantize_matrix(t, rows, cols, &q);
-                let a: Vec<f32> = (0..2 * cols).map(|_| rng.f() * 3.0).collect();
+                let a: Vec<f32> = (0..2 * cols).map(|_| rng.next_f32() * 3.0).collect();
                 let mut acts = QActs::new();
                 acts.quantize_with(
                     &super::super::Kernels::for_tier(super::super::Tier::Scalar).unwrap(),

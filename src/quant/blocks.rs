@@ -97,6 +97,7 @@ pub fn dequantize_matrix(t: WType, rows: usize, cols: usize, q: &[u8]) -> Vec<f3
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::format::mlb::synth::Rng;
 
     /// `testdata/gguf_blocks.bin` (made by `testdata/make_gguf_blocks.py`): random blocks
     /// and gguf-py's numpy dequantization of them.
@@ -148,29 +149,20 @@ mod tests {
         assert_eq!(seen, all);
     }
 
-    struct Rng(u64);
-    impl Rng {
-        fn u(&mut self) -> f64 {
-            self.0 ^= self.0 << 13;
-            self.0 ^= self.0 >> 7;
-            self.0 ^= self.0 << 17;
-            (self.0 >> 11) as f64 / (1u64 << 53) as f64
-        }
-        /// Heavy-tailed values (a Laplace-like mix with rare outliers), like weights.
-        fn w(&mut self) -> f32 {
-            let v = -(1.0 - self.u()).ln() * if self.u() < 0.5 { -1.0 } else { 1.0 };
-            let v = if self.u() < 0.02 { v * 6.0 } else { v };
-            (v * 0.02) as f32
-        }
+    /// Heavy-tailed values (a Laplace-like mix with rare outliers), like weights.
+    fn heavy(rng: &mut Rng) -> f32 {
+        let v = -(1.0 - rng.next_f64()).ln() * if rng.next_f64() < 0.5 { -1.0 } else { 1.0 };
+        let v = if rng.next_f64() < 0.02 { v * 6.0 } else { v };
+        (v * 0.02) as f32
     }
 
     /// `rows × cols` heavy-tailed values with per-column spread (outlier channels).
     fn matrix(rng: &mut Rng, rows: usize, cols: usize) -> Vec<f32> {
         let colscale: Vec<f32> = (0..cols)
-            .map(|_| (0.5 + 2.0 * rng.u() * rng.u()) as f32)
+            .map(|_| (0.5 + 2.0 * rng.next_f64() * rng.next_f64()) as f32)
             .collect();
         (0..rows * cols)
-            .map(|i| rng.w() * colscale[i % cols])
+            .map(|i| heavy(rng) * colscale[i % cols])
             .collect()
     }
 
@@ -310,7 +302,7 @@ mod tests {
         let (rows, cols) = (24, 512);
         let x = matrix(&mut rng, rows, cols);
         let imp: Vec<f32> = (0..cols)
-            .map(|_| (0.001 + 4.0 * rng.u().powi(3)) as f32)
+            .map(|_| (0.001 + 4.0 * rng.next_f64().powi(3)) as f32)
             .collect();
         for t in TYPES {
             for imatrix in [None, Some(&imp[..])] {
@@ -425,7 +417,7 @@ mod tests {
         let mut rng = Rng(0xda942042e4dd58b5);
         let (rows, cols) = (37, 768);
         let x = matrix(&mut rng, rows, cols);
-        let imp: Vec<f32> = (0..cols).map(|_| (0.001 + rng.u()) as f32).collect();
+        let imp: Vec<f32> = (0..cols).map(|_| (0.001 + rng.next_f64()) as f32).collect();
         for t in TYPES {
             let hashes: Vec<u64> = (1..=3)
                 .map(|n| {
@@ -452,7 +444,7 @@ mod tests {
         let (rows, cols) = (16, 512);
         let x = matrix(&mut rng, rows, cols);
         let imp: Vec<f32> = (0..cols)
-            .map(|_| (0.001 + 4.0 * rng.u().powi(4)) as f32)
+            .map(|_| (0.001 + 4.0 * rng.next_f64().powi(4)) as f32)
             .collect();
         for t in TYPES {
             let e = |imatrix: Option<&[f32]>| -> f64 {
