@@ -22,17 +22,71 @@ use crate::kernels::counters::{count, Op};
 use crate::kernels::scalar_bf16dot::step;
 use crate::kernels::Tier;
 
-/// BF16 weights × BF16 activations (the BF16-activation contract) on AVX-512 BF16:
-/// `vdpbf16ps` is the contract's step for 16 lanes of column pairs, so the kernel is
-/// the f32 one without the widening: `R` adjacent rows against `T` tokens (`cols` BF16
-/// bits each), 32 columns per step, into `y[t·ld + r]`; prefetches ahead when `PF`.
+/// How a 512-bit kernel takes the contract's step on 16 column pairs: the form a load
+/// of 32 weights or 32 activations takes, and the step itself.
+trait Step512 {
+    type V: Copy;
+    /// 32 weights at `p` (subnormals read as zero where the step does not do it).
+    unsafe fn w(p: *const u8) -> Self::V;
+    /// 32 activations at `p`.
+    unsafe fn x(p: *const u16) -> Self::V;
+    unsafe fn step(acc: __m512, w: Self::V, x: Self::V) -> __m512;
+}
+
+/// AVX-512 BF16: `vdpbf16ps` is the step.
+struct Vdp;
+
+impl Step512 for Vdp {
+    type V = __m512i;
+    #[inline(always)]
+    unsafe fn w(p: *const u8) -> __m512i {
+        // SAFETY: 64 readable bytes (the caller's contract).
+        unsafe { _mm512_loadu_si512(p.cast()) }
+    }
+    #[inline(always)]
+    unsafe fn x(p: *const u16) -> __m512i {
+        // SAFETY: as above.
+        unsafe { _mm512_loadu_si512(p.cast()) }
+    }
+    #[inline(always)]
+    unsafe fn step(acc: __m512, w: __m512i, x: __m512i) -> __m512 {
+        // SAFETY: register-only AVX-512 BF16 op; every caller is compiled with it.
+        unsafe { _mm512_dpbf16_ps(acc, bh(w), bh(x)) }
+    }
+}
+
+/// AVX-512 F: the step emulated, odd columns then even ([`split512`], [`step512`]).
+struct Emu512;
+
+impl Step512 for Emu512 {
+    type V = (__m512, __m512);
+    #[inline(always)]
+    unsafe fn w(p: *const u8) -> Self::V {
+        // SAFETY: 64 readable bytes (the caller's contract).
+        unsafe { split512::<true>(_mm512_loadu_si512(p.cast())) }
+    }
+    #[inline(always)]
+    unsafe fn x(p: *const u16) -> Self::V {
+        // SAFETY: as above.
+        unsafe { split512::<false>(_mm512_loadu_si512(p.cast())) }
+    }
+    #[inline(always)]
+    unsafe fn step(acc: __m512, w: Self::V, x: Self::V) -> __m512 {
+        // SAFETY: register-only AVX-512 F ops; every caller is compiled with them.
+        unsafe { step512(step512(acc, w.0, x.0), w.1, x.1) }
+    }
+}
+
+/// BF16 weights × BF16 activations (the BF16-activation contract) on 512-bit vectors,
+/// the step by `S`: `R` adjacent rows against `T` tokens (`cols` BF16 bits each), 32
+/// columns per step, into `y[t·ld + r]`; prefetches ahead when `PF`.
 ///
 /// # Safety
-/// AVX-512 F and BF16; the rows, tokens and outputs are in bounds; `cols` a multiple
-/// of 32.
+/// AVX-512 F (and BF16 for [`Vdp`]); the rows, tokens and outputs are in bounds;
+/// `cols` a multiple of 32.
 #[inline(always)]
 #[allow(clippy::needless_range_loop)]
-unsafe fn dot_tile<const R: usize, const T: usize, const PF: bool>(
+unsafe fn tile512<S: Step512, const R: usize, const T: usize, const PF: bool>(
     w: *const u8,
     cols: usize,
     x: *const u16,
@@ -48,14 +102,11 @@ unsafe fn dot_tile<const R: usize, const T: usize, const PF: bool>(
                 // A step reads a line of each row.
                 prefetch_rows::<R>(w, rb, 2 * c);
             }
-            let mut wv = [_mm512_setzero_si512(); R];
-            for (r, v) in wv.iter_mut().enumerate() {
-                *v = _mm512_loadu_si512(w.add(r * rb + 2 * c).cast());
-            }
+            let wv: [S::V; R] = std::array::from_fn(|r| S::w(w.add(r * rb + 2 * c)));
             for t in 0..T {
-                let xv = bh(_mm512_loadu_si512(x.add(t * cols + c).cast()));
+                let xv = S::x(x.add(t * cols + c));
                 for r in 0..R {
-                    acc[r][t] = _mm512_dpbf16_ps(acc[r][t], bh(wv[r]), xv);
+                    acc[r][t] = S::step(acc[r][t], wv[r], xv);
                 }
             }
         }
@@ -65,6 +116,22 @@ unsafe fn dot_tile<const R: usize, const T: usize, const PF: bool>(
             }
         }
     }
+}
+
+/// [`tile512`] with `vdpbf16ps`.
+///
+/// # Safety
+/// As [`tile512`].
+#[inline(always)]
+unsafe fn dot_tile<const R: usize, const T: usize, const PF: bool>(
+    w: *const u8,
+    cols: usize,
+    x: *const u16,
+    y: *mut f32,
+    ld: usize,
+) {
+    // SAFETY: forwarded.
+    unsafe { tile512::<Vdp, R, T, PF>(w, cols, x, y, ld) }
 }
 
 /// 32 BF16 values as the type `vdpbf16ps` takes (a reinterpretation).
@@ -290,12 +357,11 @@ fn redo<const N: usize>(
     })
 }
 
-/// `R` rows × `T` tokens of the emulated contract on AVX-512 F (see [`dot_tile`]).
+/// [`tile512`] with the emulated step.
 ///
 /// # Safety
-/// AVX-512 F; bounds as [`dot_tile`].
+/// As [`tile512`].
 #[inline(always)]
-#[allow(clippy::needless_range_loop)]
 unsafe fn emu_tile512<const R: usize, const T: usize, const PF: bool>(
     w: *const u8,
     cols: usize,
@@ -303,32 +369,8 @@ unsafe fn emu_tile512<const R: usize, const T: usize, const PF: bool>(
     y: *mut f32,
     ld: usize,
 ) {
-    // SAFETY: every load is inside the R rows and T tokens (caller's contract).
-    unsafe {
-        let rb = 2 * cols;
-        let mut acc = [[_mm512_setzero_ps(); T]; R];
-        for c in (0..cols).step_by(32) {
-            if PF {
-                prefetch_rows::<R>(w, rb, 2 * c);
-            }
-            let mut wv = [(_mm512_setzero_ps(), _mm512_setzero_ps()); R];
-            for (r, v) in wv.iter_mut().enumerate() {
-                *v = split512::<true>(_mm512_loadu_si512(w.add(r * rb + 2 * c).cast()));
-            }
-            for t in 0..T {
-                let (xo, xe) = split512::<false>(_mm512_loadu_si512(x.add(t * cols + c).cast()));
-                for r in 0..R {
-                    let a = step512(acc[r][t], wv[r].0, xo);
-                    acc[r][t] = step512(a, wv[r].1, xe);
-                }
-            }
-        }
-        for (r, row) in acc.iter().enumerate() {
-            for (t, &a) in row.iter().enumerate() {
-                *y.add(t * ld + r) = reduce512(a);
-            }
-        }
-    }
+    // SAFETY: forwarded.
+    unsafe { tile512::<Emu512, R, T, PF>(w, cols, x, y, ld) }
 }
 
 /// [`split512`] on AVX2: 8 column pairs (16 BF16 bits).
