@@ -272,14 +272,14 @@ const ROUND_PAR_VALUES: usize = 65536;
 /// `out` = `x` rounded to BF16 ([`round_bf16_slice`]), by the pool for long inputs.
 fn round_into(x: &[f32], out: &mut Vec<u16>) {
     out.resize(x.len(), 0);
-    if x.len() > ROUND_PAR_VALUES && pool::threads() > 1 {
-        pool::for_chunks(out, ROUND_PAR_VALUES, |i, o| {
+    pool::parallel_if(x.len() > ROUND_PAR_VALUES && pool::threads() > 1).for_chunks(
+        out,
+        ROUND_PAR_VALUES,
+        |i, o| {
             let at = i * ROUND_PAR_VALUES;
             round_bf16_slice(&x[at..at + o.len()], o);
-        });
-    } else {
-        round_bf16_slice(x, out);
-    }
+        },
+    );
 }
 
 impl Kernels {

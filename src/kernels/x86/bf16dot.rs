@@ -17,7 +17,7 @@
 
 use core::arch::x86_64::*;
 
-use super::half::{prefetch_rows, reduce512, reduce_pair};
+use super::half::{prefetch_rows, reduce512, reduce_pair, tile46_asm};
 use crate::kernels::counters::{count, Op};
 use crate::kernels::scalar_bf16dot::step;
 use crate::kernels::Tier;
@@ -141,85 +141,24 @@ fn bh(v: __m512i) -> __m512bh {
     unsafe { core::mem::transmute::<__m512i, __m512bh>(v) }
 }
 
-/// [`dot_tile`]`::<4, 6, false>` with its 24 accumulators pinned to zmm0–23 (the
-/// weights in zmm24–27, the tokens in zmm28–31). LLVM allocates only zmm0–19 to the
-/// intrinsic form and keeps ten accumulators on the stack, a load and a store per
-/// `vdpbf16ps`: llama1b BF16 pp512 ran at 235 tok/s that way and 325 like this.
-///
-/// # Safety
-/// As [`dot_tile`].
-#[target_feature(enable = "avx512f,avx512bf16")]
-#[inline]
-unsafe fn dot_tile46(w: *const u8, cols: usize, x: *const u16, y: *mut f32, ld: usize) {
-    debug_assert!(cols >= 32 && cols.is_multiple_of(32));
-    let rb = 2 * cols;
-    let mut a = [_mm512_setzero_ps(); 24];
-    // SAFETY: the loop reads 64 bytes per step at row r (w + r·rb) and token t
-    // (x + t·rb) for cols / 32 ≥ 1 steps: inside the caller's rows and tokens.
-    unsafe {
-        core::arch::asm!(
-            "2:",
-            "vmovdqu64 zmm24, [{wp}]",
-            "vmovdqu64 zmm25, [{wp} + {rb}]",
-            "vmovdqu64 zmm26, [{wp} + {rb}*2]",
-            "vmovdqu64 zmm27, [{wp} + {rb3}]",
-            "vmovdqu64 zmm28, [{xp}]",
-            "vdpbf16ps zmm0, zmm24, zmm28",
-            "vdpbf16ps zmm1, zmm25, zmm28",
-            "vdpbf16ps zmm2, zmm26, zmm28",
-            "vdpbf16ps zmm3, zmm27, zmm28",
-            "vmovdqu64 zmm29, [{xp} + {rb}]",
-            "vdpbf16ps zmm4, zmm24, zmm29",
-            "vdpbf16ps zmm5, zmm25, zmm29",
-            "vdpbf16ps zmm6, zmm26, zmm29",
-            "vdpbf16ps zmm7, zmm27, zmm29",
-            "vmovdqu64 zmm30, [{xp} + {rb}*2]",
-            "vdpbf16ps zmm8, zmm24, zmm30",
-            "vdpbf16ps zmm9, zmm25, zmm30",
-            "vdpbf16ps zmm10, zmm26, zmm30",
-            "vdpbf16ps zmm11, zmm27, zmm30",
-            "vmovdqu64 zmm31, [{xp} + {rb3}]",
-            "vdpbf16ps zmm12, zmm24, zmm31",
-            "vdpbf16ps zmm13, zmm25, zmm31",
-            "vdpbf16ps zmm14, zmm26, zmm31",
-            "vdpbf16ps zmm15, zmm27, zmm31",
-            "vmovdqu64 zmm28, [{xp} + {rb}*4]",
-            "vdpbf16ps zmm16, zmm24, zmm28",
-            "vdpbf16ps zmm17, zmm25, zmm28",
-            "vdpbf16ps zmm18, zmm26, zmm28",
-            "vdpbf16ps zmm19, zmm27, zmm28",
-            "vmovdqu64 zmm29, [{xp} + {rb5}]",
-            "vdpbf16ps zmm20, zmm24, zmm29",
-            "vdpbf16ps zmm21, zmm25, zmm29",
-            "vdpbf16ps zmm22, zmm26, zmm29",
-            "vdpbf16ps zmm23, zmm27, zmm29",
-            "add {wp}, 64",
-            "add {xp}, 64",
-            "dec {n}",
-            "jnz 2b",
-            wp = inout(reg) w => _,
-            xp = inout(reg) x => _,
-            n = inout(reg) cols / 32 => _,
-            rb = in(reg) rb,
-            rb3 = in(reg) 3 * rb,
-            rb5 = in(reg) 5 * rb,
-            inout("zmm0") a[0], inout("zmm1") a[1], inout("zmm2") a[2], inout("zmm3") a[3],
-            inout("zmm4") a[4], inout("zmm5") a[5], inout("zmm6") a[6], inout("zmm7") a[7],
-            inout("zmm8") a[8], inout("zmm9") a[9], inout("zmm10") a[10], inout("zmm11") a[11],
-            inout("zmm12") a[12], inout("zmm13") a[13], inout("zmm14") a[14],
-            inout("zmm15") a[15], inout("zmm16") a[16], inout("zmm17") a[17],
-            inout("zmm18") a[18], inout("zmm19") a[19], inout("zmm20") a[20],
-            inout("zmm21") a[21], inout("zmm22") a[22], inout("zmm23") a[23],
-            out("zmm24") _, out("zmm25") _, out("zmm26") _, out("zmm27") _,
-            out("zmm28") _, out("zmm29") _, out("zmm30") _, out("zmm31") _,
-            options(nostack, readonly),
-        );
-        // Accumulator 4t + r is (row r, token t).
-        for (i, &v) in a.iter().enumerate() {
-            *y.add(i / 4 * ld + i % 4) = reduce512(v);
-        }
-    }
-}
+tile46_asm!(
+    /// [`dot_tile`]`::<4, 6, false>` with its 24 accumulators pinned to zmm0–23
+    /// (`tile46_asm!`): llama1b BF16 pp512 ran at 235 tok/s with the intrinsic form
+    /// and 325 like this.
+    dot_tile46,
+    "avx512f,avx512bf16",
+    u16,
+    32,
+    2,
+    "vmovdqu64",
+    "vdpbf16ps",
+    [
+        "vmovdqu64 zmm24, [{wp}]",
+        "vmovdqu64 zmm25, [{wp} + {rb}]",
+        "vmovdqu64 zmm26, [{wp} + {rb}*2]",
+        "vmovdqu64 zmm27, [{wp} + {rb3}]"
+    ]
+);
 
 /// Rows `0..rows` of a BF16-activation call in micro-tiles of `$rp` rows × `$n` tokens
 /// through `$full`, the rest one by one through `$one::<1, $n, $pf>`.

@@ -36,7 +36,7 @@ trait Widen {
     /// # Safety
     /// 32 readable bytes at `p`; AVX-512 F available.
     unsafe fn w16(p: *const u8) -> __m512;
-    /// [`tile512`]`::<Self, 4, 6, false>`, in asm (`f32_tile46!`).
+    /// [`tile512`]`::<Self, 4, 6, false>`, in asm (`tile46_asm!`).
     ///
     /// # Safety
     /// As [`tile512`].
@@ -177,66 +177,71 @@ unsafe fn tile512<W: Widen, const R: usize, const T: usize, const PF: bool>(
     }
 }
 
-/// The 4 rows × 6 tokens micro-tile of [`tile512`] in inline asm, for a 2-byte float type
-/// whose widening of 16 weights into a zmm is `$widen` (asm lines with `{d}` for the
-/// destination and `{s}` for the source address, filled by `concat!`): the 24
-/// accumulators pinned to zmm0–23, the widened weights in zmm24–27, the tokens in
-/// zmm28–31. LLVM gave the intrinsic form only zmm0–19 and kept ten accumulators on the
-/// stack (a load and a store per FMA); see `dot_tile46`.
-macro_rules! f32_tile46 {
-    ($name:ident, $feat:literal, $w0:expr, $w1:expr, $w2:expr, $w3:expr) => {
+/// A 4 rows × 6 tokens micro-tile in inline asm, `$name(w, cols, x, y, ld)`: per step of
+/// `$per` columns, the four `$w` lines put row r's weights in zmm24+r (from `{wp}`,
+/// rows `{rb}` bytes apart), `$ld` loads token t's activations (`$xb` bytes per column
+/// in `x`), and `$op` accumulates each (row, token) into zmm0–23; then each accumulator
+/// is reduced into `y[t·ld + r]`. The accumulators are pinned: LLVM gives the intrinsic
+/// form only zmm0–19 and keeps ten accumulators on the stack, a load and a store per
+/// multiply-add. Used for the f32 contract's BF16/F16 tiles here ([`tile512`]`::<_, 4,
+/// 6, false>`, `vfmadd231ps` on widened weights) and `vdpbf16ps`'s (`bf16dot`).
+macro_rules! tile46_asm {
+    ($(#[$m:meta])* $name:ident, $feat:literal, $xt:ty, $per:literal, $xb:literal, $ld:literal,
+     $op:literal, [$w0:expr, $w1:expr, $w2:expr, $w3:expr]) => {
+        $(#[$m])*
         /// # Safety
-        /// The CPU features; 4 rows at `w` (`2·cols` bytes each), 6 tokens at `x`
-        /// (`cols` f32 each), `y[t·ld + r]` writable; `cols` a positive multiple of 16.
+        /// The CPU features; 4 rows at `w` (`2·cols` bytes each), 6 tokens at `x`,
+        /// `y[t·ld + r]` writable; `cols` a positive multiple of the step's columns.
         #[target_feature(enable = $feat)]
         #[inline]
-        unsafe fn $name(w: *const u8, cols: usize, x: *const f32, y: *mut f32, ld: usize) {
-            debug_assert!(cols >= 16 && cols.is_multiple_of(16));
-            let (rb, xs) = (2 * cols, 4 * cols);
+        unsafe fn $name(w: *const u8, cols: usize, x: *const $xt, y: *mut f32, ld: usize) {
+            debug_assert!(cols >= $per && cols.is_multiple_of($per));
+            let (rb, xs) = (2 * cols, $xb * cols);
             let mut a = [_mm512_setzero_ps(); 24];
-            // SAFETY: each step reads 32 bytes of each row and 64 of each token, for
-            // cols / 16 ≥ 1 steps: inside the caller's rows and tokens.
+            // SAFETY: each step reads 2·$per bytes of each row and 64 of each token, for
+            // cols / $per ≥ 1 steps: inside the caller's rows and tokens.
             unsafe {
                 core::arch::asm!(
                     "2:",
                     $w0, $w1, $w2, $w3,
-                    "vmovups zmm28, [{xp}]",
-                    "vfmadd231ps zmm0, zmm24, zmm28",
-                    "vfmadd231ps zmm1, zmm25, zmm28",
-                    "vfmadd231ps zmm2, zmm26, zmm28",
-                    "vfmadd231ps zmm3, zmm27, zmm28",
-                    "vmovups zmm29, [{xp} + {xs}]",
-                    "vfmadd231ps zmm4, zmm24, zmm29",
-                    "vfmadd231ps zmm5, zmm25, zmm29",
-                    "vfmadd231ps zmm6, zmm26, zmm29",
-                    "vfmadd231ps zmm7, zmm27, zmm29",
-                    "vmovups zmm30, [{xp} + {xs}*2]",
-                    "vfmadd231ps zmm8, zmm24, zmm30",
-                    "vfmadd231ps zmm9, zmm25, zmm30",
-                    "vfmadd231ps zmm10, zmm26, zmm30",
-                    "vfmadd231ps zmm11, zmm27, zmm30",
-                    "vmovups zmm31, [{xp} + {xs3}]",
-                    "vfmadd231ps zmm12, zmm24, zmm31",
-                    "vfmadd231ps zmm13, zmm25, zmm31",
-                    "vfmadd231ps zmm14, zmm26, zmm31",
-                    "vfmadd231ps zmm15, zmm27, zmm31",
-                    "vmovups zmm28, [{xp} + {xs}*4]",
-                    "vfmadd231ps zmm16, zmm24, zmm28",
-                    "vfmadd231ps zmm17, zmm25, zmm28",
-                    "vfmadd231ps zmm18, zmm26, zmm28",
-                    "vfmadd231ps zmm19, zmm27, zmm28",
-                    "vmovups zmm29, [{xp} + {xs5}]",
-                    "vfmadd231ps zmm20, zmm24, zmm29",
-                    "vfmadd231ps zmm21, zmm25, zmm29",
-                    "vfmadd231ps zmm22, zmm26, zmm29",
-                    "vfmadd231ps zmm23, zmm27, zmm29",
-                    "add {wp}, 32",
+                    concat!($ld, " zmm28, [{xp}]"),
+                    concat!($op, " zmm0, zmm24, zmm28"),
+                    concat!($op, " zmm1, zmm25, zmm28"),
+                    concat!($op, " zmm2, zmm26, zmm28"),
+                    concat!($op, " zmm3, zmm27, zmm28"),
+                    concat!($ld, " zmm29, [{xp} + {xs}]"),
+                    concat!($op, " zmm4, zmm24, zmm29"),
+                    concat!($op, " zmm5, zmm25, zmm29"),
+                    concat!($op, " zmm6, zmm26, zmm29"),
+                    concat!($op, " zmm7, zmm27, zmm29"),
+                    concat!($ld, " zmm30, [{xp} + {xs}*2]"),
+                    concat!($op, " zmm8, zmm24, zmm30"),
+                    concat!($op, " zmm9, zmm25, zmm30"),
+                    concat!($op, " zmm10, zmm26, zmm30"),
+                    concat!($op, " zmm11, zmm27, zmm30"),
+                    concat!($ld, " zmm31, [{xp} + {xs3}]"),
+                    concat!($op, " zmm12, zmm24, zmm31"),
+                    concat!($op, " zmm13, zmm25, zmm31"),
+                    concat!($op, " zmm14, zmm26, zmm31"),
+                    concat!($op, " zmm15, zmm27, zmm31"),
+                    concat!($ld, " zmm28, [{xp} + {xs}*4]"),
+                    concat!($op, " zmm16, zmm24, zmm28"),
+                    concat!($op, " zmm17, zmm25, zmm28"),
+                    concat!($op, " zmm18, zmm26, zmm28"),
+                    concat!($op, " zmm19, zmm27, zmm28"),
+                    concat!($ld, " zmm29, [{xp} + {xs5}]"),
+                    concat!($op, " zmm20, zmm24, zmm29"),
+                    concat!($op, " zmm21, zmm25, zmm29"),
+                    concat!($op, " zmm22, zmm26, zmm29"),
+                    concat!($op, " zmm23, zmm27, zmm29"),
+                    "add {wp}, {step}",
                     "add {xp}, 64",
                     "dec {n}",
                     "jnz 2b",
                     wp = inout(reg) w => _,
                     xp = inout(reg) x => _,
-                    n = inout(reg) cols / 16 => _,
+                    n = inout(reg) cols / $per => _,
+                    step = const 2 * $per,
                     rb = in(reg) rb,
                     rb3 = in(reg) 3 * rb,
                     xs = in(reg) xs,
@@ -256,28 +261,43 @@ macro_rules! f32_tile46 {
                 );
                 // Accumulator 4t + r is (row r, token t).
                 for (i, &v) in a.iter().enumerate() {
-                    *y.add(i / 4 * ld + i % 4) = reduce512(v);
+                    *y.add(i / 4 * ld + i % 4) = super::half::reduce512(v);
                 }
             }
         }
     };
 }
+pub(super) use tile46_asm;
 
-f32_tile46!(
+tile46_asm!(
     bf16_tile46,
     "avx512f",
-    "vpmovzxwd zmm24, [{wp}]\nvpslld zmm24, zmm24, 16",
-    "vpmovzxwd zmm25, [{wp} + {rb}]\nvpslld zmm25, zmm25, 16",
-    "vpmovzxwd zmm26, [{wp} + {rb}*2]\nvpslld zmm26, zmm26, 16",
-    "vpmovzxwd zmm27, [{wp} + {rb3}]\nvpslld zmm27, zmm27, 16"
+    f32,
+    16,
+    4,
+    "vmovups",
+    "vfmadd231ps",
+    [
+        "vpmovzxwd zmm24, [{wp}]\nvpslld zmm24, zmm24, 16",
+        "vpmovzxwd zmm25, [{wp} + {rb}]\nvpslld zmm25, zmm25, 16",
+        "vpmovzxwd zmm26, [{wp} + {rb}*2]\nvpslld zmm26, zmm26, 16",
+        "vpmovzxwd zmm27, [{wp} + {rb3}]\nvpslld zmm27, zmm27, 16"
+    ]
 );
-f32_tile46!(
+tile46_asm!(
     f16_tile46,
     "avx512f",
-    "vcvtph2ps zmm24, [{wp}]",
-    "vcvtph2ps zmm25, [{wp} + {rb}]",
-    "vcvtph2ps zmm26, [{wp} + {rb}*2]",
-    "vcvtph2ps zmm27, [{wp} + {rb3}]"
+    f32,
+    16,
+    4,
+    "vmovups",
+    "vfmadd231ps",
+    [
+        "vcvtph2ps zmm24, [{wp}]",
+        "vcvtph2ps zmm25, [{wp} + {rb}]",
+        "vcvtph2ps zmm26, [{wp} + {rb}*2]",
+        "vcvtph2ps zmm27, [{wp} + {rb3}]"
+    ]
 );
 
 /// [`tile512`] on AVX2: each output's 16 lanes as two ymm.
