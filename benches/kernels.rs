@@ -8,6 +8,8 @@
 //! (168 MB at Q8_0) mostly DRAM bandwidth. BF16 and F16 rows: f32 activations
 //! (`Kernels::matmul_f32`), GB/s of the 2-byte weights, on every shape and on Llama
 //! 3.2 1B's FFN shapes (8192×2048, 2048×8192: 32 MB each as BF16, DRAM-bound).
+//! The GGUF block types (Q4_K, Q5_K, Q6_K, IQ4_NL, beside Q4_0 of the same shape), random
+//! levels and finite scales, packed and row-major: on Llama 3.2 1B's FFN shapes.
 
 use std::hint::black_box;
 use std::time::{Duration, Instant};
@@ -105,12 +107,7 @@ fn main() {
             let mut yn = vec![0f32; rows * n_batch];
             let packed = PackedMat::new(&w);
             let wp = w.with_packed(&packed).expect("packed");
-            let variants = kernels::supported_tiers().into_iter().flat_map(|t| {
-                let k = Kernels::for_tier(t).expect("supported");
-                let p = k.packs().then_some((k, format!("{t}+packed"), &wp));
-                std::iter::once((k, t.to_string(), &w)).chain(p)
-            });
-            for (k, tier, w) in variants {
+            for (k, tier, w) in variants(&w, &wp) {
                 let label = format!("{name} {rows}x{cols} {wtype:?} {tier}");
                 if !filter.is_empty() && !filter.iter().any(|f| label.contains(f.as_str())) {
                     continue;
@@ -124,6 +121,85 @@ fn main() {
             }
         }
         half_rows(&mut rng, &filter, min, n_batch, (name, rows, cols));
+        if name.starts_with("llama1b") {
+            block_rows(&mut rng, &filter, min, n_batch, (name, rows, cols));
+        }
+    }
+}
+
+/// The tiers' product functions on `w` and its packed form, labelled.
+fn variants<'w>(w: &'w QMat<'w>, wp: &'w QMat<'w>) -> Vec<(Kernels, String, &'w QMat<'w>)> {
+    let mut v = Vec::new();
+    for t in kernels::supported_tiers() {
+        let k = Kernels::for_tier(t).expect("supported");
+        v.push((k, t.to_string(), w));
+        if k.packs() {
+            v.push((k, format!("{t}+packed"), wp));
+        }
+    }
+    v
+}
+
+/// Block-type rows of one shape: random level bytes, every f16 scale field finite.
+fn block_rows(
+    rng: &mut Rng,
+    filter: &[String],
+    min: Duration,
+    n_batch: usize,
+    (name, rows, cols): (&str, usize, usize),
+) {
+    let (pool1, pool2) = (Pool::leak(1), Pool::leak(2));
+    for wtype in [
+        WType::Q4_0,
+        WType::Q4_K,
+        WType::Q5_K,
+        WType::Q6_K,
+        WType::IQ4_NL,
+    ] {
+        let mut q: Vec<u8> = (0..rows * wtype.row_bytes(cols))
+            .map(|_| rng.next() as u8)
+            .collect();
+        // Offsets of each block's f16 fields: d, and dmin for the types with a minimum.
+        let fields: &[usize] = match wtype {
+            WType::Q4_0 => &[],
+            WType::Q4_K | WType::Q5_K => &[0, 2],
+            WType::Q6_K => &[208],
+            _ => &[0],
+        };
+        for blk in q.chunks_exact_mut(wtype.block_bytes()) {
+            for &at in fields {
+                let v = half::f16::from_f32(rng.unit() * 0.05);
+                blk[at..at + 2].copy_from_slice(&v.to_bits().to_le_bytes());
+            }
+        }
+        // Q4_0's scales are an array beside the levels, as the runtime holds them.
+        let d: Vec<f32> = (0..rows * cols / QK).map(|_| rng.unit() * 0.01).collect();
+        let w = if wtype == WType::Q4_0 {
+            QMat::new(wtype, rows, cols, &q, &d)
+        } else {
+            QMat::new_blocks(wtype, rows, cols, &q)
+        }
+        .expect("shape");
+        let x1: Vec<f32> = (0..cols).map(|_| rng.unit()).collect();
+        let xn: Vec<f32> = (0..cols * n_batch).map(|_| rng.unit()).collect();
+        let (mut a1, mut an) = (QActs::new(), QActs::new());
+        a1.quantize(&x1, cols);
+        an.quantize(&xn, cols);
+        let (mut y1, mut yn) = (vec![0f32; rows], vec![0f32; rows * n_batch]);
+        let packed = PackedMat::new(&w);
+        let wp = w.with_packed(&packed).expect("packed");
+        for (k, tier, w) in variants(&w, &wp) {
+            let label = format!("{name} {rows}x{cols} {wtype:?} {tier}");
+            if !filter.is_empty() && !filter.iter().any(|f| label.contains(f.as_str())) {
+                continue;
+            }
+            for (threads, pool) in [(1, pool1), (2, pool2)] {
+                let tv = pool.install(|| time(min, || k.matvec(w, &a1, black_box(&mut y1))));
+                let tm = pool.install(|| time(min, || k.matmul(w, &an, black_box(&mut yn))));
+                let at = format!("{name} {rows}×{cols} | {wtype:?} | {tier} | {threads}");
+                print_row(&at, rows * cols, q.len() as f64, n_batch, tv, tm);
+            }
+        }
     }
 }
 

@@ -258,6 +258,9 @@ pub struct QActs {
     q4: Vec<i8>,
     /// Sums of the first 16 quants of each block (Q6_K's half-block offset correction).
     h: Vec<i32>,
+    /// `d · (s as f32)` per block: the minimum term's factor of the affine block types
+    /// (`scalar_k::act_xs`), once per token instead of once per row.
+    xs: Vec<f32>,
     /// The f32 input rounded to BF16, for BF16 weights under `HalfActs::Bf16`.
     b16: Vec<u16>,
 }
@@ -291,6 +294,9 @@ impl QActs {
         self.h.clear();
         self.h
             .extend(self.q.chunks_exact(QK).map(|b| sum(&b[..QK / 2])));
+        self.xs.clear();
+        self.xs
+            .extend(self.d.iter().zip(&self.s).map(|(&d, &s)| d * s as f32));
         let l4 = q4_layout_len(self.cols);
         self.q4.resize(self.n * l4, 0);
         if self.n > 0 {
@@ -367,6 +373,7 @@ impl QActs {
             s: Vec::new(),
             q4: Vec::new(),
             h: Vec::new(),
+            xs: Vec::new(),
             b16: Vec::new(),
         };
         a.derive();
@@ -510,6 +517,8 @@ pub struct ActTile<'a> {
     pub q4: &'a [i8],
     /// `cols/32` sums of each block's first 16 quants per token (Q6_K).
     pub h: &'a [i32],
+    /// `cols/32` minimum-term factors `d · (s as f32)` per token (affine block types).
+    pub xs: &'a [f32],
     /// The product's only tile (decode, a batched decode step, a short prompt): its
     /// weights stream from memory once, so the packed kernels prefetch them. Later tiles
     /// of a prefill find them cached.
@@ -1145,6 +1154,7 @@ fn token_tiles(x: &QActs, size: usize) -> Vec<ActTile<'_>> {
                 s: &x.s[t0 * nb..t1 * nb],
                 q4: &x.q4[t0 * l4..t1 * l4],
                 h: &x.h[t0 * nb..t1 * nb],
+                xs: &x.xs[t0 * nb..t1 * nb],
                 stream: n <= size,
             }
         })

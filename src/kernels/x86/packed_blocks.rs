@@ -19,8 +19,9 @@
 //! `vpmaddwd` per `vpmaddubsw`).
 
 use core::arch::x86_64::*;
+use std::cell::Cell;
 
-use super::packed::{lane_tree, prefetch};
+use super::packed::lane_tree;
 use crate::kernels::counters::{count, Op};
 use crate::kernels::packed::{lane_start, PackedView, GROUP};
 use crate::kernels::packed_blocks::{BlockTy, GroupLayout, ScaleKind};
@@ -35,6 +36,67 @@ fn table(abs: bool, off: i8) -> [i8; 16] {
         *o = if abs { v.abs() } else { v.wrapping_add(off) };
     }
     t
+}
+
+/// 16 rows' f32 factors, one zmm (or two ymm) of a group.
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+struct Rows16([f32; 16]);
+
+thread_local! {
+    /// A group's super-block scales as f32 (see [`Supers`]); kept per thread so that a
+    /// kernel call allocates nothing once it has grown.
+    static SUPERS: Cell<Vec<Rows16>> = const { Cell::new(Vec::new()) };
+}
+
+/// The super-block scales of the group being computed, as f32: K45 `d` at `2s` and
+/// `−dmin` at `2s + 1`, K6 `d` at `s`. Every lane reads every super-block (lane `l`'s
+/// `i`-th position is sub-block `l` of super-block `i`), so they are converted once per
+/// group instead of once per block position. Exact: f16 → f32, a negation.
+struct Supers(Vec<Rows16>);
+
+impl Supers {
+    fn take() -> Supers {
+        Supers(SUPERS.take())
+    }
+
+    /// Converts group `grp`'s super-block scales (`f16x16` turns 16 f16 into f32).
+    #[inline(always)]
+    unsafe fn fill<B: BlockTy>(
+        &mut self,
+        grp: *const u8,
+        lay: &GroupLayout,
+        nb: usize,
+        f16x16: impl Fn(*const u8) -> Rows16,
+    ) {
+        let nsb = nb / LANES;
+        let ss = grp.wrapping_add(lay.supers_at);
+        let v = &mut self.0;
+        v.clear();
+        match B::SC {
+            ScaleKind::K45 => {
+                for sb in 0..nsb {
+                    let p = ss.wrapping_add(64 * sb);
+                    v.push(f16x16(p));
+                    let mut m = f16x16(p.wrapping_add(32));
+                    m.0.iter_mut().for_each(|x| *x = -*x);
+                    v.push(m);
+                }
+            }
+            ScaleKind::K6 => v.extend((0..nsb).map(|sb| f16x16(ss.wrapping_add(32 * sb)))),
+            _ => {}
+        }
+    }
+
+    fn ptr(&self) -> *const f32 {
+        self.0.as_ptr() as *const f32
+    }
+}
+
+impl Drop for Supers {
+    fn drop(&mut self) {
+        SUPERS.set(std::mem::take(&mut self.0));
+    }
 }
 
 /// 16 f16 at `p` as f32.
@@ -81,9 +143,9 @@ struct Scales512 {
 }
 
 /// `dw`, `mw` (and Q6_K's half scales) of block `b` at position record `sp` of a group
-/// whose super-block scales start at `ss`.
+/// whose super-block scales are `sup` (a [`Supers`] table).
 #[inline(always)]
-unsafe fn scales512<B: BlockTy>(sp: *const u8, ss: *const u8, b: usize) -> Scales512 {
+unsafe fn scales512<B: BlockTy>(sp: *const u8, sup: *const f32, b: usize) -> Scales512 {
     // SAFETY: the position and super-block records exist (the caller's contract).
     unsafe {
         let zero = _mm512_setzero_si512();
@@ -98,21 +160,16 @@ unsafe fn scales512<B: BlockTy>(sp: *const u8, ss: *const u8, b: usize) -> Scale
             ScaleKind::D => s.dw = h16x16(sp),
             ScaleKind::DMin => (s.dw, s.mw) = (h16x16(sp), h16x16(sp.add(32))),
             ScaleKind::K45 => {
-                let sup = ss.add(64 * sb);
                 let sc =
                     _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(sp as *const __m128i)));
                 let m = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(
                     sp.add(16) as *const __m128i
                 )));
-                s.dw = _mm512_mul_ps(h16x16(sup), sc);
-                let neg = _mm512_set1_ps(-0.0);
-                s.mw = _mm512_castsi512_ps(_mm512_xor_si512(
-                    _mm512_castps_si512(_mm512_mul_ps(h16x16(sup.add(32)), m)),
-                    _mm512_castps_si512(neg),
-                ));
+                s.dw = _mm512_mul_ps(_mm512_load_ps(sup.add(32 * sb)), sc);
+                s.mw = _mm512_mul_ps(_mm512_load_ps(sup.add(32 * sb + 16)), m);
             }
             ScaleKind::K6 => {
-                s.dw = h16x16(ss.add(32 * sb));
+                s.dw = _mm512_load_ps(sup.add(16 * sb));
                 s.sc_lo = _mm512_cvtepi8_epi32(_mm_loadu_si128(sp as *const __m128i));
                 s.sc_hi = _mm512_cvtepi8_epi32(_mm_loadu_si128(sp.add(16) as *const __m128i));
             }
@@ -169,11 +226,42 @@ unsafe fn levels512<B: BlockTy>(wp: *const u8) -> ([__m512i; 4], [__m512i; 4]) {
     }
 }
 
+/// Block positions ahead that the streaming kernels prefetch.
+const PF_POS: usize = 16;
+
+/// Prefetches (into L2) the quant and scale records of the position `PF_POS` after
+/// `pos` in reading order, which may be in the next group, and the super-block scales
+/// the group's first lane reads there. Position scales are at most 64 bytes (one line).
+#[inline(always)]
+unsafe fn prefetch_ahead(grp: *const u8, lay: &GroupLayout, nb: usize, pos: usize) {
+    let a = pos + PF_POS;
+    let (g, a) = if a < nb {
+        (grp, a)
+    } else {
+        (grp.wrapping_add(lay.group), a - nb)
+    };
+    let q = g.wrapping_add(a * lay.quant_bytes);
+    for line in (0..lay.quant_bytes).step_by(64) {
+        // SAFETY: a prefetch never faults, even past the end of the buffer.
+        unsafe { _mm_prefetch::<_MM_HINT_T1>(q.wrapping_add(line) as *const i8) };
+    }
+    let s = g.wrapping_add(lay.scales_at + a * lay.pos_scale_bytes);
+    // SAFETY: as above.
+    unsafe { _mm_prefetch::<_MM_HINT_T1>(s as *const i8) };
+    // The first lane reads super-block `i` at position `i`.
+    if lay.supers_at + a * lay.super_bytes < lay.group {
+        let s = g.wrapping_add(lay.supers_at + a * lay.super_bytes);
+        // SAFETY: as above.
+        unsafe { _mm_prefetch::<_MM_HINT_T1>(s as *const i8) };
+    }
+}
+
 /// Lane `l`'s accumulators (blocks `l, l + 8, …` of one group) for `T` tokens.
 #[inline(always)]
 unsafe fn lane512<B: BlockTy, const T: usize>(
     grp: *const u8,
     lay: &GroupLayout,
+    sup: *const f32,
     x: &ActTile,
     nb: usize,
     l: usize,
@@ -183,18 +271,17 @@ unsafe fn lane512<B: BlockTy, const T: usize>(
     // SAFETY: the caller's contract (see `group512`): a whole group, T tokens of nb blocks.
     unsafe {
         let (xq, xd, xs, xh) = (x.q.as_ptr(), x.d.as_ptr(), x.s.as_ptr(), x.h.as_ptr());
-        let ss = grp.add(lay.supers_at);
+        let xm = x.xs.as_ptr();
         let mut acc = [_mm512_setzero_ps(); T];
         let mut b = l;
         while b < nb {
             let wp = grp.add(pos * lay.quant_bytes);
             let sp = grp.add(lay.scales_at + pos * lay.pos_scale_bytes);
             if x.stream {
-                prefetch(wp, lay.quant_bytes);
-                prefetch(sp, lay.pos_scale_bytes);
+                prefetch_ahead(grp, lay, nb, pos);
             }
             let (lo, hi) = levels512::<B>(wp);
-            let sc = scales512::<B>(sp, ss, b);
+            let sc = scales512::<B>(sp, sup, b);
             for (t, acc_t) in acc.iter_mut().enumerate() {
                 let xb = xq.add(t * cols + b * QK) as *const i32;
                 let s = *xs.add(t * nb + b);
@@ -225,7 +312,7 @@ unsafe fn lane512<B: BlockTy, const T: usize>(
                 let d = _mm512_mul_ps(sc.dw, _mm512_set1_ps(dx));
                 let mut term = _mm512_mul_ps(d, _mm512_cvtepi32_ps(isum));
                 if B::AFFINE {
-                    let xsum = _mm512_set1_ps(dx * s as f32);
+                    let xsum = _mm512_set1_ps(*xm.add(t * nb + b));
                     term = _mm512_add_ps(term, _mm512_mul_ps(sc.mw, xsum));
                 }
                 *acc_t = _mm512_add_ps(*acc_t, term);
@@ -248,6 +335,7 @@ fn add512<const T: usize>(a: [__m512; T], b: [__m512; T]) -> [__m512; T] {
 unsafe fn group512<B: BlockTy, const T: usize>(
     p: &PackedView,
     lay: &GroupLayout,
+    sup: &mut Supers,
     g: usize,
     x: &ActTile,
     y: *mut f32,
@@ -257,7 +345,13 @@ unsafe fn group512<B: BlockTy, const T: usize>(
     // SAFETY: g < groups, `x` holds T tokens of nb blocks, y has T rows of ld ≥ rows.
     unsafe {
         let grp = p.q.as_ptr().add(g * lay.group);
-        let r = lane_tree!(|l: usize| lane512::<B, T>(grp, lay, x, nb, l), add512);
+        sup.fill::<B>(grp, lay, nb, |p| {
+            let mut r = Rows16([0.0; 16]);
+            _mm512_store_ps(r.0.as_mut_ptr(), h16x16(p));
+            r
+        });
+        let sp = sup.ptr();
+        let r = lane_tree!(|l: usize| lane512::<B, T>(grp, lay, sp, x, nb, l), add512);
         let r0 = g * GROUP;
         let valid = (p.rows - r0).min(GROUP);
         let mask: __mmask16 = if valid == GROUP {
@@ -282,9 +376,10 @@ unsafe fn groups512<B: BlockTy, const T: usize>(
 ) {
     let lay = GroupLayout::of(B::W, p.nb);
     debug_assert!(p.q.len() >= g1 * lay.group);
+    let mut sup = Supers::take();
     for g in g0..g1 {
         // SAFETY: forwarded caller contract.
-        unsafe { group512::<B, T>(p, &lay, g, x, y, ld) }
+        unsafe { group512::<B, T>(p, &lay, &mut sup, g, x, y, ld) }
     }
 }
 
@@ -343,7 +438,7 @@ struct Scales256 {
 }
 
 #[inline(always)]
-unsafe fn scales256<B: BlockTy>(sp: *const u8, ss: *const u8, b: usize, h: usize) -> Scales256 {
+unsafe fn scales256<B: BlockTy>(sp: *const u8, sup: *const f32, b: usize, h: usize) -> Scales256 {
     // SAFETY: the position and super-block records exist (the caller's contract).
     unsafe {
         let zero = _mm256_setzero_si256();
@@ -358,19 +453,17 @@ unsafe fn scales256<B: BlockTy>(sp: *const u8, ss: *const u8, b: usize, h: usize
             ScaleKind::D => s.dw = h16x8(sp.add(16 * h)),
             ScaleKind::DMin => (s.dw, s.mw) = (h16x8(sp.add(16 * h)), h16x8(sp.add(32 + 16 * h))),
             ScaleKind::K45 => {
-                let sup = ss.add(64 * sb);
                 let sc = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(
                     sp.add(8 * h) as *const __m128i
                 )));
                 let m = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(
                     sp.add(16 + 8 * h) as *const __m128i,
                 )));
-                s.dw = _mm256_mul_ps(h16x8(sup.add(16 * h)), sc);
-                let neg = _mm256_set1_ps(-0.0);
-                s.mw = _mm256_xor_ps(_mm256_mul_ps(h16x8(sup.add(32 + 16 * h)), m), neg);
+                s.dw = _mm256_mul_ps(_mm256_load_ps(sup.add(32 * sb + 8 * h)), sc);
+                s.mw = _mm256_mul_ps(_mm256_load_ps(sup.add(32 * sb + 16 + 8 * h)), m);
             }
             ScaleKind::K6 => {
-                s.dw = h16x8(ss.add(32 * sb + 16 * h));
+                s.dw = _mm256_load_ps(sup.add(16 * sb + 8 * h));
                 s.sc_lo = _mm256_cvtepi8_epi32(_mm_loadl_epi64(sp.add(8 * h) as *const __m128i));
                 s.sc_hi =
                     _mm256_cvtepi8_epi32(_mm_loadl_epi64(sp.add(16 + 8 * h) as *const __m128i));
@@ -446,6 +539,7 @@ unsafe fn levels256<B: BlockTy>(
 unsafe fn lane256<B: BlockTy, const T: usize>(
     grp: *const u8,
     lay: &GroupLayout,
+    sup: *const f32,
     x: &ActTile,
     t0: usize,
     nb: usize,
@@ -457,7 +551,7 @@ unsafe fn lane256<B: BlockTy, const T: usize>(
     // SAFETY: the caller's contract (see `group256`).
     unsafe {
         let (xq, xd, xs, xh) = (x.q.as_ptr(), x.d.as_ptr(), x.s.as_ptr(), x.h.as_ptr());
-        let ss = grp.add(lay.supers_at);
+        let xm = x.xs.as_ptr();
         let ones = _mm256_set1_epi16(1);
         let mut acc = [_mm256_setzero_ps(); T];
         let mut b = l;
@@ -465,11 +559,10 @@ unsafe fn lane256<B: BlockTy, const T: usize>(
             let wp = grp.add(pos * lay.quant_bytes);
             let sp = grp.add(lay.scales_at + pos * lay.pos_scale_bytes);
             if x.stream && h == 0 {
-                prefetch(wp, lay.quant_bytes);
-                prefetch(sp, lay.pos_scale_bytes);
+                prefetch_ahead(grp, lay, nb, pos);
             }
             let (lo, hi, slo, shi) = levels256::<B>(wp, h);
-            let sc = scales256::<B>(sp, ss, b, h);
+            let sc = scales256::<B>(sp, sup, b, h);
             for (i, acc_t) in acc.iter_mut().enumerate() {
                 let t = t0 + i;
                 let xb = xq.add(t * cols + b * QK) as *const i32;
@@ -540,7 +633,7 @@ unsafe fn lane256<B: BlockTy, const T: usize>(
                 let d = _mm256_mul_ps(sc.dw, _mm256_set1_ps(dx));
                 let mut term = _mm256_mul_ps(d, _mm256_cvtepi32_ps(isum));
                 if B::AFFINE {
-                    let xsum = _mm256_set1_ps(dx * s as f32);
+                    let xsum = _mm256_set1_ps(*xm.add(t * nb + b));
                     term = _mm256_add_ps(term, _mm256_mul_ps(sc.mw, xsum));
                 }
                 *acc_t = _mm256_add_ps(*acc_t, term);
@@ -564,6 +657,7 @@ fn add256<const T: usize>(a: [__m256; T], b: [__m256; T]) -> [__m256; T] {
 unsafe fn group256<B: BlockTy, const T: usize>(
     p: &PackedView,
     lay: &GroupLayout,
+    sup: *const f32,
     g: usize,
     x: &ActTile,
     t0: usize,
@@ -580,7 +674,7 @@ unsafe fn group256<B: BlockTy, const T: usize>(
                 break;
             }
             let r = lane_tree!(
-                |l: usize| lane256::<B, T>(grp, lay, x, t0, nb, h, l),
+                |l: usize| lane256::<B, T>(grp, lay, sup, x, t0, nb, h, l),
                 add256
             );
             let valid = (p.rows - r0).min(8);
@@ -614,17 +708,29 @@ unsafe fn avx2_any<B: BlockTy>(
     debug_assert!((1..=PACKED_TILE).contains(&nt));
     let lay = GroupLayout::of(B::W, p.nb);
     debug_assert!(p.q.len() >= g1 * lay.group);
+    let mut sup = Supers::take();
     for g in g0..g1 {
+        let grp = p.q.as_ptr().wrapping_add(g * lay.group);
+        // SAFETY: group g's super-block records exist (forwarded caller contract).
+        unsafe {
+            sup.fill::<B>(grp, &lay, p.nb, |p| {
+                let mut r = Rows16([0.0; 16]);
+                _mm256_store_ps(r.0.as_mut_ptr(), h16x8(p));
+                _mm256_store_ps(r.0.as_mut_ptr().add(8), h16x8(p.add(16)));
+                r
+            })
+        };
+        let sp = sup.ptr();
         let mut t0 = 0;
         while t0 < nt {
             let n = (nt - t0).min(PASS);
             // SAFETY: forwarded caller contract; tokens t0..t0 + n exist.
             unsafe {
                 match n {
-                    1 => group256::<B, 1>(p, &lay, g, x, t0, y, ld),
-                    2 => group256::<B, 2>(p, &lay, g, x, t0, y, ld),
-                    3 => group256::<B, 3>(p, &lay, g, x, t0, y, ld),
-                    _ => group256::<B, 4>(p, &lay, g, x, t0, y, ld),
+                    1 => group256::<B, 1>(p, &lay, sp, g, x, t0, y, ld),
+                    2 => group256::<B, 2>(p, &lay, sp, g, x, t0, y, ld),
+                    3 => group256::<B, 3>(p, &lay, sp, g, x, t0, y, ld),
+                    _ => group256::<B, 4>(p, &lay, sp, g, x, t0, y, ld),
                 }
             }
             t0 += n;
