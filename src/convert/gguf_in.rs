@@ -39,7 +39,7 @@ use super::config::{LayerFlags, LinearDims, ModelDesc, RopeScaling};
 use super::error::{ConvertError, Result};
 use super::gguf_arch::{self, GgufArch, NoRope, RopeRows, Swa, Transform};
 use super::DEFAULT_Q4_Q8_MASK;
-use super::{importance, load_imatrix, Options, Progress, Summary, WType, CHUNK_VALUES};
+use super::{for_row_chunks, importance, load_imatrix, Options, Progress, Summary, WType};
 use crate::atomic::AtomicFile;
 use crate::format::gguf::{self, dequant, GgmlType, GgufView, TensorInfo, Value};
 use crate::format::mlb::header::{act, q8_class, wtype, Header};
@@ -1004,30 +1004,24 @@ pub fn run(opts: &Options, progress: &mut (dyn FnMut(Progress) + Send)) -> Resul
                     Kind::Mat {
                         wtype, rows, cols, ..
                     } => {
-                        let step = (CHUNK_VALUES / cols).max(1);
-                        let mut r0 = 0;
-                        while r0 < rows {
-                            if cancelled() {
-                                return Err(ConvertError::Interrupted);
-                            }
-                            let r1 = (r0 + step).min(rows);
+                        for_row_chunks(rows, cols, opts.cancel, |r| {
                             let chunk = match s.action {
                                 Action::Copy => {
-                                    copy_rows(&v, s, wtype, cols, r0..r1, header.scale_f16 != 0)
+                                    copy_rows(&v, s, wtype, cols, r, header.scale_f16 != 0)
                                 }
                                 _ => {
                                     buf.clear();
-                                    read_floats(&v, s, r0..r1, &mut buf);
+                                    read_floats(&v, s, r.clone(), &mut buf);
                                     let qopts = QuantOpts {
                                         scale_f16: header.scale_f16 != 0,
                                         q4_rule,
                                         imatrix: s.imp.as_deref(),
                                     };
-                                    quantize(wtype, r1 - r0, cols, &buf, &qopts).map_err(|e| {
+                                    quantize(wtype, r.len(), cols, &buf, &qopts).map_err(|e| {
                                         ConvertError::tensor(
                                             path,
                                             s.t.name,
-                                            format!("rows from {r0}: {e}"),
+                                            format!("rows from {}: {e}", r.start),
                                         )
                                     })?
                                 }
@@ -1039,9 +1033,8 @@ pub fn run(opts: &Options, progress: &mut (dyn FnMut(Progress) + Send)) -> Resul
                                     format!("{}: {}", err.value, err.rule),
                                 ),
                                 e => werr(e),
-                            })?;
-                            r0 = r1;
-                        }
+                            })
+                        })?;
                     }
                     Kind::U8 { .. } => unreachable!("layer flags are written by the writer"),
                 }

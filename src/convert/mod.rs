@@ -948,6 +948,27 @@ fn tied_head_note(ck: &Checkpoint, head: &str, emb: &str) -> String {
 /// Rows per chunk of a large matrix: ~4M values (16 MB as f32).
 const CHUNK_VALUES: usize = 1 << 22;
 
+/// Runs `f` on a `rows × cols` matrix's consecutive row ranges of about
+/// [`CHUNK_VALUES`] values, stopping with `Interrupted` between chunks on a signal.
+fn for_row_chunks(
+    rows: usize,
+    cols: usize,
+    cancel: Option<&AtomicBool>,
+    mut f: impl FnMut(std::ops::Range<usize>) -> Result<()>,
+) -> Result<()> {
+    let step = (CHUNK_VALUES / cols).max(1);
+    let mut r0 = 0;
+    while r0 < rows {
+        if cancel.is_some_and(|c| c.load(Ordering::Relaxed)) {
+            return Err(ConvertError::Interrupted);
+        }
+        let r1 = (r0 + step).min(rows);
+        f(r0..r1)?;
+        r0 = r1;
+    }
+    Ok(())
+}
+
 /// What [`write_all`] writes.
 struct Job<'a> {
     ck: &'a Checkpoint,
@@ -1017,23 +1038,17 @@ fn write_all(
                         q4_rule,
                         imatrix: s.imp.as_deref(),
                     };
-                    let step = (CHUNK_VALUES / cols).max(1);
-                    let mut r0 = 0;
-                    while r0 < rows {
-                        if cancelled() {
-                            return Err(ConvertError::Interrupted);
-                        }
-                        let r1 = (r0 + step).min(rows);
+                    for_row_chunks(rows, cols, cancel, |r| {
                         buf.clear();
-                        read_rows(ck, info, dtype, s, r0..r1, &mut buf);
-                        let m = quantize(wtype, r1 - r0, cols, &buf, &qopts)
-                            .map_err(|e| quant_error(ck, info, s, r0, e))?;
+                        read_rows(ck, info, dtype, s, r.clone(), &mut buf);
+                        let m = quantize(wtype, r.len(), cols, &buf, &qopts)
+                            .map_err(|e| quant_error(ck, info, s, r.start, e))?;
                         w.write_mat_rows(&m).map_err(werr)?;
                         if s.map.is_identity() {
-                            ck.release(info, s.row_len, r0..r1);
+                            ck.release(info, s.row_len, r);
                         }
-                        r0 = r1;
-                    }
+                        Ok(())
+                    })?;
                     if !s.map.is_identity() {
                         ck.release(info, s.row_len, 0..s.map.src_rows(rows));
                     }

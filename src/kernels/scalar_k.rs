@@ -175,16 +175,7 @@ mod tests {
     use crate::format::mlb::synth::Rng;
     use crate::quant::blocks::{dequantize_matrix, quantize_matrix};
 
-    const TYPES: [WType; 8] = [
-        WType::Q4_K,
-        WType::Q5_K,
-        WType::Q6_K,
-        WType::Q4_1,
-        WType::Q5_0,
-        WType::Q5_1,
-        WType::IQ4_NL,
-        WType::Q6_0,
-    ];
+    const TYPES: [WType; 8] = WType::BLOCKS;
 
     fn h(v: f32) -> [u8; 2] {
         half::f16::from_f32(v).to_bits().to_le_bytes()

@@ -166,16 +166,7 @@ mod tests {
             .collect()
     }
 
-    const TYPES: [WType; 8] = [
-        WType::Q4_K,
-        WType::Q5_K,
-        WType::Q6_K,
-        WType::Q4_1,
-        WType::Q5_0,
-        WType::Q5_1,
-        WType::IQ4_NL,
-        WType::Q6_0,
-    ];
+    const TYPES: [WType; 8] = WType::BLOCKS;
 
     /// Weighted squared error in f64 of `xhat` against `x`.
     fn werr(x: &[f32], xhat: &[f64], w: &[f32]) -> f64 {
