@@ -175,8 +175,6 @@ mod tests {
     use crate::format::mlb::synth::Rng;
     use crate::quant::blocks::{dequantize_matrix, quantize_matrix};
 
-    const TYPES: [WType; 8] = WType::BLOCKS;
-
     fn h(v: f32) -> [u8; 2] {
         half::f16::from_f32(v).to_bits().to_le_bytes()
     }
@@ -274,7 +272,7 @@ mod tests {
     #[test]
     fn dot_matches_f64_of_dequantized() {
         let mut rng = Rng(0x9e3779b97f4a7c15);
-        for t in TYPES {
+        for &t in WType::BLOCKS {
             for &cols in &[256usize, 512, 768] {
                 let rows = 5;
                 let x: Vec<f32> = (0..rows * cols).map(|_| rng.next_f32() * 0.1).collect();

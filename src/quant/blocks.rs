@@ -166,8 +166,6 @@ mod tests {
             .collect()
     }
 
-    const TYPES: [WType; 8] = WType::BLOCKS;
-
     /// Weighted squared error in f64 of `xhat` against `x`.
     fn werr(x: &[f32], xhat: &[f64], w: &[f32]) -> f64 {
         (0..x.len())
@@ -295,7 +293,7 @@ mod tests {
         let imp: Vec<f32> = (0..cols)
             .map(|_| (0.001 + 4.0 * rng.next_f64().powi(3)) as f32)
             .collect();
-        for t in TYPES {
+        for &t in WType::BLOCKS {
             for imatrix in [None, Some(&imp[..])] {
                 let q = quantize_matrix(t, rows, cols, &x, imatrix).unwrap();
                 let xq = dequantize_matrix(t, rows, cols, &q);
@@ -409,7 +407,7 @@ mod tests {
         let (rows, cols) = (37, 768);
         let x = matrix(&mut rng, rows, cols);
         let imp: Vec<f32> = (0..cols).map(|_| (0.001 + rng.next_f64()) as f32).collect();
-        for t in TYPES {
+        for &t in WType::BLOCKS {
             let hashes: Vec<u64> = (1..=3)
                 .map(|n| {
                     let pool = rayon::ThreadPoolBuilder::new()
@@ -437,7 +435,7 @@ mod tests {
         let imp: Vec<f32> = (0..cols)
             .map(|_| (0.001 + 4.0 * rng.next_f64().powi(4)) as f32)
             .collect();
-        for t in TYPES {
+        for &t in WType::BLOCKS {
             let e = |imatrix: Option<&[f32]>| -> f64 {
                 let q = quantize_matrix(t, rows, cols, &x, imatrix).unwrap();
                 let xq = dequantize_matrix(t, rows, cols, &q);
