@@ -49,6 +49,51 @@ thread_local! {
     static SUPERS: Cell<Vec<Rows16>> = const { Cell::new(Vec::new()) };
 }
 
+thread_local! {
+    /// Each token's and block's chain starts (see [`Offsets`]), per thread as `SUPERS`.
+    static OFFSETS: Cell<Vec<[i32; 2]>> = const { Cell::new(Vec::new()) };
+}
+
+/// The integer offsets that start block `b`'s two `vpdpbusd` chains for token `t`, at
+/// `t·nb + b`: `−OFF·s_b` and 0, or Q6_K's `−32·h_b` and `−32·(s_b − h_b)`. They depend
+/// on the token only, so they are made once per call, not once per group of rows, and
+/// each is then a broadcast from memory (a load) instead of scalar arithmetic and a
+/// register broadcast per token and block position.
+struct Offsets(Vec<[i32; 2]>);
+
+impl Offsets {
+    /// Whether type `B`'s chains start anywhere but 0.
+    const fn used<B: BlockTy>() -> bool {
+        matches!(B::SC, ScaleKind::K6) || B::OFF != 0
+    }
+
+    fn of<B: BlockTy>(x: &ActTile) -> Offsets {
+        let mut v = OFFSETS.take();
+        v.clear();
+        if !Self::used::<B>() {
+            return Offsets(v);
+        }
+        v.extend(x.s.iter().zip(x.h).map(|(&s, &h)| {
+            if B::SC == ScaleKind::K6 {
+                [-32 * h, -32 * (s - h)]
+            } else {
+                [-B::OFF * s, 0]
+            }
+        }));
+        Offsets(v)
+    }
+
+    fn ptr(&self) -> *const i32 {
+        self.0.as_ptr() as *const i32
+    }
+}
+
+impl Drop for Offsets {
+    fn drop(&mut self) {
+        OFFSETS.set(std::mem::take(&mut self.0));
+    }
+}
+
 /// The super-block scales of the group being computed, as f32: K45 `d` at `2s` and
 /// `−dmin` at `2s + 1`, K6 `d` at `s`. Every lane reads every super-block (lane `l`'s
 /// `i`-th position is sub-block `l` of super-block `i`), so they are converted once per
@@ -134,12 +179,20 @@ unsafe fn bcast4(p: *const i32) -> __m256i {
     unsafe { _mm256_set1_epi32(p.read_unaligned()) }
 }
 
-/// The float factors of one block position for the 16 rows (zmm) of a group.
+/// 16 int8 at `p` as f32.
+#[inline(always)]
+unsafe fn i8x16_f32(p: *const u8) -> __m512 {
+    // SAFETY: 16 readable bytes (the caller's contract); AVX-512 F.
+    unsafe { _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(p as *const __m128i))) }
+}
+
+/// The float factors of one block position for the 16 rows (zmm) of a group; Q6_K's
+/// int8 half scales as f32 (exact).
 struct Scales512 {
     dw: __m512,
     mw: __m512,
-    sc_lo: __m512i,
-    sc_hi: __m512i,
+    sc_lo: __m512,
+    sc_hi: __m512,
 }
 
 /// `dw`, `mw` (and Q6_K's half scales) of block `b` at position record `sp` of a group
@@ -148,10 +201,10 @@ struct Scales512 {
 unsafe fn scales512<B: BlockTy>(sp: *const u8, sup: *const f32, b: usize) -> Scales512 {
     // SAFETY: the position and super-block records exist (the caller's contract).
     unsafe {
-        let zero = _mm512_setzero_si512();
+        let zero = _mm512_setzero_ps();
         let mut s = Scales512 {
-            dw: _mm512_setzero_ps(),
-            mw: _mm512_setzero_ps(),
+            dw: zero,
+            mw: zero,
             sc_lo: zero,
             sc_hi: zero,
         };
@@ -170,8 +223,7 @@ unsafe fn scales512<B: BlockTy>(sp: *const u8, sup: *const f32, b: usize) -> Sca
             }
             ScaleKind::K6 => {
                 s.dw = _mm512_load_ps(sup.add(16 * sb));
-                s.sc_lo = _mm512_cvtepi8_epi32(_mm_loadu_si128(sp as *const __m128i));
-                s.sc_hi = _mm512_cvtepi8_epi32(_mm_loadu_si128(sp.add(16) as *const __m128i));
+                (s.sc_lo, s.sc_hi) = (i8x16_f32(sp), i8x16_f32(sp.add(16)));
             }
         }
         s
@@ -262,6 +314,7 @@ unsafe fn lane512<B: BlockTy, const T: usize>(
     grp: *const u8,
     lay: &GroupLayout,
     sup: *const f32,
+    off: *const i32,
     x: &ActTile,
     nb: usize,
     l: usize,
@@ -270,7 +323,7 @@ unsafe fn lane512<B: BlockTy, const T: usize>(
     let mut pos = lane_start(nb, l);
     // SAFETY: the caller's contract (see `group512`): a whole group, T tokens of nb blocks.
     unsafe {
-        let (xq, xd, xs, xh) = (x.q.as_ptr(), x.d.as_ptr(), x.s.as_ptr(), x.h.as_ptr());
+        let (xq, xd) = (x.q.as_ptr(), x.d.as_ptr());
         let xm = x.xs.as_ptr();
         let mut acc = [_mm512_setzero_ps(); T];
         let mut b = l;
@@ -284,33 +337,37 @@ unsafe fn lane512<B: BlockTy, const T: usize>(
             let sc = scales512::<B>(sp, sup, b);
             for (t, acc_t) in acc.iter_mut().enumerate() {
                 let xb = xq.add(t * cols + b * QK) as *const i32;
-                let s = *xs.add(t * nb + b);
-                let (c0, c1) = if B::SC == ScaleKind::K6 {
-                    let h = *xh.add(t * nb + b);
-                    (-32 * h, -32 * (s - h))
-                } else {
-                    (-B::OFF * s, 0)
-                };
+                let o = off.add(2 * (t * nb + b));
                 // Two chains (the block's halves) also halve the `vpdpbusd` latency.
-                let mut i0 = _mm512_set1_epi32(c0);
-                let mut i1 = _mm512_set1_epi32(c1);
+                let mut i0 = if Offsets::used::<B>() {
+                    _mm512_set1_epi32(*o)
+                } else {
+                    _mm512_setzero_si512()
+                };
+                let mut i1 = if B::SC == ScaleKind::K6 {
+                    _mm512_set1_epi32(*o.add(1))
+                } else {
+                    _mm512_setzero_si512()
+                };
                 for k in 0..4 {
                     let x0 = _mm512_set1_epi32(xb.add(k).read_unaligned());
                     let x1 = _mm512_set1_epi32(xb.add(4 + k).read_unaligned());
                     i0 = _mm512_dpbusd_epi32(i0, lo[k], x0);
                     i1 = _mm512_dpbusd_epi32(i1, hi[k], x1);
                 }
-                let isum = if B::SC == ScaleKind::K6 {
-                    _mm512_add_epi32(
-                        _mm512_mullo_epi32(i0, sc.sc_lo),
-                        _mm512_mullo_epi32(i1, sc.sc_hi),
-                    )
+                // `isum_b as f32`. Q6_K: `sc_lo·i0` is exact in f32 (|·| ≤ 128·65,024 <
+                // 2^24) and the fused add rounds the exact integer sum once, as the
+                // conversion does: the contract's bits without `vpmulld` (2 uops, port 0
+                // only on Intel, where `vpdpbusd` runs).
+                let fsum = if B::SC == ScaleKind::K6 {
+                    let lo = _mm512_mul_ps(sc.sc_lo, _mm512_cvtepi32_ps(i0));
+                    _mm512_fmadd_ps(sc.sc_hi, _mm512_cvtepi32_ps(i1), lo)
                 } else {
-                    _mm512_add_epi32(i0, i1)
+                    _mm512_cvtepi32_ps(_mm512_add_epi32(i0, i1))
                 };
                 let dx = *xd.add(t * nb + b);
                 let d = _mm512_mul_ps(sc.dw, _mm512_set1_ps(dx));
-                let mut term = _mm512_mul_ps(d, _mm512_cvtepi32_ps(isum));
+                let mut term = _mm512_mul_ps(d, fsum);
                 if B::AFFINE {
                     let xsum = _mm512_set1_ps(*xm.add(t * nb + b));
                     term = _mm512_add_ps(term, _mm512_mul_ps(sc.mw, xsum));
@@ -330,12 +387,18 @@ fn add512<const T: usize>(a: [__m512; T], b: [__m512; T]) -> [__m512; T] {
     std::array::from_fn(|t| unsafe { _mm512_add_ps(a[t], b[t]) })
 }
 
+/// The VNNI kernel's per-call tables.
+struct Tables {
+    sup: Supers,
+    off: Offsets,
+}
+
 /// One group of 16 rows against `T` tokens; writes `y[t·ld + 16g + j]` for real rows.
 #[inline(always)]
 unsafe fn group512<B: BlockTy, const T: usize>(
     p: &PackedView,
     lay: &GroupLayout,
-    sup: &mut Supers,
+    tabs: &mut Tables,
     g: usize,
     x: &ActTile,
     y: *mut f32,
@@ -345,13 +408,17 @@ unsafe fn group512<B: BlockTy, const T: usize>(
     // SAFETY: g < groups, `x` holds T tokens of nb blocks, y has T rows of ld ≥ rows.
     unsafe {
         let grp = p.q.as_ptr().add(g * lay.group);
+        let Tables { sup, off } = tabs;
         sup.fill::<B>(grp, lay, nb, |p| {
             let mut r = Rows16([0.0; 16]);
             _mm512_store_ps(r.0.as_mut_ptr(), h16x16(p));
             r
         });
-        let sp = sup.ptr();
-        let r = lane_tree!(|l: usize| lane512::<B, T>(grp, lay, sp, x, nb, l), add512);
+        let (sp, off) = (sup.ptr(), off.ptr());
+        let r = lane_tree!(
+            |l: usize| lane512::<B, T>(grp, lay, sp, off, x, nb, l),
+            add512
+        );
         let r0 = g * GROUP;
         let valid = (p.rows - r0).min(GROUP);
         let mask: __mmask16 = if valid == GROUP {
@@ -376,10 +443,13 @@ unsafe fn groups512<B: BlockTy, const T: usize>(
 ) {
     let lay = GroupLayout::of(B::W, p.nb);
     debug_assert!(p.q.len() >= g1 * lay.group);
-    let mut sup = Supers::take();
+    let mut tabs = Tables {
+        sup: Supers::take(),
+        off: Offsets::of::<B>(x),
+    };
     for g in g0..g1 {
         // SAFETY: forwarded caller contract.
-        unsafe { group512::<B, T>(p, &lay, &mut sup, g, x, y, ld) }
+        unsafe { group512::<B, T>(p, &lay, &mut tabs, g, x, y, ld) }
     }
 }
 
@@ -395,7 +465,7 @@ unsafe fn vnni_any<B: BlockTy>(
     let nt = x.d.len() / p.nb;
     debug_assert!((1..=PACKED_TILE).contains(&nt));
     debug_assert!(x.q.len() == nt * p.nb * QK && x.s.len() == nt * p.nb && x.h.len() == x.s.len());
-    // SAFETY: forwarded caller contract; features enabled on this function.
+    // SAFETY: forwarded caller contract.
     unsafe {
         match nt {
             1 => groups512::<B, 1>(p, g0, g1, x, y, ld),
