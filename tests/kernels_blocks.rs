@@ -192,7 +192,9 @@ fn block_tiers_agree_on_quantized_matrices() {
         let v: Vec<f32> = (0..rows * cols).map(|_| rng.unit() * 0.05).collect();
         let m = quantize(t, rows, cols, &v, &QuantOpts::default()).unwrap();
         let w = QMat::new_blocks(t, rows, cols, &m.q).unwrap();
-        for n in [1, 7] {
+        // 20 tokens: three tiles of the packed products (8, 8, 4), over two sub-blocks
+        // of groups.
+        for n in [1, 7, 20] {
             check(
                 &w,
                 &activations(&mut rng, n * cols, false),
@@ -211,7 +213,7 @@ fn block_thread_count_does_not_change_bits() {
         let w = QMat::new_blocks(t, rows, cols, &q).unwrap();
         let p = PackedMat::new(&w);
         let wp = w.with_packed(&p).unwrap();
-        for n in [1, 6] {
+        for n in [1, 6, 19] {
             let x = activations(&mut rng, n * cols, false);
             let mut xa = QActs::new();
             xa.quantize(&x, cols);

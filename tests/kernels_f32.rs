@@ -9,6 +9,7 @@ use krafla::kernels::scalar_kv::{store_f16, store_q8_0};
 use krafla::kernels::scalar_math::{self as sm, HI, LO};
 use krafla::kernels::{DeltaHead, Kernels, KvData, KvType, KvView, Query, Tier};
 
+use crate::util::nan_bits;
 use crate::util::tiers::all_kernels;
 
 /// xorshift32 values in [-scale, scale).
@@ -26,20 +27,9 @@ impl Rng {
     }
 }
 
-/// The bits, every NaN as one value: which NaN operand propagates is not fixed by Rust
-/// or LLVM (it may commute `a + b`), so NaN sign and payload are not in the contract
-/// (docs/kernels.md). At opt-level 1 the scalar and AVX2 attention gave NaNs of
-/// different signs here.
+/// The bits, every NaN as one value ([`nan_bits`]).
 fn bits(v: &[f32]) -> Vec<u32> {
-    v.iter()
-        .map(|x| {
-            if x.is_nan() {
-                f32::NAN.to_bits()
-            } else {
-                x.to_bits()
-            }
-        })
-        .collect()
+    v.iter().map(|&x| nan_bits(x)).collect()
 }
 
 /// Panics with the first differing index and both bit patterns.

@@ -11,7 +11,7 @@ use krafla::kernels::{self, HalfActs, QActs, QMat, Tier, WType};
 use krafla::quant::half_float;
 
 use crate::util::tiers::{all_kernels, scalar};
-use crate::util::Rng;
+use crate::util::{same_f32, Rng};
 
 const TYPES: [WType; 2] = [WType::BF16, WType::F16];
 
@@ -70,11 +70,6 @@ fn bits16(w: &[u8]) -> Vec<u16> {
         .collect()
 }
 
-/// Equal bits, or both NaN (NaN payload and sign are not part of the contract).
-fn same(a: f32, b: f32) -> bool {
-    a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan())
-}
-
 /// The reference's `y[t·rows + r]` for the rows `which` (all when `None`).
 fn reference(
     t: WType,
@@ -107,7 +102,7 @@ fn check(at: &str, got: &[f32], rows: usize, want: &[(usize, usize, f32)]) {
     for &(tk, r, d) in want {
         let g = got[tk * rows + r];
         assert!(
-            same(g, d),
+            same_f32(g, d),
             "{at}: token {tk} row {r}: got {g:e} ({:#010x}), reference {d:e} ({:#010x})",
             g.to_bits(),
             d.to_bits()
@@ -194,7 +189,7 @@ fn every_tier_gives_the_reference_bits() {
                         check(&at, &y, rows, &want);
                         // Every output, against the scalar tier.
                         for (i, (&a, &b)) in y.iter().zip(&base).enumerate() {
-                            assert!(same(a, b), "{at}: output {i}: {a:e} vs scalar {b:e}");
+                            assert!(same_f32(a, b), "{at}: output {i}: {a:e} vs scalar {b:e}");
                         }
                         checked += 1;
                     }
@@ -283,7 +278,7 @@ fn bf16_activations_give_the_reference_bits() {
                         y.iter().zip(&base).zip(y2.iter().zip(&y3)).enumerate()
                     {
                         assert!(
-                            same(a, b) && same(c, b) && same(d, b),
+                            same_f32(a, b) && same_f32(c, b) && same_f32(d, b),
                             "{at}: output {i}: {a:e} / {c:e} / {d:e} vs scalar {b:e}"
                         );
                     }
@@ -383,7 +378,7 @@ fn large_shapes() {
                     pool.install(|| k.matmul_f32(&m, &x, &mut y));
                     let at = format!("{t} {rows}x{cols} n={n} tier {}", k.tier());
                     assert!(
-                        y.iter().zip(&base).all(|(&a, &b)| same(a, b)),
+                        y.iter().zip(&base).all(|(&a, &b)| same_f32(a, b)),
                         "{at}: differs from scalar"
                     );
                 }

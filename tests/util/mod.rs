@@ -7,6 +7,23 @@ use std::process::{Command, Output};
 pub mod fixtures;
 pub mod tiers;
 
+/// The bits of `x`, every NaN as one value: which NaN operand propagates is not fixed by
+/// Rust or LLVM (it may commute `a + b`), so NaN sign and payload are outside the
+/// kernels' contract (docs/kernels.md). At opt-level 1 the scalar and AVX2 attention
+/// gave NaNs of different signs.
+pub fn nan_bits(x: f32) -> u32 {
+    if x.is_nan() {
+        f32::NAN.to_bits()
+    } else {
+        x.to_bits()
+    }
+}
+
+/// `a` and `b` are the same value to the bit, or both NaN.
+pub fn same_f32(a: f32, b: f32) -> bool {
+    nan_bits(a) == nan_bits(b)
+}
+
 /// The path of one of the package's binaries.
 pub fn bin_path(name: &str) -> PathBuf {
     match name {
