@@ -60,6 +60,17 @@ pub struct FoundTemplate {
     pub file: PathBuf,
 }
 
+/// Templates read from one file.
+fn found_in(templates: Vec<NamedTemplate>, file: &Path) -> Vec<FoundTemplate> {
+    templates
+        .into_iter()
+        .map(|template| FoundTemplate {
+            template,
+            file: file.to_path_buf(),
+        })
+        .collect()
+}
+
 fn read_opt(path: &Path) -> Result<Option<String>> {
     match std::fs::read(path) {
         Ok(b) => String::from_utf8(b).map(Some).map_err(|e| {
@@ -175,13 +186,7 @@ pub fn find_templates(dir: &Path, config: Option<(&Path, &Value)>) -> Result<Vec
     if let Some((path, cfg)) = config {
         if let Some(v) = cfg.get("chat_template") {
             let t = templates_from_config(v).map_err(|e| e.in_file(path))?;
-            return Ok(t
-                .into_iter()
-                .map(|template| FoundTemplate {
-                    template,
-                    file: path.to_path_buf(),
-                })
-                .collect());
+            return Ok(found_in(t, path));
         }
     }
     let legacy = dir.join("chat_template.json");
@@ -189,13 +194,7 @@ pub fn find_templates(dir: &Path, config: Option<(&Path, &Value)>) -> Result<Vec
         let v = parse_json(&legacy, &s)?;
         let t = templates_from_config(v.get("chat_template").unwrap_or(&Value::Null))
             .map_err(|e| e.in_file(&legacy))?;
-        return Ok(t
-            .into_iter()
-            .map(|template| FoundTemplate {
-                template,
-                file: legacy.clone(),
-            })
-            .collect());
+        return Ok(found_in(t, &legacy));
     }
     Ok(Vec::new())
 }

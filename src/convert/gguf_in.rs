@@ -664,6 +664,33 @@ fn rope_scaling(m: &Meta, ctx: u64) -> Result<RopeScaling> {
     Ok(scaling)
 }
 
+/// llama.cpp's per-frequency factors for Llama 3 RoPE (`rope_freqs.weight`, the divisor
+/// of each pair's frequency, as its converter's generate_extra_tensors makes them): the
+/// inverse of [`llama3_from_factors`].
+pub(crate) fn llama3_factors(
+    theta: f64,
+    head_dim: usize,
+    factor: f64,
+    low: f64,
+    high: f64,
+    orig: f64,
+) -> Vec<f32> {
+    (0..head_dim / 2)
+        .map(|i| {
+            let inv = theta.powf(-2.0 * i as f64 / head_dim as f64);
+            let wl = 2.0 * std::f64::consts::PI / inv;
+            if wl < orig / high {
+                1.0
+            } else if wl > orig / low {
+                factor as f32
+            } else {
+                let s = (orig / wl - low) / (high - low);
+                (1.0 / ((1.0 - s) / factor + s)) as f32
+            }
+        })
+        .collect()
+}
+
 /// Llama 3 RoPE parameters that reproduce llama.cpp's per-frequency factors
 /// (`rope_freqs.weight`, the divisor of each pair's frequency).
 ///
@@ -1477,28 +1504,10 @@ mod tests {
         }
     }
 
-    /// The factors llama.cpp's converter computes (generate_extra_tensors).
-    fn factors(theta: f64, hd: usize, f: f64, low: f64, high: f64, orig: f64) -> Vec<f32> {
-        (0..hd / 2)
-            .map(|i| {
-                let freq = 1.0 / theta.powf(2.0 * i as f64 / hd as f64);
-                let wl = 2.0 * std::f64::consts::PI / freq;
-                if wl < orig / high {
-                    1.0
-                } else if wl > orig / low {
-                    f as f32
-                } else {
-                    let s = (orig / wl - low) / (high - low);
-                    (1.0 / ((1.0 - s) / f + s)) as f32
-                }
-            })
-            .collect()
-    }
-
     #[test]
     fn llama3_parameters_are_recovered() {
         // Llama 3.1 (head_dim 128): many interpolated frequencies.
-        let fs = factors(500000.0, 128, 8.0, 1.0, 4.0, 8192.0);
+        let fs = llama3_factors(500000.0, 128, 8.0, 1.0, 4.0, 8192.0);
         let RopeScaling::Llama3 {
             factor,
             low,
@@ -1514,7 +1523,7 @@ mod tests {
             "{low} {high}"
         );
         // The fixture: one interpolated frequency only; any equivalent parameters do.
-        let fs = factors(10000.0, 16, 8.0, 1.0, 4.0, 32.0);
+        let fs = llama3_factors(10000.0, 16, 8.0, 1.0, 4.0, 32.0);
         assert!(llama3_from_factors(10000.0, 16, &fs, 8192).is_ok());
         // All ones: no scaling. Nonsense: refused.
         assert_eq!(

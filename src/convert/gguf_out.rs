@@ -16,6 +16,7 @@ use std::path::{Path, PathBuf};
 
 use super::error::{ConvertError, Result};
 use super::gguf_arch::{self, GgufArch, NoRope, RopeRows, Swa, Transform};
+use super::gguf_in::llama3_factors;
 use super::gguf_tok;
 use crate::atomic::AtomicFile;
 use crate::format::gguf::{GgmlType, GgufWriter, MetaValue, TensorSpec, ValueType};
@@ -328,26 +329,14 @@ pub fn export(opts: &ExportOptions) -> Result<ExportSummary> {
                 ));
             }
             // llama.cpp's converter: divisor per pair of the head (generate_extra_tensors).
-            let (f, lo, hi, orig) = (
+            let factors = llama3_factors(
+                h.rope_theta as f64,
+                d.head_dim,
                 h.rope_factor as f64,
                 h.rope_low_freq_factor as f64,
                 h.rope_high_freq_factor as f64,
                 h.rope_orig_max_seq as f64,
             );
-            let factors: Vec<f32> = (0..d.head_dim / 2)
-                .map(|i| {
-                    let inv = (h.rope_theta as f64).powf(-2.0 * i as f64 / d.head_dim as f64);
-                    let wl = 2.0 * std::f64::consts::PI / inv;
-                    if wl < orig / hi {
-                        1.0
-                    } else if wl > orig / lo {
-                        f as f32
-                    } else {
-                        let s = (orig / wl - lo) / (hi - lo);
-                        (1.0 / ((1.0 - s) / f + s)) as f32
-                    }
-                })
-                .collect();
             kv.push((
                 key("rope.scaling.original_context_length"),
                 MetaValue::U32(h.rope_orig_max_seq),

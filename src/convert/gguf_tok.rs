@@ -79,6 +79,22 @@ fn bad(key: &str, v: impl std::fmt::Display, rule: impl Into<String>) -> FormatE
     FormatError::format(key, v, rule)
 }
 
+/// A tensorless GGUF of `general.architecture` then `parts`, to import back and compare:
+/// only what comes back exactly is written. A write error is blamed on `field`.
+fn probe_gguf(arch: &str, parts: &[&[(String, MetaValue)]], field: &str) -> Result<Vec<u8>> {
+    let mut probe = vec![(
+        "general.architecture".to_string(),
+        MetaValue::Str(arch.to_string()),
+    )];
+    for part in parts {
+        probe.extend(part.iter().cloned());
+    }
+    crate::format::gguf::to_bytes(&probe, &[]).map_err(|e| match e {
+        crate::format::mlb::WriteError::Format(f) => f,
+        crate::format::mlb::WriteError::Io(e) => bad(field, "", e.to_string()),
+    })
+}
+
 fn strings<'a>(v: &GgufView<'a>, key: &str) -> Result<Option<Vec<&'a str>>> {
     match v.get(key) {
         None => Ok(None),
@@ -615,16 +631,7 @@ pub fn gguf_tokenizer_kvs(mlt: &Mlt, arch: &str) -> Result<Vec<(String, MetaValu
     let mut kv = tokenizer_kvs(&plain, arch)?;
     if let Some(c) = &mlt.chat {
         let chat = chat_kvs(c, mlt.eos);
-        let mut probe = vec![(
-            "general.architecture".to_string(),
-            MetaValue::Str(arch.to_string()),
-        )];
-        probe.extend(kv.iter().cloned());
-        probe.extend(chat.iter().cloned());
-        let bytes = crate::format::gguf::to_bytes(&probe, &[]).map_err(|e| match e {
-            crate::format::mlb::WriteError::Format(f) => f,
-            crate::format::mlb::WriteError::Io(e) => bad("chat_template", "", e.to_string()),
-        })?;
+        let bytes = probe_gguf(arch, &[&kv, &chat], "chat_template")?;
         let view = crate::format::gguf::parse(&bytes)?;
         let mut back = templates_from_gguf(&view)?;
         let mut want = c.templates.clone();
@@ -732,15 +739,7 @@ fn tokenizer_kvs(mlt: &Mlt, arch: &str) -> Result<Vec<(String, MetaValue)>> {
         MetaValue::Bool(mlt.flags & FLAG_ADD_BOS != 0),
     ));
     // Only what importing it gives back exactly is written.
-    let mut probe = vec![(
-        "general.architecture".to_string(),
-        MetaValue::Str(arch.to_string()),
-    )];
-    probe.extend(kv.iter().cloned());
-    let bytes = crate::format::gguf::to_bytes(&probe, &[]).map_err(|e| match e {
-        crate::format::mlb::WriteError::Format(f) => f,
-        crate::format::mlb::WriteError::Io(e) => bad("tokenizer", "", e.to_string()),
-    })?;
+    let bytes = probe_gguf(arch, &[&kv], "tokenizer")?;
     let view = crate::format::gguf::parse(&bytes)?;
     let back = mlt_from_gguf(&view)?;
     if back != *mlt {

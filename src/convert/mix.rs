@@ -119,23 +119,19 @@ pub const SENSITIVITY: Sensitivity = Sensitivity {
 impl Sensitivity {
     /// α of a matrix of class bits `class` (a shared tok_emb has the wcls bit too).
     pub fn class(&self, class: u32) -> f64 {
-        if class & q8_class::WCLS != 0 {
-            self.wcls
-        } else if class & q8_class::TOK_EMB != 0 {
-            self.tok_emb
-        } else if class & q8_class::WQK != 0 {
-            self.wqk
-        } else if class & q8_class::WV != 0 {
-            self.wv
-        } else if class & q8_class::WO != 0 {
-            self.wo
-        } else if class & q8_class::W13 != 0 {
-            self.w13
-        } else if class & q8_class::W2 != 0 {
-            self.w2
-        } else {
-            self.other
-        }
+        // The first bit set wins: WCLS before TOK_EMB.
+        [
+            (q8_class::WCLS, self.wcls),
+            (q8_class::TOK_EMB, self.tok_emb),
+            (q8_class::WQK, self.wqk),
+            (q8_class::WV, self.wv),
+            (q8_class::WO, self.wo),
+            (q8_class::W13, self.w13),
+            (q8_class::W2, self.w2),
+        ]
+        .into_iter()
+        .find(|&(bit, _)| class & bit != 0)
+        .map_or(self.other, |(_, alpha)| alpha)
     }
 
     /// β of layer `l` of `n` over `n` (a layer's output is one of n in the residual
@@ -430,6 +426,18 @@ pub fn report_json(rows: &[MixRow], bpw: f64) -> String {
 mod tests {
     use super::*;
 
+    /// The types chosen for two matrices, `a` weighing 1 and `b` `b_weight`, in `budget`.
+    fn pair(
+        a: &[(WType, u64, f64)],
+        b: &[(WType, u64, f64)],
+        b_weight: f64,
+        budget: u64,
+    ) -> (WType, WType) {
+        let mut rows = vec![row(0, a.to_vec(), 1.0), row(1, b.to_vec(), b_weight)];
+        allocate(&mut rows, budget).unwrap();
+        (rows[0].chosen, rows[1].chosen)
+    }
+
     fn row(index: usize, cands: Vec<(WType, u64, f64)>, weight: f64) -> MixRow {
         MixRow {
             index,
@@ -470,17 +478,11 @@ mod tests {
         use WType::*;
         let a = vec![(IQ4_NL, 100, 1.0), (Q5_0, 120, 0.5), (Q8_0, 200, 0.01)];
         let b = vec![(IQ4_NL, 100, 1.0), (Q5_0, 120, 0.9), (Q8_0, 200, 0.8)];
-        let mut rows = vec![row(0, a.clone(), 1.0), row(1, b.clone(), 1.0)];
         // 240 bytes: both can take Q5_0, but a's saving per byte is larger.
-        allocate(&mut rows, 240).unwrap();
-        assert_eq!((rows[0].chosen, rows[1].chosen), (Q5_0, Q5_0));
-        let mut rows = vec![row(0, a.clone(), 1.0), row(1, b.clone(), 1.0)];
-        allocate(&mut rows, 300).unwrap();
-        assert_eq!((rows[0].chosen, rows[1].chosen), (Q8_0, IQ4_NL));
+        assert_eq!(pair(&a, &b, 1.0, 240), (Q5_0, Q5_0));
+        assert_eq!(pair(&a, &b, 1.0, 300), (Q8_0, IQ4_NL));
         // A sensitivity weight reverses it.
-        let mut rows = vec![row(0, a.clone(), 1.0), row(1, b, 100.0)];
-        allocate(&mut rows, 300).unwrap();
-        assert_eq!(rows[1].chosen, Q8_0);
+        assert_eq!(pair(&a, &b, 100.0, 300).1, Q8_0);
         let mut rows = vec![row(0, a, 1.0)];
         assert_eq!(allocate(&mut rows, 99), Err(8.0));
     }
@@ -492,17 +494,11 @@ mod tests {
         // 100 bytes no longer fit; giving b's back (0.2 lost) affords a (1.0 saved).
         let a = vec![(IQ4_NL, 100, 1.0), (Q8_0, 200, 0.0)];
         let b = vec![(IQ4_NL, 10, 1.0), (Q5_0, 20, 0.8)];
-        let mut rows = vec![row(0, a.clone(), 1.0), row(1, b.clone(), 1.0)];
-        allocate(&mut rows, 210).unwrap();
-        assert_eq!((rows[0].chosen, rows[1].chosen), (Q8_0, IQ4_NL));
+        assert_eq!(pair(&a, &b, 1.0, 210), (Q8_0, IQ4_NL));
         // Not when the give-back costs more than the upgrade saves.
-        let mut rows = vec![row(0, a.clone(), 1.0), row(1, b.clone(), 10.0)];
-        allocate(&mut rows, 210).unwrap();
-        assert_eq!((rows[0].chosen, rows[1].chosen), (IQ4_NL, Q5_0));
+        assert_eq!(pair(&a, &b, 10.0, 210), (IQ4_NL, Q5_0));
         // Nor when everything given back still does not make room.
-        let mut rows = vec![row(0, a.clone(), 1.0), row(1, b.clone(), 1.0)];
-        allocate(&mut rows, 199).unwrap();
-        assert_eq!((rows[0].chosen, rows[1].chosen), (IQ4_NL, Q5_0));
+        assert_eq!(pair(&a, &b, 1.0, 199), (IQ4_NL, Q5_0));
         // Several small ones, cheapest loss per byte first; the others stay.
         let c = vec![(IQ4_NL, 10, 1.0), (Q5_0, 20, 0.5)];
         let mut rows = vec![

@@ -430,6 +430,13 @@ mod tests {
         Mlt::parse(buf).expect_err("must be refused")
     }
 
+    /// The field blamed when the sample's u32 at `off` is `v`.
+    fn field_with(off: usize, v: u32) -> String {
+        let mut b = sample().to_bytes().unwrap();
+        set_u32(&mut b, off, v);
+        err(&b).field
+    }
+
     #[test]
     fn round_trip() {
         let m = sample();
@@ -448,12 +455,8 @@ mod tests {
         let mut b = good.clone();
         b[0] = b'X';
         assert_eq!(err(&b).field, "magic");
-        let mut b = good.clone();
-        set_u32(&mut b, 4, 2);
-        assert_eq!(err(&b).field, "version");
-        let mut b = good.clone();
-        set_u32(&mut b, 8, 3);
-        assert_eq!(err(&b).field, "kind");
+        assert_eq!(field_with(4, 2), "version");
+        assert_eq!(field_with(8, 3), "kind");
     }
 
     #[test]
@@ -474,9 +477,7 @@ mod tests {
                 "{f:#x}"
             );
         }
-        let mut b = good.clone();
-        set_u32(&mut b, 8, 1); // SentencePiece with the NFC bit
-        assert_eq!(err(&b).field, "flags");
+        assert_eq!(field_with(8, 1), "flags"); // SentencePiece with the NFC bit
     }
 
     #[test]
@@ -488,16 +489,9 @@ mod tests {
 
     #[test]
     fn bos_eos_out_of_range() {
-        let good = sample().to_bytes().unwrap();
-        let mut b = good.clone();
-        set_u32(&mut b, 20, 4);
-        assert_eq!(err(&b).field, "bos");
-        let mut b = good.clone();
-        set_u32(&mut b, 24, 0xffff_fffe);
-        assert_eq!(err(&b).field, "eos");
-        let mut b = good.clone();
-        set_u32(&mut b, 20, u32::MAX); // add_bos without a BOS
-        assert_eq!(err(&b).field, "bos");
+        assert_eq!(field_with(20, 4), "bos");
+        assert_eq!(field_with(24, 0xffff_fffe), "eos");
+        assert_eq!(field_with(20, u32::MAX), "bos"); // add_bos without a BOS
     }
 
     #[test]

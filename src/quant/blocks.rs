@@ -156,6 +156,13 @@ mod tests {
         (v * 0.02) as f32
     }
 
+    /// Column importances from 0.001 to about 4, skewed low by `power`.
+    fn importances(rng: &mut Rng, cols: usize, power: i32) -> Vec<f32> {
+        (0..cols)
+            .map(|_| (0.001 + 4.0 * rng.next_f64().powi(power)) as f32)
+            .collect()
+    }
+
     /// `rows × cols` heavy-tailed values with per-column spread (outlier channels).
     fn matrix(rng: &mut Rng, rows: usize, cols: usize) -> Vec<f32> {
         let colscale: Vec<f32> = (0..cols)
@@ -290,9 +297,7 @@ mod tests {
         let mut rng = Rng(0x2545f4914f6cdd1d);
         let (rows, cols) = (24, 512);
         let x = matrix(&mut rng, rows, cols);
-        let imp: Vec<f32> = (0..cols)
-            .map(|_| (0.001 + 4.0 * rng.next_f64().powi(3)) as f32)
-            .collect();
+        let imp = importances(&mut rng, cols, 3);
         for &t in WType::BLOCKS {
             for imatrix in [None, Some(&imp[..])] {
                 let q = quantize_matrix(t, rows, cols, &x, imatrix).unwrap();
@@ -432,9 +437,7 @@ mod tests {
         let mut rng = Rng(0x9e3779b97f4a7c15);
         let (rows, cols) = (16, 512);
         let x = matrix(&mut rng, rows, cols);
-        let imp: Vec<f32> = (0..cols)
-            .map(|_| (0.001 + 4.0 * rng.next_f64().powi(4)) as f32)
-            .collect();
+        let imp = importances(&mut rng, cols, 4);
         for &t in WType::BLOCKS {
             let e = |imatrix: Option<&[f32]>| -> f64 {
                 let q = quantize_matrix(t, rows, cols, &x, imatrix).unwrap();

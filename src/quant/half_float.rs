@@ -154,26 +154,17 @@ mod tests {
     }
 
     #[test]
-    fn f16_rounds_to_nearest_even_like_an_independent_computation() {
-        for x in sweep() {
-            assert_eq!(
-                round(WType::F16, x),
-                f16_ref(x),
-                "{x:e} ({:#010x})",
-                x.to_bits()
-            );
-        }
-    }
-
-    #[test]
-    fn bf16_rounds_to_nearest_even_like_an_independent_computation() {
-        for x in sweep() {
-            assert_eq!(
-                round(WType::BF16, x),
-                bf16_ref(x),
-                "{x:e} ({:#010x})",
-                x.to_bits()
-            );
+    fn halves_round_to_nearest_even_like_an_independent_computation() {
+        let f16: fn(f32) -> u16 = f16_ref;
+        for (w, reference) in [(WType::F16, f16), (WType::BF16, bf16_ref)] {
+            for x in sweep() {
+                assert_eq!(
+                    round(w, x),
+                    reference(x),
+                    "{w} {x:e} ({:#010x})",
+                    x.to_bits()
+                );
+            }
         }
     }
 

@@ -949,63 +949,27 @@ mod tests {
 
     #[test]
     fn refusals_name_the_field() {
+        // One bad field beside a valid message.
+        for (field, want) in [
+            (r#""max_tokens": 0"#, "max_tokens"),
+            (r#""max_tokens": "5""#, "max_tokens"),
+            (r#""temperature": 3"#, "temperature"),
+            (r#""top_p": 0"#, "top_p"),
+            (r#""top_k": -2"#, "top_k"),
+            (r#""n": 2"#, "n"),
+            (r#""stop": 3"#, "stop"),
+            (r#""stop": ["a", 1]"#, "stop"),
+            (r#""logprobs": 1"#, "logprobs"),
+            (r#""top_logprobs": 2"#, "top_logprobs"),
+            (r#""logit_bias": {"a": 1}"#, "logit_bias"),
+            (r#""logit_bias": {"100": 1}"#, "logit_bias"),
+            (r#""tools": [{"type": "function"}]"#, "tools"),
+            (r#""stream": "yes""#, "stream"),
+        ] {
+            let body = format!(r#"{{"messages": [{{"role": "user", "content": "x"}}], {field}}}"#);
+            assert_eq!(param(chat(&body)).as_deref(), Some(want), "{body}");
+        }
         for (body, want) in [
-            (
-                r#"{"messages": [{"role": "user", "content": "x"}], "max_tokens": 0}"#,
-                "max_tokens",
-            ),
-            (
-                r#"{"messages": [{"role": "user", "content": "x"}], "max_tokens": "5"}"#,
-                "max_tokens",
-            ),
-            (
-                r#"{"messages": [{"role": "user", "content": "x"}], "temperature": 3}"#,
-                "temperature",
-            ),
-            (
-                r#"{"messages": [{"role": "user", "content": "x"}], "top_p": 0}"#,
-                "top_p",
-            ),
-            (
-                r#"{"messages": [{"role": "user", "content": "x"}], "top_k": -2}"#,
-                "top_k",
-            ),
-            (
-                r#"{"messages": [{"role": "user", "content": "x"}], "n": 2}"#,
-                "n",
-            ),
-            (
-                r#"{"messages": [{"role": "user", "content": "x"}], "stop": 3}"#,
-                "stop",
-            ),
-            (
-                r#"{"messages": [{"role": "user", "content": "x"}], "stop": ["a", 1]}"#,
-                "stop",
-            ),
-            (
-                r#"{"messages": [{"role": "user", "content": "x"}], "logprobs": 1}"#,
-                "logprobs",
-            ),
-            (
-                r#"{"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}"#,
-                "top_logprobs",
-            ),
-            (
-                r#"{"messages": [{"role": "user", "content": "x"}], "logit_bias": {"a": 1}}"#,
-                "logit_bias",
-            ),
-            (
-                r#"{"messages": [{"role": "user", "content": "x"}], "logit_bias": {"100": 1}}"#,
-                "logit_bias",
-            ),
-            (
-                r#"{"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}"#,
-                "tools",
-            ),
-            (
-                r#"{"messages": [{"role": "user", "content": "x"}], "stream": "yes"}"#,
-                "stream",
-            ),
             (
                 r#"{"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}"#,
                 "messages[0].content[0]",

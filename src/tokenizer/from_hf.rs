@@ -39,6 +39,14 @@ fn null_or(v: Option<&Value>) -> &Value {
     v.unwrap_or(&Value::Null)
 }
 
+/// The array `v[key]`; empty when it is missing or not an array.
+fn members<'a>(v: &'a Value, key: &str) -> &'a [Value] {
+    v.get(key)
+        .and_then(Value::as_array)
+        .map(Vec::as_slice)
+        .unwrap_or(&[])
+}
+
 fn type_of(v: &Value) -> &str {
     v.get("type").and_then(Value::as_str).unwrap_or("")
 }
@@ -180,11 +188,7 @@ fn kind_and_flags(j: &Value) -> Result<(Kind, u32)> {
     let sp_norm = if is_replace(norm, " ", "\u{2581}") {
         Some(FLAG_SP_NO_PREFIX)
     } else if type_of(norm) == "Sequence" {
-        let n = norm
-            .get("normalizers")
-            .and_then(Value::as_array)
-            .map(Vec::as_slice)
-            .unwrap_or(&[]);
+        let n = members(norm, "normalizers");
         match n {
             [p, r]
                 if type_of(p) == "Prepend"
@@ -247,11 +251,7 @@ fn kind_and_flags(j: &Value) -> Result<(Kind, u32)> {
 }
 
 fn check_sp_decoder(dec: &Value, prefix: bool) -> Result<()> {
-    let steps = dec
-        .get("decoders")
-        .and_then(Value::as_array)
-        .map(Vec::as_slice)
-        .unwrap_or(&[]);
+    let steps = members(dec, "decoders");
     let ok_step = |s: &Value| {
         is_replace(s, "\u{2581}", " ")
             || matches!(type_of(s), "ByteFallback" | "Fuse")
@@ -422,11 +422,7 @@ fn bos_eos(
         match type_of(p) {
             "ByteLevel" => Ok(()),
             "TemplateProcessing" => {
-                let single = p
-                    .get("single")
-                    .and_then(Value::as_array)
-                    .map(Vec::as_slice)
-                    .unwrap_or(&[]);
+                let single = members(p, "single");
                 let seq_a = |v: &Value| {
                     v.get("Sequence")
                         .and_then(|s| s.get("id"))
@@ -485,14 +481,7 @@ fn bos_eos(
     match type_of(post) {
         _ if post.is_null() => {}
         "Sequence" => {
-            for (i, p) in post
-                .get("processors")
-                .and_then(Value::as_array)
-                .map(Vec::as_slice)
-                .unwrap_or(&[])
-                .iter()
-                .enumerate()
-            {
+            for (i, p) in members(post, "processors").iter().enumerate() {
                 check_post(p, &format!("post_processor.processors[{i}]"))?;
             }
         }
