@@ -16,6 +16,7 @@ use krafla::model::imatrix::{self, Collector};
 use krafla::model::sampler;
 use krafla::model::{Model, Options};
 
+use crate::run::opts;
 use crate::run::reference::{mv, rms};
 use crate::util::testdata;
 
@@ -135,10 +136,7 @@ fn imatrix_file_counts_and_dimensions() {
     let chunks = eval::chunks(&ids, 32, bos, Some(3)).unwrap();
     let mlb = Mlb::open(&model).unwrap();
     let mdl = Model::new(&mlb).unwrap();
-    let opts = Options {
-        ctx: Some(32),
-        ..Options::default()
-    };
+    let opts = opts(32);
     let mut saves = 0;
     let (lib, stats) = imatrix::collect(&mdl, &opts, &chunks, |_, _| {
         saves += 1;
@@ -229,10 +227,7 @@ fn imatrix_slots_match_an_independent_forward() {
     }
     let model = Model::new(&m).unwrap();
     let chunks: Vec<Vec<u32>> = toks.iter().map(|&t| vec![t]).collect();
-    let opts = Options {
-        ctx: Some(1),
-        ..Options::default()
-    };
+    let opts = opts(1);
     let (got, stats) = imatrix::collect(&model, &opts, &chunks, |_, _| Ok(())).unwrap();
     assert_eq!(got.tokens, toks.len() as u64);
     assert_eq!(got.cls_tokens, toks.len() as u64);

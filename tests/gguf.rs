@@ -1354,9 +1354,5 @@ fn gguf_export_round_trip_qwen35_synthetic() {
 
 #[test]
 fn mlb_export_help_snapshot() {
-    let o = Command::new(env!("CARGO_BIN_EXE_mlb-export"))
-        .arg("--help")
-        .output()
-        .unwrap();
-    insta::assert_snapshot!(String::from_utf8(o.stdout).unwrap());
+    insta::assert_snapshot!(crate::util::help("mlb-export"));
 }

@@ -46,6 +46,17 @@ pub fn run_in(dir: &Path, name: &str, args: &[&str]) -> Output {
         .expect("spawn binary")
 }
 
+/// The `--help` text of one of the package's binaries, which must succeed and be UTF-8
+/// (the help snapshots).
+pub fn help(name: &str) -> String {
+    let o = Command::new(bin_path(name))
+        .arg("--help")
+        .output()
+        .expect("spawn binary");
+    assert!(o.status.success(), "{name} --help: {}", stderr(&o));
+    String::from_utf8(o.stdout).unwrap()
+}
+
 /// Converts the tokenizer.json `json` into the `.mlt` file `out` (quietly); panics
 /// with mlt-convert's message if it fails.
 pub fn mlt_convert(json: &Path, out: &Path) {
@@ -70,6 +81,13 @@ pub fn stdout(o: &Output) -> String {
 
 pub fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// FNV-1a of `b`: the determinism tests compare the hashes of outputs.
+pub fn fnv(b: &[u8]) -> u64 {
+    b.iter().fold(0xcbf29ce484222325u64, |h, &x| {
+        (h ^ x as u64).wrapping_mul(0x100000001b3)
+    })
 }
 
 /// xorshift64*: small, deterministic test data for the kernel tests.
