@@ -42,13 +42,7 @@ const QUANT: &[&str] = &["llama", "qwen3", "gemma3_text"];
 
 /// Runs mlb-convert; Ok(stderr) on success, Err(stderr) on failure.
 fn mlb_convert(input: &Path, out: &Path, args: &[&str]) -> Result<String, String> {
-    let o = Command::new(env!("CARGO_BIN_EXE_mlb-convert"))
-        .arg(input)
-        .arg("-o")
-        .arg(out)
-        .args(args)
-        .output()
-        .expect("spawn mlb-convert");
+    let o = crate::util::mlb_convert(input, out, args);
     let err = String::from_utf8_lossy(&o.stderr).into_owned();
     if o.status.success() && out.exists() {
         Ok(err)

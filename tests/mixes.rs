@@ -4,22 +4,12 @@
 //! budget, determinism at any thread count, and the presets' documented targets.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Command;
 
-use crate::util::{bin_path, fnv, stderr, testdata};
+use crate::util::{bin_path, fnv, mlb_convert as convert, stderr, testdata};
 
 fn model(name: &str) -> PathBuf {
     testdata().join("models").join(name)
-}
-
-fn convert(dir: &Path, out: &Path, args: &[&str]) -> Output {
-    Command::new(bin_path("mlb-convert"))
-        .arg(dir)
-        .arg("-o")
-        .arg(out)
-        .args(args)
-        .output()
-        .unwrap()
 }
 
 fn convert_ok(dir: &Path, out: &Path, args: &[&str]) -> String {

@@ -8,7 +8,6 @@
 //! that stay out of the repository).
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use krafla::format::mlb::Mlb;
 use krafla::model::sampler::argmax;
@@ -16,8 +15,8 @@ use krafla::model::Model;
 use krafla::tokenizer::Tokenizer;
 
 use crate::run::opts;
-use crate::util::fixtures::{ids, read_f32};
-use crate::util::{bin_path, mlt_convert};
+use crate::util::fixtures::{self, ids, read_f32};
+use crate::util::mlt_convert;
 
 /// Logit margin below which the reference's choice is a near-tie.
 const NEAR_TIE: f64 = 0.2;
@@ -149,13 +148,7 @@ fn floats(v: &serde_json::Value) -> Vec<f64> {
 /// returns both opened.
 fn convert(src: &Path, tmp: &Path, name: &str, wtype: &str) -> (Mlb, Tokenizer) {
     let mlb = tmp.join(format!("{name}.{wtype}.mlb"));
-    let o = Command::new(bin_path("mlb-convert"))
-        .arg(src)
-        .args(["--wtype", wtype, "-o"])
-        .arg(&mlb)
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    fixtures::convert(src, &mlb, &["--wtype", wtype]).unwrap_or_else(|e| panic!("{e}"));
     let mlt = tmp.join(format!("{name}.{wtype}.mlt"));
     mlt_convert(&src.join("tokenizer.json"), &mlt);
     (
@@ -308,7 +301,7 @@ mod chat {
 
     use super::real_dir;
     use crate::run::opts;
-    use crate::util::{bin_path, testdata};
+    use crate::util::{bin_path, fixtures, testdata};
 
     /// `REAL/name` at Q8_0 in `tmp` with its `.mlt` beside (the chat template `template`
     /// instead of the checkpoint's, if given); `None` (and a SKIP line) without it.
@@ -320,13 +313,7 @@ mod chat {
             return None;
         }
         let mlb = tmp.join(format!("{name}.mlb"));
-        let o = Command::new(bin_path("mlb-convert"))
-            .arg(&src)
-            .args(["--wtype", "q8_0", "-o"])
-            .arg(&mlb)
-            .output()
-            .unwrap();
-        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        fixtures::convert(&src, &mlb, &["--wtype", "q8_0"]).unwrap_or_else(|e| panic!("{e}"));
         let mut c = Command::new(bin_path("mlt-convert"));
         c.arg(src.join("tokenizer.json"))
             .arg("-q")

@@ -46,6 +46,17 @@ pub fn run_in(dir: &Path, name: &str, args: &[&str]) -> Output {
         .expect("spawn binary")
 }
 
+/// Runs `mlb-convert input -o out args`.
+pub fn mlb_convert(input: &Path, out: &Path, args: &[&str]) -> Output {
+    Command::new(bin_path("mlb-convert"))
+        .arg(input)
+        .arg("-o")
+        .arg(out)
+        .args(args)
+        .output()
+        .expect("spawn mlb-convert")
+}
+
 /// The `--help` text of one of the package's binaries, which must succeed and be UTF-8
 /// (the help snapshots).
 pub fn help(name: &str) -> String {
