@@ -18,7 +18,7 @@ use krafla::model::{Model, Options};
 
 use crate::run::opts;
 use crate::run::reference::{mv, rms};
-use crate::util::testdata;
+use crate::util::{mlb_convert, testdata};
 
 fn bin(name: &str) -> Command {
     Command::new(crate::util::bin_path(name))
@@ -37,15 +37,7 @@ fn check(o: std::process::Output) -> String {
 /// tokenizer beside it (`.mlt` of the same name).
 fn default_model(dir: &Path, name: &str, args: &[&str]) -> PathBuf {
     let out = dir.join(format!("{name}.mlb"));
-    check(
-        bin("mlb-convert")
-            .arg(testdata().join("default"))
-            .arg("-o")
-            .arg(&out)
-            .args(args)
-            .output()
-            .unwrap(),
-    );
+    check(mlb_convert(&testdata().join("default"), &out, args));
     check(
         bin("mlt-convert")
             .arg(testdata().join("default/tokenizer.json"))
@@ -556,15 +548,7 @@ fn imatrix_linear_attention_slots() {
     let tmp = tempfile::tempdir().unwrap();
     let src = testdata().join("models/qwen3_5_text");
     let conv = |out: &Path, extra: &[&str]| {
-        check(
-            bin("mlb-convert")
-                .arg(&src)
-                .arg("-o")
-                .arg(out)
-                .args(extra)
-                .output()
-                .unwrap(),
-        );
+        check(mlb_convert(&src, out, extra));
     };
     let q8 = tmp.path().join("q8.mlb");
     conv(&q8, &["--wtype", "q8_0"]);
