@@ -447,8 +447,7 @@ fn feed_batch_buffers_grow_and_reserve() {
 /// counters of debug builds), and the scalar tier no SIMD at all.
 #[test]
 fn kv_types_run_the_forced_tiers_kernels() {
-    if !counters::ENABLED {
-        eprintln!("SKIP: call counters need debug assertions");
+    if crate::util::skip_without_counters() {
         return;
     }
     let pool = Pool::leak(1);
@@ -797,8 +796,7 @@ fn sessions_of_different_options_share_a_batch() {
 /// buffers reserved first, as making them quantizes a zero input once to size them).
 #[test]
 fn a_batched_step_quantizes_each_matrix_input_once() {
-    if !counters::ENABLED {
-        eprintln!("SKIP: call counters need debug assertions");
+    if crate::util::skip_without_counters() {
         return;
     }
     let pool = Pool::leak(1);

@@ -528,8 +528,7 @@ fn project_each_mixes_kinds() {
 /// AVX-512 tiers) and no scalar kernel.
 #[test]
 fn half_kernels_count_under_their_tier() {
-    if !counters::ENABLED {
-        eprintln!("SKIP: call counters need debug assertions");
+    if crate::util::skip_without_counters() {
         return;
     }
     let mut rng = Rng::new(5);

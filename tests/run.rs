@@ -441,8 +441,7 @@ fn bf16_activations_give_the_same_bits_on_every_tier() {
 /// counted on this one).
 #[test]
 fn forced_tier_runs_only_its_kernels() {
-    if !counters::ENABLED {
-        eprintln!("SKIP: call counters need debug assertions");
+    if crate::util::skip_without_counters() {
         return;
     }
     let pool = Pool::leak(1);

@@ -101,6 +101,15 @@ pub fn fnv(b: &[u8]) -> u64 {
     })
 }
 
+/// Whether a test of the kernels' call counters cannot run (they need debug
+/// assertions); says SKIP if so.
+pub fn skip_without_counters() -> bool {
+    if !krafla::kernels::counters::ENABLED {
+        eprintln!("SKIP: call counters need debug assertions");
+    }
+    !krafla::kernels::counters::ENABLED
+}
+
 /// xorshift64*: small, deterministic test data for the kernel tests.
 pub struct Rng(pub u64);
 
