@@ -54,15 +54,59 @@ fn time(min: Duration, mut f: impl FnMut()) -> f64 {
     best
 }
 
+/// What every row of the table shares: the name filter, the least time per measurement,
+/// the batch size and the pools of 1 and 2 threads.
+struct Bench {
+    filter: Vec<String>,
+    min: Duration,
+    n_batch: usize,
+    pools: [(usize, &'static Pool); 2],
+}
+
+impl Bench {
+    /// Whether the filter leaves out the row labelled `label`.
+    fn skips(&self, label: &str) -> bool {
+        !self.filter.is_empty() && !self.filter.iter().any(|f| label.contains(f.as_str()))
+    }
+
+    /// Unless the filter leaves it out, times `decode` (one token) and `batch`
+    /// (`n_batch` tokens) of a `wtype` matrix of `shape` on `tier` at 1 and 2 threads
+    /// and prints a row each (`bytes` of weights read per product).
+    fn rows(
+        &self,
+        (name, rows, cols): (&str, usize, usize),
+        wtype: WType,
+        tier: &str,
+        bytes: f64,
+        mut decode: impl FnMut(),
+        mut batch: impl FnMut(),
+    ) {
+        if self.skips(&format!("{name} {rows}x{cols} {wtype:?} {tier}")) {
+            return;
+        }
+        for (threads, pool) in self.pools {
+            let tv = pool.install(|| time(self.min, &mut decode));
+            let tm = pool.install(|| time(self.min, &mut batch));
+            let at = format!("{name} {rows}×{cols} | {wtype:?} | {tier} | {threads}");
+            print_row(&at, rows * cols, bytes, self.n_batch, tv, tm);
+        }
+    }
+}
+
+/// The environment variable `name` parsed, or `default` when unset or unparsable.
+fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
+    std::env::var(name)
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(default)
+}
+
 fn main() {
     let filter: Vec<String> = std::env::args()
         .skip(1)
         .filter(|a| !a.starts_with('-'))
         .collect();
-    let n_batch: usize = std::env::var("KRAFLA_BENCH_N")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(32);
+    let n_batch: usize = env_or("KRAFLA_BENCH_N", 32);
     let shapes = [
         ("smollm2 qkv/o", 576, 576),
         ("smollm2 up/gate", 1536, 576),
@@ -74,14 +118,14 @@ fn main() {
         ("llama1b up", 8192, 2048),
         ("llama1b down", 2048, 8192),
     ];
-    let min = Duration::from_millis(
-        std::env::var("KRAFLA_BENCH_MS")
-            .ok()
-            .and_then(|s| s.parse().ok())
-            .unwrap_or(150),
-    );
+    let min = Duration::from_millis(env_or("KRAFLA_BENCH_MS", 150));
     let mut rng = Rng(0x1234_5678_9ABC_DEF1);
-    let (pool1, pool2) = (Pool::leak(1), Pool::leak(2));
+    let b = Bench {
+        filter,
+        min,
+        n_batch,
+        pools: [(1, Pool::leak(1)), (2, Pool::leak(2))],
+    };
     println!("| shape | type | tier | threads | matvec µs | matvec GFLOP/s | matvec GB/s | matmul n={n_batch} ms | matmul GFLOP/s |");
     println!("|---|---|---|---|---|---|---|---|---|");
     for (name, rows, cols) in shapes {
@@ -98,31 +142,11 @@ fn main() {
             let d: Vec<f32> = (0..rows * cols / QK).map(|_| rng.unit() * 0.01).collect();
             let w = QMat::new(wtype, rows, cols, &q, &d).expect("shape");
             let bytes = (q.len() + 4 * d.len()) as f64;
-            let x1: Vec<f32> = (0..cols).map(|_| rng.unit()).collect();
-            let xn: Vec<f32> = (0..cols * n_batch).map(|_| rng.unit()).collect();
-            let (mut a1, mut an) = (QActs::new(), QActs::new());
-            a1.quantize(&x1, cols);
-            an.quantize(&xn, cols);
-            let mut y1 = vec![0f32; rows];
-            let mut yn = vec![0f32; rows * n_batch];
-            let packed = PackedMat::new(&w);
-            let wp = w.with_packed(&packed).expect("packed");
-            for (k, tier, w) in variants(&w, &wp) {
-                let label = format!("{name} {rows}x{cols} {wtype:?} {tier}");
-                if !filter.is_empty() && !filter.iter().any(|f| label.contains(f.as_str())) {
-                    continue;
-                }
-                for (threads, pool) in [(1, pool1), (2, pool2)] {
-                    let tv = pool.install(|| time(min, || k.matvec(w, &a1, black_box(&mut y1))));
-                    let tm = pool.install(|| time(min, || k.matmul(w, &an, black_box(&mut yn))));
-                    let at = format!("{name} {rows}×{cols} | {wtype:?} | {tier} | {threads}");
-                    print_row(&at, rows * cols, bytes, n_batch, tv, tm);
-                }
-            }
+            quant_rows(&b, &mut rng, name, &w, bytes);
         }
-        half_rows(&mut rng, &filter, min, n_batch, (name, rows, cols));
+        half_rows(&b, &mut rng, (name, rows, cols));
         if name.starts_with("llama1b") {
-            block_rows(&mut rng, &filter, min, n_batch, (name, rows, cols));
+            block_rows(&b, &mut rng, (name, rows, cols));
         }
     }
 }
@@ -141,14 +165,7 @@ fn variants<'w>(w: &'w QMat<'w>, wp: &'w QMat<'w>) -> Vec<(Kernels, String, &'w 
 }
 
 /// Block-type rows of one shape: random level bytes, every f16 scale field finite.
-fn block_rows(
-    rng: &mut Rng,
-    filter: &[String],
-    min: Duration,
-    n_batch: usize,
-    (name, rows, cols): (&str, usize, usize),
-) {
-    let (pool1, pool2) = (Pool::leak(1), Pool::leak(2));
+fn block_rows(b: &Bench, rng: &mut Rng, (name, rows, cols): (&str, usize, usize)) {
     for wtype in [
         WType::Q4_0,
         WType::Q4_K,
@@ -180,26 +197,32 @@ fn block_rows(
             QMat::new_blocks(wtype, rows, cols, &q)
         }
         .expect("shape");
-        let x1: Vec<f32> = (0..cols).map(|_| rng.unit()).collect();
-        let xn: Vec<f32> = (0..cols * n_batch).map(|_| rng.unit()).collect();
-        let (mut a1, mut an) = (QActs::new(), QActs::new());
-        a1.quantize(&x1, cols);
-        an.quantize(&xn, cols);
-        let (mut y1, mut yn) = (vec![0f32; rows], vec![0f32; rows * n_batch]);
-        let packed = PackedMat::new(&w);
-        let wp = w.with_packed(&packed).expect("packed");
-        for (k, tier, w) in variants(&w, &wp) {
-            let label = format!("{name} {rows}x{cols} {wtype:?} {tier}");
-            if !filter.is_empty() && !filter.iter().any(|f| label.contains(f.as_str())) {
-                continue;
-            }
-            for (threads, pool) in [(1, pool1), (2, pool2)] {
-                let tv = pool.install(|| time(min, || k.matvec(w, &a1, black_box(&mut y1))));
-                let tm = pool.install(|| time(min, || k.matmul(w, &an, black_box(&mut yn))));
-                let at = format!("{name} {rows}×{cols} | {wtype:?} | {tier} | {threads}");
-                print_row(&at, rows * cols, q.len() as f64, n_batch, tv, tm);
-            }
-        }
+        quant_rows(b, rng, name, &w, q.len() as f64);
+    }
+}
+
+/// The rows of one quantized matrix `w` (`bytes` of weights read per product): random
+/// activations of one token and of `n_batch`, `matvec` and `matmul` on every tier and
+/// its packed form.
+fn quant_rows(b: &Bench, rng: &mut Rng, name: &str, w: &QMat<'_>, bytes: f64) {
+    let (wtype, rows, cols, n_batch) = (w.wtype, w.rows, w.cols, b.n_batch);
+    let x1: Vec<f32> = (0..cols).map(|_| rng.unit()).collect();
+    let xn: Vec<f32> = (0..cols * n_batch).map(|_| rng.unit()).collect();
+    let (mut a1, mut an) = (QActs::new(), QActs::new());
+    a1.quantize(&x1, cols);
+    an.quantize(&xn, cols);
+    let (mut y1, mut yn) = (vec![0f32; rows], vec![0f32; rows * n_batch]);
+    let packed = PackedMat::new(w);
+    let wp = w.with_packed(&packed).expect("packed");
+    for (k, tier, w) in variants(w, &wp) {
+        b.rows(
+            (name, rows, cols),
+            wtype,
+            &tier,
+            bytes,
+            || k.matvec(w, &a1, black_box(&mut y1)),
+            || k.matmul(w, &an, black_box(&mut yn)),
+        );
     }
 }
 
@@ -219,14 +242,8 @@ fn print_row(at: &str, weights: usize, bytes: f64, n_batch: usize, tv: f64, tm: 
 }
 
 /// BF16 / F16 rows of one shape: `matmul_f32` with one token and with `n_batch`.
-fn half_rows(
-    rng: &mut Rng,
-    filter: &[String],
-    min: Duration,
-    n_batch: usize,
-    (name, rows, cols): (&str, usize, usize),
-) {
-    let (pool1, pool2) = (Pool::leak(1), Pool::leak(2));
+fn half_rows(b: &Bench, rng: &mut Rng, (name, rows, cols): (&str, usize, usize)) {
+    let n_batch = b.n_batch;
     for wtype in [WType::BF16, WType::F16] {
         let q: Vec<u8> = (0..rows * cols)
             .flat_map(|_| krafla::quant::half_float::round(wtype, rng.unit() * 0.05).to_le_bytes())
@@ -239,16 +256,14 @@ fn half_rows(
         let mut yn = vec![0f32; rows * n_batch];
         for t in kernels::supported_tiers() {
             let k = Kernels::for_tier(t).expect("supported");
-            let label = format!("{name} {rows}x{cols} {wtype:?} {t}");
-            if !filter.is_empty() && !filter.iter().any(|f| label.contains(f.as_str())) {
-                continue;
-            }
-            for (threads, pool) in [(1, pool1), (2, pool2)] {
-                let tv = pool.install(|| time(min, || k.matmul_f32(&w, &x1, black_box(&mut y1))));
-                let tm = pool.install(|| time(min, || k.matmul_f32(&w, &xn, black_box(&mut yn))));
-                let at = format!("{name} {rows}×{cols} | {wtype:?} | {t} | {threads}");
-                print_row(&at, rows * cols, bytes, n_batch, tv, tm);
-            }
+            b.rows(
+                (name, rows, cols),
+                wtype,
+                &t.to_string(),
+                bytes,
+                || k.matmul_f32(&w, &x1, black_box(&mut y1)),
+                || k.matmul_f32(&w, &xn, black_box(&mut yn)),
+            );
         }
     }
 }

@@ -14,7 +14,7 @@ use krafla::kernels::{self, KvType, Tier};
 use krafla::model::{Model, ModelError, Options, Packs, State};
 use krafla::session::{feed_batch, Engine, Session, SessionError};
 
-use crate::run::{all_logits, cases, load, nrmse, tokens, top1};
+use crate::run::{all_logits, cases, load, nrmse, opts, tokens, top1, write_case};
 use crate::util::fixtures::{convert, read_f32, reference};
 use crate::util::{testdata, tiers};
 
@@ -229,10 +229,7 @@ fn batch_errors_name_the_sequence_and_change_nothing() {
     let c = &cases()[1];
     let mlb = load(c, 3);
     let m = Model::new(&mlb).unwrap();
-    let o = Options {
-        ctx: Some(10),
-        ..Options::default()
-    };
+    let o = opts(10);
     let mut a = m.state(&o).unwrap();
     let mut b = m.state(&o).unwrap();
     m.prefill(&mut b, &[1; 8], None).unwrap();
@@ -276,12 +273,7 @@ fn batch_errors_name_the_sequence_and_change_nothing() {
     ));
     assert_eq!((a.pos(), b.pos(), calls.get()), (0, 8, 0));
     // A state of a larger context than the buffers were made for.
-    let big = m
-        .state(&Options {
-            ctx: Some(20),
-            ..Options::default()
-        })
-        .unwrap();
+    let big = m.state(&opts(20)).unwrap();
     let mut big = big;
     let mut small = m.batch_scratch(4, Some(4)).unwrap();
     let e = m
@@ -386,10 +378,7 @@ fn feed_batch_is_feed_for_each_session() {
 #[test]
 fn feed_batch_errors() {
     let e = engine(5);
-    let o = Options {
-        ctx: Some(6),
-        ..Options::default()
-    };
+    let o = opts(6);
     let mut a = e.session(&o).unwrap();
     let mut b = e.session(&o).unwrap();
     a.feed(&[1, 2]).unwrap();
@@ -433,10 +422,7 @@ fn feed_batch_errors() {
 #[test]
 fn feed_batch_buffers_grow_and_reserve() {
     let e = engine(9);
-    let small = Options {
-        ctx: Some(8),
-        ..Options::default()
-    };
+    let small = opts(8);
     let mut a = e.session(&small).unwrap();
     let mut b = e.session(&Options::default()).unwrap();
     let mut wa = e.session(&small).unwrap();
@@ -461,8 +447,7 @@ fn feed_batch_buffers_grow_and_reserve() {
 /// counters of debug builds), and the scalar tier no SIMD at all.
 #[test]
 fn kv_types_run_the_forced_tiers_kernels() {
-    if !counters::ENABLED {
-        eprintln!("SKIP: call counters need debug assertions");
+    if crate::util::skip_without_counters() {
         return;
     }
     let pool = Pool::leak(1);
@@ -715,12 +700,9 @@ fn prefix_reuse_in_a_batch_equals_a_fresh_prefill() {
 /// type and the memory of the session; an unknown type is one line and exit 2.
 #[test]
 fn mlb_run_kv_type_on_every_tier() {
-    use krafla::format::mlb::synth::synth_file;
     let dir = tempfile::tempdir().unwrap();
-    let c = &cases()[4];
-    let bytes = synth_file(&c.h, &c.flags, 19);
-    let path = dir.path().join("m.mlb");
-    std::fs::write(&path, &bytes).unwrap();
+    let path = write_case(dir.path(), 4, 19);
+    let bytes = std::fs::read(&path).unwrap();
     let toks = [1u32, 5, 9, 33, 2, 7, 4, 8, 3];
     let list = toks.map(|t| t.to_string()).join(" ");
     let mlb = Mlb::from_bytes(&bytes).unwrap();
@@ -814,8 +796,7 @@ fn sessions_of_different_options_share_a_batch() {
 /// buffers reserved first, as making them quantizes a zero input once to size them).
 #[test]
 fn a_batched_step_quantizes_each_matrix_input_once() {
-    if !counters::ENABLED {
-        eprintln!("SKIP: call counters need debug assertions");
+    if crate::util::skip_without_counters() {
         return;
     }
     let pool = Pool::leak(1);

@@ -16,8 +16,9 @@ use krafla::model::imatrix::{self, Collector};
 use krafla::model::sampler;
 use krafla::model::{Model, Options};
 
+use crate::run::opts;
 use crate::run::reference::{mv, rms};
-use crate::util::testdata;
+use crate::util::{mlb_convert, testdata};
 
 fn bin(name: &str) -> Command {
     Command::new(crate::util::bin_path(name))
@@ -36,15 +37,7 @@ fn check(o: std::process::Output) -> String {
 /// tokenizer beside it (`.mlt` of the same name).
 fn default_model(dir: &Path, name: &str, args: &[&str]) -> PathBuf {
     let out = dir.join(format!("{name}.mlb"));
-    check(
-        bin("mlb-convert")
-            .arg(testdata().join("default"))
-            .arg("-o")
-            .arg(&out)
-            .args(args)
-            .output()
-            .unwrap(),
-    );
+    check(mlb_convert(&testdata().join("default"), &out, args));
     check(
         bin("mlt-convert")
             .arg(testdata().join("default/tokenizer.json"))
@@ -135,10 +128,7 @@ fn imatrix_file_counts_and_dimensions() {
     let chunks = eval::chunks(&ids, 32, bos, Some(3)).unwrap();
     let mlb = Mlb::open(&model).unwrap();
     let mdl = Model::new(&mlb).unwrap();
-    let opts = Options {
-        ctx: Some(32),
-        ..Options::default()
-    };
+    let opts = opts(32);
     let mut saves = 0;
     let (lib, stats) = imatrix::collect(&mdl, &opts, &chunks, |_, _| {
         saves += 1;
@@ -229,10 +219,7 @@ fn imatrix_slots_match_an_independent_forward() {
     }
     let model = Model::new(&m).unwrap();
     let chunks: Vec<Vec<u32>> = toks.iter().map(|&t| vec![t]).collect();
-    let opts = Options {
-        ctx: Some(1),
-        ..Options::default()
-    };
+    let opts = opts(1);
     let (got, stats) = imatrix::collect(&model, &opts, &chunks, |_, _| Ok(())).unwrap();
     assert_eq!(got.tokens, toks.len() as u64);
     assert_eq!(got.cls_tokens, toks.len() as u64);
@@ -561,15 +548,7 @@ fn imatrix_linear_attention_slots() {
     let tmp = tempfile::tempdir().unwrap();
     let src = testdata().join("models/qwen3_5_text");
     let conv = |out: &Path, extra: &[&str]| {
-        check(
-            bin("mlb-convert")
-                .arg(&src)
-                .arg("-o")
-                .arg(out)
-                .args(extra)
-                .output()
-                .unwrap(),
-        );
+        check(mlb_convert(&src, out, extra));
     };
     let q8 = tmp.path().join("q8.mlb");
     conv(&q8, &["--wtype", "q8_0"]);

@@ -16,7 +16,6 @@ use std::process::{Command, Output, Stdio};
 
 use krafla::chat::{capture, Chat, Message, RenderOptions};
 use krafla::format::mlb::header::layer_flag;
-use krafla::format::mlb::synth::synth_file;
 use krafla::format::mlt::{Attr, Kind, Merge, Mlt, Token};
 use krafla::format::mlt_chat::{NamedTemplate, STOP_END_OF_TURN, STOP_EOS, STOP_GENERATION_CONFIG};
 use krafla::model::{Model, Options, Packs, SamplerOpts};
@@ -25,7 +24,7 @@ use krafla::session::{
 };
 use krafla::tokenizer::Tokenizer;
 
-use crate::run::{cases, load, tokens, Case};
+use crate::run::{cases, load, opts, tokens, write_case, Case};
 use crate::util::{bin_path, stderr, stdout};
 
 const IM_START: u32 = 0;
@@ -116,13 +115,6 @@ fn fresh(m: &Model, o: &Options, ids: &[u32]) -> Vec<f32> {
     m.prefill(&mut st, ids, None).unwrap().to_vec()
 }
 
-fn opts(ctx: usize) -> Options {
-    Options {
-        ctx: Some(ctx),
-        ..Options::default()
-    }
-}
-
 /// The prompt ids of `msgs` as `Chat::encode` renders them (the independent oracle).
 fn encode(e: &Engine, msgs: &[Message], open: bool) -> Vec<u32> {
     let ro = RenderOptions {
@@ -149,6 +141,18 @@ fn sampled(seed: u64) -> SamplerOpts {
         temp: 1.5,
         seed,
         ..SamplerOpts::default()
+    }
+}
+
+/// Chat options: at most `max_tokens` per reply, sampled as `sampled(4)`.
+fn sampled_chat(max_tokens: usize) -> ChatOptions {
+    ChatOptions {
+        generate: GenerateOptions {
+            max_tokens,
+            sampling: sampled(4),
+            ..GenerateOptions::default()
+        },
+        ..ChatOptions::default()
     }
 }
 
@@ -234,14 +238,7 @@ fn the_stop_set_has_every_source_and_each_id_stops() {
 fn turns_match_a_fresh_prefill(c: &Case, template: &str) {
     let e = chat_engine(c, 21, template);
     let o = Options::default();
-    let go = ChatOptions {
-        generate: GenerateOptions {
-            max_tokens: 6,
-            sampling: sampled(4),
-            ..GenerateOptions::default()
-        },
-        ..ChatOptions::default()
-    };
+    let go = sampled_chat(6);
     let mut chat = ChatSession::new(&e, &o, go).unwrap();
     chat.set_system(Some("brief"));
     let mut before: Vec<Message> = chat.messages().to_vec();
@@ -312,13 +309,8 @@ fn shifting(c: &Case, ctx: usize, turns: &[&str]) -> Vec<usize> {
     let e = chat_engine(c, 21, CHATML);
     let o = opts(ctx);
     let go = ChatOptions {
-        generate: GenerateOptions {
-            max_tokens: 4,
-            sampling: sampled(4),
-            ..GenerateOptions::default()
-        },
         context_shift: true,
-        ..ChatOptions::default()
+        ..sampled_chat(4)
     };
     let mut chat = ChatSession::new(&e, &o, go).unwrap();
     chat.set_system(Some("brief"));
@@ -371,14 +363,7 @@ fn the_context_shift_drops_the_oldest_turns_and_keeps_the_bits() {
 fn a_full_context_refuses_the_turn_and_keeps_the_conversation() {
     let c = &cases()[0];
     let e = chat_engine(c, 21, CHATML);
-    let go = ChatOptions {
-        generate: GenerateOptions {
-            max_tokens: 4,
-            sampling: sampled(4),
-            ..GenerateOptions::default()
-        },
-        ..ChatOptions::default()
-    };
+    let go = sampled_chat(4);
     let mut chat = ChatSession::new(&e, &opts(64), go).unwrap();
     let mut refused = None;
     for text in ["hi", "why?", "go on", "and?", "more", "ok"] {
@@ -492,8 +477,7 @@ fn chat_replies_are_the_same_on_every_tier_and_thread_count() {
 /// `template`, or none).
 fn chat_files(template: Option<&str>) -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
-    let c = &cases()[0];
-    std::fs::write(dir.path().join("m.mlb"), synth_file(&c.h, &c.flags, 21)).unwrap();
+    write_case(dir.path(), 0, 21);
     let mut mlt = test_mlt(template.unwrap_or(CHATML));
     if template.is_none() {
         mlt.chat = None;

@@ -17,6 +17,8 @@ use safetensors::tensor::TensorView;
 use safetensors::{Dtype, SafeTensors};
 use serde_json::{json, Value};
 
+use crate::util::fnv;
+
 fn models() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata/models")
 }
@@ -679,13 +681,6 @@ fn convert_mixed_types_plan() {
     assert_eq!((p.header.wtype, p.header.scale_f16), (128, 1));
 }
 
-/// FNV-1a of the output: the determinism tests compare hashes.
-fn fnv(b: &[u8]) -> u64 {
-    b.iter().fold(0xcbf29ce484222325u64, |h, &x| {
-        (h ^ x as u64).wrapping_mul(0x100000001b3)
-    })
-}
-
 #[test]
 fn convert_half_and_mixed_deterministic_at_any_thread_count() {
     let tmp = tempfile::tempdir().unwrap();
@@ -940,8 +935,13 @@ impl Synth {
         s
     }
 
+    /// The tensor `name`: (name, dtype, shape, bytes).
+    fn tensor_mut(&mut self, name: &str) -> &mut (String, Dtype, Vec<usize>, Vec<u8>) {
+        self.tensors.iter_mut().find(|t| t.0 == name).unwrap()
+    }
+
     fn set(&mut self, name: &str, v: &[f32]) {
-        let t = self.tensors.iter_mut().find(|t| t.0 == name).unwrap();
+        let t = self.tensor_mut(name);
         assert_eq!(t.2.iter().product::<usize>(), v.len());
         t.3 = f32_bytes(v);
     }
@@ -1125,7 +1125,7 @@ fn convert_large_matrix_in_chunks_matches_whole() {
         .map(|i| ((i * 7919) % 1000) as f32 / 1000.0 - 0.5)
         .collect();
     for n in ["model.embed_tokens.weight", "lm_head.weight"] {
-        let t = s.tensors.iter_mut().find(|t| t.0 == n).unwrap();
+        let t = s.tensor_mut(n);
         t.2 = vec![70000, 64];
         t.3 = f32_bytes(&emb);
     }
@@ -1252,12 +1252,7 @@ fn convert_errors_name_file_tensor_and_value() {
 
     // Wrong shape.
     let mut m = Synth::llama();
-    let t = m
-        .tensors
-        .iter_mut()
-        .find(|t| t.0 == "model.layers.0.self_attn.k_proj.weight")
-        .unwrap();
-    t.2 = vec![64, 32];
+    m.tensor_mut("model.layers.0.self_attn.k_proj.weight").2 = vec![64, 32];
     let dir = m.write(root, "shape");
     let e = err_of(&dir, &out, |_| {});
     assert!(
@@ -1267,11 +1262,7 @@ fn convert_errors_name_file_tensor_and_value() {
 
     // Wrong dtype.
     let mut m = Synth::llama();
-    let t = m
-        .tensors
-        .iter_mut()
-        .find(|t| t.0 == "model.norm.weight")
-        .unwrap();
+    let t = m.tensor_mut("model.norm.weight");
     t.1 = Dtype::I64;
     t.3 = vec![0u8; 64 * 8];
     let dir = m.write(root, "dtype");
@@ -1521,9 +1512,7 @@ fn convert_binary_end_to_end() {
 
 #[test]
 fn convert_help_snapshot() {
-    let o = bin().arg("--help").output().unwrap();
-    assert!(o.status.success());
-    insta::assert_snapshot!(String::from_utf8(o.stdout).unwrap());
+    insta::assert_snapshot!(crate::util::help("mlb-convert"));
 }
 
 #[test]

@@ -42,13 +42,7 @@ const QUANT: &[&str] = &["llama", "qwen3", "gemma3_text"];
 
 /// Runs mlb-convert; Ok(stderr) on success, Err(stderr) on failure.
 fn mlb_convert(input: &Path, out: &Path, args: &[&str]) -> Result<String, String> {
-    let o = Command::new(env!("CARGO_BIN_EXE_mlb-convert"))
-        .arg(input)
-        .arg("-o")
-        .arg(out)
-        .args(args)
-        .output()
-        .expect("spawn mlb-convert");
+    let o = crate::util::mlb_convert(input, out, args);
     let err = String::from_utf8_lossy(&o.stderr).into_owned();
     if o.status.success() && out.exists() {
         Ok(err)
@@ -1354,9 +1348,5 @@ fn gguf_export_round_trip_qwen35_synthetic() {
 
 #[test]
 fn mlb_export_help_snapshot() {
-    let o = Command::new(env!("CARGO_BIN_EXE_mlb-export"))
-        .arg("--help")
-        .output()
-        .unwrap();
-    insta::assert_snapshot!(String::from_utf8(o.stdout).unwrap());
+    insta::assert_snapshot!(crate::util::help("mlb-export"));
 }

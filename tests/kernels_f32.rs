@@ -448,8 +448,7 @@ fn delta_head_gives_the_scalar_bits() {
 /// code only; on x86 every SIMD tier runs SIMD code for each of them.
 #[test]
 fn f32_kernels_count_under_their_tier() {
-    if !counters::ENABLED {
-        eprintln!("SKIP: call counters need debug assertions");
+    if crate::util::skip_without_counters() {
         return;
     }
     let (hd, cap) = (16, 8);

@@ -169,13 +169,7 @@ fn every_tier_gives_the_reference_bits() {
                 let w = weights(&mut rng, t, rows * cols, edge, false);
                 let x = activations(&mut rng, n * cols, edge, false);
                 let m = QMat::new_half(t, rows, cols, &w).unwrap();
-                let which: Vec<usize> = if rows <= 130 {
-                    (0..rows).collect()
-                } else {
-                    (0..rows)
-                        .filter(|r| r % 37 == 0 || *r + 9 >= rows)
-                        .collect()
-                };
+                let which = checked_rows(rows, 37, 9);
                 let (want, base) = scalar_checked(&m, &w, &x, &which);
                 for k in all_kernels() {
                     for (threads, pool) in pools.iter().enumerate() {
@@ -235,13 +229,7 @@ fn bf16_activations_give_the_reference_bits() {
             let xb: Vec<u16> = x.iter().map(|&v| round_bf16(v)).collect();
             let m = QMat::new_half(WType::BF16, rows, cols, &w).unwrap();
             let wb = bits16(&w);
-            let which: Vec<usize> = if rows <= 130 {
-                (0..rows).collect()
-            } else {
-                (0..rows)
-                    .filter(|r| r % 211 == 0 || *r + 9 >= rows)
-                    .collect()
-            };
+            let which = checked_rows(rows, 211, 9);
             let mut want = Vec::new();
             for &r in &which {
                 for tk in 0..n {
@@ -352,6 +340,18 @@ fn bf16_activations_flush_as_the_reference() {
     eprintln!("{flushed} outputs changed by the flush");
 }
 
+/// The rows a test checks against the reference: all of up to 130 rows, else every
+/// `every`th row and the last `last`.
+fn checked_rows(rows: usize, every: usize, last: usize) -> Vec<usize> {
+    if rows <= 130 {
+        (0..rows).collect()
+    } else {
+        (0..rows)
+            .filter(|r| r % every == 0 || r + last >= rows)
+            .collect()
+    }
+}
+
 /// The vocabulary-sized classifiers (SmolLM2 49152 × 576; Gemma 3's 262144 rows, here
 /// with 64 columns) and Llama 3.2 1B's FFN (8192 × 2048): decode and a short prompt,
 /// every tier against the scalar tier everywhere and the reference on sampled rows.
@@ -368,9 +368,7 @@ fn large_shapes() {
         let m = QMat::new_half(t, rows, cols, &w).unwrap();
         for &n in ns {
             let x = activations(&mut rng, n * cols, false, false);
-            let which: Vec<usize> = (0..rows)
-                .filter(|r| r % 1009 == 0 || *r + 5 >= rows)
-                .collect();
+            let which = checked_rows(rows, 1009, 5);
             let (_, base) = scalar_checked(&m, &w, &x, &which);
             for k in all_kernels() {
                 for pool in [Pool::leak(1), Pool::leak(3)] {
@@ -530,8 +528,7 @@ fn project_each_mixes_kinds() {
 /// AVX-512 tiers) and no scalar kernel.
 #[test]
 fn half_kernels_count_under_their_tier() {
-    if !counters::ENABLED {
-        eprintln!("SKIP: call counters need debug assertions");
+    if crate::util::skip_without_counters() {
         return;
     }
     let mut rng = Rng::new(5);

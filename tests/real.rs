@@ -8,15 +8,15 @@
 //! that stay out of the repository).
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use krafla::format::mlb::Mlb;
 use krafla::model::sampler::argmax;
-use krafla::model::{Model, Options};
+use krafla::model::Model;
 use krafla::tokenizer::Tokenizer;
 
-use crate::util::fixtures::{ids, read_f32};
-use crate::util::{bin_path, mlt_convert};
+use crate::run::opts;
+use crate::util::fixtures::{self, ids, read_f32};
+use crate::util::mlt_convert;
 
 /// Logit margin below which the reference's choice is a near-tie.
 const NEAR_TIE: f64 = 0.2;
@@ -33,6 +33,64 @@ fn real_dir(what: &str) -> Option<PathBuf> {
     d
 }
 
+/// The real checkpoints (`KRAFLA_REAL_DIR/<name>`) that have every reference file of
+/// `need`; none (with a SKIP line naming `what`, or the checkpoint) without
+/// KRAFLA_REAL_DIR or a file.
+fn checkpoints(what: &str, need: &[&str]) -> Vec<(&'static str, PathBuf)> {
+    let Some(real) = real_dir(what) else {
+        return Vec::new();
+    };
+    let mut v = Vec::new();
+    for name in ["smollm2-135m", "gemma3-270m"] {
+        let src = real.join(name);
+        match need.iter().find(|f| !src.join(f).exists()) {
+            Some(f) => eprintln!(
+                "SKIP {name}: no {} (run scripts/real_reference.py)",
+                src.join(f).display()
+            ),
+            None => v.push((name, src)),
+        }
+    }
+    v
+}
+
+/// One case of greedy.json and our greedy continuation of its prompt.
+struct Greedy<'a> {
+    prompt: &'a str,
+    want: Vec<u32>,
+    got: Vec<u32>,
+    /// How many leading ids agree.
+    same: usize,
+    /// Transformers' top-1/top-2 margin at each position.
+    margins: Vec<f64>,
+}
+
+/// Runs every case of `src/greedy.json` greedily on `model` (as [`greedy`]) and gives
+/// each to `f`; returns the file.
+fn greedy_cases(
+    model: &Model,
+    tok: &Tokenizer,
+    src: &Path,
+    name: &str,
+    mut f: impl FnMut(&Greedy),
+) -> serde_json::Value {
+    let g: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(src.join("greedy.json")).unwrap()).unwrap();
+    for c in g["cases"].as_array().unwrap() {
+        let want = ids(&c["greedy_ids"]);
+        let got = greedy(model, tok, c, want.len(), name);
+        let same = got.iter().zip(&want).take_while(|(a, b)| a == b).count();
+        f(&Greedy {
+            prompt: c["prompt"].as_str().unwrap(),
+            want,
+            got,
+            same,
+            margins: floats(&c["margins"]),
+        });
+    }
+    g
+}
+
 /// Greedy continuations at Q8_0 against transformers' float32 greedy output. Every
 /// continuation must agree at least up to the first position where transformers' own
 /// top-1/top-2 margin is below [`NEAR_TIE`] (there a Q8_0 model may legitimately pick
@@ -40,32 +98,13 @@ fn real_dir(what: &str) -> Option<PathBuf> {
 /// figures).
 #[test]
 fn real_checkpoints_greedy_q8_0() {
-    let Some(real) = real_dir("real_checkpoints_greedy_q8_0") else {
-        return;
-    };
     let tmp = tempfile::tempdir().unwrap();
-    for name in ["smollm2-135m", "gemma3-270m"] {
-        let src = real.join(name);
-        let refs = src.join("greedy.json");
-        if !refs.exists() {
-            eprintln!(
-                "SKIP {name}: no {} (run scripts/real_reference.py)",
-                refs.display()
-            );
-            continue;
-        }
+    for (name, src) in checkpoints("real_checkpoints_greedy_q8_0", &["greedy.json"]) {
         let (m, tok) = convert(&src, tmp.path(), name, "q8_0");
         let model = Model::new(&m).unwrap();
-        let g: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(&refs).unwrap()).unwrap();
         let mut full = 0;
-        let cases = g["cases"].as_array().unwrap();
-        for c in cases {
-            let prompt = c["prompt"].as_str().unwrap();
-            let want = ids(&c["greedy_ids"]);
-            let got = greedy(&model, &tok, c, want.len(), name);
-            let same = got.iter().zip(&want).take_while(|(a, b)| a == b).count();
-            let margins = floats(&c["margins"]);
+        let g = greedy_cases(&model, &tok, &src, name, |c| {
+            let (prompt, want, same, margins) = (c.prompt, &c.want, c.same, &c.margins);
             let first_tie = margins
                 .iter()
                 .position(|&m| m < NEAR_TIE)
@@ -79,7 +118,7 @@ fn real_checkpoints_greedy_q8_0() {
             eprintln!(
                 "{name} {prompt:?}: {same}/{} ids as transformers f32 ({diverged}; first near-tie at {first_tie}); krafla: {:?}",
                 want.len(),
-                String::from_utf8_lossy(&tok.decode(&got))
+                String::from_utf8_lossy(&tok.decode(&c.got))
             );
             assert!(
                 same >= first_tie,
@@ -88,10 +127,10 @@ fn real_checkpoints_greedy_q8_0() {
             if same == want.len() {
                 full += 1;
             }
-        }
+        });
         eprintln!(
             "{name}: {full}/{} prompts agree on all {} ids",
-            cases.len(),
+            g["cases"].as_array().unwrap().len(),
             g["n_new"]
         );
     }
@@ -109,13 +148,7 @@ fn floats(v: &serde_json::Value) -> Vec<f64> {
 /// returns both opened.
 fn convert(src: &Path, tmp: &Path, name: &str, wtype: &str) -> (Mlb, Tokenizer) {
     let mlb = tmp.join(format!("{name}.{wtype}.mlb"));
-    let o = Command::new(bin_path("mlb-convert"))
-        .arg(src)
-        .args(["--wtype", wtype, "-o"])
-        .arg(&mlb)
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    fixtures::convert(src, &mlb, &["--wtype", wtype]).unwrap_or_else(|e| panic!("{e}"));
     let mlt = tmp.join(format!("{name}.{wtype}.mlt"));
     mlt_convert(&src.join("tokenizer.json"), &mlt);
     (
@@ -134,10 +167,7 @@ fn greedy(model: &Model, tok: &Tokenizer, c: &serde_json::Value, n: usize, name:
         pids,
         "{name}: tokenizer ids of {prompt:?}"
     );
-    let opts = Options {
-        ctx: Some(256),
-        ..Options::default()
-    };
+    let opts = opts(256);
     let mut st = model.state(&opts).unwrap();
     let mut logits = model.prefill(&mut st, &pids, None).unwrap().to_vec();
     let mut got = Vec::new();
@@ -161,17 +191,10 @@ const BF16_TIE: f64 = 1e-3;
 /// docs/runtime.md).
 #[test]
 fn real_checkpoints_bf16_against_transformers() {
-    let Some(real) = real_dir("real_checkpoints_bf16_against_transformers") else {
-        return;
-    };
     let tmp = tempfile::tempdir().unwrap();
-    for name in ["smollm2-135m", "gemma3-270m"] {
-        let src = real.join(name);
-        let (refs, text) = (src.join("greedy.json"), src.join("text512.json"));
-        if !refs.exists() || !text.exists() {
-            eprintln!("SKIP {name}: no greedy.json / text512.json (run scripts/real_reference.py)");
-            continue;
-        }
+    let need = ["greedy.json", "text512.json"];
+    for (name, src) in checkpoints("real_checkpoints_bf16_against_transformers", &need) {
+        let text = src.join("text512.json");
         let (m, tok) = convert(&src, tmp.path(), name, "bf16");
         let model = Model::new(&m).unwrap();
 
@@ -187,10 +210,7 @@ fn real_checkpoints_bf16_against_transformers() {
             toks.len() * vocab,
             "{name}: text512.f32.bin size"
         );
-        let opts = Options {
-            ctx: Some(toks.len()),
-            ..Options::default()
-        };
+        let opts = opts(toks.len());
         let mut st = model.state(&opts).unwrap();
         let mut got = Vec::with_capacity(want.len());
         model
@@ -231,35 +251,29 @@ fn real_checkpoints_bf16_against_transformers() {
         }
 
         // Greedy continuations.
-        let g: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(&refs).unwrap()).unwrap();
-        let cases = g["cases"].as_array().unwrap();
         let mut full = 0;
-        for c in cases {
-            let prompt = c["prompt"].as_str().unwrap();
-            let want = ids(&c["greedy_ids"]);
-            let got = greedy(&model, &tok, c, want.len(), name);
-            let same = got.iter().zip(&want).take_while(|(a, b)| a == b).count();
-            let margins = floats(&c["margins"]);
+        let g = greedy_cases(&model, &tok, &src, name, |c| {
+            let (prompt, want, same, margins) = (c.prompt, &c.want, c.same, &c.margins);
             if same == want.len() {
                 full += 1;
                 eprintln!(
                     "{name} BF16 {prompt:?}: {same}/{} ids as transformers f32",
                     want.len()
                 );
-                continue;
+                return;
             }
             let m = margins[same];
             eprintln!(
                 "{name} BF16 {prompt:?}: diverges at {same} of {}, where the f32 top-1/top-2 margin is {m:.2e}; krafla: {:?}",
                 want.len(),
-                String::from_utf8_lossy(&tok.decode(&got))
+                String::from_utf8_lossy(&tok.decode(&c.got))
             );
             assert!(
                 m < BF16_TIE,
                 "{name} {prompt:?}: BF16 diverges at {same} where transformers' margin is {m}"
             );
-        }
+        });
+        let cases = g["cases"].as_array().unwrap();
         eprintln!(
             "{name} BF16: {full}/{} prompts agree on every id",
             cases.len()
@@ -280,13 +294,14 @@ mod chat {
     use std::process::Command;
 
     use krafla::chat::Message;
-    use krafla::model::{Options, SamplerOpts};
+    use krafla::model::SamplerOpts;
     use krafla::session::{
         ChatEvent, ChatOptions, ChatSession, Engine, GenerateOptions, LoadOptions, StopReason,
     };
 
     use super::real_dir;
-    use crate::util::{bin_path, testdata};
+    use crate::run::opts;
+    use crate::util::{bin_path, fixtures, testdata};
 
     /// `REAL/name` at Q8_0 in `tmp` with its `.mlt` beside (the chat template `template`
     /// instead of the checkpoint's, if given); `None` (and a SKIP line) without it.
@@ -298,13 +313,7 @@ mod chat {
             return None;
         }
         let mlb = tmp.join(format!("{name}.mlb"));
-        let o = Command::new(bin_path("mlb-convert"))
-            .arg(&src)
-            .args(["--wtype", "q8_0", "-o"])
-            .arg(&mlb)
-            .output()
-            .unwrap();
-        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        fixtures::convert(&src, &mlb, &["--wtype", "q8_0"]).unwrap_or_else(|e| panic!("{e}"));
         let mut c = Command::new(bin_path("mlt-convert"));
         c.arg(src.join("tokenizer.json"))
             .arg("-q")
@@ -356,10 +365,7 @@ mod chat {
         let e = Engine::load(&LoadOptions::new(&mlb)).unwrap();
         let im_end = id_of(&e, "<|im_end|>");
         assert!(e.stop_ids().contains(&im_end), "{:?}", e.stop_ids());
-        let o = Options {
-            ctx: Some(512),
-            ..Options::default()
-        };
+        let o = opts(512);
         let mut chat = ChatSession::new(&e, &o, greedy(64)).unwrap();
         let r = chat.say("What is the capital of France?", quiet).unwrap();
         eprintln!("smollm2: {:?} ({:?})", r.text, r.stop);
@@ -398,10 +404,7 @@ mod chat {
         let eot = id_of(&e, "<end_of_turn>");
         let sources = e.stop_set().sources(eot);
         assert!(sources.contains(&"end_of_turn"), "{sources:?}");
-        let o = Options {
-            ctx: Some(512),
-            ..Options::default()
-        };
+        let o = opts(512);
         let mut chat = ChatSession::new(&e, &o, greedy(24)).unwrap();
         chat.push(Message::new("user", "What is 2+2?"));
         chat.push(Message::new("assistant", "4"));

@@ -12,10 +12,10 @@ use krafla::format::mlb::{self, Kind, Mlb, HEADER_SIZE};
 use krafla::format::mli::{self, Mli};
 use krafla::format::mlt::{Mlt, FLAG_ADD_BOS};
 use krafla::format::{FormatError, Status};
-use krafla::model::{Model, Options};
+use krafla::model::Model;
 use krafla::tokenizer::{from_hf, Tokenizer};
 
-use crate::run::{cases, file};
+use crate::run::{cases, file, opts, write_case};
 use crate::util::{run_in, stderr, testdata};
 
 /// Values each header byte is set to: the edges of every field type, plus small
@@ -87,10 +87,7 @@ fn load_mlb_and(bytes: &[u8], what: &str, run: bool) -> bool {
             return true;
         }
         if let Ok(model) = Model::new(&m) {
-            let opts = Options {
-                ctx: Some(1),
-                ..Options::default()
-            };
+            let opts = opts(1);
             let mut st = model.state(&opts).unwrap();
             let logits = model.prefill(&mut st, &[0], None).unwrap();
             assert_eq!(logits.len(), m.dims().vocab, "{what}");
@@ -512,8 +509,7 @@ fn mlb_run_bad_models_and_tokenizers_fail_with_one_line() {
     for f in bad_mlbs(d) {
         assert_one_line_error(d, "mlb-run", &[&f, "--tokens", "1"], &f);
     }
-    let c = &cases()[0];
-    std::fs::write(d.join("m.mlb"), synth_file(&c.h, &c.flags, 4)).unwrap();
+    write_case(d, 0, 4);
     let (_, mlt) = &real_mlts()[0];
     std::fs::write(d.join("cut.mlt"), &mlt[..mlt.len() / 2]).unwrap();
     // testdata/default's vocabulary (far more than the model's 96) does not fit.
@@ -541,9 +537,9 @@ fn mlb_run_bad_models_and_tokenizers_fail_with_one_line() {
 fn mlb_run_prompt_longer_than_ctx_and_ids_out_of_range_fail_with_one_line() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    let c = &cases()[0];
-    std::fs::write(d.join("m.mlb"), synth_file(&c.h, &c.flags, 4)).unwrap();
-    let small = shrink(&Mlt::parse(&real_mlts()[0].1).unwrap(), c.h.vocab as usize);
+    write_case(d, 0, 4);
+    let vocab = cases()[0].h.vocab as usize;
+    let small = shrink(&Mlt::parse(&real_mlts()[0].1).unwrap(), vocab);
     std::fs::write(d.join("m.mlt"), small.to_bytes().unwrap()).unwrap();
     let long = "a b c d e f g h i j k l m n o p".to_string();
     for (mut args, needle) in [
@@ -839,8 +835,7 @@ fn a_failing_stdout_is_one_line_not_a_panic() {
     };
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    let c = &cases()[0];
-    std::fs::write(d.join("m.mlb"), synth_file(&c.h, &c.flags, 4)).unwrap();
+    write_case(d, 0, 4);
     let ck = testdata().join("default");
     let ck = ck.to_str().unwrap();
     for (bin, args) in [

@@ -6,6 +6,8 @@
 mod fixtures;
 pub mod reference;
 
+use std::path::{Path, PathBuf};
+
 use krafla::format::mlb::header::{layer_flag, q8_class, rope_type, wtype};
 use krafla::format::mlb::layout::Layout;
 use krafla::format::mlb::synth::{synth_file, synth_mixed, tiny_header};
@@ -159,6 +161,23 @@ pub fn file(c: &Case, seed: u64) -> Vec<u8> {
     } else {
         synth_file(&c.h, &c.flags, seed)
     }
+}
+
+/// The default options with a context of `ctx` positions.
+pub fn opts(ctx: usize) -> Options {
+    Options {
+        ctx: Some(ctx),
+        ..Options::default()
+    }
+}
+
+/// Writes synthetic case `i` of [`cases`] (not a mixed one: [`synth_file`]) with
+/// weights of `seed` to `dir/m.mlb`; returns its path.
+pub fn write_case(dir: &Path, i: usize, seed: u64) -> PathBuf {
+    let c = &cases()[i];
+    let path = dir.join("m.mlb");
+    std::fs::write(&path, synth_file(&c.h, &c.flags, seed)).unwrap();
+    path
 }
 
 /// The case's file, loaded.
@@ -331,6 +350,34 @@ pub fn prefill_and_decode(m: &Model, toks: &[u32]) -> (Vec<f32>, Vec<f32>) {
     (prefill, decode)
 }
 
+/// The scalar tier's prefill logits of `toks` on `model` (in `pool`), asserted equal to
+/// its decode's; `what` names the case in the message.
+pub fn scalar_bits(pool: &'static Pool, model: &Model, toks: &[u32], what: &str) -> Vec<f32> {
+    let (base, dec) = pool
+        .install(|| kernels::with_tier(Tier::Scalar, || prefill_and_decode(model, toks)))
+        .unwrap();
+    assert!(base == dec, "{what}: scalar decode differs from prefill");
+    base
+}
+
+/// Prefill and decode of `toks` give `base` (the scalar bits) on every tier, thread
+/// count and weight layout of [`tiers::on_every_tier`]; `what` names the case in the
+/// messages. Returns the tiers that packed some matrix of `m`.
+pub fn same_bits_on_every_tier(
+    pools: &[&'static Pool],
+    m: &Mlb,
+    model: &Model,
+    toks: &[u32],
+    base: &[f32],
+    what: &str,
+) -> Vec<Tier> {
+    tiers::on_every_tier(pools, m, model, |_, model, how| {
+        let (p, d) = prefill_and_decode(model, toks);
+        assert!(p == base, "{what}: {how}: prefill differs from scalar");
+        assert!(d == base, "{what}: {how}: decode differs from scalar");
+    })
+}
+
 /// Scalar == every tier, end to end: prefill and decode, 1, 2 and 3 threads, with and
 /// without packed weights, on every synthetic case (attention with GQA, sliding windows
 /// and a ring, softcaps, GELU, f16 scales, Q4_0, no-RoPE layers, the delta rule).
@@ -344,23 +391,9 @@ fn every_tier_gives_the_same_bits() {
         let m = load(&c, 17);
         let model = Model::new(&m).unwrap();
         let toks = tokens(c.h.vocab, 12, 1);
-        let (base, dec) = pools[0]
-            .install(|| kernels::with_tier(Tier::Scalar, || prefill_and_decode(&model, &toks)))
-            .unwrap();
-        assert!(
-            base == dec,
-            "{}: scalar decode differs from prefill",
-            c.name
-        );
-        packed_cases.extend(tiers::on_every_tier(
-            &pools,
-            &m,
-            &model,
-            |_, model, what| {
-                let (p, d) = prefill_and_decode(model, &toks);
-                assert!(p == base, "{}: {what}: prefill differs from scalar", c.name);
-                assert!(d == base, "{}: {what}: decode differs from scalar", c.name);
-            },
+        let base = scalar_bits(pools[0], &model, &toks, c.name);
+        packed_cases.extend(same_bits_on_every_tier(
+            &pools, &m, &model, &toks, &base, c.name,
         ));
     }
     // Every tier with packed kernels ran packed on some case (Q4_0 and Q8_0 files).
@@ -387,27 +420,16 @@ fn bf16_activations_give_the_same_bits_on_every_tier() {
         let exact = Model::new(&m).unwrap();
         let model = Model::new(&m).unwrap().with_half_acts(HalfActs::Bf16);
         let toks = tokens(c.h.vocab, 11, 2);
-        let run = |t, model: &Model| {
-            pools[0]
-                .install(|| kernels::with_tier(t, || prefill_and_decode(model, &toks)))
-                .unwrap()
-        };
-        let (base, dec) = run(Tier::Scalar, &model);
+        let base = scalar_bits(pools[0], &model, &toks, c.name);
+        let (f32_acts, _) = pools[0]
+            .install(|| kernels::with_tier(Tier::Scalar, || prefill_and_decode(&exact, &toks)))
+            .unwrap();
         assert!(
-            base == dec,
-            "{}: scalar decode differs from prefill",
-            c.name
-        );
-        assert!(
-            base != run(Tier::Scalar, &exact).0,
+            base != f32_acts,
             "{}: BF16 activations changed nothing",
             c.name
         );
-        tiers::on_every_tier(&pools, &m, &model, |_, model, what| {
-            let (p, d) = prefill_and_decode(model, &toks);
-            assert!(p == base, "{}: {what}: prefill differs from scalar", c.name);
-            assert!(d == base, "{}: {what}: decode differs from scalar", c.name);
-        });
+        same_bits_on_every_tier(&pools, &m, &model, &toks, &base, c.name);
         cased += 1;
     }
     assert_eq!(cased, 3);
@@ -419,8 +441,7 @@ fn bf16_activations_give_the_same_bits_on_every_tier() {
 /// counted on this one).
 #[test]
 fn forced_tier_runs_only_its_kernels() {
-    if !counters::ENABLED {
-        eprintln!("SKIP: call counters need debug assertions");
+    if crate::util::skip_without_counters() {
         return;
     }
     let pool = Pool::leak(1);
@@ -541,11 +562,8 @@ fn errors_are_typed() {
     let c = &cases()[0];
     let m = load(c, 1);
     let model = Model::new(&m).unwrap();
-    let opts = Options {
-        ctx: Some(8),
-        ..Options::default()
-    };
-    let mut st = model.state(&opts).unwrap();
+    let ctx8 = opts(8);
+    let mut st = model.state(&ctx8).unwrap();
     let e = model.prefill(&mut st, &[1; 9], None).unwrap_err();
     assert_eq!(e, ModelError::ContextFull { needed: 9, ctx: 8 });
     let e = model
@@ -565,16 +583,13 @@ fn errors_are_typed() {
         model.decode(&mut st, 1),
         Err(ModelError::ContextFull { needed: 9, ctx: 8 })
     ));
-    let too_big = Options {
-        ctx: Some(c.h.max_seq as usize + 1),
-        ..Options::default()
-    };
+    let too_big = opts(c.h.max_seq as usize + 1);
     assert!(matches!(
         model.state(&too_big),
         Err(ModelError::BadOption { name: "--ctx", .. })
     ));
     assert!(model
-        .prefill(&mut model.state(&opts).unwrap(), &[], None)
+        .prefill(&mut model.state(&ctx8).unwrap(), &[], None)
         .is_err());
 }
 
@@ -592,12 +607,12 @@ fn huge_context_model() -> Vec<u8> {
 fn huge_context_is_an_error_not_an_abort() {
     let m = Mlb::from_bytes(&huge_context_model()).unwrap();
     let model = Model::new(&m).unwrap();
-    let opts = Options {
+    let all = Options {
         ctx: Some(1 << 24),
         batch: 1 << 24,
         ..Options::default()
     };
-    let Err(ModelError::BadOption { name, value, rule }) = model.state(&opts) else {
+    let Err(ModelError::BadOption { name, value, rule }) = model.state(&all) else {
         panic!("a 2^51-byte state was allocated");
     };
     assert_eq!((name, value.as_str()), ("--ctx", "16777216"));
@@ -607,10 +622,7 @@ fn huge_context_is_an_error_not_an_abort() {
         .unwrap_or_else(|| panic!("no byte count in {rule:?}"));
     assert!(bytes > 1 << 51, "{rule}");
     // A context that fits still works.
-    let small = Options {
-        ctx: Some(64),
-        ..Options::default()
-    };
+    let small = opts(64);
     assert_eq!(model.state(&small).unwrap().ctx(), 64);
 }
 
@@ -628,12 +640,7 @@ fn default_context_is_max_seq_capped() {
     let m = Mlb::from_bytes(&synth_file(&h, &[], 1)).unwrap();
     let model = Model::new(&m).unwrap();
     assert_eq!(model.state(&Options::default()).unwrap().ctx(), 4096);
-    let st = model
-        .state(&Options {
-            ctx: Some(8000),
-            ..Options::default()
-        })
-        .unwrap();
+    let st = model.state(&opts(8000)).unwrap();
     assert_eq!(st.ctx(), 8000);
 }
 
@@ -670,10 +677,8 @@ mod cli {
     #[test]
     fn logits_file_matches_library() {
         let dir = tempfile::tempdir().unwrap();
-        let c = &cases()[7];
-        let bytes = synth_file(&c.h, &c.flags, 23);
-        let path = dir.path().join("m.mlb");
-        std::fs::write(&path, &bytes).unwrap();
+        let path = write_case(dir.path(), 7, 23);
+        let bytes = std::fs::read(&path).unwrap();
         let out = dir.path().join("logits.bin");
         let (ok, _, err) = run(&[
             path.to_str().unwrap(),
@@ -710,9 +715,7 @@ mod cli {
     #[test]
     fn errors_are_one_line_and_nonzero() {
         let dir = tempfile::tempdir().unwrap();
-        let c = &cases()[0];
-        let path = dir.path().join("m.mlb");
-        std::fs::write(&path, synth_file(&c.h, &c.flags, 3)).unwrap();
+        let path = write_case(dir.path(), 0, 3);
         let p = path.to_str().unwrap();
         let bad = dir.path().join("bad.mlb");
         std::fs::write(&bad, b"MLB2").unwrap();
@@ -758,8 +761,7 @@ fn imatrix_sums_every_matrix_input() {
     assert!(model.prefill(&mut plain, &toks, None).unwrap() == &with[..]);
     // Through mlb-run: a valid MLI1 file for this model.
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("m.mlb");
-    std::fs::write(&path, synth_file(&c.h, &c.flags, 29)).unwrap();
+    let path = write_case(dir.path(), 0, 29);
     let mli = dir.path().join("m.mli");
     let o = std::process::Command::new(env!("CARGO_BIN_EXE_mlb-run"))
         .arg(&path)

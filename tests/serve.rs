@@ -967,12 +967,7 @@ fn serve_load_16_clients_x_10_requests() {
 
 #[test]
 fn serve_help_snapshot() {
-    let o = Command::new(bin_path("mlb-serve"))
-        .arg("--help")
-        .output()
-        .unwrap();
-    assert!(o.status.success());
-    insta::assert_snapshot!(String::from_utf8_lossy(&o.stdout));
+    insta::assert_snapshot!(crate::util::help("mlb-serve"));
 }
 
 /// Writing to the server without reading its answers leaves it serving others.
@@ -1007,15 +1002,14 @@ fn serve_survives_a_client_that_never_reads() {
 /// case, for several steps.
 #[test]
 fn serve_step_all_gives_each_session_its_solo_bits() {
-    use krafla::model::{Options, Packs};
+    use krafla::model::Packs;
     use krafla::session::Engine;
+
+    use crate::run::opts;
 
     for c in crate::run::cases() {
         let e = Engine::new(crate::run::load(&c, 5), Packs::none(), None).unwrap();
-        let o = Options {
-            ctx: Some(64),
-            ..Options::default()
-        };
+        let o = opts(64);
         // Per session, per step: the ids fed (empty: the session sits the step out).
         let plan: Vec<Vec<Vec<u32>>> = (0..3u64)
             .map(|k| {

@@ -8,7 +8,6 @@ use std::path::Path;
 use std::process::Command;
 
 use krafla::format::mlb::header::layer_flag;
-use krafla::format::mlb::synth::synth_file;
 use krafla::format::mlb::Mlb;
 use krafla::kernels::pool::Pool;
 use krafla::kernels::{self, Tier};
@@ -18,18 +17,11 @@ use krafla::session::{
 };
 use krafla::tokenizer::Tokenizer;
 
-use crate::run::{all_logits, cases, load, tokens, Case};
+use crate::run::{all_logits, cases, load, opts, tokens, write_case, Case};
 use crate::util::{bin_path, testdata};
 
 fn engine(c: &Case, seed: u64) -> Engine {
     Engine::new(load(c, seed), Packs::none(), None).unwrap()
-}
-
-fn opts(ctx: usize) -> Options {
-    Options {
-        ctx: Some(ctx),
-        ..Options::default()
-    }
 }
 
 /// The logits of the last of `ids`, prefilled fresh.
@@ -557,9 +549,7 @@ fn default_model_through_the_session() {
 #[test]
 fn mlb_run_without_eos_stops_only_at_n() {
     let dir = tempfile::tempdir().unwrap();
-    let c = &cases()[0];
-    let path = dir.path().join("m.mlb");
-    std::fs::write(&path, synth_file(&c.h, &c.flags, 5)).unwrap();
+    let path = write_case(dir.path(), 0, 5);
     let mut saw_two = false;
     for seed in 0..20 {
         let o = run_mlb(
@@ -601,10 +591,5 @@ fn run_mlb(model: &Path, args: &[&str]) -> String {
 
 #[test]
 fn mlb_run_help_snapshot() {
-    let o = Command::new(bin_path("mlb-run"))
-        .arg("--help")
-        .output()
-        .unwrap();
-    assert!(o.status.success());
-    insta::assert_snapshot!(String::from_utf8(o.stdout).unwrap());
+    insta::assert_snapshot!(crate::util::help("mlb-run"));
 }

@@ -7,10 +7,10 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use krafla::format::mlb::Mlb;
-use krafla::kernels::{self, HalfActs, Tier};
+use krafla::kernels::HalfActs;
 use krafla::model::{Model, Options};
 
-use super::{all_logits, nrmse, prefill_and_decode, top1};
+use super::{all_logits, nrmse, same_bits_on_every_tier, scalar_bits, top1};
 use crate::util::fixtures::{convert, fixture_dirs, ids, read_f32, reference};
 use crate::util::{mlt_convert, tiers};
 
@@ -24,6 +24,37 @@ pub fn testdata() -> PathBuf {
         .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata"))
 }
 
+/// A fixture and its reference: reference.json, its tokens, the vocabulary size and
+/// transformers' f32 logits (`logits.f32.bin`).
+struct Fixture {
+    dir: PathBuf,
+    name: String,
+    r: serde_json::Value,
+    toks: Vec<u32>,
+    vocab: usize,
+    f32_ref: Vec<f32>,
+}
+
+/// The fixture in `dir`; `None` (with a SKIP line) without its reference.json.
+fn fixture(dir: &Path) -> Option<Fixture> {
+    let (r, toks) = reference(dir)?;
+    Some(Fixture {
+        dir: dir.to_path_buf(),
+        name: dir.file_name().unwrap().to_string_lossy().into_owned(),
+        vocab: r["vocab"].as_u64().unwrap() as usize,
+        f32_ref: read_f32(&dir.join("logits.f32.bin")),
+        r,
+        toks,
+    })
+}
+
+/// Every fixture of testdata/models with a reference, sorted, each read as the loop
+/// reaches it; `None` (with a SKIP line) without the folder.
+fn all_fixtures() -> Option<impl Iterator<Item = Fixture>> {
+    let dirs = fixture_dirs(&testdata().join("models"))?;
+    Some(dirs.into_iter().map(|d| fixture(&d).unwrap()))
+}
+
 struct Row {
     name: String,
     quant: &'static str,
@@ -35,17 +66,14 @@ struct Row {
 
 #[test]
 fn fixtures_match_transformers() {
-    let Some(dirs) = fixture_dirs(&testdata().join("models")) else {
+    let Some(fixtures) = all_fixtures() else {
         return;
     };
     let tmp = tempfile::tempdir().unwrap();
     let mut rows = Vec::new();
     let mut failures = Vec::new();
-    for dir in &dirs {
-        let name = dir.file_name().unwrap().to_string_lossy().into_owned();
-        let (r, toks) = reference(dir).unwrap();
-        let vocab = r["vocab"].as_u64().unwrap() as usize;
-        let f32_ref = read_f32(&dir.join("logits.f32.bin"));
+    for f in fixtures {
+        let (dir, name, toks, vocab, f32_ref) = (&f.dir, &f.name, &f.toks, f.vocab, &f.f32_ref);
         for (quant, args, sim) in [
             ("q8_0", &["--wtype", "q8_0"][..], "logits.sim_q8_0.bin"),
             (
@@ -61,15 +89,15 @@ fn fixtures_match_transformers() {
             }
             let m = Mlb::open(&out).unwrap_or_else(|e| panic!("{name}: {e}"));
             let model = Model::new(&m).unwrap();
-            let got = all_logits(&model, &Options::default(), &toks);
+            let got = all_logits(&model, &Options::default(), toks);
             let sim_ref = read_f32(&dir.join(sim));
             let row = Row {
                 name: name.clone(),
                 quant,
                 vs_sim: nrmse(&got, &sim_ref),
                 top1_sim: top1(&got, &sim_ref, vocab),
-                vs_f32: nrmse(&got, &f32_ref),
-                top1_f32: top1(&got, &f32_ref, vocab),
+                vs_f32: nrmse(&got, f32_ref),
+                top1_f32: top1(&got, f32_ref, vocab),
             };
             if row.vs_sim >= MAX_NRMSE || row.top1_sim <= MIN_TOP1 {
                 failures.push(format!(
@@ -134,24 +162,9 @@ fn fixture_tiers_give_the_same_bits() {
             convert(&dir, &out, args).unwrap();
             let m = Mlb::open(&out).unwrap();
             let model = Model::new(&m).unwrap();
-            let (base, dec) = pools[0]
-                .install(|| kernels::with_tier(Tier::Scalar, || prefill_and_decode(&model, &toks)))
-                .unwrap();
-            assert!(
-                base == dec,
-                "{name} {quant}: scalar decode differs from prefill"
-            );
-            tiers::on_every_tier(&pools, &m, &model, |_, model, what| {
-                let (p, d) = prefill_and_decode(model, &toks);
-                assert!(
-                    p == base,
-                    "{name} {quant}: {what}: prefill differs from scalar"
-                );
-                assert!(
-                    d == base,
-                    "{name} {quant}: {what}: decode differs from scalar"
-                );
-            });
+            let what = format!("{name} {quant}");
+            let base = scalar_bits(pools[0], &model, &toks, &what);
+            same_bits_on_every_tier(&pools, &m, &model, &toks, &base, &what);
         }
     }
 }
@@ -164,7 +177,7 @@ fn fixture_tiers_give_the_same_bits() {
 /// llama_rope_yarn_mscale, qwen3_5_mm) is rounded to 2-byte floats.
 #[test]
 fn fixtures_bf16_f16_match_transformers_f32() {
-    let Some(dirs) = fixture_dirs(&testdata().join("models")) else {
+    let Some(fixtures) = all_fixtures() else {
         return;
     };
     let tmp = tempfile::tempdir().unwrap();
@@ -174,11 +187,9 @@ fn fixtures_bf16_f16_match_transformers_f32() {
         "{:34} {:9} {:5} {:>10} {:>8}",
         "fixture", "stored", "type", "nRMSE f32", "top1"
     );
-    for dir in &dirs {
-        let name = dir.file_name().unwrap().to_string_lossy().into_owned();
-        let (r, toks) = reference(dir).unwrap();
-        let vocab = r["vocab"].as_u64().unwrap() as usize;
-        let f32_ref = read_f32(&dir.join("logits.f32.bin"));
+    for f in fixtures {
+        let (dir, name, toks, vocab, f32_ref) = (&f.dir, &f.name, &f.toks, f.vocab, &f.f32_ref);
+        let r = &f.r;
         for (ty, acts) in [
             ("bf16", HalfActs::F32),
             ("bf16a", HalfActs::Bf16),
@@ -191,8 +202,8 @@ fn fixtures_bf16_f16_match_transformers_f32() {
             }
             let m = Mlb::open(&out).unwrap_or_else(|e| panic!("{name}: {e}"));
             let model = Model::new(&m).unwrap().with_half_acts(acts);
-            let got = all_logits(&model, &Options::default(), &toks);
-            let (e, t1) = (nrmse(&got, &f32_ref), top1(&got, &f32_ref, vocab));
+            let got = all_logits(&model, &Options::default(), toks);
+            let (e, t1) = (nrmse(&got, f32_ref), top1(&got, f32_ref, vocab));
             let stored = r["dtype"].as_str().unwrap_or("?");
             eprintln!("{name:34} {stored:9} {ty:5} {e:>10.2e} {t1:>8.3}");
             worst = worst.max(e);
@@ -340,12 +351,17 @@ fn tokenizer_larger_than_model_is_refused() {
 /// falling as bits rise within each family.
 #[test]
 fn block_types_match_transformers() {
-    let dir = testdata().join("models").join("llama_k256");
-    let Some((r, toks)) = reference(&dir) else {
+    let Some(Fixture {
+        dir,
+        r,
+        toks,
+        vocab,
+        f32_ref,
+        ..
+    }) = fixture(&testdata().join("models").join("llama_k256"))
+    else {
         return;
     };
-    let vocab = r["vocab"].as_u64().unwrap() as usize;
-    let f32_ref = read_f32(&dir.join("logits.f32.bin"));
     let tmp = tempfile::tempdir().unwrap();
     // (type, nRMSE bound): about 1.2× the measured values (q4_k 0.201, q5_k 0.094,
     // q6_k 0.049, q4_1 0.200, q5_0 0.117, q5_1 0.096, iq4_nl 0.212, q6_0 0.059;
@@ -412,27 +428,24 @@ fn block_type_fixtures_give_the_same_bits_on_every_tier() {
         ("gemma3_text", &["--wtype", "q4_k"][..]),
         ("qwen3_5_text", &["--wtype", "q5_k"][..]),
     ] {
-        let dir = root.join(name);
-        let Some((r, toks)) = reference(&dir) else {
+        let Some(Fixture {
+            dir,
+            toks,
+            vocab,
+            f32_ref,
+            ..
+        }) = fixture(&root.join(name))
+        else {
             continue;
         };
         let out = tmp.path().join(format!("{name}.mlb"));
         convert(&dir, &out, args).unwrap();
         let m = Mlb::open(&out).unwrap();
         let model = Model::new(&m).unwrap();
-        let (base, dec) = pools[0]
-            .install(|| kernels::with_tier(Tier::Scalar, || prefill_and_decode(&model, &toks)))
-            .unwrap();
-        assert!(base == dec, "{name}: scalar decode differs from prefill");
-        let f32_ref = read_f32(&dir.join("logits.f32.bin"));
-        let vocab = r["vocab"].as_u64().unwrap() as usize;
+        let base = scalar_bits(pools[0], &model, &toks, name);
         let (e, t1) = (nrmse(&base, &f32_ref), top1(&base, &f32_ref, vocab));
         eprintln!("{name} {args:?}: nRMSE vs f32 {e:.4} top-1 {t1:.3}");
         assert!(e < 0.3 && t1 > 0.6, "{name}: nRMSE {e} top-1 {t1}");
-        tiers::on_every_tier(&pools, &m, &model, |_, model, what| {
-            let (p, d) = prefill_and_decode(model, &toks);
-            assert!(p == base, "{name}: {what}: prefill differs from scalar");
-            assert!(d == base, "{name}: {what}: decode differs from scalar");
-        });
+        same_bits_on_every_tier(&pools, &m, &model, &toks, &base, name);
     }
 }

@@ -2,7 +2,6 @@
 //! conversion by `mlb-convert`.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use serde_json::Value;
 
@@ -57,13 +56,7 @@ pub fn fixture_dirs(root: &Path) -> Option<Vec<PathBuf>> {
 
 /// Converts `dir` into `out` with extra `args`; `Err` with the converter's message.
 pub fn convert(dir: &Path, out: &Path, args: &[&str]) -> Result<(), String> {
-    let o = Command::new(env!("CARGO_BIN_EXE_mlb-convert"))
-        .arg(dir)
-        .arg("-o")
-        .arg(out)
-        .args(args)
-        .output()
-        .map_err(|e| e.to_string())?;
+    let o = super::mlb_convert(dir, out, args);
     if !o.status.success() || !out.exists() {
         return Err(format!(
             "mlb-convert failed ({}): {}",

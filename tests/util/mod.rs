@@ -46,6 +46,28 @@ pub fn run_in(dir: &Path, name: &str, args: &[&str]) -> Output {
         .expect("spawn binary")
 }
 
+/// Runs `mlb-convert input -o out args`.
+pub fn mlb_convert(input: &Path, out: &Path, args: &[&str]) -> Output {
+    Command::new(bin_path("mlb-convert"))
+        .arg(input)
+        .arg("-o")
+        .arg(out)
+        .args(args)
+        .output()
+        .expect("spawn mlb-convert")
+}
+
+/// The `--help` text of one of the package's binaries, which must succeed and be UTF-8
+/// (the help snapshots).
+pub fn help(name: &str) -> String {
+    let o = Command::new(bin_path(name))
+        .arg("--help")
+        .output()
+        .expect("spawn binary");
+    assert!(o.status.success(), "{name} --help: {}", stderr(&o));
+    String::from_utf8(o.stdout).unwrap()
+}
+
 /// Converts the tokenizer.json `json` into the `.mlt` file `out` (quietly); panics
 /// with mlt-convert's message if it fails.
 pub fn mlt_convert(json: &Path, out: &Path) {
@@ -70,6 +92,22 @@ pub fn stdout(o: &Output) -> String {
 
 pub fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// FNV-1a of `b`: the determinism tests compare the hashes of outputs.
+pub fn fnv(b: &[u8]) -> u64 {
+    b.iter().fold(0xcbf29ce484222325u64, |h, &x| {
+        (h ^ x as u64).wrapping_mul(0x100000001b3)
+    })
+}
+
+/// Whether a test of the kernels' call counters cannot run (they need debug
+/// assertions); says SKIP if so.
+pub fn skip_without_counters() -> bool {
+    if !krafla::kernels::counters::ENABLED {
+        eprintln!("SKIP: call counters need debug assertions");
+    }
+    !krafla::kernels::counters::ENABLED
 }
 
 /// xorshift64*: small, deterministic test data for the kernel tests.
