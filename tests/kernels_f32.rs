@@ -322,7 +322,8 @@ fn attention_gives_the_scalar_bits() {
     let mut cases = Vec::new();
     // Head sizes with and without tails of 8, 16, 32, 64 and 128; prompt tiles that
     // span several blocks of 64 keys; query pairs of one position (group ≥ 2); a tile
-    // longer than TILE_QUERIES; windows; a ring whose positions wrap (pos ≥ cap).
+    // longer than TILE_QUERIES; windows; a ring whose positions wrap (pos ≥ cap); groups
+    // of one position summing their values together (hd a multiple of 64, group ≥ 2).
     for (hd, kv_heads, cap, window, p0, tokens, group) in [
         (64, 2, 200, None, 0, 10, 3),
         (64, 1, 200, None, 100, 7, 3),
@@ -335,6 +336,9 @@ fn attention_gives_the_scalar_bits() {
         (24, 1, 9, None, 8, 1, 1),
         (8, 1, 70, None, 65, 4, 5),
         (264, 1, 33, None, 20, 2, 2),
+        // Groups of one position larger than the value sums' four (4 + 2, 4 + 3).
+        (64, 1, 100, None, 10, 3, 6),
+        (128, 1, 80, Some(30), 50, 2, 7),
     ] {
         for (softcap, mag) in [(0.0, 1.0), (20.0, 1.0), (0.0, 30.0), (5.0, 1e3)] {
             cases.push(AttnCase {

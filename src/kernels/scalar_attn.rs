@@ -163,6 +163,17 @@ impl SoftmaxMath for ScalarMath {
 /// Softcap, then `att = exp(att − max)` in place; returns the sum (in order).
 #[inline(always)]
 pub(crate) fn softmax<M: SoftmaxMath>(att: &mut [f32], softcap: f32) -> f32 {
+    softmax_exp::<M>(att, softcap);
+    let mut sum = 0.0f32;
+    for &a in att.iter() {
+        sum += a;
+    }
+    sum
+}
+
+/// [`softmax`] without its sum: a tile's kernel sums several queries' rows at once.
+#[inline(always)]
+pub(crate) fn softmax_exp<M: SoftmaxMath>(att: &mut [f32], softcap: f32) {
     if softcap > 0.0 {
         for a in att.iter_mut() {
             *a = softcap * (*a / softcap).tanh();
@@ -173,11 +184,6 @@ pub(crate) fn softmax<M: SoftmaxMath>(att: &mut [f32], softcap: f32) -> f32 {
         *a -= m;
     }
     M::exp(att);
-    let mut sum = 0.0f32;
-    for &a in att.iter() {
-        sum += a;
-    }
-    sum
 }
 
 /// The reference for one query; see the module docs.

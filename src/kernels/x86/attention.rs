@@ -5,7 +5,8 @@
 //! in registers for 64 dimensions at a time (128 in zmm), and, for a tile of queries of
 //! one kv head, blocks of 64 key and value rows streamed once for the whole tile. With
 //! AVX-512 F, two queries of one position share a zmm for their scores (each half the
-//! same 8-lane chain).
+//! same 8-lane chain) and up to four sum their values together, one load of a row
+//! serving all; a tile's softmax sums run eight queries side by side.
 //!
 //! The kernels read the cache's rows through [`Src`] / [`Row`]: f32 rows as they are,
 //! f16 and Q8_0 rows (`x86::attention_kv`) widened to f32 as they are loaded into a
@@ -15,7 +16,7 @@ use std::arch::x86_64::*;
 
 use super::math::{exp_all, exp_all16, max_all};
 use crate::kernels::counters::{count, Op};
-use crate::kernels::scalar_attn::{softmax, KvView, Query, SoftmaxMath, TILE_QUERIES};
+use crate::kernels::scalar_attn::{softmax, softmax_exp, KvView, Query, SoftmaxMath, TILE_QUERIES};
 use crate::kernels::scalar_kv::KvData;
 use crate::kernels::scalar_math::reduce8;
 use crate::kernels::Tier;
@@ -200,6 +201,38 @@ unsafe fn softmax_x86(att: &mut [f32], softcap: f32, zmm: bool) -> f32 {
     }
 }
 
+/// [`softmax_x86`] without its sum (`scalar_attn::softmax_exp`).
+#[inline(always)]
+unsafe fn softmax_exp_x86(att: &mut [f32], softcap: f32, zmm: bool) {
+    if zmm {
+        softmax_exp::<X86Math<true>>(att, softcap)
+    } else {
+        softmax_exp::<X86Math<false>>(att, softcap)
+    }
+}
+
+/// Queries whose softmax sums [`sums`] runs side by side.
+const SUM_CHAINS: usize = 8;
+
+/// Each row's sum in position order from +0.0 (the softmax's), the rows' chains
+/// interleaved: one chain alone waits an add's latency per position.
+#[inline(always)]
+fn sums(rows: &[&[f32]; SUM_CHAINS]) -> [f32; SUM_CHAINS] {
+    let common = rows.iter().map(|r| r.len()).min().unwrap_or(0);
+    let mut s = [0f32; SUM_CHAINS];
+    for i in 0..common {
+        for (s, r) in s.iter_mut().zip(rows) {
+            *s += r[i];
+        }
+    }
+    for (s, r) in s.iter_mut().zip(rows) {
+        for &a in &r[common..] {
+            *s += a;
+        }
+    }
+    s
+}
+
 /// One query (any slots, a ring included): `scalar_attn::attend_one` in AVX2.
 ///
 /// A lone query has no pair to score with; `PAIRS` (as `WIDE`) only says that AVX-512 F
@@ -297,19 +330,67 @@ unsafe fn attend_many<const PAIRS: bool, const WIDE: bool, S: Src>(
         }
     }
     let mut inv = [0f32; TILE_QUERIES];
-    for (q, iv) in qs.iter_mut().zip(&mut inv) {
+    for q in qs.iter_mut() {
         let n = q.pos + 1 - kv.first_visible(q.pos);
         // SAFETY: AVX2.
-        *iv = 1.0 / unsafe { softmax_x86(&mut q.att[..n], softcap, PAIRS || WIDE) };
+        unsafe { softmax_exp_x86(&mut q.att[..n], softcap, PAIRS || WIDE) };
         q.out.fill(0.0);
     }
+    for (qs, inv) in qs.chunks(SUM_CHAINS).zip(inv.chunks_mut(SUM_CHAINS)) {
+        // A chunk short of SUM_CHAINS queries repeats its first (the extra sums unused).
+        let rows: [&[f32]; SUM_CHAINS] = std::array::from_fn(|i| {
+            let q = qs.get(i).unwrap_or(&qs[0]);
+            &q.att[..q.pos + 1 - kv.first_visible(q.pos)]
+        });
+        for (iv, sum) in inv.iter_mut().zip(sums(&rows)) {
+            *iv = 1.0 / sum;
+        }
+    }
+    // Queries of one position (heads sharing this kv head) see the same positions: with
+    // AVX-512 F up to GROUP_MAX of them sum their values together, each loaded row
+    // serving all of them (each query's sums still its own chains in position order).
+    let grouped = PAIRS && hd.is_multiple_of(GROUP_DIMS);
     for b0 in (lo..=hi).step_by(BLOCK) {
-        for q in qs.iter_mut() {
-            let (s, e) = span(q, b0);
-            if s < e {
-                let f = kv.first_visible(q.pos);
+        let mut rest = &mut qs[..];
+        while let Some(pos) = rest.first().map(|q| q.pos) {
+            let g = if grouped {
+                rest.iter()
+                    .take(GROUP_MAX)
+                    .take_while(|q| q.pos == pos)
+                    .count()
+            } else {
+                1
+            };
+            let (grp, tail) = std::mem::take(&mut rest).split_at_mut(g);
+            rest = tail;
+            let (s, e) = span(&grp[0], b0);
+            if s >= e {
+                continue;
+            }
+            let f = kv.first_visible(pos);
+            if g == 1 {
+                let q = &mut grp[0];
                 // SAFETY: AVX2 (AVX-512 F when WIDE); rows and out of hd values.
                 unsafe { values::<WIDE, _>(&q.att[s - f..e - f], |i| v(s + i), q.out) };
+                continue;
+            }
+            let outs: [*mut f32; GROUP_MAX] = std::array::from_fn(|i| {
+                grp.get_mut(i)
+                    .map_or(std::ptr::null_mut(), |q| q.out.as_mut_ptr())
+            });
+            let atts: [*const f32; GROUP_MAX] = std::array::from_fn(|i| {
+                grp.get(i)
+                    .map_or(std::ptr::null(), |q| q.att[s - f..].as_ptr())
+            });
+            // SAFETY: AVX-512 F and AVX2 (PAIRS, this function's contract); the first g
+            // pointers are those of distinct queries: outs of hd values (a multiple of
+            // GROUP_DIMS), atts of e - s scores; rows of hd values.
+            unsafe {
+                match g {
+                    2 => values_group::<_, 2>(&atts, |i| v(s + i), &outs, e - s, hd),
+                    3 => values_group::<_, 3>(&atts, |i| v(s + i), &outs, e - s, hd),
+                    _ => values_group::<_, 4>(&atts, |i| v(s + i), &outs, e - s, hd),
+                }
             }
         }
     }
@@ -317,6 +398,59 @@ unsafe fn attend_many<const PAIRS: bool, const WIDE: bool, S: Src>(
         for o in q.out.iter_mut() {
             *o *= iv;
         }
+    }
+}
+
+/// Most queries of [`values_group`]: four zmm sums each, 16 in all.
+const GROUP_MAX: usize = 4;
+/// Dimensions per pass of [`values_group`]: four zmm.
+const GROUP_DIMS: usize = 64;
+
+/// [`values`] for `G` queries over the same `n` positions: `outs[g][d] += Σ_i
+/// atts[g][i] · row(i)[d]`, each sum in position order from out's value, 64 dimensions
+/// a pass. One load of a row's chunk serves every query, and the `4·G` independent
+/// chains hide the add latency that a single query's four zmm sums wait on.
+///
+/// # Safety
+/// The CPU must support AVX2, AVX-512 F and F16C (every AVX-512 tier does) and what
+/// `W` needs; `outs[..G]` are distinct, each `hd` writable floats, `hd` a multiple of
+/// [`GROUP_DIMS`]; `atts[..G]` each `n` readable floats; rows have `hd` values.
+#[target_feature(enable = "avx2,avx512f,f16c")]
+unsafe fn values_group<W: Row, const G: usize>(
+    atts: &[*const f32; GROUP_MAX],
+    row: impl Fn(usize) -> W,
+    outs: &[*mut f32; GROUP_MAX],
+    n: usize,
+    hd: usize,
+) {
+    debug_assert!(G <= GROUP_MAX && hd.is_multiple_of(GROUP_DIMS));
+    let mut c = 0;
+    while c < hd {
+        // SAFETY: c + 64 <= hd for every out and row; i < n for every att (the contract).
+        unsafe {
+            let mut acc = [[_mm512_setzero_ps(); 4]; G];
+            for (a, &o) in acc.iter_mut().zip(outs) {
+                for (r, x) in a.iter_mut().enumerate() {
+                    *x = _mm512_loadu_ps(o.add(c + 16 * r));
+                }
+            }
+            for i in 0..n {
+                let w = row(i);
+                let x: [__m512; 4] = std::array::from_fn(|r| w.ld16(c + 16 * r));
+                for (a, &p) in acc.iter_mut().zip(atts) {
+                    let p = _mm512_set1_ps(*p.add(i));
+                    for (y, &x) in a.iter_mut().zip(&x) {
+                        *y = _mm512_add_ps(*y, _mm512_mul_ps(p, x));
+                    }
+                }
+            }
+            for (a, &o) in acc.iter().zip(outs) {
+                for (r, &x) in a.iter().enumerate() {
+                    _mm512_storeu_ps(o.add(c + 16 * r), x);
+                }
+            }
+        }
+        c += GROUP_DIMS;
     }
 }
 
