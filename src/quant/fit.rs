@@ -165,8 +165,8 @@ pub fn fit_symmetric(x: &[f32], w: &[f32], lv: &Levels, l: &mut [u8]) -> f32 {
         return 0.0;
     }
     let (vlo, vhi) = lv.ends();
-    let mut best_err = f32::INFINITY;
-    let mut best_d = 0.0f32;
+    // (error, d) of the best candidate so far.
+    let mut best = (f32::INFINITY, 0.0f32);
     let mut cand = [0u8; 32];
     let cand = &mut cand[..n];
     for end in [vlo, vhi] {
@@ -176,36 +176,42 @@ pub fn fit_symmetric(x: &[f32], w: &[f32], lv: &Levels, l: &mut [u8]) -> f32 {
             for (c, &v) in cand.iter_mut().zip(x) {
                 *c = lv.nearest(v * id);
             }
-            let Some((d, e)) = solve_symmetric(x, w, lv, cand) else {
-                continue;
-            };
-            if e < best_err {
-                best_err = e;
-                best_d = d;
-                l.copy_from_slice(cand);
-            }
+            keep_if_lower(x, w, lv, cand, &mut best, l);
         }
     }
-    if !best_err.is_finite() {
+    if !best.0.is_finite() {
         // Every weight is zero where the levels are non-zero: plain max mapping.
         let d = m / vlo;
         assign_symmetric(x, lv, d, l);
         return d;
     }
     for _ in 0..2 {
-        assign_symmetric(x, lv, best_d, cand);
-        let Some((d, e)) = solve_symmetric(x, w, lv, cand) else {
-            break;
-        };
-        if e < best_err {
-            best_err = e;
-            best_d = d;
-            l.copy_from_slice(cand);
-        } else {
+        assign_symmetric(x, lv, best.1, cand);
+        if !keep_if_lower(x, w, lv, cand, &mut best, l) {
             break;
         }
     }
-    best_d
+    best.1
+}
+
+/// Solves `d` for the levels `cand` and, when its error is below `best`'s (error, d),
+/// keeps both in `best` and the levels in `l`; whether it did.
+fn keep_if_lower(
+    x: &[f32],
+    w: &[f32],
+    lv: &Levels,
+    cand: &[u8],
+    best: &mut (f32, f32),
+    l: &mut [u8],
+) -> bool {
+    match solve_symmetric(x, w, lv, cand) {
+        Some((d, e)) if e < best.0 => {
+            *best = (e, d);
+            l.copy_from_slice(cand);
+            true
+        }
+        _ => false,
+    }
 }
 
 /// The f16 values next to `v` (below, nearest, above), as f32; only finite ones.
