@@ -33,76 +33,67 @@ pub type NameTable = &'static [(&'static str, &'static str, Transform)];
 
 use Transform::*;
 
-/// Llama, Mistral, Qwen2, Qwen3, SmolLM3: pre-norm layers with a gated SiLU MLP.
-const LLAMA_NAMES: NameTable = &[
+/// The arrays every architecture names alike: the embedding, the attention's input
+/// norm, k/v/o projections, the per-head q/k norms (when present), the gated MLP, the
+/// final norm and the classifier.
+const COMMON_NAMES: NameTable = &[
     ("tok_emb", "embed_tokens.weight", Plain),
     ("attn_norm", "input_layernorm.weight", Norm),
-    ("wq", "self_attn.q_proj.weight", Rope),
     ("wk", "self_attn.k_proj.weight", Rope),
     ("wv", "self_attn.v_proj.weight", Plain),
     ("wo", "self_attn.o_proj.weight", Plain),
-    ("bq", "self_attn.q_proj.bias", Rope),
-    ("bk", "self_attn.k_proj.bias", Rope),
-    ("bv", "self_attn.v_proj.bias", Plain),
     ("q_norm", "self_attn.q_norm.weight", RopeNorm),
     ("k_norm", "self_attn.k_norm.weight", RopeNorm),
-    ("ffn_norm", "post_attention_layernorm.weight", Norm),
     ("w1", "mlp.gate_proj.weight", Plain),
     ("w2", "mlp.down_proj.weight", Plain),
     ("w3", "mlp.up_proj.weight", Plain),
     ("final_norm", "norm.weight", Norm),
     ("wcls", "lm_head.weight", Plain),
+];
+
+/// Llama, Mistral, Qwen2, Qwen3, SmolLM3: pre-norm layers with a gated SiLU MLP.
+const LLAMA_NAMES: &[NameTable] = &[
+    COMMON_NAMES,
+    &[
+        ("wq", "self_attn.q_proj.weight", Rope),
+        ("bq", "self_attn.q_proj.bias", Rope),
+        ("bk", "self_attn.k_proj.bias", Rope),
+        ("bv", "self_attn.v_proj.bias", Plain),
+        ("ffn_norm", "post_attention_layernorm.weight", Norm),
+    ],
 ];
 
 /// Gemma 2 and 3: four norms per layer. transformers' post_attention_layernorm is the
 /// norm of the attention output (spec post_attn_norm), pre_feedforward_layernorm the
 /// FFN's input norm (spec ffn_norm).
-const GEMMA_NAMES: NameTable = &[
-    ("tok_emb", "embed_tokens.weight", Plain),
-    ("attn_norm", "input_layernorm.weight", Norm),
-    ("wq", "self_attn.q_proj.weight", Rope),
-    ("wk", "self_attn.k_proj.weight", Rope),
-    ("wv", "self_attn.v_proj.weight", Plain),
-    ("wo", "self_attn.o_proj.weight", Plain),
-    ("q_norm", "self_attn.q_norm.weight", RopeNorm),
-    ("k_norm", "self_attn.k_norm.weight", RopeNorm),
-    ("ffn_norm", "pre_feedforward_layernorm.weight", Norm),
-    ("w1", "mlp.gate_proj.weight", Plain),
-    ("w2", "mlp.down_proj.weight", Plain),
-    ("w3", "mlp.up_proj.weight", Plain),
-    ("post_attn_norm", "post_attention_layernorm.weight", Norm),
-    ("post_ffn_norm", "post_feedforward_layernorm.weight", Norm),
-    ("final_norm", "norm.weight", Norm),
-    ("wcls", "lm_head.weight", Plain),
+const GEMMA_NAMES: &[NameTable] = &[
+    COMMON_NAMES,
+    &[
+        ("wq", "self_attn.q_proj.weight", Rope),
+        ("ffn_norm", "pre_feedforward_layernorm.weight", Norm),
+        ("post_attn_norm", "post_attention_layernorm.weight", Norm),
+        ("post_ffn_norm", "post_feedforward_layernorm.weight", Norm),
+    ],
 ];
 
 /// Qwen3.5: gated attention layers and gated-delta-rule layers. The delta rule's
 /// gated norm (linear_attn.norm) is x·w, so it is Plain, unlike every other norm.
-const QWEN35_NAMES: NameTable = &[
-    ("tok_emb", "embed_tokens.weight", Plain),
-    ("attn_norm", "input_layernorm.weight", Norm),
-    ("wq", "self_attn.q_proj.weight", GateQuery),
-    ("wk", "self_attn.k_proj.weight", Rope),
-    ("wv", "self_attn.v_proj.weight", Plain),
-    ("wo", "self_attn.o_proj.weight", Plain),
-    ("wg", "self_attn.q_proj.weight", GateGate),
-    ("q_norm", "self_attn.q_norm.weight", RopeNorm),
-    ("k_norm", "self_attn.k_norm.weight", RopeNorm),
-    ("lqkv", "linear_attn.in_proj_qkv.weight", Plain),
-    ("lz", "linear_attn.in_proj_z.weight", Plain),
-    ("lb", "linear_attn.in_proj_b.weight", Plain),
-    ("la", "linear_attn.in_proj_a.weight", Plain),
-    ("lconv", "linear_attn.conv1d.weight", Conv),
-    ("dt_bias", "linear_attn.dt_bias", Plain),
-    ("A_log", "linear_attn.A_log", Plain),
-    ("lnorm", "linear_attn.norm.weight", Plain),
-    ("lout", "linear_attn.out_proj.weight", Plain),
-    ("ffn_norm", "post_attention_layernorm.weight", Norm),
-    ("w1", "mlp.gate_proj.weight", Plain),
-    ("w2", "mlp.down_proj.weight", Plain),
-    ("w3", "mlp.up_proj.weight", Plain),
-    ("final_norm", "norm.weight", Norm),
-    ("wcls", "lm_head.weight", Plain),
+const QWEN35_NAMES: &[NameTable] = &[
+    COMMON_NAMES,
+    &[
+        ("wq", "self_attn.q_proj.weight", GateQuery),
+        ("wg", "self_attn.q_proj.weight", GateGate),
+        ("lqkv", "linear_attn.in_proj_qkv.weight", Plain),
+        ("lz", "linear_attn.in_proj_z.weight", Plain),
+        ("lb", "linear_attn.in_proj_b.weight", Plain),
+        ("la", "linear_attn.in_proj_a.weight", Plain),
+        ("lconv", "linear_attn.conv1d.weight", Conv),
+        ("dt_bias", "linear_attn.dt_bias", Plain),
+        ("A_log", "linear_attn.A_log", Plain),
+        ("lnorm", "linear_attn.norm.weight", Plain),
+        ("lout", "linear_attn.out_proj.weight", Plain),
+        ("ffn_norm", "post_attention_layernorm.weight", Norm),
+    ],
 ];
 
 /// Which layers attend through the sliding window.
@@ -152,7 +143,8 @@ pub struct Arch {
     /// Canonical name (the text model's `model_type`).
     pub name: &'static str,
     pub model_types: &'static [&'static str],
-    pub names: NameTable,
+    /// The name tables, searched in order (each spec array stands in one of them).
+    pub names: &'static [NameTable],
     /// RMSNorms compute x·(1 + w): stored weights are w + 1.
     pub norm_plus_one: bool,
     /// The config key of the FFN activation and its default.
@@ -352,6 +344,7 @@ impl Arch {
     pub fn source(&self, spec: &str) -> Option<(&'static str, Transform)> {
         self.names
             .iter()
+            .flat_map(|t| t.iter())
             .find(|(s, _, _)| *s == spec)
             .map(|(_, hf, t)| (*hf, *t))
     }

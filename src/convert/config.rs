@@ -162,6 +162,21 @@ impl<'a> Cfg<'a> {
         }
     }
 
+    /// The value `v` of key `k` as a list of one entry per layer (`n`).
+    fn layer_list(&self, k: &str, v: &'a Value, n: usize) -> Result<&'a Vec<Value>> {
+        let a = v
+            .as_array()
+            .ok_or_else(|| self.err(k, v, "must be a list"))?;
+        if a.len() != n {
+            return Err(self.err(
+                k,
+                format!("{} entries", a.len()),
+                format!("must have num_hidden_layers ({n}) entries"),
+            ));
+        }
+        Ok(a)
+    }
+
     fn str_opt(&self, k: &str) -> Result<Option<&'a str>> {
         match self.get(k) {
             None => Ok(None),
@@ -585,16 +600,7 @@ fn layer_types(arch: &Arch, c: &Cfg, n: usize) -> Result<Vec<String>> {
             // Mistral's modeling ignores layer_types (transformers warns about it).
             return Ok(vec!["full_attention".into(); n]);
         }
-        let a = v
-            .as_array()
-            .ok_or_else(|| c.err("layer_types", v, "must be a list"))?;
-        if a.len() != n {
-            return Err(c.err(
-                "layer_types",
-                format!("{} entries", a.len()),
-                format!("must have num_hidden_layers ({n}) entries"),
-            ));
-        }
+        let a = c.layer_list("layer_types", v, n)?;
         return a
             .iter()
             .enumerate()
@@ -660,16 +666,7 @@ fn layer_types(arch: &Arch, c: &Cfg, n: usize) -> Result<Vec<String>> {
 fn smollm3_rope_layers(c: &Cfg, n: usize) -> Result<Vec<bool>> {
     match c.get("no_rope_layers") {
         Some(v) => {
-            let a = v
-                .as_array()
-                .ok_or_else(|| c.err("no_rope_layers", v, "must be a list"))?;
-            if a.len() != n {
-                return Err(c.err(
-                    "no_rope_layers",
-                    format!("{} entries", a.len()),
-                    format!("must have num_hidden_layers ({n}) entries"),
-                ));
-            }
+            let a = c.layer_list("no_rope_layers", v, n)?;
             a.iter()
                 .enumerate()
                 .map(|(i, x)| match x.as_u64() {
@@ -966,39 +963,39 @@ impl ModelDesc {
         } else {
             self.rope_theta as f32
         };
-        match self.rope {
-            RopeScaling::None => {}
-            RopeScaling::Linear { factor } => {
-                h.rope_type = rope_type::LINEAR;
-                h.rope_factor = factor as f32;
-            }
+        // The scaling fields: type, factor, low and high frequency factors (yarn:
+        // beta_fast and beta_slow), original context, yarn's attention factor; zero
+        // where the type has none.
+        let (ty, factor, low, high, orig, attn) = match self.rope {
+            RopeScaling::None => (rope_type::PLAIN, 0.0, 0.0, 0.0, 0, 0.0),
+            RopeScaling::Linear { factor } => (rope_type::LINEAR, factor, 0.0, 0.0, 0, 0.0),
             RopeScaling::Llama3 {
                 factor,
                 low,
                 high,
                 orig,
-            } => {
-                h.rope_type = rope_type::LLAMA3;
-                h.rope_factor = factor as f32;
-                h.rope_low_freq_factor = low as f32;
-                h.rope_high_freq_factor = high as f32;
-                h.rope_orig_max_seq = orig;
-            }
+            } => (rope_type::LLAMA3, factor, low, high, orig, 0.0),
             RopeScaling::Yarn {
                 factor,
                 beta_fast,
                 beta_slow,
                 orig,
                 attn_factor,
-            } => {
-                h.rope_type = rope_type::YARN;
-                h.rope_factor = factor as f32;
-                h.rope_low_freq_factor = beta_fast as f32;
-                h.rope_high_freq_factor = beta_slow as f32;
-                h.rope_orig_max_seq = orig;
-                h.rope_attn_factor = attn_factor as f32;
-            }
-        }
+            } => (
+                rope_type::YARN,
+                factor,
+                beta_fast,
+                beta_slow,
+                orig,
+                attn_factor,
+            ),
+        };
+        h.rope_type = ty;
+        h.rope_factor = factor as f32;
+        h.rope_low_freq_factor = low as f32;
+        h.rope_high_freq_factor = high as f32;
+        h.rope_orig_max_seq = orig;
+        h.rope_attn_factor = attn as f32;
         h.sliding_window = u(self.sliding_window.unwrap_or(0));
         let flags: Vec<u8> = self.layers.iter().map(|l| l.bits()).collect();
         if self.layers.iter().any(|l| l.local_rope) {

@@ -138,20 +138,17 @@ pub type GgufNames = &'static [(&'static str, &'static str, Transform)];
 
 use Transform::*;
 
-/// Llama, SmolLM3, Qwen2, Qwen3 (the transform matters only for NEOX architectures).
-const LLAMA: GgufNames = &[
+/// The tensors every architecture names alike: the embedding, the attention's input
+/// norm, k/v/o projections, the per-head q/k norms (when present), the gated MLP, the
+/// final norm and the classifier.
+const COMMON: GgufNames = &[
     ("tok_emb", "token_embd.weight", Plain),
     ("attn_norm", "attn_norm.weight", Plain),
-    ("wq", "attn_q.weight", Rope),
     ("wk", "attn_k.weight", Rope),
     ("wv", "attn_v.weight", Plain),
     ("wo", "attn_output.weight", Plain),
-    ("bq", "attn_q.bias", Rope),
-    ("bk", "attn_k.bias", Rope),
-    ("bv", "attn_v.bias", Plain),
     ("q_norm", "attn_q_norm.weight", RopeNorm),
     ("k_norm", "attn_k_norm.weight", RopeNorm),
-    ("ffn_norm", "ffn_norm.weight", Plain),
     ("w1", "ffn_gate.weight", Plain),
     ("w2", "ffn_down.weight", Plain),
     ("w3", "ffn_up.weight", Plain),
@@ -159,25 +156,28 @@ const LLAMA: GgufNames = &[
     ("wcls", "output.weight", Plain),
 ];
 
+/// Llama, SmolLM3, Qwen2, Qwen3 (the transform matters only for NEOX architectures).
+const LLAMA: &[GgufNames] = &[
+    COMMON,
+    &[
+        ("wq", "attn_q.weight", Rope),
+        ("bq", "attn_q.bias", Rope),
+        ("bk", "attn_k.bias", Rope),
+        ("bv", "attn_v.bias", Plain),
+        ("ffn_norm", "ffn_norm.weight", Plain),
+    ],
+];
+
 /// Gemma 2 and 3: llama.cpp's `post_attention_norm` is the norm of the attention
 /// output, `ffn_norm` the FFN's input norm (Hugging Face's pre_feedforward_layernorm).
-const GEMMA: GgufNames = &[
-    ("tok_emb", "token_embd.weight", Plain),
-    ("attn_norm", "attn_norm.weight", Plain),
-    ("wq", "attn_q.weight", Rope),
-    ("wk", "attn_k.weight", Rope),
-    ("wv", "attn_v.weight", Plain),
-    ("wo", "attn_output.weight", Plain),
-    ("q_norm", "attn_q_norm.weight", RopeNorm),
-    ("k_norm", "attn_k_norm.weight", RopeNorm),
-    ("ffn_norm", "ffn_norm.weight", Plain),
-    ("w1", "ffn_gate.weight", Plain),
-    ("w2", "ffn_down.weight", Plain),
-    ("w3", "ffn_up.weight", Plain),
-    ("post_attn_norm", "post_attention_norm.weight", Plain),
-    ("post_ffn_norm", "post_ffw_norm.weight", Plain),
-    ("final_norm", "output_norm.weight", Plain),
-    ("wcls", "output.weight", Plain),
+const GEMMA: &[GgufNames] = &[
+    COMMON,
+    &[
+        ("wq", "attn_q.weight", Rope),
+        ("ffn_norm", "ffn_norm.weight", Plain),
+        ("post_attn_norm", "post_attention_norm.weight", Plain),
+        ("post_ffn_norm", "post_ffw_norm.weight", Plain),
+    ],
 ];
 
 /// Qwen3.5: llama.cpp's converter tiles the value heads (v-major: for each value head
@@ -189,31 +189,22 @@ pub fn v_head_src(h: usize, k_heads: usize, per_k: usize) -> usize {
 
 /// Qwen3.5: gated attention layers (q and gate rows interleaved per head in attn_q) and
 /// gated-delta-rule layers (llama.cpp's ssm_* tensors, value heads tiled).
-const QWEN35: GgufNames = &[
-    ("tok_emb", "token_embd.weight", Plain),
-    ("attn_norm", "attn_norm.weight", Plain),
-    ("wq", "attn_q.weight", GateQuery),
-    ("wk", "attn_k.weight", Rope),
-    ("wv", "attn_v.weight", Plain),
-    ("wo", "attn_output.weight", Plain),
-    ("wg", "attn_q.weight", GateGate),
-    ("q_norm", "attn_q_norm.weight", RopeNorm),
-    ("k_norm", "attn_k_norm.weight", RopeNorm),
-    ("lqkv", "attn_qkv.weight", VQkv),
-    ("lz", "attn_gate.weight", VHeads),
-    ("lb", "ssm_beta.weight", VScalar),
-    ("la", "ssm_alpha.weight", VScalar),
-    ("lconv", "ssm_conv1d.weight", VConv),
-    ("dt_bias", "ssm_dt.bias", VScalar),
-    ("A_log", "ssm_a", NegExpA),
-    ("lnorm", "ssm_norm.weight", Plain),
-    ("lout", "ssm_out.weight", VCols),
-    ("ffn_norm", "post_attention_norm.weight", Plain),
-    ("w1", "ffn_gate.weight", Plain),
-    ("w2", "ffn_down.weight", Plain),
-    ("w3", "ffn_up.weight", Plain),
-    ("final_norm", "output_norm.weight", Plain),
-    ("wcls", "output.weight", Plain),
+const QWEN35: &[GgufNames] = &[
+    COMMON,
+    &[
+        ("wq", "attn_q.weight", GateQuery),
+        ("wg", "attn_q.weight", GateGate),
+        ("lqkv", "attn_qkv.weight", VQkv),
+        ("lz", "attn_gate.weight", VHeads),
+        ("lb", "ssm_beta.weight", VScalar),
+        ("la", "ssm_alpha.weight", VScalar),
+        ("lconv", "ssm_conv1d.weight", VConv),
+        ("dt_bias", "ssm_dt.bias", VScalar),
+        ("A_log", "ssm_a", NegExpA),
+        ("lnorm", "ssm_norm.weight", Plain),
+        ("lout", "ssm_out.weight", VCols),
+        ("ffn_norm", "post_attention_norm.weight", Plain),
+    ],
 ];
 
 const QWEN35_KEYS: &[&str] = &[
@@ -265,7 +256,8 @@ pub struct GgufArch {
     /// The Krafla architecture (`arch::ARCHS` name).
     pub krafla: &'static str,
     pub rows: RopeRows,
-    pub names: GgufNames,
+    /// The name tables, searched in order (each spec array stands in one of them).
+    pub names: &'static [GgufNames],
     pub no_rope: NoRope,
     pub swa: Swa,
     /// Metadata keys (after `{arch}.`) read by the converter; any other key under the
@@ -310,78 +302,77 @@ const GEMMA3_KEYS: &[&str] = &[
     "rope.freq_base_swa",
 ];
 
+/// The fields most architectures share: llama.cpp's Llama names, RoPE on every layer,
+/// no window, no keys beyond the common ones.
+const BASE: GgufArch = GgufArch {
+    name: "",
+    krafla: "",
+    rows: RopeRows::RotateHalf,
+    names: LLAMA,
+    no_rope: NoRope::None,
+    swa: Swa::None,
+    keys: &[],
+};
+
 pub const GGUF_ARCHS: &[GgufArch] = &[
     GgufArch {
         name: "llama",
         krafla: "llama",
         rows: RopeRows::Interleaved,
-        names: LLAMA,
-        no_rope: NoRope::None,
-        swa: Swa::None,
-        keys: &[],
+        ..BASE
     },
     GgufArch {
         name: "smollm3",
         krafla: "smollm3",
         rows: RopeRows::Interleaved,
-        names: LLAMA,
         no_rope: NoRope::Every4th,
-        swa: Swa::None,
-        keys: &[],
+        ..BASE
     },
     GgufArch {
         name: "qwen2",
         krafla: "qwen2",
-        rows: RopeRows::RotateHalf,
-        names: LLAMA,
-        no_rope: NoRope::None,
-        swa: Swa::None,
-        keys: &[],
+        ..BASE
     },
     GgufArch {
         name: "qwen3",
         krafla: "qwen3",
-        rows: RopeRows::RotateHalf,
-        names: LLAMA,
-        no_rope: NoRope::None,
-        swa: Swa::None,
-        keys: &[],
+        ..BASE
     },
     GgufArch {
         name: "gemma2",
         krafla: "gemma2",
-        rows: RopeRows::RotateHalf,
         names: GEMMA,
-        no_rope: NoRope::None,
         swa: Swa::Gemma2,
         keys: GEMMA2_KEYS,
+        ..BASE
     },
     GgufArch {
         name: "gemma3",
         krafla: "gemma3_text",
-        rows: RopeRows::RotateHalf,
         names: GEMMA,
-        no_rope: NoRope::None,
         swa: Swa::Gemma3,
         keys: GEMMA3_KEYS,
+        ..BASE
     },
     // Interleaved multimodal RoPE (IMROPE) is NEOX on the rotated dimensions for text,
     // whose three position components are equal.
     GgufArch {
         name: "qwen35",
         krafla: "qwen3_5_text",
-        rows: RopeRows::RotateHalf,
         names: QWEN35,
-        no_rope: NoRope::None,
-        swa: Swa::None,
         keys: QWEN35_KEYS,
+        ..BASE
     },
 ];
 
 impl GgufArch {
     /// The GGUF tensor name and transform of spec array `spec` in layer `layer`.
     pub fn tensor_name(&self, spec: &str, layer: Option<u32>) -> Option<(String, Transform)> {
-        let (_, suffix, t) = self.names.iter().find(|(s, _, _)| *s == spec)?;
+        let (_, suffix, t) = self
+            .names
+            .iter()
+            .flat_map(|t| t.iter())
+            .find(|(s, _, _)| *s == spec)?;
         Some(match layer {
             Some(l) => (format!("blk.{l}.{suffix}"), *t),
             None => (suffix.to_string(), *t),

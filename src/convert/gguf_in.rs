@@ -41,7 +41,7 @@ use super::gguf_arch::{self, GgufArch, NoRope, RopeRows, Swa, Transform};
 use super::DEFAULT_Q4_Q8_MASK;
 use super::{for_row_chunks, importance, load_imatrix, Options, Progress, Summary, WType};
 use crate::atomic::AtomicFile;
-use crate::format::gguf::{self, dequant, GgmlType, GgufView, TensorInfo, Value};
+use crate::format::gguf::{self, dequant, Array, GgmlType, GgufView, TensorInfo, Value};
 use crate::format::mlb::header::{act, q8_class, wtype, Header};
 use crate::format::mlb::validate::SEQ_LIMIT;
 use crate::format::mlb::{Kind, Tensor, WriteError};
@@ -132,6 +132,15 @@ impl<'v, 'a> Meta<'v, 'a> {
         self.typed(suffix, |v| v.as_u64(), "must be a non-negative integer")
     }
 
+    /// Refuses an integer key that is set to anything but `want` (what the file's
+    /// other facts give): `rule` says why.
+    pub fn u64_eq(&self, suffix: &str, want: usize, rule: String) -> Result<()> {
+        match self.u64_opt(suffix)? {
+            Some(x) if x as usize != want => Err(self.err(suffix, x, rule)),
+            _ => Ok(()),
+        }
+    }
+
     pub fn u64_req(&self, suffix: &str) -> Result<u64> {
         self.u64_opt(suffix)?
             .ok_or_else(|| self.err(suffix, "missing", "required key"))
@@ -150,18 +159,25 @@ impl<'v, 'a> Meta<'v, 'a> {
         self.typed(suffix, |v| v.as_str(), "must be a string")
     }
 
+    /// Refuses the array `a` under `suffix` unless it has one entry per layer (`n`);
+    /// `what` starts the message.
+    fn check_layers(&self, suffix: &str, a: Array<'a>, n: usize, what: &str) -> Result<()> {
+        if a.len != n {
+            return Err(self.err(
+                suffix,
+                Value::Array(a),
+                format!("{what}must have block_count ({n}) entries"),
+            ));
+        }
+        Ok(())
+    }
+
     /// A per-layer integer: one value, or an array of `n` values that must all agree.
     pub fn uniform(&self, suffix: &str, n: usize) -> Result<Option<u64>> {
         match self.get(suffix) {
             None => Ok(None),
             Some(Value::Array(a)) => {
-                if a.len != n {
-                    return Err(self.err(
-                        suffix,
-                        Value::Array(a),
-                        format!("a per-layer array must have block_count ({n}) entries"),
-                    ));
-                }
+                self.check_layers(suffix, a, n, "a per-layer array ")?;
                 let vals: Option<Vec<u64>> = a.iter().map(|x| x.as_u64()).collect();
                 match vals.as_deref() {
                     Some([first, rest @ ..]) if rest.iter().all(|x| x == first) => Ok(Some(*first)),
@@ -235,15 +251,11 @@ fn describe(m: &Meta, ga: &'static GgufArch, notes: &mut Vec<String>) -> Result<
         Some(k) => usize_of(m, "attention.key_length", k)?,
         None => dim / n_heads,
     };
-    if let Some(vl) = m.u64_opt("attention.value_length")? {
-        if vl as usize != head_dim {
-            return Err(m.err(
-                "attention.value_length",
-                vl,
-                format!("must equal the key length {head_dim}: the format has one head size"),
-            ));
-        }
-    }
+    m.u64_eq(
+        "attention.value_length",
+        head_dim,
+        format!("must equal the key length {head_dim}: the format has one head size"),
+    )?;
     let rot_dim = match m.u64_opt("rope.dimension_count")? {
         Some(r) => usize_of(m, "rope.dimension_count", r)?,
         None => head_dim,
@@ -295,15 +307,11 @@ fn describe(m: &Meta, ga: &'static GgufArch, notes: &mut Vec<String>) -> Result<
         .tensor("token_embd.weight")
         .ok_or_else(|| ConvertError::checkpoint(m.file, "tensor token_embd.weight is missing"))?;
     let vocab = emb.rows() as usize;
-    if let Some(vs) = m.u64_opt("vocab_size")? {
-        if vs as usize != vocab {
-            return Err(m.err(
-                "vocab_size",
-                vs,
-                format!("differs from token_embd.weight's {vocab} rows"),
-            ));
-        }
-    }
+    m.u64_eq(
+        "vocab_size",
+        vocab,
+        format!("differs from token_embd.weight's {vocab} rows"),
+    )?;
     let tied = v.tensor("output.weight").is_none();
 
     // RoPE scaling as llama.cpp applies it.
@@ -558,13 +566,7 @@ fn swa_layers(m: &Meta, n: usize, default: u64) -> Result<Vec<bool>> {
     let key = "attention.sliding_window_pattern";
     match m.get(key) {
         Some(Value::Array(a)) => {
-            if a.len != n {
-                return Err(m.err(
-                    key,
-                    Value::Array(a),
-                    format!("must have block_count ({n}) entries"),
-                ));
-            }
+            m.check_layers(key, a, n, "")?;
             a.iter()
                 .map(|x| match x {
                     Value::Bool(b) => Ok(b),

@@ -102,41 +102,46 @@ mod tests {
         }
     }
 
+    /// The source row of every output row: full rotary interleaves the halves of each
+    /// head, partial rotary leaves the rest, Qwen3.5's q_proj splits into query and
+    /// gate rows.
     #[test]
-    fn full_rotary_interleaves_halves() {
-        // head_dim 8: out = in[0, 4, 1, 5, 2, 6, 3, 7]
-        let m = RowMap::Rope {
-            head_dim: 8,
-            rot: 8,
-        };
-        let got: Vec<usize> = (0..16).map(|r| m.src(r)).collect();
-        assert_eq!(
-            got,
-            vec![0, 4, 1, 5, 2, 6, 3, 7, 8, 12, 9, 13, 10, 14, 11, 15]
-        );
-    }
-
-    #[test]
-    fn partial_rotary_leaves_the_rest() {
-        let m = RowMap::Rope {
-            head_dim: 8,
-            rot: 4,
-        };
-        let got: Vec<usize> = (0..8).map(|r| m.src(r)).collect();
-        assert_eq!(got, vec![0, 2, 1, 3, 4, 5, 6, 7]);
-    }
-
-    #[test]
-    fn gate_split() {
+    fn source_rows() {
+        let cases: [(RowMap, &[usize]); 4] = [
+            (
+                RowMap::Rope {
+                    head_dim: 8,
+                    rot: 8,
+                },
+                &[0, 4, 1, 5, 2, 6, 3, 7, 8, 12, 9, 13, 10, 14, 11, 15],
+            ),
+            (
+                RowMap::Rope {
+                    head_dim: 8,
+                    rot: 4,
+                },
+                &[0, 2, 1, 3, 4, 5, 6, 7],
+            ),
+            (
+                RowMap::GateQuery {
+                    head_dim: 4,
+                    rot: 4,
+                },
+                &[0, 2, 1, 3, 8, 10, 9, 11],
+            ),
+            (
+                RowMap::GateGate { head_dim: 4 },
+                &[4, 5, 6, 7, 12, 13, 14, 15],
+            ),
+        ];
+        for (m, want) in cases {
+            let got: Vec<usize> = (0..want.len()).map(|r| m.src(r)).collect();
+            assert_eq!(got, want, "{m:?}");
+        }
         let q = RowMap::GateQuery {
             head_dim: 4,
             rot: 4,
         };
-        let g = RowMap::GateGate { head_dim: 4 };
-        let qs: Vec<usize> = (0..8).map(|r| q.src(r)).collect();
-        let gs: Vec<usize> = (0..8).map(|r| g.src(r)).collect();
-        assert_eq!(qs, vec![0, 2, 1, 3, 8, 10, 9, 11]);
-        assert_eq!(gs, vec![4, 5, 6, 7, 12, 13, 14, 15]);
         assert_eq!(q.src_rows(8), 16);
     }
 }

@@ -15,44 +15,32 @@ pub const MAGIC: &[u8; 4] = b"MLT1";
 pub const VERSION: u32 = 1;
 pub const HEADER_LEN: usize = 32;
 
-/// Prepend BOS when encoding.
-pub const FLAG_ADD_BOS: u32 = 1;
-/// A whole pre-token found in the vocabulary is one token.
-pub const FLAG_IGNORE_MERGES: u32 = 2;
-/// SentencePiece: the ▁ prefix only at the start of the text, not after each added token.
-pub const FLAG_SP_PREFIX_FIRST: u32 = 4;
-/// Byte-level: NFC-normalize the text between added tokens.
-pub const FLAG_NFC: u32 = 8;
-/// Byte-level: numbers split into single digits (`\p{N}` instead of `\p{N}{1,3}`).
-pub const FLAG_SINGLE_DIGITS: u32 = 16;
-/// Byte-level: the GPT-2 regex instead of the Llama 3 one.
-pub const FLAG_GPT2_REGEX: u32 = 32;
-/// Byte-level: every `\p{N}` is split off before the regex (Digits(individual_digits)).
-pub const FLAG_DIGITS_SPLIT: u32 = 64;
-/// Extension: SentencePiece without any ▁ prefix (Gemma 3).
-pub const FLAG_SP_NO_PREFIX: u32 = 128;
-/// Extension: byte-level Llama 3-family regex whose letter runs take marks,
-/// `[\p{L}\p{M}]+`, and whose punctuation class excludes them (Qwen3.5).
-pub const FLAG_LETTER_MARKS: u32 = 256;
-/// Extension: a chat section (templates, special-token strings, stop set) follows the
-/// merge table (`super::mlt_chat`).
-pub const FLAG_CHAT: u32 = 512;
+named_bits! {
+    FLAG_NAMES, KNOWN_FLAGS;
+    /// Prepend BOS when encoding.
+    FLAG_ADD_BOS = 1, "add_bos";
+    /// A whole pre-token found in the vocabulary is one token.
+    FLAG_IGNORE_MERGES = 2, "ignore_merges";
+    /// SentencePiece: the ▁ prefix only at the start of the text, not after each added token.
+    FLAG_SP_PREFIX_FIRST = 4, "sp_prefix_first_only";
+    /// Byte-level: NFC-normalize the text between added tokens.
+    FLAG_NFC = 8, "nfc";
+    /// Byte-level: numbers split into single digits (`\p{N}` instead of `\p{N}{1,3}`).
+    FLAG_SINGLE_DIGITS = 16, "single_digits";
+    /// Byte-level: the GPT-2 regex instead of the Llama 3 one.
+    FLAG_GPT2_REGEX = 32, "gpt2_regex";
+    /// Byte-level: every `\p{N}` is split off before the regex (Digits(individual_digits)).
+    FLAG_DIGITS_SPLIT = 64, "digits_split";
+    /// Extension: SentencePiece without any ▁ prefix (Gemma 3).
+    FLAG_SP_NO_PREFIX = 128, "sp_no_prefix";
+    /// Extension: byte-level Llama 3-family regex whose letter runs take marks,
+    /// `[\p{L}\p{M}]+`, and whose punctuation class excludes them (Qwen3.5).
+    FLAG_LETTER_MARKS = 256, "letter_marks";
+    /// Extension: a chat section (templates, special-token strings, stop set) follows the
+    /// merge table (`super::mlt_chat`).
+    FLAG_CHAT = 512, "chat";
+}
 
-/// Every flag bit with its name, in bit order.
-pub const FLAG_NAMES: &[(u32, &str)] = &[
-    (FLAG_ADD_BOS, "add_bos"),
-    (FLAG_IGNORE_MERGES, "ignore_merges"),
-    (FLAG_SP_PREFIX_FIRST, "sp_prefix_first_only"),
-    (FLAG_NFC, "nfc"),
-    (FLAG_SINGLE_DIGITS, "single_digits"),
-    (FLAG_GPT2_REGEX, "gpt2_regex"),
-    (FLAG_DIGITS_SPLIT, "digits_split"),
-    (FLAG_SP_NO_PREFIX, "sp_no_prefix"),
-    (FLAG_LETTER_MARKS, "letter_marks"),
-    (FLAG_CHAT, "chat"),
-];
-
-const KNOWN_FLAGS: u32 = 0x3ff;
 const SP_ONLY: u32 = FLAG_SP_PREFIX_FIRST | FLAG_SP_NO_PREFIX;
 const BYTE_ONLY: u32 =
     FLAG_NFC | FLAG_SINGLE_DIGITS | FLAG_GPT2_REGEX | FLAG_DIGITS_SPLIT | FLAG_LETTER_MARKS;
@@ -376,11 +364,7 @@ impl Mlt {
 
     /// The names of the set flags, in bit order.
     pub fn flag_names(&self) -> Vec<&'static str> {
-        FLAG_NAMES
-            .iter()
-            .filter(|(b, _)| self.flags & b != 0)
-            .map(|&(_, n)| n)
-            .collect()
+        super::bit_names(FLAG_NAMES, self.flags)
     }
 }
 

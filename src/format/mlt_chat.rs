@@ -33,22 +33,17 @@ pub const MAX_NAME_LEN: usize = 256;
 /// Longest special-token text, in bytes.
 pub const MAX_SPECIAL_LEN: usize = 4096;
 
-/// Stop id source: the tokenizer's EOS (tokenizer_config.json's eos_token, or --eos).
-pub const STOP_EOS: u32 = 1;
-/// Stop id source: generation_config.json's eos_token_id (an int or a list).
-pub const STOP_GENERATION_CONFIG: u32 = 2;
-/// Stop id source: the added token the template writes right after an assistant turn.
-pub const STOP_END_OF_TURN: u32 = 4;
-/// Stop id source: named on the command line (mlt-convert --stop-token).
-pub const STOP_GIVEN: u32 = 8;
-/// Every source bit with its name.
-pub const STOP_SOURCE_NAMES: &[(u32, &str)] = &[
-    (STOP_EOS, "eos"),
-    (STOP_GENERATION_CONFIG, "generation_config"),
-    (STOP_END_OF_TURN, "end_of_turn"),
-    (STOP_GIVEN, "given"),
-];
-const KNOWN_SOURCES: u32 = 0xf;
+named_bits! {
+    STOP_SOURCE_NAMES, KNOWN_SOURCES;
+    /// Stop id source: the tokenizer's EOS (tokenizer_config.json's eos_token, or --eos).
+    STOP_EOS = 1, "eos";
+    /// Stop id source: generation_config.json's eos_token_id (an int or a list).
+    STOP_GENERATION_CONFIG = 2, "generation_config";
+    /// Stop id source: the added token the template writes right after an assistant turn.
+    STOP_END_OF_TURN = 4, "end_of_turn";
+    /// Stop id source: named on the command line (mlt-convert --stop-token).
+    STOP_GIVEN = 8, "given";
+}
 
 /// The name of the template used when none is asked for.
 pub const DEFAULT_TEMPLATE: &str = "default";
@@ -83,11 +78,7 @@ pub struct ChatSection {
 
 /// The names of the set source bits.
 pub fn source_names(sources: u32) -> Vec<&'static str> {
-    STOP_SOURCE_NAMES
-        .iter()
-        .filter(|(b, _)| sources & b != 0)
-        .map(|&(_, n)| n)
-        .collect()
+    super::bit_names(STOP_SOURCE_NAMES, sources)
 }
 
 /// Whether `s` is a template variable name: ASCII letters, digits and `_`, not

@@ -5,6 +5,30 @@
 //! deterministic writer; the same code validates for `mlb-inspect` and loads for
 //! `mlb-run`.
 
+/// Named bit flags of a header field: a `pub const` per bit, `$names` (every bit with
+/// its name, in the order given) and `$known` (their union).
+macro_rules! named_bits {
+    ($names:ident, $known:ident; $($(#[$doc:meta])* $bit:ident = $v:literal, $name:literal;)*) => {
+        $($(#[$doc])* pub const $bit: u32 = $v;)*
+        /// Every bit with its name, in bit order.
+        pub const $names: &[(u32, &str)] = &[$(($bit, $name)),*];
+        const $known: u32 = {
+            let mut known = 0;
+            $(known |= $bit;)*
+            known
+        };
+    };
+}
+
+/// The names of the bits of `bits` set, in `table` order.
+fn bit_names(table: &[(u32, &'static str)], bits: u32) -> Vec<&'static str> {
+    table
+        .iter()
+        .filter(|(b, _)| bits & b != 0)
+        .map(|&(_, n)| n)
+        .collect()
+}
+
 pub mod error;
 pub mod gguf;
 pub mod mlb;

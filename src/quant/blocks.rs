@@ -173,6 +173,27 @@ mod tests {
             .collect()
     }
 
+    /// A `rows × cols` [`matrix`] and its column [`importances`] (skewed by `power`)
+    /// from the generator seeded with `seed`.
+    fn sample(seed: u64, rows: usize, cols: usize, power: i32) -> (Vec<f32>, Vec<f32>) {
+        let mut rng = Rng(seed);
+        let x = matrix(&mut rng, rows, cols);
+        let imp = importances(&mut rng, cols, power);
+        (x, imp)
+    }
+
+    /// `x` quantized to `t` and back.
+    fn round_trip(
+        t: WType,
+        rows: usize,
+        cols: usize,
+        x: &[f32],
+        imatrix: Option<&[f32]>,
+    ) -> Vec<f32> {
+        let q = quantize_matrix(t, rows, cols, x, imatrix).unwrap();
+        dequantize_matrix(t, rows, cols, &q)
+    }
+
     /// Weighted squared error in f64 of `xhat` against `x`.
     fn werr(x: &[f32], xhat: &[f64], w: &[f32]) -> f64 {
         (0..x.len())
@@ -294,14 +315,11 @@ mod tests {
     /// minimizes (with and without an imatrix).
     #[test]
     fn search_is_no_worse_than_rounding_on_every_block() {
-        let mut rng = Rng(0x2545f4914f6cdd1d);
         let (rows, cols) = (24, 512);
-        let x = matrix(&mut rng, rows, cols);
-        let imp = importances(&mut rng, cols, 3);
+        let (x, imp) = sample(0x2545f4914f6cdd1d, rows, cols, 3);
         for &t in WType::BLOCKS {
             for imatrix in [None, Some(&imp[..])] {
-                let q = quantize_matrix(t, rows, cols, &x, imatrix).unwrap();
-                let xq = dequantize_matrix(t, rows, cols, &q);
+                let xq = round_trip(t, rows, cols, &x, imatrix);
                 let bw = t.block_weights();
                 let (mut tot_s, mut tot_r) = (0f64, 0f64);
                 for r in 0..rows {
@@ -352,8 +370,7 @@ mod tests {
                 vals[0].abs().min(vals[vals.len() - 1].abs()),
                 vals[0].abs().max(vals[vals.len() - 1].abs()),
             );
-            let q = quantize_matrix(t, rows, cols, &x, None).unwrap();
-            let xq = dequantize_matrix(t, rows, cols, &q);
+            let xq = round_trip(t, rows, cols, &x, None);
             let (mut worst, mut sum, mut n) = (0f64, 0f64, 0usize);
             for r in 0..rows {
                 let xr = &x[r * cols..(r + 1) * cols];
@@ -434,14 +451,11 @@ mod tests {
     /// uses it), on a matrix whose channels differ in importance by up to 4000×.
     #[test]
     fn imatrix_lowers_the_importance_weighted_error() {
-        let mut rng = Rng(0x9e3779b97f4a7c15);
         let (rows, cols) = (16, 512);
-        let x = matrix(&mut rng, rows, cols);
-        let imp = importances(&mut rng, cols, 4);
+        let (x, imp) = sample(0x9e3779b97f4a7c15, rows, cols, 4);
         for &t in WType::BLOCKS {
             let e = |imatrix: Option<&[f32]>| -> f64 {
-                let q = quantize_matrix(t, rows, cols, &x, imatrix).unwrap();
-                let xq = dequantize_matrix(t, rows, cols, &q);
+                let xq = round_trip(t, rows, cols, &x, imatrix);
                 (0..rows * cols)
                     .map(|i| imp[i % cols] as f64 * (x[i] as f64 - xq[i] as f64).powi(2))
                     .sum()

@@ -165,8 +165,8 @@ pub fn fit_symmetric(x: &[f32], w: &[f32], lv: &Levels, l: &mut [u8]) -> f32 {
         return 0.0;
     }
     let (vlo, vhi) = lv.ends();
-    let mut best_err = f32::INFINITY;
-    let mut best_d = 0.0f32;
+    // (error, d) of the best candidate so far.
+    let mut best = (f32::INFINITY, 0.0f32);
     let mut cand = [0u8; 32];
     let cand = &mut cand[..n];
     for end in [vlo, vhi] {
@@ -176,36 +176,38 @@ pub fn fit_symmetric(x: &[f32], w: &[f32], lv: &Levels, l: &mut [u8]) -> f32 {
             for (c, &v) in cand.iter_mut().zip(x) {
                 *c = lv.nearest(v * id);
             }
-            let Some((d, e)) = solve_symmetric(x, w, lv, cand) else {
-                continue;
-            };
-            if e < best_err {
-                best_err = e;
-                best_d = d;
-                l.copy_from_slice(cand);
-            }
+            let fit = solve_symmetric(x, w, lv, cand).map(|(d, e)| (e, d));
+            keep_if_lower(fit, cand, &mut best, l);
         }
     }
-    if !best_err.is_finite() {
+    if !best.0.is_finite() {
         // Every weight is zero where the levels are non-zero: plain max mapping.
         let d = m / vlo;
         assign_symmetric(x, lv, d, l);
         return d;
     }
     for _ in 0..2 {
-        assign_symmetric(x, lv, best_d, cand);
-        let Some((d, e)) = solve_symmetric(x, w, lv, cand) else {
-            break;
-        };
-        if e < best_err {
-            best_err = e;
-            best_d = d;
-            l.copy_from_slice(cand);
-        } else {
+        assign_symmetric(x, lv, best.1, cand);
+        let fit = solve_symmetric(x, w, lv, cand).map(|(d, e)| (e, d));
+        if !keep_if_lower(fit, cand, &mut best, l) {
             break;
         }
     }
-    best_d
+    best.1
+}
+
+/// Keeps the candidate levels `cand` in `l` and their (error, fit) in `best` when a fit
+/// was found and its error is below `best`'s (the first of equal errors stays); whether
+/// it did.
+fn keep_if_lower<F>(fit: Option<(f32, F)>, cand: &[u8], best: &mut (f32, F), l: &mut [u8]) -> bool {
+    match fit {
+        Some((e, f)) if e < best.0 => {
+            *best = (e, f);
+            l.copy_from_slice(cand);
+            true
+        }
+        _ => false,
+    }
 }
 
 /// The f16 values next to `v` (below, nearest, above), as f32; only finite ones.
@@ -318,10 +320,15 @@ pub fn fit_affine(x: &[f32], w: &[f32], nmax: u8, min_le_zero: bool, l: &mut [u8
         return (0.0, mn0);
     }
     let range = mx - mn0;
-    let mut best_d = range / nmax as f32;
-    let mut best_mn = mn0;
-    assign_affine(x, nmax, best_d, best_mn, l);
-    let mut best_err = err_affine(x, w, best_d, best_mn, l);
+    // (error, (d, mn)) of the best fit so far, first the plain min/max mapping.
+    let d0 = range / nmax as f32;
+    assign_affine(x, nmax, d0, mn0, l);
+    let mut best = (err_affine(x, w, d0, mn0, l), (d0, mn0));
+    // The least-squares (d, mn) of levels and its error.
+    let affine = |cand: &[u8]| {
+        solve_affine(x, w, cand, min_le_zero)
+            .map(|(d, mn)| (err_affine(x, w, d, mn, cand), (d, mn)))
+    };
     let mut cand = [0u8; 32];
     let cand = &mut cand[..n];
     for k in 0..AFF_STEPS {
@@ -329,30 +336,16 @@ pub fn fit_affine(x: &[f32], w: &[f32], nmax: u8, min_le_zero: bool, l: &mut [u8
         for i in 0..n {
             cand[i] = ((x[i] - mn0) * iscale).round().clamp(0.0, nmax as f32) as u8;
         }
-        if let Some((d, mn)) = solve_affine(x, w, cand, min_le_zero) {
-            let e = err_affine(x, w, d, mn, cand);
-            if e < best_err {
-                (best_err, best_d, best_mn) = (e, d, mn);
-                l.copy_from_slice(cand);
-            }
-        }
+        keep_if_lower(affine(cand), cand, &mut best, l);
     }
     for _ in 0..2 {
-        assign_affine(x, nmax, best_d, best_mn, cand);
-        match solve_affine(x, w, cand, min_le_zero) {
-            Some((d, mn)) => {
-                let e = err_affine(x, w, d, mn, cand);
-                if e < best_err {
-                    (best_err, best_d, best_mn) = (e, d, mn);
-                    l.copy_from_slice(cand);
-                } else {
-                    break;
-                }
-            }
-            None => break,
+        let (d, mn) = best.1;
+        assign_affine(x, nmax, d, mn, cand);
+        if !keep_if_lower(affine(cand), cand, &mut best, l) {
+            break;
         }
     }
-    (best_d, best_mn)
+    best.1
 }
 
 /// [`fit_affine`] for a type that stores `d` and `mn` as f16 (Q4_1, Q5_1): tries the f16

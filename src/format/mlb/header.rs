@@ -166,35 +166,38 @@ pub mod wtype {
     }
 }
 
-/// `rope_type` values.
-pub mod rope_type {
-    pub const PLAIN: u32 = 0;
-    pub const LLAMA3: u32 = 1;
-    pub const LINEAR: u32 = 2;
-    pub const YARN: u32 = 3;
+/// A module of `u32` codes and `name`, the name of a code ("unknown" for any other).
+macro_rules! codes {
+    ($(#[$doc:meta])* $module:ident { $($code:ident = $v:literal $name:literal,)* }) => {
+        $(#[$doc])*
+        pub mod $module {
+            $(pub const $code: u32 = $v;)*
 
-    pub fn name(v: u32) -> &'static str {
-        match v {
-            PLAIN => "plain",
-            LLAMA3 => "llama3",
-            LINEAR => "linear",
-            YARN => "yarn",
-            _ => "unknown",
+            pub fn name(v: u32) -> &'static str {
+                match v {
+                    $($code => $name,)*
+                    _ => "unknown",
+                }
+            }
         }
+    };
+}
+
+codes! {
+    /// `rope_type` values.
+    rope_type {
+        PLAIN = 0 "plain",
+        LLAMA3 = 1 "llama3",
+        LINEAR = 2 "linear",
+        YARN = 3 "yarn",
     }
 }
 
-/// `act` values.
-pub mod act {
-    pub const SILU: u32 = 0;
-    pub const GELU_TANH: u32 = 1;
-
-    pub fn name(v: u32) -> &'static str {
-        match v {
-            SILU => "silu",
-            GELU_TANH => "gelu_tanh",
-            _ => "unknown",
-        }
+codes! {
+    /// `act` values.
+    act {
+        SILU = 0 "silu",
+        GELU_TANH = 1 "gelu_tanh",
     }
 }
 

@@ -242,74 +242,28 @@ fn validate_wtype(h: &Header) -> Result<()> {
 fn validate_rope(h: &Header) -> Result<()> {
     match h.rope_type {
         rope_type::PLAIN => {}
-        rope_type::LLAMA3 => {
-            positive(
-                "rope_factor",
-                h.rope_factor,
-                "llama3 RoPE needs rope_factor > 0",
-            )?;
-            positive(
-                "rope_low_freq_factor",
-                h.rope_low_freq_factor,
-                "llama3 RoPE needs rope_low_freq_factor > 0",
-            )?;
-            if !(h.rope_high_freq_factor.is_finite()
-                && h.rope_high_freq_factor > h.rope_low_freq_factor)
-            {
-                return Err(format(
+        rope_type::LLAMA3 => scaled_rope(
+            h,
+            "llama3",
+            ("rope_low_freq_factor", h.rope_low_freq_factor, None),
+            ("rope_high_freq_factor", h.rope_high_freq_factor, None),
+        )?,
+        rope_type::LINEAR => rope_factor(h, "linear")?,
+        rope_type::YARN => {
+            scaled_rope(
+                h,
+                "yarn",
+                (
                     "rope_high_freq_factor",
                     h.rope_high_freq_factor,
-                    &format!(
-                        "llama3 RoPE needs rope_high_freq_factor > rope_low_freq_factor ({})",
-                        h.rope_low_freq_factor
-                    ),
-                ));
-            }
-            if h.rope_orig_max_seq == 0 {
-                return Err(format(
-                    "rope_orig_max_seq",
-                    0,
-                    "llama3 RoPE needs rope_orig_max_seq > 0",
-                ));
-            }
-        }
-        rope_type::LINEAR => {
-            positive(
-                "rope_factor",
-                h.rope_factor,
-                "linear RoPE needs rope_factor > 0",
-            )?;
-        }
-        rope_type::YARN => {
-            positive(
-                "rope_factor",
-                h.rope_factor,
-                "yarn RoPE needs rope_factor > 0",
-            )?;
-            positive(
-                "rope_high_freq_factor",
-                h.rope_high_freq_factor,
-                "yarn RoPE needs beta_slow (rope_high_freq_factor) > 0",
-            )?;
-            if !(h.rope_low_freq_factor.is_finite()
-                && h.rope_low_freq_factor > h.rope_high_freq_factor)
-            {
-                return Err(format(
+                    Some("beta_slow"),
+                ),
+                (
                     "rope_low_freq_factor",
                     h.rope_low_freq_factor,
-                    &format!(
-                        "yarn RoPE needs beta_fast (rope_low_freq_factor) > beta_slow ({})",
-                        h.rope_high_freq_factor
-                    ),
-                ));
-            }
-            if h.rope_orig_max_seq == 0 {
-                return Err(format(
-                    "rope_orig_max_seq",
-                    0,
-                    "yarn RoPE needs rope_orig_max_seq > 0",
-                ));
-            }
+                    Some("beta_fast"),
+                ),
+            )?;
             positive(
                 "rope_attn_factor",
                 h.rope_attn_factor,
@@ -329,6 +283,54 @@ fn validate_rope(h: &Header) -> Result<()> {
             "rope_attn_factor",
             h.rope_attn_factor,
             "must be 0 unless rope_type is 3 (yarn)",
+        ));
+    }
+    Ok(())
+}
+
+/// Every scaled RoPE (`kind`: llama3, linear, yarn) needs rope_factor > 0.
+fn rope_factor(h: &Header, kind: &str) -> Result<()> {
+    positive(
+        "rope_factor",
+        h.rope_factor,
+        &format!("{kind} RoPE needs rope_factor > 0"),
+    )
+}
+
+/// One end of a scaled RoPE's frequency range: the header field, its value, and the
+/// name yarn gives it (messages say `beta_slow (rope_high_freq_factor)`).
+type FreqBound = (&'static str, f32, Option<&'static str>);
+
+/// llama3 and yarn RoPE: rope_factor > 0, the frequency range's `lower` end > 0 and
+/// its `upper` end above it, and an original context length.
+fn scaled_rope(h: &Header, kind: &str, lower: FreqBound, upper: FreqBound) -> Result<()> {
+    let long = |(field, _, alias): FreqBound| match alias {
+        Some(a) => format!("{a} ({field})"),
+        None => field.to_string(),
+    };
+    rope_factor(h, kind)?;
+    positive(
+        lower.0,
+        lower.1,
+        &format!("{kind} RoPE needs {} > 0", long(lower)),
+    )?;
+    if !(upper.1.is_finite() && upper.1 > lower.1) {
+        return Err(format(
+            upper.0,
+            upper.1,
+            &format!(
+                "{kind} RoPE needs {} > {} ({})",
+                long(upper),
+                lower.2.unwrap_or(lower.0),
+                lower.1
+            ),
+        ));
+    }
+    if h.rope_orig_max_seq == 0 {
+        return Err(format(
+            "rope_orig_max_seq",
+            0,
+            &format!("{kind} RoPE needs rope_orig_max_seq > 0"),
         ));
     }
     Ok(())
