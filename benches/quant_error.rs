@@ -22,19 +22,9 @@
 use std::path::Path;
 
 use krafla::convert::checkpoint::Checkpoint;
+use krafla::format::mlb::synth::Rng;
 use krafla::format::mli::{self, Mli, Slot};
 use krafla::quant::{self, Q4Rule, QuantOpts, WType};
-
-struct Rng(u64);
-
-impl Rng {
-    fn u(&mut self) -> f64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        (self.0 >> 11) as f64 / (1u64 << 53) as f64
-    }
-}
 
 /// One matrix to measure: `rows × cols` values and the importance of its columns.
 struct Mat {
@@ -165,15 +155,17 @@ fn synthetic(rows: usize, cols: usize, seed: u64) -> Mat {
     let mut rng = Rng(seed);
     // Laplace values, 2% of them 6× wider; columns with spread scales (outlier channels);
     // an importance that is log-normal and heavier on the wide columns.
-    let cs: Vec<f64> = (0..cols).map(|_| 0.5 + 3.0 * rng.u().powi(4)).collect();
+    let cs: Vec<f64> = (0..cols)
+        .map(|_| 0.5 + 3.0 * rng.next_f64().powi(4))
+        .collect();
     let imp: Vec<f32> = (0..cols)
-        .map(|c| ((2.0 * (rng.u() - 0.5)).exp() * cs[c]) as f32)
+        .map(|c| ((2.0 * (rng.next_f64() - 0.5)).exp() * cs[c]) as f32)
         .collect();
     let mean = imp.iter().sum::<f32>() / cols as f32;
     let x = (0..rows * cols)
         .map(|i| {
-            let v = -(1.0 - rng.u()).ln() * if rng.u() < 0.5 { -1.0 } else { 1.0 };
-            let v = if rng.u() < 0.02 { v * 6.0 } else { v };
+            let v = -(1.0 - rng.next_f64()).ln() * if rng.next_f64() < 0.5 { -1.0 } else { 1.0 };
+            let v = if rng.next_f64() < 0.02 { v * 6.0 } else { v };
             (v * 0.02 * cs[i % cols]) as f32
         })
         .collect();

@@ -3,6 +3,7 @@
 //! (`-- SIZE_MB` to change the text size, default 4).
 
 use flate2::read::GzDecoder;
+use krafla::format::mlb::synth::Rng;
 use krafla::tokenizer::{from_hf, Tokenizer};
 use std::io::Read;
 use std::path::PathBuf;
@@ -28,19 +29,13 @@ fn gunzip(name: &str) -> String {
 fn mixed_text(size: usize) -> String {
     let corpus = std::fs::read_to_string(data("corpus.txt")).unwrap();
     let lines: Vec<&str> = corpus.lines().filter(|l| !l.starts_with("%%%%")).collect();
-    let mut seed = 0x2545_f491_4f6c_dd1du64;
-    let mut next = move || {
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        seed
-    };
+    let mut rng = Rng(0x2545_f491_4f6c_dd1d);
     let mut out = String::with_capacity(size + 4096);
     while out.len() < size {
-        let line = lines[(next() % lines.len() as u64) as usize];
+        let line = lines[(rng.next_u64() % lines.len() as u64) as usize];
         let mut words: Vec<&str> = line.split(' ').collect();
         for i in (1..words.len()).rev() {
-            words.swap(i, (next() % (i as u64 + 1)) as usize);
+            words.swap(i, (rng.next_u64() % (i as u64 + 1)) as usize);
         }
         out.push_str(&words.join(" "));
         out.push('\n');

@@ -47,6 +47,8 @@ pid=
 mkdir -p "$BENCH_DIR"/{mlb-serve,logs,results}
 log() { printf '[bench-serve %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 client=$repo/scripts/bench_serve_client.py
+# shellcheck source=llama-build.sh
+. "$repo/scripts/llama-build.sh"
 
 # 1. llama-server, built once (CPU only, AMX off as in bench.sh).
 if [ "$KRAFLA_ONLY" != 1 ] && [ ! -x "$LLAMA_SERVER" ]; then
@@ -55,19 +57,8 @@ if [ "$KRAFLA_ONLY" != 1 ] && [ ! -x "$LLAMA_SERVER" ]; then
   fi
   [ -f "${LLAMA_SRC:-}/CMakeLists.txt" ] || { echo "bench-serve.sh: no llama.cpp source (set LLAMA_SRC, or run scripts/bench.sh first)" >&2; exit 1; }
   build=$(dirname "$(dirname "$LLAMA_SERVER")")
-  cmake=$(command -v cmake || true)
-  if [ -z "$cmake" ]; then
-    [ -x "$BENCH_VENV/bin/cmake" ] || { [ -x "$BENCH_VENV/bin/pip" ] || python3 -m venv "$BENCH_VENV"; "$BENCH_VENV/bin/pip" install -q cmake; }
-    cmake=$BENCH_VENV/bin/cmake
-  fi
-  flags="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
   log "building llama-server in $build (nice 19)"
-  nice -n 19 "$cmake" -S "$LLAMA_SRC" -B "$build" -DCMAKE_BUILD_TYPE=Release \
-    -DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF \
-    -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON \
-    -DCMAKE_C_FLAGS="$flags" -DCMAKE_CXX_FLAGS="$flags" >"$BENCH_DIR/logs/cmake-server-configure.log" 2>&1
-  nice -n 19 "$cmake" --build "$build" --config Release -j "$(nproc)" --target llama-server \
-    >"$BENCH_DIR/logs/cmake-server-build.log" 2>&1
+  build_llama "$LLAMA_SRC" "$build" ON server- llama-server
 fi
 
 # 2. Krafla's tools.

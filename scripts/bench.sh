@@ -59,6 +59,8 @@ mkdir -p "$BENCH_DIR"/{gguf,mlb,logs,results}
 file_q() { if [ "$1" = bf16a ]; then echo bf16; else echo "$1"; fi; }
 log() { printf '[bench %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 py=$BENCH_VENV/bin/python
+# shellcheck source=llama-build.sh
+. "$repo/scripts/llama-build.sh"
 
 # 1. Python venv (torch, transformers, sentencepiece, safetensors, cmake).
 if [ ! -x "$py" ]; then
@@ -104,19 +106,8 @@ quant_bin=$build/bin/llama-quantize
 
 # 4. Build llama-bench and llama-quantize, CPU only. AMX is off: its path crashes here.
 if [ ! -x "$bench_bin" ] || [ ! -x "$quant_bin" ]; then
-  cmake=$(command -v cmake || true)
-  if [ -z "$cmake" ]; then
-    [ -x "$BENCH_VENV/bin/cmake" ] || "$BENCH_VENV/bin/pip" install -q cmake
-    cmake=$BENCH_VENV/bin/cmake
-  fi
-  flags="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
   log "building llama.cpp in $build (nice 19)"
-  nice -n 19 "$cmake" -S "$llama" -B "$build" -DCMAKE_BUILD_TYPE=Release \
-    -DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF \
-    -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF \
-    -DCMAKE_C_FLAGS="$flags" -DCMAKE_CXX_FLAGS="$flags" >"$BENCH_DIR/logs/cmake-configure.log" 2>&1
-  nice -n 19 "$cmake" --build "$build" --config Release -j "$(nproc)" \
-    --target llama-bench llama-quantize >"$BENCH_DIR/logs/cmake-build.log" 2>&1
+  build_llama "$llama" "$build" OFF "" llama-bench llama-quantize
 fi
 
 # 5. GGUF files: convert_hf_to_gguf.py to bf16 (lossless from the bf16 checkpoint), then

@@ -15,7 +15,7 @@ use krafla::model::{Model, ModelError, Options, Packs, State};
 use krafla::session::{feed_batch, Engine, Session, SessionError};
 
 use crate::run::{all_logits, cases, load, nrmse, opts, tokens, top1, write_case};
-use crate::util::fixtures::{convert, read_f32, reference};
+use crate::util::fixtures::{convert, read_f32, with_reference};
 use crate::util::{testdata, tiers};
 
 /// xorshift64 in 0..n.
@@ -491,7 +491,7 @@ fn kv_types_stay_close_to_transformers() {
     let root = testdata().join("models");
     let tmp = tempfile::tempdir().unwrap();
     let mut rows = Vec::new();
-    for name in [
+    let names = [
         "gemma2",
         "gemma3_text",
         "llama",
@@ -499,11 +499,8 @@ fn kv_types_stay_close_to_transformers() {
         "qwen3",
         "qwen3_5_text",
         "smollm3",
-    ] {
-        let dir = root.join(name);
-        let Some((_, toks)) = reference(&dir) else {
-            continue;
-        };
+    ];
+    for (name, dir, toks) in with_reference(&root, &names) {
         let sim = read_f32(&dir.join("logits.sim_q8_0.bin"));
         let out = tmp.path().join(format!("{name}.mlb"));
         convert(&dir, &out, &["--wtype", "q8_0"]).unwrap();

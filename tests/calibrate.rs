@@ -58,6 +58,19 @@ fn run(model: &Path, args: &[&str]) -> std::process::Output {
     bin("mlb-run").arg(model).args(args).output().unwrap()
 }
 
+/// `mlb-run <model> --file <the tokenizers' corpus> --imatrix <out> <extra>`: its stdout.
+fn imatrix(model: &Path, out: &Path, extra: &[&str]) -> String {
+    let corpus = corpus();
+    let mut args = vec![
+        "--file",
+        corpus.to_str().unwrap(),
+        "--imatrix",
+        out.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    check(run(model, &args))
+}
+
 fn slots(m: &Mli) -> Vec<(String, &[f64])> {
     let mut v = Vec::new();
     for l in 0..m.n_layers {
@@ -81,21 +94,11 @@ fn imatrix_file_counts_and_dimensions() {
     let tmp = tempfile::tempdir().unwrap();
     let model = default_model(tmp.path(), "q8", &[]);
     let out = tmp.path().join("cal.mli");
-    let stdout = check(run(
+    let stdout = imatrix(
         &model,
-        &[
-            "--file",
-            corpus().to_str().unwrap(),
-            "--imatrix",
-            out.to_str().unwrap(),
-            "--ctx",
-            "32",
-            "--chunks",
-            "3",
-            "--save-every",
-            "1",
-        ],
-    ));
+        &out,
+        &["--ctx", "32", "--chunks", "3", "--save-every", "1"],
+    );
     assert!(stdout.contains("perplexity"), "{stdout}");
     assert!(stdout.contains("96 layer tokens"), "{stdout}");
     let bytes = std::fs::read(&out).unwrap();
@@ -289,17 +292,7 @@ fn imatrix_lowers_the_weighted_q4_error() {
     let tmp = tempfile::tempdir().unwrap();
     let q8 = default_model(tmp.path(), "q8", &[]);
     let mli_path = tmp.path().join("cal.mli");
-    check(run(
-        &q8,
-        &[
-            "--file",
-            corpus().to_str().unwrap(),
-            "--imatrix",
-            mli_path.to_str().unwrap(),
-            "--ctx",
-            "64",
-        ],
-    ));
+    imatrix(&q8, &mli_path, &["--ctx", "64"]);
     let im = mli::parse(&std::fs::read(&mli_path).unwrap()).unwrap();
     let q4 = ["--wtype", "q4_0", "--q4-rule", "search", "--q8", "none"];
     let plain = default_model(tmp.path(), "plain", &q4);

@@ -241,6 +241,13 @@ impl Server {
         (first, lines)
     }
 
+    /// [`Server::stream_started`] on a streaming completion that runs to `max_tokens`
+    /// (no EOS).
+    fn long_stream_started(&self, max_tokens: u32) -> (String, std::io::Lines<impl BufRead>) {
+        let body = json!({"prompt": "A", "max_tokens": max_tokens, "temperature": 0, "stream": true, "logit_bias": {"2": -100}});
+        self.stream_started(&body)
+    }
+
     /// A short completion answers 200.
     fn assert_serves(&self) {
         let r = self.post(
@@ -275,6 +282,13 @@ impl Server {
 
     fn pid(&self) -> i32 {
         self.child.id() as i32
+    }
+
+    /// Sends `sig` to the server.
+    #[cfg(unix)]
+    fn signal(&self, sig: libc::c_int) {
+        // SAFETY: kill(2) on our own running child.
+        assert_eq!(unsafe { libc::kill(self.pid(), sig) }, 0);
     }
 
     /// The server's resident memory (VmRSS), KiB.
@@ -767,8 +781,7 @@ fn serve_full_queue_is_503_with_retry_after() {
 #[test]
 fn serve_disconnect_frees_the_slot() {
     let s = start(&["--parallel", "1"]);
-    let body = json!({"prompt": "A", "max_tokens": 250, "temperature": 0, "stream": true, "logit_bias": {"2": -100}});
-    let (_, lines) = s.stream_started(&body);
+    let (_, lines) = s.long_stream_started(250);
     drop(lines);
     s.wait_idle();
     let t0 = Instant::now();
@@ -800,10 +813,8 @@ fn serve_disconnect_frees_the_slot() {
 #[test]
 fn serve_graceful_shutdown() {
     let mut s = start(&["--parallel", "2"]);
-    let body = json!({"prompt": "A", "max_tokens": 200, "temperature": 0, "stream": true, "logit_bias": {"2": -100}});
-    let (first, lines) = s.stream_started(&body);
-    // SAFETY: kill(2) on our own running child.
-    assert_eq!(unsafe { libc::kill(s.pid(), libc::SIGTERM) }, 0);
+    let (first, lines) = s.long_stream_started(200);
+    s.signal(libc::SIGTERM);
     let mut data: Vec<String> = vec![first[6..].to_string()];
     for l in lines {
         if let Some(d) = l.unwrap().strip_prefix("data: ") {
@@ -1082,11 +1093,9 @@ fn serve_openai_python_client() {
 #[test]
 fn serve_sigint_twice_cancels_and_exits_0() {
     let mut s = start(&["--parallel", "1"]);
-    let body = json!({"prompt": "A", "max_tokens": 250, "temperature": 0, "stream": true, "logit_bias": {"2": -100}});
-    let (_, lines) = s.stream_started(&body);
+    let (_, lines) = s.long_stream_started(250);
     for _ in 0..2 {
-        // SAFETY: kill(2) on our own running child.
-        assert_eq!(unsafe { libc::kill(s.pid(), libc::SIGINT) }, 0);
+        s.signal(libc::SIGINT);
         std::thread::sleep(Duration::from_millis(20));
     }
     let data: Vec<String> = lines

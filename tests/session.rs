@@ -225,34 +225,26 @@ fn snapshot_restore_truncate_and_rewind_give_the_bits_of_a_fresh_prefill() {
         let b = tokens(c.h.vocab, 8, 22);
         let d = tokens(c.h.vocab, 6, 23);
         let cat = |x: &[u32], y: &[u32]| [x, y].concat();
+        // The session's logits are the bits of a fresh prefill of `ids`.
+        let assert_fresh = |s: &Session, ids: &[u32]| {
+            assert!(s.logits().unwrap() == fresh(m, &o, ids), "{}", c.name);
+        };
         let mut s = e.session(&o).unwrap();
         s.feed(&a).unwrap();
         let snap = s.snapshot();
         assert_eq!(snap.pos(), 9);
         s.feed(&b).unwrap();
-        assert!(
-            s.logits().unwrap() == fresh(m, &o, &cat(&a, &b)),
-            "{}",
-            c.name
-        );
+        assert_fresh(&s, &cat(&a, &b));
         // Restore: the logits and the next feed as if b had never come.
         s.restore(&snap).unwrap();
         assert_eq!(s.tokens(), &a[..]);
-        assert!(s.logits().unwrap() == fresh(m, &o, &a), "{}", c.name);
+        assert_fresh(&s, &a);
         s.feed(&d).unwrap();
-        assert!(
-            s.logits().unwrap() == fresh(m, &o, &cat(&a, &d)),
-            "{}",
-            c.name
-        );
+        assert_fresh(&s, &cat(&a, &d));
         // Again: positions before the snapshot were never rewritten.
         s.restore(&snap).unwrap();
         s.feed(&b[..3]).unwrap();
-        assert!(
-            s.logits().unwrap() == fresh(m, &o, &cat(&a, &b[..3])),
-            "{}",
-            c.name
-        );
+        assert_fresh(&s, &cat(&a, &b[..3]));
         // Truncation: free where the state allows it (no linear-attention layer, no
         // ring that has wrapped since position 5).
         let exact = !c.flags.contains(&layer_flag::LINEAR) && c.h.sliding_window == 0;
@@ -265,11 +257,7 @@ fn snapshot_restore_truncate_and_rewind_give_the_bits_of_a_fresh_prefill() {
         } else {
             assert!(s.logits().is_none());
             s.feed(&d).unwrap();
-            assert!(
-                s.logits().unwrap() == fresh(m, &o, &cat(&a[..5], &d)),
-                "{}",
-                c.name
-            );
+            assert_fresh(&s, &cat(&a[..5], &d));
             // The snapshot's ids were rewritten from position 5 on.
             assert!(matches!(
                 s.restore(&snap),
@@ -285,20 +273,15 @@ fn snapshot_restore_truncate_and_rewind_give_the_bits_of_a_fresh_prefill() {
         let refed = s.rewind(12, std::slice::from_ref(&snap)).unwrap();
         assert_eq!(refed, if exact { 0 } else { 3 }, "{}", c.name);
         s.feed(&d).unwrap();
-        let want = fresh(m, &o, &cat(&cat(&a, &b[..3]), &d));
-        assert!(s.logits().unwrap() == want, "{}", c.name);
+        assert_fresh(&s, &cat(&cat(&a, &b[..3]), &d));
         let refed = s.rewind(4, &[]).unwrap();
         assert_eq!(refed, if exact { 0 } else { 4 }, "{}", c.name);
         s.feed(&d).unwrap();
-        assert!(
-            s.logits().unwrap() == fresh(m, &o, &cat(&a[..4], &d)),
-            "{}",
-            c.name
-        );
+        assert_fresh(&s, &cat(&a[..4], &d));
         assert!(s.truncate(s.pos() + 1).is_err());
         s.truncate(0).unwrap();
         s.feed(&d).unwrap();
-        assert!(s.logits().unwrap() == fresh(m, &o, &d), "{}", c.name);
+        assert_fresh(&s, &d);
     }
 }
 

@@ -3,6 +3,7 @@
 //! on random strings of tricky characters; decode round trips; streaming decode.
 
 use flate2::read::GzDecoder;
+use krafla::format::mlb::synth::Rng;
 use krafla::format::mlt::{self, Mlt};
 use krafla::tokenizer::{from_hf, pretok, Tokenizer};
 use serde_json::Value;
@@ -156,18 +157,12 @@ const ALPHABET: &[&str] = &[
 
 /// Random strings over [`ALPHABET`], from a fixed seed.
 pub(crate) fn fuzz_cases(n: usize) -> Vec<String> {
-    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
-    let mut next = move || {
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        seed
-    };
+    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
     (0..n)
         .map(|_| {
-            let len = (next() % 24) as usize;
+            let len = (rng.next_u64() % 24) as usize;
             (0..len)
-                .map(|_| ALPHABET[(next() % ALPHABET.len() as u64) as usize])
+                .map(|_| ALPHABET[(rng.next_u64() % ALPHABET.len() as u64) as usize])
                 .collect()
         })
         .collect()

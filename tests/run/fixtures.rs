@@ -11,7 +11,7 @@ use krafla::kernels::HalfActs;
 use krafla::model::{Model, Options};
 
 use super::{all_logits, nrmse, same_bits_on_every_tier, scalar_bits, top1};
-use crate::util::fixtures::{convert, fixture_dirs, ids, read_f32, reference};
+use crate::util::fixtures::{convert, fixture_dirs, ids, read_f32, reference, with_reference};
 use crate::util::{mlt_convert, tiers};
 
 /// Bounds against the simulated quantized forward (noise floor ≈ 0.02).
@@ -131,17 +131,14 @@ fn fixture_tiers_give_the_same_bits() {
     let root = testdata().join("models");
     let tmp = tempfile::tempdir().unwrap();
     let pools = tiers::pools();
-    for name in [
+    let names = [
         "gemma2",
         "gemma3_text",
         "mistral_sliding",
         "qwen3_5_text",
         "smollm3",
-    ] {
-        let dir = root.join(name);
-        let Some((_, toks)) = reference(&dir) else {
-            continue;
-        };
+    ];
+    for (name, dir, toks) in with_reference(&root, &names) {
         for (quant, args) in [
             ("q8_0", &["--wtype", "q8_0"][..]),
             ("q4_0", &["--wtype", "q4_0", "--f16-scales"][..]),

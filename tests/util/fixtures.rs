@@ -38,6 +38,19 @@ pub fn reference(dir: &Path) -> Option<(Value, Vec<u32>)> {
     Some((r, toks))
 }
 
+/// The fixtures `names` below `root` that have a reference.json, in order: each name,
+/// folder and tokens (the others with a SKIP line, as [`reference`]).
+pub fn with_reference<'a>(
+    root: &'a Path,
+    names: &'a [&'static str],
+) -> impl Iterator<Item = (&'static str, PathBuf, Vec<u32>)> + 'a {
+    names.iter().filter_map(move |&name| {
+        let dir = root.join(name);
+        let (_, toks) = reference(&dir)?;
+        Some((name, dir, toks))
+    })
+}
+
 /// The fixtures below `root` that have a reference.json, sorted; `None` (with a SKIP
 /// line) without the folder.
 pub fn fixture_dirs(root: &Path) -> Option<Vec<PathBuf>> {
