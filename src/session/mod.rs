@@ -10,6 +10,8 @@
 //! - [`ChatSession`]: a conversation over a session: the chat template renders it,
 //!   each turn prefills only its new ids, replies stop at the stop set, the context
 //!   shift drops the oldest turns.
+//! - [`ModelOptions`]: which model and tokenizer, how they load and how their sessions
+//!   run: the options `mlb-run` and `mlb-serve` share.
 //! - [`run`]: `mlb-run` as one call: its validated [`RunOptions`], the generation,
 //!   the `--logits` file, and ([`measure`]) `--imatrix`, `--perplexity`,
 //!   `--kl-divergence`.
@@ -45,6 +47,7 @@ pub mod chat_run;
 mod engine;
 mod generate;
 pub mod measure;
+mod options;
 pub mod run;
 mod sequence;
 
@@ -55,6 +58,7 @@ pub use chat::{
 };
 pub use engine::{Engine, LoadOptions, TokenizerSource};
 pub use generate::{GenerateOptions, Generation, Generator, Step, StopReason, DEFAULT_MAX_TOKENS};
+pub use options::ModelOptions;
 pub use run::{run, Frontend, RunError, RunOptions};
 pub use sequence::{Session, Snapshot};
 
