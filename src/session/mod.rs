@@ -41,6 +41,20 @@
 //! # Ok::<(), krafla::session::SessionError>(())
 //! ```
 
+/// `impl From<E> for Enum` for each variant `Variant(E)` that wraps an error as it is,
+/// so that `?` lifts it: `wrap_errors!(Enum { Variant(E), ... })`.
+macro_rules! wrap_errors {
+    ($enum:ident { $($variant:ident($from:ty)),+ $(,)? }) => {
+        $(
+            impl From<$from> for $enum {
+                fn from(e: $from) -> Self {
+                    $enum::$variant(e)
+                }
+            }
+        )+
+    };
+}
+
 mod batch;
 mod chat;
 pub mod chat_run;
@@ -161,14 +175,7 @@ impl fmt::Display for SessionError {
 
 impl std::error::Error for SessionError {}
 
-impl From<ModelError> for SessionError {
-    fn from(e: ModelError) -> Self {
-        SessionError::Model(e)
-    }
-}
-
-impl From<FormatError> for SessionError {
-    fn from(e: FormatError) -> Self {
-        SessionError::Format(e)
-    }
-}
+wrap_errors!(SessionError {
+    Model(ModelError),
+    Format(FormatError),
+});

@@ -216,17 +216,10 @@ impl RunError {
     }
 }
 
-impl From<SessionError> for RunError {
-    fn from(e: SessionError) -> Self {
-        RunError::Session(e)
-    }
-}
-
-impl From<EvalError> for RunError {
-    fn from(e: EvalError) -> Self {
-        RunError::Eval(e)
-    }
-}
+wrap_errors!(RunError {
+    Session(SessionError),
+    Eval(EvalError),
+});
 
 /// What the command shows, as it happens.
 pub trait Frontend {
