@@ -188,7 +188,7 @@ impl Args {
                     && self.file.is_none()
                     && std::io::stdin().is_terminal()));
         let mut o = RunOptions::new(self.model);
-        o.tokenizer = self.tokenizer;
+        o.model.tokenizer = self.tokenizer;
         o.prompt = match (self.tokens, self.prompt, self.file) {
             (Some(ids), _, _) => Prompt::Ids(ids),
             (None, Some(text), _) => Prompt::Text(text),
@@ -213,11 +213,11 @@ impl Args {
             context_shift: self.context_shift,
             interactive,
         });
-        o.ctx = self.ctx;
+        o.model.ctx = self.ctx;
         o.batch = self.batch;
-        o.kv_type = self.kv_type;
+        o.model.kv_type = self.kv_type;
         o.logits = self.logits;
-        o.threads = self.threads;
+        o.model.threads = self.threads;
         o.verbose = self.verbose;
         o.measure = mode.map(|mode| Measure {
             mode,
@@ -225,9 +225,9 @@ impl Args {
             json: self.json,
         });
         o.ignore_eos = self.ignore_eos;
-        o.pack = !self.no_pack;
+        o.model.pack = !self.no_pack;
         if self.bf16_activations {
-            o.half_acts = HalfActs::Bf16;
+            o.model.half_acts = HalfActs::Bf16;
         }
         o
     }
@@ -372,7 +372,7 @@ fn main() -> ExitCode {
     let opts = args.into_options();
     // A model file truncated while mapped faults (SIGBUS) inside a forward pass: one
     // line and exit 1 (docs/reliability.md).
-    krafla::signals::report_sigbus("mlb-run", &opts.model);
+    krafla::signals::report_sigbus("mlb-run", &opts.model.path);
     let interactive = opts.chat.as_ref().is_some_and(|c| c.interactive);
     if interactive {
         // Ctrl-C stops the reply being generated, not the chat.

@@ -74,21 +74,21 @@ struct Args {
 impl Args {
     fn into_options(self) -> ServeOptions {
         let mut o = ServeOptions::new(self.model);
-        o.tokenizer = self.tokenizer;
+        o.model.tokenizer = self.tokenizer;
         o.host = self.host;
         o.port = self.port;
         o.parallel = self.parallel;
-        o.ctx = self.ctx;
-        o.threads = self.threads;
+        o.model.ctx = self.ctx;
+        o.model.threads = self.threads;
         o.api_key = self.api_key;
-        o.kv_type = self.kv_type;
+        o.model.kv_type = self.kv_type;
         o.queue = self.queue;
         o.prefill_chunk = self.prefill_chunk;
         o.max_body = self.max_body;
         o.alias = self.alias;
-        o.pack = !self.no_pack;
+        o.model.pack = !self.no_pack;
         if self.bf16_activations {
-            o.half_acts = HalfActs::Bf16;
+            o.model.half_acts = HalfActs::Bf16;
         }
         o
     }
@@ -115,7 +115,7 @@ fn main() -> ExitCode {
     // No default_sigpipe here: a client that closes its socket must give the server an
     // EPIPE error, not end the process.
     let opts = Args::parse().into_options();
-    krafla::signals::report_sigbus("mlb-serve", &opts.model);
+    krafla::signals::report_sigbus("mlb-serve", &opts.model.path);
     match krafla::serve::serve(&opts, Arc::new(Terminal)) {
         Ok(()) => {
             eprintln!("mlb-serve: shut down");

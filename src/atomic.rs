@@ -305,44 +305,28 @@ fn link_anonymous(file: &File, path: &Path) -> io::Result<()> {
     };
     let from = cstr(format!("/proc/self/fd/{}", file.as_raw_fd()).as_bytes())?;
     let to = cstr(path.as_os_str().as_bytes())?;
-    // SAFETY: both are valid NUL-terminated strings that outlive the call.
-    let rc = unsafe {
-        libc::linkat(
-            libc::AT_FDCWD,
-            from.as_ptr(),
-            libc::AT_FDCWD,
-            to.as_ptr(),
-            libc::AT_SYMLINK_FOLLOW,
-        )
+    let link = |dirfd: libc::c_int, from: &CString, flags: libc::c_int| {
+        // SAFETY: both are valid NUL-terminated strings that outlive the call, and
+        // `dirfd` is AT_FDCWD or the descriptor of `file`, open for the whole call.
+        let rc = unsafe { libc::linkat(dirfd, from.as_ptr(), libc::AT_FDCWD, to.as_ptr(), flags) };
+        if rc == 0 {
+            Ok(())
+        } else {
+            Err(io::Error::last_os_error())
+        }
     };
-    if rc == 0 {
-        return Ok(());
-    }
-    let e = io::Error::last_os_error();
-    if e.kind() == io::ErrorKind::AlreadyExists {
-        return Err(e);
-    }
+    let e = match link(libc::AT_FDCWD, &from, libc::AT_SYMLINK_FOLLOW) {
+        Ok(()) => return Ok(()),
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => return Err(e),
+        Err(e) => e,
+    };
     // Without /proc, AT_EMPTY_PATH does the same where the process may use it.
     let empty = cstr(b"")?;
-    // SAFETY: as above; the descriptor is open for the whole call.
-    let rc = unsafe {
-        libc::linkat(
-            file.as_raw_fd(),
-            empty.as_ptr(),
-            libc::AT_FDCWD,
-            to.as_ptr(),
-            libc::AT_EMPTY_PATH,
-        )
-    };
-    if rc == 0 {
-        return Ok(());
+    match link(file.as_raw_fd(), &empty, libc::AT_EMPTY_PATH) {
+        Ok(()) => Ok(()),
+        Err(e2) if e2.kind() == io::ErrorKind::AlreadyExists => Err(e2),
+        Err(_) => Err(e),
     }
-    let e2 = io::Error::last_os_error();
-    Err(if e2.kind() == io::ErrorKind::AlreadyExists {
-        e2
-    } else {
-        e
-    })
 }
 
 #[cfg(test)]

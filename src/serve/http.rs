@@ -19,6 +19,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use futures_util::stream::{self, StreamExt};
+use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use serde_json::json;
 use sha2::{Digest, Sha256};
@@ -240,6 +241,14 @@ fn body_of(b: Result<Bytes, BytesRejection>, limit: usize) -> Result<Bytes, ApiE
     }
 }
 
+/// The body as the JSON of a request: 413 past the size limit, 400 if it is not one.
+fn json_body<T: DeserializeOwned>(
+    b: Result<Bytes, BytesRejection>,
+    limit: usize,
+) -> Result<T, ApiError> {
+    api::from_json(&body_of(b, limit)?)
+}
+
 async fn models(State(app): State<Arc<App>>) -> Response {
     Json(json!({
         "object": "list",
@@ -302,8 +311,7 @@ async fn tokenize(
     State(app): State<Arc<App>>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    let body = body_of(body, app.max_body)?;
-    let req: TokenizeRequest = api::from_json(&body)?;
+    let req: TokenizeRequest = json_body(body, app.max_body)?;
     if !req.parse_special {
         return Err(ApiError::invalid(
             "parse_special",
@@ -340,8 +348,7 @@ async fn detokenize(
     State(app): State<Arc<App>>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    let body = body_of(body, app.max_body)?;
-    let req: DetokenizeRequest = api::from_json(&body)?;
+    let req: DetokenizeRequest = json_body(body, app.max_body)?;
     let n = app.tokenizer().n_vocab();
     if let Some((i, id)) = req
         .tokens

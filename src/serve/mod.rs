@@ -32,9 +32,9 @@ use sha2::{Digest, Sha256};
 use crate::chat::{Chat, ChatError, StopSet};
 use crate::format::mlt::Mlt;
 use crate::format::FormatError;
-use crate::kernels::{pool, HalfActs};
+use crate::kernels::pool;
 use crate::model::Options;
-use crate::session::{Engine, LoadOptions, SessionError, TokenizerSource};
+use crate::session::{Engine, LoadOptions, ModelOptions, SessionError, TokenizerSource};
 use scheduler::{Msg, Shared, SlotsConfig};
 
 /// `--port` default.
@@ -56,22 +56,17 @@ pub use crate::model::KvType;
 /// Every option of mlb-serve, with its defaults ([`ServeOptions::new`]).
 #[derive(Debug, Clone, PartialEq)]
 pub struct ServeOptions {
-    pub model: PathBuf,
-    /// `None`: the `.mlt` of the same name beside the model.
-    pub tokenizer: Option<PathBuf>,
+    /// The model, the tokenizer (the server needs one), `--ctx` (positions per slot),
+    /// `--threads` (the model's), `--kv-type`, `--no-pack`, `--bf16-activations`.
+    pub model: ModelOptions,
     /// Address to listen on (a name or an IP; default 127.0.0.1).
     pub host: String,
     /// 0: any free port (the one taken is printed).
     pub port: u16,
     /// Slots: sequences run together.
     pub parallel: usize,
-    /// Positions per slot; `None`: max_seq capped at 4096.
-    pub ctx: Option<usize>,
-    /// Model threads; `None`: all cores.
-    pub threads: Option<usize>,
     /// Requests need `Authorization: Bearer KEY` (all routes but /health).
     pub api_key: Option<String>,
-    pub kv_type: KvType,
     /// Requests that may wait for a free slot; more get 503 with Retry-After.
     pub queue: usize,
     /// Prompt ids per step over all slots.
@@ -80,10 +75,6 @@ pub struct ServeOptions {
     pub max_body: usize,
     /// The model's name in responses (default: the file name without `.mlb`).
     pub alias: Option<String>,
-    /// Pack the weights for the tier's packed kernels.
-    pub pack: bool,
-    /// What BF16 matrices multiply (`--bf16-activations`).
-    pub half_acts: HalfActs,
     /// How long running requests may finish after the first SIGINT/SIGTERM.
     pub grace: Duration,
 }
@@ -92,21 +83,15 @@ impl ServeOptions {
     /// The defaults for `model`.
     pub fn new(model: impl Into<PathBuf>) -> ServeOptions {
         ServeOptions {
-            model: model.into(),
-            tokenizer: None,
+            model: ModelOptions::new(model),
             host: "127.0.0.1".into(),
             port: DEFAULT_PORT,
             parallel: 1,
-            ctx: None,
-            threads: None,
             api_key: None,
-            kv_type: KvType::F32,
             queue: DEFAULT_QUEUE,
             prefill_chunk: DEFAULT_PREFILL_CHUNK,
             max_body: DEFAULT_MAX_BODY,
             alias: None,
-            pack: true,
-            half_acts: HalfActs::F32,
             grace: SHUTDOWN_GRACE,
         }
     }
@@ -127,13 +112,7 @@ impl ServeOptions {
                 "must be between 1 and 256",
             );
         }
-        match self.threads {
-            Some(0) => return bad("--threads", "0".into(), "at least one thread is needed"),
-            Some(t) if t > pool::MAX_THREADS => {
-                return bad("--threads", t.to_string(), "at most 1024")
-            }
-            _ => {}
-        }
+        self.model.validate()?;
         if self.prefill_chunk == 0 {
             return bad("--prefill-chunk", "0".into(), "at least one id per step");
         }
@@ -157,26 +136,19 @@ impl ServeOptions {
         if self.alias.as_deref() == Some("") {
             return bad("--alias", "\"\"".into(), "a model name cannot be empty");
         }
-        model_options(self).map(|_| ())
+        Ok(())
     }
 
     /// The tokenizer file: `--tokenizer`, else the `.mlt` beside the model.
     pub fn tokenizer_path(&self) -> PathBuf {
-        self.tokenizer
-            .clone()
-            .unwrap_or_else(|| self.model.with_extension("mlt"))
+        self.model.tokenizer_path()
     }
-}
 
-/// The sessions' options.
-fn model_options(o: &ServeOptions) -> Result<Options, ServeError> {
-    Ok(Options {
-        ctx: o.ctx,
-        // A step reads at most `prefill_chunk` prompt ids into one slot.
-        batch: o.prefill_chunk,
-        kv_type: o.kv_type,
-        ..Options::default()
-    })
+    /// The slots' session options: a step reads at most `prefill_chunk` prompt ids into
+    /// one slot.
+    fn session_options(&self) -> Options {
+        self.model.session_options(self.prefill_chunk)
+    }
 }
 
 /// Why mlb-serve could not start (or stopped): one line each.
@@ -346,22 +318,16 @@ impl Signals {
 /// them at once), and returns when every connection has closed.
 pub fn serve(o: &ServeOptions, fe: Arc<dyn Frontend>) -> Result<(), ServeError> {
     o.validate()?;
-    let model_opts = model_options(o)?;
-    if let Some(t) = o.threads {
-        pool::set_threads(t);
-    }
-    if let Some(note) = pool::global().shortfall() {
+    if let Some(note) = o.model.start_pool() {
         fe.log(&format!("note: {note}"));
     }
     let tok_path = o.tokenizer_path();
-    if o.tokenizer.is_none() && !tok_path.exists() {
+    if o.model.tokenizer.is_none() && !tok_path.exists() {
         return Err(ServeError::NoTokenizer { expected: tok_path });
     }
     let engine = Engine::load(&LoadOptions {
-        model: o.model.clone(),
         tokenizer: TokenizerSource::File(tok_path.clone()),
-        pack: o.pack,
-        half_acts: o.half_acts,
+        ..o.model.load_options()
     })?;
     let mlt = Mlt::load(&tok_path).map_err(|err| ServeError::Tokenizer {
         path: tok_path.clone(),
@@ -378,6 +344,7 @@ pub fn serve(o: &ServeOptions, fe: Arc<dyn Frontend>) -> Result<(), ServeError> 
     drop(mlt);
     let model = o.alias.clone().unwrap_or_else(|| {
         o.model
+            .path
             .file_stem()
             .map_or_else(|| "model".into(), |s| s.to_string_lossy().into_owned())
     });
@@ -385,7 +352,7 @@ pub fn serve(o: &ServeOptions, fe: Arc<dyn Frontend>) -> Result<(), ServeError> 
     let shared = Arc::new(Shared::new(o.parallel + o.queue));
     let cfg = SlotsConfig {
         parallel: o.parallel,
-        model: model_opts,
+        model: o.session_options(),
         prefill_chunk: o.prefill_chunk,
         grace: o.grace,
     };
@@ -498,13 +465,6 @@ mod tests {
             ),
             (
                 ServeOptions {
-                    threads: Some(0),
-                    ..ok.clone()
-                },
-                "--threads",
-            ),
-            (
-                ServeOptions {
                     prefill_chunk: 0,
                     ..ok.clone()
                 },
@@ -530,6 +490,16 @@ mod tests {
                 other => panic!("{name}: {other:?}"),
             }
         }
+        // The model's options are the session API's to check.
+        let mut o = ok.clone();
+        o.model.threads = Some(0);
+        assert!(matches!(
+            o.validate(),
+            Err(ServeError::Session(SessionError::BadOption {
+                name: "--threads",
+                ..
+            }))
+        ));
         assert_eq!("Q8_0".parse::<KvType>(), Ok(KvType::Q8_0));
         assert!("f8".parse::<KvType>().is_err());
     }

@@ -163,17 +163,10 @@ impl fmt::Display for ChatSessionError {
 
 impl std::error::Error for ChatSessionError {}
 
-impl From<SessionError> for ChatSessionError {
-    fn from(e: SessionError) -> Self {
-        ChatSessionError::Session(e)
-    }
-}
-
-impl From<ChatError> for ChatSessionError {
-    fn from(e: ChatError) -> Self {
-        ChatSessionError::Chat(e)
-    }
-}
+wrap_errors!(ChatSessionError {
+    Session(SessionError),
+    Chat(ChatError),
+});
 
 /// Whether a message is part of the system prompt that the context shift keeps.
 fn is_system(m: &Message) -> bool {

@@ -24,7 +24,6 @@ use super::{
     Reply, RunOptions, StopReason, DEFAULT_CHAT_MAX_TOKENS,
 };
 use crate::chat::{Conversation, Message, RenderOptions};
-use crate::model::Options;
 
 /// What `--chat` adds to mlb-run's options.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -123,12 +122,7 @@ pub(super) fn run(
         render,
         context_shift: c.context_shift,
     };
-    let model = Options {
-        ctx: o.ctx,
-        batch: o.batch.max(1),
-        kv_type: o.kv_type,
-        ..Options::default()
-    };
+    let model = o.model.session_options(o.batch.max(1));
     let mut chat = ChatSession::new(engine, &model, opts).map_err(RunError::Chat)?;
     for m in messages {
         chat.push(m);

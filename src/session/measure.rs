@@ -89,7 +89,7 @@ fn reference_engine(o: &RunOptions, path: &Path, mlb: Mlb) -> Result<Engine, Run
         path: path.to_path_buf(),
         err: Box::new(err),
     };
-    let packs = if o.pack {
+    let packs = if o.model.pack {
         Packs::new(&mlb, &kernels::kernels()).map_err(|e| wrap(SessionError::Format(e)))?
     } else {
         Packs::none()
@@ -108,12 +108,13 @@ pub(crate) fn run(
     fe: &mut dyn Frontend,
 ) -> Result<String, RunError> {
     let model = engine.model();
-    let ctx = o.ctx.unwrap_or(DEFAULT_EVAL_CTX.min(model.cfg.max_seq));
+    let ctx = o
+        .model
+        .ctx
+        .unwrap_or(DEFAULT_EVAL_CTX.min(model.cfg.max_seq));
     let opts = Options {
         ctx: Some(ctx),
-        batch: o.batch.max(1),
-        kv_type: o.kv_type,
-        ..Options::default()
+        ..o.model.session_options(o.batch.max(1))
     };
     model.context(&opts).map_err(SessionError::Model)?;
     // The reference first: a missing file is reported before the text.
@@ -133,7 +134,7 @@ pub(crate) fn run(
     };
     let n = chunks.len();
     let ctx = chunks[0].len();
-    let model_name = o.model.display().to_string();
+    let model_name = o.model.path.display().to_string();
     let scope = format!(
         "{n} chunks × {ctx} tokens{}; scored: the second half of each chunk (positions {}..{} predict the next token)",
         if bos.is_some() { " (each starts with BOS)" } else { "" },
@@ -204,7 +205,7 @@ fn imatrix_report(
     if m.json {
         let v = json!({
             "mode": "imatrix",
-            "model": o.model.display().to_string(),
+            "model": o.model.path.display().to_string(),
             "output": path.display().to_string(),
             "chunks": chunks.len(),
             "ctx": chunks[0].len(),
@@ -216,7 +217,7 @@ fn imatrix_report(
         return Ok(format!("{v}\n"));
     }
     let mut s = String::new();
-    let _ = writeln!(s, "model:      {}", o.model.display());
+    let _ = writeln!(s, "model:      {}", o.model.path.display());
     let _ = writeln!(s, "text:       {scope}");
     let _ = writeln!(
         s,

@@ -10,6 +10,8 @@
 //! - [`ChatSession`]: a conversation over a session: the chat template renders it,
 //!   each turn prefills only its new ids, replies stop at the stop set, the context
 //!   shift drops the oldest turns.
+//! - [`ModelOptions`]: which model and tokenizer, how they load and how their sessions
+//!   run: the options `mlb-run` and `mlb-serve` share.
 //! - [`run`]: `mlb-run` as one call: its validated [`RunOptions`], the generation,
 //!   the `--logits` file, and ([`measure`]) `--imatrix`, `--perplexity`,
 //!   `--kl-divergence`.
@@ -39,12 +41,27 @@
 //! # Ok::<(), krafla::session::SessionError>(())
 //! ```
 
+/// `impl From<E> for Enum` for each variant `Variant(E)` that wraps an error as it is,
+/// so that `?` lifts it: `wrap_errors!(Enum { Variant(E), ... })`.
+macro_rules! wrap_errors {
+    ($enum:ident { $($variant:ident($from:ty)),+ $(,)? }) => {
+        $(
+            impl From<$from> for $enum {
+                fn from(e: $from) -> Self {
+                    $enum::$variant(e)
+                }
+            }
+        )+
+    };
+}
+
 mod batch;
 mod chat;
 pub mod chat_run;
 mod engine;
 mod generate;
 pub mod measure;
+mod options;
 pub mod run;
 mod sequence;
 
@@ -55,6 +72,7 @@ pub use chat::{
 };
 pub use engine::{Engine, LoadOptions, TokenizerSource};
 pub use generate::{GenerateOptions, Generation, Generator, Step, StopReason, DEFAULT_MAX_TOKENS};
+pub use options::ModelOptions;
 pub use run::{run, Frontend, RunError, RunOptions};
 pub use sequence::{Session, Snapshot};
 
@@ -157,14 +175,7 @@ impl fmt::Display for SessionError {
 
 impl std::error::Error for SessionError {}
 
-impl From<ModelError> for SessionError {
-    fn from(e: ModelError) -> Self {
-        SessionError::Model(e)
-    }
-}
-
-impl From<FormatError> for SessionError {
-    fn from(e: FormatError) -> Self {
-        SessionError::Format(e)
-    }
-}
+wrap_errors!(SessionError {
+    Model(ModelError),
+    Format(FormatError),
+});

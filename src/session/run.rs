@@ -14,18 +14,15 @@ use std::time::Instant;
 
 use super::chat_run::{self, ChatRun};
 use super::measure::{self, Measure};
-use super::{
-    ChatSessionError, Engine, GenerateOptions, LoadOptions, SessionError, StopReason,
-    TokenizerSource,
-};
+use super::{ChatSessionError, Engine, GenerateOptions, ModelOptions, SessionError, StopReason};
 use crate::atomic::AtomicFile;
 use crate::chat::ChatError;
 use crate::format::FormatError;
-use crate::kernels::{self, pool, HalfActs};
+use crate::kernels::{self, pool};
 use crate::model::eval::EvalError;
 use crate::model::forward::{LogitsSink, DEFAULT_BATCH};
 use crate::model::sampler::Logprobs;
-use crate::model::{KvType, Options, SamplerOpts};
+use crate::model::{Options, SamplerOpts};
 
 /// `--temp` default.
 pub const DEFAULT_TEMP: f32 = 0.8;
@@ -47,34 +44,24 @@ pub enum Prompt {
 /// Every option of `mlb-run`, with its defaults (`RunOptions::new`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct RunOptions {
-    pub model: PathBuf,
-    /// `None`: the `.mlt` of the same name beside the model, if there is one.
-    pub tokenizer: Option<PathBuf>,
+    /// The model, the tokenizer, `--ctx`, `--threads`, `--kv-type`, `--no-pack` and
+    /// `--bf16-activations` (the reference model of `--kl-divergence` always takes f32
+    /// activations).
+    pub model: ModelOptions,
     pub prompt: Prompt,
     /// Tokens to generate; `None`: 128, or 0 with `logits`.
     pub n_predict: Option<usize>,
     pub sampling: SamplerOpts,
-    /// KV positions; `None`: max_seq capped at 4096 (512 for a measurement).
-    pub ctx: Option<usize>,
     /// Most prompt tokens per prefill batch.
     pub batch: usize,
-    /// How the KV cache stores keys and values.
-    pub kv_type: KvType,
     /// Write every prompt position's logits here (little-endian f32, positions × vocab).
     pub logits: Option<PathBuf>,
-    /// Worker threads; `None`: all cores.
-    pub threads: Option<usize>,
     /// Show the kernel tier and the model's shape.
     pub verbose: bool,
     /// Measure instead of generating.
     pub measure: Option<Measure>,
     /// Keep generating past the stop set (always `n_predict` tokens).
     pub ignore_eos: bool,
-    /// Pack the weights for the tier's packed kernels.
-    pub pack: bool,
-    /// What BF16 matrices multiply (`--bf16-activations`); the reference model of
-    /// `--kl-divergence` always takes f32 activations.
-    pub half_acts: HalfActs,
     /// Texts that end the generation (`--stop`); the output stops before them.
     pub stop_strings: Vec<String>,
     /// Print each sampled token's log-probability and this many alternatives
@@ -88,8 +75,7 @@ impl RunOptions {
     /// mlb-run's defaults for `model`, prompt from stdin.
     pub fn new(model: impl Into<PathBuf>) -> RunOptions {
         RunOptions {
-            model: model.into(),
-            tokenizer: None,
+            model: ModelOptions::new(model),
             prompt: Prompt::Stdin,
             n_predict: None,
             sampling: SamplerOpts {
@@ -98,16 +84,11 @@ impl RunOptions {
                 top_p: DEFAULT_TOP_P,
                 ..SamplerOpts::default()
             },
-            ctx: None,
             batch: DEFAULT_BATCH,
-            kv_type: KvType::F32,
             logits: None,
-            threads: None,
             verbose: false,
             measure: None,
             ignore_eos: false,
-            pack: true,
-            half_acts: HalfActs::F32,
             stop_strings: Vec::new(),
             logprobs: None,
             chat: None,
@@ -125,20 +106,7 @@ impl RunOptions {
 
     /// Checks what can be checked without the files.
     pub fn validate(&self) -> Result<(), RunError> {
-        if self.threads == Some(0) {
-            return Err(RunError::BadOption {
-                name: "--threads",
-                value: "0".into(),
-                rule: "at least one thread is needed",
-            });
-        }
-        if let Some(t) = self.threads.filter(|&t| t > pool::MAX_THREADS) {
-            return Err(RunError::BadOption {
-                name: "--threads",
-                value: t.to_string(),
-                rule: "at most 1024",
-            });
-        }
+        self.model.validate()?;
         self.sampling
             .validate(None)
             .map_err(|e| RunError::Session(SessionError::Sampling(e)))?;
@@ -248,17 +216,10 @@ impl RunError {
     }
 }
 
-impl From<SessionError> for RunError {
-    fn from(e: SessionError) -> Self {
-        RunError::Session(e)
-    }
-}
-
-impl From<EvalError> for RunError {
-    fn from(e: EvalError) -> Self {
-        RunError::Eval(e)
-    }
-}
+wrap_errors!(RunError {
+    Session(SessionError),
+    Eval(EvalError),
+});
 
 /// What the command shows, as it happens.
 pub trait Frontend {
@@ -411,8 +372,8 @@ impl LogitsFile {
 /// Refuses an output (`--logits`, `--imatrix`) that is one of the inputs (the model,
 /// the tokenizer, the `--kl-divergence` reference, the prompt file).
 fn check_outputs(o: &RunOptions) -> Result<(), RunError> {
-    let beside = o.model.with_extension("mlt");
-    let mut inputs = vec![o.model.as_path(), o.tokenizer.as_deref().unwrap_or(&beside)];
+    let tokenizer = o.model.tokenizer_path();
+    let mut inputs = vec![o.model.path.as_path(), &tokenizer];
     if let Prompt::File(f) = &o.prompt {
         inputs.push(f);
     }
@@ -471,7 +432,7 @@ fn prompt_ids(o: &RunOptions, engine: &Engine) -> Result<Vec<u32>, RunError> {
     match engine.tokenizer() {
         Some(t) => Ok(t.encode(&text)),
         None => Err(RunError::NoTokenizer {
-            expected: o.model.with_extension("mlt"),
+            expected: o.model.path.with_extension("mlt"),
         }),
     }
 }
@@ -582,23 +543,12 @@ pub fn parse_logit_bias(s: &str) -> Result<(u32, f32), String> {
 /// the prompt's logits); shows what it makes through `fe`.
 pub fn run(o: &RunOptions, fe: &mut dyn Frontend) -> Result<Outcome, RunError> {
     o.validate()?;
-    if let Some(t) = o.threads {
-        pool::set_threads(t);
-    }
-    if let Some(note) = pool::global().shortfall() {
+    if let Some(note) = o.model.start_pool() {
         fe.info(&format!("mlb-run: note: {note}"));
     }
     check_outputs(o)?;
     let t_load = Instant::now();
-    let engine = Engine::load(&LoadOptions {
-        model: o.model.clone(),
-        tokenizer: match &o.tokenizer {
-            Some(p) => TokenizerSource::File(p.clone()),
-            None => TokenizerSource::Beside,
-        },
-        pack: o.pack,
-        half_acts: o.half_acts,
-    })?;
+    let engine = o.model.load()?;
     if let Some(c) = &o.chat {
         return chat_run::run(o, c, &engine, fe, t_load.elapsed().as_secs_f64());
     }
@@ -611,12 +561,7 @@ pub fn run(o: &RunOptions, fe: &mut dyn Frontend) -> Result<Outcome, RunError> {
         };
         return measure::run(o, m, &engine, bos, &prompt, fe).map(Outcome::Measured);
     }
-    let opts = Options {
-        ctx: o.ctx,
-        batch: o.batch.max(1),
-        kv_type: o.kv_type,
-        ..Options::default()
-    };
+    let opts = o.model.session_options(o.batch.max(1));
     let mut s = engine.session(&opts)?;
     let load_secs = t_load.elapsed().as_secs_f64();
     if o.verbose {
@@ -696,7 +641,7 @@ mod tests {
         let ok = RunOptions::new("/nonexistent/m.mlb");
         assert!(ok.validate().is_ok());
         let mut o = ok.clone();
-        o.threads = Some(0);
+        o.model.threads = Some(0);
         let e = o.validate().unwrap_err();
         assert_eq!(
             e.to_string(),
