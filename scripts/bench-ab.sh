@@ -57,7 +57,9 @@ for m in $MODELS; do
     if [ ! -f "$mlb" ]; then
       case $q in
         q4_0) cflags=(--wtype q4_0 --q8 none --q4-rule round --f16-scales);;
-        *) cflags=(--wtype "$q" --f16-scales);;
+        q8_0) cflags=(--wtype q8_0 --f16-scales);;
+        # The block types and BF16/F16 have no scale array: --f16-scales is refused.
+        *) cflags=(--wtype "$q");;
       esac
       log "mlb-convert $m ${cflags[*]}"
       "$repo/target/release/mlb-convert" "$REAL_DIR/$m" "${cflags[@]}" -o "$mlb" >/dev/null

@@ -655,6 +655,13 @@ fn convert_mixed_types_plan() {
         ),
         (
             Box::new(|o: &mut Options| {
+                o.wtype = WType::Q4_K;
+                o.scale_f16 = true;
+            }),
+            "--f16-scales: no matrix of this model has a scale array",
+        ),
+        (
+            Box::new(|o: &mut Options| {
                 o.wtype = WType::F16;
                 o.q8_mask = Some(2);
             }),

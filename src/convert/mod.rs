@@ -420,7 +420,7 @@ fn run(
     if opts.scale_f16 && !types.iter().any(|t| t.has_scales()) {
         return Err(ConvertError::options(
             "--f16-scales",
-            "no matrix of this model has scales (BF16 and F16 store none)",
+            "no matrix of this model has a scale array (Q8_0 and Q4_0 do; BF16 and F16 have no scales, the block types such as Q4_K keep theirs inside the blocks)",
         ));
     }
     header.scale_f16 = scale_f16 as u32;
