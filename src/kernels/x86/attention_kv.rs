@@ -12,7 +12,7 @@
 
 use std::arch::x86_64::*;
 
-use super::attention::{attend_any, head_size, Row, Src};
+use super::attention::{attend_any, attend_entry, head_size, Row, Src};
 use crate::kernels::counters::{count, Op};
 use crate::kernels::scalar_attn::{KvView, Query};
 use crate::kernels::scalar_kv::{widen_f16, KvData};
@@ -149,52 +149,36 @@ fn q8_srcs<'a>(kv: &KvView<'a>, hd: usize) -> (Q8Src<'a>, Q8Src<'a>) {
     (src(kq, kd), src(vq, vd))
 }
 
-/// The AVX2 tier's attention over an f16 cache (see `kernels::AttendFn`).
-///
-/// # Safety
-/// The CPU must support AVX2 and F16C; the shapes as `Kernels::attend` checks them.
-#[target_feature(enable = "avx2,f16c")]
-pub unsafe fn attend_f16_avx2(qs: &mut [Query], kv: &KvView, scale: f32, softcap: f32) {
-    count(Tier::Avx2, Op::Attend);
-    let (ks, vs) = f16_srcs(kv, head_size(qs));
-    // SAFETY: AVX2 and F16C (this function's contract).
-    unsafe { attend_any::<false, false, _>(qs, kv, ks, vs, scale, softcap) }
-}
+attend_entry!(
+    /// The AVX2 tier's attention over an f16 cache (see `kernels::AttendFn`).
+    ///
+    /// # Safety
+    /// The CPU must support AVX2 and F16C; the shapes as `Kernels::attend` checks them.
+    attend_f16_avx2, Avx2, "avx2,f16c", f16_srcs, false, false
+);
 
-/// The AVX-512 tiers' attention over an f16 cache.
-///
-/// # Safety
-/// The CPU must support AVX2, AVX-512 F and F16C; the shapes as `Kernels::attend`
-/// checks them.
-#[target_feature(enable = "avx2,avx512f,f16c")]
-pub unsafe fn attend_f16_avx512(qs: &mut [Query], kv: &KvView, scale: f32, softcap: f32) {
-    count(Tier::Avx512, Op::Attend);
-    let (ks, vs) = f16_srcs(kv, head_size(qs));
-    // SAFETY: AVX2, AVX-512 F and F16C (this function's contract).
-    unsafe { attend_any::<true, true, _>(qs, kv, ks, vs, scale, softcap) }
-}
+attend_entry!(
+    /// The AVX-512 tiers' attention over an f16 cache.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2, AVX-512 F and F16C; the shapes as `Kernels::attend`
+    /// checks them.
+    attend_f16_avx512, Avx512, "avx2,avx512f,f16c", f16_srcs, true, true
+);
 
-/// The AVX2 tier's attention over a Q8_0 cache.
-///
-/// # Safety
-/// The CPU must support AVX2; the shapes as `Kernels::attend` checks them.
-#[target_feature(enable = "avx2")]
-pub unsafe fn attend_q8_avx2(qs: &mut [Query], kv: &KvView, scale: f32, softcap: f32) {
-    count(Tier::Avx2, Op::Attend);
-    let (ks, vs) = q8_srcs(kv, head_size(qs));
-    // SAFETY: AVX2 (this function's contract).
-    unsafe { attend_any::<false, false, _>(qs, kv, ks, vs, scale, softcap) }
-}
+attend_entry!(
+    /// The AVX2 tier's attention over a Q8_0 cache.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2; the shapes as `Kernels::attend` checks them.
+    attend_q8_avx2, Avx2, "avx2", q8_srcs, false, false
+);
 
-/// The AVX-512 tiers' attention over a Q8_0 cache.
-///
-/// # Safety
-/// The CPU must support AVX2, AVX-512 F and F16C; the shapes as `Kernels::attend`
-/// checks them.
-#[target_feature(enable = "avx2,avx512f,f16c")]
-pub unsafe fn attend_q8_avx512(qs: &mut [Query], kv: &KvView, scale: f32, softcap: f32) {
-    count(Tier::Avx512, Op::Attend);
-    let (ks, vs) = q8_srcs(kv, head_size(qs));
-    // SAFETY: AVX2, AVX-512 F and F16C (this function's contract).
-    unsafe { attend_any::<true, true, _>(qs, kv, ks, vs, scale, softcap) }
-}
+attend_entry!(
+    /// The AVX-512 tiers' attention over a Q8_0 cache.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2, AVX-512 F and F16C; the shapes as `Kernels::attend`
+    /// checks them.
+    attend_q8_avx512, Avx512, "avx2,avx512f,f16c", q8_srcs, true, true
+);
