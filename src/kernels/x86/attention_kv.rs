@@ -28,13 +28,13 @@ impl Row for F16Row<'_> {
     unsafe fn ld8(self, j: usize) -> __m256 {
         debug_assert!(j + 8 <= self.0.len());
         // SAFETY: j + 8 <= hd (the trait contract); F16C in the caller.
-        unsafe { _mm256_cvtph_ps(_mm_loadu_si128(self.0.as_ptr().add(j) as *const __m128i)) }
+        unsafe { super::f16x8(self.0.as_ptr().add(j).cast()) }
     }
     #[inline(always)]
     unsafe fn ld16(self, j: usize) -> __m512 {
         debug_assert!(j + 16 <= self.0.len());
         // SAFETY: j + 16 <= hd (the trait contract); AVX-512 F in the caller.
-        unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(self.0.as_ptr().add(j) as *const __m256i)) }
+        unsafe { super::f16x16(self.0.as_ptr().add(j).cast()) }
     }
     #[inline(always)]
     fn get(self, j: usize) -> f32 {

@@ -73,14 +73,13 @@ impl Widen for Bf16 {
 impl Widen for F16 {
     #[inline(always)]
     unsafe fn w8(p: *const u8) -> __m256 {
-        // SAFETY: 16 readable bytes (trait contract); `vcvtph2ps` is exact (subnormals
-        // too, MXCSR not consulted for this conversion's exact results).
-        unsafe { _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i)) }
+        // SAFETY: 16 readable bytes (trait contract); F16C.
+        unsafe { super::f16x8(p) }
     }
     #[inline(always)]
     unsafe fn w16(p: *const u8) -> __m512 {
         // SAFETY: 32 readable bytes (trait contract).
-        unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i)) }
+        unsafe { super::f16x16(p) }
     }
     #[inline(always)]
     unsafe fn tile46(w: *const u8, cols: usize, x: *const f32, y: *mut f32, ld: usize) {

@@ -13,6 +13,7 @@
 
 use core::arch::x86_64::*;
 
+use super::{f16x16, f16x8};
 use crate::kernels::counters::{count, Op};
 use crate::kernels::packed::{block_bytes, lane_start, PackedView, GROUP};
 use crate::kernels::{ActTile, Tier, WType, LANES, PACKED_TILE};
@@ -271,7 +272,7 @@ unsafe fn lane<const IS_Q4: bool, const F16: bool, const T: usize>(
                 prefetch(wp, bb);
             }
             let dw = if F16 {
-                _mm512_cvtph_ps(_mm256_loadu_si256(sg.add(pos * 32) as *const __m256i))
+                f16x16(sg.add(pos * 32))
             } else {
                 _mm512_loadu_ps(sg.add(pos * 64) as *const f32)
             };
@@ -446,7 +447,7 @@ mod avx2q4 {
                     prefetch(wp, bb);
                 }
                 let dw = if F16 {
-                    _mm256_cvtph_ps(_mm_loadu_si128(sg.add(pos * 32 + 16 * h) as *const __m128i))
+                    f16x8(sg.add(pos * 32 + 16 * h))
                 } else {
                     _mm256_loadu_ps(sg.add(pos * 64 + 32 * h) as *const f32)
                 };

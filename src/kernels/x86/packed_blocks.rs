@@ -25,6 +25,7 @@ use super::packed::{
     add256, add512, dpbusd_block, in_passes, lane_tree, levels, or_and256, or_and512, store16,
     store8, with_tokens,
 };
+use super::{f16x16, f16x8};
 use crate::kernels::counters::{count, Op};
 use crate::kernels::packed::{lane_start, PackedView, GROUP};
 use crate::kernels::packed_blocks::{BlockTy, GroupLayout, ScaleKind};
@@ -147,20 +148,6 @@ impl Drop for Supers {
     }
 }
 
-/// 16 f16 at `p` as f32.
-#[inline(always)]
-unsafe fn h16x16(p: *const u8) -> __m512 {
-    // SAFETY: 32 readable bytes (the caller's contract); AVX-512 F.
-    unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i)) }
-}
-
-/// 8 f16 at `p` as f32.
-#[inline(always)]
-unsafe fn h16x8(p: *const u8) -> __m256 {
-    // SAFETY: 16 readable bytes (the caller's contract); F16C.
-    unsafe { _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i)) }
-}
-
 /// Four activation bytes at `p` in every i32 lane.
 #[inline(always)]
 unsafe fn bcast4(p: *const i32) -> __m256i {
@@ -199,8 +186,8 @@ unsafe fn scales512<B: BlockTy>(sp: *const u8, sup: *const f32, b: usize) -> Sca
         };
         let sb = b / LANES;
         match B::SC {
-            ScaleKind::D => s.dw = h16x16(sp),
-            ScaleKind::DMin => (s.dw, s.mw) = (h16x16(sp), h16x16(sp.add(32))),
+            ScaleKind::D => s.dw = f16x16(sp),
+            ScaleKind::DMin => (s.dw, s.mw) = (f16x16(sp), f16x16(sp.add(32))),
             ScaleKind::K45 => {
                 let sc =
                     _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(sp as *const __m128i)));
@@ -370,7 +357,7 @@ unsafe fn group512<B: BlockTy, const T: usize>(
         let Tables { sup, off } = tabs;
         sup.fill::<B>(grp, lay, nb, |p| {
             let mut r = Rows16([0.0; 16]);
-            _mm512_store_ps(r.0.as_mut_ptr(), h16x16(p));
+            _mm512_store_ps(r.0.as_mut_ptr(), f16x16(p));
             r
         });
         let (sp, off) = (sup.ptr(), off.ptr());
@@ -447,8 +434,8 @@ unsafe fn scales256<B: BlockTy>(sp: *const u8, sup: *const f32, b: usize, h: usi
         };
         let sb = b / LANES;
         match B::SC {
-            ScaleKind::D => s.dw = h16x8(sp.add(16 * h)),
-            ScaleKind::DMin => (s.dw, s.mw) = (h16x8(sp.add(16 * h)), h16x8(sp.add(32 + 16 * h))),
+            ScaleKind::D => s.dw = f16x8(sp.add(16 * h)),
+            ScaleKind::DMin => (s.dw, s.mw) = (f16x8(sp.add(16 * h)), f16x8(sp.add(32 + 16 * h))),
             ScaleKind::K45 => {
                 let sc = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(
                     sp.add(8 * h) as *const __m128i
@@ -679,8 +666,8 @@ pub unsafe fn avx2<B: BlockTy>(
         unsafe {
             sup.fill::<B>(grp, &lay, p.nb, |p| {
                 let mut r = Rows16([0.0; 16]);
-                _mm256_store_ps(r.0.as_mut_ptr(), h16x8(p));
-                _mm256_store_ps(r.0.as_mut_ptr().add(8), h16x8(p.add(16)));
+                _mm256_store_ps(r.0.as_mut_ptr(), f16x8(p));
+                _mm256_store_ps(r.0.as_mut_ptr().add(8), f16x8(p.add(16)));
                 r
             })
         };
