@@ -68,21 +68,48 @@ impl Row for F32Row<'_> {
     }
 }
 
-/// The rows of one kv head of an f32 cache.
+/// The rows of one kv head in one array of a cache: slot `s`'s row is the `hd` values
+/// from `s·stride + off`. Of f32 (or f16 bits) it is the [`Src`] of its rows.
 #[derive(Clone, Copy)]
-pub(crate) struct F32Src<'a> {
-    x: &'a [f32],
+pub(crate) struct Rows<'a, T> {
+    x: &'a [T],
     stride: usize,
     off: usize,
-    hd: usize,
+    pub(crate) hd: usize,
 }
 
-impl<'a> Src for F32Src<'a> {
+impl<'a, T> Rows<'a, T> {
+    /// The rows of the head `kv` shows (of `hd` values) in its arrays `k` and `v`.
+    #[inline(always)]
+    pub(crate) fn pair(kv: &KvView, k: &'a [T], v: &'a [T], hd: usize) -> (Self, Self) {
+        let rows = |x| Rows {
+            x,
+            stride: kv.stride,
+            off: kv.off,
+            hd,
+        };
+        (rows(k), rows(v))
+    }
+
+    /// Where slot `slot`'s row starts.
+    #[inline(always)]
+    pub(crate) fn start(&self, slot: usize) -> usize {
+        slot * self.stride + self.off
+    }
+
+    /// Slot `slot`'s row.
+    #[inline(always)]
+    pub(crate) fn slice(&self, slot: usize) -> &'a [T] {
+        let at = self.start(slot);
+        &self.x[at..at + self.hd]
+    }
+}
+
+impl<'a> Src for Rows<'a, f32> {
     type R = F32Row<'a>;
     #[inline(always)]
     fn row(self, slot: usize) -> F32Row<'a> {
-        let at = slot * self.stride + self.off;
-        F32Row(&self.x[at..at + self.hd])
+        F32Row(self.slice(slot))
     }
 }
 
@@ -90,17 +117,11 @@ impl<'a> Src for F32Src<'a> {
 ///
 /// Panics unless both arrays are f32.
 #[inline(always)]
-fn f32_srcs<'a>(kv: &KvView<'a>, hd: usize) -> (F32Src<'a>, F32Src<'a>) {
+fn f32_srcs<'a>(kv: &KvView<'a>, hd: usize) -> (Rows<'a, f32>, Rows<'a, f32>) {
     let (KvData::F32(k), KvData::F32(v)) = (kv.k, kv.v) else {
         panic!("f32 attention on a {} cache", kv.k.kv_type());
     };
-    let src = |x| F32Src {
-        x,
-        stride: kv.stride,
-        off: kv.off,
-        hd,
-    };
-    (src(k), src(v))
+    Rows::pair(kv, k, v, hd)
 }
 
 /// The head size of a tile (every query has it; `Kernels::attend` checks).

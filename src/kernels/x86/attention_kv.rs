@@ -12,7 +12,7 @@
 
 use std::arch::x86_64::*;
 
-use super::attention::{attend_any, attend_entry, head_size, Row, Src};
+use super::attention::{attend_any, attend_entry, head_size, Row, Rows, Src};
 use crate::kernels::counters::{count, Op};
 use crate::kernels::scalar_attn::{KvView, Query};
 use crate::kernels::scalar_kv::{widen_f16, KvData};
@@ -21,7 +21,7 @@ use crate::quant::QK;
 
 /// A row of f16 bits.
 #[derive(Clone, Copy)]
-struct F16Row<'a>(&'a [u16]);
+pub(crate) struct F16Row<'a>(&'a [u16]);
 
 impl Row for F16Row<'_> {
     #[inline(always)]
@@ -77,60 +77,41 @@ impl Row for Q8Row<'_> {
     }
 }
 
-/// The rows of one kv head of an f16 cache.
-#[derive(Clone, Copy)]
-struct F16Src<'a> {
-    x: &'a [u16],
-    stride: usize,
-    off: usize,
-    hd: usize,
-}
-
-impl<'a> Src for F16Src<'a> {
+impl<'a> Src for Rows<'a, u16> {
     type R = F16Row<'a>;
     #[inline(always)]
     fn row(self, slot: usize) -> F16Row<'a> {
-        let at = slot * self.stride + self.off;
-        F16Row(&self.x[at..at + self.hd])
+        F16Row(self.slice(slot))
     }
 }
 
-/// The rows of one kv head of a Q8_0 cache (`stride` and `off` multiples of 32).
+/// The rows of one kv head of a Q8_0 cache: the quants' rows (`stride` and `off`
+/// multiples of 32) and the scales of every array's block.
 #[derive(Clone, Copy)]
 struct Q8Src<'a> {
-    q: &'a [i8],
+    q: Rows<'a, i8>,
     d: &'a [f32],
-    stride: usize,
-    off: usize,
-    hd: usize,
 }
 
 impl<'a> Src for Q8Src<'a> {
     type R = Q8Row<'a>;
     #[inline(always)]
     fn row(self, slot: usize) -> Q8Row<'a> {
-        let at = slot * self.stride + self.off;
-        let b = at / QK;
+        let b = self.q.start(slot) / QK;
         Q8Row {
-            q: &self.q[at..at + self.hd],
-            d: &self.d[b..b + self.hd.div_ceil(QK)],
+            q: self.q.slice(slot),
+            d: &self.d[b..b + self.q.hd.div_ceil(QK)],
         }
     }
 }
 
 /// The f16 kv head `kv` shows. Panics unless both arrays are f16.
 #[inline(always)]
-fn f16_srcs<'a>(kv: &KvView<'a>, hd: usize) -> (F16Src<'a>, F16Src<'a>) {
+fn f16_srcs<'a>(kv: &KvView<'a>, hd: usize) -> (Rows<'a, u16>, Rows<'a, u16>) {
     let (KvData::F16(k), KvData::F16(v)) = (kv.k, kv.v) else {
         panic!("f16 attention on a {} cache", kv.k.kv_type());
     };
-    let src = |x| F16Src {
-        x,
-        stride: kv.stride,
-        off: kv.off,
-        hd,
-    };
-    (src(k), src(v))
+    Rows::pair(kv, k, v, hd)
 }
 
 /// The Q8_0 kv head `kv` shows. Panics unless both arrays are Q8_0.
@@ -139,14 +120,8 @@ fn q8_srcs<'a>(kv: &KvView<'a>, hd: usize) -> (Q8Src<'a>, Q8Src<'a>) {
     let (KvData::Q8_0 { q: kq, d: kd }, KvData::Q8_0 { q: vq, d: vd }) = (kv.k, kv.v) else {
         panic!("Q8_0 attention on a {} cache", kv.k.kv_type());
     };
-    let src = |q, d| Q8Src {
-        q,
-        d,
-        stride: kv.stride,
-        off: kv.off,
-        hd,
-    };
-    (src(kq, kd), src(vq, vd))
+    let (qk, qv) = Rows::pair(kv, kq, vq, hd);
+    (Q8Src { q: qk, d: kd }, Q8Src { q: qv, d: vd })
 }
 
 attend_entry!(
