@@ -514,7 +514,7 @@ mod avx2q4 {
         }
     }
 
-    /// Groups `g0..g1`, all tokens of `x`, in passes of at most [`PASS`](super::PASS) tokens.
+    /// Groups `g0..g1`, all tokens of `x`, in passes of at most [`PASS`] tokens.
     #[inline(always)]
     pub unsafe fn run<const F16: bool>(
         p: &PackedView,
