@@ -117,11 +117,7 @@ impl<'a> QMat<'a> {
                 "matrix {rows}x{cols} {wtype}: not a 2-byte float type"
             )));
         }
-        if rows == 0 || cols == 0 || !cols.is_multiple_of(QK) {
-            return Err(ShapeError(format!(
-                "matrix {rows}x{cols}: rows and cols must be > 0 and cols a multiple of {QK}"
-            )));
-        }
+        super::check_dims(rows, cols, QK, None)?;
         let len = rows.checked_mul(cols).and_then(|v| v.checked_mul(2));
         if len != Some(w.len()) {
             return Err(ShapeError(format!(
@@ -129,15 +125,7 @@ impl<'a> QMat<'a> {
                 w.len()
             )));
         }
-        Ok(QMat {
-            wtype,
-            rows,
-            cols,
-            q: w,
-            d: &[],
-            d16: &[],
-            pk: None,
-        })
+        Ok(QMat::bare(wtype, rows, cols, w))
     }
 }
 

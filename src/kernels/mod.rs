@@ -110,13 +110,7 @@ impl<'a> QMat<'a> {
         d: &'a [f32],
     ) -> Result<Self, ShapeError> {
         let m = QMat::new_unchecked_scales(wtype, rows, cols, q)?;
-        let dlen = rows.checked_mul(cols / QK);
-        if dlen != Some(d.len()) {
-            return Err(ShapeError(format!(
-                "matrix {rows}x{cols} {wtype:?}: {} scales, expected {dlen:?}",
-                d.len()
-            )));
-        }
+        m.check_scales(d.len(), "")?;
         Ok(QMat { d, ..m })
     }
 
@@ -129,14 +123,33 @@ impl<'a> QMat<'a> {
         d16: &'a [u16],
     ) -> Result<Self, ShapeError> {
         let m = QMat::new_unchecked_scales(wtype, rows, cols, q)?;
+        m.check_scales(d16.len(), "f16 ")?;
+        Ok(QMat { d16, ..m })
+    }
+
+    /// Whether `n` scales (of kind `kind`, for the message) are one per block.
+    fn check_scales(&self, n: usize, kind: &str) -> Result<(), ShapeError> {
+        let (wtype, rows, cols) = (self.wtype, self.rows, self.cols);
         let nb = rows.checked_mul(cols / QK);
-        if nb != Some(d16.len()) {
+        if nb != Some(n) {
             return Err(ShapeError(format!(
-                "matrix {rows}x{cols} {wtype:?}: {} f16 scales, expected {nb:?}",
-                d16.len()
+                "matrix {rows}x{cols} {wtype:?}: {n} {kind}scales, expected {nb:?}"
             )));
         }
-        Ok(QMat { d16, ..m })
+        Ok(())
+    }
+
+    /// The matrix `q` of `wtype` with no scale arrays and no packed copy, unchecked.
+    fn bare(wtype: WType, rows: usize, cols: usize, q: &'a [u8]) -> Self {
+        QMat {
+            wtype,
+            rows,
+            cols,
+            q,
+            d: &[],
+            d16: &[],
+            pk: None,
+        }
     }
 
     /// The shape and `q` checks of both constructors; no scales yet.
@@ -151,12 +164,7 @@ impl<'a> QMat<'a> {
                 "matrix {rows}x{cols} {wtype}: no kernel for this weight type yet"
             )));
         }
-        let bw = wtype.block_weights().max(QK);
-        if rows == 0 || cols == 0 || !cols.is_multiple_of(bw) {
-            return Err(ShapeError(format!(
-                "matrix {rows}x{cols} {wtype}: rows and cols must be > 0 and cols a multiple of {bw}"
-            )));
-        }
+        check_dims(rows, cols, wtype.block_weights().max(QK), Some(wtype))?;
         let qlen = rows.checked_mul(wtype.row_bytes(cols));
         if qlen != Some(q.len()) {
             return Err(ShapeError(format!(
@@ -164,15 +172,7 @@ impl<'a> QMat<'a> {
                 q.len()
             )));
         }
-        Ok(QMat {
-            wtype,
-            rows,
-            cols,
-            q,
-            d: &[],
-            d16: &[],
-            pk: None,
-        })
+        Ok(QMat::bare(wtype, rows, cols, q))
     }
 
     /// A matrix of a GGUF block type (Q4_K, …, Q6_0: the scales are inside the blocks);
@@ -450,6 +450,18 @@ const ALL_TIERS: [Tier; 6] = [
     Tier::Neon,
 ];
 
+/// Checks `rows, cols > 0` and `cols` a multiple of `m`; the error names the matrix by
+/// its shape and, when given, its type.
+fn check_dims(rows: usize, cols: usize, m: usize, wtype: Option<WType>) -> Result<(), ShapeError> {
+    if rows == 0 || cols == 0 || !cols.is_multiple_of(m) {
+        let t = wtype.map_or(String::new(), |t| format!(" {t}"));
+        return Err(ShapeError(format!(
+            "matrix {rows}x{cols}{t}: rows and cols must be > 0 and cols a multiple of {m}"
+        )));
+    }
+    Ok(())
+}
+
 /// Quantizes whole blocks: `x.len() = q.len() = 32·d.len()`.
 type QuantFn = unsafe fn(x: &[f32], q: &mut [i8], d: &mut [f32]);
 
@@ -630,41 +642,31 @@ fn x86_kernels(t: Tier, base: Kernels) -> Kernels {
     use x86::{attention, attention_kv as akv, avx2, avx512, math, packed as xp};
     // The AVX2 packed Q4_0 kernel (it needs F16C) serves the AVX2 and AVX-512 BW tiers.
     let q4_avx2 = xp::has_avx2_packed().then_some(xp::q4_avx2 as PackedFn);
-    let mats = match t {
-        Tier::Avx2 => per_type(|w| match w {
-            WType::Q8_0 => Some(MatKernels {
-                tile: avx2::tile_q8,
-                packed: None,
-            }),
-            WType::Q4_0 => Some(MatKernels {
-                tile: avx2::tile_q4,
-                packed: q4_avx2,
-            }),
-            _ => x86_blocks(w, false),
-        }),
-        Tier::Avx512 => per_type(|w| match w {
-            WType::Q8_0 => Some(MatKernels {
-                tile: avx512::tile_q8_bw,
-                packed: None,
-            }),
-            WType::Q4_0 => Some(MatKernels {
-                tile: avx512::tile_q4_bw,
-                packed: q4_avx2,
-            }),
-            _ => x86_blocks(w, false),
-        }),
-        _ => per_type(|w| match w {
-            WType::Q8_0 => Some(MatKernels {
-                tile: avx512::tile_q8_vnni,
-                packed: Some(xp::q8_vnni),
-            }),
-            WType::Q4_0 => Some(MatKernels {
-                tile: avx512::tile_q4_vnni,
-                packed: Some(xp::q4_vnni),
-            }),
-            _ => x86_blocks(w, true),
-        }),
+    // Per tier: the Q8_0 and Q4_0 tile kernels, their packed ones, and whether the
+    // block types' packed kernels are the VNNI ones.
+    type Row = (TileFn, Option<PackedFn>, TileFn, Option<PackedFn>, bool);
+    let (q8, q8_packed, q4, q4_packed, vnni): Row = match t {
+        Tier::Avx2 => (avx2::tile_q8, None, avx2::tile_q4, q4_avx2, false),
+        Tier::Avx512 => (avx512::tile_q8_bw, None, avx512::tile_q4_bw, q4_avx2, false),
+        _ => (
+            avx512::tile_q8_vnni,
+            Some(xp::q8_vnni),
+            avx512::tile_q4_vnni,
+            Some(xp::q4_vnni),
+            true,
+        ),
     };
+    let mats = per_type(|w| match w {
+        WType::Q8_0 => Some(MatKernels {
+            tile: q8,
+            packed: q8_packed,
+        }),
+        WType::Q4_0 => Some(MatKernels {
+            tile: q4,
+            packed: q4_packed,
+        }),
+        _ => x86_blocks(w, vnni),
+    });
     let (attend, attend_f16, attend_q8) = match t {
         Tier::Avx2 => (
             attention::attend_avx2 as AttendFn,

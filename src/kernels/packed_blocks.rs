@@ -488,20 +488,15 @@ pub(super) fn unpack_row(p: &PackedMat, r: usize, q: &mut Vec<u8>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::format::mlb::synth::Rng;
     use crate::quant::blocks::quantize_matrix;
 
     #[test]
     fn rows_round_trip_through_the_packed_layout() {
-        let mut s = 0x5eed_u64;
-        let mut rnd = || {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            (s >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
-        };
+        let mut rng = Rng(0x5eed);
         for t in WType::ALL.into_iter().filter(|&t| has_layout(t)) {
             for (rows, cols) in [(1, 256), (17, 512), (33, 768)] {
-                let x: Vec<f32> = (0..rows * cols).map(|_| rnd() * 0.1).collect();
+                let x: Vec<f32> = (0..rows * cols).map(|_| rng.next_f32() * 0.1).collect();
                 let q = quantize_matrix(t, rows, cols, &x, None).unwrap();
                 let w = QMat::new_blocks(t, rows, cols, &q).unwrap();
                 let p = PackedMat::new(&w);

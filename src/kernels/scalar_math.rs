@@ -172,19 +172,14 @@ pub unsafe fn gelu_mul(g: &mut [f32], u: &[f32]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::format::mlb::synth::Rng;
 
     #[test]
     fn dot_is_accurate_and_in_the_contract_order() {
-        let mut s = 0x1234_5678_9abc_def1u64;
-        let mut r = || {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            (s >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-        };
+        let mut rng = Rng(0x1234_5678_9abc_def1);
         for n in [0usize, 1, 7, 8, 9, 16, 63, 64, 65, 130, 256] {
-            let a: Vec<f32> = (0..n).map(|_| r() * 100.0).collect();
-            let b: Vec<f32> = (0..n).map(|_| r()).collect();
+            let a: Vec<f32> = (0..n).map(|_| rng.next_f32() * 100.0).collect();
+            let b = rng.vec(n);
             let exact: f64 = a.iter().zip(&b).map(|(&x, &y)| x as f64 * y as f64).sum();
             assert!((dot(&a, &b) as f64 - exact).abs() < 1e-3 * (1.0 + exact.abs()));
             // Written out: lane sums, the tree, the tail in order.

@@ -68,21 +68,48 @@ impl Row for F32Row<'_> {
     }
 }
 
-/// The rows of one kv head of an f32 cache.
+/// The rows of one kv head in one array of a cache: slot `s`'s row is the `hd` values
+/// from `s·stride + off`. Of f32 (or f16 bits) it is the [`Src`] of its rows.
 #[derive(Clone, Copy)]
-pub(crate) struct F32Src<'a> {
-    x: &'a [f32],
+pub(crate) struct Rows<'a, T> {
+    x: &'a [T],
     stride: usize,
     off: usize,
-    hd: usize,
+    pub(crate) hd: usize,
 }
 
-impl<'a> Src for F32Src<'a> {
+impl<'a, T> Rows<'a, T> {
+    /// The rows of the head `kv` shows (of `hd` values) in its arrays `k` and `v`.
+    #[inline(always)]
+    pub(crate) fn pair(kv: &KvView, k: &'a [T], v: &'a [T], hd: usize) -> (Self, Self) {
+        let rows = |x| Rows {
+            x,
+            stride: kv.stride,
+            off: kv.off,
+            hd,
+        };
+        (rows(k), rows(v))
+    }
+
+    /// Where slot `slot`'s row starts.
+    #[inline(always)]
+    pub(crate) fn start(&self, slot: usize) -> usize {
+        slot * self.stride + self.off
+    }
+
+    /// Slot `slot`'s row.
+    #[inline(always)]
+    pub(crate) fn slice(&self, slot: usize) -> &'a [T] {
+        let at = self.start(slot);
+        &self.x[at..at + self.hd]
+    }
+}
+
+impl<'a> Src for Rows<'a, f32> {
     type R = F32Row<'a>;
     #[inline(always)]
     fn row(self, slot: usize) -> F32Row<'a> {
-        let at = slot * self.stride + self.off;
-        F32Row(&self.x[at..at + self.hd])
+        F32Row(self.slice(slot))
     }
 }
 
@@ -90,17 +117,11 @@ impl<'a> Src for F32Src<'a> {
 ///
 /// Panics unless both arrays are f32.
 #[inline(always)]
-fn f32_srcs<'a>(kv: &KvView<'a>, hd: usize) -> (F32Src<'a>, F32Src<'a>) {
+fn f32_srcs<'a>(kv: &KvView<'a>, hd: usize) -> (Rows<'a, f32>, Rows<'a, f32>) {
     let (KvData::F32(k), KvData::F32(v)) = (kv.k, kv.v) else {
         panic!("f32 attention on a {} cache", kv.k.kv_type());
     };
-    let src = |x| F32Src {
-        x,
-        stride: kv.stride,
-        off: kv.off,
-        hd,
-    };
-    (src(k), src(v))
+    Rows::pair(kv, k, v, hd)
 }
 
 /// The head size of a tile (every query has it; `Kernels::attend` checks).
@@ -109,34 +130,43 @@ pub(crate) fn head_size(qs: &[Query]) -> usize {
     qs.first().map_or(0, |q| q.q.len())
 }
 
-/// The AVX2 tier's attention entry (see `kernels::AttendFn`).
-///
-/// # Safety
-/// The CPU must support AVX2; the shapes as `Kernels::attend` checks them.
-#[target_feature(enable = "avx2")]
-pub unsafe fn attend_avx2(qs: &mut [Query], kv: &KvView, scale: f32, softcap: f32) {
-    count(Tier::Avx2, Op::Attend);
-    let (ks, vs) = f32_srcs(kv, head_size(qs));
-    // SAFETY: AVX2 (this function's contract).
-    unsafe { attend_any::<false, false, _>(qs, kv, ks, vs, scale, softcap) }
+/// An attention entry (see `kernels::AttendFn`) compiled with `$feat`: the tier's call
+/// count, the cache's row sources from `$srcs`, then [`attend_any`] with `PAIRS` and
+/// `WIDE` as given.
+macro_rules! attend_entry {
+    ($(#[$doc:meta])* $name:ident, $tier:ident, $feat:literal, $srcs:ident, $pairs:literal, $wide:literal) => {
+        $(#[$doc])*
+        #[target_feature(enable = $feat)]
+        pub unsafe fn $name(qs: &mut [Query], kv: &KvView, scale: f32, softcap: f32) {
+            count(Tier::$tier, Op::Attend);
+            let (ks, vs) = $srcs(kv, head_size(qs));
+            // SAFETY: the CPU features are enabled on this function (its contract).
+            unsafe { attend_any::<$pairs, $wide, _>(qs, kv, ks, vs, scale, softcap) }
+        }
+    };
 }
+pub(super) use attend_entry;
 
-/// The AVX-512 tiers' attention entry for f32 caches: query pairs for the scores, ymm
-/// value sums. Measured on Zen 5 (perf samples of 512-token prefills): zmm value sums
-/// took about 25% more attention time than ymm over f32 rows (SmolLM2), and the pairs
-/// 12% less than single queries (llama1b, 4 query heads per kv head); over f16 and Q8_0
-/// rows, which widen as they load, zmm sums were 10-20% faster, so `attention_kv`'s
-/// entries keep them. Every order gives the contract's bits.
-///
-/// # Safety
-/// The CPU must support AVX2 and AVX-512 F; the shapes as `Kernels::attend` checks them.
-#[target_feature(enable = "avx2,avx512f")]
-pub unsafe fn attend_avx512(qs: &mut [Query], kv: &KvView, scale: f32, softcap: f32) {
-    count(Tier::Avx512, Op::Attend);
-    let (ks, vs) = f32_srcs(kv, head_size(qs));
-    // SAFETY: AVX2 and AVX-512 F (this function's contract).
-    unsafe { attend_any::<true, false, _>(qs, kv, ks, vs, scale, softcap) }
-}
+attend_entry!(
+    /// The AVX2 tier's attention entry (see `kernels::AttendFn`).
+    ///
+    /// # Safety
+    /// The CPU must support AVX2; the shapes as `Kernels::attend` checks them.
+    attend_avx2, Avx2, "avx2", f32_srcs, false, false
+);
+
+attend_entry!(
+    /// The AVX-512 tiers' attention entry for f32 caches: query pairs for the scores, ymm
+    /// value sums. Measured on Zen 5 (perf samples of 512-token prefills): zmm value sums
+    /// took about 25% more attention time than ymm over f32 rows (SmolLM2), and the pairs
+    /// 12% less than single queries (llama1b, 4 query heads per kv head); over f16 and Q8_0
+    /// rows, which widen as they load, zmm sums were 10-20% faster, so `attention_kv`'s
+    /// entries keep them. Every order gives the contract's bits.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2 and AVX-512 F; the shapes as `Kernels::attend` checks them.
+    attend_avx512, Avx512, "avx2,avx512f", f32_srcs, true, false
+);
 
 /// A tile blocked over positions when no query's positions wrap around the cache's
 /// ring, else each query alone; keys and values from `ks` and `vs` (the view gives the
@@ -766,63 +796,60 @@ trait Lanes: Copy {
     unsafe fn add_mul(self, p: Self, x: Self) -> Self;
 }
 
-impl Lanes for __m256 {
-    const N: usize = 8;
-    #[inline(always)]
-    unsafe fn load(p: *const f32) -> Self {
-        // SAFETY: the trait contract.
-        unsafe { _mm256_loadu_ps(p) }
-    }
-    #[inline(always)]
-    unsafe fn load_row<R: Row>(r: R, j: usize) -> Self {
-        // SAFETY: the trait contract.
-        unsafe { r.ld8(j) }
-    }
-    #[inline(always)]
-    unsafe fn store(self, p: *mut f32) {
-        // SAFETY: the trait contract.
-        unsafe { _mm256_storeu_ps(p, self) }
-    }
-    #[inline(always)]
-    unsafe fn splat(v: f32) -> Self {
-        // SAFETY: register-only (the trait contract).
-        unsafe { _mm256_set1_ps(v) }
-    }
-    #[inline(always)]
-    unsafe fn add_mul(self, p: Self, x: Self) -> Self {
-        // SAFETY: register-only (the trait contract).
-        unsafe { _mm256_add_ps(self, _mm256_mul_ps(p, x)) }
-    }
+/// [`Lanes`] for one vector type: its lane count, its [`Row`] load and its intrinsics.
+macro_rules! impl_lanes {
+    ($v:ty, $n:literal, $ld_row:ident, $load:ident, $store:ident, $set1:ident, $add:ident, $mul:ident) => {
+        impl Lanes for $v {
+            const N: usize = $n;
+            #[inline(always)]
+            unsafe fn load(p: *const f32) -> Self {
+                // SAFETY: the trait contract.
+                unsafe { $load(p) }
+            }
+            #[inline(always)]
+            unsafe fn load_row<R: Row>(r: R, j: usize) -> Self {
+                // SAFETY: the trait contract.
+                unsafe { r.$ld_row(j) }
+            }
+            #[inline(always)]
+            unsafe fn store(self, p: *mut f32) {
+                // SAFETY: the trait contract.
+                unsafe { $store(p, self) }
+            }
+            #[inline(always)]
+            unsafe fn splat(v: f32) -> Self {
+                // SAFETY: register-only (the trait contract).
+                unsafe { $set1(v) }
+            }
+            #[inline(always)]
+            unsafe fn add_mul(self, p: Self, x: Self) -> Self {
+                // SAFETY: register-only (the trait contract).
+                unsafe { $add(self, $mul(p, x)) }
+            }
+        }
+    };
 }
 
-impl Lanes for __m512 {
-    const N: usize = 16;
-    #[inline(always)]
-    unsafe fn load(p: *const f32) -> Self {
-        // SAFETY: the trait contract.
-        unsafe { _mm512_loadu_ps(p) }
-    }
-    #[inline(always)]
-    unsafe fn load_row<R: Row>(r: R, j: usize) -> Self {
-        // SAFETY: the trait contract.
-        unsafe { r.ld16(j) }
-    }
-    #[inline(always)]
-    unsafe fn store(self, p: *mut f32) {
-        // SAFETY: the trait contract.
-        unsafe { _mm512_storeu_ps(p, self) }
-    }
-    #[inline(always)]
-    unsafe fn splat(v: f32) -> Self {
-        // SAFETY: register-only (the trait contract).
-        unsafe { _mm512_set1_ps(v) }
-    }
-    #[inline(always)]
-    unsafe fn add_mul(self, p: Self, x: Self) -> Self {
-        // SAFETY: register-only (the trait contract).
-        unsafe { _mm512_add_ps(self, _mm512_mul_ps(p, x)) }
-    }
-}
+impl_lanes!(
+    __m256,
+    8,
+    ld8,
+    _mm256_loadu_ps,
+    _mm256_storeu_ps,
+    _mm256_set1_ps,
+    _mm256_add_ps,
+    _mm256_mul_ps
+);
+impl_lanes!(
+    __m512,
+    16,
+    ld16,
+    _mm512_loadu_ps,
+    _mm512_storeu_ps,
+    _mm512_set1_ps,
+    _mm512_add_ps,
+    _mm512_mul_ps
+);
 
 /// [`values`] for dimensions `c..c + R·V::N` in `R` registers of `V`; returns the end.
 ///

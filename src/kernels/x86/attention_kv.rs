@@ -12,7 +12,7 @@
 
 use std::arch::x86_64::*;
 
-use super::attention::{attend_any, head_size, Row, Src};
+use super::attention::{attend_any, attend_entry, head_size, Row, Rows, Src};
 use crate::kernels::counters::{count, Op};
 use crate::kernels::scalar_attn::{KvView, Query};
 use crate::kernels::scalar_kv::{widen_f16, KvData};
@@ -21,20 +21,20 @@ use crate::quant::QK;
 
 /// A row of f16 bits.
 #[derive(Clone, Copy)]
-struct F16Row<'a>(&'a [u16]);
+pub(crate) struct F16Row<'a>(&'a [u16]);
 
 impl Row for F16Row<'_> {
     #[inline(always)]
     unsafe fn ld8(self, j: usize) -> __m256 {
         debug_assert!(j + 8 <= self.0.len());
         // SAFETY: j + 8 <= hd (the trait contract); F16C in the caller.
-        unsafe { _mm256_cvtph_ps(_mm_loadu_si128(self.0.as_ptr().add(j) as *const __m128i)) }
+        unsafe { super::f16x8(self.0.as_ptr().add(j).cast()) }
     }
     #[inline(always)]
     unsafe fn ld16(self, j: usize) -> __m512 {
         debug_assert!(j + 16 <= self.0.len());
         // SAFETY: j + 16 <= hd (the trait contract); AVX-512 F in the caller.
-        unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(self.0.as_ptr().add(j) as *const __m256i)) }
+        unsafe { super::f16x16(self.0.as_ptr().add(j).cast()) }
     }
     #[inline(always)]
     fn get(self, j: usize) -> f32 {
@@ -77,60 +77,41 @@ impl Row for Q8Row<'_> {
     }
 }
 
-/// The rows of one kv head of an f16 cache.
-#[derive(Clone, Copy)]
-struct F16Src<'a> {
-    x: &'a [u16],
-    stride: usize,
-    off: usize,
-    hd: usize,
-}
-
-impl<'a> Src for F16Src<'a> {
+impl<'a> Src for Rows<'a, u16> {
     type R = F16Row<'a>;
     #[inline(always)]
     fn row(self, slot: usize) -> F16Row<'a> {
-        let at = slot * self.stride + self.off;
-        F16Row(&self.x[at..at + self.hd])
+        F16Row(self.slice(slot))
     }
 }
 
-/// The rows of one kv head of a Q8_0 cache (`stride` and `off` multiples of 32).
+/// The rows of one kv head of a Q8_0 cache: the quants' rows (`stride` and `off`
+/// multiples of 32) and the scales of every array's block.
 #[derive(Clone, Copy)]
 struct Q8Src<'a> {
-    q: &'a [i8],
+    q: Rows<'a, i8>,
     d: &'a [f32],
-    stride: usize,
-    off: usize,
-    hd: usize,
 }
 
 impl<'a> Src for Q8Src<'a> {
     type R = Q8Row<'a>;
     #[inline(always)]
     fn row(self, slot: usize) -> Q8Row<'a> {
-        let at = slot * self.stride + self.off;
-        let b = at / QK;
+        let b = self.q.start(slot) / QK;
         Q8Row {
-            q: &self.q[at..at + self.hd],
-            d: &self.d[b..b + self.hd.div_ceil(QK)],
+            q: self.q.slice(slot),
+            d: &self.d[b..b + self.q.hd.div_ceil(QK)],
         }
     }
 }
 
 /// The f16 kv head `kv` shows. Panics unless both arrays are f16.
 #[inline(always)]
-fn f16_srcs<'a>(kv: &KvView<'a>, hd: usize) -> (F16Src<'a>, F16Src<'a>) {
+fn f16_srcs<'a>(kv: &KvView<'a>, hd: usize) -> (Rows<'a, u16>, Rows<'a, u16>) {
     let (KvData::F16(k), KvData::F16(v)) = (kv.k, kv.v) else {
         panic!("f16 attention on a {} cache", kv.k.kv_type());
     };
-    let src = |x| F16Src {
-        x,
-        stride: kv.stride,
-        off: kv.off,
-        hd,
-    };
-    (src(k), src(v))
+    Rows::pair(kv, k, v, hd)
 }
 
 /// The Q8_0 kv head `kv` shows. Panics unless both arrays are Q8_0.
@@ -139,62 +120,40 @@ fn q8_srcs<'a>(kv: &KvView<'a>, hd: usize) -> (Q8Src<'a>, Q8Src<'a>) {
     let (KvData::Q8_0 { q: kq, d: kd }, KvData::Q8_0 { q: vq, d: vd }) = (kv.k, kv.v) else {
         panic!("Q8_0 attention on a {} cache", kv.k.kv_type());
     };
-    let src = |q, d| Q8Src {
-        q,
-        d,
-        stride: kv.stride,
-        off: kv.off,
-        hd,
-    };
-    (src(kq, kd), src(vq, vd))
+    let (qk, qv) = Rows::pair(kv, kq, vq, hd);
+    (Q8Src { q: qk, d: kd }, Q8Src { q: qv, d: vd })
 }
 
-/// The AVX2 tier's attention over an f16 cache (see `kernels::AttendFn`).
-///
-/// # Safety
-/// The CPU must support AVX2 and F16C; the shapes as `Kernels::attend` checks them.
-#[target_feature(enable = "avx2,f16c")]
-pub unsafe fn attend_f16_avx2(qs: &mut [Query], kv: &KvView, scale: f32, softcap: f32) {
-    count(Tier::Avx2, Op::Attend);
-    let (ks, vs) = f16_srcs(kv, head_size(qs));
-    // SAFETY: AVX2 and F16C (this function's contract).
-    unsafe { attend_any::<false, false, _>(qs, kv, ks, vs, scale, softcap) }
-}
+attend_entry!(
+    /// The AVX2 tier's attention over an f16 cache (see `kernels::AttendFn`).
+    ///
+    /// # Safety
+    /// The CPU must support AVX2 and F16C; the shapes as `Kernels::attend` checks them.
+    attend_f16_avx2, Avx2, "avx2,f16c", f16_srcs, false, false
+);
 
-/// The AVX-512 tiers' attention over an f16 cache.
-///
-/// # Safety
-/// The CPU must support AVX2, AVX-512 F and F16C; the shapes as `Kernels::attend`
-/// checks them.
-#[target_feature(enable = "avx2,avx512f,f16c")]
-pub unsafe fn attend_f16_avx512(qs: &mut [Query], kv: &KvView, scale: f32, softcap: f32) {
-    count(Tier::Avx512, Op::Attend);
-    let (ks, vs) = f16_srcs(kv, head_size(qs));
-    // SAFETY: AVX2, AVX-512 F and F16C (this function's contract).
-    unsafe { attend_any::<true, true, _>(qs, kv, ks, vs, scale, softcap) }
-}
+attend_entry!(
+    /// The AVX-512 tiers' attention over an f16 cache.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2, AVX-512 F and F16C; the shapes as `Kernels::attend`
+    /// checks them.
+    attend_f16_avx512, Avx512, "avx2,avx512f,f16c", f16_srcs, true, true
+);
 
-/// The AVX2 tier's attention over a Q8_0 cache.
-///
-/// # Safety
-/// The CPU must support AVX2; the shapes as `Kernels::attend` checks them.
-#[target_feature(enable = "avx2")]
-pub unsafe fn attend_q8_avx2(qs: &mut [Query], kv: &KvView, scale: f32, softcap: f32) {
-    count(Tier::Avx2, Op::Attend);
-    let (ks, vs) = q8_srcs(kv, head_size(qs));
-    // SAFETY: AVX2 (this function's contract).
-    unsafe { attend_any::<false, false, _>(qs, kv, ks, vs, scale, softcap) }
-}
+attend_entry!(
+    /// The AVX2 tier's attention over a Q8_0 cache.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2; the shapes as `Kernels::attend` checks them.
+    attend_q8_avx2, Avx2, "avx2", q8_srcs, false, false
+);
 
-/// The AVX-512 tiers' attention over a Q8_0 cache.
-///
-/// # Safety
-/// The CPU must support AVX2, AVX-512 F and F16C; the shapes as `Kernels::attend`
-/// checks them.
-#[target_feature(enable = "avx2,avx512f,f16c")]
-pub unsafe fn attend_q8_avx512(qs: &mut [Query], kv: &KvView, scale: f32, softcap: f32) {
-    count(Tier::Avx512, Op::Attend);
-    let (ks, vs) = q8_srcs(kv, head_size(qs));
-    // SAFETY: AVX2, AVX-512 F and F16C (this function's contract).
-    unsafe { attend_any::<true, true, _>(qs, kv, ks, vs, scale, softcap) }
-}
+attend_entry!(
+    /// The AVX-512 tiers' attention over a Q8_0 cache.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2, AVX-512 F and F16C; the shapes as `Kernels::attend`
+    /// checks them.
+    attend_q8_avx512, Avx512, "avx2,avx512f,f16c", q8_srcs, true, true
+);

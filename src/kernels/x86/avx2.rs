@@ -13,7 +13,7 @@
 use core::arch::x86_64::*;
 
 use crate::kernels::counters::{count, Op};
-use crate::kernels::{ActTile, Tier, LANES, TILE_TOKENS};
+use crate::kernels::{ActTile, Tier, LANES};
 use crate::quant::q8_0::AMAX_MIN;
 use crate::quant::QK;
 
@@ -125,6 +125,33 @@ unsafe fn group<F: WFormat, const T: usize, const FULL: bool>(
     }
 }
 
+/// One row's `nb` blocks into `$t` token accumulators, a group of 8 blocks at a time,
+/// then each token's 8 lanes reduced by the contract's tree into `$out`. `$group` runs
+/// once per group with its first block `$b`, its block count `$k` (the last group's may
+/// be less than 8), the const `$full` (`$k` is 8) and the accumulators `$acc`. A macro,
+/// as [`each_row!`], so that the groups inline into the `#[target_feature]` caller.
+macro_rules! row_groups {
+    ($t:expr, $nb:expr, $out:expr, |$b:ident, $k:ident, $full:ident, $acc:ident| $group:expr) => {{
+        let nb: usize = $nb;
+        let mut acc = [core::arch::x86_64::_mm256_setzero_ps(); $t];
+        let full = nb / $crate::kernels::LANES * $crate::kernels::LANES;
+        for $b in (0..full).step_by($crate::kernels::LANES) {
+            const $full: bool = true;
+            let ($k, $acc) = ($crate::kernels::LANES, &mut acc);
+            $group;
+        }
+        if full < nb {
+            const $full: bool = false;
+            let ($b, $k, $acc) = (full, nb - full, &mut acc);
+            $group;
+        }
+        for (o, a) in $out.iter_mut().zip(acc) {
+            *o = $crate::kernels::x86::avx2::reduce_lanes(a);
+        }
+    }};
+}
+pub(crate) use row_groups;
+
 /// One row against `T` tokens.
 #[inline(always)]
 unsafe fn tile<F: WFormat, const T: usize>(
@@ -140,17 +167,9 @@ unsafe fn tile<F: WFormat, const T: usize>(
     let (wp, dp, xp, xdp) = (wq.as_ptr(), wd.as_ptr(), xq.as_ptr(), xd.as_ptr());
     // SAFETY: the lengths above cover every block `group` reads.
     unsafe {
-        let mut acc = [_mm256_setzero_ps(); T];
-        let full = nb / LANES * LANES;
-        for b in (0..full).step_by(LANES) {
-            group::<F, T, true>(wp, dp, xp, xdp, nb, b, LANES, &mut acc);
-        }
-        if full < nb {
-            group::<F, T, false>(wp, dp, xp, xdp, nb, full, nb - full, &mut acc);
-        }
-        for (o, a) in out.iter_mut().zip(acc) {
-            *o = reduce_lanes(a);
-        }
+        row_groups!(T, nb, out, |b, k, FULL, acc| group::<F, T, FULL>(
+            wp, dp, xp, xdp, nb, b, k, acc
+        ))
     }
 }
 
@@ -171,11 +190,14 @@ macro_rules! each_row {
 }
 pub(crate) use each_row;
 
-/// [`each_row!`] for a tile of `$nt` ≤ [`TILE_TOKENS`] tokens, the count a const `$n`
-/// in `$call`: each count gets its own monomorphized tile, inlined into the caller.
+/// [`each_row!`] for a tile of `out.len() / rows` ≤ [`TILE_TOKENS`](crate::kernels::TILE_TOKENS) tokens, the count
+/// a const `$n` in `$call`: each count gets its own monomorphized tile, inlined into
+/// the caller.
 macro_rules! each_row_of_tile {
-    ($nt:expr, $rows:expr, $wq:expr, $wd:expr, $out:expr, |$q:ident, $d:ident, $o:ident, $n:ident| $call:expr) => {{
-        match $nt {
+    ($rows:expr, $wq:expr, $wd:expr, $out:expr, |$q:ident, $d:ident, $o:ident, $n:ident| $call:expr) => {{
+        let nt = $out.len() / $rows;
+        debug_assert!(nt <= $crate::kernels::TILE_TOKENS);
+        match nt {
             0 => {}
             1 => {
                 const $n: usize = 1;
@@ -200,10 +222,8 @@ pub(crate) use each_row_of_tile;
 
 #[target_feature(enable = "avx2")]
 unsafe fn tile_any<F: WFormat>(rows: usize, wq: &[u8], wd: &[f32], x: &ActTile, out: &mut [f32]) {
-    let nt = out.len() / rows;
-    debug_assert!(nt <= TILE_TOKENS);
     let (xq, xd) = (x.q, x.d);
-    each_row_of_tile!(nt, rows, wq, wd, out, |q, d, o, N| tile::<F, N>(
+    each_row_of_tile!(rows, wq, wd, out, |q, d, o, N| tile::<F, N>(
         q, d, xq, xd, o
     ));
 }
@@ -374,25 +394,13 @@ unsafe fn tile_q4x<const T: usize>(wq: &[u8], wd: &[f32], x: &ActTile, out: &mut
     let (wp, dp) = (wq.as_ptr(), wd.as_ptr());
     // SAFETY: the lengths above cover every block `group_q4` reads.
     unsafe {
-        let mut acc = [_mm256_setzero_ps(); T];
-        let full = nb / LANES * LANES;
-        for b in (0..full).step_by(LANES) {
-            group_q4::<T, true>(wp, dp, x, nb, l4, b, LANES, &mut acc);
-        }
-        if full < nb {
-            group_q4::<T, false>(wp, dp, x, nb, l4, full, nb - full, &mut acc);
-        }
-        for (o, a) in out.iter_mut().zip(acc) {
-            *o = reduce_lanes(a);
-        }
+        row_groups!(T, nb, out, |b, k, FULL, acc| group_q4::<T, FULL>(
+            wp, dp, x, nb, l4, b, k, acc
+        ))
     }
 }
 
 #[target_feature(enable = "avx2")]
 unsafe fn tile_q4_any(rows: usize, wq: &[u8], wd: &[f32], x: &ActTile, out: &mut [f32]) {
-    let nt = out.len() / rows;
-    debug_assert!(nt <= TILE_TOKENS);
-    each_row_of_tile!(nt, rows, wq, wd, out, |q, d, o, N| tile_q4x::<N>(
-        q, d, x, o
-    ));
+    each_row_of_tile!(rows, wq, wd, out, |q, d, o, N| tile_q4x::<N>(q, d, x, o));
 }

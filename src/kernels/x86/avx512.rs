@@ -17,9 +17,9 @@
 
 use core::arch::x86_64::*;
 
-use super::avx2::{each_row, each_row_of_tile, load_scales, reduce_lanes};
+use super::avx2::{each_row, each_row_of_tile, load_scales, reduce_lanes, row_groups};
 use crate::kernels::counters::{count, Op};
-use crate::kernels::{ActTile, Tier, LANES, TILE_TOKENS};
+use crate::kernels::{ActTile, Tier, LANES};
 use crate::quant::QK;
 
 /// u8×s8 dot of groups of 4 bytes into i32 lanes.
@@ -164,17 +164,9 @@ unsafe fn tile<F: WPair, D: Dot, const T: usize>(
     let (wp, dp, xp, xdp) = (wq.as_ptr(), wd.as_ptr(), xq.as_ptr(), xd.as_ptr());
     // SAFETY: the lengths above cover every block `group` reads.
     unsafe {
-        let mut acc = [_mm256_setzero_ps(); T];
-        let full = nb / LANES * LANES;
-        for b in (0..full).step_by(LANES) {
-            group::<F, D, T, true>(wp, dp, xp, xdp, nb, b, LANES, &mut acc);
-        }
-        if full < nb {
-            group::<F, D, T, false>(wp, dp, xp, xdp, nb, full, nb - full, &mut acc);
-        }
-        for (o, a) in out.iter_mut().zip(acc) {
-            *o = reduce_lanes(a);
-        }
+        row_groups!(T, nb, out, |b, k, FULL, acc| group::<F, D, T, FULL>(
+            wp, dp, xp, xdp, nb, b, k, acc
+        ))
     }
 }
 
@@ -187,10 +179,8 @@ unsafe fn tile_any<F: WPair, D: Dot>(
     x: &ActTile,
     out: &mut [f32],
 ) {
-    let nt = out.len() / rows;
-    debug_assert!(nt <= TILE_TOKENS);
     let (xq, xd) = (x.q, x.d);
-    each_row_of_tile!(nt, rows, wq, wd, out, |q, d, o, N| tile::<F, D, N>(
+    each_row_of_tile!(rows, wq, wd, out, |q, d, o, N| tile::<F, D, N>(
         q, d, xq, xd, o
     ));
 }
@@ -402,13 +392,9 @@ unsafe fn wide_any<const VNNI: bool, const IS_Q4: bool>(
     x: &ActTile,
     out: &mut [f32],
 ) {
-    let nt = out.len() / rows;
-    debug_assert!(nt <= TILE_TOKENS);
-    each_row_of_tile!(nt, rows, wq, wd, out, |q, d, o, N| vnni_tile::<
-        VNNI,
-        IS_Q4,
-        N,
-    >(q, d, x, o));
+    each_row_of_tile!(rows, wq, wd, out, |q, d, o, N| vnni_tile::<VNNI, IS_Q4, N>(
+        q, d, x, o
+    ));
 }
 
 /// Q8_0 tile kernel, AVX-512 VNNI (see `kernels::TileFn`).

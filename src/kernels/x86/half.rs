@@ -73,14 +73,13 @@ impl Widen for Bf16 {
 impl Widen for F16 {
     #[inline(always)]
     unsafe fn w8(p: *const u8) -> __m256 {
-        // SAFETY: 16 readable bytes (trait contract); `vcvtph2ps` is exact (subnormals
-        // too, MXCSR not consulted for this conversion's exact results).
-        unsafe { _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i)) }
+        // SAFETY: 16 readable bytes (trait contract); F16C.
+        unsafe { super::f16x8(p) }
     }
     #[inline(always)]
     unsafe fn w16(p: *const u8) -> __m512 {
         // SAFETY: 32 readable bytes (trait contract).
-        unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i)) }
+        unsafe { super::f16x16(p) }
     }
     #[inline(always)]
     unsafe fn tile46(w: *const u8, cols: usize, x: *const f32, y: *mut f32, ld: usize) {
@@ -414,45 +413,50 @@ macro_rules! driver {
 driver!(drive512, tile512, "avx512f", 4, 8, 6);
 driver!(drive256, tile256, "avx2,fma,f16c", 2, 4, 3);
 
-/// AVX-512 F, BF16 (see `kernels::half::HalfFn`).
-///
-/// # Safety
-/// The CPU has AVX-512 F; the `HalfFn` contract.
-pub unsafe fn bf16_avx512(rows: usize, cols: usize, w: &[u8], x: &[f32], y: *mut f32, ld: usize) {
-    count(Tier::Avx512, Op::Half);
-    // SAFETY: forwarded caller contract.
-    unsafe { drive512::<Bf16>(rows, cols, w, x, y, ld) }
+/// A tier's entry for one weight type (see `kernels::half::HalfFn`): the call count,
+/// then the tier's driver for the type.
+macro_rules! half_entry {
+    ($(#[$doc:meta])* $name:ident, $tier:ident, $drive:ident, $w:ident) => {
+        $(#[$doc])*
+        pub unsafe fn $name(rows: usize, cols: usize, w: &[u8], x: &[f32], y: *mut f32, ld: usize) {
+            count(Tier::$tier, Op::Half);
+            // SAFETY: forwarded caller contract.
+            unsafe { $drive::<$w>(rows, cols, w, x, y, ld) }
+        }
+    };
 }
 
-/// AVX-512 F, F16 (see `kernels::half::HalfFn`).
-///
-/// # Safety
-/// As [`bf16_avx512`].
-pub unsafe fn f16_avx512(rows: usize, cols: usize, w: &[u8], x: &[f32], y: *mut f32, ld: usize) {
-    count(Tier::Avx512, Op::Half);
-    // SAFETY: forwarded caller contract.
-    unsafe { drive512::<F16>(rows, cols, w, x, y, ld) }
-}
+half_entry!(
+    /// AVX-512 F, BF16 (see `kernels::half::HalfFn`).
+    ///
+    /// # Safety
+    /// The CPU has AVX-512 F; the `HalfFn` contract.
+    bf16_avx512, Avx512, drive512, Bf16
+);
 
-/// AVX2 + FMA + F16C, BF16 (see `kernels::half::HalfFn`).
-///
-/// # Safety
-/// The CPU has AVX2, FMA and F16C; the `HalfFn` contract.
-pub unsafe fn bf16_avx2(rows: usize, cols: usize, w: &[u8], x: &[f32], y: *mut f32, ld: usize) {
-    count(Tier::Avx2, Op::Half);
-    // SAFETY: forwarded caller contract.
-    unsafe { drive256::<Bf16>(rows, cols, w, x, y, ld) }
-}
+half_entry!(
+    /// AVX-512 F, F16 (see `kernels::half::HalfFn`).
+    ///
+    /// # Safety
+    /// As [`bf16_avx512`].
+    f16_avx512, Avx512, drive512, F16
+);
 
-/// AVX2 + FMA + F16C, F16 (see `kernels::half::HalfFn`).
-///
-/// # Safety
-/// As [`bf16_avx2`].
-pub unsafe fn f16_avx2(rows: usize, cols: usize, w: &[u8], x: &[f32], y: *mut f32, ld: usize) {
-    count(Tier::Avx2, Op::Half);
-    // SAFETY: forwarded caller contract.
-    unsafe { drive256::<F16>(rows, cols, w, x, y, ld) }
-}
+half_entry!(
+    /// AVX2 + FMA + F16C, BF16 (see `kernels::half::HalfFn`).
+    ///
+    /// # Safety
+    /// The CPU has AVX2, FMA and F16C; the `HalfFn` contract.
+    bf16_avx2, Avx2, drive256, Bf16
+);
+
+half_entry!(
+    /// AVX2 + FMA + F16C, F16 (see `kernels::half::HalfFn`).
+    ///
+    /// # Safety
+    /// As [`bf16_avx2`].
+    f16_avx2, Avx2, drive256, F16
+);
 
 /// Whether the AVX2 kernels can run: they need FMA (one rounding per term, the
 /// contract) and F16C besides AVX2. Every AVX2 CPU made has both; one without them

@@ -44,6 +44,29 @@ pub fn has_f16c() -> bool {
     is_x86_feature_detected!("f16c") && is_x86_feature_detected!("avx")
 }
 
+/// 8 f16 at `p` as f32 (`vcvtph2ps`: exact, subnormals too, MXCSR not consulted for
+/// this conversion's exact results).
+///
+/// # Safety
+/// 16 readable bytes at `p`; the caller has F16C and AVX.
+#[inline(always)]
+pub(crate) unsafe fn f16x8(p: *const u8) -> core::arch::x86_64::__m256 {
+    use core::arch::x86_64::*;
+    // SAFETY: the function's contract.
+    unsafe { _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i)) }
+}
+
+/// 16 f16 at `p` as f32 (exact, as [`f16x8`]).
+///
+/// # Safety
+/// 32 readable bytes at `p`; the caller has AVX-512 F.
+#[inline(always)]
+pub(crate) unsafe fn f16x16(p: *const u8) -> core::arch::x86_64::__m512 {
+    use core::arch::x86_64::*;
+    // SAFETY: the function's contract.
+    unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i)) }
+}
+
 /// `dst[i] = src[i]` as f32 (f16 bits in, exact), 8 at a time (see `kernels::F16Fn`).
 ///
 /// # Safety

@@ -13,6 +13,7 @@
 
 use core::arch::x86_64::*;
 
+use super::{f16x16, f16x8};
 use crate::kernels::counters::{count, Op};
 use crate::kernels::packed::{block_bytes, lane_start, PackedView, GROUP};
 use crate::kernels::{ActTile, Tier, WType, LANES, PACKED_TILE};
@@ -52,6 +53,201 @@ macro_rules! lane_tree {
 }
 pub(super) use lane_tree;
 
+/// `$f::<$g.., T>($a..)` with the const token count `T` = `$nt`, one of 1..=8 (more
+/// than 8: 8), so that each count gets its own monomorphized kernel.
+macro_rules! with_tokens {
+    ($nt:expr, $f:ident::<$($g:tt),*>($($a:expr),*)) => {
+        match $nt {
+            1 => $f::<$($g,)* 1>($($a),*),
+            2 => $f::<$($g,)* 2>($($a),*),
+            3 => $f::<$($g,)* 3>($($a),*),
+            4 => $f::<$($g,)* 4>($($a),*),
+            5 => $f::<$($g,)* 5>($($a),*),
+            6 => $f::<$($g,)* 6>($($a),*),
+            7 => $f::<$($g,)* 7>($($a),*),
+            _ => $f::<$($g,)* 8>($($a),*),
+        }
+    };
+}
+pub(super) use with_tokens;
+
+/// Most tokens per inner pass of the AVX2 packed kernels: 8 weight vectors and 4
+/// accumulators in 16 ymm.
+pub(super) const PASS: usize = 4;
+
+/// Tokens `0..$nt` in passes of at most [`PASS`]: per pass,
+/// `$f::<$g.., T>($a..)` with `$t0` its first token and the const `T` its length.
+macro_rules! in_passes {
+    ($nt:expr, $t0:ident, $f:ident::<$($g:tt),*>($($a:expr),*)) => {{
+        let nt = $nt;
+        let mut $t0 = 0;
+        while $t0 < nt {
+            let n = (nt - $t0).min($crate::kernels::x86::packed::PASS);
+            match n {
+                1 => $f::<$($g,)* 1>($($a),*),
+                2 => $f::<$($g,)* 2>($($a),*),
+                3 => $f::<$($g,)* 3>($($a),*),
+                _ => $f::<$($g,)* 4>($($a),*),
+            }
+            $t0 += n;
+        }
+    }};
+}
+pub(super) use in_passes;
+
+/// The levels of one block position as u8 vectors of the width the intrinsics `$load`
+/// .. `$or_and` work on (zmm or ymm): `lo[k]` pairs with activation bytes `4k..4k+4`,
+/// `hi[k]` with `16+4k..`, the low and high nibbles of the 4 chunks at `$wp + 64k`,
+/// or-ed with the fifth bit (`$bits` = 5) or the top two bits (6) from their planes at
+/// `$wp + 256` (and `+ 320`). A macro for the two widths, whose shifts take their
+/// count as a const of a different type.
+macro_rules! levels {
+    ($bits:expr, $wp:expr, $zero:expr, $load:ident, $set1:ident, $and:ident, $slli:ident, $srli:ident, $or_and:ident) => {{
+        let wp = $wp;
+        let m4 = $set1(0x0F);
+        let (mut lo, mut hi) = ([$zero; 4], [$zero; 4]);
+        for k in 0..4 {
+            let v = $load(wp.add(64 * k) as *const _);
+            lo[k] = $and(v, m4);
+            hi[k] = $and($srli(v, 4), m4);
+        }
+        if $bits == 5 {
+            let qh = $load(wp.add(256) as *const _);
+            let m = $set1(0x10);
+            lo[0] = $or_and(lo[0], $slli(qh, 4), m);
+            lo[1] = $or_and(lo[1], $slli(qh, 3), m);
+            lo[2] = $or_and(lo[2], $slli(qh, 2), m);
+            lo[3] = $or_and(lo[3], $slli(qh, 1), m);
+            hi[0] = $or_and(hi[0], qh, m);
+            hi[1] = $or_and(hi[1], $srli(qh, 1), m);
+            hi[2] = $or_and(hi[2], $srli(qh, 2), m);
+            hi[3] = $or_and(hi[3], $srli(qh, 3), m);
+        }
+        if $bits == 6 {
+            let m = $set1(0x30);
+            for (plane, v) in [(256, &mut lo), (320, &mut hi)] {
+                let q = $load(wp.add(plane) as *const _);
+                v[0] = $or_and(v[0], $slli(q, 4), m);
+                v[1] = $or_and(v[1], $slli(q, 2), m);
+                v[2] = $or_and(v[2], q, m);
+                v[3] = $or_and(v[3], $srli(q, 2), m);
+            }
+        }
+        (lo, hi)
+    }};
+}
+pub(super) use levels;
+
+/// `a | (b & m)`.
+#[inline(always)]
+pub(super) unsafe fn or_and512(a: __m512i, b: __m512i, m: __m512i) -> __m512i {
+    // SAFETY: register-only AVX-512 F ops.
+    unsafe { _mm512_or_si512(a, _mm512_and_si512(b, m)) }
+}
+
+/// `a | (b & m)`.
+#[inline(always)]
+pub(super) unsafe fn or_and256(a: __m256i, b: __m256i, m: __m256i) -> __m256i {
+    // SAFETY: register-only AVX2 ops.
+    unsafe { _mm256_or_si256(a, _mm256_and_si256(b, m)) }
+}
+
+/// `(i0 + Σ_k lo[k]·x[4k..4k+4], i1 + Σ_k hi[k]·x[16+4k..])` for 16 rows by `vpdpbusd`,
+/// the activation bytes broadcast from `xb`: two chains of 4 halve the dependent
+/// `vpdpbusd` latency.
+///
+/// # Safety
+/// 32 readable bytes at `xb`; the caller has AVX-512 VNNI.
+#[inline(always)]
+pub(super) unsafe fn dpbusd_block(
+    mut i0: __m512i,
+    mut i1: __m512i,
+    lo: &[__m512i; 4],
+    hi: &[__m512i; 4],
+    xb: *const i32,
+) -> (__m512i, __m512i) {
+    // SAFETY: the function's contract.
+    unsafe {
+        for k in 0..4 {
+            let x0 = _mm512_set1_epi32(xb.add(k).read_unaligned());
+            let x1 = _mm512_set1_epi32(xb.add(4 + k).read_unaligned());
+            i0 = _mm512_dpbusd_epi32(i0, lo[k], x0);
+            i1 = _mm512_dpbusd_epi32(i1, hi[k], x1);
+        }
+    }
+    (i0, i1)
+}
+
+/// `a[t] + b[t]` for every token.
+#[inline(always)]
+pub(super) fn add512<const T: usize>(a: [__m512; T], b: [__m512; T]) -> [__m512; T] {
+    // SAFETY: register-only AVX-512 F op; every caller is compiled with it.
+    std::array::from_fn(|t| unsafe { _mm512_add_ps(a[t], b[t]) })
+}
+
+/// `a[t] + b[t]` for every token.
+#[inline(always)]
+pub(super) fn add256<const T: usize>(a: [__m256; T], b: [__m256; T]) -> [__m256; T] {
+    // SAFETY: register-only AVX op; every caller is compiled with AVX2.
+    std::array::from_fn(|t| unsafe { _mm256_add_ps(a[t], b[t]) })
+}
+
+/// Writes group `g`'s 16 row results `r[t]` to `y[t·ld + 16g + j]`, real rows only.
+///
+/// # Safety
+/// `y[t·ld + r]` writable for every token and real row `r < rows` of the group;
+/// AVX-512 F.
+#[inline(always)]
+pub(super) unsafe fn store16<const T: usize>(
+    r: [__m512; T],
+    rows: usize,
+    g: usize,
+    y: *mut f32,
+    ld: usize,
+) {
+    let r0 = g * GROUP;
+    let valid = (rows - r0).min(GROUP);
+    let mask: __mmask16 = if valid == GROUP {
+        !0
+    } else {
+        (1u16 << valid) - 1
+    };
+    for (t, v) in r.iter().enumerate() {
+        // SAFETY: the function's contract; masked-off rows are not written.
+        unsafe { _mm512_mask_storeu_ps(y.add(t * ld + r0), mask, *v) };
+    }
+}
+
+/// Writes the 8 row results `r[i]` of the half group from row `r0` for tokens
+/// `t0 + i` to `y[(t0 + i)·ld + r0 + j]`, real rows only.
+///
+/// # Safety
+/// `r0 < rows`; those outputs are writable for the real rows; AVX.
+#[inline(always)]
+pub(super) unsafe fn store8<const T: usize>(
+    r: [__m256; T],
+    rows: usize,
+    r0: usize,
+    t0: usize,
+    y: *mut f32,
+    ld: usize,
+) {
+    let valid = (rows - r0).min(8);
+    // SAFETY: the function's contract; a part half is copied row by row.
+    unsafe {
+        for (i, v) in r.iter().enumerate() {
+            let out = y.add((t0 + i) * ld + r0);
+            if valid == 8 {
+                _mm256_storeu_ps(out, *v);
+            } else {
+                let mut tmp = [0f32; 8];
+                _mm256_storeu_ps(tmp.as_mut_ptr(), *v);
+                std::ptr::copy_nonoverlapping(tmp.as_ptr(), out, valid);
+            }
+        }
+    }
+}
+
 /// Lane `l`'s accumulators for `T` tokens: blocks `l, l + 8, …` of one group, which the
 /// packed buffer stores from block position `pos` on. All zero when `l ≥ nb`.
 #[inline(always)]
@@ -76,38 +272,43 @@ unsafe fn lane<const IS_Q4: bool, const F16: bool, const T: usize>(
                 prefetch(wp, bb);
             }
             let dw = if F16 {
-                _mm512_cvtph_ps(_mm256_loadu_si256(sg.add(pos * 32) as *const __m256i))
+                f16x16(sg.add(pos * 32))
             } else {
                 _mm512_loadu_ps(sg.add(pos * 64) as *const f32)
             };
-            // The block's 16 rows as u8 vectors: w[k] pairs with x[4k..4k+4] and
-            // w[4 + k] with x[16+4k..] (Q4: low and high nibbles of chunk k; Q8: chunks).
-            let mut w = [_mm512_setzero_si512(); 8];
-            if IS_Q4 {
-                let m = _mm512_set1_epi8(0x0F);
-                for k in 0..4 {
-                    let v = _mm512_load_si512(wp.add(64 * k) as *const _);
-                    w[k] = _mm512_and_si512(v, m);
-                    w[4 + k] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m);
-                }
+            // The block's 16 rows as u8 vectors: lo[k] pairs with x[4k..4k+4] and
+            // hi[k] with x[16+4k..] (Q4: low and high nibbles of chunk k; Q8: chunks k
+            // and 4 + k).
+            let (lo, hi) = if IS_Q4 {
+                levels!(
+                    4,
+                    wp,
+                    _mm512_setzero_si512(),
+                    _mm512_load_si512,
+                    _mm512_set1_epi8,
+                    _mm512_and_si512,
+                    _mm512_slli_epi16,
+                    _mm512_srli_epi16,
+                    or_and512
+                )
             } else {
+                let mut w = [_mm512_setzero_si512(); 8];
                 for (k, wk) in w.iter_mut().enumerate() {
                     *wk = _mm512_load_si512(wp.add(64 * k) as *const _);
                 }
-            }
+                ([w[0], w[1], w[2], w[3]], [w[4], w[5], w[6], w[7]])
+            };
             for (t, acc_t) in acc.iter_mut().enumerate() {
                 let xb = xq.add(t * cols + b * QK) as *const i32;
                 let s = *xs.add(t * nb + b);
                 let corr = if IS_Q4 { -8 * s } else { -128 * s };
-                // Two chains of 4 halve the dependent `vpdpbusd` latency.
-                let mut i0 = _mm512_set1_epi32(corr);
-                let mut i1 = _mm512_setzero_si512();
-                for k in 0..4 {
-                    let x0 = _mm512_set1_epi32(xb.add(k).read_unaligned());
-                    let x1 = _mm512_set1_epi32(xb.add(4 + k).read_unaligned());
-                    i0 = _mm512_dpbusd_epi32(i0, w[k], x0);
-                    i1 = _mm512_dpbusd_epi32(i1, w[4 + k], x1);
-                }
+                let (i0, i1) = dpbusd_block(
+                    _mm512_set1_epi32(corr),
+                    _mm512_setzero_si512(),
+                    &lo,
+                    &hi,
+                    xb,
+                );
                 let isum = _mm512_cvtepi32_ps(_mm512_add_epi32(i0, i1));
                 let d = _mm512_mul_ps(dw, _mm512_set1_ps(*xd.add(t * nb + b)));
                 *acc_t = _mm512_add_ps(*acc_t, _mm512_mul_ps(d, isum));
@@ -117,13 +318,6 @@ unsafe fn lane<const IS_Q4: bool, const F16: bool, const T: usize>(
         }
         acc
     }
-}
-
-/// `a[t] + b[t]` for every token.
-#[inline(always)]
-fn add<const T: usize>(a: [__m512; T], b: [__m512; T]) -> [__m512; T] {
-    // SAFETY: register-only AVX-512 F op; every caller is compiled with it.
-    std::array::from_fn(|t| unsafe { _mm512_add_ps(a[t], b[t]) })
 }
 
 /// One group of 16 rows against `T` tokens; writes `y[t·ld + 16g + j]` for real rows;
@@ -144,17 +338,8 @@ unsafe fn group<const IS_Q4: bool, const F16: bool, const T: usize>(
     unsafe {
         let qg = p.q.as_ptr().add(g * nb * bb);
         let sg = p.s.as_ptr().add(g * nb * GROUP * ss);
-        let r = lane_tree!(|l: usize| lane::<IS_Q4, F16, T>(qg, sg, x, nb, l), add);
-        let r0 = g * GROUP;
-        let valid = (p.rows - r0).min(GROUP);
-        let mask: __mmask16 = if valid == GROUP {
-            !0
-        } else {
-            (1u16 << valid) - 1
-        };
-        for (t, v) in r.iter().enumerate() {
-            _mm512_mask_storeu_ps(y.add(t * ld + r0), mask, *v);
-        }
+        let r = lane_tree!(|l: usize| lane::<IS_Q4, F16, T>(qg, sg, x, nb, l), add512);
+        store16(r, p.rows, g, y, ld);
     }
 }
 
@@ -187,26 +372,12 @@ unsafe fn any<const IS_Q4: bool>(
     let nt = x.d.len() / p.nb;
     debug_assert!((1..=PACKED_TILE).contains(&nt));
     debug_assert!(x.q.len() == nt * p.nb * QK && x.s.len() == nt * p.nb);
-    macro_rules! go {
-        ($f16:literal) => {
-            match nt {
-                1 => groups::<IS_Q4, $f16, 1>(p, g0, g1, x, y, ld),
-                2 => groups::<IS_Q4, $f16, 2>(p, g0, g1, x, y, ld),
-                3 => groups::<IS_Q4, $f16, 3>(p, g0, g1, x, y, ld),
-                4 => groups::<IS_Q4, $f16, 4>(p, g0, g1, x, y, ld),
-                5 => groups::<IS_Q4, $f16, 5>(p, g0, g1, x, y, ld),
-                6 => groups::<IS_Q4, $f16, 6>(p, g0, g1, x, y, ld),
-                7 => groups::<IS_Q4, $f16, 7>(p, g0, g1, x, y, ld),
-                _ => groups::<IS_Q4, $f16, 8>(p, g0, g1, x, y, ld),
-            }
-        };
-    }
     // SAFETY: forwarded caller contract.
     unsafe {
         if p.f16 {
-            go!(true)
+            with_tokens!(nt, groups::<IS_Q4, true>(p, g0, g1, x, y, ld))
         } else {
-            go!(false)
+            with_tokens!(nt, groups::<IS_Q4, false>(p, g0, g1, x, y, ld))
         }
     }
 }
@@ -248,9 +419,6 @@ pub fn has_avx2_packed() -> bool {
 mod avx2q4 {
     use super::*;
 
-    /// Most tokens per inner pass: 8 weight vectors and 4 accumulators in 16 ymm.
-    pub const PASS: usize = 4;
-
     /// Lane `l` of half `h` of one group for `T` tokens (see [`super::lane`]).
     #[inline(always)]
     unsafe fn lane<const F16: bool, const T: usize>(
@@ -270,7 +438,6 @@ mod avx2q4 {
         unsafe {
             let (xq, xd, xs) = (x.q.as_ptr(), x.d.as_ptr(), x.s.as_ptr());
             let ones = _mm256_set1_epi16(1);
-            let m = _mm256_set1_epi8(0x0F);
             let mut acc = [_mm256_setzero_ps(); T];
             let mut b = l;
             while b < nb {
@@ -280,22 +447,32 @@ mod avx2q4 {
                     prefetch(wp, bb);
                 }
                 let dw = if F16 {
-                    _mm256_cvtph_ps(_mm_loadu_si128(sg.add(pos * 32 + 16 * h) as *const __m128i))
+                    f16x8(sg.add(pos * 32 + 16 * h))
                 } else {
                     _mm256_loadu_ps(sg.add(pos * 64 + 32 * h) as *const f32)
                 };
-                let mut w = [_mm256_setzero_si256(); 8];
-                for k in 0..4 {
-                    let v = _mm256_loadu_si256(wp.add(64 * k) as *const __m256i);
-                    w[k] = _mm256_and_si256(v, m);
-                    w[4 + k] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m);
-                }
+                let (lo, hi) = levels!(
+                    4,
+                    wp,
+                    _mm256_setzero_si256(),
+                    _mm256_loadu_si256,
+                    _mm256_set1_epi8,
+                    _mm256_and_si256,
+                    _mm256_slli_epi16,
+                    _mm256_srli_epi16,
+                    or_and256
+                );
                 for (i, acc_t) in acc.iter_mut().enumerate() {
                     let t = t0 + i;
                     let xb = xq.add(t * cols + b * QK) as *const i32;
+                    // Chunks' low nibbles with x[0..16], then the high ones with x[16..32].
                     let mut s16 = _mm256_setzero_si256();
-                    for (k, wk) in w.iter().enumerate() {
+                    for (k, wk) in lo.iter().enumerate() {
                         let xv = _mm256_set1_epi32(xb.add(k).read_unaligned());
+                        s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(*wk, xv));
+                    }
+                    for (k, wk) in hi.iter().enumerate() {
+                        let xv = _mm256_set1_epi32(xb.add(4 + k).read_unaligned());
                         s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(*wk, xv));
                     }
                     let corr = _mm256_set1_epi32(-8 * *xs.add(t * nb + b));
@@ -308,12 +485,6 @@ mod avx2q4 {
             }
             acc
         }
-    }
-
-    #[inline(always)]
-    fn add<const T: usize>(a: [__m256; T], b: [__m256; T]) -> [__m256; T] {
-        // SAFETY: register-only AVX op; every caller is compiled with AVX2.
-        std::array::from_fn(|t| unsafe { _mm256_add_ps(a[t], b[t]) })
     }
 
     /// Tokens `t0..t0 + T` of group `g`, both halves.
@@ -337,18 +508,8 @@ mod avx2q4 {
                 if r0 >= p.rows {
                     break;
                 }
-                let r = lane_tree!(|l: usize| lane::<F16, T>(qg, sg, x, t0, nb, h, l), add);
-                let valid = (p.rows - r0).min(8);
-                for (i, v) in r.iter().enumerate() {
-                    let out = y.add((t0 + i) * ld + r0);
-                    if valid == 8 {
-                        _mm256_storeu_ps(out, *v);
-                    } else {
-                        let mut tmp = [0f32; 8];
-                        _mm256_storeu_ps(tmp.as_mut_ptr(), *v);
-                        std::ptr::copy_nonoverlapping(tmp.as_ptr(), out, valid);
-                    }
-                }
+                let r = lane_tree!(|l: usize| lane::<F16, T>(qg, sg, x, t0, nb, h, l), add256);
+                store8(r, p.rows, r0, t0, y, ld);
             }
         }
     }
@@ -365,20 +526,8 @@ mod avx2q4 {
     ) {
         let nt = x.d.len() / p.nb;
         for g in g0..g1 {
-            let mut t0 = 0;
-            while t0 < nt {
-                let n = (nt - t0).min(PASS);
-                // SAFETY: forwarded caller contract; tokens t0..t0 + n exist.
-                unsafe {
-                    match n {
-                        1 => group::<F16, 1>(p, g, x, t0, y, ld),
-                        2 => group::<F16, 2>(p, g, x, t0, y, ld),
-                        3 => group::<F16, 3>(p, g, x, t0, y, ld),
-                        _ => group::<F16, 4>(p, g, x, t0, y, ld),
-                    }
-                }
-                t0 += n;
-            }
+            // SAFETY: forwarded caller contract; each pass's tokens exist.
+            unsafe { in_passes!(nt, t0, group::<F16>(p, g, x, t0, y, ld)) }
         }
     }
 }

@@ -21,7 +21,11 @@
 use core::arch::x86_64::*;
 use std::cell::Cell;
 
-use super::packed::lane_tree;
+use super::packed::{
+    add256, add512, dpbusd_block, in_passes, lane_tree, levels, or_and256, or_and512, store16,
+    store8, with_tokens,
+};
+use super::{f16x16, f16x8};
 use crate::kernels::counters::{count, Op};
 use crate::kernels::packed::{lane_start, PackedView, GROUP};
 use crate::kernels::packed_blocks::{BlockTy, GroupLayout, ScaleKind};
@@ -144,34 +148,6 @@ impl Drop for Supers {
     }
 }
 
-/// 16 f16 at `p` as f32.
-#[inline(always)]
-unsafe fn h16x16(p: *const u8) -> __m512 {
-    // SAFETY: 32 readable bytes (the caller's contract); AVX-512 F.
-    unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i)) }
-}
-
-/// 8 f16 at `p` as f32.
-#[inline(always)]
-unsafe fn h16x8(p: *const u8) -> __m256 {
-    // SAFETY: 16 readable bytes (the caller's contract); F16C.
-    unsafe { _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i)) }
-}
-
-/// `a | (b & m)`.
-#[inline(always)]
-unsafe fn or_and512(a: __m512i, b: __m512i, m: __m512i) -> __m512i {
-    // SAFETY: register-only AVX-512 F ops.
-    unsafe { _mm512_or_si512(a, _mm512_and_si512(b, m)) }
-}
-
-/// `a | (b & m)`.
-#[inline(always)]
-unsafe fn or_and256(a: __m256i, b: __m256i, m: __m256i) -> __m256i {
-    // SAFETY: register-only AVX2 ops.
-    unsafe { _mm256_or_si256(a, _mm256_and_si256(b, m)) }
-}
-
 /// Four activation bytes at `p` in every i32 lane.
 #[inline(always)]
 unsafe fn bcast4(p: *const i32) -> __m256i {
@@ -210,8 +186,8 @@ unsafe fn scales512<B: BlockTy>(sp: *const u8, sup: *const f32, b: usize) -> Sca
         };
         let sb = b / LANES;
         match B::SC {
-            ScaleKind::D => s.dw = h16x16(sp),
-            ScaleKind::DMin => (s.dw, s.mw) = (h16x16(sp), h16x16(sp.add(32))),
+            ScaleKind::D => s.dw = f16x16(sp),
+            ScaleKind::DMin => (s.dw, s.mw) = (f16x16(sp), f16x16(sp.add(32))),
             ScaleKind::K45 => {
                 let sc =
                     _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(sp as *const __m128i)));
@@ -236,36 +212,17 @@ unsafe fn scales512<B: BlockTy>(sp: *const u8, sup: *const f32, b: usize) -> Sca
 unsafe fn levels512<B: BlockTy>(wp: *const u8) -> ([__m512i; 4], [__m512i; 4]) {
     // SAFETY: the position's quant record (QB bytes, 64-aligned) exists.
     unsafe {
-        let m4 = _mm512_set1_epi8(0x0F);
-        let zero = _mm512_setzero_si512();
-        let (mut lo, mut hi) = ([zero; 4], [zero; 4]);
-        for k in 0..4 {
-            let v = _mm512_load_si512(wp.add(64 * k) as *const _);
-            lo[k] = _mm512_and_si512(v, m4);
-            hi[k] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
-        }
-        if B::BITS == 5 {
-            let qh = _mm512_load_si512(wp.add(256) as *const _);
-            let m = _mm512_set1_epi8(0x10);
-            lo[0] = or_and512(lo[0], _mm512_slli_epi16(qh, 4), m);
-            lo[1] = or_and512(lo[1], _mm512_slli_epi16(qh, 3), m);
-            lo[2] = or_and512(lo[2], _mm512_slli_epi16(qh, 2), m);
-            lo[3] = or_and512(lo[3], _mm512_slli_epi16(qh, 1), m);
-            hi[0] = or_and512(hi[0], qh, m);
-            hi[1] = or_and512(hi[1], _mm512_srli_epi16(qh, 1), m);
-            hi[2] = or_and512(hi[2], _mm512_srli_epi16(qh, 2), m);
-            hi[3] = or_and512(hi[3], _mm512_srli_epi16(qh, 3), m);
-        }
-        if B::BITS == 6 {
-            let m = _mm512_set1_epi8(0x30);
-            for (plane, v) in [(256, &mut lo), (320, &mut hi)] {
-                let q = _mm512_load_si512(wp.add(plane) as *const _);
-                v[0] = or_and512(v[0], _mm512_slli_epi16(q, 4), m);
-                v[1] = or_and512(v[1], _mm512_slli_epi16(q, 2), m);
-                v[2] = or_and512(v[2], q, m);
-                v[3] = or_and512(v[3], _mm512_srli_epi16(q, 2), m);
-            }
-        }
+        let (mut lo, mut hi) = levels!(
+            B::BITS,
+            wp,
+            _mm512_setzero_si512(),
+            _mm512_load_si512,
+            _mm512_set1_epi8,
+            _mm512_and_si512,
+            _mm512_slli_epi16,
+            _mm512_srli_epi16,
+            or_and512
+        );
         if B::TABLE {
             let t = table(false, -128);
             let tab = _mm512_broadcast_i32x4(_mm_loadu_si128(t.as_ptr() as *const __m128i));
@@ -339,22 +296,17 @@ unsafe fn lane512<B: BlockTy, const T: usize>(
                 let xb = xq.add(t * cols + b * QK) as *const i32;
                 let o = off.add(2 * (t * nb + b));
                 // Two chains (the block's halves) also halve the `vpdpbusd` latency.
-                let mut i0 = if Offsets::used::<B>() {
+                let i0 = if Offsets::used::<B>() {
                     _mm512_set1_epi32(*o)
                 } else {
                     _mm512_setzero_si512()
                 };
-                let mut i1 = if B::SC == ScaleKind::K6 {
+                let i1 = if B::SC == ScaleKind::K6 {
                     _mm512_set1_epi32(*o.add(1))
                 } else {
                     _mm512_setzero_si512()
                 };
-                for k in 0..4 {
-                    let x0 = _mm512_set1_epi32(xb.add(k).read_unaligned());
-                    let x1 = _mm512_set1_epi32(xb.add(4 + k).read_unaligned());
-                    i0 = _mm512_dpbusd_epi32(i0, lo[k], x0);
-                    i1 = _mm512_dpbusd_epi32(i1, hi[k], x1);
-                }
+                let (i0, i1) = dpbusd_block(i0, i1, &lo, &hi, xb);
                 // `isum_b as f32`. Q6_K: `sc_lo·i0` is exact in f32 (|·| ≤ 128·65,024 <
                 // 2^24) and the fused add rounds the exact integer sum once, as the
                 // conversion does: the contract's bits without `vpmulld` (2 uops, port 0
@@ -381,12 +333,6 @@ unsafe fn lane512<B: BlockTy, const T: usize>(
     }
 }
 
-#[inline(always)]
-fn add512<const T: usize>(a: [__m512; T], b: [__m512; T]) -> [__m512; T] {
-    // SAFETY: register-only AVX-512 F op; every caller is compiled with it.
-    std::array::from_fn(|t| unsafe { _mm512_add_ps(a[t], b[t]) })
-}
-
 /// The VNNI kernel's per-call tables.
 struct Tables {
     sup: Supers,
@@ -411,7 +357,7 @@ unsafe fn group512<B: BlockTy, const T: usize>(
         let Tables { sup, off } = tabs;
         sup.fill::<B>(grp, lay, nb, |p| {
             let mut r = Rows16([0.0; 16]);
-            _mm512_store_ps(r.0.as_mut_ptr(), h16x16(p));
+            _mm512_store_ps(r.0.as_mut_ptr(), f16x16(p));
             r
         });
         let (sp, off) = (sup.ptr(), off.ptr());
@@ -419,16 +365,7 @@ unsafe fn group512<B: BlockTy, const T: usize>(
             |l: usize| lane512::<B, T>(grp, lay, sp, off, x, nb, l),
             add512
         );
-        let r0 = g * GROUP;
-        let valid = (p.rows - r0).min(GROUP);
-        let mask: __mmask16 = if valid == GROUP {
-            !0
-        } else {
-            (1u16 << valid) - 1
-        };
-        for (t, v) in r.iter().enumerate() {
-            _mm512_mask_storeu_ps(y.add(t * ld + r0), mask, *v);
-        }
+        store16(r, p.rows, g, y, ld);
     }
 }
 
@@ -453,39 +390,13 @@ unsafe fn groups512<B: BlockTy, const T: usize>(
     }
 }
 
-#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vnni")]
-unsafe fn vnni_any<B: BlockTy>(
-    p: &PackedView,
-    g0: usize,
-    g1: usize,
-    x: &ActTile,
-    y: *mut f32,
-    ld: usize,
-) {
-    let nt = x.d.len() / p.nb;
-    debug_assert!((1..=PACKED_TILE).contains(&nt));
-    debug_assert!(x.q.len() == nt * p.nb * QK && x.s.len() == nt * p.nb && x.h.len() == x.s.len());
-    // SAFETY: forwarded caller contract.
-    unsafe {
-        match nt {
-            1 => groups512::<B, 1>(p, g0, g1, x, y, ld),
-            2 => groups512::<B, 2>(p, g0, g1, x, y, ld),
-            3 => groups512::<B, 3>(p, g0, g1, x, y, ld),
-            4 => groups512::<B, 4>(p, g0, g1, x, y, ld),
-            5 => groups512::<B, 5>(p, g0, g1, x, y, ld),
-            6 => groups512::<B, 6>(p, g0, g1, x, y, ld),
-            7 => groups512::<B, 7>(p, g0, g1, x, y, ld),
-            _ => groups512::<B, 8>(p, g0, g1, x, y, ld),
-        }
-    }
-}
-
 /// Packed block type `B`, AVX-512 VNNI (see `kernels::PackedFn`).
 ///
 /// # Safety
 /// The CPU has AVX-512 F/BW/VNNI, AVX2 and F16C; `p` is a packed view of type `B`,
 /// `g0 ≤ g1 ≤ groups`, `x` holds 1..=8 tokens of `p.nb` blocks, `y[t·ld + r]` is
 /// writable for every token `t` and row `r < p.rows` of the groups.
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vnni")]
 pub unsafe fn vnni<B: BlockTy>(
     p: &PackedView,
     g0: usize,
@@ -495,8 +406,11 @@ pub unsafe fn vnni<B: BlockTy>(
     ld: usize,
 ) {
     count(Tier::Avx512Vnni, Op::Packed);
+    let nt = x.d.len() / p.nb;
+    debug_assert!((1..=PACKED_TILE).contains(&nt));
+    debug_assert!(x.q.len() == nt * p.nb * QK && x.s.len() == nt * p.nb && x.h.len() == x.s.len());
     // SAFETY: forwarded caller contract.
-    unsafe { vnni_any::<B>(p, g0, g1, x, y, ld) }
+    unsafe { with_tokens!(nt, groups512::<B>(p, g0, g1, x, y, ld)) }
 }
 
 /// The float factors of one block position for a half group (ymm).
@@ -520,8 +434,8 @@ unsafe fn scales256<B: BlockTy>(sp: *const u8, sup: *const f32, b: usize, h: usi
         };
         let sb = b / LANES;
         match B::SC {
-            ScaleKind::D => s.dw = h16x8(sp.add(16 * h)),
-            ScaleKind::DMin => (s.dw, s.mw) = (h16x8(sp.add(16 * h)), h16x8(sp.add(32 + 16 * h))),
+            ScaleKind::D => s.dw = f16x8(sp.add(16 * h)),
+            ScaleKind::DMin => (s.dw, s.mw) = (f16x8(sp.add(16 * h)), f16x8(sp.add(32 + 16 * h))),
             ScaleKind::K45 => {
                 let sc = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(
                     sp.add(8 * h) as *const __m128i
@@ -553,37 +467,18 @@ unsafe fn levels256<B: BlockTy>(
 ) -> ([__m256i; 4], [__m256i; 4], [__m256i; 4], [__m256i; 4]) {
     // SAFETY: the position's quant record (QB bytes) exists.
     unsafe {
-        let wp = wp.add(32 * h);
-        let m4 = _mm256_set1_epi8(0x0F);
         let zero = _mm256_setzero_si256();
-        let (mut lo, mut hi) = ([zero; 4], [zero; 4]);
-        for k in 0..4 {
-            let v = _mm256_loadu_si256(wp.add(64 * k) as *const __m256i);
-            lo[k] = _mm256_and_si256(v, m4);
-            hi[k] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
-        }
-        if B::BITS == 5 {
-            let qh = _mm256_loadu_si256(wp.add(256) as *const __m256i);
-            let m = _mm256_set1_epi8(0x10);
-            lo[0] = or_and256(lo[0], _mm256_slli_epi16(qh, 4), m);
-            lo[1] = or_and256(lo[1], _mm256_slli_epi16(qh, 3), m);
-            lo[2] = or_and256(lo[2], _mm256_slli_epi16(qh, 2), m);
-            lo[3] = or_and256(lo[3], _mm256_slli_epi16(qh, 1), m);
-            hi[0] = or_and256(hi[0], qh, m);
-            hi[1] = or_and256(hi[1], _mm256_srli_epi16(qh, 1), m);
-            hi[2] = or_and256(hi[2], _mm256_srli_epi16(qh, 2), m);
-            hi[3] = or_and256(hi[3], _mm256_srli_epi16(qh, 3), m);
-        }
-        if B::BITS == 6 {
-            let m = _mm256_set1_epi8(0x30);
-            for (plane, v) in [(256, &mut lo), (320, &mut hi)] {
-                let q = _mm256_loadu_si256(wp.add(plane) as *const __m256i);
-                v[0] = or_and256(v[0], _mm256_slli_epi16(q, 4), m);
-                v[1] = or_and256(v[1], _mm256_slli_epi16(q, 2), m);
-                v[2] = or_and256(v[2], q, m);
-                v[3] = or_and256(v[3], _mm256_srli_epi16(q, 2), m);
-            }
-        }
+        let (mut lo, mut hi) = levels!(
+            B::BITS,
+            wp.add(32 * h),
+            zero,
+            _mm256_loadu_si256,
+            _mm256_set1_epi8,
+            _mm256_and_si256,
+            _mm256_slli_epi16,
+            _mm256_srli_epi16,
+            or_and256
+        );
         let (mut slo, mut shi) = ([zero; 4], [zero; 4]);
         if B::TABLE {
             let (ta, ts) = (table(true, 0), table(false, 0));
@@ -715,12 +610,6 @@ unsafe fn lane256<B: BlockTy, const T: usize>(
     }
 }
 
-#[inline(always)]
-fn add256<const T: usize>(a: [__m256; T], b: [__m256; T]) -> [__m256; T] {
-    // SAFETY: register-only AVX op; every caller is compiled with AVX2.
-    std::array::from_fn(|t| unsafe { _mm256_add_ps(a[t], b[t]) })
-}
-
 /// Tokens `t0..t0 + T` of group `g`, both halves.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
@@ -747,26 +636,17 @@ unsafe fn group256<B: BlockTy, const T: usize>(
                 |l: usize| lane256::<B, T>(grp, lay, sup, x, t0, nb, h, l),
                 add256
             );
-            let valid = (p.rows - r0).min(8);
-            for (i, v) in r.iter().enumerate() {
-                let out = y.add((t0 + i) * ld + r0);
-                if valid == 8 {
-                    _mm256_storeu_ps(out, *v);
-                } else {
-                    let mut tmp = [0f32; 8];
-                    _mm256_storeu_ps(tmp.as_mut_ptr(), *v);
-                    std::ptr::copy_nonoverlapping(tmp.as_ptr(), out, valid);
-                }
-            }
+            store8(r, p.rows, r0, t0, y, ld);
         }
     }
 }
 
-/// Most tokens per inner pass of the AVX2 kernel.
-const PASS: usize = 4;
-
+/// Packed block type `B`, AVX2 (see `kernels::PackedFn`).
+///
+/// # Safety
+/// The CPU has AVX2 and F16C; otherwise as [`vnni`].
 #[target_feature(enable = "avx2,f16c")]
-unsafe fn avx2_any<B: BlockTy>(
+pub unsafe fn avx2<B: BlockTy>(
     p: &PackedView,
     g0: usize,
     g1: usize,
@@ -774,6 +654,7 @@ unsafe fn avx2_any<B: BlockTy>(
     y: *mut f32,
     ld: usize,
 ) {
+    count(Tier::Avx2, Op::Packed);
     let nt = x.d.len() / p.nb;
     debug_assert!((1..=PACKED_TILE).contains(&nt));
     let lay = GroupLayout::of(B::W, p.nb);
@@ -785,42 +666,13 @@ unsafe fn avx2_any<B: BlockTy>(
         unsafe {
             sup.fill::<B>(grp, &lay, p.nb, |p| {
                 let mut r = Rows16([0.0; 16]);
-                _mm256_store_ps(r.0.as_mut_ptr(), h16x8(p));
-                _mm256_store_ps(r.0.as_mut_ptr().add(8), h16x8(p.add(16)));
+                _mm256_store_ps(r.0.as_mut_ptr(), f16x8(p));
+                _mm256_store_ps(r.0.as_mut_ptr().add(8), f16x8(p.add(16)));
                 r
             })
         };
         let sp = sup.ptr();
-        let mut t0 = 0;
-        while t0 < nt {
-            let n = (nt - t0).min(PASS);
-            // SAFETY: forwarded caller contract; tokens t0..t0 + n exist.
-            unsafe {
-                match n {
-                    1 => group256::<B, 1>(p, &lay, sp, g, x, t0, y, ld),
-                    2 => group256::<B, 2>(p, &lay, sp, g, x, t0, y, ld),
-                    3 => group256::<B, 3>(p, &lay, sp, g, x, t0, y, ld),
-                    _ => group256::<B, 4>(p, &lay, sp, g, x, t0, y, ld),
-                }
-            }
-            t0 += n;
-        }
+        // SAFETY: forwarded caller contract; each pass's tokens exist.
+        unsafe { in_passes!(nt, t0, group256::<B>(p, &lay, sp, g, x, t0, y, ld)) }
     }
-}
-
-/// Packed block type `B`, AVX2 (see `kernels::PackedFn`).
-///
-/// # Safety
-/// The CPU has AVX2 and F16C; otherwise as [`vnni`].
-pub unsafe fn avx2<B: BlockTy>(
-    p: &PackedView,
-    g0: usize,
-    g1: usize,
-    x: &ActTile,
-    y: *mut f32,
-    ld: usize,
-) {
-    count(Tier::Avx2, Op::Packed);
-    // SAFETY: forwarded caller contract.
-    unsafe { avx2_any::<B>(p, g0, g1, x, y, ld) }
 }
