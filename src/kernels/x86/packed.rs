@@ -136,18 +136,61 @@ macro_rules! levels {
         (lo, hi)
     }};
 }
-pub(super) use levels;
+
+/// [`levels!`] on zmm (the packed records are 64-byte aligned).
+///
+/// # Safety
+/// The record at `wp` holds the 4 chunks and the planes `bits` reads; AVX-512 F/BW.
+#[inline(always)]
+pub(super) unsafe fn unpack512(bits: u32, wp: *const u8) -> ([__m512i; 4], [__m512i; 4]) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        levels!(
+            bits,
+            wp,
+            _mm512_setzero_si512(),
+            _mm512_load_si512,
+            _mm512_set1_epi8,
+            _mm512_and_si512,
+            _mm512_slli_epi16,
+            _mm512_srli_epi16,
+            or_and512
+        )
+    }
+}
+
+/// [`levels!`] on ymm (unaligned loads: a half block starts 32 bytes in).
+///
+/// # Safety
+/// As [`unpack512`]; AVX2.
+#[inline(always)]
+pub(super) unsafe fn unpack256(bits: u32, wp: *const u8) -> ([__m256i; 4], [__m256i; 4]) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        levels!(
+            bits,
+            wp,
+            _mm256_setzero_si256(),
+            _mm256_loadu_si256,
+            _mm256_set1_epi8,
+            _mm256_and_si256,
+            _mm256_slli_epi16,
+            _mm256_srli_epi16,
+            or_and256
+        )
+    }
+}
 
 /// `a | (b & m)`.
 #[inline(always)]
-pub(super) unsafe fn or_and512(a: __m512i, b: __m512i, m: __m512i) -> __m512i {
+unsafe fn or_and512(a: __m512i, b: __m512i, m: __m512i) -> __m512i {
     // SAFETY: register-only AVX-512 F ops.
     unsafe { _mm512_or_si512(a, _mm512_and_si512(b, m)) }
 }
 
 /// `a | (b & m)`.
 #[inline(always)]
-pub(super) unsafe fn or_and256(a: __m256i, b: __m256i, m: __m256i) -> __m256i {
+unsafe fn or_and256(a: __m256i, b: __m256i, m: __m256i) -> __m256i {
     // SAFETY: register-only AVX2 ops.
     unsafe { _mm256_or_si256(a, _mm256_and_si256(b, m)) }
 }
@@ -280,17 +323,7 @@ unsafe fn lane<const IS_Q4: bool, const F16: bool, const T: usize>(
             // hi[k] with x[16+4k..] (Q4: low and high nibbles of chunk k; Q8: chunks k
             // and 4 + k).
             let (lo, hi) = if IS_Q4 {
-                levels!(
-                    4,
-                    wp,
-                    _mm512_setzero_si512(),
-                    _mm512_load_si512,
-                    _mm512_set1_epi8,
-                    _mm512_and_si512,
-                    _mm512_slli_epi16,
-                    _mm512_srli_epi16,
-                    or_and512
-                )
+                unpack512(4, wp)
             } else {
                 let mut w = [_mm512_setzero_si512(); 8];
                 for (k, wk) in w.iter_mut().enumerate() {
@@ -451,17 +484,7 @@ mod avx2q4 {
                 } else {
                     _mm256_loadu_ps(sg.add(pos * 64 + 32 * h) as *const f32)
                 };
-                let (lo, hi) = levels!(
-                    4,
-                    wp,
-                    _mm256_setzero_si256(),
-                    _mm256_loadu_si256,
-                    _mm256_set1_epi8,
-                    _mm256_and_si256,
-                    _mm256_slli_epi16,
-                    _mm256_srli_epi16,
-                    or_and256
-                );
+                let (lo, hi) = unpack256(4, wp);
                 for (i, acc_t) in acc.iter_mut().enumerate() {
                     let t = t0 + i;
                     let xb = xq.add(t * cols + b * QK) as *const i32;

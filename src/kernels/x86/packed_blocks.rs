@@ -22,8 +22,8 @@ use core::arch::x86_64::*;
 use std::cell::Cell;
 
 use super::packed::{
-    add256, add512, dpbusd_block, in_passes, lane_tree, levels, or_and256, or_and512, store16,
-    store8, with_tokens,
+    add256, add512, dpbusd_block, in_passes, lane_tree, store16, store8, unpack256, unpack512,
+    with_tokens,
 };
 use super::{f16x16, f16x8};
 use crate::kernels::counters::{count, Op};
@@ -212,17 +212,7 @@ unsafe fn scales512<B: BlockTy>(sp: *const u8, sup: *const f32, b: usize) -> Sca
 unsafe fn levels512<B: BlockTy>(wp: *const u8) -> ([__m512i; 4], [__m512i; 4]) {
     // SAFETY: the position's quant record (QB bytes, 64-aligned) exists.
     unsafe {
-        let (mut lo, mut hi) = levels!(
-            B::BITS,
-            wp,
-            _mm512_setzero_si512(),
-            _mm512_load_si512,
-            _mm512_set1_epi8,
-            _mm512_and_si512,
-            _mm512_slli_epi16,
-            _mm512_srli_epi16,
-            or_and512
-        );
+        let (mut lo, mut hi) = unpack512(B::BITS, wp);
         if B::TABLE {
             let t = table(false, -128);
             let tab = _mm512_broadcast_i32x4(_mm_loadu_si128(t.as_ptr() as *const __m128i));
@@ -468,17 +458,7 @@ unsafe fn levels256<B: BlockTy>(
     // SAFETY: the position's quant record (QB bytes) exists.
     unsafe {
         let zero = _mm256_setzero_si256();
-        let (mut lo, mut hi) = levels!(
-            B::BITS,
-            wp.add(32 * h),
-            zero,
-            _mm256_loadu_si256,
-            _mm256_set1_epi8,
-            _mm256_and_si256,
-            _mm256_slli_epi16,
-            _mm256_srli_epi16,
-            or_and256
-        );
+        let (mut lo, mut hi) = unpack256(B::BITS, wp.add(32 * h));
         let (mut slo, mut shi) = ([zero; 4], [zero; 4]);
         if B::TABLE {
             let (ta, ts) = (table(true, 0), table(false, 0));
