@@ -269,6 +269,21 @@ fn matmul_larger_shapes_agree() {
     }
 }
 
+/// Wide rows make a packed task run its groups in several sub-blocks (as many 16-row
+/// groups as 256 KiB holds: 4 of Q8_0 at 4096 columns, 6 or 7 of Q4_0), each against two
+/// token tiles; on 1 and 2 threads, so that a task holds more groups than a sub-block.
+#[test]
+fn packed_sub_blocks_agree() {
+    let mut rng = Rng::new(15);
+    for threads in [1, 2] {
+        Pool::leak(threads).install(|| {
+            for wtype in [WType::Q8_0, WType::Q4_0] {
+                check_matmul(&mut rng, wtype, 1040, 4096, 10, false);
+            }
+        });
+    }
+}
+
 /// The contract's result is close to an f64 dot of the dequantized values.
 #[test]
 fn reference_matches_naive_f64() {

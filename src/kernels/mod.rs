@@ -1101,6 +1101,8 @@ struct PackedPlan<'a> {
     groups: usize,
     /// Groups per task.
     per_task: usize,
+    /// Groups per sub-block of a task (see [`sub_groups`]).
+    sub: usize,
     tasks: usize,
     out: SharedOut,
     rows: usize,
@@ -1119,6 +1121,7 @@ impl<'a> PackedPlan<'a> {
             v: p.view(),
             groups,
             per_task,
+            sub: sub_groups(p.bytes() / groups.max(1)),
             tasks: groups.div_ceil(per_task),
             out: SharedOut(y.as_mut_ptr()),
             rows: p.rows,
@@ -1129,8 +1132,8 @@ impl<'a> PackedPlan<'a> {
     /// across the token tiles.
     fn run(&self, i: usize, tiles: &[ActTile]) {
         let g1 = ((i + 1) * self.per_task).min(self.groups);
-        for s0 in (i * self.per_task..g1).step_by(SUB_GROUPS) {
-            let s1 = (s0 + SUB_GROUPS).min(g1);
+        for s0 in (i * self.per_task..g1).step_by(self.sub) {
+            let s1 = (s0 + self.sub).min(g1);
             for (k, xt) in tiles.iter().enumerate() {
                 let y = self.out.at(k * PACKED_TILE * self.rows);
                 // SAFETY: a supported tier's kernel; `xt` holds 1..=PACKED_TILE tokens
@@ -1158,8 +1161,17 @@ fn run_plans(plans: &[PackedPlan], x: &QActs) {
     });
 }
 
-/// Groups per sub-block of a packed task: 64 rows, as [`SUB_ROWS`].
-const SUB_GROUPS: usize = SUB_ROWS / packed::GROUP;
+/// Weight bytes per sub-block of a packed task: a sub-block's groups are read by every
+/// token tile of a prompt, so they should stay in L2, with room for the tile's
+/// activations (a 512 KiB L2 on Zen 3 is the smallest of the hosts here).
+const SUB_BYTES: usize = 256 << 10;
+
+/// Groups per sub-block of a packed task whose groups take `group_bytes` each: as many
+/// as [`SUB_BYTES`] holds, at least 64 rows. More rows per sub-block read the prompt's
+/// activations (which outgrow L2 from a few hundred tokens) fewer times.
+fn sub_groups(group_bytes: usize) -> usize {
+    (SUB_BYTES / group_bytes.max(1)).max(SUB_ROWS / packed::GROUP)
+}
 
 /// The activations cut into tiles of `size` tokens (the last may be shorter).
 fn token_tiles(x: &QActs, size: usize) -> Vec<ActTile<'_>> {
@@ -1274,6 +1286,19 @@ pub fn matmul(w: &QMat, x: &QActs, y: &mut [f32]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sub_blocks_fill_256_kib_and_hold_64_rows() {
+        // Q5_K at 2048 columns: 64 positions of 392 bytes a group.
+        assert_eq!(sub_groups(64 * 392), 10);
+        // Q4_0 and Q8_0 (f16 scales) at 4096 columns.
+        assert_eq!(sub_groups(128 * (256 + 32)), 7);
+        assert_eq!(sub_groups(128 * (512 + 32)), 4);
+        // Wider rows: never fewer than 64 rows; tiny groups: as many as fit.
+        assert_eq!(sub_groups(256 * 544), 4);
+        assert_eq!(sub_groups(2 * 544), 240);
+        assert_eq!(sub_groups(0), 1 << 18);
+    }
 
     #[test]
     fn env_var_only_lowers() {
