@@ -263,6 +263,12 @@ pub struct QActs {
     xs: Vec<f32>,
     /// The f32 input rounded to BF16, for BF16 weights under `HalfActs::Bf16`.
     b16: Vec<u16>,
+    /// `q`, `d`, `s` and `xs` interleaved per tile of [`PACKED_TILE`] tokens (see
+    /// [`ActTile::iq`]).
+    iq: Vec<i8>,
+    id: Vec<f32>,
+    is: Vec<i32>,
+    ixs: Vec<f32>,
 }
 
 /// Values per pool task when quantizing many tokens.
@@ -285,29 +291,72 @@ fn arrange_q4(q: &[i8], out: &mut [i8]) {
     }
 }
 
-impl QActs {
-    /// Fills the derived `s`, `h` and `q4` from `q`.
-    fn derive(&mut self) {
-        let sum = |b: &[i8]| b.iter().map(|&v| v as i32).sum::<i32>();
-        self.s.clear();
-        self.s.extend(self.q.chunks_exact(QK).map(sum));
-        self.h.clear();
-        self.h
-            .extend(self.q.chunks_exact(QK).map(|b| sum(&b[..QK / 2])));
-        self.xs.clear();
-        self.xs
-            .extend(self.d.iter().zip(&self.s).map(|(&d, &s)| d * s as f32));
-        let l4 = q4_layout_len(self.cols);
-        self.q4.resize(self.n * l4, 0);
-        if self.n > 0 {
-            for (qt, ot) in self
-                .q
-                .chunks_exact(self.cols)
-                .zip(self.q4.chunks_exact_mut(l4))
-            {
-                arrange_q4(qt, ot);
+/// Tokens `t0..` of `src` (`w` values per block, `nb` blocks per token; as many tokens
+/// as `dst` has room for, `t0` at a tile start) into `dst`, interleaved per tile of
+/// [`PACKED_TILE`] tokens: in the tile of tokens `u..u + k`, block `b` of token `u + t`
+/// goes to block `(u − t0)·nb + b·k + t` (see [`ActTile::iq`]).
+fn interleave<T: Copy>(src: &[T], w: usize, nb: usize, t0: usize, dst: &mut [T]) {
+    let n = dst.len() / (nb * w);
+    for u in (0..n).step_by(PACKED_TILE) {
+        let k = PACKED_TILE.min(n - u);
+        for t in 0..k {
+            for b in 0..nb {
+                let (from, to) = ((t0 + u + t) * nb + b, u * nb + b * k + t);
+                dst[to * w..(to + 1) * w].copy_from_slice(&src[from * w..(from + 1) * w]);
             }
         }
+    }
+}
+
+impl QActs {
+    /// Fills what the kernels derive from `q` and `d`: `s`, `h`, `xs`, `q4` and the
+    /// interleaved `iq`, `id`, `is`, `ixs`. A prompt's worth is split over the pool in
+    /// whole packed tiles of tokens (each value is computed alone: no bit changes).
+    fn derive(&mut self) {
+        let (n, cols) = (self.n, self.cols);
+        let (nb, l4, blocks) = (cols / QK, q4_layout_len(cols), self.d.len());
+        self.s.resize(blocks, 0);
+        self.h.resize(blocks, 0);
+        self.xs.resize(blocks, 0.0);
+        self.q4.resize(n * l4, 0);
+        self.iq.resize(self.q.len(), 0);
+        self.id.resize(blocks, 0.0);
+        self.is.resize(blocks, 0);
+        self.ixs.resize(blocks, 0.0);
+        let per = (QUANT_PAR_VALUES / cols)
+            .next_multiple_of(PACKED_TILE)
+            .max(PACKED_TILE);
+        let par = pool::parallel_if(n > per && pool::threads() > 1);
+        let (q, d) = (&self.q, &self.d);
+        let sum = |b: &[i8]| b.iter().map(|&v| v as i32).sum::<i32>();
+        let bs = per * nb;
+        par.for_chunks3(
+            (&mut self.s, bs),
+            (&mut self.h, bs),
+            (&mut self.xs, bs),
+            |i, s, h, xs| {
+                for (j, ((s, h), xs)) in s.iter_mut().zip(h).zip(xs).enumerate() {
+                    let b = i * bs + j;
+                    let qb = &q[b * QK..(b + 1) * QK];
+                    (*s, *h) = (sum(qb), sum(&qb[..QK / 2]));
+                    *xs = d[b] * *s as f32;
+                }
+            },
+        );
+        let (s, xs) = (&self.s, &self.xs);
+        let (q4, iq) = ((&mut self.q4[..], per * l4), (&mut self.iq[..], per * cols));
+        par.for_chunks3(q4, iq, (&mut self.is, bs), |i, q4, iq, is| {
+            let t0 = i * per;
+            for (t, ot) in q4.chunks_exact_mut(l4).enumerate() {
+                arrange_q4(&q[(t0 + t) * cols..(t0 + t + 1) * cols], ot);
+            }
+            interleave(q, QK, nb, t0, iq);
+            interleave(s, 1, nb, t0, is);
+        });
+        par.for_chunks2((&mut self.id, bs), (&mut self.ixs, bs), |i, id, ixs| {
+            interleave(d, 1, nb, i * per, id);
+            interleave(xs, 1, nb, i * per, ixs);
+        });
     }
 
     /// An empty set (n = 0); fill it with [`QActs::quantize`].
@@ -375,6 +424,10 @@ impl QActs {
             h: Vec::new(),
             xs: Vec::new(),
             b16: Vec::new(),
+            iq: Vec::new(),
+            id: Vec::new(),
+            is: Vec::new(),
+            ixs: Vec::new(),
         };
         a.derive();
         Ok(a)
@@ -532,6 +585,20 @@ pub struct ActTile<'a> {
     pub h: &'a [i32],
     /// `cols/32` minimum-term factors `d · (s as f32)` per token (affine block types).
     pub xs: &'a [f32],
+    /// A packed tile's quants block by block: block `b` of the tile's `k`-th token at
+    /// `(b·n + k)·32` for the tile's `n` tokens, so that a kernel reaches every token of
+    /// a block at a constant offset from one pointer. With the token stride a runtime
+    /// value, eight tokens' pointers (and their scales') do not fit in the registers:
+    /// the VNNI Q5_K kernel's loop ran 227 instructions per block position for 8 tokens
+    /// with 20 stack accesses, against 192 and 4 this way. Empty in tiles other than
+    /// the packed ones (tokens `8i..8i + 8`, or the last `8i..n`).
+    pub iq: &'a [i8],
+    /// `d` in the order of `iq` (block `b`, token `k` at `b·n + k`).
+    pub id: &'a [f32],
+    /// `s` in the order of `iq`.
+    pub is: &'a [i32],
+    /// `xs` in the order of `iq`.
+    pub ixs: &'a [f32],
     /// The product's only tile (decode, a batched decode step, a short prompt): its
     /// weights stream from memory once, so the packed kernels prefetch them. Later tiles
     /// of a prefill find them cached.
@@ -539,17 +606,28 @@ pub struct ActTile<'a> {
 }
 
 impl<'a> ActTile<'a> {
-    /// Tokens `t0..t1` of this tile, of `nb` blocks each.
+    /// Tokens `t0..t1` of this tile (all of a [`QActs`]), of `nb` blocks each.
     pub fn tokens(&self, nb: usize, t0: usize, t1: usize) -> ActTile<'a> {
         let (cols, l4) = (nb * QK, q4_layout_len(nb * QK));
         let blocks = t0 * nb..t1 * nb;
+        // The interleaved arrays hold whole packed tiles: only such a tile keeps them.
+        let n = self.d.len() / nb.max(1);
+        let packed = t0.is_multiple_of(PACKED_TILE) && (t1 - t0 == PACKED_TILE || t1 == n);
+        let (inter_q, inter) = match packed {
+            true => (t0 * cols..t1 * cols, blocks.clone()),
+            false => (0..0, 0..0),
+        };
         ActTile {
             q: &self.q[t0 * cols..t1 * cols],
             d: &self.d[blocks.clone()],
             s: &self.s[blocks.clone()],
             q4: &self.q4[t0 * l4..t1 * l4],
             h: &self.h[blocks.clone()],
-            xs: &self.xs[blocks],
+            xs: &self.xs[blocks.clone()],
+            iq: &self.iq[inter_q],
+            id: &self.id[inter.clone()],
+            is: &self.is[inter.clone()],
+            ixs: &self.ixs[inter],
             stream: self.stream,
         }
     }
@@ -1183,6 +1261,10 @@ fn token_tiles(x: &QActs, size: usize) -> Vec<ActTile<'_>> {
         q4: &x.q4,
         h: &x.h,
         xs: &x.xs,
+        iq: &x.iq,
+        id: &x.id,
+        is: &x.is,
+        ixs: &x.ixs,
         stream: n <= size,
     };
     (0..n)
@@ -1298,6 +1380,112 @@ mod tests {
         assert_eq!(sub_groups(256 * 544), 4);
         assert_eq!(sub_groups(2 * 544), 240);
         assert_eq!(sub_groups(0), 1 << 18);
+    }
+
+    /// 10 tokens of 2 blocks: quant `q[32·(2t + b) + i]` is `t·12 + b·4 + i % 4` (small
+    /// enough for i8), so a block's token and index are readable from its bytes.
+    fn ten_tokens() -> QActs {
+        let (n, nb) = (10, 2);
+        let q: Vec<i8> = (0..n * nb * QK)
+            .map(|j| ((j / (nb * QK)) * 12 + (j / QK % nb) * 4 + j % 4) as i8)
+            .collect();
+        let d: Vec<f32> = (0..n * nb).map(|b| b as f32 + 0.5).collect();
+        QActs::from_parts(n, nb * QK, q, d).unwrap()
+    }
+
+    #[test]
+    fn interleaved_tiles_put_a_blocks_tokens_together() {
+        let a = ten_tokens();
+        // Tile 0 (8 tokens): block b of token t at 8b + t; tile 1 (2 tokens) after it:
+        // block b of token 8 + t at 16 + 2b + t.
+        let at = |t: usize, b: usize| {
+            if t < 8 {
+                8 * b + t
+            } else {
+                16 + 2 * b + (t - 8)
+            }
+        };
+        for t in 0..10 {
+            for b in 0..2 {
+                let (from, to) = (2 * t + b, at(t, b));
+                assert_eq!(
+                    a.iq[to * QK..(to + 1) * QK],
+                    a.q[from * QK..(from + 1) * QK]
+                );
+                assert_eq!(
+                    a.iq[to * QK] as usize,
+                    t * 12 + b * 4,
+                    "token {t} block {b}"
+                );
+                assert_eq!(a.id[to].to_bits(), a.d[from].to_bits());
+                assert_eq!(
+                    (a.is[to], a.ixs[to].to_bits()),
+                    (a.s[from], a.xs[from].to_bits())
+                );
+            }
+        }
+        // Packed tiles keep their interleaved slices; tiles cut elsewhere have none,
+        // unless one is a packed tile all the same (tokens 8..10, the last).
+        let packed = token_tiles(&a, PACKED_TILE);
+        assert_eq!(
+            packed.iter().map(|t| t.iq.len()).collect::<Vec<_>>(),
+            [8 * 64, 2 * 64]
+        );
+        assert_eq!(packed[1].id, &a.id[16..20]);
+        let fours = token_tiles(&a, 4);
+        let lens: Vec<_> = fours
+            .iter()
+            .map(|t| (t.iq.len(), t.id.len(), t.ixs.len()))
+            .collect();
+        assert_eq!(lens, [(0, 0, 0), (0, 0, 0), (2 * 64, 4, 4)]);
+        assert_eq!(fours[2].iq, packed[1].iq);
+    }
+
+    #[test]
+    fn derive_on_the_pool_matches_one_thread() {
+        // 100 tokens of 2048 values: 7 tasks of 16 tokens (two packed tiles each).
+        let (n, cols) = (100, 2048);
+        let x: Vec<f32> = (0..n * cols)
+            .map(|i| ((i * 7919 % 1999) as f32 - 999.0) / 300.0)
+            .collect();
+        let on = |threads: usize| {
+            crate::kernels::pool::Pool::leak(threads).install(|| {
+                let mut a = QActs::new();
+                a.quantize_with(&scalar_kernels(), &x, cols);
+                a
+            })
+        };
+        let (one, two) = (on(1), on(2));
+        let f = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+        assert_eq!(
+            (&one.q, &one.s, &one.h, &one.q4),
+            (&two.q, &two.s, &two.h, &two.q4)
+        );
+        assert_eq!((f(&one.d), f(&one.xs)), (f(&two.d), f(&two.xs)));
+        assert_eq!((&one.iq, &one.is), (&two.iq, &two.is));
+        assert_eq!((f(&one.id), f(&one.ixs)), (f(&two.id), f(&two.ixs)));
+        // The tasks' own parts (the same split runs inline on one thread): every block
+        // against a direct computation, e.g. token 37's block 5 in tile 4 (32..40) at
+        // 32·64 + 5·8 + 5; the last tile (96..100) has 4 tokens.
+        let nb = cols / QK;
+        for t in 0..n {
+            let (u, k) = (t / 8 * 8, if t >= 96 { 4 } else { 8 });
+            for b in 0..nb {
+                let (from, to) = (t * nb + b, u * nb + b * k + (t - u));
+                let qb = &two.q[from * QK..(from + 1) * QK];
+                let sum = |v: &[i8]| v.iter().map(|&x| x as i32).sum::<i32>();
+                assert_eq!((two.s[from], two.h[from]), (sum(qb), sum(&qb[..16])));
+                assert_eq!(
+                    two.xs[from].to_bits(),
+                    (two.d[from] * two.s[from] as f32).to_bits()
+                );
+                assert_eq!(&two.iq[to * QK..(to + 1) * QK], qb, "token {t} block {b}");
+                assert_eq!(
+                    (two.id[to], two.is[to], two.ixs[to]),
+                    (two.d[from], two.s[from], two.xs[from])
+                );
+            }
+        }
     }
 
     #[test]

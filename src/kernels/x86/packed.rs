@@ -301,12 +301,12 @@ unsafe fn lane<const IS_Q4: bool, const F16: bool, const T: usize>(
     nb: usize,
     l: usize,
 ) -> [__m512; T] {
-    let cols = nb * QK;
     let bb = block_bytes(if IS_Q4 { WType::Q4_0 } else { WType::Q8_0 });
     let mut pos = lane_start(nb, l);
     // SAFETY: the caller's contract (see `group`): blocks of this group and T tokens.
     unsafe {
-        let (xq, xd, xs) = (x.q.as_ptr(), x.d.as_ptr(), x.s.as_ptr());
+        // The tile's tokens of one block are adjacent (`ActTile::iq`).
+        let (xq, xd, xs) = (x.iq.as_ptr(), x.id.as_ptr(), x.is.as_ptr());
         let mut acc = [_mm512_setzero_ps(); T];
         let mut b = l;
         while b < nb {
@@ -331,9 +331,10 @@ unsafe fn lane<const IS_Q4: bool, const F16: bool, const T: usize>(
                 }
                 ([w[0], w[1], w[2], w[3]], [w[4], w[5], w[6], w[7]])
             };
+            let (xq, xd, xs) = (xq.add(b * T * QK), xd.add(b * T), xs.add(b * T));
             for (t, acc_t) in acc.iter_mut().enumerate() {
-                let xb = xq.add(t * cols + b * QK) as *const i32;
-                let s = *xs.add(t * nb + b);
+                let xb = xq.add(t * QK) as *const i32;
+                let s = *xs.add(t);
                 let corr = if IS_Q4 { -8 * s } else { -128 * s };
                 let (i0, i1) = dpbusd_block(
                     _mm512_set1_epi32(corr),
@@ -343,7 +344,7 @@ unsafe fn lane<const IS_Q4: bool, const F16: bool, const T: usize>(
                     xb,
                 );
                 let isum = _mm512_cvtepi32_ps(_mm512_add_epi32(i0, i1));
-                let d = _mm512_mul_ps(dw, _mm512_set1_ps(*xd.add(t * nb + b)));
+                let d = _mm512_mul_ps(dw, _mm512_set1_ps(*xd.add(t)));
                 *acc_t = _mm512_add_ps(*acc_t, _mm512_mul_ps(d, isum));
             }
             pos += 1;
@@ -405,6 +406,7 @@ unsafe fn any<const IS_Q4: bool>(
     let nt = x.d.len() / p.nb;
     debug_assert!((1..=PACKED_TILE).contains(&nt));
     debug_assert!(x.q.len() == nt * p.nb * QK && x.s.len() == nt * p.nb);
+    debug_assert!(x.iq.len() == x.q.len() && x.id.len() == x.d.len() && x.is.len() == x.d.len());
     // SAFETY: forwarded caller contract.
     unsafe {
         if p.f16 {
@@ -463,13 +465,14 @@ mod avx2q4 {
         h: usize,
         l: usize,
     ) -> [__m256; T] {
-        let cols = nb * QK;
+        let nt = x.id.len() / nb;
         let bb = block_bytes(WType::Q4_0);
         let mut pos = lane_start(nb, l);
         // SAFETY: the caller's contract (see `group`): blocks of this group, tokens
         // t0..t0 + T of `x`.
         unsafe {
-            let (xq, xd, xs) = (x.q.as_ptr(), x.d.as_ptr(), x.s.as_ptr());
+            // The tile's tokens of one block are adjacent (`ActTile::iq`).
+            let (xq, xd, xs) = (x.iq.as_ptr(), x.id.as_ptr(), x.is.as_ptr());
             let ones = _mm256_set1_epi16(1);
             let mut acc = [_mm256_setzero_ps(); T];
             let mut b = l;
@@ -485,9 +488,10 @@ mod avx2q4 {
                     _mm256_loadu_ps(sg.add(pos * 64 + 32 * h) as *const f32)
                 };
                 let (lo, hi) = unpack256(4, wp);
+                let at = b * nt + t0;
+                let (xq, xd, xs) = (xq.add(at * QK), xd.add(at), xs.add(at));
                 for (i, acc_t) in acc.iter_mut().enumerate() {
-                    let t = t0 + i;
-                    let xb = xq.add(t * cols + b * QK) as *const i32;
+                    let xb = xq.add(i * QK) as *const i32;
                     // Chunks' low nibbles with x[0..16], then the high ones with x[16..32].
                     let mut s16 = _mm256_setzero_si256();
                     for (k, wk) in lo.iter().enumerate() {
@@ -498,9 +502,9 @@ mod avx2q4 {
                         let xv = _mm256_set1_epi32(xb.add(4 + k).read_unaligned());
                         s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(*wk, xv));
                     }
-                    let corr = _mm256_set1_epi32(-8 * *xs.add(t * nb + b));
+                    let corr = _mm256_set1_epi32(-8 * *xs.add(i));
                     let isum = _mm256_add_epi32(_mm256_madd_epi16(s16, ones), corr);
-                    let d = _mm256_mul_ps(dw, _mm256_set1_ps(*xd.add(t * nb + b)));
+                    let d = _mm256_mul_ps(dw, _mm256_set1_ps(*xd.add(i)));
                     *acc_t = _mm256_add_ps(*acc_t, _mm256_mul_ps(d, _mm256_cvtepi32_ps(isum)));
                 }
                 pos += 1;
@@ -563,6 +567,7 @@ mod avx2q4 {
 pub unsafe fn q4_avx2(p: &PackedView, g0: usize, g1: usize, x: &ActTile, y: *mut f32, ld: usize) {
     count(Tier::Avx2, Op::Packed);
     debug_assert!(x.q.len() == x.d.len() * QK && x.s.len() == x.d.len());
+    debug_assert!(x.iq.len() == x.q.len() && x.id.len() == x.d.len() && x.is.len() == x.d.len());
     // SAFETY: forwarded caller contract; features enabled on this function.
     unsafe {
         if p.f16 {

@@ -59,10 +59,11 @@ thread_local! {
 }
 
 /// The integer offsets that start block `b`'s two `vpdpbusd` chains for token `t`, at
-/// `t·nb + b`: `−OFF·s_b` and 0, or Q6_K's `−32·h_b` and `−32·(s_b − h_b)`. They depend
-/// on the token only, so they are made once per call, not once per group of rows, and
-/// each is then a broadcast from memory (a load) instead of scalar arithmetic and a
-/// register broadcast per token and block position.
+/// `b·n + t` for the tile's `n` tokens (the order of [`ActTile::iq`]): `−OFF·s_b` and 0,
+/// or Q6_K's `−32·h_b` and `−32·(s_b − h_b)`. They depend on the token only, so they
+/// are made once per call, not once per group of rows, and each is then a broadcast
+/// from memory (a load) instead of scalar arithmetic and a register broadcast per token
+/// and block position.
 struct Offsets(Vec<[i32; 2]>);
 
 impl Offsets {
@@ -71,13 +72,16 @@ impl Offsets {
         matches!(B::SC, ScaleKind::K6) || B::OFF != 0
     }
 
-    fn of<B: BlockTy>(x: &ActTile) -> Offsets {
+    fn of<B: BlockTy>(x: &ActTile, nb: usize) -> Offsets {
         let mut v = OFFSETS.take();
         v.clear();
         if !Self::used::<B>() {
             return Offsets(v);
         }
-        v.extend(x.s.iter().zip(x.h).map(|(&s, &h)| {
+        let n = x.s.len() / nb;
+        v.extend((0..nb * n).map(|i| {
+            let at = (i % n) * nb + i / n;
+            let (s, h) = (x.s[at], x.h[at]);
             if B::SC == ScaleKind::K6 {
                 [-32 * h, -32 * (s - h)]
             } else {
@@ -266,12 +270,11 @@ unsafe fn lane512<B: BlockTy, const T: usize>(
     nb: usize,
     l: usize,
 ) -> [__m512; T] {
-    let cols = nb * QK;
     let mut pos = lane_start(nb, l);
     // SAFETY: the caller's contract (see `group512`): a whole group, T tokens of nb blocks.
     unsafe {
-        let (xq, xd) = (x.q.as_ptr(), x.d.as_ptr());
-        let xm = x.xs.as_ptr();
+        // The tile's tokens of one block are adjacent (`ActTile::iq`).
+        let (xq, xd, xm) = (x.iq.as_ptr(), x.id.as_ptr(), x.ixs.as_ptr());
         let mut acc = [_mm512_setzero_ps(); T];
         let mut b = l;
         while b < nb {
@@ -282,9 +285,11 @@ unsafe fn lane512<B: BlockTy, const T: usize>(
             }
             let (lo, hi) = levels512::<B>(wp);
             let sc = scales512::<B>(sp, sup, b);
+            let at = b * T;
+            let (xq, xd, xm, off) = (xq.add(at * QK), xd.add(at), xm.add(at), off.add(2 * at));
             for (t, acc_t) in acc.iter_mut().enumerate() {
-                let xb = xq.add(t * cols + b * QK) as *const i32;
-                let o = off.add(2 * (t * nb + b));
+                let xb = xq.add(t * QK) as *const i32;
+                let o = off.add(2 * t);
                 // Two chains (the block's halves) also halve the `vpdpbusd` latency.
                 let i0 = if Offsets::used::<B>() {
                     _mm512_set1_epi32(*o)
@@ -307,11 +312,10 @@ unsafe fn lane512<B: BlockTy, const T: usize>(
                 } else {
                     _mm512_cvtepi32_ps(_mm512_add_epi32(i0, i1))
                 };
-                let dx = *xd.add(t * nb + b);
-                let d = _mm512_mul_ps(sc.dw, _mm512_set1_ps(dx));
+                let d = _mm512_mul_ps(sc.dw, _mm512_set1_ps(*xd.add(t)));
                 let mut term = _mm512_mul_ps(d, fsum);
                 if B::AFFINE {
-                    let xsum = _mm512_set1_ps(*xm.add(t * nb + b));
+                    let xsum = _mm512_set1_ps(*xm.add(t));
                     term = _mm512_add_ps(term, _mm512_mul_ps(sc.mw, xsum));
                 }
                 *acc_t = _mm512_add_ps(*acc_t, term);
@@ -372,7 +376,7 @@ unsafe fn groups512<B: BlockTy, const T: usize>(
     debug_assert!(p.q.len() >= g1 * lay.group);
     let mut tabs = Tables {
         sup: Supers::take(),
-        off: Offsets::of::<B>(x),
+        off: Offsets::of::<B>(x, p.nb),
     };
     for g in g0..g1 {
         // SAFETY: forwarded caller contract.
@@ -399,6 +403,7 @@ pub unsafe fn vnni<B: BlockTy>(
     let nt = x.d.len() / p.nb;
     debug_assert!((1..=PACKED_TILE).contains(&nt));
     debug_assert!(x.q.len() == nt * p.nb * QK && x.s.len() == nt * p.nb && x.h.len() == x.s.len());
+    debug_assert!(x.iq.len() == x.q.len() && x.id.len() == x.d.len() && x.ixs.len() == x.d.len());
     // SAFETY: forwarded caller contract.
     unsafe { with_tokens!(nt, groups512::<B>(p, g0, g1, x, y, ld)) }
 }
@@ -491,12 +496,13 @@ unsafe fn lane256<B: BlockTy, const T: usize>(
     h: usize,
     l: usize,
 ) -> [__m256; T] {
-    let cols = nb * QK;
+    let nt = x.id.len() / nb;
     let mut pos = lane_start(nb, l);
     // SAFETY: the caller's contract (see `group256`).
     unsafe {
-        let (xq, xd, xs, xh) = (x.q.as_ptr(), x.d.as_ptr(), x.s.as_ptr(), x.h.as_ptr());
-        let xm = x.xs.as_ptr();
+        // The tile's tokens of one block are adjacent (`ActTile::iq`).
+        let (xq, xd, xs, xh) = (x.iq.as_ptr(), x.id.as_ptr(), x.is.as_ptr(), x.h.as_ptr());
+        let xm = x.ixs.as_ptr();
         let ones = _mm256_set1_epi16(1);
         let mut acc = [_mm256_setzero_ps(); T];
         let mut b = l;
@@ -508,10 +514,11 @@ unsafe fn lane256<B: BlockTy, const T: usize>(
             }
             let (lo, hi, slo, shi) = levels256::<B>(wp, h);
             let sc = scales256::<B>(sp, sup, b, h);
+            let at = b * nt + t0;
+            let (xq, xd, xs, xm) = (xq.add(at * QK), xd.add(at), xs.add(at), xm.add(at));
             for (i, acc_t) in acc.iter_mut().enumerate() {
-                let t = t0 + i;
-                let xb = xq.add(t * cols + b * QK) as *const i32;
-                let s = *xs.add(t * nb + b);
+                let xb = xq.add(i * QK) as *const i32;
+                let s = *xs.add(i);
                 let (mut i0, mut i1);
                 if B::TABLE {
                     let (mut a, mut c) = (_mm256_setzero_si256(), _mm256_setzero_si256());
@@ -563,7 +570,8 @@ unsafe fn lane256<B: BlockTy, const T: usize>(
                     (i0, i1) = (a, c);
                 }
                 let isum = if B::SC == ScaleKind::K6 {
-                    let hh = *xh.add(t * nb + b);
+                    // `h` stays token-major: only Q6_K reads it.
+                    let hh = *xh.add((t0 + i) * nb + b);
                     i0 = _mm256_sub_epi32(i0, _mm256_set1_epi32(32 * hh));
                     i1 = _mm256_sub_epi32(i1, _mm256_set1_epi32(32 * (s - hh)));
                     _mm256_add_epi32(
@@ -574,11 +582,10 @@ unsafe fn lane256<B: BlockTy, const T: usize>(
                     let off = if B::TABLE { 0 } else { B::OFF * s };
                     _mm256_sub_epi32(_mm256_add_epi32(i0, i1), _mm256_set1_epi32(off))
                 };
-                let dx = *xd.add(t * nb + b);
-                let d = _mm256_mul_ps(sc.dw, _mm256_set1_ps(dx));
+                let d = _mm256_mul_ps(sc.dw, _mm256_set1_ps(*xd.add(i)));
                 let mut term = _mm256_mul_ps(d, _mm256_cvtepi32_ps(isum));
                 if B::AFFINE {
-                    let xsum = _mm256_set1_ps(*xm.add(t * nb + b));
+                    let xsum = _mm256_set1_ps(*xm.add(i));
                     term = _mm256_add_ps(term, _mm256_mul_ps(sc.mw, xsum));
                 }
                 *acc_t = _mm256_add_ps(*acc_t, term);
@@ -637,6 +644,7 @@ pub unsafe fn avx2<B: BlockTy>(
     count(Tier::Avx2, Op::Packed);
     let nt = x.d.len() / p.nb;
     debug_assert!((1..=PACKED_TILE).contains(&nt));
+    debug_assert!(x.iq.len() == x.q.len() && x.id.len() == x.d.len() && x.ixs.len() == x.d.len());
     let lay = GroupLayout::of(B::W, p.nb);
     debug_assert!(p.q.len() >= g1 * lay.group);
     let mut sup = Supers::take();
