@@ -23,7 +23,7 @@ use krafla::format::mli::Mli;
 use krafla::format::mlt::{Attr, Kind, Mlt};
 use serde_json::Value;
 
-use crate::util::{bin_path, stderr, testdata};
+use crate::util::{bin_path, spawn_piped, stderr, testdata};
 
 /// Longest a run may take: every case here fails or finishes in well under a second.
 const LIMIT: Duration = Duration::from_secs(60);
@@ -919,14 +919,12 @@ fn mlb_inspect_reports_a_sigbus_as_one_line() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     small_model(d);
-    let child = Command::new(bin_path("mlb-inspect"))
-        .args(["m.mlt", "--encode"])
-        .current_dir(d)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let child = spawn_piped(
+        Command::new(bin_path("mlb-inspect"))
+            .args(["m.mlt", "--encode"])
+            .current_dir(d)
+            .stdin(Stdio::piped()),
+    );
     let maps = format!("/proc/{}/maps", child.id());
     let t0 = Instant::now();
     let mapped = || {
