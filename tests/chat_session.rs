@@ -12,7 +12,7 @@
 use std::collections::BTreeSet;
 use std::ops::ControlFlow;
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Output};
 
 use krafla::chat::{capture, Chat, Message, RenderOptions};
 use krafla::format::mlb::header::layer_flag;
@@ -25,7 +25,7 @@ use krafla::session::{
 use krafla::tokenizer::Tokenizer;
 
 use crate::run::{cases, load, opts, tokens, write_case, Case};
-use crate::util::{bin_path, stderr, stdout};
+use crate::util::{bin_path, output_with_stdin, stderr, stdout};
 
 const IM_START: u32 = 0;
 const IM_END: u32 = 1;
@@ -489,20 +489,13 @@ fn chat_files(template: Option<&str>) -> tempfile::TempDir {
 
 /// mlb-run on `dir/m.mlb` with `args`, `input` on stdin.
 fn mlb_run(dir: &Path, args: &[&str], input: &str, env: &[(&str, &str)]) -> Output {
-    use std::io::Write;
-    let mut child = Command::new(bin_path("mlb-run"))
-        .arg(dir.join("m.mlb"))
-        .args(args)
-        .envs(env.iter().copied())
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut stdin = child.stdin.take().unwrap();
-    stdin.write_all(input.as_bytes()).unwrap();
-    drop(stdin);
-    child.wait_with_output().unwrap()
+    output_with_stdin(
+        Command::new(bin_path("mlb-run"))
+            .arg(dir.join("m.mlb"))
+            .args(args)
+            .envs(env.iter().copied()),
+        input,
+    )
 }
 
 const SEEDED: [&str; 7] = ["--chat", "--temp", "1.5", "--seed", "4", "-n", "24"];

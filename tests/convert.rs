@@ -10,7 +10,7 @@ use std::process::Command;
 use krafla::convert::{self, ConvertError, Options, Progress, TypePlan, WType};
 use krafla::format::mlb::header::FieldValue;
 use krafla::format::mlb::{self, FIELDS};
-use krafla::format::mlb::{Kind, Parsed};
+use krafla::format::mlb::{Kind, Layout, Parsed};
 use krafla::format::mli::{Mli, Slot};
 use krafla::quant::Q4Rule;
 use safetensors::tensor::TensorView;
@@ -566,6 +566,14 @@ fn convert_half_range_errors_and_subnormals() {
     assert_eq!(f16_ref(3e-6), 50, "3e-6 / 2^-24 = 50.3: subnormal 50");
 }
 
+/// The type of the matrix `name` in `l`.
+fn mat_type(l: &Layout, name: &str) -> WType {
+    match l.find(name).unwrap().kind {
+        Kind::Mat { wtype, .. } => wtype,
+        _ => panic!("{name} is not a matrix"),
+    }
+}
+
 #[test]
 fn convert_mixed_types_plan() {
     let tmp = tempfile::tempdir().unwrap();
@@ -579,10 +587,7 @@ fn convert_mixed_types_plan() {
         let p = mlb::parse(&b).unwrap();
         assert_eq!((p.header.wtype, p.header.q8_mask), (128, 0), "{name}");
         let l = &p.layout;
-        let ty = |n: &str| match l.find(n).unwrap().kind {
-            Kind::Mat { wtype, .. } => wtype,
-            _ => panic!(),
-        };
+        let ty = |n: &str| mat_type(l, n);
         assert_eq!(ty("tok_emb"), WType::Q8_0);
         assert_eq!(ty("layers.1.w2"), WType::F16);
         assert_eq!(ty("layers.0.w2"), WType::BF16);
@@ -620,10 +625,7 @@ fn convert_mixed_types_plan() {
     });
     let p = mlb::parse(&b).unwrap();
     assert_eq!(p.header.wtype, 128);
-    let ty = |n: &str| match p.layout.find(n).unwrap().kind {
-        Kind::Mat { wtype, .. } => wtype,
-        _ => panic!(),
-    };
+    let ty = |n: &str| mat_type(&p.layout, n);
     assert_eq!(
         [
             ty("layers.0.lb"),

@@ -57,6 +57,13 @@ fn convert_ok(input: &Path, out: &Path, args: &[&str]) -> Vec<u8> {
     std::fs::read(out).unwrap()
 }
 
+/// Notes in `failures` where `got` first differs from `want`, after `what`.
+fn note_diff(failures: &mut Vec<String>, what: String, got: &[u8], want: &[u8]) {
+    if let Some(d) = first_diff(got, want) {
+        failures.push(format!("{what}: {d}"));
+    }
+}
+
 /// The first differing byte, named by the tensor it falls in.
 fn first_diff(a: &[u8], b: &[u8]) -> Option<String> {
     if a == b {
@@ -237,9 +244,7 @@ fn gguf_float_requantized_equals_hf_conversion() {
             let b = tmp.path().join(format!("{name}.{q}.hf.mlb"));
             let got = convert_ok(&gguf_dir().join(file), &a, &["--requantize", q]);
             let want = llama_cpp_view(name, convert_ok(&dir, &b, &hf_args), &got);
-            if let Some(d) = first_diff(&got, &want) {
-                failures.push(format!("{name} {q}: {d}"));
-            }
+            note_diff(&mut failures, format!("{name} {q}"), &got, &want);
         }
     }
     assert!(failures.is_empty(), "{failures:#?}");
@@ -271,9 +276,7 @@ fn gguf_q4_0_blocks_copied_equal_hf_round_rule() {
             ],
         );
         let want = llama_cpp_view(name, hf, &got);
-        if let Some(d) = first_diff(&got, &want) {
-            failures.push(format!("{name}: {d}"));
-        }
+        note_diff(&mut failures, name.to_string(), &got, &want);
     }
     assert!(failures.is_empty(), "{failures:#?}");
 }
@@ -405,25 +408,51 @@ fn gguf_refusals_name_the_key_or_tensor() {
     // Not a GGUF past its magic: the parser's error, naming the file.
     let e = refusal(&base[..200], &[]);
     assert!(e.contains("in.gguf") && e.contains("ML_E_FORMAT"), "{e}");
-    // Unknown architecture.
-    let b = rewrite(
-        &base,
-        |k| set_kv(k, "general.architecture", MetaValue::Str("mamba".into())),
-        same,
+    // One key set to a value the converter refuses: the words of its error.
+    let per_layer = MetaValue::Array(
+        gguf::ValueType::U32,
+        vec![MetaValue::U32(2), MetaValue::U32(1)],
     );
-    let e = refusal(&b, &[]);
-    assert!(e.contains("general.architecture = mamba"), "{e}");
-    // A key that may change the math.
-    let b = rewrite(
-        &base,
-        |k| set_kv(k, "llama.expert_count", MetaValue::U32(8)),
-        same,
-    );
-    let e = refusal(&b, &[]);
-    assert!(
-        e.contains("llama.expert_count = 8") && e.contains("unknown key"),
-        "{e}"
-    );
+    let one_key: [(&str, MetaValue, &[&str]); 6] = [
+        // Unknown architecture.
+        (
+            "general.architecture",
+            MetaValue::Str("mamba".into()),
+            &["general.architecture = mamba"],
+        ),
+        // A key that may change the math.
+        (
+            "llama.expert_count",
+            MetaValue::U32(8),
+            &["llama.expert_count = 8", "unknown key"],
+        ),
+        // Unsupported RoPE scaling.
+        (
+            "llama.rope.scaling.type",
+            MetaValue::Str("longrope".into()),
+            &["llama.rope.scaling.type = \"longrope\""],
+        ),
+        // Per-layer values that differ.
+        (
+            "llama.attention.head_count_kv",
+            per_layer,
+            &["llama.attention.head_count_kv"],
+        ),
+        // A split file.
+        ("split.count", MetaValue::U16(2), &["split.count = 2"]),
+        // Wrong shape.
+        (
+            "llama.feed_forward_length",
+            MetaValue::U32(96),
+            &["blk.0.ffn_gate.weight"],
+        ),
+    ];
+    for (key, v, words) in one_key {
+        let e = refusal(&rewrite(&base, |k| set_kv(k, key, v.clone()), same), &[]);
+        for w in words {
+            assert!(e.contains(w), "{key}: {w:?} not in {e}");
+        }
+    }
     // A yarn key llama.cpp ignores for this architecture.
     let b = rewrite(
         &base,
@@ -436,38 +465,6 @@ fn gguf_refusals_name_the_key_or_tensor() {
     );
     let e = refusal(&b, &[]);
     assert!(e.contains("llama.rope.scaling.yarn_beta_fast = 16"), "{e}");
-    // Unsupported RoPE scaling.
-    let b = rewrite(
-        &base,
-        |k| {
-            set_kv(
-                k,
-                "llama.rope.scaling.type",
-                MetaValue::Str("longrope".into()),
-            )
-        },
-        same,
-    );
-    assert!(refusal(&b, &[]).contains("llama.rope.scaling.type = \"longrope\""));
-    // Per-layer values that differ.
-    let b = rewrite(
-        &base,
-        |k| {
-            set_kv(
-                k,
-                "llama.attention.head_count_kv",
-                MetaValue::Array(
-                    gguf::ValueType::U32,
-                    vec![MetaValue::U32(2), MetaValue::U32(1)],
-                ),
-            )
-        },
-        same,
-    );
-    assert!(refusal(&b, &[]).contains("llama.attention.head_count_kv"));
-    // A split file.
-    let b = rewrite(&base, |k| set_kv(k, "split.count", MetaValue::U16(2)), same);
-    assert!(refusal(&b, &[]).contains("split.count = 2"));
     // A tensor the model does not use, and one it needs that is missing.
     let mut extra = rewrite(&base, |_| {}, same);
     {
@@ -504,13 +501,6 @@ fn gguf_refusals_name_the_key_or_tensor() {
         e.contains("blk.0.attn_output.bias") && e.contains("not used"),
         "{e}"
     );
-    // Wrong shape.
-    let b = rewrite(
-        &base,
-        |k| set_kv(k, "llama.feed_forward_length", MetaValue::U32(96)),
-        same,
-    );
-    assert!(refusal(&b, &[]).contains("blk.0.ffn_gate.weight"));
 }
 
 /// Random but valid Q5_0 blocks for a rows × cols matrix (small scales).
@@ -711,6 +701,12 @@ use krafla::convert::gguf_tok;
 use krafla::format::mlt::Mlt;
 use krafla::tokenizer::{from_hf, Tokenizer};
 
+/// mlt-convert's tokenizer of the GGUF `src` (chat section included), written to `out`.
+fn gguf_mlt(src: &Path, out: &Path) -> Mlt {
+    let chat = krafla::chat::capture::ChatOptions::default();
+    gguf_tok::convert_file(src, out, None, None, &chat).unwrap()
+}
+
 fn real_gguf(name: &str) -> Option<PathBuf> {
     let d = PathBuf::from(std::env::var_os("KRAFLA_REAL_DIR")?)
         .join("gguf")
@@ -881,14 +877,7 @@ fn gguf_chat_template_round_trips_with_its_stop_set() {
         let g = tmp.path().join(format!("{name}.gguf"));
         std::fs::write(&g, gguf::to_bytes(&all, &[]).unwrap()).unwrap();
         // ... imported by mlt-convert: the same templates and stop ids.
-        let back = gguf_tok::convert_file(
-            &g,
-            &tmp.path().join(format!("{name}.mlt")),
-            None,
-            None,
-            &ChatOptions::default(),
-        )
-        .unwrap();
+        let back = gguf_mlt(&g, &tmp.path().join(format!("{name}.mlt")));
         let (a, b) = (hf.chat.as_ref().unwrap(), back.chat.as_ref().unwrap());
         assert_eq!(a.templates, b.templates, "{name}");
         assert_eq!(stop_ids(&back), want_stop, "{name}");
@@ -910,7 +899,6 @@ fn gguf_chat_template_round_trips_with_its_stop_set() {
 
 #[test]
 fn gguf_real_chat_template_matches_hf_folder() {
-    use krafla::chat::capture::ChatOptions;
     let Some(smol) = real_gguf("smollm2-135m-instruct-q4_1.gguf") else {
         eprintln!("SKIP gguf_real_chat_template_matches_hf_folder: set KRAFLA_REAL_DIR");
         return;
@@ -919,14 +907,7 @@ fn gguf_real_chat_template_matches_hf_folder() {
     let tmp = tempfile::tempdir().unwrap();
     // llama.cpp's GGUF of SmolLM2-135M-Instruct (template and ids from its
     // tokenizer_config.json) against mlt-convert on the Hugging Face folder.
-    let g = gguf_tok::convert_file(
-        &smol,
-        &tmp.path().join("g.mlt"),
-        None,
-        None,
-        &ChatOptions::default(),
-    )
-    .unwrap();
+    let g = gguf_mlt(&smol, &tmp.path().join("g.mlt"));
     let hf = from_hf::convert_file(
         &real.join("smollm2-135m/tokenizer.json"),
         &tmp.path().join("hf.mlt"),
@@ -1093,9 +1074,12 @@ fn gguf_export_round_trip_is_byte_identical() {
             }
             let b = tmp.path().join(format!("{name}.{q}.again.mlb"));
             let second = convert_ok(&x, &b, &[]);
-            if let Some(d) = first_diff(&first, &second) {
-                failures.push(format!("{name} {q}: .mlb → GGUF → .mlb: {d}"));
-            }
+            note_diff(
+                &mut failures,
+                format!("{name} {q}: .mlb → GGUF → .mlb"),
+                &first,
+                &second,
+            );
         }
     }
     // Every float fixture, requantized with f16 scales: the header mapping both ways
@@ -1121,16 +1105,19 @@ fn gguf_export_round_trip_is_byte_identical() {
             // back from llama.cpp's factors are equivalent ones: the same divisors.
             second = llama_cpp_view(name, second, &first);
         }
-        if let Some(d) = first_diff(&first, &second) {
-            failures.push(format!("{name}: .mlb → GGUF → .mlb: {d}"));
-        }
+        note_diff(
+            &mut failures,
+            format!("{name}: .mlb → GGUF → .mlb"),
+            &first,
+            &second,
+        );
     }
     assert!(failures.is_empty(), "{failures:#?}");
 }
 
 #[test]
 fn gguf_export_writes_the_chat_template() {
-    use krafla::chat::capture::{build_section, ChatOptions};
+    use krafla::chat::capture::build_section;
     use krafla::format::mlt::FLAG_CHAT;
     use krafla::format::mlt_chat::NamedTemplate;
     let tmp = tempfile::tempdir().unwrap();
@@ -1154,21 +1141,13 @@ fn gguf_export_writes_the_chat_template() {
     std::fs::write(&t, m.to_bytes().unwrap()).unwrap();
     let x = tmp.path().join("m.gguf");
     mlb_export(&a, &x, &[]).unwrap();
-    let back = gguf_tok::convert_file(
-        &x,
-        &tmp.path().join("back.mlt"),
-        None,
-        None,
-        &ChatOptions::default(),
-    )
-    .unwrap();
+    let back = gguf_mlt(&x, &tmp.path().join("back.mlt"));
     let (want, got) = (m.chat.unwrap(), back.chat.unwrap());
     assert_eq!((got.templates, got.stop), (want.templates, want.stop));
 }
 
 #[test]
 fn gguf_real_k_quants_copied_and_exported() {
-    use krafla::chat::capture::ChatOptions;
     use krafla::format::WType;
     let Some(src) = real_gguf("gemma-3-270m-q4_k_m.gguf") else {
         eprintln!("SKIP gguf_real_k_quants_copied_and_exported: set KRAFLA_REAL_DIR");
@@ -1184,7 +1163,7 @@ fn gguf_real_k_quants_copied_and_exported() {
         assert!(types.iter().any(|(_, t)| *t == w), "{w}: {types:?}");
     }
     let t = a.with_extension("mlt");
-    gguf_tok::convert_file(&src, &t, None, None, &ChatOptions::default()).unwrap();
+    gguf_mlt(&src, &t);
     let x = tmp.path().join("g.gguf");
     mlb_export(&a, &x, &[]).unwrap();
     let (sb, xb) = (std::fs::read(&src).unwrap(), std::fs::read(&x).unwrap());

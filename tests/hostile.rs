@@ -23,7 +23,7 @@ use krafla::format::mli::Mli;
 use krafla::format::mlt::{Attr, Kind, Mlt};
 use serde_json::Value;
 
-use crate::util::{bin_path, stderr, testdata};
+use crate::util::{bin_path, spawn_piped, stderr, testdata};
 
 /// Longest a run may take: every case here fails or finishes in well under a second.
 const LIMIT: Duration = Duration::from_secs(60);
@@ -435,22 +435,30 @@ fn a_device_output_is_written_not_replaced() {
 /// In the child: at most one process or thread for its user (as root, the user
 /// nobody, since root is exempt from the limit).
 fn one_thread_only() -> std::io::Result<()> {
-    let lim = libc::rlimit {
-        rlim_cur: 1,
-        rlim_max: 1,
-    };
     // SAFETY: plain system calls with valid arguments.
     unsafe {
-        if libc::setrlimit(libc::RLIMIT_NPROC, &lim) != 0 {
-            return Err(std::io::Error::last_os_error());
+        os_ok(libc::setrlimit(libc::RLIMIT_NPROC, &limit(1)))?;
+        if libc::geteuid() == 0 {
+            os_ok(libc::setgroups(0, std::ptr::null()))?;
+            os_ok(libc::setgid(65534))?;
+            os_ok(libc::setuid(65534))?;
         }
-        if libc::geteuid() == 0
-            && (libc::setgroups(0, std::ptr::null()) != 0
-                || libc::setgid(65534) != 0
-                || libc::setuid(65534) != 0)
-        {
-            return Err(std::io::Error::last_os_error());
-        }
+    }
+    Ok(())
+}
+
+/// A resource limit of `n`, soft and hard.
+fn limit(n: libc::rlim_t) -> libc::rlimit {
+    libc::rlimit {
+        rlim_cur: n,
+        rlim_max: n,
+    }
+}
+
+/// A system call's status: nonzero is the error in errno.
+fn os_ok(status: libc::c_int) -> std::io::Result<()> {
+    if status != 0 {
+        return Err(std::io::Error::last_os_error());
     }
     Ok(())
 }
@@ -538,6 +546,16 @@ fn huge_sizes_fail_on_the_limit_before_allocating() {
         &std::fs::read_to_string(testdata().join("default/tokenizer.json")).unwrap(),
     )
     .unwrap();
+    // mlt-convert refuses `j` as t.json, naming the file and `field`.
+    let json_refused = |j: &Value, field: String| {
+        std::fs::write(d.join("t.json"), j.to_string()).unwrap();
+        refused(
+            d,
+            "mlt-convert",
+            &["t.json", "-o", "t.mlt"],
+            &["t.json", &field],
+        );
+    };
     for id in [1u64 << 31, u32::MAX as u64] {
         let mut j = json.clone();
         let piece = j["model"]["vocab"]
@@ -548,23 +566,15 @@ fn huge_sizes_fail_on_the_limit_before_allocating() {
             .unwrap()
             .clone();
         j["model"]["vocab"][&piece] = Value::from(id);
-        std::fs::write(d.join("t.json"), j.to_string()).unwrap();
-        let field = format!("model.vocab[{piece:?}] = {id}: ids must be dense");
-        refused(
-            d,
-            "mlt-convert",
-            &["t.json", "-o", "t.mlt"],
-            &["t.json", &field],
+        json_refused(
+            &j,
+            format!("model.vocab[{piece:?}] = {id}: ids must be dense"),
         );
         let mut j = json.clone();
         j["added_tokens"][0]["id"] = Value::from(id);
-        std::fs::write(d.join("t.json"), j.to_string()).unwrap();
-        let field = format!("added_tokens id {id} = {id}: ids must be dense");
-        refused(
-            d,
-            "mlt-convert",
-            &["t.json", "-o", "t.mlt"],
-            &["t.json", &field],
+        json_refused(
+            &j,
+            format!("added_tokens id {id} = {id}: ids must be dense"),
         );
     }
 }
@@ -645,15 +655,8 @@ fn fifos_and_devices_as_inputs_are_refused_at_once() {
 
 /// In the child: at most 24 MiB of heap and other private writable memory.
 fn small_heap() -> std::io::Result<()> {
-    let lim = libc::rlimit {
-        rlim_cur: 24 << 20,
-        rlim_max: 24 << 20,
-    };
     // SAFETY: a plain system call with a valid argument.
-    if unsafe { libc::setrlimit(libc::RLIMIT_DATA, &lim) } != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(())
+    os_ok(unsafe { libc::setrlimit(libc::RLIMIT_DATA, &limit(24 << 20)) })
 }
 
 /// A model larger than the memory a process may allocate is mapped, not read: the
@@ -919,14 +922,12 @@ fn mlb_inspect_reports_a_sigbus_as_one_line() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     small_model(d);
-    let child = Command::new(bin_path("mlb-inspect"))
-        .args(["m.mlt", "--encode"])
-        .current_dir(d)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let child = spawn_piped(
+        Command::new(bin_path("mlb-inspect"))
+            .args(["m.mlt", "--encode"])
+            .current_dir(d)
+            .stdin(Stdio::piped()),
+    );
     let maps = format!("/proc/{}/maps", child.id());
     let t0 = Instant::now();
     let mapped = || {

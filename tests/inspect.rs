@@ -8,7 +8,7 @@ use krafla::format::mlb::synth::{synth_file, synth_mixed, tiny_header};
 use krafla::format::mli::Mli;
 use krafla::format::WType;
 
-use crate::util::{run_in, stderr, stdout};
+use crate::util::{output_with_stdin, run_in, stderr, stdout};
 
 fn write(dir: &Path, name: &str, bytes: &[u8]) {
     std::fs::write(dir.join(name), bytes).unwrap();
@@ -305,17 +305,12 @@ fn mlt_report_encode_decode() {
     let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
     assert_eq!(v["file"], "t.mlt");
     let run_stdin = |args: &[&str], input: &str| {
-        use std::io::Write;
-        let mut c = std::process::Command::new(crate::util::bin_path("mlb-inspect"))
-            .args(args)
-            .current_dir(dir.path())
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        c.stdin.take().unwrap().write_all(input.as_bytes()).unwrap();
-        c.wait_with_output().unwrap()
+        output_with_stdin(
+            std::process::Command::new(crate::util::bin_path("mlb-inspect"))
+                .args(args)
+                .current_dir(dir.path()),
+            input,
+        )
     };
     let text = "The built-in functions, 1234 of them.";
     let o = run_stdin(&["t.mlt", "--encode"], text);

@@ -460,9 +460,12 @@ fn f16_scales_give_the_bits_of_f32_scales() {
         let mut xa = QActs::new();
         xa.quantize(&x, cols);
         for k in all_kernels() {
-            let (mut a, mut b) = (vec![0f32; n * rows], vec![0f32; n * rows]);
-            k.matmul(&w32, &xa, &mut a);
-            k.matmul(&w16, &xa, &mut b);
+            let product = |w: &QMat| {
+                let mut y = vec![0f32; n * rows];
+                k.matmul(w, &xa, &mut y);
+                y
+            };
+            let (a, b) = (product(&w32), product(&w16));
             assert_eq!(
                 first_diff(&a, &b),
                 None,
@@ -470,10 +473,12 @@ fn f16_scales_give_the_bits_of_f32_scales() {
                 k.tier()
             );
         }
-        let (mut r32, mut r16) = (vec![0f32; cols], vec![0f32; cols]);
-        w32.dequant_row(rows - 1, &mut r32);
-        w16.dequant_row(rows - 1, &mut r16);
-        assert_eq!(first_diff(&r32, &r16), None);
+        let last_row = |w: &QMat| {
+            let mut r = vec![0f32; cols];
+            w.dequant_row(rows - 1, &mut r);
+            r
+        };
+        assert_eq!(first_diff(&last_row(&w32), &last_row(&w16)), None);
         assert!(QMat::new_f16(wtype, rows, cols, &q, &d16[1..]).is_err());
     }
 }

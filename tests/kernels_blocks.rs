@@ -145,6 +145,22 @@ fn widths(t: WType) -> impl Iterator<Item = usize> {
         .filter(move |c| c.is_multiple_of(t.block_weights()))
 }
 
+/// One random matrix of type `t` ([`random_blocks`]) checked against a fresh batch of
+/// activations for each token count in `ns`; `edge` as for both generators.
+fn check_random(rng: &mut Rng, t: WType, rows: usize, cols: usize, ns: &[usize], edge: bool) {
+    let q = random_blocks(rng, t, rows, cols, edge);
+    let w = QMat::new_blocks(t, rows, cols, &q).unwrap();
+    let what = if edge {
+        format!("{t} edge")
+    } else {
+        format!("{t}")
+    };
+    for &n in ns {
+        let x = activations(rng, n * cols, edge);
+        check(&w, &x, &what);
+    }
+}
+
 #[test]
 fn block_tiers_agree_random_bytes() {
     assert!(types().count() >= 8, "the GGUF block types");
@@ -152,12 +168,7 @@ fn block_tiers_agree_random_bytes() {
     for t in types() {
         for cols in widths(t) {
             for rows in [1, 7, 17, 33] {
-                let q = random_blocks(&mut rng, t, rows, cols, false);
-                let w = QMat::new_blocks(t, rows, cols, &q).unwrap();
-                for n in [1, 2, 3, 4, 5, 8, 9] {
-                    let x = activations(&mut rng, n * cols, false);
-                    check(&w, &x, &format!("{t}"));
-                }
+                check_random(&mut rng, t, rows, cols, &[1, 2, 3, 4, 5, 8, 9], false);
             }
         }
     }
@@ -170,11 +181,9 @@ fn block_tiers_agree_edge_cases() {
         for cols in widths(t).take(3) {
             for rows in [3, 16, 19] {
                 for n in [1, 4, 6] {
+                    // Two matrices per shape, each with its own activations.
                     for _ in 0..2 {
-                        let q = random_blocks(&mut rng, t, rows, cols, true);
-                        let w = QMat::new_blocks(t, rows, cols, &q).unwrap();
-                        let x = activations(&mut rng, n * cols, true);
-                        check(&w, &x, &format!("{t} edge"));
+                        check_random(&mut rng, t, rows, cols, &[n], true);
                     }
                 }
             }

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use crate::util::{bin_path, testdata};
+use crate::util::{bin_path, spawn_piped, testdata};
 
 /// The template the tests give the default model; its end of turn is the EOS.
 const TEMPLATE: &str = "{% for m in messages %}<|startoftext|>{{ m['role'] }}\n{{ m['content'] }}<|endoftext|>\n{% endfor %}{% if add_generation_prompt %}<|startoftext|>assistant\n{% endif %}";
@@ -88,15 +88,13 @@ struct Server {
 /// `Err((exit code, stderr))` if it exits before listening.
 fn try_start(args: &[&str]) -> Result<Server, (Option<i32>, String)> {
     let f = files();
-    let mut child = Command::new(bin_path("mlb-serve"))
-        .arg(&f.mlb)
-        .args(["--port", "0", "--threads", "2"])
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child = spawn_piped(
+        Command::new(bin_path("mlb-serve"))
+            .arg(&f.mlb)
+            .args(["--port", "0", "--threads", "2"])
+            .args(args)
+            .stdin(Stdio::null()),
+    );
     let log = Arc::new(Mutex::new(String::new()));
     let (l2, mut err) = (log.clone(), child.stderr.take().unwrap());
     let errs = std::thread::spawn(move || {

@@ -315,27 +315,52 @@ pub(crate) fn assert_matches_hf(name: &str, ours: &Tokenizer, m: &Mlt, json: &st
     );
 }
 
+/// The families as testdata holds them: the gzipped tokenizer.json and, where the
+/// family has one, its tokenizer_config.json.
 #[test]
-fn llama3_matches_hf() {
-    check_family(
-        "llama3",
-        &gunzip("llama3.tokenizer.json.gz"),
-        None,
-        mlt::Kind::ByteLevel,
-        mlt::FLAG_IGNORE_MERGES,
-    );
-}
-
-#[test]
-fn qwen3_matches_hf() {
-    let f = mlt::FLAG_NFC | mlt::FLAG_SINGLE_DIGITS;
-    check_family(
-        "qwen3",
-        &gunzip("qwen3.tokenizer.json.gz"),
-        None,
-        mlt::Kind::ByteLevel,
-        f,
-    );
+fn file_families_match_hf() {
+    use mlt::Kind::{ByteLevel, SentencePiece};
+    let families: [(&str, &str, Option<&str>, mlt::Kind, u32); 5] = [
+        (
+            "llama3",
+            "llama3.tokenizer.json.gz",
+            None,
+            ByteLevel,
+            mlt::FLAG_IGNORE_MERGES,
+        ),
+        (
+            "qwen3",
+            "qwen3.tokenizer.json.gz",
+            None,
+            ByteLevel,
+            mlt::FLAG_NFC | mlt::FLAG_SINGLE_DIGITS,
+        ),
+        (
+            "gemma3",
+            "gemma3.tokenizer.json.gz",
+            Some("gemma3.tokenizer_config.json"),
+            SentencePiece,
+            mlt::FLAG_ADD_BOS | mlt::FLAG_SP_NO_PREFIX,
+        ),
+        (
+            "smollm2",
+            "smollm2.tokenizer.json.gz",
+            Some("smollm2.tokenizer_config.json"),
+            ByteLevel,
+            mlt::FLAG_GPT2_REGEX,
+        ),
+        (
+            "smollm2-digits",
+            "smollm2.tokenizer.digits-split.json.gz",
+            Some("smollm2.tokenizer_config.json"),
+            ByteLevel,
+            mlt::FLAG_GPT2_REGEX | mlt::FLAG_DIGITS_SPLIT,
+        ),
+    ];
+    for (name, json_gz, config, kind, flags) in families {
+        let cfg = config.map(|c| std::fs::read_to_string(data(c)).unwrap());
+        check_family(name, &gunzip(json_gz), cfg.as_deref(), kind, flags);
+    }
 }
 
 /// Qwen3.5's regex: the Qwen3 file with the letter-mark pattern put in.
@@ -350,19 +375,6 @@ fn qwen35_synthetic_matches_hf() {
         &j.to_string(),
         None,
         mlt::Kind::ByteLevel,
-        f,
-    );
-}
-
-#[test]
-fn gemma3_matches_hf() {
-    let cfg = std::fs::read_to_string(data("gemma3.tokenizer_config.json")).unwrap();
-    let f = mlt::FLAG_ADD_BOS | mlt::FLAG_SP_NO_PREFIX;
-    check_family(
-        "gemma3",
-        &gunzip("gemma3.tokenizer.json.gz"),
-        Some(&cfg),
-        mlt::Kind::SentencePiece,
         f,
     );
 }
@@ -388,31 +400,6 @@ fn sentencepiece_prefix_synthetic_matches_hf() {
         Some(&cfg),
         mlt::Kind::SentencePiece,
         mlt::FLAG_ADD_BOS,
-    );
-}
-
-#[test]
-fn smollm2_matches_hf() {
-    let cfg = std::fs::read_to_string(data("smollm2.tokenizer_config.json")).unwrap();
-    check_family(
-        "smollm2",
-        &gunzip("smollm2.tokenizer.json.gz"),
-        Some(&cfg),
-        mlt::Kind::ByteLevel,
-        mlt::FLAG_GPT2_REGEX,
-    );
-}
-
-#[test]
-fn smollm2_digits_matches_hf() {
-    let cfg = std::fs::read_to_string(data("smollm2.tokenizer_config.json")).unwrap();
-    let f = mlt::FLAG_GPT2_REGEX | mlt::FLAG_DIGITS_SPLIT;
-    check_family(
-        "smollm2-digits",
-        &gunzip("smollm2.tokenizer.digits-split.json.gz"),
-        Some(&cfg),
-        mlt::Kind::ByteLevel,
-        f,
     );
 }
 

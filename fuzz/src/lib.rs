@@ -214,27 +214,31 @@ pub fn exercise_gguf(data: &[u8]) {
         // The chat section: templates compiled, the probe rendered, the stop set.
         let _ = krafla::convert::gguf_tok::chat_from_gguf(&v, &m, &Default::default());
     }
-    let kvs: Vec<(String, MetaValue)> = v
-        .kvs
-        .iter()
-        .map(|k| (k.key.to_string(), MetaValue::from_value(&k.value)))
-        .collect();
-    let specs: Vec<TensorSpec> = v
-        .tensors
-        .iter()
-        .map(|t| TensorSpec { name: t.name.to_string(), dims: t.shape().to_vec(), ty: t.ty })
-        .collect();
     // Strings that are not UTF-8 are written lossily; the rest reads back as it was.
     let lossless = v.kvs.iter().all(|k| match k.value {
         gguf::Value::Str(s) => std::str::from_utf8(s).is_ok(),
         gguf::Value::Array(a) => a.iter().all(|x| !matches!(x, gguf::Value::Str(s) if std::str::from_utf8(s).is_err())),
         _ => true,
     });
-    let Ok(mut w) = gguf::GgufWriter::new(Vec::new(), &kvs, specs) else { return };
-    for t in &v.tensors {
-        w.write_data(v.data(t)).expect("sizes as parsed");
-    }
-    let bytes = w.finish().expect("every tensor written");
+    // Writes `v`'s metadata and tensors again; None if the writer refuses them.
+    let write_back = |v: &gguf::GgufView| -> Option<Vec<u8>> {
+        let kvs: Vec<(String, MetaValue)> = v
+            .kvs
+            .iter()
+            .map(|k| (k.key.to_string(), MetaValue::from_value(&k.value)))
+            .collect();
+        let specs: Vec<TensorSpec> = v
+            .tensors
+            .iter()
+            .map(|t| TensorSpec { name: t.name.to_string(), dims: t.shape().to_vec(), ty: t.ty })
+            .collect();
+        let mut w = gguf::GgufWriter::new(Vec::new(), &kvs, specs).ok()?;
+        for t in &v.tensors {
+            w.write_data(v.data(t)).expect("sizes as parsed");
+        }
+        Some(w.finish().expect("every tensor written"))
+    };
+    let Some(bytes) = write_back(&v) else { return };
     let back = gguf::parse(&bytes).expect("the writer's output parses");
     let keys = |v: &gguf::GgufView| -> Vec<(String, gguf::ValueType)> {
         v.kvs.iter().map(|k| (k.key.to_string(), k.value.value_type())).collect()
@@ -246,20 +250,7 @@ pub fn exercise_gguf(data: &[u8]) {
     // Values compared as written bytes (NaN-safe): writing what was read back gives
     // the same file.
     if lossless {
-        let kvs2: Vec<(String, MetaValue)> = back
-            .kvs
-            .iter()
-            .map(|k| (k.key.to_string(), MetaValue::from_value(&k.value)))
-            .collect();
-        let specs2: Vec<TensorSpec> = back
-            .tensors
-            .iter()
-            .map(|t| TensorSpec { name: t.name.to_string(), dims: t.shape().to_vec(), ty: t.ty })
-            .collect();
-        let mut w2 = gguf::GgufWriter::new(Vec::new(), &kvs2, specs2).expect("valid again");
-        for t in &back.tensors {
-            w2.write_data(back.data(t)).expect("sizes as parsed");
-        }
-        assert_eq!(w2.finish().expect("written"), bytes, "metadata values round-trip");
+        let again = write_back(&back).expect("valid again");
+        assert_eq!(again, bytes, "metadata values round-trip");
     }
 }

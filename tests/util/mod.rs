@@ -1,8 +1,9 @@
 //! Helpers shared by the integration tests.
 #![allow(dead_code)]
 
+use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::{Child, Command, Output, Stdio};
 
 pub mod fixtures;
 pub mod tiers;
@@ -44,6 +45,23 @@ pub fn run_in(dir: &Path, name: &str, args: &[&str]) -> Output {
         .current_dir(dir)
         .output()
         .expect("spawn binary")
+}
+
+/// Spawns `cmd` with its stdout and stderr piped (its stdin as `cmd` sets it).
+pub fn spawn_piped(cmd: &mut Command) -> Child {
+    cmd.stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn binary")
+}
+
+/// Runs `cmd` with `input` on its stdin, closed after it.
+pub fn output_with_stdin(cmd: &mut Command, input: &str) -> Output {
+    let mut child = spawn_piped(cmd.stdin(Stdio::piped()));
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(input.as_bytes()).unwrap();
+    drop(stdin);
+    child.wait_with_output().unwrap()
 }
 
 /// Runs `mlb-convert input -o out args`.
