@@ -49,6 +49,7 @@ fuzz_target!(|data: &[u8]| {
         top_k,
         top_p,
         seed,
+        ..SamplerOpts::default()
     });
     for _ in 0..3 {
         let t = s.sample(&logits) as usize;
