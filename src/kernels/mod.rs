@@ -263,11 +263,12 @@ pub struct QActs {
     xs: Vec<f32>,
     /// The f32 input rounded to BF16, for BF16 weights under `HalfActs::Bf16`.
     b16: Vec<u16>,
-    /// `q`, `d`, `s` and `xs` interleaved per tile of [`PACKED_TILE`] tokens (see
+    /// `q`, `d`, `s`, `h` and `xs` interleaved per tile of [`PACKED_TILE`] tokens (see
     /// [`ActTile::iq`]).
     iq: Vec<i8>,
     id: Vec<f32>,
     is: Vec<i32>,
+    ih: Vec<i32>,
     ixs: Vec<f32>,
 }
 
@@ -310,7 +311,7 @@ fn interleave<T: Copy>(src: &[T], w: usize, nb: usize, t0: usize, dst: &mut [T])
 
 impl QActs {
     /// Fills what the kernels derive from `q` and `d`: `s`, `h`, `xs`, `q4` and the
-    /// interleaved `iq`, `id`, `is`, `ixs`. A prompt's worth is split over the pool in
+    /// interleaved `iq`, `id`, `is`, `ih`, `ixs`. A prompt's worth is split over the pool in
     /// whole packed tiles of tokens (each value is computed alone: no bit changes).
     fn derive(&mut self) {
         let (n, cols) = (self.n, self.cols);
@@ -322,6 +323,7 @@ impl QActs {
         self.iq.resize(self.q.len(), 0);
         self.id.resize(blocks, 0.0);
         self.is.resize(blocks, 0);
+        self.ih.resize(blocks, 0);
         self.ixs.resize(blocks, 0.0);
         let per = (QUANT_PAR_VALUES / cols)
             .next_multiple_of(PACKED_TILE)
@@ -343,7 +345,7 @@ impl QActs {
                 }
             },
         );
-        let (s, xs) = (&self.s, &self.xs);
+        let (s, h, xs) = (&self.s, &self.h, &self.xs);
         let (q4, iq) = ((&mut self.q4[..], per * l4), (&mut self.iq[..], per * cols));
         par.for_chunks3(q4, iq, (&mut self.is, bs), |i, q4, iq, is| {
             let t0 = i * per;
@@ -353,8 +355,10 @@ impl QActs {
             interleave(q, QK, nb, t0, iq);
             interleave(s, 1, nb, t0, is);
         });
-        par.for_chunks2((&mut self.id, bs), (&mut self.ixs, bs), |i, id, ixs| {
+        let (id, ih) = ((&mut self.id[..], bs), (&mut self.ih[..], bs));
+        par.for_chunks3(id, ih, (&mut self.ixs, bs), |i, id, ih, ixs| {
             interleave(d, 1, nb, i * per, id);
+            interleave(h, 1, nb, i * per, ih);
             interleave(xs, 1, nb, i * per, ixs);
         });
     }
@@ -427,6 +431,7 @@ impl QActs {
             iq: Vec::new(),
             id: Vec::new(),
             is: Vec::new(),
+            ih: Vec::new(),
             ixs: Vec::new(),
         };
         a.derive();
@@ -597,6 +602,8 @@ pub struct ActTile<'a> {
     pub id: &'a [f32],
     /// `s` in the order of `iq`.
     pub is: &'a [i32],
+    /// `h` in the order of `iq`.
+    pub ih: &'a [i32],
     /// `xs` in the order of `iq`.
     pub ixs: &'a [f32],
     /// The product's only tile (decode, a batched decode step, a short prompt): its
@@ -627,6 +634,7 @@ impl<'a> ActTile<'a> {
             iq: &self.iq[inter_q],
             id: &self.id[inter.clone()],
             is: &self.is[inter.clone()],
+            ih: &self.ih[inter.clone()],
             ixs: &self.ixs[inter],
             stream: self.stream,
         }
@@ -1264,6 +1272,7 @@ fn token_tiles(x: &QActs, size: usize) -> Vec<ActTile<'_>> {
         iq: &x.iq,
         id: &x.id,
         is: &x.is,
+        ih: &x.ih,
         ixs: &x.ixs,
         stream: n <= size,
     };
@@ -1419,8 +1428,8 @@ mod tests {
                 );
                 assert_eq!(a.id[to].to_bits(), a.d[from].to_bits());
                 assert_eq!(
-                    (a.is[to], a.ixs[to].to_bits()),
-                    (a.s[from], a.xs[from].to_bits())
+                    (a.is[to], a.ih[to], a.ixs[to].to_bits()),
+                    (a.s[from], a.h[from], a.xs[from].to_bits())
                 );
             }
         }
@@ -1462,7 +1471,7 @@ mod tests {
             (&two.q, &two.s, &two.h, &two.q4)
         );
         assert_eq!((f(&one.d), f(&one.xs)), (f(&two.d), f(&two.xs)));
-        assert_eq!((&one.iq, &one.is), (&two.iq, &two.is));
+        assert_eq!((&one.iq, &one.is, &one.ih), (&two.iq, &two.is, &two.ih));
         assert_eq!((f(&one.id), f(&one.ixs)), (f(&two.id), f(&two.ixs)));
         // The tasks' own parts (the same split runs inline on one thread): every block
         // against a direct computation, e.g. token 37's block 5 in tile 4 (32..40) at
@@ -1481,8 +1490,8 @@ mod tests {
                 );
                 assert_eq!(&two.iq[to * QK..(to + 1) * QK], qb, "token {t} block {b}");
                 assert_eq!(
-                    (two.id[to], two.is[to], two.ixs[to]),
-                    (two.d[from], two.s[from], two.xs[from])
+                    (two.id[to], two.is[to], two.ih[to], two.ixs[to]),
+                    (two.d[from], two.s[from], two.h[from], two.xs[from])
                 );
             }
         }

@@ -583,10 +583,10 @@ impl<'a> Model<'a> {
         let mix_w = c.q_dim.max(c.lin_v_total);
         // `qa` (sized by `allocate`): a zero input of the widest matrix input, 4 bytes
         // per value, and its quants, their Q4_0 arrangement and their interleaved copy
-        // (a byte per value each), and seven 4-byte values per block of 32 (the scale,
-        // the two sums and the minimum factor, and the interleaved scale, sum and factor).
+        // (a byte per value each), and eight 4-byte values per block of 32 (the scale,
+        // the two sums and the minimum factor, and their interleaved copies).
         let widest = self.widest_input() as u128;
-        z.add(Some(cap as u128 * widest * 63 / 8));
+        z.add(Some(cap as u128 * widest * 8));
         Scratch {
             cap,
             x: z.take(&[cap, c.dim]),

@@ -72,16 +72,13 @@ impl Offsets {
         matches!(B::SC, ScaleKind::K6) || B::OFF != 0
     }
 
-    fn of<B: BlockTy>(x: &ActTile, nb: usize) -> Offsets {
+    fn of<B: BlockTy>(x: &ActTile) -> Offsets {
         let mut v = OFFSETS.take();
         v.clear();
         if !Self::used::<B>() {
             return Offsets(v);
         }
-        let n = x.s.len() / nb;
-        v.extend((0..nb * n).map(|i| {
-            let at = (i % n) * nb + i / n;
-            let (s, h) = (x.s[at], x.h[at]);
+        v.extend(x.is.iter().zip(x.ih).map(|(&s, &h)| {
             if B::SC == ScaleKind::K6 {
                 [-32 * h, -32 * (s - h)]
             } else {
@@ -376,7 +373,7 @@ unsafe fn groups512<B: BlockTy, const T: usize>(
     debug_assert!(p.q.len() >= g1 * lay.group);
     let mut tabs = Tables {
         sup: Supers::take(),
-        off: Offsets::of::<B>(x, p.nb),
+        off: Offsets::of::<B>(x),
     };
     for g in g0..g1 {
         // SAFETY: forwarded caller contract.
@@ -404,6 +401,7 @@ pub unsafe fn vnni<B: BlockTy>(
     debug_assert!((1..=PACKED_TILE).contains(&nt));
     debug_assert!(x.q.len() == nt * p.nb * QK && x.s.len() == nt * p.nb && x.h.len() == x.s.len());
     debug_assert!(x.iq.len() == x.q.len() && x.id.len() == x.d.len() && x.ixs.len() == x.d.len());
+    debug_assert!(x.is.len() == x.d.len() && x.ih.len() == x.d.len());
     // SAFETY: forwarded caller contract.
     unsafe { with_tokens!(nt, groups512::<B>(p, g0, g1, x, y, ld)) }
 }
@@ -501,7 +499,7 @@ unsafe fn lane256<B: BlockTy, const T: usize>(
     // SAFETY: the caller's contract (see `group256`).
     unsafe {
         // The tile's tokens of one block are adjacent (`ActTile::iq`).
-        let (xq, xd, xs, xh) = (x.iq.as_ptr(), x.id.as_ptr(), x.is.as_ptr(), x.h.as_ptr());
+        let (xq, xd, xs, xh) = (x.iq.as_ptr(), x.id.as_ptr(), x.is.as_ptr(), x.ih.as_ptr());
         let xm = x.ixs.as_ptr();
         let ones = _mm256_set1_epi16(1);
         let mut acc = [_mm256_setzero_ps(); T];
@@ -515,7 +513,8 @@ unsafe fn lane256<B: BlockTy, const T: usize>(
             let (lo, hi, slo, shi) = levels256::<B>(wp, h);
             let sc = scales256::<B>(sp, sup, b, h);
             let at = b * nt + t0;
-            let (xq, xd, xs, xm) = (xq.add(at * QK), xd.add(at), xs.add(at), xm.add(at));
+            let (xq, xd, xs, xh) = (xq.add(at * QK), xd.add(at), xs.add(at), xh.add(at));
+            let xm = xm.add(at);
             for (i, acc_t) in acc.iter_mut().enumerate() {
                 let xb = xq.add(i * QK) as *const i32;
                 let s = *xs.add(i);
@@ -570,8 +569,7 @@ unsafe fn lane256<B: BlockTy, const T: usize>(
                     (i0, i1) = (a, c);
                 }
                 let isum = if B::SC == ScaleKind::K6 {
-                    // `h` stays token-major: only Q6_K reads it.
-                    let hh = *xh.add((t0 + i) * nb + b);
+                    let hh = *xh.add(i);
                     i0 = _mm256_sub_epi32(i0, _mm256_set1_epi32(32 * hh));
                     i1 = _mm256_sub_epi32(i1, _mm256_set1_epi32(32 * (s - hh)));
                     _mm256_add_epi32(
@@ -645,6 +643,7 @@ pub unsafe fn avx2<B: BlockTy>(
     let nt = x.d.len() / p.nb;
     debug_assert!((1..=PACKED_TILE).contains(&nt));
     debug_assert!(x.iq.len() == x.q.len() && x.id.len() == x.d.len() && x.ixs.len() == x.d.len());
+    debug_assert!(x.is.len() == x.d.len() && x.ih.len() == x.d.len());
     let lay = GroupLayout::of(B::W, p.nb);
     debug_assert!(p.q.len() >= g1 * lay.group);
     let mut sup = Supers::take();
