@@ -8,7 +8,7 @@ use krafla::format::mlb::synth::{synth_file, synth_mixed, tiny_header};
 use krafla::format::mlb::{validate, Header, Layout};
 use krafla::format::WType;
 use krafla::format::mli::Mli;
-use krafla::format::mlt::{Mlt, FLAG_ADD_BOS};
+use krafla::format::mlt::Mlt;
 
 fn write(target: &str, name: &str, bytes: &[u8]) {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -78,19 +78,10 @@ fn linear_dims(h: &mut Header) {
     h.lin_conv = 4;
 }
 
-/// The first `n` tokens of a real tokenizer with the merges among them.
+/// The first `n` tokens of a real tokenizer with the first 200 merges among them.
 fn shrink(m: &Mlt, n: usize) -> Mlt {
-    let mut s = m.clone();
-    s.tokens.truncate(n);
-    let n = n as u32;
-    s.merges
-        .retain(|g| g.left < n && g.right < n && g.merged < n);
+    let mut s = m.vocab_prefix(n);
     s.merges.truncate(200);
-    s.bos = s.bos.filter(|&b| b < n);
-    s.eos = s.eos.filter(|&e| e < n);
-    if s.bos.is_none() {
-        s.flags &= !FLAG_ADD_BOS;
-    }
     s
 }
 

@@ -362,6 +362,23 @@ impl Mlt {
         Ok(out)
     }
 
+    /// The tokenizer of this one's first `n` tokens: the merges among them (in rank
+    /// order), BOS and EOS kept where inside (FLAG_ADD_BOS dropped with BOS), the chat
+    /// section as it is. Small tokenizers for tests and fuzz seeds.
+    pub fn vocab_prefix(&self, n: usize) -> Mlt {
+        let mut s = self.clone();
+        s.tokens.truncate(n);
+        let n = n as u32;
+        s.merges
+            .retain(|g| g.left < n && g.right < n && g.merged < n);
+        s.bos = s.bos.filter(|&b| b < n);
+        s.eos = s.eos.filter(|&e| e < n);
+        if s.bos.is_none() {
+            s.flags &= !FLAG_ADD_BOS;
+        }
+        s
+    }
+
     /// The names of the set flags, in bit order.
     pub fn flag_names(&self) -> Vec<&'static str> {
         super::bit_names(FLAG_NAMES, self.flags)
