@@ -10,7 +10,9 @@ use std::path::{Path, PathBuf};
 
 use krafla::format::mlb::header::{layer_flag, q8_class, rope_type, wtype};
 use krafla::format::mlb::layout::Layout;
-use krafla::format::mlb::synth::{synth_file, synth_mixed, tiny_header};
+use krafla::format::mlb::synth::{
+    llama3_rope, qwen35_hybrid, synth_file, synth_mixed, tiny_header, yarn_rope,
+};
 use krafla::format::mlb::validate::validate;
 use krafla::format::mlb::{Header, Mlb};
 use krafla::format::WType;
@@ -44,11 +46,7 @@ pub fn cases() -> Vec<Case> {
         case("qwen2_bias_tied_llama3", vec![], |h| {
             h.qkv_bias = 1;
             h.shared_classifier = 1;
-            h.rope_type = rope_type::LLAMA3;
-            h.rope_factor = 8.0;
-            h.rope_low_freq_factor = 1.0;
-            h.rope_high_freq_factor = 4.0;
-            h.rope_orig_max_seq = 32;
+            llama3_rope(h, 32);
         }),
         case("qwen3_headdim_qknorm_linear_f16", vec![], |h| {
             h.head_dim = 32;
@@ -75,12 +73,7 @@ pub fn cases() -> Vec<Case> {
             h.embed_scale = 8.0;
             h.rope_theta = 1e6;
             h.rope_local_theta = 10000.0;
-            h.rope_type = rope_type::YARN;
-            h.rope_factor = 4.0;
-            h.rope_low_freq_factor = 32.0;
-            h.rope_high_freq_factor = 1.0;
-            h.rope_orig_max_seq = 16;
-            h.rope_attn_factor = 1.2;
+            yarn_rope(h, 16, 1.2);
             h.sliding_window = 5;
             h.layer_flags = 1;
             h.wtype = wtype::Q4_0;
@@ -97,15 +90,7 @@ pub fn cases() -> Vec<Case> {
             vec![layer_flag::LINEAR, 0, layer_flag::LINEAR],
             |h| {
                 h.n_layers = 3;
-                h.layer_flags = 1;
-                h.attn_gate = 1;
-                h.qk_norm = 1;
-                h.rot_dim = 8;
-                h.lin_k_heads = 2;
-                h.lin_v_heads = 4;
-                h.lin_k_dim = 16;
-                h.lin_v_dim = 16;
-                h.lin_conv = 4;
+                qwen35_hybrid(h);
             },
         ),
     ];

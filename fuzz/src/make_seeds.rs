@@ -4,7 +4,7 @@
 use std::path::Path;
 
 use krafla::format::mlb::header::{layer_flag, q8_class, wtype};
-use krafla::format::mlb::synth::{synth_file, synth_mixed, tiny_header};
+use krafla::format::mlb::synth::{linear_dims, qwen35_hybrid, synth_file, synth_mixed, tiny_header};
 use krafla::format::mlb::{validate, Header, Layout};
 use krafla::format::WType;
 use krafla::format::mli::Mli;
@@ -49,11 +49,7 @@ fn mlb_shapes() -> Vec<(&'static str, Header, Vec<u8>)> {
     ));
     let mut h = t;
     h.n_layers = 2;
-    h.layer_flags = 1;
-    h.attn_gate = 1;
-    h.qk_norm = 1;
-    h.rot_dim = 8;
-    linear_dims(&mut h);
+    qwen35_hybrid(&mut h);
     v.push(("linear_attention", h, vec![layer_flag::LINEAR, 0]));
     let mut h = t;
     h.wtype = wtype::BF16;
@@ -67,15 +63,6 @@ fn mlb_shapes() -> Vec<(&'static str, Header, Vec<u8>)> {
     linear_dims(&mut h);
     v.push(("mixed_linear", h, vec![layer_flag::LINEAR, 0]));
     v
-}
-
-/// The smallest gated-delta-rule shape: 2 key heads and 4 value heads of 16, conv 4.
-fn linear_dims(h: &mut Header) {
-    h.lin_k_heads = 2;
-    h.lin_v_heads = 4;
-    h.lin_k_dim = 16;
-    h.lin_v_dim = 16;
-    h.lin_conv = 4;
 }
 
 /// The first `n` tokens of a real tokenizer with the first 200 merges among them.

@@ -1,7 +1,7 @@
 //! Synthetic `.mlb` files with seeded random weights, for tests, fuzz seeds and
 //! crafted-error cases. Not used by the tools.
 
-use super::header::{wtype, Header};
+use super::header::{rope_type, wtype, Header};
 use super::layout::Kind;
 use super::writer::MlbWriter;
 use crate::format::WType;
@@ -21,6 +21,47 @@ pub fn tiny_header() -> Header {
     h.norm_eps = 1e-5;
     h.wtype = wtype::Q8_0;
     h
+}
+
+/// The smallest gated-delta-rule shape: 2 key heads and 4 value heads of 16, conv 4.
+pub fn linear_dims(h: &mut Header) {
+    h.lin_k_heads = 2;
+    h.lin_v_heads = 4;
+    h.lin_k_dim = 16;
+    h.lin_v_dim = 16;
+    h.lin_conv = 4;
+}
+
+/// Qwen3.5's hybrid layers: per-layer flags (the caller marks the linear ones), gated
+/// attention with q/k norms rotating 8 of a tiny header's 16 head dimensions, and the
+/// [`linear_dims`] delta rule.
+pub fn qwen35_hybrid(h: &mut Header) {
+    h.layer_flags = 1;
+    h.attn_gate = 1;
+    h.qk_norm = 1;
+    h.rot_dim = 8;
+    linear_dims(h);
+}
+
+/// Llama 3.1's RoPE scaling (factor 8, low frequency factor 1, high 4) over an
+/// original context of `orig_max_seq`.
+pub fn llama3_rope(h: &mut Header, orig_max_seq: u32) {
+    h.rope_type = rope_type::LLAMA3;
+    h.rope_factor = 8.0;
+    h.rope_low_freq_factor = 1.0;
+    h.rope_high_freq_factor = 4.0;
+    h.rope_orig_max_seq = orig_max_seq;
+}
+
+/// YaRN with factor 4 and transformers' default betas (beta_fast 32, beta_slow 1) over
+/// an original context of `orig_max_seq`, cos and sin scaled by `attn_factor`.
+pub fn yarn_rope(h: &mut Header, orig_max_seq: u32, attn_factor: f32) {
+    h.rope_type = rope_type::YARN;
+    h.rope_factor = 4.0;
+    h.rope_low_freq_factor = 32.0;
+    h.rope_high_freq_factor = 1.0;
+    h.rope_orig_max_seq = orig_max_seq;
+    h.rope_attn_factor = attn_factor;
 }
 
 /// Deterministic values (xorshift64; also the library's unit tests' generator).

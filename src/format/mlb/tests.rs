@@ -2,7 +2,7 @@
 
 use super::header::{layer_flag, q8_class, rope_type, wtype, Header};
 use super::layout::{align_up, to_usize_limited, Kind, Layout, Mixer};
-use super::synth::{synth_file, tiny_header};
+use super::synth::{linear_dims, llama3_rope, synth_file, tiny_header, yarn_rope};
 use super::validate::validate;
 use super::view::{parse, parse_limited, Mlb};
 use crate::format::error::Status;
@@ -24,15 +24,6 @@ fn status_with(base: &Header, flags: &[u8], edit: impl FnOnce(&mut Header)) -> (
 
 /// One change to a header.
 type HeaderEdit = fn(&mut Header);
-
-/// The smallest gated-delta-rule shape: 2 key heads and 4 value heads of 16, conv 4.
-fn linear_dims(h: &mut Header) {
-    h.lin_k_heads = 2;
-    h.lin_v_heads = 4;
-    h.lin_k_dim = 16;
-    h.lin_v_dim = 16;
-    h.lin_conv = 4;
-}
 
 fn fmt(edit: impl FnOnce(&mut Header)) -> String {
     let (s, f) = status_with(&tiny_header(), &[], edit);
@@ -234,22 +225,13 @@ fn err_magic_version_enums() {
 fn err_rope_parameters() {
     fn plain(_: &mut Header) {}
     fn llama3(h: &mut Header) {
-        h.rope_type = rope_type::LLAMA3;
-        h.rope_factor = 8.0;
-        h.rope_low_freq_factor = 1.0;
-        h.rope_high_freq_factor = 4.0;
-        h.rope_orig_max_seq = 8192;
+        llama3_rope(h, 8192);
     }
     fn linear(h: &mut Header) {
         h.rope_type = rope_type::LINEAR;
     }
     fn yarn(h: &mut Header) {
-        h.rope_type = rope_type::YARN;
-        h.rope_factor = 4.0;
-        h.rope_low_freq_factor = 32.0;
-        h.rope_high_freq_factor = 1.0;
-        h.rope_orig_max_seq = 4096;
-        h.rope_attn_factor = 1.1;
+        yarn_rope(h, 4096, 1.1);
     }
     for base in [llama3 as HeaderEdit, yarn] {
         let mut ok = tiny_header();
@@ -414,11 +396,8 @@ fn err_shapes() {
     assert_eq!(shape(|h| h.lin_v_heads = 4), "lin_v_heads");
     assert_eq!(
         shape(|h| {
-            h.lin_k_heads = 2;
+            linear_dims(h);
             h.lin_v_heads = 6;
-            h.lin_k_dim = 16;
-            h.lin_v_dim = 16;
-            h.lin_conv = 4
         }),
         "lin_v_heads"
     );
