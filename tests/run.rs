@@ -430,14 +430,6 @@ fn forced_tier_runs_only_its_kernels() {
         return;
     }
     let pool = Pool::leak(1);
-    let all = [
-        Tier::Scalar,
-        Tier::Avx2,
-        Tier::Avx512,
-        Tier::Avx512Vnni,
-        Tier::Avx512Bf16,
-        Tier::Neon,
-    ];
     // The work of a forward pass, each kind of it on every synthetic case set (Delta:
     // the Qwen3.5 case; F16: the f16-scale case; Half: the BF16, F16 and mixed cases;
     // Packed only where the tier packs).
@@ -475,7 +467,7 @@ fn forced_tier_runs_only_its_kernels() {
         let total =
             |f: &dyn Fn(&counters::Calls) -> u64| calls.iter().map(|(_, c)| f(c)).sum::<u64>();
         for (name, c) in &calls {
-            for &u in all.iter().filter(|&&u| u > t) {
+            for u in Tier::ALL.into_iter().filter(|&u| u > t) {
                 assert_eq!(
                     c.of_tier(u),
                     0,

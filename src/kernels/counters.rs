@@ -58,7 +58,7 @@ impl Op {
     ];
 }
 
-const TIERS: usize = super::ALL_TIERS.len();
+const TIERS: usize = Tier::ALL.len();
 const OPS: usize = Op::ALL.len();
 
 /// Counts per tier and operation.
@@ -78,7 +78,7 @@ impl Calls {
 
     /// Calls of `op` made by code of any tier other than the scalar one.
     pub fn simd(&self, op: Op) -> u64 {
-        super::ALL_TIERS[1..].iter().map(|&t| self.get(t, op)).sum()
+        Tier::ALL[1..].iter().map(|&t| self.get(t, op)).sum()
     }
 }
 

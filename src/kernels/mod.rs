@@ -472,6 +472,16 @@ pub enum Tier {
 }
 
 impl Tier {
+    /// Every tier, lowest first.
+    pub const ALL: [Tier; 6] = [
+        Tier::Scalar,
+        Tier::Avx2,
+        Tier::Avx512,
+        Tier::Avx512Vnni,
+        Tier::Avx512Bf16,
+        Tier::Neon,
+    ];
+
     /// The name `KRAFLA_KERNEL` takes.
     pub fn name(self) -> &'static str {
         match self {
@@ -486,7 +496,7 @@ impl Tier {
 
     /// Parses a `KRAFLA_KERNEL` value.
     pub fn from_name(s: &str) -> Option<Tier> {
-        ALL_TIERS
+        Tier::ALL
             .iter()
             .copied()
             .find(|t| t.name().eq_ignore_ascii_case(s.trim()))
@@ -498,15 +508,6 @@ impl fmt::Display for Tier {
         f.write_str(self.name())
     }
 }
-
-const ALL_TIERS: [Tier; 6] = [
-    Tier::Scalar,
-    Tier::Avx2,
-    Tier::Avx512,
-    Tier::Avx512Vnni,
-    Tier::Avx512Bf16,
-    Tier::Neon,
-];
 
 /// Checks `rows, cols > 0` and `cols` a multiple of `m`; the error names the matrix by
 /// its shape and, when given, its type.
@@ -818,7 +819,7 @@ fn x86_blocks(w: WType, vnni: bool) -> Option<MatKernels> {
 
 /// Tiers this CPU can run, lowest first (always starts with `Scalar`).
 pub fn supported_tiers() -> Vec<Tier> {
-    ALL_TIERS.iter().copied().filter(|&t| cpu_has(t)).collect()
+    Tier::ALL.iter().copied().filter(|&t| cpu_has(t)).collect()
 }
 
 fn cpu_has(t: Tier) -> bool {
