@@ -265,7 +265,8 @@ fn prefill_equals_decode_bit_for_bit() {
         let m = load(&c, 11);
         let model = Model::new(&m).unwrap();
         let toks = tokens(c.h.vocab, 19, 5);
-        let batch = all_logits(&model, &Options::default(), &toks);
+        let (batch, dec) = prefill_and_decode(&model, &toks);
+        assert!(batch == dec, "{}: decode differs from prefill", c.name);
         // Chunks of 7 (a ring that wraps inside a chunk) give the same bits.
         let chunked = all_logits(
             &model,
@@ -276,12 +277,6 @@ fn prefill_equals_decode_bit_for_bit() {
             &toks,
         );
         assert!(batch == chunked, "{}: chunked prefill differs", c.name);
-        let mut st = model.state(&Options::default()).unwrap();
-        let mut dec = Vec::new();
-        for &t in &toks {
-            dec.extend_from_slice(model.decode(&mut st, t).unwrap());
-        }
-        assert!(batch == dec, "{}: decode differs from prefill", c.name);
         // The last logits returned by prefill are the last row.
         let mut st = model.state(&Options::default()).unwrap();
         let last = model.prefill(&mut st, &toks, None).unwrap().to_vec();
@@ -315,24 +310,24 @@ fn ring_buffer_equals_masked_full_attention() {
             c.name
         );
         // Decoding through the ring past several wraps.
-        let mut st = model.state(&ring).unwrap();
-        let mut dec = Vec::new();
-        for &t in &toks {
-            dec.extend_from_slice(model.decode(&mut st, t).unwrap());
-        }
-        assert!(a == dec, "{}", c.name);
+        assert!(a == all_decoded(&model, &ring, &toks), "{}", c.name);
     }
+}
+
+/// Every position's logits, decoded token by token with `opts`.
+pub fn all_decoded(m: &Model, opts: &Options, toks: &[u32]) -> Vec<f32> {
+    let mut st = m.state(opts).unwrap();
+    let mut out = Vec::new();
+    for &t in toks {
+        out.extend_from_slice(m.decode(&mut st, t).unwrap());
+    }
+    out
 }
 
 /// Every position's logits by prefill, and by decoding token by token.
 pub fn prefill_and_decode(m: &Model, toks: &[u32]) -> (Vec<f32>, Vec<f32>) {
-    let prefill = all_logits(m, &Options::default(), toks);
-    let mut st = m.state(&Options::default()).unwrap();
-    let mut decode = Vec::new();
-    for &t in toks {
-        decode.extend_from_slice(m.decode(&mut st, t).unwrap());
-    }
-    (prefill, decode)
+    let opts = Options::default();
+    (all_logits(m, &opts, toks), all_decoded(m, &opts, toks))
 }
 
 /// The scalar tier's prefill logits of `toks` on `model` (in `pool`), asserted equal to
