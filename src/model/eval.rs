@@ -26,7 +26,7 @@ use std::path::PathBuf;
 
 use crate::kernels::pool;
 
-use super::forward::{Model, Options};
+use super::forward::{Model, Options, State};
 use super::sampler::argmax;
 use super::ModelError;
 
@@ -248,6 +248,17 @@ fn check_chunks(chunks: &[Vec<u32>]) -> Result<usize, EvalError> {
     Ok(ctx)
 }
 
+/// Starts chunk `c` afresh in `st`: resets it and feeds the unscored first half.
+/// Returns the first scored position.
+fn feed_unscored(model: &Model, st: &mut State, c: &[u32]) -> Result<usize, EvalError> {
+    st.reset();
+    let first = first_scored(c.len());
+    if first > 0 {
+        model.prefill(st, &c[..first], None)?;
+    }
+    Ok(first)
+}
+
 /// Perplexity of `model` over the second half of each chunk. `progress` sees the
 /// chunks done and the running statistics.
 pub fn perplexity(
@@ -261,11 +272,7 @@ pub fn perplexity(
     let mut stats = ChunkStats::default();
     let mut lp = Vec::new();
     for (i, c) in chunks.iter().enumerate() {
-        st.reset();
-        let first = first_scored(c.len());
-        if first > 0 {
-            model.prefill(&mut st, &c[..first], None)?;
-        }
+        let first = feed_unscored(model, &mut st, c)?;
         let mut sink = |pos: usize, logits: &[f32]| {
             log_softmax(logits, &mut lp);
             stats.push_nll(-lp[c[pos + 1] as usize]);
@@ -337,13 +344,8 @@ pub fn kl_divergence(
     let mut rows_ref = vec![0f32; KL_ROWS * vocab];
     let mut rows = vec![0f32; KL_ROWS * vocab];
     for (i, c) in chunks.iter().enumerate() {
-        st_ref.reset();
-        st.reset();
-        let first = first_scored(c.len());
-        if first > 0 {
-            reference.prefill(&mut st_ref, &c[..first], None)?;
-            model.prefill(&mut st, &c[..first], None)?;
-        }
+        feed_unscored(reference, &mut st_ref, c)?;
+        let first = feed_unscored(model, &mut st, c)?;
         let end = c.len() - 1;
         let mut a = first;
         while a < end {
