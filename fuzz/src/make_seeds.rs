@@ -77,7 +77,13 @@ fn main() {
         let f = if h.wtype == wtype::MIXED {
             let d = validate(&h).unwrap();
             let n = Layout::matrix_count(&h, &d, &flags).unwrap();
-            let types: Vec<WType> = (0..n).map(|i| WType::ALL[i % WType::ALL.len()]).collect();
+            // The tiny shape's rows are 32-weight multiples: the K types (256-weight
+            // super-blocks) cannot take them.
+            let fit: Vec<WType> = WType::ALL
+                .into_iter()
+                .filter(|t| t.block_weights() <= 32)
+                .collect();
+            let types: Vec<WType> = (0..n).map(|i| fit[i % fit.len()]).collect();
             synth_mixed(&h, &flags, &types, 7)
         } else {
             synth_file(&h, &flags, 7)
