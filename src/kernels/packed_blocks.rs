@@ -200,17 +200,21 @@ pub const fn super_scale_bytes(sc: ScaleKind) -> usize {
     }
 }
 
-/// Where a group's parts are: offsets of the position scales and super-block scales,
-/// and the group's size, for `nb` blocks per row (every part 64-byte aligned).
+/// Where a group's parts are, for `nb` blocks per row: the super-block scales first,
+/// then the position scales, then the quants, every part 64-byte aligned. A kernel
+/// reads the super-block scales when it starts a group, so they come right after the
+/// previous group's quants: reading a matrix is one forward stream.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct GroupLayout {
     pub quant_bytes: usize,
     pub pos_scale_bytes: usize,
     pub super_bytes: usize,
-    /// Offset of the position scales in a group.
-    pub scales_at: usize,
-    /// Offset of the super-block scales.
+    /// Offset of the super-block scales in a group (0).
     pub supers_at: usize,
+    /// Offset of the position scales.
+    pub scales_at: usize,
+    /// Offset of the quants.
+    pub quants_at: usize,
     /// Bytes per group.
     pub group: usize,
 }
@@ -222,17 +226,17 @@ impl GroupLayout {
             pos_scale_bytes(sc),
             super_scale_bytes(sc),
         );
-        let scales_at = qb * nb;
-        let supers_at = scales_at + (ps * nb).next_multiple_of(64);
         let nsb = nb / (QK_K / QK);
-        let group = supers_at + (sb * nsb).next_multiple_of(64);
+        let scales_at = (sb * nsb).next_multiple_of(64);
+        let quants_at = scales_at + (ps * nb).next_multiple_of(64);
         GroupLayout {
             quant_bytes: qb,
             pos_scale_bytes: ps,
             super_bytes: sb,
+            supers_at: 0,
             scales_at,
-            supers_at,
-            group,
+            quants_at,
+            group: quants_at + qb * nb,
         }
     }
 
@@ -419,8 +423,8 @@ pub(super) fn pack(w: &QMat, mut done: impl FnMut(usize, usize)) -> PackedMat {
         for j in 0..GROUP.min(w.rows - g * GROUP) {
             let r = g * GROUP + j;
             row_parts(t, &w.q[r * rb..(r + 1) * rb], w.cols, &mut parts);
-            let (qr, rest) = out.split_at_mut(lay.scales_at);
-            let (sr, ssr) = rest.split_at_mut(lay.supers_at - lay.scales_at);
+            let (ssr, rest) = out.split_at_mut(lay.scales_at);
+            let (sr, qr) = rest.split_at_mut(lay.quants_at - lay.scales_at);
             for (p, &b) in order.iter().enumerate() {
                 let qp = &mut qr[p * lay.quant_bytes..(p + 1) * lay.quant_bytes];
                 put_levels(bits, &parts.levels[QK * b..QK * (b + 1)], j, qp);
@@ -462,7 +466,7 @@ pub(super) fn unpack_row(p: &PackedMat, r: usize, q: &mut Vec<u8>) {
         sup: Vec::new(),
     };
     for (pos, b) in block_order(nb).enumerate() {
-        let qp = &grp[pos * lay.quant_bytes..(pos + 1) * lay.quant_bytes];
+        let qp = &grp[lay.quants_at + pos * lay.quant_bytes..][..lay.quant_bytes];
         get_levels(bits, qp, j, &mut parts.levels[QK * b..QK * (b + 1)]);
         let at = lay.scales_at + pos * lay.pos_scale_bytes;
         parts.pos[b] = get_pos_scales(sc, &grp[at..at + lay.pos_scale_bytes], j);
@@ -490,6 +494,23 @@ mod tests {
     use super::*;
     use crate::format::mlb::synth::Rng;
     use crate::quant::blocks::quantize_matrix;
+
+    #[test]
+    fn a_group_is_supers_then_scales_then_quants() {
+        for t in WType::ALL.into_iter().filter(|&t| has_layout(t)) {
+            for nb in [8, 64, 256, 448] {
+                let lay = GroupLayout::of(t, nb);
+                let supers = nb / (QK_K / QK) * lay.super_bytes;
+                let scales = nb * lay.pos_scale_bytes;
+                // In reading order, each part ends where the next begins (padded to 64).
+                assert_eq!(lay.supers_at, 0, "{t} nb {nb}");
+                assert_eq!(lay.scales_at, supers.next_multiple_of(64), "{t} nb {nb}");
+                assert_eq!(lay.quants_at, lay.scales_at + scales.next_multiple_of(64));
+                assert_eq!(lay.group, lay.quants_at + nb * lay.quant_bytes);
+                assert_eq!(lay.group % 64, 0, "{t} nb {nb}");
+            }
+        }
+    }
 
     #[test]
     fn rows_round_trip_through_the_packed_layout() {

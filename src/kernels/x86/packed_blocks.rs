@@ -230,17 +230,19 @@ unsafe fn levels512<B: BlockTy>(wp: *const u8) -> ([__m512i; 4], [__m512i; 4]) {
 const PF_POS: usize = 16;
 
 /// Prefetches (into L2) the quant and scale records of the position `PF_POS` after
-/// `pos` in reading order, which may be in the next group, and the super-block scales
-/// the group's first lane reads there. Position scales are at most 64 bytes (one line).
+/// `pos` in reading order, which may be in the next group. Position scales are at most
+/// 64 bytes (one line). A group's kernel reads all its super-block scales when it
+/// starts (`Supers::fill`): the next group's first `PF_POS` positions also prefetch
+/// their share of those lines, so that they are there in time.
 #[inline(always)]
 unsafe fn prefetch_ahead(grp: *const u8, lay: &GroupLayout, nb: usize, pos: usize) {
     let a = pos + PF_POS;
-    let (g, a) = if a < nb {
-        (grp, a)
+    let (g, a, next) = if a < nb {
+        (grp, a, false)
     } else {
-        (grp.wrapping_add(lay.group), a - nb)
+        (grp.wrapping_add(lay.group), a - nb, true)
     };
-    let q = g.wrapping_add(a * lay.quant_bytes);
+    let q = g.wrapping_add(lay.quants_at + a * lay.quant_bytes);
     for line in (0..lay.quant_bytes).step_by(64) {
         // SAFETY: a prefetch never faults, even past the end of the buffer.
         unsafe { _mm_prefetch::<_MM_HINT_T1>(q.wrapping_add(line) as *const i8) };
@@ -248,11 +250,14 @@ unsafe fn prefetch_ahead(grp: *const u8, lay: &GroupLayout, nb: usize, pos: usiz
     let s = g.wrapping_add(lay.scales_at + a * lay.pos_scale_bytes);
     // SAFETY: as above.
     unsafe { _mm_prefetch::<_MM_HINT_T1>(s as *const i8) };
-    // The first lane reads super-block `i` at position `i`.
-    if lay.supers_at + a * lay.super_bytes < lay.group {
-        let s = g.wrapping_add(lay.supers_at + a * lay.super_bytes);
-        // SAFETY: as above.
-        unsafe { _mm_prefetch::<_MM_HINT_T1>(s as *const i8) };
+    let lines = lay.scales_at / 64;
+    let per = lines.div_ceil(PF_POS);
+    if next && a * per < lines {
+        for line in (a * per..(a + 1) * per).take_while(|&l| l < lines) {
+            let s = g.wrapping_add(lay.supers_at + 64 * line);
+            // SAFETY: as above.
+            unsafe { _mm_prefetch::<_MM_HINT_T1>(s as *const i8) };
+        }
     }
 }
 
@@ -275,7 +280,7 @@ unsafe fn lane512<B: BlockTy, const T: usize>(
         let mut acc = [_mm512_setzero_ps(); T];
         let mut b = l;
         while b < nb {
-            let wp = grp.add(pos * lay.quant_bytes);
+            let wp = grp.add(lay.quants_at + pos * lay.quant_bytes);
             let sp = grp.add(lay.scales_at + pos * lay.pos_scale_bytes);
             if x.stream {
                 prefetch_ahead(grp, lay, nb, pos);
@@ -505,7 +510,7 @@ unsafe fn lane256<B: BlockTy, const T: usize>(
         let mut acc = [_mm256_setzero_ps(); T];
         let mut b = l;
         while b < nb {
-            let wp = grp.add(pos * lay.quant_bytes);
+            let wp = grp.add(lay.quants_at + pos * lay.quant_bytes);
             let sp = grp.add(lay.scales_at + pos * lay.pos_scale_bytes);
             if x.stream && h == 0 {
                 prefetch_ahead(grp, lay, nb, pos);
