@@ -12,7 +12,7 @@
 
 use std::arch::x86_64::*;
 
-use super::attention::{attend_any, attend_entry, head_size, Row, Rows, Src};
+use super::attention::{attend_entry, attend_many, attend_one, head_size, Row, Rows, Src};
 use crate::kernels::counters::{count, Op};
 use crate::kernels::scalar_attn::{KvView, Query};
 use crate::kernels::scalar_kv::{widen_f16, KvData};
