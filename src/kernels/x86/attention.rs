@@ -131,8 +131,9 @@ pub(crate) fn head_size(qs: &[Query]) -> usize {
 }
 
 /// An attention entry (see `kernels::AttendFn`) compiled with `$feat`: the tier's call
-/// count, the cache's row sources from `$srcs`, then [`attend_any`] with `PAIRS` and
-/// `WIDE` as given.
+/// count, the cache's row sources from `$srcs`, then, with `PAIRS` and `WIDE` as given,
+/// the tile blocked over positions ([`attend_many`]) when no query's positions wrap
+/// around the cache's ring, else each query alone ([`attend_one`]).
 macro_rules! attend_entry {
     ($(#[$doc:meta])* $name:ident, $tier:ident, $feat:literal, $srcs:ident, $pairs:literal, $wide:literal) => {
         $(#[$doc])*
@@ -140,8 +141,17 @@ macro_rules! attend_entry {
         pub unsafe fn $name(qs: &mut [Query], kv: &KvView, scale: f32, softcap: f32) {
             count(Tier::$tier, Op::Attend);
             let (ks, vs) = $srcs(kv, head_size(qs));
-            // SAFETY: the CPU features are enabled on this function (its contract).
-            unsafe { attend_any::<$pairs, $wide, _>(qs, kv, ks, vs, scale, softcap) }
+            // SAFETY: the CPU features are enabled on this function (its contract);
+            // `attend_many` only when every position is below cap.
+            unsafe {
+                if qs.iter().all(|q| q.pos < kv.cap) {
+                    attend_many::<$pairs, $wide, _>(qs, kv, ks, vs, scale, softcap)
+                } else {
+                    for q in qs {
+                        attend_one::<$pairs, $wide, _>(q, kv, ks, vs, scale, softcap)
+                    }
+                }
+            }
         }
     };
 }
@@ -167,33 +177,6 @@ attend_entry!(
     /// The CPU must support AVX2 and AVX-512 F; the shapes as `Kernels::attend` checks them.
     attend_avx512, Avx512, "avx2,avx512f", f32_srcs, true, false
 );
-
-/// A tile blocked over positions when no query's positions wrap around the cache's
-/// ring, else each query alone; keys and values from `ks` and `vs` (the view gives the
-/// window and the slots).
-///
-/// # Safety
-/// The CPU has AVX2 (and AVX-512 F when `PAIRS` or `WIDE`) and what `S`'s rows need; the caller
-/// is compiled with them; the shapes as `Kernels::attend` checks them.
-#[inline(always)]
-pub(crate) unsafe fn attend_any<const PAIRS: bool, const WIDE: bool, S: Src>(
-    qs: &mut [Query],
-    kv: &KvView,
-    ks: S,
-    vs: S,
-    scale: f32,
-    softcap: f32,
-) {
-    if qs.iter().all(|q| q.pos < kv.cap) {
-        // SAFETY: forwarded features; every position is below cap.
-        unsafe { attend_many::<PAIRS, WIDE, S>(qs, kv, ks, vs, scale, softcap) }
-    } else {
-        for q in qs {
-            // SAFETY: forwarded features.
-            unsafe { attend_one::<PAIRS, WIDE, S>(q, kv, ks, vs, scale, softcap) }
-        }
-    }
-}
 
 /// The slice maximum and `exp` of `x86::math` for `scalar_attn::softmax`: `exp` 16
 /// lanes at a time when `Z` (AVX-512 F), else 8. Used only inside this module's
@@ -263,7 +246,8 @@ fn sums(rows: &[&[f32]; SUM_CHAINS]) -> [f32; SUM_CHAINS] {
     s
 }
 
-/// One query (any slots, a ring included): `scalar_attn::attend_one` in AVX2.
+/// One query (any slots, a ring included): `scalar_attn::attend_one` in AVX2; keys and
+/// values from `ks` and `vs` (the view gives the window and the slots).
 ///
 /// A lone query has no pair to score with; `PAIRS` (as `WIDE`) only says that AVX-512 F
 /// is there, for the softmax's 16-lane `exp`, as in [`attend_many`].
@@ -272,7 +256,7 @@ fn sums(rows: &[&[f32]; SUM_CHAINS]) -> [f32; SUM_CHAINS] {
 /// The CPU has AVX2 (and AVX-512 F when `PAIRS` or `WIDE`) and what `S` needs; the
 /// caller is compiled with them.
 #[inline(always)]
-unsafe fn attend_one<const PAIRS: bool, const WIDE: bool, S: Src>(
+pub(crate) unsafe fn attend_one<const PAIRS: bool, const WIDE: bool, S: Src>(
     query: &mut Query,
     kv: &KvView,
     ks: S,
@@ -307,7 +291,7 @@ const BLOCK: usize = 64;
 /// The CPU has AVX2 (and AVX-512 F when `PAIRS` or `WIDE`) and what `S` needs; every query's
 /// position is below `kv.cap`; every query and `out` has the same length.
 #[inline(always)]
-unsafe fn attend_many<const PAIRS: bool, const WIDE: bool, S: Src>(
+pub(crate) unsafe fn attend_many<const PAIRS: bool, const WIDE: bool, S: Src>(
     qs: &mut [Query],
     kv: &KvView,
     ks: S,
@@ -715,17 +699,30 @@ unsafe fn values<const WIDE: bool, R: Row>(
         // SAFETY: AVX-512 F with WIDE (the caller's contract), AVX2.
         return unsafe { values_wide(att, row, out) };
     }
-    let hd = out.len();
-    let mut c = 0;
-    while c + 64 <= hd {
-        // SAFETY: c + 64 <= hd.
-        c = unsafe { values_regs::<__m256, R, 8>(att, row, c, out) };
-    }
-    while c + 32 <= hd {
-        // SAFETY: c + 32 <= hd.
-        c = unsafe { values_regs::<__m256, R, 4>(att, row, c, out) };
-    }
+    // SAFETY: AVX2 (the caller's contract).
+    let c = unsafe { values_while::<__m256, R, 8>(att, row, 0, out) };
+    // SAFETY: as above.
+    let c = unsafe { values_while::<__m256, R, 4>(att, row, c, out) };
     values_tail(att, row, c, out);
+}
+
+/// [`values_regs`] with `K` registers of `V` from dimension `c` for as long as they fit
+/// in `out`; the first dimension left.
+///
+/// # Safety
+/// The features of [`values_regs`]; the bounds are checked here.
+#[inline(always)]
+unsafe fn values_while<V: Lanes, R: Row, const K: usize>(
+    att: &[f32],
+    row: impl Fn(usize) -> R + Copy,
+    mut c: usize,
+    out: &mut [f32],
+) -> usize {
+    while c + V::N * K <= out.len() {
+        // SAFETY: c + N·K <= hd; the features of this function's contract.
+        c = unsafe { values_regs::<V, R, K>(att, row, c, out) };
+    }
+    c
 }
 
 /// `out[d] += Σ_i att[i] · row(i)[d]` for the dimensions `c..` one by one.
@@ -752,19 +749,12 @@ fn values_tail<R: Row>(att: &[f32], row: impl Fn(usize) -> R, c: usize, out: &mu
 #[target_feature(enable = "avx2,avx512f,f16c")]
 unsafe fn values_wide<R: Row>(att: &[f32], row: impl Fn(usize) -> R + Copy, out: &mut [f32]) {
     let hd = out.len();
-    let mut c = 0;
-    while c + 128 <= hd {
-        // SAFETY: c + 128 <= hd.
-        c = unsafe { values_regs::<__m512, R, 8>(att, row, c, out) };
-    }
-    while c + 64 <= hd {
-        // SAFETY: c + 64 <= hd.
-        c = unsafe { values_regs::<__m512, R, 4>(att, row, c, out) };
-    }
-    while c + 16 <= hd {
-        // SAFETY: c + 16 <= hd.
-        c = unsafe { values_regs::<__m512, R, 1>(att, row, c, out) };
-    }
+    // SAFETY: AVX-512 F and AVX2 (this function's contract).
+    let c = unsafe { values_while::<__m512, R, 8>(att, row, 0, out) };
+    // SAFETY: as above.
+    let c = unsafe { values_while::<__m512, R, 4>(att, row, c, out) };
+    // SAFETY: as above.
+    let mut c = unsafe { values_while::<__m512, R, 1>(att, row, c, out) };
     if c + 8 <= hd {
         // SAFETY: c + 8 <= hd.
         c = unsafe { values_regs::<__m256, R, 1>(att, row, c, out) };

@@ -12,7 +12,7 @@
 
 use std::arch::x86_64::*;
 
-use super::attention::{attend_any, attend_entry, head_size, Row, Rows, Src};
+use super::attention::{attend_entry, attend_many, attend_one, head_size, Row, Rows, Src};
 use crate::kernels::counters::{count, Op};
 use crate::kernels::scalar_attn::{KvView, Query};
 use crate::kernels::scalar_kv::{widen_f16, KvData};
@@ -49,26 +49,52 @@ struct Q8Row<'a> {
     d: &'a [f32],
 }
 
+/// Values `j..j + $n` of the [`Q8Row`] `$r` in the register of the width whose
+/// intrinsics are given: the quants loaded by `$load`, sign-extended (`$cvt_i32`),
+/// converted (`$cvt_ps`) and multiplied by their block's scale. A macro for
+/// [`Row::ld8`] and [`Row::ld16`].
+macro_rules! q8_load {
+    ($r:expr, $j:expr, $n:literal, $load:ident, $cvt_i32:ident, $cvt_ps:ident, $mul:ident, $set1:ident) => {{
+        let (r, j): (Q8Row, usize) = ($r, $j);
+        debug_assert!(j + $n <= r.q.len() && j / QK < r.d.len());
+        let b = $load(r.q.as_ptr().add(j) as *const __m128i);
+        let x = $cvt_ps($cvt_i32(b));
+        $mul(x, $set1(*r.d.get_unchecked(j / QK)))
+    }};
+}
+
 impl Row for Q8Row<'_> {
     #[inline(always)]
     unsafe fn ld8(self, j: usize) -> __m256 {
-        debug_assert!(j + 8 <= self.q.len() && j / QK < self.d.len());
         // SAFETY: j + 8 <= hd (the trait contract) and the row has a scale per 32 of
         // its values; AVX2 in the caller.
         unsafe {
-            let b = _mm_loadl_epi64(self.q.as_ptr().add(j) as *const __m128i);
-            let x = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b));
-            _mm256_mul_ps(x, _mm256_set1_ps(*self.d.get_unchecked(j / QK)))
+            q8_load!(
+                self,
+                j,
+                8,
+                _mm_loadl_epi64,
+                _mm256_cvtepi8_epi32,
+                _mm256_cvtepi32_ps,
+                _mm256_mul_ps,
+                _mm256_set1_ps
+            )
         }
     }
     #[inline(always)]
     unsafe fn ld16(self, j: usize) -> __m512 {
-        debug_assert!(j + 16 <= self.q.len() && j / QK < self.d.len());
         // SAFETY: as `ld8` with j + 16 <= hd; AVX-512 F in the caller.
         unsafe {
-            let b = _mm_loadu_si128(self.q.as_ptr().add(j) as *const __m128i);
-            let x = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b));
-            _mm512_mul_ps(x, _mm512_set1_ps(*self.d.get_unchecked(j / QK)))
+            q8_load!(
+                self,
+                j,
+                16,
+                _mm_loadu_si128,
+                _mm512_cvtepi8_epi32,
+                _mm512_cvtepi32_ps,
+                _mm512_mul_ps,
+                _mm512_set1_ps
+            )
         }
     }
     #[inline(always)]

@@ -10,25 +10,37 @@ use crate::kernels::scalar_delta::{head_step, DeltaHead};
 use crate::kernels::scalar_math::{self as sm, C1, C2, GELU_C, HI, LO, LOG2E, P};
 use crate::kernels::Tier;
 
+/// The range reduction and polynomial of [`sm::exp`] on the lanes of the width whose
+/// intrinsics are given (`$floor` rounds toward −∞): `(n, y)`, the result being
+/// `y · 2^n` where `n` is in range. A macro for [`exp8`] and [`exp16`], which then scale
+/// and handle the out-of-range lanes each with its width's compare and blend.
+macro_rules! exp_poly {
+    ($x:expr, $floor:expr, $set1:ident, $add:ident, $sub:ident, $mul:ident) => {{
+        let x = $x;
+        let n = $floor($add($mul(x, $set1(LOG2E)), $set1(0.5)));
+        let r = $sub($sub(x, $mul(n, $set1(C1))), $mul(n, $set1(C2)));
+        let z = $mul(r, r);
+        let mut p = $set1(P[0]);
+        for &c in &P[1..] {
+            p = $add($mul(p, r), $set1(c));
+        }
+        (n, $add($add($mul(p, z), r), $set1(1.0)))
+    }};
+}
+
 /// [`sm::exp`] on 8 lanes: the same operations in the same order.
 #[inline(always)]
 pub(crate) unsafe fn exp8(x: __m256) -> __m256 {
     // SAFETY: register-only AVX2 ops; the caller has AVX2.
     unsafe {
-        let n = _mm256_floor_ps(_mm256_add_ps(
-            _mm256_mul_ps(x, _mm256_set1_ps(LOG2E)),
-            _mm256_set1_ps(0.5),
-        ));
-        let r = _mm256_sub_ps(
-            _mm256_sub_ps(x, _mm256_mul_ps(n, _mm256_set1_ps(C1))),
-            _mm256_mul_ps(n, _mm256_set1_ps(C2)),
+        let (n, y) = exp_poly!(
+            x,
+            _mm256_floor_ps,
+            _mm256_set1_ps,
+            _mm256_add_ps,
+            _mm256_sub_ps,
+            _mm256_mul_ps
         );
-        let z = _mm256_mul_ps(r, r);
-        let mut p = _mm256_set1_ps(P[0]);
-        for &c in &P[1..] {
-            p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(c));
-        }
-        let y = _mm256_add_ps(_mm256_add_ps(_mm256_mul_ps(p, z), r), _mm256_set1_ps(1.0));
         // n is integral in [-126, 127] where it is used; other lanes are replaced.
         let e = _mm256_slli_epi32(
             _mm256_add_epi32(_mm256_cvttps_epi32(n), _mm256_set1_epi32(127)),
@@ -55,20 +67,14 @@ unsafe fn exp16(x: __m512) -> __m512 {
     // SAFETY: register-only AVX-512 F ops; the caller has AVX-512 F.
     unsafe {
         // Round toward −∞, exceptions suppressed: `_mm256_floor_ps`'s rounding.
-        let n = _mm512_roundscale_ps::<0x09>(_mm512_add_ps(
-            _mm512_mul_ps(x, _mm512_set1_ps(LOG2E)),
-            _mm512_set1_ps(0.5),
-        ));
-        let r = _mm512_sub_ps(
-            _mm512_sub_ps(x, _mm512_mul_ps(n, _mm512_set1_ps(C1))),
-            _mm512_mul_ps(n, _mm512_set1_ps(C2)),
+        let (n, y) = exp_poly!(
+            x,
+            _mm512_roundscale_ps::<0x09>,
+            _mm512_set1_ps,
+            _mm512_add_ps,
+            _mm512_sub_ps,
+            _mm512_mul_ps
         );
-        let z = _mm512_mul_ps(r, r);
-        let mut p = _mm512_set1_ps(P[0]);
-        for &c in &P[1..] {
-            p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(c));
-        }
-        let y = _mm512_add_ps(_mm512_add_ps(_mm512_mul_ps(p, z), r), _mm512_set1_ps(1.0));
         let e = _mm512_slli_epi32::<23>(_mm512_add_epi32(
             _mm512_cvttps_epi32(n),
             _mm512_set1_epi32(127),
@@ -83,21 +89,33 @@ unsafe fn exp16(x: __m512) -> __m512 {
     }
 }
 
+/// `v[i] = $f(v[i])` over the whole vectors of `$n` lanes at the front of `v` (loaded
+/// and stored unaligned by `$load` and `$store`), in order; the count of values done.
+/// The caller has the width's CPU features.
+macro_rules! map_lanes {
+    ($v:expr, $n:literal, $load:ident, $store:ident, $f:ident) => {{
+        let v: &mut [f32] = $v;
+        let done = v.len() / $n * $n;
+        let mut i = 0;
+        while i < done {
+            // SAFETY: i + $n <= len; the width's features (the caller's).
+            unsafe {
+                let p = v.as_mut_ptr().add(i);
+                $store(p, $f($load(p)));
+            }
+            i += $n;
+        }
+        done
+    }};
+}
+
 /// `v[i] = exp(v[i])`, 16 at a time, then [`exp_all`] on the rest (inlined into
 /// AVX-512 F callers: the attention's softmax over a query's scores, where 8 lanes
 /// at a time took about a third of the attention kernels' time in prefill).
 #[inline(always)]
 pub(crate) unsafe fn exp_all16(v: &mut [f32]) {
-    let n16 = v.len() / 16 * 16;
-    let mut i = 0;
-    while i < n16 {
-        // SAFETY: i + 16 <= len; AVX-512 F in the caller.
-        unsafe {
-            let p = v.as_mut_ptr().add(i);
-            _mm512_storeu_ps(p, exp16(_mm512_loadu_ps(p)));
-        }
-        i += 16;
-    }
+    // AVX-512 F in the caller.
+    let n16 = map_lanes!(v, 16, _mm512_loadu_ps, _mm512_storeu_ps, exp16);
     // SAFETY: AVX2 in the caller (every AVX-512 tier has it).
     unsafe { exp_all(&mut v[n16..]) }
 }
@@ -105,16 +123,8 @@ pub(crate) unsafe fn exp_all16(v: &mut [f32]) {
 /// `v[i] = exp(v[i])`, 8 at a time (inlined into AVX2 callers).
 #[inline(always)]
 pub(crate) unsafe fn exp_all(v: &mut [f32]) {
-    let n8 = v.len() / 8 * 8;
-    let mut i = 0;
-    while i < n8 {
-        // SAFETY: i + 8 <= len; AVX2 in the caller.
-        unsafe {
-            let p = v.as_mut_ptr().add(i);
-            _mm256_storeu_ps(p, exp8(_mm256_loadu_ps(p)));
-        }
-        i += 8;
-    }
+    // AVX2 in the caller.
+    let n8 = map_lanes!(v, 8, _mm256_loadu_ps, _mm256_storeu_ps, exp8);
     for x in &mut v[n8..] {
         *x = sm::exp(*x);
     }

@@ -53,19 +53,22 @@ macro_rules! lane_tree {
 }
 pub(super) use lane_tree;
 
-/// `$f::<$g.., T>($a..)` with the const token count `T` = `$nt`, one of 1..=8 (more
-/// than 8: 8), so that each count gets its own monomorphized kernel.
+/// `$body` with the const token count `$t` = `$nt`, one of 1..=8 (more than 8: 8), so
+/// that each count gets its own monomorphized kernel.
 macro_rules! with_tokens {
-    ($nt:expr, $f:ident::<$($g:tt),*>($($a:expr),*)) => {
+    ($nt:expr, const $t:ident => $body:expr) => {
+        with_tokens!(@ $nt, $t, $body, 1 2 3 4 5 6 7)
+    };
+    (@ $nt:expr, $t:ident, $body:expr, $($n:literal)*) => {
         match $nt {
-            1 => $f::<$($g,)* 1>($($a),*),
-            2 => $f::<$($g,)* 2>($($a),*),
-            3 => $f::<$($g,)* 3>($($a),*),
-            4 => $f::<$($g,)* 4>($($a),*),
-            5 => $f::<$($g,)* 5>($($a),*),
-            6 => $f::<$($g,)* 6>($($a),*),
-            7 => $f::<$($g,)* 7>($($a),*),
-            _ => $f::<$($g,)* 8>($($a),*),
+            $($n => {
+                const $t: usize = $n;
+                $body
+            })*
+            _ => {
+                const $t: usize = 8;
+                $body
+            }
         }
     };
 }
@@ -78,16 +81,16 @@ pub(super) const PASS: usize = 4;
 /// Tokens `0..$nt` in passes of at most [`PASS`]: per pass,
 /// `$f::<$g.., T>($a..)` with `$t0` its first token and the const `T` its length.
 macro_rules! in_passes {
-    ($nt:expr, $t0:ident, $f:ident::<$($g:tt),*>($($a:expr),*)) => {{
+    ($nt:expr, $t0:ident, $($f:ident)::+::<$($g:tt),*>($($a:expr),*)) => {{
         let nt = $nt;
         let mut $t0 = 0;
         while $t0 < nt {
             let n = (nt - $t0).min($crate::kernels::x86::packed::PASS);
             match n {
-                1 => $f::<$($g,)* 1>($($a),*),
-                2 => $f::<$($g,)* 2>($($a),*),
-                3 => $f::<$($g,)* 3>($($a),*),
-                _ => $f::<$($g,)* 4>($($a),*),
+                1 => $($f)::+::<$($g,)* 1>($($a),*),
+                2 => $($f)::+::<$($g,)* 2>($($a),*),
+                3 => $($f)::+::<$($g,)* 3>($($a),*),
+                _ => $($f)::+::<$($g,)* 4>($($a),*),
             }
             $t0 += n;
         }
@@ -377,23 +380,7 @@ unsafe fn group<const IS_Q4: bool, const F16: bool, const T: usize>(
     }
 }
 
-/// Groups `g0..g1` for `T` tokens.
-#[inline(always)]
-unsafe fn groups<const IS_Q4: bool, const F16: bool, const T: usize>(
-    p: &PackedView,
-    g0: usize,
-    g1: usize,
-    x: &ActTile,
-    y: *mut f32,
-    ld: usize,
-) {
-    for g in g0..g1 {
-        // SAFETY: forwarded caller contract.
-        unsafe { group::<IS_Q4, F16, T>(p, g, x, y, ld) }
-    }
-}
-
-/// Token-count and scale-type dispatch.
+/// Token-count and scale-type dispatch, then groups `g0..g1`.
 #[inline(always)]
 unsafe fn any<const IS_Q4: bool>(
     p: &PackedView,
@@ -410,9 +397,13 @@ unsafe fn any<const IS_Q4: bool>(
     // SAFETY: forwarded caller contract.
     unsafe {
         if p.f16 {
-            with_tokens!(nt, groups::<IS_Q4, true>(p, g0, g1, x, y, ld))
+            with_tokens!(nt, const T => for g in g0..g1 {
+                group::<IS_Q4, true, T>(p, g, x, y, ld)
+            })
         } else {
-            with_tokens!(nt, groups::<IS_Q4, false>(p, g0, g1, x, y, ld))
+            with_tokens!(nt, const T => for g in g0..g1 {
+                group::<IS_Q4, false, T>(p, g, x, y, ld)
+            })
         }
     }
 }
@@ -516,7 +507,7 @@ mod avx2q4 {
 
     /// Tokens `t0..t0 + T` of group `g`, both halves.
     #[inline(always)]
-    unsafe fn group<const F16: bool, const T: usize>(
+    pub(super) unsafe fn group<const F16: bool, const T: usize>(
         p: &PackedView,
         g: usize,
         x: &ActTile,
@@ -540,23 +531,6 @@ mod avx2q4 {
             }
         }
     }
-
-    /// Groups `g0..g1`, all tokens of `x`, in passes of at most [`PASS`] tokens.
-    #[inline(always)]
-    pub unsafe fn run<const F16: bool>(
-        p: &PackedView,
-        g0: usize,
-        g1: usize,
-        x: &ActTile,
-        y: *mut f32,
-        ld: usize,
-    ) {
-        let nt = x.d.len() / p.nb;
-        for g in g0..g1 {
-            // SAFETY: forwarded caller contract; each pass's tokens exist.
-            unsafe { in_passes!(nt, t0, group::<F16>(p, g, x, t0, y, ld)) }
-        }
-    }
 }
 
 /// Packed Q4_0, AVX2 (see `kernels::PackedFn`).
@@ -568,12 +542,18 @@ pub unsafe fn q4_avx2(p: &PackedView, g0: usize, g1: usize, x: &ActTile, y: *mut
     count(Tier::Avx2, Op::Packed);
     debug_assert!(x.q.len() == x.d.len() * QK && x.s.len() == x.d.len());
     debug_assert!(x.iq.len() == x.q.len() && x.id.len() == x.d.len() && x.is.len() == x.d.len());
-    // SAFETY: forwarded caller contract; features enabled on this function.
+    let nt = x.d.len() / p.nb;
+    // SAFETY: forwarded caller contract; features enabled on this function; each pass's
+    // tokens exist. Groups `g0..g1`, all tokens of `x`, in passes of at most [`PASS`].
     unsafe {
         if p.f16 {
-            avx2q4::run::<true>(p, g0, g1, x, y, ld)
+            for g in g0..g1 {
+                in_passes!(nt, t0, avx2q4::group::<true>(p, g, x, t0, y, ld))
+            }
         } else {
-            avx2q4::run::<false>(p, g0, g1, x, y, ld)
+            for g in g0..g1 {
+                in_passes!(nt, t0, avx2q4::group::<false>(p, g, x, t0, y, ld))
+            }
         }
     }
 }

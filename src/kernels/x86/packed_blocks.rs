@@ -365,27 +365,6 @@ unsafe fn group512<B: BlockTy, const T: usize>(
     }
 }
 
-#[inline(always)]
-unsafe fn groups512<B: BlockTy, const T: usize>(
-    p: &PackedView,
-    g0: usize,
-    g1: usize,
-    x: &ActTile,
-    y: *mut f32,
-    ld: usize,
-) {
-    let lay = GroupLayout::of(B::W, p.nb);
-    debug_assert!(p.q.len() >= g1 * lay.group);
-    let mut tabs = Tables {
-        sup: Supers::take(),
-        off: Offsets::of::<B>(x),
-    };
-    for g in g0..g1 {
-        // SAFETY: forwarded caller contract.
-        unsafe { group512::<B, T>(p, &lay, &mut tabs, g, x, y, ld) }
-    }
-}
-
 /// Packed block type `B`, AVX-512 VNNI (see `kernels::PackedFn`).
 ///
 /// # Safety
@@ -407,8 +386,18 @@ pub unsafe fn vnni<B: BlockTy>(
     debug_assert!(x.q.len() == nt * p.nb * QK && x.s.len() == nt * p.nb && x.h.len() == x.s.len());
     debug_assert!(x.iq.len() == x.q.len() && x.id.len() == x.d.len() && x.ixs.len() == x.d.len());
     debug_assert!(x.is.len() == x.d.len() && x.ih.len() == x.d.len());
+    let lay = GroupLayout::of(B::W, p.nb);
+    debug_assert!(p.q.len() >= g1 * lay.group);
+    let mut tabs = Tables {
+        sup: Supers::take(),
+        off: Offsets::of::<B>(x),
+    };
     // SAFETY: forwarded caller contract.
-    unsafe { with_tokens!(nt, groups512::<B>(p, g0, g1, x, y, ld)) }
+    unsafe {
+        with_tokens!(nt, const T => for g in g0..g1 {
+            group512::<B, T>(p, &lay, &mut tabs, g, x, y, ld)
+        })
+    }
 }
 
 /// The float factors of one block position for a half group (ymm).
