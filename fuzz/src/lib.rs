@@ -175,10 +175,9 @@ pub fn exercise_chat(data: &[u8]) {
     ) else {
         return;
     };
-    let Ok(t) = krafla::chat::ChatTemplate::from_source(
-        source,
-        &[("bos_token".into(), "<s>".into())],
-    ) else {
+    let Ok(t) =
+        krafla::chat::ChatTemplate::from_source(source, &[("bos_token".into(), "<s>".into())])
+    else {
         return;
     };
     let Ok(c) = krafla::chat::Conversation::from_json(conv) else {
@@ -205,7 +204,11 @@ pub fn exercise_gguf(data: &[u8]) {
         let cols = t.cols() as usize;
         if dequant::supported(t.ty) && cols <= 1 << 16 {
             let mut row = vec![0f32; cols];
-            assert!(dequant::dequantize_row(t.ty, &d[..t.row_bytes() as usize], &mut row));
+            assert!(dequant::dequantize_row(
+                t.ty,
+                &d[..t.row_bytes() as usize],
+                &mut row
+            ));
             std::hint::black_box(&row);
         }
     }
@@ -217,7 +220,9 @@ pub fn exercise_gguf(data: &[u8]) {
     // Strings that are not UTF-8 are written lossily; the rest reads back as it was.
     let lossless = v.kvs.iter().all(|k| match k.value {
         gguf::Value::Str(s) => std::str::from_utf8(s).is_ok(),
-        gguf::Value::Array(a) => a.iter().all(|x| !matches!(x, gguf::Value::Str(s) if std::str::from_utf8(s).is_err())),
+        gguf::Value::Array(a) => a
+            .iter()
+            .all(|x| !matches!(x, gguf::Value::Str(s) if std::str::from_utf8(s).is_err())),
         _ => true,
     });
     // Writes `v`'s metadata and tensors again; None if the writer refuses them.
@@ -230,7 +235,11 @@ pub fn exercise_gguf(data: &[u8]) {
         let specs: Vec<TensorSpec> = v
             .tensors
             .iter()
-            .map(|t| TensorSpec { name: t.name.to_string(), dims: t.shape().to_vec(), ty: t.ty })
+            .map(|t| TensorSpec {
+                name: t.name.to_string(),
+                dims: t.shape().to_vec(),
+                ty: t.ty,
+            })
             .collect();
         let mut w = gguf::GgufWriter::new(Vec::new(), &kvs, specs).ok()?;
         for t in &v.tensors {
@@ -241,7 +250,10 @@ pub fn exercise_gguf(data: &[u8]) {
     let Some(bytes) = write_back(&v) else { return };
     let back = gguf::parse(&bytes).expect("the writer's output parses");
     let keys = |v: &gguf::GgufView| -> Vec<(String, gguf::ValueType)> {
-        v.kvs.iter().map(|k| (k.key.to_string(), k.value.value_type())).collect()
+        v.kvs
+            .iter()
+            .map(|k| (k.key.to_string(), k.value.value_type()))
+            .collect()
     };
     assert_eq!(keys(&back), keys(&v), "metadata keys and types round-trip");
     for (a, b) in v.tensors.iter().zip(&back.tensors) {

@@ -4,11 +4,13 @@
 use std::path::Path;
 
 use krafla::format::mlb::header::{layer_flag, q8_class, wtype};
-use krafla::format::mlb::synth::{linear_dims, qwen35_hybrid, synth_file, synth_mixed, tiny_header};
+use krafla::format::mlb::synth::{
+    linear_dims, qwen35_hybrid, synth_file, synth_mixed, tiny_header,
+};
 use krafla::format::mlb::{validate, Header, Layout};
-use krafla::format::WType;
 use krafla::format::mli::Mli;
 use krafla::format::mlt::Mlt;
+use krafla::format::WType;
 
 fn write(target: &str, name: &str, bytes: &[u8]) {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -237,7 +239,11 @@ fn gguf_seeds() -> Vec<(&'static str, Vec<u8>)> {
     let u = |k: &str, v: u32| (k.to_string(), MetaValue::U32(v));
     let tokens: Vec<String> = (0..=255u8)
         .map(|b| {
-            let c = if (0x21..=0x7e).contains(&b) { b as char } else { char::from_u32(0x100 + b as u32).unwrap() };
+            let c = if (0x21..=0x7e).contains(&b) {
+                b as char
+            } else {
+                char::from_u32(0x100 + b as u32).unwrap()
+            };
             c.to_string()
         })
         .collect();
@@ -248,12 +254,21 @@ fn gguf_seeds() -> Vec<(&'static str, Vec<u8>)> {
         u("llama.embedding_length", 32),
         u("llama.feed_forward_length", 32),
         u("llama.attention.head_count", 2),
-        ("llama.attention.layer_norm_rms_epsilon".into(), MetaValue::F32(1e-5)),
+        (
+            "llama.attention.layer_norm_rms_epsilon".into(),
+            MetaValue::F32(1e-5),
+        ),
         s("tokenizer.ggml.model", "gpt2"),
         s("tokenizer.ggml.pre", "gpt-2"),
         ("tokenizer.ggml.tokens".into(), MetaValue::strings(tokens)),
-        ("tokenizer.ggml.merges".into(), MetaValue::strings(Vec::<String>::new())),
-        ("tokenizer.ggml.token_type".into(), MetaValue::Array(ValueType::I32, vec![MetaValue::I32(1); 256])),
+        (
+            "tokenizer.ggml.merges".into(),
+            MetaValue::strings(Vec::<String>::new()),
+        ),
+        (
+            "tokenizer.ggml.token_type".into(),
+            MetaValue::Array(ValueType::I32, vec![MetaValue::I32(1); 256]),
+        ),
         u("tokenizer.ggml.bos_token_id", 1),
     ];
     let norm = vec![0u8; 32 * 4];
@@ -261,21 +276,39 @@ fn gguf_seeds() -> Vec<(&'static str, Vec<u8>)> {
     let model = to_bytes(
         &kvs,
         &[
-            (TensorSpec::vector("output_norm.weight", 32, GgmlType::F32), &norm[..]),
-            (TensorSpec::matrix("blk.0.attn_q.weight", 32, 32, GgmlType::Q8_0), &mat[..]),
+            (
+                TensorSpec::vector("output_norm.weight", 32, GgmlType::F32),
+                &norm[..],
+            ),
+            (
+                TensorSpec::matrix("blk.0.attn_q.weight", 32, 32, GgmlType::Q8_0),
+                &mat[..],
+            ),
         ],
     )
     .unwrap();
     let types = [
-        GgmlType::F16, GgmlType::BF16, GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0,
-        GgmlType::Q5_1, GgmlType::Q8_0, GgmlType::Q2_K, GgmlType::Q3_K, GgmlType::Q4_K,
-        GgmlType::Q5_K, GgmlType::Q6_K,
+        GgmlType::F16,
+        GgmlType::BF16,
+        GgmlType::Q4_0,
+        GgmlType::Q4_1,
+        GgmlType::Q5_0,
+        GgmlType::Q5_1,
+        GgmlType::Q8_0,
+        GgmlType::Q2_K,
+        GgmlType::Q3_K,
+        GgmlType::Q4_K,
+        GgmlType::Q5_K,
+        GgmlType::Q6_K,
     ];
     let datas: Vec<(TensorSpec, Vec<u8>)> = types
         .iter()
         .map(|&t| {
             let spec = TensorSpec::vector(t.name(), t.block_size(), t);
-            (spec, (0..t.block_bytes()).map(|i| (i * 37 % 251) as u8).collect())
+            (
+                spec,
+                (0..t.block_bytes()).map(|i| (i * 37 % 251) as u8).collect(),
+            )
         })
         .collect();
     let refs: Vec<(TensorSpec, &[u8])> = datas.iter().map(|(s, d)| (s.clone(), &d[..])).collect();
