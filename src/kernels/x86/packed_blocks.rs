@@ -229,36 +229,22 @@ unsafe fn levels512<B: BlockTy>(wp: *const u8) -> ([__m512i; 4], [__m512i; 4]) {
 /// Block positions ahead that the streaming kernels prefetch.
 const PF_POS: usize = 16;
 
-/// Prefetches (into L2) the quant and scale records of the position `PF_POS` after
-/// `pos` in reading order, which may be in the next group. Position scales are at most
-/// 64 bytes (one line). A group's kernel reads all its super-block scales when it
-/// starts (`Supers::fill`): the next group's first `PF_POS` positions also prefetch
-/// their share of those lines, so that they are there in time.
+/// Prefetches (into L2) what the position `PF_POS` after the one at `wp` (quants) and
+/// `sp` (position scales) reads: the quant record `PF_POS` records ahead, and the scale
+/// line `PF_POS` records ahead. Two pointer offsets, no reading-order arithmetic: past
+/// a group's last quants comes the next group's super-block and position scales (see
+/// [`GroupLayout`]), which its first positions read, so the quant prefetch runs on into
+/// them at every group's end.
 #[inline(always)]
-unsafe fn prefetch_ahead(grp: *const u8, lay: &GroupLayout, nb: usize, pos: usize) {
-    let a = pos + PF_POS;
-    let (g, a, next) = if a < nb {
-        (grp, a, false)
-    } else {
-        (grp.wrapping_add(lay.group), a - nb, true)
-    };
-    let q = g.wrapping_add(lay.quants_at + a * lay.quant_bytes);
+unsafe fn prefetch_ahead(wp: *const u8, sp: *const u8, lay: &GroupLayout) {
+    let q = wp.wrapping_add(PF_POS * lay.quant_bytes);
     for line in (0..lay.quant_bytes).step_by(64) {
         // SAFETY: a prefetch never faults, even past the end of the buffer.
         unsafe { _mm_prefetch::<_MM_HINT_T1>(q.wrapping_add(line) as *const i8) };
     }
-    let s = g.wrapping_add(lay.scales_at + a * lay.pos_scale_bytes);
+    let s = sp.wrapping_add(PF_POS * lay.pos_scale_bytes);
     // SAFETY: as above.
     unsafe { _mm_prefetch::<_MM_HINT_T1>(s as *const i8) };
-    let lines = lay.scales_at / 64;
-    let per = lines.div_ceil(PF_POS);
-    if next && a * per < lines {
-        for line in (a * per..(a + 1) * per).take_while(|&l| l < lines) {
-            let s = g.wrapping_add(lay.supers_at + 64 * line);
-            // SAFETY: as above.
-            unsafe { _mm_prefetch::<_MM_HINT_T1>(s as *const i8) };
-        }
-    }
 }
 
 /// Lane `l`'s accumulators (blocks `l, l + 8, …` of one group) for `T` tokens.
@@ -283,7 +269,7 @@ unsafe fn lane512<B: BlockTy, const T: usize>(
             let wp = grp.add(lay.quants_at + pos * lay.quant_bytes);
             let sp = grp.add(lay.scales_at + pos * lay.pos_scale_bytes);
             if x.stream {
-                prefetch_ahead(grp, lay, nb, pos);
+                prefetch_ahead(wp, sp, lay);
             }
             let (lo, hi) = levels512::<B>(wp);
             let sc = scales512::<B>(sp, sup, b);
@@ -502,7 +488,7 @@ unsafe fn lane256<B: BlockTy, const T: usize>(
             let wp = grp.add(lay.quants_at + pos * lay.quant_bytes);
             let sp = grp.add(lay.scales_at + pos * lay.pos_scale_bytes);
             if x.stream && h == 0 {
-                prefetch_ahead(grp, lay, nb, pos);
+                prefetch_ahead(wp, sp, lay);
             }
             let (lo, hi, slo, shi) = levels256::<B>(wp, h);
             let sc = scales256::<B>(sp, sup, b, h);
