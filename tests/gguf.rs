@@ -474,15 +474,7 @@ fn gguf_refusals_name_the_key_or_tensor() {
             .iter()
             .map(|k| (k.key.to_string(), MetaValue::from_value(&k.value)))
             .collect();
-        let mut specs: Vec<TensorSpec> = v
-            .tensors
-            .iter()
-            .map(|t| TensorSpec {
-                name: t.name.into(),
-                dims: t.shape().to_vec(),
-                ty: t.ty,
-            })
-            .collect();
+        let mut specs: Vec<TensorSpec> = v.tensors.iter().map(TensorSpec::of).collect();
         let mut datas: Vec<Vec<u8>> = v.tensors.iter().map(|t| v.data(t).to_vec()).collect();
         specs.push(TensorSpec::vector(
             "blk.0.attn_output.bias",

@@ -232,15 +232,7 @@ pub fn exercise_gguf(data: &[u8]) {
             .iter()
             .map(|k| (k.key.to_string(), MetaValue::from_value(&k.value)))
             .collect();
-        let specs: Vec<TensorSpec> = v
-            .tensors
-            .iter()
-            .map(|t| TensorSpec {
-                name: t.name.to_string(),
-                dims: t.shape().to_vec(),
-                ty: t.ty,
-            })
-            .collect();
+        let specs: Vec<TensorSpec> = v.tensors.iter().map(TensorSpec::of).collect();
         let mut w = gguf::GgufWriter::new(Vec::new(), &kvs, specs).ok()?;
         for t in &v.tensors {
             w.write_data(v.data(t)).expect("sizes as parsed");

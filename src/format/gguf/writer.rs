@@ -136,6 +136,15 @@ pub struct TensorSpec {
 }
 
 impl TensorSpec {
+    /// The spec of a parsed file's tensor, to write it again.
+    pub fn of(t: &super::view::TensorInfo) -> TensorSpec {
+        TensorSpec {
+            name: t.name.to_string(),
+            dims: t.shape().to_vec(),
+            ty: t.ty,
+        }
+    }
+
     /// A `rows × cols` matrix (stored as dims `[cols, rows]`).
     pub fn matrix(name: impl Into<String>, rows: u64, cols: u64, ty: GgmlType) -> TensorSpec {
         TensorSpec {
