@@ -28,15 +28,15 @@ use crate::quant::QK;
 /// prefill's tiles reuse cached weights and skip it.
 const PF_DIST: usize = 4096;
 
-/// Prefetches the `bytes` (whole lines) that follow `p + PF_DIST`, into L2 (`T1`): 64
+/// Prefetches the `bytes` (whole lines) that follow `p + ahead`, into L2 (`T1`): 64
 /// lines in flight per thread are more than L1's miss buffers hold; into L1 (`T0`)
 /// decode ran 1.05-1.25x slower (llama1b, SmolLM2, Gemma 3 at Q8_0, Q4_0, Q4_K, Q6_K;
 /// alternating runs on a host at about 3 GHz; docs/kernels.md).
 #[inline(always)]
-pub(super) unsafe fn prefetch(p: *const u8, bytes: usize) {
+pub(super) unsafe fn prefetch(p: *const u8, ahead: usize, bytes: usize) {
     for line in (0..bytes).step_by(64) {
         // SAFETY: a prefetch never faults, even past the end of the buffer.
-        unsafe { _mm_prefetch::<_MM_HINT_T1>(p.wrapping_add(PF_DIST + line) as *const i8) };
+        unsafe { _mm_prefetch::<_MM_HINT_T1>(p.wrapping_add(ahead + line) as *const i8) };
     }
 }
 
@@ -315,7 +315,7 @@ unsafe fn lane<const IS_Q4: bool, const F16: bool, const T: usize>(
         while b < nb {
             let wp = qg.add(pos * bb);
             if x.stream {
-                prefetch(wp, bb);
+                prefetch(wp, PF_DIST, bb);
             }
             let dw = if F16 {
                 f16x16(sg.add(pos * 32))
@@ -471,7 +471,7 @@ mod avx2q4 {
                 let wp = qg.add(pos * bb + 32 * h);
                 if x.stream && h == 0 {
                     // The first half's pass reads every line of the block.
-                    prefetch(wp, bb);
+                    prefetch(wp, PF_DIST, bb);
                 }
                 let dw = if F16 {
                     f16x8(sg.add(pos * 32 + 16 * h))

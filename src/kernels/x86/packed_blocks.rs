@@ -22,8 +22,8 @@ use core::arch::x86_64::*;
 use std::cell::Cell;
 
 use super::packed::{
-    add256, add512, dpbusd_block, in_passes, lane_tree, store16, store8, unpack256, unpack512,
-    with_tokens,
+    add256, add512, dpbusd_block, in_passes, lane_tree, prefetch, store16, store8, unpack256,
+    unpack512, with_tokens,
 };
 use super::{f16x16, f16x8};
 use crate::kernels::counters::{count, Op};
@@ -237,14 +237,11 @@ const PF_POS: usize = 16;
 /// them at every group's end.
 #[inline(always)]
 unsafe fn prefetch_ahead(wp: *const u8, sp: *const u8, lay: &GroupLayout) {
-    let q = wp.wrapping_add(PF_POS * lay.quant_bytes);
-    for line in (0..lay.quant_bytes).step_by(64) {
-        // SAFETY: a prefetch never faults, even past the end of the buffer.
-        unsafe { _mm_prefetch::<_MM_HINT_T1>(q.wrapping_add(line) as *const i8) };
+    // SAFETY: prefetches never fault.
+    unsafe {
+        prefetch(wp, PF_POS * lay.quant_bytes, lay.quant_bytes);
+        prefetch(sp, PF_POS * lay.pos_scale_bytes, 1);
     }
-    let s = sp.wrapping_add(PF_POS * lay.pos_scale_bytes);
-    // SAFETY: as above.
-    unsafe { _mm_prefetch::<_MM_HINT_T1>(s as *const i8) };
 }
 
 /// Lane `l`'s accumulators (blocks `l, l + 8, …` of one group) for `T` tokens.
