@@ -217,6 +217,9 @@ pub struct GroupLayout {
     pub quants_at: usize,
     /// Bytes per group.
     pub group: usize,
+    /// Group bytes per block position, rounded up: the rate at which a kernel that
+    /// reads the group front to back moves through memory.
+    pub stride: usize,
 }
 
 impl GroupLayout {
@@ -237,6 +240,7 @@ impl GroupLayout {
             scales_at,
             quants_at,
             group: quants_at + qb * nb,
+            stride: (quants_at + qb * nb).div_ceil(if nb == 0 { 1 } else { nb }),
         }
     }
 
@@ -508,6 +512,20 @@ mod tests {
                 assert_eq!(lay.quants_at, lay.scales_at + scales.next_multiple_of(64));
                 assert_eq!(lay.group, lay.quants_at + nb * lay.quant_bytes);
                 assert_eq!(lay.group % 64, 0, "{t} nb {nb}");
+            }
+        }
+    }
+
+    #[test]
+    fn the_stride_keeps_up_with_a_group() {
+        // The x86 kernels' prefetch cursor moves `stride` bytes per position: over a
+        // group's positions it must cover the group, by less than a position's more.
+        for t in WType::ALL.into_iter().filter(|&t| has_layout(t)) {
+            let step = t.block_weights() / QK;
+            for nb in (step..=600).step_by(step) {
+                let lay = GroupLayout::of(t, nb);
+                assert!(lay.stride * nb >= lay.group, "{t} nb {nb}");
+                assert!(lay.stride * nb < lay.group + nb, "{t} nb {nb}");
             }
         }
     }
