@@ -28,15 +28,16 @@ use crate::quant::QK;
 /// prefill's tiles reuse cached weights and skip it.
 const PF_DIST: usize = 4096;
 
-/// Prefetches the `bytes` (whole lines) that follow `p + ahead`, into L2 (`T1`): 64
-/// lines in flight per thread are more than L1's miss buffers hold; into L1 (`T0`)
-/// decode ran 1.05-1.25x slower (llama1b, SmolLM2, Gemma 3 at Q8_0, Q4_0, Q4_K, Q6_K;
-/// alternating runs on a host at about 3 GHz; docs/kernels.md).
+/// Prefetches the `bytes` (whole lines) that follow `p + ahead`, non-temporal (`NTA`):
+/// streamed weights are read once per token. Against L2 (`T1`), llama1b decode ran 1.02
+/// (Q4_0), 1.04 (Q8_0), 1.11 (Q4_K; 1.10 on the AVX2 tier) and SmolLM2 Q8_0 1.05
+/// (alternating runs, AMD Zen 5; docs/kernels.md). Into L1 (`T0`) decode ran 1.05-1.25x
+/// slower than `T1`: 64 lines in flight per thread are more than L1's miss buffers hold.
 #[inline(always)]
 pub(super) unsafe fn prefetch(p: *const u8, ahead: usize, bytes: usize) {
     for line in (0..bytes).step_by(64) {
         // SAFETY: a prefetch never faults, even past the end of the buffer.
-        unsafe { _mm_prefetch::<_MM_HINT_T1>(p.wrapping_add(ahead + line) as *const i8) };
+        unsafe { _mm_prefetch::<_MM_HINT_NTA>(p.wrapping_add(ahead + line) as *const i8) };
     }
 }
 
