@@ -232,6 +232,7 @@ impl GroupLayout {
         let nsb = nb / (QK_K / QK);
         let scales_at = (sb * nsb).next_multiple_of(64);
         let quants_at = scales_at + (ps * nb).next_multiple_of(64);
+        let group = quants_at + qb * nb;
         GroupLayout {
             quant_bytes: qb,
             pos_scale_bytes: ps,
@@ -239,8 +240,8 @@ impl GroupLayout {
             supers_at: 0,
             scales_at,
             quants_at,
-            group: quants_at + qb * nb,
-            stride: (quants_at + qb * nb).div_ceil(if nb == 0 { 1 } else { nb }),
+            group,
+            stride: group.div_ceil(if nb == 0 { 1 } else { nb }),
         }
     }
 

@@ -229,7 +229,7 @@ unsafe fn levels512<B: BlockTy>(wp: *const u8) -> ([__m512i; 4], [__m512i; 4]) {
 /// Block positions ahead that the streaming kernels prefetch.
 const PF_POS: usize = 16;
 
-/// Prefetches (into L2) the group bytes that position `pos` of the group at `grp` is
+/// Prefetches ([`prefetch`]) the group bytes that position `pos` of the group at `grp` is
 /// ahead of: a cursor that moves through memory at the rate the kernel reads it, one
 /// group's bytes over its positions ([`GroupLayout::stride`] per position), starting
 /// `PF_POS` quant records past the quants' start, so it runs on into the next group's
