@@ -682,6 +682,33 @@ mod cli {
         assert!(err.contains("tok/s") && err.contains("KV cache"), "{err}");
         assert!(err.contains("kernel tier"), "{err}");
         assert!(!stdout.trim().is_empty());
+        // The prefetch hints are named, and `KRAFLA_PREFETCH` sets them all without
+        // changing what is generated.
+        #[cfg(target_arch = "x86_64")]
+        {
+            assert!(
+                err.contains("weight prefetch (KRAFLA_PREFETCH): q4_0/q8_0 "),
+                "{err}"
+            );
+            for h in ["nta", "t0", "t1", "t2"] {
+                let o = Command::new(env!("CARGO_BIN_EXE_mlb-run"))
+                    .args([
+                        path.to_str().unwrap(),
+                        "--tokens",
+                        "1 5 9",
+                        "-n",
+                        "4",
+                        "--verbose",
+                    ])
+                    .env("KRAFLA_PREFETCH", h)
+                    .output()
+                    .unwrap();
+                let e = String::from_utf8_lossy(&o.stderr);
+                let want = format!("q4_0/q8_0 {h}, block types {h}, bf16/f16 {h}");
+                assert!(o.status.success() && e.contains(&want), "{h}: {e}");
+                assert_eq!(String::from_utf8_lossy(&o.stdout), stdout, "{h}");
+            }
+        }
     }
 
     #[test]

@@ -817,6 +817,19 @@ fn x86_blocks(w: WType, vnni: bool) -> Option<MatKernels> {
     })
 }
 
+/// The software prefetch hint of each kind of weight stream, as `--verbose` shows it
+/// (`x86::prefetch`: chosen per CPU, `KRAFLA_PREFETCH` overrides); `None` off x86.
+pub fn prefetch_hints() -> Option<String> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use x86::prefetch::{hint, Stream};
+        let each = Stream::ALL.map(|s| format!("{} {}", s.name(), hint(s).name()));
+        Some(each.join(", "))
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    None
+}
+
 /// Tiers this CPU can run, lowest first (always starts with `Scalar`).
 pub fn supported_tiers() -> Vec<Tier> {
     Tier::ALL.iter().copied().filter(|&t| cpu_has(t)).collect()

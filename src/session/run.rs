@@ -459,6 +459,9 @@ pub(super) fn note_verbose(
             b => mib(b as f64),
         }
     ));
+    if let Some(h) = kernels::prefetch_hints() {
+        fe.info(&format!("weight prefetch (KRAFLA_PREFETCH): {h}"));
+    }
     fe.info(&format!(
         "threads: {}; model: dim {} layers {} heads {}/{} head_dim {} hidden {} vocab {}; ctx {ctx} batch {} kv {}; loaded in {load_secs:.2} s",
         pool::threads(),

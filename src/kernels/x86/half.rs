@@ -99,15 +99,15 @@ impl Widen for F16 {
 /// kernels' single stream does) would mostly land on lines already being read: with
 /// 2048-column rows it was one row ahead, the very line loaded in the same step.
 #[inline(always)]
-pub(super) unsafe fn prefetch_rows<const R: usize>(w: *const u8, rb: usize, at: usize) {
+pub(super) fn prefetch_rows<const R: usize>(w: *const u8, rb: usize, at: usize) {
     let ahead = at + PF_DIST / R;
     let (down, off) = (ahead / rb * R, ahead % rb);
     for r in 0..R {
         let p = w.wrapping_add((r + down) * rb + off);
-        // SAFETY: a prefetch never faults, even past the end of the buffer. Non-temporal,
-        // as the packed kernels' (`packed::prefetch`): llama1b BF16 decode 1.10x of
-        // `T1` (into L2), which was 1.13-1.45x of `T0`.
-        unsafe { _mm_prefetch::<_MM_HINT_NTA>(p as *const i8) };
+        // The hint is the CPU's for row streams (`x86::prefetch`): NTA on Zen 5 (llama1b
+        // BF16 decode 1.10x of T1, which was 1.13-1.45x of T0), T1 on Zen 4 (1.41-1.51x
+        // of NTA on SmolLM2 and Gemma 3).
+        super::prefetch::line::<{ super::prefetch::ROWS }>(p);
     }
 }
 

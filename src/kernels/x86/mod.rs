@@ -11,6 +11,7 @@ pub mod half;
 pub mod math;
 pub mod packed;
 pub mod packed_blocks;
+pub mod prefetch;
 
 use crate::kernels::counters::{count, Op};
 use crate::kernels::Tier;

@@ -13,6 +13,7 @@
 
 use core::arch::x86_64::*;
 
+use super::prefetch::PACKED;
 use super::{f16x16, f16x8};
 use crate::kernels::counters::{count, Op};
 use crate::kernels::packed::{block_bytes, lane_start, PackedView, GROUP};
@@ -28,16 +29,14 @@ use crate::quant::QK;
 /// prefill's tiles reuse cached weights and skip it.
 const PF_DIST: usize = 4096;
 
-/// Prefetches the `bytes` (whole lines) that follow `p + ahead`, non-temporal (`NTA`):
-/// streamed weights are read once per token. Against L2 (`T1`), llama1b decode ran 1.02
-/// (Q4_0), 1.04 (Q8_0), 1.11 (Q4_K; 1.10 on the AVX2 tier) and SmolLM2 Q8_0 1.05
-/// (alternating runs, AMD Zen 5; docs/kernels.md). Into L1 (`T0`) decode ran 1.05-1.25x
-/// slower than `T1`: 64 lines in flight per thread are more than L1's miss buffers hold.
+/// Prefetches the `bytes` (whole lines) that follow `p + ahead`, with stream `S`'s hint
+/// (`x86::prefetch`: chosen per CPU; NTA on AMD for Q4_0 / Q8_0, as streamed weights are
+/// read once per token). Into L1 (`T0`) decode ran 1.05-1.25x slower than into L2
+/// (`T1`): 64 lines in flight per thread are more than L1's miss buffers hold.
 #[inline(always)]
-pub(super) unsafe fn prefetch(p: *const u8, ahead: usize, bytes: usize) {
+pub(super) fn prefetch<const S: u8>(p: *const u8, ahead: usize, bytes: usize) {
     for line in (0..bytes).step_by(64) {
-        // SAFETY: a prefetch never faults, even past the end of the buffer.
-        unsafe { _mm_prefetch::<_MM_HINT_NTA>(p.wrapping_add(ahead + line) as *const i8) };
+        super::prefetch::line::<S>(p.wrapping_add(ahead + line));
     }
 }
 
@@ -316,7 +315,7 @@ unsafe fn lane<const IS_Q4: bool, const F16: bool, const T: usize>(
         while b < nb {
             let wp = qg.add(pos * bb);
             if x.stream {
-                prefetch(wp, PF_DIST, bb);
+                prefetch::<PACKED>(wp, PF_DIST, bb);
             }
             let dw = if F16 {
                 f16x16(sg.add(pos * 32))
@@ -472,7 +471,7 @@ mod avx2q4 {
                 let wp = qg.add(pos * bb + 32 * h);
                 if x.stream && h == 0 {
                     // The first half's pass reads every line of the block.
-                    prefetch(wp, PF_DIST, bb);
+                    prefetch::<PACKED>(wp, PF_DIST, bb);
                 }
                 let dw = if F16 {
                     f16x8(sg.add(pos * 32 + 16 * h))

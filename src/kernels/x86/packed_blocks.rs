@@ -25,6 +25,7 @@ use super::packed::{
     add256, add512, dpbusd_block, in_passes, lane_tree, prefetch, store16, store8, unpack256,
     unpack512, with_tokens,
 };
+use super::prefetch::BLOCKS;
 use super::{f16x16, f16x8};
 use crate::kernels::counters::{count, Op};
 use crate::kernels::packed::{lane_start, PackedView, GROUP};
@@ -243,11 +244,10 @@ const PF_POS: usize = 16;
 /// fixed 5 lines per position (a line asked for twice every few positions) took 1.08
 /// of this one's, and 8 or 32 positions ahead 1.01.
 #[inline(always)]
-unsafe fn prefetch_ahead(grp: *const u8, lay: &GroupLayout, pos: usize) {
+fn prefetch_ahead(grp: *const u8, lay: &GroupLayout, pos: usize) {
     let at = lay.quants_at + PF_POS * lay.quant_bytes + pos * lay.stride;
     let first = at.next_multiple_of(64);
-    // SAFETY: prefetches never fault.
-    unsafe { prefetch(grp, first, (at + lay.stride).saturating_sub(first)) }
+    prefetch::<BLOCKS>(grp, first, (at + lay.stride).saturating_sub(first))
 }
 
 /// Lane `l`'s accumulators (blocks `l, l + 8, …` of one group) for `T` tokens.
