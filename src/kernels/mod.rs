@@ -866,7 +866,10 @@ impl Kernels {
         Some(match t {
             Tier::Scalar => s,
             #[cfg(target_arch = "x86_64")]
-            Tier::Avx2 | Tier::Avx512 | Tier::Avx512Vnni | Tier::Avx512Bf16 => x86_kernels(t, s),
+            Tier::Avx2 | Tier::Avx512 | Tier::Avx512Vnni | Tier::Avx512Bf16 => {
+                x86::prefetch::choose_all();
+                x86_kernels(t, s)
+            }
             #[cfg(target_arch = "aarch64")]
             Tier::Neon => Kernels {
                 mats: per_type(|w| match w {
