@@ -817,14 +817,19 @@ fn x86_blocks(w: WType, vnni: bool) -> Option<MatKernels> {
     })
 }
 
-/// The software prefetch hint of each kind of weight stream, as `--verbose` shows it
-/// (`x86::prefetch`: chosen per CPU, `KRAFLA_PREFETCH` overrides); `None` off x86.
+/// The software prefetch hint of each kind of weight stream and the rows BF16/F16 decode
+/// reads side by side (AVX-512), as `--verbose` shows them (`x86::prefetch`: chosen per
+/// CPU, `KRAFLA_PREFETCH` overrides the hints); `None` off x86.
 pub fn prefetch_hints() -> Option<String> {
     #[cfg(target_arch = "x86_64")]
     {
-        use x86::prefetch::{hint, Stream};
+        use x86::prefetch::{few_rows, hint, Stream};
         let each = Stream::ALL.map(|s| format!("{} {}", s.name(), hint(s).name()));
-        Some(each.join(", "))
+        let rows = if few_rows() { 2 } else { 8 };
+        Some(format!(
+            "{}; bf16/f16 decode {rows} rows side by side",
+            each.join(", ")
+        ))
     }
     #[cfg(not(target_arch = "x86_64"))]
     None

@@ -204,7 +204,12 @@ pub unsafe fn bf16_dot_avx512bf16(
             };
         }
         if nt == 1 {
-            dot_rows!(pf!(8, 1), dot_tile, 8, 1, true, wp, rows, cols, xp, y, ld);
+            // Fewer rows side by side where the CPU streams them better (`few_rows`).
+            if super::prefetch::few_rows() {
+                dot_rows!(pf!(2, 1), dot_tile, 2, 1, true, wp, rows, cols, xp, y, ld);
+            } else {
+                dot_rows!(pf!(8, 1), dot_tile, 8, 1, true, wp, rows, cols, xp, y, ld);
+            }
             return;
         }
         if nt <= 6 {

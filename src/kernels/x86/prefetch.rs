@@ -14,6 +14,9 @@
 //!   types Q4_K 1.07-1.09, Q5_K 1.06, Q6_K 1.04; but Q4_0 0.95, Q8_0 0.96 (SmolLM2 0.96,
 //!   Gemma 3 0.93). T0 took 0.83 of T1's speed on Q4_K.
 //!
+//! The same choice sets how many rows AVX-512 BF16/F16 decode reads side by side, each
+//! its own stream ([`few_rows`]).
+//!
 //! Intel cores were tuned with T1 before NTA was tried, and fill L1 on NTA as Zen 4 does:
 //! T1 there until measured.
 
@@ -130,6 +133,45 @@ pub fn hint(s: Stream) -> Hint {
     }
 }
 
+/// Whether BF16/F16 decode reads 2 rows side by side instead of 8 (AVX-512; AVX2 2
+/// instead of 4): 0 until chosen, then 1 (few) or 2 (many).
+static FEW_ROWS: AtomicU8 = AtomicU8::new(0);
+
+/// Few rows (2) for a CPU's BF16/F16 decode micro-tile: on AMD before family 1Ah. Each
+/// row of a micro-tile is its own stream; on Zen 4, llama1b BF16 decode ran 1.19x faster
+/// with 2 rows than with 4, which ran 1.06x faster than 8 (SmolLM2 1.06x), and 1 row
+/// (one FMA chain) 0.81-0.95x of 2. Zen 5 and Intel keep 8 until measured.
+fn choose_few_rows(amd: bool, family: u32) -> bool {
+    amd && family < 0x1a
+}
+
+/// Whether BF16/F16 decode micro-tiles take 2 rows ([`choose_few_rows`]), chosen on
+/// first use; the bits do not depend on it (every output is its own chain).
+pub fn few_rows() -> bool {
+    match FEW_ROWS.load(Relaxed) {
+        0 => {
+            let (amd, family) = cpu();
+            let few = choose_few_rows(amd, family);
+            FEW_ROWS.store(if few { 1 } else { 2 }, Relaxed);
+            few
+        }
+        v => v == 1,
+    }
+}
+
+/// This CPU's [`choose_few_rows`] (tests: to restore it after [`set_few_rows`]).
+#[cfg(test)]
+pub(super) fn choose_here() -> bool {
+    let (amd, family) = cpu();
+    choose_few_rows(amd, family)
+}
+
+/// Sets [`few_rows`] (tests: both micro-tiles must give the same bits).
+#[cfg(test)]
+pub(super) fn set_few_rows(few: bool) {
+    FEW_ROWS.store(if few { 1 } else { 2 }, Relaxed);
+}
+
 /// Chooses every stream's hint (once per process; later calls only read them). The
 /// kernel table calls it when it is built, so that [`line`] never has to: a call inside
 /// a kernel, even one never taken, makes LLVM save live zmm registers to the stack
@@ -139,6 +181,7 @@ pub fn choose_all() {
     for s in Stream::ALL {
         hint(s);
     }
+    few_rows();
 }
 
 /// Prefetches the line at `p` with stream `S`'s hint ([`choose_all`] has run; before it,
@@ -174,6 +217,14 @@ mod tests {
         assert_eq!(choose(Stream::Blocks, true, 0x19, None), Hint::T1);
         assert_eq!(choose(Stream::Rows, true, 0x19, None), Hint::T1);
         assert_eq!(choose(Stream::Rows, true, 0x17, None), Hint::T1);
+    }
+
+    #[test]
+    fn zen4_and_earlier_amd_decode_few_rows() {
+        assert!(choose_few_rows(true, 0x19));
+        assert!(choose_few_rows(true, 0x17));
+        assert!(!choose_few_rows(true, 0x1a));
+        assert!(!choose_few_rows(false, 6));
     }
 
     #[test]
