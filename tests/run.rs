@@ -621,8 +621,13 @@ mod cli {
     use std::process::Command;
 
     fn run(args: &[&str]) -> (bool, String, String) {
+        run_env(args, &[])
+    }
+
+    fn run_env(args: &[&str], vars: &[(&str, &str)]) -> (bool, String, String) {
         let o = Command::new(env!("CARGO_BIN_EXE_mlb-run"))
             .args(args)
+            .envs(vars.iter().copied())
             .output()
             .unwrap();
         (
@@ -670,14 +675,15 @@ mod cli {
         let want = all_logits(&model, &Options::default(), &[1, 5, 9, 33, 2, 7]);
         assert!(got == want);
         // Generation with ids printed (no tokenizer beside the model).
-        let (ok, stdout, err) = run(&[
+        let args = [
             path.to_str().unwrap(),
             "--tokens",
             "1 5 9",
             "-n",
             "4",
             "--verbose",
-        ]);
+        ];
+        let (ok, stdout, err) = run(&args);
         assert!(ok, "{err}");
         assert!(err.contains("tok/s") && err.contains("KV cache"), "{err}");
         assert!(err.contains("kernel tier"), "{err}");
@@ -691,22 +697,10 @@ mod cli {
                 "{err}"
             );
             for h in ["nta", "t0", "t1", "t2"] {
-                let o = Command::new(env!("CARGO_BIN_EXE_mlb-run"))
-                    .args([
-                        path.to_str().unwrap(),
-                        "--tokens",
-                        "1 5 9",
-                        "-n",
-                        "4",
-                        "--verbose",
-                    ])
-                    .env("KRAFLA_PREFETCH", h)
-                    .output()
-                    .unwrap();
-                let e = String::from_utf8_lossy(&o.stderr);
+                let (ok, out, e) = run_env(&args, &[("KRAFLA_PREFETCH", h)]);
                 let want = format!("q4_0/q8_0 {h}, block types {h}, bf16/f16 {h}");
-                assert!(o.status.success() && e.contains(&want), "{h}: {e}");
-                assert_eq!(String::from_utf8_lossy(&o.stdout), stdout, "{h}");
+                assert!(ok && e.contains(&want), "{h}: {e}");
+                assert_eq!(out, stdout, "{h}");
             }
         }
     }
