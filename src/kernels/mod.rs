@@ -818,18 +818,18 @@ fn x86_blocks(w: WType, vnni: bool) -> Option<MatKernels> {
 }
 
 /// The software prefetch hint of each kind of weight stream and the rows BF16/F16 decode
-/// reads side by side (AVX-512), as `--verbose` shows them (`x86::prefetch`: chosen per
+/// reads side by side on the tier in use, as `--verbose` shows them (`x86::prefetch`: chosen per
 /// CPU, `KRAFLA_PREFETCH` overrides the hints); `None` off x86.
 pub fn prefetch_hints() -> Option<String> {
     #[cfg(target_arch = "x86_64")]
     {
-        use x86::prefetch::{few_rows, hint, Stream};
+        use x86::prefetch::{hint, Stream};
         let each = Stream::ALL.map(|s| format!("{} {}", s.name(), hint(s).name()));
-        let rows = if few_rows() { 2 } else { 8 };
-        Some(format!(
-            "{}; bf16/f16 decode {rows} rows side by side",
-            each.join(", ")
-        ))
+        let hints = each.join(", ");
+        Some(match x86::half::decode_rows(tier()) {
+            Some(rows) => format!("{hints}; bf16/f16 decode {rows} rows side by side"),
+            None => hints,
+        })
     }
     #[cfg(not(target_arch = "x86_64"))]
     None

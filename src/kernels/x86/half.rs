@@ -425,6 +425,18 @@ macro_rules! driver {
 driver!(drive512, tile512, "avx512f", 4, 8, 2, 6);
 driver!(drive256, tile256, "avx2,fma,f16c", 2, 4, 4, 3);
 
+/// Rows BF16/F16 decode reads side by side on tier `t` (the `driver!` lines above and
+/// `bf16dot`'s decode); `None` for tiers without these kernels.
+pub fn decode_rows(t: Tier) -> Option<usize> {
+    match t {
+        Tier::Avx2 if has_avx2_half() => Some(4),
+        Tier::Avx512 | Tier::Avx512Vnni | Tier::Avx512Bf16 => {
+            Some(if super::prefetch::few_rows() { 2 } else { 8 })
+        }
+        _ => None,
+    }
+}
+
 /// A tier's entry for one weight type (see `kernels::half::HalfFn`): the call count,
 /// then the tier's driver for the type.
 macro_rules! half_entry {
@@ -552,6 +564,7 @@ mod tests {
             kinds.push((f16_avx512, scalar_half::tile_f16));
         }
         let bf16 = super::super::has_avx512bf16();
+        let chosen = super::super::prefetch::few_rows();
         for few in [true, false] {
             super::super::prefetch::set_few_rows(few);
             for &(f, reference) in &kinds {
@@ -565,6 +578,6 @@ mod tests {
                 );
             }
         }
-        super::super::prefetch::set_few_rows(super::super::prefetch::choose_here());
+        super::super::prefetch::set_few_rows(chosen);
     }
 }

@@ -21,7 +21,8 @@
 //! T1 there until measured.
 
 use core::arch::x86_64::*;
-use std::sync::atomic::{AtomicU8, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering::Relaxed};
+use std::sync::Once;
 
 /// A prefetch hint (`KRAFLA_PREFETCH`'s names).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -44,6 +45,14 @@ impl Hint {
             Hint::T1 => "t1",
             Hint::T2 => "t2",
         }
+    }
+
+    /// The hint stored as `code` (`Hint as u8`); anything else (0: not chosen) is T1.
+    fn from_code(code: u8) -> Hint {
+        Hint::ALL
+            .into_iter()
+            .find(|&h| h as u8 == code)
+            .unwrap_or(Hint::T1)
     }
 
     fn from_name(s: &str) -> Option<Hint> {
@@ -108,34 +117,11 @@ pub(super) const PACKED: u8 = Stream::Packed as u8;
 pub(super) const BLOCKS: u8 = Stream::Blocks as u8;
 pub(super) const ROWS: u8 = Stream::Rows as u8;
 
-/// Each stream's hint, 0 until first asked for.
+/// Each stream's hint (`Hint as u8`), 0 until [`choose_all`] has run.
 static HINTS: [AtomicU8; 3] = [const { AtomicU8::new(0) }; 3];
 
-/// Stream `s`'s hint in this process: chosen on first use from the CPU and
-/// `KRAFLA_PREFETCH`.
-pub fn hint(s: Stream) -> Hint {
-    match HINTS[s as usize].load(Relaxed) {
-        0 => {
-            let (amd, family) = cpu();
-            let h = choose(
-                s,
-                amd,
-                family,
-                std::env::var("KRAFLA_PREFETCH").ok().as_deref(),
-            );
-            HINTS[s as usize].store(h as u8, Relaxed);
-            h
-        }
-        1 => Hint::Nta,
-        2 => Hint::T0,
-        4 => Hint::T2,
-        _ => Hint::T1,
-    }
-}
-
-/// Whether BF16/F16 decode reads 2 rows side by side instead of 8 (AVX-512; AVX2 2
-/// instead of 4): 0 until chosen, then 1 (few) or 2 (many).
-static FEW_ROWS: AtomicU8 = AtomicU8::new(0);
+/// Whether BF16/F16 decode reads few rows side by side ([`few_rows`]).
+static FEW_ROWS: AtomicBool = AtomicBool::new(false);
 
 /// Few rows (2) for a CPU's BF16/F16 decode micro-tile: on AMD before family 1Ah. Each
 /// row of a micro-tile is its own stream; on Zen 4, llama1b BF16 decode ran 1.19x faster
@@ -145,43 +131,43 @@ fn choose_few_rows(amd: bool, family: u32) -> bool {
     amd && family < 0x1a
 }
 
-/// Whether BF16/F16 decode micro-tiles take 2 rows ([`choose_few_rows`]), chosen on
-/// first use; the bits do not depend on it (every output is its own chain).
-pub fn few_rows() -> bool {
-    match FEW_ROWS.load(Relaxed) {
-        0 => {
-            let (amd, family) = cpu();
-            let few = choose_few_rows(amd, family);
-            FEW_ROWS.store(if few { 1 } else { 2 }, Relaxed);
-            few
+/// Chooses every stream's hint and [`few_rows`] from the CPU and `KRAFLA_PREFETCH`, once
+/// per process (later calls return at once). The kernel table calls it when it is
+/// built, so that [`line`] never has to: a call inside a kernel, even one never taken,
+/// makes LLVM save live zmm registers to the stack around it (all are caller-saved).
+/// With one, the block types' VNNI kernels held 5924 zmm stores to the stack, without it
+/// 1786 (decode speed the same within noise).
+pub fn choose_all() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        let (amd, family) = cpu();
+        let asked = std::env::var("KRAFLA_PREFETCH").ok();
+        for s in Stream::ALL {
+            let h = choose(s, amd, family, asked.as_deref());
+            HINTS[s as usize].store(h as u8, Relaxed);
         }
-        v => v == 1,
-    }
+        FEW_ROWS.store(choose_few_rows(amd, family), Relaxed);
+    });
 }
 
-/// This CPU's [`choose_few_rows`] (tests: to restore it after [`set_few_rows`]).
-#[cfg(test)]
-pub(super) fn choose_here() -> bool {
-    let (amd, family) = cpu();
-    choose_few_rows(amd, family)
+/// Stream `s`'s hint in this process ([`choose_all`]).
+pub fn hint(s: Stream) -> Hint {
+    choose_all();
+    Hint::from_code(HINTS[s as usize].load(Relaxed))
+}
+
+/// Whether BF16/F16 decode micro-tiles take 2 rows ([`choose_few_rows`]; chosen by
+/// [`choose_all`]); the bits do not depend on it (every output is its own chain).
+pub fn few_rows() -> bool {
+    choose_all();
+    FEW_ROWS.load(Relaxed)
 }
 
 /// Sets [`few_rows`] (tests: both micro-tiles must give the same bits).
 #[cfg(test)]
 pub(super) fn set_few_rows(few: bool) {
-    FEW_ROWS.store(if few { 1 } else { 2 }, Relaxed);
-}
-
-/// Chooses every stream's hint (once per process; later calls only read them). The
-/// kernel table calls it when it is built, so that [`line`] never has to: a call inside
-/// a kernel, even one never taken, makes LLVM save live zmm registers to the stack
-/// around it (all are caller-saved). With one, the block types' VNNI kernels held 5924
-/// zmm stores to the stack, without it 1786 (decode speed the same within noise).
-pub fn choose_all() {
-    for s in Stream::ALL {
-        hint(s);
-    }
-    few_rows();
+    choose_all();
+    FEW_ROWS.store(few, Relaxed);
 }
 
 /// Prefetches the line at `p` with stream `S`'s hint ([`choose_all`] has run; before it,
@@ -244,10 +230,14 @@ mod tests {
     fn each_hint_is_chosen_once_and_kept() {
         for s in Stream::ALL {
             let h = hint(s);
+            choose_all();
             assert_eq!(hint(s), h);
             assert_eq!(HINTS[s as usize].load(Relaxed), h as u8);
         }
-        choose_all();
         line::<ROWS>(std::ptr::null());
+        for h in Hint::ALL {
+            assert_eq!(Hint::from_code(h as u8), h);
+        }
+        assert_eq!(Hint::from_code(0), Hint::T1);
     }
 }
