@@ -188,6 +188,8 @@ fi
 if [ "$LLAMA_ONLY" != 1 ]; then
   (cd "$repo" && cargo build -q --release --bin mlb-convert --bin mlb-run)
   kbin=$repo/target/release
+  # A kernel whose intrinsics are called out of line measures a broken build.
+  "$repo/scripts/check-intrinsics.sh" "$kbin/mlb-run" >/dev/null
   ignore_eos=()
   # grep reads all of it: with -q it would stop early, mlb-run would die of SIGPIPE,
   # and pipefail would fail the test.

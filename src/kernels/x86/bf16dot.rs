@@ -12,8 +12,8 @@
 //!   by the reference's `step`, which flushes it or keeps it as `vdpbf16ps` does.
 //!
 //! The emulations run about a quarter of the f32-activation kernels' speed in a prompt
-//! (compare and branch per multiply-add) and at memory speed in decode: the option is for
-//! CPUs with AVX-512 BF16; elsewhere it reproduces their bits.
+//! (compare and branch per multiply-add) and 0.6–0.8 of it in decode (Zen 4, llama1b):
+//! the option is for CPUs with AVX-512 BF16; elsewhere it reproduces their bits.
 
 use core::arch::x86_64::*;
 
@@ -102,7 +102,14 @@ unsafe fn tile512<S: Step512, const R: usize, const T: usize, const PF: bool>(
                 // A step reads a line of each row.
                 prefetch_rows::<R>(w, rb, 2 * c);
             }
-            let wv: [S::V; R] = std::array::from_fn(|r| S::w(w.add(r * rb + 2 * c)));
+            // A loop, not `array::from_fn`: its closure does not inherit the kernel's
+            // target features, so `Emu512`'s intrinsics were called out of line (AVX-512
+            // emulated decode ran at 1/17 of the f32 path's speed).
+            // SAFETY: every `S::V` is SIMD registers, for which all-zero bits are valid.
+            let mut wv: [S::V; R] = core::mem::zeroed();
+            for (r, v) in wv.iter_mut().enumerate() {
+                *v = S::w(w.add(r * rb + 2 * c));
+            }
             for t in 0..T {
                 let xv = S::x(x.add(t * cols + c));
                 for r in 0..R {
