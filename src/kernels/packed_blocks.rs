@@ -346,21 +346,34 @@ fn at(k: usize, j: usize, i: usize) -> usize {
     64 * k + 4 * j + i
 }
 
-/// Writes row `j`'s block (levels `lv`, 32) into position record `qp` (QB bytes).
-fn put_levels(bits: u32, lv: &[u8], j: usize, qp: &mut [u8]) {
+/// Writes row `j`'s block (levels `lv`, 32) into position record `qp` (QB bytes): row
+/// `j`'s 4 bytes of each chunk and plane. Works on the levels as little-endian u32 words
+/// (word `k` = levels `4k..4k + 4`, word `4 + k` = `16 + 4k..`), so that every byte of a
+/// word goes through the same shifts and masks at once (loading a packed model runs this
+/// for every block; byte by byte it was most of the load time of Q5_K and Q6_K).
+fn put_levels<const BITS: u32>(lv: &[u8], j: usize, qp: &mut [u8]) {
+    const LOW: u32 = 0x0f0f_0f0f;
+    let word = |w: usize| u32::from_le_bytes(lv[4 * w..4 * w + 4].try_into().expect("4 levels"));
+    let (mut pa, mut pb) = (0u32, 0u32);
     for k in 0..4 {
-        for i in 0..4 {
-            let (lo, hi) = (lv[4 * k + i], lv[16 + 4 * k + i]);
-            qp[at(k, j, i)] = (lo & 15) | (hi & 15) << 4;
-            match bits {
-                5 => qp[at(4, j, i)] |= ((lo >> 4) & 1) << k | ((hi >> 4) & 1) << (4 + k),
-                6 => {
-                    qp[at(4, j, i)] |= ((lo >> 4) & 3) << (2 * k);
-                    qp[at(5, j, i)] |= ((hi >> 4) & 3) << (2 * k);
-                }
-                _ => {}
+        let (lo, hi) = (word(k), word(4 + k));
+        let nib = (lo & LOW) | (hi & LOW) << 4;
+        qp[at(k, j, 0)..at(k, j, 4)].copy_from_slice(&nib.to_le_bytes());
+        // Bit 4 (and 5) of each level, moved within its own byte.
+        match BITS {
+            5 => pa |= (lo >> 4 & 0x0101_0101) << k | (hi >> 4 & 0x0101_0101) << (4 + k),
+            6 => {
+                pa |= (lo >> 4 & 0x0303_0303) << (2 * k);
+                pb |= (hi >> 4 & 0x0303_0303) << (2 * k);
             }
+            _ => {}
         }
+    }
+    if BITS >= 5 {
+        qp[at(4, j, 0)..at(4, j, 4)].copy_from_slice(&pa.to_le_bytes());
+    }
+    if BITS == 6 {
+        qp[at(5, j, 0)..at(5, j, 4)].copy_from_slice(&pb.to_le_bytes());
     }
 }
 
@@ -432,7 +445,12 @@ pub(super) fn pack(w: &QMat, mut done: impl FnMut(usize, usize)) -> PackedMat {
             let (sr, qr) = rest.split_at_mut(lay.quants_at - lay.scales_at);
             for (p, &b) in order.iter().enumerate() {
                 let qp = &mut qr[p * lay.quant_bytes..(p + 1) * lay.quant_bytes];
-                put_levels(bits, &parts.levels[QK * b..QK * (b + 1)], j, qp);
+                let lv = &parts.levels[QK * b..QK * (b + 1)];
+                match bits {
+                    5 => put_levels::<5>(lv, j, qp),
+                    6 => put_levels::<6>(lv, j, qp),
+                    _ => put_levels::<4>(lv, j, qp),
+                }
                 let sp = &mut sr[p * lay.pos_scale_bytes..(p + 1) * lay.pos_scale_bytes];
                 put_pos_scales(sc, parts.pos[b], j, sp);
             }
@@ -561,7 +579,7 @@ mod tests {
         let mut lv = [0u8; 32];
         (lv[5], lv[21]) = (0b10_0110, 0b01_1001);
         let mut qp = vec![0u8; quant_bytes(6)];
-        put_levels(6, &lv, 3, &mut qp);
+        put_levels::<6>(&lv, 3, &mut qp);
         assert_eq!(qp[64 + 12 + 1], 0x96);
         assert_eq!(qp[256 + 12 + 1], 0b10 << 2);
         assert_eq!(qp[320 + 12 + 1], 0b01 << 2);
@@ -570,7 +588,7 @@ mod tests {
         assert_eq!(back, lv);
         let mut q5 = vec![0u8; quant_bytes(5)];
         (lv[5], lv[21]) = (0b1_0110, 0b1_1001);
-        put_levels(5, &lv, 3, &mut q5);
+        put_levels::<5>(&lv, 3, &mut q5);
         assert_eq!(q5[256 + 12 + 1], 1 << 1 | 1 << 5);
     }
 }

@@ -88,16 +88,37 @@ pub fn sub_scales(b: &[u8]) -> [(f32, f32); NSUB] {
 /// The 256 levels `q` of a Q4_K (0..=15) or Q5_K (0..=31) block, element order.
 #[inline]
 pub fn levels_q45(t: WType, b: &[u8]) -> [u8; QK_K] {
-    let five = t == WType::Q5_K;
-    let qs = if five { &b[48..176] } else { &b[16..144] };
+    if t == WType::Q5_K {
+        levels_q45_of::<true>(b)
+    } else {
+        levels_q45_of::<false>(b)
+    }
+}
+
+/// [`levels_q45`] with the type fixed, on fixed-size arrays: the loop over a sub-block's
+/// 32 bytes vectorizes (loading a packed model decodes every block once).
+fn levels_q45_of<const FIVE: bool>(b: &[u8]) -> [u8; QK_K] {
+    let qs_at = if FIVE { 48 } else { 16 };
+    let qs: &[u8; 128] = b[qs_at..qs_at + 128].try_into().expect("a Q4_K/Q5_K block");
+    let qh: &[u8; 32] = if FIVE {
+        b[16..48].try_into().expect("a Q5_K block")
+    } else {
+        &[0; 32]
+    };
     let mut q = [0u8; QK_K];
-    for j in 0..NSUB {
+    // Sub-blocks 2p and 2p + 1: the low and high nibbles of qs[32p..32p + 32], fifth
+    // bits j = 2p, 2p + 1 of qh (fixed shifts and compares, which vectorize).
+    for (p, (out, src)) in q.chunks_exact_mut(2 * QK).zip(qs.chunks_exact(QK)).enumerate() {
+        let (lo_bit, hi_bit) = (1u8 << (2 * p), 1u8 << (2 * p + 1));
+        let (lo, hi) = out.split_at_mut(QK);
         for l in 0..QK {
-            let mut v = (qs[32 * (j / 2) + l] >> (4 * (j % 2))) & 0x0f;
-            if five {
-                v |= ((b[16 + l] >> j) & 1) << 4;
-            }
-            q[QK * j + l] = v;
+            let (h0, h1) = if FIVE {
+                (u8::from(qh[l] & lo_bit != 0) << 4, u8::from(qh[l] & hi_bit != 0) << 4)
+            } else {
+                (0, 0)
+            };
+            lo[l] = (src[l] & 0x0f) | h0;
+            hi[l] = (src[l] >> 4) | h1;
         }
     }
     q
@@ -124,13 +145,18 @@ pub(crate) fn pack_q45(t: WType, q: &[u8; QK_K], b: &mut [u8]) {
 /// The 256 levels `q` (0..=63, before the −32 offset) of a Q6_K block.
 #[inline]
 pub fn levels_q6(b: &[u8]) -> [u8; QK_K] {
-    let (ql, qh) = (&b[0..128], &b[128..192]);
+    let ql: &[u8; 128] = b[0..128].try_into().expect("a Q6_K block");
+    let qh: &[u8; 64] = b[128..192].try_into().expect("a Q6_K block");
     let mut q = [0u8; QK_K];
-    for (e, v) in q.iter_mut().enumerate() {
-        let (h, k, l) = (e / 128, (e % 128) / 32, e % 32);
-        let lo = (ql[64 * h + 32 * (k % 2) + l] >> (4 * (k / 2))) & 0x0f;
-        let hi = (qh[32 * h + l] >> (2 * k)) & 3;
-        *v = lo | (hi << 4);
+    // Element e = 128·h + 32·k + l, in loops over l of 32 bytes that vectorize.
+    for (hk, out) in q.chunks_exact_mut(32).enumerate() {
+        let (h, k) = (hk / 4, hk % 4);
+        let (lo_at, lo_shift) = (64 * h + 32 * (k % 2), 4 * (k / 2));
+        for (l, o) in out.iter_mut().enumerate() {
+            let lo = (ql[lo_at + l] >> lo_shift) & 0x0f;
+            let hi = (qh[32 * h + l] >> (2 * k)) & 3;
+            *o = lo | (hi << 4);
+        }
     }
     q
 }
