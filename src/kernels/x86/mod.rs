@@ -35,9 +35,12 @@ pub fn has_avx512vnni() -> bool {
     has_avx512() && is_x86_feature_detected!("avx512vnni")
 }
 
-/// AVX-512 BF16 tier: the VNNI tier's kernels, and `vdpbf16ps`.
+/// AVX-512 BF16 tier: the VNNI tier's kernels, and `vdpbf16ps` (on ymm too: VL, which
+/// every CPU with AVX-512 BF16 has).
 pub fn has_avx512bf16() -> bool {
-    has_avx512vnni() && is_x86_feature_detected!("avx512bf16")
+    has_avx512vnni()
+        && is_x86_feature_detected!("avx512bf16")
+        && is_x86_feature_detected!("avx512vl")
 }
 
 /// F16C (with AVX), for converting f16 scales 8 at a time.
