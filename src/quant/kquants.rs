@@ -108,12 +108,19 @@ fn levels_q45_of<const FIVE: bool>(b: &[u8]) -> [u8; QK_K] {
     let mut q = [0u8; QK_K];
     // Sub-blocks 2p and 2p + 1: the low and high nibbles of qs[32p..32p + 32], fifth
     // bits j = 2p, 2p + 1 of qh (fixed shifts and compares, which vectorize).
-    for (p, (out, src)) in q.chunks_exact_mut(2 * QK).zip(qs.chunks_exact(QK)).enumerate() {
+    for (p, (out, src)) in q
+        .chunks_exact_mut(2 * QK)
+        .zip(qs.chunks_exact(QK))
+        .enumerate()
+    {
         let (lo_bit, hi_bit) = (1u8 << (2 * p), 1u8 << (2 * p + 1));
         let (lo, hi) = out.split_at_mut(QK);
         for l in 0..QK {
             let (h0, h1) = if FIVE {
-                (u8::from(qh[l] & lo_bit != 0) << 4, u8::from(qh[l] & hi_bit != 0) << 4)
+                (
+                    u8::from(qh[l] & lo_bit != 0) << 4,
+                    u8::from(qh[l] & hi_bit != 0) << 4,
+                )
             } else {
                 (0, 0)
             };
