@@ -141,18 +141,15 @@ unsafe fn dot_tile<const R: usize, const T: usize, const PF: bool>(
     unsafe { tile512::<Vdp, R, T, PF>(w, cols, x, y, ld) }
 }
 
-/// [`dot_tile`] on ymm halves, for decode: the step's 16 lanes as two 256-bit
-/// accumulators per output (lanes 0–7 from the step's first 16 columns, 8–15 from the
-/// next 16, as [`reduce_pair`] combines them), so each row is read 32 bytes at a time as
-/// the f32 path reads it. The same bits as [`dot_tile`]; on Zen 4, llama1b decode with
-/// `--bf16-activations` ran 1.027× the zmm tile's speed (median of 15 alternating rounds
-/// in the host's fast state; 1.011 in its slow state) and 0.99× the f32 path's (0.96×
-/// with the zmm tile).
+/// [`dot_tile`] on ymm halves, for decode ([`tile256`] with the 256-bit `vdpbf16ps`),
+/// so each row is read 32 bytes at a time as the f32 path reads it. The same bits as
+/// [`dot_tile`]; on Zen 4, llama1b decode with `--bf16-activations` ran 1.027× the zmm
+/// tile's speed (median of 15 alternating rounds in the host's fast state; 1.011 in its
+/// slow state) and 0.99× the f32 path's (0.96× with the zmm tile).
 ///
 /// # Safety
 /// AVX-512 BF16 and VL; as [`tile512`].
 #[inline(always)]
-#[allow(clippy::needless_range_loop)]
 unsafe fn dot_tile256<const R: usize, const T: usize, const PF: bool>(
     w: *const u8,
     cols: usize,
@@ -160,33 +157,8 @@ unsafe fn dot_tile256<const R: usize, const T: usize, const PF: bool>(
     y: *mut f32,
     ld: usize,
 ) {
-    // SAFETY: every load is inside the R rows and T tokens (caller's contract).
-    unsafe {
-        let rb = 2 * cols;
-        let mut acc = [[[_mm256_setzero_ps(); 2]; T]; R];
-        for c in (0..cols).step_by(32) {
-            if PF {
-                prefetch_rows::<R>(w, rb, 2 * c);
-            }
-            for h in 0..2 {
-                let mut wv = [_mm256_setzero_si256(); R];
-                for (r, v) in wv.iter_mut().enumerate() {
-                    *v = _mm256_loadu_si256(w.add(r * rb + 2 * c + 32 * h).cast());
-                }
-                for t in 0..T {
-                    let xv = bh256(_mm256_loadu_si256(x.add(t * cols + c + 16 * h).cast()));
-                    for r in 0..R {
-                        acc[r][t][h] = _mm256_dpbf16_ps(acc[r][t][h], bh256(wv[r]), xv);
-                    }
-                }
-            }
-        }
-        for (r, row) in acc.iter().enumerate() {
-            for (t, a) in row.iter().enumerate() {
-                *y.add(t * ld + r) = reduce_pair(a[0], a[1]);
-            }
-        }
-    }
+    // SAFETY: forwarded.
+    unsafe { tile256::<Vdp256, R, T, PF>(w, cols, x, y, ld) }
 }
 
 /// 16 BF16 values as the type the 256-bit `vdpbf16ps` takes (a reinterpretation).
@@ -419,14 +391,69 @@ unsafe fn step256(acc: __m256, w: __m256, x: __m256) -> __m256 {
     }
 }
 
-/// `R` rows × `T` tokens of the emulated contract on AVX2: each output's 16 lanes as two
-/// ymm (lanes 0–7: the step's first 16 columns, 8–15: the next 16).
+/// How a 256-bit kernel takes the contract's step on 8 column pairs (as [`Step512`]).
+trait Step256 {
+    type V: Copy;
+    /// 16 weights at `p` (subnormals read as zero where the step does not do it).
+    unsafe fn w(p: *const u8) -> Self::V;
+    /// 16 activations at `p`.
+    unsafe fn x(p: *const u16) -> Self::V;
+    unsafe fn step(acc: __m256, w: Self::V, x: Self::V) -> __m256;
+}
+
+/// AVX-512 BF16 with VL: the 256-bit `vdpbf16ps` is the step.
+struct Vdp256;
+
+impl Step256 for Vdp256 {
+    type V = __m256i;
+    #[inline(always)]
+    unsafe fn w(p: *const u8) -> __m256i {
+        // SAFETY: 32 readable bytes (the caller's contract).
+        unsafe { _mm256_loadu_si256(p.cast()) }
+    }
+    #[inline(always)]
+    unsafe fn x(p: *const u16) -> __m256i {
+        // SAFETY: as above.
+        unsafe { _mm256_loadu_si256(p.cast()) }
+    }
+    #[inline(always)]
+    unsafe fn step(acc: __m256, w: __m256i, x: __m256i) -> __m256 {
+        // SAFETY: register-only AVX-512 BF16/VL op; every caller is compiled with it.
+        unsafe { _mm256_dpbf16_ps(acc, bh256(w), bh256(x)) }
+    }
+}
+
+/// AVX2 + FMA: the step emulated, odd columns then even ([`split256`], [`step256`]).
+struct Emu256;
+
+impl Step256 for Emu256 {
+    type V = (__m256, __m256);
+    #[inline(always)]
+    unsafe fn w(p: *const u8) -> Self::V {
+        // SAFETY: 32 readable bytes (the caller's contract).
+        unsafe { split256::<true>(_mm256_loadu_si256(p.cast())) }
+    }
+    #[inline(always)]
+    unsafe fn x(p: *const u16) -> Self::V {
+        // SAFETY: as above.
+        unsafe { split256::<false>(_mm256_loadu_si256(p.cast())) }
+    }
+    #[inline(always)]
+    unsafe fn step(acc: __m256, w: Self::V, x: Self::V) -> __m256 {
+        // SAFETY: register-only AVX2 / FMA ops; every caller is compiled with them.
+        unsafe { step256(step256(acc, w.0, x.0), w.1, x.1) }
+    }
+}
+
+/// `R` rows × `T` tokens of the BF16-activation contract on ymm, the step by `S`: each
+/// output's 16 lanes as two ymm (lanes 0–7: the step's first 16 columns, 8–15: the next
+/// 16), combined as `reduce512` combines a zmm's halves.
 ///
 /// # Safety
-/// AVX2 and FMA; bounds as [`dot_tile`].
+/// AVX2 (and FMA, or AVX-512 BF16 and VL, as `S` needs); bounds as [`dot_tile`].
 #[inline(always)]
 #[allow(clippy::needless_range_loop)]
-unsafe fn emu_tile256<const R: usize, const T: usize, const PF: bool>(
+unsafe fn tile256<S: Step256, const R: usize, const T: usize, const PF: bool>(
     w: *const u8,
     cols: usize,
     x: *const u16,
@@ -442,17 +469,16 @@ unsafe fn emu_tile256<const R: usize, const T: usize, const PF: bool>(
                 prefetch_rows::<R>(w, rb, 2 * c);
             }
             for h in 0..2 {
-                let mut wv = [(_mm256_setzero_ps(), _mm256_setzero_ps()); R];
+                // A loop, not `array::from_fn` (see `tile512`).
+                // SAFETY: every `S::V` is SIMD registers, for which all-zero bits are valid.
+                let mut wv: [S::V; R] = core::mem::zeroed();
                 for (r, v) in wv.iter_mut().enumerate() {
-                    let p = w.add(r * rb + 2 * c + 32 * h);
-                    *v = split256::<true>(_mm256_loadu_si256(p.cast()));
+                    *v = S::w(w.add(r * rb + 2 * c + 32 * h));
                 }
                 for t in 0..T {
-                    let p = x.add(t * cols + c + 16 * h);
-                    let (xo, xe) = split256::<false>(_mm256_loadu_si256(p.cast()));
+                    let xv = S::x(x.add(t * cols + c + 16 * h));
                     for r in 0..R {
-                        let a = step256(acc[r][t][h], wv[r].0, xo);
-                        acc[r][t][h] = step256(a, wv[r].1, xe);
+                        acc[r][t][h] = S::step(acc[r][t][h], wv[r], xv);
                     }
                 }
             }
@@ -463,6 +489,22 @@ unsafe fn emu_tile256<const R: usize, const T: usize, const PF: bool>(
             }
         }
     }
+}
+
+/// [`tile256`] with the emulated step (AVX2 + FMA).
+///
+/// # Safety
+/// As [`tile256`].
+#[inline(always)]
+unsafe fn emu_tile256<const R: usize, const T: usize, const PF: bool>(
+    w: *const u8,
+    cols: usize,
+    x: *const u16,
+    y: *mut f32,
+    ld: usize,
+) {
+    // SAFETY: forwarded.
+    unsafe { tile256::<Emu256, R, T, PF>(w, cols, x, y, ld) }
 }
 
 /// The driver of an emulating tier: `$rp` rows × up to `$t` tokens, 4 rows × 1 token with
