@@ -8,7 +8,7 @@
 //! (168 MB at Q8_0) mostly DRAM bandwidth. BF16 and F16 rows: f32 activations
 //! (`Kernels::matmul_f32`), GB/s of the 2-byte weights, on every shape and on Llama
 //! 3.2 1B's FFN shapes (8192×2048, 2048×8192: 32 MB each as BF16, DRAM-bound); BF16
-//! also with BF16 activations (`matmul_bf16`, tier "… bf16-acts").
+//! also with BF16 activations (`HalfActs::Bf16`, `--bf16-activations`: tier "… bf16-acts").
 //! The GGUF block types (Q4_K, Q5_K, Q6_K, IQ4_NL, beside Q4_0 of the same shape), random
 //! levels and finite scales, packed and row-major: on Llama 3.2 1B's FFN shapes.
 
@@ -16,7 +16,7 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use krafla::kernels::pool::Pool;
-use krafla::kernels::{self, Kernels, PackedMat, QActs, QMat, WType};
+use krafla::kernels::{self, HalfActs, Kernels, PackedMat, QActs, QMat, WType};
 use krafla::quant::QK;
 
 struct Rng(u64);
@@ -266,21 +266,16 @@ fn half_rows(b: &Bench, rng: &mut Rng, (name, rows, cols): (&str, usize, usize))
                 || k.matmul_f32(&w, &xn, black_box(&mut yn)),
             );
             if wtype == WType::BF16 {
-                // `--bf16-activations`: the activations rounded to BF16 (`vdpbf16ps` or
-                // its emulation).
-                let bf = |x: &[f32]| -> Vec<u16> {
-                    x.iter()
-                        .map(|&v| krafla::quant::half_float::round(WType::BF16, v))
-                        .collect()
-                };
-                let (x1b, xnb) = (bf(&x1), bf(&xn));
+                // `--bf16-activations`: the runtime's path, the activations rounded to
+                // BF16 and `vdpbf16ps` (or its emulation).
+                let kb = k.with_half_acts(HalfActs::Bf16);
                 b.rows(
                     (name, rows, cols),
                     wtype,
                     &format!("{t} bf16-acts"),
                     bytes,
-                    || k.matmul_bf16(&w, &x1b, black_box(&mut y1)),
-                    || k.matmul_bf16(&w, &xnb, black_box(&mut yn)),
+                    || kb.matmul_f32(&w, &x1, black_box(&mut y1)),
+                    || kb.matmul_f32(&w, &xn, black_box(&mut yn)),
                 );
             }
         }

@@ -210,11 +210,12 @@ macro_rules! dot_rows {
 }
 
 /// AVX-512 BF16, BF16 weights × BF16 activations (see `kernels::half::DotFn`): decode
-/// 8 rows × 1 token with prefetch (2 rows on ymm halves where `few_rows`, [`dot_tile256`]); prefill 4 rows × 6 tokens ([`dot_tile46`]), a
-/// call of at most 6 tokens prefetching as decode does (as the f32 driver).
+/// 8 rows × 1 token with prefetch (2 rows on ymm halves where `few_rows`,
+/// [`dot_tile256`]); prefill 4 rows × 6 tokens ([`dot_tile46`]), a call of at most 6
+/// tokens prefetching as decode does (as the f32 driver).
 ///
 /// # Safety
-/// The CPU has AVX-512 F and BF16; the `DotFn` contract.
+/// The CPU has AVX-512 F, BF16 and VL; the `DotFn` contract.
 #[target_feature(enable = "avx512f,avx512bf16,avx512vl")]
 pub unsafe fn bf16_dot_avx512bf16(
     rows: usize,
@@ -241,7 +242,7 @@ pub unsafe fn bf16_dot_avx512bf16(
             // Fewer rows side by side where the CPU streams them better (`few_rows`).
             if super::prefetch::few_rows() {
                 let ymm = dot_tile256::<2, 1, true>;
-                dot_rows!(ymm, dot_tile, 2, 1, true, wp, rows, cols, xp, y, ld);
+                dot_rows!(ymm, dot_tile256, 2, 1, true, wp, rows, cols, xp, y, ld);
             } else {
                 dot_rows!(pf!(8, 1), dot_tile, 8, 1, true, wp, rows, cols, xp, y, ld);
             }
