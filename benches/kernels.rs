@@ -213,7 +213,7 @@ fn quant_rows(b: &Bench, rng: &mut Rng, name: &str, w: &QMat<'_>, bytes: f64) {
     a1.quantize(&x1, cols);
     an.quantize(&xn, cols);
     let (mut y1, mut yn) = (vec![0f32; rows], vec![0f32; rows * n_batch]);
-    let packed = PackedMat::new(w);
+    let packed = PackedMat::new(w).expect("memory for the packed copy");
     let wp = w.with_packed(&packed).expect("packed");
     for (k, tier, w) in variants(w, &wp) {
         b.rows(

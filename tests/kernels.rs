@@ -192,7 +192,7 @@ fn check_packed(k: &Kernels, w: &QMat, xa: &QActs, y0: &[f32]) {
         w.cols,
         xa.n()
     );
-    let p = PackedMat::new(w);
+    let p = PackedMat::new(w).unwrap();
     let wp = w.with_packed(&p).unwrap();
     let mut y = vec![f32::NAN; y0.len()];
     k.matmul(&wp, xa, &mut y);
@@ -206,7 +206,7 @@ fn check_packed(k: &Kernels, w: &QMat, xa: &QActs, y0: &[f32]) {
     let w16 = QMat::new_f16(w.wtype, w.rows, w.cols, w.q, &d16).unwrap();
     let mut r16 = vec![f32::NAN; y0.len()];
     scalar().matmul(&w16, xa, &mut r16);
-    let p16 = PackedMat::new(&w16);
+    let p16 = PackedMat::new(&w16).unwrap();
     k.matmul(&w16.with_packed(&p16).unwrap(), xa, &mut y);
     if let Some(i) = first_diff(&y, &r16) {
         panic!(

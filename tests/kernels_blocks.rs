@@ -94,7 +94,7 @@ fn check(w: &QMat, x: &[f32], what: &str) {
     xa.quantize_with(&s, x, cols);
     let mut y0 = vec![0f32; n * rows];
     s.matmul(w, &xa, &mut y0);
-    let p = PackedMat::new(w);
+    let p = PackedMat::new(w).unwrap();
     let wp = w.with_packed(&p).unwrap();
     for k in all_kernels() {
         for (m, how) in [(w, "map"), (&wp, "packed")] {
@@ -220,7 +220,7 @@ fn block_thread_count_does_not_change_bits() {
         let (rows, cols) = (300, 512);
         let q = random_blocks(&mut rng, t, rows, cols, false);
         let w = QMat::new_blocks(t, rows, cols, &q).unwrap();
-        let p = PackedMat::new(&w);
+        let p = PackedMat::new(&w).unwrap();
         let wp = w.with_packed(&p).unwrap();
         for n in [1, 6, 19] {
             let x = activations(&mut rng, n * cols, false);

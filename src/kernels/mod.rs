@@ -35,6 +35,7 @@ use crate::quant::{blocks, QK};
 
 pub mod counters;
 pub mod half;
+pub mod hugebuf;
 pub mod packed;
 pub mod packed_blocks;
 pub mod pool;

@@ -24,16 +24,14 @@
 //! The runtime packs only when the active tier has a packed kernel
 //! ([`Kernels::packs`](super::Kernels::packs)); scalar and NEON keep reading the map.
 
+use std::io;
+
+use super::hugebuf::HugeBuf;
 use super::{packed_blocks, pool, QMat, WType};
 use crate::quant::QK;
 
 /// Rows per group: one 512-bit vector of i32/f32 lanes.
 pub const GROUP: usize = 16;
-
-/// 64 bytes, the unit of the buffer (keeps every chunk on a cache line).
-#[derive(Clone, Copy)]
-#[repr(C, align(64))]
-struct Line([u8; 64]);
 
 /// A matrix in the packed layout (see the module docs); owned, built by [`PackedMat::new`].
 pub struct PackedMat {
@@ -42,7 +40,8 @@ pub struct PackedMat {
     pub cols: usize,
     /// Scales stored as f16 bits (else f32).
     pub f16: bool,
-    buf: Vec<Line>,
+    /// A multiple of 64 bytes, on huge pages where the system has them.
+    buf: HugeBuf,
     /// Bytes of the quant region.
     qlen: usize,
 }
@@ -110,13 +109,14 @@ fn byte_code(wtype: WType) -> (usize, u8, u8) {
 
 impl PackedMat {
     /// Packs `w` (on the calling thread's pool, groups in parallel).
-    pub fn new(w: &QMat) -> PackedMat {
+    pub fn new(w: &QMat) -> io::Result<PackedMat> {
         Self::new_with(w, |_, _| {})
     }
 
     /// [`PackedMat::new`], calling `done(r0, r1)` after each batch of rows is packed
     /// (in order), so a caller can release the source rows as it goes.
-    pub fn new_with(w: &QMat, mut done: impl FnMut(usize, usize)) -> PackedMat {
+    /// Fails only when the system has no memory for the copy.
+    pub fn new_with(w: &QMat, mut done: impl FnMut(usize, usize)) -> io::Result<PackedMat> {
         if packed_blocks::has_layout(w.wtype) {
             return packed_blocks::pack(w, done);
         }
@@ -127,10 +127,8 @@ impl PackedMat {
         let ss = if f16 { 2 } else { 4 };
         let qlen = groups * nb * bb;
         let slen = groups * nb * GROUP * ss;
-        let mut buf = vec![Line([0; 64]); (qlen + slen).div_ceil(64)];
-        // SAFETY: `Line` is 64 plain bytes; the byte view covers exactly the Vec's storage.
-        let bytes =
-            unsafe { std::slice::from_raw_parts_mut(buf.as_mut_ptr() as *mut u8, buf.len() * 64) };
+        let mut buf = HugeBuf::zeroed((qlen + slen).next_multiple_of(64))?;
+        let bytes = buf.as_mut_slice();
         let (qreg, sreg) = bytes.split_at_mut(qlen);
         let order: Vec<usize> = block_order(nb).collect();
         let rb = w.wtype.row_bytes(w.cols);
@@ -177,14 +175,14 @@ impl PackedMat {
             pool::for_chunks2(qb, qsz, sb, ssz, |i, qg, sg| pack_group(g0 + i, qg, sg));
             done(g0 * GROUP, (g1 * GROUP).min(w.rows));
         }
-        PackedMat {
+        Ok(PackedMat {
             wtype: w.wtype,
             rows: w.rows,
             cols: w.cols,
             f16,
             buf,
             qlen,
-        }
+        })
     }
 
     /// Row `r` back in the file's layout: its quants (`row_bytes(cols)`) and f32 scales.
@@ -221,21 +219,25 @@ impl PackedMat {
 
     /// An all-zero matrix of `len` bytes in a layout of another module (the GGUF block
     /// types': [`packed_blocks`]), which fills it through [`PackedMat::bytes_mut`].
-    pub(super) fn zeroed(wtype: WType, rows: usize, cols: usize, len: usize) -> PackedMat {
-        PackedMat {
+    pub(super) fn zeroed(
+        wtype: WType,
+        rows: usize,
+        cols: usize,
+        len: usize,
+    ) -> io::Result<PackedMat> {
+        Ok(PackedMat {
             wtype,
             rows,
             cols,
             f16: false,
-            buf: vec![Line([0; 64]); len.div_ceil(64)],
+            buf: HugeBuf::zeroed(len.next_multiple_of(64))?,
             qlen: len,
-        }
+        })
     }
 
     /// The buffer's bytes, to fill.
     pub(super) fn bytes_mut(&mut self) -> &mut [u8] {
-        // SAFETY: `Line` is 64 plain bytes; the byte view covers exactly the Vec's storage.
-        unsafe { std::slice::from_raw_parts_mut(self.buf.as_mut_ptr() as *mut u8, self.bytes()) }
+        self.buf.as_mut_slice()
     }
 
     /// Groups of 16 rows (the last may be partly padding).
@@ -245,7 +247,7 @@ impl PackedMat {
 
     /// Bytes this matrix holds.
     pub fn bytes(&self) -> usize {
-        self.buf.len() * 64
+        self.buf.len()
     }
 
     /// Whether this is the packed form of `w` (same type, shape and scale kind).
@@ -258,9 +260,7 @@ impl PackedMat {
 
     /// The view the micro-kernels take.
     pub fn view(&self) -> PackedView<'_> {
-        // SAFETY: `Line` is 64 plain bytes; the byte view covers the Vec's storage.
-        let bytes =
-            unsafe { std::slice::from_raw_parts(self.buf.as_ptr() as *const u8, self.bytes()) };
+        let bytes = self.buf.as_slice();
         let (q, s) = bytes.split_at(self.qlen);
         PackedView {
             q,
@@ -314,7 +314,7 @@ mod tests {
         let q: Vec<u8> = (0..rows * cols).map(|i| (i % 251) as u8 & 0x7F).collect();
         let d: Vec<f32> = (0..rows * 2).map(|i| i as f32).collect();
         let w = QMat::new(WType::Q8_0, rows, cols, &q, &d).unwrap();
-        let p = PackedMat::new(&w);
+        let p = PackedMat::new(&w).unwrap();
         let v = p.view();
         assert_eq!(p.groups(), 2);
         // Group 1, block 1 (packed position 1), row 0 (= row 16), element 5: chunk 1.

@@ -424,12 +424,12 @@ fn get_pos_scales(sc: ScaleKind, sp: &[u8], j: usize) -> [u16; 2] {
 
 /// Packs `w` (a block type) as [`PackedMat::new_with`] does: groups in parallel on the
 /// pool, `done(r0, r1)` after each batch of about 4 MiB.
-pub(super) fn pack(w: &QMat, mut done: impl FnMut(usize, usize)) -> PackedMat {
+pub(super) fn pack(w: &QMat, mut done: impl FnMut(usize, usize)) -> std::io::Result<PackedMat> {
     let t = w.wtype;
     let (nb, bits, sc) = (w.blocks(), bits(t), scale_kind(t));
     let lay = GroupLayout::of(t, nb);
     let groups = w.rows.div_ceil(GROUP);
-    let mut pm = PackedMat::zeroed(t, w.rows, w.cols, groups * lay.group);
+    let mut pm = PackedMat::zeroed(t, w.rows, w.cols, groups * lay.group)?;
     let order: Vec<usize> = block_order(nb).collect();
     let rb = t.row_bytes(w.cols);
     let pack_group = |g: usize, out: &mut [u8]| {
@@ -473,7 +473,7 @@ pub(super) fn pack(w: &QMat, mut done: impl FnMut(usize, usize)) -> PackedMat {
         });
         done(g0 * GROUP, (g1 * GROUP).min(w.rows));
     }
-    pm
+    Ok(pm)
 }
 
 /// Row `r` of packed matrix `p` (a block type) as its GGUF bytes, into `q`.
@@ -557,7 +557,7 @@ mod tests {
                 let x: Vec<f32> = (0..rows * cols).map(|_| rng.next_f32() * 0.1).collect();
                 let q = quantize_matrix(t, rows, cols, &x, None).unwrap();
                 let w = QMat::new_blocks(t, rows, cols, &q).unwrap();
-                let p = PackedMat::new(&w);
+                let p = PackedMat::new(&w).unwrap();
                 assert_eq!(
                     p.bytes(),
                     rows.div_ceil(GROUP) * GroupLayout::of(t, cols / QK).group

@@ -5,8 +5,9 @@
 //! [`Packs`], the matrices' packed copies for tiers with packed kernels.
 
 use crate::format::mlb::{Kind, Mixer, Mlb};
-use crate::format::FormatError;
-use crate::kernels::{Kernels, PackedMat, QMat};
+use crate::format::{FormatError, Status};
+use crate::kernels::hugebuf::HugeBuf;
+use crate::kernels::{pool, Kernels, PackedMat, QMat};
 
 /// The weights of a softmax-attention mixer.
 #[derive(Debug, Clone, Copy)]
@@ -89,42 +90,65 @@ pub struct Weights<'a> {
     pub wcls: QMat<'a>,
 }
 
-/// Packed copies of a file's matrices ([`crate::kernels::packed`]), made once at load
-/// for a tier with packed kernels; the matrices' mapped pages are released afterwards,
-/// so the copy replaces them in memory rather than adding to it.
+/// The copies of a file's matrices the runtime makes once at load, each on huge pages
+/// where the system has them ([`crate::kernels::hugebuf`]): packed ones
+/// ([`crate::kernels::packed`]) for a tier with packed kernels of the type, and plain
+/// copies of BF16/F16 matrices, which have no packed layout but stream faster from huge
+/// pages than from the file's map. The matrices' mapped pages are released as each is
+/// copied, so a copy replaces them in memory rather than adding to it.
 #[derive(Debug)]
 pub struct Packs {
-    /// By tensor index; `None` for vectors (and everything when not packing).
-    mats: Vec<Option<PackedMat>>,
+    /// By tensor index; `None` for vectors and matrices read from the map.
+    mats: Vec<Option<Held>>,
+}
+
+/// One matrix's copy.
+#[derive(Debug)]
+enum Held {
+    Packed(PackedMat),
+    /// The file's bytes of a BF16/F16 matrix (its rows, unchanged).
+    Half(HugeBuf),
 }
 
 /// [`Packs::none`] for [`Model::new`](super::Model::new), which borrows one.
 pub(crate) static NO_PACKS: Packs = Packs::none();
 
+/// Rows per batch of a half copy: about 4 MiB, released from the map after each.
+const HALF_BATCH_BYTES: usize = 4 << 20;
+
 impl Packs {
-    /// No packed matrices: the kernels read the map.
+    /// No copies: the kernels read the map.
     pub const fn none() -> Packs {
         Packs { mats: Vec::new() }
     }
 
-    /// Packs every matrix of `m` whose type `k` has a packed kernel for (none when it
-    /// has none: [`Packs::none`]).
+    /// Packs every matrix of `m` whose type `k` has a packed kernel for, and copies its
+    /// BF16/F16 matrices. Fails only when the system has no memory for a copy.
     pub fn new(m: &Mlb, k: &Kernels) -> Result<Packs, FormatError> {
-        if !k.packs() {
-            return Ok(Packs::none());
-        }
         let lay = m.layout();
-        // Opening read every Q8_0 quant (the −128 check): unmap it all first, so that
-        // the map and the copy are never resident together beyond one batch of rows.
         let wanted = |t: &crate::format::mlb::Tensor| match t.kind {
-            Kind::Mat { wtype, .. } => k.packs_type(wtype),
+            Kind::Mat { wtype, .. } => k.packs_type(wtype) || wtype.is_half(),
             _ => false,
         };
+        // Opening read every Q8_0 quant (the −128 check): unmap it all first, so that
+        // the map and the copy are never resident together beyond one batch of rows.
         for (i, t) in lay.tensors.iter().enumerate() {
             if let (Kind::Mat { rows, .. }, true) = (t.kind, wanted(t)) {
                 m.release_rows(i, 0, rows);
             }
         }
+        let no_memory = |name: &dyn std::fmt::Display, e: std::io::Error| {
+            let e = FormatError::new(
+                Status::Io,
+                name.to_string(),
+                "copy at load",
+                format!("no memory for the tensor's copy: {e}"),
+            );
+            match &m.path {
+                Some(p) => e.in_file(p),
+                None => e,
+            }
+        };
         let mut mats = Vec::with_capacity(lay.tensors.len());
         for (i, t) in lay.tensors.iter().enumerate() {
             if !wanted(t) {
@@ -132,21 +156,51 @@ impl Packs {
                 continue;
             }
             let w = m.mat(i);
-            mats.push(Some(PackedMat::new_with(&w, |r0, r1| {
-                m.release_rows(i, r0, r1)
-            })));
+            let held = if w.wtype.is_half() {
+                copy_half(&w, |r0, r1| m.release_rows(i, r0, r1)).map(Held::Half)
+            } else {
+                PackedMat::new_with(&w, |r0, r1| m.release_rows(i, r0, r1)).map(Held::Packed)
+            };
+            mats.push(Some(held.map_err(|e| no_memory(&t.name, e))?));
         }
         Ok(Packs { mats })
     }
 
-    /// Bytes of all packed matrices.
+    /// Bytes of all copies.
     pub fn bytes(&self) -> usize {
-        self.mats.iter().flatten().map(PackedMat::bytes).sum()
+        let len = |h: &Held| match h {
+            Held::Packed(p) => p.bytes(),
+            Held::Half(b) => b.len(),
+        };
+        self.mats.iter().flatten().map(len).sum()
     }
 
-    fn get(&self, idx: usize) -> Option<&PackedMat> {
+    fn get(&self, idx: usize) -> Option<&Held> {
         self.mats.get(idx).and_then(Option::as_ref)
     }
+}
+
+/// A copy of half matrix `w`'s bytes, on the pool, calling `done(r0, r1)` after each
+/// batch of rows so the caller can release them.
+fn copy_half(w: &QMat, mut done: impl FnMut(usize, usize)) -> std::io::Result<HugeBuf> {
+    let mut buf = HugeBuf::zeroed(w.q.len())?;
+    let row = w.q.len() / w.rows;
+    let per = (HALF_BATCH_BYTES / row).max(1);
+    // Pieces of a batch on the pool's threads: one thread copies at about half the
+    // memory bandwidth.
+    let piece = (per * row).div_ceil(pool::threads()).max(1);
+    for r0 in (0..w.rows).step_by(per) {
+        let r1 = (r0 + per).min(w.rows);
+        let (src, dst) = (
+            &w.q[r0 * row..r1 * row],
+            &mut buf.as_mut_slice()[r0 * row..r1 * row],
+        );
+        pool::for_chunks(dst, piece, |j, out| {
+            out.copy_from_slice(&src[j * piece..j * piece + out.len()])
+        });
+        done(r0, r1);
+    }
+    Ok(buf)
 }
 
 impl<'a> Weights<'a> {
@@ -179,7 +233,12 @@ impl<'a> Weights<'a> {
             let w = m.mat(i);
             match packs.get(i) {
                 // A pack made from this file always fits.
-                Some(p) => w.with_packed(p).unwrap_or(w),
+                Some(Held::Packed(p)) => w.with_packed(p).unwrap_or(w),
+                // A half matrix's bytes are its rows: same length, nothing else to view.
+                Some(Held::Half(b)) => QMat {
+                    q: b.as_slice(),
+                    ..w
+                },
                 None => w,
             }
         };
@@ -229,5 +288,67 @@ impl<'a> Weights<'a> {
             final_norm: vec(lay.final_norm),
             wcls: mat(lay.wcls),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::format::mlb::header::wtype::MIXED;
+    use crate::format::mlb::synth::{synth_mixed, tiny_header};
+    use crate::format::wtype::WType;
+
+    /// Every BF16/F16 matrix is read from its copy, byte for byte the file's; packed
+    /// types from their packed form; the rest from the map.
+    #[test]
+    fn half_matrices_are_read_from_copies() {
+        let mut h = tiny_header();
+        h.wtype = MIXED;
+        // tok_emb, 2 × (wq wk wv wo w1 w2 w3), wcls.
+        let mut types = vec![WType::BF16; 16];
+        types[2] = WType::F16;
+        types[8] = WType::Q4_0;
+        let bytes = synth_mixed(&h, &[], &types, 11);
+        let m = Mlb::from_bytes(&bytes).unwrap();
+        let k = crate::kernels::kernels();
+        let packs = Packs::new(&m, &k).unwrap();
+        let w = Weights::new(&m, &packs).unwrap();
+        // The views point into the copies, not into the file's bytes.
+        let file = m.bytes().as_ptr_range();
+        let lay = m.layout();
+        let MixerWeights::Attention(a) = &w.layers[0].mixer else {
+            panic!("attention layer")
+        };
+        let Mixer::Attention(ai) = &lay.layers[0].mixer else {
+            panic!("attention layer")
+        };
+        for (q, i) in [(w.tok_emb, lay.tok_emb), (a.wk, ai.wk)] {
+            let Some(Held::Half(b)) = packs.get(i) else {
+                panic!("{} not copied", lay.tensors[i].name)
+            };
+            assert!(q.wtype.is_half() && !file.contains(&q.q.as_ptr()));
+            assert_eq!(q.q.as_ptr_range(), b.as_slice().as_ptr_range());
+        }
+        // Each copy holds exactly the file's bytes of its matrix.
+        for (i, t) in lay.tensors.iter().enumerate() {
+            if let Kind::Mat { wtype, .. } = t.kind {
+                match packs.get(i) {
+                    Some(Held::Half(b)) => {
+                        assert!(wtype.is_half(), "{}", t.name);
+                        assert_eq!(b.as_slice(), m.mat(i).q, "{}", t.name);
+                    }
+                    Some(Held::Packed(_)) => assert!(k.packs_type(wtype), "{}", t.name),
+                    None => assert!(!wtype.is_half() && !k.packs_type(wtype), "{}", t.name),
+                }
+            }
+        }
+        assert_eq!(
+            lay.tensors
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| matches!(packs.get(*i), Some(Held::Half(_))))
+                .count(),
+            15
+        );
     }
 }
