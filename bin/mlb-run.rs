@@ -159,8 +159,8 @@ struct Args {
     /// --chat: keep no history.
     #[arg(long, requires = "chat", conflicts_with = "history")]
     no_history: bool,
-    /// Read the weights from the mapped file as they are: no packed copy at load
-    /// (same results; slower where the kernel tier has packed kernels).
+    /// Read the weights from the mapped file as they are: no packed or huge-page copy
+    /// at load (same results; starts sooner, runs slower).
     #[arg(long)]
     no_pack: bool,
     /// BF16 weights multiply activations rounded to BF16 (llama.cpp's arithmetic, the

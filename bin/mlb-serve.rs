@@ -60,7 +60,8 @@ struct Args {
     /// The model's name in responses and /v1/models (default: the file name).
     #[arg(long)]
     alias: Option<String>,
-    /// Read the weights from the mapped file as they are: no packed copy at load.
+    /// Read the weights from the mapped file as they are: no packed or huge-page copy
+    /// at load.
     #[arg(long)]
     no_pack: bool,
     /// BF16 weights multiply activations rounded to BF16 (llama.cpp's arithmetic, the
