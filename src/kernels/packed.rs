@@ -33,6 +33,11 @@ use crate::quant::QK;
 /// Rows per group: one 512-bit vector of i32/f32 lanes.
 pub const GROUP: usize = 16;
 
+/// Bytes of a matrix copied at load between two releases of its source rows (packing,
+/// `model::Packs`' plain copies): the map and the copy are resident together for about
+/// this much of a matrix at a time.
+pub const LOAD_BATCH_BYTES: usize = 4 << 20;
+
 /// A matrix in the packed layout (see the module docs); owned, built by [`PackedMat::new`].
 pub struct PackedMat {
     pub wtype: WType,
@@ -166,7 +171,7 @@ impl PackedMat {
         };
         // Batches of about 4 MiB of quants: the source rows of one batch are mapped at
         // a time when the caller releases them after it.
-        let batch = (4 << 20) / (nb * bb).max(1) + 1;
+        let batch = LOAD_BATCH_BYTES / (nb * bb).max(1) + 1;
         let (qsz, ssz) = (nb * bb, nb * GROUP * ss);
         for g0 in (0..groups).step_by(batch) {
             let g1 = (g0 + batch).min(groups);

@@ -33,7 +33,7 @@
 //! `dmin·m` are exact in f32, so a kernel computes them on the fly with the bits of the
 //! reference. [`PackedMat::unpack_row`] gives back the row's GGUF bytes exactly.
 
-use super::packed::{block_order, PackedMat, GROUP};
+use super::packed::{block_order, PackedMat, GROUP, LOAD_BATCH_BYTES};
 use super::{pool, QMat, WType};
 use crate::format::wtype::{QK, QK_K};
 use crate::quant::{blocks, blocks32, kquants};
@@ -463,7 +463,7 @@ pub(super) fn pack(w: &QMat, mut done: impl FnMut(usize, usize)) -> std::io::Res
             }
         }
     };
-    let batch = (4 << 20) / lay.group + 1;
+    let batch = LOAD_BATCH_BYTES / lay.group + 1;
     let buf = pm.bytes_mut();
     for g0 in (0..groups).step_by(batch) {
         let g1 = (g0 + batch).min(groups);

@@ -7,6 +7,7 @@
 use crate::format::mlb::{Kind, Mixer, Mlb};
 use crate::format::{FormatError, Status};
 use crate::kernels::hugebuf::HugeBuf;
+use crate::kernels::packed::LOAD_BATCH_BYTES;
 use crate::kernels::{pool, Kernels, PackedMat, QMat};
 
 /// The weights of a softmax-attention mixer.
@@ -113,9 +114,6 @@ enum Held {
 /// [`Packs::none`] for [`Model::new`](super::Model::new), which borrows one.
 pub(crate) static NO_PACKS: Packs = Packs::none();
 
-/// Rows per batch of a half copy: about 4 MiB, released from the map after each.
-const HALF_BATCH_BYTES: usize = 4 << 20;
-
 impl Packs {
     /// No copies: the kernels read the map.
     pub const fn none() -> Packs {
@@ -185,7 +183,7 @@ impl Packs {
 fn copy_half(w: &QMat, mut done: impl FnMut(usize, usize)) -> std::io::Result<HugeBuf> {
     let mut buf = HugeBuf::zeroed(w.q.len())?;
     let row = w.q.len() / w.rows;
-    let per = (HALF_BATCH_BYTES / row).max(1);
+    let per = (LOAD_BATCH_BYTES / row).max(1);
     // Pieces of a batch on the pool's threads: one thread copies at about half the
     // memory bandwidth.
     let piece = (per * row).div_ceil(pool::threads()).max(1);
