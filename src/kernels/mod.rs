@@ -18,6 +18,9 @@
 //!   separately rounded f32 operation (no FMA);
 //! * the result is `((acc0+acc4) + (acc2+acc6)) + ((acc1+acc5) + (acc3+acc7))`.
 //!
+//! The GGUF block types (Q4_K … Q6_0, [`scalar_k`]) keep these lanes and this tree but
+//! fuse their step (`acc = fma(dw·dx, isum, acc)`, then the minimum term's fma).
+//!
 //! [`scalar`] is the reference of the matrix products, [`scalar_math`], [`scalar_attn`]
 //! and [`scalar_delta`] of the f32 kernels; every SIMD tier (AVX2, AVX-512, AVX-512
 //! VNNI, NEON) gives the same bits. The tier is chosen once at run time from the CPU's features and can be
@@ -800,12 +803,13 @@ fn x86_kernels(t: Tier, base: Kernels) -> Kernels {
 }
 
 /// An x86 tier's entry of a GGUF block type (`None` for other types): the AVX2 row-major
-/// kernel, and the packed one of VNNI (`vnni`) or AVX2. They need F16C (every AVX2 CPU
-/// made has it); without it the type keeps the scalar reference's entry.
+/// kernel, and the packed one of VNNI (`vnni`) or AVX2. They need F16C and FMA (the
+/// contract's fused step; every AVX2 CPU made has both); without them the type keeps the
+/// scalar reference's entry.
 #[cfg(target_arch = "x86_64")]
 fn x86_blocks(w: WType, vnni: bool) -> Option<MatKernels> {
     use x86::{blocks as xb, packed_blocks as xpb};
-    if !x86::has_f16c() {
+    if !x86::has_f16c() || !std::arch::is_x86_feature_detected!("fma") {
         return scalar_blocks(w);
     }
     for_block_type!(w, |B| MatKernels {

@@ -9,13 +9,16 @@
 //! ```text
 //! isum_b  exact i32: Σ q·qx (Q6_K: sc_2k·Σ_lo + sc_2k+1·Σ_hi, each Σ over 16)
 //! dw_b    f32, exact from the stored bits: d·sc (K types), d (the others)
-//! symmetric: acc[b % 8] += (dw_b · dx_b) · (isum_b as f32)
-//! affine:    acc[b % 8] += ((dw_b · dx_b) · (isum_b as f32)) + (mw_b · xs_b)
+//! symmetric: acc[b % 8] = fma(dw_b · dx_b, isum_b as f32, acc[b % 8])
+//! affine:    acc[b % 8] = fma(mw_b, xs_b, fma(dw_b · dx_b, isum_b as f32, acc[b % 8]))
 //!            mw_b = −(dmin·m) (Q4_K, Q5_K) or m (Q4_1, Q5_1); xs_b = dx_b · (Σ qx as f32)
 //! y = ((acc0+acc4) + (acc2+acc6)) + ((acc1+acc5) + (acc3+acc7))
 //! ```
 //!
-//! every f32 operation separately rounded (no FMA), as the Q8_0 / Q4_0 contract.
+//! every f32 operation rounded once, in the order written: `fma` is one fused
+//! multiply-add (`f32::mul_add`), the rest are plain multiplies and adds. The fused steps
+//! are the one departure from the Q8_0 / Q4_0 contract: they take two of the affine
+//! step's five float operations off the prompt kernels' vector pipes.
 
 use super::counters::{count, Op};
 use super::packed_blocks::BlockTy;
@@ -38,16 +41,18 @@ pub fn act_xs(dx: f32, x: &[i8]) -> f32 {
     dx * act_sum(x) as f32
 }
 
-/// The symmetric step: `acc[b % 8] += (dw·dx)·isum`.
+/// The symmetric step: `acc[b % 8] = fma(dw·dx, isum, acc[b % 8])`.
 #[inline(always)]
 fn step(acc: &mut [f32; LANES], b: usize, dw: f32, dx: f32, isum: i32) {
-    acc[b % LANES] += (dw * dx) * isum as f32;
+    let a = &mut acc[b % LANES];
+    *a = (dw * dx).mul_add(isum as f32, *a);
 }
 
-/// The affine step: `acc[b % 8] += ((dw·dx)·isum) + mw·xs`.
+/// The affine step: `acc[b % 8] = fma(mw, xs, fma(dw·dx, isum, acc[b % 8]))`.
 #[inline(always)]
 fn step_affine(acc: &mut [f32; LANES], b: usize, dw: f32, dx: f32, isum: i32, mw: f32, xs: f32) {
-    acc[b % LANES] += (dw * dx) * isum as f32 + mw * xs;
+    let a = &mut acc[b % LANES];
+    *a = mw.mul_add(xs, (dw * dx).mul_add(isum as f32, *a));
 }
 
 /// Exact `Σ q_i·x_i` of unsigned levels against activation quants.
@@ -266,6 +271,57 @@ mod tests {
         assert_eq!(dot(WType::Q5_0, &w, &xq, &xd).to_bits(), want.to_bits());
         let seq: f32 = vals.iter().sum();
         assert_ne!(want, seq, "the test values must tell the orders apart");
+    }
+
+    /// Block 8 meets block 0 in lane 0: its step is fused into the lane as the contract
+    /// says (one rounding per `fma`, the minimum term last), which the values tell apart
+    /// from separately rounded steps and from the other order.
+    #[test]
+    fn steps_are_fused_in_contract_order() {
+        // Q5_0: block 0 adds exactly 1 to lane 0; block 8 has level 1 against x = 7.
+        let mut w = vec![0u8; 22 * 9];
+        let mut xq = vec![0i8; 32 * 9];
+        for b in [0, 8] {
+            let wb = &mut w[22 * b..22 * (b + 1)];
+            wb[0..2].copy_from_slice(&h(1.0));
+            wb[2..6].copy_from_slice(&1u32.to_le_bytes());
+            wb[6] = 0x01;
+        }
+        (xq[0], xq[32 * 8]) = (1, 7);
+        let mut xd = vec![1.0f32; 9];
+        xd[8] = 1.1;
+        let got = dot(WType::Q5_0, &w, &xq, &xd);
+        let (d, isum) = (1.0f32 * 1.1f32, 7.0f32);
+        assert_eq!(got.to_bits(), d.mul_add(isum, 1.0).to_bits());
+        assert_ne!(
+            got,
+            d * isum + 1.0,
+            "the values must tell fused from separate"
+        );
+
+        // Q4_1: block 0 adds exactly 1 to lane 0; block 8 (d 1, m −2.3) has level 3
+        // against x = 3 and level 0 against x = 4.
+        let mut w = vec![0u8; 20 * 9];
+        let mut xq = vec![0i8; 32 * 9];
+        for (b, m, q0) in [(0, 0.0, 1u8), (8, -2.3, 3)] {
+            let wb = &mut w[20 * b..20 * (b + 1)];
+            wb[0..2].copy_from_slice(&h(1.0));
+            wb[2..4].copy_from_slice(&h(m));
+            wb[4] = q0;
+        }
+        xq[0] = 1;
+        (xq[32 * 8], xq[32 * 8 + 1]) = (3, 4);
+        let got = dot(WType::Q4_1, &w, &xq, &xd);
+        let m = half::f16::from_f32(-2.3).to_f32();
+        let (isum, xs) = (9.0f32, 1.1f32 * 7.0);
+        let want = m.mul_add(xs, d.mul_add(isum, 1.0));
+        assert_eq!(got.to_bits(), want.to_bits());
+        assert_ne!(got, d * isum + m * xs + 1.0, "fused from separate");
+        assert_ne!(
+            got,
+            d.mul_add(isum, m.mul_add(xs, 1.0)),
+            "the minimum term last"
+        );
     }
 
     /// The kernels against an f64 dot of the dequantized weights and activations.

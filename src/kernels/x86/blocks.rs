@@ -1,5 +1,5 @@
 //! Row-major tile kernels of the GGUF block types (Q4_K, Q5_K, Q6_K, Q4_1, Q5_0, Q5_1,
-//! IQ4_NL, Q6_0) on AVX2 + F16C, bit-identical to `kernels::scalar_k`. Every x86 tier
+//! IQ4_NL, Q6_0) on AVX2 + FMA + F16C, bit-identical to `kernels::scalar_k`. Every x86 tier
 //! uses them for matrices it reads from the map (`--no-pack`); packed matrices go through
 //! `x86::packed_blocks`.
 //!
@@ -13,7 +13,8 @@
 //! pair sums by the half-blocks' int8 scales instead of 1 (low 128 bits: the first 16
 //! weights, high: the last 16), which is `sc_lo·Σ_lo q·x + sc_hi·Σ_hi q·x` exactly.
 //! Then the contract's offsets (`16·s_b`, `32·s_b`; Q6_K: `32·(sc_lo·h_b + sc_hi·(s_b −
-//! h_b))`) and the float step on the 8 lanes: `acc += (dw·dx)·isum [+ mw·(dx·s)]`.
+//! h_b))`) and the float step on the 8 lanes: `acc = fma(dw·dx, isum, acc)` [then
+//! `acc = fma(mw, dx·s, acc)`].
 
 use core::arch::x86_64::*;
 
@@ -282,12 +283,12 @@ unsafe fn step<B: BlockTy, const T: usize>(
                 isum = _mm256_sub_epi32(isum, _mm256_mullo_epi32(s, _mm256_set1_epi32(B::OFF)));
             }
             let dx = load_scales(x.d.as_ptr().add(o), k);
-            let mut term = _mm256_mul_ps(_mm256_mul_ps(g.dw, dx), _mm256_cvtepi32_ps(isum));
+            let d = _mm256_mul_ps(g.dw, dx);
+            *acc_t = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(isum), *acc_t);
             if B::AFFINE {
                 let xs = _mm256_mul_ps(dx, _mm256_cvtepi32_ps(s));
-                term = _mm256_add_ps(term, _mm256_mul_ps(g.mw, xs));
+                *acc_t = _mm256_fmadd_ps(g.mw, xs, *acc_t);
             }
-            *acc_t = _mm256_add_ps(*acc_t, term);
         }
     }
 }
@@ -312,7 +313,7 @@ unsafe fn row<B: BlockTy, const T: usize>(wq: &[u8], x: &ActTile, out: &mut [f32
     }
 }
 
-#[target_feature(enable = "avx2,f16c")]
+#[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn tile_any<B: BlockTy>(rows: usize, wq: &[u8], x: &ActTile, out: &mut [f32]) {
     let nt = out.len() / rows;
     debug_assert!((1..=TILE_TOKENS).contains(&nt));
@@ -337,7 +338,7 @@ unsafe fn tile_any<B: BlockTy>(rows: usize, wq: &[u8], x: &ActTile, out: &mut [f
 /// Tile kernel of block type `B` (see `kernels::TileFn`; `wd` is empty).
 ///
 /// # Safety
-/// The CPU has AVX2 and F16C; slice lengths as `TileFn` says.
+/// The CPU has AVX2, FMA and F16C; slice lengths as `TileFn` says.
 pub unsafe fn tile<B: BlockTy>(rows: usize, wq: &[u8], _wd: &[f32], x: &ActTile, out: &mut [f32]) {
     count(Tier::Avx2, Op::Tile);
     // SAFETY: forwarded caller contract.

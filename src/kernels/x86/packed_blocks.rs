@@ -303,13 +303,13 @@ unsafe fn lane512<B: BlockTy, const T: usize>(
                 } else {
                     _mm512_cvtepi32_ps(_mm512_add_epi32(i0, i1))
                 };
+                // The contract's fused step (min term last: the product term's fma
+                // issues as soon as `fsum` is ready).
                 let d = _mm512_mul_ps(sc.dw, _mm512_set1_ps(*xd.add(t)));
-                let mut term = _mm512_mul_ps(d, fsum);
+                *acc_t = _mm512_fmadd_ps(d, fsum, *acc_t);
                 if B::AFFINE {
-                    let xsum = _mm512_set1_ps(*xm.add(t));
-                    term = _mm512_add_ps(term, _mm512_mul_ps(sc.mw, xsum));
+                    *acc_t = _mm512_fmadd_ps(sc.mw, _mm512_set1_ps(*xm.add(t)), *acc_t);
                 }
-                *acc_t = _mm512_add_ps(*acc_t, term);
             }
             pos += 1;
             b += LANES;
@@ -357,10 +357,10 @@ unsafe fn group512<B: BlockTy, const T: usize>(
 /// Packed block type `B`, AVX-512 VNNI (see `kernels::PackedFn`).
 ///
 /// # Safety
-/// The CPU has AVX-512 F/BW/VNNI, AVX2 and F16C; `p` is a packed view of type `B`,
+/// The CPU has AVX-512 F/BW/VNNI, AVX2, FMA and F16C; `p` is a packed view of type `B`,
 /// `g0 ≤ g1 ≤ groups`, `x` holds 1..=8 tokens of `p.nb` blocks, `y[t·ld + r]` is
 /// writable for every token `t` and row `r < p.rows` of the groups.
-#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vnni")]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni")]
 pub unsafe fn vnni<B: BlockTy>(
     p: &PackedView,
     g0: usize,
@@ -564,12 +564,10 @@ unsafe fn lane256<B: BlockTy, const T: usize>(
                     _mm256_sub_epi32(_mm256_add_epi32(i0, i1), _mm256_set1_epi32(off))
                 };
                 let d = _mm256_mul_ps(sc.dw, _mm256_set1_ps(*xd.add(i)));
-                let mut term = _mm256_mul_ps(d, _mm256_cvtepi32_ps(isum));
+                *acc_t = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(isum), *acc_t);
                 if B::AFFINE {
-                    let xsum = _mm256_set1_ps(*xm.add(i));
-                    term = _mm256_add_ps(term, _mm256_mul_ps(sc.mw, xsum));
+                    *acc_t = _mm256_fmadd_ps(sc.mw, _mm256_set1_ps(*xm.add(i)), *acc_t);
                 }
-                *acc_t = _mm256_add_ps(*acc_t, term);
             }
             pos += 1;
             b += LANES;
@@ -612,8 +610,8 @@ unsafe fn group256<B: BlockTy, const T: usize>(
 /// Packed block type `B`, AVX2 (see `kernels::PackedFn`).
 ///
 /// # Safety
-/// The CPU has AVX2 and F16C; otherwise as [`vnni`].
-#[target_feature(enable = "avx2,f16c")]
+/// The CPU has AVX2, FMA and F16C; otherwise as [`vnni`].
+#[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn avx2<B: BlockTy>(
     p: &PackedView,
     g0: usize,
