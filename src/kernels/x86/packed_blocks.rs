@@ -227,25 +227,29 @@ unsafe fn levels512<B: BlockTy>(wp: *const u8) -> ([__m512i; 4], [__m512i; 4]) {
     }
 }
 
-/// Block positions ahead that the streaming kernels prefetch.
-const PF_POS: usize = 16;
+/// Bytes of quant records ahead of the one being read that the streaming kernels
+/// prefetch: 24 Q4_K records, 19.2 of Q5_K, 16 of Q6_K.
+const PF_BYTES: usize = 6144;
 
 /// Prefetches ([`prefetch`]) the group bytes that position `pos` of the group at `grp` is
 /// ahead of: a cursor that moves through memory at the rate the kernel reads it, one
 /// group's bytes over its positions ([`GroupLayout::stride`] per position), starting
-/// `PF_POS` quant records past the quants' start, so it runs on into the next group's
-/// super-block and position scales and first quants without a gap. Each position asks
-/// for the lines that start in its `stride` bytes, so no line is asked for twice.
+/// [`PF_BYTES`] past the quants' start, so it runs on into the next group's super-block
+/// and position scales and first quants without a gap. Each position asks for the lines
+/// that start in its `stride` bytes, so no line is asked for twice.
 ///
 /// Both matter (llama1b decode, the products' time, alternating steps in one process):
-/// offsets from the quant pointer, the scale line and the quant record `PF_POS` records
+/// offsets from the quant pointer, the scale line and the quant record 16 records
 /// ahead, skipped a group's first 6-16 records at 2048 columns and asked for each scale
 /// line twice; this took 0.75, 0.87 and 0.85 of their time at Q4_K, Q5_K and Q6_K. A
 /// fixed 5 lines per position (a line asked for twice every few positions) took 1.08
-/// of this one's, and 8 or 32 positions ahead 1.01.
+/// of this one's. The distance was 16 records of every type until the weights moved to
+/// huge pages (stop 36); on them, llama1b decode on Zen 4 (interleaved rounds, against
+/// 16 records): Q4_K 24 records 1.075, 32 1.06, 48 1.045 (54 rounds); Q5_K 20 records
+/// 1.009, 24 0.993; Q6_K 20 0.992, 24 0.988 (26 rounds). About 6 KiB suits all three.
 #[inline(always)]
 fn prefetch_ahead(grp: *const u8, lay: &GroupLayout, pos: usize) {
-    let at = lay.quants_at + PF_POS * lay.quant_bytes + pos * lay.stride;
+    let at = lay.quants_at + PF_BYTES + pos * lay.stride;
     let first = at.next_multiple_of(64);
     prefetch::<BLOCKS>(grp, first, (at + lay.stride).saturating_sub(first))
 }
