@@ -809,7 +809,7 @@ fn x86_kernels(t: Tier, base: Kernels) -> Kernels {
 #[cfg(target_arch = "x86_64")]
 fn x86_blocks(w: WType, vnni: bool) -> Option<MatKernels> {
     use x86::{blocks as xb, packed_blocks as xpb};
-    if !x86::has_f16c() || !std::arch::is_x86_feature_detected!("fma") {
+    if !x86::has_avx2_fma() {
         return scalar_blocks(w);
     }
     for_block_type!(w, |B| MatKernels {

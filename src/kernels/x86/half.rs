@@ -429,7 +429,7 @@ driver!(drive256, tile256, "avx2,fma,f16c", 2, 4, 4, 3);
 /// `bf16dot`'s decode); `None` for tiers without these kernels.
 pub fn decode_rows(t: Tier) -> Option<usize> {
     match t {
-        Tier::Avx2 if has_avx2_half() => Some(4),
+        Tier::Avx2 if super::has_avx2_fma() => Some(4),
         Tier::Avx512 | Tier::Avx512Vnni | Tier::Avx512Bf16 => {
             Some(if super::prefetch::few_rows() { 2 } else { 8 })
         }
@@ -482,17 +482,10 @@ half_entry!(
     f16_avx2, Avx2, drive256, F16
 );
 
-/// Whether the AVX2 kernels can run: they need FMA (one rounding per term, the
-/// contract) and F16C besides AVX2. Every AVX2 CPU made has both; one without them
-/// runs the scalar reference for these weights.
-pub fn has_avx2_half() -> bool {
-    super::has_avx2() && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c")
-}
-
 /// The 2-byte float kernels of x86 tier `t` (`None`: the scalar reference's).
 pub(crate) fn kernels(t: Tier) -> Option<HalfKernels> {
     match t {
-        Tier::Avx2 if has_avx2_half() => Some(HalfKernels {
+        Tier::Avx2 if super::has_avx2_fma() => Some(HalfKernels {
             bf16: bf16_avx2,
             f16: f16_avx2,
             bf16_dot: bf16dot::bf16_dot_avx2,
@@ -555,7 +548,7 @@ mod tests {
             y.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
         };
         let mut kinds: Vec<(HalfFn, HalfFn)> = Vec::new();
-        if has_avx2_half() {
+        if crate::kernels::x86::has_avx2_fma() {
             kinds.push((bf16_avx2, scalar_half::tile_bf16));
             kinds.push((f16_avx2, scalar_half::tile_f16));
         }

@@ -21,6 +21,13 @@ pub fn has_avx2() -> bool {
     is_x86_feature_detected!("avx2")
 }
 
+/// The AVX2 kernels whose contracts round a multiply-add once (the 2-byte float
+/// weights', the GGUF block types'): AVX2 with FMA and F16C. Every AVX2 CPU made has
+/// both; one without them runs the scalar reference for those weights.
+pub fn has_avx2_fma() -> bool {
+    has_avx2() && has_f16c() && is_x86_feature_detected!("fma")
+}
+
 /// AVX-512 tier: AVX-512 F and BW (and AVX2 for the shared activation quantizer, F16C
 /// for f16 KV caches; every AVX-512 CPU has it).
 pub fn has_avx512() -> bool {
