@@ -8,9 +8,12 @@
 //! transfer, and sleep on a condition variable only after [`SPIN`] without work: an
 //! idle runtime (waiting on stdin, between runs) uses no CPU.
 //!
-//! Tasks are claimed one at a time from a shared counter, so uneven tasks balance
-//! themselves; the caller works too. Which thread computes a task never changes what
-//! the task computes, so results do not depend on the thread count.
+//! Each thread (the caller too) owns a contiguous run of the step's tasks and claims
+//! them in order from its front, so the consecutive tasks of a matrix (consecutive
+//! rows) stay on one thread and its prefetches run on into its own next task. A thread
+//! whose run is empty takes the back half of the fullest other run, so uneven tasks
+//! still balance themselves, in ever smaller pieces. Which thread computes a task never
+//! changes what the task computes, so results do not depend on the thread count.
 //!
 //! `run` from inside a task, or while another thread is running a step, runs the
 //! tasks on the calling thread (same results, no deadlock).
@@ -26,7 +29,7 @@ pub const SPIN: Duration = Duration::from_millis(2);
 
 type Task<'a> = dyn Fn(usize) + Sync + 'a;
 
-/// Bits of the task count and of the next task in `Shared::state`.
+/// Bits of a task index in a [`Run`] word.
 const IDX_BITS: u32 = 20;
 const IDX_MASK: u64 = (1 << IDX_BITS) - 1;
 /// Most tasks per step.
@@ -35,19 +38,56 @@ pub const MAX_TASKS: usize = 1 << IDX_BITS;
 /// tens of thousands of spinning threads a mistyped `--threads` would start.
 pub const MAX_THREADS: usize = 1024;
 
-/// The shared state. `state` packs the step's epoch (bits 40..64), its task count
-/// (20..40) and the next unclaimed task (0..20) in one word, so a claim is checked
-/// against the count of its own step and a claim made for an old step fails.
+/// One thread's run of tasks in one word: the step's epoch (bits 40..64), the front
+/// (next unclaimed task, 20..40) and the back (one past its last, 0..20), so a claim is
+/// checked against the run of its own step and a claim made for an old step fails. Two
+/// lines apart, so that claims on one thread's run do not move another's line.
+#[repr(align(128))]
+struct Run(AtomicU64);
+
+/// Packs a [`Run`] word.
+fn run_word(epoch: u64, front: u64, back: u64) -> u64 {
+    epoch << (2 * IDX_BITS) | front << IDX_BITS | back
+}
+
+/// A [`Run`] word's epoch, front and back.
+fn run_parts(w: u64) -> (u64, u64, u64) {
+    (
+        w >> (2 * IDX_BITS),
+        (w >> IDX_BITS) & IDX_MASK,
+        w & IDX_MASK,
+    )
+}
+
+/// The shared state.
 struct Shared {
-    state: AtomicU64,
+    /// The epoch of the latest step: a worker starts claiming when it changes.
+    epoch: AtomicU64,
+    /// Per thread (the caller at 0, worker k at k): its run of the current step.
+    runs: Box<[Run]>,
     /// The step's task: the address of a `&Task` on the submitter's stack; written
-    /// before `state` publishes the step, read only after a successful claim.
+    /// before `epoch` publishes the step, read only after a successful claim.
     task: AtomicUsize,
     done: AtomicUsize,
     panicked: AtomicBool,
     sleepers: AtomicUsize,
     sleep: Mutex<()>,
     wake: Condvar,
+}
+
+impl Shared {
+    fn new(threads: usize) -> Shared {
+        Shared {
+            epoch: AtomicU64::new(0),
+            runs: (0..threads).map(|_| Run(AtomicU64::new(0))).collect(),
+            task: AtomicUsize::new(0),
+            done: AtomicUsize::new(0),
+            panicked: AtomicBool::new(false),
+            sleepers: AtomicUsize::new(0),
+            sleep: Mutex::new(()),
+            wake: Condvar::new(),
+        }
+    }
 }
 
 /// A fixed set of worker threads; see the module docs.
@@ -260,21 +300,16 @@ impl Pool {
 
     fn with_spawn(threads: usize, spawn: &mut Spawn) -> Pool {
         let wanted = threads.max(1);
-        let shared: &'static Shared = Box::leak(Box::new(Shared {
-            state: AtomicU64::new(0),
-            task: AtomicUsize::new(0),
-            done: AtomicUsize::new(0),
-            panicked: AtomicBool::new(false),
-            sleepers: AtomicUsize::new(0),
-            sleep: Mutex::new(()),
-            wake: Condvar::new(),
-        }));
+        let shared: &'static Shared = Box::leak(Box::new(Shared::new(wanted)));
         let mut threads = 1;
         let mut short = None;
         while threads < wanted {
             match spawn(
                 format!("krafla-{threads}"),
-                Box::new(move || worker(shared)),
+                Box::new({
+                    let me = threads;
+                    move || worker(shared, me)
+                }),
             ) {
                 Ok(()) => threads += 1,
                 Err(e) => {
@@ -347,18 +382,22 @@ impl Pool {
         let fref: &Task<'a> = f;
         s.task.store(&fref as *const &Task<'a> as usize, Relaxed);
         s.done.store(0, Relaxed);
-        let epoch = epoch_of(s.state.load(Relaxed)).wrapping_add(1) & EPOCH_MASK;
-        s.state
-            .store(epoch << (2 * IDX_BITS) | (n as u64) << IDX_BITS, SeqCst);
+        let epoch = s.epoch.load(Relaxed).wrapping_add(1) & EPOCH_MASK;
+        let (n, t) = (n as u64, self.threads as u64);
+        for (k, r) in (0..t).zip(&s.runs) {
+            r.0.store(run_word(epoch, n * k / t, n * (k + 1) / t), Relaxed);
+        }
+        // Publishes the runs with the epoch (workers load it with Acquire).
+        s.epoch.store(epoch, SeqCst);
         if s.sleepers.load(SeqCst) > 0 {
             let _l = s.sleep.lock().unwrap_or_else(|e| e.into_inner());
             s.wake.notify_all();
         }
         INSIDE.set(true);
-        work(s, epoch);
+        work(s, epoch, 0);
         INSIDE.set(false);
         let mut spins = 0u32;
-        while s.done.load(Acquire) < n {
+        while (s.done.load(Acquire) as u64) < n {
             spins = spins.wrapping_add(1);
             if spins.is_multiple_of(1 << 14) {
                 std::thread::yield_now();
@@ -374,37 +413,75 @@ impl Pool {
 
 const EPOCH_MASK: u64 = (1 << (64 - 2 * IDX_BITS)) - 1;
 
-fn epoch_of(state: u64) -> u64 {
-    state >> (2 * IDX_BITS)
-}
-
-/// Claims and runs tasks of step `epoch` until none is left.
-fn work(s: &Shared, epoch: u64) {
-    let mut cur = s.state.load(Acquire);
+/// Claims and runs tasks of step `epoch` on thread `me` until none is left: from the
+/// front of its own run, then of the back half it took from the fullest other run.
+fn work(s: &Shared, epoch: u64, me: usize) {
+    let own = &s.runs[me].0;
+    let mut cur = own.load(Acquire);
     loop {
-        let (n, i) = ((cur >> IDX_BITS) & IDX_MASK, cur & IDX_MASK);
-        if epoch_of(cur) != epoch || i >= n {
+        let (e, front, back) = run_parts(cur);
+        if e != epoch {
             return;
         }
-        match s.state.compare_exchange_weak(cur, cur + 1, AcqRel, Acquire) {
-            Ok(_) => {
-                // SAFETY: the claim succeeded in this step, so its submitter is still
-                // inside `run` waiting for this task: the function is alive, and its
-                // words, stored before the step was published, are visible (Acquire).
-                let f: &Task = unsafe { *(s.task.load(Relaxed) as *const &Task) };
-                let i = i as usize;
-                if catch_unwind(AssertUnwindSafe(|| f(i))).is_err() {
-                    s.panicked.store(true, SeqCst);
+        if front < back {
+            match own.compare_exchange_weak(cur, cur + (1 << IDX_BITS), AcqRel, Acquire) {
+                Ok(_) => {
+                    // SAFETY: the claim succeeded in this step, so its submitter is
+                    // still inside `run` waiting for this task: the function is alive,
+                    // and its words, stored before the step was published, are visible
+                    // (Acquire).
+                    let f: &Task = unsafe { *(s.task.load(Relaxed) as *const &Task) };
+                    if catch_unwind(AssertUnwindSafe(|| f(front as usize))).is_err() {
+                        s.panicked.store(true, SeqCst);
+                    }
+                    s.done.fetch_add(1, Release);
+                    cur = own.load(Acquire);
                 }
-                s.done.fetch_add(1, Release);
-                cur = s.state.load(Acquire);
+                Err(now) => cur = now,
             }
-            Err(now) => cur = now,
+            continue;
+        }
+        if !steal(s, epoch, me) {
+            return;
+        }
+        cur = own.load(Acquire);
+    }
+}
+
+/// Moves the back half (at least one task) of the fullest other run of step `epoch` to
+/// thread `me`'s empty run; false when every run is empty.
+fn steal(s: &Shared, epoch: u64, me: usize) -> bool {
+    loop {
+        let fullest = (s.runs.iter().enumerate())
+            .filter(|&(k, _)| k != me)
+            .map(|(k, r)| (k, r.0.load(Acquire)))
+            .filter(|&(_, w)| {
+                let (e, front, back) = run_parts(w);
+                e == epoch && front < back
+            })
+            .max_by_key(|&(_, w)| {
+                let (_, front, back) = run_parts(w);
+                back - front
+            });
+        let Some((k, w)) = fullest else {
+            return false;
+        };
+        let (_, front, back) = run_parts(w);
+        let mid = front + (back - front) / 2;
+        if s.runs[k]
+            .0
+            .compare_exchange(w, run_word(epoch, front, mid), AcqRel, Acquire)
+            .is_ok()
+        {
+            // Nobody else writes an empty run (claims and steals need front < back),
+            // and the stolen tasks keep the step open, so this is still its run.
+            s.runs[me].0.store(run_word(epoch, mid, back), Release);
+            return true;
         }
     }
 }
 
-fn worker(s: &'static Shared) {
+fn worker(s: &'static Shared, me: usize) {
     INSIDE.set(true);
     let mut seen = 0u64;
     loop {
@@ -412,7 +489,7 @@ fn worker(s: &'static Shared) {
         let t0 = Instant::now();
         let mut spins = 0u32;
         let epoch = loop {
-            let e = epoch_of(s.state.load(Acquire));
+            let e = s.epoch.load(Acquire);
             if e != seen {
                 break e;
             }
@@ -420,17 +497,17 @@ fn worker(s: &'static Shared) {
             if spins.is_multiple_of(256) && t0.elapsed() > SPIN {
                 let mut l = s.sleep.lock().unwrap_or_else(|e| e.into_inner());
                 s.sleepers.fetch_add(1, SeqCst);
-                while epoch_of(s.state.load(SeqCst)) == seen {
+                while s.epoch.load(SeqCst) == seen {
                     l = s.wake.wait(l).unwrap_or_else(|e| e.into_inner());
                 }
                 s.sleepers.fetch_sub(1, SeqCst);
                 drop(l);
-                break epoch_of(s.state.load(Acquire));
+                break s.epoch.load(Acquire);
             }
             std::hint::spin_loop();
         };
         seen = epoch;
-        work(s, epoch);
+        work(s, epoch, me);
     }
 }
 
@@ -452,6 +529,30 @@ mod tests {
                 assert!(hits.iter().all(|h| h.load(Relaxed) == 20), "{threads} {n}");
             }
         }
+    }
+
+    /// A thread takes its own run in order, then halves of the fullest other run from
+    /// its back: here the caller of a 2-thread pool whose worker never claims.
+    #[test]
+    fn a_thread_claims_its_run_in_order_then_steals_back_halves() {
+        let s = Shared::new(3);
+        let order = Mutex::new(Vec::new());
+        let f = |i: usize| order.lock().unwrap().push(i);
+        let fref: &Task = &f;
+        s.task.store(&fref as *const &Task as usize, Relaxed);
+        for (k, (a, b)) in [(0, 4), (4, 9), (9, 11)].into_iter().enumerate() {
+            s.runs[k].0.store(run_word(7, a, b), Relaxed);
+        }
+        work(&s, 7, 0);
+        // Its own 0..4; then 6..9, the back half of run 1 (4..9, the fullest); then
+        // one task at a time from the fuller of the rest (the later on a tie).
+        assert_eq!(*order.lock().unwrap(), [0, 1, 2, 3, 6, 7, 8, 10, 5, 9, 4]);
+        assert_eq!(s.done.load(Relaxed), 11);
+        // Every run is empty; a claim for another step finds nothing.
+        assert!((0..3).all(|k| {
+            let (_, f, b) = run_parts(s.runs[k].0.load(Relaxed));
+            f >= b
+        }));
     }
 
     #[test]
