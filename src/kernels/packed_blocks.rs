@@ -20,7 +20,8 @@
 //!          6-bit types: + 2 × 64 bytes: plane A, row j's byte i, bits 2k..2k+2 = bits
 //!            4-5 of level[4k+i]; plane B the same for level[16+4k+i].
 //! scales   nb positions × PS bytes, then padding to 64:
-//!            Q4_K, Q5_K: sc[16] u8, m[16] u8 (the sub-block's 6-bit codes, per row);
+//!            Q4_K, Q5_K: the sub-block's 6-bit codes in 24 bytes: row j's byte j is
+//!              sc | (m & 3) << 6, byte 16 + (j % 8) holds m >> 2 in its nibble j / 8;
 //!            Q6_K: sc[16] i8 of the block's first 16 weights, sc[16] of its last 16;
 //!            Q4_1, Q5_1: d[16] f16, m[16] f16; Q5_0, Q6_0, IQ4_NL: d[16] f16.
 //! supers   (K types) per super-block of 256: d[16] f16, dmin[16] f16 (Q4_K, Q5_K) or
@@ -28,8 +29,8 @@
 //! ```
 //!
 //! QB is 256, 320 or 384 bytes (4, 5, 6 bits): the packed matrix is the file's size
-//! give or take the rearranged scale bits, so a decode step streams as many bytes per
-//! weight as the file holds. Scales are kept as their f16 bits and codes: `d·sc` and
+//! but for the regions' padding (the K types' codes stay 6-bit), so a decode step
+//! streams as many bytes per weight as the file holds. Scales are kept as their f16 bits and codes: `d·sc` and
 //! `dmin·m` are exact in f32, so a kernel computes them on the fly with the bits of the
 //! reference. [`PackedMat::unpack_row`] gives back the row's GGUF bytes exactly.
 
@@ -187,6 +188,8 @@ pub const fn quant_bytes(bits: u32) -> usize {
 pub const fn pos_scale_bytes(sc: ScaleKind) -> usize {
     match sc {
         ScaleKind::DMin => 64,
+        // 16 rows' two 6-bit codes, as the file packs them.
+        ScaleKind::K45 => 24,
         _ => 32,
     }
 }
@@ -403,7 +406,13 @@ fn get_levels(bits: u32, qp: &[u8], j: usize, lv: &mut [u8]) {
 /// Stores one position's scale pair of row `j` (`sp`: PS bytes).
 fn put_pos_scales(sc: ScaleKind, v: [u16; 2], j: usize, sp: &mut [u8]) {
     match sc {
-        ScaleKind::K45 | ScaleKind::K6 => {
+        ScaleKind::K45 => {
+            let (code, m) = (v[0] as u8, v[1] as u8);
+            sp[j] = code | (m & 3) << 6;
+            let (at, shift) = (16 + j % 8, 4 * (j / 8));
+            sp[at] = sp[at] & !(15 << shift) | (m >> 2) << shift;
+        }
+        ScaleKind::K6 => {
             (sp[j], sp[16 + j]) = (v[0] as u8, v[1] as u8);
         }
         ScaleKind::D => sp[2 * j..2 * j + 2].copy_from_slice(&v[0].to_le_bytes()),
@@ -416,7 +425,11 @@ fn put_pos_scales(sc: ScaleKind, v: [u16; 2], j: usize, sp: &mut [u8]) {
 
 fn get_pos_scales(sc: ScaleKind, sp: &[u8], j: usize) -> [u16; 2] {
     match sc {
-        ScaleKind::K45 | ScaleKind::K6 => [sp[j] as u16, sp[16 + j] as u16],
+        ScaleKind::K45 => {
+            let m_hi = sp[16 + j % 8] >> (4 * (j / 8)) & 15;
+            [(sp[j] & 63) as u16, (sp[j] >> 6 | m_hi << 2) as u16]
+        }
+        ScaleKind::K6 => [sp[j] as u16, sp[16 + j] as u16],
         ScaleKind::D => [f16_bits(sp, 2 * j), 0],
         ScaleKind::DMin => [f16_bits(sp, 2 * j), f16_bits(sp, 32 + 2 * j)],
     }

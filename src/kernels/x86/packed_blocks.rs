@@ -164,6 +164,36 @@ unsafe fn i8x16_f32(p: *const u8) -> __m512 {
     unsafe { _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(p as *const __m128i))) }
 }
 
+/// Q4_K/Q5_K position scales (`sp`, 24 bytes, see `kernels::packed_blocks`): the top
+/// four bits of `m` of rows `8h..8h + 8` (`h` = 1) or of all 16 rows (`h` = 0: rows
+/// 0..8 in bytes 0..8, rows 8..16 in bytes 8..16), one per byte.
+#[inline(always)]
+unsafe fn k45_m_hi(sp: *const u8, h: usize) -> __m128i {
+    // SAFETY: 24 readable bytes at `sp` (the caller's contract); SSE2.
+    unsafe {
+        let b = _mm_loadl_epi64(sp.add(16) as *const __m128i);
+        let both = if h == 0 {
+            _mm_unpacklo_epi64(b, _mm_srli_epi64(b, 4))
+        } else {
+            _mm_srli_epi64(b, 4)
+        };
+        _mm_and_si128(both, _mm_set1_epi8(15))
+    }
+}
+
+/// The 6-bit `sc` and `m` codes, one per byte, from the position scales' bytes `a`
+/// (`sc | (m & 3) << 6` per row) and `m`'s top four bits `m_hi` (see [`k45_m_hi`]).
+#[inline(always)]
+unsafe fn k45_codes(a: __m128i, m_hi: __m128i) -> (__m128i, __m128i) {
+    // SAFETY: SSE2.
+    unsafe {
+        let sc = _mm_and_si128(a, _mm_set1_epi8(63));
+        // Per 16-bit lane, so mask the bits shifted in from the next byte.
+        let m_lo = _mm_and_si128(_mm_srli_epi16(a, 6), _mm_set1_epi8(3));
+        (sc, _mm_or_si128(m_lo, _mm_slli_epi16(m_hi, 2)))
+    }
+}
+
 /// The float factors of one block position for the 16 rows (zmm) of a group; Q6_K's
 /// int8 half scales as f32 (exact).
 struct Scales512 {
@@ -191,11 +221,9 @@ unsafe fn scales512<B: BlockTy>(sp: *const u8, sup: *const f32, b: usize) -> Sca
             ScaleKind::D => s.dw = f16x16(sp),
             ScaleKind::DMin => (s.dw, s.mw) = (f16x16(sp), f16x16(sp.add(32))),
             ScaleKind::K45 => {
-                let sc =
-                    _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(sp as *const __m128i)));
-                let m = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(
-                    sp.add(16) as *const __m128i
-                )));
+                let (sc, m) = k45_codes(_mm_loadu_si128(sp as *const __m128i), k45_m_hi(sp, 0));
+                let sc = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(sc));
+                let m = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(m));
                 s.dw = _mm512_mul_ps(_mm512_load_ps(sup.add(32 * sb)), sc);
                 s.mw = _mm512_mul_ps(_mm512_load_ps(sup.add(32 * sb + 16)), m);
             }
@@ -417,12 +445,10 @@ unsafe fn scales256<B: BlockTy>(sp: *const u8, sup: *const f32, b: usize, h: usi
             ScaleKind::D => s.dw = f16x8(sp.add(16 * h)),
             ScaleKind::DMin => (s.dw, s.mw) = (f16x8(sp.add(16 * h)), f16x8(sp.add(32 + 16 * h))),
             ScaleKind::K45 => {
-                let sc = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(
-                    sp.add(8 * h) as *const __m128i
-                )));
-                let m = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(
-                    sp.add(16 + 8 * h) as *const __m128i,
-                )));
+                let a = _mm_loadl_epi64(sp.add(8 * h) as *const __m128i);
+                let (sc, m) = k45_codes(a, k45_m_hi(sp, h));
+                let sc = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(sc));
+                let m = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(m));
                 s.dw = _mm256_mul_ps(_mm256_load_ps(sup.add(32 * sb + 8 * h)), sc);
                 s.mw = _mm256_mul_ps(_mm256_load_ps(sup.add(32 * sb + 16 + 8 * h)), m);
             }
