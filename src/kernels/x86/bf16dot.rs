@@ -147,6 +147,12 @@ unsafe fn dot_tile<const R: usize, const T: usize, const PF: bool>(
 /// tile's speed (median of 15 alternating rounds in the host's fast state; 1.011 in its
 /// slow state) and 0.99× the f32 path's (0.96× with the zmm tile).
 ///
+/// Each line's prefetch is issued twice, back to back: llama1b decode 1.41× (1.06–1.47)
+/// of once, 11 interleaved rounds on Zen 4, where once ran 0.73 of the f32 path and
+/// llama.cpp's speed; a second prefetch of the line half a step later gave only 1.06×.
+/// Why is not established; a guess is that Zen 4 drops a software prefetch that finds
+/// its miss buffers full, and the second, issued before any load, finds one free.
+///
 /// # Safety
 /// AVX-512 BF16 and VL; as [`tile512`].
 #[inline(always)]
@@ -395,6 +401,9 @@ unsafe fn step256(acc: __m256, w: __m256, x: __m256) -> __m256 {
 /// How a 256-bit kernel takes the contract's step on 8 column pairs (as [`Step512`]).
 trait Step256 {
     type V: Copy;
+    /// Whether a prefetching tile asks for each line twice, back to back (see
+    /// [`dot_tile256`]).
+    const PF_TWICE: bool = false;
     /// 16 weights at `p` (subnormals read as zero where the step does not do it).
     unsafe fn w(p: *const u8) -> Self::V;
     /// 16 activations at `p`.
@@ -407,6 +416,7 @@ struct Vdp256;
 
 impl Step256 for Vdp256 {
     type V = __m256i;
+    const PF_TWICE: bool = true;
     #[inline(always)]
     unsafe fn w(p: *const u8) -> __m256i {
         // SAFETY: 32 readable bytes (the caller's contract).
@@ -468,6 +478,9 @@ unsafe fn tile256<S: Step256, const R: usize, const T: usize, const PF: bool>(
         for c in (0..cols).step_by(32) {
             if PF {
                 prefetch_rows::<R>(w, rb, 2 * c);
+                if S::PF_TWICE {
+                    prefetch_rows::<R>(w, rb, 2 * c);
+                }
             }
             for h in 0..2 {
                 // A loop, not `array::from_fn` (see `tile512`).
