@@ -30,9 +30,10 @@
 //!
 //! QB is 256, 320 or 384 bytes (4, 5, 6 bits): the packed matrix is the file's size
 //! but for the regions' padding (the K types' codes stay 6-bit), so a decode step
-//! streams as many bytes per weight as the file holds. Scales are kept as their f16 bits and codes: `d·sc` and
-//! `dmin·m` are exact in f32, so a kernel computes them on the fly with the bits of the
-//! reference. [`PackedMat::unpack_row`] gives back the row's GGUF bytes exactly.
+//! streams as many bytes per weight as the file holds. Scales are kept as their f16
+//! bits and codes: `d·sc` and `dmin·m` are exact in f32, so a kernel computes them on
+//! the fly with the bits of the reference. [`PackedMat::unpack_row`] gives back the
+//! row's GGUF bytes exactly.
 
 use super::packed::{block_order, PackedMat, GROUP, LOAD_BATCH_BYTES};
 use super::{pool, QMat, WType};

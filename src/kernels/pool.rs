@@ -454,19 +454,15 @@ fn steal(s: &Shared, epoch: u64, me: usize) -> bool {
     loop {
         let fullest = (s.runs.iter().enumerate())
             .filter(|&(k, _)| k != me)
-            .map(|(k, r)| (k, r.0.load(Acquire)))
-            .filter(|&(_, w)| {
+            .filter_map(|(k, r)| {
+                let w = r.0.load(Acquire);
                 let (e, front, back) = run_parts(w);
-                e == epoch && front < back
+                (e == epoch && front < back).then_some((k, w, front, back))
             })
-            .max_by_key(|&(_, w)| {
-                let (_, front, back) = run_parts(w);
-                back - front
-            });
-        let Some((k, w)) = fullest else {
+            .max_by_key(|&(_, _, front, back)| back - front);
+        let Some((k, w, front, back)) = fullest else {
             return false;
         };
-        let (_, front, back) = run_parts(w);
         let mid = front + (back - front) / 2;
         if s.runs[k]
             .0
@@ -532,7 +528,7 @@ mod tests {
     }
 
     /// A thread takes its own run in order, then halves of the fullest other run from
-    /// its back: here the caller of a 2-thread pool whose worker never claims.
+    /// its back: here thread 0 of three whose others never claim.
     #[test]
     fn a_thread_claims_its_run_in_order_then_steals_back_halves() {
         let s = Shared::new(3);
