@@ -28,7 +28,7 @@
 use minijinja::value::ValueKind;
 use minijinja::{Error, ErrorKind, State, Value};
 
-use super::ChatError;
+use super::error::ChatError;
 
 /// Default fuel of one rendering: up to 4 M instructions, or 256 MiB of data. The
 /// largest real template over a conversation filling a 32k context takes well under
