@@ -683,7 +683,7 @@ fn serve_bad_input_is_a_4xx_and_the_server_stays_up() {
     );
     let c = |body: &str| s.post("/v1/chat/completions", body);
     assert_eq!(
-        c(r#"{"messages": [{"role": "user"}], "stop": 5}"#).error(400)["param"],
+        c(r#"{"messages": [{"role": "user", "content": "x"}], "stop": 5}"#).error(400)["param"],
         "stop"
     );
     assert_eq!(

@@ -17,8 +17,9 @@
 //!   is told to close when idle (hyper's graceful shutdown); those not running a request
 //!   (say, holding a half-sent request) are closed after `drain`; those running one may
 //!   go on until the scheduler's grace has passed (then their request is cancelled),
-//!   plus [`AFTER_GRACE`]. At `Now` (the second signal) every connection is closed at
-//!   once.
+//!   plus [`AFTER_GRACE`]. At `Now` (the second signal) every request is cancelled and
+//!   every connection closed at once, those that ran a request after at most
+//!   [`CANCELLED_FLUSH`] (to send the cancelled stream's error event and `[DONE]`).
 //!
 //! "Running a request" is a [`Running`] guard a handler holds from the moment it has
 //! read the body until its response (a stream included) has ended.
@@ -41,6 +42,8 @@ use tower_service::Service;
 pub const FD_RESERVE: u64 = 64;
 /// How long connections running a request may outlive the scheduler's grace.
 pub const AFTER_GRACE: Duration = Duration::from_secs(2);
+/// At the second signal: how long a cancelled request may take to send its end.
+pub const CANCELLED_FLUSH: Duration = Duration::from_millis(500);
 
 /// The server's shutdown stage.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -264,6 +267,14 @@ async fn connection(
     loop {
         let stage = *stop.borrow();
         match stage {
+            // A cancelled request still sends its error event and `[DONE]`.
+            Stop::Now if conn.is_running() => {
+                let soon = Instant::now() + CANCELLED_FLUSH;
+                if all_by.is_none_or(|t| t > soon) {
+                    idle_by = Some(soon);
+                    all_by = Some(soon);
+                }
+            }
             Stop::Now => return,
             Stop::Draining if idle_by.is_none() => {
                 http.as_mut().graceful_shutdown();
