@@ -135,7 +135,7 @@ static STOP: AtomicBool = AtomicBool::new(false);
 
 fn main() -> ExitCode {
     krafla::cli::default_sigpipe();
-    let cli = Cli::parse();
+    let cli = krafla::cli::parse_args::<Cli>();
     krafla::signals::stop_on_interrupt(&STOP);
 
     let opts = Options {

@@ -14,6 +14,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use clap::Parser;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use krafla::cli::count;
 use krafla::kernels::HalfActs;
 use krafla::model::forward::DEFAULT_BATCH;
 use krafla::model::KvType;
@@ -50,13 +51,13 @@ struct Args {
     #[arg(long)]
     tokens: Option<String>,
     /// Tokens to generate (default 128; 0 with --logits).
-    #[arg(short = 'n', long = "n-predict", allow_negative_numbers = true)]
+    #[arg(short = 'n', long = "n-predict", allow_negative_numbers = true, value_parser = count(0..=1 << 31))]
     n: Option<usize>,
     /// Sampling temperature; 0 is greedy.
     #[arg(long, default_value_t = DEFAULT_TEMP, allow_negative_numbers = true)]
     temp: f32,
     /// Sample from the k most likely tokens (0: all).
-    #[arg(long, default_value_t = DEFAULT_TOP_K, allow_negative_numbers = true)]
+    #[arg(long, default_value_t = DEFAULT_TOP_K, allow_negative_numbers = true, value_parser = count(0..=1 << 31))]
     top_k: usize,
     /// Sample from the smallest set of tokens whose probability reaches p.
     #[arg(long, default_value_t = DEFAULT_TOP_P, allow_negative_numbers = true)]
@@ -75,7 +76,7 @@ struct Args {
     #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
     frequency_penalty: f32,
     /// How many of the last tokens the penalties look at (0: all).
-    #[arg(long, default_value_t = 64, allow_negative_numbers = true)]
+    #[arg(long, default_value_t = 64, allow_negative_numbers = true, value_parser = count(0..=1 << 31))]
     repeat_last_n: usize,
     /// Add BIAS to the logit of token ID (-inf: never); repeatable.
     #[arg(long, value_name = "ID=BIAS", value_parser = parse_logit_bias, allow_hyphen_values = true)]
@@ -85,7 +86,7 @@ struct Args {
     stop: Vec<String>,
     /// Print each generated token's log-probability and its N most likely alternatives,
     /// one JSON line per token on stderr.
-    #[arg(long, value_name = "N", allow_negative_numbers = true)]
+    #[arg(long, value_name = "N", allow_negative_numbers = true, value_parser = count(0..=1 << 20))]
     logprobs: Option<usize>,
     /// Seed of the sampler.
     #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
@@ -94,7 +95,7 @@ struct Args {
     #[arg(long, allow_negative_numbers = true)]
     ctx: Option<usize>,
     /// Most prompt tokens per prefill batch.
-    #[arg(long, default_value_t = DEFAULT_BATCH, allow_negative_numbers = true)]
+    #[arg(long, default_value_t = DEFAULT_BATCH, allow_negative_numbers = true, value_parser = count(1..=1 << 24))]
     batch: usize,
     /// How the KV cache stores keys and values: f32, f16 (half the memory) or q8_0
     /// (about 0.28 of it).
@@ -363,7 +364,7 @@ impl Frontend for Terminal {
 
 fn main() -> ExitCode {
     krafla::cli::default_sigpipe();
-    let args = Args::parse();
+    let args = krafla::cli::parse_args::<Args>();
     let history = match (&args.history, args.no_history) {
         (_, true) => None,
         (Some(h), false) => Some(h.clone()),

@@ -11,6 +11,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use clap::Parser;
+use krafla::cli::count;
 use krafla::kernels::HalfActs;
 use krafla::serve::{Frontend, KvType, Ready, ServeOptions};
 
@@ -52,11 +53,27 @@ struct Args {
     queue: usize,
     /// Prompt tokens read per step over all slots (long prompts are read in chunks
     /// between decode steps).
-    #[arg(long, default_value_t = krafla::serve::DEFAULT_PREFILL_CHUNK, allow_negative_numbers = true)]
+    #[arg(long, default_value_t = krafla::serve::DEFAULT_PREFILL_CHUNK, allow_negative_numbers = true, value_parser = count(1..=1 << 20))]
     prefill_chunk: usize,
     /// Largest request body in bytes (larger: 413).
-    #[arg(long, default_value_t = krafla::serve::DEFAULT_MAX_BODY, allow_negative_numbers = true)]
+    #[arg(long, default_value_t = krafla::serve::DEFAULT_MAX_BODY, allow_negative_numbers = true, value_parser = count(1024..=1 << 30))]
     max_body: usize,
+    /// Connections open at once (kept 64 below the descriptor limit, whose soft value is
+    /// raised to the hard one at start); when full, a new connection closes the oldest
+    /// one not running a request.
+    #[arg(long, default_value_t = krafla::serve::DEFAULT_MAX_CONNECTIONS, allow_negative_numbers = true, value_parser = count(1..=1 << 20))]
+    max_connections: usize,
+    /// Seconds a connection may take to send a request head, counted from when the
+    /// server waits for one (a new connection, or a keep-alive one between requests).
+    #[arg(long, value_name = "SECS", allow_negative_numbers = true, default_value_t = krafla::serve::DEFAULT_HEADER_TIMEOUT.as_secs(), value_parser = clap::value_parser!(u64).range(1..=3600))]
+    header_timeout: u64,
+    /// Seconds a request's body may take to arrive (then 408).
+    #[arg(long, value_name = "SECS", allow_negative_numbers = true, default_value_t = krafla::serve::DEFAULT_BODY_TIMEOUT.as_secs(), value_parser = clap::value_parser!(u64).range(1..=3600))]
+    body_timeout: u64,
+    /// Fuel of one chat template rendering: one per instruction, one per 64 bytes of
+    /// data the template creates (so it bounds time and memory: 4000000 is 256 MiB).
+    #[arg(long, env = "MLB_SERVE_TEMPLATE_FUEL", allow_negative_numbers = true, default_value_t = krafla::chat::budget::DEFAULT_FUEL, value_parser = clap::value_parser!(u64).range(10_000..=1 << 32))]
+    template_fuel: u64,
     /// The model's name in responses and /v1/models (default: the file name).
     #[arg(long)]
     alias: Option<String>,
@@ -86,6 +103,10 @@ impl Args {
         o.queue = self.queue;
         o.prefill_chunk = self.prefill_chunk;
         o.max_body = self.max_body;
+        o.max_connections = self.max_connections;
+        o.header_timeout = std::time::Duration::from_secs(self.header_timeout);
+        o.body_timeout = std::time::Duration::from_secs(self.body_timeout);
+        o.template_fuel = self.template_fuel;
         o.alias = self.alias;
         o.model.pack = !self.no_pack;
         if self.bf16_activations {
@@ -115,7 +136,7 @@ impl Frontend for Terminal {
 fn main() -> ExitCode {
     // No default_sigpipe here: a client that closes its socket must give the server an
     // EPIPE error, not end the process.
-    let opts = Args::parse().into_options();
+    let opts = krafla::cli::parse_args::<Args>().into_options();
     krafla::signals::report_sigbus("mlb-serve", &opts.model.path);
     match krafla::serve::serve(&opts, Arc::new(Terminal)) {
         Ok(()) => {

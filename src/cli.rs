@@ -21,17 +21,21 @@ pub fn write_stdout(s: &str) {
 pub fn write_stdout_bytes(b: &[u8]) {
     let mut o = std::io::stdout().lock();
     if let Err(e) = o.write_all(b).and_then(|()| o.flush()) {
-        let prog = std::env::args()
-            .next()
-            .and_then(|a| {
-                std::path::Path::new(&a)
-                    .file_name()
-                    .map(|n| n.to_string_lossy().into_owned())
-            })
-            .unwrap_or_else(|| "krafla".into());
-        eprintln!("{prog}: stdout: {e}");
+        eprintln!("{}: stdout: {e}", program());
         std::process::exit(1);
     }
+}
+
+/// The running binary's name (for error lines).
+fn program() -> String {
+    std::env::args()
+        .next()
+        .and_then(|a| {
+            std::path::Path::new(&a)
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+        })
+        .unwrap_or_else(|| "krafla".into())
 }
 
 /// `print!` that never panics; see the module docs.
@@ -45,4 +49,32 @@ macro_rules! out {
 macro_rules! outln {
     () => { $crate::cli::write_stdout("\n") };
     ($($t:tt)*) => { $crate::cli::write_stdout(&(format!($($t)*) + "\n")) };
+}
+
+/// Parses the command line with clap. A value clap refuses (a number out of its flag's
+/// range or not a number) is one line on stderr, `PROGRAM: invalid value ...`, exit
+/// status 2; every other outcome (help, version, a missing or unknown argument) is
+/// clap's own.
+pub fn parse_args<T: clap::Parser>() -> T {
+    use clap::error::ErrorKind;
+    match T::try_parse() {
+        Ok(a) => a,
+        Err(e)
+            if matches!(
+                e.kind(),
+                ErrorKind::ValueValidation | ErrorKind::InvalidValue
+            ) =>
+        {
+            let text = e.to_string();
+            let line = text.lines().next().unwrap_or("invalid value");
+            eprintln!("{}: {}", program(), line.trim_start_matches("error: "));
+            std::process::exit(2);
+        }
+        Err(e) => e.exit(),
+    }
+}
+
+/// A clap value parser for a count within `range` (`#[arg(value_parser = count(1..=256))]`).
+pub fn count(range: std::ops::RangeInclusive<u64>) -> clap::builder::RangedU64ValueParser<usize> {
+    clap::builder::RangedU64ValueParser::<usize>::new().range(range)
 }

@@ -467,3 +467,41 @@ fn inspect_chat_errors_name_the_template_line() {
     assert!(!o.status.success());
     assert!(stderr(&o).contains("has none"), "{}", stderr(&o));
 }
+
+/// The default render budget (issue 42) is far above what real templates need: each
+/// real template renders a 2,000-message conversation (about 32k tokens of text, a
+/// system prompt, alternating turns) with a tenth of the default fuel.
+#[test]
+fn a_long_conversation_renders_well_within_the_budget() {
+    use krafla::chat::budget::DEFAULT_FUEL;
+    use krafla::chat::{ChatTemplate, Message, RenderBudget, RenderOptions};
+    let mut msgs = vec![Message::new("system", "You are a helpful assistant.")];
+    for i in 0..2000 {
+        let role = if i % 2 == 0 { "user" } else { "assistant" };
+        msgs.push(Message::new(
+            role,
+            &format!("message {i}: the quick brown fox jumps over the lazy dog {i}."),
+        ));
+    }
+    let opts = RenderOptions {
+        add_generation_prompt: true,
+        ..Default::default()
+    };
+    let specials = [
+        ("bos_token".to_string(), "<s>".to_string()),
+        ("eos_token".to_string(), "</s>".to_string()),
+    ];
+    for e in std::fs::read_dir(chat_dir().join("templates")).unwrap() {
+        let path = e.unwrap().path();
+        let src = std::fs::read_to_string(&path).unwrap();
+        let mut t = ChatTemplate::from_source(&src, &specials).unwrap();
+        t.set_budget(RenderBudget {
+            fuel: DEFAULT_FUEL / 10,
+            ..RenderBudget::default()
+        });
+        let text = t
+            .render(&msgs, &opts)
+            .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        assert!(text.len() > 100_000, "{}", path.display());
+    }
+}

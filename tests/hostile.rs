@@ -948,3 +948,136 @@ fn mlb_inspect_reports_a_sigbus_as_one_line() {
         "mlb-inspect: ML_E_IO: m.mlt: the file was truncated or changed while in use (SIGBUS)\n"
     );
 }
+
+// ------------------------------------------------- 12: hostile chat templates (issue 42)
+
+/// A 3 GiB address space, as the issue's probes ran.
+fn three_gib() -> std::io::Result<()> {
+    let l = limit(3 << 30);
+    // SAFETY: setrlimit with a valid rlimit.
+    os_ok(unsafe { libc::setrlimit(libc::RLIMIT_AS, &l) })
+}
+
+/// Every hostile template through each tool that renders one, under a 3 GiB address
+/// space: mlb-inspect --chat and mlb-run --chat refuse with one line naming the
+/// template and its budget (before: SIGABRT on a 4 GB allocation, a stack overflow, or
+/// 2.5 GiB and 30 s); mlt-convert, which renders a probe conversation to find the end
+/// of turn, writes the file (the probe's failure only leaves that unknown).
+#[test]
+fn hostile_chat_templates_are_one_line_in_every_tool() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    small_model(d);
+    let conv =
+        r#"{"messages": [{"role": "user", "content": "hi"}], "add_generation_prompt": true}"#;
+    std::fs::write(d.join("conv.json"), conv).unwrap();
+    let base = Mlt::parse(&std::fs::read(d.join("m.mlt")).unwrap()).unwrap();
+    let json = testdata().join("default/tokenizer.json");
+    for (i, src) in crate::util::HOSTILE_TEMPLATES.iter().enumerate() {
+        let mut m = base.clone();
+        m.flags |= krafla::format::mlt::FLAG_CHAT;
+        m.chat = Some(krafla::format::mlt_chat::ChatSection {
+            templates: vec![krafla::format::mlt_chat::NamedTemplate {
+                name: "default".into(),
+                source: src.to_string(),
+            }],
+            ..Default::default()
+        });
+        let t = format!("t{i}.mlt");
+        std::fs::write(d.join(&t), m.to_bytes().unwrap()).unwrap();
+        let jinja = format!("t{i}.jinja");
+        std::fs::write(d.join(&jinja), src).unwrap();
+        let t0 = Instant::now();
+        for (bin, args) in [
+            ("mlb-inspect", vec![t.as_str(), "--chat", "conv.json"]),
+            (
+                "mlb-run",
+                vec![
+                    "m.mlb",
+                    "--tokenizer",
+                    &t,
+                    "--chat",
+                    "--prompt",
+                    "hi",
+                    "-n",
+                    "1",
+                ],
+            ),
+        ] {
+            let o = run_with(d, bin, &args, Some(three_gib));
+            let err = stderr(&o);
+            let what = format!("{bin} on {src}");
+            assert_eq!(o.status.code(), Some(1), "{what}: {:?}: {err}", o.status);
+            assert_eq!(err.lines().count(), 1, "{what}: {err}");
+            assert!(!err.contains("panicked"), "{what}: {err}");
+            assert!(
+                err.contains("chat template 'default'")
+                    && (err.contains("render budget") || err.contains("namespace")),
+                "{what}: {err}"
+            );
+        }
+        let json = json.to_str().unwrap();
+        let o = run_with(
+            d,
+            "mlt-convert",
+            &[json, "-o", "out.mlt", "--chat-template", &jinja, "-q"],
+            Some(three_gib),
+        );
+        assert!(o.status.success(), "mlt-convert on {src}: {}", stderr(&o));
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "{src}: {:?}",
+            t0.elapsed()
+        );
+    }
+}
+
+/// Numeric flags out of their range are one line (issue 42), not clap's paragraph.
+#[test]
+fn numeric_flags_out_of_range_are_one_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    small_model(d);
+    for (bin, args, want) in [
+        (
+            "mlb-run",
+            vec!["m.mlb", "--tokens", "1", "--batch", "0"],
+            "--batch",
+        ),
+        (
+            "mlb-run",
+            vec!["m.mlb", "--tokens", "1", "--top-k", "99999999999999999999"],
+            "--top-k",
+        ),
+        (
+            "mlb-run",
+            vec!["m.mlb", "--tokens", "1", "-n", "-1"],
+            "--n-predict",
+        ),
+        (
+            "mlb-run",
+            vec![
+                "m.mlb",
+                "--tokens",
+                "1",
+                "--logprobs",
+                "18446744073709551615",
+            ],
+            "--logprobs",
+        ),
+        (
+            "mlb-convert",
+            vec!["ck", "--threads", "99999999999999999999"],
+            "--threads",
+        ),
+    ] {
+        let o = run(d, bin, &args);
+        let err = stderr(&o);
+        assert_eq!(o.status.code(), Some(2), "{bin} {args:?}: {err}");
+        assert_eq!(err.lines().count(), 1, "{bin} {args:?}: {err}");
+        assert!(
+            err.starts_with(&format!("{bin}: invalid value")) && err.contains(want),
+            "{bin} {args:?}: {err}"
+        );
+    }
+}

@@ -87,14 +87,27 @@ struct Server {
 /// Starts mlb-serve on the default model (the chat tokenizer beside it) with `args`;
 /// `Err((exit code, stderr))` if it exits before listening.
 fn try_start(args: &[&str]) -> Result<Server, (Option<i32>, String)> {
+    try_start_with(args, None)
+}
+
+/// [`try_start`] with `setup` run in the child before exec (resource limits).
+fn try_start_with(
+    args: &[&str],
+    setup: Option<fn() -> std::io::Result<()>>,
+) -> Result<Server, (Option<i32>, String)> {
     let f = files();
-    let mut child = spawn_piped(
-        Command::new(bin_path("mlb-serve"))
-            .arg(&f.mlb)
-            .args(["--port", "0", "--threads", "2"])
-            .args(args)
-            .stdin(Stdio::null()),
-    );
+    let mut cmd = Command::new(bin_path("mlb-serve"));
+    cmd.arg(&f.mlb)
+        .args(["--port", "0", "--threads", "2"])
+        .args(args)
+        .stdin(Stdio::null());
+    #[cfg(unix)]
+    if let Some(f) = setup {
+        use std::os::unix::process::CommandExt;
+        // SAFETY: `f` only makes system calls (setrlimit), safe after fork.
+        unsafe { cmd.pre_exec(f) };
+    }
+    let mut child = spawn_piped(&mut cmd);
     let log = Arc::new(Mutex::new(String::new()));
     let (l2, mut err) = (log.clone(), child.stderr.take().unwrap());
     let errs = std::thread::spawn(move || {
@@ -670,7 +683,7 @@ fn serve_bad_input_is_a_4xx_and_the_server_stays_up() {
     );
     let c = |body: &str| s.post("/v1/chat/completions", body);
     assert_eq!(
-        c(r#"{"messages": [{"role": "user"}], "stop": 5}"#).error(400)["param"],
+        c(r#"{"messages": [{"role": "user", "content": "x"}], "stop": 5}"#).error(400)["param"],
         "stop"
     );
     assert_eq!(
@@ -1114,4 +1127,357 @@ fn serve_sigint_twice_cancels_and_exits_0() {
         assert!(err.contains("shutting down"), "{err}");
     }
     s.assert_shut_down();
+}
+
+// ------------------------------------------------------------------------ issue 42
+
+/// A tokenizer whose template renders `HOSTILE_TEMPLATES[probe]` when the request's
+/// `chat_template_kwargs` name a `probe`, else [`TEMPLATE`].
+fn probe_tokenizer() -> PathBuf {
+    static P: OnceLock<PathBuf> = OnceLock::new();
+    P.get_or_init(|| {
+        let mut src = String::new();
+        for (i, t) in crate::util::HOSTILE_TEMPLATES.iter().enumerate() {
+            src.push_str(&format!("{{% if probe == {i} %}}{t}{{% endif %}}"));
+        }
+        src.push_str(&format!(
+            "{{% if probe is not defined %}}{TEMPLATE}{{% endif %}}"
+        ));
+        let dir = files().mlb.parent().unwrap().to_path_buf();
+        let jinja = dir.join("probes.jinja");
+        std::fs::write(&jinja, src).unwrap();
+        let out = dir.join("probes.mlt");
+        convert(
+            "mlt-convert",
+            &[
+                &testdata().join("default/tokenizer.json"),
+                Path::new("-o"),
+                &out,
+                Path::new("--chat-template"),
+                &jinja,
+            ],
+            &["-q"],
+        );
+        out
+    })
+    .clone()
+}
+
+/// Peak resident memory (VmHWM) of a process, KiB.
+fn peak_kib(pid: i32) -> u64 {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let l = s.lines().find(|l| l.starts_with("VmHWM:")).unwrap();
+    l.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+/// Issue 42, 1: every hostile template answers a JSON error (400 or 500) and the
+/// server stays up (before: it died on the first, a 4 GB allocation); eight renders of
+/// the string-doubling template at once stay within the memory of two (renders wait
+/// for one of the per-core permits, each has its budget; before: 2.5 GiB for one).
+#[test]
+fn serve_hostile_templates_are_errors_and_the_server_stays_up() {
+    let tok = probe_tokenizer();
+    let s = start(&[
+        "--tokenizer",
+        tok.to_str().unwrap(),
+        "--parallel",
+        "2",
+        "--queue",
+        "8",
+    ]);
+    let chat = |probe: Option<usize>| {
+        let mut body = json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1});
+        if let Some(p) = probe {
+            body["chat_template_kwargs"] = json!({ "probe": p });
+        }
+        s.post("/v1/chat/completions", &body.to_string())
+    };
+    assert_eq!(chat(None).status, 200);
+    for i in 0..crate::util::HOSTILE_TEMPLATES.len() {
+        let t0 = Instant::now();
+        let r = chat(Some(i));
+        assert!(
+            r.status == 400 || r.status == 500,
+            "probe {i}: {} {}",
+            r.status,
+            r.body
+        );
+        let e = r.error(r.status);
+        let m = e["message"].as_str().unwrap();
+        assert!(
+            m.contains("render budget") || m.contains("namespace"),
+            "probe {i}: {m}"
+        );
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "probe {i}: {:?}",
+            t0.elapsed()
+        );
+        assert_eq!(s.get("/health").status, 200, "probe {i}");
+    }
+    std::thread::scope(|sc| {
+        for _ in 0..8 {
+            sc.spawn(|| assert_eq!(chat(Some(5)).status, 500));
+        }
+    });
+    assert_eq!(chat(None).status, 200);
+    let peak = peak_kib(s.pid());
+    eprintln!("peak RSS after the probes: {} MiB", peak / 1024);
+    assert!(peak < 1536 * 1024, "peak RSS {} MiB", peak / 1024);
+}
+
+/// Issue 42, 2: client mistakes in messages are 400 naming the field, not 500; an
+/// assistant message with `content: null` beside `tool_calls` is accepted.
+#[test]
+fn serve_message_shapes_are_client_errors() {
+    let s = start(&[]);
+    for (msg, param) in [
+        (json!({"role": "user", "content": 5}), "messages[0].content"),
+        (
+            json!({"role": "user", "content": {"a": 1}}),
+            "messages[0].content",
+        ),
+        (
+            json!({"role": "user", "content": null}),
+            "messages[0].content",
+        ),
+        (json!({"role": "user"}), "messages[0].content"),
+        (
+            json!({"role": "user", "content": [5]}),
+            "messages[0].content[0]",
+        ),
+        (
+            json!({"role": "user", "content": "x", "name": 3}),
+            "messages[0].name",
+        ),
+        (
+            json!({"role": "assistant", "content": null}),
+            "messages[0].content",
+        ),
+    ] {
+        let body = json!({"messages": [msg], "max_tokens": 1});
+        let r = s.post("/v1/chat/completions", &body.to_string());
+        let e = r.error(400);
+        assert_eq!(e["param"], param, "{msg}: {}", r.body);
+    }
+    let calls = json!({"messages": [
+        {"role": "user", "content": "weather?"},
+        {"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "w", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "sunny"}
+    ], "max_tokens": 1});
+    let r = s.post("/v1/chat/completions", &calls.to_string());
+    assert_eq!(r.status, 200, "{}", r.body);
+    s.assert_serves();
+}
+
+/// Issue 42, 3: numeric flags out of range are one line (before: `--queue 2^64-1`
+/// wrapped `parallel + queue` to 0 and every request got 503).
+#[test]
+fn serve_numeric_flags_are_range_checked() {
+    for (args, code, want) in [
+        (
+            vec!["--queue", "18446744073709551615"],
+            1,
+            "--queue = 18446744073709551615: at most 65536",
+        ),
+        (
+            vec!["--parallel", "256", "--queue", "18446744073709551615"],
+            1,
+            "--queue",
+        ),
+        (
+            vec!["--max-body", "99999999999999999999999"],
+            2,
+            "--max-body",
+        ),
+        (vec!["--prefill-chunk", "0"], 2, "--prefill-chunk"),
+        (vec!["--max-connections", "0"], 2, "--max-connections"),
+        (vec!["--header-timeout", "100000"], 2, "--header-timeout"),
+        (vec!["--body-timeout", "-1"], 2, "--body-timeout"),
+        (vec!["--template-fuel", "5"], 2, "--template-fuel"),
+    ] {
+        let (c, err) = match try_start(&args) {
+            Ok(_) => panic!("{args:?} started"),
+            Err(e) => e,
+        };
+        assert_eq!(c, Some(code), "{args:?}: {err}");
+        assert_eq!(err.lines().count(), 1, "{args:?}: {err}");
+        assert!(
+            err.starts_with("mlb-serve: ") && err.contains(want),
+            "{args:?}: {err}"
+        );
+    }
+}
+
+fn raise_own_fd_limit(want: u64) -> bool {
+    let mut r = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: valid rlimit pointers.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) != 0 || r.rlim_max < want as libc::rlim_t {
+            return false;
+        }
+        r.rlim_cur = r.rlim_cur.max(want as libc::rlim_t);
+        libc::setrlimit(libc::RLIMIT_NOFILE, &r) == 0
+    }
+}
+
+fn fd_limit_1024() -> std::io::Result<()> {
+    let l = libc::rlimit {
+        rlim_cur: 1024,
+        rlim_max: 1024,
+    };
+    // SAFETY: setrlimit with a valid rlimit.
+    if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &l) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Issue 42, 4: under a 1024-descriptor limit, 1,100 connections that send nothing do
+/// not lock other clients out: /health answers within a second while they are open
+/// (before: no answer for as long as they stayed open).
+#[cfg(unix)]
+#[test]
+fn serve_idle_connections_do_not_starve_others() {
+    if !raise_own_fd_limit(1400) {
+        eprintln!("skipped: cannot open 1,100 connections here (RLIMIT_NOFILE)");
+        return;
+    }
+    let s = try_start_with(&[], Some(fd_limit_1024)).unwrap_or_else(|e| panic!("{e:?}"));
+    let addr = s.url.trim_start_matches("http://").to_string();
+    let idle: Vec<std::net::TcpStream> = (0..1100)
+        .filter_map(|_| std::net::TcpStream::connect(&addr).ok())
+        .collect();
+    assert!(idle.len() > 1000, "{} connected", idle.len());
+    std::thread::sleep(Duration::from_millis(200));
+    let quick = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .timeout_global(Some(Duration::from_secs(3)))
+        .build();
+    let quick: ureq::Agent = quick.into();
+    let mut worst = Duration::ZERO;
+    for _ in 0..5 {
+        let t0 = Instant::now();
+        let r = quick.get(format!("{}/health", s.url)).call();
+        let took = t0.elapsed();
+        assert!(
+            r.as_ref().is_ok_and(|r| r.status() == 200),
+            "{r:?} after {took:?}"
+        );
+        worst = worst.max(took);
+    }
+    eprintln!("/health with 1,100 idle connections open: worst {worst:?}");
+    assert!(worst < Duration::from_secs(1), "{worst:?}");
+    drop(idle);
+    s.assert_serves();
+}
+
+/// Reads from `c` until EOF or an error; the bytes read.
+fn read_to_close(c: &mut std::net::TcpStream, limit: Duration) -> (Vec<u8>, Duration) {
+    c.set_read_timeout(Some(limit)).unwrap();
+    let t0 = Instant::now();
+    let mut buf = Vec::new();
+    let _ = c.read_to_end(&mut buf);
+    (buf, t0.elapsed())
+}
+
+/// Issue 42, 4: a connection that sends nothing, or half a head, is closed after
+/// `--header-timeout`; a body shorter than its Content-Length gets 408 after
+/// `--body-timeout` (before: all three stayed open).
+#[test]
+fn serve_head_and_body_timeouts() {
+    let s = start(&["--header-timeout", "1", "--body-timeout", "1"]);
+    let addr = s.url.trim_start_matches("http://").to_string();
+    let mut silent = std::net::TcpStream::connect(&addr).unwrap();
+    let mut half_head = std::net::TcpStream::connect(&addr).unwrap();
+    half_head
+        .write_all(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n")
+        .unwrap();
+    let mut half_body = std::net::TcpStream::connect(&addr).unwrap();
+    half_body
+        .write_all(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"pro")
+        .unwrap();
+    for (name, c) in [("silent", &mut silent), ("half head", &mut half_head)] {
+        let (_, took) = read_to_close(c, Duration::from_secs(10));
+        assert!(took < Duration::from_secs(5), "{name}: open for {took:?}");
+    }
+    let (got, took) = read_to_close(&mut half_body, Duration::from_secs(10));
+    let got = String::from_utf8_lossy(&got);
+    assert!(got.starts_with("HTTP/1.1 408"), "{got}");
+    assert!(took < Duration::from_secs(5), "{took:?}");
+    s.assert_serves();
+}
+
+/// Issue 42, 5: SIGTERM ends the server while clients hold a half-sent head and a
+/// half-sent body (before: it never did, even after a second signal).
+#[cfg(unix)]
+#[test]
+fn serve_sigterm_ends_despite_half_sent_requests() {
+    let mut s = start(&[]);
+    let addr = s.url.trim_start_matches("http://").to_string();
+    let mut a = std::net::TcpStream::connect(&addr).unwrap();
+    a.write_all(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n")
+        .unwrap();
+    let mut b = std::net::TcpStream::connect(&addr).unwrap();
+    b.write_all(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 50\r\n\r\n{")
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    let t0 = Instant::now();
+    s.signal(libc::SIGTERM);
+    s.assert_shut_down();
+    let took = t0.elapsed();
+    eprintln!("exit {took:?} after SIGTERM with two half-sent requests");
+    assert!(took < Duration::from_secs(8), "{took:?}");
+}
+
+/// Issue 42, 5: a second SIGTERM closes everything at once, a running stream and a
+/// half-sent request included.
+#[cfg(unix)]
+#[test]
+fn serve_second_sigterm_closes_everything_at_once() {
+    let mut s = start(&["--parallel", "1"]);
+    let addr = s.url.trim_start_matches("http://").to_string();
+    let mut a = std::net::TcpStream::connect(&addr).unwrap();
+    a.write_all(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 50\r\n\r\n{")
+        .unwrap();
+    let (_, lines) = s.long_stream_started(250);
+    s.signal(libc::SIGTERM);
+    std::thread::sleep(Duration::from_millis(300));
+    let t0 = Instant::now();
+    s.signal(libc::SIGTERM);
+    s.assert_shut_down();
+    let took = t0.elapsed();
+    eprintln!("exit {took:?} after the second SIGTERM");
+    assert!(took < Duration::from_secs(2), "{took:?}");
+    drop(lines);
+}
+
+/// Issue 42, 6: a prompt far over the context is refused before it is encoded (before:
+/// 4 MiB of spaces were encoded first, seconds of CPU), as completion text and as a
+/// chat message (the rendering stops at the bound).
+#[test]
+fn serve_prompt_far_over_the_context_is_refused_unencoded() {
+    let s = start(&["--ctx", "64"]);
+    let spaces = " ".repeat(4 << 20);
+    for (path, body) in [
+        (
+            "/v1/completions",
+            json!({"prompt": format!("{spaces}x"), "max_tokens": 1}),
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "user", "content": format!("{spaces}x")}], "max_tokens": 1}),
+        ),
+    ] {
+        let t0 = Instant::now();
+        let r = s.post(path, &body.to_string());
+        let took = t0.elapsed();
+        let e = r.error(400);
+        assert_eq!(e["code"], "context_length_exceeded", "{path}: {}", r.body);
+        assert!(took < Duration::from_secs(2), "{path}: {took:?}");
+    }
+    s.assert_serves();
 }

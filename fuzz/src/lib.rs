@@ -175,15 +175,25 @@ pub fn exercise_chat(data: &[u8]) {
     ) else {
         return;
     };
-    let Ok(t) =
+    let Ok(mut t) =
         krafla::chat::ChatTemplate::from_source(source, &[("bos_token".into(), "<s>".into())])
     else {
         return;
     };
+    // The render budget (issue 42), smaller than the default so that a run stays fast:
+    // 12.8 MB of data, 1 MiB of text. Under -malloc_limit_mb and -rss_limit_mb, an
+    // allocation the budget did not pay for is a finding.
+    let budget = krafla::chat::RenderBudget {
+        fuel: 200_000,
+        max_output: 1 << 20,
+    };
+    t.set_budget(budget);
     let Ok(c) = krafla::chat::Conversation::from_json(conv) else {
         return;
     };
-    let _ = std::hint::black_box(t.render(&c.messages, &c.options));
+    if let Ok(text) = std::hint::black_box(t.render(&c.messages, &c.options)) {
+        assert!(text.len() <= budget.max_output, "{} bytes", text.len());
+    }
 }
 
 /// Parses `data` as GGUF; if it parses, reads every metadata array and every tensor

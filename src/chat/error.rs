@@ -23,6 +23,14 @@ pub enum ChatError {
         line: Option<usize>,
         message: String,
     },
+    /// Rendering ran out of its budget (fuel, output size, depth: `chat::budget`).
+    Budget {
+        template: String,
+        line: Option<usize>,
+        message: String,
+    },
+    /// The rendered text would exceed the render budget's output size.
+    TooLong { template: String, limit: usize },
     /// No template of that name (or none at all).
     NoTemplate {
         name: String,
@@ -94,6 +102,18 @@ impl fmt::Display for ChatError {
                 at(f, template, line)?;
                 write!(f, ": {message}")
             }
+            ChatError::Budget {
+                template,
+                line,
+                message,
+            } => {
+                at(f, template, line)?;
+                write!(f, ": over its render budget: {message}")
+            }
+            ChatError::TooLong { template, limit } => write!(
+                f,
+                "chat template '{template}': the rendered text exceeds {limit} bytes (the render budget's output size)"
+            ),
             ChatError::NoTemplate { name, available } if available.is_empty() => {
                 write!(f, "no chat template '{name}': the tokenizer has none")
             }

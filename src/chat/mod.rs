@@ -21,6 +21,7 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+pub mod budget;
 pub mod capture;
 pub mod conversation;
 pub mod error;
@@ -29,6 +30,7 @@ pub mod report;
 pub mod stop;
 pub mod template;
 
+pub use budget::RenderBudget;
 pub use conversation::{Conversation, Message, RenderOptions};
 pub use error::ChatError;
 pub use minijinja::Value;
@@ -72,6 +74,11 @@ impl Chat {
 
     pub fn stop_mut(&mut self) -> &mut StopSet {
         &mut self.stop
+    }
+
+    /// What one rendering may cost.
+    pub fn set_budget(&mut self, budget: RenderBudget) {
+        self.template.set_budget(budget);
     }
 
     /// The prompt text of a conversation.

@@ -13,20 +13,18 @@
 //! minijinja-contrib's Python methods on strings, lists and dicts (`.strip()`,
 //! `.startswith()`, `.items()` ...), with `strip`/`lstrip`/`rstrip` and the `trim`
 //! filter using Python's whitespace, `{% generation %}` read as a plain block, and a
-//! fuel limit so that no template can run forever. A template that does not compile,
-//! raises or fails is a [`ChatError`] naming the template and line; there is no
-//! fallback template.
+//! render budget (fuel, output size, depth: `budget`) so that no template can run
+//! forever, exhaust memory or overflow the stack. A template that does not compile,
+//! raises, fails or runs out of its budget is a [`ChatError`] naming the template and
+//! line; there is no fallback template.
 
+use super::budget::{self, CappedOutput, RenderBudget};
 use super::conversation::{Message, RenderOptions};
 use super::pyjson::tojson_filter;
 use super::ChatError;
 use crate::format::mlt_chat::{ChatSection, DEFAULT_TEMPLATE};
-use minijinja::value::{Rest, ValueKind};
+use minijinja::value::{Kwargs, Rest, ValueKind};
 use minijinja::{AutoEscape, Environment, Error, ErrorKind, State, Value};
-
-/// Instructions one rendering may run (a long real conversation takes well under a
-/// million); past it rendering fails instead of hanging.
-pub const FUEL: u64 = 50_000_000;
 
 /// The name an ad-hoc template source (given as `RenderOptions::template`) is known by.
 const GIVEN: &str = "(given)";
@@ -78,6 +76,11 @@ fn py_methods(
     method: &str,
     args: &[Value],
 ) -> Result<Value, Error> {
+    if let (Some(s), "format") = (value.as_str(), method) {
+        // Widths and precisions can ask for any length: pay before formatting.
+        let padding = budget::str_format_padding(s);
+        budget::pay_bytes(state, padding.saturating_add(s.len() as u64), "str.format")?;
+    }
     if let (Some(s), true) = (
         value.as_str(),
         args.is_empty() || (args.len() == 1 && args[0].is_none()),
@@ -145,8 +148,45 @@ fn strftime(now: chrono::NaiveDateTime, fmt: &str) -> Result<String, Error> {
     Ok(s)
 }
 
-/// The environment templates are compiled in.
-fn environment() -> Environment<'static> {
+/// transformers' `tojson` ([`tojson_filter`]), refused before it writes when its
+/// output (with the given separators and indent) could exceed the bytes the render
+/// budget has left.
+fn tojson_budgeted(
+    state: &State,
+    value: Value,
+    args: Rest<Value>,
+    kwargs: Kwargs,
+) -> Result<String, Error> {
+    let arg = |i: usize, name: &str| -> Option<Value> {
+        args.get(i)
+            .cloned()
+            .or_else(|| kwargs.peek::<Option<Value>>(name).ok().flatten())
+            .filter(|v| !v.is_none())
+    };
+    let indent = arg(1, "indent").map(|v| match v.as_str() {
+        Some(s) => s.len(),
+        None => v.as_i64().unwrap_or(1).clamp(0, 64) as usize,
+    });
+    let (mut item, mut key) = (if indent.is_some() { 1 } else { 2 }, 2);
+    if let Some(seps) = arg(2, "separators") {
+        let parts: Vec<Value> = seps.try_iter().map(|i| i.collect()).unwrap_or_default();
+        if let [a, b] = parts.as_slice() {
+            item = a.as_str().map_or(0, str::len);
+            key = b.as_str().map_or(0, str::len);
+        }
+    }
+    let left = budget::bytes_left(state).unwrap_or(u64::MAX);
+    if budget::tojson_size(&value, item, key, indent, left).is_none() {
+        return Err(Error::new(
+            ErrorKind::OutOfFuel,
+            "tojson: the output would exceed what the render budget has left",
+        ));
+    }
+    tojson_filter(value, args, kwargs)
+}
+
+/// The environment templates are compiled in, with the fuel of `budget`.
+fn environment(budget: &RenderBudget) -> Environment<'static> {
     let mut env = Environment::new();
     env.set_syntax(
         minijinja::syntax::SyntaxConfig::builder()
@@ -157,13 +197,20 @@ fn environment() -> Environment<'static> {
             .expect("default delimiters are valid"),
     );
     env.set_auto_escape_callback(|_| AutoEscape::None);
-    env.set_fuel(Some(FUEL));
+    env.set_fuel(Some(budget.fuel));
     minijinja_contrib::add_to_environment(&mut env);
     env.set_unknown_method_callback(py_methods);
-    env.add_filter("tojson", tojson_filter);
+    env.add_filter("tojson", tojson_budgeted);
     env.add_filter("trim", trim_filter);
     env.add_function("raise_exception", raise_exception);
+    env.add_function(budget::NAMESPACE_GUARD, budget::namespace_value);
     env
+}
+
+/// The source minijinja compiles: `{% generation %}` tags read as plain blocks, and
+/// namespace assignments guarded (`budget::guard_namespace_sets`).
+fn prepare(source: &str) -> String {
+    budget::guard_namespace_sets(&rewrite_generation_tags(source))
 }
 
 fn error(template: &str, e: &Error, compiling: bool) -> ChatError {
@@ -185,6 +232,9 @@ fn error(template: &str, e: &Error, compiling: bool) -> ChatError {
         Some(d) => format!("{}: {d}", e.kind()),
         None => e.kind().to_string(),
     };
+    if e.kind() == ErrorKind::OutOfFuel {
+        return budget::budget_error(&template, line, message);
+    }
     if compiling {
         ChatError::Syntax {
             template,
@@ -203,6 +253,7 @@ fn error(template: &str, e: &Error, compiling: bool) -> ChatError {
 /// A file's chat templates, compiled, with the special-token strings they read.
 pub struct ChatTemplate {
     env: Environment<'static>,
+    budget: RenderBudget,
     names: Vec<String>,
     sources: Vec<String>,
     specials: Vec<(String, String)>,
@@ -212,6 +263,7 @@ impl std::fmt::Debug for ChatTemplate {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ChatTemplate")
             .field("names", &self.names)
+            .field("budget", &self.budget)
             .field("specials", &self.specials)
             .finish()
     }
@@ -220,8 +272,10 @@ impl std::fmt::Debug for ChatTemplate {
 impl ChatTemplate {
     /// Compiles every template of a chat section.
     pub fn new(section: &ChatSection) -> Result<ChatTemplate, ChatError> {
+        let budget = RenderBudget::default();
         let mut t = ChatTemplate {
-            env: environment(),
+            env: environment(&budget),
+            budget,
             names: Vec::new(),
             sources: Vec::new(),
             specials: section.specials.clone(),
@@ -249,11 +303,21 @@ impl ChatTemplate {
 
     fn add(&mut self, name: &str, source: &str) -> Result<(), ChatError> {
         self.env
-            .add_template_owned(name.to_string(), rewrite_generation_tags(source))
+            .add_template_owned(name.to_string(), prepare(source))
             .map_err(|e| error(name, &e, true))?;
         self.names.push(name.to_string());
         self.sources.push(source.to_string());
         Ok(())
+    }
+
+    /// What one rendering may cost (default: [`RenderBudget::default`]).
+    pub fn set_budget(&mut self, budget: RenderBudget) {
+        self.env.set_fuel(Some(budget.fuel));
+        self.budget = budget;
+    }
+
+    pub fn budget(&self) -> &RenderBudget {
+        &self.budget
     }
 
     /// The template names, in file order.
@@ -353,12 +417,12 @@ impl ChatTemplate {
         ctx.extend(opts.kwargs.iter().cloned());
         let ctx = Value::from_pairs(ctx.iter().map(|(k, v)| (k.as_str(), v.clone())));
         let rendered = if name == GIVEN {
-            let mut env = environment();
-            env.add_template_owned(GIVEN, rewrite_generation_tags(&source))
+            let mut env = environment(&self.budget);
+            env.add_template_owned(GIVEN, prepare(&source))
                 .map_err(|e| error(&name, &e, true))?;
-            render_in(&env, &name, ctx)?
+            render_in(&env, &name, ctx, self.budget.max_output)?
         } else {
-            render_in(&self.env, &name, ctx)?
+            render_in(&self.env, &name, ctx, self.budget.max_output)?
         };
         match final_text {
             Some(text) => cut_at_tag(&name, rendered, &text),
@@ -367,9 +431,35 @@ impl ChatTemplate {
     }
 }
 
-fn render_in(env: &Environment, name: &str, ctx: Value) -> Result<String, ChatError> {
+/// Renders into a writer that refuses more than `max_output` bytes.
+fn render_in(
+    env: &Environment,
+    name: &str,
+    ctx: Value,
+    max_output: usize,
+) -> Result<String, ChatError> {
     let t = env.get_template(name).map_err(|e| error(name, &e, true))?;
-    t.render(ctx).map_err(|e| error(name, &e, false))
+    let mut out = CappedOutput {
+        buf: Vec::new(),
+        max: max_output,
+        over: false,
+    };
+    match t.render_captured_to(ctx, &mut out) {
+        Ok(_) => {}
+        Err(_) if out.over => {
+            return Err(ChatError::TooLong {
+                template: name.to_string(),
+                limit: max_output,
+            })
+        }
+        Err(e) => return Err(error(name, &e, false)),
+    }
+    // minijinja writes whole UTF-8 strings, so the bytes are text.
+    String::from_utf8(out.buf).map_err(|e| ChatError::Render {
+        template: name.to_string(),
+        line: None,
+        message: e.to_string(),
+    })
 }
 
 /// transformers' `continue_final_message`: tags the final message's content (its last
@@ -543,6 +633,41 @@ mod tests {
         )
         .unwrap_err();
         assert!(e.to_string().contains("fuel"), "{e}");
+    }
+
+    #[test]
+    fn hostile_templates_are_clean_errors_within_the_budget() {
+        // Issue 42's probes: before, aborts on 4 GB allocations, stack overflows, 2.5 GiB.
+        for (src, want) in [
+            ("{% set l = range(100000)|list %}{{ l|tojson(separators=(' ' * 1000000, ':')) }}", "render budget"),
+            ("{% set l = range(100000)|list %}{{ l|tojson(indent=' ' * 1000000) }}", "render budget"),
+            ("{% set ns = namespace(a=1) %}{% set ns.me = ns %}{{ ns }}", "namespace cannot hold a namespace"),
+            ("{% set ns = namespace(a=1) %}{% set ns.l = [ns] %}{{ ns }}", "namespace cannot hold a namespace"),
+            ("{% set ns = namespace(a=[]) %}{% for i in range(1000) %}{% set ns.a = [ns.a] %}{% endfor %}{{ ns.a }}", "nest at most"),
+            ("{{ '%999999999s'|format('x') }}", "render budget"),
+            ("{{ '{:>999999999}'.format('x') }}", "render budget"),
+            ("{% set ns = namespace(s='ab') %}{% for i in range(64) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s|length }}", "render budget"),
+            ("{% set ns = namespace(l=[1]) %}{% for i in range(64) %}{% set ns.l = ns.l + ns.l %}{% endfor %}{{ ns.l|length }}", "render budget"),
+            ("{% for i in range(100000) %}{{ 'x' * 1000 }}{% endfor %}", "render budget"),
+        ] {
+            let t0 = std::time::Instant::now();
+            let e = render(src, &[("user", "x")]).expect_err(src);
+            assert!(e.to_string().contains(want), "{src}: {e}");
+            assert!(t0.elapsed().as_secs() < 20, "{src}: {:?}", t0.elapsed());
+        }
+        // The output bound, on a small budget.
+        let mut small = t("{% for i in range(1000) %}0123456789{% endfor %}");
+        small.set_budget(RenderBudget {
+            max_output: 5000,
+            ..RenderBudget::default()
+        });
+        let e = small
+            .render(&conv(&[("user", "x")]), &RenderOptions::default())
+            .unwrap_err();
+        assert!(matches!(e, ChatError::TooLong { limit: 5000, .. }), "{e}");
+        // Namespaces still work as templates use them.
+        let r = render("{% set ns = namespace(n=0, l=[], d={}) %}{% for m in messages %}{% set ns.n = ns.n + 1 %}{% set ns.l = ns.l + [m.role] %}{% endfor %}{% set ns.d, x = {'k': messages}, 1 %}{{ ns.n }}{{ ns.l }}{{ ns.d.k[0].content }}", &[("user", "a"), ("assistant", "b")]).unwrap();
+        assert_eq!(r, "2['user', 'assistant']a");
     }
 
     #[test]

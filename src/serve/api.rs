@@ -64,6 +64,11 @@ impl ApiError {
         }
     }
 
+    /// An `invalid_request_error` with any status.
+    pub fn new_status(status: StatusCode, message: impl Into<String>) -> ApiError {
+        ApiError::new(status, "invalid_request_error", message)
+    }
+
     /// 400 about the request as a whole.
     pub fn bad_request(message: impl Into<String>) -> ApiError {
         ApiError::new(StatusCode::BAD_REQUEST, "invalid_request_error", message)
@@ -384,14 +389,78 @@ fn prompt_of(v: Option<&Json>) -> Result<Prompt, ApiError> {
     }
 }
 
-/// A chat template error: 400 about `messages` (a template that raises refuses the
-/// conversation), or 500 when the template itself fails.
+/// A chat template error. The template compiled at start, and the request's messages
+/// were checked before rendering, so a template that raises or fails on this
+/// conversation refuses the request: 400 about `messages`; a rendering longer than the
+/// context can hold: 400 `context_length_exceeded`. A template that runs out of its
+/// render budget (fuel) on a request the context can hold is the template's fault: 500.
 pub fn chat_error(e: &ChatError) -> ApiError {
     match e {
         ChatError::Input { field, .. } => ApiError::invalid(field, e.to_string()),
-        ChatError::Raised { .. } => ApiError::invalid("messages", e.to_string()),
+        ChatError::Raised { .. } | ChatError::Render { .. } => {
+            ApiError::invalid("messages", e.to_string())
+        }
+        ChatError::TooLong { .. } => ApiError::context("messages", e.to_string()),
         ChatError::NoTemplate { .. } => ApiError::not_found(e.to_string()),
-        _ => ApiError::internal(e.to_string()),
+        ChatError::Budget { .. } => ApiError {
+            code: Some("template_budget_exceeded"),
+            ..ApiError::internal(e.to_string())
+        },
+        ChatError::Syntax { .. } => ApiError::internal(e.to_string()),
+    }
+}
+
+/// 400 `invalid_type` about one field.
+fn invalid_type(param: &str, message: String) -> ApiError {
+    ApiError {
+        code: Some("invalid_type"),
+        ..ApiError::invalid(param, message)
+    }
+}
+
+/// Checks a message's shape as OpenAI does before the template sees it: `content` is a
+/// string, a list of parts, or (an assistant's, beside `tool_calls` or
+/// `function_call`) null or absent; `name` is a string; `tool_calls` a list.
+fn check_shape(m: &Message, field: &str) -> Result<(), ApiError> {
+    let given = |k: &str| m.get(k).filter(|v| !v.is_none() && !v.is_undefined());
+    for (key, kind, what) in [
+        ("name", ValueKind::String, "a string"),
+        ("tool_calls", ValueKind::Seq, "a list"),
+        ("tool_call_id", ValueKind::String, "a string"),
+    ] {
+        if let Some(v) = given(key).filter(|v| v.kind() != kind) {
+            return Err(invalid_type(
+                &format!("{field}.{key}"),
+                format!(
+                    "Invalid type for '{field}.{key}': expected {what}, got {}.",
+                    v.kind()
+                ),
+            ));
+        }
+    }
+    match given("content") {
+        None => {
+            let calls = given("tool_calls").is_some() || given("function_call").is_some();
+            if m.role() == "assistant" && calls {
+                Ok(())
+            } else {
+                Err(ApiError {
+                    param: Some(format!("{field}.content")),
+                    code: Some("missing_required_parameter"),
+                    ..ApiError::bad_request(format!(
+                        "Missing required parameter: '{field}.content' (only an assistant message with 'tool_calls' may leave it out or null)."
+                    ))
+                })
+            }
+        }
+        Some(c) if matches!(c.kind(), ValueKind::String | ValueKind::Seq) => Ok(()),
+        Some(c) => Err(invalid_type(
+            &format!("{field}.content"),
+            format!(
+                "Invalid type for '{field}.content': expected a string or a list of content parts, got {} ({c}).",
+                c.kind()
+            ),
+        )),
     }
 }
 
@@ -400,6 +469,7 @@ pub fn chat_error(e: &ChatError) -> ApiError {
 fn message(v: &Value, i: usize) -> Result<Message, ApiError> {
     let field = format!("messages[{i}]");
     let mut m = Message::from_value(v, &field).map_err(|e| chat_error(&e))?;
+    check_shape(&m, &field)?;
     if let Some(c) = m
         .get("content")
         .filter(|c| c.kind() == ValueKind::Seq)

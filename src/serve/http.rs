@@ -1,7 +1,10 @@
 //! The HTTP edge of mlb-serve: axum routes and handlers, server-sent event streams,
-//! the API key check. Handlers read and check a request, render and encode its prompt
-//! (on tokio's blocking pool), and hand it to the model thread through a channel; the
-//! model's events come back on a channel of the request's own.
+//! the API key check. Handlers read the body (within the body timeout), check the
+//! request, render and encode its prompt (on tokio's blocking pool, at most one per core
+//! at once, and only once the request has its place in the queue), and hand it to the
+//! model thread through a channel; the model's events come back on a channel of the
+//! request's own. From the body read to the response's end the connection counts as
+//! running a request (`conn::Running`).
 
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -10,7 +13,7 @@ use std::sync::Arc;
 
 use axum::body::Bytes;
 use axum::extract::rejection::{BytesRejection, FailedToBufferBody};
-use axum::extract::{DefaultBodyLimit, State};
+use axum::extract::{DefaultBodyLimit, FromRequest, State};
 use axum::http::header::{AUTHORIZATION, RETRY_AFTER, WWW_AUTHENTICATE};
 use axum::http::{HeaderValue, Method, StatusCode, Uri};
 use axum::middleware::{self, Next};
@@ -27,6 +30,7 @@ use subtle::ConstantTimeEq;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
 use super::api::{self, ApiError, Endpoint, Meta, Prompt, Request, TokenLogprob};
+use super::conn::{Conn, Running};
 use super::scheduler::{Event, Job, Msg, Shared};
 use crate::chat::Chat;
 use crate::session::{Engine, GenerateOptions};
@@ -52,6 +56,13 @@ pub struct App {
     pub parallel: usize,
     pub queue: usize,
     pub max_body: usize,
+    /// How long a handler waits for the whole body.
+    pub body_timeout: std::time::Duration,
+    /// Longest prompt text (a completion's, a chat's rendering) encoded: any longer
+    /// cannot fit the context.
+    pub max_prompt_bytes: usize,
+    /// Permits for CPU work on the blocking pool (rendering, encoding): one per core.
+    pub cpu: Arc<tokio::sync::Semaphore>,
     /// Per-process random bits for ids and seeds.
     pub salt: u64,
     pub counter: AtomicU64,
@@ -107,6 +118,15 @@ impl App {
                 chat.encode(self.tokenizer(), messages, opts)
                     .map_err(|e| api::chat_error(&e))
             }
+            Prompt::Text(t) if t.len() > self.max_prompt_bytes => Err(ApiError::context(
+                "prompt",
+                format!(
+                    "This model's maximum context length is {} tokens, and your prompt of {} bytes cannot encode to fewer (at most {} bytes can fit). Please reduce the length of the prompt.",
+                    self.ctx,
+                    t.len(),
+                    self.max_prompt_bytes
+                ),
+            )),
             Prompt::Text(t) => Ok(self.tokenizer().encode(t)),
             Prompt::Ids(ids) => Ok(ids.clone()),
         }
@@ -227,6 +247,28 @@ async fn not_allowed(method: Method, uri: Uri) -> Response {
     .into_response()
 }
 
+/// A request's body, read within the body timeout (else 408), and its connection
+/// (absent when the router is used without `conn`).
+async fn read_body(
+    app: &App,
+    req: axum::extract::Request,
+) -> Result<(Bytes, Option<Arc<Conn>>), ApiError> {
+    let conn = req.extensions().get::<Arc<Conn>>().cloned();
+    let body = tokio::time::timeout(app.body_timeout, Bytes::from_request(req, &()))
+        .await
+        .map_err(|_| ApiError {
+            code: Some("request_timeout"),
+            ..ApiError::new_status(
+                StatusCode::REQUEST_TIMEOUT,
+                format!(
+                    "The request body did not arrive within {} s.",
+                    app.body_timeout.as_secs()
+                ),
+            )
+        })?;
+    Ok((body_of(body, app.max_body)?, conn))
+}
+
 /// The body, or 413 past the size limit.
 fn body_of(b: Result<Bytes, BytesRejection>, limit: usize) -> Result<Bytes, ApiError> {
     match b {
@@ -241,12 +283,14 @@ fn body_of(b: Result<Bytes, BytesRejection>, limit: usize) -> Result<Bytes, ApiE
     }
 }
 
-/// The body as the JSON of a request: 413 past the size limit, 400 if it is not one.
-fn json_body<T: DeserializeOwned>(
-    b: Result<Bytes, BytesRejection>,
-    limit: usize,
-) -> Result<T, ApiError> {
-    api::from_json(&body_of(b, limit)?)
+/// The body as the JSON of a request: 408 past the body timeout, 413 past the size
+/// limit, 400 if it is not one; with the request marked running on its connection.
+async fn json_body<T: DeserializeOwned>(
+    app: &App,
+    req: axum::extract::Request,
+) -> Result<(T, Option<Running>), ApiError> {
+    let (body, conn) = read_body(app, req).await?;
+    Ok((api::from_json(&body)?, conn.map(|c| c.running())))
 }
 
 async fn models(State(app): State<Arc<App>>) -> Response {
@@ -298,20 +342,31 @@ struct DetokenizeRequest {
     tokens: Vec<u32>,
 }
 
-/// Runs `f` on tokio's blocking pool (tokenizing and rendering are CPU work).
+/// Runs `f` on tokio's blocking pool (tokenizing and rendering are CPU work), holding
+/// one of the per-core permits, so that no more run at once than there are cores.
 async fn blocking<T: Send + 'static>(
+    app: &App,
     f: impl FnOnce() -> Result<T, ApiError> + Send + 'static,
 ) -> Result<T, ApiError> {
-    tokio::task::spawn_blocking(f)
+    let permit = app
+        .cpu
+        .clone()
+        .acquire_owned()
         .await
-        .map_err(|e| ApiError::internal(format!("a worker failed: {e}")))?
+        .map_err(|_| ApiError::shutting_down())?;
+    tokio::task::spawn_blocking(move || {
+        let _permit = permit;
+        f()
+    })
+    .await
+    .map_err(|e| ApiError::internal(format!("a worker failed: {e}")))?
 }
 
 async fn tokenize(
     State(app): State<Arc<App>>,
-    body: Result<Bytes, BytesRejection>,
+    req: axum::extract::Request,
 ) -> Result<Response, ApiError> {
-    let req: TokenizeRequest = json_body(body, app.max_body)?;
+    let (req, _running): (TokenizeRequest, _) = json_body(&app, req).await?;
     if !req.parse_special {
         return Err(ApiError::invalid(
             "parse_special",
@@ -319,7 +374,7 @@ async fn tokenize(
         ));
     }
     let a = app.clone();
-    let out = blocking(move || {
+    let out = blocking(&app, move || {
         let tok = a.tokenizer();
         let ids = tok.encode_with(&req.content, req.add_special);
         Ok(if req.with_pieces {
@@ -346,9 +401,9 @@ async fn tokenize(
 
 async fn detokenize(
     State(app): State<Arc<App>>,
-    body: Result<Bytes, BytesRejection>,
+    req: axum::extract::Request,
 ) -> Result<Response, ApiError> {
-    let req: DetokenizeRequest = json_body(body, app.max_body)?;
+    let (req, _running): (DetokenizeRequest, _) = json_body(&app, req).await?;
     let n = app.tokenizer().n_vocab();
     if let Some((i, id)) = req
         .tokens
@@ -362,21 +417,21 @@ async fn detokenize(
         ));
     }
     let a = app.clone();
-    let text = blocking(move || {
+    let text = blocking(&app, move || {
         Ok(String::from_utf8_lossy(&a.tokenizer().decode(&req.tokens)).into_owned())
     })
     .await?;
     Ok(Json(json!({ "content": text })).into_response())
 }
 
-async fn chat(State(app): State<Arc<App>>, body: Result<Bytes, BytesRejection>) -> Response {
-    generate(app, Endpoint::Chat, body)
+async fn chat(State(app): State<Arc<App>>, req: axum::extract::Request) -> Response {
+    generate(app, Endpoint::Chat, req)
         .await
         .unwrap_or_else(IntoResponse::into_response)
 }
 
-async fn completions(State(app): State<Arc<App>>, body: Result<Bytes, BytesRejection>) -> Response {
-    generate(app, Endpoint::Completion, body)
+async fn completions(State(app): State<Arc<App>>, req: axum::extract::Request) -> Response {
+    generate(app, Endpoint::Completion, req)
         .await
         .unwrap_or_else(IntoResponse::into_response)
 }
@@ -386,9 +441,10 @@ async fn completions(State(app): State<Arc<App>>, body: Result<Bytes, BytesRejec
 async fn generate(
     app: Arc<App>,
     endpoint: Endpoint,
-    body: Result<Bytes, BytesRejection>,
+    req: axum::extract::Request,
 ) -> Result<Response, ApiError> {
-    let body = body_of(body, app.max_body)?;
+    let (body, conn) = read_body(&app, req).await?;
+    let running = conn.map(|c| c.running());
     if endpoint == Endpoint::Chat && app.chat.is_none() {
         return Err(app.no_template());
     }
@@ -401,7 +457,7 @@ async fn generate(
         .ticket()
         .ok_or_else(|| ApiError::busy(app.parallel, app.queue))?;
     let a = app.clone();
-    let (req, ids) = blocking(move || a.prompt_ids(&req).map(|ids| (req, ids))).await?;
+    let (req, ids) = blocking(&app, move || a.prompt_ids(&req).map(|ids| (req, ids))).await?;
     let gen = app.gen_options(&req, ids.len())?;
     let prefix = match endpoint {
         Endpoint::Chat => "chatcmpl",
@@ -430,7 +486,7 @@ async fn generate(
         _ => return Err(ApiError::internal("the model thread dropped the request")),
     }
     if req.stream {
-        Ok(stream_response(app, meta, req.include_usage, rx))
+        Ok(stream_response(app, meta, req.include_usage, rx, running))
     } else {
         collect(app, meta, rx).await
     }
@@ -477,6 +533,8 @@ struct Streaming {
     /// Characters of completion text sent (the completions' `text_offset`).
     offset: usize,
     done: bool,
+    /// The connection runs this request until the stream ends.
+    _running: Option<Running>,
 }
 
 impl Streaming {
@@ -549,6 +607,7 @@ fn stream_response(
     meta: Meta,
     include_usage: bool,
     rx: UnboundedReceiver<Event>,
+    running: Option<Running>,
 ) -> Response {
     let head = match meta.endpoint {
         Endpoint::Chat => vec![api::chunk(
@@ -570,6 +629,7 @@ fn stream_response(
         lps: Vec::new(),
         offset: 0,
         done: false,
+        _running: running,
     };
     let body = stream::unfold(st, |mut st| async move {
         if st.done {

@@ -2,6 +2,8 @@
 //!
 //! - [`api`]: the JSON of requests, responses, stream chunks and errors;
 //! - `http`: axum on tokio: routes, handlers, server-sent events, the API key check;
+//! - `conn`: the accept loop: the connection cap, the head and body timeouts, the
+//!   two-stage shutdown;
 //! - `scheduler`: the model's own thread: `parallel` slots (each a
 //!   [`Session`](crate::session::Session) over the one [`Engine`]), continuous batching
 //!   (every step runs each busy slot's next ids through one call), chunked prefill,
@@ -15,6 +17,7 @@
 //! clean shutdown (SIGINT/SIGTERM), or a typed [`ServeError`].
 
 pub mod api;
+mod conn;
 mod http;
 mod scheduler;
 
@@ -29,7 +32,7 @@ use std::time::Duration;
 
 use sha2::{Digest, Sha256};
 
-use crate::chat::{Chat, ChatError, StopSet};
+use crate::chat::{Chat, ChatError, RenderBudget, StopSet};
 use crate::format::mlt::Mlt;
 use crate::format::FormatError;
 use crate::kernels::pool;
@@ -49,6 +52,22 @@ pub const DEFAULT_MAX_BODY: usize = 8 << 20;
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 /// Most slots.
 pub const MAX_PARALLEL: usize = 256;
+/// Most queue places (`--queue`).
+pub const MAX_QUEUE: usize = 1 << 16;
+/// Connections open at once (`--max-connections` default; kept below the descriptor
+/// limit).
+pub const DEFAULT_MAX_CONNECTIONS: usize = 1024;
+/// How long a connection may take to send a request head, counted from when the server
+/// waits for one (`--header-timeout` default; also the keep-alive idle timeout).
+pub const DEFAULT_HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a handler waits for a request's whole body (`--body-timeout` default).
+pub const DEFAULT_BODY_TIMEOUT: Duration = Duration::from_secs(30);
+/// After the first signal, connections not running a request are closed this late.
+pub const SHUTDOWN_DRAIN: Duration = Duration::from_secs(3);
+/// A prompt's text may have at most this many bytes per position of the context times
+/// the tokenizer's longest token before it is refused unencoded (no text of that size
+/// can encode to fewer ids than the context has positions).
+pub const PROMPT_BYTES_SLACK: usize = 4;
 
 /// The KV cache's element type (`--kv-type`): the engine's.
 pub use crate::model::KvType;
@@ -77,6 +96,16 @@ pub struct ServeOptions {
     pub alias: Option<String>,
     /// How long running requests may finish after the first SIGINT/SIGTERM.
     pub grace: Duration,
+    /// Connections open at once (then kept [`conn::FD_RESERVE`] below the descriptor
+    /// limit).
+    pub max_connections: usize,
+    /// How long a connection may take to send a request head (also the keep-alive idle
+    /// timeout).
+    pub header_timeout: Duration,
+    /// How long a handler waits for a request's whole body (then 408).
+    pub body_timeout: Duration,
+    /// Fuel of one chat template rendering (`chat::budget`).
+    pub template_fuel: u64,
 }
 
 impl ServeOptions {
@@ -93,6 +122,10 @@ impl ServeOptions {
             max_body: DEFAULT_MAX_BODY,
             alias: None,
             grace: SHUTDOWN_GRACE,
+            max_connections: DEFAULT_MAX_CONNECTIONS,
+            header_timeout: DEFAULT_HEADER_TIMEOUT,
+            body_timeout: DEFAULT_BODY_TIMEOUT,
+            template_fuel: crate::chat::budget::DEFAULT_FUEL,
         }
     }
 
@@ -113,6 +146,31 @@ impl ServeOptions {
             );
         }
         self.model.validate()?;
+        if self.queue > MAX_QUEUE {
+            return bad(
+                "--queue",
+                self.queue.to_string(),
+                &format!("at most {MAX_QUEUE}"),
+            );
+        }
+        if self.max_connections == 0 {
+            return bad("--max-connections", "0".into(), "at least 1");
+        }
+        for (name, d) in [
+            ("--header-timeout", self.header_timeout),
+            ("--body-timeout", self.body_timeout),
+        ] {
+            if d.is_zero() {
+                return bad(name, "0".into(), "at least 1 second");
+            }
+        }
+        if self.template_fuel < 10_000 {
+            return bad(
+                "--template-fuel",
+                self.template_fuel.to_string(),
+                "at least 10000",
+            );
+        }
         if self.prefill_chunk == 0 {
             return bad("--prefill-chunk", "0".into(), "at least one id per step");
         }
@@ -333,7 +391,7 @@ pub fn serve(o: &ServeOptions, fe: Arc<dyn Frontend>) -> Result<(), ServeError> 
         path: tok_path.clone(),
         err: Box::new(err),
     })?;
-    let chat = Chat::from_mlt(&mlt).map_err(|err| ServeError::Chat {
+    let mut chat = Chat::from_mlt(&mlt).map_err(|err| ServeError::Chat {
         path: tok_path.clone(),
         err,
     })?;
@@ -349,7 +407,7 @@ pub fn serve(o: &ServeOptions, fe: Arc<dyn Frontend>) -> Result<(), ServeError> 
             .map_or_else(|| "model".into(), |s| s.to_string_lossy().into_owned())
     });
     let engine = Arc::new(engine);
-    let shared = Arc::new(Shared::new(o.parallel + o.queue));
+    let shared = Arc::new(Shared::new(o.parallel.saturating_add(o.queue)));
     let cfg = SlotsConfig {
         parallel: o.parallel,
         model: o.session_options(),
@@ -357,8 +415,40 @@ pub fn serve(o: &ServeOptions, fe: Arc<dyn Frontend>) -> Result<(), ServeError> 
         grace: o.grace,
     };
     let (tx, thread, info) = scheduler::start(engine.clone(), cfg, shared.clone(), fe.clone())?;
+    // No prompt text longer than this can fit the context (every id covers at most the
+    // longest token's bytes; the slack covers normalization).
+    let longest = {
+        let t = engine.tokenizer().expect("mlb-serve loads a tokenizer");
+        (0..t.n_vocab() as u32)
+            .filter_map(|id| t.token_bytes(id).map(<[u8]>::len))
+            .max()
+            .unwrap_or(1)
+            .max(1)
+    };
+    let max_prompt_bytes = info
+        .ctx
+        .saturating_mul(longest)
+        .saturating_mul(PROMPT_BYTES_SLACK)
+        .max(4096);
+    if let Some(c) = &mut chat {
+        c.set_budget(RenderBudget {
+            fuel: o.template_fuel,
+            max_output: max_prompt_bytes,
+        });
+    }
+    let fd_limit = conn::raise_fd_limit();
+    let limits = conn::ConnLimits {
+        max_connections: conn::connection_cap(o.max_connections, fd_limit),
+        header_timeout: o.header_timeout,
+        drain: SHUTDOWN_DRAIN,
+        grace: o.grace,
+    };
+    // Renders and encodes run on the blocking pool, at most one per core at once.
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
+        // Template renders nest as deep as minijinja's recursion limit allows.
+        .thread_stack_size(8 << 20)
         .thread_name("mlb-serve-http")
         .enable_all()
         .build()
@@ -386,6 +476,9 @@ pub fn serve(o: &ServeOptions, fe: Arc<dyn Frontend>) -> Result<(), ServeError> 
         parallel: o.parallel,
         queue: o.queue,
         max_body: o.max_body,
+        body_timeout: o.body_timeout,
+        max_prompt_bytes,
+        cpu: Arc::new(tokio::sync::Semaphore::new(cores)),
         salt,
         counter: AtomicU64::new(0),
     });
@@ -414,7 +507,9 @@ pub fn serve(o: &ServeOptions, fe: Arc<dyn Frontend>) -> Result<(), ServeError> 
             threads: pool::threads(),
         });
         let (fe2, shared2, tx2) = (fe.clone(), shared.clone(), tx.clone());
-        let shutdown = async move {
+        let (stop_tx, stop_rx) = tokio::sync::watch::channel(conn::Stop::Running);
+        // First signal: drain; second: cancel and close everything.
+        tokio::spawn(async move {
             signals.recv().await;
             let running = shared2.processing.load(SeqCst);
             fe2.log(&format!(
@@ -423,15 +518,14 @@ pub fn serve(o: &ServeOptions, fe: Arc<dyn Frontend>) -> Result<(), ServeError> 
             ));
             shared2.draining.store(true, SeqCst);
             let _ = tx2.send(Msg::Drain);
-            tokio::spawn(async move {
-                signals.recv().await;
-                let _ = tx2.send(Msg::CancelAll);
-            });
-        };
-        axum::serve(listener, http::router(app))
-            .with_graceful_shutdown(shutdown)
-            .await
-            .map_err(|e| ServeError::Thread(format!("the server failed: {e}")))
+            let _ = stop_tx.send(conn::Stop::Draining);
+            signals.recv().await;
+            fe2.log("second signal: cancelling every request and closing every connection");
+            let _ = tx2.send(Msg::CancelAll);
+            let _ = stop_tx.send(conn::Stop::Now);
+        });
+        conn::serve(listener, http::router(app), limits, stop_rx).await;
+        Ok(())
     });
     // Every handler has finished; with the last sender gone the model thread ends.
     drop(tx);

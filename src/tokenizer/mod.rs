@@ -305,6 +305,8 @@ impl Tokenizer {
                     out.extend_from_slice(ids);
                     return;
                 }
+            } else if pretok.encode_long_run(piece, &mut |p, v| self.bpe_piece(p, v), out) {
+                return;
             }
             scratch.clear();
             scratch.extend(b.iter().filter_map(|&c| self.byte_symbol(c)));
@@ -317,6 +319,20 @@ impl Tokenizer {
                 cache.insert(b.to_vec(), scratch.clone());
             }
         });
+    }
+
+    /// A byte-level piece's ids, uncached (the long-run path's slow reference).
+    fn bpe_piece(&self, piece: &str, out: &mut Vec<u32>) {
+        let b = piece.as_bytes();
+        if self.flags & FLAG_IGNORE_MERGES != 0 {
+            if let Some(&id) = self.vocab.get(b) {
+                out.push(id);
+                return;
+            }
+        }
+        let mut syms: Vec<u32> = b.iter().filter_map(|&c| self.byte_symbol(c)).collect();
+        self.merges.apply(&mut syms);
+        out.extend_from_slice(&syms);
     }
 
     #[inline]

@@ -8,11 +8,30 @@
 //! alternation with the regex engine's backtracking worked out per alternative), over
 //! the Unicode classes of `regex-syntax`; [`RegexPreTokenizer`] runs the same patterns
 //! through fancy-regex and is kept as the reference the matcher is tested against.
+//!
+//! Long runs: a piece that is one character repeated (8 MiB of spaces is one piece)
+//! would cost the BPE heap O(n log n) with a large constant (about 1 s per MiB).
+//! [`PreTokenizer::encode_long_run`] encodes a run of `n` ≥ [`RUN_MIN`] copies of `c` in
+//! linear time: BPE on a long run of one character merges it, left to right, into a
+//! body of one repeated token `T = c^L` (the longest the merges build; nothing merges
+//! with it) and a tail set by `n` modulo `L`, so `bpe(c^(m+L)) = [T] + bpe(c^m)` once
+//! `m` is past the start-up length [`RUN_BASE`]. For each character that period is
+//! found and then checked over a whole period of lengths against the slow path at first
+//! use; a character that does not check out keeps the slow path.
 
 use crate::format::mlt::{
     FLAG_DIGITS_SPLIT, FLAG_GPT2_REGEX, FLAG_LETTER_MARKS, FLAG_SINGLE_DIGITS,
 };
 use fancy_regex::Regex;
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+/// Runs of one character at least this long take the linear path.
+pub const RUN_MIN: usize = 4096;
+/// The run length from which the period is checked (the body is established by then).
+pub const RUN_BASE: usize = 512;
+/// The longest body token looked for, in characters.
+const RUN_MAX_UNIT: usize = 256;
 
 /// The GPT-2 pattern of the ByteLevel pre-tokenizer with `use_regex: true`.
 pub const GPT2_PATTERN: &str =
@@ -201,6 +220,9 @@ pub struct PreTokenizer {
     pattern: Pattern,
     digits_split: bool,
     cls: &'static Classes,
+    /// Per character: the body token of its long runs and its length in characters
+    /// (`None`: the period did not check out, the slow path stays).
+    runs: Mutex<HashMap<char, Option<(u32, usize)>>>,
 }
 
 /// Characters of a text with their classes, decoded on demand.
@@ -286,7 +308,38 @@ impl PreTokenizer {
             pattern,
             digits_split: flags & FLAG_DIGITS_SPLIT != 0,
             cls: classes(),
+            runs: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// The ids of `piece` if it is one character repeated at least [`RUN_MIN`] times,
+    /// appended to `out` in linear time (see the module docs); `false` (nothing
+    /// appended) otherwise. `encode` appends the ids of a piece the slow way.
+    pub fn encode_long_run(
+        &self,
+        piece: &str,
+        encode: &mut dyn FnMut(&str, &mut Vec<u32>),
+        out: &mut Vec<u32>,
+    ) -> bool {
+        let Some(c) = piece.chars().next() else {
+            return false;
+        };
+        let w = c.len_utf8();
+        if piece.len() < RUN_MIN * w || !piece.chars().all(|x| x == c) {
+            return false;
+        }
+        let shape = {
+            let mut runs = self.runs.lock().unwrap_or_else(|e| e.into_inner());
+            *runs.entry(c).or_insert_with(|| run_period(c, encode))
+        };
+        let Some((body, unit)) = shape else {
+            return false;
+        };
+        let n = piece.len() / w;
+        let k = (n - RUN_BASE) / unit;
+        out.extend(std::iter::repeat_n(body, k));
+        encode(&piece[k * unit * w..], out);
+        true
     }
 
     /// Calls `f` on each pre-token of `text`, in order.
@@ -421,6 +474,27 @@ impl PreTokenizer {
             Some(last_start)
         }
     }
+}
+
+/// The body token of long runs of `c` and its length `L` in characters, if
+/// `bpe(c^(m+L)) = [T] + bpe(c^m)` holds for every `m` of a whole period from
+/// [`RUN_BASE`] (each checked against `encode`, the slow path).
+fn run_period(c: char, encode: &mut dyn FnMut(&str, &mut Vec<u32>)) -> Option<(u32, usize)> {
+    let mut ids = |m: usize| {
+        let mut v = Vec::new();
+        encode(&c.to_string().repeat(m), &mut v);
+        v
+    };
+    let body = *ids(RUN_BASE).first()?;
+    let unit = (1..=RUN_MAX_UNIT).find(|&m| ids(m) == [body])?;
+    let base: Vec<Vec<u32>> = (0..unit).map(|j| ids(RUN_BASE + j)).collect();
+    for (j, b) in base.iter().enumerate() {
+        let longer = ids(RUN_BASE + unit + j);
+        if longer.first() != Some(&body) || longer[1..] != b[..] {
+            return None;
+        }
+    }
+    Some((body, unit))
 }
 
 #[cfg(test)]
