@@ -18,8 +18,8 @@
 //!   (say, holding a half-sent request) are closed after `drain`; those running one may
 //!   go on until the scheduler's grace has passed (then their request is cancelled),
 //!   plus [`AFTER_GRACE`]. At `Now` (the second signal) every request is cancelled and
-//!   every connection closed at once, those that ran a request after at most
-//!   [`CANCELLED_FLUSH`] (to send the cancelled stream's error event and `[DONE]`).
+//!   every connection closed within [`CANCELLED_FLUSH`] (time for a cancelled stream to
+//!   send its error event and `[DONE]`).
 //!
 //! "Running a request" is a [`Running`] guard a handler holds from the moment it has
 //! read the body until its response (a stream included) has ended.
@@ -264,18 +264,24 @@ async fn connection(
     let mut idle_by: Option<Instant> = None;
     let mut all_by: Option<Instant> = None;
     let mut tick = tokio::time::interval(Duration::from_millis(100));
+    let mut stages_over = false;
     loop {
         let stage = *stop.borrow();
         match stage {
-            // A cancelled request still sends its error event and `[DONE]`.
-            Stop::Now if conn.is_running() => {
+            // A cancelled request still sends its error event and `[DONE]`: hyper may
+            // hold them unwritten after the handler's stream (and its guard) has ended,
+            // so every connection gets the same short deadline, and one whose response
+            // is done and flushed ends sooner (hyper closes it: graceful shutdown).
+            Stop::Now => {
+                if idle_by.is_none() {
+                    http.as_mut().graceful_shutdown();
+                }
                 let soon = Instant::now() + CANCELLED_FLUSH;
                 if all_by.is_none_or(|t| t > soon) {
                     idle_by = Some(soon);
                     all_by = Some(soon);
                 }
             }
-            Stop::Now => return,
             Stop::Draining if idle_by.is_none() => {
                 http.as_mut().graceful_shutdown();
                 let now = Instant::now();
@@ -294,12 +300,9 @@ async fn connection(
         tokio::select! {
             _ = http.as_mut() => return,
             _ = conn.close.notified() => return,
-            r = stop.changed() => {
-                if r.is_err() {
-                    // The server is gone.
-                    return;
-                }
-            }
+            // The signal task drops its sender after the last stage (`Now`): the stage
+            // stays what it was, and the deadlines above end the connection.
+            r = stop.changed(), if !stages_over => stages_over = r.is_err(),
             _ = tick.tick(), if idle_by.is_some() => {}
         }
     }
