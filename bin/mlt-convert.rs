@@ -3,7 +3,7 @@
 
 use clap::Parser;
 use krafla::chat::capture::ChatOptions;
-use krafla::tokenizer::from_hf::{convert_file, Options};
+use krafla::tokenizer::from_hf::{convert_file, HfTokenizerOptions};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -41,7 +41,7 @@ struct Args {
 fn main() -> ExitCode {
     krafla::cli::default_sigpipe();
     let a = Args::parse();
-    let opts = Options {
+    let opts = HfTokenizerOptions {
         bos: a.bos,
         eos: a.eos,
         chat: ChatOptions {

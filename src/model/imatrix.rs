@@ -9,7 +9,7 @@
 use std::path::Path;
 
 use super::eval::{self, ChunkStats, EvalError};
-use super::forward::{Model, Options};
+use super::forward::{Model, StateOptions};
 use crate::format::mli::Mli;
 
 pub use super::observer::{Collector, Input, Observer};
@@ -30,7 +30,7 @@ pub struct Progress {
 /// the run.
 pub fn collect(
     model: &Model,
-    opts: &Options,
+    opts: &StateOptions,
     chunks: &[Vec<u32>],
     mut after: impl FnMut(&Progress, &Mli) -> Result<(), EvalError>,
 ) -> Result<(Mli, ChunkStats), EvalError> {

@@ -36,7 +36,7 @@ use std::ops::ControlFlow;
 
 use super::{GenerateOptions, Session, SessionError, Snapshot, Step, StopReason};
 use crate::chat::{Chat, ChatError, Message, RenderOptions};
-use crate::model::Options;
+use crate::model::StateOptions;
 use crate::tokenizer::Tokenizer;
 
 /// Most snapshots kept besides the one at the end of the system prompt.
@@ -44,7 +44,7 @@ const TURN_SNAPSHOTS: usize = 2;
 
 /// How a [`ChatSession`] renders and generates.
 #[derive(Debug, Clone)]
-pub struct ChatOptions {
+pub struct ChatSessionOptions {
     /// Each reply's generation: `max_tokens` per reply, sampling, stop strings. The
     /// engine's stop set (end-of-turn tokens) ends a reply unless `ignore_eos`.
     pub generate: GenerateOptions,
@@ -55,9 +55,9 @@ pub struct ChatOptions {
     pub context_shift: bool,
 }
 
-impl Default for ChatOptions {
+impl Default for ChatSessionOptions {
     fn default() -> Self {
-        ChatOptions {
+        ChatSessionOptions {
             generate: GenerateOptions {
                 max_tokens: DEFAULT_CHAT_MAX_TOKENS,
                 ..GenerateOptions::default()
@@ -179,7 +179,7 @@ pub struct ChatSession<'e> {
     session: Session<'e>,
     chat: &'e Chat,
     tok: &'e Tokenizer,
-    opts: ChatOptions,
+    opts: ChatSessionOptions,
     messages: Vec<Message>,
     /// Snapshots: at the end of the system prompt first (when `has_sys`), then those at
     /// the ends of recent prompts, oldest first.
@@ -192,8 +192,8 @@ impl<'e> ChatSession<'e> {
     /// its session sized by `model`.
     pub fn new(
         engine: &'e super::Engine,
-        model: &Options,
-        opts: ChatOptions,
+        model: &StateOptions,
+        opts: ChatSessionOptions,
     ) -> Result<ChatSession<'e>, ChatSessionError> {
         let tok = engine.tokenizer().ok_or(SessionError::NoTokenizer)?;
         let chat = engine.chat().ok_or(ChatSessionError::NoTemplate)?;
@@ -214,7 +214,7 @@ impl<'e> ChatSession<'e> {
         &self.session
     }
 
-    pub fn options(&self) -> &ChatOptions {
+    pub fn options(&self) -> &ChatSessionOptions {
         &self.opts
     }
 

@@ -20,7 +20,7 @@ use std::time::Instant;
 
 use super::run::{logprobs_json, note_verbose, read_text, Outcome, Prompt, RunError, Summary};
 use super::{
-    ChatEvent, ChatOptions, ChatSession, ChatSessionError, Engine, Frontend, GenerateOptions,
+    ChatEvent, ChatSessionOptions, ChatSession, ChatSessionError, Engine, Frontend, GenerateOptions,
     Reply, RunOptions, StopReason, DEFAULT_CHAT_MAX_TOKENS,
 };
 use crate::chat::{Conversation, Message, RenderOptions};
@@ -111,7 +111,7 @@ pub(super) fn run(
             }
         }
     }
-    let opts = ChatOptions {
+    let opts = ChatSessionOptions {
         generate: GenerateOptions {
             max_tokens: o.n_predict.unwrap_or(DEFAULT_CHAT_MAX_TOKENS),
             sampling: o.sampling_opts(),

@@ -15,7 +15,7 @@ use crate::format::mlt::Mlt;
 use crate::format::FormatError;
 use crate::kernels::{self, HalfActs};
 use crate::model::forward::DEFAULT_BATCH;
-use crate::model::{BatchScratch, Config, Model, Options, Packs, SlotMemory};
+use crate::model::{BatchScratch, Config, Model, StateOptions, Packs, SlotMemory};
 use crate::tokenizer::Tokenizer;
 
 /// Where the tokenizer comes from.
@@ -243,8 +243,8 @@ impl Engine {
     }
 
     /// A new sequence over this model: its own KV caches and linear-attention state,
-    /// sized by `opts` (see [`Options`]).
-    pub fn session(&self, opts: &Options) -> Result<Session<'_>, SessionError> {
+    /// sized by `opts` (see [`StateOptions`]).
+    pub fn session(&self, opts: &StateOptions) -> Result<Session<'_>, SessionError> {
         Session::new(self, opts)
     }
 
@@ -254,7 +254,7 @@ impl Engine {
 
     /// The memory one session with `opts` takes (a server prints it for its slots):
     /// KV caches (per position and in all), delta states, step buffers.
-    pub fn slot_memory(&self, opts: &Options) -> Result<SlotMemory, SessionError> {
+    pub fn slot_memory(&self, opts: &StateOptions) -> Result<SlotMemory, SessionError> {
         Ok(self.model().slot_memory(opts)?)
     }
 

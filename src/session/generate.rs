@@ -17,7 +17,7 @@
 //! fed (nothing needs its logits).
 
 use super::{Engine, Session, SessionError};
-use crate::model::sampler::{Logprobs, Sampler, SamplerOpts};
+use crate::model::sampler::{Logprobs, Sampler, SamplerOptions};
 use crate::tokenizer::StreamDecoder;
 
 /// mlb-run's `-n` default.
@@ -28,7 +28,7 @@ pub const DEFAULT_MAX_TOKENS: usize = 128;
 pub struct GenerateOptions {
     /// Most tokens sampled (a stop id included).
     pub max_tokens: usize,
-    pub sampling: SamplerOpts,
+    pub sampling: SamplerOptions,
     /// Do not stop at the engine's stop set ([`Engine::stop_ids`]: the tokenizer's EOS,
     /// the chat section's end-of-turn and generation_config ids); `stop_ids` still apply.
     pub ignore_eos: bool,
@@ -42,7 +42,7 @@ impl Default for GenerateOptions {
     fn default() -> Self {
         GenerateOptions {
             max_tokens: DEFAULT_MAX_TOKENS,
-            sampling: SamplerOpts::default(),
+            sampling: SamplerOptions::default(),
             ignore_eos: false,
             stop_ids: Vec::new(),
             stop_strings: Vec::new(),

@@ -13,7 +13,7 @@ use super::{Engine, SessionError};
 use crate::format::mlb::Mlb;
 use crate::kernels;
 use crate::model::eval::{self, KlReport, PplReport};
-use crate::model::{imatrix, LayerKind, Model, Options, Packs};
+use crate::model::{imatrix, LayerKind, Model, StateOptions, Packs};
 
 /// Chunk length when `--ctx` is not given (llama.cpp's perplexity default).
 pub const DEFAULT_EVAL_CTX: usize = 512;
@@ -112,7 +112,7 @@ pub(crate) fn run(
         .model
         .ctx
         .unwrap_or(DEFAULT_EVAL_CTX.min(model.cfg.max_seq));
-    let opts = Options {
+    let opts = StateOptions {
         ctx: Some(ctx),
         ..o.model.session_options(o.batch.max(1))
     };
@@ -180,7 +180,7 @@ fn imatrix_report(
     o: &RunOptions,
     m: &Measure,
     model: &Model,
-    opts: &Options,
+    opts: &StateOptions,
     chunks: &[Vec<u32>],
     path: &Path,
     every: Option<usize>,

@@ -22,11 +22,11 @@
 //!
 //! ```no_run
 //! use std::ops::ControlFlow;
-//! use krafla::model::Options;
+//! use krafla::model::StateOptions;
 //! use krafla::session::{Engine, GenerateOptions, LoadOptions};
 //!
 //! let engine = Engine::load(&LoadOptions::new("smollm2-q8_0.mlb"))?;
-//! let mut s = engine.session(&Options::default())?;
+//! let mut s = engine.session(&StateOptions::default())?;
 //! s.feed_text("The capital of France is")?;
 //! // Stops at the model's stop set (engine.stop_ids()) unless ignore_eos.
 //! let opts = GenerateOptions {
@@ -67,7 +67,7 @@ mod sequence;
 
 pub use batch::feed_batch;
 pub use chat::{
-    ChatEvent, ChatOptions, ChatSession, ChatSessionError, PromptInfo, Reply,
+    ChatEvent, ChatSessionOptions, ChatSession, ChatSessionError, PromptInfo, Reply,
     DEFAULT_CHAT_MAX_TOKENS,
 };
 pub use engine::{Engine, LoadOptions, TokenizerSource};
@@ -80,7 +80,7 @@ use std::fmt;
 use std::path::PathBuf;
 
 use crate::format::FormatError;
-use crate::model::sampler::BadSamplerOpt;
+use crate::model::sampler::BadSamplerOption;
 use crate::model::ModelError;
 
 /// Why the session API refused.
@@ -101,7 +101,7 @@ pub enum SessionError {
     /// Text needs a tokenizer and the engine has none.
     NoTokenizer,
     /// A sampling option is out of range.
-    Sampling(BadSamplerOpt),
+    Sampling(BadSamplerOption),
     /// Another option is out of range.
     BadOption {
         name: &'static str,

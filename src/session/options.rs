@@ -8,7 +8,7 @@ use std::path::PathBuf;
 
 use super::{Engine, LoadOptions, SessionError, TokenizerSource};
 use crate::kernels::{pool, HalfActs};
-use crate::model::{KvType, Options};
+use crate::model::{KvType, StateOptions};
 
 /// Which model and tokenizer, how they load and how their sessions run.
 #[derive(Debug, Clone, PartialEq)]
@@ -94,12 +94,12 @@ impl ModelOptions {
     }
 
     /// The options of a session that reads at most `batch` prompt ids per pass.
-    pub fn session_options(&self, batch: usize) -> Options {
-        Options {
+    pub fn session_options(&self, batch: usize) -> StateOptions {
+        StateOptions {
             ctx: self.ctx,
             batch,
             kv_type: self.kv_type,
-            ..Options::default()
+            ..StateOptions::default()
         }
     }
 }

@@ -22,7 +22,7 @@ use crate::kernels::{self, pool};
 use crate::model::eval::EvalError;
 use crate::model::forward::{LogitsSink, DEFAULT_BATCH};
 use crate::model::sampler::Logprobs;
-use crate::model::{Options, SamplerOpts};
+use crate::model::{StateOptions, SamplerOptions};
 
 /// `--temp` default.
 pub const DEFAULT_TEMP: f32 = 0.8;
@@ -51,7 +51,7 @@ pub struct RunOptions {
     pub prompt: Prompt,
     /// Tokens to generate; `None`: 128, or 0 with `logits`.
     pub n_predict: Option<usize>,
-    pub sampling: SamplerOpts,
+    pub sampling: SamplerOptions,
     /// Most prompt tokens per prefill batch.
     pub batch: usize,
     /// Write every prompt position's logits here (little-endian f32, positions × vocab).
@@ -78,11 +78,11 @@ impl RunOptions {
             model: ModelOptions::new(model),
             prompt: Prompt::Stdin,
             n_predict: None,
-            sampling: SamplerOpts {
+            sampling: SamplerOptions {
                 temp: DEFAULT_TEMP,
                 top_k: DEFAULT_TOP_K,
                 top_p: DEFAULT_TOP_P,
-                ..SamplerOpts::default()
+                ..SamplerOptions::default()
             },
             batch: DEFAULT_BATCH,
             logits: None,
@@ -96,8 +96,8 @@ impl RunOptions {
     }
 
     /// The sampler's options, with `--logprobs`.
-    pub fn sampling_opts(&self) -> SamplerOpts {
-        SamplerOpts {
+    pub fn sampling_opts(&self) -> SamplerOptions {
+        SamplerOptions {
             logprobs: self.logprobs.is_some(),
             top_logprobs: self.logprobs.unwrap_or(0),
             ..self.sampling.clone()
@@ -441,7 +441,7 @@ fn prompt_ids(o: &RunOptions, engine: &Engine) -> Result<Vec<u32>, RunError> {
 pub(super) fn note_verbose(
     engine: &Engine,
     ctx: usize,
-    opts: &Options,
+    opts: &StateOptions,
     load_secs: f64,
     fe: &mut dyn Frontend,
 ) -> Result<(), RunError> {

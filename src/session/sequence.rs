@@ -6,7 +6,7 @@ use super::{Engine, SessionError};
 use crate::model::delta::DeltaState;
 use crate::model::forward::LogitsSink;
 use crate::model::kv::{KvBuf, LayerCache};
-use crate::model::{Options, State};
+use crate::model::{StateOptions, State};
 
 use std::ops::ControlFlow;
 
@@ -71,7 +71,7 @@ fn wraps(c: &LayerCache, ctx: usize) -> bool {
 }
 
 impl<'e> Session<'e> {
-    pub(crate) fn new(engine: &'e Engine, opts: &Options) -> Result<Session<'e>, SessionError> {
+    pub(crate) fn new(engine: &'e Engine, opts: &StateOptions) -> Result<Session<'e>, SessionError> {
         let state = engine.model().state(opts)?;
         Ok(Session {
             engine,

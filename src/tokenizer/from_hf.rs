@@ -17,7 +17,7 @@ use std::collections::HashMap;
 
 /// Overrides given on the command line.
 #[derive(Debug, Default, Clone)]
-pub struct Options {
+pub struct HfTokenizerOptions {
     /// BOS token text, replacing tokenizer_config.json's.
     pub bos: Option<String>,
     /// EOS token text, replacing tokenizer_config.json's.
@@ -414,7 +414,7 @@ fn merge_pair<'a>(m: &'a Value, f: &str) -> Result<(&'a str, &'a str)> {
 fn bos_eos(
     j: &Value,
     config: Option<&Value>,
-    opts: &Options,
+    opts: &HfTokenizerOptions,
 ) -> Result<(Option<String>, Option<String>, bool)> {
     let post = null_or(j.get("post_processor"));
     let mut templ_bos = None;
@@ -518,7 +518,7 @@ fn bos_eos(
 }
 
 /// Converts tokenizer.json (and tokenizer_config.json, when given) to MLT1.
-pub fn convert(tokenizer_json: &str, config_json: Option<&str>, opts: &Options) -> Result<Mlt> {
+pub fn convert(tokenizer_json: &str, config_json: Option<&str>, opts: &HfTokenizerOptions) -> Result<Mlt> {
     let j: Value = serde_json::from_str(tokenizer_json)
         .map_err(|e| FormatError::format("tokenizer.json", "", format!("not JSON: {e}")))?;
     let config: Option<Value> = match config_json {
@@ -743,7 +743,7 @@ pub fn convert(tokenizer_json: &str, config_json: Option<&str>, opts: &Options) 
 pub fn convert_file(
     input: &std::path::Path,
     output: &std::path::Path,
-    opts: &Options,
+    opts: &HfTokenizerOptions,
 ) -> Result<Mlt> {
     let json = crate::input::read_to_string(input).map_err(|e| FormatError::io(input, &e))?;
     let cfg_path = input.with_file_name("tokenizer_config.json");
