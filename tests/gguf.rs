@@ -805,12 +805,8 @@ fn hf_chat_mlt(dir: &Path, json: &str, cfg: &str, template: &str) -> Mlt {
     std::fs::write(dir.join("tokenizer_config.json"), cfg).unwrap();
     std::fs::write(dir.join("chat_template.jinja"), template).unwrap();
     let out = dir.join("hf.mlt");
-    from_hf::convert_file(
-        &dir.join("tokenizer.json"),
-        &out,
-        &from_hf::HfTokenizerOptions::default(),
-    )
-    .unwrap()
+    krafla::tools::mlt_convert::convert_file(&dir.join("tokenizer.json"), &out, &Default::default())
+        .unwrap()
 }
 
 /// The stop ids of an .mlt's chat section.
@@ -906,10 +902,10 @@ fn gguf_real_chat_template_matches_hf_folder() {
     // llama.cpp's GGUF of SmolLM2-135M-Instruct (template and ids from its
     // tokenizer_config.json) against mlt-convert on the Hugging Face folder.
     let g = gguf_mlt(&smol, &tmp.path().join("g.mlt"));
-    let hf = from_hf::convert_file(
+    let hf = krafla::tools::mlt_convert::convert_file(
         &real.join("smollm2-135m/tokenizer.json"),
         &tmp.path().join("hf.mlt"),
-        &from_hf::HfTokenizerOptions::default(),
+        &Default::default(),
     )
     .unwrap();
     assert_eq!(stop_ids(&g), stop_ids(&hf));

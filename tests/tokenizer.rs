@@ -553,7 +553,7 @@ fn describe_and_json_helpers() {
         &Default::default(),
     )
     .unwrap();
-    let (text, json) = krafla::tokenizer::describe(&m);
+    let (text, json) = krafla::tools::inspect::mlt::describe(&m);
     assert!(
         text.contains("gpt2_regex") && text.contains("<|im_start|>"),
         "{text}"

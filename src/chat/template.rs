@@ -18,8 +18,8 @@
 //! fallback template.
 
 use super::conversation::{Message, RenderOptions};
+use super::error::ChatError;
 use super::pyjson::tojson_filter;
-use super::ChatError;
 use crate::format::mlt_chat::{ChatSection, DEFAULT_TEMPLATE};
 use minijinja::value::{Rest, ValueKind};
 use minijinja::{AutoEscape, Environment, Error, ErrorKind, State, Value};
@@ -638,7 +638,7 @@ mod tests {
         assert_eq!(r, "<user>q</end>\n<assistant>The answer is");
         assert!(ct.render(&[], &RenderOptions::default()).is_err());
         // A list of parts: the last text part is continued.
-        let parts = crate::chat::Conversation::from_json(
+        let parts = crate::chat::conversation::Conversation::from_json(
             r#"{"messages": [{"role": "assistant", "content": [{"type": "text", "text": "a"}, {"type": "image"}, {"type": "text", "text": "b c"}]}]}"#,
         )
         .unwrap();
