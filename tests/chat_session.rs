@@ -504,7 +504,7 @@ const SEEDED: [&str; 7] = ["--chat", "--temp", "1.5", "--seed", "4", "-n", "24"]
 /// The reply the library gives to `msgs` with mlb-run's default sampler and SEEDED.
 fn library_reply(msgs: &[(&str, &str)], ignore_eos: bool) -> krafla::session::Reply {
     let e = chat_engine(&cases()[0], 21, CHATML);
-    let defaults = krafla::session::RunOptions::new("m.mlb");
+    let defaults = krafla::tools::run::options::RunOptions::new("m.mlb");
     let go = ChatSessionOptions {
         generate: GenerateOptions {
             max_tokens: 24,

@@ -1,6 +1,8 @@
 //! The tools' logic: what each binary does, as one library call that its thin `main`
 //! makes (flags in, a validated options struct, one call, an exit code out).
 //!
+//! - [`run`]: `mlb-run` (generation, `--logits`, the measurements, `--chat`) over the
+//!   session API;
 //! - [`inspect`]: `mlb-inspect`'s reports of `.mlb`, `.mlt` and `.mli` files;
 //! - [`mlt_convert`]: `mlt-convert` from a Hugging Face folder.
 //!
@@ -9,3 +11,4 @@
 
 pub mod inspect;
 pub mod mlt_convert;
+pub mod run;
