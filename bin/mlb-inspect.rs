@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Parser;
-use krafla::inspect::run::{Action, InspectOptions};
+use krafla::tools::inspect::options::{Action, InspectOptions};
 
 /// Dump and validate Krafla files: models (.mlb), tokenizers (.mlt) and importance
 /// matrices (.mli). Exits non-zero with the spec's status (ML_E_IO, ML_E_FORMAT,
@@ -64,7 +64,7 @@ fn main() -> ExitCode {
     let opts = Args::parse().into_options();
     // A file truncated while mapped: one line and exit 1, not a crash.
     krafla::signals::report_sigbus("mlb-inspect", &opts.file);
-    match krafla::inspect::run::run(&opts, &mut std::io::stdin().lock()) {
+    match krafla::tools::inspect::run(&opts, &mut std::io::stdin().lock()) {
         Ok(out) => {
             krafla::cli::write_stdout_bytes(&out);
             ExitCode::SUCCESS

@@ -2,7 +2,8 @@
 //! speed and memory summary to stderr, or write the prompt's logits with `--logits`,
 //! or measure (`--imatrix`, `--perplexity`, `--kl-divergence`), or chat (`--chat`).
 //!
-//! Thin: flags → `krafla::session::RunOptions` → `krafla::session::run` → exit code
+//! Thin: flags → `krafla::tools::run::options::RunOptions` → `krafla::tools::run::run` →
+//! exit code
 //! (0, or 1 with one line on stderr; 2 for bad usage). The library does the work and
 //! the checks; this shows text, progress bars and the summary, and reads the
 //! interactive chat's lines (rustyline on a terminal, with its history file).
@@ -18,12 +19,13 @@ use krafla::cli::count;
 use krafla::kernels::HalfActs;
 use krafla::model::forward::DEFAULT_BATCH;
 use krafla::model::KvType;
-use krafla::session::chat_run::{default_history_file, ChatRun};
-use krafla::session::measure::{Measure, Mode};
-use krafla::session::run::{
-    parse_logit_bias, Outcome, Prompt, DEFAULT_TEMP, DEFAULT_TOP_K, DEFAULT_TOP_P,
+use krafla::tools::run::chat::default_history_file;
+use krafla::tools::run::frontend::RunFrontend;
+use krafla::tools::run::options::{
+    parse_logit_bias, ChatRunOptions, MeasureMode, MeasureOptions, PromptSource, RunOptions,
+    DEFAULT_TEMP, DEFAULT_TOP_K, DEFAULT_TOP_P,
 };
-use krafla::session::{Frontend, RunOptions};
+use krafla::tools::run::report::Outcome;
 use rustyline::error::ReadlineError;
 use rustyline::history::DefaultHistory;
 
@@ -175,12 +177,12 @@ struct Args {
 impl Args {
     fn into_options(self) -> RunOptions {
         let mode = match (self.imatrix, self.perplexity, self.kl_divergence) {
-            (Some(output), _, _) => Some(Mode::Imatrix {
+            (Some(output), _, _) => Some(MeasureMode::Imatrix {
                 output,
                 save_every: self.save_every,
             }),
-            (None, true, _) => Some(Mode::Perplexity),
-            (None, false, Some(reference)) => Some(Mode::KlDivergence { reference }),
+            (None, true, _) => Some(MeasureMode::Perplexity),
+            (None, false, Some(reference)) => Some(MeasureMode::KlDivergence { reference }),
             _ => None,
         };
         let interactive = self.chat
@@ -191,10 +193,10 @@ impl Args {
         let mut o = RunOptions::new(self.model);
         o.model.tokenizer = self.tokenizer;
         o.prompt = match (self.tokens, self.prompt, self.file) {
-            (Some(ids), _, _) => Prompt::Ids(ids),
-            (None, Some(text), _) => Prompt::Text(text),
-            (None, None, Some(f)) => Prompt::File(f),
-            (None, None, None) => Prompt::Stdin,
+            (Some(ids), _, _) => PromptSource::Ids(ids),
+            (None, Some(text), _) => PromptSource::Text(text),
+            (None, None, Some(f)) => PromptSource::File(f),
+            (None, None, None) => PromptSource::Stdin,
         };
         o.n_predict = self.n;
         o.sampling.temp = self.temp;
@@ -209,7 +211,7 @@ impl Args {
         o.sampling.logit_bias = self.logit_bias;
         o.stop_strings = self.stop;
         o.logprobs = self.logprobs;
-        o.chat = self.chat.then_some(ChatRun {
+        o.chat = self.chat.then_some(ChatRunOptions {
             system: self.system,
             context_shift: self.context_shift,
             interactive,
@@ -220,7 +222,7 @@ impl Args {
         o.logits = self.logits;
         o.model.threads = self.threads;
         o.verbose = self.verbose;
-        o.measure = mode.map(|mode| Measure {
+        o.measure = mode.map(|mode| MeasureOptions {
             mode,
             chunks: self.chunks,
             json: self.json,
@@ -311,7 +313,7 @@ struct Terminal {
     lines: Option<Lines>,
 }
 
-impl Frontend for Terminal {
+impl RunFrontend for Terminal {
     fn text(&mut self, s: &str) -> std::io::Result<()> {
         self.out.write_all(s.as_bytes())?;
         self.out.flush()
@@ -384,7 +386,7 @@ fn main() -> ExitCode {
         bar: None,
         lines: interactive.then(|| Lines::open(history)),
     };
-    match krafla::session::run(&opts, &mut term) {
+    match krafla::tools::run::run(&opts, &mut term) {
         Ok(Outcome::Generated(summary)) => {
             eprintln!("{summary}");
             ExitCode::SUCCESS

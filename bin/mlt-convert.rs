@@ -3,7 +3,8 @@
 
 use clap::Parser;
 use krafla::chat::capture::ChatOptions;
-use krafla::tokenizer::from_hf::{convert_file, Options};
+use krafla::tokenizer::from_hf::HfTokenizerOptions;
+use krafla::tools::mlt_convert::{convert_file, summary, MltConvertOptions};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -41,9 +42,11 @@ struct Args {
 fn main() -> ExitCode {
     krafla::cli::default_sigpipe();
     let a = Args::parse();
-    let opts = Options {
-        bos: a.bos,
-        eos: a.eos,
+    let opts = MltConvertOptions {
+        tokenizer: HfTokenizerOptions {
+            bos: a.bos,
+            eos: a.eos,
+        },
         chat: ChatOptions {
             disable: a.no_chat,
             template_file: a.chat_template,
@@ -54,8 +57,8 @@ fn main() -> ExitCode {
         krafla::convert::gguf_tok::convert_file(
             &a.input,
             &a.output,
-            opts.bos.as_deref(),
-            opts.eos.as_deref(),
+            opts.tokenizer.bos.as_deref(),
+            opts.tokenizer.eos.as_deref(),
             &opts.chat,
         )
     } else {
@@ -64,21 +67,7 @@ fn main() -> ExitCode {
     match res {
         Ok(m) => {
             if !a.quiet {
-                let (text, _) = krafla::tokenizer::describe(&m);
-                eprintln!(
-                    "wrote {}\n{}",
-                    a.output.display(),
-                    text.lines().take(6).collect::<Vec<_>>().join("\n")
-                );
-                if let Some(c) = &m.chat {
-                    let names: Vec<&str> = c.templates.iter().map(|t| t.name.as_str()).collect();
-                    let stop: Vec<String> = c.stop.iter().map(|s| s.id.to_string()).collect();
-                    eprintln!(
-                        "  chat templates: {}; stop ids: {} (mlb-inspect shows them)",
-                        names.join(", "),
-                        stop.join(", ")
-                    );
-                }
+                eprintln!("{}", summary(&m, &a.output));
             }
             ExitCode::SUCCESS
         }

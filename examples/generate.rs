@@ -10,24 +10,24 @@
 use std::ops::ControlFlow;
 use std::process::ExitCode;
 
-use krafla::model::{Options, SamplerOpts};
+use krafla::model::{SamplerOptions, StateOptions};
 use krafla::session::{Engine, GenerateOptions, LoadOptions, SessionError};
 
 fn run(model: &str, prompt: &str) -> Result<(), SessionError> {
     let engine = Engine::load(&LoadOptions::new(model))?;
-    let mut s = engine.session(&Options::default())?;
+    let mut s = engine.session(&StateOptions::default())?;
     s.feed_text(prompt)?;
     let after_prompt = s.snapshot();
 
     for (name, sampling) in [
-        ("greedy", SamplerOpts::default()),
+        ("greedy", SamplerOptions::default()),
         (
             "sampled",
-            SamplerOpts {
+            SamplerOptions {
                 temp: 0.8,
                 top_p: 0.95,
                 seed: 42,
-                ..SamplerOpts::default()
+                ..SamplerOptions::default()
             },
         ),
     ] {

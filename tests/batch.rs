@@ -11,7 +11,7 @@ use krafla::format::mlb::Mlb;
 use krafla::kernels::counters::{self, Op};
 use krafla::kernels::pool::Pool;
 use krafla::kernels::{self, KvType, Tier};
-use krafla::model::{Model, ModelError, Options, Packs, State};
+use krafla::model::{Model, ModelError, Packs, State, StateOptions};
 use krafla::session::{feed_batch, Engine, Session, SessionError};
 
 use crate::run::{all_logits, cases, load, nrmse, opts, tokens, top1, write_case};
@@ -72,7 +72,7 @@ fn plan(vocab: u32, n: usize, seed: u64) -> Plan {
 /// them. Returns nothing; panics naming `what`, the step and the sequence.
 fn run_plan(
     m: &Model,
-    o: &Options,
+    o: &StateOptions,
     p: &Plan,
     want: &[Vec<f32>],
     budget: usize,
@@ -122,14 +122,14 @@ fn run_plan(
 }
 
 /// Every position's logits of each sequence of `p`, each run alone.
-fn alone(m: &Model, o: &Options, p: &Plan) -> Vec<Vec<f32>> {
+fn alone(m: &Model, o: &StateOptions, p: &Plan) -> Vec<Vec<f32>> {
     p.ids.iter().map(|ids| all_logits(m, o, ids)).collect()
 }
 
-fn with_kv(t: KvType) -> Options {
-    Options {
+fn with_kv(t: KvType) -> StateOptions {
+    StateOptions {
         kv_type: t,
-        ..Options::default()
+        ..StateOptions::default()
     }
 }
 
@@ -309,7 +309,7 @@ fn engine(seed: u64) -> Engine {
 fn feed_batch_is_feed_for_each_session() {
     for c in cases() {
         let e = Engine::new(load(&c, 41), Packs::none(), None).unwrap();
-        let o = Options::default();
+        let o = StateOptions::default();
         let ids: Vec<Vec<u32>> = (0..4)
             .map(|i| tokens(c.h.vocab, 9 + i, 50 + i as u64))
             .collect();
@@ -424,9 +424,9 @@ fn feed_batch_buffers_grow_and_reserve() {
     let e = engine(9);
     let small = opts(8);
     let mut a = e.session(&small).unwrap();
-    let mut b = e.session(&Options::default()).unwrap();
+    let mut b = e.session(&StateOptions::default()).unwrap();
     let mut wa = e.session(&small).unwrap();
-    let mut wb = e.session(&Options::default()).unwrap();
+    let mut wb = e.session(&StateOptions::default()).unwrap();
     let bytes = e.reserve_batch(3, Some(8)).unwrap();
     assert!(bytes > 0);
     // 2 + 5 tokens with a budget of 3: three passes; b's context is larger than 8: the
@@ -507,7 +507,7 @@ fn kv_types_stay_close_to_transformers() {
         let mlb = Mlb::open(&out).unwrap();
         let m = Model::new(&mlb).unwrap();
         let v = m.cfg.vocab;
-        let base = all_logits(&m, &Options::default(), &toks);
+        let base = all_logits(&m, &StateOptions::default(), &toks);
         let base_err = nrmse(&base, &sim);
         for t in KvType::ALL {
             let got = all_logits(&m, &with_kv(t), &toks);
@@ -546,10 +546,10 @@ fn slot_memory_reports_each_kv_type() {
     let cfg = e.config().clone();
     let mut f32_kv = None;
     for t in KvType::ALL {
-        let o = Options {
+        let o = StateOptions {
             ctx: Some(32),
             kv_type: t,
-            ..Options::default()
+            ..StateOptions::default()
         };
         let mem = e.slot_memory(&o).unwrap();
         let s = e.session(&o).unwrap();
@@ -704,7 +704,7 @@ fn mlb_run_kv_type_on_every_tier() {
     let list = toks.map(|t| t.to_string()).join(" ");
     let mlb = Mlb::from_bytes(&bytes).unwrap();
     let m = Model::new(&mlb).unwrap();
-    let f32_logits = all_logits(&m, &Options::default(), &toks);
+    let f32_logits = all_logits(&m, &StateOptions::default(), &toks);
     let out = dir.path().join("logits.bin");
     for t in KvType::ALL {
         let want = kernels::with_tier(Tier::Scalar, || all_logits(&m, &with_kv(t), &toks)).unwrap();
@@ -758,13 +758,13 @@ fn mlb_run_kv_type_on_every_tier() {
 fn sessions_of_different_options_share_a_batch() {
     for c in cases() {
         let e = Engine::new(load(&c, 53), Packs::none(), None).unwrap();
-        let opts: Vec<Options> = KvType::ALL
+        let opts: Vec<StateOptions> = KvType::ALL
             .iter()
             .zip([Some(24), None, Some(40)])
-            .map(|(&t, ctx)| Options {
+            .map(|(&t, ctx)| StateOptions {
                 ctx,
                 kv_type: t,
-                ..Options::default()
+                ..StateOptions::default()
             })
             .collect();
         let mut batch: Vec<Session> = opts.iter().map(|o| e.session(o).unwrap()).collect();
@@ -799,7 +799,7 @@ fn a_batched_step_quantizes_each_matrix_input_once() {
     let pool = Pool::leak(1);
     for c in cases() {
         let e = Engine::new(load(&c, 59), Packs::none(), None).unwrap();
-        let o = Options::default();
+        let o = StateOptions::default();
         e.reserve_batch(16, None).unwrap();
         let mut s: Vec<Session> = (0..4).map(|_| e.session(&o).unwrap()).collect();
         for (i, x) in s.iter_mut().enumerate() {

@@ -14,7 +14,7 @@ use krafla::kernels::QMat;
 use krafla::model::eval::{self, log_softmax};
 use krafla::model::imatrix::{self, Collector};
 use krafla::model::sampler;
-use krafla::model::{Model, Options};
+use krafla::model::{Model, StateOptions};
 
 use crate::run::opts;
 use crate::run::reference::{mv, rms};
@@ -236,7 +236,7 @@ fn imatrix_slots_match_an_independent_forward() {
 
     // The observer sees nothing once taken off, and classifier rows only where logits
     // are computed: a prefill without logits classifies its last position alone.
-    let mut st = model.state(&Options::default()).unwrap();
+    let mut st = model.state(&StateOptions::default()).unwrap();
     st.set_observer(Box::new(Collector::new(&model.cfg)));
     model.prefill(&mut st, &toks, None).unwrap();
     let c = st.take_observer_as::<Collector>().unwrap().into_mli();
@@ -375,7 +375,7 @@ fn imatrix_lowers_the_weighted_q4_error() {
 
 /// Every position's logits of one chunk, run alone.
 fn chunk_logits(model: &Model, chunk: &[u32]) -> Vec<f32> {
-    let mut st = model.state(&Options::default()).unwrap();
+    let mut st = model.state(&StateOptions::default()).unwrap();
     let mut out = Vec::new();
     let mut sink = |_: usize, l: &[f32]| out.extend_from_slice(l);
     model.prefill(&mut st, chunk, Some(&mut sink)).unwrap();

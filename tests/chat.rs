@@ -48,7 +48,8 @@ fn configs(family: &str) -> (String, Option<String>) {
 fn mlt_with_template(family: &str, cfg_family: &str, template: &str) -> Mlt {
     let json = gunzip(&testdata().join(format!("tokenizers/{family}.tokenizer.json.gz")));
     let (cfg, gen) = configs(cfg_family);
-    let mut m = from_hf::convert(&json, Some(&cfg), &from_hf::Options::default()).unwrap();
+    let mut m =
+        from_hf::convert(&json, Some(&cfg), &from_hf::HfTokenizerOptions::default()).unwrap();
     let cfg_v: serde_json::Value = serde_json::from_str(&cfg).unwrap();
     let gen_eos = match gen {
         Some(g) => {

@@ -18,9 +18,10 @@ use krafla::chat::{capture, Chat, Message, RenderOptions};
 use krafla::format::mlb::header::layer_flag;
 use krafla::format::mlt::{Attr, Kind, Merge, Mlt, Token};
 use krafla::format::mlt_chat::{NamedTemplate, STOP_END_OF_TURN, STOP_EOS, STOP_GENERATION_CONFIG};
-use krafla::model::{Model, Options, Packs, SamplerOpts};
+use krafla::model::{Model, Packs, SamplerOptions, StateOptions};
 use krafla::session::{
-    ChatEvent, ChatOptions, ChatSession, ChatSessionError, Engine, GenerateOptions, StopReason,
+    ChatEvent, ChatSession, ChatSessionError, ChatSessionOptions, Engine, GenerateOptions,
+    StopReason,
 };
 use krafla::tokenizer::Tokenizer;
 
@@ -110,7 +111,7 @@ fn chat_engine(c: &Case, seed: u64, template: &str) -> Engine {
 }
 
 /// The logits of the last of `ids`, prefilled fresh.
-fn fresh(m: &Model, o: &Options, ids: &[u32]) -> Vec<f32> {
+fn fresh(m: &Model, o: &StateOptions, ids: &[u32]) -> Vec<f32> {
     let mut st = m.state(o).unwrap();
     m.prefill(&mut st, ids, None).unwrap().to_vec()
 }
@@ -136,23 +137,23 @@ fn quiet(_: ChatEvent<'_>) -> ControlFlow<()> {
     ControlFlow::Continue(())
 }
 
-fn sampled(seed: u64) -> SamplerOpts {
-    SamplerOpts {
+fn sampled(seed: u64) -> SamplerOptions {
+    SamplerOptions {
         temp: 1.5,
         seed,
-        ..SamplerOpts::default()
+        ..SamplerOptions::default()
     }
 }
 
 /// Chat options: at most `max_tokens` per reply, sampled as `sampled(4)`.
-fn sampled_chat(max_tokens: usize) -> ChatOptions {
-    ChatOptions {
+fn sampled_chat(max_tokens: usize) -> ChatSessionOptions {
+    ChatSessionOptions {
         generate: GenerateOptions {
             max_tokens,
             sampling: sampled(4),
             ..GenerateOptions::default()
         },
-        ..ChatOptions::default()
+        ..ChatSessionOptions::default()
     }
 }
 
@@ -173,7 +174,7 @@ fn the_stop_set_has_every_source_and_each_id_stops() {
     );
     let prompt = tokens(c.h.vocab, 6, 1);
     let run = |o: &GenerateOptions| {
-        let mut s = e.session(&Options::default()).unwrap();
+        let mut s = e.session(&StateOptions::default()).unwrap();
         s.feed(&prompt).unwrap();
         s.generate(o, |_| ControlFlow::Continue(())).unwrap()
     };
@@ -181,9 +182,9 @@ fn the_stop_set_has_every_source_and_each_id_stops() {
     for id in [IM_END, EOS, EOT, 10] {
         let o = GenerateOptions {
             max_tokens: 5,
-            sampling: SamplerOpts {
+            sampling: SamplerOptions {
                 logit_bias: vec![(id, 100.0)],
-                ..SamplerOpts::default()
+                ..SamplerOptions::default()
             },
             ..GenerateOptions::default()
         };
@@ -237,7 +238,7 @@ fn the_stop_set_has_every_source_and_each_id_stops() {
 /// could keep are prefilled.
 fn turns_match_a_fresh_prefill(c: &Case, template: &str) {
     let e = chat_engine(c, 21, template);
-    let o = Options::default();
+    let o = StateOptions::default();
     let go = sampled_chat(6);
     let mut chat = ChatSession::new(&e, &o, go).unwrap();
     chat.set_system(Some("brief"));
@@ -308,7 +309,7 @@ fn each_turn_prefills_only_its_new_ids_with_the_bits_of_a_fresh_prefill() {
 fn shifting(c: &Case, ctx: usize, turns: &[&str]) -> Vec<usize> {
     let e = chat_engine(c, 21, CHATML);
     let o = opts(ctx);
-    let go = ChatOptions {
+    let go = ChatSessionOptions {
         context_shift: true,
         ..sampled_chat(4)
     };
@@ -400,7 +401,7 @@ fn a_full_context_refuses_the_turn_and_keeps_the_conversation() {
 fn a_reply_cut_by_the_context_goes_on_after_the_shift() {
     for c in [&cases()[0], &cases()[7]] {
         let e = chat_engine(c, 21, CHATML);
-        let go = ChatOptions {
+        let go = ChatSessionOptions {
             generate: GenerateOptions {
                 max_tokens: 200,
                 sampling: sampled(4),
@@ -408,7 +409,7 @@ fn a_reply_cut_by_the_context_goes_on_after_the_shift() {
                 ..GenerateOptions::default()
             },
             context_shift: true,
-            ..ChatOptions::default()
+            ..ChatSessionOptions::default()
         };
         // Room for a reply: a quarter of the context, 24; the prompt is about 50 ids.
         let mut chat = ChatSession::new(&e, &opts(96), go).unwrap();
@@ -437,21 +438,21 @@ fn chat_replies_are_the_same_on_every_tier_and_thread_count() {
     for c in [&cases()[4], &cases()[7]] {
         let e = chat_engine(c, 21, CHATML);
         let run = || {
-            let go = ChatOptions {
+            let go = ChatSessionOptions {
                 generate: GenerateOptions {
                     max_tokens: 12,
-                    sampling: SamplerOpts {
+                    sampling: SamplerOptions {
                         temp: 1.5,
                         seed: 9,
                         min_p: 0.01,
                         repeat_penalty: 1.2,
-                        ..SamplerOpts::default()
+                        ..SamplerOptions::default()
                     },
                     ..GenerateOptions::default()
                 },
-                ..ChatOptions::default()
+                ..ChatSessionOptions::default()
             };
-            let mut chat = ChatSession::new(&e, &Options::default(), go).unwrap();
+            let mut chat = ChatSession::new(&e, &StateOptions::default(), go).unwrap();
             ["hi", "why?"]
                 .map(|t| chat.say(t, quiet).unwrap().tokens)
                 .concat()
@@ -503,11 +504,11 @@ const SEEDED: [&str; 7] = ["--chat", "--temp", "1.5", "--seed", "4", "-n", "24"]
 /// The reply the library gives to `msgs` with mlb-run's default sampler and SEEDED.
 fn library_reply(msgs: &[(&str, &str)], ignore_eos: bool) -> krafla::session::Reply {
     let e = chat_engine(&cases()[0], 21, CHATML);
-    let defaults = krafla::session::RunOptions::new("m.mlb");
-    let go = ChatOptions {
+    let defaults = krafla::tools::run::options::RunOptions::new("m.mlb");
+    let go = ChatSessionOptions {
         generate: GenerateOptions {
             max_tokens: 24,
-            sampling: SamplerOpts {
+            sampling: SamplerOptions {
                 temp: 1.5,
                 seed: 4,
                 ..defaults.sampling
@@ -515,9 +516,9 @@ fn library_reply(msgs: &[(&str, &str)], ignore_eos: bool) -> krafla::session::Re
             ignore_eos,
             ..GenerateOptions::default()
         },
-        ..ChatOptions::default()
+        ..ChatSessionOptions::default()
     };
-    let mut chat = ChatSession::new(&e, &Options::default(), go).unwrap();
+    let mut chat = ChatSession::new(&e, &StateOptions::default(), go).unwrap();
     for (role, text) in msgs {
         chat.push(Message::new(role, text));
     }

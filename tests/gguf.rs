@@ -356,7 +356,7 @@ fn gguf_q8_0_blocks_copied_are_exact() {
 #[test]
 fn gguf_quantized_logits_match_transformers() {
     use krafla::format::mlb::Mlb;
-    use krafla::model::{Model, Options};
+    use krafla::model::{Model, StateOptions};
     let tmp = tempfile::tempdir().unwrap();
     for name in QUANT {
         let dir = testdata().join("models").join(name);
@@ -367,7 +367,7 @@ fn gguf_quantized_logits_match_transformers() {
             convert_ok(&gguf_dir().join(format!("{name}.{q}.gguf")), &out, &[]);
             let m = Mlb::open(&out).unwrap();
             let model = Model::new(&m).unwrap();
-            let got = crate::run::all_logits(&model, &Options::default(), &toks);
+            let got = crate::run::all_logits(&model, &StateOptions::default(), &toks);
             let e = crate::run::nrmse(&got, &f32_ref);
             eprintln!("{name} {q}: nRMSE vs transformers f32 {e:.4}");
             // Gemma 3's GGUF makes every layer a sliding one (llama.cpp's default
@@ -721,7 +721,8 @@ fn gguf_vocab_of_default_model_equals_its_tokenizer_json() {
     let dir = testdata().join("default");
     let json = std::fs::read_to_string(dir.join("tokenizer.json")).unwrap();
     let cfg = std::fs::read_to_string(dir.join("tokenizer_config.json")).unwrap();
-    let want = from_hf::convert(&json, Some(&cfg), &from_hf::Options::default()).unwrap();
+    let want =
+        from_hf::convert(&json, Some(&cfg), &from_hf::HfTokenizerOptions::default()).unwrap();
     assert_eq!(m, want);
     check_against_hf("default (GGUF)", &m, &json);
 }
@@ -778,7 +779,12 @@ fn gguf_tokenizer_metadata_round_trips() {
             "gemma3",
         ),
     ] {
-        let m = from_hf::convert(&json, cfg.as_deref(), &from_hf::Options::default()).unwrap();
+        let m = from_hf::convert(
+            &json,
+            cfg.as_deref(),
+            &from_hf::HfTokenizerOptions::default(),
+        )
+        .unwrap();
         let kvs = gguf_tok::gguf_tokenizer_kvs(&m, arch).unwrap_or_else(|e| panic!("{name}: {e}"));
         let mut all = vec![(
             "general.architecture".to_string(),
@@ -799,12 +805,8 @@ fn hf_chat_mlt(dir: &Path, json: &str, cfg: &str, template: &str) -> Mlt {
     std::fs::write(dir.join("tokenizer_config.json"), cfg).unwrap();
     std::fs::write(dir.join("chat_template.jinja"), template).unwrap();
     let out = dir.join("hf.mlt");
-    from_hf::convert_file(
-        &dir.join("tokenizer.json"),
-        &out,
-        &from_hf::Options::default(),
-    )
-    .unwrap()
+    krafla::tools::mlt_convert::convert_file(&dir.join("tokenizer.json"), &out, &Default::default())
+        .unwrap()
 }
 
 /// The stop ids of an .mlt's chat section.
@@ -900,10 +902,10 @@ fn gguf_real_chat_template_matches_hf_folder() {
     // llama.cpp's GGUF of SmolLM2-135M-Instruct (template and ids from its
     // tokenizer_config.json) against mlt-convert on the Hugging Face folder.
     let g = gguf_mlt(&smol, &tmp.path().join("g.mlt"));
-    let hf = from_hf::convert_file(
+    let hf = krafla::tools::mlt_convert::convert_file(
         &real.join("smollm2-135m/tokenizer.json"),
         &tmp.path().join("hf.mlt"),
-        &from_hf::Options::default(),
+        &Default::default(),
     )
     .unwrap();
     assert_eq!(stop_ids(&g), stop_ids(&hf));
@@ -1208,7 +1210,7 @@ fn gguf_export_refuses_what_llama_cpp_would_run_differently() {
 #[test]
 fn gguf_real_models_requantized_run_like_their_checkpoints() {
     use krafla::format::mlb::Mlb;
-    use krafla::model::{Model, Options};
+    use krafla::model::{Model, StateOptions};
     let Some(real) = std::env::var_os("KRAFLA_REAL_DIR").map(PathBuf::from) else {
         eprintln!(
             "SKIP gguf_real_models_requantized_run_like_their_checkpoints: set KRAFLA_REAL_DIR"
@@ -1237,7 +1239,7 @@ fn gguf_real_models_requantized_run_like_their_checkpoints() {
         let logits = |p: &Path| {
             let m = Mlb::open(p).unwrap();
             let model = Model::new(&m).unwrap();
-            crate::run::all_logits(&model, &Options::default(), &ids)
+            crate::run::all_logits(&model, &StateOptions::default(), &ids)
         };
         let (got, want) = (logits(&a), logits(&b));
         let vocab = got.len() / ids.len();

@@ -294,9 +294,10 @@ mod chat {
     use std::process::Command;
 
     use krafla::chat::Message;
-    use krafla::model::SamplerOpts;
+    use krafla::model::SamplerOptions;
     use krafla::session::{
-        ChatEvent, ChatOptions, ChatSession, Engine, GenerateOptions, LoadOptions, StopReason,
+        ChatEvent, ChatSession, ChatSessionOptions, Engine, GenerateOptions, LoadOptions,
+        StopReason,
     };
 
     use super::real_dir;
@@ -327,17 +328,17 @@ mod chat {
         Some(mlb)
     }
 
-    fn greedy(max_tokens: usize) -> ChatOptions {
-        ChatOptions {
+    fn greedy(max_tokens: usize) -> ChatSessionOptions {
+        ChatSessionOptions {
             generate: GenerateOptions {
                 max_tokens,
-                sampling: SamplerOpts {
+                sampling: SamplerOptions {
                     temp: 0.0,
-                    ..SamplerOpts::default()
+                    ..SamplerOptions::default()
                 },
                 ..GenerateOptions::default()
             },
-            ..ChatOptions::default()
+            ..ChatSessionOptions::default()
         }
     }
 
@@ -419,16 +420,16 @@ mod chat {
             3,
             "one per message"
         );
-        let forced = ChatOptions {
+        let forced = ChatSessionOptions {
             generate: GenerateOptions {
-                sampling: SamplerOpts {
+                sampling: SamplerOptions {
                     temp: 0.0,
                     logit_bias: vec![(eot, 1000.0)],
-                    ..SamplerOpts::default()
+                    ..SamplerOptions::default()
                 },
                 ..greedy(24).generate
             },
-            ..ChatOptions::default()
+            ..ChatSessionOptions::default()
         };
         let mut chat = ChatSession::new(&e, &o, forced).unwrap();
         let r = chat.say("What is the capital of Italy?", quiet).unwrap();

@@ -238,7 +238,8 @@ fn real_mlts() -> &'static [(String, Vec<u8>)] {
         let d = testdata().join("default");
         let json = std::fs::read_to_string(d.join("tokenizer.json")).unwrap();
         let cfg = std::fs::read_to_string(d.join("tokenizer_config.json")).unwrap();
-        let m = from_hf::convert(&json, Some(&cfg), &from_hf::Options::default()).unwrap();
+        let m =
+            from_hf::convert(&json, Some(&cfg), &from_hf::HfTokenizerOptions::default()).unwrap();
         let mut v = vec![("default".to_string(), m.to_bytes().unwrap())];
         let mut seeds: Vec<_> = std::fs::read_dir(seeds_dir("mlt_parse"))
             .unwrap()

@@ -19,7 +19,7 @@ use krafla::format::WType;
 use krafla::kernels::counters::{self, Op};
 use krafla::kernels::pool::Pool;
 use krafla::kernels::{self, HalfActs, Kernels, Tier};
-use krafla::model::{Model, ModelError, Options, Packs};
+use krafla::model::{Model, ModelError, Packs, StateOptions};
 
 use crate::util::tiers;
 
@@ -149,10 +149,10 @@ pub fn file(c: &Case, seed: u64) -> Vec<u8> {
 }
 
 /// The default options with a context of `ctx` positions.
-pub fn opts(ctx: usize) -> Options {
-    Options {
+pub fn opts(ctx: usize) -> StateOptions {
+    StateOptions {
         ctx: Some(ctx),
-        ..Options::default()
+        ..StateOptions::default()
     }
 }
 
@@ -183,7 +183,7 @@ pub fn tokens(vocab: u32, n: usize, seed: u64) -> Vec<u32> {
 }
 
 /// Every position's logits, prefilled with `opts`.
-pub fn all_logits(m: &Model, opts: &Options, toks: &[u32]) -> Vec<f32> {
+pub fn all_logits(m: &Model, opts: &StateOptions, toks: &[u32]) -> Vec<f32> {
     let mut st = m.state(opts).unwrap();
     let mut out = Vec::new();
     let mut each = |_: usize, l: &[f32]| out.extend_from_slice(l);
@@ -232,7 +232,7 @@ fn synthetic_matches_naive_reference() {
         let m = load(&c, 7);
         let model = Model::new(&m).unwrap();
         let toks = tokens(c.h.vocab, 20, 3);
-        let got = all_logits(&model, &Options::default(), &toks);
+        let got = all_logits(&model, &StateOptions::default(), &toks);
         let want = reference::logits(&m, &toks);
         let v = c.h.vocab as usize;
         let e = nrmse(&got, &want);
@@ -270,15 +270,15 @@ fn prefill_equals_decode_bit_for_bit() {
         // Chunks of 7 (a ring that wraps inside a chunk) give the same bits.
         let chunked = all_logits(
             &model,
-            &Options {
+            &StateOptions {
                 batch: 7,
-                ..Options::default()
+                ..StateOptions::default()
             },
             &toks,
         );
         assert!(batch == chunked, "{}: chunked prefill differs", c.name);
         // The last logits returned by prefill are the last row.
-        let mut st = model.state(&Options::default()).unwrap();
+        let mut st = model.state(&StateOptions::default()).unwrap();
         let last = model.prefill(&mut st, &toks, None).unwrap().to_vec();
         assert!(last[..] == batch[batch.len() - last.len()..], "{}", c.name);
     }
@@ -290,10 +290,10 @@ fn ring_buffer_equals_masked_full_attention() {
         let m = load(&c, 13);
         let model = Model::new(&m).unwrap();
         let toks = tokens(c.h.vocab, 30, 9);
-        let ring = Options::default();
-        let full = Options {
+        let ring = StateOptions::default();
+        let full = StateOptions {
             ring: false,
-            ..Options::default()
+            ..StateOptions::default()
         };
         let a = all_logits(&model, &ring, &toks);
         let b = all_logits(&model, &full, &toks);
@@ -315,7 +315,7 @@ fn ring_buffer_equals_masked_full_attention() {
 }
 
 /// Every position's logits, decoded token by token with `opts`.
-pub fn all_decoded(m: &Model, opts: &Options, toks: &[u32]) -> Vec<f32> {
+pub fn all_decoded(m: &Model, opts: &StateOptions, toks: &[u32]) -> Vec<f32> {
     let mut st = m.state(opts).unwrap();
     let mut out = Vec::new();
     for &t in toks {
@@ -326,7 +326,7 @@ pub fn all_decoded(m: &Model, opts: &Options, toks: &[u32]) -> Vec<f32> {
 
 /// Every position's logits by prefill, and by decoding token by token.
 pub fn prefill_and_decode(m: &Model, toks: &[u32]) -> (Vec<f32>, Vec<f32>) {
-    let opts = Options::default();
+    let opts = StateOptions::default();
     (all_logits(m, &opts, toks), all_decoded(m, &opts, toks))
 }
 
@@ -516,15 +516,16 @@ fn thread_count_does_not_change_bits() {
     let m = load(c, 19);
     let model = Model::new(&m).unwrap();
     let toks = tokens(c.h.vocab, 40, 2);
-    let a = Pool::leak(1).install(|| all_logits(&model, &Options::default(), &toks));
+    let a = Pool::leak(1).install(|| all_logits(&model, &StateOptions::default(), &toks));
     // Packed weights (where the tier has packed kernels) run q/k/v and gate/up as one
     // parallel step: still the same bits for any thread count.
     let packs = Packs::new(&m, &kernels::kernels()).unwrap();
     let packed = Model::with_packs(&m, &packs).unwrap();
     for threads in [2, 3] {
-        let b = Pool::leak(threads).install(|| all_logits(&model, &Options::default(), &toks));
+        let b = Pool::leak(threads).install(|| all_logits(&model, &StateOptions::default(), &toks));
         assert!(a == b, "{threads} threads");
-        let p = Pool::leak(threads).install(|| all_logits(&packed, &Options::default(), &toks));
+        let p =
+            Pool::leak(threads).install(|| all_logits(&packed, &StateOptions::default(), &toks));
         assert!(a == p, "{threads} threads, packed");
     }
 }
@@ -579,10 +580,10 @@ fn huge_context_model() -> Vec<u8> {
 fn huge_context_is_an_error_not_an_abort() {
     let m = Mlb::from_bytes(&huge_context_model()).unwrap();
     let model = Model::new(&m).unwrap();
-    let all = Options {
+    let all = StateOptions {
         ctx: Some(1 << 24),
         batch: 1 << 24,
-        ..Options::default()
+        ..StateOptions::default()
     };
     let Err(ModelError::BadOption { name, value, rule }) = model.state(&all) else {
         panic!("a 2^51-byte state was allocated");
@@ -604,14 +605,14 @@ fn default_context_is_max_seq_capped() {
     let m = load(c, 1);
     let model = Model::new(&m).unwrap();
     assert_eq!(
-        model.state(&Options::default()).unwrap().ctx(),
+        model.state(&StateOptions::default()).unwrap().ctx(),
         c.h.max_seq as usize
     );
     let mut h = c.h;
     h.max_seq = 10000;
     let m = Mlb::from_bytes(&synth_file(&h, &[], 1)).unwrap();
     let model = Model::new(&m).unwrap();
-    assert_eq!(model.state(&Options::default()).unwrap().ctx(), 4096);
+    assert_eq!(model.state(&StateOptions::default()).unwrap().ctx(), 4096);
     let st = model.state(&opts(8000)).unwrap();
     assert_eq!(st.ctx(), 8000);
 }
@@ -672,7 +673,7 @@ mod cli {
             .collect();
         let m = Mlb::from_bytes(&bytes).unwrap();
         let model = Model::new(&m).unwrap();
-        let want = all_logits(&model, &Options::default(), &[1, 5, 9, 33, 2, 7]);
+        let want = all_logits(&model, &StateOptions::default(), &[1, 5, 9, 33, 2, 7]);
         assert!(got == want);
         // Generation with ids printed (no tokenizer beside the model).
         let args = [
@@ -737,9 +738,9 @@ fn imatrix_sums_every_matrix_input() {
     let m = load(c, 29);
     let model = Model::new(&m).unwrap();
     let toks = tokens(c.h.vocab, 10, 4);
-    let opts = Options {
+    let opts = StateOptions {
         imatrix: true,
-        ..Options::default()
+        ..StateOptions::default()
     };
     let mut st = model.state(&opts).unwrap();
     let with = model.prefill(&mut st, &toks, None).unwrap().to_vec();
@@ -750,7 +751,7 @@ fn imatrix_sums_every_matrix_input() {
     let w13 = mi.slot(0, krafla::format::mli::Slot::W13);
     assert!(w13.iter().all(|&s| s > 0.0));
     // Summing changes no logit.
-    let mut plain = model.state(&Options::default()).unwrap();
+    let mut plain = model.state(&StateOptions::default()).unwrap();
     assert!(model.prefill(&mut plain, &toks, None).unwrap() == &with[..]);
     // Through mlb-run: a valid MLI1 file for this model.
     let dir = tempfile::tempdir().unwrap();

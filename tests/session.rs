@@ -11,7 +11,7 @@ use krafla::format::mlb::header::layer_flag;
 use krafla::format::mlb::Mlb;
 use krafla::kernels::pool::Pool;
 use krafla::kernels::{self, Tier};
-use krafla::model::{Model, Options, Packs, Sampler, SamplerOpts};
+use krafla::model::{Model, Packs, Sampler, SamplerOptions, StateOptions};
 use krafla::session::{
     Engine, GenerateOptions, Generation, LoadOptions, Session, SessionError, StopReason,
 };
@@ -25,14 +25,14 @@ fn engine(c: &Case, seed: u64) -> Engine {
 }
 
 /// The logits of the last of `ids`, prefilled fresh.
-fn fresh(m: &Model, o: &Options, ids: &[u32]) -> Vec<f32> {
+fn fresh(m: &Model, o: &StateOptions, ids: &[u32]) -> Vec<f32> {
     let mut st = m.state(o).unwrap();
     m.prefill(&mut st, ids, None).unwrap().to_vec()
 }
 
 /// mlb-run's generation loop before the session API: sample, stop at `eos`, decode.
-fn old_loop(m: &Model, prompt: &[u32], n: usize, so: SamplerOpts, eos: Option<u32>) -> Vec<u32> {
-    let mut st = m.state(&Options::default()).unwrap();
+fn old_loop(m: &Model, prompt: &[u32], n: usize, so: SamplerOptions, eos: Option<u32>) -> Vec<u32> {
+    let mut st = m.state(&StateOptions::default()).unwrap();
     let mut logits = m.prefill(&mut st, prompt, None).unwrap().to_vec();
     let mut sampler = Sampler::new(so);
     let mut out = Vec::new();
@@ -51,13 +51,13 @@ fn generate(s: &mut Session, o: &GenerateOptions) -> Generation {
     s.generate(o, |_| ControlFlow::Continue(())).unwrap()
 }
 
-fn sampling(seed: u64) -> SamplerOpts {
-    SamplerOpts {
+fn sampling(seed: u64) -> SamplerOptions {
+    SamplerOptions {
         temp: 0.8,
         top_k: 40,
         top_p: 0.95,
         seed,
-        ..SamplerOpts::default()
+        ..SamplerOptions::default()
     }
 }
 
@@ -66,9 +66,9 @@ fn feeding_gives_the_bits_of_prefill() {
     for c in cases() {
         let e = engine(&c, 11);
         let toks = tokens(c.h.vocab, 19, 5);
-        let want = all_logits(e.model(), &Options::default(), &toks);
+        let want = all_logits(e.model(), &StateOptions::default(), &toks);
         let v = c.h.vocab as usize;
-        let mut s = e.session(&Options::default()).unwrap();
+        let mut s = e.session(&StateOptions::default()).unwrap();
         let mut got = Vec::new();
         // Two chunks, then one by one: every position's logits.
         let mut each = |_: usize, l: &[f32]| got.extend_from_slice(l);
@@ -91,9 +91,9 @@ fn generation_equals_the_old_loop() {
     for c in cases() {
         let e = engine(&c, 3);
         let prompt = tokens(c.h.vocab, 6, 8);
-        for so in [SamplerOpts::default(), sampling(42)] {
+        for so in [SamplerOptions::default(), sampling(42)] {
             let want = old_loop(e.model(), &prompt, 12, so.clone(), None);
-            let mut s = e.session(&Options::default()).unwrap();
+            let mut s = e.session(&StateOptions::default()).unwrap();
             s.feed(&prompt).unwrap();
             let o = GenerateOptions {
                 max_tokens: 12,
@@ -112,7 +112,7 @@ fn generation_equals_the_old_loop() {
             // A stop id: the same tokens up to its first appearance, which ends it.
             let stop = want[4];
             let first = want.iter().position(|&t| t == stop).unwrap();
-            let mut s = e.session(&Options::default()).unwrap();
+            let mut s = e.session(&StateOptions::default()).unwrap();
             s.feed(&prompt).unwrap();
             let g = generate(
                 &mut s,
@@ -175,7 +175,7 @@ fn stop_reasons() {
     assert_eq!((g.stop, g.tokens.len()), (StopReason::Length, 0));
     assert!(s.logits().is_some());
     // A stop string (here over the ids' text): the text ends before it.
-    let mut s = e.session(&Options::default()).unwrap();
+    let mut s = e.session(&StateOptions::default()).unwrap();
     s.feed(&prompt).unwrap();
     let snap = s.snapshot();
     let free = generate(&mut s, &GenerateOptions::default());
@@ -203,9 +203,9 @@ fn stop_reasons() {
         Err(SessionError::BadOption { name: "stop", .. })
     ));
     let bad = GenerateOptions {
-        sampling: SamplerOpts {
+        sampling: SamplerOptions {
             logit_bias: vec![(c.h.vocab, 1.0)],
-            ..SamplerOpts::default()
+            ..SamplerOptions::default()
         },
         ..GenerateOptions::default()
     };
@@ -220,7 +220,7 @@ fn snapshot_restore_truncate_and_rewind_give_the_bits_of_a_fresh_prefill() {
     for c in cases() {
         let e = engine(&c, 13);
         let m = e.model();
-        let o = Options::default();
+        let o = StateOptions::default();
         let a = tokens(c.h.vocab, 9, 21);
         let b = tokens(c.h.vocab, 8, 22);
         let d = tokens(c.h.vocab, 6, 23);
@@ -291,7 +291,7 @@ fn a_wrapped_ring_truncates_only_through_a_snapshot() {
     let c = &cases()[1];
     assert_eq!(c.h.sliding_window, 5);
     let e = engine(c, 17);
-    let o = Options::default();
+    let o = StateOptions::default();
     let ids = tokens(c.h.vocab, 14, 3);
     let mut s = e.session(&o).unwrap();
     s.feed(&ids[..6]).unwrap();
@@ -312,7 +312,7 @@ fn a_wrapped_ring_truncates_only_through_a_snapshot() {
     let want = fresh(e.model(), &o, &[&ids[..6], &[2, 3]].concat());
     assert!(s.logits().unwrap() == want);
     // Not full ring (ring: false): truncation is free.
-    let full = Options { ring: false, ..o };
+    let full = StateOptions { ring: false, ..o };
     let mut s = e.session(&full).unwrap();
     s.feed(&ids).unwrap();
     s.truncate(6).unwrap();
@@ -324,10 +324,10 @@ fn a_wrapped_ring_truncates_only_through_a_snapshot() {
 fn snapshots_belong_to_their_engine_and_layout() {
     let c = &cases()[7];
     let (e1, e2) = (engine(c, 1), engine(c, 1));
-    let mut s1 = e1.session(&Options::default()).unwrap();
+    let mut s1 = e1.session(&StateOptions::default()).unwrap();
     s1.feed(&[1, 2, 3]).unwrap();
     let snap = s1.snapshot();
-    let mut s2 = e2.session(&Options::default()).unwrap();
+    let mut s2 = e2.session(&StateOptions::default()).unwrap();
     assert_eq!(
         s2.restore(&snap).unwrap_err(),
         SessionError::SnapshotMismatch
@@ -339,7 +339,7 @@ fn snapshots_belong_to_their_engine_and_layout() {
     );
     // Another session of the same engine: its full-attention layer (layer 1) must
     // still hold the snapshot's ids.
-    let mut other = e1.session(&Options::default()).unwrap();
+    let mut other = e1.session(&StateOptions::default()).unwrap();
     assert!(matches!(
         other.restore(&snap),
         Err(SessionError::SnapshotStale { .. })
@@ -360,14 +360,14 @@ fn sessions_over_one_engine_are_independent() {
         ..GenerateOptions::default()
     };
     let alone = |ids: &[u32]| {
-        let mut s = e.session(&Options::default()).unwrap();
+        let mut s = e.session(&StateOptions::default()).unwrap();
         s.feed(ids).unwrap();
         generate(&mut s, &go).tokens
     };
     let (wp, wq) = (alone(&p), alone(&q));
     // Interleaved on one thread, step by step.
-    let mut a = e.session(&Options::default()).unwrap();
-    let mut b = e.session(&Options::default()).unwrap();
+    let mut a = e.session(&StateOptions::default()).unwrap();
+    let mut b = e.session(&StateOptions::default()).unwrap();
     a.feed(&p[..3]).unwrap();
     b.feed(&q).unwrap();
     a.feed(&p[3..]).unwrap();
@@ -384,7 +384,7 @@ fn sessions_over_one_engine_are_independent() {
 
 #[test]
 fn seeded_sampling_is_the_same_on_every_tier_and_thread_count() {
-    let so = SamplerOpts {
+    let so = SamplerOptions {
         temp: 1.5,
         top_k: 0,
         top_p: 0.95,
@@ -396,7 +396,7 @@ fn seeded_sampling_is_the_same_on_every_tier_and_thread_count() {
         logit_bias: vec![(3, 1.0)],
         logprobs: true,
         top_logprobs: 2,
-        ..SamplerOpts::default()
+        ..SamplerOptions::default()
     };
     for c in [&cases()[3], &cases()[7]] {
         let m = load(c, 4);
@@ -408,7 +408,7 @@ fn seeded_sampling_is_the_same_on_every_tier_and_thread_count() {
                 false => Packs::none(),
             };
             let e = Engine::new(mlb, packs, None).unwrap();
-            let mut s = e.session(&Options::default()).unwrap();
+            let mut s = e.session(&StateOptions::default()).unwrap();
             s.feed(&prompt).unwrap();
             let mut lps = Vec::new();
             let g = s
@@ -469,9 +469,9 @@ fn default_model_through_the_session() {
     assert_eq!(e.stop_ids(), tok.eos().into_iter().collect::<Vec<_>>());
     let prompt = "The Python interpreter";
     let ids = tok.encode(prompt);
-    for so in [SamplerOpts::default(), sampling(1)] {
+    for so in [SamplerOptions::default(), sampling(1)] {
         let want = old_loop(e.model(), &ids, 24, so.clone(), tok.eos());
-        let mut s = e.session(&Options::default()).unwrap();
+        let mut s = e.session(&StateOptions::default()).unwrap();
         s.feed_text(prompt).unwrap();
         assert_eq!(s.tokens(), &ids[..]);
         let g = generate(
@@ -517,7 +517,7 @@ fn default_model_through_the_session() {
         );
     }
     // A later text is fed without the BOS the tokenizer puts first.
-    let mut s = e.session(&Options::default()).unwrap();
+    let mut s = e.session(&StateOptions::default()).unwrap();
     s.feed_text("The").unwrap();
     s.feed_text(" Python interpreter").unwrap();
     let bos = e.bos_added();

@@ -264,7 +264,7 @@ fn check_family(
     want_kind: mlt::Kind,
     want_flags: u32,
 ) {
-    let m = from_hf::convert(json, config, &from_hf::Options::default())
+    let m = from_hf::convert(json, config, &from_hf::HfTokenizerOptions::default())
         .unwrap_or_else(|e| panic!("{name}: {e}"));
     assert_eq!(
         (m.kind, m.flags),
@@ -408,8 +408,12 @@ fn smollm2_json() -> Value {
 }
 
 fn refusal(j: &Value) -> krafla::format::FormatError {
-    from_hf::convert(&j.to_string(), None, &from_hf::Options::default())
-        .expect_err("must be refused")
+    from_hf::convert(
+        &j.to_string(),
+        None,
+        &from_hf::HfTokenizerOptions::default(),
+    )
+    .expect_err("must be refused")
 }
 
 #[test]
@@ -549,7 +553,7 @@ fn describe_and_json_helpers() {
         &Default::default(),
     )
     .unwrap();
-    let (text, json) = krafla::tokenizer::describe(&m);
+    let (text, json) = krafla::tools::inspect::mlt::describe(&m);
     assert!(
         text.contains("gpt2_regex") && text.contains("<|im_start|>"),
         "{text}"

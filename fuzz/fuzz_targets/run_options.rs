@@ -7,7 +7,7 @@
 //! Input: temp f32, top_p f32, top_k u16, seed u64, n_vocab u32 (little-endian), then
 //! the `--tokens` text up to the first NUL, then the logits as f32s.
 #![no_main]
-use krafla::model::{Sampler, SamplerOpts};
+use krafla::model::{Sampler, SamplerOptions};
 use krafla::tokenizer::parse_ids;
 use libfuzzer_sys::fuzz_target;
 
@@ -44,12 +44,12 @@ fuzz_target!(|data: &[u8]| {
     if logits.is_empty() {
         return;
     }
-    let mut s = Sampler::new(SamplerOpts {
+    let mut s = Sampler::new(SamplerOptions {
         temp,
         top_k,
         top_p,
         seed,
-        ..SamplerOpts::default()
+        ..SamplerOptions::default()
     });
     for _ in 0..3 {
         let t = s.sample(&logits) as usize;

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use krafla::convert::{convert, ConvertError, Options as ConvertOptions, WType};
 use krafla::format::mlb::{Kind, Mlb};
 use krafla::format::mlt::Mlt;
-use krafla::model::{Model, Options};
+use krafla::model::{Model, StateOptions};
 use krafla::tokenizer::{from_hf, Tokenizer};
 
 /// The repository root (the fuzz crate lives in `fuzz/`).
@@ -84,7 +84,7 @@ pub fn real_mlts() -> Vec<(String, Mlt)> {
             let m = from_hf::convert(
                 &gunzip(&n),
                 cfg.ok().as_deref(),
-                &from_hf::Options::default(),
+                &from_hf::HfTokenizerOptions::default(),
             )
             .unwrap_or_else(|e| panic!("{n}: {e}"));
             (n, m)
@@ -125,9 +125,9 @@ pub fn exercise_mlb(data: &[u8]) {
     std::hint::black_box(sum);
     // Files that validate may still be refused by the runtime, with an error.
     let Ok(model) = Model::new(&m) else { return };
-    let opts = Options {
+    let opts = StateOptions {
         ctx: Some(2),
-        ..Options::default()
+        ..StateOptions::default()
     };
     let Ok(mut st) = model.state(&opts) else {
         return;

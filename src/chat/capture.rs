@@ -18,7 +18,9 @@
 //! ends an assistant turn (`<|im_end|>`, `<end_of_turn>`, `<|eot_id|>`). Tokens the
 //! template writes elsewhere (`<|im_start|>`, headers) are not stop tokens.
 
-use super::{ChatTemplate, Message, RenderOptions};
+use super::conversation::{Message, RenderOptions};
+use super::error::ChatError;
+use super::template::ChatTemplate;
 use crate::format::mlt::{Attr, Mlt, FLAG_CHAT};
 use crate::format::mlt_chat::{
     ChatSection, NamedTemplate, StopToken, DEFAULT_TEMPLATE, STOP_END_OF_TURN, STOP_EOS,
@@ -322,7 +324,7 @@ pub fn build_section(
             ..Default::default()
         }) {
             let (line, msg) = match &e {
-                super::ChatError::Syntax { line, message, .. } => (*line, message.clone()),
+                ChatError::Syntax { line, message, .. } => (*line, message.clone()),
                 other => (None, other.to_string()),
             };
             return Err(FormatError::format(

@@ -8,7 +8,7 @@
 //! `thinking` or `reasoning`, the first non-null) to both `thinking` and
 //! `reasoning_content`; [`Message::normalized`] does the same.
 
-use super::ChatError;
+use super::error::ChatError;
 use minijinja::value::ValueKind;
 use minijinja::Value;
 

@@ -26,7 +26,6 @@ pub mod capture;
 pub mod conversation;
 pub mod error;
 pub mod pyjson;
-pub mod report;
 pub mod stop;
 pub mod template;
 
@@ -101,31 +100,4 @@ impl Chat {
 /// added tokens matched in the text, no BOS prepended.
 pub fn encode_rendered(tok: &Tokenizer, text: &str) -> Vec<u32> {
     tok.encode_with(text, false)
-}
-
-/// Renders the conversation JSON of `mlb-inspect --chat` (`{"messages": [...],
-/// "add_generation_prompt": true, ...}`) with the file's templates: the text and its
-/// ids. A conversation may give its own template source as `"chat_template"`.
-pub fn render_json(m: &Mlt, tok: &Tokenizer, json: &str) -> Result<(String, Vec<u32>), ChatError> {
-    let conv = Conversation::from_json(json)?;
-    let text = match Chat::from_mlt(m)? {
-        Some(chat) => chat.render(&conv.messages, &conv.options)?,
-        None => match &conv.options.template {
-            Some(source) => ChatTemplate::from_source(source, &[])?.render(
-                &conv.messages,
-                &RenderOptions {
-                    template: None,
-                    ..conv.options.clone()
-                },
-            )?,
-            None => {
-                return Err(ChatError::NoTemplate {
-                    name: crate::format::mlt_chat::DEFAULT_TEMPLATE.into(),
-                    available: Vec::new(),
-                })
-            }
-        },
-    };
-    let ids = encode_rendered(tok, &text);
-    Ok((text, ids))
 }

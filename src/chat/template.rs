@@ -20,8 +20,8 @@
 
 use super::budget::{self, CappedOutput, RenderBudget};
 use super::conversation::{Message, RenderOptions};
+use super::error::ChatError;
 use super::pyjson::tojson_filter;
-use super::ChatError;
 use crate::format::mlt_chat::{ChatSection, DEFAULT_TEMPLATE};
 use minijinja::value::{Kwargs, Rest, ValueKind};
 use minijinja::{AutoEscape, Environment, Error, ErrorKind, State, Value};
@@ -763,7 +763,7 @@ mod tests {
         assert_eq!(r, "<user>q</end>\n<assistant>The answer is");
         assert!(ct.render(&[], &RenderOptions::default()).is_err());
         // A list of parts: the last text part is continued.
-        let parts = crate::chat::Conversation::from_json(
+        let parts = crate::chat::conversation::Conversation::from_json(
             r#"{"messages": [{"role": "assistant", "content": [{"type": "text", "text": "a"}, {"type": "image"}, {"type": "text", "text": "b c"}]}]}"#,
         )
         .unwrap();

@@ -8,7 +8,7 @@
 
 use super::error::{FormatError, Result};
 use super::mlt_chat::ChatSection;
-use super::reader::Reader;
+use super::reader::{fit_u32, Reader};
 use std::path::Path;
 
 pub const MAGIC: &[u8; 4] = b"MLT1";
@@ -99,11 +99,6 @@ fn truncated(field: &str, n: usize, pos: usize, len: usize) -> FormatError {
         format!("offset {pos}"),
         format!("truncated: needs {n} bytes, file has {len}"),
     )
-}
-
-/// A count or length as the u32 the file stores.
-pub(super) fn fit_u32(n: usize, field: &str) -> Result<u32> {
-    u32::try_from(n).map_err(|_| FormatError::shape(field, n, "must fit in u32"))
 }
 
 fn opt_id(v: u32) -> Option<u32> {

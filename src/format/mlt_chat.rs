@@ -17,8 +17,7 @@
 //! `krafla::chat` compiles and renders it.
 
 use super::error::{FormatError, Result};
-use super::mlt::fit_u32;
-use super::reader::Reader;
+use super::reader::{fit_u32, Reader};
 
 /// At most this many templates (HF's list form has a handful: default, tool_use, rag).
 pub const MAX_TEMPLATES: usize = 64;

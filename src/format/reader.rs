@@ -1,9 +1,14 @@
 //! A bounds-checked little-endian reader over a file's bytes, shared by the MLT1 parser
 //! and its chat section. Each caller words a truncation its own way (the chat section
 //! counts the bytes left in the section, the file the bytes of the file), so the error
-//! is passed in.
+//! is passed in. Their writers share [`fit_u32`], the check on the way back.
 
 use super::error::{FormatError, Result};
+
+/// A count or length as the u32 the file stores.
+pub(super) fn fit_u32(n: usize, field: &str) -> Result<u32> {
+    u32::try_from(n).map_err(|_| FormatError::shape(field, n, "must fit in u32"))
+}
 
 /// The error for `field` needing `n` bytes at offset `pos` of a `len`-byte buffer.
 pub(super) type Truncated = fn(field: &str, n: usize, pos: usize, len: usize) -> FormatError;

@@ -26,7 +26,7 @@ use std::path::PathBuf;
 
 use crate::kernels::pool;
 
-use super::forward::{Model, Options, State};
+use super::forward::{Model, State, StateOptions};
 use super::sampler::argmax;
 use super::ModelError;
 
@@ -263,7 +263,7 @@ fn feed_unscored(model: &Model, st: &mut State, c: &[u32]) -> Result<usize, Eval
 /// chunks done and the running statistics.
 pub fn perplexity(
     model: &Model,
-    opts: &Options,
+    opts: &StateOptions,
     chunks: &[Vec<u32>],
     mut progress: impl FnMut(usize, &ChunkStats),
 ) -> Result<PplReport, EvalError> {
@@ -316,7 +316,7 @@ fn compare(r: &[f32], m: &[f32], target: usize) -> Cmp {
 pub fn kl_divergence(
     reference: &Model,
     model: &Model,
-    opts: &Options,
+    opts: &StateOptions,
     chunks: &[Vec<u32>],
     mut progress: impl FnMut(usize, &Mean),
 ) -> Result<KlReport, EvalError> {

@@ -69,7 +69,7 @@ pub type BatchSink<'f> = &'f mut dyn FnMut(usize, usize, &[f32]);
 
 /// How a [`State`] is sized.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Options {
+pub struct StateOptions {
     /// KV cache positions; `None`: max_seq capped at [`DEFAULT_CTX_CAP`].
     pub ctx: Option<usize>,
     /// Most tokens per prefill matmul.
@@ -85,9 +85,9 @@ pub struct Options {
     pub kv_type: KvType,
 }
 
-impl Default for Options {
+impl Default for StateOptions {
     fn default() -> Self {
-        Options {
+        StateOptions {
             ctx: None,
             batch: DEFAULT_BATCH,
             ring: true,
@@ -250,7 +250,7 @@ impl State {
         self.seq.delta.iter().flatten().map(DeltaState::bytes).sum()
     }
 
-    /// The importance sums so far (with `Options::imatrix`, or a [`Collector`] set as
+    /// The importance sums so far (with `StateOptions::imatrix`, or a [`Collector`] set as
     /// the observer).
     pub fn imatrix(&self) -> Option<&Mli> {
         let o: &dyn Any = self.seq.observer.as_deref()?;
@@ -385,7 +385,7 @@ impl<'a> Model<'a> {
     }
 
     /// The context a [`State`] with `opts` gets; `BadOption` if it cannot be used.
-    pub fn context(&self, opts: &Options) -> Result<usize> {
+    pub fn context(&self, opts: &StateOptions) -> Result<usize> {
         let max = self.cfg.max_seq;
         match opts.ctx {
             None => Ok(max.min(DEFAULT_CTX_CAP)),
@@ -406,7 +406,7 @@ impl<'a> Model<'a> {
     /// Allocates every buffer of a forward pass once. The bytes are summed first
     /// (checked); a context whose buffers cannot be allocated is a `BadOption` naming
     /// `--ctx` and the bytes needed, never an abort.
-    pub fn state(&self, opts: &Options) -> Result<State> {
+    pub fn state(&self, opts: &StateOptions) -> Result<State> {
         let ctx = self.context(opts)?;
         let cap = opts.batch.clamp(1, ctx);
         let make = |z: &mut Zeros| State {
@@ -426,9 +426,9 @@ impl<'a> Model<'a> {
     /// sequences of up to `ctx` positions (`None`: the default context), allocated once
     /// (fallibly, like [`Model::state`]).
     pub fn batch_scratch(&self, tokens: usize, ctx: Option<usize>) -> Result<BatchScratch> {
-        let ctx = self.context(&Options {
+        let ctx = self.context(&StateOptions {
             ctx,
-            ..Options::default()
+            ..StateOptions::default()
         })?;
         let cap = tokens.max(1);
         let make = |z: &mut Zeros| BatchScratch {
@@ -467,7 +467,7 @@ impl<'a> Model<'a> {
 
     /// Memory of one sequence's [`State`] with `opts` (computed, not allocated): the KV
     /// caches (and per position), the delta states, the step buffers.
-    pub fn slot_memory(&self, opts: &Options) -> Result<SlotMemory> {
+    pub fn slot_memory(&self, opts: &StateOptions) -> Result<SlotMemory> {
         let ctx = self.context(opts)?;
         let cap = opts.batch.clamp(1, ctx);
         let c = &self.cfg;
@@ -536,7 +536,7 @@ impl<'a> Model<'a> {
     }
 
     /// A sequence's caches and delta states for `ctx` positions, from `z`.
-    fn seq(&self, opts: &Options, ctx: usize, z: &mut Zeros) -> Seq {
+    fn seq(&self, opts: &StateOptions, ctx: usize, z: &mut Zeros) -> Seq {
         let c = &self.cfg;
         let caches: Vec<Option<LayerCache>> = c
             .layers

@@ -9,14 +9,14 @@
 use std::path::Path;
 
 use super::eval::{self, ChunkStats, EvalError};
-use super::forward::{Model, Options};
+use super::forward::{Model, StateOptions};
 use crate::format::mli::Mli;
 
 pub use super::observer::{Collector, Input, Observer};
 
 /// After each chunk of [`collect`]: the chunks done and the perplexity so far.
 #[derive(Debug, Clone, Copy)]
-pub struct Progress {
+pub struct ChunkProgress {
     pub done: usize,
     pub total: usize,
     /// Running perplexity over the chunks' second halves (NaN when ctx < 2).
@@ -30,9 +30,9 @@ pub struct Progress {
 /// the run.
 pub fn collect(
     model: &Model,
-    opts: &Options,
+    opts: &StateOptions,
     chunks: &[Vec<u32>],
-    mut after: impl FnMut(&Progress, &Mli) -> Result<(), EvalError>,
+    mut after: impl FnMut(&ChunkProgress, &Mli) -> Result<(), EvalError>,
 ) -> Result<(Mli, ChunkStats), EvalError> {
     let mut st = model.state(opts)?;
     st.set_observer(Box::new(Collector::new(&model.cfg)));
@@ -48,7 +48,7 @@ pub fn collect(
             }
         };
         model.prefill(&mut st, chunk, Some(&mut sink))?;
-        let p = Progress {
+        let p = ChunkProgress {
             done: i + 1,
             total: chunks.len(),
             ppl: stats.ppl(),

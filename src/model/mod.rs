@@ -36,9 +36,9 @@ pub mod sampler;
 pub mod weights;
 
 pub use config::{Config, LayerKind, RopeSel};
-pub use forward::{BatchScratch, Model, Options, SlotMemory, State};
+pub use forward::{BatchScratch, Model, SlotMemory, State, StateOptions};
 pub use kv::KvType;
-pub use sampler::{Sampler, SamplerOpts};
+pub use sampler::{Sampler, SamplerOptions};
 pub use weights::{Packs, Weights};
 
 use std::fmt;

@@ -24,7 +24,7 @@ use std::fmt;
 
 /// Sampling parameters, with the library's defaults (greedy, nothing else on).
 #[derive(Debug, Clone, PartialEq)]
-pub struct SamplerOpts {
+pub struct SamplerOptions {
     /// 0: greedy.
     pub temp: f32,
     /// 0: no limit.
@@ -49,9 +49,9 @@ pub struct SamplerOpts {
     pub top_logprobs: usize,
 }
 
-impl Default for SamplerOpts {
+impl Default for SamplerOptions {
     fn default() -> Self {
-        SamplerOpts {
+        SamplerOptions {
             temp: 0.0,
             top_k: 0,
             top_p: 1.0,
@@ -70,24 +70,24 @@ impl Default for SamplerOpts {
 
 /// A sampling option out of its range: `NAME = VALUE: RULE` (names as mlb-run's flags).
 #[derive(Debug, Clone, PartialEq)]
-pub struct BadSamplerOpt {
+pub struct BadSamplerOption {
     pub name: &'static str,
     pub value: String,
     pub rule: &'static str,
 }
 
-impl fmt::Display for BadSamplerOpt {
+impl fmt::Display for BadSamplerOption {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{} = {}: {}", self.name, self.value, self.rule)
     }
 }
 
-impl std::error::Error for BadSamplerOpt {}
+impl std::error::Error for BadSamplerOption {}
 
-impl SamplerOpts {
+impl SamplerOptions {
     /// Checks every option's range against `vocab` (logit-bias ids).
-    pub fn validate(&self, vocab: Option<usize>) -> Result<(), BadSamplerOpt> {
-        let bad = |name, value: String, rule| Err(BadSamplerOpt { name, value, rule });
+    pub fn validate(&self, vocab: Option<usize>) -> Result<(), BadSamplerOption> {
+        let bad = |name, value: String, rule| Err(BadSamplerOption { name, value, rule });
         if !(self.temp >= 0.0 && self.temp.is_finite()) {
             return bad(
                 "--temp",
@@ -157,14 +157,14 @@ pub struct Logprobs {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Sampled {
     pub id: u32,
-    /// With `SamplerOpts::logprobs`.
+    /// With `SamplerOptions::logprobs`.
     pub logprobs: Option<Logprobs>,
 }
 
 /// A sampler with its PRNG state and reusable buffers.
 #[derive(Debug, Clone)]
 pub struct Sampler {
-    opts: SamplerOpts,
+    opts: SamplerOptions,
     rng: u64,
     /// (probability, id) candidates, sized to the vocabulary once.
     cand: Vec<(f32, u32)>,
@@ -186,7 +186,7 @@ pub fn argmax(x: &[f32]) -> u32 {
 }
 
 impl Sampler {
-    pub fn new(opts: SamplerOpts) -> Sampler {
+    pub fn new(opts: SamplerOptions) -> Sampler {
         // splitmix64 of the seed: a non-zero, well-mixed xorshift state.
         let mut z = opts.seed.wrapping_add(0x9E37_79B9_7F4A_7C15);
         z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
@@ -201,7 +201,7 @@ impl Sampler {
         }
     }
 
-    pub fn opts(&self) -> &SamplerOpts {
+    pub fn opts(&self) -> &SamplerOptions {
         &self.opts
     }
 
@@ -358,13 +358,13 @@ mod tests {
     fn greedy_and_seeded() {
         assert_eq!(argmax(&[1.0, 3.0, 3.0]), 1, "the first among equals");
         let l = [0.1, 3.0, 2.9, -1.0];
-        assert_eq!(Sampler::new(SamplerOpts::default()).sample(&l), 1);
-        let opts = SamplerOpts {
+        assert_eq!(Sampler::new(SamplerOptions::default()).sample(&l), 1);
+        let opts = SamplerOptions {
             temp: 1.0,
             top_k: 2,
             top_p: 1.0,
             seed: 7,
-            ..SamplerOpts::default()
+            ..SamplerOptions::default()
         };
         let a: Vec<u32> = {
             let mut s = Sampler::new(opts.clone());
@@ -377,7 +377,7 @@ mod tests {
         assert_eq!(a, b);
         assert!(a.iter().all(|&t| t == 1 || t == 2));
         assert!(a.contains(&1) && a.contains(&2));
-        let mut s = Sampler::new(SamplerOpts {
+        let mut s = Sampler::new(SamplerOptions {
             top_p: 0.3,
             top_k: 0,
             ..opts
@@ -389,12 +389,12 @@ mod tests {
     fn min_p_cuts_unlikely_tokens() {
         // p ∝ exp(l): 1, e^-0.1 ≈ 0.905, e^-3 ≈ 0.050, e^-4 ≈ 0.018.
         let l = [0.0, -0.1, -3.0, -4.0];
-        let opts = SamplerOpts {
+        let opts = SamplerOptions {
             temp: 1.0,
             seed: 3,
-            ..SamplerOpts::default()
+            ..SamplerOptions::default()
         };
-        let draw = |o: SamplerOpts| {
+        let draw = |o: SamplerOptions| {
             let mut s = Sampler::new(o);
             (0..400).map(|_| s.sample(&l)).collect::<Vec<_>>()
         };
@@ -403,30 +403,30 @@ mod tests {
             all.contains(&2) || all.contains(&3),
             "without min-p all can come"
         );
-        let cut = draw(SamplerOpts {
+        let cut = draw(SamplerOptions {
             min_p: 0.1,
             ..opts.clone()
         });
         assert!(cut.iter().all(|&t| t < 2) && cut.contains(&1), "{cut:?}");
         // min-p 1 keeps only the most likely.
-        let top = draw(SamplerOpts { min_p: 1.0, ..opts });
+        let top = draw(SamplerOptions { min_p: 1.0, ..opts });
         assert!(top.iter().all(|&t| t == 0));
     }
 
     #[test]
     fn bias_and_penalties_change_the_choice() {
         let l = [1.0, 2.0, 0.5, -1.0];
-        let greedy = |o: SamplerOpts, hist: &[u32]| Sampler::new(o).sample_with(&l, hist).id;
-        assert_eq!(greedy(SamplerOpts::default(), &[1, 1]), 1, "no penalty");
-        let bias = SamplerOpts {
+        let greedy = |o: SamplerOptions, hist: &[u32]| Sampler::new(o).sample_with(&l, hist).id;
+        assert_eq!(greedy(SamplerOptions::default(), &[1, 1]), 1, "no penalty");
+        let bias = SamplerOptions {
             logit_bias: vec![(2, 5.0), (1, f32::NEG_INFINITY)],
-            ..SamplerOpts::default()
+            ..SamplerOptions::default()
         };
         assert_eq!(greedy(bias, &[]), 2);
         // Repetition: 2 / 3 < 1: token 0 wins; a negative logit is multiplied.
-        let rep = SamplerOpts {
+        let rep = SamplerOptions {
             repeat_penalty: 3.0,
-            ..SamplerOpts::default()
+            ..SamplerOptions::default()
         };
         assert_eq!(greedy(rep.clone(), &[1]), 0);
         assert_eq!(
@@ -435,25 +435,25 @@ mod tests {
             "ids past the vocab are ignored"
         );
         // The window: only the last token counts.
-        let win = SamplerOpts {
+        let win = SamplerOptions {
             penalty_window: 1,
             ..rep
         };
         assert_eq!(greedy(win.clone(), &[1, 0]), 1);
         assert_eq!(greedy(win, &[0, 1]), 0);
         // Frequency counts repeats, presence does not: 2 − 2·0.6 = 0.8 < 1.
-        let freq = SamplerOpts {
+        let freq = SamplerOptions {
             frequency_penalty: 0.6,
-            ..SamplerOpts::default()
+            ..SamplerOptions::default()
         };
         assert_eq!(greedy(freq.clone(), &[1]), 1);
         assert_eq!(greedy(freq, &[1, 1]), 0);
-        let pres = SamplerOpts {
+        let pres = SamplerOptions {
             presence_penalty: 0.6,
-            ..SamplerOpts::default()
+            ..SamplerOptions::default()
         };
         assert_eq!(greedy(pres.clone(), &[1, 1, 1]), 1);
-        let pres = SamplerOpts {
+        let pres = SamplerOptions {
             presence_penalty: 1.5,
             ..pres
         };
@@ -463,10 +463,10 @@ mod tests {
     #[test]
     fn logprobs_are_log_softmax() {
         let l = [1.0f32, 3.0, 2.0, 3.0];
-        let s = Sampler::new(SamplerOpts {
+        let s = Sampler::new(SamplerOptions {
             logprobs: true,
             top_logprobs: 3,
-            ..SamplerOpts::default()
+            ..SamplerOptions::default()
         })
         .sample_with(&l, &[]);
         let lse = l.iter().map(|&v| (v as f64).exp()).sum::<f64>().ln();
@@ -480,15 +480,15 @@ mod tests {
             assert!((v - want(i as usize)).abs() < 1e-6);
         }
         // Probabilities of the adjusted logits: a bias moves them.
-        let b = Sampler::new(SamplerOpts {
+        let b = Sampler::new(SamplerOptions {
             logprobs: true,
             logit_bias: vec![(0, 10.0)],
-            ..SamplerOpts::default()
+            ..SamplerOptions::default()
         })
         .sample_with(&l, &[]);
         assert_eq!(b.id, 0);
         assert!(b.logprobs.unwrap().chosen > -0.01);
-        assert!(Sampler::new(SamplerOpts::default())
+        assert!(Sampler::new(SamplerOptions::default())
             .sample_with(&l, &[])
             .logprobs
             .is_none());
@@ -496,60 +496,60 @@ mod tests {
 
     #[test]
     fn options_are_validated() {
-        let ok = SamplerOpts::default();
+        let ok = SamplerOptions::default();
         assert!(ok.validate(Some(4)).is_ok());
         for (o, name) in [
             (
-                SamplerOpts {
+                SamplerOptions {
                     temp: -1.0,
                     ..ok.clone()
                 },
                 "--temp",
             ),
             (
-                SamplerOpts {
+                SamplerOptions {
                     temp: f32::NAN,
                     ..ok.clone()
                 },
                 "--temp",
             ),
             (
-                SamplerOpts {
+                SamplerOptions {
                     top_p: 0.0,
                     ..ok.clone()
                 },
                 "--top-p",
             ),
             (
-                SamplerOpts {
+                SamplerOptions {
                     min_p: 1.5,
                     ..ok.clone()
                 },
                 "--min-p",
             ),
             (
-                SamplerOpts {
+                SamplerOptions {
                     repeat_penalty: 0.0,
                     ..ok.clone()
                 },
                 "--repeat-penalty",
             ),
             (
-                SamplerOpts {
+                SamplerOptions {
                     presence_penalty: f32::INFINITY,
                     ..ok.clone()
                 },
                 "--presence-penalty",
             ),
             (
-                SamplerOpts {
+                SamplerOptions {
                     logit_bias: vec![(4, 1.0)],
                     ..ok.clone()
                 },
                 "--logit-bias",
             ),
             (
-                SamplerOpts {
+                SamplerOptions {
                     logit_bias: vec![(0, f32::NAN)],
                     ..ok.clone()
                 },
@@ -559,7 +559,9 @@ mod tests {
             let e = o.validate(Some(4)).unwrap_err();
             assert_eq!(e.name, name, "{e}");
         }
-        let e = SamplerOpts { top_p: 0.0, ..ok }.validate(None).unwrap_err();
+        let e = SamplerOptions { top_p: 0.0, ..ok }
+            .validate(None)
+            .unwrap_err();
         assert_eq!(e.to_string(), "--top-p = 0: must be in (0, 1]");
     }
 }

@@ -17,7 +17,7 @@ use serde::Deserialize;
 use serde_json::{json, Value as Json};
 
 use crate::chat::{ChatError, Message, RenderOptions, Value};
-use crate::model::SamplerOpts;
+use crate::model::SamplerOptions;
 use crate::tokenizer::Tokenizer;
 
 /// Most stop strings a request may give.
@@ -217,7 +217,7 @@ pub struct Request {
     pub prompt: Prompt,
     /// `None`: the endpoint's default.
     pub max_tokens: Option<usize>,
-    pub sampling: SamplerOpts,
+    pub sampling: SamplerOptions,
     /// Whether `seed` was given (otherwise the server picks one).
     pub seeded: bool,
     pub stop: Vec<String>,
@@ -718,7 +718,7 @@ pub fn parse(body: &[u8], endpoint: Endpoint, vocab: usize) -> Result<Request, A
         }
         logit_bias.push((id, b as f32));
     }
-    let sampling = SamplerOpts {
+    let sampling = SamplerOptions {
         temp: ranged("temperature", f.temperature, 1.0, 0.0, 2.0)?,
         top_k,
         top_p,
@@ -730,7 +730,7 @@ pub fn parse(body: &[u8], endpoint: Endpoint, vocab: usize) -> Result<Request, A
         logit_bias,
         logprobs,
         top_logprobs,
-        ..SamplerOpts::default()
+        ..SamplerOptions::default()
     };
     let stream = f.stream.unwrap_or(false);
     Ok(Request {

@@ -36,7 +36,7 @@ use crate::chat::{Chat, ChatError, RenderBudget, StopSet};
 use crate::format::mlt::Mlt;
 use crate::format::FormatError;
 use crate::kernels::pool;
-use crate::model::Options;
+use crate::model::StateOptions;
 use crate::session::{Engine, LoadOptions, ModelOptions, SessionError, TokenizerSource};
 use scheduler::{Msg, Shared, SlotsConfig};
 
@@ -204,7 +204,7 @@ impl ServeOptions {
 
     /// The slots' session options: a step reads at most `prefill_chunk` prompt ids into
     /// one slot.
-    fn session_options(&self) -> Options {
+    fn session_options(&self) -> StateOptions {
         self.model.session_options(self.prefill_chunk)
     }
 }

@@ -29,7 +29,7 @@ use tokio::sync::mpsc::UnboundedSender;
 use super::api::{ApiError, Finish, TokenLogprob, Usage};
 use super::{Frontend, ServeError};
 use crate::model::config::LayerKind;
-use crate::model::Options;
+use crate::model::StateOptions;
 use crate::session::{
     Engine, GenerateOptions, Generator, Session, SessionError, Snapshot, StopReason,
 };
@@ -133,7 +133,7 @@ pub enum Msg {
 #[derive(Clone)]
 pub struct SlotsConfig {
     pub parallel: usize,
-    pub model: Options,
+    pub model: StateOptions,
     pub prefill_chunk: usize,
     /// How long running requests may go on after a shutdown signal.
     pub grace: Duration,

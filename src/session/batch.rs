@@ -4,7 +4,8 @@
 //! then one `feed_batch` with each slot's chosen id (and a chunk of a waiting prompt for
 //! a prefilling slot), again.
 
-use super::{Session, SessionError};
+use super::error::SessionError;
+use super::sequence::Session;
 use crate::model::ModelError;
 
 /// One forward step for several sessions at once: session `i` takes the ids in `ids[i]`

@@ -31,12 +31,14 @@
 //! after dropping the oldest turns: the partial reply is rendered as the final message
 //! with `continue_final_message` and the generation goes on from it.
 
-use std::fmt;
 use std::ops::ControlFlow;
 
-use super::{GenerateOptions, Session, SessionError, Snapshot, Step, StopReason};
+use super::engine::Engine;
+use super::error::{ChatSessionError, SessionError};
+use super::generate::{GenerateOptions, Generator, Step, StopReason};
+use super::sequence::{Session, Snapshot};
 use crate::chat::{Chat, ChatError, Message, RenderOptions};
-use crate::model::Options;
+use crate::model::StateOptions;
 use crate::tokenizer::Tokenizer;
 
 /// Most snapshots kept besides the one at the end of the system prompt.
@@ -44,7 +46,7 @@ const TURN_SNAPSHOTS: usize = 2;
 
 /// How a [`ChatSession`] renders and generates.
 #[derive(Debug, Clone)]
-pub struct ChatOptions {
+pub struct ChatSessionOptions {
     /// Each reply's generation: `max_tokens` per reply, sampling, stop strings. The
     /// engine's stop set (end-of-turn tokens) ends a reply unless `ignore_eos`.
     pub generate: GenerateOptions,
@@ -55,9 +57,9 @@ pub struct ChatOptions {
     pub context_shift: bool,
 }
 
-impl Default for ChatOptions {
+impl Default for ChatSessionOptions {
     fn default() -> Self {
-        ChatOptions {
+        ChatSessionOptions {
             generate: GenerateOptions {
                 max_tokens: DEFAULT_CHAT_MAX_TOKENS,
                 ..GenerateOptions::default()
@@ -95,7 +97,7 @@ pub enum ChatEvent<'a> {
     Prompt(&'a PromptInfo),
     /// A sampled token and the text it completes.
     Token(&'a Step),
-    /// Text no token gave out when a generation ends ([`super::Generation::tail`]).
+    /// Text no token gave out when a generation ends ([`Generation::tail`](super::Generation::tail)).
     Tail(&'a str),
 }
 
@@ -111,63 +113,6 @@ pub struct Reply {
     pub prompts: Vec<PromptInfo>,
 }
 
-/// Why a turn could not be run.
-#[derive(Debug, Clone, PartialEq)]
-pub enum ChatSessionError {
-    /// The tokenizer's `.mlt` has no chat section.
-    NoTemplate,
-    /// The template failed on this conversation.
-    Chat(ChatError),
-    Session(SessionError),
-    /// The conversation does not fit: it needs `tokens` ids and `room` more positions
-    /// for the reply in a context of `ctx`, and (with the context shift) no older turn is
-    /// left to drop.
-    ContextFull {
-        tokens: usize,
-        room: usize,
-        ctx: usize,
-        shift: bool,
-    },
-}
-
-impl fmt::Display for ChatSessionError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            ChatSessionError::NoTemplate => write!(
-                f,
-                "the tokenizer has no chat template (mlt-convert --chat-template FILE.jinja adds one)"
-            ),
-            ChatSessionError::Chat(e) => write!(f, "{e}"),
-            ChatSessionError::Session(e) => write!(f, "{e}"),
-            ChatSessionError::ContextFull {
-                tokens,
-                room,
-                ctx,
-                shift: false,
-            } => write!(
-                f,
-                "context full: the conversation is {tokens} tokens and a reply needs {room} more; the context holds {ctx} (start over, use a larger --ctx, or --context-shift to drop the oldest turns)"
-            ),
-            ChatSessionError::ContextFull {
-                tokens,
-                room,
-                ctx,
-                shift: true,
-            } => write!(
-                f,
-                "context full: the last turn alone is {tokens} tokens and a reply needs {room} more; the context holds {ctx} (use a larger --ctx)"
-            ),
-        }
-    }
-}
-
-impl std::error::Error for ChatSessionError {}
-
-wrap_errors!(ChatSessionError {
-    Session(SessionError),
-    Chat(ChatError),
-});
-
 /// Whether a message is part of the system prompt that the context shift keeps.
 fn is_system(m: &Message) -> bool {
     matches!(m.role(), "system" | "developer")
@@ -179,7 +124,7 @@ pub struct ChatSession<'e> {
     session: Session<'e>,
     chat: &'e Chat,
     tok: &'e Tokenizer,
-    opts: ChatOptions,
+    opts: ChatSessionOptions,
     messages: Vec<Message>,
     /// Snapshots: at the end of the system prompt first (when `has_sys`), then those at
     /// the ends of recent prompts, oldest first.
@@ -191,13 +136,13 @@ impl<'e> ChatSession<'e> {
     /// A new conversation over `engine` (which needs a tokenizer with a chat section),
     /// its session sized by `model`.
     pub fn new(
-        engine: &'e super::Engine,
-        model: &Options,
-        opts: ChatOptions,
+        engine: &'e Engine,
+        model: &StateOptions,
+        opts: ChatSessionOptions,
     ) -> Result<ChatSession<'e>, ChatSessionError> {
         let tok = engine.tokenizer().ok_or(SessionError::NoTokenizer)?;
         let chat = engine.chat().ok_or(ChatSessionError::NoTemplate)?;
-        super::Generator::new(engine, opts.generate.clone())?;
+        Generator::new(engine, opts.generate.clone())?;
         Ok(ChatSession {
             session: engine.session(model)?,
             chat,
@@ -214,7 +159,7 @@ impl<'e> ChatSession<'e> {
         &self.session
     }
 
-    pub fn options(&self) -> &ChatOptions {
+    pub fn options(&self) -> &ChatSessionOptions {
         &self.opts
     }
 

@@ -8,14 +8,14 @@ use std::sync::Mutex;
 
 use self_cell::self_cell;
 
-use super::{Session, SessionError};
+use super::error::SessionError;
 use crate::chat::{Chat, StopSet};
 use crate::format::mlb::Mlb;
 use crate::format::mlt::Mlt;
 use crate::format::FormatError;
 use crate::kernels::{self, HalfActs};
 use crate::model::forward::DEFAULT_BATCH;
-use crate::model::{BatchScratch, Config, Model, Options, Packs, SlotMemory};
+use crate::model::{BatchScratch, Config, Model, Packs, SlotMemory, StateOptions};
 use crate::tokenizer::Tokenizer;
 
 /// Where the tokenizer comes from.
@@ -71,8 +71,8 @@ self_cell!(
 /// Tells engines apart, so that a snapshot is only restored into a session of its own.
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
-/// A loaded model and its tokenizer: shared, read-only, by every [`Session`] made
-/// from it (`Send + Sync`: sessions on several threads may share one engine).
+/// A loaded model and its tokenizer: shared, read-only, by every
+/// [`Session`](super::Session) made from it (`Send + Sync`: sessions on several threads may share one engine).
 pub struct Engine {
     loaded: Loaded,
     tokenizer: Option<Tokenizer>,
@@ -242,19 +242,13 @@ impl Engine {
         Ok(t.encode(text))
     }
 
-    /// A new sequence over this model: its own KV caches and linear-attention state,
-    /// sized by `opts` (see [`Options`]).
-    pub fn session(&self, opts: &Options) -> Result<Session<'_>, SessionError> {
-        Session::new(self, opts)
-    }
-
     pub(crate) fn id(&self) -> u64 {
         self.id
     }
 
     /// The memory one session with `opts` takes (a server prints it for its slots):
     /// KV caches (per position and in all), delta states, step buffers.
-    pub fn slot_memory(&self, opts: &Options) -> Result<SlotMemory, SessionError> {
+    pub fn slot_memory(&self, opts: &StateOptions) -> Result<SlotMemory, SessionError> {
         Ok(self.model().slot_memory(opts)?)
     }
 
@@ -310,17 +304,4 @@ fn load_tokenizer(path: &Path) -> Result<(Tokenizer, Option<Chat>), FormatError>
     let chat = Chat::from_mlt(&mlt)
         .map_err(|e| FormatError::format("chat", "", e.to_string()).in_file(path))?;
     Ok((tok, chat))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn an_engine_is_shared_across_threads() {
-        fn send_sync<T: Send + Sync>() {}
-        fn send<T: Send>() {}
-        send_sync::<Engine>();
-        send::<Session<'static>>();
-    }
 }

@@ -1,6 +1,6 @@
 //! Generation: sample a token from the session's logits, decide whether to stop, feed
 //! it, again. [`Generator`] is one step of that loop, so that a caller can run the
-//! steps of several sessions together (a server's batch); [`super::Session::generate`]
+//! steps of several sessions together (a server's batch); [`Session::generate`]
 //! is the loop for one.
 //!
 //! A step samples `id` ([`Sampler::sample_with`], penalties over the session's ids),
@@ -16,8 +16,12 @@
 //! Otherwise the caller feeds `id` and steps again. The last sampled token is never
 //! fed (nothing needs its logits).
 
-use super::{Engine, Session, SessionError};
-use crate::model::sampler::{Logprobs, Sampler, SamplerOpts};
+use std::ops::ControlFlow;
+
+use super::engine::Engine;
+use super::error::SessionError;
+use super::sequence::Session;
+use crate::model::sampler::{Logprobs, Sampler, SamplerOptions};
 use crate::tokenizer::StreamDecoder;
 
 /// mlb-run's `-n` default.
@@ -28,7 +32,7 @@ pub const DEFAULT_MAX_TOKENS: usize = 128;
 pub struct GenerateOptions {
     /// Most tokens sampled (a stop id included).
     pub max_tokens: usize,
-    pub sampling: SamplerOpts,
+    pub sampling: SamplerOptions,
     /// Do not stop at the engine's stop set ([`Engine::stop_ids`]: the tokenizer's EOS,
     /// the chat section's end-of-turn and generation_config ids); `stop_ids` still apply.
     pub ignore_eos: bool,
@@ -42,7 +46,7 @@ impl Default for GenerateOptions {
     fn default() -> Self {
         GenerateOptions {
             max_tokens: DEFAULT_MAX_TOKENS,
-            sampling: SamplerOpts::default(),
+            sampling: SamplerOptions::default(),
             ignore_eos: false,
             stop_ids: Vec::new(),
             stop_strings: Vec::new(),
@@ -241,6 +245,38 @@ impl<'e> Generator<'e> {
             tail,
             stop: self.stop.unwrap_or(StopReason::Cancelled),
         }
+    }
+}
+
+impl Session<'_> {
+    /// Samples and feeds tokens until a stop (see [`GenerateOptions`]); `on` sees each
+    /// step as it is made and may end the generation (`StopReason::Cancelled`). The
+    /// last sampled token is not fed (nothing needs its logits): afterwards
+    /// `logits()` is `None`, and the ids held end with the one before it.
+    pub fn generate(
+        &mut self,
+        opts: &GenerateOptions,
+        mut on: impl FnMut(&Step) -> ControlFlow<()>,
+    ) -> Result<Generation, SessionError> {
+        let mut g = Generator::new(self.engine(), opts.clone())?;
+        while !g.done() {
+            let step = g.step(self)?;
+            let flow = on(&step);
+            if step.stop.is_some() {
+                break;
+            }
+            if flow.is_break() {
+                g.cancel();
+                break;
+            }
+            self.feed(&[step.id])?;
+        }
+        let gen = g.finish();
+        if !gen.tokens.is_empty() {
+            // The last sampled token was not fed: these logits chose it.
+            self.drop_logits();
+        }
+        Ok(gen)
     }
 }
 

@@ -1,14 +1,15 @@
 //! [`ModelOptions`]: the options every tool over the session API shares (which model,
 //! which tokenizer, how it loads, how each session is sized, how many threads), with
 //! their defaults, their check, and how they become the engine's and the sessions'
-//! options. `mlb-run`'s [`super::RunOptions`] and `mlb-serve`'s
-//! [`crate::serve::ServeOptions`] embed it as `model`.
+//! options. `mlb-run`'s [`RunOptions`](crate::tools::run::options::RunOptions) and
+//! `mlb-serve`'s [`ServeOptions`](crate::serve::ServeOptions) embed it as `model`.
 
 use std::path::PathBuf;
 
-use super::{Engine, LoadOptions, SessionError, TokenizerSource};
+use super::engine::{Engine, LoadOptions, TokenizerSource};
+use super::error::SessionError;
 use crate::kernels::{pool, HalfActs};
-use crate::model::{KvType, Options};
+use crate::model::{KvType, StateOptions};
 
 /// Which model and tokenizer, how they load and how their sessions run.
 #[derive(Debug, Clone, PartialEq)]
@@ -94,12 +95,12 @@ impl ModelOptions {
     }
 
     /// The options of a session that reads at most `batch` prompt ids per pass.
-    pub fn session_options(&self, batch: usize) -> Options {
-        Options {
+    pub fn session_options(&self, batch: usize) -> StateOptions {
+        StateOptions {
             ctx: self.ctx,
             batch,
             kv_type: self.kv_type,
-            ..Options::default()
+            ..StateOptions::default()
         }
     }
 }

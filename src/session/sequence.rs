@@ -1,14 +1,12 @@
 //! [`Session`]: one sequence over an [`Engine`]: its state, its token history, its
 //! logits; feeding, snapshots, truncation.
 
-use super::generate::{GenerateOptions, Generation, Generator, Step};
-use super::{Engine, SessionError};
+use super::engine::Engine;
+use super::error::SessionError;
 use crate::model::delta::DeltaState;
 use crate::model::forward::LogitsSink;
 use crate::model::kv::{KvBuf, LayerCache};
-use crate::model::{Options, State};
-
-use std::ops::ControlFlow;
+use crate::model::{State, StateOptions};
 
 /// One sequence: its [`State`] (KV caches, linear-attention state, every buffer of a
 /// forward pass), the ids it holds and the logits after the last one.
@@ -71,7 +69,10 @@ fn wraps(c: &LayerCache, ctx: usize) -> bool {
 }
 
 impl<'e> Session<'e> {
-    pub(crate) fn new(engine: &'e Engine, opts: &Options) -> Result<Session<'e>, SessionError> {
+    pub(crate) fn new(
+        engine: &'e Engine,
+        opts: &StateOptions,
+    ) -> Result<Session<'e>, SessionError> {
         let state = engine.model().state(opts)?;
         Ok(Session {
             engine,
@@ -350,33 +351,30 @@ impl<'e> Session<'e> {
         Ok(n - from)
     }
 
-    /// Samples and feeds tokens until a stop (see [`GenerateOptions`]); `on` sees each
-    /// step as it is made and may end the generation (`StopReason::Cancelled`). The
-    /// last sampled token is not fed (nothing needs its logits): afterwards
-    /// `logits()` is `None`, and the ids held end with the one before it.
-    pub fn generate(
-        &mut self,
-        opts: &GenerateOptions,
-        mut on: impl FnMut(&Step) -> ControlFlow<()>,
-    ) -> Result<Generation, SessionError> {
-        let mut g = Generator::new(self.engine, opts.clone())?;
-        while !g.done() {
-            let step = g.step(self)?;
-            let flow = on(&step);
-            if step.stop.is_some() {
-                break;
-            }
-            if flow.is_break() {
-                g.cancel();
-                break;
-            }
-            self.feed(&[step.id])?;
-        }
-        let gen = g.finish();
-        if !gen.tokens.is_empty() {
-            // The last sampled token was not fed: these logits chose it.
-            self.has_logits = false;
-        }
-        Ok(gen)
+    /// After a generation that did not feed its last sampled token: the logits that
+    /// chose it are no longer the session's.
+    pub(super) fn drop_logits(&mut self) {
+        self.has_logits = false;
+    }
+}
+
+impl Engine {
+    /// A new sequence over this model: its own KV caches and linear-attention state,
+    /// sized by `opts` (see [`StateOptions`]).
+    pub fn session(&self, opts: &StateOptions) -> Result<Session<'_>, SessionError> {
+        Session::new(self, opts)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_engine_is_shared_across_threads() {
+        fn send_sync<T: Send + Sync>() {}
+        fn send<T: Send>() {}
+        send_sync::<Engine>();
+        send::<Session<'static>>();
     }
 }

@@ -6,33 +6,22 @@
 //! ids must be dense (holes are refused). Byte-level pieces are stored as the raw
 //! bytes their GPT-2 characters stand for.
 
+use super::error::{refuse, FormatError, Result};
+use super::pretok::{llama3_pattern, GPT2_PATTERN};
 use crate::format::mlt::{
     Attr, Kind, Merge, Mlt, Token, FLAG_DIGITS_SPLIT, FLAG_GPT2_REGEX, FLAG_IGNORE_MERGES,
     FLAG_LETTER_MARKS, FLAG_NFC, FLAG_SINGLE_DIGITS, FLAG_SP_NO_PREFIX,
 };
-use crate::format::{FormatError, Result};
-use crate::tokenizer::pretok::{llama3_pattern, GPT2_PATTERN};
 use serde_json::Value;
 use std::collections::HashMap;
 
 /// Overrides given on the command line.
 #[derive(Debug, Default, Clone)]
-pub struct Options {
+pub struct HfTokenizerOptions {
     /// BOS token text, replacing tokenizer_config.json's.
     pub bos: Option<String>,
     /// EOS token text, replacing tokenizer_config.json's.
     pub eos: Option<String>,
-    /// The chat section (templates and stop set) `convert_file` reads beside the input.
-    pub chat: crate::chat::capture::ChatOptions,
-}
-
-fn refuse(field: &str, value: &Value, rule: &str) -> FormatError {
-    let mut v = value.to_string();
-    if v.len() > 300 {
-        v.truncate(300);
-        v.push_str("...");
-    }
-    FormatError::format(field, v, rule)
 }
 
 fn null_or(v: Option<&Value>) -> &Value {
@@ -414,7 +403,7 @@ fn merge_pair<'a>(m: &'a Value, f: &str) -> Result<(&'a str, &'a str)> {
 fn bos_eos(
     j: &Value,
     config: Option<&Value>,
-    opts: &Options,
+    opts: &HfTokenizerOptions,
 ) -> Result<(Option<String>, Option<String>, bool)> {
     let post = null_or(j.get("post_processor"));
     let mut templ_bos = None;
@@ -518,7 +507,11 @@ fn bos_eos(
 }
 
 /// Converts tokenizer.json (and tokenizer_config.json, when given) to MLT1.
-pub fn convert(tokenizer_json: &str, config_json: Option<&str>, opts: &Options) -> Result<Mlt> {
+pub fn convert(
+    tokenizer_json: &str,
+    config_json: Option<&str>,
+    opts: &HfTokenizerOptions,
+) -> Result<Mlt> {
     let j: Value = serde_json::from_str(tokenizer_json)
         .map_err(|e| FormatError::format("tokenizer.json", "", format!("not JSON: {e}")))?;
     let config: Option<Value> = match config_json {
@@ -733,55 +726,6 @@ pub fn convert(tokenizer_json: &str, config_json: Option<&str>, opts: &Options) 
         }
     }
     // The encoder's own checks (every byte present, ...) must pass too.
-    crate::tokenizer::Tokenizer::from_mlt(&mlt)?;
+    super::Tokenizer::from_mlt(&mlt)?;
     Ok(mlt)
-}
-
-/// Reads `input` (and tokenizer_config.json beside it, if present), converts it, adds
-/// the chat section from the files beside it (`crate::chat::capture`) and writes
-/// `output` atomically: a temporary file beside it, renamed on success.
-pub fn convert_file(
-    input: &std::path::Path,
-    output: &std::path::Path,
-    opts: &Options,
-) -> Result<Mlt> {
-    let json = crate::input::read_to_string(input).map_err(|e| FormatError::io(input, &e))?;
-    let cfg_path = input.with_file_name("tokenizer_config.json");
-    let cfg = match crate::input::read_to_string(&cfg_path) {
-        Ok(s) => Some(s),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
-        Err(e) => return Err(FormatError::io(&cfg_path, &e)),
-    };
-    let mut mlt = convert(&json, cfg.as_deref(), opts).map_err(|e| {
-        // Errors about tokenizer_config.json name that file.
-        if e.field.starts_with("tokenizer_config")
-            || e.field == "bos_token"
-            || e.field == "eos_token"
-        {
-            e.in_file(if cfg.is_some() { &cfg_path } else { input })
-        } else {
-            e.in_file(input)
-        }
-    })?;
-    crate::chat::capture::attach(
-        &mut mlt,
-        input,
-        cfg.as_deref().map(|c| (cfg_path.as_path(), c)),
-        opts.bos.as_deref(),
-        opts.eos.as_deref(),
-        &opts.chat,
-    )?;
-    let bytes = mlt.to_bytes().map_err(|e| e.in_file(output))?;
-    let read: &[&std::path::Path] = match cfg {
-        Some(_) => &[input, &cfg_path],
-        None => &[input],
-    };
-    crate::atomic::check_not_input(output, read).map_err(|e| FormatError::io(output, &e))?;
-    write_atomic(output, &bytes)?;
-    Ok(mlt)
-}
-
-/// Writes through a temporary file beside `path` and renames it; no partial output.
-pub fn write_atomic(path: &std::path::Path, bytes: &[u8]) -> Result<()> {
-    crate::atomic::write(path, bytes).map_err(|e| FormatError::io(path, &e))
 }

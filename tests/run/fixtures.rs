@@ -8,7 +8,7 @@ use std::process::Command;
 
 use krafla::format::mlb::Mlb;
 use krafla::kernels::HalfActs;
-use krafla::model::{Model, Options};
+use krafla::model::{Model, StateOptions};
 
 use super::{all_logits, nrmse, same_bits_on_every_tier, scalar_bits, top1};
 use crate::util::fixtures::{convert, fixture_dirs, ids, read_f32, reference, with_reference};
@@ -89,7 +89,7 @@ fn fixtures_match_transformers() {
             }
             let m = Mlb::open(&out).unwrap_or_else(|e| panic!("{name}: {e}"));
             let model = Model::new(&m).unwrap();
-            let got = all_logits(&model, &Options::default(), toks);
+            let got = all_logits(&model, &StateOptions::default(), toks);
             let sim_ref = read_f32(&dir.join(sim));
             let row = Row {
                 name: name.clone(),
@@ -199,7 +199,7 @@ fn fixtures_bf16_f16_match_transformers_f32() {
             }
             let m = Mlb::open(&out).unwrap_or_else(|e| panic!("{name}: {e}"));
             let model = Model::new(&m).unwrap().with_half_acts(acts);
-            let got = all_logits(&model, &Options::default(), toks);
+            let got = all_logits(&model, &StateOptions::default(), toks);
             let (e, t1) = (nrmse(&got, f32_ref), top1(&got, f32_ref, vocab));
             let stored = r["dtype"].as_str().unwrap_or("?");
             eprintln!("{name:34} {stored:9} {ty:5} {e:>10.2e} {t1:>8.3}");
@@ -249,7 +249,7 @@ fn default_model_greedy() {
             .unwrap();
     let toks = ids(&r["tokens"]);
     assert_eq!(tok.encode(r["prompt"].as_str().unwrap()), toks);
-    let got = all_logits(&model, &Options::default(), &toks);
+    let got = all_logits(&model, &StateOptions::default(), &toks);
     let want = read_f32(&dir.join("logits.f32.bin"));
     let vocab = r["vocab"].as_u64().unwrap() as usize;
     let (e, t1) = (nrmse(&got, &want), top1(&got, &want, vocab));
@@ -264,7 +264,7 @@ fn default_model_greedy() {
         let pids = ids(&p["prompt_ids"]);
         let want = ids(&p["generated_ids"]);
         assert_eq!(tok.encode(prompt), pids, "{prompt:?}");
-        let mut st = model.state(&Options::default()).unwrap();
+        let mut st = model.state(&StateOptions::default()).unwrap();
         let mut logits = model.prefill(&mut st, &pids, None).unwrap().to_vec();
         let mut gen = Vec::new();
         for _ in 0..want.len() {
@@ -384,7 +384,7 @@ fn block_types_match_transformers() {
             "{ty}: a uniform file"
         );
         let model = Model::new(&m).unwrap();
-        let got = all_logits(&model, &Options::default(), &toks);
+        let got = all_logits(&model, &StateOptions::default(), &toks);
         let (e, t1) = (nrmse(&got, &f32_ref), top1(&got, &f32_ref, vocab));
         eprintln!("llama_k256 {ty:7} nRMSE vs f32 {e:.4} top-1 {t1:.3}");
         got_e.push((ty, e, bound, t1));

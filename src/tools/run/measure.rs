@@ -4,76 +4,21 @@
 //! report, as text or JSON).
 
 use std::fmt::Write as _;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use serde_json::json;
 
-use super::run::{Frontend, RunError, RunOptions};
-use super::{Engine, SessionError};
+use super::error::RunError;
+use super::frontend::RunFrontend;
+use super::options::{MeasureMode, MeasureOptions, RunOptions};
 use crate::format::mlb::Mlb;
 use crate::kernels;
 use crate::model::eval::{self, KlReport, PplReport};
-use crate::model::{imatrix, LayerKind, Model, Options, Packs};
+use crate::model::{imatrix, LayerKind, Model, Packs, StateOptions};
+use crate::session::{Engine, SessionError};
 
 /// Chunk length when `--ctx` is not given (llama.cpp's perplexity default).
 pub const DEFAULT_EVAL_CTX: usize = 512;
-
-/// What to measure.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Mode {
-    /// Sum the squared inputs of every matrix into an MLI1 file, also written every
-    /// `save_every` chunks.
-    Imatrix {
-        output: PathBuf,
-        save_every: Option<usize>,
-    },
-    /// The perplexity of the text.
-    Perplexity,
-    /// KL(reference ‖ model) and both perplexities.
-    KlDivergence { reference: PathBuf },
-}
-
-/// A measurement and its options.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Measure {
-    pub mode: Mode,
-    /// Stop after this many chunks.
-    pub chunks: Option<usize>,
-    /// The report as one JSON object.
-    pub json: bool,
-}
-
-impl Measure {
-    pub fn new(mode: Mode) -> Measure {
-        Measure {
-            mode,
-            chunks: None,
-            json: false,
-        }
-    }
-
-    /// Checks the counts (at least one chunk).
-    pub fn validate(&self) -> Result<(), RunError> {
-        let zero = |name| {
-            Err(RunError::BadOption {
-                name,
-                value: "0".into(),
-                rule: "give a number of chunks of at least 1",
-            })
-        };
-        if let Mode::Imatrix {
-            save_every: Some(0),
-            ..
-        } = self.mode
-        {
-            return zero("--save-every");
-        }
-        if self.chunks == Some(0) {
-            return zero("--chunks");
-        }
-        Ok(())
-    }
-}
 
 fn num(x: f64) -> serde_json::Value {
     if x.is_finite() {
@@ -99,32 +44,32 @@ fn reference_engine(o: &RunOptions, path: &Path, mlb: Mlb) -> Result<Engine, Run
 
 /// Runs the measurement `m` on `tokens` (each chunk starts with `bos` when given) and
 /// returns its report.
-pub(crate) fn run(
+pub(super) fn run(
     o: &RunOptions,
-    m: &Measure,
+    m: &MeasureOptions,
     engine: &Engine,
     bos: Option<u32>,
     tokens: &[u32],
-    fe: &mut dyn Frontend,
+    fe: &mut dyn RunFrontend,
 ) -> Result<String, RunError> {
     let model = engine.model();
     let ctx = o
         .model
         .ctx
         .unwrap_or(DEFAULT_EVAL_CTX.min(model.cfg.max_seq));
-    let opts = Options {
+    let opts = StateOptions {
         ctx: Some(ctx),
         ..o.model.session_options(o.batch.max(1))
     };
     model.context(&opts).map_err(SessionError::Model)?;
     // The reference first: a missing file is reported before the text.
     let ref_mlb = match &m.mode {
-        Mode::KlDivergence { reference } => {
+        MeasureMode::KlDivergence { reference } => {
             Some(Mlb::open(reference).map_err(SessionError::Format)?)
         }
         _ => None,
     };
-    let imatrix_mode = matches!(m.mode, Mode::Imatrix { .. });
+    let imatrix_mode = matches!(m.mode, MeasureMode::Imatrix { .. });
     let chunks = match eval::chunks(tokens, ctx, bos, m.chunks) {
         // A calibration text shorter than one chunk still gives an imatrix.
         Err(eval::EvalError::TooFewTokens { .. }) if imatrix_mode && !tokens.is_empty() => {
@@ -142,10 +87,10 @@ pub(crate) fn run(
         ctx.saturating_sub(1)
     );
     match (&m.mode, ref_mlb) {
-        (Mode::Imatrix { output, save_every }, _) => {
+        (MeasureMode::Imatrix { output, save_every }, _) => {
             imatrix_report(o, m, model, &opts, &chunks, output, *save_every, &scope, fe)
         }
-        (Mode::KlDivergence { reference }, Some(rm)) => {
+        (MeasureMode::KlDivergence { reference }, Some(rm)) => {
             let reference_engine = reference_engine(o, reference, rm)?;
             fe.chunks_start(n);
             let rep = eval::kl_divergence(
@@ -178,14 +123,14 @@ pub(crate) fn run(
 #[allow(clippy::too_many_arguments)]
 fn imatrix_report(
     o: &RunOptions,
-    m: &Measure,
+    m: &MeasureOptions,
     model: &Model,
-    opts: &Options,
+    opts: &StateOptions,
     chunks: &[Vec<u32>],
     path: &Path,
     every: Option<usize>,
     scope: &str,
-    fe: &mut dyn Frontend,
+    fe: &mut dyn RunFrontend,
 ) -> Result<String, RunError> {
     fe.chunks_start(chunks.len());
     let (mli, stats) = imatrix::collect(model, opts, chunks, |p, mli| {
@@ -250,7 +195,7 @@ fn imatrix_report(
     Ok(s)
 }
 
-fn ppl_report(m: &Measure, model: &str, scope: &str, r: &PplReport) -> String {
+fn ppl_report(m: &MeasureOptions, model: &str, scope: &str, r: &PplReport) -> String {
     let s = &r.stats;
     if m.json {
         let v = json!({
@@ -274,7 +219,13 @@ fn ppl_report(m: &Measure, model: &str, scope: &str, r: &PplReport) -> String {
     )
 }
 
-fn kl_report(m: &Measure, model: &str, reference: &str, scope: &str, r: &KlReport) -> String {
+fn kl_report(
+    m: &MeasureOptions,
+    model: &str,
+    reference: &str,
+    scope: &str,
+    r: &KlReport,
+) -> String {
     if m.json {
         let v = json!({
             "mode": "kl-divergence",

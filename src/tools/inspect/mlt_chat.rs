@@ -1,11 +1,14 @@
-//! The chat section as people and scripts see it (`mlb-inspect`, `mlt-convert`).
+//! The chat section as people and scripts see it (`mlb-inspect`, `mlt-convert`), and a
+//! conversation rendered with it (`mlb-inspect --chat`).
 //!
 //! Each template is shown by its name, size, the SHA-256 of its source (the same as
 //! `sha256sum chat_template.jinja` gives for a template read from that file), its first
 //! lines and, if it does not compile, why; the stop set by id, token text and source.
 
+use crate::chat::{encode_rendered, Chat, ChatError, ChatTemplate, Conversation, RenderOptions};
 use crate::format::mlt::Mlt;
-use crate::format::mlt_chat::{source_names, ChatSection};
+use crate::format::mlt_chat::{source_names, ChatSection, DEFAULT_TEMPLATE};
+use crate::tokenizer::Tokenizer;
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 
@@ -50,7 +53,7 @@ pub fn describe(m: &Mlt, c: &ChatSection) -> (String, Value) {
             &hash[..16]
         ));
         // The format holds any UTF-8; say so when minijinja cannot compile it.
-        let error = super::ChatTemplate::from_source(&t.source, &[])
+        let error = ChatTemplate::from_source(&t.source, &[])
             .err()
             .map(|e| e.to_string());
         if let Some(e) = &error {
@@ -100,4 +103,31 @@ pub fn describe(m: &Mlt, c: &ChatSection) -> (String, Value) {
         "stop": stop,
     });
     (text, j)
+}
+
+/// Renders the conversation JSON of `mlb-inspect --chat` (`{"messages": [...],
+/// "add_generation_prompt": true, ...}`) with the file's templates: the text and its
+/// ids. A conversation may give its own template source as `"chat_template"`.
+pub fn render_json(m: &Mlt, tok: &Tokenizer, json: &str) -> Result<(String, Vec<u32>), ChatError> {
+    let conv = Conversation::from_json(json)?;
+    let text = match Chat::from_mlt(m)? {
+        Some(chat) => chat.render(&conv.messages, &conv.options)?,
+        None => match &conv.options.template {
+            Some(source) => ChatTemplate::from_source(source, &[])?.render(
+                &conv.messages,
+                &RenderOptions {
+                    template: None,
+                    ..conv.options.clone()
+                },
+            )?,
+            None => {
+                return Err(ChatError::NoTemplate {
+                    name: DEFAULT_TEMPLATE.into(),
+                    available: Vec::new(),
+                })
+            }
+        },
+    };
+    let ids = encode_rendered(tok, &text);
+    Ok((text, ids))
 }

@@ -5,12 +5,36 @@ use std::fmt::Write;
 
 use serde_json::{json, Map, Value};
 
-use super::{human_bytes, json_f32};
 use crate::format::mlb::header::{
     act, layer_flag, q8_class, rope_type, wtype, FieldValue, FIELDS, FIELDS_END,
 };
 use crate::format::mlb::{Kind, Mlb, Tensor, HEADER_SIZE};
 use crate::format::WType;
+
+/// An f32 as a JSON number with its shortest decimal form (1e-5, not 9.99e-6).
+pub fn json_f32(v: f32) -> serde_json::Value {
+    let s = format!("{v}");
+    match s.parse::<f64>().ok().and_then(serde_json::Number::from_f64) {
+        Some(n) => serde_json::Value::Number(n),
+        None => serde_json::Value::String(s),
+    }
+}
+
+/// Bytes as `12.3 MiB`.
+pub fn human_bytes(b: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = b as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u + 1 < UNITS.len() {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{b} B")
+    } else {
+        format!("{v:.1} {}", UNITS[u])
+    }
+}
 
 /// The decoded meaning of a field's value, where it has one (e.g. `llama3`).
 fn meaning(name: &str, v: FieldValue) -> Option<String> {

@@ -1,81 +1,55 @@
-//! What `mlb-inspect` does, as one library call: the binary parses flags into
-//! [`InspectOptions`], calls [`run`], writes the bytes it returns and maps an
-//! [`InspectError`] to one line and exit 1.
+//! `mlb-inspect` as one library call: the binary parses flags into [`InspectOptions`],
+//! calls [`run`], writes the bytes it returns and maps an [`InspectError`] to one line
+//! and exit 1.
+//!
+//! Human and JSON reports of `.mlb` ([`mlb`]), `.mlt` ([`mlt`], its chat section
+//! [`mlt_chat`]) and `.mli` ([`mli`]) files. Reports are built from the same validated
+//! views the tools load, so what inspect calls valid is exactly what the runtime accepts.
 
-use std::fmt;
+pub mod error;
+pub mod mlb;
+pub mod mli;
+pub mod mlt;
+pub mod mlt_chat;
+pub mod options;
+
 use std::io::Read;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-use super::FileKind;
 use crate::chat::ChatError;
-use crate::format::error::FormatError;
 use crate::format::mlb::Mlb;
-use crate::format::mli;
 use crate::format::mlt::Mlt;
+use crate::format::FormatError;
 use crate::tokenizer::{self, Tokenizer};
+use error::InspectError;
+use options::{Action, InspectOptions};
 
-/// What to print about the file.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Action {
-    /// The report of any kind of file (`--json`: one JSON object).
-    Report,
-    /// .mlb: statistics of one tensor.
-    Tensor(String),
-    /// .mlt: token ids of the UTF-8 text on the input, as one JSON array.
-    Encode,
-    /// .mlt: the text of the ids on the input (a JSON array or whitespace-separated).
-    Decode,
-    /// .mlt: the conversation in `file` rendered with the chat template: its ids, or
-    /// the text when `text`.
-    Chat { file: PathBuf, text: bool },
+/// Which format a file is, by its magic.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FileKind {
+    Mlb,
+    Mlt,
+    Mli,
 }
 
-/// A checked `mlb-inspect` command line.
-#[derive(Debug, Clone)]
-pub struct InspectOptions {
-    pub file: PathBuf,
-    pub json: bool,
-    pub action: Action,
-}
-
-/// Why `mlb-inspect` failed; `Display` is the one line it prints.
-#[derive(Debug)]
-pub enum InspectError {
-    /// The file (or the conversation file) cannot be read or is invalid.
-    Format(FormatError),
-    /// The action does not apply to this kind of file.
-    Usage {
-        file: PathBuf,
-        message: &'static str,
-    },
-    /// `--tensor NAME` names no tensor of the model.
-    NoTensor { file: PathBuf, name: String },
-    /// The conversation or the template failed: named by `file` (the conversation
-    /// for a bad message list, the .mlt for a template failure).
-    Chat { file: PathBuf, error: ChatError },
-    /// The input on stdin is not what the action reads.
-    Stdin(String),
-}
-
-impl fmt::Display for InspectError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            InspectError::Format(e) => e.fmt(f),
-            InspectError::Usage { file, message } => write!(f, "{}: {message}", file.display()),
-            InspectError::NoTensor { file, name } => {
-                let file = file.display();
-                write!(
-                    f,
-                    "{file}: no tensor named '{name}' (see the tensor table of mlb-inspect {file})"
-                )
-            }
-            InspectError::Chat { file, error } => write!(f, "{}: {error}", file.display()),
-            InspectError::Stdin(e) => write!(f, "stdin: {e}"),
-        }
+/// Identifies a file by its first four bytes.
+pub fn detect(bytes: &[u8]) -> crate::format::Result<FileKind> {
+    match bytes.get(..4) {
+        Some(b"MLB1") => Ok(FileKind::Mlb),
+        Some(b"MLT1") => Ok(FileKind::Mlt),
+        Some(b"MLI1") => Ok(FileKind::Mli),
+        Some(m) => Err(FormatError::format(
+            "magic",
+            format!("{:?}", String::from_utf8_lossy(m)),
+            "not an .mlb (MLB1), .mlt (MLT1) or .mli (MLI1) file",
+        )),
+        None => Err(FormatError::format(
+            "file",
+            format!("{} bytes", bytes.len()),
+            "too short to hold a magic number",
+        )),
     }
 }
-
-impl std::error::Error for InspectError {}
 
 type Result<T> = std::result::Result<T, InspectError>;
 
@@ -92,7 +66,7 @@ pub fn run(opts: &InspectOptions, input: &mut dyn Read) -> Result<Vec<u8>> {
     let map = unsafe { crate::input::map(path) }
         .map_err(|e| InspectError::Format(FormatError::io(path, &e)))?;
     let bytes: &[u8] = &map;
-    let kind = super::detect(bytes).map_err(in_file)?;
+    let kind = detect(bytes).map_err(in_file)?;
     let usage = |message| InspectError::Usage {
         file: path.to_path_buf(),
         message,
@@ -116,22 +90,23 @@ pub fn run(opts: &InspectOptions, input: &mut dyn Read) -> Result<Vec<u8>> {
             mlb_report(&m, &name, opts)?
         }
         FileKind::Mli => {
-            let m = mli::parse(bytes).map_err(in_file)?;
+            let m = crate::format::mli::parse(bytes).map_err(in_file)?;
             if opts.json {
-                super::mli::report_json(&m, &name).to_string() + "\n"
+                mli::report_json(&m, &name).to_string() + "\n"
             } else {
-                super::mli::report_text(&m, &name)
+                mli::report_text(&m, &name)
             }
         }
-        FileKind::Mlt => return mlt(opts, bytes, &name, input),
+        FileKind::Mlt => return mlt_action(opts, bytes, &name, input),
     };
     Ok(text.into_bytes())
 }
 
+/// .mlb: the report, or `--tensor`'s statistics.
 fn mlb_report(m: &Mlb, name: &str, opts: &InspectOptions) -> Result<String> {
     Ok(match &opts.action {
         Action::Tensor(t) => {
-            let st = super::mlb::tensor_stats(m, t).ok_or_else(|| InspectError::NoTensor {
+            let st = mlb::tensor_stats(m, t).ok_or_else(|| InspectError::NoTensor {
                 file: opts.file.clone(),
                 name: t.clone(),
             })?;
@@ -141,12 +116,18 @@ fn mlb_report(m: &Mlb, name: &str, opts: &InspectOptions) -> Result<String> {
                 st.text()
             }
         }
-        _ if opts.json => super::mlb::report_json(m, name).to_string() + "\n",
-        _ => super::mlb::report_text(m, name),
+        _ if opts.json => mlb::report_json(m, name).to_string() + "\n",
+        _ => mlb::report_text(m, name),
     })
 }
 
-fn mlt(opts: &InspectOptions, bytes: &[u8], name: &str, input: &mut dyn Read) -> Result<Vec<u8>> {
+/// .mlt: the report, `--encode`, `--decode` or `--chat`.
+fn mlt_action(
+    opts: &InspectOptions,
+    bytes: &[u8],
+    name: &str,
+    input: &mut dyn Read,
+) -> Result<Vec<u8>> {
     let in_file = |e: FormatError| InspectError::Format(e.in_file(&opts.file));
     let mlt = Mlt::parse(bytes).map_err(in_file)?;
     // The loader's own checks: "valid" means mlb-run can load it.
@@ -159,7 +140,7 @@ fn mlt(opts: &InspectOptions, bytes: &[u8], name: &str, input: &mut dyn Read) ->
         Ok::<_, InspectError>(buf)
     };
     match &opts.action {
-        Action::Chat { file, text } => chat(&mlt, &tok, &opts.file, file, *text),
+        Action::Chat { file, text } => render_chat(&mlt, &tok, &opts.file, file, *text),
         Action::Encode => {
             let text = String::from_utf8(read_input(input)?)
                 .map_err(|e| InspectError::Stdin(format!("not UTF-8 text ({e})")))?;
@@ -172,7 +153,7 @@ fn mlt(opts: &InspectOptions, bytes: &[u8], name: &str, input: &mut dyn Read) ->
             Ok(tok.decode(&ids))
         }
         Action::Report | Action::Tensor(_) => {
-            let (text, mut json) = tokenizer::describe(&mlt);
+            let (text, mut json) = mlt::describe(&mlt);
             Ok(if opts.json {
                 json["file"] = serde_json::Value::String(name.to_string());
                 format!("{json}\n")
@@ -184,10 +165,17 @@ fn mlt(opts: &InspectOptions, bytes: &[u8], name: &str, input: &mut dyn Read) ->
     }
 }
 
-fn chat(mlt: &Mlt, tok: &Tokenizer, mlt_file: &Path, file: &Path, text: bool) -> Result<Vec<u8>> {
+/// `--chat FILE`: the conversation rendered with the file's template, as ids or text.
+fn render_chat(
+    mlt: &Mlt,
+    tok: &Tokenizer,
+    mlt_file: &Path,
+    file: &Path,
+    text: bool,
+) -> Result<Vec<u8>> {
     let json = std::fs::read_to_string(file)
         .map_err(|e| InspectError::Format(FormatError::io(file, &e)))?;
-    let (rendered, ids) = crate::chat::render_json(mlt, tok, &json).map_err(|error| {
+    let (rendered, ids) = mlt_chat::render_json(mlt, tok, &json).map_err(|error| {
         // A bad conversation names its file; a template failure names the .mlt.
         let file = match error {
             ChatError::Input { .. } => file,
@@ -209,6 +197,7 @@ fn chat(mlt: &Mlt, tok: &Tokenizer, mlt_file: &Path, file: &Path, text: bool) ->
 mod tests {
     use super::*;
     use crate::format::mlb::synth::{synth_file, tiny_header};
+    use std::path::PathBuf;
 
     fn model() -> (tempfile::TempDir, PathBuf) {
         let dir = tempfile::tempdir().unwrap();
@@ -231,10 +220,10 @@ mod tests {
         let name = path.display().to_string();
         let m = Mlb::open(&path).unwrap();
         let text = run(&opts(&path, false, Action::Report), &mut std::io::empty()).unwrap();
-        assert_eq!(text, super::super::mlb::report_text(&m, &name).into_bytes());
+        assert_eq!(text, mlb::report_text(&m, &name).into_bytes());
         let json = run(&opts(&path, true, Action::Report), &mut std::io::empty()).unwrap();
         let v: serde_json::Value = serde_json::from_slice(&json).unwrap();
-        assert_eq!(v, super::super::mlb::report_json(&m, &name));
+        assert_eq!(v, mlb::report_json(&m, &name));
     }
 
     #[test]

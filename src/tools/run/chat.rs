@@ -1,7 +1,7 @@
 //! `mlb-run --chat`: a [`ChatSession`] driven from the command line.
 //!
-//! - Interactive ([`ChatRun::interactive`]: a terminal, or `--interactive`): turns are
-//!   read line by line through the [`Frontend`] (the binary edits them with rustyline
+//! - Interactive ([`ChatRunOptions::interactive`]: a terminal, or `--interactive`): turns are
+//!   read line by line through the [`RunFrontend`] (the binary edits them with rustyline
 //!   and keeps a history, [`default_history_file`]); a line ending in `\` continues on
 //!   the next; the [`COMMANDS`] start with `/`. Errors of a turn (a full context, a
 //!   template that raises) are one line and the chat goes on.
@@ -18,23 +18,16 @@ use std::ops::ControlFlow;
 use std::path::PathBuf;
 use std::time::Instant;
 
-use super::run::{logprobs_json, note_verbose, read_text, Outcome, Prompt, RunError, Summary};
-use super::{
-    ChatEvent, ChatOptions, ChatSession, ChatSessionError, Engine, Frontend, GenerateOptions,
-    Reply, RunOptions, StopReason, DEFAULT_CHAT_MAX_TOKENS,
-};
+use super::error::RunError;
+use super::frontend::RunFrontend;
+use super::input::read_text;
+use super::options::{ChatRunOptions, PromptSource, RunOptions};
+use super::report::{logprobs_json, note_verbose, peak_rss_kib, GenerationSummary, Outcome};
 use crate::chat::{Conversation, Message, RenderOptions};
-
-/// What `--chat` adds to mlb-run's options.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct ChatRun {
-    /// The system prompt (`--system`).
-    pub system: Option<String>,
-    /// Drop the oldest turns when the context is full (`--context-shift`).
-    pub context_shift: bool,
-    /// Read turns line by line through [`Frontend::read_line`].
-    pub interactive: bool,
-}
+use crate::session::{
+    ChatEvent, ChatSession, ChatSessionError, ChatSessionOptions, Engine, GenerateOptions, Reply,
+    StopReason, DEFAULT_CHAT_MAX_TOKENS,
+};
 
 /// The interactive chat's commands and what they do.
 pub const COMMANDS: &[(&str, &str)] = &[
@@ -82,9 +75,9 @@ struct Totals {
 /// loaded engine.
 pub(super) fn run(
     o: &RunOptions,
-    c: &ChatRun,
+    c: &ChatRunOptions,
     engine: &Engine,
-    fe: &mut dyn Frontend,
+    fe: &mut dyn RunFrontend,
     load_secs: f64,
 ) -> Result<Outcome, RunError> {
     let mut render = RenderOptions::default();
@@ -94,9 +87,9 @@ pub(super) fn run(
     }
     if !c.interactive {
         match &o.prompt {
-            Prompt::Text(t) => messages.push(Message::new("user", t)),
-            Prompt::Ids(_) => unreachable!("refused by RunOptions::validate"),
-            Prompt::File(_) | Prompt::Stdin => {
+            PromptSource::Text(t) => messages.push(Message::new("user", t)),
+            PromptSource::Ids(_) => unreachable!("refused by RunOptions::validate"),
+            PromptSource::File(_) | PromptSource::Stdin => {
                 let conv = read_conversation(o)?;
                 if c.system.is_some() && conv.messages.first().is_some_and(|m| m.role() == "system")
                 {
@@ -111,10 +104,10 @@ pub(super) fn run(
             }
         }
     }
-    let opts = ChatOptions {
+    let opts = ChatSessionOptions {
         generate: GenerateOptions {
             max_tokens: o.n_predict.unwrap_or(DEFAULT_CHAT_MAX_TOKENS),
-            sampling: o.sampling_opts(),
+            sampling: o.sampler_options(),
             ignore_eos: o.ignore_eos,
             stop_ids: Vec::new(),
             stop_strings: o.stop_strings.clone(),
@@ -137,13 +130,13 @@ pub(super) fn run(
         turn(o, &mut chat, fe, &mut totals, None)?;
     }
     let s = chat.session();
-    Ok(Outcome::Generated(Summary {
+    Ok(Outcome::Generated(GenerationSummary {
         prompt_tokens: totals.prompt_tokens,
         prompt_secs: totals.prompt_secs,
         generated: totals.generated,
         gen_secs: totals.gen_secs,
         stop: totals.stop.unwrap_or(StopReason::Cancelled),
-        peak_rss_kib: super::run::peak_rss_kib(),
+        peak_rss_kib: peak_rss_kib(),
         kv_bytes: s.state().kv_bytes(),
         ctx: s.ctx(),
         delta_bytes: s.state().delta_bytes(),
@@ -153,7 +146,7 @@ pub(super) fn run(
 /// The conversation JSON of `--file` or stdin.
 fn read_conversation(o: &RunOptions) -> Result<Conversation, RunError> {
     let (what, file) = match &o.prompt {
-        Prompt::File(f) => (f.display().to_string(), Some(f.as_path())),
+        PromptSource::File(f) => (f.display().to_string(), Some(f.as_path())),
         _ => ("stdin".to_string(), None),
     };
     let text = read_text(file)?;
@@ -165,7 +158,7 @@ fn read_conversation(o: &RunOptions) -> Result<Conversation, RunError> {
 fn turn(
     o: &RunOptions,
     chat: &mut ChatSession,
-    fe: &mut dyn Frontend,
+    fe: &mut dyn RunFrontend,
     totals: &mut Totals,
     user: Option<&str>,
 ) -> Result<Reply, RunError> {
@@ -241,10 +234,10 @@ fn turn(
 fn interactive(
     o: &RunOptions,
     chat: &mut ChatSession,
-    fe: &mut dyn Frontend,
+    fe: &mut dyn RunFrontend,
     totals: &mut Totals,
 ) -> Result<(), RunError> {
-    let read = |fe: &mut dyn Frontend, prompt: &str| {
+    let read = |fe: &mut dyn RunFrontend, prompt: &str| {
         fe.read_line(prompt).map_err(|err| RunError::Read {
             what: "stdin".into(),
             err,
