@@ -91,6 +91,31 @@ def main():
                 if target is not None and cut(m) != cut(target):
                     edges.add((cut(m), cut(target)))
 
+        # every `(crate|super|self)::a::{b, c::d}` group, nested braces flattened
+        for mt in re.finditer(r"\b(crate|super|self)((?:::[A-Za-z_][A-Za-z0-9_]*)*)::\{", text):
+            depth, k = 1, mt.end()
+            while depth and k < len(text):
+                depth += {"{": 1, "}": -1}.get(text[k], 0)
+                k += 1
+            inner = text[mt.end():k - 1]
+            head, pre = mt.group(1), [p for p in mt.group(2).split("::") if p]
+            if head == "crate":
+                base = []
+            elif head == "self":
+                base = list(m)
+            else:
+                base = list(m[:-1])
+                while pre and pre[0] == "super":
+                    base = base[:-1]; pre = pre[1:]
+            for item in re.split(r"[,{}]", inner):
+                item = item.strip().split(" as ")[0]
+                if not item or item == "self":
+                    target = resolve(base + pre)
+                else:
+                    target = resolve(base + pre + item.split("::"))
+                if target is not None and cut(m) != cut(target):
+                    edges.add((cut(m), cut(target)))
+
     if "--dot" in args:
         print("digraph krafla {")
         for a, b in sorted(edges):

@@ -583,7 +583,7 @@ fn long_runs_match_hf_and_are_linear() {
         "llama3.tokenizer.json.gz",
     ] {
         let json = gunzip(fam);
-        let m = from_hf::convert(&json, None, &from_hf::Options::default()).unwrap();
+        let m = from_hf::convert(&json, None, &from_hf::HfTokenizerOptions::default()).unwrap();
         let ours = Tokenizer::from_mlt(&m).unwrap();
         let hf = tokenizers::Tokenizer::from_str(&json).unwrap();
         let mut rng = Rng(0x42 ^ fam.len() as u64);
