@@ -2,8 +2,8 @@
 //! naive f64 dot product, and independence from the thread count.
 
 use krafla::kernels::pool::Pool;
-use krafla::kernels::{self, Kernels, PackedMat, QActs, QMat, Tier, WType};
-use krafla::quant::QK;
+use krafla::kernels::{self, Kernels, PackedMat, QActs, QMat, Tier, WType, WeightMat};
+use krafla::quant::{dequant_mat_row, QK};
 
 use crate::util::tiers::{all_kernels, scalar};
 use crate::util::Rng;
@@ -143,7 +143,7 @@ fn quantize_act_matches_q8_0_reference() {
 /// Every tier's matmul against the scalar's, bits compared.
 fn check_matmul(rng: &mut Rng, wtype: WType, rows: usize, cols: usize, n: usize, edge: bool) {
     let (q, d) = weights(rng, wtype, rows, cols, edge);
-    let w = QMat::new(wtype, rows, cols, &q, &d).unwrap();
+    let w = WeightMat::from(QMat::new(wtype, rows, cols, &q, &d).unwrap());
     let x = activations(rng, n * cols, edge);
     let s = scalar();
     let mut xa = QActs::new();
@@ -164,7 +164,7 @@ fn check_matmul(rng: &mut Rng, wtype: WType, rows: usize, cols: usize, n: usize,
                 y0[i].to_bits()
             );
         }
-        check_packed(&k, &w, &xa, &y0);
+        check_packed(&k, &w.mat, &xa, &y0);
         if n == 1 {
             let mut yv = vec![f32::NAN; rows];
             k.matvec(&w, &xa, &mut yv);
@@ -193,7 +193,7 @@ fn check_packed(k: &Kernels, w: &QMat, xa: &QActs, y0: &[f32]) {
         xa.n()
     );
     let p = PackedMat::new(w).unwrap();
-    let wp = w.with_packed(&p).unwrap();
+    let wp = WeightMat::from(*w).with_packed(&p).unwrap();
     let mut y = vec![f32::NAN; y0.len()];
     k.matmul(&wp, xa, &mut y);
     if let Some(i) = first_diff(&y, y0) {
@@ -205,9 +205,10 @@ fn check_packed(k: &Kernels, w: &QMat, xa: &QActs, y0: &[f32]) {
             .collect();
     let w16 = QMat::new_f16(w.wtype, w.rows, w.cols, w.q, &d16).unwrap();
     let mut r16 = vec![f32::NAN; y0.len()];
-    scalar().matmul(&w16, xa, &mut r16);
+    scalar().matmul(&w16.into(), xa, &mut r16);
     let p16 = PackedMat::new(&w16).unwrap();
-    k.matmul(&w16.with_packed(&p16).unwrap(), xa, &mut y);
+    let wp16 = WeightMat::from(w16).with_packed(&p16).unwrap();
+    k.matmul(&wp16, xa, &mut y);
     if let Some(i) = first_diff(&y, &r16) {
         panic!(
             "{desc} f16 scales: output {i}: {} vs scalar {}",
@@ -215,15 +216,15 @@ fn check_packed(k: &Kernels, w: &QMat, xa: &QActs, y0: &[f32]) {
         );
     }
     assert!(
-        w.with_packed(&p16).is_err(),
+        WeightMat::from(*w).with_packed(&p16).is_err(),
         "{desc}: f16 packing taken for f32 scales"
     );
     // Rows read back from the packed copy (embeddings): the map's values.
-    for (m, pm) in [(w, &wp), (&w16, &w16.with_packed(&p16).unwrap())] {
+    for (m, pm) in [(w, &wp), (&w16, &wp16)] {
         for r in [0, w.rows / 2, w.rows - 1] {
             let (mut a, mut b) = (vec![0f32; w.cols], vec![1f32; w.cols]);
-            m.dequant_row(r, &mut a);
-            pm.dequant_row(r, &mut b);
+            dequant_mat_row(m, r, &mut a);
+            k.dequant_row(pm, r, &mut b);
             assert_eq!(first_diff(&a, &b), None, "{desc}: dequant_row {r}");
         }
     }
@@ -296,10 +297,10 @@ fn reference_matches_naive_f64() {
         let mut xa = QActs::new();
         xa.quantize(&x, cols);
         let mut y = vec![0f32; n * rows];
-        scalar().matmul(&w, &xa, &mut y);
+        scalar().matmul(&w.into(), &xa, &mut y);
         let mut wr = vec![0f32; cols];
         for r in 0..rows {
-            w.dequant_row(r, &mut wr);
+            dequant_mat_row(&w, r, &mut wr);
             for t in 0..n {
                 let (mut sum, mut mag) = (0f64, 0f64);
                 for (c, &wv) in wr.iter().enumerate() {
@@ -352,13 +353,13 @@ fn dequant_row_values() {
     let d = [0.5f32, -2.0];
     let w = QMat::new(WType::Q8_0, 1, 64, &q8, &d).unwrap();
     let mut out = vec![0f32; 64];
-    w.dequant_row(0, &mut out);
+    dequant_mat_row(&w, 0, &mut out);
     for (c, &o) in out.iter().enumerate() {
         assert_eq!(o, (c as i8 - 32) as f32 * d[c / 32]);
     }
     let q4: Vec<u8> = (0..32).map(|i| (i * 37) as u8).collect();
     let w = QMat::new(WType::Q4_0, 1, 64, &q4, &d).unwrap();
-    w.dequant_row(0, &mut out);
+    dequant_mat_row(&w, 0, &mut out);
     for (c, &o) in out.iter().enumerate() {
         let byte = q4[(c / 32) * 16 + c % 16];
         let nib = if c % 32 < 16 { byte & 15 } else { byte >> 4 };
@@ -372,7 +373,7 @@ fn thread_count_does_not_change_bits() {
     for wtype in [WType::Q8_0, WType::Q4_0] {
         let (rows, cols) = (1000, 320);
         let (q, d) = weights(&mut rng, wtype, rows, cols, false);
-        let w = QMat::new(wtype, rows, cols, &q, &d).unwrap();
+        let w = WeightMat::from(QMat::new(wtype, rows, cols, &q, &d).unwrap());
         for n in [1, 6] {
             let x = activations(&mut rng, n * cols, false);
             let mut xa = QActs::new();
@@ -395,7 +396,7 @@ fn thread_count_does_not_change_bits() {
 fn with_tier_forces_each_tier() {
     let mut rng = Rng::new(8);
     let (q, d) = weights(&mut rng, WType::Q8_0, 9, 96, false);
-    let w = QMat::new(WType::Q8_0, 9, 96, &q, &d).unwrap();
+    let w = WeightMat::from(QMat::new(WType::Q8_0, 9, 96, &q, &d).unwrap());
     let x = activations(&mut rng, 2 * 96, false);
     for t in kernels::supported_tiers() {
         let y = kernels::with_tier(t, || {
@@ -462,7 +463,7 @@ fn f16_scales_give_the_bits_of_f32_scales() {
         for k in all_kernels() {
             let product = |w: &QMat| {
                 let mut y = vec![0f32; n * rows];
-                k.matmul(w, &xa, &mut y);
+                k.matmul(&(*w).into(), &xa, &mut y);
                 y
             };
             let (a, b) = (product(&w32), product(&w16));
@@ -473,12 +474,19 @@ fn f16_scales_give_the_bits_of_f32_scales() {
                 k.tier()
             );
         }
-        let last_row = |w: &QMat| {
-            let mut r = vec![0f32; cols];
-            w.dequant_row(rows - 1, &mut r);
-            r
-        };
-        assert_eq!(first_diff(&last_row(&w32), &last_row(&w16)), None);
+        for k in all_kernels() {
+            let last_row = |w: &QMat| {
+                let mut r = vec![0f32; cols];
+                k.dequant_row(&(*w).into(), rows - 1, &mut r);
+                r
+            };
+            assert_eq!(first_diff(&last_row(&w32), &last_row(&w16)), None);
+        }
+        let mut r = vec![0f32; cols];
+        dequant_mat_row(&w16, rows - 1, &mut r);
+        let mut r32 = vec![0f32; cols];
+        dequant_mat_row(&w32, rows - 1, &mut r32);
+        assert_eq!(first_diff(&r32, &r), None);
         assert!(QMat::new_f16(wtype, rows, cols, &q, &d16[1..]).is_err());
     }
 }

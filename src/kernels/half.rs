@@ -25,8 +25,7 @@ use std::fmt;
 use std::str::FromStr;
 
 use super::scalar_bf16dot::round_bf16_slice;
-use super::{pool, rows_per_task, Kernels, QActs, QMat, ShapeError, SharedOut, WType, SUB_ROWS};
-use crate::quant::QK;
+use super::{pool, rows_per_task, Kernels, QActs, QMat, SharedOut, WType, WeightMat, SUB_ROWS};
 
 /// What BF16 weights multiply: f32 activations (the default contract: every product
 /// exact, one rounding per term), or activations rounded to BF16 (`vdpbf16ps`'s
@@ -100,32 +99,6 @@ impl HalfKernels {
             WType::F16 => Some(self.f16),
             _ => None,
         }
-    }
-}
-
-impl<'a> QMat<'a> {
-    /// A BF16 / F16 matrix: `w` holds `rows × cols` 2-byte floats, row-major,
-    /// little-endian; `cols` a positive multiple of 32 as in a file.
-    pub fn new_half(
-        wtype: WType,
-        rows: usize,
-        cols: usize,
-        w: &'a [u8],
-    ) -> Result<Self, ShapeError> {
-        if !wtype.is_half() {
-            return Err(ShapeError(format!(
-                "matrix {rows}x{cols} {wtype}: not a 2-byte float type"
-            )));
-        }
-        super::check_dims(rows, cols, QK, None)?;
-        let len = rows.checked_mul(cols).and_then(|v| v.checked_mul(2));
-        if len != Some(w.len()) {
-            return Err(ShapeError(format!(
-                "matrix {rows}x{cols} {wtype}: {} bytes, expected {len:?}",
-                w.len()
-            )));
-        }
-        Ok(QMat::bare(wtype, rows, cols, w))
     }
 }
 
@@ -301,7 +274,8 @@ impl Kernels {
 
     /// The plan of `w` (a 2-byte float matrix) on the f32 input `x`, or on its BF16
     /// rounding `xb` when `w` takes that.
-    fn plan<'a>(&self, w: &'a QMat, x: &'a [f32], xb: &'a [u16], y: &mut [f32]) -> Plan<'a> {
+    fn plan<'a>(&self, w: &'a WeightMat, x: &'a [f32], xb: &'a [u16], y: &mut [f32]) -> Plan<'a> {
+        let w = &w.mat;
         let input = match self.takes(w.wtype) {
             Takes::Bf16 => Input::Bf16(self.half.bf16_dot, xb),
             Takes::F32 => Input::F32(self.half_fn(w.wtype).expect("a 2-byte float type"), x),
@@ -316,14 +290,14 @@ impl Kernels {
     /// first): the same bits on every tier and at every thread count.
     ///
     /// Panics if `w` is not BF16 / F16, or the shapes disagree.
-    pub fn matmul_f32(&self, w: &QMat, x: &[f32], y: &mut [f32]) {
+    pub fn matmul_f32(&self, w: &WeightMat, x: &[f32], y: &mut [f32]) {
         self.matmul_f32_each(&[w], x, &mut [y]);
     }
 
     /// `ys[i] = ws[i]·x` for 2-byte float matrices that share their input, as one pool
     /// step (one barrier for q/k/v in decode). Same bits as separate
     /// [`Kernels::matmul_f32`]s.
-    pub fn matmul_f32_each(&self, ws: &[&QMat], x: &[f32], ys: &mut [&mut [f32]]) {
+    pub fn matmul_f32_each(&self, ws: &[&WeightMat], x: &[f32], ys: &mut [&mut [f32]]) {
         let mut xb = Vec::new();
         self.half_each(ws, x, &mut xb, ys);
     }
@@ -333,16 +307,16 @@ impl Kernels {
     /// [`Kernels::half_acts`] says.
     ///
     /// Panics if `w` is not BF16, or the shapes disagree.
-    pub fn matmul_bf16(&self, w: &QMat, x: &[u16], y: &mut [f32]) {
-        assert_eq!(w.wtype, WType::BF16, "matmul_bf16 takes BF16 weights");
-        run_plans(&[Plan::new(w, Input::Bf16(self.half.bf16_dot, x), y)]);
+    pub fn matmul_bf16(&self, w: &WeightMat, x: &[u16], y: &mut [f32]) {
+        assert_eq!(w.mat.wtype, WType::BF16, "matmul_bf16 takes BF16 weights");
+        run_plans(&[Plan::new(&w.mat, Input::Bf16(self.half.bf16_dot, x), y)]);
     }
 
     /// [`Kernels::matmul_f32_each`] with `xb` as the buffer of the BF16 rounding (made
     /// only when a matrix takes it).
-    fn half_each(&self, ws: &[&QMat], x: &[f32], xb: &mut Vec<u16>, ys: &mut [&mut [f32]]) {
+    fn half_each(&self, ws: &[&WeightMat], x: &[f32], xb: &mut Vec<u16>, ys: &mut [&mut [f32]]) {
         assert_eq!(ws.len(), ys.len(), "matrices vs outputs");
-        if ws.iter().any(|w| self.takes(w.wtype) == Takes::Bf16) {
+        if ws.iter().any(|w| self.takes(w.mat.wtype) == Takes::Bf16) {
             round_into(x, xb);
         }
         let plans: Vec<Plan> = ws
@@ -356,7 +330,7 @@ impl Kernels {
     /// `y = W·x` for the f32 input `x` (`n × w.cols`) whatever W's type: 2-byte float
     /// weights take `x` as it is, or rounded to BF16 ([`Kernels::matmul_f32`]); the
     /// others take it quantized to Q8_0 into `qa` ([`Kernels::matmul`]).
-    pub fn project(&self, w: &QMat, x: &[f32], qa: &mut QActs, y: &mut [f32]) {
+    pub fn project(&self, w: &WeightMat, x: &[f32], qa: &mut QActs, y: &mut [f32]) {
         self.project_each(&[w], x, qa, &mut [y]);
     }
 
@@ -365,17 +339,23 @@ impl Kernels {
     /// activations and not at all when none does (rounded to BF16 likewise); the
     /// quantized ones run as one step ([`Kernels::matmul_each`]), the 2-byte float ones
     /// as another.
-    pub fn project_each(&self, ws: &[&QMat], x: &[f32], qa: &mut QActs, ys: &mut [&mut [f32]]) {
+    pub fn project_each(
+        &self,
+        ws: &[&WeightMat],
+        x: &[f32],
+        qa: &mut QActs,
+        ys: &mut [&mut [f32]],
+    ) {
         assert_eq!(ws.len(), ys.len(), "matrices vs outputs");
         let Some(first) = ws.first() else {
             return;
         };
         let q8 = ws
             .iter()
-            .filter(|w| self.takes(w.wtype) == Takes::Q8)
+            .filter(|w| self.takes(w.mat.wtype) == Takes::Q8)
             .count();
         if q8 == ws.len() {
-            qa.quantize_with(self, x, first.cols);
+            qa.quantize_with(self, x, first.mat.cols);
             return self.matmul_each(ws, qa, ys);
         }
         if q8 == 0 {
@@ -384,7 +364,7 @@ impl Kernels {
         // A mixed file: each kind in its own step.
         let (mut qw, mut qy, mut hw, mut hy) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         for (w, y) in ws.iter().zip(ys.iter_mut()) {
-            if self.takes(w.wtype) == Takes::Q8 {
+            if self.takes(w.mat.wtype) == Takes::Q8 {
                 qw.push(*w);
                 qy.push(&mut **y);
             } else {
@@ -392,7 +372,7 @@ impl Kernels {
                 hy.push(&mut **y);
             }
         }
-        qa.quantize_with(self, x, first.cols);
+        qa.quantize_with(self, x, first.mat.cols);
         self.matmul_each(&qw, qa, &mut qy);
         self.half_each(&hw, x, &mut qa.b16, &mut hy);
     }

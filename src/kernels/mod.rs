@@ -33,12 +33,13 @@ use std::cell::Cell;
 use std::fmt;
 use std::sync::OnceLock;
 
-pub use crate::format::WType;
-use crate::quant::{blocks, QK};
+pub use crate::format::{QMat, ShapeError, WType};
+use crate::quant::QK;
 
 pub mod counters;
 pub mod half;
 pub mod hugebuf;
+pub mod mat;
 pub mod packed;
 pub mod packed_blocks;
 pub mod pool;
@@ -52,6 +53,7 @@ pub mod scalar_kv;
 pub mod scalar_math;
 
 pub use half::HalfActs;
+pub use mat::WeightMat;
 pub use packed::PackedMat;
 use packed_blocks::for_block_type;
 pub use scalar_attn::{KvView, Query, TILE_QUERIES};
@@ -70,183 +72,28 @@ pub const LANES: usize = 8;
 /// Most tokens one micro-kernel call handles (a tile shares each weight block load).
 pub const TILE_TOKENS: usize = 4;
 
-/// A shape or length that does not fit the kernels' views.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ShapeError(pub String);
-
-impl fmt::Display for ShapeError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
+/// The f32 scales of rows `r0..r1` of `w`: borrowed, or converted from f16 into `buf`
+/// with a tier's conversion `f16` (exact in every tier).
+#[inline]
+fn scales<'a: 'b, 'b>(
+    w: &QMat<'a>,
+    r0: usize,
+    r1: usize,
+    buf: &'b mut Vec<f32>,
+    f16: F16Fn,
+) -> &'b [f32] {
+    let nb = w.blocks();
+    if !w.wtype.has_scales() {
+        return &[]; // GGUF block types carry their scales inside the blocks
     }
-}
-
-impl std::error::Error for ShapeError {}
-
-/// A borrowed quantized weight matrix, row-major, one row per output.
-///
-/// Built with [`QMat::new`], which checks every length; it usually points straight
-/// into an mmap. Q8_0 quants must not be -128 (the loader rejects it).
-#[derive(Debug, Clone, Copy)]
-pub struct QMat<'a> {
-    pub wtype: WType,
-    pub rows: usize,
-    pub cols: usize,
-    /// Q8_0: `rows·cols` int8 bytes; Q4_0: `rows·cols/2` packed bytes.
-    pub q: &'a [u8],
-    /// `rows·cols/32` f32 scales, row-major (empty when the scales are `d16`).
-    pub d: &'a [f32],
-    /// `rows·cols/32` f16 scales (as bits), row-major, when the file stores f16 scales:
-    /// the kernels convert them per block of rows as they go (exact), so no f32 copy of
-    /// them exists and a decode step reads 2 bytes per block instead of 4. Empty otherwise.
-    pub d16: &'a [u16],
-    /// The same matrix in the row-interleaved layout ([`packed`]), when the runtime
-    /// packed it; tiers with a packed kernel read it instead of `q` and the scales.
-    pub pk: Option<&'a PackedMat>,
-}
-
-impl<'a> QMat<'a> {
-    /// Checks `cols % 32 == 0`, `rows, cols > 0` and the lengths of `q` and `d`.
-    pub fn new(
-        wtype: WType,
-        rows: usize,
-        cols: usize,
-        q: &'a [u8],
-        d: &'a [f32],
-    ) -> Result<Self, ShapeError> {
-        let m = QMat::new_unchecked_scales(wtype, rows, cols, q)?;
-        m.check_scales(d.len(), "")?;
-        Ok(QMat { d, ..m })
+    if w.d16.is_empty() {
+        return &w.d[r0 * nb..r1 * nb];
     }
-
-    /// [`QMat::new`] with f16 scales (their bits, little-endian order as in the file).
-    pub fn new_f16(
-        wtype: WType,
-        rows: usize,
-        cols: usize,
-        q: &'a [u8],
-        d16: &'a [u16],
-    ) -> Result<Self, ShapeError> {
-        let m = QMat::new_unchecked_scales(wtype, rows, cols, q)?;
-        m.check_scales(d16.len(), "f16 ")?;
-        Ok(QMat { d16, ..m })
-    }
-
-    /// Whether `n` scales (of kind `kind`, for the message) are one per block.
-    fn check_scales(&self, n: usize, kind: &str) -> Result<(), ShapeError> {
-        let (wtype, rows, cols) = (self.wtype, self.rows, self.cols);
-        let nb = rows.checked_mul(cols / QK);
-        if nb != Some(n) {
-            return Err(ShapeError(format!(
-                "matrix {rows}x{cols} {wtype:?}: {n} {kind}scales, expected {nb:?}"
-            )));
-        }
-        Ok(())
-    }
-
-    /// The matrix `q` of `wtype` with no scale arrays and no packed copy, unchecked.
-    fn bare(wtype: WType, rows: usize, cols: usize, q: &'a [u8]) -> Self {
-        QMat {
-            wtype,
-            rows,
-            cols,
-            q,
-            d: &[],
-            d16: &[],
-            pk: None,
-        }
-    }
-
-    /// The shape and `q` checks of both constructors; no scales yet.
-    fn new_unchecked_scales(
-        wtype: WType,
-        rows: usize,
-        cols: usize,
-        q: &'a [u8],
-    ) -> Result<Self, ShapeError> {
-        if !matches!(wtype, WType::Q8_0 | WType::Q4_0) && !blocks::is_block_type(wtype) {
-            return Err(ShapeError(format!(
-                "matrix {rows}x{cols} {wtype}: no kernel for this weight type yet"
-            )));
-        }
-        check_dims(rows, cols, wtype.block_weights().max(QK), Some(wtype))?;
-        let qlen = rows.checked_mul(wtype.row_bytes(cols));
-        if qlen != Some(q.len()) {
-            return Err(ShapeError(format!(
-                "matrix {rows}x{cols} {wtype:?}: q has {} bytes, expected {qlen:?}",
-                q.len()
-            )));
-        }
-        Ok(QMat::bare(wtype, rows, cols, q))
-    }
-
-    /// A matrix of a GGUF block type (Q4_K, …, Q6_0: the scales are inside the blocks);
-    /// checks the shape (cols a multiple of the type's block) and the length of `q`.
-    pub fn new_blocks(
-        wtype: WType,
-        rows: usize,
-        cols: usize,
-        q: &'a [u8],
-    ) -> Result<Self, ShapeError> {
-        if !blocks::is_block_type(wtype) {
-            return Err(ShapeError(format!(
-                "matrix {rows}x{cols} {wtype}: not a block type (its scales are an array)"
-            )));
-        }
-        QMat::new_unchecked_scales(wtype, rows, cols, q)
-    }
-
-    /// This matrix with its packed form `p` (made by [`PackedMat::new`] from it).
-    pub fn with_packed(self, p: &'a PackedMat) -> Result<Self, ShapeError> {
-        if !p.fits(&self) {
-            return Err(ShapeError(format!(
-                "{p:?} is not the packed form of a {:?} {}x{} matrix",
-                self.wtype, self.rows, self.cols
-            )));
-        }
-        Ok(QMat {
-            pk: Some(p),
-            ..self
-        })
-    }
-
-    /// The f32 scales of rows `r0..r1`: borrowed, or converted from f16 into `buf` with
-    /// a tier's conversion `f16` (exact in every tier).
-    #[inline]
-    fn scales<'b>(&'b self, r0: usize, r1: usize, buf: &'b mut Vec<f32>, f16: F16Fn) -> &'b [f32] {
-        let nb = self.blocks();
-        if !self.wtype.has_scales() {
-            return &[]; // GGUF block types carry their scales inside the blocks
-        }
-        if self.d16.is_empty() {
-            return &self.d[r0 * nb..r1 * nb];
-        }
-        let src = &self.d16[r0 * nb..r1 * nb];
-        buf.resize(src.len(), 0.0);
-        // SAFETY: `f16` comes from a tier the CPU supports; the lengths agree.
-        unsafe { f16(src, buf) };
-        buf
-    }
-
-    /// Dequantizes row `r` into `out` (`cols` values): `out[c] = q·d`, one f32 multiply
-    /// (`quant::dequant_row`), from the packed copy when there is one; f16 scales are
-    /// converted in software (the runtime's [`Kernels::dequant_row`] uses its tier's
-    /// conversion, with the same bits).
-    ///
-    /// Panics if `r >= rows` or `out.len() != cols`.
-    pub fn dequant_row(&self, r: usize, out: &mut [f32]) {
-        scalar_kernels().dequant_row(self, r, out)
-    }
-
-    /// Blocks per row.
-    pub fn blocks(&self) -> usize {
-        self.cols / QK
-    }
-
-    /// The quants of row `r`.
-    fn row_q(&self, r: usize) -> &'a [u8] {
-        let rb = self.wtype.row_bytes(self.cols);
-        &self.q[r * rb..(r + 1) * rb]
-    }
+    let src = &w.d16[r0 * nb..r1 * nb];
+    buf.resize(src.len(), 0.0);
+    // SAFETY: `f16` comes from a tier the CPU supports; the lengths agree.
+    unsafe { f16(src, buf) };
+    buf
 }
 
 /// Q8_0 activations of `n` rows (tokens) of `cols` values; buffers are reused.
@@ -511,18 +358,6 @@ impl fmt::Display for Tier {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.name())
     }
-}
-
-/// Checks `rows, cols > 0` and `cols` a multiple of `m`; the error names the matrix by
-/// its shape and, when given, its type.
-fn check_dims(rows: usize, cols: usize, m: usize, wtype: Option<WType>) -> Result<(), ShapeError> {
-    if rows == 0 || cols == 0 || !cols.is_multiple_of(m) {
-        let t = wtype.map_or(String::new(), |t| format!(" {t}"));
-        return Err(ShapeError(format!(
-            "matrix {rows}x{cols}{t}: rows and cols must be > 0 and cols a multiple of {m}"
-        )));
-    }
-    Ok(())
 }
 
 /// Quantizes whole blocks: `x.len() = q.len() = 32·d.len()`.
@@ -905,7 +740,7 @@ impl Kernels {
         self.tier
     }
 
-    /// Whether this tier reads packed matrices ([`QMat::pk`]) of some type.
+    /// Whether this tier reads packed matrices ([`WeightMat::packed`]) of some type.
     pub fn packs(&self) -> bool {
         self.mats.iter().flatten().any(|m| m.packed.is_some())
     }
@@ -1030,14 +865,18 @@ impl Kernels {
         unsafe { (self.f32.delta)(x, s, o, delta) }
     }
 
-    /// [`QMat::dequant_row`] with this tier's f16 conversion.
+    /// Dequantizes row `r` of `w` into `out` (`cols` values): `out[c] = q·d`, one f32
+    /// multiply (`quant::dequant_row`), from the packed copy when there is one (the
+    /// map's pages of a packed matrix were released), f16 scales converted with this
+    /// tier's conversion (exact: the bits of `quant::dequant_mat_row`).
     ///
-    /// Panics if `r >= w.rows` or `out.len() != w.cols`.
-    pub fn dequant_row(&self, w: &QMat, r: usize, out: &mut [f32]) {
+    /// Panics if `r >= rows` or `out.len() != cols`.
+    pub fn dequant_row(&self, w: &WeightMat, r: usize, out: &mut [f32]) {
+        let (p, w) = (w.packed, &w.mat);
         assert!(r < w.rows, "row {r} of {}", w.rows);
         assert_eq!(out.len(), w.cols, "out length vs cols");
         let (mut qbuf, mut buf) = (Vec::new(), Vec::new());
-        let (q, d) = match w.pk {
+        let (q, d) = match p {
             // Packed: the map's pages of this matrix were released; read the copy.
             Some(p) => {
                 p.unpack_row(r, &mut qbuf, &mut buf);
@@ -1045,7 +884,7 @@ impl Kernels {
             }
             // A type without a scale array (BF16, F16, GGUF blocks) carries its own.
             None if !w.wtype.has_scales() => (w.row_q(r), &buf[..]),
-            None => (w.row_q(r), w.scales(r, r + 1, &mut buf, self.f16)),
+            None => (w.row_q(r), scales(w, r, r + 1, &mut buf, self.f16)),
         };
         crate::quant::dequant_row(w.wtype, q, d, out)
     }
@@ -1068,9 +907,9 @@ impl Kernels {
     /// `ys[i] = ws[i]·x` for matrices that share their input (q/k/v, gate/up): one
     /// parallel step for all of them when they are packed, so a decode step waits at
     /// one barrier instead of several. Same results as separate [`Kernels::matmul`]s.
-    pub fn matmul_each(&self, ws: &[&QMat], x: &QActs, ys: &mut [&mut [f32]]) {
+    pub fn matmul_each(&self, ws: &[&WeightMat], x: &QActs, ys: &mut [&mut [f32]]) {
         assert_eq!(ws.len(), ys.len(), "matrices vs outputs");
-        let packed = |w: &&QMat| w.pk.is_some() && self.packs_type(w.wtype);
+        let packed = |w: &&WeightMat| w.packed.is_some() && self.packs_type(w.mat.wtype);
         if !ws.iter().all(packed) {
             for (w, y) in ws.iter().zip(ys.iter_mut()) {
                 self.matmul(w, x, y);
@@ -1084,7 +923,7 @@ impl Kernels {
             .iter()
             .zip(ys.iter_mut())
             .map(|(w, y)| {
-                let (f, p) = (self.packed_fn(w.wtype), w.pk);
+                let (f, p) = (self.packed_fn(w.mat.wtype), w.packed);
                 PackedPlan::new(f.expect("checked above"), p.expect("checked above"), x, y)
             })
             .collect();
@@ -1092,7 +931,7 @@ impl Kernels {
     }
 
     /// `y = W·x` for one token (`x.n() == 1`, `y.len() == w.rows`).
-    pub fn matvec(&self, w: &QMat, x: &QActs, y: &mut [f32]) {
+    pub fn matvec(&self, w: &WeightMat, x: &QActs, y: &mut [f32]) {
         assert_eq!(x.n(), 1, "matvec takes one token");
         self.matmul(w, x, y);
     }
@@ -1100,14 +939,15 @@ impl Kernels {
     /// `y[t·rows + r] = W[r]·x[t]` for all `n` tokens (token-major output).
     ///
     /// Panics if `x.cols() != w.cols` or `y.len() != x.n()·w.rows`.
-    pub fn matmul(&self, w: &QMat, x: &QActs, y: &mut [f32]) {
+    pub fn matmul(&self, w: &WeightMat, x: &QActs, y: &mut [f32]) {
+        let (p, w) = (w.packed, &w.mat);
         let n = x.n();
         assert_eq!(x.cols(), w.cols, "activation cols vs matrix cols");
         assert_eq!(y.len(), n * w.rows, "y length vs n x rows");
         if n == 0 {
             return;
         }
-        if let (Some(p), Some(f)) = (w.pk, self.packed_fn(w.wtype)) {
+        if let (Some(p), Some(f)) = (p, self.packed_fn(w.wtype)) {
             return run_plans(&[PackedPlan::new(f, p, x, y)], x);
         }
         let tile = self.mats[w.wtype as usize]
@@ -1126,7 +966,7 @@ impl Kernels {
                     for (j, ys) in yc.chunks_mut(step).enumerate() {
                         let s0 = i * chunk + j * step;
                         let s1 = s0 + ys.len();
-                        let wd = w.scales(s0, s1, buf, self.f16);
+                        let wd = scales(w, s0, s1, buf, self.f16);
                         // SAFETY: a supported tier's kernel; slices sized per `TileFn`.
                         unsafe { tile(ys.len(), &w.q[s0 * rb..s1 * rb], wd, &tiles[0], ys) };
                     }
@@ -1145,7 +985,7 @@ impl Kernels {
                 for s0 in (i * chunk..r1).step_by(SUB_ROWS) {
                     let nr = SUB_ROWS.min(r1 - s0);
                     let wq = &w.q[s0 * rb..(s0 + nr) * rb];
-                    let wd = w.scales(s0, s0 + nr, sbuf, self.f16);
+                    let wd = scales(w, s0, s0 + nr, sbuf, self.f16);
                     for (k, xt) in tiles.iter().enumerate() {
                         let nt = xt.d.len() / nb;
                         let b = &mut buf[..nr * nt];
@@ -1392,12 +1232,12 @@ pub fn quantize_act(x: &[f32], q: &mut [i8], d: &mut [f32]) {
 }
 
 /// `y = W·x` for one token with the active tier (see [`Kernels::matvec`]).
-pub fn matvec(w: &QMat, x: &QActs, y: &mut [f32]) {
+pub fn matvec(w: &WeightMat, x: &QActs, y: &mut [f32]) {
     kernels().matvec(w, x, y)
 }
 
 /// `y = W·x` for `x.n()` tokens with the active tier (see [`Kernels::matmul`]).
-pub fn matmul(w: &QMat, x: &QActs, y: &mut [f32]) {
+pub fn matmul(w: &WeightMat, x: &QActs, y: &mut [f32]) {
     kernels().matmul(w, x, y)
 }
 
@@ -1552,7 +1392,7 @@ mod tests {
         let x: Vec<f32> = (0..n * cols)
             .map(|i| ((i * 13 % 17) as f32 - 8.0) * 0.3)
             .collect();
-        let w = QMat::new(WType::Q8_0, rows, cols, &q, &d).unwrap();
+        let w = QMat::new(WType::Q8_0, rows, cols, &q, &d).unwrap().into();
         let mut xa = QActs::new();
         xa.quantize_with(&scalar_kernels(), &x, cols);
         let mut y0 = vec![0.0; n * rows];

@@ -16,7 +16,7 @@ pub mod q8_0;
 
 use rayon::prelude::*;
 
-use crate::kernels::QMat;
+use crate::format::mat::QMat;
 
 pub use crate::format::wtype::{WType, QK};
 
@@ -66,7 +66,6 @@ impl Quantized {
             q: &self.q,
             d: &[],
             d16: &[],
-            pk: None,
         };
         match &self.d {
             Scales::F32(d) => QMat { d, ..m },
@@ -358,6 +357,30 @@ fn quantize_row(
         }
     }
     Ok(())
+}
+
+/// Dequantizes row `r` of `w` into `out` (`cols` values) by [`dequant_row`]; f16
+/// scales are widened in software (exact, the bits every kernel tier's conversion
+/// gives). The runtime's `Kernels::dequant_row` reads a packed copy when there is one.
+///
+/// Panics if `r >= w.rows` or `out.len() != w.cols`.
+pub fn dequant_mat_row(w: &QMat, r: usize, out: &mut [f32]) {
+    assert!(r < w.rows, "row {r} of {}", w.rows);
+    assert_eq!(out.len(), w.cols, "out length vs cols");
+    let nb = w.blocks();
+    let widened: Vec<f32>;
+    let d = if !w.wtype.has_scales() {
+        &[][..] // BF16, F16 and the GGUF block types carry no scale array
+    } else if w.d16.is_empty() {
+        &w.d[r * nb..(r + 1) * nb]
+    } else {
+        widened = w.d16[r * nb..(r + 1) * nb]
+            .iter()
+            .map(|&h| half::f16::from_bits(h).to_f32_const())
+            .collect();
+        &widened[..]
+    };
+    dequant_row(w.wtype, w.row_q(r), d, out)
 }
 
 /// Dequantizes one row (`q`: its bytes in the matrix's first array, `d`: its scales,
