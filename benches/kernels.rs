@@ -213,8 +213,8 @@ fn quant_rows(b: &Bench, rng: &mut Rng, name: &str, w: &QMat<'_>, bytes: f64) {
     let x1: Vec<f32> = (0..cols).map(|_| rng.unit()).collect();
     let xn: Vec<f32> = (0..cols * n_batch).map(|_| rng.unit()).collect();
     let (mut a1, mut an) = (QActs::new(), QActs::new());
-    a1.quantize(&x1, cols);
-    an.quantize(&xn, cols);
+    kernels::quantize_acts(&x1, cols, &mut a1);
+    kernels::quantize_acts(&xn, cols, &mut an);
     let (mut y1, mut yn) = (vec![0f32; rows], vec![0f32; rows * n_batch]);
     let packed = PackedMat::new(w).expect("memory for the packed copy");
     let w = WeightMat::from(*w);

@@ -147,7 +147,7 @@ fn check_matmul(rng: &mut Rng, wtype: WType, rows: usize, cols: usize, n: usize,
     let x = activations(rng, n * cols, edge);
     let s = scalar();
     let mut xa = QActs::new();
-    xa.quantize_with(&s, &x, cols);
+    s.quantize_acts(&x, cols, &mut xa);
     let mut y0 = vec![0f32; n * rows];
     s.matmul(&w, &xa, &mut y0);
     for k in all_kernels() {
@@ -295,7 +295,7 @@ fn reference_matches_naive_f64() {
         let w = QMat::new(wtype, rows, cols, &q, &d).unwrap();
         let x = activations(&mut rng, n * cols, false);
         let mut xa = QActs::new();
-        xa.quantize(&x, cols);
+        kernels::quantize_acts(&x, cols, &mut xa);
         let mut y = vec![0f32; n * rows];
         scalar().matmul(&w.into(), &xa, &mut y);
         let mut wr = vec![0f32; cols];
@@ -327,13 +327,13 @@ fn parallel_quantization_gives_the_same_blocks() {
     let x = activations(&mut rng, n * cols, true);
     let one = Pool::leak(1).install(|| {
         let mut a = QActs::new();
-        a.quantize(&x, cols);
+        kernels::quantize_acts(&x, cols, &mut a);
         a
     });
     for threads in [2, 3] {
         let many = Pool::leak(threads).install(|| {
             let mut a = QActs::new();
-            a.quantize(&x, cols);
+            kernels::quantize_acts(&x, cols, &mut a);
             a
         });
         assert_eq!(many.q(), one.q(), "{threads} threads");
@@ -377,7 +377,7 @@ fn thread_count_does_not_change_bits() {
         for n in [1, 6] {
             let x = activations(&mut rng, n * cols, false);
             let mut xa = QActs::new();
-            xa.quantize(&x, cols);
+            kernels::quantize_acts(&x, cols, &mut xa);
             for k in all_kernels() {
                 let mut ys = Vec::new();
                 for threads in [1, 2, 3] {
@@ -402,14 +402,14 @@ fn with_tier_forces_each_tier() {
         let y = kernels::with_tier(t, || {
             assert_eq!(kernels::tier(), t);
             let mut xa = QActs::new();
-            xa.quantize(&x, 96);
+            kernels::quantize_acts(&x, 96, &mut xa);
             let mut y = vec![0f32; 18];
             kernels::matmul(&w, &xa, &mut y);
             y
         })
         .unwrap();
         let mut xa = QActs::new();
-        xa.quantize_with(&scalar(), &x, 96);
+        scalar().quantize_acts(&x, 96, &mut xa);
         let mut y0 = vec![0f32; 18];
         scalar().matmul(&w, &xa, &mut y0);
         assert_eq!(first_diff(&y, &y0), None, "tier {t}");
@@ -459,7 +459,7 @@ fn f16_scales_give_the_bits_of_f32_scales() {
         let w16 = QMat::new_f16(wtype, rows, cols, &q, &d16).unwrap();
         let x = activations(&mut rng, n * cols, false);
         let mut xa = QActs::new();
-        xa.quantize(&x, cols);
+        kernels::quantize_acts(&x, cols, &mut xa);
         for k in all_kernels() {
             let product = |w: &QMat| {
                 let mut y = vec![0f32; n * rows];

@@ -91,7 +91,7 @@ fn check(w: &QMat, x: &[f32], what: &str) {
     let (rows, cols, n) = (w.rows, w.cols, x.len() / w.cols);
     let s = scalar();
     let mut xa = QActs::new();
-    xa.quantize_with(&s, x, cols);
+    s.quantize_acts(x, cols, &mut xa);
     let mut y0 = vec![0f32; n * rows];
     let wm = WeightMat::from(*w);
     s.matmul(&wm, &xa, &mut y0);
@@ -227,7 +227,7 @@ fn block_thread_count_does_not_change_bits() {
         for n in [1, 6, 19] {
             let x = activations(&mut rng, n * cols, false);
             let mut xa = QActs::new();
-            xa.quantize(&x, cols);
+            kernels::quantize_acts(&x, cols, &mut xa);
             for k in all_kernels() {
                 for m in [&w, &wp] {
                     let ys: Vec<Vec<f32>> = [1, 2, 3]
@@ -273,7 +273,7 @@ fn block_views_are_checked() {
         assert!(Kernels::for_tier(t).unwrap().supports(WType::Q6_0));
         let y = kernels::with_tier(t, || {
             let mut xa = QActs::new();
-            xa.quantize(&[1.0; 256], 256);
+            kernels::quantize_acts(&[1.0; 256], 256, &mut xa);
             let mut y = vec![f32::NAN; 2];
             kernels::matmul(&w, &xa, &mut y);
             y

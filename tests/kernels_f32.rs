@@ -3,10 +3,9 @@
 //! edge cases; and the call counters that show which tier's code ran.
 
 use krafla::kernels::counters::{self, Op};
-use krafla::kernels::scalar_attn::attend_one;
-use krafla::kernels::scalar_delta::head_step;
-use krafla::kernels::scalar_kv::{store_f16, store_q8_0};
-use krafla::kernels::scalar_math::{self as sm, HI, LO};
+use krafla::kernels::scalar::attention::attend_one;
+use krafla::kernels::scalar::delta::head_step;
+use krafla::kernels::scalar::math::{self as sm, HI, LO};
 use krafla::kernels::{DeltaHead, Kernels, KvData, KvType, KvView, Query, Tier};
 
 use crate::util::nan_bits;
@@ -192,7 +191,9 @@ impl Typed {
             KvType::F32 => c.f32s = x.to_vec(),
             KvType::F16 => {
                 c.f16s = vec![0; x.len()];
-                store_f16(x, &mut c.f16s);
+                Kernels::for_tier(Tier::Scalar)
+                    .unwrap()
+                    .store_kv_f16(x, &mut c.f16s);
             }
             KvType::Q8_0 => {
                 let s = Kernels::for_tier(Tier::Scalar).unwrap();
@@ -201,14 +202,7 @@ impl Typed {
                 let mut pad = vec![0.0; hs];
                 for (i, row) in x.chunks_exact(heads * hd).enumerate() {
                     let (q, d) = (&mut c.q[i * stride..], &mut c.d[i * stride / 32..]);
-                    store_q8_0(
-                        &s,
-                        row,
-                        hd,
-                        &mut pad,
-                        &mut q[..stride],
-                        &mut d[..stride / 32],
-                    );
+                    s.store_kv_q8_0(row, hd, &mut pad, &mut q[..stride], &mut d[..stride / 32]);
                 }
             }
         }

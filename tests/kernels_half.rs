@@ -5,8 +5,8 @@
 
 use krafla::kernels::counters::{self, Op};
 use krafla::kernels::pool::Pool;
-use krafla::kernels::scalar_bf16dot::{self, round_bf16};
-use krafla::kernels::scalar_half::{dot_half, reduce_half_lanes, HALF_LANES};
+use krafla::kernels::scalar::bf16dot::{self as scalar_bf16dot, round_bf16};
+use krafla::kernels::scalar::half::{dot_half, reduce_half_lanes, HALF_LANES};
 use krafla::kernels::{self, HalfActs, QActs, QMat, Tier, WType, WeightMat};
 use krafla::quant::half_float;
 
@@ -499,7 +499,7 @@ fn project_each_mixes_kinds() {
         let mut want_f = vec![0f32; n * 32];
         k.matmul_f32(&mf, &x, &mut want_f);
         let mut xa = QActs::new();
-        xa.quantize_with(&k, &x, cols);
+        k.quantize_acts(&x, cols, &mut xa);
         let mut want_q = vec![0f32; n * 16];
         k.matmul(&mq, &xa, &mut want_q);
         assert!(

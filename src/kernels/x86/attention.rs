@@ -1,4 +1,4 @@
-//! AVX2 and AVX-512 F attention (`kernels::scalar_attn`'s arithmetic): the same f32
+//! AVX2 and AVX-512 F attention (`scalar::attention`'s arithmetic): the same f32
 //! operations per output in the same order (no FMA), so the same bits. The speed comes
 //! from the order of work: scores for eight keys at a time (eight add chains, reduced
 //! together through an 8×8 transpose), the weighted values summed over all positions
@@ -9,17 +9,19 @@
 //! serving all; a tile's softmax sums run eight queries side by side.
 //!
 //! The kernels read the cache's rows through [`Src`] / [`Row`]: f32 rows as they are,
-//! f16 and Q8_0 rows (`x86::attention_kv`) widened to f32 as they are loaded into a
+//! f16 and Q8_0 rows (`x86::kv`) widened to f32 as they are loaded into a
 //! register, with the reference's widening, so every cache type runs this same code.
 
 use std::arch::x86_64::*;
 
 use super::math::{exp_all, exp_all16, max_all};
 use crate::kernels::counters::{count, Op};
-use crate::kernels::scalar_attn::{softmax, softmax_exp, KvView, Query, SoftmaxMath, TILE_QUERIES};
-use crate::kernels::scalar_kv::KvData;
-use crate::kernels::scalar_math::reduce8;
-use crate::kernels::Tier;
+use crate::kernels::scalar::attention::{
+    softmax, softmax_exp, KvView, Query, SoftmaxMath, TILE_QUERIES,
+};
+use crate::kernels::scalar::kv::KvData;
+use crate::kernels::scalar::math::reduce8;
+use crate::kernels::tier::Tier;
 
 /// One cached row of a kv head (`hd` values) as the kernels load it: 8 or 16 values
 /// into a register, or one value, each in f32 with the reference's widening.
@@ -130,7 +132,7 @@ pub(crate) fn head_size(qs: &[Query]) -> usize {
     qs.first().map_or(0, |q| q.q.len())
 }
 
-/// An attention entry (see `kernels::AttendFn`) compiled with `$feat`: the tier's call
+/// An attention entry (see `table::AttendFn`) compiled with `$feat`: the tier's call
 /// count, the cache's row sources from `$srcs`, then, with `PAIRS` and `WIDE` as given,
 /// the tile blocked over positions ([`attend_many`]) when no query's positions wrap
 /// around the cache's ring, else each query alone ([`attend_one`]).
@@ -158,7 +160,7 @@ macro_rules! attend_entry {
 pub(super) use attend_entry;
 
 attend_entry!(
-    /// The AVX2 tier's attention entry (see `kernels::AttendFn`).
+    /// The AVX2 tier's attention entry (see `table::AttendFn`).
     ///
     /// # Safety
     /// The CPU must support AVX2; the shapes as `Kernels::attend` checks them.
@@ -170,15 +172,15 @@ attend_entry!(
     /// value sums. Measured on Zen 5 (perf samples of 512-token prefills): zmm value sums
     /// took about 25% more attention time than ymm over f32 rows (SmolLM2), and the pairs
     /// 12% less than single queries (llama1b, 4 query heads per kv head); over f16 and Q8_0
-    /// rows, which widen as they load, zmm sums were 10-20% faster, so `attention_kv`'s
-    /// entries keep them. Every order gives the contract's bits.
+    /// rows, which widen as they load, zmm sums were 10-20% faster, so `kv`'s entries
+    /// keep them. Every order gives the contract's bits.
     ///
     /// # Safety
     /// The CPU must support AVX2 and AVX-512 F; the shapes as `Kernels::attend` checks them.
     attend_avx512, Avx512, "avx2,avx512f", f32_srcs, true, false
 );
 
-/// The slice maximum and `exp` of `x86::math` for `scalar_attn::softmax`: `exp` 16
+/// The slice maximum and `exp` of `x86::math` for `scalar::attention::softmax`: `exp` 16
 /// lanes at a time when `Z` (AVX-512 F), else 8. Used only inside this module's
 /// kernels, whose callers guarantee the CPU has AVX2 (and AVX-512 F when `Z`).
 struct X86Math<const Z: bool>;
@@ -203,7 +205,7 @@ impl<const Z: bool> SoftmaxMath for X86Math<Z> {
     }
 }
 
-/// The softmax of `scalar_attn` with this tier's max and exp (`zmm`: AVX-512 F; a
+/// The softmax of `scalar::attention` with this tier's max and exp (`zmm`: AVX-512 F; a
 /// constant in every caller).
 #[inline(always)]
 unsafe fn softmax_x86(att: &mut [f32], softcap: f32, zmm: bool) -> f32 {
@@ -214,7 +216,7 @@ unsafe fn softmax_x86(att: &mut [f32], softcap: f32, zmm: bool) -> f32 {
     }
 }
 
-/// [`softmax_x86`] without its sum (`scalar_attn::softmax_exp`).
+/// [`softmax_x86`] without its sum (`scalar::attention::softmax_exp`).
 #[inline(always)]
 unsafe fn softmax_exp_x86(att: &mut [f32], softcap: f32, zmm: bool) {
     if zmm {
@@ -246,7 +248,7 @@ fn sums(rows: &[&[f32]; SUM_CHAINS]) -> [f32; SUM_CHAINS] {
     s
 }
 
-/// One query (any slots, a ring included): `scalar_attn::attend_one` in AVX2; keys and
+/// One query (any slots, a ring included): `scalar::attention::attend_one` in AVX2; keys and
 /// values from `ks` and `vs` (the view gives the window and the slots).
 ///
 /// A lone query has no pair to score with; `PAIRS` (as `WIDE`) only says that AVX-512 F
@@ -639,7 +641,7 @@ unsafe fn key2<R: Row>(r: R, j: usize) -> __m512 {
     }
 }
 
-/// Eight accumulators (one per key) reduced at once, each as `scalar_math::reduce8` does
+/// Eight accumulators (one per key) reduced at once, each as `scalar::math::reduce8` does
 /// with no tail: an 8×8 transpose puts lane `l` of every key in one vector, then
 /// `((c0 + c4) + (c2 + c6)) + ((c1 + c5) + (c3 + c7))` runs on all eight keys.
 #[inline(always)]
@@ -678,7 +680,7 @@ unsafe fn reduce8x8(r: &[__m256; 8]) -> __m256 {
     }
 }
 
-/// The dot product's lanes reduced as `scalar_math::dot` does, plus its tail.
+/// The dot product's lanes reduced as `scalar::math::dot` does, plus its tail.
 #[inline(always)]
 unsafe fn finish(a: __m256, qt: &[f32], kt: &[f32]) -> f32 {
     let mut arr = [0f32; 8];

@@ -1,5 +1,5 @@
 //! BF16 weights × BF16 activations (the opt-in contract of docs/kernels.md, "BF16
-//! activations"; reference: `kernels::scalar_bf16dot`) on x86, bit-identical to the
+//! activations"; reference: `scalar::bf16dot`) on x86, bit-identical to the
 //! reference on every tier:
 //!
 //! * AVX-512 BF16 (`avx512bf16` tier): `vdpbf16ps` is the contract's step for 16 lanes of
@@ -17,10 +17,11 @@
 
 use core::arch::x86_64::*;
 
-use super::half::{prefetch_rows, reduce512, reduce_pair, tile46_asm};
+use super::prefetch;
+use super::simd::{reduce512, reduce_pair, tile46_asm};
 use crate::kernels::counters::{count, Op};
-use crate::kernels::scalar_bf16dot::step;
-use crate::kernels::Tier;
+use crate::kernels::scalar::bf16dot::step;
+use crate::kernels::tier::Tier;
 
 /// How a 512-bit kernel takes the contract's step on 16 column pairs: the form a load
 /// of 32 weights or 32 activations takes, and the step itself.
@@ -100,7 +101,7 @@ unsafe fn tile512<S: Step512, const R: usize, const T: usize, const PF: bool>(
         for c in (0..cols).step_by(32) {
             if PF {
                 // A step reads a line of each row.
-                prefetch_rows::<R>(w, rb, 2 * c);
+                prefetch::rows::<R>(w, rb, 2 * c);
             }
             // A loop, not `array::from_fn`: its closure does not inherit the kernel's
             // target features, so `Emu512`'s intrinsics were called out of line (AVX-512
@@ -215,7 +216,7 @@ macro_rules! dot_rows {
     }};
 }
 
-/// AVX-512 BF16, BF16 weights × BF16 activations (see `kernels::half::DotFn`): decode
+/// AVX-512 BF16, BF16 weights × BF16 activations (see `table::DotFn`): decode
 /// 8 rows × 1 token with prefetch (2 rows on ymm halves where `few_rows`,
 /// [`dot_tile256`]); prefill 4 rows × 6 tokens ([`dot_tile46`]), a call of at most 6
 /// tokens prefetching as decode does (as the f32 driver).
@@ -246,7 +247,7 @@ pub unsafe fn bf16_dot_avx512bf16(
         }
         if nt == 1 {
             // Fewer rows side by side where the CPU streams them better (`few_rows`).
-            if super::prefetch::few_rows() {
+            if prefetch::few_rows() {
                 let ymm = dot_tile256::<2, 1, true>;
                 dot_rows!(ymm, dot_tile256, 2, 1, true, wp, rows, cols, xp, y, ld);
             } else {
@@ -477,9 +478,9 @@ unsafe fn tile256<S: Step256, const R: usize, const T: usize, const PF: bool>(
         let mut acc = [[[_mm256_setzero_ps(); 2]; T]; R];
         for c in (0..cols).step_by(32) {
             if PF {
-                prefetch_rows::<R>(w, rb, 2 * c);
+                prefetch::rows::<R>(w, rb, 2 * c);
                 if S::PF_TWICE {
-                    prefetch_rows::<R>(w, rb, 2 * c);
+                    prefetch::rows::<R>(w, rb, 2 * c);
                 }
             }
             for h in 0..2 {

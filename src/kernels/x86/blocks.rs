@@ -1,5 +1,5 @@
 //! Row-major tile kernels of the GGUF block types (Q4_K, Q5_K, Q6_K, Q4_1, Q5_0, Q5_1,
-//! IQ4_NL, Q6_0) on AVX2 + FMA + F16C, bit-identical to `kernels::scalar_k`. Every x86 tier
+//! IQ4_NL, Q6_0) on AVX2 + FMA + F16C, bit-identical to `scalar::blocks`. Every x86 tier
 //! uses them for matrices it reads from the map (`--no-pack`); packed matrices go through
 //! `x86::packed_blocks`.
 //!
@@ -18,13 +18,15 @@
 
 use core::arch::x86_64::*;
 
-use super::avx2::{hsum8, load_scales, reduce_lanes};
+use super::simd::{hsum8, load_scales, reduce_lanes};
+use crate::format::wtype::QK;
+use crate::kernels::acts::{ActTile, TILE_TOKENS};
 use crate::kernels::counters::{count, Op};
-use crate::kernels::packed_blocks::{BlockTy, ScaleKind};
-use crate::kernels::{ActTile, Tier, LANES, TILE_TOKENS};
+use crate::kernels::scalar::blocks::{BlockTy, ScaleKind};
+use crate::kernels::scalar::tiles::LANES;
+use crate::kernels::tier::Tier;
 use crate::quant::blocks32::IQ4NL_VALUES;
 use crate::quant::kquants;
-use crate::quant::QK;
 
 /// 16 bytes of IQ4_NL's table in both 128-bit lanes; `abs`: the magnitudes.
 #[inline(always)]
@@ -335,7 +337,7 @@ unsafe fn tile_any<B: BlockTy>(rows: usize, wq: &[u8], x: &ActTile, out: &mut [f
     }
 }
 
-/// Tile kernel of block type `B` (see `kernels::TileFn`; `wd` is empty).
+/// Tile kernel of block type `B` (see `table::TileFn`; `wd` is empty).
 ///
 /// # Safety
 /// The CPU has AVX2, FMA and F16C; slice lengths as `TileFn` says.

@@ -1,14 +1,13 @@
-//! AVX2 forms of `kernels::scalar_math` and `kernels::scalar_delta`: `exp`, the maximum,
-//! SiLU and GELU times the up projection on 8 lanes, and the delta rule's head step
-//! compiled for AVX2. The same f32 operations in the same order per element, so the
-//! same bits; tails shorter than 8 run the scalar functions.
+//! AVX2 forms of `scalar::math`: `exp` (also on 16 lanes with AVX-512 F), the maximum,
+//! SiLU and GELU times the up projection on 8 lanes. The same f32 operations in the
+//! same order per element, so the same bits; tails shorter than 8 run the scalar
+//! functions.
 
 use core::arch::x86_64::*;
 
 use crate::kernels::counters::{count, Op};
-use crate::kernels::scalar_delta::{head_step, DeltaHead};
-use crate::kernels::scalar_math::{self as sm, C1, C2, GELU_C, HI, LO, LOG2E, P};
-use crate::kernels::Tier;
+use crate::kernels::scalar::math::{self as sm, C1, C2, GELU_C, HI, LO, LOG2E, P};
+use crate::kernels::tier::Tier;
 
 /// The range reduction and polynomial of [`sm::exp`] on the lanes of the width whose
 /// intrinsics are given (`$floor` rounds toward −∞): `(n, y)`, the result being
@@ -220,7 +219,7 @@ unsafe fn act_mul<A: Act>(g: &mut [f32], u: &[f32]) {
     }
 }
 
-// The table's entries (see `kernels::F32Kernels`).
+// The table's entries (see `table::F32Kernels`).
 
 /// `v[i] = exp(v[i])`.
 ///
@@ -275,14 +274,4 @@ pub unsafe fn gelu_mul(g: &mut [f32], u: &[f32]) {
     count(Tier::Avx2, Op::Act);
     // SAFETY: AVX2 (this function's contract).
     unsafe { act_mul::<Gelu>(g, u) }
-}
-
-/// The delta rule's head step (`scalar_delta::head_step`) compiled for AVX2.
-///
-/// # Safety
-/// The CPU must support AVX2.
-#[target_feature(enable = "avx2")]
-pub unsafe fn delta_head(x: &DeltaHead, s: &mut [f32], o: &mut [f32], delta: &mut [f32]) {
-    count(Tier::Avx2, Op::Delta);
-    head_step(x, s, o, delta)
 }

@@ -13,12 +13,15 @@
 
 use core::arch::x86_64::*;
 
+use super::features::has_avx2;
 use super::prefetch::PACKED;
-use super::{f16x16, f16x8};
+use super::simd::{f16x16, f16x8};
+use crate::format::wtype::{WType, QK};
+use crate::kernels::acts::{ActTile, PACKED_TILE};
 use crate::kernels::counters::{count, Op};
 use crate::kernels::packed::{block_bytes, lane_start, PackedView, GROUP};
-use crate::kernels::{ActTile, Tier, WType, LANES, PACKED_TILE};
-use crate::quant::QK;
+use crate::kernels::scalar::tiles::LANES;
+use crate::kernels::tier::Tier;
 
 /// How far ahead the packed kernels prefetch the weights they stream: with the hardware
 /// prefetcher alone, generation was 30-40% slower (alternating runs of Gemma 3 and
@@ -408,7 +411,7 @@ unsafe fn any<const IS_Q4: bool>(
     }
 }
 
-/// Packed Q8_0, AVX-512 VNNI (see `kernels::PackedFn`).
+/// Packed Q8_0, AVX-512 VNNI (see `table::PackedFn`).
 ///
 /// # Safety
 /// The CPU has AVX-512 F/BW/VNNI; `p` is a Q8_0 packed view, `g0 ≤ g1 ≤
@@ -421,7 +424,7 @@ pub unsafe fn q8_vnni(p: &PackedView, g0: usize, g1: usize, x: &ActTile, y: *mut
     unsafe { any::<false>(p, g0, g1, x, y, ld) }
 }
 
-/// Packed Q4_0, AVX-512 VNNI (see `kernels::PackedFn`).
+/// Packed Q4_0, AVX-512 VNNI (see `table::PackedFn`).
 ///
 /// # Safety
 /// As [`q8_vnni`], for a Q4_0 packed view.
@@ -434,7 +437,7 @@ pub unsafe fn q4_vnni(p: &PackedView, g0: usize, g1: usize, x: &ActTile, y: *mut
 
 /// The AVX2 packed kernel: Q4_0 (F16C for f16 scales).
 pub fn has_avx2_packed() -> bool {
-    super::has_avx2() && is_x86_feature_detected!("f16c")
+    has_avx2() && is_x86_feature_detected!("f16c")
 }
 
 /// AVX2, Q4_0: a group as two halves of 8 rows (a ymm lane per row). Per block, half
@@ -533,7 +536,7 @@ mod avx2q4 {
     }
 }
 
-/// Packed Q4_0, AVX2 (see `kernels::PackedFn`).
+/// Packed Q4_0, AVX2 (see `table::PackedFn`).
 ///
 /// # Safety
 /// The CPU has AVX2 and F16C; otherwise as [`q8_vnni`], for a Q4_0 packed view.

@@ -1,4 +1,14 @@
-//! AVX-512 tiers (BW, and BW + VNNI): bit-identical to `kernels::scalar`.
+//! The x86 tiles of the Q8_0 / Q4_0 matrix products (the row-major micro-kernels),
+//! bit-identical to `scalar::tiles`: AVX2, AVX-512 BW and AVX-512 VNNI.
+//!
+//! AVX2: a block of 32 levels fills one ymm. The s8×s8 dot uses the sign trick:
+//! `vpmaddubsw(|w|, sign(x, w))` (u8×s8, pair sums ≤ 2·127·127, no saturation), then
+//! `vpmaddwd` by ones gives 8 exact i32 partials. Eight blocks are reduced together with
+//! `vphaddd` into one ymm holding `isum_b` for blocks `b..b+8` — exactly the contract's
+//! 8 lanes, so the float step `acc += (dw·dx)·isum` is one vector mul, mul, add.
+//! Q4_0 skips the sign trick: the nibbles (u8, 0..15) go straight into `vpmaddubsw`
+//! against the activations' Q4 arrangement, and `isum = Σ nibble·x − 8·Σx` with the
+//! block sums kept in `QActs`.
 //!
 //! BW tier, Q8_0: two blocks fill one zmm. Sign trick: `u = |w|` as u8, `s = x` negated
 //! where `w < 0` (a masked `0 − x`; x is never −128), then `vpmaddwd(vpmaddubsw(u, s), 1)`
@@ -17,10 +27,290 @@
 
 use core::arch::x86_64::*;
 
-use super::avx2::{each_row, each_row_of_tile, load_scales, reduce_lanes, row_groups};
+use super::simd::{hsum8, load_scales, reduce_lanes};
+use crate::format::wtype::QK;
+use crate::kernels::acts::{q4_layout_len, ActTile};
 use crate::kernels::counters::{count, Op};
-use crate::kernels::{ActTile, Tier, LANES};
-use crate::quant::QK;
+use crate::kernels::scalar::tiles::LANES;
+use crate::kernels::tier::Tier;
+
+/// How one weight block becomes 32 signed levels in a ymm.
+pub(crate) trait WFormat {
+    /// Bytes per block.
+    const BYTES: usize;
+    /// # Safety
+    /// `p` points to `BYTES` readable bytes; AVX2 available.
+    unsafe fn load(p: *const u8) -> __m256i;
+}
+
+pub(crate) struct Q8;
+
+impl WFormat for Q8 {
+    const BYTES: usize = QK;
+    #[inline(always)]
+    unsafe fn load(p: *const u8) -> __m256i {
+        // SAFETY: 32 readable bytes per the trait contract.
+        unsafe { _mm256_loadu_si256(p as *const __m256i) }
+    }
+}
+
+/// 8 i32 partial sums of `w·x` for one block, given `u = |w|`.
+#[inline(always)]
+unsafe fn block_dot(u: __m256i, w: __m256i, x: __m256i) -> __m256i {
+    // SAFETY: register-only AVX2 ops; the caller has AVX2.
+    unsafe {
+        let s = _mm256_sign_epi8(x, w);
+        _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1))
+    }
+}
+
+/// One group of `k` (= 8 when `FULL`) blocks starting at block `b`, for `T` tokens.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn group<F: WFormat, const T: usize, const FULL: bool>(
+    wq: *const u8,
+    wd: *const f32,
+    xq: *const i8,
+    xd: *const f32,
+    nb: usize,
+    b: usize,
+    k: usize,
+    acc: &mut [__m256; T],
+) {
+    let k = if FULL { LANES } else { k };
+    // SAFETY: blocks b..b+k exist in the row and in each token (the caller's contract).
+    unsafe {
+        let zero = _mm256_setzero_si256();
+        let mut w = [zero; 8];
+        for (j, wj) in w.iter_mut().enumerate().take(k) {
+            *wj = F::load(wq.add((b + j) * F::BYTES));
+        }
+        let dw = load_scales(wd.add(b), k);
+        for (t, acc_t) in acc.iter_mut().enumerate() {
+            let mut v = [zero; 8];
+            for j in 0..k {
+                let x = _mm256_loadu_si256(xq.add((t * nb + b + j) * QK) as *const __m256i);
+                v[j] = block_dot(_mm256_abs_epi8(w[j]), w[j], x);
+            }
+            let isum = _mm256_cvtepi32_ps(hsum8(&v));
+            let dx = load_scales(xd.add(t * nb + b), k);
+            *acc_t = _mm256_add_ps(*acc_t, _mm256_mul_ps(_mm256_mul_ps(dw, dx), isum));
+        }
+    }
+}
+
+/// One row's `nb` blocks into `$t` token accumulators, a group of 8 blocks at a time,
+/// then each token's 8 lanes reduced by the contract's tree into `$out`. `$group` runs
+/// once per group with its first block `$b`, its block count `$k` (the last group's may
+/// be less than 8), the const `$full` (`$k` is 8) and the accumulators `$acc`. A macro,
+/// as [`each_row!`], so that the groups inline into the `#[target_feature]` caller.
+macro_rules! row_groups {
+    ($t:expr, $nb:expr, $out:expr, |$b:ident, $k:ident, $full:ident, $acc:ident| $group:expr) => {{
+        let nb: usize = $nb;
+        let mut acc = [core::arch::x86_64::_mm256_setzero_ps(); $t];
+        let full =
+            nb / $crate::kernels::scalar::tiles::LANES * $crate::kernels::scalar::tiles::LANES;
+        for $b in (0..full).step_by($crate::kernels::scalar::tiles::LANES) {
+            const $full: bool = true;
+            let ($k, $acc) = ($crate::kernels::scalar::tiles::LANES, &mut acc);
+            $group;
+        }
+        if full < nb {
+            const $full: bool = false;
+            let ($b, $k, $acc) = (full, nb - full, &mut acc);
+            $group;
+        }
+        for (o, a) in $out.iter_mut().zip(acc) {
+            *o = $crate::kernels::x86::simd::reduce_lanes(a);
+        }
+    }};
+}
+
+/// One row against `T` tokens.
+#[inline(always)]
+unsafe fn tile<F: WFormat, const T: usize>(
+    wq: &[u8],
+    wd: &[f32],
+    xq: &[i8],
+    xd: &[f32],
+    out: &mut [f32],
+) {
+    let nb = wd.len();
+    debug_assert!(wq.len() == nb * F::BYTES && xq.len() == T * nb * QK && xd.len() == T * nb);
+    debug_assert_eq!(out.len(), T);
+    let (wp, dp, xp, xdp) = (wq.as_ptr(), wd.as_ptr(), xq.as_ptr(), xd.as_ptr());
+    // SAFETY: the lengths above cover every block `group` reads.
+    unsafe {
+        row_groups!(T, nb, out, |b, k, FULL, acc| group::<F, T, FULL>(
+            wp, dp, xp, xdp, nb, b, k, acc
+        ))
+    }
+}
+
+/// The row loop of `kernels::for_rows` as a macro, so the tile inlines into the
+/// `#[target_feature]` function (a closure is a separate function).
+macro_rules! each_row {
+    ($rows:expr, $wq:expr, $wd:expr, $out:expr, |$q:ident, $d:ident, $o:ident| $call:expr) => {{
+        let (rb, nb, nt) = ($wq.len() / $rows, $wd.len() / $rows, $out.len() / $rows);
+        let it = $wq
+            .chunks_exact(rb)
+            .zip($wd.chunks_exact(nb))
+            .zip($out.chunks_exact_mut(nt));
+        for (($q, $d), $o) in it {
+            // SAFETY: the target features are enabled; slice lengths per `TileFn`.
+            unsafe { $call }
+        }
+    }};
+}
+
+/// [`each_row!`] for a tile of `out.len() / rows` ≤
+/// [`TILE_TOKENS`](crate::kernels::acts::TILE_TOKENS) tokens, the count
+/// a const `$n` in `$call`: each count gets its own monomorphized tile, inlined into
+/// the caller.
+macro_rules! each_row_of_tile {
+    ($rows:expr, $wq:expr, $wd:expr, $out:expr, |$q:ident, $d:ident, $o:ident, $n:ident| $call:expr) => {{
+        let nt = $out.len() / $rows;
+        debug_assert!(nt <= $crate::kernels::acts::TILE_TOKENS);
+        match nt {
+            0 => {}
+            1 => {
+                const $n: usize = 1;
+                each_row!($rows, $wq, $wd, $out, |$q, $d, $o| $call)
+            }
+            2 => {
+                const $n: usize = 2;
+                each_row!($rows, $wq, $wd, $out, |$q, $d, $o| $call)
+            }
+            3 => {
+                const $n: usize = 3;
+                each_row!($rows, $wq, $wd, $out, |$q, $d, $o| $call)
+            }
+            _ => {
+                const $n: usize = 4;
+                each_row!($rows, $wq, $wd, $out, |$q, $d, $o| $call)
+            }
+        }
+    }};
+}
+
+#[target_feature(enable = "avx2")]
+unsafe fn tile_any<F: WFormat>(rows: usize, wq: &[u8], wd: &[f32], x: &ActTile, out: &mut [f32]) {
+    let (xq, xd) = (x.q, x.d);
+    each_row_of_tile!(rows, wq, wd, out, |q, d, o, N| tile::<F, N>(
+        q, d, xq, xd, o
+    ));
+}
+
+/// Q8_0 tile kernel, AVX2 (see `table::TileFn`).
+///
+/// # Safety
+/// The CPU has AVX2; slice lengths as `TileFn` says.
+pub unsafe fn tile_q8_avx2(rows: usize, wq: &[u8], wd: &[f32], x: &ActTile, out: &mut [f32]) {
+    count(Tier::Avx2, Op::Tile);
+    // SAFETY: forwarded caller contract.
+    unsafe { tile_any::<Q8>(rows, wq, wd, x, out) }
+}
+
+/// Q4_0 tile kernel, AVX2 (see `table::TileFn`).
+///
+/// # Safety
+/// The CPU has AVX2; slice lengths as `TileFn` says.
+pub unsafe fn tile_q4_avx2(rows: usize, wq: &[u8], wd: &[f32], x: &ActTile, out: &mut [f32]) {
+    count(Tier::Avx2, Op::Tile);
+    // SAFETY: forwarded caller contract.
+    unsafe { tile_q4_any(rows, wq, wd, x, out) }
+}
+
+/// Q4_0, 8 blocks (`k` valid, = 8 when `FULL`) from block `b` (a multiple of 8) for `T`
+/// tokens, against the activations' Q4 arrangement: a 32-byte load of 2 blocks gives
+/// their low nibbles (elements 0..16) and high nibbles (16..32) as u8, which
+/// `vpmaddubsw` pairs with the arranged s8 activations (pair sums ≤ 2·15·127, exact);
+/// then `isum = Σ nibble·x − 8·Σx`.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn group_q4<const T: usize, const FULL: bool>(
+    wq: *const u8,
+    wd: *const f32,
+    x: &ActTile,
+    nb: usize,
+    l4: usize,
+    b: usize,
+    k: usize,
+    acc: &mut [__m256; T],
+) {
+    let k = if FULL { LANES } else { k };
+    let pairs = k.div_ceil(2);
+    // SAFETY: blocks b..b+k exist in the row (a last odd block is read with 16 bytes);
+    // the arrangement has whole 128-byte groups per token, so its loads are inside.
+    unsafe {
+        let zero = _mm256_setzero_si256();
+        let low = _mm256_set1_epi8(0x0F);
+        let ones = _mm256_set1_epi16(1);
+        let mut lo = [zero; 4];
+        let mut hi = [zero; 4];
+        for p in 0..pairs {
+            let ptr = wq.add((b + 2 * p) * (QK / 2));
+            let v = if 2 * p + 1 < k {
+                _mm256_loadu_si256(ptr as *const __m256i)
+            } else {
+                _mm256_zextsi128_si256(_mm_loadu_si128(ptr as *const __m128i))
+            };
+            lo[p] = _mm256_and_si256(v, low);
+            hi[p] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+        }
+        let dw = load_scales(wd.add(b), k);
+        let lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+        let smask = _mm256_cmpgt_epi32(_mm256_set1_epi32(k as i32), lanes);
+        for (t, acc_t) in acc.iter_mut().enumerate() {
+            let mut v = [zero; 4];
+            for p in 0..pairs {
+                // Pair p of the group: 128-byte group (b + 2p)/4, offset 32·(p % 2).
+                let base =
+                    x.q4.as_ptr()
+                        .add(t * l4 + (b + 2 * p) / 4 * 128 + 32 * (p % 2));
+                let xl = _mm256_loadu_si256(base as *const __m256i);
+                let xh = _mm256_loadu_si256(base.add(64) as *const __m256i);
+                let s16 = _mm256_add_epi16(
+                    _mm256_maddubs_epi16(lo[p], xl),
+                    _mm256_maddubs_epi16(hi[p], xh),
+                );
+                // 128-bit lane j: block b + 2p + j as 4 partials.
+                v[p] = _mm256_madd_epi16(s16, ones);
+            }
+            // Elements [B0, B2, B4, B6, B1, B3, B5, B7] → natural order.
+            let h = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
+            let h = _mm256_permutevar8x32_epi32(h, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+            let o = t * nb + b;
+            let sx = _mm256_maskload_epi32(x.s.as_ptr().add(o), smask);
+            let isum = _mm256_cvtepi32_ps(_mm256_sub_epi32(h, _mm256_slli_epi32(sx, 3)));
+            let dx = load_scales(x.d.as_ptr().add(o), k);
+            *acc_t = _mm256_add_ps(*acc_t, _mm256_mul_ps(_mm256_mul_ps(dw, dx), isum));
+        }
+    }
+}
+
+/// Q4_0: one row against `T` tokens (arranged activations).
+#[inline(always)]
+unsafe fn tile_q4x<const T: usize>(wq: &[u8], wd: &[f32], x: &ActTile, out: &mut [f32]) {
+    let nb = wd.len();
+    let l4 = q4_layout_len(nb * QK);
+    debug_assert!(wq.len() == nb * QK / 2 && x.d.len() == T * nb && x.s.len() == T * nb);
+    debug_assert!(x.q4.len() == T * l4 && out.len() == T);
+    let (wp, dp) = (wq.as_ptr(), wd.as_ptr());
+    // SAFETY: the lengths above cover every block `group_q4` reads.
+    unsafe {
+        row_groups!(T, nb, out, |b, k, FULL, acc| group_q4::<T, FULL>(
+            wp, dp, x, nb, l4, b, k, acc
+        ))
+    }
+}
+
+#[target_feature(enable = "avx2")]
+unsafe fn tile_q4_any(rows: usize, wq: &[u8], wd: &[f32], x: &ActTile, out: &mut [f32]) {
+    each_row_of_tile!(rows, wq, wd, out, |q, d, o, N| tile_q4x::<N>(q, d, x, o));
+}
+
+// AVX-512 BW and VNNI.
 
 /// u8×s8 dot of groups of 4 bytes into i32 lanes.
 trait Dot {
@@ -52,9 +342,9 @@ trait WPair {
     unsafe fn load1(p: *const u8) -> __m512i;
 }
 
-struct Q8;
+struct Q8Pair;
 
-impl WPair for Q8 {
+impl WPair for Q8Pair {
     const BYTES: usize = QK;
     #[inline(always)]
     unsafe fn load2(p: *const u8) -> __m512i {
@@ -102,7 +392,7 @@ unsafe fn hsum4(v: &[__m512i; 4]) -> __m256i {
 /// One group of `k` (= 8 when `FULL`) blocks starting at block `b`, for `T` tokens.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn group<F: WPair, D: Dot, const T: usize, const FULL: bool>(
+unsafe fn group512<F: WPair, D: Dot, const T: usize, const FULL: bool>(
     wq: *const u8,
     wd: *const f32,
     xq: *const i8,
@@ -151,7 +441,7 @@ unsafe fn group<F: WPair, D: Dot, const T: usize, const FULL: bool>(
 
 /// One row against `T` tokens.
 #[inline(always)]
-unsafe fn tile<F: WPair, D: Dot, const T: usize>(
+unsafe fn tile512<F: WPair, D: Dot, const T: usize>(
     wq: &[u8],
     wd: &[f32],
     xq: &[i8],
@@ -164,7 +454,7 @@ unsafe fn tile<F: WPair, D: Dot, const T: usize>(
     let (wp, dp, xp, xdp) = (wq.as_ptr(), wd.as_ptr(), xq.as_ptr(), xd.as_ptr());
     // SAFETY: the lengths above cover every block `group` reads.
     unsafe {
-        row_groups!(T, nb, out, |b, k, FULL, acc| group::<F, D, T, FULL>(
+        row_groups!(T, nb, out, |b, k, FULL, acc| group512::<F, D, T, FULL>(
             wp, dp, xp, xdp, nb, b, k, acc
         ))
     }
@@ -172,7 +462,7 @@ unsafe fn tile<F: WPair, D: Dot, const T: usize>(
 
 /// Row loop and token-count dispatch, inlined into each tier's `#[target_feature]` wrapper.
 #[inline(always)]
-unsafe fn tile_any<F: WPair, D: Dot>(
+unsafe fn tile512_any<F: WPair, D: Dot>(
     rows: usize,
     wq: &[u8],
     wd: &[f32],
@@ -180,7 +470,7 @@ unsafe fn tile_any<F: WPair, D: Dot>(
     out: &mut [f32],
 ) {
     let (xq, xd) = (x.q, x.d);
-    each_row_of_tile!(rows, wq, wd, out, |q, d, o, N| tile::<F, D, N>(
+    each_row_of_tile!(rows, wq, wd, out, |q, d, o, N| tile512::<F, D, N>(
         q, d, xq, xd, o
     ));
 }
@@ -190,19 +480,19 @@ macro_rules! tier_fn {
         #[doc = $doc]
         ///
         /// # Safety
-        /// The CPU has the tier's features; slice lengths as `kernels::TileFn` says.
+        /// The CPU has the tier's features; slice lengths as `table::TileFn` says.
         #[target_feature(enable = $features)]
         pub unsafe fn $name(rows: usize, wq: &[u8], wd: &[f32], x: &ActTile, out: &mut [f32]) {
             count(Tier::Avx512, Op::Tile);
             // SAFETY: forwarded caller contract; features enabled on this function.
-            unsafe { tile_any::<$fmt, $dot>(rows, wq, wd, x, out) }
+            unsafe { tile512_any::<$fmt, $dot>(rows, wq, wd, x, out) }
         }
     };
 }
 
 tier_fn!(
     tile_q8_bw,
-    Q8,
+    Q8Pair,
     Bw,
     "avx2,avx512f,avx512bw",
     "Q8_0 tile kernel, AVX-512 BW."
@@ -357,7 +647,7 @@ unsafe fn vnni_tile<const VNNI: bool, const IS_Q4: bool, const T: usize>(
     out: &mut [f32],
 ) {
     let nb = wd.len();
-    let l4 = crate::kernels::q4_layout_len(nb * QK);
+    let l4 = q4_layout_len(nb * QK);
     debug_assert!(x.q.len() == T * nb * QK && x.d.len() == T * nb && x.s.len() == T * nb);
     debug_assert!(x.q4.len() == T * l4 && out.len() == T);
     debug_assert_eq!(wq.len(), nb * if IS_Q4 { QK / 2 } else { QK });
@@ -397,7 +687,7 @@ unsafe fn wide_any<const VNNI: bool, const IS_Q4: bool>(
     ));
 }
 
-/// Q8_0 tile kernel, AVX-512 VNNI (see `kernels::TileFn`).
+/// Q8_0 tile kernel, AVX-512 VNNI (see `table::TileFn`).
 ///
 /// # Safety
 /// The CPU has AVX-512 F/BW/VNNI and AVX2; slice lengths as `TileFn` says.
@@ -408,7 +698,7 @@ pub unsafe fn tile_q8_vnni(rows: usize, wq: &[u8], wd: &[f32], x: &ActTile, out:
     unsafe { wide_any::<true, false>(rows, wq, wd, x, out) }
 }
 
-/// Q4_0 tile kernel, AVX-512 VNNI (see `kernels::TileFn`).
+/// Q4_0 tile kernel, AVX-512 VNNI (see `table::TileFn`).
 ///
 /// # Safety
 /// The CPU has AVX-512 F/BW/VNNI and AVX2; slice lengths as `TileFn` says.
@@ -420,7 +710,7 @@ pub unsafe fn tile_q4_vnni(rows: usize, wq: &[u8], wd: &[f32], x: &ActTile, out:
 }
 
 /// Q4_0 tile kernel, AVX-512 BW: the VNNI tier's layout with `vpmaddubsw`/`vpmaddwd`
-/// (see `kernels::TileFn`).
+/// (see `table::TileFn`).
 ///
 /// # Safety
 /// The CPU has AVX-512 F/BW and AVX2; slice lengths as `TileFn` says.

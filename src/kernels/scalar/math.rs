@@ -12,9 +12,9 @@
 //! libm's `expf` cannot serve: its bits differ between platforms and it has no vector
 //! form with the same bits.
 
-use super::counters::{count, Op};
-use super::scalar::reduce_lanes;
-use super::{Tier, LANES};
+use super::tiles::{reduce_lanes, LANES};
+use crate::kernels::counters::{count, Op};
+use crate::kernels::tier::Tier;
 
 pub(crate) const LOG2E: f32 = std::f32::consts::LOG2_E;
 pub(crate) const C1: f32 = 0.693_359_4;
