@@ -216,10 +216,7 @@ pub fn attend_one(query: &mut Query, kv: &KvView, scale: f32, softcap: f32) {
 }
 
 /// The scalar tier's attention entry (see `table::AttendFn`): each query alone.
-///
-/// # Safety
-/// Always safe; `unsafe` only to share the tiers' pointer type.
-pub unsafe fn attend(qs: &mut [Query], kv: &KvView, scale: f32, softcap: f32) {
+pub fn attend(qs: &mut [Query], kv: &KvView, scale: f32, softcap: f32) {
     count(Tier::Scalar, Op::Attend);
     for q in qs {
         attend_one(q, kv, scale, softcap);

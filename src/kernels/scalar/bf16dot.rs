@@ -241,8 +241,9 @@ mod tests {
             return;
         }
         #[target_feature(enable = "avx512f,avx512bf16")]
-        unsafe fn hw(acc: &[f32; 16], a: &[u16; 32], b: &[u16; 32]) -> [f32; 16] {
-            // SAFETY: 64-byte reads and writes of the arrays; the CPU has the features.
+        fn hw(acc: &[f32; 16], a: &[u16; 32], b: &[u16; 32]) -> [f32; 16] {
+            // SAFETY: 64-byte reads and writes of the arrays; a __m512i and a __m512bh are
+            // the same 64 bytes of plain bits.
             unsafe {
                 let av: __m512bh = core::mem::transmute(_mm512_loadu_si512(a.as_ptr().cast()));
                 let bv: __m512bh = core::mem::transmute(_mm512_loadu_si512(b.as_ptr().cast()));

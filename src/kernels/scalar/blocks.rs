@@ -253,10 +253,7 @@ fn level_int(lv: &Levels, l: u8) -> i32 {
 
 /// Tile kernel (see `table::TileFn`) of block type `B`: `rows` rows (`wq`, their
 /// blocks; `wd` is empty, the scales are inside) against every token of `x`.
-///
-/// # Safety
-/// Always safe; `unsafe` only to share the tiers' function-pointer type.
-pub unsafe fn tile<B: BlockTy>(rows: usize, wq: &[u8], _wd: &[f32], x: &ActTile, out: &mut [f32]) {
+pub fn tile<B: BlockTy>(rows: usize, wq: &[u8], _wd: &[f32], x: &ActTile, out: &mut [f32]) {
     count(Tier::Scalar, Op::Tile);
     let (nt, rb) = (out.len() / rows, wq.len() / rows);
     let nb = x.d.len() / nt;

@@ -65,10 +65,7 @@ pub fn head_step(x: &DeltaHead, s: &mut [f32], o: &mut [f32], delta: &mut [f32])
 }
 
 /// The scalar tier's entry (see `table::DeltaFn`).
-///
-/// # Safety
-/// Always safe; `unsafe` only to share the tiers' pointer type.
-pub unsafe fn delta_head(x: &DeltaHead, s: &mut [f32], o: &mut [f32], delta: &mut [f32]) {
+pub fn delta_head(x: &DeltaHead, s: &mut [f32], o: &mut [f32], delta: &mut [f32]) {
     count(Tier::Scalar, Op::Delta);
     head_step(x, s, o, delta)
 }

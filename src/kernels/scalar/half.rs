@@ -369,13 +369,14 @@ mod tests {
                             }
                         }
                         let want = dot_half(t, &w, &x);
-                        // SAFETY: features checked above; lengths are multiples of 16.
                         if avx2 {
+                            // SAFETY: features checked above; lengths are multiples of 16.
                             let got = unsafe { dot_avx2(t, &w, &x) };
                             assert_eq!(got.to_bits(), want.to_bits(), "avx2 {t} n={n} case {case}");
                             checked += 1;
                         }
                         if avx512 {
+                            // SAFETY: as above.
                             let got = unsafe { dot_avx512(t, &w, &x) };
                             assert_eq!(
                                 got.to_bits(),

@@ -10,10 +10,7 @@ use crate::quant::q8_0;
 ///
 /// NaN values are skipped by the block maximum (`f32::max` returns the other operand)
 /// and quantize to 0; an infinite value makes `d = inf` and every quant 0.
-///
-/// # Safety
-/// Always safe; `unsafe` only to share the tiers' function-pointer type.
-pub unsafe fn quantize_act(x: &[f32], q: &mut [i8], d: &mut [f32]) {
+pub fn quantize_act(x: &[f32], q: &mut [i8], d: &mut [f32]) {
     count(Tier::Scalar, Op::Quantize);
     let blocks = x.chunks_exact(QK).zip(q.chunks_exact_mut(QK));
     for ((xb, qb), db) in blocks.zip(d.iter_mut()) {
@@ -22,10 +19,7 @@ pub unsafe fn quantize_act(x: &[f32], q: &mut [i8], d: &mut [f32]) {
 }
 
 /// f16 scales (their bits) to f32, exactly, in software (see `table::F16Fn`).
-///
-/// # Safety
-/// Always safe; `unsafe` only to share the tiers' function-pointer type.
-pub unsafe fn f16_to_f32(src: &[u16], dst: &mut [f32]) {
+pub fn f16_to_f32(src: &[u16], dst: &mut [f32]) {
     count(Tier::Scalar, Op::F16);
     assert_eq!(src.len(), dst.len());
     for (d, &s) in dst.iter_mut().zip(src) {

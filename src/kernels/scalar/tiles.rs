@@ -96,18 +96,12 @@ pub fn dot_q4(wq: &[u8], wd: &[f32], xq: &[i8], xd: &[f32]) -> f32 {
 }
 
 /// Tile kernel (see `TileFn`): Q8_0 rows against a tile of tokens.
-///
-/// # Safety
-/// Always safe; `unsafe` only to share the tiers' function-pointer type.
-pub unsafe fn tile_q8(rows: usize, wq: &[u8], wd: &[f32], x: &ActTile, out: &mut [f32]) {
+pub fn tile_q8(rows: usize, wq: &[u8], wd: &[f32], x: &ActTile, out: &mut [f32]) {
     tile(rows, wq, wd, x, out, dot_q8)
 }
 
 /// Tile kernel (see `TileFn`): Q4_0 rows against a tile of tokens.
-///
-/// # Safety
-/// Always safe; `unsafe` only to share the tiers' function-pointer type.
-pub unsafe fn tile_q4(rows: usize, wq: &[u8], wd: &[f32], x: &ActTile, out: &mut [f32]) {
+pub fn tile_q4(rows: usize, wq: &[u8], wd: &[f32], x: &ActTile, out: &mut [f32]) {
     tile(rows, wq, wd, x, out, dot_q4)
 }
 

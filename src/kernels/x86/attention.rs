@@ -500,8 +500,7 @@ unsafe fn scores<R: Row>(q: &[f32], row: impl Fn(usize) -> R, scale: f32, att: &
             }
         } else {
             for (t, (a, kr)) in acc.into_iter().zip(k).enumerate() {
-                // SAFETY: register and stack only.
-                att[i + t] = unsafe { finish_row(a, &q[n8..], kr, n8) } * scale;
+                att[i + t] = finish_row(a, &q[n8..], kr, n8) * scale;
             }
         }
         i += 8;
@@ -518,8 +517,7 @@ unsafe fn scores<R: Row>(q: &[f32], row: impl Fn(usize) -> R, scale: f32, att: &
             }
             j += 8;
         }
-        // SAFETY: register and stack only.
-        att[i] = unsafe { finish_row(a, &q[n8..], kr, n8) } * scale;
+        att[i] = finish_row(a, &q[n8..], kr, n8) * scale;
         i += 1;
     }
 }
@@ -527,13 +525,12 @@ unsafe fn scores<R: Row>(q: &[f32], row: impl Fn(usize) -> R, scale: f32, att: &
 /// [`finish`] with the tail of a row (its values from `from` on, `qt.len() < 8` of them)
 /// widened into a stack buffer.
 #[inline(always)]
-unsafe fn finish_row<R: Row>(a: __m256, qt: &[f32], r: R, from: usize) -> f32 {
+fn finish_row<R: Row>(a: __m256, qt: &[f32], r: R, from: usize) -> f32 {
     let mut t = [0f32; 8];
     for (j, x) in t.iter_mut().enumerate().take(qt.len()) {
         *x = r.get(from + j);
     }
-    // SAFETY: register and stack only.
-    unsafe { finish(a, qt, &t[..qt.len()]) }
+    finish(a, qt, &t[..qt.len()])
 }
 
 /// Most 8-value chunks of a head for [`scores_pair`] (head_dim ≤ 256).
@@ -592,6 +589,7 @@ unsafe fn scores_pair<R: Row>(
             // SAFETY: entry j < chunks was written above; 8j + 8 <= every row's length.
             let x = unsafe { x.assume_init() };
             for (a, kr) in acc.iter_mut().zip(&k) {
+                // SAFETY: 8j + 8 <= the row's length (above).
                 *a = _mm512_add_ps(*a, _mm512_mul_ps(x, unsafe { key2(*kr, j) }));
             }
         }
@@ -618,15 +616,14 @@ unsafe fn scores_pair<R: Row>(
         for (j, x) in qp.iter().enumerate().take(chunks) {
             // SAFETY: as above.
             let x = unsafe { x.assume_init() };
+            // SAFETY: 8j + 8 <= the row's length.
             a = _mm512_add_ps(a, _mm512_mul_ps(x, unsafe { key2(kr, j) }));
         }
         let lo = _mm512_castps512_ps256(a);
         let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1));
-        // SAFETY: register and stack only; no tail (hd a multiple of 8).
-        unsafe {
-            att_a[i] = finish(lo, &[], &[]) * scale;
-            att_b[i] = finish(hi, &[], &[]) * scale;
-        }
+        // No tail: hd is a multiple of 8.
+        att_a[i] = finish(lo, &[], &[]) * scale;
+        att_b[i] = finish(hi, &[], &[]) * scale;
         i += 1;
     }
 }
@@ -644,49 +641,47 @@ unsafe fn key2<R: Row>(r: R, j: usize) -> __m512 {
 /// Eight accumulators (one per key) reduced at once, each as `scalar::math::reduce8` does
 /// with no tail: an 8×8 transpose puts lane `l` of every key in one vector, then
 /// `((c0 + c4) + (c2 + c6)) + ((c1 + c5) + (c3 + c7))` runs on all eight keys.
-#[inline(always)]
-unsafe fn reduce8x8(r: &[__m256; 8]) -> __m256 {
-    // SAFETY: register-only AVX ops; the caller has AVX2.
-    unsafe {
-        let t0 = _mm256_unpacklo_ps(r[0], r[1]);
-        let t1 = _mm256_unpackhi_ps(r[0], r[1]);
-        let t2 = _mm256_unpacklo_ps(r[2], r[3]);
-        let t3 = _mm256_unpackhi_ps(r[2], r[3]);
-        let t4 = _mm256_unpacklo_ps(r[4], r[5]);
-        let t5 = _mm256_unpackhi_ps(r[4], r[5]);
-        let t6 = _mm256_unpacklo_ps(r[6], r[7]);
-        let t7 = _mm256_unpackhi_ps(r[6], r[7]);
-        // u_l (l < 4): lane l of keys 0..4 in the low half, lane l + 4 in the high.
-        let u0 = _mm256_shuffle_ps(t0, t2, 0x44);
-        let u1 = _mm256_shuffle_ps(t0, t2, 0xEE);
-        let u2 = _mm256_shuffle_ps(t1, t3, 0x44);
-        let u3 = _mm256_shuffle_ps(t1, t3, 0xEE);
-        let u4 = _mm256_shuffle_ps(t4, t6, 0x44);
-        let u5 = _mm256_shuffle_ps(t4, t6, 0xEE);
-        let u6 = _mm256_shuffle_ps(t5, t7, 0x44);
-        let u7 = _mm256_shuffle_ps(t5, t7, 0xEE);
-        // c_l: lane l of all eight keys.
-        let c0 = _mm256_permute2f128_ps(u0, u4, 0x20);
-        let c4 = _mm256_permute2f128_ps(u0, u4, 0x31);
-        let c1 = _mm256_permute2f128_ps(u1, u5, 0x20);
-        let c5 = _mm256_permute2f128_ps(u1, u5, 0x31);
-        let c2 = _mm256_permute2f128_ps(u2, u6, 0x20);
-        let c6 = _mm256_permute2f128_ps(u2, u6, 0x31);
-        let c3 = _mm256_permute2f128_ps(u3, u7, 0x20);
-        let c7 = _mm256_permute2f128_ps(u3, u7, 0x31);
-        let h0 = _mm256_add_ps(_mm256_add_ps(c0, c4), _mm256_add_ps(c2, c6));
-        let h1 = _mm256_add_ps(_mm256_add_ps(c1, c5), _mm256_add_ps(c3, c7));
-        _mm256_add_ps(h0, h1)
-    }
+#[target_feature(enable = "avx")]
+#[inline]
+fn reduce8x8(r: &[__m256; 8]) -> __m256 {
+    let t0 = _mm256_unpacklo_ps(r[0], r[1]);
+    let t1 = _mm256_unpackhi_ps(r[0], r[1]);
+    let t2 = _mm256_unpacklo_ps(r[2], r[3]);
+    let t3 = _mm256_unpackhi_ps(r[2], r[3]);
+    let t4 = _mm256_unpacklo_ps(r[4], r[5]);
+    let t5 = _mm256_unpackhi_ps(r[4], r[5]);
+    let t6 = _mm256_unpacklo_ps(r[6], r[7]);
+    let t7 = _mm256_unpackhi_ps(r[6], r[7]);
+    // u_l (l < 4): lane l of keys 0..4 in the low half, lane l + 4 in the high.
+    let u0 = _mm256_shuffle_ps(t0, t2, 0x44);
+    let u1 = _mm256_shuffle_ps(t0, t2, 0xEE);
+    let u2 = _mm256_shuffle_ps(t1, t3, 0x44);
+    let u3 = _mm256_shuffle_ps(t1, t3, 0xEE);
+    let u4 = _mm256_shuffle_ps(t4, t6, 0x44);
+    let u5 = _mm256_shuffle_ps(t4, t6, 0xEE);
+    let u6 = _mm256_shuffle_ps(t5, t7, 0x44);
+    let u7 = _mm256_shuffle_ps(t5, t7, 0xEE);
+    // c_l: lane l of all eight keys.
+    let c0 = _mm256_permute2f128_ps(u0, u4, 0x20);
+    let c4 = _mm256_permute2f128_ps(u0, u4, 0x31);
+    let c1 = _mm256_permute2f128_ps(u1, u5, 0x20);
+    let c5 = _mm256_permute2f128_ps(u1, u5, 0x31);
+    let c2 = _mm256_permute2f128_ps(u2, u6, 0x20);
+    let c6 = _mm256_permute2f128_ps(u2, u6, 0x31);
+    let c3 = _mm256_permute2f128_ps(u3, u7, 0x20);
+    let c7 = _mm256_permute2f128_ps(u3, u7, 0x31);
+    let h0 = _mm256_add_ps(_mm256_add_ps(c0, c4), _mm256_add_ps(c2, c6));
+    let h1 = _mm256_add_ps(_mm256_add_ps(c1, c5), _mm256_add_ps(c3, c7));
+    _mm256_add_ps(h0, h1)
 }
 
-/// The dot product's lanes reduced as `scalar::math::dot` does, plus its tail.
+/// The dot product's lanes reduced as `scalar::math::dot` does, plus its tail (scalar
+/// code: no target features needed).
 #[inline(always)]
-unsafe fn finish(a: __m256, qt: &[f32], kt: &[f32]) -> f32 {
-    let mut arr = [0f32; 8];
-    // SAFETY: arr holds 8 floats.
-    unsafe { _mm256_storeu_ps(arr.as_mut_ptr(), a) };
-    reduce8(arr, qt, kt)
+fn finish(a: __m256, qt: &[f32], kt: &[f32]) -> f32 {
+    // SAFETY: a __m256 and a [f32; 8] are the same 32 bytes of plain bits.
+    let lanes = unsafe { core::mem::transmute::<__m256, [f32; 8]>(a) };
+    reduce8(lanes, qt, kt)
 }
 
 /// `out[d] += Σ_i att[i] · row(i)[d]`, the sum in position order from out's value;

@@ -185,15 +185,13 @@ unsafe fn k45_m_hi(sp: *const u8, h: usize) -> __m128i {
 
 /// The 6-bit `sc` and `m` codes, one per byte, from the position scales' bytes `a`
 /// (`sc | (m & 3) << 6` per row) and `m`'s top four bits `m_hi` (see [`k45_m_hi`]).
-#[inline(always)]
-unsafe fn k45_codes(a: __m128i, m_hi: __m128i) -> (__m128i, __m128i) {
-    // SAFETY: SSE2.
-    unsafe {
-        let sc = _mm_and_si128(a, _mm_set1_epi8(63));
-        // Per 16-bit lane, so mask the bits shifted in from the next byte.
-        let m_lo = _mm_and_si128(_mm_srli_epi16(a, 6), _mm_set1_epi8(3));
-        (sc, _mm_or_si128(m_lo, _mm_slli_epi16(m_hi, 2)))
-    }
+#[target_feature(enable = "sse2")]
+#[inline]
+fn k45_codes(a: __m128i, m_hi: __m128i) -> (__m128i, __m128i) {
+    let sc = _mm_and_si128(a, _mm_set1_epi8(63));
+    // Per 16-bit lane, so mask the bits shifted in from the next byte.
+    let m_lo = _mm_and_si128(_mm_srli_epi16(a, 6), _mm_set1_epi8(3));
+    (sc, _mm_or_si128(m_lo, _mm_slli_epi16(m_hi, 2)))
 }
 
 /// The float factors of one block position for the 16 rows (zmm) of a group; Q6_K's

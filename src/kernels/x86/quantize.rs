@@ -79,10 +79,12 @@ pub unsafe fn quantize_act(x: &[f32], q: &mut [i8], d: &mut [f32]) {
 
 /// `dst[i] = src[i]` as f32 (f16 bits in, exact), 8 at a time (see `table::F16Fn`).
 ///
+/// Panics if the lengths differ.
+///
 /// # Safety
-/// The CPU has F16C and AVX; `src.len() == dst.len()`.
+/// The CPU must support AVX and F16C (safe to call from code compiled with them).
 #[target_feature(enable = "avx,f16c")]
-pub unsafe fn f16_to_f32(src: &[u16], dst: &mut [f32]) {
+pub fn f16_to_f32(src: &[u16], dst: &mut [f32]) {
     count(Tier::Avx2, Op::F16);
     assert_eq!(src.len(), dst.len());
     let n8 = src.len() / 8 * 8;

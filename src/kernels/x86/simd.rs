@@ -28,32 +28,28 @@ pub(crate) unsafe fn f16x16(p: *const u8) -> __m512 {
 }
 
 /// Lane `j` = sum of the 8 lanes of `v[j]`.
-#[inline(always)]
-pub(crate) unsafe fn hsum8(v: &[__m256i; 8]) -> __m256i {
-    // SAFETY: register-only AVX2 ops; the caller has AVX2.
-    unsafe {
-        let h01 = _mm256_hadd_epi32(v[0], v[1]);
-        let h23 = _mm256_hadd_epi32(v[2], v[3]);
-        let h45 = _mm256_hadd_epi32(v[4], v[5]);
-        let h67 = _mm256_hadd_epi32(v[6], v[7]);
-        // 128-bit lane 0 holds elements 0..4 of v0..v3 (resp. v4..v7), lane 1 elements 4..8.
-        let h0123 = _mm256_hadd_epi32(h01, h23);
-        let h4567 = _mm256_hadd_epi32(h45, h67);
-        let lo = _mm256_permute2x128_si256(h0123, h4567, 0x20);
-        let hi = _mm256_permute2x128_si256(h0123, h4567, 0x31);
-        _mm256_add_epi32(lo, hi)
-    }
+#[target_feature(enable = "avx2")]
+#[inline]
+pub(crate) fn hsum8(v: &[__m256i; 8]) -> __m256i {
+    let h01 = _mm256_hadd_epi32(v[0], v[1]);
+    let h23 = _mm256_hadd_epi32(v[2], v[3]);
+    let h45 = _mm256_hadd_epi32(v[4], v[5]);
+    let h67 = _mm256_hadd_epi32(v[6], v[7]);
+    // 128-bit lane 0 holds elements 0..4 of v0..v3 (resp. v4..v7), lane 1 elements 4..8.
+    let h0123 = _mm256_hadd_epi32(h01, h23);
+    let h4567 = _mm256_hadd_epi32(h45, h67);
+    let lo = _mm256_permute2x128_si256(h0123, h4567, 0x20);
+    let hi = _mm256_permute2x128_si256(h0123, h4567, 0x31);
+    _mm256_add_epi32(lo, hi)
 }
 
 /// The contract's tree over 8 lanes: `((a0+a4)+(a2+a6)) + ((a1+a5)+(a3+a7))`.
-#[inline(always)]
-pub(crate) unsafe fn reduce_lanes(acc: __m256) -> f32 {
-    // SAFETY: register-only AVX ops; the caller has AVX2.
-    unsafe {
-        let h = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
-        let q = _mm_add_ps(h, _mm_movehl_ps(h, h));
-        _mm_cvtss_f32(_mm_add_ss(q, _mm_movehdup_ps(q)))
-    }
+#[target_feature(enable = "avx")]
+#[inline]
+pub(crate) fn reduce_lanes(acc: __m256) -> f32 {
+    let h = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+    let q = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    _mm_cvtss_f32(_mm_add_ss(q, _mm_movehdup_ps(q)))
 }
 
 /// `k ≤ 8` f32 scales from `p`, zeros in the other lanes.
@@ -72,25 +68,21 @@ pub(crate) unsafe fn load_scales(p: *const f32, k: usize) -> __m256 {
 
 /// Lanes `i` (of `lo`) and `i + 8` (of `hi`) added, then the 8-lane tree
 /// `((h0+h4) + (h2+h6)) + ((h1+h5) + (h3+h7))`.
-#[inline(always)]
-pub(crate) unsafe fn reduce_pair(lo: __m256, hi: __m256) -> f32 {
-    // SAFETY: register-only AVX ops; every caller is compiled with AVX2.
-    unsafe {
-        let h = _mm256_add_ps(lo, hi);
-        let q = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1)); // i + 4
-        let p = _mm_add_ps(q, _mm_movehl_ps(q, q)); // (0+2), (1+3)
-        _mm_cvtss_f32(_mm_add_ss(p, _mm_shuffle_ps(p, p, 1)))
-    }
+#[target_feature(enable = "avx")]
+#[inline]
+pub(crate) fn reduce_pair(lo: __m256, hi: __m256) -> f32 {
+    let h = _mm256_add_ps(lo, hi);
+    let q = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1)); // i + 4
+    let p = _mm_add_ps(q, _mm_movehl_ps(q, q)); // (0+2), (1+3)
+    _mm_cvtss_f32(_mm_add_ss(p, _mm_shuffle_ps(p, p, 1)))
 }
 
 /// [`reduce_pair`] of a zmm's two halves.
-#[inline(always)]
-pub(crate) unsafe fn reduce512(a: __m512) -> f32 {
-    // SAFETY: register-only AVX-512 F ops; every caller is compiled with them.
-    unsafe {
-        let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1));
-        reduce_pair(_mm512_castps512_ps256(a), hi)
-    }
+#[target_feature(enable = "avx512f")]
+#[inline]
+pub(crate) fn reduce512(a: __m512) -> f32 {
+    let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1));
+    reduce_pair(_mm512_castps512_ps256(a), hi)
 }
 
 /// A 4 rows × 6 tokens micro-tile in inline asm, `$name(w, cols, x, y, ld)`: per step of

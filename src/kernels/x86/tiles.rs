@@ -55,13 +55,11 @@ impl WFormat for Q8 {
 }
 
 /// 8 i32 partial sums of `w·x` for one block, given `u = |w|`.
-#[inline(always)]
-unsafe fn block_dot(u: __m256i, w: __m256i, x: __m256i) -> __m256i {
-    // SAFETY: register-only AVX2 ops; the caller has AVX2.
-    unsafe {
-        let s = _mm256_sign_epi8(x, w);
-        _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1))
-    }
+#[target_feature(enable = "avx2")]
+#[inline]
+fn block_dot(u: __m256i, w: __m256i, x: __m256i) -> __m256i {
+    let s = _mm256_sign_epi8(x, w);
+    _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1))
 }
 
 /// One group of `k` (= 8 when `FULL`) blocks starting at block `b`, for `T` tokens.
@@ -312,22 +310,12 @@ unsafe fn tile_q4_any(rows: usize, wq: &[u8], wd: &[f32], x: &ActTile, out: &mut
 
 // AVX-512 BW and VNNI.
 
-/// u8×s8 dot of groups of 4 bytes into i32 lanes.
-trait Dot {
-    /// # Safety
-    /// The CPU has the implementation's features.
-    unsafe fn dot(u: __m512i, s: __m512i) -> __m512i;
-}
-
-struct Bw;
-
-impl Dot for Bw {
-    #[inline(always)]
-    unsafe fn dot(u: __m512i, s: __m512i) -> __m512i {
-        // SAFETY: register-only; callers are compiled with avx512bw. Pair sums are at most
-        // 2·127·127 (w ≠ −128 gives |w| ≤ 127; −128 gives 128·127 + 127·127, still < 2^15).
-        unsafe { _mm512_madd_epi16(_mm512_maddubs_epi16(u, s), _mm512_set1_epi16(1)) }
-    }
+/// u8×s8 dot of groups of 4 bytes into i32 lanes, AVX-512 BW. Pair sums are at most
+/// 2·127·127 (w ≠ −128 gives |w| ≤ 127; −128 gives 128·127 + 127·127, still < 2^15).
+#[target_feature(enable = "avx512bw")]
+#[inline]
+fn dot_bw(u: __m512i, s: __m512i) -> __m512i {
+    _mm512_madd_epi16(_mm512_maddubs_epi16(u, s), _mm512_set1_epi16(1))
 }
 
 /// How weight blocks become signed levels in a zmm (two blocks) or its low half (one).
@@ -359,40 +347,38 @@ impl WPair for Q8Pair {
 }
 
 /// From 4 zmm of 2 blocks × 8 partials each: the ymm of the 8 block sums, in order.
-#[inline(always)]
-unsafe fn hsum4(v: &[__m512i; 4]) -> __m256i {
-    // SAFETY: register-only AVX-512F ops; the caller has them.
-    unsafe {
-        // 128-bit lane k of s01 = block k (k < 4) as 4 partials; s23 = blocks 4..8.
-        let s01 = _mm512_add_epi32(
-            _mm512_shuffle_i32x4(v[0], v[1], 0x88),
-            _mm512_shuffle_i32x4(v[0], v[1], 0xDD),
-        );
-        let s23 = _mm512_add_epi32(
-            _mm512_shuffle_i32x4(v[2], v[3], 0x88),
-            _mm512_shuffle_i32x4(v[2], v[3], 0xDD),
-        );
-        let (a, b) = (_mm512_castsi512_ps(s01), _mm512_castsi512_ps(s23));
-        // Lane k: [block k: 2 partials, block 4+k: 2 partials].
-        let t = _mm512_add_epi32(
-            _mm512_castps_si512(_mm512_shuffle_ps(a, b, 0x88)),
-            _mm512_castps_si512(_mm512_shuffle_ps(a, b, 0xDD)),
-        );
-        let tf = _mm512_castsi512_ps(t);
-        // Lane k: [block k, block 4+k, (repeated)].
-        let u = _mm512_add_epi32(
-            _mm512_castps_si512(_mm512_shuffle_ps(tf, tf, 0x88)),
-            _mm512_castps_si512(_mm512_shuffle_ps(tf, tf, 0xDD)),
-        );
-        let idx = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 0, 0, 0, 0, 0, 0, 0, 0);
-        _mm512_castsi512_si256(_mm512_permutexvar_epi32(idx, u))
-    }
+#[target_feature(enable = "avx512f")]
+#[inline]
+fn hsum4(v: &[__m512i; 4]) -> __m256i {
+    // 128-bit lane k of s01 = block k (k < 4) as 4 partials; s23 = blocks 4..8.
+    let s01 = _mm512_add_epi32(
+        _mm512_shuffle_i32x4(v[0], v[1], 0x88),
+        _mm512_shuffle_i32x4(v[0], v[1], 0xDD),
+    );
+    let s23 = _mm512_add_epi32(
+        _mm512_shuffle_i32x4(v[2], v[3], 0x88),
+        _mm512_shuffle_i32x4(v[2], v[3], 0xDD),
+    );
+    let (a, b) = (_mm512_castsi512_ps(s01), _mm512_castsi512_ps(s23));
+    // Lane k: [block k: 2 partials, block 4+k: 2 partials].
+    let t = _mm512_add_epi32(
+        _mm512_castps_si512(_mm512_shuffle_ps(a, b, 0x88)),
+        _mm512_castps_si512(_mm512_shuffle_ps(a, b, 0xDD)),
+    );
+    let tf = _mm512_castsi512_ps(t);
+    // Lane k: [block k, block 4+k, (repeated)].
+    let u = _mm512_add_epi32(
+        _mm512_castps_si512(_mm512_shuffle_ps(tf, tf, 0x88)),
+        _mm512_castps_si512(_mm512_shuffle_ps(tf, tf, 0xDD)),
+    );
+    let idx = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 0, 0, 0, 0, 0, 0, 0, 0);
+    _mm512_castsi512_si256(_mm512_permutexvar_epi32(idx, u))
 }
 
 /// One group of `k` (= 8 when `FULL`) blocks starting at block `b`, for `T` tokens.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn group512<F: WPair, D: Dot, const T: usize, const FULL: bool>(
+unsafe fn group512<F: WPair, const T: usize, const FULL: bool>(
     wq: *const u8,
     wd: *const f32,
     xq: *const i8,
@@ -430,7 +416,7 @@ unsafe fn group512<F: WPair, D: Dot, const T: usize, const FULL: bool>(
                 } else {
                     _mm512_zextsi256_si512(_mm256_loadu_si256(xp as *const __m256i))
                 };
-                v[p] = D::dot(u[p], _mm512_mask_sub_epi8(x, m[p], zero, x));
+                v[p] = dot_bw(u[p], _mm512_mask_sub_epi8(x, m[p], zero, x));
             }
             let isum = _mm256_cvtepi32_ps(hsum4(&v));
             let dx = load_scales(xd.add(t * nb + b), k);
@@ -441,7 +427,7 @@ unsafe fn group512<F: WPair, D: Dot, const T: usize, const FULL: bool>(
 
 /// One row against `T` tokens.
 #[inline(always)]
-unsafe fn tile512<F: WPair, D: Dot, const T: usize>(
+unsafe fn tile512<F: WPair, const T: usize>(
     wq: &[u8],
     wd: &[f32],
     xq: &[i8],
@@ -454,7 +440,7 @@ unsafe fn tile512<F: WPair, D: Dot, const T: usize>(
     let (wp, dp, xp, xdp) = (wq.as_ptr(), wd.as_ptr(), xq.as_ptr(), xd.as_ptr());
     // SAFETY: the lengths above cover every block `group` reads.
     unsafe {
-        row_groups!(T, nb, out, |b, k, FULL, acc| group512::<F, D, T, FULL>(
+        row_groups!(T, nb, out, |b, k, FULL, acc| group512::<F, T, FULL>(
             wp, dp, xp, xdp, nb, b, k, acc
         ))
     }
@@ -462,21 +448,15 @@ unsafe fn tile512<F: WPair, D: Dot, const T: usize>(
 
 /// Row loop and token-count dispatch, inlined into each tier's `#[target_feature]` wrapper.
 #[inline(always)]
-unsafe fn tile512_any<F: WPair, D: Dot>(
-    rows: usize,
-    wq: &[u8],
-    wd: &[f32],
-    x: &ActTile,
-    out: &mut [f32],
-) {
+unsafe fn tile512_any<F: WPair>(rows: usize, wq: &[u8], wd: &[f32], x: &ActTile, out: &mut [f32]) {
     let (xq, xd) = (x.q, x.d);
-    each_row_of_tile!(rows, wq, wd, out, |q, d, o, N| tile512::<F, D, N>(
+    each_row_of_tile!(rows, wq, wd, out, |q, d, o, N| tile512::<F, N>(
         q, d, xq, xd, o
     ));
 }
 
 macro_rules! tier_fn {
-    ($name:ident, $fmt:ty, $dot:ty, $features:literal, $doc:literal) => {
+    ($name:ident, $fmt:ty, $features:literal, $doc:literal) => {
         #[doc = $doc]
         ///
         /// # Safety
@@ -485,7 +465,7 @@ macro_rules! tier_fn {
         pub unsafe fn $name(rows: usize, wq: &[u8], wd: &[f32], x: &ActTile, out: &mut [f32]) {
             count(Tier::Avx512, Op::Tile);
             // SAFETY: forwarded caller contract; features enabled on this function.
-            unsafe { tile512_any::<$fmt, $dot>(rows, wq, wd, x, out) }
+            unsafe { tile512_any::<$fmt>(rows, wq, wd, x, out) }
         }
     };
 }
@@ -493,7 +473,6 @@ macro_rules! tier_fn {
 tier_fn!(
     tile_q8_bw,
     Q8Pair,
-    Bw,
     "avx2,avx512f,avx512bw",
     "Q8_0 tile kernel, AVX-512 BW."
 );
@@ -520,25 +499,23 @@ fn mask64(n: usize) -> __mmask64 {
 
 /// From 4 zmm whose 128-bit lane `k` holds block `4q + k` as 4 partials (q = vector
 /// index): the 16 block sums in natural order.
-#[inline(always)]
-unsafe fn red4(s: &[__m512i; 4]) -> __m512i {
-    // SAFETY: register-only AVX-512F ops; the caller has them.
-    unsafe {
-        let f = |v: __m512i| _mm512_castsi512_ps(v);
-        let pair = |a: __m512i, b: __m512i| {
-            _mm512_add_epi32(
-                _mm512_castps_si512(_mm512_shuffle_ps(f(a), f(b), 0x88)),
-                _mm512_castps_si512(_mm512_shuffle_ps(f(a), f(b), 0xDD)),
-            )
-        };
-        // Lane k: [block k, 4+k] (resp. [8+k, 12+k]) × 2 partials.
-        let t01 = pair(s[0], s[1]);
-        let t23 = pair(s[2], s[3]);
-        // Lane k: blocks [k, 4+k, 8+k, 12+k]: element 4k+j is block 4j+k.
-        let u = pair(t01, t23);
-        let idx = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
-        _mm512_permutexvar_epi32(idx, u)
-    }
+#[target_feature(enable = "avx512f")]
+#[inline]
+fn red4(s: &[__m512i; 4]) -> __m512i {
+    let f = |v: __m512i| _mm512_castsi512_ps(v);
+    let pair = |a: __m512i, b: __m512i| {
+        _mm512_add_epi32(
+            _mm512_castps_si512(_mm512_shuffle_ps(f(a), f(b), 0x88)),
+            _mm512_castps_si512(_mm512_shuffle_ps(f(a), f(b), 0xDD)),
+        )
+    };
+    // Lane k: [block k, 4+k] (resp. [8+k, 12+k]) × 2 partials.
+    let t01 = pair(s[0], s[1]);
+    let t23 = pair(s[2], s[3]);
+    // Lane k: blocks [k, 4+k, 8+k, 12+k]: element 4k+j is block 4j+k.
+    let u = pair(t01, t23);
+    let idx = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    _mm512_permutexvar_epi32(idx, u)
 }
 
 /// The float step for 16 blocks (`k` valid): `acc[j] += t[j]`, then `acc[j] += t[8+j]`,
