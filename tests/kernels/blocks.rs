@@ -56,7 +56,7 @@ fn random_blocks(rng: &mut Rng, t: WType, rows: usize, cols: usize, edge: bool) 
     q
 }
 
-/// Random activations; `edge` makes blocks of special cases (as tests/kernels.rs).
+/// Random activations; `edge` makes blocks of special cases (as tests/kernels/tiles.rs).
 fn activations(rng: &mut Rng, len: usize, edge: bool) -> Vec<f32> {
     let mut x: Vec<f32> = (0..len).map(|_| rng.unit() * 4.0).collect();
     if edge {
