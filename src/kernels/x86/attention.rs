@@ -181,14 +181,14 @@ attend_entry!(
 );
 
 /// The slice maximum and `exp` of `x86::math` for `scalar::attention::softmax`: `exp` 16
-/// lanes at a time when `Z` (AVX-512 F), else 8. Used only inside this module's
-/// kernels, whose callers guarantee the CPU has AVX2 (and AVX-512 F when `Z`).
+/// lanes at a time when `Z` (AVX-512 F), else 8. Used only by [`softmax_ymm`] and
+/// [`softmax_zmm`] (and their `_exp` forms), which are compiled with those features.
 struct X86Math<const Z: bool>;
 
 impl<const Z: bool> SoftmaxMath for X86Math<Z> {
     #[inline(always)]
     fn max(v: &[f32]) -> f32 {
-        // SAFETY: only reached from the AVX2 / AVX-512 entries of this module.
+        // SAFETY: only reached from `softmax_ymm` / `softmax_zmm` (AVX2).
         unsafe { max_all(v) }
     }
 
@@ -205,25 +205,32 @@ impl<const Z: bool> SoftmaxMath for X86Math<Z> {
     }
 }
 
-/// The softmax of `scalar::attention` with this tier's max and exp (`zmm`: AVX-512 F; a
-/// constant in every caller).
-#[inline(always)]
-unsafe fn softmax_x86(att: &mut [f32], softcap: f32, zmm: bool) -> f32 {
-    if zmm {
-        softmax::<X86Math<true>>(att, softcap)
-    } else {
-        softmax::<X86Math<false>>(att, softcap)
-    }
+/// The softmax of `scalar::attention` with this tier's max and exp on ymm.
+#[target_feature(enable = "avx2")]
+#[inline]
+fn softmax_ymm(att: &mut [f32], softcap: f32) -> f32 {
+    softmax::<X86Math<false>>(att, softcap)
 }
 
-/// [`softmax_x86`] without its sum (`scalar::attention::softmax_exp`).
-#[inline(always)]
-unsafe fn softmax_exp_x86(att: &mut [f32], softcap: f32, zmm: bool) {
-    if zmm {
-        softmax_exp::<X86Math<true>>(att, softcap)
-    } else {
-        softmax_exp::<X86Math<false>>(att, softcap)
-    }
+/// [`softmax_ymm`] with `exp` on zmm (AVX-512 F).
+#[target_feature(enable = "avx2,avx512f")]
+#[inline]
+fn softmax_zmm(att: &mut [f32], softcap: f32) -> f32 {
+    softmax::<X86Math<true>>(att, softcap)
+}
+
+/// [`softmax_ymm`] without its sum (`scalar::attention::softmax_exp`).
+#[target_feature(enable = "avx2")]
+#[inline]
+fn softmax_exp_ymm(att: &mut [f32], softcap: f32) {
+    softmax_exp::<X86Math<false>>(att, softcap)
+}
+
+/// [`softmax_zmm`] without its sum.
+#[target_feature(enable = "avx2,avx512f")]
+#[inline]
+fn softmax_exp_zmm(att: &mut [f32], softcap: f32) {
+    softmax_exp::<X86Math<true>>(att, softcap)
 }
 
 /// Queries whose softmax sums [`sums`] runs side by side.
@@ -271,8 +278,15 @@ pub(crate) unsafe fn attend_one<const PAIRS: bool, const WIDE: bool, S: Src>(
     let att = &mut att[..rows.len];
     // SAFETY: AVX2 (this function's contract); every row has q.len() values.
     unsafe { scores(q, |i| ks.row(rows.slot(i)), scale, att) };
-    // SAFETY: AVX2.
-    let inv = 1.0 / unsafe { softmax_x86(att, softcap, PAIRS || WIDE) };
+    // SAFETY: AVX2, and AVX-512 F when PAIRS or WIDE (this function's contract).
+    let sum = unsafe {
+        if PAIRS || WIDE {
+            softmax_zmm(att, softcap)
+        } else {
+            softmax_ymm(att, softcap)
+        }
+    };
+    let inv = 1.0 / sum;
     out.fill(0.0);
     // SAFETY: as above; out has q.len() values.
     unsafe { values::<WIDE, _>(att, |i| vs.row(rows.slot(i)), out) };
@@ -348,8 +362,15 @@ pub(crate) unsafe fn attend_many<const PAIRS: bool, const WIDE: bool, S: Src>(
     let mut inv = [0f32; TILE_QUERIES];
     for q in qs.iter_mut() {
         let n = q.pos + 1 - kv.first_visible(q.pos);
-        // SAFETY: AVX2.
-        unsafe { softmax_exp_x86(&mut q.att[..n], softcap, PAIRS || WIDE) };
+        let att = &mut q.att[..n];
+        // SAFETY: AVX2, and AVX-512 F when PAIRS or WIDE (this function's contract).
+        unsafe {
+            if PAIRS || WIDE {
+                softmax_exp_zmm(att, softcap)
+            } else {
+                softmax_exp_ymm(att, softcap)
+            }
+        };
         q.out.fill(0.0);
     }
     for (qs, inv) in qs.chunks(SUM_CHAINS).zip(inv.chunks_mut(SUM_CHAINS)) {
