@@ -35,12 +35,12 @@ use super::x86;
 pub(super) type QuantFn = unsafe fn(x: &[f32], q: &mut [i8], d: &mut [f32]);
 
 /// Dots `rows` consecutive weight rows (`wq`, `wd`: `rows` rows of quants and scales)
-/// with the `nt = out.len() / rows` ≤ [`TILE_TOKENS`](super::acts::TILE_TOKENS) tokens of `x`: `out[r·nt + t]`.
+/// with the `nt = out.len() / rows` ≤ [`TILE_TOKENS`](super::acts::TILE_TOKENS) tokens
+/// of `x`: `out[r·nt + t]`.
 pub(super) type TileFn =
     unsafe fn(rows: usize, wq: &[u8], wd: &[f32], x: &ActTile, out: &mut [f32]);
 
-/// Dots groups `g0..g1` of a packed matrix with the 1..=[`PACKED_TILE`](super::acts::PACKED_TILE)
-/// tokens of `x`:
+/// Dots groups `g0..g1` of a packed matrix with the 1..=`PACKED_TILE` tokens of `x`:
 /// `y[t·ld + r]` for every real row `r` of those groups.
 pub(super) type PackedFn =
     unsafe fn(p: &PackedView, g0: usize, g1: usize, x: &ActTile, y: *mut f32, ld: usize);
