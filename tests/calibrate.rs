@@ -186,7 +186,7 @@ fn imatrix_slots_match_an_independent_forward() {
     let mut want = Mli::new(d.n_layers, d.dim, d.hidden_dim, d.n_heads * d.head_dim);
     for &t in &toks {
         let mut row = vec![0f32; d.dim];
-        m.mat(lay.tok_emb).dequant_row(t as usize, &mut row);
+        krafla::quant::dequant_mat_row(&m.mat(lay.tok_emb), t as usize, &mut row);
         let mut x: Vec<f64> = row.iter().map(|&v| v as f64).collect();
         for (l, li) in lay.layers.iter().enumerate() {
             let xn = rms(&x, m.f32s(li.attn_norm), h.norm_eps);
@@ -271,7 +271,7 @@ fn weighted_err(m: &QMat, w: &[f32], imp: &[f32]) -> (f64, f64) {
     let mut row = vec![0f32; m.cols];
     let (mut all, mut hi) = (0.0, 0.0);
     for r in 0..m.rows {
-        m.dequant_row(r, &mut row);
+        krafla::quant::dequant_mat_row(m, r, &mut row);
         let src = &w[r * m.cols..(r + 1) * m.cols];
         for j in 0..m.cols {
             all += imp[j] as f64 * ((src[j] - row[j]) as f64).powi(2);
@@ -356,7 +356,7 @@ fn imatrix_lowers_the_weighted_q4_error() {
         let mut row = vec![0f32; m.cols];
         (0..m.rows)
             .flat_map(|r| {
-                m.dequant_row(r, &mut row);
+                krafla::quant::dequant_mat_row(m, r, &mut row);
                 row.clone()
             })
             .collect()

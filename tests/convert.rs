@@ -1047,7 +1047,7 @@ fn qk_row_sources(mut s: Synth, root: &Path, name: &str) -> [Vec<usize>; 2] {
         let mut row = vec![0f32; 64];
         (0..mat.rows)
             .map(|r| {
-                mat.dequant_row(r, &mut row);
+                krafla::quant::dequant_mat_row(&mat, r, &mut row);
                 // Column 0 of source row r_src holds r_src + 1.
                 row[0].round() as usize - 1
             })

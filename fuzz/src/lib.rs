@@ -115,8 +115,8 @@ pub fn exercise_mlb(data: &[u8]) {
             Kind::Mat { rows, cols, .. } => {
                 let mat = m.mat(i);
                 let mut row = vec![0f32; cols];
-                mat.dequant_row(0, &mut row);
-                mat.dequant_row(rows - 1, &mut row);
+                krafla::quant::dequant_mat_row(&mat, 0, &mut row);
+                krafla::quant::dequant_mat_row(&mat, rows - 1, &mut row);
                 sum += row[0];
             }
             Kind::U8 { .. } => {}

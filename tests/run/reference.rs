@@ -32,7 +32,7 @@ pub fn mv(m: &QMat, x: &[f64]) -> Vec<f64> {
     let mut row = vec![0f32; m.cols];
     (0..m.rows)
         .map(|r| {
-            m.dequant_row(r, &mut row);
+            krafla::quant::dequant_mat_row(m, r, &mut row);
             row.iter().zip(&xq).map(|(&w, &v)| w as f64 * v).sum()
         })
         .collect()
@@ -142,7 +142,7 @@ pub fn logits(m: &Mlb, toks: &[u32]) -> Vec<f32> {
         .iter()
         .map(|&t| {
             let mut row = vec![0f32; d.dim];
-            m.mat(lay.tok_emb).dequant_row(t as usize, &mut row);
+            krafla::quant::dequant_mat_row(&m.mat(lay.tok_emb), t as usize, &mut row);
             row.iter().map(|&v| v as f64 * es).collect()
         })
         .collect();

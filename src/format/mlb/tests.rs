@@ -170,7 +170,7 @@ fn every_optional_array() {
     // f16 scales are converted once: dequantized rows come out finite.
     let e = m.mat(l.tok_emb);
     let mut row = vec![0.0; 64];
-    e.dequant_row(3, &mut row);
+    crate::quant::dequant_mat_row(&e, 3, &mut row);
     assert!(row.iter().all(|v| v.is_finite()) && row.iter().any(|&v| v != 0.0));
     assert_eq!(m.layer_flags(1), 3);
     // With a shared classifier, the wcls bit alone makes tok_emb Q8_0.
@@ -539,7 +539,7 @@ fn bf16_and_f16_layout_view_and_round_trip() {
                 );
                 let (mut a, mut b) = (vec![0f32; cols], vec![0f32; cols]);
                 hm.dequant_row(rows - 1, &mut a);
-                m.mat(i).dequant_row(rows - 1, &mut b);
+                crate::quant::dequant_mat_row(&m.mat(i), rows - 1, &mut b);
                 assert_eq!(a, b);
                 assert!(a.iter().all(|v| v.is_finite() && v.abs() <= 1.0));
                 assert!(m.mat_f16(i).is_none());
@@ -848,7 +848,7 @@ fn mutated_bf16_and_mixed_files_load_or_fail_with_a_status() {
                         for (i, t) in m.layout().tensors.iter().enumerate() {
                             if let Kind::Mat { rows, cols, .. } = t.kind {
                                 let mut row = vec![0f32; cols];
-                                m.mat(i).dequant_row(rows - 1, &mut row);
+                                crate::quant::dequant_mat_row(&m.mat(i), rows - 1, &mut row);
                                 if let Some(h) = m.mat_half(i) {
                                     h.dequant_row(0, &mut row);
                                 }

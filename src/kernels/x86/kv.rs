@@ -1,4 +1,4 @@
-//! Attention over f16 and Q8_0 KV caches (`kernels::scalar_kv`): the kernels of
+//! Attention over f16 and Q8_0 KV caches (`scalar::kv`): the kernels of
 //! `x86::attention`, reading rows that are widened to f32 as they are loaded into a
 //! register, exactly as the reference widens them, so every tier gives the reference's
 //! bits and only the cache's rounding at storage differs from an f32 cache.
@@ -13,11 +13,12 @@
 use std::arch::x86_64::*;
 
 use super::attention::{attend_entry, attend_many, attend_one, head_size, Row, Rows, Src};
+use super::simd::{f16x16, f16x8};
+use crate::format::wtype::QK;
 use crate::kernels::counters::{count, Op};
-use crate::kernels::scalar_attn::{KvView, Query};
-use crate::kernels::scalar_kv::{widen_f16, KvData};
-use crate::kernels::Tier;
-use crate::quant::QK;
+use crate::kernels::scalar::attention::{KvView, Query};
+use crate::kernels::scalar::kv::{widen_f16, KvData};
+use crate::kernels::tier::Tier;
 
 /// A row of f16 bits.
 #[derive(Clone, Copy)]
@@ -28,13 +29,13 @@ impl Row for F16Row<'_> {
     unsafe fn ld8(self, j: usize) -> __m256 {
         debug_assert!(j + 8 <= self.0.len());
         // SAFETY: j + 8 <= hd (the trait contract); F16C in the caller.
-        unsafe { super::f16x8(self.0.as_ptr().add(j).cast()) }
+        unsafe { f16x8(self.0.as_ptr().add(j).cast()) }
     }
     #[inline(always)]
     unsafe fn ld16(self, j: usize) -> __m512 {
         debug_assert!(j + 16 <= self.0.len());
         // SAFETY: j + 16 <= hd (the trait contract); AVX-512 F in the caller.
-        unsafe { super::f16x16(self.0.as_ptr().add(j).cast()) }
+        unsafe { f16x16(self.0.as_ptr().add(j).cast()) }
     }
     #[inline(always)]
     fn get(self, j: usize) -> f32 {
@@ -151,7 +152,7 @@ fn q8_srcs<'a>(kv: &KvView<'a>, hd: usize) -> (Q8Src<'a>, Q8Src<'a>) {
 }
 
 attend_entry!(
-    /// The AVX2 tier's attention over an f16 cache (see `kernels::AttendFn`).
+    /// The AVX2 tier's attention over an f16 cache (see `table::AttendFn`).
     ///
     /// # Safety
     /// The CPU must support AVX2 and F16C; the shapes as `Kernels::attend` checks them.

@@ -1,7 +1,7 @@
 //! The scalar reference for f32 activations × BF16 / F16 weights: the arithmetic
 //! contract of `docs/kernels.md` ("2-byte float weights") written out plainly. Every
 //! tier that multiplies these weights gives these bits; [`tile_bf16`] and [`tile_f16`]
-//! are the scalar tier's entries of the kernel table (`kernels::half`).
+//! are the scalar tier's entries of the kernel table (`kernels::table`).
 //!
 //! For an output `y = Σ_c w[c]·x[c]` over `cols` columns:
 //!
@@ -17,10 +17,10 @@
 //! IEEE arithmetic. `f32::mul_add` is a correctly rounded fused multiply-add on every
 //! target (a hardware FMA, or the C library's `fmaf`).
 
-use super::counters::{count, Op};
-use super::scalar::reduce_lanes;
-use super::Tier;
-use crate::format::WType;
+use super::tiles::reduce_lanes;
+use crate::format::wtype::WType;
+use crate::kernels::counters::{count, Op};
+use crate::kernels::tier::Tier;
 use crate::quant::half_float;
 
 /// Partial sums per output in the contract: column `c` goes to lane `c % HALF_LANES`
@@ -76,7 +76,7 @@ fn widen_f16(b: u16) -> f32 {
     ::half::f16::from_bits(b).to_f32()
 }
 
-/// The scalar tier's BF16 entry (see `kernels::half::HalfFn`): `y[t·ld + r]` =
+/// The scalar tier's BF16 entry (see `table::HalfFn`): `y[t·ld + r]` =
 /// row `r` of `w` · token `t` of `x`.
 ///
 /// # Safety
@@ -369,13 +369,14 @@ mod tests {
                             }
                         }
                         let want = dot_half(t, &w, &x);
-                        // SAFETY: features checked above; lengths are multiples of 16.
                         if avx2 {
+                            // SAFETY: features checked above; lengths are multiples of 16.
                             let got = unsafe { dot_avx2(t, &w, &x) };
                             assert_eq!(got.to_bits(), want.to_bits(), "avx2 {t} n={n} case {case}");
                             checked += 1;
                         }
                         if avx512 {
+                            // SAFETY: as above.
                             let got = unsafe { dot_avx512(t, &w, &x) };
                             assert_eq!(
                                 got.to_bits(),

@@ -1,5 +1,5 @@
 //! NEON tier (aarch64 baseline): the integer block dot in NEON, the float step in scalar
-//! f32 exactly as `kernels::scalar` does it, so the bits match by construction.
+//! f32 exactly as `scalar::tiles` does it, so the bits match by construction.
 //!
 //! `isum_b` = widening `vmull_s8` products (|w·x| ≤ 127·128, fits i16) pairwise
 //! accumulated into i32 (`vpadalq_s16`) and summed across lanes (`vaddvq_s32`), exact.
@@ -7,10 +7,11 @@
 
 use core::arch::aarch64::*;
 
+use crate::format::wtype::QK;
+use crate::kernels::acts::{ActTile, TILE_TOKENS};
 use crate::kernels::counters::{count, Op};
-use crate::kernels::scalar::{accumulate, reduce_lanes};
-use crate::kernels::{for_rows, ActTile, Tier, LANES, TILE_TOKENS};
-use crate::quant::QK;
+use crate::kernels::scalar::tiles::{accumulate, for_rows, reduce_lanes, LANES};
+use crate::kernels::tier::Tier;
 
 /// Exact dot of 32 levels (`w0` = elements 0..16, `w1` = 16..32) with 32 activations.
 #[inline(always)]
@@ -78,7 +79,7 @@ unsafe fn tile(
     }
 }
 
-/// Q8_0 tile kernel (see `kernels::TileFn`).
+/// Q8_0 tile kernel (see `table::TileFn`).
 ///
 /// # Safety
 /// Slice lengths as `TileFn` says (NEON is always present on aarch64).
@@ -90,7 +91,7 @@ pub unsafe fn tile_q8(rows: usize, wq: &[u8], wd: &[f32], x: &ActTile, out: &mut
     });
 }
 
-/// Q4_0 tile kernel (see `kernels::TileFn`).
+/// Q4_0 tile kernel (see `table::TileFn`).
 ///
 /// # Safety
 /// Slice lengths as `TileFn` says (NEON is always present on aarch64).

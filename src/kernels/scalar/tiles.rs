@@ -1,12 +1,37 @@
-//! The scalar reference: the arithmetic contract written out plainly, always compiled
-//! and the fallback tier. Every SIMD tier must give these bits.
+//! The reference of the Q8_0 / Q4_0 matrix products (the tile kernels), written out
+//! plainly: every SIMD tier's tiles give these bits.
 //!
 //! Per output: `acc[b % 8] += (d_w[b]·d_x[b]) · (isum_b as f32)` over blocks in order,
 //! then [`reduce_lanes`]; `isum_b` is the exact i32 dot product of the block's quants.
 
-use super::counters::{count, Op};
-use super::{for_rows, ActTile, Tier, LANES};
-use crate::quant::{q8_0, QK};
+use crate::format::wtype::QK;
+use crate::kernels::acts::ActTile;
+use crate::kernels::counters::{count, Op};
+use crate::kernels::tier::Tier;
+
+/// Partial sums per output in the contract: block `b` goes to lane `b % LANES`.
+pub const LANES: usize = 8;
+
+/// Calls `f(wq_r, wd_r, out_r)` for each of `rows` rows: the tiers' row loop.
+#[inline(always)]
+pub(crate) fn for_rows(
+    rows: usize,
+    wq: &[u8],
+    wd: &[f32],
+    out: &mut [f32],
+    mut f: impl FnMut(&[u8], &[f32], &mut [f32]),
+) {
+    debug_assert!(rows > 0 && wq.len().is_multiple_of(rows) && wd.len().is_multiple_of(rows));
+    debug_assert_eq!(out.len() % rows, 0);
+    let (rb, nb, nt) = (wq.len() / rows, wd.len() / rows, out.len() / rows);
+    let it = wq
+        .chunks_exact(rb)
+        .zip(wd.chunks_exact(nb))
+        .zip(out.chunks_exact_mut(nt));
+    for ((q, d), o) in it {
+        f(q, d, o);
+    }
+}
 
 /// The contract's fixed reduction tree: `((a0+a4)+(a2+a6)) + ((a1+a5)+(a3+a7))`.
 #[inline(always)]
@@ -71,18 +96,12 @@ pub fn dot_q4(wq: &[u8], wd: &[f32], xq: &[i8], xd: &[f32]) -> f32 {
 }
 
 /// Tile kernel (see `TileFn`): Q8_0 rows against a tile of tokens.
-///
-/// # Safety
-/// Always safe; `unsafe` only to share the tiers' function-pointer type.
-pub unsafe fn tile_q8(rows: usize, wq: &[u8], wd: &[f32], x: &ActTile, out: &mut [f32]) {
+pub fn tile_q8(rows: usize, wq: &[u8], wd: &[f32], x: &ActTile, out: &mut [f32]) {
     tile(rows, wq, wd, x, out, dot_q8)
 }
 
 /// Tile kernel (see `TileFn`): Q4_0 rows against a tile of tokens.
-///
-/// # Safety
-/// Always safe; `unsafe` only to share the tiers' function-pointer type.
-pub unsafe fn tile_q4(rows: usize, wq: &[u8], wd: &[f32], x: &ActTile, out: &mut [f32]) {
+pub fn tile_q4(rows: usize, wq: &[u8], wd: &[f32], x: &ActTile, out: &mut [f32]) {
     tile(rows, wq, wd, x, out, dot_q4)
 }
 
@@ -100,33 +119,6 @@ fn tile(rows: usize, wq: &[u8], wd: &[f32], x: &ActTile, out: &mut [f32], dot: R
             *o = dot(wq, wd, xq, xd);
         }
     });
-}
-
-/// The reference activation quantizer: `quant::q8_0::quantize_block` per block.
-///
-/// NaN values are skipped by the block maximum (`f32::max` returns the other operand)
-/// and quantize to 0; an infinite value makes `d = inf` and every quant 0.
-///
-/// # Safety
-/// Always safe; `unsafe` only to share the tiers' function-pointer type.
-pub unsafe fn quantize_act(x: &[f32], q: &mut [i8], d: &mut [f32]) {
-    count(Tier::Scalar, Op::Quantize);
-    let blocks = x.chunks_exact(QK).zip(q.chunks_exact_mut(QK));
-    for ((xb, qb), db) in blocks.zip(d.iter_mut()) {
-        *db = q8_0::quantize_block(xb, qb);
-    }
-}
-
-/// f16 scales (their bits) to f32, exactly, in software (see `kernels::F16Fn`).
-///
-/// # Safety
-/// Always safe; `unsafe` only to share the tiers' function-pointer type.
-pub unsafe fn f16_to_f32(src: &[u16], dst: &mut [f32]) {
-    count(Tier::Scalar, Op::F16);
-    assert_eq!(src.len(), dst.len());
-    for (d, &s) in dst.iter_mut().zip(src) {
-        *d = half::f16::from_bits(s).to_f32_const();
-    }
 }
 
 #[cfg(test)]

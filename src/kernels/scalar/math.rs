@@ -12,9 +12,9 @@
 //! libm's `expf` cannot serve: its bits differ between platforms and it has no vector
 //! form with the same bits.
 
-use super::counters::{count, Op};
-use super::scalar::reduce_lanes;
-use super::{Tier, LANES};
+use super::tiles::{reduce_lanes, LANES};
+use crate::kernels::counters::{count, Op};
+use crate::kernels::tier::Tier;
 
 pub(crate) const LOG2E: f32 = std::f32::consts::LOG2_E;
 pub(crate) const C1: f32 = 0.693_359_4;
@@ -125,13 +125,11 @@ pub fn rmsnorm_inplace(x: &mut [f32], w: &[f32], eps: f32) {
     }
 }
 
-// The scalar tier's table entries (`unsafe` only to share the tiers' pointer types).
+// The scalar tier's table entries (safe functions; the table holds every tier's entries
+// as `unsafe fn` pointers).
 
 /// `v[i] = exp(v[i])`.
-///
-/// # Safety
-/// Always safe.
-pub unsafe fn exp_slice(v: &mut [f32]) {
+pub fn exp_slice(v: &mut [f32]) {
     count(Tier::Scalar, Op::Exp);
     for x in v {
         *x = exp(*x);
@@ -139,19 +137,13 @@ pub unsafe fn exp_slice(v: &mut [f32]) {
 }
 
 /// [`max`] of `v`.
-///
-/// # Safety
-/// Always safe.
-pub unsafe fn max_slice(v: &[f32]) -> f32 {
+pub fn max_slice(v: &[f32]) -> f32 {
     count(Tier::Scalar, Op::Max);
     max(v)
 }
 
 /// `g[i] = silu(g[i]) · u[i]`.
-///
-/// # Safety
-/// Always safe.
-pub unsafe fn silu_mul(g: &mut [f32], u: &[f32]) {
+pub fn silu_mul(g: &mut [f32], u: &[f32]) {
     count(Tier::Scalar, Op::Act);
     for (g, &u) in g.iter_mut().zip(u) {
         *g = silu(*g) * u;
@@ -159,10 +151,7 @@ pub unsafe fn silu_mul(g: &mut [f32], u: &[f32]) {
 }
 
 /// `g[i] = gelu_tanh(g[i]) · u[i]`.
-///
-/// # Safety
-/// Always safe.
-pub unsafe fn gelu_mul(g: &mut [f32], u: &[f32]) {
+pub fn gelu_mul(g: &mut [f32], u: &[f32]) {
     count(Tier::Scalar, Op::Act);
     for (g, &u) in g.iter_mut().zip(u) {
         *g = gelu_tanh(*g) * u;

@@ -1,15 +1,16 @@
-//! Kernel tiers against the scalar reference (bit for bit), the reference against a
-//! naive f64 dot product, and independence from the thread count.
+//! The Q8_0 / Q4_0 matrix products (`kernels/scalar/tiles.rs` and its SIMD twins): every
+//! tier against the scalar reference (bit for bit), row-major and packed, f16 scales;
+//! the reference against a naive f64 dot product; independence from the thread count.
 
 use krafla::kernels::pool::Pool;
-use krafla::kernels::{self, Kernels, PackedMat, QActs, QMat, Tier, WType};
-use krafla::quant::QK;
+use krafla::kernels::{self, Kernels, PackedMat, QActs, QMat, Tier, WType, WeightMat};
+use krafla::quant::{dequant_mat_row, QK};
 
 use crate::util::tiers::{all_kernels, scalar};
 use crate::util::Rng;
 
 /// Random weights; `edge` mixes in extreme levels and scales.
-fn weights(
+pub(super) fn weights(
     rng: &mut Rng,
     wtype: WType,
     rows: usize,
@@ -49,7 +50,7 @@ fn weights(
 }
 
 /// Random activations; `edge` makes blocks of special cases.
-fn activations(rng: &mut Rng, len: usize, edge: bool) -> Vec<f32> {
+pub(super) fn activations(rng: &mut Rng, len: usize, edge: bool) -> Vec<f32> {
     let mut x: Vec<f32> = (0..len).map(|_| rng.unit() * 4.0).collect();
     if !edge {
         return x;
@@ -86,68 +87,20 @@ fn activations(rng: &mut Rng, len: usize, edge: bool) -> Vec<f32> {
 }
 
 /// Bits equal; otherwise the first differing index.
-fn first_diff(a: &[f32], b: &[f32]) -> Option<usize> {
+pub(super) fn first_diff(a: &[f32], b: &[f32]) -> Option<usize> {
     a.iter()
         .zip(b)
         .position(|(x, y)| x.to_bits() != y.to_bits())
 }
 
-fn check_quantize(x: &[f32]) {
-    let s = scalar();
-    let (mut q0, mut d0) = (vec![0i8; x.len()], vec![0f32; x.len() / QK]);
-    s.quantize_act(x, &mut q0, &mut d0);
-    for k in all_kernels() {
-        let (mut q, mut d) = (vec![1i8; x.len()], vec![1f32; x.len() / QK]);
-        k.quantize_act(x, &mut q, &mut d);
-        for b in 0..d.len() {
-            let r = b * QK..(b + 1) * QK;
-            assert!(
-                d[b].to_bits() == d0[b].to_bits() && q[r.clone()] == q0[r.clone()],
-                "tier {}: block {b} differs: x {:?}\n d {} vs {}\n q {:?}\n vs {:?}",
-                k.tier(),
-                &x[r.clone()],
-                d[b],
-                d0[b],
-                &q[r.clone()],
-                &q0[r]
-            );
-        }
-    }
-}
-
-#[test]
-fn quantize_act_tiers_agree() {
-    let mut rng = Rng::new(1);
-    for len in [32, 64, 96, 576, 1024, 2048 + 32] {
-        check_quantize(&activations(&mut rng, len, false));
-        for _ in 0..20 {
-            check_quantize(&activations(&mut rng, len, true));
-        }
-    }
-}
-
-#[test]
-fn quantize_act_matches_q8_0_reference() {
-    let mut rng = Rng::new(2);
-    let x = activations(&mut rng, 4096, true);
-    let (mut q, mut d) = (vec![0i8; x.len()], vec![0f32; x.len() / QK]);
-    kernels::quantize_act(&x, &mut q, &mut d);
-    for (b, xb) in x.chunks_exact(QK).enumerate() {
-        let mut qb = [0i8; QK];
-        let db = krafla::quant::q8_0::quantize_block(xb, &mut qb);
-        assert_eq!(db.to_bits(), d[b].to_bits(), "block {b}");
-        assert_eq!(&qb[..], &q[b * QK..(b + 1) * QK], "block {b}");
-    }
-}
-
 /// Every tier's matmul against the scalar's, bits compared.
 fn check_matmul(rng: &mut Rng, wtype: WType, rows: usize, cols: usize, n: usize, edge: bool) {
     let (q, d) = weights(rng, wtype, rows, cols, edge);
-    let w = QMat::new(wtype, rows, cols, &q, &d).unwrap();
+    let w = WeightMat::from(QMat::new(wtype, rows, cols, &q, &d).unwrap());
     let x = activations(rng, n * cols, edge);
     let s = scalar();
     let mut xa = QActs::new();
-    xa.quantize_with(&s, &x, cols);
+    s.quantize_acts(&x, cols, &mut xa);
     let mut y0 = vec![0f32; n * rows];
     s.matmul(&w, &xa, &mut y0);
     for k in all_kernels() {
@@ -164,7 +117,7 @@ fn check_matmul(rng: &mut Rng, wtype: WType, rows: usize, cols: usize, n: usize,
                 y0[i].to_bits()
             );
         }
-        check_packed(&k, &w, &xa, &y0);
+        check_packed(&k, &w.mat, &xa, &y0);
         if n == 1 {
             let mut yv = vec![f32::NAN; rows];
             k.matvec(&w, &xa, &mut yv);
@@ -193,7 +146,7 @@ fn check_packed(k: &Kernels, w: &QMat, xa: &QActs, y0: &[f32]) {
         xa.n()
     );
     let p = PackedMat::new(w).unwrap();
-    let wp = w.with_packed(&p).unwrap();
+    let wp = WeightMat::from(*w).with_packed(&p).unwrap();
     let mut y = vec![f32::NAN; y0.len()];
     k.matmul(&wp, xa, &mut y);
     if let Some(i) = first_diff(&y, y0) {
@@ -205,9 +158,10 @@ fn check_packed(k: &Kernels, w: &QMat, xa: &QActs, y0: &[f32]) {
             .collect();
     let w16 = QMat::new_f16(w.wtype, w.rows, w.cols, w.q, &d16).unwrap();
     let mut r16 = vec![f32::NAN; y0.len()];
-    scalar().matmul(&w16, xa, &mut r16);
+    scalar().matmul(&w16.into(), xa, &mut r16);
     let p16 = PackedMat::new(&w16).unwrap();
-    k.matmul(&w16.with_packed(&p16).unwrap(), xa, &mut y);
+    let wp16 = WeightMat::from(w16).with_packed(&p16).unwrap();
+    k.matmul(&wp16, xa, &mut y);
     if let Some(i) = first_diff(&y, &r16) {
         panic!(
             "{desc} f16 scales: output {i}: {} vs scalar {}",
@@ -215,15 +169,15 @@ fn check_packed(k: &Kernels, w: &QMat, xa: &QActs, y0: &[f32]) {
         );
     }
     assert!(
-        w.with_packed(&p16).is_err(),
+        WeightMat::from(*w).with_packed(&p16).is_err(),
         "{desc}: f16 packing taken for f32 scales"
     );
     // Rows read back from the packed copy (embeddings): the map's values.
-    for (m, pm) in [(w, &wp), (&w16, &w16.with_packed(&p16).unwrap())] {
+    for (m, pm) in [(w, &wp), (&w16, &wp16)] {
         for r in [0, w.rows / 2, w.rows - 1] {
             let (mut a, mut b) = (vec![0f32; w.cols], vec![1f32; w.cols]);
-            m.dequant_row(r, &mut a);
-            pm.dequant_row(r, &mut b);
+            dequant_mat_row(m, r, &mut a);
+            k.dequant_row(pm, r, &mut b);
             assert_eq!(first_diff(&a, &b), None, "{desc}: dequant_row {r}");
         }
     }
@@ -294,12 +248,12 @@ fn reference_matches_naive_f64() {
         let w = QMat::new(wtype, rows, cols, &q, &d).unwrap();
         let x = activations(&mut rng, n * cols, false);
         let mut xa = QActs::new();
-        xa.quantize(&x, cols);
+        kernels::quantize_acts(&x, cols, &mut xa);
         let mut y = vec![0f32; n * rows];
-        scalar().matmul(&w, &xa, &mut y);
+        scalar().matmul(&w.into(), &xa, &mut y);
         let mut wr = vec![0f32; cols];
         for r in 0..rows {
-            w.dequant_row(r, &mut wr);
+            dequant_mat_row(&w, r, &mut wr);
             for t in 0..n {
                 let (mut sum, mut mag) = (0f64, 0f64);
                 for (c, &wv) in wr.iter().enumerate() {
@@ -317,48 +271,19 @@ fn reference_matches_naive_f64() {
     }
 }
 
-/// A prompt-sized input (more than one pool task of values) is quantized in parallel:
-/// the same quants and scales as one thread, per block as the reference.
-#[test]
-fn parallel_quantization_gives_the_same_blocks() {
-    let mut rng = Rng::new(11);
-    let (n, cols) = (300, 320);
-    let x = activations(&mut rng, n * cols, true);
-    let one = Pool::leak(1).install(|| {
-        let mut a = QActs::new();
-        a.quantize(&x, cols);
-        a
-    });
-    for threads in [2, 3] {
-        let many = Pool::leak(threads).install(|| {
-            let mut a = QActs::new();
-            a.quantize(&x, cols);
-            a
-        });
-        assert_eq!(many.q(), one.q(), "{threads} threads");
-        assert_eq!(first_diff(many.d(), one.d()), None, "{threads} threads");
-    }
-    let mut qb = [0i8; QK];
-    for (b, xb) in x.chunks_exact(QK).enumerate().step_by(97) {
-        let db = krafla::quant::q8_0::quantize_block(xb, &mut qb);
-        assert_eq!(db.to_bits(), one.d()[b].to_bits(), "block {b}");
-        assert_eq!(&qb[..], &one.q()[b * QK..(b + 1) * QK], "block {b}");
-    }
-}
-
 #[test]
 fn dequant_row_values() {
     let q8: Vec<u8> = (0..64).map(|i| (i as i8 - 32) as u8).collect();
     let d = [0.5f32, -2.0];
     let w = QMat::new(WType::Q8_0, 1, 64, &q8, &d).unwrap();
     let mut out = vec![0f32; 64];
-    w.dequant_row(0, &mut out);
+    dequant_mat_row(&w, 0, &mut out);
     for (c, &o) in out.iter().enumerate() {
         assert_eq!(o, (c as i8 - 32) as f32 * d[c / 32]);
     }
     let q4: Vec<u8> = (0..32).map(|i| (i * 37) as u8).collect();
     let w = QMat::new(WType::Q4_0, 1, 64, &q4, &d).unwrap();
-    w.dequant_row(0, &mut out);
+    dequant_mat_row(&w, 0, &mut out);
     for (c, &o) in out.iter().enumerate() {
         let byte = q4[(c / 32) * 16 + c % 16];
         let nib = if c % 32 < 16 { byte & 15 } else { byte >> 4 };
@@ -372,11 +297,11 @@ fn thread_count_does_not_change_bits() {
     for wtype in [WType::Q8_0, WType::Q4_0] {
         let (rows, cols) = (1000, 320);
         let (q, d) = weights(&mut rng, wtype, rows, cols, false);
-        let w = QMat::new(wtype, rows, cols, &q, &d).unwrap();
+        let w = WeightMat::from(QMat::new(wtype, rows, cols, &q, &d).unwrap());
         for n in [1, 6] {
             let x = activations(&mut rng, n * cols, false);
             let mut xa = QActs::new();
-            xa.quantize(&x, cols);
+            kernels::quantize_acts(&x, cols, &mut xa);
             for k in all_kernels() {
                 let mut ys = Vec::new();
                 for threads in [1, 2, 3] {
@@ -395,20 +320,20 @@ fn thread_count_does_not_change_bits() {
 fn with_tier_forces_each_tier() {
     let mut rng = Rng::new(8);
     let (q, d) = weights(&mut rng, WType::Q8_0, 9, 96, false);
-    let w = QMat::new(WType::Q8_0, 9, 96, &q, &d).unwrap();
+    let w = WeightMat::from(QMat::new(WType::Q8_0, 9, 96, &q, &d).unwrap());
     let x = activations(&mut rng, 2 * 96, false);
     for t in kernels::supported_tiers() {
         let y = kernels::with_tier(t, || {
             assert_eq!(kernels::tier(), t);
             let mut xa = QActs::new();
-            xa.quantize(&x, 96);
+            kernels::quantize_acts(&x, 96, &mut xa);
             let mut y = vec![0f32; 18];
             kernels::matmul(&w, &xa, &mut y);
             y
         })
         .unwrap();
         let mut xa = QActs::new();
-        xa.quantize_with(&scalar(), &x, 96);
+        scalar().quantize_acts(&x, 96, &mut xa);
         let mut y0 = vec![0f32; 18];
         scalar().matmul(&w, &xa, &mut y0);
         assert_eq!(first_diff(&y, &y0), None, "tier {t}");
@@ -458,11 +383,11 @@ fn f16_scales_give_the_bits_of_f32_scales() {
         let w16 = QMat::new_f16(wtype, rows, cols, &q, &d16).unwrap();
         let x = activations(&mut rng, n * cols, false);
         let mut xa = QActs::new();
-        xa.quantize(&x, cols);
+        kernels::quantize_acts(&x, cols, &mut xa);
         for k in all_kernels() {
             let product = |w: &QMat| {
                 let mut y = vec![0f32; n * rows];
-                k.matmul(w, &xa, &mut y);
+                k.matmul(&(*w).into(), &xa, &mut y);
                 y
             };
             let (a, b) = (product(&w32), product(&w16));
@@ -473,12 +398,19 @@ fn f16_scales_give_the_bits_of_f32_scales() {
                 k.tier()
             );
         }
-        let last_row = |w: &QMat| {
-            let mut r = vec![0f32; cols];
-            w.dequant_row(rows - 1, &mut r);
-            r
-        };
-        assert_eq!(first_diff(&last_row(&w32), &last_row(&w16)), None);
+        for k in all_kernels() {
+            let last_row = |w: &QMat| {
+                let mut r = vec![0f32; cols];
+                k.dequant_row(&(*w).into(), rows - 1, &mut r);
+                r
+            };
+            assert_eq!(first_diff(&last_row(&w32), &last_row(&w16)), None);
+        }
+        let mut r = vec![0f32; cols];
+        dequant_mat_row(&w16, rows - 1, &mut r);
+        let mut r32 = vec![0f32; cols];
+        dequant_mat_row(&w32, rows - 1, &mut r32);
+        assert_eq!(first_diff(&r32, &r), None);
         assert!(QMat::new_f16(wtype, rows, cols, &q, &d16[1..]).is_err());
     }
 }

@@ -1,7 +1,7 @@
 //! The scalar reference for BF16 weights × activations rounded to BF16: the opt-in
 //! contract of `docs/kernels.md` ("BF16 activations"), the arithmetic of AVX-512 BF16's
 //! `vdpbf16ps` written out plainly. Every tier that runs this contract gives these bits;
-//! [`tile`] is the entry of every tier without `vdpbf16ps` (`kernels::half`).
+//! [`tile`] is the entry of every tier without `vdpbf16ps` (`kernels::table`).
 //!
 //! For an output `y = Σ_c w[c]·x[c]` over `cols` columns (a multiple of 32):
 //!
@@ -16,9 +16,9 @@
 //!   the tininess judged after rounding to 24 bits with an unbounded exponent;
 //! * then the 2-byte float contract's reduction ([`reduce_half_lanes`]), IEEE adds.
 
-use super::counters::{count, Op};
-use super::scalar_half::{reduce_half_lanes, HALF_LANES};
-use super::Tier;
+use super::half::{reduce_half_lanes, HALF_LANES};
+use crate::kernels::counters::{count, Op};
+use crate::kernels::tier::Tier;
 
 /// `x` rounded to BF16 bits: round to nearest, ties to even; a subnormal to the zero of
 /// its sign; NaN to a quiet NaN of its sign (the top payload bits kept); overflow to
@@ -103,7 +103,7 @@ fn dot_iter(mut w: impl Iterator<Item = u16>, x: &[u16]) -> f32 {
     reduce_half_lanes(acc)
 }
 
-/// The reference entry (see `kernels::half::DotFn`): `y[t·ld + r]` = row `r` of `w` ·
+/// The reference entry (see `table::DotFn`): `y[t·ld + r]` = row `r` of `w` ·
 /// token `t` of `x` (BF16 bits, `cols` per token).
 ///
 /// # Safety
@@ -241,8 +241,9 @@ mod tests {
             return;
         }
         #[target_feature(enable = "avx512f,avx512bf16")]
-        unsafe fn hw(acc: &[f32; 16], a: &[u16; 32], b: &[u16; 32]) -> [f32; 16] {
-            // SAFETY: 64-byte reads and writes of the arrays; the CPU has the features.
+        fn hw(acc: &[f32; 16], a: &[u16; 32], b: &[u16; 32]) -> [f32; 16] {
+            // SAFETY: 64-byte reads and writes of the arrays; a __m512i and a __m512bh are
+            // the same 64 bytes of plain bits.
             unsafe {
                 let av: __m512bh = core::mem::transmute(_mm512_loadu_si512(a.as_ptr().cast()));
                 let bv: __m512bh = core::mem::transmute(_mm512_loadu_si512(b.as_ptr().cast()));

@@ -20,14 +20,132 @@
 //! are the one departure from the Q8_0 / Q4_0 contract: they take two of the affine
 //! step's five float operations off the prompt kernels' vector pipes.
 
-use super::counters::{count, Op};
-use super::packed_blocks::BlockTy;
-use super::scalar::reduce_lanes;
-use super::{ActTile, QActs, Tier, LANES};
+use super::tiles::{reduce_lanes, LANES};
 use crate::format::wtype::{WType, QK, QK_K};
+use crate::kernels::acts::{ActTile, QActs};
+use crate::kernels::counters::{count, Op};
+use crate::kernels::tier::Tier;
 use crate::quant::blocks32::{self, Kind};
 use crate::quant::fit::Levels;
 use crate::quant::{blocks, kquants};
+
+/// How a type's per-block float factors are stored (the packed layout's scales,
+/// `kernels::packed`, keep them so).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ScaleKind {
+    /// One f16 `d` per block: `dw = d`.
+    D,
+    /// f16 `d` and `m` per block (Q4_1, Q5_1): `dw = d`, `mw = m`.
+    DMin,
+    /// 6-bit `sc`, `m` per block under f16 `d`, `dmin` per super-block (Q4_K, Q5_K):
+    /// `dw = d·sc`, `mw = −(dmin·m)`.
+    K45,
+    /// int8 scales of the block's two halves under an f16 `d` per super-block (Q6_K):
+    /// `isum = sc_lo·Σ_lo + sc_hi·Σ_hi`, `dw = d`.
+    K6,
+}
+
+/// A GGUF block type as the kernels see it (one marker type per [`WType`]).
+pub trait BlockTy {
+    /// The weight type.
+    const W: WType;
+    /// Bits per level: 4, 5 or 6.
+    const BITS: u32;
+    /// Levels are indices into IQ4_NL's table.
+    const TABLE: bool;
+    /// The contract's integer offset per block: `isum = Σ q·x − OFF·s_b` (Q5_0: 16,
+    /// Q6_0: 32; Q6_K: 32 per half, under the halves' scales).
+    const OFF: i32;
+    /// How `dw` (and `mw`) are stored.
+    const SC: ScaleKind;
+    /// The float step has the minimum term `mw·xs`.
+    const AFFINE: bool;
+}
+
+macro_rules! block_ty {
+    ($(#[$doc:meta])* $name:ident, $w:expr, $bits:expr, $table:expr, $off:expr, $sc:expr, $aff:expr) => {
+        $(#[$doc])*
+        pub struct $name;
+        impl BlockTy for $name {
+            const W: WType = $w;
+            const BITS: u32 = $bits;
+            const TABLE: bool = $table;
+            const OFF: i32 = $off;
+            const SC: ScaleKind = $sc;
+            const AFFINE: bool = $aff;
+        }
+    };
+}
+
+block_ty!(
+    /// Q4_K.
+    Q4K, WType::Q4_K, 4, false, 0, ScaleKind::K45, true);
+block_ty!(
+    /// Q5_K.
+    Q5K, WType::Q5_K, 5, false, 0, ScaleKind::K45, true);
+block_ty!(
+    /// Q6_K.
+    Q6K, WType::Q6_K, 6, false, 32, ScaleKind::K6, false);
+block_ty!(
+    /// Q4_1.
+    Q41, WType::Q4_1, 4, false, 0, ScaleKind::DMin, true);
+block_ty!(
+    /// Q5_0.
+    Q50, WType::Q5_0, 5, false, 16, ScaleKind::D, false);
+block_ty!(
+    /// Q5_1.
+    Q51, WType::Q5_1, 5, false, 0, ScaleKind::DMin, true);
+block_ty!(
+    /// IQ4_NL (`OFF` applies to the `T + 128` levels of the VNNI kernels).
+    Iq4Nl, WType::IQ4_NL, 4, true, 128, ScaleKind::D, false);
+block_ty!(
+    /// Q6_0.
+    Q60, WType::Q6_0, 6, false, 32, ScaleKind::D, false);
+
+/// `Some($e)` with the marker type of block type `$w` as `$B`, `None` for other types:
+/// the one place that lists the block types for the kernel tables.
+macro_rules! for_block_type {
+    ($w:expr, |$B:ident| $e:expr) => {{
+        use $crate::format::wtype::WType;
+        use $crate::kernels::scalar::blocks as pb;
+        match $w {
+            WType::Q4_K => {
+                type $B = pb::Q4K;
+                Some($e)
+            }
+            WType::Q5_K => {
+                type $B = pb::Q5K;
+                Some($e)
+            }
+            WType::Q6_K => {
+                type $B = pb::Q6K;
+                Some($e)
+            }
+            WType::Q4_1 => {
+                type $B = pb::Q41;
+                Some($e)
+            }
+            WType::Q5_0 => {
+                type $B = pb::Q50;
+                Some($e)
+            }
+            WType::Q5_1 => {
+                type $B = pb::Q51;
+                Some($e)
+            }
+            WType::IQ4_NL => {
+                type $B = pb::Iq4Nl;
+                Some($e)
+            }
+            WType::Q6_0 => {
+                type $B = pb::Q60;
+                Some($e)
+            }
+            WType::Q8_0 | WType::Q4_0 | WType::BF16 | WType::F16 => None,
+        }
+    }};
+}
+pub(crate) use for_block_type;
 
 /// Exact sum of one activation block's quants (`QActs`' block sum `s`).
 #[inline(always)]
@@ -118,7 +236,7 @@ pub fn dot(t: WType, w: &[u8], xq: &[i8], xd: &[f32]) -> f32 {
                 }
             }
         }
-        t => panic!("{t} has its kernels in kernels::scalar"),
+        t => panic!("{t} has its kernels in kernels::scalar::tiles"),
     }
     debug_assert_eq!(nb * QK, xq.len());
     reduce_lanes(acc)
@@ -133,12 +251,9 @@ fn level_int(lv: &Levels, l: u8) -> i32 {
     }
 }
 
-/// Tile kernel (see `kernels::TileFn`) of block type `B`: `rows` rows (`wq`, their
+/// Tile kernel (see `table::TileFn`) of block type `B`: `rows` rows (`wq`, their
 /// blocks; `wd` is empty, the scales are inside) against every token of `x`.
-///
-/// # Safety
-/// Always safe; `unsafe` only to share the tiers' function-pointer type.
-pub unsafe fn tile<B: BlockTy>(rows: usize, wq: &[u8], _wd: &[f32], x: &ActTile, out: &mut [f32]) {
+pub fn tile<B: BlockTy>(rows: usize, wq: &[u8], _wd: &[f32], x: &ActTile, out: &mut [f32]) {
     count(Tier::Scalar, Op::Tile);
     let (nt, rb) = (out.len() / rows, wq.len() / rows);
     let nb = x.d.len() / nt;
@@ -335,12 +450,12 @@ mod tests {
                 let q = quantize_matrix(t, rows, cols, &x, None).unwrap();
                 let wd = dequantize_matrix(t, rows, cols, &q);
                 let a: Vec<f32> = (0..2 * cols).map(|_| rng.next_f32() * 3.0).collect();
-                let mut acts = QActs::new();
-                acts.quantize_with(
-                    &super::super::Kernels::for_tier(super::super::Tier::Scalar).unwrap(),
-                    &a,
-                    cols,
-                );
+                // The scalar reference's activation quantizer (`q8_0::quantize_block`).
+                let (mut aq, mut ad) = (vec![0i8; a.len()], vec![0f32; a.len() / QK]);
+                for ((xb, qb), db) in a.chunks_exact(QK).zip(aq.chunks_exact_mut(QK)).zip(&mut ad) {
+                    *db = crate::quant::q8_0::quantize_block(xb, qb);
+                }
+                let acts = QActs::from_parts(2, cols, aq, ad).unwrap();
                 let mut y = vec![0f32; 2 * rows];
                 matmul(t, rows, cols, &q, &acts, &mut y);
                 for tok in 0..2 {

@@ -7,7 +7,7 @@
 //! | `f16` | IEEE binary16, rounded to nearest, ties to even (overflow to ±inf, NaN quiet) | the exact conversion |
 //! | `q8_0` | per head, blocks of 32 values (a head of `hd` values padded with zeros to a multiple of 32): the spec's Q8_0 quantizer, as for activations (`d = amax / 127` kept in f32, `q = trunc(v · (127 / amax) + copysign(0.5, v))` clamped to ±127; `amax < 1e-30`: all 0) | `q · d`, one f32 multiply |
 //!
-//! Attention ([`super::scalar_attn`]) widens each key and value row it reads and then
+//! Attention ([`super::attention`]) widens each key and value row it reads and then
 //! runs exactly the f32 contract on the widened values, so the only difference between
 //! the types is the rounding at storage: attention over an f16 or Q8_0 cache gives the
 //! bits of f32 attention over the widened cache, on every tier.
@@ -15,8 +15,7 @@
 use std::fmt;
 use std::str::FromStr;
 
-use super::Kernels;
-use crate::quant::QK;
+use crate::format::wtype::QK;
 
 /// How a KV cache stores keys and values.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -172,12 +171,19 @@ pub fn store_f16(x: &[f32], out: &mut [u16]) {
 }
 
 /// Stores `x` (heads of `hd` values) as Q8_0: each head copied into `pad` (its stride,
-/// `hd` rounded up to 32, the rest zeros) and quantized by `k`'s activation quantizer
-/// (the spec's Q8_0 rounding, the same bits on every tier) into its part of `q` (a
-/// stride per head) and `d` (a scale per 32).
+/// `hd` rounded up to 32, the rest zeros) and quantized by `quantize` (a tier's
+/// activation quantizer: the spec's Q8_0 rounding, the same bits on every tier) into its
+/// part of `q` (a stride per head) and `d` (a scale per 32).
 ///
 /// Panics if the lengths disagree.
-pub fn store_q8_0(k: &Kernels, x: &[f32], hd: usize, pad: &mut [f32], q: &mut [i8], d: &mut [f32]) {
+pub fn store_q8_0(
+    x: &[f32],
+    hd: usize,
+    pad: &mut [f32],
+    q: &mut [i8],
+    d: &mut [f32],
+    mut quantize: impl FnMut(&[f32], &mut [i8], &mut [f32]),
+) {
     let hs = KvType::Q8_0.head_stride(hd);
     assert!(
         hd > 0
@@ -198,7 +204,7 @@ pub fn store_q8_0(k: &Kernels, x: &[f32], hd: usize, pad: &mut [f32], q: &mut [i
         .zip(d.chunks_exact_mut(hs / QK))
     {
         pad[..hd].copy_from_slice(h);
-        k.quantize_act(pad, qh, dh);
+        quantize(pad, qh, dh);
     }
 }
 

@@ -13,9 +13,9 @@
 //! this very code compiled for their instruction set (the loops over `j` vectorize, the
 //! operations of each element stay the same), so they give these bits.
 
-use super::counters::{count, Op};
-use super::scalar_math::{rmsnorm_inplace, silu};
-use super::Tier;
+use super::math::{rmsnorm_inplace, silu};
+use crate::kernels::counters::{count, Op};
+use crate::kernels::tier::Tier;
 
 /// One value head's inputs at one position.
 pub struct DeltaHead<'a> {
@@ -64,11 +64,8 @@ pub fn head_step(x: &DeltaHead, s: &mut [f32], o: &mut [f32], delta: &mut [f32])
     }
 }
 
-/// The scalar tier's entry (see `kernels::DeltaFn`).
-///
-/// # Safety
-/// Always safe; `unsafe` only to share the tiers' pointer type.
-pub unsafe fn delta_head(x: &DeltaHead, s: &mut [f32], o: &mut [f32], delta: &mut [f32]) {
+/// The scalar tier's entry (see `table::DeltaFn`).
+pub fn delta_head(x: &DeltaHead, s: &mut [f32], o: &mut [f32], delta: &mut [f32]) {
     count(Tier::Scalar, Op::Delta);
     head_step(x, s, o, delta)
 }

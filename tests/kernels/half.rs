@@ -5,9 +5,9 @@
 
 use krafla::kernels::counters::{self, Op};
 use krafla::kernels::pool::Pool;
-use krafla::kernels::scalar_bf16dot::{self, round_bf16};
-use krafla::kernels::scalar_half::{dot_half, reduce_half_lanes, HALF_LANES};
-use krafla::kernels::{self, HalfActs, QActs, QMat, Tier, WType};
+use krafla::kernels::scalar::bf16dot::{self as scalar_bf16dot, round_bf16};
+use krafla::kernels::scalar::half::{dot_half, reduce_half_lanes, HALF_LANES};
+use krafla::kernels::{self, HalfActs, QActs, QMat, Tier, WType, WeightMat};
 use krafla::quant::half_float;
 
 use crate::util::tiers::{all_kernels, scalar};
@@ -113,12 +113,12 @@ fn check(at: &str, got: &[f32], rows: usize, want: &[(usize, usize, f32)]) {
 /// The scalar tier's product of `m` (weights `w`) and `x`, checked against the reference
 /// on the rows `which`; returns the reference values and the scalar output.
 fn scalar_checked(
-    m: &QMat,
+    m: &WeightMat,
     w: &[u8],
     x: &[f32],
     which: &[usize],
 ) -> (Vec<(usize, usize, f32)>, Vec<f32>) {
-    let (t, rows, cols) = (m.wtype, m.rows, m.cols);
+    let (t, rows, cols) = (m.mat.wtype, m.mat.rows, m.mat.cols);
     let n = x.len() / cols;
     let want = reference(t, w, rows, cols, x, which);
     let mut base = vec![0f32; n * rows];
@@ -168,7 +168,7 @@ fn every_tier_gives_the_reference_bits() {
                 let edge = rng.below(3) == 0;
                 let w = weights(&mut rng, t, rows * cols, edge, false);
                 let x = activations(&mut rng, n * cols, edge, false);
-                let m = QMat::new_half(t, rows, cols, &w).unwrap();
+                let m = WeightMat::from(QMat::new_half(t, rows, cols, &w).unwrap());
                 let which = checked_rows(rows, 37, 9);
                 let (want, base) = scalar_checked(&m, &w, &x, &which);
                 for k in all_kernels() {
@@ -227,7 +227,7 @@ fn bf16_activations_give_the_reference_bits() {
             let w = weights(&mut rng, WType::BF16, rows * cols, edge, false);
             let x = activations(&mut rng, n * cols, edge, false);
             let xb: Vec<u16> = x.iter().map(|&v| round_bf16(v)).collect();
-            let m = QMat::new_half(WType::BF16, rows, cols, &w).unwrap();
+            let m = WeightMat::from(QMat::new_half(WType::BF16, rows, cols, &w).unwrap());
             let wb = bits16(&w);
             let which = checked_rows(rows, 211, 9);
             let mut want = Vec::new();
@@ -304,7 +304,7 @@ fn bf16_activations_flush_as_the_reference() {
             .collect();
         let xb: Vec<u16> = x.iter().map(|&v| round_bf16(v)).collect();
         let wb = bits16(&w);
-        let m = QMat::new_half(WType::BF16, rows, cols, &w).unwrap();
+        let m = WeightMat::from(QMat::new_half(WType::BF16, rows, cols, &w).unwrap());
         let mut want = Vec::new();
         for r in 0..rows {
             for tk in 0..n {
@@ -365,7 +365,7 @@ fn large_shapes() {
         (WType::F16, 2048, 8192, &[1][..]),
     ] {
         let w = weights(&mut rng, t, rows * cols, false, false);
-        let m = QMat::new_half(t, rows, cols, &w).unwrap();
+        let m = WeightMat::from(QMat::new_half(t, rows, cols, &w).unwrap());
         for &n in ns {
             let x = activations(&mut rng, n * cols, false, false);
             let which = checked_rows(rows, 1009, 5);
@@ -395,7 +395,7 @@ fn infinities_and_nan() {
             let (rows, cols, n) = (9, 96, 1 + case % 7);
             let w = weights(&mut rng, t, rows * cols, true, case % 2 == 0);
             let x = activations(&mut rng, n * cols, true, case % 2 == 1);
-            let m = QMat::new_half(t, rows, cols, &w).unwrap();
+            let m = WeightMat::from(QMat::new_half(t, rows, cols, &w).unwrap());
             let want = reference(t, &w, rows, cols, &x, &(0..rows).collect::<Vec<_>>());
             assert!(
                 want.iter().any(|e| !e.2.is_finite()),
@@ -442,7 +442,7 @@ fn lane_order_and_fma_are_the_contract() {
         (w[18], x[18]) = (one(t), -1.0);
         let bytes: Vec<u8> = w.iter().flat_map(|b| b.to_le_bytes()).collect();
         let want = dot_half(t, &w, &x);
-        let m = QMat::new_half(t, 1, cols, &bytes).unwrap();
+        let m = WeightMat::from(QMat::new_half(t, 1, cols, &bytes).unwrap());
         for k in all_kernels() {
             let mut y = [0f32];
             k.matmul_f32(&m, &x, &mut y);
@@ -481,9 +481,9 @@ fn project_each_mixes_kinds() {
     )
     .unwrap();
     let (mb, mf, mq) = (
-        QMat::new_half(WType::BF16, 48, cols, &wb).unwrap(),
-        QMat::new_half(WType::F16, 32, cols, &wf).unwrap(),
-        q.view(),
+        WeightMat::from(QMat::new_half(WType::BF16, 48, cols, &wb).unwrap()),
+        WeightMat::from(QMat::new_half(WType::F16, 32, cols, &wf).unwrap()),
+        WeightMat::from(q.view()),
     );
     for k in all_kernels() {
         let (mut yb, mut yf, mut yq) = (vec![0f32; n * 48], vec![0f32; n * 32], vec![0f32; n * 16]);
@@ -499,7 +499,7 @@ fn project_each_mixes_kinds() {
         let mut want_f = vec![0f32; n * 32];
         k.matmul_f32(&mf, &x, &mut want_f);
         let mut xa = QActs::new();
-        xa.quantize_with(&k, &x, cols);
+        k.quantize_acts(&x, cols, &mut xa);
         let mut want_q = vec![0f32; n * 16];
         k.matmul(&mq, &xa, &mut want_q);
         assert!(
@@ -534,7 +534,7 @@ fn half_kernels_count_under_their_tier() {
     let mut rng = Rng::new(5);
     let w = weights(&mut rng, WType::BF16, 8 * 64, false, false);
     let x = activations(&mut rng, 3 * 64, false, false);
-    let m = QMat::new_half(WType::BF16, 8, 64, &w).unwrap();
+    let m = WeightMat::from(QMat::new_half(WType::BF16, 8, 64, &w).unwrap());
     for k in all_kernels() {
         counters::take();
         let mut y = vec![0f32; 3 * 8];

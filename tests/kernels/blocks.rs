@@ -4,7 +4,7 @@
 //! threads.
 
 use krafla::kernels::pool::Pool;
-use krafla::kernels::{self, Kernels, PackedMat, QActs, QMat, WType};
+use krafla::kernels::{self, Kernels, PackedMat, QActs, QMat, WType, WeightMat};
 use krafla::quant::blocks::is_block_type;
 use krafla::quant::{quantize, QuantOpts, QK};
 
@@ -56,7 +56,7 @@ fn random_blocks(rng: &mut Rng, t: WType, rows: usize, cols: usize, edge: bool) 
     q
 }
 
-/// Random activations; `edge` makes blocks of special cases (as tests/kernels.rs).
+/// Random activations; `edge` makes blocks of special cases (as tests/kernels/tiles.rs).
 fn activations(rng: &mut Rng, len: usize, edge: bool) -> Vec<f32> {
     let mut x: Vec<f32> = (0..len).map(|_| rng.unit() * 4.0).collect();
     if edge {
@@ -91,13 +91,14 @@ fn check(w: &QMat, x: &[f32], what: &str) {
     let (rows, cols, n) = (w.rows, w.cols, x.len() / w.cols);
     let s = scalar();
     let mut xa = QActs::new();
-    xa.quantize_with(&s, x, cols);
+    s.quantize_acts(x, cols, &mut xa);
     let mut y0 = vec![0f32; n * rows];
-    s.matmul(w, &xa, &mut y0);
+    let wm = WeightMat::from(*w);
+    s.matmul(&wm, &xa, &mut y0);
     let p = PackedMat::new(w).unwrap();
-    let wp = w.with_packed(&p).unwrap();
+    let wp = wm.with_packed(&p).unwrap();
     for k in all_kernels() {
-        for (m, how) in [(w, "map"), (&wp, "packed")] {
+        for (m, how) in [(&wm, "map"), (&wp, "packed")] {
             let mut y = vec![f32::NAN; n * rows];
             k.matmul(m, &xa, &mut y);
             if let Some(i) = first_diff(&y, &y0) {
@@ -128,8 +129,8 @@ fn check(w: &QMat, x: &[f32], what: &str) {
     // Rows read back from the packed copy (embedding lookups): the map's values.
     for r in [0, rows / 2, rows - 1] {
         let (mut a, mut b) = (vec![0f32; cols], vec![1f32; cols]);
-        w.dequant_row(r, &mut a);
-        wp.dequant_row(r, &mut b);
+        krafla::quant::dequant_mat_row(w, r, &mut a);
+        s.dequant_row(&wp, r, &mut b);
         assert_eq!(
             first_diff(&a, &b),
             None,
@@ -221,11 +222,12 @@ fn block_thread_count_does_not_change_bits() {
         let q = random_blocks(&mut rng, t, rows, cols, false);
         let w = QMat::new_blocks(t, rows, cols, &q).unwrap();
         let p = PackedMat::new(&w).unwrap();
+        let w = WeightMat::from(w);
         let wp = w.with_packed(&p).unwrap();
         for n in [1, 6, 19] {
             let x = activations(&mut rng, n * cols, false);
             let mut xa = QActs::new();
-            xa.quantize(&x, cols);
+            kernels::quantize_acts(&x, cols, &mut xa);
             for k in all_kernels() {
                 for m in [&w, &wp] {
                     let ys: Vec<Vec<f32>> = [1, 2, 3]
@@ -266,12 +268,12 @@ fn block_views_are_checked() {
     assert!(e.0.contains("multiple of 256"), "{e}");
     assert!(QMat::new_blocks(WType::Q8_0, 1, 32, &q[..32]).is_err());
     // A tier forced by `with_tier` multiplies the block types too.
-    let w = QMat::new_blocks(WType::Q4_K, 2, 256, &q).unwrap();
+    let w = WeightMat::from(QMat::new_blocks(WType::Q4_K, 2, 256, &q).unwrap());
     for t in kernels::supported_tiers() {
         assert!(Kernels::for_tier(t).unwrap().supports(WType::Q6_0));
         let y = kernels::with_tier(t, || {
             let mut xa = QActs::new();
-            xa.quantize(&[1.0; 256], 256);
+            kernels::quantize_acts(&[1.0; 256], 256, &mut xa);
             let mut y = vec![f32::NAN; 2];
             kernels::matmul(&w, &xa, &mut y);
             y

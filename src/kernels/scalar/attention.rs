@@ -4,10 +4,10 @@
 //! cache's window: `t − s < window`, else all `s ≤ t`) in position order:
 //!
 //! ```text
-//! s_i = dot(q, k_i) · scale            dot: scalar_math::dot (8 lanes, the tree, the tail)
+//! s_i = dot(q, k_i) · scale            dot: math::dot (8 lanes, the tree, the tail)
 //! s_i = cap · tanh(s_i / cap)          when softcap > 0 (libm tanhf, the same on every tier)
-//! m   = max_i s_i                      (scalar_math::max; any order gives the maximum)
-//! e_i = exp(s_i − m)                   (scalar_math::exp)
+//! m   = max_i s_i                      (math::max; any order gives the maximum)
+//! e_i = exp(s_i − m)                   (math::exp)
 //! sum = Σ e_i                          in position order, from +0.0
 //! out[d] = (Σ_i e_i · v_i[d]) · (1 / sum)   each Σ in position order, from +0.0
 //! ```
@@ -16,16 +16,16 @@
 //! order of work only (several keys, dimensions or queries at a time), never the
 //! operations of one output, so they give these bits.
 //!
-//! A cache of f16 or Q8_0 values ([`super::scalar_kv`]) is read by widening each key and
+//! A cache of f16 or Q8_0 values ([`super::kv`]) is read by widening each key and
 //! value row to f32 (exact for f16; `q · d` for Q8_0), then exactly the above.
 
-use super::counters::{count, Op};
-use super::scalar_kv::KvData;
-use super::scalar_math::{dot, exp, max};
-use super::Tier;
+use super::kv::KvData;
+use super::math::{dot, exp, max};
+use crate::kernels::counters::{count, Op};
+use crate::kernels::tier::Tier;
 
-/// Most queries a tier's attention kernel takes per call ([`super::Kernels::attend`]
-/// cuts longer lists).
+/// Most queries a tier's attention kernel takes per call (`Kernels::attend` cuts longer
+/// lists).
 pub const TILE_QUERIES: usize = 32;
 
 /// One query: `q` (head_dim values) at position `pos`; `att` holds at least its visible
@@ -135,7 +135,7 @@ impl<'a> Rows<'a> {
 const STACK_ROW: usize = 512;
 
 /// The slice maximum and `exp` a tier's softmax runs (with the bits of
-/// [`scalar_math::max`](super::scalar_math::max) and [`scalar_math::exp`](exp)). A trait
+/// [`math::max`](super::math::max) and [`math::exp`](exp)). A trait
 /// with `#[inline(always)]` methods rather than closures, so that a SIMD tier's
 /// versions inline into its `#[target_feature]` kernel.
 pub(crate) trait SoftmaxMath {
@@ -215,11 +215,8 @@ pub fn attend_one(query: &mut Query, kv: &KvView, scale: f32, softcap: f32) {
     }
 }
 
-/// The scalar tier's attention entry (see `kernels::AttendFn`): each query alone.
-///
-/// # Safety
-/// Always safe; `unsafe` only to share the tiers' pointer type.
-pub unsafe fn attend(qs: &mut [Query], kv: &KvView, scale: f32, softcap: f32) {
+/// The scalar tier's attention entry (see `table::AttendFn`): each query alone.
+pub fn attend(qs: &mut [Query], kv: &KvView, scale: f32, softcap: f32) {
     count(Tier::Scalar, Op::Attend);
     for q in qs {
         attend_one(q, kv, scale, softcap);
