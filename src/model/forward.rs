@@ -40,12 +40,12 @@ use std::any::Any;
 
 use super::config::{Act, Config, LayerKind};
 use super::delta::DeltaState;
+use super::error::{ModelError, Result};
 use super::kv::{KvType, LayerCache};
 use super::observer::{tap, Collector, Input, Observer};
 use super::ops::{add, for_rows, rmsnorm_rows, Zeros};
 use super::rope::RopeTable;
 use super::weights::{LinearWeights, MixerWeights, Packs, Weights};
-use super::{ModelError, Result};
 use crate::format::mlb::Mlb;
 use crate::format::mli::Mli;
 use crate::kernels::{self, HalfActs, Kernels, QActs, TILE_QUERIES};
