@@ -560,7 +560,7 @@ fn convert_half_range_errors_and_subnormals() {
     let dir = with(0.5, "ok");
     let b = convert_with(&dir, &out, |o| o.wtype = WType::F16);
     let m = mlb::Mlb::from_bytes(&b).unwrap();
-    let w2 = m.layout().layers[0].w2;
+    let w2 = m.layout().layers[0].dense().unwrap().1;
     let h = m.mat_half(w2).unwrap();
     assert_eq!(h.row(1)[6..9], [f16_ref(0.5), f16_ref(3e-6), 0x7BFF]);
     assert_eq!(f16_ref(3e-6), 50, "3e-6 / 2^-24 = 50.3: subnormal 50");

@@ -336,6 +336,31 @@ fn bytes_text(z: &Zeros) -> String {
     }
 }
 
+/// Header values the file format has and this runtime does not run yet: refused with the
+/// field, not run wrong.
+fn unsupported(m: &Mlb) -> Result<()> {
+    let h = m.header();
+    for (field, v, on) in [
+        ("qkv_bias", h.qkv_bias, h.qkv_bias == 2),
+        ("qk_norm", h.qk_norm, h.qk_norm == 2),
+        ("attn_sinks", h.attn_sinks, h.attn_sinks != 0),
+    ] {
+        if on {
+            let e = crate::format::FormatError::shape(
+                field,
+                v,
+                "this runtime does not run this value yet",
+            );
+            return Err(match &m.path {
+                Some(p) => e.in_file(p),
+                None => e,
+            }
+            .into());
+        }
+    }
+    Ok(())
+}
+
 impl<'a> Model<'a> {
     /// The model of a validated file: configuration and borrowed weights, read from
     /// the map (see [`Model::with_packs`] for the packed layout).
@@ -347,6 +372,7 @@ impl<'a> Model<'a> {
     /// [`Packs::new`] for the tier that will run the model): same results, faster on
     /// tiers with packed kernels.
     pub fn with_packs(m: &'a Mlb, packs: &'a Packs) -> Result<Model<'a>> {
+        unsupported(m)?;
         let cfg = Config::new(m.header(), m.dims(), &m.parsed.flags);
         let w = Weights::new(m, packs)?;
         let global = RopeTable::global(&cfg.rope, cfg.head_dim, cfg.rot_dim);

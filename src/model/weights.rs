@@ -4,7 +4,7 @@
 //! read them); and
 //! [`Packs`], the matrices' packed copies for tiers with packed kernels.
 
-use crate::format::mlb::{Kind, Mixer, Mlb};
+use crate::format::mlb::{Ffn, Kind, Mixer, Mlb};
 use crate::format::QMat;
 use crate::format::{FormatError, Status};
 use crate::kernels::hugebuf::HugeBuf;
@@ -270,13 +270,25 @@ impl<'a> Weights<'a> {
                     lout: mat(x.lout),
                 }),
             };
+            let Ffn::Dense { w1, w2, w3 } = l.ffn else {
+                // The runtime's mixture-of-experts FFN is not written yet.
+                let e = FormatError::shape(
+                    lay.tensors[l.ffn_norm].name.to_string(),
+                    "mixture of experts",
+                    "this runtime does not run mixture-of-experts layers yet",
+                );
+                return Err(match &m.path {
+                    Some(p) => e.in_file(p),
+                    None => e,
+                });
+            };
             layers.push(LayerWeights {
                 attn_norm: vec(l.attn_norm),
                 mixer,
                 ffn_norm: vec(l.ffn_norm),
-                w1: mat(l.w1),
-                w2: mat(l.w2),
-                w3: mat(l.w3),
+                w1: mat(w1),
+                w2: mat(w2),
+                w3: mat(w3),
                 post_attn_norm: opt(l.post_attn_norm),
                 post_ffn_norm: opt(l.post_ffn_norm),
             });

@@ -321,8 +321,9 @@ pub fn logits(m: &Mlb, toks: &[u32]) -> Vec<f32> {
             };
             x.iter_mut().zip(o).for_each(|(x, o)| *x += o);
             let hn = rms(x, m.f32s(li.ffn_norm), eps);
-            let g = mv(&m.mat(li.w1), &hn);
-            let u = mv(&m.mat(li.w3), &hn);
+            let (w1, w2, w3) = li.dense().expect("a dense FFN");
+            let g = mv(&m.mat(w1), &hn);
+            let u = mv(&m.mat(w3), &hn);
             let hid: Vec<f64> = g
                 .iter()
                 .zip(&u)
@@ -339,7 +340,7 @@ pub fn logits(m: &Mlb, toks: &[u32]) -> Vec<f32> {
                     a * u
                 })
                 .collect();
-            let y = mv(&m.mat(li.w2), &hid);
+            let y = mv(&m.mat(w2), &hid);
             let y = match li.post_ffn_norm {
                 Some(p) => rms(&y, m.f32s(p), eps),
                 None => y,
