@@ -124,8 +124,11 @@ fn parse_q8(s: &str) -> Result<u32, String> {
 }
 
 fn parse_preset(s: &str) -> Result<f64, String> {
-    convert::mix::preset(s).ok_or_else(|| {
-        let names: Vec<&str> = convert::mix::PRESETS.iter().map(|p| p.0).collect();
+    convert::pipeline::mix::preset(s).ok_or_else(|| {
+        let names: Vec<&str> = convert::pipeline::mix::PRESETS
+            .iter()
+            .map(|p| p.0)
+            .collect();
         format!("unknown preset '{s}' (known: {})", names.join(", "))
     })
 }
@@ -214,7 +217,7 @@ fn main() -> ExitCode {
                 s.seconds
             );
             if let Some(p) = &cli.mix_report {
-                let json = convert::mix::report_json(&s.mix, s.matrix_bpw);
+                let json = convert::pipeline::mix::report_json(&s.mix, s.matrix_bpw);
                 if let Err(e) = krafla::atomic::write(p, json.as_bytes()) {
                     eprintln!("mlb-convert: {}: {e}", p.display());
                     return ExitCode::from(1);

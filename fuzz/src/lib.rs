@@ -213,9 +213,9 @@ pub fn exercise_gguf(data: &[u8]) {
         }
     }
     std::hint::black_box(n);
-    if let Ok(m) = krafla::convert::gguf_tok::mlt_from_gguf(&v) {
+    if let Ok(m) = krafla::convert::gguf::tokenizer::mlt_from_gguf(&v) {
         // The chat section: templates compiled, the probe rendered, the stop set.
-        let _ = krafla::convert::gguf_tok::chat_from_gguf(&v, &m, &Default::default());
+        let _ = krafla::convert::gguf::tokenizer::chat_from_gguf(&v, &m, &Default::default());
     }
     // Strings that are not UTF-8 are written lossily; the rest reads back as it was.
     let lossless = v.kvs.iter().all(|k| match k.value {

@@ -60,7 +60,7 @@ pub struct Geometry {
 impl Transform {
     /// The GGUF row (or element) holding the spec array's row `r`.
     pub fn src_row(self, g: &Geometry, r: usize) -> usize {
-        use super::permute::RowMap;
+        use crate::convert::pipeline::permute::RowMap;
         let v = |x: usize, size: usize| v_head_src(x / size, g.k_heads, g.per_k) * size + x % size;
         match self {
             Rope | RopeNorm if g.neox => RowMap::Rope {
@@ -93,7 +93,7 @@ impl Transform {
             Rope | RopeNorm if no_rope && g.neox => r,
             Rope | RopeNorm if no_rope => {
                 let (h, d) = (r / g.head_dim, r % g.head_dim);
-                h * g.head_dim + super::permute::rope_dst(d, g.rot_dim)
+                h * g.head_dim + crate::convert::pipeline::permute::rope_dst(d, g.rot_dim)
             }
             _ => self.src_row(g, r),
         }

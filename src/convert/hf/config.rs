@@ -23,7 +23,7 @@ use serde_json::{Map, Value};
 
 pub use super::arch::LinearDims;
 use super::arch::{self, Arch, DefaultLayerTypes, Window};
-use super::error::{ConvertError, Result};
+use crate::convert::error::{ConvertError, Result};
 use crate::format::mlb::header::{act, layer_flag, rope_type, Header};
 use crate::format::mlb::validate::{DIM_LIMIT, SEQ_LIMIT};
 

@@ -1,6 +1,6 @@
 //! `.mlb` (+ its `.mlt`) → a GGUF file llama.cpp loads (`mlb-export`).
 //!
-//! The inverse of [`super::gguf_in`], so the round trip `.mlb → GGUF → .mlb` gives the
+//! The inverse of [`super::import`], so the round trip `.mlb → GGUF → .mlb` gives the
 //! same bytes for f16-scale Q8_0/Q4_0 files: the architecture is named from the header
 //! (Gemma 3: post norms and q/k norms; Gemma 2: post norms; Qwen2: q/k/v biases; Qwen3:
 //! q/k norms; SmolLM3: no-RoPE layers; otherwise Llama), its fields become llama.cpp's
@@ -14,11 +14,12 @@
 use std::io::BufWriter;
 use std::path::{Path, PathBuf};
 
-use super::error::{ConvertError, Result};
-use super::gguf_arch::{self, GgufArch, NoRope, RopeRows, Swa, Transform};
-use super::gguf_in::llama3_factors;
-use super::gguf_tok;
+use super::arch::{self, GgufArch, NoRope, RopeRows, Swa, Transform};
+use super::rope::llama3_factors;
+use super::tokenizer;
+use super::types::{file_type, ggml_type};
 use crate::atomic::AtomicFile;
+use crate::convert::error::{ConvertError, Result};
 use crate::format::gguf::{GgmlType, GgufWriter, MetaValue, TensorSpec, ValueType};
 use crate::format::mlb::header::{act, layer_flag, rope_type};
 use crate::format::mlb::{Kind, Mlb, WType};
@@ -82,7 +83,7 @@ fn arch_of(m: &Mlb) -> &'static GgufArch {
     } else {
         "llama"
     };
-    gguf_arch::by_krafla(name).expect("in the table")
+    arch::by_krafla(name).expect("in the table")
 }
 
 /// Exports `opts.input`.
@@ -463,7 +464,7 @@ pub fn export(opts: &ExportOptions) -> Result<ExportSummary> {
     let ftype = file_type(&m);
     kv.push(("general.file_type".into(), MetaValue::U32(ftype)));
     kv.push(("general.quantization_version".into(), MetaValue::U32(2)));
-    let tok = gguf_tok::gguf_tokenizer_kvs(&mlt, a)
+    let tok = tokenizer::gguf_tokenizer_kvs(&mlt, a)
         .map_err(|e| ConvertError::checkpoint(&tok_path, e.to_string()))?;
     if mlt.tokens.len() > d.vocab {
         return Err(ConvertError::checkpoint(
@@ -499,7 +500,7 @@ pub fn export(opts: &ExportOptions) -> Result<ExportSummary> {
 
     // Tensors: each GGUF tensor gathers its rows from one or more .mlb arrays (the
     // inverse of the import's gathers; Qwen3.5's attn_q from wq and wg).
-    let g = super::gguf_arch::Geometry {
+    let g = arch::Geometry {
         head_dim: d.head_dim,
         rot_dim: d.rot_dim,
         neox: ga.rows == RopeRows::RotateHalf,
@@ -708,59 +709,6 @@ pub fn export(opts: &ExportOptions) -> Result<ExportSummary> {
         tensors: outs.len(),
         file_bytes: std::fs::metadata(&out).map(|x| x.len()).unwrap_or(0),
     })
-}
-
-/// The GGUF type of an `.mlb` matrix type (Krafla's Q6_0 has none).
-pub fn ggml_type(w: WType) -> Option<GgmlType> {
-    Some(match w {
-        WType::Q8_0 => GgmlType::Q8_0,
-        WType::Q4_0 => GgmlType::Q4_0,
-        WType::F16 => GgmlType::F16,
-        WType::BF16 => GgmlType::BF16,
-        WType::Q4_K => GgmlType::Q4_K,
-        WType::Q5_K => GgmlType::Q5_K,
-        WType::Q6_K => GgmlType::Q6_K,
-        WType::Q4_1 => GgmlType::Q4_1,
-        WType::Q5_0 => GgmlType::Q5_0,
-        WType::Q5_1 => GgmlType::Q5_1,
-        WType::IQ4_NL => GgmlType::IQ4_NL,
-        WType::Q6_0 => return None,
-    })
-}
-
-/// `general.file_type` (llama.cpp's `llama_ftype`, informational): the type of the most
-/// matrices (the first of them on a tie).
-fn file_type(m: &Mlb) -> u32 {
-    let mut count: Vec<(WType, usize)> = Vec::new();
-    for t in &m.layout().tensors {
-        if let Kind::Mat { wtype, .. } = t.kind {
-            match count.iter_mut().find(|(w, _)| *w == wtype) {
-                Some(c) => c.1 += 1,
-                None => count.push((wtype, 1)),
-            }
-        }
-    }
-    let most = count
-        .iter()
-        .fold(None::<(WType, usize)>, |b, &(w, n)| match b {
-            Some((_, bn)) if bn >= n => b,
-            _ => Some((w, n)),
-        })
-        .map_or(WType::Q8_0, |(w, _)| w);
-    match most {
-        WType::Q8_0 => 7,
-        WType::Q4_0 => 2,
-        WType::F16 => 1,
-        WType::BF16 => 32,
-        WType::Q4_1 => 3,
-        WType::Q5_0 => 8,
-        WType::Q5_1 => 9,
-        WType::Q4_K => 14,
-        WType::Q5_K => 16,
-        WType::Q6_K => 18,
-        WType::IQ4_NL => 25,
-        WType::Q6_0 => 7,
-    }
 }
 
 /// ssm_a = −exp(A_log), as llama.cpp's converter computes it in f32; of the floats
