@@ -5,7 +5,8 @@ use super::error::{ConvertError, Result};
 use super::gguf;
 use super::hf;
 use super::options::Options;
-use super::summary::{Progress, Summary};
+use super::pipeline::stream::Progress;
+use super::summary::Summary;
 
 /// Converts a checkpoint folder; `progress` is called as the conversion advances.
 pub fn convert(opts: &Options, progress: &mut (dyn FnMut(Progress) + Send)) -> Result<Summary> {

@@ -6,12 +6,17 @@
 //!   per-architecture name tables).
 //! - [`gguf`]: a GGUF file in ([`gguf::import`], its tokenizer in [`gguf::tokenizer`]),
 //!   and an `.mlb` out to GGUF ([`gguf::export`]).
+//! - [`desc`]: the model description both readers fill in and `mlb-export` reads back
+//!   from a header, checked once ([`desc::ModelDesc::check`]); [`arch`]: what each
+//!   model family computes, as table rows.
 //! - [`pipeline`]: what both readers share once the model is described: the type of
 //!   every matrix ([`pipeline::plan`], [`pipeline::mix`]), the importance matrix, the
 //!   spec's row orders ([`pipeline::permute`]) and the streamed write.
 //!
 //! [`convert`] is the front door; [`ConvertError`] the one error type.
 
+pub mod arch;
+pub mod desc;
 pub mod error;
 pub mod front;
 pub mod gguf;
@@ -25,4 +30,5 @@ pub use error::{ConvertError, Result};
 pub use front::convert;
 pub use options::{default_output, Options, DEFAULT_Q4_Q8_MASK};
 pub use pipeline::plan::{Select, TypePlan, TypeRule};
-pub use summary::{Progress, Summary};
+pub use pipeline::stream::Progress;
+pub use summary::Summary;

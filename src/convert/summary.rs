@@ -1,4 +1,5 @@
-//! What a conversion reports: [`Progress`] as it goes, a [`Summary`] at the end.
+//! What a conversion reports at the end: a [`Summary`] (as it goes:
+//! [`Progress`](super::pipeline::stream::Progress)).
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -8,21 +9,6 @@ use crate::format::mlb::header::Header;
 use crate::format::mlb::{Kind, Layout};
 use crate::format::WType;
 use crate::quant::Q4Rule;
-
-/// Progress reports, in order: one `Start`, `Note`s, one `Tensor` per array written.
-#[derive(Debug, Clone, Copy)]
-pub enum Progress<'a> {
-    Start {
-        tensors: usize,
-        bytes: u64,
-    },
-    Note(&'a str),
-    Tensor {
-        index: usize,
-        name: &'a str,
-        bytes_done: u64,
-    },
-}
 
 /// What was written.
 #[derive(Debug, Clone)]

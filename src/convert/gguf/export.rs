@@ -1,27 +1,31 @@
 //! `.mlb` (+ its `.mlt`) → a GGUF file llama.cpp loads (`mlb-export`).
 //!
 //! The inverse of [`super::import`], so the round trip `.mlb → GGUF → .mlb` gives the
-//! same bytes for f16-scale Q8_0/Q4_0 files: the architecture is named from the header
-//! (Gemma 3: post norms and q/k norms; Gemma 2: post norms; Qwen2: q/k/v biases; Qwen3:
-//! q/k norms; SmolLM3: no-RoPE layers; otherwise Llama), its fields become llama.cpp's
-//! keys, tensors get llama.cpp's names and, for NEOX architectures, Hugging Face's
-//! rotate-half row order back. Q8_0/Q4_0 matrices become GGUF blocks (f16 scale, then
-//! the quants), F32 arrays stay F32; Llama 3 RoPE becomes llama.cpp's `rope_freqs`
-//! factors. What llama.cpp cannot run as the header says (a sliding window on a Llama,
-//! an attention scale llama.cpp would compute differently, f32 scales that f16 cannot
-//! hold, ...) is refused by field name rather than written wrong.
+//! same bytes for f16-scale Q8_0/Q4_0 files. The header is read back into the model
+//! description ([`ModelDesc::from_header`], checked as every reader's is); the
+//! architecture is the most specific one whose features the header has
+//! ([`arch::by_features`]: an attention gate → qwen35, post norms and q/k norms →
+//! gemma3, post norms → gemma2, q/k/v biases → qwen2, q/k norms → qwen3, no-RoPE layers
+//! → smollm3, otherwise llama); the description becomes llama.cpp's keys
+//! ([`super::keys`]), the tokenizer its `tokenizer.*` keys, tensors get llama.cpp's
+//! names and, for NEOX architectures, Hugging Face's rotate-half row order back.
+//! Q8_0/Q4_0 matrices become GGUF blocks (f16 scale, then the quants), other types'
+//! blocks stay as they are, F32 arrays stay F32; Llama 3 RoPE becomes llama.cpp's
+//! `rope_freqs` factors. What llama.cpp cannot run as the header says (a sliding window
+//! on a Llama, an attention scale llama.cpp would compute differently, f32 scales that
+//! f16 cannot hold, ...) is refused by field name rather than written wrong.
 
 use std::io::BufWriter;
 use std::path::{Path, PathBuf};
 
-use super::arch::{self, GgufArch, NoRope, RopeRows, Swa, Transform};
-use super::rope::llama3_factors;
+use super::arch::{self, Features, GgufArch, Transform};
+use super::keys::{any_no_rope, Keys};
 use super::tokenizer;
 use super::types::{file_type, ggml_type};
 use crate::atomic::AtomicFile;
-use crate::convert::error::{ConvertError, Result};
-use crate::format::gguf::{GgmlType, GgufWriter, MetaValue, TensorSpec, ValueType};
-use crate::format::mlb::header::{act, layer_flag, rope_type};
+use crate::convert::desc::ModelDesc;
+use crate::convert::error::{ConvertError, DescField, Result};
+use crate::format::gguf::{GgmlType, GgufWriter, MetaValue, TensorSpec};
 use crate::format::mlb::{Kind, Mlb, WType};
 use crate::format::mlt::Mlt;
 use crate::quant::QK;
@@ -64,28 +68,6 @@ fn field(input: &Path, f: &str, v: impl std::fmt::Display, msg: impl Into<String
     ConvertError::config(input, f, v, msg)
 }
 
-/// The GGUF architecture an `.mlb` header describes.
-fn arch_of(m: &Mlb) -> &'static GgufArch {
-    let h = m.header();
-    let flags: Vec<u8> = (0..m.dims().n_layers).map(|l| m.layer_flags(l)).collect();
-    let name = if h.attn_gate != 0 || h.lin_k_heads != 0 {
-        "qwen3_5_text"
-    } else if h.post_norms != 0 && h.qk_norm != 0 {
-        "gemma3_text"
-    } else if h.post_norms != 0 {
-        "gemma2"
-    } else if h.qkv_bias != 0 {
-        "qwen2"
-    } else if h.qk_norm != 0 {
-        "qwen3"
-    } else if flags.iter().any(|f| f & layer_flag::NO_ROPE != 0) {
-        "smollm3"
-    } else {
-        "llama"
-    };
-    arch::by_krafla(name).expect("in the table")
-}
-
 /// Exports `opts.input`.
 pub fn export(opts: &ExportOptions) -> Result<ExportSummary> {
     let input = &opts.input;
@@ -103,415 +85,138 @@ pub fn export(opts: &ExportOptions) -> Result<ExportSummary> {
             format!("{e} (the tokenizer is needed: pass --tokenizer FILE.mlt)"),
         )
     })?;
-    let h = *m.header();
-    let d = *m.dims();
-    let ga = arch_of(&m);
-    let a = ga.name;
-    let key = |k: &str| format!("{a}.{k}");
-    let flags: Vec<u8> = (0..d.n_layers).map(|l| m.layer_flags(l)).collect();
-
-    // What llama.cpp computes on its own must be what the header says.
-    let qwen35 = a == "qwen35";
-    if h.rot_dim != 0 && h.rot_dim as usize != d.head_dim && !qwen35 {
-        return Err(field(
-            input,
-            "rot_dim",
-            h.rot_dim,
-            format!("partial rotary cannot be expressed for {a}"),
-        ));
-    }
-    if qwen35 && h.attn_gate == 0 {
-        return Err(field(
-            input,
-            "attn_gate",
-            0,
-            "llama.cpp's qwen35 gates every attention layer",
-        ));
-    }
-    if qwen35 && h.lin_k_heads != 0 && h.lin_k_dim != h.lin_v_dim {
-        return Err(field(
-            input,
-            "lin_v_dim",
-            h.lin_v_dim,
-            format!(
-                "llama.cpp's qwen35 has value heads of the key head size ({})",
-                h.lin_k_dim
-            ),
-        ));
-    }
-    let gemma = ga.swa != Swa::None;
-    if gemma {
-        if h.act != act::GELU_TANH {
-            return Err(field(input, "act", h.act, format!("{a} uses GELU (tanh)")));
-        }
-        if h.embed_scale != (d.dim as f32).sqrt() {
-            return Err(field(
-                input,
-                "embed_scale",
-                h.embed_scale,
-                format!(
-                    "llama.cpp's {a} scales embeddings by sqrt(dim) = {}",
-                    (d.dim as f32).sqrt()
-                ),
-            ));
-        }
-        let big = (ga.swa == Swa::Gemma2 && d.n_layers == 46)
-            || (ga.swa == Swa::Gemma3 && d.n_layers == 62);
-        let hd = if big { d.dim / d.n_heads } else { d.head_dim };
-        let want = (1.0 / (hd as f64).sqrt()) as f32;
-        if h.attn_scale != want {
-            return Err(field(
-                input,
-                "attn_scale",
-                h.attn_scale,
-                format!("llama.cpp's {a} computes 1/sqrt({hd}) = {want}"),
-            ));
-        }
-        if ga.swa == Swa::Gemma3 && h.attn_softcap != 0.0 {
-            return Err(field(
-                input,
-                "attn_softcap",
-                h.attn_softcap,
-                "llama.cpp's gemma3 has no attention softcap",
-            ));
-        }
-    } else {
-        for (f, v) in [
-            ("embed_scale", h.embed_scale),
-            ("attn_softcap", h.attn_softcap),
-            ("final_softcap", h.final_softcap),
-        ] {
-            if v != 0.0 && !(f == "embed_scale" && v == 1.0) {
-                return Err(field(
-                    input,
-                    f,
-                    v,
-                    format!("llama.cpp's {a} has no such factor"),
-                ));
-            }
-        }
-        if h.attn_scale != 0.0 && h.attn_scale != (1.0 / (d.head_dim as f64).sqrt()) as f32 {
-            return Err(field(
-                input,
-                "attn_scale",
-                h.attn_scale,
-                format!("llama.cpp's {a} uses 1/sqrt(head_dim)"),
-            ));
-        }
-        if h.act != act::SILU {
-            return Err(field(input, "act", h.act, format!("{a} uses SiLU")));
-        }
-        if flags.iter().any(|f| f & layer_flag::SLIDING != 0)
-            || (h.sliding_window != 0 && h.layer_flags == 0)
-        {
-            return Err(field(
-                input,
-                "sliding_window",
-                h.sliding_window,
-                format!("llama.cpp's {a} has no sliding window"),
-            ));
-        }
-        if h.qk_norm != 0 && !matches!(a, "qwen3" | "qwen35") {
-            return Err(field(
-                input,
-                "qk_norm",
-                1,
-                format!("llama.cpp's {a} has no q/k norm"),
-            ));
-        }
-    }
-    for (l, &f) in flags.iter().enumerate() {
-        let want_no_rope = ga.no_rope == NoRope::Every4th && (l + 1) % 4 == 0;
-        if (f & layer_flag::NO_ROPE != 0) != want_no_rope {
-            return Err(field(
-                input,
-                &format!("layer_flags[{l}]"),
-                f,
-                format!("llama.cpp's {a} has no RoPE exactly on every fourth layer"),
-            ));
-        }
-    }
-
-    // The header stores a partial rotary's base as θ^(head_dim/rot_dim) (the spec's
-    // exponent); llama.cpp's is θ itself. Refused when it would not read back the same.
-    let rope_base = if d.rot_dim < d.head_dim {
-        let t = (h.rope_theta as f64).powf(d.rot_dim as f64 / d.head_dim as f64) as f32;
-        if ((t as f64).powf(d.head_dim as f64 / d.rot_dim as f64) as f32) != h.rope_theta {
-            return Err(field(
-                input,
-                "rope_theta",
-                h.rope_theta,
-                format!("not θ^({}/{}) of an f32 θ", d.head_dim, d.rot_dim),
-            ));
-        }
-        t
-    } else {
-        h.rope_theta
+    let flags: Vec<u8> = (0..m.dims().n_layers).map(|l| m.layer_flags(l)).collect();
+    let (ga, desc) = describe(input, &m, &flags)?;
+    let mut keys = Keys {
+        input,
+        ga,
+        desc: &desc,
+        header: m.header(),
+        flags: &flags,
+        kv: Vec::new(),
     };
-
-    // Metadata.
-    let mut kv: Vec<(String, MetaValue)> = vec![
-        ("general.architecture".into(), MetaValue::Str(a.into())),
-        ("general.type".into(), MetaValue::Str("model".into())),
-        (
-            "general.name".into(),
-            MetaValue::Str(opts.name.clone().unwrap_or_else(|| {
-                input
-                    .file_stem()
-                    .map(|s| s.to_string_lossy().into_owned())
-                    .unwrap_or_default()
-            })),
-        ),
-        (key("block_count"), MetaValue::U32(h.n_layers)),
-        (key("context_length"), MetaValue::U32(h.max_seq)),
-        (key("embedding_length"), MetaValue::U32(h.dim)),
-        (key("feed_forward_length"), MetaValue::U32(h.hidden_dim)),
-        (key("attention.head_count"), MetaValue::U32(h.n_heads)),
-        (key("attention.head_count_kv"), MetaValue::U32(h.n_kv_heads)),
-        (key("rope.freq_base"), MetaValue::F32(rope_base)),
-        (
-            key("attention.layer_norm_rms_epsilon"),
-            MetaValue::F32(h.norm_eps),
-        ),
-        (
-            key("attention.key_length"),
-            MetaValue::U32(d.head_dim as u32),
-        ),
-        (
-            key("attention.value_length"),
-            MetaValue::U32(d.head_dim as u32),
-        ),
-        (
-            key("rope.dimension_count"),
-            MetaValue::U32(d.rot_dim as u32),
-        ),
-        (key("vocab_size"), MetaValue::U32(h.vocab)),
-    ];
-    let mut rope_freqs = None;
-    match h.rope_type {
-        rope_type::PLAIN => {}
-        rope_type::LINEAR => {
-            kv.push((key("rope.scaling.type"), MetaValue::Str("linear".into())));
-            kv.push((key("rope.scaling.factor"), MetaValue::F32(h.rope_factor)));
-        }
-        rope_type::YARN => {
-            if h.rope_low_freq_factor != 32.0 || h.rope_high_freq_factor != 1.0 {
-                return Err(field(input, "rope_low_freq_factor", h.rope_low_freq_factor, format!("llama.cpp's {a} uses yarn's beta_fast 32 and beta_slow 1 (this file: {} and {})", h.rope_low_freq_factor, h.rope_high_freq_factor)));
-            }
-            let f = h.rope_factor as f64;
-            let mscale = if f <= 1.0 { 1.0 } else { 0.1 * f.ln() + 1.0 };
-            // llama.cpp multiplies get_mscale(f) by rope.scaling.attn_factor (default 1).
-            let attn = (h.rope_attn_factor as f64 / mscale) as f32;
-            if (mscale * attn as f64) as f32 != h.rope_attn_factor {
-                return Err(field(
-                    input,
-                    "rope_attn_factor",
-                    h.rope_attn_factor,
-                    "not expressible as llama.cpp's yarn attention factor",
-                ));
-            }
-            kv.push((key("rope.scaling.type"), MetaValue::Str("yarn".into())));
-            kv.push((key("rope.scaling.factor"), MetaValue::F32(h.rope_factor)));
-            kv.push((
-                key("rope.scaling.original_context_length"),
-                MetaValue::U32(h.rope_orig_max_seq),
-            ));
-            if attn != 1.0 {
-                kv.push((key("rope.scaling.attn_factor"), MetaValue::F32(attn)));
-            }
-        }
-        rope_type::LLAMA3 => {
-            if ga.rows != RopeRows::Interleaved || gemma {
-                return Err(field(
-                    input,
-                    "rope_type",
-                    "llama3",
-                    format!("llama.cpp's {a} takes no frequency factors"),
-                ));
-            }
-            // llama.cpp's converter: divisor per pair of the head (generate_extra_tensors).
-            let factors = llama3_factors(
-                h.rope_theta as f64,
-                d.head_dim,
-                h.rope_factor as f64,
-                h.rope_low_freq_factor as f64,
-                h.rope_high_freq_factor as f64,
-                h.rope_orig_max_seq as f64,
-            );
-            kv.push((
-                key("rope.scaling.original_context_length"),
-                MetaValue::U32(h.rope_orig_max_seq),
-            ));
-            rope_freqs = Some(factors);
-        }
-        t => return Err(field(input, "rope_type", t, "unknown")),
-    }
-    if gemma {
-        let sliding: Vec<bool> = flags.iter().map(|f| f & layer_flag::SLIDING != 0).collect();
-        let local: Vec<bool> = flags
-            .iter()
-            .map(|f| f & layer_flag::LOCAL_ROPE != 0)
-            .collect();
-        if ga.swa == Swa::Gemma2 {
-            kv.push((
-                key("attn_logit_softcapping"),
-                MetaValue::F32(h.attn_softcap),
-            ));
-        }
-        kv.push((
-            key("final_logit_softcapping"),
-            MetaValue::F32(h.final_softcap),
-        ));
-        let window = if h.layer_flags == 0 && h.sliding_window != 0 {
-            // A window on every layer.
-            vec![true; d.n_layers]
-        } else {
-            sliding.clone()
-        };
-        let any = window.iter().any(|&s| s) && h.sliding_window != 0;
-        if any {
-            kv.push((
-                key("attention.sliding_window"),
-                MetaValue::U32(h.sliding_window),
-            ));
-            kv.push((
-                key("attention.sliding_window_pattern"),
-                MetaValue::Array(
-                    ValueType::Bool,
-                    window.iter().map(|&b| MetaValue::Bool(b)).collect(),
-                ),
-            ));
-        } else if ga.swa == Swa::Gemma2 {
-            // llama.cpp's Gemma 2 always has a window: make it cover no layer.
-            kv.push((
-                key("attention.sliding_window_pattern"),
-                MetaValue::Array(ValueType::Bool, vec![MetaValue::Bool(false); d.n_layers]),
-            ));
-        }
-        // The sliding layers, and only they, use the local base.
-        let uses_local = local.iter().any(|&l| l);
-        if uses_local && (local != window || !any) {
-            return Err(field(
-                input,
-                "layer_flags",
-                format!("{flags:?}"),
-                format!("llama.cpp's {a} uses the local RoPE base on exactly the sliding layers"),
-            ));
-        }
-        match (ga.swa, uses_local) {
-            (_, true) => kv.push((
-                key("rope.freq_base_swa"),
-                MetaValue::F32(h.rope_local_theta),
-            )),
-            (Swa::Gemma3, false) if any => {
-                return Err(field(
-                    input,
-                    "rope_local_theta",
-                    h.rope_local_theta,
-                    "llama.cpp's gemma3 sliding layers use a local RoPE base",
-                ));
-            }
-            _ => {}
-        }
-        if ga.swa == Swa::Gemma3
-            && uses_local
-            && h.rope_type != rope_type::PLAIN
-            && h.rope_type != rope_type::LINEAR
-        {
-            return Err(field(
-                input,
-                "rope_type",
-                h.rope_type,
-                "gemma3: only linear scaling of the global layers",
-            ));
-        }
-    }
-    if qwen35 {
-        // Interleaved multimodal RoPE: three near-equal sections cover every rotated
-        // pair (llama.cpp's default [11, 11, 10] for 32 pairs); text positions are equal.
-        let n = d.rot_dim as i32 / 2;
-        let a0 = (n + 2) / 3;
-        let b0 = (n - a0 + 1) / 2;
-        kv.push((
-            key("rope.dimension_sections"),
-            MetaValue::Array(
-                ValueType::I32,
-                [a0, b0, n - a0 - b0, 0]
-                    .into_iter()
-                    .map(MetaValue::I32)
-                    .collect(),
-            ),
-        ));
-        let lin: Vec<bool> = flags.iter().map(|f| f & layer_flag::LINEAR != 0).collect();
-        kv.push((
-            key("attention.recurrent_layers"),
-            MetaValue::Array(
-                ValueType::Bool,
-                lin.iter().map(|&b| MetaValue::Bool(b)).collect(),
-            ),
-        ));
-        if h.lin_k_heads != 0 {
-            kv.push((key("ssm.conv_kernel"), MetaValue::U32(h.lin_conv)));
-            kv.push((key("ssm.state_size"), MetaValue::U32(h.lin_k_dim)));
-            kv.push((key("ssm.group_count"), MetaValue::U32(h.lin_k_heads)));
-            kv.push((key("ssm.time_step_rank"), MetaValue::U32(h.lin_v_heads)));
-            kv.push((
-                key("ssm.inner_size"),
-                MetaValue::U32(h.lin_v_heads * h.lin_v_dim),
-            ));
-        }
-    }
-    let ftype = file_type(&m);
-    kv.push(("general.file_type".into(), MetaValue::U32(ftype)));
+    keys.llama_cpp_computes()?;
+    keys.general(opts.name.clone().unwrap_or_else(|| {
+        input
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_default()
+    }));
+    keys.dims()?;
+    let rope_freqs = keys.rope()?;
+    keys.scales();
+    keys.window()?;
+    keys.linear();
+    let mut kv = keys.kv;
+    kv.push(("general.file_type".into(), MetaValue::U32(file_type(&m))));
     kv.push(("general.quantization_version".into(), MetaValue::U32(2)));
-    let tok = tokenizer::gguf_tokenizer_kvs(&mlt, a)
-        .map_err(|e| ConvertError::checkpoint(&tok_path, e.to_string()))?;
-    if mlt.tokens.len() > d.vocab {
+    kv.extend(tokenizer_kvs(&mlt, &tok_path, ga.name, desc.vocab.size)?);
+    let outs = plan(input, ga, &desc, &m, rope_freqs.as_ref())?;
+
+    let out = opts
+        .output
+        .clone()
+        .unwrap_or_else(|| input.with_extension("gguf"));
+    crate::atomic::check_not_input(&out, &[input, tok_path.as_path()])
+        .map_err(|e| ConvertError::options("-o", format!("{}: {e}", out.display())))?;
+    let mut file = AtomicFile::create(&out).map_err(|e| ConvertError::io(&out, e))?;
+    write(
+        input,
+        &out,
+        &mut file,
+        &kv,
+        &outs,
+        &m,
+        rope_freqs.as_deref(),
+    )?;
+    file.commit().map_err(|e| ConvertError::io(&out, e))?;
+    Ok(ExportSummary {
+        output: out.clone(),
+        arch: ga.name,
+        tensors: outs.len(),
+        file_bytes: std::fs::metadata(&out).map(|x| x.len()).unwrap_or(0),
+    })
+}
+
+/// The GGUF architecture of `m` (with its layer flag bytes `flags`) and the
+/// description its header gives, checked as every reader's.
+fn describe(input: &Path, m: &Mlb, flags: &[u8]) -> Result<(&'static GgufArch, ModelDesc)> {
+    let h = m.header();
+    let ga = arch::by_features(Features {
+        gated: h.attn_gate != 0 || h.lin_k_heads != 0,
+        post_norms: h.post_norms != 0,
+        qk_norm: h.qk_norm != 0,
+        qkv_bias: h.qkv_bias != 0,
+        no_rope: any_no_rope(flags),
+    });
+    let desc = ModelDesc::from_header(ga.arch, h, m.dims(), flags);
+    desc.check().map_err(|e| {
+        let key = match e.field {
+            DescField::RotDim => "rot_dim",
+            DescField::RopeScaling => "rope_type",
+            DescField::Act => "act",
+            DescField::SlidingWindow => "sliding_window",
+            DescField::Layers => "layer_flags",
+        };
+        e.at(input, key, None)
+    })?;
+    Ok((ga, desc))
+}
+
+/// The `tokenizer.*` keys of `mlt` (read from `path`), one token per embedding row:
+/// padded as convert_hf_to_gguf.py pads, as llama.cpp wants.
+fn tokenizer_kvs(
+    mlt: &Mlt,
+    path: &Path,
+    arch: &str,
+    vocab: usize,
+) -> Result<Vec<(String, MetaValue)>> {
+    let tok = tokenizer::gguf_tokenizer_kvs(mlt, arch)
+        .map_err(|e| ConvertError::checkpoint(path, e.to_string()))?;
+    if mlt.tokens.len() > vocab {
         return Err(ConvertError::checkpoint(
-            &tok_path,
-            format!(
-                "{} tokens for a model of {} rows",
-                mlt.tokens.len(),
-                d.vocab
-            ),
+            path,
+            format!("{} tokens for a model of {vocab} rows", mlt.tokens.len()),
         ));
     }
-    for (k, v) in tok {
-        // llama.cpp wants one token per embedding row: pad as convert_hf_to_gguf.py does.
-        let v = match (k.as_str(), v) {
-            ("tokenizer.ggml.tokens", MetaValue::Array(t, mut items)) => {
-                for i in items.len()..d.vocab {
-                    items.push(MetaValue::Str(format!("[PAD{i}]")));
-                }
-                MetaValue::Array(t, items)
+    let pad = |k: &str, v: MetaValue| match (k, v) {
+        ("tokenizer.ggml.tokens", MetaValue::Array(t, mut items)) => {
+            for i in items.len()..vocab {
+                items.push(MetaValue::Str(format!("[PAD{i}]")));
             }
-            ("tokenizer.ggml.token_type", MetaValue::Array(t, mut items)) => {
-                items.resize(d.vocab, MetaValue::I32(5));
-                MetaValue::Array(t, items)
-            }
-            ("tokenizer.ggml.scores", MetaValue::Array(t, mut items)) => {
-                items.resize(d.vocab, MetaValue::F32(-1000.0));
-                MetaValue::Array(t, items)
-            }
-            (_, v) => v,
-        };
-        kv.push((k, v));
-    }
-
-    // Tensors: each GGUF tensor gathers its rows from one or more .mlb arrays (the
-    // inverse of the import's gathers; Qwen3.5's attn_q from wq and wg).
-    let g = arch::Geometry {
-        head_dim: d.head_dim,
-        rot_dim: d.rot_dim,
-        neox: ga.rows == RopeRows::RotateHalf,
-        k_heads: (h.lin_k_heads as usize).max(1),
-        per_k: h.lin_v_heads.checked_div(h.lin_k_heads).unwrap_or(1) as usize,
-        v_dim: (h.lin_v_dim as usize).max(1),
-        qk_rows: 2 * h.lin_k_heads as usize * h.lin_k_dim as usize,
+            MetaValue::Array(t, items)
+        }
+        ("tokenizer.ggml.token_type", MetaValue::Array(t, mut items)) => {
+            items.resize(vocab, MetaValue::I32(5));
+            MetaValue::Array(t, items)
+        }
+        ("tokenizer.ggml.scores", MetaValue::Array(t, mut items)) => {
+            items.resize(vocab, MetaValue::F32(-1000.0));
+            MetaValue::Array(t, items)
+        }
+        (_, v) => v,
     };
-    let layout = m.layout();
+    Ok(tok
+        .into_iter()
+        .map(|(k, v)| {
+            let v = pad(&k, v);
+            (k, v)
+        })
+        .collect())
+}
+
+/// The GGUF tensors: each gathers its rows from one or more `.mlb` arrays (the inverse
+/// of the import's gathers; Qwen3.5's attn_q from wq and wg), after `rope_freqs`.
+fn plan(
+    input: &Path,
+    ga: &GgufArch,
+    d: &ModelDesc,
+    m: &Mlb,
+    rope_freqs: Option<&Vec<f32>>,
+) -> Result<Vec<Out>> {
+    let g = arch::Geometry::of(d, ga);
     let mut outs: Vec<Out> = Vec::new();
-    if let Some(f) = &rope_freqs {
+    if let Some(f) = rope_freqs {
         outs.push(Out {
             spec: TensorSpec::vector("rope_freqs.weight", f.len() as u64, GgmlType::F32),
             fill: Vec::new(),
@@ -521,7 +226,7 @@ pub fn export(opts: &ExportOptions) -> Result<ExportSummary> {
             neg_exp: false,
         });
     }
-    for (idx, t) in layout.tensors.iter().enumerate() {
+    for (idx, t) in m.layout().tensors.iter().enumerate() {
         let (name, tr) = match t.kind {
             Kind::U8 { .. } => continue,
             _ => ga.tensor_name(t.name.name, t.name.layer).ok_or_else(|| {
@@ -529,7 +234,7 @@ pub fn export(opts: &ExportOptions) -> Result<ExportSummary> {
                     input,
                     &t.name.to_string(),
                     "",
-                    format!("no {a} tensor for it"),
+                    format!("no {} tensor for it", ga.name),
                 )
             })?,
         };
@@ -541,7 +246,8 @@ pub fn export(opts: &ExportOptions) -> Result<ExportSummary> {
                 _,
             ) => (rows, cols, Some(wtype)),
             (Kind::F32 { len }, Transform::VConv) => {
-                (len / h.lin_conv as usize, h.lin_conv as usize, None)
+                let conv = d.linear.map_or(0, |l| l.conv);
+                (len / conv, conv, None)
             }
             (Kind::F32 { len }, _) => (len, 1, None),
             (Kind::U8 { .. }, _) => unreachable!(),
@@ -550,52 +256,17 @@ pub fn export(opts: &ExportOptions) -> Result<ExportSummary> {
         let at = match outs.iter().position(|o| o.spec.name == name) {
             Some(i) => i,
             None => {
-                let spec = match mat {
-                    Some(q) => TensorSpec::matrix(
-                        name.clone(),
-                        g_rows as u64,
-                        row_len as u64,
-                        ggml_type(q).ok_or_else(|| {
-                            field(
-                                input,
-                                &t.name.to_string(),
-                                q,
-                                "llama.cpp has no such type (convert with another --types)",
-                            )
-                        })?,
-                    ),
-                    None if row_len > 1 => TensorSpec::matrix(
-                        name.clone(),
-                        g_rows as u64,
-                        row_len as u64,
-                        GgmlType::F32,
-                    ),
-                    None => TensorSpec::vector(name.clone(), g_rows as u64, GgmlType::F32),
-                };
-                let col_blocks = if tr == Transform::VCols {
-                    let bw = mat.map_or(QK, |q| q.block_weights());
-                    if mat.is_some() && !g.v_dim.is_multiple_of(bw) {
-                        return Err(field(input, &t.name.to_string(), format!("value heads of {}", g.v_dim),
-                            format!("llama.cpp's column order moves value heads, which would split the {bw}-value blocks")));
-                    }
-                    // GGUF block j holds the .mlb block whose first column lands there.
-                    let nb = row_len / bw;
-                    let mut inv = vec![0usize; nb];
-                    for b in 0..nb {
-                        inv[tr.src_col(&g, b * bw) / bw] = b;
-                    }
-                    Some(inv)
-                } else {
-                    None
-                };
-                outs.push(Out {
-                    spec,
-                    fill: vec![(usize::MAX, 0); g_rows],
+                let what = t.name.to_string();
+                outs.push(new_out(
+                    input,
+                    &what,
+                    name.clone(),
+                    tr,
+                    &g,
+                    g_rows,
                     row_len,
                     mat,
-                    col_blocks,
-                    neg_exp: tr == Transform::NegExpA,
-                });
+                )?);
                 outs.len() - 1
             }
         };
@@ -608,10 +279,7 @@ pub fn export(opts: &ExportOptions) -> Result<ExportSummary> {
                 format!("does not fit {name} beside the arrays already in it"),
             ));
         }
-        let no_rope = t
-            .name
-            .layer
-            .is_some_and(|l| flags[l as usize] & layer_flag::NO_ROPE != 0);
+        let no_rope = t.name.layer.is_some_and(|l| d.layers[l as usize].no_rope);
         for r in 0..rows {
             o.fill[tr.src_row_in(&g, r, no_rope)] = (idx, r);
         }
@@ -622,93 +290,171 @@ pub fn export(opts: &ExportOptions) -> Result<ExportSummary> {
     {
         return Err(field(input, &o.spec.name, "", "not every row has a source"));
     }
-    let specs: Vec<TensorSpec> = outs.iter().map(|o| o.spec.clone()).collect();
+    Ok(outs)
+}
 
-    let out = opts
-        .output
-        .clone()
-        .unwrap_or_else(|| input.with_extension("gguf"));
-    crate::atomic::check_not_input(&out, &[input, tok_path.as_path()])
-        .map_err(|e| ConvertError::options("-o", format!("{}: {e}", out.display())))?;
-    let mut file = AtomicFile::create(&out).map_err(|e| ConvertError::io(&out, e))?;
-    let werr = |e| ConvertError::write(&out, &out, e);
-    {
-        let mut w = GgufWriter::new(BufWriter::with_capacity(1 << 20, &mut file), &kv, specs)
-            .map_err(werr)?;
-        let mut buf = Vec::new();
-        for o in &outs {
-            if o.fill.is_empty() {
-                let f = rope_freqs.as_ref().expect("rope_freqs planned");
-                let b: Vec<u8> = f.iter().flat_map(|x| x.to_le_bytes()).collect();
-                w.write_data(&b).map_err(werr)?;
-                continue;
-            }
-            for &(idx, r) in &o.fill {
-                buf.clear();
-                let t = &layout.tensors[idx];
-                match o.mat {
-                    None => {
-                        let x = &m.f32s(idx)[r * o.row_len..(r + 1) * o.row_len];
-                        for &v in x {
-                            let v = if o.neg_exp { neg_exp(v) } else { v };
-                            buf.extend_from_slice(&v.to_le_bytes());
-                        }
-                    }
-                    Some(wtype) if !wtype.has_scales() => {
-                        // GGUF's own blocks (or 2-byte floats): the same bytes.
-                        let mat = m.mat(idx);
-                        let qb = wtype.block_bytes();
-                        let nb = mat.cols / wtype.block_weights();
-                        let row = &mat.q[r * nb * qb..(r + 1) * nb * qb];
-                        for j in 0..nb {
-                            let b = o.col_blocks.as_ref().map_or(j, |cb| cb[j]);
-                            buf.extend_from_slice(&row[b * qb..(b + 1) * qb]);
-                        }
-                    }
-                    Some(wtype) => {
-                        let mat = m.mat(idx);
-                        let (cols, q) = (mat.cols, mat.q);
-                        let nb = cols / QK;
-                        let qb = wtype.block_bytes();
-                        let qrow = nb * qb;
-                        let f16 = m.mat_f16(idx);
-                        for j in 0..nb {
-                            let b = o.col_blocks.as_ref().map_or(j, |cb| cb[j]);
-                            let bits = match f16 {
-                                Some(s) => s[r * nb + b],
-                                None => {
-                                    let x = m.mat(idx).d[r * nb + b];
-                                    let hb = half::f16::from_f32(x);
-                                    if hb.to_f32() != x {
-                                        return Err(ConvertError::tensor(
-                                            input,
-                                            t.name.to_string(),
-                                            format!("row {r} block {b}: scale {x} is not an f16 (GGUF blocks hold f16 scales): convert with --f16-scales"),
-                                        ));
-                                    }
-                                    hb.to_bits()
-                                }
-                            };
-                            buf.extend_from_slice(&bits.to_le_bytes());
-                            buf.extend_from_slice(&q[r * qrow + b * qb..r * qrow + (b + 1) * qb]);
-                        }
-                    }
-                }
-                w.write_data(&buf).map_err(werr)?;
-            }
+/// GGUF tensor `name` of `g_rows` rows of `row_len`, first met as `.mlb` array `what`
+/// (a matrix of type `mat`, or floats) through `tr`: its type, and for ssm_out the
+/// `.mlb` block of each GGUF block (whole blocks only).
+#[allow(clippy::too_many_arguments)]
+fn new_out(
+    input: &Path,
+    what: &str,
+    name: String,
+    tr: Transform,
+    g: &arch::Geometry,
+    g_rows: usize,
+    row_len: usize,
+    mat: Option<WType>,
+) -> Result<Out> {
+    let spec = match mat {
+        Some(q) => TensorSpec::matrix(
+            name,
+            g_rows as u64,
+            row_len as u64,
+            ggml_type(q).ok_or_else(|| {
+                field(
+                    input,
+                    what,
+                    q,
+                    "llama.cpp has no such type (convert with another --types)",
+                )
+            })?,
+        ),
+        None if row_len > 1 => {
+            TensorSpec::matrix(name, g_rows as u64, row_len as u64, GgmlType::F32)
         }
-        w.finish()
-            .map_err(werr)?
-            .into_inner()
-            .map_err(|e| ConvertError::io(&out, e.into_error()))?;
-    }
-    file.commit().map_err(|e| ConvertError::io(&out, e))?;
-    Ok(ExportSummary {
-        output: out.clone(),
-        arch: a,
-        tensors: outs.len(),
-        file_bytes: std::fs::metadata(&out).map(|x| x.len()).unwrap_or(0),
+        None => TensorSpec::vector(name, g_rows as u64, GgmlType::F32),
+    };
+    let col_blocks = if tr == Transform::VCols {
+        let bw = mat.map_or(QK, |q| q.block_weights());
+        if mat.is_some() && !g.v_dim.is_multiple_of(bw) {
+            return Err(field(
+                input,
+                what,
+                format!("value heads of {}", g.v_dim),
+                format!("llama.cpp's column order moves value heads, which would split the {bw}-value blocks"),
+            ));
+        }
+        // GGUF block j holds the .mlb block whose first column lands there.
+        let nb = row_len / bw;
+        let mut inv = vec![0usize; nb];
+        for b in 0..nb {
+            inv[tr.src_col(g, b * bw) / bw] = b;
+        }
+        Some(inv)
+    } else {
+        None
+    };
+    Ok(Out {
+        spec,
+        fill: vec![(usize::MAX, 0); g_rows],
+        row_len,
+        mat,
+        col_blocks,
+        neg_exp: tr == Transform::NegExpA,
     })
+}
+
+/// Writes the GGUF of metadata `kv` and tensors `outs` (from `m`) to `file`.
+fn write(
+    input: &Path,
+    out: &Path,
+    file: &mut AtomicFile,
+    kv: &[(String, MetaValue)],
+    outs: &[Out],
+    m: &Mlb,
+    rope_freqs: Option<&[f32]>,
+) -> Result<()> {
+    let werr = |e| ConvertError::write(out, out, e);
+    let specs: Vec<TensorSpec> = outs.iter().map(|o| o.spec.clone()).collect();
+    let mut w =
+        GgufWriter::new(BufWriter::with_capacity(1 << 20, file), kv, specs).map_err(werr)?;
+    let mut buf = Vec::new();
+    for o in outs {
+        if o.fill.is_empty() {
+            let f = rope_freqs.expect("rope_freqs planned");
+            let b: Vec<u8> = f.iter().flat_map(|x| x.to_le_bytes()).collect();
+            w.write_data(&b).map_err(werr)?;
+            continue;
+        }
+        for &(idx, r) in &o.fill {
+            buf.clear();
+            match o.mat {
+                None => float_row(m, o, idx, r, &mut buf),
+                Some(wtype) if !wtype.has_scales() => block_row(m, o, wtype, idx, r, &mut buf),
+                Some(wtype) => scaled_row(input, m, o, wtype, idx, r, &mut buf)?,
+            }
+            w.write_data(&buf).map_err(werr)?;
+        }
+    }
+    w.finish()
+        .map_err(werr)?
+        .into_inner()
+        .map_err(|e| ConvertError::io(out, e.into_error()))?;
+    Ok(())
+}
+
+/// Row `r` of F32 array `idx` (ssm_a: −exp of it).
+fn float_row(m: &Mlb, o: &Out, idx: usize, r: usize, buf: &mut Vec<u8>) {
+    let x = &m.f32s(idx)[r * o.row_len..(r + 1) * o.row_len];
+    for &v in x {
+        let v = if o.neg_exp { neg_exp(v) } else { v };
+        buf.extend_from_slice(&v.to_le_bytes());
+    }
+}
+
+/// Row `r` of matrix `idx` whose blocks are GGUF's own (or 2-byte floats): the same
+/// bytes, blocks in GGUF's column order.
+fn block_row(m: &Mlb, o: &Out, wtype: WType, idx: usize, r: usize, buf: &mut Vec<u8>) {
+    let mat = m.mat(idx);
+    let qb = wtype.block_bytes();
+    let nb = mat.cols / wtype.block_weights();
+    let row = &mat.q[r * nb * qb..(r + 1) * nb * qb];
+    for j in 0..nb {
+        let b = o.col_blocks.as_ref().map_or(j, |cb| cb[j]);
+        buf.extend_from_slice(&row[b * qb..(b + 1) * qb]);
+    }
+}
+
+/// Row `r` of a Q8_0/Q4_0 matrix `idx`: each GGUF block is the f16 scale, then the
+/// quants; an f32 scale must be an f16 exactly.
+fn scaled_row(
+    input: &Path,
+    m: &Mlb,
+    o: &Out,
+    wtype: WType,
+    idx: usize,
+    r: usize,
+    buf: &mut Vec<u8>,
+) -> Result<()> {
+    let mat = m.mat(idx);
+    let (cols, q) = (mat.cols, mat.q);
+    let nb = cols / QK;
+    let qb = wtype.block_bytes();
+    let qrow = nb * qb;
+    let f16 = m.mat_f16(idx);
+    for j in 0..nb {
+        let b = o.col_blocks.as_ref().map_or(j, |cb| cb[j]);
+        let bits = match f16 {
+            Some(s) => s[r * nb + b],
+            None => {
+                let x = mat.d[r * nb + b];
+                let hb = half::f16::from_f32(x);
+                if hb.to_f32() != x {
+                    return Err(ConvertError::tensor(
+                        input,
+                        m.layout().tensors[idx].name.to_string(),
+                        format!("row {r} block {b}: scale {x} is not an f16 (GGUF blocks hold f16 scales): convert with --f16-scales"),
+                    ));
+                }
+                hb.to_bits()
+            }
+        };
+        buf.extend_from_slice(&bits.to_le_bytes());
+        buf.extend_from_slice(&q[r * qrow + b * qb..r * qrow + (b + 1) * qb]);
+    }
+    Ok(())
 }
 
 /// ssm_a = −exp(A_log), as llama.cpp's converter computes it in f32; of the floats

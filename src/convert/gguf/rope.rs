@@ -1,15 +1,74 @@
 //! RoPE as llama.cpp stores it: `rope.scaling.*` read into the description, and Llama 3
 //! scaling as per-frequency factors (`rope_freqs.weight`) both ways.
 
-use super::meta::Meta;
-use crate::convert::error::Result;
-use crate::convert::hf::config::RopeScaling;
+use super::meta::{usize_of, Meta};
+use crate::convert::desc::{Dims, Rope, RopeScaling, Yarn};
+use crate::convert::error::{ConvertError, Result};
+use crate::format::gguf::dequant;
+
+/// The `rope` section: the base (llama.cpp's default 10000), the rotated dimensions
+/// (default the head size), the scaling, or Llama 3's per-frequency factors
+/// (`rope_freqs.weight`, whose name is returned: the description consumed it). The
+/// sliding layers' base is the window's ([`super::desc`]).
+pub fn rope(m: &Meta, dims: &Dims) -> Result<(Rope, Option<String>)> {
+    let head_dim = dims.head_dim;
+    let rot_dim = match m.u64_opt("rope.dimension_count")? {
+        Some(r) => usize_of(m, "rope.dimension_count", r)?,
+        None => head_dim,
+    };
+    let theta = m.f64_opt("rope.freq_base")?.unwrap_or(10_000.0);
+    if theta <= 0.0 {
+        return Err(m.err("rope.freq_base", theta, "must be > 0"));
+    }
+    let mut scaling = rope_scaling(m, m.u64_req("context_length")?)?;
+    let mut consumed = None;
+    if let Some(t) = m.v.tensor("rope_freqs.weight") {
+        if scaling != RopeScaling::None {
+            return Err(ConvertError::tensor(
+                m.file,
+                t.name,
+                "per-frequency factors together with a RoPE scaling type cannot be expressed",
+            ));
+        }
+        let mut factors = vec![0f32; t.cols() as usize];
+        if t.rows() != 1
+            || t.cols() as usize != head_dim / 2
+            || !dequant::dequantize_row(t.ty, m.v.data(t), &mut factors)
+        {
+            return Err(ConvertError::tensor(
+                m.file,
+                t.name,
+                format!(
+                    "{} {}: expected {} F32 frequency factors",
+                    t.ty,
+                    t.shape_text(),
+                    head_dim / 2
+                ),
+            ));
+        }
+        let orig = m
+            .u64_opt("rope.scaling.original_context_length")?
+            .unwrap_or(8192)
+            .clamp(1, u32::MAX as u64) as u32;
+        scaling = llama3_from_factors(theta, head_dim, &factors, orig)
+            .map_err(|msg| ConvertError::tensor(m.file, t.name, msg))?;
+        consumed = Some(t.name.to_string());
+    }
+    let _ = m.get("rope.scaling.finetuned"); // no effect on the math
+    let rope = Rope {
+        theta,
+        scaling,
+        local_theta: None,
+        rot_dim,
+    };
+    Ok((rope, consumed))
+}
 
 /// `rope.scaling.*` as llama.cpp reads it: type default "linear", factor 0 means none;
 /// yarn's attention factor is get_mscale(f) times `rope.scaling.attn_factor`, its betas
 /// 32 and 1 (llama.cpp reads no yarn_* key for these architectures: such keys are
 /// refused rather than guessed at).
-pub fn rope_scaling(m: &Meta, ctx: u64) -> Result<RopeScaling> {
+fn rope_scaling(m: &Meta, ctx: u64) -> Result<RopeScaling> {
     let ty = m.str_opt("rope.scaling.type")?.unwrap_or("linear");
     let factor = match m.f64_opt("rope.scaling.factor")? {
         Some(f) => Some(f),
@@ -57,13 +116,13 @@ pub fn rope_scaling(m: &Meta, ctx: u64) -> Result<RopeScaling> {
             } else {
                 0.1 * factor.ln() + 1.0
             };
-            RopeScaling::Yarn {
+            RopeScaling::Yarn(Yarn {
                 factor,
                 beta_fast: 32.0,
                 beta_slow: 1.0,
                 orig: orig as u32,
                 attn_factor: mscale * attn.unwrap_or(1.0),
-            }
+            })
         }
         other => {
             return Err(m.err(
@@ -73,7 +132,7 @@ pub fn rope_scaling(m: &Meta, ctx: u64) -> Result<RopeScaling> {
             ))
         }
     };
-    if attn.is_some() && !matches!(scaling, RopeScaling::Yarn { .. }) && attn != Some(1.0) {
+    if attn.is_some() && !matches!(scaling, RopeScaling::Yarn(_)) && attn != Some(1.0) {
         return Err(m.err(
             "rope.scaling.attn_factor",
             attn.unwrap_or(0.0),

@@ -1,11 +1,12 @@
-//! One table per architecture: `model_type`s, transformers' config defaults, what the
-//! model computes (norm offset, activation, biases, q/k norm, Gemma's scales), and
-//! which Hugging Face tensor becomes which spec array with which transform.
+//! One table per architecture as Hugging Face stores it: `model_type`s, transformers'
+//! config defaults, which Hugging Face tensor becomes which spec array with which
+//! transform, and the family ([`Arch`]: what the model computes).
 //!
 //! Defaults are transformers 5.24's config class defaults, used only when config.json
 //! omits the key.
 
-use crate::quant::Q4Rule;
+use crate::convert::arch::{self, Arch};
+use crate::convert::desc::LinearDims;
 
 /// How a Hugging Face tensor becomes a spec array.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -127,26 +128,14 @@ pub enum DefaultLayerTypes {
     LinearInterval,
 }
 
-/// Qwen3.5's gated-delta-rule dimensions.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct LinearDims {
-    pub k_heads: usize,
-    pub v_heads: usize,
-    pub k_dim: usize,
-    pub v_dim: usize,
-    pub conv: usize,
-}
-
-/// One architecture.
+/// One architecture as Hugging Face stores it.
 #[derive(Debug)]
-pub struct Arch {
-    /// Canonical name (the text model's `model_type`).
-    pub name: &'static str,
+pub struct HfArch {
+    /// What the model computes.
+    pub arch: &'static Arch,
     pub model_types: &'static [&'static str],
     /// The name tables, searched in order (each spec array stands in one of them).
     pub names: &'static [NameTable],
-    /// RMSNorms compute x·(1 + w): stored weights are w + 1.
-    pub norm_plus_one: bool,
     /// The config key of the FFN activation and its default.
     pub act_key: &'static str,
     pub default_act: &'static str,
@@ -158,39 +147,25 @@ pub struct Arch {
     pub default_head_dim: Option<usize>,
     pub default_max_pos: usize,
     pub default_rms_eps: f64,
-    /// q, k, v projections always have biases (Qwen2).
-    pub qkv_bias: bool,
-    /// Per-head q/k RMSNorm.
-    pub qk_norm: bool,
-    /// Gemma's post-attention and post-FFN norms.
-    pub post_norms: bool,
-    /// Gemma: embed_scale = sqrt(dim), attn_scale = query_pre_attn_scalar^-0.5, softcaps.
-    pub gemma: bool,
     /// Gemma 2's softcap defaults (attention, final); None for no cap.
     pub default_softcaps: (Option<f64>, Option<f64>),
     pub window: Window,
     pub default_layer_types: DefaultLayerTypes,
     /// Default partial_rotary_factor (Qwen3.5: 0.25).
     pub default_partial_rotary: f64,
-    /// Attention output gate and gated-delta-rule layers (Qwen3.5).
-    pub qwen35: bool,
-    /// The gated-delta-rule layers' dimensions where config.json omits them (with
-    /// `qwen35`).
+    /// The gated-delta-rule layers' dimensions where config.json omits them (for an
+    /// architecture with linear attention).
     pub default_linear: Option<LinearDims>,
-    /// The Q4_0 rounding of `--wtype q4_0` without `--q4-rule`: llama.cpp's round rule
-    /// for Gemma 3 (whose reference quantizations use it), the search elsewhere.
-    pub default_q4_rule: Q4Rule,
     /// SmolLM3's no_rope_layers.
     pub no_rope_layers: bool,
     /// Multimodal wrappers of this text model: (wrapper model_type).
     pub wrappers: &'static [&'static str],
 }
 
-const BASE: Arch = Arch {
-    name: "",
+const BASE: HfArch = HfArch {
+    arch: &arch::LLAMA,
     model_types: &[],
     names: LLAMA_NAMES,
-    norm_plus_one: false,
     act_key: "hidden_act",
     default_act: "silu",
     default_tie: false,
@@ -199,56 +174,48 @@ const BASE: Arch = Arch {
     default_head_dim: None,
     default_max_pos: 2048,
     default_rms_eps: 1e-6,
-    qkv_bias: false,
-    qk_norm: false,
-    post_norms: false,
-    gemma: false,
     default_softcaps: (None, None),
     window: Window::None,
     default_layer_types: DefaultLayerTypes::Full,
     default_partial_rotary: 1.0,
-    qwen35: false,
     default_linear: None,
-    default_q4_rule: Q4Rule::Search,
     no_rope_layers: false,
     wrappers: &[],
 };
 
 /// Every supported architecture.
-pub const ARCHS: &[Arch] = &[
-    Arch {
-        name: "llama",
+pub const ARCHS: &[HfArch] = &[
+    HfArch {
+        arch: &arch::LLAMA,
         model_types: &["llama"],
         ..BASE
     },
-    Arch {
-        name: "mistral",
+    HfArch {
+        arch: &arch::MISTRAL,
         model_types: &["mistral"],
         default_max_pos: 4096 * 32,
         window: Window::AllLayers,
         ..BASE
     },
-    Arch {
-        name: "qwen2",
+    HfArch {
+        arch: &arch::QWEN2,
         model_types: &["qwen2"],
-        qkv_bias: true,
         default_max_pos: 32768,
         window: Window::LayerTypesIfUsed,
         default_layer_types: DefaultLayerTypes::MaxWindowLayers,
         ..BASE
     },
-    Arch {
-        name: "qwen3",
+    HfArch {
+        arch: &arch::QWEN3,
         model_types: &["qwen3"],
-        qk_norm: true,
         default_head_dim: Some(128),
         default_max_pos: 32768,
         window: Window::LayerTypesIfUsed,
         default_layer_types: DefaultLayerTypes::MaxWindowLayers,
         ..BASE
     },
-    Arch {
-        name: "smollm3",
+    HfArch {
+        arch: &arch::SMOLLM3,
         model_types: &["smollm3"],
         default_tie: true,
         default_theta: 2_000_000.0,
@@ -258,28 +225,24 @@ pub const ARCHS: &[Arch] = &[
         no_rope_layers: true,
         ..BASE
     },
-    Arch {
-        name: "gemma2",
+    HfArch {
+        arch: &arch::GEMMA2,
         model_types: &["gemma2"],
         names: GEMMA_NAMES,
-        norm_plus_one: true,
         act_key: "hidden_activation",
         default_act: "gelu_pytorch_tanh",
         default_tie: true,
         default_head_dim: Some(256),
         default_max_pos: 8192,
-        post_norms: true,
-        gemma: true,
         default_softcaps: (Some(50.0), Some(30.0)),
         window: Window::LayerTypes,
         default_layer_types: DefaultLayerTypes::Alternate,
         ..BASE
     },
-    Arch {
-        name: "gemma3_text",
+    HfArch {
+        arch: &arch::GEMMA3,
         model_types: &["gemma3_text"],
         names: GEMMA_NAMES,
-        norm_plus_one: true,
         act_key: "hidden_activation",
         default_act: "gelu_pytorch_tanh",
         default_tie: true,
@@ -287,26 +250,19 @@ pub const ARCHS: &[Arch] = &[
         default_local_theta: Some(10_000.0),
         default_head_dim: Some(256),
         default_max_pos: 131_072,
-        qk_norm: true,
-        post_norms: true,
-        gemma: true,
         window: Window::LayerTypes,
         default_layer_types: DefaultLayerTypes::Pattern,
-        default_q4_rule: Q4Rule::Round,
         wrappers: &["gemma3"],
         ..BASE
     },
-    Arch {
-        name: "qwen3_5_text",
+    HfArch {
+        arch: &arch::QWEN35,
         model_types: &["qwen3_5_text"],
         names: QWEN35_NAMES,
-        norm_plus_one: true,
         default_head_dim: Some(256),
         default_max_pos: 32768,
-        qk_norm: true,
         default_layer_types: DefaultLayerTypes::LinearInterval,
         default_partial_rotary: 0.25,
-        qwen35: true,
         default_linear: Some(LinearDims {
             k_heads: 16,
             v_heads: 32,
@@ -320,12 +276,20 @@ pub const ARCHS: &[Arch] = &[
 ];
 
 /// The architecture of a text `model_type`.
-pub fn by_model_type(t: &str) -> Option<&'static Arch> {
+pub fn by_model_type(t: &str) -> Option<&'static HfArch> {
     ARCHS.iter().find(|a| a.model_types.contains(&t))
 }
 
+/// The table of family `a`.
+pub fn by_arch(a: &Arch) -> &'static HfArch {
+    ARCHS
+        .iter()
+        .find(|h| h.arch.name == a.name)
+        .expect("every family has a Hugging Face table")
+}
+
 /// The architecture whose multimodal wrapper is `t`.
-pub fn by_wrapper(t: &str) -> Option<&'static Arch> {
+pub fn by_wrapper(t: &str) -> Option<&'static HfArch> {
     ARCHS.iter().find(|a| a.wrappers.contains(&t))
 }
 
@@ -339,7 +303,7 @@ pub fn model_types() -> Vec<&'static str> {
     v
 }
 
-impl Arch {
+impl HfArch {
     /// The HF name (relative) and transform of spec array `spec`.
     pub fn source(&self, spec: &str) -> Option<(&'static str, Transform)> {
         self.names

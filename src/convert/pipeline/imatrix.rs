@@ -3,8 +3,8 @@
 
 use std::path::Path;
 
+use crate::convert::desc::ModelDesc;
 use crate::convert::error::{ConvertError, Result};
-use crate::convert::hf::config::ModelDesc;
 use crate::format::mlb::Tensor;
 use crate::format::mli::{self, Mli, Slot};
 
@@ -17,11 +17,11 @@ pub fn load_imatrix(p: &Path, d: &ModelDesc) -> Result<Mli> {
         value: e.value.clone(),
         msg: e.rule.clone(),
     })?;
-    let q_dim = d.head_dim * d.n_heads;
+    let q_dim = d.dims.head_dim * d.dims.n_heads;
     for (field, got, want) in [
-        ("n_layers", m.n_layers, d.n_layers),
-        ("dim", m.dim, d.dim),
-        ("hidden_dim", m.hidden_dim, d.hidden_dim),
+        ("n_layers", m.n_layers, d.dims.n_layers),
+        ("dim", m.dim, d.dims.dim),
+        ("hidden_dim", m.hidden_dim, d.ffn.hidden_dim),
         ("q_dim", m.q_dim, q_dim),
     ] {
         if got != want {
