@@ -12,7 +12,7 @@ use std::sync::atomic::AtomicBool;
 
 use clap::{Parser, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
-use krafla::convert::{self, Options, Progress, TypePlan, WType};
+use krafla::convert::{self, ConvertOptions, Progress, TypePlan, WType};
 use krafla::format::mlb::header::q8_class;
 use krafla::quant::Q4Rule;
 
@@ -141,7 +141,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     krafla::signals::stop_on_interrupt(&STOP);
 
-    let opts = Options {
+    let opts = ConvertOptions {
         input: cli.checkpoint,
         output: cli.output,
         wtype: wtype(cli.wtype),

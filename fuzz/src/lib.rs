@@ -4,7 +4,7 @@
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
-use krafla::convert::{convert, ConvertError, Options as ConvertOptions, WType};
+use krafla::convert::{convert, ConvertError, ConvertOptions, WType};
 use krafla::format::mlb::{Kind, Mlb};
 use krafla::format::mlt::Mlt;
 use krafla::model::{Model, Options};

@@ -4,12 +4,15 @@
 use super::error::{ConvertError, Result};
 use super::gguf;
 use super::hf;
-use super::options::Options;
+use super::options::ConvertOptions;
 use super::pipeline::stream::Progress;
 use super::summary::Summary;
 
 /// Converts a checkpoint folder; `progress` is called as the conversion advances.
-pub fn convert(opts: &Options, progress: &mut (dyn FnMut(Progress) + Send)) -> Result<Summary> {
+pub fn convert(
+    opts: &ConvertOptions,
+    progress: &mut (dyn FnMut(Progress) + Send),
+) -> Result<Summary> {
     match opts.threads {
         Some(0) => return Err(ConvertError::options("--threads", "must be at least 1")),
         Some(n) if n > crate::kernels::pool::MAX_THREADS => {
@@ -53,7 +56,7 @@ fn thread_pool(threads: Option<usize>) -> (Result<rayon::ThreadPool>, Option<Str
 
 /// A GGUF file or a checkpoint folder.
 fn run_any(
-    opts: &Options,
+    opts: &ConvertOptions,
     thread_note: Option<String>,
     progress: &mut (dyn FnMut(Progress) + Send),
 ) -> Result<Summary> {

@@ -28,7 +28,7 @@ pub mod summary;
 pub use crate::format::WType;
 pub use error::{ConvertError, Result};
 pub use front::convert;
-pub use options::{default_output, Options, DEFAULT_Q4_Q8_MASK};
+pub use options::{default_output, ConvertOptions, DEFAULT_Q4_Q8_MASK};
 pub use pipeline::plan::{Select, TypePlan, TypeRule};
 pub use pipeline::stream::Progress;
 pub use summary::Summary;

@@ -1,4 +1,4 @@
-//! What a conversion is asked to do: [`Options`] (the CLI fills it in) and the
+//! What a conversion is asked to do: [`ConvertOptions`] (the CLI fills it in) and the
 //! defaults the library owns.
 
 use std::path::{Path, PathBuf};
@@ -16,7 +16,7 @@ pub const DEFAULT_Q4_Q8_MASK: u32 = q8_class::WCLS;
 
 /// What to convert and how.
 #[derive(Debug, Clone)]
-pub struct Options {
+pub struct ConvertOptions {
     /// The checkpoint folder.
     pub input: PathBuf,
     /// The output file; `None`: [`default_output`].
@@ -47,9 +47,9 @@ pub struct Options {
     pub target_bpw: Option<f64>,
 }
 
-impl Options {
-    pub fn new(input: impl Into<PathBuf>, wtype: WType) -> Options {
-        Options {
+impl ConvertOptions {
+    pub fn new(input: impl Into<PathBuf>, wtype: WType) -> ConvertOptions {
+        ConvertOptions {
             input: input.into(),
             output: None,
             wtype,

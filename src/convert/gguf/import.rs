@@ -37,7 +37,7 @@ use super::meta::Meta;
 use super::sources::{source_of, sources, Action, GgufArrays, Source};
 use super::types::copy_type;
 use crate::convert::error::{ConvertError, Result};
-use crate::convert::options::{Options, DEFAULT_Q4_Q8_MASK};
+use crate::convert::options::{ConvertOptions, DEFAULT_Q4_Q8_MASK};
 use crate::convert::pipeline::imatrix::{importance, load_imatrix};
 use crate::convert::pipeline::plan::{matrix_types, TypePlan};
 use crate::convert::pipeline::stream::Progress;
@@ -56,7 +56,7 @@ pub fn default_output(input: &Path) -> PathBuf {
 }
 
 /// Converts a GGUF file (called by [`crate::convert::convert`] inside its thread pool).
-pub fn run(opts: &Options, progress: &mut (dyn FnMut(Progress) + Send)) -> Result<Summary> {
+pub fn run(opts: &ConvertOptions, progress: &mut (dyn FnMut(Progress) + Send)) -> Result<Summary> {
     let t0 = Instant::now();
     let path = &opts.input;
     if opts.target_bpw.is_some() {
@@ -199,7 +199,7 @@ fn requant_note(sources: &[Option<Source>], notes: &mut Vec<String>) {
 
 /// The `--imatrix` file: it weights the Q4_0 search of requantized tensors only.
 fn imatrix(
-    opts: &Options,
+    opts: &ConvertOptions,
     requant_q4: bool,
     q4_rule: Q4Rule,
     desc: &crate::convert::desc::ModelDesc,
@@ -283,7 +283,7 @@ fn choose_types(
     v: &GgufView,
     ga: &GgufArch,
     probe: &Layout,
-    opts: &Options,
+    opts: &ConvertOptions,
     lin_v_dim: usize,
 ) -> Result<(u32, u32, Option<Vec<WType>>)> {
     let req = opts.requantize;

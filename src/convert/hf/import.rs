@@ -20,7 +20,7 @@ use super::sources::{
 };
 use crate::convert::desc::ModelDesc;
 use crate::convert::error::{ConvertError, Result};
-use crate::convert::options::{default_output, Options, DEFAULT_Q4_Q8_MASK};
+use crate::convert::options::{default_output, ConvertOptions, DEFAULT_Q4_Q8_MASK};
 use crate::convert::pipeline::imatrix::load_imatrix;
 use crate::convert::pipeline::mix;
 use crate::convert::pipeline::plan::{self, fall_back, TypePlan};
@@ -37,7 +37,7 @@ use crate::quant::{Q4Rule, QuantError};
 /// Converts the checkpoint folder `opts.input` (called by [`crate::convert::convert`]
 /// inside its thread pool).
 pub fn run(
-    opts: &Options,
+    opts: &ConvertOptions,
     thread_note: Option<String>,
     progress: &mut (dyn FnMut(Progress) + Send),
 ) -> Result<Summary> {
@@ -124,7 +124,7 @@ pub fn run(
 }
 
 /// The output: a file name that is none of the inputs (checked before any work).
-fn output(opts: &Options, ck: &Checkpoint) -> Result<PathBuf> {
+fn output(opts: &ConvertOptions, ck: &Checkpoint) -> Result<PathBuf> {
     let dir = &opts.input;
     let out = opts
         .output
@@ -146,7 +146,7 @@ fn config_error(dir: &Path, e: crate::format::mlb::WriteError) -> ConvertError {
 
 /// The header's `q8_mask` from `--q8` (Q4_0's default: the classifier), refused where
 /// it does not apply; `--target-bpw` checked on the way.
-fn q8_mask(opts: &Options) -> Result<u32> {
+fn q8_mask(opts: &ConvertOptions) -> Result<u32> {
     if let Some(x) = opts.target_bpw {
         if !(x.is_finite() && (1.0..=32.0).contains(&x)) {
             return Err(ConvertError::options(
@@ -195,7 +195,7 @@ fn uniform_layout(dir: &Path, header: &Header, flags: &[u8], wtype: WType) -> Re
 /// Every matrix's type from `--wtype`, `--q8` and `--types`. lb and la (the delta
 /// rule's gates) stay Q8_0 in a block-type model, as the spec keeps them in a Q4_0
 /// one, unless a tensor rule names them.
-fn wtype_types(opts: &Options, uniform: &Layout, wt: u32, mask: u32) -> Result<Vec<WType>> {
+fn wtype_types(opts: &ConvertOptions, uniform: &Layout, wt: u32, mask: u32) -> Result<Vec<WType>> {
     opts.types
         .check_names(&uniform.tensors)
         .map_err(|m| ConvertError::options("--types", m))?;
@@ -211,7 +211,7 @@ fn wtype_types(opts: &Options, uniform: &Layout, wt: u32, mask: u32) -> Result<V
 /// The `--imatrix` file, checked against the model; refused when no quantizer would
 /// use it (`--target-bpw`'s candidates are block types, which it weights).
 fn imatrix(
-    opts: &Options,
+    opts: &ConvertOptions,
     desc: &ModelDesc,
     types: &[WType],
     q4_rule: Q4Rule,
@@ -237,7 +237,7 @@ struct MixContext<'a> {
     /// The uniform layout's arrays.
     tensors: &'a [Tensor],
     imatrix: Option<&'a Mli>,
-    opts: &'a Options,
+    opts: &'a ConvertOptions,
 }
 
 /// `--target-bpw`: every matrix measured in its candidate types and the mix chosen
@@ -272,7 +272,7 @@ fn mix_types(
 /// `--target-bpw` file (8.5 bits per weight for Q8_0, as GGUF and the budget count
 /// them). Returns whether the file is mixed.
 fn settle_header(
-    opts: &Options,
+    opts: &ConvertOptions,
     uniform: &Layout,
     types: &[WType],
     header: &mut Header,
