@@ -1,10 +1,13 @@
 //! GGUF file → one `.mlb` file (`mlb-convert model.gguf`).
 //!
-//! The GGUF's metadata becomes a [`ModelDesc`] with the meaning llama.cpp gives it
-//! (defaults, per-architecture rules such as Gemma's attention scale and sliding-layer
-//! pattern, SmolLM3's no-RoPE layers), and [`ModelDesc::header`] turns that into the
+//! The GGUF's metadata becomes the model description with the meaning llama.cpp gives it
+//! ([`super::desc`]: defaults, per-architecture rules such as Gemma's attention scale and
+//! sliding-layer pattern, SmolLM3's no-RoPE layers), and
+//! [`ModelDesc::header`](crate::convert::desc::ModelDesc::header) turns that into the
 //! header exactly as for a Hugging Face checkpoint. Keys under the architecture's prefix
 //! that the converter does not read are refused by name: they may change the math.
+//! The tensors behind the arrays are found and checked by [`super::sources`], then
+//! written by the shared [`stream`].
 //!
 //! Tensors, by type:
 //! - Matrices of a type Krafla stores ([`copy_type`]: Q8_0, Q4_0, F16, BF16, Q4_K,
@@ -12,7 +15,7 @@
 //!   block is an f16 scale `d` followed by the quants, the `.mlb` stores the quants
 //!   array then the scales array (f16, `scale_f16 = 1`); the others are GGUF's own
 //!   blocks (or 2-byte floats) in both. Nothing is rounded. q/k rows of NEOX
-//!   architectures are permuted as whole rows (`gguf_arch`), which moves blocks
+//!   architectures are permuted as whole rows ([`super::arch`]), which moves blocks
 //!   without changing them.
 //! - F32, F16 and BF16 vectors (norms, biases) become F32 exactly.
 //! - Any other matrix type (F32 matrices, Q2_K, Q3_K, ...) is dequantized and quantized

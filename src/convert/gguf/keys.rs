@@ -1,6 +1,6 @@
 //! A model description → llama.cpp's metadata keys (`mlb-export`), one section at a
 //! time: what llama.cpp computes on its own must be what the header says
-//! ([`llama_cpp_computes`]), then `general`, `dims`, `rope` (Llama 3 scaling as
+//! ([`Keys::llama_cpp_computes`]), then `general`, `dims`, `rope` (Llama 3 scaling as
 //! `rope_freqs` factors), the family's `scales`, the sliding `window` and the delta
 //! rule's `linear` keys. Each key is what [`super::desc`] reads back to the same
 //! description; what it would read differently is refused by the header field's name.

@@ -11,7 +11,7 @@ use crate::convert::error::{ConvertError, Result};
 use crate::format::gguf::{Array, GgufView, Value};
 
 /// Reads metadata keys of one architecture, remembering which were read.
-pub(crate) struct Meta<'v, 'a> {
+pub struct Meta<'v, 'a> {
     pub v: &'v GgufView<'a>,
     pub file: &'v Path,
     pub arch: &'static str,

@@ -3,13 +3,13 @@
 //! over one table per GGUF architecture ([`arch`]).
 
 pub mod arch;
-pub(crate) mod desc;
+pub mod desc;
 pub mod export;
 pub mod file;
 pub mod import;
-pub(crate) mod keys;
-pub(crate) mod meta;
-pub(crate) mod rope;
-pub(crate) mod sources;
+pub mod keys;
+pub mod meta;
+pub mod rope;
+pub mod sources;
 pub mod tokenizer;
 pub mod types;

@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 use serde_json::{Map, Value};
 
 use super::arch::{self, DefaultLayerTypes, HfArch, Window};
-use super::cfg::Cfg;
+use super::json::Cfg;
 use super::rope::rope;
 use crate::convert::arch::Scales;
 use crate::convert::desc::{AttnScales, Dims, Ffn, LayerFlags, LinearDims, ModelDesc, Vocab};

@@ -11,7 +11,7 @@
 use serde_json::{Map, Value};
 
 use super::arch::HfArch;
-use super::cfg::Cfg;
+use super::json::Cfg;
 use crate::convert::desc::{Rope, RopeScaling, Yarn};
 use crate::convert::error::Result;
 

@@ -217,7 +217,7 @@ pub fn new_writer<W: std::io::Write>(
 }
 
 /// Rows per chunk of a large matrix: ~4M values (16 MB as f32).
-const CHUNK_VALUES: usize = 1 << 22;
+pub const CHUNK_VALUES: usize = 1 << 22;
 
 /// Runs `f` on a `rows × cols` matrix's consecutive row ranges of about
 /// [`CHUNK_VALUES`] values, stopping with `Interrupted` between chunks on a signal.
