@@ -39,6 +39,7 @@ use super::file::{map_file, parse_file};
 use super::meta::Meta;
 use super::sources::{source_of, sources, Action, GgufArrays, Source};
 use super::types::copy_type;
+use crate::convert::desc::ModelDesc;
 use crate::convert::error::{ConvertError, Result};
 use crate::convert::options::{ConvertOptions, DEFAULT_Q4_Q8_MASK};
 use crate::convert::pipeline::imatrix::{importance, load_imatrix};
@@ -84,28 +85,8 @@ pub fn run(opts: &ConvertOptions, progress: &mut (dyn FnMut(Progress) + Send)) -
     }
     let q4_rule = opts.q4_rule.unwrap_or(desc.arch.default_q4_rule);
 
-    // A provisional layout gives every matrix its class; then every matrix's type.
     let (mut header, flags) = desc.header();
-    header.wtype = wtype::Q4_0;
-    header.scale_f16 = 1;
-    let probe = probe_layout(path, &header, &flags, None)?;
-    let lin_v_dim = desc.linear.map_or(0, |l| l.v_dim);
-    let (wt, mask, mixed) = choose_types(path, &v, ga, &probe, opts, lin_v_dim)?;
-    header.wtype = wt;
-    header.q8_mask = mask;
-    let layout = probe_layout(path, &header, &flags, mixed.as_deref())?;
-    let mut sources = sources(path, &v, ga, &desc, &layout)?;
-    // Copied Q8_0/Q4_0 blocks hold f16 scales.
-    let mut any_scales = false;
-    let mut scale_copy = false;
-    for (s, t) in sources.iter().zip(&layout.tensors) {
-        if let (Some(s), Kind::Mat { wtype, .. }) = (s, t.kind) {
-            any_scales |= wtype.has_scales();
-            scale_copy |= wtype.has_scales() && s.action == Action::Copy;
-        }
-    }
-    header.scale_f16 = (any_scales && (opts.scale_f16 || scale_copy)) as u32;
-    let layout = probe_layout(path, &header, &flags, mixed.as_deref())?;
+    let (mixed, layout, mut sources) = plan(path, &v, ga, &desc, opts, &mut header, &flags)?;
     requant_note(&sources, &mut notes);
     let requant_q4 = sources.iter().zip(&layout.tensors).any(|(s, t)| {
         s.as_ref().is_some_and(|s| s.action == Action::Requant)
@@ -148,6 +129,45 @@ pub fn run(opts: &ConvertOptions, progress: &mut (dyn FnMut(Progress) + Send)) -
         q4_rule: requant_q4.then_some(q4_rule),
         ..Summary::of_layout(out, desc.arch.name, header, &layout, t0)
     })
+}
+
+/// What [`plan`] decides: the type table of a mixed file (`None`: the header states
+/// the types), the layout, and the tensor behind each array.
+type Plan<'a> = (Option<Vec<WType>>, Layout, Vec<Option<Source<'a>>>);
+
+/// Every matrix's type (the header's `wtype`, `q8_mask` and `scale_f16`, or the type
+/// table of a mixed file), and the layout with the tensor behind each array.
+fn plan<'a>(
+    path: &Path,
+    v: &'a GgufView<'a>,
+    ga: &GgufArch,
+    desc: &ModelDesc,
+    opts: &ConvertOptions,
+    header: &mut Header,
+    flags: &[u8],
+) -> Result<Plan<'a>> {
+    // A provisional layout gives every matrix its class.
+    header.wtype = wtype::Q4_0;
+    header.scale_f16 = 1;
+    let probe = probe_layout(path, header, flags, None)?;
+    let lin_v_dim = desc.linear.map_or(0, |l| l.v_dim);
+    let (wt, mask, mixed) = choose_types(path, v, ga, &probe, opts, lin_v_dim)?;
+    header.wtype = wt;
+    header.q8_mask = mask;
+    let layout = probe_layout(path, header, flags, mixed.as_deref())?;
+    let sources = sources(path, v, ga, desc, &layout)?;
+    // Copied Q8_0/Q4_0 blocks hold f16 scales.
+    let mut any_scales = false;
+    let mut scale_copy = false;
+    for (s, t) in sources.iter().zip(&layout.tensors) {
+        if let (Some(s), Kind::Mat { wtype, .. }) = (s, t.kind) {
+            any_scales |= wtype.has_scales();
+            scale_copy |= wtype.has_scales() && s.action == Action::Copy;
+        }
+    }
+    header.scale_f16 = (any_scales && (opts.scale_f16 || scale_copy)) as u32;
+    let layout = probe_layout(path, header, flags, mixed.as_deref())?;
+    Ok((mixed, layout, sources))
 }
 
 /// The file's architecture (`general.architecture`); a split file is refused.
@@ -205,7 +225,7 @@ fn imatrix(
     opts: &ConvertOptions,
     requant_q4: bool,
     q4_rule: Q4Rule,
-    desc: &crate::convert::desc::ModelDesc,
+    desc: &ModelDesc,
 ) -> Result<Option<Mli>> {
     let Some(p) = &opts.imatrix else {
         return Ok(None);

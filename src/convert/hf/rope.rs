@@ -126,127 +126,97 @@ const ROPE_KEYS: &[&str] = &[
     "mrope_interleaved",
 ];
 
-fn rope_params(c: &Cfg, m: &Map<String, Value>, key: &str, max_pos: usize) -> Result<RopeParams> {
-    let k = |x: &str| format!("{key}.{x}");
-    let num = |x: &str| -> Result<Option<f64>> {
-        match m.get(x) {
+/// One RoPE dict of config.json (`key` names it in errors), read with `max_pos`, the
+/// model's context.
+struct RopeDict<'a> {
+    c: &'a Cfg<'a>,
+    m: &'a Map<String, Value>,
+    key: &'a str,
+    max_pos: usize,
+}
+
+impl RopeDict<'_> {
+    fn k(&self, x: &str) -> String {
+        format!("{}.{x}", self.key)
+    }
+
+    fn num(&self, x: &str) -> Result<Option<f64>> {
+        match self.m.get(x) {
             None | Some(Value::Null) => Ok(None),
             Some(v) => v
                 .as_f64()
                 .map(Some)
-                .ok_or_else(|| c.err(&k(x), v, "must be a number")),
+                .ok_or_else(|| self.c.err(&self.k(x), v, "must be a number")),
         }
-    };
-    let ty = match m.get("rope_type").or_else(|| m.get("type")) {
-        None | Some(Value::Null) => "default".to_string(),
-        Some(Value::String(s)) => s.clone(),
-        Some(v) => return Err(c.err(&k("rope_type"), v, "must be a string")),
-    };
-    for name in m.keys() {
-        if !ROPE_KEYS.contains(&name.as_str()) {
-            return Err(c.err(
-                &k(name),
-                &m[name],
-                "unknown RoPE parameter: it may change the frequencies, refusing",
+    }
+
+    /// The original context; transformers gives a top-level
+    /// original_max_position_embeddings priority.
+    fn orig(&self) -> Result<u32> {
+        let top = self.c.usize_opt("original_max_position_embeddings")?;
+        let inner = self
+            .num("original_max_position_embeddings")?
+            .map(|x| x as usize);
+        let o = top.or(inner).unwrap_or(self.max_pos);
+        if o == 0 || o > u32::MAX as usize {
+            return Err(self.c.err(
+                &self.k("original_max_position_embeddings"),
+                o,
+                "must be > 0",
             ));
         }
-    }
-    let theta = num("rope_theta")?;
-    if let Some(t) = theta {
-        if t <= 0.0 || !t.is_finite() {
-            return Err(c.err(&k("rope_theta"), t, "must be > 0"));
-        }
-    }
-    let partial_rotary = num("partial_rotary_factor")?;
-    let orig = || -> Result<u32> {
-        // transformers gives a top-level original_max_position_embeddings priority.
-        let top = c.usize_opt("original_max_position_embeddings")?;
-        let inner = num("original_max_position_embeddings")?.map(|x| x as usize);
-        let o = top.or(inner).unwrap_or(max_pos);
-        if o == 0 || o > u32::MAX as usize {
-            return Err(c.err(&k("original_max_position_embeddings"), o, "must be > 0"));
-        }
         Ok(o as u32)
-    };
-    let factor_req = || -> Result<f64> {
-        let f = num("factor")?.ok_or_else(|| {
-            c.err(
-                &k("factor"),
+    }
+
+    /// The scaling factor that rope type `ty` requires.
+    fn factor_req(&self, ty: &str) -> Result<f64> {
+        let f = self.num("factor")?.ok_or_else(|| {
+            self.c.err(
+                &self.k("factor"),
                 "missing",
                 format!("required for rope_type {ty}"),
             )
         })?;
         if f <= 0.0 || !f.is_finite() {
-            return Err(c.err(&k("factor"), f, "must be > 0"));
+            return Err(self.c.err(&self.k("factor"), f, "must be > 0"));
         }
         Ok(f)
+    }
+}
+
+fn rope_params(c: &Cfg, m: &Map<String, Value>, key: &str, max_pos: usize) -> Result<RopeParams> {
+    let d = RopeDict { c, m, key, max_pos };
+    let ty = match m.get("rope_type").or_else(|| m.get("type")) {
+        None | Some(Value::Null) => "default".to_string(),
+        Some(Value::String(s)) => s.clone(),
+        Some(v) => return Err(c.err(&d.k("rope_type"), v, "must be a string")),
     };
+    for name in m.keys() {
+        if !ROPE_KEYS.contains(&name.as_str()) {
+            return Err(c.err(
+                &d.k(name),
+                &m[name],
+                "unknown RoPE parameter: it may change the frequencies, refusing",
+            ));
+        }
+    }
+    let theta = d.num("rope_theta")?;
+    if let Some(t) = theta {
+        if t <= 0.0 || !t.is_finite() {
+            return Err(c.err(&d.k("rope_theta"), t, "must be > 0"));
+        }
+    }
+    let partial_rotary = d.num("partial_rotary_factor")?;
     let scaling = match ty.as_str() {
         "default" => RopeScaling::None,
         "linear" => RopeScaling::Linear {
-            factor: factor_req()?,
+            factor: d.factor_req(&ty)?,
         },
-        "llama3" => {
-            let low = num("low_freq_factor")?
-                .ok_or_else(|| c.err(&k("low_freq_factor"), "missing", "required for llama3"))?;
-            let high = num("high_freq_factor")?
-                .ok_or_else(|| c.err(&k("high_freq_factor"), "missing", "required for llama3"))?;
-            RopeScaling::Llama3 {
-                factor: factor_req()?,
-                low,
-                high,
-                orig: orig()?,
-            }
-        }
-        "yarn" => {
-            if let Some(v) = m.get("truncate") {
-                if v != &Value::Bool(true) && !v.is_null() {
-                    return Err(c.err(
-                        &k("truncate"),
-                        v,
-                        "yarn without truncation is not the spec's yarn",
-                    ));
-                }
-            }
-            let orig = orig()?;
-            let factor = match num("factor")? {
-                Some(f) if f > 0.0 => f,
-                Some(f) => return Err(c.err(&k("factor"), f, "must be > 0")),
-                None => max_pos as f64 / orig as f64,
-            };
-            let get_mscale = |s: f64, ms: f64| {
-                if s <= 1.0 {
-                    1.0
-                } else {
-                    0.1 * ms * s.ln() + 1.0
-                }
-            };
-            let attn_factor = match num("attention_factor")? {
-                Some(a) => a,
-                None => {
-                    let ms = num("mscale")?.unwrap_or(0.0);
-                    let msa = num("mscale_all_dim")?.unwrap_or(0.0);
-                    if ms != 0.0 && msa != 0.0 {
-                        get_mscale(factor, ms) / get_mscale(factor, msa)
-                    } else {
-                        get_mscale(factor, 1.0)
-                    }
-                }
-            };
-            // transformers: `beta_fast or 32`, `beta_slow or 1` (0 also means the default).
-            let bf = num("beta_fast")?.filter(|&x| x != 0.0).unwrap_or(32.0);
-            let bs = num("beta_slow")?.filter(|&x| x != 0.0).unwrap_or(1.0);
-            RopeScaling::Yarn(Yarn {
-                factor,
-                beta_fast: bf,
-                beta_slow: bs,
-                orig,
-                attn_factor,
-            })
-        }
+        "llama3" => llama3(&d, &ty)?,
+        "yarn" => yarn(&d)?,
         other => {
             return Err(c.err(
-                &k("rope_type"),
+                &d.k("rope_type"),
                 other,
                 "unsupported RoPE type (default, linear, llama3 or yarn)",
             ))
@@ -257,6 +227,71 @@ fn rope_params(c: &Cfg, m: &Map<String, Value>, key: &str, max_pos: usize) -> Re
         partial_rotary,
         scaling,
     })
+}
+
+/// Llama 3's frequency bands.
+fn llama3(d: &RopeDict, ty: &str) -> Result<RopeScaling> {
+    let low = d.num("low_freq_factor")?.ok_or_else(|| {
+        d.c.err(&d.k("low_freq_factor"), "missing", "required for llama3")
+    })?;
+    let high = d.num("high_freq_factor")?.ok_or_else(|| {
+        d.c.err(&d.k("high_freq_factor"), "missing", "required for llama3")
+    })?;
+    Ok(RopeScaling::Llama3 {
+        factor: d.factor_req(ty)?,
+        low,
+        high,
+        orig: d.orig()?,
+    })
+}
+
+/// Yarn, as transformers computes its defaults: the factor from the lengths, the
+/// attention factor from the mscales, betas 32 and 1.
+fn yarn(d: &RopeDict) -> Result<RopeScaling> {
+    if let Some(v) = d.m.get("truncate") {
+        if v != &Value::Bool(true) && !v.is_null() {
+            return Err(d.c.err(
+                &d.k("truncate"),
+                v,
+                "yarn without truncation is not the spec's yarn",
+            ));
+        }
+    }
+    let orig = d.orig()?;
+    let factor = match d.num("factor")? {
+        Some(f) if f > 0.0 => f,
+        Some(f) => return Err(d.c.err(&d.k("factor"), f, "must be > 0")),
+        None => d.max_pos as f64 / orig as f64,
+    };
+    let get_mscale = |s: f64, ms: f64| {
+        if s <= 1.0 {
+            1.0
+        } else {
+            0.1 * ms * s.ln() + 1.0
+        }
+    };
+    let attn_factor = match d.num("attention_factor")? {
+        Some(a) => a,
+        None => {
+            let ms = d.num("mscale")?.unwrap_or(0.0);
+            let msa = d.num("mscale_all_dim")?.unwrap_or(0.0);
+            if ms != 0.0 && msa != 0.0 {
+                get_mscale(factor, ms) / get_mscale(factor, msa)
+            } else {
+                get_mscale(factor, 1.0)
+            }
+        }
+    };
+    // transformers: `beta_fast or 32`, `beta_slow or 1` (0 also means the default).
+    let bf = d.num("beta_fast")?.filter(|&x| x != 0.0).unwrap_or(32.0);
+    let bs = d.num("beta_slow")?.filter(|&x| x != 0.0).unwrap_or(1.0);
+    Ok(RopeScaling::Yarn(Yarn {
+        factor,
+        beta_fast: bf,
+        beta_slow: bs,
+        orig,
+        attn_factor,
+    }))
 }
 
 /// The `rope` section: the base, the scaling, the rotated dimensions and the sliding
