@@ -33,6 +33,9 @@ pub struct ConvertOptions {
     /// Gemma 3, search otherwise).
     pub q4_rule: Option<Q4Rule>,
     pub imatrix: Option<PathBuf>,
+    /// Error feedback where the imatrix has the input's covariance (`--no-error-feedback`
+    /// turns it off).
+    pub error_feedback: bool,
     /// Rayon threads (`None`: rayon's default, one per core).
     pub threads: Option<usize>,
     /// GGUF input: the type of the matrices Krafla cannot store as they are
@@ -58,6 +61,7 @@ impl ConvertOptions {
             scale_f16: false,
             q4_rule: None,
             imatrix: None,
+            error_feedback: true,
             threads: None,
             requantize: None,
             cancel: None,

@@ -4,8 +4,12 @@
 //! A 40-byte header, then little-endian f64 sums: for each layer the input of
 //! wq/wk/wv (dim), of wo (q_dim), of w1/w3 (dim) and of w2 (hidden_dim); then the
 //! classifier's input (dim).
+//!
+//! **Krafla**: with bit 16 of the version set, a covariance section follows the sums
+//! ([`super::mli_cov`]); [`Mli::covariance`] is its table.
 
 use crate::format::error::{FormatError, Result};
+use crate::format::mli_cov::{self, CovSlot, Covariance};
 
 pub const MAGIC: [u8; 4] = *b"MLI1";
 pub const VERSION: u32 = 1;
@@ -39,6 +43,8 @@ pub struct Mli {
     pub cls_tokens: u64,
     /// All sums, in file order.
     pub sums: Vec<f64>,
+    /// The covariance section's table (version bit 16), when the file has one.
+    pub covariance: Option<Covariance>,
 }
 
 impl Mli {
@@ -53,6 +59,7 @@ impl Mli {
             tokens: 0,
             cls_tokens: 0,
             sums: vec![0.0; len],
+            covariance: None,
         }
     }
 
@@ -109,7 +116,17 @@ impl Mli {
             .collect()
     }
 
-    /// The file's bytes.
+    /// The width of a covariance slot's input.
+    pub fn cov_width(&self, slot: CovSlot) -> usize {
+        match slot {
+            CovSlot::Layer(Slot::Wo) => self.q_dim,
+            CovSlot::Layer(Slot::W2) => self.hidden_dim,
+            CovSlot::Layer(Slot::Attn | Slot::W13) | CovSlot::Cls => self.dim,
+        }
+    }
+
+    /// The file's bytes: header and sums (a covariance section is appended by
+    /// [`mli_cov::write`]).
     pub fn to_bytes(&self) -> Vec<u8> {
         let mut b = Vec::with_capacity(HEADER_SIZE + 8 * self.sums.len());
         b.extend_from_slice(&MAGIC);
@@ -166,7 +183,8 @@ pub fn parse(b: &[u8]) -> Result<Mli> {
         ));
     }
     let version = u32_at(b, 4);
-    if version != VERSION {
+    let with_cov = version & mli_cov::FLAG != 0;
+    if version & !mli_cov::FLAG != VERSION {
         return Err(FormatError::format("version", version, "must be 1"));
     }
     let n_layers = dim("n_layers", u32_at(b, 8))?;
@@ -179,14 +197,15 @@ pub fn parse(b: &[u8]) -> Result<Mli> {
     // ≤ 2^16 · 2^18 + 2^16 values: no overflow in u64; compare before allocating.
     let count = n_layers as u64 * (2 * d + q_dim + hidden_dim) as u64 + d as u64;
     let want = HEADER_SIZE as u64 + 8 * count;
-    if b.len() as u64 != want {
+    if b.len() as u64 != want && !(with_cov && b.len() as u64 > want) {
         return Err(FormatError::format(
             "file",
             format!("{} bytes", b.len()),
             format!("the header implies {want} bytes ({count} sums)"),
         ));
     }
-    let sums: Vec<f64> = b[HEADER_SIZE..]
+    let body = want as usize;
+    let sums: Vec<f64> = b[HEADER_SIZE..body]
         .chunks_exact(8)
         .map(|c| f64::from_le_bytes(c.try_into().unwrap()))
         .collect();
@@ -197,7 +216,7 @@ pub fn parse(b: &[u8]) -> Result<Mli> {
             "sums of squares must be finite and ≥ 0",
         ));
     }
-    Ok(Mli {
+    let mut m = Mli {
         n_layers,
         dim: d,
         hidden_dim,
@@ -205,7 +224,13 @@ pub fn parse(b: &[u8]) -> Result<Mli> {
         tokens,
         cls_tokens,
         sums,
-    })
+        covariance: None,
+    };
+    if with_cov {
+        let cov = mli_cov::parse(b, body, n_layers, |s| m.cov_width(s))?;
+        m.covariance = Some(cov);
+    }
+    Ok(m)
 }
 
 #[cfg(test)]

@@ -21,11 +21,27 @@ pub fn dequant_row(t: WType, q: &[u8], out: &mut [f32]) {
     let (bw, bb) = (t.block_weights(), t.block_bytes());
     debug_assert_eq!(q.len() / bb * bw, out.len());
     for (ob, qb) in out.chunks_exact_mut(bw).zip(q.chunks_exact(bb)) {
-        if kquants::is_k(t) {
-            kquants::dequant_block(t, qb, ob);
-        } else {
-            blocks32::dequant_block(t, qb, ob);
-        }
+        dequant_block(t, qb, ob);
+    }
+}
+
+/// Quantizes one block of `t` (its [`WType::block_weights`] values `x`, element weights
+/// `w`) into `out` by the type's own quantizer. `Err(v)` when a scale `v` does not fit
+/// in an f16.
+pub fn quantize_block(t: WType, x: &[f32], w: &[f32], out: &mut [u8]) -> Result<(), f32> {
+    if kquants::is_k(t) {
+        kquants::quantize_block(t, x, w, out)
+    } else {
+        blocks32::quantize_block(t, x, w, out)
+    }
+}
+
+/// Dequantizes one block of `t` into `out`.
+pub fn dequant_block(t: WType, q: &[u8], out: &mut [f32]) {
+    if kquants::is_k(t) {
+        kquants::dequant_block(t, q, out);
+    } else {
+        blocks32::dequant_block(t, q, out);
     }
 }
 
@@ -43,12 +59,7 @@ pub fn quantize_row(
     fit::row_weights(x, imp, &mut w);
     let blocks = x.chunks_exact(bw).zip(w.chunks_exact(bw));
     for (i, ((xb, wb), ob)) in blocks.zip(out.chunks_exact_mut(bb)).enumerate() {
-        let r = if kquants::is_k(t) {
-            kquants::quantize_block(t, xb, wb, ob)
-        } else {
-            blocks32::quantize_block(t, xb, wb, ob)
-        };
-        r.map_err(|v| (i, v))?;
+        quantize_block(t, xb, wb, ob).map_err(|v| (i, v))?;
     }
     Ok(())
 }

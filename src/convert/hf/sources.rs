@@ -10,11 +10,13 @@ use super::arch::{self, Transform};
 use super::checkpoint::{Checkpoint, DType, TensorInfo};
 use crate::convert::desc::ModelDesc;
 use crate::convert::error::{ConvertError, Result};
-use crate::convert::pipeline::imatrix::importance;
+use crate::convert::pipeline::imatrix::{importance, CovFile};
 use crate::convert::pipeline::permute::RowMap;
 use crate::convert::pipeline::stream::{check_finite, Arrays};
 use crate::format::mlb::{Kind, Tensor};
 use crate::format::mli::Mli;
+use crate::format::mli_cov::CovEntry;
+use crate::quant::feedback::Feedback;
 use crate::quant::QuantError;
 
 /// One spec array and where it comes from.
@@ -28,6 +30,8 @@ pub struct Source {
     pub plus_one: bool,
     /// Importance per input channel (Q4_0 search with an imatrix).
     pub imp: Option<Vec<f32>>,
+    /// Where the imatrix's covariance section holds this matrix's input covariance.
+    pub cov: Option<CovEntry>,
 }
 
 /// The prefix of the text model's tensors and of its classifier.
@@ -55,6 +59,7 @@ pub fn sources(
     d: &ModelDesc,
     tensors: &[Tensor],
     imatrix: Option<&Mli>,
+    cov: Option<&CovFile>,
 ) -> Result<Vec<Option<Source>>> {
     let (prefix, head_prefix) = text_prefix(ck)?;
     let (hd, rot) = (d.dims.head_dim, d.rope.rot_dim);
@@ -142,6 +147,10 @@ pub fn sources(
             (Some(m), Kind::Mat { cols, .. }) => importance(m, t, cols, d.vocab.tied),
             _ => None,
         };
+        let cov = match (cov, t.kind) {
+            (Some(c), Kind::Mat { cols, .. }) => c.entry(t, cols, d.vocab.tied),
+            _ => None,
+        };
         out.push(Some(Source {
             hf,
             map,
@@ -149,6 +158,7 @@ pub fn sources(
             row_len,
             plus_one,
             imp,
+            cov,
         }));
     }
     Ok(out)
@@ -309,6 +319,8 @@ pub fn quant_error(
 pub struct CheckpointArrays<'a> {
     pub ck: &'a Checkpoint,
     pub sources: &'a [Option<Source>],
+    /// The imatrix's covariance section, for error feedback (`None`: off).
+    pub cov: Option<&'a CovFile>,
 }
 
 impl CheckpointArrays<'_> {
@@ -340,6 +352,11 @@ impl Arrays for CheckpointArrays<'_> {
 
     fn importance(&self, i: usize) -> Option<&[f32]> {
         self.source(i).0.imp.as_deref()
+    }
+
+    fn feedback(&self, i: usize) -> Option<Feedback> {
+        let e = self.source(i).0.cov.as_ref()?;
+        self.cov?.feedback(e)
     }
 
     fn quant_error(&self, i: usize, r0: usize, e: QuantError) -> ConvertError {

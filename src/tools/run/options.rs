@@ -134,6 +134,8 @@ pub enum MeasureMode {
     Imatrix {
         output: PathBuf,
         save_every: Option<usize>,
+        /// Also the full covariance of every matrix input (the MLI covariance section).
+        covariance: bool,
     },
     /// The perplexity of the text.
     Perplexity,
@@ -255,6 +257,7 @@ mod tests {
         o.measure = Some(MeasureOptions::new(MeasureMode::Imatrix {
             output: "x.mli".into(),
             save_every: Some(0),
+            covariance: false,
         }));
         assert!(matches!(
             o.validate(),
