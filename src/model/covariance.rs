@@ -96,11 +96,11 @@ fn add_group(tri: &mut [f64], n: usize, np: usize, i0: usize, x: &[f64], t: usiz
     let mut j0 = i0 - i0 % COLS;
     while j0 < n {
         let mut acc = [[0f64; COLS]; ROWS];
-        for a in 0..ra {
-            for b in 0..COLS {
+        for (a, acc_a) in acc.iter_mut().enumerate().take(ra) {
+            for (b, v) in acc_a.iter_mut().enumerate() {
                 let (i, j) = (i0 + a, j0 + b);
                 if j >= i && j < n {
-                    acc[a][b] = tri[off[a] + j - i];
+                    *v = tri[off[a] + j - i];
                 }
             }
         }
@@ -108,16 +108,16 @@ fn add_group(tri: &mut [f64], n: usize, np: usize, i0: usize, x: &[f64], t: usiz
             let xj: &[f64; COLS] = xr[j0..j0 + COLS].try_into().expect("a padded tile");
             for (a, acc_a) in acc.iter_mut().enumerate().take(ra) {
                 let xi = xr[i0 + a];
-                for b in 0..COLS {
-                    acc_a[b] += xi * xj[b];
+                for (v, &xb) in acc_a.iter_mut().zip(xj) {
+                    *v += xi * xb;
                 }
             }
         }
-        for a in 0..ra {
-            for b in 0..COLS {
+        for (a, acc_a) in acc.iter().enumerate().take(ra) {
+            for (b, &v) in acc_a.iter().enumerate() {
                 let (i, j) = (i0 + a, j0 + b);
                 if j >= i && j < n {
-                    tri[off[a] + j - i] = acc[a][b];
+                    tri[off[a] + j - i] = v;
                 }
             }
         }

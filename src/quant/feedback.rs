@@ -279,8 +279,8 @@ fn quantize_row_passes(
             for i in 0..bw {
                 let j = c0 + i;
                 let mut cur = v[j];
-                for p in 0..i {
-                    cur -= e[p] * fb.u[(c0 + p) * n + j];
+                for (p, &ep) in e[..i].iter().enumerate() {
+                    cur -= ep * fb.u[(c0 + p) * n + j];
                 }
                 next[i] = cur;
                 e[i] = (cur - deq[i] as f64) / fb.u[j * n + j];

@@ -157,7 +157,9 @@ fn imatrix_report(
         let figure = format!("PPL {:.4}", p.ppl);
         fe.chunks_done(p.done, p.ppl.is_finite().then_some(&figure[..]));
         match every {
-            Some(k) if p.done % k == 0 && p.done < p.total => imatrix::write_atomic(path, &bytes()),
+            Some(k) if p.done.is_multiple_of(k) && p.done < p.total => {
+                imatrix::write_atomic(path, &bytes())
+            }
             _ => Ok(()),
         }
     };
