@@ -64,7 +64,7 @@ pub fn run(
     let q4_rule = opts.q4_rule.unwrap_or(desc.arch.default_q4_rule);
     let imatrix = imatrix(opts, &desc, &types, q4_rule)?;
     let cov = match (&imatrix, &opts.imatrix) {
-        (Some(m), Some(p)) => CovFile::load(p, m)?,
+        (Some(m), Some(p)) => CovFile::load(p, m, opts.feedback_damp)?,
         _ => None,
     };
     if let Some(c) = &cov {
@@ -386,9 +386,10 @@ fn measure_mix(
             // With the input's covariance: the output error, quantized as the file will
             // be (with error feedback unless it is off).
             let h = ctx.cov.zip(s.cov.as_ref()).map(|(c, e)| c.matrix(e));
-            let fb = h.as_ref().filter(|_| opts.error_feedback).and_then(|h| {
-                crate::quant::feedback::Feedback::new(cols, h, crate::quant::feedback::DAMP)
-            });
+            let fb = h
+                .as_ref()
+                .filter(|_| opts.error_feedback)
+                .and_then(|h| crate::quant::feedback::Feedback::new(cols, h, opts.feedback_damp));
             for &ty in mix::candidates(cols) {
                 let e = match &h {
                     Some(h) => {

@@ -8,7 +8,7 @@ use crate::convert::error::{ConvertError, Result};
 use crate::format::mlb::Tensor;
 use crate::format::mli::{self, Mli, Slot};
 use crate::format::mli_cov::{self, CovEntry, CovSlot};
-use crate::quant::feedback::{Feedback, DAMP};
+use crate::quant::feedback::Feedback;
 
 /// Reads and checks an MLI1 file against the model.
 pub fn load_imatrix(p: &Path, d: &ModelDesc) -> Result<Mli> {
@@ -103,15 +103,28 @@ pub fn cov_slot(t: &Tensor, tied: bool) -> Option<(Option<usize>, CovSlot)> {
 pub struct CovFile {
     map: memmap2::Mmap,
     pub cov: mli_cov::Covariance,
+    /// The damping λ of [`CovFile::feedback`].
+    pub damp: f64,
 }
 
 impl CovFile {
     /// The covariance section of the imatrix `p` (already read as `m`), if it has one.
-    pub fn load(p: &Path, m: &Mli) -> Result<Option<CovFile>> {
+    /// `damp`: error feedback's damping λ (> 0).
+    pub fn load(p: &Path, m: &Mli, damp: f64) -> Result<Option<CovFile>> {
+        if !(damp.is_finite() && damp > 0.0) {
+            return Err(ConvertError::options(
+                "--feedback-damp",
+                format!("{damp}: must be a positive number"),
+            ));
+        }
         let Some(cov) = m.covariance.clone() else {
             return Ok(None);
         };
-        Ok(Some(CovFile { map: map(p)?, cov }))
+        Ok(Some(CovFile {
+            map: map(p)?,
+            cov,
+            damp,
+        }))
     }
 
     /// The entry of matrix `t`'s input (`cols` wide), if the file has one that saw rows.
@@ -142,6 +155,6 @@ impl CovFile {
     /// The error feedback of entry `e` (`None` when its H is zero or cannot be
     /// factored).
     pub fn feedback(&self, e: &CovEntry) -> Option<Feedback> {
-        Feedback::from_packed(e.n, &mli_cov::values(&self.map, e), DAMP)
+        Feedback::from_packed(e.n, &mli_cov::values(&self.map, e), self.damp)
     }
 }
