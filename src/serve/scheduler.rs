@@ -27,7 +27,8 @@ use std::time::{Duration, Instant};
 use tokio::sync::mpsc::UnboundedSender;
 
 use super::api::{ApiError, Finish, TokenLogprob, Usage};
-use super::{Frontend, ServeError};
+use super::error::ServeError;
+use super::frontend::Frontend;
 use crate::model::config::LayerKind;
 use crate::model::StateOptions;
 use crate::session::{
