@@ -5,6 +5,7 @@ mod calibrate;
 mod chat;
 mod chat_session;
 mod convert;
+mod embed;
 mod gguf;
 mod hostile;
 mod inspect;
