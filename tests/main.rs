@@ -21,5 +21,6 @@ mod serve;
 mod session;
 #[cfg(unix)]
 mod signals;
+mod speculative;
 mod tokenizer;
 mod util;

@@ -12,6 +12,9 @@
 //!   shift drops the oldest turns.
 //! - [`Pooling`], [`Pooler`]: embeddings from the final hidden states
 //!   ([`Session::feed_hidden`], [`Session::embed`]).
+//! - [`speculative`]: speculative decoding (lookup or a draft model; greedy output
+//!   unchanged, sampling's distribution kept): [`Session::generate_speculative`] and
+//!   the pieces a server batches.
 //! - [`ModelOptions`]: which model and tokenizer, how they load and how their sessions
 //!   run: the options `mlb-run` and `mlb-serve` share.
 //! - [`SessionError`], [`ChatSessionError`]: why a call refused.
@@ -52,6 +55,7 @@ mod error;
 mod generate;
 mod options;
 mod sequence;
+pub mod speculative;
 
 pub use batch::{feed_batch, feed_batch_with};
 pub use chat::{

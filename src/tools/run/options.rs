@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use super::error::RunError;
 use crate::model::forward::DEFAULT_BATCH;
 use crate::model::SamplerOptions;
+use crate::session::speculative::SpecOptions;
 use crate::session::{ModelOptions, SessionError};
 
 /// `--temp` default.
@@ -53,6 +54,8 @@ pub struct RunOptions {
     pub logprobs: Option<usize>,
     /// Chat with the model (`--chat`): the prompt is a conversation.
     pub chat: Option<ChatRunOptions>,
+    /// Decode speculatively (`--lookup`, `--draft MODEL.mlb`).
+    pub spec: Option<SpecOptions>,
 }
 
 impl RunOptions {
@@ -76,6 +79,7 @@ impl RunOptions {
             stop_strings: Vec::new(),
             logprobs: None,
             chat: None,
+            spec: None,
         }
     }
 
@@ -103,6 +107,23 @@ impl RunOptions {
                 value: "\"\"".into(),
                 rule: "a stop string cannot be empty",
             });
+        }
+        if let Some(s) = &self.spec {
+            s.validate()?;
+            let clash = if self.chat.is_some() {
+                Some("--chat")
+            } else if self.measure.is_some() {
+                Some("--imatrix, --perplexity, --kl-divergence")
+            } else {
+                None
+            };
+            if let Some(name) = clash {
+                return Err(RunError::BadOption {
+                    name,
+                    value: "(given)".into(),
+                    rule: "cannot be used with --lookup or --draft",
+                });
+            }
         }
         if self.chat.is_some() {
             let clash = if matches!(self.prompt, PromptSource::Ids(_)) {
