@@ -26,6 +26,8 @@ pub struct Ready {
     pub delta_bytes: usize,
     pub chat: bool,
     pub threads: usize,
+    /// Speculative decoding, in words (`None`: off).
+    pub spec: Option<String>,
 }
 
 impl Ready {
@@ -62,7 +64,11 @@ impl fmt::Display for Ready {
             if self.chat { "yes" } else { "none" },
             self.threads,
             if self.threads == 1 { "" } else { "s" }
-        )
+        )?;
+        match &self.spec {
+            Some(s) => write!(f, "; speculative decoding: {s}"),
+            None => Ok(()),
+        }
     }
 }
 
@@ -81,6 +87,7 @@ mod tests {
             delta_bytes: 0,
             chat: false,
             threads: 2,
+            spec: None,
         };
         assert_eq!(r.url(), "http://127.0.0.1:8080");
         assert_eq!(

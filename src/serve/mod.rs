@@ -3,14 +3,15 @@
 //! - `options`, `error`, `frontend`: [`ServeOptions`], [`ServeError`], the
 //!   [`Frontend`] the binary implements and the start-up summary [`Ready`];
 //! - `server`: [`serve`], the whole server as one call;
-//! - [`api`]: the JSON of requests, responses, stream chunks and errors;
+//! - [`api`]: the JSON of requests, responses, stream chunks and errors; `embed`: the
+//!   JSON of /v1/embeddings; `metrics`: the counters of /metrics (Prometheus' text);
 //! - `http`: axum on tokio: routes, handlers, server-sent events, the API key check;
 //! - `conn`: the accept loop: the connection cap, the head and body timeouts, the
 //!   two-stage shutdown;
 //! - `scheduler`: the model's own thread: `parallel` slots (each a
 //!   [`Session`](crate::session::Session) over the one [`Engine`](crate::session::Engine)), continuous batching
 //!   (every step runs each busy slot's next ids through one call), chunked prefill,
-//!   prefix reuse, cancellation and shutdown.
+//!   prefix reuse, speculative rounds, embeddings, cancellation and shutdown.
 //!
 //! The async runtime never runs the model: handlers send a request to the model thread
 //! over a channel and get its tokens back on another, so a forward pass never blocks the
@@ -21,9 +22,11 @@
 
 pub mod api;
 mod conn;
+mod embed;
 mod error;
 mod frontend;
 mod http;
+mod metrics;
 mod options;
 mod scheduler;
 mod server;

@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use super::error::ServeError;
 use crate::model::StateOptions;
-use crate::session::ModelOptions;
+use crate::session::speculative::SpecOptions;
+use crate::session::{ModelOptions, Pooling};
 
 /// `--port` default.
 pub const DEFAULT_PORT: u16 = 8080;
@@ -71,6 +72,10 @@ pub struct ServeOptions {
     pub body_timeout: Duration,
     /// Fuel of one chat template rendering (`chat::budget`).
     pub template_fuel: u64,
+    /// How /v1/embeddings pools hidden states (`--pooling`; `None`: the model's).
+    pub pooling: Option<Pooling>,
+    /// Speculative decoding (`--lookup`, `--draft MODEL.mlb`), off by default.
+    pub spec: Option<SpecOptions>,
 }
 
 impl ServeOptions {
@@ -91,6 +96,8 @@ impl ServeOptions {
             header_timeout: DEFAULT_HEADER_TIMEOUT,
             body_timeout: DEFAULT_BODY_TIMEOUT,
             template_fuel: crate::chat::budget::DEFAULT_FUEL,
+            pooling: None,
+            spec: None,
         }
     }
 
@@ -111,6 +118,9 @@ impl ServeOptions {
             );
         }
         self.model.validate()?;
+        if let Some(s) = &self.spec {
+            s.validate()?;
+        }
         if self.queue > MAX_QUEUE {
             return bad(
                 "--queue",
@@ -170,7 +180,10 @@ impl ServeOptions {
     /// The slots' session options: a step reads at most `prefill_chunk` prompt ids into
     /// one slot.
     pub(super) fn session_options(&self) -> StateOptions {
-        self.model.session_options(self.prefill_chunk)
+        StateOptions {
+            spare: self.spec.as_ref().map_or(0, SpecOptions::spare),
+            ..self.model.session_options(self.prefill_chunk)
+        }
     }
 }
 

@@ -9,13 +9,31 @@ use sha2::{Digest, Sha256};
 
 use super::error::ServeError;
 use super::frontend::{Frontend, Ready};
+use super::metrics::Metrics;
 use super::options::{ServeOptions, PROMPT_BYTES_SLACK, SHUTDOWN_DRAIN};
 use super::scheduler::{self, Msg, Shared, SlotsConfig};
 use super::{conn, http};
 use crate::chat::{Chat, RenderBudget, StopSet};
 use crate::format::mlt::Mlt;
 use crate::kernels::pool;
+use crate::session::speculative::{load_draft, DraftSource, SpecOptions};
 use crate::session::{Engine, LoadOptions, TokenizerSource};
+
+/// The start-up summary's words for the speculation.
+fn spec_summary(s: &SpecOptions) -> String {
+    match &s.source {
+        DraftSource::Lookup => format!(
+            "lookup drafts (n-grams up to {}), up to {} per step",
+            s.ngram, s.draft_max
+        ),
+        DraftSource::Model(p) => format!(
+            "draft model {}, up to {} per step (p-min {})",
+            p.display(),
+            s.draft_max,
+            s.p_min
+        ),
+    }
+}
 
 /// SIGINT and SIGTERM, listened for from their creation on.
 struct Signals {
@@ -101,15 +119,38 @@ pub fn serve(o: &ServeOptions, fe: Arc<dyn Frontend>) -> Result<(), ServeError> 
             .file_stem()
             .map_or_else(|| "model".into(), |s| s.to_string_lossy().into_owned())
     });
+    let draft = match o.spec.as_ref().map(|s| &s.source) {
+        Some(DraftSource::Model(path)) => Some(Arc::new(load_draft(
+            &engine,
+            path,
+            o.model.pack,
+            o.model.half_acts,
+        )?)),
+        _ => None,
+    };
+    let pooling = o.pooling.unwrap_or_else(|| engine.pooling());
     let engine = Arc::new(engine);
     let shared = Arc::new(Shared::new(o.parallel.saturating_add(o.queue)));
+    let state = o.session_options();
+    let metrics = Arc::new(Metrics::new(
+        o.parallel,
+        engine.model().context(&state).unwrap_or(0),
+    ));
     let cfg = SlotsConfig {
         parallel: o.parallel,
-        model: o.session_options(),
+        model: state,
         prefill_chunk: o.prefill_chunk,
         grace: o.grace,
+        spec: o.spec.clone(),
     };
-    let (tx, thread, info) = scheduler::start(engine.clone(), cfg, shared.clone(), fe.clone())?;
+    let (tx, thread, info) = scheduler::start(
+        engine.clone(),
+        draft,
+        cfg,
+        shared.clone(),
+        metrics.clone(),
+        fe.clone(),
+    )?;
     // No prompt text longer than this can fit the context (every id covers at most the
     // longest token's bytes; the slack covers normalization).
     let longest = {
@@ -176,6 +217,8 @@ pub fn serve(o: &ServeOptions, fe: Arc<dyn Frontend>) -> Result<(), ServeError> 
         cpu: Arc::new(tokio::sync::Semaphore::new(cores)),
         salt,
         counter: AtomicU64::new(0),
+        metrics,
+        pooling,
     });
     let has_chat = app.chat.is_some();
     let result = rt.block_on(async {
@@ -200,6 +243,7 @@ pub fn serve(o: &ServeOptions, fe: Arc<dyn Frontend>) -> Result<(), ServeError> 
             delta_bytes: info.delta_bytes,
             chat: has_chat,
             threads: pool::threads(),
+            spec: o.spec.as_ref().map(spec_summary),
         });
         let (fe2, shared2, tx2) = (fe.clone(), shared.clone(), tx.clone());
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(conn::Stop::Running);
