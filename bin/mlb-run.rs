@@ -15,11 +15,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use clap::Parser;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use krafla::cli::count;
+use krafla::cli::{count, SpecArgs};
 use krafla::kernels::HalfActs;
 use krafla::model::forward::DEFAULT_BATCH;
 use krafla::model::KvType;
-use krafla::session::speculative::{DraftSource, SpecOptions};
 use krafla::tools::run::chat::default_history_file;
 use krafla::tools::run::frontend::RunFrontend;
 use krafla::tools::run::options::{
@@ -173,24 +172,8 @@ struct Args {
     /// activations, every product exact. Other weight types are unaffected.
     #[arg(long)]
     bf16_activations: bool,
-    /// Speculative decoding with prompt lookup: draft the tokens that followed the
-    /// latest earlier occurrence of the last n-gram (no second model). Greedy output is
-    /// unchanged; sampling keeps its distribution.
-    #[arg(long, conflicts_with = "draft")]
-    lookup: bool,
-    /// Speculative decoding with a draft model of the same tokenizer (e.g. a Q4_0 copy
-    /// of the model). Greedy output is unchanged; sampling keeps its distribution.
-    #[arg(long, value_name = "MODEL.mlb")]
-    draft: Option<PathBuf>,
-    /// Speculative decoding: most tokens drafted per step.
-    #[arg(long, value_name = "N", default_value_t = krafla::session::speculative::DEFAULT_DRAFT_MAX, allow_negative_numbers = true, value_parser = count(1..=64))]
-    draft_max: usize,
-    /// --lookup: the longest n-gram matched (then shorter ones).
-    #[arg(long, value_name = "N", default_value_t = krafla::session::speculative::DEFAULT_NGRAM, allow_negative_numbers = true, value_parser = count(1..=16))]
-    lookup_ngram: usize,
-    /// --draft: stop drafting at a token the draft model gives less probability than P.
-    #[arg(long, value_name = "P", default_value_t = krafla::session::speculative::DEFAULT_P_MIN, allow_negative_numbers = true)]
-    draft_p_min: f32,
+    #[command(flatten)]
+    spec: SpecArgs,
 }
 
 impl Args {
@@ -248,17 +231,7 @@ impl Args {
         });
         o.ignore_eos = self.ignore_eos;
         o.model.pack = !self.no_pack;
-        o.spec = match (self.lookup, self.draft) {
-            (true, _) => Some(DraftSource::Lookup),
-            (false, Some(p)) => Some(DraftSource::Model(p)),
-            (false, None) => None,
-        }
-        .map(|source| SpecOptions {
-            source,
-            draft_max: self.draft_max,
-            ngram: self.lookup_ngram,
-            p_min: self.draft_p_min,
-        });
+        o.spec = self.spec.options();
         if self.bf16_activations {
             o.model.half_acts = HalfActs::Bf16;
         }

@@ -11,10 +11,9 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use clap::Parser;
-use krafla::cli::count;
+use krafla::cli::{count, SpecArgs};
 use krafla::kernels::HalfActs;
 use krafla::serve::{Frontend, KvType, Ready, ServeOptions};
-use krafla::session::speculative::{DraftSource, SpecOptions};
 use krafla::session::Pooling;
 
 #[derive(Parser)]
@@ -89,24 +88,8 @@ struct Args {
     /// activations, every product exact. Other weight types are unaffected.
     #[arg(long)]
     bf16_activations: bool,
-    /// Speculative decoding with prompt lookup: draft the tokens that followed the
-    /// latest earlier occurrence of the last n-gram (no second model). Greedy output is
-    /// unchanged; sampling keeps its distribution.
-    #[arg(long, conflicts_with = "draft")]
-    lookup: bool,
-    /// Speculative decoding with a draft model of the same tokenizer (e.g. a Q4_0 copy
-    /// of the model). Greedy output is unchanged; sampling keeps its distribution.
-    #[arg(long, value_name = "MODEL.mlb")]
-    draft: Option<PathBuf>,
-    /// Speculative decoding: most tokens drafted per step.
-    #[arg(long, value_name = "N", default_value_t = krafla::session::speculative::DEFAULT_DRAFT_MAX, allow_negative_numbers = true, value_parser = count(1..=64))]
-    draft_max: usize,
-    /// --lookup: the longest n-gram matched (then shorter ones).
-    #[arg(long, value_name = "N", default_value_t = krafla::session::speculative::DEFAULT_NGRAM, allow_negative_numbers = true, value_parser = count(1..=16))]
-    lookup_ngram: usize,
-    /// --draft: stop drafting at a token the draft model gives less probability than P.
-    #[arg(long, value_name = "P", default_value_t = krafla::session::speculative::DEFAULT_P_MIN, allow_negative_numbers = true)]
-    draft_p_min: f32,
+    #[command(flatten)]
+    spec: SpecArgs,
     /// How /v1/embeddings pools a text's final hidden states: mean (over every
     /// token) or last (the last token's; a decoder's default).
     #[arg(long, value_name = "mean|last")]
@@ -133,17 +116,7 @@ impl Args {
         o.template_fuel = self.template_fuel;
         o.alias = self.alias;
         o.model.pack = !self.no_pack;
-        o.spec = match (self.lookup, self.draft) {
-            (true, _) => Some(DraftSource::Lookup),
-            (false, Some(p)) => Some(DraftSource::Model(p)),
-            (false, None) => None,
-        }
-        .map(|source| SpecOptions {
-            source,
-            draft_max: self.draft_max,
-            ngram: self.lookup_ngram,
-            p_min: self.draft_p_min,
-        });
+        o.spec = self.spec.options();
         o.pooling = self.pooling;
         if self.bf16_activations {
             o.model.half_acts = HalfActs::Bf16;

@@ -62,6 +62,24 @@ fn speculative(s: &mut Session, o: &GenerateOptions, spec: &mut Speculator) -> G
     g
 }
 
+/// Lookup drafts, or `draft`'s, for session `s` (made with `o`).
+fn speculator<'d>(
+    spec: &SpecOptions,
+    draft: Option<&'d Engine>,
+    s: &Session,
+    o: &StateOptions,
+    go: &GenerateOptions,
+) -> Speculator<'d> {
+    let state = StateOptions {
+        ctx: Some(s.ctx()),
+        ..*o
+    };
+    match draft {
+        Some(d) => Speculator::with_model(spec, d, &state, &go.sampling).unwrap(),
+        None => Speculator::lookup(spec),
+    }
+}
+
 /// After a generation, two sessions that should hold the same state: the same ids, and
 /// the same logits for the same next id (the caches rolled back exactly).
 fn same_state(a: &mut Session, b: &mut Session, next: u32, what: &str) {
@@ -107,14 +125,7 @@ fn greedy_speculation_gives_the_plain_ids_on_every_case() {
                 let want = plain(&mut a, &go);
                 let mut b = e.session(&o).unwrap();
                 b.feed(&prompt).unwrap();
-                let state = StateOptions {
-                    ctx: Some(b.ctx()),
-                    ..o
-                };
-                let mut sp = match d {
-                    Some(d) => Speculator::with_model(&spec, d, &state, &go.sampling).unwrap(),
-                    None => Speculator::lookup(&spec),
-                };
+                let mut sp = speculator(&spec, d, &b, &o, &go);
                 let got = speculative(&mut b, &go, &mut sp);
                 assert_eq!(got.tokens, want.tokens, "{what}");
                 assert_eq!(got.stop, want.stop, "{what}");
@@ -248,14 +259,7 @@ fn fixtures_q4_0_drafts_for_q8_0_give_the_plain_ids() {
             let want = plain(&mut a, &go);
             let mut b = e.session(&o).unwrap();
             b.feed(prompt).unwrap();
-            let state = StateOptions {
-                ctx: Some(b.ctx()),
-                ..o
-            };
-            let mut sp = match src {
-                Some(d) => Speculator::with_model(&spec, d, &state, &go.sampling).unwrap(),
-                None => Speculator::lookup(&spec),
-            };
+            let mut sp = speculator(&spec, src, &b, &o, &go);
             let got = speculative(&mut b, &go, &mut sp);
             assert_eq!(got.tokens, want.tokens, "{what} ({:?})", sp.stats);
             same_state(&mut a, &mut b, 3, &what);

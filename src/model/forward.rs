@@ -697,35 +697,18 @@ impl<'a> Model<'a> {
         tokens: &[u32],
         mut each: Option<LogitsSink>,
     ) -> Result<&'s [f32]> {
-        self.check(&st.seq, tokens)?;
-        let k = self.kernels();
         let vocab = self.cfg.vocab;
-        let State { seq, buf } = st;
         let mut last = 0;
-        let chunks = tokens.chunks(buf.cap);
-        let n_chunks = chunks.len();
         let mut rows = [(0, 0); LOGIT_ROWS];
-        for (ci, chunk) in chunks.enumerate() {
-            let (n, p0) = (chunk.len(), seq.pos);
-            let mut segs = [Seg {
-                seq: &mut *seq,
-                r0: 0,
-                n,
-                p0,
-            }];
-            self.layers(&k, buf, &mut segs, chunk);
-            let first = match each {
-                Some(_) => 0,
-                None if ci + 1 == n_chunks => n - 1,
-                None => n,
-            };
-            let mut r0 = first;
+        let every = each.is_some();
+        self.run_chunks(&mut *st, tokens, every, |k, buf, segs, wanted, p0| {
+            let (mut r0, n) = (wanted.start, wanted.end);
             while r0 < n {
                 let r1 = (r0 + buf.logit_rows).min(n);
                 for (row, r) in rows.iter_mut().zip(r0..r1) {
                     *row = (0, r);
                 }
-                self.classify(&k, buf, &mut segs, &rows[..r1 - r0]);
+                self.classify(k, buf, segs, &rows[..r1 - r0]);
                 if let Some(f) = each.as_mut() {
                     for r in r0..r1 {
                         f(p0 + r, &buf.logits[(r - r0) * vocab..(r - r0 + 1) * vocab]);
@@ -734,8 +717,8 @@ impl<'a> Model<'a> {
                 last = r1 - r0 - 1;
                 r0 = r1;
             }
-        }
-        Ok(&buf.logits[last * vocab..(last + 1) * vocab])
+        })?;
+        Ok(&st.buf.logits[last * vocab..(last + 1) * vocab])
     }
 
     /// One token after what `st` holds; returns its logits.
@@ -755,9 +738,29 @@ impl<'a> Model<'a> {
         every: bool,
         sink: HiddenSink,
     ) -> Result<()> {
+        let d = self.cfg.dim;
+        self.run_chunks(st, tokens, every, |_, buf, _, wanted, p0| {
+            let rows: Vec<(usize, usize)> = wanted.clone().map(|r| (0, r)).collect();
+            self.final_norm(buf, &rows);
+            for (j, r) in wanted.enumerate() {
+                sink(p0 + r, &buf.xb[j * d..(j + 1) * d]);
+            }
+        })
+    }
+
+    /// Runs `tokens` after what `st` holds in chunks of at most its `cap` tokens; after
+    /// each chunk (of positions `p0..`), `take(kernels, buffers, segments, rows, p0)`
+    /// gets the rows of it that are wanted: all with `every`, else the last chunk's
+    /// last row.
+    fn run_chunks(
+        &self,
+        st: &mut State,
+        tokens: &[u32],
+        every: bool,
+        mut take: impl FnMut(&Kernels, &mut Scratch, &mut [Seg], std::ops::Range<usize>, usize),
+    ) -> Result<()> {
         self.check(&st.seq, tokens)?;
         let k = self.kernels();
-        let d = self.cfg.dim;
         let State { seq, buf } = st;
         let chunks = tokens.chunks(buf.cap);
         let n_chunks = chunks.len();
@@ -775,11 +778,7 @@ impl<'a> Model<'a> {
                 (false, true) => n - 1,
                 (false, false) => continue,
             };
-            let rows: Vec<(usize, usize)> = (first..n).map(|r| (0, r)).collect();
-            self.final_norm(buf, &rows);
-            for (j, r) in (first..n).enumerate() {
-                sink(p0 + r, &buf.xb[j * d..(j + 1) * d]);
-            }
+            take(&k, buf, &mut segs, first..n, p0);
         }
         Ok(())
     }

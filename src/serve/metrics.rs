@@ -161,73 +161,80 @@ impl Metrics {
                 escape(route)
             );
         }
-        let counters: [(&str, &str, u64); 5] = [
+        let (pr, gr) = self.rates(now);
+        let used = self.kv_used.load(Relaxed);
+        let count = |a: &AtomicU64| a.load(Relaxed) as f64;
+        let families: [(&str, &str, &str, f64); 14] = [
             (
                 "prompt_tokens_total",
+                "counter",
                 "Prompt tokens run through the model (cached prefixes not counted).",
-                self.prompt_tokens.load(Relaxed),
+                count(&self.prompt_tokens),
             ),
             (
                 "generated_tokens_total",
+                "counter",
                 "Tokens generated.",
-                self.generated_tokens.load(Relaxed),
+                count(&self.generated_tokens),
             ),
             (
                 "embedding_tokens_total",
+                "counter",
                 "Tokens embedded by /v1/embeddings.",
-                self.embedded_tokens.load(Relaxed),
+                count(&self.embedded_tokens),
             ),
             (
                 "draft_tokens_total",
+                "counter",
                 "Speculative decoding: tokens drafted.",
-                self.draft_tokens.load(Relaxed),
+                count(&self.draft_tokens),
             ),
             (
                 "draft_accepted_tokens_total",
+                "counter",
                 "Speculative decoding: drafted tokens the model kept.",
-                self.draft_accepted.load(Relaxed),
+                count(&self.draft_accepted),
             ),
-        ];
-        for (n, help, v) in counters {
-            let name = family_line(&mut out, n, "counter", help);
-            let _ = writeln!(out, "{name} {v}");
-        }
-        let (pr, gr) = self.rates(now);
-        let used = self.kv_used.load(Relaxed);
-        let gauges: [(&str, &str, f64); 9] = [
             (
                 "prompt_tokens_per_second",
+                "gauge",
                 "Prompt tokens per second over the last 10 seconds.",
                 pr,
             ),
             (
                 "generated_tokens_per_second",
+                "gauge",
                 "Generated tokens per second over the last 10 seconds.",
                 gr,
             ),
             (
                 "requests_queued",
+                "gauge",
                 "Requests waiting for a slot (queue depth).",
                 self.queued.load(Relaxed) as f64,
             ),
             (
                 "slots_busy",
+                "gauge",
                 "Slots running a request.",
                 self.slots_busy.load(Relaxed) as f64,
             ),
-            ("slots_total", "Slots.", self.slots as f64),
+            ("slots_total", "gauge", "Slots.", self.slots as f64),
             (
                 "kv_cache_used_tokens",
+                "gauge",
                 "Positions the slots' KV caches hold (free slots keep theirs for prefix reuse).",
                 used as f64,
             ),
             (
                 "kv_cache_capacity_tokens",
+                "gauge",
                 "Positions all slots' KV caches can hold.",
                 self.kv_capacity as f64,
             ),
             (
                 "kv_cache_usage_ratio",
+                "gauge",
                 "Used over capacity of the KV caches.",
                 if self.kv_capacity > 0 {
                     used as f64 / self.kv_capacity as f64
@@ -237,12 +244,13 @@ impl Metrics {
             ),
             (
                 "uptime_seconds",
+                "gauge",
                 "Seconds since the server started.",
                 (now - self.started).as_secs_f64(),
             ),
         ];
-        for (n, help, v) in gauges {
-            let name = family_line(&mut out, n, "gauge", help);
+        for (n, kind, help, v) in families {
+            let name = family_line(&mut out, n, kind, help);
             let _ = writeln!(out, "{name} {}", number(v));
         }
         let name = family_line(

@@ -171,6 +171,31 @@ pub struct SlotInfo {
     pub delta_bytes: usize,
 }
 
+/// The slots' sessions, and with a draft model its sessions (the slots' context, cut
+/// to its max_seq).
+#[allow(clippy::type_complexity)]
+fn slots<'e>(
+    engine: &'e Engine,
+    draft: Option<&'e Engine>,
+    cfg: &SlotsConfig,
+) -> Result<(Vec<Session<'e>>, Vec<Option<DraftModel<'e>>>), SessionError> {
+    let sessions = (0..cfg.parallel)
+        .map(|_| engine.session(&cfg.model))
+        .collect::<Result<Vec<_>, _>>()?;
+    let state = StateOptions {
+        ctx: Some(sessions[0].ctx()),
+        ..cfg.model
+    };
+    let drafts = (0..cfg.parallel)
+        .map(|_| {
+            draft
+                .map(|d| DraftModel::new(d, &state, &Default::default()))
+                .transpose()
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok((sessions, drafts))
+}
+
 /// Starts the model thread with its slots (allocated before this returns, so that a
 /// context that does not fit is an error at start).
 pub fn start(
@@ -186,31 +211,9 @@ pub fn start(
     let thread = std::thread::Builder::new()
         .name("mlb-serve-model".into())
         .spawn(move || {
-            let sessions: Result<Vec<Session>, SessionError> = (0..cfg.parallel)
-                .map(|_| engine.session(&cfg.model))
-                .collect();
-            let sessions = match sessions {
+            let made = slots(&engine, draft.as_deref(), &cfg);
+            let (sessions, drafts) = match made {
                 Ok(s) => s,
-                Err(e) => {
-                    let _ = ready_tx.send(Err(e));
-                    return;
-                }
-            };
-            // The draft model's sessions: the slots' context (cut to its max_seq).
-            let state = StateOptions {
-                ctx: Some(sessions[0].ctx()),
-                ..cfg.model
-            };
-            let drafts: Result<Vec<Option<DraftModel>>, SessionError> = (0..cfg.parallel)
-                .map(|_| {
-                    draft
-                        .as_deref()
-                        .map(|d| DraftModel::new(d, &state, &Default::default()))
-                        .transpose()
-                })
-                .collect();
-            let drafts = match drafts {
-                Ok(d) => d,
                 Err(e) => {
                     let _ = ready_tx.send(Err(e));
                     return;

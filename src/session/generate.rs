@@ -321,12 +321,17 @@ impl Session<'_> {
             }
             self.feed(&[step.id])?;
         }
+        Ok(self.finish_generation(g))
+    }
+
+    /// Ends a generation over this session: its result, the session without the
+    /// logits that chose the last sampled token (which was not fed).
+    pub(super) fn finish_generation(&mut self, g: Generator) -> Generation {
         let gen = g.finish();
         if !gen.tokens.is_empty() {
-            // The last sampled token was not fed: these logits chose it.
             self.drop_logits();
         }
-        Ok(gen)
+        gen
     }
 }
 

@@ -536,12 +536,7 @@ impl Session<'_> {
                 next = Some(step.id);
             }
         }
-        let gen = g.finish();
-        if !gen.tokens.is_empty() {
-            // The last sampled token was not fed: these logits chose it.
-            self.drop_logits();
-        }
-        Ok(gen)
+        Ok(self.finish_generation(g))
     }
 }
 
