@@ -94,6 +94,10 @@ struct Args {
     /// token) or last (the last token's; a decoder's default).
     #[arg(long, value_name = "mean|last")]
     pooling: Option<Pooling>,
+    /// Most tokens over all inputs of one /v1/embeddings request (more: 400; each
+    /// input also fits the context, and a request has at most 2048 inputs).
+    #[arg(long, value_name = "N", default_value_t = krafla::serve::DEFAULT_MAX_EMBED_TOKENS, allow_negative_numbers = true, value_parser = count(1..=1 << 24))]
+    max_embed_tokens: usize,
 }
 
 impl Args {
@@ -118,6 +122,7 @@ impl Args {
         o.model.pack = !self.no_pack;
         o.spec = self.spec.options();
         o.pooling = self.pooling;
+        o.max_embed_tokens = self.max_embed_tokens;
         if self.bf16_activations {
             o.model.half_acts = HalfActs::Bf16;
         }

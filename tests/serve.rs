@@ -1644,11 +1644,20 @@ fn serve_embeddings() {
 }
 
 /// `--pooling mean`: the mean of every position's hidden state, as the library
-/// computes it; not the last token's.
+/// computes it; not the last token's. A request's budget: at most 2048 inputs and
+/// `--max-embed-tokens` ids over all of them (by bytes before encoding, by ids after),
+/// else 400 naming `input`.
 #[test]
 fn serve_embeddings_mean_pooling() {
     use krafla::session::Pooling;
-    let s = start(&["--pooling", "mean", "--parallel", "2"]);
+    let s = start(&[
+        "--pooling",
+        "mean",
+        "--parallel",
+        "2",
+        "--max-embed-tokens",
+        "64",
+    ]);
     let ids = encode("The Python interpreter reads a file");
     let r = s.post(
         "/v1/embeddings",
@@ -1664,6 +1673,25 @@ fn serve_embeddings_mean_pooling() {
         bits(&vector(&v["data"][1]["embedding"])),
         bits(&library_embedding(&[5, 6, 7], Pooling::Mean))
     );
+    let fits = vec![vec![5u32; 30], vec![6; 34]];
+    assert_eq!(
+        s.post("/v1/embeddings", &json!({"input": fits}).to_string())
+            .status,
+        200
+    );
+    for (body, says) in [
+        (
+            json!({"input": vec![vec![5u32; 30], vec![6; 35]]}),
+            "65 tokens",
+        ),
+        (json!({"input": vec!["x"; 2049]}), "2049 items"),
+        (json!({"input": "word ".repeat(20_000)}), "bytes"),
+    ] {
+        let e = s.post("/v1/embeddings", &body.to_string()).error(400);
+        assert_eq!(e["param"], "input");
+        assert!(e["message"].as_str().unwrap().contains(says), "{e}");
+    }
+    s.assert_serves();
     let (code, err) = try_start(&["--pooling", "cls"]).err().unwrap();
     assert_eq!(code, Some(2), "{err}");
 }

@@ -24,6 +24,16 @@ pub enum Input {
     Ids(Vec<u32>),
 }
 
+impl Input {
+    /// Bytes of a text, ids of a list: what the request's budget sees before encoding.
+    pub fn size(&self) -> usize {
+        match self {
+            Input::Text(t) => t.len(),
+            Input::Ids(ids) => ids.len(),
+        }
+    }
+}
+
 /// An embeddings request, read and checked.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EmbedRequest {

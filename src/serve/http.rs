@@ -63,6 +63,10 @@ pub struct App {
     /// Longest prompt text (a completion's, a chat's rendering) encoded: any longer
     /// cannot fit the context.
     pub max_prompt_bytes: usize,
+    /// Most ids over all inputs of one embeddings request, and most text bytes (any
+    /// more cannot encode to fewer ids).
+    pub max_embed_tokens: usize,
+    pub max_embed_bytes: usize,
     /// Permits for CPU work on the blocking pool (rendering, encoding): one per core.
     pub cpu: Arc<tokio::sync::Semaphore>,
     /// Per-process random bits for ids and seeds.
@@ -592,6 +596,22 @@ async fn embeddings(
     let _running = conn.map(|c| c.running());
     let c = app.engine.config();
     let req = embed_api::parse(&body, c.vocab, c.dim)?;
+    // The request's budget, by bytes before encoding, by ids after.
+    let over = |what: String| {
+        ApiError::invalid(
+            "input",
+            format!(
+                "The inputs {what}: at most {} tokens over all inputs of one request (--max-embed-tokens). Please send fewer or shorter inputs.",
+                app.max_embed_tokens
+            ),
+        )
+    };
+    let bytes: usize = req.inputs.iter().map(Input::size).sum();
+    if bytes > app.max_embed_bytes {
+        return Err(over(format!(
+            "have {bytes} bytes and token ids, which cannot encode to fewer tokens"
+        )));
+    }
     if app.shared.draining.load(Relaxed) {
         return Err(ApiError::shutting_down());
     }
@@ -611,6 +631,10 @@ async fn embeddings(
         Ok((req, ids))
     })
     .await?;
+    let total: usize = ids.iter().map(Vec::len).sum();
+    if total > app.max_embed_tokens {
+        return Err(over(format!("have {total} tokens")));
+    }
     let n = ids.len();
     let (events, mut rx) = unbounded_channel();
     for (index, ids) in ids.into_iter().enumerate() {

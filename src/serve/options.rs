@@ -33,6 +33,8 @@ pub const DEFAULT_HEADER_TIMEOUT: Duration = Duration::from_secs(10);
 pub const DEFAULT_BODY_TIMEOUT: Duration = Duration::from_secs(30);
 /// After the first signal, connections not running a request are closed this late.
 pub const SHUTDOWN_DRAIN: Duration = Duration::from_secs(3);
+/// Ids over all inputs of one /v1/embeddings request (`--max-embed-tokens` default).
+pub const DEFAULT_MAX_EMBED_TOKENS: usize = 65_536;
 /// A prompt's text may have at most this many bytes per position of the context times
 /// the tokenizer's longest token before it is refused unencoded (no text of that size
 /// can encode to fewer ids than the context has positions).
@@ -76,6 +78,8 @@ pub struct ServeOptions {
     pub pooling: Option<Pooling>,
     /// Speculative decoding (`--lookup`, `--draft MODEL.mlb`), off by default.
     pub spec: Option<SpecOptions>,
+    /// Most ids over all inputs of one /v1/embeddings request (more: 400).
+    pub max_embed_tokens: usize,
 }
 
 impl ServeOptions {
@@ -98,6 +102,7 @@ impl ServeOptions {
             template_fuel: crate::chat::budget::DEFAULT_FUEL,
             pooling: None,
             spec: None,
+            max_embed_tokens: DEFAULT_MAX_EMBED_TOKENS,
         }
     }
 
@@ -127,6 +132,9 @@ impl ServeOptions {
                 self.queue.to_string(),
                 &format!("at most {MAX_QUEUE}"),
             );
+        }
+        if self.max_embed_tokens == 0 {
+            return bad("--max-embed-tokens", "0".into(), "at least 1");
         }
         if self.max_connections == 0 {
             return bad("--max-connections", "0".into(), "at least 1");

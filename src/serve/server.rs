@@ -214,6 +214,12 @@ pub fn serve(o: &ServeOptions, fe: Arc<dyn Frontend>) -> Result<(), ServeError> 
         max_body: o.max_body,
         body_timeout: o.body_timeout,
         max_prompt_bytes,
+        max_embed_tokens: o.max_embed_tokens,
+        max_embed_bytes: o
+            .max_embed_tokens
+            .saturating_mul(longest)
+            .saturating_mul(PROMPT_BYTES_SLACK)
+            .max(4096),
         cpu: Arc::new(tokio::sync::Semaphore::new(cores)),
         salt,
         counter: AtomicU64::new(0),
