@@ -1939,6 +1939,15 @@ fn serve_speculative_gives_the_plain_text() {
             &json!({"prompt": prompts[0], "max_tokens": 32, "temperature": 0}),
         );
         assert_eq!(stream_text(&data).0, want[0], "{args:?} streamed");
+        // Sampling speculates too (the acceptance rule: tests/speculative.rs and
+        // model::sampler's verify_keeps_the_distribution): whole answers, every token
+        // counted once.
+        let body = json!({"prompt": prompts[0], "max_tokens": 24, "temperature": 0.8, "seed": 7, "logit_bias": {"2": -100}});
+        let r = s.post("/v1/completions", &body.to_string());
+        assert_eq!(r.status, 200, "{}", r.body);
+        let v = r.json();
+        assert_eq!(v["usage"]["completion_tokens"], 24, "{args:?}: {v}");
+        assert_eq!(v["choices"][0]["finish_reason"], "length", "{args:?}: {v}");
         let text = s.get("/metrics").body;
         let m = parse_prometheus(&text);
         assert!(m["krafla_draft_tokens_total"] > 0.0, "{args:?}: {text}");
