@@ -136,6 +136,11 @@ def exercise(url):
     )
     d = client.embeddings.create(model="default", input=[[1, 2, 3]], dimensions=8)
     check("embeddings of ids, 8 dimensions", len(d.data[0].embedding) == 8, d)
+    try:
+        client.embeddings.create(model="default", input=["x"] * 2049)
+        check("2049 embedding inputs refused", False, "no error")
+    except openai.BadRequestError as e:
+        check("2049 embedding inputs refused", e.status_code == 400 and e.body.get("param") == "input", e.body)
 
     try:
         client.chat.completions.create(model="default", messages=messages, max_tokens=0)
