@@ -4,14 +4,16 @@
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use crate::util::{bin_path, spawn_piped, testdata};
+use crate::util::fixtures::convert;
+use crate::util::tool::tool;
+use crate::util::{bin_path, testdata};
 
 /// The template the tests give the default model; its end of turn is the EOS.
 const TEMPLATE: &str = "{% for m in messages %}<|startoftext|>{{ m['role'] }}\n{{ m['content'] }}<|endoftext|>\n{% endfor %}{% if add_generation_prompt %}<|startoftext|>assistant\n{% endif %}";
@@ -22,19 +24,6 @@ struct Files {
     mlb: PathBuf,
     plain: PathBuf,
     chat: PathBuf,
-}
-
-fn convert(bin: &str, args: &[&Path], extra: &[&str]) {
-    let o = Command::new(bin_path(bin))
-        .args(args)
-        .args(extra)
-        .output()
-        .unwrap();
-    assert!(
-        o.status.success(),
-        "{bin}: {}",
-        String::from_utf8_lossy(&o.stderr)
-    );
 }
 
 fn files() -> &'static Files {
@@ -51,28 +40,22 @@ fn files() -> &'static Files {
         };
         let template = dir.join("template.jinja");
         std::fs::write(&template, TEMPLATE).unwrap();
-        convert(
-            "mlb-convert",
-            &[&src, Path::new("-o"), &f.mlb],
-            &["--wtype", "q8_0"],
-        );
+        convert(&src, &f.mlb, &["--wtype", "q8_0"]);
         let json = src.join("tokenizer.json");
-        convert(
-            "mlt-convert",
-            &[&json, Path::new("-o"), &f.plain],
-            &["-q", "--no-chat"],
-        );
-        convert(
-            "mlt-convert",
-            &[
-                &json,
-                Path::new("-o"),
-                &f.chat,
-                Path::new("--chat-template"),
-                &template,
-            ],
-            &["-q"],
-        );
+        tool("mlt-convert")
+            .arg(&json)
+            .arg("-o")
+            .arg(&f.plain)
+            .args(["-q", "--no-chat"])
+            .ok();
+        tool("mlt-convert")
+            .arg(&json)
+            .arg("-o")
+            .arg(&f.chat)
+            .arg("--chat-template")
+            .arg(&template)
+            .arg("-q")
+            .ok();
         f
     })
 }
@@ -96,18 +79,17 @@ fn try_start_with(
     setup: Option<fn() -> std::io::Result<()>>,
 ) -> Result<Server, (Option<i32>, String)> {
     let f = files();
-    let mut cmd = Command::new(bin_path("mlb-serve"));
+    let mut cmd = tool("mlb-serve");
     cmd.arg(&f.mlb)
         .args(["--port", "0", "--threads", "2"])
-        .args(args)
-        .stdin(Stdio::null());
+        .args(args);
     #[cfg(unix)]
     if let Some(f) = setup {
         use std::os::unix::process::CommandExt;
         // SAFETY: `f` only makes system calls (setrlimit), safe after fork.
-        unsafe { cmd.pre_exec(f) };
+        unsafe { cmd.command().pre_exec(f) };
     }
-    let mut child = spawn_piped(&mut cmd);
+    let mut child = cmd.spawn();
     let log = Arc::new(Mutex::new(String::new()));
     let (l2, mut err) = (log.clone(), child.stderr.take().unwrap());
     let errs = std::thread::spawn(move || {
@@ -363,14 +345,12 @@ fn mlb_run_greedy(prompt: &str, n: usize) -> String {
 
 fn mlb_run_greedy_with(prompt: &str, n: usize, args: &[&str]) -> String {
     let f = files();
-    let o = Command::new(bin_path("mlb-run"))
+    let out = tool("mlb-run")
         .arg(&f.mlb)
         .args(["--prompt", prompt, "-n", &n.to_string(), "--temp", "0"])
         .args(args)
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let s = String::from_utf8(o.stdout).unwrap();
+        .ok();
+    let s = String::from_utf8(out.stdout_bytes).unwrap();
     s.strip_suffix('\n').unwrap_or(&s).to_string()
 }
 
@@ -866,13 +846,10 @@ fn serve_startup_errors_are_one_line() {
     let dir = tempfile::tempdir().unwrap();
     let lone = dir.path().join("lone.mlb");
     std::fs::copy(&f.mlb, &lone).unwrap();
-    let o = Command::new(bin_path("mlb-serve"))
+    let err = tool("mlb-serve")
         .arg(&lone)
         .args(["--port", "0"])
-        .output()
-        .unwrap();
-    assert_eq!(o.status.code(), Some(1));
-    let err = String::from_utf8_lossy(&o.stderr);
+        .fails_with(1);
     assert!(
         err.contains("no tokenizer") && err.contains("lone.mlt"),
         "{err}"
@@ -998,7 +975,7 @@ fn serve_load_16_clients_x_10_requests() {
 
 #[test]
 fn serve_help_snapshot() {
-    insta::assert_snapshot!(crate::util::help("mlb-serve"));
+    insta::assert_snapshot!(tool("mlb-serve").arg("--help").ok().stdout);
 }
 
 /// Writing to the server without reading its answers leaves it serving others.
@@ -1147,17 +1124,14 @@ fn probe_tokenizer() -> PathBuf {
         let jinja = dir.join("probes.jinja");
         std::fs::write(&jinja, src).unwrap();
         let out = dir.join("probes.mlt");
-        convert(
-            "mlt-convert",
-            &[
-                &testdata().join("default/tokenizer.json"),
-                Path::new("-o"),
-                &out,
-                Path::new("--chat-template"),
-                &jinja,
-            ],
-            &["-q"],
-        );
+        tool("mlt-convert")
+            .arg(testdata().join("default/tokenizer.json"))
+            .arg("-o")
+            .arg(&out)
+            .arg("--chat-template")
+            .arg(&jinja)
+            .arg("-q")
+            .ok();
         out
     })
     .clone()
