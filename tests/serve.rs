@@ -1875,11 +1875,7 @@ fn serve_speculative_gives_the_plain_text() {
     std::fs::create_dir_all(&dir).unwrap();
     let q4 = dir.join("q4.mlb");
     if !q4.exists() {
-        convert(
-            "mlb-convert",
-            &[&testdata().join("default"), Path::new("-o"), &q4],
-            &["--wtype", "q4_0"],
-        );
+        convert(&testdata().join("default"), &q4, &["--wtype", "q4_0"]);
         std::fs::copy(&files().chat, dir.join("q4.mlt")).unwrap();
     }
     let prompts = [
