@@ -8,10 +8,10 @@ pub mod reference;
 
 use std::path::{Path, PathBuf};
 
-use krafla::format::mlb::header::{layer_flag, q8_class, rope_type, wtype};
+use krafla::format::mlb::header::{layer_flag, q8_class, qk_norm, rope_type, wtype};
 use krafla::format::mlb::layout::Layout;
 use krafla::format::mlb::synth::{
-    llama3_rope, qwen35_hybrid, synth_file, synth_mixed, tiny_header, yarn_rope,
+    llama3_rope, qwen35_hybrid, synth_file, synth_mixed, tiny_header, tiny_moe, yarn_rope,
 };
 use krafla::format::mlb::validate::validate;
 use krafla::format::mlb::{Header, Mlb};
@@ -126,6 +126,67 @@ pub fn cases() -> Vec<Case> {
         h,
         flags: v[7].flags.clone(),
     });
+    v.extend(moe_cases());
+    v
+}
+
+/// Mixtures of experts: Qwen3-MoE's softmax top-k renormalised with a gated shared
+/// expert (and router and expert biases) beside a dense layer; OLMoE's top-k without
+/// renormalisation and q/k norms over the whole projection, every layer MoE, Q4_0 (the
+/// packed kernels' row ranges), 8 experts of which 3 per token; gpt-oss's top-k
+/// softmax with biases, the clamped SwiGLU, attention sinks, the o bias, sliding
+/// layers and unrounded YaRN; the first also in BF16 and as a mixed file.
+pub fn moe_cases() -> Vec<Case> {
+    let moe = layer_flag::MOE;
+    let case = |name, flags: Vec<u8>, edit: fn(&mut Header)| {
+        let mut h = tiny_header();
+        tiny_moe(&mut h);
+        edit(&mut h);
+        Case { name, h, flags }
+    };
+    let mut v = vec![
+        case("qwen3_moe_shared_gate_biases", vec![0, moe], |_| {}),
+        case("olmoe_whole_qknorm_q4", vec![moe, moe], |h| {
+            h.n_experts = 8;
+            h.n_experts_used = 3;
+            h.hidden_dim = 32;
+            h.moe_gating = 0;
+            h.shared_hidden = 0;
+            h.moe_flags = 0;
+            h.qk_norm = qk_norm::WHOLE;
+            h.wtype = wtype::Q4_0;
+        }),
+        case(
+            "gpt_oss_sinks_bo_swiglu_yarn",
+            vec![moe | layer_flag::SLIDING, moe],
+            |h| {
+                h.hidden_dim = 32;
+                h.moe_gating = 2;
+                h.shared_hidden = 0;
+                h.moe_flags = 3;
+                h.swiglu_limit = 3.0;
+                h.swiglu_alpha = 1.702;
+                h.qkv_bias = 2;
+                h.attn_sinks = 1;
+                h.sliding_window = 4;
+                yarn_rope(h, 16, 1.1);
+                h.rope_type = rope_type::YARN_UNROUNDED;
+            },
+        ),
+    ];
+    for (name, t) in [
+        ("bf16_qwen3_moe", wtype::BF16),
+        ("mixed_qwen3_moe_f16_scales", wtype::MIXED),
+    ] {
+        let mut h = v[0].h;
+        h.wtype = t;
+        h.scale_f16 = u32::from(t == wtype::MIXED);
+        v.push(Case {
+            name,
+            h,
+            flags: v[0].flags.clone(),
+        });
+    }
     v
 }
 
@@ -412,7 +473,7 @@ fn bf16_activations_give_the_same_bits_on_every_tier() {
         same_bits_on_every_tier(&pools, &m, &model, &toks, &base, c.name);
         cased += 1;
     }
-    assert_eq!(cased, 3);
+    assert_eq!(cased, 5);
 }
 
 /// Forcing a tier forces the whole forward pass: the scalar tier runs no SIMD code at

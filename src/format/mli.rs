@@ -513,6 +513,82 @@ mod tests {
         assert_eq!(st(&b), Status::Format);
     }
 
+    /// A version-2 file: layers 0 and 1 of [`sample`] are MoE layers (or only `layers`),
+    /// 3 experts of 32, a shared expert of 32 (or none).
+    fn sample_moe(layers: Vec<usize>, shared: usize) -> Mli {
+        let mut x = MoeSums::new(layers, 3, 32, 32, shared);
+        for (i, s) in x.sums.iter_mut().enumerate() {
+            *s = i as f64 * 0.5;
+        }
+        for (i, t) in x.tokens.iter_mut().enumerate() {
+            *t = i as u64 % 3;
+        }
+        sample().with_moe(x)
+    }
+
+    #[test]
+    fn moe_roundtrip_and_slots() {
+        for (layers, shared) in [(vec![0, 1], 32), (vec![1], 0)] {
+            let m = sample_moe(layers.clone(), shared);
+            let b = m.to_bytes();
+            let n = layers.len();
+            let ext = 16 + 4 * n.next_multiple_of(2) + n * (8 * 3 + 8 * (3 * 64 + shared));
+            assert_eq!(b.len(), sample().to_bytes().len() + ext);
+            assert_eq!(u32_at(&b, 4), VERSION_MOE);
+            let p = parse(&b).unwrap();
+            assert_eq!(p, m);
+            let x = p.moe.as_ref().unwrap();
+            let last = *layers.last().unwrap();
+            let first = (n - 1) * (192 + shared) + 64;
+            assert_eq!(
+                x.expert(last, 1, ExpertSlot::In).unwrap()[0],
+                first as f64 * 0.5
+            );
+            assert_eq!(x.expert(last, 2, ExpertSlot::Hidden).unwrap().len(), 32);
+            assert_eq!(x.shared(last).unwrap().len(), shared);
+            assert_eq!(x.tokens(last, 2), Some(((n - 1) * 3 + 2) as u64 % 3));
+            assert!(x.expert(5, 0, ExpertSlot::In).is_none());
+        }
+        // Experts with no tokens, as (layer, expert).
+        let m = sample_moe(vec![0, 1], 0);
+        assert_eq!(m.moe.unwrap().unrouted(), vec![(0, 0), (1, 0)]);
+    }
+
+    #[test]
+    fn moe_errors() {
+        let good = sample_moe(vec![0, 1], 32).to_bytes();
+        let at = sample().to_bytes().len();
+        let st = |b: &[u8]| parse(b).unwrap_err().status;
+        assert!(parse(&good).is_ok());
+        // Short: in the counts, in the layer list, by one value.
+        assert_eq!(st(&good[..at + 8]), Status::Format);
+        assert_eq!(st(&good[..at + 20]), Status::Format);
+        assert_eq!(st(&good[..good.len() - 8]), Status::Format);
+        let set = |off: usize, v: u32| {
+            let mut b = good.clone();
+            b[off..off + 4].copy_from_slice(&v.to_le_bytes());
+            b
+        };
+        assert_eq!(st(&set(at, 1)), Status::Shape);
+        assert_eq!(st(&set(at, 5000)), Status::Shape);
+        assert_eq!(st(&set(at + 4, 0)), Status::Shape);
+        assert_eq!(st(&set(at + 12, 0)), Status::Format);
+        assert_eq!(st(&set(at + 12, 3)), Status::Format);
+        // Layers out of order, or past the model's.
+        assert_eq!(st(&set(at + 16, 1)), Status::Format);
+        assert_eq!(st(&set(at + 20, 2)), Status::Format);
+        // A negative sum.
+        let mut b = good.clone();
+        let n = b.len();
+        b[n - 8..].copy_from_slice(&(-1.0f64).to_le_bytes());
+        let e = parse(&b).unwrap_err();
+        assert!(e.field.starts_with("expert_sums["), "{}", e.field);
+        // The largest expert shapes fail on the length, before allocating.
+        let mut b = set(at, 1024);
+        b[at + 4..at + 8].copy_from_slice(&65536u32.to_le_bytes());
+        assert_eq!(st(&b), Status::Format);
+    }
+
     #[test]
     fn importance_floor() {
         let imp = Mli::importance(&[0.0, 10.0, 30.0, 0.0], 5);

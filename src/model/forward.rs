@@ -541,13 +541,17 @@ impl<'a> Model<'a> {
 
     /// The largest matrix input of a step of `cap` rows, as (rows, cols): `cap` rows of
     /// the widest of dim, hidden_dim, q_dim and the delta rule's V·dv, or a mixture of
-    /// experts' gathered rows (`cap · k` of dim).
+    /// experts' gathered rows (`cap · k` of dim, or of expert_hidden for the downs).
     fn widest_input(&self, cap: usize) -> (usize, usize) {
         let c = &self.cfg;
         let widest = c.dim.max(c.hidden_dim).max(c.q_dim).max(c.lin_v_total);
-        let k = c.moe.filter(|_| c.has_moe()).map_or(0, |m| m.k);
-        if cap * k * c.dim > cap * widest {
-            (cap * k, c.dim)
+        let (k, eh) = c
+            .moe
+            .filter(|_| c.has_moe())
+            .map_or((0, 0), |m| (m.k, m.expert_hidden));
+        let gathered = c.dim.max(eh);
+        if cap * k * gathered > cap * widest {
+            (cap * k, gathered)
         } else {
             (cap, widest)
         }
