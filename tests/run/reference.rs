@@ -113,11 +113,19 @@ fn inv_freqs(m: &Mlb, local: bool) -> Vec<f64> {
                 .collect()
         }
         2 => base.iter().map(|&inv| inv / f).collect(),
-        3 => {
+        3 | 4 => {
             let dd =
                 |r: f64| hd * (orig / (2.0 * std::f64::consts::PI * r)).ln() / (2.0 * theta.ln());
-            let lo = dd(h.rope_low_freq_factor as f64).floor().max(0.0);
-            let hi = dd(h.rope_high_freq_factor as f64).ceil().min(hd - 1.0);
+            let (lo, hi) = (
+                dd(h.rope_low_freq_factor as f64),
+                dd(h.rope_high_freq_factor as f64),
+            );
+            // rope_type 4 keeps the range's ends where they fall.
+            let (lo, hi) = match h.rope_type {
+                3 => (lo.floor(), hi.ceil()),
+                _ => (lo, hi),
+            };
+            let (lo, hi) = (lo.max(0.0), hi.min(hd - 1.0));
             base.iter()
                 .enumerate()
                 .map(|(i, &inv)| {
@@ -284,7 +292,7 @@ pub fn logits_routed(m: &Mlb, toks: &[u32]) -> (Vec<f32>, Vec<Vec<Vec<usize>>>) 
                 let sliding =
                     h.sliding_window > 0 && (h.layer_flags == 0 || f & layer_flag::SLIDING != 0);
                 let inv = inv_freqs(m, f & layer_flag::LOCAL_ROPE != 0);
-                let mscale = if h.rope_type == 3
+                let mscale = if (h.rope_type == 3 || h.rope_type == 4)
                     && h.rope_attn_factor > 0.0
                     && f & layer_flag::LOCAL_ROPE == 0
                 {
