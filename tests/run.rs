@@ -4,6 +4,7 @@
 //! fixtures' transformers logits (through `mlb-convert`).
 
 mod fixtures;
+mod moe_fixtures;
 pub mod reference;
 
 use std::path::{Path, PathBuf};
@@ -323,7 +324,7 @@ fn synthetic_matches_naive_reference() {
 
 /// Records the experts the router chose: per layer and position, in the order chosen.
 #[derive(Default)]
-struct Routes(std::collections::BTreeMap<(usize, usize), Vec<usize>>);
+pub struct Routes(pub std::collections::BTreeMap<(usize, usize), Vec<usize>>);
 
 impl Observer for Routes {
     fn observe(&mut self, _: usize, _: Input, _: &[f32]) {}
@@ -337,7 +338,7 @@ impl Observer for Routes {
 }
 
 /// Every position's routes of `toks`, prefilled in chunks of `batch` (or decoded).
-fn routes(m: &Model, toks: &[u32], batch: usize, decode: bool) -> Routes {
+pub fn routes(m: &Model, toks: &[u32], batch: usize, decode: bool) -> Routes {
     let mut st = m
         .state(&StateOptions {
             batch,
