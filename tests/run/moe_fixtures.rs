@@ -25,9 +25,12 @@ const NAMES: [&str; 6] = [
     "gpt_oss_mxfp4",
 ];
 
+/// Per MoE layer, per position the chosen experts (in transformers' order).
+type Routing = Vec<(usize, Vec<Vec<usize>>)>;
+
 /// Each prompt of the fixture's routing.json: its tokens, transformers' f32 logits and
-/// its routes (layer → per position the chosen experts, in transformers' order).
-fn prompts(dir: &Path) -> Vec<(Vec<u32>, Vec<f32>, Vec<(usize, Vec<Vec<usize>>)>)> {
+/// its routes.
+fn prompts(dir: &Path) -> Vec<(Vec<u32>, Vec<f32>, Routing)> {
     let text = std::fs::read_to_string(dir.join("routing.json")).unwrap();
     let r: serde_json::Value = serde_json::from_str(&text).unwrap();
     let list = r["prompts"].as_array().unwrap();
@@ -38,7 +41,7 @@ fn prompts(dir: &Path) -> Vec<(Vec<u32>, Vec<f32>, Vec<(usize, Vec<Vec<usize>>)>
                 0 => "logits.f32.bin".to_string(),
                 _ => format!("logits.f32.p{i}.bin"),
             };
-            let mut layers: Vec<(usize, Vec<Vec<usize>>)> = p["layers"]
+            let mut layers: Routing = p["layers"]
                 .as_object()
                 .unwrap()
                 .iter()
