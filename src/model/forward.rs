@@ -41,6 +41,7 @@
 
 mod attention;
 mod moe;
+mod moe_scratch;
 
 use std::any::Any;
 
@@ -184,7 +185,7 @@ struct Scratch {
     /// Q8_0 activations of the current matrix input (sized for the widest once).
     qa: QActs,
     /// The mixture-of-experts FFNs' buffers (empty without them).
-    moe: moe::MoeScratch,
+    moe: moe_scratch::MoeScratch,
 }
 
 /// The buffers of [`Model::forward_batch`]'s steps, shared by the sequences of a step
@@ -661,7 +662,12 @@ impl<'a> Model<'a> {
             logits: z.take(&[logit_rows, c.vocab]),
             logit_rows,
             qa: QActs::new(),
-            moe: moe::MoeScratch::new(c.moe.as_ref().filter(|_| c.has_moe()), cap, c.dim, z),
+            moe: moe_scratch::MoeScratch::new(
+                c.moe.as_ref().filter(|_| c.has_moe()),
+                cap,
+                c.dim,
+                z,
+            ),
         }
     }
 

@@ -22,73 +22,12 @@
 //! so a row gets the same bits in any grouping: prefill, decode and batched steps agree.
 
 use super::{Model, Scratch, Seg};
-use crate::kernels::{pool, GroupInput, GroupProduct, Kernels, QActs};
-use crate::model::config::{Act, Moe};
+use crate::kernels::{pool, GroupInput, GroupProduct, Kernels};
+use crate::model::config::Act;
 use crate::model::observer::{tap, Input};
-use crate::model::ops::{add, for_rows, Zeros, PAR_MIN};
+use crate::model::ops::{add, for_rows, PAR_MIN};
 use crate::model::routing;
 use crate::model::weights::MoeWeights;
-
-/// The buffers of the mixture-of-experts FFNs of a step of up to `cap` rows (empty in
-/// models without them); `m = cap · k` gathered rows, a row once per chosen expert.
-pub(super) struct MoeScratch {
-    /// cap × E: router logits (then probabilities).
-    logits: Vec<f32>,
-    /// cap × k: the chosen experts of each row, in the order chosen.
-    ids: Vec<u32>,
-    /// cap × k: their weights.
-    w: Vec<f32>,
-    /// cap × k: the gathered row of each choice.
-    slot: Vec<u32>,
-    /// m: the step row of each gathered row.
-    row: Vec<u32>,
-    /// E: rows per expert, then the next gathered row of each.
-    next: Vec<usize>,
-    /// The experts with rows, ascending, and where their gathered rows start and end.
-    active: Vec<u32>,
-    bounds: Vec<usize>,
-    /// m × dim: the gathered FFN inputs, then the experts' outputs.
-    gx: Vec<f32>,
-    /// m × expert_hidden: ew1's rows (then the activation's output), ew3's.
-    gh: Vec<f32>,
-    gu: Vec<f32>,
-    /// cap × shared_hidden: sw1's rows (then the activation's output), sw3's.
-    sh: Vec<f32>,
-    su: Vec<f32>,
-    /// cap × dim: the shared expert's output.
-    sy: Vec<f32>,
-    /// The shared expert's input activations (the gathered rows use the step's `qa`).
-    pub(super) qa: QActs,
-}
-
-impl MoeScratch {
-    /// The buffers for `cap` rows of a model with experts `moe` (None: empty), from `z`.
-    pub(super) fn new(moe: Option<&Moe>, cap: usize, dim: usize, z: &mut Zeros) -> MoeScratch {
-        let (e, k, eh, sh) = moe.map_or((0, 0, 0, 0), |m| {
-            (m.n_experts, m.k, m.expert_hidden, m.shared_hidden)
-        });
-        let m = cap * k;
-        // `next`, `active` and `bounds` (E + 1 at most each) grow at the first step.
-        z.add(Some(3 * (e as u128 + 1) * 8));
-        MoeScratch {
-            logits: z.take(&[cap, e]),
-            ids: z.take_of(&[cap, k]),
-            w: z.take(&[cap, k]),
-            slot: z.take_of(&[cap, k]),
-            row: z.take_of(&[m]),
-            next: Vec::new(),
-            active: Vec::new(),
-            bounds: Vec::new(),
-            gx: z.take(&[m, dim]),
-            gh: z.take(&[m, eh]),
-            gu: z.take(&[m, eh]),
-            sh: z.take(&[cap, sh]),
-            su: z.take(&[cap, sh]),
-            sy: z.take(&[if sh > 0 { cap } else { 0 }, dim]),
-            qa: QActs::new(),
-        }
-    }
-}
 
 /// `buf` (rows of `width`) cut at the row bounds `bounds`: one slice per segment.
 fn cut<'a>(mut buf: &'a mut [f32], bounds: &[usize], width: usize) -> Vec<&'a mut [f32]> {
