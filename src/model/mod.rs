@@ -10,8 +10,9 @@
 //! - [`routing`]: a mixture of experts' router: the chosen experts and their weights.
 //! - [`forward`]: [`Model`] and its [`State`]: prefill (matrix-matrix) and decode, the
 //!   layer loop, with `forward::attention` (private): a softmax-attention layer's work
-//!   scheduled over the pool; `forward::moe` (private): a mixture-of-experts FFN's
-//!   rows grouped by expert, two pool steps per layer; `ops` (private): the small shared operations (RMSNorm
+//!   scheduled over the pool; `forward::moe` (private): a mixture-of-experts FFN, its
+//!   rows grouped by expert, two pool steps per layer (buffers in
+//!   `forward::moe_scratch`); `ops` (private): the small shared operations (RMSNorm
 //!   rows, adds, sigmoid, fallible zeroed buffers).
 //! - [`observer`]: the hook that sees every matrix input, and the importance-matrix
 //!   [`observer::Collector`].
