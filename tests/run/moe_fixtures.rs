@@ -60,6 +60,43 @@ fn prompts(dir: &Path) -> Vec<(Vec<u32>, Vec<f32>, Routing)> {
         .collect()
 }
 
+/// The positions whose experts differ from transformers' at some MoE layer (compared
+/// as sets), each with a line naming the layer and both choices.
+fn route_diffs(model: &Model, toks: &[u32], layers: &Routing) -> Vec<(usize, String)> {
+    let r = routes(model, toks, 512, false);
+    let mut out = Vec::new();
+    for (l, pos) in layers {
+        for (p, want) in pos.iter().enumerate() {
+            let mut a = r.0[&(*l, p)].clone();
+            let mut b = want.clone();
+            a.sort();
+            b.sort();
+            if a != b {
+                out.push((
+                    p,
+                    format!("layer {l} position {p}: experts {a:?}, transformers {b:?}"),
+                ));
+            }
+        }
+    }
+    out
+}
+
+/// The rows of `v` (of `vocab`) whose position is not in `skip`.
+fn rows_except(v: &[f32], vocab: usize, skip: &[usize]) -> Vec<f32> {
+    v.chunks(vocab)
+        .enumerate()
+        .filter(|(p, _)| !skip.contains(p))
+        .flat_map(|(_, r)| r.iter().copied())
+        .collect()
+}
+
+/// BF16: within nRMSE 0.02 of transformers' f32 logits on every prompt, with the same
+/// experts at every MoE layer and position. Q8_0: within 0.05 of them and of the
+/// simulated Q8_0 forward; a quantized model may pick another expert where two were
+/// nearly tied (a discrete flip that moves that position's logits far more than the
+/// rounding does), so such positions are named and left out of its nRMSE, and at most
+/// one in ten may flip.
 #[test]
 fn moe_fixtures_match_transformers() {
     let root = testdata().join("models");
@@ -72,10 +109,30 @@ fn moe_fixtures_match_transformers() {
             convert(&dir, &out, &["--wtype", quant]).unwrap_or_else(|e| panic!("{name}: {e}"));
             let m = Mlb::open(&out).unwrap();
             let model = Model::new(&m).unwrap();
+            let vocab = model.cfg.vocab;
             for (i, (toks, want, layers)) in ps.iter().enumerate() {
                 let got = all_logits(&model, &StateOptions::default(), toks);
-                let e = nrmse(&got, want);
-                eprintln!("{name:20} {quant:5} prompt {i}: nRMSE {e:.5} vs transformers f32");
+                let diffs = route_diffs(&model, toks, layers);
+                for (_, d) in &diffs {
+                    eprintln!("{name:20} {quant:5} prompt {i}: {d}");
+                }
+                let mut flipped: Vec<usize> = diffs.iter().map(|d| d.0).collect();
+                flipped.dedup();
+                if quant == "bf16" && !diffs.is_empty() || 10 * flipped.len() > toks.len() {
+                    failures.push(format!(
+                        "{name} {quant} prompt {i}: {} routes differ",
+                        diffs.len()
+                    ));
+                }
+                let e = nrmse(
+                    &rows_except(&got, vocab, &flipped),
+                    &rows_except(want, vocab, &flipped),
+                );
+                eprintln!(
+                    "{name:20} {quant:5} prompt {i}: nRMSE {e:.5} vs transformers f32 \
+                     ({} positions flipped, left out)",
+                    flipped.len()
+                );
                 if e > max {
                     failures.push(format!("{name} {quant} prompt {i}: nRMSE {e:.4}"));
                 }
@@ -85,25 +142,6 @@ fn moe_fixtures_match_transformers() {
                     eprintln!("{name:20} {quant:5} prompt 0: nRMSE {e:.5} vs simulated Q8_0");
                     if e > 0.05 {
                         failures.push(format!("{name} q8_0: nRMSE {e:.4} vs simulated"));
-                    }
-                }
-                if quant != "bf16" {
-                    continue;
-                }
-                // The same experts as transformers' routers, at every layer and position.
-                let r = routes(&model, toks, 512, false);
-                for (l, pos) in layers {
-                    for (p, want) in pos.iter().enumerate() {
-                        let mut a = r.0[&(*l, p)].clone();
-                        let mut b = want.clone();
-                        a.sort();
-                        b.sort();
-                        if a != b {
-                            failures.push(format!(
-                                "{name} prompt {i}: layer {l} position {p}: experts {a:?}, \
-                                 transformers {b:?}"
-                            ));
-                        }
                     }
                 }
             }
