@@ -249,6 +249,8 @@ fn read_all(dir: &Path) -> HashMap<String, (Vec<usize>, Vec<f32>)> {
                     .chunks(2)
                     .map(|c| half::bf16::from_le_bytes(c.try_into().unwrap()).to_f32())
                     .collect(),
+                // MXFP4 blocks and scales: the bytes, one value each.
+                Dtype::U8 => data.iter().map(|&b| b as f32).collect(),
                 d => panic!("{d:?}"),
             };
             out.insert(name, (t.shape().to_vec(), v));
@@ -315,6 +317,126 @@ fn hf_source(mt: &str, spec: &str) -> (&'static str, &'static str) {
     }
 }
 
+/// MXFP4 rows: `blocks` [E, W, nb, 16] and `scales` [E, W, nb] (bytes as values); row
+/// `r` of slice `e` as f32 (the FP4 code of element 2k in the low nibble of byte k,
+/// times 2^(scale − 127)).
+fn mxfp4_row(blocks: &[f32], scales: &[f32], w: usize, nb: usize, e: usize, r: usize) -> Vec<f32> {
+    const FP4: [f32; 8] = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0];
+    let code = |c: u8| FP4[(c & 7) as usize] * if c & 8 != 0 { -1.0 } else { 1.0 };
+    let row = e * w + r;
+    let mut out = Vec::new();
+    for b in 0..nb {
+        let d = 2f32.powi(scales[row * nb + b] as i32 - 127);
+        for k in 0..16 {
+            let byte = blocks[(row * nb + b) * 16 + k] as u8;
+            out.push(code(byte & 15) * d);
+            out.push(code(byte >> 4) * d);
+        }
+    }
+    out
+}
+
+/// The test's own stacking of a mixture-of-experts layer's arrays (None for any other
+/// array): per-expert tensors one after the other; gpt-oss's input-major 3-D tensors
+/// (gate and up in alternate columns) transposed, or their MXFP4 blocks dequantized.
+fn expert_source(
+    mt: &str,
+    spec: &str,
+    layer: String,
+    t: &HashMap<String, (Vec<usize>, Vec<f32>)>,
+) -> Option<Vec<f32>> {
+    let get = |n: &str| {
+        t.get(&format!("{layer}{n}"))
+            .map(|(s, x)| (s.clone(), x.clone()))
+    };
+    let per_expert = |pat: &str| {
+        let mut v = Vec::new();
+        for e in 0.. {
+            match get(&pat.replace("{e}", &e.to_string())) {
+                Some((_, x)) => v.extend(x),
+                None => break,
+            }
+        }
+        Some(v)
+    };
+    if mt == "gpt_oss" {
+        let (name, first, step) = match spec {
+            "ew1" => ("mlp.experts.gate_up_proj", 0, 2),
+            "ew3" => ("mlp.experts.gate_up_proj", 1, 2),
+            "ew2" => ("mlp.experts.down_proj", 0, 1),
+            "eb1" => {
+                return Some(
+                    get("mlp.experts.gate_up_proj_bias")?
+                        .1
+                        .iter()
+                        .step_by(2)
+                        .copied()
+                        .collect(),
+                )
+            }
+            "eb3" => {
+                return Some(
+                    get("mlp.experts.gate_up_proj_bias")?
+                        .1
+                        .iter()
+                        .skip(1)
+                        .step_by(2)
+                        .copied()
+                        .collect(),
+                )
+            }
+            "eb2" => return Some(get("mlp.experts.down_proj_bias")?.1),
+            "router" => return Some(get("mlp.router.weight")?.1),
+            "router_b" => return Some(get("mlp.router.bias")?.1),
+            "sinks" => return Some(get("self_attn.sinks")?.1),
+            "bo" => return Some(get("self_attn.o_proj.bias")?.1),
+            _ => return None,
+        };
+        let mut v = Vec::new();
+        if let Some((sh, x)) = get(name) {
+            let (e_n, cols, w) = (sh[0], sh[1], sh[2]);
+            for e in 0..e_n {
+                for i in 0..w / step {
+                    for c in 0..cols {
+                        v.push(x[(e * cols + c) * w + first + step * i]);
+                    }
+                }
+            }
+        } else {
+            let (sh, b) = get(&format!("{name}_blocks")).unwrap();
+            let (_, sc) = get(&format!("{name}_scales")).unwrap();
+            let (e_n, w, nb) = (sh[0], sh[1], sh[2]);
+            for e in 0..e_n {
+                for i in 0..w / step {
+                    v.extend(mxfp4_row(&b, &sc, w, nb, e, first + step * i));
+                }
+            }
+        }
+        return Some(v);
+    }
+    let moe = if mt == "mixtral" {
+        "block_sparse_moe"
+    } else {
+        "mlp"
+    };
+    let (g, d, u) = if mt == "mixtral" {
+        ("w1", "w2", "w3")
+    } else {
+        ("gate_proj", "down_proj", "up_proj")
+    };
+    match spec {
+        "router" => Some(get(&format!("{moe}.gate.weight"))?.1),
+        "ew1" => per_expert(&format!("{moe}.experts.{{e}}.{g}.weight")),
+        "ew2" => per_expert(&format!("{moe}.experts.{{e}}.{d}.weight")),
+        "ew3" => per_expert(&format!("{moe}.experts.{{e}}.{u}.weight")),
+        "sw1" => Some(get("mlp.shared_expert.gate_proj.weight")?.1),
+        "sw2" => Some(get("mlp.shared_expert.down_proj.weight")?.1),
+        "sw3" => Some(get("mlp.shared_expert.up_proj.weight")?.1),
+        "sgate" => Some(get("mlp.shared_expert_gate.weight")?.1),
+        _ => None,
+    }
+}
+
 /// Compares every array of a converted file (Q8_0, or Q4_0 with the round rule) with the test's own computation.
 fn check_arrays(dir: &Path, bytes: &[u8]) {
     let name = dir.file_name().unwrap().to_string_lossy().into_owned();
@@ -362,15 +484,28 @@ fn check_arrays(dir: &Path, bytes: &[u8]) {
             continue;
         }
         let rot = if no_rope(ten.name.layer) { 0 } else { rot };
-        let (rel, tr) = hf_source(&mt, spec);
+        let layer = format!("{prefix}layers.{}.", ten.name.layer.unwrap_or(0));
+        let experts = match ten.name.layer {
+            Some(_) => expert_source(&mt, spec, layer, &t),
+            None => None,
+        };
+        let (rel, tr) = match experts {
+            Some(_) => ("", "experts"),
+            None => hf_source(&mt, spec),
+        };
         let hf = match (ten.name.layer, spec) {
             (Some(l), _) => format!("{prefix}layers.{l}.{rel}"),
             (None, "wcls") => format!("{head}{rel}"),
             (None, _) => format!("{prefix}{rel}"),
         };
-        let (shape, x) = t.get(&hf).unwrap_or_else(|| panic!("{name}: {hf}"));
+        let empty = (vec![], vec![]);
+        let (shape, x) = match &experts {
+            Some(_) => &empty,
+            None => t.get(&hf).unwrap_or_else(|| panic!("{name}: {hf}")),
+        };
         let cols = if shape.len() == 2 { shape[1] } else { 1 };
         let mut v: Vec<f32> = match tr {
+            "experts" => experts.clone().unwrap(),
             "rope" => interleave(x, hd, rot, cols),
             "rope_norm" => interleave(x, hd, rot, 1),
             "gate_q" | "gate_g" => {
@@ -1525,4 +1660,111 @@ fn convert_cancelled_run_leaves_nothing() {
     assert_eq!(std::fs::read(&out).unwrap(), b"old");
     let n = std::fs::read_dir(tmp.path()).unwrap().count();
     assert_eq!(n, 2, "only the checkpoint folder and the old output");
+}
+
+// ---------------------------------------------------------------- mixtures of experts
+
+/// A fixture folder as a [`Synth`] (its config and tensors as stored).
+fn synth_of(dir: &Path) -> Synth {
+    let config: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
+    let b = std::fs::read(dir.join("model.safetensors")).unwrap();
+    let st = SafeTensors::deserialize(&b).unwrap();
+    let mut tensors: Vec<(String, Dtype, Vec<usize>, Vec<u8>)> = st
+        .tensors()
+        .into_iter()
+        .map(|(n, t)| (n, t.dtype(), t.shape().to_vec(), t.data().to_vec()))
+        .collect();
+    tensors.sort_by(|a, b| a.0.cmp(&b.0));
+    Synth { config, tensors }
+}
+
+/// Bad mixture-of-experts input gets one line naming the file, the key or tensor and
+/// the value: too many experts per token, an expert's width off the 32-grid, a missing
+/// expert, a router of the wrong shape, a NaN in one expert (named with its row).
+#[test]
+fn convert_moe_refusals_name_key_or_tensor() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (root, out) = (tmp.path(), tmp.path().join("out.mlb"));
+    let base = synth_of(&models().join("qwen3_moe"));
+
+    let mut s = base_clone(&base);
+    s.config["num_experts_per_tok"] = json!(9);
+    let e = err_of(&s.write(root, "k9"), &out, |_| {});
+    assert!(
+        e.contains("config.json") && e.contains("num_experts_per_tok = 9"),
+        "{e}"
+    );
+
+    let mut s = base_clone(&base);
+    s.config["moe_intermediate_size"] = json!(48);
+    let e = err_of(&s.write(root, "eh48"), &out, |_| {});
+    assert!(e.contains("moe_intermediate_size = 48"), "{e}");
+
+    let mut s = base_clone(&base);
+    s.remove("model.layers.2.mlp.experts.5.up_proj.weight");
+    let e = err_of(&s.write(root, "noexpert"), &out, |_| {});
+    assert!(
+        e.contains("model.layers.2.mlp.experts.5.up_proj.weight") && e.contains("missing"),
+        "{e}"
+    );
+
+    let mut s = base_clone(&base);
+    let t = s.tensor_mut("model.layers.0.mlp.gate.weight");
+    t.2 = vec![4, 128];
+    let e = err_of(&s.write(root, "router"), &out, |_| {});
+    assert!(
+        e.contains("model.layers.0.mlp.gate.weight")
+            && e.contains("[4, 128]")
+            && e.contains("[8, 64]"),
+        "{e}"
+    );
+
+    let mut s = base_clone(&base);
+    let t = s.tensor_mut("model.layers.2.mlp.experts.3.down_proj.weight");
+    // bf16 NaN at row 5, column 7.
+    let at = (5 * 32 + 7) * 2;
+    t.3[at..at + 2].copy_from_slice(&0x7FC0u16.to_le_bytes());
+    let e = err_of(&s.write(root, "nan"), &out, |_| {});
+    assert!(
+        e.contains("model.layers.2.mlp.experts.3.down_proj.weight") && e.contains("[5, 7]"),
+        "{e}"
+    );
+}
+
+fn base_clone(s: &Synth) -> Synth {
+    Synth {
+        config: s.config.clone(),
+        tensors: s.tensors.clone(),
+    }
+}
+
+/// `--types` groups: `experts=` sets every routed expert's matrices, a tensor rule
+/// beats it, the shared expert and the dense layers keep the default; routers stay F32.
+#[test]
+fn convert_moe_type_groups() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = models().join("qwen3_5_moe_text");
+    let out = tmp.path().join("m.mlb");
+    let mut o = ConvertOptions::new(&dir, WType::BF16);
+    o.output = Some(out.clone());
+    o.types = TypePlan::parse("experts=q4_0,layers.1.ew2=q8_0,shared_expert=f16").unwrap();
+    o.q4_rule = Some(Q4Rule::Round);
+    run(&o).unwrap();
+    let b = std::fs::read(&out).unwrap();
+    let m = mlb::Mlb::from_bytes(&b).unwrap();
+    for (i, t) in m.layout().tensors.iter().enumerate() {
+        let want = match (t.name.layer, t.name.name) {
+            (Some(1), "ew2") => Some(WType::Q8_0),
+            (_, "ew1" | "ew2" | "ew3") => Some(WType::Q4_0),
+            (_, "sw1" | "sw2" | "sw3") => Some(WType::F16),
+            (_, "router" | "sgate") => None,
+            _ => m.mat_type(i),
+        };
+        assert_eq!(m.mat_type(i), want, "{}", t.name);
+        if t.name.name == "router" {
+            assert!(matches!(t.kind, Kind::F32 { .. }));
+        }
+    }
+    check_arrays(&dir, &b);
 }

@@ -36,9 +36,11 @@ const FLOAT: &[(&str, &str)] = &[
     ("gemma3_text", "gemma3_text.bf16.gguf"),
     ("smollm3", "smollm3.f16.gguf"),
     ("qwen3_5_text", "qwen3_5_text.bf16.gguf"),
+    ("olmoe", "olmoe.bf16.gguf"),
+    ("qwen3_5_moe_text", "qwen3_5_moe_text.bf16.gguf"),
 ];
 
-const QUANT: &[&str] = &["llama", "qwen3", "gemma3_text"];
+const QUANT: &[&str] = &["llama", "qwen3", "gemma3_text", "olmoe"];
 
 /// Notes in `failures` where `got` first differs from `want`, after `what`.
 fn note_diff(failures: &mut Vec<String>, what: String, got: &[u8], want: &[u8]) {
@@ -1034,7 +1036,10 @@ fn gguf_export_round_trip_is_byte_identical() {
     // Every float fixture, requantized with f16 scales: the header mapping both ways
     // (Qwen 3.5's fixture is refused: its 16-wide value heads would split blocks of
     // ssm_out; the synthetic test below has 32-wide ones).
-    for (name, file) in FLOAT.iter().filter(|(n, _)| *n != "qwen3_5_text") {
+    for (name, file) in FLOAT
+        .iter()
+        .filter(|(n, _)| !["qwen3_5_text", "qwen3_5_moe_text"].contains(n))
+    {
         let a = tmp.path().join(format!("{name}.f.mlb"));
         let first = converted(
             &gguf_dir().join(file),
@@ -1059,6 +1064,57 @@ fn gguf_export_round_trip_is_byte_identical() {
         );
     }
     assert!(failures.is_empty(), "{failures:#?}");
+}
+
+/// Mixtral as llama.cpp's llama with experts: the checkpoint's model, without the
+/// sliding window llama.cpp ignores (so every layer is flagged MoE only), the experts
+/// stacked alike; exported back as a llama with `expert_count`, read back the same.
+#[test]
+fn gguf_mixtral_is_llama_with_experts() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = gguf_dir().join("mixtral.bf16.gguf");
+    let a = tmp.path().join("mixtral.mlb");
+    let got = convert_ok(&src, &a, &["--requantize", "q8_0"]);
+    let hf = convert_ok(
+        &testdata().join("models/mixtral"),
+        &tmp.path().join("hf.mlb"),
+        &["--wtype", "q8_0"],
+    );
+    let (g, w) = (mlb::parse(&got).unwrap(), mlb::parse(&hf).unwrap());
+    assert_eq!(
+        (
+            g.header.n_experts,
+            g.header.n_experts_used,
+            g.header.expert_hidden
+        ),
+        (4, 2, 32)
+    );
+    assert_eq!(g.header.moe_gating, w.header.moe_gating);
+    assert_eq!(
+        (g.header.sliding_window, g.flags.clone()),
+        (0, vec![16, 16])
+    );
+    // The arrays are the checkpoint's (the window is only in the header and flags).
+    for (tg, tw) in g.layout.tensors.iter().zip(&w.layout.tensors) {
+        if tg.name.name == "layer_flags" {
+            continue;
+        }
+        assert_eq!(tg.name, tw.name);
+        let (a0, b0) = (tg.offset as usize, tw.offset as usize);
+        let n = (tg.end() - tg.offset) as usize;
+        assert_eq!(&got[a0..a0 + n], &hf[b0..b0 + n], "{}", tg.name);
+    }
+    byte_mlt(&a.with_extension("mlt"));
+    let x = tmp.path().join("mixtral.gguf");
+    mlb_export(&a, &x, &[]).unwrap();
+    let v = std::fs::read(&x).unwrap();
+    let view = gguf::parse(&v).unwrap();
+    assert_eq!(
+        view.get("general.architecture").and_then(|x| x.as_str()),
+        Some("llama")
+    );
+    let again = convert_ok(&x, &tmp.path().join("again.mlb"), &[]);
+    assert_eq!(first_diff(&got, &again), None);
 }
 
 #[test]

@@ -336,3 +336,20 @@ fn nonzero_header_padding_loads_with_a_warning() {
     let v: serde_json::Value = serde_json::from_str(&o.stdout).unwrap();
     assert_eq!(v["warnings"], serde_json::json!([]));
 }
+
+/// A mixture of experts as mlb-inspect shows it: the header's MoE fields (experts,
+/// routing, biases, SwiGLU, sinks), each layer's flags, the stacked experts and the F32
+/// routers (gpt-oss's fixture, converted to BF16 with a Q8_0 embedding: a mixed file).
+#[test]
+fn moe_report_snapshot() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = crate::util::mlb_convert(
+        &crate::util::testdata().join("models/gpt_oss"),
+        &dir.path().join("gpt_oss.mlb"),
+        &["--wtype", "bf16", "--types", "tok_emb=q8_0,experts=q8_0"],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = run_in(dir.path(), "mlb-inspect", &["gpt_oss.mlb"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    insta::assert_snapshot!("moe_text", stdout(&o));
+}

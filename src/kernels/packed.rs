@@ -310,6 +310,101 @@ impl PackedMat {
     }
 }
 
+/// The groups `g0..g1` of `p` as the micro-kernels read them: the quants (and scales) of
+/// those groups only, group `g0` as group 0, `rows` real rows.
+fn view_groups(p: &PackedMat, g0: usize, g1: usize, rows: usize) -> PackedView<'_> {
+    let all = p.view();
+    let (q, s) = if has_blocks_layout(p.wtype) {
+        // One record per group, scales inside.
+        let g = GroupLayout::of(p.wtype, all.nb).group;
+        (&all.q[g0 * g..g1 * g], &all.s[..0])
+    } else {
+        let qb = all.nb * block_bytes(p.wtype);
+        let sb = all.nb * GROUP * if p.f16 { 2 } else { 4 };
+        (&all.q[g0 * qb..g1 * qb], &all.s[g0 * sb..g1 * sb])
+    };
+    PackedView { q, s, rows, ..all }
+}
+
+/// A packed matrix as a product reads it: all of a [`PackedMat`], or a run of its rows
+/// that starts on a group boundary and ends on one (or at its last row), such as one
+/// expert of a stacked expert matrix. In the packed layout such a run is a contiguous
+/// part of the quants and of the scales, so the kernels read it as a matrix of its own.
+#[derive(Debug, Clone, Copy)]
+pub struct PackedRows<'a> {
+    mat: &'a PackedMat,
+    /// The first group.
+    g0: usize,
+    /// Rows, from row `g0·GROUP` on.
+    rows: usize,
+}
+
+impl<'a> PackedRows<'a> {
+    /// All of `mat`.
+    pub fn all(mat: &'a PackedMat) -> Self {
+        PackedRows {
+            mat,
+            g0: 0,
+            rows: mat.rows,
+        }
+    }
+
+    /// Rows `r0..r1` of these rows; `None` unless `r0` is a multiple of [`GROUP`], `r1`
+    /// one too or the last row, and `r0 < r1 ≤ rows`.
+    pub fn range(self, r0: usize, r1: usize) -> Option<Self> {
+        let ok = r0 < r1
+            && r1 <= self.rows
+            && r0.is_multiple_of(GROUP)
+            && (r1.is_multiple_of(GROUP) || r1 == self.rows);
+        ok.then(|| PackedRows {
+            mat: self.mat,
+            g0: self.g0 + r0 / GROUP,
+            rows: r1 - r0,
+        })
+    }
+
+    pub fn wtype(&self) -> WType {
+        self.mat.wtype
+    }
+
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    pub fn cols(&self) -> usize {
+        self.mat.cols
+    }
+
+    /// Groups of 16 rows (the last may be partly padding).
+    pub fn groups(&self) -> usize {
+        self.rows.div_ceil(GROUP)
+    }
+
+    /// Bytes of these groups (of the whole matrix's share per group).
+    pub fn bytes(&self) -> usize {
+        self.mat.bytes() / self.mat.groups().max(1) * self.groups()
+    }
+
+    /// Whether these are the packed rows of `w` (same type, shape and scale kind).
+    pub fn fits(&self, w: &QMat) -> bool {
+        self.mat.wtype == w.wtype
+            && self.rows == w.rows
+            && self.mat.cols == w.cols
+            && self.mat.f16 != w.d16.is_empty()
+    }
+
+    /// The view the micro-kernels take.
+    pub fn view(&self) -> PackedView<'a> {
+        view_groups(self.mat, self.g0, self.g0 + self.groups(), self.rows)
+    }
+
+    /// Row `r` of these rows in the file's layout ([`PackedMat::unpack_row`]).
+    pub fn unpack_row(&self, r: usize, q: &mut Vec<u8>, d: &mut Vec<f32>) {
+        assert!(r < self.rows, "row {r} of {}", self.rows);
+        self.mat.unpack_row(self.g0 * GROUP + r, q, d)
+    }
+}
+
 /// A packed matrix as the micro-kernels read it.
 #[derive(Clone, Copy)]
 pub struct PackedView<'a> {

@@ -17,8 +17,13 @@
 //!   x = x + post_attn_norm(o)                           (the post norm only with post_norms)
 //!   h = rmsnorm(x, ffn_norm)
 //!   x = x + post_ffn_norm(W2 (act(W1 h) ⊙ W3 h))        act = SiLU or GELU (tanh)
+//!   (a mixture of experts: the chosen experts' FFNs, weighted; see `moe`)
 //! logits = final_cap·tanh(Wcls rmsnorm(x, final_norm) / final_cap)
 //! ```
+//!
+//! Attention variants: q/k norms per head or over the whole projection (qk_norm 2),
+//! an output bias `bo` (qkv_bias 2), and a sink logit per head in the softmax
+//! (attn_sinks; the kernels' `Query::sink`).
 //!
 //! Every matrix input goes to the kernels as f32 rows ([`Kernels::project`]): BF16 / F16
 //! matrices take them as they are, the quantized types as Q8_0 activations ([`QActs`]),
@@ -35,6 +40,8 @@
 //! sequence's logits are those it gets alone.
 
 mod attention;
+mod moe;
+mod moe_scratch;
 
 use std::any::Any;
 
@@ -45,7 +52,7 @@ use super::kv::{KvType, LayerCache};
 use super::observer::{tap, Collector, Input, Observer};
 use super::ops::{add, for_rows, rmsnorm_rows, Zeros};
 use super::rope::RopeTable;
-use super::weights::{LinearWeights, MixerWeights, Packs, Weights};
+use super::weights::{FfnWeights, LinearWeights, MixerWeights, Packs, Weights};
 use crate::format::mlb::Mlb;
 use crate::format::mli::Mli;
 use crate::kernels::{self, HalfActs, Kernels, QActs, TILE_QUERIES};
@@ -213,6 +220,8 @@ struct Scratch {
     logit_rows: usize,
     /// Q8_0 activations of the current matrix input (sized for the widest once).
     qa: QActs,
+    /// The mixture-of-experts FFNs' buffers (empty without them).
+    moe: moe_scratch::MoeScratch,
 }
 
 /// The buffers of [`Model::forward_batch`]'s steps, shared by the sequences of a step
@@ -372,31 +381,6 @@ fn bytes_text(z: &Zeros) -> String {
     }
 }
 
-/// Header values the file format has and this runtime does not run yet: refused with the
-/// field, not run wrong.
-fn unsupported(m: &Mlb) -> Result<()> {
-    let h = m.header();
-    for (field, v, on) in [
-        ("qkv_bias", h.qkv_bias, h.qkv_bias == 2),
-        ("qk_norm", h.qk_norm, h.qk_norm == 2),
-        ("attn_sinks", h.attn_sinks, h.attn_sinks != 0),
-    ] {
-        if on {
-            let e = crate::format::FormatError::shape(
-                field,
-                v,
-                "this runtime does not run this value yet",
-            );
-            return Err(match &m.path {
-                Some(p) => e.in_file(p),
-                None => e,
-            }
-            .into());
-        }
-    }
-    Ok(())
-}
-
 impl<'a> Model<'a> {
     /// The model of a validated file: configuration and borrowed weights, read from
     /// the map (see [`Model::with_packs`] for the packed layout).
@@ -408,7 +392,6 @@ impl<'a> Model<'a> {
     /// [`Packs::new`] for the tier that will run the model): same results, faster on
     /// tiers with packed kernels.
     pub fn with_packs(m: &'a Mlb, packs: &'a Packs) -> Result<Model<'a>> {
-        unsupported(m)?;
         let cfg = Config::new(m.header(), m.dims(), &m.parsed.flags);
         let w = Weights::new(m, packs)?;
         let global = RopeTable::global(&cfg.rope, cfg.head_dim, cfg.rot_dim);
@@ -573,20 +556,42 @@ impl<'a> Model<'a> {
         make(&mut count);
         let mut alloc = Zeros::allocating();
         let mut t = make(&mut alloc);
-        let widest = self.widest_input();
         let s = scratch(&mut t);
-        let x0 = alloc.take(&[s.cap, widest]);
+        let (rows, cols) = self.widest_input(s.cap);
+        let x0 = alloc.take(&[rows, cols]);
+        let sh = self
+            .cfg
+            .moe
+            .map_or(0, |m| m.shared_hidden)
+            .max(self.cfg.dim);
+        let x1 = alloc.take(&[if self.cfg.has_moe() { s.cap } else { 0 }, sh]);
         if alloc.ok() {
-            kernels::kernels().quantize_acts(&x0, widest, &mut s.qa);
+            let k = kernels::kernels();
+            k.quantize_acts(&x0, cols, &mut s.qa);
+            if !x1.is_empty() {
+                k.quantize_acts(&x1, sh, &mut s.moe.qa);
+            }
             return Ok(t);
         }
         Err(bytes_text(&count))
     }
 
-    /// The widest matrix input: dim, hidden_dim, q_dim or the delta rule's V·dv.
-    fn widest_input(&self) -> usize {
+    /// The largest matrix input of a step of `cap` rows, as (rows, cols): `cap` rows of
+    /// the widest of dim, hidden_dim, q_dim and the delta rule's V·dv, or a mixture of
+    /// experts' gathered rows (`cap · k` of dim, or of expert_hidden for the downs).
+    fn widest_input(&self, cap: usize) -> (usize, usize) {
         let c = &self.cfg;
-        c.dim.max(c.hidden_dim).max(c.q_dim).max(c.lin_v_total)
+        let widest = c.dim.max(c.hidden_dim).max(c.q_dim).max(c.lin_v_total);
+        let (k, eh) = c
+            .moe
+            .filter(|_| c.has_moe())
+            .map_or((0, 0), |m| (m.k, m.expert_hidden));
+        let gathered = c.dim.max(eh);
+        if cap * k * gathered > cap * widest {
+            (cap * k, gathered)
+        } else {
+            (cap, widest)
+        }
     }
 
     /// The longest span a query of any attention layer sees in a context of `ctx`.
@@ -644,12 +649,23 @@ impl<'a> Model<'a> {
         let c = &self.cfg;
         let group = c.n_heads / c.n_kv_heads.max(1);
         let mix_w = c.q_dim.max(c.lin_v_total);
+        // hidden_dim is unused when every FFN is a mixture of experts.
+        let dense_hidden = if c.moe_layers.contains(&false) {
+            c.hidden_dim
+        } else {
+            0
+        };
         // `qa` (sized by `allocate`): a zero input of the widest matrix input, 4 bytes
         // per value, and its quants, their Q4_0 arrangement and their interleaved copy
         // (a byte per value each), and eight 4-byte values per block of 32 (the scale,
-        // the two sums and the minimum factor, and their interleaved copies).
-        let widest = self.widest_input() as u128;
-        z.add(Some(cap as u128 * widest * 8));
+        // the two sums and the minimum factor, and their interleaved copies); the
+        // shared expert's `moe.qa` likewise.
+        let (rows, cols) = self.widest_input(cap);
+        z.add(Some(rows as u128 * cols as u128 * 8));
+        if c.has_moe() {
+            let sh = c.moe.map_or(0, |m| m.shared_hidden).max(c.dim);
+            z.add(Some(cap as u128 * sh as u128 * 8));
+        }
         Scratch {
             cap,
             x: z.take(&[cap, c.dim]),
@@ -664,8 +680,8 @@ impl<'a> Model<'a> {
             kb: z.take(&[cap, c.kv_dim]),
             vb: z.take(&[cap, c.kv_dim]),
             mix: z.take(&[cap, mix_w]),
-            hb: z.take(&[cap, c.hidden_dim]),
-            hb2: z.take(&[cap, c.hidden_dim]),
+            hb: z.take(&[cap, dense_hidden]),
+            hb2: z.take(&[cap, dense_hidden]),
             // Decode: a row per head; prefill: a row per query of each tile.
             att: z.take(&[(cap + TILE_QUERIES).max(c.n_heads), group, att_len]),
             att_len,
@@ -682,6 +698,12 @@ impl<'a> Model<'a> {
             logits: z.take(&[logit_rows, c.vocab]),
             logit_rows,
             qa: QActs::new(),
+            moe: moe_scratch::MoeScratch::new(
+                c.moe.as_ref().filter(|_| c.has_moe()),
+                cap,
+                c.dim,
+                z,
+            ),
         }
     }
 
@@ -1030,25 +1052,30 @@ impl<'a> Model<'a> {
                 _ => unreachable!("layout and config agree on layer kinds"),
             }
             residual(k, st, n * d, lw.post_attn_norm, c);
-            // FFN: W2 (act(W1 h) ⊙ W3 h).
             branch_input(k, st, segs, n * d, lw.ffn_norm, c, (l, Input::W13));
-            k.project_each(
-                &[&lw.w1, &lw.w3],
-                &st.xb[..n * d],
-                &mut st.qa,
-                &mut [&mut st.hb[..n * hid], &mut st.hb2[..n * hid]],
-            );
-            let up = &st.hb2[..n * hid];
-            let act = c.act;
-            for_rows(&mut st.hb[..n * hid], hid, |i, r| {
-                let u = &up[i * hid..(i + 1) * hid];
-                match act {
-                    Act::Silu => k.silu_mul(r, u),
-                    Act::GeluTanh => k.gelu_mul(r, u),
+            match &lw.ffn {
+                FfnWeights::Dense(f) => {
+                    // W2 (act(W1 h) ⊙ W3 h).
+                    k.project_each(
+                        &[&f.w1, &f.w3],
+                        &st.xb[..n * d],
+                        &mut st.qa,
+                        &mut [&mut st.hb[..n * hid], &mut st.hb2[..n * hid]],
+                    );
+                    let up = &st.hb2[..n * hid];
+                    let act = c.act;
+                    for_rows(&mut st.hb[..n * hid], hid, |i, r| {
+                        let u = &up[i * hid..(i + 1) * hid];
+                        match act {
+                            Act::Silu => k.silu_mul(r, u),
+                            Act::GeluTanh => k.gelu_mul(r, u),
+                        }
+                    });
+                    tap_rows(segs, l, Input::W2, &st.hb[..n * hid]);
+                    k.project(&f.w2, &st.hb[..n * hid], &mut st.qa, &mut st.xb2[..n * d]);
                 }
-            });
-            tap_rows(segs, l, Input::W2, &st.hb[..n * hid]);
-            k.project(&lw.w2, &st.hb[..n * hid], &mut st.qa, &mut st.xb2[..n * d]);
+                FfnWeights::Moe(mw) => self.moe(k, st, segs, l, mw, n),
+            }
             residual(k, st, n * d, lw.post_ffn_norm, c);
         }
         for s in segs.iter_mut() {

@@ -2,7 +2,8 @@
 //! in `src/kernels/scalar/`: `tiles` (Q8_0 / Q4_0 products), `quantize` (the activation
 //! quantizer), `blocks` (the GGUF block types), `half` (BF16 / F16 weights, BF16
 //! activations), `attention` (over f32, f16 and Q8_0 caches), `math` (exp, max, SiLU /
-//! GELU), `delta` (the delta rule's head step); `counters`: which tier's code ran.
+//! GELU), `delta` (the delta rule's head step), `moe` (routing, the clamped SwiGLU);
+//! `counters`: which tier's code ran.
 //! Below: what the f32 files share.
 
 use crate::util::{first_diff, nan_bits};
@@ -13,6 +14,7 @@ mod counters;
 mod delta;
 mod half;
 mod math;
+mod moe;
 mod quantize;
 mod tiles;
 

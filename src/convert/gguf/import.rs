@@ -178,7 +178,26 @@ fn architecture(path: &Path, v: &GgufView) -> Result<&'static GgufArch> {
         .ok_or_else(|| {
             ConvertError::config(path, "general.architecture", "missing", "required key")
         })?;
-    let ga = arch::by_name(arch_name).ok_or_else(|| {
+    // A llama with experts is Mixtral.
+    let experts = v
+        .get(&format!("{arch_name}.expert_count"))
+        .and_then(|x| x.as_u64())
+        .is_some_and(|n| n > 0);
+    let ga = match arch::by_name_experts(arch_name, experts) {
+        Some(ga) => Some(ga),
+        None if experts && arch::by_name(arch_name).is_some() => {
+            return Err(ConvertError::config(
+                path,
+                format!("{arch_name}.expert_count"),
+                v.get(&format!("{arch_name}.expert_count"))
+                    .and_then(|x| x.as_u64())
+                    .unwrap_or(0),
+                format!("a {arch_name} model with experts is not supported"),
+            ));
+        }
+        None => arch::by_name(arch_name),
+    };
+    let ga = ga.ok_or_else(|| {
         ConvertError::config(
             path,
             "general.architecture",

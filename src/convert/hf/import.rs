@@ -16,7 +16,8 @@ use std::time::Instant;
 use super::checkpoint::Checkpoint;
 use super::config;
 use super::sources::{
-    check_leftovers, quant_error, read_rows, sources, text_prefix, CheckpointArrays, Source,
+    check_leftovers, quant_error, read_rows, release_rows, sources, text_prefix, CheckpointArrays,
+    Source,
 };
 use crate::convert::desc::ModelDesc;
 use crate::convert::error::{ConvertError, Result};
@@ -343,18 +344,18 @@ fn measure_mix(
             rows,
             cols,
             cands: Vec::new(),
-            weight: sens.class(class) * sens.band(t.name.layer, d.dims.n_layers),
+            weight: sens.class(class)
+                * sens.group(t.name.name)
+                * sens.band(t.name.layer, d.dims.n_layers),
             fixed: *fix,
             chosen: fix.unwrap_or(WType::Q8_0),
         };
         if fix.is_none() {
-            let info = ck.get(&s.hf).expect("planned");
-            let dtype = info.dtype.expect("planned");
             let k = rows.min(mix::SAMPLE_ROWS);
             buf.clear();
             for j in 0..k {
                 let r = j * rows / k;
-                read_rows(ck, info, dtype, s, r..r + 1, &mut buf);
+                read_rows(ck, s, r..r + 1, &mut buf);
             }
             if let Some(j) = buf.iter().position(|v| !v.is_finite()) {
                 let e = QuantError::NonFinite {
@@ -362,13 +363,13 @@ fn measure_mix(
                     col: j % cols,
                     value: buf[j],
                 };
-                return Err(quant_error(ck, info, s, 0, e));
+                return Err(quant_error(ck, s, 0, e));
             }
             for &ty in mix::candidates(cols) {
                 let e = mix::rel_error(ty, k, cols, &buf, s.imp.as_deref());
                 row.cands.push((ty, mix::matrix_bytes(ty, rows, cols), e));
             }
-            ck.release_all(info);
+            release_rows(ck, s, 0..rows);
         }
         rows_out.push(row);
     }

@@ -94,6 +94,10 @@ pub struct Sensitivity {
     /// lb, la (Qwen3.5's gates; they stay Q8_0, so this only weighs nothing).
     pub other: f64,
     pub bands: [f64; 3],
+    /// A factor on the routed experts' w13/w2 α: each expert sees only the tokens
+    /// routed to it and its output is weighed by the router, so its noise reaches the
+    /// residual stream scaled down.
+    pub experts: f64,
 }
 
 /// The sensitivities, fitted to the mean KL divergence against BF16 of files with one
@@ -114,6 +118,10 @@ pub const SENSITIVITY: Sensitivity = Sensitivity {
     // lb, la: pinned to Q8_0, never chosen.
     other: 1.0,
     bands: [0.84, 1.0, 0.90],
+    // Not calibrated yet (no MoE model in scripts/calibrate-mix.sh): the field's finding
+    // that routed experts take fewer bits than attention and shared experts, as a
+    // factor of one half.
+    experts: 0.5,
 };
 
 impl Sensitivity {
@@ -132,6 +140,15 @@ impl Sensitivity {
         .into_iter()
         .find(|&(bit, _)| class & bit != 0)
         .map_or(self.other, |(_, alpha)| alpha)
+    }
+
+    /// The factor of array `name` beyond its class: [`Self::experts`] for a routed
+    /// expert's matrix (ew1, ew2, ew3), 1 otherwise.
+    pub fn group(&self, name: &str) -> f64 {
+        match super::plan::group_of(name) {
+            Some("experts") => self.experts,
+            _ => 1.0,
+        }
     }
 
     /// β of layer `l` of `n` over `n` (a layer's output is one of n in the residual

@@ -25,8 +25,26 @@ pub enum Select {
     /// Every matrix with this `q8_mask` class bit (`tok_emb`, `wcls`, `wqk`, `wv`, `wo`,
     /// `w13`, `w2`; with a shared classifier tok_emb has the `wcls` bit too).
     Class(u32),
+    /// Every matrix of a group of a mixture-of-experts layer ([`GROUPS`]: `experts`,
+    /// `shared_expert`), which share the dense FFN's classes.
+    Group(&'static str),
     /// One tensor by its name (`tok_emb`, `layers.3.w2`, `layers.0.lb`).
     Tensor(String),
+}
+
+/// Groups of a mixture-of-experts layer's matrices, by array name: the routed experts
+/// and the shared expert, each a class of its own for `--types` (the router is F32).
+pub const GROUPS: [(&str, &[&str]); 2] = [
+    ("experts", &["ew1", "ew2", "ew3"]),
+    ("shared_expert", &["sw1", "sw2", "sw3"]),
+];
+
+/// The group matrix `name` (an array name such as `ew1`) belongs to.
+pub fn group_of(name: &str) -> Option<&'static str> {
+    GROUPS
+        .iter()
+        .find(|(_, names)| names.contains(&name))
+        .map(|&(g, _)| g)
 }
 
 /// One override: the matrices `select` picks are stored as `wtype`.
@@ -46,6 +64,7 @@ impl fmt::Display for Select {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Select::Class(bit) => f.write_str(q8_class::names(*bit).first().unwrap_or(&"?")),
+            Select::Group(g) => f.write_str(g),
             Select::Tensor(name) => f.write_str(name),
         }
     }
@@ -53,7 +72,8 @@ impl fmt::Display for Select {
 
 impl TypePlan {
     /// Parses `--types`: comma-separated `TARGET=TYPE`, a target being a class name
-    /// (`tok_emb, wcls, wqk, wv, wo, w13, w2`) or a tensor name (`layers.3.w2`), a
+    /// (`tok_emb, wcls, wqk, wv, wo, w13, w2`), a group of a mixture of experts
+    /// (`experts`, `shared_expert`) or a tensor name (`layers.3.w2`), a
     /// type by its `--wtype` name (`q8_0, q4_0, bf16, f16, q4_k, …, q6_0`). Tensor names are checked against the model later.
     pub fn parse(s: &str) -> Result<TypePlan, String> {
         let mut rules = Vec::new();
@@ -69,11 +89,17 @@ impl TypePlan {
                     known.join(", ")
                 )
             })?;
+            let group = GROUPS.iter().find(|(g, _)| *g == target);
             let select = match q8_class::NAMES.iter().find(|(_, n)| *n == target) {
                 Some((bit, _)) => Select::Class(*bit),
+                None if group.is_some() => Select::Group(group.expect("found").0),
                 None if target.starts_with("layers.") => Select::Tensor(target.to_string()),
                 None => {
-                    let known: Vec<_> = q8_class::NAMES.iter().map(|(_, n)| *n).collect();
+                    let known: Vec<_> = q8_class::NAMES
+                        .iter()
+                        .map(|(_, n)| *n)
+                        .chain(GROUPS.iter().map(|(g, _)| *g))
+                        .collect();
                     return Err(format!(
                         "'{part}': unknown target '{target}' (a class: {}, or a tensor name such as layers.0.w2)",
                         known.join(", ")
@@ -107,7 +133,9 @@ impl TypePlan {
                 .find(|r| want(&r.select))
                 .map(|r| r.wtype)
         };
+        let group = group_of(t.name.name);
         by(&|s| matches!(s, Select::Tensor(n) if *n == name))
+            .or_else(|| by(&|s| matches!(s, Select::Group(g) if Some(*g) == group)))
             .or_else(|| by(&|s| matches!(s, Select::Class(b) if class & b != 0)))
     }
 
