@@ -1074,8 +1074,8 @@ fn gguf_mixtral_is_llama_with_experts() {
     let tmp = tempfile::tempdir().unwrap();
     let src = gguf_dir().join("mixtral.bf16.gguf");
     let a = tmp.path().join("mixtral.mlb");
-    let got = convert_ok(&src, &a, &["--requantize", "q8_0"]);
-    let hf = convert_ok(
+    let got = converted(&src, &a, &["--requantize", "q8_0"]);
+    let hf = converted(
         &testdata().join("models/mixtral"),
         &tmp.path().join("hf.mlb"),
         &["--wtype", "q8_0"],
@@ -1106,14 +1106,14 @@ fn gguf_mixtral_is_llama_with_experts() {
     }
     byte_mlt(&a.with_extension("mlt"));
     let x = tmp.path().join("mixtral.gguf");
-    mlb_export(&a, &x, &[]).unwrap();
+    mlb_export(&a, &x).ok();
     let v = std::fs::read(&x).unwrap();
     let view = gguf::parse(&v).unwrap();
     assert_eq!(
         view.get("general.architecture").and_then(|x| x.as_str()),
         Some("llama")
     );
-    let again = convert_ok(&x, &tmp.path().join("again.mlb"), &[]);
+    let again = converted(&x, &tmp.path().join("again.mlb"), &[]);
     assert_eq!(first_diff(&got, &again), None);
 }
 

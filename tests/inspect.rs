@@ -343,13 +343,11 @@ fn nonzero_header_padding_loads_with_a_warning() {
 #[test]
 fn moe_report_snapshot() {
     let dir = tempfile::tempdir().unwrap();
-    let o = crate::util::mlb_convert(
+    crate::util::fixtures::convert(
         &crate::util::testdata().join("models/gpt_oss"),
         &dir.path().join("gpt_oss.mlb"),
         &["--wtype", "bf16", "--types", "tok_emb=q8_0,experts=q8_0"],
     );
-    assert!(o.status.success(), "{}", stderr(&o));
-    let o = run_in(dir.path(), "mlb-inspect", &["gpt_oss.mlb"]);
-    assert!(o.status.success(), "{}", stderr(&o));
-    insta::assert_snapshot!("moe_text", stdout(&o));
+    let o = mlb_inspect(dir.path(), &["gpt_oss.mlb"]).ok();
+    insta::assert_snapshot!("moe_text", o.stdout);
 }

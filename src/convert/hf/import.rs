@@ -201,7 +201,7 @@ fn wtype_types(opts: &ConvertOptions, uniform: &Layout, wt: u32, mask: u32) -> R
         .check_names(&uniform.tensors)
         .map_err(|m| ConvertError::options("--types", m))?;
     let mut types = plan::matrix_types(&uniform.tensors, wt, mask, &opts.types);
-    for ((t, _, _, class), ty) in mix::matrices(&uniform.tensors).zip(types.iter_mut()) {
+    for ((t, _, _, class), ty) in plan::matrices(&uniform.tensors).zip(types.iter_mut()) {
         if class == 0 && is_block_type(opts.wtype) && !opts.types.names(t) {
             *ty = WType::Q8_0;
         }
@@ -248,7 +248,7 @@ fn mix_types(
     bpw: f64,
     progress: &mut (dyn FnMut(Progress) + Send),
 ) -> Result<Vec<mix::MixRow>> {
-    let fixed: Vec<Option<WType>> = mix::matrices(ctx.tensors)
+    let fixed: Vec<Option<WType>> = plan::matrices(ctx.tensors)
         .map(|(t, _, _, class)| match ctx.opts.types.rule_for(t) {
             Some(ty) => Some(ty),
             None if class == 0 => Some(WType::Q8_0),

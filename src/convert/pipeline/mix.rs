@@ -29,8 +29,8 @@
 //!    so this ends. Deterministic: the same checkpoint, imatrix and target give the same
 //!    mix at any thread count.
 
+use super::plan;
 use crate::format::mlb::header::q8_class;
-use crate::format::mlb::{Kind, Tensor};
 use crate::format::WType;
 use crate::quant::{dequant_row, quantize, Q4Rule, QuantOpts, Scales};
 
@@ -145,7 +145,7 @@ impl Sensitivity {
     /// The factor of array `name` beyond its class: [`Self::experts`] for a routed
     /// expert's matrix (ew1, ew2, ew3), 1 otherwise.
     pub fn group(&self, name: &str) -> f64 {
-        match super::plan::group_of(name) {
+        match plan::group_of(name) {
             Some("experts") => self.experts,
             _ => 1.0,
         }
@@ -402,16 +402,6 @@ impl Mix<'_> {
         }
         best.map(|(_, i, give)| (i, give))
     }
-}
-
-/// The matrices of `tensors` in array order with their class and shape.
-pub fn matrices(tensors: &[Tensor]) -> impl Iterator<Item = (&Tensor, usize, usize, u32)> {
-    tensors.iter().filter_map(|t| match t.kind {
-        Kind::Mat {
-            rows, cols, class, ..
-        } => Some((t, rows, cols, class)),
-        _ => None,
-    })
 }
 
 /// The mix as JSON (`mlb-convert --mix-report`): the achieved bits per weight and, per

@@ -17,8 +17,6 @@ use crate::format::mlb::layout::class_wtype;
 use crate::format::mlb::{Kind, Tensor};
 use crate::format::WType;
 
-use super::mix;
-
 /// The matrices a rule picks.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Select {
@@ -38,6 +36,16 @@ pub const GROUPS: [(&str, &[&str]); 2] = [
     ("experts", &["ew1", "ew2", "ew3"]),
     ("shared_expert", &["sw1", "sw2", "sw3"]),
 ];
+
+/// The matrices of `tensors` in array order with their class and shape.
+pub fn matrices(tensors: &[Tensor]) -> impl Iterator<Item = (&Tensor, usize, usize, u32)> {
+    tensors.iter().filter_map(|t| match t.kind {
+        Kind::Mat {
+            rows, cols, class, ..
+        } => Some((t, rows, cols, class)),
+        _ => None,
+    })
+}
 
 /// The group matrix `name` (an array name such as `ew1`) belongs to.
 pub fn group_of(name: &str) -> Option<&'static str> {
@@ -194,7 +202,7 @@ pub fn fallback(t: WType) -> WType {
 /// with one note per replacement naming the matrices.
 pub fn fall_back(tensors: &[Tensor], types: &mut [WType], notes: &mut Vec<String>) {
     let mut moved: Vec<(WType, Vec<String>)> = Vec::new();
-    for ((t, _, cols, _), ty) in mix::matrices(tensors).zip(types.iter_mut()) {
+    for ((t, _, cols, _), ty) in matrices(tensors).zip(types.iter_mut()) {
         if cols % ty.block_weights() == 0 {
             continue;
         }
