@@ -15,9 +15,13 @@
 //!
 //! Otherwise the caller feeds `id` and steps again. The last sampled token is never
 //! fed (nothing needs its logits).
+//!
+//! With a [`Constraint`] ([`Generator::with_constraint`]) the sample is drawn from the
+//! logits with every token the grammar does not allow next set to −∞.
 
 use std::ops::ControlFlow;
 
+use super::constraint::Constraint;
 use super::engine::Engine;
 use super::error::SessionError;
 use super::sequence::Session;
@@ -106,6 +110,10 @@ pub struct Generator<'e> {
     tokens: Vec<u32>,
     text: String,
     stop: Option<StopReason>,
+    /// The grammar the text must match, if any.
+    constraint: Option<Constraint>,
+    /// The logits with the grammar's mask applied (vocab).
+    masked: Vec<f32>,
 }
 
 /// The first complete stop string in `text`: (byte offset, index).
@@ -154,7 +162,22 @@ impl<'e> Generator<'e> {
             text: String::new(),
             stop: (opts.max_tokens == 0).then_some(StopReason::Length),
             opts,
+            constraint: None,
+            masked: Vec::new(),
         })
+    }
+
+    /// Samples only what `c`'s grammar allows (its mask applied to the logits; the
+    /// grammar's end is where the stop ids are allowed).
+    pub fn with_constraint(mut self, c: Constraint) -> Generator<'e> {
+        self.constraint = Some(c);
+        self
+    }
+
+    /// The grammar state, e.g. to [`Constraint::prepare`] the next mask on another
+    /// thread while the forward pass runs.
+    pub fn constraint_mut(&mut self) -> Option<&mut Constraint> {
+        self.constraint.as_mut()
     }
 
     /// Whether the generation has ended.
@@ -170,7 +193,17 @@ impl<'e> Generator<'e> {
         }
         let logits = s.logits().ok_or(SessionError::NoLogits)?;
         let i = self.tokens.len();
-        let sampled = self.sampler.sample_with(logits, s.tokens());
+        let sampled = match &mut self.constraint {
+            None => self.sampler.sample_with(logits, s.tokens()),
+            Some(c) => {
+                self.masked.clear();
+                self.masked.extend_from_slice(logits);
+                c.mask_logits(&mut self.masked)?;
+                let sampled = self.sampler.sample_with(&self.masked, s.tokens());
+                c.commit(sampled.id);
+                sampled
+            }
+        };
         let id = sampled.id;
         self.tokens.push(id);
         let (text, stop) = if self.stop_ids.binary_search(&id).is_ok() {

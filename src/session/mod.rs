@@ -12,7 +12,9 @@
 //!   shift drops the oldest turns.
 //! - [`ModelOptions`]: which model and tokenizer, how they load and how their sessions
 //!   run: the options `mlb-run` and `mlb-serve` share.
-//! - [`SessionError`], [`ChatSessionError`]: why a call refused.
+//! - [`Grammars`], [`Grammar`], [`Constraint`]: constrained decoding (a JSON schema,
+//!   regex, Lark or GBNF grammar the text must match), given to a [`Generator`].
+//! - [`SessionError`], [`ChatSessionError`], [`ConstraintError`]: why a call refused.
 //!
 //! `mlb-run` ([`crate::tools::run`]) and `mlb-serve` ([`crate::serve`]) are built on
 //! this API; it imports neither.
@@ -44,8 +46,10 @@
 
 mod batch;
 mod chat;
+pub mod constraint;
 mod engine;
 mod error;
+pub mod gbnf;
 mod generate;
 mod options;
 mod sequence;
@@ -54,8 +58,9 @@ pub use batch::feed_batch;
 pub use chat::{
     ChatEvent, ChatSession, ChatSessionOptions, PromptInfo, Reply, DEFAULT_CHAT_MAX_TOKENS,
 };
+pub use constraint::{Constraint, Grammar, Grammars};
 pub use engine::{Engine, LoadOptions, TokenizerSource};
-pub use error::{ChatSessionError, SessionError};
+pub use error::{ChatSessionError, ConstraintError, SessionError};
 pub use generate::{GenerateOptions, Generation, Generator, Step, StopReason, DEFAULT_MAX_TOKENS};
 pub use options::ModelOptions;
 pub use sequence::{Session, Snapshot};
