@@ -20,5 +20,6 @@ mod serve;
 mod session;
 #[cfg(unix)]
 mod signals;
+mod structured;
 mod tokenizer;
 mod util;

@@ -20,6 +20,7 @@ pub mod api;
 mod conn;
 mod http;
 mod scheduler;
+pub mod structured;
 
 pub use scheduler::step_all;
 
@@ -460,6 +461,7 @@ pub fn serve(o: &ServeOptions, fe: Arc<dyn Frontend>) -> Result<(), ServeError> 
             .finish()
     };
     let app = Arc::new(http::App {
+        grammar: structured::GrammarEngine::new(engine.clone(), stop_ids.clone()),
         engine,
         chat,
         stop_ids,

@@ -15,7 +15,11 @@
 //! 5. samples the next token of every slot whose prompt is complete ([`Generator::step`])
 //!    and sends it, ending the request at a stop.
 //!
-//! All model work of a step is the one call to [`step_all`].
+//! All model work of a step is the one call to [`step_all`]. A request with a grammar
+//! (structured output, a required tool call) samples under its mask; the masks of the
+//! next tokens ([`Constraint::prepare`]) are computed on a thread of their own while
+//! `step_all` runs, so a constrained stream waits for its mask only when computing it
+//! takes longer than the forward pass.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
@@ -31,7 +35,7 @@ use super::{Frontend, ServeError};
 use crate::model::config::LayerKind;
 use crate::model::StateOptions;
 use crate::session::{
-    Engine, GenerateOptions, Generator, Session, SessionError, Snapshot, StopReason,
+    Constraint, Engine, GenerateOptions, Generator, Session, SessionError, Snapshot, StopReason,
 };
 
 /// Snapshots a slot keeps (at the ends of its latest prompts), for models whose state
@@ -112,6 +116,8 @@ impl Drop for Ticket {
 pub struct Job {
     pub ids: Vec<u32>,
     pub gen: GenerateOptions,
+    /// The grammar the reply must match, compiled (its first mask computed).
+    pub constraint: Option<Constraint>,
     pub events: UnboundedSender<Event>,
     /// "chat" or "completion" (the log line).
     pub label: &'static str,
@@ -371,10 +377,13 @@ impl<'e> Scheduler<'e> {
     /// Gives free slots to waiting requests.
     fn admit(&mut self) {
         while let Some(i) = self.waiting.front().and_then(|j| self.pick(&j.ids)) {
-            let job = self.waiting.pop_front().expect("front");
+            let mut job = self.waiting.pop_front().expect("front");
             self.clock += 1;
             let gen = match Generator::new(self.engine, job.gen.clone()) {
-                Ok(g) => g,
+                Ok(g) => match job.constraint.take() {
+                    Some(c) => g.with_constraint(c),
+                    None => g,
+                },
                 Err(e) => {
                     let _ = job
                         .events
@@ -434,12 +443,23 @@ impl<'e> Scheduler<'e> {
         let result = {
             let mut sessions: Vec<&mut Session<'e>> = Vec::new();
             let mut ids: Vec<&[u32]> = Vec::new();
+            let mut masks: Vec<&mut Constraint> = Vec::new();
             for (i, slot) in self.slots.iter_mut().enumerate() {
                 let Slot { session, task, .. } = slot;
-                let Some(t) = task.as_ref() else { continue };
-                let fed: &[u32] = match &t.next {
-                    Some(_) => t.next.as_slice(),
-                    None => &t.job.ids[t.fed..t.fed + take[i]],
+                let Some(Task {
+                    job,
+                    gen,
+                    fed,
+                    next,
+                    ..
+                }) = task.as_mut()
+                else {
+                    continue;
+                };
+                masks.extend(gen.constraint_mut().filter(|c| c.needs_prepare()));
+                let fed: &[u32] = match next {
+                    Some(_) => next.as_slice(),
+                    None => &job.ids[*fed..*fed + take[i]],
                 };
                 if fed.is_empty() {
                     continue;
@@ -448,7 +468,16 @@ impl<'e> Scheduler<'e> {
                 sessions.push(session);
                 ids.push(fed);
             }
-            step_all(&mut sessions, &ids)
+            if masks.is_empty() {
+                step_all(&mut sessions, &ids)
+            } else {
+                // The next masks need only the tokens sampled last: compute them while
+                // the forward pass runs.
+                std::thread::scope(|s| {
+                    s.spawn(move || masks.into_iter().for_each(Constraint::prepare));
+                    step_all(&mut sessions, &ids)
+                })
+            }
         };
         if let Err(e) = result {
             for &i in &who {
@@ -521,7 +550,15 @@ impl<'e> Scheduler<'e> {
                 let (events, label) = (t.job.events.clone(), t.job.label);
                 let started = t.started;
                 let first = t.first_token;
-                let g = t.gen.finish();
+                let mut gen = t.gen;
+                let grammar = gen.constraint_mut().map_or(String::new(), |c| {
+                    let (n, time) = c.stats();
+                    format!(
+                        ", grammar {:.3} ms per mask",
+                        time.as_secs_f64() * 1e3 / n.max(1) as f64
+                    )
+                });
+                let g = gen.finish();
                 let usage = Usage {
                     prompt,
                     completion: g.tokens.len(),
@@ -534,7 +571,7 @@ impl<'e> Scheduler<'e> {
                     tail: g.tail,
                 });
                 self.fe.log(&format!(
-                    "{label} slot {i}: prompt {prompt} tokens ({cached} cached), {} generated in {:.3} s (first token {:.3} s): {}",
+                    "{label} slot {i}: prompt {prompt} tokens ({cached} cached), {} generated in {:.3} s (first token {:.3} s{grammar}): {}",
                     usage.completion,
                     started.elapsed().as_secs_f64(),
                     first.unwrap_or_default().as_secs_f64(),

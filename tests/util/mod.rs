@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 
 pub mod fixtures;
+pub mod schema;
 pub mod tiers;
 
 /// The bits of `x`, every NaN as one value: which NaN operand propagates is not fixed by
