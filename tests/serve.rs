@@ -1481,3 +1481,6 @@ fn serve_prompt_far_over_the_context_is_refused_unencoded() {
     }
     s.assert_serves();
 }
+
+/// Structured output and tool calls (tests/serve/structured.rs).
+mod structured;
