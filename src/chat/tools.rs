@@ -612,14 +612,22 @@ pub fn call_grammar(
     }
 }
 
-/// Assistant messages' `tool_calls` as templates expect them: OpenAI clients send each
-/// call's `function.arguments` as a JSON string, templates (transformers' documented
-/// form) read an object; a string holding a JSON object becomes that object (its key
-/// order kept). Other values are left as given.
+/// Assistant messages' `tool_calls` as templates expect them (vLLM does the same):
+/// OpenAI clients send each call's `function.arguments` as a JSON string, templates
+/// (transformers' documented form) read an object; a string holding a JSON object
+/// becomes that object (its key order kept), other values are left as given. A null or
+/// missing `content` beside the calls becomes `""` (Qwen3's and SmolLM2's templates
+/// fail on a message without one).
 pub fn normalize_tool_calls(m: &mut Message) {
-    let Some(calls) = m.get("tool_calls").cloned() else {
+    let Some(calls) = m.get("tool_calls").cloned().filter(|c| !c.is_none()) else {
         return;
     };
+    if m.role() == "assistant"
+        && m.get("content")
+            .is_none_or(|c| c.is_none() || c.is_undefined())
+    {
+        m.set("content", Value::from(""));
+    }
     let Ok(iter) = calls.try_iter() else { return };
     let mut changed = false;
     let mut out = Vec::new();
