@@ -16,7 +16,7 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use krafla::kernels::pool::Pool;
-use krafla::kernels::{self, HalfActs, Kernels, PackedMat, QActs, QMat, WType};
+use krafla::kernels::{self, HalfActs, Kernels, PackedMat, QActs, QMat, WType, WeightMat};
 use krafla::quant::QK;
 
 struct Rng(u64);
@@ -153,7 +153,10 @@ fn main() {
 }
 
 /// The tiers' product functions on `w` and its packed form, labelled.
-fn variants<'w>(w: &'w QMat<'w>, wp: &'w QMat<'w>) -> Vec<(Kernels, String, &'w QMat<'w>)> {
+fn variants<'w>(
+    w: &'w WeightMat<'w>,
+    wp: &'w WeightMat<'w>,
+) -> Vec<(Kernels, String, &'w WeightMat<'w>)> {
     let mut v = Vec::new();
     for t in kernels::supported_tiers() {
         let k = Kernels::for_tier(t).expect("supported");
@@ -210,12 +213,13 @@ fn quant_rows(b: &Bench, rng: &mut Rng, name: &str, w: &QMat<'_>, bytes: f64) {
     let x1: Vec<f32> = (0..cols).map(|_| rng.unit()).collect();
     let xn: Vec<f32> = (0..cols * n_batch).map(|_| rng.unit()).collect();
     let (mut a1, mut an) = (QActs::new(), QActs::new());
-    a1.quantize(&x1, cols);
-    an.quantize(&xn, cols);
+    kernels::quantize_acts(&x1, cols, &mut a1);
+    kernels::quantize_acts(&xn, cols, &mut an);
     let (mut y1, mut yn) = (vec![0f32; rows], vec![0f32; rows * n_batch]);
     let packed = PackedMat::new(w).expect("memory for the packed copy");
+    let w = WeightMat::from(*w);
     let wp = w.with_packed(&packed).expect("packed");
-    for (k, tier, w) in variants(w, &wp) {
+    for (k, tier, w) in variants(&w, &wp) {
         b.rows(
             (name, rows, cols),
             wtype,
@@ -249,7 +253,7 @@ fn half_rows(b: &Bench, rng: &mut Rng, (name, rows, cols): (&str, usize, usize))
         let q: Vec<u8> = (0..rows * cols)
             .flat_map(|_| krafla::quant::half_float::round(wtype, rng.unit() * 0.05).to_le_bytes())
             .collect();
-        let w = QMat::new_half(wtype, rows, cols, &q).expect("shape");
+        let w = WeightMat::from(QMat::new_half(wtype, rows, cols, &q).expect("shape"));
         let bytes = q.len() as f64;
         let x1: Vec<f32> = (0..cols).map(|_| rng.unit()).collect();
         let xn: Vec<f32> = (0..cols * n_batch).map(|_| rng.unit()).collect();

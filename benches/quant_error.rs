@@ -21,7 +21,7 @@
 
 use std::path::Path;
 
-use krafla::convert::checkpoint::Checkpoint;
+use krafla::convert::hf::checkpoint::Checkpoint;
 use krafla::format::mlb::synth::Rng;
 use krafla::format::mli::{self, Mli, Slot};
 use krafla::quant::{self, Q4Rule, QuantOpts, WType};
@@ -88,7 +88,7 @@ fn measure(m: &Mat, t: WType, use_imatrix: bool, s: &mut Sums) -> bool {
     let mut xq = vec![0f32; q.rows * q.cols];
     let m = q.view();
     for (r, row) in xq.chunks_exact_mut(q.cols).enumerate() {
-        m.dequant_row(r, row);
+        krafla::quant::dequant_mat_row(&m, r, row);
     }
     for (i, (&a, &b)) in x.iter().zip(&xq).enumerate() {
         let (a, b) = (a as f64, b as f64);

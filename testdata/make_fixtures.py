@@ -121,7 +121,7 @@ def _selftest_quant():
 # following the spec's field table and NOTES.md.
 # --------------------------------------------------------------------------------------
 
-ROPE_TYPES = {"default": 0, "llama3": 1, "linear": 2, "yarn": 3}
+ROPE_TYPES = {"default": 0, "llama3": 1, "linear": 2, "yarn": 3}  # 4: yarn with truncate false (moe_header)
 DEFAULT_THETA = {"gemma3_text_global": 1_000_000.0, "gemma3_text_local": 10_000.0, "smollm3": 2_000_000.0}
 
 
@@ -135,7 +135,7 @@ def expected_header(cfg_json):
     top = cfg_json
     c = top.get("text_config", top)
     mt = c.get("model_type", top["model_type"])
-    family = {"gemma3": "gemma3_text", "qwen3_5": "qwen3_5_text"}.get(mt, mt)
+    family = {"gemma3": "gemma3_text", "qwen3_5": "qwen3_5_text", "qwen3_5_moe": "qwen3_5_moe_text"}.get(mt, mt)
     dim = c["hidden_size"]
     n_layers = c["num_hidden_layers"]
     n_heads = c["num_attention_heads"]
@@ -185,7 +185,7 @@ def expected_header(cfg_json):
 
     h = dict(
         dim=dim, n_layers=n_layers, n_heads=n_heads, n_kv_heads=n_kv,
-        hidden_dim=c["intermediate_size"], vocab=c["vocab_size"], max_seq=c["max_position_embeddings"],
+        hidden_dim=c.get("intermediate_size") or c["moe_intermediate_size"], vocab=c["vocab_size"], max_seq=c["max_position_embeddings"],
         rope_theta=f32(theta_field), norm_eps=f32(c.get("rms_norm_eps", 1e-6)),
     )
     tie = top.get("tie_word_embeddings", c.get("tie_word_embeddings"))
@@ -216,14 +216,14 @@ def expected_header(cfg_json):
     h["qkv_bias"] = int(family == "qwen2" or bool(c.get("attention_bias", False)))
     # spec convention: 0 means dim / n_heads; explicit only when the head size differs
     h["head_dim"] = 0 if (dim % n_heads == 0 and head_dim == dim // n_heads) else head_dim
-    h["qk_norm"] = int(family in ("qwen3", "gemma3_text", "qwen3_5_text"))
+    h["qk_norm"] = int(family in ("qwen3", "gemma3_text", "qwen3_5_text", "qwen3_5_moe_text"))
     h["rope_attn_factor"] = f32(attn_factor)
 
     # sliding window and per-layer flags
     sw = c.get("sliding_window") or 0
-    if family in ("qwen2", "qwen3", "smollm3") and not c.get("use_sliding_window", False):
+    if family in ("qwen2", "qwen3", "smollm3", "qwen3_moe") and not c.get("use_sliding_window", False):
         sw = 0
-    if family in ("llama", "qwen3_5_text"):
+    if family in ("llama", "qwen3_5_text", "qwen3_5_moe_text", "olmoe"):
         sw = 0
     flags = []
     no_rope = c.get("no_rope_layers")
@@ -259,14 +259,71 @@ def expected_header(cfg_json):
     h["attn_softcap"] = f32(c.get("attn_logit_softcapping") or 0.0) if gemma else 0.0
     h["final_softcap"] = f32(c.get("final_logit_softcapping") or 0.0) if gemma else 0.0
     h["rot_dim"] = rot_dim
-    q35 = family == "qwen3_5_text"
+    q35 = family in ("qwen3_5_text", "qwen3_5_moe_text")
     h["attn_gate"] = int(q35)
     h["lin_k_heads"] = c["linear_num_key_heads"] if q35 else 0
     h["lin_v_heads"] = c["linear_num_value_heads"] if q35 else 0
     h["lin_k_dim"] = c["linear_key_head_dim"] if q35 else 0
     h["lin_v_dim"] = c["linear_value_head_dim"] if q35 else 0
     h["lin_conv"] = c["linear_conv_kernel_dim"] if q35 else 0
+    moe_header(c, family, h)
     return h
+
+
+MOE_FAMILIES = ("qwen3_moe", "olmoe", "mixtral", "gpt_oss", "qwen3_5_moe_text")
+
+
+def moe_header(c, family, h):
+    """The mixture-of-experts fields (docs/file-format.md, "Mixture of experts") and the
+    meanings OLMoE and gpt-oss add to qk_norm, qkv_bias and rope_type."""
+    n = h["n_layers"]
+    zero = dict(n_experts=0, n_experts_used=0, expert_hidden=0, moe_gating=0, shared_hidden=0,
+                moe_flags=0, swiglu_limit=0.0, swiglu_alpha=0.0, attn_sinks=0)
+    h.update(zero)
+    if family not in MOE_FAMILIES:
+        return
+    E = c.get("num_experts") or c.get("num_local_experts")
+    k = c["num_experts_per_tok"]
+    if family in ("qwen3_moe", "qwen3_5_moe_text"):
+        eh = c["moe_intermediate_size"]
+    else:
+        eh = c["intermediate_size"]
+    if family == "qwen3_moe":
+        step = c.get("decoder_sparse_step", 1)
+        only = set(c.get("mlp_only_layers") or [])
+        moe_layers = [i not in only and (i + 1) % step == 0 for i in range(n)]
+    else:
+        moe_layers = [True] * n
+    gating = {"qwen3_moe": 1 if c.get("norm_topk_prob") else 0, "olmoe": 1 if c.get("norm_topk_prob") else 0,
+              "mixtral": 1, "qwen3_5_moe_text": 1, "gpt_oss": 2}[family]
+    shared = c.get("shared_expert_intermediate_size", 0) if family == "qwen3_5_moe_text" else 0
+    flags = 0
+    if family == "gpt_oss":
+        flags |= 1 | 2
+    if shared:
+        flags |= 4
+    h.update(n_experts=E, n_experts_used=k, expert_hidden=eh, moe_gating=gating, shared_hidden=shared,
+             moe_flags=flags)
+    if family == "gpt_oss":
+        h.update(swiglu_limit=f32(c.get("swiglu_limit", 7.0)), swiglu_alpha=f32(c.get("swiglu_alpha", 1.702)),
+                 attn_sinks=1)
+        if c.get("attention_bias"):
+            h["qkv_bias"] = 2
+        rp = c.get("rope_parameters") or {}
+        if rp.get("rope_type") == "yarn" and rp.get("truncate", True) is False:
+            h["rope_type"] = 4
+    if family == "olmoe":
+        h["qk_norm"] = 2
+    if family == "qwen3_moe":
+        h["qk_norm"] = 1
+    if not any(not m for m in moe_layers):
+        h["hidden_dim"] = eh
+    flags_l = list(h["layer_flag_bytes"]) or [0] * n
+    if h["sliding_window"] and not any(f & 1 for f in flags_l):
+        flags_l = [f | 1 for f in flags_l]   # the window of every layer, now that there are flags
+    flags_l = [f | (16 if m else 0) for f, m in zip(flags_l, moe_layers)]
+    h["layer_flags"] = 1
+    h["layer_flag_bytes"] = flags_l
 
 
 # --------------------------------------------------------------------------------------
@@ -313,6 +370,7 @@ def randomize(model, gen, lm_std=2.0, lin_gain=0.7, tame_delta=True, qk_rho=0.0,
                 p.copy_(torch.log(0.02 + 0.18 * torch.rand(p.shape, generator=gen)))
             elif leaf == "dt_bias":
                 p.copy_(torch.randn(p.shape, generator=gen) * 0.5)
+        randomize_moe(model, gen, lin_gain)
         if qk_rho:
             # Tame the delta rule: make each key head correlated with its query head (rows of
             # in_proj_qkv and conv taps), so that q.k is not a near-cancellation whose relative
@@ -322,6 +380,40 @@ def randomize(model, gen, lm_std=2.0, lin_gain=0.7, tame_delta=True, qk_rho=0.0,
                     kd = mod.key_dim
                     for w in (mod.in_proj_qkv.weight, mod.conv1d.weight):
                         w[kd:2 * kd] = qk_rho * w[:kd] + math.sqrt(1 - qk_rho ** 2) * w[kd:2 * kd]
+
+
+def randomize_moe(model, gen, lin_gain):
+    """Experts (3-D parameters in transformers 5), routers and attention sinks: routers
+    with logits of std ~4, so that routing is decisive (top-k gaps well above the f32
+    noise) and a wrong expert shows in the logits."""
+    tc = model.config.get_text_config()
+    dim = tc.hidden_size
+    for name, p in model.named_parameters():
+        if not text_module_filter(name):
+            continue
+        leaf = name.rsplit(".", 1)[-1]
+        if ".experts." in name and leaf in ("gate_up_proj", "down_proj"):
+            mod = model.get_submodule(name.rsplit(".", 1)[0])
+            transposed = getattr(mod, "is_transposed", False)
+            fan_in = p.shape[1] if transposed else p.shape[2]
+            p.copy_(torch.randn(p.shape, generator=gen) * (lin_gain / math.sqrt(fan_in)))
+        elif ".experts." in name and leaf.endswith("_bias"):
+            p.copy_(torch.randn(p.shape, generator=gen) * 0.3)
+        elif (name.endswith("mlp.gate.weight") or name.endswith("mlp.router.weight")) and p.dim() == 2:
+            p.copy_(torch.randn(p.shape, generator=gen) * (4.0 / math.sqrt(dim)))
+        elif name.endswith("mlp.router.bias"):
+            p.copy_(torch.randn(p.shape, generator=gen) * 0.5)
+        elif leaf == "sinks":
+            p.copy_(torch.randn(p.shape, generator=gen) * 1.0)
+
+
+def is_moe(model):
+    return any(type(m).__name__.endswith("TopKRouter") for m in model.modules())
+
+
+def experts_modules(model):
+    return [(n, m) for n, m in model.named_modules()
+            if type(m).__name__.endswith("Experts") and hasattr(m, "gate_up_proj")]
 
 
 # --------------------------------------------------------------------------------------
@@ -339,14 +431,53 @@ def forward_logits(model, tokens):
     return out.logits[0].to(torch.float32).contiguous()
 
 
+def sim_experts_forward(mod, hidden_states, top_k_index, top_k_weights):
+    """An experts module's forward with Q8_0 activations into each expert product
+    (the weights were rounded in place): per token, per chosen expert, in f32."""
+    out = torch.zeros_like(hidden_states)
+    transposed = getattr(mod, "is_transposed", False)
+    for t in range(hidden_states.shape[0]):
+        for j in range(top_k_index.shape[1]):
+            e = int(top_k_index[t, j])
+            x = q8_0_roundtrip(hidden_states[t:t + 1])
+            gu = x @ mod.gate_up_proj[e] if transposed else torch.nn.functional.linear(x, mod.gate_up_proj[e])
+            if getattr(mod, "has_bias", False):
+                gu = gu + mod.gate_up_proj_bias[e]
+            h = q8_0_roundtrip(mod._apply_gate(gu))
+            y = h @ mod.down_proj[e] if transposed else torch.nn.functional.linear(h, mod.down_proj[e])
+            if getattr(mod, "has_bias", False):
+                y = y + mod.down_proj_bias[e]
+            out[t] += y[0] * top_k_weights[t, j]
+    return out
+
+
+def round_experts(mod, fn):
+    """Round the 3-D expert weights in blocks of 32 along each row's input dimension."""
+    transposed = getattr(mod, "is_transposed", False)
+    for p in (mod.gate_up_proj, mod.down_proj):
+        if transposed:   # [E, in, out]: the rows are the last dimension's
+            p.copy_(fn(p.transpose(1, 2).contiguous()).transpose(1, 2))
+        else:
+            p.copy_(fn(p))
+
+
+def sim_exempt(name):
+    """F32 in the format: never rounded, input never quantized (the shared expert's gate)."""
+    return name.endswith("shared_expert_gate")
+
+
 @torch.no_grad()
-def sim_logits(model, tokens, rule):
+def sim_logits(model, tokens, rule, keep_experts=False):
     m = copy.deepcopy(model)
     emb = m.get_input_embeddings()
     done = set()
+    for _, ex in experts_modules(m):
+        if not keep_experts:
+            round_experts(ex, q8_0_roundtrip if rule == "q8_0" else q4_0_round_roundtrip)
+        ex.forward = (lambda mod: lambda h, i, w: sim_experts_forward(mod, h, i, w))(ex)
     for name, lin in text_linears(m):
         w = lin.weight
-        if id(w) in done:
+        if id(w) in done or sim_exempt(name):
             continue
         done.add(id(w))
         keep_q8 = name.endswith("in_proj_a") or name.endswith("in_proj_b")
@@ -357,11 +488,27 @@ def sim_logits(model, tokens, rule):
         emb.weight.copy_(fn(emb.weight))
         done.add(id(emb.weight))
     handles = [lin.register_forward_pre_hook(lambda mod, args: (q8_0_roundtrip(args[0]),) + tuple(args[1:]))
-               for _, lin in text_linears(m)]
+               for name, lin in text_linears(m) if not sim_exempt(name)]
     out = forward_logits(m, tokens)
     for hd in handles:
         hd.remove()
     return out
+
+
+@torch.no_grad()
+def routed_experts(model, tokens):
+    """transformers' own choice of experts: {layer: [[expert ids, in its top-k order] per
+    position]}, read from each router's returned indices."""
+    got, handles = {}, []
+    for name, mod in model.named_modules():
+        if type(mod).__name__.endswith("TopKRouter"):
+            layer = int(name.split("layers.")[1].split(".")[0])
+            handles.append(mod.register_forward_hook(
+                (lambda l: lambda m, a, out: got.__setitem__(l, out[2].tolist()))(layer)))
+    forward_logits(model, tokens)
+    for hd in handles:
+        hd.remove()
+    return dict(sorted(got.items()))
 
 
 def nrmse(a, ref):
@@ -511,6 +658,57 @@ def fx_qwen3_5_mm():
     return Qwen3_5ForConditionalGeneration, cfg
 
 
+MOE_ATTN = dict(vocab_size=V, hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                max_position_embeddings=128, rms_norm_eps=1e-6, bos_token_id=1, eos_token_id=2, pad_token_id=0,
+                tie_word_embeddings=False)
+
+
+def fx_qwen3_moe():
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+    return Qwen3MoeForCausalLM, Qwen3MoeConfig(
+        **MOE_ATTN, num_hidden_layers=3, intermediate_size=128, num_experts=8, num_experts_per_tok=2,
+        moe_intermediate_size=32, decoder_sparse_step=1, mlp_only_layers=[1], norm_topk_prob=True,
+        use_sliding_window=False, rope_parameters={"rope_type": "default", "rope_theta": 1000000.0})
+
+
+def fx_olmoe():
+    from transformers import OlmoeConfig, OlmoeForCausalLM
+    return OlmoeForCausalLM, OlmoeConfig(
+        **MOE_ATTN, num_hidden_layers=2, intermediate_size=32, num_experts=8, num_experts_per_tok=2,
+        norm_topk_prob=False, clip_qkv=None, rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+
+
+def fx_mixtral():
+    from transformers import MixtralConfig, MixtralForCausalLM
+    return MixtralForCausalLM, MixtralConfig(
+        **MOE_ATTN, num_hidden_layers=2, intermediate_size=32, num_local_experts=4, num_experts_per_tok=2,
+        sliding_window=8, rope_parameters={"rope_type": "default", "rope_theta": 1000000.0})
+
+
+def gpt_oss_config():
+    from transformers import GptOssConfig
+    return GptOssConfig(
+        **{**MOE_ATTN, "max_position_embeddings": 131072}, num_hidden_layers=4, intermediate_size=32,
+        num_local_experts=4, num_experts_per_tok=2, sliding_window=8, attention_bias=True,
+        layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
+        swiglu_limit=1.0,   # (7 in gpt-oss) low enough that random gates hit both clamps
+        rope_parameters={"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                         "truncate": False, "original_max_position_embeddings": 4096, "rope_theta": 150000.0})
+
+
+def fx_gpt_oss():
+    from transformers import GptOssForCausalLM
+    return GptOssForCausalLM, gpt_oss_config()
+
+
+def fx_qwen3_5_moe_text():
+    from transformers import Qwen3_5MoeForCausalLM, Qwen3_5MoeTextConfig
+    kw = qwen3_5_text_kwargs()
+    del kw["intermediate_size"]
+    return Qwen3_5MoeForCausalLM, Qwen3_5MoeTextConfig(
+        **kw, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=32)
+
+
 # name -> (builder, stored dtype, max_shard_size, what it tests)
 FIXTURES = {
     "llama": (fx_llama, "bfloat16", None, "Llama, plain RoPE (theta 1e4), GQA 4/2, untied lm_head"),
@@ -529,6 +727,11 @@ FIXTURES = {
     "gemma3_mm": (fx_gemma3_mm, "bfloat16", None, "Gemma3ForConditionalGeneration (model_type gemma3, text_config, model.language_model.*) with a tiny SigLIP tower; text-only forward"),
     "smollm3": (fx_smollm3, "float16", None, "SmolLM3: no_rope_layers [1,1,0,1] (layer 2 has no RoPE), tied embeddings, theta 2e6"),
     "qwen3_5_text": (fx_qwen3_5_text, "bfloat16", None, "Qwen3.5 text: layers L L F L (L = gated delta rule linear attention, F = gated full attention), partial rotary 1/4 (rot_dim 8 of head_dim 32), (1+w) norms, q/k norm"),
+    "qwen3_moe": (fx_qwen3_moe, "bfloat16", None, "Qwen3-MoE: 8 experts of FFN 32, top-2 renormalised (norm_topk_prob), layer 1 dense (mlp_only_layers, FFN 128), q/k norm, per-expert tensors as the Hub ships them"),
+    "olmoe": (fx_olmoe, "bfloat16", None, "OLMoE: 8 experts of FFN 32, top-2 not renormalised, q/k RMSNorm over the whole projection"),
+    "mixtral": (fx_mixtral, "bfloat16", None, "Mixtral: 4 experts (block_sparse_moe.experts.E.w1/w2/w3), top-2 renormalised, sliding window 8 on every layer"),
+    "gpt_oss": (fx_gpt_oss, "bfloat16", None, "gpt-oss: 4 experts with biases, router bias, top-2 logits then softmax, clamped SwiGLU (limit 1, alpha 1.702), interleaved gate_up, q/k/v/o biases, attention sinks, layers S F S F (window 8), YaRN factor 32 with truncate false"),
+    "qwen3_5_moe_text": (fx_qwen3_5_moe_text, "bfloat16", None, "Qwen3.5-MoE text: the qwen3_5_text hybrid (L L F L) with 4 experts of FFN 32, top-2, and a shared expert of FFN 32 behind a sigmoid gate"),
     "qwen3_5_mm": (fx_qwen3_5_mm, "float32", None, "Qwen3_5ForConditionalGeneration (model_type qwen3_5, text_config, model.language_model.*) with a tiny vision tower; text-only forward; same text config as qwen3_5_text"),
 }
 
@@ -536,7 +739,8 @@ FIXTURES = {
 # get a smaller gain and correlated q/k (see randomize).
 RANDOMIZE = {"gemma2": dict(qk_gain=2.5),   # raw attention scores large enough for the softcap 2 to bite
              "smollm3": dict(qk_gain=1.6),  # sharper attention so that the no-RoPE layer shows
-             "qwen3_5_text": dict(lin_gain=0.5, qk_rho=0.9), "qwen3_5_mm": dict(lin_gain=0.5, qk_rho=0.9)}
+             "qwen3_5_text": dict(lin_gain=0.5, qk_rho=0.9), "qwen3_5_mm": dict(lin_gain=0.5, qk_rho=0.9),
+             "qwen3_5_moe_text": dict(lin_gain=0.5, qk_rho=0.9)}
 
 # Older Hub-style config rewrites: (new name, source fixture, rewrite function)
 
@@ -585,6 +789,13 @@ RENAMED = {
 }
 
 
+# The MXFP4 checkpoint made from a fixture: (source fixture, what it tests)
+MXFP4 = {
+    "gpt_oss_mxfp4": ("gpt_oss", "gate_up_proj_blocks/_scales and down_proj_blocks/_scales as the Hub ships them "
+                      "(nibbles of a byte are consecutive elements); simulations keep the experts' exact values"),
+}
+
+
 def load_f32(cls, path):
     m = cls.from_pretrained(path, dtype=torch.float32, attn_implementation="eager")
     m.eval()
@@ -605,6 +816,50 @@ def check_model_against_header(model, h):
     assert h["n_layers"] == tc.num_hidden_layers and h["vocab"] == tc.vocab_size
 
 
+def write_references(name, out, ref_model, dtype_name, what, results, keep_experts=False):
+    """reference.json, the f32 and simulated logits, the expected header and (for MoE
+    models) routing.json with more prompts, for the checkpoint in `out` as loaded in f32."""
+    tokens = tokens_for(name)
+    logits = forward_logits(ref_model, tokens)
+    assert logits.shape == (T, V), logits.shape
+    assert torch.isfinite(logits).all()
+    s8 = sim_logits(ref_model, tokens, "q8_0", keep_experts)
+    s4 = sim_logits(ref_model, tokens, "q4_0", keep_experts)
+    cfg_json = json.load(open(os.path.join(out, "config.json")))
+    h = expected_header(cfg_json)
+    check_model_against_header(ref_model, h)
+    std = float(logits.std(dim=-1).mean())
+    e8, e4 = nrmse(s8, logits), nrmse(s4, logits)
+    write_bin(os.path.join(out, "logits.f32.bin"), logits)
+    write_bin(os.path.join(out, "logits.sim_q8_0.bin"), s8)
+    write_bin(os.path.join(out, "logits.sim_q4_0.bin"), s4)
+    ref = {"name": name, "model_type": cfg_json["model_type"], "dtype": dtype_name, "tokens": tokens,
+           "positions": T, "vocab": V, "notes": what,
+           "stats": {"logit_std_over_vocab": round(std, 4), "logit_absmax": round(float(logits.abs().max()), 4),
+                     "nrmse_sim_q8_0": round(e8, 5), "nrmse_sim_q4_0": round(e4, 5)},
+           "transformers": transformers.__version__, "torch": torch.__version__.split("+")[0]}
+    if is_moe(ref_model):
+        # Several prompts, each with transformers' logits and its routed experts per MoE
+        # layer and position (the runtime must pick the same ids in BF16).
+        prompts = [tokens] + [tokens_for(f"{name}#{i}") for i in (1, 2)]
+        routing = []
+        for i, toks in enumerate(prompts):
+            if i:
+                write_bin(os.path.join(out, f"logits.f32.p{i}.bin"), forward_logits(ref_model, toks))
+            r = routed_experts(ref_model, toks)
+            routing.append({"tokens": toks, "layers": {str(l): ids for l, ids in r.items()}})
+        json.dump({"top_k": ref_model.config.get_text_config().num_experts_per_tok, "prompts": routing},
+                  open(os.path.join(out, "routing.json"), "w"))
+        ref["more_prompts"] = [f"logits.f32.p{i}.bin" for i in (1, 2)]
+    json.dump(ref, open(os.path.join(out, "reference.json"), "w"), indent=1)
+    json.dump(h, open(os.path.join(out, "expected_header.json"), "w"), indent=1)
+    files = sorted(os.listdir(out))
+    results[name] = dict(model_type=cfg_json["model_type"], dtype=dtype_name, std=std, q8=e8, q4=e4, files=files)
+    print(f"{name:32s} {cfg_json['model_type']:13s} {dtype_name:9s} logit std {std:6.3f} |max| {float(logits.abs().max()):6.2f}"
+          f"  nRMSE q8 {e8:.4f} q4 {e4:.4f}", flush=True)
+    return logits
+
+
 def make_fixture(name, results):
     builder, dtype_name, shard, what = FIXTURES[name]
     cls, cfg = builder()
@@ -621,31 +876,7 @@ def make_fixture(name, results):
     del model
 
     ref_model = load_f32(cls, out)
-    tokens = tokens_for(name)
-    logits = forward_logits(ref_model, tokens)
-    assert logits.shape == (T, V), logits.shape
-    assert torch.isfinite(logits).all()
-    s8 = sim_logits(ref_model, tokens, "q8_0")
-    s4 = sim_logits(ref_model, tokens, "q4_0")
-    cfg_json = json.load(open(os.path.join(out, "config.json")))
-    h = expected_header(cfg_json)
-    check_model_against_header(ref_model, h)
-    std = float(logits.std(dim=-1).mean())
-    e8, e4 = nrmse(s8, logits), nrmse(s4, logits)
-    write_bin(os.path.join(out, "logits.f32.bin"), logits)
-    write_bin(os.path.join(out, "logits.sim_q8_0.bin"), s8)
-    write_bin(os.path.join(out, "logits.sim_q4_0.bin"), s4)
-    ref = {"name": name, "model_type": cfg_json["model_type"], "dtype": dtype_name, "tokens": tokens,
-           "positions": T, "vocab": V, "notes": what,
-           "stats": {"logit_std_over_vocab": round(std, 4), "logit_absmax": round(float(logits.abs().max()), 4),
-                     "nrmse_sim_q8_0": round(e8, 5), "nrmse_sim_q4_0": round(e4, 5)},
-           "transformers": transformers.__version__, "torch": torch.__version__.split("+")[0]}
-    json.dump(ref, open(os.path.join(out, "reference.json"), "w"), indent=1)
-    json.dump(h, open(os.path.join(out, "expected_header.json"), "w"), indent=1)
-    files = sorted(os.listdir(out))
-    results[name] = dict(model_type=cfg_json["model_type"], dtype=dtype_name, std=std, q8=e8, q4=e4, files=files)
-    print(f"{name:32s} {cfg_json['model_type']:13s} {dtype_name:9s} logit std {std:6.3f} |max| {float(logits.abs().max()):6.2f}"
-          f"  nRMSE q8 {e8:.4f} q4 {e4:.4f}", flush=True)
+    logits = write_references(name, out, ref_model, dtype_name, what, results)
     return cls, logits
 
 
@@ -678,6 +909,54 @@ def make_inmemory_names(name, results, made):
     json.dump(ref, open(os.path.join(out, "reference.json"), "w"), indent=1)
     results[name] = dict(results[src], files=sorted(os.listdir(out)))
     print(f"{name:32s} {src} with in-memory tensor names: loads, identical logits", flush=True)
+
+
+FP4_VALUES = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0]
+
+
+def to_mxfp4(w):
+    """Rows [..., R, C] (f32) -> MXFP4 as gpt-oss's checkpoints store it: blocks
+    [..., R, C/32, 16] (u8, element 2i in the low nibble of byte i, 2i+1 in the high) and
+    scales [..., R, C/32] (u8 E8M0: 2^(e-127)); e makes the block's largest magnitude at
+    most 6, codes are the nearest FP4 value (the first on ties)."""
+    *pre, R, C = w.shape
+    b = w.reshape(*pre, R, C // 32, 32).to(torch.float32)
+    amax = b.abs().amax(-1)
+    e = torch.where(amax > 0, torch.ceil(torch.log2(amax / 6.0)), torch.full_like(amax, -127.0))
+    e = (e + 127).clamp(0, 254)
+    scale = torch.ldexp(torch.ones_like(amax), (e - 127).to(torch.int32))
+    codes = (b[..., None] / scale[..., None, None] - torch.tensor(FP4_VALUES)).abs().argmin(-1).to(torch.uint8)
+    return (codes[..., 0::2] | (codes[..., 1::2] << 4)).contiguous(), e.to(torch.uint8).contiguous()
+
+
+def make_mxfp4(name, results, made):
+    """gpt-oss as OpenAI ships it: the experts in MXFP4 (`*_blocks`, `*_scales`, with a
+    quantization_config), made from the gpt_oss fixture's weights; the reference is
+    transformers' own dequantizing load (Mxfp4Config(dequantize=True))."""
+    from safetensors.torch import load_file, save_file
+    from transformers import Mxfp4Config
+    src, what = MXFP4[name]
+    cls, _ = made[src]
+    sdir, out = os.path.join(MODELS, src), os.path.join(MODELS, name)
+    shutil.rmtree(out, ignore_errors=True)
+    os.makedirs(out)
+    shutil.copyfile(os.path.join(sdir, "generation_config.json"), os.path.join(out, "generation_config.json"))
+    tensors = {}
+    for k, v in load_file(os.path.join(sdir, "model.safetensors")).items():
+        if k.endswith("experts.gate_up_proj") or k.endswith("experts.down_proj"):
+            # in memory [E, in, out]; on the Hub [E, out, in/32, 16]
+            tensors[k + "_blocks"], tensors[k + "_scales"] = to_mxfp4(v.to(torch.float32).transpose(1, 2))
+        else:
+            tensors[k] = v
+    save_file(tensors, os.path.join(out, "model.safetensors"), metadata={"format": "pt"})
+    cfg = json.load(open(os.path.join(sdir, "config.json")))
+    cfg["quantization_config"] = {"quant_method": "mxfp4", "modules_to_not_convert": [
+        "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}
+    json.dump(cfg, open(os.path.join(out, "config.json"), "w"), indent=2)
+    m = cls.from_pretrained(out, quantization_config=Mxfp4Config(dequantize=True), dtype=torch.float32,
+                            attn_implementation="eager")
+    m.eval()
+    write_references(name, out, m, "bfloat16", f"{src} with MXFP4 experts: {what}", results, keep_experts=True)
 
 
 def make_legacy(name, results, made):
@@ -837,10 +1116,11 @@ def main():
     os.makedirs(MODELS, exist_ok=True)
     if only is None:
         for d in os.listdir(MODELS):
-            if d not in FIXTURES and d not in LEGACY and d not in RENAMED:
+            if d not in FIXTURES and d not in LEGACY and d not in RENAMED and d not in MXFP4:
                 shutil.rmtree(os.path.join(MODELS, d))
     for name in FIXTURES:
-        deps = [LEGACY[l][0] for l in LEGACY if l in (only or ())] + [RENAMED[r][0] for r in RENAMED if r in (only or ())]
+        deps = ([LEGACY[l][0] for l in LEGACY if l in (only or ())] + [RENAMED[r][0] for r in RENAMED if r in (only or ())]
+                + [MXFP4[r][0] for r in MXFP4 if r in (only or ())])
         if only is None or name in only or name in deps:
             made[name] = make_fixture(name, results)
     for name in LEGACY:
@@ -849,6 +1129,9 @@ def main():
     for name in RENAMED:
         if only is None or name in only:
             make_inmemory_names(name, results, made)
+    for name in MXFP4:
+        if only is None or name in only:
+            make_mxfp4(name, results, made)
     if only is None or "default" in only:
         make_default(train=not args.skip_train)
     if results:

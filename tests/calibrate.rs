@@ -186,7 +186,7 @@ fn imatrix_slots_match_an_independent_forward() {
     let mut want = Mli::new(d.n_layers, d.dim, d.hidden_dim, d.n_heads * d.head_dim);
     for &t in &toks {
         let mut row = vec![0f32; d.dim];
-        m.mat(lay.tok_emb).dequant_row(t as usize, &mut row);
+        krafla::quant::dequant_mat_row(&m.mat(lay.tok_emb), t as usize, &mut row);
         let mut x: Vec<f64> = row.iter().map(|&v| v as f64).collect();
         for (l, li) in lay.layers.iter().enumerate() {
             let xn = rms(&x, m.f32s(li.attn_norm), h.norm_eps);
@@ -207,15 +207,16 @@ fn imatrix_slots_match_an_independent_forward() {
             x.iter_mut().zip(&o).for_each(|(x, o)| *x += o);
             let hn = rms(&x, m.f32s(li.ffn_norm), h.norm_eps);
             add_sq(want.slot_mut(l, Slot::W13), &hn);
-            let g = mv(&m.mat(li.w1), &hn);
-            let u = mv(&m.mat(li.w3), &hn);
+            let (w1, w2, w3) = li.dense().expect("a dense FFN");
+            let g = mv(&m.mat(w1), &hn);
+            let u = mv(&m.mat(w3), &hn);
             let hid: Vec<f64> = g
                 .iter()
                 .zip(&u)
                 .map(|(&g, &u)| g / (1.0 + (-g).exp()) * u)
                 .collect();
             add_sq(want.slot_mut(l, Slot::W2), &hid);
-            let o = mv(&m.mat(li.w2), &hid);
+            let o = mv(&m.mat(w2), &hid);
             x.iter_mut().zip(&o).for_each(|(x, o)| *x += o);
         }
         add_sq(want.cls_mut(), &rms(&x, m.f32s(lay.final_norm), h.norm_eps));
@@ -271,7 +272,7 @@ fn weighted_err(m: &QMat, w: &[f32], imp: &[f32]) -> (f64, f64) {
     let mut row = vec![0f32; m.cols];
     let (mut all, mut hi) = (0.0, 0.0);
     for r in 0..m.rows {
-        m.dequant_row(r, &mut row);
+        krafla::quant::dequant_mat_row(m, r, &mut row);
         let src = &w[r * m.cols..(r + 1) * m.cols];
         for j in 0..m.cols {
             all += imp[j] as f64 * ((src[j] - row[j]) as f64).powi(2);
@@ -307,12 +308,13 @@ fn imatrix_lowers_the_weighted_q4_error() {
         let (Mixer::Attention(pa), Mixer::Attention(wa)) = (&pl.mixer, &wl.mixer) else {
             panic!("attention layers only")
         };
+        let (pd, wd) = (pl.dense().unwrap(), wl.dense().unwrap());
         for (hf, pi, wi, slot) in [
             ("self_attn.v_proj", pa.wv, wa.wv, Slot::Attn),
             ("self_attn.o_proj", pa.wo, wa.wo, Slot::Wo),
-            ("mlp.gate_proj", pl.w1, wl.w1, Slot::W13),
-            ("mlp.up_proj", pl.w3, wl.w3, Slot::W13),
-            ("mlp.down_proj", pl.w2, wl.w2, Slot::W2),
+            ("mlp.gate_proj", pd.0, wd.0, Slot::W13),
+            ("mlp.up_proj", pd.2, wd.2, Slot::W13),
+            ("mlp.down_proj", pd.1, wd.1, Slot::W2),
         ] {
             let (_, w) = st_tensor(&st, &format!("model.layers.{l}.{hf}.weight"));
             let imp = Mli::importance(im.slot(l, slot), im.tokens);
@@ -356,7 +358,7 @@ fn imatrix_lowers_the_weighted_q4_error() {
         let mut row = vec![0f32; m.cols];
         (0..m.rows)
             .flat_map(|r| {
-                m.dequant_row(r, &mut row);
+                krafla::quant::dequant_mat_row(m, r, &mut row);
                 row.clone()
             })
             .collect()
@@ -365,7 +367,7 @@ fn imatrix_lowers_the_weighted_q4_error() {
         Mixer::Attention(a) => a.wo,
         _ => unreachable!(),
     };
-    let w2 = |m: &Mlb| m.layout().layers[0].w2;
+    let w2 = |m: &Mlb| m.layout().layers[0].dense().unwrap().1;
     let emb = |m: &Mlb| m.layout().tok_emb;
     assert!(all(&zm.mat(wo(&zm))) == all(&pm.mat(wo(&pm))));
     assert!(all(&zm.mat(emb(&zm))) == all(&pm.mat(emb(&pm))));

@@ -78,7 +78,7 @@ fn load_mlb_and(bytes: &[u8], what: &str, run: bool) -> bool {
                 Kind::F32 { len } => assert_eq!(m.f32s(i).len(), len),
                 Kind::Mat { rows, cols, .. } => {
                     let mut row = vec![0f32; cols];
-                    m.mat(i).dequant_row(rows - 1, &mut row);
+                    krafla::quant::dequant_mat_row(&m.mat(i), rows - 1, &mut row);
                 }
                 Kind::U8 { .. } => {}
             }

@@ -31,6 +31,19 @@ impl fmt::Display for Status {
     }
 }
 
+/// A matrix or activation shape that does not fit its arrays' lengths (a view built in
+/// memory: [`crate::format::mat::QMat`]'s constructors, the kernels' activations).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShapeError(pub String);
+
+impl fmt::Display for ShapeError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for ShapeError {}
+
 /// Why a file was refused: the status, the field (spec name) and the offending value.
 #[derive(Debug, Clone, PartialEq)]
 pub struct FormatError {

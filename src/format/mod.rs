@@ -31,6 +31,7 @@ fn bit_names(table: &[(u32, &'static str)], bits: u32) -> Vec<&'static str> {
 
 pub mod error;
 pub mod gguf;
+pub mod mat;
 pub mod mlb;
 pub mod mli;
 pub mod mlt;
@@ -38,5 +39,6 @@ pub mod mlt_chat;
 mod reader;
 pub mod wtype;
 
-pub use error::{FormatError, Result, Status};
+pub use error::{FormatError, Result, ShapeError, Status};
+pub use mat::QMat;
 pub use wtype::WType;

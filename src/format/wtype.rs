@@ -83,7 +83,7 @@ impl WType {
     ];
 
     /// The block types beyond the spec's two and the 2-byte floats: the ones
-    /// `quant::blocks` quantizes and `kernels::scalar_k` multiplies.
+    /// `quant::blocks` quantizes and the kernels' `scalar/blocks.rs` multiplies.
     pub const BLOCKS: &'static [WType] = WType::ALL.split_at(4).1;
 
     /// The header's `wtype` value of a model stored entirely in this type (and this

@@ -10,7 +10,7 @@
 
 use std::cell::Cell;
 
-use super::Tier;
+use super::tier::Tier;
 
 /// Whether this build counts (debug assertions on).
 pub const ENABLED: bool = cfg!(debug_assertions);

@@ -22,13 +22,51 @@
 //! The arithmetic is the contract's, operation for operation, so a packed matrix gives
 //! the bits of the row-major one on every tier (tested against the scalar reference).
 //! The runtime packs only when the active tier has a packed kernel
-//! ([`Kernels::packs`](super::Kernels::packs)); scalar and NEON keep reading the map.
+//! (`Kernels::packs`); scalar and NEON keep reading the map.
+//!
+//! ## The GGUF block types
+//!
+//! Every type becomes, per block `b` of 32 weights of a row: 32 unsigned levels
+//! (0..=15, 31 or 63; IQ4_NL: the nibble, an index into its table), the integer offset
+//! the contract subtracts (`16·s_b`, `32·s_b`; Q6_K: `32·` each half's sum, the halves
+//! then scaled by their int8 scales) and the float step's `dw_b` (and `mw_b`).
+//!
+//! Packed layout of a [`PackedMat`] of a block type: groups of 16 rows (the last padded
+//! with zero rows: levels 0, scales 0), each group one contiguous record of
+//!
+//! ```text
+//! quants   nb positions × QB bytes       (positions in `block_order`)
+//!          4 chunks of 64 bytes: chunk k holds for row j, at 4j..4j+4, the bytes
+//!            (level[4k+i] & 15) | (level[16+4k+i] & 15) << 4, i < 4 (Q4_0's packing);
+//!          5-bit types: + 64 bytes: row j's byte i at 4j+i has bit k = bit 4 of
+//!            level[4k+i] and bit 4+k = bit 4 of level[16+4k+i], k < 4;
+//!          6-bit types: + 2 × 64 bytes: plane A, row j's byte i, bits 2k..2k+2 = bits
+//!            4-5 of level[4k+i]; plane B the same for level[16+4k+i].
+//! scales   nb positions × PS bytes, then padding to 64:
+//!            Q4_K, Q5_K: the sub-block's 6-bit codes in 24 bytes: row j's byte j is
+//!              sc | (m & 3) << 6, byte 16 + (j % 8) holds m >> 2 in its nibble j / 8;
+//!            Q6_K: sc[16] i8 of the block's first 16 weights, sc[16] of its last 16;
+//!            Q4_1, Q5_1: d[16] f16, m[16] f16; Q5_0, Q6_0, IQ4_NL: d[16] f16.
+//! supers   (K types) per super-block of 256: d[16] f16, dmin[16] f16 (Q4_K, Q5_K) or
+//!            d[16] f16 (Q6_K), then padding to 64.
+//! ```
+//!
+//! QB is 256, 320 or 384 bytes (4, 5, 6 bits): the packed matrix is the file's size
+//! but for the regions' padding (the K types' codes stay 6-bit), so a decode step
+//! streams as many bytes per weight as the file holds. Scales are kept as their f16
+//! bits and codes: `d·sc` and `dmin·m` are exact in f32, so a kernel computes them on
+//! the fly with the bits of the reference. [`PackedMat::unpack_row`] gives back the
+//! row's GGUF bytes exactly.
 
 use std::io;
 
 use super::hugebuf::HugeBuf;
-use super::{packed_blocks, pool, QMat, WType};
-use crate::quant::QK;
+use super::pool;
+use super::scalar::blocks::ScaleKind;
+use super::scalar::tiles::LANES;
+use crate::format::mat::QMat;
+use crate::format::wtype::{WType, QK, QK_K};
+use crate::quant::{blocks, blocks32, kquants};
 
 /// Rows per group: one 512-bit vector of i32/f32 lanes.
 pub const GROUP: usize = 16;
@@ -78,7 +116,7 @@ pub const fn block_bytes(wtype: WType) -> usize {
 /// needs it. The buffer stores the lanes in this order, so a kernel reads a group front
 /// to back and its prefetch ahead lands on the lanes it runs next (stored lane by lane in
 /// index order, 2 of every 4 lanes' lines were never prefetched).
-pub const LANE_VISIT: [usize; super::LANES] = [0, 4, 2, 6, 1, 5, 3, 7];
+pub const LANE_VISIT: [usize; LANES] = [0, 4, 2, 6, 1, 5, 3, 7];
 
 /// The blocks of a row in packed order: the lanes in [`LANE_VISIT`] order, each lane's
 /// blocks (`l, l + 8, …`) in a run.
@@ -86,7 +124,7 @@ pub fn block_order(nb: usize) -> impl Iterator<Item = usize> {
     LANE_VISIT
         .into_iter()
         .filter(move |&l| l < nb)
-        .flat_map(move |l| (l..nb).step_by(super::LANES))
+        .flat_map(move |l| (l..nb).step_by(LANES))
 }
 
 /// The packed position of lane `l`'s first block: lane `k` holds `⌈(nb − k)/8⌉` blocks,
@@ -97,7 +135,7 @@ pub fn lane_start(nb: usize, l: usize) -> usize {
         .iter()
         .take_while(|&&k| k != l)
         .filter(|&&k| k < nb)
-        .map(|&k| (nb - k).div_ceil(super::LANES))
+        .map(|&k| (nb - k).div_ceil(LANES))
         .sum()
 }
 
@@ -122,8 +160,8 @@ impl PackedMat {
     /// (in order), so a caller can release the source rows as it goes.
     /// Fails only when the system has no memory for the copy.
     pub fn new_with(w: &QMat, mut done: impl FnMut(usize, usize)) -> io::Result<PackedMat> {
-        if packed_blocks::has_layout(w.wtype) {
-            return packed_blocks::pack(w, done);
+        if has_blocks_layout(w.wtype) {
+            return pack_blocks(w, done);
         }
         let nb = w.blocks();
         let groups = w.rows.div_ceil(GROUP);
@@ -194,9 +232,9 @@ impl PackedMat {
     /// The runtime reads embedding rows from here, so the released map stays unmapped.
     pub fn unpack_row(&self, r: usize, q: &mut Vec<u8>, d: &mut Vec<f32>) {
         assert!(r < self.rows, "row {r} of {}", self.rows);
-        if packed_blocks::has_layout(self.wtype) {
+        if has_blocks_layout(self.wtype) {
             d.clear(); // the scales are inside the GGUF blocks
-            return packed_blocks::unpack_row(self, r, q);
+            return unpack_blocks_row(self, r, q);
         }
         let nb = self.cols / QK;
         let (g, j) = (r / GROUP, r % GROUP);
@@ -222,14 +260,9 @@ impl PackedMat {
         }
     }
 
-    /// An all-zero matrix of `len` bytes in a layout of another module (the GGUF block
-    /// types': [`packed_blocks`]), which fills it through [`PackedMat::bytes_mut`].
-    pub(super) fn zeroed(
-        wtype: WType,
-        rows: usize,
-        cols: usize,
-        len: usize,
-    ) -> io::Result<PackedMat> {
+    /// An all-zero matrix of `len` bytes in the GGUF block types' layout, filled
+    /// through [`PackedMat::bytes_mut`].
+    fn zeroed(wtype: WType, rows: usize, cols: usize, len: usize) -> io::Result<PackedMat> {
         Ok(PackedMat {
             wtype,
             rows,
@@ -241,7 +274,7 @@ impl PackedMat {
     }
 
     /// The buffer's bytes, to fill.
-    pub(super) fn bytes_mut(&mut self) -> &mut [u8] {
+    fn bytes_mut(&mut self) -> &mut [u8] {
         self.buf.as_mut_slice()
     }
 
@@ -292,9 +325,382 @@ pub struct PackedView<'a> {
     pub f16: bool,
 }
 
+// The GGUF block types' layout (see the module docs).
+
+/// Bits per level of block type `t`.
+fn bits(t: WType) -> u32 {
+    match t {
+        WType::Q5_K | WType::Q5_0 | WType::Q5_1 => 5,
+        WType::Q6_K | WType::Q6_0 => 6,
+        _ => 4,
+    }
+}
+
+fn scale_kind(t: WType) -> ScaleKind {
+    match t {
+        WType::Q4_K | WType::Q5_K => ScaleKind::K45,
+        WType::Q6_K => ScaleKind::K6,
+        WType::Q4_1 | WType::Q5_1 => ScaleKind::DMin,
+        _ => ScaleKind::D,
+    }
+}
+
+/// Whether `t` is packed in the GGUF block types' layout.
+pub fn has_blocks_layout(t: WType) -> bool {
+    blocks::is_block_type(t)
+}
+
+/// Quant bytes of one block position of a group: 256 + 64 per level bit above 4.
+pub const fn quant_bytes(bits: u32) -> usize {
+    256 + 64 * (bits as usize - 4)
+}
+
+/// Scale bytes of one block position of a group.
+pub const fn pos_scale_bytes(sc: ScaleKind) -> usize {
+    match sc {
+        ScaleKind::DMin => 64,
+        // 16 rows' two 6-bit codes, as the file packs them.
+        ScaleKind::K45 => 24,
+        _ => 32,
+    }
+}
+
+/// Scale bytes of one super-block of a group (K types).
+pub const fn super_scale_bytes(sc: ScaleKind) -> usize {
+    match sc {
+        ScaleKind::K45 => 64,
+        ScaleKind::K6 => 32,
+        _ => 0,
+    }
+}
+
+/// Where a group's parts are, for `nb` blocks per row: the super-block scales first,
+/// then the position scales, then the quants, every part 64-byte aligned. A kernel
+/// reads the super-block scales when it starts a group, so they come right after the
+/// previous group's quants: reading a matrix is one forward stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GroupLayout {
+    pub quant_bytes: usize,
+    pub pos_scale_bytes: usize,
+    pub super_bytes: usize,
+    /// Offset of the super-block scales in a group (0).
+    pub supers_at: usize,
+    /// Offset of the position scales.
+    pub scales_at: usize,
+    /// Offset of the quants.
+    pub quants_at: usize,
+    /// Bytes per group.
+    pub group: usize,
+    /// Group bytes per block position, rounded up: the rate at which a kernel that
+    /// reads the group front to back moves through memory.
+    pub stride: usize,
+}
+
+impl GroupLayout {
+    pub const fn new(bits: u32, sc: ScaleKind, nb: usize) -> GroupLayout {
+        let (qb, ps, sb) = (
+            quant_bytes(bits),
+            pos_scale_bytes(sc),
+            super_scale_bytes(sc),
+        );
+        let nsb = nb / (QK_K / QK);
+        let scales_at = (sb * nsb).next_multiple_of(64);
+        let quants_at = scales_at + (ps * nb).next_multiple_of(64);
+        let group = quants_at + qb * nb;
+        GroupLayout {
+            quant_bytes: qb,
+            pos_scale_bytes: ps,
+            super_bytes: sb,
+            supers_at: 0,
+            scales_at,
+            quants_at,
+            group,
+            stride: group.div_ceil(if nb == 0 { 1 } else { nb }),
+        }
+    }
+
+    /// The layout of type `t`'s groups.
+    pub fn of(t: WType, nb: usize) -> GroupLayout {
+        GroupLayout::new(bits(t), scale_kind(t), nb)
+    }
+}
+
+/// One row of a block type in the kernels' terms: every level (one per weight) and the
+/// stored scale bits per block (see [`ScaleKind`]).
+struct RowParts {
+    levels: Vec<u8>,
+    /// Per block: `[a, b]` as stored in the position scales (f16 bits or codes).
+    pos: Vec<[u16; 2]>,
+    /// Per super-block: `[d, dmin]` f16 bits (K types).
+    sup: Vec<[u16; 2]>,
+}
+
+fn f16_bits(b: &[u8], at: usize) -> u16 {
+    u16::from_le_bytes([b[at], b[at + 1]])
+}
+
+/// Splits row `q` (its GGUF blocks) of type `t` into levels and scale bits.
+fn row_parts(t: WType, q: &[u8], cols: usize, p: &mut RowParts) {
+    let nb = cols / QK;
+    p.levels.clear();
+    p.pos.clear();
+    p.sup.clear();
+    for blk in q.chunks_exact(t.block_bytes()) {
+        match t {
+            WType::Q4_K | WType::Q5_K => {
+                p.levels.extend_from_slice(&kquants::levels_q45(t, blk));
+                p.sup.push([f16_bits(blk, 0), f16_bits(blk, 2)]);
+                for j in 0..QK_K / QK {
+                    let (sc, m) = kquants::scale_min(j, &blk[4..16]);
+                    p.pos.push([sc as u16, m as u16]);
+                }
+            }
+            WType::Q6_K => {
+                p.levels.extend_from_slice(&kquants::levels_q6(blk));
+                p.sup.push([f16_bits(blk, 208), 0]);
+                for j in 0..QK_K / QK {
+                    p.pos
+                        .push([blk[192 + 2 * j] as u16, blk[193 + 2 * j] as u16]);
+                }
+            }
+            _ => {
+                p.levels.extend_from_slice(&blocks32::unpack(t, blk));
+                let m = if scale_kind(t) == ScaleKind::DMin {
+                    f16_bits(blk, 2)
+                } else {
+                    0
+                };
+                p.pos.push([f16_bits(blk, 0), m]);
+            }
+        }
+    }
+    debug_assert_eq!((p.levels.len(), p.pos.len()), (cols, nb));
+}
+
+/// Row `q` of type `t` back from its parts (the inverse of [`row_parts`]).
+fn row_bytes(t: WType, p: &RowParts, out: &mut [u8]) {
+    let bb = t.block_bytes();
+    let per = t.block_weights() / QK;
+    for (s, blk) in out.chunks_exact_mut(bb).enumerate() {
+        let lv = &p.levels[s * t.block_weights()..(s + 1) * t.block_weights()];
+        let pos = &p.pos[s * per..(s + 1) * per];
+        match t {
+            WType::Q4_K | WType::Q5_K => {
+                blk[0..2].copy_from_slice(&p.sup[s][0].to_le_bytes());
+                blk[2..4].copy_from_slice(&p.sup[s][1].to_le_bytes());
+                let (mut sc, mut m) = ([0u8; 8], [0u8; 8]);
+                for j in 0..8 {
+                    (sc[j], m[j]) = (pos[j][0] as u8, pos[j][1] as u8);
+                }
+                kquants::pack_scale_min(&sc, &m, &mut blk[4..16]);
+                kquants::pack_q45(t, lv.try_into().expect("256 levels"), blk);
+            }
+            WType::Q6_K => {
+                kquants::pack_q6(lv.try_into().expect("256 levels"), blk);
+                for j in 0..8 {
+                    blk[192 + 2 * j] = pos[j][0] as u8;
+                    blk[193 + 2 * j] = pos[j][1] as u8;
+                }
+                blk[208..210].copy_from_slice(&p.sup[s][0].to_le_bytes());
+            }
+            _ => {
+                blk[0..2].copy_from_slice(&pos[0][0].to_le_bytes());
+                if scale_kind(t) == ScaleKind::DMin {
+                    blk[2..4].copy_from_slice(&pos[0][1].to_le_bytes());
+                }
+                blocks32::pack(t, lv.try_into().expect("32 levels"), blk);
+            }
+        }
+    }
+}
+
+/// Byte `i` of row `j` in chunk `k` of a position, and the high-bit planes' bytes.
+#[inline(always)]
+fn at(k: usize, j: usize, i: usize) -> usize {
+    64 * k + 4 * j + i
+}
+
+/// Writes row `j`'s block (levels `lv`, 32) into position record `qp` (QB bytes): row
+/// `j`'s 4 bytes of each chunk and plane. Works on the levels as little-endian u32 words
+/// (word `k` = levels `4k..4k + 4`, word `4 + k` = `16 + 4k..`), so that every byte of a
+/// word goes through the same shifts and masks at once (loading a packed model runs this
+/// for every block; byte by byte it was most of the load time of Q5_K and Q6_K).
+fn put_levels<const BITS: u32>(lv: &[u8], j: usize, qp: &mut [u8]) {
+    const LOW: u32 = 0x0f0f_0f0f;
+    let word = |w: usize| u32::from_le_bytes(lv[4 * w..4 * w + 4].try_into().expect("4 levels"));
+    let (mut pa, mut pb) = (0u32, 0u32);
+    for k in 0..4 {
+        let (lo, hi) = (word(k), word(4 + k));
+        let nib = (lo & LOW) | (hi & LOW) << 4;
+        qp[at(k, j, 0)..at(k, j, 4)].copy_from_slice(&nib.to_le_bytes());
+        // Bit 4 (and 5) of each level, moved within its own byte.
+        match BITS {
+            5 => pa |= (lo >> 4 & 0x0101_0101) << k | (hi >> 4 & 0x0101_0101) << (4 + k),
+            6 => {
+                pa |= (lo >> 4 & 0x0303_0303) << (2 * k);
+                pb |= (hi >> 4 & 0x0303_0303) << (2 * k);
+            }
+            _ => {}
+        }
+    }
+    if BITS >= 5 {
+        qp[at(4, j, 0)..at(4, j, 4)].copy_from_slice(&pa.to_le_bytes());
+    }
+    if BITS == 6 {
+        qp[at(5, j, 0)..at(5, j, 4)].copy_from_slice(&pb.to_le_bytes());
+    }
+}
+
+/// Row `j`'s 32 levels of a position record (the inverse of [`put_levels`]).
+fn get_levels(bits: u32, qp: &[u8], j: usize, lv: &mut [u8]) {
+    for k in 0..4 {
+        for i in 0..4 {
+            let v = qp[at(k, j, i)];
+            let (mut lo, mut hi) = (v & 15, v >> 4);
+            match bits {
+                5 => {
+                    let h = qp[at(4, j, i)];
+                    lo |= ((h >> k) & 1) << 4;
+                    hi |= ((h >> (4 + k)) & 1) << 4;
+                }
+                6 => {
+                    lo |= ((qp[at(4, j, i)] >> (2 * k)) & 3) << 4;
+                    hi |= ((qp[at(5, j, i)] >> (2 * k)) & 3) << 4;
+                }
+                _ => {}
+            }
+            (lv[4 * k + i], lv[16 + 4 * k + i]) = (lo, hi);
+        }
+    }
+}
+
+/// Stores one position's scale pair of row `j` (`sp`: PS bytes).
+fn put_pos_scales(sc: ScaleKind, v: [u16; 2], j: usize, sp: &mut [u8]) {
+    match sc {
+        ScaleKind::K45 => {
+            let (code, m) = (v[0] as u8, v[1] as u8);
+            sp[j] = code | (m & 3) << 6;
+            let (at, shift) = (16 + j % 8, 4 * (j / 8));
+            sp[at] = sp[at] & !(15 << shift) | (m >> 2) << shift;
+        }
+        ScaleKind::K6 => {
+            (sp[j], sp[16 + j]) = (v[0] as u8, v[1] as u8);
+        }
+        ScaleKind::D => sp[2 * j..2 * j + 2].copy_from_slice(&v[0].to_le_bytes()),
+        ScaleKind::DMin => {
+            sp[2 * j..2 * j + 2].copy_from_slice(&v[0].to_le_bytes());
+            sp[32 + 2 * j..32 + 2 * j + 2].copy_from_slice(&v[1].to_le_bytes());
+        }
+    }
+}
+
+fn get_pos_scales(sc: ScaleKind, sp: &[u8], j: usize) -> [u16; 2] {
+    match sc {
+        ScaleKind::K45 => {
+            let m_hi = sp[16 + j % 8] >> (4 * (j / 8)) & 15;
+            [(sp[j] & 63) as u16, (sp[j] >> 6 | m_hi << 2) as u16]
+        }
+        ScaleKind::K6 => [sp[j] as u16, sp[16 + j] as u16],
+        ScaleKind::D => [f16_bits(sp, 2 * j), 0],
+        ScaleKind::DMin => [f16_bits(sp, 2 * j), f16_bits(sp, 32 + 2 * j)],
+    }
+}
+
+/// Packs `w` (a block type) as [`PackedMat::new_with`] does: groups in parallel on the
+/// pool, `done(r0, r1)` after each batch of about 4 MiB.
+fn pack_blocks(w: &QMat, mut done: impl FnMut(usize, usize)) -> io::Result<PackedMat> {
+    let t = w.wtype;
+    let (nb, bits, sc) = (w.blocks(), bits(t), scale_kind(t));
+    let lay = GroupLayout::of(t, nb);
+    let groups = w.rows.div_ceil(GROUP);
+    let mut pm = PackedMat::zeroed(t, w.rows, w.cols, groups * lay.group)?;
+    let order: Vec<usize> = block_order(nb).collect();
+    let rb = t.row_bytes(w.cols);
+    let pack_group = |g: usize, out: &mut [u8]| {
+        let mut parts = RowParts {
+            levels: Vec::new(),
+            pos: Vec::new(),
+            sup: Vec::new(),
+        };
+        for j in 0..GROUP.min(w.rows - g * GROUP) {
+            let r = g * GROUP + j;
+            row_parts(t, &w.q[r * rb..(r + 1) * rb], w.cols, &mut parts);
+            let (ssr, rest) = out.split_at_mut(lay.scales_at);
+            let (sr, qr) = rest.split_at_mut(lay.quants_at - lay.scales_at);
+            for (p, &b) in order.iter().enumerate() {
+                let qp = &mut qr[p * lay.quant_bytes..(p + 1) * lay.quant_bytes];
+                let lv = &parts.levels[QK * b..QK * (b + 1)];
+                match bits {
+                    5 => put_levels::<5>(lv, j, qp),
+                    6 => put_levels::<6>(lv, j, qp),
+                    _ => put_levels::<4>(lv, j, qp),
+                }
+                let sp = &mut sr[p * lay.pos_scale_bytes..(p + 1) * lay.pos_scale_bytes];
+                put_pos_scales(sc, parts.pos[b], j, sp);
+            }
+            for (s, v) in parts.sup.iter().enumerate() {
+                let sp = &mut ssr[s * lay.super_bytes..(s + 1) * lay.super_bytes];
+                sp[2 * j..2 * j + 2].copy_from_slice(&v[0].to_le_bytes());
+                if sc == ScaleKind::K45 {
+                    sp[32 + 2 * j..34 + 2 * j].copy_from_slice(&v[1].to_le_bytes());
+                }
+            }
+        }
+    };
+    let batch = LOAD_BATCH_BYTES / lay.group + 1;
+    let buf = pm.bytes_mut();
+    for g0 in (0..groups).step_by(batch) {
+        let g1 = (g0 + batch).min(groups);
+        let chunk = &mut buf[g0 * lay.group..g1 * lay.group];
+        pool::for_chunks(chunk, lay.group, |i, out: &mut [u8]| {
+            pack_group(g0 + i, out)
+        });
+        done(g0 * GROUP, (g1 * GROUP).min(w.rows));
+    }
+    Ok(pm)
+}
+
+/// Row `r` of packed matrix `p` (a block type) as its GGUF bytes, into `q`.
+fn unpack_blocks_row(p: &PackedMat, r: usize, q: &mut Vec<u8>) {
+    let t = p.wtype;
+    let (nb, bits, sc) = (p.cols / QK, bits(t), scale_kind(t));
+    let lay = GroupLayout::of(t, nb);
+    let (g, j) = (r / GROUP, r % GROUP);
+    let grp = &p.view().q[g * lay.group..(g + 1) * lay.group];
+    let mut parts = RowParts {
+        levels: vec![0; p.cols],
+        pos: vec![[0; 2]; nb],
+        sup: Vec::new(),
+    };
+    for (pos, b) in block_order(nb).enumerate() {
+        let qp = &grp[lay.quants_at + pos * lay.quant_bytes..][..lay.quant_bytes];
+        get_levels(bits, qp, j, &mut parts.levels[QK * b..QK * (b + 1)]);
+        let at = lay.scales_at + pos * lay.pos_scale_bytes;
+        parts.pos[b] = get_pos_scales(sc, &grp[at..at + lay.pos_scale_bytes], j);
+    }
+    let supers = if lay.super_bytes > 0 {
+        nb / (QK_K / QK)
+    } else {
+        0
+    };
+    for s in 0..supers {
+        let sp = &grp[lay.supers_at + s * lay.super_bytes..];
+        let dmin = if sc == ScaleKind::K45 {
+            f16_bits(sp, 32 + 2 * j)
+        } else {
+            0
+        };
+        parts.sup.push([f16_bits(sp, 2 * j), dmin]);
+    }
+    q.resize(t.row_bytes(p.cols), 0);
+    row_bytes(t, &parts, q);
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::format::mlb::synth::Rng;
+    use crate::quant::blocks::quantize_matrix;
 
     #[test]
     fn block_order_is_lane_major_in_visit_order() {
@@ -306,7 +712,7 @@ mod tests {
         // Every lane's run starts where `lane_start` says.
         for nb in [1, 3, 8, 18, 64] {
             let o: Vec<usize> = block_order(nb).collect();
-            for l in 0..crate::kernels::LANES.min(nb) {
+            for l in 0..LANES.min(nb) {
                 assert_eq!(o[lane_start(nb, l)], l, "nb {nb} lane {l}");
             }
         }
@@ -331,5 +737,79 @@ mod tests {
         let s = |i: usize| f32::from_le_bytes(v.s[4 * i..4 * i + 4].try_into().unwrap());
         assert_eq!(s((2 + 1) * 16), d[33]);
         assert_eq!(s((2 + 1) * 16 + 1), 0.0);
+    }
+
+    #[test]
+    fn a_group_is_supers_then_scales_then_quants() {
+        for t in WType::ALL.into_iter().filter(|&t| has_blocks_layout(t)) {
+            for nb in [8, 64, 256, 448] {
+                let lay = GroupLayout::of(t, nb);
+                let supers = nb / (QK_K / QK) * lay.super_bytes;
+                let scales = nb * lay.pos_scale_bytes;
+                // In reading order, each part ends where the next begins (padded to 64).
+                assert_eq!(lay.supers_at, 0, "{t} nb {nb}");
+                assert_eq!(lay.scales_at, supers.next_multiple_of(64), "{t} nb {nb}");
+                assert_eq!(lay.quants_at, lay.scales_at + scales.next_multiple_of(64));
+                assert_eq!(lay.group, lay.quants_at + nb * lay.quant_bytes);
+                assert_eq!(lay.group % 64, 0, "{t} nb {nb}");
+            }
+        }
+    }
+
+    #[test]
+    fn the_stride_keeps_up_with_a_group() {
+        // The x86 kernels' prefetch cursor moves `stride` bytes per position: over a
+        // group's positions it must cover the group, by less than a position's more.
+        for t in WType::ALL.into_iter().filter(|&t| has_blocks_layout(t)) {
+            let step = t.block_weights() / QK;
+            for nb in (step..=600).step_by(step) {
+                let lay = GroupLayout::of(t, nb);
+                assert!(lay.stride * nb >= lay.group, "{t} nb {nb}");
+                assert!(lay.stride * nb < lay.group + nb, "{t} nb {nb}");
+            }
+        }
+    }
+
+    #[test]
+    fn rows_round_trip_through_the_packed_layout() {
+        let mut rng = Rng(0x5eed);
+        for t in WType::ALL.into_iter().filter(|&t| has_blocks_layout(t)) {
+            for (rows, cols) in [(1, 256), (17, 512), (33, 768)] {
+                let x: Vec<f32> = (0..rows * cols).map(|_| rng.next_f32() * 0.1).collect();
+                let q = quantize_matrix(t, rows, cols, &x, None).unwrap();
+                let w = QMat::new_blocks(t, rows, cols, &q).unwrap();
+                let p = PackedMat::new(&w).unwrap();
+                assert_eq!(
+                    p.bytes(),
+                    rows.div_ceil(GROUP) * GroupLayout::of(t, cols / QK).group
+                );
+                let rb = t.row_bytes(cols);
+                let mut back = Vec::new();
+                for r in 0..rows {
+                    unpack_blocks_row(&p, r, &mut back);
+                    assert_eq!(back, &q[r * rb..(r + 1) * rb], "{t} {rows}x{cols} row {r}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn levels_sit_where_the_docs_say() {
+        // One 6-bit block, row 3: level[5] = 0b10_0110 (k = 1, i = 1), level[21] =
+        // 0b01_1001 (the high half's k = 1, i = 1).
+        let mut lv = [0u8; 32];
+        (lv[5], lv[21]) = (0b10_0110, 0b01_1001);
+        let mut qp = vec![0u8; quant_bytes(6)];
+        put_levels::<6>(&lv, 3, &mut qp);
+        assert_eq!(qp[64 + 12 + 1], 0x96);
+        assert_eq!(qp[256 + 12 + 1], 0b10 << 2);
+        assert_eq!(qp[320 + 12 + 1], 0b01 << 2);
+        let mut back = [0u8; 32];
+        get_levels(6, &qp, 3, &mut back);
+        assert_eq!(back, lv);
+        let mut q5 = vec![0u8; quant_bytes(5)];
+        (lv[5], lv[21]) = (0b1_0110, 0b1_1001);
+        put_levels::<5>(&lv, 3, &mut q5);
+        assert_eq!(q5[256 + 12 + 1], 1 << 1 | 1 << 5);
     }
 }

@@ -14,11 +14,11 @@
 //! 5. the output is RMS-normalized per head (`lnorm`, `norm_eps`) and multiplied by
 //!    `silu(z)`; `lout` follows (in [`super::forward`]).
 //!
-//! Steps 4 and 5 are the kernels' head step (`kernels::scalar_delta`, through the
+//! Steps 4 and 5 are the kernels' head step ([`Kernels::delta_head`], through the
 //! tier's table); this module keeps the state and runs steps 1 to 3 and the heads.
 
 use super::config::Config;
-use super::ops::{dot, sigmoid, silu, Zeros, PAR_MIN};
+use super::ops::{sigmoid, Zeros, PAR_MIN};
 use super::weights::LinearWeights;
 use crate::kernels::{pool, DeltaHead, Kernels};
 
@@ -45,8 +45,8 @@ fn softplus(x: f32) -> f32 {
 }
 
 /// Divides `x` by `sqrt(Σ x² + 1e-6)` and multiplies it by `extra`.
-fn l2norm(x: &mut [f32], extra: f32) {
-    let ss = dot(x, x);
+fn l2norm(k: &Kernels, x: &mut [f32], extra: f32) {
+    let ss = k.dot(x, x);
     let inv = 1.0 / (ss + 1e-6).sqrt() * extra;
     for v in x {
         *v *= inv;
@@ -116,11 +116,11 @@ impl DeltaState {
                 acc += wt[hist] * *x;
                 // The raw input replaces the oldest one.
                 self.conv[slot * ch + i] = *x;
-                *x = silu(acc);
+                *x = k.silu(acc);
             }
         } else {
             for (i, x) in qkv.iter_mut().enumerate() {
-                *x = silu(w.lconv[i] * *x);
+                *x = k.silu(w.lconv[i] * *x);
             }
         }
         self.t += 1;
@@ -129,8 +129,8 @@ impl DeltaState {
         let (ks, vs) = rest.split_at_mut(kh * dk);
         let qscale = 1.0 / (dk as f32).sqrt();
         for h in 0..kh {
-            l2norm(&mut qs[h * dk..(h + 1) * dk], qscale);
-            l2norm(&mut ks[h * dk..(h + 1) * dk], 1.0);
+            l2norm(k, &mut qs[h * dk..(h + 1) * dk], qscale);
+            l2norm(k, &mut ks[h * dk..(h + 1) * dk], 1.0);
         }
         let (qs, ks, vs) = (&*qs, &*ks, &*vs);
         let group = vh / kh;

@@ -26,9 +26,9 @@ use std::path::PathBuf;
 
 use crate::kernels::pool;
 
+use super::error::ModelError;
 use super::forward::{Model, State, StateOptions};
 use super::sampler::argmax;
-use super::ModelError;
 
 /// Why a measurement could not run.
 #[derive(Debug, Clone, PartialEq)]

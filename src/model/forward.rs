@@ -40,12 +40,12 @@ use std::any::Any;
 
 use super::config::{Act, Config, LayerKind};
 use super::delta::DeltaState;
+use super::error::{ModelError, Result};
 use super::kv::{KvType, LayerCache};
 use super::observer::{tap, Collector, Input, Observer};
-use super::ops::{add, for_rows, rmsnorm, rmsnorm_inplace, rmsnorm_rows, Zeros};
+use super::ops::{add, for_rows, rmsnorm_rows, Zeros};
 use super::rope::RopeTable;
 use super::weights::{LinearWeights, MixerWeights, Packs, Weights};
-use super::{ModelError, Result};
 use crate::format::mlb::Mlb;
 use crate::format::mli::Mli;
 use crate::kernels::{self, HalfActs, Kernels, QActs, TILE_QUERIES};
@@ -304,6 +304,7 @@ impl State {
 /// `xb = rmsnorm(x, norm)` over the step's `len` values: a branch's input, shown to
 /// the observers as input `at` (layer, which input).
 fn branch_input(
+    k: &Kernels,
     st: &mut Scratch,
     segs: &mut [Seg],
     len: usize,
@@ -312,16 +313,16 @@ fn branch_input(
     at: (usize, Input),
 ) {
     let (x, xb) = (&st.x[..len], &mut st.xb[..len]);
-    rmsnorm_rows(xb, x, norm, c.dim, c.norm_eps);
+    rmsnorm_rows(k, xb, x, norm, c.dim, c.norm_eps);
     tap_rows(segs, at.0, at.1, xb);
 }
 
 /// `x += post_norm(xb2)` over the chunk's `len` values: a branch's output, through its
 /// post norm when the layer has one, added to the residual stream.
-fn residual(st: &mut Scratch, len: usize, post_norm: Option<&[f32]>, c: &Config) {
+fn residual(k: &Kernels, st: &mut Scratch, len: usize, post_norm: Option<&[f32]>, c: &Config) {
     if let Some(w) = post_norm {
         for_rows(&mut st.xb2[..len], c.dim, |_, r| {
-            rmsnorm_inplace(r, w, c.norm_eps)
+            k.rmsnorm_inplace(r, w, c.norm_eps)
         });
     }
     add(&mut st.x[..len], &st.xb2[..len]);
@@ -335,6 +336,31 @@ fn bytes_text(z: &Zeros) -> String {
     }
 }
 
+/// Header values the file format has and this runtime does not run yet: refused with the
+/// field, not run wrong.
+fn unsupported(m: &Mlb) -> Result<()> {
+    let h = m.header();
+    for (field, v, on) in [
+        ("qkv_bias", h.qkv_bias, h.qkv_bias == 2),
+        ("qk_norm", h.qk_norm, h.qk_norm == 2),
+        ("attn_sinks", h.attn_sinks, h.attn_sinks != 0),
+    ] {
+        if on {
+            let e = crate::format::FormatError::shape(
+                field,
+                v,
+                "this runtime does not run this value yet",
+            );
+            return Err(match &m.path {
+                Some(p) => e.in_file(p),
+                None => e,
+            }
+            .into());
+        }
+    }
+    Ok(())
+}
+
 impl<'a> Model<'a> {
     /// The model of a validated file: configuration and borrowed weights, read from
     /// the map (see [`Model::with_packs`] for the packed layout).
@@ -346,6 +372,7 @@ impl<'a> Model<'a> {
     /// [`Packs::new`] for the tier that will run the model): same results, faster on
     /// tiers with packed kernels.
     pub fn with_packs(m: &'a Mlb, packs: &'a Packs) -> Result<Model<'a>> {
+        unsupported(m)?;
         let cfg = Config::new(m.header(), m.dims(), &m.parsed.flags);
         let w = Weights::new(m, packs)?;
         let global = RopeTable::global(&cfg.rope, cfg.head_dim, cfg.rot_dim);
@@ -514,7 +541,7 @@ impl<'a> Model<'a> {
         let s = scratch(&mut t);
         let x0 = alloc.take(&[s.cap, widest]);
         if alloc.ok() {
-            s.qa.quantize_with(&kernels::kernels(), &x0, widest);
+            kernels::kernels().quantize_acts(&x0, widest, &mut s.qa);
             return Ok(t);
         }
         Err(bytes_text(&count))
@@ -819,7 +846,7 @@ impl<'a> Model<'a> {
         let (x, w, eps) = (&st.x, self.w.final_norm, self.cfg.norm_eps);
         for_rows(&mut st.xb[..m * d], d, |i, o| {
             let r = rows[i].1;
-            rmsnorm(o, &x[r * d..(r + 1) * d], w, eps)
+            k.rmsnorm(o, &x[r * d..(r + 1) * d], w, eps)
         });
         // Each sequence's observer sees its rows (consecutive in `rows`).
         let mut i0 = 0;
@@ -873,7 +900,7 @@ impl<'a> Model<'a> {
             }
         }
         for (l, lw) in self.w.layers.iter().enumerate() {
-            branch_input(st, segs, n * d, lw.attn_norm, c, (l, Input::Attn));
+            branch_input(k, st, segs, n * d, lw.attn_norm, c, (l, Input::Attn));
             match (&lw.mixer, c.layers[l]) {
                 (MixerWeights::Attention(a), LayerKind::Attention { rope, .. }) => {
                     self.attention(k, st, segs, l, a, rope, n)
@@ -881,9 +908,9 @@ impl<'a> Model<'a> {
                 (MixerWeights::Linear(lin), _) => self.linear(k, st, segs, l, lin, n),
                 _ => unreachable!("layout and config agree on layer kinds"),
             }
-            residual(st, n * d, lw.post_attn_norm, c);
+            residual(k, st, n * d, lw.post_attn_norm, c);
             // FFN: W2 (act(W1 h) ⊙ W3 h).
-            branch_input(st, segs, n * d, lw.ffn_norm, c, (l, Input::W13));
+            branch_input(k, st, segs, n * d, lw.ffn_norm, c, (l, Input::W13));
             k.project_each(
                 &[&lw.w1, &lw.w3],
                 &st.xb[..n * d],
@@ -901,7 +928,7 @@ impl<'a> Model<'a> {
             });
             tap_rows(segs, l, Input::W2, &st.hb[..n * hid]);
             k.project(&lw.w2, &st.hb[..n * hid], &mut st.qa, &mut st.xb2[..n * d]);
-            residual(st, n * d, lw.post_ffn_norm, c);
+            residual(k, st, n * d, lw.post_ffn_norm, c);
         }
         for s in segs.iter_mut() {
             s.seq.pos += s.n;

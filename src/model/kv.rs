@@ -1,6 +1,7 @@
 //! The KV cache: per attention layer, `cap` slots of keys and values, stored as f32,
-//! f16 or Q8_0 ([`KvType`]; the rounding and how attention reads each back:
-//! `kernels::scalar_kv`, docs/kernels.md "KV cache types").
+//! f16 or Q8_0 ([`KvType`]; the rounding, [`Kernels::store_kv_f16`] and
+//! [`Kernels::store_kv_q8_0`], and how attention reads each back: docs/kernels.md "KV
+//! cache types").
 //!
 //! Position `p` lives in slot `p mod cap`. A full-attention layer has `cap = ctx`, so
 //! the slot is the position. A sliding layer of window `w` attends to positions `s`
@@ -15,7 +16,6 @@
 pub use crate::kernels::KvType;
 
 use super::ops::Zeros;
-use crate::kernels::scalar_kv::{store_f16, store_q8_0};
 use crate::kernels::{Kernels, KvData, KvView};
 use crate::quant::QK;
 
@@ -171,9 +171,8 @@ impl LayerCache {
         for (buf, x) in [(&mut self.k, kr), (&mut self.v, vr)] {
             match buf {
                 KvBuf::F32(b) => b[s..s + sw].copy_from_slice(x),
-                KvBuf::F16(b) => store_f16(x, &mut b[s..s + sw]),
-                KvBuf::Q8_0 { q, d } => store_q8_0(
-                    k,
+                KvBuf::F16(b) => k.store_kv_f16(x, &mut b[s..s + sw]),
+                KvBuf::Q8_0 { q, d } => k.store_kv_q8_0(
                     x,
                     hd,
                     &mut self.pad,
@@ -231,7 +230,6 @@ impl LayerCache {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernels::scalar_kv::{round_f16, widen_f16};
 
     #[test]
     fn stores_round_by_type() {
@@ -246,7 +244,8 @@ mod tests {
             match t {
                 KvType::F32 => assert!(kk == x && vv == y),
                 KvType::F16 => {
-                    let r: Vec<f32> = x.iter().map(|&v| widen_f16(round_f16(v))).collect();
+                    // Rounded to nearest even, widened back exactly.
+                    let r: Vec<f32> = x.iter().map(|&v| half::f16::from_f32(v).to_f32()).collect();
                     assert!(kk == r);
                 }
                 KvType::Q8_0 => {

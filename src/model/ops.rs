@@ -1,10 +1,9 @@
 //! The small operations every part of the forward pass shares, in one place: RMSNorm
-//! (per vector and over the rows of a chunk), the residual add, sigmoid, and row-wise
-//! work spread over the pool above a size. The f32 contract they rest on (the dot
-//! product's lanes, `exp`, SiLU) lives in `kernels::scalar_math`.
+//! over the rows of a chunk, the residual add, sigmoid, and row-wise work spread over
+//! the pool above a size. The f32 contract they rest on (the dot product's lanes,
+//! `exp`, SiLU, RMSNorm) is the kernels', reached through the table ([`Kernels`]).
 
-use crate::kernels::pool;
-pub(crate) use crate::kernels::scalar_math::{dot, rmsnorm, rmsnorm_inplace, silu};
+use crate::kernels::{pool, Kernels};
 
 /// Below this many multiply-adds (or values), element-wise and attention work stays on
 /// the calling thread.
@@ -17,9 +16,16 @@ pub(crate) fn for_rows(buf: &mut [f32], width: usize, f: impl Fn(usize, &mut [f3
 }
 
 /// `out[r] = rmsnorm(x[r], w)` for every row of `width`.
-pub(crate) fn rmsnorm_rows(out: &mut [f32], x: &[f32], w: &[f32], width: usize, eps: f32) {
+pub(crate) fn rmsnorm_rows(
+    k: &Kernels,
+    out: &mut [f32],
+    x: &[f32],
+    w: &[f32],
+    width: usize,
+    eps: f32,
+) {
     for_rows(out, width, |i, o| {
-        rmsnorm(o, &x[i * width..(i + 1) * width], w, eps)
+        k.rmsnorm(o, &x[i * width..(i + 1) * width], w, eps)
     });
 }
 

@@ -59,15 +59,21 @@ impl RopeTable {
                     .collect()
             }
             rope_type::LINEAR => base.iter().map(|&inv| inv / f).collect(),
-            rope_type::YARN => {
+            rope_type::YARN | rope_type::YARN_UNROUNDED => {
                 let (beta_fast, beta_slow) = (p.low as f64, p.high as f64);
                 let orig = p.orig_max_seq as f64;
                 let hd = head_dim as f64;
                 let ln_theta = (p.theta as f64).ln();
                 let d =
                     |r: f64| hd * (orig / (2.0 * std::f64::consts::PI * r)).ln() / (2.0 * ln_theta);
-                let lo = d(beta_fast).floor().max(0.0);
-                let mut hi = d(beta_slow).ceil().min(hd - 1.0);
+                // gpt-oss keeps the correction range's ends where they fall (truncate false).
+                let (lo, hi) = if p.rope_type == rope_type::YARN_UNROUNDED {
+                    (d(beta_fast), d(beta_slow))
+                } else {
+                    (d(beta_fast).floor(), d(beta_slow).ceil())
+                };
+                let lo = lo.max(0.0);
+                let mut hi = hi.min(hd - 1.0);
                 if hi == lo {
                     // transformers nudges an empty ramp to avoid a division by zero.
                     hi += 0.001;

@@ -1,28 +1,29 @@
 //! Borrowed views of every array of a loaded `.mlb` file: matrices as
-//! [`kernels::QMat`](crate::kernels::QMat) (from `Mlb::mat`), vectors as `&[f32]`, all
+//! [`WeightMat`]s (`Mlb::mat`'s [`QMat`] with its packed copy), vectors as `&[f32]`, all
 //! pointing into the map, f16 block scales included (the kernels convert those as they
 //! read them); and
 //! [`Packs`], the matrices' packed copies for tiers with packed kernels.
 
-use crate::format::mlb::{Kind, Mixer, Mlb};
+use crate::format::mlb::{Ffn, Kind, Mixer, Mlb};
+use crate::format::QMat;
 use crate::format::{FormatError, Status};
 use crate::kernels::hugebuf::HugeBuf;
 use crate::kernels::packed::LOAD_BATCH_BYTES;
-use crate::kernels::{pool, Kernels, PackedMat, QMat};
+use crate::kernels::{pool, Kernels, PackedMat, WeightMat};
 
 /// The weights of a softmax-attention mixer.
 #[derive(Debug, Clone, Copy)]
 pub struct AttnWeights<'a> {
     /// q_dim × dim.
-    pub wq: QMat<'a>,
+    pub wq: WeightMat<'a>,
     /// kv_dim × dim.
-    pub wk: QMat<'a>,
+    pub wk: WeightMat<'a>,
     /// kv_dim × dim.
-    pub wv: QMat<'a>,
+    pub wv: WeightMat<'a>,
     /// dim × q_dim.
-    pub wo: QMat<'a>,
+    pub wo: WeightMat<'a>,
     /// q_dim × dim (attn_gate only).
-    pub wg: Option<QMat<'a>>,
+    pub wg: Option<WeightMat<'a>>,
     /// q_dim, kv_dim, kv_dim (qkv_bias only).
     pub bq: Option<&'a [f32]>,
     pub bk: Option<&'a [f32]>,
@@ -36,12 +37,12 @@ pub struct AttnWeights<'a> {
 #[derive(Debug, Clone, Copy)]
 pub struct LinearWeights<'a> {
     /// (2·K·dk + V·dv) × dim.
-    pub lqkv: QMat<'a>,
+    pub lqkv: WeightMat<'a>,
     /// V·dv × dim.
-    pub lz: QMat<'a>,
+    pub lz: WeightMat<'a>,
     /// V × dim each.
-    pub lb: QMat<'a>,
-    pub la: QMat<'a>,
+    pub lb: WeightMat<'a>,
+    pub la: WeightMat<'a>,
     /// (2·K·dk + V·dv) × lin_conv taps, row-major.
     pub lconv: &'a [f32],
     /// V each.
@@ -50,7 +51,7 @@ pub struct LinearWeights<'a> {
     /// dv.
     pub lnorm: &'a [f32],
     /// dim × V·dv.
-    pub lout: QMat<'a>,
+    pub lout: WeightMat<'a>,
 }
 
 /// A layer's mixer weights.
@@ -69,11 +70,11 @@ pub struct LayerWeights<'a> {
     /// dim.
     pub ffn_norm: &'a [f32],
     /// hidden_dim × dim (gate).
-    pub w1: QMat<'a>,
+    pub w1: WeightMat<'a>,
     /// dim × hidden_dim (down).
-    pub w2: QMat<'a>,
+    pub w2: WeightMat<'a>,
     /// hidden_dim × dim (up).
-    pub w3: QMat<'a>,
+    pub w3: WeightMat<'a>,
     /// dim each (post_norms only).
     pub post_attn_norm: Option<&'a [f32]>,
     pub post_ffn_norm: Option<&'a [f32]>,
@@ -83,12 +84,12 @@ pub struct LayerWeights<'a> {
 #[derive(Debug, Clone)]
 pub struct Weights<'a> {
     /// vocab × dim.
-    pub tok_emb: QMat<'a>,
+    pub tok_emb: WeightMat<'a>,
     pub layers: Vec<LayerWeights<'a>>,
     /// dim.
     pub final_norm: &'a [f32],
     /// vocab × dim (tok_emb when shared).
-    pub wcls: QMat<'a>,
+    pub wcls: WeightMat<'a>,
 }
 
 /// The copies of a file's matrices the runtime makes once at load, each on huge pages
@@ -227,16 +228,16 @@ impl<'a> Weights<'a> {
                 }
             }
         }
-        let mat = |i: usize| -> QMat<'a> {
-            let w = m.mat(i);
+        let mat = |i: usize| -> WeightMat<'a> {
+            let w = WeightMat::from(m.mat(i));
             match packs.get(i) {
                 // A pack made from this file always fits.
                 Some(Held::Packed(p)) => w.with_packed(p).unwrap_or(w),
                 // A half matrix's bytes are its rows: same length, nothing else to view.
-                Some(Held::Half(b)) => QMat {
+                Some(Held::Half(b)) => WeightMat::from(QMat {
                     q: b.as_slice(),
-                    ..w
-                },
+                    ..w.mat
+                }),
                 None => w,
             }
         };
@@ -269,13 +270,25 @@ impl<'a> Weights<'a> {
                     lout: mat(x.lout),
                 }),
             };
+            let Ffn::Dense { w1, w2, w3 } = l.ffn else {
+                // The runtime's mixture-of-experts FFN is not written yet.
+                let e = FormatError::shape(
+                    lay.tensors[l.ffn_norm].name.to_string(),
+                    "mixture of experts",
+                    "this runtime does not run mixture-of-experts layers yet",
+                );
+                return Err(match &m.path {
+                    Some(p) => e.in_file(p),
+                    None => e,
+                });
+            };
             layers.push(LayerWeights {
                 attn_norm: vec(l.attn_norm),
                 mixer,
                 ffn_norm: vec(l.ffn_norm),
-                w1: mat(l.w1),
-                w2: mat(l.w2),
-                w3: mat(l.w3),
+                w1: mat(w1),
+                w2: mat(w2),
+                w3: mat(w3),
                 post_attn_norm: opt(l.post_attn_norm),
                 post_ffn_norm: opt(l.post_ffn_norm),
             });
@@ -324,6 +337,7 @@ mod tests {
             let Some(Held::Half(b)) = packs.get(i) else {
                 panic!("{} not copied", lay.tensors[i].name)
             };
+            let q = q.mat;
             assert!(q.wtype.is_half() && !file.contains(&q.q.as_ptr()));
             assert_eq!(q.q.as_ptr_range(), b.as_slice().as_ptr_range());
         }

@@ -7,7 +7,8 @@
 
 use rayon::prelude::*;
 
-use super::{blocks32, fit, kquants, QuantError};
+use super::error::{check_matrix, QuantError};
+use super::{blocks32, fit, kquants};
 use crate::format::wtype::WType;
 
 /// Whether `t` is stored as GGUF blocks with their scales inside.
@@ -64,7 +65,7 @@ pub fn quantize_matrix(
     imatrix: Option<&[f32]>,
 ) -> Result<Vec<u8>, QuantError> {
     assert!(is_block_type(t), "{t} is not a GGUF block type");
-    super::check_matrix(rows, cols, t.block_weights(), x)?;
+    check_matrix(rows, cols, t.block_weights(), x)?;
     if let Some(imp) = imatrix {
         assert_eq!(imp.len(), cols, "imatrix length must equal cols");
     }
@@ -97,7 +98,19 @@ pub fn dequantize_matrix(t: WType, rows: usize, cols: usize, q: &[u8]) -> Vec<f3
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::format::mlb::synth::Rng;
+
+    /// xorshift64, uniform in [0, 1): the sequence of `format::mlb::synth::Rng`, which
+    /// quantizes with this module (so its tests do not import it back).
+    struct Rng(u64);
+
+    impl Rng {
+        fn next_f64(&mut self) -> f64 {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            (self.0 >> 11) as f64 / (1u64 << 53) as f64
+        }
+    }
 
     /// `testdata/gguf_blocks.bin` (made by `testdata/make_gguf_blocks.py`): random blocks
     /// and gguf-py's numpy dequantization of them.

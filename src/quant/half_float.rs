@@ -8,7 +8,7 @@
 //! not representable: [`to_half`] reports it instead of storing an infinity. A value
 //! that is already a BF16 (any weight of a bf16 checkpoint) converts to BF16 exactly.
 
-use super::WType;
+use crate::format::wtype::WType;
 
 /// The 2-byte float of `x` in `wtype` (BF16 or F16), round to nearest even.
 #[inline]

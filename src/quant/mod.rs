@@ -8,6 +8,7 @@
 
 pub mod blocks;
 pub mod blocks32;
+pub mod error;
 pub mod fit;
 pub mod half_float;
 pub mod kquants;
@@ -16,7 +17,9 @@ pub mod q8_0;
 
 use rayon::prelude::*;
 
-use crate::kernels::QMat;
+use crate::format::mat::QMat;
+use error::check_matrix;
+pub use error::QuantError;
 
 pub use crate::format::wtype::{WType, QK};
 
@@ -66,7 +69,6 @@ impl Quantized {
             q: &self.q,
             d: &[],
             d16: &[],
-            pk: None,
         };
         match &self.d {
             Scales::F32(d) => QMat { d, ..m },
@@ -102,94 +104,6 @@ impl Default for QuantOpts<'_> {
             imatrix: None,
         }
     }
-}
-
-/// Why a matrix could not be quantized.
-#[derive(Debug, Clone, PartialEq)]
-pub enum QuantError {
-    /// A weight is NaN or infinite.
-    NonFinite { row: usize, col: usize, value: f32 },
-    /// A scale is above 65504 and cannot be stored as f16.
-    ScaleOverflow { row: usize, block: usize, d: f32 },
-    /// A weight rounds to infinity in a 2-byte float type (BF16, F16).
-    OutOfRange {
-        row: usize,
-        col: usize,
-        value: f32,
-        wtype: WType,
-    },
-    /// A scale of a GGUF block type (always f16) is above 65504.
-    BlockScaleOverflow {
-        wtype: WType,
-        row: usize,
-        block: usize,
-        d: f32,
-    },
-    /// cols is not a multiple of 32, or the data has the wrong length.
-    Shape {
-        rows: usize,
-        cols: usize,
-        len: usize,
-    },
-}
-
-impl std::fmt::Display for QuantError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            QuantError::NonFinite { row, col, value } => {
-                write!(f, "weight [{row}, {col}] is {value}: weights must be finite")
-            }
-            QuantError::ScaleOverflow { row, block, d } => write!(
-                f,
-                "scale of row {row} block {block} is {d}: above 65504, it cannot be stored as f16 (drop --f16-scales)"
-            ),
-            QuantError::OutOfRange {
-                row,
-                col,
-                value,
-                wtype,
-            } => write!(
-                f,
-                "weight [{row}, {col}] is {value}: beyond the {wtype} range (largest finite {})",
-                half_float::max_finite(*wtype)
-            ),
-            QuantError::BlockScaleOverflow {
-                wtype,
-                row,
-                block,
-                d,
-            } => write!(
-                f,
-                "scale of row {row} block {block} is {d}: above 65504, it cannot be stored in {wtype}'s f16 scales"
-            ),
-            QuantError::Shape { rows, cols, len } => {
-                write!(f, "{rows}×{cols} matrix with {len} values: cols must be a multiple of 32")
-            }
-        }
-    }
-}
-
-impl std::error::Error for QuantError {}
-
-/// Checks a rows × cols matrix (row-major f32) before quantizing: `cols` a non-zero
-/// multiple of `block`, `x` holding exactly rows × cols values, all finite (the first
-/// NaN or infinity is reported with its row and column).
-fn check_matrix(rows: usize, cols: usize, block: usize, x: &[f32]) -> Result<(), QuantError> {
-    if cols == 0 || !cols.is_multiple_of(block) || rows.checked_mul(cols) != Some(x.len()) {
-        return Err(QuantError::Shape {
-            rows,
-            cols,
-            len: x.len(),
-        });
-    }
-    if let Some(i) = x.iter().position(|v| !v.is_finite()) {
-        return Err(QuantError::NonFinite {
-            row: i / cols,
-            col: i % cols,
-            value: x[i],
-        });
-    }
-    Ok(())
 }
 
 /// Quantizes a rows × cols matrix (row-major f32) to `wtype`.
@@ -358,6 +272,30 @@ fn quantize_row(
         }
     }
     Ok(())
+}
+
+/// Dequantizes row `r` of `w` into `out` (`cols` values) by [`dequant_row`]; f16
+/// scales are widened in software (exact, the bits every kernel tier's conversion
+/// gives). The runtime's `Kernels::dequant_row` reads a packed copy when there is one.
+///
+/// Panics if `r >= w.rows` or `out.len() != w.cols`.
+pub fn dequant_mat_row(w: &QMat, r: usize, out: &mut [f32]) {
+    assert!(r < w.rows, "row {r} of {}", w.rows);
+    assert_eq!(out.len(), w.cols, "out length vs cols");
+    let nb = w.blocks();
+    let widened: Vec<f32>;
+    let d = if !w.wtype.has_scales() {
+        &[][..] // BF16, F16 and the GGUF block types carry no scale array
+    } else if w.d16.is_empty() {
+        &w.d[r * nb..(r + 1) * nb]
+    } else {
+        widened = w.d16[r * nb..(r + 1) * nb]
+            .iter()
+            .map(|&h| half::f16::from_bits(h).to_f32_const())
+            .collect();
+        &widened[..]
+    };
+    dequant_row(w.wtype, w.row_q(r), d, out)
 }
 
 /// Dequantizes one row (`q`: its bytes in the matrix's first array, `d`: its scales,

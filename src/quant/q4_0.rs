@@ -12,7 +12,7 @@
 //! row's mean square). Blocks with max |x| < 1e-6 are divided by it before fitting
 //! and d multiplied back, so the float32 squares and cubes do not underflow.
 
-use super::QK;
+use crate::format::wtype::QK;
 
 /// Candidate levels for the block's largest-magnitude element.
 const N_CANDIDATES: usize = 13;

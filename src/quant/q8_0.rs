@@ -3,7 +3,7 @@
 //! This is the reference for both the writer and the runtime's activation quantizer;
 //! the SIMD activation quantizers in `kernels` must match it bit for bit.
 
-use super::QK;
+use crate::format::wtype::QK;
 
 /// Below this block maximum, `127 / amax` would overflow: the block is all zeros.
 pub const AMAX_MIN: f32 = 1e-30;

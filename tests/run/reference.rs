@@ -32,7 +32,7 @@ pub fn mv(m: &QMat, x: &[f64]) -> Vec<f64> {
     let mut row = vec![0f32; m.cols];
     (0..m.rows)
         .map(|r| {
-            m.dequant_row(r, &mut row);
+            krafla::quant::dequant_mat_row(m, r, &mut row);
             row.iter().zip(&xq).map(|(&w, &v)| w as f64 * v).sum()
         })
         .collect()
@@ -142,7 +142,7 @@ pub fn logits(m: &Mlb, toks: &[u32]) -> Vec<f32> {
         .iter()
         .map(|&t| {
             let mut row = vec![0f32; d.dim];
-            m.mat(lay.tok_emb).dequant_row(t as usize, &mut row);
+            krafla::quant::dequant_mat_row(&m.mat(lay.tok_emb), t as usize, &mut row);
             row.iter().map(|&v| v as f64 * es).collect()
         })
         .collect();
@@ -321,8 +321,9 @@ pub fn logits(m: &Mlb, toks: &[u32]) -> Vec<f32> {
             };
             x.iter_mut().zip(o).for_each(|(x, o)| *x += o);
             let hn = rms(x, m.f32s(li.ffn_norm), eps);
-            let g = mv(&m.mat(li.w1), &hn);
-            let u = mv(&m.mat(li.w3), &hn);
+            let (w1, w2, w3) = li.dense().expect("a dense FFN");
+            let g = mv(&m.mat(w1), &hn);
+            let u = mv(&m.mat(w3), &hn);
             let hid: Vec<f64> = g
                 .iter()
                 .zip(&u)
@@ -339,7 +340,7 @@ pub fn logits(m: &Mlb, toks: &[u32]) -> Vec<f32> {
                     a * u
                 })
                 .collect();
-            let y = mv(&m.mat(li.w2), &hid);
+            let y = mv(&m.mat(w2), &hid);
             let y = match li.post_ffn_norm {
                 Some(p) => rms(&y, m.f32s(p), eps),
                 None => y,

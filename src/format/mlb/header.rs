@@ -97,17 +97,17 @@ header! {
     32 max_seq: u32, "longest context the model allows";
     36 rope_theta: f32, "RoPE base";
     40 norm_eps: f32, "RMSNorm epsilon";
-    44 wtype: u32, "weight type: 1 Q8_0, 2 Q4_0, 3 BF16, 4 F16, 128 mixed";
+    44 wtype: u32, "weight type: 1 Q8_0, 2 Q4_0, 3 BF16, 4 F16, 5-13 GGUF block types, 128 mixed";
     48 shared_classifier: u32, "non-zero: wcls is omitted and tok_emb is used";
-    52 rope_type: u32, "0 = plain, 1 = llama3, 2 = linear, 3 = yarn";
+    52 rope_type: u32, "0 = plain, 1 = llama3, 2 = linear, 3 = yarn, 4 = yarn unrounded";
     56 rope_factor: f32, "RoPE scaling factor (llama3, linear, yarn)";
     60 rope_low_freq_factor: f32, "llama3: low frequency factor; yarn: beta_fast";
     64 rope_high_freq_factor: f32, "llama3: high frequency factor; yarn: beta_slow";
     68 rope_orig_max_seq: u32, "llama3, yarn: original context length";
     72 q8_mask: u32, "Q4_0 only: matrix classes stored as Q8_0";
-    76 qkv_bias: u32, "q, k and v projections have biases";
+    76 qkv_bias: u32, "1: q, k and v projections have biases; 2: o too";
     80 head_dim: u32, "head size; 0 means dim / n_heads";
-    84 qk_norm: u32, "per-head RMSNorm of q and k before RoPE";
+    84 qk_norm: u32, "RMSNorm of q and k before RoPE: 1 per head, 2 over the whole projection";
     88 rope_attn_factor: f32, "yarn only: factor on RoPE's cos and sin";
     92 sliding_window: u32, "0: full attention; else the last this many positions";
     96 layer_flags: u32, "a byte of flags per layer follows the header";
@@ -126,10 +126,19 @@ header! {
     148 lin_k_dim: u32, "linear attention: key head size";
     152 lin_v_dim: u32, "linear attention: value head size";
     156 lin_conv: u32, "linear attention: causal convolution taps";
+    160 n_experts: u32, "mixture of experts: routed experts per MoE layer; 0: none";
+    164 n_experts_used: u32, "experts each token is routed to (top-k)";
+    168 expert_hidden: u32, "FFN width of one routed expert; multiple of 32";
+    172 moe_gating: u32, "routing: 0 softmax top-k, 1 the same renormalised, 2 top-k then softmax";
+    176 shared_hidden: u32, "FFN width of the shared expert; 0: none";
+    180 moe_flags: u32, "1 router bias, 2 expert biases, 4 sigmoid gate on the shared expert";
+    184 swiglu_limit: f32, "0: the experts use act; > 0: clamped SwiGLU with this limit";
+    188 swiglu_alpha: f32, "clamped SwiGLU: sigmoid gain";
+    192 attn_sinks: u32, "attention layers store a sink logit per query head";
 }
 
 /// End of the last defined field; bytes from here to 256 are padding.
-pub const FIELDS_END: usize = 160;
+pub const FIELDS_END: usize = 196;
 
 impl Header {
     /// A header with magic, version and every other field zero.
@@ -168,10 +177,10 @@ pub mod wtype {
 
 /// A module of `u32` codes and `name`, the name of a code ("unknown" for any other).
 macro_rules! codes {
-    ($(#[$doc:meta])* $module:ident { $($code:ident = $v:literal $name:literal,)* }) => {
+    ($(#[$doc:meta])* $module:ident { $($(#[$cdoc:meta])* $code:ident = $v:literal $name:literal,)* }) => {
         $(#[$doc])*
         pub mod $module {
-            $(pub const $code: u32 = $v;)*
+            $($(#[$cdoc])* pub const $code: u32 = $v;)*
 
             pub fn name(v: u32) -> &'static str {
                 match v {
@@ -190,6 +199,61 @@ codes! {
         LLAMA3 = 1 "llama3",
         LINEAR = 2 "linear",
         YARN = 3 "yarn",
+        /// Krafla: yarn whose correction range is not rounded to whole dimensions
+        /// (gpt-oss's `truncate: false`).
+        YARN_UNROUNDED = 4 "yarn_unrounded",
+    }
+}
+
+codes! {
+    /// `moe_gating` values: how a token's router logits choose and weight its experts.
+    moe_gating {
+        SOFTMAX_TOPK = 0 "softmax_topk",
+        SOFTMAX_TOPK_NORM = 1 "softmax_topk_norm",
+        TOPK_SOFTMAX = 2 "topk_softmax",
+    }
+}
+
+codes! {
+    /// `qkv_bias` values.
+    qkv_bias {
+        NONE = 0 "none",
+        QKV = 1 "qkv",
+        /// Krafla: the output projection has a bias too (gpt-oss).
+        QKVO = 2 "qkvo",
+    }
+}
+
+codes! {
+    /// `qk_norm` values.
+    qk_norm {
+        NONE = 0 "none",
+        PER_HEAD = 1 "per_head",
+        /// Krafla: over the whole q and k projections (OLMoE).
+        WHOLE = 2 "whole",
+    }
+}
+
+/// `moe_flags` bits.
+pub mod moe_flag {
+    /// The router has a bias (`router_b`).
+    pub const ROUTER_BIAS: u32 = 1;
+    /// Every expert's products have biases (`eb1`, `eb2`, `eb3`).
+    pub const EXPERT_BIAS: u32 = 2;
+    /// The shared expert's output is scaled by sigmoid(sgate · x).
+    pub const SHARED_GATE: u32 = 4;
+    pub const ALL: u32 = ROUTER_BIAS | EXPERT_BIAS | SHARED_GATE;
+
+    pub fn names(f: u32) -> Vec<&'static str> {
+        [
+            (ROUTER_BIAS, "router_bias"),
+            (EXPERT_BIAS, "expert_bias"),
+            (SHARED_GATE, "shared_gate"),
+        ]
+        .iter()
+        .filter(|(b, _)| f & b != 0)
+        .map(|(_, n)| *n)
+        .collect()
     }
 }
 
@@ -211,7 +275,9 @@ pub mod layer_flag {
     pub const NO_ROPE: u8 = 4;
     /// The layer is a gated-delta-rule linear-attention layer.
     pub const LINEAR: u8 = 8;
-    pub const ALL: u8 = SLIDING | LOCAL_ROPE | NO_ROPE | LINEAR;
+    /// Krafla: the layer's FFN is a mixture of experts.
+    pub const MOE: u8 = 16;
+    pub const ALL: u8 = SLIDING | LOCAL_ROPE | NO_ROPE | LINEAR | MOE;
 
     /// Names of the set bits, e.g. `["sliding", "local_rope"]`.
     pub fn names(f: u8) -> Vec<&'static str> {
@@ -221,6 +287,7 @@ pub mod layer_flag {
             (LOCAL_ROPE, "local_rope"),
             (NO_ROPE, "no_rope"),
             (LINEAR, "linear_attention"),
+            (MOE, "moe"),
         ] {
             if f & bit != 0 {
                 v.push(name);
@@ -314,6 +381,12 @@ mod tests {
         assert_eq!(u32::from_le_bytes(b[156..160].try_into().unwrap()), 4);
         assert!(b[160..].iter().all(|&x| x == 0));
         assert_eq!(Header::decode(&b), h);
+        h.attn_sinks = 1;
+        assert_eq!(
+            u32::from_le_bytes(h.encode()[192..196].try_into().unwrap()),
+            1
+        );
+        assert!(h.encode()[196..].iter().all(|&x| x == 0));
         assert_eq!(h.get("rope_theta"), Some(FieldValue::F32(10000.0)));
         assert_eq!(h.get("nope"), None);
     }

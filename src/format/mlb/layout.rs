@@ -7,7 +7,9 @@
 
 use std::fmt;
 
-use super::header::{layer_flag, q8_class, wtype, Header, HEADER_SIZE};
+use super::header::{
+    layer_flag, moe_flag, q8_class, qk_norm, qkv_bias, wtype, Header, HEADER_SIZE,
+};
 use super::validate::Dims;
 use crate::format::error::{FormatError, Result};
 use crate::format::wtype::{Geometry, WType};
@@ -104,8 +106,13 @@ pub struct AttnIdx {
     pub bq: Option<usize>,
     pub bk: Option<usize>,
     pub bv: Option<usize>,
+    /// The output projection's bias (qkv_bias 2).
+    pub bo: Option<usize>,
+    /// head_dim each (qk_norm 1), or q_dim and kv_dim (qk_norm 2).
     pub q_norm: Option<usize>,
     pub k_norm: Option<usize>,
+    /// n_heads sink logits (attn_sinks).
+    pub sinks: Option<usize>,
 }
 
 /// Indices of one linear-attention (gated delta rule) layer's arrays.
@@ -129,6 +136,44 @@ pub enum Mixer {
     Linear(LinearIdx),
 }
 
+/// Indices of one mixture-of-experts FFN's arrays (layer flag 16).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct MoeIdx {
+    /// n_experts × dim, F32.
+    pub router: usize,
+    pub router_b: Option<usize>,
+    /// The stacked experts: ew1 and ew3 n_experts·expert_hidden × dim, ew2
+    /// n_experts·dim × expert_hidden; expert e's rows are contiguous.
+    pub ew1: usize,
+    pub ew2: usize,
+    pub ew3: usize,
+    /// Expert biases (moe_flags 2): n_experts·expert_hidden, n_experts·dim, n_experts·expert_hidden.
+    pub eb1: Option<usize>,
+    pub eb2: Option<usize>,
+    pub eb3: Option<usize>,
+    /// The shared expert (shared_hidden > 0): sw1, sw2, sw3.
+    pub shared: Option<[usize; 3]>,
+    /// dim floats (moe_flags 4).
+    pub sgate: Option<usize>,
+}
+
+/// A layer's FFN: one dense FFN or a mixture of experts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Ffn {
+    Dense { w1: usize, w2: usize, w3: usize },
+    Moe(MoeIdx),
+}
+
+impl LayerIdx {
+    /// The dense FFN's (w1, w2, w3), or `None` in a mixture-of-experts layer.
+    pub fn dense(&self) -> Option<(usize, usize, usize)> {
+        match self.ffn {
+            Ffn::Dense { w1, w2, w3 } => Some((w1, w2, w3)),
+            Ffn::Moe(_) => None,
+        }
+    }
+}
+
 /// Indices of one layer's arrays.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LayerIdx {
@@ -136,9 +181,7 @@ pub struct LayerIdx {
     pub attn_norm: usize,
     pub mixer: Mixer,
     pub ffn_norm: usize,
-    pub w1: usize,
-    pub w2: usize,
-    pub w3: usize,
+    pub ffn: Ffn,
     pub post_attn_norm: Option<usize>,
     pub post_ffn_norm: Option<usize>,
 }
@@ -320,10 +363,7 @@ impl Placer<'_> {
             FormatError::format(
                 name.to_string(),
                 code,
-                format!(
-                    "type table entry {i} is not a known weight type \
-                     (1 Q8_0, 2 Q4_0, 3 BF16, 4 F16)"
-                ),
+                format!("type table entry {i} is not a known weight type"),
             )
         })
     }
@@ -527,21 +567,40 @@ impl Layout {
                 if h.attn_gate != 0 {
                     a.wg = Some(p.mat(n("wg"), q_dim, dim, q8_class::WQK)?);
                 }
-                if h.qkv_bias != 0 {
+                if h.qkv_bias != qkv_bias::NONE {
                     a.bq = Some(p.f32s(n("bq"), q_dim)?);
                     a.bk = Some(p.f32s(n("bk"), kv_dim)?);
                     a.bv = Some(p.f32s(n("bv"), kv_dim)?);
                 }
-                if h.qk_norm != 0 {
-                    a.q_norm = Some(p.f32s(n("q_norm"), hd)?);
-                    a.k_norm = Some(p.f32s(n("k_norm"), hd)?);
+                if h.qkv_bias == qkv_bias::QKVO {
+                    a.bo = Some(p.f32s(n("bo"), dim)?);
+                }
+                match h.qk_norm {
+                    qk_norm::NONE => {}
+                    qk_norm::WHOLE => {
+                        a.q_norm = Some(p.f32s(n("q_norm"), q_dim)?);
+                        a.k_norm = Some(p.f32s(n("k_norm"), kv_dim)?);
+                    }
+                    _ => {
+                        a.q_norm = Some(p.f32s(n("q_norm"), hd)?);
+                        a.k_norm = Some(p.f32s(n("k_norm"), hd)?);
+                    }
+                }
+                if h.attn_sinks != 0 {
+                    a.sinks = Some(p.f32s(n("sinks"), d.n_heads as u64)?);
                 }
                 Mixer::Attention(a)
             };
             let ffn_norm = p.f32s(n("ffn_norm"), dim)?;
-            let w1 = p.mat(n("w1"), hid, dim, q8_class::W13)?;
-            let w2 = p.mat(n("w2"), dim, hid, q8_class::W2)?;
-            let w3 = p.mat(n("w3"), hid, dim, q8_class::W13)?;
+            let ffn = if f & layer_flag::MOE != 0 {
+                Ffn::Moe(Self::place_moe(p, h, d, &n)?)
+            } else {
+                Ffn::Dense {
+                    w1: p.mat(n("w1"), hid, dim, q8_class::W13)?,
+                    w2: p.mat(n("w2"), dim, hid, q8_class::W2)?,
+                    w3: p.mat(n("w3"), hid, dim, q8_class::W13)?,
+                }
+            };
             let (post_attn_norm, post_ffn_norm) = if h.post_norms != 0 {
                 (
                     Some(p.f32s(n("post_attn_norm"), dim)?),
@@ -556,9 +615,7 @@ impl Layout {
                     attn_norm,
                     mixer,
                     ffn_norm,
-                    w1,
-                    w2,
-                    w3,
+                    ffn,
                     post_attn_norm,
                     post_ffn_norm,
                 });
@@ -581,6 +638,46 @@ impl Layout {
             wcls,
             end,
         })
+    }
+
+    /// A MoE layer's FFN arrays after ffn_norm (docs/file-format.md, "Array order").
+    fn place_moe(
+        p: &mut Placer,
+        h: &Header,
+        d: &Dims,
+        n: &dyn Fn(&'static str) -> TensorName,
+    ) -> Result<MoeIdx> {
+        let (dim, e) = (d.dim as u64, d.n_experts as u64);
+        let (eh, sh) = (d.expert_hidden as u64, d.shared_hidden as u64);
+        // e ≤ 1024 and eh, dim ≤ 65536: every product fits in u64.
+        let stacked_h = e * eh;
+        let stacked_d = e * dim;
+        let mut m = MoeIdx {
+            router: p.f32s(n("router"), e * dim)?,
+            ..MoeIdx::default()
+        };
+        if h.moe_flags & moe_flag::ROUTER_BIAS != 0 {
+            m.router_b = Some(p.f32s(n("router_b"), e)?);
+        }
+        m.ew1 = p.mat(n("ew1"), stacked_h, dim, q8_class::W13)?;
+        m.ew2 = p.mat(n("ew2"), stacked_d, eh, q8_class::W2)?;
+        m.ew3 = p.mat(n("ew3"), stacked_h, dim, q8_class::W13)?;
+        if h.moe_flags & moe_flag::EXPERT_BIAS != 0 {
+            m.eb1 = Some(p.f32s(n("eb1"), stacked_h)?);
+            m.eb2 = Some(p.f32s(n("eb2"), stacked_d)?);
+            m.eb3 = Some(p.f32s(n("eb3"), stacked_h)?);
+        }
+        if sh > 0 {
+            m.shared = Some([
+                p.mat(n("sw1"), sh, dim, q8_class::W13)?,
+                p.mat(n("sw2"), dim, sh, q8_class::W2)?,
+                p.mat(n("sw3"), sh, dim, q8_class::W13)?,
+            ]);
+        }
+        if h.moe_flags & moe_flag::SHARED_GATE != 0 {
+            m.sgate = Some(p.f32s(n("sgate"), dim)?);
+        }
+        Ok(m)
     }
 
     /// Parameters of every tensor (a shared classifier counts once).

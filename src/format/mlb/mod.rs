@@ -16,7 +16,7 @@ pub mod writer;
 
 pub use crate::format::wtype::{Geometry, WType};
 pub use header::{Header, FIELDS, HEADER_SIZE};
-pub use layout::{Kind, LayerIdx, Layout, Mixer, Tensor, TensorName};
+pub use layout::{Ffn, Kind, LayerIdx, Layout, Mixer, MoeIdx, Tensor, TensorName};
 pub use validate::{validate, Dims};
 pub use view::{parse, HalfRef, Mlb, Parsed};
 pub use writer::{MlbWriter, WriteError};

@@ -43,6 +43,19 @@ pub fn qwen35_hybrid(h: &mut Header) {
     linear_dims(h);
 }
 
+/// A mixture of experts on a tiny header: 4 experts of 32 (2 per token, renormalised), a
+/// shared expert of 32 behind its gate, router and expert biases; layer 1 (of the caller's
+/// flags) is the MoE layer, as the caller marks it with flag 16.
+pub fn tiny_moe(h: &mut Header) {
+    h.layer_flags = 1;
+    h.n_experts = 4;
+    h.n_experts_used = 2;
+    h.expert_hidden = 32;
+    h.moe_gating = 1;
+    h.shared_hidden = 32;
+    h.moe_flags = 7;
+}
+
 /// Llama 3.1's RoPE scaling (factor 8, low frequency factor 1, high 4) over an
 /// original context of `orig_max_seq`.
 pub fn llama3_rope(h: &mut Header, orig_max_seq: u32) {

@@ -1,8 +1,8 @@
 //! Layout, round-trip and one test per row of the spec's error table.
 
 use super::header::{layer_flag, q8_class, rope_type, wtype, Header};
-use super::layout::{align_up, to_usize_limited, Kind, Layout, Mixer};
-use super::synth::{linear_dims, llama3_rope, synth_file, tiny_header, yarn_rope};
+use super::layout::{self, align_up, to_usize_limited, Kind, Layout, Mixer};
+use super::synth::{self, linear_dims, llama3_rope, synth_file, tiny_header, yarn_rope};
 use super::validate::validate;
 use super::view::{parse, parse_limited, Mlb};
 use crate::format::error::Status;
@@ -170,7 +170,7 @@ fn every_optional_array() {
     // f16 scales are converted once: dequantized rows come out finite.
     let e = m.mat(l.tok_emb);
     let mut row = vec![0.0; 64];
-    e.dequant_row(3, &mut row);
+    crate::quant::dequant_mat_row(&e, 3, &mut row);
     assert!(row.iter().all(|v| v.is_finite()) && row.iter().any(|&v| v != 0.0));
     assert_eq!(m.layer_flags(1), 3);
     // With a shared classifier, the wcls bit alone makes tok_emb Q8_0.
@@ -216,7 +216,7 @@ fn err_magic_version_enums() {
     assert_eq!(fmt(|h| h.wtype = 13), "wtype");
     assert_eq!(fmt(|h| h.wtype = 129), "wtype");
     assert_eq!(fmt(|h| h.wtype = 0), "wtype");
-    assert_eq!(fmt(|h| h.rope_type = 4), "rope_type");
+    assert_eq!(fmt(|h| h.rope_type = 5), "rope_type");
     assert_eq!(fmt(|h| h.act = 2), "act");
     assert_eq!(fmt(|h| h.q8_mask = 4), "q8_mask");
 }
@@ -278,8 +278,9 @@ fn err_rope_parameters() {
 
 #[test]
 fn err_boolean_fields() {
-    assert_eq!(fmt(|h| h.qkv_bias = 2), "qkv_bias");
-    assert_eq!(fmt(|h| h.qk_norm = 2), "qk_norm");
+    assert_eq!(fmt(|h| h.qkv_bias = 3), "qkv_bias");
+    assert_eq!(fmt(|h| h.qk_norm = 3), "qk_norm");
+    assert_eq!(fmt(|h| h.attn_sinks = 2), "attn_sinks");
     assert_eq!(fmt(|h| h.layer_flags = 2), "layer_flags");
     assert_eq!(fmt(|h| h.post_norms = 5), "post_norms");
     assert_eq!(fmt(|h| h.scale_f16 = 2), "scale_f16");
@@ -326,6 +327,149 @@ fn err_layer_flags() {
     // Flag bytes cut off.
     let b = valid_file(&base, &[0, 0]);
     assert_eq!(parse(&b[..257]).unwrap_err().status, Status::Format);
+}
+
+/// A MoE layer's arrays sit in the order of docs/file-format.md, stacked by expert, and
+/// OLMoE's whole-projection q/k norms, gpt-oss's o bias and sinks take their sizes.
+#[test]
+fn moe_layout_in_spec_order() {
+    let mut h = tiny_header();
+    synth::tiny_moe(&mut h);
+    h.qkv_bias = 2;
+    h.qk_norm = 2;
+    h.attn_sinks = 1;
+    let f = valid_file(&h, &[0, layer_flag::MOE]);
+    let p = parse(&f).unwrap();
+    let names: Vec<String> = p
+        .layout
+        .tensors
+        .iter()
+        .map(|t| t.name.to_string())
+        .collect();
+    let l1: Vec<&str> = names
+        .iter()
+        .filter_map(|n| n.strip_prefix("layers.1."))
+        .collect();
+    assert_eq!(
+        l1,
+        [
+            "attn_norm",
+            "wq",
+            "wk",
+            "wv",
+            "wo",
+            "bq",
+            "bk",
+            "bv",
+            "bo",
+            "q_norm",
+            "k_norm",
+            "sinks",
+            "ffn_norm",
+            "router",
+            "router_b",
+            "ew1",
+            "ew2",
+            "ew3",
+            "eb1",
+            "eb2",
+            "eb3",
+            "sw1",
+            "sw2",
+            "sw3",
+            "sgate"
+        ]
+    );
+    let t = |n: &str| *p.layout.find(n).unwrap();
+    let mat = |n: &str| match t(n).kind {
+        Kind::Mat { rows, cols, .. } => (rows, cols),
+        k => panic!("{n}: {k:?}"),
+    };
+    let len = |n: &str| match t(n).kind {
+        Kind::F32 { len } => len,
+        k => panic!("{n}: {k:?}"),
+    };
+    assert_eq!(mat("layers.1.ew1"), (4 * 32, 64));
+    assert_eq!(mat("layers.1.ew2"), (4 * 64, 32));
+    assert_eq!(mat("layers.1.sw2"), (64, 32));
+    assert_eq!(len("layers.1.router"), 4 * 64);
+    assert_eq!(len("layers.1.eb2"), 4 * 64);
+    assert_eq!(len("layers.0.q_norm"), 64);
+    assert_eq!(len("layers.0.k_norm"), 32);
+    assert_eq!(len("layers.0.sinks"), 4);
+    assert_eq!(len("layers.0.bo"), 64);
+    // Layer 0 stays dense.
+    assert!(p.layout.layers[0].dense().is_some());
+    assert!(matches!(p.layout.layers[1].ffn, layout::Ffn::Moe(_)));
+}
+
+/// The MoE fields' rules, one per row.
+#[test]
+fn err_moe_fields() {
+    let mut base = tiny_header();
+    synth::tiny_moe(&mut base);
+    let flags = [0, layer_flag::MOE];
+    let moe = |edit: fn(&mut Header)| {
+        let (s, f) = status_with(&base, &flags, edit);
+        (s, f)
+    };
+    use Status::{Format, Shape};
+    assert_eq!(moe(|h| h.n_experts = 1), (Shape, "n_experts".into()));
+    assert_eq!(moe(|h| h.n_experts = 1025), (Shape, "n_experts".into()));
+    assert_eq!(
+        moe(|h| h.n_experts_used = 0),
+        (Shape, "n_experts_used".into())
+    );
+    assert_eq!(
+        moe(|h| h.n_experts_used = 5),
+        (Shape, "n_experts_used".into())
+    );
+    assert_eq!(
+        moe(|h| h.expert_hidden = 48),
+        (Shape, "expert_hidden".into())
+    );
+    assert_eq!(
+        moe(|h| h.expert_hidden = 0),
+        (Shape, "expert_hidden".into())
+    );
+    assert_eq!(
+        moe(|h| h.shared_hidden = 40),
+        (Shape, "shared_hidden".into())
+    );
+    assert_eq!(moe(|h| h.moe_gating = 3), (Format, "moe_gating".into()));
+    assert_eq!(moe(|h| h.moe_flags = 8), (Format, "moe_flags".into()));
+    assert_eq!(
+        moe(|h| {
+            h.shared_hidden = 0;
+            h.moe_flags = 4
+        }),
+        (Format, "moe_flags".into())
+    );
+    assert_eq!(
+        moe(|h| h.swiglu_limit = -1.0),
+        (Format, "swiglu_limit".into())
+    );
+    assert_eq!(
+        moe(|h| h.swiglu_limit = 7.0),
+        (Format, "swiglu_alpha".into())
+    );
+    assert_eq!(
+        moe(|h| h.swiglu_alpha = 1.7),
+        (Format, "swiglu_alpha".into())
+    );
+    // Without experts every MoE field is zero, and no layer is flagged 16.
+    assert_eq!(fmt(|h| h.moe_gating = 1), "moe_gating");
+    assert_eq!(fmt(|h| h.swiglu_alpha = 1.0), "swiglu_alpha");
+    let mut dense = tiny_header();
+    dense.layer_flags = 1;
+    let mut b = valid_file(&dense, &[0, 0]);
+    b[257] = layer_flag::MOE;
+    assert_eq!(parse(&b).unwrap_err().field, "layer_flags[1]");
+    // Experts but no MoE layer, or no layer flags at all.
+    let mut b = valid_file(&base, &flags);
+    b[257] = 0;
+    assert_eq!(parse(&b).unwrap_err().field, "layer_flags");
+    assert_eq!(moe(|h| h.layer_flags = 0).1, "layer_flags");
 }
 
 #[test]
@@ -539,7 +683,7 @@ fn bf16_and_f16_layout_view_and_round_trip() {
                 );
                 let (mut a, mut b) = (vec![0f32; cols], vec![0f32; cols]);
                 hm.dequant_row(rows - 1, &mut a);
-                m.mat(i).dequant_row(rows - 1, &mut b);
+                crate::quant::dequant_mat_row(&m.mat(i), rows - 1, &mut b);
                 assert_eq!(a, b);
                 assert!(a.iter().all(|v| v.is_finite() && v.abs() <= 1.0));
                 assert!(m.mat_f16(i).is_none());
@@ -670,7 +814,7 @@ fn mixed_type_table_position_and_types() {
         }
     ));
     assert!(m.mat_half(l.tok_emb).is_none());
-    assert!(m.mat_half(l.layers[0].w1).is_some());
+    assert!(m.mat_half(l.layers[0].dense().unwrap().0).is_some());
 
     // With layer flags, a shared classifier and linear layers: the table follows the
     // flags, and counts tok_emb, 8 + 7 (+ wg) layer matrices and no wcls.
@@ -848,7 +992,7 @@ fn mutated_bf16_and_mixed_files_load_or_fail_with_a_status() {
                         for (i, t) in m.layout().tensors.iter().enumerate() {
                             if let Kind::Mat { rows, cols, .. } = t.kind {
                                 let mut row = vec![0f32; cols];
-                                m.mat(i).dequant_row(rows - 1, &mut row);
+                                crate::quant::dequant_mat_row(&m.mat(i), rows - 1, &mut row);
                                 if let Some(h) = m.mat_half(i) {
                                     h.dequant_row(0, &mut row);
                                 }

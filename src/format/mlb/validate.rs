@@ -3,7 +3,10 @@
 //! `validate` returns the derived dimensions (`head_dim`, `q_dim`, `kv_dim`, ...) of a
 //! header that passes; every failure names the field and its value.
 
-use super::header::{act, layer_flag, q8_class, rope_type, wtype, Header, MAGIC, VERSION};
+use super::header::{
+    act, layer_flag, moe_flag, moe_gating, q8_class, qk_norm, qkv_bias, rope_type, wtype, Header,
+    MAGIC, VERSION,
+};
 use crate::format::error::{FormatError, Result};
 
 /// Limit of dim, n_layers, n_heads, n_kv_heads, hidden_dim (and of q_dim).
@@ -31,7 +34,16 @@ pub struct Dims {
     pub lin_qkv: usize,
     /// Linear attention: V·dv (rows of lz, columns of lout); 0 without it.
     pub lin_v_total: usize,
+    /// Mixture of experts: routed experts per MoE layer (0 without), experts per token,
+    /// one expert's FFN width, the shared expert's (0 without).
+    pub n_experts: usize,
+    pub n_experts_used: usize,
+    pub expert_hidden: usize,
+    pub shared_hidden: usize,
 }
+
+/// Most routed experts a MoE layer may have.
+pub const EXPERT_LIMIT: u32 = 1024;
 
 fn shape(field: &str, v: impl std::fmt::Display, rule: &str) -> FormatError {
     FormatError::shape(field, v, rule)
@@ -88,8 +100,21 @@ pub fn validate(h: &Header) -> Result<Dims> {
     positive("rope_theta", h.rope_theta, "must be finite and > 0")?;
     nonneg_finite("norm_eps", h.norm_eps)?;
     validate_rope(h)?;
-    flag01("qkv_bias", h.qkv_bias)?;
-    flag01("qk_norm", h.qk_norm)?;
+    if h.qkv_bias > qkv_bias::QKVO {
+        return Err(format(
+            "qkv_bias",
+            h.qkv_bias,
+            "must be 0, 1 (q, k, v) or 2 (q, k, v and o)",
+        ));
+    }
+    if h.qk_norm > qk_norm::WHOLE {
+        return Err(format(
+            "qk_norm",
+            h.qk_norm,
+            "must be 0, 1 (per head) or 2 (over the whole projection)",
+        ));
+    }
+    flag01("attn_sinks", h.attn_sinks)?;
     flag01("layer_flags", h.layer_flags)?;
     flag01("post_norms", h.post_norms)?;
     flag01("scale_f16", h.scale_f16)?;
@@ -187,6 +212,7 @@ pub fn validate(h: &Header) -> Result<Dims> {
     };
 
     let (lin_qkv, lin_v_total) = validate_linear(h, dim)?;
+    let (n_experts, n_experts_used, expert_hidden, shared_hidden) = validate_moe(h)?;
     Ok(Dims {
         dim,
         n_layers,
@@ -200,7 +226,119 @@ pub fn validate(h: &Header) -> Result<Dims> {
         rot_dim,
         lin_qkv,
         lin_v_total,
+        n_experts,
+        n_experts_used,
+        expert_hidden,
+        shared_hidden,
     })
+}
+
+/// The mixture-of-experts fields: all zero without experts; else within their limits.
+/// Returns (n_experts, n_experts_used, expert_hidden, shared_hidden).
+fn validate_moe(h: &Header) -> Result<(usize, usize, usize, usize)> {
+    if h.n_experts == 0 {
+        let u32s = [
+            ("n_experts_used", h.n_experts_used),
+            ("expert_hidden", h.expert_hidden),
+            ("moe_gating", h.moe_gating),
+            ("shared_hidden", h.shared_hidden),
+            ("moe_flags", h.moe_flags),
+        ];
+        for (n, v) in u32s {
+            if v != 0 {
+                return Err(format(n, v, "must be 0 when n_experts is 0"));
+            }
+        }
+        for (n, v) in [
+            ("swiglu_limit", h.swiglu_limit),
+            ("swiglu_alpha", h.swiglu_alpha),
+        ] {
+            if v != 0.0 {
+                return Err(format(n, v, "must be 0 when n_experts is 0"));
+            }
+        }
+        return Ok((0, 0, 0, 0));
+    }
+    if !(2..=EXPERT_LIMIT).contains(&h.n_experts) {
+        return Err(shape(
+            "n_experts",
+            h.n_experts,
+            &format!("must be 2..={EXPERT_LIMIT} (or 0: no experts)"),
+        ));
+    }
+    if h.n_experts_used == 0 || h.n_experts_used > h.n_experts {
+        return Err(shape(
+            "n_experts_used",
+            h.n_experts_used,
+            &format!("must be 1..=n_experts ({})", h.n_experts),
+        ));
+    }
+    let eh = dim_in("expert_hidden", h.expert_hidden, DIM_LIMIT)?;
+    if eh % 32 != 0 {
+        return Err(shape("expert_hidden", eh, "must be a multiple of 32"));
+    }
+    if h.shared_hidden > DIM_LIMIT {
+        return Err(shape(
+            "shared_hidden",
+            h.shared_hidden,
+            "above the limit 65536",
+        ));
+    }
+    if !h.shared_hidden.is_multiple_of(32) {
+        return Err(shape(
+            "shared_hidden",
+            h.shared_hidden,
+            "must be a multiple of 32",
+        ));
+    }
+    if h.moe_gating > moe_gating::TOPK_SOFTMAX {
+        return Err(format(
+            "moe_gating",
+            h.moe_gating,
+            "must be 0 (softmax, top-k), 1 (the same, renormalised) or 2 (top-k, softmax)",
+        ));
+    }
+    if h.moe_flags & !moe_flag::ALL != 0 {
+        return Err(format(
+            "moe_flags",
+            h.moe_flags,
+            "unknown bits (only 1, 2, 4)",
+        ));
+    }
+    if h.moe_flags & moe_flag::SHARED_GATE != 0 && h.shared_hidden == 0 {
+        return Err(format(
+            "moe_flags",
+            h.moe_flags,
+            "a shared-expert gate (4) needs shared_hidden > 0",
+        ));
+    }
+    nonneg_finite("swiglu_limit", h.swiglu_limit)?;
+    if h.swiglu_limit > 0.0 {
+        positive(
+            "swiglu_alpha",
+            h.swiglu_alpha,
+            "the clamped SwiGLU needs swiglu_alpha > 0",
+        )?;
+    } else if h.swiglu_alpha != 0.0 {
+        return Err(format(
+            "swiglu_alpha",
+            h.swiglu_alpha,
+            "must be 0 unless swiglu_limit > 0",
+        ));
+    }
+    if h.layer_flags == 0 {
+        return Err(format(
+            "layer_flags",
+            0,
+            "a mixture-of-experts model (n_experts > 0) marks its MoE layers with flag 16",
+        ));
+    }
+    Ok((
+        h.n_experts as usize,
+        h.n_experts_used as usize,
+        eh,
+        h.shared_hidden as usize,
+    ))
 }
 
 /// `wtype` is a known type or mixed; `q8_mask` only in Q4_0 files; `scale_f16` only
@@ -249,7 +387,7 @@ fn validate_rope(h: &Header) -> Result<()> {
             ("rope_high_freq_factor", h.rope_high_freq_factor, None),
         )?,
         rope_type::LINEAR => rope_factor(h, "linear")?,
-        rope_type::YARN => {
+        rope_type::YARN | rope_type::YARN_UNROUNDED => {
             scaled_rope(
                 h,
                 "yarn",
@@ -274,15 +412,16 @@ fn validate_rope(h: &Header) -> Result<()> {
             return Err(format(
                 "rope_type",
                 other,
-                "must be 0 (plain), 1 (llama3), 2 (linear) or 3 (yarn)",
+                "must be 0 (plain), 1 (llama3), 2 (linear), 3 (yarn) or 4 (yarn, unrounded)",
             ))
         }
     }
-    if h.rope_type != rope_type::YARN && h.rope_attn_factor != 0.0 {
+    let yarn = h.rope_type == rope_type::YARN || h.rope_type == rope_type::YARN_UNROUNDED;
+    if !yarn && h.rope_attn_factor != 0.0 {
         return Err(format(
             "rope_attn_factor",
             h.rope_attn_factor,
-            "must be 0 unless rope_type is 3 (yarn)",
+            "must be 0 unless rope_type is 3 or 4 (yarn)",
         ));
     }
     Ok(())
@@ -397,7 +536,14 @@ pub fn validate_layer_flags(h: &Header, flags: &[u8]) -> Result<()> {
             return Err(FormatError::format(
                 field,
                 f,
-                "unknown layer flag bits (only 1, 2, 4, 8)",
+                "unknown layer flag bits (only 1, 2, 4, 8, 16)",
+            ));
+        }
+        if f & layer_flag::MOE != 0 && h.n_experts == 0 {
+            return Err(FormatError::format(
+                field,
+                f,
+                "mixture-of-experts layer (16) but n_experts is 0",
             ));
         }
         if f & layer_flag::LOCAL_ROPE != 0 && f & layer_flag::NO_ROPE != 0 {
@@ -407,11 +553,11 @@ pub fn validate_layer_flags(h: &Header, flags: &[u8]) -> Result<()> {
                 "local RoPE base (2) and no RoPE (4) together",
             ));
         }
-        if f & layer_flag::LINEAR != 0 && f != layer_flag::LINEAR {
+        if f & layer_flag::LINEAR != 0 && f & !layer_flag::MOE != layer_flag::LINEAR {
             return Err(FormatError::format(
                 field,
                 f,
-                "linear attention (8) must stand alone",
+                "linear attention (8) goes with no flag but MoE (16)",
             ));
         }
         if f & layer_flag::LOCAL_ROPE != 0 && h.rope_local_theta <= 0.0 {
@@ -428,6 +574,13 @@ pub fn validate_layer_flags(h: &Header, flags: &[u8]) -> Result<()> {
                 "linear-attention layer but lin_k_heads is 0",
             ));
         }
+    }
+    if h.n_experts != 0 && !flags.iter().any(|f| f & layer_flag::MOE != 0) {
+        return Err(FormatError::format(
+            "layer_flags",
+            format!("{} layers", flags.len()),
+            "n_experts > 0 but no layer has flag 16 (mixture of experts)",
+        ));
     }
     Ok(())
 }

@@ -9,8 +9,8 @@ use super::header::{wtype, Header, HEADER_SIZE};
 use super::layout::{Kind, Layout};
 use super::validate::{validate, validate_layer_flags, Dims};
 use crate::format::error::{FormatError, Result};
+use crate::format::mat::QMat;
 use crate::format::WType;
-use crate::kernels::QMat;
 
 /// A validated file's header, dimensions and layout.
 #[derive(Debug, Clone, PartialEq)]
@@ -353,7 +353,6 @@ impl Mlb {
             q: &bytes[t.offset as usize..(t.offset + t.bytes) as usize],
             d: &[],
             d16: &[],
-            pk: None,
         };
         if !wtype.has_scales() {
             return m;

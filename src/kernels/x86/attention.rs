@@ -1,4 +1,4 @@
-//! AVX2 and AVX-512 F attention (`kernels::scalar_attn`'s arithmetic): the same f32
+//! AVX2 and AVX-512 F attention (`scalar::attention`'s arithmetic): the same f32
 //! operations per output in the same order (no FMA), so the same bits. The speed comes
 //! from the order of work: scores for eight keys at a time (eight add chains, reduced
 //! together through an 8×8 transpose), the weighted values summed over all positions
@@ -9,17 +9,19 @@
 //! serving all; a tile's softmax sums run eight queries side by side.
 //!
 //! The kernels read the cache's rows through [`Src`] / [`Row`]: f32 rows as they are,
-//! f16 and Q8_0 rows (`x86::attention_kv`) widened to f32 as they are loaded into a
+//! f16 and Q8_0 rows (`x86::kv`) widened to f32 as they are loaded into a
 //! register, with the reference's widening, so every cache type runs this same code.
 
 use std::arch::x86_64::*;
 
 use super::math::{exp_all, exp_all16, max_all};
 use crate::kernels::counters::{count, Op};
-use crate::kernels::scalar_attn::{softmax, softmax_exp, KvView, Query, SoftmaxMath, TILE_QUERIES};
-use crate::kernels::scalar_kv::KvData;
-use crate::kernels::scalar_math::reduce8;
-use crate::kernels::Tier;
+use crate::kernels::scalar::attention::{
+    softmax, softmax_exp, KvView, Query, SoftmaxMath, TILE_QUERIES,
+};
+use crate::kernels::scalar::kv::KvData;
+use crate::kernels::scalar::math::reduce8;
+use crate::kernels::tier::Tier;
 
 /// One cached row of a kv head (`hd` values) as the kernels load it: 8 or 16 values
 /// into a register, or one value, each in f32 with the reference's widening.
@@ -130,7 +132,7 @@ pub(crate) fn head_size(qs: &[Query]) -> usize {
     qs.first().map_or(0, |q| q.q.len())
 }
 
-/// An attention entry (see `kernels::AttendFn`) compiled with `$feat`: the tier's call
+/// An attention entry (see `table::AttendFn`) compiled with `$feat`: the tier's call
 /// count, the cache's row sources from `$srcs`, then, with `PAIRS` and `WIDE` as given,
 /// the tile blocked over positions ([`attend_many`]) when no query's positions wrap
 /// around the cache's ring, else each query alone ([`attend_one`]).
@@ -158,7 +160,7 @@ macro_rules! attend_entry {
 pub(super) use attend_entry;
 
 attend_entry!(
-    /// The AVX2 tier's attention entry (see `kernels::AttendFn`).
+    /// The AVX2 tier's attention entry (see `table::AttendFn`).
     ///
     /// # Safety
     /// The CPU must support AVX2; the shapes as `Kernels::attend` checks them.
@@ -170,23 +172,23 @@ attend_entry!(
     /// value sums. Measured on Zen 5 (perf samples of 512-token prefills): zmm value sums
     /// took about 25% more attention time than ymm over f32 rows (SmolLM2), and the pairs
     /// 12% less than single queries (llama1b, 4 query heads per kv head); over f16 and Q8_0
-    /// rows, which widen as they load, zmm sums were 10-20% faster, so `attention_kv`'s
-    /// entries keep them. Every order gives the contract's bits.
+    /// rows, which widen as they load, zmm sums were 10-20% faster, so `kv`'s entries
+    /// keep them. Every order gives the contract's bits.
     ///
     /// # Safety
     /// The CPU must support AVX2 and AVX-512 F; the shapes as `Kernels::attend` checks them.
     attend_avx512, Avx512, "avx2,avx512f", f32_srcs, true, false
 );
 
-/// The slice maximum and `exp` of `x86::math` for `scalar_attn::softmax`: `exp` 16
-/// lanes at a time when `Z` (AVX-512 F), else 8. Used only inside this module's
-/// kernels, whose callers guarantee the CPU has AVX2 (and AVX-512 F when `Z`).
+/// The slice maximum and `exp` of `x86::math` for `scalar::attention::softmax`: `exp` 16
+/// lanes at a time when `Z` (AVX-512 F), else 8. Used only by [`softmax_ymm`] and
+/// [`softmax_zmm`] (and their `_exp` forms), which are compiled with those features.
 struct X86Math<const Z: bool>;
 
 impl<const Z: bool> SoftmaxMath for X86Math<Z> {
     #[inline(always)]
     fn max(v: &[f32]) -> f32 {
-        // SAFETY: only reached from the AVX2 / AVX-512 entries of this module.
+        // SAFETY: only reached from `softmax_ymm` / `softmax_zmm` (AVX2).
         unsafe { max_all(v) }
     }
 
@@ -203,25 +205,32 @@ impl<const Z: bool> SoftmaxMath for X86Math<Z> {
     }
 }
 
-/// The softmax of `scalar_attn` with this tier's max and exp (`zmm`: AVX-512 F; a
-/// constant in every caller).
-#[inline(always)]
-unsafe fn softmax_x86(att: &mut [f32], softcap: f32, zmm: bool) -> f32 {
-    if zmm {
-        softmax::<X86Math<true>>(att, softcap)
-    } else {
-        softmax::<X86Math<false>>(att, softcap)
-    }
+/// The softmax of `scalar::attention` with this tier's max and exp on ymm.
+#[target_feature(enable = "avx2")]
+#[inline]
+fn softmax_ymm(att: &mut [f32], softcap: f32) -> f32 {
+    softmax::<X86Math<false>>(att, softcap)
 }
 
-/// [`softmax_x86`] without its sum (`scalar_attn::softmax_exp`).
-#[inline(always)]
-unsafe fn softmax_exp_x86(att: &mut [f32], softcap: f32, zmm: bool) {
-    if zmm {
-        softmax_exp::<X86Math<true>>(att, softcap)
-    } else {
-        softmax_exp::<X86Math<false>>(att, softcap)
-    }
+/// [`softmax_ymm`] with `exp` on zmm (AVX-512 F).
+#[target_feature(enable = "avx2,avx512f")]
+#[inline]
+fn softmax_zmm(att: &mut [f32], softcap: f32) -> f32 {
+    softmax::<X86Math<true>>(att, softcap)
+}
+
+/// [`softmax_ymm`] without its sum (`scalar::attention::softmax_exp`).
+#[target_feature(enable = "avx2")]
+#[inline]
+fn softmax_exp_ymm(att: &mut [f32], softcap: f32) {
+    softmax_exp::<X86Math<false>>(att, softcap)
+}
+
+/// [`softmax_zmm`] without its sum.
+#[target_feature(enable = "avx2,avx512f")]
+#[inline]
+fn softmax_exp_zmm(att: &mut [f32], softcap: f32) {
+    softmax_exp::<X86Math<true>>(att, softcap)
 }
 
 /// Queries whose softmax sums [`sums`] runs side by side.
@@ -246,7 +255,7 @@ fn sums(rows: &[&[f32]; SUM_CHAINS]) -> [f32; SUM_CHAINS] {
     s
 }
 
-/// One query (any slots, a ring included): `scalar_attn::attend_one` in AVX2; keys and
+/// One query (any slots, a ring included): `scalar::attention::attend_one` in AVX2; keys and
 /// values from `ks` and `vs` (the view gives the window and the slots).
 ///
 /// A lone query has no pair to score with; `PAIRS` (as `WIDE`) only says that AVX-512 F
@@ -269,8 +278,15 @@ pub(crate) unsafe fn attend_one<const PAIRS: bool, const WIDE: bool, S: Src>(
     let att = &mut att[..rows.len];
     // SAFETY: AVX2 (this function's contract); every row has q.len() values.
     unsafe { scores(q, |i| ks.row(rows.slot(i)), scale, att) };
-    // SAFETY: AVX2.
-    let inv = 1.0 / unsafe { softmax_x86(att, softcap, PAIRS || WIDE) };
+    // SAFETY: AVX2, and AVX-512 F when PAIRS or WIDE (this function's contract).
+    let sum = unsafe {
+        if PAIRS || WIDE {
+            softmax_zmm(att, softcap)
+        } else {
+            softmax_ymm(att, softcap)
+        }
+    };
+    let inv = 1.0 / sum;
     out.fill(0.0);
     // SAFETY: as above; out has q.len() values.
     unsafe { values::<WIDE, _>(att, |i| vs.row(rows.slot(i)), out) };
@@ -346,8 +362,15 @@ pub(crate) unsafe fn attend_many<const PAIRS: bool, const WIDE: bool, S: Src>(
     let mut inv = [0f32; TILE_QUERIES];
     for q in qs.iter_mut() {
         let n = q.pos + 1 - kv.first_visible(q.pos);
-        // SAFETY: AVX2.
-        unsafe { softmax_exp_x86(&mut q.att[..n], softcap, PAIRS || WIDE) };
+        let att = &mut q.att[..n];
+        // SAFETY: AVX2, and AVX-512 F when PAIRS or WIDE (this function's contract).
+        unsafe {
+            if PAIRS || WIDE {
+                softmax_exp_zmm(att, softcap)
+            } else {
+                softmax_exp_ymm(att, softcap)
+            }
+        };
         q.out.fill(0.0);
     }
     for (qs, inv) in qs.chunks(SUM_CHAINS).zip(inv.chunks_mut(SUM_CHAINS)) {
@@ -498,8 +521,7 @@ unsafe fn scores<R: Row>(q: &[f32], row: impl Fn(usize) -> R, scale: f32, att: &
             }
         } else {
             for (t, (a, kr)) in acc.into_iter().zip(k).enumerate() {
-                // SAFETY: register and stack only.
-                att[i + t] = unsafe { finish_row(a, &q[n8..], kr, n8) } * scale;
+                att[i + t] = finish_row(a, &q[n8..], kr, n8) * scale;
             }
         }
         i += 8;
@@ -516,8 +538,7 @@ unsafe fn scores<R: Row>(q: &[f32], row: impl Fn(usize) -> R, scale: f32, att: &
             }
             j += 8;
         }
-        // SAFETY: register and stack only.
-        att[i] = unsafe { finish_row(a, &q[n8..], kr, n8) } * scale;
+        att[i] = finish_row(a, &q[n8..], kr, n8) * scale;
         i += 1;
     }
 }
@@ -525,13 +546,12 @@ unsafe fn scores<R: Row>(q: &[f32], row: impl Fn(usize) -> R, scale: f32, att: &
 /// [`finish`] with the tail of a row (its values from `from` on, `qt.len() < 8` of them)
 /// widened into a stack buffer.
 #[inline(always)]
-unsafe fn finish_row<R: Row>(a: __m256, qt: &[f32], r: R, from: usize) -> f32 {
+fn finish_row<R: Row>(a: __m256, qt: &[f32], r: R, from: usize) -> f32 {
     let mut t = [0f32; 8];
     for (j, x) in t.iter_mut().enumerate().take(qt.len()) {
         *x = r.get(from + j);
     }
-    // SAFETY: register and stack only.
-    unsafe { finish(a, qt, &t[..qt.len()]) }
+    finish(a, qt, &t[..qt.len()])
 }
 
 /// Most 8-value chunks of a head for [`scores_pair`] (head_dim ≤ 256).
@@ -590,6 +610,7 @@ unsafe fn scores_pair<R: Row>(
             // SAFETY: entry j < chunks was written above; 8j + 8 <= every row's length.
             let x = unsafe { x.assume_init() };
             for (a, kr) in acc.iter_mut().zip(&k) {
+                // SAFETY: 8j + 8 <= the row's length (above).
                 *a = _mm512_add_ps(*a, _mm512_mul_ps(x, unsafe { key2(*kr, j) }));
             }
         }
@@ -616,15 +637,14 @@ unsafe fn scores_pair<R: Row>(
         for (j, x) in qp.iter().enumerate().take(chunks) {
             // SAFETY: as above.
             let x = unsafe { x.assume_init() };
+            // SAFETY: 8j + 8 <= the row's length.
             a = _mm512_add_ps(a, _mm512_mul_ps(x, unsafe { key2(kr, j) }));
         }
         let lo = _mm512_castps512_ps256(a);
         let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1));
-        // SAFETY: register and stack only; no tail (hd a multiple of 8).
-        unsafe {
-            att_a[i] = finish(lo, &[], &[]) * scale;
-            att_b[i] = finish(hi, &[], &[]) * scale;
-        }
+        // No tail: hd is a multiple of 8.
+        att_a[i] = finish(lo, &[], &[]) * scale;
+        att_b[i] = finish(hi, &[], &[]) * scale;
         i += 1;
     }
 }
@@ -639,52 +659,50 @@ unsafe fn key2<R: Row>(r: R, j: usize) -> __m512 {
     }
 }
 
-/// Eight accumulators (one per key) reduced at once, each as `scalar_math::reduce8` does
+/// Eight accumulators (one per key) reduced at once, each as `scalar::math::reduce8` does
 /// with no tail: an 8×8 transpose puts lane `l` of every key in one vector, then
 /// `((c0 + c4) + (c2 + c6)) + ((c1 + c5) + (c3 + c7))` runs on all eight keys.
-#[inline(always)]
-unsafe fn reduce8x8(r: &[__m256; 8]) -> __m256 {
-    // SAFETY: register-only AVX ops; the caller has AVX2.
-    unsafe {
-        let t0 = _mm256_unpacklo_ps(r[0], r[1]);
-        let t1 = _mm256_unpackhi_ps(r[0], r[1]);
-        let t2 = _mm256_unpacklo_ps(r[2], r[3]);
-        let t3 = _mm256_unpackhi_ps(r[2], r[3]);
-        let t4 = _mm256_unpacklo_ps(r[4], r[5]);
-        let t5 = _mm256_unpackhi_ps(r[4], r[5]);
-        let t6 = _mm256_unpacklo_ps(r[6], r[7]);
-        let t7 = _mm256_unpackhi_ps(r[6], r[7]);
-        // u_l (l < 4): lane l of keys 0..4 in the low half, lane l + 4 in the high.
-        let u0 = _mm256_shuffle_ps(t0, t2, 0x44);
-        let u1 = _mm256_shuffle_ps(t0, t2, 0xEE);
-        let u2 = _mm256_shuffle_ps(t1, t3, 0x44);
-        let u3 = _mm256_shuffle_ps(t1, t3, 0xEE);
-        let u4 = _mm256_shuffle_ps(t4, t6, 0x44);
-        let u5 = _mm256_shuffle_ps(t4, t6, 0xEE);
-        let u6 = _mm256_shuffle_ps(t5, t7, 0x44);
-        let u7 = _mm256_shuffle_ps(t5, t7, 0xEE);
-        // c_l: lane l of all eight keys.
-        let c0 = _mm256_permute2f128_ps(u0, u4, 0x20);
-        let c4 = _mm256_permute2f128_ps(u0, u4, 0x31);
-        let c1 = _mm256_permute2f128_ps(u1, u5, 0x20);
-        let c5 = _mm256_permute2f128_ps(u1, u5, 0x31);
-        let c2 = _mm256_permute2f128_ps(u2, u6, 0x20);
-        let c6 = _mm256_permute2f128_ps(u2, u6, 0x31);
-        let c3 = _mm256_permute2f128_ps(u3, u7, 0x20);
-        let c7 = _mm256_permute2f128_ps(u3, u7, 0x31);
-        let h0 = _mm256_add_ps(_mm256_add_ps(c0, c4), _mm256_add_ps(c2, c6));
-        let h1 = _mm256_add_ps(_mm256_add_ps(c1, c5), _mm256_add_ps(c3, c7));
-        _mm256_add_ps(h0, h1)
-    }
+#[target_feature(enable = "avx")]
+#[inline]
+fn reduce8x8(r: &[__m256; 8]) -> __m256 {
+    let t0 = _mm256_unpacklo_ps(r[0], r[1]);
+    let t1 = _mm256_unpackhi_ps(r[0], r[1]);
+    let t2 = _mm256_unpacklo_ps(r[2], r[3]);
+    let t3 = _mm256_unpackhi_ps(r[2], r[3]);
+    let t4 = _mm256_unpacklo_ps(r[4], r[5]);
+    let t5 = _mm256_unpackhi_ps(r[4], r[5]);
+    let t6 = _mm256_unpacklo_ps(r[6], r[7]);
+    let t7 = _mm256_unpackhi_ps(r[6], r[7]);
+    // u_l (l < 4): lane l of keys 0..4 in the low half, lane l + 4 in the high.
+    let u0 = _mm256_shuffle_ps(t0, t2, 0x44);
+    let u1 = _mm256_shuffle_ps(t0, t2, 0xEE);
+    let u2 = _mm256_shuffle_ps(t1, t3, 0x44);
+    let u3 = _mm256_shuffle_ps(t1, t3, 0xEE);
+    let u4 = _mm256_shuffle_ps(t4, t6, 0x44);
+    let u5 = _mm256_shuffle_ps(t4, t6, 0xEE);
+    let u6 = _mm256_shuffle_ps(t5, t7, 0x44);
+    let u7 = _mm256_shuffle_ps(t5, t7, 0xEE);
+    // c_l: lane l of all eight keys.
+    let c0 = _mm256_permute2f128_ps(u0, u4, 0x20);
+    let c4 = _mm256_permute2f128_ps(u0, u4, 0x31);
+    let c1 = _mm256_permute2f128_ps(u1, u5, 0x20);
+    let c5 = _mm256_permute2f128_ps(u1, u5, 0x31);
+    let c2 = _mm256_permute2f128_ps(u2, u6, 0x20);
+    let c6 = _mm256_permute2f128_ps(u2, u6, 0x31);
+    let c3 = _mm256_permute2f128_ps(u3, u7, 0x20);
+    let c7 = _mm256_permute2f128_ps(u3, u7, 0x31);
+    let h0 = _mm256_add_ps(_mm256_add_ps(c0, c4), _mm256_add_ps(c2, c6));
+    let h1 = _mm256_add_ps(_mm256_add_ps(c1, c5), _mm256_add_ps(c3, c7));
+    _mm256_add_ps(h0, h1)
 }
 
-/// The dot product's lanes reduced as `scalar_math::dot` does, plus its tail.
+/// The dot product's lanes reduced as `scalar::math::dot` does, plus its tail (scalar
+/// code: no target features needed).
 #[inline(always)]
-unsafe fn finish(a: __m256, qt: &[f32], kt: &[f32]) -> f32 {
-    let mut arr = [0f32; 8];
-    // SAFETY: arr holds 8 floats.
-    unsafe { _mm256_storeu_ps(arr.as_mut_ptr(), a) };
-    reduce8(arr, qt, kt)
+fn finish(a: __m256, qt: &[f32], kt: &[f32]) -> f32 {
+    // SAFETY: a __m256 and a [f32; 8] are the same 32 bytes of plain bits.
+    let lanes = unsafe { core::mem::transmute::<__m256, [f32; 8]>(a) };
+    reduce8(lanes, qt, kt)
 }
 
 /// `out[d] += Σ_i att[i] · row(i)[d]`, the sum in position order from out's value;

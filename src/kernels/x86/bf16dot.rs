@@ -1,5 +1,5 @@
 //! BF16 weights × BF16 activations (the opt-in contract of docs/kernels.md, "BF16
-//! activations"; reference: `kernels::scalar_bf16dot`) on x86, bit-identical to the
+//! activations"; reference: `scalar::bf16dot`) on x86, bit-identical to the
 //! reference on every tier:
 //!
 //! * AVX-512 BF16 (`avx512bf16` tier): `vdpbf16ps` is the contract's step for 16 lanes of
@@ -17,10 +17,11 @@
 
 use core::arch::x86_64::*;
 
-use super::half::{prefetch_rows, reduce512, reduce_pair, tile46_asm};
+use super::prefetch;
+use super::simd::{reduce512, reduce_pair, tile46_asm};
 use crate::kernels::counters::{count, Op};
-use crate::kernels::scalar_bf16dot::step;
-use crate::kernels::Tier;
+use crate::kernels::scalar::bf16dot::step;
+use crate::kernels::tier::Tier;
 
 /// How a 512-bit kernel takes the contract's step on 16 column pairs: the form a load
 /// of 32 weights or 32 activations takes, and the step itself.
@@ -100,7 +101,7 @@ unsafe fn tile512<S: Step512, const R: usize, const T: usize, const PF: bool>(
         for c in (0..cols).step_by(32) {
             if PF {
                 // A step reads a line of each row.
-                prefetch_rows::<R>(w, rb, 2 * c);
+                prefetch::rows::<R>(w, rb, 2 * c);
             }
             // A loop, not `array::from_fn`: its closure does not inherit the kernel's
             // target features, so `Emu512`'s intrinsics were called out of line (AVX-512
@@ -215,7 +216,7 @@ macro_rules! dot_rows {
     }};
 }
 
-/// AVX-512 BF16, BF16 weights × BF16 activations (see `kernels::half::DotFn`): decode
+/// AVX-512 BF16, BF16 weights × BF16 activations (see `table::DotFn`): decode
 /// 8 rows × 1 token with prefetch (2 rows on ymm halves where `few_rows`,
 /// [`dot_tile256`]); prefill 4 rows × 6 tokens ([`dot_tile46`]), a call of at most 6
 /// tokens prefetching as decode does (as the f32 driver).
@@ -246,7 +247,7 @@ pub unsafe fn bf16_dot_avx512bf16(
         }
         if nt == 1 {
             // Fewer rows side by side where the CPU streams them better (`few_rows`).
-            if super::prefetch::few_rows() {
+            if prefetch::few_rows() {
                 let ymm = dot_tile256::<2, 1, true>;
                 dot_rows!(ymm, dot_tile256, 2, 1, true, wp, rows, cols, xp, y, ld);
             } else {
@@ -289,35 +290,33 @@ pub unsafe fn bf16_dot_avx512bf16(
 
 /// The odd and even columns of 16 column pairs (32 BF16 bits) as f32, a subnormal
 /// weight read as zero when `daz` (activations were flushed when rounded).
-#[inline(always)]
-unsafe fn split512<const DAZ: bool>(v: __m512i) -> (__m512, __m512) {
-    // SAFETY: register-only AVX-512 F ops; every caller is compiled with them.
-    unsafe {
-        let mut odd = _mm512_and_si512(v, _mm512_set1_epi32(0xffff_0000u32 as i32));
-        let mut even = _mm512_slli_epi32(v, 16);
-        if DAZ {
-            let (exp, sign) = (_mm512_set1_epi32(0x7f80_0000), _mm512_set1_epi32(i32::MIN));
-            odd = _mm512_mask_and_epi32(odd, _mm512_testn_epi32_mask(odd, exp), odd, sign);
-            even = _mm512_mask_and_epi32(even, _mm512_testn_epi32_mask(even, exp), even, sign);
-        }
-        (_mm512_castsi512_ps(odd), _mm512_castsi512_ps(even))
+#[target_feature(enable = "avx512f")]
+#[inline]
+fn split512<const DAZ: bool>(v: __m512i) -> (__m512, __m512) {
+    let mut odd = _mm512_and_si512(v, _mm512_set1_epi32(0xffff_0000u32 as i32));
+    let mut even = _mm512_slli_epi32(v, 16);
+    if DAZ {
+        let (exp, sign) = (_mm512_set1_epi32(0x7f80_0000), _mm512_set1_epi32(i32::MIN));
+        odd = _mm512_mask_and_epi32(odd, _mm512_testn_epi32_mask(odd, exp), odd, sign);
+        even = _mm512_mask_and_epi32(even, _mm512_testn_epi32_mask(even, exp), even, sign);
     }
+    (_mm512_castsi512_ps(odd), _mm512_castsi512_ps(even))
 }
 
 /// One step of the contract on 16 lanes: `fma(w, x, acc)`, and the reference's `step`
 /// on a lane whose result is tiny (0 < |r| ≤ 2^-126).
-#[inline(always)]
-unsafe fn step512(acc: __m512, w: __m512, x: __m512) -> __m512 {
-    // SAFETY: register-only AVX-512 F ops; every caller is compiled with them.
+#[target_feature(enable = "avx512f")]
+#[inline]
+fn step512(acc: __m512, w: __m512, x: __m512) -> __m512 {
+    let r = _mm512_fmadd_ps(w, x, acc);
+    let a = _mm512_abs_ps(r);
+    let small = _mm512_cmp_ps_mask::<_CMP_LE_OQ>(a, _mm512_set1_ps(f32::MIN_POSITIVE));
+    let tiny = _mm512_mask_cmp_ps_mask::<_CMP_NEQ_OQ>(small, a, _mm512_setzero_ps());
+    if tiny == 0 {
+        return r;
+    }
+    // SAFETY: a __m512 and a [f32; 16] are the same 64 bytes of plain bits.
     unsafe {
-        let r = _mm512_fmadd_ps(w, x, acc);
-        let a = _mm512_abs_ps(r);
-        let small = _mm512_cmp_ps_mask::<_CMP_LE_OQ>(a, _mm512_set1_ps(f32::MIN_POSITIVE));
-        let tiny = _mm512_mask_cmp_ps_mask::<_CMP_NEQ_OQ>(small, a, _mm512_setzero_ps());
-        if tiny == 0 {
-            return r;
-        }
-        // SAFETY: a __m512 is 16 f32.
         let f = |v: __m512| core::mem::transmute::<__m512, [f32; 16]>(v);
         core::mem::transmute(redo(f(acc), f(w), f(x), f(r), u32::from(tiny)))
     }
@@ -360,39 +359,37 @@ unsafe fn emu_tile512<const R: usize, const T: usize, const PF: bool>(
 }
 
 /// [`split512`] on AVX2: 8 column pairs (16 BF16 bits).
-#[inline(always)]
-unsafe fn split256<const DAZ: bool>(v: __m256i) -> (__m256, __m256) {
-    // SAFETY: register-only AVX2 ops; every caller is compiled with them.
-    unsafe {
-        let mut odd = _mm256_and_si256(v, _mm256_set1_epi32(0xffff_0000u32 as i32));
-        let mut even = _mm256_slli_epi32(v, 16);
-        if DAZ {
-            let (exp, mag) = (_mm256_set1_epi32(0x7f80_0000), _mm256_set1_epi32(i32::MAX));
-            let flush = |v: __m256i| {
-                let z = _mm256_cmpeq_epi32(_mm256_and_si256(v, exp), _mm256_setzero_si256());
-                _mm256_andnot_si256(_mm256_and_si256(z, mag), v)
-            };
-            odd = flush(odd);
-            even = flush(even);
-        }
-        (_mm256_castsi256_ps(odd), _mm256_castsi256_ps(even))
+#[target_feature(enable = "avx2")]
+#[inline]
+fn split256<const DAZ: bool>(v: __m256i) -> (__m256, __m256) {
+    let mut odd = _mm256_and_si256(v, _mm256_set1_epi32(0xffff_0000u32 as i32));
+    let mut even = _mm256_slli_epi32(v, 16);
+    if DAZ {
+        let (exp, mag) = (_mm256_set1_epi32(0x7f80_0000), _mm256_set1_epi32(i32::MAX));
+        let flush = |v: __m256i| {
+            let z = _mm256_cmpeq_epi32(_mm256_and_si256(v, exp), _mm256_setzero_si256());
+            _mm256_andnot_si256(_mm256_and_si256(z, mag), v)
+        };
+        odd = flush(odd);
+        even = flush(even);
     }
+    (_mm256_castsi256_ps(odd), _mm256_castsi256_ps(even))
 }
 
 /// [`step512`] on 8 lanes (AVX2 + FMA).
-#[inline(always)]
-unsafe fn step256(acc: __m256, w: __m256, x: __m256) -> __m256 {
-    // SAFETY: register-only AVX2 / FMA ops; every caller is compiled with them.
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+fn step256(acc: __m256, w: __m256, x: __m256) -> __m256 {
+    let r = _mm256_fmadd_ps(w, x, acc);
+    let a = _mm256_and_ps(r, _mm256_castsi256_ps(_mm256_set1_epi32(i32::MAX)));
+    let small = _mm256_cmp_ps::<_CMP_LE_OQ>(a, _mm256_set1_ps(f32::MIN_POSITIVE));
+    let nonzero = _mm256_cmp_ps::<_CMP_NEQ_OQ>(a, _mm256_setzero_ps());
+    let tiny = _mm256_movemask_ps(_mm256_and_ps(small, nonzero));
+    if tiny == 0 {
+        return r;
+    }
+    // SAFETY: a __m256 and a [f32; 8] are the same 32 bytes of plain bits.
     unsafe {
-        let r = _mm256_fmadd_ps(w, x, acc);
-        let a = _mm256_and_ps(r, _mm256_castsi256_ps(_mm256_set1_epi32(i32::MAX)));
-        let small = _mm256_cmp_ps::<_CMP_LE_OQ>(a, _mm256_set1_ps(f32::MIN_POSITIVE));
-        let nonzero = _mm256_cmp_ps::<_CMP_NEQ_OQ>(a, _mm256_setzero_ps());
-        let tiny = _mm256_movemask_ps(_mm256_and_ps(small, nonzero));
-        if tiny == 0 {
-            return r;
-        }
-        // SAFETY: a __m256 is 8 f32.
         let f = |v: __m256| core::mem::transmute::<__m256, [f32; 8]>(v);
         core::mem::transmute(redo(f(acc), f(w), f(x), f(r), tiny as u32))
     }
@@ -477,9 +474,9 @@ unsafe fn tile256<S: Step256, const R: usize, const T: usize, const PF: bool>(
         let mut acc = [[[_mm256_setzero_ps(); 2]; T]; R];
         for c in (0..cols).step_by(32) {
             if PF {
-                prefetch_rows::<R>(w, rb, 2 * c);
+                prefetch::rows::<R>(w, rb, 2 * c);
                 if S::PF_TWICE {
-                    prefetch_rows::<R>(w, rb, 2 * c);
+                    prefetch::rows::<R>(w, rb, 2 * c);
                 }
             }
             for h in 0..2 {

@@ -1,5 +1,5 @@
 //! Row-major tile kernels of the GGUF block types (Q4_K, Q5_K, Q6_K, Q4_1, Q5_0, Q5_1,
-//! IQ4_NL, Q6_0) on AVX2 + FMA + F16C, bit-identical to `kernels::scalar_k`. Every x86 tier
+//! IQ4_NL, Q6_0) on AVX2 + FMA + F16C, bit-identical to `scalar::blocks`. Every x86 tier
 //! uses them for matrices it reads from the map (`--no-pack`); packed matrices go through
 //! `x86::packed_blocks`.
 //!
@@ -18,23 +18,26 @@
 
 use core::arch::x86_64::*;
 
-use super::avx2::{hsum8, load_scales, reduce_lanes};
+use super::simd::{hsum8, load_scales, reduce_lanes};
+use crate::format::wtype::QK;
+use crate::kernels::acts::{ActTile, TILE_TOKENS};
 use crate::kernels::counters::{count, Op};
-use crate::kernels::packed_blocks::{BlockTy, ScaleKind};
-use crate::kernels::{ActTile, Tier, LANES, TILE_TOKENS};
+use crate::kernels::scalar::blocks::{BlockTy, ScaleKind};
+use crate::kernels::scalar::tiles::LANES;
+use crate::kernels::tier::Tier;
 use crate::quant::blocks32::IQ4NL_VALUES;
 use crate::quant::kquants;
-use crate::quant::QK;
 
 /// 16 bytes of IQ4_NL's table in both 128-bit lanes; `abs`: the magnitudes.
-#[inline(always)]
-pub(crate) unsafe fn iq4nl_table(abs: bool, offset: i8) -> __m256i {
+#[target_feature(enable = "avx2")]
+#[inline]
+fn iq4nl_table(abs: bool, offset: i8) -> __m256i {
     let mut t = [0i8; 16];
     for (o, &v) in t.iter_mut().zip(&IQ4NL_VALUES) {
         *o = if abs { v.abs() } else { v.wrapping_add(offset) };
     }
-    // SAFETY: 16 readable bytes; register-only AVX2 op.
-    unsafe { _mm256_broadcastsi128_si256(_mm_loadu_si128(t.as_ptr() as *const __m128i)) }
+    // SAFETY: `t` holds the 16 bytes read.
+    _mm256_broadcastsi128_si256(unsafe { _mm_loadu_si128(t.as_ptr() as *const __m128i) })
 }
 
 /// Eight blocks of one row, decoded for the tokens.
@@ -52,49 +55,50 @@ struct Group {
 }
 
 /// f16 bits of 8 blocks (zero where missing) as f32 lanes.
-#[inline(always)]
-unsafe fn f16x8(v: &[u16; LANES]) -> __m256 {
-    // SAFETY: 16 readable bytes; the caller has F16C.
-    unsafe { _mm256_cvtph_ps(_mm_loadu_si128(v.as_ptr() as *const __m128i)) }
+#[target_feature(enable = "f16c")]
+#[inline]
+fn f16x8(v: &[u16; LANES]) -> __m256 {
+    // SAFETY: `v` holds the 16 bytes read.
+    _mm256_cvtph_ps(unsafe { _mm_loadu_si128(v.as_ptr() as *const __m128i) })
 }
 
+/// The u16 at byte `at` of the block at `p`.
+///
+/// # Safety
+/// 2 readable bytes at `p + at`.
 #[inline(always)]
-fn u16_at(p: *const u8, at: usize) -> u16 {
-    // SAFETY: the callers read inside the block they were given.
+unsafe fn u16_at(p: *const u8, at: usize) -> u16 {
+    // SAFETY: the function's contract.
     unsafe { (p.add(at) as *const u16).read_unaligned() }
 }
 
 /// Bit 4 of every byte from the u32 `qh`, bit `e` for element `e` (Q5_0, Q5_1).
-#[inline(always)]
-unsafe fn bits5(qh: u32) -> __m256i {
-    // SAFETY: register-only AVX2 ops.
-    unsafe {
-        let v = _mm256_set1_epi32(qh as i32);
-        let idx = _mm256_setr_epi64x(
-            0,
-            0x0101_0101_0101_0101,
-            0x0202_0202_0202_0202,
-            0x0303_0303_0303_0303,
-        );
-        let bytes = _mm256_shuffle_epi8(v, idx);
-        let mask = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
-        let set = _mm256_cmpeq_epi8(_mm256_and_si256(bytes, mask), mask);
-        _mm256_and_si256(set, _mm256_set1_epi8(0x10))
-    }
+#[target_feature(enable = "avx2")]
+#[inline]
+fn bits5(qh: u32) -> __m256i {
+    let v = _mm256_set1_epi32(qh as i32);
+    let idx = _mm256_setr_epi64x(
+        0,
+        0x0101_0101_0101_0101,
+        0x0202_0202_0202_0202,
+        0x0303_0303_0303_0303,
+    );
+    let bytes = _mm256_shuffle_epi8(v, idx);
+    let mask = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
+    let set = _mm256_cmpeq_epi8(_mm256_and_si256(bytes, mask), mask);
+    _mm256_and_si256(set, _mm256_set1_epi8(0x10))
 }
 
 /// Bits 4–5 of every byte from Q6_0's `qh[8]` (element `j < 16`: bits `4·(j/8)..` of
 /// `qh[j % 8]`; element `j + 16`: the two bits above).
-#[inline(always)]
-unsafe fn bits6(qh: u64) -> __m256i {
-    // SAFETY: register-only AVX2 ops.
-    unsafe {
-        let v = _mm256_set1_epi64x(qh as i64);
-        let idx = _mm256_set1_epi64x(0x0706_0504_0302_0100);
-        let g = _mm256_shuffle_epi8(v, idx);
-        let t = _mm256_srlv_epi64(g, _mm256_setr_epi64x(0, 4, 2, 6));
-        _mm256_slli_epi16(_mm256_and_si256(t, _mm256_set1_epi8(3)), 4)
-    }
+#[target_feature(enable = "avx2")]
+#[inline]
+fn bits6(qh: u64) -> __m256i {
+    let v = _mm256_set1_epi64x(qh as i64);
+    let idx = _mm256_set1_epi64x(0x0706_0504_0302_0100);
+    let g = _mm256_shuffle_epi8(v, idx);
+    let t = _mm256_srlv_epi64(g, _mm256_setr_epi64x(0, 4, 2, 6));
+    _mm256_slli_epi16(_mm256_and_si256(t, _mm256_set1_epi8(3)), 4)
 }
 
 /// The 32 nibbles of a 32-weight block's `qs[16]` in element order.
@@ -335,7 +339,7 @@ unsafe fn tile_any<B: BlockTy>(rows: usize, wq: &[u8], x: &ActTile, out: &mut [f
     }
 }
 
-/// Tile kernel of block type `B` (see `kernels::TileFn`; `wd` is empty).
+/// Tile kernel of block type `B` (see `table::TileFn`; `wd` is empty).
 ///
 /// # Safety
 /// The CPU has AVX2, FMA and F16C; slice lengths as `TileFn` says.

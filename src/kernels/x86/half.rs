@@ -1,6 +1,6 @@
 //! f32 activations × BF16 / F16 weights on x86: AVX2 + FMA + F16C (the `avx2` tier) and
 //! AVX-512 F (the `avx512` and `avx512vnni` tiers), bit-identical to
-//! `kernels::scalar_half` (the contract of docs/kernels.md, "2-byte float weights").
+//! `scalar::half` (the contract of docs/kernels.md, "2-byte float weights").
 //!
 //! 16 weights at a time are widened exactly to f32 (BF16: `vpmovzxwd` + `vpslld 16`;
 //! F16: `vcvtph2ps`) and multiplied into the output's 16 lanes with `vfmadd231ps`: one
@@ -21,16 +21,11 @@
 
 use core::arch::x86_64::*;
 
-use super::bf16dot;
+use super::features::has_avx2_fma;
+use super::prefetch;
+use super::simd::{f16x16, f16x8, reduce512, reduce_pair, tile46_asm};
 use crate::kernels::counters::{count, Op};
-use crate::kernels::half::HalfKernels;
-use crate::kernels::Tier;
-
-/// How far ahead a decode call prefetches the weights it streams: 1 KiB per row of an
-/// 8-row micro-tile. 4 KiB took 1.04-1.06x the time of the products in llama1b BF16
-/// decode and 16 KiB 1.02x (alternating steps of one process); SmolLM2 and Gemma 3
-/// were the same within 1%.
-const PF_DIST: usize = 8192;
+use crate::kernels::tier::Tier;
 
 /// The 2-byte float types' exact widening to f32.
 trait Widen {
@@ -78,60 +73,17 @@ impl Widen for F16 {
     #[inline(always)]
     unsafe fn w8(p: *const u8) -> __m256 {
         // SAFETY: 16 readable bytes (trait contract); F16C.
-        unsafe { super::f16x8(p) }
+        unsafe { f16x8(p) }
     }
     #[inline(always)]
     unsafe fn w16(p: *const u8) -> __m512 {
         // SAFETY: 32 readable bytes (trait contract).
-        unsafe { super::f16x16(p) }
+        unsafe { f16x16(p) }
     }
     #[inline(always)]
     unsafe fn tile46(w: *const u8, cols: usize, x: *const f32, y: *mut f32, ld: usize) {
         // SAFETY: forwarded caller contract.
         unsafe { f16_tile46(w, cols, x, y, ld) }
-    }
-}
-
-/// Prefetches, for each of the `R` rows of a micro-tile at `w` (`rb` bytes each, adjacent),
-/// the line `PF_DIST / R` bytes ahead of column byte `at` in that row, or, past the row's
-/// end, at that offset in the row `R` (or a multiple) below: the next micro-tile's, which
-/// the stream reaches next. The tile reads its rows side by side, R streams `rb` bytes
-/// apart, so one pointer running `PF_DIST` ahead through the tile's range (as the packed
-/// kernels' single stream does) would mostly land on lines already being read: with
-/// 2048-column rows it was one row ahead, the very line loaded in the same step.
-#[inline(always)]
-pub(super) fn prefetch_rows<const R: usize>(w: *const u8, rb: usize, at: usize) {
-    let ahead = at + PF_DIST / R;
-    let (down, off) = (ahead / rb * R, ahead % rb);
-    for r in 0..R {
-        let p = w.wrapping_add((r + down) * rb + off);
-        // The hint is the CPU's for row streams (`x86::prefetch`): NTA on Zen 5 (llama1b
-        // BF16 decode 1.10x of T1, which was 1.13-1.45x of T0), T1 on Zen 4 (1.41-1.51x
-        // of NTA on SmolLM2 and Gemma 3).
-        super::prefetch::line::<{ super::prefetch::ROWS }>(p);
-    }
-}
-
-/// Lanes `i` (of `lo`) and `i + 8` (of `hi`) added, then the 8-lane tree
-/// `((h0+h4) + (h2+h6)) + ((h1+h5) + (h3+h7))`.
-#[inline(always)]
-pub(super) unsafe fn reduce_pair(lo: __m256, hi: __m256) -> f32 {
-    // SAFETY: register-only AVX ops; every caller is compiled with AVX2.
-    unsafe {
-        let h = _mm256_add_ps(lo, hi);
-        let q = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1)); // i + 4
-        let p = _mm_add_ps(q, _mm_movehl_ps(q, q)); // (0+2), (1+3)
-        _mm_cvtss_f32(_mm_add_ss(p, _mm_shuffle_ps(p, p, 1)))
-    }
-}
-
-/// [`reduce_pair`] of a zmm's two halves.
-#[inline(always)]
-pub(super) unsafe fn reduce512(a: __m512) -> f32 {
-    // SAFETY: register-only AVX-512 F ops; every caller is compiled with them.
-    unsafe {
-        let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1));
-        reduce_pair(_mm512_castps512_ps256(a), hi)
     }
 }
 
@@ -160,7 +112,7 @@ unsafe fn tile512<W: Widen, const R: usize, const T: usize, const PF: bool>(
         for c in (0..cols).step_by(16) {
             if PF && c % 32 == 0 {
                 // A step reads 32 bytes of each row: a line per row every other step.
-                prefetch_rows::<R>(w, rb, 2 * c);
+                prefetch::rows::<R>(w, rb, 2 * c);
             }
             let mut wv = [_mm512_setzero_ps(); R];
             for (r, v) in wv.iter_mut().enumerate() {
@@ -180,98 +132,6 @@ unsafe fn tile512<W: Widen, const R: usize, const T: usize, const PF: bool>(
         }
     }
 }
-
-/// A 4 rows × 6 tokens micro-tile in inline asm, `$name(w, cols, x, y, ld)`: per step of
-/// `$per` columns, the four `$w` lines put row r's weights in zmm24+r (from `{wp}`,
-/// rows `{rb}` bytes apart), `$ld` loads token t's activations (`$xb` bytes per column
-/// in `x`), and `$op` accumulates each (row, token) into zmm0–23; then each accumulator
-/// is reduced into `y[t·ld + r]`. The accumulators are pinned: LLVM gives the intrinsic
-/// form only zmm0–19 and keeps ten accumulators on the stack, a load and a store per
-/// multiply-add. Used for the f32 contract's BF16/F16 tiles here ([`tile512`]`::<_, 4,
-/// 6, false>`, `vfmadd231ps` on widened weights) and `vdpbf16ps`'s (`bf16dot`).
-macro_rules! tile46_asm {
-    ($(#[$m:meta])* $name:ident, $feat:literal, $xt:ty, $per:literal, $xb:literal, $ld:literal,
-     $op:literal, [$w0:expr, $w1:expr, $w2:expr, $w3:expr]) => {
-        $(#[$m])*
-        /// # Safety
-        /// The CPU features; 4 rows at `w` (`2·cols` bytes each), 6 tokens at `x`,
-        /// `y[t·ld + r]` writable; `cols` a positive multiple of the step's columns.
-        #[target_feature(enable = $feat)]
-        #[inline]
-        unsafe fn $name(w: *const u8, cols: usize, x: *const $xt, y: *mut f32, ld: usize) {
-            debug_assert!(cols >= $per && cols.is_multiple_of($per));
-            let (rb, xs) = (2 * cols, $xb * cols);
-            let mut a = [_mm512_setzero_ps(); 24];
-            // SAFETY: each step reads 2·$per bytes of each row and 64 of each token, for
-            // cols / $per ≥ 1 steps: inside the caller's rows and tokens.
-            unsafe {
-                core::arch::asm!(
-                    "2:",
-                    $w0, $w1, $w2, $w3,
-                    concat!($ld, " zmm28, [{xp}]"),
-                    concat!($op, " zmm0, zmm24, zmm28"),
-                    concat!($op, " zmm1, zmm25, zmm28"),
-                    concat!($op, " zmm2, zmm26, zmm28"),
-                    concat!($op, " zmm3, zmm27, zmm28"),
-                    concat!($ld, " zmm29, [{xp} + {xs}]"),
-                    concat!($op, " zmm4, zmm24, zmm29"),
-                    concat!($op, " zmm5, zmm25, zmm29"),
-                    concat!($op, " zmm6, zmm26, zmm29"),
-                    concat!($op, " zmm7, zmm27, zmm29"),
-                    concat!($ld, " zmm30, [{xp} + {xs}*2]"),
-                    concat!($op, " zmm8, zmm24, zmm30"),
-                    concat!($op, " zmm9, zmm25, zmm30"),
-                    concat!($op, " zmm10, zmm26, zmm30"),
-                    concat!($op, " zmm11, zmm27, zmm30"),
-                    concat!($ld, " zmm31, [{xp} + {xs3}]"),
-                    concat!($op, " zmm12, zmm24, zmm31"),
-                    concat!($op, " zmm13, zmm25, zmm31"),
-                    concat!($op, " zmm14, zmm26, zmm31"),
-                    concat!($op, " zmm15, zmm27, zmm31"),
-                    concat!($ld, " zmm28, [{xp} + {xs}*4]"),
-                    concat!($op, " zmm16, zmm24, zmm28"),
-                    concat!($op, " zmm17, zmm25, zmm28"),
-                    concat!($op, " zmm18, zmm26, zmm28"),
-                    concat!($op, " zmm19, zmm27, zmm28"),
-                    concat!($ld, " zmm29, [{xp} + {xs5}]"),
-                    concat!($op, " zmm20, zmm24, zmm29"),
-                    concat!($op, " zmm21, zmm25, zmm29"),
-                    concat!($op, " zmm22, zmm26, zmm29"),
-                    concat!($op, " zmm23, zmm27, zmm29"),
-                    "add {wp}, {step}",
-                    "add {xp}, 64",
-                    "dec {n}",
-                    "jnz 2b",
-                    wp = inout(reg) w => _,
-                    xp = inout(reg) x => _,
-                    n = inout(reg) cols / $per => _,
-                    step = const 2 * $per,
-                    rb = in(reg) rb,
-                    rb3 = in(reg) 3 * rb,
-                    xs = in(reg) xs,
-                    xs3 = in(reg) 3 * xs,
-                    xs5 = in(reg) 5 * xs,
-                    inout("zmm0") a[0], inout("zmm1") a[1], inout("zmm2") a[2],
-                    inout("zmm3") a[3], inout("zmm4") a[4], inout("zmm5") a[5],
-                    inout("zmm6") a[6], inout("zmm7") a[7], inout("zmm8") a[8],
-                    inout("zmm9") a[9], inout("zmm10") a[10], inout("zmm11") a[11],
-                    inout("zmm12") a[12], inout("zmm13") a[13], inout("zmm14") a[14],
-                    inout("zmm15") a[15], inout("zmm16") a[16], inout("zmm17") a[17],
-                    inout("zmm18") a[18], inout("zmm19") a[19], inout("zmm20") a[20],
-                    inout("zmm21") a[21], inout("zmm22") a[22], inout("zmm23") a[23],
-                    out("zmm24") _, out("zmm25") _, out("zmm26") _, out("zmm27") _,
-                    out("zmm28") _, out("zmm29") _, out("zmm30") _, out("zmm31") _,
-                    options(nostack, readonly),
-                );
-                // Accumulator 4t + r is (row r, token t).
-                for (i, &v) in a.iter().enumerate() {
-                    *y.add(i / 4 * ld + i % 4) = super::half::reduce512(v);
-                }
-            }
-        }
-    };
-}
-pub(super) use tile46_asm;
 
 tile46_asm!(
     bf16_tile46,
@@ -323,7 +183,7 @@ unsafe fn tile256<W: Widen, const R: usize, const T: usize, const PF: bool>(
         let mut hi = [[_mm256_setzero_ps(); T]; R];
         for c in (0..cols).step_by(16) {
             if PF && c % 32 == 0 {
-                prefetch_rows::<R>(w, rb, 2 * c);
+                prefetch::rows::<R>(w, rb, 2 * c);
             }
             for r in 0..R {
                 let p = w.add(r * rb + 2 * c);
@@ -390,7 +250,7 @@ macro_rules! driver {
             unsafe {
                 if nt == 1 {
                     // Fewer rows side by side where the CPU streams them better.
-                    if super::prefetch::few_rows() {
+                    if $crate::kernels::x86::prefetch::few_rows() {
                         row_tiles!($tile, $rf, 1, true, wp, rows, cols, xp, y, ld);
                     } else {
                         row_tiles!($tile, $rd, 1, true, wp, rows, cols, xp, y, ld);
@@ -429,15 +289,15 @@ driver!(drive256, tile256, "avx2,fma,f16c", 2, 4, 4, 3);
 /// `bf16dot`'s decode); `None` for tiers without these kernels.
 pub fn decode_rows(t: Tier) -> Option<usize> {
     match t {
-        Tier::Avx2 if super::has_avx2_fma() => Some(4),
+        Tier::Avx2 if has_avx2_fma() => Some(4),
         Tier::Avx512 | Tier::Avx512Vnni | Tier::Avx512Bf16 => {
-            Some(if super::prefetch::few_rows() { 2 } else { 8 })
+            Some(if prefetch::few_rows() { 2 } else { 8 })
         }
         _ => None,
     }
 }
 
-/// A tier's entry for one weight type (see `kernels::half::HalfFn`): the call count,
+/// A tier's entry for one weight type (see `table::HalfFn`): the call count,
 /// then the tier's driver for the type.
 macro_rules! half_entry {
     ($(#[$doc:meta])* $name:ident, $tier:ident, $drive:ident, $w:ident) => {
@@ -451,7 +311,7 @@ macro_rules! half_entry {
 }
 
 half_entry!(
-    /// AVX-512 F, BF16 (see `kernels::half::HalfFn`).
+    /// AVX-512 F, BF16 (see `table::HalfFn`).
     ///
     /// # Safety
     /// The CPU has AVX-512 F; the `HalfFn` contract.
@@ -459,7 +319,7 @@ half_entry!(
 );
 
 half_entry!(
-    /// AVX-512 F, F16 (see `kernels::half::HalfFn`).
+    /// AVX-512 F, F16 (see `table::HalfFn`).
     ///
     /// # Safety
     /// As [`bf16_avx512`].
@@ -467,7 +327,7 @@ half_entry!(
 );
 
 half_entry!(
-    /// AVX2 + FMA + F16C, BF16 (see `kernels::half::HalfFn`).
+    /// AVX2 + FMA + F16C, BF16 (see `table::HalfFn`).
     ///
     /// # Safety
     /// The CPU has AVX2, FMA and F16C; the `HalfFn` contract.
@@ -475,43 +335,23 @@ half_entry!(
 );
 
 half_entry!(
-    /// AVX2 + FMA + F16C, F16 (see `kernels::half::HalfFn`).
+    /// AVX2 + FMA + F16C, F16 (see `table::HalfFn`).
     ///
     /// # Safety
     /// As [`bf16_avx2`].
     f16_avx2, Avx2, drive256, F16
 );
 
-/// The 2-byte float kernels of x86 tier `t` (`None`: the scalar reference's).
-pub(crate) fn kernels(t: Tier) -> Option<HalfKernels> {
-    match t {
-        Tier::Avx2 if super::has_avx2_fma() => Some(HalfKernels {
-            bf16: bf16_avx2,
-            f16: f16_avx2,
-            bf16_dot: bf16dot::bf16_dot_avx2,
-        }),
-        // The AVX-512 tiers have AVX-512 F (`has_avx512`). Without `vdpbf16ps`, BF16
-        // activations run its emulation.
-        Tier::Avx512 | Tier::Avx512Vnni => Some(HalfKernels {
-            bf16: bf16_avx512,
-            f16: f16_avx512,
-            bf16_dot: bf16dot::bf16_dot_avx512,
-        }),
-        Tier::Avx512Bf16 => Some(HalfKernels {
-            bf16: bf16_avx512,
-            f16: f16_avx512,
-            bf16_dot: bf16dot::bf16_dot_avx512bf16,
-        }),
-        _ => None,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernels::half::DotFn;
-    use crate::kernels::half::HalfFn;
-    use crate::kernels::{scalar_bf16dot, scalar_half};
+    use crate::kernels::scalar::{bf16dot as scalar_bf16dot, half as scalar_half};
+    use crate::kernels::x86::bf16dot;
+    use crate::kernels::x86::features::{has_avx512, has_avx512bf16};
+
+    /// The table's entry types (`table::HalfFn`, `table::DotFn`).
+    type HalfFn = unsafe fn(usize, usize, &[u8], &[f32], *mut f32, usize);
+    type DotFn = unsafe fn(usize, usize, &[u8], &[u16], *mut f32, usize);
 
     /// Decode (one token) with 2 and with 8 (AVX2: 4) rows side by side gives the
     /// scalar reference's bits, for every kernel this CPU runs; 13 rows leave a tail.
@@ -548,18 +388,18 @@ mod tests {
             y.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
         };
         let mut kinds: Vec<(HalfFn, HalfFn)> = Vec::new();
-        if crate::kernels::x86::has_avx2_fma() {
+        if has_avx2_fma() {
             kinds.push((bf16_avx2, scalar_half::tile_bf16));
             kinds.push((f16_avx2, scalar_half::tile_f16));
         }
-        if super::super::has_avx512() {
+        if has_avx512() {
             kinds.push((bf16_avx512, scalar_half::tile_bf16));
             kinds.push((f16_avx512, scalar_half::tile_f16));
         }
-        let bf16 = super::super::has_avx512bf16();
-        let chosen = super::super::prefetch::few_rows();
+        let bf16 = has_avx512bf16();
+        let chosen = prefetch::few_rows();
         for few in [true, false] {
-            super::super::prefetch::set_few_rows(few);
+            prefetch::set_few_rows(few);
             for &(f, reference) in &kinds {
                 assert_eq!(run(f), run(reference), "few rows {few}");
             }
@@ -571,6 +411,6 @@ mod tests {
                 );
             }
         }
-        super::super::prefetch::set_few_rows(chosen);
+        prefetch::set_few_rows(chosen);
     }
 }

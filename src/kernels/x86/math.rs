@@ -1,14 +1,13 @@
-//! AVX2 forms of `kernels::scalar_math` and `kernels::scalar_delta`: `exp`, the maximum,
-//! SiLU and GELU times the up projection on 8 lanes, and the delta rule's head step
-//! compiled for AVX2. The same f32 operations in the same order per element, so the
-//! same bits; tails shorter than 8 run the scalar functions.
+//! AVX2 forms of `scalar::math`: `exp` (also on 16 lanes with AVX-512 F), the maximum,
+//! SiLU and GELU times the up projection on 8 lanes. The same f32 operations in the
+//! same order per element, so the same bits; tails shorter than 8 run the scalar
+//! functions.
 
 use core::arch::x86_64::*;
 
 use crate::kernels::counters::{count, Op};
-use crate::kernels::scalar_delta::{head_step, DeltaHead};
-use crate::kernels::scalar_math::{self as sm, C1, C2, GELU_C, HI, LO, LOG2E, P};
-use crate::kernels::Tier;
+use crate::kernels::scalar::math::{self as sm, C1, C2, GELU_C, HI, LO, LOG2E, P};
+use crate::kernels::tier::Tier;
 
 /// The range reduction and polynomial of [`sm::exp`] on the lanes of the width whose
 /// intrinsics are given (`$floor` rounds toward −∞): `(n, y)`, the result being
@@ -29,64 +28,60 @@ macro_rules! exp_poly {
 }
 
 /// [`sm::exp`] on 8 lanes: the same operations in the same order.
-#[inline(always)]
-pub(crate) unsafe fn exp8(x: __m256) -> __m256 {
-    // SAFETY: register-only AVX2 ops; the caller has AVX2.
-    unsafe {
-        let (n, y) = exp_poly!(
-            x,
-            _mm256_floor_ps,
-            _mm256_set1_ps,
-            _mm256_add_ps,
-            _mm256_sub_ps,
-            _mm256_mul_ps
-        );
-        // n is integral in [-126, 127] where it is used; other lanes are replaced.
-        let e = _mm256_slli_epi32(
-            _mm256_add_epi32(_mm256_cvttps_epi32(n), _mm256_set1_epi32(127)),
-            23,
-        );
-        let v = _mm256_mul_ps(y, _mm256_castsi256_ps(e));
-        let v = _mm256_blendv_ps(
-            v,
-            _mm256_set1_ps(f32::INFINITY),
-            _mm256_cmp_ps(x, _mm256_set1_ps(HI), _CMP_GT_OQ),
-        );
-        let v = _mm256_blendv_ps(
-            v,
-            _mm256_setzero_ps(),
-            _mm256_cmp_ps(x, _mm256_set1_ps(LO), _CMP_LT_OQ),
-        );
-        _mm256_blendv_ps(v, x, _mm256_cmp_ps(x, x, _CMP_UNORD_Q))
-    }
+#[target_feature(enable = "avx2")]
+#[inline]
+pub(crate) fn exp8(x: __m256) -> __m256 {
+    let (n, y) = exp_poly!(
+        x,
+        _mm256_floor_ps,
+        _mm256_set1_ps,
+        _mm256_add_ps,
+        _mm256_sub_ps,
+        _mm256_mul_ps
+    );
+    // n is integral in [-126, 127] where it is used; other lanes are replaced.
+    let e = _mm256_slli_epi32(
+        _mm256_add_epi32(_mm256_cvttps_epi32(n), _mm256_set1_epi32(127)),
+        23,
+    );
+    let v = _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+    let v = _mm256_blendv_ps(
+        v,
+        _mm256_set1_ps(f32::INFINITY),
+        _mm256_cmp_ps(x, _mm256_set1_ps(HI), _CMP_GT_OQ),
+    );
+    let v = _mm256_blendv_ps(
+        v,
+        _mm256_setzero_ps(),
+        _mm256_cmp_ps(x, _mm256_set1_ps(LO), _CMP_LT_OQ),
+    );
+    _mm256_blendv_ps(v, x, _mm256_cmp_ps(x, x, _CMP_UNORD_Q))
 }
 
 /// [`sm::exp`] on 16 lanes (AVX-512 F): [`exp8`]'s operations, so the same bits.
-#[inline(always)]
-unsafe fn exp16(x: __m512) -> __m512 {
-    // SAFETY: register-only AVX-512 F ops; the caller has AVX-512 F.
-    unsafe {
-        // Round toward −∞, exceptions suppressed: `_mm256_floor_ps`'s rounding.
-        let (n, y) = exp_poly!(
-            x,
-            _mm512_roundscale_ps::<0x09>,
-            _mm512_set1_ps,
-            _mm512_add_ps,
-            _mm512_sub_ps,
-            _mm512_mul_ps
-        );
-        let e = _mm512_slli_epi32::<23>(_mm512_add_epi32(
-            _mm512_cvttps_epi32(n),
-            _mm512_set1_epi32(127),
-        ));
-        let v = _mm512_mul_ps(y, _mm512_castsi512_ps(e));
-        let hi = _mm512_cmp_ps_mask::<_CMP_GT_OQ>(x, _mm512_set1_ps(HI));
-        let v = _mm512_mask_blend_ps(hi, v, _mm512_set1_ps(f32::INFINITY));
-        let lo = _mm512_cmp_ps_mask::<_CMP_LT_OQ>(x, _mm512_set1_ps(LO));
-        let v = _mm512_mask_blend_ps(lo, v, _mm512_setzero_ps());
-        let nan = _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(x, x);
-        _mm512_mask_blend_ps(nan, v, x)
-    }
+#[target_feature(enable = "avx512f")]
+#[inline]
+fn exp16(x: __m512) -> __m512 {
+    // Round toward −∞, exceptions suppressed: `_mm256_floor_ps`'s rounding.
+    let (n, y) = exp_poly!(
+        x,
+        _mm512_roundscale_ps::<0x09>,
+        _mm512_set1_ps,
+        _mm512_add_ps,
+        _mm512_sub_ps,
+        _mm512_mul_ps
+    );
+    let e = _mm512_slli_epi32::<23>(_mm512_add_epi32(
+        _mm512_cvttps_epi32(n),
+        _mm512_set1_epi32(127),
+    ));
+    let v = _mm512_mul_ps(y, _mm512_castsi512_ps(e));
+    let hi = _mm512_cmp_ps_mask::<_CMP_GT_OQ>(x, _mm512_set1_ps(HI));
+    let v = _mm512_mask_blend_ps(hi, v, _mm512_set1_ps(f32::INFINITY));
+    let lo = _mm512_cmp_ps_mask::<_CMP_LT_OQ>(x, _mm512_set1_ps(LO));
+    let v = _mm512_mask_blend_ps(lo, v, _mm512_setzero_ps());
+    let nan = _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(x, x);
+    _mm512_mask_blend_ps(nan, v, x)
 }
 
 /// `v[i] = $f(v[i])` over the whole vectors of `$n` lanes at the front of `v` (loaded
@@ -112,18 +107,17 @@ macro_rules! map_lanes {
 /// `v[i] = exp(v[i])`, 16 at a time, then [`exp_all`] on the rest (inlined into
 /// AVX-512 F callers: the attention's softmax over a query's scores, where 8 lanes
 /// at a time took about a third of the attention kernels' time in prefill).
-#[inline(always)]
-pub(crate) unsafe fn exp_all16(v: &mut [f32]) {
-    // AVX-512 F in the caller.
+#[target_feature(enable = "avx2,avx512f")]
+#[inline]
+pub(crate) fn exp_all16(v: &mut [f32]) {
     let n16 = map_lanes!(v, 16, _mm512_loadu_ps, _mm512_storeu_ps, exp16);
-    // SAFETY: AVX2 in the caller (every AVX-512 tier has it).
-    unsafe { exp_all(&mut v[n16..]) }
+    exp_all(&mut v[n16..])
 }
 
 /// `v[i] = exp(v[i])`, 8 at a time (inlined into AVX2 callers).
-#[inline(always)]
-pub(crate) unsafe fn exp_all(v: &mut [f32]) {
-    // AVX2 in the caller.
+#[target_feature(enable = "avx2")]
+#[inline]
+pub(crate) fn exp_all(v: &mut [f32]) {
     let n8 = map_lanes!(v, 8, _mm256_loadu_ps, _mm256_storeu_ps, exp8);
     for x in &mut v[n8..] {
         *x = sm::exp(*x);
@@ -131,11 +125,11 @@ pub(crate) unsafe fn exp_all(v: &mut [f32]) {
 }
 
 /// [`sm::max`] with 32 running maxima (inlined into AVX2 callers).
-#[inline(always)]
-pub(crate) unsafe fn max_all(v: &[f32]) -> f32 {
+#[target_feature(enable = "avx2")]
+#[inline]
+pub(crate) fn max_all(v: &[f32]) -> f32 {
     let n32 = v.len() / 32 * 32;
-    // SAFETY (all intrinsics below): register-only or in-bounds AVX2 ops; AVX2 in the caller.
-    let mut m = unsafe { [_mm256_set1_ps(f32::NEG_INFINITY); 4] };
+    let mut m = [_mm256_set1_ps(f32::NEG_INFINITY); 4];
     let mut i = 0;
     while i < n32 {
         for (k, mk) in m.iter_mut().enumerate() {
@@ -146,143 +140,109 @@ pub(crate) unsafe fn max_all(v: &[f32]) -> f32 {
     }
     // The running maxima are never NaN, so any combining order gives the maximum.
     let mut lanes = [0f32; 8];
-    // SAFETY: register ops; lanes holds 8 floats.
-    unsafe {
-        let m = _mm256_max_ps(_mm256_max_ps(m[0], m[1]), _mm256_max_ps(m[2], m[3]));
-        _mm256_storeu_ps(lanes.as_mut_ptr(), m);
-    }
+    let m = _mm256_max_ps(_mm256_max_ps(m[0], m[1]), _mm256_max_ps(m[2], m[3]));
+    // SAFETY: lanes holds 8 floats.
+    unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), m) };
     let r = sm::max(&lanes);
     v[n32..].iter().fold(r, |r, &x| r.max(x))
 }
 
-/// An activation in its 8-lane and scalar forms (the same bits).
-trait Act {
-    /// # Safety
-    /// AVX2 is available (the caller is compiled with it).
-    unsafe fn v8(x: __m256) -> __m256;
-    fn one(x: f32) -> f32;
+/// SiLU on 8 lanes ([`sm::silu`]'s operations).
+#[target_feature(enable = "avx2")]
+#[inline]
+fn silu8(x: __m256) -> __m256 {
+    let e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), x));
+    _mm256_div_ps(x, _mm256_add_ps(_mm256_set1_ps(1.0), e))
 }
 
-struct Silu;
-
-impl Act for Silu {
-    #[inline(always)]
-    unsafe fn v8(x: __m256) -> __m256 {
-        // SAFETY: register-only AVX2 ops (trait contract).
-        unsafe {
-            let e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), x));
-            _mm256_div_ps(x, _mm256_add_ps(_mm256_set1_ps(1.0), e))
-        }
-    }
-    #[inline(always)]
-    fn one(x: f32) -> f32 {
-        sm::silu(x)
-    }
+/// GELU on 8 lanes ([`sm::gelu_tanh`]'s operations).
+#[target_feature(enable = "avx2")]
+#[inline]
+fn gelu8(x: __m256) -> __m256 {
+    let x3 = _mm256_mul_ps(_mm256_mul_ps(x, x), x);
+    let inner = _mm256_add_ps(x, _mm256_mul_ps(_mm256_set1_ps(0.044_715), x3));
+    let v = _mm256_mul_ps(_mm256_set1_ps(GELU_C), inner);
+    let e = exp8(_mm256_mul_ps(_mm256_set1_ps(-2.0), v));
+    _mm256_div_ps(x, _mm256_add_ps(_mm256_set1_ps(1.0), e))
 }
 
-struct Gelu;
-
-impl Act for Gelu {
-    #[inline(always)]
-    unsafe fn v8(x: __m256) -> __m256 {
-        // SAFETY: register-only AVX2 ops (trait contract).
-        unsafe {
-            let x3 = _mm256_mul_ps(_mm256_mul_ps(x, x), x);
-            let inner = _mm256_add_ps(x, _mm256_mul_ps(_mm256_set1_ps(0.044_715), x3));
-            let v = _mm256_mul_ps(_mm256_set1_ps(GELU_C), inner);
-            let e = exp8(_mm256_mul_ps(_mm256_set1_ps(-2.0), v));
-            _mm256_div_ps(x, _mm256_add_ps(_mm256_set1_ps(1.0), e))
-        }
-    }
-    #[inline(always)]
-    fn one(x: f32) -> f32 {
-        sm::gelu_tanh(x)
-    }
-}
-
-/// `g[i] = A(g[i]) · u[i]`, 8 at a time, the tail one by one.
-#[inline(always)]
-unsafe fn act_mul<A: Act>(g: &mut [f32], u: &[f32]) {
+/// `g[i] = act(g[i]) · u[i]` (GELU when `GELU`, else SiLU), 8 at a time, the tail one by
+/// one with the scalar function (the same bits).
+#[target_feature(enable = "avx2")]
+#[inline]
+fn act_mul<const GELU: bool>(g: &mut [f32], u: &[f32]) {
     let n = g.len().min(u.len());
     let n8 = n / 8 * 8;
     let mut i = 0;
     while i < n8 {
-        // SAFETY: i + 8 <= n <= both lengths; AVX2 in the callers.
+        // SAFETY: i + 8 <= n <= both lengths.
         unsafe {
             let p = g.as_mut_ptr().add(i);
-            let s = A::v8(_mm256_loadu_ps(p));
+            let x = _mm256_loadu_ps(p);
+            let s = if GELU { gelu8(x) } else { silu8(x) };
             _mm256_storeu_ps(p, _mm256_mul_ps(s, _mm256_loadu_ps(u.as_ptr().add(i))));
         }
         i += 8;
     }
     for (g, &u) in g[n8..n].iter_mut().zip(&u[n8..n]) {
-        *g = A::one(*g) * u;
+        *g = if GELU {
+            sm::gelu_tanh(*g)
+        } else {
+            sm::silu(*g)
+        } * u;
     }
 }
 
-// The table's entries (see `kernels::F32Kernels`).
+// The table's entries (see `table::F32Kernels`): safe functions of the CPU features
+// they need, which the table holds as `unsafe fn` pointers and calls only on a CPU that
+// has them.
 
 /// `v[i] = exp(v[i])`.
 ///
 /// # Safety
-/// The CPU must support AVX2.
+/// The CPU must support AVX2 (safe to call from code compiled with them).
 #[target_feature(enable = "avx2")]
-pub unsafe fn exp_slice(v: &mut [f32]) {
+pub fn exp_slice(v: &mut [f32]) {
     count(Tier::Avx2, Op::Exp);
-    // SAFETY: AVX2 (this function's contract).
-    unsafe { exp_all(v) }
+    exp_all(v)
 }
 
 /// `v[i] = exp(v[i])`, 16 lanes at a time: the AVX-512 tiers' entry.
 ///
 /// # Safety
-/// The CPU must support AVX2 and AVX-512 F.
+/// The CPU must support AVX2 and AVX-512 F (safe to call from code compiled with them).
 #[target_feature(enable = "avx2,avx512f")]
-pub unsafe fn exp_slice512(v: &mut [f32]) {
+pub fn exp_slice512(v: &mut [f32]) {
     count(Tier::Avx512, Op::Exp);
-    // SAFETY: AVX2 and AVX-512 F (this function's contract).
-    unsafe { exp_all16(v) }
+    exp_all16(v)
 }
 
 /// The maximum of `v` (see [`sm::max`]).
 ///
 /// # Safety
-/// The CPU must support AVX2.
+/// The CPU must support AVX2 (safe to call from code compiled with them).
 #[target_feature(enable = "avx2")]
-pub unsafe fn max_slice(v: &[f32]) -> f32 {
+pub fn max_slice(v: &[f32]) -> f32 {
     count(Tier::Avx2, Op::Max);
-    // SAFETY: AVX2 (this function's contract).
-    unsafe { max_all(v) }
+    max_all(v)
 }
 
 /// `g[i] = silu(g[i]) · u[i]`.
 ///
 /// # Safety
-/// The CPU must support AVX2.
+/// The CPU must support AVX2 (safe to call from code compiled with them).
 #[target_feature(enable = "avx2")]
-pub unsafe fn silu_mul(g: &mut [f32], u: &[f32]) {
+pub fn silu_mul(g: &mut [f32], u: &[f32]) {
     count(Tier::Avx2, Op::Act);
-    // SAFETY: AVX2 (this function's contract).
-    unsafe { act_mul::<Silu>(g, u) }
+    act_mul::<false>(g, u)
 }
 
 /// `g[i] = gelu_tanh(g[i]) · u[i]`.
 ///
 /// # Safety
-/// The CPU must support AVX2.
+/// The CPU must support AVX2 (safe to call from code compiled with them).
 #[target_feature(enable = "avx2")]
-pub unsafe fn gelu_mul(g: &mut [f32], u: &[f32]) {
+pub fn gelu_mul(g: &mut [f32], u: &[f32]) {
     count(Tier::Avx2, Op::Act);
-    // SAFETY: AVX2 (this function's contract).
-    unsafe { act_mul::<Gelu>(g, u) }
-}
-
-/// The delta rule's head step (`scalar_delta::head_step`) compiled for AVX2.
-///
-/// # Safety
-/// The CPU must support AVX2.
-#[target_feature(enable = "avx2")]
-pub unsafe fn delta_head(x: &DeltaHead, s: &mut [f32], o: &mut [f32], delta: &mut [f32]) {
-    count(Tier::Avx2, Op::Delta);
-    head_step(x, s, o, delta)
+    act_mul::<true>(g, u)
 }

@@ -13,12 +13,15 @@
 
 use core::arch::x86_64::*;
 
+use super::features::has_avx2;
 use super::prefetch::PACKED;
-use super::{f16x16, f16x8};
+use super::simd::{f16x16, f16x8};
+use crate::format::wtype::{WType, QK};
+use crate::kernels::acts::{ActTile, PACKED_TILE};
 use crate::kernels::counters::{count, Op};
 use crate::kernels::packed::{block_bytes, lane_start, PackedView, GROUP};
-use crate::kernels::{ActTile, Tier, WType, LANES, PACKED_TILE};
-use crate::quant::QK;
+use crate::kernels::scalar::tiles::LANES;
+use crate::kernels::tier::Tier;
 
 /// How far ahead the packed kernels prefetch the weights they stream: with the hardware
 /// prefetcher alone, generation was 30-40% slower (alternating runs of Gemma 3 and
@@ -45,10 +48,10 @@ pub(super) fn prefetch<const S: u8>(p: *const u8, ahead: usize, bytes: usize) {
 /// taking closures: the lanes must inline into the `#[target_feature]` kernels.
 macro_rules! lane_tree {
     ($lane:expr, $add:expr) => {{
-        let (ln, add) = (&$lane, &$add);
-        let h0 = add(add(ln(0), ln(4)), add(ln(2), ln(6)));
-        let h1 = add(add(ln(1), ln(5)), add(ln(3), ln(7)));
-        add(h0, h1)
+        let ln = &$lane;
+        let h0 = $add($add(ln(0), ln(4)), $add(ln(2), ln(6)));
+        let h1 = $add($add(ln(1), ln(5)), $add(ln(3), ln(7)));
+        $add(h0, h1)
     }};
 }
 pub(super) use lane_tree;
@@ -185,17 +188,17 @@ pub(super) unsafe fn unpack256(bits: u32, wp: *const u8) -> ([__m256i; 4], [__m2
 }
 
 /// `a | (b & m)`.
-#[inline(always)]
-unsafe fn or_and512(a: __m512i, b: __m512i, m: __m512i) -> __m512i {
-    // SAFETY: register-only AVX-512 F ops.
-    unsafe { _mm512_or_si512(a, _mm512_and_si512(b, m)) }
+#[target_feature(enable = "avx512f")]
+#[inline]
+fn or_and512(a: __m512i, b: __m512i, m: __m512i) -> __m512i {
+    _mm512_or_si512(a, _mm512_and_si512(b, m))
 }
 
 /// `a | (b & m)`.
-#[inline(always)]
-unsafe fn or_and256(a: __m256i, b: __m256i, m: __m256i) -> __m256i {
-    // SAFETY: register-only AVX2 ops.
-    unsafe { _mm256_or_si256(a, _mm256_and_si256(b, m)) }
+#[target_feature(enable = "avx2")]
+#[inline]
+fn or_and256(a: __m256i, b: __m256i, m: __m256i) -> __m256i {
+    _mm256_or_si256(a, _mm256_and_si256(b, m))
 }
 
 /// `(i0 + Σ_k lo[k]·x[4k..4k+4], i1 + Σ_k hi[k]·x[16+4k..])` for 16 rows by `vpdpbusd`,
@@ -224,18 +227,25 @@ pub(super) unsafe fn dpbusd_block(
     (i0, i1)
 }
 
-/// `a[t] + b[t]` for every token.
-#[inline(always)]
-pub(super) fn add512<const T: usize>(a: [__m512; T], b: [__m512; T]) -> [__m512; T] {
-    // SAFETY: register-only AVX-512 F op; every caller is compiled with it.
-    std::array::from_fn(|t| unsafe { _mm512_add_ps(a[t], b[t]) })
+/// `a[t] + b[t]` for every token (a loop, not `array::from_fn`, whose closure would
+/// be a function of its own).
+#[target_feature(enable = "avx512f")]
+#[inline]
+pub(super) fn add512<const T: usize>(mut a: [__m512; T], b: [__m512; T]) -> [__m512; T] {
+    for (x, y) in a.iter_mut().zip(b) {
+        *x = _mm512_add_ps(*x, y);
+    }
+    a
 }
 
-/// `a[t] + b[t]` for every token.
-#[inline(always)]
-pub(super) fn add256<const T: usize>(a: [__m256; T], b: [__m256; T]) -> [__m256; T] {
-    // SAFETY: register-only AVX op; every caller is compiled with AVX2.
-    std::array::from_fn(|t| unsafe { _mm256_add_ps(a[t], b[t]) })
+/// `a[t] + b[t]` for every token (as [`add512`]).
+#[target_feature(enable = "avx")]
+#[inline]
+pub(super) fn add256<const T: usize>(mut a: [__m256; T], b: [__m256; T]) -> [__m256; T] {
+    for (x, y) in a.iter_mut().zip(b) {
+        *x = _mm256_add_ps(*x, y);
+    }
+    a
 }
 
 /// Writes group `g`'s 16 row results `r[t]` to `y[t·ld + 16g + j]`, real rows only.
@@ -408,7 +418,7 @@ unsafe fn any<const IS_Q4: bool>(
     }
 }
 
-/// Packed Q8_0, AVX-512 VNNI (see `kernels::PackedFn`).
+/// Packed Q8_0, AVX-512 VNNI (see `table::PackedFn`).
 ///
 /// # Safety
 /// The CPU has AVX-512 F/BW/VNNI; `p` is a Q8_0 packed view, `g0 ≤ g1 ≤
@@ -421,7 +431,7 @@ pub unsafe fn q8_vnni(p: &PackedView, g0: usize, g1: usize, x: &ActTile, y: *mut
     unsafe { any::<false>(p, g0, g1, x, y, ld) }
 }
 
-/// Packed Q4_0, AVX-512 VNNI (see `kernels::PackedFn`).
+/// Packed Q4_0, AVX-512 VNNI (see `table::PackedFn`).
 ///
 /// # Safety
 /// As [`q8_vnni`], for a Q4_0 packed view.
@@ -434,7 +444,7 @@ pub unsafe fn q4_vnni(p: &PackedView, g0: usize, g1: usize, x: &ActTile, y: *mut
 
 /// The AVX2 packed kernel: Q4_0 (F16C for f16 scales).
 pub fn has_avx2_packed() -> bool {
-    super::has_avx2() && is_x86_feature_detected!("f16c")
+    has_avx2() && is_x86_feature_detected!("f16c")
 }
 
 /// AVX2, Q4_0: a group as two halves of 8 rows (a ymm lane per row). Per block, half
@@ -533,7 +543,7 @@ mod avx2q4 {
     }
 }
 
-/// Packed Q4_0, AVX2 (see `kernels::PackedFn`).
+/// Packed Q4_0, AVX2 (see `table::PackedFn`).
 ///
 /// # Safety
 /// The CPU has AVX2 and F16C; otherwise as [`q8_vnni`], for a Q4_0 packed view.

@@ -1,5 +1,5 @@
 //! Micro-kernels for packed matrices of the GGUF block types (layout:
-//! [`crate::kernels::packed_blocks`]), bit-identical to `kernels::scalar_k`.
+//! [`crate::kernels::packed`]), bit-identical to `scalar::blocks`.
 //!
 //! AVX-512 VNNI: one zmm lane per row of a 16-row group, as the packed Q4_0 kernel. Per
 //! block position the 4 chunks of nibbles become 8 u8 vectors (low nibbles: elements
@@ -26,13 +26,15 @@ use super::packed::{
     unpack512, with_tokens,
 };
 use super::prefetch::BLOCKS;
-use super::{f16x16, f16x8};
+use super::simd::{f16x16, f16x8};
+use crate::format::wtype::QK;
+use crate::kernels::acts::{ActTile, PACKED_TILE};
 use crate::kernels::counters::{count, Op};
-use crate::kernels::packed::{lane_start, PackedView, GROUP};
-use crate::kernels::packed_blocks::{BlockTy, GroupLayout, ScaleKind};
-use crate::kernels::{ActTile, Tier, LANES, PACKED_TILE};
+use crate::kernels::packed::{lane_start, GroupLayout, PackedView, GROUP};
+use crate::kernels::scalar::blocks::{BlockTy, ScaleKind};
+use crate::kernels::scalar::tiles::LANES;
+use crate::kernels::tier::Tier;
 use crate::quant::blocks32::IQ4NL_VALUES;
-use crate::quant::QK;
 
 /// IQ4_NL's 16 levels plus `off` (wrapping), or their magnitudes, as 16 bytes.
 fn table(abs: bool, off: i8) -> [i8; 16] {
@@ -164,7 +166,7 @@ unsafe fn i8x16_f32(p: *const u8) -> __m512 {
     unsafe { _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(p as *const __m128i))) }
 }
 
-/// Q4_K/Q5_K position scales (`sp`, 24 bytes, see `kernels::packed_blocks`): the top
+/// Q4_K/Q5_K position scales (`sp`, 24 bytes, see `kernels::packed`): the top
 /// four bits of `m` of rows `8h..8h + 8` (`h` = 1) or of all 16 rows (`h` = 0: rows
 /// 0..8 in bytes 0..8, rows 8..16 in bytes 8..16), one per byte.
 #[inline(always)]
@@ -183,15 +185,13 @@ unsafe fn k45_m_hi(sp: *const u8, h: usize) -> __m128i {
 
 /// The 6-bit `sc` and `m` codes, one per byte, from the position scales' bytes `a`
 /// (`sc | (m & 3) << 6` per row) and `m`'s top four bits `m_hi` (see [`k45_m_hi`]).
-#[inline(always)]
-unsafe fn k45_codes(a: __m128i, m_hi: __m128i) -> (__m128i, __m128i) {
-    // SAFETY: SSE2.
-    unsafe {
-        let sc = _mm_and_si128(a, _mm_set1_epi8(63));
-        // Per 16-bit lane, so mask the bits shifted in from the next byte.
-        let m_lo = _mm_and_si128(_mm_srli_epi16(a, 6), _mm_set1_epi8(3));
-        (sc, _mm_or_si128(m_lo, _mm_slli_epi16(m_hi, 2)))
-    }
+#[target_feature(enable = "sse2")]
+#[inline]
+fn k45_codes(a: __m128i, m_hi: __m128i) -> (__m128i, __m128i) {
+    let sc = _mm_and_si128(a, _mm_set1_epi8(63));
+    // Per 16-bit lane, so mask the bits shifted in from the next byte.
+    let m_lo = _mm_and_si128(_mm_srli_epi16(a, 6), _mm_set1_epi8(3));
+    (sc, _mm_or_si128(m_lo, _mm_slli_epi16(m_hi, 2)))
 }
 
 /// The float factors of one block position for the 16 rows (zmm) of a group; Q6_K's
@@ -386,7 +386,7 @@ unsafe fn group512<B: BlockTy, const T: usize>(
     }
 }
 
-/// Packed block type `B`, AVX-512 VNNI (see `kernels::PackedFn`).
+/// Packed block type `B`, AVX-512 VNNI (see `table::PackedFn`).
 ///
 /// # Safety
 /// The CPU has AVX-512 F/BW/VNNI, AVX2, FMA and F16C; `p` is a packed view of type `B`,
@@ -637,7 +637,7 @@ unsafe fn group256<B: BlockTy, const T: usize>(
     }
 }
 
-/// Packed block type `B`, AVX2 (see `kernels::PackedFn`).
+/// Packed block type `B`, AVX2 (see `table::PackedFn`).
 ///
 /// # Safety
 /// The CPU has AVX2, FMA and F16C; otherwise as [`vnni`].

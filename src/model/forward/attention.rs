@@ -2,7 +2,7 @@
 //! q/k/v(/gate) projections in one step, per token the biases, q/k norms and RoPE, the
 //! keys and values into the cache, the kernels' attention over the pool, the output
 //! gate and wo. The arithmetic of attention itself (scores, softmax, value sums) is the
-//! kernels' (`kernels::scalar_attn` and the tiers' versions), reached through
+//! kernels' (the scalar reference and the tiers' versions), reached through
 //! [`Kernels::attend`].
 //!
 //! Scheduling never splits one query's work, so neither the thread count nor the
@@ -25,7 +25,7 @@ use crate::kernels::{pool, Kernels, Query, TILE_QUERIES};
 use crate::model::config::RopeSel;
 use crate::model::kv::LayerCache;
 use crate::model::observer::Input;
-use crate::model::ops::{add, rmsnorm_inplace, sigmoid, PAR_MIN};
+use crate::model::ops::{add, sigmoid, PAR_MIN};
 use crate::model::rope;
 use crate::model::weights::AttnWeights;
 
@@ -199,7 +199,7 @@ impl Model<'_> {
             ),
             None => k.project_each(&[&a.wq, &a.wk, &a.wv], x, qa, &mut [q, kb, vb]),
         }
-        self.prepare(st, a, rope, n);
+        self.prepare(k, st, a, rope, n);
 
         let shape = |q, p0| Heads {
             k,
@@ -295,7 +295,7 @@ impl Model<'_> {
 
     /// Per token of the chunk: the biases, the per-head q/k norms and RoPE on `st.q`
     /// and `st.kb` (`st.vb` gets its bias).
-    fn prepare(&self, st: &mut Scratch, a: &AttnWeights, rope: RopeSel, n: usize) {
+    fn prepare(&self, k: &Kernels, st: &mut Scratch, a: &AttnWeights, rope: RopeSel, n: usize) {
         let c = &self.cfg;
         let (hd, qd, kvd, rd, eps) = (c.head_dim, c.q_dim, c.kv_dim, c.rot_dim, c.norm_eps);
         let cs: Option<&[f32]> = match rope {
@@ -312,7 +312,7 @@ impl Model<'_> {
             for (x, w) in [(&mut *q, a.q_norm), (&mut *kr, a.k_norm)] {
                 if let Some(w) = w {
                     x.chunks_exact_mut(hd)
-                        .for_each(|h| rmsnorm_inplace(h, w, eps));
+                        .for_each(|h| k.rmsnorm_inplace(h, w, eps));
                 }
             }
             if let Some(cs) = cs {

@@ -419,7 +419,7 @@ pub fn tensor_stats(m: &Mlb, name: &str) -> Option<TensorStats> {
             let bw = wtype.block_weights();
             let mut row = vec![0f32; cols];
             for r in 0..rows {
-                mr.dequant_row(r, &mut row);
+                crate::quant::dequant_mat_row(&mr, r, &mut row);
                 for b in row.chunks_exact(bw) {
                     if b.iter().all(|&v| v == 0.0) {
                         zero_blocks += 1;

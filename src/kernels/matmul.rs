@@ -1,0 +1,650 @@
+//! The matrix products through the table, and the one scheduler that cuts them into
+//! tasks of the thread pool ([`super::pool`]): `y = W·x` for every weight type, and the
+//! calls the forward pass makes for any matrix input ([`Kernels::project`]): f32 rows
+//! for 2-byte float weights, Q8_0 activations (quantized once per input,
+//! [`Kernels::quantize_acts`]) for every other type.
+//!
+//! Rows are independent and every (row, token) output is its own chain of the contract
+//! (docs/kernels.md), so the results depend neither on the thread count nor on how rows
+//! are split between tasks:
+//!
+//! * row-major quantized matrices: a task takes [`rows_per_task`] rows, in sub-blocks of
+//!   [`SUB_ROWS`] whose weights stay in L1/L2 across the tiles of
+//!   [`TILE_TOKENS`] tokens (f16 scales converted per sub-block);
+//! * products that run as one pool step ([`Plan`], [`run_plans`]): packed matrices
+//!   (tasks of 16-row groups in sub-blocks of [`SUB_BYTES`] of weights, against tiles of
+//!   [`PACKED_TILE`] tokens) and BF16 / F16 matrices (tasks of rows in sub-blocks of
+//!   [`SUB_ROWS`], against tiles of [`HALF_TILE`] tokens); matrices that share an input
+//!   (q/k/v, gate/up) put all their tasks in one list, so a decode step waits at one
+//!   barrier instead of several.
+//!
+//! BF16 weights can take activations rounded to BF16 ([`HalfActs::Bf16`], opt-in: the
+//! contract of `docs/kernels.md`, "BF16 activations", which is `vdpbf16ps`): the input
+//! is rounded once per projection ([`round_bf16_slice`]) and the tier's `DotFn` runs
+//! it; the reference `scalar::bf16dot` gives its bits.
+
+use std::cell::RefCell;
+
+use super::acts::{ActTile, HalfActs, QActs, PACKED_TILE, QUANT_PAR_VALUES, TILE_TOKENS};
+use super::mat::WeightMat;
+use super::packed::{PackedMat, PackedView, GROUP};
+use super::pool;
+use super::scalar::bf16dot::round_bf16_slice;
+use super::table::{kernels, DotFn, F16Fn, HalfFn, Kernels, PackedFn};
+use crate::format::mat::QMat;
+use crate::format::wtype::{WType, QK};
+
+/// Rows per sub-block of a multi-token task (its weights, ~40 KB for 576 Q8_0 columns,
+/// are reused by every token tile).
+const SUB_ROWS: usize = 64;
+
+/// Tokens per kernel call of a 2-byte float product in prefill: the activations of a
+/// tile (24 × 2048 f32 = 192 KiB at most for these models) and a sub-block of weight
+/// rows stay in L2.
+pub const HALF_TILE: usize = 24;
+
+/// Weight bytes per sub-block of a packed task: a sub-block's groups are read by every
+/// token tile of a prompt, so they should stay in L2, with room for the tile's
+/// activations (a 512 KiB L2 on Zen 3 is the smallest of the hosts here).
+const SUB_BYTES: usize = 256 << 10;
+
+/// Values per pool task when rounding many tokens to BF16.
+const ROUND_PAR_VALUES: usize = 65536;
+
+thread_local! {
+    /// Scales of one sub-block of rows converted from f16 (f16-scale files).
+    static SCALES: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+/// `y`'s base pointer, shared by tasks that write disjoint elements.
+#[derive(Clone, Copy)]
+struct SharedOut(*mut f32);
+
+// SAFETY: tasks only write disjoint indices (see `Kernels::matmul`), the slice outlives them.
+unsafe impl Send for SharedOut {}
+// SAFETY: as above.
+unsafe impl Sync for SharedOut {}
+
+impl SharedOut {
+    /// The address of element `i` (no access).
+    fn at(self, i: usize) -> *mut f32 {
+        self.0.wrapping_add(i)
+    }
+
+    /// # Safety
+    /// `i` is inside the slice and no other thread accesses element `i` concurrently.
+    unsafe fn write(self, i: usize, v: f32) {
+        // SAFETY: guaranteed by the caller.
+        unsafe { *self.0.add(i) = v }
+    }
+}
+
+/// Rows per pool task: enough work (~64K multiply-adds) to pay for a task, about
+/// four tasks per thread, a multiple of 16.
+fn rows_per_task(rows: usize, macs_per_row: usize) -> usize {
+    let min_rows = (65536 / macs_per_row.max(1)).max(1);
+    let per_thread = rows.div_ceil(4 * pool::threads());
+    per_thread.max(min_rows).next_multiple_of(16).min(rows)
+}
+
+/// Groups per sub-block of a packed task whose groups take `group_bytes` each: as many
+/// as [`SUB_BYTES`] holds, at least 64 rows. More rows per sub-block read the prompt's
+/// activations (which outgrow L2 from a few hundred tokens) fewer times.
+fn sub_groups(group_bytes: usize) -> usize {
+    (SUB_BYTES / group_bytes.max(1)).max(SUB_ROWS / GROUP)
+}
+
+/// The f32 scales of rows `r0..r1` of `w`: borrowed, or converted from f16 into `buf`
+/// with a tier's conversion `f16` (exact in every tier).
+#[inline]
+fn scales<'a: 'b, 'b>(
+    w: &QMat<'a>,
+    r0: usize,
+    r1: usize,
+    buf: &'b mut Vec<f32>,
+    f16: F16Fn,
+) -> &'b [f32] {
+    let nb = w.blocks();
+    if !w.wtype.has_scales() {
+        return &[]; // GGUF block types carry their scales inside the blocks
+    }
+    if w.d16.is_empty() {
+        return &w.d[r0 * nb..r1 * nb];
+    }
+    let src = &w.d16[r0 * nb..r1 * nb];
+    buf.resize(src.len(), 0.0);
+    // SAFETY: `f16` comes from a tier the CPU supports; the lengths agree.
+    unsafe { f16(src, buf) };
+    buf
+}
+
+/// One packed matrix product cut into pool tasks (runs of 16-row groups).
+struct PackedPlan<'a> {
+    f: PackedFn,
+    v: PackedView<'a>,
+    /// The input's tiles of [`PACKED_TILE`] tokens.
+    tiles: &'a [ActTile<'a>],
+    groups: usize,
+    /// Groups per task.
+    per_task: usize,
+    /// Groups per sub-block of a task (see [`sub_groups`]).
+    sub: usize,
+    tasks: usize,
+    out: SharedOut,
+    rows: usize,
+}
+
+impl<'a> PackedPlan<'a> {
+    /// Checks the shapes like [`Kernels::matmul`] (panics on a mismatch).
+    fn new(f: PackedFn, p: &'a PackedMat, x: &QActs, tiles: &'a [ActTile], y: &mut [f32]) -> Self {
+        let n = x.n();
+        assert_eq!(x.cols(), p.cols, "activation cols vs matrix cols");
+        assert_eq!(y.len(), n * p.rows, "y length vs n x rows");
+        let groups = p.groups();
+        let per_task = rows_per_task(p.rows, p.cols * n).div_ceil(GROUP);
+        PackedPlan {
+            f,
+            v: p.view(),
+            tiles,
+            groups,
+            per_task,
+            sub: sub_groups(p.bytes() / groups.max(1)),
+            tasks: groups.div_ceil(per_task),
+            out: SharedOut(y.as_mut_ptr()),
+            rows: p.rows,
+        }
+    }
+
+    /// Task `i`: its groups in sub-blocks whose weights stay in cache across the token
+    /// tiles.
+    fn run(&self, i: usize) {
+        let g1 = ((i + 1) * self.per_task).min(self.groups);
+        for s0 in (i * self.per_task..g1).step_by(self.sub) {
+            let s1 = (s0 + self.sub).min(g1);
+            for (k, xt) in self.tiles.iter().enumerate() {
+                let y = self.out.at(k * PACKED_TILE * self.rows);
+                // SAFETY: a supported tier's kernel; `xt` holds 1..=PACKED_TILE tokens
+                // of `v.nb` blocks; tile k's outputs start at row k·PACKED_TILE of y
+                // (n × rows, checked in `new`) and task i alone writes rows of groups
+                // s0..s1.
+                unsafe { (self.f)(&self.v, s0, s1, xt, y, self.rows) };
+            }
+        }
+    }
+}
+
+/// A 2-byte float kernel and the activations it takes.
+#[derive(Clone, Copy)]
+enum Input<'a> {
+    F32(HalfFn, &'a [f32]),
+    Bf16(DotFn, &'a [u16]),
+}
+
+impl Input<'_> {
+    /// Values in all.
+    fn len(&self) -> usize {
+        match self {
+            Input::F32(_, x) => x.len(),
+            Input::Bf16(_, x) => x.len(),
+        }
+    }
+
+    /// Runs the kernel on tokens `t0..t1`.
+    ///
+    /// # Safety
+    /// The kernel's contract (`HalfFn`) for `w`, those tokens, `y` and `ld`.
+    unsafe fn run(&self, t0: usize, t1: usize, cols: usize, w: &[u8], y: *mut f32, ld: usize) {
+        let rows = w.len() / (2 * cols);
+        // SAFETY: forwarded caller contract.
+        unsafe {
+            match *self {
+                Input::F32(f, x) => f(rows, cols, w, &x[t0 * cols..t1 * cols], y, ld),
+                Input::Bf16(f, x) => f(rows, cols, w, &x[t0 * cols..t1 * cols], y, ld),
+            }
+        }
+    }
+}
+
+/// One product of 2-byte float weights cut into pool tasks (runs of rows).
+struct HalfPlan<'a> {
+    x: Input<'a>,
+    w: &'a [u8],
+    rows: usize,
+    cols: usize,
+    n: usize,
+    /// Rows per task.
+    chunk: usize,
+    tasks: usize,
+    out: SharedOut,
+}
+
+impl<'a> HalfPlan<'a> {
+    /// Checks the shapes (panics on a mismatch, like [`Kernels::matmul`]).
+    fn new(w: &'a QMat, x: Input<'a>, y: &mut [f32]) -> Self {
+        let (rows, cols) = (w.rows, w.cols);
+        assert_eq!(x.len() % cols, 0, "activations vs matrix cols");
+        let n = x.len() / cols;
+        assert_eq!(y.len(), n * rows, "y length vs n x rows");
+        assert_eq!(w.q.len(), rows * cols * 2, "weights vs rows x cols");
+        let chunk = rows_per_task(rows, cols * n);
+        HalfPlan {
+            x,
+            w: w.q,
+            rows,
+            cols,
+            n,
+            chunk,
+            tasks: if n == 0 { 0 } else { rows.div_ceil(chunk) },
+            out: SharedOut(y.as_mut_ptr()),
+        }
+    }
+
+    /// Task `i`: rows `i·chunk..`, all tokens.
+    fn run(&self, i: usize) {
+        let (rows, cols, rb) = (self.rows, self.cols, self.cols * 2);
+        let r0 = i * self.chunk;
+        let r1 = (r0 + self.chunk).min(rows);
+        if self.n == 1 {
+            // SAFETY: a supported tier's kernel; rows r0..r1 of w, one token; task i
+            // alone writes outputs r0..r1 of y (n × rows, checked in `new`).
+            unsafe {
+                self.x
+                    .run(0, 1, cols, &self.w[r0 * rb..r1 * rb], self.out.at(r0), rows)
+            };
+            return;
+        }
+        for s0 in (r0..r1).step_by(SUB_ROWS) {
+            let s1 = (s0 + SUB_ROWS).min(r1);
+            for t0 in (0..self.n).step_by(HALF_TILE) {
+                let t1 = (t0 + HALF_TILE).min(self.n);
+                // SAFETY: as above; tokens t0..t1 write y[t·rows + r] for rows s0..s1,
+                // inside y and written by this task alone.
+                unsafe {
+                    self.x.run(
+                        t0,
+                        t1,
+                        cols,
+                        &self.w[s0 * rb..s1 * rb],
+                        self.out.at(t0 * rows + s0),
+                        rows,
+                    )
+                };
+            }
+        }
+    }
+}
+
+/// One matrix product of a pool step, cut into tasks.
+enum Plan<'a> {
+    Packed(PackedPlan<'a>),
+    Half(HalfPlan<'a>),
+}
+
+impl Plan<'_> {
+    fn tasks(&self) -> usize {
+        match self {
+            Plan::Packed(p) => p.tasks,
+            Plan::Half(p) => p.tasks,
+        }
+    }
+
+    fn run(&self, i: usize) {
+        match self {
+            Plan::Packed(p) => p.run(i),
+            Plan::Half(p) => p.run(i),
+        }
+    }
+}
+
+/// Products as one pool step: every plan's tasks in one list.
+fn run_plans(plans: &[Plan]) {
+    let total: usize = plans.iter().map(Plan::tasks).sum();
+    pool::run(total, |mut i| {
+        for p in plans {
+            if i < p.tasks() {
+                return p.run(i);
+            }
+            i -= p.tasks();
+        }
+    });
+}
+
+/// What a matrix takes from an f32 input.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Takes {
+    /// Q8_0 activations (every quantized type).
+    Q8,
+    /// The f32 rows as they are (BF16 / F16 by the default contract).
+    F32,
+    /// The rows rounded to BF16 (BF16 weights under [`HalfActs::Bf16`]).
+    Bf16,
+}
+
+/// `out` = `x` rounded to BF16 ([`round_bf16_slice`]), by the pool for long inputs.
+fn round_into(x: &[f32], out: &mut Vec<u16>) {
+    out.resize(x.len(), 0);
+    pool::parallel_if(x.len() > ROUND_PAR_VALUES && pool::threads() > 1).for_chunks(
+        out,
+        ROUND_PAR_VALUES,
+        |i, o| {
+            let at = i * ROUND_PAR_VALUES;
+            round_bf16_slice(&x[at..at + o.len()], o);
+        },
+    );
+}
+
+impl Kernels {
+    /// Quantizes `x` (`n × cols`, row-major) into `a` with this tier's activation
+    /// quantizer, then derives what the kernels read beside the quants.
+    ///
+    /// Panics if `cols` is not a positive multiple of 32 or does not divide `x.len()`.
+    pub fn quantize_acts(&self, x: &[f32], cols: usize, a: &mut QActs) {
+        assert!(
+            cols > 0 && cols.is_multiple_of(QK),
+            "cols {cols} must be a positive multiple of {QK}"
+        );
+        assert_eq!(
+            x.len() % cols,
+            0,
+            "x has {} values, not a multiple of cols {cols}",
+            x.len()
+        );
+        let n = x.len() / cols;
+        let (q, d) = a.shape(n, cols);
+        // A prompt chunk (e.g. 512 × 1536 values) is quantized by the pool, whole tokens
+        // per task: blocks are independent, so the bits are the same.
+        let per = (QUANT_PAR_VALUES / cols).max(1);
+        if n > per && pool::threads() > 1 {
+            let (xs, qs, ds) = (per * cols, per * cols, per * cols / QK);
+            pool::for_chunks2(q, qs, d, ds, |i, q, d| {
+                self.quantize_act(&x[i * xs..i * xs + q.len()], q, d);
+            });
+        } else {
+            self.quantize_act(x, q, d);
+        }
+        a.derive();
+    }
+
+    /// Dequantizes row `r` of `w` into `out` (`cols` values): `out[c] = q·d`, one f32
+    /// multiply (`quant::dequant_row`), from the packed copy when there is one (the
+    /// map's pages of a packed matrix were released), f16 scales converted with this
+    /// tier's conversion (exact: the bits of `quant::dequant_mat_row`).
+    ///
+    /// Panics if `r >= rows` or `out.len() != cols`.
+    pub fn dequant_row(&self, w: &WeightMat, r: usize, out: &mut [f32]) {
+        let (p, w) = (w.packed, &w.mat);
+        assert!(r < w.rows, "row {r} of {}", w.rows);
+        assert_eq!(out.len(), w.cols, "out length vs cols");
+        let (mut qbuf, mut buf) = (Vec::new(), Vec::new());
+        let (q, d) = match p {
+            // Packed: the map's pages of this matrix were released; read the copy.
+            Some(p) => {
+                p.unpack_row(r, &mut qbuf, &mut buf);
+                (&qbuf[..], &buf[..])
+            }
+            // A type without a scale array (BF16, F16, GGUF blocks) carries its own.
+            None if !w.wtype.has_scales() => (w.row_q(r), &buf[..]),
+            None => (w.row_q(r), scales(w, r, r + 1, &mut buf, self.f16)),
+        };
+        crate::quant::dequant_row(w.wtype, q, d, out)
+    }
+
+    /// `ys[i] = ws[i]·x` for matrices that share their input (q/k/v, gate/up): one
+    /// parallel step for all of them when they are packed, so a decode step waits at
+    /// one barrier instead of several. Same results as separate [`Kernels::matmul`]s.
+    pub fn matmul_each(&self, ws: &[&WeightMat], x: &QActs, ys: &mut [&mut [f32]]) {
+        assert_eq!(ws.len(), ys.len(), "matrices vs outputs");
+        let packed = |w: &&WeightMat| w.packed.is_some() && self.packs_type(w.mat.wtype);
+        if !ws.iter().all(packed) {
+            for (w, y) in ws.iter().zip(ys.iter_mut()) {
+                self.matmul(w, x, y);
+            }
+            return;
+        }
+        if x.n() == 0 {
+            return;
+        }
+        let tiles = x.tiles(PACKED_TILE);
+        let plans: Vec<Plan> = ws
+            .iter()
+            .zip(ys.iter_mut())
+            .map(|(w, y)| {
+                let (f, p) = (self.packed_fn(w.mat.wtype), w.packed);
+                let (f, p) = (f.expect("checked above"), p.expect("checked above"));
+                Plan::Packed(PackedPlan::new(f, p, x, &tiles, y))
+            })
+            .collect();
+        run_plans(&plans);
+    }
+
+    /// `y = W·x` for one token (`x.n() == 1`, `y.len() == w.rows`).
+    pub fn matvec(&self, w: &WeightMat, x: &QActs, y: &mut [f32]) {
+        assert_eq!(x.n(), 1, "matvec takes one token");
+        self.matmul(w, x, y);
+    }
+
+    /// `y[t·rows + r] = W[r]·x[t]` for all `n` tokens (token-major output).
+    ///
+    /// Panics if `x.cols() != w.cols` or `y.len() != x.n()·w.rows`.
+    pub fn matmul(&self, w: &WeightMat, x: &QActs, y: &mut [f32]) {
+        let (p, w) = (w.packed, &w.mat);
+        let n = x.n();
+        assert_eq!(x.cols(), w.cols, "activation cols vs matrix cols");
+        assert_eq!(y.len(), n * w.rows, "y length vs n x rows");
+        if n == 0 {
+            return;
+        }
+        if let (Some(p), Some(f)) = (p, self.packed_fn(w.wtype)) {
+            let tiles = x.tiles(PACKED_TILE);
+            return run_plans(&[Plan::Packed(PackedPlan::new(f, p, x, &tiles, y))]);
+        }
+        let tile = self.mats[w.wtype as usize]
+            .unwrap_or_else(|| panic!("no {} kernel on tier {}", w.wtype, self.tier()))
+            .tile;
+        let chunk = rows_per_task(w.rows, w.cols * n);
+        let tiles = x.tiles(TILE_TOKENS);
+        let (rb, nb) = (w.wtype.row_bytes(w.cols), w.blocks());
+        // f16 scales are converted per sub-block of rows into a per-thread buffer; f32
+        // scales are borrowed, so a decode task takes its rows in one kernel call.
+        let step = if w.d16.is_empty() { w.rows } else { SUB_ROWS };
+        if n == 1 {
+            // One chunk runs on this thread (`pool::run` of one task).
+            pool::for_chunks(y, chunk, |i: usize, yc: &mut [f32]| {
+                SCALES.with_borrow_mut(|buf| {
+                    for (j, ys) in yc.chunks_mut(step).enumerate() {
+                        let s0 = i * chunk + j * step;
+                        let s1 = s0 + ys.len();
+                        let wd = scales(w, s0, s1, buf, self.f16);
+                        // SAFETY: a supported tier's kernel; slices sized per `TileFn`.
+                        unsafe { tile(ys.len(), &w.q[s0 * rb..s1 * rb], wd, &tiles[0], ys) };
+                    }
+                });
+            });
+            return;
+        }
+        let out = SharedOut(y.as_mut_ptr());
+        let tasks = w.rows.div_ceil(chunk);
+        let run = |i: usize| {
+            let r1 = ((i + 1) * chunk).min(w.rows);
+            // Rows in sub-blocks whose weights stay in L1/L2 across the token tiles; each
+            // tile's outputs go through a small buffer and are written in runs per token.
+            let mut buf = [0.0f32; SUB_ROWS * TILE_TOKENS];
+            SCALES.with_borrow_mut(|sbuf| {
+                for s0 in (i * chunk..r1).step_by(SUB_ROWS) {
+                    let nr = SUB_ROWS.min(r1 - s0);
+                    let wq = &w.q[s0 * rb..(s0 + nr) * rb];
+                    let wd = scales(w, s0, s0 + nr, sbuf, self.f16);
+                    for (k, xt) in tiles.iter().enumerate() {
+                        let nt = xt.d.len() / nb;
+                        let b = &mut buf[..nr * nt];
+                        // SAFETY: a supported tier's kernel; slices sized per `TileFn`.
+                        unsafe { tile(nr, wq, wd, xt, b) };
+                        for t in 0..nt {
+                            let row0 = (k * TILE_TOKENS + t) * w.rows + s0;
+                            for j in 0..nr {
+                                // SAFETY: token k·TILE_TOKENS + t < n and s0 + j < r1 ≤ rows,
+                                // so the index is inside y; task i alone writes its rows.
+                                unsafe { out.write(row0 + j, b[j * nt + t]) };
+                            }
+                        }
+                    }
+                }
+            });
+        };
+        pool::run(tasks, run);
+    }
+
+    /// What a matrix of type `t` takes from an f32 input under these kernels.
+    fn takes(&self, t: WType) -> Takes {
+        match t {
+            WType::BF16 if self.half_acts() == HalfActs::Bf16 => Takes::Bf16,
+            t if t.is_half() => Takes::F32,
+            _ => Takes::Q8,
+        }
+    }
+
+    /// The plan of `w` (a 2-byte float matrix) on the f32 input `x`, or on its BF16
+    /// rounding `xb` when `w` takes that.
+    fn half_plan<'a>(
+        &self,
+        w: &'a WeightMat,
+        x: &'a [f32],
+        xb: &'a [u16],
+        y: &mut [f32],
+    ) -> Plan<'a> {
+        let w = &w.mat;
+        let input = match self.takes(w.wtype) {
+            Takes::Bf16 => Input::Bf16(self.half.bf16_dot, xb),
+            Takes::F32 => Input::F32(self.half_fn(w.wtype).expect("a 2-byte float type"), x),
+            Takes::Q8 => panic!("matmul_f32 takes BF16 / F16 weights, not {}", w.wtype),
+        };
+        Plan::Half(HalfPlan::new(w, input, y))
+    }
+
+    /// `y[t·rows + r] = W[r]·x[t]` for BF16 / F16 weights `w` and the f32 activations
+    /// `x` (`n × cols`, token-major), by the contract of docs/kernels.md ("2-byte float
+    /// weights"; BF16 weights under [`HalfActs::Bf16`]: "BF16 activations", `x` rounded
+    /// first): the same bits on every tier and at every thread count.
+    ///
+    /// Panics if `w` is not BF16 / F16, or the shapes disagree.
+    pub fn matmul_f32(&self, w: &WeightMat, x: &[f32], y: &mut [f32]) {
+        self.matmul_f32_each(&[w], x, &mut [y]);
+    }
+
+    /// `ys[i] = ws[i]·x` for 2-byte float matrices that share their input, as one pool
+    /// step (one barrier for q/k/v in decode). Same bits as separate
+    /// [`Kernels::matmul_f32`]s.
+    pub fn matmul_f32_each(&self, ws: &[&WeightMat], x: &[f32], ys: &mut [&mut [f32]]) {
+        let mut xb = Vec::new();
+        self.half_each(ws, x, &mut xb, ys);
+    }
+
+    /// `y[t·rows + r] = W[r]·x[t]` for BF16 weights and activations already rounded to
+    /// BF16 (`x`: their bits, `n × cols`), by the BF16-activation contract whatever
+    /// [`Kernels::half_acts`] says.
+    ///
+    /// Panics if `w` is not BF16, or the shapes disagree.
+    pub fn matmul_bf16(&self, w: &WeightMat, x: &[u16], y: &mut [f32]) {
+        assert_eq!(w.mat.wtype, WType::BF16, "matmul_bf16 takes BF16 weights");
+        let input = Input::Bf16(self.half.bf16_dot, x);
+        run_plans(&[Plan::Half(HalfPlan::new(&w.mat, input, y))]);
+    }
+
+    /// [`Kernels::matmul_f32_each`] with `xb` as the buffer of the BF16 rounding (made
+    /// only when a matrix takes it).
+    fn half_each(&self, ws: &[&WeightMat], x: &[f32], xb: &mut Vec<u16>, ys: &mut [&mut [f32]]) {
+        assert_eq!(ws.len(), ys.len(), "matrices vs outputs");
+        if ws.iter().any(|w| self.takes(w.mat.wtype) == Takes::Bf16) {
+            round_into(x, xb);
+        }
+        let plans: Vec<Plan> = ws
+            .iter()
+            .zip(ys.iter_mut())
+            .map(|(w, y)| self.half_plan(w, x, xb, y))
+            .collect();
+        run_plans(&plans);
+    }
+
+    /// `y = W·x` for the f32 input `x` (`n × w.cols`) whatever W's type: 2-byte float
+    /// weights take `x` as it is, or rounded to BF16 ([`Kernels::matmul_f32`]); the
+    /// others take it quantized to Q8_0 into `qa` ([`Kernels::matmul`]).
+    pub fn project(&self, w: &WeightMat, x: &[f32], qa: &mut QActs, y: &mut [f32]) {
+        self.project_each(&[w], x, qa, &mut [y]);
+    }
+
+    /// [`Kernels::project`] for matrices that share their input (q/k/v, gate/up, the
+    /// delta rule's four): `x` is quantized once when any of them takes Q8_0
+    /// activations and not at all when none does (rounded to BF16 likewise); the
+    /// quantized ones run as one step ([`Kernels::matmul_each`]), the 2-byte float ones
+    /// as another.
+    pub fn project_each(
+        &self,
+        ws: &[&WeightMat],
+        x: &[f32],
+        qa: &mut QActs,
+        ys: &mut [&mut [f32]],
+    ) {
+        assert_eq!(ws.len(), ys.len(), "matrices vs outputs");
+        let Some(first) = ws.first() else {
+            return;
+        };
+        let q8 = ws
+            .iter()
+            .filter(|w| self.takes(w.mat.wtype) == Takes::Q8)
+            .count();
+        if q8 == ws.len() {
+            self.quantize_acts(x, first.mat.cols, qa);
+            return self.matmul_each(ws, qa, ys);
+        }
+        if q8 == 0 {
+            return self.half_each(ws, x, qa.bf16_buf(), ys);
+        }
+        // A mixed file: each kind in its own step.
+        let (mut qw, mut qy, mut hw, mut hy) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        for (w, y) in ws.iter().zip(ys.iter_mut()) {
+            if self.takes(w.mat.wtype) == Takes::Q8 {
+                qw.push(*w);
+                qy.push(&mut **y);
+            } else {
+                hw.push(*w);
+                hy.push(&mut **y);
+            }
+        }
+        self.quantize_acts(x, first.mat.cols, qa);
+        self.matmul_each(&qw, qa, &mut qy);
+        self.half_each(&hw, x, qa.bf16_buf(), &mut hy);
+    }
+}
+
+/// Quantizes `x` into `a` with the active tier (see [`Kernels::quantize_acts`]).
+pub fn quantize_acts(x: &[f32], cols: usize, a: &mut QActs) {
+    kernels().quantize_acts(x, cols, a)
+}
+
+/// `y = W·x` for one token with the active tier (see [`Kernels::matvec`]).
+pub fn matvec(w: &WeightMat, x: &QActs, y: &mut [f32]) {
+    kernels().matvec(w, x, y)
+}
+
+/// `y = W·x` for `x.n()` tokens with the active tier (see [`Kernels::matmul`]).
+pub fn matmul(w: &WeightMat, x: &QActs, y: &mut [f32]) {
+    kernels().matmul(w, x, y)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sub_blocks_fill_256_kib_and_hold_64_rows() {
+        // Q5_K at 2048 columns: 64 positions of 392 bytes a group.
+        assert_eq!(sub_groups(64 * 392), 10);
+        // Q4_0 and Q8_0 (f16 scales) at 4096 columns.
+        assert_eq!(sub_groups(128 * (256 + 32)), 7);
+        assert_eq!(sub_groups(128 * (512 + 32)), 4);
+        // Wider rows: never fewer than 64 rows; tiny groups: as many as fit.
+        assert_eq!(sub_groups(256 * 544), 4);
+        assert_eq!(sub_groups(2 * 544), 240);
+        assert_eq!(sub_groups(0), 1 << 18);
+    }
+}
