@@ -95,9 +95,17 @@ fn try_start_with(
     args: &[&str],
     setup: Option<fn() -> std::io::Result<()>>,
 ) -> Result<Server, (Option<i32>, String)> {
-    let f = files();
+    try_start_model(&files().mlb, args, setup)
+}
+
+/// [`try_start_with`] on another model file.
+fn try_start_model(
+    model: &Path,
+    args: &[&str],
+    setup: Option<fn() -> std::io::Result<()>>,
+) -> Result<Server, (Option<i32>, String)> {
     let mut cmd = Command::new(bin_path("mlb-serve"));
-    cmd.arg(&f.mlb)
+    cmd.arg(model)
         .args(["--port", "0", "--threads", "2"])
         .args(args)
         .stdin(Stdio::null());

@@ -12,7 +12,7 @@ use krafla::chat::tools::{self, ToolFormat, ToolSpec};
 use krafla::format::mlb::synth::{synth_file, tiny_header};
 use krafla::format::mlb::Mlb;
 use krafla::model::{Packs, SamplerOptions, StateOptions};
-use krafla::session::constraint::json_options;
+use krafla::session::constraint::call_json_options;
 use krafla::session::{
     ConstraintError, Engine, GenerateOptions, Generator, Grammar, Grammars, StopReason,
 };
@@ -196,7 +196,7 @@ fn required_tool_calls_always_parse() {
     ];
     for format in [ToolFormat::Hermes, ToolFormat::Llama3Json] {
         // One call: a random model writes whitespace and calls until its length runs out.
-        let lark = tools::call_grammar(format, &specs, false, json_options(false), |t| {
+        let lark = tools::call_grammar(format, &specs, false, call_json_options(), |t| {
             gs.has_special(t)
         });
         for seed in 1..=5 {

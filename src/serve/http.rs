@@ -473,6 +473,7 @@ async fn generate(
         Ok((req, ids, c))
     })
     .await?;
+    let (constraint, grammar_field) = constraint.map_or((None, None), |(c, f)| (Some(c), Some(f)));
     let gen = app.gen_options(&req, ids.len())?;
     let prefix = match endpoint {
         Endpoint::Chat => "chatcmpl",
@@ -491,6 +492,7 @@ async fn generate(
             ids,
             gen,
             constraint,
+            grammar_field,
             events,
             label: endpoint.name(),
             ticket,

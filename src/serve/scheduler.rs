@@ -116,8 +116,10 @@ impl Drop for Ticket {
 pub struct Job {
     pub ids: Vec<u32>,
     pub gen: GenerateOptions,
-    /// The grammar the reply must match, compiled (its first mask computed).
+    /// The grammar the reply must match, compiled (its first mask computed), and the
+    /// request field that gave it (a grammar that fails mid-generation is named).
     pub constraint: Option<Constraint>,
+    pub grammar_field: Option<&'static str>,
     pub events: UnboundedSender<Event>,
     /// "chat" or "completion" (the log line).
     pub label: &'static str,
@@ -516,7 +518,15 @@ impl<'e> Scheduler<'e> {
             Ok(s) => s,
             Err(e) => {
                 let t = slot.task.take().expect("busy");
-                self.fail(i, &t, ApiError::internal(e.to_string()), "failed");
+                let err = match (&e, t.job.grammar_field) {
+                    // The request's grammar hit an engine limit: the request's fault.
+                    (SessionError::Constraint(_), Some(field)) => ApiError {
+                        code: Some("invalid_grammar"),
+                        ..ApiError::invalid(field, format!("'{field}': {e}"))
+                    },
+                    _ => ApiError::internal(e.to_string()),
+                };
+                self.fail(i, &t, err, "failed");
                 return;
             }
         };

@@ -12,7 +12,7 @@ use serde_json::{json, Value as Json};
 use super::api::{ApiError, Endpoint};
 use crate::chat::tools::{call_grammar, ToolCall, ToolFormat, ToolSpec};
 use crate::chat::Chat;
-use crate::session::constraint::json_options;
+use crate::session::constraint::call_json_options;
 use crate::session::{Constraint, ConstraintError, Engine, Grammar, Grammars};
 
 /// `tool_choice`.
@@ -313,7 +313,7 @@ impl Structured {
                 false,
             ),
         };
-        let lark = call_grammar(format, &specs, parallel, json_options(false), special);
+        let lark = call_grammar(format, &specs, parallel, call_json_options(), special);
         Some((Grammar::Lark(lark), "tools"))
     }
 
@@ -355,13 +355,14 @@ impl GrammarEngine {
             .map_err(|e| ApiError::internal(e.to_string()))
     }
 
-    /// The request's constraint, compiled (blocking work): `None` when it has no
-    /// grammar; a grammar that does not compile is a 400 naming its field.
+    /// The request's constraint, compiled (blocking work), and the field that gave it:
+    /// `None` when it has no grammar; a grammar that does not compile is a 400 naming
+    /// its field.
     pub fn constraint(
         &self,
         s: &Structured,
         format: ToolFormat,
-    ) -> Result<Option<Constraint>, ApiError> {
+    ) -> Result<Option<(Constraint, &'static str)>, ApiError> {
         if s.format.is_none() && s.grammar(format, |_| false).is_none() {
             return Ok(None);
         }
@@ -369,13 +370,14 @@ impl GrammarEngine {
         let Some((grammar, field)) = s.grammar(format, |t| g.has_special(t)) else {
             return Ok(None);
         };
-        g.compile(&grammar).map(Some).map_err(|e| match e {
-            ConstraintError::Grammar { .. } => ApiError {
+        match g.compile(&grammar) {
+            Ok(c) => Ok(Some((c, field))),
+            Err(e @ ConstraintError::Grammar { .. }) => Err(ApiError {
                 code: Some("invalid_grammar"),
                 ..invalid(field, format!("'{field}': {e}"))
-            },
-            e => ApiError::internal(e.to_string()),
-        })
+            }),
+            Err(e) => Err(ApiError::internal(e.to_string())),
+        }
     }
 }
 

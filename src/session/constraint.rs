@@ -30,6 +30,12 @@ use super::gbnf;
 /// grammars' bound), so a model cannot fill its context with blank lines.
 pub const JSON_WHITESPACE: &str = r"[\x20\x09]{1,20}|[\x0A\x0D]{1,2}[\x20\x09]{0,20}";
 
+/// The whitespace of a tool call's JSON: at most one space between tokens. The call
+/// formats are one line (`{"name": "f", "arguments": {"a": 1}}`, as the templates show
+/// them), and a model given the room of [`JSON_WHITESPACE`] at each of a call's dozen
+/// gaps can spend its length on indentation before the call closes.
+pub const CALL_WHITESPACE: &str = r"\x20";
+
 /// What the generated text must match.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Grammar {
@@ -107,6 +113,15 @@ pub fn json_options(strict: bool) -> Json {
     })
 }
 
+/// llguidance's JSON options for a tool call's JSON: [`CALL_WHITESPACE`], keywords the
+/// engine cannot enforce ignored (a tool's schema is the client's, written for OpenAI).
+pub fn call_json_options() -> Json {
+    json!({
+        "whitespace_pattern": CALL_WHITESPACE,
+        "lenient": true,
+    })
+}
+
 /// The schema with [`json_options`] unless it sets its own (`x-guidance`).
 fn with_json_options(mut schema: Json, strict: bool) -> Json {
     if let Some(o) = schema.as_object_mut() {
@@ -114,6 +129,30 @@ fn with_json_options(mut schema: Json, strict: bool) -> Json {
             .or_insert_with(|| json_options(strict));
     }
     schema
+}
+
+/// Longest engine message given out (a Lark error quotes the grammar's line).
+const MAX_MESSAGE: usize = 600;
+
+/// An llguidance error as a client may read it: without the engine's markers and the
+/// backtrace of a panic it caught, at most [`MAX_MESSAGE`] bytes.
+fn engine_message(e: impl std::fmt::Display) -> String {
+    let full = e.to_string();
+    let mut m = full.as_str();
+    for marker in ["\n<backtrace>", "\n<non-verbose/>", "\n<state>"] {
+        if let Some(at) = m.find(marker) {
+            m = &m[..at];
+        }
+    }
+    let m = m.trim_end();
+    if m.len() <= MAX_MESSAGE {
+        return m.to_string();
+    }
+    let mut end = MAX_MESSAGE;
+    while !m.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &m[..end])
 }
 
 /// The tokenizer as llguidance sees it: the trie, and Krafla's encoder for the text a
@@ -139,6 +178,15 @@ impl TokenizerEnv for TokenEnv {
         self.trie.greedy_tokenize(s)
     }
 }
+
+/// Lexer states one grammar may build (1–2 kB each: this bounds a request's memory at
+/// about 100 MB; llguidance's default is 250,000). The other budgets are llguidance's
+/// defaults, counts rather than clock time, so a grammar fails the same way on any
+/// machine: 1,000,000 units of lexer fuel to compile (about 20 ms), 200,000 per mask
+/// (about 15 ms) and 50,000 Earley items per mask, 500,000 grammar symbols, 50,000
+/// schema nodes. A grammar over budget at compile time is a 400; one that runs out
+/// while generating ends its request with a 400 (or a stream's error event).
+pub const MAX_LEXER_STATES: usize = 50_000;
 
 /// The grammar compiler for one engine's tokenizer: made once (the trie and the
 /// engine's token classes), then [`Grammars::compile`] per request. `Send + Sync`.
@@ -183,7 +231,9 @@ impl Grammars {
             message: e.to_string(),
         })?;
         factory.quiet();
-        factory.limits_mut().verbose_errors = false;
+        let limits = factory.limits_mut();
+        limits.verbose_errors = false;
+        limits.max_lexer_states = MAX_LEXER_STATES;
         Ok(Grammars { factory, vocab })
     }
 
@@ -214,7 +264,7 @@ impl Grammars {
         let parser = self
             .factory
             .create_parser(top)
-            .map_err(|e| bad(e.to_string()))?;
+            .map_err(|e| bad(engine_message(e)))?;
         let mut c = Constraint {
             matcher: Matcher::new(Ok(parser)),
             pending: None,
@@ -266,13 +316,13 @@ impl Constraint {
         let t0 = Instant::now();
         if let Some(id) = self.pending.take() {
             if let Err(e) = self.matcher.consume_token(id) {
-                self.error = Some(e.to_string());
+                self.error = Some(engine_message(e));
                 return;
             }
         }
         match self.matcher.compute_mask_or_eos() {
             Ok(m) => self.mask = Some(m),
-            Err(e) => self.error = Some(e.to_string()),
+            Err(e) => self.error = Some(engine_message(e)),
         }
         self.masks += 1;
         self.time += t0.elapsed();

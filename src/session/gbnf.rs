@@ -356,11 +356,18 @@ fn lark_class(neg: bool, items: &[(char, char)]) -> String {
     out
 }
 
+/// Groups nested deeper than this are refused: the parser recurses per group (a
+/// request's `((((...` must not overflow the stack), and llguidance's Lark parser
+/// takes fewer still (30).
+const MAX_NESTING: usize = 64;
+
 /// Parses rule bodies into Lark text.
 struct Parser<'a> {
     toks: &'a [Spanned],
     at: usize,
     defined: &'a HashSet<String>,
+    /// Groups open around the current token.
+    depth: usize,
 }
 
 impl Parser<'_> {
@@ -427,8 +434,13 @@ impl Parser<'_> {
                 Tok::Any => Some("/(?s:.)/".into()),
                 Tok::Token(t) => Some(t.clone()),
                 Tok::Open => {
+                    if self.depth == MAX_NESTING {
+                        return self.err(format!("groups nested deeper than {MAX_NESTING}"));
+                    }
                     self.at += 1;
+                    self.depth += 1;
                     let inner = self.alternatives()?;
+                    self.depth -= 1;
                     if self.peek() != Some(&Tok::Close) {
                         return self.err("expected ')'");
                     }
@@ -522,6 +534,7 @@ pub fn to_lark(src: &str) -> Result<String, GbnfError> {
             toks: body,
             at: 0,
             defined: &defined,
+            depth: 0,
         };
         let alts = p.alternatives()?;
         if p.at < body.len() {
@@ -574,6 +587,11 @@ mod tests {
 
     #[test]
     fn errors_name_the_place() {
+        let deep = format!(
+            "root ::= {}\"a\"{}\n",
+            "(".repeat(100_000),
+            ")".repeat(100_000)
+        );
         for (src, line, col, what) in [
             ("root ::= foo\n", 1, 10, "not defined"),
             ("item ::= \"x\"\n", 0, 0, "no 'root'"),
@@ -590,6 +608,7 @@ mod tests {
             ("\"x\" root ::= \"y\"", 1, 1, "expected a rule"),
             ("root ::= @\n", 1, 10, "unexpected character"),
             ("   \n# only a comment\n", 0, 0, "empty"),
+            (deep.as_str(), 1, 74, "nested deeper than 64"),
         ] {
             let e = to_lark(src).unwrap_err();
             assert!(e.message.contains(what), "{src:?}: {e}");

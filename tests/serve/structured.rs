@@ -279,3 +279,260 @@ fn serve_tool_conversations_render() {
     let c = answer(&s, &body);
     assert!(c["message"]["content"].is_string(), "{c}");
 }
+
+/// The default model with 1,024 positions (the real templates' tool prompts are longer
+/// than its 256; its RoPE needs no more) and its tokenizer with a real template of
+/// testdata/chat/templates/: a server of one template family (converted once per test
+/// run).
+fn start_family(template: &str) -> Server {
+    use std::path::{Path, PathBuf};
+    use std::sync::Mutex;
+    static DONE: Mutex<Vec<String>> = Mutex::new(Vec::new());
+    let dir = super::files().mlb.parent().unwrap().to_path_buf();
+    let long = dir.join("long.mlb");
+    let tok = dir.join(format!("{template}.mlt"));
+    let src = crate::util::testdata().join("default");
+    let mut done = DONE.lock().unwrap();
+    if done.is_empty() {
+        let hf = dir.join("long-hf");
+        std::fs::create_dir_all(&hf).unwrap();
+        for f in [
+            "model.safetensors",
+            "generation_config.json",
+            "tokenizer.json",
+            "tokenizer_config.json",
+        ] {
+            std::fs::copy(src.join(f), hf.join(f)).unwrap();
+        }
+        let mut cfg: Value =
+            serde_json::from_str(&std::fs::read_to_string(src.join("config.json")).unwrap())
+                .unwrap();
+        cfg["max_position_embeddings"] = json!(1024);
+        std::fs::write(hf.join("config.json"), cfg.to_string()).unwrap();
+        super::convert(
+            "mlb-convert",
+            &[&hf, Path::new("-o"), &long],
+            &["--wtype", "q8_0"],
+        );
+        done.push(String::new());
+    }
+    if !done.iter().any(|t| t == template) {
+        let jinja: PathBuf =
+            crate::util::testdata().join(format!("chat/templates/{template}.jinja"));
+        let json = src.join("tokenizer.json");
+        super::convert(
+            "mlt-convert",
+            &[
+                &json,
+                Path::new("-o"),
+                &tok,
+                Path::new("--chat-template"),
+                &jinja,
+            ],
+            &["-q"],
+        );
+        done.push(template.to_string());
+    }
+    drop(done);
+    super::try_start_model(&long, &["--tokenizer", tok.to_str().unwrap()], None)
+        .unwrap_or_else(|(c, e)| panic!("mlb-serve exited {c:?}: {e}"))
+}
+
+/// The calls of a whole answer: (id, name, arguments).
+fn whole_calls(c: &Value) -> Vec<(String, String, String)> {
+    c["message"]["tool_calls"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|t| {
+            assert_eq!(t["type"], "function", "{t}");
+            (
+                t["id"].as_str().unwrap().into(),
+                t["function"]["name"].as_str().unwrap().into(),
+                t["function"]["arguments"].as_str().unwrap().into(),
+            )
+        })
+        .collect()
+}
+
+/// The content a stream's deltas add up to.
+fn streamed_content(data: &[String]) -> String {
+    data[..data.len() - 1]
+        .iter()
+        .filter_map(|d| {
+            let v: Value = serde_json::from_str(d).unwrap();
+            v["choices"][0]["delta"]["content"]
+                .as_str()
+                .map(str::to_string)
+        })
+        .collect()
+}
+
+/// tool_choice auto: calls are read out of what the model writes, in each template
+/// family's format (a grammar makes the random model write text and two calls), whole
+/// and streamed, each with its own id; parallel calls in one reply.
+#[test]
+fn serve_auto_tool_calls_are_read_per_template_family() {
+    let hermes = |city: &str| {
+        format!("<tool_call>\n{{\"name\": \"get_weather\", \"arguments\": {{\"city\": \"{city}\", \"unit\": \"c\"}}}}\n</tool_call>")
+    };
+    let llama = |city: &str| {
+        format!("{{\"name\": \"get_weather\", \"parameters\": {{\"city\": \"{city}\", \"unit\": \"c\"}}}}")
+    };
+    // (template, what the model writes, the content expected beside the calls)
+    let cases = [
+        (
+            "qwen3",
+            format!("Checking both.\n{}\n{}", hermes("Oslo"), hermes("Bergen")),
+            Some("Checking both."),
+        ),
+        (
+            "qwen2.5",
+            format!("{}\n{}", hermes("Oslo"), hermes("Bergen")),
+            None,
+        ),
+        (
+            "smollm3",
+            format!("{}\n{}", hermes("Oslo"), hermes("Bergen")),
+            None,
+        ),
+        (
+            "llama3.1",
+            format!("<|python_tag|>{}; {}", llama("Oslo"), llama("Bergen")),
+            None,
+        ),
+        (
+            "llama3.2",
+            format!("{}; {}", llama("Oslo"), llama("Bergen")),
+            None,
+        ),
+    ];
+    for (template, text, content) in cases {
+        let s = start_family(template);
+        let grammar = format!("start: {}", serde_json::to_string(&text).unwrap());
+        let body = chat(
+            json!({"tools": tools(), "tool_choice": "auto", "grammar": grammar, "max_tokens": 120}),
+        );
+        let c = answer(&s, &body);
+        assert_eq!(c["finish_reason"], "tool_calls", "{template}: {c}");
+        assert_eq!(c["message"]["content"].as_str(), content, "{template}: {c}");
+        let calls = whole_calls(&c);
+        let got: Vec<(&str, Value)> = calls
+            .iter()
+            .map(|(_, n, a)| (n.as_str(), serde_json::from_str(a).unwrap()))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("get_weather", json!({"city": "Oslo", "unit": "c"})),
+                ("get_weather", json!({"city": "Bergen", "unit": "c"}))
+            ],
+            "{template}: {c}"
+        );
+        assert_ne!(calls[0].0, calls[1].0, "ids differ");
+        let data = s.stream("/v1/chat/completions", &body);
+        let (streamed, finish) = streamed_calls(&data);
+        assert_eq!(finish, "tool_calls", "{template}");
+        let names_args = |v: &[(String, String, String)]| -> Vec<(String, String)> {
+            v.iter().map(|(_, n, a)| (n.clone(), a.clone())).collect()
+        };
+        assert_eq!(names_args(&streamed), names_args(&calls), "{template}");
+        assert_eq!(streamed_content(&data), content.unwrap_or(""), "{template}");
+        // A reply with no call is plain content.
+        let c = answer(
+            &s,
+            &chat(
+                json!({"tools": tools(), "grammar": "start: \"It is sunny.\"", "max_tokens": 20}),
+            ),
+        );
+        assert_eq!(c["finish_reason"], "stop", "{template}: {c}");
+        assert_eq!(c["message"]["content"], "It is sunny.", "{template}: {c}");
+        assert!(c["message"].get("tool_calls").is_none(), "{template}: {c}");
+    }
+}
+
+/// Required and named calls under the real templates: the grammar writes each family's
+/// format (Llama 3's JSON with "parameters", Qwen's tags), the reply parses, and a
+/// conversation carrying the call and its result renders for the next turn.
+#[test]
+fn serve_required_tool_calls_per_template_family() {
+    for template in ["qwen3", "llama3.1", "smollm3"] {
+        let s = start_family(template);
+        for (choice, seed) in [
+            (json!("required"), 1),
+            (
+                json!({"type": "function", "function": {"name": "get_weather"}}),
+                2,
+            ),
+        ] {
+            let body = chat(
+                json!({"tools": tools(), "tool_choice": choice, "parallel_tool_calls": false, "seed": seed}),
+            );
+            let c = answer(&s, &body);
+            assert_eq!(c["finish_reason"], "tool_calls", "{template}: {c}");
+            let calls = whole_calls(&c);
+            assert_eq!(calls.len(), 1, "{template}: {c}");
+            check_call(&calls[0].1, &calls[0].2);
+            // The call and its result go back to the template.
+            let next = json!({
+                "messages": [
+                    {"role": "user", "content": "Weather in Oslo?"},
+                    c["message"],
+                    {"role": "tool", "tool_call_id": calls[0].0, "content": "{\"temp\": 3}"}
+                ],
+                "tools": tools(), "max_tokens": 2
+            });
+            let r = s.post("/v1/chat/completions", &next.to_string());
+            assert_eq!(r.status, 200, "{template}: {}", r.body);
+        }
+    }
+}
+
+/// Hostile grammars and schemas cannot hang or crash the server: each request ends in
+/// bounded time with an answer or a 400 naming its field (never a panic's backtrace),
+/// and the server serves on.
+#[test]
+fn serve_hostile_grammars_are_bounded() {
+    let s = start(&[]);
+    let schema = |v: Value| json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": v}}});
+    let cases = [
+        json!({"grammar": format!("root ::= {}\"a\"{}", "(".repeat(50_000), ")".repeat(50_000))}),
+        json!({"grammar": format!("start: {}\"a\"{}", "(".repeat(50_000), ")".repeat(50_000))}),
+        json!({"grammar": format!("start: r0\n{}r40: \"a\"\n", (0..40).map(|i| format!("r{i}: r{} r{}\n", i + 1, i + 1)).collect::<String>())}),
+        json!({"regex": "((a{100}){100}){100}"}),
+        json!({"regex": "(a|b)*a(a|b){40}"}),
+        schema(json!({"type": "integer", "minimum": -1e300, "maximum": 1e300})),
+        schema(json!({"$defs": {"a": {"anyOf": [{"$ref": "#/$defs/a"}]}}, "$ref": "#/$defs/a"})),
+        schema(json!({"type": "array", "minItems": 1_000_000, "items": {"type": "integer"}})),
+        schema(json!({"type": "string", "minLength": 100_000_000})),
+        schema(json!({"type": "string", "pattern": "^(a|b)*a(a|b){30}$"})),
+        schema(
+            json!({"anyOf": (0..20_000).map(|i| json!({"const": format!("{}{i}", "x".repeat(50))})).collect::<Vec<_>>()}),
+        ),
+        schema(
+            json!({"allOf": (10..20).map(|i| json!({"type": "string", "pattern": format!("^(.*a.{{{i}}})$")})).collect::<Vec<_>>()}),
+        ),
+    ];
+    for extra in cases {
+        let field = extra.as_object().unwrap().keys().next().unwrap().clone();
+        let body = chat(json!({"max_tokens": 20})).as_object().unwrap().clone();
+        let mut body = Value::Object(body);
+        body[&field] = extra[&field].clone();
+        let t0 = std::time::Instant::now();
+        let r = s.post("/v1/chat/completions", &body.to_string());
+        let took = t0.elapsed();
+        let what = &body[&field].to_string()[..body[&field].to_string().len().min(80)];
+        assert!(took.as_secs() < 30, "{what}: {took:?}");
+        match r.status {
+            200 => {}
+            400 => {
+                let e = r.error(400);
+                assert_eq!(e["param"], field.as_str(), "{what}: {e}");
+                let m = e["message"].as_str().unwrap();
+                assert!(!m.contains("backtrace") && m.len() < 1000, "{what}: {m}");
+            }
+            st => panic!("{what}: {st} {}", r.body),
+        }
+    }
+    s.assert_serves();
+}
