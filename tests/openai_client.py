@@ -137,7 +137,7 @@ def tool_calls(client):
     for choice in ("required", {"type": "function", "function": {"name": "get_weather"}}):
         r = client.chat.completions.create(
             model="default", messages=messages, tools=TOOLS, tool_choice=choice, parallel_tool_calls=False,
-            max_tokens=300, seed=1, temperature=1,
+            max_tokens=200, seed=1, temperature=1,
         )
         c = r.choices[0]
         calls = c.message.tool_calls or []
@@ -150,7 +150,7 @@ def tool_calls(client):
         # The stream helper adds the deltas up to the same calls.
         with client.chat.completions.stream(
             model="default", messages=messages, tools=TOOLS, tool_choice=choice, parallel_tool_calls=False,
-            max_tokens=300, seed=1, temperature=1,
+            max_tokens=200, seed=1, temperature=1,
         ) as s:
             final = s.get_final_completion()
         fc = final.choices[0]
@@ -167,7 +167,7 @@ def tool_calls(client):
     # Pydantic tools through parse: the arguments come back as the model's instance.
     r = client.chat.completions.parse(
         model="default", messages=messages, tools=[openai.pydantic_function_tool(GetWeather)],
-        tool_choice="required", max_tokens=300, seed=2, temperature=1,
+        tool_choice="required", parallel_tool_calls=False, max_tokens=200, seed=2, temperature=1,
     )
     pa = r.choices[0].message.tool_calls[0].function.parsed_arguments
     check("pydantic tool parsed", isinstance(pa, GetWeather), r)
@@ -176,7 +176,7 @@ def tool_calls(client):
     call = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo", "unit": "c"}}\n</tool_call>'
     two = "start: " + json.dumps("Checking. " + call + "\n" + call.replace("Oslo", "Bergen"))
     r = client.chat.completions.create(
-        model="default", messages=messages, tools=TOOLS, tool_choice="auto", max_tokens=100,
+        model="default", messages=messages, tools=TOOLS, tool_choice="auto", max_tokens=150,
         extra_body={"grammar": two},
     )
     c = r.choices[0]
@@ -186,7 +186,7 @@ def tool_calls(client):
           and got == [("get_weather", "Oslo"), ("get_weather", "Bergen")]
           and len({t.id for t in c.message.tool_calls}) == 2, r)
     chunks = list(client.chat.completions.create(
-        model="default", messages=messages, tools=TOOLS, tool_choice="auto", max_tokens=100,
+        model="default", messages=messages, tools=TOOLS, tool_choice="auto", max_tokens=150,
         extra_body={"grammar": two}, stream=True,
     ))
     args = {}

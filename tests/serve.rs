@@ -1086,8 +1086,9 @@ fn serve_step_all_gives_each_session_its_solo_bits() {
 }
 
 /// tests/openai_client.py: the official `openai` Python package against mlb-serve
-/// (models, chat, chat stream, completions, completions stream, logprobs, typed
-/// errors, SIGTERM exit 0). Needs `KRAFLA_OPENAI_PYTHON` naming a python with `openai`
+/// (models, chat, chat stream, completions, completions stream, logprobs, structured
+/// output through `parse` and the stream helper, tool calls required, named, auto and
+/// parallel, typed errors, SIGTERM exit 0). Needs `KRAFLA_OPENAI_PYTHON` naming a python with `openai`
 /// installed; `.ci/run` makes that venv and sets it. Skipped (with a message) without.
 #[test]
 fn serve_openai_python_client() {
