@@ -123,6 +123,9 @@ fn json_schemas_are_always_valid() {
     }
 }
 
+/// Whether a generated text is what its grammar allows.
+type Check = dyn Fn(&str) -> bool;
+
 #[test]
 fn regexes_lark_and_gbnf_grammars_match() {
     let (e, gs) = setup();
@@ -134,7 +137,7 @@ fn regexes_lark_and_gbnf_grammars_match() {
             && b[4..].iter().all(u8::is_ascii_digit)
             && b.len() <= 7
     };
-    let cases: Vec<(Grammar, Box<dyn Fn(&str) -> bool>)> = vec![
+    let cases: Vec<(Grammar, Box<Check>)> = vec![
         (Grammar::Regex("[a-c]{3}-[0-9]{1,3}".into()), Box::new(is_code)),
         (
             Grammar::Lark("%llguidance {}\nstart: \"id=\" NUM (\",\" NUM)*\nNUM: /[0-9]{1,2}/\n".into()),

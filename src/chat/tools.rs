@@ -200,10 +200,8 @@ fn scan_call(s: &str, args_key: &str) -> Scan {
                     out.name = serde_json::from_str(&s[i..e]).ok();
                 }
             }
-            Some(k) if k == args_key || k == "arguments" => {
-                if out.args.is_none() {
-                    out.args = Some((i, end));
-                }
+            Some(k) if (k == args_key || k == "arguments") && out.args.is_none() => {
+                out.args = Some((i, end));
             }
             _ => {}
         }
