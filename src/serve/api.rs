@@ -17,7 +17,7 @@ use minijinja::value::ValueKind;
 use serde::Deserialize;
 use serde_json::{json, Value as Json};
 
-use super::structured::{self, Structured};
+use super::structured::{self, Structured, StructuredError};
 use crate::chat::tools::normalize_tool_calls;
 use crate::chat::{ChatError, Message, RenderOptions, Value};
 use crate::model::SamplerOptions;
@@ -175,6 +175,22 @@ impl ApiError {
             "param": self.param,
             "code": self.code,
         }})
+    }
+}
+
+impl From<StructuredError> for ApiError {
+    fn from(e: StructuredError) -> ApiError {
+        match e {
+            StructuredError::Field {
+                param,
+                message,
+                code,
+            } => ApiError {
+                code: Some(code),
+                ..ApiError::invalid(&param, message)
+            },
+            StructuredError::Engine(message) => ApiError::internal(message),
+        }
     }
 }
 
@@ -535,7 +551,7 @@ pub fn parse(body: &[u8], endpoint: Endpoint, vocab: usize) -> Result<Request, A
             tool_choice: f.tool_choice.as_ref(),
             parallel_tool_calls: f.parallel_tool_calls,
         },
-        endpoint,
+        endpoint == Endpoint::Chat,
     )?;
     let prompt = match endpoint {
         Endpoint::Chat => {

@@ -9,7 +9,6 @@ use std::sync::{Arc, OnceLock};
 
 use serde_json::{json, Value as Json};
 
-use super::api::{ApiError, Endpoint};
 use crate::chat::tools::{call_grammar, ToolCall, ToolFormat, ToolSpec};
 use crate::chat::Chat;
 use crate::session::constraint::call_json_options;
@@ -53,13 +52,59 @@ pub struct Structured {
     pub tools: Option<Tools>,
 }
 
-fn invalid(param: &str, message: impl Into<String>) -> ApiError {
-    ApiError::invalid(param, message)
+/// A refusal of the request (the edge turns it into its error body): a field's value
+/// (400 naming it), or the grammar engine failing (500).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StructuredError {
+    /// A field is refused: the field, the message, OpenAI's error code.
+    Field {
+        param: String,
+        message: String,
+        code: &'static str,
+    },
+    /// The grammar engine could not be made.
+    Engine(String),
+}
+
+impl StructuredError {
+    /// The field it names, if any.
+    pub fn param(&self) -> Option<&str> {
+        match self {
+            StructuredError::Field { param, .. } => Some(param),
+            StructuredError::Engine(_) => None,
+        }
+    }
+
+    fn missing(param: &str) -> StructuredError {
+        StructuredError::Field {
+            param: param.to_string(),
+            message: format!("Missing required parameter: '{param}'."),
+            code: "missing_required_parameter",
+        }
+    }
+}
+
+impl std::fmt::Display for StructuredError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StructuredError::Field { message, .. } | StructuredError::Engine(message) => {
+                f.write_str(message)
+            }
+        }
+    }
+}
+
+fn invalid(param: &str, message: impl Into<String>) -> StructuredError {
+    StructuredError::Field {
+        param: param.to_string(),
+        message: message.into(),
+        code: "invalid_value",
+    }
 }
 
 /// `response_format`: null, text, json_object (llama-server's `schema` beside it
 /// allowed), or json_schema with its `json_schema.schema` and `strict`.
-fn response_format(rf: &Json) -> Result<Option<Grammar>, ApiError> {
+fn response_format(rf: &Json) -> Result<Option<Grammar>, StructuredError> {
     let p = "response_format";
     if rf.is_null() {
         return Ok(None);
@@ -78,7 +123,7 @@ fn response_format(rf: &Json) -> Result<Option<Grammar>, ApiError> {
         })),
         Some("json_schema") => {
             let Some(js) = o.get("json_schema").and_then(Json::as_object) else {
-                return Err(ApiError::missing("response_format.json_schema"));
+                return Err(StructuredError::missing("response_format.json_schema"));
             };
             let strict = match js.get("strict") {
                 None | Some(Json::Null) => false,
@@ -109,7 +154,7 @@ fn response_format(rf: &Json) -> Result<Option<Grammar>, ApiError> {
 }
 
 /// A string field holding a grammar (`grammar`, `regex`), if given.
-fn text_field(v: Option<&Json>, p: &str) -> Result<Option<String>, ApiError> {
+fn text_field(v: Option<&Json>, p: &str) -> Result<Option<String>, StructuredError> {
     match v {
         None | Some(Json::Null) => Ok(None),
         Some(Json::String(s)) if s.trim().is_empty() => Ok(None),
@@ -120,7 +165,7 @@ fn text_field(v: Option<&Json>, p: &str) -> Result<Option<String>, ApiError> {
 
 /// `tools`: a list of `{"type": "function", "function": {"name", "description"?,
 /// "parameters"?}}`.
-fn tool_specs(v: &Json) -> Result<Vec<ToolSpec>, ApiError> {
+fn tool_specs(v: &Json) -> Result<Vec<ToolSpec>, StructuredError> {
     let Some(list) = v.as_array() else {
         return Err(invalid("tools", "'tools' must be a list of tool objects."));
     };
@@ -134,7 +179,7 @@ fn tool_specs(v: &Json) -> Result<Vec<ToolSpec>, ApiError> {
             ));
         }
         let Some(f) = t.get("function").filter(|f| f.is_object()) else {
-            return Err(ApiError::missing(&format!("{p}.function")));
+            return Err(StructuredError::missing(&format!("{p}.function")));
         };
         let name = match f.get("name") {
             Some(Json::String(n))
@@ -152,7 +197,7 @@ fn tool_specs(v: &Json) -> Result<Vec<ToolSpec>, ApiError> {
                     ),
                 ))
             }
-            _ => return Err(ApiError::missing(&format!("{p}.function.name"))),
+            _ => return Err(StructuredError::missing(&format!("{p}.function.name"))),
         };
         let parameters = match f.get("parameters") {
             None | Some(Json::Null) => json!({"type": "object", "properties": {}}),
@@ -170,7 +215,7 @@ fn tool_specs(v: &Json) -> Result<Vec<ToolSpec>, ApiError> {
 }
 
 /// `tool_choice`: none, auto, required, or `{"type": "function", "function": {"name"}}`.
-fn tool_choice(v: Option<&Json>, specs: &[ToolSpec]) -> Result<ToolChoice, ApiError> {
+fn tool_choice(v: Option<&Json>, specs: &[ToolSpec]) -> Result<ToolChoice, StructuredError> {
     let p = "tool_choice";
     let choice = match v {
         None | Some(Json::Null) => ToolChoice::Auto,
@@ -220,7 +265,7 @@ pub struct Fields<'a> {
 }
 
 /// Reads and checks the fields (module docs); tools only for chat.
-pub fn parse(f: &Fields, endpoint: Endpoint) -> Result<Structured, ApiError> {
+pub fn parse(f: &Fields, chat: bool) -> Result<Structured, StructuredError> {
     let mut formats = Vec::new();
     if let Some(g) = f
         .response_format
@@ -263,7 +308,7 @@ pub fn parse(f: &Fields, endpoint: Endpoint) -> Result<Structured, ApiError> {
             tools: None,
         });
     }
-    if endpoint == Endpoint::Completion {
+    if !chat {
         return Err(invalid(
             "tools",
             "'tools' is for /v1/chat/completions (the chat template renders them).",
@@ -344,7 +389,7 @@ impl GrammarEngine {
     }
 
     /// The compiler (made now if not yet; blocking work).
-    pub fn grammars(&self) -> Result<&Grammars, ApiError> {
+    pub fn grammars(&self) -> Result<&Grammars, StructuredError> {
         self.grammars
             .get_or_init(|| {
                 let mut stops = self.stop_ids.clone();
@@ -352,7 +397,7 @@ impl GrammarEngine {
                 Grammars::new(self.engine.clone(), &stops)
             })
             .as_ref()
-            .map_err(|e| ApiError::internal(e.to_string()))
+            .map_err(|e| StructuredError::Engine(e.to_string()))
     }
 
     /// The request's constraint, compiled (blocking work), and the field that gave it:
@@ -362,7 +407,7 @@ impl GrammarEngine {
         &self,
         s: &Structured,
         format: ToolFormat,
-    ) -> Result<Option<(Constraint, &'static str)>, ApiError> {
+    ) -> Result<Option<(Constraint, &'static str)>, StructuredError> {
         if s.format.is_none() && s.grammar(format, |_| false).is_none() {
             return Ok(None);
         }
@@ -372,11 +417,12 @@ impl GrammarEngine {
         };
         match g.compile(&grammar) {
             Ok(c) => Ok(Some((c, field))),
-            Err(e @ ConstraintError::Grammar { .. }) => Err(ApiError {
-                code: Some("invalid_grammar"),
-                ..invalid(field, format!("'{field}': {e}"))
+            Err(e @ ConstraintError::Grammar { .. }) => Err(StructuredError::Field {
+                param: field.to_string(),
+                message: format!("'{field}': {e}"),
+                code: "invalid_grammar",
             }),
-            Err(e) => Err(ApiError::internal(e.to_string())),
+            Err(e) => Err(StructuredError::Engine(e.to_string())),
         }
     }
 }
@@ -413,7 +459,7 @@ pub fn arguments_delta(index: usize, delta: &str) -> Json {
 mod tests {
     use super::*;
 
-    fn read(body: Json, endpoint: Endpoint) -> Result<Structured, ApiError> {
+    fn read(body: Json, chat: bool) -> Result<Structured, StructuredError> {
         let f = Fields {
             response_format: body.get("response_format"),
             grammar: body.get("grammar"),
@@ -422,7 +468,7 @@ mod tests {
             tool_choice: body.get("tool_choice"),
             parallel_tool_calls: body.get("parallel_tool_calls").and_then(Json::as_bool),
         };
-        parse(&f, endpoint)
+        parse(&f, chat)
     }
 
     fn tool(name: &str) -> Json {
@@ -431,7 +477,7 @@ mod tests {
 
     #[test]
     fn formats_are_read() {
-        let chat = |b| read(b, Endpoint::Chat).unwrap().format;
+        let chat = |b| read(b, true).unwrap().format;
         assert_eq!(chat(json!({"response_format": {"type": "text"}})), None);
         assert_eq!(
             chat(json!({"response_format": {"type": "json_object"}})),
@@ -461,7 +507,7 @@ mod tests {
             chat(json!({"regex": "[0-9]+"})),
             Some((Grammar::Regex("[0-9]+".into()), "regex"))
         );
-        let s = read(json!({"tools": [tool("f"), tool("g")], "tool_choice": {"type": "function", "function": {"name": "g"}}}), Endpoint::Chat).unwrap();
+        let s = read(json!({"tools": [tool("f"), tool("g")], "tool_choice": {"type": "function", "function": {"name": "g"}}}), true).unwrap();
         let t = s.tools.as_ref().unwrap();
         assert_eq!(
             (t.choice.clone(), t.parallel),
@@ -474,95 +520,80 @@ mod tests {
             g.contains("\"const\":\"g\"") && !g.contains("\"const\":\"f\""),
             "{g}"
         );
-        assert!(read(
-            json!({"tools": [tool("f")], "tool_choice": "auto"}),
-            Endpoint::Chat
-        )
-        .unwrap()
-        .grammar(ToolFormat::Hermes, |_| false)
-        .is_none());
         assert!(
-            read(json!({"tools": [], "tool_choice": "none"}), Endpoint::Chat)
+            read(json!({"tools": [tool("f")], "tool_choice": "auto"}), true)
                 .unwrap()
-                .tools
+                .grammar(ToolFormat::Hermes, |_| false)
                 .is_none()
         );
+        assert!(read(json!({"tools": [], "tool_choice": "none"}), true)
+            .unwrap()
+            .tools
+            .is_none());
     }
 
     #[test]
     fn refusals_name_the_field() {
-        for (body, endpoint, want) in [
+        for (body, chat, want) in [
             (
                 json!({"response_format": {"type": "xml"}}),
-                Endpoint::Chat,
+                true,
                 "response_format.type",
             ),
-            (
-                json!({"response_format": "json"}),
-                Endpoint::Chat,
-                "response_format",
-            ),
+            (json!({"response_format": "json"}), true, "response_format"),
             (
                 json!({"response_format": {"type": "json_schema"}}),
-                Endpoint::Chat,
+                true,
                 "response_format.json_schema",
             ),
             (
                 json!({"response_format": {"type": "json_schema", "json_schema": {"strict": 1}}}),
-                Endpoint::Chat,
+                true,
                 "response_format.json_schema.strict",
             ),
             (
                 json!({"response_format": {"type": "json_object"}, "grammar": "root ::= \"a\""}),
-                Endpoint::Chat,
+                true,
                 "grammar",
             ),
-            (json!({"grammar": 3}), Endpoint::Chat, "grammar"),
-            (json!({"tools": {}}), Endpoint::Chat, "tools"),
-            (
-                json!({"tools": [{"type": "code"}]}),
-                Endpoint::Chat,
-                "tools[0].type",
-            ),
+            (json!({"grammar": 3}), true, "grammar"),
+            (json!({"tools": {}}), true, "tools"),
+            (json!({"tools": [{"type": "code"}]}), true, "tools[0].type"),
             (
                 json!({"tools": [{"type": "function"}]}),
-                Endpoint::Chat,
+                true,
                 "tools[0].function",
             ),
             (
                 json!({"tools": [{"type": "function", "function": {"name": "a b"}}]}),
-                Endpoint::Chat,
+                true,
                 "tools[0].function.name",
             ),
             (
                 json!({"tools": [{"type": "function", "function": {"name": "a", "parameters": 3}}]}),
-                Endpoint::Chat,
+                true,
                 "tools[0].function.parameters",
             ),
             (
                 json!({"tools": [tool("f")], "tool_choice": "always"}),
-                Endpoint::Chat,
+                true,
                 "tool_choice",
             ),
             (
                 json!({"tools": [tool("f")], "tool_choice": {"type": "function", "function": {"name": "g"}}}),
-                Endpoint::Chat,
+                true,
                 "tool_choice.function.name",
             ),
-            (
-                json!({"tool_choice": "required"}),
-                Endpoint::Chat,
-                "tool_choice",
-            ),
+            (json!({"tool_choice": "required"}), true, "tool_choice"),
             (
                 json!({"tools": [tool("f")], "tool_choice": "required", "response_format": {"type": "json_object"}}),
-                Endpoint::Chat,
+                true,
                 "tool_choice",
             ),
-            (json!({"tools": [tool("f")]}), Endpoint::Completion, "tools"),
+            (json!({"tools": [tool("f")]}), false, "tools"),
         ] {
-            let e = read(body.clone(), endpoint).expect_err("refused");
-            assert_eq!(e.param.as_deref(), Some(want), "{body}: {e}");
+            let e = read(body.clone(), chat).expect_err("refused");
+            assert_eq!(e.param(), Some(want), "{body}: {e}");
         }
     }
 }
