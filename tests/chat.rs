@@ -92,6 +92,7 @@ const END_OF_TURN: &[(&str, &str)] = &[
     ("llama3.2", "<|eot_id|>"),
     ("gemma3", "<end_of_turn>"),
     ("gemma3-unsloth", "<end_of_turn>"),
+    ("smollm3", "<|im_end|>"),
 ];
 
 #[test]

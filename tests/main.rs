@@ -19,5 +19,6 @@ mod session;
 #[cfg(unix)]
 mod signals;
 mod speculative;
+mod structured;
 mod tokenizer;
 mod util;

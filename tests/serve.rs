@@ -78,9 +78,17 @@ fn try_start_with(
     args: &[&str],
     setup: Option<fn() -> std::io::Result<()>>,
 ) -> Result<Server, (Option<i32>, String)> {
-    let f = files();
+    try_start_model(&files().mlb, args, setup)
+}
+
+/// [`try_start_with`] on another model file.
+fn try_start_model(
+    model: &Path,
+    args: &[&str],
+    setup: Option<fn() -> std::io::Result<()>>,
+) -> Result<Server, (Option<i32>, String)> {
     let mut cmd = tool("mlb-serve");
-    cmd.arg(&f.mlb)
+    cmd.arg(model)
         .args(["--port", "0", "--threads", "2"])
         .args(args);
     #[cfg(unix)]
@@ -1055,8 +1063,9 @@ fn serve_step_all_gives_each_session_its_solo_bits() {
 }
 
 /// tests/openai_client.py: the official `openai` Python package against mlb-serve
-/// (models, chat, chat stream, completions, completions stream, logprobs, typed
-/// errors, SIGTERM exit 0). Needs `KRAFLA_OPENAI_PYTHON` naming a python with `openai`
+/// (models, chat, chat stream, completions, completions stream, logprobs, structured
+/// output through `parse` and the stream helper, tool calls required, named, auto and
+/// parallel, typed errors, SIGTERM exit 0). Needs `KRAFLA_OPENAI_PYTHON` naming a python with `openai`
 /// installed; `.ci/run` makes that venv and sets it. Skipped (with a message) without.
 #[test]
 fn serve_openai_python_client() {
@@ -1455,6 +1464,9 @@ fn serve_prompt_far_over_the_context_is_refused_unencoded() {
     }
     s.assert_serves();
 }
+
+/// Structured output and tool calls (tests/serve/structured.rs).
+mod structured;
 
 // Issue 45: embeddings, /metrics, the context in /v1/models, speculative decoding.
 

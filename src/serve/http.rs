@@ -34,11 +34,15 @@ use super::conn::{Conn, Running};
 use super::embed::{self as embed_api, Input};
 use super::metrics::Metrics;
 use super::scheduler::{Event, Job, Msg, Shared, Work};
+use super::structured::{self, GrammarEngine};
+use crate::chat::tools::{ToolEvent, ToolParser};
 use crate::chat::Chat;
 use crate::session::{Engine, GenerateOptions, Pooling};
 
 /// What every handler shares.
 pub struct App {
+    /// Compiles requests' grammars (structured output, required tool calls).
+    pub grammar: GrammarEngine,
     pub engine: Arc<Engine>,
     /// The tokenizer's chat template and stop set (`None`: no template).
     pub chat: Option<Chat>,
@@ -111,6 +115,11 @@ impl App {
     /// A fresh number for ids and seeds.
     fn next(&self) -> u64 {
         mix(self.salt ^ self.counter.fetch_add(1, Relaxed))
+    }
+
+    /// A fresh tool call id.
+    fn call_id(&self) -> String {
+        format!("call_{:016x}", self.next())
     }
 
     fn tokenizer(&self) -> &crate::tokenizer::Tokenizer {
@@ -549,7 +558,14 @@ async fn generate(
         .ticket()
         .ok_or_else(|| ApiError::busy(app.parallel, app.queue))?;
     let a = app.clone();
-    let (req, ids) = blocking(&app, move || a.prompt_ids(&req).map(|ids| (req, ids))).await?;
+    let format = structured::tool_format(app.chat.as_ref());
+    let (req, ids, constraint) = blocking(&app, move || {
+        let ids = a.prompt_ids(&req)?;
+        let c = a.grammar.constraint(&req.structured, format)?;
+        Ok((req, ids, c))
+    })
+    .await?;
+    let (constraint, grammar_field) = constraint.map_or((None, None), |(c, f)| (Some(c), Some(f)));
     let gen = app.gen_options(&req, ids.len())?;
     let prefix = match endpoint {
         Endpoint::Chat => "chatcmpl",
@@ -567,6 +583,8 @@ async fn generate(
         .send(Msg::Job(Box::new(Job {
             ids,
             work: Work::Generate(gen),
+            constraint,
+            grammar_field,
             events,
             label: endpoint.name(),
             ticket: Arc::new(ticket),
@@ -577,10 +595,24 @@ async fn generate(
         Some(Event::Failed(e)) => return Err(e),
         _ => return Err(ApiError::internal("the model thread dropped the request")),
     }
+    // Tool calls are read out of the reply unless tool_choice is none.
+    let tools = req
+        .structured
+        .tools
+        .as_ref()
+        .filter(|_| req.structured.reads_calls())
+        .map(|t| ToolParser::new(format, t.names()));
     if req.stream {
-        Ok(stream_response(app, meta, req.include_usage, rx, running))
+        Ok(stream_response(
+            app,
+            meta,
+            req.include_usage,
+            rx,
+            running,
+            tools,
+        ))
     } else {
-        collect(app, meta, rx).await
+        collect(app, meta, rx, tools).await
     }
 }
 
@@ -645,6 +677,8 @@ async fn embeddings(
                     pooling: app.pooling,
                     index,
                 },
+                constraint: None,
+                grammar_field: None,
                 events: events.clone(),
                 label: "embedding",
                 ticket: ticket.clone(),
@@ -680,6 +714,7 @@ async fn collect(
     app: Arc<App>,
     meta: Meta,
     mut rx: UnboundedReceiver<Event>,
+    tools: Option<ToolParser>,
 ) -> Result<Response, ApiError> {
     let mut text = String::new();
     let mut lps = Vec::new();
@@ -697,7 +732,31 @@ async fn collect(
             } => {
                 text.push_str(&tail);
                 let lp = api::logprobs_json(&meta, app.tokenizer(), &lps, 0);
-                return Ok(Json(api::response(&meta, &text, finish, &usage, lp)).into_response());
+                let mut resp = api::response(&meta, &text, finish, &usage, lp);
+                if let Some(mut p) = tools {
+                    let mut evs = p.push(&text);
+                    evs.extend(p.finish());
+                    let content: String = evs
+                        .into_iter()
+                        .filter_map(|e| match e {
+                            ToolEvent::Content(t) => Some(t),
+                            _ => None,
+                        })
+                        .collect();
+                    let calls: Vec<_> = p
+                        .calls()
+                        .iter()
+                        .map(|c| (app.call_id(), c.clone()))
+                        .collect();
+                    if !calls.is_empty() {
+                        let content = Some(content).filter(|c| !c.trim().is_empty());
+                        structured::with_tool_calls(&mut resp, content, &calls);
+                        if finish == api::Finish::Length {
+                            resp["choices"][0]["finish_reason"] = json!("length");
+                        }
+                    }
+                }
+                return Ok(Json(resp).into_response());
             }
             Event::Failed(e) => return Err(e),
             Event::Embedding { .. } => {}
@@ -717,6 +776,9 @@ struct Streaming {
     /// Characters of completion text sent (the completions' `text_offset`).
     offset: usize,
     done: bool,
+    /// Reads tool calls out of the text (tools given, tool_choice not none), with the
+    /// ids of the calls begun.
+    tools: Option<(ToolParser, Vec<String>)>,
     /// The connection runs this request until the stream ends.
     _running: Option<Running>,
 }
@@ -738,16 +800,56 @@ impl Streaming {
         .to_string()
     }
 
+    /// A chunk whose delta carries `tool_calls` (and the pending logprobs).
+    fn tool_chunk(&mut self, calls: serde_json::Value) -> String {
+        let lp = api::logprobs_json(&self.meta, self.app.tokenizer(), &self.lps, self.offset);
+        self.lps.clear();
+        let mut c = api::chunk(&self.meta, None, false, None, lp, self.include_usage);
+        c["choices"][0]["delta"]["tool_calls"] = calls;
+        c.to_string()
+    }
+
+    /// The chunks of new reply text: as it is, or through the tool-call reader
+    /// (`end`: the text is complete).
+    fn text(&mut self, text: &str, end: bool) -> Vec<String> {
+        let Some((p, _)) = &mut self.tools else {
+            return if text.is_empty() {
+                Vec::new()
+            } else {
+                vec![self.chunk(text, None)]
+            };
+        };
+        let mut evs = p.push(text);
+        if end {
+            evs.extend(p.finish());
+        }
+        let mut out = Vec::new();
+        for ev in evs {
+            match ev {
+                ToolEvent::Content(t) => out.push(self.chunk(&t, None)),
+                ToolEvent::Start { index, name } => {
+                    let id = self.app.call_id();
+                    let delta = structured::start_delta(index, &id, &name);
+                    if let Some((_, ids)) = &mut self.tools {
+                        ids.push(id);
+                    }
+                    out.push(self.tool_chunk(delta));
+                }
+                ToolEvent::Arguments { index, delta } => {
+                    out.push(self.tool_chunk(structured::arguments_delta(index, &delta)))
+                }
+            }
+        }
+        out
+    }
+
     /// The SSE data of one model event.
     fn on(&mut self, ev: Option<Event>) -> Vec<String> {
         match ev {
             Some(Event::Started | Event::Embedding { .. }) => Vec::new(),
             Some(Event::Token { text, logprob }) => {
                 self.lps.extend(logprob);
-                if text.is_empty() {
-                    return Vec::new();
-                }
-                vec![self.chunk(&text, None)]
+                self.text(&text, false)
             }
             Some(Event::Done {
                 finish,
@@ -758,9 +860,12 @@ impl Streaming {
                 let mut out = Vec::new();
                 match self.meta.endpoint {
                     Endpoint::Chat => {
-                        if !tail.is_empty() {
-                            out.push(self.chunk(&tail, None));
-                        }
+                        out.extend(self.text(&tail, true));
+                        let called = self.tools.as_ref().is_some_and(|(_, ids)| !ids.is_empty());
+                        let finish = match finish {
+                            api::Finish::Stop if called => api::Finish::ToolCalls,
+                            f => f,
+                        };
                         out.push(self.chunk("", Some(finish)));
                     }
                     Endpoint::Completion => out.push(self.chunk(&tail, Some(finish))),
@@ -792,6 +897,7 @@ fn stream_response(
     include_usage: bool,
     rx: UnboundedReceiver<Event>,
     running: Option<Running>,
+    tools: Option<ToolParser>,
 ) -> Response {
     let head = match meta.endpoint {
         Endpoint::Chat => vec![api::chunk(
@@ -813,6 +919,7 @@ fn stream_response(
         lps: Vec::new(),
         offset: 0,
         done: false,
+        tools: tools.map(|p| (p, Vec::new())),
         _running: running,
     };
     let body = stream::unfold(st, |mut st| async move {

@@ -30,6 +30,7 @@ mod metrics;
 mod options;
 mod scheduler;
 mod server;
+pub mod structured;
 
 pub use error::ServeError;
 pub use frontend::{Frontend, Ready};

@@ -15,7 +15,11 @@
 //! 5. samples the next token of every slot whose prompt is complete ([`Generator::step`])
 //!    and sends it, ending the request at a stop.
 //!
-//! All model work of a step is the one call to [`step_all`].
+//! All model work of a step is the one call to [`step_all`]. A request with a grammar
+//! (structured output, a required tool call) samples under its mask; the masks of the
+//! next tokens ([`Constraint::prepare`]) are computed on a thread of their own while
+//! `step_all` runs, so a constrained stream waits for its mask only when computing it
+//! takes longer than the forward pass.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed, Ordering::SeqCst};
@@ -36,8 +40,8 @@ use crate::session::speculative::{
     self, draft_batch, draft_sampler, lookup, Draft, DraftModel, DraftSource, SpecOptions,
 };
 use crate::session::{
-    feed_batch_with, Engine, GenerateOptions, Generator, Pooler, Pooling, Session, SessionError,
-    Snapshot, Step, StopReason,
+    feed_batch_with, Constraint, Engine, GenerateOptions, Generator, Pooler, Pooling, Session,
+    SessionError, Snapshot, Step, StopReason,
 };
 
 /// Snapshots a slot keeps (at the ends of its latest prompts), for models whose state
@@ -125,6 +129,11 @@ impl Drop for Ticket {
 pub struct Job {
     pub ids: Vec<u32>,
     pub work: Work,
+    /// The grammar the reply must match, compiled (its first mask computed), and the
+    /// request field that gave it (a grammar that fails mid-generation is named);
+    /// generation only.
+    pub constraint: Option<Constraint>,
+    pub grammar_field: Option<&'static str>,
     pub events: UnboundedSender<Event>,
     /// "chat", "completion" or "embedding" (the log line).
     pub label: &'static str,
@@ -505,7 +514,10 @@ impl<'e> Scheduler<'e> {
                 }
             };
             let gen = match Generator::new(self.engine, opts) {
-                Ok(g) => g,
+                Ok(g) => match job.constraint.take() {
+                    Some(c) => g.with_constraint(c),
+                    None => g,
+                },
                 Err(e) => {
                     let _ = job
                         .events
@@ -695,6 +707,7 @@ impl<'e> Scheduler<'e> {
             let mut ids: Vec<&[u32]> = Vec::new();
             let mut outputs: Vec<Output> = Vec::new();
             let mut routes: Vec<Route> = Vec::new();
+            let mut masks: Vec<&mut Constraint> = Vec::new();
             for (i, slot) in self.slots.iter_mut().enumerate() {
                 let Slot {
                     session,
@@ -703,18 +716,23 @@ impl<'e> Scheduler<'e> {
                     ..
                 } = slot;
                 let (fed, output, route): (&[u32], Output, Route) = match (task, embed) {
-                    (Some(t), _) => match (&t.next, &mut t.round) {
-                        (_, Some(r)) => {
-                            r.rows.clear();
-                            (&r.fed[..], Output::AllLogits, Route::Round(&mut r.rows))
+                    (Some(t), _) => {
+                        masks.extend(t.gen.constraint_mut().filter(|c| c.needs_prepare()));
+                        match (&t.next, &mut t.round) {
+                            (_, Some(r)) => {
+                                r.rows.clear();
+                                (&r.fed[..], Output::AllLogits, Route::Round(&mut r.rows))
+                            }
+                            (Some(_), None) => {
+                                (t.next.as_slice(), Output::LastLogits, Route::Logits)
+                            }
+                            (None, None) => (
+                                &t.job.ids[t.fed..t.fed + take[i]],
+                                Output::LastLogits,
+                                Route::Logits,
+                            ),
                         }
-                        (Some(_), None) => (t.next.as_slice(), Output::LastLogits, Route::Logits),
-                        (None, None) => (
-                            &t.job.ids[t.fed..t.fed + take[i]],
-                            Output::LastLogits,
-                            Route::Logits,
-                        ),
-                    },
+                    }
                     (None, Some(e)) => {
                         let out = if e.pooler.pooling().every() {
                             Output::AllHidden
@@ -743,7 +761,16 @@ impl<'e> Scheduler<'e> {
                 Route::Round(rows) => rows.extend_from_slice(v),
                 Route::Pool(p) => p.add(v),
             };
-            feed_batch_with(&mut sessions, &ids, &outputs, &mut sink)
+            if masks.is_empty() {
+                feed_batch_with(&mut sessions, &ids, &outputs, &mut sink)
+            } else {
+                // The next masks need only the tokens sampled last: compute them while
+                // the forward pass runs.
+                std::thread::scope(|s| {
+                    s.spawn(move || masks.into_iter().for_each(Constraint::prepare));
+                    feed_batch_with(&mut sessions, &ids, &outputs, &mut sink)
+                })
+            }
         };
         if let Err(e) = result {
             for &i in &who {
@@ -842,7 +869,15 @@ impl<'e> Scheduler<'e> {
             Err(e) => {
                 let t = slot.task.take().expect("busy");
                 slot.session.reset();
-                self.fail(i, &t, ApiError::internal(e.to_string()), "failed");
+                let err = match (&e, t.job.grammar_field) {
+                    // The request's grammar hit an engine limit: the request's fault.
+                    (SessionError::Constraint(_), Some(field)) => ApiError {
+                        code: Some("invalid_grammar"),
+                        ..ApiError::invalid(field, format!("'{field}': {e}"))
+                    },
+                    _ => ApiError::internal(e.to_string()),
+                };
+                self.fail(i, &t, err, "failed");
                 return;
             }
         };
@@ -898,7 +933,15 @@ impl<'e> Scheduler<'e> {
                 } else {
                     String::new()
                 };
-                let g = t.gen.finish();
+                let mut gen = t.gen;
+                let grammar = gen.constraint_mut().map_or(String::new(), |c| {
+                    let (n, time) = c.stats();
+                    format!(
+                        ", grammar {:.3} ms per mask",
+                        time.as_secs_f64() * 1e3 / n.max(1) as f64
+                    )
+                });
+                let g = gen.finish();
                 let usage = Usage {
                     prompt,
                     completion: g.tokens.len(),
@@ -911,7 +954,7 @@ impl<'e> Scheduler<'e> {
                     tail: g.tail,
                 });
                 self.fe.log(&format!(
-                    "{label} slot {i}: prompt {prompt} tokens ({cached} cached), {} generated in {:.3} s (first token {:.3} s{drafts}): {}",
+                    "{label} slot {i}: prompt {prompt} tokens ({cached} cached), {} generated in {:.3} s (first token {:.3} s{drafts}{grammar}): {}",
                     usage.completion,
                     started.elapsed().as_secs_f64(),
                     first.unwrap_or_default().as_secs_f64(),

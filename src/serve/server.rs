@@ -12,7 +12,7 @@ use super::frontend::{Frontend, Ready};
 use super::metrics::Metrics;
 use super::options::{ServeOptions, PROMPT_BYTES_SLACK, SHUTDOWN_DRAIN};
 use super::scheduler::{self, Msg, Shared, SlotsConfig};
-use super::{conn, http};
+use super::{conn, http, structured};
 use crate::chat::{Chat, RenderBudget, StopSet};
 use crate::format::mlt::Mlt;
 use crate::kernels::pool;
@@ -196,6 +196,7 @@ pub fn serve(o: &ServeOptions, fe: Arc<dyn Frontend>) -> Result<(), ServeError> 
             .finish()
     };
     let app = Arc::new(http::App {
+        grammar: structured::GrammarEngine::new(engine.clone(), stop_ids.clone()),
         engine,
         chat,
         stop_ids,

@@ -15,9 +15,13 @@
 //!
 //! Otherwise the caller feeds `id` and steps again. The last sampled token is never
 //! fed (nothing needs its logits).
+//!
+//! With a [`Constraint`] ([`Generator::with_constraint`]) the sample is drawn from the
+//! logits with every token the grammar does not allow next set to −∞.
 
 use std::ops::ControlFlow;
 
+use super::constraint::Constraint;
 use super::engine::Engine;
 use super::error::SessionError;
 use super::sequence::Session;
@@ -106,6 +110,10 @@ pub struct Generator<'e> {
     tokens: Vec<u32>,
     text: String,
     stop: Option<StopReason>,
+    /// The grammar the text must match, if any.
+    constraint: Option<Constraint>,
+    /// The logits with the grammar's mask applied (vocab).
+    masked: Vec<f32>,
 }
 
 /// The first complete stop string in `text`: (byte offset, index).
@@ -154,7 +162,22 @@ impl<'e> Generator<'e> {
             text: String::new(),
             stop: (opts.max_tokens == 0).then_some(StopReason::Length),
             opts,
+            constraint: None,
+            masked: Vec::new(),
         })
+    }
+
+    /// Samples only what `c`'s grammar allows (its mask applied to the logits; the
+    /// grammar's end is where the stop ids are allowed).
+    pub fn with_constraint(mut self, c: Constraint) -> Generator<'e> {
+        self.constraint = Some(c);
+        self
+    }
+
+    /// The grammar state, e.g. to [`Constraint::prepare`] the next mask on another
+    /// thread while the forward pass runs.
+    pub fn constraint_mut(&mut self) -> Option<&mut Constraint> {
+        self.constraint.as_mut()
     }
 
     /// Whether the generation has ended.
@@ -185,7 +208,13 @@ impl<'e> Generator<'e> {
         if self.stop.is_some() {
             return Err(SessionError::Finished);
         }
+        let logits = if self.mask(logits)? {
+            &self.masked
+        } else {
+            logits
+        };
         let sampled = self.sampler.sample_with(logits, history);
+        self.commit(sampled.id);
         Ok(self.took(sampled, pos, ctx))
     }
 
@@ -204,8 +233,33 @@ impl<'e> Generator<'e> {
         if self.stop.is_some() {
             return Err(SessionError::Finished);
         }
+        let logits = if self.mask(logits)? {
+            &self.masked
+        } else {
+            logits
+        };
         let (sampled, kept) = self.sampler.verify(logits, history, draft, q);
+        self.commit(sampled.id);
         Ok((self.took(sampled, pos, ctx), kept))
+    }
+
+    /// With a grammar: `logits` with its mask applied (what may be sampled) into
+    /// `self.masked`, and true; false without one.
+    fn mask(&mut self, logits: &[f32]) -> Result<bool, SessionError> {
+        let Some(c) = self.constraint.as_mut() else {
+            return Ok(false);
+        };
+        self.masked.clear();
+        self.masked.extend_from_slice(logits);
+        c.mask_logits(&mut self.masked)?;
+        Ok(true)
+    }
+
+    /// Advances the grammar, if any, past the sampled `id`.
+    fn commit(&mut self, id: u32) {
+        if let Some(c) = self.constraint.as_mut() {
+            c.commit(id);
+        }
     }
 
     /// Tokens still to sample before `max_tokens`.

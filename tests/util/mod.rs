@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::Output;
 
 pub mod fixtures;
+pub mod schema;
 pub mod tiers;
 pub mod tool;
 
