@@ -725,6 +725,10 @@ pub fn ggml_type(w: WType) -> Option<GgmlType> {
         WType::Q5_1 => GgmlType::Q5_1,
         WType::IQ4_NL => GgmlType::IQ4_NL,
         WType::Q6_0 => return None,
+        WType::MXFP4 => GgmlType::MXFP4,
+        WType::Q2_K => GgmlType::Q2_K,
+        WType::Q3_K => GgmlType::Q3_K,
+        WType::IQ4_XS => GgmlType::IQ4_XS,
     })
 }
 
@@ -760,6 +764,11 @@ fn file_type(m: &Mlb) -> u32 {
         WType::Q6_K => 18,
         WType::IQ4_NL => 25,
         WType::Q6_0 => 7,
+        // MOSTLY_MXFP4_MOE, MOSTLY_Q2_K, MOSTLY_Q3_K_S, MOSTLY_IQ4_XS.
+        WType::MXFP4 => 38,
+        WType::Q2_K => 10,
+        WType::Q3_K => 11,
+        WType::IQ4_XS => 30,
     }
 }
 

@@ -161,8 +161,9 @@ pub mod wtype {
     pub const BF16: u32 = WType::BF16.code();
     /// Krafla: every matrix F16.
     pub const F16: u32 = WType::F16.code();
-    /// Krafla: codes reserved for further block types; refused until defined.
-    pub const RESERVED: std::ops::RangeInclusive<u32> = 13..=31;
+    /// Krafla: codes reserved for further block types (after the last defined one, up to
+    /// 31); refused until defined.
+    pub const RESERVED: std::ops::RangeInclusive<u32> = WType::ALL.len() as u32 + 1..=31;
     /// Krafla: a per-matrix type table follows the header (and the layer flags).
     pub const MIXED: u32 = 128;
 
