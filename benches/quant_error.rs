@@ -21,7 +21,7 @@
 
 use std::path::Path;
 
-use krafla::convert::checkpoint::Checkpoint;
+use krafla::convert::hf::checkpoint::Checkpoint;
 use krafla::format::mlb::synth::Rng;
 use krafla::format::mli::{self, Mli, Slot};
 use krafla::quant::{self, Q4Rule, QuantOpts, WType};

@@ -12,7 +12,7 @@ use std::sync::atomic::AtomicBool;
 
 use clap::{Parser, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
-use krafla::convert::{self, Options, Progress, TypePlan, WType};
+use krafla::convert::{self, ConvertOptions, Progress, TypePlan, WType};
 use krafla::format::mlb::header::q8_class;
 use krafla::quant::Q4Rule;
 
@@ -124,8 +124,11 @@ fn parse_q8(s: &str) -> Result<u32, String> {
 }
 
 fn parse_preset(s: &str) -> Result<f64, String> {
-    convert::mix::preset(s).ok_or_else(|| {
-        let names: Vec<&str> = convert::mix::PRESETS.iter().map(|p| p.0).collect();
+    convert::pipeline::mix::preset(s).ok_or_else(|| {
+        let names: Vec<&str> = convert::pipeline::mix::PRESETS
+            .iter()
+            .map(|p| p.0)
+            .collect();
         format!("unknown preset '{s}' (known: {})", names.join(", "))
     })
 }
@@ -138,7 +141,7 @@ fn main() -> ExitCode {
     let cli = krafla::cli::parse_args::<Cli>();
     krafla::signals::stop_on_interrupt(&STOP);
 
-    let opts = Options {
+    let opts = ConvertOptions {
         input: cli.checkpoint,
         output: cli.output,
         wtype: wtype(cli.wtype),
@@ -214,7 +217,7 @@ fn main() -> ExitCode {
                 s.seconds
             );
             if let Some(p) = &cli.mix_report {
-                let json = convert::mix::report_json(&s.mix, s.matrix_bpw);
+                let json = convert::pipeline::mix::report_json(&s.mix, s.matrix_bpw);
                 if let Err(e) = krafla::atomic::write(p, json.as_bytes()) {
                     eprintln!("mlb-convert: {}: {e}", p.display());
                     return ExitCode::from(1);

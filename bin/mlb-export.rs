@@ -1,6 +1,6 @@
 //! mlb-export: an `.mlb` file and its `.mlt` tokenizer → a GGUF file llama.cpp loads.
 //!
-//! Thin: parses the options, calls `krafla::convert::gguf_out::export`, prints one line.
+//! Thin: parses the options, calls `krafla::convert::gguf::export::export`, prints one line.
 //! Exit 0 on success, 1 on an error (one line on stderr naming the file, field or
 //! tensor and the value), 2 on bad usage.
 
@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Parser;
-use krafla::convert::gguf_out::{export, ExportOptions};
+use krafla::convert::gguf::export::{export, ExportOptions};
 
 /// Export an .mlb model (Q8_0/Q4_0 with f16 scales) and its tokenizer as a GGUF file for llama.cpp.
 #[derive(Debug, Parser)]

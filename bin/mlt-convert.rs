@@ -53,8 +53,8 @@ fn main() -> ExitCode {
             stop_tokens: a.stop_token,
         },
     };
-    let res = if krafla::convert::gguf_in::is_gguf_file(&a.input) {
-        krafla::convert::gguf_tok::convert_file(
+    let res = if krafla::convert::gguf::file::is_gguf_file(&a.input) {
+        krafla::convert::gguf::tokenizer::convert_file(
             &a.input,
             &a.output,
             opts.tokenizer.bos.as_deref(),

@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use krafla::convert::{self, ConvertError, Options, Progress, TypePlan, WType};
+use krafla::convert::{self, ConvertError, ConvertOptions, Progress, TypePlan, WType};
 use krafla::format::mlb::header::FieldValue;
 use krafla::format::mlb::{self, FIELDS};
 use krafla::format::mlb::{Kind, Layout, Parsed};
@@ -38,12 +38,12 @@ fn fixtures() -> Vec<PathBuf> {
     v
 }
 
-fn run(opts: &Options) -> Result<convert::Summary, ConvertError> {
+fn run(opts: &ConvertOptions) -> Result<convert::Summary, ConvertError> {
     convert::convert(opts, &mut |_: Progress| {})
 }
 
 fn convert_to(dir: &Path, out: &Path, wtype: WType) -> Vec<u8> {
-    let mut o = Options::new(dir, wtype);
+    let mut o = ConvertOptions::new(dir, wtype);
     o.output = Some(out.to_path_buf());
     run(&o).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
     std::fs::read(out).unwrap()
@@ -442,7 +442,7 @@ fn convert_q4_round_arrays_byte_exact() {
     for name in ["gemma3_text", "qwen3_5_text", "qwen2", "llama_rope_linear"] {
         let dir = models().join(name);
         let out = tmp.path().join(format!("{name}.mlb"));
-        let mut o = Options::new(&dir, WType::Q4_0);
+        let mut o = ConvertOptions::new(&dir, WType::Q4_0);
         o.output = Some(out.clone());
         o.q8_mask = Some(0);
         o.q4_rule = Some(Q4Rule::Round);
@@ -461,8 +461,8 @@ fn fixture_dtype(dir: &Path) -> String {
     r["dtype"].as_str().unwrap().to_string()
 }
 
-fn convert_with(dir: &Path, out: &Path, f: impl FnOnce(&mut Options)) -> Vec<u8> {
-    let mut o = Options::new(dir, WType::Q8_0);
+fn convert_with(dir: &Path, out: &Path, f: impl FnOnce(&mut ConvertOptions)) -> Vec<u8> {
+    let mut o = ConvertOptions::new(dir, WType::Q8_0);
     o.output = Some(out.to_path_buf());
     f(&mut o);
     run(&o).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
@@ -642,35 +642,35 @@ fn convert_mixed_types_plan() {
     let dir = Synth::llama().write(tmp.path(), "opts");
     for (f, needle) in [
         (
-            Box::new(|o: &mut Options| {
+            Box::new(|o: &mut ConvertOptions| {
                 o.wtype = WType::BF16;
                 o.types = TypePlan::parse("layers.9.w2=q8_0").unwrap();
-            }) as Box<dyn FnOnce(&mut Options)>,
+            }) as Box<dyn FnOnce(&mut ConvertOptions)>,
             "layers.9.w2",
         ),
         (
-            Box::new(|o: &mut Options| {
+            Box::new(|o: &mut ConvertOptions| {
                 o.wtype = WType::BF16;
                 o.scale_f16 = true;
             }),
             "--f16-scales",
         ),
         (
-            Box::new(|o: &mut Options| {
+            Box::new(|o: &mut ConvertOptions| {
                 o.wtype = WType::Q4_K;
                 o.scale_f16 = true;
             }),
             "--f16-scales: no matrix of this model has a scale array",
         ),
         (
-            Box::new(|o: &mut Options| {
+            Box::new(|o: &mut ConvertOptions| {
                 o.wtype = WType::F16;
                 o.q8_mask = Some(2);
             }),
             "--q8",
         ),
         (
-            Box::new(|o: &mut Options| {
+            Box::new(|o: &mut ConvertOptions| {
                 o.wtype = WType::BF16;
                 o.imatrix = Some("x.mli".into());
             }),
@@ -697,12 +697,16 @@ fn convert_half_and_mixed_deterministic_at_any_thread_count() {
     for (tag, f) in [
         (
             "bf16",
-            Box::new(|o: &mut Options| o.wtype = WType::BF16) as Box<dyn Fn(&mut Options)>,
+            Box::new(|o: &mut ConvertOptions| o.wtype = WType::BF16)
+                as Box<dyn Fn(&mut ConvertOptions)>,
         ),
-        ("f16", Box::new(|o: &mut Options| o.wtype = WType::F16)),
+        (
+            "f16",
+            Box::new(|o: &mut ConvertOptions| o.wtype = WType::F16),
+        ),
         (
             "mixed",
-            Box::new(|o: &mut Options| {
+            Box::new(|o: &mut ConvertOptions| {
                 o.wtype = WType::BF16;
                 o.scale_f16 = true;
                 o.q4_rule = Some(Q4Rule::Search);
@@ -1008,8 +1012,8 @@ impl Synth {
     }
 }
 
-fn err_of(dir: &Path, out: &Path, f: impl FnOnce(&mut Options)) -> String {
-    let mut o = Options::new(dir, WType::Q8_0);
+fn err_of(dir: &Path, out: &Path, f: impl FnOnce(&mut ConvertOptions)) -> String {
+    let mut o = ConvertOptions::new(dir, WType::Q8_0);
     o.output = Some(out.to_path_buf());
     f(&mut o);
     let e = run(&o).expect_err("conversion should fail").to_string();
@@ -1098,7 +1102,7 @@ fn convert_sharded_synthetic_and_threads_give_identical_bytes() {
         let mut outs = Vec::new();
         for (dir, threads) in [(&one, 1), (&one, 2), (&two, 2)] {
             let out = tmp.path().join(format!("t{threads}-{}.mlb", outs.len()));
-            let mut o = Options::new(dir, wt);
+            let mut o = ConvertOptions::new(dir, wt);
             o.output = Some(out.clone());
             o.threads = Some(threads);
             run(&o).unwrap();
@@ -1112,7 +1116,7 @@ fn convert_sharded_synthetic_and_threads_give_identical_bytes() {
     let mut outs = Vec::new();
     for threads in [1, 2] {
         let out = tmp.path().join(format!("q35-{threads}.mlb"));
-        let mut o = Options::new(&dir, WType::Q4_0);
+        let mut o = ConvertOptions::new(&dir, WType::Q4_0);
         o.output = Some(out.clone());
         o.threads = Some(threads);
         o.scale_f16 = true;
@@ -1165,12 +1169,12 @@ fn convert_imatrix_checked_and_used() {
     m.cls_tokens = 10;
     let good = tmp.path().join("good.mli");
     std::fs::write(&good, m.to_bytes()).unwrap();
-    let q4 = |o: &mut Options| {
+    let q4 = |o: &mut ConvertOptions| {
         o.wtype = WType::Q4_0;
         o.q4_rule = Some(Q4Rule::Search);
     };
     // Used: differs from the unweighted search.
-    let mut o = Options::new(&dir, WType::Q4_0);
+    let mut o = ConvertOptions::new(&dir, WType::Q4_0);
     o.output = Some(out.clone());
     run(&o).unwrap();
     let plain = std::fs::read(&out).unwrap();
@@ -1311,7 +1315,7 @@ fn convert_errors_name_file_tensor_and_value() {
     });
     assert!(e.contains("gate_proj") && e.contains("65504"), "{e}");
     // ... which f32 scales store fine.
-    let mut o = Options::new(&dir, WType::Q4_0);
+    let mut o = ConvertOptions::new(&dir, WType::Q4_0);
     o.output = Some(out.clone());
     run(&o).unwrap();
     std::fs::remove_file(&out).unwrap();
@@ -1373,7 +1377,7 @@ fn convert_failed_run_keeps_existing_output_and_unwritable_folder_errors() {
     w[4000] = f32::NAN;
     m.set("model.layers.0.mlp.up_proj.weight", &w); // the NaN is found mid-write
     let dir = m.write(root, "nan");
-    let mut o = Options::new(&dir, WType::Q8_0);
+    let mut o = ConvertOptions::new(&dir, WType::Q8_0);
     o.output = Some(out.clone());
     assert!(run(&o).is_err());
     assert_eq!(std::fs::read(&out).unwrap(), b"precious");
@@ -1388,7 +1392,7 @@ fn convert_failed_run_keeps_existing_output_and_unwritable_folder_errors() {
 
     // An output folder that does not exist (unwritable).
     let good = Synth::llama().write(root, "good");
-    let mut o = Options::new(&good, WType::Q8_0);
+    let mut o = ConvertOptions::new(&good, WType::Q8_0);
     o.output = Some(root.join("no/such/dir/x.mlb"));
     let e = run(&o).unwrap_err().to_string();
     assert!(e.contains("no/such/dir"), "{e}");
@@ -1412,7 +1416,7 @@ fn convert_failed_run_keeps_existing_output_and_unwritable_folder_errors() {
 fn convert_default_output_name_and_q4_defaults() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = Synth::llama().write(tmp.path(), "my-model");
-    let o = Options::new(&dir, WType::Q4_0);
+    let o = ConvertOptions::new(&dir, WType::Q4_0);
     let s = run(&o).unwrap();
     assert_eq!(s.output, tmp.path().join("my-model-q4_0.mlb"));
     assert_eq!(s.q4_rule, Some(Q4Rule::Search));
@@ -1421,7 +1425,7 @@ fn convert_default_output_name_and_q4_defaults() {
     assert_eq!(p.header.q8_mask, convert::DEFAULT_Q4_Q8_MASK);
     // Gemma 3 defaults to the round rule.
     let g = models().join("gemma3_text");
-    let mut o = Options::new(&g, WType::Q4_0);
+    let mut o = ConvertOptions::new(&g, WType::Q4_0);
     o.output = Some(tmp.path().join("g.mlb"));
     assert_eq!(run(&o).unwrap().q4_rule, Some(Q4Rule::Round));
 }
@@ -1532,7 +1536,7 @@ fn convert_cancelled_run_leaves_nothing() {
     let dir = Synth::llama().write(tmp.path(), "c");
     let out = tmp.path().join("c.mlb");
     std::fs::write(&out, b"old").unwrap();
-    let mut o = Options::new(&dir, WType::Q8_0);
+    let mut o = ConvertOptions::new(&dir, WType::Q8_0);
     o.output = Some(out.clone());
     o.cancel = Some(&STOP);
     assert!(matches!(run(&o), Err(ConvertError::Interrupted)));

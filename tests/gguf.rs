@@ -187,7 +187,7 @@ fn llama_cpp_view(name: &str, mut hf: Vec<u8>, gguf_mlb: &[u8]) -> Vec<u8> {
 /// Reorders the q/k rows (whole quantized rows with their scales) of one layer of an
 /// .mlb: to the spec's interleaved RoPE order (`to_rope`) or back to the checkpoint's.
 fn move_qk_rows(bytes: &mut [u8], layer: u32, to_rope: bool) {
-    use krafla::convert::permute::{rope_dst, rope_src};
+    use krafla::convert::pipeline::permute::{rope_dst, rope_src};
     use krafla::format::mlb::layout::Kind;
     let m = mlb::Mlb::from_bytes(bytes).unwrap();
     let (hd, rot) = (m.dims().head_dim, m.dims().rot_dim);
@@ -689,7 +689,7 @@ fn gguf_dequantizers_match_gguf_py() {
 // ---------------------------------------------------------------------------------
 // Tokenizers
 
-use krafla::convert::gguf_tok;
+use krafla::convert::gguf::tokenizer as gguf_tok;
 use krafla::format::mlt::Mlt;
 use krafla::tokenizer::{from_hf, Tokenizer};
 

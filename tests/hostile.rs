@@ -505,7 +505,7 @@ fn under_a_thread_limit_the_tools_run_on_one_thread_and_say_so() {
         assert!(o.status.success(), "{args:?}: {:?}: {err}", o.status);
         assert!(err.contains("note: could not start "), "{args:?}: {err}");
         assert!(err.contains("converting on one thread"), "{args:?}: {err}");
-        let mut fresh = krafla::convert::Options::new(&ck, krafla::convert::WType::Q8_0);
+        let mut fresh = krafla::convert::ConvertOptions::new(&ck, krafla::convert::WType::Q8_0);
         fresh.output = Some(d.join("y.mlb"));
         krafla::convert::convert(&fresh, &mut |_| {}).unwrap();
         assert_eq!(

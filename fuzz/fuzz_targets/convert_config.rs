@@ -3,7 +3,7 @@
 #![no_main]
 use std::path::Path;
 
-use krafla::convert::config;
+use krafla::convert::hf::config;
 use krafla::format::mlb::MlbWriter;
 use libfuzzer_sys::fuzz_target;
 

@@ -4,7 +4,7 @@
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
-use krafla::convert::{convert, ConvertError, Options as ConvertOptions, WType};
+use krafla::convert::{convert, ConvertError, ConvertOptions, WType};
 use krafla::format::mlb::{Kind, Mlb};
 use krafla::format::mlt::Mlt;
 use krafla::model::{Model, StateOptions};
@@ -223,9 +223,9 @@ pub fn exercise_gguf(data: &[u8]) {
         }
     }
     std::hint::black_box(n);
-    if let Ok(m) = krafla::convert::gguf_tok::mlt_from_gguf(&v) {
+    if let Ok(m) = krafla::convert::gguf::tokenizer::mlt_from_gguf(&v) {
         // The chat section: templates compiled, the probe rendered, the stop set.
-        let _ = krafla::convert::gguf_tok::chat_from_gguf(&v, &m, &Default::default());
+        let _ = krafla::convert::gguf::tokenizer::chat_from_gguf(&v, &m, &Default::default());
     }
     // Strings that are not UTF-8 are written lossily; the rest reads back as it was.
     let lossless = v.kvs.iter().all(|k| match k.value {

@@ -136,4 +136,36 @@ impl fmt::Display for ConvertError {
 
 impl std::error::Error for ConvertError {}
 
+/// A rule of the model description broken
+/// ([`ModelDesc::check`](super::desc::ModelDesc::check)): the field, its value and why.
+/// Each reader names the field by its own key ([`DescError::at`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DescError {
+    pub field: DescField,
+    pub value: String,
+    pub msg: String,
+}
+
+/// The description's fields that its rules speak of.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DescField {
+    /// Rotated dimensions per head.
+    RotDim,
+    /// The RoPE scaling type.
+    RopeScaling,
+    /// The FFN activation.
+    Act,
+    SlidingWindow,
+    /// The per-layer flags.
+    Layers,
+}
+
+impl DescError {
+    /// The error in `file` under the reader's `key` for the field, with the value as
+    /// the reader stores it (`None`: the description's).
+    pub fn at(self, file: &Path, key: impl Into<String>, value: Option<String>) -> ConvertError {
+        ConvertError::config(file, key, value.unwrap_or(self.value), self.msg)
+    }
+}
+
 pub type Result<T> = std::result::Result<T, ConvertError>;

@@ -284,7 +284,7 @@ fn validate_moe(h: &Header) -> Result<(usize, usize, usize, usize)> {
             "above the limit 65536",
         ));
     }
-    if h.shared_hidden % 32 != 0 {
+    if !h.shared_hidden.is_multiple_of(32) {
         return Err(shape(
             "shared_hidden",
             h.shared_hidden,

@@ -6,6 +6,9 @@
 //! (header `wtype`, and `q8_mask` for Q4_0) when the result is what the default alone
 //! gives, and a mixed file (`wtype` 128, a type table) otherwise. Issue 16's
 //! `--target-bpw` fills a plan with one tensor rule per matrix.
+//!
+//! A K type needs rows of whole 256-weight super-blocks: on other rows [`fallback`]
+//! gives the 32-weight type of the same size ([`fall_back`] applies it with a note).
 
 use std::fmt;
 
@@ -13,6 +16,8 @@ use crate::format::mlb::header::q8_class;
 use crate::format::mlb::layout::class_wtype;
 use crate::format::mlb::{Kind, Tensor};
 use crate::format::WType;
+
+use super::mix;
 
 /// The matrices a rule picks.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -143,6 +148,47 @@ pub fn matrix_types(tensors: &[Tensor], wtype: u32, q8_mask: u32, plan: &TypePla
             _ => None,
         })
         .collect()
+}
+
+/// The 32-weight type of the same size as K type `t`, for rows that are not a multiple
+/// of 256 (llama.cpp falls back too, silently, and to larger types: Q4_K → Q5_0, Q5_K →
+/// Q5_1, Q6_K → Q8_0); other types as they are.
+pub fn fallback(t: WType) -> WType {
+    match t {
+        WType::Q4_K => WType::IQ4_NL,
+        WType::Q5_K => WType::Q5_0,
+        WType::Q6_K => WType::Q6_0,
+        t => t,
+    }
+}
+
+/// Replaces K types on matrices whose rows are not a multiple of 256 by [`fallback`],
+/// with one note per replacement naming the matrices.
+pub fn fall_back(tensors: &[Tensor], types: &mut [WType], notes: &mut Vec<String>) {
+    let mut moved: Vec<(WType, Vec<String>)> = Vec::new();
+    for ((t, _, cols, _), ty) in mix::matrices(tensors).zip(types.iter_mut()) {
+        if cols % ty.block_weights() == 0 {
+            continue;
+        }
+        let name = match t.name.layer {
+            Some(_) => format!("layers.*.{}", t.name.name),
+            None => t.name.name.to_string(),
+        };
+        match moved.iter_mut().find(|(k, _)| *k == *ty) {
+            Some((_, names)) if names.contains(&name) => {}
+            Some((_, names)) => names.push(name),
+            None => moved.push((*ty, vec![name])),
+        }
+        *ty = fallback(*ty);
+    }
+    for (k, names) in moved {
+        let f = fallback(k);
+        notes.push(format!(
+            "{k} needs rows of whole 256-weight super-blocks: {} stored as {f}, the 32-weight type of the same size ({:.1} bits per weight)",
+            names.join(", "),
+            (f.block_bytes() * 8) as f64 / f.block_weights() as f64,
+        ));
+    }
 }
 
 #[cfg(test)]

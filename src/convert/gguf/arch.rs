@@ -1,6 +1,8 @@
-//! One table per GGUF architecture (llama.cpp's `general.architecture`): the Krafla
-//! architecture it is, whether llama.cpp keeps q/k rows in Hugging Face's rotate-half
-//! order, which metadata keys it reads, and which GGUF tensor is which spec array.
+//! One table per GGUF architecture (llama.cpp's `general.architecture`): the family it
+//! is ([`Arch`]), whether llama.cpp keeps q/k rows in Hugging Face's rotate-half order,
+//! what llama.cpp computes on its own (activation, no-RoPE layers, sliding window,
+//! softcaps, attention scale), which metadata keys it reads, and which GGUF tensor is
+//! which spec array.
 //!
 //! Facts from llama.cpp (convert_hf_to_gguf.py and src/models/*.cpp of the vendored
 //! copy in llama-cpp-python 0.3.36):
@@ -14,6 +16,10 @@
 //! - `qwen35`: llama.cpp's converter tiles the delta rule's value heads
 //!   (`_reorder_v_heads`), stores `ssm_a = −exp(A_log)` and the conv taps as [K, C];
 //!   the gather maps here undo that (A_log as ln(−ssm_a), exact to float rounding).
+
+use crate::convert::arch::{self, Arch};
+use crate::convert::desc::{Dims, ModelDesc};
+use crate::format::mlb::header::act;
 
 /// How a GGUF tensor becomes a spec array (rows gathered, values changed).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -57,10 +63,25 @@ pub struct Geometry {
     pub qk_rows: usize,
 }
 
+impl Geometry {
+    /// The gathers' dimensions of a model as GGUF architecture `ga` stores it.
+    pub fn of(d: &ModelDesc, ga: &GgufArch) -> Geometry {
+        Geometry {
+            head_dim: d.dims.head_dim,
+            rot_dim: d.rope.rot_dim,
+            neox: ga.rows == RopeRows::RotateHalf,
+            k_heads: d.linear.map_or(1, |l| l.k_heads),
+            per_k: d.linear.map_or(1, |l| l.v_heads / l.k_heads),
+            v_dim: d.linear.map_or(1, |l| l.v_dim),
+            qk_rows: d.linear.map_or(0, |l| 2 * l.k_heads * l.k_dim),
+        }
+    }
+}
+
 impl Transform {
     /// The GGUF row (or element) holding the spec array's row `r`.
     pub fn src_row(self, g: &Geometry, r: usize) -> usize {
-        use super::permute::RowMap;
+        use crate::convert::pipeline::permute::RowMap;
         let v = |x: usize, size: usize| v_head_src(x / size, g.k_heads, g.per_k) * size + x % size;
         match self {
             Rope | RopeNorm if g.neox => RowMap::Rope {
@@ -93,7 +114,7 @@ impl Transform {
             Rope | RopeNorm if no_rope && g.neox => r,
             Rope | RopeNorm if no_rope => {
                 let (h, d) = (r / g.head_dim, r % g.head_dim);
-                h * g.head_dim + super::permute::rope_dst(d, g.rot_dim)
+                h * g.head_dim + crate::convert::pipeline::permute::rope_dst(d, g.rot_dim)
             }
             _ => self.src_row(g, r),
         }
@@ -227,25 +248,51 @@ pub enum RopeRows {
     RotateHalf,
 }
 
-/// Which layers have no RoPE.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum NoRope {
-    None,
-    /// SmolLM3: llama.cpp's `n_no_rope_layer_step = 4`, layers (i + 1) % 4 == 0.
-    Every4th,
+/// Sliding-window layers as llama.cpp decides them.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Swa {
+    /// `attention.sliding_window` when the file has none (0: no window).
+    pub default_window: u64,
+    /// The period of the sliding layers when `attention.sliding_window_pattern` is
+    /// absent (layer i slides when i % n < n - 1).
+    pub default_pattern: u64,
+    /// The sliding layers' RoPE base without `rope.freq_base_swa`: `None` is the global
+    /// base (no local base then), `Some` a base of their own they always have.
+    pub default_local_base: Option<f64>,
+    /// llama.cpp always has a window: a model without one is written with a pattern
+    /// covering no layer.
+    pub always: bool,
+    /// llama.cpp scales only the global layers' RoPE, and only linearly.
+    pub linear_scaling_only: bool,
 }
 
-/// Sliding-window layers as llama.cpp decides them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Swa {
-    /// llama.cpp has no window for the architecture.
-    None,
-    /// Gemma 2: always a window (default 4096), layer pattern default 2, the sliding
-    /// layers' RoPE base `rope.freq_base_swa` (default the global one).
-    Gemma2,
-    /// Gemma 3: a window only when `attention.sliding_window` > 0, pattern default 6,
-    /// sliding layers' base default 10000, unscaled.
-    Gemma3,
+/// Gemma 2: always a window (default 4096), pattern default 2, the sliding layers'
+/// base `rope.freq_base_swa` (default the global one).
+const GEMMA2_SWA: Swa = Swa {
+    default_window: 4096,
+    default_pattern: 2,
+    default_local_base: None,
+    always: true,
+    linear_scaling_only: false,
+};
+
+/// Gemma 3: a window only when `attention.sliding_window` > 0, pattern default 6,
+/// sliding layers' base default 10000, unscaled.
+const GEMMA3_SWA: Swa = Swa {
+    default_window: 0,
+    default_pattern: 6,
+    default_local_base: Some(10_000.0),
+    always: false,
+    linear_scaling_only: true,
+};
+
+/// Logit softcaps: the defaults of the keys llama.cpp reads (`None`: it reads none).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Softcaps {
+    /// `attn_logit_softcapping`.
+    pub attn: Option<f64>,
+    /// `final_logit_softcapping`.
+    pub final_: Option<f64>,
 }
 
 /// One GGUF architecture.
@@ -253,16 +300,60 @@ pub enum Swa {
 pub struct GgufArch {
     /// `general.architecture`.
     pub name: &'static str,
-    /// The Krafla architecture (`arch::ARCHS` name).
-    pub krafla: &'static str,
+    /// What the model computes.
+    pub arch: &'static Arch,
     pub rows: RopeRows,
     /// The name tables, searched in order (each spec array stands in one of them).
     pub names: &'static [GgufNames],
-    pub no_rope: NoRope,
-    pub swa: Swa,
+    /// The FFN activation llama.cpp uses (it reads no key for it).
+    pub act: u32,
+    /// llama.cpp's `n_no_rope_layer_step`: layers (i + 1) % n == 0 have no RoPE.
+    pub no_rope_every: Option<usize>,
+    pub swa: Option<Swa>,
+    pub softcaps: Softcaps,
+    /// llama.cpp scales attention by 1/sqrt(dim / n_heads) instead of 1/sqrt(head
+    /// size) in models of this many layers (Gemma's 27B models).
+    pub attn_scale_dim_layers: Option<usize>,
+    /// Interleaved multimodal RoPE sections (`rope.dimension_sections`): every rotated
+    /// pair must turn with the text position.
+    pub rope_sections: bool,
     /// Metadata keys (after `{arch}.`) read by the converter; any other key under the
     /// architecture's prefix is refused by name.
     pub keys: &'static [&'static str],
+    /// The `.mlb` features that name this architecture on export ([`by_features`]).
+    pub features: Features,
+}
+
+/// What an `.mlb` header says of a model's family.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Features {
+    /// An attention gate or linear-attention layers.
+    pub gated: bool,
+    pub post_norms: bool,
+    pub qk_norm: bool,
+    pub qkv_bias: bool,
+    /// Some layer without RoPE.
+    pub no_rope: bool,
+}
+
+const NO_FEATURES: Features = Features {
+    gated: false,
+    post_norms: false,
+    qk_norm: false,
+    qkv_bias: false,
+    no_rope: false,
+};
+
+impl Features {
+    /// Whether a header with features `of` has every one of these.
+    fn within(self, of: Features) -> bool {
+        let has = |want: bool, got: bool| !want || got;
+        has(self.gated, of.gated)
+            && has(self.post_norms, of.post_norms)
+            && has(self.qk_norm, of.qk_norm)
+            && has(self.qkv_bias, of.qkv_bias)
+            && has(self.no_rope, of.no_rope)
+    }
 }
 
 /// Keys every architecture reads.
@@ -302,70 +393,132 @@ const GEMMA3_KEYS: &[&str] = &[
     "rope.freq_base_swa",
 ];
 
-/// The fields most architectures share: llama.cpp's Llama names, RoPE on every layer,
-/// no window, no keys beyond the common ones.
+/// The fields most architectures share: llama.cpp's Llama names, SiLU, RoPE on every
+/// layer, no window, no keys beyond the common ones.
 const BASE: GgufArch = GgufArch {
     name: "",
-    krafla: "",
+    arch: &arch::LLAMA,
     rows: RopeRows::RotateHalf,
     names: LLAMA,
-    no_rope: NoRope::None,
-    swa: Swa::None,
+    act: act::SILU,
+    no_rope_every: None,
+    swa: None,
+    softcaps: Softcaps {
+        attn: None,
+        final_: None,
+    },
+    attn_scale_dim_layers: None,
+    rope_sections: false,
     keys: &[],
+    features: NO_FEATURES,
 };
 
+/// Every architecture, in the order messages list them.
 pub const GGUF_ARCHS: &[GgufArch] = &[
     GgufArch {
         name: "llama",
-        krafla: "llama",
+        arch: &arch::LLAMA,
         rows: RopeRows::Interleaved,
         ..BASE
     },
     GgufArch {
         name: "smollm3",
-        krafla: "smollm3",
+        arch: &arch::SMOLLM3,
         rows: RopeRows::Interleaved,
-        no_rope: NoRope::Every4th,
+        no_rope_every: Some(4),
+        features: Features {
+            no_rope: true,
+            ..NO_FEATURES
+        },
         ..BASE
     },
     GgufArch {
         name: "qwen2",
-        krafla: "qwen2",
+        arch: &arch::QWEN2,
+        features: Features {
+            qkv_bias: true,
+            ..NO_FEATURES
+        },
         ..BASE
     },
     GgufArch {
         name: "qwen3",
-        krafla: "qwen3",
+        arch: &arch::QWEN3,
+        features: Features {
+            qk_norm: true,
+            ..NO_FEATURES
+        },
         ..BASE
     },
     GgufArch {
         name: "gemma2",
-        krafla: "gemma2",
+        arch: &arch::GEMMA2,
         names: GEMMA,
-        swa: Swa::Gemma2,
+        act: act::GELU_TANH,
+        swa: Some(GEMMA2_SWA),
+        softcaps: Softcaps {
+            attn: Some(50.0),
+            final_: Some(30.0),
+        },
+        attn_scale_dim_layers: Some(46),
         keys: GEMMA2_KEYS,
+        features: Features {
+            post_norms: true,
+            ..NO_FEATURES
+        },
         ..BASE
     },
     GgufArch {
         name: "gemma3",
-        krafla: "gemma3_text",
+        arch: &arch::GEMMA3,
         names: GEMMA,
-        swa: Swa::Gemma3,
+        act: act::GELU_TANH,
+        swa: Some(GEMMA3_SWA),
+        softcaps: Softcaps {
+            attn: None,
+            final_: Some(0.0),
+        },
+        attn_scale_dim_layers: Some(62),
         keys: GEMMA3_KEYS,
+        features: Features {
+            post_norms: true,
+            qk_norm: true,
+            ..NO_FEATURES
+        },
         ..BASE
     },
     // Interleaved multimodal RoPE (IMROPE) is NEOX on the rotated dimensions for text,
     // whose three position components are equal.
     GgufArch {
         name: "qwen35",
-        krafla: "qwen3_5_text",
+        arch: &arch::QWEN35,
         names: QWEN35,
+        rope_sections: true,
         keys: QWEN35_KEYS,
+        features: Features {
+            gated: true,
+            ..NO_FEATURES
+        },
         ..BASE
     },
 ];
 
+/// Export's choice, most specific first: the first row whose features an `.mlb` has.
+const EXPORT_ORDER: &[&str] = &[
+    "qwen35", "gemma3", "gemma2", "qwen2", "qwen3", "smollm3", "llama",
+];
+
 impl GgufArch {
+    /// The attention scale llama.cpp computes: 1/sqrt(head size), or 1/sqrt(dim /
+    /// n_heads) in the models of [`GgufArch::attn_scale_dim_layers`] layers.
+    pub fn attn_scale(&self, dims: &Dims) -> (usize, f64) {
+        let d = match self.attn_scale_dim_layers == Some(dims.n_layers) {
+            true => dims.dim / dims.n_heads,
+            false => dims.head_dim,
+        };
+        (d, 1.0 / (d as f64).sqrt())
+    }
+
     /// The GGUF tensor name and transform of spec array `spec` in layer `layer`.
     pub fn tensor_name(&self, spec: &str, layer: Option<u32>) -> Option<(String, Transform)> {
         let (_, suffix, t) = self
@@ -390,9 +543,13 @@ pub fn by_name(name: &str) -> Option<&'static GgufArch> {
     GGUF_ARCHS.iter().find(|a| a.name == name)
 }
 
-/// The GGUF architecture of a Krafla architecture (export).
-pub fn by_krafla(name: &str) -> Option<&'static GgufArch> {
-    GGUF_ARCHS.iter().find(|a| a.krafla == name)
+/// The architecture of an `.mlb` whose header has `features` (export).
+pub fn by_features(features: Features) -> &'static GgufArch {
+    EXPORT_ORDER
+        .iter()
+        .filter_map(|n| by_name(n))
+        .find(|a| a.features.within(features))
+        .expect("llama has no features")
 }
 
 /// Every accepted `general.architecture`, for messages.

@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use memmap2::Mmap;
 use safetensors::{Dtype, SafeTensors};
 
-use super::error::{ConvertError, Result};
+use crate::convert::error::{ConvertError, Result};
 
 /// Element types the converter reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

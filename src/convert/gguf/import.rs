@@ -1,0 +1,394 @@
+//! GGUF file → one `.mlb` file (`mlb-convert model.gguf`).
+//!
+//! The GGUF's metadata becomes the model description with the meaning llama.cpp gives it
+//! ([`super::desc`]: defaults, per-architecture rules such as Gemma's attention scale and
+//! sliding-layer pattern, SmolLM3's no-RoPE layers), and
+//! [`ModelDesc::header`](crate::convert::desc::ModelDesc::header) turns that into the
+//! header exactly as for a Hugging Face checkpoint. Keys under the architecture's prefix
+//! that the converter does not read are refused by name: they may change the math.
+//! The tensors behind the arrays are found and checked by [`super::sources`], then
+//! written by the shared [`stream`].
+//!
+//! Tensors, by type:
+//! - Matrices of a type Krafla stores ([`copy_type`]: Q8_0, Q4_0, F16, BF16, Q4_K,
+//!   Q5_K, Q6_K, Q4_1, Q5_0, Q5_1, IQ4_NL, Q2_K, Q3_K, IQ4_XS, MXFP4) are copied block by
+//!   block. Q8_0/Q4_0: a GGUF
+//!   block is an f16 scale `d` followed by the quants, the `.mlb` stores the quants
+//!   array then the scales array (f16, `scale_f16 = 1`); the others are GGUF's own
+//!   blocks (or 2-byte floats) in both. Nothing is rounded. q/k rows of NEOX
+//!   architectures are permuted as whole rows ([`super::arch`]), which moves blocks
+//!   without changing them.
+//! - F32, F16 and BF16 vectors (norms, biases) become F32 exactly.
+//! - Any other matrix type (F32 matrices, the IQ codebook types, ...) is dequantized and quantized
+//!   again by Krafla's quantizer only with `--requantize TYPE`; without it the
+//!   conversion is refused naming the tensor and its type. `--requantize` also
+//!   quantizes the F16/BF16 matrices (a float GGUF is what one quantizes); blocks of
+//!   Krafla's types are always copied.
+//!
+//! Each matrix keeps its type; a requantized one takes the `--requantize` type (Q8_0 in
+//! the `--q8` classes of a Q4_0 target, default `wcls`, as for checkpoints). The file
+//! is uniform (header `wtype`, `q8_mask` for Q4_0) when a header states those types,
+//! else mixed (`wtype` 128 with a type table).
+
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use super::arch::{self, GgufArch, Transform};
+use super::desc::{describe, Described};
+use super::file::{map_file, parse_file};
+use super::meta::Meta;
+use super::sources::{source_of, sources, Action, GgufArrays, Source};
+use super::types::copy_type;
+use crate::convert::desc::ModelDesc;
+use crate::convert::error::{ConvertError, Result};
+use crate::convert::options::{ConvertOptions, DEFAULT_Q4_Q8_MASK};
+use crate::convert::pipeline::imatrix::{importance, load_imatrix};
+use crate::convert::pipeline::plan::{matrix_types, TypePlan};
+use crate::convert::pipeline::stream::Progress;
+use crate::convert::pipeline::stream::{self, announce, check_output_name, new_writer, Target};
+use crate::convert::summary::Summary;
+use crate::format::gguf::{GgmlType, GgufView};
+use crate::format::mlb::header::{q8_class, wtype, Header};
+use crate::format::mlb::{Kind, Layout};
+use crate::format::mli::Mli;
+use crate::format::WType;
+use crate::quant::Q4Rule;
+
+/// `<stem>.mlb` beside the GGUF file.
+pub fn default_output(input: &Path) -> PathBuf {
+    input.with_extension("mlb")
+}
+
+/// Converts a GGUF file (called by [`crate::convert::convert`] inside its thread pool).
+pub fn run(opts: &ConvertOptions, progress: &mut (dyn FnMut(Progress) + Send)) -> Result<Summary> {
+    let t0 = Instant::now();
+    let path = &opts.input;
+    if opts.target_bpw.is_some() {
+        return Err(ConvertError::options(
+            "--target-bpw",
+            "measures a checkpoint's weights: convert the GGUF's own types, or use --requantize TYPE",
+        ));
+    }
+    let map = map_file(path)?;
+    let v = parse_file(path, &map)?;
+    let mut notes = Vec::new();
+    let ga = architecture(path, &v)?;
+    let m = Meta::new(&v, path, ga.name);
+    let Described { desc, consumed } = describe(&m, ga, &mut notes)?;
+    if let Some((k, val)) = m.unknown_key(ga) {
+        return Err(ConvertError::config(
+            path,
+            k,
+            val,
+            "unknown key: it may change the math, refusing",
+        ));
+    }
+    let q4_rule = opts.q4_rule.unwrap_or(desc.arch.default_q4_rule);
+
+    let (mut header, flags) = desc.header();
+    let (mixed, layout, mut sources) = plan(path, &v, ga, &desc, opts, &mut header, &flags)?;
+    requant_note(&sources, &mut notes);
+    let requant_q4 = sources.iter().zip(&layout.tensors).any(|(s, t)| {
+        s.as_ref().is_some_and(|s| s.action == Action::Requant)
+            && matches!(
+                t.kind,
+                Kind::Mat {
+                    wtype: WType::Q4_0,
+                    ..
+                }
+            )
+    });
+    if let Some(mli) = imatrix(opts, requant_q4, q4_rule, &desc)? {
+        weigh(&mli, &mut sources, &layout, desc.vocab.tied);
+    }
+    check_all_used(path, ga, &v, &sources, &consumed)?;
+
+    announce(progress, &layout, &notes);
+    let out = opts.output.clone().unwrap_or_else(|| default_output(path));
+    check_output_name(&out)?;
+    crate::atomic::check_not_input(&out, &[path])
+        .map_err(|e| ConvertError::options("-o", format!("{}: {e}", out.display())))?;
+    let target = Target {
+        out: &out,
+        header: &header,
+        flags: &flags,
+        mixed_types: mixed.as_deref(),
+        cancel: opts.cancel,
+        q4_rule,
+    };
+    let arrays = GgufArrays {
+        v: &v,
+        path,
+        sources: &sources,
+        scale_f16: header.scale_f16 != 0,
+    };
+    let file_bytes = stream::write_file(&target, &layout, &arrays, progress)?;
+    Ok(Summary {
+        file_bytes,
+        notes,
+        q4_rule: requant_q4.then_some(q4_rule),
+        ..Summary::of_layout(out, desc.arch.name, header, &layout, t0)
+    })
+}
+
+/// What [`plan`] decides: the type table of a mixed file (`None`: the header states
+/// the types), the layout, and the tensor behind each array.
+type Plan<'a> = (Option<Vec<WType>>, Layout, Vec<Option<Source<'a>>>);
+
+/// Every matrix's type (the header's `wtype`, `q8_mask` and `scale_f16`, or the type
+/// table of a mixed file), and the layout with the tensor behind each array.
+fn plan<'a>(
+    path: &Path,
+    v: &'a GgufView<'a>,
+    ga: &GgufArch,
+    desc: &ModelDesc,
+    opts: &ConvertOptions,
+    header: &mut Header,
+    flags: &[u8],
+) -> Result<Plan<'a>> {
+    // A provisional layout gives every matrix its class.
+    header.wtype = wtype::Q4_0;
+    header.scale_f16 = 1;
+    let probe = probe_layout(path, header, flags, None)?;
+    let lin_v_dim = desc.linear.map_or(0, |l| l.v_dim);
+    let (wt, mask, mixed) = choose_types(path, v, ga, &probe, opts, lin_v_dim)?;
+    header.wtype = wt;
+    header.q8_mask = mask;
+    let layout = probe_layout(path, header, flags, mixed.as_deref())?;
+    let sources = sources(path, v, ga, desc, &layout)?;
+    // Copied Q8_0/Q4_0 blocks hold f16 scales.
+    let mut any_scales = false;
+    let mut scale_copy = false;
+    for (s, t) in sources.iter().zip(&layout.tensors) {
+        if let (Some(s), Kind::Mat { wtype, .. }) = (s, t.kind) {
+            any_scales |= wtype.has_scales();
+            scale_copy |= wtype.has_scales() && s.action == Action::Copy;
+        }
+    }
+    header.scale_f16 = (any_scales && (opts.scale_f16 || scale_copy)) as u32;
+    let layout = probe_layout(path, header, flags, mixed.as_deref())?;
+    Ok((mixed, layout, sources))
+}
+
+/// The file's architecture (`general.architecture`); a split file is refused.
+fn architecture(path: &Path, v: &GgufView) -> Result<&'static GgufArch> {
+    let arch_name = v
+        .get("general.architecture")
+        .and_then(|x| x.as_str())
+        .ok_or_else(|| {
+            ConvertError::config(path, "general.architecture", "missing", "required key")
+        })?;
+    let ga = arch::by_name(arch_name).ok_or_else(|| {
+        ConvertError::config(
+            path,
+            "general.architecture",
+            arch_name,
+            format!(
+                "unknown or unsupported architecture (supported: {})",
+                arch::names().join(", ")
+            ),
+        )
+    })?;
+    if let Some(n) = v.get("split.count").and_then(|x| x.as_u64()) {
+        if n > 1 {
+            return Err(ConvertError::config(
+                path,
+                "split.count",
+                n,
+                "a split GGUF: merge the parts first (llama-gguf-split --merge)",
+            ));
+        }
+    }
+    Ok(ga)
+}
+
+/// Says which tensors are dequantized and quantized again (`choose_types` refused them
+/// without `--requantize`).
+fn requant_note(sources: &[Option<Source>], notes: &mut Vec<String>) {
+    let requant: Vec<String> = sources
+        .iter()
+        .flatten()
+        .filter(|s| s.action == Action::Requant)
+        .map(|s| format!("{} ({})", s.t.name, s.t.ty))
+        .collect();
+    if !requant.is_empty() {
+        notes.push(format!(
+            "requantized {} tensor(s) Krafla cannot store as they are (dequantized, then quantized again: not lossless): {}",
+            requant.len(),
+            summarize(&requant)
+        ));
+    }
+}
+
+/// The `--imatrix` file: it weights the Q4_0 search of requantized tensors only.
+fn imatrix(
+    opts: &ConvertOptions,
+    requant_q4: bool,
+    q4_rule: Q4Rule,
+    desc: &ModelDesc,
+) -> Result<Option<Mli>> {
+    let Some(p) = &opts.imatrix else {
+        return Ok(None);
+    };
+    if !requant_q4 || q4_rule != Q4Rule::Search {
+        return Err(ConvertError::options(
+            "--imatrix",
+            "weights the Q4_0 search of requantized tensors only: use it with --requantize q4_0 --q4-rule search",
+        ));
+    }
+    Ok(Some(load_imatrix(p, desc)?))
+}
+
+/// The importance of the input channels of every requantized Q4_0 matrix.
+fn weigh(mli: &Mli, sources: &mut [Option<Source>], layout: &Layout, tied: bool) {
+    for (s, t) in sources.iter_mut().zip(&layout.tensors) {
+        if let (
+            Some(s),
+            Kind::Mat {
+                wtype: WType::Q4_0,
+                cols,
+                ..
+            },
+        ) = (s.as_mut(), t.kind)
+        {
+            if s.action == Action::Requant {
+                s.imp = importance(mli, t, cols, tied);
+            }
+        }
+    }
+}
+
+/// Every tensor of the file is used (or knowingly consumed by the description): one
+/// the converter would drop may carry math the file cannot express.
+fn check_all_used(
+    path: &Path,
+    ga: &GgufArch,
+    v: &GgufView,
+    sources: &[Option<Source>],
+    consumed: &[String],
+) -> Result<()> {
+    let mut used: HashSet<&str> = sources.iter().flatten().map(|s| s.t.name).collect();
+    used.extend(consumed.iter().map(String::as_str));
+    if let Some(t) = v.tensors.iter().find(|t| !used.contains(t.name)) {
+        return Err(ConvertError::tensor(
+            path,
+            t.name,
+            format!(
+                "not used by a {} model: refusing to drop it silently",
+                ga.name
+            ),
+        ));
+    }
+    Ok(())
+}
+
+fn summarize(v: &[String]) -> String {
+    if v.len() <= 4 {
+        v.join(", ")
+    } else {
+        format!("{}, ... ({} more)", v[..3].join(", "), v.len() - 3)
+    }
+}
+
+fn probe_layout(path: &Path, h: &Header, flags: &[u8], mixed: Option<&[WType]>) -> Result<Layout> {
+    let probe = new_writer(std::io::sink(), h, flags, mixed)
+        .map_err(|e| ConvertError::write(path, path, e))?;
+    Ok(probe.layout().clone())
+}
+
+/// The storage type of every matrix (array order): its GGUF type when Krafla has it
+/// (and, for Qwen3.5's ssm_out, whole blocks move with the value heads), else the
+/// `--requantize` type (Q8_0 in the `--q8` classes and lb/la of a Q4_0 target).
+/// Returns the header's `wtype` and `q8_mask`, and the type table when no uniform
+/// header states these types.
+fn choose_types(
+    path: &Path,
+    v: &GgufView,
+    ga: &GgufArch,
+    probe: &Layout,
+    opts: &ConvertOptions,
+    lin_v_dim: usize,
+) -> Result<(u32, u32, Option<Vec<WType>>)> {
+    let req = opts.requantize;
+    let user_mask = opts.q8_mask.unwrap_or(match req {
+        Some(WType::Q4_0) => DEFAULT_Q4_Q8_MASK,
+        _ => 0,
+    });
+    let mut types = Vec::new();
+    for t in &probe.tensors {
+        let Kind::Mat { class, .. } = t.kind else {
+            continue;
+        };
+        let (info, tr) = source_of(path, v, ga, t)?;
+        // Qwen3.5's ssm_out columns move by value heads: whole blocks only when a head
+        // is a whole number of blocks.
+        let movable =
+            |w: WType| tr != Transform::VCols || lin_v_dim.is_multiple_of(w.block_weights());
+        // With --requantize, float matrices are quantized (they are the source a
+        // user quantizes); without it F16/BF16 ones are kept.
+        let float = matches!(info.ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16);
+        let ty = match copy_type(info.ty) {
+            Some(w) if movable(w) && !(float && req.is_some()) => w,
+            copy => {
+                let Some(r) = req else {
+                    let why = match copy {
+                        Some(w) => format!(
+                            "{}: its columns move by value heads of {lin_v_dim}, which split the {}-value blocks",
+                            info.ty,
+                            w.block_weights()
+                        ),
+                        None => format!(
+                            "{}: Krafla stores F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q4_K, Q5_K, Q6_K, Q2_K, Q3_K, IQ4_XS and MXFP4 matrices as they are, not this type",
+                            info.ty
+                        ),
+                    };
+                    return Err(ConvertError::tensor(
+                        path,
+                        info.name,
+                        format!(
+                            "{why}; convert with --requantize TYPE (e.g. q8_0) to dequantize and quantize it again (not lossless)"
+                        ),
+                    ));
+                };
+                crate::format::mlb::layout::class_wtype(r.code(), user_mask, class)
+            }
+        };
+        types.push(ty);
+    }
+    let uniform =
+        |wt: u32, mask: u32| matrix_types(&probe.tensors, wt, mask, &TypePlan::default()) == types;
+    for &w in &types {
+        let mask = if w == WType::Q4_0 {
+            // The classes of the Q8_0 matrices (a shared classifier's tok_emb: the wcls
+            // bit, as `--q8 wcls` writes it).
+            let mut mask = 0;
+            for (t, &ty) in probe
+                .tensors
+                .iter()
+                .filter(|t| matches!(t.kind, Kind::Mat { .. }))
+                .zip(&types)
+            {
+                let Kind::Mat { class, .. } = t.kind else {
+                    continue;
+                };
+                if ty == WType::Q8_0 {
+                    mask |= if class & user_mask != 0 {
+                        class & user_mask
+                    } else if class & q8_class::WCLS != 0 {
+                        q8_class::WCLS
+                    } else {
+                        class
+                    };
+                }
+            }
+            mask & q8_class::ALL
+        } else {
+            0
+        };
+        if uniform(w.code(), mask) {
+            return Ok((w.code(), mask, None));
+        }
+    }
+    Ok((wtype::MIXED, 0, Some(types)))
+}

@@ -1,0 +1,315 @@
+//! One table per architecture as Hugging Face stores it: `model_type`s, transformers'
+//! config defaults, which Hugging Face tensor becomes which spec array with which
+//! transform, and the family ([`Arch`]: what the model computes).
+//!
+//! Defaults are transformers 5.24's config class defaults, used only when config.json
+//! omits the key.
+
+use crate::convert::arch::{self, Arch};
+use crate::convert::desc::LinearDims;
+
+/// How a Hugging Face tensor becomes a spec array.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Transform {
+    /// As stored.
+    Plain,
+    /// An RMSNorm weight: w + 1 where the architecture computes x·(1 + w).
+    Norm,
+    /// Rows (or elements) permuted per head from rotate-half to interleaved pairs.
+    Rope,
+    /// A per-head q/k norm (head_dim): permuted like the rows, plus the norm offset.
+    RopeNorm,
+    /// Qwen3.5's q_proj → wq (query rows of each head, permuted).
+    GateQuery,
+    /// Qwen3.5's q_proj → wg (gate rows of each head).
+    GateGate,
+    /// A depthwise conv1d weight [C, 1, K] → C × K floats.
+    Conv,
+}
+
+/// Which spec array comes from which tensor, relative to `layers.N.` (layer arrays) or
+/// to the text model's prefix (`embed_tokens`, `norm`); `wcls` is relative to the
+/// classifier's prefix.
+pub type NameTable = &'static [(&'static str, &'static str, Transform)];
+
+use Transform::*;
+
+/// The arrays every architecture names alike: the embedding, the attention's input
+/// norm, k/v/o projections, the per-head q/k norms (when present), the gated MLP, the
+/// final norm and the classifier.
+const COMMON_NAMES: NameTable = &[
+    ("tok_emb", "embed_tokens.weight", Plain),
+    ("attn_norm", "input_layernorm.weight", Norm),
+    ("wk", "self_attn.k_proj.weight", Rope),
+    ("wv", "self_attn.v_proj.weight", Plain),
+    ("wo", "self_attn.o_proj.weight", Plain),
+    ("q_norm", "self_attn.q_norm.weight", RopeNorm),
+    ("k_norm", "self_attn.k_norm.weight", RopeNorm),
+    ("w1", "mlp.gate_proj.weight", Plain),
+    ("w2", "mlp.down_proj.weight", Plain),
+    ("w3", "mlp.up_proj.weight", Plain),
+    ("final_norm", "norm.weight", Norm),
+    ("wcls", "lm_head.weight", Plain),
+];
+
+/// Llama, Mistral, Qwen2, Qwen3, SmolLM3: pre-norm layers with a gated SiLU MLP.
+const LLAMA_NAMES: &[NameTable] = &[
+    COMMON_NAMES,
+    &[
+        ("wq", "self_attn.q_proj.weight", Rope),
+        ("bq", "self_attn.q_proj.bias", Rope),
+        ("bk", "self_attn.k_proj.bias", Rope),
+        ("bv", "self_attn.v_proj.bias", Plain),
+        ("ffn_norm", "post_attention_layernorm.weight", Norm),
+    ],
+];
+
+/// Gemma 2 and 3: four norms per layer. transformers' post_attention_layernorm is the
+/// norm of the attention output (spec post_attn_norm), pre_feedforward_layernorm the
+/// FFN's input norm (spec ffn_norm).
+const GEMMA_NAMES: &[NameTable] = &[
+    COMMON_NAMES,
+    &[
+        ("wq", "self_attn.q_proj.weight", Rope),
+        ("ffn_norm", "pre_feedforward_layernorm.weight", Norm),
+        ("post_attn_norm", "post_attention_layernorm.weight", Norm),
+        ("post_ffn_norm", "post_feedforward_layernorm.weight", Norm),
+    ],
+];
+
+/// Qwen3.5: gated attention layers and gated-delta-rule layers. The delta rule's
+/// gated norm (linear_attn.norm) is x·w, so it is Plain, unlike every other norm.
+const QWEN35_NAMES: &[NameTable] = &[
+    COMMON_NAMES,
+    &[
+        ("wq", "self_attn.q_proj.weight", GateQuery),
+        ("wg", "self_attn.q_proj.weight", GateGate),
+        ("lqkv", "linear_attn.in_proj_qkv.weight", Plain),
+        ("lz", "linear_attn.in_proj_z.weight", Plain),
+        ("lb", "linear_attn.in_proj_b.weight", Plain),
+        ("la", "linear_attn.in_proj_a.weight", Plain),
+        ("lconv", "linear_attn.conv1d.weight", Conv),
+        ("dt_bias", "linear_attn.dt_bias", Plain),
+        ("A_log", "linear_attn.A_log", Plain),
+        ("lnorm", "linear_attn.norm.weight", Plain),
+        ("lout", "linear_attn.out_proj.weight", Plain),
+        ("ffn_norm", "post_attention_layernorm.weight", Norm),
+    ],
+];
+
+/// Which layers attend through the sliding window.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Window {
+    /// Never (the config has no window).
+    None,
+    /// `sliding_window`, when set, applies to every layer (Mistral ignores layer_types).
+    AllLayers,
+    /// The layers `layer_types` marks "sliding_attention", when `use_sliding_window`
+    /// is true (Qwen2, Qwen3, SmolLM3 drop the window otherwise).
+    LayerTypesIfUsed,
+    /// The layers `layer_types` marks "sliding_attention" (Gemma).
+    LayerTypes,
+}
+
+/// How transformers fills `layer_types` when config.json has none.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DefaultLayerTypes {
+    /// Every layer full attention.
+    Full,
+    /// Qwen2/Qwen3: sliding from `max_window_layers` on, when a window is used.
+    MaxWindowLayers,
+    /// Gemma 2: sliding when (i + 1) % 2 != 0.
+    Alternate,
+    /// Gemma 3: sliding when (i + 1) % sliding_window_pattern != 0 (default 6).
+    Pattern,
+    /// SmolLM3: sliding on the no-RoPE layers, when a window is used.
+    SmolLM3,
+    /// Qwen3.5: linear attention when (i + 1) % full_attention_interval != 0 (default 4).
+    LinearInterval,
+}
+
+/// One architecture as Hugging Face stores it.
+#[derive(Debug)]
+pub struct HfArch {
+    /// What the model computes.
+    pub arch: &'static Arch,
+    pub model_types: &'static [&'static str],
+    /// The name tables, searched in order (each spec array stands in one of them).
+    pub names: &'static [NameTable],
+    /// The config key of the FFN activation and its default.
+    pub act_key: &'static str,
+    pub default_act: &'static str,
+    pub default_tie: bool,
+    pub default_theta: f64,
+    /// Gemma 3's sliding layers: RoPE base default.
+    pub default_local_theta: Option<f64>,
+    /// head_dim when the config omits it (None: dim / n_heads).
+    pub default_head_dim: Option<usize>,
+    pub default_max_pos: usize,
+    pub default_rms_eps: f64,
+    /// Gemma 2's softcap defaults (attention, final); None for no cap.
+    pub default_softcaps: (Option<f64>, Option<f64>),
+    pub window: Window,
+    pub default_layer_types: DefaultLayerTypes,
+    /// Default partial_rotary_factor (Qwen3.5: 0.25).
+    pub default_partial_rotary: f64,
+    /// The gated-delta-rule layers' dimensions where config.json omits them (for an
+    /// architecture with linear attention).
+    pub default_linear: Option<LinearDims>,
+    /// SmolLM3's no_rope_layers.
+    pub no_rope_layers: bool,
+    /// Multimodal wrappers of this text model: (wrapper model_type).
+    pub wrappers: &'static [&'static str],
+}
+
+const BASE: HfArch = HfArch {
+    arch: &arch::LLAMA,
+    model_types: &[],
+    names: LLAMA_NAMES,
+    act_key: "hidden_act",
+    default_act: "silu",
+    default_tie: false,
+    default_theta: 10_000.0,
+    default_local_theta: None,
+    default_head_dim: None,
+    default_max_pos: 2048,
+    default_rms_eps: 1e-6,
+    default_softcaps: (None, None),
+    window: Window::None,
+    default_layer_types: DefaultLayerTypes::Full,
+    default_partial_rotary: 1.0,
+    default_linear: None,
+    no_rope_layers: false,
+    wrappers: &[],
+};
+
+/// Every supported architecture.
+pub const ARCHS: &[HfArch] = &[
+    HfArch {
+        arch: &arch::LLAMA,
+        model_types: &["llama"],
+        ..BASE
+    },
+    HfArch {
+        arch: &arch::MISTRAL,
+        model_types: &["mistral"],
+        default_max_pos: 4096 * 32,
+        window: Window::AllLayers,
+        ..BASE
+    },
+    HfArch {
+        arch: &arch::QWEN2,
+        model_types: &["qwen2"],
+        default_max_pos: 32768,
+        window: Window::LayerTypesIfUsed,
+        default_layer_types: DefaultLayerTypes::MaxWindowLayers,
+        ..BASE
+    },
+    HfArch {
+        arch: &arch::QWEN3,
+        model_types: &["qwen3"],
+        default_head_dim: Some(128),
+        default_max_pos: 32768,
+        window: Window::LayerTypesIfUsed,
+        default_layer_types: DefaultLayerTypes::MaxWindowLayers,
+        ..BASE
+    },
+    HfArch {
+        arch: &arch::SMOLLM3,
+        model_types: &["smollm3"],
+        default_tie: true,
+        default_theta: 2_000_000.0,
+        default_max_pos: 32768,
+        window: Window::LayerTypesIfUsed,
+        default_layer_types: DefaultLayerTypes::SmolLM3,
+        no_rope_layers: true,
+        ..BASE
+    },
+    HfArch {
+        arch: &arch::GEMMA2,
+        model_types: &["gemma2"],
+        names: GEMMA_NAMES,
+        act_key: "hidden_activation",
+        default_act: "gelu_pytorch_tanh",
+        default_tie: true,
+        default_head_dim: Some(256),
+        default_max_pos: 8192,
+        default_softcaps: (Some(50.0), Some(30.0)),
+        window: Window::LayerTypes,
+        default_layer_types: DefaultLayerTypes::Alternate,
+        ..BASE
+    },
+    HfArch {
+        arch: &arch::GEMMA3,
+        model_types: &["gemma3_text"],
+        names: GEMMA_NAMES,
+        act_key: "hidden_activation",
+        default_act: "gelu_pytorch_tanh",
+        default_tie: true,
+        default_theta: 1_000_000.0,
+        default_local_theta: Some(10_000.0),
+        default_head_dim: Some(256),
+        default_max_pos: 131_072,
+        window: Window::LayerTypes,
+        default_layer_types: DefaultLayerTypes::Pattern,
+        wrappers: &["gemma3"],
+        ..BASE
+    },
+    HfArch {
+        arch: &arch::QWEN35,
+        model_types: &["qwen3_5_text"],
+        names: QWEN35_NAMES,
+        default_head_dim: Some(256),
+        default_max_pos: 32768,
+        default_layer_types: DefaultLayerTypes::LinearInterval,
+        default_partial_rotary: 0.25,
+        default_linear: Some(LinearDims {
+            k_heads: 16,
+            v_heads: 32,
+            k_dim: 128,
+            v_dim: 128,
+            conv: 4,
+        }),
+        wrappers: &["qwen3_5"],
+        ..BASE
+    },
+];
+
+/// The architecture of a text `model_type`.
+pub fn by_model_type(t: &str) -> Option<&'static HfArch> {
+    ARCHS.iter().find(|a| a.model_types.contains(&t))
+}
+
+/// The table of family `a`.
+pub fn by_arch(a: &Arch) -> &'static HfArch {
+    ARCHS
+        .iter()
+        .find(|h| h.arch.name == a.name)
+        .expect("every family has a Hugging Face table")
+}
+
+/// The architecture whose multimodal wrapper is `t`.
+pub fn by_wrapper(t: &str) -> Option<&'static HfArch> {
+    ARCHS.iter().find(|a| a.wrappers.contains(&t))
+}
+
+/// Every accepted model_type (for error messages and docs).
+pub fn model_types() -> Vec<&'static str> {
+    let mut v = Vec::new();
+    for a in ARCHS {
+        v.extend_from_slice(a.model_types);
+        v.extend_from_slice(a.wrappers);
+    }
+    v
+}
+
+impl HfArch {
+    /// The HF name (relative) and transform of spec array `spec`.
+    pub fn source(&self, spec: &str) -> Option<(&'static str, Transform)> {
+        self.names
+            .iter()
+            .flat_map(|t| t.iter())
+            .find(|(s, _, _)| *s == spec)
+            .map(|(_, hf, t)| (*hf, *t))
+    }
+}
