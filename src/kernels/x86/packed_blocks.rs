@@ -179,6 +179,21 @@ unsafe fn i8x16_f32(p: *const u8) -> __m512 {
     unsafe { _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(p as *const __m128i))) }
 }
 
+/// 16 u8 lanes of `v` as f32 (a function, not a closure: a closure would not inherit
+/// the caller's target features, and its intrinsics would stay out of line).
+#[inline(always)]
+unsafe fn u8x16_f32(v: __m128i) -> __m512 {
+    // SAFETY: register-only; AVX-512 F (the caller's contract).
+    unsafe { _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(v)) }
+}
+
+/// The low 8 u8 lanes of `v` as f32 ([`u8x16_f32`] on ymm).
+#[inline(always)]
+unsafe fn u8x8_f32(v: __m128i) -> __m256 {
+    // SAFETY: register-only; AVX2 (the caller's contract).
+    unsafe { _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v)) }
+}
+
 /// Q4_K/Q5_K position scales (`sp`, 24 bytes, see `kernels::packed`): the top
 /// four bits of `m` of rows `8h..8h + 8` (`h` = 1) or of all 16 rows (`h` = 0: rows
 /// 0..8 in bytes 0..8, rows 8..16 in bytes 8..16), one per byte.
@@ -275,11 +290,10 @@ unsafe fn scales512<B: BlockTy>(sp: *const u8, sup: *const f32, b: usize) -> Sca
                     _mm_loadu_si128(sp as *const __m128i),
                     _mm_loadu_si128(sp.add(16) as *const __m128i),
                 );
-                let f = |v: __m128i| _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(v));
-                s.sc_lo = _mm512_mul_ps(d, f(_mm_and_si128(lo, m4)));
-                s.sc_hi = _mm512_mul_ps(d, f(_mm_and_si128(hi, m4)));
-                s.ml = _mm512_mul_ps(nmin, f(_mm_and_si128(_mm_srli_epi16(lo, 4), m4)));
-                s.mh = _mm512_mul_ps(nmin, f(_mm_and_si128(_mm_srli_epi16(hi, 4), m4)));
+                s.sc_lo = _mm512_mul_ps(d, u8x16_f32(_mm_and_si128(lo, m4)));
+                s.sc_hi = _mm512_mul_ps(d, u8x16_f32(_mm_and_si128(hi, m4)));
+                s.ml = _mm512_mul_ps(nmin, u8x16_f32(_mm_and_si128(_mm_srli_epi16(lo, 4), m4)));
+                s.mh = _mm512_mul_ps(nmin, u8x16_f32(_mm_and_si128(_mm_srli_epi16(hi, 4), m4)));
             }
             ScaleKind::D => s.dw = f16x16(sp),
             ScaleKind::DMin => (s.dw, s.mw) = (f16x16(sp), f16x16(sp.add(32))),
@@ -558,11 +572,10 @@ unsafe fn scales256<B: BlockTy>(sp: *const u8, sup: *const f32, b: usize, h: usi
                 let m4 = _mm_set1_epi8(15);
                 let lo = _mm_loadl_epi64(sp.add(8 * h) as *const __m128i);
                 let hi = _mm_loadl_epi64(sp.add(16 + 8 * h) as *const __m128i);
-                let f = |v: __m128i| _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v));
-                s.dl = _mm256_mul_ps(d, f(_mm_and_si128(lo, m4)));
-                s.dh = _mm256_mul_ps(d, f(_mm_and_si128(hi, m4)));
-                s.ml = _mm256_mul_ps(nmin, f(_mm_and_si128(_mm_srli_epi16(lo, 4), m4)));
-                s.mh = _mm256_mul_ps(nmin, f(_mm_and_si128(_mm_srli_epi16(hi, 4), m4)));
+                s.dl = _mm256_mul_ps(d, u8x8_f32(_mm_and_si128(lo, m4)));
+                s.dh = _mm256_mul_ps(d, u8x8_f32(_mm_and_si128(hi, m4)));
+                s.ml = _mm256_mul_ps(nmin, u8x8_f32(_mm_and_si128(_mm_srli_epi16(lo, 4), m4)));
+                s.mh = _mm256_mul_ps(nmin, u8x8_f32(_mm_and_si128(_mm_srli_epi16(hi, 4), m4)));
             }
             ScaleKind::D => s.dw = f16x8(sp.add(16 * h)),
             ScaleKind::DMin => (s.dw, s.mw) = (f16x8(sp.add(16 * h)), f16x8(sp.add(32 + 16 * h))),
