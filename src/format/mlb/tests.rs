@@ -213,7 +213,7 @@ fn err_empty_and_short() {
 fn err_magic_version_enums() {
     assert_eq!(fmt(|h| h.magic = *b"MLB2"), "magic");
     assert_eq!(fmt(|h| h.version = 2), "version");
-    assert_eq!(fmt(|h| h.wtype = 13), "wtype");
+    assert_eq!(fmt(|h| h.wtype = 17), "wtype");
     assert_eq!(fmt(|h| h.wtype = 129), "wtype");
     assert_eq!(fmt(|h| h.wtype = 0), "wtype");
     assert_eq!(fmt(|h| h.rope_type = 5), "rope_type");
@@ -871,7 +871,7 @@ fn err_mixed_type_table() {
     // An entry that is not a concrete type names the tensor.
     for (entry, code, tensor) in [
         (0, 0u8, "tok_emb"),
-        (3, 13, "layers.0.wv"),
+        (3, 17, "layers.0.wv"),
         (9, 128, "layers.1.wk"),
         (15, 255, "wcls"),
     ] {
