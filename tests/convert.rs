@@ -5,7 +5,6 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use krafla::convert::{self, ConvertError, ConvertOptions, Progress, TypePlan, WType};
 use krafla::format::mlb::header::FieldValue;
@@ -17,7 +16,9 @@ use safetensors::tensor::TensorView;
 use safetensors::{Dtype, SafeTensors};
 use serde_json::{json, Value};
 
+use crate::util::fixtures::{convert_to, convert_with};
 use crate::util::fnv;
+use crate::util::tool::tool;
 
 fn models() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata/models")
@@ -42,14 +43,10 @@ fn run(opts: &ConvertOptions) -> Result<convert::Summary, ConvertError> {
     convert::convert(opts, &mut |_: Progress| {})
 }
 
-fn convert_to(dir: &Path, out: &Path, wtype: WType) -> Vec<u8> {
-    let mut o = ConvertOptions::new(dir, wtype);
-    o.output = Some(out.to_path_buf());
-    run(&o).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
-    std::fs::read(out).unwrap()
-}
-
 // ---------------------------------------------------------------- headers
+
+/// The header offset of the first field of the MoE extension (docs/file-format.md).
+const MOE_FIELDS_START: usize = 160;
 
 #[test]
 fn convert_headers_match_expected_for_every_fixture() {
@@ -97,15 +94,26 @@ fn convert_headers_match_expected_for_every_fixture() {
                 }
             }
         }
-        // Every spec field except the three converter options is in expected_header.
+        // Every spec field except the three converter options is in expected_header;
+        // the MoE extension's fields (offset 160 on) only in the MoE fixtures' (the
+        // dense fixtures predate them), and they are 0 in every other.
         for f in FIELDS {
-            if !["version", "wtype", "q8_mask", "scale_f16"].contains(&f.name) {
-                assert!(
-                    exp.contains_key(f.name),
-                    "{name}: expected_header lacks {}",
-                    f.name
-                );
+            if ["version", "wtype", "q8_mask", "scale_f16"].contains(&f.name) {
+                continue;
             }
+            if f.offset >= MOE_FIELDS_START && !exp.contains_key(f.name) {
+                let zero = match p.header.get(f.name).unwrap() {
+                    FieldValue::U32(g) => g == 0,
+                    FieldValue::F32(g) => g == 0.0,
+                };
+                assert!(zero, "{name}: {} is not 0 in a dense model", f.name);
+                continue;
+            }
+            assert!(
+                exp.contains_key(f.name),
+                "{name}: expected_header lacks {}",
+                f.name
+            );
         }
         assert_eq!(p.header.wtype, 1);
         assert_eq!(p.header.q8_mask, 0);
@@ -461,14 +469,6 @@ fn fixture_dtype(dir: &Path) -> String {
     r["dtype"].as_str().unwrap().to_string()
 }
 
-fn convert_with(dir: &Path, out: &Path, f: impl FnOnce(&mut ConvertOptions)) -> Vec<u8> {
-    let mut o = ConvertOptions::new(dir, WType::Q8_0);
-    o.output = Some(out.to_path_buf());
-    f(&mut o);
-    run(&o).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
-    std::fs::read(out).unwrap()
-}
-
 #[test]
 fn convert_bf16_and_f16_arrays_byte_exact_every_fixture() {
     // Every matrix rounded to nearest even from the checkpoint's values (the test's
@@ -759,13 +759,11 @@ fn convert_mixed_runs_like_the_q8_mask_file() {
     assert_eq!(types(&pq), types(&pm));
     let mut logits = Vec::new();
     for f in ["q.mlb", "m.mlb"] {
-        let o = Command::new(env!("CARGO_BIN_EXE_mlb-run"))
+        tool("mlb-run")
             .arg(tmp.path().join(f))
             .args(["--tokens", "1 17 42 99 3 250", "--logits"])
             .arg(tmp.path().join(format!("{f}.f32")))
-            .output()
-            .unwrap();
-        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+            .ok();
         logits.push(std::fs::read(tmp.path().join(format!("{f}.f32"))).unwrap());
     }
     assert!(logits[0].len() >= 6 * 4 * 256);
@@ -784,15 +782,13 @@ fn convert_bf16_output_runs_in_mlb_run() {
     let out = tmp.path().join("b.mlb");
     convert_with(&models().join("llama"), &out, |o| o.wtype = WType::BF16);
     let logits = tmp.path().join("b.f32");
-    let o = Command::new(env!("CARGO_BIN_EXE_mlb-run"))
+    let e = tool("mlb-run")
         .arg(&out)
         .args(["--tokens", "1 2 3", "--logits"])
         .arg(&logits)
         .arg("--verbose")
-        .output()
-        .unwrap();
-    let e = String::from_utf8_lossy(&o.stderr);
-    assert!(o.status.success(), "{e}");
+        .ok()
+        .stderr;
     assert!(e.contains("kernel tier"), "{e}");
     let got = crate::util::fixtures::read_f32(&logits);
     let m = mlb::Mlb::open(&out).unwrap();
@@ -832,13 +828,10 @@ fn a_type_without_kernels_is_refused_by_mlb_run() {
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("k.mlb");
     std::fs::write(&out, synth_mixed(&h, &[], &types, 1)).unwrap();
-    let o = Command::new(env!("CARGO_BIN_EXE_mlb-run"))
+    let e = tool("mlb-run")
         .arg(&out)
         .args(["--tokens", "1 2 3", "-n", "1"])
-        .output()
-        .unwrap();
-    assert_eq!(o.status.code(), Some(1));
-    let e = String::from_utf8(o.stderr).unwrap();
+        .fails_with(1);
     assert_eq!(e.lines().count(), 1, "{e}");
     assert!(
         e.contains(t.name()) && e.contains("k.mlb") && e.contains("no kernel"),
@@ -1432,15 +1425,11 @@ fn convert_default_output_name_and_q4_defaults() {
 
 // ---------------------------------------------------------------- the binary
 
-fn bin() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_mlb-convert"))
-}
-
 #[test]
 fn convert_binary_end_to_end() {
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("g.mlb");
-    let o = bin()
+    let o = tool("mlb-convert")
         .arg(models().join("gemma3_mm"))
         .args([
             "--wtype",
@@ -1453,11 +1442,9 @@ fn convert_binary_end_to_end() {
             "-o",
         ])
         .arg(&out)
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let stdout = String::from_utf8(o.stdout).unwrap();
-    let stderr = String::from_utf8(o.stderr).unwrap();
+        .ok();
+    let stdout = String::from_utf8(o.stdout_bytes).unwrap();
+    let stderr = o.stderr;
     assert_eq!(stdout.lines().count(), 1, "{stdout}");
     assert!(
         stdout.contains("bits/weight") && stdout.contains("parameters"),
@@ -1475,27 +1462,25 @@ fn convert_binary_end_to_end() {
     );
 
     // An error: exit 1, one line naming the file.
-    let o = bin().arg(tmp.path()).output().unwrap();
-    assert_eq!(o.status.code(), Some(1));
-    let e = String::from_utf8(o.stderr).unwrap();
+    let e = tool("mlb-convert").arg(tmp.path()).fails_with(1);
     assert_eq!(e.lines().count(), 1, "{e}");
     assert!(e.contains("config.json"), "{e}");
     // Bad usage: exit 2.
-    let o = bin().args(["--q8", "bogus", "x"]).output().unwrap();
-    assert_eq!(o.status.code(), Some(2));
-    let o = bin().args(["--types", "wq=bf16", "x"]).output().unwrap();
-    assert_eq!(o.status.code(), Some(2));
+    tool("mlb-convert")
+        .args(["--q8", "bogus", "x"])
+        .fails_with(2);
+    tool("mlb-convert")
+        .args(["--types", "wq=bf16", "x"])
+        .fails_with(2);
 
     // BF16 with a Q8_0 embedding: the summary names the mix.
     let out = tmp.path().join("b.mlb");
-    let o = bin()
+    let o = tool("mlb-convert")
         .arg(models().join("llama"))
         .args(["--wtype", "bf16", "--types", "tok_emb=q8_0", "-o"])
         .arg(&out)
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let stdout = String::from_utf8(o.stdout).unwrap();
+        .ok();
+    let stdout = String::from_utf8(o.stdout_bytes).unwrap();
     assert!(stdout.contains("mixed (1 Q8_0, "), "{stdout}");
     assert!(stdout.contains(" BF16)"), "{stdout}");
     assert_eq!(
@@ -1511,21 +1496,18 @@ fn convert_binary_end_to_end() {
     w[9] = 1e5;
     m.set("model.layers.0.self_attn.o_proj.weight", &w);
     let dir = m.write(tmp.path(), "big");
-    let o = bin()
+    let e = tool("mlb-convert")
         .arg(&dir)
         .args(["--wtype", "f16", "-o"])
         .arg(tmp.path().join("f.mlb"))
-        .output()
-        .unwrap();
-    assert_eq!(o.status.code(), Some(1));
-    let e = String::from_utf8(o.stderr).unwrap();
+        .fails_with(1);
     assert_eq!(e.lines().count(), 1, "{e}");
     assert!(e.contains("o_proj") && e.contains("100000"), "{e}");
 }
 
 #[test]
 fn convert_help_snapshot() {
-    insta::assert_snapshot!(crate::util::help("mlb-convert"));
+    insta::assert_snapshot!(tool("mlb-convert").arg("--help").ok().stdout);
 }
 
 #[test]

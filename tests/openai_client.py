@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """mlb-serve through the official `openai` Python client: models, chat, chat streaming,
-completions, completions streaming, logprobs, and errors raised as the client's typed
-exceptions.
+completions, completions streaming, logprobs, embeddings (the client's default base64
+and floats), and errors raised as the client's typed exceptions.
 
     python tests/openai_client.py [BIN_DIR]
 
@@ -56,6 +56,7 @@ def exercise(url):
     client = openai.OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0, timeout=60)
     models = client.models.list()
     check("models", [m.id for m in models.data] == ["default"], models)
+    check("models: context_length", models.data[0].context_length > 0, models)
 
     messages = [
         {"role": "system", "content": "You answer."},
@@ -116,6 +117,30 @@ def exercise(url):
         pc.text[3:5] == "" or (s.choices[0].finish_reason == "stop" and s.choices[0].text == pc.text[: pc.text.find(pc.text[3:5])]),
         (s, pc.text),
     )
+
+    e = client.embeddings.create(model="default", input=["A function is", "A list"])
+    v = e.data[0].embedding
+    check(
+        "embeddings",
+        e.object == "list" and len(e.data) == 2 and [d.index for d in e.data] == [0, 1]
+        and len(v) == len(e.data[1].embedding) and len(v) > 0
+        and abs(sum(x * x for x in v) - 1.0) < 1e-4
+        and e.usage.prompt_tokens > 0 and e.usage.total_tokens == e.usage.prompt_tokens,
+        e,
+    )
+    f = client.embeddings.create(model="default", input="A function is", encoding_format="float")
+    check(
+        "embeddings as floats",
+        len(f.data) == 1 and all(abs(a - b) < 1e-6 for a, b in zip(f.data[0].embedding, v)),
+        f,
+    )
+    d = client.embeddings.create(model="default", input=[[1, 2, 3]], dimensions=8)
+    check("embeddings of ids, 8 dimensions", len(d.data[0].embedding) == 8, d)
+    try:
+        client.embeddings.create(model="default", input=["x"] * 2049)
+        check("2049 embedding inputs refused", False, "no error")
+    except openai.BadRequestError as e:
+        check("2049 embedding inputs refused", e.status_code == 400 and e.body.get("param") == "input", e.body)
 
     try:
         client.chat.completions.create(model="default", messages=messages, max_tokens=0)

@@ -22,6 +22,7 @@ use krafla::kernels::{self, HalfActs, Kernels, Tier};
 use krafla::model::{Model, ModelError, Packs, StateOptions};
 
 use crate::util::tiers;
+use crate::util::tool::tool;
 
 /// A synthetic case: name, header, layer flags.
 pub struct Case {
@@ -619,24 +620,6 @@ fn default_context_is_max_seq_capped() {
 
 mod cli {
     use super::*;
-    use std::process::Command;
-
-    fn run(args: &[&str]) -> (bool, String, String) {
-        run_env(args, &[])
-    }
-
-    fn run_env(args: &[&str], vars: &[(&str, &str)]) -> (bool, String, String) {
-        let o = Command::new(env!("CARGO_BIN_EXE_mlb-run"))
-            .args(args)
-            .envs(vars.iter().copied())
-            .output()
-            .unwrap();
-        (
-            o.status.success(),
-            String::from_utf8_lossy(&o.stdout).into_owned(),
-            String::from_utf8_lossy(&o.stderr).into_owned(),
-        )
-    }
 
     #[test]
     fn huge_context_is_one_line_not_an_abort() {
@@ -644,10 +627,11 @@ mod cli {
         let path = dir.path().join("m.mlb");
         std::fs::write(&path, huge_context_model()).unwrap();
         let p = path.to_str().unwrap();
-        let (ok, _, err) = run(&[
-            p, "--tokens", "1 2", "--ctx", "16777216", "--batch", "16777216",
-        ]);
-        assert!(!ok, "{err}");
+        let err = tool("mlb-run")
+            .args([
+                p, "--tokens", "1 2", "--ctx", "16777216", "--batch", "16777216",
+            ])
+            .fails();
         assert_eq!(err.trim().lines().count(), 1, "{err}");
         assert!(err.contains("--ctx") && err.contains("bytes"), "{err}");
     }
@@ -658,14 +642,15 @@ mod cli {
         let path = write_case(dir.path(), 7, 23);
         let bytes = std::fs::read(&path).unwrap();
         let out = dir.path().join("logits.bin");
-        let (ok, _, err) = run(&[
-            path.to_str().unwrap(),
-            "--tokens",
-            "1 5 9 33 2 7",
-            "--logits",
-            out.to_str().unwrap(),
-        ]);
-        assert!(ok, "{err}");
+        tool("mlb-run")
+            .args([
+                path.to_str().unwrap(),
+                "--tokens",
+                "1 5 9 33 2 7",
+                "--logits",
+                out.to_str().unwrap(),
+            ])
+            .ok();
         let got: Vec<f32> = std::fs::read(&out)
             .unwrap()
             .chunks_exact(4)
@@ -684,8 +669,8 @@ mod cli {
             "4",
             "--verbose",
         ];
-        let (ok, stdout, err) = run(&args);
-        assert!(ok, "{err}");
+        let o = tool("mlb-run").args(args).ok();
+        let (stdout, err) = (o.stdout, o.stderr);
         assert!(err.contains("tok/s") && err.contains("KV cache"), "{err}");
         assert!(err.contains("kernel tier"), "{err}");
         assert!(!stdout.trim().is_empty());
@@ -698,10 +683,10 @@ mod cli {
                 "{err}"
             );
             for h in ["nta", "t0", "t1", "t2"] {
-                let (ok, out, e) = run_env(&args, &[("KRAFLA_PREFETCH", h)]);
+                let o = tool("mlb-run").args(args).env("KRAFLA_PREFETCH", h).ok();
                 let want = format!("q4_0/q8_0 {h}, block types {h}, bf16/f16 {h}");
-                assert!(ok && e.contains(&want), "{h}: {e}");
-                assert_eq!(out, stdout, "{h}");
+                assert!(o.stderr.contains(&want), "{h}: {}", o.stderr);
+                assert_eq!(o.stdout, stdout, "{h}");
             }
         }
     }
@@ -723,11 +708,9 @@ mod cli {
             (vec![p, "--tokens", "1", "--top-p", "0"], "top-p"),
             (vec![p, "--tokens", "1", "--temp=-1"], "temp"),
         ] {
-            let (ok, _, err) = run(&args);
-            assert!(!ok, "{args:?} should fail");
+            let err = tool("mlb-run").args(&args).fails();
             assert_eq!(err.trim().lines().count(), 1, "{args:?}: {err}");
             assert!(err.contains(needle), "{args:?}: {err}");
-            assert!(!err.contains("panicked"), "{args:?}: {err}");
         }
     }
 }
@@ -757,13 +740,11 @@ fn imatrix_sums_every_matrix_input() {
     let dir = tempfile::tempdir().unwrap();
     let path = write_case(dir.path(), 0, 29);
     let mli = dir.path().join("m.mli");
-    let o = std::process::Command::new(env!("CARGO_BIN_EXE_mlb-run"))
+    tool("mlb-run")
         .arg(&path)
         .args(["--tokens", "1 2 3 4 5", "--imatrix"])
         .arg(&mli)
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        .ok();
     let f = krafla::format::mli::parse(&std::fs::read(&mli).unwrap()).unwrap();
     assert_eq!((f.n_layers, f.dim, f.tokens, f.cls_tokens), (2, 64, 5, 5));
 }

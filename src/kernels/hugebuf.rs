@@ -4,7 +4,7 @@
 //! A decode step streams every weight once, so with 4 KiB pages it walks a page table
 //! entry per 4 KiB and the hardware prefetchers stop at each page's end. With 2 MiB
 //! pages, llama1b decode ran BF16 1.12–1.20×, packed Q4_0 1.09× and packed Q4_K
-//! 1.00–1.025× as fast on a Zen 4 host (interleaved rounds; docs/benchmarks.md,
+//! 1.00–1.025× as fast on a Zen 4 host (interleaved rounds; docs/history/benchmarks-2026-12.md,
 //! 2026-12-05 05:00–06:26). The file's own map did not get them: there, its page cache
 //! held 10 MiB of a 2.4 GB file in 2 MiB mappings.
 //!

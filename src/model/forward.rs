@@ -67,6 +67,36 @@ pub type LogitsSink<'f> = &'f mut dyn FnMut(usize, &[f32]);
 /// logits (vocab values).
 pub type BatchSink<'f> = &'f mut dyn FnMut(usize, usize, &[f32]);
 
+/// Called with each position and its final hidden state (dim values).
+pub type HiddenSink<'f> = &'f mut dyn FnMut(usize, &[f32]);
+
+/// What a sequence of a batched step ([`Model::forward_batch_with`]) gives its sink.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Output {
+    /// The logits after its last id (vocab values).
+    #[default]
+    LastLogits,
+    /// The logits after each of its ids (speculative decoding checks a draft with them).
+    AllLogits,
+    /// The final hidden state `rmsnorm(x, final_norm)` (dim values: the classifier's
+    /// input) after its last id; no logits are computed.
+    LastHidden,
+    /// The final hidden state after each of its ids (embeddings with mean pooling).
+    AllHidden,
+}
+
+impl Output {
+    /// Every position's rows, not only the last.
+    pub fn every(self) -> bool {
+        matches!(self, Output::AllLogits | Output::AllHidden)
+    }
+
+    /// Hidden states instead of logits.
+    pub fn hidden(self) -> bool {
+        matches!(self, Output::LastHidden | Output::AllHidden)
+    }
+}
+
 /// How a [`State`] is sized.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct StateOptions {
@@ -83,6 +113,11 @@ pub struct StateOptions {
     /// How the KV caches store keys and values: f32, f16 or Q8_0 (docs/kernels.md,
     /// "KV cache types").
     pub kv_type: KvType,
+    /// Slots a sliding layer's ring keeps beyond its window: with `spare` ≥ r − 1 the
+    /// session can always be truncated back by r positions (speculative decoding drops
+    /// rejected drafts so). The same bits as without: a ring of any size ≥ the window
+    /// gives the bits of masked full attention.
+    pub spare: usize,
 }
 
 impl Default for StateOptions {
@@ -93,6 +128,7 @@ impl Default for StateOptions {
             ring: true,
             imatrix: false,
             kv_type: KvType::F32,
+            spare: 0,
         }
     }
 }
@@ -504,7 +540,7 @@ impl<'a> Model<'a> {
             match *l {
                 LayerKind::Attention { window, .. } => {
                     let slots = match window {
-                        Some(w) if opts.ring => w.min(ctx),
+                        Some(w) if opts.ring => w.saturating_add(opts.spare).min(ctx),
                         _ => ctx,
                     };
                     kv += slots as u128 * row;
@@ -571,7 +607,7 @@ impl<'a> Model<'a> {
             .map(|l| match *l {
                 LayerKind::Attention { window, .. } => {
                     let slots = match window {
-                        Some(w) if opts.ring => w.min(ctx),
+                        Some(w) if opts.ring => w.saturating_add(opts.spare).min(ctx),
                         _ => ctx,
                     };
                     Some(LayerCache::new_in(
@@ -688,14 +724,73 @@ impl<'a> Model<'a> {
         tokens: &[u32],
         mut each: Option<LogitsSink>,
     ) -> Result<&'s [f32]> {
+        let vocab = self.cfg.vocab;
+        let mut last = 0;
+        let mut rows = [(0, 0); LOGIT_ROWS];
+        let every = each.is_some();
+        self.run_chunks(&mut *st, tokens, every, |k, buf, segs, wanted, p0| {
+            let (mut r0, n) = (wanted.start, wanted.end);
+            while r0 < n {
+                let r1 = (r0 + buf.logit_rows).min(n);
+                for (row, r) in rows.iter_mut().zip(r0..r1) {
+                    *row = (0, r);
+                }
+                self.classify(k, buf, segs, &rows[..r1 - r0]);
+                if let Some(f) = each.as_mut() {
+                    for r in r0..r1 {
+                        f(p0 + r, &buf.logits[(r - r0) * vocab..(r - r0 + 1) * vocab]);
+                    }
+                }
+                last = r1 - r0 - 1;
+                r0 = r1;
+            }
+        })?;
+        Ok(&st.buf.logits[last * vocab..(last + 1) * vocab])
+    }
+
+    /// One token after what `st` holds; returns its logits.
+    pub fn decode<'s>(&self, st: &'s mut State, token: u32) -> Result<&'s [f32]> {
+        self.prefill(st, &[token], None)
+    }
+
+    /// Runs `tokens` after what `st` holds, like [`Model::prefill`], and passes the
+    /// final hidden state `rmsnorm(x, final_norm)` (dim values, the classifier's input)
+    /// of the last token, or of every token with `every`, to `sink` with its position.
+    /// The classifier does not run: this is the same pass, stopped before it
+    /// (embeddings).
+    pub fn prefill_hidden(
+        &self,
+        st: &mut State,
+        tokens: &[u32],
+        every: bool,
+        sink: HiddenSink,
+    ) -> Result<()> {
+        let d = self.cfg.dim;
+        self.run_chunks(st, tokens, every, |k, buf, _, wanted, p0| {
+            let rows: Vec<(usize, usize)> = wanted.clone().map(|r| (0, r)).collect();
+            self.final_norm(k, buf, &rows);
+            for (j, r) in wanted.enumerate() {
+                sink(p0 + r, &buf.xb[j * d..(j + 1) * d]);
+            }
+        })
+    }
+
+    /// Runs `tokens` after what `st` holds in chunks of at most its `cap` tokens; after
+    /// each chunk (of positions `p0..`), `take(kernels, buffers, segments, rows, p0)`
+    /// gets the rows of it that are wanted: all with `every`, else the last chunk's
+    /// last row.
+    fn run_chunks(
+        &self,
+        st: &mut State,
+        tokens: &[u32],
+        every: bool,
+        mut take: impl FnMut(&Kernels, &mut Scratch, &mut [Seg], std::ops::Range<usize>, usize),
+    ) -> Result<()> {
         self.check(&st.seq, tokens)?;
         let k = self.kernels();
-        let vocab = self.cfg.vocab;
         let State { seq, buf } = st;
-        let mut last = 0;
         let chunks = tokens.chunks(buf.cap);
         let n_chunks = chunks.len();
-        let mut rows = [(0, 0); LOGIT_ROWS];
         for (ci, chunk) in chunks.enumerate() {
             let (n, p0) = (chunk.len(), seq.pos);
             let mut segs = [Seg {
@@ -705,33 +800,14 @@ impl<'a> Model<'a> {
                 p0,
             }];
             self.layers(&k, buf, &mut segs, chunk);
-            let first = match each {
-                Some(_) => 0,
-                None if ci + 1 == n_chunks => n - 1,
-                None => n,
+            let first = match (every, ci + 1 == n_chunks) {
+                (true, _) => 0,
+                (false, true) => n - 1,
+                (false, false) => continue,
             };
-            let mut r0 = first;
-            while r0 < n {
-                let r1 = (r0 + buf.logit_rows).min(n);
-                for (row, r) in rows.iter_mut().zip(r0..r1) {
-                    *row = (0, r);
-                }
-                self.classify(&k, buf, &mut segs, &rows[..r1 - r0]);
-                if let Some(f) = each.as_mut() {
-                    for r in r0..r1 {
-                        f(p0 + r, &buf.logits[(r - r0) * vocab..(r - r0 + 1) * vocab]);
-                    }
-                }
-                last = r1 - r0 - 1;
-                r0 = r1;
-            }
+            take(&k, buf, &mut segs, first..n, p0);
         }
-        Ok(&buf.logits[last * vocab..(last + 1) * vocab])
-    }
-
-    /// One token after what `st` holds; returns its logits.
-    pub fn decode<'s>(&self, st: &'s mut State, token: u32) -> Result<&'s [f32]> {
-        self.prefill(st, &[token], None)
+        Ok(())
     }
 
     /// Several sequences at once: sequence `i` runs `seqs[i].1` after what its state
@@ -753,6 +829,33 @@ impl<'a> Model<'a> {
         every: bool,
         sink: BatchSink,
     ) -> Result<()> {
+        let out = if every {
+            Output::AllLogits
+        } else {
+            Output::LastLogits
+        };
+        self.forward_batch_with(bs, seqs, &vec![out; seqs.len()], sink)
+    }
+
+    /// [`Model::forward_batch`] with what each sequence gives back chosen per sequence
+    /// (`outputs[i]`): its last or every position's logits (vocab values), or its last
+    /// or every position's final hidden state (dim values; the classifier does not run
+    /// for them). A sequence's rows reach `sink` in position order, bit-identical to
+    /// those [`Model::prefill`] and [`Model::prefill_hidden`] give it alone.
+    pub fn forward_batch_with(
+        &self,
+        bs: &mut BatchScratch,
+        seqs: &mut [(&mut State, &[u32])],
+        outputs: &[Output],
+        sink: BatchSink,
+    ) -> Result<()> {
+        if outputs.len() != seqs.len() {
+            return Err(ModelError::BadOption {
+                name: "outputs",
+                value: format!("{} for {} sequences", outputs.len(), seqs.len()),
+                rule: "one output kind per sequence".into(),
+            });
+        }
         for (i, (st, ids)) in seqs.iter().enumerate() {
             if ids.is_empty() {
                 continue;
@@ -807,20 +910,23 @@ impl<'a> Model<'a> {
                 });
             }
             self.layers(&k, buf, &mut segs, toks);
-            // Rows to classify: each sequence's last, or all of them.
-            let want: Vec<(usize, usize)> = segs
-                .iter()
-                .enumerate()
-                .flat_map(|(s, g)| {
-                    let (i, from, n) = plan[s];
-                    let t0 = match (every, from + n == ids[i].len()) {
-                        (true, _) => 0,
-                        (false, true) => n - 1,
-                        (false, false) => n,
-                    };
-                    (t0..n).map(move |t| (s, g.r0 + t))
-                })
-                .collect();
+            // Rows wanted: each sequence's last, or all of them; logits or hidden states.
+            let rows_of = |hidden: bool| -> Vec<(usize, usize)> {
+                segs.iter()
+                    .enumerate()
+                    .filter(|&(s, _)| outputs[plan[s].0].hidden() == hidden)
+                    .flat_map(|(s, g)| {
+                        let (i, from, n) = plan[s];
+                        let t0 = match (outputs[i].every(), from + n == ids[i].len()) {
+                            (true, _) => 0,
+                            (false, true) => n - 1,
+                            (false, false) => n,
+                        };
+                        (t0..n).map(move |t| (s, g.r0 + t))
+                    })
+                    .collect()
+            };
+            let (want, hidden) = (rows_of(false), rows_of(true));
             for rows in want.chunks(buf.logit_rows) {
                 self.classify(&k, buf, &mut segs, rows);
                 for (j, &(s, r)) in rows.iter().enumerate() {
@@ -832,10 +938,29 @@ impl<'a> Model<'a> {
                     );
                 }
             }
+            let d = self.cfg.dim;
+            for rows in hidden.chunks(buf.cap) {
+                self.final_norm(&k, buf, rows);
+                for (j, &(s, r)) in rows.iter().enumerate() {
+                    let g = &segs[s];
+                    sink(plan[s].0, g.p0 + (r - g.r0), &buf.xb[j * d..(j + 1) * d]);
+                }
+            }
             for &(i, _, n) in &plan {
                 done[i] += n;
             }
         }
+    }
+
+    /// The final hidden states `rmsnorm(x, final_norm)` of the step rows `rows`
+    /// (segment, row; whose residual stream is in `st.x`) into `st.xb`, a row each.
+    fn final_norm(&self, k: &Kernels, st: &mut Scratch, rows: &[(usize, usize)]) {
+        let d = self.cfg.dim;
+        let (x, w, eps) = (&st.x, self.w.final_norm, self.cfg.norm_eps);
+        for_rows(&mut st.xb[..rows.len() * d], d, |i, o| {
+            let r = rows[i].1;
+            k.rmsnorm(o, &x[r * d..(r + 1) * d], w, eps)
+        });
     }
 
     /// Logits of the step rows `rows` (segment, row; whose residual stream is in
@@ -843,11 +968,7 @@ impl<'a> Model<'a> {
     fn classify(&self, k: &Kernels, st: &mut Scratch, segs: &mut [Seg], rows: &[(usize, usize)]) {
         let (d, v) = (self.cfg.dim, self.cfg.vocab);
         let m = rows.len();
-        let (x, w, eps) = (&st.x, self.w.final_norm, self.cfg.norm_eps);
-        for_rows(&mut st.xb[..m * d], d, |i, o| {
-            let r = rows[i].1;
-            k.rmsnorm(o, &x[r * d..(r + 1) * d], w, eps)
-        });
+        self.final_norm(k, st, rows);
         // Each sequence's observer sees its rows (consecutive in `rows`).
         let mut i0 = 0;
         while i0 < m {

@@ -38,7 +38,7 @@ pub mod weights;
 
 pub use config::{Config, LayerKind, RopeSel};
 pub use error::{ModelError, Result};
-pub use forward::{BatchScratch, Model, SlotMemory, State, StateOptions};
+pub use forward::{BatchScratch, Model, Output, SlotMemory, State, StateOptions};
 pub use kv::KvType;
 pub use sampler::{Sampler, SamplerOptions};
 pub use weights::{Packs, Weights};

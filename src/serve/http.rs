@@ -31,9 +31,11 @@ use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
 use super::api::{self, ApiError, Endpoint, Meta, Prompt, Request, TokenLogprob};
 use super::conn::{Conn, Running};
-use super::scheduler::{Event, Job, Msg, Shared};
+use super::embed::{self as embed_api, Input};
+use super::metrics::Metrics;
+use super::scheduler::{Event, Job, Msg, Shared, Work};
 use crate::chat::Chat;
-use crate::session::{Engine, GenerateOptions};
+use crate::session::{Engine, GenerateOptions, Pooling};
 
 /// What every handler shares.
 pub struct App {
@@ -61,11 +63,19 @@ pub struct App {
     /// Longest prompt text (a completion's, a chat's rendering) encoded: any longer
     /// cannot fit the context.
     pub max_prompt_bytes: usize,
+    /// Most ids over all inputs of one embeddings request, and most text bytes (any
+    /// more cannot encode to fewer ids).
+    pub max_embed_tokens: usize,
+    pub max_embed_bytes: usize,
     /// Permits for CPU work on the blocking pool (rendering, encoding): one per core.
     pub cpu: Arc<tokio::sync::Semaphore>,
     /// Per-process random bits for ids and seeds.
     pub salt: u64,
     pub counter: AtomicU64,
+    /// What /metrics reports.
+    pub metrics: Arc<Metrics>,
+    /// How /v1/embeddings pools (`--pooling`, else the model's).
+    pub pooling: Pooling,
 }
 
 impl IntoResponse for ApiError {
@@ -130,6 +140,39 @@ impl App {
             Prompt::Text(t) => Ok(self.tokenizer().encode(t)),
             Prompt::Ids(ids) => Ok(ids.clone()),
         }
+    }
+
+    /// The ids of embedding input `i`: at least one, and at most the context.
+    fn embed_ids(&self, i: usize, input: &Input) -> Result<Vec<u32>, ApiError> {
+        let too_long = |what: String| {
+            ApiError::context(
+                "input",
+                format!(
+                    "This model's maximum context length is {} tokens, and input {i} {what}. Please reduce the length of the input.",
+                    self.ctx
+                ),
+            )
+        };
+        let ids = match input {
+            Input::Text(t) if t.len() > self.max_prompt_bytes => {
+                return Err(too_long(format!(
+                    "has {} bytes, which cannot encode to fewer",
+                    t.len()
+                )))
+            }
+            Input::Text(t) => self.tokenizer().encode(t),
+            Input::Ids(ids) => ids.clone(),
+        };
+        if ids.is_empty() {
+            return Err(ApiError::invalid(
+                "input",
+                format!("Input {i} encodes to no tokens: there is nothing to embed."),
+            ));
+        }
+        if ids.len() > self.ctx {
+            return Err(too_long(format!("has {} tokens", ids.len())));
+        }
+        Ok(ids)
     }
 
     /// 404, as OpenAI answers a chat request to a model that only completes text.
@@ -200,13 +243,16 @@ pub fn router(app: Arc<App>) -> Router {
     Router::new()
         .route("/v1/chat/completions", post(chat))
         .route("/v1/completions", post(completions))
+        .route("/v1/embeddings", post(embeddings))
         .route("/v1/models", get(models))
         .route("/health", get(health))
+        .route("/metrics", get(metrics))
         .route("/tokenize", post(tokenize))
         .route("/detokenize", post(detokenize))
         .fallback(not_found)
         .method_not_allowed_fallback(not_allowed)
         .layer(middleware::from_fn_with_state(app.clone(), auth))
+        .layer(middleware::from_fn_with_state(app.clone(), count))
         .layer(DefaultBodyLimit::max(app.max_body))
         .with_state(app)
 }
@@ -233,6 +279,27 @@ async fn auth(State(app): State<Arc<App>>, req: axum::extract::Request, next: Ne
         }
         _ => ApiError::unauthorized(header.is_some()).into_response(),
     }
+}
+
+/// Counts every answer by route and status (/metrics); unknown routes count as
+/// `other`, so a scan of random paths adds one series, not one per path.
+async fn count(State(app): State<Arc<App>>, req: axum::extract::Request, next: Next) -> Response {
+    const ROUTES: [&str; 9] = [
+        "/v1/chat/completions",
+        "/v1/completions",
+        "/v1/embeddings",
+        "/v1/models",
+        "/health",
+        "/metrics",
+        "/tokenize",
+        "/detokenize",
+        "other",
+    ];
+    let path = req.uri().path();
+    let route = ROUTES.iter().find(|&&r| r == path).unwrap_or(&"other");
+    let r = next.run(req).await;
+    app.metrics.request(route, r.status().as_u16());
+    r
 }
 
 async fn not_found(method: Method, uri: Uri) -> Response {
@@ -293,7 +360,11 @@ async fn json_body<T: DeserializeOwned>(
     Ok((api::from_json(&body)?, conn.map(|c| c.running())))
 }
 
+/// The one model, with its context (`context_length`: positions per slot, what a
+/// request's prompt and completion share; `meta`: llama-server's fields, `n_ctx_train`
+/// the model's own longest context).
 async fn models(State(app): State<Arc<App>>) -> Response {
+    let c = app.engine.config();
     Json(json!({
         "object": "list",
         "data": [{
@@ -301,9 +372,30 @@ async fn models(State(app): State<Arc<App>>) -> Response {
             "object": "model",
             "created": app.created,
             "owned_by": "krafla",
+            "context_length": app.ctx,
+            "meta": {
+                "n_ctx": app.ctx,
+                "n_ctx_train": c.max_seq,
+                "n_vocab": c.vocab,
+                "n_embd": c.dim,
+                "n_params": null,
+                "slots": app.parallel,
+            },
         }],
     }))
     .into_response()
+}
+
+/// Prometheus' text format (`metrics`).
+async fn metrics(State(app): State<Arc<App>>) -> Response {
+    (
+        [(
+            axum::http::header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        app.metrics.render(),
+    )
+        .into_response()
 }
 
 async fn health(State(app): State<Arc<App>>) -> Response {
@@ -474,10 +566,10 @@ async fn generate(
     app.tx
         .send(Msg::Job(Box::new(Job {
             ids,
-            gen,
+            work: Work::Generate(gen),
             events,
             label: endpoint.name(),
-            ticket,
+            ticket: Arc::new(ticket),
         })))
         .map_err(|_| ApiError::shutting_down())?;
     match rx.recv().await {
@@ -490,6 +582,97 @@ async fn generate(
     } else {
         collect(app, meta, rx).await
     }
+}
+
+/// /v1/embeddings: each input is encoded (on the blocking pool), checked against the
+/// context, and queued as a job of its own (sharing the request's queue place), so the
+/// inputs run in any free slots, batched with the other requests' steps; the answer
+/// comes when all are pooled.
+async fn embeddings(
+    State(app): State<Arc<App>>,
+    req: axum::extract::Request,
+) -> Result<Response, ApiError> {
+    let (body, conn) = read_body(&app, req).await?;
+    let _running = conn.map(|c| c.running());
+    let c = app.engine.config();
+    let req = embed_api::parse(&body, c.vocab, c.dim)?;
+    // The request's budget, by bytes before encoding, by ids after.
+    let over = |what: String| {
+        ApiError::invalid(
+            "input",
+            format!(
+                "The inputs {what}: at most {} tokens over all inputs of one request (--max-embed-tokens). Please send fewer or shorter inputs.",
+                app.max_embed_tokens
+            ),
+        )
+    };
+    let bytes: usize = req.inputs.iter().map(Input::size).sum();
+    if bytes > app.max_embed_bytes {
+        return Err(over(format!(
+            "have {bytes} bytes and token ids, which cannot encode to fewer tokens"
+        )));
+    }
+    if app.shared.draining.load(Relaxed) {
+        return Err(ApiError::shutting_down());
+    }
+    let ticket = Arc::new(
+        app.shared
+            .ticket()
+            .ok_or_else(|| ApiError::busy(app.parallel, app.queue))?,
+    );
+    let a = app.clone();
+    let (req, ids) = blocking(&app, move || {
+        let ids = req
+            .inputs
+            .iter()
+            .enumerate()
+            .map(|(i, input)| a.embed_ids(i, input))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok((req, ids))
+    })
+    .await?;
+    let total: usize = ids.iter().map(Vec::len).sum();
+    if total > app.max_embed_tokens {
+        return Err(over(format!("have {total} tokens")));
+    }
+    let n = ids.len();
+    let (events, mut rx) = unbounded_channel();
+    for (index, ids) in ids.into_iter().enumerate() {
+        app.tx
+            .send(Msg::Job(Box::new(Job {
+                ids,
+                work: Work::Embed {
+                    pooling: app.pooling,
+                    index,
+                },
+                events: events.clone(),
+                label: "embedding",
+                ticket: ticket.clone(),
+            })))
+            .map_err(|_| ApiError::shutting_down())?;
+    }
+    drop(events);
+    let mut vectors: Vec<Option<Vec<f32>>> = vec![None; n];
+    let mut tokens = 0;
+    let mut done = 0;
+    while done < n {
+        match rx.recv().await {
+            Some(Event::Embedding {
+                index,
+                vector,
+                tokens: t,
+            }) => {
+                vectors[index] = Some(embed_api::finish(&req, vector));
+                tokens += t;
+                done += 1;
+            }
+            Some(Event::Failed(e)) => return Err(e),
+            Some(_) => {}
+            None => return Err(ApiError::internal("the model thread dropped the request")),
+        }
+    }
+    let vectors: Vec<Vec<f32>> = vectors.into_iter().flatten().collect();
+    Ok(Json(embed_api::response(&app.model, &req, &vectors, tokens)).into_response())
 }
 
 /// The whole answer of a request that does not stream.
@@ -517,6 +700,7 @@ async fn collect(
                 return Ok(Json(api::response(&meta, &text, finish, &usage, lp)).into_response());
             }
             Event::Failed(e) => return Err(e),
+            Event::Embedding { .. } => {}
         }
     }
     Err(ApiError::internal("the model thread dropped the request"))
@@ -557,7 +741,7 @@ impl Streaming {
     /// The SSE data of one model event.
     fn on(&mut self, ev: Option<Event>) -> Vec<String> {
         match ev {
-            Some(Event::Started) => Vec::new(),
+            Some(Event::Started | Event::Embedding { .. }) => Vec::new(),
             Some(Event::Token { text, logprob }) => {
                 self.lps.extend(logprob);
                 if text.is_empty() {

@@ -62,6 +62,8 @@ pub enum SessionError {
     SnapshotMismatch,
     /// The session no longer holds the snapshot's ids in its full-attention caches.
     SnapshotStale { pos: usize, held: usize },
+    /// The draft model cannot draft for this model (speculative decoding).
+    BadDraft { path: PathBuf, why: String },
     /// Session `index` of a batched step ([`feed_batch`](super::feed_batch)) was refused; no session of
     /// the batch has changed.
     InBatch {
@@ -106,6 +108,9 @@ impl fmt::Display for SessionError {
                 f,
                 "the snapshot's {pos} ids are no longer in the session's caches (it holds {held} ids that do not start with them)"
             ),
+            SessionError::BadDraft { path, why } => {
+                write!(f, "--draft {}: {why}", path.display())
+            }
             SessionError::InBatch { index, error } => {
                 write!(f, "session {index} of the batch: {error}")
             }

@@ -21,7 +21,7 @@ use std::ops::ControlFlow;
 use super::engine::Engine;
 use super::error::SessionError;
 use super::sequence::Session;
-use crate::model::sampler::{Logprobs, Sampler, SamplerOptions};
+use crate::model::sampler::{Logprobs, Sampled, Sampler, SamplerOptions};
 use crate::tokenizer::StreamDecoder;
 
 /// mlb-run's `-n` default.
@@ -169,8 +169,58 @@ impl<'e> Generator<'e> {
             return Err(SessionError::Finished);
         }
         let logits = s.logits().ok_or(SessionError::NoLogits)?;
+        self.step_on(logits, s.tokens(), s.pos(), s.ctx())
+    }
+
+    /// [`Generator::step`] on `logits`, the logits after `history` (the sequence's ids,
+    /// `pos` of them held in a context of `ctx`): a batched or speculative caller's
+    /// step, whose logits are not the session's.
+    pub fn step_on(
+        &mut self,
+        logits: &[f32],
+        history: &[u32],
+        pos: usize,
+        ctx: usize,
+    ) -> Result<Step, SessionError> {
+        if self.stop.is_some() {
+            return Err(SessionError::Finished);
+        }
+        let sampled = self.sampler.sample_with(logits, history);
+        Ok(self.took(sampled, pos, ctx))
+    }
+
+    /// A step that checks the drafted token `draft` ([`Sampler::verify`]; `q`: the
+    /// draft model's distribution, `None` for an n-gram draft): the step, and whether
+    /// its token is the draft. Greedy, the step is the one [`Generator::step_on`] takes.
+    pub fn step_draft(
+        &mut self,
+        logits: &[f32],
+        history: &[u32],
+        pos: usize,
+        ctx: usize,
+        draft: u32,
+        q: Option<&[f32]>,
+    ) -> Result<(Step, bool), SessionError> {
+        if self.stop.is_some() {
+            return Err(SessionError::Finished);
+        }
+        let (sampled, kept) = self.sampler.verify(logits, history, draft, q);
+        Ok((self.took(sampled, pos, ctx), kept))
+    }
+
+    /// Tokens still to sample before `max_tokens`.
+    pub fn remaining(&self) -> usize {
+        self.opts.max_tokens.saturating_sub(self.tokens.len())
+    }
+
+    /// The sampling options.
+    pub fn sampling(&self) -> &SamplerOptions {
+        &self.opts.sampling
+    }
+
+    /// After sampling: the stop rules and the text of the token.
+    fn took(&mut self, sampled: Sampled, pos: usize, ctx: usize) -> Step {
         let i = self.tokens.len();
-        let sampled = self.sampler.sample_with(logits, s.tokens());
         let id = sampled.id;
         self.tokens.push(id);
         let (text, stop) = if self.stop_ids.binary_search(&id).is_ok() {
@@ -185,7 +235,7 @@ impl<'e> Generator<'e> {
                 Some(StopReason::StopString(k))
             } else if i + 1 == self.opts.max_tokens {
                 Some(StopReason::Length)
-            } else if s.pos() >= s.ctx() {
+            } else if pos >= ctx {
                 Some(StopReason::ContextFull)
             } else {
                 None
@@ -194,12 +244,12 @@ impl<'e> Generator<'e> {
         };
         self.text.push_str(&text);
         self.stop = stop;
-        Ok(Step {
+        Step {
             id,
             text,
             logprobs: sampled.logprobs,
             stop,
-        })
+        }
     }
 
     /// Adds `piece` to the held text; returns what can be given out and, when a stop
@@ -271,12 +321,17 @@ impl Session<'_> {
             }
             self.feed(&[step.id])?;
         }
+        Ok(self.finish_generation(g))
+    }
+
+    /// Ends a generation over this session: its result, the session without the
+    /// logits that chose the last sampled token (which was not fed).
+    pub(super) fn finish_generation(&mut self, g: Generator) -> Generation {
         let gen = g.finish();
         if !gen.tokens.is_empty() {
-            // The last sampled token was not fed: these logits chose it.
             self.drop_logits();
         }
-        Ok(gen)
+        gen
     }
 }
 

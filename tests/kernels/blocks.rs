@@ -10,7 +10,7 @@ use krafla::quant::blocks::is_block_type;
 use krafla::quant::{quantize, QuantOpts, QK};
 
 use crate::util::tiers::{all_kernels, scalar};
-use crate::util::Rng;
+use crate::util::{first_diff, Rng};
 
 /// The GGUF block types (Q4_K … IQ4_XS), in `WType::ALL`'s order.
 fn types() -> impl Iterator<Item = WType> {
@@ -92,12 +92,6 @@ fn activations(rng: &mut Rng, len: usize, edge: bool) -> Vec<f32> {
         }
     }
     x
-}
-
-fn first_diff(a: &[f32], b: &[f32]) -> Option<usize> {
-    a.iter()
-        .zip(b)
-        .position(|(x, y)| x.to_bits() != y.to_bits())
 }
 
 /// Every tier, read from the map and packed, matmul and matvec, against the scalar bits.

@@ -5,7 +5,7 @@
 //! GELU), `delta` (the delta rule's head step); `counters`: which tier's code ran.
 //! Below: what the f32 files share.
 
-use crate::util::nan_bits;
+use crate::util::{first_diff, nan_bits};
 
 mod attention;
 mod blocks;
@@ -39,11 +39,7 @@ pub(super) fn bits(v: &[f32]) -> Vec<u32> {
 /// Panics with the first differing index and both bit patterns.
 pub(super) fn same_bits(got: &[f32], want: &[f32], what: &str) {
     assert_eq!(got.len(), want.len(), "{what}: lengths");
-    if let Some(i) = got
-        .iter()
-        .zip(want)
-        .position(|(a, b)| a.to_bits() != b.to_bits())
-    {
+    if let Some(i) = first_diff(got, want) {
         panic!(
             "{what}: index {i}: got {} ({:#010x}), want {} ({:#010x})",
             got[i],
