@@ -173,7 +173,7 @@ fn bad_table_entry() -> Vec<u8> {
     let mut h = tiny_header();
     h.wtype = wtype::MIXED;
     let mut b = synth_mixed(&h, &[], &[WType::BF16; 16], 8);
-    b[256 + 3] = 13;
+    b[256 + 3] = 17;
     b
 }
 
@@ -189,7 +189,7 @@ fn error_table_through_the_binary() {
     let header_rows: [(&str, HeaderEdit, &str); 31] = [
         ("bad magic", |h| h.magic = *b"MLBX", FORMAT),
         ("bad version", |h| h.version = 9, FORMAT),
-        ("unknown wtype", |h| h.wtype = 13, FORMAT),
+        ("unknown wtype", |h| h.wtype = 17, FORMAT),
         ("wtype above the known ones", |h| h.wtype = 129, FORMAT),
         ("unknown rope_type", |h| h.rope_type = 9, FORMAT),
         ("bad llama3", |h| h.rope_type = 1, FORMAT),

@@ -62,11 +62,11 @@ use std::io;
 
 use super::hugebuf::HugeBuf;
 use super::pool;
-use super::scalar::blocks::ScaleKind;
+use super::scalar::blocks::{for_block_type, BlockTy, ScaleKind};
 use super::scalar::tiles::LANES;
 use crate::format::mat::QMat;
 use crate::format::wtype::{WType, QK, QK_K};
-use crate::quant::{blocks, blocks32, kquants};
+use crate::quant::{blocks, blocks32, kquants, lowbit, mxfp4};
 
 /// Rows per group: one 512-bit vector of i32/f32 lanes.
 pub const GROUP: usize = 16;
@@ -422,22 +422,14 @@ pub struct PackedView<'a> {
 
 // The GGUF block types' layout (see the module docs).
 
-/// Bits per level of block type `t`.
+/// Bits per level of block type `t` (its kernels' [`BlockTy::BITS`]).
 fn bits(t: WType) -> u32 {
-    match t {
-        WType::Q5_K | WType::Q5_0 | WType::Q5_1 => 5,
-        WType::Q6_K | WType::Q6_0 => 6,
-        _ => 4,
-    }
+    for_block_type!(t, |B| B::BITS).expect("a GGUF block type")
 }
 
+/// How block type `t` stores its scales (its kernels' [`BlockTy::SC`]).
 fn scale_kind(t: WType) -> ScaleKind {
-    match t {
-        WType::Q4_K | WType::Q5_K => ScaleKind::K45,
-        WType::Q6_K => ScaleKind::K6,
-        WType::Q4_1 | WType::Q5_1 => ScaleKind::DMin,
-        _ => ScaleKind::D,
-    }
+    for_block_type!(t, |B| B::SC).expect("a GGUF block type")
 }
 
 /// Whether `t` is packed in the GGUF block types' layout.
@@ -445,9 +437,9 @@ pub fn has_blocks_layout(t: WType) -> bool {
     blocks::is_block_type(t)
 }
 
-/// Quant bytes of one block position of a group: 256 + 64 per level bit above 4.
+/// Quant bytes of one block position of a group: 64 per level bit.
 pub const fn quant_bytes(bits: u32) -> usize {
-    256 + 64 * (bits as usize - 4)
+    64 * bits as usize
 }
 
 /// Scale bytes of one block position of a group.
@@ -456,17 +448,23 @@ pub const fn pos_scale_bytes(sc: ScaleKind) -> usize {
         ScaleKind::DMin => 64,
         // 16 rows' two 6-bit codes, as the file packs them.
         ScaleKind::K45 => 24,
-        _ => 32,
+        ScaleKind::E8M0 | ScaleKind::KXs => 16,
+        ScaleKind::D | ScaleKind::K6 | ScaleKind::K3 | ScaleKind::K2 => 32,
     }
 }
 
 /// Scale bytes of one super-block of a group (K types).
 pub const fn super_scale_bytes(sc: ScaleKind) -> usize {
     match sc {
-        ScaleKind::K45 => 64,
-        ScaleKind::K6 => 32,
-        _ => 0,
+        ScaleKind::K45 | ScaleKind::K2 => 64,
+        ScaleKind::K6 | ScaleKind::K3 | ScaleKind::KXs => 32,
+        ScaleKind::D | ScaleKind::DMin | ScaleKind::E8M0 => 0,
     }
+}
+
+/// Whether the super-block scales of kind `sc` hold a `dmin` beside `d`.
+const fn has_dmin(sc: ScaleKind) -> bool {
+    matches!(sc, ScaleKind::K45 | ScaleKind::K2)
 }
 
 /// Where a group's parts are, for `nb` blocks per row: the super-block scales first,
@@ -558,6 +556,33 @@ fn row_parts(t: WType, q: &[u8], cols: usize, p: &mut RowParts) {
                         .push([blk[192 + 2 * j] as u16, blk[193 + 2 * j] as u16]);
                 }
             }
+            WType::Q2_K => {
+                p.levels.extend_from_slice(&lowbit::levels_q2(blk));
+                p.sup.push([f16_bits(blk, 80), f16_bits(blk, 82)]);
+                for j in 0..QK_K / QK {
+                    p.pos.push([blk[2 * j] as u16, blk[2 * j + 1] as u16]);
+                }
+            }
+            WType::Q3_K => {
+                p.levels.extend_from_slice(&lowbit::levels_q3(blk));
+                p.sup.push([f16_bits(blk, 108), 0]);
+                for j in 0..QK_K / QK {
+                    let s = &blk[96..108];
+                    let (lo, hi) = (lowbit::q3_code(2 * j, s), lowbit::q3_code(2 * j + 1, s));
+                    p.pos.push([lo as u16, hi as u16]);
+                }
+            }
+            WType::IQ4_XS => {
+                p.levels.extend_from_slice(&lowbit::levels_iq4xs(blk));
+                p.sup.push([f16_bits(blk, 0), 0]);
+                for j in 0..QK_K / QK {
+                    p.pos.push([lowbit::iq4xs_code(j, blk) as u16, 0]);
+                }
+            }
+            WType::MXFP4 => {
+                p.levels.extend_from_slice(&mxfp4::unpack(blk));
+                p.pos.push([blk[0] as u16, 0]);
+            }
             _ => {
                 p.levels.extend_from_slice(&blocks32::unpack(t, blk));
                 let m = if scale_kind(t) == ScaleKind::DMin {
@@ -598,6 +623,33 @@ fn row_bytes(t: WType, p: &RowParts, out: &mut [u8]) {
                 }
                 blk[208..210].copy_from_slice(&p.sup[s][0].to_le_bytes());
             }
+            WType::Q2_K => {
+                for j in 0..8 {
+                    (blk[2 * j], blk[2 * j + 1]) = (pos[j][0] as u8, pos[j][1] as u8);
+                }
+                lowbit::pack_q2_levels(lv.try_into().expect("256 levels"), blk);
+                blk[80..82].copy_from_slice(&p.sup[s][0].to_le_bytes());
+                blk[82..84].copy_from_slice(&p.sup[s][1].to_le_bytes());
+            }
+            WType::Q3_K => {
+                lowbit::pack_q3_levels(lv.try_into().expect("256 levels"), blk);
+                let codes: [u8; 16] = std::array::from_fn(|j| pos[j / 2][j % 2] as u8);
+                lowbit::pack_q3_codes(&codes, &mut blk[96..108]);
+                blk[108..110].copy_from_slice(&p.sup[s][0].to_le_bytes());
+            }
+            WType::IQ4_XS => {
+                blk[0..2].copy_from_slice(&p.sup[s][0].to_le_bytes());
+                let codes: [u8; 8] = std::array::from_fn(|j| pos[j][0] as u8);
+                lowbit::pack_iq4xs_codes(&codes, blk);
+                lowbit::pack_iq4xs_levels(lv.try_into().expect("256 levels"), blk);
+            }
+            WType::MXFP4 => {
+                blk[0] = pos[0][0] as u8;
+                let q: &[u8; 32] = lv.try_into().expect("32 levels");
+                for j in 0..16 {
+                    blk[1 + j] = q[j] | (q[j + 16] << 4);
+                }
+            }
             _ => {
                 blk[0..2].copy_from_slice(&pos[0][0].to_le_bytes());
                 if scale_kind(t) == ScaleKind::DMin {
@@ -623,6 +675,23 @@ fn at(k: usize, j: usize, i: usize) -> usize {
 fn put_levels<const BITS: u32>(lv: &[u8], j: usize, qp: &mut [u8]) {
     const LOW: u32 = 0x0f0f_0f0f;
     let word = |w: usize| u32::from_le_bytes(lv[4 * w..4 * w + 4].try_into().expect("4 levels"));
+    if BITS <= 3 {
+        // Two planes of 2-bit fields (the low half's levels, the high half's), then bit 2
+        // of each level in a third (3 bits).
+        let (mut p0, mut p1, mut p2) = (0u32, 0u32, 0u32);
+        for k in 0..4 {
+            let (lo, hi) = (word(k), word(4 + k));
+            p0 |= (lo & 0x0303_0303) << (2 * k);
+            p1 |= (hi & 0x0303_0303) << (2 * k);
+            p2 |= (lo >> 2 & 0x0101_0101) << k | (hi >> 2 & 0x0101_0101) << (4 + k);
+        }
+        qp[at(0, j, 0)..at(0, j, 4)].copy_from_slice(&p0.to_le_bytes());
+        qp[at(1, j, 0)..at(1, j, 4)].copy_from_slice(&p1.to_le_bytes());
+        if BITS == 3 {
+            qp[at(2, j, 0)..at(2, j, 4)].copy_from_slice(&p2.to_le_bytes());
+        }
+        return;
+    }
     let (mut pa, mut pb) = (0u32, 0u32);
     for k in 0..4 {
         let (lo, hi) = (word(k), word(4 + k));
@@ -648,6 +717,21 @@ fn put_levels<const BITS: u32>(lv: &[u8], j: usize, qp: &mut [u8]) {
 
 /// Row `j`'s 32 levels of a position record (the inverse of [`put_levels`]).
 fn get_levels(bits: u32, qp: &[u8], j: usize, lv: &mut [u8]) {
+    if bits <= 3 {
+        for k in 0..4 {
+            for i in 0..4 {
+                let mut lo = (qp[at(0, j, i)] >> (2 * k)) & 3;
+                let mut hi = (qp[at(1, j, i)] >> (2 * k)) & 3;
+                if bits == 3 {
+                    let h = qp[at(2, j, i)];
+                    lo |= ((h >> k) & 1) << 2;
+                    hi |= ((h >> (4 + k)) & 1) << 2;
+                }
+                (lv[4 * k + i], lv[16 + 4 * k + i]) = (lo, hi);
+            }
+        }
+        return;
+    }
     for k in 0..4 {
         for i in 0..4 {
             let v = qp[at(k, j, i)];
@@ -678,9 +762,15 @@ fn put_pos_scales(sc: ScaleKind, v: [u16; 2], j: usize, sp: &mut [u8]) {
             let (at, shift) = (16 + j % 8, 4 * (j / 8));
             sp[at] = sp[at] & !(15 << shift) | (m >> 2) << shift;
         }
-        ScaleKind::K6 => {
+        ScaleKind::K6 | ScaleKind::K2 => {
             (sp[j], sp[16 + j]) = (v[0] as u8, v[1] as u8);
         }
+        // 6-bit codes as the signed scales `code − 32`.
+        ScaleKind::K3 => {
+            (sp[j], sp[16 + j]) = ((v[0] as u8).wrapping_sub(32), (v[1] as u8).wrapping_sub(32));
+        }
+        ScaleKind::KXs => sp[j] = (v[0] as u8).wrapping_sub(32),
+        ScaleKind::E8M0 => sp[j] = v[0] as u8,
         ScaleKind::D => sp[2 * j..2 * j + 2].copy_from_slice(&v[0].to_le_bytes()),
         ScaleKind::DMin => {
             sp[2 * j..2 * j + 2].copy_from_slice(&v[0].to_le_bytes());
@@ -695,7 +785,13 @@ fn get_pos_scales(sc: ScaleKind, sp: &[u8], j: usize) -> [u16; 2] {
             let m_hi = sp[16 + j % 8] >> (4 * (j / 8)) & 15;
             [(sp[j] & 63) as u16, (sp[j] >> 6 | m_hi << 2) as u16]
         }
-        ScaleKind::K6 => [sp[j] as u16, sp[16 + j] as u16],
+        ScaleKind::K6 | ScaleKind::K2 => [sp[j] as u16, sp[16 + j] as u16],
+        ScaleKind::K3 => [
+            sp[j].wrapping_add(32) as u16,
+            sp[16 + j].wrapping_add(32) as u16,
+        ],
+        ScaleKind::KXs => [sp[j].wrapping_add(32) as u16, 0],
+        ScaleKind::E8M0 => [sp[j] as u16, 0],
         ScaleKind::D => [f16_bits(sp, 2 * j), 0],
         ScaleKind::DMin => [f16_bits(sp, 2 * j), f16_bits(sp, 32 + 2 * j)],
     }
@@ -726,6 +822,8 @@ fn pack_blocks(w: &QMat, mut done: impl FnMut(usize, usize)) -> io::Result<Packe
                 let qp = &mut qr[p * lay.quant_bytes..(p + 1) * lay.quant_bytes];
                 let lv = &parts.levels[QK * b..QK * (b + 1)];
                 match bits {
+                    2 => put_levels::<2>(lv, j, qp),
+                    3 => put_levels::<3>(lv, j, qp),
                     5 => put_levels::<5>(lv, j, qp),
                     6 => put_levels::<6>(lv, j, qp),
                     _ => put_levels::<4>(lv, j, qp),
@@ -736,7 +834,7 @@ fn pack_blocks(w: &QMat, mut done: impl FnMut(usize, usize)) -> io::Result<Packe
             for (s, v) in parts.sup.iter().enumerate() {
                 let sp = &mut ssr[s * lay.super_bytes..(s + 1) * lay.super_bytes];
                 sp[2 * j..2 * j + 2].copy_from_slice(&v[0].to_le_bytes());
-                if sc == ScaleKind::K45 {
+                if has_dmin(sc) {
                     sp[32 + 2 * j..34 + 2 * j].copy_from_slice(&v[1].to_le_bytes());
                 }
             }
@@ -780,7 +878,7 @@ fn unpack_blocks_row(p: &PackedMat, r: usize, q: &mut Vec<u8>) {
     };
     for s in 0..supers {
         let sp = &grp[lay.supers_at + s * lay.super_bytes..];
-        let dmin = if sc == ScaleKind::K45 {
+        let dmin = if has_dmin(sc) {
             f16_bits(sp, 32 + 2 * j)
         } else {
             0

@@ -12,6 +12,8 @@ pub mod error;
 pub mod fit;
 pub mod half_float;
 pub mod kquants;
+pub mod lowbit;
+pub mod mxfp4;
 pub mod q4_0;
 pub mod q8_0;
 

@@ -344,6 +344,10 @@ mod tests {
             WType::Q4_1,
             WType::IQ4_NL,
             WType::BF16,
+            WType::MXFP4,
+            WType::Q2_K,
+            WType::Q3_K,
+            WType::IQ4_XS,
         ] {
             let ty = ggml_type(w).unwrap();
             assert_eq!(copy_type(ty), Some(w));

@@ -188,10 +188,11 @@ pub fn matrix_types(tensors: &[Tensor], wtype: u32, q8_mask: u32, plan: &TypePla
 
 /// The 32-weight type of the same size as K type `t`, for rows that are not a multiple
 /// of 256 (llama.cpp falls back too, silently, and to larger types: Q4_K → Q5_0, Q5_K →
-/// Q5_1, Q6_K → Q8_0); other types as they are.
+/// Q5_1, Q6_K → Q8_0); below 4.5 bits (Q2_K, Q3_K, IQ4_XS) IQ4_NL, as llama.cpp does;
+/// other types as they are.
 pub fn fallback(t: WType) -> WType {
     match t {
-        WType::Q4_K => WType::IQ4_NL,
+        WType::Q4_K | WType::Q2_K | WType::Q3_K | WType::IQ4_XS => WType::IQ4_NL,
         WType::Q5_K => WType::Q5_0,
         WType::Q6_K => WType::Q6_0,
         t => t,
@@ -219,10 +220,16 @@ pub fn fall_back(tensors: &[Tensor], types: &mut [WType], notes: &mut Vec<String
     }
     for (k, names) in moved {
         let f = fallback(k);
+        let bpw = |t: WType| (t.block_bytes() * 8) as f64 / t.block_weights() as f64;
+        let which = if bpw(f) == bpw(k) {
+            "the 32-weight type of the same size"
+        } else {
+            "llama.cpp's fallback for it too"
+        };
         notes.push(format!(
-            "{k} needs rows of whole 256-weight super-blocks: {} stored as {f}, the 32-weight type of the same size ({:.1} bits per weight)",
+            "{k} needs rows of whole 256-weight super-blocks: {} stored as {f}, {which} ({:.1} bits per weight)",
             names.join(", "),
-            (f.block_bytes() * 8) as f64 / f.block_weights() as f64,
+            bpw(f),
         ));
     }
 }
