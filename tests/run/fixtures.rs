@@ -207,7 +207,16 @@ fn fixtures_bf16_f16_match_transformers_f32() {
             // order of the f32 arithmetic differs from transformers.
             // (BF16 activations round every matrix input: not lossless.)
             let lossless = matches!((stored, ty), ("bfloat16", "bf16") | ("float16", "f16"));
-            if e > MAX_NRMSE_HALF || (lossless && e > MAX_NRMSE_LOSSLESS) {
+            // A mixture of experts under BF16 activations may pick another expert where
+            // two were nearly tied (as Q8_0 does, tests/run/moe_fixtures.rs): the bound
+            // of a quantized file then.
+            let moe = dir.join("routing.json").exists();
+            let max = if moe && ty == "bf16a" {
+                MAX_NRMSE
+            } else {
+                MAX_NRMSE_HALF
+            };
+            if e > max || (lossless && e > MAX_NRMSE_LOSSLESS) {
                 failures.push(format!("{name} {ty}: nRMSE {e:.6} top-1 {t1:.3}"));
             }
         }
