@@ -42,6 +42,14 @@ enum WTypeArg {
     Iq4Nl,
     #[value(name = "q6_0")]
     Q6_0,
+    #[value(name = "mxfp4")]
+    Mxfp4,
+    #[value(name = "q2_k")]
+    Q2K,
+    #[value(name = "q3_k")]
+    Q3K,
+    #[value(name = "iq4_xs")]
+    Iq4Xs,
 }
 
 /// `--requantize`: any type Krafla writes.
@@ -67,7 +75,7 @@ struct Cli {
     /// Output file [default: <folder>-<wtype>.mlb beside the folder]
     #[arg(short, long, value_name = "OUT.mlb")]
     output: Option<PathBuf>,
-    /// Weight type of the matrices (K types on rows that are not a multiple of 256 fall back to the 32-weight type of the same size, with a note)
+    /// Weight type of the matrices (the 256-weight types on rows that are not a multiple of 256 fall back to a 32-weight type, with a note)
     #[arg(long, value_enum, default_value = "q8_0")]
     wtype: WTypeArg,
     /// Choose every matrix's type by measured error under this many bits per weight (all matrices, scales included, as mlb-inspect counts them)
@@ -100,7 +108,7 @@ struct Cli {
     /// Error feedback's damping λ: λ · mean(diag H) is added to the covariance's diagonal (more: closer to the plain quantizer, less fitted to the calibration text)
     #[arg(long, value_name = "λ", default_value_t = krafla::quant::feedback::DAMP, requires = "imatrix")]
     feedback_damp: f64,
-    /// GGUF input: quantize the F32/F16/BF16 matrices, and dequantize and quantize again those of types Krafla lacks (Q2_K, Q3_K, ...), to this type (q8_0, q4_0, bf16, f16, q4_k, q5_k, q6_k, q4_1, q5_0, q5_1, iq4_nl, q6_0); without it F16/BF16 are kept and the others refused
+    /// GGUF input: quantize the F32/F16/BF16 matrices, and dequantize and quantize again those of types Krafla lacks (the IQ codebook types, ...), to this type (q8_0, q4_0, bf16, f16, q4_k, q5_k, q6_k, q4_1, q5_0, q5_1, iq4_nl, q6_0, mxfp4, q2_k, q3_k, iq4_xs); without it F16/BF16 are kept and the others refused
     #[arg(long, value_name = "TYPE", value_parser = requant_type)]
     requantize: Option<WType>,
     /// Worker threads [default: one per core]; the output does not depend on it
@@ -122,6 +130,10 @@ fn wtype(w: WTypeArg) -> WType {
         WTypeArg::Q5_1 => WType::Q5_1,
         WTypeArg::Iq4Nl => WType::IQ4_NL,
         WTypeArg::Q6_0 => WType::Q6_0,
+        WTypeArg::Mxfp4 => WType::MXFP4,
+        WTypeArg::Q2K => WType::Q2_K,
+        WTypeArg::Q3K => WType::Q3_K,
+        WTypeArg::Iq4Xs => WType::IQ4_XS,
     }
 }
 

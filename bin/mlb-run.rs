@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use clap::Parser;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use krafla::cli::count;
+use krafla::cli::{count, SpecArgs};
 use krafla::kernels::HalfActs;
 use krafla::model::forward::DEFAULT_BATCH;
 use krafla::model::KvType;
@@ -176,6 +176,8 @@ struct Args {
     /// activations, every product exact. Other weight types are unaffected.
     #[arg(long)]
     bf16_activations: bool,
+    #[command(flatten)]
+    spec: SpecArgs,
 }
 
 impl Args {
@@ -234,6 +236,7 @@ impl Args {
         });
         o.ignore_eos = self.ignore_eos;
         o.model.pack = !self.no_pack;
+        o.spec = self.spec.options();
         if self.bf16_activations {
             o.model.half_acts = HalfActs::Bf16;
         }

@@ -11,15 +11,16 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use clap::Parser;
-use krafla::cli::count;
+use krafla::cli::{count, SpecArgs};
 use krafla::kernels::HalfActs;
 use krafla::serve::{Frontend, KvType, Ready, ServeOptions};
+use krafla::session::Pooling;
 
 #[derive(Parser)]
 #[command(
     version,
     about = "Serve a .mlb model over an OpenAI-compatible HTTP API",
-    after_help = "Routes: POST /v1/chat/completions, POST /v1/completions (streaming or not), GET /v1/models, GET /health, POST /tokenize, POST /detokenize. The chat template and stop set come from the tokenizer (.mlt). SIGINT/SIGTERM: stop accepting, let running requests finish, exit 0 (a second signal cancels them)."
+    after_help = "Routes: POST /v1/chat/completions, POST /v1/completions (streaming or not), POST /v1/embeddings, GET /v1/models, GET /health, GET /metrics (Prometheus), POST /tokenize, POST /detokenize. The chat template and stop set come from the tokenizer (.mlt). SIGINT/SIGTERM: stop accepting, let running requests finish, exit 0 (a second signal cancels them)."
 )]
 struct Args {
     /// The model file.
@@ -87,6 +88,16 @@ struct Args {
     /// activations, every product exact. Other weight types are unaffected.
     #[arg(long)]
     bf16_activations: bool,
+    #[command(flatten)]
+    spec: SpecArgs,
+    /// How /v1/embeddings pools a text's final hidden states: mean (over every
+    /// token) or last (the last token's; a decoder's default).
+    #[arg(long, value_name = "mean|last")]
+    pooling: Option<Pooling>,
+    /// Most tokens over all inputs of one /v1/embeddings request (more: 400; each
+    /// input also fits the context, and a request has at most 2048 inputs).
+    #[arg(long, value_name = "N", default_value_t = krafla::serve::DEFAULT_MAX_EMBED_TOKENS, allow_negative_numbers = true, value_parser = count(1..=1 << 24))]
+    max_embed_tokens: usize,
 }
 
 impl Args {
@@ -109,6 +120,9 @@ impl Args {
         o.template_fuel = self.template_fuel;
         o.alias = self.alias;
         o.model.pack = !self.no_pack;
+        o.spec = self.spec.options();
+        o.pooling = self.pooling;
+        o.max_embed_tokens = self.max_embed_tokens;
         if self.bf16_activations {
             o.model.half_acts = HalfActs::Bf16;
         }

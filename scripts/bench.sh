@@ -28,6 +28,9 @@
 #   KRAFLA_EXTRA ["--f16-scales"]: f16 block scales, as GGUF's Q4_0/Q8_0 blocks
 #   LLAMA_DEPTH ["0,N_PROMPT"]: llama-bench's -d; "0" skips the runs after N_PROMPT tokens
 #   LLAMA_ONLY=1 measure llama.cpp and bandwidth only (no Krafla build, no mlb-run)
+#   FROM_GGUF=1  Krafla's file of every type is mlb-convert of llama.cpp's GGUF of that type
+#                (the same bits by construction), and the bf16 GGUF is made only when a
+#                quantized one is missing: for the MoE model (qwen3moe, whose bf16 GGUF is 11 GB)
 #   PREPARE_ONLY=1 stop after the downloads, builds and GGUF files: measure later, on an idle machine
 # On a 2-core machine shared with other work, note `uptime` beside the figures.
 set -euo pipefail
@@ -72,7 +75,7 @@ fi
 
 # 2. The real checkpoints (and the random-weight 1B-class one).
 for m in $MODELS; do
-  if [ "$m" != llama1b ] && [ ! -f "$REAL_DIR/$m/config.json" ]; then
+  if [ "$m" != llama1b ] && [ "$m" != qwen3moe ] && [ ! -f "$REAL_DIR/$m/config.json" ]; then
     log "making the real checkpoints in $REAL_DIR"
     bash "$REAL_CHECKPOINTS" "$REAL_DIR" "$BENCH_VENV"
     break
@@ -82,6 +85,12 @@ case " $MODELS " in *" llama1b "*)
   if [ ! -f "$REAL_DIR/llama1b/config.json" ]; then
     log "making llama1b (random weights) in $REAL_DIR"
     "$py" "$SYNTH_CHECKPOINT" "$REAL_DIR"
+  fi;;
+esac
+case " $MODELS " in *" qwen3moe "*)
+  if [ ! -f "$REAL_DIR/qwen3moe/config.json" ]; then
+    log "making qwen3moe (random weights, Qwen3-30B-A3B's layer shape) in $REAL_DIR"
+    "$py" "$SYNTH_CHECKPOINT" "$REAL_DIR" qwen3moe
   fi;;
 esac
 
@@ -117,7 +126,12 @@ fi
 "$py" -c 'import gguf' 2>/dev/null || "$BENCH_VENV/bin/pip" install -q "$llama/gguf-py"
 for m in $MODELS; do
   bf16=$BENCH_DIR/gguf/$m-bf16.gguf
-  if [ ! -f "$bf16" ]; then
+  need_bf16=0
+  for q in $QUANTS; do
+    [ -f "$BENCH_DIR/gguf/$m-$(file_q "$q").gguf" ] || need_bf16=1
+  done
+  [ "${FROM_GGUF:-0}" = 1 ] || need_bf16=1
+  if [ ! -f "$bf16" ] && [ "$need_bf16" = 1 ]; then
     log "convert_hf_to_gguf.py $m"
     /usr/bin/time -v -o "$BENCH_DIR/logs/time-convert-$m.txt" \
       "$py" "$llama/convert_hf_to_gguf.py" "$REAL_DIR/$m" --outtype bf16 --outfile "$bf16.tmp" \
@@ -216,7 +230,8 @@ if [ "$LLAMA_ONLY" != 1 ]; then
           *) src=$BENCH_DIR/gguf/$m-$q.gguf; cflags=();;
         esac
         # shellcheck disable=SC2206
-        case $q in q4_0|q8_0) cflags+=($KRAFLA_EXTRA);; esac  # scales of the spec's types
+        if [ "${FROM_GGUF:-0}" = 1 ]; then src=$BENCH_DIR/gguf/$m-$(file_q "$q").gguf; cflags=(); fi
+        case $q in q4_0|q8_0) [ "${FROM_GGUF:-0}" = 1 ] || cflags+=($KRAFLA_EXTRA);; esac  # scales of the spec's types
         log "mlb-convert $src ${cflags[*]}"
         /usr/bin/time -v -o "$BENCH_DIR/logs/time-mlb-convert-$m-$q.txt" \
           "$kbin/mlb-convert" "$src" "${cflags[@]}" --threads "$THREADS" -o "$mlb" \

@@ -23,7 +23,7 @@ runs=()
 san=${FUZZ_SANITIZER:-none}
 targets=("$@")
 if [ ${#targets[@]} -eq 0 ]; then
-  targets=(mlb_parse mlb_view mlt_parse mli_parse gguf_parse tok_encode tok_decode convert_config convert_safetensors convert_pair run_options chat_render)
+  targets=(mlb_parse mlb_view mlt_parse mli_parse gguf_parse tok_encode tok_decode convert_config convert_safetensors convert_pair run_options chat_render gbnf_parse)
 fi
 export RUSTC_BOOTSTRAP=1
 for t in "${targets[@]}"; do
@@ -53,6 +53,7 @@ for t in "${targets[@]}"; do
     convert_pair) max_len=(-max_len=1048576) ;;
     tok_encode | tok_decode | convert_config) max_len=(-max_len=4096) ;;
     chat_render) max_len=(-max_len=16384) ;;
+    gbnf_parse) max_len=(-max_len=8192) ;;
   esac
   before=$(ls "artifacts/$t" | wc -l)
   log="artifacts/$t.log"

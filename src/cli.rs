@@ -8,6 +8,8 @@
 
 use std::io::Write;
 
+use crate::session::speculative;
+
 /// Makes writing to a closed pipe end the process quietly; see [`crate::signals`].
 pub use crate::signals::default_sigpipe;
 
@@ -77,4 +79,45 @@ pub fn parse_args<T: clap::Parser>() -> T {
 /// A clap value parser for a count within `range` (`#[arg(value_parser = count(1..=256))]`).
 pub fn count(range: std::ops::RangeInclusive<u64>) -> clap::builder::RangedU64ValueParser<usize> {
     clap::builder::RangedU64ValueParser::<usize>::new().range(range)
+}
+
+/// The speculative decoding flags mlb-run and mlb-serve share
+/// (`#[command(flatten)] spec: SpecArgs`).
+#[derive(clap::Args, Debug, Clone)]
+pub struct SpecArgs {
+    /// Speculative decoding with prompt lookup: draft the tokens that followed the
+    /// latest earlier occurrence of the last n-gram (no second model). Greedy output is
+    /// unchanged; sampling keeps its distribution.
+    #[arg(long, conflicts_with = "draft")]
+    pub lookup: bool,
+    /// Speculative decoding with a draft model of the same tokenizer (e.g. a Q4_0 copy
+    /// of the model). Greedy output is unchanged; sampling keeps its distribution.
+    #[arg(long, value_name = "MODEL.mlb")]
+    pub draft: Option<std::path::PathBuf>,
+    /// Speculative decoding: most tokens drafted per step.
+    #[arg(long, value_name = "N", default_value_t = speculative::DEFAULT_DRAFT_MAX, allow_negative_numbers = true, value_parser = count(1..=64))]
+    pub draft_max: usize,
+    /// --lookup: the longest n-gram matched (then shorter ones).
+    #[arg(long, value_name = "N", default_value_t = speculative::DEFAULT_NGRAM, allow_negative_numbers = true, value_parser = count(1..=16))]
+    pub lookup_ngram: usize,
+    /// --draft: stop drafting at a token the draft model gives less probability than P.
+    #[arg(long, value_name = "P", default_value_t = speculative::DEFAULT_P_MIN, allow_negative_numbers = true)]
+    pub draft_p_min: f32,
+}
+
+impl SpecArgs {
+    /// The options, when speculation is asked for.
+    pub fn options(self) -> Option<speculative::SpecOptions> {
+        let source = match (self.lookup, self.draft) {
+            (true, _) => speculative::DraftSource::Lookup,
+            (false, Some(p)) => speculative::DraftSource::Model(p),
+            (false, None) => return None,
+        };
+        Some(speculative::SpecOptions {
+            source,
+            draft_max: self.draft_max,
+            ngram: self.lookup_ngram,
+            p_min: self.draft_p_min,
+        })
+    }
 }

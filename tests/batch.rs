@@ -4,8 +4,6 @@
 //! the delta rule), every tier, 1-3 threads, packed and not, every KV cache type;
 //! errors name the sequence and change nothing; f16 and Q8_0 caches stay close to f32.
 
-use std::process::Command;
-
 use krafla::format::mlb::header::wtype;
 use krafla::format::mlb::Mlb;
 use krafla::kernels::counters::{self, Op};
@@ -16,6 +14,7 @@ use krafla::session::{feed_batch, Engine, Session, SessionError};
 
 use crate::run::{all_logits, cases, load, nrmse, opts, tokens, top1, write_case};
 use crate::util::fixtures::{convert, read_f32, with_reference};
+use crate::util::tool::tool;
 use crate::util::{testdata, tiers};
 
 /// xorshift64 in 0..n.
@@ -206,7 +205,7 @@ fn fixtures_batched_give_each_sequence_its_own_bits() {
             ("q4_0", &["--wtype", "q4_0", "--f16-scales"][..]),
         ] {
             let out = tmp.path().join(format!("{name}.{quant}.mlb"));
-            convert(&dir, &out, args).unwrap();
+            convert(&dir, &out, args);
             let mlb = Mlb::open(&out).unwrap();
             let m = Model::new(&mlb).unwrap();
             let p = plan(m.cfg.vocab as u32, 8, 77);
@@ -503,7 +502,7 @@ fn kv_types_stay_close_to_transformers() {
     for (name, dir, toks) in with_reference(&root, &names) {
         let sim = read_f32(&dir.join("logits.sim_q8_0.bin"));
         let out = tmp.path().join(format!("{name}.mlb"));
-        convert(&dir, &out, &["--wtype", "q8_0"]).unwrap();
+        convert(&dir, &out, &["--wtype", "q8_0"]);
         let mlb = Mlb::open(&out).unwrap();
         let m = Model::new(&mlb).unwrap();
         let v = m.cfg.vocab;
@@ -710,7 +709,7 @@ fn mlb_run_kv_type_on_every_tier() {
         let want = kernels::with_tier(Tier::Scalar, || all_logits(&m, &with_kv(t), &toks)).unwrap();
         assert_eq!(t == KvType::F32, want == f32_logits, "{t}");
         for tier in kernels::supported_tiers() {
-            let o = Command::new(env!("CARGO_BIN_EXE_mlb-run"))
+            let err = tool("mlb-run")
                 .arg(&path)
                 .args([
                     "--tokens",
@@ -722,10 +721,8 @@ fn mlb_run_kv_type_on_every_tier() {
                 ])
                 .arg(&out)
                 .env("KRAFLA_KERNEL", tier.name())
-                .output()
-                .unwrap();
-            let err = String::from_utf8_lossy(&o.stderr);
-            assert!(o.status.success(), "{t} {tier}: {err}");
+                .ok()
+                .stderr;
             assert!(err.contains(&format!("kv {t}")), "{t} {tier}: {err}");
             assert!(
                 err.contains(&format!("memory: KV cache {t} ")),
@@ -742,13 +739,10 @@ fn mlb_run_kv_type_on_every_tier() {
             );
         }
     }
-    let o = Command::new(env!("CARGO_BIN_EXE_mlb-run"))
+    let err = tool("mlb-run")
         .arg(&path)
         .args(["--tokens", "1 2", "--kv-type", "q4_0"])
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert_eq!(o.status.code(), Some(2), "{err}");
+        .fails_with(2);
     assert!(err.contains("q4_0") && err.contains("--kv-type"), "{err}");
 }
 

@@ -5,7 +5,6 @@
 //! values computed here from every position's logits.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use krafla::format::mlb::synth::{synth_file, tiny_header};
 use krafla::format::mlb::{Mixer, Mlb};
@@ -18,34 +17,18 @@ use krafla::model::{Model, StateOptions};
 
 use crate::run::opts;
 use crate::run::reference::{mv, rms};
-use crate::util::{mlb_convert, testdata};
-
-fn bin(name: &str) -> Command {
-    Command::new(crate::util::bin_path(name))
-}
-
-fn check(o: std::process::Output) -> String {
-    assert!(
-        o.status.success(),
-        "{}",
-        String::from_utf8_lossy(&o.stderr).trim()
-    );
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
+use crate::util::fixtures::{convert, convert_tokenizer};
+use crate::util::testdata;
+use crate::util::tool::{tool, Tool};
 
 /// The default model converted to `dir/default-<wtype>.mlb` with `args`, and its
 /// tokenizer beside it (`.mlt` of the same name).
 fn default_model(dir: &Path, name: &str, args: &[&str]) -> PathBuf {
     let out = dir.join(format!("{name}.mlb"));
-    check(mlb_convert(&testdata().join("default"), &out, args));
-    check(
-        bin("mlt-convert")
-            .arg(testdata().join("default/tokenizer.json"))
-            .arg("-o")
-            .arg(out.with_extension("mlt"))
-            .arg("-q")
-            .output()
-            .unwrap(),
+    convert(&testdata().join("default"), &out, args);
+    convert_tokenizer(
+        &testdata().join("default/tokenizer.json"),
+        &out.with_extension("mlt"),
     );
     out
 }
@@ -54,8 +37,11 @@ fn corpus() -> PathBuf {
     testdata().join("tokenizers/corpus.txt")
 }
 
-fn run(model: &Path, args: &[&str]) -> std::process::Output {
-    bin("mlb-run").arg(model).args(args).output().unwrap()
+/// `mlb-run <model> <args>`, to run.
+fn run(model: &Path, args: &[&str]) -> Tool {
+    let mut t = tool("mlb-run");
+    t.arg(model).args(args);
+    t
 }
 
 /// `mlb-run <model> --file <the tokenizers' corpus> --imatrix <out> <extra>`: its stdout.
@@ -68,7 +54,7 @@ fn imatrix(model: &Path, out: &Path, extra: &[&str]) -> String {
         out.to_str().unwrap(),
     ];
     args.extend_from_slice(extra);
-    check(run(model, &args))
+    run(model, &args).ok().stdout
 }
 
 fn slots(m: &Mli) -> Vec<(String, &[f64])> {
@@ -146,7 +132,7 @@ fn imatrix_file_counts_and_dimensions() {
     // A text shorter than one chunk runs as one chunk; for a perplexity it is an
     // error, one line naming --ctx.
     let short = tmp.path().join("short.mli");
-    check(run(
+    run(
         &model,
         &[
             "--prompt",
@@ -154,16 +140,16 @@ fn imatrix_file_counts_and_dimensions() {
             "--imatrix",
             short.to_str().unwrap(),
         ],
-    ));
+    )
+    .ok();
     let sm = mli::parse(&std::fs::read(&short).unwrap()).unwrap();
     let n = tok.encode("hello world").len() as u64;
     assert_eq!((sm.tokens, sm.cls_tokens), (n, n));
-    let o = run(
+    let e = run(
         &model,
         &["--prompt", "hello", "--perplexity", "--ctx", "64"],
-    );
-    assert!(!o.status.success());
-    let e = String::from_utf8_lossy(&o.stderr);
+    )
+    .fails();
     assert_eq!(e.trim().lines().count(), 1, "{e}");
     assert!(e.contains("--ctx 64"), "{e}");
 }
@@ -434,8 +420,8 @@ fn covariance_and_error_feedback() {
             }
         }
     }
-    let o = bin("mlb-inspect").arg(&cov_path).output().unwrap();
-    assert!(check(o).contains("covariance section"));
+    let o = tool("mlb-inspect").arg(&cov_path).ok();
+    assert!(o.stdout.contains("covariance section"), "{}", o.stdout);
 
     let q4 = ["--wtype", "q4_0", "--q4-rule", "search", "--q8", "none"];
     let with = |extra: &[&str], name: &str| {
@@ -526,9 +512,7 @@ fn perplexity_and_kl_divergence_match_the_definitions() {
             "--chunks",
         ),
     ] {
-        let o = run(&q4, &args);
-        assert!(!o.status.success(), "{args:?}");
-        let e = String::from_utf8_lossy(&o.stderr);
+        let e = run(&q4, &args).fails();
         assert_eq!(e.trim().lines().count(), 1, "{args:?}: {e}");
         assert!(e.contains(needle), "{args:?}: {e}");
     }
@@ -568,18 +552,22 @@ fn kl_matches_the_definitions(reference: &Path, model: &Path) {
     ];
     let mut a = common.to_vec();
     a.extend(["--perplexity", "--json"]);
-    let ppl = json(&check(run(q4, &a)));
+    let ppl = json(&run(q4, &a).ok().stdout);
     let mut a = common.to_vec();
     a.extend(["--kl-divergence", q8.to_str().unwrap(), "--json"]);
-    let kl = json(&check(run(q4, &a)));
+    let kl = json(&run(q4, &a).ok().stdout);
     let mut a = common.to_vec();
     a.extend(["--kl-divergence", q8.to_str().unwrap()]);
-    let self_kl = json(&check(run(q8, &{
-        let mut b = a.clone();
-        b.push("--json");
-        b
-    })));
-    let text_out = check(run(q4, &a));
+    let self_kl = json(
+        &run(q8, &{
+            let mut b = a.clone();
+            b.push("--json");
+            b
+        })
+        .ok()
+        .stdout,
+    );
+    let text_out = run(q4, &a).ok().stdout;
     assert!(text_out.contains("KL(ref ‖ model)") && text_out.contains("top-1"));
     assert!(text_out.contains("second half"), "{text_out}");
 
@@ -658,7 +646,7 @@ fn imatrix_linear_attention_slots() {
     let tmp = tempfile::tempdir().unwrap();
     let src = testdata().join("models/qwen3_5_text");
     let conv = |out: &Path, extra: &[&str]| {
-        check(mlb_convert(&src, out, extra));
+        convert(&src, out, extra);
     };
     let q8 = tmp.path().join("q8.mlb");
     conv(&q8, &["--wtype", "q8_0"]);
@@ -671,7 +659,7 @@ fn imatrix_linear_attention_slots() {
         .map(|t| t.to_string())
         .collect();
     let mli_path = tmp.path().join("q.mli");
-    check(run(
+    run(
         &q8,
         &[
             "--tokens",
@@ -681,7 +669,8 @@ fn imatrix_linear_attention_slots() {
             "--ctx",
             "32",
         ],
-    ));
+    )
+    .ok();
     let m = mli::parse(&std::fs::read(&mli_path).unwrap()).unwrap();
     let model = Mlb::open(&q8).unwrap();
     for l in 0..m.n_layers {

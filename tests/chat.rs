@@ -5,7 +5,8 @@
 //! templates, the conversations, and for each template and conversation the rendered
 //! text and ids of `apply_chat_template(tokenize=True)`, or the error it raised.
 
-use crate::util::{run_in, stderr, stdout, testdata};
+use crate::util::testdata;
+use crate::util::tool::{mlb_inspect, tool, Tool};
 use flate2::read::GzDecoder;
 use krafla::chat::{capture, Chat, ChatError, Conversation, Value};
 use krafla::format::mlt::{Mlt, FLAG_CHAT};
@@ -91,6 +92,7 @@ const END_OF_TURN: &[(&str, &str)] = &[
     ("llama3.2", "<|eot_id|>"),
     ("gemma3", "<end_of_turn>"),
     ("gemma3-unsloth", "<end_of_turn>"),
+    ("smollm3", "<|im_end|>"),
 ];
 
 #[test]
@@ -217,10 +219,12 @@ fn tokenizer_folder() -> tempfile::TempDir {
     dir
 }
 
-fn convert(dir: &Path, extra: &[&str]) -> std::process::Output {
-    let mut args = vec!["tokenizer.json", "-o", "t.mlt", "-q"];
-    args.extend_from_slice(extra);
-    run_in(dir, "mlt-convert", &args)
+/// `mlt-convert tokenizer.json -o t.mlt -q` in `dir`, to add flags to and run.
+fn mlt_convert(dir: &Path) -> Tool {
+    let mut t = tool("mlt-convert");
+    t.current_dir(dir)
+        .args(["tokenizer.json", "-o", "t.mlt", "-q"]);
+    t
 }
 
 fn write(dir: &Path, name: &str, text: &str) {
@@ -235,15 +239,13 @@ fn mlt_convert_captures_templates_and_stop_set() {
     let d = dir.path();
     write(d, "chat_template.jinja", TINY_TEMPLATE);
     write(d, "generation_config.json", r#"{"eos_token_id": [2, 0]}"#);
-    let o = convert(d, &[]);
-    assert!(o.status.success(), "{}", stderr(&o));
+    mlt_convert(d).ok();
     let m = Mlt::load(&d.join("t.mlt")).unwrap();
     assert_ne!(m.flags & FLAG_CHAT, 0);
-    let o = run_in(d, "mlb-inspect", &["t.mlt"]);
-    assert!(o.status.success(), "{}", stderr(&o));
-    insta::assert_snapshot!("mlt_chat_text", stdout(&o));
-    let o = run_in(d, "mlb-inspect", &["t.mlt", "--json"]);
-    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let o = mlb_inspect(d, &["t.mlt"]).ok();
+    insta::assert_snapshot!("mlt_chat_text", o.stdout);
+    let o = mlb_inspect(d, &["t.mlt", "--json"]).ok();
+    let v: serde_json::Value = serde_json::from_str(&o.stdout).unwrap();
     insta::assert_json_snapshot!("mlt_chat_json", v["chat"]);
 
     // --chat prints the ids on one line, --chat-text the text; no BOS is added although
@@ -253,20 +255,14 @@ fn mlt_convert_captures_templates_and_stop_set() {
         "conv.json",
         r#"{"messages": [{"role": "user", "content": "Hi <|endoftext|> there"}], "add_generation_prompt": true}"#,
     );
-    let o = run_in(
-        d,
-        "mlb-inspect",
-        &["t.mlt", "--chat", "conv.json", "--chat-text"],
-    );
-    assert!(o.status.success(), "{}", stderr(&o));
-    let text = stdout(&o);
+    let o = mlb_inspect(d, &["t.mlt", "--chat", "conv.json", "--chat-text"]).ok();
+    let text = o.stdout;
     assert_eq!(
         text,
         "<|startoftext|>user\nHi <|endoftext|> there<|endoftext|>\n<|startoftext|>assistant\n"
     );
-    let o = run_in(d, "mlb-inspect", &["t.mlt", "--chat", "conv.json"]);
-    assert!(o.status.success(), "{}", stderr(&o));
-    let out = stdout(&o);
+    let o = mlb_inspect(d, &["t.mlt", "--chat", "conv.json"]).ok();
+    let out = o.stdout;
     assert_eq!(out.lines().count(), 1);
     let ids: Vec<u32> = serde_json::from_str(out.trim()).unwrap();
     let tok = Tokenizer::from_mlt(&m).unwrap();
@@ -299,7 +295,7 @@ fn template_files_take_transformers_precedence() {
             })
             .unwrap_or_default()
     };
-    assert!(convert(d, &[]).status.success());
+    mlt_convert(d).ok();
     assert_eq!(
         names(d),
         [("default".into(), "CONFIG{{ messages|length }}".into())]
@@ -307,7 +303,7 @@ fn template_files_take_transformers_precedence() {
     write(d, "chat_template.jinja", "JINJA");
     write(d, "additional_chat_templates/tool_use.jinja", "TOOLS");
     write(d, "additional_chat_templates/notes.txt", "ignored");
-    assert!(convert(d, &[]).status.success());
+    mlt_convert(d).ok();
     assert_eq!(
         names(d),
         [
@@ -321,7 +317,7 @@ fn template_files_take_transformers_precedence() {
     cfg["chat_template"] =
         serde_json::json!([{"name": "default", "template": "D"}, {"name": "rag", "template": "R"}]);
     write(d, "tokenizer_config.json", &cfg.to_string());
-    assert!(convert(d, &[]).status.success());
+    mlt_convert(d).ok();
     assert_eq!(
         names(d),
         [
@@ -332,25 +328,23 @@ fn template_files_take_transformers_precedence() {
     // chat_template.json alone (the processor's file) is the last resort.
     cfg.as_object_mut().unwrap().remove("chat_template");
     write(d, "tokenizer_config.json", &cfg.to_string());
-    assert!(convert(d, &[]).status.success());
+    mlt_convert(d).ok();
     assert_eq!(names(d), [("default".to_string(), "LEGACY".to_string())]);
     // --chat-template FILE replaces them; --no-chat writes none.
     write(d, "mine.jinja", TINY_TEMPLATE);
-    assert!(convert(d, &["--chat-template", "mine.jinja"])
-        .status
-        .success());
+    mlt_convert(d).args(["--chat-template", "mine.jinja"]).ok();
     assert_eq!(
         names(d),
         [("default".to_string(), TINY_TEMPLATE.to_string())]
     );
-    assert!(convert(d, &["--no-chat"]).status.success());
+    mlt_convert(d).args(["--no-chat"]).ok();
     let m = Mlt::load(&d.join("t.mlt")).unwrap();
     assert!(m.chat.is_none() && m.flags & FLAG_CHAT == 0);
     // Without any template the file is exactly what it was before chat sections existed.
     std::fs::remove_file(d.join("chat_template.json")).unwrap();
-    assert!(convert(d, &[]).status.success());
+    mlt_convert(d).ok();
     let without = std::fs::read(d.join("t.mlt")).unwrap();
-    assert!(convert(d, &["--no-chat"]).status.success());
+    mlt_convert(d).args(["--no-chat"]).ok();
     assert_eq!(std::fs::read(d.join("t.mlt")).unwrap(), without);
 }
 
@@ -359,7 +353,7 @@ fn stop_tokens_and_refusals() {
     let dir = tokenizer_folder();
     let d = dir.path();
     write(d, "chat_template.jinja", TINY_TEMPLATE);
-    assert!(convert(d, &["--stop-token", "<|pad|>"]).status.success());
+    mlt_convert(d).args(["--stop-token", "<|pad|>"]).ok();
     let m = Mlt::load(&d.join("t.mlt")).unwrap();
     let stop: Vec<(u32, u32)> = m
         .chat
@@ -396,9 +390,7 @@ fn stop_tokens_and_refusals() {
         let d = dir.path();
         write(d, "chat_template.jinja", TINY_TEMPLATE);
         write(d, file, text);
-        let o = convert(d, extra);
-        assert!(!o.status.success(), "{want}");
-        let e = stderr(&o);
+        let e = mlt_convert(d).args(*extra).fails();
         assert_eq!(e.lines().count(), 1, "{e}");
         assert!(
             e.contains("ML_E_FORMAT") && e.contains(want),
@@ -417,56 +409,51 @@ fn inspect_chat_errors_name_the_template_line() {
         "chat_template.jinja",
         "{% for m in messages %}\n{% if m.role == 'system' %}\n{{ raise_exception('System role not supported') }}\n{% endif %}{{ m.content }}<|endoftext|>{% endfor %}",
     );
-    assert!(convert(d, &[]).status.success());
+    mlt_convert(d).ok();
     write(
         d,
         "sys.json",
         r#"{"messages": [{"role": "system", "content": "x"}]}"#,
     );
-    let o = run_in(d, "mlb-inspect", &["t.mlt", "--chat", "sys.json"]);
-    assert!(!o.status.success());
+    let e = mlb_inspect(d, &["t.mlt", "--chat", "sys.json"]).fails();
     assert_eq!(
-        stderr(&o),
+        e,
         "mlb-inspect: t.mlt: chat template 'default' line 3: raise_exception: System role not supported\n"
     );
     write(d, "bad.json", r#"{"messages": [{"content": "x"}]}"#);
-    let o = run_in(d, "mlb-inspect", &["t.mlt", "--chat", "bad.json"]);
-    assert!(!o.status.success());
+    let e = mlb_inspect(d, &["t.mlt", "--chat", "bad.json"]).fails();
     assert!(
-        stderr(&o).starts_with("mlb-inspect: bad.json: messages[0].role"),
+        e.starts_with("mlb-inspect: bad.json: messages[0].role"),
         "{}",
-        stderr(&o)
+        e
     );
     // A file whose template minijinja cannot compile is valid MLT1; the report says why
     // the template is unusable, and --chat fails naming it.
     let mut m = Mlt::load(&d.join("t.mlt")).unwrap();
     m.chat.as_mut().unwrap().templates[0].source = "ok\n{% for %}".into();
     std::fs::write(d.join("bad.mlt"), m.to_bytes().unwrap()).unwrap();
-    let o = run_in(d, "mlb-inspect", &["bad.mlt"]);
-    assert!(o.status.success(), "{}", stderr(&o));
+    let o = mlb_inspect(d, &["bad.mlt"]).ok();
     assert!(
-        stdout(&o).contains("      ! chat template 'default' line 2: does not compile"),
+        o.stdout
+            .contains("      ! chat template 'default' line 2: does not compile"),
         "{}",
-        stdout(&o)
+        o.stdout
     );
-    let o = run_in(d, "mlb-inspect", &["bad.mlt", "--chat", "sys.json"]);
-    assert!(!o.status.success());
+    let e = mlb_inspect(d, &["bad.mlt", "--chat", "sys.json"]).fails();
     assert!(
-        stderr(&o)
-            .starts_with("mlb-inspect: bad.mlt: chat template 'default' line 2: does not compile"),
+        e.starts_with("mlb-inspect: bad.mlt: chat template 'default' line 2: does not compile"),
         "{}",
-        stderr(&o)
+        e
     );
     // A tokenizer without a chat section says so.
-    assert!(convert(d, &["--no-chat"]).status.success());
+    mlt_convert(d).args(["--no-chat"]).ok();
     write(
         d,
         "ok.json",
         r#"{"messages": [{"role": "user", "content": "x"}]}"#,
     );
-    let o = run_in(d, "mlb-inspect", &["t.mlt", "--chat", "ok.json"]);
-    assert!(!o.status.success());
-    assert!(stderr(&o).contains("has none"), "{}", stderr(&o));
+    let e = mlb_inspect(d, &["t.mlt", "--chat", "ok.json"]).fails();
+    assert!(e.contains("has none"), "{e}");
 }
 
 /// The default render budget (issue 42) is far above what real templates need: each

@@ -12,7 +12,6 @@
 use std::collections::BTreeSet;
 use std::ops::ControlFlow;
 use std::path::Path;
-use std::process::{Command, Output};
 
 use krafla::chat::{capture, Chat, Message, RenderOptions};
 use krafla::format::mlb::header::layer_flag;
@@ -26,7 +25,7 @@ use krafla::session::{
 use krafla::tokenizer::Tokenizer;
 
 use crate::run::{cases, load, opts, tokens, write_case, Case};
-use crate::util::{bin_path, output_with_stdin, stderr, stdout};
+use crate::util::tool::{tool, Tool};
 
 const IM_START: u32 = 0;
 const IM_END: u32 = 1;
@@ -488,15 +487,11 @@ fn chat_files(template: Option<&str>) -> tempfile::TempDir {
     dir
 }
 
-/// mlb-run on `dir/m.mlb` with `args`, `input` on stdin.
-fn mlb_run(dir: &Path, args: &[&str], input: &str, env: &[(&str, &str)]) -> Output {
-    output_with_stdin(
-        Command::new(bin_path("mlb-run"))
-            .arg(dir.join("m.mlb"))
-            .args(args)
-            .envs(env.iter().copied()),
-        input,
-    )
+/// mlb-run on `dir/m.mlb` with `args`, `input` on stdin, to run.
+fn mlb_run(dir: &Path, args: &[&str], input: &str) -> Tool {
+    let mut t = tool("mlb-run");
+    t.arg(dir.join("m.mlb")).args(args).stdin(input);
+    t
 }
 
 const SEEDED: [&str; 7] = ["--chat", "--temp", "1.5", "--seed", "4", "-n", "24"];
@@ -530,23 +525,22 @@ fn mlb_run_chat_from_a_pipe_gives_the_librarys_reply() {
     let dir = chat_files(Some(CHATML));
     let want = library_reply(&[("system", "brief"), ("user", "hi")], false);
     let json = r#"{"messages": [{"role": "system", "content": "brief"}, {"role": "user", "content": "hi"}]}"#;
-    let o = mlb_run(dir.path(), &SEEDED, json, &[]);
-    assert!(o.status.success(), "{}", stderr(&o));
-    assert_eq!(stdout(&o), format!("{}\n", want.text));
+    let o = mlb_run(dir.path(), &SEEDED, json).ok();
+    assert_eq!(o.stdout, format!("{}\n", want.text));
     assert!(!want.tokens.is_empty());
     // --prompt and --system make the same conversation.
     let mut args = SEEDED.to_vec();
     args.extend(["--system", "brief", "--prompt", "hi"]);
-    let p = mlb_run(dir.path(), &args, "", &[]);
-    assert!(p.status.success(), "{}", stderr(&p));
-    assert_eq!(stdout(&p), stdout(&o));
+    let p = mlb_run(dir.path(), &args, "").ok();
+    assert_eq!(p.stdout, o.stdout);
     // The same on the scalar tier and 1 or 3 threads.
     for threads in ["1", "3"] {
         let mut a = SEEDED.to_vec();
         a.extend(["--threads", threads]);
-        let s = mlb_run(dir.path(), &a, json, &[("KRAFLA_KERNEL", "scalar")]);
-        assert!(s.status.success(), "{}", stderr(&s));
-        assert_eq!(stdout(&s), stdout(&o), "scalar, {threads} threads");
+        let s = mlb_run(dir.path(), &a, json)
+            .env("KRAFLA_KERNEL", "scalar")
+            .ok();
+        assert_eq!(s.stdout, o.stdout, "scalar, {threads} threads");
     }
 }
 
@@ -557,9 +551,8 @@ fn mlb_run_chat_stop_strings_and_logprobs() {
     let mut args = SEEDED.to_vec();
     args.push("--ignore-eos");
     let full = library_reply(&[("user", "hi")], true).text;
-    let o = mlb_run(dir.path(), &args, json, &[]);
-    assert!(o.status.success(), "{}", stderr(&o));
-    assert_eq!(stdout(&o), format!("{full}\n"));
+    let o = mlb_run(dir.path(), &args, json).ok();
+    assert_eq!(o.stdout, format!("{full}\n"));
     // A stop string from the middle of the reply: the text ends before its first
     // occurrence.
     let chars: Vec<char> = full.chars().collect();
@@ -568,21 +561,20 @@ fn mlb_run_chat_stop_strings_and_logprobs() {
     let before = &full[..full.find(&stop).unwrap()];
     let mut a = args.clone();
     a.extend(["--stop", &stop]);
-    let s = mlb_run(dir.path(), &a, json, &[]);
-    assert!(s.status.success(), "{}", stderr(&s));
-    assert_eq!(stdout(&s), format!("{before}\n"), "--stop {stop:?}");
-    assert!(stderr(&s).contains("(stop string)"), "{}", stderr(&s));
+    let s = mlb_run(dir.path(), &a, json).ok();
+    assert_eq!(s.stdout, format!("{before}\n"), "--stop {stop:?}");
+    assert!(s.stderr.contains("(stop string)"), "{}", s.stderr);
     // --logprobs 2: one JSON line per sampled token, with two alternatives.
     let mut a = args.clone();
     a.extend(["--logprobs", "2"]);
-    let l = mlb_run(dir.path(), &a, json, &[]);
-    assert!(l.status.success(), "{}", stderr(&l));
-    assert_eq!(stdout(&l), stdout(&o));
-    let lines: Vec<serde_json::Value> = stderr(&l)
+    let l = mlb_run(dir.path(), &a, json).ok();
+    assert_eq!(l.stdout, o.stdout);
+    let lines: Vec<serde_json::Value> = l
+        .stderr
         .lines()
         .filter_map(|x| serde_json::from_str(x).ok())
         .collect();
-    assert_eq!(lines.len(), 24, "{}", stderr(&l));
+    assert_eq!(lines.len(), 24, "{}", l.stderr);
     for v in &lines {
         assert!(v["logprob"].as_f64().unwrap() <= 0.0);
         assert_eq!(v["top"].as_array().unwrap().len(), 2);
@@ -603,19 +595,16 @@ fn mlb_run_chat_full_context_is_one_line_and_context_shift_goes_on() {
     let json = format!(r#"{{"messages": [{}]}}"#, msgs.join(", "));
     let mut args = SEEDED.to_vec();
     args.extend(["--ctx", "96"]);
-    let o = mlb_run(dir.path(), &args, &json, &[]);
-    assert!(!o.status.success());
-    let err = stderr(&o);
+    let err = mlb_run(dir.path(), &args, &json).fails();
     assert_eq!(err.trim().lines().count(), 1, "{err}");
     assert!(
         err.contains("context full") && err.contains("--context-shift"),
         "{err}"
     );
     args.push("--context-shift");
-    let s = mlb_run(dir.path(), &args, &json, &[]);
-    assert!(s.status.success(), "{}", stderr(&s));
-    assert!(stderr(&s).contains("dropped the"), "{}", stderr(&s));
-    assert!(stdout(&s).ends_with('\n'));
+    let s = mlb_run(dir.path(), &args, &json).ok();
+    assert!(s.stderr.contains("dropped the"), "{}", s.stderr);
+    assert!(s.stdout.ends_with('\n'));
 }
 
 #[test]
@@ -624,12 +613,11 @@ fn mlb_run_chat_interactive_lines_and_commands() {
     let mut args = SEEDED.to_vec();
     args.extend(["--interactive", "--no-history", "--system", "brief"]);
     let input = "/help\nhi\n/undo\nhi\n/bogus\n/exit\nnot read\n";
-    let o = mlb_run(dir.path(), &args, input, &[]);
-    assert!(o.status.success(), "{}", stderr(&o));
+    let o = mlb_run(dir.path(), &args, input).ok();
     let want = library_reply(&[("system", "brief"), ("user", "hi")], false).text;
     // The turn taken back and said again gets the same seeded reply.
-    assert_eq!(stdout(&o), format!("{want}\n{want}\n"));
-    let err = stderr(&o);
+    assert_eq!(o.stdout, format!("{want}\n{want}\n"));
+    let err = o.stderr;
     assert!(
         err.contains("/reset") && err.contains("unknown command /bogus"),
         "{err}"
@@ -640,18 +628,11 @@ fn mlb_run_chat_interactive_lines_and_commands() {
 fn mlb_run_chat_needs_a_template() {
     let dir = chat_files(None);
     let json = r#"{"messages": [{"role": "user", "content": "hi"}]}"#;
-    let o = mlb_run(dir.path(), &SEEDED, json, &[]);
-    assert!(!o.status.success());
-    let err = stderr(&o);
+    let err = mlb_run(dir.path(), &SEEDED, json).fails();
     assert_eq!(err.trim().lines().count(), 1, "{err}");
     assert!(err.contains("no chat template"), "{err}");
     // Bad conversation JSON names where it came from.
     let dir = chat_files(Some(CHATML));
-    let o = mlb_run(dir.path(), &SEEDED, "{not json", &[]);
-    assert!(!o.status.success());
-    assert!(
-        stderr(&o).contains("stdin") && stderr(&o).contains("not JSON"),
-        "{}",
-        stderr(&o)
-    );
+    let err = mlb_run(dir.path(), &SEEDED, "{not json").fails();
+    assert!(err.contains("stdin") && err.contains("not JSON"), "{err}");
 }

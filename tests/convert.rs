@@ -5,7 +5,6 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use krafla::convert::{self, ConvertError, ConvertOptions, Progress, TypePlan, WType};
 use krafla::format::mlb::header::FieldValue;
@@ -17,7 +16,9 @@ use safetensors::tensor::TensorView;
 use safetensors::{Dtype, SafeTensors};
 use serde_json::{json, Value};
 
+use crate::util::fixtures::{convert_to, convert_with};
 use crate::util::fnv;
+use crate::util::tool::tool;
 
 fn models() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata/models")
@@ -42,14 +43,10 @@ fn run(opts: &ConvertOptions) -> Result<convert::Summary, ConvertError> {
     convert::convert(opts, &mut |_: Progress| {})
 }
 
-fn convert_to(dir: &Path, out: &Path, wtype: WType) -> Vec<u8> {
-    let mut o = ConvertOptions::new(dir, wtype);
-    o.output = Some(out.to_path_buf());
-    run(&o).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
-    std::fs::read(out).unwrap()
-}
-
 // ---------------------------------------------------------------- headers
+
+/// The header offset of the first field of the MoE extension (docs/file-format.md).
+const MOE_FIELDS_START: usize = 160;
 
 #[test]
 fn convert_headers_match_expected_for_every_fixture() {
@@ -97,15 +94,26 @@ fn convert_headers_match_expected_for_every_fixture() {
                 }
             }
         }
-        // Every spec field except the three converter options is in expected_header.
+        // Every spec field except the three converter options is in expected_header;
+        // the MoE extension's fields (offset 160 on) only in the MoE fixtures' (the
+        // dense fixtures predate them), and they are 0 in every other.
         for f in FIELDS {
-            if !["version", "wtype", "q8_mask", "scale_f16"].contains(&f.name) {
-                assert!(
-                    exp.contains_key(f.name),
-                    "{name}: expected_header lacks {}",
-                    f.name
-                );
+            if ["version", "wtype", "q8_mask", "scale_f16"].contains(&f.name) {
+                continue;
             }
+            if f.offset >= MOE_FIELDS_START && !exp.contains_key(f.name) {
+                let zero = match p.header.get(f.name).unwrap() {
+                    FieldValue::U32(g) => g == 0,
+                    FieldValue::F32(g) => g == 0.0,
+                };
+                assert!(zero, "{name}: {} is not 0 in a dense model", f.name);
+                continue;
+            }
+            assert!(
+                exp.contains_key(f.name),
+                "{name}: expected_header lacks {}",
+                f.name
+            );
         }
         assert_eq!(p.header.wtype, 1);
         assert_eq!(p.header.q8_mask, 0);
@@ -241,6 +249,8 @@ fn read_all(dir: &Path) -> HashMap<String, (Vec<usize>, Vec<f32>)> {
                     .chunks(2)
                     .map(|c| half::bf16::from_le_bytes(c.try_into().unwrap()).to_f32())
                     .collect(),
+                // MXFP4 blocks and scales: the bytes, one value each.
+                Dtype::U8 => data.iter().map(|&b| b as f32).collect(),
                 d => panic!("{d:?}"),
             };
             out.insert(name, (t.shape().to_vec(), v));
@@ -307,6 +317,126 @@ fn hf_source(mt: &str, spec: &str) -> (&'static str, &'static str) {
     }
 }
 
+/// MXFP4 rows: `blocks` [E, W, nb, 16] and `scales` [E, W, nb] (bytes as values); row
+/// `r` of slice `e` as f32 (the FP4 code of element 2k in the low nibble of byte k,
+/// times 2^(scale − 127)).
+fn mxfp4_row(blocks: &[f32], scales: &[f32], w: usize, nb: usize, e: usize, r: usize) -> Vec<f32> {
+    const FP4: [f32; 8] = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0];
+    let code = |c: u8| FP4[(c & 7) as usize] * if c & 8 != 0 { -1.0 } else { 1.0 };
+    let row = e * w + r;
+    let mut out = Vec::new();
+    for b in 0..nb {
+        let d = 2f32.powi(scales[row * nb + b] as i32 - 127);
+        for k in 0..16 {
+            let byte = blocks[(row * nb + b) * 16 + k] as u8;
+            out.push(code(byte & 15) * d);
+            out.push(code(byte >> 4) * d);
+        }
+    }
+    out
+}
+
+/// The test's own stacking of a mixture-of-experts layer's arrays (None for any other
+/// array): per-expert tensors one after the other; gpt-oss's input-major 3-D tensors
+/// (gate and up in alternate columns) transposed, or their MXFP4 blocks dequantized.
+fn expert_source(
+    mt: &str,
+    spec: &str,
+    layer: String,
+    t: &HashMap<String, (Vec<usize>, Vec<f32>)>,
+) -> Option<Vec<f32>> {
+    let get = |n: &str| {
+        t.get(&format!("{layer}{n}"))
+            .map(|(s, x)| (s.clone(), x.clone()))
+    };
+    let per_expert = |pat: &str| {
+        let mut v = Vec::new();
+        for e in 0.. {
+            match get(&pat.replace("{e}", &e.to_string())) {
+                Some((_, x)) => v.extend(x),
+                None => break,
+            }
+        }
+        Some(v)
+    };
+    if mt == "gpt_oss" {
+        let (name, first, step) = match spec {
+            "ew1" => ("mlp.experts.gate_up_proj", 0, 2),
+            "ew3" => ("mlp.experts.gate_up_proj", 1, 2),
+            "ew2" => ("mlp.experts.down_proj", 0, 1),
+            "eb1" => {
+                return Some(
+                    get("mlp.experts.gate_up_proj_bias")?
+                        .1
+                        .iter()
+                        .step_by(2)
+                        .copied()
+                        .collect(),
+                )
+            }
+            "eb3" => {
+                return Some(
+                    get("mlp.experts.gate_up_proj_bias")?
+                        .1
+                        .iter()
+                        .skip(1)
+                        .step_by(2)
+                        .copied()
+                        .collect(),
+                )
+            }
+            "eb2" => return Some(get("mlp.experts.down_proj_bias")?.1),
+            "router" => return Some(get("mlp.router.weight")?.1),
+            "router_b" => return Some(get("mlp.router.bias")?.1),
+            "sinks" => return Some(get("self_attn.sinks")?.1),
+            "bo" => return Some(get("self_attn.o_proj.bias")?.1),
+            _ => return None,
+        };
+        let mut v = Vec::new();
+        if let Some((sh, x)) = get(name) {
+            let (e_n, cols, w) = (sh[0], sh[1], sh[2]);
+            for e in 0..e_n {
+                for i in 0..w / step {
+                    for c in 0..cols {
+                        v.push(x[(e * cols + c) * w + first + step * i]);
+                    }
+                }
+            }
+        } else {
+            let (sh, b) = get(&format!("{name}_blocks")).unwrap();
+            let (_, sc) = get(&format!("{name}_scales")).unwrap();
+            let (e_n, w, nb) = (sh[0], sh[1], sh[2]);
+            for e in 0..e_n {
+                for i in 0..w / step {
+                    v.extend(mxfp4_row(&b, &sc, w, nb, e, first + step * i));
+                }
+            }
+        }
+        return Some(v);
+    }
+    let moe = if mt == "mixtral" {
+        "block_sparse_moe"
+    } else {
+        "mlp"
+    };
+    let (g, d, u) = if mt == "mixtral" {
+        ("w1", "w2", "w3")
+    } else {
+        ("gate_proj", "down_proj", "up_proj")
+    };
+    match spec {
+        "router" => Some(get(&format!("{moe}.gate.weight"))?.1),
+        "ew1" => per_expert(&format!("{moe}.experts.{{e}}.{g}.weight")),
+        "ew2" => per_expert(&format!("{moe}.experts.{{e}}.{d}.weight")),
+        "ew3" => per_expert(&format!("{moe}.experts.{{e}}.{u}.weight")),
+        "sw1" => Some(get("mlp.shared_expert.gate_proj.weight")?.1),
+        "sw2" => Some(get("mlp.shared_expert.down_proj.weight")?.1),
+        "sw3" => Some(get("mlp.shared_expert.up_proj.weight")?.1),
+        "sgate" => Some(get("mlp.shared_expert_gate.weight")?.1),
+        _ => None,
+    }
+}
+
 /// Compares every array of a converted file (Q8_0, or Q4_0 with the round rule) with the test's own computation.
 fn check_arrays(dir: &Path, bytes: &[u8]) {
     let name = dir.file_name().unwrap().to_string_lossy().into_owned();
@@ -354,15 +484,28 @@ fn check_arrays(dir: &Path, bytes: &[u8]) {
             continue;
         }
         let rot = if no_rope(ten.name.layer) { 0 } else { rot };
-        let (rel, tr) = hf_source(&mt, spec);
+        let layer = format!("{prefix}layers.{}.", ten.name.layer.unwrap_or(0));
+        let experts = match ten.name.layer {
+            Some(_) => expert_source(&mt, spec, layer, &t),
+            None => None,
+        };
+        let (rel, tr) = match experts {
+            Some(_) => ("", "experts"),
+            None => hf_source(&mt, spec),
+        };
         let hf = match (ten.name.layer, spec) {
             (Some(l), _) => format!("{prefix}layers.{l}.{rel}"),
             (None, "wcls") => format!("{head}{rel}"),
             (None, _) => format!("{prefix}{rel}"),
         };
-        let (shape, x) = t.get(&hf).unwrap_or_else(|| panic!("{name}: {hf}"));
+        let empty = (vec![], vec![]);
+        let (shape, x) = match &experts {
+            Some(_) => &empty,
+            None => t.get(&hf).unwrap_or_else(|| panic!("{name}: {hf}")),
+        };
         let cols = if shape.len() == 2 { shape[1] } else { 1 };
         let mut v: Vec<f32> = match tr {
+            "experts" => experts.clone().unwrap(),
             "rope" => interleave(x, hd, rot, cols),
             "rope_norm" => interleave(x, hd, rot, 1),
             "gate_q" | "gate_g" => {
@@ -459,14 +602,6 @@ fn fixture_dtype(dir: &Path) -> String {
         serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap())
             .unwrap();
     r["dtype"].as_str().unwrap().to_string()
-}
-
-fn convert_with(dir: &Path, out: &Path, f: impl FnOnce(&mut ConvertOptions)) -> Vec<u8> {
-    let mut o = ConvertOptions::new(dir, WType::Q8_0);
-    o.output = Some(out.to_path_buf());
-    f(&mut o);
-    run(&o).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
-    std::fs::read(out).unwrap()
 }
 
 #[test]
@@ -759,13 +894,11 @@ fn convert_mixed_runs_like_the_q8_mask_file() {
     assert_eq!(types(&pq), types(&pm));
     let mut logits = Vec::new();
     for f in ["q.mlb", "m.mlb"] {
-        let o = Command::new(env!("CARGO_BIN_EXE_mlb-run"))
+        tool("mlb-run")
             .arg(tmp.path().join(f))
             .args(["--tokens", "1 17 42 99 3 250", "--logits"])
             .arg(tmp.path().join(format!("{f}.f32")))
-            .output()
-            .unwrap();
-        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+            .ok();
         logits.push(std::fs::read(tmp.path().join(format!("{f}.f32"))).unwrap());
     }
     assert!(logits[0].len() >= 6 * 4 * 256);
@@ -784,15 +917,13 @@ fn convert_bf16_output_runs_in_mlb_run() {
     let out = tmp.path().join("b.mlb");
     convert_with(&models().join("llama"), &out, |o| o.wtype = WType::BF16);
     let logits = tmp.path().join("b.f32");
-    let o = Command::new(env!("CARGO_BIN_EXE_mlb-run"))
+    let e = tool("mlb-run")
         .arg(&out)
         .args(["--tokens", "1 2 3", "--logits"])
         .arg(&logits)
         .arg("--verbose")
-        .output()
-        .unwrap();
-    let e = String::from_utf8_lossy(&o.stderr);
-    assert!(o.status.success(), "{e}");
+        .ok()
+        .stderr;
     assert!(e.contains("kernel tier"), "{e}");
     let got = crate::util::fixtures::read_f32(&logits);
     let m = mlb::Mlb::open(&out).unwrap();
@@ -832,13 +963,10 @@ fn a_type_without_kernels_is_refused_by_mlb_run() {
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("k.mlb");
     std::fs::write(&out, synth_mixed(&h, &[], &types, 1)).unwrap();
-    let o = Command::new(env!("CARGO_BIN_EXE_mlb-run"))
+    let e = tool("mlb-run")
         .arg(&out)
         .args(["--tokens", "1 2 3", "-n", "1"])
-        .output()
-        .unwrap();
-    assert_eq!(o.status.code(), Some(1));
-    let e = String::from_utf8(o.stderr).unwrap();
+        .fails_with(1);
     assert_eq!(e.lines().count(), 1, "{e}");
     assert!(
         e.contains(t.name()) && e.contains("k.mlb") && e.contains("no kernel"),
@@ -1432,15 +1560,11 @@ fn convert_default_output_name_and_q4_defaults() {
 
 // ---------------------------------------------------------------- the binary
 
-fn bin() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_mlb-convert"))
-}
-
 #[test]
 fn convert_binary_end_to_end() {
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("g.mlb");
-    let o = bin()
+    let o = tool("mlb-convert")
         .arg(models().join("gemma3_mm"))
         .args([
             "--wtype",
@@ -1453,11 +1577,9 @@ fn convert_binary_end_to_end() {
             "-o",
         ])
         .arg(&out)
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let stdout = String::from_utf8(o.stdout).unwrap();
-    let stderr = String::from_utf8(o.stderr).unwrap();
+        .ok();
+    let stdout = String::from_utf8(o.stdout_bytes).unwrap();
+    let stderr = o.stderr;
     assert_eq!(stdout.lines().count(), 1, "{stdout}");
     assert!(
         stdout.contains("bits/weight") && stdout.contains("parameters"),
@@ -1475,27 +1597,25 @@ fn convert_binary_end_to_end() {
     );
 
     // An error: exit 1, one line naming the file.
-    let o = bin().arg(tmp.path()).output().unwrap();
-    assert_eq!(o.status.code(), Some(1));
-    let e = String::from_utf8(o.stderr).unwrap();
+    let e = tool("mlb-convert").arg(tmp.path()).fails_with(1);
     assert_eq!(e.lines().count(), 1, "{e}");
     assert!(e.contains("config.json"), "{e}");
     // Bad usage: exit 2.
-    let o = bin().args(["--q8", "bogus", "x"]).output().unwrap();
-    assert_eq!(o.status.code(), Some(2));
-    let o = bin().args(["--types", "wq=bf16", "x"]).output().unwrap();
-    assert_eq!(o.status.code(), Some(2));
+    tool("mlb-convert")
+        .args(["--q8", "bogus", "x"])
+        .fails_with(2);
+    tool("mlb-convert")
+        .args(["--types", "wq=bf16", "x"])
+        .fails_with(2);
 
     // BF16 with a Q8_0 embedding: the summary names the mix.
     let out = tmp.path().join("b.mlb");
-    let o = bin()
+    let o = tool("mlb-convert")
         .arg(models().join("llama"))
         .args(["--wtype", "bf16", "--types", "tok_emb=q8_0", "-o"])
         .arg(&out)
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let stdout = String::from_utf8(o.stdout).unwrap();
+        .ok();
+    let stdout = String::from_utf8(o.stdout_bytes).unwrap();
     assert!(stdout.contains("mixed (1 Q8_0, "), "{stdout}");
     assert!(stdout.contains(" BF16)"), "{stdout}");
     assert_eq!(
@@ -1511,21 +1631,18 @@ fn convert_binary_end_to_end() {
     w[9] = 1e5;
     m.set("model.layers.0.self_attn.o_proj.weight", &w);
     let dir = m.write(tmp.path(), "big");
-    let o = bin()
+    let e = tool("mlb-convert")
         .arg(&dir)
         .args(["--wtype", "f16", "-o"])
         .arg(tmp.path().join("f.mlb"))
-        .output()
-        .unwrap();
-    assert_eq!(o.status.code(), Some(1));
-    let e = String::from_utf8(o.stderr).unwrap();
+        .fails_with(1);
     assert_eq!(e.lines().count(), 1, "{e}");
     assert!(e.contains("o_proj") && e.contains("100000"), "{e}");
 }
 
 #[test]
 fn convert_help_snapshot() {
-    insta::assert_snapshot!(crate::util::help("mlb-convert"));
+    insta::assert_snapshot!(tool("mlb-convert").arg("--help").ok().stdout);
 }
 
 #[test]
@@ -1543,4 +1660,111 @@ fn convert_cancelled_run_leaves_nothing() {
     assert_eq!(std::fs::read(&out).unwrap(), b"old");
     let n = std::fs::read_dir(tmp.path()).unwrap().count();
     assert_eq!(n, 2, "only the checkpoint folder and the old output");
+}
+
+// ---------------------------------------------------------------- mixtures of experts
+
+/// A fixture folder as a [`Synth`] (its config and tensors as stored).
+fn synth_of(dir: &Path) -> Synth {
+    let config: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
+    let b = std::fs::read(dir.join("model.safetensors")).unwrap();
+    let st = SafeTensors::deserialize(&b).unwrap();
+    let mut tensors: Vec<(String, Dtype, Vec<usize>, Vec<u8>)> = st
+        .tensors()
+        .into_iter()
+        .map(|(n, t)| (n, t.dtype(), t.shape().to_vec(), t.data().to_vec()))
+        .collect();
+    tensors.sort_by(|a, b| a.0.cmp(&b.0));
+    Synth { config, tensors }
+}
+
+/// Bad mixture-of-experts input gets one line naming the file, the key or tensor and
+/// the value: too many experts per token, an expert's width off the 32-grid, a missing
+/// expert, a router of the wrong shape, a NaN in one expert (named with its row).
+#[test]
+fn convert_moe_refusals_name_key_or_tensor() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (root, out) = (tmp.path(), tmp.path().join("out.mlb"));
+    let base = synth_of(&models().join("qwen3_moe"));
+
+    let mut s = base_clone(&base);
+    s.config["num_experts_per_tok"] = json!(9);
+    let e = err_of(&s.write(root, "k9"), &out, |_| {});
+    assert!(
+        e.contains("config.json") && e.contains("num_experts_per_tok = 9"),
+        "{e}"
+    );
+
+    let mut s = base_clone(&base);
+    s.config["moe_intermediate_size"] = json!(48);
+    let e = err_of(&s.write(root, "eh48"), &out, |_| {});
+    assert!(e.contains("moe_intermediate_size = 48"), "{e}");
+
+    let mut s = base_clone(&base);
+    s.remove("model.layers.2.mlp.experts.5.up_proj.weight");
+    let e = err_of(&s.write(root, "noexpert"), &out, |_| {});
+    assert!(
+        e.contains("model.layers.2.mlp.experts.5.up_proj.weight") && e.contains("missing"),
+        "{e}"
+    );
+
+    let mut s = base_clone(&base);
+    let t = s.tensor_mut("model.layers.0.mlp.gate.weight");
+    t.2 = vec![4, 128];
+    let e = err_of(&s.write(root, "router"), &out, |_| {});
+    assert!(
+        e.contains("model.layers.0.mlp.gate.weight")
+            && e.contains("[4, 128]")
+            && e.contains("[8, 64]"),
+        "{e}"
+    );
+
+    let mut s = base_clone(&base);
+    let t = s.tensor_mut("model.layers.2.mlp.experts.3.down_proj.weight");
+    // bf16 NaN at row 5, column 7.
+    let at = (5 * 32 + 7) * 2;
+    t.3[at..at + 2].copy_from_slice(&0x7FC0u16.to_le_bytes());
+    let e = err_of(&s.write(root, "nan"), &out, |_| {});
+    assert!(
+        e.contains("model.layers.2.mlp.experts.3.down_proj.weight") && e.contains("[5, 7]"),
+        "{e}"
+    );
+}
+
+fn base_clone(s: &Synth) -> Synth {
+    Synth {
+        config: s.config.clone(),
+        tensors: s.tensors.clone(),
+    }
+}
+
+/// `--types` groups: `experts=` sets every routed expert's matrices, a tensor rule
+/// beats it, the shared expert and the dense layers keep the default; routers stay F32.
+#[test]
+fn convert_moe_type_groups() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = models().join("qwen3_5_moe_text");
+    let out = tmp.path().join("m.mlb");
+    let mut o = ConvertOptions::new(&dir, WType::BF16);
+    o.output = Some(out.clone());
+    o.types = TypePlan::parse("experts=q4_0,layers.1.ew2=q8_0,shared_expert=f16").unwrap();
+    o.q4_rule = Some(Q4Rule::Round);
+    run(&o).unwrap();
+    let b = std::fs::read(&out).unwrap();
+    let m = mlb::Mlb::from_bytes(&b).unwrap();
+    for (i, t) in m.layout().tensors.iter().enumerate() {
+        let want = match (t.name.layer, t.name.name) {
+            (Some(1), "ew2") => Some(WType::Q8_0),
+            (_, "ew1" | "ew2" | "ew3") => Some(WType::Q4_0),
+            (_, "sw1" | "sw2" | "sw3") => Some(WType::F16),
+            (_, "router" | "sgate") => None,
+            _ => m.mat_type(i),
+        };
+        assert_eq!(m.mat_type(i), want, "{}", t.name);
+        if t.name.name == "router" {
+            assert!(matches!(t.kind, Kind::F32 { .. }));
+        }
+    }
+    check_arrays(&dir, &b);
 }

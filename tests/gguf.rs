@@ -11,13 +11,13 @@
 //! - the refusals, one per kind.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use krafla::format::gguf::{self, GgmlType, GgufWriter, MetaValue, TensorSpec};
 use krafla::format::mlb::{self, Header, HEADER_SIZE};
 
-use crate::util::fixtures::{f32s, read_f32, reference};
-use crate::util::testdata;
+use crate::util::fixtures::{convert, converted, f32s, read_f32, reference};
+use crate::util::tool::{mlb_convert, mlb_export, tool};
+use crate::util::{first_diff, testdata};
 
 fn gguf_dir() -> PathBuf {
     testdata().join("gguf")
@@ -36,44 +36,22 @@ const FLOAT: &[(&str, &str)] = &[
     ("gemma3_text", "gemma3_text.bf16.gguf"),
     ("smollm3", "smollm3.f16.gguf"),
     ("qwen3_5_text", "qwen3_5_text.bf16.gguf"),
+    ("olmoe", "olmoe.bf16.gguf"),
+    ("qwen3_5_moe_text", "qwen3_5_moe_text.bf16.gguf"),
 ];
 
-const QUANT: &[&str] = &["llama", "qwen3", "gemma3_text"];
-
-/// Runs mlb-convert; Ok(stderr) on success, Err(stderr) on failure.
-fn mlb_convert(input: &Path, out: &Path, args: &[&str]) -> Result<String, String> {
-    let o = crate::util::mlb_convert(input, out, args);
-    let err = String::from_utf8_lossy(&o.stderr).into_owned();
-    if o.status.success() && out.exists() {
-        Ok(err)
-    } else {
-        Err(err)
-    }
-}
-
-fn convert_ok(input: &Path, out: &Path, args: &[&str]) -> Vec<u8> {
-    mlb_convert(input, out, args)
-        .unwrap_or_else(|e| panic!("mlb-convert {} {args:?}: {e}", input.display()));
-    std::fs::read(out).unwrap()
-}
+const QUANT: &[&str] = &["llama", "qwen3", "gemma3_text", "olmoe"];
 
 /// Notes in `failures` where `got` first differs from `want`, after `what`.
 fn note_diff(failures: &mut Vec<String>, what: String, got: &[u8], want: &[u8]) {
-    if let Some(d) = first_diff(got, want) {
+    if let Some(d) = describe_diff(got, want) {
         failures.push(format!("{what}: {d}"));
     }
 }
 
 /// The first differing byte, named by the tensor it falls in.
-fn first_diff(a: &[u8], b: &[u8]) -> Option<String> {
-    if a == b {
-        return None;
-    }
-    let at = a
-        .iter()
-        .zip(b)
-        .position(|(x, y)| x != y)
-        .unwrap_or(a.len().min(b.len()));
+fn describe_diff(a: &[u8], b: &[u8]) -> Option<String> {
+    let at = first_diff(a, b)?;
     let what = if at < HEADER_SIZE {
         let f = mlb::FIELDS
             .iter()
@@ -142,6 +120,9 @@ fn llama_cpp_view(name: &str, mut hf: Vec<u8>, gguf_mlb: &[u8]) -> Vec<u8> {
         hf[HEADER_SIZE..HEADER_SIZE + to.len()].copy_from_slice(to);
     };
     match name {
+        // llama.cpp's converter writes OLMoE's RMSNorm epsilon as 1e-5 whatever the
+        // config says (conversion/olmo*.py: add_layer_norm_rms_eps(1e-5)).
+        "olmoe" => h.norm_eps = g.norm_eps,
         // query_pre_attn_scalar is not in the GGUF: llama.cpp uses 1/sqrt(head_dim).
         "gemma2" | "gemma3_text" => {
             assert_ne!(
@@ -242,8 +223,8 @@ fn gguf_float_requantized_equals_hf_conversion() {
         ] {
             let a = tmp.path().join(format!("{name}.{q}.gguf.mlb"));
             let b = tmp.path().join(format!("{name}.{q}.hf.mlb"));
-            let got = convert_ok(&gguf_dir().join(file), &a, &["--requantize", q]);
-            let want = llama_cpp_view(name, convert_ok(&dir, &b, &hf_args), &got);
+            let got = converted(&gguf_dir().join(file), &a, &["--requantize", q]);
+            let want = llama_cpp_view(name, converted(&dir, &b, &hf_args), &got);
             note_diff(&mut failures, format!("{name} {q}"), &got, &want);
         }
     }
@@ -258,11 +239,10 @@ fn gguf_q4_0_blocks_copied_equal_hf_round_rule() {
         let dir = testdata().join("models").join(name);
         let a = tmp.path().join(format!("{name}.gguf.mlb"));
         let b = tmp.path().join(format!("{name}.hf.mlb"));
-        let log = mlb_convert(&gguf_dir().join(format!("{name}.q4_0.gguf")), &a, &[])
-            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        let log = convert(&gguf_dir().join(format!("{name}.q4_0.gguf")), &a, &[]).stderr;
         assert!(!log.contains("requantized"), "{name}: {log}");
         let got = std::fs::read(&a).unwrap();
-        let hf = convert_ok(
+        let hf = converted(
             &dir,
             &b,
             &[
@@ -331,7 +311,7 @@ fn gguf_q8_0_blocks_copied_are_exact() {
     for name in QUANT {
         let src = gguf_dir().join(format!("{name}.q8_0.gguf"));
         let a = tmp.path().join(format!("{name}.copy.mlb"));
-        let copied = convert_ok(&src, &a, &[]);
+        let copied = converted(&src, &a, &[]);
         let h = header_of(&copied);
         assert_eq!((h.wtype, h.scale_f16, h.q8_mask), (1, 1, 0), "{name}");
         // The GGUF's own values, dequantized and quantized again by the spec's Q8_0
@@ -346,8 +326,8 @@ fn gguf_q8_0_blocks_copied_are_exact() {
         let fsrc = tmp.path().join(format!("{name}.dequantized.gguf"));
         std::fs::write(&fsrc, f32s).unwrap();
         let b = tmp.path().join(format!("{name}.requant.mlb"));
-        let requant = convert_ok(&fsrc, &b, &["--requantize", "q8_0", "--f16-scales"]);
-        if let Some(d) = first_diff(&copied, &requant) {
+        let requant = converted(&fsrc, &b, &["--requantize", "q8_0", "--f16-scales"]);
+        if let Some(d) = describe_diff(&copied, &requant) {
             panic!("{name}: copy vs requantized: {d}");
         }
     }
@@ -358,13 +338,14 @@ fn gguf_quantized_logits_match_transformers() {
     use krafla::format::mlb::Mlb;
     use krafla::model::{Model, StateOptions};
     let tmp = tempfile::tempdir().unwrap();
-    for name in QUANT {
+    // The mixture-of-experts fixtures run with the MoE runtime (tests/run/moe_fixtures.rs).
+    for name in QUANT.iter().filter(|n| **n != "olmoe") {
         let dir = testdata().join("models").join(name);
         let (_, toks) = reference(&dir).unwrap();
         let f32_ref = read_f32(&dir.join("logits.f32.bin"));
         for q in ["q8_0", "q4_0"] {
             let out = tmp.path().join(format!("{name}.{q}.mlb"));
-            convert_ok(&gguf_dir().join(format!("{name}.{q}.gguf")), &out, &[]);
+            convert(&gguf_dir().join(format!("{name}.{q}.gguf")), &out, &[]);
             let m = Mlb::open(&out).unwrap();
             let model = Model::new(&m).unwrap();
             let got = crate::run::all_logits(&model, &StateOptions::default(), &toks);
@@ -395,7 +376,7 @@ fn refusal(bytes: &[u8], args: &[&str]) -> String {
     let src = tmp.path().join("in.gguf");
     std::fs::write(&src, bytes).unwrap();
     let out = tmp.path().join("out.mlb");
-    let e = mlb_convert(&src, &out, args).expect_err("refused");
+    let e = mlb_convert(&src, &out).args(args).fails();
     assert!(!out.exists(), "no output on a refusal");
     assert_eq!(e.trim().lines().count(), 1, "one line: {e}");
     e
@@ -413,7 +394,7 @@ fn gguf_refusals_name_the_key_or_tensor() {
         gguf::ValueType::U32,
         vec![MetaValue::U32(2), MetaValue::U32(1)],
     );
-    let one_key: [(&str, MetaValue, &[&str]); 6] = [
+    let one_key: [(&str, MetaValue, &[&str]); 7] = [
         // Unknown architecture.
         (
             "general.architecture",
@@ -422,9 +403,15 @@ fn gguf_refusals_name_the_key_or_tensor() {
         ),
         // A key that may change the math.
         (
+            "llama.expert_weights_scale",
+            MetaValue::F32(2.5),
+            &["llama.expert_weights_scale = 2.5", "unknown key"],
+        ),
+        // Experts make a llama a Mixtral, which needs its experts' keys.
+        (
             "llama.expert_count",
             MetaValue::U32(8),
-            &["llama.expert_count = 8", "unknown key"],
+            &["llama.expert_used_count = missing"],
         ),
         // Unsupported RoPE scaling.
         (
@@ -553,7 +540,7 @@ fn gguf_mixed_types_copied_or_need_requantize() {
     let src = tmp.path().join("mixed.gguf");
     std::fs::write(&src, &mixed).unwrap();
     let out = tmp.path().join("mixed.mlb");
-    let log = mlb_convert(&src, &out, &[]).unwrap();
+    let log = convert(&src, &out, &[]).stderr;
     assert!(!log.contains("requantized"), "{log}");
     let bytes = std::fs::read(&out).unwrap();
     assert_eq!(header_of(&bytes).wtype, wtype::MIXED);
@@ -578,7 +565,7 @@ fn gguf_mixed_types_copied_or_need_requantize() {
         "{e}"
     );
     std::fs::write(&src, &f32s).unwrap();
-    let log = mlb_convert(&src, &out, &["--requantize", "q8_0"]).unwrap();
+    let log = convert(&src, &out, &["--requantize", "q8_0"]).stderr;
     assert!(
         log.contains("requantized 1 tensor(s)") && log.contains("output.weight (F32)"),
         "{log}"
@@ -600,7 +587,9 @@ fn gguf_mixed_types_copied_or_need_requantize() {
         .collect();
     assert_eq!(q, &want[..]);
     // A type with no Krafla counterpart, by name.
-    let e = mlb_convert(&src, &out, &["--requantize", "q9_9"]).unwrap_err();
+    let e = mlb_convert(&src, &out)
+        .args(["--requantize", "q9_9"])
+        .fails();
     assert!(e.contains("q9_9") && e.contains("q4_k"), "{e}");
 }
 
@@ -613,7 +602,7 @@ fn gguf_llama_cpp_mixed_types_copied_and_exported() {
     let src = gguf_dir().join("qwen3.mixed.gguf");
     let tmp = tempfile::tempdir().unwrap();
     let a = tmp.path().join("mixed.mlb");
-    let first = convert_ok(&src, &a, &[]);
+    let first = converted(&src, &a, &[]);
     assert_eq!(header_of(&first).wtype, wtype::MIXED);
     let types = matrix_types(&first);
     let of = |n: &str| types.iter().find(|(x, _)| x == n).unwrap().1;
@@ -645,14 +634,14 @@ fn gguf_llama_cpp_mixed_types_copied_and_exported() {
     // order; so the .mlb holds each matrix's blocks unchanged up to the row permutation.
     byte_mlt(&a.with_extension("mlt"));
     let x = tmp.path().join("mixed.export.gguf");
-    mlb_export(&a, &x, &[]).unwrap();
+    mlb_export(&a, &x).ok();
     same_tensors(&std::fs::read(&src).unwrap(), &std::fs::read(&x).unwrap()).unwrap();
     let b = tmp.path().join("mixed.again.mlb");
-    let second = convert_ok(&x, &b, &[]);
-    assert_eq!(first_diff(&first, &second), None);
+    let second = converted(&x, &b, &[]);
+    assert_eq!(describe_diff(&first, &second), None);
     // --requantize quantizes the float (F16/BF16) matrices; blocks stay as they are.
     let c = tmp.path().join("mixed.q4.mlb");
-    let log = mlb_convert(&src, &c, &["--requantize", "q4_0"]).unwrap();
+    let log = convert(&src, &c, &["--requantize", "q4_0"]).stderr;
     assert!(log.contains("blk.0.ffn_gate.weight (F16)"), "{log}");
     let types = matrix_types(&std::fs::read(&c).unwrap());
     let of = |n: &str| types.iter().find(|(x, _)| x == n).unwrap().1;
@@ -964,17 +953,12 @@ fn gguf_tokenizer_refusals() {
         same,
     );
     std::fs::write(&src, b).unwrap();
-    let o = Command::new(env!("CARGO_BIN_EXE_mlt-convert"))
+    let e = tool("mlt-convert")
         .arg(&src)
         .arg("-o")
         .arg(tmp.path().join("x.mlt"))
-        .output()
-        .unwrap();
-    let e = String::from_utf8_lossy(&o.stderr);
-    assert!(
-        !o.status.success() && e.contains("bad.gguf") && e.contains("falcon"),
-        "{e}"
-    );
+        .fails();
+    assert!(e.contains("bad.gguf") && e.contains("falcon"), "{e}");
     assert!(!tmp.path().join("x.mlt").exists());
 }
 
@@ -1000,23 +984,6 @@ fn byte_mlt(path: &Path) {
         chat: None,
     };
     std::fs::write(path, m.to_bytes().unwrap()).unwrap();
-}
-
-fn mlb_export(model: &Path, out: &Path, args: &[&str]) -> Result<String, String> {
-    let o = Command::new(env!("CARGO_BIN_EXE_mlb-export"))
-        .arg(model)
-        .arg("-o")
-        .arg(out)
-        .args(args)
-        .output()
-        .expect("spawn mlb-export");
-    let text =
-        String::from_utf8_lossy(&o.stdout).into_owned() + &String::from_utf8_lossy(&o.stderr);
-    if o.status.success() && out.exists() {
-        Ok(text)
-    } else {
-        Err(text)
-    }
 }
 
 /// Every tensor of `a` is in `b` with the same type, shape and bytes, and the reverse.
@@ -1056,10 +1023,10 @@ fn gguf_export_round_trip_is_byte_identical() {
         for q in ["q8_0", "q4_0"] {
             let src = gguf_dir().join(format!("{name}.{q}.gguf"));
             let a = tmp.path().join(format!("{name}.{q}.mlb"));
-            let first = convert_ok(&src, &a, &[]);
+            let first = converted(&src, &a, &[]);
             byte_mlt(&a.with_extension("mlt"));
             let x = tmp.path().join(format!("{name}.{q}.export.gguf"));
-            mlb_export(&a, &x, &[]).unwrap_or_else(|e| panic!("{name} {q}: {e}"));
+            mlb_export(&a, &x).ok();
             // llama.cpp's names, types, shapes and row order: the tensors of the file
             // its converter (or gguf-py's Q4_0) made.
             if let Err(e) = same_tensors(&std::fs::read(&src).unwrap(), &std::fs::read(&x).unwrap())
@@ -1067,7 +1034,7 @@ fn gguf_export_round_trip_is_byte_identical() {
                 failures.push(format!("{name} {q}: tensors: {e}"));
             }
             let b = tmp.path().join(format!("{name}.{q}.again.mlb"));
-            let second = convert_ok(&x, &b, &[]);
+            let second = converted(&x, &b, &[]);
             note_diff(
                 &mut failures,
                 format!("{name} {q}: .mlb → GGUF → .mlb"),
@@ -1079,21 +1046,21 @@ fn gguf_export_round_trip_is_byte_identical() {
     // Every float fixture, requantized with f16 scales: the header mapping both ways
     // (Qwen 3.5's fixture is refused: its 16-wide value heads would split blocks of
     // ssm_out; the synthetic test below has 32-wide ones).
-    for (name, file) in FLOAT.iter().filter(|(n, _)| *n != "qwen3_5_text") {
+    for (name, file) in FLOAT
+        .iter()
+        .filter(|(n, _)| !["qwen3_5_text", "qwen3_5_moe_text"].contains(n))
+    {
         let a = tmp.path().join(format!("{name}.f.mlb"));
-        let first = convert_ok(
+        let first = converted(
             &gguf_dir().join(file),
             &a,
             &["--requantize", "q4_0", "--f16-scales"],
         );
         byte_mlt(&a.with_extension("mlt"));
         let x = tmp.path().join(format!("{name}.f.gguf"));
-        if let Err(e) = mlb_export(&a, &x, &[]) {
-            failures.push(format!("{name}: export: {e}"));
-            continue;
-        }
+        mlb_export(&a, &x).ok();
         let b = tmp.path().join(format!("{name}.f.again.mlb"));
-        let mut second = convert_ok(&x, &b, &[]);
+        let mut second = converted(&x, &b, &[]);
         if *name == "llama_rope_llama3" {
             // With one interpolated frequency (head_dim 16) the Llama 3 parameters read
             // back from llama.cpp's factors are equivalent ones: the same divisors.
@@ -1109,6 +1076,57 @@ fn gguf_export_round_trip_is_byte_identical() {
     assert!(failures.is_empty(), "{failures:#?}");
 }
 
+/// Mixtral as llama.cpp's llama with experts: the checkpoint's model, without the
+/// sliding window llama.cpp ignores (so every layer is flagged MoE only), the experts
+/// stacked alike; exported back as a llama with `expert_count`, read back the same.
+#[test]
+fn gguf_mixtral_is_llama_with_experts() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = gguf_dir().join("mixtral.bf16.gguf");
+    let a = tmp.path().join("mixtral.mlb");
+    let got = converted(&src, &a, &["--requantize", "q8_0", "--f16-scales"]);
+    let hf = converted(
+        &testdata().join("models/mixtral"),
+        &tmp.path().join("hf.mlb"),
+        &["--wtype", "q8_0", "--f16-scales"],
+    );
+    let (g, w) = (mlb::parse(&got).unwrap(), mlb::parse(&hf).unwrap());
+    assert_eq!(
+        (
+            g.header.n_experts,
+            g.header.n_experts_used,
+            g.header.expert_hidden
+        ),
+        (4, 2, 32)
+    );
+    assert_eq!(g.header.moe_gating, w.header.moe_gating);
+    assert_eq!(
+        (g.header.sliding_window, g.flags.clone()),
+        (0, vec![16, 16])
+    );
+    // The arrays are the checkpoint's (the window is only in the header and flags).
+    for (tg, tw) in g.layout.tensors.iter().zip(&w.layout.tensors) {
+        if tg.name.name == "layer_flags" {
+            continue;
+        }
+        assert_eq!(tg.name, tw.name);
+        let (a0, b0) = (tg.offset as usize, tw.offset as usize);
+        let n = (tg.end() - tg.offset) as usize;
+        assert_eq!(&got[a0..a0 + n], &hf[b0..b0 + n], "{}", tg.name);
+    }
+    byte_mlt(&a.with_extension("mlt"));
+    let x = tmp.path().join("mixtral.gguf");
+    mlb_export(&a, &x).ok();
+    let v = std::fs::read(&x).unwrap();
+    let view = gguf::parse(&v).unwrap();
+    assert_eq!(
+        view.get("general.architecture").and_then(|x| x.as_str()),
+        Some("llama")
+    );
+    let again = converted(&x, &tmp.path().join("again.mlb"), &[]);
+    assert_eq!(first_diff(&got, &again), None);
+}
+
 #[test]
 fn gguf_export_writes_the_chat_template() {
     use krafla::chat::capture::build_section;
@@ -1116,7 +1134,7 @@ fn gguf_export_writes_the_chat_template() {
     use krafla::format::mlt_chat::NamedTemplate;
     let tmp = tempfile::tempdir().unwrap();
     let a = tmp.path().join("m.mlb");
-    convert_ok(&gguf_dir().join("llama.q8_0.gguf"), &a, &[]);
+    convert(&gguf_dir().join("llama.q8_0.gguf"), &a, &[]);
     let t = a.with_extension("mlt");
     byte_mlt(&t);
     let mut m = Mlt::load(&t).unwrap();
@@ -1134,7 +1152,7 @@ fn gguf_export_writes_the_chat_template() {
     m.flags |= FLAG_CHAT;
     std::fs::write(&t, m.to_bytes().unwrap()).unwrap();
     let x = tmp.path().join("m.gguf");
-    mlb_export(&a, &x, &[]).unwrap();
+    mlb_export(&a, &x).ok();
     let back = gguf_mlt(&x, &tmp.path().join("back.mlt"));
     let (want, got) = (m.chat.unwrap(), back.chat.unwrap());
     assert_eq!((got.templates, got.stop), (want.templates, want.stop));
@@ -1151,7 +1169,7 @@ fn gguf_real_k_quants_copied_and_exported() {
     // copied with no flag, exported as the same tensors.
     let tmp = tempfile::tempdir().unwrap();
     let a = tmp.path().join("g.mlb");
-    let first = convert_ok(&src, &a, &[]);
+    let first = converted(&src, &a, &[]);
     let types = matrix_types(&first);
     for w in [WType::Q4_K, WType::Q6_K, WType::Q5_0, WType::Q8_0] {
         assert!(types.iter().any(|(_, t)| *t == w), "{w}: {types:?}");
@@ -1159,7 +1177,7 @@ fn gguf_real_k_quants_copied_and_exported() {
     let t = a.with_extension("mlt");
     gguf_mlt(&src, &t);
     let x = tmp.path().join("g.gguf");
-    mlb_export(&a, &x, &[]).unwrap();
+    mlb_export(&a, &x).ok();
     let (sb, xb) = (std::fs::read(&src).unwrap(), std::fs::read(&x).unwrap());
     let (vs, vx) = (gguf::parse(&sb).unwrap(), gguf::parse(&xb).unwrap());
     let mut n = 0;
@@ -1173,7 +1191,7 @@ fn gguf_real_k_quants_copied_and_exported() {
     }
     eprintln!("gemma3 Q4_K_M: {n} quantized tensors exported as they were");
     let b = tmp.path().join("g.again.mlb");
-    assert_eq!(first_diff(&first, &convert_ok(&x, &b, &[])), None);
+    assert_eq!(describe_diff(&first, &converted(&x, &b, &[])), None);
 }
 
 #[test]
@@ -1187,10 +1205,10 @@ fn gguf_export_refuses_what_llama_cpp_would_run_differently() {
     ];
     for (name, args, want) in cases {
         let a = tmp.path().join(format!("{name}.mlb"));
-        convert_ok(&testdata().join("models").join(name), &a, args);
+        convert(&testdata().join("models").join(name), &a, args);
         byte_mlt(&a.with_extension("mlt"));
         let x = tmp.path().join(format!("{name}.gguf"));
-        let e = mlb_export(&a, &x, &[]).expect_err("refused");
+        let e = mlb_export(&a, &x).fails();
         assert!(
             e.contains(want) && e.trim().lines().count() == 1,
             "{name}: {e}"
@@ -1199,8 +1217,8 @@ fn gguf_export_refuses_what_llama_cpp_would_run_differently() {
     }
     // No tokenizer beside the model.
     let a = tmp.path().join("lonely.mlb");
-    convert_ok(&gguf_dir().join("llama.q8_0.gguf"), &a, &[]);
-    let e = mlb_export(&a, &tmp.path().join("lonely.gguf"), &[]).expect_err("refused");
+    convert(&gguf_dir().join("llama.q8_0.gguf"), &a, &[]);
+    let e = mlb_export(&a, &tmp.path().join("lonely.gguf")).fails();
     assert!(e.contains("lonely.mlt") && e.contains("--tokenizer"), "{e}");
 }
 
@@ -1229,9 +1247,9 @@ fn gguf_real_models_requantized_run_like_their_checkpoints() {
         }
         let a = tmp.path().join(format!("{ckpt}.gguf.mlb"));
         let b = tmp.path().join(format!("{ckpt}.hf.mlb"));
-        let log = mlb_convert(&src, &a, &["--requantize", "q8_0"]).unwrap();
+        let log = convert(&src, &a, &["--requantize", "q8_0"]).stderr;
         assert!(log.contains("requantized"), "{log}");
-        convert_ok(&dir, &b, &["--wtype", "q8_0", "--f16-scales"]);
+        convert(&dir, &b, &["--wtype", "q8_0", "--f16-scales"]);
         let tok = gguf_tok::mlt_from_gguf_file(&src).unwrap();
         let ids = Tokenizer::from_mlt(&tok)
             .unwrap()
@@ -1303,7 +1321,7 @@ fn gguf_export_round_trip_qwen35_synthetic() {
         std::fs::write(&a, &bytes).unwrap();
         byte_mlt(&a.with_extension("mlt"));
         let x = tmp.path().join(format!("q35.{q}.gguf"));
-        mlb_export(&a, &x, &[]).unwrap();
+        mlb_export(&a, &x).ok();
         let v = std::fs::read(&x).unwrap();
         let g = gguf::parse(&v).unwrap();
         assert_eq!(
@@ -1312,8 +1330,8 @@ fn gguf_export_round_trip_qwen35_synthetic() {
         );
         assert_eq!(g.tensor("blk.1.attn_q.weight").unwrap().shape(), &[64, 128]);
         let b = tmp.path().join(format!("q35.{q}.again.mlb"));
-        let back = a_log_within_ulps(&bytes, convert_ok(&x, &b, &[]));
-        if let Some(d) = first_diff(&bytes, &back) {
+        let back = a_log_within_ulps(&bytes, converted(&x, &b, &[]));
+        if let Some(d) = describe_diff(&bytes, &back) {
             panic!("wtype {q}: .mlb → GGUF → .mlb: {d}");
         }
     }
@@ -1321,5 +1339,5 @@ fn gguf_export_round_trip_qwen35_synthetic() {
 
 #[test]
 fn mlb_export_help_snapshot() {
-    insta::assert_snapshot!(crate::util::help("mlb-export"));
+    insta::assert_snapshot!(tool("mlb-export").arg("--help").ok().stdout);
 }

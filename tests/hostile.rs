@@ -14,7 +14,7 @@ use std::io::Read;
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use krafla::format::mlb::synth::{synth_file, tiny_header};
@@ -23,61 +23,31 @@ use krafla::format::mli::Mli;
 use krafla::format::mlt::{Attr, Kind, Mlt};
 use serde_json::Value;
 
-use crate::util::{bin_path, spawn_piped, stderr, testdata};
+use crate::util::fixtures::convert_to;
+use crate::util::tool::{tool, Tool};
+use crate::util::{stderr, testdata};
 
 /// Longest a run may take: every case here fails or finishes in well under a second.
 const LIMIT: Duration = Duration::from_secs(60);
 
-/// Runs `bin` in `dir` with `args`, killing it after [`LIMIT`]; `setup` runs in the
-/// child before exec (resource limits).
+/// `bin args` in `dir`, killed after [`LIMIT`]; `setup` runs in the child before exec
+/// (resource limits).
 fn run_with(
     dir: &Path,
     bin: &str,
     args: &[&str],
     setup: Option<fn() -> std::io::Result<()>>,
-) -> Output {
-    let mut cmd = Command::new(bin_path(bin));
-    cmd.args(args)
-        .current_dir(dir)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
+) -> Tool {
+    let mut t = tool(bin);
+    t.args(args).current_dir(dir).time_limit(LIMIT);
     if let Some(f) = setup {
         // SAFETY: `f` only makes system calls (setrlimit, setuid), safe after fork.
-        unsafe { cmd.pre_exec(f) };
+        unsafe { t.command().pre_exec(f) };
     }
-    let mut child = cmd.spawn().expect("spawn binary");
-    let (mut out, mut err) = (child.stdout.take().unwrap(), child.stderr.take().unwrap());
-    let t_out = std::thread::spawn(move || {
-        let mut v = Vec::new();
-        let _ = out.read_to_end(&mut v);
-        v
-    });
-    let t_err = std::thread::spawn(move || {
-        let mut v = Vec::new();
-        let _ = err.read_to_end(&mut v);
-        v
-    });
-    let t0 = Instant::now();
-    let status = loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            break s;
-        }
-        if t0.elapsed() > LIMIT {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("{bin} {args:?}: still running after {LIMIT:?} (hung)");
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    };
-    Output {
-        status,
-        stdout: t_out.join().unwrap(),
-        stderr: t_err.join().unwrap(),
-    }
+    t
 }
 
-fn run(dir: &Path, bin: &str, args: &[&str]) -> Output {
+fn run(dir: &Path, bin: &str, args: &[&str]) -> Tool {
     run_with(dir, bin, args, None)
 }
 
@@ -112,11 +82,8 @@ fn snapshot(dir: &Path) -> BTreeMap<String, Vec<u8>> {
 /// panic, and `dir` unchanged.
 fn refused(dir: &Path, bin: &str, args: &[&str], needles: &[&str]) -> String {
     let before = snapshot(dir);
-    let o = run(dir, bin, args);
-    let err = stderr(&o);
+    let err = run(dir, bin, args).fails_with(1);
     let what = format!("{bin} {args:?}");
-    assert_eq!(o.status.code(), Some(1), "{what}: {:?}: {err}", o.status);
-    assert!(!err.contains("panicked"), "{what}: {err}");
     assert_eq!(err.lines().count(), 1, "{what}: {err}");
     for n in needles {
         assert!(err.contains(n), "{what}: {n:?} not in: {err}");
@@ -135,11 +102,7 @@ fn refused(dir: &Path, bin: &str, args: &[&str], needles: &[&str]) -> String {
 
 /// Runs `bin` and asserts success without a panic; returns stderr.
 fn succeeds(dir: &Path, bin: &str, args: &[&str]) -> String {
-    let o = run(dir, bin, args);
-    let err = stderr(&o);
-    assert!(o.status.success(), "{bin} {args:?}: {:?}: {err}", o.status);
-    assert!(!err.contains("panicked"), "{bin} {args:?}: {err}");
-    err
+    run(dir, bin, args).ok().stderr
 }
 
 fn mkfifo(p: &Path) {
@@ -481,37 +444,31 @@ fn under_a_thread_limit_the_tools_run_on_one_thread_and_say_so() {
             return;
         }
     }
-    let o = run_with(
+    let err = run_with(
         d,
         "mlb-run",
         &["m.mlb", "--tokens", "1 2 3", "-n", "2", "--threads", "4"],
         Some(one_thread_only),
-    );
-    let err = stderr(&o);
-    assert!(o.status.success(), "{:?}: {err}", o.status);
+    )
+    .ok()
+    .stderr;
     assert!(
         err.contains("mlb-run: note: started 1 of 4 threads ("),
         "{err}"
     );
-    assert!(!err.contains("panicked"), "{err}");
 
     let ck = checkpoint(d, "llama", "ck");
     std::fs::set_permissions(&ck, std::fs::Permissions::from_mode(0o755)).unwrap();
     for extra in [&["--threads", "3"][..], &[]] {
         let mut args = vec!["ck", "-o", "x.mlb"];
         args.extend(extra);
-        let o = run_with(d, "mlb-convert", &args, Some(one_thread_only));
-        let err = stderr(&o);
-        assert!(o.status.success(), "{args:?}: {:?}: {err}", o.status);
+        let err = run_with(d, "mlb-convert", &args, Some(one_thread_only))
+            .ok()
+            .stderr;
         assert!(err.contains("note: could not start "), "{args:?}: {err}");
         assert!(err.contains("converting on one thread"), "{args:?}: {err}");
-        let mut fresh = krafla::convert::ConvertOptions::new(&ck, krafla::convert::WType::Q8_0);
-        fresh.output = Some(d.join("y.mlb"));
-        krafla::convert::convert(&fresh, &mut |_| {}).unwrap();
-        assert_eq!(
-            std::fs::read(d.join("x.mlb")).unwrap(),
-            std::fs::read(d.join("y.mlb")).unwrap()
-        );
+        let fresh = convert_to(&ck, &d.join("y.mlb"), krafla::convert::WType::Q8_0);
+        assert_eq!(std::fs::read(d.join("x.mlb")).unwrap(), fresh);
     }
 }
 
@@ -675,10 +632,8 @@ fn mlb_inspect_maps_a_model_larger_than_its_memory_limit() {
     std::io::Write::write_all(&mut &f, &h.encode()).unwrap();
     f.set_len(end).unwrap();
     assert!(end > 64 << 20);
-    let o = run_with(d, "mlb-inspect", &["big.mlb"], Some(small_heap));
-    let err = stderr(&o);
-    assert!(o.status.success(), "{:?}: {err}", o.status);
-    assert!(String::from_utf8_lossy(&o.stdout).contains("verdict: valid"));
+    let o = run_with(d, "mlb-inspect", &["big.mlb"], Some(small_heap)).ok();
+    assert!(o.stdout.contains("verdict: valid"));
 }
 
 // ------------------------------------------------------------- 7: stale temporary names
@@ -724,14 +679,13 @@ fn a_stale_temporary_name_does_not_block_the_output() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     std::fs::copy(testdata().join("default/tokenizer.json"), d.join("t.json")).unwrap();
-    let o = run_with(
+    run_with(
         d,
         "mlt-convert",
         &["t.json", "-o", "out.mlt", "-q"],
         Some(stale_tmp_name),
-    );
-    let err = stderr(&o);
-    assert!(o.status.success(), "{:?}: {err}", o.status);
+    )
+    .ok();
     Mlt::load(&d.join("out.mlt")).unwrap();
     // The stale file is someone else's: left as it was.
     let stale: Vec<_> = snapshot(d)
@@ -885,9 +839,7 @@ fn mlb_inspect_warns_when_the_file_goes_on_past_the_arrays() {
         ("pad64.mlb", &pad64, true),
     ] {
         std::fs::write(d.join(name), bytes).unwrap();
-        let o = run(d, "mlb-inspect", &[name]);
-        let out = String::from_utf8_lossy(&o.stdout).into_owned();
-        assert!(o.status.success(), "{name}: {}", stderr(&o));
+        let out = run(d, "mlb-inspect", &[name]).ok().stdout;
         assert_eq!(
             out.contains("bytes past the last array"),
             warn,
@@ -898,8 +850,8 @@ fn mlb_inspect_warns_when_the_file_goes_on_past_the_arrays() {
             warn,
             "{name}: {out}"
         );
-        let o = run(d, "mlb-inspect", &[name, "--json"]);
-        let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+        let o = run(d, "mlb-inspect", &[name, "--json"]).ok();
+        let v: Value = serde_json::from_str(&o.stdout).unwrap();
         assert_eq!(
             v["warnings"].as_array().unwrap().len(),
             warn as usize,
@@ -922,12 +874,11 @@ fn mlb_inspect_reports_a_sigbus_as_one_line() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     small_model(d);
-    let child = spawn_piped(
-        Command::new(bin_path("mlb-inspect"))
-            .args(["m.mlt", "--encode"])
-            .current_dir(d)
-            .stdin(Stdio::piped()),
-    );
+    let child = tool("mlb-inspect")
+        .args(["m.mlt", "--encode"])
+        .current_dir(d)
+        .stdin_open()
+        .spawn();
     let maps = format!("/proc/{}/maps", child.id());
     let t0 = Instant::now();
     let mapped = || {
@@ -1004,12 +955,9 @@ fn hostile_chat_templates_are_one_line_in_every_tool() {
                 ],
             ),
         ] {
-            let o = run_with(d, bin, &args, Some(three_gib));
-            let err = stderr(&o);
+            let err = run_with(d, bin, &args, Some(three_gib)).fails_with(1);
             let what = format!("{bin} on {src}");
-            assert_eq!(o.status.code(), Some(1), "{what}: {:?}: {err}", o.status);
             assert_eq!(err.lines().count(), 1, "{what}: {err}");
-            assert!(!err.contains("panicked"), "{what}: {err}");
             assert!(
                 err.contains("chat template 'default'")
                     && (err.contains("render budget") || err.contains("namespace")),
@@ -1017,13 +965,13 @@ fn hostile_chat_templates_are_one_line_in_every_tool() {
             );
         }
         let json = json.to_str().unwrap();
-        let o = run_with(
+        run_with(
             d,
             "mlt-convert",
             &[json, "-o", "out.mlt", "--chat-template", &jinja, "-q"],
             Some(three_gib),
-        );
-        assert!(o.status.success(), "mlt-convert on {src}: {}", stderr(&o));
+        )
+        .ok();
         assert!(
             t0.elapsed() < Duration::from_secs(60),
             "{src}: {:?}",
@@ -1071,9 +1019,7 @@ fn numeric_flags_out_of_range_are_one_line() {
             "--threads",
         ),
     ] {
-        let o = run(d, bin, &args);
-        let err = stderr(&o);
-        assert_eq!(o.status.code(), Some(2), "{bin} {args:?}: {err}");
+        let err = run(d, bin, &args).fails_with(2);
         assert_eq!(err.lines().count(), 1, "{bin} {args:?}: {err}");
         assert!(
             err.starts_with(&format!("{bin}: invalid value")) && err.contains(want),

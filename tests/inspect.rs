@@ -8,7 +8,7 @@ use krafla::format::mlb::synth::{synth_file, synth_mixed, tiny_header};
 use krafla::format::mli::Mli;
 use krafla::format::WType;
 
-use crate::util::{output_with_stdin, run_in, stderr, stdout};
+use crate::util::tool::{mlb_inspect, tool};
 
 fn write(dir: &Path, name: &str, bytes: &[u8]) {
     std::fs::write(dir.join(name), bytes).unwrap();
@@ -88,13 +88,11 @@ fn report_snapshots() {
         ("bf16_tensor", vec!["bf16.mlb", "--tensor", "layers.1.w3"]),
         ("mixed_text", vec!["mixed.mlb"]),
     ] {
-        let o = run_in(dir.path(), "mlb-inspect", &args);
-        assert!(o.status.success(), "{}", stderr(&o));
-        insta::assert_snapshot!(name, stdout(&o));
+        let o = mlb_inspect(dir.path(), &args).ok();
+        insta::assert_snapshot!(name, o.stdout);
     }
-    let o = run_in(dir.path(), "mlb-inspect", &["rich.mlb", "--json"]);
-    assert!(o.status.success());
-    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let o = mlb_inspect(dir.path(), &["rich.mlb", "--json"]).ok();
+    let v: serde_json::Value = serde_json::from_str(&o.stdout).unwrap();
     insta::assert_json_snapshot!("rich_json", v);
     // Every header field is a plain number under its spec name.
     let hdr = v["header"].as_object().unwrap();
@@ -105,9 +103,8 @@ fn report_snapshots() {
     assert_eq!(hdr["norm_eps"].as_f64(), Some(1e-5));
     assert_eq!(hdr["q8_mask"].as_u64(), Some(9));
 
-    let o = run_in(dir.path(), "mlb-inspect", &["mixed.mlb", "--json"]);
-    assert!(o.status.success(), "{}", stderr(&o));
-    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let o = mlb_inspect(dir.path(), &["mixed.mlb", "--json"]).ok();
+    let v: serde_json::Value = serde_json::from_str(&o.stdout).unwrap();
     insta::assert_json_snapshot!("mixed_json", v);
     // The mix: matrices, weights and bytes per type; bits per weight over all matrices.
     let types = v["totals"]["types"].as_array().unwrap();
@@ -127,13 +124,8 @@ fn report_snapshots() {
     let bf = types.iter().find(|t| t["type"] == "BF16").unwrap();
     assert_eq!(bf["bits_per_weight"].as_f64(), Some(16.0));
     // --tensor on a BF16 matrix: the widened values, in JSON too.
-    let o = run_in(
-        dir.path(),
-        "mlb-inspect",
-        &["bf16.mlb", "--tensor", "tok_emb", "--json"],
-    );
-    assert!(o.status.success(), "{}", stderr(&o));
-    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let o = mlb_inspect(dir.path(), &["bf16.mlb", "--tensor", "tok_emb", "--json"]).ok();
+    let v: serde_json::Value = serde_json::from_str(&o.stdout).unwrap();
     assert_eq!(v["count"], 96 * 64);
     assert!(v["zero_blocks"].is_null());
     assert!(v["max"].as_f64().unwrap() <= 1.0 && v["min"].as_f64().unwrap() >= -1.0);
@@ -149,11 +141,10 @@ fn mli_report() {
     m.tokens = 4;
     m.cls_tokens = 3;
     write(dir.path(), "a.mli", &m.to_bytes());
-    let o = run_in(dir.path(), "mlb-inspect", &["a.mli"]);
-    assert!(o.status.success(), "{}", stderr(&o));
-    insta::assert_snapshot!("mli_text", stdout(&o));
-    let o = run_in(dir.path(), "mlb-inspect", &["a.mli", "--json"]);
-    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let o = mlb_inspect(dir.path(), &["a.mli"]).ok();
+    insta::assert_snapshot!("mli_text", o.stdout);
+    let o = mlb_inspect(dir.path(), &["a.mli", "--json"]).ok();
+    let v: serde_json::Value = serde_json::from_str(&o.stdout).unwrap();
     assert_eq!(v["header"]["tokens"], 4);
     assert_eq!(v["layers"].as_array().unwrap().len(), 2);
 }
@@ -202,22 +193,20 @@ fn mli_covariance_report() {
         },
     ];
     write(dir.path(), "c.mli", &write_cov(m.to_bytes(), &data));
-    let o = run_in(dir.path(), "mlb-inspect", &["c.mli"]);
-    assert!(o.status.success(), "{}", stderr(&o));
-    insta::assert_snapshot!("mli_covariance_text", stdout(&o));
-    let o = run_in(dir.path(), "mlb-inspect", &["c.mli", "--json"]);
-    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let o = mlb_inspect(dir.path(), &["c.mli"]).ok();
+    insta::assert_snapshot!("mli_covariance_text", o.stdout);
+    let o = mlb_inspect(dir.path(), &["c.mli", "--json"]).ok();
+    let v: serde_json::Value = serde_json::from_str(&o.stdout).unwrap();
     assert_eq!(v["header"]["version"], 65537);
     assert_eq!(v["covariance"]["entries"].as_array().unwrap().len(), 3);
     assert_eq!(v["covariance"]["entries"][1]["n"], 64);
 }
 
-/// Runs mlb-inspect on `bytes` and returns (success, stderr).
-fn inspect_bytes(bytes: &[u8]) -> (bool, String) {
+/// Runs mlb-inspect on `bytes`, which it must refuse cleanly: its stderr.
+fn inspect_refusal(bytes: &[u8]) -> String {
     let dir = tempfile::tempdir().unwrap();
     write(dir.path(), "x.mlb", bytes);
-    let o = run_in(dir.path(), "mlb-inspect", &["x.mlb"]);
-    (o.status.success(), stderr(&o))
+    mlb_inspect(dir.path(), &["x.mlb"]).fails()
 }
 
 /// One change to a valid header.
@@ -237,7 +226,7 @@ fn bad_table_entry() -> Vec<u8> {
     let mut h = tiny_header();
     h.wtype = wtype::MIXED;
     let mut b = synth_mixed(&h, &[], &[WType::BF16; 16], 8);
-    b[256 + 3] = 13;
+    b[256 + 3] = 17;
     b
 }
 
@@ -253,7 +242,7 @@ fn error_table_through_the_binary() {
     let header_rows: [(&str, HeaderEdit, &str); 31] = [
         ("bad magic", |h| h.magic = *b"MLBX", FORMAT),
         ("bad version", |h| h.version = 9, FORMAT),
-        ("unknown wtype", |h| h.wtype = 13, FORMAT),
+        ("unknown wtype", |h| h.wtype = 17, FORMAT),
         ("wtype above the known ones", |h| h.wtype = 129, FORMAT),
         ("unknown rope_type", |h| h.rope_type = 9, FORMAT),
         ("bad llama3", |h| h.rope_type = 1, FORMAT),
@@ -304,8 +293,7 @@ fn error_table_through_the_binary() {
             .map(|(what, edit, status)| (what, with_header(edit), status)),
     );
     for (what, bytes, status) in rows {
-        let (ok, err) = inspect_bytes(&bytes);
-        assert!(!ok, "{what}: accepted");
+        let err = inspect_refusal(&bytes);
         assert!(
             err.contains(status),
             "{what}: expected {status}, got: {err}"
@@ -332,59 +320,49 @@ fn error_table_through_the_binary() {
             e.rope_local_theta = 0.0;
             b[..256].copy_from_slice(&e.encode());
         }
-        let (ok, err) = inspect_bytes(&b);
-        assert!(!ok && err.contains("ML_E_FORMAT"), "{what}: {err}");
+        let err = inspect_refusal(&b);
+        assert!(err.contains("ML_E_FORMAT"), "{what}: {err}");
     }
     // ML_E_IO: a file that cannot be opened.
     let dir = tempfile::tempdir().unwrap();
-    let o = run_in(dir.path(), "mlb-inspect", &["missing.mlb"]);
-    assert!(!o.status.success());
-    assert!(stderr(&o).contains("ML_E_IO"), "{}", stderr(&o));
+    let e = mlb_inspect(dir.path(), &["missing.mlb"]).fails();
+    assert!(e.contains("ML_E_IO"), "{e}");
 }
 
 #[test]
 fn mlt_report_encode_decode() {
     let dir = tempfile::tempdir().unwrap();
     let src = crate::util::testdata().join("default/tokenizer.json");
-    let o = run_in(
-        dir.path(),
-        "mlt-convert",
-        &[src.to_str().unwrap(), "-o", "t.mlt"],
-    );
-    assert!(o.status.success(), "{}", stderr(&o));
-    let o = run_in(dir.path(), "mlb-inspect", &["t.mlt"]);
-    assert!(o.status.success(), "{}", stderr(&o));
-    insta::assert_snapshot!("mlt_text", stdout(&o));
-    let o = run_in(dir.path(), "mlb-inspect", &["t.mlt", "--json"]);
-    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    tool("mlt-convert")
+        .current_dir(dir.path())
+        .args([src.to_str().unwrap(), "-o", "t.mlt"])
+        .ok();
+    let o = mlb_inspect(dir.path(), &["t.mlt"]).ok();
+    insta::assert_snapshot!("mlt_text", o.stdout);
+    let o = mlb_inspect(dir.path(), &["t.mlt", "--json"]).ok();
+    let v: serde_json::Value = serde_json::from_str(&o.stdout).unwrap();
     assert_eq!(v["file"], "t.mlt");
-    let run_stdin = |args: &[&str], input: &str| {
-        output_with_stdin(
-            std::process::Command::new(crate::util::bin_path("mlb-inspect"))
-                .args(args)
-                .current_dir(dir.path()),
-            input,
-        )
-    };
+    let d = dir.path();
     let text = "The built-in functions, 1234 of them.";
-    let o = run_stdin(&["t.mlt", "--encode"], text);
-    assert!(o.status.success(), "{}", stderr(&o));
-    let ids = stdout(&o);
+    let ids = mlb_inspect(d, &["t.mlt", "--encode"])
+        .stdin(text)
+        .ok()
+        .stdout;
     assert_eq!(ids.lines().count(), 1);
     let parsed: Vec<u32> = serde_json::from_str(ids.trim()).unwrap();
     assert_eq!(parsed[0], 1, "BOS first");
     // Decoding without the BOS gives the text back.
     let rest = serde_json::to_string(&parsed[1..]).unwrap();
-    let o = run_stdin(&["t.mlt", "--decode"], &rest);
-    assert_eq!(stdout(&o), text);
+    let o = mlb_inspect(d, &["t.mlt", "--decode"]).stdin(rest).ok();
+    assert_eq!(o.stdout, text);
     // Out-of-range ids are refused with a status.
-    let o = run_stdin(&["t.mlt", "--decode"], "[999999]");
-    assert!(!o.status.success());
-    assert!(stderr(&o).contains("ML_E_SHAPE"), "{}", stderr(&o));
+    let e = mlb_inspect(d, &["t.mlt", "--decode"])
+        .stdin("[999999]")
+        .fails();
+    assert!(e.contains("ML_E_SHAPE"), "{e}");
     // --encode on a model file is refused.
     std::fs::write(dir.path().join("m.mlb"), synth_file(&tiny_header(), &[], 5)).unwrap();
-    let o = run_in(dir.path(), "mlb-inspect", &["m.mlb", "--encode"]);
-    assert!(!o.status.success());
+    mlb_inspect(dir.path(), &["m.mlb", "--encode"]).fails();
 }
 
 /// A non-zero byte in the header padding (offsets 160–255) is not in the spec's error
@@ -397,18 +375,32 @@ fn nonzero_header_padding_loads_with_a_warning() {
     b[200] = 0x5a;
     write(dir.path(), "pad.mlb", &b);
     assert!(krafla::format::mlb::Mlb::from_bytes(&b).is_ok());
-    let o = run_in(dir.path(), "mlb-inspect", &["pad.mlb"]);
-    assert!(o.status.success(), "{}", stderr(&o));
-    let text = stdout(&o);
+    let o = mlb_inspect(dir.path(), &["pad.mlb"]).ok();
+    let text = o.stdout;
     assert!(
         text.contains("header padding at offset 200 = 0x5a"),
         "{text}"
     );
     assert!(text.contains("verdict: valid, 1 warning(s)"), "{text}");
-    let o = run_in(dir.path(), "mlb-inspect", &["pad.mlb", "--json"]);
-    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let o = mlb_inspect(dir.path(), &["pad.mlb", "--json"]).ok();
+    let v: serde_json::Value = serde_json::from_str(&o.stdout).unwrap();
     assert_eq!(v["warnings"].as_array().unwrap().len(), 1, "{v}");
-    let o = run_in(dir.path(), "mlb-inspect", &["clean.mlb", "--json"]);
-    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let o = mlb_inspect(dir.path(), &["clean.mlb", "--json"]).ok();
+    let v: serde_json::Value = serde_json::from_str(&o.stdout).unwrap();
     assert_eq!(v["warnings"], serde_json::json!([]));
+}
+
+/// A mixture of experts as mlb-inspect shows it: the header's MoE fields (experts,
+/// routing, biases, SwiGLU, sinks), each layer's flags, the stacked experts and the F32
+/// routers (gpt-oss's fixture, converted to BF16 with a Q8_0 embedding: a mixed file).
+#[test]
+fn moe_report_snapshot() {
+    let dir = tempfile::tempdir().unwrap();
+    crate::util::fixtures::convert(
+        &crate::util::testdata().join("models/gpt_oss"),
+        &dir.path().join("gpt_oss.mlb"),
+        &["--wtype", "bf16", "--types", "tok_emb=q8_0,experts=q8_0"],
+    );
+    let o = mlb_inspect(dir.path(), &["gpt_oss.mlb"]).ok();
+    insta::assert_snapshot!("moe_text", o.stdout);
 }

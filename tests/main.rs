@@ -5,6 +5,7 @@ mod calibrate;
 mod chat;
 mod chat_session;
 mod convert;
+mod embed;
 mod gguf;
 mod hostile;
 mod inspect;
@@ -17,5 +18,7 @@ mod serve;
 mod session;
 #[cfg(unix)]
 mod signals;
+mod speculative;
+mod structured;
 mod tokenizer;
 mod util;

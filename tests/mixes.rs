@@ -4,40 +4,18 @@
 //! budget, determinism at any thread count, and the presets' documented targets.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
-use crate::util::{bin_path, fnv, mlb_convert as convert, stderr, testdata};
+use crate::util::fixtures::convert;
+use crate::util::tool::{mlb_convert, tool};
+use crate::util::{fnv, testdata};
 
 fn model(name: &str) -> PathBuf {
     testdata().join("models").join(name)
 }
 
-fn convert_ok(dir: &Path, out: &Path, args: &[&str]) -> String {
-    let o = convert(dir, out, args);
-    assert!(o.status.success(), "{args:?}: {}", stderr(&o));
-    stderr(&o)
-}
-
-/// Converts and asserts a failure whose stderr holds every one of `needles`; returns
-/// stderr.
-fn convert_refused(dir: &Path, out: &Path, args: &[&str], needles: &[&str]) -> String {
-    let o = convert(dir, out, args);
-    let e = stderr(&o);
-    assert!(
-        !o.status.success() && needles.iter().all(|n| e.contains(n)),
-        "{e}"
-    );
-    e
-}
-
 fn inspect(p: &Path) -> serde_json::Value {
-    let o = Command::new(bin_path("mlb-inspect"))
-        .arg(p)
-        .arg("--json")
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", stderr(&o));
-    serde_json::from_slice(&o.stdout).unwrap()
+    let out = tool("mlb-inspect").arg(p).arg("--json").ok().stdout;
+    serde_json::from_str(&out).unwrap()
 }
 
 fn bpw(v: &serde_json::Value) -> f64 {
@@ -70,13 +48,13 @@ fn wtype_block_types_write_uniform_files() {
         ("q6_0", "Q6_0", 6.5),
     ] {
         let out = tmp.path().join(format!("{ty}.mlb"));
-        convert_ok(&model("llama_k256"), &out, &["--wtype", ty]);
+        convert(&model("llama_k256"), &out, &["--wtype", ty]);
         let v = inspect(&out);
         assert_eq!(type_names(&v), [name], "{ty}");
         assert!((bpw(&v) - bits).abs() < 1e-3, "{ty}: {} bits", bpw(&v));
     }
     let out = tmp.path().join("fallback.mlb");
-    let err = convert_ok(&model("llama"), &out, &["--wtype", "q6_k"]);
+    let err = convert(&model("llama"), &out, &["--wtype", "q6_k"]).stderr;
     assert!(
         err.contains("Q6_K needs rows of whole 256-weight super-blocks")
             && err.contains("layers.*.w2")
@@ -101,7 +79,7 @@ fn target_bpw_hits_the_budget() {
     let mut last = 0.0;
     for x in [4.6, 5.0, 5.5, 6.0, 7.0] {
         let out = tmp.path().join(format!("t{x}.mlb"));
-        convert_ok(
+        convert(
             &model("llama_k256"),
             &out,
             &["--target-bpw", &x.to_string()],
@@ -117,12 +95,10 @@ fn target_bpw_hits_the_budget() {
         last = got;
     }
     // Below the smallest mix: one line naming the option and the least it takes.
-    let e = convert_refused(
-        &model("llama_k256"),
-        &tmp.path().join("low.mlb"),
-        &["--target-bpw", "4"],
-        &["--target-bpw", "4.5"],
-    );
+    let e = mlb_convert(&model("llama_k256"), &tmp.path().join("low.mlb"))
+        .args(["--target-bpw", "4"])
+        .fails();
+    assert!(e.contains("--target-bpw") && e.contains("4.5"), "{e}");
     let errors = e.lines().filter(|l| l.starts_with("mlb-convert:")).count();
     assert_eq!(errors, 1, "{e}");
 }
@@ -137,7 +113,7 @@ fn target_bpw_deterministic_and_presets_are_their_targets() {
             .iter()
             .map(|n| {
                 let out = tmp.path().join(format!("{name}{n}.mlb"));
-                convert_ok(&model(name), &out, &["--target-bpw", "5.2", "--threads", n]);
+                convert(&model(name), &out, &["--target-bpw", "5.2", "--threads", n]);
                 fnv(&std::fs::read(&out).unwrap())
             })
             .collect();
@@ -148,8 +124,8 @@ fn target_bpw_deterministic_and_presets_are_their_targets() {
     }
     for (preset, x) in [("q4_k_m", "4.9"), ("q5_k_m", "5.7"), ("q6_k", "6.6")] {
         let (a, b) = (tmp.path().join("a.mlb"), tmp.path().join("b.mlb"));
-        convert_ok(&model("llama_k256"), &a, &["--preset", preset]);
-        convert_ok(&model("llama_k256"), &b, &["--target-bpw", x]);
+        convert(&model("llama_k256"), &a, &["--preset", preset]);
+        convert(&model("llama_k256"), &b, &["--target-bpw", x]);
         assert_eq!(
             std::fs::read(&a).unwrap(),
             std::fs::read(&b).unwrap(),
@@ -157,12 +133,10 @@ fn target_bpw_deterministic_and_presets_are_their_targets() {
         );
         assert!(bpw(&inspect(&a)) <= x.parse::<f64>().unwrap(), "{preset}");
     }
-    convert_refused(
-        &model("llama"),
-        &tmp.path().join("p.mlb"),
-        &["--preset", "q3_x"],
-        &["q3_x", "q4_k_m"],
-    );
+    let e = mlb_convert(&model("llama"), &tmp.path().join("p.mlb"))
+        .args(["--preset", "q3_x"])
+        .fails();
+    assert!(e.contains("q3_x") && e.contains("q4_k_m"), "{e}");
 }
 
 /// `--mix-report`: per matrix the measured candidates and the choice, which is the type
@@ -172,7 +146,7 @@ fn mix_report_matches_the_file_and_pins_hold() {
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("q.mlb");
     let rep = tmp.path().join("q.json");
-    convert_ok(
+    convert(
         &model("qwen3_5_text"),
         &out,
         &[
@@ -223,10 +197,8 @@ fn mix_report_matches_the_file_and_pins_hold() {
             );
         }
     }
-    let o = convert(
-        &model("llama"),
-        &tmp.path().join("m.mlb"),
-        &["--mix-report", "x.json"],
-    );
-    assert!(!o.status.success() && stderr(&o).contains("--target-bpw"));
+    let e = mlb_convert(&model("llama"), &tmp.path().join("m.mlb"))
+        .args(["--mix-report", "x.json"])
+        .fails();
+    assert!(e.contains("--target-bpw"), "{e}");
 }

@@ -1,7 +1,10 @@
 #!/usr/bin/env python3
 """mlb-serve through the official `openai` Python client: models, chat, chat streaming,
-completions, completions streaming, logprobs, and errors raised as the client's typed
-exceptions.
+completions, completions streaming, logprobs, embeddings (the client's default base64
+and floats), structured output (`response_format` with a JSON schema, also as a pydantic
+model through `parse`, and `json_object`), tool calls (`tool_choice` required, named and
+auto, parallel calls, pydantic tools, the stream helper's accumulated calls, a tool result
+sent back), and errors raised as the client's typed exceptions.
 
     python tests/openai_client.py [BIN_DIR]
 
@@ -13,13 +16,17 @@ runs it in a virtual environment of its own (python3 -m venv; pip install openai
 Exit status 0 when every check passes.
 """
 
+import json
 import pathlib
 import signal
 import subprocess
 import sys
 import tempfile
 
+from typing import List, Literal
+
 import openai
+import pydantic
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 # The template the tests give the default model; its end of turn is the EOS.
@@ -52,10 +59,156 @@ def stream_text(chunks, chat):
     return text, finish, usage
 
 
+class Person(pydantic.BaseModel):
+    name: str = pydantic.Field(max_length=8)
+    age: int = pydantic.Field(ge=0, le=120)
+    tags: List[Literal["a", "b", "c"]] = pydantic.Field(max_length=3)
+    ok: bool
+
+
+class GetWeather(pydantic.BaseModel):
+    """Weather in a city."""
+
+    city: str = pydantic.Field(max_length=8)
+    unit: Literal["c", "f"]
+
+
+TOOLS = [
+    {"type": "function", "function": {
+        "name": "get_weather", "description": "Weather in a city",
+        "parameters": {"type": "object", "properties": {
+            "city": {"type": "string", "maxLength": 8}, "unit": {"enum": ["c", "f"]}},
+            "required": ["city", "unit"], "additionalProperties": False}}},
+    {"type": "function", "function": {
+        "name": "now", "parameters": {"type": "object", "properties": {}, "additionalProperties": False}}},
+]
+
+
+def weather_args(arguments):
+    a = json.loads(arguments)
+    return set(a) == {"city", "unit"} and len(a["city"]) <= 8 and a["unit"] in ("c", "f")
+
+
+def structured(client):
+    """response_format: every answer parses and validates (the model has random weights:
+    the grammar decides what can come out)."""
+    messages = [{"role": "user", "content": "Describe a person as JSON."}]
+    for seed in (1, 2):
+        r = client.chat.completions.parse(
+            model="default", messages=messages, response_format=Person, max_tokens=200, seed=seed, temperature=1,
+        )
+        m = r.choices[0].message
+        check(f"parse json_schema (pydantic, strict) seed {seed}",
+              r.choices[0].finish_reason == "stop" and isinstance(m.parsed, Person), m)
+        # Streamed: the same seed, the same text.
+        with client.chat.completions.stream(
+            model="default", messages=messages, response_format=Person, max_tokens=200, seed=seed, temperature=1,
+        ) as s:
+            final = s.get_final_completion()
+        check(f"stream json_schema seed {seed}",
+              final.choices[0].message.content == m.content and final.choices[0].message.parsed == m.parsed,
+              (final, m))
+    # A schema as a dict (with no other keys allowed: else a random model writes
+    # strings under keys of its own until max_tokens).
+    schema = dict(Person.model_json_schema(), additionalProperties=False)
+    r = client.chat.completions.create(
+        model="default", messages=messages, max_tokens=200, seed=3, temperature=1,
+        response_format={"type": "json_schema", "json_schema": {"name": "person", "strict": True, "schema": schema}},
+    )
+    check("json_schema dict", r.choices[0].finish_reason == "stop"
+          and Person.model_validate_json(r.choices[0].message.content) is not None, r)
+    r = client.chat.completions.create(
+        model="default", messages=messages, max_tokens=12, seed=1, temperature=1,
+        response_format={"type": "json_object"},
+    )
+    check("json_object", (r.choices[0].message.content or "").startswith("{"), r)
+    try:
+        client.chat.completions.create(
+            model="default", messages=messages, max_tokens=10,
+            response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "frobnicate"}}},
+        )
+        check("bad schema refused", False, "no error")
+    except openai.BadRequestError as e:
+        check("bad schema refused", e.body.get("param") == "response_format" and "frobnicate" in e.message, e.body)
+
+
+def tool_calls(client):
+    messages = [{"role": "user", "content": "Weather in Oslo?"}]
+    for choice in ("required", {"type": "function", "function": {"name": "get_weather"}}):
+        r = client.chat.completions.create(
+            model="default", messages=messages, tools=TOOLS, tool_choice=choice, parallel_tool_calls=False,
+            max_tokens=200, seed=1, temperature=1,
+        )
+        c = r.choices[0]
+        calls = c.message.tool_calls or []
+        check(f"tool_choice {choice}",
+              c.finish_reason == "tool_calls" and len(calls) == 1 and calls[0].type == "function"
+              and calls[0].id.startswith("call_") and c.message.content is None
+              and (calls[0].function.name == "now" and json.loads(calls[0].function.arguments) == {}
+                   or weather_args(calls[0].function.arguments))
+              and (choice == "required" or calls[0].function.name == "get_weather"), r)
+        # The stream helper adds the deltas up to the same calls.
+        with client.chat.completions.stream(
+            model="default", messages=messages, tools=TOOLS, tool_choice=choice, parallel_tool_calls=False,
+            max_tokens=200, seed=1, temperature=1,
+        ) as s:
+            final = s.get_final_completion()
+        fc = final.choices[0]
+        check(f"tool_choice {choice} streamed",
+              fc.finish_reason == "tool_calls"
+              and [(t.function.name, t.function.arguments) for t in fc.message.tool_calls]
+              == [(t.function.name, t.function.arguments) for t in calls], (final, r))
+    # The call and its result sent back: the conversation renders.
+    r2 = client.chat.completions.create(
+        model="default", tools=TOOLS, max_tokens=4, temperature=0,
+        messages=messages + [c.message, {"role": "tool", "tool_call_id": calls[0].id, "content": "{\"temp\": 3}"}],
+    )
+    check("tool result sent back", r2.choices[0].message.content is not None, r2)
+    # Pydantic tools through parse: the arguments come back as the model's instance.
+    r = client.chat.completions.parse(
+        model="default", messages=messages, tools=[openai.pydantic_function_tool(GetWeather)],
+        tool_choice="required", parallel_tool_calls=False, max_tokens=200, seed=2, temperature=1,
+    )
+    pa = r.choices[0].message.tool_calls[0].function.parsed_arguments
+    check("pydantic tool parsed", isinstance(pa, GetWeather), r)
+    # tool_choice auto: calls are read out of the reply's text (a grammar makes this
+    # random model write two, as Qwen's and Hermes' templates ask: <tool_call> tags).
+    call = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo", "unit": "c"}}\n</tool_call>'
+    two = "start: " + json.dumps("Checking. " + call + "\n" + call.replace("Oslo", "Bergen"))
+    r = client.chat.completions.create(
+        model="default", messages=messages, tools=TOOLS, tool_choice="auto", max_tokens=150,
+        extra_body={"grammar": two},
+    )
+    c = r.choices[0]
+    got = [(t.function.name, json.loads(t.function.arguments)["city"]) for t in c.message.tool_calls or []]
+    check("tool_choice auto: parallel calls read out of the text",
+          c.finish_reason == "tool_calls" and c.message.content == "Checking."
+          and got == [("get_weather", "Oslo"), ("get_weather", "Bergen")]
+          and len({t.id for t in c.message.tool_calls}) == 2, r)
+    chunks = list(client.chat.completions.create(
+        model="default", messages=messages, tools=TOOLS, tool_choice="auto", max_tokens=150,
+        extra_body={"grammar": two}, stream=True,
+    ))
+    args = {}
+    for ch in chunks:
+        for d in ch.choices[0].delta.tool_calls or []:
+            args[d.index] = args.get(d.index, "") + (d.function.arguments or "")
+    check("tool_choice auto streamed",
+          [json.loads(args[i])["city"] for i in sorted(args)] == ["Oslo", "Bergen"]
+          and chunks[-1].choices[0].finish_reason == "tool_calls", chunks)
+    try:
+        client.chat.completions.create(model="default", messages=messages, tools=TOOLS,
+                                       tool_choice={"type": "function", "function": {"name": "nope"}})
+        check("unknown tool refused", False, "no error")
+    except openai.BadRequestError as e:
+        check("unknown tool refused", e.body.get("param") == "tool_choice.function.name", e.body)
+
+
 def exercise(url):
     client = openai.OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0, timeout=60)
     models = client.models.list()
     check("models", [m.id for m in models.data] == ["default"], models)
+    check("models: context_length", models.data[0].context_length > 0, models)
 
     messages = [
         {"role": "system", "content": "You answer."},
@@ -116,6 +269,32 @@ def exercise(url):
         pc.text[3:5] == "" or (s.choices[0].finish_reason == "stop" and s.choices[0].text == pc.text[: pc.text.find(pc.text[3:5])]),
         (s, pc.text),
     )
+
+    e = client.embeddings.create(model="default", input=["A function is", "A list"])
+    v = e.data[0].embedding
+    check(
+        "embeddings",
+        e.object == "list" and len(e.data) == 2 and [d.index for d in e.data] == [0, 1]
+        and len(v) == len(e.data[1].embedding) and len(v) > 0
+        and abs(sum(x * x for x in v) - 1.0) < 1e-4
+        and e.usage.prompt_tokens > 0 and e.usage.total_tokens == e.usage.prompt_tokens,
+        e,
+    )
+    f = client.embeddings.create(model="default", input="A function is", encoding_format="float")
+    check(
+        "embeddings as floats",
+        len(f.data) == 1 and all(abs(a - b) < 1e-6 for a, b in zip(f.data[0].embedding, v)),
+        f,
+    )
+    d = client.embeddings.create(model="default", input=[[1, 2, 3]], dimensions=8)
+    check("embeddings of ids, 8 dimensions", len(d.data[0].embedding) == 8, d)
+    try:
+        client.embeddings.create(model="default", input=["x"] * 2049)
+        check("2049 embedding inputs refused", False, "no error")
+    except openai.BadRequestError as e:
+        check("2049 embedding inputs refused", e.status_code == 400 and e.body.get("param") == "input", e.body)
+    structured(client)
+    tool_calls(client)
 
     try:
         client.chat.completions.create(model="default", messages=messages, max_tokens=0)

@@ -15,8 +15,7 @@ use krafla::model::Model;
 use krafla::tokenizer::Tokenizer;
 
 use crate::run::opts;
-use crate::util::fixtures::{self, ids, read_f32};
-use crate::util::mlt_convert;
+use crate::util::fixtures::{convert, convert_tokenizer, ids, read_f32};
 
 /// Logit margin below which the reference's choice is a near-tie.
 const NEAR_TIE: f64 = 0.2;
@@ -100,7 +99,7 @@ fn greedy_cases(
 fn real_checkpoints_greedy_q8_0() {
     let tmp = tempfile::tempdir().unwrap();
     for (name, src) in checkpoints("real_checkpoints_greedy_q8_0", &["greedy.json"]) {
-        let (m, tok) = convert(&src, tmp.path(), name, "q8_0");
+        let (m, tok) = open_converted(&src, tmp.path(), name, "q8_0");
         let model = Model::new(&m).unwrap();
         let mut full = 0;
         let g = greedy_cases(&model, &tok, &src, name, |c| {
@@ -146,11 +145,11 @@ fn floats(v: &serde_json::Value) -> Vec<f64> {
 
 /// Converts the checkpoint `src` (`--wtype wtype`) and its tokenizer into `tmp`;
 /// returns both opened.
-fn convert(src: &Path, tmp: &Path, name: &str, wtype: &str) -> (Mlb, Tokenizer) {
+fn open_converted(src: &Path, tmp: &Path, name: &str, wtype: &str) -> (Mlb, Tokenizer) {
     let mlb = tmp.join(format!("{name}.{wtype}.mlb"));
-    fixtures::convert(src, &mlb, &["--wtype", wtype]).unwrap_or_else(|e| panic!("{e}"));
+    convert(src, &mlb, &["--wtype", wtype]);
     let mlt = tmp.join(format!("{name}.{wtype}.mlt"));
-    mlt_convert(&src.join("tokenizer.json"), &mlt);
+    convert_tokenizer(&src.join("tokenizer.json"), &mlt);
     (
         Mlb::open(&mlb).unwrap(),
         Tokenizer::from_path(&mlt).unwrap(),
@@ -195,7 +194,7 @@ fn real_checkpoints_bf16_against_transformers() {
     let need = ["greedy.json", "text512.json"];
     for (name, src) in checkpoints("real_checkpoints_bf16_against_transformers", &need) {
         let text = src.join("text512.json");
-        let (m, tok) = convert(&src, tmp.path(), name, "bf16");
+        let (m, tok) = open_converted(&src, tmp.path(), name, "bf16");
         let model = Model::new(&m).unwrap();
 
         // 512 tokens of text: every position's logits.
@@ -291,7 +290,6 @@ fn real_checkpoints_bf16_against_transformers() {
 mod chat {
     use std::ops::ControlFlow;
     use std::path::{Path, PathBuf};
-    use std::process::Command;
 
     use krafla::chat::Message;
     use krafla::model::SamplerOptions;
@@ -302,11 +300,13 @@ mod chat {
 
     use super::real_dir;
     use crate::run::opts;
-    use crate::util::{bin_path, fixtures, testdata};
+    use crate::util::fixtures::convert;
+    use crate::util::testdata;
+    use crate::util::tool::tool;
 
     /// `REAL/name` at Q8_0 in `tmp` with its `.mlt` beside (the chat template `template`
     /// instead of the checkpoint's, if given); `None` (and a SKIP line) without it.
-    fn convert(name: &str, tmp: &Path, template: Option<&Path>) -> Option<PathBuf> {
+    fn chat_model(name: &str, tmp: &Path, template: Option<&Path>) -> Option<PathBuf> {
         let real = real_dir(&format!("chat {name}"))?;
         let src = real.join(name);
         if !src.join("model.safetensors").exists() {
@@ -314,8 +314,8 @@ mod chat {
             return None;
         }
         let mlb = tmp.join(format!("{name}.mlb"));
-        fixtures::convert(&src, &mlb, &["--wtype", "q8_0"]).unwrap_or_else(|e| panic!("{e}"));
-        let mut c = Command::new(bin_path("mlt-convert"));
+        convert(&src, &mlb, &["--wtype", "q8_0"]);
+        let mut c = tool("mlt-convert");
         c.arg(src.join("tokenizer.json"))
             .arg("-q")
             .arg("-o")
@@ -323,8 +323,7 @@ mod chat {
         if let Some(t) = template {
             c.arg("--chat-template").arg(t);
         }
-        let o = c.output().unwrap();
-        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        c.ok();
         Some(mlb)
     }
 
@@ -360,7 +359,7 @@ mod chat {
     #[test]
     fn real_smollm2_chat_stops_at_im_end() {
         let tmp = tempfile::tempdir().unwrap();
-        let Some(mlb) = convert("smollm2-135m", tmp.path(), None) else {
+        let Some(mlb) = chat_model("smollm2-135m", tmp.path(), None) else {
             return;
         };
         let e = Engine::load(&LoadOptions::new(&mlb)).unwrap();
@@ -398,7 +397,7 @@ mod chat {
     fn real_gemma3_chat_stops_at_end_of_turn() {
         let tmp = tempfile::tempdir().unwrap();
         let template = testdata().join("chat/templates/gemma3.jinja");
-        let Some(mlb) = convert("gemma3-270m", tmp.path(), Some(&template)) else {
+        let Some(mlb) = chat_model("gemma3-270m", tmp.path(), Some(&template)) else {
             return;
         };
         let e = Engine::load(&LoadOptions::new(&mlb)).unwrap();

@@ -4,14 +4,15 @@
 //! fixtures' transformers logits (through `mlb-convert`).
 
 mod fixtures;
+mod moe_fixtures;
 pub mod reference;
 
 use std::path::{Path, PathBuf};
 
-use krafla::format::mlb::header::{layer_flag, q8_class, rope_type, wtype};
+use krafla::format::mlb::header::{layer_flag, q8_class, qk_norm, rope_type, wtype};
 use krafla::format::mlb::layout::Layout;
 use krafla::format::mlb::synth::{
-    llama3_rope, qwen35_hybrid, synth_file, synth_mixed, tiny_header, yarn_rope,
+    llama3_rope, qwen35_hybrid, synth_file, synth_mixed, tiny_header, tiny_moe, yarn_rope,
 };
 use krafla::format::mlb::validate::validate;
 use krafla::format::mlb::{Header, Mlb};
@@ -19,9 +20,11 @@ use krafla::format::WType;
 use krafla::kernels::counters::{self, Op};
 use krafla::kernels::pool::Pool;
 use krafla::kernels::{self, HalfActs, Kernels, Tier};
+use krafla::model::observer::{Input, Observer};
 use krafla::model::{Model, ModelError, Packs, StateOptions};
 
 use crate::util::tiers;
+use crate::util::tool::tool;
 
 /// A synthetic case: name, header, layer flags.
 pub struct Case {
@@ -126,6 +129,67 @@ pub fn cases() -> Vec<Case> {
         h,
         flags: v[7].flags.clone(),
     });
+    v.extend(moe_cases());
+    v
+}
+
+/// Mixtures of experts: Qwen3-MoE's softmax top-k renormalised with a gated shared
+/// expert (and router and expert biases) beside a dense layer; OLMoE's top-k without
+/// renormalisation and q/k norms over the whole projection, every layer MoE, Q4_0 (the
+/// packed kernels' row ranges), 8 experts of which 3 per token; gpt-oss's top-k
+/// softmax with biases, the clamped SwiGLU, attention sinks, the o bias, sliding
+/// layers and unrounded YaRN; the first also in BF16 and as a mixed file.
+pub fn moe_cases() -> Vec<Case> {
+    let moe = layer_flag::MOE;
+    let case = |name, flags: Vec<u8>, edit: fn(&mut Header)| {
+        let mut h = tiny_header();
+        tiny_moe(&mut h);
+        edit(&mut h);
+        Case { name, h, flags }
+    };
+    let mut v = vec![
+        case("qwen3_moe_shared_gate_biases", vec![0, moe], |_| {}),
+        case("olmoe_whole_qknorm_q4", vec![moe, moe], |h| {
+            h.n_experts = 8;
+            h.n_experts_used = 3;
+            h.hidden_dim = 32;
+            h.moe_gating = 0;
+            h.shared_hidden = 0;
+            h.moe_flags = 0;
+            h.qk_norm = qk_norm::WHOLE;
+            h.wtype = wtype::Q4_0;
+        }),
+        case(
+            "gpt_oss_sinks_bo_swiglu_yarn",
+            vec![moe | layer_flag::SLIDING, moe],
+            |h| {
+                h.hidden_dim = 32;
+                h.moe_gating = 2;
+                h.shared_hidden = 0;
+                h.moe_flags = 3;
+                h.swiglu_limit = 3.0;
+                h.swiglu_alpha = 1.702;
+                h.qkv_bias = 2;
+                h.attn_sinks = 1;
+                h.sliding_window = 4;
+                yarn_rope(h, 16, 1.1);
+                h.rope_type = rope_type::YARN_UNROUNDED;
+            },
+        ),
+    ];
+    for (name, t) in [
+        ("bf16_qwen3_moe", wtype::BF16),
+        ("mixed_qwen3_moe_f16_scales", wtype::MIXED),
+    ] {
+        let mut h = v[0].h;
+        h.wtype = t;
+        h.scale_f16 = u32::from(t == wtype::MIXED);
+        v.push(Case {
+            name,
+            h,
+            flags: v[0].flags.clone(),
+        });
+    }
     v
 }
 
@@ -256,6 +320,70 @@ fn synthetic_matches_naive_reference() {
             c.name
         );
         assert!(t1 >= 0.9, "{}: top-1 {t1}", c.name);
+    }
+}
+
+/// Records the experts the router chose: per layer and position, in the order chosen.
+#[derive(Default)]
+pub struct Routes(pub std::collections::BTreeMap<(usize, usize), Vec<usize>>);
+
+impl Observer for Routes {
+    fn observe(&mut self, _: usize, _: Input, _: &[f32]) {}
+
+    fn routed(&mut self, layer: usize, pos: usize, k: usize, ids: &[u32]) {
+        for (i, c) in ids.chunks(k).enumerate() {
+            let c = c.iter().map(|&e| e as usize).collect();
+            assert!(self.0.insert((layer, pos + i), c).is_none());
+        }
+    }
+}
+
+/// Every position's routes of `toks`, prefilled in chunks of `batch` (or decoded).
+pub fn routes(m: &Model, toks: &[u32], batch: usize, decode: bool) -> Routes {
+    let mut st = m
+        .state(&StateOptions {
+            batch,
+            ..StateOptions::default()
+        })
+        .unwrap();
+    st.set_observer(Box::<Routes>::default());
+    if decode {
+        for &t in toks {
+            m.decode(&mut st, t).unwrap();
+        }
+    } else {
+        m.prefill(&mut st, toks, None).unwrap();
+    }
+    *st.take_observer_as::<Routes>().unwrap()
+}
+
+/// The mixture-of-experts cases route every position as the naive reference does (the
+/// same experts in the same order), in a prompt, in chunks and decoding.
+#[test]
+fn routing_matches_naive_reference() {
+    for c in moe_cases() {
+        let m = load(&c, 7);
+        let model = Model::new(&m).unwrap();
+        let toks = tokens(c.h.vocab, 20, 3);
+        let (_, want) = reference::logits_routed(&m, &toks);
+        let layers: Vec<usize> = (0..c.flags.len())
+            .filter(|&l| c.flags[l] & layer_flag::MOE != 0)
+            .collect();
+        assert_eq!(want.len(), layers.len());
+        for (batch, decode) in [(512, false), (7, false), (1, true)] {
+            let got = routes(&model, &toks, batch, decode);
+            assert_eq!(got.0.len(), layers.len() * toks.len(), "{}", c.name);
+            for (i, &l) in layers.iter().enumerate() {
+                for (pos, w) in want[i].iter().enumerate() {
+                    assert_eq!(
+                        &got.0[&(l, pos)],
+                        w,
+                        "{}: layer {l} position {pos} (batch {batch}, decode {decode})",
+                        c.name
+                    );
+                }
+            }
+        }
     }
 }
 
@@ -412,7 +540,7 @@ fn bf16_activations_give_the_same_bits_on_every_tier() {
         same_bits_on_every_tier(&pools, &m, &model, &toks, &base, c.name);
         cased += 1;
     }
-    assert_eq!(cased, 3);
+    assert_eq!(cased, 5);
 }
 
 /// Forcing a tier forces the whole forward pass: the scalar tier runs no SIMD code at
@@ -619,24 +747,6 @@ fn default_context_is_max_seq_capped() {
 
 mod cli {
     use super::*;
-    use std::process::Command;
-
-    fn run(args: &[&str]) -> (bool, String, String) {
-        run_env(args, &[])
-    }
-
-    fn run_env(args: &[&str], vars: &[(&str, &str)]) -> (bool, String, String) {
-        let o = Command::new(env!("CARGO_BIN_EXE_mlb-run"))
-            .args(args)
-            .envs(vars.iter().copied())
-            .output()
-            .unwrap();
-        (
-            o.status.success(),
-            String::from_utf8_lossy(&o.stdout).into_owned(),
-            String::from_utf8_lossy(&o.stderr).into_owned(),
-        )
-    }
 
     #[test]
     fn huge_context_is_one_line_not_an_abort() {
@@ -644,10 +754,11 @@ mod cli {
         let path = dir.path().join("m.mlb");
         std::fs::write(&path, huge_context_model()).unwrap();
         let p = path.to_str().unwrap();
-        let (ok, _, err) = run(&[
-            p, "--tokens", "1 2", "--ctx", "16777216", "--batch", "16777216",
-        ]);
-        assert!(!ok, "{err}");
+        let err = tool("mlb-run")
+            .args([
+                p, "--tokens", "1 2", "--ctx", "16777216", "--batch", "16777216",
+            ])
+            .fails();
         assert_eq!(err.trim().lines().count(), 1, "{err}");
         assert!(err.contains("--ctx") && err.contains("bytes"), "{err}");
     }
@@ -658,14 +769,15 @@ mod cli {
         let path = write_case(dir.path(), 7, 23);
         let bytes = std::fs::read(&path).unwrap();
         let out = dir.path().join("logits.bin");
-        let (ok, _, err) = run(&[
-            path.to_str().unwrap(),
-            "--tokens",
-            "1 5 9 33 2 7",
-            "--logits",
-            out.to_str().unwrap(),
-        ]);
-        assert!(ok, "{err}");
+        tool("mlb-run")
+            .args([
+                path.to_str().unwrap(),
+                "--tokens",
+                "1 5 9 33 2 7",
+                "--logits",
+                out.to_str().unwrap(),
+            ])
+            .ok();
         let got: Vec<f32> = std::fs::read(&out)
             .unwrap()
             .chunks_exact(4)
@@ -684,8 +796,8 @@ mod cli {
             "4",
             "--verbose",
         ];
-        let (ok, stdout, err) = run(&args);
-        assert!(ok, "{err}");
+        let o = tool("mlb-run").args(args).ok();
+        let (stdout, err) = (o.stdout, o.stderr);
         assert!(err.contains("tok/s") && err.contains("KV cache"), "{err}");
         assert!(err.contains("kernel tier"), "{err}");
         assert!(!stdout.trim().is_empty());
@@ -698,10 +810,10 @@ mod cli {
                 "{err}"
             );
             for h in ["nta", "t0", "t1", "t2"] {
-                let (ok, out, e) = run_env(&args, &[("KRAFLA_PREFETCH", h)]);
+                let o = tool("mlb-run").args(args).env("KRAFLA_PREFETCH", h).ok();
                 let want = format!("q4_0/q8_0 {h}, block types {h}, bf16/f16 {h}");
-                assert!(ok && e.contains(&want), "{h}: {e}");
-                assert_eq!(out, stdout, "{h}");
+                assert!(o.stderr.contains(&want), "{h}: {}", o.stderr);
+                assert_eq!(o.stdout, stdout, "{h}");
             }
         }
     }
@@ -723,11 +835,9 @@ mod cli {
             (vec![p, "--tokens", "1", "--top-p", "0"], "top-p"),
             (vec![p, "--tokens", "1", "--temp=-1"], "temp"),
         ] {
-            let (ok, _, err) = run(&args);
-            assert!(!ok, "{args:?} should fail");
+            let err = tool("mlb-run").args(&args).fails();
             assert_eq!(err.trim().lines().count(), 1, "{args:?}: {err}");
             assert!(err.contains(needle), "{args:?}: {err}");
-            assert!(!err.contains("panicked"), "{args:?}: {err}");
         }
     }
 }
@@ -757,13 +867,101 @@ fn imatrix_sums_every_matrix_input() {
     let dir = tempfile::tempdir().unwrap();
     let path = write_case(dir.path(), 0, 29);
     let mli = dir.path().join("m.mli");
-    let o = std::process::Command::new(env!("CARGO_BIN_EXE_mlb-run"))
+    tool("mlb-run")
         .arg(&path)
         .args(["--tokens", "1 2 3 4 5", "--imatrix"])
         .arg(&mli)
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        .ok();
     let f = krafla::format::mli::parse(&std::fs::read(&mli).unwrap()).unwrap();
     assert_eq!((f.n_layers, f.dim, f.tokens, f.cls_tokens), (2, 64, 5, 5));
+}
+
+/// A mixture of experts' importance matrix (MLI1 version 2): per MoE layer, each expert's
+/// count is the positions routed to it (as the router chose), the counts sum to k per
+/// position, the experts' dim-channel sums add up to k times the layer's W13 slot (every
+/// token's FFN input, counted once per chosen expert), every routed expert's hidden sums
+/// are positive and an unrouted one's zero; prefill and decode sum the same; and
+/// `mlb-run --imatrix` writes such a file.
+#[test]
+fn imatrix_sums_each_expert() {
+    use krafla::format::mli::{ExpertSlot, Slot};
+    for (i, c) in moe_cases().iter().enumerate().take(3) {
+        let m = load(c, 29);
+        let model = Model::new(&m).unwrap();
+        let toks = tokens(c.h.vocab, 12, 4);
+        let k = c.h.n_experts_used as usize;
+        let mli = |decode: bool| {
+            let opts = StateOptions {
+                imatrix: true,
+                ..StateOptions::default()
+            };
+            let mut st = model.state(&opts).unwrap();
+            if decode {
+                for &t in &toks {
+                    model.decode(&mut st, t).unwrap();
+                }
+            } else {
+                model.prefill(&mut st, &toks, None).unwrap();
+            }
+            st.imatrix().unwrap().clone()
+        };
+        let mi = mli(false);
+        // (Decoding runs the classifier at every position, a prompt at its last only.)
+        assert!(mli(true).moe == mi.moe, "{}: decode sums differ", c.name);
+        let x = mi.moe.as_ref().expect("a version-2 matrix");
+        let routes = routes(&model, &toks, 512, false);
+        let layers: Vec<usize> = (0..c.flags.len())
+            .filter(|&l| c.flags[l] & layer_flag::MOE != 0)
+            .collect();
+        assert_eq!(x.layers, layers, "{}", c.name);
+        for &l in &layers {
+            let mut total = 0;
+            let mut sum_in = vec![0f64; c.h.dim as usize];
+            for e in 0..x.n_experts {
+                let n = x.tokens(l, e).unwrap();
+                let want = (0..toks.len())
+                    .filter(|&p| routes.0[&(l, p)].contains(&e))
+                    .count() as u64;
+                assert_eq!(n, want, "{}: layer {l} expert {e}", c.name);
+                total += n;
+                let hid = x.expert(l, e, ExpertSlot::Hidden).unwrap();
+                assert_eq!(hid.iter().any(|&s| s > 0.0), n > 0, "{}: {l} {e}", c.name);
+                for (a, b) in sum_in
+                    .iter_mut()
+                    .zip(x.expert(l, e, ExpertSlot::In).unwrap())
+                {
+                    *a += b;
+                }
+            }
+            assert_eq!(total, (k * toks.len()) as u64, "{}: layer {l}", c.name);
+            for (a, &b) in sum_in.iter().zip(mi.slot(l, Slot::W13)) {
+                assert!(
+                    (a - k as f64 * b).abs() <= 1e-9 * a.abs(),
+                    "{}: layer {l}: experts' inputs {a} vs k · W13 {b}",
+                    c.name
+                );
+            }
+            assert!(mi.slot(l, Slot::W2).iter().all(|&s| s == 0.0));
+            if c.h.shared_hidden > 0 {
+                assert!(x.shared(l).unwrap().iter().all(|&s| s > 0.0), "{}", c.name);
+            }
+        }
+        if i == 0 {
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("m.mlb");
+            std::fs::write(&path, file(c, 29)).unwrap();
+            let out = dir.path().join("m.mli");
+            let o = std::process::Command::new(env!("CARGO_BIN_EXE_mlb-run"))
+                .arg(&path)
+                .args(["--tokens", "1 2 3 4 5", "--imatrix"])
+                .arg(&out)
+                .output()
+                .unwrap();
+            assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+            let f = krafla::format::mli::parse(&std::fs::read(&out).unwrap()).unwrap();
+            let x = f.moe.expect("a version-2 file");
+            let n: u64 = (0..x.n_experts).map(|e| x.tokens(1, e).unwrap()).sum();
+            assert_eq!((x.layers, n), (vec![1], 5 * k as u64));
+        }
+    }
 }

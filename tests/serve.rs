@@ -4,14 +4,16 @@
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use crate::util::{bin_path, spawn_piped, testdata};
+use crate::util::fixtures::convert;
+use crate::util::tool::tool;
+use crate::util::{bin_path, testdata};
 
 /// The template the tests give the default model; its end of turn is the EOS.
 const TEMPLATE: &str = "{% for m in messages %}<|startoftext|>{{ m['role'] }}\n{{ m['content'] }}<|endoftext|>\n{% endfor %}{% if add_generation_prompt %}<|startoftext|>assistant\n{% endif %}";
@@ -22,19 +24,6 @@ struct Files {
     mlb: PathBuf,
     plain: PathBuf,
     chat: PathBuf,
-}
-
-fn convert(bin: &str, args: &[&Path], extra: &[&str]) {
-    let o = Command::new(bin_path(bin))
-        .args(args)
-        .args(extra)
-        .output()
-        .unwrap();
-    assert!(
-        o.status.success(),
-        "{bin}: {}",
-        String::from_utf8_lossy(&o.stderr)
-    );
 }
 
 fn files() -> &'static Files {
@@ -51,28 +40,22 @@ fn files() -> &'static Files {
         };
         let template = dir.join("template.jinja");
         std::fs::write(&template, TEMPLATE).unwrap();
-        convert(
-            "mlb-convert",
-            &[&src, Path::new("-o"), &f.mlb],
-            &["--wtype", "q8_0"],
-        );
+        convert(&src, &f.mlb, &["--wtype", "q8_0"]);
         let json = src.join("tokenizer.json");
-        convert(
-            "mlt-convert",
-            &[&json, Path::new("-o"), &f.plain],
-            &["-q", "--no-chat"],
-        );
-        convert(
-            "mlt-convert",
-            &[
-                &json,
-                Path::new("-o"),
-                &f.chat,
-                Path::new("--chat-template"),
-                &template,
-            ],
-            &["-q"],
-        );
+        tool("mlt-convert")
+            .arg(&json)
+            .arg("-o")
+            .arg(&f.plain)
+            .args(["-q", "--no-chat"])
+            .ok();
+        tool("mlt-convert")
+            .arg(&json)
+            .arg("-o")
+            .arg(&f.chat)
+            .arg("--chat-template")
+            .arg(&template)
+            .arg("-q")
+            .ok();
         f
     })
 }
@@ -95,19 +78,26 @@ fn try_start_with(
     args: &[&str],
     setup: Option<fn() -> std::io::Result<()>>,
 ) -> Result<Server, (Option<i32>, String)> {
-    let f = files();
-    let mut cmd = Command::new(bin_path("mlb-serve"));
-    cmd.arg(&f.mlb)
+    try_start_model(&files().mlb, args, setup)
+}
+
+/// [`try_start_with`] on another model file.
+fn try_start_model(
+    model: &Path,
+    args: &[&str],
+    setup: Option<fn() -> std::io::Result<()>>,
+) -> Result<Server, (Option<i32>, String)> {
+    let mut cmd = tool("mlb-serve");
+    cmd.arg(model)
         .args(["--port", "0", "--threads", "2"])
-        .args(args)
-        .stdin(Stdio::null());
+        .args(args);
     #[cfg(unix)]
     if let Some(f) = setup {
         use std::os::unix::process::CommandExt;
         // SAFETY: `f` only makes system calls (setrlimit), safe after fork.
-        unsafe { cmd.pre_exec(f) };
+        unsafe { cmd.command().pre_exec(f) };
     }
-    let mut child = spawn_piped(&mut cmd);
+    let mut child = cmd.spawn();
     let log = Arc::new(Mutex::new(String::new()));
     let (l2, mut err) = (log.clone(), child.stderr.take().unwrap());
     let errs = std::thread::spawn(move || {
@@ -363,14 +353,12 @@ fn mlb_run_greedy(prompt: &str, n: usize) -> String {
 
 fn mlb_run_greedy_with(prompt: &str, n: usize, args: &[&str]) -> String {
     let f = files();
-    let o = Command::new(bin_path("mlb-run"))
+    let out = tool("mlb-run")
         .arg(&f.mlb)
         .args(["--prompt", prompt, "-n", &n.to_string(), "--temp", "0"])
         .args(args)
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let s = String::from_utf8(o.stdout).unwrap();
+        .ok();
+    let s = String::from_utf8(out.stdout_bytes).unwrap();
     s.strip_suffix('\n').unwrap_or(&s).to_string()
 }
 
@@ -866,13 +854,10 @@ fn serve_startup_errors_are_one_line() {
     let dir = tempfile::tempdir().unwrap();
     let lone = dir.path().join("lone.mlb");
     std::fs::copy(&f.mlb, &lone).unwrap();
-    let o = Command::new(bin_path("mlb-serve"))
+    let err = tool("mlb-serve")
         .arg(&lone)
         .args(["--port", "0"])
-        .output()
-        .unwrap();
-    assert_eq!(o.status.code(), Some(1));
-    let err = String::from_utf8_lossy(&o.stderr);
+        .fails_with(1);
     assert!(
         err.contains("no tokenizer") && err.contains("lone.mlt"),
         "{err}"
@@ -998,7 +983,7 @@ fn serve_load_16_clients_x_10_requests() {
 
 #[test]
 fn serve_help_snapshot() {
-    insta::assert_snapshot!(crate::util::help("mlb-serve"));
+    insta::assert_snapshot!(tool("mlb-serve").arg("--help").ok().stdout);
 }
 
 /// Writing to the server without reading its answers leaves it serving others.
@@ -1078,8 +1063,9 @@ fn serve_step_all_gives_each_session_its_solo_bits() {
 }
 
 /// tests/openai_client.py: the official `openai` Python package against mlb-serve
-/// (models, chat, chat stream, completions, completions stream, logprobs, typed
-/// errors, SIGTERM exit 0). Needs `KRAFLA_OPENAI_PYTHON` naming a python with `openai`
+/// (models, chat, chat stream, completions, completions stream, logprobs, structured
+/// output through `parse` and the stream helper, tool calls required, named, auto and
+/// parallel, typed errors, SIGTERM exit 0). Needs `KRAFLA_OPENAI_PYTHON` naming a python with `openai`
 /// installed; `.ci/run` makes that venv and sets it. Skipped (with a message) without.
 #[test]
 fn serve_openai_python_client() {
@@ -1147,17 +1133,14 @@ fn probe_tokenizer() -> PathBuf {
         let jinja = dir.join("probes.jinja");
         std::fs::write(&jinja, src).unwrap();
         let out = dir.join("probes.mlt");
-        convert(
-            "mlt-convert",
-            &[
-                &testdata().join("default/tokenizer.json"),
-                Path::new("-o"),
-                &out,
-                Path::new("--chat-template"),
-                &jinja,
-            ],
-            &["-q"],
-        );
+        tool("mlt-convert")
+            .arg(testdata().join("default/tokenizer.json"))
+            .arg("-o")
+            .arg(&out)
+            .arg("--chat-template")
+            .arg(&jinja)
+            .arg("-q")
+            .ok();
         out
     })
     .clone()
@@ -1480,4 +1463,491 @@ fn serve_prompt_far_over_the_context_is_refused_unencoded() {
         assert!(took < Duration::from_secs(2), "{path}: {took:?}");
     }
     s.assert_serves();
+}
+
+/// Structured output and tool calls (tests/serve/structured.rs).
+mod structured;
+
+// Issue 45: embeddings, /metrics, the context in /v1/models, speculative decoding.
+
+/// The library's embedding of `ids` alone (not normalized): a fresh session of the
+/// same model file.
+fn library_embedding(ids: &[u32], pooling: krafla::session::Pooling) -> Vec<f32> {
+    use krafla::session::{Engine, LoadOptions};
+    let e = Engine::load(&LoadOptions::new(&files().mlb)).unwrap();
+    let mut s = e.session(&krafla::model::StateOptions::default()).unwrap();
+    s.embed(ids, pooling).unwrap()
+}
+
+/// The default model's tokenizer (the chat `.mlt` beside the model).
+fn encode(text: &str) -> Vec<u32> {
+    krafla::tokenizer::Tokenizer::from_path(&files().chat)
+        .unwrap()
+        .encode(text)
+}
+
+/// Standard base64 back to bytes.
+fn unbase64(s: &str) -> Vec<u8> {
+    let val = |c: u8| match c {
+        b'A'..=b'Z' => c - b'A',
+        b'a'..=b'z' => c - b'a' + 26,
+        b'0'..=b'9' => c - b'0' + 52,
+        b'+' => 62,
+        b'/' => 63,
+        _ => panic!("not base64: {c}"),
+    };
+    let mut out = Vec::new();
+    for q in s.as_bytes().chunks(4) {
+        let n = q
+            .iter()
+            .take_while(|&&c| c != b'=')
+            .fold((0u32, 0usize), |(acc, k), &c| {
+                (acc | u32::from(val(c)) << (18 - 6 * k), k + 1)
+            });
+        let bytes = [(n.0 >> 16) as u8, (n.0 >> 8) as u8, n.0 as u8];
+        out.extend_from_slice(&bytes[..n.1.saturating_sub(1)]);
+    }
+    out
+}
+
+/// An embedding of a response: base64 f32 bytes or a list of numbers.
+fn vector(v: &Value) -> Vec<f32> {
+    match v {
+        Value::String(s) => unbase64(s)
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect(),
+        Value::Array(a) => a.iter().map(|x| x.as_f64().unwrap() as f32).collect(),
+        _ => panic!("not an embedding: {v}"),
+    }
+}
+
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
+/// /v1/embeddings: strings, token arrays, lists of either; base64 and float; the
+/// vectors bit for bit the library's hidden state of each text alone, though the inputs
+/// ran in three slots beside a streaming completion and another embedding request;
+/// normalized to length 1 by default; `dimensions`; usage; errors.
+#[test]
+fn serve_embeddings() {
+    use krafla::session::{l2_normalize, Pooling};
+    let s = start(&["--parallel", "3"]);
+    let texts = ["A function is", "The Python interpreter reads a file", "x"];
+    let ids: Vec<Vec<u32>> = texts.iter().map(|t| encode(t)).collect();
+    let want: Vec<Vec<f32>> = ids
+        .iter()
+        .map(|i| library_embedding(i, Pooling::Last))
+        .collect();
+    // A stream beside the embeddings, so that they share steps with it.
+    let url = s.url.clone();
+    let stream = std::thread::spawn(move || {
+        let body = json!({"prompt": "A", "max_tokens": 40, "temperature": 0, "stream": true, "logit_bias": {"2": -100}});
+        let r = agent()
+            .post(format!("{url}/v1/completions"))
+            .send(body.to_string())
+            .unwrap();
+        r.into_body().read_to_string().unwrap()
+    });
+    let url = s.url.clone();
+    let other = std::thread::spawn(move || {
+        let body = json!({"input": ["x", "A function is"], "encoding_format": "base64", "normalize": false});
+        let mut r = agent()
+            .post(format!("{url}/v1/embeddings"))
+            .send(body.to_string())
+            .unwrap();
+        r.body_mut().read_to_string().unwrap()
+    });
+    let r = s.post(
+        "/v1/embeddings",
+        &json!({"model": "default", "input": texts, "encoding_format": "base64", "normalize": false})
+            .to_string(),
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    let v = r.json();
+    assert_eq!(v["object"], "list");
+    assert_eq!(v["model"], "default");
+    let n: usize = ids.iter().map(Vec::len).sum();
+    assert_eq!(v["usage"]["prompt_tokens"], n);
+    assert_eq!(v["usage"]["total_tokens"], n);
+    for (i, w) in want.iter().enumerate() {
+        let d = &v["data"][i];
+        assert_eq!(
+            (d["object"].as_str(), d["index"].as_u64()),
+            (Some("embedding"), Some(i as u64))
+        );
+        assert_eq!(bits(&vector(&d["embedding"])), bits(w), "input {i}");
+    }
+    let o: Value = serde_json::from_str(&other.join().unwrap()).unwrap();
+    assert_eq!(bits(&vector(&o["data"][0]["embedding"])), bits(&want[2]));
+    assert_eq!(bits(&vector(&o["data"][1]["embedding"])), bits(&want[0]));
+    assert!(stream.join().unwrap().contains("[DONE]"));
+
+    // Token ids (one list, and a list of lists), float, normalized by default.
+    let mut unit = want[1].clone();
+    l2_normalize(&mut unit);
+    for input in [json!(ids[1]), json!([ids[1], ids[0]])] {
+        let r = s.post("/v1/embeddings", &json!({"input": input}).to_string());
+        assert_eq!(r.status, 200, "{}", r.body);
+        let e = vector(&r.json()["data"][0]["embedding"]);
+        assert_eq!(bits(&e), bits(&unit));
+        let norm: f64 = e.iter().map(|&x| f64::from(x) * f64::from(x)).sum();
+        assert!((norm - 1.0).abs() < 1e-5, "{norm}");
+    }
+    let r = s.post(
+        "/v1/embeddings",
+        &json!({"input": "x", "dimensions": 8}).to_string(),
+    );
+    let e = vector(&r.json()["data"][0]["embedding"]);
+    let mut cut = want[2][..8].to_vec();
+    l2_normalize(&mut cut);
+    assert_eq!(bits(&e), bits(&cut));
+
+    for (body, param, code) in [
+        (json!({"input": ""}), "input", None),
+        (json!({"input": []}), "input", None),
+        (json!({"input": [1, 1_000_000]}), "input", None),
+        (
+            json!({"input": "a", "encoding_format": "f16"}),
+            "encoding_format",
+            None,
+        ),
+        (
+            json!({"input": "word ".repeat(2000)}),
+            "input",
+            Some("context_length_exceeded"),
+        ),
+    ] {
+        let e = s.post("/v1/embeddings", &body.to_string()).error(400);
+        assert_eq!(e["param"], param, "{body}");
+        if let Some(c) = code {
+            assert_eq!(e["code"], c, "{body}");
+        }
+    }
+    s.assert_serves();
+    assert!(s.log().contains("embedding slot"), "{}", s.log());
+}
+
+/// `--pooling mean`: the mean of every position's hidden state, as the library
+/// computes it; not the last token's. A request's budget: at most 2048 inputs and
+/// `--max-embed-tokens` ids over all of them (by bytes before encoding, by ids after),
+/// else 400 naming `input`.
+#[test]
+fn serve_embeddings_mean_pooling() {
+    use krafla::session::Pooling;
+    let s = start(&[
+        "--pooling",
+        "mean",
+        "--parallel",
+        "2",
+        "--max-embed-tokens",
+        "64",
+    ]);
+    let ids = encode("The Python interpreter reads a file");
+    let r = s.post(
+        "/v1/embeddings",
+        &json!({"input": [ids, [5, 6, 7]], "encoding_format": "base64", "normalize": false})
+            .to_string(),
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    let v = r.json();
+    let mean = library_embedding(&ids, Pooling::Mean);
+    assert_eq!(bits(&vector(&v["data"][0]["embedding"])), bits(&mean));
+    assert_ne!(bits(&mean), bits(&library_embedding(&ids, Pooling::Last)));
+    assert_eq!(
+        bits(&vector(&v["data"][1]["embedding"])),
+        bits(&library_embedding(&[5, 6, 7], Pooling::Mean))
+    );
+    let fits = vec![vec![5u32; 30], vec![6; 34]];
+    assert_eq!(
+        s.post("/v1/embeddings", &json!({"input": fits}).to_string())
+            .status,
+        200
+    );
+    for (body, says) in [
+        (
+            json!({"input": vec![vec![5u32; 30], vec![6; 35]]}),
+            "65 tokens",
+        ),
+        (json!({"input": vec!["x"; 2049]}), "2049 items"),
+        (json!({"input": "word ".repeat(20_000)}), "bytes"),
+    ] {
+        let e = s.post("/v1/embeddings", &body.to_string()).error(400);
+        assert_eq!(e["param"], "input");
+        assert!(e["message"].as_str().unwrap().contains(says), "{e}");
+    }
+    s.assert_serves();
+    let (code, err) = try_start(&["--pooling", "cls"]).err().unwrap();
+    assert_eq!(code, Some(2), "{err}");
+}
+
+/// Prometheus' text format, read strictly: `# HELP` / `# TYPE` before a family's
+/// samples, names and labels well formed, values numbers, no series twice, histogram
+/// buckets cumulative up to `+Inf` = `_count`. Returns series → value.
+fn parse_prometheus(text: &str) -> std::collections::BTreeMap<String, f64> {
+    use std::collections::{BTreeMap, HashMap};
+    let name_ok = |n: &str| {
+        !n.is_empty()
+            && n.chars().enumerate().all(|(i, c)| {
+                c.is_ascii_alphabetic() || c == '_' || c == ':' || (i > 0 && c.is_ascii_digit())
+            })
+    };
+    let mut types: HashMap<String, String> = HashMap::new();
+    let mut series: BTreeMap<String, f64> = BTreeMap::new();
+    for line in text.lines() {
+        if line.is_empty() {
+            continue;
+        }
+        if let Some(rest) = line.strip_prefix("# ") {
+            let mut w = rest.splitn(3, ' ');
+            let (kw, name) = (w.next().unwrap(), w.next().unwrap());
+            assert!(name_ok(name), "{line}");
+            match kw {
+                "HELP" => assert!(w.next().is_some_and(|h| !h.is_empty()), "{line}"),
+                "TYPE" => {
+                    let t = w.next().unwrap();
+                    assert!(
+                        ["counter", "gauge", "histogram", "summary", "untyped"].contains(&t),
+                        "{line}"
+                    );
+                    assert!(
+                        types.insert(name.into(), t.into()).is_none(),
+                        "TYPE twice: {line}"
+                    );
+                }
+                _ => panic!("comment: {line}"),
+            }
+            continue;
+        }
+        let (key, value) = line.rsplit_once(' ').unwrap_or_else(|| panic!("{line}"));
+        let name = key.split('{').next().unwrap();
+        assert!(name_ok(name), "{line}");
+        if let Some(labels) = key.strip_prefix(name).filter(|l| !l.is_empty()) {
+            let inner = labels
+                .strip_prefix('{')
+                .and_then(|l| l.strip_suffix('}'))
+                .unwrap_or_else(|| panic!("{line}"));
+            // label="value" pairs, values with \\ \" \n escapes.
+            let mut rest = inner;
+            while !rest.is_empty() {
+                let (l, after) = rest.split_once("=\"").unwrap_or_else(|| panic!("{line}"));
+                assert!(name_ok(l), "{line}");
+                let mut end = None;
+                let mut esc = false;
+                for (i, c) in after.char_indices() {
+                    match (esc, c) {
+                        (true, '\\' | '"' | 'n') => esc = false,
+                        (true, _) => panic!("bad escape: {line}"),
+                        (false, '\\') => esc = true,
+                        (false, '"') => {
+                            end = Some(i);
+                            break;
+                        }
+                        _ => {}
+                    }
+                }
+                let end = end.unwrap_or_else(|| panic!("{line}"));
+                rest = after[end + 1..]
+                    .strip_prefix(',')
+                    .unwrap_or(&after[end + 1..]);
+            }
+        }
+        let v = match value {
+            "+Inf" => f64::INFINITY,
+            "-Inf" => f64::NEG_INFINITY,
+            "NaN" => f64::NAN,
+            v => v.parse().unwrap_or_else(|e| panic!("{line}: {e}")),
+        };
+        let family = ["_bucket", "_sum", "_count"]
+            .iter()
+            .find_map(|s| {
+                name.strip_suffix(s)
+                    .filter(|f| types.get(*f).is_some_and(|t| t == "histogram"))
+            })
+            .unwrap_or(name);
+        assert!(types.contains_key(family), "no TYPE before: {line}");
+        assert!(series.insert(key.to_string(), v).is_none(), "twice: {line}");
+    }
+    for (fam, t) in &types {
+        if t != "histogram" {
+            continue;
+        }
+        let buckets: Vec<(&String, f64)> = series
+            .iter()
+            .filter(|(k, _)| k.starts_with(&format!("{fam}_bucket{{")))
+            .map(|(k, &v)| (k, v))
+            .collect();
+        let mut le: Vec<(f64, f64)> = buckets
+            .iter()
+            .map(|(k, v)| {
+                let b = k.split("le=\"").nth(1).unwrap().trim_end_matches("\"}");
+                (
+                    if b == "+Inf" {
+                        f64::INFINITY
+                    } else {
+                        b.parse().unwrap()
+                    },
+                    *v,
+                )
+            })
+            .collect();
+        le.sort_by(|a, b| a.0.total_cmp(&b.0));
+        assert!(
+            le.windows(2).all(|w| w[0].1 <= w[1].1),
+            "{fam}: buckets not cumulative"
+        );
+        assert_eq!(le.last().unwrap().0, f64::INFINITY, "{fam}");
+        assert_eq!(
+            Some(&le.last().unwrap().1),
+            series.get(&format!("{fam}_count")),
+            "{fam}"
+        );
+    }
+    series
+}
+
+/// /metrics parses as Prometheus' text format and counts what was asked;
+/// /v1/models tells the context.
+#[test]
+fn serve_metrics_and_the_context_in_models() {
+    let s = start(&["--parallel", "2", "--ctx", "256"]);
+    let m = s.get("/v1/models").json();
+    assert_eq!(m["data"][0]["context_length"], 256, "{m}");
+    assert_eq!(m["data"][0]["meta"]["n_ctx"], 256, "{m}");
+    assert!(
+        m["data"][0]["meta"]["n_ctx_train"].as_u64().unwrap() >= 256,
+        "{m}"
+    );
+    let body = json!({"prompt": "A function is", "max_tokens": 5, "temperature": 0, "logit_bias": {"2": -100}});
+    for _ in 0..2 {
+        assert_eq!(s.post("/v1/completions", &body.to_string()).status, 200);
+    }
+    s.post("/v1/completions", "{").error(400);
+    s.get("/nope").error(404);
+    assert_eq!(
+        s.post("/v1/embeddings", &json!({"input": "x"}).to_string())
+            .status,
+        200
+    );
+    s.wait_idle();
+    let r = agent().get(format!("{}/metrics", s.url)).call().unwrap();
+    let ct = r
+        .headers()
+        .get("content-type")
+        .unwrap()
+        .to_str()
+        .unwrap()
+        .to_string();
+    assert!(ct.starts_with("text/plain; version=0.0.4"), "{ct}");
+    let text = r.into_body().read_to_string().unwrap();
+    let m = parse_prometheus(&text);
+    let get = |k: &str| *m.get(k).unwrap_or_else(|| panic!("no {k}:\n{text}"));
+    assert_eq!(
+        get("krafla_requests_total{route=\"/v1/completions\",status=\"200\"}"),
+        2.0
+    );
+    assert_eq!(
+        get("krafla_requests_total{route=\"/v1/completions\",status=\"400\"}"),
+        1.0
+    );
+    assert_eq!(
+        get("krafla_requests_total{route=\"other\",status=\"404\"}"),
+        1.0
+    );
+    assert_eq!(
+        get("krafla_requests_total{route=\"/v1/embeddings\",status=\"200\"}"),
+        1.0
+    );
+    assert_eq!(get("krafla_generated_tokens_total"), 10.0);
+    assert!(get("krafla_prompt_tokens_total") >= 1.0);
+    assert_eq!(
+        get("krafla_embedding_tokens_total"),
+        encode("x").len() as f64
+    );
+    assert_eq!(get("krafla_time_to_first_token_seconds_count"), 2.0);
+    assert!(get("krafla_time_to_first_token_seconds_sum") > 0.0);
+    assert!(get("krafla_generated_tokens_per_second") > 0.0);
+    assert_eq!(get("krafla_slots_total"), 2.0);
+    assert_eq!(get("krafla_slots_busy"), 0.0);
+    assert_eq!(get("krafla_requests_queued"), 0.0);
+    assert_eq!(get("krafla_kv_cache_capacity_tokens"), 512.0);
+    let used = get("krafla_kv_cache_used_tokens");
+    assert!(used > 0.0 && used <= 512.0, "{used}");
+    assert!((get("krafla_kv_cache_usage_ratio") - used / 512.0).abs() < 1e-9);
+    assert_eq!(get("krafla_draft_tokens_total"), 0.0);
+}
+
+/// `--lookup` and `--draft` (a Q4_0 copy of the model): greedy answers are plain
+/// decoding's (mlb-run's), two at once in one batch too, streamed or not; /metrics
+/// counts drafts; a draft of another vocabulary is refused at start.
+#[test]
+fn serve_speculative_gives_the_plain_text() {
+    let dir = files().mlb.parent().unwrap().join("draft");
+    std::fs::create_dir_all(&dir).unwrap();
+    let q4 = dir.join("q4.mlb");
+    if !q4.exists() {
+        convert(&testdata().join("default"), &q4, &["--wtype", "q4_0"]);
+        std::fs::copy(&files().chat, dir.join("q4.mlt")).unwrap();
+    }
+    let prompts = [
+        "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\ndef mul(a, b):\n",
+        "A function is",
+    ];
+    let want: Vec<String> = prompts.iter().map(|p| mlb_run_greedy(p, 32)).collect();
+    for args in [
+        vec!["--lookup"],
+        vec!["--draft", q4.to_str().unwrap(), "--draft-max", "4"],
+    ] {
+        let s = start(&[&["--parallel", "2"], &args[..]].concat());
+        let ask = |url: String, p: &'static str| {
+            std::thread::spawn(move || {
+                let body = json!({"prompt": p, "max_tokens": 32, "temperature": 0});
+                let mut r = agent()
+                    .post(format!("{url}/v1/completions"))
+                    .send(body.to_string())
+                    .unwrap();
+                let v: Value =
+                    serde_json::from_str(&r.body_mut().read_to_string().unwrap()).unwrap();
+                v["choices"][0]["text"].as_str().unwrap().to_string()
+            })
+        };
+        let both: Vec<_> = prompts.iter().map(|&p| ask(s.url.clone(), p)).collect();
+        for (h, w) in both.into_iter().zip(&want) {
+            assert_eq!(&h.join().unwrap(), w, "{args:?}");
+        }
+        let data = s.stream(
+            "/v1/completions",
+            &json!({"prompt": prompts[0], "max_tokens": 32, "temperature": 0}),
+        );
+        assert_eq!(stream_text(&data).0, want[0], "{args:?} streamed");
+        // Sampling speculates too (the acceptance rule: tests/speculative.rs and
+        // model::sampler's verify_keeps_the_distribution): whole answers, every token
+        // counted once.
+        let body = json!({"prompt": prompts[0], "max_tokens": 24, "temperature": 0.8, "seed": 7, "logit_bias": {"2": -100}});
+        let r = s.post("/v1/completions", &body.to_string());
+        assert_eq!(r.status, 200, "{}", r.body);
+        let v = r.json();
+        assert_eq!(v["usage"]["completion_tokens"], 24, "{args:?}: {v}");
+        assert_eq!(v["choices"][0]["finish_reason"], "length", "{args:?}: {v}");
+        let text = s.get("/metrics").body;
+        let m = parse_prometheus(&text);
+        assert!(m["krafla_draft_tokens_total"] > 0.0, "{args:?}: {text}");
+        assert!(
+            m["krafla_draft_accepted_tokens_total"] > 0.0,
+            "{args:?}: {text}"
+        );
+        assert!(s.log().contains("drafts kept"), "{}", s.log());
+    }
+    let other = dir.join("other.mlb");
+    std::fs::write(
+        &other,
+        krafla::format::mlb::synth::synth_file(&crate::run::cases()[0].h, &[], 1),
+    )
+    .unwrap();
+    let (code, err) = try_start(&["--draft", other.to_str().unwrap()])
+        .err()
+        .unwrap();
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("--draft") && err.contains("vocab"), "{err}");
 }

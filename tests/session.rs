@@ -4,8 +4,6 @@
 //! on every tier and thread count; mlb-run with no EOS known.
 
 use std::ops::ControlFlow;
-use std::path::Path;
-use std::process::Command;
 
 use krafla::format::mlb::header::layer_flag;
 use krafla::format::mlb::Mlb;
@@ -18,7 +16,8 @@ use krafla::session::{
 use krafla::tokenizer::Tokenizer;
 
 use crate::run::{all_logits, cases, load, opts, tokens, write_case, Case};
-use crate::util::{bin_path, testdata};
+use crate::util::testdata;
+use crate::util::tool::tool;
 
 fn engine(c: &Case, seed: u64) -> Engine {
     Engine::new(load(c, seed), Packs::none(), None).unwrap()
@@ -456,13 +455,7 @@ fn default_model_through_the_session() {
         } else {
             dir.join("tokenizer.json")
         };
-        let o = Command::new(bin_path(bin))
-            .arg(&src)
-            .arg("-o")
-            .arg(out)
-            .output()
-            .unwrap();
-        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        tool(bin).arg(&src).arg("-o").arg(out).ok();
     }
     let e = Engine::load(&LoadOptions::new(&mlb)).unwrap();
     let tok = Tokenizer::from_path(&mlt).unwrap();
@@ -491,7 +484,7 @@ fn default_model_through_the_session() {
             .take_while(|&t| Some(t) != tok.eos())
             .collect();
         assert_eq!(g.text, String::from_utf8_lossy(&tok.decode(&upto)));
-        let o = Command::new(bin_path("mlb-run"))
+        let o = tool("mlb-run")
             .arg(&mlb)
             .args([
                 "--prompt",
@@ -508,11 +501,9 @@ fn default_model_through_the_session() {
                 &so.top_k.to_string(),
             ])
             .args(["--top-p", &so.top_p.to_string()])
-            .output()
-            .unwrap();
-        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+            .ok();
         assert_eq!(
-            String::from_utf8(o.stdout).unwrap(),
+            String::from_utf8(o.stdout_bytes).unwrap(),
             format!("{}\n", g.text)
         );
     }
@@ -535,9 +526,9 @@ fn mlb_run_without_eos_stops_only_at_n() {
     let path = write_case(dir.path(), 0, 5);
     let mut saw_two = false;
     for seed in 0..20 {
-        let o = run_mlb(
-            &path,
-            &[
+        let o = tool("mlb-run")
+            .arg(&path)
+            .args([
                 "--tokens",
                 "1 5 9",
                 "-n",
@@ -550,8 +541,10 @@ fn mlb_run_without_eos_stops_only_at_n() {
                 "1",
                 "--seed",
                 &seed.to_string(),
-            ],
-        );
+            ])
+            .ok()
+            .stdout_bytes;
+        let o = String::from_utf8(o).unwrap();
         let ids: Vec<&str> = o.split_whitespace().collect();
         assert_eq!(ids.len(), 40, "seed {seed}: {o}");
         saw_two |= ids[..39].contains(&"2");
@@ -562,17 +555,7 @@ fn mlb_run_without_eos_stops_only_at_n() {
     );
 }
 
-fn run_mlb(model: &Path, args: &[&str]) -> String {
-    let o = Command::new(bin_path("mlb-run"))
-        .arg(model)
-        .args(args)
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    String::from_utf8(o.stdout).unwrap()
-}
-
 #[test]
 fn mlb_run_help_snapshot() {
-    insta::assert_snapshot!(crate::util::help("mlb-run"));
+    insta::assert_snapshot!(tool("mlb-run").arg("--help").ok().stdout);
 }

@@ -3,12 +3,11 @@
 //! `mlb_run_model_truncated_while_running_fails_with_one_line`.)
 
 use std::path::Path;
-use std::process::Command;
 
 use safetensors::tensor::{Dtype, TensorView};
 use serde_json::json;
 
-use crate::util::bin_path;
+use crate::util::tool::tool;
 
 /// A Llama checkpoint of 8 layers (dim 256, ~7M parameters in bf16), big enough that
 /// converting it takes a while.
@@ -94,7 +93,7 @@ fn mlb_convert_stops_on_sigterm_and_sigint() {
     checkpoint(&ck);
     for sig in [libc::SIGTERM, libc::SIGINT] {
         let out = dir.path().join("out.mlb");
-        let child = Command::new(bin_path("mlb-convert"))
+        let child = tool("mlb-convert")
             .arg(&ck)
             .args([
                 "--wtype",
@@ -106,9 +105,7 @@ fn mlb_convert_stops_on_sigterm_and_sigint() {
                 "-o",
             ])
             .arg(&out)
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
+            .spawn();
         let t0 = std::time::Instant::now();
         while !catches(child.id(), sig) {
             assert!(

@@ -11,6 +11,10 @@ use std::io::Read;
 use std::path::PathBuf;
 use std::str::FromStr;
 
+use crate::util::first_diff;
+use crate::util::fixtures::convert_tokenizer;
+use crate::util::tool::tool;
+
 fn data(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("testdata/tokenizers")
@@ -210,12 +214,7 @@ pub(crate) fn compare(
             .get_ids()
             .to_vec();
         let got = ours.encode(text);
-        if got != want {
-            let at = got
-                .iter()
-                .zip(&want)
-                .position(|(a, b)| a != b)
-                .unwrap_or(got.len().min(want.len()));
+        if let Some(at) = first_diff(&got, &want) {
             let lo = at.saturating_sub(3);
             out.diffs.push(format!(
                 "{name} / {case} {text:?}: first difference at {at}: ours {:?} hf {:?}",
@@ -475,15 +474,7 @@ fn mlt_convert_binary_writes_and_refuses() {
     )
     .unwrap();
     let out = dir.path().join("tok.mlt");
-    let bin = env!("CARGO_BIN_EXE_mlt-convert");
-    let st = std::process::Command::new(bin)
-        .arg(&input)
-        .arg("-o")
-        .arg(&out)
-        .arg("-q")
-        .status()
-        .unwrap();
-    assert!(st.success());
+    convert_tokenizer(&input, &out);
     let m = Mlt::load(&out).unwrap();
     assert_eq!((m.bos, m.eos), (Some(1), Some(2)));
 
@@ -492,14 +483,7 @@ fn mlt_convert_binary_writes_and_refuses() {
     j["normalizer"] = serde_json::json!({"type": "Lowercase"});
     std::fs::write(&input, j.to_string()).unwrap();
     let out2 = dir.path().join("bad.mlt");
-    let o = std::process::Command::new(bin)
-        .arg(&input)
-        .arg("-o")
-        .arg(&out2)
-        .output()
-        .unwrap();
-    assert!(!o.status.success());
-    let err = String::from_utf8_lossy(&o.stderr);
+    let err = tool("mlt-convert").arg(&input).arg("-o").arg(&out2).fails();
     assert!(
         err.contains("normalizer") && err.contains("Lowercase") && err.contains("tokenizer.json"),
         "{err}"

@@ -12,6 +12,19 @@ use krafla::format::mli::Mli;
 use krafla::format::mlt::Mlt;
 use krafla::format::WType;
 
+/// Seeds of gbnf_parse.
+const GBNF_SEEDS: [(&str, &str); 3] = [
+    (
+        "json.gbnf",
+        "root ::= object\nvalue ::= object | array | string | number | (\"true\" | \"false\" | \"null\") ws\nobject ::= \"{\" ws ( string \":\" ws value (\",\" ws string \":\" ws value)* )? \"}\" ws\narray ::= \"[\" ws ( value (\",\" ws value)* )? \"]\" ws\nstring ::= \"\\\"\" ( [^\"\\\\\\x7F\\x00-\\x1F] | \"\\\\\" ([\"\\\\/bfnrt] | \"u\" [0-9a-fA-F]{4}) )* \"\\\"\" ws\nnumber ::= (\"-\"? ([0-9] | [1-9] [0-9]{0,15})) (\".\" [0-9]+)? ([eE] [-+]? [0-9] [1-9]{0,15})? ws\nws ::= | \" \" | \"\\n\" [ \\t]{0,20}\n",
+    ),
+    (
+        "repeat.gbnf",
+        "# yes or no, then digits\nroot ::= (\"yes\" | \"no\") \", \" [0-9]{2,3} item*? [^]\nitem ::= ( | \"a\"+ ) <|im_end|>\n",
+    ),
+    ("nested.gbnf", "root ::= ((((\"a\" | \"b\")*) \"c\"?)+)\n"),
+];
+
 fn write(target: &str, name: &str, bytes: &[u8]) {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("seeds")
@@ -163,6 +176,10 @@ fn main() {
     for (i, t) in HOSTILE_TEMPLATES.iter().enumerate() {
         let b = format!("{t}\0{{\"messages\": [{{\"role\": \"user\", \"content\": \"hi\"}}]}}");
         write("chat_render", &format!("hostile-{i}.bin"), b.as_bytes());
+    }
+    // gbnf_parse: llama.cpp-style grammars (a JSON grammar's pieces, repetitions, escapes).
+    for (name, g) in GBNF_SEEDS {
+        write("gbnf_parse", name, g.as_bytes());
     }
     let (_, smol) = krafla_fuzz::real_mlts()
         .into_iter()

@@ -28,6 +28,7 @@ pub mod error;
 pub mod pyjson;
 pub mod stop;
 pub mod template;
+pub mod tools;
 
 pub use budget::RenderBudget;
 pub use conversation::{Conversation, Message, RenderOptions};

@@ -325,6 +325,19 @@ impl ChatTemplate {
         &self.names
     }
 
+    /// The source of the template `name`, if the file has it.
+    pub fn source(&self, name: &str) -> Option<&str> {
+        let i = self.names.iter().position(|n| n == name)?;
+        Some(&self.sources[i])
+    }
+
+    /// The source transformers renders a conversation with tools by: `tool_use` when
+    /// the file has it, else `default`.
+    pub fn tools_source(&self) -> Option<&str> {
+        self.source("tool_use")
+            .or_else(|| self.source(DEFAULT_TEMPLATE))
+    }
+
     /// The special-token strings passed to every rendering.
     pub fn specials(&self) -> &[(String, String)] {
         &self.specials

@@ -158,6 +158,14 @@ pub enum DescField {
     SlidingWindow,
     /// The per-layer flags.
     Layers,
+    /// The number of routed experts.
+    Experts,
+    /// Experts per token.
+    ExpertsUsed,
+    /// One routed expert's FFN width.
+    ExpertHidden,
+    /// The shared expert's FFN width.
+    SharedHidden,
 }
 
 impl DescError {

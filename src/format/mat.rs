@@ -151,6 +151,38 @@ impl<'a> QMat<'a> {
         self.cols / QK
     }
 
+    /// Rows `r0..r1` as a matrix of their own: the same bytes (a row's quants and its
+    /// scales are contiguous in every type), such as one expert of a stacked expert
+    /// matrix. `ShapeError` unless `r0 < r1 ≤ rows`.
+    pub fn row_range(&self, r0: usize, r1: usize) -> Result<QMat<'a>, ShapeError> {
+        if r0 >= r1 || r1 > self.rows {
+            return Err(ShapeError(format!(
+                "rows {r0}..{r1} of a {}x{} matrix",
+                self.rows, self.cols
+            )));
+        }
+        let (rb, nb) = (self.wtype.row_bytes(self.cols), self.blocks());
+        let part = |v: &'a [f32]| {
+            if v.is_empty() {
+                v
+            } else {
+                &v[r0 * nb..r1 * nb]
+            }
+        };
+        let d16 = if self.d16.is_empty() {
+            self.d16
+        } else {
+            &self.d16[r0 * nb..r1 * nb]
+        };
+        Ok(QMat {
+            rows: r1 - r0,
+            q: &self.q[r0 * rb..r1 * rb],
+            d: part(self.d),
+            d16,
+            ..*self
+        })
+    }
+
     /// The bytes of row `r` in the first array (its quants, blocks or 2-byte floats).
     pub fn row_q(&self, r: usize) -> &'a [u8] {
         let rb = self.wtype.row_bytes(self.cols);

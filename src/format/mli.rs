@@ -5,6 +5,11 @@
 //! wq/wk/wv (dim), of wo (q_dim), of w1/w3 (dim) and of w2 (hidden_dim); then the
 //! classifier's input (dim).
 //!
+//! **Krafla**, version 2 (a model with mixture-of-experts layers): the version-1 body,
+//! then per MoE layer the count of tokens routed to each expert and the sums of each
+//! expert's own inputs (ew1/ew3, ew2) and of the shared expert's sw2 ([`MoeSums`];
+//! docs/file-format.md, "MLI").
+//!
 //! **Krafla**: with bit 16 of the version set, a covariance section follows the sums
 //! ([`super::mli_cov`]); [`Mli::covariance`] is its table.
 
@@ -13,6 +18,8 @@ use crate::format::mli_cov::{self, CovSlot, Covariance};
 
 pub const MAGIC: [u8; 4] = *b"MLI1";
 pub const VERSION: u32 = 1;
+/// The version of a file with the mixture-of-experts extension.
+pub const VERSION_MOE: u32 = 2;
 pub const HEADER_SIZE: usize = 40;
 const DIM_LIMIT: u32 = 65536;
 
@@ -45,6 +52,120 @@ pub struct Mli {
     pub sums: Vec<f64>,
     /// The covariance section's table (version bit 16), when the file has one.
     pub covariance: Option<Covariance>,
+    /// The experts' sums of a mixture-of-experts model (version 2).
+    pub moe: Option<MoeSums>,
+}
+
+/// Which input of a routed expert.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExpertSlot {
+    /// The input of the expert's ew1 and ew3 rows (its tokens' FFN inputs): dim.
+    In,
+    /// The input of its ew2 rows: expert_hidden.
+    Hidden,
+}
+
+/// The sums of the routed and shared experts of a model's MoE layers.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MoeSums {
+    pub n_experts: usize,
+    pub dim: usize,
+    pub expert_hidden: usize,
+    /// 0 without a shared expert.
+    pub shared_hidden: usize,
+    /// The MoE layers, ascending.
+    pub layers: Vec<usize>,
+    /// Per MoE layer and expert: the tokens routed to it.
+    pub tokens: Vec<u64>,
+    /// Per MoE layer: per expert its ew1/ew3 input (dim) then its ew2 input
+    /// (expert_hidden), then the shared expert's sw2 input (shared_hidden).
+    pub sums: Vec<f64>,
+}
+
+impl MoeSums {
+    /// Zeroed sums for the MoE layers `layers`.
+    pub fn new(
+        layers: Vec<usize>,
+        n_experts: usize,
+        dim: usize,
+        expert_hidden: usize,
+        shared_hidden: usize,
+    ) -> MoeSums {
+        let mut m = MoeSums {
+            n_experts,
+            dim,
+            expert_hidden,
+            shared_hidden,
+            layers,
+            tokens: Vec::new(),
+            sums: Vec::new(),
+        };
+        m.tokens = vec![0; m.layers.len() * n_experts];
+        m.sums = vec![0.0; m.layers.len() * m.per_layer()];
+        m
+    }
+
+    fn per_layer(&self) -> usize {
+        self.n_experts * (self.dim + self.expert_hidden) + self.shared_hidden
+    }
+
+    /// The index of `layer` among the MoE layers.
+    fn nth(&self, layer: usize) -> Option<usize> {
+        self.layers.binary_search(&layer).ok()
+    }
+
+    fn range(&self, layer: usize, e: usize, slot: ExpertSlot) -> Option<std::ops::Range<usize>> {
+        let i = self.nth(layer)?;
+        let at = i * self.per_layer() + e * (self.dim + self.expert_hidden);
+        Some(match slot {
+            ExpertSlot::In => at..at + self.dim,
+            ExpertSlot::Hidden => at + self.dim..at + self.dim + self.expert_hidden,
+        })
+    }
+
+    /// Expert `e`'s sums in layer `layer` (`None`: not a MoE layer).
+    pub fn expert(&self, layer: usize, e: usize, slot: ExpertSlot) -> Option<&[f64]> {
+        Some(&self.sums[self.range(layer, e, slot)?])
+    }
+
+    pub fn expert_mut(&mut self, layer: usize, e: usize, slot: ExpertSlot) -> Option<&mut [f64]> {
+        let r = self.range(layer, e, slot)?;
+        Some(&mut self.sums[r])
+    }
+
+    /// The shared expert's sw2 input sums in layer `layer`.
+    pub fn shared(&self, layer: usize) -> Option<&[f64]> {
+        let end = (self.nth(layer)? + 1) * self.per_layer();
+        Some(&self.sums[end - self.shared_hidden..end])
+    }
+
+    pub fn shared_mut(&mut self, layer: usize) -> Option<&mut [f64]> {
+        let end = (self.nth(layer)? + 1) * self.per_layer();
+        Some(&mut self.sums[end - self.shared_hidden..end])
+    }
+
+    /// Tokens routed to expert `e` of layer `layer`.
+    pub fn tokens(&self, layer: usize, e: usize) -> Option<u64> {
+        Some(self.tokens[self.nth(layer)? * self.n_experts + e])
+    }
+
+    pub fn tokens_mut(&mut self, layer: usize, e: usize) -> Option<&mut u64> {
+        let i = self.nth(layer)? * self.n_experts + e;
+        Some(&mut self.tokens[i])
+    }
+
+    /// The experts no token was routed to, as (layer, expert): their matrices are
+    /// quantized without importances.
+    pub fn unrouted(&self) -> Vec<(usize, usize)> {
+        let e = self.n_experts;
+        self.layers
+            .iter()
+            .enumerate()
+            .flat_map(|(i, &l)| (0..e).map(move |x| (i, l, x)))
+            .filter(|&(i, _, x)| self.tokens[i * e + x] == 0)
+            .map(|(_, l, x)| (l, x))
+            .collect()
+    }
 }
 
 impl Mli {
@@ -60,6 +181,15 @@ impl Mli {
             cls_tokens: 0,
             sums: vec![0.0; len],
             covariance: None,
+            moe: None,
+        }
+    }
+
+    /// This matrix with the experts' sums `moe` (a version-2 file).
+    pub fn with_moe(self, moe: MoeSums) -> Mli {
+        Mli {
+            moe: Some(moe),
+            ..self
         }
     }
 
@@ -130,7 +260,12 @@ impl Mli {
     pub fn to_bytes(&self) -> Vec<u8> {
         let mut b = Vec::with_capacity(HEADER_SIZE + 8 * self.sums.len());
         b.extend_from_slice(&MAGIC);
-        b.extend_from_slice(&VERSION.to_le_bytes());
+        let version = if self.moe.is_some() {
+            VERSION_MOE
+        } else {
+            VERSION
+        };
+        b.extend_from_slice(&version.to_le_bytes());
         for v in [self.n_layers, self.dim, self.hidden_dim] {
             b.extend_from_slice(&(v as u32).to_le_bytes());
         }
@@ -144,6 +279,26 @@ impl Mli {
         b.extend_from_slice(&self.cls_tokens.to_le_bytes());
         for s in &self.sums {
             b.extend_from_slice(&s.to_le_bytes());
+        }
+        if let Some(m) = &self.moe {
+            let n = m.layers.len();
+            for v in [m.n_experts, m.expert_hidden, m.shared_hidden, n] {
+                b.extend_from_slice(&(v as u32).to_le_bytes());
+            }
+            for &l in &m.layers {
+                b.extend_from_slice(&(l as u32).to_le_bytes());
+            }
+            if n % 2 == 1 {
+                b.extend_from_slice(&0u32.to_le_bytes());
+            }
+            for i in 0..n {
+                for t in &m.tokens[i * m.n_experts..(i + 1) * m.n_experts] {
+                    b.extend_from_slice(&t.to_le_bytes());
+                }
+                for s in &m.sums[i * m.per_layer()..(i + 1) * m.per_layer()] {
+                    b.extend_from_slice(&s.to_le_bytes());
+                }
+            }
         }
         b
     }
@@ -184,8 +339,13 @@ pub fn parse(b: &[u8]) -> Result<Mli> {
     }
     let version = u32_at(b, 4);
     let with_cov = version & mli_cov::FLAG != 0;
-    if version & !mli_cov::FLAG != VERSION {
-        return Err(FormatError::format("version", version, "must be 1"));
+    let base = version & !mli_cov::FLAG;
+    if base != VERSION && base != VERSION_MOE {
+        return Err(FormatError::format(
+            "version",
+            version,
+            "must be 1 or 2 (and bit 16 for a covariance section)",
+        ));
     }
     let n_layers = dim("n_layers", u32_at(b, 8))?;
     let d = dim("dim", u32_at(b, 12))?;
@@ -196,7 +356,12 @@ pub fn parse(b: &[u8]) -> Result<Mli> {
     let cls_tokens = u64_at(b, 32);
     // ≤ 2^16 · 2^18 + 2^16 values: no overflow in u64; compare before allocating.
     let count = n_layers as u64 * (2 * d + q_dim + hidden_dim) as u64 + d as u64;
-    let want = HEADER_SIZE as u64 + 8 * count;
+    let body = HEADER_SIZE as u64 + 8 * count;
+    let moe = match base {
+        VERSION_MOE => Some(parse_moe(b, body as usize, n_layers, d)?),
+        _ => None,
+    };
+    let want = body + moe.as_ref().map_or(0, |(_, len)| *len as u64);
     if b.len() as u64 != want && !(with_cov && b.len() as u64 > want) {
         return Err(FormatError::format(
             "file",
@@ -204,18 +369,7 @@ pub fn parse(b: &[u8]) -> Result<Mli> {
             format!("the header implies {want} bytes ({count} sums)"),
         ));
     }
-    let body = want as usize;
-    let sums: Vec<f64> = b[HEADER_SIZE..body]
-        .chunks_exact(8)
-        .map(|c| f64::from_le_bytes(c.try_into().unwrap()))
-        .collect();
-    if let Some(i) = sums.iter().position(|s| !(s.is_finite() && *s >= 0.0)) {
-        return Err(FormatError::format(
-            format!("sums[{i}]"),
-            sums[i],
-            "sums of squares must be finite and ≥ 0",
-        ));
-    }
+    let sums = f64s(&b[HEADER_SIZE..body as usize], "sums")?;
     let mut m = Mli {
         n_layers,
         dim: d,
@@ -224,13 +378,105 @@ pub fn parse(b: &[u8]) -> Result<Mli> {
         tokens,
         cls_tokens,
         sums,
+        moe: moe.map(|(m, _)| m),
         covariance: None,
     };
     if with_cov {
-        let cov = mli_cov::parse(b, body, n_layers, |s| m.cov_width(s))?;
+        let cov = mli_cov::parse(b, want as usize, n_layers, |s| m.cov_width(s))?;
         m.covariance = Some(cov);
     }
     Ok(m)
+}
+
+/// Little-endian f64s, each finite and ≥ 0 (`what[i]` names a bad one).
+fn f64s(b: &[u8], what: &str) -> Result<Vec<f64>> {
+    let v: Vec<f64> = b
+        .chunks_exact(8)
+        .map(|c| f64::from_le_bytes(c.try_into().expect("8 bytes")))
+        .collect();
+    if let Some(i) = v.iter().position(|s| !(s.is_finite() && *s >= 0.0)) {
+        return Err(FormatError::format(
+            format!("{what}[{i}]"),
+            v[i],
+            "sums of squares must be finite and ≥ 0",
+        ));
+    }
+    Ok(v)
+}
+
+/// The version-2 extension at `at` of a file of `n_layers` layers of `dim`: the
+/// experts' sums and the extension's length. Checks the lengths before allocating.
+fn parse_moe(b: &[u8], at: usize, n_layers: usize, width: usize) -> Result<(MoeSums, usize)> {
+    let short = || {
+        FormatError::format(
+            "file",
+            format!("{} bytes", b.len()),
+            "shorter than its mixture-of-experts section",
+        )
+    };
+    if b.len() < at + 16 {
+        return Err(short());
+    }
+    let n_experts = u32_at(b, at);
+    if !(2..=1024).contains(&n_experts) {
+        return Err(FormatError::shape(
+            "n_experts",
+            n_experts,
+            "must be in 2..=1024",
+        ));
+    }
+    let eh = dim("expert_hidden", u32_at(b, at + 4))?;
+    let sh = match u32_at(b, at + 8) {
+        0 => 0,
+        v => dim("shared_hidden", v)?,
+    };
+    let n = u32_at(b, at + 12) as usize;
+    if n == 0 || n > n_layers {
+        return Err(FormatError::format(
+            "moe_layers",
+            n,
+            "must be in 1..=n_layers",
+        ));
+    }
+    let list = at + 16;
+    if b.len() < list + 4 * n {
+        return Err(short());
+    }
+    let layers: Vec<usize> = (0..n).map(|i| u32_at(b, list + 4 * i) as usize).collect();
+    if layers.windows(2).any(|w| w[0] >= w[1]) || layers[n - 1] >= n_layers {
+        return Err(FormatError::format(
+            "moe_layers",
+            format!("{layers:?}"),
+            "must ascend and name layers of the model",
+        ));
+    }
+    let e = n_experts as usize;
+    // ≤ 2^16 layers of 2^10 · (2^17 + 1) + 2^16 values: no overflow in u64.
+    let per = 8 * (e as u64 * (1 + width as u64 + eh as u64) + sh as u64);
+    let start = list + 4 * n.next_multiple_of(2);
+    let len = (start - at) as u64 + n as u64 * per;
+    if b.len() as u64 != at as u64 + len {
+        return Err(FormatError::format(
+            "file",
+            format!("{} bytes", b.len()),
+            format!("the header implies {} bytes", at as u64 + len),
+        ));
+    }
+    let (per, len) = (per as usize, len as usize);
+    let mut m = MoeSums::new(layers, e, width, eh, sh);
+    for i in 0..n {
+        let l = &b[start + i * per..start + (i + 1) * per];
+        for (t, c) in m.tokens[i * e..(i + 1) * e]
+            .iter_mut()
+            .zip(l.chunks_exact(8))
+        {
+            *t = u64::from_le_bytes(c.try_into().expect("8 bytes"));
+        }
+        let sums = f64s(&l[8 * e..], "expert_sums")?;
+        let pl = m.per_layer();
+        m.sums[i * pl..(i + 1) * pl].copy_from_slice(&sums);
+    }
+    Ok((m, len))
 }
 
 #[cfg(test)]
@@ -293,6 +539,82 @@ mod tests {
         for off in [8, 12, 16, 20] {
             b[off..off + 4].copy_from_slice(&65536u32.to_le_bytes());
         }
+        assert_eq!(st(&b), Status::Format);
+    }
+
+    /// A version-2 file: layers 0 and 1 of [`sample`] are MoE layers (or only `layers`),
+    /// 3 experts of 32, a shared expert of 32 (or none).
+    fn sample_moe(layers: Vec<usize>, shared: usize) -> Mli {
+        let mut x = MoeSums::new(layers, 3, 32, 32, shared);
+        for (i, s) in x.sums.iter_mut().enumerate() {
+            *s = i as f64 * 0.5;
+        }
+        for (i, t) in x.tokens.iter_mut().enumerate() {
+            *t = i as u64 % 3;
+        }
+        sample().with_moe(x)
+    }
+
+    #[test]
+    fn moe_roundtrip_and_slots() {
+        for (layers, shared) in [(vec![0, 1], 32), (vec![1], 0)] {
+            let m = sample_moe(layers.clone(), shared);
+            let b = m.to_bytes();
+            let n = layers.len();
+            let ext = 16 + 4 * n.next_multiple_of(2) + n * (8 * 3 + 8 * (3 * 64 + shared));
+            assert_eq!(b.len(), sample().to_bytes().len() + ext);
+            assert_eq!(u32_at(&b, 4), VERSION_MOE);
+            let p = parse(&b).unwrap();
+            assert_eq!(p, m);
+            let x = p.moe.as_ref().unwrap();
+            let last = *layers.last().unwrap();
+            let first = (n - 1) * (192 + shared) + 64;
+            assert_eq!(
+                x.expert(last, 1, ExpertSlot::In).unwrap()[0],
+                first as f64 * 0.5
+            );
+            assert_eq!(x.expert(last, 2, ExpertSlot::Hidden).unwrap().len(), 32);
+            assert_eq!(x.shared(last).unwrap().len(), shared);
+            assert_eq!(x.tokens(last, 2), Some(((n - 1) * 3 + 2) as u64 % 3));
+            assert!(x.expert(5, 0, ExpertSlot::In).is_none());
+        }
+        // Experts with no tokens, as (layer, expert).
+        let m = sample_moe(vec![0, 1], 0);
+        assert_eq!(m.moe.unwrap().unrouted(), vec![(0, 0), (1, 0)]);
+    }
+
+    #[test]
+    fn moe_errors() {
+        let good = sample_moe(vec![0, 1], 32).to_bytes();
+        let at = sample().to_bytes().len();
+        let st = |b: &[u8]| parse(b).unwrap_err().status;
+        assert!(parse(&good).is_ok());
+        // Short: in the counts, in the layer list, by one value.
+        assert_eq!(st(&good[..at + 8]), Status::Format);
+        assert_eq!(st(&good[..at + 20]), Status::Format);
+        assert_eq!(st(&good[..good.len() - 8]), Status::Format);
+        let set = |off: usize, v: u32| {
+            let mut b = good.clone();
+            b[off..off + 4].copy_from_slice(&v.to_le_bytes());
+            b
+        };
+        assert_eq!(st(&set(at, 1)), Status::Shape);
+        assert_eq!(st(&set(at, 5000)), Status::Shape);
+        assert_eq!(st(&set(at + 4, 0)), Status::Shape);
+        assert_eq!(st(&set(at + 12, 0)), Status::Format);
+        assert_eq!(st(&set(at + 12, 3)), Status::Format);
+        // Layers out of order, or past the model's.
+        assert_eq!(st(&set(at + 16, 1)), Status::Format);
+        assert_eq!(st(&set(at + 20, 2)), Status::Format);
+        // A negative sum.
+        let mut b = good.clone();
+        let n = b.len();
+        b[n - 8..].copy_from_slice(&(-1.0f64).to_le_bytes());
+        let e = parse(&b).unwrap_err();
+        assert!(e.field.starts_with("expert_sums["), "{}", e.field);
+        // The largest expert shapes fail on the length, before allocating.
+        let mut b = set(at, 1024);
+        b[at + 4..at + 8].copy_from_slice(&65536u32.to_le_bytes());
         assert_eq!(st(&b), Status::Format);
     }
 

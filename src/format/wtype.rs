@@ -12,7 +12,7 @@ use std::fmt;
 /// Values per block of the 32-weight block types (Q8_0, Q4_0, Q4_1, Q5_0, ...).
 pub const QK: usize = 32;
 
-/// Weights per super-block of the K types (Q4_K, Q5_K, Q6_K), as in GGUF.
+/// Weights per super-block of the 256-weight types (Q2_K … Q6_K, IQ4_XS), as in GGUF.
 pub const QK_K: usize = 256;
 
 /// How a matrix's weights are stored.
@@ -46,6 +46,18 @@ pub enum WType {
     /// Krafla's 6-bit 32-block (26 bytes per 32; ik_llama.cpp's block_q6_0 layout):
     /// `w = d·(q − 32)`, q in 0..=63.
     Q6_0,
+    /// GGUF's block_mxfp4 (17 bytes per 32; OCP microscaling FP4): `w = 2^(e − 128)·K[nibble]`,
+    /// `e` an E8M0 exponent, `K` twice the E2M1 values.
+    MXFP4,
+    /// GGUF's block_q2_K (84 bytes per 256): 16 sub-blocks of 16 with 4-bit scales and
+    /// minimums under f16 super-scales, `w = (d·sc)·q − dmin·m`, q in 0..=3.
+    Q2_K,
+    /// GGUF's block_q3_K (110 bytes per 256): 16 sub-blocks of 16 with 6-bit scales,
+    /// `w = (d·(sc − 32))·q`, q in −4..=3.
+    Q3_K,
+    /// GGUF's block_iq4_xs (136 bytes per 256): 8 sub-blocks of 32 with 6-bit scales,
+    /// `w = (d·(ls − 32))·T[nibble]`, T IQ4_NL's levels.
+    IQ4_XS,
 }
 
 /// How a type lays out the weights of a row: what the file layout needs to know.
@@ -67,7 +79,7 @@ pub struct Geometry {
 
 impl WType {
     /// Every type, in code order.
-    pub const ALL: [WType; 12] = [
+    pub const ALL: [WType; 16] = [
         WType::Q8_0,
         WType::Q4_0,
         WType::BF16,
@@ -80,6 +92,10 @@ impl WType {
         WType::Q5_1,
         WType::IQ4_NL,
         WType::Q6_0,
+        WType::MXFP4,
+        WType::Q2_K,
+        WType::Q3_K,
+        WType::IQ4_XS,
     ];
 
     /// The block types beyond the spec's two and the 2-byte floats: the ones
@@ -102,6 +118,10 @@ impl WType {
             WType::Q5_1 => 10,
             WType::IQ4_NL => 11,
             WType::Q6_0 => 12,
+            WType::MXFP4 => 13,
+            WType::Q2_K => 14,
+            WType::Q3_K => 15,
+            WType::IQ4_XS => 16,
         }
     }
 
@@ -125,6 +145,10 @@ impl WType {
             WType::Q5_1 => "Q5_1",
             WType::IQ4_NL => "IQ4_NL",
             WType::Q6_0 => "Q6_0",
+            WType::MXFP4 => "MXFP4",
+            WType::Q2_K => "Q2_K",
+            WType::Q3_K => "Q3_K",
+            WType::IQ4_XS => "IQ4_XS",
         }
     }
 
@@ -143,6 +167,10 @@ impl WType {
             WType::Q5_1 => "q5_1",
             WType::IQ4_NL => "iq4_nl",
             WType::Q6_0 => "q6_0",
+            WType::MXFP4 => "mxfp4",
+            WType::Q2_K => "q2_k",
+            WType::Q3_K => "q3_k",
+            WType::IQ4_XS => "iq4_xs",
         }
     }
 
@@ -180,10 +208,14 @@ impl WType {
             WType::Q5_1 => gguf_block(QK, 24),
             WType::IQ4_NL => gguf_block(QK, 18),
             WType::Q6_0 => gguf_block(QK, 26),
+            WType::MXFP4 => gguf_block(QK, 17),
+            WType::Q2_K => gguf_block(QK_K, 84),
+            WType::Q3_K => gguf_block(QK_K, 110),
+            WType::IQ4_XS => gguf_block(QK_K, 136),
         }
     }
 
-    /// Weights per block ([`QK`], [`QK_K`] for the K types, 1 for BF16 and F16).
+    /// Weights per block ([`QK`], [`QK_K`] for the 256-weight types, 1 for BF16 and F16).
     pub const fn block_weights(self) -> usize {
         self.geometry().block_weights
     }
@@ -241,9 +273,9 @@ mod tests {
             assert_eq!(WType::from_cli_name(t.name()), Some(t));
         }
         assert_eq!(WType::from_code(0), None);
-        // 13–31 are reserved for further block types; 128 is a header value (mixed),
-        // not a matrix type.
-        assert_eq!(WType::from_code(13), None);
+        // The codes after the last type up to 31 are reserved for further block types;
+        // 128 is a header value (mixed), not a matrix type.
+        assert_eq!(WType::from_code(31), None);
         assert_eq!(WType::from_code(128), None);
         assert_eq!(WType::from_cli_name("q4_k"), Some(WType::Q4_K));
     }
@@ -272,6 +304,10 @@ mod tests {
             (WType::Q5_1, 10, 32, 24),
             (WType::IQ4_NL, 11, 32, 18),
             (WType::Q6_0, 12, 32, 26),
+            (WType::MXFP4, 13, 32, 17),
+            (WType::Q2_K, 14, 256, 84),
+            (WType::Q3_K, 15, 256, 110),
+            (WType::IQ4_XS, 16, 256, 136),
         ];
         for (t, code, w, b) in expect {
             assert_eq!(

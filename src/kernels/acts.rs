@@ -44,6 +44,10 @@ pub struct QActs {
     is: Vec<i32>,
     ih: Vec<i32>,
     ixs: Vec<f32>,
+    /// Where the segments start and end (ascending, from 0 to `n`): each segment's
+    /// packed tiles run from its own start (one segment by default). A grouped step
+    /// quantizes the rows of several experts at once, one segment each.
+    bounds: Vec<usize>,
 }
 
 /// Values per pool task when quantizing many tokens.
@@ -66,21 +70,53 @@ fn arrange_q4(q: &[i8], out: &mut [i8]) {
     }
 }
 
-/// Tokens `t0..` of `src` (`w` values per block, `nb` blocks per token; as many tokens
-/// as `dst` has room for, `t0` at a tile start) into `dst`, interleaved per tile of
-/// [`PACKED_TILE`] tokens: in the tile of tokens `u..u + k`, block `b` of token `u + t`
-/// goes to block `(u − t0)·nb + b·k + t` (see [`ActTile::iq`]).
-fn interleave<T: Copy>(src: &[T], w: usize, nb: usize, t0: usize, dst: &mut [T]) {
-    let n = dst.len() / (nb * w);
-    for u in (0..n).step_by(PACKED_TILE) {
-        let k = PACKED_TILE.min(n - u);
+/// The packed tiles `tiles` (start, tokens; consecutive, the first at `t0`) of `src`
+/// (`w` values per block, `nb` blocks per token) into `dst`, interleaved per tile: in
+/// the tile of tokens `u..u + k`, block `b` of token `u + t` goes to block
+/// `(u − t0)·nb + b·k + t` (see [`ActTile::iq`]).
+fn interleave<T: Copy>(src: &[T], w: usize, nb: usize, tiles: &[(usize, usize)], dst: &mut [T]) {
+    let Some(&(t0, _)) = tiles.first() else {
+        return;
+    };
+    for &(u, k) in tiles {
         for t in 0..k {
             for b in 0..nb {
-                let (from, to) = ((t0 + u + t) * nb + b, u * nb + b * k + t);
+                let (from, to) = ((u + t) * nb + b, (u - t0) * nb + b * k + t);
                 dst[to * w..(to + 1) * w].copy_from_slice(&src[from * w..(from + 1) * w]);
             }
         }
     }
+}
+
+/// The packed tiles of segments `bounds`: each segment's tokens in runs of
+/// [`PACKED_TILE`] from its start, the last shorter; (start, tokens).
+fn packed_tiles(bounds: &[usize]) -> Vec<(usize, usize)> {
+    let mut v = Vec::new();
+    for s in bounds.windows(2) {
+        for u in (s[0]..s[1]).step_by(PACKED_TILE) {
+            v.push((u, PACKED_TILE.min(s[1] - u)));
+        }
+    }
+    v
+}
+
+/// The first `len` values of `v`; `v` keeps the rest.
+fn split<'a, T>(v: &mut &'a mut [T], len: usize) -> &'a mut [T] {
+    let (a, b) = std::mem::take(v).split_at_mut(len);
+    *v = b;
+    a
+}
+
+/// One pool task of [`QActs::derive`]: whole packed tiles, from token `t0`, and their
+/// parts of the per-token Q4_0 arrangement and of the interleaved arrays.
+struct Unit<'a> {
+    tiles: &'a [(usize, usize)],
+    q4: &'a mut [i8],
+    iq: &'a mut [i8],
+    id: &'a mut [f32],
+    is: &'a mut [i32],
+    ih: &'a mut [i32],
+    ixs: &'a mut [f32],
 }
 
 impl QActs {
@@ -119,21 +155,46 @@ impl QActs {
                 }
             },
         );
+        // Units of whole tiles of about `per` tokens (with one segment: `per` tokens,
+        // a multiple of the tile).
+        let tiles = packed_tiles(&self.bounds);
+        let mut cuts = vec![0];
+        for (i, &(u, _)) in tiles.iter().enumerate() {
+            if u - tiles[cuts[cuts.len() - 1]].0 >= per {
+                cuts.push(i);
+            }
+        }
+        cuts.push(tiles.len());
+        let (mut q4, mut iq) = (&mut self.q4[..], &mut self.iq[..]);
+        let (mut id, mut is) = (&mut self.id[..], &mut self.is[..]);
+        let (mut ih, mut ixs) = (&mut self.ih[..], &mut self.ixs[..]);
+        let mut units = Vec::with_capacity(cuts.len());
+        for c in cuts.windows(2) {
+            let tl = &tiles[c[0]..c[1]];
+            let t: usize = tl.iter().map(|&(_, k)| k).sum();
+            let (bq, bb) = (t * cols, t * nb);
+            units.push(Unit {
+                tiles: tl,
+                q4: split(&mut q4, t * l4),
+                iq: split(&mut iq, bq),
+                id: split(&mut id, bb),
+                is: split(&mut is, bb),
+                ih: split(&mut ih, bb),
+                ixs: split(&mut ixs, bb),
+            });
+        }
         let (s, h, xs) = (&self.s, &self.h, &self.xs);
-        let (q4, iq) = ((&mut self.q4[..], per * l4), (&mut self.iq[..], per * cols));
-        par.for_chunks3(q4, iq, (&mut self.is, bs), |i, q4, iq, is| {
-            let t0 = i * per;
-            for (t, ot) in q4.chunks_exact_mut(l4).enumerate() {
+        par.for_chunks(&mut units, 1, |_, u| {
+            let u = &mut u[0];
+            let t0 = u.tiles[0].0;
+            for (t, ot) in u.q4.chunks_exact_mut(l4).enumerate() {
                 arrange_q4(&q[(t0 + t) * cols..(t0 + t + 1) * cols], ot);
             }
-            interleave(q, QK, nb, t0, iq);
-            interleave(s, 1, nb, t0, is);
-        });
-        let (id, ih) = ((&mut self.id[..], bs), (&mut self.ih[..], bs));
-        par.for_chunks3(id, ih, (&mut self.ixs, bs), |i, id, ih, ixs| {
-            interleave(d, 1, nb, i * per, id);
-            interleave(h, 1, nb, i * per, ih);
-            interleave(xs, 1, nb, i * per, ixs);
+            interleave(q, QK, nb, u.tiles, u.iq);
+            interleave(d, 1, nb, u.tiles, u.id);
+            interleave(s, 1, nb, u.tiles, u.is);
+            interleave(h, 1, nb, u.tiles, u.ih);
+            interleave(xs, 1, nb, u.tiles, u.ixs);
         });
     }
 
@@ -144,9 +205,28 @@ impl QActs {
 
     /// Shapes the buffers for `n` tokens of `cols` values and gives the quants and
     /// scales to fill (the table's quantizer does), before [`QActs::derive`].
-    pub(super) fn shape(&mut self, n: usize, cols: usize) -> (&mut [i8], &mut [f32]) {
+    /// `bounds`: the segments' ends from 0 to n (see [`QActs::segment_tiles`]); empty:
+    /// one segment.
+    ///
+    /// Panics unless `bounds` (when given) ascends from 0 to `n`.
+    pub(super) fn shape(
+        &mut self,
+        n: usize,
+        cols: usize,
+        bounds: &[usize],
+    ) -> (&mut [i8], &mut [f32]) {
         self.n = n;
         self.cols = cols;
+        self.bounds.clear();
+        if bounds.is_empty() {
+            self.bounds.extend([0, n]);
+        } else {
+            assert!(
+                bounds[0] == 0 && bounds[bounds.len() - 1] == n && bounds.is_sorted(),
+                "segment bounds {bounds:?} of {n} tokens"
+            );
+            self.bounds.extend_from_slice(bounds);
+        }
         self.q.resize(n * cols, 0);
         self.d.resize(n * cols / QK, 0.0);
         (&mut self.q, &mut self.d)
@@ -156,6 +236,11 @@ impl QActs {
     /// [`HalfActs::Bf16`]), kept with the quants so that it is allocated once.
     pub(super) fn bf16_buf(&mut self) -> &mut Vec<u16> {
         &mut self.b16
+    }
+
+    /// Values `a..b` of the BF16 rounding (empty when the input was not rounded).
+    pub(super) fn b16_rows(&self, a: usize, b: usize) -> &[u16] {
+        self.b16.get(a..b).unwrap_or(&[])
     }
 
     /// Takes already quantized activations (e.g. from a test); checks the lengths.
@@ -186,14 +271,38 @@ impl QActs {
             is: Vec::new(),
             ih: Vec::new(),
             ixs: Vec::new(),
+            bounds: vec![0, n],
         };
         a.derive();
         Ok(a)
     }
 
     /// These activations cut into tiles of `size` tokens (the last may be shorter).
+    #[cfg(test)]
     pub(super) fn tiles(&self, size: usize) -> Vec<ActTile<'_>> {
-        let (n, nb) = (self.n, self.cols / QK);
+        self.tiles_of(0, self.n, size)
+    }
+
+    /// Segments (one unless quantized by segments, `Kernels::quantize_acts_in`).
+    pub fn segments(&self) -> usize {
+        self.bounds.len().saturating_sub(1)
+    }
+
+    /// The tokens of segment `seg`.
+    pub fn segment(&self, seg: usize) -> std::ops::Range<usize> {
+        self.bounds[seg]..self.bounds[seg + 1]
+    }
+
+    /// Segment `seg`'s tokens cut into tiles of `size` tokens from its start (the last
+    /// may be shorter): with [`PACKED_TILE`], the packed kernels' tiles.
+    pub(super) fn segment_tiles(&self, seg: usize, size: usize) -> Vec<ActTile<'_>> {
+        let r = self.segment(seg);
+        self.tiles_of(r.start, r.end, size)
+    }
+
+    /// Tokens `a..b` (a segment, or all of one segment) in tiles of `size` from `a`.
+    fn tiles_of(&self, a: usize, b: usize, size: usize) -> Vec<ActTile<'_>> {
+        let nb = self.cols / QK;
         let all = ActTile {
             q: &self.q,
             d: &self.d,
@@ -206,12 +315,27 @@ impl QActs {
             is: &self.is,
             ih: &self.ih,
             ixs: &self.ixs,
-            stream: n <= size,
+            stream: b - a <= size,
         };
-        (0..n)
+        (a..b)
             .step_by(size)
-            .map(|t0| all.tokens(nb, t0, (t0 + size).min(n)))
+            .map(|t0| {
+                let t1 = (t0 + size).min(b);
+                all.tokens(nb, t0, t1, self.is_packed_tile(t0, t1))
+            })
             .collect()
+    }
+
+    /// Whether tokens `t0..t1` are one of the packed tiles (whose interleaved copies
+    /// exist).
+    fn is_packed_tile(&self, t0: usize, t1: usize) -> bool {
+        // The segment holding t0: the last bound at or below it with room after it.
+        let i = self.bounds.partition_point(|&b| b <= t0);
+        let Some(&a) = i.checked_sub(1).and_then(|i| self.bounds.get(i)) else {
+            return false;
+        };
+        let b = self.bounds.get(i).copied().unwrap_or(a);
+        (t0 - a).is_multiple_of(PACKED_TILE) && t1 == (t0 + PACKED_TILE).min(b)
     }
 
     /// Tokens (rows).
@@ -272,13 +396,12 @@ pub struct ActTile<'a> {
 }
 
 impl<'a> ActTile<'a> {
-    /// Tokens `t0..t1` of this tile (all of a [`QActs`]), of `nb` blocks each.
-    pub fn tokens(&self, nb: usize, t0: usize, t1: usize) -> ActTile<'a> {
+    /// Tokens `t0..t1` of this tile (all of a [`QActs`]), of `nb` blocks each, with the
+    /// interleaved copies when they are one packed tile (`packed`).
+    fn tokens(&self, nb: usize, t0: usize, t1: usize, packed: bool) -> ActTile<'a> {
         let (cols, l4) = (nb * QK, q4_layout_len(nb * QK));
         let blocks = t0 * nb..t1 * nb;
         // The interleaved arrays hold whole packed tiles: only such a tile keeps them.
-        let n = self.d.len() / nb.max(1);
-        let packed = t0.is_multiple_of(PACKED_TILE) && (t1 - t0 == PACKED_TILE || t1 == n);
         let (inter_q, inter) = match packed {
             true => (t0 * cols..t1 * cols, blocks.clone()),
             false => (0..0, 0..0),

@@ -27,10 +27,10 @@ use std::cell::RefCell;
 
 use super::acts::{ActTile, HalfActs, QActs, PACKED_TILE, QUANT_PAR_VALUES, TILE_TOKENS};
 use super::mat::WeightMat;
-use super::packed::{PackedMat, PackedView, GROUP};
+use super::packed::{PackedRows, PackedView, GROUP};
 use super::pool;
 use super::scalar::bf16dot::round_bf16_slice;
-use super::table::{kernels, DotFn, F16Fn, HalfFn, Kernels, PackedFn};
+use super::table::{kernels, DotFn, F16Fn, HalfFn, Kernels, PackedFn, TileFn};
 use crate::format::mat::QMat;
 use crate::format::wtype::{WType, QK};
 
@@ -135,13 +135,20 @@ struct PackedPlan<'a> {
 }
 
 impl<'a> PackedPlan<'a> {
-    /// Checks the shapes like [`Kernels::matmul`] (panics on a mismatch).
-    fn new(f: PackedFn, p: &'a PackedMat, x: &QActs, tiles: &'a [ActTile], y: &mut [f32]) -> Self {
-        let n = x.n();
-        assert_eq!(x.cols(), p.cols, "activation cols vs matrix cols");
-        assert_eq!(y.len(), n * p.rows, "y length vs n x rows");
+    /// The product of `p` and the `n` tokens of `tiles` (of [`PACKED_TILE`]) into `y`;
+    /// checks the shapes like [`Kernels::matmul`] (panics on a mismatch).
+    fn new(
+        f: PackedFn,
+        p: PackedRows<'a>,
+        cols: usize,
+        tiles: &'a [ActTile<'a>],
+        n: usize,
+        y: &mut [f32],
+    ) -> Self {
+        assert_eq!(cols, p.cols(), "activation cols vs matrix cols");
+        assert_eq!(y.len(), n * p.rows(), "y length vs n x rows");
         let groups = p.groups();
-        let per_task = rows_per_task(p.rows, p.cols * n).div_ceil(GROUP);
+        let per_task = rows_per_task(p.rows(), p.cols() * n).div_ceil(GROUP);
         PackedPlan {
             f,
             v: p.view(),
@@ -149,9 +156,9 @@ impl<'a> PackedPlan<'a> {
             groups,
             per_task,
             sub: sub_groups(p.bytes() / groups.max(1)),
-            tasks: groups.div_ceil(per_task),
+            tasks: if n == 0 { 0 } else { groups.div_ceil(per_task) },
             out: SharedOut(y.as_mut_ptr()),
-            rows: p.rows,
+            rows: p.rows(),
         }
     }
 
@@ -170,6 +177,98 @@ impl<'a> PackedPlan<'a> {
                 unsafe { (self.f)(&self.v, s0, s1, xt, y, self.rows) };
             }
         }
+    }
+}
+
+/// One product of a row-major quantized matrix cut into pool tasks (runs of rows): a
+/// task takes its rows in sub-blocks of [`SUB_ROWS`] whose weights stay in L1/L2 across
+/// the tiles of [`TILE_TOKENS`] tokens (f16 scales converted per sub-block); a decode
+/// task (one token) with f32 scales takes its rows in one kernel call.
+struct RowPlan<'a> {
+    tile: TileFn,
+    f16: F16Fn,
+    w: QMat<'a>,
+    /// The input's tiles of [`TILE_TOKENS`] tokens.
+    tiles: &'a [ActTile<'a>],
+    n: usize,
+    /// Rows per task.
+    chunk: usize,
+    tasks: usize,
+    out: SharedOut,
+}
+
+impl<'a> RowPlan<'a> {
+    /// Checks the shapes like [`Kernels::matmul`] (panics on a mismatch).
+    fn new(
+        tile: TileFn,
+        f16: F16Fn,
+        w: QMat<'a>,
+        cols: usize,
+        tiles: &'a [ActTile<'a>],
+        n: usize,
+        y: &mut [f32],
+    ) -> Self {
+        assert_eq!(cols, w.cols, "activation cols vs matrix cols");
+        assert_eq!(y.len(), n * w.rows, "y length vs n x rows");
+        let chunk = rows_per_task(w.rows, w.cols * n);
+        RowPlan {
+            tile,
+            f16,
+            w,
+            tiles,
+            n,
+            chunk,
+            tasks: if n == 0 { 0 } else { w.rows.div_ceil(chunk) },
+            out: SharedOut(y.as_mut_ptr()),
+        }
+    }
+
+    /// Task `i`: rows `i·chunk..`, all tokens.
+    fn run(&self, i: usize) {
+        let (w, tile) = (&self.w, self.tile);
+        let (rb, nb) = (w.wtype.row_bytes(w.cols), w.blocks());
+        let r0 = i * self.chunk;
+        let r1 = (r0 + self.chunk).min(w.rows);
+        if self.n == 1 {
+            // f16 scales are converted per sub-block of rows into a per-thread buffer;
+            // f32 scales are borrowed, so the task takes its rows in one kernel call.
+            let step = if w.d16.is_empty() { w.rows } else { SUB_ROWS };
+            // SAFETY: with one token y holds `rows` outputs; task i alone writes r0..r1.
+            let yc = unsafe { std::slice::from_raw_parts_mut(self.out.at(r0), r1 - r0) };
+            SCALES.with_borrow_mut(|buf| {
+                for (j, ys) in yc.chunks_mut(step).enumerate() {
+                    let s0 = r0 + j * step;
+                    let s1 = s0 + ys.len();
+                    let wd = scales(w, s0, s1, buf, self.f16);
+                    // SAFETY: a supported tier's kernel; slices sized per `TileFn`.
+                    unsafe { tile(ys.len(), &w.q[s0 * rb..s1 * rb], wd, &self.tiles[0], ys) };
+                }
+            });
+            return;
+        }
+        // Each tile's outputs go through a small buffer and are written in runs per token.
+        let mut buf = [0.0f32; SUB_ROWS * TILE_TOKENS];
+        SCALES.with_borrow_mut(|sbuf| {
+            for s0 in (r0..r1).step_by(SUB_ROWS) {
+                let nr = SUB_ROWS.min(r1 - s0);
+                let wq = &w.q[s0 * rb..(s0 + nr) * rb];
+                let wd = scales(w, s0, s0 + nr, sbuf, self.f16);
+                for (k, xt) in self.tiles.iter().enumerate() {
+                    let nt = xt.d.len() / nb;
+                    let b = &mut buf[..nr * nt];
+                    // SAFETY: a supported tier's kernel; slices sized per `TileFn`.
+                    unsafe { tile(nr, wq, wd, xt, b) };
+                    for t in 0..nt {
+                        let row0 = (k * TILE_TOKENS + t) * w.rows + s0;
+                        for j in 0..nr {
+                            // SAFETY: token k·TILE_TOKENS + t < n and s0 + j < r1 ≤ rows,
+                            // so the index is inside y; task i alone writes its rows.
+                            unsafe { self.out.write(row0 + j, b[j * nt + t]) };
+                        }
+                    }
+                }
+            }
+        });
     }
 }
 
@@ -277,6 +376,7 @@ impl<'a> HalfPlan<'a> {
 /// One matrix product of a pool step, cut into tasks.
 enum Plan<'a> {
     Packed(PackedPlan<'a>),
+    Rows(RowPlan<'a>),
     Half(HalfPlan<'a>),
 }
 
@@ -284,6 +384,7 @@ impl Plan<'_> {
     fn tasks(&self) -> usize {
         match self {
             Plan::Packed(p) => p.tasks,
+            Plan::Rows(p) => p.tasks,
             Plan::Half(p) => p.tasks,
         }
     }
@@ -291,9 +392,41 @@ impl Plan<'_> {
     fn run(&self, i: usize) {
         match self {
             Plan::Packed(p) => p.run(i),
+            Plan::Rows(p) => p.run(i),
             Plan::Half(p) => p.run(i),
         }
     }
+}
+
+/// One matrix input of a grouped step ([`Kernels::project_groups`]): `n × cols` f32
+/// rows, token-major, cut into segments by `bounds`, and the [`QActs`] that keeps its
+/// Q8_0 form (and its BF16 rounding) for the step.
+pub struct GroupInput<'a> {
+    pub x: &'a [f32],
+    pub cols: usize,
+    /// Where the segments start and end (ascending, from 0 to n); empty: one segment of
+    /// all n rows. A segment is one product's rows (one expert's tokens).
+    pub bounds: &'a [usize],
+    pub qa: &'a mut QActs,
+}
+
+impl GroupInput<'_> {
+    /// The rows of segment `seg`.
+    fn rows(&self, seg: usize) -> std::ops::Range<usize> {
+        match self.bounds {
+            [] => 0..self.x.len() / self.cols,
+            b => b[seg]..b[seg + 1],
+        }
+    }
+}
+
+/// One product of a grouped step: `y = w · x` for the rows of segment `seg` of input
+/// `input` (`y`: those rows × w.rows, token-major).
+pub struct GroupProduct<'a, 'w> {
+    pub w: &'a WeightMat<'w>,
+    pub input: usize,
+    pub seg: usize,
+    pub y: &'a mut [f32],
 }
 
 /// Products as one pool step: every plan's tasks in one list.
@@ -339,6 +472,16 @@ impl Kernels {
     ///
     /// Panics if `cols` is not a positive multiple of 32 or does not divide `x.len()`.
     pub fn quantize_acts(&self, x: &[f32], cols: usize, a: &mut QActs) {
+        self.quantize_acts_in(x, cols, &[], a)
+    }
+
+    /// [`Kernels::quantize_acts`] of rows cut into segments at `bounds` (ascending
+    /// from 0 to n; empty: one segment): the packed kernels' tiles run from each
+    /// segment's start ([`QActs::segment`]), so that a segment (one expert's rows of a
+    /// grouped step) is multiplied as if quantized alone. The quants are the same.
+    ///
+    /// Panics as [`Kernels::quantize_acts`], or if `bounds` does not ascend from 0 to n.
+    pub fn quantize_acts_in(&self, x: &[f32], cols: usize, bounds: &[usize], a: &mut QActs) {
         assert!(
             cols > 0 && cols.is_multiple_of(QK),
             "cols {cols} must be a positive multiple of {QK}"
@@ -350,7 +493,7 @@ impl Kernels {
             x.len()
         );
         let n = x.len() / cols;
-        let (q, d) = a.shape(n, cols);
+        let (q, d) = a.shape(n, cols, bounds);
         // A prompt chunk (e.g. 512 × 1536 values) is quantized by the pool, whole tokens
         // per task: blocks are independent, so the bits are the same.
         let per = (QUANT_PAR_VALUES / cols).max(1);
@@ -390,31 +533,50 @@ impl Kernels {
     }
 
     /// `ys[i] = ws[i]·x` for matrices that share their input (q/k/v, gate/up): one
-    /// parallel step for all of them when they are packed, so a decode step waits at
-    /// one barrier instead of several. Same results as separate [`Kernels::matmul`]s.
+    /// parallel step for all of them, so a decode step waits at one barrier instead of
+    /// several. Same results as separate [`Kernels::matmul`]s.
+    ///
+    /// Panics if a matrix is of a 2-byte float type, or as [`Kernels::matmul`].
     pub fn matmul_each(&self, ws: &[&WeightMat], x: &QActs, ys: &mut [&mut [f32]]) {
         assert_eq!(ws.len(), ys.len(), "matrices vs outputs");
-        let packed = |w: &&WeightMat| w.packed.is_some() && self.packs_type(w.mat.wtype);
-        if !ws.iter().all(packed) {
-            for (w, y) in ws.iter().zip(ys.iter_mut()) {
-                self.matmul(w, x, y);
-            }
-            return;
-        }
-        if x.n() == 0 {
-            return;
-        }
-        let tiles = x.tiles(PACKED_TILE);
+        let tiles: Vec<Vec<ActTile>> = ws.iter().map(|w| self.q8_tiles(w, x, 0)).collect();
         let plans: Vec<Plan> = ws
             .iter()
             .zip(ys.iter_mut())
-            .map(|(w, y)| {
-                let (f, p) = (self.packed_fn(w.mat.wtype), w.packed);
-                let (f, p) = (f.expect("checked above"), p.expect("checked above"));
-                Plan::Packed(PackedPlan::new(f, p, x, &tiles, y))
-            })
+            .zip(&tiles)
+            .map(|((w, y), t)| self.q8_plan(w, x.cols(), t, x.n(), y))
             .collect();
         run_plans(&plans);
+    }
+
+    /// The tiles of segment `seg` of `x` that `w` takes: of [`PACKED_TILE`] tokens for
+    /// a packed kernel, else of [`TILE_TOKENS`].
+    fn q8_tiles<'x>(&self, w: &WeightMat, x: &'x QActs, seg: usize) -> Vec<ActTile<'x>> {
+        let size = match (w.packed, self.packed_fn(w.mat.wtype)) {
+            (Some(_), Some(_)) => PACKED_TILE,
+            _ => TILE_TOKENS,
+        };
+        x.segment_tiles(seg, size)
+    }
+
+    /// The plan of quantized `w` times the `n` tokens of `tiles` (from
+    /// [`Kernels::q8_tiles`]) into `y`.
+    fn q8_plan<'a>(
+        &self,
+        w: &WeightMat<'a>,
+        cols: usize,
+        tiles: &'a [ActTile<'a>],
+        n: usize,
+        y: &mut [f32],
+    ) -> Plan<'a> {
+        if let (Some(p), Some(f)) = (w.packed, self.packed_fn(w.mat.wtype)) {
+            return Plan::Packed(PackedPlan::new(f, p, cols, tiles, n, y));
+        }
+        let m = &w.mat;
+        let tile = self.mats[m.wtype as usize]
+            .unwrap_or_else(|| panic!("no {} kernel on tier {}", m.wtype, self.tier()))
+            .tile;
+        Plan::Rows(RowPlan::new(tile, self.f16, *m, cols, tiles, n, y))
     }
 
     /// `y = W·x` for one token (`x.n() == 1`, `y.len() == w.rows`).
@@ -427,71 +589,7 @@ impl Kernels {
     ///
     /// Panics if `x.cols() != w.cols` or `y.len() != x.n()·w.rows`.
     pub fn matmul(&self, w: &WeightMat, x: &QActs, y: &mut [f32]) {
-        let (p, w) = (w.packed, &w.mat);
-        let n = x.n();
-        assert_eq!(x.cols(), w.cols, "activation cols vs matrix cols");
-        assert_eq!(y.len(), n * w.rows, "y length vs n x rows");
-        if n == 0 {
-            return;
-        }
-        if let (Some(p), Some(f)) = (p, self.packed_fn(w.wtype)) {
-            let tiles = x.tiles(PACKED_TILE);
-            return run_plans(&[Plan::Packed(PackedPlan::new(f, p, x, &tiles, y))]);
-        }
-        let tile = self.mats[w.wtype as usize]
-            .unwrap_or_else(|| panic!("no {} kernel on tier {}", w.wtype, self.tier()))
-            .tile;
-        let chunk = rows_per_task(w.rows, w.cols * n);
-        let tiles = x.tiles(TILE_TOKENS);
-        let (rb, nb) = (w.wtype.row_bytes(w.cols), w.blocks());
-        // f16 scales are converted per sub-block of rows into a per-thread buffer; f32
-        // scales are borrowed, so a decode task takes its rows in one kernel call.
-        let step = if w.d16.is_empty() { w.rows } else { SUB_ROWS };
-        if n == 1 {
-            // One chunk runs on this thread (`pool::run` of one task).
-            pool::for_chunks(y, chunk, |i: usize, yc: &mut [f32]| {
-                SCALES.with_borrow_mut(|buf| {
-                    for (j, ys) in yc.chunks_mut(step).enumerate() {
-                        let s0 = i * chunk + j * step;
-                        let s1 = s0 + ys.len();
-                        let wd = scales(w, s0, s1, buf, self.f16);
-                        // SAFETY: a supported tier's kernel; slices sized per `TileFn`.
-                        unsafe { tile(ys.len(), &w.q[s0 * rb..s1 * rb], wd, &tiles[0], ys) };
-                    }
-                });
-            });
-            return;
-        }
-        let out = SharedOut(y.as_mut_ptr());
-        let tasks = w.rows.div_ceil(chunk);
-        let run = |i: usize| {
-            let r1 = ((i + 1) * chunk).min(w.rows);
-            // Rows in sub-blocks whose weights stay in L1/L2 across the token tiles; each
-            // tile's outputs go through a small buffer and are written in runs per token.
-            let mut buf = [0.0f32; SUB_ROWS * TILE_TOKENS];
-            SCALES.with_borrow_mut(|sbuf| {
-                for s0 in (i * chunk..r1).step_by(SUB_ROWS) {
-                    let nr = SUB_ROWS.min(r1 - s0);
-                    let wq = &w.q[s0 * rb..(s0 + nr) * rb];
-                    let wd = scales(w, s0, s0 + nr, sbuf, self.f16);
-                    for (k, xt) in tiles.iter().enumerate() {
-                        let nt = xt.d.len() / nb;
-                        let b = &mut buf[..nr * nt];
-                        // SAFETY: a supported tier's kernel; slices sized per `TileFn`.
-                        unsafe { tile(nr, wq, wd, xt, b) };
-                        for t in 0..nt {
-                            let row0 = (k * TILE_TOKENS + t) * w.rows + s0;
-                            for j in 0..nr {
-                                // SAFETY: token k·TILE_TOKENS + t < n and s0 + j < r1 ≤ rows,
-                                // so the index is inside y; task i alone writes its rows.
-                                unsafe { out.write(row0 + j, b[j * nt + t]) };
-                            }
-                        }
-                    }
-                }
-            });
-        };
-        pool::run(tasks, run);
+        self.matmul_each(&[w], x, &mut [y]);
     }
 
     /// What a matrix of type `t` takes from an f32 input under these kernels.
@@ -574,9 +672,8 @@ impl Kernels {
 
     /// [`Kernels::project`] for matrices that share their input (q/k/v, gate/up, the
     /// delta rule's four): `x` is quantized once when any of them takes Q8_0
-    /// activations and not at all when none does (rounded to BF16 likewise); the
-    /// quantized ones run as one step ([`Kernels::matmul_each`]), the 2-byte float ones
-    /// as another.
+    /// activations and not at all when none does (rounded to BF16 likewise); all of
+    /// them run as one step ([`Kernels::project_groups`]).
     pub fn project_each(
         &self,
         ws: &[&WeightMat],
@@ -588,31 +685,75 @@ impl Kernels {
         let Some(first) = ws.first() else {
             return;
         };
-        let q8 = ws
+        let mut inputs = [GroupInput {
+            x,
+            cols: first.mat.cols,
+            bounds: &[],
+            qa,
+        }];
+        let mut prods: Vec<GroupProduct> = ws
             .iter()
-            .filter(|w| self.takes(w.mat.wtype) == Takes::Q8)
-            .count();
-        if q8 == ws.len() {
-            self.quantize_acts(x, first.mat.cols, qa);
-            return self.matmul_each(ws, qa, ys);
-        }
-        if q8 == 0 {
-            return self.half_each(ws, x, qa.bf16_buf(), ys);
-        }
-        // A mixed file: each kind in its own step.
-        let (mut qw, mut qy, mut hw, mut hy) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-        for (w, y) in ws.iter().zip(ys.iter_mut()) {
-            if self.takes(w.mat.wtype) == Takes::Q8 {
-                qw.push(*w);
-                qy.push(&mut **y);
-            } else {
-                hw.push(*w);
-                hy.push(&mut **y);
+            .zip(ys.iter_mut())
+            .map(|(w, y)| GroupProduct {
+                w,
+                input: 0,
+                seg: 0,
+                y,
+            })
+            .collect();
+        self.project_groups(&mut inputs, &mut prods);
+    }
+
+    /// Products of several matrices and several inputs as one pool step (a mixture of
+    /// experts: each chosen expert's gate and up on its tokens, then each one's down on
+    /// its own hidden rows): product `p` multiplies `p.w` by segment `p.seg` of input
+    /// `p.input`. Each input is quantized once into its [`QActs`], by segments, when a
+    /// matrix takes Q8_0 activations ([`Kernels::quantize_acts_in`]: rounded to BF16
+    /// likewise); every output gets the bits of [`Kernels::project`] on its rows alone.
+    ///
+    /// Panics if a product names a missing input or segment, or the shapes disagree.
+    pub fn project_groups(&self, inputs: &mut [GroupInput], prods: &mut [GroupProduct]) {
+        let mut takes = vec![(false, false); inputs.len()];
+        for p in prods.iter() {
+            match self.takes(p.w.mat.wtype) {
+                Takes::Q8 => takes[p.input].0 = true,
+                Takes::Bf16 => takes[p.input].1 = true,
+                Takes::F32 => {}
             }
         }
-        self.quantize_acts(x, first.mat.cols, qa);
-        self.matmul_each(&qw, qa, &mut qy);
-        self.half_each(&hw, x, qa.bf16_buf(), &mut hy);
+        for (x, &(q8, b16)) in inputs.iter_mut().zip(&takes) {
+            if q8 {
+                self.quantize_acts_in(x.x, x.cols, x.bounds, x.qa);
+            }
+            if b16 {
+                round_into(x.x, x.qa.bf16_buf());
+            }
+        }
+        let inputs = &*inputs;
+        let tiles: Vec<Vec<ActTile>> = prods
+            .iter()
+            .map(|p| match self.takes(p.w.mat.wtype) {
+                Takes::Q8 => self.q8_tiles(p.w, inputs[p.input].qa, p.seg),
+                _ => Vec::new(),
+            })
+            .collect();
+        let plans: Vec<Plan> = prods
+            .iter_mut()
+            .zip(&tiles)
+            .map(|(p, tiles)| {
+                let x = &inputs[p.input];
+                let r = x.rows(p.seg);
+                match self.takes(p.w.mat.wtype) {
+                    Takes::Q8 => self.q8_plan(p.w, x.cols, tiles, r.len(), p.y),
+                    _ => {
+                        let c = x.cols;
+                        let xb = x.qa.b16_rows(r.start * c, r.end * c);
+                        self.half_plan(p.w, &x.x[r.start * c..r.end * c], xb, p.y)
+                    }
+                }
+            })
+            .collect();
+        run_plans(&plans);
     }
 }
 

@@ -62,11 +62,11 @@ use std::io;
 
 use super::hugebuf::HugeBuf;
 use super::pool;
-use super::scalar::blocks::ScaleKind;
+use super::scalar::blocks::{for_block_type, BlockTy, ScaleKind};
 use super::scalar::tiles::LANES;
 use crate::format::mat::QMat;
 use crate::format::wtype::{WType, QK, QK_K};
-use crate::quant::{blocks, blocks32, kquants};
+use crate::quant::{blocks, blocks32, kquants, lowbit, mxfp4};
 
 /// Rows per group: one 512-bit vector of i32/f32 lanes.
 pub const GROUP: usize = 16;
@@ -310,6 +310,101 @@ impl PackedMat {
     }
 }
 
+/// The groups `g0..g1` of `p` as the micro-kernels read them: the quants (and scales) of
+/// those groups only, group `g0` as group 0, `rows` real rows.
+fn view_groups(p: &PackedMat, g0: usize, g1: usize, rows: usize) -> PackedView<'_> {
+    let all = p.view();
+    let (q, s) = if has_blocks_layout(p.wtype) {
+        // One record per group, scales inside.
+        let g = GroupLayout::of(p.wtype, all.nb).group;
+        (&all.q[g0 * g..g1 * g], &all.s[..0])
+    } else {
+        let qb = all.nb * block_bytes(p.wtype);
+        let sb = all.nb * GROUP * if p.f16 { 2 } else { 4 };
+        (&all.q[g0 * qb..g1 * qb], &all.s[g0 * sb..g1 * sb])
+    };
+    PackedView { q, s, rows, ..all }
+}
+
+/// A packed matrix as a product reads it: all of a [`PackedMat`], or a run of its rows
+/// that starts on a group boundary and ends on one (or at its last row), such as one
+/// expert of a stacked expert matrix. In the packed layout such a run is a contiguous
+/// part of the quants and of the scales, so the kernels read it as a matrix of its own.
+#[derive(Debug, Clone, Copy)]
+pub struct PackedRows<'a> {
+    mat: &'a PackedMat,
+    /// The first group.
+    g0: usize,
+    /// Rows, from row `g0·GROUP` on.
+    rows: usize,
+}
+
+impl<'a> PackedRows<'a> {
+    /// All of `mat`.
+    pub fn all(mat: &'a PackedMat) -> Self {
+        PackedRows {
+            mat,
+            g0: 0,
+            rows: mat.rows,
+        }
+    }
+
+    /// Rows `r0..r1` of these rows; `None` unless `r0` is a multiple of [`GROUP`], `r1`
+    /// one too or the last row, and `r0 < r1 ≤ rows`.
+    pub fn range(self, r0: usize, r1: usize) -> Option<Self> {
+        let ok = r0 < r1
+            && r1 <= self.rows
+            && r0.is_multiple_of(GROUP)
+            && (r1.is_multiple_of(GROUP) || r1 == self.rows);
+        ok.then(|| PackedRows {
+            mat: self.mat,
+            g0: self.g0 + r0 / GROUP,
+            rows: r1 - r0,
+        })
+    }
+
+    pub fn wtype(&self) -> WType {
+        self.mat.wtype
+    }
+
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    pub fn cols(&self) -> usize {
+        self.mat.cols
+    }
+
+    /// Groups of 16 rows (the last may be partly padding).
+    pub fn groups(&self) -> usize {
+        self.rows.div_ceil(GROUP)
+    }
+
+    /// Bytes of these groups (of the whole matrix's share per group).
+    pub fn bytes(&self) -> usize {
+        self.mat.bytes() / self.mat.groups().max(1) * self.groups()
+    }
+
+    /// Whether these are the packed rows of `w` (same type, shape and scale kind).
+    pub fn fits(&self, w: &QMat) -> bool {
+        self.mat.wtype == w.wtype
+            && self.rows == w.rows
+            && self.mat.cols == w.cols
+            && self.mat.f16 != w.d16.is_empty()
+    }
+
+    /// The view the micro-kernels take.
+    pub fn view(&self) -> PackedView<'a> {
+        view_groups(self.mat, self.g0, self.g0 + self.groups(), self.rows)
+    }
+
+    /// Row `r` of these rows in the file's layout ([`PackedMat::unpack_row`]).
+    pub fn unpack_row(&self, r: usize, q: &mut Vec<u8>, d: &mut Vec<f32>) {
+        assert!(r < self.rows, "row {r} of {}", self.rows);
+        self.mat.unpack_row(self.g0 * GROUP + r, q, d)
+    }
+}
+
 /// A packed matrix as the micro-kernels read it.
 #[derive(Clone, Copy)]
 pub struct PackedView<'a> {
@@ -327,22 +422,14 @@ pub struct PackedView<'a> {
 
 // The GGUF block types' layout (see the module docs).
 
-/// Bits per level of block type `t`.
+/// Bits per level of block type `t` (its kernels' [`BlockTy::BITS`]).
 fn bits(t: WType) -> u32 {
-    match t {
-        WType::Q5_K | WType::Q5_0 | WType::Q5_1 => 5,
-        WType::Q6_K | WType::Q6_0 => 6,
-        _ => 4,
-    }
+    for_block_type!(t, |B| B::BITS).expect("a GGUF block type")
 }
 
+/// How block type `t` stores its scales (its kernels' [`BlockTy::SC`]).
 fn scale_kind(t: WType) -> ScaleKind {
-    match t {
-        WType::Q4_K | WType::Q5_K => ScaleKind::K45,
-        WType::Q6_K => ScaleKind::K6,
-        WType::Q4_1 | WType::Q5_1 => ScaleKind::DMin,
-        _ => ScaleKind::D,
-    }
+    for_block_type!(t, |B| B::SC).expect("a GGUF block type")
 }
 
 /// Whether `t` is packed in the GGUF block types' layout.
@@ -350,9 +437,9 @@ pub fn has_blocks_layout(t: WType) -> bool {
     blocks::is_block_type(t)
 }
 
-/// Quant bytes of one block position of a group: 256 + 64 per level bit above 4.
+/// Quant bytes of one block position of a group: 64 per level bit.
 pub const fn quant_bytes(bits: u32) -> usize {
-    256 + 64 * (bits as usize - 4)
+    64 * bits as usize
 }
 
 /// Scale bytes of one block position of a group.
@@ -361,17 +448,23 @@ pub const fn pos_scale_bytes(sc: ScaleKind) -> usize {
         ScaleKind::DMin => 64,
         // 16 rows' two 6-bit codes, as the file packs them.
         ScaleKind::K45 => 24,
-        _ => 32,
+        ScaleKind::E8M0 | ScaleKind::KXs => 16,
+        ScaleKind::D | ScaleKind::K6 | ScaleKind::K3 | ScaleKind::K2 => 32,
     }
 }
 
 /// Scale bytes of one super-block of a group (K types).
 pub const fn super_scale_bytes(sc: ScaleKind) -> usize {
     match sc {
-        ScaleKind::K45 => 64,
-        ScaleKind::K6 => 32,
-        _ => 0,
+        ScaleKind::K45 | ScaleKind::K2 => 64,
+        ScaleKind::K6 | ScaleKind::K3 | ScaleKind::KXs => 32,
+        ScaleKind::D | ScaleKind::DMin | ScaleKind::E8M0 => 0,
     }
+}
+
+/// Whether the super-block scales of kind `sc` hold a `dmin` beside `d`.
+const fn has_dmin(sc: ScaleKind) -> bool {
+    matches!(sc, ScaleKind::K45 | ScaleKind::K2)
 }
 
 /// Where a group's parts are, for `nb` blocks per row: the super-block scales first,
@@ -463,6 +556,33 @@ fn row_parts(t: WType, q: &[u8], cols: usize, p: &mut RowParts) {
                         .push([blk[192 + 2 * j] as u16, blk[193 + 2 * j] as u16]);
                 }
             }
+            WType::Q2_K => {
+                p.levels.extend_from_slice(&lowbit::levels_q2(blk));
+                p.sup.push([f16_bits(blk, 80), f16_bits(blk, 82)]);
+                for j in 0..QK_K / QK {
+                    p.pos.push([blk[2 * j] as u16, blk[2 * j + 1] as u16]);
+                }
+            }
+            WType::Q3_K => {
+                p.levels.extend_from_slice(&lowbit::levels_q3(blk));
+                p.sup.push([f16_bits(blk, 108), 0]);
+                for j in 0..QK_K / QK {
+                    let s = &blk[96..108];
+                    let (lo, hi) = (lowbit::q3_code(2 * j, s), lowbit::q3_code(2 * j + 1, s));
+                    p.pos.push([lo as u16, hi as u16]);
+                }
+            }
+            WType::IQ4_XS => {
+                p.levels.extend_from_slice(&lowbit::levels_iq4xs(blk));
+                p.sup.push([f16_bits(blk, 0), 0]);
+                for j in 0..QK_K / QK {
+                    p.pos.push([lowbit::iq4xs_code(j, blk) as u16, 0]);
+                }
+            }
+            WType::MXFP4 => {
+                p.levels.extend_from_slice(&mxfp4::unpack(blk));
+                p.pos.push([blk[0] as u16, 0]);
+            }
             _ => {
                 p.levels.extend_from_slice(&blocks32::unpack(t, blk));
                 let m = if scale_kind(t) == ScaleKind::DMin {
@@ -503,6 +623,33 @@ fn row_bytes(t: WType, p: &RowParts, out: &mut [u8]) {
                 }
                 blk[208..210].copy_from_slice(&p.sup[s][0].to_le_bytes());
             }
+            WType::Q2_K => {
+                for j in 0..8 {
+                    (blk[2 * j], blk[2 * j + 1]) = (pos[j][0] as u8, pos[j][1] as u8);
+                }
+                lowbit::pack_q2_levels(lv.try_into().expect("256 levels"), blk);
+                blk[80..82].copy_from_slice(&p.sup[s][0].to_le_bytes());
+                blk[82..84].copy_from_slice(&p.sup[s][1].to_le_bytes());
+            }
+            WType::Q3_K => {
+                lowbit::pack_q3_levels(lv.try_into().expect("256 levels"), blk);
+                let codes: [u8; 16] = std::array::from_fn(|j| pos[j / 2][j % 2] as u8);
+                lowbit::pack_q3_codes(&codes, &mut blk[96..108]);
+                blk[108..110].copy_from_slice(&p.sup[s][0].to_le_bytes());
+            }
+            WType::IQ4_XS => {
+                blk[0..2].copy_from_slice(&p.sup[s][0].to_le_bytes());
+                let codes: [u8; 8] = std::array::from_fn(|j| pos[j][0] as u8);
+                lowbit::pack_iq4xs_codes(&codes, blk);
+                lowbit::pack_iq4xs_levels(lv.try_into().expect("256 levels"), blk);
+            }
+            WType::MXFP4 => {
+                blk[0] = pos[0][0] as u8;
+                let q: &[u8; 32] = lv.try_into().expect("32 levels");
+                for j in 0..16 {
+                    blk[1 + j] = q[j] | (q[j + 16] << 4);
+                }
+            }
             _ => {
                 blk[0..2].copy_from_slice(&pos[0][0].to_le_bytes());
                 if scale_kind(t) == ScaleKind::DMin {
@@ -528,6 +675,23 @@ fn at(k: usize, j: usize, i: usize) -> usize {
 fn put_levels<const BITS: u32>(lv: &[u8], j: usize, qp: &mut [u8]) {
     const LOW: u32 = 0x0f0f_0f0f;
     let word = |w: usize| u32::from_le_bytes(lv[4 * w..4 * w + 4].try_into().expect("4 levels"));
+    if BITS <= 3 {
+        // Two planes of 2-bit fields (the low half's levels, the high half's), then bit 2
+        // of each level in a third (3 bits).
+        let (mut p0, mut p1, mut p2) = (0u32, 0u32, 0u32);
+        for k in 0..4 {
+            let (lo, hi) = (word(k), word(4 + k));
+            p0 |= (lo & 0x0303_0303) << (2 * k);
+            p1 |= (hi & 0x0303_0303) << (2 * k);
+            p2 |= (lo >> 2 & 0x0101_0101) << k | (hi >> 2 & 0x0101_0101) << (4 + k);
+        }
+        qp[at(0, j, 0)..at(0, j, 4)].copy_from_slice(&p0.to_le_bytes());
+        qp[at(1, j, 0)..at(1, j, 4)].copy_from_slice(&p1.to_le_bytes());
+        if BITS == 3 {
+            qp[at(2, j, 0)..at(2, j, 4)].copy_from_slice(&p2.to_le_bytes());
+        }
+        return;
+    }
     let (mut pa, mut pb) = (0u32, 0u32);
     for k in 0..4 {
         let (lo, hi) = (word(k), word(4 + k));
@@ -553,6 +717,21 @@ fn put_levels<const BITS: u32>(lv: &[u8], j: usize, qp: &mut [u8]) {
 
 /// Row `j`'s 32 levels of a position record (the inverse of [`put_levels`]).
 fn get_levels(bits: u32, qp: &[u8], j: usize, lv: &mut [u8]) {
+    if bits <= 3 {
+        for k in 0..4 {
+            for i in 0..4 {
+                let mut lo = (qp[at(0, j, i)] >> (2 * k)) & 3;
+                let mut hi = (qp[at(1, j, i)] >> (2 * k)) & 3;
+                if bits == 3 {
+                    let h = qp[at(2, j, i)];
+                    lo |= ((h >> k) & 1) << 2;
+                    hi |= ((h >> (4 + k)) & 1) << 2;
+                }
+                (lv[4 * k + i], lv[16 + 4 * k + i]) = (lo, hi);
+            }
+        }
+        return;
+    }
     for k in 0..4 {
         for i in 0..4 {
             let v = qp[at(k, j, i)];
@@ -583,9 +762,15 @@ fn put_pos_scales(sc: ScaleKind, v: [u16; 2], j: usize, sp: &mut [u8]) {
             let (at, shift) = (16 + j % 8, 4 * (j / 8));
             sp[at] = sp[at] & !(15 << shift) | (m >> 2) << shift;
         }
-        ScaleKind::K6 => {
+        ScaleKind::K6 | ScaleKind::K2 => {
             (sp[j], sp[16 + j]) = (v[0] as u8, v[1] as u8);
         }
+        // 6-bit codes as the signed scales `code − 32`.
+        ScaleKind::K3 => {
+            (sp[j], sp[16 + j]) = ((v[0] as u8).wrapping_sub(32), (v[1] as u8).wrapping_sub(32));
+        }
+        ScaleKind::KXs => sp[j] = (v[0] as u8).wrapping_sub(32),
+        ScaleKind::E8M0 => sp[j] = v[0] as u8,
         ScaleKind::D => sp[2 * j..2 * j + 2].copy_from_slice(&v[0].to_le_bytes()),
         ScaleKind::DMin => {
             sp[2 * j..2 * j + 2].copy_from_slice(&v[0].to_le_bytes());
@@ -600,7 +785,13 @@ fn get_pos_scales(sc: ScaleKind, sp: &[u8], j: usize) -> [u16; 2] {
             let m_hi = sp[16 + j % 8] >> (4 * (j / 8)) & 15;
             [(sp[j] & 63) as u16, (sp[j] >> 6 | m_hi << 2) as u16]
         }
-        ScaleKind::K6 => [sp[j] as u16, sp[16 + j] as u16],
+        ScaleKind::K6 | ScaleKind::K2 => [sp[j] as u16, sp[16 + j] as u16],
+        ScaleKind::K3 => [
+            sp[j].wrapping_add(32) as u16,
+            sp[16 + j].wrapping_add(32) as u16,
+        ],
+        ScaleKind::KXs => [sp[j].wrapping_add(32) as u16, 0],
+        ScaleKind::E8M0 => [sp[j] as u16, 0],
         ScaleKind::D => [f16_bits(sp, 2 * j), 0],
         ScaleKind::DMin => [f16_bits(sp, 2 * j), f16_bits(sp, 32 + 2 * j)],
     }
@@ -631,6 +822,8 @@ fn pack_blocks(w: &QMat, mut done: impl FnMut(usize, usize)) -> io::Result<Packe
                 let qp = &mut qr[p * lay.quant_bytes..(p + 1) * lay.quant_bytes];
                 let lv = &parts.levels[QK * b..QK * (b + 1)];
                 match bits {
+                    2 => put_levels::<2>(lv, j, qp),
+                    3 => put_levels::<3>(lv, j, qp),
                     5 => put_levels::<5>(lv, j, qp),
                     6 => put_levels::<6>(lv, j, qp),
                     _ => put_levels::<4>(lv, j, qp),
@@ -641,7 +834,7 @@ fn pack_blocks(w: &QMat, mut done: impl FnMut(usize, usize)) -> io::Result<Packe
             for (s, v) in parts.sup.iter().enumerate() {
                 let sp = &mut ssr[s * lay.super_bytes..(s + 1) * lay.super_bytes];
                 sp[2 * j..2 * j + 2].copy_from_slice(&v[0].to_le_bytes());
-                if sc == ScaleKind::K45 {
+                if has_dmin(sc) {
                     sp[32 + 2 * j..34 + 2 * j].copy_from_slice(&v[1].to_le_bytes());
                 }
             }
@@ -685,7 +878,7 @@ fn unpack_blocks_row(p: &PackedMat, r: usize, q: &mut Vec<u8>) {
     };
     for s in 0..supers {
         let sp = &grp[lay.supers_at + s * lay.super_bytes..];
-        let dmin = if sc == ScaleKind::K45 {
+        let dmin = if has_dmin(sc) {
             f16_bits(sp, 32 + 2 * j)
         } else {
             0

@@ -61,6 +61,9 @@ pub(super) type ReduceFn = unsafe fn(v: &[f32]) -> f32;
 /// `g[i] = act(g[i]) · u[i]`.
 pub(super) type ActFn = unsafe fn(g: &mut [f32], u: &[f32]);
 
+/// `g[i] = swiglu_clamped(g[i], u[i], limit, alpha)`.
+pub(super) type SwigluFn = unsafe fn(g: &mut [f32], u: &[f32], limit: f32, alpha: f32);
+
 /// The delta rule's step of one head: state (dk × dv), output (dv), scratch (dv).
 pub(super) type DeltaFn = unsafe fn(x: &DeltaHead, s: &mut [f32], o: &mut [f32], delta: &mut [f32]);
 
@@ -142,6 +145,7 @@ struct F32Kernels {
     max: ReduceFn,
     silu_mul: ActFn,
     gelu_mul: ActFn,
+    swiglu_mul: SwigluFn,
     delta: DeltaFn,
 }
 
@@ -154,6 +158,7 @@ const SCALAR_F32: F32Kernels = F32Kernels {
     max: scalar_math::max_slice,
     silu_mul: scalar_math::silu_mul,
     gelu_mul: scalar_math::gelu_mul,
+    swiglu_mul: scalar_math::swiglu_mul,
     delta: scalar_delta::delta_head,
 };
 
@@ -258,6 +263,7 @@ fn x86_kernels(t: Tier, base: Kernels) -> Kernels {
             max: math::max_slice,
             silu_mul: math::silu_mul,
             gelu_mul: math::gelu_mul,
+            swiglu_mul: math::swiglu_mul,
             delta: delta::delta_head,
         },
         ..base
@@ -522,6 +528,16 @@ impl Kernels {
         unsafe { (self.f32.gelu_mul)(g, u) }
     }
 
+    /// `g[i] = swiglu_clamped(g[i], u[i], limit, alpha)`
+    /// ([`scalar_math::swiglu_clamped`]: gpt-oss's experts).
+    ///
+    /// Panics if the lengths differ.
+    pub fn swiglu_mul(&self, g: &mut [f32], u: &[f32], limit: f32, alpha: f32) {
+        assert_eq!(g.len(), u.len(), "swiglu_mul lengths");
+        // SAFETY: a supported tier's kernel.
+        unsafe { (self.f32.swiglu_mul)(g, u, limit, alpha) }
+    }
+
     /// The gated delta rule's step of one value head ([`scalar_delta`]): state `s`
     /// (dk × dv), output `o` (dv), scratch `delta` (dv).
     ///
@@ -562,6 +578,12 @@ impl Kernels {
     #[inline]
     pub fn dot(&self, a: &[f32], b: &[f32]) -> f32 {
         scalar_math::dot(a, b)
+    }
+
+    /// The sigmoid of one value with the contract's `exp` ([`scalar_math::sigmoid`]).
+    #[inline]
+    pub fn sigmoid(&self, x: f32) -> f32 {
+        scalar_math::sigmoid(x)
     }
 
     /// SiLU of one value ([`scalar_math::silu`]).

@@ -7,8 +7,10 @@
 //! - RoPE per layer: the global base with the header's scaling, the local base unscaled
 //!   (flag bit 1), or none (bit 2). Linear-attention layers (bit 3) have no RoPE and no
 //!   KV cache.
+//! - A layer's FFN is dense, or a mixture of experts (flag bit 4) with the header's
+//!   [`Moe`] shape and routing rule.
 
-use crate::format::mlb::header::{act, layer_flag, Header};
+use crate::format::mlb::header::{act, layer_flag, moe_flag, moe_gating, qk_norm, Header};
 use crate::format::mlb::Dims;
 
 /// FFN activation.
@@ -40,6 +42,37 @@ pub enum LayerKind {
     },
     /// The gated delta rule.
     Linear,
+}
+
+/// How a token's router logits choose and weight its experts (`moe_gating`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Gating {
+    /// Softmax over all experts, the top k with their probabilities (OLMoE).
+    SoftmaxTopK,
+    /// The same, the k weights then divided by their sum (Qwen3-MoE, Mixtral).
+    SoftmaxTopKNorm,
+    /// The top k logits, softmax over those k (gpt-oss).
+    TopKSoftmax,
+}
+
+/// The experts of a mixture-of-experts layer.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Moe {
+    /// Routed experts E.
+    pub n_experts: usize,
+    /// Experts per token k.
+    pub k: usize,
+    /// One expert's FFN width.
+    pub expert_hidden: usize,
+    pub gating: Gating,
+    /// The shared expert's FFN width (0: none).
+    pub shared_hidden: usize,
+    pub router_bias: bool,
+    pub expert_bias: bool,
+    /// The shared expert's output is multiplied by sigmoid(sgate · x).
+    pub shared_gate: bool,
+    /// gpt-oss's clamped SwiGLU: (limit, alpha); `None`: the model's `act`.
+    pub swiglu: Option<(f32, f32)>,
 }
 
 /// RoPE scaling parameters as stored.
@@ -84,6 +117,8 @@ pub struct Config {
     pub post_norms: bool,
     pub qkv_bias: bool,
     pub qk_norm: bool,
+    /// The q and k norms run over the whole projections (qk_norm 2), not per head.
+    pub qk_norm_whole: bool,
     pub attn_gate: bool,
     /// Rotated dimensions per head (even, ≤ head_dim).
     pub rot_dim: usize,
@@ -99,6 +134,10 @@ pub struct Config {
     pub lin_qkv: usize,
     /// V·dv.
     pub lin_v_total: usize,
+    /// The experts of the mixture-of-experts layers (`None`: every FFN is dense).
+    pub moe: Option<Moe>,
+    /// Per layer: whether its FFN is a mixture of experts.
+    pub moe_layers: Vec<bool>,
 }
 
 impl Config {
@@ -162,6 +201,7 @@ impl Config {
             post_norms: h.post_norms != 0,
             qkv_bias: h.qkv_bias != 0,
             qk_norm: h.qk_norm != 0,
+            qk_norm_whole: h.qk_norm == qk_norm::WHOLE,
             attn_gate: h.attn_gate != 0,
             rot_dim: d.rot_dim,
             rope: RopeParams {
@@ -182,7 +222,30 @@ impl Config {
             lin_conv: h.lin_conv as usize,
             lin_qkv: d.lin_qkv,
             lin_v_total: d.lin_v_total,
+            moe: (d.n_experts > 0).then(|| Moe {
+                n_experts: d.n_experts,
+                k: d.n_experts_used,
+                expert_hidden: d.expert_hidden,
+                gating: match h.moe_gating {
+                    moe_gating::SOFTMAX_TOPK => Gating::SoftmaxTopK,
+                    moe_gating::SOFTMAX_TOPK_NORM => Gating::SoftmaxTopKNorm,
+                    _ => Gating::TopKSoftmax,
+                },
+                shared_hidden: d.shared_hidden,
+                router_bias: h.moe_flags & moe_flag::ROUTER_BIAS != 0,
+                expert_bias: h.moe_flags & moe_flag::EXPERT_BIAS != 0,
+                shared_gate: h.moe_flags & moe_flag::SHARED_GATE != 0,
+                swiglu: (h.swiglu_limit > 0.0).then_some((h.swiglu_limit, h.swiglu_alpha)),
+            }),
+            moe_layers: (0..d.n_layers)
+                .map(|l| flags.get(l).is_some_and(|f| f & layer_flag::MOE != 0))
+                .collect(),
         }
+    }
+
+    /// Whether any layer's FFN is a mixture of experts.
+    pub fn has_moe(&self) -> bool {
+        self.moe_layers.contains(&true)
     }
 
     /// Whether any layer uses the local RoPE base.

@@ -17,8 +17,13 @@
 //!   x = x + post_attn_norm(o)                           (the post norm only with post_norms)
 //!   h = rmsnorm(x, ffn_norm)
 //!   x = x + post_ffn_norm(W2 (act(W1 h) ⊙ W3 h))        act = SiLU or GELU (tanh)
+//!   (a mixture of experts: the chosen experts' FFNs, weighted; see `moe`)
 //! logits = final_cap·tanh(Wcls rmsnorm(x, final_norm) / final_cap)
 //! ```
+//!
+//! Attention variants: q/k norms per head or over the whole projection (qk_norm 2),
+//! an output bias `bo` (qkv_bias 2), and a sink logit per head in the softmax
+//! (attn_sinks; the kernels' `Query::sink`).
 //!
 //! Every matrix input goes to the kernels as f32 rows ([`Kernels::project`]): BF16 / F16
 //! matrices take them as they are, the quantized types as Q8_0 activations ([`QActs`]),
@@ -35,6 +40,8 @@
 //! sequence's logits are those it gets alone.
 
 mod attention;
+mod moe;
+mod moe_scratch;
 
 use std::any::Any;
 
@@ -45,7 +52,7 @@ use super::kv::{KvType, LayerCache};
 use super::observer::{tap, Collector, Input, Observer};
 use super::ops::{add, for_rows, rmsnorm_rows, Zeros};
 use super::rope::RopeTable;
-use super::weights::{LinearWeights, MixerWeights, Packs, Weights};
+use super::weights::{FfnWeights, LinearWeights, MixerWeights, Packs, Weights};
 use crate::format::mlb::Mlb;
 use crate::format::mli::Mli;
 use crate::kernels::{self, HalfActs, Kernels, QActs, TILE_QUERIES};
@@ -67,6 +74,36 @@ pub type LogitsSink<'f> = &'f mut dyn FnMut(usize, &[f32]);
 /// logits (vocab values).
 pub type BatchSink<'f> = &'f mut dyn FnMut(usize, usize, &[f32]);
 
+/// Called with each position and its final hidden state (dim values).
+pub type HiddenSink<'f> = &'f mut dyn FnMut(usize, &[f32]);
+
+/// What a sequence of a batched step ([`Model::forward_batch_with`]) gives its sink.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Output {
+    /// The logits after its last id (vocab values).
+    #[default]
+    LastLogits,
+    /// The logits after each of its ids (speculative decoding checks a draft with them).
+    AllLogits,
+    /// The final hidden state `rmsnorm(x, final_norm)` (dim values: the classifier's
+    /// input) after its last id; no logits are computed.
+    LastHidden,
+    /// The final hidden state after each of its ids (embeddings with mean pooling).
+    AllHidden,
+}
+
+impl Output {
+    /// Every position's rows, not only the last.
+    pub fn every(self) -> bool {
+        matches!(self, Output::AllLogits | Output::AllHidden)
+    }
+
+    /// Hidden states instead of logits.
+    pub fn hidden(self) -> bool {
+        matches!(self, Output::LastHidden | Output::AllHidden)
+    }
+}
+
 /// How a [`State`] is sized.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct StateOptions {
@@ -83,6 +120,11 @@ pub struct StateOptions {
     /// How the KV caches store keys and values: f32, f16 or Q8_0 (docs/kernels.md,
     /// "KV cache types").
     pub kv_type: KvType,
+    /// Slots a sliding layer's ring keeps beyond its window: with `spare` ≥ r − 1 the
+    /// session can always be truncated back by r positions (speculative decoding drops
+    /// rejected drafts so). The same bits as without: a ring of any size ≥ the window
+    /// gives the bits of masked full attention.
+    pub spare: usize,
 }
 
 impl Default for StateOptions {
@@ -93,6 +135,7 @@ impl Default for StateOptions {
             ring: true,
             imatrix: false,
             kv_type: KvType::F32,
+            spare: 0,
         }
     }
 }
@@ -177,6 +220,8 @@ struct Scratch {
     logit_rows: usize,
     /// Q8_0 activations of the current matrix input (sized for the widest once).
     qa: QActs,
+    /// The mixture-of-experts FFNs' buffers (empty without them).
+    moe: moe_scratch::MoeScratch,
 }
 
 /// The buffers of [`Model::forward_batch`]'s steps, shared by the sequences of a step
@@ -336,31 +381,6 @@ fn bytes_text(z: &Zeros) -> String {
     }
 }
 
-/// Header values the file format has and this runtime does not run yet: refused with the
-/// field, not run wrong.
-fn unsupported(m: &Mlb) -> Result<()> {
-    let h = m.header();
-    for (field, v, on) in [
-        ("qkv_bias", h.qkv_bias, h.qkv_bias == 2),
-        ("qk_norm", h.qk_norm, h.qk_norm == 2),
-        ("attn_sinks", h.attn_sinks, h.attn_sinks != 0),
-    ] {
-        if on {
-            let e = crate::format::FormatError::shape(
-                field,
-                v,
-                "this runtime does not run this value yet",
-            );
-            return Err(match &m.path {
-                Some(p) => e.in_file(p),
-                None => e,
-            }
-            .into());
-        }
-    }
-    Ok(())
-}
-
 impl<'a> Model<'a> {
     /// The model of a validated file: configuration and borrowed weights, read from
     /// the map (see [`Model::with_packs`] for the packed layout).
@@ -372,7 +392,6 @@ impl<'a> Model<'a> {
     /// [`Packs::new`] for the tier that will run the model): same results, faster on
     /// tiers with packed kernels.
     pub fn with_packs(m: &'a Mlb, packs: &'a Packs) -> Result<Model<'a>> {
-        unsupported(m)?;
         let cfg = Config::new(m.header(), m.dims(), &m.parsed.flags);
         let w = Weights::new(m, packs)?;
         let global = RopeTable::global(&cfg.rope, cfg.head_dim, cfg.rot_dim);
@@ -504,7 +523,7 @@ impl<'a> Model<'a> {
             match *l {
                 LayerKind::Attention { window, .. } => {
                     let slots = match window {
-                        Some(w) if opts.ring => w.min(ctx),
+                        Some(w) if opts.ring => w.saturating_add(opts.spare).min(ctx),
                         _ => ctx,
                     };
                     kv += slots as u128 * row;
@@ -537,20 +556,42 @@ impl<'a> Model<'a> {
         make(&mut count);
         let mut alloc = Zeros::allocating();
         let mut t = make(&mut alloc);
-        let widest = self.widest_input();
         let s = scratch(&mut t);
-        let x0 = alloc.take(&[s.cap, widest]);
+        let (rows, cols) = self.widest_input(s.cap);
+        let x0 = alloc.take(&[rows, cols]);
+        let sh = self
+            .cfg
+            .moe
+            .map_or(0, |m| m.shared_hidden)
+            .max(self.cfg.dim);
+        let x1 = alloc.take(&[if self.cfg.has_moe() { s.cap } else { 0 }, sh]);
         if alloc.ok() {
-            kernels::kernels().quantize_acts(&x0, widest, &mut s.qa);
+            let k = kernels::kernels();
+            k.quantize_acts(&x0, cols, &mut s.qa);
+            if !x1.is_empty() {
+                k.quantize_acts(&x1, sh, &mut s.moe.qa);
+            }
             return Ok(t);
         }
         Err(bytes_text(&count))
     }
 
-    /// The widest matrix input: dim, hidden_dim, q_dim or the delta rule's V·dv.
-    fn widest_input(&self) -> usize {
+    /// The largest matrix input of a step of `cap` rows, as (rows, cols): `cap` rows of
+    /// the widest of dim, hidden_dim, q_dim and the delta rule's V·dv, or a mixture of
+    /// experts' gathered rows (`cap · k` of dim, or of expert_hidden for the downs).
+    fn widest_input(&self, cap: usize) -> (usize, usize) {
         let c = &self.cfg;
-        c.dim.max(c.hidden_dim).max(c.q_dim).max(c.lin_v_total)
+        let widest = c.dim.max(c.hidden_dim).max(c.q_dim).max(c.lin_v_total);
+        let (k, eh) = c
+            .moe
+            .filter(|_| c.has_moe())
+            .map_or((0, 0), |m| (m.k, m.expert_hidden));
+        let gathered = c.dim.max(eh);
+        if cap * k * gathered > cap * widest {
+            (cap * k, gathered)
+        } else {
+            (cap, widest)
+        }
     }
 
     /// The longest span a query of any attention layer sees in a context of `ctx`.
@@ -571,7 +612,7 @@ impl<'a> Model<'a> {
             .map(|l| match *l {
                 LayerKind::Attention { window, .. } => {
                     let slots = match window {
-                        Some(w) if opts.ring => w.min(ctx),
+                        Some(w) if opts.ring => w.saturating_add(opts.spare).min(ctx),
                         _ => ctx,
                     };
                     Some(LayerCache::new_in(
@@ -608,12 +649,23 @@ impl<'a> Model<'a> {
         let c = &self.cfg;
         let group = c.n_heads / c.n_kv_heads.max(1);
         let mix_w = c.q_dim.max(c.lin_v_total);
+        // hidden_dim is unused when every FFN is a mixture of experts.
+        let dense_hidden = if c.moe_layers.contains(&false) {
+            c.hidden_dim
+        } else {
+            0
+        };
         // `qa` (sized by `allocate`): a zero input of the widest matrix input, 4 bytes
         // per value, and its quants, their Q4_0 arrangement and their interleaved copy
         // (a byte per value each), and eight 4-byte values per block of 32 (the scale,
-        // the two sums and the minimum factor, and their interleaved copies).
-        let widest = self.widest_input() as u128;
-        z.add(Some(cap as u128 * widest * 8));
+        // the two sums and the minimum factor, and their interleaved copies); the
+        // shared expert's `moe.qa` likewise.
+        let (rows, cols) = self.widest_input(cap);
+        z.add(Some(rows as u128 * cols as u128 * 8));
+        if c.has_moe() {
+            let sh = c.moe.map_or(0, |m| m.shared_hidden).max(c.dim);
+            z.add(Some(cap as u128 * sh as u128 * 8));
+        }
         Scratch {
             cap,
             x: z.take(&[cap, c.dim]),
@@ -628,8 +680,8 @@ impl<'a> Model<'a> {
             kb: z.take(&[cap, c.kv_dim]),
             vb: z.take(&[cap, c.kv_dim]),
             mix: z.take(&[cap, mix_w]),
-            hb: z.take(&[cap, c.hidden_dim]),
-            hb2: z.take(&[cap, c.hidden_dim]),
+            hb: z.take(&[cap, dense_hidden]),
+            hb2: z.take(&[cap, dense_hidden]),
             // Decode: a row per head; prefill: a row per query of each tile.
             att: z.take(&[(cap + TILE_QUERIES).max(c.n_heads), group, att_len]),
             att_len,
@@ -646,6 +698,12 @@ impl<'a> Model<'a> {
             logits: z.take(&[logit_rows, c.vocab]),
             logit_rows,
             qa: QActs::new(),
+            moe: moe_scratch::MoeScratch::new(
+                c.moe.as_ref().filter(|_| c.has_moe()),
+                cap,
+                c.dim,
+                z,
+            ),
         }
     }
 
@@ -688,14 +746,73 @@ impl<'a> Model<'a> {
         tokens: &[u32],
         mut each: Option<LogitsSink>,
     ) -> Result<&'s [f32]> {
+        let vocab = self.cfg.vocab;
+        let mut last = 0;
+        let mut rows = [(0, 0); LOGIT_ROWS];
+        let every = each.is_some();
+        self.run_chunks(&mut *st, tokens, every, |k, buf, segs, wanted, p0| {
+            let (mut r0, n) = (wanted.start, wanted.end);
+            while r0 < n {
+                let r1 = (r0 + buf.logit_rows).min(n);
+                for (row, r) in rows.iter_mut().zip(r0..r1) {
+                    *row = (0, r);
+                }
+                self.classify(k, buf, segs, &rows[..r1 - r0]);
+                if let Some(f) = each.as_mut() {
+                    for r in r0..r1 {
+                        f(p0 + r, &buf.logits[(r - r0) * vocab..(r - r0 + 1) * vocab]);
+                    }
+                }
+                last = r1 - r0 - 1;
+                r0 = r1;
+            }
+        })?;
+        Ok(&st.buf.logits[last * vocab..(last + 1) * vocab])
+    }
+
+    /// One token after what `st` holds; returns its logits.
+    pub fn decode<'s>(&self, st: &'s mut State, token: u32) -> Result<&'s [f32]> {
+        self.prefill(st, &[token], None)
+    }
+
+    /// Runs `tokens` after what `st` holds, like [`Model::prefill`], and passes the
+    /// final hidden state `rmsnorm(x, final_norm)` (dim values, the classifier's input)
+    /// of the last token, or of every token with `every`, to `sink` with its position.
+    /// The classifier does not run: this is the same pass, stopped before it
+    /// (embeddings).
+    pub fn prefill_hidden(
+        &self,
+        st: &mut State,
+        tokens: &[u32],
+        every: bool,
+        sink: HiddenSink,
+    ) -> Result<()> {
+        let d = self.cfg.dim;
+        self.run_chunks(st, tokens, every, |k, buf, _, wanted, p0| {
+            let rows: Vec<(usize, usize)> = wanted.clone().map(|r| (0, r)).collect();
+            self.final_norm(k, buf, &rows);
+            for (j, r) in wanted.enumerate() {
+                sink(p0 + r, &buf.xb[j * d..(j + 1) * d]);
+            }
+        })
+    }
+
+    /// Runs `tokens` after what `st` holds in chunks of at most its `cap` tokens; after
+    /// each chunk (of positions `p0..`), `take(kernels, buffers, segments, rows, p0)`
+    /// gets the rows of it that are wanted: all with `every`, else the last chunk's
+    /// last row.
+    fn run_chunks(
+        &self,
+        st: &mut State,
+        tokens: &[u32],
+        every: bool,
+        mut take: impl FnMut(&Kernels, &mut Scratch, &mut [Seg], std::ops::Range<usize>, usize),
+    ) -> Result<()> {
         self.check(&st.seq, tokens)?;
         let k = self.kernels();
-        let vocab = self.cfg.vocab;
         let State { seq, buf } = st;
-        let mut last = 0;
         let chunks = tokens.chunks(buf.cap);
         let n_chunks = chunks.len();
-        let mut rows = [(0, 0); LOGIT_ROWS];
         for (ci, chunk) in chunks.enumerate() {
             let (n, p0) = (chunk.len(), seq.pos);
             let mut segs = [Seg {
@@ -705,33 +822,14 @@ impl<'a> Model<'a> {
                 p0,
             }];
             self.layers(&k, buf, &mut segs, chunk);
-            let first = match each {
-                Some(_) => 0,
-                None if ci + 1 == n_chunks => n - 1,
-                None => n,
+            let first = match (every, ci + 1 == n_chunks) {
+                (true, _) => 0,
+                (false, true) => n - 1,
+                (false, false) => continue,
             };
-            let mut r0 = first;
-            while r0 < n {
-                let r1 = (r0 + buf.logit_rows).min(n);
-                for (row, r) in rows.iter_mut().zip(r0..r1) {
-                    *row = (0, r);
-                }
-                self.classify(&k, buf, &mut segs, &rows[..r1 - r0]);
-                if let Some(f) = each.as_mut() {
-                    for r in r0..r1 {
-                        f(p0 + r, &buf.logits[(r - r0) * vocab..(r - r0 + 1) * vocab]);
-                    }
-                }
-                last = r1 - r0 - 1;
-                r0 = r1;
-            }
+            take(&k, buf, &mut segs, first..n, p0);
         }
-        Ok(&buf.logits[last * vocab..(last + 1) * vocab])
-    }
-
-    /// One token after what `st` holds; returns its logits.
-    pub fn decode<'s>(&self, st: &'s mut State, token: u32) -> Result<&'s [f32]> {
-        self.prefill(st, &[token], None)
+        Ok(())
     }
 
     /// Several sequences at once: sequence `i` runs `seqs[i].1` after what its state
@@ -753,6 +851,33 @@ impl<'a> Model<'a> {
         every: bool,
         sink: BatchSink,
     ) -> Result<()> {
+        let out = if every {
+            Output::AllLogits
+        } else {
+            Output::LastLogits
+        };
+        self.forward_batch_with(bs, seqs, &vec![out; seqs.len()], sink)
+    }
+
+    /// [`Model::forward_batch`] with what each sequence gives back chosen per sequence
+    /// (`outputs[i]`): its last or every position's logits (vocab values), or its last
+    /// or every position's final hidden state (dim values; the classifier does not run
+    /// for them). A sequence's rows reach `sink` in position order, bit-identical to
+    /// those [`Model::prefill`] and [`Model::prefill_hidden`] give it alone.
+    pub fn forward_batch_with(
+        &self,
+        bs: &mut BatchScratch,
+        seqs: &mut [(&mut State, &[u32])],
+        outputs: &[Output],
+        sink: BatchSink,
+    ) -> Result<()> {
+        if outputs.len() != seqs.len() {
+            return Err(ModelError::BadOption {
+                name: "outputs",
+                value: format!("{} for {} sequences", outputs.len(), seqs.len()),
+                rule: "one output kind per sequence".into(),
+            });
+        }
         for (i, (st, ids)) in seqs.iter().enumerate() {
             if ids.is_empty() {
                 continue;
@@ -807,20 +932,23 @@ impl<'a> Model<'a> {
                 });
             }
             self.layers(&k, buf, &mut segs, toks);
-            // Rows to classify: each sequence's last, or all of them.
-            let want: Vec<(usize, usize)> = segs
-                .iter()
-                .enumerate()
-                .flat_map(|(s, g)| {
-                    let (i, from, n) = plan[s];
-                    let t0 = match (every, from + n == ids[i].len()) {
-                        (true, _) => 0,
-                        (false, true) => n - 1,
-                        (false, false) => n,
-                    };
-                    (t0..n).map(move |t| (s, g.r0 + t))
-                })
-                .collect();
+            // Rows wanted: each sequence's last, or all of them; logits or hidden states.
+            let rows_of = |hidden: bool| -> Vec<(usize, usize)> {
+                segs.iter()
+                    .enumerate()
+                    .filter(|&(s, _)| outputs[plan[s].0].hidden() == hidden)
+                    .flat_map(|(s, g)| {
+                        let (i, from, n) = plan[s];
+                        let t0 = match (outputs[i].every(), from + n == ids[i].len()) {
+                            (true, _) => 0,
+                            (false, true) => n - 1,
+                            (false, false) => n,
+                        };
+                        (t0..n).map(move |t| (s, g.r0 + t))
+                    })
+                    .collect()
+            };
+            let (want, hidden) = (rows_of(false), rows_of(true));
             for rows in want.chunks(buf.logit_rows) {
                 self.classify(&k, buf, &mut segs, rows);
                 for (j, &(s, r)) in rows.iter().enumerate() {
@@ -832,10 +960,29 @@ impl<'a> Model<'a> {
                     );
                 }
             }
+            let d = self.cfg.dim;
+            for rows in hidden.chunks(buf.cap) {
+                self.final_norm(&k, buf, rows);
+                for (j, &(s, r)) in rows.iter().enumerate() {
+                    let g = &segs[s];
+                    sink(plan[s].0, g.p0 + (r - g.r0), &buf.xb[j * d..(j + 1) * d]);
+                }
+            }
             for &(i, _, n) in &plan {
                 done[i] += n;
             }
         }
+    }
+
+    /// The final hidden states `rmsnorm(x, final_norm)` of the step rows `rows`
+    /// (segment, row; whose residual stream is in `st.x`) into `st.xb`, a row each.
+    fn final_norm(&self, k: &Kernels, st: &mut Scratch, rows: &[(usize, usize)]) {
+        let d = self.cfg.dim;
+        let (x, w, eps) = (&st.x, self.w.final_norm, self.cfg.norm_eps);
+        for_rows(&mut st.xb[..rows.len() * d], d, |i, o| {
+            let r = rows[i].1;
+            k.rmsnorm(o, &x[r * d..(r + 1) * d], w, eps)
+        });
     }
 
     /// Logits of the step rows `rows` (segment, row; whose residual stream is in
@@ -843,11 +990,7 @@ impl<'a> Model<'a> {
     fn classify(&self, k: &Kernels, st: &mut Scratch, segs: &mut [Seg], rows: &[(usize, usize)]) {
         let (d, v) = (self.cfg.dim, self.cfg.vocab);
         let m = rows.len();
-        let (x, w, eps) = (&st.x, self.w.final_norm, self.cfg.norm_eps);
-        for_rows(&mut st.xb[..m * d], d, |i, o| {
-            let r = rows[i].1;
-            k.rmsnorm(o, &x[r * d..(r + 1) * d], w, eps)
-        });
+        self.final_norm(k, st, rows);
         // Each sequence's observer sees its rows (consecutive in `rows`).
         let mut i0 = 0;
         while i0 < m {
@@ -909,25 +1052,30 @@ impl<'a> Model<'a> {
                 _ => unreachable!("layout and config agree on layer kinds"),
             }
             residual(k, st, n * d, lw.post_attn_norm, c);
-            // FFN: W2 (act(W1 h) ⊙ W3 h).
             branch_input(k, st, segs, n * d, lw.ffn_norm, c, (l, Input::W13));
-            k.project_each(
-                &[&lw.w1, &lw.w3],
-                &st.xb[..n * d],
-                &mut st.qa,
-                &mut [&mut st.hb[..n * hid], &mut st.hb2[..n * hid]],
-            );
-            let up = &st.hb2[..n * hid];
-            let act = c.act;
-            for_rows(&mut st.hb[..n * hid], hid, |i, r| {
-                let u = &up[i * hid..(i + 1) * hid];
-                match act {
-                    Act::Silu => k.silu_mul(r, u),
-                    Act::GeluTanh => k.gelu_mul(r, u),
+            match &lw.ffn {
+                FfnWeights::Dense(f) => {
+                    // W2 (act(W1 h) ⊙ W3 h).
+                    k.project_each(
+                        &[&f.w1, &f.w3],
+                        &st.xb[..n * d],
+                        &mut st.qa,
+                        &mut [&mut st.hb[..n * hid], &mut st.hb2[..n * hid]],
+                    );
+                    let up = &st.hb2[..n * hid];
+                    let act = c.act;
+                    for_rows(&mut st.hb[..n * hid], hid, |i, r| {
+                        let u = &up[i * hid..(i + 1) * hid];
+                        match act {
+                            Act::Silu => k.silu_mul(r, u),
+                            Act::GeluTanh => k.gelu_mul(r, u),
+                        }
+                    });
+                    tap_rows(segs, l, Input::W2, &st.hb[..n * hid]);
+                    k.project(&f.w2, &st.hb[..n * hid], &mut st.qa, &mut st.xb2[..n * d]);
                 }
-            });
-            tap_rows(segs, l, Input::W2, &st.hb[..n * hid]);
-            k.project(&lw.w2, &st.hb[..n * hid], &mut st.qa, &mut st.xb2[..n * d]);
+                FfnWeights::Moe(mw) => self.moe(k, st, segs, l, mw, n),
+            }
             residual(k, st, n * d, lw.post_ffn_norm, c);
         }
         for s in segs.iter_mut() {

@@ -7,9 +7,12 @@
 //! - [`rope`]: inverse-frequency tables (plain, llama3, linear, yarn; local base).
 //! - [`kv`]: the KV cache; sliding-window layers keep a ring of their window.
 //! - [`delta`]: the gated delta rule's recurrent and convolution state.
+//! - [`routing`]: a mixture of experts' router: the chosen experts and their weights.
 //! - [`forward`]: [`Model`] and its [`State`]: prefill (matrix-matrix) and decode, the
 //!   layer loop, with `forward::attention` (private): a softmax-attention layer's work
-//!   scheduled over the pool; `ops` (private): the small shared operations (RMSNorm
+//!   scheduled over the pool; `forward::moe` (private): a mixture-of-experts FFN, its
+//!   rows grouped by expert, two pool steps per layer (buffers in
+//!   `forward::moe_scratch`); `ops` (private): the small shared operations (RMSNorm
 //!   rows, adds, sigmoid, fallible zeroed buffers).
 //! - [`observer`]: the hook that sees every matrix input, and the importance-matrix
 //!   [`observer::Collector`].
@@ -34,12 +37,13 @@ pub mod kv;
 pub mod observer;
 mod ops;
 pub mod rope;
+pub mod routing;
 pub mod sampler;
 pub mod weights;
 
-pub use config::{Config, LayerKind, RopeSel};
+pub use config::{Config, Gating, LayerKind, Moe, RopeSel};
 pub use error::{ModelError, Result};
-pub use forward::{BatchScratch, Model, SlotMemory, State, StateOptions};
+pub use forward::{BatchScratch, Model, Output, SlotMemory, State, StateOptions};
 pub use kv::KvType;
 pub use sampler::{Sampler, SamplerOptions};
 pub use weights::{Packs, Weights};

@@ -17,6 +17,12 @@
 //! | W2 | hidden_dim | w2 | act(w1 h) ⊙ (w3 h) |
 //! | classifier | dim | wcls (or tok_emb when shared) | rmsnorm(x, final_norm) |
 //!
+//! In a mixture-of-experts layer, W13 holds the FFN input of every token (the input of
+//! the router and of the shared expert's sw1, sw3); each routed expert `e` has its own
+//! sums (an MLI1 version-2 file, [`MoeSums`]): its ew1/ew3 input (the FFN inputs of the
+//! tokens routed to it, with their count) and its ew2 input, and the shared expert its
+//! sw2 input. The layer's W2 slot stays zero.
+//!
 //! `tokens` counts the rows seen by layer 0's Attn input (every position run), and
 //! `cls_tokens` the rows seen by the classifier: positions prefilled without logits
 //! skip it. A linear-attention layer whose lout input width V·dv differs from q_dim
@@ -29,7 +35,7 @@
 use std::any::Any;
 
 use super::config::{Config, LayerKind};
-use crate::format::mli::{Mli, Slot};
+use crate::format::mli::{ExpertSlot, Mli, MoeSums, Slot};
 
 /// Which matrix input the forward pass is showing an [`Observer`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -46,12 +52,27 @@ pub enum Input {
     W2,
     /// The classifier input (after final_norm): dim channels; the layer is ignored.
     Cls,
+    /// The input of routed expert `e`'s ew1 and ew3: the FFN inputs (dim channels) of
+    /// the tokens routed to it, in position order.
+    ExpertIn(u32),
+    /// The input of routed expert `e`'s ew2: expert_hidden channels, its tokens in
+    /// position order.
+    ExpertHidden(u32),
+    /// The input of the shared expert's sw2: shared_hidden channels.
+    SharedHidden,
 }
 
 /// Sees every matrix input of a forward pass: `rows` holds one row per position of the
 /// chunk, each as wide as the input (see [`Input`]).
 pub trait Observer: Any + Send {
     fn observe(&mut self, layer: usize, input: Input, rows: &[f32]);
+
+    /// The experts the router of mixture-of-experts layer `layer` chose for the
+    /// positions `pos..`: `k` ids per position, in the order chosen (the largest
+    /// weight first; between equal weights the lower id).
+    fn routed(&mut self, layer: usize, pos: usize, k: usize, ids: &[u32]) {
+        let _ = (layer, pos, k, ids);
+    }
 }
 
 /// Shows `rows` to the observer, if any (called by the forward pass).
@@ -87,8 +108,20 @@ pub struct Collector {
 impl Collector {
     /// An empty matrix for the model `cfg`.
     pub fn new(cfg: &Config) -> Collector {
+        let mut mli = Mli::new(cfg.n_layers, cfg.dim, cfg.hidden_dim, cfg.q_dim);
+        if let Some(m) = cfg.moe.filter(|_| cfg.has_moe()) {
+            let layers = (0..cfg.n_layers).filter(|&l| cfg.moe_layers[l]).collect();
+            let sums = MoeSums::new(
+                layers,
+                m.n_experts,
+                cfg.dim,
+                m.expert_hidden,
+                m.shared_hidden,
+            );
+            mli = mli.with_moe(sums);
+        }
         Collector {
-            mli: Mli::new(cfg.n_layers, cfg.dim, cfg.hidden_dim, cfg.q_dim),
+            mli,
             lin_v_total: if cfg.layers.contains(&LayerKind::Linear) {
                 cfg.lin_v_total
             } else {
@@ -138,6 +171,24 @@ impl Observer for Collector {
             Input::Cls => {
                 let n = add_squares(m.cls_mut(), rows);
                 m.cls_tokens += n;
+            }
+            Input::ExpertIn(e) | Input::ExpertHidden(e) => {
+                let slot = match input {
+                    Input::ExpertIn(_) => ExpertSlot::In,
+                    _ => ExpertSlot::Hidden,
+                };
+                let Some(x) = m.moe.as_mut() else { return };
+                if let Some(sums) = x.expert_mut(layer, e as usize, slot) {
+                    let n = add_squares(sums, rows);
+                    if slot == ExpertSlot::In {
+                        *x.tokens_mut(layer, e as usize).expect("a MoE layer") += n;
+                    }
+                }
+            }
+            Input::SharedHidden => {
+                if let Some(sums) = m.moe.as_mut().and_then(|x| x.shared_mut(layer)) {
+                    add_squares(sums, rows);
+                }
             }
         }
     }

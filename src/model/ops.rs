@@ -126,6 +126,8 @@ unsafe impl ZeroBits for f32 {}
 unsafe impl ZeroBits for u16 {}
 // SAFETY: as above.
 unsafe impl ZeroBits for i8 {}
+// SAFETY: as above.
+unsafe impl ZeroBits for u32 {}
 
 /// `n` zeros, or `None` when the allocator cannot provide them.
 fn try_zeros<T: ZeroBits>(n: usize) -> Option<Vec<T>> {

@@ -6,7 +6,7 @@
 
 use crate::format::mlb::{Ffn, Kind, Mixer, Mlb};
 use crate::format::QMat;
-use crate::format::{FormatError, Status};
+use crate::format::{FormatError, ShapeError, Status};
 use crate::kernels::hugebuf::HugeBuf;
 use crate::kernels::packed::LOAD_BATCH_BYTES;
 use crate::kernels::{pool, Kernels, PackedMat, WeightMat};
@@ -28,9 +28,13 @@ pub struct AttnWeights<'a> {
     pub bq: Option<&'a [f32]>,
     pub bk: Option<&'a [f32]>,
     pub bv: Option<&'a [f32]>,
-    /// head_dim each (qk_norm only).
+    /// dim (qkv_bias 2 only): added to wo's output.
+    pub bo: Option<&'a [f32]>,
+    /// head_dim each (qk_norm 1), or q_dim and kv_dim (qk_norm 2: the whole projection).
     pub q_norm: Option<&'a [f32]>,
     pub k_norm: Option<&'a [f32]>,
+    /// n_heads sink logits (attn_sinks only).
+    pub sinks: Option<&'a [f32]>,
 }
 
 /// The weights of a gated-delta-rule mixer.
@@ -61,20 +65,69 @@ pub enum MixerWeights<'a> {
     Linear(LinearWeights<'a>),
 }
 
-/// One layer.
+/// A dense FFN's matrices.
 #[derive(Debug, Clone, Copy)]
-pub struct LayerWeights<'a> {
-    /// dim.
-    pub attn_norm: &'a [f32],
-    pub mixer: MixerWeights<'a>,
-    /// dim.
-    pub ffn_norm: &'a [f32],
+pub struct DenseWeights<'a> {
     /// hidden_dim × dim (gate).
     pub w1: WeightMat<'a>,
     /// dim × hidden_dim (down).
     pub w2: WeightMat<'a>,
     /// hidden_dim × dim (up).
     pub w3: WeightMat<'a>,
+}
+
+/// One expert's FFN: row ranges of the stacked matrices (see [`MoeWeights::expert`]).
+#[derive(Debug, Clone, Copy)]
+pub struct ExpertWeights<'a> {
+    /// eh × dim (gate), eh × dim (up), dim × eh (down).
+    pub w1: WeightMat<'a>,
+    pub w3: WeightMat<'a>,
+    pub w2: WeightMat<'a>,
+    /// eh, eh, dim (expert biases only).
+    pub b1: Option<&'a [f32]>,
+    pub b3: Option<&'a [f32]>,
+    pub b2: Option<&'a [f32]>,
+}
+
+/// A mixture-of-experts FFN's arrays, the stacked experts cut into one view per
+/// expert at load.
+#[derive(Debug, Clone)]
+pub struct MoeWeights<'a> {
+    /// E × dim, F32.
+    pub router: &'a [f32],
+    /// E (router bias only).
+    pub router_b: Option<&'a [f32]>,
+    /// Expert e's rows of ew1, ew3, ew2 (and of the biases).
+    pub experts: Vec<ExpertWeights<'a>>,
+    /// The shared expert's sw1, sw2, sw3 (shared_hidden > 0).
+    pub shared: Option<DenseWeights<'a>>,
+    /// dim (the shared expert's gate only).
+    pub sgate: Option<&'a [f32]>,
+}
+
+impl<'a> MoeWeights<'a> {
+    /// Expert `e`'s matrices.
+    pub fn expert(&self, e: usize) -> &ExpertWeights<'a> {
+        &self.experts[e]
+    }
+}
+
+/// A layer's FFN.
+#[derive(Debug, Clone)]
+pub enum FfnWeights<'a> {
+    Dense(DenseWeights<'a>),
+    Moe(MoeWeights<'a>),
+}
+
+/// One layer.
+#[derive(Debug, Clone)]
+pub struct LayerWeights<'a> {
+    /// dim.
+    pub attn_norm: &'a [f32],
+    pub mixer: MixerWeights<'a>,
+    /// dim.
+    pub ffn_norm: &'a [f32],
+    pub ffn: FfnWeights<'a>,
     /// dim each (post_norms only).
     pub post_attn_norm: Option<&'a [f32]>,
     pub post_ffn_norm: Option<&'a [f32]>,
@@ -255,8 +308,10 @@ impl<'a> Weights<'a> {
                     bq: opt(a.bq),
                     bk: opt(a.bk),
                     bv: opt(a.bv),
+                    bo: opt(a.bo),
                     q_norm: opt(a.q_norm),
                     k_norm: opt(a.k_norm),
+                    sinks: opt(a.sinks),
                 }),
                 Mixer::Linear(x) => MixerWeights::Linear(LinearWeights {
                     lqkv: mat(x.lqkv),
@@ -270,25 +325,60 @@ impl<'a> Weights<'a> {
                     lout: mat(x.lout),
                 }),
             };
-            let Ffn::Dense { w1, w2, w3 } = l.ffn else {
-                // The runtime's mixture-of-experts FFN is not written yet.
-                let e = FormatError::shape(
-                    lay.tensors[l.ffn_norm].name.to_string(),
-                    "mixture of experts",
-                    "this runtime does not run mixture-of-experts layers yet",
-                );
-                return Err(match &m.path {
-                    Some(p) => e.in_file(p),
-                    None => e,
-                });
+            let ffn = match &l.ffn {
+                Ffn::Dense { w1, w2, w3 } => FfnWeights::Dense(DenseWeights {
+                    w1: mat(*w1),
+                    w2: mat(*w2),
+                    w3: mat(*w3),
+                }),
+                Ffn::Moe(x) => {
+                    let shape = |e: ShapeError| {
+                        let e = FormatError::shape(
+                            lay.tensors[x.ew1].name.to_string(),
+                            "expert",
+                            e.to_string(),
+                        );
+                        match &m.path {
+                            Some(p) => e.in_file(p),
+                            None => e,
+                        }
+                    };
+                    let (ew1, ew2, ew3) = (mat(x.ew1), mat(x.ew2), mat(x.ew3));
+                    let n = m.dims().n_experts;
+                    let (eh, dim) = (ew1.mat.rows / n, ew2.mat.rows / n);
+                    let mut experts = Vec::with_capacity(n);
+                    for e in 0..n {
+                        let (h, o) = (e * eh..(e + 1) * eh, e * dim..(e + 1) * dim);
+                        let part = |b: Option<usize>, r: &std::ops::Range<usize>| {
+                            b.map(|i| &m.f32s(i)[r.clone()])
+                        };
+                        experts.push(ExpertWeights {
+                            w1: ew1.row_range(h.start, h.end).map_err(shape)?,
+                            w3: ew3.row_range(h.start, h.end).map_err(shape)?,
+                            w2: ew2.row_range(o.start, o.end).map_err(shape)?,
+                            b1: part(x.eb1, &h),
+                            b3: part(x.eb3, &h),
+                            b2: part(x.eb2, &o),
+                        });
+                    }
+                    FfnWeights::Moe(MoeWeights {
+                        router: vec(x.router),
+                        router_b: opt(x.router_b),
+                        experts,
+                        shared: x.shared.map(|[w1, w2, w3]| DenseWeights {
+                            w1: mat(w1),
+                            w2: mat(w2),
+                            w3: mat(w3),
+                        }),
+                        sgate: opt(x.sgate),
+                    })
+                }
             };
             layers.push(LayerWeights {
                 attn_norm: vec(l.attn_norm),
                 mixer,
                 ffn_norm: vec(l.ffn_norm),
-                w1: mat(w1),
-                w2: mat(w2),
-                w3: mat(w3),
+                ffn,
                 post_attn_norm: opt(l.post_attn_norm),
                 post_ffn_norm: opt(l.post_ffn_norm),
             });

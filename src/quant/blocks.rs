@@ -1,5 +1,6 @@
-//! Matrices of the GGUF block types (the K types of [`super::kquants`] and the 32-weight
-//! types of [`super::blocks32`]): one array of `rows × cols / block_weights` blocks,
+//! Matrices of the GGUF block types (the K types of [`super::kquants`], the 32-weight
+//! types of [`super::blocks32`], MXFP4 ([`super::mxfp4`]), and Q2_K, Q3_K, IQ4_XS
+//! ([`super::lowbit`])): one array of `rows × cols / block_weights` blocks,
 //! row-major, each block its GGUF bytes with its scales inside (no scale array).
 //!
 //! Rows are quantized in parallel (rayon), each a pure function of its values and the
@@ -8,12 +9,46 @@
 use rayon::prelude::*;
 
 use super::error::{check_matrix, QuantError};
-use super::{blocks32, fit, kquants};
+use super::{blocks32, fit, kquants, lowbit, mxfp4};
 use crate::format::wtype::WType;
 
 /// Whether `t` is stored as GGUF blocks with their scales inside.
 pub fn is_block_type(t: WType) -> bool {
-    kquants::is_k(t) || blocks32::is_block32(t)
+    kquants::is_k(t) || blocks32::is_block32(t) || lowbit::is_lowbit(t) || t == WType::MXFP4
+}
+
+/// Dequantizes one block of `t` (`q`: its bytes) into `out` (its weights).
+pub fn dequant_block(t: WType, q: &[u8], out: &mut [f32]) {
+    match t {
+        WType::Q4_K | WType::Q5_K | WType::Q6_K => kquants::dequant_block(t, q, out),
+        WType::Q4_1 | WType::Q5_0 | WType::Q5_1 | WType::IQ4_NL | WType::Q6_0 => {
+            blocks32::dequant_block(t, q, out)
+        }
+        WType::MXFP4 => mxfp4::dequant_block(q, out),
+        WType::Q2_K | WType::Q3_K | WType::IQ4_XS => lowbit::dequant_block(t, q, out),
+        WType::Q8_0 | WType::Q4_0 | WType::BF16 | WType::F16 => {
+            panic!("{t} is not a GGUF block type")
+        }
+    }
+}
+
+/// Quantizes one block of `t` (`x`, element weights `w`) into `out`. `Err(v)` when a
+/// scale `v` does not fit in an f16.
+pub fn quantize_block(t: WType, x: &[f32], w: &[f32], out: &mut [u8]) -> Result<(), f32> {
+    match t {
+        WType::Q4_K | WType::Q5_K | WType::Q6_K => kquants::quantize_block(t, x, w, out),
+        WType::Q4_1 | WType::Q5_0 | WType::Q5_1 | WType::IQ4_NL | WType::Q6_0 => {
+            blocks32::quantize_block(t, x, w, out)
+        }
+        WType::MXFP4 => {
+            mxfp4::quantize_block(x, w, out);
+            Ok(())
+        }
+        WType::Q2_K | WType::Q3_K | WType::IQ4_XS => lowbit::quantize_block(t, x, w, out),
+        WType::Q8_0 | WType::Q4_0 | WType::BF16 | WType::F16 => {
+            panic!("{t} is not a GGUF block type")
+        }
+    }
 }
 
 /// Dequantizes one row (`q` = its blocks) into `out` (`cols` values).
@@ -22,26 +57,6 @@ pub fn dequant_row(t: WType, q: &[u8], out: &mut [f32]) {
     debug_assert_eq!(q.len() / bb * bw, out.len());
     for (ob, qb) in out.chunks_exact_mut(bw).zip(q.chunks_exact(bb)) {
         dequant_block(t, qb, ob);
-    }
-}
-
-/// Quantizes one block of `t` (its [`WType::block_weights`] values `x`, element weights
-/// `w`) into `out` by the type's own quantizer. `Err(v)` when a scale `v` does not fit
-/// in an f16.
-pub fn quantize_block(t: WType, x: &[f32], w: &[f32], out: &mut [u8]) -> Result<(), f32> {
-    if kquants::is_k(t) {
-        kquants::quantize_block(t, x, w, out)
-    } else {
-        blocks32::quantize_block(t, x, w, out)
-    }
-}
-
-/// Dequantizes one block of `t` into `out`.
-pub fn dequant_block(t: WType, q: &[u8], out: &mut [f32]) {
-    if kquants::is_k(t) {
-        kquants::dequant_block(t, q, out);
-    } else {
-        blocks32::dequant_block(t, q, out);
     }
 }
 
@@ -302,6 +317,93 @@ mod tests {
                     .flat_map(|j| {
                         let xj = &x[32 * j..32 * (j + 1)];
                         affine(xj, nmax, d * code(s[j], d), -(dm * code(mu[j], dm)))
+                    })
+                    .collect()
+            }
+            WType::MXFP4 => {
+                // gguf-py's quantizer: e = floor(log2(max |x|)) − 2 + 127, nearest level.
+                let amax = x.iter().fold(0f64, |m, v| m.max(v.abs()));
+                let e = if amax > 0.0 {
+                    (amax.log2().floor() - 2.0 + 127.0).clamp(0.0, 254.0)
+                } else {
+                    0.0
+                };
+                let d = 2f64.powf(e - 128.0);
+                let vals: Vec<f64> = mxfp4::KVALUES.iter().map(|&v| v as f64).collect();
+                x.iter()
+                    .map(|&v| {
+                        let l = vals.iter().fold(f64::INFINITY, |b, &l| {
+                            if (v - d * l).abs() < (v - d * b).abs() {
+                                l
+                            } else {
+                                b
+                            }
+                        });
+                        d * l
+                    })
+                    .collect()
+            }
+            WType::Q2_K => {
+                let (mut s, mut mu) = ([0f64; 16], [0f64; 16]);
+                for j in 0..16 {
+                    let xj = &x[16 * j..16 * (j + 1)];
+                    let mn = xj.iter().cloned().fold(0.0, f64::min);
+                    let mx = xj.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                    (s[j], mu[j]) = ((mx - mn) / 3.0, -mn);
+                }
+                let d = f16r(s.iter().cloned().fold(0.0, f64::max) / 15.0);
+                let dm = f16r(mu.iter().cloned().fold(0.0, f64::max) / 15.0);
+                let code = |v: f64, d: f64| {
+                    if d == 0.0 {
+                        0.0
+                    } else {
+                        (v / d).round().min(15.0)
+                    }
+                };
+                (0..16)
+                    .flat_map(|j| {
+                        let xj = &x[16 * j..16 * (j + 1)];
+                        affine(xj, 3.0, d * code(s[j], d), -(dm * code(mu[j], dm)))
+                    })
+                    .collect()
+            }
+            WType::Q3_K | WType::IQ4_XS => {
+                // Sub-block scales mapping the largest element to the lowest level, then
+                // signed 6-bit codes under d = (largest scale) / −32, nearest levels.
+                let (sub, vals): (usize, Vec<f64>) = if t == WType::Q3_K {
+                    (16, uniform(-4, 3))
+                } else {
+                    let v = blocks32::IQ4NL_VALUES.iter().map(|&v| v as f64).collect();
+                    (32, v)
+                };
+                let s: Vec<f64> = x.chunks(sub).map(|xj| signed_max(xj) / vals[0]).collect();
+                let d = f16r(signed_max(&s) / -32.0);
+                (0..256 / sub)
+                    .flat_map(|j| {
+                        let c = if d == 0.0 {
+                            0.0
+                        } else {
+                            (s[j] / d).round().clamp(-32.0, 31.0)
+                        };
+                        let dj = d * c;
+                        let vals = &vals;
+                        x[sub * j..sub * (j + 1)]
+                            .iter()
+                            .map(move |&v| {
+                                let l = vals.iter().fold(f64::INFINITY, |b, &l| {
+                                    if (v - dj * l).abs() < (v - dj * b).abs() {
+                                        l
+                                    } else {
+                                        b
+                                    }
+                                });
+                                if l.is_finite() {
+                                    dj * l
+                                } else {
+                                    0.0
+                                }
+                            })
+                            .collect::<Vec<_>>()
                     })
                     .collect()
             }

@@ -42,12 +42,12 @@ pub fn is_k(t: WType) -> bool {
 }
 
 #[inline(always)]
-fn f16_at(b: &[u8], at: usize) -> f32 {
+pub(super) fn f16_at(b: &[u8], at: usize) -> f32 {
     half::f16::from_bits(u16::from_le_bytes([b[at], b[at + 1]])).to_f32()
 }
 
 #[inline(always)]
-fn put_f16(b: &mut [u8], at: usize, v: f32) {
+pub(super) fn put_f16(b: &mut [u8], at: usize, v: f32) {
     b[at..at + 2].copy_from_slice(&half::f16::from_f32(v).to_bits().to_le_bytes());
 }
 
@@ -209,47 +209,70 @@ pub fn dequant_block(t: WType, b: &[u8], out: &mut [f32]) {
     }
 }
 
-/// Codes for sub-block scales `s` (≥ 0) in `0..=63` under an f16 super-scale: the
-/// weighted least-squares fit over candidate mappings of the largest scale to
-/// 63.5, 63, …, 60 (then the f16 values next to each fit), smallest
-/// `Σ W_j (s_j − d·c_j)²` first. Returns `(d, codes)`, `d` as its f16 value.
+/// Codes for sub-block scales `s` (≥ 0) in `0..=63` under an f16 super-scale
+/// ([`quantize_scales_unsigned`] with `nmax` 63).
 fn quantize_scales_u6(s: &[f32; NSUB], wt: &[f32; NSUB]) -> (f32, [u8; NSUB]) {
+    quantize_scales_unsigned(s, wt, 63)
+}
+
+/// Codes for sub-block scales `s` (≥ 0) in `0..=nmax` under an f16 super-scale: the
+/// weighted least-squares fit over candidate mappings of the largest scale to
+/// nmax + 0.5, nmax, …, nmax − 3 (then the f16 values next to each fit), smallest
+/// `Σ W_j (s_j − d·c_j)²` first. Returns `(d, codes)`, `d` as its f16 value.
+pub(super) fn quantize_scales_unsigned<const N: usize>(
+    s: &[f32; N],
+    wt: &[f32; N],
+    nmax: u8,
+) -> (f32, [u8; N]) {
     let smax = s.iter().fold(0.0f32, |a, &v| a.max(v));
     if smax <= 0.0 {
-        return (0.0, [0; NSUB]);
+        return (0.0, [0; N]);
     }
-    let codes = |d: f32| -> [u8; NSUB] {
-        let mut c = [0u8; NSUB];
+    let top = nmax as f32;
+    let codes = |d: f32| -> [u8; N] {
+        let mut c = [0u8; N];
         if d > 0.0 {
             for (o, &v) in c.iter_mut().zip(s) {
-                *o = (v / d).round().clamp(0.0, 63.0) as u8;
+                *o = (v / d).round().clamp(0.0, top) as u8;
             }
         }
         c
     };
-    let starts = (0..8).map(|k| smax / (63.5 - 0.5 * k as f32));
+    let starts = (0..8).map(|k| smax / (top + 0.5 - 0.5 * k as f32));
     fit_scale_codes(s, wt, starts, codes)
 }
 
-/// Int8 codes (−128..=127) for signed sub-block scales under an f16 super-scale: the
-/// scale of largest magnitude mapped to −128, −127.5, …, −124.5 and to 127, 126.5, …,
-/// 123.5, each followed by the weighted least-squares `d` for its codes and the f16
-/// values next to it; smallest `Σ W_j (s_j − d·c_j)²` first. Returns `(d, codes)`.
+/// Int8 codes (−128..=127) for signed sub-block scales under an f16 super-scale
+/// ([`quantize_scales_signed`] over the whole int8 range).
 fn quantize_scales_i8(s: &[f32; 16], wt: &[f32; 16]) -> (f32, [i8; 16]) {
+    quantize_scales_signed(s, wt, -128, 127)
+}
+
+/// Codes in `lo..=hi` for signed sub-block scales under an f16 super-scale: the scale of
+/// largest magnitude mapped to lo, lo + 0.5, …, lo + 3.5 and to hi, hi − 0.5, …,
+/// hi − 3.5, each followed by the weighted least-squares `d` for its codes and the f16
+/// values next to it; smallest `Σ W_j (s_j − d·c_j)²` first. Returns `(d, codes)`.
+pub(super) fn quantize_scales_signed<const N: usize>(
+    s: &[f32; N],
+    wt: &[f32; N],
+    lo: i8,
+    hi: i8,
+) -> (f32, [i8; N]) {
     let (m, amax) = fit::signed_max(s);
     if amax == 0.0 {
-        return (0.0, [0; 16]);
+        return (0.0, [0; N]);
     }
-    let codes = |d: f32| -> [i8; 16] {
-        let mut c = [0i8; 16];
+    let (flo, fhi) = (lo as f32, hi as f32);
+    let codes = |d: f32| -> [i8; N] {
+        let mut c = [0i8; N];
         if d != 0.0 {
             for (o, &v) in c.iter_mut().zip(s) {
-                *o = (v / d).round().clamp(-128.0, 127.0) as i8;
+                *o = (v / d).round().clamp(flo, fhi) as i8;
             }
         }
         c
     };
-    let starts = [-128.0f32, 127.0]
+    let starts = [flo, fhi]
         .into_iter()
         .flat_map(|end| (0..8).map(move |k| m / (end - end.signum() * 0.5 * k as f32)));
     fit_scale_codes(s, wt, starts, codes)

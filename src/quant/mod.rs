@@ -13,6 +13,8 @@ pub mod feedback;
 pub mod fit;
 pub mod half_float;
 pub mod kquants;
+pub mod lowbit;
+pub mod mxfp4;
 pub mod q4_0;
 pub mod q8_0;
 

@@ -5,9 +5,10 @@
 //! `{"error": {"message", "type", "param", "code"}}`).
 //!
 //! Unknown request fields are ignored (as llama-server and vLLM do); known fields the
-//! server cannot honour (`n` > 1, `tools`, `echo`, `suffix`, `best_of` > 1, a
-//! `response_format` other than text) are refused with a 400 naming the field, never
-//! silently dropped.
+//! server cannot honour (`n` > 1, `functions`, `echo`, `suffix`, `best_of` > 1) are
+//! refused with a 400 naming the field, never silently dropped. The fields that shape
+//! the output (`response_format`, `grammar`, `regex`, `tools`, `tool_choice`,
+//! `parallel_tool_calls`) are read in `structured`.
 
 use std::fmt;
 
@@ -16,6 +17,8 @@ use minijinja::value::ValueKind;
 use serde::Deserialize;
 use serde_json::{json, Value as Json};
 
+use super::structured::{self, Structured, StructuredError};
+use crate::chat::tools::normalize_tool_calls;
 use crate::chat::{ChatError, Message, RenderOptions, Value};
 use crate::model::SamplerOptions;
 use crate::tokenizer::Tokenizer;
@@ -175,6 +178,22 @@ impl ApiError {
     }
 }
 
+impl From<StructuredError> for ApiError {
+    fn from(e: StructuredError) -> ApiError {
+        match e {
+            StructuredError::Field {
+                param,
+                message,
+                code,
+            } => ApiError {
+                code: Some(code),
+                ..ApiError::invalid(&param, message)
+            },
+            StructuredError::Engine(message) => ApiError::internal(message),
+        }
+    }
+}
+
 impl fmt::Display for ApiError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{} {}", self.status.as_u16(), self.message)
@@ -223,6 +242,8 @@ pub struct Request {
     pub stop: Vec<String>,
     pub stream: bool,
     pub include_usage: bool,
+    /// The output's format and the tools (`structured`).
+    pub structured: Structured,
 }
 
 /// The fields of both endpoints as JSON gives them (checked in [`parse`]). Fields with
@@ -255,8 +276,12 @@ struct Fields {
     best_of: Option<i64>,
     suffix: Option<String>,
     tools: Option<Json>,
+    tool_choice: Option<Json>,
+    parallel_tool_calls: Option<bool>,
     functions: Option<Json>,
     response_format: Option<Json>,
+    grammar: Option<Json>,
+    regex: Option<Json>,
     chat_template_kwargs: Option<serde_json::Map<String, Json>>,
     add_generation_prompt: Option<bool>,
     continue_final_message: Option<bool>,
@@ -275,6 +300,12 @@ struct ChatParts {
     messages: Value,
     #[serde(default)]
     chat_template_kwargs: Option<Value>,
+    #[serde(default)]
+    tools: Option<Value>,
+    #[serde(default)]
+    tool_choice: Option<Value>,
+    #[serde(default)]
+    parallel_tool_calls: Option<Value>,
 }
 
 /// A body that is not the JSON the endpoint takes, as OpenAI words it.
@@ -470,6 +501,7 @@ fn message(v: &Value, i: usize) -> Result<Message, ApiError> {
     let field = format!("messages[{i}]");
     let mut m = Message::from_value(v, &field).map_err(|e| chat_error(&e))?;
     check_shape(&m, &field)?;
+    normalize_tool_calls(&mut m);
     if let Some(c) = m
         .get("content")
         .filter(|c| c.kind() == ValueKind::Seq)
@@ -510,6 +542,17 @@ pub fn parse(body: &[u8], endpoint: Endpoint, vocab: usize) -> Result<Request, A
             format!("'n' = {n}: this server makes one choice per request (n = 1)."),
         ));
     }
+    let structured = structured::parse(
+        &structured::Fields {
+            response_format: f.response_format.as_ref(),
+            grammar: f.grammar.as_ref(),
+            regex: f.regex.as_ref(),
+            tools: f.tools.as_ref(),
+            tool_choice: f.tool_choice.as_ref(),
+            parallel_tool_calls: f.parallel_tool_calls,
+        },
+        endpoint == Endpoint::Chat,
+    )?;
     let prompt = match endpoint {
         Endpoint::Chat => {
             match &f.messages {
@@ -528,23 +571,14 @@ pub fn parse(body: &[u8], endpoint: Endpoint, vocab: usize) -> Result<Request, A
                     ))
                 }
             }
-            for (name, v) in [("tools", &f.tools), ("functions", &f.functions)] {
-                if v.as_ref().is_some_and(|t| !t.is_null() && t != &json!([])) {
-                    return Err(ApiError::invalid(
-                        name,
-                        format!(
-                            "'{name}' is not supported: this server does not parse tool calls."
-                        ),
-                    ));
-                }
-            }
-            if let Some(rf) = f.response_format.as_ref().filter(|r| !r.is_null()) {
-                if rf.get("type").and_then(Json::as_str) != Some("text") {
-                    return Err(ApiError::invalid(
-                        "response_format",
-                        "Only 'response_format' {\"type\": \"text\"} is supported.",
-                    ));
-                }
+            if f.functions
+                .as_ref()
+                .is_some_and(|t| !t.is_null() && t != &json!([]))
+            {
+                return Err(ApiError::invalid(
+                    "functions",
+                    "'functions' (deprecated) is not supported: give 'tools'.",
+                ));
             }
             let parts: ChatParts = from_json(body)?;
             let mut messages = Vec::new();
@@ -567,6 +601,19 @@ pub fn parse(body: &[u8], endpoint: Endpoint, vocab: usize) -> Result<Request, A
                     "continue_final_message",
                     "'continue_final_message' and 'add_generation_prompt' cannot both be true.",
                 ));
+            }
+            // As transformers passes them: `tools` as given; the choice and parallelism,
+            // which only some templates read, as template variables when given.
+            if structured.tools.is_some() {
+                opts.tools = parts.tools;
+            }
+            for (k, v) in [
+                ("tool_choice", parts.tool_choice),
+                ("parallel_tool_calls", parts.parallel_tool_calls),
+            ] {
+                if let Some(v) = v.filter(|v| !v.is_none()) {
+                    opts.set(k, v);
+                }
             }
             if let Some(kw) = parts.chat_template_kwargs.filter(|k| !k.is_none()) {
                 if kw.kind() != ValueKind::Map {
@@ -746,6 +793,7 @@ pub fn parse(body: &[u8], endpoint: Endpoint, vocab: usize) -> Result<Request, A
                 .as_ref()
                 .and_then(|o| o.include_usage)
                 .unwrap_or(false),
+        structured,
     })
 }
 
@@ -754,6 +802,8 @@ pub fn parse(body: &[u8], endpoint: Endpoint, vocab: usize) -> Result<Request, A
 pub enum Finish {
     Stop,
     Length,
+    /// The reply ended after tool calls.
+    ToolCalls,
 }
 
 impl Finish {
@@ -761,6 +811,7 @@ impl Finish {
         match self {
             Finish::Stop => "stop",
             Finish::Length => "length",
+            Finish::ToolCalls => "tool_calls",
         }
     }
 }
@@ -1033,7 +1084,8 @@ mod tests {
             (r#""top_logprobs": 2"#, "top_logprobs"),
             (r#""logit_bias": {"a": 1}"#, "logit_bias"),
             (r#""logit_bias": {"100": 1}"#, "logit_bias"),
-            (r#""tools": [{"type": "function"}]"#, "tools"),
+            (r#""tools": [{"type": "function"}]"#, "tools[0].function"),
+            (r#""functions": [{"name": "f"}]"#, "functions"),
             (r#""stream": "yes""#, "stream"),
         ] {
             let body = format!(r#"{{"messages": [{{"role": "user", "content": "x"}}], {field}}}"#);

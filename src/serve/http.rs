@@ -31,12 +31,18 @@ use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
 use super::api::{self, ApiError, Endpoint, Meta, Prompt, Request, TokenLogprob};
 use super::conn::{Conn, Running};
-use super::scheduler::{Event, Job, Msg, Shared};
+use super::embed::{self as embed_api, Input};
+use super::metrics::Metrics;
+use super::scheduler::{Event, Job, Msg, Shared, Work};
+use super::structured::{self, GrammarEngine};
+use crate::chat::tools::{ToolEvent, ToolParser};
 use crate::chat::Chat;
-use crate::session::{Engine, GenerateOptions};
+use crate::session::{Engine, GenerateOptions, Pooling};
 
 /// What every handler shares.
 pub struct App {
+    /// Compiles requests' grammars (structured output, required tool calls).
+    pub grammar: GrammarEngine,
     pub engine: Arc<Engine>,
     /// The tokenizer's chat template and stop set (`None`: no template).
     pub chat: Option<Chat>,
@@ -61,11 +67,19 @@ pub struct App {
     /// Longest prompt text (a completion's, a chat's rendering) encoded: any longer
     /// cannot fit the context.
     pub max_prompt_bytes: usize,
+    /// Most ids over all inputs of one embeddings request, and most text bytes (any
+    /// more cannot encode to fewer ids).
+    pub max_embed_tokens: usize,
+    pub max_embed_bytes: usize,
     /// Permits for CPU work on the blocking pool (rendering, encoding): one per core.
     pub cpu: Arc<tokio::sync::Semaphore>,
     /// Per-process random bits for ids and seeds.
     pub salt: u64,
     pub counter: AtomicU64,
+    /// What /metrics reports.
+    pub metrics: Arc<Metrics>,
+    /// How /v1/embeddings pools (`--pooling`, else the model's).
+    pub pooling: Pooling,
 }
 
 impl IntoResponse for ApiError {
@@ -103,6 +117,11 @@ impl App {
         mix(self.salt ^ self.counter.fetch_add(1, Relaxed))
     }
 
+    /// A fresh tool call id.
+    fn call_id(&self) -> String {
+        format!("call_{:016x}", self.next())
+    }
+
     fn tokenizer(&self) -> &crate::tokenizer::Tokenizer {
         self.engine
             .tokenizer()
@@ -130,6 +149,39 @@ impl App {
             Prompt::Text(t) => Ok(self.tokenizer().encode(t)),
             Prompt::Ids(ids) => Ok(ids.clone()),
         }
+    }
+
+    /// The ids of embedding input `i`: at least one, and at most the context.
+    fn embed_ids(&self, i: usize, input: &Input) -> Result<Vec<u32>, ApiError> {
+        let too_long = |what: String| {
+            ApiError::context(
+                "input",
+                format!(
+                    "This model's maximum context length is {} tokens, and input {i} {what}. Please reduce the length of the input.",
+                    self.ctx
+                ),
+            )
+        };
+        let ids = match input {
+            Input::Text(t) if t.len() > self.max_prompt_bytes => {
+                return Err(too_long(format!(
+                    "has {} bytes, which cannot encode to fewer",
+                    t.len()
+                )))
+            }
+            Input::Text(t) => self.tokenizer().encode(t),
+            Input::Ids(ids) => ids.clone(),
+        };
+        if ids.is_empty() {
+            return Err(ApiError::invalid(
+                "input",
+                format!("Input {i} encodes to no tokens: there is nothing to embed."),
+            ));
+        }
+        if ids.len() > self.ctx {
+            return Err(too_long(format!("has {} tokens", ids.len())));
+        }
+        Ok(ids)
     }
 
     /// 404, as OpenAI answers a chat request to a model that only completes text.
@@ -200,13 +252,16 @@ pub fn router(app: Arc<App>) -> Router {
     Router::new()
         .route("/v1/chat/completions", post(chat))
         .route("/v1/completions", post(completions))
+        .route("/v1/embeddings", post(embeddings))
         .route("/v1/models", get(models))
         .route("/health", get(health))
+        .route("/metrics", get(metrics))
         .route("/tokenize", post(tokenize))
         .route("/detokenize", post(detokenize))
         .fallback(not_found)
         .method_not_allowed_fallback(not_allowed)
         .layer(middleware::from_fn_with_state(app.clone(), auth))
+        .layer(middleware::from_fn_with_state(app.clone(), count))
         .layer(DefaultBodyLimit::max(app.max_body))
         .with_state(app)
 }
@@ -233,6 +288,27 @@ async fn auth(State(app): State<Arc<App>>, req: axum::extract::Request, next: Ne
         }
         _ => ApiError::unauthorized(header.is_some()).into_response(),
     }
+}
+
+/// Counts every answer by route and status (/metrics); unknown routes count as
+/// `other`, so a scan of random paths adds one series, not one per path.
+async fn count(State(app): State<Arc<App>>, req: axum::extract::Request, next: Next) -> Response {
+    const ROUTES: [&str; 9] = [
+        "/v1/chat/completions",
+        "/v1/completions",
+        "/v1/embeddings",
+        "/v1/models",
+        "/health",
+        "/metrics",
+        "/tokenize",
+        "/detokenize",
+        "other",
+    ];
+    let path = req.uri().path();
+    let route = ROUTES.iter().find(|&&r| r == path).unwrap_or(&"other");
+    let r = next.run(req).await;
+    app.metrics.request(route, r.status().as_u16());
+    r
 }
 
 async fn not_found(method: Method, uri: Uri) -> Response {
@@ -293,7 +369,11 @@ async fn json_body<T: DeserializeOwned>(
     Ok((api::from_json(&body)?, conn.map(|c| c.running())))
 }
 
+/// The one model, with its context (`context_length`: positions per slot, what a
+/// request's prompt and completion share; `meta`: llama-server's fields, `n_ctx_train`
+/// the model's own longest context).
 async fn models(State(app): State<Arc<App>>) -> Response {
+    let c = app.engine.config();
     Json(json!({
         "object": "list",
         "data": [{
@@ -301,9 +381,30 @@ async fn models(State(app): State<Arc<App>>) -> Response {
             "object": "model",
             "created": app.created,
             "owned_by": "krafla",
+            "context_length": app.ctx,
+            "meta": {
+                "n_ctx": app.ctx,
+                "n_ctx_train": c.max_seq,
+                "n_vocab": c.vocab,
+                "n_embd": c.dim,
+                "n_params": null,
+                "slots": app.parallel,
+            },
         }],
     }))
     .into_response()
+}
+
+/// Prometheus' text format (`metrics`).
+async fn metrics(State(app): State<Arc<App>>) -> Response {
+    (
+        [(
+            axum::http::header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        app.metrics.render(),
+    )
+        .into_response()
 }
 
 async fn health(State(app): State<Arc<App>>) -> Response {
@@ -457,7 +558,14 @@ async fn generate(
         .ticket()
         .ok_or_else(|| ApiError::busy(app.parallel, app.queue))?;
     let a = app.clone();
-    let (req, ids) = blocking(&app, move || a.prompt_ids(&req).map(|ids| (req, ids))).await?;
+    let format = structured::tool_format(app.chat.as_ref());
+    let (req, ids, constraint) = blocking(&app, move || {
+        let ids = a.prompt_ids(&req)?;
+        let c = a.grammar.constraint(&req.structured, format)?;
+        Ok((req, ids, c))
+    })
+    .await?;
+    let (constraint, grammar_field) = constraint.map_or((None, None), |(c, f)| (Some(c), Some(f)));
     let gen = app.gen_options(&req, ids.len())?;
     let prefix = match endpoint {
         Endpoint::Chat => "chatcmpl",
@@ -474,10 +582,12 @@ async fn generate(
     app.tx
         .send(Msg::Job(Box::new(Job {
             ids,
-            gen,
+            work: Work::Generate(gen),
+            constraint,
+            grammar_field,
             events,
             label: endpoint.name(),
-            ticket,
+            ticket: Arc::new(ticket),
         })))
         .map_err(|_| ApiError::shutting_down())?;
     match rx.recv().await {
@@ -485,11 +595,118 @@ async fn generate(
         Some(Event::Failed(e)) => return Err(e),
         _ => return Err(ApiError::internal("the model thread dropped the request")),
     }
+    // Tool calls are read out of the reply unless tool_choice is none.
+    let tools = req
+        .structured
+        .tools
+        .as_ref()
+        .filter(|_| req.structured.reads_calls())
+        .map(|t| ToolParser::new(format, t.names()));
     if req.stream {
-        Ok(stream_response(app, meta, req.include_usage, rx, running))
+        Ok(stream_response(
+            app,
+            meta,
+            req.include_usage,
+            rx,
+            running,
+            tools,
+        ))
     } else {
-        collect(app, meta, rx).await
+        collect(app, meta, rx, tools).await
     }
+}
+
+/// /v1/embeddings: each input is encoded (on the blocking pool), checked against the
+/// context, and queued as a job of its own (sharing the request's queue place), so the
+/// inputs run in any free slots, batched with the other requests' steps; the answer
+/// comes when all are pooled.
+async fn embeddings(
+    State(app): State<Arc<App>>,
+    req: axum::extract::Request,
+) -> Result<Response, ApiError> {
+    let (body, conn) = read_body(&app, req).await?;
+    let _running = conn.map(|c| c.running());
+    let c = app.engine.config();
+    let req = embed_api::parse(&body, c.vocab, c.dim)?;
+    // The request's budget, by bytes before encoding, by ids after.
+    let over = |what: String| {
+        ApiError::invalid(
+            "input",
+            format!(
+                "The inputs {what}: at most {} tokens over all inputs of one request (--max-embed-tokens). Please send fewer or shorter inputs.",
+                app.max_embed_tokens
+            ),
+        )
+    };
+    let bytes: usize = req.inputs.iter().map(Input::size).sum();
+    if bytes > app.max_embed_bytes {
+        return Err(over(format!(
+            "have {bytes} bytes and token ids, which cannot encode to fewer tokens"
+        )));
+    }
+    if app.shared.draining.load(Relaxed) {
+        return Err(ApiError::shutting_down());
+    }
+    let ticket = Arc::new(
+        app.shared
+            .ticket()
+            .ok_or_else(|| ApiError::busy(app.parallel, app.queue))?,
+    );
+    let a = app.clone();
+    let (req, ids) = blocking(&app, move || {
+        let ids = req
+            .inputs
+            .iter()
+            .enumerate()
+            .map(|(i, input)| a.embed_ids(i, input))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok((req, ids))
+    })
+    .await?;
+    let total: usize = ids.iter().map(Vec::len).sum();
+    if total > app.max_embed_tokens {
+        return Err(over(format!("have {total} tokens")));
+    }
+    let n = ids.len();
+    let (events, mut rx) = unbounded_channel();
+    for (index, ids) in ids.into_iter().enumerate() {
+        app.tx
+            .send(Msg::Job(Box::new(Job {
+                ids,
+                work: Work::Embed {
+                    pooling: app.pooling,
+                    index,
+                },
+                constraint: None,
+                grammar_field: None,
+                events: events.clone(),
+                label: "embedding",
+                ticket: ticket.clone(),
+            })))
+            .map_err(|_| ApiError::shutting_down())?;
+    }
+    drop(events);
+    let mut vectors: Vec<Option<Vec<f32>>> = vec![None; n];
+    let mut tokens = 0;
+    let mut done = 0;
+    while done < n {
+        match rx.recv().await {
+            Some(Event::Embedding {
+                index,
+                vector,
+                tokens: t,
+            }) => {
+                vectors[index] = Some(embed_api::finish(&req, vector));
+                tokens += t;
+                done += 1;
+            }
+            Some(Event::Failed(e)) => return Err(e),
+            Some(_) => {}
+            None => return Err(ApiError::internal("the model thread dropped the request")),
+        }
+    }
+    let vectors: Vec<Vec<f32>> = vectors.into_iter().flatten().collect();
+    Ok(Json(embed_api::response(&app.model, &req, &vectors, tokens)).into_response())
 }
 
 /// The whole answer of a request that does not stream.
@@ -497,6 +714,7 @@ async fn collect(
     app: Arc<App>,
     meta: Meta,
     mut rx: UnboundedReceiver<Event>,
+    tools: Option<ToolParser>,
 ) -> Result<Response, ApiError> {
     let mut text = String::new();
     let mut lps = Vec::new();
@@ -514,9 +732,34 @@ async fn collect(
             } => {
                 text.push_str(&tail);
                 let lp = api::logprobs_json(&meta, app.tokenizer(), &lps, 0);
-                return Ok(Json(api::response(&meta, &text, finish, &usage, lp)).into_response());
+                let mut resp = api::response(&meta, &text, finish, &usage, lp);
+                if let Some(mut p) = tools {
+                    let mut evs = p.push(&text);
+                    evs.extend(p.finish());
+                    let content: String = evs
+                        .into_iter()
+                        .filter_map(|e| match e {
+                            ToolEvent::Content(t) => Some(t),
+                            _ => None,
+                        })
+                        .collect();
+                    let calls: Vec<_> = p
+                        .calls()
+                        .iter()
+                        .map(|c| (app.call_id(), c.clone()))
+                        .collect();
+                    if !calls.is_empty() {
+                        let content = Some(content).filter(|c| !c.trim().is_empty());
+                        structured::with_tool_calls(&mut resp, content, &calls);
+                        if finish == api::Finish::Length {
+                            resp["choices"][0]["finish_reason"] = json!("length");
+                        }
+                    }
+                }
+                return Ok(Json(resp).into_response());
             }
             Event::Failed(e) => return Err(e),
+            Event::Embedding { .. } => {}
         }
     }
     Err(ApiError::internal("the model thread dropped the request"))
@@ -533,6 +776,9 @@ struct Streaming {
     /// Characters of completion text sent (the completions' `text_offset`).
     offset: usize,
     done: bool,
+    /// Reads tool calls out of the text (tools given, tool_choice not none), with the
+    /// ids of the calls begun.
+    tools: Option<(ToolParser, Vec<String>)>,
     /// The connection runs this request until the stream ends.
     _running: Option<Running>,
 }
@@ -554,16 +800,56 @@ impl Streaming {
         .to_string()
     }
 
+    /// A chunk whose delta carries `tool_calls` (and the pending logprobs).
+    fn tool_chunk(&mut self, calls: serde_json::Value) -> String {
+        let lp = api::logprobs_json(&self.meta, self.app.tokenizer(), &self.lps, self.offset);
+        self.lps.clear();
+        let mut c = api::chunk(&self.meta, None, false, None, lp, self.include_usage);
+        c["choices"][0]["delta"]["tool_calls"] = calls;
+        c.to_string()
+    }
+
+    /// The chunks of new reply text: as it is, or through the tool-call reader
+    /// (`end`: the text is complete).
+    fn text(&mut self, text: &str, end: bool) -> Vec<String> {
+        let Some((p, _)) = &mut self.tools else {
+            return if text.is_empty() {
+                Vec::new()
+            } else {
+                vec![self.chunk(text, None)]
+            };
+        };
+        let mut evs = p.push(text);
+        if end {
+            evs.extend(p.finish());
+        }
+        let mut out = Vec::new();
+        for ev in evs {
+            match ev {
+                ToolEvent::Content(t) => out.push(self.chunk(&t, None)),
+                ToolEvent::Start { index, name } => {
+                    let id = self.app.call_id();
+                    let delta = structured::start_delta(index, &id, &name);
+                    if let Some((_, ids)) = &mut self.tools {
+                        ids.push(id);
+                    }
+                    out.push(self.tool_chunk(delta));
+                }
+                ToolEvent::Arguments { index, delta } => {
+                    out.push(self.tool_chunk(structured::arguments_delta(index, &delta)))
+                }
+            }
+        }
+        out
+    }
+
     /// The SSE data of one model event.
     fn on(&mut self, ev: Option<Event>) -> Vec<String> {
         match ev {
-            Some(Event::Started) => Vec::new(),
+            Some(Event::Started | Event::Embedding { .. }) => Vec::new(),
             Some(Event::Token { text, logprob }) => {
                 self.lps.extend(logprob);
-                if text.is_empty() {
-                    return Vec::new();
-                }
-                vec![self.chunk(&text, None)]
+                self.text(&text, false)
             }
             Some(Event::Done {
                 finish,
@@ -574,9 +860,12 @@ impl Streaming {
                 let mut out = Vec::new();
                 match self.meta.endpoint {
                     Endpoint::Chat => {
-                        if !tail.is_empty() {
-                            out.push(self.chunk(&tail, None));
-                        }
+                        out.extend(self.text(&tail, true));
+                        let called = self.tools.as_ref().is_some_and(|(_, ids)| !ids.is_empty());
+                        let finish = match finish {
+                            api::Finish::Stop if called => api::Finish::ToolCalls,
+                            f => f,
+                        };
                         out.push(self.chunk("", Some(finish)));
                     }
                     Endpoint::Completion => out.push(self.chunk(&tail, Some(finish))),
@@ -608,6 +897,7 @@ fn stream_response(
     include_usage: bool,
     rx: UnboundedReceiver<Event>,
     running: Option<Running>,
+    tools: Option<ToolParser>,
 ) -> Response {
     let head = match meta.endpoint {
         Endpoint::Chat => vec![api::chunk(
@@ -629,6 +919,7 @@ fn stream_response(
         lps: Vec::new(),
         offset: 0,
         done: false,
+        tools: tools.map(|p| (p, Vec::new())),
         _running: running,
     };
     let body = stream::unfold(st, |mut st| async move {

@@ -1,5 +1,5 @@
-//! The session API's errors: [`SessionError`] (loading, feeding, sampling, snapshots)
-//! and [`ChatSessionError`] (a chat turn).
+//! The session API's errors: [`SessionError`] (loading, feeding, sampling, snapshots),
+//! [`ChatSessionError`] (a chat turn) and [`ConstraintError`] (a grammar).
 
 use std::fmt;
 use std::path::PathBuf;
@@ -62,12 +62,16 @@ pub enum SessionError {
     SnapshotMismatch,
     /// The session no longer holds the snapshot's ids in its full-attention caches.
     SnapshotStale { pos: usize, held: usize },
+    /// The draft model cannot draft for this model (speculative decoding).
+    BadDraft { path: PathBuf, why: String },
     /// Session `index` of a batched step ([`feed_batch`](super::feed_batch)) was refused; no session of
     /// the batch has changed.
     InBatch {
         index: usize,
         error: Box<SessionError>,
     },
+    /// The generation's grammar failed ([`super::constraint`]).
+    Constraint(ConstraintError),
 }
 
 impl fmt::Display for SessionError {
@@ -106,9 +110,13 @@ impl fmt::Display for SessionError {
                 f,
                 "the snapshot's {pos} ids are no longer in the session's caches (it holds {held} ids that do not start with them)"
             ),
+            SessionError::BadDraft { path, why } => {
+                write!(f, "--draft {}: {why}", path.display())
+            }
             SessionError::InBatch { index, error } => {
                 write!(f, "session {index} of the batch: {error}")
             }
+            SessionError::Constraint(e) => write!(f, "{e}"),
         }
     }
 }
@@ -116,9 +124,43 @@ impl fmt::Display for SessionError {
 impl std::error::Error for SessionError {}
 
 wrap_errors!(SessionError {
+    Constraint(ConstraintError),
     Model(ModelError),
     Format(FormatError),
 });
+
+/// Why a grammar could not constrain a generation.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ConstraintError {
+    /// The grammar (a schema, regex, Lark or GBNF text) does not compile, or allows no
+    /// text at all; `kind` names which (`json_schema`, `regex`, ...).
+    Grammar { kind: &'static str, message: String },
+    /// Grammars need a tokenizer (its trie) and the engine has none.
+    NoTokenizer,
+    /// The grammar engine could not be set up for the tokenizer.
+    Engine { message: String },
+    /// The grammar failed during generation (e.g. a parser limit).
+    Mask { message: String },
+}
+
+impl fmt::Display for ConstraintError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ConstraintError::Grammar { kind, message } => write!(f, "invalid {kind}: {message}"),
+            ConstraintError::NoTokenizer => {
+                write!(f, "a grammar needs a tokenizer (load the model's .mlt)")
+            }
+            ConstraintError::Engine { message } => {
+                write!(f, "the grammar engine cannot use this tokenizer: {message}")
+            }
+            ConstraintError::Mask { message } => {
+                write!(f, "the grammar failed during generation: {message}")
+            }
+        }
+    }
+}
+
+impl std::error::Error for ConstraintError {}
 
 /// Why a turn could not be run.
 #[derive(Debug, Clone, PartialEq)]

@@ -15,13 +15,17 @@
 //!
 //! Otherwise the caller feeds `id` and steps again. The last sampled token is never
 //! fed (nothing needs its logits).
+//!
+//! With a [`Constraint`] ([`Generator::with_constraint`]) the sample is drawn from the
+//! logits with every token the grammar does not allow next set to −∞.
 
 use std::ops::ControlFlow;
 
+use super::constraint::Constraint;
 use super::engine::Engine;
 use super::error::SessionError;
 use super::sequence::Session;
-use crate::model::sampler::{Logprobs, Sampler, SamplerOptions};
+use crate::model::sampler::{Logprobs, Sampled, Sampler, SamplerOptions};
 use crate::tokenizer::StreamDecoder;
 
 /// mlb-run's `-n` default.
@@ -106,6 +110,10 @@ pub struct Generator<'e> {
     tokens: Vec<u32>,
     text: String,
     stop: Option<StopReason>,
+    /// The grammar the text must match, if any.
+    constraint: Option<Constraint>,
+    /// The logits with the grammar's mask applied (vocab).
+    masked: Vec<f32>,
 }
 
 /// The first complete stop string in `text`: (byte offset, index).
@@ -154,7 +162,22 @@ impl<'e> Generator<'e> {
             text: String::new(),
             stop: (opts.max_tokens == 0).then_some(StopReason::Length),
             opts,
+            constraint: None,
+            masked: Vec::new(),
         })
+    }
+
+    /// Samples only what `c`'s grammar allows (its mask applied to the logits; the
+    /// grammar's end is where the stop ids are allowed).
+    pub fn with_constraint(mut self, c: Constraint) -> Generator<'e> {
+        self.constraint = Some(c);
+        self
+    }
+
+    /// The grammar state, e.g. to [`Constraint::prepare`] the next mask on another
+    /// thread while the forward pass runs.
+    pub fn constraint_mut(&mut self) -> Option<&mut Constraint> {
+        self.constraint.as_mut()
     }
 
     /// Whether the generation has ended.
@@ -169,8 +192,89 @@ impl<'e> Generator<'e> {
             return Err(SessionError::Finished);
         }
         let logits = s.logits().ok_or(SessionError::NoLogits)?;
+        self.step_on(logits, s.tokens(), s.pos(), s.ctx())
+    }
+
+    /// [`Generator::step`] on `logits`, the logits after `history` (the sequence's ids,
+    /// `pos` of them held in a context of `ctx`): a batched or speculative caller's
+    /// step, whose logits are not the session's.
+    pub fn step_on(
+        &mut self,
+        logits: &[f32],
+        history: &[u32],
+        pos: usize,
+        ctx: usize,
+    ) -> Result<Step, SessionError> {
+        if self.stop.is_some() {
+            return Err(SessionError::Finished);
+        }
+        let logits = if self.mask(logits)? {
+            &self.masked
+        } else {
+            logits
+        };
+        let sampled = self.sampler.sample_with(logits, history);
+        self.commit(sampled.id);
+        Ok(self.took(sampled, pos, ctx))
+    }
+
+    /// A step that checks the drafted token `draft` ([`Sampler::verify`]; `q`: the
+    /// draft model's distribution, `None` for an n-gram draft): the step, and whether
+    /// its token is the draft. Greedy, the step is the one [`Generator::step_on`] takes.
+    pub fn step_draft(
+        &mut self,
+        logits: &[f32],
+        history: &[u32],
+        pos: usize,
+        ctx: usize,
+        draft: u32,
+        q: Option<&[f32]>,
+    ) -> Result<(Step, bool), SessionError> {
+        if self.stop.is_some() {
+            return Err(SessionError::Finished);
+        }
+        let logits = if self.mask(logits)? {
+            &self.masked
+        } else {
+            logits
+        };
+        let (sampled, kept) = self.sampler.verify(logits, history, draft, q);
+        self.commit(sampled.id);
+        Ok((self.took(sampled, pos, ctx), kept))
+    }
+
+    /// With a grammar: `logits` with its mask applied (what may be sampled) into
+    /// `self.masked`, and true; false without one.
+    fn mask(&mut self, logits: &[f32]) -> Result<bool, SessionError> {
+        let Some(c) = self.constraint.as_mut() else {
+            return Ok(false);
+        };
+        self.masked.clear();
+        self.masked.extend_from_slice(logits);
+        c.mask_logits(&mut self.masked)?;
+        Ok(true)
+    }
+
+    /// Advances the grammar, if any, past the sampled `id`.
+    fn commit(&mut self, id: u32) {
+        if let Some(c) = self.constraint.as_mut() {
+            c.commit(id);
+        }
+    }
+
+    /// Tokens still to sample before `max_tokens`.
+    pub fn remaining(&self) -> usize {
+        self.opts.max_tokens.saturating_sub(self.tokens.len())
+    }
+
+    /// The sampling options.
+    pub fn sampling(&self) -> &SamplerOptions {
+        &self.opts.sampling
+    }
+
+    /// After sampling: the stop rules and the text of the token.
+    fn took(&mut self, sampled: Sampled, pos: usize, ctx: usize) -> Step {
         let i = self.tokens.len();
-        let sampled = self.sampler.sample_with(logits, s.tokens());
         let id = sampled.id;
         self.tokens.push(id);
         let (text, stop) = if self.stop_ids.binary_search(&id).is_ok() {
@@ -185,7 +289,7 @@ impl<'e> Generator<'e> {
                 Some(StopReason::StopString(k))
             } else if i + 1 == self.opts.max_tokens {
                 Some(StopReason::Length)
-            } else if s.pos() >= s.ctx() {
+            } else if pos >= ctx {
                 Some(StopReason::ContextFull)
             } else {
                 None
@@ -194,12 +298,12 @@ impl<'e> Generator<'e> {
         };
         self.text.push_str(&text);
         self.stop = stop;
-        Ok(Step {
+        Step {
             id,
             text,
             logprobs: sampled.logprobs,
             stop,
-        })
+        }
     }
 
     /// Adds `piece` to the held text; returns what can be given out and, when a stop
@@ -271,12 +375,17 @@ impl Session<'_> {
             }
             self.feed(&[step.id])?;
         }
+        Ok(self.finish_generation(g))
+    }
+
+    /// Ends a generation over this session: its result, the session without the
+    /// logits that chose the last sampled token (which was not fed).
+    pub(super) fn finish_generation(&mut self, g: Generator) -> Generation {
         let gen = g.finish();
         if !gen.tokens.is_empty() {
-            // The last sampled token was not fed: these logits chose it.
             self.drop_logits();
         }
-        Ok(gen)
+        gen
     }
 }
 

@@ -10,9 +10,16 @@
 //! - [`ChatSession`]: a conversation over a session: the chat template renders it,
 //!   each turn prefills only its new ids, replies stop at the stop set, the context
 //!   shift drops the oldest turns.
+//! - [`Pooling`], [`Pooler`]: embeddings from the final hidden states
+//!   ([`Session::feed_hidden`], [`Session::embed`]).
+//! - [`speculative`]: speculative decoding (lookup or a draft model; greedy output
+//!   unchanged, sampling's distribution kept): [`Session::generate_speculative`] and
+//!   the pieces a server batches.
 //! - [`ModelOptions`]: which model and tokenizer, how they load and how their sessions
 //!   run: the options `mlb-run` and `mlb-serve` share.
-//! - [`SessionError`], [`ChatSessionError`]: why a call refused.
+//! - [`Grammars`], [`Grammar`], [`Constraint`]: constrained decoding (a JSON schema,
+//!   regex, Lark or GBNF grammar the text must match), given to a [`Generator`].
+//! - [`SessionError`], [`ChatSessionError`], [`ConstraintError`]: why a call refused.
 //!
 //! `mlb-run` ([`crate::tools::run`]) and `mlb-serve` ([`crate::serve`]) are built on
 //! this API; it imports neither.
@@ -44,18 +51,24 @@
 
 mod batch;
 mod chat;
+pub mod constraint;
+mod embed;
 mod engine;
 mod error;
+pub mod gbnf;
 mod generate;
 mod options;
 mod sequence;
+pub mod speculative;
 
-pub use batch::feed_batch;
+pub use batch::{feed_batch, feed_batch_with};
 pub use chat::{
     ChatEvent, ChatSession, ChatSessionOptions, PromptInfo, Reply, DEFAULT_CHAT_MAX_TOKENS,
 };
+pub use constraint::{Constraint, Grammar, Grammars};
+pub use embed::{l2_normalize, Pooler, Pooling};
 pub use engine::{Engine, LoadOptions, TokenizerSource};
-pub use error::{ChatSessionError, SessionError};
+pub use error::{ChatSessionError, ConstraintError, SessionError};
 pub use generate::{GenerateOptions, Generation, Generator, Step, StopReason, DEFAULT_MAX_TOKENS};
 pub use options::ModelOptions;
 pub use sequence::{Session, Snapshot};

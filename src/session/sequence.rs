@@ -4,7 +4,7 @@
 use super::engine::Engine;
 use super::error::SessionError;
 use crate::model::delta::DeltaState;
-use crate::model::forward::LogitsSink;
+use crate::model::forward::{HiddenSink, LogitsSink};
 use crate::model::kv::{KvBuf, LayerCache};
 use crate::model::{State, StateOptions};
 
@@ -144,6 +144,26 @@ impl<'e> Session<'e> {
         self.logits.copy_from_slice(last);
         self.fed(p0, ids);
         Ok(&self.logits)
+    }
+
+    /// Runs `ids` after what the session holds, passing the final hidden state (the
+    /// classifier's input, `rmsnorm(x, final_norm)`: `dim` values) of the last id, or
+    /// of every id with `every`, to `sink` with its position; no logits are computed
+    /// (afterwards [`Session::logits`] is `None`). Embeddings pool these rows.
+    pub fn feed_hidden(
+        &mut self,
+        ids: &[u32],
+        every: bool,
+        sink: HiddenSink,
+    ) -> Result<(), SessionError> {
+        self.engine.mlb().check_unchanged()?;
+        let p0 = self.pos();
+        self.engine
+            .model()
+            .prefill_hidden(&mut self.state, ids, every, sink)?;
+        self.fed(p0, ids);
+        self.has_logits = false;
+        Ok(())
     }
 
     /// The state and the logits buffer, for a batched step ([`super::feed_batch`]).

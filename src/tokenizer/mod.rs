@@ -273,6 +273,19 @@ impl Tokenizer {
         out
     }
 
+    /// Encodes a piece of generated text as the model would continue with it: no BOS,
+    /// no added tokens matched in it, no SentencePiece ▁ prefix (a grammar engine's
+    /// forced text, `session::constraint`).
+    pub fn encode_fragment(&self, text: &str) -> Vec<u32> {
+        let mut out = Vec::with_capacity(text.len() / 3 + 1);
+        let mut scratch = Vec::new();
+        match self.kind {
+            Kind::ByteLevel => self.encode_byte_level(text, &mut out, &mut scratch),
+            Kind::SentencePiece => self.encode_sp_with(text, false, &mut out, &mut scratch),
+        }
+        out
+    }
+
     fn encode_byte_level(&self, seg: &str, out: &mut Vec<u32>, scratch: &mut Vec<u32>) {
         let nfc;
         let seg = if self.flags & FLAG_NFC != 0
@@ -353,6 +366,11 @@ impl Tokenizer {
         } else {
             true
         };
+        self.encode_sp_with(seg, prefix, out, scratch);
+    }
+
+    /// [`Self::encode_sp`] with the ▁ prefix decided.
+    fn encode_sp_with(&self, seg: &str, prefix: bool, out: &mut Vec<u32>, scratch: &mut Vec<u32>) {
         if self.flags & FLAG_IGNORE_MERGES != 0 {
             let mut s = String::with_capacity(seg.len() * 2 + 3);
             if prefix {

@@ -90,6 +90,8 @@ struct AttnCase {
     softcap: f32,
     /// Scale of the keys and queries (large: scores near the exp cut-offs).
     mag: f32,
+    /// The head's sink logit (attention sinks), shifted a little per query.
+    sink: Option<f32>,
 }
 
 /// Every tier's attention over the cache stored as `t` against the reference over the
@@ -131,6 +133,7 @@ fn check_attention(k: &Kernels, c: &AttnCase, t: KvType, rng: &mut Rng) {
                 pos: c.p0 + i / c.group,
                 att: a,
                 out: o,
+                sink: c.sink.map(|s| s + i as f32 * 0.25),
             })
             .collect();
         k.attend(&mut qs, &kv, 0.3, c.softcap);
@@ -141,6 +144,7 @@ fn check_attention(k: &Kernels, c: &AttnCase, t: KvType, rng: &mut Rng) {
                 pos: c.p0 + i / c.group,
                 att: &mut a1,
                 out: &mut o1,
+                sink: c.sink.map(|s| s + i as f32 * 0.25),
             };
             attend_one(&mut one, &wide, 0.3, c.softcap);
             same_bits(
@@ -182,7 +186,14 @@ fn attention_gives_the_scalar_bits() {
         (64, 1, 100, None, 10, 3, 6),
         (128, 1, 80, Some(30), 50, 2, 7),
     ] {
-        for (softcap, mag) in [(0.0, 1.0), (20.0, 1.0), (0.0, 30.0), (5.0, 1e3)] {
+        // Sinks below, near and far above the scores (a sink that takes all the mass).
+        for (softcap, mag, sink) in [
+            (0.0, 1.0, None),
+            (20.0, 1.0, Some(0.5)),
+            (0.0, 30.0, None),
+            (5.0, 1e3, Some(-2.0)),
+            (0.0, 1.0, Some(90.0)),
+        ] {
             cases.push(AttnCase {
                 hd,
                 kv_heads,
@@ -193,6 +204,7 @@ fn attention_gives_the_scalar_bits() {
                 group,
                 softcap,
                 mag,
+                sink,
             });
         }
     }
@@ -238,6 +250,7 @@ fn attention_edge_values_give_the_scalar_bits() {
                 pos,
                 att: &mut att,
                 out: &mut out,
+                sink: None,
             }];
             k.attend(&mut qs, &kv, 0.125, 0.0);
             out

@@ -1,4 +1,5 @@
-//! The GGUF block types' kernels (Q4_K, Q5_K, Q6_K, Q4_1, Q5_0, Q5_1, IQ4_NL, Q6_0):
+//! The GGUF block types' kernels (Q4_K, Q5_K, Q6_K, Q4_1, Q5_0, Q5_1, IQ4_NL, Q6_0,
+//! MXFP4, Q2_K, Q3_K, IQ4_XS):
 //! every tier, row-major and packed, prompt and decode, against the scalar reference
 //! (`kernels::scalar_k`) bit for bit; rows read back from the packed copy; pools of 1-3
 //! threads.
@@ -9,9 +10,9 @@ use krafla::quant::blocks::is_block_type;
 use krafla::quant::{quantize, QuantOpts, QK};
 
 use crate::util::tiers::{all_kernels, scalar};
-use crate::util::Rng;
+use crate::util::{first_diff, Rng};
 
-/// The GGUF block types (Q4_K … Q6_0), in `WType::ALL`'s order.
+/// The GGUF block types (Q4_K … IQ4_XS), in `WType::ALL`'s order.
 fn types() -> impl Iterator<Item = WType> {
     WType::ALL.into_iter().filter(|&t| is_block_type(t))
 }
@@ -25,6 +26,10 @@ fn f16_fields(t: WType) -> &'static [usize] {
     match t {
         WType::Q4_K | WType::Q5_K | WType::Q4_1 | WType::Q5_1 => &[0, 2],
         WType::Q6_K => &[208],
+        WType::Q2_K => &[80, 82],
+        WType::Q3_K => &[108],
+        // MXFP4's scale is an E8M0 byte (`random_blocks` sets it).
+        WType::MXFP4 => &[],
         _ => &[0],
     }
 }
@@ -43,6 +48,15 @@ fn random_blocks(rng: &mut Rng, t: WType, rows: usize, cols: usize, edge: bool) 
                 1 => blk.fill(0),
                 _ => {}
             }
+        }
+        if t == WType::MXFP4 {
+            // Exponents of ordinary weights (2^-28 .. 2^-1), or with `edge` also the
+            // subnormal 0 and 1 and the largest, 254.
+            blk[0] = if edge && rng.below(3) == 0 {
+                [0, 1, 254][rng.below(3) as usize]
+            } else {
+                100 + rng.below(27) as u8
+            };
         }
         for &at in f16_fields(t) {
             let v = if edge && rng.below(3) == 0 {
@@ -78,12 +92,6 @@ fn activations(rng: &mut Rng, len: usize, edge: bool) -> Vec<f32> {
         }
     }
     x
-}
-
-fn first_diff(a: &[f32], b: &[f32]) -> Option<usize> {
-    a.iter()
-        .zip(b)
-        .position(|(x, y)| x.to_bits() != y.to_bits())
 }
 
 /// Every tier, read from the map and packed, matmul and matvec, against the scalar bits.

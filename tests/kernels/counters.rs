@@ -38,6 +38,7 @@ fn f32_kernels_count_under_their_tier() {
                 pos: 3,
                 att: &mut att,
                 out: &mut out,
+                sink: None,
             }];
             k.attend(&mut qs, &kv, 0.25, 0.0);
         }

@@ -2,10 +2,11 @@
 //! in `src/kernels/scalar/`: `tiles` (Q8_0 / Q4_0 products), `quantize` (the activation
 //! quantizer), `blocks` (the GGUF block types), `half` (BF16 / F16 weights, BF16
 //! activations), `attention` (over f32, f16 and Q8_0 caches), `math` (exp, max, SiLU /
-//! GELU), `delta` (the delta rule's head step); `counters`: which tier's code ran.
+//! GELU), `delta` (the delta rule's head step), `moe` (routing, the clamped SwiGLU);
+//! `counters`: which tier's code ran.
 //! Below: what the f32 files share.
 
-use crate::util::nan_bits;
+use crate::util::{first_diff, nan_bits};
 
 mod attention;
 mod blocks;
@@ -13,6 +14,7 @@ mod counters;
 mod delta;
 mod half;
 mod math;
+mod moe;
 mod quantize;
 mod tiles;
 
@@ -39,11 +41,7 @@ pub(super) fn bits(v: &[f32]) -> Vec<u32> {
 /// Panics with the first differing index and both bit patterns.
 pub(super) fn same_bits(got: &[f32], want: &[f32], what: &str) {
     assert_eq!(got.len(), want.len(), "{what}: lengths");
-    if let Some(i) = got
-        .iter()
-        .zip(want)
-        .position(|(a, b)| a.to_bits() != b.to_bits())
-    {
+    if let Some(i) = first_diff(got, want) {
         panic!(
             "{what}: index {i}: got {} ({:#010x}), want {} ({:#010x})",
             got[i],

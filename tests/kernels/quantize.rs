@@ -6,9 +6,9 @@ use krafla::kernels::pool::Pool;
 use krafla::kernels::{self, QActs};
 use krafla::quant::QK;
 
-use super::tiles::{activations, first_diff};
+use super::tiles::activations;
 use crate::util::tiers::{all_kernels, scalar};
-use crate::util::Rng;
+use crate::util::{first_diff, Rng};
 
 fn check_quantize(x: &[f32]) {
     let s = scalar();

@@ -7,7 +7,7 @@ use krafla::kernels::{self, Kernels, PackedMat, QActs, QMat, Tier, WType, Weight
 use krafla::quant::{dequant_mat_row, QK};
 
 use crate::util::tiers::{all_kernels, scalar};
-use crate::util::Rng;
+use crate::util::{first_diff, Rng};
 
 /// Random weights; `edge` mixes in extreme levels and scales.
 pub(super) fn weights(
@@ -84,13 +84,6 @@ pub(super) fn activations(rng: &mut Rng, len: usize, edge: bool) -> Vec<f32> {
         }
     }
     x
-}
-
-/// Bits equal; otherwise the first differing index.
-pub(super) fn first_diff(a: &[f32], b: &[f32]) -> Option<usize> {
-    a.iter()
-        .zip(b)
-        .position(|(x, y)| x.to_bits() != y.to_bits())
 }
 
 /// Every tier's matmul against the scalar's, bits compared.

@@ -4,15 +4,17 @@
 //! rounding) and, for the record, `logits.f32.bin`.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use krafla::format::mlb::Mlb;
 use krafla::kernels::HalfActs;
 use krafla::model::{Model, StateOptions};
 
 use super::{all_logits, nrmse, same_bits_on_every_tier, scalar_bits, top1};
-use crate::util::fixtures::{convert, fixture_dirs, ids, read_f32, reference, with_reference};
-use crate::util::{mlt_convert, tiers};
+use crate::util::fixtures::{
+    convert, convert_tokenizer, fixture_dirs, ids, read_f32, reference, with_reference,
+};
+use crate::util::tiers;
+use crate::util::tool::tool;
 
 /// Bounds against the simulated quantized forward (noise floor ≈ 0.02).
 const MAX_NRMSE: f64 = 0.05;
@@ -52,7 +54,12 @@ fn fixture(dir: &Path) -> Option<Fixture> {
 /// reaches it; `None` (with a SKIP line) without the folder.
 fn all_fixtures() -> Option<impl Iterator<Item = Fixture>> {
     let dirs = fixture_dirs(&testdata().join("models"))?;
-    Some(dirs.into_iter().map(|d| fixture(&d).unwrap()))
+    // The mixture-of-experts fixtures (with routing.json) have their own test, with
+    // the runtime that runs them (tests/run/moe_fixtures.rs).
+    let dirs = dirs
+        .into_iter()
+        .filter(|d| !d.join("routing.json").exists());
+    Some(dirs.map(|d| fixture(&d).unwrap()))
 }
 
 struct Row {
@@ -83,10 +90,7 @@ fn fixtures_match_transformers() {
             ),
         ] {
             let out = tmp.path().join(format!("{name}.{quant}.mlb"));
-            if let Err(e) = convert(dir, &out, args) {
-                eprintln!("SKIP {name} {quant}: {e}");
-                continue;
-            }
+            convert(dir, &out, args);
             let m = Mlb::open(&out).unwrap_or_else(|e| panic!("{name}: {e}"));
             let model = Model::new(&m).unwrap();
             let got = all_logits(&model, &StateOptions::default(), toks);
@@ -156,7 +160,7 @@ fn fixture_tiers_give_the_same_bits() {
             ),
         ] {
             let out = tmp.path().join(format!("{name}.{quant}.mlb"));
-            convert(&dir, &out, args).unwrap();
+            convert(&dir, &out, args);
             let m = Mlb::open(&out).unwrap();
             let model = Model::new(&m).unwrap();
             let what = format!("{name} {quant}");
@@ -195,7 +199,7 @@ fn fixtures_bf16_f16_match_transformers_f32() {
             let wt = if ty == "f16" { ty } else { "bf16" };
             let out = tmp.path().join(format!("{name}.{wt}.mlb"));
             if !out.exists() {
-                convert(dir, &out, &["--wtype", wt]).unwrap_or_else(|e| panic!("{name} {ty}: {e}"));
+                convert(dir, &out, &["--wtype", wt]);
             }
             let m = Mlb::open(&out).unwrap_or_else(|e| panic!("{name}: {e}"));
             let model = Model::new(&m).unwrap().with_half_acts(acts);
@@ -208,7 +212,16 @@ fn fixtures_bf16_f16_match_transformers_f32() {
             // order of the f32 arithmetic differs from transformers.
             // (BF16 activations round every matrix input: not lossless.)
             let lossless = matches!((stored, ty), ("bfloat16", "bf16") | ("float16", "f16"));
-            if e > MAX_NRMSE_HALF || (lossless && e > MAX_NRMSE_LOSSLESS) {
+            // A mixture of experts under BF16 activations may pick another expert where
+            // two were nearly tied (as Q8_0 does, tests/run/moe_fixtures.rs): the bound
+            // of a quantized file then.
+            let moe = dir.join("routing.json").exists();
+            let max = if moe && ty == "bf16a" {
+                MAX_NRMSE
+            } else {
+                MAX_NRMSE_HALF
+            };
+            if e > max || (lossless && e > MAX_NRMSE_LOSSLESS) {
                 failures.push(format!("{name} {ty}: nRMSE {e:.6} top-1 {t1:.3}"));
             }
         }
@@ -234,12 +247,9 @@ fn default_model_greedy() {
     }
     let tmp = tempfile::tempdir().unwrap();
     let mlb = tmp.path().join("default.mlb");
-    if let Err(e) = convert(&dir, &mlb, &["--wtype", "q8_0"]) {
-        eprintln!("SKIP default: {e}");
-        return;
-    }
+    convert(&dir, &mlb, &["--wtype", "q8_0"]);
     let mlt = tmp.path().join("default.mlt");
-    mlt_convert(&dir.join("tokenizer.json"), &mlt);
+    convert_tokenizer(&dir.join("tokenizer.json"), &mlt);
     let tok = krafla::tokenizer::Tokenizer::from_path(&mlt).unwrap();
     let m = Mlb::open(&mlb).unwrap();
     let model = Model::new(&m).unwrap();
@@ -281,7 +291,7 @@ fn default_model_greedy() {
         assert!(same >= 16, "{prompt:?}: diverges after {same} ids");
         total += same;
         // The command streams the same continuation as text.
-        let o = Command::new(env!("CARGO_BIN_EXE_mlb-run"))
+        let o = tool("mlb-run")
             .arg(&mlb)
             .args([
                 "--prompt",
@@ -291,10 +301,8 @@ fn default_model_greedy() {
                 "-n",
                 &want.len().to_string(),
             ])
-            .output()
-            .unwrap();
-        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-        let text = String::from_utf8(o.stdout).unwrap();
+            .ok();
+        let text = String::from_utf8(o.stdout_bytes).unwrap();
         let eos = tok.eos();
         let upto: Vec<u32> = gen
             .iter()
@@ -318,7 +326,7 @@ fn tokenizer_larger_than_model_is_refused() {
     }
     let tmp = tempfile::tempdir().unwrap();
     let mlt = tmp.path().join("big.mlt");
-    mlt_convert(&tj, &mlt);
+    convert_tokenizer(&tj, &mlt);
     let c = &super::cases()[0];
     let model = tmp.path().join("small.mlb");
     std::fs::write(
@@ -326,15 +334,12 @@ fn tokenizer_larger_than_model_is_refused() {
         krafla::format::mlb::synth::synth_file(&c.h, &c.flags, 1),
     )
     .unwrap();
-    let o = Command::new(env!("CARGO_BIN_EXE_mlb-run"))
+    let err = tool("mlb-run")
         .arg(&model)
         .arg("--tokenizer")
         .arg(&mlt)
         .args(["--prompt", "hi"])
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert!(!o.status.success());
+        .fails();
     assert_eq!(err.trim().lines().count(), 1, "{err}");
     assert!(
         err.contains("big.mlt") && err.contains("n_vocab") && err.contains("96"),
@@ -376,7 +381,7 @@ fn block_types_match_transformers() {
     let mut got_e = Vec::new();
     for (ty, bound) in bounds {
         let out = tmp.path().join(format!("{ty}.mlb"));
-        convert(&dir, &out, &["--wtype", ty]).unwrap();
+        convert(&dir, &out, &["--wtype", ty]);
         let m = Mlb::open(&out).unwrap();
         assert_eq!(
             m.header().wtype,
@@ -436,7 +441,7 @@ fn block_type_fixtures_give_the_same_bits_on_every_tier() {
             continue;
         };
         let out = tmp.path().join(format!("{name}.mlb"));
-        convert(&dir, &out, args).unwrap();
+        convert(&dir, &out, args);
         let m = Mlb::open(&out).unwrap();
         let model = Model::new(&m).unwrap();
         let base = scalar_bits(pools[0], &model, &toks, name);

@@ -4,8 +4,9 @@
 
 #![allow(clippy::needless_range_loop)]
 
-use krafla::format::mlb::header::layer_flag;
-use krafla::format::mlb::{Mixer, Mlb};
+use krafla::format::mlb::header::{layer_flag, qk_norm};
+use krafla::format::mlb::layout::{Ffn, MoeIdx};
+use krafla::format::mlb::{Header, Mixer, Mlb};
 use krafla::kernels::QMat;
 use krafla::quant::q8_0::quantize_row;
 use krafla::quant::QK;
@@ -31,6 +32,22 @@ pub fn mv(m: &QMat, x: &[f64]) -> Vec<f64> {
     };
     let mut row = vec![0f32; m.cols];
     (0..m.rows)
+        .map(|r| {
+            krafla::quant::dequant_mat_row(m, r, &mut row);
+            row.iter().zip(&xq).map(|(&w, &v)| w as f64 * v).sum()
+        })
+        .collect()
+}
+
+/// Rows `r0..r1` of `m` times `q8(x)` (or f32 `x` for BF16 / F16), in f64.
+fn mv_rows(m: &QMat, r0: usize, r1: usize, x: &[f64]) -> Vec<f64> {
+    let xq = if m.wtype.is_half() {
+        x.iter().map(|&v| v as f32 as f64).collect()
+    } else {
+        q8(x)
+    };
+    let mut row = vec![0f32; m.cols];
+    (r0..r1)
         .map(|r| {
             krafla::quant::dequant_mat_row(m, r, &mut row);
             row.iter().zip(&xq).map(|(&w, &v)| w as f64 * v).sum()
@@ -96,11 +113,19 @@ fn inv_freqs(m: &Mlb, local: bool) -> Vec<f64> {
                 .collect()
         }
         2 => base.iter().map(|&inv| inv / f).collect(),
-        3 => {
+        3 | 4 => {
             let dd =
                 |r: f64| hd * (orig / (2.0 * std::f64::consts::PI * r)).ln() / (2.0 * theta.ln());
-            let lo = dd(h.rope_low_freq_factor as f64).floor().max(0.0);
-            let hi = dd(h.rope_high_freq_factor as f64).ceil().min(hd - 1.0);
+            let (lo, hi) = (
+                dd(h.rope_low_freq_factor as f64),
+                dd(h.rope_high_freq_factor as f64),
+            );
+            // rope_type 4 keeps the range's ends where they fall.
+            let (lo, hi) = match h.rope_type {
+                3 => (lo.floor(), hi.ceil()),
+                _ => (lo, hi),
+            };
+            let (lo, hi) = (lo.max(0.0), hi.min(hd - 1.0));
             base.iter()
                 .enumerate()
                 .map(|(i, &inv)| {
@@ -125,8 +150,117 @@ fn rotate(x: &mut [f64], hd: usize, inv: &[f64], pos: usize, mscale: f64) {
     }
 }
 
+/// The FFN's `act(g) · u` (GELU tanh with act 1, else SiLU).
+fn act(h: &Header, g: f64, u: f64) -> f64 {
+    let a = if h.act == 1 {
+        0.5 * g * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (g + 0.044715 * g * g * g)).tanh())
+    } else {
+        silu(g)
+    };
+    a * u
+}
+
+/// The experts a token's router logits `l` choose and their weights (spec: "Mixture of
+/// experts", moe_gating): by value, largest first, the lower index on a tie.
+pub fn route(gating: u32, k: usize, l: &[f64]) -> Vec<(usize, f64)> {
+    let soft = |v: &[f64]| {
+        let mx = v.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+        let e: Vec<f64> = v.iter().map(|x| (x - mx).exp()).collect();
+        let z: f64 = e.iter().sum();
+        e.iter().map(|x| x / z).collect::<Vec<f64>>()
+    };
+    let top = |v: &[f64]| {
+        let mut idx: Vec<usize> = (0..v.len()).collect();
+        idx.sort_by(|&a, &b| v[b].partial_cmp(&v[a]).unwrap().then(a.cmp(&b)));
+        idx.truncate(k);
+        idx
+    };
+    match gating {
+        0 | 1 => {
+            let p = soft(l);
+            let ids = top(&p);
+            let s: f64 = ids.iter().map(|&e| p[e]).sum();
+            let norm = if gating == 1 { s } else { 1.0 };
+            ids.iter().map(|&e| (e, p[e] / norm)).collect()
+        }
+        _ => {
+            let ids = top(l);
+            let w = soft(&ids.iter().map(|&e| l[e]).collect::<Vec<_>>());
+            ids.into_iter().zip(w).collect()
+        }
+    }
+}
+
+/// A mixture-of-experts FFN of one token's normalized input `x` (spec: "Mixture of
+/// experts"); also returns the chosen experts.
+fn moe(m: &Mlb, x: &MoeIdx, hn: &[f64]) -> (Vec<f64>, Vec<usize>) {
+    let (h, d) = (*m.header(), *m.dims());
+    let (dim, eh, ne) = (d.dim, d.expert_hidden, d.n_experts);
+    let router = m.f32s(x.router);
+    let rb = vecs(m, x.router_b);
+    let l: Vec<f64> = (0..ne)
+        .map(|e| {
+            let r = &router[e * dim..(e + 1) * dim];
+            let v: f64 = r.iter().zip(hn).map(|(&w, &v)| w as f64 * v).sum();
+            v + rb.as_ref().map_or(0.0, |b| b[e] as f64)
+        })
+        .collect();
+    let chosen = route(h.moe_gating, d.n_experts_used, &l);
+    let (eb1, eb2, eb3) = (vecs(m, x.eb1), vecs(m, x.eb2), vecs(m, x.eb3));
+    let mut y = vec![0f64; dim];
+    for &(e, w) in &chosen {
+        let (hr, or) = (e * eh..(e + 1) * eh, e * dim..(e + 1) * dim);
+        let mut g = mv_rows(&m.mat(x.ew1), hr.start, hr.end, hn);
+        let mut u = mv_rows(&m.mat(x.ew3), hr.start, hr.end, hn);
+        for (v, b) in [(&mut g, &eb1), (&mut u, &eb3)] {
+            if let Some(b) = b {
+                v.iter_mut()
+                    .zip(&b[hr.clone()])
+                    .for_each(|(v, &b)| *v += b as f64);
+            }
+        }
+        let hid: Vec<f64> = g
+            .iter()
+            .zip(&u)
+            .map(|(&g, &u)| {
+                if h.swiglu_limit > 0.0 {
+                    let (lim, a) = (h.swiglu_limit as f64, h.swiglu_alpha as f64);
+                    let g = g.min(lim);
+                    let u = u.clamp(-lim, lim);
+                    (u + 1.0) * g * sig(a * g)
+                } else {
+                    act(&h, g, u)
+                }
+            })
+            .collect();
+        let mut ye = mv_rows(&m.mat(x.ew2), or.start, or.end, &hid);
+        if let Some(b) = &eb2 {
+            ye.iter_mut().zip(&b[or]).for_each(|(v, &b)| *v += b as f64);
+        }
+        y.iter_mut().zip(&ye).for_each(|(y, v)| *y += w * v);
+    }
+    if let Some([s1, s2, s3]) = x.shared {
+        let g = mv(&m.mat(s1), hn);
+        let u = mv(&m.mat(s3), hn);
+        let hid: Vec<f64> = g.iter().zip(&u).map(|(&g, &u)| act(&h, g, u)).collect();
+        let s = mv(&m.mat(s2), &hid);
+        let gate = match x.sgate {
+            Some(i) => sig(m.f32s(i).iter().zip(hn).map(|(&w, &v)| w as f64 * v).sum()),
+            None => 1.0,
+        };
+        y.iter_mut().zip(&s).for_each(|(y, v)| *y += gate * v);
+    }
+    (y, chosen.into_iter().map(|(e, _)| e).collect())
+}
+
 /// Logits of every position (T × vocab, f32).
 pub fn logits(m: &Mlb, toks: &[u32]) -> Vec<f32> {
+    logits_routed(m, toks).0
+}
+
+/// [`logits`], and per mixture-of-experts layer and position the chosen experts (in
+/// the order chosen).
+pub fn logits_routed(m: &Mlb, toks: &[u32]) -> (Vec<f32>, Vec<Vec<Vec<usize>>>) {
     let h = *m.header();
     let d = *m.dims();
     let lay = m.layout().clone();
@@ -146,6 +280,7 @@ pub fn logits(m: &Mlb, toks: &[u32]) -> Vec<f32> {
             row.iter().map(|&v| v as f64 * es).collect()
         })
         .collect();
+    let mut routed: Vec<Vec<Vec<usize>>> = Vec::new();
     for (l, li) in lay.layers.iter().enumerate() {
         let f = m.layer_flags(l);
         let xn: Vec<Vec<f64>> = xs
@@ -157,7 +292,7 @@ pub fn logits(m: &Mlb, toks: &[u32]) -> Vec<f32> {
                 let sliding =
                     h.sliding_window > 0 && (h.layer_flags == 0 || f & layer_flag::SLIDING != 0);
                 let inv = inv_freqs(m, f & layer_flag::LOCAL_ROPE != 0);
-                let mscale = if h.rope_type == 3
+                let mscale = if (h.rope_type == 3 || h.rope_type == 4)
                     && h.rope_attn_factor > 0.0
                     && f & layer_flag::LOCAL_ROPE == 0
                 {
@@ -167,6 +302,7 @@ pub fn logits(m: &Mlb, toks: &[u32]) -> Vec<f32> {
                 };
                 let (bq, bk, bv) = (vecs(m, a.bq), vecs(m, a.bk), vecs(m, a.bv));
                 let (qn, kn) = (vecs(m, a.q_norm), vecs(m, a.k_norm));
+                let (bo, sinks) = (vecs(m, a.bo), vecs(m, a.sinks));
                 let mut qs = Vec::new();
                 let mut ks = Vec::new();
                 let mut vs = Vec::new();
@@ -180,9 +316,15 @@ pub fn logits(m: &Mlb, toks: &[u32]) -> Vec<f32> {
                             y.iter_mut().zip(b).for_each(|(y, &b)| *y += b as f64);
                         }
                     }
+                    // Per head, or over the whole projection (qk_norm 2).
+                    let span = |y: &[f64]| match h.qk_norm {
+                        qk_norm::WHOLE => y.len(),
+                        _ => hd,
+                    };
                     for (y, w) in [(&mut q, &qn), (&mut k, &kn)] {
                         if let Some(w) = w {
-                            let n: Vec<f64> = y.chunks(hd).flat_map(|hh| rms(hh, w, eps)).collect();
+                            let n: Vec<f64> =
+                                y.chunks(span(y)).flat_map(|hh| rms(hh, w, eps)).collect();
                             *y = n;
                         }
                     }
@@ -225,9 +367,13 @@ pub fn logits(m: &Mlb, toks: &[u32]) -> Vec<f32> {
                                     v
                                 })
                                 .collect();
+                            // A sink logit: a term of the denominator with no value.
+                            let sink = sinks.as_ref().map(|s| s[hh] as f64);
                             let mx = sc.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                            let mx = sink.map_or(mx, |s| mx.max(s));
                             let e: Vec<f64> = sc.iter().map(|v| (v - mx).exp()).collect();
-                            let z: f64 = e.iter().sum();
+                            let z: f64 =
+                                e.iter().sum::<f64>() + sink.map_or(0.0, |s| (s - mx).exp());
                             for (p, &s) in e.iter().zip(&vis) {
                                 for j in 0..hd {
                                     o[hh * hd + j] += p / z * vs[s][kvh * hd + j];
@@ -237,7 +383,11 @@ pub fn logits(m: &Mlb, toks: &[u32]) -> Vec<f32> {
                         if !gs.is_empty() {
                             o.iter_mut().zip(&gs[t]).for_each(|(o, &g)| *o *= sig(g));
                         }
-                        mv(&m.mat(a.wo), &o)
+                        let mut y = mv(&m.mat(a.wo), &o);
+                        if let Some(b) = &bo {
+                            y.iter_mut().zip(b).for_each(|(y, &b)| *y += b as f64);
+                        }
+                        y
                     })
                     .collect()
             }
@@ -314,6 +464,9 @@ pub fn logits(m: &Mlb, toks: &[u32]) -> Vec<f32> {
                 res
             }
         };
+        if matches!(li.ffn, Ffn::Moe(_)) {
+            routed.push(Vec::new());
+        }
         for (x, o) in xs.iter_mut().zip(outs) {
             let o = match li.post_attn_norm {
                 Some(p) => rms(&o, m.f32s(p), eps),
@@ -321,26 +474,19 @@ pub fn logits(m: &Mlb, toks: &[u32]) -> Vec<f32> {
             };
             x.iter_mut().zip(o).for_each(|(x, o)| *x += o);
             let hn = rms(x, m.f32s(li.ffn_norm), eps);
-            let (w1, w2, w3) = li.dense().expect("a dense FFN");
-            let g = mv(&m.mat(w1), &hn);
-            let u = mv(&m.mat(w3), &hn);
-            let hid: Vec<f64> = g
-                .iter()
-                .zip(&u)
-                .map(|(&g, &u)| {
-                    let a = if h.act == 1 {
-                        0.5 * g
-                            * (1.0
-                                + ((2.0 / std::f64::consts::PI).sqrt()
-                                    * (g + 0.044715 * g * g * g))
-                                    .tanh())
-                    } else {
-                        silu(g)
-                    };
-                    a * u
-                })
-                .collect();
-            let y = mv(&m.mat(w2), &hid);
+            let y = match &li.ffn {
+                Ffn::Dense { w1, w2, w3 } => {
+                    let g = mv(&m.mat(*w1), &hn);
+                    let u = mv(&m.mat(*w3), &hn);
+                    let hid: Vec<f64> = g.iter().zip(&u).map(|(&g, &u)| act(&h, g, u)).collect();
+                    mv(&m.mat(*w2), &hid)
+                }
+                Ffn::Moe(e) => {
+                    let (y, ids) = moe(m, e, &hn);
+                    routed.last_mut().expect("a layer's list").push(ids);
+                    y
+                }
+            };
             let y = match li.post_ffn_norm {
                 Some(p) => rms(&y, m.f32s(p), eps),
                 None => y,
@@ -361,5 +507,5 @@ pub fn logits(m: &Mlb, toks: &[u32]) -> Vec<f32> {
             out.push(l as f32);
         }
     }
-    out
+    (out, routed)
 }

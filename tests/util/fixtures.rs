@@ -1,9 +1,12 @@
-//! The tiny checkpoints of testdata/models: their transformers references and their
-//! conversion by `mlb-convert`.
+//! The tiny checkpoints of testdata/models: their transformers references, and the shared
+//! builders that convert them (by `mlb-convert` and `mlt-convert`, or by the library).
 
 use std::path::{Path, PathBuf};
 
+use krafla::convert::{ConvertOptions, Progress, WType};
 use serde_json::Value;
+
+use super::tool::{mlb_convert, tool, Ran};
 
 /// Little-endian f32 values.
 pub fn f32s(b: &[u8]) -> Vec<f32> {
@@ -67,15 +70,46 @@ pub fn fixture_dirs(root: &Path) -> Option<Vec<PathBuf>> {
     Some(dirs)
 }
 
-/// Converts `dir` into `out` with extra `args`; `Err` with the converter's message.
-pub fn convert(dir: &Path, out: &Path, args: &[&str]) -> Result<(), String> {
-    let o = super::mlb_convert(dir, out, args);
-    if !o.status.success() || !out.exists() {
-        return Err(format!(
-            "mlb-convert failed ({}): {}",
-            o.status,
-            String::from_utf8_lossy(&o.stderr).trim()
-        ));
-    }
-    Ok(())
+/// `mlb-convert dir -o out args`, which must succeed and write `out`: what it printed.
+pub fn convert(dir: &Path, out: &Path, args: &[&str]) -> Ran {
+    let ran = mlb_convert(dir, out).args(args).ok();
+    assert!(
+        out.exists(),
+        "mlb-convert {}: no {}",
+        dir.display(),
+        out.display()
+    );
+    ran
+}
+
+/// [`convert`], then the file's bytes.
+pub fn converted(dir: &Path, out: &Path, args: &[&str]) -> Vec<u8> {
+    convert(dir, out, args);
+    std::fs::read(out).unwrap()
+}
+
+/// `mlt-convert json -o out -q`, which must succeed.
+pub fn convert_tokenizer(json: &Path, out: &Path) {
+    tool("mlt-convert")
+        .arg(json)
+        .arg("-o")
+        .arg(out)
+        .arg("-q")
+        .ok();
+}
+
+/// `dir` converted into `out` by the library at `wtype`: the file's bytes.
+pub fn convert_to(dir: &Path, out: &Path, wtype: WType) -> Vec<u8> {
+    convert_with(dir, out, |o| o.wtype = wtype)
+}
+
+/// `dir` converted into `out` by the library with the options `f` sets (from Q8_0's
+/// defaults): the file's bytes.
+pub fn convert_with(dir: &Path, out: &Path, f: impl FnOnce(&mut ConvertOptions)) -> Vec<u8> {
+    let mut o = ConvertOptions::new(dir, WType::Q8_0);
+    o.output = Some(out.to_path_buf());
+    f(&mut o);
+    krafla::convert::convert(&o, &mut |_: Progress| {})
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+    std::fs::read(out).unwrap()
 }

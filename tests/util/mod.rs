@@ -1,12 +1,15 @@
-//! Helpers shared by the integration tests.
+//! Helpers shared by the integration tests: the one test kit. `tool::tool` runs a
+//! binary (`.ok()`, `.fails()`), `fixtures` builds and converts the fixtures, and
+//! `first_diff` compares bits.
 #![allow(dead_code)]
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::Output;
 
 pub mod fixtures;
+pub mod schema;
 pub mod tiers;
+pub mod tool;
 
 /// The bits of `x`, every NaN as one value: which NaN operand propagates is not fixed by
 /// Rust or LLVM (it may commute `a + b`), so NaN sign and payload are outside the
@@ -25,6 +28,40 @@ pub fn same_f32(a: f32, b: f32) -> bool {
     nan_bits(a) == nan_bits(b)
 }
 
+/// Values the tests compare bit for bit: an f32 by its bits (so -0.0 is not 0.0, and a NaN
+/// equals only the same NaN), an integer as it is.
+pub trait Bits: Copy {
+    fn bits(self) -> u64;
+}
+
+impl Bits for f32 {
+    fn bits(self) -> u64 {
+        self.to_bits() as u64
+    }
+}
+
+impl Bits for u8 {
+    fn bits(self) -> u64 {
+        self as u64
+    }
+}
+
+impl Bits for u32 {
+    fn bits(self) -> u64 {
+        self as u64
+    }
+}
+
+/// The first index where `a` and `b` differ in bits (the shorter length if one is a
+/// prefix of the other); `None` when they are the same.
+pub fn first_diff<T: Bits>(a: &[T], b: &[T]) -> Option<usize> {
+    match a.iter().zip(b).position(|(x, y)| x.bits() != y.bits()) {
+        Some(i) => Some(i),
+        None if a.len() != b.len() => Some(a.len().min(b.len())),
+        None => None,
+    }
+}
+
 /// The path of one of the package's binaries.
 pub fn bin_path(name: &str) -> PathBuf {
     match name {
@@ -36,67 +73,6 @@ pub fn bin_path(name: &str) -> PathBuf {
         "mlb-serve" => PathBuf::from(env!("CARGO_BIN_EXE_mlb-serve")),
         _ => panic!("unknown binary {name}"),
     }
-}
-
-/// Runs a binary in `dir` with `args`.
-pub fn run_in(dir: &Path, name: &str, args: &[&str]) -> Output {
-    Command::new(bin_path(name))
-        .args(args)
-        .current_dir(dir)
-        .output()
-        .expect("spawn binary")
-}
-
-/// Spawns `cmd` with its stdout and stderr piped (its stdin as `cmd` sets it).
-pub fn spawn_piped(cmd: &mut Command) -> Child {
-    cmd.stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn binary")
-}
-
-/// Runs `cmd` with `input` on its stdin, closed after it.
-pub fn output_with_stdin(cmd: &mut Command, input: &str) -> Output {
-    let mut child = spawn_piped(cmd.stdin(Stdio::piped()));
-    let mut stdin = child.stdin.take().unwrap();
-    stdin.write_all(input.as_bytes()).unwrap();
-    drop(stdin);
-    child.wait_with_output().unwrap()
-}
-
-/// Runs `mlb-convert input -o out args`.
-pub fn mlb_convert(input: &Path, out: &Path, args: &[&str]) -> Output {
-    Command::new(bin_path("mlb-convert"))
-        .arg(input)
-        .arg("-o")
-        .arg(out)
-        .args(args)
-        .output()
-        .expect("spawn mlb-convert")
-}
-
-/// The `--help` text of one of the package's binaries, which must succeed and be UTF-8
-/// (the help snapshots).
-pub fn help(name: &str) -> String {
-    let o = Command::new(bin_path(name))
-        .arg("--help")
-        .output()
-        .expect("spawn binary");
-    assert!(o.status.success(), "{name} --help: {}", stderr(&o));
-    String::from_utf8(o.stdout).unwrap()
-}
-
-/// Converts the tokenizer.json `json` into the `.mlt` file `out` (quietly); panics
-/// with mlt-convert's message if it fails.
-pub fn mlt_convert(json: &Path, out: &Path) {
-    let o = Command::new(bin_path("mlt-convert"))
-        .arg(json)
-        .arg("-o")
-        .arg(out)
-        .arg("-q")
-        .output()
-        .expect("spawn mlt-convert");
-    assert!(o.status.success(), "{}", stderr(&o));
 }
 
 /// The repository's testdata folder.
@@ -163,3 +139,11 @@ pub const HOSTILE_TEMPLATES: [&str; 8] = [
     "{% set ns = namespace(l=[1]) %}{% for i in range(64) %}{% set ns.l = ns.l + ns.l %}{% endfor %}{{ ns.l|length }}",
     "{% set ns = namespace(a=[]) %}{% for i in range(100000) %}{% set ns.a = [ns.a] %}{% endfor %}{{ ns.a }}",
 ];
+
+#[test]
+fn first_diff_compares_bits_and_lengths() {
+    assert_eq!(first_diff(&[1.0f32, 0.0], &[1.0, -0.0]), Some(1));
+    assert_eq!(first_diff(&[f32::NAN], &[f32::NAN]), None);
+    assert_eq!(first_diff(&[1u8, 2], &[1, 2, 3]), Some(2));
+    assert_eq!(first_diff::<u32>(&[], &[]), None);
+}

@@ -19,7 +19,65 @@ impl ModelDesc {
     pub fn check(&self) -> Result<(), DescError> {
         self.check_rope()?;
         self.check_ffn()?;
-        self.check_layers()
+        self.check_layers()?;
+        self.check_moe()
+    }
+
+    /// Experts only in a family that has them, with the format's counts and widths:
+    /// 2..=1024 experts, 1..=n_experts per token, widths in whole blocks of 32.
+    fn check_moe(&self) -> Result<(), DescError> {
+        let moe_layer = self.layers.iter().position(|l| l.moe);
+        let Some(m) = self.moe else {
+            return match moe_layer {
+                Some(i) => Err(broken(
+                    DescField::Layers,
+                    format!("layer {i} moe"),
+                    "a mixture-of-experts layer needs the experts' sizes",
+                )),
+                None => Ok(()),
+            };
+        };
+        if self.arch.moe.is_none() {
+            return Err(broken(
+                DescField::Experts,
+                m.n_experts,
+                format!("mixture of experts is not part of {}", self.arch.name),
+            ));
+        }
+        if !(2..=1024).contains(&m.n_experts) {
+            return Err(broken(
+                DescField::Experts,
+                m.n_experts,
+                "the format takes 2 to 1024 experts",
+            ));
+        }
+        if m.n_used == 0 || m.n_used > m.n_experts {
+            return Err(broken(
+                DescField::ExpertsUsed,
+                m.n_used,
+                format!("must be in 1..={} (the number of experts)", m.n_experts),
+            ));
+        }
+        let block = |f: DescField, w: usize, zero_ok: bool| {
+            if (w == 0 && !zero_ok) || !w.is_multiple_of(32) || w > 65536 {
+                return Err(broken(
+                    f,
+                    w,
+                    "an expert's FFN width must be a multiple of 32, at most 65536",
+                ));
+            }
+            Ok(())
+        };
+        block(DescField::ExpertHidden, m.expert_hidden, false)?;
+        block(DescField::SharedHidden, m.shared_hidden, true)?;
+        if moe_layer.is_none() {
+            return Err(broken(
+                DescField::Layers,
+                "no moe layer",
+                "experts are described but no layer uses them",
+            ));
+        }
+        Ok(())
     }
 
     /// rot_dim is even and at most head_dim; partial rotary only where the family has

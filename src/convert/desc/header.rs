@@ -6,10 +6,10 @@
 //! uses theta^(-2i/rot_dim), so the header stores rope_theta = theta^(head_dim/rot_dim).
 
 use super::model::{
-    AttnScales, Dims, Ffn, LayerFlags, LinearDims, ModelDesc, Rope, RopeScaling, Vocab, Yarn,
+    AttnScales, Dims, Ffn, LayerFlags, LinearDims, ModelDesc, Moe, Rope, RopeScaling, Vocab, Yarn,
 };
 use crate::convert::arch::{Arch, Scales};
-use crate::format::mlb::header::{layer_flag, rope_type, Header};
+use crate::format::mlb::header::{layer_flag, moe_flag, qk_norm, qkv_bias, rope_type, Header};
 use crate::format::mlb::validate;
 
 /// A size as a header field; saturated, so that an oversized value fails validation
@@ -34,7 +34,28 @@ impl ModelDesc {
             h.lin_v_dim = u(l.v_dim);
             h.lin_conv = u(l.conv);
         }
+        self.moe_fields(&mut h);
         (h, flags)
+    }
+
+    /// The experts' fields (offsets 160-195) and the biases and gates the family adds.
+    fn moe_fields(&self, h: &mut Header) {
+        let (Some(m), Some(a)) = (self.moe, self.arch.moe) else {
+            return;
+        };
+        h.n_experts = u(m.n_experts);
+        h.n_experts_used = u(m.n_used);
+        h.expert_hidden = u(m.expert_hidden);
+        h.moe_gating = m.gating;
+        h.shared_hidden = u(m.shared_hidden);
+        let bit = |on: bool, b: u32| if on { b } else { 0 };
+        h.moe_flags = bit(a.router_bias, moe_flag::ROUTER_BIAS)
+            | bit(a.expert_bias, moe_flag::EXPERT_BIAS)
+            | bit(a.shared_gate && m.shared_hidden > 0, moe_flag::SHARED_GATE);
+        if let Some((limit, alpha)) = m.swiglu {
+            h.swiglu_limit = limit;
+            h.swiglu_alpha = alpha;
+        }
     }
 
     /// Sizes, the family's tensors (biases, norms), the activation.
@@ -53,8 +74,17 @@ impl ModelDesc {
         if !d.dim.is_multiple_of(d.n_heads) || d.dim / d.n_heads != d.head_dim {
             h.head_dim = u(d.head_dim);
         }
-        h.qkv_bias = self.arch.qkv_bias as u32;
-        h.qk_norm = self.arch.qk_norm as u32;
+        h.qkv_bias = match (self.arch.qkv_bias, self.arch.o_bias) {
+            (_, true) => qkv_bias::QKVO,
+            (true, false) => qkv_bias::QKV,
+            (false, false) => qkv_bias::NONE,
+        };
+        h.qk_norm = match (self.arch.qk_norm, self.arch.qk_norm_whole) {
+            (_, true) => qk_norm::WHOLE,
+            (true, false) => qk_norm::PER_HEAD,
+            (false, false) => qk_norm::NONE,
+        };
+        h.attn_sinks = self.arch.attn_sinks as u32;
         h.post_norms = self.arch.post_norms as u32;
         h.attn_gate = self.arch.attn_gate as u32;
         h.act = self.ffn.act;
@@ -83,7 +113,11 @@ impl ModelDesc {
                 orig,
             } => (rope_type::LLAMA3, factor, low, high, orig, 0.0),
             RopeScaling::Yarn(y) => (
-                rope_type::YARN,
+                if y.truncate {
+                    rope_type::YARN
+                } else {
+                    rope_type::YARN_UNROUNDED
+                },
                 y.factor,
                 y.beta_fast,
                 y.beta_slow,
@@ -107,10 +141,11 @@ impl ModelDesc {
             h.rope_local_theta = self.rope.local_theta.unwrap_or(0.0) as f32;
         }
         // Layer flags are needed unless every layer is alike and the window, if any,
-        // covers every layer.
+        // covers every layer; a model with experts always has them (its MoE layers are
+        // flagged).
         let all_plain = flags.iter().all(|&f| f == 0);
         let all_sliding = flags.iter().all(|&f| f == layer_flag::SLIDING);
-        if all_plain || all_sliding {
+        if (all_plain || all_sliding) && self.moe.is_none() {
             if all_plain {
                 h.sliding_window = 0;
             }
@@ -191,6 +226,14 @@ impl ModelDesc {
                 v_dim: h.lin_v_dim as usize,
                 conv: h.lin_conv as usize,
             }),
+            moe: (h.n_experts != 0).then_some(Moe {
+                n_experts: h.n_experts as usize,
+                n_used: h.n_experts_used as usize,
+                expert_hidden: h.expert_hidden as usize,
+                gating: h.moe_gating,
+                shared_hidden: h.shared_hidden as usize,
+                swiglu: (h.swiglu_limit > 0.0).then_some((h.swiglu_limit, h.swiglu_alpha)),
+            }),
             notes: Vec::new(),
         }
     }
@@ -216,12 +259,13 @@ fn rope_of(h: &Header, d: &validate::Dims, layers: &[LayerFlags]) -> Rope {
             high,
             orig: h.rope_orig_max_seq,
         },
-        rope_type::YARN => RopeScaling::Yarn(Yarn {
+        rope_type::YARN | rope_type::YARN_UNROUNDED => RopeScaling::Yarn(Yarn {
             factor,
             beta_fast: low,
             beta_slow: high,
             orig: h.rope_orig_max_seq,
             attn_factor: h.rope_attn_factor as f64,
+            truncate: h.rope_type == rope_type::YARN,
         }),
         // Validation refuses other codes.
         _ => RopeScaling::None,
@@ -283,6 +327,7 @@ mod tests {
                 final_softcap: Some(30.0),
             },
             linear: None,
+            moe: None,
             notes: Vec::new(),
         }
     }
@@ -373,6 +418,7 @@ mod tests {
             beta_slow: 1.0,
             orig: 64,
             attn_factor: 1.0,
+            truncate: true,
         });
         let e = d.check().unwrap_err();
         assert_eq!(e.field, crate::convert::error::DescField::RopeScaling);

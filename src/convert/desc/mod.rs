@@ -14,5 +14,5 @@ pub mod header;
 pub mod model;
 
 pub use model::{
-    AttnScales, Dims, Ffn, LayerFlags, LinearDims, ModelDesc, Rope, RopeScaling, Vocab, Yarn,
+    AttnScales, Dims, Ffn, LayerFlags, LinearDims, ModelDesc, Moe, Rope, RopeScaling, Vocab, Yarn,
 };

@@ -21,6 +21,8 @@ pub struct ModelDesc {
     pub scales: AttnScales,
     /// The delta rule's dimensions, when some layer is `linear`.
     pub linear: Option<LinearDims>,
+    /// The experts, when some layer is `moe`.
+    pub moe: Option<Moe>,
     /// Remarks for the user (skipped parts, clamped values).
     pub notes: Vec<String>,
 }
@@ -39,7 +41,9 @@ pub struct Dims {
     pub max_seq: usize,
 }
 
-/// The feed-forward block of every layer: a gated MLP of `hidden_dim` with `act`.
+/// The feed-forward block of every layer: a gated MLP of `hidden_dim` with `act` (in a
+/// mixture-of-experts model, of the dense layers; the experts' width when there are
+/// none).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Ffn {
     pub hidden_dim: usize,
@@ -81,6 +85,9 @@ pub struct Yarn {
     pub orig: u32,
     /// The attention factor (mscale).
     pub attn_factor: f64,
+    /// The correction range is rounded to whole dimensions (false: gpt-oss's
+    /// `truncate: false`, rope_type 4).
+    pub truncate: bool,
 }
 
 /// Rotary position embeddings.
@@ -102,6 +109,8 @@ pub struct LayerFlags {
     pub sliding: bool,
     pub local_rope: bool,
     pub no_rope: bool,
+    /// The FFN is the mixture of experts.
+    pub moe: bool,
 }
 
 /// Attention and logit scales beyond the defaults ([`Scales::Gemma`](crate::convert::arch::Scales)).
@@ -123,6 +132,23 @@ pub struct LinearDims {
     pub conv: usize,
 }
 
+/// The mixture of experts of the layers flagged `moe` (the family's
+/// [`MoeArch`](crate::convert::arch::MoeArch) says which biases and gates it has).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Moe {
+    /// Routed experts per layer, and experts per token.
+    pub n_experts: usize,
+    pub n_used: usize,
+    /// One routed expert's FFN width.
+    pub expert_hidden: usize,
+    /// The header's `moe_gating`.
+    pub gating: u32,
+    /// The shared expert's FFN width (0: none).
+    pub shared_hidden: usize,
+    /// gpt-oss's clamped SwiGLU: (limit, alpha).
+    pub swiglu: Option<(f32, f32)>,
+}
+
 impl LayerFlags {
     /// The flag byte.
     pub fn bits(self) -> u8 {
@@ -139,6 +165,9 @@ impl LayerFlags {
         if self.linear {
             f |= layer_flag::LINEAR;
         }
+        if self.moe {
+            f |= layer_flag::MOE;
+        }
         f
     }
 
@@ -149,6 +178,7 @@ impl LayerFlags {
             sliding: f & layer_flag::SLIDING != 0,
             local_rope: f & layer_flag::LOCAL_ROPE != 0,
             no_rope: f & layer_flag::NO_ROPE != 0,
+            moe: f & layer_flag::MOE != 0,
         }
     }
 }

@@ -19,7 +19,7 @@
 
 use crate::convert::arch::{self, Arch};
 use crate::convert::desc::{Dims, ModelDesc};
-use crate::format::mlb::header::act;
+use crate::format::mlb::header::{act, moe_gating};
 
 /// How a GGUF tensor becomes a spec array (rows gathered, values changed).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -46,6 +46,12 @@ pub enum Transform {
     NegExpA,
     /// ssm_out: columns in value heads back to grouped order.
     VCols,
+    /// A tensor whose outermost dimension is the experts, [.., E]: the stacked
+    /// ffn_{gate,up,down}_exps [cols, rows, E] (expert e's rows contiguous, as the
+    /// `.mlb` stacks them), a router ffn_gate_inp [dim, E], expert biases [w, E].
+    Experts,
+    /// A vector stored as one column, [len, 1] (ffn_gate_inp_shexp).
+    Column,
 }
 
 /// The dimensions the gathers of [`Transform`] need.
@@ -128,6 +134,22 @@ impl Transform {
         }
     }
 
+    /// The GGUF dimensions (innermost first) of a spec array of `rows` × `row_len`
+    /// read through this transform, in a model of `n_experts`; `None`: the usual
+    /// [row_len, rows] or [rows].
+    pub fn dims(self, rows: usize, row_len: usize, n_experts: usize) -> Option<Vec<u64>> {
+        match self {
+            Experts if row_len > 1 => Some(vec![
+                row_len as u64,
+                (rows / n_experts) as u64,
+                n_experts as u64,
+            ]),
+            Experts => Some(vec![(rows / n_experts) as u64, n_experts as u64]),
+            Column => Some(vec![rows as u64, 1]),
+            _ => None,
+        }
+    }
+
     /// Rows of the GGUF tensor behind `rows` spec rows.
     pub fn src_rows(self, rows: usize) -> usize {
         match self {
@@ -189,6 +211,24 @@ const LLAMA: &[GgufNames] = &[
     ],
 ];
 
+/// A mixture-of-experts FFN: the router and the stacked experts.
+const MOE_FFN: GgufNames = &[
+    ("router", "ffn_gate_inp.weight", Experts),
+    ("ew1", "ffn_gate_exps.weight", Experts),
+    ("ew2", "ffn_down_exps.weight", Experts),
+    ("ew3", "ffn_up_exps.weight", Experts),
+];
+
+/// Llama layers with experts (qwen3moe, olmoe, Mixtral as llama).
+const LLAMA_MOE: &[GgufNames] = &[COMMON, LLAMA[1], MOE_FFN];
+
+/// The experts' keys (after `{arch}.`).
+const MOE_KEYS: &[&str] = &[
+    "expert_count",
+    "expert_used_count",
+    "expert_feed_forward_length",
+];
+
 /// Gemma 2 and 3: llama.cpp's `post_attention_norm` is the norm of the attention
 /// output, `ffn_norm` the FFN's input norm (Hugging Face's pre_feedforward_layernorm).
 const GEMMA: &[GgufNames] = &[
@@ -226,6 +266,34 @@ const QWEN35: &[GgufNames] = &[
         ("lout", "ssm_out.weight", VCols),
         ("ffn_norm", "post_attention_norm.weight", Plain),
     ],
+];
+
+/// Qwen3.5-MoE: Qwen3.5's layers, the experts and the gated shared expert.
+const QWEN35_MOE: &[GgufNames] = &[
+    COMMON,
+    QWEN35[1],
+    MOE_FFN,
+    &[
+        ("sw1", "ffn_gate_shexp.weight", Plain),
+        ("sw2", "ffn_down_shexp.weight", Plain),
+        ("sw3", "ffn_up_shexp.weight", Plain),
+        ("sgate", "ffn_gate_inp_shexp.weight", Column),
+    ],
+];
+
+const QWEN35_MOE_KEYS: &[&str] = &[
+    "rope.dimension_sections",
+    "ssm.conv_kernel",
+    "ssm.state_size",
+    "ssm.group_count",
+    "ssm.time_step_rank",
+    "ssm.inner_size",
+    "attention.recurrent_layers",
+    "full_attention_interval",
+    "expert_count",
+    "expert_used_count",
+    "expert_feed_forward_length",
+    "expert_shared_feed_forward_length",
 ];
 
 const QWEN35_KEYS: &[&str] = &[
@@ -322,6 +390,9 @@ pub struct GgufArch {
     pub keys: &'static [&'static str],
     /// The `.mlb` features that name this architecture on export ([`by_features`]).
     pub features: Features,
+    /// The routing llama.cpp computes where the family leaves it to the config
+    /// (qwen3moe always renormalises, olmoe never).
+    pub moe_gating: Option<u32>,
 }
 
 /// What an `.mlb` header says of a model's family.
@@ -334,6 +405,11 @@ pub struct Features {
     pub qkv_bias: bool,
     /// Some layer without RoPE.
     pub no_rope: bool,
+    /// Mixture-of-experts layers (an architecture has them exactly when the header
+    /// does).
+    pub experts: bool,
+    /// q/k norms over the whole projection (OLMoE; exactly as the header says).
+    pub qk_norm_whole: bool,
 }
 
 const NO_FEATURES: Features = Features {
@@ -342,6 +418,8 @@ const NO_FEATURES: Features = Features {
     qk_norm: false,
     qkv_bias: false,
     no_rope: false,
+    experts: false,
+    qk_norm_whole: false,
 };
 
 impl Features {
@@ -353,6 +431,8 @@ impl Features {
             && has(self.qk_norm, of.qk_norm)
             && has(self.qkv_bias, of.qkv_bias)
             && has(self.no_rope, of.no_rope)
+            && self.experts == of.experts
+            && self.qk_norm_whole == of.qk_norm_whole
     }
 }
 
@@ -411,6 +491,7 @@ const BASE: GgufArch = GgufArch {
     rope_sections: false,
     keys: &[],
     features: NO_FEATURES,
+    moe_gating: None,
 };
 
 /// Every architecture, in the order messages list them.
@@ -501,11 +582,74 @@ pub const GGUF_ARCHS: &[GgufArch] = &[
         },
         ..BASE
     },
+    GgufArch {
+        name: "qwen3moe",
+        arch: &arch::QWEN3_MOE,
+        names: LLAMA_MOE,
+        keys: MOE_KEYS,
+        features: Features {
+            qk_norm: true,
+            experts: true,
+            ..NO_FEATURES
+        },
+        moe_gating: Some(moe_gating::SOFTMAX_TOPK_NORM),
+        ..BASE
+    },
+    GgufArch {
+        name: "olmoe",
+        arch: &arch::OLMOE,
+        names: LLAMA_MOE,
+        keys: MOE_KEYS,
+        features: Features {
+            qk_norm: true,
+            qk_norm_whole: true,
+            experts: true,
+            ..NO_FEATURES
+        },
+        moe_gating: Some(moe_gating::SOFTMAX_TOPK),
+        ..BASE
+    },
+    // Mixtral: llama.cpp's llama with experts (`llama.expert_count`), q/k rows
+    // permuted like Llama's; llama.cpp ignores Mixtral's sliding window.
+    GgufArch {
+        name: "llama",
+        arch: &arch::MIXTRAL,
+        rows: RopeRows::Interleaved,
+        names: LLAMA_MOE,
+        keys: MOE_KEYS,
+        features: Features {
+            experts: true,
+            ..NO_FEATURES
+        },
+        ..BASE
+    },
+    GgufArch {
+        name: "qwen35moe",
+        arch: &arch::QWEN35_MOE,
+        names: QWEN35_MOE,
+        rope_sections: true,
+        keys: QWEN35_MOE_KEYS,
+        features: Features {
+            gated: true,
+            experts: true,
+            ..NO_FEATURES
+        },
+        ..BASE
+    },
 ];
 
 /// Export's choice, most specific first: the first row whose features an `.mlb` has.
 const EXPORT_ORDER: &[&str] = &[
-    "qwen35", "gemma3", "gemma2", "qwen2", "qwen3", "smollm3", "llama",
+    "qwen35moe",
+    "qwen35",
+    "gemma3",
+    "gemma2",
+    "qwen2",
+    "olmoe",
+    "qwen3moe",
+    "qwen3",
+    "smollm3",
+    "llama",
 ];
 
 impl GgufArch {
@@ -538,21 +682,31 @@ impl GgufArch {
     }
 }
 
-/// The architecture named `name`.
+/// The architecture named `name` (its dense row).
 pub fn by_name(name: &str) -> Option<&'static GgufArch> {
     GGUF_ARCHS.iter().find(|a| a.name == name)
+}
+
+/// The row of `name` with or without experts (llama.cpp's llama is Mixtral when the
+/// file has `llama.expert_count`); `None` when the architecture has no such row.
+pub fn by_name_experts(name: &str, experts: bool) -> Option<&'static GgufArch> {
+    GGUF_ARCHS
+        .iter()
+        .find(|a| a.name == name && a.features.experts == experts)
 }
 
 /// The architecture of an `.mlb` whose header has `features` (export).
 pub fn by_features(features: Features) -> &'static GgufArch {
     EXPORT_ORDER
         .iter()
-        .filter_map(|n| by_name(n))
+        .flat_map(|n| GGUF_ARCHS.iter().filter(move |a| a.name == *n))
         .find(|a| a.features.within(features))
         .expect("llama has no features")
 }
 
 /// Every accepted `general.architecture`, for messages.
 pub fn names() -> Vec<&'static str> {
-    GGUF_ARCHS.iter().map(|a| a.name).collect()
+    let mut v: Vec<&str> = GGUF_ARCHS.iter().map(|a| a.name).collect();
+    v.dedup();
+    v
 }

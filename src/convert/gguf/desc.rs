@@ -10,9 +10,10 @@ use super::arch::GgufArch;
 use super::meta::{usize_of, Meta};
 use super::rope::rope;
 use crate::convert::arch::Scales;
-use crate::convert::desc::{AttnScales, Dims, Ffn, LayerFlags, LinearDims, ModelDesc, Vocab};
+use crate::convert::desc::{AttnScales, Dims, Ffn, LayerFlags, LinearDims, ModelDesc, Moe, Vocab};
 use crate::convert::error::{ConvertError, DescField, Result};
 use crate::format::gguf::Value;
+use crate::format::mlb::header::moe_gating;
 use crate::format::mlb::validate::SEQ_LIMIT;
 
 /// What a GGUF file describes, beyond the header fields.
@@ -25,8 +26,15 @@ pub struct Described {
 /// The model a GGUF file describes, as llama.cpp reads it.
 pub fn describe(m: &Meta, ga: &'static GgufArch, notes: &mut Vec<String>) -> Result<Described> {
     let dims = dims(m, notes)?;
+    let moe = moe(m, ga, dims.n_layers)?;
+    // With experts in every layer the dense width is the experts' (llama.cpp's
+    // feed_forward_length is then unused).
+    let hidden_dim = match moe {
+        Some(e) => e.expert_hidden,
+        None => ffn_length(m, dims.n_layers)?,
+    };
     let ffn = Ffn {
-        hidden_dim: ffn_length(m, dims.n_layers)?,
+        hidden_dim,
         act: ga.act,
     };
     let norm_eps = m
@@ -40,7 +48,13 @@ pub fn describe(m: &Meta, ga: &'static GgufArch, notes: &mut Vec<String>) -> Res
         })?;
     let vocab = vocab(m)?;
     let (mut rope, consumed) = rope(m, &dims)?;
-    let mut layers = vec![LayerFlags::default(); dims.n_layers];
+    let mut layers = vec![
+        LayerFlags {
+            moe: moe.is_some(),
+            ..LayerFlags::default()
+        };
+        dims.n_layers
+    ];
     if let Some(k) = ga.no_rope_every {
         for (i, l) in layers.iter_mut().enumerate() {
             l.no_rope = (i + 1) % k == 0;
@@ -68,6 +82,7 @@ pub fn describe(m: &Meta, ga: &'static GgufArch, notes: &mut Vec<String>) -> Res
         layers,
         scales,
         linear,
+        moe,
         notes: Vec::new(),
     };
     desc.check().map_err(|e| {
@@ -77,6 +92,10 @@ pub fn describe(m: &Meta, ga: &'static GgufArch, notes: &mut Vec<String>) -> Res
             DescField::Act => "general.architecture".to_string(),
             DescField::SlidingWindow => m.full("attention.sliding_window"),
             DescField::Layers => m.full("attention.recurrent_layers"),
+            DescField::Experts => m.full("expert_count"),
+            DescField::ExpertsUsed => m.full("expert_used_count"),
+            DescField::ExpertHidden => m.full("expert_feed_forward_length"),
+            DescField::SharedHidden => m.full("expert_shared_feed_forward_length"),
         };
         e.at(m.file, key, None)
     })?;
@@ -137,6 +156,39 @@ fn dims(m: &Meta, notes: &mut Vec<String>) -> Result<Dims> {
         head_dim,
         max_seq,
     })
+}
+
+/// The experts (every layer's FFN, as llama.cpp's MoE architectures have them): their
+/// count, experts per token, width (`expert_feed_forward_length`, else
+/// `feed_forward_length`), the shared expert's width, and the routing llama.cpp
+/// computes.
+fn moe(m: &Meta, ga: &GgufArch, n_layers: usize) -> Result<Option<Moe>> {
+    let Some(am) = ga.arch.moe else {
+        return Ok(None);
+    };
+    let g = |k: &str| -> Result<usize> { usize_of(m, k, m.u64_req(k)?) };
+    let n_experts = g("expert_count")?;
+    let n_used = g("expert_used_count")?;
+    let expert_hidden = match m.u64_opt("expert_feed_forward_length")? {
+        Some(v) => usize_of(m, "expert_feed_forward_length", v)?,
+        None => ffn_length(m, n_layers)?,
+    };
+    let shared_hidden = match m.u64_opt("expert_shared_feed_forward_length")? {
+        Some(v) => usize_of(m, "expert_shared_feed_forward_length", v)?,
+        None => 0,
+    };
+    let _ = m.get("feed_forward_length");
+    Ok(Some(Moe {
+        n_experts,
+        n_used,
+        expert_hidden,
+        gating: am
+            .gating
+            .or(ga.moe_gating)
+            .unwrap_or(moe_gating::SOFTMAX_TOPK_NORM),
+        shared_hidden,
+        swiglu: None,
+    }))
 }
 
 /// The `ffn` section's width (the activation is the architecture's).

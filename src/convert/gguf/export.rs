@@ -26,6 +26,7 @@ use crate::atomic::AtomicFile;
 use crate::convert::desc::ModelDesc;
 use crate::convert::error::{ConvertError, DescField, Result};
 use crate::format::gguf::{GgmlType, GgufWriter, MetaValue, TensorSpec};
+use crate::format::mlb::header::qk_norm;
 use crate::format::mlb::{Kind, Mlb, WType};
 use crate::format::mlt::Mlt;
 use crate::quant::QK;
@@ -107,6 +108,7 @@ pub fn export(opts: &ExportOptions) -> Result<ExportSummary> {
     keys.scales();
     keys.window()?;
     keys.linear();
+    keys.experts()?;
     let mut kv = keys.kv;
     kv.push(("general.file_type".into(), MetaValue::U32(file_type(&m))));
     kv.push(("general.quantization_version".into(), MetaValue::U32(2)));
@@ -148,6 +150,8 @@ fn describe(input: &Path, m: &Mlb, flags: &[u8]) -> Result<(&'static GgufArch, M
         qk_norm: h.qk_norm != 0,
         qkv_bias: h.qkv_bias != 0,
         no_rope: any_no_rope(flags),
+        experts: h.n_experts != 0,
+        qk_norm_whole: h.qk_norm == qk_norm::WHOLE,
     });
     let desc = ModelDesc::from_header(ga.arch, h, m.dims(), flags);
     desc.check().map_err(|e| {
@@ -157,6 +161,10 @@ fn describe(input: &Path, m: &Mlb, flags: &[u8]) -> Result<(&'static GgufArch, M
             DescField::Act => "act",
             DescField::SlidingWindow => "sliding_window",
             DescField::Layers => "layer_flags",
+            DescField::Experts => "n_experts",
+            DescField::ExpertsUsed => "n_experts_used",
+            DescField::ExpertHidden => "expert_hidden",
+            DescField::SharedHidden => "shared_hidden",
         };
         e.at(input, key, None)
     })?;
@@ -257,16 +265,13 @@ fn plan(
             Some(i) => i,
             None => {
                 let what = t.name.to_string();
-                outs.push(new_out(
-                    input,
-                    &what,
-                    name.clone(),
-                    tr,
-                    &g,
-                    g_rows,
-                    row_len,
-                    mat,
-                )?);
+                let mut o = new_out(input, &what, name.clone(), tr, &g, g_rows, row_len, mat)?;
+                // The experts' stacks and routers are 3-D and 2-D in llama.cpp.
+                let n_experts = d.moe.map_or(1, |e| e.n_experts);
+                if let Some(dims) = tr.dims(rows, row_len, n_experts) {
+                    o.spec.dims = dims;
+                }
+                outs.push(o);
                 outs.len() - 1
             }
         };

@@ -11,14 +11,15 @@
 //!
 //! Tensors, by type:
 //! - Matrices of a type Krafla stores ([`copy_type`]: Q8_0, Q4_0, F16, BF16, Q4_K,
-//!   Q5_K, Q6_K, Q4_1, Q5_0, Q5_1, IQ4_NL) are copied block by block. Q8_0/Q4_0: a GGUF
+//!   Q5_K, Q6_K, Q4_1, Q5_0, Q5_1, IQ4_NL, Q2_K, Q3_K, IQ4_XS, MXFP4) are copied block by
+//!   block. Q8_0/Q4_0: a GGUF
 //!   block is an f16 scale `d` followed by the quants, the `.mlb` stores the quants
 //!   array then the scales array (f16, `scale_f16 = 1`); the others are GGUF's own
 //!   blocks (or 2-byte floats) in both. Nothing is rounded. q/k rows of NEOX
 //!   architectures are permuted as whole rows ([`super::arch`]), which moves blocks
 //!   without changing them.
 //! - F32, F16 and BF16 vectors (norms, biases) become F32 exactly.
-//! - Any other matrix type (F32 matrices, Q2_K, Q3_K, ...) is dequantized and quantized
+//! - Any other matrix type (F32 matrices, the IQ codebook types, ...) is dequantized and quantized
 //!   again by Krafla's quantizer only with `--requantize TYPE`; without it the
 //!   conversion is refused naming the tensor and its type. `--requantize` also
 //!   quantizes the F16/BF16 matrices (a float GGUF is what one quantizes); blocks of
@@ -178,7 +179,26 @@ fn architecture(path: &Path, v: &GgufView) -> Result<&'static GgufArch> {
         .ok_or_else(|| {
             ConvertError::config(path, "general.architecture", "missing", "required key")
         })?;
-    let ga = arch::by_name(arch_name).ok_or_else(|| {
+    // A llama with experts is Mixtral.
+    let experts = v
+        .get(&format!("{arch_name}.expert_count"))
+        .and_then(|x| x.as_u64())
+        .is_some_and(|n| n > 0);
+    let ga = match arch::by_name_experts(arch_name, experts) {
+        Some(ga) => Some(ga),
+        None if experts && arch::by_name(arch_name).is_some() => {
+            return Err(ConvertError::config(
+                path,
+                format!("{arch_name}.expert_count"),
+                v.get(&format!("{arch_name}.expert_count"))
+                    .and_then(|x| x.as_u64())
+                    .unwrap_or(0),
+                format!("a {arch_name} model with experts is not supported"),
+            ));
+        }
+        None => arch::by_name(arch_name),
+    };
+    let ga = ga.ok_or_else(|| {
         ConvertError::config(
             path,
             "general.architecture",
@@ -338,7 +358,7 @@ fn choose_types(
                             w.block_weights()
                         ),
                         None => format!(
-                            "{}: Krafla stores F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q4_K, Q5_K and Q6_K matrices as they are, not this type",
+                            "{}: Krafla stores F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q4_K, Q5_K, Q6_K, Q2_K, Q3_K, IQ4_XS and MXFP4 matrices as they are, not this type",
                             info.ty
                         ),
                     };

@@ -13,7 +13,9 @@ use crate::convert::arch::Scales;
 use crate::convert::desc::{ModelDesc, RopeScaling};
 use crate::convert::error::{ConvertError, Result};
 use crate::format::gguf::{MetaValue, ValueType};
-use crate::format::mlb::header::{act, layer_flag, rope_type, Header};
+use crate::format::mlb::header::{
+    act, layer_flag, moe_flag, moe_gating, qkv_bias, rope_type, Header,
+};
 
 /// The keys of one GGUF architecture, in the order they are written.
 pub struct Keys<'a> {
@@ -368,6 +370,74 @@ impl Keys<'_> {
             self.push("ssm.time_step_rank", u(l.v_heads));
             self.push("ssm.inner_size", u(l.v_heads * l.v_dim));
         }
+    }
+}
+
+impl Keys<'_> {
+    /// The experts' keys, refusing what llama.cpp's architecture computes otherwise:
+    /// its routing, experts in every layer, no biases, sinks or clamped SwiGLU
+    /// (gpt-oss is not exported yet).
+    pub fn experts(&mut self) -> Result<()> {
+        let (d, h, a) = (self.desc, self.header, self.ga.name);
+        let Some(e) = d.moe else {
+            return Ok(());
+        };
+        let want = self
+            .ga
+            .arch
+            .moe
+            .and_then(|m| m.gating)
+            .or(self.ga.moe_gating);
+        if let Some(g) = want.filter(|&g| g != e.gating) {
+            return Err(self.err(
+                "moe_gating",
+                e.gating,
+                format!("llama.cpp's {a} routes by {}", moe_gating::name(g)),
+            ));
+        }
+        if let Some(l) = d.layers.iter().position(|l| !l.moe) {
+            return Err(self.err(
+                &format!("layer_flags[{l}]"),
+                self.flags[l],
+                format!("llama.cpp's {a} has experts in every layer"),
+            ));
+        }
+        let extra = [
+            ("qkv_bias", h.qkv_bias, h.qkv_bias == qkv_bias::QKVO),
+            (
+                "moe_flags",
+                h.moe_flags,
+                h.moe_flags & !moe_flag::SHARED_GATE != 0,
+            ),
+            ("attn_sinks", h.attn_sinks, h.attn_sinks != 0),
+            (
+                "swiglu_limit",
+                h.swiglu_limit.to_bits(),
+                h.swiglu_limit != 0.0,
+            ),
+        ];
+        if let Some((f, v, _)) = extra.into_iter().find(|x| x.2) {
+            return Err(self.err(
+                f,
+                v,
+                format!("not exported to {a} (gpt-oss's biases, sinks and SwiGLU: not yet)"),
+            ));
+        }
+        if e.shared_hidden > 0 && h.moe_flags & moe_flag::SHARED_GATE == 0 {
+            return Err(self.err(
+                "moe_flags",
+                h.moe_flags,
+                format!("llama.cpp's {a} gates its shared expert"),
+            ));
+        }
+        let u = |x: usize| MetaValue::U32(x as u32);
+        self.push("expert_count", u(e.n_experts));
+        self.push("expert_used_count", u(e.n_used));
+        self.push("expert_feed_forward_length", u(e.expert_hidden));
+        if e.shared_hidden > 0 {
+            self.push("expert_shared_feed_forward_length", u(e.shared_hidden));
+        }
+        Ok(())
     }
 }
 

@@ -122,6 +122,7 @@ fn rope_scaling(m: &Meta, ctx: u64) -> Result<RopeScaling> {
                 beta_slow: 1.0,
                 orig: orig as u32,
                 attn_factor: mscale * attn.unwrap_or(1.0),
+                truncate: true,
             })
         }
         other => {

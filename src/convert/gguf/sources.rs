@@ -101,9 +101,17 @@ pub fn sources<'a>(
             .then(|| (0..rows).map(|r| tr.src_row_in(&g, r, no_rope)).collect());
         let cols_from: Option<Vec<usize>> =
             (tr == Transform::VCols).then(|| (0..row_len).map(|c| tr.src_col(&g, c)).collect());
-        let want: Vec<u64> = match (t.kind, tr) {
-            (Kind::Mat { .. }, _) | (_, Transform::VConv) => vec![row_len as u64, src_rows as u64],
+        let n_experts = d.moe.map_or(1, |m| m.n_experts);
+        let want: Vec<u64> = match (t.kind, tr.dims(rows, row_len, n_experts)) {
+            (_, Some(dims)) => dims,
+            (Kind::Mat { .. }, _) => vec![row_len as u64, src_rows as u64],
+            (_, None) if tr == Transform::VConv => vec![row_len as u64, src_rows as u64],
             _ => vec![rows as u64],
+        };
+        // Per-expert vectors (a router [dim, E], biases [w, E]) are read row by row.
+        let (rows, row_len) = match (t.kind, tr) {
+            (Kind::F32 { len }, Transform::Experts) => (n_experts, len / n_experts),
+            _ => (rows, row_len),
         };
         if info.shape() != want.as_slice() {
             return Err(ConvertError::tensor(
@@ -336,6 +344,10 @@ mod tests {
             WType::Q4_1,
             WType::IQ4_NL,
             WType::BF16,
+            WType::MXFP4,
+            WType::Q2_K,
+            WType::Q3_K,
+            WType::IQ4_XS,
         ] {
             let ty = ggml_type(w).unwrap();
             assert_eq!(copy_type(ty), Some(w));

@@ -22,6 +22,11 @@ fn gguf_of(w: WType) -> (Option<GgmlType>, u32) {
         WType::Q6_K => (Some(GgmlType::Q6_K), 18),
         WType::IQ4_NL => (Some(GgmlType::IQ4_NL), 25),
         WType::Q6_0 => (None, 7),
+        // MOSTLY_MXFP4_MOE, MOSTLY_Q2_K, MOSTLY_Q3_K_S, MOSTLY_IQ4_XS.
+        WType::MXFP4 => (Some(GgmlType::MXFP4), 38),
+        WType::Q2_K => (Some(GgmlType::Q2_K), 10),
+        WType::Q3_K => (Some(GgmlType::Q3_K), 11),
+        WType::IQ4_XS => (Some(GgmlType::IQ4_XS), 30),
     }
 }
 

@@ -25,6 +25,17 @@ pub enum Transform {
     GateGate,
     /// A depthwise conv1d weight [C, 1, K] → C × K floats.
     Conv,
+    /// A 2-D tensor read as one vector of floats (a router [E, dim], a gate [1, dim]).
+    Flat,
+    /// One tensor per expert, `{e}` in the name standing for the expert's number: the
+    /// experts' rows stacked, expert 0's first.
+    Experts,
+    /// One 3-D tensor of every expert stored input-major, [E, in, W] (gpt-oss): row i
+    /// of expert e is column `first + step·i` of its slice, so a fused gate/up with
+    /// interleaved columns gives its gate (0, 2) and up (1, 2) rows; as a vector (a
+    /// bias [E, W]), element `first + step·i` of row e. Its MXFP4 form (`_blocks` and
+    /// `_scales`, [E, W, in/32, 16] output-major) is read when the tensor is absent.
+    ExpertsT { first: usize, step: usize },
 }
 
 /// Which spec array comes from which tensor, relative to `layers.N.` (layer arrays) or
@@ -52,15 +63,83 @@ const COMMON_NAMES: NameTable = &[
     ("wcls", "lm_head.weight", Plain),
 ];
 
+/// The query and the FFN input norm of a Llama layer, and Qwen2's biases.
+const LLAMA_LAYER: NameTable = &[
+    ("wq", "self_attn.q_proj.weight", Rope),
+    ("bq", "self_attn.q_proj.bias", Rope),
+    ("bk", "self_attn.k_proj.bias", Rope),
+    ("bv", "self_attn.v_proj.bias", Plain),
+    ("ffn_norm", "post_attention_layernorm.weight", Norm),
+];
+
 /// Llama, Mistral, Qwen2, Qwen3, SmolLM3: pre-norm layers with a gated SiLU MLP.
-const LLAMA_NAMES: &[NameTable] = &[
+const LLAMA_NAMES: &[NameTable] = &[COMMON_NAMES, LLAMA_LAYER];
+
+/// Qwen3-MoE, OLMoE, Qwen3.5-MoE: the router `mlp.gate` and one tensor per expert and
+/// projection, as the Hub ships them.
+const MLP_EXPERTS: NameTable = &[
+    ("router", "mlp.gate.weight", Flat),
+    ("ew1", "mlp.experts.{e}.gate_proj.weight", Experts),
+    ("ew2", "mlp.experts.{e}.down_proj.weight", Experts),
+    ("ew3", "mlp.experts.{e}.up_proj.weight", Experts),
+];
+
+/// Qwen3-MoE, OLMoE: Llama layers with experts.
+const MOE_NAMES: &[NameTable] = &[COMMON_NAMES, LLAMA_LAYER, MLP_EXPERTS];
+
+/// Mixtral: the experts' w1 (gate), w2 (down), w3 (up) under `block_sparse_moe`.
+const MIXTRAL_NAMES: &[NameTable] = &[
     COMMON_NAMES,
+    LLAMA_LAYER,
     &[
-        ("wq", "self_attn.q_proj.weight", Rope),
-        ("bq", "self_attn.q_proj.bias", Rope),
-        ("bk", "self_attn.k_proj.bias", Rope),
-        ("bv", "self_attn.v_proj.bias", Plain),
-        ("ffn_norm", "post_attention_layernorm.weight", Norm),
+        ("router", "block_sparse_moe.gate.weight", Flat),
+        ("ew1", "block_sparse_moe.experts.{e}.w1.weight", Experts),
+        ("ew2", "block_sparse_moe.experts.{e}.w2.weight", Experts),
+        ("ew3", "block_sparse_moe.experts.{e}.w3.weight", Experts),
+    ],
+];
+
+/// gpt-oss: the o_proj bias, the sinks, a router with a bias, and the experts as two
+/// 3-D tensors stored input-major: gate_up_proj [E, dim, 2·eh] with gate and up in
+/// alternate columns, down_proj [E, eh, dim]; their biases alike.
+const GPT_OSS_NAMES: &[NameTable] = &[
+    COMMON_NAMES,
+    LLAMA_LAYER,
+    &[
+        ("bo", "self_attn.o_proj.bias", Plain),
+        ("sinks", "self_attn.sinks", Plain),
+        ("router", "mlp.router.weight", Flat),
+        ("router_b", "mlp.router.bias", Plain),
+        (
+            "ew1",
+            "mlp.experts.gate_up_proj",
+            ExpertsT { first: 0, step: 2 },
+        ),
+        (
+            "ew3",
+            "mlp.experts.gate_up_proj",
+            ExpertsT { first: 1, step: 2 },
+        ),
+        (
+            "ew2",
+            "mlp.experts.down_proj",
+            ExpertsT { first: 0, step: 1 },
+        ),
+        (
+            "eb1",
+            "mlp.experts.gate_up_proj_bias",
+            ExpertsT { first: 0, step: 2 },
+        ),
+        (
+            "eb3",
+            "mlp.experts.gate_up_proj_bias",
+            ExpertsT { first: 1, step: 2 },
+        ),
+        (
+            "eb2",
+            "mlp.experts.down_proj_bias",
+            ExpertsT { first: 0, step: 1 },
+        ),
     ],
 ];
 
@@ -97,6 +176,19 @@ const QWEN35_NAMES: &[NameTable] = &[
     ],
 ];
 
+/// Qwen3.5-MoE: Qwen3.5's layers, the experts, and a shared expert behind a gate.
+const QWEN35_MOE_NAMES: &[NameTable] = &[
+    QWEN35_NAMES[0],
+    QWEN35_NAMES[1],
+    MLP_EXPERTS,
+    &[
+        ("sw1", "mlp.shared_expert.gate_proj.weight", Plain),
+        ("sw2", "mlp.shared_expert.down_proj.weight", Plain),
+        ("sw3", "mlp.shared_expert.up_proj.weight", Plain),
+        ("sgate", "mlp.shared_expert_gate.weight", Flat),
+    ],
+];
+
 /// Which layers attend through the sliding window.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Window {
@@ -104,6 +196,9 @@ pub enum Window {
     None,
     /// `sliding_window`, when set, applies to every layer (Mistral ignores layer_types).
     AllLayers,
+    /// `sliding_window` applies to every layer when `use_sliding_window` is true
+    /// (Qwen3-MoE).
+    AllLayersIfUsed,
     /// The layers `layer_types` marks "sliding_attention", when `use_sliding_window`
     /// is true (Qwen2, Qwen3, SmolLM3 drop the window otherwise).
     LayerTypesIfUsed,
@@ -160,7 +255,44 @@ pub struct HfArch {
     pub no_rope_layers: bool,
     /// Multimodal wrappers of this text model: (wrapper model_type).
     pub wrappers: &'static [&'static str],
+    /// The config keys of the experts (an architecture whose family has them).
+    pub moe: Option<HfMoe>,
 }
+
+/// Where a mixture-of-experts config keeps its experts, with transformers' defaults.
+#[derive(Debug)]
+pub struct HfMoe {
+    /// The key of the number of experts (transformers 5 also writes
+    /// `num_local_experts` where the class reads `num_experts`: both are read).
+    pub experts_key: &'static str,
+    pub default_experts: usize,
+    pub default_used: usize,
+    /// The key of one expert's FFN width, and its default.
+    pub hidden_key: &'static str,
+    pub default_hidden: usize,
+    /// `decoder_sparse_step` and `mlp_only_layers` choose the MoE layers (Qwen3-MoE);
+    /// else every layer's FFN is the experts.
+    pub sparse_layers: bool,
+    /// The shared expert's width key and default.
+    pub shared_key: Option<(&'static str, usize)>,
+    /// `norm_topk_prob` when config.json omits it (families whose routing it chooses).
+    pub default_norm_topk: bool,
+    /// gpt-oss's clamped SwiGLU: the defaults of `swiglu_limit` and `swiglu_alpha`.
+    pub default_swiglu: Option<(f64, f64)>,
+}
+
+/// The keys most MoE configs use.
+const HF_MOE: HfMoe = HfMoe {
+    experts_key: "num_experts",
+    default_experts: 8,
+    default_used: 2,
+    hidden_key: "intermediate_size",
+    default_hidden: 14336,
+    sparse_layers: false,
+    shared_key: None,
+    default_norm_topk: false,
+    default_swiglu: None,
+};
 
 const BASE: HfArch = HfArch {
     arch: &arch::LLAMA,
@@ -181,6 +313,7 @@ const BASE: HfArch = HfArch {
     default_linear: None,
     no_rope_layers: false,
     wrappers: &[],
+    moe: None,
 };
 
 /// Every supported architecture.
@@ -271,6 +404,95 @@ pub const ARCHS: &[HfArch] = &[
             conv: 4,
         }),
         wrappers: &["qwen3_5"],
+        ..BASE
+    },
+    HfArch {
+        arch: &arch::QWEN3_MOE,
+        model_types: &["qwen3_moe"],
+        names: MOE_NAMES,
+        default_max_pos: 32768,
+        window: Window::AllLayersIfUsed,
+        moe: Some(HfMoe {
+            default_experts: 128,
+            default_used: 8,
+            hidden_key: "moe_intermediate_size",
+            default_hidden: 768,
+            sparse_layers: true,
+            ..HF_MOE
+        }),
+        ..BASE
+    },
+    HfArch {
+        arch: &arch::OLMOE,
+        model_types: &["olmoe"],
+        names: MOE_NAMES,
+        default_max_pos: 4096,
+        default_rms_eps: 1e-5,
+        moe: Some(HfMoe {
+            default_experts: 64,
+            default_used: 8,
+            default_hidden: 2048,
+            ..HF_MOE
+        }),
+        ..BASE
+    },
+    HfArch {
+        arch: &arch::MIXTRAL,
+        model_types: &["mixtral"],
+        names: MIXTRAL_NAMES,
+        default_max_pos: 4096 * 32,
+        default_rms_eps: 1e-5,
+        window: Window::AllLayers,
+        moe: Some(HfMoe {
+            experts_key: "num_local_experts",
+            ..HF_MOE
+        }),
+        ..BASE
+    },
+    HfArch {
+        arch: &arch::GPT_OSS,
+        model_types: &["gpt_oss"],
+        names: GPT_OSS_NAMES,
+        default_theta: 150_000.0,
+        default_head_dim: Some(64),
+        default_max_pos: 131_072,
+        default_rms_eps: 1e-5,
+        window: Window::LayerTypes,
+        default_layer_types: DefaultLayerTypes::Alternate,
+        moe: Some(HfMoe {
+            experts_key: "num_local_experts",
+            default_experts: 128,
+            default_used: 4,
+            default_hidden: 2880,
+            default_swiglu: Some((7.0, 1.702)),
+            ..HF_MOE
+        }),
+        ..BASE
+    },
+    HfArch {
+        arch: &arch::QWEN35_MOE,
+        model_types: &["qwen3_5_moe_text"],
+        names: QWEN35_MOE_NAMES,
+        default_head_dim: Some(256),
+        default_max_pos: 32768,
+        default_layer_types: DefaultLayerTypes::LinearInterval,
+        default_partial_rotary: 0.25,
+        default_linear: Some(LinearDims {
+            k_heads: 16,
+            v_heads: 32,
+            k_dim: 128,
+            v_dim: 128,
+            conv: 4,
+        }),
+        wrappers: &["qwen3_5_moe"],
+        moe: Some(HfMoe {
+            default_experts: 256,
+            default_used: 8,
+            hidden_key: "moe_intermediate_size",
+            default_hidden: 512,
+            shared_key: Some(("shared_expert_intermediate_size", 512)),
+            ..HF_MOE
+        }),
         ..BASE
     },
 ];

@@ -252,6 +252,25 @@ impl Checkpoint {
         }
     }
 
+    /// Drops the pages of bytes `bytes` (relative to the tensor's start) of `t` from
+    /// this process's resident set (see [`Self::release`]).
+    pub fn release_bytes(&self, t: &TensorInfo, bytes: std::ops::Range<usize>) {
+        #[cfg(unix)]
+        {
+            let map = &self.shards[t.shard].map;
+            let a = t.start + bytes.start;
+            let len = bytes.end.saturating_sub(bytes.start);
+            if len > 0 && a + len <= t.end {
+                // SAFETY: as in `release`: a private read-only file mapping.
+                let _ = unsafe {
+                    map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, a, len)
+                };
+            }
+        }
+        #[cfg(not(unix))]
+        let _ = (t, bytes);
+    }
+
     /// Drops the pages of `t`'s rows `rows` from this process's resident set (the data
     /// stays in the page cache; a later read maps it again).
     pub fn release(&self, t: &TensorInfo, row_len: usize, rows: std::ops::Range<usize>) {

@@ -18,13 +18,13 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{Map, Value};
 
-use super::arch::{self, DefaultLayerTypes, HfArch, Window};
+use super::arch::{self, DefaultLayerTypes, HfArch, HfMoe, Window};
 use super::json::Cfg;
 use super::rope::rope;
 use crate::convert::arch::Scales;
-use crate::convert::desc::{AttnScales, Dims, Ffn, LayerFlags, LinearDims, ModelDesc, Vocab};
+use crate::convert::desc::{AttnScales, Dims, Ffn, LayerFlags, LinearDims, ModelDesc, Moe, Vocab};
 use crate::convert::error::{ConvertError, DescField, Result};
-use crate::format::mlb::header::act;
+use crate::format::mlb::header::{act, moe_gating};
 use crate::format::mlb::validate::{DIM_LIMIT, SEQ_LIMIT};
 
 /// Keys of mixture-of-experts and other math the format cannot express: refused when
@@ -144,14 +144,18 @@ fn describe(
     wrapper: Option<String>,
 ) -> Result<ModelDesc> {
     let mut notes = Vec::new();
-    refusals(c, &mut notes)?;
+    refusals(arch, c, &mut notes)?;
     let dims = dims(arch, c, &mut notes)?;
-    let (ffn, act_name) = ffn(arch, c)?;
+    let (moe, moe_layers) = moe(arch, c, dims.n_layers)?;
+    let (ffn, act_name) = ffn(arch, c, moe.as_ref(), &moe_layers)?;
     let vocab = vocab(arch, c, top, wrapper.is_some())?;
     let norm_eps = c.f64_opt("rms_norm_eps")?.unwrap_or(arch.default_rms_eps);
     let (rope, prf) = rope(arch, c, dims.head_dim, dims.max_seq)?;
     let sliding_window = window(arch, c)?;
-    let layers = layers(arch, c, dims.n_layers, sliding_window, rope.local_theta)?;
+    let mut layers = layers(arch, c, dims.n_layers, sliding_window, rope.local_theta)?;
+    for (l, m) in layers.iter_mut().zip(&moe_layers) {
+        l.moe = *m;
+    }
     let scales = scales(arch, c)?;
     let linear = linear(arch, c, &layers)?;
     if let Some(w) = &wrapper {
@@ -172,8 +176,10 @@ fn describe(
         layers,
         scales,
         linear,
+        moe,
         notes,
     };
+    let hm = arch.moe.as_ref();
     desc.check().map_err(|e| {
         let (key, value) = match e.field {
             DescField::RotDim => ("partial_rotary_factor", Some(prf.to_string())),
@@ -181,24 +187,40 @@ fn describe(
             DescField::Act => (arch.act_key, Some(act_name.to_string())),
             DescField::SlidingWindow => ("sliding_window", None),
             DescField::Layers => ("layer_types", None),
+            DescField::Experts => (experts_key(hm, c), None),
+            DescField::ExpertsUsed => ("num_experts_per_tok", None),
+            DescField::ExpertHidden => (hm.map_or("", |m| m.hidden_key), None),
+            DescField::SharedHidden => (hm.and_then(|m| m.shared_key).map_or("", |(k, _)| k), None),
         };
         e.at(c.file, c.key(key), value)
     })?;
     Ok(desc)
 }
 
-/// Keys the format cannot express (mixture of experts, biases the format lacks), and
-/// notes on keys transformers ignores.
-fn refusals(c: &Cfg, notes: &mut Vec<String>) -> Result<()> {
+/// Keys the format cannot express (mixture of experts in a family without it, biases
+/// the format lacks), and notes on keys transformers ignores.
+fn refusals(arch: &HfArch, c: &Cfg, notes: &mut Vec<String>) -> Result<()> {
+    // The experts' own keys, in a family that reads them.
+    let read = |k: &str| {
+        arch.moe.as_ref().is_some_and(|m| {
+            EXPERTS_KEYS.contains(&k)
+                || k == m.hidden_key
+                || m.shared_key.is_some_and(|(s, _)| s == k)
+        })
+    };
     for (k, why) in UNSUPPORTED_KEYS {
+        if read(k) {
+            continue;
+        }
         if let Some(v) = c.m.get(*k) {
             if is_set(v) {
                 return Err(c.err(k, v, *why));
             }
         }
     }
-    // q/k/v/o biases: only Qwen2's q/k/v biases have a place in the format.
-    if c.bool_opt("attention_bias")? == Some(true) {
+    // q/k/v/o biases: Qwen2's q/k/v biases and gpt-oss's q/k/v/o have a place in the
+    // format.
+    if c.bool_opt("attention_bias")? == Some(true) && !arch.arch.o_bias {
         return Err(c.err(
             "attention_bias",
             true,
@@ -258,9 +280,18 @@ fn dims(arch: &HfArch, c: &Cfg, notes: &mut Vec<String>) -> Result<Dims> {
 }
 
 /// The `ffn` section: the MLP's width and activation (with the activation's name as
-/// config.json spells it).
-fn ffn<'a>(arch: &HfArch, c: &Cfg<'a>) -> Result<(Ffn, &'a str)> {
-    let hidden_dim = c.usize_req("intermediate_size")?;
+/// config.json spells it). With experts in every layer the width is the experts'
+/// (the header's hidden_dim is then not used); with some dense layers it is theirs.
+fn ffn<'a>(
+    arch: &HfArch,
+    c: &Cfg<'a>,
+    moe: Option<&Moe>,
+    moe_layers: &[bool],
+) -> Result<(Ffn, &'a str)> {
+    let hidden_dim = match moe {
+        Some(m) if moe_layers.iter().all(|&x| x) => m.expert_hidden,
+        _ => c.usize_req("intermediate_size")?,
+    };
     let hidden_dim = within(c, "intermediate_size", hidden_dim, DIM_LIMIT)?;
     let act_name = c.str_opt(arch.act_key)?.unwrap_or(arch.default_act);
     let act = match act_name {
@@ -298,8 +329,101 @@ fn window(arch: &HfArch, c: &Cfg) -> Result<Option<usize>> {
     Ok(match arch.window {
         Window::None => None,
         Window::AllLayers | Window::LayerTypes => window,
-        Window::LayerTypesIfUsed => window.filter(|_| use_sw),
+        Window::LayerTypesIfUsed | Window::AllLayersIfUsed => window.filter(|_| use_sw),
     })
+}
+
+/// The keys of the number of experts: transformers 5 writes `num_local_experts` for
+/// classes that read `num_experts` (and the older configs the other way round).
+const EXPERTS_KEYS: [&str; 2] = ["num_experts", "num_local_experts"];
+
+/// The key config.json gives the number of experts under.
+fn experts_key(m: Option<&HfMoe>, c: &Cfg) -> &'static str {
+    let Some(m) = m else { return "num_experts" };
+    let other = EXPERTS_KEYS.into_iter().find(|k| *k != m.experts_key);
+    match other {
+        Some(o) if !c.m.contains_key(m.experts_key) && c.m.contains_key(o) => o,
+        _ => m.experts_key,
+    }
+}
+
+/// The `moe` section: the experts' sizes and routing, and which layers have them
+/// (Qwen3-MoE: not the `mlp_only_layers`, and every `decoder_sparse_step`-th).
+fn moe(arch: &HfArch, c: &Cfg, n: usize) -> Result<(Option<Moe>, Vec<bool>)> {
+    let (Some(hm), Some(am)) = (arch.moe.as_ref(), arch.arch.moe) else {
+        return Ok((None, vec![false; n]));
+    };
+    let size = |k: &str, default: usize| -> Result<usize> {
+        within(c, k, c.usize_opt(k)?.unwrap_or(default), DIM_LIMIT)
+    };
+    let ek = experts_key(Some(hm), c);
+    let n_experts = size(ek, hm.default_experts)?;
+    let n_used = size("num_experts_per_tok", hm.default_used)?;
+    let expert_hidden = size(hm.hidden_key, hm.default_hidden)?;
+    let shared_hidden = match hm.shared_key {
+        Some((k, d)) => size(k, d)?,
+        None => 0,
+    };
+    let gating = match am.gating {
+        Some(g) => g,
+        None => {
+            let norm = c
+                .bool_opt("norm_topk_prob")?
+                .unwrap_or(hm.default_norm_topk);
+            if norm {
+                moe_gating::SOFTMAX_TOPK_NORM
+            } else {
+                moe_gating::SOFTMAX_TOPK
+            }
+        }
+    };
+    let swiglu = match hm.default_swiglu {
+        Some((limit, alpha)) => {
+            let limit = c.f64_opt("swiglu_limit")?.unwrap_or(limit);
+            let alpha = c.f64_opt("swiglu_alpha")?.unwrap_or(alpha);
+            if !(limit > 0.0 && limit.is_finite()) {
+                return Err(c.err("swiglu_limit", limit, "must be a finite number > 0"));
+            }
+            if !(alpha > 0.0 && alpha.is_finite()) {
+                return Err(c.err("swiglu_alpha", alpha, "must be a finite number > 0"));
+            }
+            Some((limit as f32, alpha as f32))
+        }
+        None => None,
+    };
+    let layers = if hm.sparse_layers {
+        let step = c.usize_opt("decoder_sparse_step")?.unwrap_or(1);
+        if step == 0 {
+            return Err(c.err("decoder_sparse_step", 0, "must be ≥ 1"));
+        }
+        let only = match c.get("mlp_only_layers") {
+            None | Some(Value::Null) => Vec::new(),
+            Some(Value::Array(a)) => a
+                .iter()
+                .enumerate()
+                .map(|(i, x)| {
+                    x.as_u64().map(|x| x as usize).ok_or_else(|| {
+                        c.err(&format!("mlp_only_layers[{i}]"), x, "must be a layer index")
+                    })
+                })
+                .collect::<Result<Vec<usize>>>()?,
+            Some(v) => return Err(c.err("mlp_only_layers", v, "must be a list of layer indices")),
+        };
+        (0..n)
+            .map(|i| !only.contains(&i) && (i + 1) % step == 0)
+            .collect()
+    } else {
+        vec![true; n]
+    };
+    let moe = Moe {
+        n_experts,
+        n_used,
+        expert_hidden,
+        gating,
+        shared_hidden,
+        swiglu,
+    };
+    Ok((layers.iter().any(|&m| m).then_some(moe), layers))
 }
 
 /// The `layers` section: each layer's kind (`layer_types`), window and RoPE flags.
@@ -338,7 +462,7 @@ fn layers(
                 ))
             }
         }
-        if arch.window == Window::AllLayers && window.is_some() {
+        if matches!(arch.window, Window::AllLayers | Window::AllLayersIfUsed) && window.is_some() {
             k.sliding = true;
         }
         k.no_rope = no_rope[i];
@@ -564,9 +688,12 @@ mod tests {
     }
 
     #[test]
-    fn truncate_false_and_unknown_rope_keys_are_refused() {
+    fn truncate_false_is_rope_type_4_and_unknown_rope_keys_are_refused() {
         let mut v = base("llama");
         v["rope_parameters"] = json!({"rope_type": "yarn", "factor": 2.0, "truncate": false});
+        assert_eq!(desc(v).unwrap().header().0.rope_type, 4);
+        let mut v = base("llama");
+        v["rope_parameters"] = json!({"rope_type": "yarn", "factor": 2.0, "truncate": 1});
         assert!(desc(v).unwrap_err().to_string().contains("truncate"));
         let mut v = base("llama");
         v["rope_parameters"] = json!({"rope_type": "linear", "factor": 2.0, "short_factor": [1.0]});
@@ -616,6 +743,58 @@ mod tests {
         assert!(flags.is_empty());
     }
 
+    /// The experts' fields from each MoE family's keys: Qwen3-MoE's dense layers,
+    /// OLMoE's default gating, gpt-oss's SwiGLU defaults; and the refusals, by key.
+    #[test]
+    fn moe_sections() {
+        let mut v = base("qwen3_moe");
+        v["num_experts"] = json!(8);
+        v["num_experts_per_tok"] = json!(2);
+        v["moe_intermediate_size"] = json!(32);
+        v["mlp_only_layers"] = json!([1]);
+        v["decoder_sparse_step"] = json!(1);
+        v["norm_topk_prob"] = json!(true);
+        let (h, flags) = desc(v.clone()).unwrap().header();
+        assert_eq!(flags, vec![16, 0, 16, 16]);
+        assert_eq!(
+            (
+                h.n_experts,
+                h.n_experts_used,
+                h.expert_hidden,
+                h.moe_gating,
+                h.hidden_dim
+            ),
+            (8, 2, 32, 1, 128)
+        );
+        v["num_experts_per_tok"] = json!(9);
+        let e = desc(v.clone()).unwrap_err().to_string();
+        assert!(e.contains("num_experts_per_tok = 9"), "{e}");
+        v["num_experts_per_tok"] = json!(2);
+        v["moe_intermediate_size"] = json!(40);
+        let e = desc(v).unwrap_err().to_string();
+        assert!(e.contains("moe_intermediate_size = 40"), "{e}");
+        let mut v = base("olmoe");
+        v["intermediate_size"] = json!(32);
+        let (h, _) = desc(v).unwrap().header();
+        assert_eq!(
+            (h.n_experts, h.moe_gating, h.qk_norm, h.hidden_dim),
+            (64, 0, 2, 32)
+        );
+        let mut v = base("gpt_oss");
+        v["intermediate_size"] = json!(32);
+        v["attention_bias"] = json!(true);
+        let (h, _) = desc(v).unwrap().header();
+        assert_eq!(
+            (h.moe_gating, h.moe_flags, h.qkv_bias, h.attn_sinks),
+            (2, 3, 2, 1)
+        );
+        assert_eq!((h.swiglu_limit, h.swiglu_alpha), (7.0, 1.702));
+        // Experts keys in a dense family stay refused.
+        let mut v = base("qwen3");
+        v["num_experts"] = json!(8);
+        assert!(desc(v).unwrap_err().to_string().contains("num_experts"));
+    }
+
     #[test]
     fn gemma2_defaults_softcaps() {
         let d = desc(base("gemma2")).unwrap();
@@ -640,8 +819,8 @@ mod tests {
             let e = desc(v).unwrap_err().to_string();
             assert!(e.contains(k), "{e}");
         }
-        let e = desc(base("mixtral")).unwrap_err().to_string();
-        assert!(e.contains("model_type = mixtral"), "{e}");
+        let e = desc(base("granitemoe")).unwrap_err().to_string();
+        assert!(e.contains("model_type = granitemoe"), "{e}");
         let mut v = base("llama");
         v["partial_rotary_factor"] = json!(0.5);
         assert!(desc(v)

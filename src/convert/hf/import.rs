@@ -16,7 +16,8 @@ use std::time::Instant;
 use super::checkpoint::Checkpoint;
 use super::config;
 use super::sources::{
-    check_leftovers, quant_error, read_rows, sources, text_prefix, CheckpointArrays, Source,
+    check_leftovers, quant_error, read_rows, release_rows, sources, text_prefix, CheckpointArrays,
+    Source,
 };
 use crate::convert::desc::ModelDesc;
 use crate::convert::error::{ConvertError, Result};
@@ -217,7 +218,7 @@ fn wtype_types(opts: &ConvertOptions, uniform: &Layout, wt: u32, mask: u32) -> R
         .check_names(&uniform.tensors)
         .map_err(|m| ConvertError::options("--types", m))?;
     let mut types = plan::matrix_types(&uniform.tensors, wt, mask, &opts.types);
-    for ((t, _, _, class), ty) in mix::matrices(&uniform.tensors).zip(types.iter_mut()) {
+    for ((t, _, _, class), ty) in plan::matrices(&uniform.tensors).zip(types.iter_mut()) {
         if class == 0 && is_block_type(opts.wtype) && !opts.types.names(t) {
             *ty = WType::Q8_0;
         }
@@ -266,7 +267,7 @@ fn mix_types(
     bpw: f64,
     progress: &mut (dyn FnMut(Progress) + Send),
 ) -> Result<Vec<mix::MixRow>> {
-    let fixed: Vec<Option<WType>> = mix::matrices(ctx.tensors)
+    let fixed: Vec<Option<WType>> = plan::matrices(ctx.tensors)
         .map(|(t, _, _, class)| match ctx.opts.types.rule_for(t) {
             Some(ty) => Some(ty),
             None if class == 0 => Some(WType::Q8_0),
@@ -362,18 +363,18 @@ fn measure_mix(
             rows,
             cols,
             cands: Vec::new(),
-            weight: sens.class(class) * sens.band(t.name.layer, d.dims.n_layers),
+            weight: sens.class(class)
+                * sens.group(t.name.name)
+                * sens.band(t.name.layer, d.dims.n_layers),
             fixed: *fix,
             chosen: fix.unwrap_or(WType::Q8_0),
         };
         if fix.is_none() {
-            let info = ck.get(&s.hf).expect("planned");
-            let dtype = info.dtype.expect("planned");
             let k = rows.min(mix::SAMPLE_ROWS);
             buf.clear();
             for j in 0..k {
                 let r = j * rows / k;
-                read_rows(ck, info, dtype, s, r..r + 1, &mut buf);
+                read_rows(ck, s, r..r + 1, &mut buf);
             }
             if let Some(j) = buf.iter().position(|v| !v.is_finite()) {
                 let e = QuantError::NonFinite {
@@ -381,7 +382,7 @@ fn measure_mix(
                     col: j % cols,
                     value: buf[j],
                 };
-                return Err(quant_error(ck, info, s, 0, e));
+                return Err(quant_error(ck, s, 0, e));
             }
             // With the input's covariance: the output error, quantized as the file will
             // be (with error feedback unless it is off).
@@ -399,7 +400,7 @@ fn measure_mix(
                 };
                 row.cands.push((ty, mix::matrix_bytes(ty, rows, cols), e));
             }
-            ck.release_all(info);
+            release_rows(ck, s, 0..rows);
         }
         rows_out.push(row);
     }

@@ -248,15 +248,12 @@ fn llama3(d: &RopeDict, ty: &str) -> Result<RopeScaling> {
 /// Yarn, as transformers computes its defaults: the factor from the lengths, the
 /// attention factor from the mscales, betas 32 and 1.
 fn yarn(d: &RopeDict) -> Result<RopeScaling> {
-    if let Some(v) = d.m.get("truncate") {
-        if v != &Value::Bool(true) && !v.is_null() {
-            return Err(d.c.err(
-                &d.k("truncate"),
-                v,
-                "yarn without truncation is not the spec's yarn",
-            ));
-        }
-    }
+    // gpt-oss's `truncate: false` leaves the correction range unrounded (rope_type 4).
+    let truncate = match d.m.get("truncate") {
+        None | Some(Value::Null) => true,
+        Some(Value::Bool(b)) => *b,
+        Some(v) => return Err(d.c.err(&d.k("truncate"), v, "must be true or false")),
+    };
     let orig = d.orig()?;
     let factor = match d.num("factor")? {
         Some(f) if f > 0.0 => f,
@@ -291,6 +288,7 @@ fn yarn(d: &RopeDict) -> Result<RopeScaling> {
         beta_slow: bs,
         orig,
         attn_factor,
+        truncate,
     }))
 }
 

@@ -7,12 +7,12 @@
 use std::ops::Range;
 
 use super::arch::{self, Transform};
-use super::checkpoint::{Checkpoint, DType, TensorInfo};
+use super::checkpoint::Checkpoint;
 use crate::convert::desc::ModelDesc;
 use crate::convert::error::{ConvertError, Result};
 use crate::convert::pipeline::imatrix::{importance, CovFile};
 use crate::convert::pipeline::permute::RowMap;
-use crate::convert::pipeline::stream::{check_finite, Arrays};
+use crate::convert::pipeline::stream::Arrays;
 use crate::format::mlb::{Kind, Tensor};
 use crate::format::mli::Mli;
 use crate::format::mli_cov::CovEntry;
@@ -21,7 +21,10 @@ use crate::quant::QuantError;
 
 /// One spec array and where it comes from.
 pub struct Source {
+    /// The tensor (expert 0's, for one tensor per expert).
     pub hf: String,
+    /// How the experts' rows are stacked ([`Stack::One`] for any other array).
+    pub stack: Stack,
     pub map: RowMap,
     /// Output rows and elements per row (vectors: len × 1).
     pub rows: usize,
@@ -32,6 +35,71 @@ pub struct Source {
     pub imp: Option<Vec<f32>>,
     /// Where the imatrix's covariance section holds this matrix's input covariance.
     pub cov: Option<CovEntry>,
+}
+
+/// Where a stacked expert array's rows come from: expert e's `per` rows are output rows
+/// `e·per..(e+1)·per`, each read on its own (never the whole stack at once).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Stack {
+    /// One tensor, row for row.
+    One,
+    /// One tensor per expert (`names[e]`), `per` rows each.
+    PerExpert { names: Vec<String>, per: usize },
+    /// One tensor [E, in, width] stored input-major (`in` = the row length; 1 for a
+    /// vector [E, width]): row i of expert e is column `first + step·i` of slice e.
+    Transposed {
+        per: usize,
+        width: usize,
+        first: usize,
+        step: usize,
+    },
+    /// MXFP4 `{hf}` blocks [E, width, in/32, 16] (two FP4 codes a byte, the first in the
+    /// low nibble) and `scales` [E, width, in/32] (E8M0: 2^(s − 127)): row i of expert e
+    /// is row `first + step·i` of slice e, dequantized exactly to f32.
+    Mxfp4 {
+        scales: String,
+        per: usize,
+        width: usize,
+        first: usize,
+        step: usize,
+    },
+}
+
+/// The FP4 (E2M1) values of MXFP4's codes (OCP MX; GGUF's kvalues_mxfp4 × 0.5).
+const FP4_VALUES: [f32; 16] = [
+    0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0,
+];
+
+impl Source {
+    /// Every checkpoint tensor the array reads.
+    pub fn tensors(&self) -> Vec<&str> {
+        match &self.stack {
+            Stack::PerExpert { names, .. } => names.iter().map(String::as_str).collect(),
+            Stack::Mxfp4 { scales, .. } => vec![self.hf.as_str(), scales.as_str()],
+            _ => vec![self.hf.as_str()],
+        }
+    }
+
+    /// The tensor and its row (or element) behind output row `r`, for messages.
+    pub fn origin(&self, r: usize) -> (String, String) {
+        let src = self.map.src(r);
+        match &self.stack {
+            Stack::One => (self.hf.clone(), src.to_string()),
+            Stack::PerExpert { names, per } => (names[r / per].clone(), (r % per).to_string()),
+            Stack::Transposed {
+                per, first, step, ..
+            } => (
+                self.hf.clone(),
+                format!("expert {}, column {}", r / per, first + step * (r % per)),
+            ),
+            Stack::Mxfp4 {
+                per, first, step, ..
+            } => (
+                self.hf.clone(),
+                format!("expert {}, row {}", r / per, first + step * (r % per)),
+            ),
+        }
+    }
 }
 
 /// The prefix of the text model's tensors and of its classifier.
@@ -105,39 +173,76 @@ pub fn sources(
             Transform::GateGate => RowMap::GateGate { head_dim: hd },
             _ => RowMap::Identity,
         };
-        // Expected source shape.
-        let src_rows = map.src_rows(rows);
-        let want: Vec<usize> = match (transform, is_mat) {
-            (Transform::Conv, _) => vec![rows, 1, row_len],
-            (_, true) => vec![src_rows, row_len],
-            (_, false) => vec![src_rows],
+        let n_experts = d.moe.map_or(1, |m| m.n_experts);
+        let per = rows / n_experts;
+        let (stack, checks) = match transform {
+            Transform::Experts => {
+                let names: Vec<String> = (0..n_experts)
+                    .map(|e| hf.replace("{e}", &e.to_string()))
+                    .collect();
+                let want = if is_mat {
+                    vec![per, row_len]
+                } else {
+                    vec![per]
+                };
+                let checks = names
+                    .iter()
+                    .map(|n| (n.clone(), want.clone(), false))
+                    .collect();
+                (Stack::PerExpert { names, per }, checks)
+            }
+            Transform::ExpertsT { first, step } => {
+                let width = per * step;
+                let blocks = format!("{hf}_blocks");
+                if is_mat && !ck.contains(&hf) && ck.contains(&blocks) {
+                    let scales = format!("{hf}_scales");
+                    let nb = row_len / 32;
+                    let checks = vec![
+                        (blocks.clone(), vec![n_experts, width, nb, 16], true),
+                        (scales.clone(), vec![n_experts, width, nb], true),
+                    ];
+                    let st = Stack::Mxfp4 {
+                        scales,
+                        per,
+                        width,
+                        first,
+                        step,
+                    };
+                    (st, checks)
+                } else {
+                    let want = if is_mat {
+                        vec![n_experts, row_len, width]
+                    } else {
+                        vec![n_experts, width]
+                    };
+                    let st = Stack::Transposed {
+                        per,
+                        width,
+                        first,
+                        step,
+                    };
+                    (st, vec![(hf.clone(), want, false)])
+                }
+            }
+            _ => {
+                // Expected source shape.
+                let src_rows = map.src_rows(rows);
+                let want: Vec<usize> = match (transform, is_mat) {
+                    (Transform::Conv, _) => vec![rows, 1, row_len],
+                    (Transform::Flat, _) => vec![rows / d.dims.dim, d.dims.dim],
+                    (_, true) => vec![src_rows, row_len],
+                    (_, false) => vec![src_rows],
+                };
+                (Stack::One, vec![(hf.clone(), want, false)])
+            }
         };
-        let info = ck.get(&hf).ok_or_else(|| {
-            ConvertError::checkpoint(
-                ck.first_path(),
-                format!("tensor {hf} is missing (needed for {})", t.name),
-            )
-        })?;
-        let file = ck.path_of(info);
-        if info.dtype.is_none() {
-            return Err(ConvertError::tensor(
-                file,
-                &hf,
-                format!(
-                    "dtype {} is not supported (expected BF16, F16 or F32)",
-                    info.dtype_name
-                ),
-            ));
-        }
-        if info.shape != want {
-            return Err(ConvertError::tensor(
-                file,
-                &hf,
-                format!(
-                    "shape {:?}, expected {:?} (for {})",
-                    info.shape, want, t.name
-                ),
-            ));
+        let hf = match &stack {
+            Stack::PerExpert { names, .. } => names[0].clone(),
+            Stack::Mxfp4 { .. } => format!("{hf}_blocks"),
+            _ => hf,
+        };
+        for (name, want, bytes) in checks {
+            check_tensor(ck, &name, &want, bytes, t)?;
         }
         let plus_one =
             d.arch.norm_plus_one && matches!(transform, Transform::Norm | Transform::RopeNorm);
@@ -153,6 +258,7 @@ pub fn sources(
         };
         out.push(Some(Source {
             hf,
+            stack,
             map,
             rows,
             row_len,
@@ -162,6 +268,50 @@ pub fn sources(
         }));
     }
     Ok(out)
+}
+
+/// Checks that tensor `name` is present with shape `want` and a float dtype (`bytes`:
+/// raw bytes, U8, for MXFP4's blocks and scales).
+fn check_tensor(
+    ck: &Checkpoint,
+    name: &str,
+    want: &[usize],
+    bytes: bool,
+    t: &Tensor,
+) -> Result<()> {
+    let info = ck.get(name).ok_or_else(|| {
+        ConvertError::checkpoint(
+            ck.first_path(),
+            format!("tensor {name} is missing (needed for {})", t.name),
+        )
+    })?;
+    let file = ck.path_of(info);
+    let ok_dtype = match bytes {
+        true => info.dtype_name == "U8",
+        false => info.dtype.is_some(),
+    };
+    if !ok_dtype {
+        let expected = if bytes { "U8" } else { "BF16, F16 or F32" };
+        return Err(ConvertError::tensor(
+            file,
+            name,
+            format!(
+                "dtype {} is not supported (expected {expected})",
+                info.dtype_name
+            ),
+        ));
+    }
+    if info.shape != want {
+        return Err(ConvertError::tensor(
+            file,
+            name,
+            format!(
+                "shape {:?}, expected {:?} (for {})",
+                info.shape, want, t.name
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// Every checkpoint tensor must be used or knowingly skipped: a tensor the converter
@@ -174,7 +324,7 @@ pub fn check_leftovers(
     notes: &mut Vec<String>,
 ) -> Result<()> {
     let used: std::collections::HashSet<&str> =
-        sources.iter().flatten().map(|s| s.hf.as_str()).collect();
+        sources.iter().flatten().flat_map(|s| s.tensors()).collect();
     const SKIP_PREFIXES: [&str; 7] = [
         "vision_tower.",
         "multi_modal_projector.",
@@ -254,65 +404,175 @@ fn tied_head_note(ck: &Checkpoint, head: &str, emb: &str) -> String {
 }
 
 /// Appends output rows `rows` of `s` as f32 to `buf`.
-pub fn read_rows(
-    ck: &Checkpoint,
-    info: &TensorInfo,
-    dtype: DType,
-    s: &Source,
-    rows: Range<usize>,
-    buf: &mut Vec<f32>,
-) {
-    if s.map.is_identity() {
-        ck.read_rows(info, dtype, s.row_len, rows, buf);
-    } else {
-        for r in rows {
-            let src = s.map.src(r);
-            ck.read_rows(info, dtype, s.row_len, src..src + 1, buf);
+pub fn read_rows(ck: &Checkpoint, s: &Source, rows: Range<usize>, buf: &mut Vec<f32>) {
+    let get = |name: &str| {
+        let info = ck.get(name).expect("planned");
+        (info, info.dtype)
+    };
+    match &s.stack {
+        Stack::One => {
+            let (info, dtype) = get(&s.hf);
+            let dtype = dtype.expect("planned");
+            if s.map.is_identity() {
+                ck.read_rows(info, dtype, s.row_len, rows, buf);
+            } else {
+                for r in rows {
+                    let src = s.map.src(r);
+                    ck.read_rows(info, dtype, s.row_len, src..src + 1, buf);
+                }
+            }
+        }
+        Stack::PerExpert { names, per } => {
+            for (e, local) in segments(rows, *per) {
+                let (info, dtype) = get(&names[e]);
+                ck.read_rows(info, dtype.expect("planned"), s.row_len, local, buf);
+            }
+        }
+        &Stack::Transposed {
+            per,
+            width,
+            first,
+            step,
+        } => {
+            let (info, dtype) = get(&s.hf);
+            let dtype = dtype.expect("planned");
+            let cols = s.row_len;
+            let mut tmp = Vec::new();
+            for (e, local) in segments(rows, per) {
+                // Column c of the output rows is a strided run of input row c.
+                let (n, base) = (local.len(), buf.len());
+                buf.resize(base + n * cols, 0.0);
+                for c in 0..cols {
+                    tmp.clear();
+                    let at = (e * cols + c) * width + first + step * local.start;
+                    ck.read_rows(info, dtype, 1, at..at + step * (n - 1) + 1, &mut tmp);
+                    for j in 0..n {
+                        buf[base + j * cols + c] = tmp[j * step];
+                    }
+                }
+            }
+        }
+        Stack::Mxfp4 {
+            scales,
+            per,
+            width,
+            first,
+            step,
+        } => {
+            let (blocks, _) = get(&s.hf);
+            let (sc, _) = get(scales);
+            let (blocks, sc) = (ck.raw_bytes(blocks), ck.raw_bytes(sc));
+            let nb = s.row_len / 32;
+            for (e, local) in segments(rows, *per) {
+                for i in local {
+                    let r = e * width + first + step * i;
+                    let q = &blocks[r * nb * 16..(r + 1) * nb * 16];
+                    for (b, &x) in sc[r * nb..(r + 1) * nb].iter().enumerate() {
+                        // E8M0: 2^(x − 127); 255 is NaN, refused as a non-finite weight.
+                        let d = match x {
+                            255 => f32::NAN,
+                            x => 2f32.powi(x as i32 - 127),
+                        };
+                        for &byte in &q[b * 16..(b + 1) * 16] {
+                            buf.push(FP4_VALUES[(byte & 15) as usize] * d);
+                            buf.push(FP4_VALUES[(byte >> 4) as usize] * d);
+                        }
+                    }
+                }
+            }
         }
     }
 }
 
-/// A quantizer's refusal of rows from `r0` of `s`, naming the checkpoint's row.
-pub fn quant_error(
-    ck: &Checkpoint,
-    info: &TensorInfo,
-    s: &Source,
-    r0: usize,
-    e: QuantError,
-) -> ConvertError {
+/// Drops the pages output rows `rows` of `s` read (see [`Checkpoint::release`]).
+pub fn release_rows(ck: &Checkpoint, s: &Source, rows: Range<usize>) {
+    let get = |name: &str| ck.get(name).expect("planned");
+    match &s.stack {
+        Stack::One => {
+            let rows = match s.map.is_identity() {
+                true => rows,
+                false => 0..s.map.src_rows(s.rows),
+            };
+            ck.release(get(&s.hf), s.row_len, rows);
+        }
+        Stack::PerExpert { names, per } => {
+            for (e, local) in segments(rows, *per) {
+                ck.release(get(&names[e]), s.row_len, local);
+            }
+        }
+        &Stack::Transposed { per, width, .. } => {
+            for (e, _) in segments(rows, per) {
+                ck.release(get(&s.hf), s.row_len * width, e..e + 1);
+            }
+        }
+        Stack::Mxfp4 {
+            scales,
+            per,
+            width,
+            first,
+            step,
+        } => {
+            let nb = s.row_len / 32;
+            for (e, local) in segments(rows, *per) {
+                let (lo, hi) = (local.start, local.end - 1);
+                let r0 = e * width + first + step * lo;
+                let r1 = e * width + first + step * hi + 1;
+                ck.release_bytes(get(&s.hf), r0 * nb * 16..r1 * nb * 16);
+                ck.release_bytes(get(scales), r0 * nb..r1 * nb);
+            }
+        }
+    }
+}
+
+/// `rows` cut at the experts' boundaries: (expert, its local rows), `per` rows each.
+fn segments(rows: Range<usize>, per: usize) -> impl Iterator<Item = (usize, Range<usize>)> {
+    let mut r = rows.start;
+    std::iter::from_fn(move || {
+        if r >= rows.end {
+            return None;
+        }
+        let (e, i) = (r / per, r % per);
+        let n = (per - i).min(rows.end - r);
+        r += n;
+        Some((e, i..i + n))
+    })
+}
+
+/// A quantizer's refusal of rows from `r0` of `s`, naming the checkpoint's tensor
+/// and row.
+pub fn quant_error(ck: &Checkpoint, s: &Source, r0: usize, e: QuantError) -> ConvertError {
+    let row = match e {
+        QuantError::NonFinite { row, .. }
+        | QuantError::ScaleOverflow { row, .. }
+        | QuantError::OutOfRange { row, .. }
+        | QuantError::BlockScaleOverflow { row, .. } => row,
+        QuantError::Shape { .. } => 0,
+    };
+    let (hf, src) = s.origin(r0 + row);
     let msg = match e {
-        QuantError::NonFinite { row, col, value } => format!(
-            "weight [{}, {col}] is {value}: weights must be finite",
-            s.map.src(r0 + row)
-        ),
-        QuantError::ScaleOverflow { row, block, d } => format!(
-            "row {} block {block}: scale {d} is above 65504 and cannot be stored as f16 (drop --f16-scales)",
-            s.map.src(r0 + row)
+        QuantError::NonFinite { col, value, .. } => {
+            format!("weight [{src}, {col}] is {value}: weights must be finite")
+        }
+        QuantError::ScaleOverflow { block, d, .. } => format!(
+            "row {src} block {block}: scale {d} is above 65504 and cannot be stored as f16 (drop --f16-scales)"
         ),
         QuantError::OutOfRange {
-            row,
-            col,
-            value,
-            wtype,
+            col, value, wtype, ..
         } => format!(
-            "weight [{}, {col}] is {value}: beyond the {wtype} range (largest finite {}); store this matrix in another type (--types)",
-            s.map.src(r0 + row),
+            "weight [{src}, {col}] is {value}: beyond the {wtype} range (largest finite {}); store this matrix in another type (--types)",
             crate::quant::half_float::max_finite(wtype)
         ),
         QuantError::BlockScaleOverflow {
-            wtype,
-            row,
-            block,
-            d,
+            wtype, block, d, ..
         } => format!(
-            "row {} block {block}: scale {d} is above 65504 and cannot be stored in {wtype}'s f16 scales",
-            s.map.src(r0 + row)
+            "row {src} block {block}: scale {d} is above 65504 and cannot be stored in {wtype}'s f16 scales"
         ),
         QuantError::Shape { rows, cols, len } => {
             format!("{rows}×{cols} with {len} values: cols must be a multiple of 32")
         }
     };
-    ConvertError::tensor(ck.path_of(info), &s.hf, msg)
+    let info = ck.get(&hf).expect("planned");
+    ConvertError::tensor(ck.path_of(info), &hf, msg)
 }
 
 /// A checkpoint's arrays as the write asks for them.
@@ -324,58 +584,66 @@ pub struct CheckpointArrays<'a> {
 }
 
 impl CheckpointArrays<'_> {
-    fn source(&self, i: usize) -> (&Source, &TensorInfo, DType) {
-        let s = self.sources[i].as_ref().expect("planned");
-        let info = self.ck.get(&s.hf).expect("planned");
-        (s, info, info.dtype.expect("planned"))
+    fn source(&self, i: usize) -> &Source {
+        self.sources[i].as_ref().expect("planned")
     }
 }
 
 impl Arrays for CheckpointArrays<'_> {
     fn floats(&self, i: usize, buf: &mut Vec<f32>) -> Result<()> {
-        let (s, info, dtype) = self.source(i);
-        read_rows(self.ck, info, dtype, s, 0..s.rows, buf);
+        let s = self.source(i);
+        read_rows(self.ck, s, 0..s.rows, buf);
         if s.plus_one {
             for v in buf.iter_mut() {
                 *v += 1.0;
             }
         }
-        check_finite(buf, self.ck.path_of(info), &s.hf)?;
-        self.ck.release(info, s.row_len, 0..s.map.src_rows(s.rows));
+        if let Some(j) = buf.iter().position(|x| !x.is_finite()) {
+            let (hf, src) = s.origin(j);
+            let info = self.ck.get(&hf).expect("planned");
+            let at = match s.stack {
+                Stack::One => j.to_string(),
+                _ => src,
+            };
+            return Err(ConvertError::tensor(
+                self.ck.path_of(info),
+                &hf,
+                format!("element {at} is {}: weights must be finite", buf[j]),
+            ));
+        }
+        release_rows(self.ck, s, 0..s.rows);
         Ok(())
     }
 
     fn read(&self, i: usize, rows: Range<usize>, buf: &mut Vec<f32>) {
-        let (s, info, dtype) = self.source(i);
-        read_rows(self.ck, info, dtype, s, rows, buf);
+        read_rows(self.ck, self.source(i), rows, buf);
     }
 
     fn importance(&self, i: usize) -> Option<&[f32]> {
-        self.source(i).0.imp.as_deref()
+        self.source(i).imp.as_deref()
     }
 
     fn feedback(&self, i: usize) -> Option<Feedback> {
-        let e = self.source(i).0.cov.as_ref()?;
+        let e = self.source(i).cov.as_ref()?;
         self.cov?.feedback(e)
     }
 
     fn quant_error(&self, i: usize, r0: usize, e: QuantError) -> ConvertError {
-        let (s, info, _) = self.source(i);
-        quant_error(self.ck, info, s, r0, e)
+        quant_error(self.ck, self.source(i), r0, e)
     }
 
     /// Rows read in order: their pages go chunk by chunk (a gather's in `done`).
     fn written(&self, i: usize, rows: Range<usize>) {
-        let (s, info, _) = self.source(i);
+        let s = self.source(i);
         if s.map.is_identity() {
-            self.ck.release(info, s.row_len, rows);
+            release_rows(self.ck, s, rows);
         }
     }
 
     fn done(&self, i: usize) {
-        let (s, info, _) = self.source(i);
+        let s = self.source(i);
         if !s.map.is_identity() {
-            self.ck.release(info, s.row_len, 0..s.map.src_rows(s.rows));
+            release_rows(self.ck, s, 0..s.rows);
         }
     }
 }

@@ -56,8 +56,12 @@ pub fn importance(m: &Mli, t: &Tensor, cols: usize, tied: bool) -> Option<Vec<f3
             m.slot(l as usize, Slot::Attn)
         }
         (Some(l), "wo" | "lout") => m.slot(l as usize, Slot::Wo),
-        (Some(l), "w1" | "w3") => m.slot(l as usize, Slot::W13),
-        (Some(l), "w2") => m.slot(l as usize, Slot::W2),
+        // Every expert reads the layer's FFN input: the experts' and the shared
+        // expert's gate/up take the FFN input's importance (not yet kept per expert);
+        // a down projection's input is as wide as its own FFN, so the dense W2 slot
+        // serves only when the widths agree (checked below).
+        (Some(l), "w1" | "w3" | "ew1" | "ew3" | "sw1" | "sw3") => m.slot(l as usize, Slot::W13),
+        (Some(l), "w2" | "ew2" | "sw2") => m.slot(l as usize, Slot::W2),
         (None, "wcls") if m.cls_tokens > 0 => m.cls(),
         // A shared classifier: tok_emb's columns are the classifier's input channels.
         (None, "tok_emb") if tied && m.cls_tokens > 0 => m.cls(),

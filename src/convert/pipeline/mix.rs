@@ -29,8 +29,8 @@
 //!    so this ends. Deterministic: the same checkpoint, imatrix and target give the same
 //!    mix at any thread count.
 
+use super::plan;
 use crate::format::mlb::header::q8_class;
-use crate::format::mlb::{Kind, Tensor};
 use crate::format::WType;
 use crate::quant::feedback::{self, Feedback};
 use crate::quant::{dequant_row, quantize, Q4Rule, QuantOpts, Quantized, Scales};
@@ -95,6 +95,10 @@ pub struct Sensitivity {
     /// lb, la (Qwen3.5's gates; they stay Q8_0, so this only weighs nothing).
     pub other: f64,
     pub bands: [f64; 3],
+    /// A factor on the routed experts' w13/w2 α: each expert sees only the tokens
+    /// routed to it and its output is weighed by the router, so its noise reaches the
+    /// residual stream scaled down.
+    pub experts: f64,
 }
 
 /// The sensitivities, fitted to the mean KL divergence against BF16 of files with one
@@ -115,6 +119,10 @@ pub const SENSITIVITY: Sensitivity = Sensitivity {
     // lb, la: pinned to Q8_0, never chosen.
     other: 1.0,
     bands: [0.84, 1.0, 0.90],
+    // Not calibrated yet (no MoE model in scripts/calibrate-mix.sh): the field's finding
+    // that routed experts take fewer bits than attention and shared experts, as a
+    // factor of one half.
+    experts: 0.5,
 };
 
 impl Sensitivity {
@@ -133,6 +141,15 @@ impl Sensitivity {
         .into_iter()
         .find(|&(bit, _)| class & bit != 0)
         .map_or(self.other, |(_, alpha)| alpha)
+    }
+
+    /// The factor of array `name` beyond its class: [`Self::experts`] for a routed
+    /// expert's matrix (ew1, ew2, ew3), 1 otherwise.
+    pub fn group(&self, name: &str) -> f64 {
+        match plan::group_of(name) {
+            Some("experts") => self.experts,
+            _ => 1.0,
+        }
     }
 
     /// β of layer `l` of `n` over `n` (a layer's output is one of n in the residual
@@ -417,16 +434,6 @@ impl Mix<'_> {
         }
         best.map(|(_, i, give)| (i, give))
     }
-}
-
-/// The matrices of `tensors` in array order with their class and shape.
-pub fn matrices(tensors: &[Tensor]) -> impl Iterator<Item = (&Tensor, usize, usize, u32)> {
-    tensors.iter().filter_map(|t| match t.kind {
-        Kind::Mat {
-            rows, cols, class, ..
-        } => Some((t, rows, cols, class)),
-        _ => None,
-    })
 }
 
 /// The mix as JSON (`mlb-convert --mix-report`): the achieved bits per weight and, per

@@ -17,16 +17,42 @@ use crate::format::mlb::layout::class_wtype;
 use crate::format::mlb::{Kind, Tensor};
 use crate::format::WType;
 
-use super::mix;
-
 /// The matrices a rule picks.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Select {
     /// Every matrix with this `q8_mask` class bit (`tok_emb`, `wcls`, `wqk`, `wv`, `wo`,
     /// `w13`, `w2`; with a shared classifier tok_emb has the `wcls` bit too).
     Class(u32),
+    /// Every matrix of a group of a mixture-of-experts layer ([`GROUPS`]: `experts`,
+    /// `shared_expert`), which share the dense FFN's classes.
+    Group(&'static str),
     /// One tensor by its name (`tok_emb`, `layers.3.w2`, `layers.0.lb`).
     Tensor(String),
+}
+
+/// Groups of a mixture-of-experts layer's matrices, by array name: the routed experts
+/// and the shared expert, each a class of its own for `--types` (the router is F32).
+pub const GROUPS: [(&str, &[&str]); 2] = [
+    ("experts", &["ew1", "ew2", "ew3"]),
+    ("shared_expert", &["sw1", "sw2", "sw3"]),
+];
+
+/// The matrices of `tensors` in array order with their class and shape.
+pub fn matrices(tensors: &[Tensor]) -> impl Iterator<Item = (&Tensor, usize, usize, u32)> {
+    tensors.iter().filter_map(|t| match t.kind {
+        Kind::Mat {
+            rows, cols, class, ..
+        } => Some((t, rows, cols, class)),
+        _ => None,
+    })
+}
+
+/// The group matrix `name` (an array name such as `ew1`) belongs to.
+pub fn group_of(name: &str) -> Option<&'static str> {
+    GROUPS
+        .iter()
+        .find(|(_, names)| names.contains(&name))
+        .map(|&(g, _)| g)
 }
 
 /// One override: the matrices `select` picks are stored as `wtype`.
@@ -46,6 +72,7 @@ impl fmt::Display for Select {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Select::Class(bit) => f.write_str(q8_class::names(*bit).first().unwrap_or(&"?")),
+            Select::Group(g) => f.write_str(g),
             Select::Tensor(name) => f.write_str(name),
         }
     }
@@ -53,7 +80,8 @@ impl fmt::Display for Select {
 
 impl TypePlan {
     /// Parses `--types`: comma-separated `TARGET=TYPE`, a target being a class name
-    /// (`tok_emb, wcls, wqk, wv, wo, w13, w2`) or a tensor name (`layers.3.w2`), a
+    /// (`tok_emb, wcls, wqk, wv, wo, w13, w2`), a group of a mixture of experts
+    /// (`experts`, `shared_expert`) or a tensor name (`layers.3.w2`), a
     /// type by its `--wtype` name (`q8_0, q4_0, bf16, f16, q4_k, …, q6_0`). Tensor names are checked against the model later.
     pub fn parse(s: &str) -> Result<TypePlan, String> {
         let mut rules = Vec::new();
@@ -69,11 +97,17 @@ impl TypePlan {
                     known.join(", ")
                 )
             })?;
+            let group = GROUPS.iter().find(|(g, _)| *g == target);
             let select = match q8_class::NAMES.iter().find(|(_, n)| *n == target) {
                 Some((bit, _)) => Select::Class(*bit),
+                None if group.is_some() => Select::Group(group.expect("found").0),
                 None if target.starts_with("layers.") => Select::Tensor(target.to_string()),
                 None => {
-                    let known: Vec<_> = q8_class::NAMES.iter().map(|(_, n)| *n).collect();
+                    let known: Vec<_> = q8_class::NAMES
+                        .iter()
+                        .map(|(_, n)| *n)
+                        .chain(GROUPS.iter().map(|(g, _)| *g))
+                        .collect();
                     return Err(format!(
                         "'{part}': unknown target '{target}' (a class: {}, or a tensor name such as layers.0.w2)",
                         known.join(", ")
@@ -107,7 +141,9 @@ impl TypePlan {
                 .find(|r| want(&r.select))
                 .map(|r| r.wtype)
         };
+        let group = group_of(t.name.name);
         by(&|s| matches!(s, Select::Tensor(n) if *n == name))
+            .or_else(|| by(&|s| matches!(s, Select::Group(g) if Some(*g) == group)))
             .or_else(|| by(&|s| matches!(s, Select::Class(b) if class & b != 0)))
     }
 
@@ -152,10 +188,11 @@ pub fn matrix_types(tensors: &[Tensor], wtype: u32, q8_mask: u32, plan: &TypePla
 
 /// The 32-weight type of the same size as K type `t`, for rows that are not a multiple
 /// of 256 (llama.cpp falls back too, silently, and to larger types: Q4_K → Q5_0, Q5_K →
-/// Q5_1, Q6_K → Q8_0); other types as they are.
+/// Q5_1, Q6_K → Q8_0); below 4.5 bits (Q2_K, Q3_K, IQ4_XS) IQ4_NL, as llama.cpp does;
+/// other types as they are.
 pub fn fallback(t: WType) -> WType {
     match t {
-        WType::Q4_K => WType::IQ4_NL,
+        WType::Q4_K | WType::Q2_K | WType::Q3_K | WType::IQ4_XS => WType::IQ4_NL,
         WType::Q5_K => WType::Q5_0,
         WType::Q6_K => WType::Q6_0,
         t => t,
@@ -166,7 +203,7 @@ pub fn fallback(t: WType) -> WType {
 /// with one note per replacement naming the matrices.
 pub fn fall_back(tensors: &[Tensor], types: &mut [WType], notes: &mut Vec<String>) {
     let mut moved: Vec<(WType, Vec<String>)> = Vec::new();
-    for ((t, _, cols, _), ty) in mix::matrices(tensors).zip(types.iter_mut()) {
+    for ((t, _, cols, _), ty) in matrices(tensors).zip(types.iter_mut()) {
         if cols % ty.block_weights() == 0 {
             continue;
         }
@@ -183,10 +220,16 @@ pub fn fall_back(tensors: &[Tensor], types: &mut [WType], notes: &mut Vec<String
     }
     for (k, names) in moved {
         let f = fallback(k);
+        let bpw = |t: WType| (t.block_bytes() * 8) as f64 / t.block_weights() as f64;
+        let which = if bpw(f) == bpw(k) {
+            "the 32-weight type of the same size"
+        } else {
+            "llama.cpp's fallback for it too"
+        };
         notes.push(format!(
-            "{k} needs rows of whole 256-weight super-blocks: {} stored as {f}, the 32-weight type of the same size ({:.1} bits per weight)",
+            "{k} needs rows of whole 256-weight super-blocks: {} stored as {f}, {which} ({:.1} bits per weight)",
             names.join(", "),
-            (f.block_bytes() * 8) as f64 / f.block_weights() as f64,
+            bpw(f),
         ));
     }
 }

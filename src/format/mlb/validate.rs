@@ -346,7 +346,7 @@ fn validate_moe(h: &Header) -> Result<(usize, usize, usize, usize)> {
 fn validate_wtype(h: &Header) -> Result<()> {
     let Some(name) = wtype::name(h.wtype) else {
         let rule = if wtype::RESERVED.contains(&h.wtype) {
-            "reserved for weight types this reader does not know (13–31)"
+            "reserved for weight types this reader does not know (up to 31)"
         } else {
             "must be 1 (Q8_0), 2 (Q4_0), 3 (BF16), 4 (F16) or 128 (mixed)"
         };

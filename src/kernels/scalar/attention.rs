@@ -7,10 +7,15 @@
 //! s_i = dot(q, k_i) · scale            dot: math::dot (8 lanes, the tree, the tail)
 //! s_i = cap · tanh(s_i / cap)          when softcap > 0 (libm tanhf, the same on every tier)
 //! m   = max_i s_i                      (math::max; any order gives the maximum)
+//! m   = max(m, sink)                   with a sink logit (f32::max)
 //! e_i = exp(s_i − m)                   (math::exp)
 //! sum = Σ e_i                          in position order, from +0.0
+//! sum = sum + exp(sink − m)            with a sink logit
 //! out[d] = (Σ_i e_i · v_i[d]) · (1 / sum)   each Σ in position order, from +0.0
 //! ```
+//!
+//! A sink (gpt-oss's learned per-head logit) is a softmax term with no value: it takes
+//! its share of the denominator and nothing else.
 //!
 //! Every operation is a separately rounded f32 operation (no FMA). SIMD tiers change the
 //! order of work only (several keys, dimensions or queries at a time), never the
@@ -29,12 +34,14 @@ use crate::kernels::tier::Tier;
 pub const TILE_QUERIES: usize = 32;
 
 /// One query: `q` (head_dim values) at position `pos`; `att` holds at least its visible
-/// span (scratch for the scores), `out` gets head_dim values.
+/// span (scratch for the scores), `out` gets head_dim values; `sink`, the head's sink
+/// logit if it has one (attention sinks).
 pub struct Query<'a> {
     pub q: &'a [f32],
     pub pos: usize,
     pub att: &'a mut [f32],
     pub out: &'a mut [f32],
+    pub sink: Option<f32>,
 }
 
 /// The keys and values of one kv head, as the KV cache stores them: `k` and `v` hold
@@ -160,30 +167,49 @@ impl SoftmaxMath for ScalarMath {
     }
 }
 
-/// Softcap, then `att = exp(att − max)` in place; returns the sum (in order).
+/// Softcap, then `att = exp(att − max)` in place (the maximum taken with the sink
+/// logit, if any); returns the sum (in order, then the sink's term).
 #[inline(always)]
-pub(crate) fn softmax<M: SoftmaxMath>(att: &mut [f32], softcap: f32) -> f32 {
-    softmax_exp::<M>(att, softcap);
+pub(crate) fn softmax<M: SoftmaxMath>(att: &mut [f32], softcap: f32, sink: Option<f32>) -> f32 {
+    let e_sink = softmax_exp::<M>(att, softcap, sink);
     let mut sum = 0.0f32;
     for &a in att.iter() {
         sum += a;
     }
-    sum
+    with_sink(sum, e_sink)
 }
 
 /// [`softmax`] without its sum: a tile's kernel sums several queries' rows at once.
+/// Returns the sink's term `exp(sink − m)`, if there is a sink.
 #[inline(always)]
-pub(crate) fn softmax_exp<M: SoftmaxMath>(att: &mut [f32], softcap: f32) {
+pub(crate) fn softmax_exp<M: SoftmaxMath>(
+    att: &mut [f32],
+    softcap: f32,
+    sink: Option<f32>,
+) -> Option<f32> {
     if softcap > 0.0 {
         for a in att.iter_mut() {
             *a = softcap * (*a / softcap).tanh();
         }
     }
-    let m = M::max(att);
+    let mut m = M::max(att);
+    if let Some(s) = sink {
+        m = m.max(s);
+    }
     for a in att.iter_mut() {
         *a -= m;
     }
     M::exp(att);
+    sink.map(|s| exp(s - m))
+}
+
+/// The softmax's denominator: the scores' sum, then the sink's term if any.
+#[inline(always)]
+pub(crate) fn with_sink(sum: f32, e_sink: Option<f32>) -> f32 {
+    match e_sink {
+        Some(e) => sum + e,
+        None => sum,
+    }
 }
 
 /// The reference for one query; see the module docs.
@@ -202,7 +228,7 @@ pub fn attend_one(query: &mut Query, kv: &KvView, scale: f32, softcap: f32) {
     for (i, a) in att.iter_mut().enumerate() {
         *a = dot(q, rows.k(i, buf)) * scale;
     }
-    let sum = softmax::<ScalarMath>(att, softcap);
+    let sum = softmax::<ScalarMath>(att, softcap, query.sink);
     out.fill(0.0);
     for (i, &p) in att.iter().enumerate() {
         for (o, &v) in out.iter_mut().zip(rows.v(i, buf)) {

@@ -1,5 +1,6 @@
 //! Scalar reference of `y = W·x` for the GGUF block types (Q4_K, Q5_K, Q6_K, Q4_1, Q5_0,
-//! Q5_1, IQ4_NL, Q6_0) against the runtime's Q8_0 activations: the arithmetic contract
+//! Q5_1, IQ4_NL, Q6_0, MXFP4, Q2_K, Q3_K, IQ4_XS) against the runtime's Q8_0 activations:
+//! the arithmetic contract
 //! of `docs/kernels.md` ("GGUF block types") written out plainly: the scalar tier's
 //! entries of the kernel table ([`tile`]), and the bits every SIMD tier gives.
 //!
@@ -8,10 +9,16 @@
 //!
 //! ```text
 //! isum_b  exact i32: Σ q·qx (Q6_K: sc_2k·Σ_lo + sc_2k+1·Σ_hi, each Σ over 16)
-//! dw_b    f32, exact from the stored bits: d·sc (K types), d (the others)
+//! dw_b    f32, exact from the stored bits: d·sc (K types), d (the others),
+//!         2^(e − 128) (MXFP4), d·(ls − 32) (IQ4_XS)
 //! symmetric: acc[b % 8] = fma(dw_b · dx_b, isum_b as f32, acc[b % 8])
 //! affine:    acc[b % 8] = fma(mw_b, xs_b, fma(dw_b · dx_b, isum_b as f32, acc[b % 8]))
 //!            mw_b = −(dmin·m) (Q4_K, Q5_K) or m (Q4_1, Q5_1); xs_b = dx_b · (Σ qx as f32)
+//! halves (Q3_K, Q2_K: a scale per 16 weights; Σ_lo, Σ_hi exact i32 over each half):
+//!            v_b = fma(d·sc_hi, Σ_hi as f32, (d·sc_lo)·(Σ_lo as f32))             Q3_K
+//!            v_b = fma(d·sc_hi, Σ_hi, fma(d·sc_lo, Σ_lo, mt_b))                    Q2_K
+//!            mt_b = fma(−dmin·m_hi, (s_b − h_b) as f32, (−dmin·m_lo)·(h_b as f32))
+//!            acc[b % 8] = fma(dx_b, v_b, acc[b % 8])
 //! y = ((acc0+acc4) + (acc2+acc6)) + ((acc1+acc5) + (acc3+acc7))
 //! ```
 //!
@@ -25,9 +32,9 @@ use crate::format::wtype::{WType, QK, QK_K};
 use crate::kernels::acts::{ActTile, QActs};
 use crate::kernels::counters::{count, Op};
 use crate::kernels::tier::Tier;
-use crate::quant::blocks32::{self, Kind};
+use crate::quant::blocks32::{self, Kind, IQ4NL_VALUES};
 use crate::quant::fit::Levels;
-use crate::quant::{blocks, kquants};
+use crate::quant::{blocks, kquants, lowbit, mxfp4};
 
 /// How a type's per-block float factors are stored (the packed layout's scales,
 /// `kernels::packed`, keep them so).
@@ -43,6 +50,17 @@ pub enum ScaleKind {
     /// int8 scales of the block's two halves under an f16 `d` per super-block (Q6_K):
     /// `isum = sc_lo·Σ_lo + sc_hi·Σ_hi`, `dw = d`.
     K6,
+    /// An E8M0 exponent per block (MXFP4): `dw = 2^(e − 128)`.
+    E8M0,
+    /// A signed 6-bit scale `ls − 32` per block under an f16 `d` per super-block
+    /// (IQ4_XS): `dw = d·(ls − 32)`.
+    KXs,
+    /// Signed 6-bit scales of the block's two halves under an f16 `d` per super-block
+    /// (Q3_K): the halves' step `v = fma(d·sc_hi, Σ_hi, (d·sc_lo)·Σ_lo)`.
+    K3,
+    /// 4-bit scales and minimums of the block's two halves under f16 `d`, `dmin` per
+    /// super-block (Q2_K): the halves' step with the minimum term `mt`.
+    K2,
 }
 
 /// A GGUF block type as the kernels see it (one marker type per [`WType`]).
@@ -51,10 +69,13 @@ pub trait BlockTy {
     const W: WType;
     /// Bits per level: 4, 5 or 6.
     const BITS: u32;
-    /// Levels are indices into IQ4_NL's table.
+    /// Levels are indices into a table of 16 values ([`BlockTy::TAB`]).
     const TABLE: bool;
+    /// The table of a `TABLE` type: IQ4_NL's levels, or MXFP4's.
+    const TAB: &'static [i8; 16] = &IQ4NL_VALUES;
     /// The contract's integer offset per block: `isum = Σ q·x − OFF·s_b` (Q5_0: 16,
-    /// Q6_0: 32; Q6_K: 32 per half, under the halves' scales).
+    /// Q6_0: 32; Q6_K: 32 per half, under the halves' scales; Q3_K: 4 per half; the table
+    /// types: 128, for the `T + 128` levels of the VNNI kernels).
     const OFF: i32;
     /// How `dw` (and `mw`) are stored.
     const SC: ScaleKind;
@@ -101,6 +122,27 @@ block_ty!(
 block_ty!(
     /// Q6_0.
     Q60, WType::Q6_0, 6, false, 32, ScaleKind::D, false);
+block_ty!(
+    /// Q2_K (its minimum term is the halves' step's, not `AFFINE`'s).
+    Q2K, WType::Q2_K, 2, false, 0, ScaleKind::K2, false);
+block_ty!(
+    /// Q3_K (levels stored as `q + 4`).
+    Q3K, WType::Q3_K, 3, false, 4, ScaleKind::K3, false);
+block_ty!(
+    /// IQ4_XS.
+    Iq4Xs, WType::IQ4_XS, 4, true, 128, ScaleKind::KXs, false);
+
+/// MXFP4 (`OFF` applies to the `K + 128` levels of the VNNI kernels).
+pub struct Mxfp4;
+impl BlockTy for Mxfp4 {
+    const W: WType = WType::MXFP4;
+    const BITS: u32 = 4;
+    const TABLE: bool = true;
+    const TAB: &'static [i8; 16] = &mxfp4::KVALUES;
+    const OFF: i32 = 128;
+    const SC: ScaleKind = ScaleKind::E8M0;
+    const AFFINE: bool = false;
+}
 
 /// `Some($e)` with the marker type of block type `$w` as `$B`, `None` for other types:
 /// the one place that lists the block types for the kernel tables.
@@ -141,6 +183,22 @@ macro_rules! for_block_type {
                 type $B = pb::Q60;
                 Some($e)
             }
+            WType::MXFP4 => {
+                type $B = pb::Mxfp4;
+                Some($e)
+            }
+            WType::Q2_K => {
+                type $B = pb::Q2K;
+                Some($e)
+            }
+            WType::Q3_K => {
+                type $B = pb::Q3K;
+                Some($e)
+            }
+            WType::IQ4_XS => {
+                type $B = pb::Iq4Xs;
+                Some($e)
+            }
             WType::Q8_0 | WType::Q4_0 | WType::BF16 | WType::F16 => None,
         }
     }};
@@ -171,6 +229,22 @@ fn step(acc: &mut [f32; LANES], b: usize, dw: f32, dx: f32, isum: i32) {
 fn step_affine(acc: &mut [f32; LANES], b: usize, dw: f32, dx: f32, isum: i32, mw: f32, xs: f32) {
     let a = &mut acc[b % LANES];
     *a = mw.mul_add(xs, (dw * dx).mul_add(isum as f32, *a));
+}
+
+/// The halves' step: `acc[b % 8] = fma(dx, v, acc[b % 8])`.
+#[inline(always)]
+fn step_halves(acc: &mut [f32; LANES], b: usize, dx: f32, v: f32) {
+    let a = &mut acc[b % LANES];
+    *a = dx.mul_add(v, *a);
+}
+
+/// Exact `Σ T[q_i]·x_i` of table levels against activation quants.
+#[inline(always)]
+fn isum_table(tab: &[i8; 16], q: &[u8], x: &[i8]) -> i32 {
+    q.iter()
+        .zip(x)
+        .map(|(&l, &v)| tab[l as usize] as i32 * v as i32)
+        .sum()
 }
 
 /// Exact `Σ q_i·x_i` of unsigned levels against activation quants.
@@ -211,6 +285,60 @@ pub fn dot(t: WType, w: &[u8], xq: &[i8], xd: &[f32]) -> f32 {
                     };
                     let isum = sc[2 * j] as i32 * half(0) + sc[2 * j + 1] as i32 * half(1);
                     step(&mut acc, b, d, xd[b], isum);
+                }
+            }
+        }
+        WType::MXFP4 => {
+            for (b, wb) in w.chunks_exact(t.block_bytes()).enumerate() {
+                let xb = &xq[QK * b..QK * (b + 1)];
+                let isum = isum_table(&mxfp4::KVALUES, &mxfp4::unpack(wb), xb);
+                step(&mut acc, b, mxfp4::e8m0_half(wb[0]), xd[b], isum);
+            }
+        }
+        WType::IQ4_XS => {
+            for (sb, wb) in w.chunks_exact(t.block_bytes()).enumerate() {
+                let (d, sc) = lowbit::iq4xs_scales(wb);
+                let q = lowbit::levels_iq4xs(wb);
+                for j in 0..QK_K / QK {
+                    let b = sb * (QK_K / QK) + j;
+                    let xb = &xq[QK * b..QK * (b + 1)];
+                    let isum = isum_table(&IQ4NL_VALUES, &q[QK * j..QK * (j + 1)], xb);
+                    step(&mut acc, b, d * sc[j] as f32, xd[b], isum);
+                }
+            }
+        }
+        WType::Q3_K | WType::Q2_K => {
+            for (sb, wb) in w.chunks_exact(t.block_bytes()).enumerate() {
+                let (d, dmin, sc, m) = if t == WType::Q2_K {
+                    let (d, dmin, sc, m) = lowbit::q2_scales(wb);
+                    (d, dmin, sc.map(|v| v as i32), m)
+                } else {
+                    let (d, sc) = lowbit::q3_scales(wb);
+                    (d, 0.0, sc.map(|v| v as i32), [0; 16])
+                };
+                let (q, off) = if t == WType::Q2_K {
+                    (lowbit::levels_q2(wb), 0)
+                } else {
+                    (lowbit::levels_q3(wb), 4)
+                };
+                for j in 0..QK_K / QK {
+                    let b = sb * (QK_K / QK) + j;
+                    // Σ (q − off)·x over half `h` of the block, and Σ x.
+                    let half = |h: usize| -> (f32, f32) {
+                        let (q, x) = (&q[QK * j + 16 * h..][..16], &xq[QK * b + 16 * h..][..16]);
+                        let sum = q.iter().zip(x).map(|(&l, &v)| (l as i32 - off) * v as i32);
+                        (sum.sum::<i32>() as f32, act_sum(x) as f32)
+                    };
+                    let ((lo, h_lo), (hi, h_hi)) = (half(0), half(1));
+                    let (dl, dh) = (d * sc[2 * j] as f32, d * sc[2 * j + 1] as f32);
+                    let v = if t == WType::Q2_K {
+                        let (ml, mh) = (-(dmin * m[2 * j] as f32), -(dmin * m[2 * j + 1] as f32));
+                        let mt = mh.mul_add(h_hi, ml * h_lo);
+                        dh.mul_add(hi, dl.mul_add(lo, mt))
+                    } else {
+                        dh.mul_add(hi, dl * lo)
+                    };
+                    step_halves(&mut acc, b, xd[b], v);
                 }
             }
         }

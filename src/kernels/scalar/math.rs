@@ -63,6 +63,23 @@ pub fn silu(x: f32) -> f32 {
     x / (1.0 + exp(-x))
 }
 
+/// The sigmoid `1 / (1 + e^−x)` with [`exp`] (a mixture of experts' shared-expert gate).
+#[inline]
+pub fn sigmoid(x: f32) -> f32 {
+    1.0 / (1.0 + exp(-x))
+}
+
+/// gpt-oss's clamped SwiGLU of a gate value `g` and an up value `u`, with limit `l`
+/// and gain `a`: `g' = min(g, l)`, `u' = clamp(u, −l, l)` (a NaN stays NaN),
+/// `(u' + 1) · (g' / (1 + e^−(g'·a)))`, each operation rounded in that order.
+#[inline]
+pub fn swiglu_clamped(g: f32, u: f32, l: f32, a: f32) -> f32 {
+    let g = if g > l { l } else { g };
+    let u = if u < -l { -l } else { u };
+    let u = if u > l { l } else { u };
+    (u + 1.0) * (g / (1.0 + exp(-(g * a))))
+}
+
 /// GELU, tanh approximation, `0.5·x·(1 + tanh(u))` with `u = √(2/π)·(x + 0.044715·x³)`,
 /// computed as `x / (1 + e^(−2u))` (the same function: `1 + tanh u = 2 / (1 + e^(−2u))`),
 /// so it needs only [`exp`] and has a vector form with the same bits.
@@ -155,6 +172,14 @@ pub fn gelu_mul(g: &mut [f32], u: &[f32]) {
     count(Tier::Scalar, Op::Act);
     for (g, &u) in g.iter_mut().zip(u) {
         *g = gelu_tanh(*g) * u;
+    }
+}
+
+/// `g[i] = swiglu_clamped(g[i], u[i], l, a)`.
+pub fn swiglu_mul(g: &mut [f32], u: &[f32], l: f32, a: f32) {
+    count(Tier::Scalar, Op::Act);
+    for (g, &u) in g.iter_mut().zip(u) {
+        *g = swiglu_clamped(*g, u, l, a);
     }
 }
 

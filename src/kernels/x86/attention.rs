@@ -17,7 +17,7 @@ use std::arch::x86_64::*;
 use super::math::{exp_all, exp_all16, max_all};
 use crate::kernels::counters::{count, Op};
 use crate::kernels::scalar::attention::{
-    softmax, softmax_exp, KvView, Query, SoftmaxMath, TILE_QUERIES,
+    softmax, softmax_exp, with_sink, KvView, Query, SoftmaxMath, TILE_QUERIES,
 };
 use crate::kernels::scalar::kv::KvData;
 use crate::kernels::scalar::math::reduce8;
@@ -208,29 +208,29 @@ impl<const Z: bool> SoftmaxMath for X86Math<Z> {
 /// The softmax of `scalar::attention` with this tier's max and exp on ymm.
 #[target_feature(enable = "avx2")]
 #[inline]
-fn softmax_ymm(att: &mut [f32], softcap: f32) -> f32 {
-    softmax::<X86Math<false>>(att, softcap)
+fn softmax_ymm(att: &mut [f32], softcap: f32, sink: Option<f32>) -> f32 {
+    softmax::<X86Math<false>>(att, softcap, sink)
 }
 
 /// [`softmax_ymm`] with `exp` on zmm (AVX-512 F).
 #[target_feature(enable = "avx2,avx512f")]
 #[inline]
-fn softmax_zmm(att: &mut [f32], softcap: f32) -> f32 {
-    softmax::<X86Math<true>>(att, softcap)
+fn softmax_zmm(att: &mut [f32], softcap: f32, sink: Option<f32>) -> f32 {
+    softmax::<X86Math<true>>(att, softcap, sink)
 }
 
-/// [`softmax_ymm`] without its sum (`scalar::attention::softmax_exp`).
+/// [`softmax_ymm`] without its sum (`scalar::attention::softmax_exp`): the sink's term.
 #[target_feature(enable = "avx2")]
 #[inline]
-fn softmax_exp_ymm(att: &mut [f32], softcap: f32) {
-    softmax_exp::<X86Math<false>>(att, softcap)
+fn softmax_exp_ymm(att: &mut [f32], softcap: f32, sink: Option<f32>) -> Option<f32> {
+    softmax_exp::<X86Math<false>>(att, softcap, sink)
 }
 
 /// [`softmax_zmm`] without its sum.
 #[target_feature(enable = "avx2,avx512f")]
 #[inline]
-fn softmax_exp_zmm(att: &mut [f32], softcap: f32) {
-    softmax_exp::<X86Math<true>>(att, softcap)
+fn softmax_exp_zmm(att: &mut [f32], softcap: f32, sink: Option<f32>) -> Option<f32> {
+    softmax_exp::<X86Math<true>>(att, softcap, sink)
 }
 
 /// Queries whose softmax sums [`sums`] runs side by side.
@@ -281,9 +281,9 @@ pub(crate) unsafe fn attend_one<const PAIRS: bool, const WIDE: bool, S: Src>(
     // SAFETY: AVX2, and AVX-512 F when PAIRS or WIDE (this function's contract).
     let sum = unsafe {
         if PAIRS || WIDE {
-            softmax_zmm(att, softcap)
+            softmax_zmm(att, softcap, query.sink)
         } else {
-            softmax_ymm(att, softcap)
+            softmax_ymm(att, softcap, query.sink)
         }
     };
     let inv = 1.0 / sum;
@@ -360,27 +360,29 @@ pub(crate) unsafe fn attend_many<const PAIRS: bool, const WIDE: bool, S: Src>(
         }
     }
     let mut inv = [0f32; TILE_QUERIES];
-    for q in qs.iter_mut() {
+    let mut e_sink = [None; TILE_QUERIES];
+    for (q, e) in qs.iter_mut().zip(&mut e_sink) {
         let n = q.pos + 1 - kv.first_visible(q.pos);
         let att = &mut q.att[..n];
         // SAFETY: AVX2, and AVX-512 F when PAIRS or WIDE (this function's contract).
-        unsafe {
+        *e = unsafe {
             if PAIRS || WIDE {
-                softmax_exp_zmm(att, softcap)
+                softmax_exp_zmm(att, softcap, q.sink)
             } else {
-                softmax_exp_ymm(att, softcap)
+                softmax_exp_ymm(att, softcap, q.sink)
             }
         };
         q.out.fill(0.0);
     }
-    for (qs, inv) in qs.chunks(SUM_CHAINS).zip(inv.chunks_mut(SUM_CHAINS)) {
+    let chunks = qs.chunks(SUM_CHAINS).zip(e_sink.chunks(SUM_CHAINS));
+    for ((qs, es), inv) in chunks.zip(inv.chunks_mut(SUM_CHAINS)) {
         // A chunk short of SUM_CHAINS queries repeats its first (the extra sums unused).
         let rows: [&[f32]; SUM_CHAINS] = std::array::from_fn(|i| {
             let q = qs.get(i).unwrap_or(&qs[0]);
             &q.att[..q.pos + 1 - kv.first_visible(q.pos)]
         });
-        for (iv, sum) in inv.iter_mut().zip(sums(&rows)) {
-            *iv = 1.0 / sum;
+        for ((iv, sum), &e) in inv.iter_mut().zip(sums(&rows)).zip(es) {
+            *iv = 1.0 / with_sink(sum, e);
         }
     }
     // Queries of one position (heads sharing this kv head) see the same positions: with

@@ -1,5 +1,6 @@
 //! Row-major tile kernels of the GGUF block types (Q4_K, Q5_K, Q6_K, Q4_1, Q5_0, Q5_1,
-//! IQ4_NL, Q6_0) on AVX2 + FMA + F16C, bit-identical to `scalar::blocks`. Every x86 tier
+//! IQ4_NL, Q6_0, MXFP4, Q2_K, Q3_K, IQ4_XS) on AVX2 + FMA + F16C, bit-identical to
+//! `scalar::blocks`. Every x86 tier
 //! uses them for matrices it reads from the map (`--no-pack`); packed matrices go through
 //! `x86::packed_blocks`.
 //!
@@ -14,27 +15,30 @@
 //! weights, high: the last 16), which is `sc_lo·Σ_lo q·x + sc_hi·Σ_hi q·x` exactly.
 //! Then the contract's offsets (`16·s_b`, `32·s_b`; Q6_K: `32·(sc_lo·h_b + sc_hi·(s_b −
 //! h_b))`) and the float step on the 8 lanes: `acc = fma(dw·dx, isum, acc)` [then
-//! `acc = fma(mw, dx·s, acc)`].
+//! `acc = fma(mw, dx·s, acc)`]. MXFP4 and IQ4_XS are IQ4_NL with their own table and
+//! scales. Q3_K and Q2_K (a scale per 16 weights) keep each block's two halves apart:
+//! `vpmaddwd` by 1 leaves the first 16 weights' partials in the low 128 bits and the last
+//! 16's in the high ones, reduced to one `Σ_lo` and one `Σ_hi` per block, then the
+//! halves' step of the contract.
 
 use core::arch::x86_64::*;
 
-use super::simd::{hsum8, load_scales, reduce_lanes};
+use super::simd::{hsum8, hsum8_halves, load_scales, reduce_lanes};
 use crate::format::wtype::QK;
 use crate::kernels::acts::{ActTile, TILE_TOKENS};
 use crate::kernels::counters::{count, Op};
 use crate::kernels::scalar::blocks::{BlockTy, ScaleKind};
 use crate::kernels::scalar::tiles::LANES;
 use crate::kernels::tier::Tier;
-use crate::quant::blocks32::IQ4NL_VALUES;
-use crate::quant::kquants;
+use crate::quant::{kquants, lowbit, mxfp4};
 
-/// 16 bytes of IQ4_NL's table in both 128-bit lanes; `abs`: the magnitudes.
+/// The 16 bytes of a type's table in both 128-bit lanes; `abs`: the magnitudes.
 #[target_feature(enable = "avx2")]
 #[inline]
-fn iq4nl_table(abs: bool, offset: i8) -> __m256i {
+fn table16(tab: &[i8; 16], abs: bool) -> __m256i {
     let mut t = [0i8; 16];
-    for (o, &v) in t.iter_mut().zip(&IQ4NL_VALUES) {
-        *o = if abs { v.abs() } else { v.wrapping_add(offset) };
+    for (o, &v) in t.iter_mut().zip(tab) {
+        *o = if abs { v.abs() } else { v };
     }
     // SAFETY: `t` holds the 16 bytes read.
     _mm256_broadcastsi128_si256(unsafe { _mm_loadu_si128(t.as_ptr() as *const __m128i) })
@@ -52,6 +56,11 @@ struct Group {
     /// Q6_K: the 8 blocks' half scales as i32 lanes.
     sc_lo: __m256i,
     sc_hi: __m256i,
+    /// Q3_K, Q2_K: the halves' `d·sc` and (Q2_K) `−dmin·m`.
+    dl: __m256,
+    dh: __m256,
+    ml: __m256,
+    mh: __m256,
 }
 
 /// f16 bits of 8 blocks (zero where missing) as f32 lanes.
@@ -126,6 +135,10 @@ unsafe fn decode<B: BlockTy>(wq: *const u8, b0: usize, k: usize) -> Group {
             mw: _mm256_setzero_ps(),
             sc_lo: zero,
             sc_hi: zero,
+            dl: _mm256_setzero_ps(),
+            dh: _mm256_setzero_ps(),
+            ml: _mm256_setzero_ps(),
+            mh: _mm256_setzero_ps(),
         };
         let m4 = _mm256_set1_epi8(0x0F);
         match B::SC {
@@ -202,10 +215,86 @@ unsafe fn decode<B: BlockTy>(wq: *const u8, b0: usize, k: usize) -> Group {
                 g.sc_hi = _mm256_loadu_si256(hi.as_ptr() as *const __m256i);
                 g.dw = f16x8(&[u16_at(blk, 208); LANES]);
             }
+            ScaleKind::E8M0 => {
+                let mut dw = [0f32; LANES];
+                let (tab_abs, tab) = (table16(B::TAB, true), table16(B::TAB, false));
+                for (j, dj) in dw.iter_mut().enumerate().take(k) {
+                    let blk = wq.add((b0 + j) * B::W.block_bytes());
+                    *dj = mxfp4::e8m0_half(*blk);
+                    let n = nibbles32(blk.add(1));
+                    g.aux[j] = _mm256_shuffle_epi8(tab, n);
+                    g.w[j] = _mm256_shuffle_epi8(tab_abs, n);
+                }
+                g.dw = _mm256_loadu_ps(dw.as_ptr());
+            }
+            ScaleKind::KXs => {
+                let blk = wq.add(b0 / LANES * B::W.block_bytes());
+                let (d, sc) = lowbit::iq4xs_scales(std::slice::from_raw_parts(blk, 136));
+                let (tab_abs, tab) = (table16(B::TAB, true), table16(B::TAB, false));
+                let mut dw = [0f32; LANES];
+                for j in 0..LANES {
+                    dw[j] = d * sc[j] as f32;
+                    let n = nibbles32(blk.add(8 + 16 * j));
+                    g.aux[j] = _mm256_shuffle_epi8(tab, n);
+                    g.w[j] = _mm256_shuffle_epi8(tab_abs, n);
+                }
+                g.dw = _mm256_loadu_ps(dw.as_ptr());
+            }
+            ScaleKind::K3 | ScaleKind::K2 => {
+                let k3 = B::SC == ScaleKind::K3;
+                let bb = B::W.block_bytes();
+                let blk = wq.add(b0 / LANES * bb);
+                let b = std::slice::from_raw_parts(blk, bb);
+                // Block 4n + k: the 2-bit fields 2k..2k+2 of qs[32n..32n + 32].
+                let qs = blk.add(if k3 { 32 } else { 16 });
+                let m2 = _mm256_set1_epi8(3);
+                for n in 0..2 {
+                    let v = _mm256_loadu_si256(qs.add(32 * n) as *const __m256i);
+                    g.w[4 * n] = _mm256_and_si256(v, m2);
+                    g.w[4 * n + 1] = _mm256_and_si256(_mm256_srli_epi16(v, 2), m2);
+                    g.w[4 * n + 2] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m2);
+                    g.w[4 * n + 3] = _mm256_and_si256(_mm256_srli_epi16(v, 6), m2);
+                }
+                let (mut dl, mut dh, mut ml, mut mh) =
+                    ([0f32; LANES], [0f32; 8], [0f32; 8], [0f32; 8]);
+                if k3 {
+                    // Bit 2 of block j's levels: bit j of hmask[l].
+                    let hm = _mm256_loadu_si256(blk as *const __m256i);
+                    let hb = [
+                        _mm256_slli_epi16(hm, 2),
+                        _mm256_slli_epi16(hm, 1),
+                        hm,
+                        _mm256_srli_epi16(hm, 1),
+                        _mm256_srli_epi16(hm, 2),
+                        _mm256_srli_epi16(hm, 3),
+                        _mm256_srli_epi16(hm, 4),
+                        _mm256_srli_epi16(hm, 5),
+                    ];
+                    let b2 = _mm256_set1_epi8(4);
+                    for (w, h) in g.w.iter_mut().zip(hb) {
+                        *w = _mm256_or_si256(*w, _mm256_and_si256(h, b2));
+                    }
+                    let (d, sc) = lowbit::q3_scales(b);
+                    for j in 0..LANES {
+                        (dl[j], dh[j]) = (d * sc[2 * j] as f32, d * sc[2 * j + 1] as f32);
+                    }
+                } else {
+                    let (d, dmin, sc, m) = lowbit::q2_scales(b);
+                    for j in 0..LANES {
+                        (dl[j], dh[j]) = (d * sc[2 * j] as f32, d * sc[2 * j + 1] as f32);
+                        ml[j] = -(dmin * m[2 * j] as f32);
+                        mh[j] = -(dmin * m[2 * j + 1] as f32);
+                    }
+                }
+                g.dl = _mm256_loadu_ps(dl.as_ptr());
+                g.dh = _mm256_loadu_ps(dh.as_ptr());
+                g.ml = _mm256_loadu_ps(ml.as_ptr());
+                g.mh = _mm256_loadu_ps(mh.as_ptr());
+            }
             ScaleKind::D | ScaleKind::DMin => {
                 let bb = B::W.block_bytes();
                 let (mut d, mut m) = ([0u16; LANES], [0u16; LANES]);
-                let (tab_abs, tab) = (iq4nl_table(true, 0), iq4nl_table(false, 0));
+                let (tab_abs, tab) = (table16(B::TAB, true), table16(B::TAB, false));
                 for j in 0..k {
                     let blk = wq.add((b0 + j) * bb);
                     d[j] = u16_at(blk, 0);
@@ -258,6 +347,9 @@ unsafe fn step<B: BlockTy, const T: usize>(
         let ones = _mm256_set1_epi16(1);
         let lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
         let kmask = _mm256_cmpgt_epi32(_mm256_set1_epi32(k as i32), lanes);
+        if matches!(B::SC, ScaleKind::K3 | ScaleKind::K2) {
+            return step_halves::<B, T>(g, x, nb, b0, acc);
+        }
         for (t, acc_t) in acc.iter_mut().enumerate() {
             let mut p = [zero; LANES];
             for (j, pj) in p.iter_mut().enumerate().take(k) {
@@ -293,6 +385,50 @@ unsafe fn step<B: BlockTy, const T: usize>(
                 let xs = _mm256_mul_ps(dx, _mm256_cvtepi32_ps(s));
                 *acc_t = _mm256_fmadd_ps(g.mw, xs, *acc_t);
             }
+        }
+    }
+}
+
+/// [`step`] of Q3_K and Q2_K (a whole super-block: `k` = 8): `Σ_lo`, `Σ_hi` per block,
+/// then the halves' step.
+#[inline(always)]
+unsafe fn step_halves<B: BlockTy, const T: usize>(
+    g: &Group,
+    x: &ActTile,
+    nb: usize,
+    b0: usize,
+    acc: &mut [__m256; T],
+) {
+    let cols = nb * QK;
+    // SAFETY: blocks b0..b0 + 8 of every token of `x` exist.
+    unsafe {
+        let ones = _mm256_set1_epi16(1);
+        for (t, acc_t) in acc.iter_mut().enumerate() {
+            let mut p = [_mm256_setzero_si256(); LANES];
+            for (j, pj) in p.iter_mut().enumerate() {
+                let xp = x.q.as_ptr().add(t * cols + (b0 + j) * QK);
+                let xv = _mm256_loadu_si256(xp as *const __m256i);
+                *pj = _mm256_madd_epi16(_mm256_maddubs_epi16(g.w[j], xv), ones);
+            }
+            let (mut lo, mut hi) = hsum8_halves(&p);
+            let o = t * nb + b0;
+            let s = _mm256_loadu_si256(x.s.as_ptr().add(o) as *const __m256i);
+            let h = _mm256_loadu_si256(x.h.as_ptr().add(o) as *const __m256i);
+            let sh = _mm256_sub_epi32(s, h);
+            let dx = _mm256_loadu_ps(x.d.as_ptr().add(o));
+            let v = if B::SC == ScaleKind::K3 {
+                // Levels q + 4: Σ q·x = Σ (q + 4)·x − 4·Σ x per half.
+                lo = _mm256_sub_epi32(lo, _mm256_slli_epi32(h, 2));
+                hi = _mm256_sub_epi32(hi, _mm256_slli_epi32(sh, 2));
+                let l = _mm256_mul_ps(g.dl, _mm256_cvtepi32_ps(lo));
+                _mm256_fmadd_ps(g.dh, _mm256_cvtepi32_ps(hi), l)
+            } else {
+                let m = _mm256_mul_ps(g.ml, _mm256_cvtepi32_ps(h));
+                let mt = _mm256_fmadd_ps(g.mh, _mm256_cvtepi32_ps(sh), m);
+                let l = _mm256_fmadd_ps(g.dl, _mm256_cvtepi32_ps(lo), mt);
+                _mm256_fmadd_ps(g.dh, _mm256_cvtepi32_ps(hi), l)
+            };
+            *acc_t = _mm256_fmadd_ps(dx, v, *acc_t);
         }
     }
 }

@@ -193,6 +193,18 @@ fn act_mul<const GELU: bool>(g: &mut [f32], u: &[f32]) {
     }
 }
 
+/// [`sm::swiglu_clamped`] on 8 lanes: `min_ps(l, g)` and `max_ps(−l, u)` return their
+/// second operand for a NaN, as the reference's comparisons do.
+#[target_feature(enable = "avx2")]
+#[inline]
+fn swiglu8(g: __m256, u: __m256, l: __m256, nl: __m256, a: __m256) -> __m256 {
+    let g = _mm256_min_ps(l, g);
+    let u = _mm256_min_ps(l, _mm256_max_ps(nl, u));
+    let e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), _mm256_mul_ps(g, a)));
+    let s = _mm256_div_ps(g, _mm256_add_ps(_mm256_set1_ps(1.0), e));
+    _mm256_mul_ps(_mm256_add_ps(u, _mm256_set1_ps(1.0)), s)
+}
+
 // The table's entries (see `table::F32Kernels`): safe functions of the CPU features
 // they need, which the table holds as `unsafe fn` pointers and calls only on a CPU that
 // has them.
@@ -245,4 +257,36 @@ pub fn silu_mul(g: &mut [f32], u: &[f32]) {
 pub fn gelu_mul(g: &mut [f32], u: &[f32]) {
     count(Tier::Avx2, Op::Act);
     act_mul::<true>(g, u)
+}
+
+/// `g[i] = swiglu_clamped(g[i], u[i], l, a)` (gpt-oss's experts), 8 at a time, the tail
+/// with the scalar function (the same bits).
+///
+/// # Safety
+/// The CPU must support AVX2 (safe to call from code compiled with them).
+#[target_feature(enable = "avx2")]
+pub fn swiglu_mul(g: &mut [f32], u: &[f32], l: f32, a: f32) {
+    count(Tier::Avx2, Op::Act);
+    let n = g.len().min(u.len());
+    let n8 = n / 8 * 8;
+    let (lv, nl, av) = (_mm256_set1_ps(l), _mm256_set1_ps(-l), _mm256_set1_ps(a));
+    let mut i = 0;
+    while i < n8 {
+        // SAFETY: i + 8 <= n <= both lengths.
+        unsafe {
+            let p = g.as_mut_ptr().add(i);
+            let y = swiglu8(
+                _mm256_loadu_ps(p),
+                _mm256_loadu_ps(u.as_ptr().add(i)),
+                lv,
+                nl,
+                av,
+            );
+            _mm256_storeu_ps(p, y);
+        }
+        i += 8;
+    }
+    for (g, &u) in g[n8..n].iter_mut().zip(&u[n8..n]) {
+        *g = sm::swiglu_clamped(*g, u, l, a);
+    }
 }

@@ -105,17 +105,40 @@ pub(super) use in_passes;
 /// .. `$or_and` work on (zmm or ymm): `lo[k]` pairs with activation bytes `4k..4k+4`,
 /// `hi[k]` with `16+4k..`, the low and high nibbles of the 4 chunks at `$wp + 64k`,
 /// or-ed with the fifth bit (`$bits` = 5) or the top two bits (6) from their planes at
-/// `$wp + 256` (and `+ 320`). A macro for the two widths, whose shifts take their
-/// count as a const of a different type.
+/// `$wp + 256` (and `+ 320`); with `$bits` ≤ 3, the 2-bit fields `2k..2k+2` of the
+/// planes at `$wp` (low half) and `$wp + 64` (high half), or-ed with bit 2 (3) from the
+/// plane at `$wp + 128`. A macro for the two widths, whose shifts take their count as a
+/// const of a different type.
 macro_rules! levels {
     ($bits:expr, $wp:expr, $zero:expr, $load:ident, $set1:ident, $and:ident, $slli:ident, $srli:ident, $or_and:ident) => {{
         let wp = $wp;
-        let m4 = $set1(0x0F);
         let (mut lo, mut hi) = ([$zero; 4], [$zero; 4]);
-        for k in 0..4 {
-            let v = $load(wp.add(64 * k) as *const _);
-            lo[k] = $and(v, m4);
-            hi[k] = $and($srli(v, 4), m4);
+        if $bits <= 3 {
+            let m2 = $set1(3);
+            let (p0, p1) = ($load(wp as *const _), $load(wp.add(64) as *const _));
+            (lo[0], hi[0]) = ($and(p0, m2), $and(p1, m2));
+            (lo[1], hi[1]) = ($and($srli(p0, 2), m2), $and($srli(p1, 2), m2));
+            (lo[2], hi[2]) = ($and($srli(p0, 4), m2), $and($srli(p1, 4), m2));
+            (lo[3], hi[3]) = ($and($srli(p0, 6), m2), $and($srli(p1, 6), m2));
+            if $bits == 3 {
+                let q = $load(wp.add(128) as *const _);
+                let m = $set1(4);
+                lo[0] = $or_and(lo[0], $slli(q, 2), m);
+                lo[1] = $or_and(lo[1], $slli(q, 1), m);
+                lo[2] = $or_and(lo[2], q, m);
+                lo[3] = $or_and(lo[3], $srli(q, 1), m);
+                hi[0] = $or_and(hi[0], $srli(q, 2), m);
+                hi[1] = $or_and(hi[1], $srli(q, 3), m);
+                hi[2] = $or_and(hi[2], $srli(q, 4), m);
+                hi[3] = $or_and(hi[3], $srli(q, 5), m);
+            }
+        } else {
+            let m4 = $set1(0x0F);
+            for k in 0..4 {
+                let v = $load(wp.add(64 * k) as *const _);
+                lo[k] = $and(v, m4);
+                hi[k] = $and($srli(v, 4), m4);
+            }
         }
         if $bits == 5 {
             let qh = $load(wp.add(256) as *const _);

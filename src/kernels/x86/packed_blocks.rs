@@ -34,12 +34,11 @@ use crate::kernels::packed::{lane_start, GroupLayout, PackedView, GROUP};
 use crate::kernels::scalar::blocks::{BlockTy, ScaleKind};
 use crate::kernels::scalar::tiles::LANES;
 use crate::kernels::tier::Tier;
-use crate::quant::blocks32::IQ4NL_VALUES;
 
-/// IQ4_NL's 16 levels plus `off` (wrapping), or their magnitudes, as 16 bytes.
-fn table(abs: bool, off: i8) -> [i8; 16] {
+/// A type's 16 table levels plus `off` (wrapping), or their magnitudes, as 16 bytes.
+fn table(tab: &[i8; 16], abs: bool, off: i8) -> [i8; 16] {
     let mut t = [0i8; 16];
-    for (o, &v) in t.iter_mut().zip(&IQ4NL_VALUES) {
+    for (o, &v) in t.iter_mut().zip(tab) {
         *o = if abs { v.abs() } else { v.wrapping_add(off) };
     }
     t
@@ -63,16 +62,27 @@ thread_local! {
 
 /// The integer offsets that start block `b`'s two `vpdpbusd` chains for token `t`, at
 /// `b·n + t` for the tile's `n` tokens (the order of [`ActTile::iq`]): `−OFF·s_b` and 0,
-/// or Q6_K's `−32·h_b` and `−32·(s_b − h_b)`. They depend on the token only, so they
-/// are made once per call, not once per group of rows, and each is then a broadcast
-/// from memory (a load) instead of scalar arithmetic and a register broadcast per token
-/// and block position.
+/// or Q6_K's and Q3_K's `−OFF·h_b` and `−OFF·(s_b − h_b)`; Q2_K's chains start at 0 and
+/// the table holds its minimum term's `h_b` and `s_b − h_b` as f32 bits. They depend on
+/// the token only, so they are made once per call, not once per group of rows, and each
+/// is then a broadcast from memory (a load) instead of scalar arithmetic and a register
+/// broadcast per token and block position.
 struct Offsets(Vec<[i32; 2]>);
 
 impl Offsets {
     /// Whether type `B`'s chains start anywhere but 0.
     const fn used<B: BlockTy>() -> bool {
-        matches!(B::SC, ScaleKind::K6) || B::OFF != 0
+        matches!(B::SC, ScaleKind::K6 | ScaleKind::K3 | ScaleKind::K2) || B::OFF != 0
+    }
+
+    /// Whether type `B`'s chains start at the table's values (else at 0).
+    const fn starts<B: BlockTy>() -> bool {
+        Self::used::<B>() && !matches!(B::SC, ScaleKind::K2)
+    }
+
+    /// Whether type `B`'s second chain starts at the table's second value.
+    const fn halves<B: BlockTy>() -> bool {
+        matches!(B::SC, ScaleKind::K6 | ScaleKind::K3)
     }
 
     fn of<B: BlockTy>(x: &ActTile) -> Offsets {
@@ -81,12 +91,13 @@ impl Offsets {
         if !Self::used::<B>() {
             return Offsets(v);
         }
-        v.extend(x.is.iter().zip(x.ih).map(|(&s, &h)| {
-            if B::SC == ScaleKind::K6 {
-                [-32 * h, -32 * (s - h)]
-            } else {
-                [-B::OFF * s, 0]
-            }
+        v.extend(x.is.iter().zip(x.ih).map(|(&s, &h)| match B::SC {
+            ScaleKind::K6 | ScaleKind::K3 => [-B::OFF * h, -B::OFF * (s - h)],
+            ScaleKind::K2 => [
+                (h as f32).to_bits() as i32,
+                ((s - h) as f32).to_bits() as i32,
+            ],
+            _ => [-B::OFF * s, 0],
         }));
         Offsets(v)
     }
@@ -102,8 +113,8 @@ impl Drop for Offsets {
     }
 }
 
-/// The super-block scales of the group being computed, as f32: K45 `d` at `2s` and
-/// `−dmin` at `2s + 1`, K6 `d` at `s`. Every lane reads every super-block (lane `l`'s
+/// The super-block scales of the group being computed, as f32: K45 and K2 `d` at `2s`
+/// and `−dmin` at `2s + 1`, K6, K3 and KXs `d` at `s`. Every lane reads every super-block (lane `l`'s
 /// `i`-th position is sub-block `l` of super-block `i`), so they are converted once per
 /// group instead of once per block position. Exact: f16 → f32, a negation.
 struct Supers(Vec<Rows16>);
@@ -127,7 +138,7 @@ impl Supers {
         let v = &mut self.0;
         v.clear();
         match B::SC {
-            ScaleKind::K45 => {
+            ScaleKind::K45 | ScaleKind::K2 => {
                 for sb in 0..nsb {
                     let p = ss.wrapping_add(64 * sb);
                     v.push(f16x16(p));
@@ -136,8 +147,10 @@ impl Supers {
                     v.push(m);
                 }
             }
-            ScaleKind::K6 => v.extend((0..nsb).map(|sb| f16x16(ss.wrapping_add(32 * sb)))),
-            _ => {}
+            ScaleKind::K6 | ScaleKind::K3 | ScaleKind::KXs => {
+                v.extend((0..nsb).map(|sb| f16x16(ss.wrapping_add(32 * sb))))
+            }
+            ScaleKind::D | ScaleKind::DMin | ScaleKind::E8M0 => {}
         }
     }
 
@@ -164,6 +177,21 @@ unsafe fn bcast4(p: *const i32) -> __m256i {
 unsafe fn i8x16_f32(p: *const u8) -> __m512 {
     // SAFETY: 16 readable bytes (the caller's contract); AVX-512 F.
     unsafe { _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(p as *const __m128i))) }
+}
+
+/// 16 u8 lanes of `v` as f32 (a function, not a closure: a closure would not inherit
+/// the caller's target features, and its intrinsics would stay out of line).
+#[inline(always)]
+unsafe fn u8x16_f32(v: __m128i) -> __m512 {
+    // SAFETY: register-only; AVX-512 F (the caller's contract).
+    unsafe { _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(v)) }
+}
+
+/// The low 8 u8 lanes of `v` as f32 ([`u8x16_f32`] on ymm).
+#[inline(always)]
+unsafe fn u8x8_f32(v: __m128i) -> __m256 {
+    // SAFETY: register-only; AVX2 (the caller's contract).
+    unsafe { _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v)) }
 }
 
 /// Q4_K/Q5_K position scales (`sp`, 24 bytes, see `kernels::packed`): the top
@@ -195,12 +223,35 @@ fn k45_codes(a: __m128i, m_hi: __m128i) -> (__m128i, __m128i) {
 }
 
 /// The float factors of one block position for the 16 rows (zmm) of a group; Q6_K's
-/// int8 half scales as f32 (exact).
+/// int8 half scales as f32 (exact); Q3_K's and Q2_K's halves' `d·sc` (in `sc_lo`,
+/// `sc_hi`) and Q2_K's `−dmin·m` (`ml`, `mh`).
 struct Scales512 {
     dw: __m512,
     mw: __m512,
     sc_lo: __m512,
     sc_hi: __m512,
+    ml: __m512,
+    mh: __m512,
+}
+
+/// 2^(e − 128) of the E8M0 exponents `e` (i32 lanes), exactly (`e < 2`: subnormals).
+#[target_feature(enable = "avx512f")]
+#[inline]
+fn e8m0_512(e: __m512i) -> __m512 {
+    let normal = _mm512_slli_epi32(_mm512_sub_epi32(e, _mm512_set1_epi32(1)), 23);
+    let sub = _mm512_cmplt_epu32_mask(e, _mm512_set1_epi32(2));
+    let bits = _mm512_mask_sllv_epi32(normal, sub, _mm512_set1_epi32(0x0020_0000), e);
+    _mm512_castsi512_ps(bits)
+}
+
+/// [`e8m0_512`] on ymm.
+#[target_feature(enable = "avx2")]
+#[inline]
+fn e8m0_256(e: __m256i) -> __m256 {
+    let normal = _mm256_slli_epi32(_mm256_sub_epi32(e, _mm256_set1_epi32(1)), 23);
+    let sub = _mm256_cmpgt_epi32(_mm256_set1_epi32(2), e);
+    let small = _mm256_sllv_epi32(_mm256_set1_epi32(0x0020_0000), e);
+    _mm256_castsi256_ps(_mm256_blendv_epi8(normal, small, sub))
 }
 
 /// `dw`, `mw` (and Q6_K's half scales) of block `b` at position record `sp` of a group
@@ -215,9 +266,35 @@ unsafe fn scales512<B: BlockTy>(sp: *const u8, sup: *const f32, b: usize) -> Sca
             mw: zero,
             sc_lo: zero,
             sc_hi: zero,
+            ml: zero,
+            mh: zero,
         };
         let sb = b / LANES;
         match B::SC {
+            ScaleKind::E8M0 => {
+                s.dw = e8m0_512(_mm512_cvtepu8_epi32(_mm_loadu_si128(sp as *const __m128i)))
+            }
+            ScaleKind::KXs => s.dw = _mm512_mul_ps(_mm512_load_ps(sup.add(16 * sb)), i8x16_f32(sp)),
+            ScaleKind::K3 => {
+                let d = _mm512_load_ps(sup.add(16 * sb));
+                s.sc_lo = _mm512_mul_ps(d, i8x16_f32(sp));
+                s.sc_hi = _mm512_mul_ps(d, i8x16_f32(sp.add(16)));
+            }
+            ScaleKind::K2 => {
+                let (d, nmin) = (
+                    _mm512_load_ps(sup.add(32 * sb)),
+                    _mm512_load_ps(sup.add(32 * sb + 16)),
+                );
+                let m4 = _mm_set1_epi8(15);
+                let (lo, hi) = (
+                    _mm_loadu_si128(sp as *const __m128i),
+                    _mm_loadu_si128(sp.add(16) as *const __m128i),
+                );
+                s.sc_lo = _mm512_mul_ps(d, u8x16_f32(_mm_and_si128(lo, m4)));
+                s.sc_hi = _mm512_mul_ps(d, u8x16_f32(_mm_and_si128(hi, m4)));
+                s.ml = _mm512_mul_ps(nmin, u8x16_f32(_mm_and_si128(_mm_srli_epi16(lo, 4), m4)));
+                s.mh = _mm512_mul_ps(nmin, u8x16_f32(_mm_and_si128(_mm_srli_epi16(hi, 4), m4)));
+            }
             ScaleKind::D => s.dw = f16x16(sp),
             ScaleKind::DMin => (s.dw, s.mw) = (f16x16(sp), f16x16(sp.add(32))),
             ScaleKind::K45 => {
@@ -244,7 +321,7 @@ unsafe fn levels512<B: BlockTy>(wp: *const u8) -> ([__m512i; 4], [__m512i; 4]) {
     unsafe {
         let (mut lo, mut hi) = unpack512(B::BITS, wp);
         if B::TABLE {
-            let t = table(false, -128);
+            let t = table(B::TAB, false, -128);
             let tab = _mm512_broadcast_i32x4(_mm_loadu_si128(t.as_ptr() as *const __m128i));
             for k in 0..4 {
                 lo[k] = _mm512_shuffle_epi8(tab, lo[k]);
@@ -314,17 +391,31 @@ unsafe fn lane512<B: BlockTy, const T: usize>(
                 let xb = xq.add(t * QK) as *const i32;
                 let o = off.add(2 * t);
                 // Two chains (the block's halves) also halve the `vpdpbusd` latency.
-                let i0 = if Offsets::used::<B>() {
+                let i0 = if Offsets::starts::<B>() {
                     _mm512_set1_epi32(*o)
                 } else {
                     _mm512_setzero_si512()
                 };
-                let i1 = if B::SC == ScaleKind::K6 {
+                let i1 = if Offsets::halves::<B>() {
                     _mm512_set1_epi32(*o.add(1))
                 } else {
                     _mm512_setzero_si512()
                 };
                 let (i0, i1) = dpbusd_block(i0, i1, &lo, &hi, xb);
+                if matches!(B::SC, ScaleKind::K3 | ScaleKind::K2) {
+                    // The halves' step: `sc_lo`, `sc_hi` hold `d·sc`.
+                    let l = if B::SC == ScaleKind::K2 {
+                        let h = _mm512_set1_ps(f32::from_bits(*o as u32));
+                        let sh = _mm512_set1_ps(f32::from_bits(*o.add(1) as u32));
+                        let mt = _mm512_fmadd_ps(sc.mh, sh, _mm512_mul_ps(sc.ml, h));
+                        _mm512_fmadd_ps(sc.sc_lo, _mm512_cvtepi32_ps(i0), mt)
+                    } else {
+                        _mm512_mul_ps(sc.sc_lo, _mm512_cvtepi32_ps(i0))
+                    };
+                    let v = _mm512_fmadd_ps(sc.sc_hi, _mm512_cvtepi32_ps(i1), l);
+                    *acc_t = _mm512_fmadd_ps(_mm512_set1_ps(*xd.add(t)), v, *acc_t);
+                    continue;
+                }
                 // `isum_b as f32`. Q6_K: `sc_lo·i0` is exact in f32 (|·| ≤ 128·65,024 <
                 // 2^24) and the fused add rounds the exact integer sum once, as the
                 // conversion does: the contract's bits without `vpmulld` (2 uops, port 0
@@ -427,6 +518,18 @@ struct Scales256 {
     mw: __m256,
     sc_lo: __m256i,
     sc_hi: __m256i,
+    /// Q3_K, Q2_K: the halves' `d·sc`; Q2_K: `−dmin·m`.
+    dl: __m256,
+    dh: __m256,
+    ml: __m256,
+    mh: __m256,
+}
+
+/// 8 int8 at `p` as f32.
+#[inline(always)]
+unsafe fn i8x8_f32(p: *const u8) -> __m256 {
+    // SAFETY: 8 readable bytes (the caller's contract); AVX2.
+    unsafe { _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(p as *const __m128i))) }
 }
 
 #[inline(always)]
@@ -434,14 +537,46 @@ unsafe fn scales256<B: BlockTy>(sp: *const u8, sup: *const f32, b: usize, h: usi
     // SAFETY: the position and super-block records exist (the caller's contract).
     unsafe {
         let zero = _mm256_setzero_si256();
+        let fz = _mm256_setzero_ps();
         let mut s = Scales256 {
-            dw: _mm256_setzero_ps(),
-            mw: _mm256_setzero_ps(),
+            dw: fz,
+            mw: fz,
             sc_lo: zero,
             sc_hi: zero,
+            dl: fz,
+            dh: fz,
+            ml: fz,
+            mh: fz,
         };
         let sb = b / LANES;
         match B::SC {
+            ScaleKind::E8M0 => {
+                s.dw = e8m0_256(_mm256_cvtepu8_epi32(_mm_loadl_epi64(
+                    sp.add(8 * h) as *const __m128i
+                )))
+            }
+            ScaleKind::KXs => {
+                s.dw = _mm256_mul_ps(
+                    _mm256_load_ps(sup.add(16 * sb + 8 * h)),
+                    i8x8_f32(sp.add(8 * h)),
+                )
+            }
+            ScaleKind::K3 => {
+                let d = _mm256_load_ps(sup.add(16 * sb + 8 * h));
+                s.dl = _mm256_mul_ps(d, i8x8_f32(sp.add(8 * h)));
+                s.dh = _mm256_mul_ps(d, i8x8_f32(sp.add(16 + 8 * h)));
+            }
+            ScaleKind::K2 => {
+                let d = _mm256_load_ps(sup.add(32 * sb + 8 * h));
+                let nmin = _mm256_load_ps(sup.add(32 * sb + 16 + 8 * h));
+                let m4 = _mm_set1_epi8(15);
+                let lo = _mm_loadl_epi64(sp.add(8 * h) as *const __m128i);
+                let hi = _mm_loadl_epi64(sp.add(16 + 8 * h) as *const __m128i);
+                s.dl = _mm256_mul_ps(d, u8x8_f32(_mm_and_si128(lo, m4)));
+                s.dh = _mm256_mul_ps(d, u8x8_f32(_mm_and_si128(hi, m4)));
+                s.ml = _mm256_mul_ps(nmin, u8x8_f32(_mm_and_si128(_mm_srli_epi16(lo, 4), m4)));
+                s.mh = _mm256_mul_ps(nmin, u8x8_f32(_mm_and_si128(_mm_srli_epi16(hi, 4), m4)));
+            }
             ScaleKind::D => s.dw = f16x8(sp.add(16 * h)),
             ScaleKind::DMin => (s.dw, s.mw) = (f16x8(sp.add(16 * h)), f16x8(sp.add(32 + 16 * h))),
             ScaleKind::K45 => {
@@ -477,7 +612,7 @@ unsafe fn levels256<B: BlockTy>(
         let (mut lo, mut hi) = unpack256(B::BITS, wp.add(32 * h));
         let (mut slo, mut shi) = ([zero; 4], [zero; 4]);
         if B::TABLE {
-            let (ta, ts) = (table(true, 0), table(false, 0));
+            let (ta, ts) = (table(B::TAB, true, 0), table(B::TAB, false, 0));
             let tab_abs =
                 _mm256_broadcastsi128_si256(_mm_loadu_si128(ta.as_ptr() as *const __m128i));
             let tab = _mm256_broadcastsi128_si256(_mm_loadu_si128(ts.as_ptr() as *const __m128i));
@@ -557,7 +692,8 @@ unsafe fn lane256<B: BlockTy, const T: usize>(
                         );
                     }
                     (i0, i1) = (_mm256_madd_epi16(ones, s16), _mm256_setzero_si256());
-                } else if B::BITS == 5 {
+                } else if B::BITS == 5 || B::BITS < 4 {
+                    // Each half apart (the 5-bit types, and Q3_K's and Q2_K's halves).
                     let (mut a, mut c) = (_mm256_setzero_si256(), _mm256_setzero_si256());
                     for k in 0..4 {
                         a = _mm256_add_epi16(a, _mm256_maddubs_epi16(lo[k], bcast4(xb.add(k))));
@@ -580,6 +716,21 @@ unsafe fn lane256<B: BlockTy, const T: usize>(
                         c = _mm256_add_epi32(c, _mm256_madd_epi16(ones, h2));
                     }
                     (i0, i1) = (a, c);
+                }
+                if matches!(B::SC, ScaleKind::K3 | ScaleKind::K2) {
+                    let hh = *xh.add(i);
+                    let l = if B::SC == ScaleKind::K2 {
+                        let m = _mm256_mul_ps(sc.ml, _mm256_set1_ps(hh as f32));
+                        let mt = _mm256_fmadd_ps(sc.mh, _mm256_set1_ps((s - hh) as f32), m);
+                        _mm256_fmadd_ps(sc.dl, _mm256_cvtepi32_ps(i0), mt)
+                    } else {
+                        i0 = _mm256_sub_epi32(i0, _mm256_set1_epi32(B::OFF * hh));
+                        i1 = _mm256_sub_epi32(i1, _mm256_set1_epi32(B::OFF * (s - hh)));
+                        _mm256_mul_ps(sc.dl, _mm256_cvtepi32_ps(i0))
+                    };
+                    let v = _mm256_fmadd_ps(sc.dh, _mm256_cvtepi32_ps(i1), l);
+                    *acc_t = _mm256_fmadd_ps(_mm256_set1_ps(*xd.add(i)), v, *acc_t);
+                    continue;
                 }
                 let isum = if B::SC == ScaleKind::K6 {
                     let hh = *xh.add(i);

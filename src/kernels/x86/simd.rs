@@ -31,6 +31,15 @@ pub(crate) unsafe fn f16x16(p: *const u8) -> __m512 {
 #[target_feature(enable = "avx2")]
 #[inline]
 pub(crate) fn hsum8(v: &[__m256i; 8]) -> __m256i {
+    let (lo, hi) = hsum8_halves(v);
+    _mm256_add_epi32(lo, hi)
+}
+
+/// Lane `j` of the first = sum of lanes 0..4 of `v[j]` (its low 128 bits), of the
+/// second = sum of lanes 4..8.
+#[target_feature(enable = "avx2")]
+#[inline]
+pub(crate) fn hsum8_halves(v: &[__m256i; 8]) -> (__m256i, __m256i) {
     let h01 = _mm256_hadd_epi32(v[0], v[1]);
     let h23 = _mm256_hadd_epi32(v[2], v[3]);
     let h45 = _mm256_hadd_epi32(v[4], v[5]);
@@ -40,7 +49,7 @@ pub(crate) fn hsum8(v: &[__m256i; 8]) -> __m256i {
     let h4567 = _mm256_hadd_epi32(h45, h67);
     let lo = _mm256_permute2x128_si256(h0123, h4567, 0x20);
     let hi = _mm256_permute2x128_si256(h0123, h4567, 0x31);
-    _mm256_add_epi32(lo, hi)
+    (lo, hi)
 }
 
 /// The contract's tree over 8 lanes: `((a0+a4)+(a2+a6)) + ((a1+a5)+(a3+a7))`.

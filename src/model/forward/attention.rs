@@ -1,7 +1,8 @@
 //! A softmax-attention layer's mixer for a chunk of tokens, as work is scheduled: the
-//! q/k/v(/gate) projections in one step, per token the biases, q/k norms and RoPE, the
-//! keys and values into the cache, the kernels' attention over the pool, the output
-//! gate and wo. The arithmetic of attention itself (scores, softmax, value sums) is the
+//! q/k/v(/gate) projections in one step, per token the biases, q/k norms (per head, or
+//! over the whole projection) and RoPE, the keys and values into the cache, the
+//! kernels' attention over the pool (with each head's sink logit, if any), the output
+//! gate, wo and its bias. The arithmetic of attention itself (scores, softmax, value sums) is the
 //! kernels' (the scalar reference and the tiers' versions), reached through
 //! [`Kernels::attend`].
 //!
@@ -46,6 +47,8 @@ struct Heads<'a> {
     al: usize,
     scale: f32,
     softcap: f32,
+    /// n_heads sink logits (attn_sinks).
+    sinks: Option<&'a [f32]>,
 }
 
 impl Heads<'_> {
@@ -75,6 +78,7 @@ impl Heads<'_> {
             pos,
             att,
             out,
+            sink: self.sinks.map(|s| s[h]),
         }
     }
 
@@ -213,6 +217,7 @@ impl Model<'_> {
             al: st.att_len,
             scale: c.attn_scale,
             softcap: c.attn_softcap,
+            sinks: a.sinks,
         };
         let kv = |t: usize| {
             (
@@ -290,7 +295,11 @@ impl Model<'_> {
             }
         }
         tap_rows(segs, l, Input::Wo, mix);
-        k.project(&a.wo, mix, &mut st.qa, &mut st.xb2[..n * d]);
+        let out = &mut st.xb2[..n * d];
+        k.project(&a.wo, mix, &mut st.qa, out);
+        if let Some(bo) = a.bo {
+            out.chunks_exact_mut(d).for_each(|r| add(r, bo));
+        }
     }
 
     /// Per token of the chunk: the biases, the per-head q/k norms and RoPE on `st.q`
@@ -298,6 +307,7 @@ impl Model<'_> {
     fn prepare(&self, k: &Kernels, st: &mut Scratch, a: &AttnWeights, rope: RopeSel, n: usize) {
         let c = &self.cfg;
         let (hd, qd, kvd, rd, eps) = (c.head_dim, c.q_dim, c.kv_dim, c.rot_dim, c.norm_eps);
+        let whole = c.qk_norm_whole;
         let cs: Option<&[f32]> = match rope {
             RopeSel::Global => Some(&st.cs_global),
             RopeSel::Local => Some(&st.cs_local),
@@ -310,9 +320,13 @@ impl Model<'_> {
                 }
             }
             for (x, w) in [(&mut *q, a.q_norm), (&mut *kr, a.k_norm)] {
-                if let Some(w) = w {
-                    x.chunks_exact_mut(hd)
-                        .for_each(|h| k.rmsnorm_inplace(h, w, eps));
+                match w {
+                    // Over the whole projection (qk_norm 2).
+                    Some(w) if whole => k.rmsnorm_inplace(x, w, eps),
+                    Some(w) => x
+                        .chunks_exact_mut(hd)
+                        .for_each(|h| k.rmsnorm_inplace(h, w, eps)),
+                    None => {}
                 }
             }
             if let Some(cs) = cs {

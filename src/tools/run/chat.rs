@@ -140,6 +140,7 @@ pub(super) fn run(
         kv_bytes: s.state().kv_bytes(),
         ctx: s.ctx(),
         delta_bytes: s.state().delta_bytes(),
+        spec: None,
     }))
 }
 

@@ -12,7 +12,9 @@ use super::options::RunOptions;
 use super::report::{logprobs_json, note_verbose, peak_rss_kib, GenerationSummary, Outcome};
 use crate::atomic::AtomicFile;
 use crate::model::forward::LogitsSink;
-use crate::session::{Engine, GenerateOptions, DEFAULT_MAX_TOKENS};
+use crate::model::StateOptions;
+use crate::session::speculative::{load_draft, DraftSource, SpecOptions, Speculator};
+use crate::session::{Engine, GenerateOptions, Step, DEFAULT_MAX_TOKENS};
 
 /// Writes the logits of every prompt position; the file appears only when all are
 /// written (dropped unfinished, on any error, it leaves nothing).
@@ -67,8 +69,18 @@ pub(super) fn run(
     fe: &mut dyn RunFrontend,
     t_load: Instant,
 ) -> Result<Outcome, RunError> {
-    let opts = o.model.session_options(o.batch.max(1));
+    let opts = StateOptions {
+        spare: o.spec.as_ref().map_or(0, SpecOptions::spare),
+        ..o.model.session_options(o.batch.max(1))
+    };
     let mut s = engine.session(&opts)?;
+    // A draft model, loaded and checked against the model before the prompt runs.
+    let draft = match o.spec.as_ref().map(|sp| &sp.source) {
+        Some(DraftSource::Model(path)) => {
+            Some(load_draft(engine, path, o.model.pack, o.model.half_acts)?)
+        }
+        _ => None,
+    };
     let load_secs = t_load.elapsed().as_secs_f64();
     if o.verbose {
         note_verbose(engine, s.ctx(), &opts, load_secs, fe)?;
@@ -105,7 +117,7 @@ pub(super) fn run(
     };
     let t1 = Instant::now();
     let mut failed = None;
-    let g = s.generate(&gopts, |step| {
+    let mut on = |step: &Step| {
         if let (Some(_), Some(lp)) = (o.logprobs, &step.logprobs) {
             fe.info(&logprobs_json(engine, step.id, lp));
         }
@@ -116,7 +128,24 @@ pub(super) fn run(
                 ControlFlow::Break(())
             }
         }
-    })?;
+    };
+    let mut spec_stats = None;
+    let g = match &o.spec {
+        None => s.generate(&gopts, on)?,
+        Some(sp) => {
+            let state = StateOptions {
+                ctx: Some(s.ctx()),
+                ..opts
+            };
+            let mut spec = match &draft {
+                Some(d) => Speculator::with_model(sp, d, &state, &gopts.sampling)?,
+                None => Speculator::lookup(sp),
+            };
+            let g = s.generate_speculative(&gopts, &mut spec, &mut on)?;
+            spec_stats = Some(spec.stats);
+            g
+        }
+    };
     if let Some(e) = failed {
         return Err(RunError::Stdout(e));
     }
@@ -135,5 +164,6 @@ pub(super) fn run(
         kv_bytes: s.state().kv_bytes(),
         ctx: s.ctx(),
         delta_bytes: s.state().delta_bytes(),
+        spec: spec_stats,
     }))
 }

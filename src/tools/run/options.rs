@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use super::error::RunError;
 use crate::model::forward::DEFAULT_BATCH;
 use crate::model::SamplerOptions;
+use crate::session::speculative::SpecOptions;
 use crate::session::{ModelOptions, SessionError};
 
 /// `--temp` default.
@@ -53,6 +54,8 @@ pub struct RunOptions {
     pub logprobs: Option<usize>,
     /// Chat with the model (`--chat`): the prompt is a conversation.
     pub chat: Option<ChatRunOptions>,
+    /// Decode speculatively (`--lookup`, `--draft MODEL.mlb`).
+    pub spec: Option<SpecOptions>,
 }
 
 impl RunOptions {
@@ -76,6 +79,7 @@ impl RunOptions {
             stop_strings: Vec::new(),
             logprobs: None,
             chat: None,
+            spec: None,
         }
     }
 
@@ -104,25 +108,40 @@ impl RunOptions {
                 rule: "a stop string cannot be empty",
             });
         }
+        let measure = (
+            self.measure.is_some(),
+            "--imatrix, --perplexity, --kl-divergence",
+        );
+        if let Some(s) = &self.spec {
+            s.validate()?;
+            refuse_with(
+                "cannot be used with --lookup or --draft",
+                &[(self.chat.is_some(), "--chat"), measure],
+            )?;
+        }
         if self.chat.is_some() {
-            let clash = if matches!(self.prompt, PromptSource::Ids(_)) {
-                Some("--tokens")
-            } else if self.logits.is_some() {
-                Some("--logits")
-            } else if self.measure.is_some() {
-                Some("--imatrix, --perplexity, --kl-divergence")
-            } else {
-                None
-            };
-            if let Some(name) = clash {
-                return Err(RunError::BadOption {
-                    name,
-                    value: "(given)".into(),
-                    rule: "cannot be used with --chat",
-                });
-            }
+            refuse_with(
+                "cannot be used with --chat",
+                &[
+                    (matches!(self.prompt, PromptSource::Ids(_)), "--tokens"),
+                    (self.logits.is_some(), "--logits"),
+                    measure,
+                ],
+            )?;
         }
         Ok(())
+    }
+}
+
+/// The first of `options` given (true) cannot be used with a mode: `rule` says which.
+fn refuse_with(rule: &'static str, options: &[(bool, &'static str)]) -> Result<(), RunError> {
+    match options.iter().find(|o| o.0) {
+        Some(&(_, name)) => Err(RunError::BadOption {
+            name,
+            value: "(given)".into(),
+            rule,
+        }),
+        None => Ok(()),
     }
 }
 

@@ -10,6 +10,7 @@ use crate::format::mlt_chat::source_names;
 use crate::kernels::{self, pool};
 use crate::model::sampler::Logprobs;
 use crate::model::StateOptions;
+use crate::session::speculative::SpecStats;
 use crate::session::{Engine, StopReason};
 
 /// What a successful run gives back for the binary to show.
@@ -33,6 +34,8 @@ pub struct GenerationSummary {
     pub kv_bytes: usize,
     pub ctx: usize,
     pub delta_bytes: usize,
+    /// Speculative decoding's counts (`None`: off).
+    pub spec: Option<SpecStats>,
 }
 
 fn mib(bytes: f64) -> String {
@@ -65,6 +68,21 @@ impl fmt::Display for GenerationSummary {
             self.gen_secs,
             rate(self.generated, self.gen_secs)
         )?;
+        if let Some(st) = &self.spec {
+            writeln!(
+                f,
+                "speculative: {} drafted, {} kept ({:.1}%), {} checking passes ({:.2} tokens per pass)",
+                st.drafted,
+                st.accepted,
+                100.0 * st.acceptance(),
+                st.rounds,
+                if st.rounds > 0 {
+                    (st.accepted + st.rounds) as f64 / st.rounds as f64
+                } else {
+                    0.0
+                }
+            )?;
+        }
         let rss = self
             .peak_rss_kib
             .map(|k| mib(k as f64 * 1024.0))
@@ -186,6 +204,7 @@ mod tests {
             kv_bytes: 1 << 20,
             ctx: 64,
             delta_bytes: 0,
+            spec: None,
         };
         assert_eq!(
             s.to_string(),
@@ -201,5 +220,19 @@ mod tests {
         let t = s.to_string();
         assert!(t.contains("(context full)\nmemory: peak RSS ?;"), "{t}");
         assert!(t.ends_with("; linear-attention state 1.5 MiB"), "{t}");
+        let s = GenerationSummary {
+            spec: Some(SpecStats {
+                rounds: 4,
+                drafted: 20,
+                accepted: 10,
+            }),
+            ..s
+        };
+        assert!(
+            s.to_string().contains(
+                "\nspeculative: 20 drafted, 10 kept (50.0%), 4 checking passes (3.50 tokens per pass)\n"
+            ),
+            "{s}"
+        );
     }
 }

@@ -1,0 +1,874 @@
+//! Tool calls: how a template's model family writes them ([`ToolFormat`]), reading them
+//! out of the generated text whole or as it streams ([`ToolParser`]), the Lark grammar
+//! that makes a required call always parse ([`call_grammar`]), and the assistant
+//! messages of a conversation as templates expect them ([`normalize_tool_calls`]).
+//!
+//! Formats, by what the template writes:
+//! - [`ToolFormat::Hermes`] (the template mentions `<tool_call>`: Qwen2.5, Qwen3,
+//!   SmolLM3, Hermes): `<tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>`,
+//!   any number of them, text allowed before;
+//! - [`ToolFormat::Llama3Json`] (the template asks for `"parameters"`: Llama 3.1, 3.2,
+//!   3.3): the reply is one JSON object `{"name": ..., "parameters": {...}}`, maybe
+//!   after `<|python_tag|>`; several are separated by `;`.
+//!
+//! A template that renders no tools gets the Hermes format (the grammar of a required
+//! call writes it, the parser reads it).
+//!
+//! The parser streams: text before a call is content (whitespace just before a call is
+//! dropped), a call's name is given once complete, then its arguments' JSON text as it
+//! arrives. The concatenated argument deltas are the arguments of the whole-text parse,
+//! so streaming and non-streaming answers agree.
+
+use serde_json::{json, Value as Json};
+
+use super::conversation::Message;
+use minijinja::Value;
+
+/// How a model family writes tool calls.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ToolFormat {
+    /// `<tool_call>{"name", "arguments"}</tool_call>` (Qwen2.5/3, SmolLM3, Hermes).
+    Hermes,
+    /// `{"name", "parameters"}` as the whole reply (Llama 3.1/3.2/3.3).
+    Llama3Json,
+}
+
+const HERMES_OPEN: &str = "<tool_call>";
+const HERMES_CLOSE: &str = "</tool_call>";
+const PYTHON_TAG: &str = "<|python_tag|>";
+
+impl ToolFormat {
+    /// The format the template's source writes (Hermes when it writes none).
+    pub fn detect(source: &str) -> ToolFormat {
+        if source.contains(HERMES_OPEN) {
+            ToolFormat::Hermes
+        } else if source.contains("\"parameters\"") {
+            ToolFormat::Llama3Json
+        } else {
+            ToolFormat::Hermes
+        }
+    }
+
+    /// The key of a call's arguments.
+    fn arguments_key(self) -> &'static str {
+        match self {
+            ToolFormat::Hermes => "arguments",
+            ToolFormat::Llama3Json => "parameters",
+        }
+    }
+}
+
+/// One tool call read from the text.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ToolCall {
+    pub name: String,
+    /// The arguments' JSON text as the model wrote it (an object).
+    pub arguments: String,
+}
+
+/// What the parser gives out as text arrives.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ToolEvent {
+    /// Text of the reply that is not a tool call.
+    Content(String),
+    /// Call `index` begins: its name.
+    Start { index: usize, name: String },
+    /// More of call `index`'s arguments text.
+    Arguments { index: usize, delta: String },
+}
+
+/// What a call's text shows so far.
+#[derive(Debug, Default, PartialEq)]
+struct Scan {
+    name: Option<String>,
+    /// Where the arguments value starts, and where it ends once complete.
+    args: Option<(usize, Option<usize>)>,
+    /// Where the object ends, once it does.
+    end: Option<usize>,
+    /// The text is not a JSON object's beginning.
+    invalid: bool,
+}
+
+fn skip_ws(s: &[u8], mut i: usize) -> usize {
+    while i < s.len() && matches!(s[i], b' ' | b'\t' | b'\n' | b'\r') {
+        i += 1;
+    }
+    i
+}
+
+/// Where the JSON value at `s[i..]` ends: `Ok(None)` when the text stops inside it;
+/// `Err` when it cannot be a value (only the shape is checked: serde_json reads it).
+fn value_end(s: &[u8], i: usize) -> Result<Option<usize>, ()> {
+    let Some(&c) = s.get(i) else {
+        return Ok(None);
+    };
+    match c {
+        b'"' => {
+            let mut j = i + 1;
+            while j < s.len() {
+                match s[j] {
+                    b'\\' => j += 2,
+                    b'"' => return Ok(Some(j + 1)),
+                    _ => j += 1,
+                }
+            }
+            Ok(None)
+        }
+        b'{' | b'[' => {
+            let (mut depth, mut j, mut in_str) = (0usize, i, false);
+            while j < s.len() {
+                match (in_str, s[j]) {
+                    (true, b'\\') => j += 1,
+                    (true, b'"') | (false, b'"') => in_str = !in_str,
+                    (false, b'{' | b'[') => depth += 1,
+                    (false, b'}' | b']') => {
+                        depth -= 1;
+                        if depth == 0 {
+                            return Ok(Some(j + 1));
+                        }
+                    }
+                    _ => {}
+                }
+                j += 1;
+            }
+            Ok(None)
+        }
+        b'-' | b'0'..=b'9' | b't' | b'f' | b'n' => {
+            let j = s[i..]
+                .iter()
+                .position(|&b| matches!(b, b',' | b'}' | b']' | b' ' | b'\t' | b'\n' | b'\r'))
+                .map(|k| i + k);
+            Ok(j)
+        }
+        _ => Err(()),
+    }
+}
+
+/// Reads as much of a call object `{"name": ..., KEY: ...}` as `s` holds.
+fn scan_call(s: &str, args_key: &str) -> Scan {
+    let b = s.as_bytes();
+    let mut out = Scan::default();
+    let mut i = skip_ws(b, 0);
+    match b.get(i) {
+        None => return out,
+        Some(b'{') => i += 1,
+        Some(_) => {
+            out.invalid = true;
+            return out;
+        }
+    }
+    loop {
+        i = skip_ws(b, i);
+        match b.get(i) {
+            None => return out,
+            Some(b'}') => {
+                out.end = Some(i + 1);
+                return out;
+            }
+            Some(b'"') => {}
+            Some(_) => {
+                out.invalid = true;
+                return out;
+            }
+        }
+        let Ok(Some(key_end)) = value_end(b, i) else {
+            return out;
+        };
+        let key: Option<String> = serde_json::from_str(&s[i..key_end]).ok();
+        i = skip_ws(b, key_end);
+        match b.get(i) {
+            None => return out,
+            Some(b':') => i = skip_ws(b, i + 1),
+            Some(_) => {
+                out.invalid = true;
+                return out;
+            }
+        }
+        if i >= b.len() {
+            return out;
+        }
+        let end = match value_end(b, i) {
+            Err(()) => {
+                out.invalid = true;
+                return out;
+            }
+            Ok(e) => e,
+        };
+        match key.as_deref() {
+            Some("name") => {
+                if let Some(e) = end {
+                    out.name = serde_json::from_str(&s[i..e]).ok();
+                }
+            }
+            Some(k) if (k == args_key || k == "arguments") && out.args.is_none() => {
+                out.args = Some((i, end));
+            }
+            _ => {}
+        }
+        let Some(e) = end else {
+            return out;
+        };
+        i = skip_ws(b, e);
+        match b.get(i) {
+            None => return out,
+            Some(b',') => i += 1,
+            Some(b'}') => {
+                out.end = Some(i + 1);
+                return out;
+            }
+            Some(_) => {
+                out.invalid = true;
+                return out;
+            }
+        }
+    }
+}
+
+/// The arguments of a finished call: an object's text as written; a string holding
+/// JSON (some models write that) decoded.
+fn final_arguments(raw: &str) -> String {
+    match serde_json::from_str::<Json>(raw) {
+        Ok(Json::String(s)) => s,
+        _ => raw.to_string(),
+    }
+}
+
+#[derive(Debug)]
+enum Mode {
+    /// Reading text; Llama3Json: only before the reply's first non-space.
+    Text,
+    /// Llama3Json: the reply is plain text (no call).
+    Plain,
+    /// Inside a call.
+    Call(Call),
+    /// Llama3Json: after a call, waiting for `;` or the end.
+    After,
+}
+
+/// A call being read.
+#[derive(Debug, Default)]
+struct Call {
+    /// The text before its JSON (whitespace, the opening tag): content again if the
+    /// call turns out to be none.
+    lead: String,
+    /// Its text after the opening tag.
+    body: String,
+    /// Its name has been given out.
+    started: bool,
+    /// Argument bytes given out.
+    sent: usize,
+    /// The arguments are a JSON string (given out whole at the end).
+    string_args: bool,
+}
+
+/// Reads tool calls out of generated text, as it streams (module docs).
+#[derive(Debug)]
+pub struct ToolParser {
+    format: ToolFormat,
+    /// Llama3Json: names that make a reply's JSON a call (others are content).
+    names: Vec<String>,
+    mode: Mode,
+    /// Text not yet given out (a possible tag, or whitespace before one).
+    held: String,
+    calls: Vec<ToolCall>,
+}
+
+impl ToolParser {
+    /// A parser for `format`; `names`: the request's tools (Llama 3's JSON reply is a
+    /// call only when it names one of them).
+    pub fn new(format: ToolFormat, names: Vec<String>) -> ToolParser {
+        ToolParser {
+            format,
+            names,
+            mode: Mode::Text,
+            held: String::new(),
+            calls: Vec::new(),
+        }
+    }
+
+    /// The calls read so far.
+    pub fn calls(&self) -> &[ToolCall] {
+        &self.calls
+    }
+
+    /// Reads more text.
+    pub fn push(&mut self, text: &str) -> Vec<ToolEvent> {
+        self.held.push_str(text);
+        let mut out = Vec::new();
+        self.advance(false, &mut out);
+        out
+    }
+
+    /// The text has ended: gives out what was held. A call whose name was read stays
+    /// a call (its arguments as far as they came); one whose name was not is content.
+    pub fn finish(&mut self) -> Vec<ToolEvent> {
+        let mut out = Vec::new();
+        self.advance(true, &mut out);
+        if let Mode::Call(c) = std::mem::replace(&mut self.mode, Mode::Plain) {
+            if c.started {
+                self.close_call(c, None, &mut out);
+            } else {
+                content(&mut out, c.lead + &c.body);
+            }
+        }
+        let rest = std::mem::take(&mut self.held);
+        if self.calls.is_empty() || !rest.trim().is_empty() {
+            content(&mut out, rest);
+        }
+        out
+    }
+
+    fn advance(&mut self, end: bool, out: &mut Vec<ToolEvent>) {
+        loop {
+            let progressed = match self.format {
+                ToolFormat::Hermes => self.step_hermes(end, out),
+                ToolFormat::Llama3Json => self.step_llama(end, out),
+            };
+            if !progressed {
+                return;
+            }
+        }
+    }
+
+    /// One move of the Hermes reader; whether it moved on.
+    fn step_hermes(&mut self, end: bool, out: &mut Vec<ToolEvent>) -> bool {
+        if let Mode::Call(c) = &mut self.mode {
+            c.body.push_str(&std::mem::take(&mut self.held));
+            let Some(at) = c.body.find(HERMES_CLOSE) else {
+                self.stream_call(out);
+                return false;
+            };
+            let mut c = match std::mem::replace(&mut self.mode, Mode::Text) {
+                Mode::Call(c) => c,
+                _ => unreachable!("in a call"),
+            };
+            let rest = c.body.split_off(at + HERMES_CLOSE.len());
+            c.body.truncate(at);
+            self.mode = Mode::Call(std::mem::take(&mut c));
+            self.stream_call(out);
+            let Mode::Call(c) = std::mem::replace(&mut self.mode, Mode::Text) else {
+                unreachable!("in a call")
+            };
+            let made = self.close_call(c, Some(HERMES_CLOSE), out);
+            self.held = if made {
+                rest.trim_start().to_string()
+            } else {
+                rest
+            };
+            return true;
+        }
+        if let Some(at) = self.held.find(HERMES_OPEN) {
+            let text_end = self.held[..at].trim_end().len();
+            let after = self.held.split_off(at + HERMES_OPEN.len());
+            let lead = self.held.split_off(text_end);
+            content(out, std::mem::take(&mut self.held));
+            self.mode = Mode::Call(Call {
+                lead,
+                body: after,
+                ..Call::default()
+            });
+            return true;
+        }
+        if !end {
+            // Keep a possible start of the tag, and the whitespace before it.
+            let keep = partial_suffix(&self.held, HERMES_OPEN);
+            let text_end = self.held[..keep].trim_end().len();
+            let rest = self.held.split_off(text_end);
+            content(out, std::mem::replace(&mut self.held, rest));
+        }
+        false
+    }
+
+    /// One move of the Llama 3 JSON reader; whether it moved on.
+    fn step_llama(&mut self, end: bool, out: &mut Vec<ToolEvent>) -> bool {
+        match &mut self.mode {
+            Mode::Plain => {
+                content(out, std::mem::take(&mut self.held));
+                false
+            }
+            Mode::Text | Mode::After => {
+                let after = matches!(self.mode, Mode::After);
+                let t = self.held.trim_start();
+                let t = if after {
+                    match t.strip_prefix(';') {
+                        Some(rest) => rest.trim_start(),
+                        None if t.is_empty() => return false,
+                        None => {
+                            self.mode = Mode::Plain;
+                            return true;
+                        }
+                    }
+                } else {
+                    t
+                };
+                if t.is_empty() || (!end && PYTHON_TAG.starts_with(t)) {
+                    return false;
+                }
+                let body = t.strip_prefix(PYTHON_TAG).unwrap_or(t).trim_start();
+                if body.is_empty() && !end {
+                    return false;
+                }
+                if body.starts_with('{') {
+                    let at = self.held.len() - body.len();
+                    let body = self.held.split_off(at);
+                    self.mode = Mode::Call(Call {
+                        lead: std::mem::take(&mut self.held),
+                        body,
+                        ..Call::default()
+                    });
+                } else {
+                    self.mode = Mode::Plain;
+                }
+                true
+            }
+            Mode::Call(c) => {
+                c.body.push_str(&std::mem::take(&mut self.held));
+                let scan = scan_call(&c.body, "parameters");
+                // A reply that is JSON but no call of a known tool is content.
+                let unknown = scan.name.as_ref().is_some_and(|n| !self.names.contains(n));
+                let not_call = !c.started
+                    && (scan.invalid || unknown || (scan.end.is_some() && scan.name.is_none()));
+                if not_call {
+                    self.held = std::mem::take(&mut c.lead) + &c.body;
+                    self.mode = Mode::Plain;
+                    return true;
+                }
+                self.stream_call(out);
+                let Some(e) = scan.end else { return false };
+                let Mode::Call(mut c) = std::mem::replace(&mut self.mode, Mode::After) else {
+                    unreachable!("in a call")
+                };
+                self.held = c.body.split_off(e);
+                self.close_call(c, None, out);
+                true
+            }
+        }
+    }
+
+    /// Gives out the current call's name once complete, then its arguments so far.
+    fn stream_call(&mut self, out: &mut Vec<ToolEvent>) {
+        let key = self.format.arguments_key();
+        let index = self.calls.len();
+        let Mode::Call(c) = &mut self.mode else {
+            return;
+        };
+        let scan = scan_call(&c.body, key);
+        if !c.started {
+            let Some(name) = scan.name else { return };
+            c.started = true;
+            out.push(ToolEvent::Start { index, name });
+        }
+        if let Some((start, end)) = scan.args {
+            if c.body.as_bytes().get(start) == Some(&b'"') {
+                c.string_args = true;
+                return;
+            }
+            let stop = end.unwrap_or(c.body.len());
+            if start + c.sent < stop {
+                out.push(ToolEvent::Arguments {
+                    index,
+                    delta: c.body[start + c.sent..stop].to_string(),
+                });
+                c.sent = stop - start;
+            }
+        }
+    }
+
+    /// A call's text is complete (`close`: the closing tag it had): records it and
+    /// gives out what remained; a text that is no call (no name read) is content
+    /// again, tags and all. Whether it was a call.
+    fn close_call(&mut self, c: Call, close: Option<&str>, out: &mut Vec<ToolEvent>) -> bool {
+        let key = self.format.arguments_key();
+        let index = self.calls.len();
+        let scan = scan_call(&c.body, key);
+        let name = match (scan.name, c.started) {
+            (Some(n), _) => n,
+            (None, true) => unreachable!("a started call has its name"),
+            (None, false) => {
+                content(out, c.lead + &c.body + close.unwrap_or(""));
+                return false;
+            }
+        };
+        if !c.started {
+            out.push(ToolEvent::Start {
+                index,
+                name: name.clone(),
+            });
+        }
+        let raw = match scan.args {
+            Some((s, e)) => &c.body[s..e.unwrap_or(c.body.len())],
+            None => "",
+        };
+        let arguments = if c.string_args {
+            final_arguments(raw)
+        } else if raw.is_empty() {
+            "{}".to_string()
+        } else {
+            raw.to_string()
+        };
+        let sent = if c.string_args || raw.is_empty() {
+            0
+        } else {
+            c.sent
+        };
+        if sent < arguments.len() {
+            out.push(ToolEvent::Arguments {
+                index,
+                delta: arguments[sent..].to_string(),
+            });
+        }
+        self.calls.push(ToolCall { name, arguments });
+        true
+    }
+}
+
+/// Adds a content event (unless empty).
+fn content(out: &mut Vec<ToolEvent>, text: String) {
+    if !text.is_empty() {
+        out.push(ToolEvent::Content(text));
+    }
+}
+
+/// Where the longest suffix of `text` that begins `tag` starts (`text.len()` if none).
+fn partial_suffix(text: &str, tag: &str) -> usize {
+    text.char_indices()
+        .map(|(i, _)| i)
+        .find(|&i| tag.starts_with(&text[i..]))
+        .unwrap_or(text.len())
+}
+
+/// Reads the calls out of a whole text: the content (`None` when only whitespace)
+/// and the calls.
+pub fn parse(
+    format: ToolFormat,
+    names: Vec<String>,
+    text: &str,
+) -> (Option<String>, Vec<ToolCall>) {
+    let mut p = ToolParser::new(format, names);
+    let mut content = String::new();
+    let mut evs = p.push(text);
+    evs.extend(p.finish());
+    for ev in evs {
+        if let ToolEvent::Content(t) = ev {
+            content.push_str(&t);
+        }
+    }
+    let calls = p.calls;
+    let content = (!content.trim().is_empty() || calls.is_empty()).then_some(content);
+    (content, calls)
+}
+
+/// A tool of the request: its name and its parameters' JSON schema.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ToolSpec {
+    pub name: String,
+    pub parameters: Json,
+}
+
+/// The Lark grammar (llguidance's) of one call of one of `tools`, or of one or more
+/// calls when `parallel` (Hermes; Llama 3's template takes one call per message);
+/// `json_options`: llguidance's JSON options for the calls' JSON (`x-guidance`).
+/// `special(text)`: whether the tokenizer has `text` as one special token (then the
+/// grammar names the token rather than spelling its text).
+pub fn call_grammar(
+    format: ToolFormat,
+    tools: &[ToolSpec],
+    parallel: bool,
+    json_options: Json,
+    special: impl Fn(&str) -> bool,
+) -> String {
+    let key = format.arguments_key();
+    let options: Vec<Json> = tools
+        .iter()
+        .map(|t| {
+            json!({
+                "type": "object",
+                "properties": {"name": {"const": t.name}, key: t.parameters},
+                "required": ["name", key],
+                "additionalProperties": false,
+            })
+        })
+        .collect();
+    let schema = json!({"anyOf": options, "x-guidance": json_options});
+    let tag = |t: &str| {
+        if special(t) {
+            t.to_string()
+        } else {
+            serde_json::to_string(t).expect("a string")
+        }
+    };
+    match format {
+        ToolFormat::Hermes => {
+            let more = if parallel { " (\"\\n\" call)*" } else { "" };
+            format!(
+                "start: call{more}\ncall: {} \"\\n\" args \"\\n\" {}\nargs: %json {schema}\n",
+                tag(HERMES_OPEN),
+                tag(HERMES_CLOSE)
+            )
+        }
+        ToolFormat::Llama3Json => format!("start: args\nargs: %json {schema}\n"),
+    }
+}
+
+/// Assistant messages' `tool_calls` as templates expect them (vLLM does the same):
+/// OpenAI clients send each call's `function.arguments` as a JSON string, templates
+/// (transformers' documented form) read an object; a string holding a JSON object
+/// becomes that object (its key order kept), other values are left as given. A null or
+/// missing `content` beside the calls becomes `""` (Qwen3's and SmolLM2's templates
+/// fail on a message without one).
+pub fn normalize_tool_calls(m: &mut Message) {
+    let Some(calls) = m.get("tool_calls").cloned().filter(|c| !c.is_none()) else {
+        return;
+    };
+    if m.role() == "assistant"
+        && m.get("content")
+            .is_none_or(|c| c.is_none() || c.is_undefined())
+    {
+        m.set("content", Value::from(""));
+    }
+    let Ok(iter) = calls.try_iter() else { return };
+    let mut changed = false;
+    let mut out = Vec::new();
+    for call in iter {
+        let f = call.get_attr("function").ok().filter(|f| !f.is_undefined());
+        let args = f
+            .as_ref()
+            .and_then(|f| f.get_attr("arguments").ok())
+            .and_then(|a| a.as_str().map(str::to_string));
+        let parsed = args.and_then(|a| serde_json::from_str::<Value>(&a).ok());
+        match (f, parsed) {
+            (Some(f), Some(p)) if p.kind() == minijinja::value::ValueKind::Map => {
+                changed = true;
+                let f2 = replace_key(&f, "arguments", p);
+                out.push(replace_key(&call, "function", f2));
+            }
+            _ => out.push(call),
+        }
+    }
+    if changed {
+        m.set("tool_calls", Value::from(out));
+    }
+}
+
+/// A map value with one key's value replaced (key order kept).
+fn replace_key(map: &Value, key: &str, v: Value) -> Value {
+    let Ok(keys) = map.try_iter() else {
+        return map.clone();
+    };
+    let pairs: Vec<(Value, Value)> = keys
+        .map(|k| {
+            let val = if k.as_str() == Some(key) {
+                v.clone()
+            } else {
+                map.get_item(&k).unwrap_or_default()
+            };
+            (k, val)
+        })
+        .collect();
+    Value::from_pairs(pairs)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Everything the parser gives out for `chunks`, and the calls.
+    fn run(format: ToolFormat, chunks: &[&str]) -> (String, Vec<(usize, String, String)>) {
+        let mut p = ToolParser::new(format, vec!["get_weather".into(), "f".into()]);
+        let mut content = String::new();
+        let mut calls: Vec<(usize, String, String)> = Vec::new();
+        let mut evs: Vec<ToolEvent> = chunks.iter().flat_map(|c| p.push(c)).collect();
+        evs.extend(p.finish());
+        for ev in evs {
+            match ev {
+                ToolEvent::Content(t) => content.push_str(&t),
+                ToolEvent::Start { index, name } => {
+                    assert_eq!(index, calls.len(), "starts in order");
+                    calls.push((index, name, String::new()));
+                }
+                ToolEvent::Arguments { index, delta } => calls[index].2.push_str(&delta),
+            }
+        }
+        let whole: Vec<(usize, String, String)> = p
+            .calls()
+            .iter()
+            .enumerate()
+            .map(|(i, c)| (i, c.name.clone(), c.arguments.clone()))
+            .collect();
+        assert_eq!(calls, whole, "the deltas add up to the calls");
+        (content, calls)
+    }
+
+    /// Every split of `text` into two or three pieces (at char boundaries) parses as
+    /// the whole text does.
+    fn every_split(format: ToolFormat, text: &str) -> (String, Vec<(usize, String, String)>) {
+        let whole = run(format, &[text]);
+        let cuts: Vec<usize> = text.char_indices().map(|(i, _)| i).skip(1).collect();
+        for &a in &cuts {
+            assert_eq!(
+                run(format, &[&text[..a], &text[a..]]),
+                whole,
+                "split at {a}"
+            );
+            for &b in cuts.iter().filter(|&&b| b > a).step_by(7) {
+                assert_eq!(
+                    run(format, &[&text[..a], &text[a..b], &text[b..]]),
+                    whole,
+                    "split at {a}, {b}"
+                );
+            }
+        }
+        // One character at a time.
+        let chars: Vec<String> = text.chars().map(String::from).collect();
+        let pieces: Vec<&str> = chars.iter().map(String::as_str).collect();
+        assert_eq!(run(format, &pieces), whole, "char by char");
+        whole
+    }
+
+    #[test]
+    fn hermes_calls_with_text_before_and_between() {
+        let text = "Let me look.\n\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"location\": \"Reykjavík\", \"n\": [1, {\"a\": \"}\"}]}}\n</tool_call>\n<tool_call>\n{\"arguments\": {}, \"name\": \"f\"}\n</tool_call>";
+        let (content, calls) = every_split(ToolFormat::Hermes, text);
+        assert_eq!(content, "Let me look.");
+        assert_eq!(
+            calls,
+            vec![
+                (
+                    0,
+                    "get_weather".into(),
+                    "{\"location\": \"Reykjavík\", \"n\": [1, {\"a\": \"}\"}]}".into()
+                ),
+                (1, "f".into(), "{}".into())
+            ]
+        );
+        let (c, calls) = parse(ToolFormat::Hermes, vec![], text);
+        assert_eq!(c.as_deref(), Some("Let me look."));
+        assert_eq!(calls.len(), 2);
+        assert_eq!(
+            parse(
+                ToolFormat::Hermes,
+                vec![],
+                "<tool_call>{\"name\": \"f\", \"arguments\": {}}</tool_call>"
+            )
+            .0,
+            None
+        );
+    }
+
+    #[test]
+    fn hermes_text_without_calls_is_kept_whole() {
+        for text in [
+            "plain <tool text> and < and <tool_cal",
+            "ends in space  \n",
+            "a <tool_call> never closed {\"x\": 1",
+        ] {
+            let (content, calls) = every_split(ToolFormat::Hermes, text);
+            assert_eq!(content, text);
+            assert!(calls.is_empty());
+        }
+        // A block that is no call is content, tags and all.
+        let text = "x \n<tool_call>\nnot json\n</tool_call> after";
+        assert_eq!(every_split(ToolFormat::Hermes, text).0, text);
+        // Arguments written as a JSON string are decoded.
+        let text = "<tool_call>{\"name\": \"f\", \"arguments\": \"{\\\"a\\\": 1}\"}</tool_call>";
+        assert_eq!(
+            every_split(ToolFormat::Hermes, text).1,
+            vec![(0, "f".into(), "{\"a\": 1}".into())]
+        );
+        // An unclosed call whose name was read stays a call (max_tokens hit).
+        let text = "<tool_call>{\"name\": \"f\", \"arguments\": {\"a\": ";
+        assert_eq!(
+            every_split(ToolFormat::Hermes, text).1,
+            vec![(0, "f".into(), "{\"a\": ".into())]
+        );
+    }
+
+    #[test]
+    fn llama3_json_calls_and_plain_replies() {
+        let text = "<|python_tag|>{\"name\": \"get_weather\", \"parameters\": {\"location\": \"Paris\"}}; {\"name\": \"f\", \"parameters\": {}}";
+        let (content, calls) = every_split(ToolFormat::Llama3Json, text);
+        assert_eq!(content, "");
+        assert_eq!(
+            calls,
+            vec![
+                (0, "get_weather".into(), "{\"location\": \"Paris\"}".into()),
+                (1, "f".into(), "{}".into())
+            ]
+        );
+        // JSON that names no tool, or is no call, is the reply's content.
+        for text in [
+            "{\"name\": \"Bob\", \"parameters\": {}}",
+            "{\"answer\": 4}",
+            "The answer is {\"x\": 1}",
+            "  <|pyth",
+            "[1, 2]",
+        ] {
+            let (content, calls) = every_split(ToolFormat::Llama3Json, text);
+            assert!(calls.is_empty(), "{text}");
+            assert_eq!(content, text);
+        }
+    }
+
+    #[test]
+    fn formats_are_detected_from_templates() {
+        assert_eq!(ToolFormat::detect("x <tool_call> y"), ToolFormat::Hermes);
+        assert_eq!(
+            ToolFormat::detect("{{- '\"parameters\": ' }}"),
+            ToolFormat::Llama3Json
+        );
+        assert_eq!(ToolFormat::detect("{{ messages }}"), ToolFormat::Hermes);
+    }
+
+    #[test]
+    fn call_grammars_name_special_tokens() {
+        let tools = [ToolSpec {
+            name: "f".into(),
+            parameters: json!({"type": "object"}),
+        }];
+        let g = call_grammar(ToolFormat::Hermes, &tools, true, json!({}), |t| {
+            t == "<tool_call>"
+        });
+        assert!(g.starts_with("start: call (\"\\n\" call)*\ncall: <tool_call> \"\\n\" args \"\\n\" \"</tool_call>\"\n"), "{g}");
+        assert!(g.contains("\"const\":\"f\""), "{g}");
+        let g = call_grammar(ToolFormat::Llama3Json, &tools, true, json!({}), |_| false);
+        assert!(
+            g.starts_with("start: args\n") && g.contains("\"parameters\""),
+            "{g}"
+        );
+    }
+
+    #[test]
+    fn string_arguments_become_objects() {
+        let v: Value = serde_json::from_str(
+            r#"{"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{\"b\": 1, \"a\": [2.0]}"}}, {"function": {"name": "g", "arguments": "not json"}}]}"#,
+        )
+        .unwrap();
+        let mut m = Message::from_value(&v, "m").unwrap();
+        normalize_tool_calls(&mut m);
+        let calls = m.get("tool_calls").unwrap();
+        let args = calls
+            .get_item(&Value::from(0))
+            .unwrap()
+            .get_attr("function")
+            .unwrap()
+            .get_attr("arguments")
+            .unwrap();
+        assert_eq!(args.kind(), minijinja::value::ValueKind::Map);
+        let keys: Vec<String> = args.try_iter().unwrap().map(|k| k.to_string()).collect();
+        assert_eq!(keys, ["b", "a"]);
+        let id = calls
+            .get_item(&Value::from(0))
+            .unwrap()
+            .get_attr("id")
+            .unwrap();
+        assert_eq!(id.as_str(), Some("c1"));
+        let other = calls
+            .get_item(&Value::from(1))
+            .unwrap()
+            .get_attr("function")
+            .unwrap()
+            .get_attr("arguments")
+            .unwrap();
+        assert_eq!(other.as_str(), Some("not json"));
+    }
+}

@@ -1,0 +1,599 @@
+//! Structured output and tool calls at the HTTP edge: the request fields
+//! (`response_format`, `grammar`, `regex`, `tools`, `tool_choice`,
+//! `parallel_tool_calls`) read and checked into a [`Structured`], the grammar a
+//! generation is constrained by ([`Structured::grammar`]), the engine that compiles it
+//! (made at the first request that needs it), and tool calls in OpenAI's shapes (the
+//! message of a whole answer, the deltas of a stream).
+
+use std::sync::{Arc, OnceLock};
+
+use serde_json::{json, Value as Json};
+
+use crate::chat::tools::{call_grammar, ToolCall, ToolFormat, ToolSpec};
+use crate::chat::Chat;
+use crate::session::constraint::call_json_options;
+use crate::session::{Constraint, ConstraintError, Engine, Grammar, Grammars};
+
+/// `tool_choice`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ToolChoice {
+    /// The reply is text; calls are not read out of it.
+    None,
+    /// The model may call tools; calls are read out of its text.
+    Auto,
+    /// At least one call (constrained by a grammar, so it parses).
+    Required,
+    /// One call of this function (constrained).
+    Named(String),
+}
+
+/// The tools of a chat request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Tools {
+    pub specs: Vec<ToolSpec>,
+    pub choice: ToolChoice,
+    /// `parallel_tool_calls` (default true): a required call may be several.
+    pub parallel: bool,
+}
+
+impl Tools {
+    pub fn names(&self) -> Vec<String> {
+        self.specs.iter().map(|t| t.name.clone()).collect()
+    }
+}
+
+/// What a request asks of its output's shape.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Structured {
+    /// `response_format` (json_object, json_schema), `grammar` or `regex`, and the
+    /// field that gave it (errors name it).
+    pub format: Option<(Grammar, &'static str)>,
+    /// `tools` (chat), when the list is not empty.
+    pub tools: Option<Tools>,
+}
+
+/// A refusal of the request (the edge turns it into its error body): a field's value
+/// (400 naming it), or the grammar engine failing (500).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StructuredError {
+    /// A field is refused: the field, the message, OpenAI's error code.
+    Field {
+        param: String,
+        message: String,
+        code: &'static str,
+    },
+    /// The grammar engine could not be made.
+    Engine(String),
+}
+
+impl StructuredError {
+    /// The field it names, if any.
+    pub fn param(&self) -> Option<&str> {
+        match self {
+            StructuredError::Field { param, .. } => Some(param),
+            StructuredError::Engine(_) => None,
+        }
+    }
+
+    fn missing(param: &str) -> StructuredError {
+        StructuredError::Field {
+            param: param.to_string(),
+            message: format!("Missing required parameter: '{param}'."),
+            code: "missing_required_parameter",
+        }
+    }
+}
+
+impl std::fmt::Display for StructuredError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StructuredError::Field { message, .. } | StructuredError::Engine(message) => {
+                f.write_str(message)
+            }
+        }
+    }
+}
+
+fn invalid(param: &str, message: impl Into<String>) -> StructuredError {
+    StructuredError::Field {
+        param: param.to_string(),
+        message: message.into(),
+        code: "invalid_value",
+    }
+}
+
+/// `response_format`: null, text, json_object (llama-server's `schema` beside it
+/// allowed), or json_schema with its `json_schema.schema` and `strict`.
+fn response_format(rf: &Json) -> Result<Option<Grammar>, StructuredError> {
+    let p = "response_format";
+    if rf.is_null() {
+        return Ok(None);
+    }
+    let Some(o) = rf.as_object() else {
+        return Err(invalid(p, "'response_format' must be an object."));
+    };
+    match o.get("type").and_then(Json::as_str) {
+        Some("text") => Ok(None),
+        Some("json_object") => Ok(Some(match o.get("schema") {
+            Some(s) if !s.is_null() => Grammar::JsonSchema {
+                schema: s.clone(),
+                strict: false,
+            },
+            _ => Grammar::JsonObject,
+        })),
+        Some("json_schema") => {
+            let Some(js) = o.get("json_schema").and_then(Json::as_object) else {
+                return Err(StructuredError::missing("response_format.json_schema"));
+            };
+            let strict = match js.get("strict") {
+                None | Some(Json::Null) => false,
+                Some(Json::Bool(b)) => *b,
+                Some(other) => {
+                    return Err(invalid(
+                        "response_format.json_schema.strict",
+                        format!("'response_format.json_schema.strict' = {other}: must be true or false."),
+                    ))
+                }
+            };
+            Ok(Some(match js.get("schema") {
+                None | Some(Json::Null) => Grammar::JsonObject,
+                Some(s) => Grammar::JsonSchema {
+                    schema: s.clone(),
+                    strict,
+                },
+            }))
+        }
+        other => Err(invalid(
+            "response_format.type",
+            format!(
+                "'response_format.type' = {}: must be 'text', 'json_object' or 'json_schema' (other grammars: the 'grammar' or 'regex' field).",
+                other.map_or_else(|| "(none)".to_string(), |t| format!("'{t}'"))
+            ),
+        )),
+    }
+}
+
+/// A string field holding a grammar (`grammar`, `regex`), if given.
+fn text_field(v: Option<&Json>, p: &str) -> Result<Option<String>, StructuredError> {
+    match v {
+        None | Some(Json::Null) => Ok(None),
+        Some(Json::String(s)) if s.trim().is_empty() => Ok(None),
+        Some(Json::String(s)) => Ok(Some(s.clone())),
+        Some(other) => Err(invalid(p, format!("'{p}' = {other}: must be a string."))),
+    }
+}
+
+/// `tools`: a list of `{"type": "function", "function": {"name", "description"?,
+/// "parameters"?}}`.
+fn tool_specs(v: &Json) -> Result<Vec<ToolSpec>, StructuredError> {
+    let Some(list) = v.as_array() else {
+        return Err(invalid("tools", "'tools' must be a list of tool objects."));
+    };
+    let mut out = Vec::new();
+    for (i, t) in list.iter().enumerate() {
+        let p = format!("tools[{i}]");
+        if t.get("type").and_then(Json::as_str) != Some("function") {
+            return Err(invalid(
+                &format!("{p}.type"),
+                format!("'{p}.type' must be 'function' (the only tool type this server calls)."),
+            ));
+        }
+        let Some(f) = t.get("function").filter(|f| f.is_object()) else {
+            return Err(StructuredError::missing(&format!("{p}.function")));
+        };
+        let name = match f.get("name") {
+            Some(Json::String(n))
+                if !n.is_empty()
+                    && n.chars()
+                        .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-' || c == '.') =>
+            {
+                n.clone()
+            }
+            Some(Json::String(n)) => {
+                return Err(invalid(
+                    &format!("{p}.function.name"),
+                    format!(
+                        "'{p}.function.name' = '{n}': must be letters, digits, '_', '-' or '.'."
+                    ),
+                ))
+            }
+            _ => return Err(StructuredError::missing(&format!("{p}.function.name"))),
+        };
+        let parameters = match f.get("parameters") {
+            None | Some(Json::Null) => json!({"type": "object", "properties": {}}),
+            Some(s) if s.is_object() => s.clone(),
+            Some(other) => {
+                return Err(invalid(
+                    &format!("{p}.function.parameters"),
+                    format!("'{p}.function.parameters' = {other}: must be a JSON schema object."),
+                ))
+            }
+        };
+        out.push(ToolSpec { name, parameters });
+    }
+    Ok(out)
+}
+
+/// `tool_choice`: none, auto, required, or `{"type": "function", "function": {"name"}}`.
+fn tool_choice(v: Option<&Json>, specs: &[ToolSpec]) -> Result<ToolChoice, StructuredError> {
+    let p = "tool_choice";
+    let choice = match v {
+        None | Some(Json::Null) => ToolChoice::Auto,
+        Some(Json::String(s)) => match s.as_str() {
+            "none" => ToolChoice::None,
+            "auto" => ToolChoice::Auto,
+            "required" => ToolChoice::Required,
+            _ => {
+                return Err(invalid(
+                    p,
+                    format!("'tool_choice' = '{s}': must be 'none', 'auto', 'required' or {{\"type\": \"function\", \"function\": {{\"name\": ...}}}}."),
+                ))
+            }
+        },
+        Some(o) => match o.pointer("/function/name").and_then(Json::as_str) {
+            Some(n) if o.get("type").and_then(Json::as_str) == Some("function") => {
+                ToolChoice::Named(n.to_string())
+            }
+            _ => {
+                return Err(invalid(
+                    p,
+                    format!("'tool_choice' = {o}: a named choice is {{\"type\": \"function\", \"function\": {{\"name\": ...}}}}."),
+                ))
+            }
+        },
+    };
+    if let ToolChoice::Named(n) = &choice {
+        if !specs.iter().any(|t| &t.name == n) {
+            return Err(invalid(
+                "tool_choice.function.name",
+                format!("'tool_choice' names '{n}', which is not among 'tools'."),
+            ));
+        }
+    }
+    Ok(choice)
+}
+
+/// The fields of a request that shape its output.
+#[derive(Debug, Default)]
+pub struct Fields<'a> {
+    pub response_format: Option<&'a Json>,
+    pub grammar: Option<&'a Json>,
+    pub regex: Option<&'a Json>,
+    pub tools: Option<&'a Json>,
+    pub tool_choice: Option<&'a Json>,
+    pub parallel_tool_calls: Option<bool>,
+}
+
+/// Reads and checks the fields (module docs); tools only for chat.
+pub fn parse(f: &Fields, chat: bool) -> Result<Structured, StructuredError> {
+    let mut formats = Vec::new();
+    if let Some(g) = f
+        .response_format
+        .map(response_format)
+        .transpose()?
+        .flatten()
+    {
+        formats.push((g, "response_format"));
+    }
+    if let Some(t) = text_field(f.grammar, "grammar")? {
+        formats.push((Grammar::from_text(&t), "grammar"));
+    }
+    if let Some(t) = text_field(f.regex, "regex")? {
+        formats.push((Grammar::Regex(t), "regex"));
+    }
+    if formats.len() > 1 {
+        return Err(invalid(
+            formats[1].1,
+            format!(
+                "'{}' and '{}' cannot both shape the output: give one.",
+                formats[0].1, formats[1].1
+            ),
+        ));
+    }
+    let format = formats.pop();
+    let specs = match f.tools {
+        None | Some(Json::Null) => Vec::new(),
+        Some(t) => tool_specs(t)?,
+    };
+    if specs.is_empty() {
+        let choice = tool_choice(f.tool_choice, &specs)?;
+        if matches!(choice, ToolChoice::Required | ToolChoice::Named(_)) {
+            return Err(invalid(
+                "tool_choice",
+                "'tool_choice' requires a tool call, but 'tools' lists none.",
+            ));
+        }
+        return Ok(Structured {
+            format,
+            tools: None,
+        });
+    }
+    if !chat {
+        return Err(invalid(
+            "tools",
+            "'tools' is for /v1/chat/completions (the chat template renders them).",
+        ));
+    }
+    let choice = tool_choice(f.tool_choice, &specs)?;
+    if let (Some((_, field)), ToolChoice::Required | ToolChoice::Named(_)) = (&format, &choice) {
+        return Err(invalid(
+            "tool_choice",
+            format!("A required tool call and '{field}' cannot both shape the output."),
+        ));
+    }
+    Ok(Structured {
+        format,
+        tools: Some(Tools {
+            specs,
+            choice,
+            parallel: f.parallel_tool_calls.unwrap_or(true),
+        }),
+    })
+}
+
+/// The tool-call format of the chat's template (the one transformers renders tools
+/// with).
+pub fn tool_format(chat: Option<&Chat>) -> ToolFormat {
+    ToolFormat::detect(chat.and_then(|c| c.template().tools_source()).unwrap_or(""))
+}
+
+impl Structured {
+    /// The grammar the generation is constrained by, and the field errors name: the
+    /// output format, or a required call's grammar (`special`: whether the tokenizer
+    /// has a text as one special token).
+    pub fn grammar(
+        &self,
+        format: ToolFormat,
+        special: impl Fn(&str) -> bool,
+    ) -> Option<(Grammar, &'static str)> {
+        if let Some(f) = &self.format {
+            return Some(f.clone());
+        }
+        let t = self.tools.as_ref()?;
+        let (specs, parallel): (Vec<ToolSpec>, bool) = match &t.choice {
+            ToolChoice::None | ToolChoice::Auto => return None,
+            ToolChoice::Required => (t.specs.clone(), t.parallel),
+            ToolChoice::Named(n) => (
+                t.specs.iter().filter(|s| &s.name == n).cloned().collect(),
+                false,
+            ),
+        };
+        let lark = call_grammar(format, &specs, parallel, call_json_options(), special);
+        Some((Grammar::Lark(lark), "tools"))
+    }
+
+    /// Whether tool calls are read out of the reply.
+    pub fn reads_calls(&self) -> bool {
+        self.tools
+            .as_ref()
+            .is_some_and(|t| t.choice != ToolChoice::None)
+    }
+}
+
+/// The grammar engine of the server's tokenizer, made at the first request that needs
+/// one (its trie takes a moment for a large vocabulary; a server that is never asked
+/// for structured output never pays it).
+pub struct GrammarEngine {
+    engine: Arc<Engine>,
+    stop_ids: Vec<u32>,
+    grammars: OnceLock<Result<Grammars, ConstraintError>>,
+}
+
+impl GrammarEngine {
+    pub fn new(engine: Arc<Engine>, stop_ids: Vec<u32>) -> GrammarEngine {
+        GrammarEngine {
+            engine,
+            stop_ids,
+            grammars: OnceLock::new(),
+        }
+    }
+
+    /// The compiler (made now if not yet; blocking work).
+    pub fn grammars(&self) -> Result<&Grammars, StructuredError> {
+        self.grammars
+            .get_or_init(|| {
+                let mut stops = self.stop_ids.clone();
+                stops.extend(self.engine.stop_ids());
+                Grammars::new(self.engine.clone(), &stops)
+            })
+            .as_ref()
+            .map_err(|e| StructuredError::Engine(e.to_string()))
+    }
+
+    /// The request's constraint, compiled (blocking work), and the field that gave it:
+    /// `None` when it has no grammar; a grammar that does not compile is a 400 naming
+    /// its field.
+    pub fn constraint(
+        &self,
+        s: &Structured,
+        format: ToolFormat,
+    ) -> Result<Option<(Constraint, &'static str)>, StructuredError> {
+        if s.format.is_none() && s.grammar(format, |_| false).is_none() {
+            return Ok(None);
+        }
+        let g = self.grammars()?;
+        let Some((grammar, field)) = s.grammar(format, |t| g.has_special(t)) else {
+            return Ok(None);
+        };
+        match g.compile(&grammar) {
+            Ok(c) => Ok(Some((c, field))),
+            Err(e @ ConstraintError::Grammar { .. }) => Err(StructuredError::Field {
+                param: field.to_string(),
+                message: format!("'{field}': {e}"),
+                code: "invalid_grammar",
+            }),
+            Err(e) => Err(StructuredError::Engine(e.to_string())),
+        }
+    }
+}
+
+/// One call in OpenAI's shape.
+pub fn call_json(id: &str, c: &ToolCall) -> Json {
+    json!({"id": id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}})
+}
+
+/// A whole chat answer's message with tool calls (content null when the reply was
+/// only calls), its finish reason `tool_calls`.
+pub fn with_tool_calls(resp: &mut Json, content: Option<String>, calls: &[(String, ToolCall)]) {
+    let choice = &mut resp["choices"][0];
+    choice["message"] = json!({
+        "role": "assistant",
+        "content": content,
+        "refusal": null,
+        "tool_calls": calls.iter().map(|(id, c)| call_json(id, c)).collect::<Vec<_>>(),
+    });
+    choice["finish_reason"] = json!("tool_calls");
+}
+
+/// The `delta.tool_calls` of a call's first chunk (id, type, name, empty arguments).
+pub fn start_delta(index: usize, id: &str, name: &str) -> Json {
+    json!([{"index": index, "id": id, "type": "function", "function": {"name": name, "arguments": ""}}])
+}
+
+/// The `delta.tool_calls` of more arguments text of call `index`.
+pub fn arguments_delta(index: usize, delta: &str) -> Json {
+    json!([{"index": index, "function": {"arguments": delta}}])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn read(body: Json, chat: bool) -> Result<Structured, StructuredError> {
+        let f = Fields {
+            response_format: body.get("response_format"),
+            grammar: body.get("grammar"),
+            regex: body.get("regex"),
+            tools: body.get("tools"),
+            tool_choice: body.get("tool_choice"),
+            parallel_tool_calls: body.get("parallel_tool_calls").and_then(Json::as_bool),
+        };
+        parse(&f, chat)
+    }
+
+    fn tool(name: &str) -> Json {
+        json!({"type": "function", "function": {"name": name, "parameters": {"type": "object", "properties": {"a": {"type": "integer"}}}}})
+    }
+
+    #[test]
+    fn formats_are_read() {
+        let chat = |b| read(b, true).unwrap().format;
+        assert_eq!(chat(json!({"response_format": {"type": "text"}})), None);
+        assert_eq!(
+            chat(json!({"response_format": {"type": "json_object"}})),
+            Some((Grammar::JsonObject, "response_format"))
+        );
+        assert_eq!(
+            chat(
+                json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "strict": true, "schema": {"type": "integer"}}}})
+            ),
+            Some((
+                Grammar::JsonSchema {
+                    schema: json!({"type": "integer"}),
+                    strict: true
+                },
+                "response_format"
+            ))
+        );
+        assert_eq!(
+            chat(json!({"grammar": "root ::= \"a\""})),
+            Some((Grammar::Gbnf("root ::= \"a\"".into()), "grammar"))
+        );
+        assert_eq!(
+            chat(json!({"grammar": "start: \"a\""})),
+            Some((Grammar::Lark("start: \"a\"".into()), "grammar"))
+        );
+        assert_eq!(
+            chat(json!({"regex": "[0-9]+"})),
+            Some((Grammar::Regex("[0-9]+".into()), "regex"))
+        );
+        let s = read(json!({"tools": [tool("f"), tool("g")], "tool_choice": {"type": "function", "function": {"name": "g"}}}), true).unwrap();
+        let t = s.tools.as_ref().unwrap();
+        assert_eq!(
+            (t.choice.clone(), t.parallel),
+            (ToolChoice::Named("g".into()), true)
+        );
+        let (Grammar::Lark(g), "tools") = s.grammar(ToolFormat::Hermes, |_| false).unwrap() else {
+            panic!()
+        };
+        assert!(
+            g.contains("\"const\":\"g\"") && !g.contains("\"const\":\"f\""),
+            "{g}"
+        );
+        assert!(
+            read(json!({"tools": [tool("f")], "tool_choice": "auto"}), true)
+                .unwrap()
+                .grammar(ToolFormat::Hermes, |_| false)
+                .is_none()
+        );
+        assert!(read(json!({"tools": [], "tool_choice": "none"}), true)
+            .unwrap()
+            .tools
+            .is_none());
+    }
+
+    #[test]
+    fn refusals_name_the_field() {
+        for (body, chat, want) in [
+            (
+                json!({"response_format": {"type": "xml"}}),
+                true,
+                "response_format.type",
+            ),
+            (json!({"response_format": "json"}), true, "response_format"),
+            (
+                json!({"response_format": {"type": "json_schema"}}),
+                true,
+                "response_format.json_schema",
+            ),
+            (
+                json!({"response_format": {"type": "json_schema", "json_schema": {"strict": 1}}}),
+                true,
+                "response_format.json_schema.strict",
+            ),
+            (
+                json!({"response_format": {"type": "json_object"}, "grammar": "root ::= \"a\""}),
+                true,
+                "grammar",
+            ),
+            (json!({"grammar": 3}), true, "grammar"),
+            (json!({"tools": {}}), true, "tools"),
+            (json!({"tools": [{"type": "code"}]}), true, "tools[0].type"),
+            (
+                json!({"tools": [{"type": "function"}]}),
+                true,
+                "tools[0].function",
+            ),
+            (
+                json!({"tools": [{"type": "function", "function": {"name": "a b"}}]}),
+                true,
+                "tools[0].function.name",
+            ),
+            (
+                json!({"tools": [{"type": "function", "function": {"name": "a", "parameters": 3}}]}),
+                true,
+                "tools[0].function.parameters",
+            ),
+            (
+                json!({"tools": [tool("f")], "tool_choice": "always"}),
+                true,
+                "tool_choice",
+            ),
+            (
+                json!({"tools": [tool("f")], "tool_choice": {"type": "function", "function": {"name": "g"}}}),
+                true,
+                "tool_choice.function.name",
+            ),
+            (json!({"tool_choice": "required"}), true, "tool_choice"),
+            (
+                json!({"tools": [tool("f")], "tool_choice": "required", "response_format": {"type": "json_object"}}),
+                true,
+                "tool_choice",
+            ),
+            (json!({"tools": [tool("f")]}), false, "tools"),
+        ] {
+            let e = read(body.clone(), chat).expect_err("refused");
+            assert_eq!(e.param(), Some(want), "{body}: {e}");
+        }
+    }
+}
