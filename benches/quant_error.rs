@@ -83,6 +83,7 @@ fn measure(m: &Mat, t: WType, use_imatrix: bool, s: &mut Sums) -> bool {
         scale_f16: true,
         q4_rule: Q4Rule::Search,
         imatrix: if use_imatrix { imp.as_deref() } else { None },
+        feedback: None,
     };
     let q = quant::quantize(t, r2, c2, x, &opts).expect("quantize");
     let mut xq = vec![0f32; q.rows * q.cols];

@@ -102,6 +102,12 @@ struct Cli {
     /// Importance matrix (MLI1, from mlb-run --imatrix) weighting the searching quantizers (Q4_0 search, the block types) and the --target-bpw error measure
     #[arg(long, value_name = "FILE.mli")]
     imatrix: Option<PathBuf>,
+    /// With an --imatrix that has covariances (mlb-run --imatrix F --covariance): quantize without error feedback (for comparisons)
+    #[arg(long, requires = "imatrix")]
+    no_error_feedback: bool,
+    /// Error feedback's damping λ: λ · mean(diag H) is added to the covariance's diagonal (more: closer to the plain quantizer, less fitted to the calibration text)
+    #[arg(long, value_name = "λ", default_value_t = krafla::quant::feedback::DAMP, requires = "imatrix")]
+    feedback_damp: f64,
     /// GGUF input: quantize the F32/F16/BF16 matrices, and dequantize and quantize again those of types Krafla lacks (the IQ codebook types, ...), to this type (q8_0, q4_0, bf16, f16, q4_k, q5_k, q6_k, q4_1, q5_0, q5_1, iq4_nl, q6_0, mxfp4, q2_k, q3_k, iq4_xs); without it F16/BF16 are kept and the others refused
     #[arg(long, value_name = "TYPE", value_parser = requant_type)]
     requantize: Option<WType>,
@@ -165,6 +171,8 @@ fn main() -> ExitCode {
             RuleArg::Round => Q4Rule::Round,
         }),
         imatrix: cli.imatrix,
+        error_feedback: !cli.no_error_feedback,
+        feedback_damp: cli.feedback_damp,
         threads: cli.threads,
         requantize: cli.requantize,
         cancel: Some(&STOP),

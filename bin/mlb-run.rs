@@ -135,6 +135,10 @@ struct Args {
         allow_negative_numbers = true
     )]
     save_every: Option<usize>,
+    /// --imatrix: also the full covariance of every matrix input (n × n per input:
+    /// 4·n² bytes of memory, 2·n² in the file), for error feedback in mlb-convert.
+    #[arg(long, requires = "imatrix")]
+    covariance: bool,
     /// --imatrix, --perplexity, --kl-divergence: print the summary as JSON.
     #[arg(long)]
     json: bool,
@@ -182,6 +186,7 @@ impl Args {
             (Some(output), _, _) => Some(MeasureMode::Imatrix {
                 output,
                 save_every: self.save_every,
+                covariance: self.covariance,
             }),
             (None, true, _) => Some(MeasureMode::Perplexity),
             (None, false, Some(reference)) => Some(MeasureMode::KlDivergence { reference }),

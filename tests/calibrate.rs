@@ -361,6 +361,121 @@ fn imatrix_lowers_the_weighted_q4_error() {
     assert!(all(&zm.mat(w2(&zm))) != all(&pm.mat(w2(&pm))));
 }
 
+/// `tr(ΔW H ΔWᵀ)` of a quantized matrix against the original weights, H n × n.
+fn output_err(m: &QMat, w: &[f32], h: &[f64]) -> f64 {
+    let n = m.cols;
+    let mut row = vec![0f32; n];
+    let mut e = 0.0;
+    for r in 0..m.rows {
+        krafla::quant::dequant_mat_row(m, r, &mut row);
+        let d: Vec<f64> = (0..n).map(|j| (w[r * n + j] - row[j]) as f64).collect();
+        for i in 0..n {
+            e += d[i] * (0..n).map(|j| h[i * n + j] * d[j]).sum::<f64>();
+        }
+    }
+    e
+}
+
+/// `mlb-run --imatrix --covariance`: a covariance for every input whose diagonal is the
+/// body's sums; mlb-convert's error feedback lowers the output error tr(ΔW H ΔWᵀ) of
+/// the matrices it quantizes, gives the same bytes at 1 and 2 threads, and
+/// `--no-error-feedback` gives the bytes of the imatrix without covariances.
+#[test]
+fn covariance_and_error_feedback() {
+    use krafla::format::mli_cov::{self, CovSlot};
+    let tmp = tempfile::tempdir().unwrap();
+    let q8 = default_model(tmp.path(), "q8", &[]);
+    let cov_path = tmp.path().join("cov.mli");
+    let out = imatrix(&q8, &cov_path, &["--ctx", "64", "--covariance"]);
+    assert!(out.contains("covariance:"), "{out}");
+    let bytes = std::fs::read(&cov_path).unwrap();
+    let im = mli::parse(&bytes).unwrap();
+    let cov = im.covariance.clone().expect("a covariance section");
+    assert_eq!(cov.entries.len(), 4 * im.n_layers + 1);
+    let h_of = |layer: Option<usize>, slot: CovSlot| -> Vec<f64> {
+        let e = cov.find(layer, slot).unwrap();
+        let tri = mli_cov::values(&bytes, e);
+        let n = e.n;
+        let mut h = vec![0f64; n * n];
+        let mut at = 0;
+        for i in 0..n {
+            for j in i..n {
+                (h[i * n + j], h[j * n + i]) = (tri[at], tri[at]);
+                at += 1;
+            }
+        }
+        h
+    };
+    for l in 0..im.n_layers {
+        for slot in [Slot::Attn, Slot::Wo, Slot::W13, Slot::W2] {
+            let h = h_of(Some(l), CovSlot::Layer(slot));
+            let sums = im.slot(l, slot);
+            let n = sums.len();
+            for (i, &s) in sums.iter().enumerate() {
+                let d = h[i * n + i];
+                assert!(
+                    (d - s).abs() <= 1e-6 * s.max(1e-30),
+                    "layer {l} {slot:?} {i}: {d} vs {s}"
+                );
+            }
+        }
+    }
+    let o = tool("mlb-inspect").arg(&cov_path).ok();
+    assert!(o.stdout.contains("covariance section"), "{}", o.stdout);
+
+    let q4 = ["--wtype", "q4_0", "--q4-rule", "search", "--q8", "none"];
+    let with = |extra: &[&str], name: &str| {
+        let mut a = q4.to_vec();
+        a.extend(["--imatrix", cov_path.to_str().unwrap()]);
+        a.extend_from_slice(extra);
+        default_model(tmp.path(), name, &a)
+    };
+    let fed = with(&[], "fed");
+    let fed2 = with(&["--threads", "1"], "fed1");
+    assert_eq!(std::fs::read(&fed).unwrap(), std::fs::read(&fed2).unwrap());
+    let off = with(&["--no-error-feedback"], "off");
+    let body_path = tmp.path().join("body.mli");
+    std::fs::write(&body_path, im.to_bytes()).unwrap();
+    let mut a = q4.to_vec();
+    a.extend(["--imatrix", body_path.to_str().unwrap()]);
+    let body = default_model(tmp.path(), "body", &a);
+    assert_eq!(std::fs::read(&off).unwrap(), std::fs::read(&body).unwrap());
+
+    let (fm, om) = (Mlb::open(&fed).unwrap(), Mlb::open(&off).unwrap());
+    let st = testdata().join("default/model.safetensors");
+    let (mut tot_f, mut tot_o) = (0.0, 0.0);
+    for l in 0..im.n_layers {
+        let (fl, ol) = (&fm.layout().layers[l], &om.layout().layers[l]);
+        let (Mixer::Attention(fa), Mixer::Attention(oa)) = (&fl.mixer, &ol.mixer) else {
+            panic!("attention layers only")
+        };
+        let (fd, od) = (fl.dense().unwrap(), ol.dense().unwrap());
+        for (hf, fi, oi, slot) in [
+            ("self_attn.v_proj", fa.wv, oa.wv, Slot::Attn),
+            ("self_attn.o_proj", fa.wo, oa.wo, Slot::Wo),
+            ("mlp.gate_proj", fd.0, od.0, Slot::W13),
+            ("mlp.down_proj", fd.1, od.1, Slot::W2),
+        ] {
+            let (_, w) = st_tensor(&st, &format!("model.layers.{l}.{hf}.weight"));
+            let h = h_of(Some(l), CovSlot::Layer(slot));
+            let (ef, eo) = (
+                output_err(&fm.mat(fi), &w, &h),
+                output_err(&om.mat(oi), &w, &h),
+            );
+            eprintln!(
+                "layer {l} {hf}: output error {eo:.4e} → {ef:.4e} ({:.3})",
+                ef / eo
+            );
+            (tot_f, tot_o) = (tot_f + ef, tot_o + eo);
+        }
+    }
+    eprintln!(
+        "all: output error {tot_o:.4e} → {tot_f:.4e} ({:.3})",
+        tot_f / tot_o
+    );
+    assert!(tot_f < 0.9 * tot_o, "{tot_f} vs {tot_o}");
+}
+
 /// Every position's logits of one chunk, run alone.
 fn chunk_logits(model: &Model, chunk: &[u32]) -> Vec<f32> {
     let mut st = model.state(&StateOptions::default()).unwrap();

@@ -149,6 +149,59 @@ fn mli_report() {
     assert_eq!(v["layers"].as_array().unwrap().len(), 2);
 }
 
+#[test]
+fn mli_covariance_report() {
+    use krafla::format::mli::Slot;
+    use krafla::format::mli_cov::{write as write_cov, CovData, CovSlot};
+    let dir = tempfile::tempdir().unwrap();
+    let mut m = Mli::new(2, 32, 64, 32);
+    m.tokens = 4;
+    m.cls_tokens = 4;
+    // H of 4 rows: channel c of row r is (r + 1)·(c % 3 + 1) (perfectly correlated).
+    let h = |n: usize| -> Vec<f64> {
+        let mut t = Vec::new();
+        for i in 0..n {
+            for j in i..n {
+                let s: f64 = (1..=4).map(|r| (r * r) as f64).sum();
+                t.push(s * ((i % 3 + 1) * (j % 3 + 1)) as f64);
+            }
+        }
+        t
+    };
+    let (h32, h64) = (h(32), h(64));
+    let data = [
+        CovData {
+            layer: Some(0),
+            slot: CovSlot::Layer(Slot::Attn),
+            tokens: 4,
+            n: 32,
+            tri: &h32,
+        },
+        CovData {
+            layer: Some(1),
+            slot: CovSlot::Layer(Slot::W2),
+            tokens: 4,
+            n: 64,
+            tri: &h64,
+        },
+        CovData {
+            layer: None,
+            slot: CovSlot::Cls,
+            tokens: 4,
+            n: 32,
+            tri: &h32,
+        },
+    ];
+    write(dir.path(), "c.mli", &write_cov(m.to_bytes(), &data));
+    let o = mlb_inspect(dir.path(), &["c.mli"]).ok();
+    insta::assert_snapshot!("mli_covariance_text", o.stdout);
+    let o = mlb_inspect(dir.path(), &["c.mli", "--json"]).ok();
+    let v: serde_json::Value = serde_json::from_str(&o.stdout).unwrap();
+    assert_eq!(v["header"]["version"], 65537);
+    assert_eq!(v["covariance"]["entries"].as_array().unwrap().len(), 3);
+    assert_eq!(v["covariance"]["entries"][1]["n"], 64);
+}
+
 /// Runs mlb-inspect on `bytes`, which it must refuse cleanly: its stderr.
 fn inspect_refusal(bytes: &[u8]) -> String {
     let dir = tempfile::tempdir().unwrap();

@@ -33,6 +33,11 @@ pub struct ConvertOptions {
     /// Gemma 3, search otherwise).
     pub q4_rule: Option<Q4Rule>,
     pub imatrix: Option<PathBuf>,
+    /// Error feedback where the imatrix has the input's covariance (`--no-error-feedback`
+    /// turns it off).
+    pub error_feedback: bool,
+    /// Error feedback's damping: `λ · mean(diag H)` is added to H's diagonal.
+    pub feedback_damp: f64,
     /// Rayon threads (`None`: rayon's default, one per core).
     pub threads: Option<usize>,
     /// GGUF input: the type of the matrices Krafla cannot store as they are
@@ -58,6 +63,8 @@ impl ConvertOptions {
             scale_f16: false,
             q4_rule: None,
             imatrix: None,
+            error_feedback: true,
+            feedback_damp: crate::quant::feedback::DAMP,
             threads: None,
             requantize: None,
             cancel: None,

@@ -9,8 +9,12 @@
 //! then per MoE layer the count of tokens routed to each expert and the sums of each
 //! expert's own inputs (ew1/ew3, ew2) and of the shared expert's sw2 ([`MoeSums`];
 //! docs/file-format.md, "MLI").
+//!
+//! **Krafla**: with bit 16 of the version set, a covariance section follows the sums
+//! ([`super::mli_cov`]); [`Mli::covariance`] is its table.
 
 use crate::format::error::{FormatError, Result};
+use crate::format::mli_cov::{self, CovSlot, Covariance};
 
 pub const MAGIC: [u8; 4] = *b"MLI1";
 pub const VERSION: u32 = 1;
@@ -46,6 +50,8 @@ pub struct Mli {
     pub cls_tokens: u64,
     /// All sums, in file order.
     pub sums: Vec<f64>,
+    /// The covariance section's table (version bit 16), when the file has one.
+    pub covariance: Option<Covariance>,
     /// The experts' sums of a mixture-of-experts model (version 2).
     pub moe: Option<MoeSums>,
 }
@@ -174,6 +180,7 @@ impl Mli {
             tokens: 0,
             cls_tokens: 0,
             sums: vec![0.0; len],
+            covariance: None,
             moe: None,
         }
     }
@@ -239,7 +246,17 @@ impl Mli {
             .collect()
     }
 
-    /// The file's bytes.
+    /// The width of a covariance slot's input.
+    pub fn cov_width(&self, slot: CovSlot) -> usize {
+        match slot {
+            CovSlot::Layer(Slot::Wo) => self.q_dim,
+            CovSlot::Layer(Slot::W2) => self.hidden_dim,
+            CovSlot::Layer(Slot::Attn | Slot::W13) | CovSlot::Cls => self.dim,
+        }
+    }
+
+    /// The file's bytes: header and sums (a covariance section is appended by
+    /// [`mli_cov::write`]).
     pub fn to_bytes(&self) -> Vec<u8> {
         let mut b = Vec::with_capacity(HEADER_SIZE + 8 * self.sums.len());
         b.extend_from_slice(&MAGIC);
@@ -321,8 +338,14 @@ pub fn parse(b: &[u8]) -> Result<Mli> {
         ));
     }
     let version = u32_at(b, 4);
-    if version != VERSION && version != VERSION_MOE {
-        return Err(FormatError::format("version", version, "must be 1 or 2"));
+    let with_cov = version & mli_cov::FLAG != 0;
+    let base = version & !mli_cov::FLAG;
+    if base != VERSION && base != VERSION_MOE {
+        return Err(FormatError::format(
+            "version",
+            version,
+            "must be 1 or 2 (and bit 16 for a covariance section)",
+        ));
     }
     let n_layers = dim("n_layers", u32_at(b, 8))?;
     let d = dim("dim", u32_at(b, 12))?;
@@ -334,12 +357,12 @@ pub fn parse(b: &[u8]) -> Result<Mli> {
     // ≤ 2^16 · 2^18 + 2^16 values: no overflow in u64; compare before allocating.
     let count = n_layers as u64 * (2 * d + q_dim + hidden_dim) as u64 + d as u64;
     let body = HEADER_SIZE as u64 + 8 * count;
-    let moe = match version {
+    let moe = match base {
         VERSION_MOE => Some(parse_moe(b, body as usize, n_layers, d)?),
         _ => None,
     };
     let want = body + moe.as_ref().map_or(0, |(_, len)| *len as u64);
-    if b.len() as u64 != want {
+    if b.len() as u64 != want && !(with_cov && b.len() as u64 > want) {
         return Err(FormatError::format(
             "file",
             format!("{} bytes", b.len()),
@@ -347,7 +370,7 @@ pub fn parse(b: &[u8]) -> Result<Mli> {
         ));
     }
     let sums = f64s(&b[HEADER_SIZE..body as usize], "sums")?;
-    Ok(Mli {
+    let mut m = Mli {
         n_layers,
         dim: d,
         hidden_dim,
@@ -356,7 +379,13 @@ pub fn parse(b: &[u8]) -> Result<Mli> {
         cls_tokens,
         sums,
         moe: moe.map(|(m, _)| m),
-    })
+        covariance: None,
+    };
+    if with_cov {
+        let cov = mli_cov::parse(b, want as usize, n_layers, |s| m.cov_width(s))?;
+        m.covariance = Some(cov);
+    }
+    Ok(m)
 }
 
 /// Little-endian f64s, each finite and ≥ 0 (`what[i]` names a bad one).

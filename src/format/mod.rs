@@ -34,6 +34,7 @@ pub mod gguf;
 pub mod mat;
 pub mod mlb;
 pub mod mli;
+pub mod mli_cov;
 pub mod mlt;
 pub mod mlt_chat;
 mod reader;

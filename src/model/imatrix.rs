@@ -34,8 +34,22 @@ pub fn collect(
     chunks: &[Vec<u32>],
     mut after: impl FnMut(&ChunkProgress, &Mli) -> Result<(), EvalError>,
 ) -> Result<(Mli, ChunkStats), EvalError> {
+    let c = Collector::new(&model.cfg);
+    let (c, stats) = collect_with(model, opts, chunks, c, |p, c| after(p, c.mli()))?;
+    Ok((c.into_mli(), stats))
+}
+
+/// [`collect`] with any observer `obs` (e.g. [`super::covariance::CovCollector`]),
+/// returned with the perplexity; `after` sees it after each chunk.
+pub fn collect_with<O: Observer>(
+    model: &Model,
+    opts: &StateOptions,
+    chunks: &[Vec<u32>],
+    obs: O,
+    mut after: impl FnMut(&ChunkProgress, &O) -> Result<(), EvalError>,
+) -> Result<(O, ChunkStats), EvalError> {
     let mut st = model.state(opts)?;
-    st.set_observer(Box::new(Collector::new(&model.cfg)));
+    st.set_observer(Box::new(obs));
     let mut stats = ChunkStats::default();
     let mut lp = Vec::new();
     for (i, chunk) in chunks.iter().enumerate() {
@@ -53,17 +67,13 @@ pub fn collect(
             total: chunks.len(),
             ppl: stats.ppl(),
         };
-        let obs = st
-            .take_observer_as::<Collector>()
-            .expect("the collector set above");
-        let res = after(&p, obs.mli());
+        let obs = st.take_observer_as::<O>().expect("the observer set above");
+        let res = after(&p, &obs);
         st.set_observer(obs);
         res?;
     }
-    let c = st
-        .take_observer_as::<Collector>()
-        .expect("the collector set above");
-    Ok((c.into_mli(), stats))
+    let c = st.take_observer_as::<O>().expect("the observer set above");
+    Ok((*c, stats))
 }
 
 /// Writes `bytes` to a temporary file beside `path`, then renames it over `path`: a

@@ -27,6 +27,7 @@
 //! and every thread count.
 
 pub mod config;
+pub mod covariance;
 pub mod delta;
 pub mod error;
 pub mod eval;

@@ -18,7 +18,7 @@ pub fn is_block_type(t: WType) -> bool {
 }
 
 /// Dequantizes one block of `t` (`q`: its bytes) into `out` (its weights).
-fn dequant_block(t: WType, q: &[u8], out: &mut [f32]) {
+pub fn dequant_block(t: WType, q: &[u8], out: &mut [f32]) {
     match t {
         WType::Q4_K | WType::Q5_K | WType::Q6_K => kquants::dequant_block(t, q, out),
         WType::Q4_1 | WType::Q5_0 | WType::Q5_1 | WType::IQ4_NL | WType::Q6_0 => {
@@ -34,7 +34,7 @@ fn dequant_block(t: WType, q: &[u8], out: &mut [f32]) {
 
 /// Quantizes one block of `t` (`x`, element weights `w`) into `out`. `Err(v)` when a
 /// scale `v` does not fit in an f16.
-fn quantize_block(t: WType, x: &[f32], w: &[f32], out: &mut [u8]) -> Result<(), f32> {
+pub fn quantize_block(t: WType, x: &[f32], w: &[f32], out: &mut [u8]) -> Result<(), f32> {
     match t {
         WType::Q4_K | WType::Q5_K | WType::Q6_K => kquants::quantize_block(t, x, w, out),
         WType::Q4_1 | WType::Q5_0 | WType::Q5_1 | WType::IQ4_NL | WType::Q6_0 => {

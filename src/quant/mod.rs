@@ -9,6 +9,7 @@
 pub mod blocks;
 pub mod blocks32;
 pub mod error;
+pub mod feedback;
 pub mod fit;
 pub mod half_float;
 pub mod kquants;
@@ -96,6 +97,10 @@ pub struct QuantOpts<'a> {
     /// Importance of each input channel (cols values, floored at 0.001 by the caller):
     /// weights the Q4_0 search by imp × sqrt(s² + x²).
     pub imatrix: Option<&'a [f32]>,
+    /// Error feedback through the input covariance ([`feedback`]): Q8_0, Q4_0 and the
+    /// block types quantize their blocks in order and spread each one's error over the
+    /// columns after it.
+    pub feedback: Option<&'a feedback::Feedback>,
 }
 
 impl Default for QuantOpts<'_> {
@@ -104,6 +109,7 @@ impl Default for QuantOpts<'_> {
             scale_f16: false,
             q4_rule: Q4Rule::Search,
             imatrix: None,
+            feedback: None,
         }
     }
 }
@@ -116,6 +122,9 @@ pub fn quantize(
     x: &[f32],
     opts: &QuantOpts,
 ) -> Result<Quantized, QuantError> {
+    if let Some(fb) = opts.feedback.filter(|_| !wtype.is_half()) {
+        return feedback::quantize_matrix(wtype, rows, cols, x, opts, fb);
+    }
     if blocks::is_block_type(wtype) {
         let q = blocks::quantize_matrix(wtype, rows, cols, x, opts.imatrix)?;
         let d = Scales::F32(Vec::new());

@@ -22,7 +22,7 @@ use super::sources::{
 use crate::convert::desc::ModelDesc;
 use crate::convert::error::{ConvertError, Result};
 use crate::convert::options::{default_output, ConvertOptions, DEFAULT_Q4_Q8_MASK};
-use crate::convert::pipeline::imatrix::load_imatrix;
+use crate::convert::pipeline::imatrix::{load_imatrix, CovFile};
 use crate::convert::pipeline::mix;
 use crate::convert::pipeline::plan::{self, fall_back, TypePlan};
 use crate::convert::pipeline::stream::Progress;
@@ -64,6 +64,21 @@ pub fn run(
     let mut types = wtype_types(opts, &uniform, header.wtype, mask)?;
     let q4_rule = opts.q4_rule.unwrap_or(desc.arch.default_q4_rule);
     let imatrix = imatrix(opts, &desc, &types, q4_rule)?;
+    let cov = match (&imatrix, &opts.imatrix) {
+        (Some(m), Some(p)) => CovFile::load(p, m, opts.feedback_damp)?,
+        _ => None,
+    };
+    if let Some(c) = &cov {
+        notes.push(format!(
+            "the imatrix has the covariance of {} matrix inputs: {}",
+            c.cov.entries.len(),
+            if opts.error_feedback {
+                "quantizing with error feedback"
+            } else {
+                "error feedback is off (--no-error-feedback)"
+            }
+        ));
+    }
     let mut mix_rows = Vec::new();
     if let Some(bpw) = opts.target_bpw {
         let ctx = MixContext {
@@ -71,6 +86,7 @@ pub fn run(
             desc: &desc,
             tensors: &uniform.tensors,
             imatrix: imatrix.as_ref(),
+            cov: cov.as_ref(),
             opts,
         };
         mix_rows = mix_types(&ctx, bpw, progress)?;
@@ -86,7 +102,7 @@ pub fn run(
         .layout()
         .clone();
     let prefix = text_prefix(&ck)?.0;
-    let sources = sources(&ck, &desc, &layout.tensors, imatrix.as_ref())?;
+    let sources = sources(&ck, &desc, &layout.tensors, imatrix.as_ref(), cov.as_ref())?;
     check_leftovers(&ck, &desc, &sources, &prefix, &mut notes)?;
     if let Some(m) = &imatrix {
         if m.cls_tokens == 0 {
@@ -113,6 +129,7 @@ pub fn run(
     let arrays = CheckpointArrays {
         ck: &ck,
         sources: &sources,
+        cov: cov.as_ref().filter(|_| opts.error_feedback),
     };
     let file_bytes = stream::write_file(&target, &layout, &arrays, progress)?;
     Ok(Summary {
@@ -238,6 +255,8 @@ struct MixContext<'a> {
     /// The uniform layout's arrays.
     tensors: &'a [Tensor],
     imatrix: Option<&'a Mli>,
+    /// The imatrix's covariance section: the mix measures the output error with it.
+    cov: Option<&'a CovFile>,
     opts: &'a ConvertOptions,
 }
 
@@ -255,7 +274,7 @@ fn mix_types(
             None => None,
         })
         .collect();
-    let sources = sources(ctx.ck, ctx.desc, ctx.tensors, ctx.imatrix)?;
+    let sources = sources(ctx.ck, ctx.desc, ctx.tensors, ctx.imatrix, ctx.cov)?;
     let mut rows = measure_mix(ctx, &sources, &fixed, progress)?;
     let weights: u64 = rows.iter().map(|r| (r.rows * r.cols) as u64).sum();
     let budget = (bpw * weights as f64 / 8.0).floor() as u64;
@@ -365,8 +384,20 @@ fn measure_mix(
                 };
                 return Err(quant_error(ck, s, 0, e));
             }
+            // With the input's covariance: the output error, quantized as the file will
+            // be (with error feedback unless it is off).
+            let h = ctx.cov.zip(s.cov.as_ref()).map(|(c, e)| c.matrix(e));
+            let fb = h
+                .as_ref()
+                .filter(|_| opts.error_feedback)
+                .and_then(|h| crate::quant::feedback::Feedback::new(cols, h, opts.feedback_damp));
             for &ty in mix::candidates(cols) {
-                let e = mix::rel_error(ty, k, cols, &buf, s.imp.as_deref());
+                let e = match &h {
+                    Some(h) => {
+                        mix::output_rel_error(ty, k, cols, &buf, s.imp.as_deref(), h, fb.as_ref())
+                    }
+                    None => mix::rel_error(ty, k, cols, &buf, s.imp.as_deref()),
+                };
                 row.cands.push((ty, mix::matrix_bytes(ty, rows, cols), e));
             }
             release_rows(ck, s, 0..rows);

@@ -10,11 +10,13 @@ use super::arch::{self, Transform};
 use super::checkpoint::Checkpoint;
 use crate::convert::desc::ModelDesc;
 use crate::convert::error::{ConvertError, Result};
-use crate::convert::pipeline::imatrix::importance;
+use crate::convert::pipeline::imatrix::{importance, CovFile};
 use crate::convert::pipeline::permute::RowMap;
 use crate::convert::pipeline::stream::Arrays;
 use crate::format::mlb::{Kind, Tensor};
 use crate::format::mli::Mli;
+use crate::format::mli_cov::CovEntry;
+use crate::quant::feedback::Feedback;
 use crate::quant::QuantError;
 
 /// One spec array and where it comes from.
@@ -31,6 +33,8 @@ pub struct Source {
     pub plus_one: bool,
     /// Importance per input channel (Q4_0 search with an imatrix).
     pub imp: Option<Vec<f32>>,
+    /// Where the imatrix's covariance section holds this matrix's input covariance.
+    pub cov: Option<CovEntry>,
 }
 
 /// Where a stacked expert array's rows come from: expert e's `per` rows are output rows
@@ -123,6 +127,7 @@ pub fn sources(
     d: &ModelDesc,
     tensors: &[Tensor],
     imatrix: Option<&Mli>,
+    cov: Option<&CovFile>,
 ) -> Result<Vec<Option<Source>>> {
     let (prefix, head_prefix) = text_prefix(ck)?;
     let (hd, rot) = (d.dims.head_dim, d.rope.rot_dim);
@@ -247,6 +252,10 @@ pub fn sources(
             (Some(m), Kind::Mat { cols, .. }) => importance(m, t, cols, d.vocab.tied),
             _ => None,
         };
+        let cov = match (cov, t.kind) {
+            (Some(c), Kind::Mat { cols, .. }) => c.entry(t, cols, d.vocab.tied),
+            _ => None,
+        };
         out.push(Some(Source {
             hf,
             stack,
@@ -255,6 +264,7 @@ pub fn sources(
             row_len,
             plus_one,
             imp,
+            cov,
         }));
     }
     Ok(out)
@@ -569,6 +579,8 @@ pub fn quant_error(ck: &Checkpoint, s: &Source, r0: usize, e: QuantError) -> Con
 pub struct CheckpointArrays<'a> {
     pub ck: &'a Checkpoint,
     pub sources: &'a [Option<Source>],
+    /// The imatrix's covariance section, for error feedback (`None`: off).
+    pub cov: Option<&'a CovFile>,
 }
 
 impl CheckpointArrays<'_> {
@@ -609,6 +621,11 @@ impl Arrays for CheckpointArrays<'_> {
 
     fn importance(&self, i: usize) -> Option<&[f32]> {
         self.source(i).imp.as_deref()
+    }
+
+    fn feedback(&self, i: usize) -> Option<Feedback> {
+        let e = self.source(i).cov.as_ref()?;
+        self.cov?.feedback(e)
     }
 
     fn quant_error(&self, i: usize, r0: usize, e: QuantError) -> ConvertError {

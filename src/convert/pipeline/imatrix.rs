@@ -7,10 +7,13 @@ use crate::convert::desc::ModelDesc;
 use crate::convert::error::{ConvertError, Result};
 use crate::format::mlb::Tensor;
 use crate::format::mli::{self, Mli, Slot};
+use crate::format::mli_cov::{self, CovEntry, CovSlot};
+use crate::quant::feedback::Feedback;
 
 /// Reads and checks an MLI1 file against the model.
 pub fn load_imatrix(p: &Path, d: &ModelDesc) -> Result<Mli> {
-    let b = crate::input::read(p).map_err(|e| ConvertError::io(p, e))?;
+    // Mapped: a covariance section can be gigabytes, and is read one matrix at a time.
+    let b = map(p)?;
     let m = mli::parse(&b).map_err(|e| ConvertError::Imatrix {
         file: p.to_path_buf(),
         field: e.field.clone(),
@@ -74,4 +77,88 @@ pub fn importance(m: &Mli, t: &Tensor, cols: usize, tied: bool) -> Option<Vec<f3
     };
     // lout's input is V·dv wide; the Wo slot is q_dim wide: use it only when they agree.
     (sums.len() == cols).then(|| Mli::importance(sums, tokens))
+}
+
+/// The imatrix file `p`, mapped read-only.
+fn map(p: &Path) -> Result<memmap2::Mmap> {
+    // SAFETY: a read-only map of a file the conversion only reads; the files it writes
+    // are checked not to be it (`check_not_input`).
+    unsafe { crate::input::map(p) }.map_err(|e| ConvertError::io(p, e))
+}
+
+/// The covariance slot of a matrix's input, as [`importance`] maps it.
+pub fn cov_slot(t: &Tensor, tied: bool) -> Option<(Option<usize>, CovSlot)> {
+    let layer = t.name.layer.map(|l| l as usize);
+    Some(match (layer, t.name.name) {
+        (Some(l), "wq" | "wk" | "wv" | "wg" | "lqkv" | "lz" | "lb" | "la") => {
+            (Some(l), CovSlot::Layer(Slot::Attn))
+        }
+        (Some(l), "wo" | "lout") => (Some(l), CovSlot::Layer(Slot::Wo)),
+        (Some(l), "w1" | "w3") => (Some(l), CovSlot::Layer(Slot::W13)),
+        (Some(l), "w2") => (Some(l), CovSlot::Layer(Slot::W2)),
+        (None, "wcls") => (None, CovSlot::Cls),
+        (None, "tok_emb") if tied => (None, CovSlot::Cls),
+        _ => return None,
+    })
+}
+
+/// An imatrix file's covariance section, mapped: `mlb-convert` reads one matrix's
+/// input covariance at a time (docs/convert.md, "Error feedback").
+pub struct CovFile {
+    map: memmap2::Mmap,
+    pub cov: mli_cov::Covariance,
+    /// The damping λ of [`CovFile::feedback`].
+    pub damp: f64,
+}
+
+impl CovFile {
+    /// The covariance section of the imatrix `p` (already read as `m`), if it has one.
+    /// `damp`: error feedback's damping λ (> 0).
+    pub fn load(p: &Path, m: &Mli, damp: f64) -> Result<Option<CovFile>> {
+        if !(damp.is_finite() && damp > 0.0) {
+            return Err(ConvertError::options(
+                "--feedback-damp",
+                format!("{damp}: must be a positive number"),
+            ));
+        }
+        let Some(cov) = m.covariance.clone() else {
+            return Ok(None);
+        };
+        Ok(Some(CovFile {
+            map: map(p)?,
+            cov,
+            damp,
+        }))
+    }
+
+    /// The entry of matrix `t`'s input (`cols` wide), if the file has one that saw rows.
+    pub fn entry(&self, t: &Tensor, cols: usize, tied: bool) -> Option<CovEntry> {
+        let (layer, slot) = cov_slot(t, tied)?;
+        self.cov
+            .find(layer, slot)
+            .filter(|e| e.n == cols && e.tokens > 0)
+            .cloned()
+    }
+
+    /// `H` of entry `e`: n × n, f64, row-major.
+    pub fn matrix(&self, e: &CovEntry) -> Vec<f64> {
+        let tri = mli_cov::values(&self.map, e);
+        let n = e.n;
+        let mut h = vec![0f64; n * n];
+        let mut at = 0;
+        for i in 0..n {
+            for j in i..n {
+                h[i * n + j] = tri[at];
+                h[j * n + i] = tri[at];
+                at += 1;
+            }
+        }
+        h
+    }
+
+    /// The error feedback of entry `e` (`None` when its H is zero or cannot be
+    /// factored).
+    pub fn feedback(&self, e: &CovEntry) -> Option<Feedback> {
+        Feedback::from_packed(e.n, &mli_cov::values(&self.map, e), self.damp)
+    }
 }

@@ -32,7 +32,8 @@
 use super::plan;
 use crate::format::mlb::header::q8_class;
 use crate::format::WType;
-use crate::quant::{dequant_row, quantize, Q4Rule, QuantOpts, Scales};
+use crate::quant::feedback::{self, Feedback};
+use crate::quant::{dequant_row, quantize, Q4Rule, QuantOpts, Quantized, Scales};
 
 /// Rows of a matrix quantized to measure its error in each candidate type.
 pub const SAMPLE_ROWS: usize = 64;
@@ -209,33 +210,12 @@ impl MixRow {
 /// The importance-weighted relative error of `x` (`rows × cols`, sampled rows) stored
 /// as `t`: `Σ imp_c (x − x̂)² / Σ imp_c x²` in f64 (0 for an all-zero sample).
 pub fn rel_error(t: WType, rows: usize, cols: usize, x: &[f32], imp: Option<&[f32]>) -> f64 {
-    let opts = QuantOpts {
-        scale_f16: true,
-        q4_rule: Q4Rule::Search,
-        imatrix: imp,
-    };
-    let Ok(q) = quantize(t, rows, cols, x, &opts) else {
+    let Some(xq) = round_trip(t, rows, cols, x, imp, None) else {
         return f64::INFINITY; // a scale beyond f16: never chosen
     };
-    let rb = t.row_bytes(cols);
-    let nb = if t.has_scales() { cols / 32 } else { 0 };
-    let d: Vec<f32> = match &q.d {
-        Scales::F32(d) => d.clone(),
-        Scales::F16(d) => d
-            .iter()
-            .map(|&b| half::f16::from_bits(b).to_f32())
-            .collect(),
-    };
-    let mut row = vec![0f32; cols];
     let (mut e, mut s) = (0f64, 0f64);
-    for (r, xr) in x.chunks_exact(cols).enumerate() {
-        dequant_row(
-            t,
-            &q.q[r * rb..(r + 1) * rb],
-            &d[r * nb..(r + 1) * nb],
-            &mut row,
-        );
-        for (c, (&a, &b)) in xr.iter().zip(&row).enumerate() {
+    for (xr, qr) in x.chunks_exact(cols).zip(xq.chunks_exact(cols)) {
+        for (c, (&a, &b)) in xr.iter().zip(qr).enumerate() {
             let w = imp.map_or(1.0, |i| i[c] as f64);
             e += w * (a as f64 - b as f64).powi(2);
             s += w * (a as f64).powi(2);
@@ -246,6 +226,58 @@ pub fn rel_error(t: WType, rows: usize, cols: usize, x: &[f32], imp: Option<&[f3
     } else {
         0.0
     }
+}
+
+/// With the input's covariance `h` (cols × cols): the relative output error
+/// `tr(ΔW H ΔWᵀ) / tr(W H Wᵀ)` of the sampled rows `x` stored as `t`, quantized as the
+/// file is (with error feedback `fb` when given). With uncorrelated inputs it is
+/// [`rel_error`].
+pub fn output_rel_error(
+    t: WType,
+    rows: usize,
+    cols: usize,
+    x: &[f32],
+    imp: Option<&[f32]>,
+    h: &[f64],
+    fb: Option<&Feedback>,
+) -> f64 {
+    match round_trip(t, rows, cols, x, imp, fb) {
+        Some(xq) => feedback::output_error(rows, cols, x, &xq, h),
+        None => f64::INFINITY,
+    }
+}
+
+/// `x` quantized to `t` (f16 scales, as in a mixed file) and dequantized; `None` when
+/// a scale does not fit.
+fn round_trip(
+    t: WType,
+    rows: usize,
+    cols: usize,
+    x: &[f32],
+    imp: Option<&[f32]>,
+    fb: Option<&Feedback>,
+) -> Option<Vec<f32>> {
+    let opts = QuantOpts {
+        scale_f16: true,
+        q4_rule: Q4Rule::Search,
+        imatrix: imp,
+        feedback: fb,
+    };
+    let q: Quantized = quantize(t, rows, cols, x, &opts).ok()?;
+    let rb = t.row_bytes(cols);
+    let nb = if t.has_scales() { cols / 32 } else { 0 };
+    let d: Vec<f32> = match &q.d {
+        Scales::F32(d) => d.clone(),
+        Scales::F16(d) => d
+            .iter()
+            .map(|&b| half::f16::from_bits(b).to_f32())
+            .collect(),
+    };
+    let mut out = vec![0f32; rows * cols];
+    for (r, o) in out.chunks_exact_mut(cols).enumerate() {
+        dequant_row(t, &q.q[r * rb..(r + 1) * rb], &d[r * nb..(r + 1) * nb], o);
+    }
+    Some(out)
 }
 
 /// The lower convex hull of a matrix's candidates in (bytes, predicted error): indices

@@ -17,6 +17,7 @@ use crate::convert::error::{ConvertError, Result};
 use crate::format::mlb::header::Header;
 use crate::format::mlb::{Kind, Layout, MlbWriter, WriteError};
 use crate::format::WType;
+use crate::quant::feedback::Feedback;
 use crate::quant::{quantize, Q4Rule, QuantError, QuantOpts, Quantized};
 
 /// Progress reports, in order: one `Start`, `Note`s, one `Tensor` per array written.
@@ -57,6 +58,12 @@ pub trait Arrays {
 
     /// The importance of matrix `i`'s input channels (from the imatrix), if any.
     fn importance(&self, i: usize) -> Option<&[f32]>;
+
+    /// Error feedback for matrix `i` (from the imatrix's covariance of its input), if
+    /// any: built once per matrix, so one matrix's covariance is in memory at a time.
+    fn feedback(&self, _i: usize) -> Option<Feedback> {
+        None
+    }
 
     /// The quantizer refused rows from `r0` of matrix `i`.
     fn quant_error(&self, i: usize, r0: usize, e: QuantError) -> ConvertError;
@@ -142,6 +149,11 @@ fn write_arrays(
             Kind::Mat {
                 wtype, rows, cols, ..
             } => {
+                let fb = if wtype.is_half() {
+                    None
+                } else {
+                    arrays.feedback(i)
+                };
                 for_row_chunks(rows, cols, cancel, |r| {
                     let m = match arrays.copied(i, wtype, cols, r.clone()) {
                         Some(m) => m,
@@ -152,6 +164,7 @@ fn write_arrays(
                                 scale_f16: target.header.scale_f16 != 0,
                                 q4_rule: target.q4_rule,
                                 imatrix: arrays.importance(i),
+                                feedback: fb.as_ref(),
                             };
                             quantize(wtype, r.len(), cols, &buf, &qopts)
                                 .map_err(|e| arrays.quant_error(i, r.start, e))?

@@ -122,6 +122,7 @@ fn fill(mut w: MlbWriter<Vec<u8>>, h: &Header, seed: u64) -> Vec<u8> {
         scale_f16: h.scale_f16 != 0,
         q4_rule: Q4Rule::Round,
         imatrix: None,
+        feedback: None,
     };
     while let Some(t) = w.next_tensor().copied() {
         match t.kind {

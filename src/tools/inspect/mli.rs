@@ -1,10 +1,12 @@
-//! The `.mli` report: header, token counts and a per-layer summary of the sums.
+//! The `.mli` report: header, token counts and a per-layer summary of the sums; with a
+//! covariance section, its size and a summary of every input's covariance.
 
 use std::fmt::Write;
 
 use serde_json::{json, Value};
 
 use crate::format::mli::{Mli, Slot};
+use crate::format::mli_cov::{self, CovEntry};
 
 const SLOTS: [(Slot, &str); 4] = [
     (Slot::Attn, "attn_in"),
@@ -21,6 +23,7 @@ fn summary(sums: &[f64], tokens: u64) -> (f64, f64) {
     (mean, max)
 }
 
+/// The report up to the verdict (the caller adds the covariance lines and the verdict).
 pub fn report_text(m: &Mli, file_name: &str) -> String {
     let mut s = String::new();
     let _ = writeln!(s, "{file_name}: MLI1 importance matrix");
@@ -47,7 +50,6 @@ pub fn report_text(m: &Mli, file_name: &str) -> String {
     }
     let (mean, max) = summary(m.cls(), m.cls_tokens);
     let _ = writeln!(s, "  cls  cls_in {mean:.4e} / {max:.4e}");
-    let _ = writeln!(s, "\nverdict: valid");
     s
 }
 
@@ -68,11 +70,90 @@ pub fn report_json(m: &Mli, file_name: &str) -> Value {
         "format": "MLI1",
         "valid": true,
         "header": {
-            "magic": "MLI1", "version": 1, "n_layers": m.n_layers, "dim": m.dim,
+            "magic": "MLI1",
+            "version": if m.covariance.is_some() { 1 | mli_cov::FLAG } else { 1 },
+            "n_layers": m.n_layers, "dim": m.dim,
             "hidden_dim": m.hidden_dim, "q_dim": if m.q_dim == m.dim { 0 } else { m.q_dim },
             "tokens": m.tokens, "cls_tokens": m.cls_tokens,
         },
         "layers": layers,
         "classifier": {"mean": mean, "max": max},
     })
+}
+
+/// One covariance entry's summary: the mean square per channel (trace / n / rows) and
+/// the mean |correlation| between distinct channels (`H_ij / sqrt(H_ii H_jj)`, over the
+/// pairs whose channels both saw input).
+fn cov_summary(bytes: &[u8], e: &CovEntry) -> (f64, f64) {
+    let tri = mli_cov::values(bytes, e);
+    let n = e.n;
+    let mut diag = Vec::with_capacity(n);
+    let mut at = 0;
+    for i in 0..n {
+        diag.push(tri[at]);
+        at += n - i;
+    }
+    let ms = diag.iter().sum::<f64>() / n as f64 / e.tokens.max(1) as f64;
+    let (mut sum, mut pairs) = (0f64, 0u64);
+    let mut at = 0;
+    for i in 0..n {
+        for j in i..n {
+            if j > i && diag[i] > 0.0 && diag[j] > 0.0 {
+                sum += (tri[at] / (diag[i] * diag[j]).sqrt()).abs();
+                pairs += 1;
+            }
+            at += 1;
+        }
+    }
+    (ms, if pairs > 0 { sum / pairs as f64 } else { 0.0 })
+}
+
+/// The covariance section's lines (empty without one).
+pub fn cov_text(m: &Mli, bytes: &[u8]) -> String {
+    let Some(c) = &m.covariance else {
+        return String::new();
+    };
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "\ncovariance section (version bit 16): {} inputs, {} bytes of values (f32, upper triangles)",
+        c.entries.len(),
+        c.value_bytes()
+    );
+    let _ = writeln!(
+        s,
+        "per input: channels × channels, rows summed, mean square, mean |correlation| off the diagonal"
+    );
+    for e in &c.entries {
+        let (ms, corr) = cov_summary(bytes, e);
+        let layer = e.layer.map_or("cls".to_string(), |l| format!("{l:>3}"));
+        let _ = writeln!(
+            s,
+            "  {layer}  {:<10} {:>5} × {:<5} {:>8} rows  {ms:.4e}  {corr:.4}",
+            e.slot.name(),
+            e.n,
+            e.n,
+            e.tokens
+        );
+    }
+    s
+}
+
+/// The covariance section as JSON (`null` without one).
+pub fn cov_json(m: &Mli, bytes: &[u8]) -> Value {
+    let Some(c) = &m.covariance else {
+        return Value::Null;
+    };
+    let entries: Vec<Value> = c
+        .entries
+        .iter()
+        .map(|e| {
+            let (ms, corr) = cov_summary(bytes, e);
+            json!({
+                "layer": e.layer, "slot": e.slot.name(), "n": e.n, "tokens": e.tokens,
+                "mean_square": ms, "mean_abs_correlation": corr,
+            })
+        })
+        .collect();
+    json!({"value_bytes": c.value_bytes(), "entries": entries})
 }

@@ -92,9 +92,13 @@ pub fn run(opts: &InspectOptions, input: &mut dyn Read) -> Result<Vec<u8>> {
         FileKind::Mli => {
             let m = crate::format::mli::parse(bytes).map_err(in_file)?;
             if opts.json {
-                mli::report_json(&m, &name).to_string() + "\n"
+                let mut v = mli::report_json(&m, &name);
+                if m.covariance.is_some() {
+                    v["covariance"] = mli::cov_json(&m, bytes);
+                }
+                v.to_string() + "\n"
             } else {
-                mli::report_text(&m, &name)
+                mli::report_text(&m, &name) + &mli::cov_text(&m, bytes) + "\nverdict: valid\n"
             }
         }
         FileKind::Mlt => return mlt_action(opts, bytes, &name, input),

@@ -13,6 +13,7 @@ use super::frontend::RunFrontend;
 use super::options::{MeasureMode, MeasureOptions, RunOptions};
 use crate::format::mlb::Mlb;
 use crate::kernels;
+use crate::model::covariance::CovCollector;
 use crate::model::eval::{self, KlReport, PplReport};
 use crate::model::{imatrix, LayerKind, Model, Packs, StateOptions};
 use crate::session::{Engine, SessionError};
@@ -87,8 +88,20 @@ pub(super) fn run(
         ctx.saturating_sub(1)
     );
     match (&m.mode, ref_mlb) {
-        (MeasureMode::Imatrix { output, save_every }, _) => {
-            imatrix_report(o, m, model, &opts, &chunks, output, *save_every, &scope, fe)
+        (
+            MeasureMode::Imatrix {
+                output,
+                save_every,
+                covariance,
+            },
+            _,
+        ) => {
+            let save = Save {
+                path: output,
+                every: *save_every,
+                covariance: *covariance,
+            };
+            imatrix_report(o, m, model, &opts, &chunks, &save, &scope, fe)
         }
         (MeasureMode::KlDivergence { reference }, Some(rm)) => {
             let reference_engine = reference_engine(o, reference, rm)?;
@@ -120,6 +133,13 @@ pub(super) fn run(
     }
 }
 
+/// Where `--imatrix` writes and what.
+struct Save<'a> {
+    path: &'a Path,
+    every: Option<usize>,
+    covariance: bool,
+}
+
 #[allow(clippy::too_many_arguments)]
 fn imatrix_report(
     o: &RunOptions,
@@ -127,23 +147,36 @@ fn imatrix_report(
     model: &Model,
     opts: &StateOptions,
     chunks: &[Vec<u32>],
-    path: &Path,
-    every: Option<usize>,
+    save: &Save,
     scope: &str,
     fe: &mut dyn RunFrontend,
 ) -> Result<String, RunError> {
+    let (path, every) = (save.path, save.every);
     fe.chunks_start(chunks.len());
-    let (mli, stats) = imatrix::collect(model, opts, chunks, |p, mli| {
+    let mut progress = |p: &imatrix::ChunkProgress, bytes: &dyn Fn() -> Vec<u8>| {
         let figure = format!("PPL {:.4}", p.ppl);
         fe.chunks_done(p.done, p.ppl.is_finite().then_some(&figure[..]));
         match every {
-            Some(k) if p.done % k == 0 && p.done < p.total => {
-                imatrix::write_atomic(path, &mli.to_bytes())
+            Some(k) if p.done.is_multiple_of(k) && p.done < p.total => {
+                imatrix::write_atomic(path, &bytes())
             }
             _ => Ok(()),
         }
-    })?;
-    imatrix::write_atomic(path, &mli.to_bytes())?;
+    };
+    let (mli, stats, cov_bytes) = if save.covariance {
+        let c = CovCollector::new(&model.cfg);
+        let (c, stats) =
+            imatrix::collect_with(model, opts, chunks, c, |p, c| progress(p, &|| c.to_bytes()))?;
+        let bytes = c.to_bytes();
+        imatrix::write_atomic(path, &bytes)?;
+        (c.mli().clone(), stats, Some(bytes.len()))
+    } else {
+        let (mli, stats) = imatrix::collect(model, opts, chunks, |p, mli| {
+            progress(p, &|| mli.to_bytes())
+        })?;
+        imatrix::write_atomic(path, &mli.to_bytes())?;
+        (mli, stats, None)
+    };
     fe.chunks_end();
     let cfg = &model.cfg;
     let lout = cfg.layers.contains(&LayerKind::Linear) && cfg.lin_v_total != cfg.q_dim;
@@ -158,6 +191,7 @@ fn imatrix_report(
             "cls_tokens": mli.cls_tokens,
             "ppl": num(stats.ppl()),
             "lout_unweighted": lout,
+            "covariance_bytes": cov_bytes,
         });
         return Ok(format!("{v}\n"));
     }
@@ -175,6 +209,14 @@ fn imatrix_report(
         mli.q_dim,
         mli.hidden_dim
     );
+    if let Some(b) = cov_bytes {
+        let _ = writeln!(
+            s,
+            "covariance: every matrix input's n × n covariance (MLI covariance section): {:.1} MiB of the file, {:.1} MiB of memory while collecting",
+            b as f64 / (1u64 << 20) as f64,
+            CovCollector::memory(cfg) as f64 / (1u64 << 20) as f64
+        );
+    }
     if lout {
         let _ = writeln!(
             s,

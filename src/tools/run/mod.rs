@@ -98,6 +98,7 @@ mod tests {
         o.measure = Some(MeasureOptions::new(MeasureMode::Imatrix {
             output: "x.mli".into(),
             save_every: Some(0),
+            covariance: false,
         }));
         assert!(matches!(
             run(&o, &mut Null),

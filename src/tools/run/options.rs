@@ -153,6 +153,8 @@ pub enum MeasureMode {
     Imatrix {
         output: PathBuf,
         save_every: Option<usize>,
+        /// Also the full covariance of every matrix input (the MLI covariance section).
+        covariance: bool,
     },
     /// The perplexity of the text.
     Perplexity,
@@ -274,6 +276,7 @@ mod tests {
         o.measure = Some(MeasureOptions::new(MeasureMode::Imatrix {
             output: "x.mli".into(),
             save_every: Some(0),
+            covariance: false,
         }));
         assert!(matches!(
             o.validate(),
