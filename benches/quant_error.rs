@@ -24,7 +24,7 @@ use std::path::Path;
 use krafla::convert::hf::checkpoint::Checkpoint;
 use krafla::format::mlb::synth::Rng;
 use krafla::format::mli::{self, Mli, Slot};
-use krafla::quant::{self, Q4Rule, QuantOpts, WType};
+use krafla::quant::{self, Q4Rule, QuantOptions, WType};
 
 /// One matrix to measure: `rows × cols` values and the importance of its columns.
 struct Mat {
@@ -79,7 +79,7 @@ fn measure(m: &Mat, t: WType, use_imatrix: bool, s: &mut Sums) -> bool {
     let (r2, c2) = (rows / k, m.cols * k);
     let x = &m.x[..rows * m.cols];
     let imp: Option<Vec<f32>> = m.imp.as_ref().map(|i| i.repeat(k));
-    let opts = QuantOpts {
+    let opts = QuantOptions {
         scale_f16: true,
         q4_rule: Q4Rule::Search,
         imatrix: if use_imatrix { imp.as_deref() } else { None },

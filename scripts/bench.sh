@@ -201,7 +201,7 @@ fi
 #    is greedy.
 if [ "$LLAMA_ONLY" != 1 ]; then
   (cd "$repo" && cargo build -q --release --bin mlb-convert --bin mlb-run)
-  kbin=$repo/target/release
+  kbin=${CARGO_TARGET_DIR:-$repo/target}/release
   # A kernel whose intrinsics are called out of line measures a broken build.
   "$repo/scripts/check-intrinsics.sh" "$kbin/mlb-run" >/dev/null
   ignore_eos=()

@@ -91,7 +91,7 @@ pub enum Q4Rule {
 
 /// Options of [`quantize`].
 #[derive(Debug, Clone, Copy)]
-pub struct QuantOpts<'a> {
+pub struct QuantOptions<'a> {
     pub scale_f16: bool,
     pub q4_rule: Q4Rule,
     /// Importance of each input channel (cols values, floored at 0.001 by the caller):
@@ -103,9 +103,9 @@ pub struct QuantOpts<'a> {
     pub feedback: Option<&'a feedback::Feedback>,
 }
 
-impl Default for QuantOpts<'_> {
+impl Default for QuantOptions<'_> {
     fn default() -> Self {
-        QuantOpts {
+        QuantOptions {
             scale_f16: false,
             q4_rule: Q4Rule::Search,
             imatrix: None,
@@ -120,7 +120,7 @@ pub fn quantize(
     rows: usize,
     cols: usize,
     x: &[f32],
-    opts: &QuantOpts,
+    opts: &QuantOptions,
 ) -> Result<Quantized, QuantError> {
     if let Some(fb) = opts.feedback.filter(|_| !wtype.is_half()) {
         return feedback::quantize_matrix(wtype, rows, cols, x, opts, fb);
@@ -228,7 +228,7 @@ fn quantize_row(
     x: &[f32],
     q: &mut [u8],
     d: RowScales,
-    opts: &QuantOpts,
+    opts: &QuantOptions,
 ) -> Result<(), (usize, f32)> {
     let f16 = matches!(d, RowScales::F16(_));
     let mut scales = Vec::with_capacity(x.len() / QK);

@@ -162,7 +162,7 @@ pub enum Msg {
 
 /// How the slots are made and run.
 #[derive(Clone)]
-pub struct SlotsConfig {
+pub struct SlotsOptions {
     pub parallel: usize,
     pub model: StateOptions,
     pub prefill_chunk: usize,
@@ -186,7 +186,7 @@ pub struct SlotInfo {
 fn slots<'e>(
     engine: &'e Engine,
     draft: Option<&'e Engine>,
-    cfg: &SlotsConfig,
+    cfg: &SlotsOptions,
 ) -> Result<(Vec<Session<'e>>, Vec<Option<DraftModel<'e>>>), SessionError> {
     let sessions = (0..cfg.parallel)
         .map(|_| engine.session(&cfg.model))
@@ -210,7 +210,7 @@ fn slots<'e>(
 pub fn start(
     engine: Arc<Engine>,
     draft: Option<Arc<Engine>>,
-    cfg: SlotsConfig,
+    cfg: SlotsOptions,
     shared: Arc<Shared>,
     metrics: Arc<Metrics>,
     fe: Arc<dyn Frontend>,
@@ -319,7 +319,7 @@ struct Scheduler<'e> {
     engine: &'e Engine,
     slots: Vec<Slot<'e>>,
     waiting: VecDeque<Job>,
-    cfg: SlotsConfig,
+    cfg: SlotsOptions,
     shared: Arc<Shared>,
     metrics: Arc<Metrics>,
     fe: Arc<dyn Frontend>,
@@ -356,7 +356,7 @@ impl<'e> Scheduler<'e> {
         engine: &'e Engine,
         sessions: Vec<Session<'e>>,
         drafts: Vec<Option<DraftModel<'e>>>,
-        cfg: SlotsConfig,
+        cfg: SlotsOptions,
         shared: Arc<Shared>,
         metrics: Arc<Metrics>,
         fe: Arc<dyn Frontend>,

@@ -11,7 +11,7 @@ use super::error::ServeError;
 use super::frontend::{Frontend, Ready};
 use super::metrics::Metrics;
 use super::options::{ServeOptions, PROMPT_BYTES_SLACK, SHUTDOWN_DRAIN};
-use super::scheduler::{self, Msg, Shared, SlotsConfig};
+use super::scheduler::{self, Msg, Shared, SlotsOptions};
 use super::{conn, http, structured};
 use crate::chat::{Chat, RenderBudget, StopSet};
 use crate::format::mlt::Mlt;
@@ -136,7 +136,7 @@ pub fn serve(o: &ServeOptions, fe: Arc<dyn Frontend>) -> Result<(), ServeError> 
         o.parallel,
         engine.model().context(&state).unwrap_or(0),
     ));
-    let cfg = SlotsConfig {
+    let cfg = SlotsOptions {
         parallel: o.parallel,
         model: state,
         prefill_chunk: o.prefill_chunk,

@@ -7,7 +7,7 @@
 use krafla::kernels::pool::Pool;
 use krafla::kernels::{self, Kernels, PackedMat, QActs, QMat, WType, WeightMat};
 use krafla::quant::blocks::is_block_type;
-use krafla::quant::{quantize, QuantOpts, QK};
+use krafla::quant::{quantize, QuantOptions, QK};
 
 use crate::util::tiers::{all_kernels, scalar};
 use crate::util::{first_diff, Rng};
@@ -208,7 +208,7 @@ fn block_tiers_agree_on_quantized_matrices() {
     for t in types() {
         let (rows, cols) = (70, 8192);
         let v: Vec<f32> = (0..rows * cols).map(|_| rng.unit() * 0.05).collect();
-        let m = quantize(t, rows, cols, &v, &QuantOpts::default()).unwrap();
+        let m = quantize(t, rows, cols, &v, &QuantOptions::default()).unwrap();
         let w = QMat::new_blocks(t, rows, cols, &m.q).unwrap();
         // 20 tokens: three tiles of the packed products (8, 8, 4), over two sub-blocks
         // of groups.

@@ -477,7 +477,7 @@ fn project_each_mixes_kinds() {
         16,
         cols,
         &xs,
-        &krafla::quant::QuantOpts::default(),
+        &krafla::quant::QuantOptions::default(),
     )
     .unwrap();
     let (mb, mf, mq) = (

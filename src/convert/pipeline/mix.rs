@@ -33,7 +33,7 @@ use super::plan;
 use crate::format::mlb::header::q8_class;
 use crate::format::WType;
 use crate::quant::feedback::{self, Feedback};
-use crate::quant::{dequant_row, quantize, Q4Rule, QuantOpts, Quantized, Scales};
+use crate::quant::{dequant_row, quantize, Q4Rule, QuantOptions, Quantized, Scales};
 
 /// Rows of a matrix quantized to measure its error in each candidate type.
 pub const SAMPLE_ROWS: usize = 64;
@@ -257,7 +257,7 @@ fn round_trip(
     imp: Option<&[f32]>,
     fb: Option<&Feedback>,
 ) -> Option<Vec<f32>> {
-    let opts = QuantOpts {
+    let opts = QuantOptions {
         scale_f16: true,
         q4_rule: Q4Rule::Search,
         imatrix: imp,

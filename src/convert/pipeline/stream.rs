@@ -18,7 +18,7 @@ use crate::format::mlb::header::Header;
 use crate::format::mlb::{Kind, Layout, MlbWriter, WriteError};
 use crate::format::WType;
 use crate::quant::feedback::Feedback;
-use crate::quant::{quantize, Q4Rule, QuantError, QuantOpts, Quantized};
+use crate::quant::{quantize, Q4Rule, QuantError, QuantOptions, Quantized};
 
 /// Progress reports, in order: one `Start`, `Note`s, one `Tensor` per array written.
 #[derive(Debug, Clone, Copy)]
@@ -160,7 +160,7 @@ fn write_arrays(
                         None => {
                             buf.clear();
                             arrays.read(i, r.clone(), &mut buf);
-                            let qopts = QuantOpts {
+                            let qopts = QuantOptions {
                                 scale_f16: target.header.scale_f16 != 0,
                                 q4_rule: target.q4_rule,
                                 imatrix: arrays.importance(i),

@@ -5,7 +5,7 @@ use super::header::{rope_type, wtype, Header};
 use super::layout::Kind;
 use super::writer::MlbWriter;
 use crate::format::WType;
-use crate::quant::{quantize, Q4Rule, QuantOpts};
+use crate::quant::{quantize, Q4Rule, QuantOptions};
 
 /// A small valid Llama-like header: dim 64, 2 layers, 4 heads, 2 kv heads.
 pub fn tiny_header() -> Header {
@@ -118,7 +118,7 @@ pub fn synth_mixed(h: &Header, flags: &[u8], types: &[WType], seed: u64) -> Vec<
 
 fn fill(mut w: MlbWriter<Vec<u8>>, h: &Header, seed: u64) -> Vec<u8> {
     let mut rng = Rng(seed | 1);
-    let opts = QuantOpts {
+    let opts = QuantOptions {
         scale_f16: h.scale_f16 != 0,
         q4_rule: Q4Rule::Round,
         imatrix: None,

@@ -588,7 +588,7 @@ fn checked_arithmetic_helpers() {
 
 #[test]
 fn quantize_is_thread_count_independent() {
-    use crate::quant::{quantize, QuantOpts};
+    use crate::quant::{quantize, QuantOptions};
     let mut rng = super::synth::Rng(99);
     let x = rng.vec(257 * 96);
     let run = |threads: usize, qt: WType| {
@@ -596,7 +596,7 @@ fn quantize_is_thread_count_independent() {
             .num_threads(threads)
             .build()
             .unwrap();
-        pool.install(|| quantize(qt, 257, 96, &x, &QuantOpts::default()).unwrap())
+        pool.install(|| quantize(qt, 257, 96, &x, &QuantOptions::default()).unwrap())
     };
     for qt in [WType::Q8_0, WType::Q4_0] {
         assert_eq!(run(1, qt), run(2, qt));
