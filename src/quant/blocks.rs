@@ -122,15 +122,16 @@ pub fn dequantize_matrix(t: WType, rows: usize, cols: usize, q: &[u8]) -> Vec<f3
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
     /// xorshift64, uniform in [0, 1): the sequence of `format::mlb::synth::Rng`, which
-    /// quantizes with this module (so its tests do not import it back).
-    struct Rng(u64);
+    /// quantizes with this module (so its tests do not import it back); also
+    /// `feedback`'s tests' generator.
+    pub(crate) struct Rng(pub(crate) u64);
 
     impl Rng {
-        fn next_f64(&mut self) -> f64 {
+        pub(crate) fn next_f64(&mut self) -> f64 {
             self.0 ^= self.0 << 13;
             self.0 ^= self.0 >> 7;
             self.0 ^= self.0 << 17;

@@ -436,35 +436,27 @@ mod tests {
     use super::*;
     use crate::quant::{dequant_row, quantize};
 
-    struct Rng(u64);
+    use crate::quant::blocks::tests::Rng;
 
-    impl Rng {
-        fn next(&mut self) -> f64 {
-            self.0 ^= self.0 << 13;
-            self.0 ^= self.0 >> 7;
-            self.0 ^= self.0 << 17;
-            (self.0 >> 11) as f64 / (1u64 << 53) as f64
-        }
-
-        fn normal(&mut self) -> f64 {
-            let (a, b) = (self.next().max(1e-300), self.next());
-            (-2.0 * a.ln()).sqrt() * (std::f64::consts::TAU * b).cos()
-        }
+    /// A standard normal value (Box-Muller).
+    fn normal(rng: &mut Rng) -> f64 {
+        let (a, b) = (rng.next_f64().max(1e-300), rng.next_f64());
+        (-2.0 * a.ln()).sqrt() * (std::f64::consts::TAU * b).cos()
     }
 
     /// `tokens` inputs of `n` channels with strong correlations (a few shared factors
     /// plus noise, channel scales spread): H = Σ x xᵀ, n × n.
     fn correlated_h(rng: &mut Rng, n: usize, tokens: usize) -> Vec<f64> {
         let k = 6;
-        let mix: Vec<f64> = (0..k * n).map(|_| rng.normal()).collect();
-        let scale: Vec<f64> = (0..n).map(|_| 0.3 + 2.0 * rng.next()).collect();
+        let mix: Vec<f64> = (0..k * n).map(|_| normal(rng)).collect();
+        let scale: Vec<f64> = (0..n).map(|_| 0.3 + 2.0 * rng.next_f64()).collect();
         let mut h = vec![0f64; n * n];
         let mut x = vec![0f64; n];
         for _ in 0..tokens {
-            let f: Vec<f64> = (0..k).map(|_| rng.normal()).collect();
+            let f: Vec<f64> = (0..k).map(|_| normal(rng)).collect();
             for c in 0..n {
                 let s: f64 = (0..k).map(|a| f[a] * mix[a * n + c]).sum();
-                x[c] = scale[c] * (s + 0.3 * rng.normal());
+                x[c] = scale[c] * (s + 0.3 * normal(rng));
             }
             for i in 0..n {
                 for j in 0..n {
@@ -477,7 +469,7 @@ mod tests {
 
     fn weights(rng: &mut Rng, rows: usize, cols: usize) -> Vec<f32> {
         (0..rows * cols)
-            .map(|_| (0.02 * rng.normal()) as f32)
+            .map(|_| (0.02 * normal(rng)) as f32)
             .collect()
     }
 
