@@ -251,7 +251,7 @@ fn half_rows(b: &Bench, rng: &mut Rng, (name, rows, cols): (&str, usize, usize))
     let n_batch = b.n_batch;
     for wtype in [WType::BF16, WType::F16] {
         let q: Vec<u8> = (0..rows * cols)
-            .flat_map(|_| krafla::quant::half_float::round(wtype, rng.unit() * 0.05).to_le_bytes())
+            .flat_map(|_| krafla::format::half_float::round(wtype, rng.unit() * 0.05).to_le_bytes())
             .collect();
         let w = WeightMat::from(QMat::new_half(wtype, rows, cols, &q).expect("shape"));
         let bytes = q.len() as f64;

@@ -22,9 +22,9 @@
 use std::path::Path;
 
 use krafla::convert::hf::checkpoint::Checkpoint;
-use krafla::format::mlb::synth::Rng;
 use krafla::format::mli::{self, Mli, Slot};
 use krafla::quant::{self, Q4Rule, QuantOptions, WType};
+use krafla::rng::Rng;
 
 /// One matrix to measure: `rows × cols` values and the importance of its columns.
 struct Mat {
@@ -83,7 +83,6 @@ fn measure(m: &Mat, t: WType, use_imatrix: bool, s: &mut Sums) -> bool {
         scale_f16: true,
         q4_rule: Q4Rule::Search,
         imatrix: if use_imatrix { imp.as_deref() } else { None },
-        feedback: None,
     };
     let q = quant::quantize(t, r2, c2, x, &opts).expect("quantize");
     let mut xq = vec![0f32; q.rows * q.cols];

@@ -3,7 +3,7 @@
 //! (`-- SIZE_MB` to change the text size, default 4).
 
 use flate2::read::GzDecoder;
-use krafla::format::mlb::synth::Rng;
+use krafla::rng::Rng;
 use krafla::tokenizer::{from_hf, Tokenizer};
 use std::io::Read;
 use std::path::PathBuf;

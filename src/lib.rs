@@ -13,9 +13,11 @@ pub mod input;
 pub mod kernels;
 pub mod model;
 pub mod quant;
+pub mod rng;
 pub mod serve;
 pub mod session;
 pub mod signals;
+pub mod synth;
 pub mod tokenizer;
 pub mod tools;
 

@@ -6,7 +6,6 @@
 
 use std::path::{Path, PathBuf};
 
-use krafla::format::mlb::synth::{synth_file, tiny_header};
 use krafla::format::mlb::{Mixer, Mlb};
 use krafla::format::mli::{self, Mli, Slot};
 use krafla::kernels::QMat;
@@ -14,6 +13,7 @@ use krafla::model::eval::{self, log_softmax};
 use krafla::model::imatrix::{self, Collector};
 use krafla::model::sampler;
 use krafla::model::{Model, StateOptions};
+use krafla::synth::{synth_file, tiny_header};
 
 use crate::run::opts;
 use crate::run::reference::{mv, rms};
@@ -382,7 +382,7 @@ fn output_err(m: &QMat, w: &[f32], h: &[f64]) -> f64 {
 /// `--no-error-feedback` gives the bytes of the imatrix without covariances.
 #[test]
 fn covariance_and_error_feedback() {
-    use krafla::format::mli_cov::{self, CovSlot};
+    use krafla::format::mli::cov::{self as mli_cov, CovSlot};
     let tmp = tempfile::tempdir().unwrap();
     let q8 = default_model(tmp.path(), "q8", &[]);
     let cov_path = tmp.path().join("cov.mli");

@@ -945,7 +945,7 @@ fn convert_bf16_output_runs_in_mlb_run() {
 #[test]
 fn a_type_without_kernels_is_refused_by_mlb_run() {
     use krafla::format::mlb::header::wtype;
-    use krafla::format::mlb::synth::{synth_mixed, tiny_header};
+    use krafla::synth::{synth_mixed, tiny_header};
     let Some(t) = WType::ALL
         .iter()
         .copied()

@@ -1298,7 +1298,7 @@ fn a_log_within_ulps(a: &[u8], mut b: Vec<u8>) -> Vec<u8> {
 #[test]
 fn gguf_export_round_trip_qwen35_synthetic() {
     use krafla::format::mlb::header::{layer_flag, wtype};
-    use krafla::format::mlb::synth::{synth_file, tiny_header};
+    use krafla::synth::{synth_file, tiny_header};
     let tmp = tempfile::tempdir().unwrap();
     for (q, seed) in [(wtype::Q8_0, 3), (wtype::Q4_0, 4)] {
         let mut h = tiny_header();

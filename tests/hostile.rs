@@ -17,10 +17,10 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use krafla::format::mlb::synth::{synth_file, tiny_header};
 use krafla::format::mlb::{header::wtype, Layout, Mlb, HEADER_SIZE};
 use krafla::format::mli::Mli;
 use krafla::format::mlt::{Attr, Kind, Mlt};
+use krafla::synth::{synth_file, tiny_header};
 use serde_json::Value;
 
 use crate::util::fixtures::convert_to;

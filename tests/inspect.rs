@@ -4,9 +4,9 @@
 use std::path::Path;
 
 use krafla::format::mlb::header::{layer_flag, q8_class, wtype, Header};
-use krafla::format::mlb::synth::{synth_file, synth_mixed, tiny_header};
 use krafla::format::mli::Mli;
 use krafla::format::WType;
+use krafla::synth::{synth_file, synth_mixed, tiny_header};
 
 use crate::util::tool::{mlb_inspect, tool};
 
@@ -151,8 +151,8 @@ fn mli_report() {
 
 #[test]
 fn mli_covariance_report() {
+    use krafla::format::mli::cov::{write as write_cov, CovData, CovSlot};
     use krafla::format::mli::Slot;
-    use krafla::format::mli_cov::{write as write_cov, CovData, CovSlot};
     let dir = tempfile::tempdir().unwrap();
     let mut m = Mli::new(2, 32, 64, 32);
     m.tokens = 4;

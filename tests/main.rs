@@ -11,6 +11,7 @@ mod hostile;
 mod inspect;
 mod kernels;
 mod mixes;
+mod mlb_format;
 mod real;
 mod reliability;
 mod run;

@@ -7,12 +7,12 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::Path;
 use std::sync::OnceLock;
 
-use krafla::format::mlb::synth::{synth_file, Rng};
 use krafla::format::mlb::{self, Kind, Mlb, HEADER_SIZE};
 use krafla::format::mli::{self, Mli};
 use krafla::format::mlt::Mlt;
 use krafla::format::{FormatError, Status};
 use krafla::model::Model;
+use krafla::synth::{synth_file, Rng};
 use krafla::tokenizer::{from_hf, Tokenizer};
 
 use crate::run::{cases, file, opts, write_case};
@@ -599,7 +599,7 @@ fn mlb_run_model_truncated_while_running_fails_with_one_line() {
     // naming the file and exit 1, never a bare "Bus error".
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    let mut h = krafla::format::mlb::synth::tiny_header();
+    let mut h = krafla::synth::tiny_header();
     h.dim = 256;
     h.hidden_dim = 768;
     h.n_layers = 4;

@@ -11,9 +11,6 @@ use std::path::{Path, PathBuf};
 
 use krafla::format::mlb::header::{layer_flag, q8_class, qk_norm, rope_type, wtype};
 use krafla::format::mlb::layout::Layout;
-use krafla::format::mlb::synth::{
-    llama3_rope, qwen35_hybrid, synth_file, synth_mixed, tiny_header, tiny_moe, yarn_rope,
-};
 use krafla::format::mlb::validate::validate;
 use krafla::format::mlb::{Header, Mlb};
 use krafla::format::WType;
@@ -22,6 +19,9 @@ use krafla::kernels::pool::Pool;
 use krafla::kernels::{self, HalfActs, Kernels, Tier};
 use krafla::model::observer::{Input, Observer};
 use krafla::model::{Model, ModelError, Packs, StateOptions};
+use krafla::synth::{
+    llama3_rope, qwen35_hybrid, synth_file, synth_mixed, tiny_header, tiny_moe, yarn_rope,
+};
 
 use crate::util::tiers;
 use crate::util::tool::tool;

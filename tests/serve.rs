@@ -1942,7 +1942,7 @@ fn serve_speculative_gives_the_plain_text() {
     let other = dir.join("other.mlb");
     std::fs::write(
         &other,
-        krafla::format::mlb::synth::synth_file(&crate::run::cases()[0].h, &[], 1),
+        krafla::synth::synth_file(&crate::run::cases()[0].h, &[], 1),
     )
     .unwrap();
     let (code, err) = try_start(&["--draft", other.to_str().unwrap()])

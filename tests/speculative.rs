@@ -197,8 +197,7 @@ fn draft_models_are_checked() {
     let mut h = cs[0].h;
     h.vocab = 128;
     let other = Engine::new(
-        krafla::format::mlb::Mlb::from_bytes(&krafla::format::mlb::synth::synth_file(&h, &[], 1))
-            .unwrap(),
+        krafla::format::mlb::Mlb::from_bytes(&krafla::synth::synth_file(&h, &[], 1)).unwrap(),
         Packs::none(),
         None,
     )
@@ -307,11 +306,7 @@ fn mlb_run_speculative_prints_the_plain_text() {
     }
     // A draft of another vocabulary is refused in one line.
     let other = tmp.path().join("other.mlb");
-    std::fs::write(
-        &other,
-        krafla::format::mlb::synth::synth_file(&cases()[0].h, &[], 1),
-    )
-    .unwrap();
+    std::fs::write(&other, krafla::synth::synth_file(&cases()[0].h, &[], 1)).unwrap();
     let err = tool("mlb-run")
         .arg(&mlb)
         .args(["--prompt", "a", "-n", "2", "--draft"])

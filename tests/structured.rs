@@ -9,13 +9,13 @@ use std::sync::Arc;
 use serde_json::{json, Value};
 
 use krafla::chat::tools::{self, ToolFormat, ToolSpec};
-use krafla::format::mlb::synth::{synth_file, tiny_header};
 use krafla::format::mlb::Mlb;
 use krafla::model::{Packs, SamplerOptions, StateOptions};
 use krafla::session::constraint::call_json_options;
 use krafla::session::{
     ConstraintError, Engine, GenerateOptions, Generator, Grammar, Grammars, StopReason,
 };
+use krafla::synth::{synth_file, tiny_header};
 use krafla::tokenizer::{from_hf, Tokenizer};
 
 use crate::util::schema::validate;

@@ -3,8 +3,8 @@
 //! on random strings of tricky characters; decode round trips; streaming decode.
 
 use flate2::read::GzDecoder;
-use krafla::format::mlb::synth::Rng;
 use krafla::format::mlt::{self, Mlt};
+use krafla::rng::Rng;
 use krafla::tokenizer::{from_hf, pretok, Tokenizer};
 use serde_json::Value;
 use std::io::Read;

@@ -4,7 +4,7 @@
 use std::path::Path;
 
 use krafla::format::mlb::header::{layer_flag, q8_class, wtype};
-use krafla::format::mlb::synth::{
+use krafla::synth::{
     linear_dims, qwen35_hybrid, synth_file, synth_mixed, tiny_header,
 };
 use krafla::format::mlb::{validate, Header, Layout};

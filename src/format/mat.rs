@@ -1,5 +1,5 @@
 //! A weight matrix as a file stores it, borrowed ([`QMat`]): what `Mlb::mat` hands out
-//! straight from the map and `quant::Quantized::view` from the quantizer's output. The
+//! straight from the map and [`Quantized::view`] from the quantizer's output. The
 //! kernels multiply it (with its packed copy when the runtime made one,
 //! `kernels::WeightMat`); `quant::dequant_mat_row` reads a row back.
 //!
@@ -205,4 +205,58 @@ fn check_dims(rows: usize, cols: usize, m: usize, wtype: Option<WType>) -> Resul
         )));
     }
     Ok(())
+}
+
+/// The scales of a quantized matrix, as they are stored.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Scales {
+    F32(Vec<f32>),
+    /// IEEE half bits.
+    F16(Vec<u16>),
+}
+
+impl Scales {
+    pub fn len(&self) -> usize {
+        match self {
+            Scales::F32(v) => v.len(),
+            Scales::F16(v) => v.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// The quantizer's output (`quant::quantize`): a matrix's quants and scales, owned (rows × cols, row-major
+/// blocks), as the writer stores them. The one borrowed view of a quantized matrix
+/// is [`QMat`] ([`Quantized::view`], `Mlb::mat`), which the kernels multiply.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Quantized {
+    pub wtype: WType,
+    pub rows: usize,
+    pub cols: usize,
+    /// Q8_0: rows × cols int8 as bytes; Q4_0: rows × cols / 2 packed nibbles; BF16, F16:
+    /// rows × cols 2-byte floats, little-endian.
+    pub q: Vec<u8>,
+    /// One per block of 32 (empty for BF16 and F16).
+    pub d: Scales,
+}
+
+impl Quantized {
+    /// The matrix as a borrowed view.
+    pub fn view(&self) -> QMat<'_> {
+        let m = QMat {
+            wtype: self.wtype,
+            rows: self.rows,
+            cols: self.cols,
+            q: &self.q,
+            d: &[],
+            d16: &[],
+        };
+        match &self.d {
+            Scales::F32(d) => QMat { d, ..m },
+            Scales::F16(d16) => QMat { d16, ..m },
+        }
+    }
 }

@@ -31,15 +31,15 @@ fn bit_names(table: &[(u32, &'static str)], bits: u32) -> Vec<&'static str> {
 
 pub mod error;
 pub mod gguf;
+pub mod half_float;
 pub mod mat;
 pub mod mlb;
 pub mod mli;
-pub mod mli_cov;
 pub mod mlt;
 pub mod mlt_chat;
 mod reader;
 pub mod wtype;
 
 pub use error::{FormatError, Result, ShapeError, Status};
-pub use mat::QMat;
+pub use mat::{QMat, Quantized, Scales};
 pub use wtype::WType;

@@ -892,8 +892,8 @@ fn unpack_blocks_row(p: &PackedMat, r: usize, q: &mut Vec<u8>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::format::mlb::synth::Rng;
     use crate::quant::blocks::quantize_matrix;
+    use crate::rng::Rng;
 
     #[test]
     fn block_order_is_lane_major_in_visit_order() {

@@ -1,7 +1,7 @@
 //! The covariance observer (`mlb-run --imatrix F --covariance`): besides the importance
 //! sums of the [`Collector`], the full `H = Σ x xᵀ` of every matrix input, per layer
 //! slot (Attn, Wo, W13, W2) and for the classifier, as the MLI covariance section
-//! ([`crate::format::mli_cov`]) stores it:
+//! ([`crate::format::mli::cov`]) stores it:
 //!
 //! ```text
 //! H[i][j] += (x_i as f64) · (x_j as f64)      for every row x, every j ≥ i
@@ -14,8 +14,8 @@
 
 use super::config::{Config, LayerKind};
 use super::observer::{Collector, Input, Observer};
+use crate::format::mli::cov::{self as mli_cov, CovData, CovSlot};
 use crate::format::mli::{Mli, Slot};
-use crate::format::mli_cov::{self, CovData, CovSlot};
 use crate::kernels::pool;
 
 /// One input's running `H` (upper triangle packed by rows, f64) and its row count.

@@ -396,8 +396,8 @@ impl<'a> Weights<'a> {
 mod tests {
     use super::*;
     use crate::format::mlb::header::wtype::MIXED;
-    use crate::format::mlb::synth::{synth_mixed, tiny_header};
     use crate::format::wtype::WType;
+    use crate::synth::{synth_mixed, tiny_header};
 
     /// Every BF16/F16 matrix is read from its copy, byte for byte the file's; packed
     /// types from their packed form; the rest from the map.

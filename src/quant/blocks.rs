@@ -122,22 +122,9 @@ pub fn dequantize_matrix(t: WType, rows: usize, cols: usize, q: &[u8]) -> Vec<f3
 }
 
 #[cfg(test)]
-pub(super) mod tests {
+mod tests {
     use super::*;
-
-    /// xorshift64, uniform in [0, 1): the sequence of `format::mlb::synth::Rng`, which
-    /// quantizes with this module (so its tests do not import it back); also
-    /// `feedback`'s tests' generator.
-    pub(crate) struct Rng(pub(crate) u64);
-
-    impl Rng {
-        pub(crate) fn next_f64(&mut self) -> f64 {
-            self.0 ^= self.0 << 13;
-            self.0 ^= self.0 >> 7;
-            self.0 ^= self.0 << 17;
-            (self.0 >> 11) as f64 / (1u64 << 53) as f64
-        }
-    }
+    use crate::rng::Rng;
 
     /// `testdata/gguf_blocks.bin` (made by `testdata/make_gguf_blocks.py`): random blocks
     /// and gguf-py's numpy dequantization of them.

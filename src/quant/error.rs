@@ -1,7 +1,7 @@
 //! Why a matrix could not be quantized ([`QuantError`]), and the checks every quantizer
 //! runs on its input first.
 
-use super::half_float;
+use crate::format::half_float;
 use crate::format::wtype::WType;
 
 /// Why a matrix could not be quantized.

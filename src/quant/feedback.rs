@@ -26,6 +26,9 @@
 //!
 //! Rows are independent (parallel over rows, each a pure function of its values and
 //! `U`): the bytes do not depend on the thread count. The update is f64.
+//!
+//! This module sits on top of the plain quantizers ([`quantize`] is the entry with an
+//! optional [`Feedback`]); they never call back into it.
 
 use rayon::prelude::*;
 
@@ -315,6 +318,23 @@ fn quantize_row_passes(
     Ok(())
 }
 
+/// Quantizes a rows × cols matrix (row-major f32) to `wtype`: with error feedback
+/// through `fb` when given (BF16 and F16 store values as they are and ignore it),
+/// otherwise as [`super::quantize`]. The one entry for a converter's matrices.
+pub fn quantize(
+    wtype: WType,
+    rows: usize,
+    cols: usize,
+    x: &[f32],
+    opts: &QuantOptions,
+    fb: Option<&Feedback>,
+) -> Result<Quantized, QuantError> {
+    match fb.filter(|_| !wtype.is_half()) {
+        Some(fb) => quantize_matrix(wtype, rows, cols, x, opts, fb),
+        None => super::quantize(wtype, rows, cols, x, opts),
+    }
+}
+
 /// Quantizes a rows × cols matrix (row-major f32) to `t` with error feedback through
 /// `fb` (cols columns): the same output layout as [`super::quantize`].
 pub fn quantize_matrix(
@@ -436,7 +456,7 @@ mod tests {
     use super::*;
     use crate::quant::{dequant_row, quantize};
 
-    use crate::quant::blocks::tests::Rng;
+    use crate::rng::Rng;
 
     /// A standard normal value (Box-Muller).
     fn normal(rng: &mut Rng) -> f64 {

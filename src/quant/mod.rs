@@ -3,7 +3,7 @@
 //! Blocks are 32 consecutive values of a row. Q8_0 stores one int8 per value and a
 //! scale `d` per block; Q4_0 stores two 4-bit levels per byte and a scale per block.
 //! BF16 and F16 store every value as a 2-byte float, rounded to nearest even
-//! ([`half_float`]). Matrices are quantized row by row in parallel (rayon); every row is a
+//! ([`crate::format::half_float`]). Matrices are quantized row by row in parallel (rayon); every row is a
 //! pure function of its values, so the bytes do not depend on the thread count.
 
 pub mod blocks;
@@ -11,7 +11,6 @@ pub mod blocks32;
 pub mod error;
 pub mod feedback;
 pub mod fit;
-pub mod half_float;
 pub mod kquants;
 pub mod lowbit;
 pub mod mxfp4;
@@ -20,65 +19,13 @@ pub mod q8_0;
 
 use rayon::prelude::*;
 
+use crate::format::half_float;
 use crate::format::mat::QMat;
+pub use crate::format::mat::{Quantized, Scales};
 use error::check_matrix;
 pub use error::QuantError;
 
 pub use crate::format::wtype::{WType, QK};
-
-/// The scales of a quantized matrix, as they are stored.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Scales {
-    F32(Vec<f32>),
-    /// IEEE half bits.
-    F16(Vec<u16>),
-}
-
-impl Scales {
-    pub fn len(&self) -> usize {
-        match self {
-            Scales::F32(v) => v.len(),
-            Scales::F16(v) => v.len(),
-        }
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-}
-
-/// The quantizer's output: a matrix's quants and scales, owned (rows × cols, row-major
-/// blocks), as the writer stores them. The one borrowed view of a quantized matrix
-/// is [`QMat`] ([`Quantized::view`], `Mlb::mat`), which the kernels multiply.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Quantized {
-    pub wtype: WType,
-    pub rows: usize,
-    pub cols: usize,
-    /// Q8_0: rows × cols int8 as bytes; Q4_0: rows × cols / 2 packed nibbles; BF16, F16:
-    /// rows × cols 2-byte floats, little-endian.
-    pub q: Vec<u8>,
-    /// One per block of 32 (empty for BF16 and F16).
-    pub d: Scales,
-}
-
-impl Quantized {
-    /// The matrix as a borrowed view.
-    pub fn view(&self) -> QMat<'_> {
-        let m = QMat {
-            wtype: self.wtype,
-            rows: self.rows,
-            cols: self.cols,
-            q: &self.q,
-            d: &[],
-            d16: &[],
-        };
-        match &self.d {
-            Scales::F32(d) => QMat { d, ..m },
-            Scales::F16(d16) => QMat { d16, ..m },
-        }
-    }
-}
 
 /// How Q4_0 blocks are rounded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -97,10 +44,6 @@ pub struct QuantOptions<'a> {
     /// Importance of each input channel (cols values, floored at 0.001 by the caller):
     /// weights the Q4_0 search by imp × sqrt(s² + x²).
     pub imatrix: Option<&'a [f32]>,
-    /// Error feedback through the input covariance ([`feedback`]): Q8_0, Q4_0 and the
-    /// block types quantize their blocks in order and spread each one's error over the
-    /// columns after it.
-    pub feedback: Option<&'a feedback::Feedback>,
 }
 
 impl Default for QuantOptions<'_> {
@@ -109,7 +52,6 @@ impl Default for QuantOptions<'_> {
             scale_f16: false,
             q4_rule: Q4Rule::Search,
             imatrix: None,
-            feedback: None,
         }
     }
 }
@@ -122,9 +64,6 @@ pub fn quantize(
     x: &[f32],
     opts: &QuantOptions,
 ) -> Result<Quantized, QuantError> {
-    if let Some(fb) = opts.feedback.filter(|_| !wtype.is_half()) {
-        return feedback::quantize_matrix(wtype, rows, cols, x, opts, fb);
-    }
     if blocks::is_block_type(wtype) {
         let q = blocks::quantize_matrix(wtype, rows, cols, x, opts.imatrix)?;
         let d = Scales::F32(Vec::new());

@@ -3,12 +3,12 @@
 //! scalar reference `scalar_half::dot_half`, bit for bit, over the shapes of the fixtures
 //! and the real models, prompt and decode tiles, 1–3 threads, and edge values.
 
+use krafla::format::half_float;
 use krafla::kernels::counters::{self, Op};
 use krafla::kernels::pool::Pool;
 use krafla::kernels::scalar::bf16dot::{self as scalar_bf16dot, round_bf16};
 use krafla::kernels::scalar::half::{dot_half, reduce_half_lanes, HALF_LANES};
 use krafla::kernels::{self, HalfActs, QActs, QMat, Tier, WType, WeightMat};
-use krafla::quant::half_float;
 
 use crate::util::tiers::{all_kernels, scalar};
 use crate::util::{same_f32, Rng};

@@ -329,11 +329,7 @@ fn tokenizer_larger_than_model_is_refused() {
     convert_tokenizer(&tj, &mlt);
     let c = &super::cases()[0];
     let model = tmp.path().join("small.mlb");
-    std::fs::write(
-        &model,
-        krafla::format::mlb::synth::synth_file(&c.h, &c.flags, 1),
-    )
-    .unwrap();
+    std::fs::write(&model, krafla::synth::synth_file(&c.h, &c.flags, 1)).unwrap();
     let err = tool("mlb-run")
         .arg(&model)
         .arg("--tokenizer")

@@ -14,8 +14,8 @@ use crate::convert::pipeline::imatrix::{importance, CovFile};
 use crate::convert::pipeline::permute::RowMap;
 use crate::convert::pipeline::stream::Arrays;
 use crate::format::mlb::{Kind, Tensor};
+use crate::format::mli::cov::CovEntry;
 use crate::format::mli::Mli;
-use crate::format::mli_cov::CovEntry;
 use crate::quant::feedback::Feedback;
 use crate::quant::QuantError;
 
@@ -560,7 +560,7 @@ pub fn quant_error(ck: &Checkpoint, s: &Source, r0: usize, e: QuantError) -> Con
             col, value, wtype, ..
         } => format!(
             "weight [{src}, {col}] is {value}: beyond the {wtype} range (largest finite {}); store this matrix in another type (--types)",
-            crate::quant::half_float::max_finite(wtype)
+            crate::format::half_float::max_finite(wtype)
         ),
         QuantError::BlockScaleOverflow {
             wtype, block, d, ..

@@ -6,8 +6,8 @@ use std::path::Path;
 use crate::convert::desc::ModelDesc;
 use crate::convert::error::{ConvertError, Result};
 use crate::format::mlb::Tensor;
+use crate::format::mli::cov::{self as mli_cov, CovEntry, CovSlot};
 use crate::format::mli::{self, Mli, Slot};
-use crate::format::mli_cov::{self, CovEntry, CovSlot};
 use crate::quant::feedback::Feedback;
 
 /// Reads and checks an MLI1 file against the model.

@@ -33,7 +33,7 @@ use super::plan;
 use crate::format::mlb::header::q8_class;
 use crate::format::WType;
 use crate::quant::feedback::{self, Feedback};
-use crate::quant::{dequant_row, quantize, Q4Rule, QuantOptions, Quantized, Scales};
+use crate::quant::{dequant_row, Q4Rule, QuantOptions, Quantized, Scales};
 
 /// Rows of a matrix quantized to measure its error in each candidate type.
 pub const SAMPLE_ROWS: usize = 64;
@@ -261,9 +261,8 @@ fn round_trip(
         scale_f16: true,
         q4_rule: Q4Rule::Search,
         imatrix: imp,
-        feedback: fb,
     };
-    let q: Quantized = quantize(t, rows, cols, x, &opts).ok()?;
+    let q: Quantized = feedback::quantize(t, rows, cols, x, &opts, fb).ok()?;
     let rb = t.row_bytes(cols);
     let nb = if t.has_scales() { cols / 32 } else { 0 };
     let d: Vec<f32> = match &q.d {

@@ -238,8 +238,8 @@ pub fn fall_back(tensors: &[Tensor], types: &mut [WType], notes: &mut Vec<String
 mod tests {
     use super::*;
     use crate::format::mlb::header::wtype;
-    use crate::format::mlb::synth::tiny_header;
     use crate::format::mlb::{validate, Layout};
+    use crate::synth::tiny_header;
 
     #[test]
     fn parse_rules() {

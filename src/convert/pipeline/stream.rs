@@ -17,8 +17,8 @@ use crate::convert::error::{ConvertError, Result};
 use crate::format::mlb::header::Header;
 use crate::format::mlb::{Kind, Layout, MlbWriter, WriteError};
 use crate::format::WType;
-use crate::quant::feedback::Feedback;
-use crate::quant::{quantize, Q4Rule, QuantError, QuantOptions, Quantized};
+use crate::quant::feedback::{self, Feedback};
+use crate::quant::{Q4Rule, QuantError, QuantOptions, Quantized};
 
 /// Progress reports, in order: one `Start`, `Note`s, one `Tensor` per array written.
 #[derive(Debug, Clone, Copy)]
@@ -164,9 +164,8 @@ fn write_arrays(
                                 scale_f16: target.header.scale_f16 != 0,
                                 q4_rule: target.q4_rule,
                                 imatrix: arrays.importance(i),
-                                feedback: fb.as_ref(),
                             };
-                            quantize(wtype, r.len(), cols, &buf, &qopts)
+                            feedback::quantize(wtype, r.len(), cols, &buf, &qopts, fb.as_ref())
                                 .map_err(|e| arrays.quant_error(i, r.start, e))?
                         }
                     };

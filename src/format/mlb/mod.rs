@@ -9,7 +9,6 @@
 
 pub mod header;
 pub mod layout;
-pub mod synth;
 pub mod validate;
 pub mod view;
 pub mod writer;
@@ -20,6 +19,3 @@ pub use layout::{Ffn, Kind, LayerIdx, Layout, Mixer, MoeIdx, Tensor, TensorName}
 pub use validate::{validate, Dims};
 pub use view::{parse, HalfRef, Mlb, Parsed};
 pub use writer::{MlbWriter, WriteError};
-
-#[cfg(test)]
-mod tests;

@@ -166,7 +166,7 @@ impl<'a> HalfRef<'a> {
 
     /// Row `r` widened to f32 (exact).
     pub fn dequant_row(&self, r: usize, out: &mut [f32]) {
-        crate::quant::half_float::widen(self.wtype, self.row(r), out)
+        crate::format::half_float::widen(self.wtype, self.row(r), out)
     }
 }
 

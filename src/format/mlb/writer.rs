@@ -8,8 +8,8 @@ use super::header::{wtype, Header, HEADER_SIZE};
 use super::layout::{Kind, Layout, Tensor, ALIGN};
 use super::validate::{validate, validate_layer_flags, Dims};
 use crate::format::error::FormatError;
+use crate::format::mat::{Quantized, Scales};
 use crate::format::WType;
-use crate::quant::{Quantized, Scales};
 
 /// Why writing failed: a mismatch with the layout, or an I/O error.
 #[derive(Debug)]

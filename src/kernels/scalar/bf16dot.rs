@@ -124,7 +124,7 @@ pub unsafe fn tile(rows: usize, cols: usize, w: &[u8], x: &[u16], y: *mut f32, l
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::format::mlb::synth::Rng;
+    use crate::rng::Rng;
 
     fn bf(x: f32) -> u16 {
         round_bf16(x)

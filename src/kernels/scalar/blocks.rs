@@ -420,8 +420,8 @@ pub fn matmul(t: WType, rows: usize, cols: usize, w: &[u8], x: &QActs, y: &mut [
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::format::mlb::synth::Rng;
     use crate::quant::blocks::{dequantize_matrix, quantize_matrix};
+    use crate::rng::Rng;
 
     fn h(v: f32) -> [u8; 2] {
         half::f16::from_f32(v).to_bits().to_le_bytes()

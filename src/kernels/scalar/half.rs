@@ -18,10 +18,10 @@
 //! target (a hardware FMA, or the C library's `fmaf`).
 
 use super::tiles::reduce_lanes;
+use crate::format::half_float;
 use crate::format::wtype::WType;
 use crate::kernels::counters::{count, Op};
 use crate::kernels::tier::Tier;
-use crate::quant::half_float;
 
 /// Partial sums per output in the contract: column `c` goes to lane `c % HALF_LANES`
 /// (one zmm, two ymm, four NEON q registers).
@@ -146,7 +146,7 @@ pub fn dequant_row_half(wtype: WType, w: &[u16], out: &mut [f32]) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::format::mlb::synth::Rng;
+    use crate::rng::Rng;
 
     const ONE_BF16: u16 = 0x3F80;
 

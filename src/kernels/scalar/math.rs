@@ -186,7 +186,7 @@ pub fn swiglu_mul(g: &mut [f32], u: &[f32], l: f32, a: f32) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::format::mlb::synth::Rng;
+    use crate::rng::Rng;
 
     #[test]
     fn dot_is_accurate_and_in_the_contract_order() {

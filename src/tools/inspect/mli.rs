@@ -5,8 +5,8 @@ use std::fmt::Write;
 
 use serde_json::{json, Value};
 
+use crate::format::mli::cov::{self as mli_cov, CovEntry};
 use crate::format::mli::{Mli, Slot};
-use crate::format::mli_cov::{self, CovEntry};
 
 const SLOTS: [(Slot, &str); 4] = [
     (Slot::Attn, "attn_in"),

@@ -200,7 +200,7 @@ fn render_chat(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::format::mlb::synth::{synth_file, tiny_header};
+    use crate::synth::{synth_file, tiny_header};
     use std::path::PathBuf;
 
     fn model() -> (tempfile::TempDir, PathBuf) {

@@ -1,11 +1,13 @@
 //! Synthetic `.mlb` files with seeded random weights, for tests, fuzz seeds and
-//! crafted-error cases. Not used by the tools.
+//! crafted-error cases. Not used by the tools. It sits above `format` and `quant` (it
+//! quantizes and writes), so their own tests do not use it.
 
-use super::header::{rope_type, wtype, Header};
-use super::layout::Kind;
-use super::writer::MlbWriter;
+use crate::format::mlb::header::{rope_type, wtype, Header};
+use crate::format::mlb::layout::Kind;
+use crate::format::mlb::writer::MlbWriter;
 use crate::format::WType;
 use crate::quant::{quantize, Q4Rule, QuantOptions};
+pub use crate::rng::Rng;
 
 /// A small valid Llama-like header: dim 64, 2 layers, 4 heads, 2 kv heads.
 pub fn tiny_header() -> Header {
@@ -77,33 +79,6 @@ pub fn yarn_rope(h: &mut Header, orig_max_seq: u32, attn_factor: f32) {
     h.rope_attn_factor = attn_factor;
 }
 
-/// Deterministic values (xorshift64; also the library's unit tests' generator).
-pub struct Rng(pub u64);
-
-impl Rng {
-    /// The next 64-bit state.
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-
-    /// Uniform in [-1, 1).
-    pub fn next_f32(&mut self) -> f32 {
-        ((self.next_u64() >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-    }
-
-    /// Uniform in [0, 1).
-    pub fn next_f64(&mut self) -> f64 {
-        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
-    }
-
-    pub fn vec(&mut self, n: usize) -> Vec<f32> {
-        (0..n).map(|_| self.next_f32()).collect()
-    }
-}
-
 /// Writes a complete file for `h` and `flags` with random weights (norms near 1).
 pub fn synth_file(h: &Header, flags: &[u8], seed: u64) -> Vec<u8> {
     let w = MlbWriter::new(Vec::new(), h, flags).expect("valid synthetic header");
@@ -122,7 +97,6 @@ fn fill(mut w: MlbWriter<Vec<u8>>, h: &Header, seed: u64) -> Vec<u8> {
         scale_f16: h.scale_f16 != 0,
         q4_rule: Q4Rule::Round,
         imatrix: None,
-        feedback: None,
     };
     while let Some(t) = w.next_tensor().copied() {
         match t.kind {

@@ -1,12 +1,13 @@
-//! Layout, round-trip and one test per row of the spec's error table.
+//! The .mlb format: layout, round-trip and one test per row of the spec's error table,
+//! on synthetic files (`krafla::synth`, which quantizes: so these live outside `format`).
 
-use super::header::{layer_flag, q8_class, rope_type, wtype, Header};
-use super::layout::{self, align_up, to_usize_limited, Kind, Layout, Mixer};
-use super::synth::{self, linear_dims, llama3_rope, synth_file, tiny_header, yarn_rope};
-use super::validate::validate;
-use super::view::{parse, parse_limited, Mlb};
-use crate::format::error::Status;
-use crate::format::WType;
+use krafla::format::error::Status;
+use krafla::format::mlb::header::{layer_flag, q8_class, rope_type, wtype, Header};
+use krafla::format::mlb::layout::{self, align_up, to_usize_limited, Kind, Layout, Mixer};
+use krafla::format::mlb::validate::validate;
+use krafla::format::mlb::view::{parse, parse_limited, Mlb};
+use krafla::format::WType;
+use krafla::synth::{self, linear_dims, llama3_rope, synth_file, tiny_header, yarn_rope};
 
 fn valid_file(h: &Header, flags: &[u8]) -> Vec<u8> {
     synth_file(h, flags, 7)
@@ -170,7 +171,7 @@ fn every_optional_array() {
     // f16 scales are converted once: dequantized rows come out finite.
     let e = m.mat(l.tok_emb);
     let mut row = vec![0.0; 64];
-    crate::quant::dequant_mat_row(&e, 3, &mut row);
+    krafla::quant::dequant_mat_row(&e, 3, &mut row);
     assert!(row.iter().all(|v| v.is_finite()) && row.iter().any(|&v| v != 0.0));
     assert_eq!(m.layer_flags(1), 3);
     // With a shared classifier, the wcls bit alone makes tok_emb Q8_0.
@@ -588,8 +589,8 @@ fn checked_arithmetic_helpers() {
 
 #[test]
 fn quantize_is_thread_count_independent() {
-    use crate::quant::{quantize, QuantOptions};
-    let mut rng = super::synth::Rng(99);
+    use krafla::quant::{quantize, QuantOptions};
+    let mut rng = krafla::rng::Rng(99);
     let x = rng.vec(257 * 96);
     let run = |threads: usize, qt: WType| {
         let pool = rayon::ThreadPoolBuilder::new()
@@ -606,10 +607,10 @@ fn quantize_is_thread_count_independent() {
 
 // ---------------------------------------------------------------- Krafla weight types
 
-use super::layout::mat_bytes;
-use super::synth::synth_mixed;
-use super::writer::MlbWriter;
-use crate::format::mlb::{Geometry, TensorName};
+use krafla::format::mlb::layout::mat_bytes;
+use krafla::format::mlb::writer::MlbWriter;
+use krafla::format::mlb::{Geometry, TensorName};
+use krafla::synth::synth_mixed;
 
 /// main at 09aeb59 (before BF16/F16) checked `wtype` with exactly this rule, first
 /// among the header's enums, and refused anything else with ML_E_FORMAT ("must be 1
@@ -683,7 +684,7 @@ fn bf16_and_f16_layout_view_and_round_trip() {
                 );
                 let (mut a, mut b) = (vec![0f32; cols], vec![0f32; cols]);
                 hm.dequant_row(rows - 1, &mut a);
-                crate::quant::dequant_mat_row(&m.mat(i), rows - 1, &mut b);
+                krafla::quant::dequant_mat_row(&m.mat(i), rows - 1, &mut b);
                 assert_eq!(a, b);
                 assert!(a.iter().all(|v| v.is_finite() && v.abs() <= 1.0));
                 assert!(m.mat_f16(i).is_none());
@@ -921,7 +922,7 @@ fn mixed_file_holds_the_same_arrays_as_q8_mask() {
     let (la, lb) = (a.layout(), b.layout());
     let shift = lb.tensors[lb.tok_emb].offset - la.tensors[la.tok_emb].offset;
     assert_eq!(shift, 64);
-    let arrays = |m: &Mlb, t: &super::layout::Tensor| {
+    let arrays = |m: &Mlb, t: &krafla::format::mlb::layout::Tensor| {
         m.bytes()[t.offset as usize..t.end() as usize].to_vec()
     };
     for (ta, tb) in la.tensors.iter().zip(lb.tensors.iter().skip(1)) {
@@ -992,7 +993,7 @@ fn mutated_bf16_and_mixed_files_load_or_fail_with_a_status() {
                         for (i, t) in m.layout().tensors.iter().enumerate() {
                             if let Kind::Mat { rows, cols, .. } = t.kind {
                                 let mut row = vec![0f32; cols];
-                                crate::quant::dequant_mat_row(&m.mat(i), rows - 1, &mut row);
+                                krafla::quant::dequant_mat_row(&m.mat(i), rows - 1, &mut row);
                                 if let Some(h) = m.mat_half(i) {
                                     h.dequant_row(0, &mut row);
                                 }

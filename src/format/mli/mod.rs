@@ -11,10 +11,16 @@
 //! docs/file-format.md, "MLI").
 //!
 //! **Krafla**: with bit 16 of the version set, a covariance section follows the sums
-//! ([`super::mli_cov`]); [`Mli::covariance`] is its table.
+//! ([`cov`]); [`Mli::covariance`] is its table.
+
+pub mod cov;
+#[cfg(test)]
+mod cov_tests;
+pub mod slot;
 
 use crate::format::error::{FormatError, Result};
-use crate::format::mli_cov::{self, CovSlot, Covariance};
+use cov::{CovSlot, Covariance};
+pub use slot::Slot;
 
 pub const MAGIC: [u8; 4] = *b"MLI1";
 pub const VERSION: u32 = 1;
@@ -22,19 +28,6 @@ pub const VERSION: u32 = 1;
 pub const VERSION_MOE: u32 = 2;
 pub const HEADER_SIZE: usize = 40;
 const DIM_LIMIT: u32 = 65536;
-
-/// The matrix inputs an imatrix sums, per layer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Slot {
-    /// Input of wq, wk, wv (and wg, lqkv, lz, lb, la): dim channels.
-    Attn,
-    /// Input of wo (and lout): q_dim channels.
-    Wo,
-    /// Input of w1 and w3: dim channels.
-    W13,
-    /// Input of w2: hidden_dim channels.
-    W2,
-}
 
 /// An importance matrix.
 #[derive(Debug, Clone, PartialEq)]
@@ -256,7 +249,7 @@ impl Mli {
     }
 
     /// The file's bytes: header and sums (a covariance section is appended by
-    /// [`mli_cov::write`]).
+    /// [`cov::write`]).
     pub fn to_bytes(&self) -> Vec<u8> {
         let mut b = Vec::with_capacity(HEADER_SIZE + 8 * self.sums.len());
         b.extend_from_slice(&MAGIC);
@@ -338,8 +331,8 @@ pub fn parse(b: &[u8]) -> Result<Mli> {
         ));
     }
     let version = u32_at(b, 4);
-    let with_cov = version & mli_cov::FLAG != 0;
-    let base = version & !mli_cov::FLAG;
+    let with_cov = version & cov::FLAG != 0;
+    let base = version & !cov::FLAG;
     if base != VERSION && base != VERSION_MOE {
         return Err(FormatError::format(
             "version",
@@ -382,7 +375,7 @@ pub fn parse(b: &[u8]) -> Result<Mli> {
         covariance: None,
     };
     if with_cov {
-        let cov = mli_cov::parse(b, want as usize, n_layers, |s| m.cov_width(s))?;
+        let cov = cov::parse(b, want as usize, n_layers, |s| m.cov_width(s))?;
         m.covariance = Some(cov);
     }
     Ok(m)
