@@ -21,6 +21,10 @@
 #   REQUESTS [4]: per client   N_GEN [128]   CTX [1024]: positions per slot
 #   KRAFLA_BIN  folder with mlb-convert, mlt-convert, mlb-serve  [target/release, built here]
 #   KRAFLA_ONLY=1 skip llama-server   LLAMA_ONLY=1 skip mlb-serve
+#   CONSTRAIN   a JSON object merged into mlb-serve's requests, e.g.
+#               '{"response_format": {"type": "json_object"}}': mlb-serve then runs twice per
+#               concurrency, plain ("krafla") and constrained ("krafla+c"), alternating,
+#               so the table shows what the constraint costs  [empty: off]
 # Results: $BENCH_DIR/results/serve-MODEL-QUANT.tsv and the table on stdout.
 set -euo pipefail
 
@@ -38,6 +42,7 @@ N_GEN=${N_GEN:-128}
 CTX=${CTX:-1024}
 KRAFLA_ONLY=${KRAFLA_ONLY:-0}
 LLAMA_ONLY=${LLAMA_ONLY:-0}
+CONSTRAIN=${CONSTRAIN:-}
 LLAMA_SERVER=${LLAMA_SERVER:-$BENCH_DIR/build-server/bin/llama-server}
 case "$QUANT" in q8_0) cflags=(--wtype q8_0 --f16-scales) ;; q4_0) cflags=(--wtype q4_0 --q8 none --q4-rule round --f16-scales) ;;
   *) echo "bench-serve.sh: QUANT=$QUANT: expected q8_0 or q4_0" >&2; exit 2 ;; esac
@@ -97,6 +102,7 @@ start_llama() { # model
   done
   echo "bench-serve.sh: llama-server did not start" >&2; exit 1
 }
+start_krafla_c() { start_krafla "$@"; }
 stop() { kill -TERM "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; }
 trap 'stop' EXIT
 
@@ -120,6 +126,7 @@ for m in $MODELS; do
   servers=()
   [ "$KRAFLA_ONLY" = 1 ] || servers+=(llama)
   [ "$LLAMA_ONLY" = 1 ] || servers+=(krafla)
+  [ "$LLAMA_ONLY" = 1 ] || [ -z "$CONSTRAIN" ] || servers+=(krafla_c)
   # Concurrency outermost: the two servers alternate, so a drifting machine slows both.
   for c in $CLIENTS; do
     for s in "${servers[@]}"; do
@@ -127,10 +134,12 @@ for m in $MODELS; do
       # One short request first: both servers touch their weights before the clock runs.
       python3 "$client" "$url" 1 1 4 "$eos" >/dev/null
       log "$s $m $QUANT: $c client(s) x $REQUESTS request(s) x $N_GEN tokens"
-      r=$(python3 "$client" "$url" "$c" "$REQUESTS" "$N_GEN" "$eos")
+      extra=
+      [ "$s" = krafla_c ] && extra=$CONSTRAIN
+      r=$(python3 "$client" "$url" "$c" "$REQUESTS" "$N_GEN" "$eos" "$extra")
       rss=$(awk '/^VmHWM:/ { printf "%.1f", $2 / 1024 }' "/proc/$pid/status")
       stop
-      python3 -c 'import json,sys; r=json.loads(sys.argv[1]); print("\t".join(str(x) for x in [sys.argv[2], r["clients"], r["requests"], r["tokens"], r["tok_s"], r["ttft_ms_median"], sys.argv[3], r["errors"]]))' \
+      python3 -c 'import json,sys; r=json.loads(sys.argv[1]); print("\t".join(str(x) for x in [sys.argv[2].replace("krafla_c", "krafla+c"), r["clients"], r["requests"], r["tokens"], r["tok_s"], r["ttft_ms_median"], sys.argv[3], r["errors"]]))' \
         "$r" "$s" "$rss" >>"$tsv.tmp"
     done
   done

@@ -1,13 +1,14 @@
 #!/usr/bin/env python3
 """Load generator for scripts/bench-serve.sh (standard library only).
 
-    bench_serve_client.py URL CLIENTS REQUESTS N_GEN BAN_ID
+    bench_serve_client.py URL CLIENTS REQUESTS N_GEN BAN_ID [EXTRA_JSON]
 
 CLIENTS threads each send REQUESTS streaming POST /v1/completions one after another
 (greedy, max_tokens N_GEN, token BAN_ID banned with logit_bias -100 and ignore_eos set,
 so that every request generates N_GEN tokens on both servers). Prints one JSON line:
 generated tokens (from each stream's usage chunk, else its text chunks), wall seconds,
-aggregate tokens/s, median time to first token (ms), errors.
+aggregate tokens/s, median time to first token (ms), errors. EXTRA_JSON, an object, is
+merged into every request's body (e.g. a response_format, to measure constrained decoding).
 """
 
 import http.client
@@ -60,6 +61,7 @@ def one(host, port, body):
 
 def main():
     url, clients, requests, n_gen, ban = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
+    extra = json.loads(sys.argv[6]) if len(sys.argv) > 6 and sys.argv[6] else {}
     u = urllib.parse.urlparse(url)
     tokens, ttfts, errors = [], [], []
     lock = threading.Lock()
@@ -74,6 +76,7 @@ def main():
                 "stream_options": {"include_usage": True},
                 "logit_bias": {ban: -100},
                 "ignore_eos": True,
+                **extra,
             }
             try:
                 n, t = one(u.hostname, u.port, body)

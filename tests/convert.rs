@@ -193,30 +193,10 @@ fn bf16_ref(x: f32) -> u16 {
 }
 
 /// f32 → IEEE binary16 bits, round to nearest even, subnormals kept; 0x7C00 (infinity)
-/// when the rounded value exceeds 65504. Computed in f64 from the quantum of x's binade.
+/// when the rounded value exceeds 65504: the `half` crate's conversion, independent of
+/// Krafla's own.
 fn f16_ref(x: f32) -> u16 {
-    let sign = if x.is_sign_negative() { 0x8000u16 } else { 0 };
-    let a = (x as f64).abs();
-    if a == 0.0 {
-        return sign;
-    }
-    let exp = |v: f64| ((v.to_bits() >> 52) & 0x7FF) as i32 - 1023;
-    let q = 2f64.powi(exp(a).max(-14) - 10);
-    let (m, fl) = (a / q, (a / q).floor());
-    let r = if m - fl > 0.5 || (m - fl == 0.5 && fl % 2.0 == 1.0) {
-        fl + 1.0
-    } else {
-        fl
-    };
-    let v = r * q;
-    if v > 65504.0 {
-        return sign | 0x7C00;
-    }
-    if v < 2f64.powi(-14) {
-        return sign | (v / 2f64.powi(-24)) as u16;
-    }
-    let e = exp(v);
-    sign | (((e + 15) as u16) << 10) | ((v / 2f64.powi(e) - 1.0) * 1024.0) as u16
+    half::f16::from_f32(x).to_bits()
 }
 
 /// Little-endian bytes of every value's 2-byte float.

@@ -924,7 +924,7 @@ fn hostile_chat_templates_are_one_line_in_every_tool() {
     std::fs::write(d.join("conv.json"), conv).unwrap();
     let base = Mlt::parse(&std::fs::read(d.join("m.mlt")).unwrap()).unwrap();
     let json = testdata().join("default/tokenizer.json");
-    for (i, src) in crate::util::HOSTILE_TEMPLATES.iter().enumerate() {
+    for (i, src) in crate::util::hostile_templates().into_iter().enumerate() {
         let mut m = base.clone();
         m.flags |= krafla::format::mlt::FLAG_CHAT;
         m.chat = Some(krafla::format::mlt_chat::ChatSection {

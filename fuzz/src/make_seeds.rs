@@ -172,8 +172,11 @@ fn main() {
         b.extend_from_slice(conv.as_bytes());
         write("chat_render", &format!("{n}.bin"), &b);
     }
-    // Issue 42's hostile templates (tests/util HOSTILE_TEMPLATES), one user message each.
-    for (i, t) in HOSTILE_TEMPLATES.iter().enumerate() {
+    // Issue 42's hostile templates (testdata/hostile_templates.txt), one user message each.
+    for (i, t) in include_str!("../../testdata/hostile_templates.txt")
+        .lines()
+        .enumerate()
+    {
         let b = format!("{t}\0{{\"messages\": [{{\"role\": \"user\", \"content\": \"hi\"}}]}}");
         write("chat_render", &format!("hostile-{i}.bin"), b.as_bytes());
     }
@@ -338,14 +341,3 @@ fn gguf_seeds() -> Vec<(&'static str, Vec<u8>)> {
     vec![("tiny_model.gguf", model), ("types.gguf", blocks)]
 }
 
-/// The hostile chat templates of issue 42 (as in tests/util/mod.rs).
-const HOSTILE_TEMPLATES: [&str; 8] = [
-    "{% set l = range(100000)|list %}{{ l|tojson(separators=(' ' * 1000000, ':')) }}",
-    "{% set l = range(100000)|list %}{{ l|tojson(indent=' ' * 1000000) }}",
-    "{% set ns = namespace(a=1) %}{% set ns.me = ns %}{{ ns }}",
-    "{{ '%999999999s'|format('x') }}",
-    "{{ '{:>999999999}'.format('x') }}",
-    "{% set ns = namespace(s='ab') %}{% for i in range(64) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s|length }}",
-    "{% set ns = namespace(l=[1]) %}{% for i in range(64) %}{% set ns.l = ns.l + ns.l %}{% endfor %}{{ ns.l|length }}",
-    "{% set ns = namespace(a=[]) %}{% for i in range(100000) %}{% set ns.a = [ns.a] %}{% endfor %}{{ ns.a }}",
-];

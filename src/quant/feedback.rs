@@ -454,7 +454,7 @@ pub fn output_error(rows: usize, cols: usize, x: &[f32], xq: &[f32], h: &[f64]) 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::quant::{dequant_row, quantize};
+    use crate::quant::quantize;
 
     use crate::rng::Rng;
 
@@ -494,30 +494,7 @@ mod tests {
     }
 
     fn dequant(q: &Quantized) -> Vec<f32> {
-        let nb = if q.wtype.has_scales() { q.cols / QK } else { 0 };
-        let d: Vec<f32> = match &q.d {
-            Scales::F32(d) => d.clone(),
-            Scales::F16(d) => d
-                .iter()
-                .map(|&b| half::f16::from_bits(b).to_f32())
-                .collect(),
-        };
-        let rb = q.wtype.row_bytes(q.cols);
-        let mut out = vec![0f32; q.rows * q.cols];
-        for r in 0..q.rows {
-            let dr = if nb > 0 {
-                &d[r * nb..(r + 1) * nb]
-            } else {
-                &[][..]
-            };
-            dequant_row(
-                q.wtype,
-                &q.q[r * rb..(r + 1) * rb],
-                dr,
-                &mut out[r * q.cols..][..q.cols],
-            );
-        }
-        out
+        crate::quant::dequant_matrix(&q.view())
     }
 
     /// Gauss–Jordan inverse of an m × m matrix (f64, partial pivoting).

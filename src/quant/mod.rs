@@ -248,6 +248,17 @@ pub fn dequant_mat_row(w: &QMat, r: usize, out: &mut [f32]) {
     dequant_row(w.wtype, w.row_q(r), d, out)
 }
 
+/// The whole matrix dequantized, row-major ([`dequant_mat_row`] per row).
+pub fn dequant_matrix(w: &QMat) -> Vec<f32> {
+    let mut out = vec![0f32; w.rows * w.cols];
+    if w.cols > 0 {
+        for (r, o) in out.chunks_exact_mut(w.cols).enumerate() {
+            dequant_mat_row(w, r, o);
+        }
+    }
+    out
+}
+
 /// Dequantizes one row (`q`: its bytes in the matrix's first array, `d`: its scales,
 /// `out`: its values): `w = level · d` per block, one f32 multiply
 /// ([`q8_0::dequant_block`], [`q4_0::dequant_block`]); the 2-byte floats widened (`d`

@@ -128,17 +128,19 @@ impl Rng {
 }
 
 /// Issue 42's hostile chat templates: each once aborted a tool (a 4 GB allocation, a
-/// stack overflow) or took GiBs; under the render budget each is a clean error.
-pub const HOSTILE_TEMPLATES: [&str; 8] = [
-    "{% set l = range(100000)|list %}{{ l|tojson(separators=(' ' * 1000000, ':')) }}",
-    "{% set l = range(100000)|list %}{{ l|tojson(indent=' ' * 1000000) }}",
-    "{% set ns = namespace(a=1) %}{% set ns.me = ns %}{{ ns }}",
-    "{{ '%999999999s'|format('x') }}",
-    "{{ '{:>999999999}'.format('x') }}",
-    "{% set ns = namespace(s='ab') %}{% for i in range(64) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s|length }}",
-    "{% set ns = namespace(l=[1]) %}{% for i in range(64) %}{% set ns.l = ns.l + ns.l %}{% endfor %}{{ ns.l|length }}",
-    "{% set ns = namespace(a=[]) %}{% for i in range(100000) %}{% set ns.a = [ns.a] %}{% endfor %}{{ ns.a }}",
-];
+/// stack overflow) or took GiBs; under the render budget each is a clean error. One per
+/// line of testdata/hostile_templates.txt (the fuzz seeds read the same file).
+pub fn hostile_templates() -> Vec<&'static str> {
+    let v: Vec<_> = include_str!("../../testdata/hostile_templates.txt")
+        .lines()
+        .collect();
+    assert_eq!(
+        v.len(),
+        8,
+        "testdata/hostile_templates.txt: one template per line"
+    );
+    v
+}
 
 #[test]
 fn first_diff_compares_bits_and_lengths() {

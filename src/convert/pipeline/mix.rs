@@ -33,7 +33,7 @@ use super::plan;
 use crate::format::mlb::header::q8_class;
 use crate::format::WType;
 use crate::quant::feedback::{self, Feedback};
-use crate::quant::{dequant_row, Q4Rule, QuantOptions, Quantized, Scales};
+use crate::quant::{dequant_matrix, Q4Rule, QuantOptions, Quantized};
 
 /// Rows of a matrix quantized to measure its error in each candidate type.
 pub const SAMPLE_ROWS: usize = 64;
@@ -263,20 +263,7 @@ fn round_trip(
         imatrix: imp,
     };
     let q: Quantized = feedback::quantize(t, rows, cols, x, &opts, fb).ok()?;
-    let rb = t.row_bytes(cols);
-    let nb = if t.has_scales() { cols / 32 } else { 0 };
-    let d: Vec<f32> = match &q.d {
-        Scales::F32(d) => d.clone(),
-        Scales::F16(d) => d
-            .iter()
-            .map(|&b| half::f16::from_bits(b).to_f32())
-            .collect(),
-    };
-    let mut out = vec![0f32; rows * cols];
-    for (r, o) in out.chunks_exact_mut(cols).enumerate() {
-        dequant_row(t, &q.q[r * rb..(r + 1) * rb], &d[r * nb..(r + 1) * nb], o);
-    }
-    Some(out)
+    Some(dequant_matrix(&q.view()))
 }
 
 /// The lower convex hull of a matrix's candidates in (bytes, predicted error): indices
