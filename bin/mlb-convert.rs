@@ -81,7 +81,7 @@ struct Cli {
     /// Choose every matrix's type by measured error under this many bits per weight (all matrices, scales included, as mlb-inspect counts them)
     #[arg(long, value_name = "BPW", conflicts_with_all = ["wtype", "preset"])]
     target_bpw: Option<f64>,
-    /// A named --target-bpw: q4_k_s (4.6), q4_k_m (4.9), q5_k_m (5.7), q6_k (6.6), q8_0 (8.5)
+    /// A named --target-bpw: iq2_m (2.7), iq3_xxs (3.06), iq3_m (3.66), q3_k_m (4.0), iq4_xs (4.25), q4_k_s (4.6), q4_k_m (4.9), q5_k_m (5.7), q6_k (6.6), q8_0 (8.5)
     #[arg(long, value_name = "NAME", value_parser = parse_preset, conflicts_with = "wtype")]
     preset: Option<f64>,
     /// With --target-bpw or --preset: write every matrix's measured errors and chosen type as JSON
@@ -96,6 +96,9 @@ struct Cli {
     /// Store every quantization scale as f16 instead of f32
     #[arg(long)]
     f16_scales: bool,
+    /// Only types GGUF has, so that mlb-export takes the file: mixes choose among them, rows that are not whole 256-weight super-blocks fall back to GGUF types (Q6_K to Q8_0), scales are f16
+    #[arg(long)]
+    gguf_types: bool,
     /// Q4_0 rounding: least-squares search, or llama.cpp's round [default: round for Gemma 3, search otherwise]
     #[arg(long, value_enum)]
     q4_rule: Option<RuleArg>,
@@ -177,6 +180,7 @@ fn main() -> ExitCode {
         requantize: cli.requantize,
         cancel: Some(&STOP),
         target_bpw: cli.target_bpw.or(cli.preset),
+        gguf_types: cli.gguf_types,
     };
     if cli.mix_report.is_some() && opts.target_bpw.is_none() {
         eprintln!("mlb-convert: --mix-report needs --target-bpw or --preset");

@@ -15,6 +15,7 @@ use std::path::{Path, PathBuf};
 use krafla::format::gguf::{self, GgmlType, GgufWriter, MetaValue, TensorSpec};
 use krafla::format::mlb::{self, Header, HEADER_SIZE};
 
+use crate::util::fixtures::byte_mlt;
 use crate::util::fixtures::{convert, converted, f32s, read_f32, reference};
 use crate::util::tool::{mlb_convert, mlb_export, tool};
 use crate::util::{first_diff, testdata};
@@ -964,27 +965,6 @@ fn gguf_tokenizer_refusals() {
 
 // ---------------------------------------------------------------------------------
 // Export
-
-/// A byte-level tokenizer of the 256 bytes (the fixtures' GGUFs carry one without
-/// merges, which llama.cpp's byte-level BPE would refuse).
-fn byte_mlt(path: &Path) {
-    use krafla::format::mlt::{Attr, Kind, Token, FLAG_GPT2_REGEX};
-    let m = Mlt {
-        kind: Kind::ByteLevel,
-        bos: Some(1),
-        eos: Some(2),
-        flags: FLAG_GPT2_REGEX,
-        tokens: (0..=255u8)
-            .map(|b| Token {
-                attr: Attr::Normal,
-                bytes: vec![b],
-            })
-            .collect(),
-        merges: Vec::new(),
-        chat: None,
-    };
-    std::fs::write(path, m.to_bytes().unwrap()).unwrap();
-}
 
 /// Every tensor of `a` is in `b` with the same type, shape and bytes, and the reverse.
 fn same_tensors(a: &[u8], b: &[u8]) -> Result<(), String> {

@@ -77,7 +77,7 @@ fn wtype_block_types_write_uniform_files() {
 fn target_bpw_hits_the_budget() {
     let tmp = tempfile::tempdir().unwrap();
     let mut last = 0.0;
-    for x in [4.6, 5.0, 5.5, 6.0, 7.0] {
+    for x in [2.8, 3.2, 3.7, 4.3, 4.6, 5.0, 5.5, 6.0, 7.0] {
         let out = tmp.path().join(format!("t{x}.mlb"));
         convert(
             &model("llama_k256"),
@@ -94,11 +94,12 @@ fn target_bpw_hits_the_budget() {
         assert!(got > last, "target {x}: {got} after {last}");
         last = got;
     }
-    // Below the smallest mix: one line naming the option and the least it takes.
+    // Below the smallest mix (every matrix Q2_K, or the Q8_0 it must keep): one line
+    // naming the option and the least it takes.
     let e = mlb_convert(&model("llama_k256"), &tmp.path().join("low.mlb"))
-        .args(["--target-bpw", "4"])
+        .args(["--target-bpw", "2"])
         .fails();
-    assert!(e.contains("--target-bpw") && e.contains("4.5"), "{e}");
+    assert!(e.contains("--target-bpw") && e.contains("2.6"), "{e}");
     let errors = e.lines().filter(|l| l.starts_with("mlb-convert:")).count();
     assert_eq!(errors, 1, "{e}");
 }
@@ -122,7 +123,14 @@ fn target_bpw_deterministic_and_presets_are_their_targets() {
             "{name}: {hashes:x?}"
         );
     }
-    for (preset, x) in [("q4_k_m", "4.9"), ("q5_k_m", "5.7"), ("q6_k", "6.6")] {
+    for (preset, x) in [
+        ("iq2_m", "2.7"),
+        ("q3_k_m", "4.0"),
+        ("iq4_xs", "4.25"),
+        ("q4_k_m", "4.9"),
+        ("q5_k_m", "5.7"),
+        ("q6_k", "6.6"),
+    ] {
         let (a, b) = (tmp.path().join("a.mlb"), tmp.path().join("b.mlb"));
         convert(&model("llama_k256"), &a, &["--preset", preset]);
         convert(&model("llama_k256"), &b, &["--target-bpw", x]);
@@ -137,6 +145,48 @@ fn target_bpw_deterministic_and_presets_are_their_targets() {
         .args(["--preset", "q3_x"])
         .fails();
     assert!(e.contains("q3_x") && e.contains("q4_k_m"), "{e}");
+}
+
+/// `--gguf-types`: only GGUF's types, so that mlb-export takes the file: a K type on
+/// 64-wide rows falls back to a GGUF type (Q6_K to Q8_0, not Q6_0), scales are f16
+/// (GGUF's blocks hold f16), a mix never picks Q6_0, and a type GGUF lacks is refused.
+#[test]
+fn gguf_types_make_files_mlb_export_takes() {
+    let tmp = tempfile::tempdir().unwrap();
+    let export = |m: &Path| {
+        crate::util::fixtures::byte_mlt(&m.with_extension("mlt"));
+        crate::util::tool::mlb_export(m, &m.with_extension("gguf"))
+    };
+    // Without it: Q6_0 (Krafla's), which mlb-export refuses.
+    let plain = tmp.path().join("plain.mlb");
+    convert(&model("llama"), &plain, &["--wtype", "q6_k"]);
+    assert_eq!(type_names(&inspect(&plain)), ["Q6_0"]);
+    let e = export(&plain).fails();
+    assert!(e.contains("Q6_0"), "{e}");
+    let g = tmp.path().join("g.mlb");
+    let err = convert(&model("llama"), &g, &["--wtype", "q6_k", "--gguf-types"]).stderr;
+    assert!(err.contains("stored as Q8_0"), "{err}");
+    let v = inspect(&g);
+    assert_eq!(type_names(&v), ["Q8_0"]);
+    assert_eq!(v["header"]["scale_f16"].as_u64(), Some(1));
+    export(&g).ok();
+    // A mix on 64-wide rows: Q6_0 without the flag, never with it.
+    let (a, b) = (tmp.path().join("a.mlb"), tmp.path().join("b.mlb"));
+    convert(&model("llama"), &a, &["--target-bpw", "6.8"]);
+    assert!(type_names(&inspect(&a)).contains(&"Q6_0".to_string()));
+    convert(
+        &model("llama"),
+        &b,
+        &["--target-bpw", "6.8", "--gguf-types"],
+    );
+    let names = type_names(&inspect(&b));
+    assert!(!names.contains(&"Q6_0".to_string()), "{names:?}");
+    export(&b).ok();
+    // A type GGUF lacks, asked for: refused by name.
+    let e = mlb_convert(&model("llama"), &tmp.path().join("q6_0.mlb"))
+        .args(["--wtype", "q6_0", "--gguf-types"])
+        .fails();
+    assert!(e.contains("--gguf-types") && e.contains("Q6_0"), "{e}");
 }
 
 /// `--mix-report`: per matrix the measured candidates and the choice, which is the type

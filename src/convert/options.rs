@@ -50,6 +50,11 @@ pub struct ConvertOptions {
     /// under this many bits per weight ([`mix`](super::pipeline::mix)); `wtype` and `q8_mask` are not used,
     /// `types` pins the matrices its rules pick.
     pub target_bpw: Option<f64>,
+    /// `--gguf-types`: only types GGUF has, so that mlb-export takes the file: a mix
+    /// chooses among them, rows that are not whole 256-weight super-blocks fall back to
+    /// GGUF types (Q6_K to Q8_0 rather than Q6_0), scales are f16, and a type GGUF
+    /// lacks (`--wtype q6_0`) is refused.
+    pub gguf_types: bool,
 }
 
 impl ConvertOptions {
@@ -69,6 +74,7 @@ impl ConvertOptions {
             requantize: None,
             cancel: None,
             target_bpw: None,
+            gguf_types: false,
         }
     }
 }

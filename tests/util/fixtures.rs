@@ -113,3 +113,24 @@ pub fn convert_with(dir: &Path, out: &Path, f: impl FnOnce(&mut ConvertOptions))
         .unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
     std::fs::read(out).unwrap()
 }
+
+/// A byte-level tokenizer of the 256 bytes (the fixtures' GGUFs carry one without
+/// merges, which llama.cpp's byte-level BPE would refuse).
+pub fn byte_mlt(path: &Path) {
+    use krafla::format::mlt::{Attr, Kind, Mlt, Token, FLAG_GPT2_REGEX};
+    let m = Mlt {
+        kind: Kind::ByteLevel,
+        bos: Some(1),
+        eos: Some(2),
+        flags: FLAG_GPT2_REGEX,
+        tokens: (0..=255u8)
+            .map(|b| Token {
+                attr: Attr::Normal,
+                bytes: vec![b],
+            })
+            .collect(),
+        merges: Vec::new(),
+        chat: None,
+    };
+    std::fs::write(path, m.to_bytes().unwrap()).unwrap();
+}

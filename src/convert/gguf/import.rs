@@ -39,7 +39,7 @@ use super::desc::{describe, Described};
 use super::file::{map_file, parse_file};
 use super::meta::Meta;
 use super::sources::{source_of, sources, Action, GgufArrays, Source};
-use super::types::copy_type;
+use super::types::{copy_type, ggml_type};
 use crate::convert::desc::ModelDesc;
 use crate::convert::error::{ConvertError, Result};
 use crate::convert::options::{ConvertOptions, DEFAULT_Q4_Q8_MASK};
@@ -68,6 +68,15 @@ pub fn run(opts: &ConvertOptions, progress: &mut (dyn FnMut(Progress) + Send)) -
         return Err(ConvertError::options(
             "--target-bpw",
             "measures a checkpoint's weights: convert the GGUF's own types, or use --requantize TYPE",
+        ));
+    }
+    if let Some(t) = opts
+        .requantize
+        .filter(|&t| opts.gguf_types && ggml_type(t).is_none())
+    {
+        return Err(ConvertError::options(
+            "--gguf-types",
+            format!("--requantize {t}: GGUF does not have {t} (choose a type GGUF has, e.g. Q8_0 or Q6_K)"),
         ));
     }
     let map = map_file(path)?;

@@ -21,6 +21,7 @@ use super::sources::{
 };
 use crate::convert::desc::ModelDesc;
 use crate::convert::error::{ConvertError, Result};
+use crate::convert::gguf::types::ggml_type;
 use crate::convert::options::{default_output, ConvertOptions, DEFAULT_Q4_Q8_MASK};
 use crate::convert::pipeline::imatrix::{load_imatrix, CovFile};
 use crate::convert::pipeline::mix;
@@ -92,7 +93,10 @@ pub fn run(
         mix_rows = mix_types(&ctx, bpw, progress)?;
         types = mix_rows.iter().map(|r| r.chosen).collect();
     }
-    fall_back(&uniform.tensors, &mut types, &mut notes);
+    fall_back(&uniform.tensors, &mut types, opts.gguf_types, &mut notes);
+    if opts.gguf_types {
+        gguf_only(&uniform.tensors, &types)?;
+    }
     let mixed = settle_header(opts, &uniform, &types, &mut header, &mut mask)?;
 
     // The final layout (with the type table of a mixed file) and its sources.
@@ -291,6 +295,20 @@ fn mix_types(
 /// default) covers them, else mixed; f16 scales by `--f16-scales`, and in a
 /// `--target-bpw` file (8.5 bits per weight for Q8_0, as GGUF and the budget count
 /// them). Returns whether the file is mixed.
+/// `--gguf-types`: refuses a type GGUF lacks, naming the first matrix that has it.
+fn gguf_only(tensors: &[Tensor], types: &[WType]) -> Result<()> {
+    let mats = tensors
+        .iter()
+        .filter(|t| matches!(t.kind, Kind::Mat { .. }));
+    match mats.zip(types).find(|(_, &ty)| ggml_type(ty).is_none()) {
+        Some((t, ty)) => Err(ConvertError::options(
+            "--gguf-types",
+            format!("{} would be {ty}, which GGUF does not have (choose a type GGUF has, e.g. Q8_0 or Q6_K)", t.name),
+        )),
+        None => Ok(()),
+    }
+}
+
 fn settle_header(
     opts: &ConvertOptions,
     uniform: &Layout,
@@ -312,7 +330,9 @@ fn settle_header(
             "no matrix of this model has a scale array (Q8_0 and Q4_0 do; BF16 and F16 have no scales, the block types such as Q4_K keep theirs inside the blocks)",
         ));
     }
-    header.scale_f16 = (opts.scale_f16 || (opts.target_bpw.is_some() && any_scales)) as u32;
+    // GGUF's Q8_0 / Q4_0 blocks hold f16 scales.
+    let f16 = opts.target_bpw.is_some() || opts.gguf_types;
+    header.scale_f16 = (opts.scale_f16 || (f16 && any_scales)) as u32;
     if mixed {
         header.wtype = wtype::MIXED;
         header.q8_mask = 0;
@@ -391,7 +411,7 @@ fn measure_mix(
                 .as_ref()
                 .filter(|_| opts.error_feedback)
                 .and_then(|h| crate::quant::feedback::Feedback::new(cols, h, opts.feedback_damp));
-            for &ty in mix::candidates(cols) {
+            for &ty in mix::candidates(cols, opts.gguf_types) {
                 let e = match &h {
                     Some(h) => {
                         mix::output_rel_error(ty, k, cols, &buf, s.imp.as_deref(), h, fb.as_ref())

@@ -38,9 +38,15 @@ use crate::quant::{dequant_matrix, Q4Rule, QuantOptions, Quantized};
 /// Rows of a matrix quantized to measure its error in each candidate type.
 pub const SAMPLE_ROWS: usize = 64;
 
-/// Named points: `--preset NAME` is `--target-bpw BPW` (llama.cpp's names for the sizes
-/// its mixes reach on models whose rows are multiples of 256).
-pub const PRESETS: [(&str, f64); 5] = [
+/// Named points: `--preset NAME` is `--target-bpw BPW`, by llama.cpp's names: the sizes
+/// its K mixes reach on Llama-3-8B (llama-quantize's table: Q3_K_M 3.74 GiB is 4.0 bits
+/// per weight), and the bits per weight its table gives its IQ types and mixes.
+pub const PRESETS: [(&str, f64); 10] = [
+    ("iq2_m", 2.7),
+    ("iq3_xxs", 3.06),
+    ("iq3_m", 3.66),
+    ("q3_k_m", 4.0),
+    ("iq4_xs", 4.25),
     ("q4_k_s", 4.6),
     ("q4_k_m", 4.9),
     ("q5_k_m", 5.7),
@@ -56,16 +62,19 @@ pub fn preset(name: &str) -> Option<f64> {
         .map(|&(_, b)| b)
 }
 
-/// The types a matrix of `cols` columns may take, smallest first: the K types on rows
-/// of whole super-blocks, else the 32-weight types of the same sizes (IQ4_NL 4.5, Q5_0
-/// 5.5, Q6_0 6.5 bits); Q8_0 always. Q4_1 and Q5_1 are left out: per bit they are no
-/// better than these on general weights (docs/benchmarks-quality.md), and they would
-/// win only on checkpoints that were Q4_1 before (SmolLM2's here).
-pub fn candidates(cols: usize) -> &'static [WType] {
-    if cols.is_multiple_of(256) {
-        &[WType::Q4_K, WType::Q5_K, WType::Q6_K, WType::Q8_0]
-    } else {
-        &[WType::IQ4_NL, WType::Q5_0, WType::Q6_0, WType::Q8_0]
+/// The types a matrix of `cols` columns may take, smallest first: on rows of whole
+/// super-blocks the 256-weight types from 2.6 bits (Q2_K 2.625, Q3_K 3.44, IQ4_XS 4.25,
+/// Q4_K 4.5, Q5_K 5.5, Q6_K 6.56), else the 32-weight types (IQ4_NL 4.5, Q5_0 5.5, Q6_0
+/// 6.5 bits; Q6_0 left out with `gguf`, GGUF's types only); Q8_0 always. Q4_1 and Q5_1
+/// are left out: per bit they are no better than these on general weights
+/// (docs/benchmarks-quality.md), and they would win only on checkpoints that were Q4_1
+/// before (SmolLM2's here).
+pub fn candidates(cols: usize, gguf: bool) -> &'static [WType] {
+    use WType::*;
+    match (cols.is_multiple_of(256), gguf) {
+        (true, _) => &[Q2_K, Q3_K, IQ4_XS, Q4_K, Q5_K, Q6_K, Q8_0],
+        (false, false) => &[IQ4_NL, Q5_0, Q6_0, Q8_0],
+        (false, true) => &[IQ4_NL, Q5_0, Q8_0],
     }
 }
 
@@ -577,7 +586,7 @@ mod tests {
                 (s >> 40) as f32 / (1u64 << 24) as f32 - 0.5
             })
             .collect();
-        let e: Vec<f64> = candidates(512)
+        let e: Vec<f64> = candidates(512, false)
             .iter()
             .map(|&t| rel_error(t, 8, 512, &x, None))
             .collect();

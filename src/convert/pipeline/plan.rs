@@ -189,19 +189,21 @@ pub fn matrix_types(tensors: &[Tensor], wtype: u32, q8_mask: u32, plan: &TypePla
 /// The 32-weight type of the same size as K type `t`, for rows that are not a multiple
 /// of 256 (llama.cpp falls back too, silently, and to larger types: Q4_K → Q5_0, Q5_K →
 /// Q5_1, Q6_K → Q8_0); below 4.5 bits (Q2_K, Q3_K, IQ4_XS) IQ4_NL, as llama.cpp does;
-/// other types as they are.
-pub fn fallback(t: WType) -> WType {
+/// other types as they are. With `gguf` (only GGUF's types) Q6_K falls back to Q8_0,
+/// as llama.cpp's does, since GGUF has no Q6_0.
+pub fn fallback(t: WType, gguf: bool) -> WType {
     match t {
         WType::Q4_K | WType::Q2_K | WType::Q3_K | WType::IQ4_XS => WType::IQ4_NL,
         WType::Q5_K => WType::Q5_0,
+        WType::Q6_K if gguf => WType::Q8_0,
         WType::Q6_K => WType::Q6_0,
         t => t,
     }
 }
 
-/// Replaces K types on matrices whose rows are not a multiple of 256 by [`fallback`],
-/// with one note per replacement naming the matrices.
-pub fn fall_back(tensors: &[Tensor], types: &mut [WType], notes: &mut Vec<String>) {
+/// Replaces K types on matrices whose rows are not a multiple of 256 by [`fallback`]
+/// (`gguf`: GGUF's types only), with one note per replacement naming the matrices.
+pub fn fall_back(tensors: &[Tensor], types: &mut [WType], gguf: bool, notes: &mut Vec<String>) {
     let mut moved: Vec<(WType, Vec<String>)> = Vec::new();
     for ((t, _, cols, _), ty) in matrices(tensors).zip(types.iter_mut()) {
         if cols % ty.block_weights() == 0 {
@@ -216,10 +218,10 @@ pub fn fall_back(tensors: &[Tensor], types: &mut [WType], notes: &mut Vec<String
             Some((_, names)) => names.push(name),
             None => moved.push((*ty, vec![name])),
         }
-        *ty = fallback(*ty);
+        *ty = fallback(*ty, gguf);
     }
     for (k, names) in moved {
-        let f = fallback(k);
+        let f = fallback(k, gguf);
         let bpw = |t: WType| (t.block_bytes() * 8) as f64 / t.block_weights() as f64;
         let which = if bpw(f) == bpw(k) {
             "the 32-weight type of the same size"
