@@ -43,7 +43,7 @@ use super::types::copy_type;
 use crate::convert::desc::ModelDesc;
 use crate::convert::error::{ConvertError, Result};
 use crate::convert::options::{ConvertOptions, DEFAULT_Q4_Q8_MASK};
-use crate::convert::pipeline::imatrix::{importance, load_imatrix};
+use crate::convert::pipeline::imatrix::{expert_importance, importance, load_imatrix};
 use crate::convert::pipeline::plan::{matrix_types, TypePlan};
 use crate::convert::pipeline::stream::Progress;
 use crate::convert::pipeline::stream::{self, announce, check_output_name, new_writer, Target};
@@ -273,6 +273,7 @@ fn weigh(mli: &Mli, sources: &mut [Option<Source>], layout: &Layout, tied: bool)
         {
             if s.action == Action::Requant {
                 s.imp = importance(mli, t, cols, tied);
+                s.imp_experts = expert_importance(mli, t, s.rows, cols);
             }
         }
     }
