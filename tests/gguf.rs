@@ -1372,15 +1372,27 @@ fn gguf_gpt_oss_imports_and_exports_llama_cpp_layout() {
         describe_diff(&got, &llama_cpp_view("gpt_oss", hf, &got)),
         None
     );
-    // llama.cpp's clamp (7 where the fixture has 1) and rounded yarn range move the
-    // logits a little from transformers'.
+    // Logits: as llama.cpp means the file (its clamp at 7 where the fixture's is 1, which
+    // the tiny model's gates reach often, and the rounded yarn range), far from
+    // transformers'; with the fixture's two values put back, within the BF16 bound.
     let (_, toks) = reference(&dir).unwrap();
-    let m = Mlb::open(&a).unwrap();
-    let model = Model::new(&m).unwrap();
-    let logits = crate::run::all_logits(&model, &StateOptions::default(), &toks);
-    let e = crate::run::nrmse(&logits, &read_f32(&dir.join("logits.f32.bin")));
-    eprintln!("gpt_oss.bf16.gguf: nRMSE vs transformers f32 {e:.4}");
-    assert!(e < 0.05, "nRMSE {e}");
+    let want = read_f32(&dir.join("logits.f32.bin"));
+    let nrmse_of = |bytes: &[u8]| {
+        let m = Mlb::from_bytes(bytes).unwrap();
+        let model = Model::new(&m).unwrap();
+        let logits = crate::run::all_logits(&model, &StateOptions::default(), &toks);
+        crate::run::nrmse(&logits, &want)
+    };
+    let mut h = header_of(&got);
+    (h.swiglu_limit, h.rope_type) = (1.0, 4);
+    let mut fixture_view = got.clone();
+    fixture_view[..HEADER_SIZE].copy_from_slice(&h.encode());
+    let (e_cpp, e_hf) = (nrmse_of(&got), nrmse_of(&fixture_view));
+    eprintln!(
+        "gpt_oss.bf16.gguf: nRMSE vs transformers f32 {e_cpp:.4} as llama.cpp runs it, \
+         {e_hf:.5} with the checkpoint's swiglu_limit and yarn rounding"
+    );
+    assert!(e_hf < 0.02, "nRMSE {e_hf}");
 
     byte_mlt(&a.with_extension("mlt"));
     let x = tmp.path().join("g.gguf");

@@ -230,12 +230,19 @@ fn gpt_oss_mxfp4_experts_are_copied_as_they_are() {
             }
         }
         let mat = m.mat(i);
+        // The same array of the decoded (uniform) file: its own index.
+        let j = d
+            .layout()
+            .tensors
+            .iter()
+            .position(|u| u.name == t.name)
+            .unwrap();
         assert_eq!(mat.q, &want[..], "{}", t.name);
         // The same values as the decoding path's (BF16 holds them exactly).
         let (mut a, mut b) = (vec![0f32; cols], vec![0f32; cols]);
         for r in 0..rows {
             dequant_mat_row(&mat, r, &mut a);
-            dequant_mat_row(&d.mat(i), r, &mut b);
+            dequant_mat_row(&d.mat(j), r, &mut b);
             assert!(a.iter().zip(&b).all(|(x, y)| x == y), "{} row {r}", t.name);
         }
         checked += 1;

@@ -155,6 +155,12 @@ fn plan<'a>(
     let (wt, mask, mixed) = choose_types(path, v, ga, &probe, opts, lin_v_dim)?;
     header.wtype = wt;
     header.q8_mask = mask;
+    // Scale-free types only (a BF16 GGUF's own matrices): no scale array to be f16.
+    let scaled = match &mixed {
+        Some(types) => types.iter().any(|w| w.has_scales()),
+        None => WType::from_code(wt).is_none_or(|w| w.has_scales()),
+    };
+    header.scale_f16 &= scaled as u32;
     let layout = probe_layout(path, header, flags, mixed.as_deref())?;
     let sources = sources(path, v, ga, desc, &layout)?;
     // Copied Q8_0/Q4_0 blocks hold f16 scales.
