@@ -43,7 +43,9 @@ use super::types::copy_type;
 use crate::convert::desc::ModelDesc;
 use crate::convert::error::{ConvertError, Result};
 use crate::convert::options::{ConvertOptions, DEFAULT_Q4_Q8_MASK};
-use crate::convert::pipeline::imatrix::{expert_importance, importance, load_imatrix};
+use crate::convert::pipeline::imatrix::{
+    expert_importance, importance, load_imatrix, unrouted_warnings,
+};
 use crate::convert::pipeline::plan::{matrix_types, TypePlan};
 use crate::convert::pipeline::stream::Progress;
 use crate::convert::pipeline::stream::{self, announce, check_output_name, new_writer, Target};
@@ -99,12 +101,17 @@ pub fn run(opts: &ConvertOptions, progress: &mut (dyn FnMut(Progress) + Send)) -
                 }
             )
     });
+    let mut warnings = Vec::new();
     if let Some(mli) = imatrix(opts, requant_q4, q4_rule, &desc)? {
         weigh(&mli, &mut sources, &layout, desc.vocab.tied);
+        warnings = unrouted_warnings(&mli);
     }
     check_all_used(path, ga, &v, &sources, &consumed)?;
 
     announce(progress, &layout, &notes);
+    for w in &warnings {
+        progress(Progress::Warning(w));
+    }
     let out = opts.output.clone().unwrap_or_else(|| default_output(path));
     check_output_name(&out)?;
     crate::atomic::check_not_input(&out, &[path])
