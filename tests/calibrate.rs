@@ -832,4 +832,28 @@ fn imatrix_weighs_each_expert_by_its_own_inputs() {
         }
     }
     assert!(pooled_differs, "the experts' own sums changed no block");
+
+    // Experts' sums of another model: one line naming the field.
+    let other = Mli::new(d.n_layers, d.dim, d.hidden_dim, d.q_dim);
+    let other = Mli {
+        tokens: 10,
+        ..other
+    }
+    .with_moe(MoeSums::new(
+        (0..d.n_layers).collect(),
+        n_experts + 1,
+        d.dim,
+        eh,
+        0,
+    ));
+    std::fs::write(&path, other.to_bytes()).unwrap();
+    let out = tmp.path().join("refused.mlb");
+    let e = crate::util::tool::mlb_convert(&dir, &out)
+        .args(["--wtype", "q4_0", "--imatrix", p])
+        .fails();
+    assert!(
+        e.contains("n_experts") && e.contains(&format!("{}", n_experts + 1)),
+        "{e}"
+    );
+    assert!(!out.exists());
 }

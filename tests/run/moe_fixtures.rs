@@ -258,3 +258,58 @@ fn gpt_oss_mxfp4_experts_are_copied_as_they_are() {
         assert!(e < 0.05, "prompt {i}: nRMSE {e}");
     }
 }
+
+/// A scale byte of 255 (E8M0's NaN) in an MXFP4 expert: one line naming the file, the
+/// scales tensor, expert, row and block when the blocks are copied; the decoding path
+/// refuses the NaN weight it gives; no output either way.
+#[test]
+fn gpt_oss_mxfp4_nan_scale_is_refused() {
+    use crate::util::tool::mlb_convert;
+    let src = testdata().join("models/gpt_oss_mxfp4");
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("ckpt");
+    std::fs::create_dir(&dir).unwrap();
+    for e in std::fs::read_dir(&src).unwrap() {
+        let p = e.unwrap().path();
+        std::fs::copy(&p, dir.join(p.file_name().unwrap())).unwrap();
+    }
+    // The safetensors header: a u64 length, then JSON with each tensor's data offsets.
+    let st = dir.join("model.safetensors");
+    let mut bytes = std::fs::read(&st).unwrap();
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let head: serde_json::Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+    let name = "model.layers.1.mlp.experts.down_proj_scales";
+    let start = head[name]["data_offsets"][0].as_u64().unwrap() as usize;
+    // [E, rows, blocks per row] u8: set the last block of expert 1's last row.
+    let shape: Vec<usize> = head[name]["shape"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as usize)
+        .collect();
+    let (rows, nb) = (shape[1], shape[2]);
+    let (e, r, b) = (1, rows - 1, nb - 1);
+    bytes[8 + n + start + (e * rows + r) * nb + b] = 255;
+    std::fs::write(&st, bytes).unwrap();
+    let out = tmp.path().join("m.mlb");
+    let err = mlb_convert(&dir, &out)
+        .args(["--wtype", "bf16", "--types", "experts=mxfp4"])
+        .fails();
+    // (After the note of what was to be copied.)
+    let errors = |err: &str| {
+        err.lines()
+            .filter(|l| l.starts_with("mlb-convert:"))
+            .count()
+    };
+    assert_eq!(errors(&err), 1, "{err}");
+    let want = format!("expert {e}, row {r}, block {b}: scale 255 is E8M0's NaN");
+    assert!(err.contains(name) && err.contains(&want), "{err}");
+    assert!(!out.exists());
+    let err = mlb_convert(&dir, &out).args(["--wtype", "bf16"]).fails();
+    assert_eq!(errors(&err), 1, "{err}");
+    assert!(
+        err.contains("down_proj_blocks") && err.contains("NaN"),
+        "{err}"
+    );
+    assert!(!out.exists());
+}
