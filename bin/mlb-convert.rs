@@ -208,6 +208,10 @@ fn main() -> ExitCode {
             Some(b) => b.println(format!("note: {n}")),
             None => eprintln!("note: {n}"),
         },
+        Progress::Warning(w) => match &bar {
+            Some(b) => b.println(format!("warning: {w}")),
+            None => eprintln!("warning: {w}"),
+        },
         Progress::Tensor {
             index,
             name,

@@ -715,3 +715,145 @@ fn imatrix_linear_attention_slots() {
         "full-attention wo is weighted"
     );
 }
+
+/// Per-expert importance (an MLI version-2 file) in `mlb-convert --imatrix`: each
+/// expert's ew1/ew3 and ew2 rows are quantized with its own sums over the tokens routed
+/// to it; an expert no token reached takes the layer's pooled FFN input (W13) for
+/// ew1/ew3 and no weights for ew2, and a warning names its layer and number. Checked
+/// against `quant::quantize` on the checkpoint's values (the BF16 conversion's, exact),
+/// and against the pooled importance, which gives other bytes.
+#[test]
+fn imatrix_weighs_each_expert_by_its_own_inputs() {
+    use krafla::format::mlb::Kind;
+    use krafla::format::mli::{ExpertSlot, MoeSums};
+    use krafla::quant::{dequant_mat_row, quantize, Q4Rule, QuantOptions};
+    let dir = testdata().join("models/olmoe");
+    let tmp = tempfile::tempdir().unwrap();
+    let exact = tmp.path().join("bf16.mlb");
+    convert(&dir, &exact, &["--wtype", "bf16"]);
+    let b = Mlb::open(&exact).unwrap();
+    let (d, h) = (*b.dims(), *b.header());
+    let (n_experts, eh) = (h.n_experts as usize, h.expert_hidden as usize);
+    // Sums that differ by layer, slot, channel and expert; expert 1 of layer 0 unrouted.
+    let mut mli = Mli::new(d.n_layers, d.dim, d.hidden_dim, d.q_dim);
+    (mli.tokens, mli.cls_tokens) = (10, 10);
+    for l in 0..d.n_layers {
+        for (k, slot) in [Slot::Attn, Slot::Wo, Slot::W13, Slot::W2]
+            .into_iter()
+            .enumerate()
+        {
+            for (j, s) in mli.slot_mut(l, slot).iter_mut().enumerate() {
+                *s = (1 + (j * 7 + l * 3 + k) % 11) as f64;
+            }
+        }
+    }
+    for (j, s) in mli.cls_mut().iter_mut().enumerate() {
+        *s = (1 + j % 5) as f64;
+    }
+    let layers: Vec<usize> = (0..d.n_layers).collect();
+    let mut x = MoeSums::new(layers, n_experts, d.dim, eh, 0);
+    let unrouted = |l: usize, e: usize| (l, e) == (0, 1);
+    for l in 0..d.n_layers {
+        for e in 0..n_experts {
+            let n = if unrouted(l, e) { 0 } else { 3 + e as u64 };
+            *x.tokens_mut(l, e).unwrap() = n;
+            for slot in [ExpertSlot::In, ExpertSlot::Hidden] {
+                for (j, s) in x.expert_mut(l, e, slot).unwrap().iter_mut().enumerate() {
+                    *s = n as f64 * (1 + (j * (e + 2) + l) % 13) as f64;
+                }
+            }
+        }
+    }
+    let mli = mli.with_moe(x.clone());
+    let path = tmp.path().join("moe.mli");
+    std::fs::write(&path, mli.to_bytes()).unwrap();
+    let q4 = tmp.path().join("q4.mlb");
+    let p = path.to_str().unwrap();
+    let log = convert(&dir, &q4, &["--wtype", "q4_0", "--imatrix", p]).stderr;
+    let warnings: Vec<&str> = log.lines().filter(|l| l.starts_with("warning:")).collect();
+    assert_eq!(warnings.len(), 1, "{log}");
+    assert!(
+        warnings[0].contains("layer 0 expert 1 was never routed"),
+        "{log}"
+    );
+
+    let m = Mlb::open(&q4).unwrap();
+    let mut pooled_differs = false;
+    for (i, t) in m.layout().tensors.iter().enumerate() {
+        let (Some(l), Kind::Mat { rows, cols, .. }) = (t.name.layer, t.kind) else {
+            continue;
+        };
+        let l = l as usize;
+        let slot = match t.name.name {
+            "ew1" | "ew3" => ExpertSlot::In,
+            "ew2" => ExpertSlot::Hidden,
+            _ => continue,
+        };
+        let pooled = Mli::importance(mli.slot(l, Slot::W13), mli.tokens);
+        let per = rows / n_experts;
+        let (got, exact) = (m.mat(i), b.mat(i));
+        for e in 0..n_experts {
+            let imp = match (unrouted(l, e), slot) {
+                (true, ExpertSlot::In) => Some(pooled.clone()),
+                (true, ExpertSlot::Hidden) => None,
+                (false, _) => Some(Mli::importance(
+                    x.expert(l, e, slot).unwrap(),
+                    x.tokens(l, e).unwrap(),
+                )),
+            };
+            let mut w = vec![0f32; per * cols];
+            for (r, row) in w.chunks_exact_mut(cols).enumerate() {
+                dequant_mat_row(&exact, e * per + r, row);
+            }
+            let q = |imp: Option<&[f32]>| {
+                let opts = QuantOptions {
+                    q4_rule: Q4Rule::Search,
+                    imatrix: imp,
+                    ..QuantOptions::default()
+                };
+                quantize(got.wtype, per, cols, &w, &opts).unwrap()
+            };
+            let want = q(imp.as_deref());
+            let (rb, nb) = (cols / 2, cols / 32);
+            let what = format!("{} expert {e}", t.name);
+            assert_eq!(
+                &got.q[e * per * rb..(e + 1) * per * rb],
+                &want.q[..],
+                "{what}"
+            );
+            let ds = match &want.d {
+                krafla::quant::Scales::F32(v) => v.clone(),
+                s => panic!("{what}: {s:?}"),
+            };
+            assert_eq!(&got.d[e * per * nb..(e + 1) * per * nb], &ds[..], "{what}");
+            if slot == ExpertSlot::In && !unrouted(l, e) {
+                pooled_differs |= q(Some(&pooled)).q != want.q;
+            }
+        }
+    }
+    assert!(pooled_differs, "the experts' own sums changed no block");
+
+    // Experts' sums of another model: one line naming the field.
+    let other = Mli::new(d.n_layers, d.dim, d.hidden_dim, d.q_dim);
+    let other = Mli {
+        tokens: 10,
+        ..other
+    }
+    .with_moe(MoeSums::new(
+        (0..d.n_layers).collect(),
+        n_experts + 1,
+        d.dim,
+        eh,
+        0,
+    ));
+    std::fs::write(&path, other.to_bytes()).unwrap();
+    let out = tmp.path().join("refused.mlb");
+    let e = crate::util::tool::mlb_convert(&dir, &out)
+        .args(["--wtype", "q4_0", "--imatrix", p])
+        .fails();
+    assert!(
+        e.contains("n_experts") && e.contains(&format!("{}", n_experts + 1)),
+        "{e}"
+    );
+    assert!(!out.exists());
+}

@@ -39,6 +39,7 @@ const FLOAT: &[(&str, &str)] = &[
     ("qwen3_5_text", "qwen3_5_text.bf16.gguf"),
     ("olmoe", "olmoe.bf16.gguf"),
     ("qwen3_5_moe_text", "qwen3_5_moe_text.bf16.gguf"),
+    ("gpt_oss", "gpt_oss.bf16.gguf"),
 ];
 
 const QUANT: &[&str] = &["llama", "qwen3", "gemma3_text", "olmoe"];
@@ -131,6 +132,14 @@ fn llama_cpp_view(name: &str, mut hf: Vec<u8>, gguf_mlb: &[u8]) -> Vec<u8> {
                 "{name}: the fixture tests a different scale"
             );
             h.attn_scale = 0.25;
+        }
+        // llama.cpp's gpt-oss clamps its SwiGLU at 7 (constants of its graph: the
+        // fixture's limit 1 is not in the GGUF) and rounds yarn's correction range
+        // (the checkpoint's `truncate: false` is not in the GGUF either).
+        "gpt_oss" => {
+            assert_eq!((h.swiglu_limit, h.rope_type), (1.0, 4), "{name}");
+            h.swiglu_limit = 7.0;
+            h.rope_type = 3;
         }
         // llama.cpp's llama architecture has no sliding window.
         "mistral_sliding" => {
@@ -1180,6 +1189,8 @@ fn gguf_export_refuses_what_llama_cpp_would_run_differently() {
     let cases: &[(&str, &[&str], &str)] = &[
         ("gemma3_text", &["--f16-scales"], "attn_scale = 0.20412415"),
         ("mistral_sliding", &["--f16-scales"], "sliding_window = 8"),
+        // The fixture clamps at 1; llama.cpp's gpt-oss always at 7.
+        ("gpt_oss", &["--f16-scales"], "swiglu_limit = 1"),
         ("smollm3", &["--f16-scales"], "layer_flags[2] = 4"),
         ("llama", &[], "is not an f16"),
     ];
@@ -1320,4 +1331,83 @@ fn gguf_export_round_trip_qwen35_synthetic() {
 #[test]
 fn mlb_export_help_snapshot() {
     insta::assert_snapshot!(tool("mlb-export").arg("--help").ok().stdout);
+}
+
+/// gpt-oss as llama.cpp's `gpt-oss`: the GGUF's BF16 blocks copied give the
+/// checkpoint's BF16 conversion as llama.cpp computes it (`llama_cpp_view`), whose
+/// logits stay near transformers'; exported with llama.cpp's tensors (names, types,
+/// shapes, bytes: those of its converter's file) and keys, read back to the same bytes;
+/// with MXFP4 matrices (GGUF type 39) too.
+#[test]
+fn gguf_gpt_oss_imports_and_exports_llama_cpp_layout() {
+    use krafla::format::mlb::Mlb;
+    use krafla::model::{Model, StateOptions};
+    let tmp = tempfile::tempdir().unwrap();
+    let src = gguf_dir().join("gpt_oss.bf16.gguf");
+    let dir = testdata().join("models/gpt_oss");
+    let a = tmp.path().join("g.mlb");
+    let got = converted(&src, &a, &[]);
+    let hf = converted(&dir, &tmp.path().join("hf.mlb"), &["--wtype", "bf16"]);
+    assert_eq!(
+        describe_diff(&got, &llama_cpp_view("gpt_oss", hf, &got)),
+        None
+    );
+    // Logits: as llama.cpp means the file (its clamp at 7 where the fixture's is 1, which
+    // the tiny model's gates reach often, and the rounded yarn range), far from
+    // transformers'; with the fixture's two values put back, within the BF16 bound.
+    let (_, toks) = reference(&dir).unwrap();
+    let want = read_f32(&dir.join("logits.f32.bin"));
+    let nrmse_of = |bytes: &[u8]| {
+        let m = Mlb::from_bytes(bytes).unwrap();
+        let model = Model::new(&m).unwrap();
+        let logits = crate::run::all_logits(&model, &StateOptions::default(), &toks);
+        crate::run::nrmse(&logits, &want)
+    };
+    let mut h = header_of(&got);
+    (h.swiglu_limit, h.rope_type) = (1.0, 4);
+    let mut fixture_view = got.clone();
+    fixture_view[..HEADER_SIZE].copy_from_slice(&h.encode());
+    let (e_cpp, e_hf) = (nrmse_of(&got), nrmse_of(&fixture_view));
+    eprintln!(
+        "gpt_oss.bf16.gguf: nRMSE vs transformers f32 {e_cpp:.4} as llama.cpp runs it, \
+         {e_hf:.5} with the checkpoint's swiglu_limit and yarn rounding"
+    );
+    assert!(e_hf < 0.02, "nRMSE {e_hf}");
+
+    byte_mlt(&a.with_extension("mlt"));
+    let x = tmp.path().join("g.gguf");
+    mlb_export(&a, &x).ok();
+    let (sb, xb) = (std::fs::read(&src).unwrap(), std::fs::read(&x).unwrap());
+    same_tensors(&sb, &xb).unwrap();
+    let (vs, vx) = (gguf::parse(&sb).unwrap(), gguf::parse(&xb).unwrap());
+    // Every gpt-oss key of llama.cpp's file with its value, but the yarn betas
+    // llama.cpp does not read; the window's pattern spelled out.
+    for kv in vs.kvs.iter().filter(|k| k.key.starts_with("gpt-oss.")) {
+        if kv.key.contains("yarn_beta") {
+            continue;
+        }
+        let ours = vx.get(kv.key).map(|v| v.to_string());
+        assert_eq!(ours, Some(kv.value.to_string()), "{}", kv.key);
+    }
+    let pattern: Vec<Option<bool>> = vx
+        .get("gpt-oss.attention.sliding_window_pattern")
+        .and_then(|v| v.as_array())
+        .map(|a| a.iter().map(|b| b.as_bool()).collect())
+        .unwrap();
+    assert_eq!(pattern, [true, false, true, false].map(Some));
+    let again = converted(&x, &tmp.path().join("again.mlb"), &[]);
+    assert_eq!(describe_diff(&got, &again), None);
+
+    // MXFP4 matrices: GGUF type 39 out, the same blocks back.
+    let q = tmp.path().join("q.mlb");
+    let first = converted(&src, &q, &["--requantize", "mxfp4"]);
+    byte_mlt(&q.with_extension("mlt"));
+    let qx = tmp.path().join("q.gguf");
+    mlb_export(&q, &qx).ok();
+    let qb = std::fs::read(&qx).unwrap();
+    let vq = gguf::parse(&qb).unwrap();
+    let t = vq.tensor("blk.0.ffn_gate_exps.weight").unwrap();
+    assert_eq!((t.ty, t.shape()), (GgmlType::MXFP4, &[64u64, 32, 4][..]));
+    let back = converted(&qx, &tmp.path().join("q.again.mlb"), &[]);
+    assert_eq!(describe_diff(&first, &back), None);
 }

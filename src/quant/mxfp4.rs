@@ -48,6 +48,21 @@ pub fn unpack(b: &[u8]) -> [u8; QK] {
     q
 }
 
+/// The 16 code bytes of a block from OCP's order, as Hugging Face's gpt-oss checkpoints
+/// store them (`*_blocks`: element 2k in the low nibble of byte k, 2k + 1 in its high
+/// nibble), to GGUF's (element j in the low nibble of byte j, j + 16 in its high one).
+/// The scale byte needs no change: `2^(s − 127)` times an E2M1 value is `2^(s − 128)`
+/// times its double, [`KVALUES`].
+#[inline]
+pub fn qs_from_pairs(pairs: &[u8]) -> [u8; 16] {
+    let code = |j: usize| (pairs[j / 2] >> (4 * (j % 2))) & 0x0f;
+    let mut qs = [0u8; 16];
+    for (j, q) in qs.iter_mut().enumerate() {
+        *q = code(j) | code(j + 16) << 4;
+    }
+    qs
+}
+
 /// Dequantizes one block into `out` (32 values).
 pub fn dequant_block(b: &[u8], out: &mut [f32]) {
     let d = e8m0_half(b[0]);
@@ -124,6 +139,26 @@ pub fn quantize_block(x: &[f32], w: &[f32], b: &mut [u8]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn pairs_reorder_to_gguf_halves() {
+        // OCP pairs: element i has code (i * 5 + 3) % 16; every byte value occurs.
+        let codes: Vec<u8> = (0..32).map(|i| ((i * 5 + 3) % 16) as u8).collect();
+        let pairs: Vec<u8> = codes.chunks(2).map(|c| c[0] | c[1] << 4).collect();
+        let mut b = [0u8; 17];
+        b[0] = 130;
+        b[1..].copy_from_slice(&qs_from_pairs(&pairs));
+        assert_eq!(unpack(&b).to_vec(), codes);
+        // The E2M1 value × 2^(s − 127) is the block's value.
+        const E2M1: [f32; 8] = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0];
+        let mut out = [0f32; 32];
+        dequant_block(&b, &mut out);
+        for (o, &c) in out.iter().zip(&codes) {
+            let v = E2M1[(c & 7) as usize] * if c & 8 != 0 { -1.0 } else { 1.0 };
+            // (Code 8, E2M1's −0, is ggml's level 0: equal as values.)
+            assert_eq!(*o, v * 8.0, "code {c}");
+        }
+    }
 
     #[test]
     fn e8m0_half_is_two_to_the_e_minus_128() {

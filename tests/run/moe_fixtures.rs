@@ -171,3 +171,145 @@ fn moe_fixture_tiers_give_the_same_bits() {
         }
     }
 }
+
+/// gpt-oss's MXFP4 experts asked for as MXFP4 (`--types experts=mxfp4`) are the
+/// checkpoint's blocks, copied: per block of 32 its scale byte, then its codes moved
+/// from OCP's pairs (element 2k in the low nibble of byte k) to GGUF's halves (element
+/// j in the low nibble of byte j, j + 16 in the high one); they hold exactly the values
+/// the decoding path stores in BF16; the model routes as transformers does and stays
+/// within the Q8_0 bound of its logits (the activations are Q8_0 against MXFP4).
+#[test]
+fn gpt_oss_mxfp4_experts_are_copied_as_they_are() {
+    use krafla::format::mlb::Kind;
+    use krafla::quant::dequant_mat_row;
+    use safetensors::SafeTensors;
+    let dir = testdata().join("models/gpt_oss_mxfp4");
+    let tmp = tempfile::tempdir().unwrap();
+    let copy = tmp.path().join("copy.mlb");
+    let log = convert(
+        &dir,
+        &copy,
+        &["--wtype", "bf16", "--types", "experts=mxfp4"],
+    )
+    .stderr;
+    assert!(log.contains("MXFP4 blocks copied as they are"), "{log}");
+    let decoded = tmp.path().join("decoded.mlb");
+    let log = convert(&dir, &decoded, &["--wtype", "bf16"]).stderr;
+    assert!(log.contains("--types experts=mxfp4 keeps"), "{log}");
+
+    let st_bytes = std::fs::read(dir.join("model.safetensors")).unwrap();
+    let st = SafeTensors::deserialize(&st_bytes).unwrap();
+    let (m, d) = (Mlb::open(&copy).unwrap(), Mlb::open(&decoded).unwrap());
+    let mut checked = 0;
+    for (i, t) in m.layout().tensors.iter().enumerate() {
+        let (Some(l), Kind::Mat { rows, cols, .. }) = (t.name.layer, t.kind) else {
+            continue;
+        };
+        let (hf, first, step) = match t.name.name {
+            "ew1" => ("gate_up_proj", 0, 2),
+            "ew3" => ("gate_up_proj", 1, 2),
+            "ew2" => ("down_proj", 0, 1),
+            _ => continue,
+        };
+        let get = |s: &str| {
+            st.tensor(&format!("model.layers.{l}.mlp.experts.{hf}_{s}"))
+                .unwrap()
+        };
+        let (blocks, scales) = (get("blocks"), get("scales"));
+        let (w, nb) = (blocks.shape()[1], blocks.shape()[2]);
+        let (blocks, scales) = (blocks.data(), scales.data());
+        let per = rows / (m.header().n_experts as usize);
+        let mut want = Vec::new();
+        for r in 0..rows {
+            let src = (r / per) * w + first + step * (r % per);
+            for b in 0..nb {
+                want.push(scales[src * nb + b]);
+                let pairs = &blocks[(src * nb + b) * 16..][..16];
+                let code = |j: usize| (pairs[j / 2] >> (4 * (j % 2))) & 15;
+                want.extend((0..16).map(|j| code(j) | code(j + 16) << 4));
+            }
+        }
+        let mat = m.mat(i);
+        // The same array of the decoded (uniform) file: its own index.
+        let j = d
+            .layout()
+            .tensors
+            .iter()
+            .position(|u| u.name == t.name)
+            .unwrap();
+        assert_eq!(mat.q, &want[..], "{}", t.name);
+        // The same values as the decoding path's (BF16 holds them exactly).
+        let (mut a, mut b) = (vec![0f32; cols], vec![0f32; cols]);
+        for r in 0..rows {
+            dequant_mat_row(&mat, r, &mut a);
+            dequant_mat_row(&d.mat(j), r, &mut b);
+            assert!(a.iter().zip(&b).all(|(x, y)| x == y), "{} row {r}", t.name);
+        }
+        checked += 1;
+    }
+    assert_eq!(checked, 3 * m.dims().n_layers);
+
+    let model = Model::new(&m).unwrap();
+    for (i, (toks, want, layers)) in prompts(&dir).iter().enumerate() {
+        let diffs = route_diffs(&model, toks, layers);
+        assert!(diffs.is_empty(), "prompt {i}: {diffs:?}");
+        let e = nrmse(&all_logits(&model, &StateOptions::default(), toks), want);
+        eprintln!("gpt_oss_mxfp4 copied experts, prompt {i}: nRMSE {e:.5} vs transformers f32");
+        assert!(e < 0.05, "prompt {i}: nRMSE {e}");
+    }
+}
+
+/// A scale byte of 255 (E8M0's NaN) in an MXFP4 expert: one line naming the file, the
+/// scales tensor, expert, row and block when the blocks are copied; the decoding path
+/// refuses the NaN weight it gives; no output either way.
+#[test]
+fn gpt_oss_mxfp4_nan_scale_is_refused() {
+    use crate::util::tool::mlb_convert;
+    let src = testdata().join("models/gpt_oss_mxfp4");
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("ckpt");
+    std::fs::create_dir(&dir).unwrap();
+    for e in std::fs::read_dir(&src).unwrap() {
+        let p = e.unwrap().path();
+        std::fs::copy(&p, dir.join(p.file_name().unwrap())).unwrap();
+    }
+    // The safetensors header: a u64 length, then JSON with each tensor's data offsets.
+    let st = dir.join("model.safetensors");
+    let mut bytes = std::fs::read(&st).unwrap();
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let head: serde_json::Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+    let name = "model.layers.1.mlp.experts.down_proj_scales";
+    let start = head[name]["data_offsets"][0].as_u64().unwrap() as usize;
+    // [E, rows, blocks per row] u8: set the last block of expert 1's last row.
+    let shape: Vec<usize> = head[name]["shape"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as usize)
+        .collect();
+    let (rows, nb) = (shape[1], shape[2]);
+    let (e, r, b) = (1, rows - 1, nb - 1);
+    bytes[8 + n + start + (e * rows + r) * nb + b] = 255;
+    std::fs::write(&st, bytes).unwrap();
+    let out = tmp.path().join("m.mlb");
+    let err = mlb_convert(&dir, &out)
+        .args(["--wtype", "bf16", "--types", "experts=mxfp4"])
+        .fails();
+    // (After the note of what was to be copied.)
+    let errors = |err: &str| {
+        err.lines()
+            .filter(|l| l.starts_with("mlb-convert:"))
+            .count()
+    };
+    assert_eq!(errors(&err), 1, "{err}");
+    let want = format!("expert {e}, row {r}, block {b}: scale 255 is E8M0's NaN");
+    assert!(err.contains(name) && err.contains(&want), "{err}");
+    assert!(!out.exists());
+    let err = mlb_convert(&dir, &out).args(["--wtype", "bf16"]).fails();
+    assert_eq!(errors(&err), 1, "{err}");
+    assert!(
+        err.contains("down_proj_blocks") && err.contains("NaN"),
+        "{err}"
+    );
+    assert!(!out.exists());
+}

@@ -16,6 +16,11 @@
 //! - `qwen35`: llama.cpp's converter tiles the delta rule's value heads
 //!   (`_reorder_v_heads`), stores `ssm_a = −exp(A_log)` and the conv taps as [K, C];
 //!   the gather maps here undo that (A_log as ln(−ssm_a), exact to float rounding).
+//! - `gpt-oss` (src/models/openai-moe.cpp): NEOX RoPE on Hugging Face's rows, the
+//!   FFN's input norm named `post_attention_norm`, sinks, q/k/v/o biases, the router's
+//!   and experts' biases required; layers slide by a pattern of default 2; its clamped
+//!   SwiGLU's limit 7 and alpha 1.702 are constants of the graph, whatever the
+//!   checkpoint's config said; the yarn betas its converter writes are not read.
 
 use crate::convert::arch::{self, Arch};
 use crate::convert::desc::{Dims, ModelDesc};
@@ -229,6 +234,38 @@ const MOE_KEYS: &[&str] = &[
     "expert_feed_forward_length",
 ];
 
+/// gpt-oss (llama.cpp's `gpt-oss`): q/k/v/o biases, a sink logit per head, the FFN's
+/// input norm named `post_attention_norm`, the router's bias, and the experts' biases
+/// stacked like their matrices ([w, E]); the experts as every MoE layer's.
+const GPT_OSS: &[GgufNames] = &[
+    COMMON,
+    &[
+        ("wq", "attn_q.weight", Rope),
+        ("bq", "attn_q.bias", Rope),
+        ("bk", "attn_k.bias", Rope),
+        ("bv", "attn_v.bias", Plain),
+        ("bo", "attn_output.bias", Plain),
+        ("sinks", "attn_sinks.weight", Plain),
+        ("ffn_norm", "post_attention_norm.weight", Plain),
+        ("router_b", "ffn_gate_inp.bias", Plain),
+        ("eb1", "ffn_gate_exps.bias", Experts),
+        ("eb2", "ffn_down_exps.bias", Experts),
+        ("eb3", "ffn_up_exps.bias", Experts),
+    ],
+    MOE_FFN,
+];
+
+/// gpt-oss's keys: the experts', the window's, and the yarn betas its converter writes
+/// (read only at llama.cpp's own values, [`super::rope`]).
+const GPT_OSS_KEYS: &[&str] = &[
+    "expert_count",
+    "expert_used_count",
+    "expert_feed_forward_length",
+    "attention.sliding_window",
+    "attention.sliding_window_pattern",
+    "rope.freq_base_swa",
+];
+
 /// Gemma 2 and 3: llama.cpp's `post_attention_norm` is the norm of the attention
 /// output, `ffn_norm` the FFN's input norm (Hugging Face's pre_feedforward_layernorm).
 const GEMMA: &[GgufNames] = &[
@@ -354,6 +391,17 @@ const GEMMA3_SWA: Swa = Swa {
     linear_scaling_only: true,
 };
 
+/// gpt-oss: a window always (`attention.sliding_window` is required), pattern default 2
+/// (layers 0, 2, 4, ... slide), the sliding layers' base `rope.freq_base_swa` (default
+/// the global one), scaled like the global layers.
+const GPT_OSS_SWA: Swa = Swa {
+    default_window: 0,
+    default_pattern: 2,
+    default_local_base: None,
+    always: true,
+    linear_scaling_only: false,
+};
+
 /// Logit softcaps: the defaults of the keys llama.cpp reads (`None`: it reads none).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Softcaps {
@@ -393,6 +441,9 @@ pub struct GgufArch {
     /// The routing llama.cpp computes where the family leaves it to the config
     /// (qwen3moe always renormalises, olmoe never).
     pub moe_gating: Option<u32>,
+    /// The clamped SwiGLU llama.cpp computes, (limit, alpha): constants of its graph
+    /// (gpt-oss: 7 and 1.702, `LLM_FFN_SWIGLU_OAI_MOE`), read from no key.
+    pub swiglu: Option<(f32, f32)>,
 }
 
 /// What an `.mlb` header says of a model's family.
@@ -410,6 +461,8 @@ pub struct Features {
     pub experts: bool,
     /// q/k norms over the whole projection (OLMoE; exactly as the header says).
     pub qk_norm_whole: bool,
+    /// Attention sinks (gpt-oss).
+    pub sinks: bool,
 }
 
 const NO_FEATURES: Features = Features {
@@ -420,6 +473,7 @@ const NO_FEATURES: Features = Features {
     no_rope: false,
     experts: false,
     qk_norm_whole: false,
+    sinks: false,
 };
 
 impl Features {
@@ -433,6 +487,7 @@ impl Features {
             && has(self.no_rope, of.no_rope)
             && self.experts == of.experts
             && self.qk_norm_whole == of.qk_norm_whole
+            && has(self.sinks, of.sinks)
     }
 }
 
@@ -492,6 +547,7 @@ const BASE: GgufArch = GgufArch {
     keys: &[],
     features: NO_FEATURES,
     moe_gating: None,
+    swiglu: None,
 };
 
 /// Every architecture, in the order messages list them.
@@ -609,6 +665,23 @@ pub const GGUF_ARCHS: &[GgufArch] = &[
         moe_gating: Some(moe_gating::SOFTMAX_TOPK),
         ..BASE
     },
+    // gpt-oss: NEOX RoPE on Hugging Face's rows, SiLU's clamped variant with llama.cpp's
+    // constants, sliding and full layers alternating, yarn on both.
+    GgufArch {
+        name: "gpt-oss",
+        arch: &arch::GPT_OSS,
+        names: GPT_OSS,
+        swa: Some(GPT_OSS_SWA),
+        keys: GPT_OSS_KEYS,
+        features: Features {
+            qkv_bias: true,
+            experts: true,
+            sinks: true,
+            ..NO_FEATURES
+        },
+        swiglu: Some((7.0, 1.702)),
+        ..BASE
+    },
     // Mixtral: llama.cpp's llama with experts (`llama.expert_count`), q/k rows
     // permuted like Llama's; llama.cpp ignores Mixtral's sliding window.
     GgufArch {
@@ -640,6 +713,7 @@ pub const GGUF_ARCHS: &[GgufArch] = &[
 
 /// Export's choice, most specific first: the first row whose features an `.mlb` has.
 const EXPORT_ORDER: &[&str] = &[
+    "gpt-oss",
     "qwen35moe",
     "qwen35",
     "gemma3",
@@ -709,4 +783,40 @@ pub fn names() -> Vec<&'static str> {
     let mut v: Vec<&str> = GGUF_ARCHS.iter().map(|a| a.name).collect();
     v.dedup();
     v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn export_picks_gpt_oss_by_its_sinks() {
+        let moe = Features {
+            qkv_bias: true,
+            experts: true,
+            ..NO_FEATURES
+        };
+        let ga = by_features(Features { sinks: true, ..moe });
+        assert_eq!((ga.name, ga.arch.name), ("gpt-oss", "gpt_oss"));
+        assert_eq!(ga.swiglu, Some((7.0, 1.702)));
+        // Without sinks a model with experts and biases is not gpt-oss.
+        assert_ne!(by_features(moe).name, "gpt-oss");
+        // Its names: the FFN input norm, the biases, sinks and stacked experts.
+        let name = |s: &str| ga.tensor_name(s, Some(3));
+        assert_eq!(
+            name("ffn_norm").unwrap().0,
+            "blk.3.post_attention_norm.weight"
+        );
+        assert_eq!(
+            name("eb2"),
+            Some(("blk.3.ffn_down_exps.bias".into(), Transform::Experts))
+        );
+        assert_eq!(name("sinks").unwrap().0, "blk.3.attn_sinks.weight");
+        assert_eq!(name("router_b").unwrap().0, "blk.3.ffn_gate_inp.bias");
+        assert_eq!(
+            Transform::Experts.dims(4 * 32, 1, 4),
+            Some(vec![32, 4]),
+            "an expert bias [w, E]"
+        );
+    }
 }

@@ -160,8 +160,8 @@ fn dims(m: &Meta, notes: &mut Vec<String>) -> Result<Dims> {
 
 /// The experts (every layer's FFN, as llama.cpp's MoE architectures have them): their
 /// count, experts per token, width (`expert_feed_forward_length`, else
-/// `feed_forward_length`), the shared expert's width, and the routing llama.cpp
-/// computes.
+/// `feed_forward_length`), the shared expert's width, the routing llama.cpp
+/// computes, and its clamped SwiGLU's constants (gpt-oss).
 fn moe(m: &Meta, ga: &GgufArch, n_layers: usize) -> Result<Option<Moe>> {
     let Some(am) = ga.arch.moe else {
         return Ok(None);
@@ -187,7 +187,7 @@ fn moe(m: &Meta, ga: &GgufArch, n_layers: usize) -> Result<Option<Moe>> {
             .or(ga.moe_gating)
             .unwrap_or(moe_gating::SOFTMAX_TOPK_NORM),
         shared_hidden,
-        swiglu: None,
+        swiglu: ga.swiglu.filter(|_| am.clamped_swiglu),
     }))
 }
 

@@ -4,9 +4,10 @@
 //! same bytes for f16-scale Q8_0/Q4_0 files. The header is read back into the model
 //! description ([`ModelDesc::from_header`], checked as every reader's is); the
 //! architecture is the most specific one whose features the header has
-//! ([`arch::by_features`]: an attention gate → qwen35, post norms and q/k norms →
-//! gemma3, post norms → gemma2, q/k/v biases → qwen2, q/k norms → qwen3, no-RoPE layers
-//! → smollm3, otherwise llama); the description becomes llama.cpp's keys
+//! ([`arch::by_features`]: attention sinks → gpt-oss, an attention gate → qwen35, post
+//! norms and q/k norms → gemma3, post norms → gemma2, q/k/v biases → qwen2, q/k norms →
+//! qwen3, no-RoPE layers → smollm3, otherwise llama; with experts the MoE rows); the
+//! description becomes llama.cpp's keys
 //! ([`super::keys`]), the tokenizer its `tokenizer.*` keys, tensors get llama.cpp's
 //! names and, for NEOX architectures, Hugging Face's rotate-half row order back.
 //! Q8_0/Q4_0 matrices become GGUF blocks (f16 scale, then the quants), other types'
@@ -152,6 +153,7 @@ fn describe(input: &Path, m: &Mlb, flags: &[u8]) -> Result<(&'static GgufArch, M
         no_rope: any_no_rope(flags),
         experts: h.n_experts != 0,
         qk_norm_whole: h.qk_norm == qk_norm::WHOLE,
+        sinks: h.attn_sinks != 0,
     });
     let desc = ModelDesc::from_header(ga.arch, h, m.dims(), flags);
     desc.check().map_err(|e| {

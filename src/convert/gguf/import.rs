@@ -43,7 +43,9 @@ use super::types::{copy_type, ggml_type};
 use crate::convert::desc::ModelDesc;
 use crate::convert::error::{ConvertError, Result};
 use crate::convert::options::{ConvertOptions, DEFAULT_Q4_Q8_MASK};
-use crate::convert::pipeline::imatrix::{importance, load_imatrix};
+use crate::convert::pipeline::imatrix::{
+    expert_importance, importance, load_imatrix, unrouted_warnings,
+};
 use crate::convert::pipeline::plan::{matrix_types, TypePlan};
 use crate::convert::pipeline::stream::Progress;
 use crate::convert::pipeline::stream::{self, announce, check_output_name, new_writer, Target};
@@ -108,12 +110,17 @@ pub fn run(opts: &ConvertOptions, progress: &mut (dyn FnMut(Progress) + Send)) -
                 }
             )
     });
+    let mut warnings = Vec::new();
     if let Some(mli) = imatrix(opts, requant_q4, q4_rule, &desc)? {
         weigh(&mli, &mut sources, &layout, desc.vocab.tied);
+        warnings = unrouted_warnings(&mli);
     }
     check_all_used(path, ga, &v, &sources, &consumed)?;
 
     announce(progress, &layout, &notes);
+    for w in &warnings {
+        progress(Progress::Warning(w));
+    }
     let out = opts.output.clone().unwrap_or_else(|| default_output(path));
     check_output_name(&out)?;
     crate::atomic::check_not_input(&out, &[path])
@@ -164,6 +171,12 @@ fn plan<'a>(
     let (wt, mask, mixed) = choose_types(path, v, ga, &probe, opts, lin_v_dim)?;
     header.wtype = wt;
     header.q8_mask = mask;
+    // Scale-free types only (a BF16 GGUF's own matrices): no scale array to be f16.
+    let scaled = match &mixed {
+        Some(types) => types.iter().any(|w| w.has_scales()),
+        None => WType::from_code(wt).is_none_or(|w| w.has_scales()),
+    };
+    header.scale_f16 &= scaled as u32;
     let layout = probe_layout(path, header, flags, mixed.as_deref())?;
     let sources = sources(path, v, ga, desc, &layout)?;
     // Copied Q8_0/Q4_0 blocks hold f16 scales.
@@ -282,6 +295,7 @@ fn weigh(mli: &Mli, sources: &mut [Option<Source>], layout: &Layout, tied: bool)
         {
             if s.action == Action::Requant {
                 s.imp = importance(mli, t, cols, tied);
+                s.imp_experts = expert_importance(mli, t, s.rows, cols);
             }
         }
     }

@@ -44,8 +44,8 @@ impl Keys<'_> {
     }
 
     /// Refuses what llama.cpp computes on its own differently from the header: the
-    /// attention gate, the value-head size, the activation, the scales, the window,
-    /// q/k norms, the no-RoPE layers.
+    /// attention gate, the value-head size, the output bias and sinks, the activation,
+    /// the scales, the window, q/k norms, the no-RoPE layers.
     pub fn llama_cpp_computes(&self) -> Result<()> {
         let (h, d, ga, a) = (self.header, self.desc, self.ga, self.ga.name);
         if ga.arch.attn_gate && h.attn_gate == 0 {
@@ -64,6 +64,28 @@ impl Keys<'_> {
                     l.k_dim
                 ),
             ));
+        }
+        // (field, value, whether the header has it, whether llama.cpp's family does):
+        // tensors llama.cpp's architecture requires, or would drop.
+        let tensors = [
+            (
+                "qkv_bias",
+                h.qkv_bias,
+                h.qkv_bias == qkv_bias::QKVO,
+                ga.arch.o_bias,
+                "the output projection's bias",
+            ),
+            (
+                "attn_sinks",
+                h.attn_sinks,
+                h.attn_sinks != 0,
+                ga.arch.attn_sinks,
+                "attention sinks",
+            ),
+        ];
+        if let Some((f, v, _, want, what)) = tensors.into_iter().find(|x| x.2 != x.3) {
+            let has = if want { "needs" } else { "has no" };
+            return Err(self.err(f, v, format!("llama.cpp's {a} {has} {what}")));
         }
         if d.ffn.act != ga.act {
             return Err(self.err("act", h.act, format!("{a} uses {}", act::name(ga.act))));
@@ -137,7 +159,7 @@ impl Keys<'_> {
                 format!("llama.cpp's {a} uses 1/sqrt(head_dim)"),
             ));
         }
-        if d.layers.iter().any(|l| l.sliding) {
+        if self.ga.swa.is_none() && d.layers.iter().any(|l| l.sliding) {
             return Err(self.err(
                 "sliding_window",
                 h.sliding_window,
@@ -304,7 +326,11 @@ impl Keys<'_> {
             self.push("attention.sliding_window", MetaValue::U32(w as u32));
             self.push("attention.sliding_window_pattern", bools(&window));
         } else if swa.always {
-            // A window that covers no layer.
+            // A window that covers no layer (llama.cpp's gpt-oss requires the window's
+            // key: 0, which reads back as none; Gemma 2's has a default).
+            if swa.default_window == 0 {
+                self.push("attention.sliding_window", MetaValue::U32(0));
+            }
             self.push("attention.sliding_window_pattern", bools(&vec![false; n]));
         }
         let uses_local = local.iter().any(|&l| l);
@@ -375,8 +401,9 @@ impl Keys<'_> {
 
 impl Keys<'_> {
     /// The experts' keys, refusing what llama.cpp's architecture computes otherwise:
-    /// its routing, experts in every layer, no biases, sinks or clamped SwiGLU
-    /// (gpt-oss is not exported yet).
+    /// its routing, experts in every layer, exactly the family's router and expert
+    /// biases (which llama.cpp's gpt-oss requires and the others lack), its clamped
+    /// SwiGLU's constants.
     pub fn experts(&mut self) -> Result<()> {
         let (d, h, a) = (self.desc, self.header, self.ga.name);
         let Some(e) = d.moe else {
@@ -402,26 +429,30 @@ impl Keys<'_> {
                 format!("llama.cpp's {a} has experts in every layer"),
             ));
         }
-        let extra = [
-            ("qkv_bias", h.qkv_bias, h.qkv_bias == qkv_bias::QKVO),
-            (
+        let fam = self.ga.arch;
+        let bit = |on: bool, b: u32| if on { b } else { 0 };
+        let biases = fam.moe.map_or(0, |m| {
+            bit(m.router_bias, moe_flag::ROUTER_BIAS) | bit(m.expert_bias, moe_flag::EXPERT_BIAS)
+        });
+        if h.moe_flags & !moe_flag::SHARED_GATE != biases {
+            let want = match moe_flag::names(biases).join(" and ") {
+                n if n.is_empty() => "no router or expert biases".to_string(),
+                n => format!("exactly these biases: {n}"),
+            };
+            return Err(self.err(
                 "moe_flags",
                 h.moe_flags,
-                h.moe_flags & !moe_flag::SHARED_GATE != 0,
-            ),
-            ("attn_sinks", h.attn_sinks, h.attn_sinks != 0),
-            (
-                "swiglu_limit",
-                h.swiglu_limit.to_bits(),
-                h.swiglu_limit != 0.0,
-            ),
-        ];
-        if let Some((f, v, _)) = extra.into_iter().find(|x| x.2) {
-            return Err(self.err(
-                f,
-                v,
-                format!("not exported to {a} (gpt-oss's biases, sinks and SwiGLU: not yet)"),
+                format!("llama.cpp's {a} has {want}"),
             ));
+        }
+        if e.swiglu != self.ga.swiglu {
+            let msg = match self.ga.swiglu {
+                Some((limit, alpha)) => format!(
+                    "llama.cpp's {a} clamps its SwiGLU at {limit} with alpha {alpha} (constants of its graph)"
+                ),
+                None => format!("llama.cpp's {a} has no clamped SwiGLU"),
+            };
+            return Err(self.err("swiglu_limit", h.swiglu_limit, msg));
         }
         if e.shared_hidden > 0 && h.moe_flags & moe_flag::SHARED_GATE == 0 {
             return Err(self.err(

@@ -128,6 +128,11 @@ impl<'v, 'a> Meta<'v, 'a> {
         }
     }
 
+    /// Whether `suffix` was read (and so is not refused as unknown).
+    pub fn was_read(&self, suffix: &str) -> bool {
+        self.used.borrow().contains(&self.full(suffix))
+    }
+
     /// Keys under the architecture's prefix that nothing read and the table does not
     /// know: the first one, if any.
     pub fn unknown_key(&self, ga: &GgufArch) -> Option<(String, String)> {

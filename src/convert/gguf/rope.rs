@@ -67,7 +67,8 @@ pub fn rope(m: &Meta, dims: &Dims) -> Result<(Rope, Option<String>)> {
 /// `rope.scaling.*` as llama.cpp reads it: type default "linear", factor 0 means none;
 /// yarn's attention factor is get_mscale(f) times `rope.scaling.attn_factor`, its betas
 /// 32 and 1 (llama.cpp reads no yarn_* key for these architectures: such keys are
-/// refused rather than guessed at).
+/// refused rather than guessed at, except the betas at those very values, which
+/// llama.cpp's converter writes for gpt-oss).
 fn rope_scaling(m: &Meta, ctx: u64) -> Result<RopeScaling> {
     let ty = m.str_opt("rope.scaling.type")?.unwrap_or("linear");
     let factor = match m.f64_opt("rope.scaling.factor")? {
@@ -76,6 +77,14 @@ fn rope_scaling(m: &Meta, ctx: u64) -> Result<RopeScaling> {
     }
     .unwrap_or(0.0);
     let attn = m.f64_opt("rope.scaling.attn_factor")?;
+    for (k, used) in [
+        ("rope.scaling.yarn_beta_fast", 32.0),
+        ("rope.scaling.yarn_beta_slow", 1.0),
+    ] {
+        if m.v.get(&m.full(k)).and_then(|v| v.as_f64()) == Some(used) {
+            let _ = m.get(k);
+        }
+    }
     for k in [
         "rope.scaling.yarn_beta_fast",
         "rope.scaling.yarn_beta_slow",
@@ -83,7 +92,7 @@ fn rope_scaling(m: &Meta, ctx: u64) -> Result<RopeScaling> {
         "rope.scaling.yarn_log_multiplier",
         "rope.scaling.yarn_ext_factor",
     ] {
-        if let Some(v) = m.v.get(&m.full(k)) {
+        if let Some(v) = m.v.get(&m.full(k)).filter(|_| !m.was_read(k)) {
             return Err(m.err(
                 k,
                 v,

@@ -10,6 +10,7 @@ use super::arch::{self, GgufArch, Transform};
 use super::types::copy_type;
 use crate::convert::desc::ModelDesc;
 use crate::convert::error::{ConvertError, Result};
+use crate::convert::pipeline::imatrix::PerExpert;
 use crate::convert::pipeline::stream::{check_finite, Arrays};
 use crate::format::gguf::{dequant, GgmlType, GgufView, TensorInfo};
 use crate::format::mlb::{Kind, Layout, Tensor, WriteError};
@@ -30,6 +31,8 @@ pub struct Source<'a> {
     pub row_len: usize,
     pub action: Action,
     pub imp: Option<Vec<f32>>,
+    /// Each expert's own importance (a stacked expert matrix, MLI version 2).
+    pub imp_experts: Option<PerExpert>,
 }
 
 /// How a tensor's data becomes the array.
@@ -164,6 +167,7 @@ pub fn sources<'a>(
             row_len,
             action,
             imp: None,
+            imp_experts: None,
         }));
     }
     Ok(out)
@@ -292,17 +296,28 @@ impl Arrays for GgufArrays<'_> {
         check_finite(buf, self.path, s.t.name)
     }
 
-    fn copied(&self, i: usize, wtype: WType, cols: usize, rows: Range<usize>) -> Option<Quantized> {
+    fn copied(
+        &self,
+        i: usize,
+        wtype: WType,
+        cols: usize,
+        rows: Range<usize>,
+    ) -> Result<Option<Quantized>> {
         let s = self.source(i);
-        (s.action == Action::Copy).then(|| copy_rows(self.v, s, wtype, cols, rows, self.scale_f16))
+        Ok((s.action == Action::Copy)
+            .then(|| copy_rows(self.v, s, wtype, cols, rows, self.scale_f16)))
     }
 
     fn read(&self, i: usize, rows: Range<usize>, buf: &mut Vec<f32>) {
         read_floats(self.v, self.source(i), rows, buf);
     }
 
-    fn importance(&self, i: usize) -> Option<&[f32]> {
-        self.source(i).imp.as_deref()
+    fn importance(&self, i: usize, row: usize) -> (Option<&[f32]>, usize) {
+        let s = self.source(i);
+        match &s.imp_experts {
+            Some(p) => p.at(row),
+            None => (s.imp.as_deref(), usize::MAX),
+        }
     }
 
     fn quant_error(&self, i: usize, r0: usize, e: QuantError) -> ConvertError {
@@ -369,6 +384,7 @@ mod tests {
                 row_len: cols,
                 action: Action::Copy,
                 imp: None,
+                imp_experts: None,
             };
             let q = copy_rows(&v, &s, w, cols, 0..rows, false);
             let want: Vec<u8> = order

@@ -17,13 +17,13 @@ use super::checkpoint::Checkpoint;
 use super::config;
 use super::sources::{
     check_leftovers, quant_error, read_rows, release_rows, sources, text_prefix, CheckpointArrays,
-    Source,
+    Source, Stack,
 };
 use crate::convert::desc::ModelDesc;
 use crate::convert::error::{ConvertError, Result};
 use crate::convert::gguf::types::ggml_type;
 use crate::convert::options::{default_output, ConvertOptions, DEFAULT_Q4_Q8_MASK};
-use crate::convert::pipeline::imatrix::{load_imatrix, CovFile};
+use crate::convert::pipeline::imatrix::{load_imatrix, unrouted_warnings, CovFile};
 use crate::convert::pipeline::mix;
 use crate::convert::pipeline::plan::{self, fall_back, TypePlan};
 use crate::convert::pipeline::stream::Progress;
@@ -108,6 +108,7 @@ pub fn run(
     let prefix = text_prefix(&ck)?.0;
     let sources = sources(&ck, &desc, &layout.tensors, imatrix.as_ref(), cov.as_ref())?;
     check_leftovers(&ck, &desc, &sources, &prefix, &mut notes)?;
+    mxfp4_note(&sources, &layout, &mut notes);
     if let Some(m) = &imatrix {
         if m.cls_tokens == 0 {
             let cls = if desc.vocab.tied {
@@ -122,6 +123,11 @@ pub fn run(
     }
 
     announce(progress, &layout, &notes);
+    if let Some(m) = &imatrix {
+        for w in unrouted_warnings(m) {
+            progress(Progress::Warning(&w));
+        }
+    }
     let target = Target {
         out: &out,
         header: &header,
@@ -143,6 +149,34 @@ pub fn run(
         mix: mix_rows,
         ..Summary::of_layout(out, desc.arch.name, header, &layout, t0)
     })
+}
+
+/// What happens to the checkpoint's MXFP4 experts: copied (stored as MXFP4), or
+/// decoded and quantized to another type, with the flag that would copy them.
+fn mxfp4_note(sources: &[Option<Source>], layout: &Layout, notes: &mut Vec<String>) {
+    let (mut copied, mut decoded) = (0, Vec::new());
+    for (s, t) in sources.iter().zip(&layout.tensors) {
+        let (Some(s), Kind::Mat { wtype, .. }) = (s, t.kind) else {
+            continue;
+        };
+        if s.copies(wtype) {
+            copied += 1;
+        } else if matches!(s.stack, Stack::Mxfp4 { .. }) && !decoded.contains(&wtype) {
+            decoded.push(wtype);
+        }
+    }
+    if copied > 0 {
+        notes.push(format!(
+            "{copied} expert matrices: the checkpoint's MXFP4 blocks copied as they are (lossless)"
+        ));
+    }
+    if !decoded.is_empty() {
+        let to: Vec<String> = decoded.iter().map(|w| w.to_string()).collect();
+        notes.push(format!(
+            "the checkpoint's MXFP4 experts are decoded and stored as {}; --types experts=mxfp4 keeps their blocks as they are (lossless)",
+            to.join(", ")
+        ));
+    }
 }
 
 /// The output: a file name that is none of the inputs (checked before any work).

@@ -10,14 +10,15 @@ use super::arch::{self, Transform};
 use super::checkpoint::Checkpoint;
 use crate::convert::desc::ModelDesc;
 use crate::convert::error::{ConvertError, Result};
-use crate::convert::pipeline::imatrix::{importance, CovFile};
+use crate::convert::pipeline::imatrix::{expert_importance, importance, CovFile, PerExpert};
 use crate::convert::pipeline::permute::RowMap;
 use crate::convert::pipeline::stream::Arrays;
 use crate::format::mlb::{Kind, Tensor};
 use crate::format::mli::cov::CovEntry;
 use crate::format::mli::Mli;
+use crate::format::WType;
 use crate::quant::feedback::Feedback;
-use crate::quant::QuantError;
+use crate::quant::{mxfp4, QuantError, Quantized, Scales};
 
 /// One spec array and where it comes from.
 pub struct Source {
@@ -31,8 +32,11 @@ pub struct Source {
     pub row_len: usize,
     /// Add 1 to every value ((1 + w) norms).
     pub plus_one: bool,
-    /// Importance per input channel (Q4_0 search with an imatrix).
+    /// Importance per input channel (the searching quantizers with an imatrix; the
+    /// layer's pooled one for an expert matrix, which the mix measures with).
     pub imp: Option<Vec<f32>>,
+    /// Each expert's own importance (a stacked expert matrix, MLI version 2): the write's.
+    pub imp_experts: Option<PerExpert>,
     /// Where the imatrix's covariance section holds this matrix's input covariance.
     pub cov: Option<CovEntry>,
 }
@@ -71,6 +75,12 @@ const FP4_VALUES: [f32; 16] = [
 ];
 
 impl Source {
+    /// Whether the array's blocks are copied as they are when it is stored as `wtype`:
+    /// MXFP4 experts stored as MXFP4 (lossless, never decoded).
+    pub fn copies(&self, wtype: WType) -> bool {
+        wtype == WType::MXFP4 && matches!(self.stack, Stack::Mxfp4 { .. }) && self.map.is_identity()
+    }
+
     /// Every checkpoint tensor the array reads.
     pub fn tensors(&self) -> Vec<&str> {
         match &self.stack {
@@ -248,9 +258,12 @@ pub fn sources(
             d.arch.norm_plus_one && matches!(transform, Transform::Norm | Transform::RopeNorm);
         // The searching quantizers (Q4_0 search, the block types) use it; the others
         // ignore it.
-        let imp = match (imatrix, t.kind) {
-            (Some(m), Kind::Mat { cols, .. }) => importance(m, t, cols, d.vocab.tied),
-            _ => None,
+        let (imp, imp_experts) = match (imatrix, t.kind) {
+            (Some(m), Kind::Mat { rows, cols, .. }) => (
+                importance(m, t, cols, d.vocab.tied),
+                expert_importance(m, t, rows, cols),
+            ),
+            _ => (None, None),
         };
         let cov = match (cov, t.kind) {
             (Some(c), Kind::Mat { cols, .. }) => c.entry(t, cols, d.vocab.tied),
@@ -264,6 +277,7 @@ pub fn sources(
             row_len,
             plus_one,
             imp,
+            imp_experts,
             cov,
         }));
     }
@@ -484,6 +498,56 @@ pub fn read_rows(ck: &Checkpoint, s: &Source, rows: Range<usize>, buf: &mut Vec<
     }
 }
 
+/// Output rows `rows` of an MXFP4 stack `s` as the `.mlb`'s MXFP4 blocks (GGUF's
+/// `block_mxfp4`), bits unchanged: per block of 32 the checkpoint's E8M0 scale byte,
+/// then its 16 code bytes moved from OCP's consecutive pairs to GGUF's halves
+/// ([`mxfp4::qs_from_pairs`]). A scale of 255 (E8M0's NaN) is refused, as the decoding
+/// path refuses the NaN weights it gives.
+fn mxfp4_rows(ck: &Checkpoint, s: &Source, rows: Range<usize>) -> Result<Option<Quantized>> {
+    let Stack::Mxfp4 {
+        scales,
+        per,
+        width,
+        first,
+        step,
+    } = &s.stack
+    else {
+        return Ok(None);
+    };
+    let (bi, si) = (
+        ck.get(&s.hf).expect("planned"),
+        ck.get(scales).expect("planned"),
+    );
+    let (blocks, sc) = (ck.raw_bytes(bi), ck.raw_bytes(si));
+    let nb = s.row_len / 32;
+    let mut q = Vec::with_capacity(rows.len() * nb * 17);
+    for (e, local) in segments(rows.clone(), *per) {
+        for i in local {
+            let r = e * width + first + step * i;
+            for b in 0..nb {
+                let x = sc[r * nb + b];
+                if x == 255 {
+                    return Err(ConvertError::tensor(
+                        ck.path_of(si),
+                        scales,
+                        format!("expert {e}, row {}, block {b}: scale 255 is E8M0's NaN: weights must be finite", first + step * i),
+                    ));
+                }
+                q.push(x);
+                let at = (r * nb + b) * 16;
+                q.extend_from_slice(&mxfp4::qs_from_pairs(&blocks[at..at + 16]));
+            }
+        }
+    }
+    Ok(Some(Quantized {
+        wtype: WType::MXFP4,
+        rows: rows.len(),
+        cols: s.row_len,
+        q,
+        d: Scales::F32(Vec::new()),
+    }))
+}
+
 /// Drops the pages output rows `rows` of `s` read (see [`Checkpoint::release`]).
 pub fn release_rows(ck: &Checkpoint, s: &Source, rows: Range<usize>) {
     let get = |name: &str| ck.get(name).expect("planned");
@@ -615,12 +679,30 @@ impl Arrays for CheckpointArrays<'_> {
         Ok(())
     }
 
+    fn copied(
+        &self,
+        i: usize,
+        wtype: WType,
+        _cols: usize,
+        rows: Range<usize>,
+    ) -> Result<Option<Quantized>> {
+        let s = self.source(i);
+        match s.copies(wtype) {
+            true => mxfp4_rows(self.ck, s, rows),
+            false => Ok(None),
+        }
+    }
+
     fn read(&self, i: usize, rows: Range<usize>, buf: &mut Vec<f32>) {
         read_rows(self.ck, self.source(i), rows, buf);
     }
 
-    fn importance(&self, i: usize) -> Option<&[f32]> {
-        self.source(i).imp.as_deref()
+    fn importance(&self, i: usize, row: usize) -> (Option<&[f32]>, usize) {
+        let s = self.source(i);
+        match &s.imp_experts {
+            Some(p) => p.at(row),
+            None => (s.imp.as_deref(), usize::MAX),
+        }
     }
 
     fn feedback(&self, i: usize) -> Option<Feedback> {

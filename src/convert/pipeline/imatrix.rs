@@ -1,5 +1,12 @@
 //! The importance matrix (MLI1, `--imatrix`): read and checked against the model, and
-//! the importance of each matrix's input channels.
+//! the importance of each matrix's input channels: a matrix's slot, or, for a stacked
+//! expert matrix of a version-2 file, each expert's own sums ([`PerExpert`]).
+//!
+//! An expert no calibration token was routed to has no sums of its own. Its ew1/ew3 take
+//! the layer's pooled FFN input (the W13 slot: every token's, and the router chooses
+//! among tokens, it does not change their inputs), which is what the expert would have
+//! seen; its ew2 is quantized unweighted, as its hidden channels are its own neurons,
+//! which no other expert's sums describe. [`unrouted_warnings`] names each such expert.
 
 use std::path::Path;
 
@@ -7,7 +14,7 @@ use crate::convert::desc::ModelDesc;
 use crate::convert::error::{ConvertError, Result};
 use crate::format::mlb::Tensor;
 use crate::format::mli::cov::{self as mli_cov, CovEntry, CovSlot};
-use crate::format::mli::{self, Mli, Slot};
+use crate::format::mli::{self, ExpertSlot, Mli, Slot};
 use crate::quant::feedback::Feedback;
 
 /// Reads and checks an MLI1 file against the model.
@@ -36,6 +43,37 @@ pub fn load_imatrix(p: &Path, d: &ModelDesc) -> Result<Mli> {
             });
         }
     }
+    if let (Some(x), Some(e)) = (&m.moe, d.moe) {
+        let moe_layers: Vec<usize> = (0..d.dims.n_layers).filter(|&l| d.layers[l].moe).collect();
+        let layers = |v: &[usize]| format!("{v:?}");
+        for (field, got, want) in [
+            (
+                "n_experts",
+                x.n_experts.to_string(),
+                e.n_experts.to_string(),
+            ),
+            (
+                "expert_hidden",
+                x.expert_hidden.to_string(),
+                e.expert_hidden.to_string(),
+            ),
+            (
+                "shared_hidden",
+                x.shared_hidden.to_string(),
+                e.shared_hidden.to_string(),
+            ),
+            ("moe_layers", layers(&x.layers), layers(&moe_layers)),
+        ] {
+            if got != want {
+                return Err(ConvertError::Imatrix {
+                    file: p.to_path_buf(),
+                    field: field.into(),
+                    value: got,
+                    msg: format!("the model has {field} {want}: this imatrix is for another model"),
+                });
+            }
+        }
+    }
     if m.tokens == 0 {
         return Err(ConvertError::Imatrix {
             file: p.to_path_buf(),
@@ -57,11 +95,19 @@ pub fn importance(m: &Mli, t: &Tensor, cols: usize, tied: bool) -> Option<Vec<f3
         }
         (Some(l), "wo" | "lout") => m.slot(l as usize, Slot::Wo),
         // Every expert reads the layer's FFN input: the experts' and the shared
-        // expert's gate/up take the FFN input's importance (not yet kept per expert);
-        // a down projection's input is as wide as its own FFN, so the dense W2 slot
-        // serves only when the widths agree (checked below).
+        // expert's gate/up take the FFN input's importance (pooled over the experts:
+        // the mix's measure; the write weighs each expert by its own sums where the
+        // file has them, [`expert_importance`]); a down projection's input is as wide
+        // as its own FFN, so the dense W2 slot serves only when the widths agree
+        // (checked below).
         (Some(l), "w1" | "w3" | "ew1" | "ew3" | "sw1" | "sw3") => m.slot(l as usize, Slot::W13),
-        (Some(l), "w2" | "ew2" | "sw2") => m.slot(l as usize, Slot::W2),
+        // The shared expert's sw2 input is summed on its own in a version-2 file (every
+        // token passes it).
+        (Some(l), "sw2") => match m.moe.as_ref().and_then(|x| x.shared(l as usize)) {
+            Some(s) => s,
+            None => m.slot(l as usize, Slot::W2),
+        },
+        (Some(l), "w2" | "ew2") => m.slot(l as usize, Slot::W2),
         (None, "wcls") if m.cls_tokens > 0 => m.cls(),
         // A shared classifier: tok_emb's columns are the classifier's input channels.
         (None, "tok_emb") if tied && m.cls_tokens > 0 => m.cls(),
@@ -77,6 +123,71 @@ pub fn importance(m: &Mli, t: &Tensor, cols: usize, tied: bool) -> Option<Vec<f3
     };
     // lout's input is V·dv wide; the Wo slot is q_dim wide: use it only when they agree.
     (sums.len() == cols).then(|| Mli::importance(sums, tokens))
+}
+
+/// The importance of each expert's rows of a stacked expert matrix (`per` rows each).
+#[derive(Debug, Clone, PartialEq)]
+pub struct PerExpert {
+    pub per: usize,
+    /// Expert e's (`None`: the unweighted search).
+    pub each: Vec<Option<Vec<f32>>>,
+}
+
+impl PerExpert {
+    /// The importance of row `r`'s channels, and how many rows from `r` share it (to
+    /// the end of its expert).
+    pub fn at(&self, r: usize) -> (Option<&[f32]>, usize) {
+        (self.each[r / self.per].as_deref(), self.per - r % self.per)
+    }
+}
+
+/// Each expert's own importance for stacked expert matrix `t` (`rows` × `cols`) from a
+/// version-2 file: ew1/ew3 its FFN inputs, ew2 its hidden inputs, over the tokens
+/// routed to it; an unrouted expert's ew1/ew3 take the layer's pooled FFN input, its
+/// ew2 none (the module's note). `None` for any other matrix or a version-1 file.
+pub fn expert_importance(m: &Mli, t: &Tensor, rows: usize, cols: usize) -> Option<PerExpert> {
+    let x = m.moe.as_ref()?;
+    let l = t.name.layer? as usize;
+    let slot = match t.name.name {
+        "ew1" | "ew3" => ExpertSlot::In,
+        "ew2" => ExpertSlot::Hidden,
+        _ => return None,
+    };
+    let pooled = || {
+        let s = m.slot(l, Slot::W13);
+        (slot == ExpertSlot::In && s.len() == cols && s.iter().any(|&v| v != 0.0))
+            .then(|| Mli::importance(s, m.tokens))
+    };
+    let each = (0..x.n_experts)
+        .map(|e| {
+            let sums = x.expert(l, e, slot)?;
+            match x.tokens(l, e)? {
+                0 => pooled(),
+                n => (sums.len() == cols && sums.iter().any(|&v| v != 0.0))
+                    .then(|| Mli::importance(sums, n)),
+            }
+        })
+        .collect();
+    Some(PerExpert {
+        per: rows / x.n_experts,
+        each,
+    })
+}
+
+/// One line per expert no calibration token was routed to, naming its layer and number
+/// and what its matrices are weighted by instead.
+pub fn unrouted_warnings(m: &Mli) -> Vec<String> {
+    let Some(x) = &m.moe else {
+        return Vec::new();
+    };
+    x.unrouted()
+        .into_iter()
+        .map(|(l, e)| {
+            format!(
+                "imatrix: layer {l} expert {e} was never routed during calibration: its ew1/ew3 are weighted by the layer's pooled FFN input, its ew2 is quantized unweighted"
+            )
+        })
+        .collect()
 }
 
 /// The imatrix file `p`, mapped read-only.
@@ -160,5 +271,32 @@ impl CovFile {
     /// factored).
     pub fn feedback(&self, e: &CovEntry) -> Option<Feedback> {
         Feedback::from_packed(e.n, &mli_cov::values(&self.map, e), self.damp)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::format::mli::MoeSums;
+
+    #[test]
+    fn per_expert_rows_and_unrouted_warnings() {
+        let p = PerExpert {
+            per: 3,
+            each: vec![Some(vec![1.0]), None],
+        };
+        assert_eq!(p.at(0), (Some(&[1.0f32][..]), 3));
+        assert_eq!(p.at(2), (Some(&[1.0f32][..]), 1));
+        assert_eq!(p.at(4), (None, 2));
+        let mut x = MoeSums::new(vec![1, 3], 2, 4, 4, 0);
+        for (l, e) in [(1, 0), (3, 1)] {
+            *x.tokens_mut(l, e).unwrap() = 5;
+        }
+        let m = Mli::new(4, 4, 4, 4).with_moe(x);
+        let w = unrouted_warnings(&m);
+        assert_eq!(w.len(), 2, "{w:?}");
+        assert!(w[0].contains("layer 1 expert 1 was never routed"), "{w:?}");
+        assert!(w[1].contains("layer 3 expert 0 was never routed"), "{w:?}");
+        assert!(unrouted_warnings(&Mli::new(4, 4, 4, 4)).is_empty());
     }
 }

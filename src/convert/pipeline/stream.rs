@@ -20,7 +20,8 @@ use crate::format::WType;
 use crate::quant::feedback::{self, Feedback};
 use crate::quant::{Q4Rule, QuantError, QuantOptions, Quantized};
 
-/// Progress reports, in order: one `Start`, `Note`s, one `Tensor` per array written.
+/// Progress reports, in order: one `Start`, `Note`s and `Warning`s, one `Tensor` per
+/// array written.
 #[derive(Debug, Clone, Copy)]
 pub enum Progress<'a> {
     Start {
@@ -28,6 +29,9 @@ pub enum Progress<'a> {
         bytes: u64,
     },
     Note(&'a str),
+    /// Something the user should act on, though the file is written (an imatrix that
+    /// never routed to an expert).
+    Warning(&'a str),
     Tensor {
         index: usize,
         name: &'a str,
@@ -42,22 +46,25 @@ pub trait Arrays {
     fn floats(&self, i: usize, buf: &mut Vec<f32>) -> Result<()>;
 
     /// Rows `rows` of matrix `i` (`cols` columns of `wtype`) as stored, when its blocks
-    /// are copied rather than quantized.
+    /// are copied rather than quantized (`Ok(None)`: quantized); an error names a block
+    /// the format cannot hold.
     fn copied(
         &self,
         _i: usize,
         _wtype: WType,
         _cols: usize,
         _rows: Range<usize>,
-    ) -> Option<Quantized> {
-        None
+    ) -> Result<Option<Quantized>> {
+        Ok(None)
     }
 
     /// Rows `rows` of matrix `i` as f32, appended to `buf`.
     fn read(&self, i: usize, rows: Range<usize>, buf: &mut Vec<f32>);
 
-    /// The importance of matrix `i`'s input channels (from the imatrix), if any.
-    fn importance(&self, i: usize) -> Option<&[f32]>;
+    /// The importance of matrix `i`'s input channels for its rows from `row` (from the
+    /// imatrix), if any, and how many rows from `row` share it (`usize::MAX`: all; a
+    /// stacked expert matrix: to the end of the row's expert).
+    fn importance(&self, i: usize, row: usize) -> (Option<&[f32]>, usize);
 
     /// Error feedback for matrix `i` (from the imatrix's covariance of its input), if
     /// any: built once per matrix, so one matrix's covariance is in memory at a time.
@@ -155,22 +162,32 @@ fn write_arrays(
                     arrays.feedback(i)
                 };
                 for_row_chunks(rows, cols, cancel, |r| {
-                    let m = match arrays.copied(i, wtype, cols, r.clone()) {
-                        Some(m) => m,
-                        None => {
-                            buf.clear();
-                            arrays.read(i, r.clone(), &mut buf);
-                            let qopts = QuantOptions {
-                                scale_f16: target.header.scale_f16 != 0,
-                                q4_rule: target.q4_rule,
-                                imatrix: arrays.importance(i),
-                            };
-                            feedback::quantize(wtype, r.len(), cols, &buf, &qopts, fb.as_ref())
-                                .map_err(|e| arrays.quant_error(i, r.start, e))?
-                        }
-                    };
-                    w.write_mat_rows(&m)
-                        .map_err(|e| arrays.refused(i, out, e))?;
+                    if let Some(m) = arrays.copied(i, wtype, cols, r.clone())? {
+                        w.write_mat_rows(&m)
+                            .map_err(|e| arrays.refused(i, out, e))?;
+                        arrays.written(i, r);
+                        return Ok(());
+                    }
+                    buf.clear();
+                    arrays.read(i, r.clone(), &mut buf);
+                    // Rows sharing one importance at a time (quantization is per row:
+                    // the cut changes no byte).
+                    let mut at = r.start;
+                    while at < r.end {
+                        let (imatrix, span) = arrays.importance(i, at);
+                        let end = r.end.min(at.saturating_add(span));
+                        let qopts = QuantOptions {
+                            scale_f16: target.header.scale_f16 != 0,
+                            q4_rule: target.q4_rule,
+                            imatrix,
+                        };
+                        let x = &buf[(at - r.start) * cols..(end - r.start) * cols];
+                        let m = feedback::quantize(wtype, end - at, cols, x, &qopts, fb.as_ref())
+                            .map_err(|e| arrays.quant_error(i, at, e))?;
+                        w.write_mat_rows(&m)
+                            .map_err(|e| arrays.refused(i, out, e))?;
+                        at = end;
+                    }
                     arrays.written(i, r);
                     Ok(())
                 })?;

@@ -147,8 +147,8 @@ impl MoeSums {
         Some(&mut self.tokens[i])
     }
 
-    /// The experts no token was routed to, as (layer, expert): their matrices are
-    /// quantized without importances.
+    /// The experts no token was routed to, as (layer, expert): they have no sums of
+    /// their own (`mlb-convert` warns and falls back, docs/calibration.md).
     pub fn unrouted(&self) -> Vec<(usize, usize)> {
         let e = self.n_experts;
         self.layers
