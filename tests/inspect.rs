@@ -242,7 +242,7 @@ fn error_table_through_the_binary() {
     let header_rows: [(&str, HeaderEdit, &str); 31] = [
         ("bad magic", |h| h.magic = *b"MLBX", FORMAT),
         ("bad version", |h| h.version = 9, FORMAT),
-        ("unknown wtype", |h| h.wtype = 17, FORMAT),
+        ("unknown wtype", |h| h.wtype = 23, FORMAT),
         ("wtype above the known ones", |h| h.wtype = 129, FORMAT),
         ("unknown rope_type", |h| h.rope_type = 9, FORMAT),
         ("bad llama3", |h| h.rope_type = 1, FORMAT),
