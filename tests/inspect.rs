@@ -221,12 +221,12 @@ fn with_header(edit: impl FnOnce(&mut Header)) -> Vec<u8> {
     b
 }
 
-/// A mixed file whose type-table entry for layers.0.wv is 9 (reserved).
+/// A mixed file whose type-table entry for layers.0.wv is 23 (reserved).
 fn bad_table_entry() -> Vec<u8> {
     let mut h = tiny_header();
     h.wtype = wtype::MIXED;
     let mut b = synth_mixed(&h, &[], &[WType::BF16; 16], 8);
-    b[256 + 3] = 17;
+    b[256 + 3] = 23;
     b
 }
 
