@@ -871,7 +871,7 @@ fn err_mixed_type_table() {
     // An entry that is not a concrete type names the tensor.
     for (entry, code, tensor) in [
         (0, 0u8, "tok_emb"),
-        (3, 17, "layers.0.wv"),
+        (3, 23, "layers.0.wv"),
         (9, 128, "layers.1.wk"),
         (15, 255, "wcls"),
     ] {
