@@ -15,7 +15,8 @@ llama-quantize with one IQ type per tensor kind:
 llama-quantize needs an importance matrix for IQ2_XXS, IQ2_XS and IQ1_M: the script
 writes one in llama.cpp's legacy imatrix format with every column's importance 1 (the
 blocks are what llama.cpp's quantizer makes of these weights under a flat importance).
-The BF16 model is not kept. Needs numpy, torch, transformers, tokenizers.
+The BF16 model is not kept. Two runs write identical bytes. Needs numpy, torch,
+transformers, tokenizers.
 """
 
 import argparse
@@ -89,12 +90,15 @@ def main():
         convert(llama, work, flt, "bf16")
         imat = os.path.join(tmp, "flat.imatrix")
         imatrix(flt, imat)
-        cmd = [args.llama_quantize, "--imatrix", imat, "--token-embedding-type", "q8_0",
+        # Relative to the temporary folder: the file records the imatrix's path.
+        cmd = [os.path.abspath(args.llama_quantize) if os.sep in args.llama_quantize
+               else args.llama_quantize, "--imatrix", "flat.imatrix",
+               "--token-embedding-type", "q8_0",
                "--output-tensor-type", "q8_0"]
         for k, v in TYPES.items():
             cmd += ["--tensor-type", f"{k}={v}"]
         cmd += [flt, OUT, "IQ4_XS", "1"]
-        r = subprocess.run(cmd, capture_output=True, text=True)
+        r = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp)
         if r.returncode != 0:
             sys.stderr.write(r.stdout[-4000:] + r.stderr[-4000:])
             raise SystemExit("llama-quantize failed")
