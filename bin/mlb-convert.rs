@@ -54,10 +54,7 @@ enum WTypeArg {
 
 /// `--requantize`: any type Krafla writes.
 fn requant_type(s: &str) -> Result<WType, String> {
-    WType::from_cli_name(s).ok_or_else(|| {
-        let known: Vec<_> = WType::ALL.iter().map(|t| t.cli_name()).collect();
-        format!("unknown weight type '{s}' (known: {})", known.join(", "))
-    })
+    krafla::quant::quantizable_type(s)
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -111,7 +108,7 @@ struct Cli {
     /// Error feedback's damping λ: λ · mean(diag H) is added to the covariance's diagonal (more: closer to the plain quantizer, less fitted to the calibration text)
     #[arg(long, value_name = "λ", default_value_t = krafla::quant::feedback::DAMP, requires = "imatrix")]
     feedback_damp: f64,
-    /// GGUF input: quantize the F32/F16/BF16 matrices, and dequantize and quantize again those of types Krafla lacks (the IQ codebook types, ...), to this type (q8_0, q4_0, bf16, f16, q4_k, q5_k, q6_k, q4_1, q5_0, q5_1, iq4_nl, q6_0, mxfp4, q2_k, q3_k, iq4_xs); without it F16/BF16 are kept and the others refused
+    /// GGUF input: quantize the F32/F16/BF16 matrices, and dequantize and quantize again those of types Krafla lacks (IQ1_S, TQ1_0, ...), to this type (q8_0, q4_0, bf16, f16, q4_k, q5_k, q6_k, q4_1, q5_0, q5_1, iq4_nl, q6_0, mxfp4, q2_k, q3_k, iq4_xs); without it F16/BF16 are kept and the others refused
     #[arg(long, value_name = "TYPE", value_parser = requant_type)]
     requantize: Option<WType>,
     /// Worker threads [default: one per core]; the output does not depend on it

@@ -5,8 +5,10 @@ The fixture pins Krafla's block layouts to an independent implementation: gguf-p
 dequantizers (`gguf.quants.dequantize`). For each type it writes random blocks (random
 quant bytes; the f16 scales drawn from normal values, zero, negatives, subnormals and large
 values, never inf/NaN; MXFP4's E8M0 exponent from ordinary values, the subnormal 0 and
-1 and the largest that keeps every value finite, 252) and the f32 values gguf-py gives
-for them. Krafla's Q6_0 is not a
+1 and the largest that keeps every value finite, 252; IQ1_M's d, spread over the top
+nibbles of its scale words, drawn as the f16 scales) and the f32 values gguf-py gives
+for them. The IQ codebook types (IQ3_XXS .. IQ1_M) come last, so the sections before
+them are the bytes an older run wrote. Krafla's Q6_0 is not a
 GGUF type; its blocks are decoded here from the layout (d f16, qh[8], qs[16]: bits 4-5 of
 element j < 16 are bits 4*(j//8)..+2 of qh[j % 8], of element j + 16 the two bits above)
 into Q8_0 blocks (same d, level q - 32), the lossless GGUF export, and dequantized by
@@ -29,7 +31,8 @@ from gguf.quants import dequantize
 
 SEED = 20261202
 # (Krafla code, GGUF type or None for Q6_0, blocks, bytes, weights, offsets of f16 scales;
-# "e8m0": MXFP4's exponent byte at 0)
+# "e8m0": MXFP4's exponent byte at 0; "iq1m": IQ1_M's f16 d in the top nibbles of its
+# four scale words at 48)
 TYPES = [
     (5, G.Q4_K, 12, 144, 256, (0, 2)),
     (6, G.Q5_K, 12, 176, 256, (0, 2)),
@@ -43,6 +46,12 @@ TYPES = [
     (14, G.Q2_K, 12, 84, 256, (80, 82)),
     (15, G.Q3_K, 12, 110, 256, (108,)),
     (16, G.IQ4_XS, 12, 136, 256, (0,)),
+    (17, G.IQ3_XXS, 12, 98, 256, (0,)),
+    (18, G.IQ3_S, 12, 110, 256, (0,)),
+    (19, G.IQ2_XXS, 12, 66, 256, (0,)),
+    (20, G.IQ2_XS, 12, 74, 256, (0,)),
+    (21, G.IQ2_S, 12, 82, 256, (0,)),
+    (22, G.IQ1_M, 12, 56, 256, "iq1m"),
 ]
 
 
@@ -82,6 +91,13 @@ def main():
             e = rng.integers(100, 140, size=n, dtype=np.uint8)
             e[:4] = [0, 1, 2, 252]
             blocks[:, 0] = e
+            scale_at = ()
+        elif scale_at == "iq1m":
+            d = scale_bits(rng, n)
+            w = blocks[:, 48:56].copy().view("<u2").reshape(n, 4)
+            for k in range(4):
+                w[:, k] = (w[:, k] & 0x0FFF) | (((d >> (4 * k)) & 0xF) << 12)
+            blocks[:, 48:56] = w.view(np.uint8).reshape(n, 8)
             scale_at = ()
         for at in scale_at:
             blocks[:, at:at + 2] = scale_bits(rng, n).view(np.uint8).reshape(n, 2)

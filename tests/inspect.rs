@@ -221,12 +221,12 @@ fn with_header(edit: impl FnOnce(&mut Header)) -> Vec<u8> {
     b
 }
 
-/// A mixed file whose type-table entry for layers.0.wv is 9 (reserved).
+/// A mixed file whose type-table entry for layers.0.wv is 23 (reserved).
 fn bad_table_entry() -> Vec<u8> {
     let mut h = tiny_header();
     h.wtype = wtype::MIXED;
     let mut b = synth_mixed(&h, &[], &[WType::BF16; 16], 8);
-    b[256 + 3] = 17;
+    b[256 + 3] = 23;
     b
 }
 
@@ -242,7 +242,7 @@ fn error_table_through_the_binary() {
     let header_rows: [(&str, HeaderEdit, &str); 31] = [
         ("bad magic", |h| h.magic = *b"MLBX", FORMAT),
         ("bad version", |h| h.version = 9, FORMAT),
-        ("unknown wtype", |h| h.wtype = 17, FORMAT),
+        ("unknown wtype", |h| h.wtype = 23, FORMAT),
         ("wtype above the known ones", |h| h.wtype = 129, FORMAT),
         ("unknown rope_type", |h| h.rope_type = 9, FORMAT),
         ("bad llama3", |h| h.rope_type = 1, FORMAT),

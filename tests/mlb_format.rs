@@ -214,7 +214,7 @@ fn err_empty_and_short() {
 fn err_magic_version_enums() {
     assert_eq!(fmt(|h| h.magic = *b"MLB2"), "magic");
     assert_eq!(fmt(|h| h.version = 2), "version");
-    assert_eq!(fmt(|h| h.wtype = 17), "wtype");
+    assert_eq!(fmt(|h| h.wtype = 23), "wtype");
     assert_eq!(fmt(|h| h.wtype = 129), "wtype");
     assert_eq!(fmt(|h| h.wtype = 0), "wtype");
     assert_eq!(fmt(|h| h.rope_type = 5), "rope_type");
@@ -625,16 +625,16 @@ fn wtype_values_known_reserved_and_refused() {
         let mut h = tiny_header();
         h.wtype = v;
         let ok = validate(&h).is_ok();
-        assert_eq!(ok, (1..=16).contains(&v) || v == 128, "wtype {v}");
+        assert_eq!(ok, (1..=22).contains(&v) || v == 128, "wtype {v}");
         if !ok {
             let e = validate(&h).unwrap_err();
             assert_eq!((e.status, e.field.as_str()), (Status::Format, "wtype"));
-            if (17..=31).contains(&v) {
+            if (23..=31).contains(&v) {
                 assert!(e.rule.contains("reserved"), "{e}");
             }
         }
         // The extensions are exactly the values the previous reader refused.
-        if (3..=16).contains(&v) || v == 128 {
+        if (3..=22).contains(&v) || v == 128 {
             assert!(!wtype_accepted_by_krafla_0_9(v));
         }
     }
@@ -872,7 +872,7 @@ fn err_mixed_type_table() {
     // An entry that is not a concrete type names the tensor.
     for (entry, code, tensor) in [
         (0, 0u8, "tok_emb"),
-        (3, 17, "layers.0.wv"),
+        (3, 23, "layers.0.wv"),
         (9, 128, "layers.1.wk"),
         (15, 255, "wcls"),
     ] {

@@ -190,9 +190,9 @@ impl<'a> QMat<'a> {
     }
 }
 
-/// The GGUF block types: their scales are inside the blocks.
+/// The GGUF block types (codebook types too): their scales are inside the blocks.
 fn is_block_type(t: WType) -> bool {
-    WType::BLOCKS.contains(&t)
+    WType::BLOCKS.contains(&t) || WType::CODEBOOKS.contains(&t)
 }
 
 /// Checks `rows, cols > 0` and `cols` a multiple of `m`; the error names the matrix by

@@ -32,6 +32,8 @@ fn bit_names(table: &[(u32, &'static str)], bits: u32) -> Vec<&'static str> {
 pub mod error;
 pub mod gguf;
 pub mod half_float;
+#[rustfmt::skip] // generated (scripts/gen-iq-grids.py): one line per 4 or 8 entries
+pub mod iq_grids;
 pub mod mat;
 pub mod mlb;
 pub mod mli;

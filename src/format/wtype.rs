@@ -12,7 +12,7 @@ use std::fmt;
 /// Values per block of the 32-weight block types (Q8_0, Q4_0, Q4_1, Q5_0, ...).
 pub const QK: usize = 32;
 
-/// Weights per super-block of the 256-weight types (Q2_K … Q6_K, IQ4_XS), as in GGUF.
+/// Weights per super-block of the 256-weight types (Q2_K … Q6_K, the IQ types), as in GGUF.
 pub const QK_K: usize = 256;
 
 /// How a matrix's weights are stored.
@@ -58,6 +58,24 @@ pub enum WType {
     /// GGUF's block_iq4_xs (136 bytes per 256): 8 sub-blocks of 32 with 6-bit scales,
     /// `w = (d·(ls − 32))·T[nibble]`, T IQ4_NL's levels.
     IQ4_XS,
+    /// GGUF's block_iq3_xxs (98 bytes per 256): groups of 4 weights from a 256-entry
+    /// grid, even-parity signs per 8, a 4-bit scale per 32 (docs/file-format.md).
+    IQ3_XXS,
+    /// GGUF's block_iq3_s (110 bytes per 256): groups of 4 from a 512-entry grid, a sign
+    /// bit per weight, a 4-bit scale per 32.
+    IQ3_S,
+    /// GGUF's block_iq2_xxs (66 bytes per 256): groups of 8 from a 256-entry grid,
+    /// even-parity signs per 8, a 4-bit scale per 32.
+    IQ2_XXS,
+    /// GGUF's block_iq2_xs (74 bytes per 256): groups of 8 from a 512-entry grid,
+    /// even-parity signs per 8, a 4-bit scale per 16.
+    IQ2_XS,
+    /// GGUF's block_iq2_s (82 bytes per 256): groups of 8 from a 1024-entry grid, a sign
+    /// bit per weight, a 4-bit scale per 16.
+    IQ2_S,
+    /// GGUF's block_iq1_m (56 bytes per 256): groups of 8 in {−1, 0, 1} from a
+    /// 2048-entry grid with a ±1/8 shift per 8, a 3-bit scale per 16.
+    IQ1_M,
 }
 
 /// How a type lays out the weights of a row: what the file layout needs to know.
@@ -79,7 +97,7 @@ pub struct Geometry {
 
 impl WType {
     /// Every type, in code order.
-    pub const ALL: [WType; 16] = [
+    pub const ALL: [WType; 22] = [
         WType::Q8_0,
         WType::Q4_0,
         WType::BF16,
@@ -96,11 +114,22 @@ impl WType {
         WType::Q2_K,
         WType::Q3_K,
         WType::IQ4_XS,
+        WType::IQ3_XXS,
+        WType::IQ3_S,
+        WType::IQ2_XXS,
+        WType::IQ2_XS,
+        WType::IQ2_S,
+        WType::IQ1_M,
     ];
 
-    /// The block types beyond the spec's two and the 2-byte floats: the ones
-    /// `quant::blocks` quantizes and the kernels' `scalar/blocks.rs` multiplies.
-    pub const BLOCKS: &'static [WType] = WType::ALL.split_at(4).1;
+    /// The block types beyond the spec's two and the 2-byte floats that Krafla also
+    /// writes: the ones `quant::blocks` quantizes and the kernels' `scalar/blocks.rs`
+    /// multiplies.
+    pub const BLOCKS: &'static [WType] = WType::ALL.split_at(4).1.split_at(12).0;
+
+    /// GGUF's codebook types (IQ3_XXS … IQ1_M): block types too (scales inside), read
+    /// from GGUF files and multiplied by `scalar/codebook.rs`, not quantized.
+    pub const CODEBOOKS: &'static [WType] = WType::ALL.split_at(16).1;
 
     /// The header's `wtype` value of a model stored entirely in this type (and this
     /// type's entry in a mixed file's type table).
@@ -122,6 +151,12 @@ impl WType {
             WType::Q2_K => 14,
             WType::Q3_K => 15,
             WType::IQ4_XS => 16,
+            WType::IQ3_XXS => 17,
+            WType::IQ3_S => 18,
+            WType::IQ2_XXS => 19,
+            WType::IQ2_XS => 20,
+            WType::IQ2_S => 21,
+            WType::IQ1_M => 22,
         }
     }
 
@@ -149,6 +184,12 @@ impl WType {
             WType::Q2_K => "Q2_K",
             WType::Q3_K => "Q3_K",
             WType::IQ4_XS => "IQ4_XS",
+            WType::IQ3_XXS => "IQ3_XXS",
+            WType::IQ3_S => "IQ3_S",
+            WType::IQ2_XXS => "IQ2_XXS",
+            WType::IQ2_XS => "IQ2_XS",
+            WType::IQ2_S => "IQ2_S",
+            WType::IQ1_M => "IQ1_M",
         }
     }
 
@@ -171,6 +212,12 @@ impl WType {
             WType::Q2_K => "q2_k",
             WType::Q3_K => "q3_k",
             WType::IQ4_XS => "iq4_xs",
+            WType::IQ3_XXS => "iq3_xxs",
+            WType::IQ3_S => "iq3_s",
+            WType::IQ2_XXS => "iq2_xxs",
+            WType::IQ2_XS => "iq2_xs",
+            WType::IQ2_S => "iq2_s",
+            WType::IQ1_M => "iq1_m",
         }
     }
 
@@ -212,6 +259,12 @@ impl WType {
             WType::Q2_K => gguf_block(QK_K, 84),
             WType::Q3_K => gguf_block(QK_K, 110),
             WType::IQ4_XS => gguf_block(QK_K, 136),
+            WType::IQ3_XXS => gguf_block(QK_K, 98),
+            WType::IQ3_S => gguf_block(QK_K, 110),
+            WType::IQ2_XXS => gguf_block(QK_K, 66),
+            WType::IQ2_XS => gguf_block(QK_K, 74),
+            WType::IQ2_S => gguf_block(QK_K, 82),
+            WType::IQ1_M => gguf_block(QK_K, 56),
         }
     }
 
@@ -308,6 +361,12 @@ mod tests {
             (WType::Q2_K, 14, 256, 84),
             (WType::Q3_K, 15, 256, 110),
             (WType::IQ4_XS, 16, 256, 136),
+            (WType::IQ3_XXS, 17, 256, 98),
+            (WType::IQ3_S, 18, 256, 110),
+            (WType::IQ2_XXS, 19, 256, 66),
+            (WType::IQ2_XS, 20, 256, 74),
+            (WType::IQ2_S, 21, 256, 82),
+            (WType::IQ1_M, 22, 256, 56),
         ];
         for (t, code, w, b) in expect {
             assert_eq!(
@@ -318,6 +377,9 @@ mod tests {
             assert_eq!(t.name().to_ascii_lowercase(), t.cli_name());
         }
         assert_eq!(WType::Q6_K.row_bytes(512), 420);
+        assert_eq!(WType::BLOCKS.last(), Some(&WType::IQ4_XS));
+        assert_eq!(WType::CODEBOOKS.first(), Some(&WType::IQ3_XXS));
+        assert_eq!(WType::CODEBOOKS.len(), 6);
         assert_eq!(WType::IQ4_NL.row_bytes(576), 18 * 18);
     }
 }

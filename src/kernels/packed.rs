@@ -66,7 +66,7 @@ use super::scalar::blocks::{for_block_type, BlockTy, ScaleKind};
 use super::scalar::tiles::LANES;
 use crate::format::mat::QMat;
 use crate::format::wtype::{WType, QK, QK_K};
-use crate::quant::{blocks, blocks32, kquants, lowbit, mxfp4};
+use crate::quant::{blocks, blocks32, codebook, kquants, lowbit, mxfp4};
 
 /// Rows per group: one 512-bit vector of i32/f32 lanes.
 pub const GROUP: usize = 16;
@@ -158,8 +158,15 @@ impl PackedMat {
 
     /// [`PackedMat::new`], calling `done(r0, r1)` after each batch of rows is packed
     /// (in order), so a caller can release the source rows as it goes.
-    /// Fails only when the system has no memory for the copy.
+    /// Fails when the system has no memory for the copy, or for a type without a packed
+    /// layout (the codebook types: no tier has a packed kernel for them).
     pub fn new_with(w: &QMat, mut done: impl FnMut(usize, usize)) -> io::Result<PackedMat> {
+        if codebook::is_codebook(w.wtype) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("{} has no packed layout", w.wtype),
+            ));
+        }
         if has_blocks_layout(w.wtype) {
             return pack_blocks(w, done);
         }
@@ -434,7 +441,7 @@ fn scale_kind(t: WType) -> ScaleKind {
 
 /// Whether `t` is packed in the GGUF block types' layout.
 pub fn has_blocks_layout(t: WType) -> bool {
-    blocks::is_block_type(t)
+    blocks::is_block_type(t) && !codebook::is_codebook(t)
 }
 
 /// Quant bytes of one block position of a group: 64 per level bit.

@@ -19,6 +19,7 @@ use super::error::TierError;
 use super::packed::PackedView;
 use super::scalar::attention::{self as scalar_attention, KvView, Query, TILE_QUERIES};
 use super::scalar::blocks::{self as scalar_blocks, for_block_type};
+use super::scalar::codebook::{self as scalar_codebook, for_codebook_type};
 use super::scalar::delta::{self as scalar_delta, DeltaHead};
 use super::scalar::kv::{self as scalar_kv, KvType};
 use super::scalar::{bf16dot as scalar_bf16dot, half as scalar_half, math as scalar_math};
@@ -276,7 +277,7 @@ fn x86_kernels(t: Tier, base: Kernels) -> Kernels {
 /// scalar reference's entry.
 #[cfg(target_arch = "x86_64")]
 fn x86_blocks(w: WType, vnni: bool) -> Option<MatKernels> {
-    use x86::{blocks as xb, packed_blocks as xpb};
+    use x86::{blocks as xb, codebook as xcb, packed_blocks as xpb};
     if !x86::features::has_avx2_fma() {
         return scalar_blocks_entry(w);
     }
@@ -287,6 +288,13 @@ fn x86_blocks(w: WType, vnni: bool) -> Option<MatKernels> {
         } else {
             xpb::avx2::<B>
         }),
+    })
+    // The codebook types have no packed layout: every x86 tier reads them from the map.
+    .or_else(|| {
+        for_codebook_type!(w, |C| MatKernels {
+            tile: xcb::tile::<C>,
+            packed: None,
+        })
     })
 }
 
@@ -672,11 +680,18 @@ fn scalar_kernels() -> Kernels {
     }
 }
 
-/// The scalar reference's entry of a GGUF block type (`None` for other types).
+/// The scalar reference's entry of a GGUF block or codebook type (`None` for other
+/// types).
 fn scalar_blocks_entry(w: WType) -> Option<MatKernels> {
     for_block_type!(w, |B| MatKernels {
         tile: scalar_blocks::tile::<B>,
         packed: None,
+    })
+    .or_else(|| {
+        for_codebook_type!(w, |C| MatKernels {
+            tile: scalar_codebook::tile::<C>,
+            packed: None,
+        })
     })
 }
 

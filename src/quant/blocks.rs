@@ -1,6 +1,6 @@
 //! Matrices of the GGUF block types (the K types of [`super::kquants`], the 32-weight
 //! types of [`super::blocks32`], MXFP4 ([`super::mxfp4`]), and Q2_K, Q3_K, IQ4_XS
-//! ([`super::lowbit`])): one array of `rows × cols / block_weights` blocks,
+//! ([`super::lowbit`]), the codebook types of [`super::codebook`] (read only)): one array of `rows × cols / block_weights` blocks,
 //! row-major, each block its GGUF bytes with its scales inside (no scale array).
 //!
 //! Rows are quantized in parallel (rayon), each a pure function of its values and the
@@ -9,12 +9,21 @@
 use rayon::prelude::*;
 
 use super::error::{check_matrix, QuantError};
-use super::{blocks32, fit, kquants, lowbit, mxfp4};
+use super::{blocks32, codebook, fit, kquants, lowbit, mxfp4};
 use crate::format::wtype::WType;
 
 /// Whether `t` is stored as GGUF blocks with their scales inside.
 pub fn is_block_type(t: WType) -> bool {
-    kquants::is_k(t) || blocks32::is_block32(t) || lowbit::is_lowbit(t) || t == WType::MXFP4
+    kquants::is_k(t)
+        || blocks32::is_block32(t)
+        || lowbit::is_lowbit(t)
+        || t == WType::MXFP4
+        || codebook::is_codebook(t)
+}
+
+/// Whether Krafla can quantize to block type `t` (the codebook types are read only).
+pub fn has_quantizer(t: WType) -> bool {
+    is_block_type(t) && !codebook::is_codebook(t)
 }
 
 /// Dequantizes one block of `t` (`q`: its bytes) into `out` (its weights).
@@ -26,6 +35,12 @@ pub fn dequant_block(t: WType, q: &[u8], out: &mut [f32]) {
         }
         WType::MXFP4 => mxfp4::dequant_block(q, out),
         WType::Q2_K | WType::Q3_K | WType::IQ4_XS => lowbit::dequant_block(t, q, out),
+        WType::IQ3_XXS
+        | WType::IQ3_S
+        | WType::IQ2_XXS
+        | WType::IQ2_XS
+        | WType::IQ2_S
+        | WType::IQ1_M => codebook::dequant_block(t, q, out),
         WType::Q8_0 | WType::Q4_0 | WType::BF16 | WType::F16 => {
             panic!("{t} is not a GGUF block type")
         }
@@ -34,6 +49,8 @@ pub fn dequant_block(t: WType, q: &[u8], out: &mut [f32]) {
 
 /// Quantizes one block of `t` (`x`, element weights `w`) into `out`. `Err(v)` when a
 /// scale `v` does not fit in an f16.
+///
+/// Panics for a type without a quantizer ([`has_quantizer`]).
 pub fn quantize_block(t: WType, x: &[f32], w: &[f32], out: &mut [u8]) -> Result<(), f32> {
     match t {
         WType::Q4_K | WType::Q5_K | WType::Q6_K => kquants::quantize_block(t, x, w, out),
@@ -45,8 +62,17 @@ pub fn quantize_block(t: WType, x: &[f32], w: &[f32], out: &mut [u8]) -> Result<
             Ok(())
         }
         WType::Q2_K | WType::Q3_K | WType::IQ4_XS => lowbit::quantize_block(t, x, w, out),
-        WType::Q8_0 | WType::Q4_0 | WType::BF16 | WType::F16 => {
-            panic!("{t} is not a GGUF block type")
+        WType::IQ3_XXS
+        | WType::IQ3_S
+        | WType::IQ2_XXS
+        | WType::IQ2_XS
+        | WType::IQ2_S
+        | WType::IQ1_M
+        | WType::Q8_0
+        | WType::Q4_0
+        | WType::BF16
+        | WType::F16 => {
+            panic!("{t} has no block quantizer")
         }
     }
 }
@@ -91,6 +117,9 @@ pub fn quantize_matrix(
     imatrix: Option<&[f32]>,
 ) -> Result<Vec<u8>, QuantError> {
     assert!(is_block_type(t), "{t} is not a GGUF block type");
+    if !has_quantizer(t) {
+        return Err(QuantError::NoQuantizer { wtype: t });
+    }
     check_matrix(rows, cols, t.block_weights(), x)?;
     if let Some(imp) = imatrix {
         assert_eq!(imp.len(), cols, "imatrix length must equal cols");

@@ -25,6 +25,8 @@ pub enum QuantError {
         block: usize,
         d: f32,
     },
+    /// Krafla reads this type but has no quantizer for it (the IQ codebook types).
+    NoQuantizer { wtype: WType },
     /// cols is not a multiple of 32, or the data has the wrong length.
     Shape {
         rows: usize,
@@ -61,6 +63,10 @@ impl std::fmt::Display for QuantError {
             } => write!(
                 f,
                 "scale of row {row} block {block} is {d}: above 65504, it cannot be stored in {wtype}'s f16 scales"
+            ),
+            QuantError::NoQuantizer { wtype } => write!(
+                f,
+                "no quantizer for {wtype}: Krafla reads {wtype} (GGUF import) but cannot write it yet"
             ),
             QuantError::Shape { rows, cols, len } => {
                 write!(f, "{rows}×{cols} matrix with {len} values: cols must be a multiple of 32")

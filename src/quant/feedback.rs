@@ -487,6 +487,9 @@ fn quantize_matrix_passes(
         block || matches!(t, WType::Q8_0 | WType::Q4_0),
         "{t} has no block quantizer"
     );
+    if block && !blocks::has_quantizer(t) {
+        return Err(QuantError::NoQuantizer { wtype: t });
+    }
     check_matrix(rows, cols, t.block_weights(), x)?;
     let rb = t.row_bytes(cols);
     let nb = if block { 0 } else { cols / QK };

@@ -8,6 +8,7 @@
 
 pub mod blocks;
 pub mod blocks32;
+pub mod codebook;
 pub mod error;
 pub mod feedback;
 pub mod fit;
@@ -53,6 +54,37 @@ impl Default for QuantOptions<'_> {
             q4_rule: Q4Rule::Search,
             imatrix: None,
         }
+    }
+}
+
+/// Whether [`quantize`] writes `wtype` (every type but the codebook types, which Krafla
+/// reads only).
+pub fn can_quantize(wtype: WType) -> bool {
+    !blocks::is_block_type(wtype) || blocks::has_quantizer(wtype)
+}
+
+/// The `--wtype` names of the types [`quantize`] writes, comma-separated.
+pub fn quantizable_names() -> String {
+    let names: Vec<_> = WType::ALL
+        .into_iter()
+        .filter(|&t| can_quantize(t))
+        .map(|t| t.cli_name())
+        .collect();
+    names.join(", ")
+}
+
+/// The type named `s` if [`quantize`] writes it; else why not, in one line.
+pub fn quantizable_type(s: &str) -> Result<WType, String> {
+    match WType::from_cli_name(s) {
+        Some(t) if can_quantize(t) => Ok(t),
+        Some(t) => Err(format!(
+            "{t}: Krafla reads {t} (GGUF import) but has no quantizer for it yet (quantizable: {})",
+            quantizable_names()
+        )),
+        None => Err(format!(
+            "unknown weight type '{s}' (known: {})",
+            quantizable_names()
+        )),
     }
 }
 

@@ -1,18 +1,19 @@
 //! The GGUF block types' kernels (Q4_K, Q5_K, Q6_K, Q4_1, Q5_0, Q5_1, IQ4_NL, Q6_0,
-//! MXFP4, Q2_K, Q3_K, IQ4_XS):
-//! every tier, row-major and packed, prompt and decode, against the scalar reference
-//! (`kernels::scalar_k`) bit for bit; rows read back from the packed copy; pools of 1-3
-//! threads.
+//! MXFP4, Q2_K, Q3_K, IQ4_XS, and the codebook types IQ3_XXS, IQ3_S, IQ2_XXS, IQ2_XS,
+//! IQ2_S, IQ1_M): every tier, row-major and packed (the codebook types have no packed
+//! layout), prompt and decode, against the scalar reference (`kernels::scalar_k`) bit for
+//! bit; rows read back from the packed copy; pools of 1-3 threads.
 
 use krafla::kernels::pool::Pool;
 use krafla::kernels::{self, Kernels, PackedMat, QActs, QMat, WType, WeightMat};
-use krafla::quant::blocks::is_block_type;
+use krafla::quant::blocks::{has_quantizer, is_block_type};
+use krafla::quant::codebook::is_codebook;
 use krafla::quant::{quantize, QuantOptions, QK};
 
 use crate::util::tiers::{all_kernels, scalar};
 use crate::util::{first_diff, Rng};
 
-/// The GGUF block types (Q4_K … IQ4_XS), in `WType::ALL`'s order.
+/// The GGUF block types (Q4_K … IQ1_M), in `WType::ALL`'s order.
 fn types() -> impl Iterator<Item = WType> {
     WType::ALL.into_iter().filter(|&t| is_block_type(t))
 }
@@ -28,8 +29,9 @@ fn f16_fields(t: WType) -> &'static [usize] {
         WType::Q6_K => &[208],
         WType::Q2_K => &[80, 82],
         WType::Q3_K => &[108],
-        // MXFP4's scale is an E8M0 byte (`random_blocks` sets it).
-        WType::MXFP4 => &[],
+        // MXFP4's scale is an E8M0 byte, IQ1_M's f16 is spread over four nibbles
+        // (`random_blocks` sets them).
+        WType::MXFP4 | WType::IQ1_M => &[],
         _ => &[0],
     }
 }
@@ -58,13 +60,25 @@ fn random_blocks(rng: &mut Rng, t: WType, rows: usize, cols: usize, edge: bool) 
                 100 + rng.below(27) as u8
             };
         }
-        for &at in f16_fields(t) {
-            let v = if edge && rng.below(3) == 0 {
+        let mut scale = || {
+            if edge && rng.below(3) == 0 {
                 [0.0, 65504.0, -65504.0, 6e-8, -3e-5, 1e-4][rng.below(6) as usize]
             } else {
                 rng.unit() * 0.05
-            };
-            blk[at..at + 2].copy_from_slice(&f16(v));
+            }
+        };
+        for &at in f16_fields(t) {
+            blk[at..at + 2].copy_from_slice(&f16(scale()));
+        }
+        if t == WType::IQ1_M {
+            // d's nibble k in the top nibble of scale word k (bytes 48..56).
+            let d = u16::from_le_bytes(f16(scale()));
+            for k in 0..4 {
+                let at = 48 + 2 * k;
+                let w = u16::from_le_bytes([blk[at], blk[at + 1]]) & 0x0fff;
+                let w = w | ((d >> (4 * k)) & 15) << 12;
+                blk[at..at + 2].copy_from_slice(&w.to_le_bytes());
+            }
         }
     }
     q
@@ -103,8 +117,12 @@ fn check(w: &QMat, x: &[f32], what: &str) {
     let mut y0 = vec![0f32; n * rows];
     let wm = WeightMat::from(*w);
     s.matmul(&wm, &xa, &mut y0);
-    let p = PackedMat::new(w).unwrap();
-    let wp = wm.with_packed(&p).unwrap();
+    // The codebook types have no packed layout: their packed row is the map's.
+    let p = (!is_codebook(w.wtype)).then(|| PackedMat::new(w).unwrap());
+    let wp = match &p {
+        Some(p) => wm.with_packed(p).unwrap(),
+        None => wm,
+    };
     for k in all_kernels() {
         for (m, how) in [(&wm, "map"), (&wp, "packed")] {
             let mut y = vec![f32::NAN; n * rows];
@@ -172,7 +190,7 @@ fn check_random(rng: &mut Rng, t: WType, rows: usize, cols: usize, ns: &[usize],
 
 #[test]
 fn block_tiers_agree_random_bytes() {
-    assert!(types().count() >= 8, "the GGUF block types");
+    assert!(types().count() >= 18, "the GGUF block types");
     let mut rng = Rng(0xB10C_5EED);
     for t in types() {
         for cols in widths(t) {
@@ -205,7 +223,7 @@ fn block_tiers_agree_edge_cases() {
 #[test]
 fn block_tiers_agree_on_quantized_matrices() {
     let mut rng = Rng(0x0DD5_0F7E);
-    for t in types() {
+    for t in types().filter(|&t| has_quantizer(t)) {
         let (rows, cols) = (70, 8192);
         let v: Vec<f32> = (0..rows * cols).map(|_| rng.unit() * 0.05).collect();
         let m = quantize(t, rows, cols, &v, &QuantOptions::default()).unwrap();
@@ -229,9 +247,12 @@ fn block_thread_count_does_not_change_bits() {
         let (rows, cols) = (300, 512);
         let q = random_blocks(&mut rng, t, rows, cols, false);
         let w = QMat::new_blocks(t, rows, cols, &q).unwrap();
-        let p = PackedMat::new(&w).unwrap();
+        let p = (!is_codebook(t)).then(|| PackedMat::new(&w).unwrap());
         let w = WeightMat::from(w);
-        let wp = w.with_packed(&p).unwrap();
+        let wp = match &p {
+            Some(p) => w.with_packed(p).unwrap(),
+            None => w,
+        };
         for n in [1, 6, 19] {
             let x = activations(&mut rng, n * cols, false);
             let mut xa = QActs::new();

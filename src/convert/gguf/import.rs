@@ -11,7 +11,8 @@
 //!
 //! Tensors, by type:
 //! - Matrices of a type Krafla stores ([`copy_type`]: Q8_0, Q4_0, F16, BF16, Q4_K,
-//!   Q5_K, Q6_K, Q4_1, Q5_0, Q5_1, IQ4_NL, Q2_K, Q3_K, IQ4_XS, MXFP4) are copied block by
+//!   Q5_K, Q6_K, Q4_1, Q5_0, Q5_1, IQ4_NL, Q2_K, Q3_K, IQ4_XS, MXFP4, and the IQ codebook
+//!   types IQ3_XXS, IQ3_S, IQ2_XXS, IQ2_XS, IQ2_S, IQ1_M) are copied block by
 //!   block. Q8_0/Q4_0: a GGUF
 //!   block is an f16 scale `d` followed by the quants, the `.mlb` stores the quants
 //!   array then the scales array (f16, `scale_f16 = 1`); the others are GGUF's own
@@ -381,7 +382,7 @@ fn choose_types(
                             w.block_weights()
                         ),
                         None => format!(
-                            "{}: Krafla stores F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q4_K, Q5_K, Q6_K, Q2_K, Q3_K, IQ4_XS and MXFP4 matrices as they are, not this type",
+                            "{}: Krafla stores F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q4_K, Q5_K, Q6_K, Q2_K, Q3_K, IQ4_XS, MXFP4, IQ3_XXS, IQ3_S, IQ2_XXS, IQ2_XS, IQ2_S and IQ1_M matrices as they are, not this type",
                             info.ty
                         ),
                     };

@@ -363,6 +363,12 @@ mod tests {
             WType::Q2_K,
             WType::Q3_K,
             WType::IQ4_XS,
+            WType::IQ3_XXS,
+            WType::IQ3_S,
+            WType::IQ2_XXS,
+            WType::IQ2_XS,
+            WType::IQ2_S,
+            WType::IQ1_M,
         ] {
             let ty = ggml_type(w).unwrap();
             assert_eq!(copy_type(ty), Some(w));

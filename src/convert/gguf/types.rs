@@ -27,6 +27,13 @@ fn gguf_of(w: WType) -> (Option<GgmlType>, u32) {
         WType::Q2_K => (Some(GgmlType::Q2_K), 10),
         WType::Q3_K => (Some(GgmlType::Q3_K), 11),
         WType::IQ4_XS => (Some(GgmlType::IQ4_XS), 30),
+        // MOSTLY_IQ3_XXS, IQ3_S, IQ2_XXS, IQ2_XS, IQ2_S, IQ1_M.
+        WType::IQ3_XXS => (Some(GgmlType::IQ3_XXS), 23),
+        WType::IQ3_S => (Some(GgmlType::IQ3_S), 26),
+        WType::IQ2_XXS => (Some(GgmlType::IQ2_XXS), 19),
+        WType::IQ2_XS => (Some(GgmlType::IQ2_XS), 20),
+        WType::IQ2_S => (Some(GgmlType::IQ2_S), 28),
+        WType::IQ1_M => (Some(GgmlType::IQ1_M), 31),
     }
 }
 

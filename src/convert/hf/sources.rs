@@ -610,7 +610,7 @@ pub fn quant_error(ck: &Checkpoint, s: &Source, r0: usize, e: QuantError) -> Con
         | QuantError::ScaleOverflow { row, .. }
         | QuantError::OutOfRange { row, .. }
         | QuantError::BlockScaleOverflow { row, .. } => row,
-        QuantError::Shape { .. } => 0,
+        QuantError::Shape { .. } | QuantError::NoQuantizer { .. } => 0,
     };
     let (hf, src) = s.origin(r0 + row);
     let msg = match e {
@@ -634,6 +634,7 @@ pub fn quant_error(ck: &Checkpoint, s: &Source, r0: usize, e: QuantError) -> Con
         QuantError::Shape { rows, cols, len } => {
             format!("{rows}×{cols} with {len} values: cols must be a multiple of 32")
         }
+        QuantError::NoQuantizer { .. } => e.to_string(),
     };
     let info = ck.get(&hf).expect("planned");
     ConvertError::tensor(ck.path_of(info), &hf, msg)

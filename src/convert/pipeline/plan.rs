@@ -16,6 +16,7 @@ use crate::format::mlb::header::q8_class;
 use crate::format::mlb::layout::class_wtype;
 use crate::format::mlb::{Kind, Tensor};
 use crate::format::WType;
+use crate::quant;
 
 /// The matrices a rule picks.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -90,13 +91,7 @@ impl TypePlan {
                 .split_once('=')
                 .ok_or_else(|| format!("'{part}': expected TARGET=TYPE, e.g. tok_emb=q8_0"))?;
             let (target, ty) = (target.trim(), ty.trim());
-            let wtype = WType::from_cli_name(ty).ok_or_else(|| {
-                let known: Vec<_> = WType::ALL.iter().map(|t| t.cli_name()).collect();
-                format!(
-                    "'{part}': unknown weight type '{ty}' (known: {})",
-                    known.join(", ")
-                )
-            })?;
+            let wtype = quant::quantizable_type(ty).map_err(|e| format!("'{part}': {e}"))?;
             let group = GROUPS.iter().find(|(g, _)| *g == target);
             let select = match q8_class::NAMES.iter().find(|(_, n)| *n == target) {
                 Some((bit, _)) => Select::Class(*bit),

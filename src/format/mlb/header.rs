@@ -97,7 +97,7 @@ header! {
     32 max_seq: u32, "longest context the model allows";
     36 rope_theta: f32, "RoPE base";
     40 norm_eps: f32, "RMSNorm epsilon";
-    44 wtype: u32, "weight type: 1 Q8_0, 2 Q4_0, 3 BF16, 4 F16, 5-16 GGUF block types, 128 mixed";
+    44 wtype: u32, "weight type: 1 Q8_0, 2 Q4_0, 3 BF16, 4 F16, 5-22 GGUF block types, 128 mixed";
     48 shared_classifier: u32, "non-zero: wcls is omitted and tok_emb is used";
     52 rope_type: u32, "0 = plain, 1 = llama3, 2 = linear, 3 = yarn, 4 = yarn unrounded";
     56 rope_factor: f32, "RoPE scaling factor (llama3, linear, yarn)";

@@ -34,7 +34,7 @@ use crate::kernels::counters::{count, Op};
 use crate::kernels::tier::Tier;
 use crate::quant::blocks32::{self, Kind, IQ4NL_VALUES};
 use crate::quant::fit::Levels;
-use crate::quant::{blocks, kquants, lowbit, mxfp4};
+use crate::quant::{blocks, codebook, kquants, lowbit, mxfp4};
 
 /// How a type's per-block float factors are stored (the packed layout's scales,
 /// `kernels::packed`, keep them so).
@@ -199,7 +199,18 @@ macro_rules! for_block_type {
                 type $B = pb::Iq4Xs;
                 Some($e)
             }
-            WType::Q8_0 | WType::Q4_0 | WType::BF16 | WType::F16 => None,
+            // Not a [`BlockTy`]: the codebook types have their own kernels
+            // (`for_codebook_type!`).
+            WType::IQ3_XXS
+            | WType::IQ3_S
+            | WType::IQ2_XXS
+            | WType::IQ2_XS
+            | WType::IQ2_S
+            | WType::IQ1_M
+            | WType::Q8_0
+            | WType::Q4_0
+            | WType::BF16
+            | WType::F16 => None,
         }
     }};
 }
@@ -364,6 +375,7 @@ pub fn dot(t: WType, w: &[u8], xq: &[i8], xd: &[f32]) -> f32 {
                 }
             }
         }
+        t if codebook::is_codebook(t) => return super::codebook::dot(t, w, xq, xd),
         t => panic!("{t} has its kernels in kernels::scalar::tiles"),
     }
     debug_assert_eq!(nb * QK, xq.len());

@@ -5,6 +5,7 @@
 pub mod attention;
 pub mod bf16dot;
 pub mod blocks;
+pub mod codebook;
 pub mod delta;
 pub mod half;
 pub mod kv;

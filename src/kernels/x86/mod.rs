@@ -7,6 +7,7 @@
 pub mod attention;
 pub mod bf16dot;
 pub mod blocks;
+pub mod codebook;
 pub mod delta;
 pub mod features;
 pub mod half;
