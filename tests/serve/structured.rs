@@ -159,7 +159,7 @@ fn tools() -> Value {
         {"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",
             "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 8}, "unit": {"enum": ["c", "f"]}},
                 "required": ["city", "unit"], "additionalProperties": false}}},
-        {"type": "function", "function": {"name": "now",
+        {"type": "function", "function": {"name": "now", "description": "The time now",
             "parameters": {"type": "object", "properties": {}, "additionalProperties": false}}}
     ])
 }
@@ -405,7 +405,9 @@ fn serve_strict_tools() {
     }
     let c = answer(
         &s,
-        &chat(json!({"tools": tool(false), "tool_choice": "required", "seed": 3})),
+        &chat(
+            json!({"tools": tool(false), "tool_choice": "required", "parallel_tool_calls": false, "seed": 3}),
+        ),
     );
     assert_eq!(c["finish_reason"], "tool_calls", "{c}");
     let calls = whole_calls(&c);
@@ -528,7 +530,7 @@ fn serve_auto_tool_calls_are_read_per_template_family() {
         let s = start_family(template);
         let grammar = format!("start: {}", serde_json::to_string(&text).unwrap());
         let body = family_chat(
-            json!({"tools": tools(), "tool_choice": "auto", "grammar": grammar, "max_tokens": 120}),
+            json!({"tools": tools(), "tool_choice": "auto", "grammar": grammar, "max_tokens": 250}),
         );
         let c = answer(&s, &body);
         assert_eq!(c["finish_reason"], "tool_calls", "{template}: {c}");
