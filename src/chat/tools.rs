@@ -488,8 +488,10 @@ impl ToolParser {
                 let scan = scan_call(&c.body, "parameters");
                 // A reply that is JSON but no call of a known tool is content.
                 let unknown = scan.name.as_ref().is_some_and(|n| !self.names.contains(n));
+                // Once its name is read a call stays one (as it does streamed, where the
+                // name is given out before what follows is seen).
                 let not_call = !c.started
-                    && (scan.invalid || unknown || (scan.end.is_some() && scan.name.is_none()));
+                    && (unknown || (scan.name.is_none() && (scan.invalid || scan.end.is_some())));
                 if not_call {
                     self.held = std::mem::take(&mut c.lead) + &c.body;
                     self.mode = Mode::Plain;
@@ -598,8 +600,8 @@ impl ToolParser {
                     }
                     None => {
                         let scan = scan_call(&c.body, "arguments");
-                        if !c.started
-                            && (scan.invalid || (scan.end.is_some() && scan.name.is_none()))
+                        // As Llama 3's: a call whose name was read stays one.
+                        if !c.started && scan.name.is_none() && (scan.invalid || scan.end.is_some())
                         {
                             // No call: all of it is content.
                             content(out, std::mem::take(&mut c.lead) + &c.body);
@@ -1123,6 +1125,18 @@ mod tests {
         assert_eq!(
             every_split(ToolFormat::MistralArgs, "[TOOL_CALLS]f[ARGS]{\"a\": ").1,
             vec![(0, "f".into(), "{\"a\":".into())]
+        );
+        // A call whose JSON breaks after its name stays a call, whole and streamed
+        // (tool_parse fuzz finding, 2026-12-06: whole it was content, streamed a call).
+        let text = "[TOOL_CALLS][{\"name\": \"f\", \"a\": {\"b\": \"]\"}_w]e {\"}";
+        assert_eq!(
+            every_split(ToolFormat::MistralArgs, text),
+            (String::new(), vec![(0, "f".into(), "{}".into())])
+        );
+        let text = "{\"name\": \"f\", \"x\": [1]_w";
+        assert_eq!(
+            every_split(ToolFormat::Llama3Json, text),
+            (String::new(), vec![(0, "f".into(), "{}".into())])
         );
     }
 
