@@ -29,6 +29,16 @@ pub(crate) fn partial_suffix(text: &str, tag: &str) -> usize {
         .unwrap_or(text.len())
 }
 
+/// Where `needle` starts in `text` if it starts within the first `limit` bytes: `Ok`;
+/// `Err(true)` when it still might (the text is shorter than that could show), else
+/// `Err(false)`. The same answer whether the text came whole or is growing.
+pub(crate) fn find_within(text: &str, needle: &str, limit: usize) -> Result<usize, bool> {
+    match text.find(needle) {
+        Some(at) if at <= limit => Ok(at),
+        _ => Err(text.len() < limit + needle.len()),
+    }
+}
+
 /// `call0 | call1 | ...`: the rules of `n` tools' calls.
 pub(crate) fn alternatives(n: usize) -> String {
     (0..n)

@@ -24,7 +24,7 @@
 
 use serde_json::Value as Json;
 
-use super::calls::{alternatives, partial_suffix, ToolCall, ToolEvent};
+use super::calls::{alternatives, find_within, partial_suffix, ToolCall, ToolEvent};
 use super::conversation::Message;
 use minijinja::Value;
 
@@ -162,12 +162,14 @@ impl Reader {
                     }
                     *checked = true;
                 }
-                let Some(at) = self.held.find(MESSAGE) else {
-                    if self.held.len() > MAX_HEADER {
+                let at = match find_within(&self.held, MESSAGE, MAX_HEADER) {
+                    Ok(at) => at,
+                    // It may still come; at the end, `finish` drops the header.
+                    Err(true) => return false,
+                    Err(false) => {
                         self.state = State::Plain;
                         return true;
                     }
-                    return false;
                 };
                 let body = self.held.split_off(at + MESSAGE.len());
                 let header = std::mem::replace(&mut self.held, body);

@@ -28,7 +28,7 @@
 
 use serde_json::{json, Value as Json};
 
-use super::calls::{alternatives, partial_suffix};
+use super::calls::{alternatives, find_within, partial_suffix};
 pub use super::calls::{ToolCall, ToolEvent};
 use super::conversation::Message;
 use super::harmony;
@@ -546,14 +546,15 @@ impl ToolParser {
                     });
                     return true;
                 }
-                let Some(at) = self.held.find(MISTRAL_ARGS) else {
-                    if !end && self.held.len() <= MAX_MISTRAL_NAME {
-                        return false;
+                let at = match find_within(&self.held, MISTRAL_ARGS, MAX_MISTRAL_NAME) {
+                    Ok(at) => at,
+                    Err(true) if !end => return false,
+                    Err(_) => {
+                        // No call: the tag is content, and the text goes on.
+                        content(out, std::mem::take(lead));
+                        self.mode = Mode::Text;
+                        return true;
                     }
-                    // No call: the tag is content, and the text goes on.
-                    content(out, std::mem::take(lead));
-                    self.mode = Mode::Text;
-                    return true;
                 };
                 let head = &self.held[..at];
                 let name = head
@@ -603,8 +604,10 @@ impl ToolParser {
                         // As Llama 3's: a call whose name was read stays one.
                         if !c.started && scan.name.is_none() && (scan.invalid || scan.end.is_some())
                         {
-                            // No call: all of it is content.
-                            content(out, std::mem::take(&mut c.lead) + &c.body);
+                            // No call: the tag is content, and the text goes on (a
+                            // later tag may open one).
+                            content(out, std::mem::take(&mut c.lead));
+                            self.held = std::mem::take(&mut c.body);
                             self.mode = Mode::Text;
                             return true;
                         }
@@ -1133,6 +1136,17 @@ mod tests {
             every_split(ToolFormat::MistralArgs, text),
             (String::new(), vec![(0, "f".into(), "{}".into())])
         );
+        // (and: a list that is no call, then a call, 2026-12-06)
+        let text = "[TOOL_CALLS][CALL_ID]a1b2c3d4e[ARGS]{\"cit[ARGS]{\"city\":LS]get_we}[TOOL_CALLS]f[ARGS]";
+        assert_eq!(
+            every_split(ToolFormat::MistralArgs, text),
+            (
+                "[TOOL_CALLS][CALL_ID]a1b2c3d4e[ARGS]{\"cit[ARGS]{\"city\":LS]get_we}".into(),
+                vec![(0, "f".into(), "{}".into())]
+            )
+        );
+        let far = format!("[TOOL_CALLS]{}[ARGS]{{}}", "x".repeat(300));
+        assert_eq!(every_split(ToolFormat::MistralArgs, &far).0, far);
         let text = "{\"name\": \"f\", \"x\": [1]_w";
         assert_eq!(
             every_split(ToolFormat::Llama3Json, text),
