@@ -187,6 +187,8 @@ fn value_end(s: &[u8], i: usize) -> Result<Option<usize>, ()> {
 fn scan_call(s: &str, args_key: &str) -> Scan {
     let b = s.as_bytes();
     let mut out = Scan::default();
+    // The first "name" counts (as the stream gave it out), as the first arguments do.
+    let mut named = false;
     let mut i = skip_ws(b, 0);
     match b.get(i) {
         None => return out,
@@ -234,8 +236,9 @@ fn scan_call(s: &str, args_key: &str) -> Scan {
             Ok(e) => e,
         };
         match key.as_deref() {
-            Some("name") => {
+            Some("name") if !named => {
                 if let Some(e) = end {
+                    named = true;
                     out.name = serde_json::from_str(&s[i..e]).ok();
                 }
             }
@@ -1136,7 +1139,15 @@ mod tests {
             every_split(ToolFormat::MistralArgs, text),
             (String::new(), vec![(0, "f".into(), "{}".into())])
         );
-        // (and: a list that is no call, then a call, 2026-12-06)
+        // (and: a list that is no call, then a call; a call named twice, 2026-12-06)
+        assert_eq!(
+            every_split(
+                ToolFormat::MistralJson,
+                "[TOOL_CALLS][{\"name\": \"f\", \"name\": \"\"}]"
+            )
+            .1,
+            vec![(0, "f".into(), "{}".into())]
+        );
         let text = "[TOOL_CALLS][CALL_ID]a1b2c3d4e[ARGS]{\"cit[ARGS]{\"city\":LS]get_we}[TOOL_CALLS]f[ARGS]";
         assert_eq!(
             every_split(ToolFormat::MistralArgs, text),
