@@ -91,8 +91,9 @@ struct Args {
     #[command(flatten)]
     spec: SpecArgs,
     /// How /v1/embeddings pools a text's final hidden states: mean (over every
-    /// token) or last (the last token's; a decoder's default).
-    #[arg(long, value_name = "mean|last")]
+    /// token), last (the last token's) or cls (the first token's). Default: the
+    /// model's (its .mlb's pooling, from sentence-transformers' config), else last.
+    #[arg(long, value_name = "mean|last|cls")]
     pooling: Option<Pooling>,
     /// Most tokens over all inputs of one /v1/embeddings request (more: 400; each
     /// input also fits the context, and a request has at most 2048 inputs).

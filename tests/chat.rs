@@ -8,7 +8,7 @@
 use crate::util::testdata;
 use crate::util::tool::{mlb_inspect, tool, Tool};
 use flate2::read::GzDecoder;
-use krafla::chat::{capture, Chat, ChatError, Conversation, Value};
+use krafla::chat::{capture, Chat, ChatError, ChatTemplate, Conversation, Value};
 use krafla::format::mlt::{Mlt, FLAG_CHAT};
 use krafla::format::mlt_chat::{NamedTemplate, STOP_END_OF_TURN, STOP_EOS};
 use krafla::tokenizer::{from_hf, Tokenizer};
@@ -204,6 +204,96 @@ fn real_templates_match_transformers() {
         "{} of {total} differ:\n{}",
         failures.len(),
         failures.join("\n")
+    );
+}
+
+/// The templates of tokenizers not committed here (gpt-oss, Mistral): the rendered text
+/// against transformers' (`apply_chat_template(tokenize=False)`, the model's special-token
+/// strings given), no ids.
+#[test]
+fn text_only_templates_match_transformers() {
+    let convs = read_value(&chat_dir().join("conversations.json"));
+    let mut failures = Vec::new();
+    for name in ["gpt-oss", "mistral-nemo", "mistral-small3.2"] {
+        let exp = read_value(&chat_dir().join(format!("expected/{name}.json")));
+        assert!(get(&exp, "tokenizer").is_none(), "{name}: text only");
+        let source =
+            std::fs::read_to_string(chat_dir().join(format!("templates/{name}.jinja"))).unwrap();
+        let specials: Vec<(String, String)> = get(&exp, "specials")
+            .try_iter()
+            .unwrap()
+            .map(|k| {
+                let v = get(&get(&exp, "specials"), k.as_str().unwrap());
+                (k.to_string(), v.to_string())
+            })
+            .collect();
+        let t = ChatTemplate::from_source(&source, &specials).unwrap();
+        let now = chrono::NaiveDateTime::parse_from_str(
+            &get(&exp, "now").to_string(),
+            "%Y-%m-%dT%H:%M:%S",
+        )
+        .unwrap();
+        let results: HashMap<String, Value> = get(&exp, "results")
+            .try_iter()
+            .unwrap()
+            .map(|r| (get(&r, "name").to_string(), r))
+            .collect();
+        let mut same = 0;
+        for c in convs.try_iter().unwrap() {
+            let cname = get(&c, "name").to_string();
+            let want = &results[&cname];
+            let mut conv = Conversation::from_value(&get(&c, "conversation")).unwrap();
+            conv.options.now = Some(now);
+            let got = t.render(&conv.messages, &conv.options);
+            let err = get(want, "error");
+            match (err.as_str(), got) {
+                (None, Ok(text)) if text == get(want, "text").to_string() => same += 1,
+                (Some("raised"), Err(ChatError::Raised { message, .. }))
+                    if message == get(want, "message").to_string() =>
+                {
+                    same += 1
+                }
+                (Some("other"), Err(e)) if !matches!(e, ChatError::Raised { .. }) => same += 1,
+                (_, got) => failures.push(format!(
+                    "{name}/{cname}: want {:?}, got {got:?}",
+                    if err.is_undefined() {
+                        get(want, "text")
+                    } else {
+                        err.clone()
+                    }
+                )),
+            }
+        }
+        eprintln!("{name}: {same} identical");
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// gpt-oss's stop set: the template's end of turn is `<|return|>` (its last assistant
+/// message ends so), not `<|end|>`, which ends the analysis message before the answer.
+#[test]
+fn harmony_end_of_turn_is_return() {
+    let source = std::fs::read_to_string(chat_dir().join("templates/gpt-oss.jinja")).unwrap();
+    let json = gunzip(&testdata().join("tokenizers/smollm2.tokenizer.json.gz"));
+    let mut m = from_hf::convert(&json, None, &from_hf::HfTokenizerOptions::default()).unwrap();
+    let first = m.tokens.len();
+    for t in [
+        "<|start|>",
+        "<|channel|>",
+        "<|message|>",
+        "<|end|>",
+        "<|return|>",
+        "<|call|>",
+    ] {
+        m.tokens.push(krafla::format::mlt::Token {
+            attr: krafla::format::mlt::Attr::Added,
+            bytes: t.as_bytes().to_vec(),
+        });
+    }
+    let t = ChatTemplate::from_source(&source, &[]).unwrap();
+    assert_eq!(
+        capture::end_of_turn(&t, "default", &m),
+        Some(first as u32 + 4)
     );
 }
 

@@ -123,4 +123,6 @@ fn mean_and_last_pooling_and_normalization() {
     assert!(m2 == n);
     assert_eq!(p.finish(Some(8), false), mean[..8]);
     assert_eq!(e.pooling(), Pooling::Last, "a decoder's own pooling");
+    s.reset();
+    assert!(s.embed(&ids, Pooling::Cls).unwrap() == rows[0]);
 }

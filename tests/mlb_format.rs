@@ -286,6 +286,7 @@ fn err_boolean_fields() {
     assert_eq!(fmt(|h| h.post_norms = 5), "post_norms");
     assert_eq!(fmt(|h| h.scale_f16 = 2), "scale_f16");
     assert_eq!(fmt(|h| h.attn_gate = 2), "attn_gate");
+    assert_eq!(fmt(|h| h.pooling = 4), "pooling");
 }
 
 #[test]

@@ -1479,6 +1479,67 @@ fn library_embedding(ids: &[u32], pooling: krafla::session::Pooling) -> Vec<f32>
     s.embed(ids, pooling).unwrap()
 }
 
+/// A checkpoint with sentence-transformers' pooling config (mean) converts to a file
+/// whose header names it (mlb-inspect shows it); mlb-serve pools so, `--pooling`
+/// overriding.
+#[test]
+fn serve_pools_as_the_model_says() {
+    use krafla::session::Pooling;
+    let dir = files().mlb.parent().unwrap().join("pooled");
+    let hf = dir.join("hf");
+    std::fs::create_dir_all(hf.join("1_Pooling")).unwrap();
+    let src = testdata().join("default");
+    for f in [
+        "model.safetensors",
+        "config.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+    ] {
+        std::fs::copy(src.join(f), hf.join(f)).unwrap();
+    }
+    std::fs::write(
+        hf.join("modules.json"),
+        r#"[{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+            {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]"#,
+    )
+    .unwrap();
+    std::fs::write(
+        hf.join("1_Pooling/config.json"),
+        r#"{"word_embedding_dimension": 64, "pooling_mode_cls_token": false, "pooling_mode_mean_tokens": true, "pooling_mode_lasttoken": false}"#,
+    )
+    .unwrap();
+    let mlb = dir.join("pooled.mlb");
+    convert(&hf, &mlb, &["--wtype", "q8_0"]);
+    let o = tool("mlb-inspect").arg(&mlb).ok();
+    assert!(
+        o.stdout
+            .lines()
+            .any(|l| l.trim_start().starts_with("pooling") && l.contains(" 1 ")),
+        "{}",
+        o.stdout
+    );
+    let ids = encode("The Python interpreter reads a file");
+    let body = json!({"input": [ids], "encoding_format": "base64", "normalize": false}).to_string();
+    let chat = files().chat.to_str().unwrap().to_string();
+    for (args, want) in [
+        (vec![], Pooling::Mean),
+        (vec!["--pooling", "last"], Pooling::Last),
+        (vec!["--pooling", "cls"], Pooling::Cls),
+    ] {
+        let mut a = vec!["--tokenizer", chat.as_str()];
+        a.extend(args);
+        let s = try_start_model(&mlb, &a, None).unwrap_or_else(|(c, e)| panic!("{c:?}: {e}"));
+        let r = s.post("/v1/embeddings", &body);
+        assert_eq!(r.status, 200, "{}", r.body);
+        // The same weights as the default model's file: the library's embedding.
+        assert_eq!(
+            bits(&vector(&r.json()["data"][0]["embedding"])),
+            bits(&library_embedding(&ids, want)),
+            "{want}"
+        );
+    }
+}
+
 /// The default model's tokenizer (the chat `.mlt` beside the model).
 fn encode(text: &str) -> Vec<u32> {
     krafla::tokenizer::Tokenizer::from_path(&files().chat)
@@ -1678,7 +1739,7 @@ fn serve_embeddings_mean_pooling() {
         assert!(e["message"].as_str().unwrap().contains(says), "{e}");
     }
     s.assert_serves();
-    let (code, err) = try_start(&["--pooling", "cls"]).err().unwrap();
+    let (code, err) = try_start(&["--pooling", "max"]).err().unwrap();
     assert_eq!(code, Some(2), "{err}");
 }
 

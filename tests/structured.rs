@@ -191,13 +191,21 @@ fn required_tool_calls_always_parse() {
         ToolSpec {
             name: "get_weather".into(),
             parameters: json!({"type": "object", "properties": {"city": {"type": "string", "maxLength": 6}, "unit": {"enum": ["c", "f"]}}, "required": ["city", "unit"], "additionalProperties": false}),
+            strict: true,
         },
         ToolSpec {
             name: "now".into(),
             parameters: json!({"type": "object", "properties": {}, "additionalProperties": false}),
+            strict: false,
         },
     ];
-    for format in [ToolFormat::Hermes, ToolFormat::Llama3Json] {
+    for format in [
+        ToolFormat::Hermes,
+        ToolFormat::Llama3Json,
+        ToolFormat::MistralJson,
+        ToolFormat::MistralArgs,
+        ToolFormat::Harmony,
+    ] {
         // One call: a random model writes whitespace and calls until its length runs out.
         let lark = tools::call_grammar(format, &specs, false, call_json_options(), |t| {
             gs.has_special(t)

@@ -22,9 +22,11 @@
 //! ```
 
 pub mod budget;
+pub mod calls;
 pub mod capture;
 pub mod conversation;
 pub mod error;
+pub mod harmony;
 pub mod pyjson;
 pub mod stop;
 pub mod template;

@@ -9,7 +9,14 @@
 //!   any number of them, text allowed before;
 //! - [`ToolFormat::Llama3Json`] (the template asks for `"parameters"`: Llama 3.1, 3.2,
 //!   3.3): the reply is one JSON object `{"name": ..., "parameters": {...}}`, maybe
-//!   after `<|python_tag|>`; several are separated by `;`.
+//!   after `<|python_tag|>`; several are separated by `;`;
+//! - [`ToolFormat::MistralJson`] (the template writes `[TOOL_CALLS]`: Mistral Nemo):
+//!   `[TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]`, text allowed before;
+//! - [`ToolFormat::MistralArgs`] (the template writes `[TOOL_CALLS]` and `[ARGS]`:
+//!   Mistral Small 3.2, Devstral, Ministral 3): `[TOOL_CALLS]NAME[ARGS]{...}` per call
+//!   (a `[CALL_ID]ID` before `[ARGS]` is skipped); either Mistral form is read in both;
+//! - [`ToolFormat::Harmony`] (gpt-oss): channels and recipients (`harmony`), which also
+//!   split the reasoning from the content.
 //!
 //! A template that renders no tools gets the Hermes format (the grammar of a required
 //! call writes it, the parser reads it).
@@ -21,7 +28,10 @@
 
 use serde_json::{json, Value as Json};
 
+use super::calls::{alternatives, find_within, partial_suffix};
+pub use super::calls::{ToolCall, ToolEvent};
 use super::conversation::Message;
+use super::harmony;
 use minijinja::Value;
 
 /// How a model family writes tool calls.
@@ -31,16 +41,35 @@ pub enum ToolFormat {
     Hermes,
     /// `{"name", "parameters"}` as the whole reply (Llama 3.1/3.2/3.3).
     Llama3Json,
+    /// `[TOOL_CALLS][{"name", "arguments"}, ...]` (Mistral Nemo).
+    MistralJson,
+    /// `[TOOL_CALLS]NAME[ARGS]{...}` (Mistral Small 3.2, Devstral, Ministral 3).
+    MistralArgs,
+    /// gpt-oss's channels: `<|channel|>commentary to=functions.NAME ...<|message|>{...}`.
+    Harmony,
 }
 
 const HERMES_OPEN: &str = "<tool_call>";
 const HERMES_CLOSE: &str = "</tool_call>";
 const PYTHON_TAG: &str = "<|python_tag|>";
+const MISTRAL_TAG: &str = "[TOOL_CALLS]";
+const MISTRAL_ARGS: &str = "[ARGS]";
+const MISTRAL_CALL_ID: &str = "[CALL_ID]";
+/// Longest name (and `[CALL_ID]`) read between `[TOOL_CALLS]` and `[ARGS]`.
+const MAX_MISTRAL_NAME: usize = 256;
 
 impl ToolFormat {
     /// The format the template's source writes (Hermes when it writes none).
     pub fn detect(source: &str) -> ToolFormat {
-        if source.contains(HERMES_OPEN) {
+        if harmony::is_harmony(source) {
+            ToolFormat::Harmony
+        } else if source.contains(MISTRAL_TAG) {
+            if source.contains(MISTRAL_ARGS) {
+                ToolFormat::MistralArgs
+            } else {
+                ToolFormat::MistralJson
+            }
+        } else if source.contains(HERMES_OPEN) {
             ToolFormat::Hermes
         } else if source.contains("\"parameters\"") {
             ToolFormat::Llama3Json
@@ -52,29 +81,39 @@ impl ToolFormat {
     /// The key of a call's arguments.
     fn arguments_key(self) -> &'static str {
         match self {
-            ToolFormat::Hermes => "arguments",
             ToolFormat::Llama3Json => "parameters",
+            ToolFormat::Hermes
+            | ToolFormat::MistralJson
+            | ToolFormat::MistralArgs
+            | ToolFormat::Harmony => "arguments",
         }
     }
-}
 
-/// One tool call read from the text.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ToolCall {
-    pub name: String,
-    /// The arguments' JSON text as the model wrote it (an object).
-    pub arguments: String,
-}
+    /// Whether replies are read by this format even when no tools are called: harmony's
+    /// channels carry the reasoning apart from the content.
+    pub fn has_channels(self) -> bool {
+        self == ToolFormat::Harmony
+    }
 
-/// What the parser gives out as text arrives.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ToolEvent {
-    /// Text of the reply that is not a tool call.
-    Content(String),
-    /// Call `index` begins: its name.
-    Start { index: usize, name: String },
-    /// More of call `index`'s arguments text.
-    Arguments { index: usize, delta: String },
+    /// A tool call's id from a random number: Mistral's templates take only 9
+    /// letters and digits (vLLM's Mistral ids are the same); others `call_` and hex.
+    pub fn call_id(self, n: u64) -> String {
+        match self {
+            ToolFormat::MistralJson | ToolFormat::MistralArgs => {
+                const ALPHABET: &[u8] =
+                    b"0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ";
+                let mut n = n;
+                (0..9)
+                    .map(|_| {
+                        let c = ALPHABET[(n % 62) as usize] as char;
+                        n /= 62;
+                        c
+                    })
+                    .collect()
+            }
+            _ => format!("call_{n:016x}"),
+        }
+    }
 }
 
 /// What a call's text shows so far.
@@ -148,6 +187,8 @@ fn value_end(s: &[u8], i: usize) -> Result<Option<usize>, ()> {
 fn scan_call(s: &str, args_key: &str) -> Scan {
     let b = s.as_bytes();
     let mut out = Scan::default();
+    // The first "name" counts (as the stream gave it out), as the first arguments do.
+    let mut named = false;
     let mut i = skip_ws(b, 0);
     match b.get(i) {
         None => return out,
@@ -195,8 +236,9 @@ fn scan_call(s: &str, args_key: &str) -> Scan {
             Ok(e) => e,
         };
         match key.as_deref() {
-            Some("name") => {
+            Some("name") if !named => {
                 if let Some(e) = end {
+                    named = true;
                     out.name = serde_json::from_str(&s[i..e]).ok();
                 }
             }
@@ -241,8 +283,12 @@ enum Mode {
     Plain,
     /// Inside a call.
     Call(Call),
-    /// Llama3Json: after a call, waiting for `;` or the end.
+    /// Llama3Json: after a call, waiting for `;` or the end; Mistral's list: for `,`
+    /// or `]`.
     After,
+    /// Mistral: after `[TOOL_CALLS]` (the text before it and the tag, content again
+    /// if no call follows).
+    Head(String),
 }
 
 /// A call being read.
@@ -259,6 +305,9 @@ struct Call {
     sent: usize,
     /// The arguments are a JSON string (given out whole at the end).
     string_args: bool,
+    /// The name, when it came before the body (Mistral's `NAME[ARGS]`): the body is
+    /// the arguments' JSON.
+    name: Option<String>,
 }
 
 /// Reads tool calls out of generated text, as it streams (module docs).
@@ -271,18 +320,22 @@ pub struct ToolParser {
     /// Text not yet given out (a possible tag, or whitespace before one).
     held: String,
     calls: Vec<ToolCall>,
+    /// Harmony's reader (the format's whole reading).
+    harmony: Option<harmony::Reader>,
 }
 
 impl ToolParser {
     /// A parser for `format`; `names`: the request's tools (Llama 3's JSON reply is a
-    /// call only when it names one of them).
-    pub fn new(format: ToolFormat, names: Vec<String>) -> ToolParser {
+    /// call only when it names one of them). `read_calls`: false reads only harmony's
+    /// channels (calls dropped), for a reply with tool_choice none or no tools.
+    pub fn new(format: ToolFormat, names: Vec<String>, read_calls: bool) -> ToolParser {
         ToolParser {
             format,
             names,
             mode: Mode::Text,
             held: String::new(),
             calls: Vec::new(),
+            harmony: (format == ToolFormat::Harmony).then(|| harmony::Reader::new(read_calls)),
         }
     }
 
@@ -293,8 +346,12 @@ impl ToolParser {
 
     /// Reads more text.
     pub fn push(&mut self, text: &str) -> Vec<ToolEvent> {
-        self.held.push_str(text);
         let mut out = Vec::new();
+        if let Some(h) = &mut self.harmony {
+            h.push(text, &mut self.calls, &mut out);
+            return out;
+        }
+        self.held.push_str(text);
         self.advance(false, &mut out);
         out
     }
@@ -303,13 +360,18 @@ impl ToolParser {
     /// a call (its arguments as far as they came); one whose name was not is content.
     pub fn finish(&mut self) -> Vec<ToolEvent> {
         let mut out = Vec::new();
+        if let Some(h) = &mut self.harmony {
+            h.finish(&mut self.calls, &mut out);
+            return out;
+        }
         self.advance(true, &mut out);
-        if let Mode::Call(c) = std::mem::replace(&mut self.mode, Mode::Plain) {
-            if c.started {
+        match std::mem::replace(&mut self.mode, Mode::Plain) {
+            Mode::Call(c) if c.started => {
                 self.close_call(c, None, &mut out);
-            } else {
-                content(&mut out, c.lead + &c.body);
             }
+            Mode::Call(c) => content(&mut out, c.lead + &c.body),
+            Mode::Head(lead) => content(&mut out, lead),
+            _ => {}
         }
         let rest = std::mem::take(&mut self.held);
         if self.calls.is_empty() || !rest.trim().is_empty() {
@@ -323,6 +385,9 @@ impl ToolParser {
             let progressed = match self.format {
                 ToolFormat::Hermes => self.step_hermes(end, out),
                 ToolFormat::Llama3Json => self.step_llama(end, out),
+                ToolFormat::MistralJson | ToolFormat::MistralArgs => self.step_mistral(end, out),
+                // Read by its own reader.
+                ToolFormat::Harmony => false,
             };
             if !progressed {
                 return;
@@ -382,7 +447,7 @@ impl ToolParser {
     /// One move of the Llama 3 JSON reader; whether it moved on.
     fn step_llama(&mut self, end: bool, out: &mut Vec<ToolEvent>) -> bool {
         match &mut self.mode {
-            Mode::Plain => {
+            Mode::Plain | Mode::Head(_) => {
                 content(out, std::mem::take(&mut self.held));
                 false
             }
@@ -426,8 +491,10 @@ impl ToolParser {
                 let scan = scan_call(&c.body, "parameters");
                 // A reply that is JSON but no call of a known tool is content.
                 let unknown = scan.name.as_ref().is_some_and(|n| !self.names.contains(n));
+                // Once its name is read a call stays one (as it does streamed, where the
+                // name is given out before what follows is seen).
                 let not_call = !c.started
-                    && (scan.invalid || unknown || (scan.end.is_some() && scan.name.is_none()));
+                    && (unknown || (scan.name.is_none() && (scan.invalid || scan.end.is_some())));
                 if not_call {
                     self.held = std::mem::take(&mut c.lead) + &c.body;
                     self.mode = Mode::Plain;
@@ -445,6 +512,150 @@ impl ToolParser {
         }
     }
 
+    /// One move of the Mistral reader (either form); whether it moved on.
+    fn step_mistral(&mut self, end: bool, out: &mut Vec<ToolEvent>) -> bool {
+        match &mut self.mode {
+            Mode::Text | Mode::Plain => {
+                if let Some(at) = self.held.find(MISTRAL_TAG) {
+                    let text_end = self.held[..at].trim_end().len();
+                    let after = self.held.split_off(at + MISTRAL_TAG.len());
+                    let lead = self.held.split_off(text_end);
+                    content(out, std::mem::replace(&mut self.held, after));
+                    self.mode = Mode::Head(lead);
+                    return true;
+                }
+                if !end {
+                    let keep = partial_suffix(&self.held, MISTRAL_TAG);
+                    let text_end = self.held[..keep].trim_end().len();
+                    let rest = self.held.split_off(text_end);
+                    content(out, std::mem::replace(&mut self.held, rest));
+                }
+                false
+            }
+            Mode::Head(lead) => {
+                let t = self.held.trim_start();
+                if t.is_empty() {
+                    return false;
+                }
+                if let Some(body) = t.strip_prefix('[') {
+                    // The list form: its first call.
+                    let lead = std::mem::take(lead) + &self.held[..self.held.len() - body.len()];
+                    let body = body.to_string();
+                    self.held.clear();
+                    self.mode = Mode::Call(Call {
+                        lead,
+                        body,
+                        ..Call::default()
+                    });
+                    return true;
+                }
+                let at = match find_within(&self.held, MISTRAL_ARGS, MAX_MISTRAL_NAME) {
+                    Ok(at) => at,
+                    Err(true) if !end => return false,
+                    Err(_) => {
+                        // No call: the tag is content, and the text goes on.
+                        content(out, std::mem::take(lead));
+                        self.mode = Mode::Text;
+                        return true;
+                    }
+                };
+                let head = &self.held[..at];
+                let name = head
+                    .split(MISTRAL_CALL_ID)
+                    .next()
+                    .unwrap_or("")
+                    .trim()
+                    .to_string();
+                let valid = !name.is_empty()
+                    && name
+                        .chars()
+                        .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'));
+                let body = self.held.split_off(at + MISTRAL_ARGS.len());
+                if !valid {
+                    let text = std::mem::take(lead) + &self.held;
+                    content(out, text);
+                    self.held = body;
+                    self.mode = Mode::Text;
+                    return true;
+                }
+                out.push(ToolEvent::Start {
+                    index: self.calls.len(),
+                    name: name.clone(),
+                });
+                self.held.clear();
+                self.mode = Mode::Call(Call {
+                    body,
+                    started: true,
+                    name: Some(name),
+                    ..Call::default()
+                });
+                true
+            }
+            Mode::Call(c) => {
+                c.body.push_str(&std::mem::take(&mut self.held));
+                let (direct, at) = match &c.name {
+                    Some(_) => {
+                        let i = skip_ws(c.body.as_bytes(), 0);
+                        match value_end(c.body.as_bytes(), i) {
+                            Ok(e) => (true, e),
+                            // Not JSON: the call's arguments are the text as far as it goes.
+                            Err(()) => (true, None),
+                        }
+                    }
+                    None => {
+                        let scan = scan_call(&c.body, "arguments");
+                        // As Llama 3's: a call whose name was read stays one.
+                        if !c.started && scan.name.is_none() && (scan.invalid || scan.end.is_some())
+                        {
+                            // No call: the tag is content, and the text goes on (a
+                            // later tag may open one).
+                            content(out, std::mem::take(&mut c.lead));
+                            self.held = std::mem::take(&mut c.body);
+                            self.mode = Mode::Text;
+                            return true;
+                        }
+                        (false, scan.end)
+                    }
+                };
+                self.stream_call(out);
+                let Some(e) = at else { return false };
+                let Mode::Call(mut c) = std::mem::replace(
+                    &mut self.mode,
+                    if direct { Mode::Text } else { Mode::After },
+                ) else {
+                    unreachable!("in a call")
+                };
+                self.held = c.body.split_off(e);
+                self.close_call(c, None, out);
+                true
+            }
+            Mode::After => {
+                // Inside the list: another call, or its end.
+                let t = self.held.trim_start();
+                if let Some(rest) = t.strip_prefix(',') {
+                    let body = rest.to_string();
+                    self.held.clear();
+                    self.mode = Mode::Call(Call {
+                        body,
+                        ..Call::default()
+                    });
+                    return true;
+                }
+                if let Some(rest) = t.strip_prefix(']') {
+                    self.held = rest.to_string();
+                    self.mode = Mode::Text;
+                    return true;
+                }
+                if t.is_empty() {
+                    return false;
+                }
+                self.held = t.to_string();
+                self.mode = Mode::Text;
+                true
+            }
+        }
+    }
+
     /// Gives out the current call's name once complete, then its arguments so far.
     fn stream_call(&mut self, out: &mut Vec<ToolEvent>) {
         let key = self.format.arguments_key();
@@ -452,6 +663,23 @@ impl ToolParser {
         let Mode::Call(c) = &mut self.mode else {
             return;
         };
+        if c.name.is_some() {
+            // The body is the arguments' JSON.
+            let b = c.body.as_bytes();
+            let start = skip_ws(b, 0);
+            let stop = match value_end(b, start) {
+                Ok(Some(e)) => e,
+                _ => c.body.trim_end().len().max(start),
+            };
+            if start + c.sent < stop {
+                out.push(ToolEvent::Arguments {
+                    index,
+                    delta: c.body[start + c.sent..stop].to_string(),
+                });
+                c.sent = stop - start;
+            }
+            return;
+        }
         let scan = scan_call(&c.body, key);
         if !c.started {
             let Some(name) = scan.name else { return };
@@ -480,6 +708,28 @@ impl ToolParser {
     fn close_call(&mut self, c: Call, close: Option<&str>, out: &mut Vec<ToolEvent>) -> bool {
         let key = self.format.arguments_key();
         let index = self.calls.len();
+        if let Some(name) = c.name {
+            let b = c.body.as_bytes();
+            let start = skip_ws(b, 0);
+            let stop = match value_end(b, start) {
+                Ok(Some(e)) => e,
+                _ => c.body.trim_end().len().max(start),
+            };
+            let mut arguments = c.body[start..stop].to_string();
+            let mut sent = c.sent;
+            if arguments.is_empty() {
+                arguments = "{}".into();
+                sent = 0;
+            }
+            if sent < arguments.len() {
+                out.push(ToolEvent::Arguments {
+                    index,
+                    delta: arguments[sent..].to_string(),
+                });
+            }
+            self.calls.push(ToolCall { name, arguments });
+            return true;
+        }
         let scan = scan_call(&c.body, key);
         let name = match (scan.name, c.started) {
             (Some(n), _) => n,
@@ -529,14 +779,6 @@ fn content(out: &mut Vec<ToolEvent>, text: String) {
     }
 }
 
-/// Where the longest suffix of `text` that begins `tag` starts (`text.len()` if none).
-fn partial_suffix(text: &str, tag: &str) -> usize {
-    text.char_indices()
-        .map(|(i, _)| i)
-        .find(|&i| tag.starts_with(&text[i..]))
-        .unwrap_or(text.len())
-}
-
 /// Reads the calls out of a whole text: the content (`None` when only whitespace)
 /// and the calls.
 pub fn parse(
@@ -544,7 +786,7 @@ pub fn parse(
     names: Vec<String>,
     text: &str,
 ) -> (Option<String>, Vec<ToolCall>) {
-    let mut p = ToolParser::new(format, names);
+    let mut p = ToolParser::new(format, names, true);
     let mut content = String::new();
     let mut evs = p.push(text);
     evs.extend(p.finish());
@@ -563,6 +805,9 @@ pub fn parse(
 pub struct ToolSpec {
     pub name: String,
     pub parameters: Json,
+    /// `function.strict`: the schema must compile strictly (a keyword the engine
+    /// cannot enforce refuses it), as `json_schema` with `strict` does.
+    pub strict: bool,
 }
 
 /// The Lark grammar (llguidance's) of one call of one of `tools`, or of one or more
@@ -607,7 +852,48 @@ pub fn call_grammar(
             )
         }
         ToolFormat::Llama3Json => format!("start: args\nargs: %json {schema}\n"),
+        ToolFormat::MistralJson => {
+            let more = if parallel { " (\", \" args)*" } else { "" };
+            format!(
+                "start: {} \"[\" args{more} \"]\"\nargs: %json {schema}\n",
+                tag(MISTRAL_TAG)
+            )
+        }
+        ToolFormat::MistralArgs => {
+            // The name comes before the arguments: one alternative per tool, each
+            // with its own schema.
+            let more = if parallel { "+" } else { "" };
+            let mut g = format!("start: call{more}\ncall: {}\n", alternatives(tools.len()));
+            for (i, (name, schema)) in own_schemas(tools, &json_options).iter().enumerate() {
+                g.push_str(&format!(
+                    "call{i}: {} {} {} args{i}\nargs{i}: %json {schema}\n",
+                    tag(MISTRAL_TAG),
+                    serde_json::to_string(name).expect("a string"),
+                    tag(MISTRAL_ARGS),
+                ));
+            }
+            g
+        }
+        ToolFormat::Harmony => harmony::call_grammar(
+            &own_schemas(tools, &json_options),
+            tag,
+            special("<|channel|>") && special("<|end|>"),
+        ),
     }
+}
+
+/// Each tool's name and its parameters' schema with llguidance's options.
+fn own_schemas(tools: &[ToolSpec], json_options: &Json) -> Vec<(String, Json)> {
+    tools
+        .iter()
+        .map(|t| {
+            let mut schema = t.parameters.clone();
+            if let Some(o) = schema.as_object_mut() {
+                o.insert("x-guidance".into(), json_options.clone());
+            }
+            (t.name.clone(), schema)
+        })
+        .collect()
 }
 
 /// Assistant messages' `tool_calls` as templates expect them (vLLM does the same):
@@ -674,7 +960,7 @@ mod tests {
 
     /// Everything the parser gives out for `chunks`, and the calls.
     fn run(format: ToolFormat, chunks: &[&str]) -> (String, Vec<(usize, String, String)>) {
-        let mut p = ToolParser::new(format, vec!["get_weather".into(), "f".into()]);
+        let mut p = ToolParser::new(format, vec!["get_weather".into(), "f".into()], true);
         let mut content = String::new();
         let mut calls: Vec<(usize, String, String)> = Vec::new();
         let mut evs: Vec<ToolEvent> = chunks.iter().flat_map(|c| p.push(c)).collect();
@@ -682,6 +968,7 @@ mod tests {
         for ev in evs {
             match ev {
                 ToolEvent::Content(t) => content.push_str(&t),
+                ToolEvent::Reasoning(t) => panic!("reasoning {t:?}"),
                 ToolEvent::Start { index, name } => {
                     assert_eq!(index, calls.len(), "starts in order");
                     calls.push((index, name, String::new()));
@@ -810,6 +1097,86 @@ mod tests {
     }
 
     #[test]
+    fn mistral_calls_in_either_form() {
+        let list = "Let me check. [TOOL_CALLS] [{\"name\": \"get_weather\", \"arguments\": {\"location\": \"Reykjavík\", \"n\": [1, {\"a\": \"]\"}]}}, {\"arguments\": {}, \"name\": \"f\"}]";
+        let named = "Let me check.[TOOL_CALLS]get_weather[ARGS]{\"location\": \"Reykjavík\", \"n\": [1, {\"a\": \"]\"}]}[TOOL_CALLS]f[CALL_ID]a1b2c3d4e[ARGS] {}";
+        let want = vec![
+            (
+                0,
+                "get_weather".to_string(),
+                "{\"location\": \"Reykjavík\", \"n\": [1, {\"a\": \"]\"}]}".to_string(),
+            ),
+            (1, "f".to_string(), "{}".to_string()),
+        ];
+        for format in [ToolFormat::MistralJson, ToolFormat::MistralArgs] {
+            for text in [list, named] {
+                let (content, calls) = every_split(format, text);
+                assert_eq!(content, "Let me check.", "{text}");
+                assert_eq!(calls, want, "{text}");
+            }
+        }
+        // Text that is no call stays content, tags and all.
+        for text in [
+            "no calls [TOOL_CALL here",
+            "[TOOL_CALLS]",
+            "[TOOL_CALLS] not a list",
+            "[TOOL_CALLS]two words[ARGS]{}",
+            "[TOOL_CALLS][1, 2]",
+        ] {
+            let (content, calls) = every_split(ToolFormat::MistralArgs, text);
+            assert_eq!(content, text);
+            assert!(calls.is_empty(), "{text}");
+        }
+        // Cut short: the call keeps what came.
+        assert_eq!(
+            every_split(ToolFormat::MistralArgs, "[TOOL_CALLS]f[ARGS]{\"a\": ").1,
+            vec![(0, "f".into(), "{\"a\":".into())]
+        );
+        // A call whose JSON breaks after its name stays a call, whole and streamed
+        // (tool_parse fuzz finding, 2026-12-06: whole it was content, streamed a call).
+        let text = "[TOOL_CALLS][{\"name\": \"f\", \"a\": {\"b\": \"]\"}_w]e {\"}";
+        assert_eq!(
+            every_split(ToolFormat::MistralArgs, text),
+            (String::new(), vec![(0, "f".into(), "{}".into())])
+        );
+        // (and: a list that is no call, then a call; a call named twice, 2026-12-06)
+        assert_eq!(
+            every_split(
+                ToolFormat::MistralJson,
+                "[TOOL_CALLS][{\"name\": \"f\", \"name\": \"\"}]"
+            )
+            .1,
+            vec![(0, "f".into(), "{}".into())]
+        );
+        let text = "[TOOL_CALLS][CALL_ID]a1b2c3d4e[ARGS]{\"cit[ARGS]{\"city\":LS]get_we}[TOOL_CALLS]f[ARGS]";
+        assert_eq!(
+            every_split(ToolFormat::MistralArgs, text),
+            (
+                "[TOOL_CALLS][CALL_ID]a1b2c3d4e[ARGS]{\"cit[ARGS]{\"city\":LS]get_we}".into(),
+                vec![(0, "f".into(), "{}".into())]
+            )
+        );
+        let far = format!("[TOOL_CALLS]{}[ARGS]{{}}", "x".repeat(300));
+        assert_eq!(every_split(ToolFormat::MistralArgs, &far).0, far);
+        let text = "{\"name\": \"f\", \"x\": [1]_w";
+        assert_eq!(
+            every_split(ToolFormat::Llama3Json, text),
+            (String::new(), vec![(0, "f".into(), "{}".into())])
+        );
+    }
+
+    #[test]
+    fn call_ids_fit_the_format() {
+        let id = ToolFormat::MistralArgs.call_id(u64::MAX);
+        assert!(
+            id.len() == 9 && id.chars().all(|c| c.is_ascii_alphanumeric()),
+            "{id}"
+        );
+        assert_ne!(id, ToolFormat::MistralJson.call_id(7));
+        assert_eq!(ToolFormat::Hermes.call_id(255), "call_00000000000000ff");
+    }
+
+    #[test]
     fn formats_are_detected_from_templates() {
         assert_eq!(ToolFormat::detect("x <tool_call> y"), ToolFormat::Hermes);
         assert_eq!(
@@ -817,6 +1184,18 @@ mod tests {
             ToolFormat::Llama3Json
         );
         assert_eq!(ToolFormat::detect("{{ messages }}"), ToolFormat::Hermes);
+        assert_eq!(
+            ToolFormat::detect("{{- \"[TOOL_CALLS][\" }}"),
+            ToolFormat::MistralJson
+        );
+        assert_eq!(
+            ToolFormat::detect("'[TOOL_CALLS]' + name + '[ARGS]'"),
+            ToolFormat::MistralArgs
+        );
+        assert_eq!(
+            ToolFormat::detect("<|start|>assistant<|channel|>final<|message|>"),
+            ToolFormat::Harmony
+        );
     }
 
     #[test]
@@ -824,6 +1203,7 @@ mod tests {
         let tools = [ToolSpec {
             name: "f".into(),
             parameters: json!({"type": "object"}),
+            strict: false,
         }];
         let g = call_grammar(ToolFormat::Hermes, &tools, true, json!({}), |t| {
             t == "<tool_call>"
@@ -833,6 +1213,24 @@ mod tests {
         let g = call_grammar(ToolFormat::Llama3Json, &tools, true, json!({}), |_| false);
         assert!(
             g.starts_with("start: args\n") && g.contains("\"parameters\""),
+            "{g}"
+        );
+        let g = call_grammar(
+            ToolFormat::MistralArgs,
+            &tools,
+            true,
+            json!({"k": 1}),
+            |t| t.starts_with('['),
+        );
+        assert!(
+            g.starts_with(
+                "start: call+\ncall: call0\ncall0: [TOOL_CALLS] \"f\" [ARGS] args0\nargs0: %json {"
+            ) && g.contains("\"x-guidance\":{\"k\":1}"),
+            "{g}"
+        );
+        let g = call_grammar(ToolFormat::MistralJson, &tools, false, json!({}), |_| false);
+        assert!(
+            g.starts_with("start: \"[TOOL_CALLS]\" \"[\" args \"]\"\n"),
             "{g}"
         );
     }

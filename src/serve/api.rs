@@ -306,6 +306,8 @@ struct ChatParts {
     tool_choice: Option<Value>,
     #[serde(default)]
     parallel_tool_calls: Option<Value>,
+    #[serde(default)]
+    reasoning_effort: Option<Value>,
 }
 
 /// A body that is not the JSON the endpoint takes, as OpenAI words it.
@@ -607,9 +609,12 @@ pub fn parse(body: &[u8], endpoint: Endpoint, vocab: usize) -> Result<Request, A
             if structured.tools.is_some() {
                 opts.tools = parts.tools;
             }
+            // OpenAI's `reasoning_effort` is gpt-oss's template variable of that name
+            // (as vLLM passes it); other templates do not read it.
             for (k, v) in [
                 ("tool_choice", parts.tool_choice),
                 ("parallel_tool_calls", parts.parallel_tool_calls),
+                ("reasoning_effort", parts.reasoning_effort),
             ] {
                 if let Some(v) = v.filter(|v| !v.is_none()) {
                     opts.set(k, v);

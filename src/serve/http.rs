@@ -35,7 +35,8 @@ use super::embed::{self as embed_api, Input};
 use super::metrics::Metrics;
 use super::scheduler::{Event, Job, Msg, Shared, Work};
 use super::structured::{self, GrammarEngine};
-use crate::chat::tools::{ToolEvent, ToolParser};
+use crate::chat::harmony;
+use crate::chat::tools::{ToolEvent, ToolFormat, ToolParser};
 use crate::chat::Chat;
 use crate::session::{Engine, GenerateOptions, Pooling};
 
@@ -117,9 +118,9 @@ impl App {
         mix(self.salt ^ self.counter.fetch_add(1, Relaxed))
     }
 
-    /// A fresh tool call id.
-    fn call_id(&self) -> String {
-        format!("call_{:016x}", self.next())
+    /// A fresh tool call id, of the form the template's family takes.
+    fn call_id(&self, format: ToolFormat) -> String {
+        format.call_id(self.next())
     }
 
     fn tokenizer(&self) -> &crate::tokenizer::Tokenizer {
@@ -549,7 +550,7 @@ async fn generate(
     if endpoint == Endpoint::Chat && app.chat.is_none() {
         return Err(app.no_template());
     }
-    let req = api::parse(&body, endpoint, app.engine.config().vocab)?;
+    let mut req = api::parse(&body, endpoint, app.engine.config().vocab)?;
     if app.shared.draining.load(Relaxed) {
         return Err(ApiError::shutting_down());
     }
@@ -559,6 +560,9 @@ async fn generate(
         .ok_or_else(|| ApiError::busy(app.parallel, app.queue))?;
     let a = app.clone();
     let format = structured::tool_format(app.chat.as_ref());
+    if let (ToolFormat::Harmony, Prompt::Chat(messages, _)) = (format, &mut req.prompt) {
+        messages.iter_mut().for_each(harmony::adjust_message);
+    }
     let (req, ids, constraint) = blocking(&app, move || {
         let ids = a.prompt_ids(&req)?;
         let c = a.grammar.constraint(&req.structured, format)?;
@@ -595,13 +599,12 @@ async fn generate(
         Some(Event::Failed(e)) => return Err(e),
         _ => return Err(ApiError::internal("the model thread dropped the request")),
     }
-    // Tool calls are read out of the reply unless tool_choice is none.
-    let tools = req
-        .structured
-        .tools
-        .as_ref()
-        .filter(|_| req.structured.reads_calls())
-        .map(|t| ToolParser::new(format, t.names()));
+    // Tool calls are read out of a chat's reply unless tool_choice is none; harmony's
+    // channels always.
+    let tools = match endpoint {
+        Endpoint::Chat => req.structured.reader(format).map(|p| (p, format)),
+        Endpoint::Completion => None,
+    };
     if req.stream {
         Ok(stream_response(
             app,
@@ -714,7 +717,7 @@ async fn collect(
     app: Arc<App>,
     meta: Meta,
     mut rx: UnboundedReceiver<Event>,
-    tools: Option<ToolParser>,
+    tools: Option<(ToolParser, ToolFormat)>,
 ) -> Result<Response, ApiError> {
     let mut text = String::new();
     let mut lps = Vec::new();
@@ -733,28 +736,23 @@ async fn collect(
                 text.push_str(&tail);
                 let lp = api::logprobs_json(&meta, app.tokenizer(), &lps, 0);
                 let mut resp = api::response(&meta, &text, finish, &usage, lp);
-                if let Some(mut p) = tools {
+                if let Some((mut p, format)) = tools {
                     let mut evs = p.push(&text);
                     evs.extend(p.finish());
-                    let content: String = evs
-                        .into_iter()
-                        .filter_map(|e| match e {
-                            ToolEvent::Content(t) => Some(t),
-                            _ => None,
-                        })
-                        .collect();
+                    let (mut content, mut reasoning) = (String::new(), String::new());
+                    for e in evs {
+                        match e {
+                            ToolEvent::Content(t) => content.push_str(&t),
+                            ToolEvent::Reasoning(t) => reasoning.push_str(&t),
+                            ToolEvent::Start { .. } | ToolEvent::Arguments { .. } => {}
+                        }
+                    }
                     let calls: Vec<_> = p
                         .calls()
                         .iter()
-                        .map(|c| (app.call_id(), c.clone()))
+                        .map(|c| (app.call_id(format), c.clone()))
                         .collect();
-                    if !calls.is_empty() {
-                        let content = Some(content).filter(|c| !c.trim().is_empty());
-                        structured::with_tool_calls(&mut resp, content, &calls);
-                        if finish == api::Finish::Length {
-                            resp["choices"][0]["finish_reason"] = json!("length");
-                        }
-                    }
+                    structured::read_message(&mut resp, content, reasoning, &calls);
                 }
                 return Ok(Json(resp).into_response());
             }
@@ -776,9 +774,9 @@ struct Streaming {
     /// Characters of completion text sent (the completions' `text_offset`).
     offset: usize,
     done: bool,
-    /// Reads tool calls out of the text (tools given, tool_choice not none), with the
-    /// ids of the calls begun.
-    tools: Option<(ToolParser, Vec<String>)>,
+    /// Reads tool calls out of the text (tools given, tool_choice not none) or
+    /// harmony's channels, with the ids of the calls begun and the ids' format.
+    tools: Option<(ToolParser, Vec<String>, ToolFormat)>,
     /// The connection runs this request until the stream ends.
     _running: Option<Running>,
 }
@@ -809,10 +807,20 @@ impl Streaming {
         c.to_string()
     }
 
+    /// A chunk whose delta carries reasoning (`reasoning_content`, as llama-server and
+    /// vLLM stream it) and the pending logprobs.
+    fn reasoning_chunk(&mut self, text: &str) -> String {
+        let lp = api::logprobs_json(&self.meta, self.app.tokenizer(), &self.lps, self.offset);
+        self.lps.clear();
+        let mut c = api::chunk(&self.meta, None, false, None, lp, self.include_usage);
+        c["choices"][0]["delta"]["reasoning_content"] = json!(text);
+        c.to_string()
+    }
+
     /// The chunks of new reply text: as it is, or through the tool-call reader
     /// (`end`: the text is complete).
     fn text(&mut self, text: &str, end: bool) -> Vec<String> {
-        let Some((p, _)) = &mut self.tools else {
+        let Some((p, _, _)) = &mut self.tools else {
             return if text.is_empty() {
                 Vec::new()
             } else {
@@ -827,12 +835,14 @@ impl Streaming {
         for ev in evs {
             match ev {
                 ToolEvent::Content(t) => out.push(self.chunk(&t, None)),
+                ToolEvent::Reasoning(t) => out.push(self.reasoning_chunk(&t)),
                 ToolEvent::Start { index, name } => {
-                    let id = self.app.call_id();
+                    let Some((_, ids, format)) = &mut self.tools else {
+                        continue;
+                    };
+                    let id = self.app.call_id(*format);
                     let delta = structured::start_delta(index, &id, &name);
-                    if let Some((_, ids)) = &mut self.tools {
-                        ids.push(id);
-                    }
+                    ids.push(id);
                     out.push(self.tool_chunk(delta));
                 }
                 ToolEvent::Arguments { index, delta } => {
@@ -861,7 +871,10 @@ impl Streaming {
                 match self.meta.endpoint {
                     Endpoint::Chat => {
                         out.extend(self.text(&tail, true));
-                        let called = self.tools.as_ref().is_some_and(|(_, ids)| !ids.is_empty());
+                        let called = self
+                            .tools
+                            .as_ref()
+                            .is_some_and(|(_, ids, _)| !ids.is_empty());
                         let finish = match finish {
                             api::Finish::Stop if called => api::Finish::ToolCalls,
                             f => f,
@@ -897,7 +910,7 @@ fn stream_response(
     include_usage: bool,
     rx: UnboundedReceiver<Event>,
     running: Option<Running>,
-    tools: Option<ToolParser>,
+    tools: Option<(ToolParser, ToolFormat)>,
 ) -> Response {
     let head = match meta.endpoint {
         Endpoint::Chat => vec![api::chunk(
@@ -919,7 +932,7 @@ fn stream_response(
         lps: Vec::new(),
         offset: 0,
         done: false,
-        tools: tools.map(|p| (p, Vec::new())),
+        tools: tools.map(|(p, f)| (p, Vec::new(), f)),
         _running: running,
     };
     let body = stream::unfold(st, |mut st| async move {

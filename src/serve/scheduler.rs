@@ -551,13 +551,14 @@ impl<'e> Scheduler<'e> {
         }
     }
 
-    /// An embedding input takes slot `i`: mean pooling needs every position's hidden
-    /// state, so it starts from an empty sequence; the last token's keeps the prefix.
+    /// An embedding input takes slot `i`: mean and cls pooling need every position's
+    /// hidden state (the first), so they start from an empty sequence; the last token's
+    /// keeps the prefix.
     fn admit_embed(&mut self, i: usize, job: Job, pooling: Pooling, index: usize) {
         let slot = &mut self.slots[i];
         slot.used = self.clock;
         let fed = match pooling {
-            Pooling::Mean => {
+            Pooling::Mean | Pooling::Cls => {
                 slot.session.reset();
                 0
             }

@@ -9,7 +9,7 @@ use std::sync::{Arc, OnceLock};
 
 use serde_json::{json, Value as Json};
 
-use crate::chat::tools::{call_grammar, ToolCall, ToolFormat, ToolSpec};
+use crate::chat::tools::{call_grammar, ToolCall, ToolFormat, ToolParser, ToolSpec};
 use crate::chat::Chat;
 use crate::session::constraint::call_json_options;
 use crate::session::{Constraint, ConstraintError, Engine, Grammar, Grammars};
@@ -164,7 +164,7 @@ fn text_field(v: Option<&Json>, p: &str) -> Result<Option<String>, StructuredErr
 }
 
 /// `tools`: a list of `{"type": "function", "function": {"name", "description"?,
-/// "parameters"?}}`.
+/// "parameters"?, "strict"?}}`.
 fn tool_specs(v: &Json) -> Result<Vec<ToolSpec>, StructuredError> {
     let Some(list) = v.as_array() else {
         return Err(invalid("tools", "'tools' must be a list of tool objects."));
@@ -209,7 +209,21 @@ fn tool_specs(v: &Json) -> Result<Vec<ToolSpec>, StructuredError> {
                 ))
             }
         };
-        out.push(ToolSpec { name, parameters });
+        let strict = match f.get("strict") {
+            None | Some(Json::Null) => false,
+            Some(Json::Bool(b)) => *b,
+            Some(other) => {
+                return Err(invalid(
+                    &format!("{p}.function.strict"),
+                    format!("'{p}.function.strict' = {other}: must be true or false."),
+                ))
+            }
+        };
+        out.push(ToolSpec {
+            name,
+            parameters,
+            strict,
+        });
     }
     Ok(out)
 }
@@ -362,6 +376,19 @@ impl Structured {
         Some((Grammar::Lark(lark), "tools"))
     }
 
+    /// The reply's reader: tool calls read out of it (tools given, tool_choice not
+    /// none), or for harmony its channels in any case.
+    pub fn reader(&self, format: ToolFormat) -> Option<ToolParser> {
+        let names = self.tools.as_ref().map(Tools::names).unwrap_or_default();
+        if self.reads_calls() {
+            Some(ToolParser::new(format, names, true))
+        } else if format.has_channels() {
+            Some(ToolParser::new(format, names, false))
+        } else {
+            None
+        }
+    }
+
     /// Whether tool calls are read out of the reply.
     pub fn reads_calls(&self) -> bool {
         self.tools
@@ -408,6 +435,7 @@ impl GrammarEngine {
         s: &Structured,
         format: ToolFormat,
     ) -> Result<Option<(Constraint, &'static str)>, StructuredError> {
+        self.check_strict_tools(s)?;
         if s.format.is_none() && s.grammar(format, |_| false).is_none() {
             return Ok(None);
         }
@@ -427,22 +455,73 @@ impl GrammarEngine {
     }
 }
 
+impl GrammarEngine {
+    /// Each strict tool's parameters compiled on their own, strictly: a schema the
+    /// engine cannot enforce is a 400 naming the tool (a call's grammar holds them
+    /// leniently beside the other tools', which then changes nothing: strict
+    /// compiling only refuses, never approximates).
+    fn check_strict_tools(&self, s: &Structured) -> Result<(), StructuredError> {
+        let Some(t) = s.tools.as_ref().filter(|_| s.reads_calls()) else {
+            return Ok(());
+        };
+        for (i, spec) in t.specs.iter().enumerate().filter(|(_, t)| t.strict) {
+            let g = self.grammars()?;
+            let grammar = Grammar::JsonSchema {
+                schema: spec.parameters.clone(),
+                strict: true,
+            };
+            match g.compile(&grammar) {
+                Ok(_) => {}
+                Err(e @ ConstraintError::Grammar { .. }) => {
+                    let param = format!("tools[{i}].function.parameters");
+                    return Err(StructuredError::Field {
+                        message: format!(
+                            "'{param}' of the strict function '{}' cannot be enforced: {e}. Leave out 'strict' to have what cannot be enforced ignored.",
+                            spec.name
+                        ),
+                        param,
+                        code: "invalid_schema",
+                    });
+                }
+                Err(e) => return Err(StructuredError::Engine(e.to_string())),
+            }
+        }
+        Ok(())
+    }
+}
+
 /// One call in OpenAI's shape.
 pub fn call_json(id: &str, c: &ToolCall) -> Json {
     json!({"id": id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}})
 }
 
-/// A whole chat answer's message with tool calls (content null when the reply was
-/// only calls), its finish reason `tool_calls`.
-pub fn with_tool_calls(resp: &mut Json, content: Option<String>, calls: &[(String, ToolCall)]) {
+/// A whole chat answer's message as its reader read it: the content (null when the
+/// reply was only calls), the reasoning (`reasoning_content`, when there was some),
+/// the calls (with them, the finish reason `tool_calls` unless the length ran out).
+pub fn read_message(
+    resp: &mut Json,
+    content: String,
+    reasoning: String,
+    calls: &[(String, ToolCall)],
+) {
     let choice = &mut resp["choices"][0];
-    choice["message"] = json!({
-        "role": "assistant",
-        "content": content,
-        "refusal": null,
-        "tool_calls": calls.iter().map(|(id, c)| call_json(id, c)).collect::<Vec<_>>(),
-    });
-    choice["finish_reason"] = json!("tool_calls");
+    let mut m = json!({"role": "assistant", "content": content, "refusal": null});
+    if !reasoning.is_empty() {
+        m["reasoning_content"] = json!(reasoning);
+    }
+    if !calls.is_empty() {
+        if content.trim().is_empty() {
+            m["content"] = Json::Null;
+        }
+        m["tool_calls"] = json!(calls
+            .iter()
+            .map(|(id, c)| call_json(id, c))
+            .collect::<Vec<_>>());
+        if choice["finish_reason"] != "length" {
+            choice["finish_reason"] = json!("tool_calls");
+        }
+    }
+    choice["message"] = m;
 }
 
 /// The `delta.tool_calls` of a call's first chunk (id, type, name, empty arguments).
@@ -473,6 +552,15 @@ mod tests {
 
     fn tool(name: &str) -> Json {
         json!({"type": "function", "function": {"name": name, "parameters": {"type": "object", "properties": {"a": {"type": "integer"}}}}})
+    }
+
+    #[test]
+    fn strict_is_read() {
+        let mut t = tool("f");
+        t["function"]["strict"] = json!(true);
+        let s = read(json!({"tools": [t, tool("g")]}), true).unwrap();
+        let specs = &s.tools.unwrap().specs;
+        assert!(specs[0].strict && !specs[1].strict);
     }
 
     #[test]
@@ -573,6 +661,11 @@ mod tests {
                 json!({"tools": [{"type": "function", "function": {"name": "a", "parameters": 3}}]}),
                 true,
                 "tools[0].function.parameters",
+            ),
+            (
+                json!({"tools": [{"type": "function", "function": {"name": "a", "strict": "yes"}}]}),
+                true,
+                "tools[0].function.strict",
             ),
             (
                 json!({"tools": [tool("f")], "tool_choice": "always"}),

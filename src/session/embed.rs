@@ -5,12 +5,14 @@
 //! ```text
 //! mean:  e = (Σ_t h_t) / n          summed in f64 in position order, then rounded to f32
 //! last:  e = h_{n−1}                the last position's (a decoder's only one that saw it all)
+//! cls:   e = h_0                    the first position's (sentence-transformers' CLS token)
 //! then, with `dimensions` d:  e = e[..d]
 //! normalized:  e_i = e_i / sqrt(Σ_j e_j²)     in f64, rounded to f32 (a zero vector stays zero)
 //! ```
 //!
 //! A plain decoder's own choice is the last token; [`Engine::pooling`] says which the
-//! model wants, and a caller may override it.
+//! model wants (the `.mlb` header's `pooling` hint, from sentence-transformers' config),
+//! and a caller may override it.
 
 use std::fmt;
 use std::str::FromStr;
@@ -18,6 +20,7 @@ use std::str::FromStr;
 use super::engine::Engine;
 use super::error::SessionError;
 use super::sequence::Session;
+use crate::format::mlb::header::pooling;
 
 /// How the hidden states of a text's positions become one vector.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -27,6 +30,8 @@ pub enum Pooling {
     /// The last position's (a causal model's only position that saw the whole text).
     #[default]
     Last,
+    /// The first position's (sentence-transformers' CLS pooling).
+    Cls,
 }
 
 impl Pooling {
@@ -34,12 +39,23 @@ impl Pooling {
         match self {
             Pooling::Mean => "mean",
             Pooling::Last => "last",
+            Pooling::Cls => "cls",
         }
     }
 
-    /// Whether every position's hidden state is needed (not only the last).
+    /// Whether every position's hidden state is needed (not only the last); then the
+    /// text is read from its first position.
     pub fn every(self) -> bool {
-        self == Pooling::Mean
+        self != Pooling::Last
+    }
+
+    /// The pooling a header's `pooling` code names (none given: the last token).
+    pub fn from_header(code: u32) -> Pooling {
+        match code {
+            pooling::MEAN => Pooling::Mean,
+            pooling::CLS => Pooling::Cls,
+            _ => Pooling::Last,
+        }
     }
 }
 
@@ -56,7 +72,8 @@ impl FromStr for Pooling {
         match s {
             "mean" => Ok(Pooling::Mean),
             "last" => Ok(Pooling::Last),
-            _ => Err(format!("{s:?}: give mean or last")),
+            "cls" => Ok(Pooling::Cls),
+            _ => Err(format!("{s:?}: give mean, last or cls")),
         }
     }
 }
@@ -67,7 +84,7 @@ pub struct Pooler {
     pooling: Pooling,
     /// dim: the sum of the rows (mean).
     sum: Vec<f64>,
-    /// dim: the latest row (last).
+    /// dim: the latest row (last), or the first (cls).
     last: Vec<f32>,
     rows: usize,
 }
@@ -99,6 +116,8 @@ impl Pooler {
                 }
             }
             Pooling::Last => self.last.copy_from_slice(row),
+            Pooling::Cls if self.rows == 0 => self.last.copy_from_slice(row),
+            Pooling::Cls => {}
         }
         self.rows += 1;
     }
@@ -116,7 +135,7 @@ impl Pooler {
                 let n = self.rows.max(1) as f64;
                 self.sum.iter().map(|&s| (s / n) as f32).collect()
             }
-            Pooling::Last => self.last.clone(),
+            Pooling::Last | Pooling::Cls => self.last.clone(),
         };
         if let Some(d) = dimensions {
             e.truncate(d);
@@ -143,11 +162,11 @@ pub fn l2_normalize(e: &mut [f32]) {
 }
 
 impl Engine {
-    /// How this model pools its hidden states into an embedding: the last token (a
-    /// `.mlb` header names no pooling, and a decoder's last position is the only one
+    /// How this model pools its hidden states into an embedding: as its header's
+    /// `pooling` says, else the last token (a decoder's last position is the only one
     /// that saw the whole text).
     pub fn pooling(&self) -> Pooling {
-        Pooling::Last
+        Pooling::from_header(self.mlb().header().pooling)
     }
 }
 
@@ -182,6 +201,13 @@ mod tests {
         assert_eq!(l.finish(None, true), vec![0.0, 0.0], "zero stays zero");
         assert_eq!(l.rows(), 2);
         assert_eq!("mean".parse::<Pooling>(), Ok(Pooling::Mean));
-        assert!("cls".parse::<Pooling>().is_err());
+        assert_eq!("cls".parse::<Pooling>(), Ok(Pooling::Cls));
+        assert!("max".parse::<Pooling>().is_err());
+        let mut c = Pooler::new(Pooling::Cls, 2);
+        c.add(&[3.0, 4.0]);
+        c.add(&[1.0, 1.0]);
+        assert_eq!(c.finish(None, false), vec![3.0, 4.0]);
+        assert_eq!(Pooling::from_header(pooling::MEAN), Pooling::Mean);
+        assert_eq!(Pooling::from_header(pooling::NONE), Pooling::Last);
     }
 }

@@ -159,7 +159,7 @@ fn tools() -> Value {
         {"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",
             "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 8}, "unit": {"enum": ["c", "f"]}},
                 "required": ["city", "unit"], "additionalProperties": false}}},
-        {"type": "function", "function": {"name": "now",
+        {"type": "function", "function": {"name": "now", "description": "The time now",
             "parameters": {"type": "object", "properties": {}, "additionalProperties": false}}}
     ])
 }
@@ -331,6 +331,101 @@ fn start_family(template: &str) -> Server {
         .unwrap_or_else(|(c, e)| panic!("mlb-serve exited {c:?}: {e}"))
 }
 
+/// [`chat`] with a short system message first (Mistral Small 3.2's default one is
+/// longer than the test model's context).
+fn family_chat(extra: Value) -> Value {
+    let mut b = chat(extra);
+    b["messages"] = json!([
+        {"role": "system", "content": "Be brief."},
+        b["messages"][0].clone()
+    ]);
+    b
+}
+
+/// gpt-oss without tools: the analysis channel is `reasoning_content`, the final
+/// channel the content, whole and streamed; a reasoning effort reaches the template.
+#[test]
+fn serve_harmony_reasoning_and_content() {
+    let s = start_family("gpt-oss");
+    let text = "<|channel|>analysis<|message|>The user asks the weather. Say sunny.<|end|><|start|>assistant<|channel|>final<|message|>It is sunny.";
+    let grammar = format!("start: {}", serde_json::to_string(text).unwrap());
+    let body =
+        family_chat(json!({"grammar": grammar, "max_tokens": 80, "reasoning_effort": "low"}));
+    let c = answer(&s, &body);
+    assert_eq!(c["finish_reason"], "stop", "{c}");
+    assert_eq!(c["message"]["content"], "It is sunny.", "{c}");
+    assert_eq!(
+        c["message"]["reasoning_content"], "The user asks the weather. Say sunny.",
+        "{c}"
+    );
+    let data = s.stream("/v1/chat/completions", &body);
+    assert_eq!(streamed_content(&data), "It is sunny.");
+    let reasoning: String = data[..data.len() - 1]
+        .iter()
+        .filter_map(|d| {
+            let v: Value = serde_json::from_str(d).unwrap();
+            v["choices"][0]["delta"]["reasoning_content"]
+                .as_str()
+                .map(str::to_string)
+        })
+        .collect();
+    assert_eq!(reasoning, "The user asks the weather. Say sunny.");
+    // The answer goes back with its reasoning (the template's `thinking`) and renders.
+    let next = json!({
+        "messages": [
+            {"role": "user", "content": "Weather?"},
+            c["message"],
+            {"role": "user", "content": "Thanks."}
+        ],
+        "max_tokens": 2
+    });
+    let r = s.post("/v1/chat/completions", &next.to_string());
+    assert_eq!(r.status, 200, "{}", r.body);
+}
+
+/// `function.strict`: a strict tool whose schema the engine cannot enforce is a 400
+/// naming the tool; the same tool not strict is called (the keyword ignored).
+#[test]
+fn serve_strict_tools() {
+    let s = start(&[]);
+    let tool = |strict: bool| {
+        json!([{"type": "function", "function": {"name": "tag", "strict": strict,
+            "parameters": {"type": "object", "properties": {"tags": {"type": "array", "items": {"enum": ["a", "b"]}, "maxItems": 2, "uniqueItems": true}},
+                "required": ["tags"], "additionalProperties": false}}}])
+    };
+    for choice in ["auto", "required"] {
+        let r = s.post(
+            "/v1/chat/completions",
+            &chat(json!({"tools": tool(true), "tool_choice": choice})).to_string(),
+        );
+        let e = r.error(400);
+        assert_eq!(e["param"], "tools[0].function.parameters", "{e}");
+        let m = e["message"].as_str().unwrap();
+        assert!(m.contains("'tag'") && m.contains("uniqueItems"), "{m}");
+    }
+    let c = answer(
+        &s,
+        &chat(
+            json!({"tools": tool(false), "tool_choice": "required", "parallel_tool_calls": false, "seed": 3}),
+        ),
+    );
+    assert_eq!(c["finish_reason"], "tool_calls", "{c}");
+    let calls = whole_calls(&c);
+    let args: Value = serde_json::from_str(&calls[0].2).unwrap();
+    assert!(args["tags"].as_array().unwrap().len() <= 2, "{args}");
+    // A strict schema the engine takes is constrained as before.
+    let mut t = tools();
+    t[0]["function"]["strict"] = json!(true);
+    let c = answer(
+        &s,
+        &chat(
+            json!({"tools": t, "tool_choice": {"type": "function", "function": {"name": "get_weather"}}, "seed": 4}),
+        ),
+    );
+    let calls = whole_calls(&c);
+    check_call(&calls[0].1, &calls[0].2);
+}
+
 /// The calls of a whole answer: (id, name, arguments).
 fn whole_calls(c: &Value) -> Vec<(String, String, String)> {
     c["message"]["tool_calls"]
@@ -372,6 +467,13 @@ fn serve_auto_tool_calls_are_read_per_template_family() {
     let llama = |city: &str| {
         format!("{{\"name\": \"get_weather\", \"parameters\": {{\"city\": \"{city}\", \"unit\": \"c\"}}}}")
     };
+    let args = |city: &str| format!("{{\"city\": \"{city}\", \"unit\": \"c\"}}");
+    let mistral = |city: &str| {
+        format!(
+            "{{\"name\": \"get_weather\", \"arguments\": {}}}",
+            args(city)
+        )
+    };
     // (template, what the model writes, the content expected beside the calls)
     let cases = [
         (
@@ -399,16 +501,54 @@ fn serve_auto_tool_calls_are_read_per_template_family() {
             format!("{}; {}", llama("Oslo"), llama("Bergen")),
             None,
         ),
+        (
+            "mistral-nemo",
+            format!("Checking both. [TOOL_CALLS][{}, {}]", mistral("Oslo"), mistral("Bergen")),
+            Some("Checking both."),
+        ),
+        (
+            "mistral-small3.2",
+            format!(
+                "[TOOL_CALLS]get_weather[ARGS]{}[TOOL_CALLS]get_weather[ARGS]{}",
+                args("Oslo"),
+                args("Bergen")
+            ),
+            None,
+        ),
+        // Both header forms; the analysis is reasoning_content (checked below).
+        (
+            "gpt-oss",
+            format!(
+                "<|channel|>analysis<|message|>Need both.<|end|><|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{}<|call|><|start|>assistant to=functions.get_weather<|channel|>commentary json<|message|>{}",
+                args("Oslo"),
+                args("Bergen")
+            ),
+            None,
+        ),
     ];
     for (template, text, content) in cases {
         let s = start_family(template);
         let grammar = format!("start: {}", serde_json::to_string(&text).unwrap());
-        let body = chat(
-            json!({"tools": tools(), "tool_choice": "auto", "grammar": grammar, "max_tokens": 120}),
+        let body = family_chat(
+            json!({"tools": tools(), "tool_choice": "auto", "grammar": grammar, "max_tokens": 250}),
         );
         let c = answer(&s, &body);
         assert_eq!(c["finish_reason"], "tool_calls", "{template}: {c}");
         assert_eq!(c["message"]["content"].as_str(), content, "{template}: {c}");
+        if template == "gpt-oss" {
+            assert_eq!(c["message"]["reasoning_content"], "Need both.", "{c}");
+        } else {
+            assert!(c["message"].get("reasoning_content").is_none(), "{c}");
+        }
+        if template.starts_with("mistral") {
+            // Mistral's templates take 9-character ids only.
+            for (id, _, _) in whole_calls(&c) {
+                assert!(
+                    id.len() == 9 && id.chars().all(|c| c.is_ascii_alphanumeric()),
+                    "{id}"
+                );
+            }
+        }
         let calls = whole_calls(&c);
         let got: Vec<(&str, Value)> = calls
             .iter()
@@ -434,7 +574,7 @@ fn serve_auto_tool_calls_are_read_per_template_family() {
         // A reply with no call is plain content.
         let c = answer(
             &s,
-            &chat(
+            &family_chat(
                 json!({"tools": tools(), "grammar": "start: \"It is sunny.\"", "max_tokens": 20}),
             ),
         );
@@ -449,7 +589,14 @@ fn serve_auto_tool_calls_are_read_per_template_family() {
 /// conversation carrying the call and its result renders for the next turn.
 #[test]
 fn serve_required_tool_calls_per_template_family() {
-    for template in ["qwen3", "llama3.1", "smollm3"] {
+    for template in [
+        "qwen3",
+        "llama3.1",
+        "smollm3",
+        "mistral-nemo",
+        "mistral-small3.2",
+        "gpt-oss",
+    ] {
         let s = start_family(template);
         for (choice, seed) in [
             (json!("required"), 1),
@@ -458,7 +605,7 @@ fn serve_required_tool_calls_per_template_family() {
                 2,
             ),
         ] {
-            let body = chat(
+            let body = family_chat(
                 json!({"tools": tools(), "tool_choice": choice, "parallel_tool_calls": false, "seed": seed}),
             );
             let c = answer(&s, &body);
@@ -469,6 +616,7 @@ fn serve_required_tool_calls_per_template_family() {
             // The call and its result go back to the template.
             let next = json!({
                 "messages": [
+                    {"role": "system", "content": "Be brief."},
                     {"role": "user", "content": "Weather in Oslo?"},
                     c["message"],
                     {"role": "tool", "tool_call_id": calls[0].0, "content": "{\"temp\": 3}"}

@@ -35,6 +35,7 @@ impl ModelDesc {
             h.lin_conv = u(l.conv);
         }
         self.moe_fields(&mut h);
+        h.pooling = self.pooling;
         (h, flags)
     }
 
@@ -234,6 +235,7 @@ impl ModelDesc {
                 shared_hidden: h.shared_hidden as usize,
                 swiglu: (h.swiglu_limit > 0.0).then_some((h.swiglu_limit, h.swiglu_alpha)),
             }),
+            pooling: h.pooling,
             notes: Vec::new(),
         }
     }
@@ -328,6 +330,7 @@ mod tests {
             },
             linear: None,
             moe: None,
+            pooling: 0,
             notes: Vec::new(),
         }
     }

@@ -23,6 +23,9 @@ pub struct ModelDesc {
     pub linear: Option<LinearDims>,
     /// The experts, when some layer is `moe`.
     pub moe: Option<Moe>,
+    /// How the model's own embeddings pool (`header::pooling`; sentence-transformers'
+    /// pooling config), a hint for embedding servers.
+    pub pooling: u32,
     /// Remarks for the user (skipped parts, clamped values).
     pub notes: Vec<String>,
 }

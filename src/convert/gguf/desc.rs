@@ -13,7 +13,7 @@ use crate::convert::arch::Scales;
 use crate::convert::desc::{AttnScales, Dims, Ffn, LayerFlags, LinearDims, ModelDesc, Moe, Vocab};
 use crate::convert::error::{ConvertError, DescField, Result};
 use crate::format::gguf::Value;
-use crate::format::mlb::header::moe_gating;
+use crate::format::mlb::header::{moe_gating, pooling};
 use crate::format::mlb::validate::SEQ_LIMIT;
 
 /// What a GGUF file describes, beyond the header fields.
@@ -21,6 +21,17 @@ pub struct Described {
     pub desc: ModelDesc,
     /// GGUF tensors consumed by the description (rope_freqs).
     pub consumed: Vec<String>,
+}
+
+/// `{arch}.pooling_type`, llama.cpp's (1 mean, 2 cls, 3 last; 0 none, 4 rank): the
+/// header's hint; a kind the header has no code for names none.
+fn pooling_type(m: &Meta) -> Result<u32> {
+    Ok(match m.u64_opt("pooling_type")? {
+        Some(1) => pooling::MEAN,
+        Some(2) => pooling::CLS,
+        Some(3) => pooling::LAST,
+        _ => pooling::NONE,
+    })
 }
 
 /// The model a GGUF file describes, as llama.cpp reads it.
@@ -83,6 +94,7 @@ pub fn describe(m: &Meta, ga: &'static GgufArch, notes: &mut Vec<String>) -> Res
         scales,
         linear,
         moe,
+        pooling: pooling_type(m)?,
         notes: Vec::new(),
     };
     desc.check().map_err(|e| {

@@ -14,7 +14,7 @@ use crate::convert::desc::{ModelDesc, RopeScaling};
 use crate::convert::error::{ConvertError, Result};
 use crate::format::gguf::{MetaValue, ValueType};
 use crate::format::mlb::header::{
-    act, layer_flag, moe_flag, moe_gating, qkv_bias, rope_type, Header,
+    act, layer_flag, moe_flag, moe_gating, pooling, qkv_bias, rope_type, Header,
 };
 
 /// The keys of one GGUF architecture, in the order they are written.
@@ -217,6 +217,16 @@ impl Keys<'_> {
             ("vocab_size", u(d.vocab.size)),
         ] {
             self.push(k, v);
+        }
+        // The pooling hint as llama.cpp's pooling_type (1 mean, 2 cls, 3 last).
+        let pooling_type = match h.pooling {
+            pooling::MEAN => Some(1),
+            pooling::CLS => Some(2),
+            pooling::LAST => Some(3),
+            _ => None,
+        };
+        if let Some(p) = pooling_type {
+            self.push("pooling_type", MetaValue::U32(p));
         }
         Ok(())
     }

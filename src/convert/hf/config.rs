@@ -24,7 +24,7 @@ use super::rope::rope;
 use crate::convert::arch::Scales;
 use crate::convert::desc::{AttnScales, Dims, Ffn, LayerFlags, LinearDims, ModelDesc, Moe, Vocab};
 use crate::convert::error::{ConvertError, DescField, Result};
-use crate::format::mlb::header::{act, moe_gating};
+use crate::format::mlb::header::{act, moe_gating, pooling};
 use crate::format::mlb::validate::{DIM_LIMIT, SEQ_LIMIT};
 
 /// Keys of mixture-of-experts and other math the format cannot express: refused when
@@ -81,7 +81,9 @@ pub fn load(dir: &Path) -> Result<ModelDesc> {
     let v: Value = serde_json::from_str(&text).map_err(|e| {
         ConvertError::config(&file, "config.json", "?", format!("not valid JSON: {e}"))
     })?;
-    parse(&file, &v)
+    let mut desc = parse(&file, &v)?;
+    desc.pooling = super::pooling::pooling_of(dir, &mut desc.notes)?;
+    Ok(desc)
 }
 
 /// Parses a config.json value (`file` names it in errors).
@@ -177,6 +179,7 @@ fn describe(
         scales,
         linear,
         moe,
+        pooling: pooling::NONE,
         notes,
     };
     let hm = arch.moe.as_ref();

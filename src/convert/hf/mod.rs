@@ -8,5 +8,6 @@ pub mod checkpoint;
 pub mod config;
 pub mod import;
 pub mod json;
+pub mod pooling;
 pub mod rope;
 pub mod sources;

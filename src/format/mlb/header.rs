@@ -135,10 +135,11 @@ header! {
     184 swiglu_limit: f32, "0: the experts use act; > 0: clamped SwiGLU with this limit";
     188 swiglu_alpha: f32, "clamped SwiGLU: sigmoid gain";
     192 attn_sinks: u32, "attention layers store a sink logit per query head";
+    196 pooling: u32, "embeddings: 0 none given (last token), 1 mean, 2 last token, 3 first token";
 }
 
 /// End of the last defined field; bytes from here to 256 are padding.
-pub const FIELDS_END: usize = 196;
+pub const FIELDS_END: usize = 200;
 
 impl Header {
     /// A header with magic, version and every other field zero.
@@ -203,6 +204,17 @@ codes! {
         /// Krafla: yarn whose correction range is not rounded to whole dimensions
         /// (gpt-oss's `truncate: false`).
         YARN_UNROUNDED = 4 "yarn_unrounded",
+    }
+}
+
+codes! {
+    /// `pooling` values (**Krafla**): how the model's own embeddings pool its final hidden
+    /// states (sentence-transformers' pooling config), a hint for embedding servers.
+    pooling {
+        NONE = 0 "none",
+        MEAN = 1 "mean",
+        LAST = 2 "last",
+        CLS = 3 "cls",
     }
 }
 
@@ -388,6 +400,12 @@ mod tests {
             1
         );
         assert!(h.encode()[196..].iter().all(|&x| x == 0));
+        h.pooling = pooling::MEAN;
+        assert_eq!(
+            u32::from_le_bytes(h.encode()[196..200].try_into().unwrap()),
+            1
+        );
+        assert!(h.encode()[200..].iter().all(|&x| x == 0));
         assert_eq!(h.get("rope_theta"), Some(FieldValue::F32(10000.0)));
         assert_eq!(h.get("nope"), None);
     }

@@ -4,8 +4,8 @@
 //! header that passes; every failure names the field and its value.
 
 use super::header::{
-    act, layer_flag, moe_flag, moe_gating, q8_class, qk_norm, qkv_bias, rope_type, wtype, Header,
-    MAGIC, VERSION,
+    act, layer_flag, moe_flag, moe_gating, pooling, q8_class, qk_norm, qkv_bias, rope_type, wtype,
+    Header, MAGIC, VERSION,
 };
 use crate::format::error::{FormatError, Result};
 
@@ -115,6 +115,13 @@ pub fn validate(h: &Header) -> Result<Dims> {
         ));
     }
     flag01("attn_sinks", h.attn_sinks)?;
+    if h.pooling > pooling::CLS {
+        return Err(format(
+            "pooling",
+            h.pooling,
+            "must be 0 (none given), 1 (mean), 2 (last token) or 3 (first token)",
+        ));
+    }
     flag01("layer_flags", h.layer_flags)?;
     flag01("post_norms", h.post_norms)?;
     flag01("scale_f16", h.scale_f16)?;

@@ -1,0 +1,48 @@
+//! What the tool-call readers give out (`tools`, `harmony`), and small pieces they share.
+
+/// One tool call read from the text.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ToolCall {
+    pub name: String,
+    /// The arguments' JSON text as the model wrote it (an object).
+    pub arguments: String,
+}
+
+/// What the parser gives out as text arrives.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ToolEvent {
+    /// Text of the reply that is not a tool call.
+    Content(String),
+    /// Reasoning apart from the reply (harmony's analysis channel).
+    Reasoning(String),
+    /// Call `index` begins: its name.
+    Start { index: usize, name: String },
+    /// More of call `index`'s arguments text.
+    Arguments { index: usize, delta: String },
+}
+
+/// Where the longest suffix of `text` that begins `tag` starts (`text.len()` if none).
+pub(crate) fn partial_suffix(text: &str, tag: &str) -> usize {
+    text.char_indices()
+        .map(|(i, _)| i)
+        .find(|&i| tag.starts_with(&text[i..]))
+        .unwrap_or(text.len())
+}
+
+/// Where `needle` starts in `text` if it starts within the first `limit` bytes: `Ok`;
+/// `Err(true)` when it still might (the text is shorter than that could show), else
+/// `Err(false)`. The same answer whether the text came whole or is growing.
+pub(crate) fn find_within(text: &str, needle: &str, limit: usize) -> Result<usize, bool> {
+    match text.find(needle) {
+        Some(at) if at <= limit => Ok(at),
+        _ => Err(text.len() < limit + needle.len()),
+    }
+}
+
+/// `call0 | call1 | ...`: the rules of `n` tools' calls.
+pub(crate) fn alternatives(n: usize) -> String {
+    (0..n)
+        .map(|i| format!("call{i}"))
+        .collect::<Vec<_>>()
+        .join(" | ")
+}
