@@ -442,19 +442,19 @@ mod tests {
     }
 
     /// Relative RMS error on Gaussian rows, in order of the types' bits per weight, each
-    /// within a bound near its nominal bits (llama.cpp's quantizers land at about 0.47
-    /// (IQ1_M), 0.32 (IQ2_XXS), 0.28, 0.25, 0.20 (IQ3_XXS), 0.17 (IQ3_S)).
+    /// within a bound a little above what this quantizer measured (0.424 IQ1_M, 0.338
+    /// IQ2_XXS, 0.290 IQ2_XS, 0.242 IQ2_S, 0.180 IQ3_XXS, 0.133 IQ3_S).
     #[test]
     fn error_falls_with_the_bits() {
         let (rows, cols) = (8, 1024);
         let x = gaussian(&mut Rng(0x6a09e667f3bcc908), rows * cols);
         let order = [
-            (WType::IQ1_M, 0.50),
-            (WType::IQ2_XXS, 0.34),
-            (WType::IQ2_XS, 0.30),
-            (WType::IQ2_S, 0.27),
-            (WType::IQ3_XXS, 0.22),
-            (WType::IQ3_S, 0.19),
+            (WType::IQ1_M, 0.45),
+            (WType::IQ2_XXS, 0.36),
+            (WType::IQ2_XS, 0.31),
+            (WType::IQ2_S, 0.26),
+            (WType::IQ3_XXS, 0.20),
+            (WType::IQ3_S, 0.15),
         ];
         let mut last = f64::INFINITY;
         for (t, bound) in order {
