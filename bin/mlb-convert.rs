@@ -50,6 +50,18 @@ enum WTypeArg {
     Q3K,
     #[value(name = "iq4_xs")]
     Iq4Xs,
+    #[value(name = "iq3_xxs")]
+    Iq3Xxs,
+    #[value(name = "iq3_s")]
+    Iq3S,
+    #[value(name = "iq2_xxs")]
+    Iq2Xxs,
+    #[value(name = "iq2_xs")]
+    Iq2Xs,
+    #[value(name = "iq2_s")]
+    Iq2S,
+    #[value(name = "iq1_m")]
+    Iq1M,
 }
 
 /// `--requantize`: any type Krafla writes.
@@ -108,7 +120,7 @@ struct Cli {
     /// Error feedback's damping λ: λ · mean(diag H) is added to the covariance's diagonal (more: closer to the plain quantizer, less fitted to the calibration text)
     #[arg(long, value_name = "λ", default_value_t = krafla::quant::feedback::DAMP, requires = "imatrix")]
     feedback_damp: f64,
-    /// GGUF input: quantize the F32/F16/BF16 matrices, and dequantize and quantize again those of types Krafla lacks (IQ1_S, TQ1_0, ...), to this type (q8_0, q4_0, bf16, f16, q4_k, q5_k, q6_k, q4_1, q5_0, q5_1, iq4_nl, q6_0, mxfp4, q2_k, q3_k, iq4_xs); without it F16/BF16 are kept and the others refused
+    /// GGUF input: quantize the F32/F16/BF16 matrices, and dequantize and quantize again those of types Krafla lacks (IQ1_S, TQ1_0, ...), to this type (q8_0, q4_0, bf16, f16, q4_k, q5_k, q6_k, q4_1, q5_0, q5_1, iq4_nl, q6_0, mxfp4, q2_k, q3_k, iq4_xs, iq3_xxs, iq3_s, iq2_xxs, iq2_xs, iq2_s, iq1_m); without it F16/BF16 are kept and the others refused
     #[arg(long, value_name = "TYPE", value_parser = requant_type)]
     requantize: Option<WType>,
     /// Worker threads [default: one per core]; the output does not depend on it
@@ -134,6 +146,12 @@ fn wtype(w: WTypeArg) -> WType {
         WTypeArg::Q2K => WType::Q2_K,
         WTypeArg::Q3K => WType::Q3_K,
         WTypeArg::Iq4Xs => WType::IQ4_XS,
+        WTypeArg::Iq3Xxs => WType::IQ3_XXS,
+        WTypeArg::Iq3S => WType::IQ3_S,
+        WTypeArg::Iq2Xxs => WType::IQ2_XXS,
+        WTypeArg::Iq2Xs => WType::IQ2_XS,
+        WTypeArg::Iq2S => WType::IQ2_S,
+        WTypeArg::Iq1M => WType::IQ1_M,
     }
 }
 

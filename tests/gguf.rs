@@ -705,18 +705,62 @@ fn gguf_llama_cpp_iq_types_copied_and_exported() {
     let b = tmp.path().join("iq.again.mlb");
     assert_eq!(describe_diff(&first, &converted(&x, &b, &[])), None);
     // --requantize leaves them as they are (it applies to float matrices and to types
-    // Krafla lacks); a codebook type as its target is refused in one line.
-    let c = tmp.path().join("iq.q8.mlb");
-    let log = convert(&src, &c, &["--requantize", "q8_0"]).stderr;
-    assert!(!log.contains("requantized"), "{log}");
-    assert_eq!(matrix_types(&std::fs::read(&c).unwrap()), types);
-    let e = mlb_convert(&src, &c)
-        .args(["--requantize", "iq2_xxs"])
-        .fails();
-    assert!(
-        e.contains("IQ2_XXS") && e.contains("no quantizer") && e.trim().lines().count() <= 3,
-        "{e}"
-    );
+    // Krafla lacks), a codebook type as its target too.
+    for target in ["q8_0", "iq2_xxs"] {
+        let c = tmp.path().join(format!("iq.{target}.mlb"));
+        let log = convert(&src, &c, &["--requantize", target]).stderr;
+        assert!(!log.contains("requantized"), "{log}");
+        assert_eq!(matrix_types(&std::fs::read(&c).unwrap()), types);
+    }
+}
+
+/// Krafla's own codebook quantizers: `--wtype iq…` on a 256-wide checkpoint gives a
+/// file of that type that runs (finite logits), exports to GGUF with llama.cpp's types
+/// and reads back identical; `--types` and `--requantize` take them too.
+#[test]
+fn codebook_types_quantized_run_and_export() {
+    use krafla::format::WType;
+    let hf = testdata().join("models").join("llama_k256");
+    let tmp = tempfile::tempdir().unwrap();
+    for (ty, want) in [
+        ("iq3_xxs", WType::IQ3_XXS),
+        ("iq3_s", WType::IQ3_S),
+        ("iq2_xxs", WType::IQ2_XXS),
+        ("iq2_xs", WType::IQ2_XS),
+        ("iq2_s", WType::IQ2_S),
+        ("iq1_m", WType::IQ1_M),
+    ] {
+        let a = tmp.path().join(format!("{ty}.mlb"));
+        let first = converted(&hf, &a, &["--wtype", ty, "--gguf-types"]);
+        byte_mlt(&a.with_extension("mlt"));
+        let types = matrix_types(&first);
+        assert!(types.iter().any(|(_, t)| *t == want), "{ty}: {types:?}");
+        let logits = tmp.path().join(format!("{ty}.f32"));
+        tool("mlb-run")
+            .arg(&a)
+            .args(["--tokens", "1 17 42 99 3 250", "--logits"])
+            .arg(&logits)
+            .ok();
+        let l = read_f32(&logits);
+        assert!(!l.is_empty() && l.iter().all(|v| v.is_finite()), "{ty}");
+        let x = tmp.path().join(format!("{ty}.gguf"));
+        mlb_export(&a, &x).ok();
+        let b = tmp.path().join(format!("{ty}.again.mlb"));
+        assert_eq!(describe_diff(&first, &converted(&x, &b, &[])), None, "{ty}");
+    }
+    // --types CLASS=iq… on one class; --requantize iq… on a BF16 GGUF (the checkpoint
+    // exported).
+    let a = tmp.path().join("types.mlb");
+    let t = matrix_types(&converted(&hf, &a, &["--types", "w2=iq2_s"]));
+    assert!(t.iter().any(|(_, t)| *t == WType::IQ2_S), "{t:?}");
+    let f = tmp.path().join("bf16.mlb");
+    converted(&hf, &f, &["--wtype", "bf16", "--gguf-types"]);
+    byte_mlt(&f.with_extension("mlt"));
+    let g = tmp.path().join("bf16.gguf");
+    mlb_export(&f, &g).ok();
+    let r = tmp.path().join("requant.mlb");
+    let t = matrix_types(&converted(&g, &r, &["--requantize", "iq3_s"]));
+    assert!(t.iter().any(|(_, t)| *t == WType::IQ3_S), "{t:?}");
 }
 
 #[test]

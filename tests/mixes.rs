@@ -46,6 +46,12 @@ fn wtype_block_types_write_uniform_files() {
         ("q5_1", "Q5_1", 6.0),
         ("iq4_nl", "IQ4_NL", 4.5),
         ("q6_0", "Q6_0", 6.5),
+        ("iq3_xxs", "IQ3_XXS", 3.0625),
+        ("iq3_s", "IQ3_S", 3.4375),
+        ("iq2_xxs", "IQ2_XXS", 2.0625),
+        ("iq2_xs", "IQ2_XS", 2.3125),
+        ("iq2_s", "IQ2_S", 2.5625),
+        ("iq1_m", "IQ1_M", 1.75),
     ] {
         let out = tmp.path().join(format!("{ty}.mlb"));
         convert(&model("llama_k256"), &out, &["--wtype", ty]);

@@ -122,13 +122,14 @@ impl WType {
         WType::IQ1_M,
     ];
 
-    /// The block types beyond the spec's two and the 2-byte floats that Krafla also
-    /// writes: the ones `quant::blocks` quantizes and the kernels' `scalar/blocks.rs`
-    /// multiplies.
+    /// The block types beyond the spec's two and the 2-byte floats that the kernels'
+    /// `scalar/blocks.rs` multiplies (`quant::blocks` quantizes these and
+    /// [`WType::CODEBOOKS`]).
     pub const BLOCKS: &'static [WType] = WType::ALL.split_at(4).1.split_at(12).0;
 
-    /// GGUF's codebook types (IQ3_XXS … IQ1_M): block types too (scales inside), read
-    /// from GGUF files and multiplied by `scalar/codebook.rs`, not quantized.
+    /// GGUF's codebook types (IQ3_XXS … IQ1_M): block types too (scales inside),
+    /// quantized by `quant::codebook_fit` and multiplied by `scalar/codebook.rs` (not in
+    /// [`WType::BLOCKS`], whose types `scalar/blocks.rs` multiplies).
     pub const CODEBOOKS: &'static [WType] = WType::ALL.split_at(16).1;
 
     /// The header's `wtype` value of a model stored entirely in this type (and this

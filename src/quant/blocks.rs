@@ -1,6 +1,6 @@
 //! Matrices of the GGUF block types (the K types of [`super::kquants`], the 32-weight
 //! types of [`super::blocks32`], MXFP4 ([`super::mxfp4`]), and Q2_K, Q3_K, IQ4_XS
-//! ([`super::lowbit`]), the codebook types of [`super::codebook`] (read only)): one array of `rows × cols / block_weights` blocks,
+//! ([`super::lowbit`]), the codebook types of [`super::codebook`], quantized by [`super::codebook_fit`]): one array of `rows × cols / block_weights` blocks,
 //! row-major, each block its GGUF bytes with its scales inside (no scale array).
 //!
 //! Rows are quantized in parallel (rayon), each a pure function of its values and the
@@ -9,7 +9,7 @@
 use rayon::prelude::*;
 
 use super::error::{check_matrix, QuantError};
-use super::{blocks32, codebook, fit, kquants, lowbit, mxfp4};
+use super::{blocks32, codebook, codebook_fit, fit, kquants, lowbit, mxfp4};
 use crate::format::wtype::WType;
 
 /// Whether `t` is stored as GGUF blocks with their scales inside.
@@ -21,9 +21,9 @@ pub fn is_block_type(t: WType) -> bool {
         || codebook::is_codebook(t)
 }
 
-/// Whether Krafla can quantize to block type `t` (the codebook types are read only).
+/// Whether Krafla can quantize to block type `t` (every block type now).
 pub fn has_quantizer(t: WType) -> bool {
-    is_block_type(t) && !codebook::is_codebook(t)
+    is_block_type(t)
 }
 
 /// Dequantizes one block of `t` (`q`: its bytes) into `out` (its weights).
@@ -67,11 +67,8 @@ pub fn quantize_block(t: WType, x: &[f32], w: &[f32], out: &mut [u8]) -> Result<
         | WType::IQ2_XXS
         | WType::IQ2_XS
         | WType::IQ2_S
-        | WType::IQ1_M
-        | WType::Q8_0
-        | WType::Q4_0
-        | WType::BF16
-        | WType::F16 => {
+        | WType::IQ1_M => codebook_fit::quantize_block(t, x, w, out),
+        WType::Q8_0 | WType::Q4_0 | WType::BF16 | WType::F16 => {
             panic!("{t} has no block quantizer")
         }
     }
@@ -572,7 +569,7 @@ mod tests {
         let (rows, cols) = (37, 768);
         let x = matrix(&mut rng, rows, cols);
         let imp: Vec<f32> = (0..cols).map(|_| (0.001 + rng.next_f64()) as f32).collect();
-        for &t in WType::BLOCKS {
+        for &t in WType::BLOCKS.iter().chain(WType::CODEBOOKS) {
             let hashes: Vec<u64> = (1..=3)
                 .map(|n| {
                     let pool = rayon::ThreadPoolBuilder::new()
@@ -596,7 +593,7 @@ mod tests {
     fn imatrix_lowers_the_importance_weighted_error() {
         let (rows, cols) = (16, 512);
         let (x, imp) = sample(0x9e3779b97f4a7c15, rows, cols, 4);
-        for &t in WType::BLOCKS {
+        for &t in WType::BLOCKS.iter().chain(WType::CODEBOOKS) {
             let e = |imatrix: Option<&[f32]>| -> f64 {
                 let xq = round_trip(t, rows, cols, &x, imatrix);
                 (0..rows * cols)

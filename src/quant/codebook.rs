@@ -26,8 +26,7 @@
 //! gives, bit for bit. The grids and the sign table are `format::iq_grids` (generated);
 //! docs/file-format.md ("The IQ codebook types") states where every field lives.
 //!
-//! Krafla has no quantizer for these types yet: they are read (GGUF import, the
-//! kernels), not written by `mlb-convert --wtype`.
+//! The quantizer that writes these bytes is [`super::codebook_fit`].
 
 use crate::format::iq_grids::{
     IQ1S_GRID, IQ2S_GRID, IQ2XS_GRID, IQ2XXS_GRID, IQ3S_GRID, IQ3XXS_GRID, KSIGNS,

@@ -714,6 +714,7 @@ mod tests {
         for t in [WType::Q8_0, WType::Q4_0]
             .into_iter()
             .chain(WType::BLOCKS.iter().copied())
+            .chain(WType::CODEBOOKS.iter().copied())
         {
             let bw = t.block_weights();
             let (rows, n) = (3, 3 * bw.max(32));

@@ -284,7 +284,7 @@ pub(super) fn quantize_scales_signed<const N: usize>(
 /// next to `d`, each with its own codes; the first with the smallest
 /// `Σ W_j (s_j − d·c_j)²` wins. Returns `(d, codes)`; `d = 0` with all-zero codes
 /// when no candidate has a finite error.
-fn fit_scale_codes<T: Copy + Default + Into<f32>, const N: usize>(
+pub(super) fn fit_scale_codes<T: Copy + Default + Into<f32>, const N: usize>(
     s: &[f32; N],
     wt: &[f32; N],
     starts: impl IntoIterator<Item = f32>,

@@ -9,6 +9,7 @@
 pub mod blocks;
 pub mod blocks32;
 pub mod codebook;
+pub mod codebook_fit;
 pub mod error;
 pub mod feedback;
 pub mod fit;
@@ -57,8 +58,7 @@ impl Default for QuantOptions<'_> {
     }
 }
 
-/// Whether [`quantize`] writes `wtype` (every type but the codebook types, which Krafla
-/// reads only).
+/// Whether [`quantize`] writes `wtype` (every type does now).
 pub fn can_quantize(wtype: WType) -> bool {
     !blocks::is_block_type(wtype) || blocks::has_quantizer(wtype)
 }

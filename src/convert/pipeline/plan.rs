@@ -183,12 +183,22 @@ pub fn matrix_types(tensors: &[Tensor], wtype: u32, q8_mask: u32, plan: &TypePla
 
 /// The 32-weight type of the same size as K type `t`, for rows that are not a multiple
 /// of 256 (llama.cpp falls back too, silently, and to larger types: Q4_K → Q5_0, Q5_K →
-/// Q5_1, Q6_K → Q8_0); below 4.5 bits (Q2_K, Q3_K, IQ4_XS) IQ4_NL, as llama.cpp does;
+/// Q5_1, Q6_K → Q8_0); below 4.5 bits (Q2_K, Q3_K, IQ4_XS and the codebook types
+/// IQ3_XXS … IQ1_M) IQ4_NL, as llama.cpp does;
 /// other types as they are. With `gguf` (only GGUF's types) Q6_K falls back to Q8_0,
 /// as llama.cpp's does, since GGUF has no Q6_0.
 pub fn fallback(t: WType, gguf: bool) -> WType {
     match t {
-        WType::Q4_K | WType::Q2_K | WType::Q3_K | WType::IQ4_XS => WType::IQ4_NL,
+        WType::Q4_K
+        | WType::Q2_K
+        | WType::Q3_K
+        | WType::IQ4_XS
+        | WType::IQ3_XXS
+        | WType::IQ3_S
+        | WType::IQ2_XXS
+        | WType::IQ2_XS
+        | WType::IQ2_S
+        | WType::IQ1_M => WType::IQ4_NL,
         WType::Q5_K => WType::Q5_0,
         WType::Q6_K if gguf => WType::Q8_0,
         WType::Q6_K => WType::Q6_0,

@@ -1,0 +1,520 @@
+//! Krafla's quantizer for GGUF's codebook types (IQ3_XXS, IQ3_S, IQ2_XXS, IQ2_XS, IQ2_S,
+//! IQ1_M): the bytes [`super::codebook`] decodes.
+//!
+//! Every type stores `w = dw_j·v`, `v` a grid entry (with signs) per group of 8 weights
+//! (4 for IQ3_*), `dw_j = d·k·(ls_j + 0.5)` per sub-block `j` of 16 or 32 weights,
+//! `ls_j` in `0..=nmax`, `d` an f16. A block minimizes `Σ w_i (x_i − dw·v_i)²` (the
+//! element weights of [`super::fit`]) in five steps:
+//!
+//! 1. **Signs** (IQ1_M has none: its grid is signed): from the weights. Where the stored
+//!    pattern must have even parity (IQ2_XXS, IQ2_XS, IQ3_XXS: KSIGNS' 7 bits + parity),
+//!    an odd pattern flips the sign of its element with the smallest `w·|x|`, whose target
+//!    becomes `−|x|`.
+//! 2. **Entry scores**: for each group and grid entry `e`, `A_e = Σ w t g_e` and
+//!    `B_e = Σ w g_e²` (`t` the signed target), exhaustively (O(entries × group)). At a
+//!    scale `s` the group's error is `const + s·(s·B_e − 2·A_e)`, so the best entry at
+//!    any scale is an O(entries) scan. IQ1_M's entry `e` with shift `±1` is
+//!    `v = 8g ± 1`: two candidates from three sums.
+//! 3. **Sub-block scales**: a few starting scales (the largest `|x|` mapped near the
+//!    grid's largest level), each with its best entries and the least-squares scale
+//!    `ΣA/ΣB` for them; the largest `(ΣA)²/ΣB` wins, then one more assignment at that
+//!    scale.
+//! 4. **Super-block**: `d` (f16) and the codes `ls_j` by a weighted least-squares fit of
+//!    the sub-block scales (weights `ΣB`: the error of a scale change), as the K types.
+//! 5. **Re-assignment**: per sub-block, the codes next to the chosen one, each with its
+//!    entries re-chosen under the stored `dw`; the smallest error is kept.
+//!
+//! All of it is f32 in a fixed order per block: a pure function of the block's values
+//! and weights, the same at any thread count.
+
+use std::cell::RefCell;
+use std::sync::OnceLock;
+
+use super::codebook::max_level;
+use super::kquants::{fit_scale_codes, put_f16};
+use crate::format::iq_grids::{
+    IQ1S_GRID, IQ2S_GRID, IQ2XS_GRID, IQ2XXS_GRID, IQ3S_GRID, IQ3XXS_GRID,
+};
+use crate::format::wtype::{WType, QK_K};
+
+/// How a type stores its signs.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Signs {
+    /// A KSIGNS index: 7 free bits per 8 weights, the 8th their parity.
+    Parity,
+    /// 8 free bits per 8 weights.
+    Free,
+    /// None: the grid is signed (IQ1_M).
+    InGrid,
+}
+
+/// The shape of a codebook type's block.
+struct Spec {
+    /// Weights per grid entry (8, or 4 for IQ3_*).
+    group: usize,
+    /// Weights per scale code.
+    sub: usize,
+    /// `dw = d·k·(ls + 0.5)`.
+    k: f32,
+    /// Largest scale code.
+    nmax: u8,
+    signs: Signs,
+    /// Starting scales tried per sub-block (fewer for the large grids: each costs a scan).
+    starts: usize,
+}
+
+fn spec(t: WType) -> Spec {
+    let (group, sub, k, nmax, signs, starts) = match t {
+        WType::IQ2_XXS => (8, 32, 0.25, 15, Signs::Parity, 7),
+        WType::IQ2_XS => (8, 16, 0.25, 15, Signs::Parity, 5),
+        WType::IQ2_S => (8, 16, 0.25, 15, Signs::Free, 5),
+        WType::IQ3_XXS => (4, 32, 0.5, 15, Signs::Parity, 7),
+        WType::IQ3_S => (4, 32, 2.0, 15, Signs::Free, 7),
+        WType::IQ1_M => (8, 16, 0.25, 7, Signs::InGrid, 3),
+        t => panic!("{t} is not a codebook type"),
+    };
+    Spec {
+        group,
+        sub,
+        k,
+        nmax,
+        signs,
+        starts,
+    }
+}
+
+/// A grid as columns: `col[i·n + e]` is value `i` of entry `e` (`n` entries), `sq` its
+/// square; vectorizes the entry scores over `e`.
+struct Grid {
+    n: usize,
+    col: Vec<f32>,
+    sq: Vec<f32>,
+}
+
+fn columns(n: usize, group: usize, value: impl Fn(usize, usize) -> f32) -> Grid {
+    let mut col = vec![0f32; group * n];
+    for i in 0..group {
+        for e in 0..n {
+            col[i * n + e] = value(e, i);
+        }
+    }
+    let sq = col.iter().map(|v| v * v).collect();
+    Grid { n, col, sq }
+}
+
+fn grid(t: WType) -> &'static Grid {
+    static GRIDS: [OnceLock<Grid>; 6] = [const { OnceLock::new() }; 6];
+    let byte8 = |g: &'static [u64]| move |e: usize, i: usize| (g[e] >> (8 * i)) as u8 as f32;
+    let byte4 = |g: &'static [u32]| move |e: usize, i: usize| (g[e] >> (8 * i)) as u8 as f32;
+    let slot = WType::CODEBOOKS
+        .iter()
+        .position(|&c| c == t)
+        .expect("a codebook type");
+    GRIDS[slot].get_or_init(|| match t {
+        WType::IQ2_XXS => columns(IQ2XXS_GRID.len(), 8, byte8(&IQ2XXS_GRID)),
+        WType::IQ2_XS => columns(IQ2XS_GRID.len(), 8, byte8(&IQ2XS_GRID)),
+        WType::IQ2_S => columns(IQ2S_GRID.len(), 8, byte8(&IQ2S_GRID)),
+        WType::IQ3_XXS => columns(IQ3XXS_GRID.len(), 4, byte4(&IQ3XXS_GRID)),
+        WType::IQ3_S => columns(IQ3S_GRID.len(), 4, byte4(&IQ3S_GRID)),
+        WType::IQ1_M => columns(IQ1S_GRID.len(), 8, |e, i| {
+            (IQ1S_GRID[e] >> (8 * i)) as u8 as i8 as f32
+        }),
+        t => panic!("{t} is not a codebook type"),
+    })
+}
+
+/// Candidates per group: the grid entries (IQ1_M: each with shift +1 at `2e`, −1 at
+/// `2e + 1`).
+fn candidates(t: WType) -> usize {
+    let n = grid(t).n;
+    if t == WType::IQ1_M {
+        2 * n
+    } else {
+        n
+    }
+}
+
+/// Fills `a`, `b` (one per candidate) with `Σ w t v` and `Σ w v²` of one group (targets
+/// `t`, weights `w`).
+fn score_group(t: WType, g: &Grid, tg: &[f32], w: &[f32], a: &mut [f32], b: &mut [f32]) {
+    let n = g.n;
+    let (ga, gb) = (&mut a[..n], &mut b[..n]);
+    ga.fill(0.0);
+    gb.fill(0.0);
+    for (i, (&ti, &wi)) in tg.iter().zip(w).enumerate() {
+        let (col, sq) = (&g.col[i * n..(i + 1) * n], &g.sq[i * n..(i + 1) * n]);
+        let wt = wi * ti;
+        for ((ae, be), (&c, &q)) in ga.iter_mut().zip(gb.iter_mut()).zip(col.iter().zip(sq)) {
+            *ae += wt * c;
+            *be += wi * q;
+        }
+    }
+    if t != WType::IQ1_M {
+        return;
+    }
+    // v = 8g ± 1: Σwtv = 8·Σwtg ± Σwt, Σwv² = 64·Σwg² ± 16·Σwg + Σw. Σwg into the upper
+    // half of `b` first, then the pairs are written from the top down (slot 2e, 2e + 1
+    // only overwrite entries ≥ e that were already read).
+    let (st, sw) = (
+        tg.iter().zip(w).map(|(t, w)| t * w).sum::<f32>(),
+        w.iter().sum::<f32>(),
+    );
+    let mut c = [0f32; 2048];
+    let c = &mut c[..n];
+    for (i, &wi) in w.iter().enumerate() {
+        for (ce, &v) in c.iter_mut().zip(&g.col[i * n..(i + 1) * n]) {
+            *ce += wi * v;
+        }
+    }
+    for e in (0..n).rev() {
+        let (ae, be, ce) = (a[e], b[e], c[e]);
+        a[2 * e] = 8.0 * ae + st;
+        a[2 * e + 1] = 8.0 * ae - st;
+        b[2 * e] = 64.0 * be + 16.0 * ce + sw;
+        b[2 * e + 1] = 64.0 * be - 16.0 * ce + sw;
+    }
+}
+
+/// The candidate of smallest `s·B − 2A` (the error at scale `s > 0`, less a constant,
+/// over `s`); the first on ties.
+#[inline]
+fn best_at(s: f32, a: &[f32], b: &[f32]) -> usize {
+    let mut best = (f32::INFINITY, 0);
+    for (e, (&ae, &be)) in a.iter().zip(b).enumerate() {
+        let v = s * be - 2.0 * ae;
+        if v < best.0 {
+            best = (v, e);
+        }
+    }
+    best.1
+}
+
+/// A scale code whose value is `c + 0.5` ([`fit_scale_codes`]' code type).
+#[derive(Clone, Copy, Default)]
+struct HalfCode(u8);
+
+impl From<HalfCode> for f32 {
+    fn from(c: HalfCode) -> f32 {
+        c.0 as f32 + 0.5
+    }
+}
+
+/// `d` (f16 value) and the codes `0..=nmax` of the sub-block scales `s` (already over
+/// `k`) with error weights `ws`; unused sub-blocks have weight 0.
+fn super_scale(s: &[f32; 16], ws: &[f32; 16], nmax: u8) -> (f32, [u8; 16]) {
+    let smax = s.iter().fold(0.0f32, |m, &v| m.max(v));
+    if smax <= 0.0 {
+        return (0.0, [0; 16]);
+    }
+    let top = nmax as f32;
+    let codes = |d: f32| -> [HalfCode; 16] {
+        let mut c = [HalfCode(0); 16];
+        if d > 0.0 {
+            for (o, &v) in c.iter_mut().zip(s) {
+                *o = HalfCode((v / d - 0.5).round().clamp(0.0, top) as u8);
+            }
+        }
+        c
+    };
+    let starts = (0..8).map(|k| smax / (top + 0.5 - 0.5 * k as f32));
+    let (d, c) = fit_scale_codes(s, ws, starts, codes);
+    (d, c.map(|c| c.0))
+}
+
+thread_local! {
+    /// Per-block entry scores `A`, `B` (groups × candidates each).
+    static SCRATCH: RefCell<(Vec<f32>, Vec<f32>)> = const { RefCell::new((Vec::new(), Vec::new())) };
+}
+
+/// Quantizes one block of codebook type `t` (256 values `x`, element weights `w`) into
+/// `out` ([`WType::block_bytes`] bytes). `Err(v)` when the super-scale `v` does not fit
+/// in an f16.
+pub fn quantize_block(t: WType, x: &[f32], w: &[f32], out: &mut [u8]) -> Result<(), f32> {
+    debug_assert_eq!(x.len(), QK_K);
+    let sp = spec(t);
+    // Targets (the magnitudes the grid approximates) and the sign bits of each 8.
+    let mut tg = [0f32; QK_K];
+    let mut sgn = [0u8; QK_K / 8];
+    for (k, m) in sgn.iter_mut().enumerate() {
+        let (xs, ts) = (&x[8 * k..8 * k + 8], &mut tg[8 * k..8 * k + 8]);
+        if sp.signs == Signs::InGrid {
+            ts.copy_from_slice(xs);
+            continue;
+        }
+        for (i, (&v, o)) in xs.iter().zip(ts.iter_mut()).enumerate() {
+            *o = v.abs();
+            *m |= ((v < 0.0) as u8) << i;
+        }
+        if sp.signs == Signs::Parity && m.count_ones() % 2 == 1 {
+            let wk = &w[8 * k..8 * k + 8];
+            let mut cheap = 0;
+            for i in 1..8 {
+                if wk[i] * ts[i] < wk[cheap] * ts[cheap] {
+                    cheap = i;
+                }
+            }
+            *m ^= 1 << cheap;
+            ts[cheap] = -ts[cheap];
+        }
+    }
+    let g = grid(t);
+    let nc = candidates(t);
+    let ng = QK_K / sp.group;
+    let gps = sp.sub / sp.group;
+    let nsub = QK_K / sp.sub;
+    let mut idx = [0u16; QK_K / 4];
+    let mut tmp = [0u16; 8];
+    let (mut s, mut ws) = ([0f32; 16], [0f32; 16]);
+    let (d, codes) = SCRATCH.with_borrow_mut(|(a, b)| {
+        a.resize(ng * nc, 0.0);
+        b.resize(ng * nc, 0.0);
+        for gi in 0..ng {
+            let r = gi * sp.group..(gi + 1) * sp.group;
+            let c = gi * nc..(gi + 1) * nc;
+            score_group(t, g, &tg[r.clone()], &w[r], &mut a[c.clone()], &mut b[c]);
+        }
+        // Assigns sub-block j's groups at scale `sc` into `into`; returns (ΣA, ΣB).
+        let assign = |j: usize, sc: f32, into: &mut [u16]| -> (f32, f32) {
+            let (mut sa, mut sb) = (0f32, 0f32);
+            for (q, o) in into.iter_mut().enumerate().take(gps) {
+                let c = (j * gps + q) * nc..(j * gps + q + 1) * nc;
+                let e = best_at(sc, &a[c.clone()], &b[c.clone()]);
+                *o = e as u16;
+                sa += a[c.start + e];
+                sb += b[c.start + e];
+            }
+            (sa, sb)
+        };
+        let gmax = max_level(t) as f32;
+        for j in 0..nsub {
+            let amax = x[j * sp.sub..(j + 1) * sp.sub]
+                .iter()
+                .fold(0f32, |m, v| m.max(v.abs()));
+            if amax == 0.0 {
+                continue;
+            }
+            let mut best = (0f32, 0f32, 0f32);
+            let tries = (0..sp.starts).map(|i| {
+                let r = 0.6 + 0.6 * i as f32 / (sp.starts - 1) as f32;
+                amax / (gmax * r)
+            });
+            for sc in tries {
+                let (sa, sb) = assign(j, sc, &mut tmp);
+                if sa > 0.0 && sb > 0.0 && sa * sa / sb > best.0 {
+                    best = (sa * sa / sb, sa / sb, sb);
+                }
+            }
+            if best.1 > 0.0 {
+                let (sa, sb) = assign(j, best.1, &mut tmp);
+                if sa > 0.0 && sb > 0.0 && sa * sa / sb >= best.0 {
+                    best = (sa * sa / sb, sa / sb, sb);
+                }
+            }
+            (s[j], ws[j]) = (best.1 / sp.k, best.2);
+        }
+        let smax = s.iter().fold(0f32, |m, &v| m.max(v));
+        let top = smax / (sp.nmax as f32 + 0.5);
+        if !half::f16::from_f32(top).to_f32().is_finite() {
+            return Err(top);
+        }
+        let (d, mut codes) = super_scale(&s, &ws, sp.nmax);
+        for j in 0..nsub {
+            let c0 = codes[j] as i32;
+            let mut best = f32::INFINITY;
+            for c in (c0 - 1).max(0)..=(c0 + 1).min(sp.nmax as i32) {
+                let dw = d * sp.k * (c as f32 + 0.5);
+                let (sa, sb) = assign(j, dw, &mut tmp);
+                let err = dw * dw * sb - 2.0 * dw * sa;
+                if err < best {
+                    best = err;
+                    codes[j] = c as u8;
+                    idx[j * gps..(j + 1) * gps].copy_from_slice(&tmp[..gps]);
+                }
+            }
+        }
+        Ok((d, codes))
+    })?;
+    out[..t.block_bytes()].fill(0);
+    pack(t, d, &codes, &idx, &sgn, out);
+    Ok(())
+}
+
+/// Writes one block of `t`: super-scale `d`, scale codes, candidate indices per group,
+/// sign bytes per 8 weights.
+fn pack(t: WType, d: f32, codes: &[u8; 16], idx: &[u16; 64], sgn: &[u8; 32], b: &mut [u8]) {
+    // KSIGNS index of a parity-even sign byte: its low 7 bits.
+    let ks = |k: usize| (sgn[k] & 127) as u32;
+    match t {
+        WType::IQ2_XXS | WType::IQ3_XXS => {
+            put_f16(b, 0, d);
+            let per = if t == WType::IQ2_XXS { 4 } else { 8 };
+            for j in 0..8 {
+                for i in 0..per {
+                    b[2 + 8 * j + i] = idx[per * j + i] as u8;
+                }
+                let aux = (0..4).fold((codes[j] as u32) << 28, |acc, l| {
+                    acc | ks(4 * j + l) << (7 * l)
+                });
+                let at = if t == WType::IQ2_XXS {
+                    2 + 8 * j + 4
+                } else {
+                    66 + 4 * j
+                };
+                b[at..at + 4].copy_from_slice(&aux.to_le_bytes());
+            }
+        }
+        WType::IQ2_XS => {
+            put_f16(b, 0, d);
+            for k in 0..32 {
+                let q = idx[k] | (ks(k) as u16) << 9;
+                b[2 + 2 * k..4 + 2 * k].copy_from_slice(&q.to_le_bytes());
+            }
+            for h in 0..16 {
+                b[66 + h / 2] |= codes[h] << (4 * (h % 2));
+            }
+        }
+        WType::IQ2_S => {
+            put_f16(b, 0, d);
+            for k in 0..32 {
+                b[2 + k] = idx[k] as u8;
+                b[34 + k] = sgn[k];
+                b[66 + k / 4] |= ((idx[k] >> 8) as u8 & 3) << (2 * (k % 4));
+            }
+            for h in 0..16 {
+                b[74 + h / 2] |= codes[h] << (4 * (h % 2));
+            }
+        }
+        WType::IQ3_S => {
+            put_f16(b, 0, d);
+            for i in 0..64 {
+                b[2 + i] = idx[i] as u8;
+                b[66 + i / 8] |= ((idx[i] >> 8) as u8 & 1) << (i % 8);
+            }
+            b[74..106].copy_from_slice(sgn);
+            for j in 0..8 {
+                b[106 + j / 2] |= codes[j] << (4 * (j % 2));
+            }
+        }
+        WType::IQ1_M => {
+            for k in 0..32 {
+                // Candidate 2e + 1 is entry e with shift −1 (bit 3 of the qh nibble).
+                let (e, neg) = (idx[k] as usize / 2, idx[k] as usize % 2);
+                b[k] = e as u8;
+                b[32 + k / 2] |= (((e >> 8) & 7) as u8 | (neg as u8) << 3) << (4 * (k % 2));
+            }
+            let dbits = half::f16::from_f32(d).to_bits();
+            for m in 0..4 {
+                let word = (0..4).fold((dbits >> (4 * m) & 15) << 12, |acc, h| {
+                    acc | (codes[4 * m + h] as u16 & 7) << (3 * h)
+                });
+                b[48 + 2 * m..50 + 2 * m].copy_from_slice(&word.to_le_bytes());
+            }
+        }
+        t => panic!("{t} is not a codebook type"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::quant::blocks::{dequantize_matrix, quantize_matrix};
+    use crate::quant::codebook::decode;
+    use crate::rng::Rng;
+
+    /// Standard normal values (Box–Muller).
+    fn gaussian(rng: &mut Rng, n: usize) -> Vec<f32> {
+        (0..n)
+            .map(|_| {
+                let (u, v) = (1.0 - rng.next_f64(), rng.next_f64());
+                ((-2.0 * u.ln()).sqrt() * (std::f64::consts::TAU * v).cos()) as f32
+            })
+            .collect()
+    }
+
+    fn rel_rms(x: &[f32], y: &[f32]) -> f64 {
+        let e: f64 = x
+            .iter()
+            .zip(y)
+            .map(|(&a, &b)| (a as f64 - b as f64).powi(2))
+            .sum();
+        let n: f64 = x.iter().map(|&a| (a as f64).powi(2)).sum();
+        (e / n).sqrt()
+    }
+
+    /// Relative RMS error on Gaussian rows, in order of the types' bits per weight, each
+    /// within a bound a little above what this quantizer measured (0.424 IQ1_M, 0.338
+    /// IQ2_XXS, 0.290 IQ2_XS, 0.242 IQ2_S, 0.180 IQ3_XXS, 0.133 IQ3_S).
+    #[test]
+    fn error_falls_with_the_bits() {
+        let (rows, cols) = (8, 1024);
+        let x = gaussian(&mut Rng(0x6a09e667f3bcc908), rows * cols);
+        let order = [
+            (WType::IQ1_M, 0.45),
+            (WType::IQ2_XXS, 0.36),
+            (WType::IQ2_XS, 0.31),
+            (WType::IQ2_S, 0.26),
+            (WType::IQ3_XXS, 0.20),
+            (WType::IQ3_S, 0.15),
+        ];
+        let mut last = f64::INFINITY;
+        for (t, bound) in order {
+            let q = quantize_matrix(t, rows, cols, &x, None).unwrap();
+            let e = rel_rms(&x, &dequantize_matrix(t, rows, cols, &q));
+            eprintln!(
+                "{t}: relative RMS error {e:.4} ({} bytes per 256)",
+                t.block_bytes()
+            );
+            assert!(
+                e < bound && e < last,
+                "{t}: {e} (bound {bound}, previous {last})"
+            );
+            last = e;
+        }
+    }
+
+    /// Every block decodes with levels in range, and its signs are the weights' signs
+    /// but for at most one per 8 on the even-parity types (none on the free ones).
+    #[test]
+    fn blocks_decode_with_the_weights_signs() {
+        let (rows, cols) = (4, 512);
+        let x = gaussian(&mut Rng(0xbb67ae8584caa73b), rows * cols);
+        for &t in WType::CODEBOOKS {
+            let q = quantize_matrix(t, rows, cols, &x, None).unwrap();
+            for (b, blk) in q.chunks_exact(t.block_bytes()).enumerate() {
+                let dec = decode(t, blk);
+                let xb = &x[256 * b..256 * (b + 1)];
+                assert!(
+                    dec.dw.iter().all(|d| d.is_finite() && *d > 0.0),
+                    "{t} block {b}"
+                );
+                for k in 0..32 {
+                    let v = &dec.v[8 * k..8 * k + 8];
+                    assert!(v.iter().all(|&l| (l as i32).abs() <= max_level(t)));
+                    let wrong = (0..8)
+                        .filter(|&i| (v[i] < 0) != (xb[8 * k + i] < 0.0))
+                        .count();
+                    match spec(t).signs {
+                        Signs::Parity => assert!(wrong <= 1, "{t} block {b} group {k}"),
+                        Signs::Free => assert_eq!(wrong, 0, "{t} block {b} group {k}"),
+                        Signs::InGrid => {}
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn zero_rows_and_huge_scales() {
+        let x = vec![0f32; 2 * 256];
+        for &t in WType::CODEBOOKS {
+            let q = quantize_matrix(t, 2, 256, &x, None).unwrap();
+            assert!(
+                dequantize_matrix(t, 2, 256, &q).iter().all(|&v| v == 0.0),
+                "{t}"
+            );
+            let mut y = x.clone();
+            y[3] = 1e9;
+            assert!(quantize_matrix(t, 2, 256, &y, None).is_err(), "{t}");
+        }
+    }
+}
