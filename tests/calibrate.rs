@@ -434,7 +434,12 @@ fn covariance_and_error_feedback() {
     // The test's few calibration tokens per channel: the converter says so.
     let mut a = q4.to_vec();
     a.extend(["--imatrix", cov_path.to_str().unwrap()]);
-    let e = convert(&testdata().join("default"), &tmp.path().join("thin.mlb"), &a).stderr;
+    let e = convert(
+        &testdata().join("default"),
+        &tmp.path().join("thin.mlb"),
+        &a,
+    )
+    .stderr;
     assert!(e.contains("warning: a covariance of"), "{e}");
     let fed2 = with(&["--threads", "1"], "fed1");
     assert_eq!(std::fs::read(&fed).unwrap(), std::fs::read(&fed2).unwrap());

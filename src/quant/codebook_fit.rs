@@ -417,7 +417,40 @@ fn pack(t: WType, d: f32, codes: &[u8; 16], idx: &[u16; 64], sgn: &[u8; 32], b: 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::quant::blocks::{dequantize_matrix, quantize_matrix};
+
+    // Row by row through this module's own block quantizer (what quant::blocks does,
+    // which imports this module: its matrix functions are not used here).
+    fn quantize_matrix(
+        t: WType,
+        rows: usize,
+        cols: usize,
+        x: &[f32],
+        imp: Option<&[f32]>,
+    ) -> Result<Vec<u8>, f32> {
+        let (bw, bb) = (t.block_weights(), t.block_bytes());
+        let mut q = vec![0u8; rows * cols / bw * bb];
+        let mut w = Vec::new();
+        for (xr, qr) in x.chunks_exact(cols).zip(q.chunks_exact_mut(cols / bw * bb)) {
+            crate::quant::fit::row_weights(xr, imp, &mut w);
+            for ((xb, wb), ob) in xr
+                .chunks_exact(bw)
+                .zip(w.chunks_exact(bw))
+                .zip(qr.chunks_exact_mut(bb))
+            {
+                quantize_block(t, xb, wb, ob)?;
+            }
+        }
+        Ok(q)
+    }
+
+    fn dequantize_matrix(t: WType, rows: usize, cols: usize, q: &[u8]) -> Vec<f32> {
+        let (bw, bb) = (t.block_weights(), t.block_bytes());
+        let mut out = vec![0f32; rows * cols];
+        for (o, b) in out.chunks_exact_mut(bw).zip(q.chunks_exact(bb)) {
+            crate::quant::codebook::dequant_block(t, b, o);
+        }
+        out
+    }
     use crate::quant::codebook::decode;
     use crate::rng::Rng;
 
