@@ -259,7 +259,7 @@ fn block_cost(
     c0: usize,
     deq: &[f32],
     e: &mut [f64],
-    mut next: Option<&mut Vec<f64>>,
+    next: &mut [f64],
 ) -> f64 {
     let n = fb.n;
     let mut cost = 0.0;
@@ -269,9 +269,7 @@ fn block_cost(
         for (p, &ep) in e[..i].iter().enumerate() {
             cur -= ep * fb.u[(c0 + p) * n + j];
         }
-        if let Some(next) = next.as_deref_mut() {
-            next[i] = cur;
-        }
+        next[i] = cur;
         e[i] = (cur - deq[i] as f64) / fb.u[j * n + j];
         cost += e[i] * e[i];
     }
@@ -308,7 +306,9 @@ fn pack_levels(t: WType, q: &[u8; QK_K], b: &mut [u8]) {
 /// share scales, so the search alone rounds all 256 against the values as they came in;
 /// this is what the wide blocks otherwise miss. `cand` and `deq` are rewritten; `table`
 /// is scratch (every level's value at every position: each level written everywhere and
-/// dequantized, so the values are the stored bits' exactly).
+/// dequantized, so the values are the stored bits' exactly, and `deq` is read from it).
+/// Returns the block's cost `Σ e_j²`, the sequence [`block_cost`] computes (the same
+/// updates in the same order).
 fn round_in_block(
     t: WType,
     fb: &Feedback,
@@ -317,7 +317,7 @@ fn round_in_block(
     cand: &mut [u8],
     deq: &mut [f32],
     table: &mut Vec<f32>,
-) {
+) -> f64 {
     let nl = code_levels(t).expect("a type whose codes are set one by one");
     let (n, bw) = (fb.n, QK_K);
     table.resize(nl * bw, 0.0);
@@ -328,6 +328,7 @@ fn round_in_block(
     let mut cur = [0f64; QK_K];
     cur.copy_from_slice(&v[c0..c0 + bw]);
     let mut q = [0u8; QK_K];
+    let mut cost = 0.0;
     for i in 0..bw {
         let j = c0 + i;
         let (mut bk, mut bd) = (0, f64::INFINITY);
@@ -338,14 +339,16 @@ fn round_in_block(
             }
         }
         q[i] = bk as u8;
+        deq[i] = table[bk * bw + i];
         let row = &fb.u[j * n..(j + 1) * n];
-        let e = (cur[i] - table[bk * bw + i] as f64) / row[j];
+        let e = (cur[i] - deq[i] as f64) / row[j];
+        cost += e * e;
         for p in i + 1..bw {
             cur[p] -= e * row[c0 + p];
         }
     }
     pack_levels(t, &q, cand);
-    blocks::dequant_block(t, cand, deq);
+    cost
 }
 
 /// Quantizes one row with error feedback into `q` (its bytes) and `d` (its scales, for
@@ -401,7 +404,7 @@ fn quantize_row_passes(
             };
             // The block's cost once the later columns compensate, and the values its
             // columns reach in the sequential update (the next pass's targets).
-            let cost = block_cost(fb, &v, c0, &deq, &mut e, Some(&mut next));
+            let cost = block_cost(fb, &v, c0, &deq, &mut e, &mut next);
             if cost < best.0 {
                 best = (cost, s);
                 qb.copy_from_slice(&cand);
@@ -410,8 +413,7 @@ fn quantize_row_passes(
             // The same scales with GPTQ's rounding inside the block.
             if in_block {
                 cand2.copy_from_slice(&cand);
-                round_in_block(t, fb, &v, c0, &mut cand2, &mut deq2, &mut table);
-                let cost = block_cost(fb, &v, c0, &deq2, &mut e, None);
+                let cost = round_in_block(t, fb, &v, c0, &mut cand2, &mut deq2, &mut table);
                 if cost < best.0 {
                     best = (cost, s);
                     qb.copy_from_slice(&cand2);
