@@ -10,7 +10,7 @@ use std::process::ExitCode;
 use clap::Parser;
 use krafla::convert::gguf::export::{export, ExportOptions};
 
-/// Export an .mlb model (Q8_0/Q4_0 with f16 scales) and its tokenizer as a GGUF file for llama.cpp.
+/// Export an .mlb model (every weight type GGUF has; Q6_0 is refused) and its tokenizer as a GGUF file for llama.cpp.
 #[derive(Debug, Parser)]
 #[command(name = "mlb-export", version)]
 struct Cli {

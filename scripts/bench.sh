@@ -118,6 +118,17 @@ if [ ! -x "$bench_bin" ] || [ ! -x "$quant_bin" ]; then
   log "building llama.cpp in $build (nice 19)"
   build_llama "$llama" "$build" OFF "" llama-bench llama-quantize
 fi
+# llama-quantize refuses these types without an importance matrix. Speed does not depend
+# on it, so a small one from llama-imatrix on a short text serves (made once per model).
+needs_imatrix() { case $1 in iq3_xxs|iq3_s|iq2_xxs|iq2_xs|iq2_s|iq1_s|iq1_m|q2_k_s) return 0;; esac; return 1; }
+imatrix_bin=$build/bin/llama-imatrix
+for q in $QUANTS; do
+  if needs_imatrix "$q" && [ ! -x "$imatrix_bin" ]; then
+    log "building llama-imatrix in $build (nice 19)"
+    build_llama "$llama" "$build" OFF "" llama-imatrix
+    break
+  fi
+done
 
 # 5. GGUF files: convert_hf_to_gguf.py to bf16 (lossless from the bf16 checkpoint), then
 #    llama-quantize --pure (every matrix, token embeddings included, in the one type).
@@ -142,9 +153,20 @@ for m in $MODELS; do
     out=$BENCH_DIR/gguf/$m-$q.gguf
     # bf16 (and bf16a): the converted GGUF itself.
     if [ "$(file_q "$q")" != bf16 ] && [ ! -f "$out" ]; then
+      imx=()
+      if needs_imatrix "$q"; then
+        imf=$BENCH_DIR/gguf/$m-imatrix.gguf
+        if [ ! -f "$imf" ]; then
+          log "llama-imatrix $m (4 chunks of 256 tokens of GPL-3)"
+          "$imatrix_bin" -m "$bf16" -f /usr/share/common-licenses/GPL-3 -c 256 --chunks 4 \
+            -t "$THREADS" -o "$imf.tmp.gguf" >"$BENCH_DIR/logs/imatrix-$m.log" 2>&1
+          mv "$imf.tmp.gguf" "$imf"
+        fi
+        imx=(--imatrix "$imf")
+      fi
       log "llama-quantize --pure $m $q"
       /usr/bin/time -v -o "$BENCH_DIR/logs/time-quantize-$m-$q.txt" \
-        "$quant_bin" --pure "$bf16" "$out.tmp" "${q^^}" "$THREADS" >"$BENCH_DIR/logs/quantize-$m-$q.log" 2>&1
+        "$quant_bin" --pure "${imx[@]}" "$bf16" "$out.tmp" "${q^^}" "$THREADS" >"$BENCH_DIR/logs/quantize-$m-$q.log" 2>&1
       mv "$out.tmp" "$out"
     fi
   done
