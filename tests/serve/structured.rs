@@ -700,7 +700,7 @@ fn serve_auto_tool_calls_are_read_per_template_family() {
         let c = answer(
             &s,
             &family_chat(
-                json!({"tools": tools(), "grammar": "start: \"It is sunny.\"", "max_tokens": 20}),
+                json!({"tools": tools(), "grammar": "start: \"It is sunny.\"", "max_tokens": 40}),
             ),
         );
         assert_eq!(c["finish_reason"], "stop", "{template}: {c}");
