@@ -372,7 +372,7 @@ fn harmony_answers_are_constrained_to_the_final_channel() {
     for text in [
         format!("{analysis}{fin}{{\"a\": 1}}"),
         format!("{fin}{{\"a\": 1}}"),
-        format!("<|channel|>final <|constrain|>json<|message|>{{\"a\": 2}}"),
+        "<|channel|>final <|constrain|>json<|message|>{\"a\": 2}".to_string(),
     ] {
         assert!(takes(&e, &gs, &g, &text), "{text}");
     }
@@ -387,14 +387,22 @@ fn harmony_answers_are_constrained_to_the_final_channel() {
         "<|channel|>commentary<|message|>{\"a\": 1}".to_string(),
         format!("{analysis}{analysis}{fin}{{\"a\": 1}}"),
         // Longer than the 8 tokens of analysis allowed.
-        format!("<|channel|>analysis<|message|>{}<|end|><|start|>assistant{fin}{{\"a\": 1}}", "think ".repeat(20)),
+        format!(
+            "<|channel|>analysis<|message|>{}<|end|><|start|>assistant{fin}{{\"a\": 1}}",
+            "think ".repeat(20)
+        ),
     ] {
         assert!(!takes(&e, &gs, &g, &text), "{text}");
     }
     // No reasoning (reasoning_effort none): the final channel first.
     let none = harmony_answer(&gs, &schema, 0);
     assert!(takes(&e, &gs, &none, &format!("{fin}{{\"a\": 1}}")));
-    assert!(!takes(&e, &gs, &none, &format!("{analysis}{fin}{{\"a\": 1}}")));
+    assert!(!takes(
+        &e,
+        &gs,
+        &none,
+        &format!("{analysis}{fin}{{\"a\": 1}}")
+    ));
 
     let g = harmony_answer(&gs, &schema, 30);
     let mut reasoned = 0;

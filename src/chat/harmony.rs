@@ -583,25 +583,39 @@ mod tests {
         let g = answer_grammar("body", true, &[], &special);
         assert!(g.starts_with("start: analysis? answer\n"), "{g}");
         assert!(
-            g.contains("answer: <|channel|> \"final\" (\" \" <|constrain|> \"json\")? <|message|> @body\n"),
+            g.contains(
+                "answer: <|channel|> \"final\" (\" \" <|constrain|> \"json\")? <|message|> @body\n"
+            ),
             "{g}"
         );
         let g = answer_grammar("body", false, &tools, &special);
         assert!(g.starts_with("start: analysis? (answer | call)\n"), "{g}");
-        assert!(g.contains("answer: <|channel|> \"final\" <|message|> @body\n") && g.contains("call0: "), "{g}");
+        assert!(
+            g.contains("answer: <|channel|> \"final\" <|message|> @body\n")
+                && g.contains("call0: "),
+            "{g}"
+        );
         // reasoning_effort none: no analysis.
         let none = Frame {
             reasoning: 0,
             ..special
         };
         let g = answer_grammar("body", true, &[], &none);
-        assert!(g.starts_with("start: answer\n") && !g.contains("analysis"), "{g}");
-        let g = answer_grammar("body", true, &[], &text);
         assert!(
-            g.starts_with("start: answer\nanswer: \"<|channel|>\" \"final\" \"<|message|>\" @body\n"),
+            g.starts_with("start: answer\n") && !g.contains("analysis"),
             "{g}"
         );
-        assert!(writes_headers("start: \"<|channel|>final<|message|>x\"") && !writes_headers("start: \"x\""));
+        let g = answer_grammar("body", true, &[], &text);
+        assert!(
+            g.starts_with(
+                "start: answer\nanswer: \"<|channel|>\" \"final\" \"<|message|>\" @body\n"
+            ),
+            "{g}"
+        );
+        assert!(
+            writes_headers("start: \"<|channel|>final<|message|>x\"")
+                && !writes_headers("start: \"x\"")
+        );
     }
 
     #[test]

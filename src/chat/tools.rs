@@ -1256,7 +1256,14 @@ mod tests {
         );
         assert!(g.starts_with("start: call (\"\\n\" call)*\ncall: <tool_call> \"\\n\" args \"\\n\" \"</tool_call>\"\n"), "{g}");
         assert!(g.contains("\"const\":\"f\""), "{g}");
-        let g = call_grammar(ToolFormat::Llama3Json, &tools, true, json!({}), |_| false, 0);
+        let g = call_grammar(
+            ToolFormat::Llama3Json,
+            &tools,
+            true,
+            json!({}),
+            |_| false,
+            0,
+        );
         assert!(
             g.starts_with("start: args\n") && g.contains("\"parameters\""),
             "{g}"
@@ -1275,7 +1282,14 @@ mod tests {
             ) && g.contains("\"x-guidance\":{\"k\":1}"),
             "{g}"
         );
-        let g = call_grammar(ToolFormat::MistralJson, &tools, false, json!({}), |_| false, 0);
+        let g = call_grammar(
+            ToolFormat::MistralJson,
+            &tools,
+            false,
+            json!({}),
+            |_| false,
+            0,
+        );
         assert!(
             g.starts_with("start: \"[TOOL_CALLS]\" \"[\" args \"]\"\n"),
             "{g}"

@@ -566,7 +566,9 @@ async fn generate(
     let (req, ids, gen, constraint) = blocking(&app, move || {
         let ids = a.prompt_ids(&req)?;
         let gen = a.gen_options(&req, ids.len())?;
-        let c = a.grammar.constraint(&req.structured, format, gen.max_tokens)?;
+        let c = a
+            .grammar
+            .constraint(&req.structured, format, gen.max_tokens)?;
         Ok((req, ids, gen, c))
     })
     .await?;

@@ -661,7 +661,8 @@ mod tests {
             (t.choice.clone(), t.parallel),
             (ToolChoice::Named("g".into()), true)
         );
-        let (Grammar::Lark(g), "tools") = s.grammar(ToolFormat::Hermes, |_| false, 100).unwrap() else {
+        let (Grammar::Lark(g), "tools") = s.grammar(ToolFormat::Hermes, |_| false, 100).unwrap()
+        else {
             panic!()
         };
         assert!(
@@ -736,9 +737,11 @@ mod tests {
             Some((Grammar::Lark(own.into()), "grammar"))
         );
         assert_eq!(
-            read(json!({"response_format": rf}), true)
-                .unwrap()
-                .grammar(ToolFormat::Hermes, |_| true, 100),
+            read(json!({"response_format": rf}), true).unwrap().grammar(
+                ToolFormat::Hermes,
+                |_| true,
+                100
+            ),
             Some((Grammar::JsonObject, "response_format"))
         );
         // A required call reasons within the same bound.

@@ -464,7 +464,9 @@ fn serve_harmony_formats_constrain_the_final_channel() {
     let mut reasoned = 0;
     for seed in 1..=6 {
         for effort in ["low", "none"] {
-            let body = family_chat(json!({"response_format": rf, "seed": seed, "max_tokens": 240, "reasoning_effort": effort}));
+            let body = family_chat(
+                json!({"response_format": rf, "seed": seed, "max_tokens": 240, "reasoning_effort": effort}),
+            );
             let c = answer(&s, &body);
             assert_eq!(c["finish_reason"], "stop", "{c}");
             let text = c["message"]["content"].as_str().unwrap();
@@ -484,7 +486,9 @@ fn serve_harmony_formats_constrain_the_final_channel() {
     // Tools the model may call beside the format: a call or the JSON answer.
     let (mut called, mut answered) = (0, 0);
     for seed in 1..=6 {
-        let body = family_chat(json!({"response_format": rf, "tools": tools(), "seed": seed, "max_tokens": 240}));
+        let body = family_chat(
+            json!({"response_format": rf, "tools": tools(), "seed": seed, "max_tokens": 240}),
+        );
         let c = answer(&s, &body);
         let calls = whole_calls(&c);
         if calls.is_empty() {
@@ -498,10 +502,15 @@ fn serve_harmony_formats_constrain_the_final_channel() {
             called += 1;
         }
     }
-    assert!(called > 0 && answered > 0, "{called} calls, {answered} answers");
+    assert!(
+        called > 0 && answered > 0,
+        "{called} calls, {answered} answers"
+    );
     let c = answer(
         &s,
-        &family_chat(json!({"tools": tools(), "tool_choice": "required", "seed": 1, "max_tokens": 240})),
+        &family_chat(
+            json!({"tools": tools(), "tool_choice": "required", "seed": 1, "max_tokens": 240}),
+        ),
     );
     assert_eq!(c["finish_reason"], "tool_calls", "{c}");
     let calls = whole_calls(&c);
