@@ -11,7 +11,7 @@ use serde_json::{json, Value};
 use krafla::chat::tools::{self, ToolFormat, ToolSpec};
 use krafla::format::mlb::Mlb;
 use krafla::model::{Packs, SamplerOptions, StateOptions};
-use krafla::session::constraint::call_json_options;
+use krafla::session::constraint::{call_json_options, BODY};
 use krafla::session::{
     ConstraintError, Engine, GenerateOptions, Generator, Grammar, Grammars, StopReason,
 };
@@ -26,14 +26,38 @@ const EOS: u32 = 2;
 
 /// A random model over the bundled tokenizer's 2,048 ids, and its grammar compiler.
 fn setup() -> (Arc<Engine>, Grammars) {
+    setup_with(&[])
+}
+
+/// gpt-oss's harmony markers, special tokens in its tokenizer.
+const HARMONY_MARKERS: [&str; 7] = [
+    "<|start|>",
+    "<|channel|>",
+    "<|message|>",
+    "<|end|>",
+    "<|return|>",
+    "<|call|>",
+    "<|constrain|>",
+];
+
+/// [`setup`] with `added` as special tokens after the bundled tokenizer's ids (the
+/// model's vocabulary grown to hold them).
+fn setup_with(added: &[&str]) -> (Arc<Engine>, Grammars) {
     let dir = testdata().join("default");
     let json = std::fs::read_to_string(dir.join("tokenizer.json")).unwrap();
     let cfg = std::fs::read_to_string(dir.join("tokenizer_config.json")).unwrap();
-    let mlt = from_hf::convert(&json, Some(&cfg), &from_hf::HfTokenizerOptions::default()).unwrap();
+    let mut mlt =
+        from_hf::convert(&json, Some(&cfg), &from_hf::HfTokenizerOptions::default()).unwrap();
+    for t in added {
+        mlt.tokens.push(krafla::format::mlt::Token {
+            attr: krafla::format::mlt::Attr::Added,
+            bytes: t.as_bytes().to_vec(),
+        });
+    }
     let tok = Tokenizer::from_mlt(&mlt).unwrap();
     assert_eq!(tok.eos(), Some(EOS));
     let mut h = tiny_header();
-    h.vocab = 2048;
+    h.vocab = 2048 + added.len() as u32;
     h.max_seq = 256;
     let mlb = Mlb::from_bytes(&synth_file(&h, &[], 7)).unwrap();
     let engine = Arc::new(Engine::new(mlb, Packs::none(), Some(tok)).unwrap());
@@ -207,9 +231,14 @@ fn required_tool_calls_always_parse() {
         ToolFormat::Harmony,
     ] {
         // One call: a random model writes whitespace and calls until its length runs out.
-        let lark = tools::call_grammar(format, &specs, false, call_json_options(), |t| {
-            gs.has_special(t)
-        });
+        let lark = tools::call_grammar(
+            format,
+            &specs,
+            false,
+            call_json_options(),
+            |t| gs.has_special(t),
+            100,
+        );
         for seed in 1..=5 {
             let (text, _, stop) = generate(&e, &gs, &Grammar::Lark(lark.clone()), seed, 200, false);
             assert_eq!(stop, StopReason::StopId(EOS), "{format:?} {seed}: {text:?}");
@@ -272,4 +301,125 @@ fn bad_grammars_are_refused_naming_the_problem() {
             Ok(_) => panic!("{g:?} compiled"),
         }
     }
+}
+
+/// A harmony reply under a JSON schema, with the markers as special tokens (as
+/// gpt-oss's tokenizer has them): `reasoning` tokens of analysis at most.
+fn harmony_answer(gs: &Grammars, schema: &Value, reasoning: usize) -> Grammar {
+    let frame = tools::answer_grammar(
+        ToolFormat::Harmony,
+        BODY,
+        true,
+        &[],
+        call_json_options(),
+        |t| gs.has_special(t),
+        reasoning,
+    )
+    .unwrap();
+    Grammar::Framed {
+        frame,
+        body: Box::new(Grammar::JsonSchema {
+            schema: schema.clone(),
+            strict: true,
+        }),
+    }
+}
+
+/// Whether the matcher of `g` takes `text` (its markers as the special tokens) token by
+/// token, then the stop token.
+fn takes(e: &Engine, gs: &Grammars, g: &Grammar, text: &str) -> bool {
+    let ids = e.tokenizer().unwrap().encode_with(text, false);
+    let mut c = gs.compile(g).unwrap();
+    let mut logits = vec![0.0f32; gs.vocab()];
+    for id in ids.into_iter().chain([EOS]) {
+        logits.fill(0.0);
+        if c.mask_logits(&mut logits).is_err() || logits[id as usize] == f32::NEG_INFINITY {
+            return false;
+        }
+        c.commit(id);
+    }
+    true
+}
+
+/// The content and reasoning of a harmony reply, as mlb-serve reads it.
+fn harmony_parts(text: &str) -> (String, String) {
+    let mut p = tools::ToolParser::new(ToolFormat::Harmony, vec![], false);
+    let mut evs = p.push(text);
+    evs.extend(p.finish());
+    let (mut content, mut reasoning) = (String::new(), String::new());
+    for ev in evs {
+        match ev {
+            tools::ToolEvent::Content(t) => content.push_str(&t),
+            tools::ToolEvent::Reasoning(t) => reasoning.push_str(&t),
+            other => panic!("{other:?} in {text:?}"),
+        }
+    }
+    (content, reasoning)
+}
+
+/// Under a harmony template a format constrains the final channel's content: at most
+/// one analysis message (bounded), then `<|start|>assistant<|channel|>final<|message|>`
+/// and the JSON; JSON outside the final channel, a malformed or invalid final, a second
+/// analysis are refused. A random model's replies read as content that validates.
+#[test]
+fn harmony_answers_are_constrained_to_the_final_channel() {
+    let (e, gs) = setup_with(&HARMONY_MARKERS);
+    assert!(gs.has_special("<|channel|>") && gs.has_special("<|end|>"));
+    let schema = json!({"type": "object", "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 99}}, "required": ["a"], "additionalProperties": false});
+    let g = harmony_answer(&gs, &schema, 8);
+    let analysis = "<|channel|>analysis<|message|>Need a.\n<|end|><|start|>assistant";
+    let fin = "<|channel|>final<|message|>";
+    for text in [
+        format!("{analysis}{fin}{{\"a\": 1}}"),
+        format!("{fin}{{\"a\": 1}}"),
+        "<|channel|>final <|constrain|>json<|message|>{\"a\": 2}".to_string(),
+    ] {
+        assert!(takes(&e, &gs, &g, &text), "{text}");
+    }
+    for text in [
+        "{\"a\": 1}".to_string(),
+        "<|channel|>analysis<|message|>{\"a\": 1}<|end|>".to_string(),
+        format!("{analysis}{{\"a\": 1}}"),
+        format!("{analysis}{fin}{{\"a\": }}"),
+        format!("{fin}{{\"a\": \"x\"}}"),
+        format!("{fin}{{\"a\": 1}} and more"),
+        format!("{fin}{{\"a\": 1}}<|end|>"),
+        "<|channel|>commentary<|message|>{\"a\": 1}".to_string(),
+        format!("{analysis}{analysis}{fin}{{\"a\": 1}}"),
+        // Longer than the 8 tokens of analysis allowed.
+        format!(
+            "<|channel|>analysis<|message|>{}<|end|><|start|>assistant{fin}{{\"a\": 1}}",
+            "think ".repeat(20)
+        ),
+    ] {
+        assert!(!takes(&e, &gs, &g, &text), "{text}");
+    }
+    // No reasoning (reasoning_effort none): the final channel first.
+    let none = harmony_answer(&gs, &schema, 0);
+    assert!(takes(&e, &gs, &none, &format!("{fin}{{\"a\": 1}}")));
+    assert!(!takes(
+        &e,
+        &gs,
+        &none,
+        &format!("{analysis}{fin}{{\"a\": 1}}")
+    ));
+
+    let g = harmony_answer(&gs, &schema, 30);
+    let mut reasoned = 0;
+    for seed in 1..=6 {
+        let (text, _, stop) = generate(&e, &gs, &g, seed, 120, false);
+        assert_eq!(stop, StopReason::StopId(EOS), "seed {seed}: {text:?}");
+        let (content, reasoning) = harmony_parts(&text);
+        let v: Value =
+            serde_json::from_str(&content).unwrap_or_else(|err| panic!("{err}: {text:?}"));
+        validate(&schema, &v).unwrap_or_else(|err| panic!("seed {seed}: {err}: {text}"));
+        reasoned += usize::from(text.starts_with("<|channel|>analysis"));
+        assert_eq!(
+            reasoning.is_empty(),
+            !text.starts_with("<|channel|>analysis"),
+            "{text:?}"
+        );
+    }
+    // The random model takes either way; both are exercised.
+    assert!((1..6).contains(&reasoned), "{reasoned} of 6 reasoned");
 }

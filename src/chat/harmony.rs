@@ -1,5 +1,6 @@
 //! gpt-oss's harmony format: its replies read into reasoning, content and tool calls
-//! ([`Reader`]), the grammar of a required call ([`call_grammar`]), and the assistant
+//! ([`Reader`]), the grammars of a constrained reply (a required call,
+//! [`call_grammar`]; an answer in a format, [`answer_grammar`]), and the assistant
 //! messages of a conversation as its template expects them ([`adjust_message`]).
 //!
 //! The generation prompt ends in `<|start|>assistant`; the reply is one or more
@@ -303,43 +304,103 @@ fn push(out: &mut Vec<ToolEvent>, make: fn(String) -> ToolEvent, text: String) {
     }
 }
 
-/// The Lark grammar (llguidance's) of one call of one of the tools, each given as its
-/// name and its arguments' `%json` schema: the call on the commentary channel as
-/// gpt-oss writes it, after at most one analysis message. `tag(text)`: the grammar's
-/// name for a marker (the special token, or its text quoted).
-///
-/// The analysis text ends at the special token `<|end|>`; a tokenizer that has the
-/// markers only as text cannot delimit free text by them, so there the call comes
-/// first (no analysis).
-pub fn call_grammar(
-    tools: &[(String, Json)],
-    tag: impl Fn(&str) -> String,
-    special: bool,
-) -> String {
-    let mut g = String::new();
-    if special {
-        g.push_str(&format!(
-            "start: analysis? call\nanalysis: {} \"analysis\" {} /(.|\\n)*/ {} {} \"assistant\"\n",
+/// How a constrained reply may reason first, and how its grammar names the markers.
+pub struct Frame<T: Fn(&str) -> String> {
+    /// The grammar's name for a marker (the special token, or its text quoted).
+    pub tag: T,
+    /// Whether the markers are special tokens (the analysis can only be delimited by
+    /// the special `<|end|>`: free text could spell a marker that is only text).
+    pub special: bool,
+    /// The most tokens of analysis (0: none; the request's `reasoning_effort` none).
+    pub reasoning: usize,
+}
+
+impl<T: Fn(&str) -> String> Frame<T> {
+    /// The start of a constrained reply, then `then` (a rule expression): at most one
+    /// analysis message of at most [`Frame::reasoning`] tokens, then `<|start|>assistant`
+    /// (the generation prompt holds the first one only). Without special markers or
+    /// reasoning, `then` comes first.
+    fn start(&self, then: &str) -> String {
+        if !self.special || self.reasoning == 0 {
+            return format!("start: {then}\n");
+        }
+        let tag = &self.tag;
+        format!(
+            "start: analysis? {then}\nanalysis: {} \"analysis\" {} thought {} {} \"assistant\"\nthought[max_tokens={}]: /(.|\\n)*/\n",
             tag(CHANNEL),
             tag(MESSAGE),
             tag(END),
-            tag(START)
-        ));
-    } else {
-        g.push_str("start: call\n");
+            tag(START),
+            self.reasoning,
+        )
     }
-    g.push_str(&format!("call: {}\n", alternatives(tools.len())));
-    for (i, (name, schema)) in tools.iter().enumerate() {
-        let head =
-            serde_json::to_string(&format!("commentary to=functions.{name} ")).expect("a string");
-        g.push_str(&format!(
-            "call{i}: {} {head} {} \"json\" {} args{i}\nargs{i}: %json {schema}\n",
-            tag(CHANNEL),
-            tag(CONSTRAIN),
-            tag(MESSAGE),
-        ));
+
+    /// Rule `call`: one call of one of the tools, each given as its name and its
+    /// arguments' `%json` schema, on the commentary channel as gpt-oss writes it.
+    fn call_rules(&self, tools: &[(String, Json)]) -> String {
+        let tag = &self.tag;
+        let mut g = format!("call: {}\n", alternatives(tools.len()));
+        for (i, (name, schema)) in tools.iter().enumerate() {
+            let head = serde_json::to_string(&format!("commentary to=functions.{name} "))
+                .expect("a string");
+            g.push_str(&format!(
+                "call{i}: {} {head} {} \"json\" {} args{i}\nargs{i}: %json {schema}\n",
+                tag(CHANNEL),
+                tag(CONSTRAIN),
+                tag(MESSAGE),
+            ));
+        }
+        g
+    }
+}
+
+/// The Lark grammar (llguidance's) of one call of one of the tools, each given as its
+/// name and its arguments' `%json` schema: the call on the commentary channel as
+/// gpt-oss writes it, after at most one analysis message ([`Frame`]).
+pub fn call_grammar<T: Fn(&str) -> String>(tools: &[(String, Json)], frame: &Frame<T>) -> String {
+    let mut g = frame.start("call");
+    g.push_str(&frame.call_rules(tools));
+    g
+}
+
+/// The Lark grammar of a reply whose answer is constrained: after at most one
+/// analysis message ([`Frame`]), the final channel's content is the grammar that
+/// `@body` names (`json`: a JSON format, which the header may announce as gpt-oss
+/// does, `<|constrain|>json`), or, when tools are given, the reply may instead be one
+/// call of one of them ([`call_grammar`]). The reply ends at a stop token
+/// (`<|return|>`, the template's end of turn).
+pub fn answer_grammar<T: Fn(&str) -> String>(
+    body: &str,
+    json: bool,
+    tools: &[(String, Json)],
+    frame: &Frame<T>,
+) -> String {
+    let tag = &frame.tag;
+    let mut g = frame.start(if tools.is_empty() {
+        "answer"
+    } else {
+        "(answer | call)"
+    });
+    let constrain = if json && frame.special {
+        format!(" (\" \" {} \"json\")?", tag(CONSTRAIN))
+    } else {
+        String::new()
+    };
+    g.push_str(&format!(
+        "answer: {} \"final\"{constrain} {} @{body}\n",
+        tag(CHANNEL),
+        tag(MESSAGE)
+    ));
+    if !tools.is_empty() {
+        g.push_str(&frame.call_rules(tools));
     }
     g
+}
+
+/// Whether a grammar's text writes harmony's headers itself (then it is the whole
+/// reply's grammar, as llama-server takes every grammar).
+pub fn writes_headers(grammar: &str) -> bool {
+    grammar.contains(CHANNEL)
 }
 
 /// An assistant message as gpt-oss's template expects it (llama-server does the same):
@@ -500,13 +561,60 @@ mod tests {
     fn grammars_name_the_markers() {
         let tools = [("f".to_string(), serde_json::json!({"type": "object"}))];
         let quote = |t: &str| serde_json::to_string(t).unwrap();
-        let g = call_grammar(&tools, |t| t.to_string(), true);
-        assert!(g.starts_with("start: analysis? call\n"), "{g}");
+        let special = Frame {
+            tag: |t: &str| t.to_string(),
+            special: true,
+            reasoning: 40,
+        };
+        let g = call_grammar(&tools, &special);
+        assert!(g.starts_with("start: analysis? call\nanalysis: <|channel|> \"analysis\" <|message|> thought <|end|> <|start|> \"assistant\"\nthought[max_tokens=40]: "), "{g}");
         assert!(g.contains("call0: <|channel|> \"commentary to=functions.f \" <|constrain|> \"json\" <|message|> args0\n"), "{g}");
-        let g = call_grammar(&tools, quote, false);
+        let text = Frame {
+            tag: quote,
+            special: false,
+            reasoning: 40,
+        };
+        let g = call_grammar(&tools, &text);
         assert!(
             g.starts_with("start: call\n") && !g.contains("analysis"),
             "{g}"
+        );
+        // The answer: the final channel around `@body`, or a call beside it.
+        let g = answer_grammar("body", true, &[], &special);
+        assert!(g.starts_with("start: analysis? answer\n"), "{g}");
+        assert!(
+            g.contains(
+                "answer: <|channel|> \"final\" (\" \" <|constrain|> \"json\")? <|message|> @body\n"
+            ),
+            "{g}"
+        );
+        let g = answer_grammar("body", false, &tools, &special);
+        assert!(g.starts_with("start: analysis? (answer | call)\n"), "{g}");
+        assert!(
+            g.contains("answer: <|channel|> \"final\" <|message|> @body\n")
+                && g.contains("call0: "),
+            "{g}"
+        );
+        // reasoning_effort none: no analysis.
+        let none = Frame {
+            reasoning: 0,
+            ..special
+        };
+        let g = answer_grammar("body", true, &[], &none);
+        assert!(
+            g.starts_with("start: answer\n") && !g.contains("analysis"),
+            "{g}"
+        );
+        let g = answer_grammar("body", true, &[], &text);
+        assert!(
+            g.starts_with(
+                "start: answer\nanswer: \"<|channel|>\" \"final\" \"<|message|>\" @body\n"
+            ),
+            "{g}"
+        );
+        assert!(
+            writes_headers("start: \"<|channel|>final<|message|>x\"")
+                && !writes_headers("start: \"x\"")
         );
     }
 

@@ -814,13 +814,15 @@ pub struct ToolSpec {
 /// calls when `parallel` (Hermes; Llama 3's template takes one call per message);
 /// `json_options`: llguidance's JSON options for the calls' JSON (`x-guidance`).
 /// `special(text)`: whether the tokenizer has `text` as one special token (then the
-/// grammar names the token rather than spelling its text).
+/// grammar names the token rather than spelling its text). `reasoning`: the most
+/// tokens of analysis before the call (harmony; 0: none).
 pub fn call_grammar(
     format: ToolFormat,
     tools: &[ToolSpec],
     parallel: bool,
     json_options: Json,
     special: impl Fn(&str) -> bool,
+    reasoning: usize,
 ) -> String {
     let key = format.arguments_key();
     let options: Vec<Json> = tools
@@ -835,13 +837,7 @@ pub fn call_grammar(
         })
         .collect();
     let schema = json!({"anyOf": options, "x-guidance": json_options});
-    let tag = |t: &str| {
-        if special(t) {
-            t.to_string()
-        } else {
-            serde_json::to_string(t).expect("a string")
-        }
-    };
+    let tag = |t: &str| tag(&special, t);
     match format {
         ToolFormat::Hermes => {
             let more = if parallel { " (\"\\n\" call)*" } else { "" };
@@ -876,10 +872,55 @@ pub fn call_grammar(
         }
         ToolFormat::Harmony => harmony::call_grammar(
             &own_schemas(tools, &json_options),
-            tag,
-            special("<|channel|>") && special("<|end|>"),
+            &harmony_frame(special, reasoning),
         ),
     }
+}
+
+/// A grammar's name for the marker `t`: the special token, or its text quoted.
+fn tag(special: &impl Fn(&str) -> bool, t: &str) -> String {
+    if special(t) {
+        t.to_string()
+    } else {
+        serde_json::to_string(t).expect("a string")
+    }
+}
+
+/// How a constrained harmony reply names its markers and may reason first.
+fn harmony_frame(
+    special: impl Fn(&str) -> bool,
+    reasoning: usize,
+) -> harmony::Frame<impl Fn(&str) -> String> {
+    harmony::Frame {
+        special: special("<|channel|>") && special("<|end|>"),
+        tag: move |t: &str| tag(&special, t),
+        reasoning,
+    }
+}
+
+/// The Lark grammar of a reply whose answer is the grammar `@body` names (`json`: a
+/// JSON format), for a format whose replies carry the answer apart from the rest:
+/// harmony's final channel, after at most `reasoning` tokens of analysis, or (`calls`
+/// not empty) one call of one of them instead ([`harmony::answer_grammar`]; the calls'
+/// JSON under `json_options`). `None` for the other formats: their answer is the whole
+/// reply.
+pub fn answer_grammar(
+    format: ToolFormat,
+    body: &str,
+    json: bool,
+    calls: &[ToolSpec],
+    json_options: Json,
+    special: impl Fn(&str) -> bool,
+    reasoning: usize,
+) -> Option<String> {
+    format.has_channels().then(|| {
+        harmony::answer_grammar(
+            body,
+            json,
+            &own_schemas(calls, &json_options),
+            &harmony_frame(special, reasoning),
+        )
+    })
 }
 
 /// Each tool's name and its parameters' schema with llguidance's options.
@@ -1205,12 +1246,24 @@ mod tests {
             parameters: json!({"type": "object"}),
             strict: false,
         }];
-        let g = call_grammar(ToolFormat::Hermes, &tools, true, json!({}), |t| {
-            t == "<tool_call>"
-        });
+        let g = call_grammar(
+            ToolFormat::Hermes,
+            &tools,
+            true,
+            json!({}),
+            |t| t == "<tool_call>",
+            0,
+        );
         assert!(g.starts_with("start: call (\"\\n\" call)*\ncall: <tool_call> \"\\n\" args \"\\n\" \"</tool_call>\"\n"), "{g}");
         assert!(g.contains("\"const\":\"f\""), "{g}");
-        let g = call_grammar(ToolFormat::Llama3Json, &tools, true, json!({}), |_| false);
+        let g = call_grammar(
+            ToolFormat::Llama3Json,
+            &tools,
+            true,
+            json!({}),
+            |_| false,
+            0,
+        );
         assert!(
             g.starts_with("start: args\n") && g.contains("\"parameters\""),
             "{g}"
@@ -1221,6 +1274,7 @@ mod tests {
             true,
             json!({"k": 1}),
             |t| t.starts_with('['),
+            0,
         );
         assert!(
             g.starts_with(
@@ -1228,11 +1282,32 @@ mod tests {
             ) && g.contains("\"x-guidance\":{\"k\":1}"),
             "{g}"
         );
-        let g = call_grammar(ToolFormat::MistralJson, &tools, false, json!({}), |_| false);
+        let g = call_grammar(
+            ToolFormat::MistralJson,
+            &tools,
+            false,
+            json!({}),
+            |_| false,
+            0,
+        );
         assert!(
             g.starts_with("start: \"[TOOL_CALLS]\" \"[\" args \"]\"\n"),
             "{g}"
         );
+        // An answer apart from the rest: harmony's final channel only.
+        let answer = |format, special: bool| {
+            answer_grammar(format, "body", true, &tools, json!({}), |_| special, 9)
+        };
+        assert_eq!(answer(ToolFormat::Hermes, true), None);
+        let g = answer(ToolFormat::Harmony, true).unwrap();
+        assert!(
+            g.starts_with("start: analysis? (answer | call)\n")
+                && g.contains("thought[max_tokens=9]")
+                && g.contains("@body"),
+            "{g}"
+        );
+        let g = answer(ToolFormat::Harmony, false).unwrap();
+        assert!(g.starts_with("start: (answer | call)\n"), "{g}");
     }
 
     #[test]

@@ -282,6 +282,7 @@ struct Fields {
     response_format: Option<Json>,
     grammar: Option<Json>,
     regex: Option<Json>,
+    reasoning_effort: Option<Json>,
     chat_template_kwargs: Option<serde_json::Map<String, Json>>,
     add_generation_prompt: Option<bool>,
     continue_final_message: Option<bool>,
@@ -552,6 +553,7 @@ pub fn parse(body: &[u8], endpoint: Endpoint, vocab: usize) -> Result<Request, A
             tools: f.tools.as_ref(),
             tool_choice: f.tool_choice.as_ref(),
             parallel_tool_calls: f.parallel_tool_calls,
+            reasoning_effort: f.reasoning_effort.as_ref(),
         },
         endpoint == Endpoint::Chat,
     )?;

@@ -563,14 +563,16 @@ async fn generate(
     if let (ToolFormat::Harmony, Prompt::Chat(messages, _)) = (format, &mut req.prompt) {
         messages.iter_mut().for_each(harmony::adjust_message);
     }
-    let (req, ids, constraint) = blocking(&app, move || {
+    let (req, ids, gen, constraint) = blocking(&app, move || {
         let ids = a.prompt_ids(&req)?;
-        let c = a.grammar.constraint(&req.structured, format)?;
-        Ok((req, ids, c))
+        let gen = a.gen_options(&req, ids.len())?;
+        let c = a
+            .grammar
+            .constraint(&req.structured, format, gen.max_tokens)?;
+        Ok((req, ids, gen, c))
     })
     .await?;
     let (constraint, grammar_field) = constraint.map_or((None, None), |(c, f)| (Some(c), Some(f)));
-    let gen = app.gen_options(&req, ids.len())?;
     let prefix = match endpoint {
         Endpoint::Chat => "chatcmpl",
         Endpoint::Completion => "cmpl",

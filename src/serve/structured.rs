@@ -9,9 +9,9 @@ use std::sync::{Arc, OnceLock};
 
 use serde_json::{json, Value as Json};
 
-use crate::chat::tools::{call_grammar, ToolCall, ToolFormat, ToolParser, ToolSpec};
-use crate::chat::Chat;
-use crate::session::constraint::call_json_options;
+use crate::chat::tools::{self, ToolCall, ToolFormat, ToolParser, ToolSpec};
+use crate::chat::{harmony, Chat};
+use crate::session::constraint::{call_json_options, BODY};
 use crate::session::{Constraint, ConstraintError, Engine, Grammar, Grammars};
 
 /// `tool_choice`.
@@ -50,6 +50,11 @@ pub struct Structured {
     pub format: Option<(Grammar, &'static str)>,
     /// `tools` (chat), when the list is not empty.
     pub tools: Option<Tools>,
+    /// A chat request (its reply may carry channels, whose answer alone is in the
+    /// format).
+    pub chat: bool,
+    /// `reasoning_effort` is not `none`: a constrained harmony reply may reason first.
+    pub reasoning: bool,
 }
 
 /// A refusal of the request (the edge turns it into its error body): a field's value
@@ -276,6 +281,7 @@ pub struct Fields<'a> {
     pub tools: Option<&'a Json>,
     pub tool_choice: Option<&'a Json>,
     pub parallel_tool_calls: Option<bool>,
+    pub reasoning_effort: Option<&'a Json>,
 }
 
 /// Reads and checks the fields (module docs); tools only for chat.
@@ -305,6 +311,7 @@ pub fn parse(f: &Fields, chat: bool) -> Result<Structured, StructuredError> {
         ));
     }
     let format = formats.pop();
+    let reasoning = f.reasoning_effort.and_then(Json::as_str) != Some("none");
     let specs = match f.tools {
         None | Some(Json::Null) => Vec::new(),
         Some(t) => tool_specs(t)?,
@@ -320,6 +327,8 @@ pub fn parse(f: &Fields, chat: bool) -> Result<Structured, StructuredError> {
         return Ok(Structured {
             format,
             tools: None,
+            chat,
+            reasoning,
         });
     }
     if !chat {
@@ -342,6 +351,8 @@ pub fn parse(f: &Fields, chat: bool) -> Result<Structured, StructuredError> {
             choice,
             parallel: f.parallel_tool_calls.unwrap_or(true),
         }),
+        chat,
+        reasoning,
     })
 }
 
@@ -354,14 +365,54 @@ pub fn tool_format(chat: Option<&Chat>) -> ToolFormat {
 impl Structured {
     /// The grammar the generation is constrained by, and the field errors name: the
     /// output format, or a required call's grammar (`special`: whether the tokenizer
-    /// has a text as one special token).
+    /// has a text as one special token). `max_tokens`: the reply's length, of which a
+    /// constrained harmony reply may reason half before its answer or call.
+    ///
+    /// For a chat template that writes channels (harmony), the format constrains the
+    /// final channel's content, not the whole reply ([`tools::answer_grammar`]); beside
+    /// `tools` the model may call (`tool_choice` auto), a `response_format` answer may
+    /// be a call instead, as OpenAI's is. A `grammar` that writes the channel headers
+    /// itself is the whole reply's.
     pub fn grammar(
         &self,
         format: ToolFormat,
         special: impl Fn(&str) -> bool,
+        max_tokens: usize,
     ) -> Option<(Grammar, &'static str)> {
-        if let Some(f) = &self.format {
-            return Some(f.clone());
+        let reasoning = if self.reasoning { max_tokens / 2 } else { 0 };
+        if let Some((body, field)) = &self.format {
+            let own_headers =
+                matches!(body, Grammar::Lark(t) | Grammar::Gbnf(t) if harmony::writes_headers(t));
+            if !self.chat || own_headers {
+                return Some((body.clone(), field));
+            }
+            let calls = match &self.tools {
+                Some(t) if t.choice == ToolChoice::Auto && *field == "response_format" => {
+                    t.specs.as_slice()
+                }
+                _ => &[],
+            };
+            let json = matches!(body, Grammar::JsonObject | Grammar::JsonSchema { .. });
+            return Some(
+                match tools::answer_grammar(
+                    format,
+                    BODY,
+                    json,
+                    calls,
+                    call_json_options(),
+                    special,
+                    reasoning,
+                ) {
+                    Some(frame) => (
+                        Grammar::Framed {
+                            frame,
+                            body: Box::new(body.clone()),
+                        },
+                        field,
+                    ),
+                    None => (body.clone(), field),
+                },
+            );
         }
         let t = self.tools.as_ref()?;
         let (specs, parallel): (Vec<ToolSpec>, bool) = match &t.choice {
@@ -372,7 +423,14 @@ impl Structured {
                 false,
             ),
         };
-        let lark = call_grammar(format, &specs, parallel, call_json_options(), special);
+        let lark = tools::call_grammar(
+            format,
+            &specs,
+            parallel,
+            call_json_options(),
+            special,
+            reasoning,
+        );
         Some((Grammar::Lark(lark), "tools"))
     }
 
@@ -434,13 +492,14 @@ impl GrammarEngine {
         &self,
         s: &Structured,
         format: ToolFormat,
+        max_tokens: usize,
     ) -> Result<Option<(Constraint, &'static str)>, StructuredError> {
         self.check_strict_tools(s)?;
-        if s.format.is_none() && s.grammar(format, |_| false).is_none() {
+        if s.format.is_none() && s.grammar(format, |_| false, max_tokens).is_none() {
             return Ok(None);
         }
         let g = self.grammars()?;
-        let Some((grammar, field)) = s.grammar(format, |t| g.has_special(t)) else {
+        let Some((grammar, field)) = s.grammar(format, |t| g.has_special(t), max_tokens) else {
             return Ok(None);
         };
         match g.compile(&grammar) {
@@ -546,6 +605,7 @@ mod tests {
             tools: body.get("tools"),
             tool_choice: body.get("tool_choice"),
             parallel_tool_calls: body.get("parallel_tool_calls").and_then(Json::as_bool),
+            reasoning_effort: body.get("reasoning_effort"),
         };
         parse(&f, chat)
     }
@@ -601,7 +661,8 @@ mod tests {
             (t.choice.clone(), t.parallel),
             (ToolChoice::Named("g".into()), true)
         );
-        let (Grammar::Lark(g), "tools") = s.grammar(ToolFormat::Hermes, |_| false).unwrap() else {
+        let (Grammar::Lark(g), "tools") = s.grammar(ToolFormat::Hermes, |_| false, 100).unwrap()
+        else {
             panic!()
         };
         assert!(
@@ -611,13 +672,86 @@ mod tests {
         assert!(
             read(json!({"tools": [tool("f")], "tool_choice": "auto"}), true)
                 .unwrap()
-                .grammar(ToolFormat::Hermes, |_| false)
+                .grammar(ToolFormat::Hermes, |_| false, 100)
                 .is_none()
         );
         assert!(read(json!({"tools": [], "tool_choice": "none"}), true)
             .unwrap()
             .tools
             .is_none());
+    }
+
+    /// Under a harmony template a chat's format is the final channel's content, after
+    /// at most half the reply's tokens of analysis (none with reasoning_effort none);
+    /// beside auto tools a response_format answer may be a call instead.
+    #[test]
+    fn formats_are_framed_for_harmony() {
+        let frame = |body: Json, chat: bool| -> Option<(Grammar, &'static str)> {
+            read(body, chat)
+                .unwrap()
+                .grammar(ToolFormat::Harmony, |_| true, 100)
+        };
+        let rf = json!({"type": "json_object"});
+        let Some((Grammar::Framed { frame: f, body }, "response_format")) =
+            frame(json!({"response_format": rf}), true)
+        else {
+            panic!()
+        };
+        assert_eq!(*body, Grammar::JsonObject);
+        assert!(
+            f.starts_with("start: analysis? answer\n") && f.contains("thought[max_tokens=50]"),
+            "{f}"
+        );
+        let Some((Grammar::Framed { frame: f, .. }, _)) = frame(
+            json!({"response_format": rf, "reasoning_effort": "none"}),
+            true,
+        ) else {
+            panic!()
+        };
+        assert!(f.starts_with("start: answer\n"), "{f}");
+        let Some((Grammar::Framed { frame: f, body }, "regex")) = frame(
+            json!({"regex": "[0-9]+", "tools": [tool("f")], "reasoning_effort": "low"}),
+            true,
+        ) else {
+            panic!()
+        };
+        assert_eq!(*body, Grammar::Regex("[0-9]+".into()));
+        assert!(f.starts_with("start: analysis? answer\n"), "{f}");
+        let Some((Grammar::Framed { frame: f, .. }, _)) =
+            frame(json!({"response_format": rf, "tools": [tool("f")]}), true)
+        else {
+            panic!()
+        };
+        assert!(
+            f.starts_with("start: analysis? (answer | call)\n") && f.contains("functions.f"),
+            "{f}"
+        );
+        // Whole replies: a completion's, a grammar that writes the headers, other families.
+        assert_eq!(
+            frame(json!({"response_format": rf}), false),
+            Some((Grammar::JsonObject, "response_format"))
+        );
+        let own = "start: \"<|channel|>final<|message|>x\"";
+        assert_eq!(
+            frame(json!({"grammar": own}), true),
+            Some((Grammar::Lark(own.into()), "grammar"))
+        );
+        assert_eq!(
+            read(json!({"response_format": rf}), true).unwrap().grammar(
+                ToolFormat::Hermes,
+                |_| true,
+                100
+            ),
+            Some((Grammar::JsonObject, "response_format"))
+        );
+        // A required call reasons within the same bound.
+        let Some((Grammar::Lark(g), "tools")) = frame(
+            json!({"tools": [tool("f")], "tool_choice": "required"}),
+            true,
+        ) else {
+            panic!()
+        };
+        assert!(g.contains("thought[max_tokens=50]"), "{g}");
     }
 
     #[test]

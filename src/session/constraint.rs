@@ -16,7 +16,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use llguidance::api::TopLevelGrammar;
+use llguidance::api::{GrammarWithLexer, TopLevelGrammar};
 use llguidance::toktrie::{SimpleVob, TokRxInfo, TokTrie, TokenizerEnv, INVALID_TOKEN};
 use llguidance::{Matcher, ParserFactory};
 use serde_json::{json, Value as Json};
@@ -50,7 +50,13 @@ pub enum Grammar {
     Lark(String),
     /// llama.cpp's GBNF (`root ::= ...`), translated to Lark ([`gbnf`]).
     Gbnf(String),
+    /// A Lark grammar around another one, which it names `@body` ([`BODY`]): a reply
+    /// whose answer alone is in the client's format (harmony's final channel).
+    Framed { frame: String, body: Box<Grammar> },
 }
+
+/// The name a [`Grammar::Framed`] frame gives its body.
+pub const BODY: &str = "body";
 
 impl Grammar {
     /// Its kind, as errors name it.
@@ -61,6 +67,8 @@ impl Grammar {
             Grammar::Regex(_) => "regex",
             Grammar::Lark(_) => "lark",
             Grammar::Gbnf(_) => "gbnf",
+            // Errors are the body's (the client's grammar); the frame is ours.
+            Grammar::Framed { body, .. } => body.kind(),
         }
     }
 
@@ -98,6 +106,21 @@ impl Grammar {
                         message: e.to_string(),
                     }
                 })?)
+            }
+            Grammar::Framed { frame, body } => {
+                let mut grammars = vec![GrammarWithLexer::from_lark(frame.clone())];
+                for mut g in body.top_level()?.grammars {
+                    // The body's own grammar is the first; its name is the frame's
+                    // reference (the frame's is "lark_grammar", so they never clash).
+                    if grammars.len() == 1 {
+                        g.name = Some(BODY.to_string());
+                    }
+                    grammars.push(g);
+                }
+                TopLevelGrammar {
+                    grammars,
+                    max_tokens: None,
+                }
             }
         })
     }

@@ -383,6 +383,140 @@ fn serve_harmony_reasoning_and_content() {
     assert_eq!(r.status, 200, "{}", r.body);
 }
 
+/// gpt-oss's template over a tokenizer with harmony's markers as special tokens (as
+/// gpt-oss's has them: the bundled tokenizer's ids, then the markers) and a random model
+/// of that vocabulary with 1,024 positions (made once per test run).
+fn start_harmony() -> Server {
+    use std::sync::OnceLock;
+    const MARKERS: [&str; 7] = [
+        "<|start|>",
+        "<|channel|>",
+        "<|message|>",
+        "<|end|>",
+        "<|return|>",
+        "<|call|>",
+        "<|constrain|>",
+    ];
+    static MADE: OnceLock<(std::path::PathBuf, std::path::PathBuf)> = OnceLock::new();
+    let (mlb, mlt) = MADE.get_or_init(|| {
+        let dir = super::files().mlb.parent().unwrap().join("harmony");
+        std::fs::create_dir_all(&dir).unwrap();
+        let src = crate::util::testdata().join("default");
+        let mut tj: Value =
+            serde_json::from_str(&std::fs::read_to_string(src.join("tokenizer.json")).unwrap())
+                .unwrap();
+        let first = tj["model"]["vocab"].as_object().unwrap().len();
+        for (i, t) in MARKERS.iter().enumerate() {
+            tj["added_tokens"].as_array_mut().unwrap().push(json!({
+                "id": first + i, "content": t, "single_word": false, "lstrip": false,
+                "rstrip": false, "normalized": false, "special": true
+            }));
+        }
+        std::fs::write(dir.join("tokenizer.json"), tj.to_string()).unwrap();
+        std::fs::copy(
+            src.join("tokenizer_config.json"),
+            dir.join("tokenizer_config.json"),
+        )
+        .unwrap();
+        let mlt = dir.join("gpt-oss.mlt");
+        crate::util::tool::tool("mlt-convert")
+            .arg(dir.join("tokenizer.json"))
+            .arg("-o")
+            .arg(&mlt)
+            .arg("--chat-template")
+            .arg(crate::util::testdata().join("chat/templates/gpt-oss.jinja"))
+            .arg("-q")
+            .ok();
+        let mut h = krafla::synth::tiny_header();
+        h.vocab = (first + MARKERS.len()) as u32;
+        h.max_seq = 1024;
+        let mlb = dir.join("harmony.mlb");
+        std::fs::write(&mlb, krafla::synth::synth_file(&h, &[], 11)).unwrap();
+        (mlb, mlt)
+    });
+    super::try_start_model(mlb, &["--tokenizer", mlt.to_str().unwrap()], None)
+        .unwrap_or_else(|(c, e)| panic!("mlb-serve exited {c:?}: {e}"))
+}
+
+/// The reasoning a stream's deltas add up to.
+fn streamed_reasoning(data: &[String]) -> String {
+    data[..data.len() - 1]
+        .iter()
+        .filter_map(|d| {
+            let v: Value = serde_json::from_str(d).unwrap();
+            v["choices"][0]["delta"]["reasoning_content"]
+                .as_str()
+                .map(str::to_string)
+        })
+        .collect()
+}
+
+/// gpt-oss with its markers as special tokens: a `response_format` constrains the final
+/// channel's content, so the model may reason first (the random model does for some
+/// seeds); `content` is exactly the JSON, which validates, `reasoning_content` the
+/// analysis, whole and streamed. With `reasoning_effort` none it answers at once.
+/// Beside auto tools the reply is the JSON answer or a call; a required call may reason
+/// first too.
+#[test]
+fn serve_harmony_formats_constrain_the_final_channel() {
+    let s = start_harmony();
+    let rf = json!({"type": "json_schema", "json_schema": {"name": "person", "strict": true, "schema": schema()}});
+    let mut reasoned = 0;
+    for seed in 1..=6 {
+        for effort in ["low", "none"] {
+            let body = family_chat(
+                json!({"response_format": rf, "seed": seed, "max_tokens": 240, "reasoning_effort": effort}),
+            );
+            let c = answer(&s, &body);
+            assert_eq!(c["finish_reason"], "stop", "{c}");
+            let text = c["message"]["content"].as_str().unwrap();
+            let v: Value = serde_json::from_str(text).unwrap_or_else(|e| panic!("{e}: {c}"));
+            validate(&schema(), &v).unwrap();
+            let reasoning = c["message"]["reasoning_content"].as_str().unwrap_or("");
+            if effort == "none" {
+                assert_eq!(reasoning, "", "{c}");
+            }
+            reasoned += usize::from(!reasoning.is_empty());
+            let data = s.stream("/v1/chat/completions", &body);
+            assert_eq!(streamed_content(&data), text, "seed {seed}");
+            assert_eq!(streamed_reasoning(&data), reasoning, "seed {seed}");
+        }
+    }
+    assert!((1..6).contains(&reasoned), "{reasoned} of 6 reasoned");
+    // Tools the model may call beside the format: a call or the JSON answer.
+    let (mut called, mut answered) = (0, 0);
+    for seed in 1..=6 {
+        let body = family_chat(
+            json!({"response_format": rf, "tools": tools(), "seed": seed, "max_tokens": 240}),
+        );
+        let c = answer(&s, &body);
+        let calls = whole_calls(&c);
+        if calls.is_empty() {
+            assert_eq!(c["finish_reason"], "stop", "{c}");
+            let v: Value = serde_json::from_str(c["message"]["content"].as_str().unwrap()).unwrap();
+            validate(&schema(), &v).unwrap();
+            answered += 1;
+        } else {
+            assert_eq!(c["finish_reason"], "tool_calls", "{c}");
+            check_call(&calls[0].1, &calls[0].2);
+            called += 1;
+        }
+    }
+    assert!(
+        called > 0 && answered > 0,
+        "{called} calls, {answered} answers"
+    );
+    let c = answer(
+        &s,
+        &family_chat(
+            json!({"tools": tools(), "tool_choice": "required", "seed": 1, "max_tokens": 240}),
+        ),
+    );
+    assert_eq!(c["finish_reason"], "tool_calls", "{c}");
+    let calls = whole_calls(&c);
+    check_call(&calls[0].1, &calls[0].2);
+}
+
 /// `function.strict`: a strict tool whose schema the engine cannot enforce is a 400
 /// naming the tool; the same tool not strict is called (the keyword ignored).
 #[test]
@@ -575,7 +709,7 @@ fn serve_auto_tool_calls_are_read_per_template_family() {
         let c = answer(
             &s,
             &family_chat(
-                json!({"tools": tools(), "grammar": "start: \"It is sunny.\"", "max_tokens": 20}),
+                json!({"tools": tools(), "grammar": "start: \"It is sunny.\"", "max_tokens": 40}),
             ),
         );
         assert_eq!(c["finish_reason"], "stop", "{template}: {c}");
