@@ -84,10 +84,10 @@ struct Cli {
     /// Output file [default: <folder>-<wtype>.mlb beside the folder]
     #[arg(short, long, value_name = "OUT.mlb")]
     output: Option<PathBuf>,
-    /// Weight type of the matrices (the 256-weight types on rows that are not a multiple of 256 fall back to a 32-weight type, with a note)
-    #[arg(long, value_enum, default_value = "q8_0")]
-    wtype: WTypeArg,
-    /// Choose every matrix's type by measured error under this many bits per weight (all matrices, scales included, as mlb-inspect counts them)
+    /// Weight type of the matrices (the 256-weight types on rows that are not a multiple of 256 fall back to a 32-weight type, with a note); a GGUF's matrices keep their own types (--types, --requantize) [default: q8_0]
+    #[arg(long, value_enum)]
+    wtype: Option<WTypeArg>,
+    /// Choose every matrix's type by measured error under this many bits per weight (all matrices, scales included, as mlb-inspect counts them); checkpoint folders only
     #[arg(long, value_name = "BPW", conflicts_with_all = ["wtype", "preset"])]
     target_bpw: Option<f64>,
     /// A named --target-bpw: iq2_m (2.7), iq3_xxs (3.06), iq3_m (3.66), q3_k_m (4.0), iq4_xs (4.25), q4_k_s (4.6), q4_k_m (4.9), q5_k_m (5.7), q6_k (6.6), q8_0 (8.5)
@@ -99,7 +99,7 @@ struct Cli {
     /// Q4_0 only: matrix classes stored as Q8_0 instead, comma-separated from tok_emb, wcls, wqk, wv, wo, w13, w2, or none [default: wcls]
     #[arg(long, value_name = "CLASSES", value_parser = parse_q8)]
     q8: Option<u32>,
-    /// Other types for some matrices (a mixed file), comma-separated TARGET=TYPE: a class (tok_emb, wcls, wqk, wv, wo, w13, w2) or a tensor (layers.3.w2), e.g. tok_emb=q8_0
+    /// Other types for some matrices (a mixed file), comma-separated TARGET=TYPE: a class (tok_emb, wcls, wqk, wv, wo, w13, w2), a group (experts, shared_expert) or a tensor (layers.3.w2), e.g. tok_emb=q8_0; on GGUF input the matrices it names are dequantized and quantized again, the others copied
     #[arg(long, value_name = "RULES", value_parser = TypePlan::parse)]
     types: Option<TypePlan>,
     /// Store every quantization scale as f16 instead of f32
@@ -180,7 +180,7 @@ fn main() -> ExitCode {
     let opts = ConvertOptions {
         input: cli.checkpoint,
         output: cli.output,
-        wtype: wtype(cli.wtype),
+        wtype: cli.wtype.map(wtype),
         q8_mask: cli.q8,
         types: cli.types.unwrap_or_default(),
         scale_f16: cli.f16_scales,

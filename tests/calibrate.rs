@@ -867,3 +867,71 @@ fn imatrix_weighs_each_expert_by_its_own_inputs() {
     );
     assert!(!out.exists());
 }
+
+/// An imatrix weights a GGUF's requantized matrices as it weights a checkpoint's: the
+/// default model exported from BF16 to GGUF and requantized (`--requantize`, `--types`)
+/// with an imatrix that has covariances gives the checkpoint's conversion with it, bit
+/// for bit, with and without error feedback; the imatrix changes the bytes; and a
+/// GGUF whose blocks are all copied refuses it.
+#[test]
+fn gguf_requantized_with_imatrix_equals_checkpoint() {
+    let tmp = tempfile::tempdir().unwrap();
+    let q8 = default_model(tmp.path(), "q8", &[]);
+    let cov_path = tmp.path().join("cov.mli");
+    imatrix(&q8, &cov_path, &["--ctx", "64", "--covariance"]);
+    let im = cov_path.to_str().unwrap();
+    let bf16 = default_model(tmp.path(), "bf16", &["--wtype", "bf16"]);
+    let gguf = tmp.path().join("bf16.gguf");
+    crate::util::tool::mlb_export(&bf16, &gguf).ok();
+    let ck = testdata().join("default");
+    let bytes = |src: &Path, name: &str, args: &[&str]| {
+        let out = tmp.path().join(format!("{name}.mlb"));
+        convert(src, &out, args);
+        std::fs::read(&out).unwrap()
+    };
+    let q4 = ["--q4-rule", "search", "--q8", "none"];
+    let cases: [(&str, Vec<&str>, Vec<&str>); 4] = [
+        (
+            "q4_k",
+            vec!["--requantize", "q4_k"],
+            vec!["--wtype", "q4_k"],
+        ),
+        (
+            "q4_k-off",
+            vec!["--requantize", "q4_k", "--no-error-feedback"],
+            vec!["--wtype", "q4_k", "--no-error-feedback"],
+        ),
+        (
+            "q4_0",
+            [&["--requantize", "q4_0"][..], &q4].concat(),
+            [&["--wtype", "q4_0"][..], &q4].concat(),
+        ),
+        (
+            "types",
+            vec!["--types", "w2=q5_k,wqk=q4_k"],
+            vec!["--wtype", "bf16", "--types", "w2=q5_k,wqk=q4_k"],
+        ),
+    ];
+    let mut seen = Vec::new();
+    for (name, g, h) in cases {
+        let (gi, hi) = (
+            [&g[..], &["--imatrix", im]].concat(),
+            [&h[..], &["--imatrix", im]].concat(),
+        );
+        let got = bytes(&gguf, &format!("{name}.gguf"), &gi);
+        let want = bytes(&ck, &format!("{name}.hf"), &hi);
+        assert!(got == want, "{name}: GGUF and checkpoint differ");
+        let g: Vec<&str> = g
+            .into_iter()
+            .filter(|a| *a != "--no-error-feedback")
+            .collect();
+        let plain = bytes(&gguf, &format!("{name}.plain"), &g);
+        assert!(got != plain, "{name}: the imatrix changed nothing");
+        seen.push(got);
+    }
+    assert!(seen[0] != seen[1], "error feedback changed nothing");
+    let e = crate::util::tool::mlb_convert(&gguf, &tmp.path().join("x.mlb"))
+        .args(["--imatrix", im])
+        .fails();
+    assert!(e.contains("--imatrix") && e.contains("requantized"), "{e}");
+}

@@ -651,7 +651,7 @@ fn convert_half_range_errors_and_subnormals() {
     // Beyond the F16 range after rounding: an error naming the tensor, element and value.
     for (bad, tag) in [(65520.0f32, "f16max"), (-1e6, "f16neg")] {
         let dir = with(bad, tag);
-        let e = err_of(&dir, &out, |o| o.wtype = WType::F16);
+        let e = err_of(&dir, &out, |o| o.wtype = Some(WType::F16));
         assert!(
             e.contains("down_proj")
                 && e.contains("[1, 6]")
@@ -661,19 +661,21 @@ fn convert_half_range_errors_and_subnormals() {
             "{e}"
         );
         // BF16 holds it.
-        convert_with(&dir, &root.join("bf16.mlb"), |o| o.wtype = WType::BF16);
+        convert_with(&dir, &root.join("bf16.mlb"), |o| {
+            o.wtype = Some(WType::BF16)
+        });
     }
     // BF16's range: f32::MAX rounds to infinity.
     let dir = with(f32::MAX, "bf16max");
-    let e = err_of(&dir, &out, |o| o.wtype = WType::BF16);
+    let e = err_of(&dir, &out, |o| o.wtype = Some(WType::BF16));
     assert!(e.contains("down_proj") && e.contains("BF16"), "{e}");
     // NaN is refused as by the quantizers.
     let dir = with(f32::NAN, "nan");
-    let e = err_of(&dir, &out, |o| o.wtype = WType::F16);
+    let e = err_of(&dir, &out, |o| o.wtype = Some(WType::F16));
     assert!(e.contains("down_proj") && e.contains("NaN"), "{e}");
     // 65504 after rounding is fine, and F16 subnormals are kept (rounded to nearest even).
     let dir = with(0.5, "ok");
-    let b = convert_with(&dir, &out, |o| o.wtype = WType::F16);
+    let b = convert_with(&dir, &out, |o| o.wtype = Some(WType::F16));
     let m = mlb::Mlb::from_bytes(&b).unwrap();
     let w2 = m.layout().layers[0].dense().unwrap().1;
     let h = m.mat_half(w2).unwrap();
@@ -696,7 +698,7 @@ fn convert_mixed_types_plan() {
     for name in ["llama", "qwen3_5_text", "llama_tied", "gemma3_text"] {
         let dir = models().join(name);
         let b = convert_with(&dir, &tmp.path().join(format!("{name}.mlb")), |o| {
-            o.wtype = WType::BF16;
+            o.wtype = Some(WType::BF16);
             o.types = TypePlan::parse("tok_emb=q8_0,wcls=q8_0,layers.1.w2=f16").unwrap();
         });
         let p = mlb::parse(&b).unwrap();
@@ -725,7 +727,7 @@ fn convert_mixed_types_plan() {
     // A plan that restates the default gives a uniform file.
     let dir = models().join("llama");
     let b = convert_with(&dir, &tmp.path().join("u.mlb"), |o| {
-        o.wtype = WType::BF16;
+        o.wtype = Some(WType::BF16);
         o.types = TypePlan::parse("w2=bf16").unwrap();
     });
     assert_eq!(mlb::parse(&b).unwrap().header.wtype, 3);
@@ -733,7 +735,7 @@ fn convert_mixed_types_plan() {
     // f16 scales for the quantized matrices, BF16 where asked.
     let dir = models().join("qwen3_5_text");
     let b = convert_with(&dir, &tmp.path().join("q.mlb"), |o| {
-        o.wtype = WType::Q4_0;
+        o.wtype = Some(WType::Q4_0);
         o.q8_mask = Some(0);
         o.q4_rule = Some(Q4Rule::Round);
         o.types = TypePlan::parse("w2=q8_0,layers.0.lz=bf16").unwrap();
@@ -758,35 +760,35 @@ fn convert_mixed_types_plan() {
     for (f, needle) in [
         (
             Box::new(|o: &mut ConvertOptions| {
-                o.wtype = WType::BF16;
+                o.wtype = Some(WType::BF16);
                 o.types = TypePlan::parse("layers.9.w2=q8_0").unwrap();
             }) as Box<dyn FnOnce(&mut ConvertOptions)>,
             "layers.9.w2",
         ),
         (
             Box::new(|o: &mut ConvertOptions| {
-                o.wtype = WType::BF16;
+                o.wtype = Some(WType::BF16);
                 o.scale_f16 = true;
             }),
             "--f16-scales",
         ),
         (
             Box::new(|o: &mut ConvertOptions| {
-                o.wtype = WType::Q4_K;
+                o.wtype = Some(WType::Q4_K);
                 o.scale_f16 = true;
             }),
             "--f16-scales: no matrix of this model has a scale array",
         ),
         (
             Box::new(|o: &mut ConvertOptions| {
-                o.wtype = WType::F16;
+                o.wtype = Some(WType::F16);
                 o.q8_mask = Some(2);
             }),
             "--q8",
         ),
         (
             Box::new(|o: &mut ConvertOptions| {
-                o.wtype = WType::BF16;
+                o.wtype = Some(WType::BF16);
                 o.imatrix = Some("x.mli".into());
             }),
             "--imatrix",
@@ -797,7 +799,7 @@ fn convert_mixed_types_plan() {
     }
     // --f16-scales with a mixed file that has quantized matrices applies to them.
     let b = convert_with(&dir, &out, |o| {
-        o.wtype = WType::BF16;
+        o.wtype = Some(WType::BF16);
         o.scale_f16 = true;
         o.types = TypePlan::parse("wcls=q8_0").unwrap();
     });
@@ -812,17 +814,17 @@ fn convert_half_and_mixed_deterministic_at_any_thread_count() {
     for (tag, f) in [
         (
             "bf16",
-            Box::new(|o: &mut ConvertOptions| o.wtype = WType::BF16)
+            Box::new(|o: &mut ConvertOptions| o.wtype = Some(WType::BF16))
                 as Box<dyn Fn(&mut ConvertOptions)>,
         ),
         (
             "f16",
-            Box::new(|o: &mut ConvertOptions| o.wtype = WType::F16),
+            Box::new(|o: &mut ConvertOptions| o.wtype = Some(WType::F16)),
         ),
         (
             "mixed",
             Box::new(|o: &mut ConvertOptions| {
-                o.wtype = WType::BF16;
+                o.wtype = Some(WType::BF16);
                 o.scale_f16 = true;
                 o.q4_rule = Some(Q4Rule::Search);
                 o.types = TypePlan::parse("tok_emb=q8_0,w13=q4_0").unwrap();
@@ -851,11 +853,11 @@ fn convert_mixed_runs_like_the_q8_mask_file() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = models().join("qwen3");
     let q = convert_with(&dir, &tmp.path().join("q.mlb"), |o| {
-        o.wtype = WType::Q4_0;
+        o.wtype = Some(WType::Q4_0);
         o.q8_mask = Some(8 | 64); // wv, w2
     });
     let mx = convert_with(&dir, &tmp.path().join("m.mlb"), |o| {
-        o.wtype = WType::Q4_0;
+        o.wtype = Some(WType::Q4_0);
         o.q8_mask = Some(0);
         o.types = TypePlan::parse("wv=q8_0,w2=q8_0").unwrap();
     });
@@ -895,7 +897,9 @@ fn convert_bf16_output_runs_in_mlb_run() {
     // file holds its exact weights).
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("b.mlb");
-    convert_with(&models().join("llama"), &out, |o| o.wtype = WType::BF16);
+    convert_with(&models().join("llama"), &out, |o| {
+        o.wtype = Some(WType::BF16)
+    });
     let logits = tmp.path().join("b.f32");
     let e = tool("mlb-run")
         .arg(&out)
@@ -1278,7 +1282,7 @@ fn convert_imatrix_checked_and_used() {
     let good = tmp.path().join("good.mli");
     std::fs::write(&good, m.to_bytes()).unwrap();
     let q4 = |o: &mut ConvertOptions| {
-        o.wtype = WType::Q4_0;
+        o.wtype = Some(WType::Q4_0);
         o.q4_rule = Some(Q4Rule::Search);
     };
     // Used: differs from the unweighted search.
@@ -1318,7 +1322,7 @@ fn convert_imatrix_checked_and_used() {
     assert!(e.contains("hidden_dim"), "{e}");
     // With the round rule it has no effect: refused.
     let e = err_of(&dir, &out2, |o| {
-        o.wtype = WType::Q4_0;
+        o.wtype = Some(WType::Q4_0);
         o.q4_rule = Some(Q4Rule::Round);
         o.imatrix = Some(good.clone());
     });
@@ -1418,7 +1422,7 @@ fn convert_errors_name_file_tensor_and_value() {
     m.set("model.layers.0.mlp.gate_proj.weight", &w);
     let dir = m.write(root, "bigscale");
     let e = err_of(&dir, &out, |o| {
-        o.wtype = WType::Q4_0;
+        o.wtype = Some(WType::Q4_0);
         o.scale_f16 = true;
     });
     assert!(e.contains("gate_proj") && e.contains("65504"), "{e}");

@@ -221,24 +221,212 @@ fn move_qk_rows(bytes: &mut [u8], layer: u32, to_rope: bool) {
     }
 }
 
+/// Float GGUFs requantized give the checkpoint's conversion: `--requantize T` its
+/// `--wtype T` (the 256-weight types on the fixtures' rows falling back as they do
+/// there, Q6_K to Q6_0, or Q8_0 with `--gguf-types`), and `--types` its `--types` over
+/// the GGUF's own float type (the other matrices copied).
 #[test]
 fn gguf_float_requantized_equals_hf_conversion() {
     let tmp = tempfile::tempdir().unwrap();
     let mut failures = Vec::new();
+    let types = "w2=q6_k,wqk=q4_0,experts=iq3_s";
     for (name, file) in FLOAT {
         let dir = testdata().join("models").join(name);
-        for (q, hf_args) in [
-            ("q8_0", vec!["--wtype", "q8_0"]),
-            ("q4_0", vec!["--wtype", "q4_0"]),
+        let float = if file.contains(".f16.") {
+            "f16"
+        } else {
+            "bf16"
+        };
+        for (q, gguf_args, hf_args) in [
+            (
+                "q8_0",
+                vec!["--requantize", "q8_0"],
+                vec!["--wtype", "q8_0"],
+            ),
+            (
+                "q4_0",
+                vec!["--requantize", "q4_0"],
+                vec!["--wtype", "q4_0"],
+            ),
+            (
+                "iq3_s",
+                vec!["--requantize", "iq3_s"],
+                vec!["--wtype", "iq3_s"],
+            ),
+            (
+                "q6_k",
+                vec!["--requantize", "q6_k"],
+                vec!["--wtype", "q6_k"],
+            ),
+            (
+                "q6_k-gguf",
+                vec!["--requantize", "q6_k", "--gguf-types"],
+                vec!["--wtype", "q6_k", "--gguf-types"],
+            ),
+            (
+                "types",
+                vec!["--types", types],
+                vec!["--wtype", float, "--types", types],
+            ),
         ] {
             let a = tmp.path().join(format!("{name}.{q}.gguf.mlb"));
             let b = tmp.path().join(format!("{name}.{q}.hf.mlb"));
-            let got = converted(&gguf_dir().join(file), &a, &["--requantize", q]);
+            let got = converted(&gguf_dir().join(file), &a, &gguf_args);
             let want = llama_cpp_view(name, converted(&dir, &b, &hf_args), &got);
             note_diff(&mut failures, format!("{name} {q}"), &got, &want);
         }
     }
     assert!(failures.is_empty(), "{failures:#?}");
+}
+
+/// The bytes of the array named `name` in an .mlb (a matrix's scales after its quants),
+/// and a matrix's type.
+fn array(bytes: &[u8], name: &str) -> (Vec<u8>, Option<krafla::format::WType>) {
+    use krafla::format::mlb::layout::Kind;
+    let m = mlb::parse(bytes).unwrap();
+    let t = m.layout.find(name).unwrap();
+    let mut out = bytes[t.offset as usize..(t.offset + t.bytes) as usize].to_vec();
+    let Kind::Mat {
+        wtype,
+        d_offset,
+        d_bytes,
+        ..
+    } = t.kind
+    else {
+        return (out, None);
+    };
+    out.extend_from_slice(&bytes[d_offset as usize..(d_offset + d_bytes) as usize]);
+    (out, Some(wtype))
+}
+
+/// `--types` on a quantized GGUF: the matrices it names are dequantized and quantized
+/// to their type, every other array keeps the bytes of a plain import (blocks copied),
+/// the router stays F32; a rule naming a tensor's own type copies it.
+#[test]
+fn gguf_types_requantize_exactly_the_named_classes() {
+    use krafla::format::mlb::layout::Kind;
+    use krafla::format::WType;
+    let src = gguf_dir().join("olmoe.q8_0.gguf");
+    let tmp = tempfile::tempdir().unwrap();
+    let plain = converted(&src, &tmp.path().join("plain.mlb"), &[]);
+    let out = tmp.path().join("types.mlb");
+    let log = convert(&src, &out, &["--types", "experts=q4_0,wo=q6_k"]).stderr;
+    let got = std::fs::read(&out).unwrap();
+    // The rows (64 wide) are not whole super-blocks: Q6_K falls back to Q6_0.
+    assert!(
+        log.contains("as --types asks")
+            && log.contains("blk.0.ffn_gate_exps.weight (Q8_0 to Q4_0)")
+            && log.contains("Q6_K needs rows of whole 256-weight super-blocks")
+            && log.contains("stored as Q6_0"),
+        "{log}"
+    );
+    assert!(!log.contains("cannot store"), "{log}");
+    let (pm, gm) = (mlb::parse(&plain).unwrap(), mlb::parse(&got).unwrap());
+    // Every array of the plain import, and one more: the mixed file's type table.
+    assert_eq!(pm.layout.tensors.len() + 1, gm.layout.tensors.len());
+    let mut requantized = 0;
+    for p in &pm.layout.tensors {
+        let name = p.name.to_string();
+        let g = gm.layout.find(&name).unwrap();
+        let want = match (g.name.name, p.kind) {
+            ("ew1" | "ew2" | "ew3", Kind::Mat { .. }) => Some(WType::Q4_0),
+            ("wo", Kind::Mat { .. }) => Some(WType::Q6_0),
+            _ => None,
+        };
+        match (want, p.kind, g.kind) {
+            (Some(w), Kind::Mat { wtype: pw, .. }, Kind::Mat { wtype: gw, .. }) => {
+                assert_eq!((pw, gw), (WType::Q8_0, w), "{name}");
+                requantized += 1;
+            }
+            (Some(_), _, _) => panic!("{name}: not a matrix"),
+            (None, _, _) => {
+                let (a, b) = (array(&plain, &name), array(&got, &name));
+                assert_eq!(a.1, b.1, "{name}");
+                assert!(a.0 == b.0, "{name}: bytes differ");
+            }
+        }
+    }
+    // Every layer's three expert matrices and wo.
+    let layers = header_of(&plain).n_layers as usize;
+    assert_eq!(requantized, 4 * layers);
+    let router = gm.layout.find("layers.0.router").unwrap();
+    assert!(matches!(router.kind, Kind::F32 { .. }), "{:?}", router.kind);
+
+    // A rule naming the tensors' own type: copied, the same bytes as a plain import.
+    let same = converted(
+        &src,
+        &tmp.path().join("same.mlb"),
+        &["--types", "experts=q8_0"],
+    );
+    assert_eq!(describe_diff(&same, &plain), None);
+    // A rule for a tensor the model lacks, by the flag.
+    let e = mlb_convert(&src, &tmp.path().join("x.mlb"))
+        .args(["--types", "layers.9.w2=q4_0"])
+        .fails();
+    assert!(e.contains("--types") && e.contains("layers.9.w2"), "{e}");
+}
+
+/// `--requantize` to a 256-weight type on rows that are not whole super-blocks falls
+/// back as a checkpoint's `--wtype` does, with its note (the bytes: the test above).
+#[test]
+fn gguf_requantize_falls_back_on_short_rows() {
+    use krafla::format::WType;
+    let src = gguf_dir().join("llama.bf16.gguf");
+    let tmp = tempfile::tempdir().unwrap();
+    for (args, from, to) in [
+        (&["--requantize", "iq3_s"][..], "IQ3_S", WType::IQ4_NL),
+        (&["--requantize", "q2_k"][..], "Q2_K", WType::IQ4_NL),
+        (&["--requantize", "q5_k"][..], "Q5_K", WType::Q5_0),
+        (&["--requantize", "q6_k"][..], "Q6_K", WType::Q6_0),
+        (
+            &["--requantize", "q6_k", "--gguf-types"][..],
+            "Q6_K",
+            WType::Q8_0,
+        ),
+    ] {
+        let out = tmp.path().join("f.mlb");
+        let log = convert(&src, &out, args).stderr;
+        let note = format!("{from} needs rows of whole 256-weight super-blocks");
+        assert!(
+            log.contains(&note) && log.contains(&format!("stored as {to}")),
+            "{args:?}: {log}"
+        );
+        let types = matrix_types(&std::fs::read(&out).unwrap());
+        assert!(types.iter().all(|(_, t)| *t == to), "{args:?}: {types:?}");
+    }
+}
+
+/// Flags that choose a checkpoint's types are refused on a GGUF by name.
+#[test]
+fn gguf_refuses_checkpoint_type_flags() {
+    let src = gguf_dir().join("llama.q8_0.gguf");
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("x.mlb");
+    for (args, words) in [
+        (
+            &["--wtype", "q4_0"][..],
+            &["--wtype", "--types", "--requantize"][..],
+        ),
+        (
+            &["--target-bpw", "4.5"][..],
+            &["--target-bpw", "--preset"][..],
+        ),
+        (
+            &["--preset", "q4_k_m"][..],
+            &["--target-bpw", "--preset"][..],
+        ),
+        (
+            &["--types", "w2=q6_0", "--gguf-types"][..],
+            &["--gguf-types", "Q6_0"][..],
+        ),
+    ] {
+        let e = mlb_convert(&src, &out).args(args).fails();
+        assert_eq!(e.trim().lines().count(), 1, "{e}");
+        for w in words {
+            assert!(e.contains(w), "{args:?}: {w} not in {e}");
+        }
+        assert!(!out.exists());
+    }
 }
 
 #[test]
@@ -490,6 +678,26 @@ fn gguf_refusals_name_the_key_or_tensor() {
         e.contains("blk.0.attn_output.bias") && e.contains("not used"),
         "{e}"
     );
+}
+
+/// A gpt-oss GGUF without a key llama.cpp's loader requires of it is refused naming the
+/// file and the key (without the window it would convert with none, a model llama.cpp
+/// never runs).
+#[test]
+fn gguf_gpt_oss_required_keys() {
+    let base = std::fs::read(gguf_dir().join("gpt_oss.bf16.gguf")).unwrap();
+    let same = |_: &str, _: GgmlType, _: &[u64], _: &[u8]| None;
+    for key in [
+        "gpt-oss.attention.sliding_window",
+        "gpt-oss.expert_feed_forward_length",
+    ] {
+        let b = rewrite(&base, |k| k.retain(|(n, _)| n != key), same);
+        let e = refusal(&b, &[]);
+        assert!(
+            e.contains("in.gguf") && e.contains(&format!("{key} = missing")),
+            "{key}: {e}"
+        );
+    }
 }
 
 /// Random but valid Q5_0 blocks for a rows × cols matrix (small scales).

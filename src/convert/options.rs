@@ -14,6 +14,9 @@ use crate::quant::Q4Rule;
 /// Q8_0 too (the spec's rule).
 pub const DEFAULT_Q4_Q8_MASK: u32 = q8_class::WCLS;
 
+/// `--wtype`'s default: Q8_0, nearly lossless at 8.5 bits per weight.
+pub const DEFAULT_WTYPE: WType = WType::Q8_0;
+
 /// What to convert and how.
 #[derive(Debug, Clone)]
 pub struct ConvertOptions {
@@ -21,12 +24,14 @@ pub struct ConvertOptions {
     pub input: PathBuf,
     /// The output file; `None`: [`default_output`].
     pub output: Option<PathBuf>,
-    /// The type of every matrix (Q4_0: except the `q8_mask` classes and lb/la, Q8_0).
-    pub wtype: WType,
+    /// The type of every matrix (Q4_0: except the `q8_mask` classes and lb/la, Q8_0);
+    /// `None`: [`DEFAULT_WTYPE`]. A GGUF's matrices keep their own types: it refuses one.
+    pub wtype: Option<WType>,
     /// q8_mask for Q4_0 (`None`: [`DEFAULT_Q4_Q8_MASK`]); must be 0 or `None` otherwise.
     pub q8_mask: Option<u32>,
     /// Per-class or per-tensor types over `wtype`'s (`--types`); when the result is not
-    /// what `wtype` and `q8_mask` alone give, the file is mixed (`wtype` 128).
+    /// what `wtype` and `q8_mask` alone give, the file is mixed (`wtype` 128). On a GGUF
+    /// the matrices they name are requantized, the others copied.
     pub types: TypePlan,
     pub scale_f16: bool,
     /// `None`: the architecture's default (`Arch::default_q4_rule`: round for
@@ -48,7 +53,7 @@ pub struct ConvertOptions {
     pub cancel: Option<&'static AtomicBool>,
     /// `--target-bpw` (or a `--preset`'s): every matrix's type chosen by measured error
     /// under this many bits per weight ([`mix`](super::pipeline::mix)); `wtype` and `q8_mask` are not used,
-    /// `types` pins the matrices its rules pick.
+    /// `types` pins the matrices its rules pick. Checkpoint folders only.
     pub target_bpw: Option<f64>,
     /// `--gguf-types`: only types GGUF has, so that mlb-export takes the file: a mix
     /// chooses among them, rows that are not whole 256-weight super-blocks fall back to
@@ -58,11 +63,18 @@ pub struct ConvertOptions {
 }
 
 impl ConvertOptions {
+    /// The matrices' type of a checkpoint's conversion (`--wtype`, else [`DEFAULT_WTYPE`]).
+    pub fn wtype(&self) -> WType {
+        self.wtype.unwrap_or(DEFAULT_WTYPE)
+    }
+
+    /// `input` converted to `wtype` with the library's other defaults (a GGUF input
+    /// refuses a `wtype`: set it to `None` for one).
     pub fn new(input: impl Into<PathBuf>, wtype: WType) -> ConvertOptions {
         ConvertOptions {
             input: input.into(),
             output: None,
-            wtype,
+            wtype: Some(wtype),
             q8_mask: None,
             types: TypePlan::default(),
             scale_f16: false,

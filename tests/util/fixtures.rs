@@ -100,7 +100,7 @@ pub fn convert_tokenizer(json: &Path, out: &Path) {
 
 /// `dir` converted into `out` by the library at `wtype`: the file's bytes.
 pub fn convert_to(dir: &Path, out: &Path, wtype: WType) -> Vec<u8> {
-    convert_with(dir, out, |o| o.wtype = wtype)
+    convert_with(dir, out, |o| o.wtype = Some(wtype))
 }
 
 /// `dir` converted into `out` by the library with the options `f` sets (from Q8_0's

@@ -266,6 +266,11 @@ const GPT_OSS_KEYS: &[&str] = &[
     "rope.freq_base_swa",
 ];
 
+/// What llama.cpp's gpt-oss loader reads with `get_key` required, beyond what every
+/// architecture needs (`attention.layer_norm_rms_epsilon`, the experts' counts): the
+/// window, and the experts' width (which would else default to `feed_forward_length`).
+const GPT_OSS_REQUIRED: &[&str] = &["attention.sliding_window", "expert_feed_forward_length"];
+
 /// Gemma 2 and 3: llama.cpp's `post_attention_norm` is the norm of the attention
 /// output, `ffn_norm` the FFN's input norm (Hugging Face's pre_feedforward_layernorm).
 const GEMMA: &[GgufNames] = &[
@@ -391,9 +396,10 @@ const GEMMA3_SWA: Swa = Swa {
     linear_scaling_only: true,
 };
 
-/// gpt-oss: a window always (`attention.sliding_window` is required), pattern default 2
-/// (layers 0, 2, 4, ... slide), the sliding layers' base `rope.freq_base_swa` (default
-/// the global one), scaled like the global layers.
+/// gpt-oss: a window always (`attention.sliding_window` is required: [`GPT_OSS_REQUIRED`],
+/// so the default is never used), pattern default 2 (layers 0, 2, 4, ... slide), the
+/// sliding layers' base `rope.freq_base_swa` (default the global one), scaled like the
+/// global layers.
 const GPT_OSS_SWA: Swa = Swa {
     default_window: 0,
     default_pattern: 2,
@@ -436,6 +442,10 @@ pub struct GgufArch {
     /// Metadata keys (after `{arch}.`) read by the converter; any other key under the
     /// architecture's prefix is refused by name.
     pub keys: &'static [&'static str],
+    /// Keys (after `{arch}.`) llama.cpp refuses to load the architecture without, where
+    /// the converter would otherwise take a default (gpt-oss's window): a file without
+    /// one is refused by name rather than converted into a model llama.cpp never runs.
+    pub required: &'static [&'static str],
     /// The `.mlb` features that name this architecture on export ([`by_features`]).
     pub features: Features,
     /// The routing llama.cpp computes where the family leaves it to the config
@@ -545,6 +555,7 @@ const BASE: GgufArch = GgufArch {
     attn_scale_dim_layers: None,
     rope_sections: false,
     keys: &[],
+    required: &[],
     features: NO_FEATURES,
     moe_gating: None,
     swiglu: None,
@@ -673,6 +684,7 @@ pub const GGUF_ARCHS: &[GgufArch] = &[
         names: GPT_OSS,
         swa: Some(GPT_OSS_SWA),
         keys: GPT_OSS_KEYS,
+        required: GPT_OSS_REQUIRED,
         features: Features {
             qkv_bias: true,
             experts: true,

@@ -36,6 +36,7 @@ fn pooling_type(m: &Meta) -> Result<u32> {
 
 /// The model a GGUF file describes, as llama.cpp reads it.
 pub fn describe(m: &Meta, ga: &'static GgufArch, notes: &mut Vec<String>) -> Result<Described> {
+    required(m, ga)?;
     let dims = dims(m, notes)?;
     let moe = moe(m, ga, dims.n_layers)?;
     // With experts in every layer the dense width is the experts' (llama.cpp's
@@ -115,6 +116,22 @@ pub fn describe(m: &Meta, ga: &'static GgufArch, notes: &mut Vec<String>) -> Res
         desc,
         consumed: consumed.into_iter().collect(),
     })
+}
+
+/// Refuses a file without a key llama.cpp requires of the architecture
+/// ([`GgufArch::required`]), naming the first one missing.
+fn required(m: &Meta, ga: &GgufArch) -> Result<()> {
+    match ga.required.iter().find(|k| m.v.get(&m.full(k)).is_none()) {
+        Some(k) => Err(m.err(
+            k,
+            "missing",
+            format!(
+                "required key (llama.cpp refuses a {} file without it)",
+                ga.name
+            ),
+        )),
+        None => Ok(()),
+    }
 }
 
 /// A required per-layer size that every layer shares.

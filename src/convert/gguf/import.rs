@@ -20,16 +20,23 @@
 //!   architectures are permuted as whole rows ([`super::arch`]), which moves blocks
 //!   without changing them.
 //! - F32, F16 and BF16 vectors (norms, biases) become F32 exactly.
-//! - Any other matrix type (F32 matrices, the IQ codebook types, ...) is dequantized and quantized
-//!   again by Krafla's quantizer only with `--requantize TYPE`; without it the
-//!   conversion is refused naming the tensor and its type. `--requantize` also
-//!   quantizes the F16/BF16 matrices (a float GGUF is what one quantizes); blocks of
-//!   Krafla's types are always copied.
+//! - Any other matrix type (F32 matrices, Q8_K, ...) is dequantized and quantized again
+//!   by Krafla's quantizer only with `--requantize TYPE`; without it the conversion is
+//!   refused naming the tensor and its type. `--requantize` also quantizes the F16/BF16
+//!   matrices (a float GGUF is what one quantizes); blocks of Krafla's types are always
+//!   copied.
+//! - A matrix a `--types` rule names (a class, a group such as `experts`, a tensor) takes
+//!   the rule's type: dequantized and quantized again, unless its blocks already are of
+//!   that type (copied then). Routers are F32 arrays, never quantized.
 //!
-//! Each matrix keeps its type; a requantized one takes the `--requantize` type (Q8_0 in
-//! the `--q8` classes of a Q4_0 target, default `wcls`, as for checkpoints). The file
-//! is uniform (header `wtype`, `q8_mask` for Q4_0) when a header states those types,
-//! else mixed (`wtype` 128 with a type table).
+//! A requantized matrix takes its rule's type, else the `--requantize` type (Q8_0 in the
+//! `--q8` classes of a Q4_0 target, default `wcls`, as for checkpoints); a 256-weight
+//! type on rows that are not whole super-blocks falls back as for a checkpoint
+//! ([`fall_back`], with its note). `--imatrix` weights the requantized matrices (with
+//! error feedback where it has their input's covariance). The file is uniform (header
+//! `wtype`, `q8_mask` for Q4_0) when a header states those types, else mixed (`wtype`
+//! 128 with a type table). `--wtype`, `--target-bpw` and `--preset` choose a
+//! checkpoint's types: refused here by name.
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
@@ -40,14 +47,14 @@ use super::desc::{describe, Described};
 use super::file::{map_file, parse_file};
 use super::meta::Meta;
 use super::sources::{source_of, sources, Action, GgufArrays, Source};
-use super::types::{copy_type, ggml_type};
+use super::types::{copy_type, ggml_type, gguf_only};
 use crate::convert::desc::ModelDesc;
 use crate::convert::error::{ConvertError, Result};
 use crate::convert::options::{ConvertOptions, DEFAULT_Q4_Q8_MASK};
 use crate::convert::pipeline::imatrix::{
-    expert_importance, importance, load_imatrix, unrouted_warnings,
+    expert_importance, importance, load_imatrix, unrouted_warnings, CovFile,
 };
-use crate::convert::pipeline::plan::{matrix_types, TypePlan};
+use crate::convert::pipeline::plan::{self, fall_back, matrix_types, TypePlan};
 use crate::convert::pipeline::stream::Progress;
 use crate::convert::pipeline::stream::{self, announce, check_output_name, new_writer, Target};
 use crate::convert::summary::Summary;
@@ -56,6 +63,7 @@ use crate::format::mlb::header::{q8_class, wtype, Header};
 use crate::format::mlb::{Kind, Layout};
 use crate::format::mli::Mli;
 use crate::format::WType;
+use crate::quant::blocks::is_block_type;
 use crate::quant::Q4Rule;
 
 /// `<stem>.mlb` beside the GGUF file.
@@ -69,8 +77,17 @@ pub fn run(opts: &ConvertOptions, progress: &mut (dyn FnMut(Progress) + Send)) -
     let path = &opts.input;
     if opts.target_bpw.is_some() {
         return Err(ConvertError::options(
-            "--target-bpw",
-            "measures a checkpoint's weights: convert the GGUF's own types, or use --requantize TYPE",
+            "--target-bpw (or --preset)",
+            "measures a checkpoint folder's weights: convert a GGUF's own types, or choose some with --types CLASS=TYPE or --requantize TYPE",
+        ));
+    }
+    if let Some(w) = opts.wtype {
+        return Err(ConvertError::options(
+            "--wtype",
+            format!(
+                "a GGUF's matrices keep their own types: --types CLASS={w} requantizes the matrices of some classes (e.g. experts={w}), --requantize {w} the float ones and those of types Krafla lacks",
+                w = w.cli_name()
+            ),
         ));
     }
     if let Some(t) = opts
@@ -99,8 +116,8 @@ pub fn run(opts: &ConvertOptions, progress: &mut (dyn FnMut(Progress) + Send)) -
     let q4_rule = opts.q4_rule.unwrap_or(desc.arch.default_q4_rule);
 
     let (mut header, flags) = desc.header();
-    let (mixed, layout, mut sources) = plan(path, &v, ga, &desc, opts, &mut header, &flags)?;
-    requant_note(&sources, &mut notes);
+    let (mixed, layout, mut sources) = plan(&v, ga, &desc, opts, &mut header, &flags, &mut notes)?;
+    requant_note(&sources, &layout, &opts.types, &mut notes);
     let requant_q4 = sources.iter().zip(&layout.tensors).any(|(s, t)| {
         s.as_ref().is_some_and(|s| s.action == Action::Requant)
             && matches!(
@@ -112,8 +129,17 @@ pub fn run(opts: &ConvertOptions, progress: &mut (dyn FnMut(Progress) + Send)) -
             )
     });
     let mut warnings = Vec::new();
-    if let Some(mli) = imatrix(opts, requant_q4, q4_rule, &desc)? {
-        weigh(&mli, &mut sources, &layout, desc.vocab.tied);
+    let mut cov = None;
+    if let (Some(mli), Some(p)) = (
+        imatrix(opts, &sources, &layout, q4_rule, &desc)?,
+        &opts.imatrix,
+    ) {
+        cov = CovFile::load(p, &mli, opts.feedback_damp)?;
+        if let Some(c) = &cov {
+            notes.extend(c.notes(opts.error_feedback));
+        }
+        let feedback = cov.as_ref().filter(|_| opts.error_feedback);
+        weigh(&mli, feedback, &mut sources, &layout, desc.vocab.tied);
         warnings = unrouted_warnings(&mli);
     }
     check_all_used(path, ga, &v, &sources, &consumed)?;
@@ -124,7 +150,11 @@ pub fn run(opts: &ConvertOptions, progress: &mut (dyn FnMut(Progress) + Send)) -
     }
     let out = opts.output.clone().unwrap_or_else(|| default_output(path));
     check_output_name(&out)?;
-    crate::atomic::check_not_input(&out, &[path])
+    let inputs: Vec<&Path> = [path.as_path()]
+        .into_iter()
+        .chain(opts.imatrix.as_deref())
+        .collect();
+    crate::atomic::check_not_input(&out, &inputs)
         .map_err(|e| ConvertError::options("-o", format!("{}: {e}", out.display())))?;
     let target = Target {
         out: &out,
@@ -139,6 +169,7 @@ pub fn run(opts: &ConvertOptions, progress: &mut (dyn FnMut(Progress) + Send)) -
         path,
         sources: &sources,
         scale_f16: header.scale_f16 != 0,
+        cov: cov.as_ref().filter(|_| opts.error_feedback),
     };
     let file_bytes = stream::write_file(&target, &layout, &arrays, progress)?;
     Ok(Summary {
@@ -154,22 +185,29 @@ pub fn run(opts: &ConvertOptions, progress: &mut (dyn FnMut(Progress) + Send)) -
 type Plan<'a> = (Option<Vec<WType>>, Layout, Vec<Option<Source<'a>>>);
 
 /// Every matrix's type (the header's `wtype`, `q8_mask` and `scale_f16`, or the type
-/// table of a mixed file), and the layout with the tensor behind each array.
+/// table of a mixed file), and the layout with the tensor behind each array; `notes`
+/// gets the fallbacks of rows that are not whole super-blocks.
 fn plan<'a>(
-    path: &Path,
     v: &'a GgufView<'a>,
     ga: &GgufArch,
     desc: &ModelDesc,
     opts: &ConvertOptions,
     header: &mut Header,
     flags: &[u8],
+    notes: &mut Vec<String>,
 ) -> Result<Plan<'a>> {
+    let path = &opts.input;
     // A provisional layout gives every matrix its class.
     header.wtype = wtype::Q4_0;
     header.scale_f16 = 1;
     let probe = probe_layout(path, header, flags, None)?;
     let lin_v_dim = desc.linear.map_or(0, |l| l.v_dim);
-    let (wt, mask, mixed) = choose_types(path, v, ga, &probe, opts, lin_v_dim)?;
+    let mut types = matrix_types_of(path, v, ga, &probe, opts, lin_v_dim)?;
+    fall_back(&probe.tensors, &mut types, opts.gguf_types, notes);
+    if opts.gguf_types {
+        gguf_only(&probe.tensors, &types)?;
+    }
+    let (wt, mask, mixed) = header_types(&probe, opts, types);
     header.wtype = wt;
     header.q8_mask = mask;
     // Scale-free types only (a BF16 GGUF's own matrices): no scale array to be f16.
@@ -189,7 +227,8 @@ fn plan<'a>(
             scale_copy |= wtype.has_scales() && s.action == Action::Copy;
         }
     }
-    header.scale_f16 = (any_scales && (opts.scale_f16 || scale_copy)) as u32;
+    // `--gguf-types`: GGUF's Q8_0/Q4_0 blocks hold f16 scales, as for a checkpoint.
+    header.scale_f16 = (any_scales && (opts.scale_f16 || opts.gguf_types || scale_copy)) as u32;
     let layout = probe_layout(path, header, flags, mixed.as_deref())?;
     Ok((mixed, layout, sources))
 }
@@ -245,58 +284,89 @@ fn architecture(path: &Path, v: &GgufView) -> Result<&'static GgufArch> {
     Ok(ga)
 }
 
-/// Says which tensors are dequantized and quantized again (`choose_types` refused them
-/// without `--requantize`).
-fn requant_note(sources: &[Option<Source>], notes: &mut Vec<String>) {
-    let requant: Vec<String> = sources
-        .iter()
-        .flatten()
-        .filter(|s| s.action == Action::Requant)
-        .map(|s| format!("{} ({})", s.t.name, s.t.ty))
-        .collect();
-    if !requant.is_empty() {
+/// Says which tensors are dequantized and quantized again: those `--types` asks for
+/// (with the type each became), and those Krafla cannot store as they are
+/// ([`matrix_types_of`] refused them without `--requantize`).
+fn requant_note(
+    sources: &[Option<Source>],
+    layout: &Layout,
+    plan: &TypePlan,
+    notes: &mut Vec<String>,
+) {
+    let (mut asked, mut needed) = (Vec::new(), Vec::new());
+    for (s, t) in sources.iter().zip(&layout.tensors) {
+        let (Some(s), Kind::Mat { wtype, .. }) = (s, t.kind) else {
+            continue;
+        };
+        if s.action != Action::Requant {
+            continue;
+        }
+        match plan.rule_for(t) {
+            Some(_) => asked.push(format!("{} ({} to {wtype})", s.t.name, s.t.ty)),
+            None => needed.push(format!("{} ({})", s.t.name, s.t.ty)),
+        }
+    }
+    if !asked.is_empty() {
+        notes.push(format!(
+            "requantized {} tensor(s) as --types asks (dequantized, then quantized again: not lossless): {}",
+            asked.len(),
+            summarize(&asked)
+        ));
+    }
+    if !needed.is_empty() {
         notes.push(format!(
             "requantized {} tensor(s) Krafla cannot store as they are (dequantized, then quantized again: not lossless): {}",
-            requant.len(),
-            summarize(&requant)
+            needed.len(),
+            summarize(&needed)
         ));
     }
 }
 
-/// The `--imatrix` file: it weights the Q4_0 search of requantized tensors only.
+/// The `--imatrix` file: it weights the searching quantizers (the block types, Q4_0's
+/// search) of requantized tensors; copied blocks are not quantized again.
 fn imatrix(
     opts: &ConvertOptions,
-    requant_q4: bool,
+    sources: &[Option<Source>],
+    layout: &Layout,
     q4_rule: Q4Rule,
     desc: &ModelDesc,
 ) -> Result<Option<Mli>> {
     let Some(p) = &opts.imatrix else {
         return Ok(None);
     };
-    if !requant_q4 || q4_rule != Q4Rule::Search {
+    let searched = |w: WType| is_block_type(w) || (w == WType::Q4_0 && q4_rule == Q4Rule::Search);
+    let used = sources
+        .iter()
+        .zip(&layout.tensors)
+        .any(|(s, t)| match (s, t.kind) {
+            (Some(s), Kind::Mat { wtype, .. }) => s.action == Action::Requant && searched(wtype),
+            _ => false,
+        });
+    if !used {
         return Err(ConvertError::options(
             "--imatrix",
-            "weights the Q4_0 search of requantized tensors only: use it with --requantize q4_0 --q4-rule search",
+            "weights the searching quantizers of requantized tensors only (the block types such as q4_k, or q4_0 with --q4-rule search): use it with --types CLASS=TYPE or --requantize TYPE",
         ));
     }
     Ok(Some(load_imatrix(p, desc)?))
 }
 
-/// The importance of the input channels of every requantized Q4_0 matrix.
-fn weigh(mli: &Mli, sources: &mut [Option<Source>], layout: &Layout, tied: bool) {
+/// The importance of the input channels of every requantized matrix (as for a
+/// checkpoint, the quantizer of each type decides whether it weighs them), and its
+/// input's covariance where `cov` (error feedback) has one.
+fn weigh(
+    mli: &Mli,
+    cov: Option<&CovFile>,
+    sources: &mut [Option<Source>],
+    layout: &Layout,
+    tied: bool,
+) {
     for (s, t) in sources.iter_mut().zip(&layout.tensors) {
-        if let (
-            Some(s),
-            Kind::Mat {
-                wtype: WType::Q4_0,
-                cols,
-                ..
-            },
-        ) = (s.as_mut(), t.kind)
-        {
+        if let (Some(s), Kind::Mat { cols, .. }) = (s.as_mut(), t.kind) {
             if s.action == Action::Requant {
                 s.imp = importance(mli, t, cols, tied);
                 s.imp_experts = expert_importance(mli, t, s.rows, cols);
+                s.cov = cov.and_then(|c| c.entry(t, cols, tied));
             }
         }
     }
@@ -340,29 +410,34 @@ fn probe_layout(path: &Path, h: &Header, flags: &[u8], mixed: Option<&[WType]>) 
     Ok(probe.layout().clone())
 }
 
-/// The storage type of every matrix (array order): its GGUF type when Krafla has it
-/// (and, for Qwen3.5's ssm_out, whole blocks move with the value heads), else the
-/// `--requantize` type (Q8_0 in the `--q8` classes and lb/la of a Q4_0 target).
-/// Returns the header's `wtype` and `q8_mask`, and the type table when no uniform
-/// header states these types.
-fn choose_types(
+/// The storage type of every matrix (array order): a `--types` rule's type (the
+/// tensor's blocks copied when they already are of it, else requantized), else its
+/// GGUF type when Krafla has it (and, for Qwen3.5's ssm_out, whole blocks move with the
+/// value heads), else the `--requantize` type (Q8_0 in the `--q8` classes of a Q4_0
+/// target, and lb/la of a Q4_0 or block-type target, as for a checkpoint). Rows that are not whole super-blocks fall back later ([`fall_back`]).
+fn matrix_types_of(
     path: &Path,
     v: &GgufView,
     ga: &GgufArch,
     probe: &Layout,
     opts: &ConvertOptions,
     lin_v_dim: usize,
-) -> Result<(u32, u32, Option<Vec<WType>>)> {
+) -> Result<Vec<WType>> {
+    opts.types
+        .check_names(&probe.tensors)
+        .map_err(|m| ConvertError::options("--types", m))?;
     let req = opts.requantize;
-    let user_mask = opts.q8_mask.unwrap_or(match req {
-        Some(WType::Q4_0) => DEFAULT_Q4_Q8_MASK,
-        _ => 0,
-    });
+    let user_mask = q8_mask(opts);
     let mut types = Vec::new();
     for t in &probe.tensors {
         let Kind::Mat { class, .. } = t.kind else {
             continue;
         };
+        // [`sources`] copies a tensor whose type is the array's, else requantizes it.
+        if let Some(w) = opts.types.rule_for(t) {
+            types.push(w);
+            continue;
+        }
         let (info, tr) = source_of(path, v, ga, t)?;
         // Qwen3.5's ssm_out columns move by value heads: whole blocks only when a head
         // is a whole number of blocks.
@@ -394,11 +469,34 @@ fn choose_types(
                         ),
                     ));
                 };
-                crate::format::mlb::layout::class_wtype(r.code(), user_mask, class)
+                // lb and la (class 0) stay Q8_0 under a block type, as a checkpoint's do.
+                match class == 0 && is_block_type(r) {
+                    true => WType::Q8_0,
+                    false => crate::format::mlb::layout::class_wtype(r.code(), user_mask, class),
+                }
             }
         };
         types.push(ty);
     }
+    Ok(types)
+}
+
+/// `--q8`'s classes: Q8_0 in a `--requantize q4_0` (default the classifier).
+fn q8_mask(opts: &ConvertOptions) -> u32 {
+    opts.q8_mask.unwrap_or(match opts.requantize {
+        Some(WType::Q4_0) => DEFAULT_Q4_Q8_MASK,
+        _ => 0,
+    })
+}
+
+/// The header's `wtype` and `q8_mask` for the matrices' `types`, and the type table
+/// when no uniform header states these types.
+fn header_types(
+    probe: &Layout,
+    opts: &ConvertOptions,
+    types: Vec<WType>,
+) -> (u32, u32, Option<Vec<WType>>) {
+    let user_mask = q8_mask(opts);
     let uniform =
         |wt: u32, mask: u32| matrix_types(&probe.tensors, wt, mask, &TypePlan::default()) == types;
     for &w in &types {
@@ -406,15 +504,7 @@ fn choose_types(
             // The classes of the Q8_0 matrices (a shared classifier's tok_emb: the wcls
             // bit, as `--q8 wcls` writes it).
             let mut mask = 0;
-            for (t, &ty) in probe
-                .tensors
-                .iter()
-                .filter(|t| matches!(t.kind, Kind::Mat { .. }))
-                .zip(&types)
-            {
-                let Kind::Mat { class, .. } = t.kind else {
-                    continue;
-                };
+            for ((_, _, _, class), &ty) in plan::matrices(&probe.tensors).zip(&types) {
                 if ty == WType::Q8_0 {
                     mask |= if class & user_mask != 0 {
                         class & user_mask
@@ -430,8 +520,8 @@ fn choose_types(
             0
         };
         if uniform(w.code(), mask) {
-            return Ok((w.code(), mask, None));
+            return (w.code(), mask, None);
         }
     }
-    Ok((wtype::MIXED, 0, Some(types)))
+    (wtype::MIXED, 0, Some(types))
 }

@@ -10,11 +10,13 @@ use super::arch::{self, GgufArch, Transform};
 use super::types::copy_type;
 use crate::convert::desc::ModelDesc;
 use crate::convert::error::{ConvertError, Result};
-use crate::convert::pipeline::imatrix::PerExpert;
+use crate::convert::pipeline::imatrix::{CovFile, PerExpert};
 use crate::convert::pipeline::stream::{check_finite, Arrays};
 use crate::format::gguf::{dequant, GgmlType, GgufView, TensorInfo};
 use crate::format::mlb::{Kind, Layout, Tensor, WriteError};
+use crate::format::mli::cov::CovEntry;
 use crate::format::WType;
+use crate::quant::feedback::Feedback;
 use crate::quant::{QuantError, Quantized, Scales};
 
 /// Where one spec array comes from.
@@ -33,6 +35,9 @@ pub struct Source<'a> {
     pub imp: Option<Vec<f32>>,
     /// Each expert's own importance (a stacked expert matrix, MLI version 2).
     pub imp_experts: Option<PerExpert>,
+    /// Where the imatrix's covariance section holds this matrix's input covariance
+    /// (requantized matrices only: error feedback).
+    pub cov: Option<CovEntry>,
 }
 
 /// How a tensor's data becomes the array.
@@ -168,6 +173,7 @@ pub fn sources<'a>(
             action,
             imp: None,
             imp_experts: None,
+            cov: None,
         }));
     }
     Ok(out)
@@ -281,6 +287,8 @@ pub struct GgufArrays<'a> {
     pub sources: &'a [Option<Source<'a>>],
     /// Copied Q8_0/Q4_0 scales stay f16 (else they are widened).
     pub scale_f16: bool,
+    /// The imatrix's covariance section, for error feedback (`None`: off).
+    pub cov: Option<&'a CovFile>,
 }
 
 impl GgufArrays<'_> {
@@ -318,6 +326,11 @@ impl Arrays for GgufArrays<'_> {
             Some(p) => p.at(row),
             None => (s.imp.as_deref(), usize::MAX),
         }
+    }
+
+    fn feedback(&self, i: usize) -> Option<Feedback> {
+        let e = self.source(i).cov.as_ref()?;
+        self.cov?.feedback(e)
     }
 
     fn quant_error(&self, i: usize, r0: usize, e: QuantError) -> ConvertError {
@@ -391,6 +404,7 @@ mod tests {
                 action: Action::Copy,
                 imp: None,
                 imp_experts: None,
+                cov: None,
             };
             let q = copy_rows(&v, &s, w, cols, 0..rows, false);
             let want: Vec<u8> = order

@@ -1,8 +1,9 @@
 //! GGUF tensor types ↔ `.mlb` weight types: the types whose blocks are copied as they
 //! are, both ways.
 
+use crate::convert::error::{ConvertError, Result};
 use crate::format::gguf::GgmlType;
-use crate::format::mlb::{Kind, Mlb};
+use crate::format::mlb::{Kind, Mlb, Tensor};
 use crate::format::WType;
 
 /// Each `.mlb` weight type's GGUF type, whose blocks (or 2-byte floats) have the same
@@ -45,6 +46,21 @@ pub fn ggml_type(w: WType) -> Option<GgmlType> {
 /// The `.mlb` type a GGUF matrix type is stored as, bits unchanged, if Krafla has it.
 pub fn copy_type(ty: GgmlType) -> Option<WType> {
     WType::ALL.into_iter().find(|&w| ggml_type(w) == Some(ty))
+}
+
+/// `--gguf-types`: refuses a type GGUF lacks (`types`: every matrix's, in array order),
+/// naming the first matrix that has it.
+pub fn gguf_only(tensors: &[Tensor], types: &[WType]) -> Result<()> {
+    let mats = tensors
+        .iter()
+        .filter(|t| matches!(t.kind, Kind::Mat { .. }));
+    match mats.zip(types).find(|(_, &ty)| ggml_type(ty).is_none()) {
+        Some((t, ty)) => Err(ConvertError::options(
+            "--gguf-types",
+            format!("{} would be {ty}, which GGUF does not have (choose a type GGUF has, e.g. Q8_0 or Q6_K)", t.name),
+        )),
+        None => Ok(()),
+    }
 }
 
 /// `general.file_type` (llama.cpp's `llama_ftype`, informational): the type of the most

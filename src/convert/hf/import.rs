@@ -21,7 +21,7 @@ use super::sources::{
 };
 use crate::convert::desc::ModelDesc;
 use crate::convert::error::{ConvertError, Result};
-use crate::convert::gguf::types::ggml_type;
+use crate::convert::gguf::types::gguf_only;
 use crate::convert::options::{default_output, ConvertOptions, DEFAULT_Q4_Q8_MASK};
 use crate::convert::pipeline::imatrix::{load_imatrix, unrouted_warnings, CovFile};
 use crate::convert::pipeline::mix;
@@ -59,9 +59,9 @@ pub fn run(
     // Options → header fields, the uniform layout, every matrix's type.
     let (mut header, flags) = desc.header();
     let mut mask = q8_mask(opts)?;
-    header.wtype = opts.wtype.code();
+    header.wtype = opts.wtype().code();
     header.q8_mask = mask;
-    let uniform = uniform_layout(dir, &header, &flags, opts.wtype)?;
+    let uniform = uniform_layout(dir, &header, &flags, opts.wtype())?;
     let mut types = wtype_types(opts, &uniform, header.wtype, mask)?;
     let q4_rule = opts.q4_rule.unwrap_or(desc.arch.default_q4_rule);
     let imatrix = imatrix(opts, &desc, &types, q4_rule)?;
@@ -70,33 +70,7 @@ pub fn run(
         _ => None,
     };
     if let Some(c) = &cov {
-        notes.push(format!(
-            "the imatrix has the covariance of {} matrix inputs: {}",
-            c.cov.entries.len(),
-            if opts.error_feedback {
-                "quantizing with error feedback"
-            } else {
-                "error feedback is off (--no-error-feedback)"
-            }
-        ));
-        // Too few tokens for a covariance's width and the compensation fits the
-        // calibration text's noise: measured on SmolLM2-135M, 4,096 tokens for its
-        // 1,536-wide down projections made Q2_K's and Q4_0's KL divergence worse.
-        let thin = c
-            .cov
-            .entries
-            .iter()
-            .filter(|e| (e.tokens as f64) < 16.0 * e.n as f64);
-        if let Some(e) = thin.min_by(|a, b| {
-            (a.tokens as f64 / a.n as f64).total_cmp(&(b.tokens as f64 / b.n as f64))
-        }) {
-            if opts.error_feedback {
-                notes.push(format!(
-                    "warning: a covariance of {} channels holds {} tokens: error feedback wants many more tokens than channels (16x at least, GPTQ uses 100x); collect with more --chunks, or compare with --no-error-feedback",
-                    e.n, e.tokens
-                ));
-            }
-        }
+        notes.extend(c.notes(opts.error_feedback));
     }
     let mut mix_rows = Vec::new();
     if let Some(bpw) = opts.target_bpw {
@@ -203,7 +177,7 @@ fn output(opts: &ConvertOptions, ck: &Checkpoint) -> Result<PathBuf> {
     let out = opts
         .output
         .clone()
-        .unwrap_or_else(|| default_output(dir, opts.wtype));
+        .unwrap_or_else(|| default_output(dir, opts.wtype()));
     check_output_name(&out)?;
     let cfg_file = dir.join("config.json");
     let mut inputs: Vec<&Path> = vec![&cfg_file];
@@ -235,7 +209,7 @@ fn q8_mask(opts: &ConvertOptions) -> Result<u32> {
             ));
         }
     }
-    match opts.wtype {
+    match opts.wtype() {
         WType::Q4_0 if opts.target_bpw.is_none() => Ok(opts.q8_mask.unwrap_or(DEFAULT_Q4_Q8_MASK)),
         t => {
             if opts.q8_mask.is_some_and(|m| m != 0) {
@@ -275,7 +249,7 @@ fn wtype_types(opts: &ConvertOptions, uniform: &Layout, wt: u32, mask: u32) -> R
         .map_err(|m| ConvertError::options("--types", m))?;
     let mut types = plan::matrix_types(&uniform.tensors, wt, mask, &opts.types);
     for ((t, _, _, class), ty) in plan::matrices(&uniform.tensors).zip(types.iter_mut()) {
-        if class == 0 && is_block_type(opts.wtype) && !opts.types.names(t) {
+        if class == 0 && is_block_type(opts.wtype()) && !opts.types.names(t) {
             *ty = WType::Q8_0;
         }
     }
@@ -347,20 +321,6 @@ fn mix_types(
 /// default) covers them, else mixed; f16 scales by `--f16-scales`, and in a
 /// `--target-bpw` file (8.5 bits per weight for Q8_0, as GGUF and the budget count
 /// them). Returns whether the file is mixed.
-/// `--gguf-types`: refuses a type GGUF lacks, naming the first matrix that has it.
-fn gguf_only(tensors: &[Tensor], types: &[WType]) -> Result<()> {
-    let mats = tensors
-        .iter()
-        .filter(|t| matches!(t.kind, Kind::Mat { .. }));
-    match mats.zip(types).find(|(_, &ty)| ggml_type(ty).is_none()) {
-        Some((t, ty)) => Err(ConvertError::options(
-            "--gguf-types",
-            format!("{} would be {ty}, which GGUF does not have (choose a type GGUF has, e.g. Q8_0 or Q6_K)", t.name),
-        )),
-        None => Ok(()),
-    }
-}
-
 fn settle_header(
     opts: &ConvertOptions,
     uniform: &Layout,
