@@ -23,13 +23,20 @@ fn gaussian(rng: &mut Rng, n: usize) -> Vec<f32> {
 }
 
 fn rel_rms(x: &[f32], y: &[f32]) -> f64 {
-    let e: f64 = x.iter().zip(y).map(|(&a, &b)| (a as f64 - b as f64).powi(2)).sum();
+    let e: f64 = x
+        .iter()
+        .zip(y)
+        .map(|(&a, &b)| (a as f64 - b as f64).powi(2))
+        .sum();
     let n: f64 = x.iter().map(|&a| (a as f64).powi(2)).sum();
     (e / n).sqrt()
 }
 
 fn main() {
-    let args: Vec<String> = std::env::args().skip(1).filter(|a| a != "--bench").collect();
+    let args: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| a != "--bench")
+        .collect();
     let num = |i: usize, d: usize| args.get(i).and_then(|a| a.parse().ok()).unwrap_or(d);
     let (rows, cols) = (num(0, 256), num(1, 8192));
     let types: Vec<WType> = match args.get(2..) {

@@ -10,11 +10,13 @@
 //!    pattern must have even parity (IQ2_XXS, IQ2_XS, IQ3_XXS: KSIGNS' 7 bits + parity),
 //!    an odd pattern flips the sign of its element with the smallest `w·|x|`, whose target
 //!    becomes `−|x|`.
-//! 2. **Entry scores**: for each group and grid entry `e`, `A_e = Σ w t g_e` and
-//!    `B_e = Σ w g_e²` (`t` the signed target), exhaustively (O(entries × group)). At a
-//!    scale `s` the group's error is `const + s·(s·B_e − 2·A_e)`, so the best entry at
-//!    any scale is an O(entries) scan. IQ1_M's entry `e` with shift `±1` is
-//!    `v = 8g ± 1`: two candidates from three sums.
+//! 2. **Best entries at a scale** `s`: per group, the entry of least `Σ w (t − s·v)²`
+//!    (`t` the signed target), found by [`super::codebook_search`] as the grid point
+//!    nearest `t/s` under the weights: lattice rounding, a short neighbour list, and a
+//!    pruned scan only when the list's answer is not certified. Exact (the exhaustive
+//!    scan's minimum, up to f32 rounding at near-ties), without scoring every entry.
+//!    Its sums `A = Σ w t v`, `B = Σ w v²` feed the scale fits. IQ1_M's entry `e` with
+//!    shift `±1` is `v = 8g ± 1`: one search per shift.
 //! 3. **Sub-block scales**: a few starting scales (the largest `|x|` mapped near the
 //!    grid's largest level), each with its best entries and the least-squares scale
 //!    `ΣA/ΣB` for them; the largest `(ΣA)²/ΣB` wins, then one more assignment at that

@@ -16,10 +16,15 @@
 //! coordinates costs at least `base` plus the `h` smallest `δ_i`. Hence:
 //!
 //! 1. `p` on the grid: it is the answer (exact: no entry can cost less than `base`).
-//! 2. Else the entries within Hamming distance `R` of `p` (listed per lattice point when
-//!    the grid is first used, ascending) are scored; every other entry costs at least
-//!    `bound = base + (the R + 1 smallest δ_i)`. If the list's best is within `bound`
-//!    (or a cost to beat already is), it is the answer (exact).
+//! 2. Else the entries near `p` (listed per lattice point when the grid is first used,
+//!    ascending) are scored: those within Hamming distance `R` whose values are each at
+//!    most `S` levels from `p`'s. Every other entry changes more than `R` values, so
+//!    costs at least `base` plus the `R + 1` smallest `δ_i`, or moves a value more than
+//!    `S` levels, so costs at least `base` plus the least loss of a value `S + 1` levels
+//!    away (a value's cost grows away from its nearest level): `bound` is the smaller.
+//!    If the list's best is within `bound` (or a cost to beat already is), it is the
+//!    answer (exact). R = 3 for IQ2_XXS, 2 for IQ2_XS, IQ2_S, IQ1_M (S = 2: any
+//!    level); S = 1 for IQ3_* (R = 4: any number of values).
 //! 3. Else a depth-first scan of the grid in lexicographic order that skips every
 //!    subtree whose prefix cost plus the least cost of the values left cannot beat the
 //!    best so far (exact too).
@@ -56,9 +61,11 @@ pub struct Lattice {
     lv: Vec<u8>,
     /// Per lattice point (`Σ p_i·nl^i`): its entry, or `OFF`.
     at: Vec<u16>,
-    /// Hamming radius of the lists.
+    /// The lists' Hamming radius and largest step (in levels) of a value.
     radius: usize,
-    /// The entries within `radius` of lattice point `k`: `near[start[k]..start[k + 1]]`,
+    max_step: usize,
+    /// The entries near lattice point `k` (within `radius` and `max_step`):
+    /// `near[start[k]..start[k + 1]]`,
     /// ascending (empty for the points on the grid, which need none).
     start: Vec<u32>,
     near: Vec<u16>,
@@ -87,7 +94,7 @@ pub enum Step {
 }
 
 impl Lattice {
-    fn new(dim: usize, radius: usize, entries: &[Vec<i8>]) -> Lattice {
+    fn new(dim: usize, (radius, max_step): (usize, usize), entries: &[Vec<i8>]) -> Lattice {
         let mut levels: Vec<i8> = entries.iter().flatten().copied().collect();
         levels.sort_unstable();
         levels.dedup();
@@ -122,7 +129,10 @@ impl Lattice {
             }
             for e in 0..entries.len() {
                 let g = &lv[e * dim..(e + 1) * dim];
-                if g.iter().zip(&digits).filter(|(a, b)| a != b).count() <= radius {
+                let steps = g.iter().zip(&digits).map(|(&a, &b)| a.abs_diff(b) as usize);
+                if steps.clone().filter(|&d| d > 0).count() <= radius
+                    && steps.max() <= Some(max_step)
+                {
                     near.push(e as u16);
                 }
             }
@@ -153,6 +163,7 @@ impl Lattice {
             lv,
             at,
             radius,
+            max_step,
             start,
             near,
             order,
@@ -185,6 +196,8 @@ impl Lattice {
         debug_assert!(nl == self.levels.len() && u.len() == dim && w.len() == dim);
         let mut c = [[0f32; MAX_LEVELS]; MAX_DIM];
         let mut delta = [0f32; MAX_DIM];
+        // What a value loses `max_step + 1` levels away from its nearest (the least).
+        let mut far = f32::INFINITY;
         // suffix[k]: the least cost of values k.. (each at its nearest level).
         let mut suffix = [0f32; MAX_DIM + 1];
         let (mut base, mut key, mut stride) = (0f32, 0usize, 1usize);
@@ -202,6 +215,10 @@ impl Lattice {
             let left = if p > 0 { ci[p - 1] } else { f32::INFINITY };
             let right = if p + 1 < nl { ci[p + 1] } else { f32::INFINITY };
             delta[i] = left.min(right) - ci[p];
+            let k = self.max_step + 1;
+            let left = if p >= k { ci[p - k] } else { f32::INFINITY };
+            let right = if p + k < nl { ci[p + k] } else { f32::INFINITY };
+            far = far.min(left.min(right) - ci[p]);
             suffix[i] = ci[p];
             base += ci[p];
             key += p * stride;
@@ -238,7 +255,14 @@ impl Lattice {
         }
         let d = &mut delta[..dim];
         d.sort_unstable_by(f32::total_cmp);
-        let bound = base + d.iter().take(self.radius + 1).sum::<f32>();
+        // An entry off the list changes more than `radius` values, or one value by more
+        // than `max_step` levels (each value's cost grows away from its nearest level).
+        let hamming = if self.radius < dim {
+            d.iter().take(self.radius + 1).sum::<f32>()
+        } else {
+            f32::INFINITY
+        };
+        let bound = base + hamming.min(far);
         if best.cost <= bound || beat <= bound {
             return found(best.entry, best.cost, Step::List);
         }
@@ -311,14 +335,16 @@ thread_local! {
     pub static STEPS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
 }
 
-/// The Hamming radius of each type's lists: the smallest with few scans (step 3) on
-/// Gaussian rows at the scales the quantizer tries (the tests print the shares).
-fn radius(t: WType) -> usize {
+/// Each type's lists: Hamming radius and largest step of a value (in levels). The 3-level
+/// grids list every entry within the radius; the 8-level grids those one level from
+/// `p` in each value, whose bound (a value two levels away) is rarely beaten. Chosen for
+/// few scans (step 3) on Gaussian rows at the scales the quantizer tries (the
+/// quantizer's test prints the shares).
+fn radius(t: WType) -> (usize, usize) {
     match t {
-        WType::IQ2_XXS => 3,
-        WType::IQ2_XS | WType::IQ2_S => 2,
-        WType::IQ3_XXS | WType::IQ3_S => 2,
-        WType::IQ1_M => 2,
+        WType::IQ2_XXS => (3, 2),
+        WType::IQ2_XS | WType::IQ2_S | WType::IQ1_M => (2, 2),
+        WType::IQ3_XXS | WType::IQ3_S => (4, 1),
         t => panic!("{t} is not a codebook type"),
     }
 }
@@ -433,7 +459,7 @@ mod tests {
                 let k = (0..lat.dim).rev().fold(0, |k, i| k * nl + lat.level(e, i));
                 assert_eq!(lat.at[k] as usize, e, "{t}");
             }
-            // An entry's list holds exactly the entries within the radius.
+            // A point's list holds exactly the entries within the radius and step.
             let k = lat.at.iter().position(|&e| e == OFF).unwrap();
             let mut r = k;
             let p: Vec<usize> = (0..lat.dim)
@@ -445,7 +471,9 @@ mod tests {
                 .collect();
             let within: Vec<u16> = (0..lat.len())
                 .filter(|&e| {
-                    (0..lat.dim).filter(|&i| lat.level(e, i) != p[i]).count() <= lat.radius
+                    let steps = (0..lat.dim).map(|i| lat.level(e, i).abs_diff(p[i]));
+                    steps.clone().filter(|&d| d > 0).count() <= lat.radius
+                        && steps.max() <= Some(lat.max_step)
                 })
                 .map(|e| e as u16)
                 .collect();
