@@ -56,7 +56,8 @@ struct Spec {
     /// Largest scale code.
     nmax: u8,
     signs: Signs,
-    /// Starting scales tried per sub-block (fewer for the large grids: each costs a scan).
+    /// Starting scales tried per sub-block (fewer for the large grids, from when each cost
+    /// a scan of the grid; kept, so the results stayed those of the exhaustive scan).
     starts: usize,
 }
 
