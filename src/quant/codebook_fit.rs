@@ -10,11 +10,13 @@
 //!    pattern must have even parity (IQ2_XXS, IQ2_XS, IQ3_XXS: KSIGNS' 7 bits + parity),
 //!    an odd pattern flips the sign of its element with the smallest `w·|x|`, whose target
 //!    becomes `−|x|`.
-//! 2. **Entry scores**: for each group and grid entry `e`, `A_e = Σ w t g_e` and
-//!    `B_e = Σ w g_e²` (`t` the signed target), exhaustively (O(entries × group)). At a
-//!    scale `s` the group's error is `const + s·(s·B_e − 2·A_e)`, so the best entry at
-//!    any scale is an O(entries) scan. IQ1_M's entry `e` with shift `±1` is
-//!    `v = 8g ± 1`: two candidates from three sums.
+//! 2. **Best entries at a scale** `s`: per group, the entry of least `Σ w (t − s·v)²`
+//!    (`t` the signed target), found by [`super::codebook_search`] as the grid point
+//!    nearest `t/s` under the weights: lattice rounding, a short neighbour list, and a
+//!    pruned scan only when the list's answer is not certified. Exact (the exhaustive
+//!    scan's minimum, up to f32 rounding at near-ties), without scoring every entry.
+//!    Its sums `A = Σ w t v`, `B = Σ w v²` feed the scale fits. IQ1_M's entry `e` with
+//!    shift `±1` is `v = 8g ± 1`: one search per shift.
 //! 3. **Sub-block scales**: a few starting scales (the largest `|x|` mapped near the
 //!    grid's largest level), each with its best entries and the least-squares scale
 //!    `ΣA/ΣB` for them; the largest `(ΣA)²/ΣB` wins, then one more assignment at that
@@ -27,14 +29,9 @@
 //! All of it is f32 in a fixed order per block: a pure function of the block's values
 //! and weights, the same at any thread count.
 
-use std::cell::RefCell;
-use std::sync::OnceLock;
-
 use super::codebook::max_level;
+use super::codebook_search::lattice;
 use super::kquants::{fit_scale_codes, put_f16};
-use crate::format::iq_grids::{
-    IQ1S_GRID, IQ2S_GRID, IQ2XS_GRID, IQ2XXS_GRID, IQ3S_GRID, IQ3XXS_GRID,
-};
 use crate::format::wtype::{WType, QK_K};
 
 /// How a type stores its signs.
@@ -59,7 +56,8 @@ struct Spec {
     /// Largest scale code.
     nmax: u8,
     signs: Signs,
-    /// Starting scales tried per sub-block (fewer for the large grids: each costs a scan).
+    /// Starting scales tried per sub-block (fewer for the large grids, from when each cost
+    /// a scan of the grid; kept, so the results stayed those of the exhaustive scan).
     starts: usize,
 }
 
@@ -83,110 +81,43 @@ fn spec(t: WType) -> Spec {
     }
 }
 
-/// A grid as columns: `col[i·n + e]` is value `i` of entry `e` (`n` entries), `sq` its
-/// square; vectorizes the entry scores over `e`.
-struct Grid {
-    n: usize,
-    col: Vec<f32>,
-    sq: Vec<f32>,
-}
+/// IQ1_M's values `8g ± 1` of its grid levels `g` (−1, 0, 1): shift +1, then −1.
+const IQ1M_VALUES: [[f32; 3]; 2] = [[-7.0, 1.0, 9.0], [-9.0, -1.0, 7.0]];
 
-fn columns(n: usize, group: usize, value: impl Fn(usize, usize) -> f32) -> Grid {
-    let mut col = vec![0f32; group * n];
-    for i in 0..group {
-        for e in 0..n {
-            col[i * n + e] = value(e, i);
+/// The best candidate of one group (targets `tg`, weights `w`) at scale `s`: the grid
+/// entry (IQ1_M: entry `e` with shift +1 is `2e`, with −1 `2e + 1`) of least
+/// `Σ w (t − s·v)²`, by [`super::codebook_search::Lattice::nearest`] on `u = t/s` (the same minimizer, exact:
+/// see `codebook_search`), and its sums `(Σ w t v, Σ w v²)`.
+fn best_at(t: WType, s: f32, tg: &[f32], w: &[f32]) -> (u16, f32, f32) {
+    let lat = lattice(t);
+    let mut u = [0f32; 8];
+    if s > 0.0 {
+        // A scale far below the targets (never chosen) must not overflow the costs.
+        for (o, &x) in u.iter_mut().zip(tg) {
+            *o = (x / s).clamp(-1e4, 1e4);
         }
     }
-    let sq = col.iter().map(|v| v * v).collect();
-    Grid { n, col, sq }
-}
-
-fn grid(t: WType) -> &'static Grid {
-    static GRIDS: [OnceLock<Grid>; 6] = [const { OnceLock::new() }; 6];
-    let byte8 = |g: &'static [u64]| move |e: usize, i: usize| (g[e] >> (8 * i)) as u8 as f32;
-    let byte4 = |g: &'static [u32]| move |e: usize, i: usize| (g[e] >> (8 * i)) as u8 as f32;
-    let slot = WType::CODEBOOKS
-        .iter()
-        .position(|&c| c == t)
-        .expect("a codebook type");
-    GRIDS[slot].get_or_init(|| match t {
-        WType::IQ2_XXS => columns(IQ2XXS_GRID.len(), 8, byte8(&IQ2XXS_GRID)),
-        WType::IQ2_XS => columns(IQ2XS_GRID.len(), 8, byte8(&IQ2XS_GRID)),
-        WType::IQ2_S => columns(IQ2S_GRID.len(), 8, byte8(&IQ2S_GRID)),
-        WType::IQ3_XXS => columns(IQ3XXS_GRID.len(), 4, byte4(&IQ3XXS_GRID)),
-        WType::IQ3_S => columns(IQ3S_GRID.len(), 4, byte4(&IQ3S_GRID)),
-        WType::IQ1_M => columns(IQ1S_GRID.len(), 8, |e, i| {
-            (IQ1S_GRID[e] >> (8 * i)) as u8 as i8 as f32
-        }),
-        t => panic!("{t} is not a codebook type"),
-    })
-}
-
-/// Candidates per group: the grid entries (IQ1_M: each with shift +1 at `2e`, −1 at
-/// `2e + 1`).
-fn candidates(t: WType) -> usize {
-    let n = grid(t).n;
-    if t == WType::IQ1_M {
-        2 * n
+    let u = &u[..tg.len()];
+    let (cand, vals) = if t == WType::IQ1_M {
+        let [plus, minus] = &IQ1M_VALUES;
+        let p = lat.nearest(plus, u, w, f32::INFINITY).map(|f| f.0);
+        let beat = p.map_or(f32::INFINITY, |f| f.cost);
+        match (lat.nearest(minus, u, w, beat), p) {
+            (Some((m, _)), _) => (2 * m.entry + 1, &minus[..]),
+            (None, p) => (2 * p.map_or(0, |f| f.entry), &plus[..]),
+        }
     } else {
-        n
-    }
-}
-
-/// Fills `a`, `b` (one per candidate) with `Σ w t v` and `Σ w v²` of one group (targets
-/// `t`, weights `w`).
-fn score_group(t: WType, g: &Grid, tg: &[f32], w: &[f32], a: &mut [f32], b: &mut [f32]) {
-    let n = g.n;
-    let (ga, gb) = (&mut a[..n], &mut b[..n]);
-    ga.fill(0.0);
-    gb.fill(0.0);
+        let e = lat.nearest(&lat.levels, u, w, f32::INFINITY);
+        (e.map_or(0, |f| f.0.entry), &lat.levels[..])
+    };
+    let e = if t == WType::IQ1_M { cand / 2 } else { cand };
+    let (mut sa, mut sb) = (0f32, 0f32);
     for (i, (&ti, &wi)) in tg.iter().zip(w).enumerate() {
-        let (col, sq) = (&g.col[i * n..(i + 1) * n], &g.sq[i * n..(i + 1) * n]);
-        let wt = wi * ti;
-        for ((ae, be), (&c, &q)) in ga.iter_mut().zip(gb.iter_mut()).zip(col.iter().zip(sq)) {
-            *ae += wt * c;
-            *be += wi * q;
-        }
+        let v = vals[lat.level(e, i)];
+        sa += wi * ti * v;
+        sb += wi * v * v;
     }
-    if t != WType::IQ1_M {
-        return;
-    }
-    // v = 8g ± 1: Σwtv = 8·Σwtg ± Σwt, Σwv² = 64·Σwg² ± 16·Σwg + Σw. Σwg into the upper
-    // half of `b` first, then the pairs are written from the top down (slot 2e, 2e + 1
-    // only overwrite entries ≥ e that were already read).
-    let (st, sw) = (
-        tg.iter().zip(w).map(|(t, w)| t * w).sum::<f32>(),
-        w.iter().sum::<f32>(),
-    );
-    let mut c = [0f32; 2048];
-    let c = &mut c[..n];
-    for (i, &wi) in w.iter().enumerate() {
-        for (ce, &v) in c.iter_mut().zip(&g.col[i * n..(i + 1) * n]) {
-            *ce += wi * v;
-        }
-    }
-    for e in (0..n).rev() {
-        let (ae, be, ce) = (a[e], b[e], c[e]);
-        a[2 * e] = 8.0 * ae + st;
-        a[2 * e + 1] = 8.0 * ae - st;
-        b[2 * e] = 64.0 * be + 16.0 * ce + sw;
-        b[2 * e + 1] = 64.0 * be - 16.0 * ce + sw;
-    }
-}
-
-/// The candidate of smallest `s·B − 2A` (the error at scale `s > 0`, less a constant,
-/// over `s`); the first on ties.
-#[inline]
-fn best_at(s: f32, a: &[f32], b: &[f32]) -> usize {
-    let mut best = (f32::INFINITY, 0);
-    for (e, (&ae, &be)) in a.iter().zip(b).enumerate() {
-        let v = s * be - 2.0 * ae;
-        if v < best.0 {
-            best = (v, e);
-        }
-    }
-    best.1
+    (cand as u16, sa, sb)
 }
 
 /// A scale code whose value is `c + 0.5` ([`fit_scale_codes`]' code type).
@@ -221,11 +152,6 @@ fn super_scale(s: &[f32; 16], ws: &[f32; 16], nmax: u8) -> (f32, [u8; 16]) {
     (d, c.map(|c| c.0))
 }
 
-thread_local! {
-    /// Per-block entry scores `A`, `B` (groups × candidates each).
-    static SCRATCH: RefCell<(Vec<f32>, Vec<f32>)> = const { RefCell::new((Vec::new(), Vec::new())) };
-}
-
 /// Quantizes one block of codebook type `t` (256 values `x`, element weights `w`) into
 /// `out` ([`WType::block_bytes`] bytes). `Err(v)` when the super-scale `v` does not fit
 /// in an f16.
@@ -257,83 +183,70 @@ pub fn quantize_block(t: WType, x: &[f32], w: &[f32], out: &mut [u8]) -> Result<
             ts[cheap] = -ts[cheap];
         }
     }
-    let g = grid(t);
-    let nc = candidates(t);
-    let ng = QK_K / sp.group;
     let gps = sp.sub / sp.group;
     let nsub = QK_K / sp.sub;
     let mut idx = [0u16; QK_K / 4];
     let mut tmp = [0u16; 8];
     let (mut s, mut ws) = ([0f32; 16], [0f32; 16]);
-    let (d, codes) = SCRATCH.with_borrow_mut(|(a, b)| {
-        a.resize(ng * nc, 0.0);
-        b.resize(ng * nc, 0.0);
-        for gi in 0..ng {
-            let r = gi * sp.group..(gi + 1) * sp.group;
-            let c = gi * nc..(gi + 1) * nc;
-            score_group(t, g, &tg[r.clone()], &w[r], &mut a[c.clone()], &mut b[c]);
+    // Assigns sub-block j's groups at scale `sc` into `into`; returns (ΣA, ΣB).
+    let assign = |j: usize, sc: f32, into: &mut [u16]| -> (f32, f32) {
+        let (mut sa, mut sb) = (0f32, 0f32);
+        for (q, o) in into.iter_mut().enumerate().take(gps) {
+            let r = (j * gps + q) * sp.group..(j * gps + q + 1) * sp.group;
+            let (e, a, b) = best_at(t, sc, &tg[r.clone()], &w[r]);
+            *o = e;
+            sa += a;
+            sb += b;
         }
-        // Assigns sub-block j's groups at scale `sc` into `into`; returns (ΣA, ΣB).
-        let assign = |j: usize, sc: f32, into: &mut [u16]| -> (f32, f32) {
-            let (mut sa, mut sb) = (0f32, 0f32);
-            for (q, o) in into.iter_mut().enumerate().take(gps) {
-                let c = (j * gps + q) * nc..(j * gps + q + 1) * nc;
-                let e = best_at(sc, &a[c.clone()], &b[c.clone()]);
-                *o = e as u16;
-                sa += a[c.start + e];
-                sb += b[c.start + e];
-            }
-            (sa, sb)
-        };
-        let gmax = max_level(t) as f32;
-        for j in 0..nsub {
-            let amax = x[j * sp.sub..(j + 1) * sp.sub]
-                .iter()
-                .fold(0f32, |m, v| m.max(v.abs()));
-            if amax == 0.0 {
-                continue;
-            }
-            let mut best = (0f32, 0f32, 0f32);
-            let tries = (0..sp.starts).map(|i| {
-                let r = 0.6 + 0.6 * i as f32 / (sp.starts - 1) as f32;
-                amax / (gmax * r)
-            });
-            for sc in tries {
-                let (sa, sb) = assign(j, sc, &mut tmp);
-                if sa > 0.0 && sb > 0.0 && sa * sa / sb > best.0 {
-                    best = (sa * sa / sb, sa / sb, sb);
-                }
-            }
-            if best.1 > 0.0 {
-                let (sa, sb) = assign(j, best.1, &mut tmp);
-                if sa > 0.0 && sb > 0.0 && sa * sa / sb >= best.0 {
-                    best = (sa * sa / sb, sa / sb, sb);
-                }
-            }
-            (s[j], ws[j]) = (best.1 / sp.k, best.2);
+        (sa, sb)
+    };
+    let gmax = max_level(t) as f32;
+    for j in 0..nsub {
+        let amax = x[j * sp.sub..(j + 1) * sp.sub]
+            .iter()
+            .fold(0f32, |m, v| m.max(v.abs()));
+        if amax == 0.0 {
+            continue;
         }
-        let smax = s.iter().fold(0f32, |m, &v| m.max(v));
-        let top = smax / (sp.nmax as f32 + 0.5);
-        if !half::f16::from_f32(top).to_f32().is_finite() {
-            return Err(top);
-        }
-        let (d, mut codes) = super_scale(&s, &ws, sp.nmax);
-        for j in 0..nsub {
-            let c0 = codes[j] as i32;
-            let mut best = f32::INFINITY;
-            for c in (c0 - 1).max(0)..=(c0 + 1).min(sp.nmax as i32) {
-                let dw = d * sp.k * (c as f32 + 0.5);
-                let (sa, sb) = assign(j, dw, &mut tmp);
-                let err = dw * dw * sb - 2.0 * dw * sa;
-                if err < best {
-                    best = err;
-                    codes[j] = c as u8;
-                    idx[j * gps..(j + 1) * gps].copy_from_slice(&tmp[..gps]);
-                }
+        let mut best = (0f32, 0f32, 0f32);
+        let tries = (0..sp.starts).map(|i| {
+            let r = 0.6 + 0.6 * i as f32 / (sp.starts - 1) as f32;
+            amax / (gmax * r)
+        });
+        for sc in tries {
+            let (sa, sb) = assign(j, sc, &mut tmp);
+            if sa > 0.0 && sb > 0.0 && sa * sa / sb > best.0 {
+                best = (sa * sa / sb, sa / sb, sb);
             }
         }
-        Ok((d, codes))
-    })?;
+        if best.1 > 0.0 {
+            let (sa, sb) = assign(j, best.1, &mut tmp);
+            if sa > 0.0 && sb > 0.0 && sa * sa / sb >= best.0 {
+                best = (sa * sa / sb, sa / sb, sb);
+            }
+        }
+        (s[j], ws[j]) = (best.1 / sp.k, best.2);
+    }
+    let smax = s.iter().fold(0f32, |m, &v| m.max(v));
+    let top = smax / (sp.nmax as f32 + 0.5);
+    if !half::f16::from_f32(top).to_f32().is_finite() {
+        return Err(top);
+    }
+    let (d, mut codes) = super_scale(&s, &ws, sp.nmax);
+    for j in 0..nsub {
+        let c0 = codes[j] as i32;
+        let mut best = f32::INFINITY;
+        for c in (c0 - 1).max(0)..=(c0 + 1).min(sp.nmax as i32) {
+            let dw = d * sp.k * (c as f32 + 0.5);
+            let (sa, sb) = assign(j, dw, &mut tmp);
+            let err = dw * dw * sb - 2.0 * dw * sa;
+            if err < best {
+                best = err;
+                codes[j] = c as u8;
+                idx[j * gps..(j + 1) * gps].copy_from_slice(&tmp[..gps]);
+            }
+        }
+    }
     out[..t.block_bytes()].fill(0);
     pack(t, d, &codes, &idx, &sgn, out);
     Ok(())
@@ -452,6 +365,7 @@ mod tests {
         out
     }
     use crate::quant::codebook::decode;
+    use crate::quant::codebook_search::STEPS;
     use crate::rng::Rng;
 
     /// Standard normal values (Box–Muller).
@@ -491,10 +405,14 @@ mod tests {
         ];
         let mut last = f64::INFINITY;
         for (t, bound) in order {
+            STEPS.with(|s| s.set(0));
             let q = quantize_matrix(t, rows, cols, &x, None).unwrap();
+            let steps = STEPS.with(|s| s.get());
             let e = rel_rms(&x, &dequantize_matrix(t, rows, cols, &q));
+            let [on, list, scan] = [0, 21, 42].map(|b| steps >> b & ((1 << 21) - 1));
             eprintln!(
-                "{t}: relative RMS error {e:.4} ({} bytes per 256)",
+                "{t}: relative RMS error {e:.4} ({} bytes per 256); searches on grid {on}, \
+                 list {list}, pruned scan {scan}",
                 t.block_bytes()
             );
             assert!(

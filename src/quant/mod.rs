@@ -10,6 +10,7 @@ pub mod blocks;
 pub mod blocks32;
 pub mod codebook;
 pub mod codebook_fit;
+pub mod codebook_search;
 pub mod error;
 pub mod feedback;
 pub mod fit;
