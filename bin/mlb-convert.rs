@@ -87,7 +87,7 @@ struct Cli {
     /// Weight type of the matrices (the 256-weight types on rows that are not a multiple of 256 fall back to a 32-weight type, with a note); a GGUF's matrices keep their own types (--types, --requantize) [default: q8_0]
     #[arg(long, value_enum)]
     wtype: Option<WTypeArg>,
-    /// Choose every matrix's type by measured error under this many bits per weight (all matrices, scales included, as mlb-inspect counts them); checkpoint folders only
+    /// Choose every matrix's type by measured error under this many bits per weight (all matrices, scales included, as mlb-inspect counts them): from 1.75 (IQ1_M) to 8.5 (Q8_0) on rows of whole 256-weight super-blocks, from 4.5 (IQ4_NL) on others; checkpoint folders only
     #[arg(long, value_name = "BPW", conflicts_with_all = ["wtype", "preset"])]
     target_bpw: Option<f64>,
     /// A named --target-bpw: iq2_m (2.7), iq3_xxs (3.06), iq3_m (3.66), q3_k_m (4.0), iq4_xs (4.25), q4_k_s (4.6), q4_k_m (4.9), q5_k_m (5.7), q6_k (6.6), q8_0 (8.5)

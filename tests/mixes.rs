@@ -83,7 +83,7 @@ fn wtype_block_types_write_uniform_files() {
 fn target_bpw_hits_the_budget() {
     let tmp = tempfile::tempdir().unwrap();
     let mut last = 0.0;
-    for x in [2.8, 3.2, 3.7, 4.3, 4.6, 5.0, 5.5, 6.0, 7.0] {
+    for x in [2.0, 2.3, 2.8, 3.2, 3.7, 4.3, 4.6, 5.0, 5.5, 6.0, 7.0] {
         let out = tmp.path().join(format!("t{x}.mlb"));
         convert(
             &model("llama_k256"),
@@ -100,14 +100,76 @@ fn target_bpw_hits_the_budget() {
         assert!(got > last, "target {x}: {got} after {last}");
         last = got;
     }
-    // Below the smallest mix (every matrix Q2_K, or the Q8_0 it must keep): one line
-    // naming the option and the least it takes.
-    let e = mlb_convert(&model("llama_k256"), &tmp.path().join("low.mlb"))
-        .args(["--target-bpw", "2"])
-        .fails();
-    assert!(e.contains("--target-bpw") && e.contains("2.6"), "{e}");
-    let errors = e.lines().filter(|l| l.starts_with("mlb-convert:")).count();
-    assert_eq!(errors, 1, "{e}");
+    // Below the smallest mix (every matrix IQ1_M, or IQ4_NL on rows that are not whole
+    // super-blocks): one line naming the option, the target and the least it takes.
+    for (name, x, least) in [("llama_k256", "1.7", "1.750"), ("llama", "3", "4.5")] {
+        let e = mlb_convert(&model(name), &tmp.path().join("low.mlb"))
+            .args(["--target-bpw", x])
+            .fails();
+        let line = format!("--target-bpw: {x}: below the smallest mix this model takes ({least}");
+        assert!(e.contains(&line), "{name}: {e}");
+        let errors = e.lines().filter(|l| l.starts_with("mlb-convert:")).count();
+        assert_eq!(errors, 1, "{e}");
+    }
+}
+
+/// Below 3.5 bits the mix takes IQ codebook types on rows of whole super-blocks,
+/// stays within the budget, says what it took before writing, and with `--gguf-types`
+/// mlb-export takes the file.
+#[test]
+fn low_targets_take_codebook_types_and_export() {
+    let tmp = tempfile::tempdir().unwrap();
+    let codebook = ["IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S"];
+    for x in ["2.0", "2.5", "3.0"] {
+        let out = tmp.path().join(format!("t{x}.mlb"));
+        let rep = tmp.path().join(format!("t{x}.json"));
+        let err = convert(
+            &model("llama_k256"),
+            &out,
+            &[
+                "--target-bpw",
+                x,
+                "--gguf-types",
+                "--mix-report",
+                rep.to_str().unwrap(),
+            ],
+        )
+        .stderr;
+        assert!(
+            err.contains(&format!(
+                "--target-bpw {}: the mix takes",
+                x.parse::<f64>().unwrap()
+            )),
+            "{err}"
+        );
+        let v = inspect(&out);
+        assert!(bpw(&v) <= x.parse::<f64>().unwrap(), "{x}: {}", bpw(&v));
+        let names = type_names(&v);
+        assert!(
+            names.iter().any(|n| codebook.contains(&n.as_str())),
+            "{x}: {names:?}"
+        );
+        // Every matrix measured in the codebook types, Q2_K and Q3_K no longer.
+        let r: serde_json::Value = serde_json::from_slice(&std::fs::read(&rep).unwrap()).unwrap();
+        for m in r["matrices"].as_array().unwrap() {
+            let types: Vec<&str> = m["candidates"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|c| c["type"].as_str().unwrap())
+                .collect();
+            assert_eq!(
+                types[..6],
+                ["iq1_m", "iq2_xxs", "iq2_xs", "iq2_s", "iq3_xxs", "iq3_s"]
+            );
+            assert!(
+                !types.contains(&"q2_k") && !types.contains(&"q3_k"),
+                "{types:?}"
+            );
+        }
+        crate::util::fixtures::byte_mlt(&out.with_extension("mlt"));
+        crate::util::tool::mlb_export(&out, &out.with_extension("gguf")).ok();
+    }
 }
 
 /// The same target gives the same bytes at 1, 2 and 3 threads (Gemma 3: K types fall

@@ -304,16 +304,42 @@ fn mix_types(
             None => None,
         })
         .collect();
-    let sources = sources(ctx.ck, ctx.desc, ctx.tensors, ctx.imatrix, ctx.cov)?;
-    let mut rows = measure_mix(ctx, &sources, &fixed, progress)?;
-    let weights: u64 = rows.iter().map(|r| (r.rows * r.cols) as u64).sum();
-    let budget = (bpw * weights as f64 / 8.0).floor() as u64;
-    mix::allocate(&mut rows, budget).map_err(|least| {
+    let too_low = |least: f64| {
         ConvertError::options(
             "--target-bpw",
             format!("{bpw}: below the smallest mix this model takes ({least:.3} bits per weight)"),
         )
-    })?;
+    };
+    // The smallest mix needs no measurement: refused before the minutes of measuring.
+    let (mut weights, mut least) = (0u64, 0u64);
+    for ((_, rows, cols, _), fix) in plan::matrices(ctx.tensors).zip(&fixed) {
+        let ty = fix.unwrap_or(mix::candidates(cols, ctx.opts.gguf_types)[0]);
+        weights += (rows * cols) as u64;
+        least += mix::matrix_bytes(ty, rows, cols);
+    }
+    let budget = (bpw * weights as f64 / 8.0).floor() as u64;
+    if least > budget {
+        return Err(too_low(least as f64 * 8.0 / weights as f64));
+    }
+    let sources = sources(ctx.ck, ctx.desc, ctx.tensors, ctx.imatrix, ctx.cov)?;
+    let mut rows = measure_mix(ctx, &sources, &fixed, progress)?;
+    mix::allocate(&mut rows, budget).map_err(too_low)?;
+    // The choice before the long write (`--mix-report` comes after it).
+    let used: u64 = rows.iter().map(mix::MixRow::bytes).sum();
+    let mut counts: Vec<(WType, usize)> = Vec::new();
+    for r in &rows {
+        match counts.iter_mut().find(|c| c.0 == r.chosen) {
+            Some(c) => c.1 += 1,
+            None => counts.push((r.chosen, 1)),
+        }
+    }
+    counts.sort_by_key(|c| mix::matrix_bytes(c.0, 1, 1024)); // smallest type first
+    let parts: Vec<String> = counts.iter().map(|(t, n)| format!("{n} {t}")).collect();
+    progress(Progress::Note(&format!(
+        "--target-bpw {bpw}: the mix takes {:.3} bits per weight: {}",
+        used as f64 * 8.0 / weights as f64,
+        parts.join(", ")
+    )));
     Ok(rows)
 }
 
@@ -366,7 +392,7 @@ fn measure_mix(
     let sens = mix::SENSITIVITY;
     let free = fixed.iter().filter(|f| f.is_none()).count();
     progress(Progress::Note(&format!(
-        "--target-bpw {}: measuring {free} matrices in 4 types each ({} rows of each)",
+        "--target-bpw {}: measuring {free} matrices in their candidate types ({} rows of each, fewer for the IQ codebook types)",
         opts.target_bpw.unwrap_or(0.0),
         mix::SAMPLE_ROWS
     )));
@@ -424,11 +450,12 @@ fn measure_mix(
                 .filter(|_| opts.error_feedback)
                 .and_then(|h| crate::quant::feedback::Feedback::new(cols, h, opts.feedback_damp));
             for &ty in mix::candidates(cols, opts.gguf_types) {
+                let (n, x) = mix::sample_for(ty, k, cols, &buf);
                 let e = match &h {
                     Some(h) => {
-                        mix::output_rel_error(ty, k, cols, &buf, s.imp.as_deref(), h, fb.as_ref())
+                        mix::output_rel_error(ty, n, cols, &x, s.imp.as_deref(), h, fb.as_ref())
                     }
-                    None => mix::rel_error(ty, k, cols, &buf, s.imp.as_deref()),
+                    None => mix::rel_error(ty, n, cols, &x, s.imp.as_deref()),
                 };
                 row.cands.push((ty, mix::matrix_bytes(ty, rows, cols), e));
             }

@@ -3,9 +3,10 @@
 //! them: the bytes of every matrix, scales included, × 8 / the weights of every matrix).
 //!
 //! 1. **Measure.** For every matrix, a sample of its rows (evenly spaced, at most
-//!    [`SAMPLE_ROWS`]) is quantized to each candidate type ([`candidates`]: the K types
-//!    where the row is a multiple of 256, else the 32-weight types of the same sizes,
-//!    and Q8_0) with the imatrix when given, and the importance-weighted relative error
+//!    [`SAMPLE_ROWS`]; fewer for the slow codebook quantizers, [`sample_rows`]) is
+//!    quantized to each candidate type ([`candidates`]: the IQ codebook types and the K
+//!    types where the row is a multiple of 256, else the 32-weight types, and Q8_0) with
+//!    the imatrix when given, and the importance-weighted relative error
 //!    `r = Σ imp_c (w − ŵ)² / Σ imp_c w²` is taken (`imp_c`: the mean square of the
 //!    matrix's input channel `c`, from the imatrix; 1 without one). With uncorrelated
 //!    inputs, `r` is the noise-to-signal ratio of the matrix's output.
@@ -38,6 +39,34 @@ use crate::quant::{dequant_matrix, Q4Rule, QuantOptions, Quantized};
 /// Rows of a matrix quantized to measure its error in each candidate type.
 pub const SAMPLE_ROWS: usize = 64;
 
+/// The rows of the [`SAMPLE_ROWS`] that measure type `t`. The codebook quantizers score
+/// every grid entry for every group of 4 or 8 weights, 2-20x a K type's time per block
+/// (IQ1_M's 4096 candidates the most): measured on every row, they made the planning of
+/// a 1B model (2048-wide rows) 7.7x as long. An evenly spaced quarter of the sample
+/// (IQ1_M: an eighth) keeps it at about twice; their errors are 1.3-1.9x apart from one
+/// type to the next, far beyond the few percent a smaller sample moves them.
+pub fn sample_rows(t: WType) -> usize {
+    match t {
+        WType::IQ1_M => SAMPLE_ROWS / 8,
+        WType::IQ3_XXS | WType::IQ3_S | WType::IQ2_XXS | WType::IQ2_XS | WType::IQ2_S => {
+            SAMPLE_ROWS / 4
+        }
+        _ => SAMPLE_ROWS,
+    }
+}
+
+/// The rows of `x` (`k` sampled rows of `cols`) that measure `t`: evenly spaced among
+/// them, [`sample_rows`] at most.
+pub fn sample_for(t: WType, k: usize, cols: usize, x: &[f32]) -> (usize, Vec<f32>) {
+    let n = k.min(sample_rows(t));
+    let mut out = Vec::with_capacity(n * cols);
+    for j in 0..n {
+        let r = j * k / n;
+        out.extend_from_slice(&x[r * cols..(r + 1) * cols]);
+    }
+    (n, out)
+}
+
 /// Named points: `--preset NAME` is `--target-bpw BPW`, by llama.cpp's names: the sizes
 /// its K mixes reach on Llama-3-8B (llama-quantize's table: Q3_K_M 3.74 GiB is 4.0 bits
 /// per weight), and the bits per weight its table gives its IQ types and mixes.
@@ -62,17 +91,23 @@ pub fn preset(name: &str) -> Option<f64> {
         .map(|&(_, b)| b)
 }
 
-/// The types a matrix of `cols` columns may take, smallest first: on rows of whole
-/// super-blocks the 256-weight types from 2.6 bits (Q2_K 2.625, Q3_K 3.44, IQ4_XS 4.25,
-/// Q4_K 4.5, Q5_K 5.5, Q6_K 6.56), else the 32-weight types (IQ4_NL 4.5, Q5_0 5.5, Q6_0
-/// 6.5 bits; Q6_0 left out with `gguf`, GGUF's types only); Q8_0 always. Q4_1 and Q5_1
-/// are left out: per bit they are no better than these on general weights
-/// (docs/benchmarks-quality.md), and they would win only on checkpoints that were Q4_1
-/// before (SmolLM2's here).
+/// The types a matrix of `cols` columns may take, smallest first, every one larger than
+/// the one before: on rows of whole super-blocks the 256-weight types from 1.75 bits
+/// (IQ1_M 1.75, IQ2_XXS 2.06, IQ2_XS 2.31, IQ2_S 2.56, IQ3_XXS 3.06, IQ3_S 3.44, IQ4_XS
+/// 4.25, Q4_K 4.5, Q5_K 5.5, Q6_K 6.56), else the 32-weight types (IQ4_NL 4.5, Q5_0 5.5,
+/// Q6_0 6.5 bits; Q6_0 left out with `gguf`, GGUF's types only); Q8_0 always. All but
+/// Q6_0 are GGUF's. Left out as dominated: Q2_K (2.625 bits, more error than IQ2_S's
+/// 2.56) and Q3_K (the size of IQ3_S, 1.2-2.6x its error): measured on 143 matrices of a
+/// 1B model's random weights and SmolLM2's and Gemma 3's down projections, Q3_K was on
+/// no matrix's lower hull and Q2_K on one. Q4_1 and Q5_1 are left out: per bit they are
+/// no better than these on general weights (docs/benchmarks-quality.md), and they would
+/// win only on checkpoints that were Q4_1 before (SmolLM2's here).
 pub fn candidates(cols: usize, gguf: bool) -> &'static [WType] {
     use WType::*;
     match (cols.is_multiple_of(256), gguf) {
-        (true, _) => &[Q2_K, Q3_K, IQ4_XS, Q4_K, Q5_K, Q6_K, Q8_0],
+        (true, _) => &[
+            IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ4_XS, Q4_K, Q5_K, Q6_K, Q8_0,
+        ],
         (false, false) => &[IQ4_NL, Q5_0, Q6_0, Q8_0],
         (false, true) => &[IQ4_NL, Q5_0, Q8_0],
     }
@@ -575,15 +610,111 @@ mod tests {
         assert!(cls > 100.0 * mid(18), "{cls} {}", mid(18));
     }
 
+    /// Bell-shaped values, as trained weights are (the sum of three uniforms).
+    fn bell(seed: u64, n: usize) -> Vec<f32> {
+        let mut r = crate::rng::Rng(seed);
+        (0..n)
+            .map(|_| r.next_f32() + r.next_f32() + r.next_f32())
+            .collect()
+    }
+
     #[test]
     fn relative_error_orders_the_types() {
-        let x = crate::rng::Rng(1).vec(8 * 512);
-        let e: Vec<f64> = candidates(512, false)
+        let x = bell(1, 8 * 512);
+        let cands = candidates(512, false);
+        let e: Vec<f64> = cands
             .iter()
             .map(|&t| rel_error(t, 8, 512, &x, None))
             .collect();
         assert!(e.windows(2).all(|w| w[0] > w[1]), "{e:?}");
-        // Q4_K (the fourth) on uniform values: about 1/(12·15²)·12 of the signal, ~0.5%.
-        assert!(e[3] > 1e-3 && e[3] < 2e-2, "{e:?}");
+        // Q4_K: about 1/(12·15²)·12 of the signal, ~0.5%.
+        let q4k = cands.iter().position(|&t| t == WType::Q4_K).unwrap();
+        assert!(e[q4k] > 1e-3 && e[q4k] < 2e-2, "{e:?}");
+    }
+
+    #[test]
+    fn candidates_grow_and_are_gguf_types() {
+        use crate::convert::gguf::types::ggml_type;
+        for (cols, gguf) in [(512, false), (512, true), (576, false), (576, true)] {
+            let c = candidates(cols, gguf);
+            // The hull needs strictly growing sizes: a same-size type would be dropped
+            // whatever its error.
+            let bytes: Vec<u64> = c.iter().map(|&t| matrix_bytes(t, 4, cols)).collect();
+            assert!(bytes.windows(2).all(|w| w[0] < w[1]), "{cols}: {c:?}");
+            let foreign: Vec<WType> = c
+                .iter()
+                .copied()
+                .filter(|&t| ggml_type(t).is_none())
+                .collect();
+            let expect: &[WType] = if gguf || cols % 256 == 0 {
+                &[]
+            } else {
+                &[WType::Q6_0]
+            };
+            assert_eq!(foreign, expect, "{cols} {gguf}");
+        }
+        // Down to IQ1_M's 1.75 bits on whole super-blocks; IQ4_NL's 4.5 otherwise.
+        assert_eq!(candidates(2048, true)[0], WType::IQ1_M);
+        assert_eq!(candidates(576, true)[0], WType::IQ4_NL);
+    }
+
+    #[test]
+    fn slow_types_measure_an_even_subset() {
+        let cols = 4;
+        let x: Vec<f32> = (0..64 * cols).map(|i| (i / cols) as f32).collect();
+        let first = |v: &[f32]| v.chunks(cols).map(|r| r[0]).collect::<Vec<f32>>();
+        let (n, s) = sample_for(WType::IQ1_M, 64, cols, &x);
+        assert_eq!(
+            (n, first(&s)),
+            (8, vec![0., 8., 16., 24., 32., 40., 48., 56.])
+        );
+        let (n, s) = sample_for(WType::IQ3_S, 64, cols, &x);
+        assert_eq!((n, first(&s)[..3].to_vec()), (16, vec![0., 4., 8.]));
+        let (n, s) = sample_for(WType::Q4_K, 64, cols, &x);
+        assert_eq!((n, s), (64, x.clone()));
+        // A matrix of fewer rows than the sample: all of them.
+        let (n, s) = sample_for(WType::IQ2_S, 5, cols, &x[..5 * cols]);
+        assert_eq!((n, s.len()), (5, 5 * cols));
+    }
+
+    /// Measured errors, then a low budget: the mix takes codebook types, stays within the
+    /// bytes, and spends them (no type a bit larger would still fit).
+    #[test]
+    fn low_targets_take_codebook_types() {
+        let (rows, cols) = (4, 512);
+        let mats: Vec<Vec<f32>> = (0..6).map(|s| bell(s + 1, rows * cols)).collect();
+        let weights = (6 * rows * cols) as f64;
+        for bpw in [1.8, 2.0, 2.5, 3.0] {
+            let mut mix: Vec<MixRow> = mats
+                .iter()
+                .enumerate()
+                .map(|(i, x)| {
+                    let cands = candidates(cols, true)
+                        .iter()
+                        .map(|&t| {
+                            let e = rel_error(t, rows, cols, x, None);
+                            (t, matrix_bytes(t, rows, cols), e)
+                        })
+                        .collect();
+                    row(i, cands, 1.0 + i as f64)
+                })
+                .collect();
+            for r in &mut mix {
+                (r.rows, r.cols) = (rows, cols);
+            }
+            let budget = (bpw * weights / 8.0) as u64;
+            allocate(&mut mix, budget).unwrap();
+            let used: u64 = mix.iter().map(MixRow::bytes).sum();
+            assert!(used <= budget, "{bpw}: {used} > {budget}");
+            assert!(used as f64 * 8.0 / weights > bpw - 0.25, "{bpw}: {used}");
+            let chosen: Vec<WType> = mix.iter().map(|r| r.chosen).collect();
+            assert!(
+                chosen.iter().all(|t| WType::CODEBOOKS.contains(t)),
+                "{bpw}: {chosen:?}"
+            );
+        }
+        let mut one = vec![row(0, vec![(WType::IQ1_M, 56, 0.2)], 1.0)];
+        one[0].cols = 256;
+        assert_eq!(allocate(&mut one, 55), Err(1.75));
     }
 }
