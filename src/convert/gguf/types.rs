@@ -84,3 +84,28 @@ pub fn file_type(m: &Mlb) -> u32 {
         .map_or(WType::Q8_0, |(w, _)| w);
     gguf_of(most).1
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::convert::pipeline::mix::candidates;
+
+    #[test]
+    fn mix_candidates_are_gguf_types() {
+        // Every candidate of a mix is a GGUF type, but Q6_0 where rows are not whole
+        // super-blocks and GGUF's types were not asked for.
+        for (cols, gguf) in [(512, false), (512, true), (576, false), (576, true)] {
+            let foreign: Vec<WType> = candidates(cols, gguf)
+                .iter()
+                .copied()
+                .filter(|&t| ggml_type(t).is_none())
+                .collect();
+            let expect: &[WType] = if gguf || cols % 256 == 0 {
+                &[]
+            } else {
+                &[WType::Q6_0]
+            };
+            assert_eq!(foreign, expect, "{cols} {gguf}");
+        }
+    }
+}
