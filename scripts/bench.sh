@@ -163,6 +163,9 @@ for m in $MODELS; do
           mv "$imf.tmp.gguf" "$imf"
         fi
         imx=(--imatrix "$imf")
+        # ggml asserts for these without importance data, and an imatrix holds none for
+        # the token embedding (a row lookup): that one tensor is Q8_0 in both tools' file.
+        case $q in iq2_xxs|iq2_xs|iq1_s|iq1_m) imx+=(--token-embedding-type q8_0);; esac
       fi
       log "llama-quantize --pure $m $q"
       /usr/bin/time -v -o "$BENCH_DIR/logs/time-quantize-$m-$q.txt" \
