@@ -117,9 +117,9 @@ impl Lattice {
         }
         let (mut start, mut near) = (Vec::with_capacity(points + 1), Vec::new());
         let mut digits = [0u8; MAX_DIM];
-        for k in 0..points {
+        for (k, &ak) in at.iter().enumerate() {
             start.push(near.len() as u32);
-            if at[k] != OFF {
+            if ak != OFF {
                 continue;
             }
             let mut r = k;
