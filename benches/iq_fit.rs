@@ -10,27 +10,7 @@ use std::time::Instant;
 
 use krafla::quant::blocks::{dequantize_matrix, quantize_matrix};
 use krafla::quant::WType;
-use krafla::rng::Rng;
-
-/// Standard normal values (Box–Muller), the same as codebook_fit's tests.
-fn gaussian(rng: &mut Rng, n: usize) -> Vec<f32> {
-    (0..n)
-        .map(|_| {
-            let (u, v) = (1.0 - rng.next_f64(), rng.next_f64());
-            ((-2.0 * u.ln()).sqrt() * (std::f64::consts::TAU * v).cos()) as f32
-        })
-        .collect()
-}
-
-fn rel_rms(x: &[f32], y: &[f32]) -> f64 {
-    let e: f64 = x
-        .iter()
-        .zip(y)
-        .map(|(&a, &b)| (a as f64 - b as f64).powi(2))
-        .sum();
-    let n: f64 = x.iter().map(|&a| (a as f64).powi(2)).sum();
-    (e / n).sqrt()
-}
+use krafla::rng::{rel_rms, Rng};
 
 fn main() {
     let args: Vec<String> = std::env::args()
@@ -51,7 +31,7 @@ fn main() {
             .collect(),
         _ => WType::CODEBOOKS.to_vec(),
     };
-    let x = gaussian(&mut Rng(0x3c6ef372fe94f82b), rows * cols);
+    let x = Rng(0x3c6ef372fe94f82b).gaussian(rows * cols);
     println!("{rows} × {cols} Gaussian, no imatrix");
     println!("| type | threads | seconds | rel. RMS |");
     println!("|---|---|---|---|");

@@ -25,4 +25,25 @@ impl Rng {
     pub fn vec(&mut self, n: usize) -> Vec<f32> {
         (0..n).map(|_| self.next_f32()).collect()
     }
+
+    /// `n` standard normal values (Box–Muller), bell-shaped like trained weights.
+    pub fn gaussian(&mut self, n: usize) -> Vec<f32> {
+        (0..n)
+            .map(|_| {
+                let (u, v) = (1.0 - self.next_f64(), self.next_f64());
+                ((-2.0 * u.ln()).sqrt() * (std::f64::consts::TAU * v).cos()) as f32
+            })
+            .collect()
+    }
+}
+
+/// Relative RMS error ‖x − y‖ / ‖x‖, in f64: how the tests and benches score a quantizer.
+pub fn rel_rms(x: &[f32], y: &[f32]) -> f64 {
+    let e: f64 = x
+        .iter()
+        .zip(y)
+        .map(|(&a, &b)| (a as f64 - b as f64).powi(2))
+        .sum();
+    let n: f64 = x.iter().map(|&a| (a as f64).powi(2)).sum();
+    (e / n).sqrt()
 }

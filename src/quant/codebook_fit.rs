@@ -366,27 +366,7 @@ mod tests {
     }
     use crate::quant::codebook::decode;
     use crate::quant::codebook_search::STEPS;
-    use crate::rng::Rng;
-
-    /// Standard normal values (Box–Muller).
-    fn gaussian(rng: &mut Rng, n: usize) -> Vec<f32> {
-        (0..n)
-            .map(|_| {
-                let (u, v) = (1.0 - rng.next_f64(), rng.next_f64());
-                ((-2.0 * u.ln()).sqrt() * (std::f64::consts::TAU * v).cos()) as f32
-            })
-            .collect()
-    }
-
-    fn rel_rms(x: &[f32], y: &[f32]) -> f64 {
-        let e: f64 = x
-            .iter()
-            .zip(y)
-            .map(|(&a, &b)| (a as f64 - b as f64).powi(2))
-            .sum();
-        let n: f64 = x.iter().map(|&a| (a as f64).powi(2)).sum();
-        (e / n).sqrt()
-    }
+    use crate::rng::{rel_rms, Rng};
 
     /// Relative RMS error on Gaussian rows, in order of the types' bits per weight, each
     /// within a bound a little above what this quantizer measured (0.424 IQ1_M, 0.338
@@ -394,7 +374,7 @@ mod tests {
     #[test]
     fn error_falls_with_the_bits() {
         let (rows, cols) = (8, 1024);
-        let x = gaussian(&mut Rng(0x6a09e667f3bcc908), rows * cols);
+        let x = Rng(0x6a09e667f3bcc908).gaussian(rows * cols);
         let order = [
             (WType::IQ1_M, 0.45),
             (WType::IQ2_XXS, 0.36),
@@ -428,7 +408,7 @@ mod tests {
     #[test]
     fn blocks_decode_with_the_weights_signs() {
         let (rows, cols) = (4, 512);
-        let x = gaussian(&mut Rng(0xbb67ae8584caa73b), rows * cols);
+        let x = Rng(0xbb67ae8584caa73b).gaussian(rows * cols);
         for &t in WType::CODEBOOKS {
             let q = quantize_matrix(t, rows, cols, &x, None).unwrap();
             for (b, blk) in q.chunks_exact(t.block_bytes()).enumerate() {
