@@ -321,10 +321,20 @@ PY
         --ctx "$CTX" --chunks "$CALIB_CHUNKS" --threads "$THREADS" >"$d/krafla-cov.log" 2>&1
     fi
     for x in $FEEDBACK; do
+      # A point below the model's smallest mix (rows that are not whole super-blocks
+      # take 32-weight types of 4.5 bits or more) is measured at that smallest mix.
+      at=$x
+      if ! "$kb/mlb-convert" "$src" --target-bpw "$x" --imatrix "$d/krafla-cov.mli" -o "$d/fb-probe.mlb" \
+          --threads "$THREADS" >"$d/fb-probe.log" 2>&1; then
+        at=$(sed -n 's/.*below the smallest mix this model takes (\([0-9.]*\) bits.*/\1/p' "$d/fb-probe.log")
+        [ -n "$at" ] || { cat "$d/fb-probe.log" >&2; exit 1; }
+        log "$m: --target-bpw $x is below its smallest mix; error feedback measured at $at"
+      fi
+      rm -f "$d/fb-probe.mlb"
       for fb in on off; do
         flag=()
         [ $fb = off ] && flag=(--no-error-feedback)
-        mixconv "fb-$x-$fb" "$x" --imatrix "$d/krafla-cov.mli" "${flag[@]}" --mix-report "$d/fb-$x-$fb.mix.json"
+        mixconv "fb-$x-$fb" "$at" --imatrix "$d/krafla-cov.mli" "${flag[@]}" --mix-report "$d/fb-$x-$fb.mix.json"
         kld "fb-$x-$fb"
         krow "fb-$x-$fb" "$d/fb-$x-$fb.kl-$CHUNKS.json"
       done
@@ -429,7 +439,8 @@ for m in models:
 
     fbs = [x for x in feedback if f"fb-{x}-on" in kby and f"fb-{x}-off" in kby]
     if fbs:
-        print("\nError feedback on its own (the same `--target-bpw` mix from the covariance imatrix):\n")
+        print("\nError feedback on its own (the same `--target-bpw` mix from the covariance imatrix; a target "
+              "below the model's smallest mix is measured at that smallest mix, as the matrix bpw shows):\n")
         print("| target bpw | matrix bpw | mean KLD, feedback off | on | on / off |")
         print("|---|---|---|---|---|")
         for x in fbs:
