@@ -469,15 +469,8 @@ if [ "$WRITE_DOC" = 1 ]; then
   mkdir -p "$repo/docs/img"
   cp "$OUT/quality-vs-llama.png" "$repo/docs/img/quality-vs-llama.png"
   doc=$repo/docs/benchmarks-quality.md
-  python3 - "$doc" "$table" "$(date -u '+%Y-%m-%d %H:%M UTC'); $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //'); threads $THREADS; load $(cut -d' ' -f1-3 /proc/loadavg)" <<'PY'
-import sys
-doc, table, stamp = sys.argv[1], sys.argv[2], sys.argv[3]
-s = open(doc).read()
-b, e = "<!-- quality-vs-llama:begin -->", "<!-- quality-vs-llama:end -->"
-i, j = s.index(b) + len(b), s.index(e)
-s = s[:i] + "\n\nMeasured " + stamp + " by `scripts/quality-vs-llama.sh`.\n\n" + open(table).read().strip() + "\n\n" + s[j:]
-open(doc + ".tmp", "w").write(s)
-import os; os.replace(doc + ".tmp", doc)
-PY
+  python3 "$repo/scripts/splice-doc.py" "$doc" quality-vs-llama "$table" \
+    "$(date -u '+%Y-%m-%d %H:%M UTC'); $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //'); threads $THREADS; load $(cut -d' ' -f1-3 /proc/loadavg)" \
+    "scripts/quality-vs-llama.sh"
   log "wrote the tables into $doc"
 fi

@@ -167,15 +167,8 @@ cat "$table"
 
 if [ "$WRITE_DOC" = 1 ]; then
   doc=$repo/docs/benchmarks-quality.md
-  python3 - "$doc" "$table" "$(date -u '+%Y-%m-%d %H:%M UTC'); $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //')" <<'PY'
-import os, sys
-doc, table, stamp = sys.argv[1], sys.argv[2], sys.argv[3]
-s = open(doc).read()
-b, e = "<!-- type-errors:begin -->", "<!-- type-errors:end -->"
-i, j = s.index(b) + len(b), s.index(e)
-s = s[:i] + "\n\nMeasured " + stamp + " by `scripts/type-error-vs-llama.sh`.\n\n" + open(table).read().strip() + "\n\n" + s[j:]
-open(doc + ".tmp", "w").write(s)
-os.replace(doc + ".tmp", doc)
-PY
+  python3 "$repo/scripts/splice-doc.py" "$doc" type-errors "$table" \
+    "$(date -u '+%Y-%m-%d %H:%M UTC'); $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //')" \
+    "scripts/type-error-vs-llama.sh"
   log "wrote the table into $doc"
 fi

@@ -18,6 +18,7 @@ use krafla::session::{
 use krafla::synth::{synth_file, tiny_header};
 use krafla::tokenizer::{from_hf, Tokenizer};
 
+use crate::util::fixtures::HARMONY_MARKERS;
 use crate::util::schema::validate;
 use crate::util::testdata;
 
@@ -28,17 +29,6 @@ const EOS: u32 = 2;
 fn setup() -> (Arc<Engine>, Grammars) {
     setup_with(&[])
 }
-
-/// gpt-oss's harmony markers, special tokens in its tokenizer.
-const HARMONY_MARKERS: [&str; 7] = [
-    "<|start|>",
-    "<|channel|>",
-    "<|message|>",
-    "<|end|>",
-    "<|return|>",
-    "<|call|>",
-    "<|constrain|>",
-];
 
 /// [`setup`] with `added` as special tokens after the bundled tokenizer's ids (the
 /// model's vocabulary grown to hold them).

@@ -387,16 +387,8 @@ fn serve_harmony_reasoning_and_content() {
 /// gpt-oss's has them: the bundled tokenizer's ids, then the markers) and a random model
 /// of that vocabulary with 1,024 positions (made once per test run).
 fn start_harmony() -> Server {
+    use crate::util::fixtures::HARMONY_MARKERS as MARKERS;
     use std::sync::OnceLock;
-    const MARKERS: [&str; 7] = [
-        "<|start|>",
-        "<|channel|>",
-        "<|message|>",
-        "<|end|>",
-        "<|return|>",
-        "<|call|>",
-        "<|constrain|>",
-    ];
     static MADE: OnceLock<(std::path::PathBuf, std::path::PathBuf)> = OnceLock::new();
     let (mlb, mlt) = MADE.get_or_init(|| {
         let dir = super::files().mlb.parent().unwrap().join("harmony");
@@ -438,19 +430,6 @@ fn start_harmony() -> Server {
         .unwrap_or_else(|(c, e)| panic!("mlb-serve exited {c:?}: {e}"))
 }
 
-/// The reasoning a stream's deltas add up to.
-fn streamed_reasoning(data: &[String]) -> String {
-    data[..data.len() - 1]
-        .iter()
-        .filter_map(|d| {
-            let v: Value = serde_json::from_str(d).unwrap();
-            v["choices"][0]["delta"]["reasoning_content"]
-                .as_str()
-                .map(str::to_string)
-        })
-        .collect()
-}
-
 /// gpt-oss with its markers as special tokens: a `response_format` constrains the final
 /// channel's content, so the model may reason first (the random model does for some
 /// seeds); `content` is exactly the JSON, which validates, `reasoning_content` the
@@ -479,7 +458,11 @@ fn serve_harmony_formats_constrain_the_final_channel() {
             reasoned += usize::from(!reasoning.is_empty());
             let data = s.stream("/v1/chat/completions", &body);
             assert_eq!(streamed_content(&data), text, "seed {seed}");
-            assert_eq!(streamed_reasoning(&data), reasoning, "seed {seed}");
+            assert_eq!(
+                streamed(&data, "reasoning_content"),
+                reasoning,
+                "seed {seed}"
+            );
         }
     }
     assert!((1..6).contains(&reasoned), "{reasoned} of 6 reasoned");
@@ -577,17 +560,20 @@ fn whole_calls(c: &Value) -> Vec<(String, String, String)> {
         .collect()
 }
 
-/// The content a stream's deltas add up to.
-fn streamed_content(data: &[String]) -> String {
+/// What a stream's deltas add up to in one field (`content`, `reasoning_content`).
+fn streamed(data: &[String], field: &str) -> String {
     data[..data.len() - 1]
         .iter()
         .filter_map(|d| {
             let v: Value = serde_json::from_str(d).unwrap();
-            v["choices"][0]["delta"]["content"]
-                .as_str()
-                .map(str::to_string)
+            v["choices"][0]["delta"][field].as_str().map(str::to_string)
         })
         .collect()
+}
+
+/// The content a stream's deltas add up to.
+fn streamed_content(data: &[String]) -> String {
+    streamed(data, "content")
 }
 
 /// tool_choice auto: calls are read out of what the model writes, in each template

@@ -134,3 +134,14 @@ pub fn byte_mlt(path: &Path) {
     };
     std::fs::write(path, m.to_bytes().unwrap()).unwrap();
 }
+
+/// gpt-oss's harmony markers, special tokens in its tokenizer (in its order).
+pub const HARMONY_MARKERS: [&str; 7] = [
+    "<|start|>",
+    "<|channel|>",
+    "<|message|>",
+    "<|end|>",
+    "<|return|>",
+    "<|call|>",
+    "<|constrain|>",
+];
