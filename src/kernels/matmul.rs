@@ -27,10 +27,10 @@ use std::cell::RefCell;
 
 use super::acts::{ActTile, HalfActs, QActs, PACKED_TILE, QUANT_PAR_VALUES, TILE_TOKENS};
 use super::mat::WeightMat;
-use super::packed::{PackedRows, PackedView, GROUP};
+use super::packed::{Line, PackedRows, PackedView, DECODED_LINES, GROUP};
 use super::pool;
 use super::scalar::bf16dot::round_bf16_slice;
-use super::table::{kernels, DotFn, F16Fn, HalfFn, Kernels, PackedFn, TileFn};
+use super::table::{kernels, DecodedKernels, DotFn, F16Fn, HalfFn, Kernels, PackedFn, TileFn};
 use crate::format::mat::QMat;
 use crate::format::wtype::{WType, QK};
 
@@ -54,6 +54,11 @@ const ROUND_PAR_VALUES: usize = 65536;
 thread_local! {
     /// Scales of one sub-block of rows converted from f16 (f16-scale files).
     static SCALES: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+thread_local! {
+    /// One sub-block of a codebook matrix's rows, decoded ([`DecodedPlan`]).
+    static DECODED: RefCell<Vec<Line>> = const { RefCell::new(Vec::new()) };
 }
 
 /// `y`'s base pointer, shared by tasks that write disjoint elements.
@@ -272,6 +277,74 @@ impl<'a> RowPlan<'a> {
     }
 }
 
+/// One product of a codebook matrix and several tokens cut into pool tasks (runs of
+/// 16-row groups): a task decodes its groups in sub-blocks of about [`SUB_BYTES`] of
+/// decoded levels, each once, into a per-thread buffer, and runs every tile of
+/// [`PACKED_TILE`] tokens on it. (The row-major kernel decodes a row's blocks again for
+/// every tile of [`TILE_TOKENS`] tokens: 0.11× llama.cpp's prompt speed.)
+struct DecodedPlan<'a> {
+    k: DecodedKernels,
+    w: QMat<'a>,
+    /// The input's tiles of [`PACKED_TILE`] tokens.
+    tiles: &'a [ActTile<'a>],
+    groups: usize,
+    /// Groups per task.
+    per_task: usize,
+    /// Groups per sub-block of a task.
+    sub: usize,
+    tasks: usize,
+    out: SharedOut,
+}
+
+impl<'a> DecodedPlan<'a> {
+    /// Checks the shapes like [`Kernels::matmul`] (panics on a mismatch).
+    fn new(
+        k: DecodedKernels,
+        w: QMat<'a>,
+        cols: usize,
+        tiles: &'a [ActTile<'a>],
+        n: usize,
+        y: &mut [f32],
+    ) -> Self {
+        assert_eq!(cols, w.cols, "activation cols vs matrix cols");
+        assert_eq!(y.len(), n * w.rows, "y length vs n x rows");
+        let groups = w.rows.div_ceil(GROUP);
+        let per_task = rows_per_task(w.rows, w.cols * n).div_ceil(GROUP);
+        DecodedPlan {
+            k,
+            w,
+            tiles,
+            groups,
+            per_task,
+            sub: sub_groups(w.blocks() * DECODED_LINES * 64),
+            tasks: if n == 0 { 0 } else { groups.div_ceil(per_task) },
+            out: SharedOut(y.as_mut_ptr()),
+        }
+    }
+
+    /// Task `i`: its groups in sub-blocks, each decoded once for all tiles.
+    fn run(&self, i: usize) {
+        let (w, nb) = (&self.w, self.w.blocks());
+        let g1 = ((i + 1) * self.per_task).min(self.groups);
+        DECODED.with_borrow_mut(|buf| {
+            for s0 in (i * self.per_task..g1).step_by(self.sub) {
+                let s1 = (s0 + self.sub).min(g1);
+                buf.resize((s1 - s0) * nb * DECODED_LINES, Line([0; 64]));
+                // SAFETY: a supported tier's kernels; `buf` holds the groups' lines;
+                // tile k's outputs start at row k·PACKED_TILE of y (n × rows, checked in
+                // `new`) and task i alone writes the rows of groups s0..s1.
+                unsafe {
+                    (self.k.decode)(w.q, w.rows, w.cols, s0, s1, buf);
+                    for (k, xt) in self.tiles.iter().enumerate() {
+                        let y = self.out.at(k * PACKED_TILE * w.rows);
+                        (self.k.run)(buf, nb, s0, s1, w.rows, xt, y, w.rows);
+                    }
+                }
+            }
+        });
+    }
+}
+
 /// A 2-byte float kernel and the activations it takes.
 #[derive(Clone, Copy)]
 enum Input<'a> {
@@ -376,6 +449,7 @@ impl<'a> HalfPlan<'a> {
 /// One matrix product of a pool step, cut into tasks.
 enum Plan<'a> {
     Packed(PackedPlan<'a>),
+    Decoded(DecodedPlan<'a>),
     Rows(RowPlan<'a>),
     Half(HalfPlan<'a>),
 }
@@ -384,6 +458,7 @@ impl Plan<'_> {
     fn tasks(&self) -> usize {
         match self {
             Plan::Packed(p) => p.tasks,
+            Plan::Decoded(p) => p.tasks,
             Plan::Rows(p) => p.tasks,
             Plan::Half(p) => p.tasks,
         }
@@ -392,6 +467,7 @@ impl Plan<'_> {
     fn run(&self, i: usize) {
         match self {
             Plan::Packed(p) => p.run(i),
+            Plan::Decoded(p) => p.run(i),
             Plan::Rows(p) => p.run(i),
             Plan::Half(p) => p.run(i),
         }
@@ -539,7 +615,7 @@ impl Kernels {
     /// Panics if a matrix is of a 2-byte float type, or as [`Kernels::matmul`].
     pub fn matmul_each(&self, ws: &[&WeightMat], x: &QActs, ys: &mut [&mut [f32]]) {
         assert_eq!(ws.len(), ys.len(), "matrices vs outputs");
-        let tiles: Vec<Vec<ActTile>> = ws.iter().map(|w| self.q8_tiles(w, x, 0)).collect();
+        let tiles: Vec<Vec<ActTile>> = ws.iter().map(|w| self.q8_tiles(w, x, 0, x.n())).collect();
         let plans: Vec<Plan> = ws
             .iter()
             .zip(ys.iter_mut())
@@ -549,14 +625,22 @@ impl Kernels {
         run_plans(&plans);
     }
 
-    /// The tiles of segment `seg` of `x` that `w` takes: of [`PACKED_TILE`] tokens for
-    /// a packed kernel, else of [`TILE_TOKENS`].
-    fn q8_tiles<'x>(&self, w: &WeightMat, x: &'x QActs, seg: usize) -> Vec<ActTile<'x>> {
-        let size = match (w.packed, self.packed_fn(w.mat.wtype)) {
-            (Some(_), Some(_)) => PACKED_TILE,
-            _ => TILE_TOKENS,
+    /// The tiles of segment `seg` (`n` tokens) of `x` that `w` takes: of
+    /// [`PACKED_TILE`] tokens for a packed or decoded kernel, else of [`TILE_TOKENS`].
+    fn q8_tiles<'x>(&self, w: &WeightMat, x: &'x QActs, seg: usize, n: usize) -> Vec<ActTile<'x>> {
+        let packed = w.packed.is_some() && self.packed_fn(w.mat.wtype).is_some();
+        let size = if packed || self.decoded_for(w, n).is_some() {
+            PACKED_TILE
+        } else {
+            TILE_TOKENS
         };
         x.segment_tiles(seg, size)
+    }
+
+    /// The decoded path for `w` times `n` tokens: a codebook matrix and more than one
+    /// token (one token reads each row once, from the map).
+    fn decoded_for(&self, w: &WeightMat, n: usize) -> Option<DecodedKernels> {
+        (n > 1).then(|| self.decoded_fn(w.mat.wtype)).flatten()
     }
 
     /// The plan of quantized `w` times the `n` tokens of `tiles` (from
@@ -573,6 +657,9 @@ impl Kernels {
             return Plan::Packed(PackedPlan::new(f, p, cols, tiles, n, y));
         }
         let m = &w.mat;
+        if let Some(k) = self.decoded_for(w, n) {
+            return Plan::Decoded(DecodedPlan::new(k, *m, cols, tiles, n, y));
+        }
         let tile = self.mats[m.wtype as usize]
             .unwrap_or_else(|| panic!("no {} kernel on tier {}", m.wtype, self.tier()))
             .tile;
@@ -733,7 +820,10 @@ impl Kernels {
         let tiles: Vec<Vec<ActTile>> = prods
             .iter()
             .map(|p| match self.takes(p.w.mat.wtype) {
-                Takes::Q8 => self.q8_tiles(p.w, inputs[p.input].qa, p.seg),
+                Takes::Q8 => {
+                    let n = inputs[p.input].rows(p.seg).len();
+                    self.q8_tiles(p.w, inputs[p.input].qa, p.seg, n)
+                }
                 _ => Vec::new(),
             })
             .collect();

@@ -57,6 +57,22 @@
 //! bits and codes: `d·sc` and `dmin·m` are exact in f32, so a kernel computes them on
 //! the fly with the bits of the reference. [`PackedMat::unpack_row`] gives back the
 //! row's GGUF bytes exactly.
+//!
+//! ## Decoded codebook groups
+//!
+//! The codebook types (IQ3_XXS … IQ1_M) keep no packed copy: their levels come out of
+//! grid lookups, which cost more than the products a decode step makes of them. A
+//! prompt's product instead decodes a sub-block of rows once into a per-thread buffer of
+//! [`Line`]s and runs every token tile on it ([`DECODED_LINES`] lines per block
+//! position, groups of 16 rows, positions in `block_order`, padding rows level 0 and
+//! scale 0):
+//!
+//! ```text
+//! lines 0..8  the block's levels as a packed Q8_0 block: line k holds, for row j, at
+//!             4j..4j+4, level[4k..4k+4] + 128 (u8)
+//! line 8      the 16 rows' f32 scales of the block's first 16 weights (`dw_lo`)
+//! line 9      the same of its last 16 (`dw_hi`; equal to `dw_lo` for a scale per 32)
+//! ```
 
 use std::io;
 
@@ -70,6 +86,14 @@ use crate::quant::{blocks, blocks32, codebook, kquants, lowbit, mxfp4};
 
 /// Rows per group: one 512-bit vector of i32/f32 lanes.
 pub const GROUP: usize = 16;
+
+/// One 64-byte line of a decoded codebook buffer (see the module docs).
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+pub struct Line(pub [u8; 64]);
+
+/// Lines per block position of a decoded codebook group: 8 of levels, 2 of scales.
+pub const DECODED_LINES: usize = 10;
 
 /// Bytes of a matrix copied at load between two releases of its source rows (packing,
 /// `model::Packs`' plain copies): the map and the copy are resident together for about

@@ -16,7 +16,7 @@ use std::sync::OnceLock;
 
 use super::acts::{ActTile, HalfActs};
 use super::error::TierError;
-use super::packed::PackedView;
+use super::packed::{Line, PackedView};
 use super::scalar::attention::{self as scalar_attention, KvView, Query, TILE_QUERIES};
 use super::scalar::blocks::{self as scalar_blocks, for_block_type};
 use super::scalar::codebook::{self as scalar_codebook, for_codebook_type};
@@ -45,6 +45,34 @@ pub(super) type TileFn =
 /// `y[t·ld + r]` for every real row `r` of those groups.
 pub(super) type PackedFn =
     unsafe fn(p: &PackedView, g0: usize, g1: usize, x: &ActTile, y: *mut f32, ld: usize);
+
+/// Decodes groups `g0..g1` (16 rows each) of a row-major codebook matrix (`wq`: its
+/// `rows` rows of `cols`) into `buf`, `(g1 − g0)·(cols/32)·DECODED_LINES` lines in the
+/// layout of `packed` ("Decoded codebook groups").
+pub(super) type DecodeFn =
+    unsafe fn(wq: &[u8], rows: usize, cols: usize, g0: usize, g1: usize, buf: &mut [Line]);
+
+/// Dots decoded groups `g0..g1` (`buf`, from [`DecodeFn`]; `nb` blocks per row) with the
+/// 1..=`PACKED_TILE` tokens of a packed tile `x`: `y[t·ld + r]` for every real row `r <
+/// rows` of those groups.
+pub(super) type DecodedFn = unsafe fn(
+    buf: &[Line],
+    nb: usize,
+    g0: usize,
+    g1: usize,
+    rows: usize,
+    x: &ActTile,
+    y: *mut f32,
+    ld: usize,
+);
+
+/// A codebook type's prompt path: decode a sub-block of rows once, then run every
+/// token tile on the decoded levels.
+#[derive(Clone, Copy)]
+pub(super) struct DecodedKernels {
+    pub(super) decode: DecodeFn,
+    pub(super) run: DecodedFn,
+}
 
 /// f16 bits to f32, exactly: `src.len() == dst.len()`.
 pub(super) type F16Fn = unsafe fn(src: &[u16], dst: &mut [f32]);
@@ -113,6 +141,8 @@ const SCALAR_HALF: HalfKernels = HalfKernels {
 pub(super) struct MatKernels {
     pub(super) tile: TileFn,
     pub(super) packed: Option<PackedFn>,
+    /// The codebook types' multi-token path, where the tier has one.
+    pub(super) decoded: Option<DecodedKernels>,
 }
 
 /// Weight types, and so entries of `Kernels::mats`.
@@ -219,10 +249,12 @@ fn x86_kernels(t: Tier, base: Kernels) -> Kernels {
         WType::Q8_0 => Some(MatKernels {
             tile: q8,
             packed: q8_packed,
+            decoded: None,
         }),
         WType::Q4_0 => Some(MatKernels {
             tile: q4,
             packed: q4_packed,
+            decoded: None,
         }),
         _ => x86_blocks(w, vnni),
     });
@@ -288,12 +320,18 @@ fn x86_blocks(w: WType, vnni: bool) -> Option<MatKernels> {
         } else {
             xpb::avx2::<B>
         }),
+        decoded: None,
     })
-    // The codebook types have no packed layout: every x86 tier reads them from the map.
+    // The codebook types have no packed layout: every x86 tier reads them from the map,
+    // and the VNNI tiers decode a prompt's sub-blocks of rows once for all its tokens.
     .or_else(|| {
         for_codebook_type!(w, |C| MatKernels {
             tile: xcb::tile::<C>,
             packed: None,
+            decoded: vnni.then_some(DecodedKernels {
+                decode: xcb::decode_groups::<C>,
+                run: xcb::decoded_vnni::<C>,
+            }),
         })
     })
 }
@@ -388,10 +426,12 @@ impl Kernels {
                     WType::Q8_0 => Some(MatKernels {
                         tile: arm::tiles::tile_q8,
                         packed: None,
+                        decoded: None,
                     }),
                     WType::Q4_0 => Some(MatKernels {
                         tile: arm::tiles::tile_q4,
                         packed: None,
+                        decoded: None,
                     }),
                     _ => None,
                 }),
@@ -426,6 +466,11 @@ impl Kernels {
     /// The tier's packed kernel of type `t`, if it has one.
     pub(super) fn packed_fn(&self, t: WType) -> Option<PackedFn> {
         self.mats[t as usize].and_then(|m| m.packed)
+    }
+
+    /// The tier's decoded (codebook) path of type `t`, if it has one.
+    pub(super) fn decoded_fn(&self, t: WType) -> Option<DecodedKernels> {
+        self.mats[t as usize].and_then(|m| m.decoded)
     }
 
     /// The tier's kernel for 2-byte float weights of type `t` and f32 activations;
@@ -672,7 +717,11 @@ fn scalar_kernels() -> Kernels {
                 WType::Q4_0 => scalar_tiles::tile_q4,
                 _ => return scalar_blocks_entry(w),
             };
-            Some(MatKernels { tile, packed: None })
+            Some(MatKernels {
+                tile,
+                packed: None,
+                decoded: None,
+            })
         }),
         half: SCALAR_HALF,
         half_acts: HalfActs::F32,
@@ -686,11 +735,13 @@ fn scalar_blocks_entry(w: WType) -> Option<MatKernels> {
     for_block_type!(w, |B| MatKernels {
         tile: scalar_blocks::tile::<B>,
         packed: None,
+        decoded: None,
     })
     .or_else(|| {
         for_codebook_type!(w, |C| MatKernels {
             tile: scalar_codebook::tile::<C>,
             packed: None,
+            decoded: None,
         })
     })
 }

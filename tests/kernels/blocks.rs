@@ -285,6 +285,54 @@ fn block_thread_count_does_not_change_bits() {
     }
 }
 
+/// A codebook matrix times several tokens takes the decoded path on the VNNI tiers
+/// (levels decoded once per sub-block of rows, then the packed-style kernel: no
+/// row-major tile), one token the row-major kernel; the bits are checked above.
+#[test]
+fn codebook_prompts_decode_once_on_vnni_tiers() {
+    use krafla::kernels::counters::{self, Op};
+    use krafla::kernels::Tier;
+    if crate::util::skip_without_counters() {
+        return;
+    }
+    let mut rng = Rng(0xDEC0_DE01);
+    let (rows, cols) = (40, 512);
+    for t in types().filter(|&t| is_codebook(t)) {
+        let q = random_blocks(&mut rng, t, rows, cols, false);
+        let w = WeightMat::from(QMat::new_blocks(t, rows, cols, &q).unwrap());
+        for k in all_kernels() {
+            let vnni = matches!(k.tier(), Tier::Avx512Vnni | Tier::Avx512Bf16);
+            for n in [1, 9] {
+                let x = activations(&mut rng, n * cols, false);
+                let mut xa = QActs::new();
+                k.quantize_acts(&x, cols, &mut xa);
+                let mut y = vec![0f32; n * rows];
+                counters::take();
+                Pool::leak(1).install(|| k.matmul(&w, &xa, &mut y));
+                let calls = counters::take();
+                // The BF16 tier runs the VNNI tier's kernel, as AVX-512 runs AVX2's.
+                let (tiles, packed) = (
+                    calls.get(k.tier(), Op::Tile) + calls.get(Tier::Avx2, Op::Tile),
+                    calls.get(Tier::Avx512Vnni, Op::Packed),
+                );
+                if vnni && n > 1 {
+                    assert!(
+                        tiles == 0 && packed > 0,
+                        "{t} {} n {n}: {calls:?}",
+                        k.tier()
+                    );
+                } else {
+                    assert!(
+                        tiles > 0 && packed == 0,
+                        "{t} {} n {n}: {calls:?}",
+                        k.tier()
+                    );
+                }
+            }
+        }
+    }
+}
+
 #[test]
 fn block_views_are_checked() {
     let q = vec![0u8; 2 * 144];

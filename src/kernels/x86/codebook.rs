@@ -10,16 +10,25 @@
 //! 2·62·127, no saturation) and `vpmaddwd` by 1 give 8 exact i32 partials per block,
 //! reduced to `isum` per block (a scale per 32) or to `Σ_lo`, `Σ_hi` (a scale per 16),
 //! then the contract's float step on the 8 blocks as 8 lanes.
+//!
+//! A prompt (VNNI tiers) decodes a sub-block of rows once into the layout of
+//! `kernels::packed` ("Decoded codebook groups": levels + 128 as a packed Q8_0 block,
+//! f32 scales per 16 weights; [`decode_groups`]) and runs every tile of tokens on it as
+//! the packed Q8_0 kernel does ([`decoded_vnni`]): one zmm lane per row, `vpdpbusd`
+//! chains started at `−128·Σx` (a scale per 32) or at `−128·Σx_lo` and `−128·Σx_hi`
+//! (a scale per 16), then the contract's float step on 16 rows.
 
 use core::arch::x86_64::*;
 
+use super::packed::{add512, dpbusd_block, lane_tree, store16, with_tokens};
 use super::simd::{hsum8, hsum8_halves, reduce_lanes};
 use crate::format::iq_grids::{
     IQ1S_GRID, IQ2S_GRID, IQ2XS_GRID, IQ2XXS_GRID, IQ3S_GRID, IQ3XXS_GRID, KSIGNS,
 };
 use crate::format::wtype::{WType, QK, QK_K};
-use crate::kernels::acts::{ActTile, TILE_TOKENS};
+use crate::kernels::acts::{ActTile, PACKED_TILE, TILE_TOKENS};
 use crate::kernels::counters::{count, Op};
+use crate::kernels::packed::{lane_start, Line, DECODED_LINES, GROUP};
 use crate::kernels::scalar::codebook::CodebookTy;
 use crate::kernels::scalar::tiles::LANES;
 use crate::kernels::tier::Tier;
@@ -239,4 +248,172 @@ pub unsafe fn tile<C: CodebookTy>(
     count(Tier::Avx2, Op::Tile);
     // SAFETY: the caller's CPU has the features.
     unsafe { tile_any::<C>(rows, wq, x, out) }
+}
+
+/// Decodes groups `g0..g1` of type `C`'s rows into `buf` (see `table::DecodeFn`).
+///
+/// # Safety
+/// The CPU has AVX2; `wq` holds `rows` rows of `cols`, `g1·16 < rows + 16`, `buf` holds
+/// `(g1 − g0)·(cols/32)·DECODED_LINES` lines.
+#[target_feature(enable = "avx2")]
+pub unsafe fn decode_groups<C: CodebookTy>(
+    wq: &[u8],
+    rows: usize,
+    cols: usize,
+    g0: usize,
+    g1: usize,
+    buf: &mut [Line],
+) {
+    // Counted as the packing step it is (AVX2 code on the VNNI tiers).
+    count(Tier::Avx2, Op::Packed);
+    let (nb, rb, bb) = (cols / QK, C::W.row_bytes(cols), C::W.block_bytes());
+    let per_group = nb * DECODED_LINES;
+    assert!(wq.len() == rows * rb && buf.len() >= (g1 - g0) * per_group);
+    assert!(g0 <= g1 && (g1 - 1) * GROUP < rows.max(1));
+    // Block b = 8·sb + l of a row sits at position lane_start(l) + sb.
+    let starts: [usize; LANES] = std::array::from_fn(|l| lane_start(nb, l));
+    let flip = _mm256_set1_epi8(-128);
+    for (g, rec) in (g0..g1).zip(buf.chunks_exact_mut(per_group)) {
+        for j in 0..GROUP {
+            let at = 4 * j..4 * j + 4;
+            let r = g * GROUP + j;
+            if r >= rows {
+                for lines in rec.chunks_exact_mut(DECODED_LINES) {
+                    for (k, line) in lines.iter_mut().enumerate() {
+                        line.0[at.clone()].fill(if k < 8 { 0x80 } else { 0 });
+                    }
+                }
+                continue;
+            }
+            for (sb, blk) in wq[r * rb..(r + 1) * rb].chunks_exact(bb).enumerate() {
+                let dw = codebook::scales(C::W, blk);
+                for (l, &start) in starts.iter().enumerate() {
+                    let v = _mm256_xor_si256(levels(C::W, blk, l), flip);
+                    let mut u = [0u8; QK];
+                    // SAFETY: `u` holds 32 bytes.
+                    unsafe { _mm256_storeu_si256(u.as_mut_ptr() as *mut __m256i, v) };
+                    let lines = &mut rec[(start + sb) * DECODED_LINES..][..DECODED_LINES];
+                    for (k, line) in lines[..8].iter_mut().enumerate() {
+                        line.0[at.clone()].copy_from_slice(&u[4 * k..4 * k + 4]);
+                    }
+                    lines[8].0[at.clone()].copy_from_slice(&dw[2 * l].to_ne_bytes());
+                    lines[9].0[at.clone()].copy_from_slice(&dw[2 * l + 1].to_ne_bytes());
+                }
+            }
+        }
+    }
+}
+
+/// Lane `l`'s accumulators for `T` tokens over one decoded group (`rec`): blocks `l, l
+/// + 8, …`, stored from position `lane_start(nb, l)` on. All zero when `l ≥ nb`.
+#[inline(always)]
+unsafe fn decoded_lane<const HALVES: bool, const T: usize>(
+    rec: *const u8,
+    x: &ActTile,
+    nb: usize,
+    l: usize,
+) -> [__m512; T] {
+    let mut pos = lane_start(nb, l);
+    // SAFETY: the caller's contract (see `decoded_vnni`): the group's lines and a packed
+    // tile of T tokens.
+    unsafe {
+        let (xq, xd, xs, xh) = (x.iq.as_ptr(), x.id.as_ptr(), x.is.as_ptr(), x.ih.as_ptr());
+        let mut acc = [_mm512_setzero_ps(); T];
+        let mut b = l;
+        while b < nb {
+            let wp = rec.add(pos * DECODED_LINES * 64);
+            let mut w = [_mm512_setzero_si512(); 8];
+            for (k, wk) in w.iter_mut().enumerate() {
+                *wk = _mm512_load_si512(wp.add(64 * k) as *const _);
+            }
+            let (lo, hi) = ([w[0], w[1], w[2], w[3]], [w[4], w[5], w[6], w[7]]);
+            let dl = _mm512_load_ps(wp.add(512) as *const f32);
+            let dh = _mm512_load_ps(wp.add(576) as *const f32);
+            let at = b * T;
+            for (t, acc_t) in acc.iter_mut().enumerate() {
+                let xb = xq.add((at + t) * QK) as *const i32;
+                let (s, dx) = (*xs.add(at + t), _mm512_set1_ps(*xd.add(at + t)));
+                if HALVES {
+                    let h = *xh.add(at + t);
+                    let (i0, i1) = dpbusd_block(
+                        _mm512_set1_epi32(-128 * h),
+                        _mm512_set1_epi32(-128 * (s - h)),
+                        &lo,
+                        &hi,
+                        xb,
+                    );
+                    let l = _mm512_mul_ps(dl, _mm512_cvtepi32_ps(i0));
+                    let v = _mm512_fmadd_ps(dh, _mm512_cvtepi32_ps(i1), l);
+                    *acc_t = _mm512_fmadd_ps(dx, v, *acc_t);
+                } else {
+                    let (i0, i1) = dpbusd_block(
+                        _mm512_set1_epi32(-128 * s),
+                        _mm512_setzero_si512(),
+                        &lo,
+                        &hi,
+                        xb,
+                    );
+                    let isum = _mm512_cvtepi32_ps(_mm512_add_epi32(i0, i1));
+                    *acc_t = _mm512_fmadd_ps(_mm512_mul_ps(dl, dx), isum, *acc_t);
+                }
+            }
+            pos += 1;
+            b += LANES;
+        }
+        acc
+    }
+}
+
+/// Groups `g0..g1` of `buf` against `T` tokens, the lanes combined by `lane_tree!`.
+#[inline(always)]
+unsafe fn decoded_groups<const HALVES: bool, const T: usize>(
+    buf: &[Line],
+    nb: usize,
+    g0: usize,
+    g1: usize,
+    rows: usize,
+    x: &ActTile,
+    y: *mut f32,
+    ld: usize,
+) {
+    for g in g0..g1 {
+        let rec = buf[(g - g0) * nb * DECODED_LINES..].as_ptr() as *const u8;
+        // SAFETY: the caller's contract (see `decoded_vnni`).
+        unsafe {
+            let r = lane_tree!(|l: usize| decoded_lane::<HALVES, T>(rec, x, nb, l), add512);
+            store16(r, rows, g, y, ld);
+        }
+    }
+}
+
+/// Decoded groups of codebook type `C` against a packed tile, AVX-512 VNNI (see
+/// `table::DecodedFn`).
+///
+/// # Safety
+/// The CPU has AVX-512 F/BW/VNNI; `buf` holds groups `g0..g1` from [`decode_groups`] of
+/// a matrix of `rows` rows of `nb` blocks; `x` is a packed tile of 1..=8 tokens of `nb`
+/// blocks; `y[t·ld + r]` is writable for every token and real row of the groups.
+#[target_feature(enable = "avx2,fma,avx512f,avx512bw,avx512vnni")]
+pub unsafe fn decoded_vnni<C: CodebookTy>(
+    buf: &[Line],
+    nb: usize,
+    g0: usize,
+    g1: usize,
+    rows: usize,
+    x: &ActTile,
+    y: *mut f32,
+    ld: usize,
+) {
+    count(Tier::Avx512Vnni, Op::Packed);
+    let nt = x.d.len() / nb;
+    assert!((1..=PACKED_TILE).contains(&nt) && buf.len() >= (g1 - g0) * nb * DECODED_LINES);
+    assert!(x.iq.len() == nt * nb * QK && x.is.len() == nt * nb && x.ih.len() == nt * nb);
+    // SAFETY: forwarded caller contract; the lengths checked above.
+    unsafe {
+        if codebook::halves(C::W) {
+            with_tokens!(nt, const T => decoded_groups::<true, T>(buf, nb, g0, g1, rows, x, y, ld))
+        } else {
+            with_tokens!(nt, const T => decoded_groups::<false, T>(buf, nb, g0, g1, rows, x, y, ld))
+        }
+    }
 }
