@@ -2,13 +2,14 @@
 //! IQ2_S, IQ1_M) on AVX2 + FMA, bit-identical to `scalar::codebook`. Every x86 tier uses
 //! them (the codebook types have no packed layout).
 //!
-//! A super-block is decoded once per row into 8 ymm of 32 signed levels `v` (one per
-//! block of 32, element order): grid entries gathered by scalar index into a ymm (4 of 8
-//! values or 8 of 4), sign bytes expanded to byte masks (`vpshufb` + `vpcmpeqb`) and
-//! applied as `(m ^ mask) − mask`; IQ1_M's levels are `8·g ± 1`. Then for every token
-//! `vpmaddubsw(|v|, sign(x, v))` (the IQ4_NL sign trick: `|v| ≤ 62`, pair sums ≤
-//! 2·62·127, no saturation) and `vpmaddwd` by 1 give 8 exact i32 partials per block,
-//! reduced to `isum` per block (a scale per 32) or to `Σ_lo`, `Σ_hi` (a scale per 16),
+//! A super-block is decoded once per row into 8 ymm of 32 level magnitudes `m` and 8
+//! of their signs `s` (±1 bytes), one pair per block of 32, element order: grid entries
+//! loaded by index (scalar loads: Zen 4's `vpgatherdd` was slower), signs from a table of ±1 bytes per 7-bit sign index (IQ2_XXS, IQ3_XXS,
+//! IQ2_XS) or from the sign bits (`vpshufb` + `vpcmpeqb`); IQ1_M's levels are `8·g ±
+//! 1`, `m = |v|` and `s = v`. Then for every token `vpmaddubsw(m, sign(x, s))` (the
+//! IQ4_NL sign trick: `m ≤ 62`, pair sums ≤ 2·62·127, no saturation) and `vpmaddwd` by
+//! 1 give 8 exact i32 partials per block, reduced to `isum` per block (a scale per 32)
+//! or to `Σ_lo`, `Σ_hi` (a scale per 16),
 //! then the contract's float step on the 8 blocks as 8 lanes.
 //!
 //! A prompt (VNNI tiers) decodes a sub-block of rows once into the layout of
@@ -23,7 +24,7 @@ use core::arch::x86_64::*;
 use super::packed::{add512, dpbusd_block, lane_tree, store16, with_tokens};
 use super::simd::{hsum8, hsum8_halves, reduce_lanes};
 use crate::format::iq_grids::{
-    IQ1S_GRID, IQ2S_GRID, IQ2XS_GRID, IQ2XXS_GRID, IQ3S_GRID, IQ3XXS_GRID, KSIGNS,
+    IQ1S_GRID, IQ2S_GRID, IQ2XS_GRID, IQ2XXS_GRID, IQ3S_GRID, IQ3XXS_GRID,
 };
 use crate::format::wtype::{WType, QK, QK_K};
 use crate::kernels::acts::{ActTile, PACKED_TILE, TILE_TOKENS};
@@ -38,7 +39,7 @@ use crate::quant::codebook;
 struct Group {
     /// `|v|` per block of 32 (u8).
     w: [__m256i; LANES],
-    /// `v` per block of 32 (i8), the signs for `vpsignb`.
+    /// The signs of `v` per block of 32 for `vpsignb` (±1, or `v`).
     v: [__m256i; LANES],
     /// Per block: the scale of its first 16 weights (the block's scale when the type
     /// has one per 32) and of its last 16.
@@ -71,12 +72,37 @@ fn sign_mask(s: u32) -> __m256i {
     _mm256_cmpeq_epi8(_mm256_and_si256(bytes, bit), bit)
 }
 
-/// Magnitudes `m` with the signs of `s`: `(m ^ mask) − mask`.
+/// `vpsignb` factors of a sign mask: −1 where set, +1 elsewhere.
 #[target_feature(enable = "avx2")]
 #[inline]
-fn signed(m: __m256i, s: u32) -> __m256i {
-    let mask = sign_mask(s);
-    _mm256_sub_epi8(_mm256_xor_si256(m, mask), mask)
+fn pm1(mask: __m256i) -> __m256i {
+    _mm256_or_si256(mask, _mm256_set1_epi8(1))
+}
+
+/// The 8 signs of 7-bit sign index `i` as ±1 bytes (GGUF's `KSIGNS[i]`: bit 7 makes
+/// the count of set bits even), so that a block's signs are 4 table loads.
+static SIGNS_PM1: [u64; 128] = {
+    let mut t = [0u64; 128];
+    let mut i = 0;
+    while i < 128 {
+        let s = i as u32 | (i as u32).count_ones() % 2 << 7;
+        let mut k = 0;
+        while k < 8 {
+            t[i] |= (if s >> k & 1 == 1 { 0xFF } else { 0x01 }) << (8 * k);
+            k += 1;
+        }
+        i += 1;
+    }
+    t
+};
+
+/// The ±1 signs of 32 weights from four 7-bit sign indices (IQ2_XXS, IQ3_XXS: the low
+/// 28 bits of `aux`, 7 per group of 8).
+#[target_feature(enable = "avx2")]
+#[inline]
+fn signs4(aux: u32) -> __m256i {
+    let s = |l: u32| SIGNS_PM1[(aux >> (7 * l) & 127) as usize] as i64;
+    _mm256_setr_epi64x(s(0), s(1), s(2), s(3))
 }
 
 /// Four 8-value grid entries in element order.
@@ -91,7 +117,8 @@ fn grid8(g: &[u64], i: [usize; 4]) -> __m256i {
     )
 }
 
-/// Eight 4-value grid entries in element order.
+/// Eight 4-value grid entries in element order (scalar loads: `vpgatherdd` made Zen 4's
+/// decode slower).
 #[target_feature(enable = "avx2")]
 #[inline]
 fn grid4(g: &[u32], i: impl Fn(usize) -> usize) -> __m256i {
@@ -99,39 +126,39 @@ fn grid4(g: &[u32], i: impl Fn(usize) -> usize) -> __m256i {
     _mm256_setr_epi32(e(0), e(1), e(2), e(3), e(4), e(5), e(6), e(7))
 }
 
-/// The signed levels of block `j` (32 weights) of super-block `b` of type `t`.
+/// The magnitudes `m` (u8) and `vpsignb` signs `s` (±1, or the signed levels for
+/// IQ1_M) of block `j` (32 weights) of super-block `b` of type `t`: the levels are
+/// `m·s`.
 #[target_feature(enable = "avx2")]
 #[inline]
-fn levels(t: WType, b: &[u8], j: usize) -> __m256i {
+fn levels(t: WType, b: &[u8], j: usize) -> (__m256i, __m256i) {
     match t {
         WType::IQ2_XXS => {
             let q = &b[2 + 8 * j..][..4];
             let m = grid8(&IQ2XXS_GRID, [0, 1, 2, 3].map(|l| q[l] as usize));
-            signed(m, codebook::ksigns4(u32_at(b, 2 + 8 * j + 4)))
+            (m, signs4(u32_at(b, 2 + 8 * j + 4)))
         }
         WType::IQ3_XXS => {
             let q = &b[2 + 8 * j..][..8];
             let m = grid4(&IQ3XXS_GRID, |i| q[i] as usize);
-            signed(m, codebook::ksigns4(u32_at(b, 66 + 4 * j)))
+            (m, signs4(u32_at(b, 66 + 4 * j)))
         }
         WType::IQ2_XS => {
             let q = [0, 1, 2, 3].map(|l| u16_at(b, 2 + 8 * j + 2 * l));
             let m = grid8(&IQ2XS_GRID, q.map(|q| (q & 511) as usize));
-            let s = (0..4).fold(0u32, |a, l| {
-                a | (KSIGNS[(q[l] >> 9) as usize] as u32) << (8 * l)
-            });
-            signed(m, s)
+            let s = q.map(|q| SIGNS_PM1[(q >> 9) as usize] as i64);
+            (m, _mm256_setr_epi64x(s[0], s[1], s[2], s[3]))
         }
         WType::IQ2_S => {
             let m = grid8(
                 &IQ2S_GRID,
                 [0, 1, 2, 3].map(|l| codebook::iq2s_index(b, 4 * j + l)),
             );
-            signed(m, u32_at(b, 34 + 4 * j))
+            (m, pm1(sign_mask(u32_at(b, 34 + 4 * j))))
         }
         WType::IQ3_S => {
             let m = grid4(&IQ3S_GRID, |i| codebook::iq3s_index(b, 8 * j + i));
-            signed(m, u32_at(b, 74 + 4 * j))
+            (m, pm1(sign_mask(u32_at(b, 74 + 4 * j))))
         }
         WType::IQ1_M => {
             let k = [0, 1, 2, 3].map(|l| codebook::iq1m_index(b, 4 * j + l));
@@ -140,40 +167,140 @@ fn levels(t: WType, b: &[u8], j: usize) -> __m256i {
             // bits are masked off.
             let g8 = _mm256_and_si256(_mm256_slli_epi16(g, 3), _mm256_set1_epi8(-8));
             let sh = k.map(|(_, neg)| if neg { -1i64 } else { 0x0101_0101_0101_0101 });
-            _mm256_add_epi8(g8, _mm256_setr_epi64x(sh[0], sh[1], sh[2], sh[3]))
+            let v = _mm256_add_epi8(g8, _mm256_setr_epi64x(sh[0], sh[1], sh[2], sh[3]));
+            (_mm256_abs_epi8(v), v)
         }
         _ => unreachable!("a codebook type"),
     }
 }
 
+/// The per-32 scales of super-block `b` of type `t` as 8 lanes: `(dl, dh)`, block `j`'s
+/// first and last 16 weights' `dw` (equal for a scale per 32), the bits of
+/// `quant::codebook::scales` (the same f32 operations, one lane per block).
+///
+/// # Safety
+/// The CPU has AVX2 and F16C. (No closures inside: they would not inherit the caller's
+/// features, and every intrinsic in them would become a call.)
+#[inline(always)]
+unsafe fn scales8(t: WType, b: &[u8]) -> (__m256, __m256) {
+    // The small integer codes of the 8 blocks' two halves, and `d`.
+    let (mut lo, mut hi) = ([0u8; 8], [0u8; 8]);
+    let d = match t {
+        WType::IQ3_XXS => {
+            for (j, l) in lo.iter_mut().enumerate() {
+                *l = b[69 + 4 * j] >> 4;
+            }
+            u16_at(b, 0)
+        }
+        WType::IQ2_XXS => {
+            for (j, l) in lo.iter_mut().enumerate() {
+                *l = b[9 + 8 * j] >> 4;
+            }
+            u16_at(b, 0)
+        }
+        WType::IQ2_XS | WType::IQ2_S => {
+            let at = if t == WType::IQ2_XS { 66 } else { 74 };
+            for j in 0..8 {
+                (lo[j], hi[j]) = (b[at + j] & 15, b[at + j] >> 4);
+            }
+            u16_at(b, 0)
+        }
+        WType::IQ3_S => {
+            for (j, l) in lo.iter_mut().enumerate() {
+                *l = b[106 + j / 2] >> (4 * (j % 2)) & 15;
+            }
+            u16_at(b, 0)
+        }
+        WType::IQ1_M => {
+            for h in 0..16 {
+                let ls = (u16_at(b, 48 + 2 * (h / 4)) >> (3 * (h % 4)) & 7) as u8;
+                if h % 2 == 0 {
+                    lo[h / 2] = ls;
+                } else {
+                    hi[h / 2] = ls;
+                }
+            }
+            let sc = |k: usize| u16_at(b, 48 + 2 * k);
+            (sc(0) >> 12) | ((sc(1) >> 8) & 0x00f0) | ((sc(2) >> 4) & 0x0f00) | (sc(3) & 0xf000)
+        }
+        _ => unreachable!("a codebook type"),
+    };
+    // SAFETY: the caller's CPU has AVX2 and F16C; `lo` and `hi` hold the 8 bytes read.
+    unsafe {
+        let d = _mm256_set1_ps(_mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(d as i32))));
+        let nl = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(
+            lo.as_ptr() as *const __m128i
+        )));
+        let nh = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(
+            hi.as_ptr() as *const __m128i
+        )));
+        let (half, one, two) = (
+            _mm256_set1_ps(0.5),
+            _mm256_set1_ps(1.0),
+            _mm256_set1_ps(2.0),
+        );
+        match t {
+            // d·(0.5 + ls)·0.5
+            WType::IQ3_XXS => {
+                let v = _mm256_mul_ps(_mm256_mul_ps(d, _mm256_add_ps(half, nl)), half);
+                (v, v)
+            }
+            // d·(0.5 + ls)·0.25
+            WType::IQ2_XXS => {
+                let v = _mm256_mul_ps(
+                    _mm256_mul_ps(d, _mm256_add_ps(half, nl)),
+                    _mm256_set1_ps(0.25),
+                );
+                (v, v)
+            }
+            WType::IQ2_XS | WType::IQ2_S => {
+                let q = _mm256_set1_ps(0.25);
+                (
+                    _mm256_mul_ps(_mm256_mul_ps(d, _mm256_add_ps(half, nl)), q),
+                    _mm256_mul_ps(_mm256_mul_ps(d, _mm256_add_ps(half, nh)), q),
+                )
+            }
+            // d·(1 + 2·ls)
+            WType::IQ3_S => {
+                let v = _mm256_mul_ps(d, _mm256_add_ps(one, _mm256_mul_ps(two, nl)));
+                (v, v)
+            }
+            // d·(2·ls + 1)·0.125
+            _ => {
+                let e = _mm256_set1_ps(0.125);
+                (
+                    _mm256_mul_ps(
+                        _mm256_mul_ps(d, _mm256_add_ps(_mm256_mul_ps(two, nl), one)),
+                        e,
+                    ),
+                    _mm256_mul_ps(
+                        _mm256_mul_ps(d, _mm256_add_ps(_mm256_mul_ps(two, nh), one)),
+                        e,
+                    ),
+                )
+            }
+        }
+    }
+}
+
 /// Decodes super-block `b` of type `C`.
-#[target_feature(enable = "avx2")]
+#[target_feature(enable = "avx2,f16c")]
 #[inline]
 fn decode<C: CodebookTy>(b: &[u8]) -> Group {
-    let dw = codebook::scales(C::W, b);
-    let (mut dl, mut dh) = ([0f32; LANES], [0f32; LANES]);
-    for j in 0..LANES {
-        (dl[j], dh[j]) = (dw[2 * j], dw[2 * j + 1]);
-    }
+    // SAFETY: F16C is enabled here.
+    let (dl, dh) = unsafe { scales8(C::W, b) };
     let (mut v, mut w) = (
         [_mm256_setzero_si256(); LANES],
         [_mm256_setzero_si256(); LANES],
     );
     for j in 0..LANES {
-        v[j] = levels(C::W, b, j);
-        w[j] = _mm256_abs_epi8(v[j]);
+        (w[j], v[j]) = levels(C::W, b, j);
     }
-    Group {
-        w,
-        v,
-        // SAFETY: each array holds the 8 f32 read.
-        dl: unsafe { _mm256_loadu_ps(dl.as_ptr()) },
-        dh: unsafe { _mm256_loadu_ps(dh.as_ptr()) },
-    }
+    Group { w, v, dl, dh }
 }
 
 /// One row (`wq`: its super-blocks) against `T` tokens of `x`.
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
 fn row<C: CodebookTy, const T: usize>(wq: &[u8], x: &ActTile, out: &mut [f32]) {
     let nb = x.d.len() / T;
@@ -213,7 +340,7 @@ fn row<C: CodebookTy, const T: usize>(wq: &[u8], x: &ActTile, out: &mut [f32]) {
     }
 }
 
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 fn tile_any<C: CodebookTy>(rows: usize, wq: &[u8], x: &ActTile, out: &mut [f32]) {
     let nt = out.len() / rows;
     debug_assert!((1..=TILE_TOKENS).contains(&nt));
@@ -237,7 +364,7 @@ fn tile_any<C: CodebookTy>(rows: usize, wq: &[u8], x: &ActTile, out: &mut [f32])
 /// Tile kernel of codebook type `C` (see `table::TileFn`; `wd` is empty).
 ///
 /// # Safety
-/// The CPU has AVX2 and FMA; slice lengths as `TileFn` says.
+/// The CPU has AVX2, FMA and F16C; slice lengths as `TileFn` says.
 pub unsafe fn tile<C: CodebookTy>(
     rows: usize,
     wq: &[u8],
@@ -253,9 +380,9 @@ pub unsafe fn tile<C: CodebookTy>(
 /// Decodes groups `g0..g1` of type `C`'s rows into `buf` (see `table::DecodeFn`).
 ///
 /// # Safety
-/// The CPU has AVX2; `wq` holds `rows` rows of `cols`, `g1·16 < rows + 16`, `buf` holds
+/// The CPU has AVX2 and F16C; `wq` holds `rows` rows of `cols`, `g1·16 < rows + 16`, `buf` holds
 /// `(g1 − g0)·(cols/32)·DECODED_LINES` lines.
-#[target_feature(enable = "avx2")]
+#[target_feature(enable = "avx2,f16c")]
 pub unsafe fn decode_groups<C: CodebookTy>(
     wq: &[u8],
     rows: usize,
@@ -286,9 +413,17 @@ pub unsafe fn decode_groups<C: CodebookTy>(
                 continue;
             }
             for (sb, blk) in wq[r * rb..(r + 1) * rb].chunks_exact(bb).enumerate() {
-                let dw = codebook::scales(C::W, blk);
+                let (mut dl, mut dh) = ([0f32; LANES], [0f32; LANES]);
+                // SAFETY: F16C is enabled here.
+                let (vl, vh) = unsafe { scales8(C::W, blk) };
+                // SAFETY: each array holds 8 f32.
+                unsafe {
+                    _mm256_storeu_ps(dl.as_mut_ptr(), vl);
+                    _mm256_storeu_ps(dh.as_mut_ptr(), vh);
+                }
                 for (l, &start) in starts.iter().enumerate() {
-                    let v = _mm256_xor_si256(levels(C::W, blk, l), flip);
+                    let (m, sg) = levels(C::W, blk, l);
+                    let v = _mm256_xor_si256(_mm256_sign_epi8(m, sg), flip);
                     let mut u = [0u8; QK];
                     // SAFETY: `u` holds 32 bytes.
                     unsafe { _mm256_storeu_si256(u.as_mut_ptr() as *mut __m256i, v) };
@@ -296,8 +431,8 @@ pub unsafe fn decode_groups<C: CodebookTy>(
                     for (k, line) in lines[..8].iter_mut().enumerate() {
                         line.0[at.clone()].copy_from_slice(&u[4 * k..4 * k + 4]);
                     }
-                    lines[8].0[at.clone()].copy_from_slice(&dw[2 * l].to_ne_bytes());
-                    lines[9].0[at.clone()].copy_from_slice(&dw[2 * l + 1].to_ne_bytes());
+                    lines[8].0[at.clone()].copy_from_slice(&dl[l].to_ne_bytes());
+                    lines[9].0[at.clone()].copy_from_slice(&dh[l].to_ne_bytes());
                 }
             }
         }
@@ -414,6 +549,27 @@ pub unsafe fn decoded_vnni<C: CodebookTy>(
             with_tokens!(nt, const T => decoded_groups::<true, T>(buf, nb, g0, g1, rows, x, y, ld))
         } else {
             with_tokens!(nt, const T => decoded_groups::<false, T>(buf, nb, g0, g1, rows, x, y, ld))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::format::iq_grids::KSIGNS;
+
+    /// The ±1 sign table is GGUF's `KSIGNS`, bit for bit.
+    #[test]
+    fn sign_table_is_ksigns() {
+        for (i, &k) in KSIGNS.iter().enumerate() {
+            for bit in 0..8 {
+                let want = if k >> bit & 1 == 1 { 0xFF } else { 0x01 };
+                assert_eq!(
+                    (SIGNS_PM1[i] >> (8 * bit)) as u8,
+                    want,
+                    "index {i} bit {bit}"
+                );
+            }
         }
     }
 }
