@@ -554,6 +554,7 @@ pub fn parse(body: &[u8], endpoint: Endpoint, vocab: usize) -> Result<Request, A
             tool_choice: f.tool_choice.as_ref(),
             parallel_tool_calls: f.parallel_tool_calls,
             reasoning_effort: f.reasoning_effort.as_ref(),
+            chat_template_kwargs: f.chat_template_kwargs.as_ref(),
         },
         endpoint == Endpoint::Chat,
     )?;
@@ -611,17 +612,6 @@ pub fn parse(body: &[u8], endpoint: Endpoint, vocab: usize) -> Result<Request, A
             if structured.tools.is_some() {
                 opts.tools = parts.tools;
             }
-            // OpenAI's `reasoning_effort` is gpt-oss's template variable of that name
-            // (as vLLM passes it); other templates do not read it.
-            for (k, v) in [
-                ("tool_choice", parts.tool_choice),
-                ("parallel_tool_calls", parts.parallel_tool_calls),
-                ("reasoning_effort", parts.reasoning_effort),
-            ] {
-                if let Some(v) = v.filter(|v| !v.is_none()) {
-                    opts.set(k, v);
-                }
-            }
             if let Some(kw) = parts.chat_template_kwargs.filter(|k| !k.is_none()) {
                 if kw.kind() != ValueKind::Map {
                     return Err(ApiError::invalid(
@@ -636,6 +626,19 @@ pub fn parse(body: &[u8], endpoint: Endpoint, vocab: usize) -> Result<Request, A
                     if let Some(k) = key.as_str() {
                         opts.set(k, kw.get_item(&key).unwrap_or_default());
                     }
+                }
+            }
+            // OpenAI's `reasoning_effort` is gpt-oss's template variable of that name
+            // (as vLLM passes it); other templates do not read it. The top-level fields
+            // are set after the kwargs, so they win over a kwarg of the same name, as
+            // the grammar reads them (`structured::reasoning_effort`).
+            for (k, v) in [
+                ("tool_choice", parts.tool_choice),
+                ("parallel_tool_calls", parts.parallel_tool_calls),
+                ("reasoning_effort", parts.reasoning_effort),
+            ] {
+                if let Some(v) = v.filter(|v| !v.is_none()) {
+                    opts.set(k, v);
                 }
             }
             Prompt::Chat(messages, opts)
@@ -1056,6 +1059,44 @@ mod tests {
         assert_eq!(m[0].content(), Some("a\nb"));
         assert!(o.add_generation_prompt);
         assert_eq!(o.kwargs[0].0, "enable_thinking");
+    }
+
+    /// `reasoning_effort` from the top level or `chat_template_kwargs`, the top level
+    /// first: the template and the grammar framing see the same value.
+    #[test]
+    fn reasoning_effort_from_either_place() {
+        let msgs = r#""messages": [{"role": "user", "content": "x"}]"#;
+        for (fields, want) in [
+            (r#""reasoning_effort": "none""#, Some("none")),
+            (
+                r#""chat_template_kwargs": {"reasoning_effort": "none"}"#,
+                Some("none"),
+            ),
+            (
+                r#""reasoning_effort": "low", "chat_template_kwargs": {"reasoning_effort": "none"}"#,
+                Some("low"),
+            ),
+            (
+                r#""reasoning_effort": null, "chat_template_kwargs": {"reasoning_effort": "none"}"#,
+                Some("none"),
+            ),
+            (
+                r#""chat_template_kwargs": {"enable_thinking": false}"#,
+                None,
+            ),
+        ] {
+            let r = chat(&format!("{{{msgs}, {fields}}}")).unwrap();
+            let Prompt::Chat(_, o) = &r.prompt else {
+                panic!()
+            };
+            let template = o
+                .kwargs
+                .iter()
+                .find(|(k, _)| k == "reasoning_effort")
+                .map(|(_, v)| v.to_string());
+            assert_eq!(template.as_deref(), want, "{fields}");
+            assert_eq!(r.structured.reasoning, want != Some("none"), "{fields}");
+        }
     }
 
     #[test]

@@ -40,6 +40,23 @@ impl Tools {
     pub fn names(&self) -> Vec<String> {
         self.specs.iter().map(|t| t.name.clone()).collect()
     }
+
+    /// The tools a required or named call is one of, and whether it may be several;
+    /// `None` when the reply need not be a call.
+    fn required(&self) -> Option<(Vec<ToolSpec>, bool)> {
+        match &self.choice {
+            ToolChoice::None | ToolChoice::Auto => None,
+            ToolChoice::Required => Some((self.specs.clone(), self.parallel)),
+            ToolChoice::Named(n) => Some((
+                self.specs
+                    .iter()
+                    .filter(|s| &s.name == n)
+                    .cloned()
+                    .collect(),
+                false,
+            )),
+        }
+    }
 }
 
 /// What a request asks of its output's shape.
@@ -53,7 +70,8 @@ pub struct Structured {
     /// A chat request (its reply may carry channels, whose answer alone is in the
     /// format).
     pub chat: bool,
-    /// `reasoning_effort` is not `none`: a constrained harmony reply may reason first.
+    /// The reasoning effort ([`reasoning_effort`]) is not `none`: a constrained harmony
+    /// reply may reason first.
     pub reasoning: bool,
 }
 
@@ -282,6 +300,17 @@ pub struct Fields<'a> {
     pub tool_choice: Option<&'a Json>,
     pub parallel_tool_calls: Option<bool>,
     pub reasoning_effort: Option<&'a Json>,
+    pub chat_template_kwargs: Option<&'a serde_json::Map<String, Json>>,
+}
+
+/// The request's reasoning effort: the top-level `reasoning_effort` (OpenAI's field),
+/// else `chat_template_kwargs.reasoning_effort` (as transformers and vLLM clients pass
+/// it); a null is no value. The template gets the same value (`api::parse` sets the
+/// top-level field after the kwargs), so the grammar and the template agree.
+pub fn reasoning_effort<'a>(f: &Fields<'a>) -> Option<&'a Json> {
+    f.reasoning_effort
+        .filter(|v| !v.is_null())
+        .or_else(|| f.chat_template_kwargs?.get("reasoning_effort"))
 }
 
 /// Reads and checks the fields (module docs); tools only for chat.
@@ -311,7 +340,7 @@ pub fn parse(f: &Fields, chat: bool) -> Result<Structured, StructuredError> {
         ));
     }
     let format = formats.pop();
-    let reasoning = f.reasoning_effort.and_then(Json::as_str) != Some("none");
+    let reasoning = reasoning_effort(f).and_then(Json::as_str) != Some("none");
     let specs = match f.tools {
         None | Some(Json::Null) => Vec::new(),
         Some(t) => tool_specs(t)?,
@@ -338,12 +367,6 @@ pub fn parse(f: &Fields, chat: bool) -> Result<Structured, StructuredError> {
         ));
     }
     let choice = tool_choice(f.tool_choice, &specs)?;
-    if let (Some((_, field)), ToolChoice::Required | ToolChoice::Named(_)) = (&format, &choice) {
-        return Err(invalid(
-            "tool_choice",
-            format!("A required tool call and '{field}' cannot both shape the output."),
-        ));
-    }
     Ok(Structured {
         format,
         tools: Some(Tools {
@@ -363,16 +386,23 @@ pub fn tool_format(chat: Option<&Chat>) -> ToolFormat {
 }
 
 impl Structured {
-    /// The grammar the generation is constrained by, and the field errors name: the
-    /// output format, or a required call's grammar (`special`: whether the tokenizer
-    /// has a text as one special token). `max_tokens`: the reply's length, of which a
-    /// constrained harmony reply may reason half before its answer or call.
+    /// The grammar the generation is constrained by, and the field errors name: a
+    /// required or named call's grammar, else the output format (`special`: whether
+    /// the tokenizer has a text as one special token). `max_tokens`: the reply's
+    /// length, of which a constrained harmony reply may reason half before its answer
+    /// or call.
     ///
     /// For a chat template that writes channels (harmony), the format constrains the
     /// final channel's content, not the whole reply ([`tools::answer_grammar`]); beside
     /// `tools` the model may call (`tool_choice` auto), a `response_format` answer may
     /// be a call instead, as OpenAI's is. A `grammar` that writes the channel headers
     /// itself is the whole reply's.
+    ///
+    /// A required or named call is the whole reply in every family (the call grammars
+    /// leave no room for content: no text before, between or after the calls; under
+    /// harmony at most an analysis, which is reasoning), so a format beside it shapes
+    /// nothing here ([`Structured::unused_format`]): it is for the turns after the
+    /// call, as OpenAI's is.
     pub fn grammar(
         &self,
         format: ToolFormat,
@@ -380,58 +410,59 @@ impl Structured {
         max_tokens: usize,
     ) -> Option<(Grammar, &'static str)> {
         let reasoning = if self.reasoning { max_tokens / 2 } else { 0 };
-        if let Some((body, field)) = &self.format {
-            let own_headers =
-                matches!(body, Grammar::Lark(t) | Grammar::Gbnf(t) if harmony::writes_headers(t));
-            if !self.chat || own_headers {
-                return Some((body.clone(), field));
-            }
-            let calls = match &self.tools {
-                Some(t) if t.choice == ToolChoice::Auto && *field == "response_format" => {
-                    t.specs.as_slice()
-                }
-                _ => &[],
-            };
-            let json = matches!(body, Grammar::JsonObject | Grammar::JsonSchema { .. });
-            return Some(
-                match tools::answer_grammar(
-                    format,
-                    BODY,
-                    json,
-                    calls,
-                    call_json_options(),
-                    special,
-                    reasoning,
-                ) {
-                    Some(frame) => (
-                        Grammar::Framed {
-                            frame,
-                            body: Box::new(body.clone()),
-                        },
-                        field,
-                    ),
-                    None => (body.clone(), field),
-                },
+        if let Some((specs, parallel)) = self.tools.as_ref().and_then(Tools::required) {
+            let lark = tools::call_grammar(
+                format,
+                &specs,
+                parallel,
+                call_json_options(),
+                special,
+                reasoning,
             );
+            return Some((Grammar::Lark(lark), "tools"));
         }
-        let t = self.tools.as_ref()?;
-        let (specs, parallel): (Vec<ToolSpec>, bool) = match &t.choice {
-            ToolChoice::None | ToolChoice::Auto => return None,
-            ToolChoice::Required => (t.specs.clone(), t.parallel),
-            ToolChoice::Named(n) => (
-                t.specs.iter().filter(|s| &s.name == n).cloned().collect(),
-                false,
-            ),
+        let (body, field) = self.format.as_ref()?;
+        let own_headers =
+            matches!(body, Grammar::Lark(t) | Grammar::Gbnf(t) if harmony::writes_headers(t));
+        if !self.chat || own_headers {
+            return Some((body.clone(), field));
+        }
+        let calls = match &self.tools {
+            Some(t) if t.choice == ToolChoice::Auto && *field == "response_format" => {
+                t.specs.as_slice()
+            }
+            _ => &[],
         };
-        let lark = tools::call_grammar(
-            format,
-            &specs,
-            parallel,
-            call_json_options(),
-            special,
-            reasoning,
-        );
-        Some((Grammar::Lark(lark), "tools"))
+        let json = matches!(body, Grammar::JsonObject | Grammar::JsonSchema { .. });
+        Some(
+            match tools::answer_grammar(
+                format,
+                BODY,
+                json,
+                calls,
+                call_json_options(),
+                special,
+                reasoning,
+            ) {
+                Some(frame) => (
+                    Grammar::Framed {
+                        frame,
+                        body: Box::new(body.clone()),
+                    },
+                    field,
+                ),
+                None => (body.clone(), field),
+            },
+        )
+    }
+
+    /// The format beside a required or named call, which the reply (the call) has no
+    /// content for ([`Structured::grammar`]): it is compiled only to refuse a bad one.
+    pub fn unused_format(&self) -> Option<&(Grammar, &'static str)> {
+        self.tools
+            .as_ref()
+            .and_then(Tools::required)
+            .and(self.format.as_ref())
     }
 
     /// The reply's reader: tool calls read out of it (tools given, tool_choice not
@@ -502,8 +533,16 @@ impl GrammarEngine {
         let Some((grammar, field)) = s.grammar(format, |t| g.has_special(t), max_tokens) else {
             return Ok(None);
         };
-        match g.compile(&grammar) {
-            Ok(c) => Ok(Some((c, field))),
+        if let Some((unused, unused_field)) = s.unused_format() {
+            self.compile(unused, unused_field)?;
+        }
+        self.compile(&grammar, field).map(|c| Some((c, field)))
+    }
+
+    /// `grammar` compiled; one the engine refuses is a 400 naming `field`.
+    fn compile(&self, grammar: &Grammar, field: &str) -> Result<Constraint, StructuredError> {
+        match self.grammars()?.compile(grammar) {
+            Ok(c) => Ok(c),
             Err(e @ ConstraintError::Grammar { .. }) => Err(StructuredError::Field {
                 param: field.to_string(),
                 message: format!("'{field}': {e}"),
@@ -606,6 +645,7 @@ mod tests {
             tool_choice: body.get("tool_choice"),
             parallel_tool_calls: body.get("parallel_tool_calls").and_then(Json::as_bool),
             reasoning_effort: body.get("reasoning_effort"),
+            chat_template_kwargs: body.get("chat_template_kwargs").and_then(Json::as_object),
         };
         parse(&f, chat)
     }
@@ -754,6 +794,89 @@ mod tests {
         assert!(g.contains("thought[max_tokens=50]"), "{g}");
     }
 
+    /// A required or named call beside a format (OpenAI takes both): the reply is the
+    /// call under its grammar in every family, harmony's too; the format is kept aside
+    /// (compiled only to refuse a bad one). Beside auto tools nothing is aside.
+    #[test]
+    fn required_calls_beside_a_format() {
+        let named = json!({"type": "function", "function": {"name": "g"}});
+        for (format, special) in [(ToolFormat::Hermes, false), (ToolFormat::Harmony, true)] {
+            for (choice, extra) in [
+                (
+                    json!("required"),
+                    json!({"response_format": {"type": "json_object"}}),
+                ),
+                (named.clone(), json!({"regex": "[0-9]+"})),
+                (named.clone(), json!({"grammar": "start: \"<|channel|>x\""})),
+            ] {
+                let mut body = json!({"tools": [tool("f"), tool("g")], "tool_choice": choice});
+                body.as_object_mut()
+                    .unwrap()
+                    .extend(extra.as_object().unwrap().clone());
+                let s = read(body.clone(), true).expect("accepted");
+                let Some((Grammar::Lark(g), "tools")) = s.grammar(format, |_| special, 100) else {
+                    panic!("{format:?} {body}")
+                };
+                assert!(
+                    g.contains("\"const\":\"g\"") || g.contains("functions.g"),
+                    "{g}"
+                );
+                assert_eq!(
+                    choice.is_object(),
+                    !g.contains("\"const\":\"f\"") && !g.contains("functions.f"),
+                    "{g}"
+                );
+                if format == ToolFormat::Harmony {
+                    assert!(g.starts_with("start: analysis? call\n"), "{g}");
+                }
+                assert_eq!(s.unused_format(), s.format.as_ref(), "{body}");
+                assert!(s.unused_format().is_some());
+            }
+        }
+        let auto = read(
+            json!({"tools": [tool("f")], "response_format": {"type": "json_object"}}),
+            true,
+        )
+        .unwrap();
+        assert_eq!(auto.unused_format(), None);
+    }
+
+    /// `reasoning_effort` inside `chat_template_kwargs` frames a harmony reply as the
+    /// top-level field does; the top-level field wins, a null one is no value.
+    #[test]
+    fn reasoning_effort_from_template_kwargs() {
+        let reasoning = |extra: Json| {
+            let mut body = json!({"response_format": {"type": "json_object"}});
+            body.as_object_mut()
+                .unwrap()
+                .extend(extra.as_object().unwrap().clone());
+            let s = read(body, true).unwrap();
+            let Some((Grammar::Framed { frame, .. }, _)) =
+                s.grammar(ToolFormat::Harmony, |_| true, 100)
+            else {
+                panic!()
+            };
+            assert_eq!(
+                s.reasoning,
+                frame.starts_with("start: analysis?"),
+                "{frame}"
+            );
+            s.reasoning
+        };
+        let none = json!({"reasoning_effort": "none"});
+        assert!(reasoning(json!({})));
+        assert!(!reasoning(json!({"chat_template_kwargs": none})));
+        assert!(!reasoning(
+            json!({"reasoning_effort": null, "chat_template_kwargs": none})
+        ));
+        assert!(reasoning(
+            json!({"reasoning_effort": "low", "chat_template_kwargs": none})
+        ));
+        assert!(!reasoning(
+            json!({"reasoning_effort": "none", "chat_template_kwargs": {"reasoning_effort": "high"}})
+        ));
+    }
+
     #[test]
     fn refusals_name_the_field() {
         for (body, chat, want) in [
@@ -812,11 +935,6 @@ mod tests {
                 "tool_choice.function.name",
             ),
             (json!({"tool_choice": "required"}), true, "tool_choice"),
-            (
-                json!({"tools": [tool("f")], "tool_choice": "required", "response_format": {"type": "json_object"}}),
-                true,
-                "tool_choice",
-            ),
             (json!({"tools": [tool("f")]}), false, "tools"),
         ] {
             let e = read(body.clone(), chat).expect_err("refused");

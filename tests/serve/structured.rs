@@ -25,11 +25,19 @@ fn schema() -> Value {
 }
 
 fn chat(extra: Value) -> Value {
-    let mut b = json!({
-        "messages": [{"role": "user", "content": "Describe a person as JSON."}],
-        "max_tokens": 200,
-        "temperature": 1.0,
-    });
+    with(
+        &json!({
+            "messages": [{"role": "user", "content": "Describe a person as JSON."}],
+            "max_tokens": 200,
+            "temperature": 1.0,
+        }),
+        &extra,
+    )
+}
+
+/// `body` with the fields of `extra` added.
+fn with(body: &Value, extra: &Value) -> Value {
+    let mut b = body.clone();
     for (k, v) in extra.as_object().unwrap() {
         b[k] = v.clone();
     }
@@ -385,12 +393,13 @@ fn serve_harmony_reasoning_and_content() {
 
 /// gpt-oss's template over a tokenizer with harmony's markers as special tokens (as
 /// gpt-oss's has them: the bundled tokenizer's ids, then the markers) and a random model
-/// of that vocabulary with 1,024 positions (made once per test run).
-fn start_harmony() -> Server {
+/// of that vocabulary with 1,024 positions: the model and tokenizer files (made once
+/// per test run).
+fn harmony_files() -> &'static (std::path::PathBuf, std::path::PathBuf) {
     use crate::util::fixtures::HARMONY_MARKERS as MARKERS;
     use std::sync::OnceLock;
     static MADE: OnceLock<(std::path::PathBuf, std::path::PathBuf)> = OnceLock::new();
-    let (mlb, mlt) = MADE.get_or_init(|| {
+    MADE.get_or_init(|| {
         let dir = super::files().mlb.parent().unwrap().join("harmony");
         std::fs::create_dir_all(&dir).unwrap();
         let src = crate::util::testdata().join("default");
@@ -425,7 +434,12 @@ fn start_harmony() -> Server {
         let mlb = dir.join("harmony.mlb");
         std::fs::write(&mlb, krafla::synth::synth_file(&h, &[], 11)).unwrap();
         (mlb, mlt)
-    });
+    })
+}
+
+/// mlb-serve on [`harmony_files`].
+fn start_harmony() -> Server {
+    let (mlb, mlt) = harmony_files();
     super::try_start_model(mlb, &["--tokenizer", mlt.to_str().unwrap()], None)
         .unwrap_or_else(|(c, e)| panic!("mlb-serve exited {c:?}: {e}"))
 }
@@ -796,4 +810,247 @@ fn serve_hostile_grammars_are_bounded() {
         }
     }
     s.assert_serves();
+}
+
+/// A chat request's grammar as mlb-serve compiles it (`api::parse`, then
+/// `structured::GrammarEngine`), on a model file and tokenizer of the tests, with the
+/// template's tool format.
+struct Compiled {
+    engine: std::sync::Arc<krafla::session::Engine>,
+    grammar: krafla::serve::structured::GrammarEngine,
+    format: krafla::chat::tools::ToolFormat,
+}
+
+impl Compiled {
+    fn new(mlb: &std::path::Path, mlt: &std::path::Path) -> Compiled {
+        use krafla::session::{Engine, LoadOptions, TokenizerSource};
+        let engine = std::sync::Arc::new(
+            Engine::load(&LoadOptions {
+                tokenizer: TokenizerSource::File(mlt.to_path_buf()),
+                pack: false,
+                ..LoadOptions::new(mlb)
+            })
+            .unwrap(),
+        );
+        let format = krafla::serve::structured::tool_format(engine.chat());
+        let grammar = krafla::serve::structured::GrammarEngine::new(engine.clone(), vec![]);
+        Compiled {
+            engine,
+            grammar,
+            format,
+        }
+    }
+
+    /// The request's constraint (200 tokens long), or the field its refusal names.
+    fn constraint(&self, body: &Value) -> Result<krafla::session::Constraint, Option<String>> {
+        use krafla::serve::api::{self, ApiError, Endpoint};
+        let vocab = self.engine.config().vocab;
+        let req =
+            api::parse(body.to_string().as_bytes(), Endpoint::Chat, vocab).map_err(|e| e.param)?;
+        match self.grammar.constraint(&req.structured, self.format, 200) {
+            Ok(c) => Ok(c.expect("a grammar").0),
+            Err(e) => Err(ApiError::from(e).param),
+        }
+    }
+
+    /// Whether the request's grammar takes `text` (its markers as special tokens)
+    /// token by token, and is complete after it.
+    fn takes(&self, body: &Value, text: &str) -> bool {
+        let mut c = self.constraint(body).unwrap();
+        let ids = self.engine.tokenizer().unwrap().encode_with(text, false);
+        let mut logits = vec![0.0f32; self.grammar.grammars().unwrap().vocab()];
+        for id in ids {
+            logits.fill(0.0);
+            if c.mask_logits(&mut logits).is_err() || logits[id as usize] == f32::NEG_INFINITY {
+                return false;
+            }
+            c.commit(id);
+        }
+        c.accepting()
+    }
+}
+
+/// A required or named call beside a `response_format`, `regex` or `grammar` (OpenAI
+/// takes the pair): the matcher takes the call as it would alone and refuses the format's
+/// answer or text before the call, in the `<tool_call>` family and under harmony (where
+/// only an analysis may come first); a bad schema beside the call is still refused,
+/// naming `response_format`.
+#[test]
+fn required_calls_beside_a_format_are_the_call() {
+    let rf = json!({"type": "json_schema", "json_schema": {"name": "person", "strict": true, "schema": schema()}});
+    let named = json!({"type": "function", "function": {"name": "get_weather"}});
+    let person = r#"{"name": "Al", "age": 3, "tags": [], "ok": true}"#;
+    let weather = r#"{"name": "get_weather", "arguments": {"city": "Oslo", "unit": "c"}}"#;
+    let now = r#"{"name": "now", "arguments": {}}"#;
+    let hermes = Compiled::new(&super::files().mlb, &super::files().chat);
+    assert_eq!(hermes.format, krafla::chat::tools::ToolFormat::Hermes);
+    let call = |c: &str| format!("<tool_call>\n{c}\n</tool_call>");
+    for (choice, shape) in [
+        (json!("required"), json!({"response_format": rf})),
+        (named.clone(), json!({"regex": "[0-9]+"})),
+        (named.clone(), json!({"grammar": "root ::= \"x\""})),
+    ] {
+        let body = chat(json!({"tools": tools(), "tool_choice": choice}));
+        let both = with(&body, &shape);
+        for text in [
+            call(weather),
+            call(now),
+            person.to_string(),
+            "12".into(),
+            "x".into(),
+            format!("Sure. {}", call(weather)),
+        ] {
+            assert_eq!(
+                hermes.takes(&both, &text),
+                hermes.takes(&body, &text),
+                "{both}: {text}"
+            );
+        }
+        assert!(hermes.takes(&both, &call(weather)), "{both}");
+        assert!(
+            !hermes.takes(&both, person) && !hermes.takes(&both, "12"),
+            "{both}"
+        );
+    }
+    let bad = json!({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "frobnicate"}}});
+    let body = chat(json!({"tools": tools(), "tool_choice": "required", "response_format": bad}));
+    assert_eq!(
+        hermes.constraint(&body).err(),
+        Some(Some("response_format".into()))
+    );
+
+    let (mlb, mlt) = harmony_files();
+    let harmony = Compiled::new(mlb, mlt);
+    assert_eq!(harmony.format, krafla::chat::tools::ToolFormat::Harmony);
+    let analysis = "<|channel|>analysis<|message|>Call it.<|end|><|start|>assistant";
+    let to = |name: &str, args: &str| {
+        format!("<|channel|>commentary to=functions.{name} <|constrain|>json<|message|>{args}")
+    };
+    let fin = format!("<|channel|>final<|message|>{person}");
+    for choice in [json!("required"), named] {
+        let body = chat(json!({"tools": tools(), "tool_choice": choice, "response_format": rf}));
+        let to_weather = to("get_weather", r#"{"city": "Oslo", "unit": "c"}"#);
+        assert!(harmony.takes(&body, &to_weather), "{body}");
+        assert!(
+            harmony.takes(&body, &format!("{analysis}{to_weather}")),
+            "{body}"
+        );
+        assert_eq!(harmony.takes(&body, &to("now", "{}")), choice == "required");
+        assert!(!harmony.takes(&body, &fin), "{body}");
+        assert!(!harmony.takes(&body, &format!("{analysis}{fin}")), "{body}");
+        // reasoning_effort none, in either place: the call comes first.
+        for effort in [
+            json!({"reasoning_effort": "none"}),
+            json!({"chat_template_kwargs": {"reasoning_effort": "none"}}),
+        ] {
+            let b = with(&body, &effort);
+            assert!(harmony.takes(&b, &to_weather), "{b}");
+            assert!(
+                !harmony.takes(&b, &format!("{analysis}{to_weather}")),
+                "{b}"
+            );
+        }
+    }
+}
+
+/// `reasoning_effort` in `chat_template_kwargs` (as transformers' and vLLM's clients
+/// pass it) frames a harmony format as the top-level field does: `none` allows no
+/// analysis before the final channel; a top-level effort wins over the kwarg.
+#[test]
+fn reasoning_effort_in_template_kwargs_frames_harmony() {
+    let (mlb, mlt) = harmony_files();
+    let harmony = Compiled::new(mlb, mlt);
+    let analysis = "<|channel|>analysis<|message|>Think.<|end|><|start|>assistant";
+    let fin = "<|channel|>final<|message|>{\"a\": 1}";
+    let none = json!({"reasoning_effort": "none"});
+    for (extra, reasons) in [
+        (json!({}), true),
+        (json!({"chat_template_kwargs": none}), false),
+        (
+            json!({"reasoning_effort": "low", "chat_template_kwargs": none}),
+            true,
+        ),
+        (
+            json!({"reasoning_effort": "none", "chat_template_kwargs": {"reasoning_effort": "high"}}),
+            false,
+        ),
+    ] {
+        let body = with(
+            &chat(json!({"response_format": {"type": "json_object"}})),
+            &extra,
+        );
+        assert!(harmony.takes(&body, fin), "{body}");
+        assert_eq!(
+            harmony.takes(&body, &format!("{analysis}{fin}")),
+            reasons,
+            "{body}"
+        );
+    }
+}
+
+/// Over HTTP: a required or named call beside a format comes back as the call (whole and
+/// streamed, no content), in the `<tool_call>` family and under harmony; a bad schema
+/// beside it is a 400 naming `response_format`. Under harmony, `reasoning_effort` none
+/// in `chat_template_kwargs` answers without reasoning.
+#[test]
+fn serve_required_calls_beside_a_format_and_kwargs_effort() {
+    let rf = json!({"type": "json_schema", "json_schema": {"name": "person", "strict": true, "schema": schema()}});
+    let s = start(&[]);
+    for (choice, shape) in [
+        (json!("required"), json!({"response_format": rf})),
+        (
+            json!({"type": "function", "function": {"name": "get_weather"}}),
+            json!({"regex": "[0-9]+"}),
+        ),
+    ] {
+        let body = with(
+            &chat(
+                json!({"tools": tools(), "tool_choice": choice, "parallel_tool_calls": false, "seed": 2}),
+            ),
+            &shape,
+        );
+        let c = answer(&s, &body);
+        assert_eq!(c["finish_reason"], "tool_calls", "{c}");
+        assert!(c["message"]["content"].is_null(), "{c}");
+        let calls = whole_calls(&c);
+        assert_eq!(calls.len(), 1, "{c}");
+        check_call(&calls[0].1, &calls[0].2);
+        let (streamed, finish) = streamed_calls(&s.stream("/v1/chat/completions", &body));
+        assert_eq!(finish, "tool_calls");
+        assert_eq!((&streamed[0].1, &streamed[0].2), (&calls[0].1, &calls[0].2));
+    }
+    let bad = json!({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "frobnicate"}}});
+    let r = s.post(
+        "/v1/chat/completions",
+        &chat(json!({"tools": tools(), "tool_choice": "required", "response_format": bad}))
+            .to_string(),
+    );
+    let e = r.error(400);
+    assert_eq!(e["param"], "response_format", "{e}");
+    assert!(e["message"].as_str().unwrap().contains("frobnicate"), "{e}");
+
+    let s = start_harmony();
+    let c = answer(
+        &s,
+        &family_chat(
+            json!({"tools": tools(), "tool_choice": "required", "response_format": rf, "seed": 1, "max_tokens": 240}),
+        ),
+    );
+    assert_eq!(c["finish_reason"], "tool_calls", "{c}");
+    assert!(c["message"]["content"].is_null(), "{c}");
+    let calls = whole_calls(&c);
+    check_call(&calls[0].1, &calls[0].2);
+    for seed in 1..=6 {
+        let body = family_chat(
+            json!({"response_format": rf, "seed": seed, "max_tokens": 240, "chat_template_kwargs": {"reasoning_effort": "none"}}),
+        );
+        let c = answer(&s, &body);
+        assert_eq!(c["finish_reason"], "stop", "{c}");
+        assert!(
+            c["message"].get("reasoning_content").is_none(),
+            "seed {seed}: {c}"
+        );
+        let v: Value = serde_json::from_str(c["message"]["content"].as_str().unwrap()).unwrap();
+        validate(&schema(), &v).unwrap();
+    }
 }
