@@ -27,7 +27,7 @@ use std::cell::RefCell;
 
 use super::acts::{ActTile, HalfActs, QActs, PACKED_TILE, QUANT_PAR_VALUES, TILE_TOKENS};
 use super::mat::WeightMat;
-use super::packed::{Line, PackedRows, PackedView, DECODED_LINES, GROUP};
+use super::packed::{DecodedView, Line, PackedRows, PackedView, DECODED_LINES, GROUP};
 use super::pool;
 use super::scalar::bf16dot::round_bf16_slice;
 use super::table::{kernels, DecodedKernels, DotFn, F16Fn, HalfFn, Kernels, PackedFn, TileFn};
@@ -337,7 +337,14 @@ impl<'a> DecodedPlan<'a> {
                     (self.k.decode)(w.q, w.rows, w.cols, s0, s1, buf);
                     for (k, xt) in self.tiles.iter().enumerate() {
                         let y = self.out.at(k * PACKED_TILE * w.rows);
-                        (self.k.run)(buf, nb, s0, s1, w.rows, xt, y, w.rows);
+                        let v = DecodedView {
+                            lines: buf,
+                            nb,
+                            g0: s0,
+                            g1: s1,
+                            rows: w.rows,
+                        };
+                        (self.k.run)(&v, xt, y, w.rows);
                     }
                 }
             }

@@ -95,6 +95,19 @@ pub struct Line(pub [u8; 64]);
 /// Lines per block position of a decoded codebook group: 8 of levels, 2 of scales.
 pub const DECODED_LINES: usize = 10;
 
+/// Decoded groups `g0..g1` of a codebook matrix (see the module docs), as a kernel
+/// reads them.
+pub struct DecodedView<'a> {
+    /// The groups' lines, group `g0` first.
+    pub lines: &'a [Line],
+    /// Blocks per row.
+    pub nb: usize,
+    pub g0: usize,
+    pub g1: usize,
+    /// Real rows of the matrix (outputs at or past it are not written).
+    pub rows: usize,
+}
+
 /// Bytes of a matrix copied at load between two releases of its source rows (packing,
 /// `model::Packs`' plain copies): the map and the copy are resident together for about
 /// this much of a matrix at a time.

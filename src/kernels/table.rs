@@ -16,7 +16,7 @@ use std::sync::OnceLock;
 
 use super::acts::{ActTile, HalfActs};
 use super::error::TierError;
-use super::packed::{Line, PackedView};
+use super::packed::{DecodedView, Line, PackedView};
 use super::scalar::attention::{self as scalar_attention, KvView, Query, TILE_QUERIES};
 use super::scalar::blocks::{self as scalar_blocks, for_block_type};
 use super::scalar::codebook::{self as scalar_codebook, for_codebook_type};
@@ -52,19 +52,9 @@ pub(super) type PackedFn =
 pub(super) type DecodeFn =
     unsafe fn(wq: &[u8], rows: usize, cols: usize, g0: usize, g1: usize, buf: &mut [Line]);
 
-/// Dots decoded groups `g0..g1` (`buf`, from [`DecodeFn`]; `nb` blocks per row) with the
-/// 1..=`PACKED_TILE` tokens of a packed tile `x`: `y[t·ld + r]` for every real row `r <
-/// rows` of those groups.
-pub(super) type DecodedFn = unsafe fn(
-    buf: &[Line],
-    nb: usize,
-    g0: usize,
-    g1: usize,
-    rows: usize,
-    x: &ActTile,
-    y: *mut f32,
-    ld: usize,
-);
+/// Dots decoded groups `v` (from [`DecodeFn`]) with the 1..=`PACKED_TILE` tokens of a
+/// packed tile `x`: `y[t·ld + r]` for every real row `r` of those groups.
+pub(super) type DecodedFn = unsafe fn(v: &DecodedView, x: &ActTile, y: *mut f32, ld: usize);
 
 /// A codebook type's prompt path: decode a sub-block of rows once, then run every
 /// token tile on the decoded levels.
@@ -323,14 +313,18 @@ fn x86_blocks(w: WType, vnni: bool) -> Option<MatKernels> {
         decoded: None,
     })
     // The codebook types have no packed layout: every x86 tier reads them from the map,
-    // and the VNNI tiers decode a prompt's sub-blocks of rows once for all its tokens.
+    // and decodes a prompt's sub-blocks of rows once for all its tokens.
     .or_else(|| {
         for_codebook_type!(w, |C| MatKernels {
             tile: xcb::tile::<C>,
             packed: None,
-            decoded: vnni.then_some(DecodedKernels {
+            decoded: Some(DecodedKernels {
                 decode: xcb::decode_groups::<C>,
-                run: xcb::decoded_vnni::<C>,
+                run: if vnni {
+                    xcb::decoded_vnni::<C> as DecodedFn
+                } else {
+                    xcb::decoded_avx2::<C>
+                },
             }),
         })
     })

@@ -21,7 +21,7 @@
 
 use core::arch::x86_64::*;
 
-use super::packed::{add512, dpbusd_block, lane_tree, store16, with_tokens};
+use super::packed::{add256, add512, dpbusd_block, lane_tree, store16, store8, with_tokens};
 use super::simd::{hsum8, hsum8_halves, reduce_lanes};
 use crate::format::iq_grids::{
     IQ1S_GRID, IQ2S_GRID, IQ2XS_GRID, IQ2XXS_GRID, IQ3S_GRID, IQ3XXS_GRID,
@@ -29,7 +29,7 @@ use crate::format::iq_grids::{
 use crate::format::wtype::{WType, QK, QK_K};
 use crate::kernels::acts::{ActTile, PACKED_TILE, TILE_TOKENS};
 use crate::kernels::counters::{count, Op};
-use crate::kernels::packed::{lane_start, Line, DECODED_LINES, GROUP};
+use crate::kernels::packed::{lane_start, DecodedView, Line, DECODED_LINES, GROUP};
 use crate::kernels::scalar::codebook::CodebookTy;
 use crate::kernels::scalar::tiles::LANES;
 use crate::kernels::tier::Tier;
@@ -85,7 +85,7 @@ static SIGNS_PM1: [u64; 128] = {
     let mut t = [0u64; 128];
     let mut i = 0;
     while i < 128 {
-        let s = i as u32 | (i as u32).count_ones() % 2 << 7;
+        let s = i as u32 | ((i as u32).count_ones() % 2) << 7;
         let mut k = 0;
         while k < 8 {
             t[i] |= (if s >> k & 1 == 1 { 0xFF } else { 0x01 }) << (8 * k);
@@ -499,24 +499,21 @@ unsafe fn decoded_lane<const HALVES: bool, const T: usize>(
     }
 }
 
-/// Groups `g0..g1` of `buf` against `T` tokens, the lanes combined by `lane_tree!`.
+/// The groups of `v` against `T` tokens, the lanes combined by `lane_tree!`.
 #[inline(always)]
 unsafe fn decoded_groups<const HALVES: bool, const T: usize>(
-    buf: &[Line],
-    nb: usize,
-    g0: usize,
-    g1: usize,
-    rows: usize,
+    v: &DecodedView,
     x: &ActTile,
     y: *mut f32,
     ld: usize,
 ) {
-    for g in g0..g1 {
-        let rec = buf[(g - g0) * nb * DECODED_LINES..].as_ptr() as *const u8;
+    let nb = v.nb;
+    for g in v.g0..v.g1 {
+        let rec = v.lines[(g - v.g0) * nb * DECODED_LINES..].as_ptr() as *const u8;
         // SAFETY: the caller's contract (see `decoded_vnni`).
         unsafe {
             let r = lane_tree!(|l: usize| decoded_lane::<HALVES, T>(rec, x, nb, l), add512);
-            store16(r, rows, g, y, ld);
+            store16(r, v.rows, g, y, ld);
         }
     }
 }
@@ -525,30 +522,156 @@ unsafe fn decoded_groups<const HALVES: bool, const T: usize>(
 /// `table::DecodedFn`).
 ///
 /// # Safety
-/// The CPU has AVX-512 F/BW/VNNI; `buf` holds groups `g0..g1` from [`decode_groups`] of
-/// a matrix of `rows` rows of `nb` blocks; `x` is a packed tile of 1..=8 tokens of `nb`
-/// blocks; `y[t·ld + r]` is writable for every token and real row of the groups.
+/// The CPU has AVX-512 F/BW/VNNI; `v` holds its groups from [`decode_groups`]; `x` is a
+/// packed tile of 1..=8 tokens of `v.nb` blocks; `y[t·ld + r]` is writable for every
+/// token and real row of the groups.
 #[target_feature(enable = "avx2,fma,avx512f,avx512bw,avx512vnni")]
-pub unsafe fn decoded_vnni<C: CodebookTy>(
-    buf: &[Line],
-    nb: usize,
-    g0: usize,
-    g1: usize,
-    rows: usize,
-    x: &ActTile,
-    y: *mut f32,
-    ld: usize,
-) {
+pub unsafe fn decoded_vnni<C: CodebookTy>(v: &DecodedView, x: &ActTile, y: *mut f32, ld: usize) {
     count(Tier::Avx512Vnni, Op::Packed);
-    let nt = x.d.len() / nb;
-    assert!((1..=PACKED_TILE).contains(&nt) && buf.len() >= (g1 - g0) * nb * DECODED_LINES);
-    assert!(x.iq.len() == nt * nb * QK && x.is.len() == nt * nb && x.ih.len() == nt * nb);
-    // SAFETY: forwarded caller contract; the lengths checked above.
+    let nt = checked_tokens(v, x);
+    // SAFETY: forwarded caller contract; the lengths checked.
     unsafe {
         if codebook::halves(C::W) {
-            with_tokens!(nt, const T => decoded_groups::<true, T>(buf, nb, g0, g1, rows, x, y, ld))
+            with_tokens!(nt, const T => decoded_groups::<true, T>(v, x, y, ld))
         } else {
-            with_tokens!(nt, const T => decoded_groups::<false, T>(buf, nb, g0, g1, rows, x, y, ld))
+            with_tokens!(nt, const T => decoded_groups::<false, T>(v, x, y, ld))
+        }
+    }
+}
+
+/// The tile's token count, after checking that `v` and `x` hold what the decoded kernels
+/// read.
+fn checked_tokens(v: &DecodedView, x: &ActTile) -> usize {
+    let nt = x.d.len() / v.nb;
+    assert!((1..=PACKED_TILE).contains(&nt));
+    assert!(v.g0 <= v.g1 && v.lines.len() >= (v.g1 - v.g0) * v.nb * DECODED_LINES);
+    let blocks = nt * v.nb;
+    assert!(x.iq.len() == blocks * QK && x.id.len() == blocks);
+    assert!(x.is.len() == blocks && x.ih.len() == blocks);
+    nt
+}
+
+/// [`decoded_lane`] on AVX2 for the half group `half` (rows `8·half..8·half + 8`) and
+/// tokens `t0..t0 + T` of a tile of `nt`: the levels `v = u ^ 0x80` of each chunk, then
+/// `vpmaddubsw(|v|, sign(x, v))` and `vpmaddwd` by 1 give each row's 4 products (pair
+/// sums ≤ 2·62·127, no saturation), summed exactly over chunks 0..4 (`Σ_lo`) and 4..8.
+#[inline(always)]
+unsafe fn decoded_lane_avx2<const HALVES: bool, const T: usize>(
+    rec: *const u8,
+    x: &ActTile,
+    nb: usize,
+    nt: usize,
+    t0: usize,
+    half: usize,
+    l: usize,
+) -> [__m256; T] {
+    let mut pos = lane_start(nb, l);
+    // SAFETY: the caller's contract (see `decoded_avx2`).
+    unsafe {
+        let (xq, xd) = (x.iq.as_ptr(), x.id.as_ptr());
+        let (ones, flip) = (_mm256_set1_epi16(1), _mm256_set1_epi8(-128));
+        let mut acc = [_mm256_setzero_ps(); T];
+        let mut b = l;
+        while b < nb {
+            let wp = rec.add(pos * DECODED_LINES * 64 + 32 * half);
+            let at = b * nt + t0;
+            let (mut lo, mut hi) = ([_mm256_setzero_si256(); T], [_mm256_setzero_si256(); T]);
+            for k in 0..8 {
+                let u = _mm256_loadu_si256(wp.add(64 * k) as *const __m256i);
+                let v = _mm256_xor_si256(u, flip);
+                let w = _mm256_abs_epi8(v);
+                for t in 0..T {
+                    let xp = xq.add((at + t) * QK + 4 * k) as *const i32;
+                    let xk = _mm256_set1_epi32(xp.read_unaligned());
+                    let s = _mm256_maddubs_epi16(w, _mm256_sign_epi8(xk, v));
+                    let p = _mm256_madd_epi16(s, ones);
+                    if k < 4 {
+                        lo[t] = _mm256_add_epi32(lo[t], p);
+                    } else {
+                        hi[t] = _mm256_add_epi32(hi[t], p);
+                    }
+                }
+            }
+            let dl = _mm256_loadu_ps(wp.add(512) as *const f32);
+            let dh = _mm256_loadu_ps(wp.add(576) as *const f32);
+            for t in 0..T {
+                let dx = _mm256_set1_ps(*xd.add(at + t));
+                acc[t] = if HALVES {
+                    let l = _mm256_mul_ps(dl, _mm256_cvtepi32_ps(lo[t]));
+                    let v = _mm256_fmadd_ps(dh, _mm256_cvtepi32_ps(hi[t]), l);
+                    _mm256_fmadd_ps(dx, v, acc[t])
+                } else {
+                    let isum = _mm256_cvtepi32_ps(_mm256_add_epi32(lo[t], hi[t]));
+                    _mm256_fmadd_ps(_mm256_mul_ps(dl, dx), isum, acc[t])
+                };
+            }
+            pos += 1;
+            b += LANES;
+        }
+        acc
+    }
+}
+
+/// What a pass of [`decoded_avx2`] takes: the group's record and number, blocks per row,
+/// real rows, the tile and its token count, the pass's first token, `y` and its stride.
+type PassArgs<'a> = (
+    *const u8,
+    usize,
+    usize,
+    usize,
+    &'a ActTile<'a>,
+    usize,
+    usize,
+    *mut f32,
+    usize,
+);
+
+/// Tokens `t0..t0 + T` of decoded group `g` (`rec`) on AVX2, both half groups.
+#[inline(always)]
+unsafe fn decoded_pass_avx2<const HALVES: bool, const T: usize>(
+    (rec, g, nb, rows, x, nt, t0, y, ld): PassArgs,
+) {
+    for half in 0..2 {
+        let r0 = g * GROUP + 8 * half;
+        if r0 >= rows {
+            break;
+        }
+        // SAFETY: the caller's contract (see `decoded_avx2`).
+        unsafe {
+            let lane = |l: usize| decoded_lane_avx2::<HALVES, T>(rec, x, nb, nt, t0, half, l);
+            let r = lane_tree!(lane, add256);
+            store8(r, rows, r0, t0, y, ld);
+        }
+    }
+}
+
+/// Decoded groups of codebook type `C` against a packed tile, AVX2 (the AVX2 and AVX-512
+/// BW tiers; see `table::DecodedFn`).
+///
+/// # Safety
+/// The CPU has AVX2 and FMA; the rest as [`decoded_vnni`].
+#[target_feature(enable = "avx2,fma")]
+pub unsafe fn decoded_avx2<C: CodebookTy>(v: &DecodedView, x: &ActTile, y: *mut f32, ld: usize) {
+    count(Tier::Avx2, Op::Packed);
+    let nt = checked_tokens(v, x);
+    let nb = v.nb;
+    for g in v.g0..v.g1 {
+        let rec = v.lines[(g - v.g0) * nb * DECODED_LINES..].as_ptr() as *const u8;
+        // Passes of 2 tokens: with 4, the sums and accumulators outgrew the 16 ymm.
+        let mut t0 = 0;
+        while t0 < nt {
+            let two = nt - t0 >= 2;
+            let a = (rec, g, nb, v.rows, x, nt, t0, y, ld);
+            // SAFETY: forwarded caller contract; the lengths checked.
+            unsafe {
+                match (codebook::halves(C::W), two) {
+                    (true, true) => decoded_pass_avx2::<true, 2>(a),
+                    (true, false) => decoded_pass_avx2::<true, 1>(a),
+                    (false, true) => decoded_pass_avx2::<false, 2>(a),
+                    (false, false) => decoded_pass_avx2::<false, 1>(a),
+                }
+            }
+            t0 += if two { 2 } else { 1 };
         }
     }
 }
