@@ -289,7 +289,7 @@ fn block_thread_count_does_not_change_bits() {
 /// (levels decoded once per sub-block of rows, then the packed-style kernel: no
 /// row-major tile), one token the row-major kernel; the bits are checked above.
 #[test]
-fn codebook_prompts_decode_once_on_vnni_tiers() {
+fn codebook_prompts_decode_once_on_x86_tiers() {
     use krafla::kernels::counters::{self, Op};
     use krafla::kernels::Tier;
     if crate::util::skip_without_counters() {
