@@ -119,7 +119,7 @@ pub fn err_symmetric(x: &[f32], w: &[f32], lv: &Levels, d: f32, l: &[u8]) -> f32
 
 /// The weighted least-squares scale `d = Σ w x v[l] / Σ w v[l]²` for the levels `l`,
 /// with its error `err_symmetric`; `None` when `Σ w v[l]² ≤ 0`.
-fn solve_symmetric(x: &[f32], w: &[f32], lv: &Levels, l: &[u8]) -> Option<(f32, f32)> {
+pub(super) fn solve_symmetric(x: &[f32], w: &[f32], lv: &Levels, l: &[u8]) -> Option<(f32, f32)> {
     let (mut sxv, mut svv) = (0.0f32, 0.0f32);
     for i in 0..x.len() {
         let v = lv.value(l[i]);
@@ -274,7 +274,12 @@ pub fn assign_affine(x: &[f32], nmax: u8, d: f32, mn: f32, l: &mut [u8]) {
 /// The weighted least-squares `(d, mn)` for fixed levels; with `min_le_zero`, `mn` is
 /// held at 0 when the free solution is positive. `None` when the levels do not
 /// determine `d` (all equal, or zero weight).
-fn solve_affine(x: &[f32], w: &[f32], l: &[u8], min_le_zero: bool) -> Option<(f32, f32)> {
+pub(super) fn solve_affine(
+    x: &[f32],
+    w: &[f32],
+    l: &[u8],
+    min_le_zero: bool,
+) -> Option<(f32, f32)> {
     let (mut sw, mut sl, mut sll, mut sx, mut slx) = (0.0f32, 0.0f32, 0.0f32, 0.0f32, 0.0f32);
     for i in 0..x.len() {
         let li = l[i] as f32;
