@@ -52,7 +52,7 @@ use crate::convert::desc::ModelDesc;
 use crate::convert::error::{ConvertError, Result};
 use crate::convert::options::{ConvertOptions, DEFAULT_Q4_Q8_MASK};
 use crate::convert::pipeline::imatrix::{
-    expert_importance, importance, load_imatrix, unrouted_warnings, CovFile,
+    expert_importance, importance, load_imatrix, unrouted_warnings, CovFile, Weighting,
 };
 use crate::convert::pipeline::plan::{self, fall_back, matrix_types, TypePlan};
 use crate::convert::pipeline::stream::Progress;
@@ -364,9 +364,11 @@ fn weigh(
     for (s, t) in sources.iter_mut().zip(&layout.tensors) {
         if let (Some(s), Kind::Mat { cols, .. }) = (s.as_mut(), t.kind) {
             if s.action == Action::Requant {
-                s.imp = importance(mli, t, cols, tied);
-                s.imp_experts = expert_importance(mli, t, s.rows, cols);
-                s.cov = cov.and_then(|c| c.entry(t, cols, tied));
+                s.w = Weighting {
+                    imp: importance(mli, t, cols, tied),
+                    imp_experts: expert_importance(mli, t, s.rows, cols),
+                    cov: cov.and_then(|c| c.entry(t, cols, tied)),
+                };
             }
         }
     }

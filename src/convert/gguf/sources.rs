@@ -10,11 +10,10 @@ use super::arch::{self, GgufArch, Transform};
 use super::types::copy_type;
 use crate::convert::desc::ModelDesc;
 use crate::convert::error::{ConvertError, Result};
-use crate::convert::pipeline::imatrix::{CovFile, PerExpert};
+use crate::convert::pipeline::imatrix::{CovFile, Weighting};
 use crate::convert::pipeline::stream::{check_finite, Arrays};
 use crate::format::gguf::{dequant, GgmlType, GgufView, TensorInfo};
 use crate::format::mlb::{Kind, Layout, Tensor, WriteError};
-use crate::format::mli::cov::CovEntry;
 use crate::format::WType;
 use crate::quant::feedback::Feedback;
 use crate::quant::{QuantError, Quantized, Scales};
@@ -32,12 +31,8 @@ pub struct Source<'a> {
     pub rows: usize,
     pub row_len: usize,
     pub action: Action,
-    pub imp: Option<Vec<f32>>,
-    /// Each expert's own importance (a stacked expert matrix, MLI version 2).
-    pub imp_experts: Option<PerExpert>,
-    /// Where the imatrix's covariance section holds this matrix's input covariance
-    /// (requantized matrices only: error feedback).
-    pub cov: Option<CovEntry>,
+    /// The imatrix's weighting (requantized matrices only).
+    pub w: Weighting,
 }
 
 /// How a tensor's data becomes the array.
@@ -171,9 +166,7 @@ pub fn sources<'a>(
             rows,
             row_len,
             action,
-            imp: None,
-            imp_experts: None,
-            cov: None,
+            w: Weighting::default(),
         }));
     }
     Ok(out)
@@ -321,16 +314,11 @@ impl Arrays for GgufArrays<'_> {
     }
 
     fn importance(&self, i: usize, row: usize) -> (Option<&[f32]>, usize) {
-        let s = self.source(i);
-        match &s.imp_experts {
-            Some(p) => p.at(row),
-            None => (s.imp.as_deref(), usize::MAX),
-        }
+        self.source(i).w.importance(row)
     }
 
     fn feedback(&self, i: usize) -> Option<Feedback> {
-        let e = self.source(i).cov.as_ref()?;
-        self.cov?.feedback(e)
+        self.source(i).w.feedback(self.cov)
     }
 
     fn quant_error(&self, i: usize, r0: usize, e: QuantError) -> ConvertError {
@@ -402,9 +390,7 @@ mod tests {
                 rows,
                 row_len: cols,
                 action: Action::Copy,
-                imp: None,
-                imp_experts: None,
-                cov: None,
+                w: Weighting::default(),
             };
             let q = copy_rows(&v, &s, w, cols, 0..rows, false);
             let want: Vec<u8> = order

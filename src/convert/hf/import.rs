@@ -444,7 +444,7 @@ fn measure_mix(
             }
             // With the input's covariance: the output error, quantized as the file will
             // be (with error feedback unless it is off).
-            let h = ctx.cov.zip(s.cov.as_ref()).map(|(c, e)| c.matrix(e));
+            let h = ctx.cov.zip(s.w.cov.as_ref()).map(|(c, e)| c.matrix(e));
             let fb = h
                 .as_ref()
                 .filter(|_| opts.error_feedback)
@@ -453,9 +453,9 @@ fn measure_mix(
                 let (n, x) = mix::sample_for(ty, k, cols, &buf);
                 let e = match &h {
                     Some(h) => {
-                        mix::output_rel_error(ty, n, cols, &x, s.imp.as_deref(), h, fb.as_ref())
+                        mix::output_rel_error(ty, n, cols, &x, s.w.imp.as_deref(), h, fb.as_ref())
                     }
-                    None => mix::rel_error(ty, n, cols, &x, s.imp.as_deref()),
+                    None => mix::rel_error(ty, n, cols, &x, s.w.imp.as_deref()),
                 };
                 row.cands.push((ty, mix::matrix_bytes(ty, rows, cols), e));
             }

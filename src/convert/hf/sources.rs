@@ -10,11 +10,10 @@ use super::arch::{self, Transform};
 use super::checkpoint::Checkpoint;
 use crate::convert::desc::ModelDesc;
 use crate::convert::error::{ConvertError, Result};
-use crate::convert::pipeline::imatrix::{expert_importance, importance, CovFile, PerExpert};
+use crate::convert::pipeline::imatrix::{expert_importance, importance, CovFile, Weighting};
 use crate::convert::pipeline::permute::RowMap;
 use crate::convert::pipeline::stream::Arrays;
 use crate::format::mlb::{Kind, Tensor};
-use crate::format::mli::cov::CovEntry;
 use crate::format::mli::Mli;
 use crate::format::WType;
 use crate::quant::feedback::Feedback;
@@ -32,13 +31,8 @@ pub struct Source {
     pub row_len: usize,
     /// Add 1 to every value ((1 + w) norms).
     pub plus_one: bool,
-    /// Importance per input channel (the searching quantizers with an imatrix; the
-    /// layer's pooled one for an expert matrix, which the mix measures with).
-    pub imp: Option<Vec<f32>>,
-    /// Each expert's own importance (a stacked expert matrix, MLI version 2): the write's.
-    pub imp_experts: Option<PerExpert>,
-    /// Where the imatrix's covariance section holds this matrix's input covariance.
-    pub cov: Option<CovEntry>,
+    /// The imatrix's weighting.
+    pub w: Weighting,
 }
 
 /// Where a stacked expert array's rows come from: expert e's `per` rows are output rows
@@ -276,9 +270,11 @@ pub fn sources(
             rows,
             row_len,
             plus_one,
-            imp,
-            imp_experts,
-            cov,
+            w: Weighting {
+                imp,
+                imp_experts,
+                cov,
+            },
         }));
     }
     Ok(out)
@@ -699,16 +695,11 @@ impl Arrays for CheckpointArrays<'_> {
     }
 
     fn importance(&self, i: usize, row: usize) -> (Option<&[f32]>, usize) {
-        let s = self.source(i);
-        match &s.imp_experts {
-            Some(p) => p.at(row),
-            None => (s.imp.as_deref(), usize::MAX),
-        }
+        self.source(i).w.importance(row)
     }
 
     fn feedback(&self, i: usize) -> Option<Feedback> {
-        let e = self.source(i).cov.as_ref()?;
-        self.cov?.feedback(e)
+        self.source(i).w.feedback(self.cov)
     }
 
     fn quant_error(&self, i: usize, r0: usize, e: QuantError) -> ConvertError {

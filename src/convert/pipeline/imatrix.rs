@@ -125,6 +125,36 @@ pub fn importance(m: &Mli, t: &Tensor, cols: usize, tied: bool) -> Option<Vec<f3
     (sums.len() == cols).then(|| Mli::importance(sums, tokens))
 }
 
+/// What an imatrix gives one matrix of a conversion, on either input path: the
+/// importance of its input channels (pooled over a stack's experts), each expert's own,
+/// and where the covariance section holds its input's covariance (error feedback).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Weighting {
+    /// Importance per input channel (the searching quantizers with an imatrix; the
+    /// layer's pooled one for an expert matrix, which the mix measures with).
+    pub imp: Option<Vec<f32>>,
+    /// Each expert's own importance (a stacked expert matrix, MLI version 2): the write's.
+    pub imp_experts: Option<PerExpert>,
+    /// Where the imatrix's covariance section holds this matrix's input covariance.
+    pub cov: Option<CovEntry>,
+}
+
+impl Weighting {
+    /// The importance of row `row`'s channels, and how many rows from it share it.
+    pub fn importance(&self, row: usize) -> (Option<&[f32]>, usize) {
+        match &self.imp_experts {
+            Some(p) => p.at(row),
+            None => (self.imp.as_deref(), usize::MAX),
+        }
+    }
+
+    /// Error feedback from the covariance section `cov` (`None`: off), where it holds
+    /// this matrix's input.
+    pub fn feedback(&self, cov: Option<&CovFile>) -> Option<Feedback> {
+        cov?.feedback(self.cov.as_ref()?)
+    }
+}
+
 /// The importance of each expert's rows of a stacked expert matrix (`per` rows each).
 #[derive(Debug, Clone, PartialEq)]
 pub struct PerExpert {
