@@ -277,14 +277,7 @@ fn harmony_end_of_turn_is_return() {
     let json = gunzip(&testdata().join("tokenizers/smollm2.tokenizer.json.gz"));
     let mut m = from_hf::convert(&json, None, &from_hf::HfTokenizerOptions::default()).unwrap();
     let first = m.tokens.len();
-    for t in [
-        "<|start|>",
-        "<|channel|>",
-        "<|message|>",
-        "<|end|>",
-        "<|return|>",
-        "<|call|>",
-    ] {
+    for t in crate::util::fixtures::HARMONY_MARKERS {
         m.tokens.push(krafla::format::mlt::Token {
             attr: krafla::format::mlt::Attr::Added,
             bytes: t.as_bytes().to_vec(),

@@ -123,10 +123,10 @@ fn scales<'a: 'b, 'b>(
     buf
 }
 
-/// One packed matrix product cut into pool tasks (runs of 16-row groups).
-struct PackedPlan<'a> {
-    f: PackedFn,
-    v: PackedView<'a>,
+/// How a product over 16-row groups is cut into pool tasks, shared by the packed and the
+/// decoded products: runs of groups per task, each run in sub-blocks whose weights stay in
+/// cache across the input's tiles of [`PACKED_TILE`] tokens.
+struct GroupTasks<'a> {
     /// The input's tiles of [`PACKED_TILE`] tokens.
     tiles: &'a [ActTile<'a>],
     groups: usize,
@@ -137,6 +137,52 @@ struct PackedPlan<'a> {
     tasks: usize,
     out: SharedOut,
     rows: usize,
+}
+
+impl<'a> GroupTasks<'a> {
+    /// The tasks of a `rows × cols` matrix whose groups take `group_bytes` each, times the
+    /// `n` tokens of `tiles` into `y` (panics if `y` is not `n × rows`).
+    fn new(
+        rows: usize,
+        cols: usize,
+        group_bytes: usize,
+        tiles: &'a [ActTile<'a>],
+        n: usize,
+        y: &mut [f32],
+    ) -> Self {
+        assert_eq!(y.len(), n * rows, "y length vs n x rows");
+        let groups = rows.div_ceil(GROUP);
+        let per_task = rows_per_task(rows, cols * n).div_ceil(GROUP);
+        GroupTasks {
+            tiles,
+            groups,
+            per_task,
+            sub: sub_groups(group_bytes),
+            tasks: if n == 0 { 0 } else { groups.div_ceil(per_task) },
+            out: SharedOut(y.as_mut_ptr()),
+            rows,
+        }
+    }
+
+    /// Task `i`'s sub-blocks of groups, `(s0, s1)` in order.
+    fn sub_blocks(&self, i: usize) -> impl Iterator<Item = (usize, usize)> + '_ {
+        let g1 = ((i + 1) * self.per_task).min(self.groups);
+        (i * self.per_task..g1)
+            .step_by(self.sub)
+            .map(move |s0| (s0, (s0 + self.sub).min(g1)))
+    }
+
+    /// Where tile `k`'s outputs start: row `k·PACKED_TILE` of y (n × rows).
+    fn tile_out(&self, k: usize) -> *mut f32 {
+        self.out.at(k * PACKED_TILE * self.rows)
+    }
+}
+
+/// One packed matrix product cut into pool tasks (runs of 16-row groups).
+struct PackedPlan<'a> {
+    f: PackedFn,
+    v: PackedView<'a>,
+    g: GroupTasks<'a>,
 }
 
 impl<'a> PackedPlan<'a> {
@@ -151,35 +197,24 @@ impl<'a> PackedPlan<'a> {
         y: &mut [f32],
     ) -> Self {
         assert_eq!(cols, p.cols(), "activation cols vs matrix cols");
-        assert_eq!(y.len(), n * p.rows(), "y length vs n x rows");
-        let groups = p.groups();
-        let per_task = rows_per_task(p.rows(), p.cols() * n).div_ceil(GROUP);
+        let group_bytes = p.bytes() / p.groups().max(1);
         PackedPlan {
             f,
             v: p.view(),
-            tiles,
-            groups,
-            per_task,
-            sub: sub_groups(p.bytes() / groups.max(1)),
-            tasks: if n == 0 { 0 } else { groups.div_ceil(per_task) },
-            out: SharedOut(y.as_mut_ptr()),
-            rows: p.rows(),
+            g: GroupTasks::new(p.rows(), p.cols(), group_bytes, tiles, n, y),
         }
     }
 
     /// Task `i`: its groups in sub-blocks whose weights stay in cache across the token
     /// tiles.
     fn run(&self, i: usize) {
-        let g1 = ((i + 1) * self.per_task).min(self.groups);
-        for s0 in (i * self.per_task..g1).step_by(self.sub) {
-            let s1 = (s0 + self.sub).min(g1);
-            for (k, xt) in self.tiles.iter().enumerate() {
-                let y = self.out.at(k * PACKED_TILE * self.rows);
+        for (s0, s1) in self.g.sub_blocks(i) {
+            for (k, xt) in self.g.tiles.iter().enumerate() {
                 // SAFETY: a supported tier's kernel; `xt` holds 1..=PACKED_TILE tokens
                 // of `v.nb` blocks; tile k's outputs start at row k·PACKED_TILE of y
                 // (n × rows, checked in `new`) and task i alone writes rows of groups
                 // s0..s1.
-                unsafe { (self.f)(&self.v, s0, s1, xt, y, self.rows) };
+                unsafe { (self.f)(&self.v, s0, s1, xt, self.g.tile_out(k), self.g.rows) };
             }
         }
     }
@@ -285,15 +320,7 @@ impl<'a> RowPlan<'a> {
 struct DecodedPlan<'a> {
     k: DecodedKernels,
     w: QMat<'a>,
-    /// The input's tiles of [`PACKED_TILE`] tokens.
-    tiles: &'a [ActTile<'a>],
-    groups: usize,
-    /// Groups per task.
-    per_task: usize,
-    /// Groups per sub-block of a task.
-    sub: usize,
-    tasks: usize,
-    out: SharedOut,
+    g: GroupTasks<'a>,
 }
 
 impl<'a> DecodedPlan<'a> {
@@ -307,45 +334,34 @@ impl<'a> DecodedPlan<'a> {
         y: &mut [f32],
     ) -> Self {
         assert_eq!(cols, w.cols, "activation cols vs matrix cols");
-        assert_eq!(y.len(), n * w.rows, "y length vs n x rows");
-        let groups = w.rows.div_ceil(GROUP);
-        let per_task = rows_per_task(w.rows, w.cols * n).div_ceil(GROUP);
+        let group_bytes = w.blocks() * DECODED_LINES * 64;
         DecodedPlan {
             k,
             w,
-            tiles,
-            groups,
-            per_task,
-            sub: sub_groups(w.blocks() * DECODED_LINES * 64),
-            tasks: if n == 0 { 0 } else { groups.div_ceil(per_task) },
-            out: SharedOut(y.as_mut_ptr()),
+            g: GroupTasks::new(w.rows, w.cols, group_bytes, tiles, n, y),
         }
     }
 
     /// Task `i`: its groups in sub-blocks, each decoded once for all tiles.
     fn run(&self, i: usize) {
         let (w, nb) = (&self.w, self.w.blocks());
-        let g1 = ((i + 1) * self.per_task).min(self.groups);
         DECODED.with_borrow_mut(|buf| {
-            for s0 in (i * self.per_task..g1).step_by(self.sub) {
-                let s1 = (s0 + self.sub).min(g1);
+            for (s0, s1) in self.g.sub_blocks(i) {
                 buf.resize((s1 - s0) * nb * DECODED_LINES, Line([0; 64]));
-                // SAFETY: a supported tier's kernels; `buf` holds the groups' lines;
-                // tile k's outputs start at row k·PACKED_TILE of y (n × rows, checked in
-                // `new`) and task i alone writes the rows of groups s0..s1.
-                unsafe {
-                    (self.k.decode)(w.q, w.rows, w.cols, s0, s1, buf);
-                    for (k, xt) in self.tiles.iter().enumerate() {
-                        let y = self.out.at(k * PACKED_TILE * w.rows);
-                        let v = DecodedView {
-                            lines: buf,
-                            nb,
-                            g0: s0,
-                            g1: s1,
-                            rows: w.rows,
-                        };
-                        (self.k.run)(&v, xt, y, w.rows);
-                    }
+                // SAFETY: a supported tier's kernel; `buf` holds the groups' lines.
+                unsafe { (self.k.decode)(w.q, w.rows, w.cols, s0, s1, buf) };
+                let v = DecodedView {
+                    lines: buf,
+                    nb,
+                    g0: s0,
+                    g1: s1,
+                    rows: w.rows,
+                };
+                for (k, xt) in self.g.tiles.iter().enumerate() {
+                    // SAFETY: a supported tier's kernel; tile k's outputs start at row
+                    // k·PACKED_TILE of y (n × rows, checked in `new`) and task i alone
+                    // writes the rows of groups s0..s1.
+                    unsafe { (self.k.run)(&v, xt, self.g.tile_out(k), w.rows) };
                 }
             }
         });
@@ -464,8 +480,8 @@ enum Plan<'a> {
 impl Plan<'_> {
     fn tasks(&self) -> usize {
         match self {
-            Plan::Packed(p) => p.tasks,
-            Plan::Decoded(p) => p.tasks,
+            Plan::Packed(p) => p.g.tasks,
+            Plan::Decoded(p) => p.g.tasks,
             Plan::Rows(p) => p.tasks,
             Plan::Half(p) => p.tasks,
         }

@@ -108,6 +108,13 @@ pub struct DecodedView<'a> {
     pub rows: usize,
 }
 
+impl DecodedView<'_> {
+    /// The first byte of group `g`'s record (`g0 ≤ g < g1`; panics past the lines).
+    pub fn group(&self, g: usize) -> *const u8 {
+        self.lines[(g - self.g0) * self.nb * DECODED_LINES..].as_ptr() as *const u8
+    }
+}
+
 /// Bytes of a matrix copied at load between two releases of its source rows (packing,
 /// `model::Packs`' plain copies): the map and the copy are resident together for about
 /// this much of a matrix at a time.

@@ -92,8 +92,14 @@ fn put4(out: &mut [i8], e: u32, s: u8) {
 
 /// IQ1_M's f16 `d`: the top nibbles of its four scale words, lowest word first.
 pub fn iq1m_d(b: &[u8]) -> f32 {
+    f16(iq1m_d_bits(b))
+}
+
+/// The f16 bits of IQ1_M's `d` (see [`iq1m_d`]).
+#[inline(always)]
+pub fn iq1m_d_bits(b: &[u8]) -> u16 {
     let sc = |k: usize| u16_at(b, 48 + 2 * k);
-    f16((sc(0) >> 12) | ((sc(1) >> 8) & 0x00f0) | ((sc(2) >> 4) & 0x0f00) | (sc(3) & 0xf000))
+    (sc(0) >> 12) | ((sc(1) >> 8) & 0x00f0) | ((sc(2) >> 4) & 0x0f00) | (sc(3) & 0xf000)
 }
 
 /// The scale `dw_h` of each 16 weights `h` of block `b` of codebook type `t` (the types

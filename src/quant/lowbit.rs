@@ -257,8 +257,8 @@ fn check_f16(smax: f32, top: f32) -> Result<(), f32> {
 }
 
 /// IQ4_XS's symmetric K search (8 sub-blocks of 32, IQ4_NL's table; generic in the
-/// sub-block count, Q3_K searches further in [`quantize_q3`]): sub-block scales by [`fit::fit_symmetric`], signed
-/// 6-bit codes under an f16 `d` ([`quantize_scales_signed`]), then the codes ±2 next to
+/// sub-block count, Q3_K searches further in [`quantize_q3`]): sub-block scales by
+/// [`fit::fit_symmetric`], signed 6-bit codes under an f16 `d` ([`quantize_scales_signed`]), then the codes ±2 next to
 /// each with its levels re-assigned. Returns `d` and the codes (−32..=31); the levels
 /// (indices of `lv`) in `q`.
 fn quantize_symmetric<const N: usize>(

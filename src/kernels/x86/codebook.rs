@@ -4,20 +4,21 @@
 //!
 //! A super-block is decoded once per row into 8 ymm of 32 level magnitudes `m` and 8
 //! of their signs `s` (±1 bytes), one pair per block of 32, element order: grid entries
-//! loaded by index (scalar loads: Zen 4's `vpgatherdd` was slower), signs from a table of ±1 bytes per 7-bit sign index (IQ2_XXS, IQ3_XXS,
-//! IQ2_XS) or from the sign bits (`vpshufb` + `vpcmpeqb`); IQ1_M's levels are `8·g ±
-//! 1`, `m = |v|` and `s = v`. Then for every token `vpmaddubsw(m, sign(x, s))` (the
-//! IQ4_NL sign trick: `m ≤ 62`, pair sums ≤ 2·62·127, no saturation) and `vpmaddwd` by
-//! 1 give 8 exact i32 partials per block, reduced to `isum` per block (a scale per 32)
-//! or to `Σ_lo`, `Σ_hi` (a scale per 16),
-//! then the contract's float step on the 8 blocks as 8 lanes.
+//! loaded by index (scalar loads: Zen 4's `vpgatherdd` was slower), signs from a table
+//! of ±1 bytes per 7-bit sign index (IQ2_XXS, IQ3_XXS, IQ2_XS) or from the sign bits
+//! (`vpshufb` + `vpcmpeqb`); IQ1_M's levels are `8·g ± 1`, `m = |v|` and `s = v`. Then
+//! for every token `vpmaddubsw(m, sign(x, s))` (the IQ4_NL sign trick: `m ≤ 62`, pair
+//! sums ≤ 2·62·127, no saturation) and `vpmaddwd` by 1 give 8 exact i32 partials per
+//! block, reduced to `isum` per block (a scale per 32) or to `Σ_lo`, `Σ_hi` (a scale
+//! per 16), then the contract's float step on the 8 blocks as 8 lanes.
 //!
-//! A prompt (VNNI tiers) decodes a sub-block of rows once into the layout of
+//! Several tokens (every x86 tier) decode a sub-block of rows once into the layout of
 //! `kernels::packed` ("Decoded codebook groups": levels + 128 as a packed Q8_0 block,
-//! f32 scales per 16 weights; [`decode_groups`]) and runs every tile of tokens on it as
-//! the packed Q8_0 kernel does ([`decoded_vnni`]): one zmm lane per row, `vpdpbusd`
+//! f32 scales per 16 weights; [`decode_groups`]) and run every tile of tokens on it:
+//! [`decoded_vnni`] as the packed Q8_0 kernel does, one zmm lane per row, `vpdpbusd`
 //! chains started at `−128·Σx` (a scale per 32) or at `−128·Σx_lo` and `−128·Σx_hi`
-//! (a scale per 16), then the contract's float step on 16 rows.
+//! (a scale per 16), then the contract's float step on 16 rows; [`decoded_avx2`] a ymm
+//! per half group with the sign trick.
 
 use core::arch::x86_64::*;
 
@@ -226,8 +227,7 @@ unsafe fn scales8(t: WType, b: &[u8]) -> (__m256, __m256) {
                     hi[h / 2] = ls;
                 }
             }
-            let sc = |k: usize| u16_at(b, 48 + 2 * k);
-            (sc(0) >> 12) | ((sc(1) >> 8) & 0x00f0) | ((sc(2) >> 4) & 0x0f00) | (sc(3) & 0xf000)
+            codebook::iq1m_d_bits(b)
         }
         _ => unreachable!("a codebook type"),
     };
@@ -386,8 +386,8 @@ pub unsafe fn tile<C: CodebookTy>(
 /// Decodes groups `g0..g1` of type `C`'s rows into `buf` (see `table::DecodeFn`).
 ///
 /// # Safety
-/// The CPU has AVX2 and F16C; `wq` holds `rows` rows of `cols`, `g1·16 < rows + 16`, `buf` holds
-/// `(g1 − g0)·(cols/32)·DECODED_LINES` lines.
+/// The CPU has AVX2 and F16C; `wq` holds `rows` rows of `cols`, `g1·16 < rows + 16`,
+/// `buf` holds `(g1 − g0)·(cols/32)·DECODED_LINES` lines.
 #[target_feature(enable = "avx2,f16c")]
 pub unsafe fn decode_groups<C: CodebookTy>(
     wq: &[u8],
@@ -402,7 +402,7 @@ pub unsafe fn decode_groups<C: CodebookTy>(
     let (nb, rb, bb) = (cols / QK, C::W.row_bytes(cols), C::W.block_bytes());
     let per_group = nb * DECODED_LINES;
     assert!(wq.len() == rows * rb && buf.len() >= (g1 - g0) * per_group);
-    assert!(g0 <= g1 && (g1 - 1) * GROUP < rows.max(1));
+    assert!(g0 <= g1 && g1 * GROUP < rows + GROUP);
     // Block b = 8·sb + l of a row sits at position lane_start(l) + sb.
     let starts: [usize; LANES] = std::array::from_fn(|l| lane_start(nb, l));
     let flip = _mm256_set1_epi8(-128);
@@ -515,7 +515,7 @@ unsafe fn decoded_groups<const HALVES: bool, const T: usize>(
 ) {
     let nb = v.nb;
     for g in v.g0..v.g1 {
-        let rec = v.lines[(g - v.g0) * nb * DECODED_LINES..].as_ptr() as *const u8;
+        let rec = v.group(g);
         // SAFETY: the caller's contract (see `decoded_vnni`).
         unsafe {
             let r = lane_tree!(|l: usize| decoded_lane::<HALVES, T>(rec, x, nb, l), add512);
@@ -618,35 +618,29 @@ unsafe fn decoded_lane_avx2<const HALVES: bool, const T: usize>(
     }
 }
 
-/// What a pass of [`decoded_avx2`] takes: the group's record and number, blocks per row,
-/// real rows, the tile and its token count, the pass's first token, `y` and its stride.
-type PassArgs<'a> = (
-    *const u8,
-    usize,
-    usize,
-    usize,
-    &'a ActTile<'a>,
-    usize,
-    usize,
-    *mut f32,
-    usize,
-);
-
-/// Tokens `t0..t0 + T` of decoded group `g` (`rec`) on AVX2, both half groups.
+/// Tokens `t0..t0 + T` of decoded group `g` of `v` on AVX2 (a tile of `nt` tokens), both
+/// half groups.
 #[inline(always)]
 unsafe fn decoded_pass_avx2<const HALVES: bool, const T: usize>(
-    (rec, g, nb, rows, x, nt, t0, y, ld): PassArgs,
+    v: &DecodedView,
+    g: usize,
+    x: &ActTile,
+    nt: usize,
+    t0: usize,
+    y: *mut f32,
+    ld: usize,
 ) {
+    let (rec, nb) = (v.group(g), v.nb);
     for half in 0..2 {
         let r0 = g * GROUP + 8 * half;
-        if r0 >= rows {
+        if r0 >= v.rows {
             break;
         }
         // SAFETY: the caller's contract (see `decoded_avx2`).
         unsafe {
             let lane = |l: usize| decoded_lane_avx2::<HALVES, T>(rec, x, nb, nt, t0, half, l);
             let r = lane_tree!(lane, add256);
-            store8(r, rows, r0, t0, y, ld);
+            store8(r, v.rows, r0, t0, y, ld);
         }
     }
 }
@@ -660,21 +654,18 @@ unsafe fn decoded_pass_avx2<const HALVES: bool, const T: usize>(
 pub unsafe fn decoded_avx2<C: CodebookTy>(v: &DecodedView, x: &ActTile, y: *mut f32, ld: usize) {
     count(Tier::Avx2, Op::Packed);
     let nt = checked_tokens(v, x);
-    let nb = v.nb;
     for g in v.g0..v.g1 {
-        let rec = v.lines[(g - v.g0) * nb * DECODED_LINES..].as_ptr() as *const u8;
         // Passes of 2 tokens: with 4, the sums and accumulators outgrew the 16 ymm.
         let mut t0 = 0;
         while t0 < nt {
             let two = nt - t0 >= 2;
-            let a = (rec, g, nb, v.rows, x, nt, t0, y, ld);
             // SAFETY: forwarded caller contract; the lengths checked.
             unsafe {
                 match (codebook::halves(C::W), two) {
-                    (true, true) => decoded_pass_avx2::<true, 2>(a),
-                    (true, false) => decoded_pass_avx2::<true, 1>(a),
-                    (false, true) => decoded_pass_avx2::<false, 2>(a),
-                    (false, false) => decoded_pass_avx2::<false, 1>(a),
+                    (true, true) => decoded_pass_avx2::<true, 2>(v, g, x, nt, t0, y, ld),
+                    (true, false) => decoded_pass_avx2::<true, 1>(v, g, x, nt, t0, y, ld),
+                    (false, true) => decoded_pass_avx2::<false, 2>(v, g, x, nt, t0, y, ld),
+                    (false, false) => decoded_pass_avx2::<false, 1>(v, g, x, nt, t0, y, ld),
                 }
             }
             t0 += if two { 2 } else { 1 };
