@@ -316,7 +316,12 @@ fn x86_blocks(w: WType, vnni: bool) -> Option<MatKernels> {
     // and decodes a prompt's sub-blocks of rows once for all its tokens.
     .or_else(|| {
         for_codebook_type!(w, |C| MatKernels {
-            tile: xcb::tile::<C>,
+            // One token on VBMI: grid lookups 64 at a time.
+            tile: if vnni && x86::codebook_vbmi::has(w) && x86::features::has_avx512vbmi() {
+                x86::codebook_vbmi::tile::<C> as TileFn
+            } else {
+                xcb::tile::<C>
+            },
             packed: None,
             decoded: Some(DecodedKernels {
                 decode: xcb::decode_groups::<C>,

@@ -295,6 +295,10 @@ fn codebook_prompts_decode_once_on_x86_tiers() {
     if crate::util::skip_without_counters() {
         return;
     }
+    #[cfg(target_arch = "x86_64")]
+    let has_vbmi = std::is_x86_feature_detected!("avx512vbmi");
+    #[cfg(not(target_arch = "x86_64"))]
+    let has_vbmi = false;
     let mut rng = Rng(0xDEC0_DE01);
     let (rows, cols) = (40, 512);
     for t in types().filter(|&t| is_codebook(t)) {
@@ -311,8 +315,15 @@ fn codebook_prompts_decode_once_on_x86_tiers() {
                 Pool::leak(1).install(|| k.matmul(&w, &xa, &mut y));
                 let calls = counters::take();
                 // The BF16 tier runs the VNNI tier's kernel, as AVX-512 runs AVX2's.
+                let vbmi_tiles = calls.get(Tier::Avx512Vnni, Op::Tile);
                 let (tiles, packed) = (
-                    calls.get(k.tier(), Op::Tile) + calls.get(Tier::Avx2, Op::Tile),
+                    calls.get(k.tier(), Op::Tile)
+                        + calls.get(Tier::Avx2, Op::Tile)
+                        + if k.tier() == Tier::Avx512Bf16 {
+                            vbmi_tiles
+                        } else {
+                            0
+                        },
                     calls.get(Tier::Avx512Vnni, Op::Packed) + calls.get(Tier::Avx2, Op::Packed),
                 );
                 if x86 && n > 1 {
@@ -327,6 +338,14 @@ fn codebook_prompts_decode_once_on_x86_tiers() {
                         "{t} {} n {n}: {calls:?}",
                         k.tier()
                     );
+                }
+                // One token on a VNNI tier with VBMI: the byte-table lookups (every codebook
+                // type but IQ3_S), which the tests above check bit for bit.
+                let vbmi = matches!(k.tier(), Tier::Avx512Vnni | Tier::Avx512Bf16)
+                    && has_vbmi
+                    && t != WType::IQ3_S;
+                if n == 1 {
+                    assert_eq!(vbmi_tiles > 0, vbmi, "{t} {}: {calls:?}", k.tier());
                 }
             }
         }

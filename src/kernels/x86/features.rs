@@ -28,6 +28,14 @@ pub fn has_avx512vnni() -> bool {
     has_avx512() && is_x86_feature_detected!("avx512vnni")
 }
 
+/// The VNNI tier's byte-table lookups (`vpermt2b`, `vpmultishiftqb`): AVX-512 VBMI,
+/// which every CPU with VNNI but Cascade Lake has.
+pub fn has_avx512vbmi() -> bool {
+    has_avx512vnni()
+        && is_x86_feature_detected!("avx512vbmi")
+        && is_x86_feature_detected!("avx512vl")
+}
+
 /// AVX-512 BF16 tier: the VNNI tier's kernels, and `vdpbf16ps` (on ymm too: VL, which
 /// every CPU with AVX-512 BF16 has).
 pub fn has_avx512bf16() -> bool {

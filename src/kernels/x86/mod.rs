@@ -8,6 +8,7 @@ pub mod attention;
 pub mod bf16dot;
 pub mod blocks;
 pub mod codebook;
+pub mod codebook_vbmi;
 pub mod delta;
 pub mod features;
 pub mod half;
