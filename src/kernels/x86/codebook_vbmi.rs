@@ -1,22 +1,25 @@
-//! One-token kernels of the codebook types whose grid index is a byte (IQ3_XXS,
-//! IQ2_XXS) on AVX-512 VBMI + VNNI, bit-identical to `scalar::codebook` (the same
-//! exact integer sums per block of 32, then the contract's float step on 8 lanes).
+//! One-token kernels of the codebook types IQ3_XXS, IQ2_XXS, IQ2_XS, IQ2_S and IQ1_M
+//! on AVX-512 VBMI + VNNI, bit-identical to `scalar::codebook` (the same exact integer
+//! sums per block of 32 or per 16, then the AVX2 kernel's float step on 8 lanes).
 //!
 //! The AVX2 kernel ([`super::codebook`]) builds each grid entry with a scalar load and
 //! an insert: about 40 instructions per block of 32, and generation is bound by them.
-//! Here a super-block's grid entries are looked up 64 at a time: the grid is stored as
-//! one 256-byte table per byte position of an entry (IQ3_XXS's four level bytes; for
-//! IQ2_XXS, whose levels take 3 values, the 2-bit codes of positions 0-3 and 4-7),
-//! and a table is read with two `vpermt2b` (128 entries each) and a blend on the
-//! index's top bit. The signs come the same way: `vpmultishiftqb` cuts the 7-bit sign
-//! indices out of the sign words, `vpermt2b` reads GGUF's `KSIGNS`, and `vptestmb`
+//! Here a super-block's grid entries are looked up 32 or 64 at a time from tables
+//! derived from the grids: IQ3_XXS's as one 256-byte table per byte of an entry, read
+//! with two `vpermt2b` (128 entries each) and a blend on the index's top bit; the
+//! types whose levels take 3 values (IQ2_*: 8, 25, 43; IQ1_M: −1, 0, 1) as 8 two-bit
+//! codes per entry, a u16 ([`codes16`]), read as two byte tables (IQ2_XXS), by
+//! `vpermt2w` and a blend per index bit above the sixth (IQ2_XS, IQ2_S), or gathered
+//! (IQ1_M's 2048 entries), the codes then turned into levels by `vpshufb`. Signs:
+//! `vpmultishiftqb` cuts the 7-bit sign indices out of their words and `vpermt2b`
+//! reads GGUF's `KSIGNS` (or IQ2_S's sign bytes are used as stored), and `vptestmb`
 //! gives each lane's sign as a mask bit.
 //!
 //! So that the looked-up levels need not be put back in element order, the token's
 //! activation quants are reordered once per call to match them (position-major within
-//! each super-block, [`XPERM_IQ3XXS`], [`XPERM_IQ2XXS`]): every row of the call reuses
-//! them. The signs negate activations (`|x| ≤ 127`), and `vpdpbusd` takes the unsigned
-//! levels (`≤ 62`) against them.
+//! each super-block: [`XPERM_IQ3XXS`], [`XPERM_IQ2XXS`], [`XPERM_HALVES`]): every row of
+//! the call reuses them. The signs negate activations (`|x| ≤ 127`), and `vpdpbusd`
+//! takes the unsigned levels (`≤ 62`) against them.
 
 use core::arch::x86_64::*;
 use std::cell::RefCell;
