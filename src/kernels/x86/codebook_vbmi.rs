@@ -1,12 +1,13 @@
-//! One-token kernels of the codebook types IQ3_XXS, IQ2_XXS, IQ2_XS, IQ2_S and IQ1_M
-//! on AVX-512 VBMI + VNNI, bit-identical to `scalar::codebook` (the same exact integer
+//! One-token kernels of the codebook types (IQ3_XXS, IQ3_S, IQ2_XXS, IQ2_XS, IQ2_S,
+//! IQ1_M) on AVX-512 VBMI + VNNI, bit-identical to `scalar::codebook` (the same exact integer
 //! sums per block of 32 or per 16, then the AVX2 kernel's float step on 8 lanes).
 //!
 //! The AVX2 kernel ([`super::codebook`]) builds each grid entry with a scalar load and
 //! an insert: about 40 instructions per block of 32, and generation is bound by them.
 //! Here a super-block's grid entries are looked up 32 or 64 at a time from tables
 //! derived from the grids: IQ3_XXS's as one 256-byte table per byte of an entry, read
-//! with two `vpermt2b` (128 entries each) and a blend on the index's top bit; the
+//! with two `vpermt2b` (128 entries each) and a blend on the index's top bit; IQ3_S's
+//! (levels 1, 3, …, 15) as 4 three-bit codes per entry, a u16 read by `vpermt2w`; the
 //! types whose levels take 3 values (IQ2_*: 8, 25, 43; IQ1_M: −1, 0, 1) as 8 two-bit
 //! codes per entry, a u16 ([`codes16`]), read as two byte tables (IQ2_XXS), by
 //! `vpermt2w` and a blend per index bit above the sixth (IQ2_XS, IQ2_S), or gathered
@@ -24,12 +25,15 @@
 use core::arch::x86_64::*;
 use std::cell::RefCell;
 
-use crate::format::iq_grids::{IQ1S_GRID, IQ2S_GRID, IQ2XS_GRID, IQ2XXS_GRID, IQ3XXS_GRID, KSIGNS};
+use crate::format::iq_grids::{
+    IQ1S_GRID, IQ2S_GRID, IQ2XS_GRID, IQ2XXS_GRID, IQ3S_GRID, IQ3XXS_GRID, KSIGNS,
+};
 use crate::format::wtype::{WType, QK, QK_K};
 use crate::kernels::acts::ActTile;
 use crate::kernels::counters::{count, Op};
 use crate::kernels::scalar::codebook::CodebookTy;
 use crate::kernels::tier::Tier;
+use crate::quant::codebook;
 
 use super::simd::reduce_lanes;
 
@@ -114,6 +118,36 @@ const fn codes16<const N: usize>(g: &[u64; N], lv: [u8; 3]) -> [u16; N] {
 #[repr(C, align(64))]
 struct Words<const N: usize>([u16; N]);
 
+/// IQ3_S's grid as 3-bit codes (level = 2·code + 1), 3 bits per position.
+static IQ3S_CODES: Words<512> = Words({
+    let mut t = [0u16; 512];
+    let mut i = 0;
+    while i < 512 {
+        let mut p = 0;
+        while p < 4 {
+            let level = (IQ3S_GRID[i] >> (8 * p)) as u8;
+            assert!(level % 2 == 1 && level <= 15);
+            t[i] |= ((level / 2) as u16) << (3 * p);
+            p += 1;
+        }
+        i += 1;
+    }
+    t
+});
+
+/// IQ3_S's levels 1, 3, …, 15 by code, in every 128-bit lane.
+static IQ3S_LEVELS: Table<64> = Table({
+    let mut t = [0u8; 64];
+    let mut i = 0;
+    while i < 64 {
+        if i % 16 < 8 {
+            t[i] = (2 * (i % 16) + 1) as u8;
+        }
+        i += 1;
+    }
+    t
+});
+
 static IQ2XS_CODES: Words<512> = Words(codes16(&IQ2XS_GRID, [8, 25, 43]));
 static IQ2S_CODES: Words<1024> = Words(codes16(&IQ2S_GRID, [8, 25, 43]));
 
@@ -152,9 +186,11 @@ static IQ1M_LEVELS: Table<64> = Table({
 /// - `[64, 128)`: lane 4m + r ← byte 2m + r % 2;
 /// - `[128, 192)`: word k ← word k / 4;
 /// - `[192, 256)`: word k ← word k / 2;
-/// - `[256, 320)`: lanes k and 32 + k ← byte 2k.
-static QUADS: Table<320> = Table({
-    let mut t = [0u8; 320];
+/// - `[256, 320)`: lanes k and 32 + k ← byte 2k;
+/// - `[320, 384)`: lane i ← byte 2i of two registers (`vpermt2b`: the low bytes of 64
+///   words).
+static QUADS: Table<384> = Table({
+    let mut t = [0u8; 384];
     let mut i = 0;
     while i < 64 {
         let (m, r) = (i / 4, i % 4);
@@ -164,6 +200,7 @@ static QUADS: Table<320> = Table({
             (t[128 + i], t[192 + i]) = ((i / 2 / 4) as u8, (i / 2 / 2) as u8);
         }
         t[256 + i] = (2 * (i % 32)) as u8;
+        t[320 + i] = (2 * i) as u8;
         i += 1;
     }
     t
@@ -271,50 +308,136 @@ fn negate(x: __m512i, m: __mmask64) -> __m512i {
 /// indices of `vpmultishiftqb` (bit 7 is the next field's, and `vpermt2b` ignores it).
 const SIGN_FIELDS: i64 = 0x352E_2720_150E_0700;
 
+/// Byte lane k ← byte k / 2 (of 32): a sign byte per 2 entries of 4 weights.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni")]
+#[inline]
+fn per_entry(signs: __m256i) -> __m512i {
+    _mm512_permutexvar_epi8(
+        _mm512_set_epi64(
+            0x1F1F_1E1E_1D1D_1C1C,
+            0x1B1B_1A1A_1919_1818,
+            0x1717_1616_1515_1414,
+            0x1313_1212_1111_1010,
+            0x0F0F_0E0E_0D0D_0C0C,
+            0x0B0B_0A0A_0909_0808,
+            0x0707_0606_0505_0404,
+            0x0303_0202_0101_0000,
+        ),
+        _mm512_castsi256_si512(signs),
+    )
+}
+
+/// The IQ3 types (64 entries of 4 weights, a scale per 32): the exact per-block sums
+/// of the levels `w[p]` (byte lane k: byte p of entry k) with the sign bytes `signs`
+/// (lane k: entry k's pair's, [`per_entry`]; byte p has bit 4·(k % 2) + p) against the
+/// reordered activation quants `xp` ([`XPERM_IQ3XXS`]).
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni")]
+#[inline]
+fn quads_sums(w: [__m512i; 4], signs: __m512i, xp: &[i8]) -> __m256i {
+    assert!(xp.len() >= QK_K);
+    let mut acc = _mm512_setzero_si512();
+    macro_rules! position {
+        ($p:literal) => {
+            let bit = _mm512_set1_epi16((0x1000 << $p | 1 << $p) as i16);
+            // SAFETY: `xp` holds 256 quants (the assert).
+            let x = unsafe { _mm512_loadu_si512(xp.as_ptr().add(64 * $p) as *const _) };
+            let x = negate(x, _mm512_test_epi8_mask(signs, bit));
+            acc = _mm512_dpbusd_epi32(acc, w[$p], x);
+        };
+    }
+    position!(0);
+    position!(1);
+    position!(2);
+    position!(3);
+    // i32 lane m sums entries 4m..4m+3: block m / 2.
+    pair_sums(acc)
+}
+
 /// The exact per-block sums of one IQ3_XXS super-block `b` against its reordered
 /// activation quants `xp` (256).
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni")]
 #[inline]
 fn iq3xxs_sums(b: &[u8], xp: &[i8]) -> __m256i {
-    assert!(b.len() >= 98 && xp.len() >= QK_K);
-    // SAFETY: `b` holds the super-block (98 bytes), `xp` 256 quants (the assert).
-    unsafe {
-        let idx = _mm512_loadu_si512(b.as_ptr().add(2) as *const _);
-        let aux = _mm256_loadu_si256(b.as_ptr().add(66) as *const __m256i);
-        // Sign index m = 4j + f (block j, field f of its word) covers grid entries 2m
-        // and 2m + 1: entry k's byte p has sign bit 4·(k % 2) + p.
-        let sidx = _mm256_multishift_epi64_epi8(_mm256_set1_epi64x(SIGN_FIELDS), aux);
-        let half = _mm512_permutexvar_epi8(
-            _mm512_set_epi64(
-                0x1F1F_1E1E_1D1D_1C1C,
-                0x1B1B_1A1A_1919_1818,
-                0x1717_1616_1515_1414,
-                0x1313_1212_1111_1010,
-                0x0F0F_0E0E_0D0D_0C0C,
-                0x0B0B_0A0A_0909_0808,
-                0x0707_0606_0505_0404,
-                0x0303_0202_0101_0000,
-            ),
-            _mm512_castsi256_si512(sidx),
-        );
-        let signs = ksigns(half);
-        let mut acc = _mm512_setzero_si512();
-        macro_rules! position {
-            ($p:literal) => {
-                let w = lookup256(&IQ3XXS_BYTES, 256 * $p, idx);
-                let bit = _mm512_set1_epi16((0x1000 << $p | 1 << $p) as i16);
-                let x = _mm512_loadu_si512(xp.as_ptr().add(64 * $p) as *const _);
-                let x = negate(x, _mm512_test_epi8_mask(signs, bit));
-                acc = _mm512_dpbusd_epi32(acc, w, x);
-            };
-        }
-        position!(0);
-        position!(1);
-        position!(2);
-        position!(3);
-        // i32 lane m sums entries 4m..4m+3: block m / 2.
-        pair_sums(acc)
+    assert!(b.len() >= 98);
+    // SAFETY: `b` holds the super-block (98 bytes, the assert).
+    let (idx, aux) = unsafe {
+        (
+            _mm512_loadu_si512(b.as_ptr().add(2) as *const _),
+            _mm256_loadu_si256(b.as_ptr().add(66) as *const __m256i),
+        )
+    };
+    // Sign index m = 4j + f (block j, field f of its word) covers grid entries 2m and
+    // 2m + 1.
+    let sidx = _mm256_multishift_epi64_epi8(_mm256_set1_epi64x(SIGN_FIELDS), aux);
+    let signs = ksigns(per_entry(sidx));
+    // No `array::map`: its closure would not inherit the features.
+    let w = [
+        lookup256(&IQ3XXS_BYTES, 0, idx),
+        lookup256(&IQ3XXS_BYTES, 256, idx),
+        lookup256(&IQ3XXS_BYTES, 512, idx),
+        lookup256(&IQ3XXS_BYTES, 768, idx),
+    ];
+    quads_sums(w, signs, xp)
+}
+
+/// The exact per-block sums of one IQ3_S super-block `b` against its reordered
+/// activation quants `xp` (256).
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni")]
+#[inline]
+fn iq3s_sums(b: &[u8], xp: &[i8]) -> __m256i {
+    assert!(b.len() >= 110);
+    // SAFETY: `b` holds the super-block (110 bytes, the assert).
+    let (lo_a, lo_b, qh, signs) = unsafe {
+        (
+            _mm512_cvtepu8_epi16(_mm256_loadu_si256(b.as_ptr().add(2) as *const __m256i)),
+            _mm512_cvtepu8_epi16(_mm256_loadu_si256(b.as_ptr().add(34) as *const __m256i)),
+            u64::from_le_bytes(b[66..74].try_into().unwrap()),
+            _mm256_loadu_si256(b.as_ptr().add(74) as *const __m256i),
+        )
+    };
+    // Entry k's index: byte k of qs and bit k of qh (entries 0-31 in a, 32-63 in b).
+    let top = _mm512_set1_epi16(256);
+    let a = lookup_words(
+        &IQ3S_CODES,
+        _mm512_mask_add_epi16(lo_a, qh as u32, lo_a, top),
+    );
+    let b = lookup_words(
+        &IQ3S_CODES,
+        _mm512_mask_add_epi16(lo_b, (qh >> 32) as u32, lo_b, top),
+    );
+    // SAFETY: 64 bytes; the features are enabled.
+    let (levels, low) = unsafe { (load(&IQ3S_LEVELS, 0), load(&QUADS, 320)) };
+    let seven = _mm512_set1_epi8(7);
+    // Byte lane k: the 3-bit code of position p of entry k, then its level.
+    macro_rules! position {
+        ($p:literal) => {{
+            let c = _mm512_permutex2var_epi8(
+                _mm512_srli_epi16::<{ 3 * $p }>(a),
+                low,
+                _mm512_srli_epi16::<{ 3 * $p }>(b),
+            );
+            _mm512_shuffle_epi8(levels, _mm512_and_si512(c, seven))
+        }};
     }
+    let w = [position!(0), position!(1), position!(2), position!(3)];
+    quads_sums(w, per_entry(signs), xp)
+}
+
+/// IQ3_S's scales `d·(1 + 2·ls)` (`ls`: the nibble of each block, bytes 106..110).
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni")]
+#[inline]
+fn iq3s_scales(b: &[u8]) -> __m256 {
+    assert!(b.len() >= 110);
+    let s = u32::from_le_bytes(b[106..110].try_into().unwrap());
+    let s = _mm256_cvtepu8_epi32(_mm_cvtsi32_si128(s as i32));
+    let s = _mm256_permutevar8x32_epi32(s, _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3));
+    let nl = _mm256_and_si256(
+        _mm256_srlv_epi32(s, _mm256_setr_epi32(0, 4, 0, 4, 0, 4, 0, 4)),
+        _mm256_set1_epi32(15),
+    );
+    let nl = _mm256_cvtepi32_ps(nl);
+    let (one, two) = (_mm256_set1_ps(1.0), _mm256_set1_ps(2.0));
+    _mm256_mul_ps(d8(b), _mm256_add_ps(one, _mm256_mul_ps(two, nl)))
 }
 
 /// IQ3_XXS's scales `d·(0.5 + ls)·0.5` (`ls`: the top 4 bits of each block's word).
@@ -664,7 +787,7 @@ fn rows_one<C: CodebookTy>(rows: usize, wq: &[u8], x: &ActTile, xp: &mut [i8], o
             && out.len() == rows
     );
     let perm = match C::W {
-        WType::IQ3_XXS => &XPERM_IQ3XXS,
+        WType::IQ3_XXS | WType::IQ3_S => &XPERM_IQ3XXS,
         WType::IQ2_XXS => &XPERM_IQ2XXS,
         _ => &XPERM_HALVES,
     };
@@ -678,11 +801,11 @@ fn rows_one<C: CodebookTy>(rows: usize, wq: &[u8], x: &ActTile, xp: &mut [i8], o
             let dx = unsafe { _mm256_loadu_ps(xd.as_ptr()) };
             // The contract's float step per block, as the AVX2 kernel takes it.
             acc = match C::W {
-                WType::IQ3_XXS | WType::IQ2_XXS => {
-                    let (isum, dw) = if C::W == WType::IQ3_XXS {
-                        (iq3xxs_sums(b, xs), iq3xxs_scales(b))
-                    } else {
-                        (iq2xxs_sums(b, xs), iq2xxs_scales(b))
+                WType::IQ3_XXS | WType::IQ3_S | WType::IQ2_XXS => {
+                    let (isum, dw) = match C::W {
+                        WType::IQ3_XXS => (iq3xxs_sums(b, xs), iq3xxs_scales(b)),
+                        WType::IQ3_S => (iq3s_sums(b, xs), iq3s_scales(b)),
+                        _ => (iq2xxs_sums(b, xs), iq2xxs_scales(b)),
                     };
                     _mm256_fmadd_ps(_mm256_mul_ps(dw, dx), _mm256_cvtepi32_ps(isum), acc)
                 }
@@ -719,10 +842,7 @@ thread_local! {
 
 /// Whether type `t` has a kernel here.
 pub fn has(t: WType) -> bool {
-    matches!(
-        t,
-        WType::IQ3_XXS | WType::IQ2_XXS | WType::IQ2_XS | WType::IQ2_S | WType::IQ1_M
-    )
+    codebook::is_codebook(t)
 }
 
 /// Tile kernel of IQ3_XXS or IQ2_XXS (see `table::TileFn`; `wd` is empty): one token
