@@ -41,16 +41,24 @@ use super::simd::reduce_lanes;
 #[repr(C, align(64))]
 struct Table<const N: usize>([u8; N]);
 
+/// A [`Table`] of `N` bytes, byte `i` given by `f` (evaluated at compile time).
+macro_rules! table {
+    ($n:expr, |$i:ident| $f:expr) => {
+        Table({
+            let mut t = [0u8; $n];
+            let mut $i = 0;
+            while $i < $n {
+                t[$i] = $f;
+                $i += 1;
+            }
+            t
+        })
+    };
+}
+
 /// Byte `p` of IQ3_XXS's grid entries: table `p`, 256 entries.
-static IQ3XXS_BYTES: Table<1024> = Table({
-    let mut t = [0u8; 1024];
-    let mut i = 0;
-    while i < 1024 {
-        t[i] = (IQ3XXS_GRID[i % 256] >> (8 * (i / 256))) as u8;
-        i += 1;
-    }
-    t
-});
+static IQ3XXS_BYTES: Table<1024> =
+    table!(1024, |i| (IQ3XXS_GRID[i % 256] >> (8 * (i / 256))) as u8);
 
 /// IQ2_XXS's levels are 8, 25 and 43: the codes 0, 1, 2 of positions 0-3 (table 0)
 /// and 4-7 (table 1), two bits per position.
@@ -76,15 +84,8 @@ static IQ2XXS_CODES: Table<512> = Table({
 });
 
 /// The level of each code, in every 128-bit lane (`vpshufb`).
-static IQ2_LEVELS: Table<64> = Table({
-    let mut t = [0u8; 64];
-    let mut i = 0;
-    while i < 4 {
-        (t[16 * i], t[16 * i + 1], t[16 * i + 2]) = (8, 25, 43);
-        i += 1;
-    }
-    t
-});
+static IQ2_LEVELS: Table<64> = table!(64, |i| [8, 25, 43, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]
+    [i % 16]);
 
 static SIGNS: Table<128> = Table(KSIGNS);
 
@@ -136,16 +137,10 @@ static IQ3S_CODES: Words<512> = Words({
 });
 
 /// IQ3_S's levels 1, 3, …, 15 by code, in every 128-bit lane.
-static IQ3S_LEVELS: Table<64> = Table({
-    let mut t = [0u8; 64];
-    let mut i = 0;
-    while i < 64 {
-        if i % 16 < 8 {
-            t[i] = (2 * (i % 16) + 1) as u8;
-        }
-        i += 1;
-    }
-    t
+static IQ3S_LEVELS: Table<64> = table!(64, |i| if i % 16 < 8 {
+    (2 * (i % 16) + 1) as u8
+} else {
+    0
 });
 
 static IQ2XS_CODES: Words<512> = Words(codes16(&IQ2XS_GRID, [8, 25, 43]));
@@ -167,18 +162,9 @@ static IQ1S_CODES: Words<2049> = Words(padded(codes16(&IQ1S_GRID, [0xFF, 0, 1]))
 
 /// IQ1_M's levels `8g ± 1` by `code | 4·(shift is −1)`: `|v|`, with bit 7 set where
 /// `v < 0` (−7, 1, 9; −9, −1, 7), in every 128-bit lane.
-static IQ1M_LEVELS: Table<64> = Table({
-    let mut t = [0u8; 64];
-    let l = [0x87, 0x01, 0x09, 0, 0x89, 0x81, 0x07, 0];
-    let mut i = 0;
-    while i < 64 {
-        if i % 16 < 8 {
-            t[i] = l[i % 16];
-        }
-        i += 1;
-    }
-    t
-});
+static IQ1M_LEVELS: Table<64> = table!(64, |i| [
+    0x87, 0x01, 0x09, 0, 0x89, 0x81, 0x07, 0, 0, 0, 0, 0, 0, 0, 0, 0
+][i % 16]);
 
 /// Constant byte permutations, 64 bytes each:
 /// - `[0, 64)`: lane 4m + r ← byte 4m + (0, 2, 1, 3)[r] (entry 2m and 2m + 1's low
@@ -210,41 +196,20 @@ static QUADS: Table<384> = Table({
 /// and a scale per 16 (IQ2_XS, IQ2_S, IQ1_M): position `64q + 4m + r` holds byte
 /// `q + 4·(r / 2)` of entry `2m + r % 2`, so that each 4 lanes `vpdpbusd` sums are the
 /// 16 weights of one scale (entries 2m and 2m + 1).
-static XPERM_HALVES: Table<256> = Table({
-    let mut t = [0u8; 256];
-    let mut i = 0;
-    while i < 256 {
-        let (q, m, r) = (i / 64, i % 64 / 4, i % 4);
-        t[i] = (8 * (2 * m + r % 2) + q + 4 * (r / 2)) as u8;
-        i += 1;
-    }
-    t
+static XPERM_HALVES: Table<256> = table!(256, |i| {
+    let (q, m, r) = (i / 64, i % 64 / 4, i % 4);
+    (8 * (2 * m + r % 2) + q + 4 * (r / 2)) as u8
 });
 
 /// The activation order of an IQ3_XXS super-block: position `64p + k` holds quant
 /// `4k + p` (byte `p` of grid entry `k`).
-static XPERM_IQ3XXS: Table<256> = Table({
-    let mut t = [0u8; 256];
-    let mut i = 0;
-    while i < 256 {
-        let (p, k) = (i / 64, i % 64);
-        t[i] = (4 * k + p) as u8;
-        i += 1;
-    }
-    t
-});
+static XPERM_IQ3XXS: Table<256> = table!(256, |i| (4 * (i % 64) + i / 64) as u8);
 
 /// The activation order of an IQ2_XXS super-block: position `64q + k` holds quant
 /// `8k + q` (`k < 32`) or `8(k − 32) + q + 4` (byte `q` or `q + 4` of entry `k`).
-static XPERM_IQ2XXS: Table<256> = Table({
-    let mut t = [0u8; 256];
-    let mut i = 0;
-    while i < 256 {
-        let (q, k) = (i / 64, i % 64);
-        t[i] = (8 * (k % 32) + q + 4 * (k / 32)) as u8;
-        i += 1;
-    }
-    t
+static XPERM_IQ2XXS: Table<256> = table!(256, |i| {
+    let (q, k) = (i / 64, i % 64);
+    (8 * (k % 32) + q + 4 * (k / 32)) as u8
 });
 
 /// 64 bytes of `t` at `at`.
