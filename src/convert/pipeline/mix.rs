@@ -9,7 +9,9 @@
 //!    the imatrix when given, and the importance-weighted relative error
 //!    `r = Σ imp_c (w − ŵ)² / Σ imp_c w²` is taken (`imp_c`: the mean square of the
 //!    matrix's input channel `c`, from the imatrix; 1 without one). With uncorrelated
-//!    inputs, `r` is the noise-to-signal ratio of the matrix's output.
+//!    inputs, `r` is the noise-to-signal ratio of the matrix's output. With the input's
+//!    covariance, the relative output error instead ([`output_rel_error`]; on the first
+//!    [`FEEDBACK_COLS`] channels of a wider input).
 //! 2. **Predict.** The model's KL divergence is predicted as `Σ_m w_m · r_m`: every
 //!    matrix's output noise-to-signal ratio adds into the residual stream (the
 //!    classifier's into the logits), so a matrix counts by its relative error, not by its
