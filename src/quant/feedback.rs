@@ -220,7 +220,7 @@ fn inverse_upper_factor(n: usize, a: &mut [f64], product: SubProduct) -> bool {
 }
 
 /// `L` in place of the lower triangle of `a` (above it: scratch), right-looking by
-/// panels: the panel's diagonal block and the rows below it (`L_ij = (A_ij − Σ_{k<j}
+/// panels: the panel's diagonal block, the rows below it (`L_ij = (A_ij − Σ_{k<j}
 /// L_ik L_jk) / L_jj` over the panel's earlier columns), then the trailing rows
 /// `A[p1.., p1..] −= L[p1.., P] · L[p1.., P]ᵀ`.
 fn cholesky(n: usize, a: &mut [f64], product: SubProduct) -> bool {
@@ -245,25 +245,34 @@ fn cholesky(n: usize, a: &mut [f64], product: SubProduct) -> bool {
         if p1 == n {
             break;
         }
+        // The panel's rows below, transposed (nb × m), solved there a row at a time
+        // (`T_q = (T_q − Σ_{k<q} L_qk T_k) / L_qq`: a product along the m rows), then
+        // back in place (L) and as rows (m × nb) for the trailing update.
         let (head, tail) = a.split_at_mut(p1 * n);
-        let diag = &head[p0 * n..];
-        tail.par_chunks_mut(n).for_each(|row| {
-            for j in p0..p1 {
-                let lj = &diag[(j - p0) * n..];
-                let dot: f64 = (p0..j).map(|k| row[k] * lj[k]).sum();
-                row[j] = (row[j] - dot) / lj[j];
-            }
-        });
-        // The panel's rows below (m × nb) and their transpose (nb × m).
         let m = n - p1;
-        panel.clear();
-        for r in 0..m {
-            panel.extend_from_slice(&tail[r * n + p0..r * n + p1]);
-        }
         t.resize(nb * m, 0.0);
-        for (r, pr) in panel.chunks_exact(nb).enumerate() {
-            for (q, &v) in pr.iter().enumerate() {
-                t[q * m + r] = v;
+        for r in 0..m {
+            for q in 0..nb {
+                t[q * m + r] = tail[r * n + p0 + q];
+            }
+        }
+        for q in 0..nb {
+            let (done, rest) = t.split_at_mut(q * m);
+            let tq = &mut rest[..m];
+            let lq = &head[(p0 + q) * n + p0..];
+            if q > 0 {
+                product([1, q, m], (lq, q), (done, m), (tq, m));
+            }
+            for v in tq.iter_mut() {
+                *v /= lq[q];
+            }
+        }
+        panel.resize(m * nb, 0.0);
+        for r in 0..m {
+            for q in 0..nb {
+                let v = t[q * m + r];
+                tail[r * n + p0 + q] = v;
+                panel[r * nb + q] = v;
             }
         }
         // Each tile of rows up to its own last column (the rest is above the diagonal).
@@ -300,7 +309,12 @@ fn invert_lower(n: usize, a: &mut [f64], product: SubProduct) {
             let (done, rest) = a.split_at_mut((p0 + i) * n);
             let xi = &mut rest[..p1];
             if i > 0 {
-                product([1, i, p1], (&lpp[i * nb..], nb), (&done[p0 * n..], n), (xi, n));
+                product(
+                    [1, i, p1],
+                    (&lpp[i * nb..], nb),
+                    (&done[p0 * n..], n),
+                    (xi, n),
+                );
             }
             let d = lpp[i * nb + i];
             for v in xi.iter_mut() {
@@ -761,7 +775,12 @@ pub fn output_error(
         .collect();
     neg.extend(x[..m].iter().map(|&a| -(a as f64)));
     let mut out = vec![0f64; 2 * m];
-    product([2 * rows, cols, cols], (&neg, cols), (h, cols), (&mut out, cols));
+    product(
+        [2 * rows, cols, cols],
+        (&neg, cols),
+        (h, cols),
+        (&mut out, cols),
+    );
     let dot = |a: &[f64], b: &[f64]| -> f64 { a.iter().zip(b).map(|(p, q)| p * q).sum() };
     // out = ΔW·H over W·H: the traces are −(neg · out).
     let (e, s) = (-dot(&neg[..m], &out[..m]), -dot(&neg[m..], &out[m..]));

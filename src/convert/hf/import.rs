@@ -457,7 +457,11 @@ fn measure_mix(
                     true if w == cols => c.feedback(e),
                     true => Feedback::new(w, &h, c.damp, crate::kernels::sub_product).map(Arc::new),
                 };
-                let x: Vec<f32> = buf.chunks_exact(cols).flat_map(|r| &r[..w]).copied().collect();
+                let x: Vec<f32> = buf
+                    .chunks_exact(cols)
+                    .flat_map(|r| &r[..w])
+                    .copied()
+                    .collect();
                 (w, h, fb, x)
             });
             let imp = s.w.imp.as_deref();

@@ -1,7 +1,7 @@
 //! `C −= E·U` in f64 (`scalar::subproduct`) on x86: the reference compiled for AVX2 +
 //! FMA and for AVX-512 F, with tiles as wide as their registers (4 rows × 8 columns:
-//! 8 ymm accumulators; 4 × 16: 8 zmm). Each element's chain of fused steps stays the
-//! same, so the bits do.
+//! 8 of the 16 ymm registers accumulate; 8 × 16: 16 of the 32 zmm). Each element's
+//! chain of fused steps stays the same, so the bits do.
 
 use crate::kernels::counters::{count, Op};
 use crate::kernels::scalar::subproduct::{tiled, Dims, Rows};
@@ -24,5 +24,5 @@ pub fn sub_product_avx2(d: Dims, e: Rows, u: Rows, c: (&mut [f64], usize)) {
 #[target_feature(enable = "avx512f,fma")]
 pub fn sub_product_avx512(d: Dims, e: Rows, u: Rows, c: (&mut [f64], usize)) {
     count(Tier::Avx512, Op::SubProduct);
-    tiled::<4, 16>(d, e, u, c)
+    tiled::<8, 16>(d, e, u, c)
 }
