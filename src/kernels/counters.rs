@@ -40,10 +40,12 @@ pub enum Op {
     Half,
     /// A BF16 matrix micro-kernel on BF16 activations (`HalfActs::Bf16`).
     Dot,
+    /// Error feedback's f64 product `C −= E·U`.
+    SubProduct,
 }
 
 impl Op {
-    pub const ALL: [Op; 11] = [
+    pub const ALL: [Op; 12] = [
         Op::Quantize,
         Op::Tile,
         Op::Packed,
@@ -55,6 +57,7 @@ impl Op {
         Op::Delta,
         Op::Half,
         Op::Dot,
+        Op::SubProduct,
     ];
 }
 

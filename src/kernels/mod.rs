@@ -4,15 +4,15 @@
 //! weights (their own contract, 16 lanes of fused multiply-adds), the activation
 //! quantizer, f16 scale conversion, and the f32 work of a forward pass: attention
 //! (scores, softmax, value sums), `exp`, SiLU / GELU, the maximum of a slice and the
-//! gated delta rule's head step. Forcing a tier (`KRAFLA_KERNEL`, [`with_tier`],
-//! [`Kernels::for_tier`]) forces all of it; the call [`counters`] let a test see which
-//! tier's code ran.
+//! gated delta rule's head step; and error feedback's f64 product `C −= E·U`. Forcing
+//! a tier (`KRAFLA_KERNEL`, [`with_tier`], [`Kernels::for_tier`]) forces all of it; the
+//! call [`counters`] let a test see which tier's code ran.
 //!
 //! The folders mirror the arithmetic contract (docs/kernels.md, docs/architecture.md):
 //!
 //! * [`scalar`]: the references, one file per operation (`tiles`, `quantize`,
-//!   `blocks`, `half`, `bf16dot`, `attention`, `kv`, `math`, `delta`), always compiled,
-//!   the fallback tier, the bits every SIMD tier gives;
+//!   `blocks`, `half`, `bf16dot`, `attention`, `kv`, `math`, `delta`, `subproduct`),
+//!   always compiled, the fallback tier, the bits every SIMD tier gives;
 //! * `x86/` (AVX2, AVX-512 BW / VNNI / BF16, detected at run time) and `arm/` (NEON):
 //!   the same file name for the same operation, plus what only they have (`simd`,
 //!   `prefetch`, `packed*`);
@@ -57,5 +57,7 @@ pub use scalar::attention::{KvView, Query, TILE_QUERIES};
 pub use scalar::delta::DeltaHead;
 pub use scalar::kv::{KvData, KvType};
 pub use scalar::tiles::LANES;
-pub use table::{kernels, prefetch_hints, quantize_act, supported_tiers, tier, with_tier, Kernels};
+pub use table::{
+    kernels, prefetch_hints, quantize_act, sub_product, supported_tiers, tier, with_tier, Kernels,
+};
 pub use tier::Tier;

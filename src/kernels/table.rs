@@ -22,6 +22,7 @@ use super::scalar::blocks::{self as scalar_blocks, for_block_type};
 use super::scalar::codebook::{self as scalar_codebook, for_codebook_type};
 use super::scalar::delta::{self as scalar_delta, DeltaHead};
 use super::scalar::kv::{self as scalar_kv, KvType};
+use super::scalar::subproduct::{self as scalar_subproduct, Dims, Rows};
 use super::scalar::{bf16dot as scalar_bf16dot, half as scalar_half, math as scalar_math};
 use super::scalar::{quantize as scalar_quantize, tiles as scalar_tiles};
 use super::tier::Tier;
@@ -85,6 +86,9 @@ pub(super) type SwigluFn = unsafe fn(g: &mut [f32], u: &[f32], limit: f32, alpha
 
 /// The delta rule's step of one head: state (dk × dv), output (dv), scratch (dv).
 pub(super) type DeltaFn = unsafe fn(x: &DeltaHead, s: &mut [f32], o: &mut [f32], delta: &mut [f32]);
+
+/// `C −= E·U` in f64: dimensions `[m, k, n]`, then E, U and C with their row strides.
+pub(super) type SubProductFn = unsafe fn(d: Dims, e: Rows, u: Rows, c: (&mut [f64], usize));
 
 /// `y[t·ld + r]` = weight row `r` · activation token `t`, for the `rows` rows of `w`
 /// (`rows × cols` 2-byte floats, little-endian bytes) and the `x.len() / cols` tokens
@@ -168,6 +172,8 @@ struct F32Kernels {
     gelu_mul: ActFn,
     swiglu_mul: SwigluFn,
     delta: DeltaFn,
+    /// Error feedback's f64 product (not f32, but its one SIMD path sits here).
+    sub_product: SubProductFn,
 }
 
 /// The reference f32 kernels (every tier without SIMD versions of them).
@@ -181,6 +187,7 @@ const SCALAR_F32: F32Kernels = F32Kernels {
     gelu_mul: scalar_math::gelu_mul,
     swiglu_mul: scalar_math::swiglu_mul,
     delta: scalar_delta::delta_head,
+    sub_product: scalar_subproduct::sub_product,
 };
 
 /// One tier's kernels: every SIMD path of the crate. Only built for tiers the CPU
@@ -212,7 +219,7 @@ impl fmt::Debug for Kernels {
 /// attention.
 #[cfg(target_arch = "x86_64")]
 fn x86_kernels(t: Tier, base: Kernels) -> Kernels {
-    use x86::{attention, delta, features, kv, math, packed as xp, quantize, tiles};
+    use x86::{attention, delta, features, kv, math, packed as xp, quantize, subproduct, tiles};
     // The AVX2 packed Q4_0 kernel (it needs F16C) serves the AVX2 and AVX-512 BW tiers.
     let q4_avx2 = xp::has_avx2_packed().then_some(xp::q4_avx2 as PackedFn);
     // Per tier: the Q8_0 and Q4_0 tile kernels, their packed ones, and whether the
@@ -288,6 +295,12 @@ fn x86_kernels(t: Tier, base: Kernels) -> Kernels {
             gelu_mul: math::gelu_mul,
             swiglu_mul: math::swiglu_mul,
             delta: delta::delta_head,
+            // The fused step needs FMA (every AVX-512 CPU has it).
+            sub_product: match t {
+                _ if !features::has_avx2_fma() => base.f32.sub_product,
+                Tier::Avx2 => subproduct::sub_product_avx2,
+                _ => subproduct::sub_product_avx512,
+            },
         },
         ..base
     }
@@ -607,6 +620,26 @@ impl Kernels {
         unsafe { (self.f32.delta)(x, s, o, delta) }
     }
 
+    /// `C −= E·U` in f64 ([`scalar_subproduct`]: per element, `c = fma(−e_p, u_p, c)` for
+    /// `p` in increasing order): `d = [m, k, n]`; `E` m × k, `U` k × n, `C` m × n, each
+    /// row-major with its row stride.
+    ///
+    /// Panics if an operand does not hold its rows.
+    pub fn sub_product(&self, d: Dims, e: Rows, u: Rows, c: (&mut [f64], usize)) {
+        assert!(
+            scalar_subproduct::fits(d, e, u, (&*c.0, c.1)),
+            "sub_product: {d:?}, strides {} {} {}, lengths {} {} {}",
+            e.1,
+            u.1,
+            c.1,
+            e.0.len(),
+            u.0.len(),
+            c.0.len()
+        );
+        // SAFETY: a supported tier's kernel; shapes checked above.
+        unsafe { (self.f32.sub_product)(d, e, u, c) }
+    }
+
     /// Quantizes `x` (a multiple of 32 values) into `q` (same length) and `d` (one per 32).
     ///
     /// Panics if the lengths disagree.
@@ -773,6 +806,11 @@ pub fn with_tier<R>(t: Tier, f: impl FnOnce() -> R) -> Result<R, TierError> {
 /// Quantizes activations with the active tier (see [`Kernels::quantize_act`]).
 pub fn quantize_act(x: &[f32], q: &mut [i8], d: &mut [f32]) {
     kernels().quantize_act(x, q, d)
+}
+
+/// `C −= E·U` in f64 with the active tier (see [`Kernels::sub_product`]).
+pub fn sub_product(d: Dims, e: Rows, u: Rows, c: (&mut [f64], usize)) {
+    kernels().sub_product(d, e, u, c)
 }
 
 #[cfg(test)]

@@ -32,8 +32,17 @@
 //! of plain quantization to 0.02-0.04 (Q2_K 0.99 → 0.04, Q3_K 0.98 → 0.04, Q4_K
 //! 0.46 → 0.02, IQ4_XS 0.60 → 0.02; the unit tests' seeded matrices).
 //!
-//! Rows are independent (parallel over rows, each a pure function of its values and
-//! `U`): the bytes do not depend on the thread count. The update is f64.
+//! Rows go in batches of [`BATCH_ROWS`] with GPTQ's lazy update: inside a window of
+//! [`LAZY_COLS`] columns each row's updates reach only the window's columns, its errors
+//! `e` are collected (rows × window), and once the window is done every later column
+//! takes them in one matrix product, `V[:, c1..] −= E · U[c0..c1, c1..]`, which reads
+//! that part of `U` once per batch instead of once per row. Each element still takes
+//! its updates in increasing `j`, one rounding each; a row's values depend on nothing
+//! but its own, so the bytes do not depend on the batches or the thread count. The
+//! factorization is blocked ([`inverse_upper_factor`]): its `O(n³)` work runs as the
+//! same product. The product is the kernel table's (`kernels::sub_product`, passed in as
+//! a [`SubProduct`]: kernels/ reads the quantizers' block formats, so the quantizers do
+//! not import it). The arithmetic is f64.
 //!
 //! This module sits on top of the plain quantizers ([`quantize`] is the entry with an
 //! optional [`Feedback`]); they never call back into it.
@@ -68,37 +77,79 @@ const FULL: Passes = Passes {
 /// Default damping: `λ` times the mean of diag H is added to the diagonal (GPTQ's 1%).
 pub const DAMP: f64 = 0.01;
 
+/// Rows quantized together (one task), sharing the lazy update's reads of `U`. Fixed:
+/// the split never depends on the thread count (nor do a row's bytes on the split).
+pub const BATCH_ROWS: usize = 64;
+
+/// Columns per window of the lazy update (rounded up to whole blocks of the type).
+pub const LAZY_COLS: usize = 128;
+
+/// `C −= E·U` in f64: `[m, k, n]`, then `E` (m × k), `U` (k × n) and `C` (m × n), each
+/// with its row stride; per element `c = fma(−e_p, u_p, c)` for `p` in increasing order.
+/// The kernel table's `kernels::sub_product` (docs/kernels.md), or [`plain_product`].
+pub type SubProduct = fn([usize; 3], (&[f64], usize), (&[f64], usize), (&mut [f64], usize));
+
+/// [`SubProduct`]'s contract as plain loops (the tests', and any caller's without the
+/// kernel table): the same bits as the kernel.
+pub fn plain_product(
+    [m, k, n]: [usize; 3],
+    (e, lde): (&[f64], usize),
+    (u, ldu): (&[f64], usize),
+    (c, ldc): (&mut [f64], usize),
+) {
+    for i in 0..m {
+        for p in 0..k {
+            let x = -e[i * lde + p];
+            for (o, &y) in c[i * ldc..][..n].iter_mut().zip(&u[p * ldu..][..n]) {
+                *o = x.mul_add(y, *o);
+            }
+        }
+    }
+}
+
 /// The upper Cholesky factor of a damped inverse covariance, ready to quantize rows of
 /// `n` columns with error feedback.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone)]
 pub struct Feedback {
     pub n: usize,
     /// `U`, n × n row-major, upper triangular: `(H + λ·mean(diag H)·I)⁻¹ = UᵀU`.
     u: Vec<f64>,
     /// `1 / U_cc²` over its mean, floored at 0.001: the block searches' importance.
     imp: Vec<f32>,
+    /// The matrix product of the factorization and of the lazy update.
+    product: SubProduct,
 }
 
 impl Feedback {
     /// From `H` given as its upper triangle packed by rows (`(i, j ≥ i)` at
     /// `i·n − i(i−1)/2 + (j − i)`), damped by `damp · mean(diag H)`. `None` when H is
     /// all zero or not positive definite even with 100× the damping.
-    pub fn from_packed<T: Copy + Into<f64>>(n: usize, tri: &[T], damp: f64) -> Option<Feedback> {
+    pub fn from_packed<T: Copy + Into<f64>>(
+        n: usize,
+        tri: &[T],
+        damp: f64,
+        product: SubProduct,
+    ) -> Option<Feedback> {
         assert_eq!(tri.len(), n * (n + 1) / 2, "packed triangle of {n}");
         let start = |i: usize| i * n - i * i.saturating_sub(1) / 2;
-        Feedback::build(n, damp, |i, j| {
+        Feedback::build(n, damp, product, |i, j| {
             let (a, b) = if i <= j { (i, j) } else { (j, i) };
             tri[start(a) + b - a].into()
         })
     }
 
     /// From `H` (n × n, symmetric, row-major); see [`Feedback::from_packed`].
-    pub fn new(n: usize, h: &[f64], damp: f64) -> Option<Feedback> {
+    pub fn new(n: usize, h: &[f64], damp: f64, product: SubProduct) -> Option<Feedback> {
         assert_eq!(h.len(), n * n);
-        Feedback::build(n, damp, |i, j| h[i * n + j])
+        Feedback::build(n, damp, product, |i, j| h[i * n + j])
     }
 
-    fn build(n: usize, damp: f64, h: impl Fn(usize, usize) -> f64) -> Option<Feedback> {
+    fn build(
+        n: usize,
+        damp: f64,
+        product: SubProduct,
+        h: impl Fn(usize, usize) -> f64,
+    ) -> Option<Feedback> {
         let mean = (0..n).map(|i| h(i, i)).sum::<f64>() / n.max(1) as f64;
         if !(mean > 0.0 && mean.is_finite()) {
             return None;
@@ -113,7 +164,7 @@ impl Feedback {
                     u[i * n + j] = h(r(i), r(j)) + if i == j { damp * f * mean } else { 0.0 };
                 }
             }
-            inverse_upper_factor(n, &mut u)
+            inverse_upper_factor(n, &mut u, product)
         });
         if !ok {
             return None;
@@ -123,7 +174,7 @@ impl Feedback {
             .collect();
         let avg = inv.iter().sum::<f64>() / n as f64;
         let imp = inv.iter().map(|&v| ((v / avg) as f32).max(0.001)).collect();
-        Some(Feedback { n, u, imp })
+        Some(Feedback { n, u, imp, product })
     }
 
     /// `U_ij` (0 below the diagonal).
@@ -137,53 +188,26 @@ impl Feedback {
     }
 }
 
+/// Columns per panel of the blocked factorization.
+const PANEL: usize = 64;
+
+/// Rows per task of the factorization's products.
+const ROW_TILE: usize = 64;
+
 /// In place: `a` holds, in its lower triangle, `J (H + δI) J` (`J` the order
 /// reversal); on success it holds `U`, upper, with `UᵀU = (H + δI)⁻¹`. `false` if the
 /// matrix is not positive definite.
 ///
 /// The Cholesky factor `J (H + δI) J = L Lᵀ` gives `H + δI = V Vᵀ` with `V = J L J`
 /// upper, so `U = V⁻¹ = J L⁻¹ J`: factor, invert the triangle, turn the matrix by 180°.
-/// Every inner loop runs along rows (n = 8192 stays in reach).
-fn inverse_upper_factor(n: usize, a: &mut [f64]) -> bool {
-    // L, row by row in place: L_ij = (A_ij − L_i,<j · L_j,<j) / L_jj.
-    for i in 0..n {
-        for j in 0..=i {
-            let (head, row_i) = a.split_at_mut(i * n);
-            let row_j = if j < i {
-                &head[j * n..j * n + j]
-            } else {
-                &row_i[..j]
-            };
-            let dot: f64 = row_i[..j].iter().zip(row_j).map(|(x, y)| x * y).sum();
-            let s = row_i[j] - dot;
-            if i == j {
-                if !(s > 0.0 && s.is_finite()) {
-                    return false;
-                }
-                row_i[i] = s.sqrt();
-            } else {
-                row_i[j] = s / head[j * n + j];
-            }
-        }
+/// Both steps go by panels of [`PANEL`] columns, and what a panel does to the rows
+/// after it is one `product` per [`ROW_TILE`] rows (the `O(n³)` work; tasks write
+/// disjoint rows, and each element's steps come in a fixed order).
+fn inverse_upper_factor(n: usize, a: &mut [f64], product: SubProduct) -> bool {
+    if !cholesky(n, a, product) {
+        return false;
     }
-    // M = L⁻¹ in place, row by row: M_i,<i = −(Σ_k L_ik M_k,≤k) / L_ii, M_ii = 1 / L_ii
-    // (rows k < i already hold M).
-    let mut acc = vec![0f64; n];
-    for i in 0..n {
-        let (done, row_i) = a.split_at_mut(i * n);
-        acc[..i].fill(0.0);
-        for k in 0..i {
-            let l = row_i[k];
-            for (o, &m) in acc[..=k].iter_mut().zip(&done[k * n..k * n + k + 1]) {
-                *o += l * m;
-            }
-        }
-        let d = row_i[i];
-        for c in 0..i {
-            row_i[c] = -acc[c] / d;
-        }
-        row_i[i] = 1.0 / d;
-    }
+    invert_lower(n, a, product);
     // U = J M J: element (p, q) ↔ (n−1−p, n−1−q), i.e. index k ↔ n² − 1 − k.
     let nn = n * n;
     for k in 0..nn / 2 {
@@ -193,6 +217,128 @@ fn inverse_upper_factor(n: usize, a: &mut [f64]) -> bool {
         a[i * n..i * n + i].fill(0.0);
     }
     true
+}
+
+/// `L` in place of the lower triangle of `a` (above it: scratch), right-looking by
+/// panels: the panel's diagonal block, the rows below it (`L_ij = (A_ij − Σ_{k<j}
+/// L_ik L_jk) / L_jj` over the panel's earlier columns), then the trailing rows
+/// `A[p1.., p1..] −= L[p1.., P] · L[p1.., P]ᵀ`.
+fn cholesky(n: usize, a: &mut [f64], product: SubProduct) -> bool {
+    let (mut panel, mut t) = (Vec::new(), Vec::new());
+    for p0 in (0..n).step_by(PANEL) {
+        let p1 = (p0 + PANEL).min(n);
+        let nb = p1 - p0;
+        for i in p0..p1 {
+            for j in p0..=i {
+                let dot: f64 = (p0..j).map(|k| a[i * n + k] * a[j * n + k]).sum();
+                let s = a[i * n + j] - dot;
+                if i == j {
+                    if !(s > 0.0 && s.is_finite()) {
+                        return false;
+                    }
+                    a[i * n + i] = s.sqrt();
+                } else {
+                    a[i * n + j] = s / a[j * n + j];
+                }
+            }
+        }
+        if p1 == n {
+            break;
+        }
+        // The panel's rows below, transposed (nb × m), solved there a row at a time
+        // (`T_q = (T_q − Σ_{k<q} L_qk T_k) / L_qq`: a product along the m rows), then
+        // back in place (L) and as rows (m × nb) for the trailing update.
+        let (head, tail) = a.split_at_mut(p1 * n);
+        let m = n - p1;
+        t.resize(nb * m, 0.0);
+        for r in 0..m {
+            for q in 0..nb {
+                t[q * m + r] = tail[r * n + p0 + q];
+            }
+        }
+        for q in 0..nb {
+            let (done, rest) = t.split_at_mut(q * m);
+            let tq = &mut rest[..m];
+            let lq = &head[(p0 + q) * n + p0..];
+            if q > 0 {
+                product([1, q, m], (lq, q), (done, m), (tq, m));
+            }
+            for v in tq.iter_mut() {
+                *v /= lq[q];
+            }
+        }
+        panel.resize(m * nb, 0.0);
+        for r in 0..m {
+            for q in 0..nb {
+                let v = t[q * m + r];
+                tail[r * n + p0 + q] = v;
+                panel[r * nb + q] = v;
+            }
+        }
+        // Each tile of rows up to its own last column (the rest is above the diagonal).
+        let (panel, t) = (&panel, &t);
+        tail.par_chunks_mut(n * ROW_TILE)
+            .enumerate()
+            .for_each(|(ti, rows)| {
+                let (r0, h) = (ti * ROW_TILE, rows.len() / n);
+                let e = (&panel[r0 * nb..], nb);
+                product([h, nb, r0 + h], e, (t, m), (&mut rows[p1..], n));
+            });
+    }
+    true
+}
+
+/// `M = L⁻¹` in place of `L` (lower triangle of `a`), by panels: `L X = I` solved
+/// right-looking, `X`'s rows overwriting `L`'s as `L`'s panel is copied out. Panel `P`:
+/// its rows become `L_PP⁻¹` times what they hold (row by row: `X_i = (B_i − Σ_{k<i}
+/// L_ik X_k) / L_ii`), then the rows after it take `B[p1.., ..p1] −= L[p1.., P] ·
+/// X[P, ..p1]`.
+fn invert_lower(n: usize, a: &mut [f64], product: SubProduct) {
+    let (mut lpp, mut panel) = (Vec::new(), Vec::new());
+    for p0 in (0..n).step_by(PANEL) {
+        let p1 = (p0 + PANEL).min(n);
+        let nb = p1 - p0;
+        lpp.clear();
+        for i in p0..p1 {
+            lpp.extend_from_slice(&a[i * n + p0..i * n + p1]);
+            // The identity's columns P in place of L_PP.
+            a[i * n + p0..i * n + p1].fill(0.0);
+            a[i * n + i] = 1.0;
+        }
+        for i in 0..nb {
+            let (done, rest) = a.split_at_mut((p0 + i) * n);
+            let xi = &mut rest[..p1];
+            if i > 0 {
+                product(
+                    [1, i, p1],
+                    (&lpp[i * nb..], nb),
+                    (&done[p0 * n..], n),
+                    (xi, n),
+                );
+            }
+            let d = lpp[i * nb + i];
+            for v in xi.iter_mut() {
+                *v /= d;
+            }
+        }
+        if p1 == n {
+            break;
+        }
+        let (head, tail) = a.split_at_mut(p1 * n);
+        let m = n - p1;
+        panel.clear();
+        for r in 0..m {
+            panel.extend_from_slice(&tail[r * n + p0..r * n + p1]);
+            tail[r * n + p0..r * n + p1].fill(0.0);
+        }
+        let (panel, xp) = (&panel, &head[p0 * n..]);
+        tail.par_chunks_mut(n * ROW_TILE)
+            .enumerate()
+            .for_each(|(ti, rows)| {
+                let (r0, h) = (ti * ROW_TILE, rows.len() / n);
+                product([h, nb, p1], (&panel[r0 * nb..], nb), (xp, n), (rows, n));
+            });
+    }
 }
 
 /// One block quantized by its type's own quantizer: the stored bytes go to `q`, the
@@ -252,7 +398,8 @@ fn quantize_one(
 
 /// The cost `Σ e_j²` of block `c0..c0 + deq.len()` stored as `deq`, once the later
 /// columns compensate (`e`: each column's scaled error), and into `next` the values its
-/// columns reach in the sequential update.
+/// columns reach in the sequential update (each column's updates in increasing `j`,
+/// read along `U`'s rows).
 fn block_cost(
     fb: &Feedback,
     v: &[f64],
@@ -261,17 +408,16 @@ fn block_cost(
     e: &mut [f64],
     next: &mut [f64],
 ) -> f64 {
-    let n = fb.n;
+    let (n, bw) = (fb.n, deq.len());
+    next.copy_from_slice(&v[c0..c0 + bw]);
     let mut cost = 0.0;
-    for i in 0..deq.len() {
-        let j = c0 + i;
-        let mut cur = v[j];
-        for (p, &ep) in e[..i].iter().enumerate() {
-            cur -= ep * fb.u[(c0 + p) * n + j];
-        }
-        next[i] = cur;
-        e[i] = (cur - deq[i] as f64) / fb.u[j * n + j];
+    for i in 0..bw {
+        let row = &fb.u[(c0 + i) * n + c0..][..bw];
+        e[i] = (next[i] - deq[i] as f64) / row[i];
         cost += e[i] * e[i];
+        for (o, &u) in next[i + 1..].iter_mut().zip(&row[i + 1..]) {
+            *o -= e[i] * u;
+        }
     }
     cost
 }
@@ -351,21 +497,107 @@ fn round_in_block(
     cost
 }
 
-/// Quantizes one row with error feedback into `q` (its bytes) and `d` (its scales, for
-/// Q8_0 and Q4_0, as the stored f32 values). `Err((block, v))` on a scale beyond f16.
-pub fn quantize_row(
-    t: WType,
-    x: &[f32],
-    fb: &Feedback,
-    opts: &QuantOptions,
-    q: &mut [u8],
-    d: &mut [f32],
-) -> Result<(), (usize, f32)> {
-    quantize_row_passes(t, x, fb, opts, FULL, q, d)
+/// A row's scratch for one block's passes.
+struct Scratch {
+    xb: Vec<f32>,
+    wb: Vec<f32>,
+    deq: Vec<f32>,
+    best_deq: Vec<f32>,
+    cand: Vec<u8>,
+    next: Vec<f64>,
+    e: Vec<f64>,
+    cand2: Vec<u8>,
+    deq2: Vec<f32>,
+    table: Vec<f32>,
 }
 
-/// [`quantize_row`] with what each block tries.
-fn quantize_row_passes(
+impl Scratch {
+    fn new(t: WType) -> Scratch {
+        let (bw, bb) = (t.block_weights(), t.block_bytes());
+        Scratch {
+            xb: vec![0.0; bw],
+            wb: vec![0.0; bw],
+            deq: vec![0.0; bw],
+            best_deq: vec![0.0; bw],
+            cand: vec![0; bb],
+            next: vec![0.0; bw],
+            e: vec![0.0; bw],
+            cand2: vec![0; bb],
+            deq2: vec![0.0; bw],
+            table: Vec::new(),
+        }
+    }
+}
+
+/// Block `b` of row `v` (its values as updated so far, f64) quantized with `passes`
+/// into `qb`: returns its scale (Q8_0, Q4_0; 0 otherwise), and leaves what its bits
+/// dequantize to in `sc.best_deq`. `Err(v)`: a scale `v` beyond f16.
+#[allow(clippy::too_many_arguments)]
+fn quantize_block_passes(
+    t: WType,
+    fb: &Feedback,
+    opts: &QuantOptions,
+    passes: Passes,
+    (v, s2): (&[f64], f32),
+    b: usize,
+    qb: &mut [u8],
+    sc: &mut Scratch,
+) -> Result<f32, f32> {
+    let bw = t.block_weights();
+    let c0 = b * bw;
+    let in_block = passes.in_block && code_levels(t).is_some();
+    for i in 0..bw {
+        sc.xb[i] = v[c0 + i] as f32;
+    }
+    let mut best = (f64::INFINITY, 0f32);
+    for pass in 0..=passes.refine {
+        for i in 0..bw {
+            sc.wb[i] = fb.imp[c0 + i] * (s2 + sc.xb[i] * sc.xb[i]).sqrt();
+        }
+        if sc.wb.iter().all(|&w| w == 0.0) {
+            sc.wb.fill(1.0);
+        }
+        let s = match quantize_one(t, opts, &sc.xb, &sc.wb, &mut sc.cand, &mut sc.deq) {
+            Ok(s) => s,
+            Err(e) if pass == 0 => return Err(e),
+            Err(_) => break, // a refined target overflowed: keep the best so far
+        };
+        // The block's cost once the later columns compensate, and the values its
+        // columns reach in the sequential update (the next pass's targets).
+        let cost = block_cost(fb, v, c0, &sc.deq, &mut sc.e, &mut sc.next);
+        if cost < best.0 {
+            best = (cost, s);
+            qb.copy_from_slice(&sc.cand);
+            sc.best_deq.copy_from_slice(&sc.deq);
+        }
+        // The same scales with GPTQ's rounding inside the block.
+        if in_block {
+            sc.cand2.copy_from_slice(&sc.cand);
+            let (cand2, deq2, table) = (&mut sc.cand2, &mut sc.deq2, &mut sc.table);
+            let cost = round_in_block(t, fb, v, c0, cand2, deq2, table);
+            if cost < best.0 {
+                best = (cost, s);
+                qb.copy_from_slice(&sc.cand2);
+                sc.best_deq.copy_from_slice(&sc.deq2);
+            }
+        }
+        let mut moved = false;
+        for (o, &c) in sc.xb.iter_mut().zip(&sc.next) {
+            moved |= *o != c as f32;
+            *o = c as f32;
+        }
+        if !moved {
+            break; // a fixed point: the codes meet their own compensated targets
+        }
+    }
+    Ok(best.1)
+}
+
+/// Quantizes the rows of `x` (rows × n, one batch) with error feedback into `q` (their
+/// bytes, row after row) and `d` (their scales, for Q8_0 and Q4_0, as the stored f32
+/// values; empty otherwise), with GPTQ's lazy update (the module docs). `Err((row,
+/// block, v))` on a scale beyond f16.
+fn quantize_rows(
     t: WType,
     x: &[f32],
     fb: &Feedback,
@@ -373,72 +605,49 @@ fn quantize_row_passes(
     passes: Passes,
     q: &mut [u8],
     d: &mut [f32],
-) -> Result<(), (usize, f32)> {
-    let n = x.len();
-    debug_assert_eq!(n, fb.n);
-    let (bw, bb) = (t.block_weights(), t.block_bytes());
-    let s2 = x.iter().map(|v| v * v).sum::<f32>() / n.max(1) as f32;
+) -> Result<(), (usize, usize, f32)> {
+    let n = fb.n;
+    let rows = x.len() / n;
+    let (bw, rb) = (t.block_weights(), t.row_bytes(n));
+    let bb = t.block_bytes();
+    let nd = d.len() / rows.max(1);
+    let lazy = LAZY_COLS.div_ceil(bw) * bw;
+    let s2: Vec<f32> = x
+        .chunks_exact(n)
+        .map(|r| r.iter().map(|v| v * v).sum::<f32>() / n.max(1) as f32)
+        .collect();
     let mut v: Vec<f64> = x.iter().map(|&a| a as f64).collect();
-    let (mut xb, mut wb) = (vec![0f32; bw], vec![0f32; bw]);
-    let (mut deq, mut best_deq) = (vec![0f32; bw], vec![0f32; bw]);
-    let (mut cand, mut next, mut e) = (vec![0u8; bb], vec![0f64; bw], vec![0f64; bw]);
-    let in_block = passes.in_block && code_levels(t).is_some();
-    let (mut cand2, mut deq2, mut table) = (vec![0u8; bb], vec![0f32; bw], Vec::new());
-    for (b, qb) in q.chunks_exact_mut(bb).enumerate() {
-        let c0 = b * bw;
-        for i in 0..bw {
-            xb[i] = v[c0 + i] as f32;
-        }
-        let mut best = (f64::INFINITY, 0f32);
-        for pass in 0..=passes.refine {
-            for i in 0..bw {
-                wb[i] = fb.imp[c0 + i] * (s2 + xb[i] * xb[i]).sqrt();
-            }
-            if wb.iter().all(|&w| w == 0.0) {
-                wb.fill(1.0);
-            }
-            let s = match quantize_one(t, opts, &xb, &wb, &mut cand, &mut deq) {
-                Ok(s) => s,
-                Err(e) if pass == 0 => return Err((b, e)),
-                Err(_) => break, // a refined target overflowed: keep the best so far
-            };
-            // The block's cost once the later columns compensate, and the values its
-            // columns reach in the sequential update (the next pass's targets).
-            let cost = block_cost(fb, &v, c0, &deq, &mut e, &mut next);
-            if cost < best.0 {
-                best = (cost, s);
-                qb.copy_from_slice(&cand);
-                best_deq.copy_from_slice(&deq);
-            }
-            // The same scales with GPTQ's rounding inside the block.
-            if in_block {
-                cand2.copy_from_slice(&cand);
-                let cost = round_in_block(t, fb, &v, c0, &mut cand2, &mut deq2, &mut table);
-                if cost < best.0 {
-                    best = (cost, s);
-                    qb.copy_from_slice(&cand2);
-                    best_deq.copy_from_slice(&deq2);
+    // rows × lazy: each row's scaled errors in the current window.
+    let mut errs = vec![0f64; rows * lazy];
+    let mut sc = Scratch::new(t);
+    for l0 in (0..n).step_by(lazy) {
+        let l1 = (l0 + lazy).min(n);
+        for r in 0..rows {
+            let vr = &mut v[r * n..(r + 1) * n];
+            let er = &mut errs[r * lazy..r * lazy + (l1 - l0)];
+            for b in l0 / bw..l1 / bw {
+                let qb = &mut q[r * rb + b * bb..][..bb];
+                let s = quantize_block_passes(t, fb, opts, passes, (vr, s2[r]), b, qb, &mut sc)
+                    .map_err(|e| (r, b, e))?;
+                if let Some(db) = d.get_mut(r * nd + b).filter(|_| nd > 0) {
+                    *db = s;
+                }
+                // The block's errors reach the rest of the window now, the columns
+                // after it with the batch's product.
+                for (i, &qi) in sc.best_deq.iter().enumerate() {
+                    let j = b * bw + i;
+                    let row = &fb.u[j * n..(j + 1) * n];
+                    let e = (vr[j] - qi as f64) / row[j];
+                    er[j - l0] = e;
+                    for k in j + 1..l1 {
+                        vr[k] -= e * row[k];
+                    }
                 }
             }
-            let mut moved = false;
-            for (o, &c) in xb.iter_mut().zip(&next) {
-                moved |= *o != c as f32;
-                *o = c as f32;
-            }
-            if !moved {
-                break; // a fixed point: the codes meet their own compensated targets
-            }
         }
-        if let Some(db) = d.get_mut(b) {
-            *db = best.1;
-        }
-        for (i, &qi) in best_deq.iter().enumerate() {
-            let j = c0 + i;
-            let row = &fb.u[j * n..(j + 1) * n];
-            let e = (v[j] - qi as f64) / row[j];
-            for k in j + 1..n {
-                v[k] -= e * row[k];
-            }
+        if l1 < n {
+            let u = (&fb.u[l0 * n + l1..], n);
+            (fb.product)([rows, l1 - l0, n - l1], (&errs, lazy), u, (&mut v[l1..], n));
         }
     }
     Ok(())
@@ -495,8 +704,10 @@ fn quantize_matrix_passes(
     check_matrix(rows, cols, t.block_weights(), x)?;
     let rb = t.row_bytes(cols);
     let nb = if block { 0 } else { cols / QK };
+    // Block types: one unused slot per row, so that every batch has its chunk.
+    let nd = nb.max(1);
     let mut q = vec![0u8; rows * rb];
-    let mut d = vec![0f32; rows * nb];
+    let mut d = vec![0f32; rows * nd];
     let overflow = |r: usize, (block, v): (usize, f32)| {
         if blocks::is_block_type(t) {
             QuantError::BlockScaleOverflow {
@@ -513,24 +724,17 @@ fn quantize_matrix_passes(
             }
         }
     };
-    // One row per task: per-row results are independent of scheduling.
-    if block {
-        x.par_chunks(cols)
-            .zip(q.par_chunks_mut(rb))
-            .enumerate()
-            .try_for_each(|(r, (xr, qr))| {
-                quantize_row_passes(t, xr, fb, opts, passes, qr, &mut [])
-                    .map_err(|e| overflow(r, e))
-            })?;
-    } else {
-        x.par_chunks(cols)
-            .zip(q.par_chunks_mut(rb))
-            .zip(d.par_chunks_mut(nb))
-            .enumerate()
-            .try_for_each(|(r, ((xr, qr), dr))| {
-                quantize_row_passes(t, xr, fb, opts, passes, qr, dr).map_err(|e| overflow(r, e))
-            })?;
-    }
+    // [`BATCH_ROWS`] rows per task: a row's bytes depend on its own values alone.
+    let br = BATCH_ROWS;
+    x.par_chunks(cols * br)
+        .zip(q.par_chunks_mut(rb * br))
+        .zip(d.par_chunks_mut(nd * br))
+        .enumerate()
+        .try_for_each(|(k, ((xr, qr), dr))| {
+            let dr = if block { &mut dr[..0] } else { dr };
+            quantize_rows(t, xr, fb, opts, passes, qr, dr)
+                .map_err(|(r, b, v)| overflow(k * br + r, (b, v)))
+        })?;
     let d = if block {
         Scales::F32(Vec::new())
     } else if opts.scale_f16 {
@@ -552,27 +756,34 @@ fn quantize_matrix_passes(
 }
 
 /// `tr(ΔW H ΔWᵀ) / tr(W H Wᵀ)` of `x` (rows × cols) against `xq` with `h` the n × n
-/// covariance (row-major): the relative output error (0 for a zero signal).
-pub fn output_error(rows: usize, cols: usize, x: &[f32], xq: &[f32], h: &[f64]) -> f64 {
-    let (mut e, mut s) = (0f64, 0f64);
-    let mut dv = vec![0f64; cols];
-    let mut xv = vec![0f64; cols];
-    for r in 0..rows {
-        for c in 0..cols {
-            xv[c] = x[r * cols + c] as f64;
-            dv[c] = xv[c] - xq[r * cols + c] as f64;
-        }
-        for i in 0..cols {
-            let hi = &h[i * cols..(i + 1) * cols];
-            let (mut a, mut b) = (0f64, 0f64);
-            for j in 0..cols {
-                a += hi[j] * dv[j];
-                b += hi[j] * xv[j];
-            }
-            e += dv[i] * a;
-            s += xv[i] * b;
-        }
-    }
+/// covariance (row-major): the relative output error (0 for a zero signal). `ΔW·H` and
+/// `W·H` are one `product`.
+pub fn output_error(
+    rows: usize,
+    cols: usize,
+    x: &[f32],
+    xq: &[f32],
+    h: &[f64],
+    product: SubProduct,
+) -> f64 {
+    // −ΔW over −W (the product subtracts), and the products: 2·rows × cols.
+    let m = rows * cols;
+    let mut neg: Vec<f64> = x[..m]
+        .iter()
+        .zip(xq)
+        .map(|(&a, &b)| -(a as f64 - b as f64))
+        .collect();
+    neg.extend(x[..m].iter().map(|&a| -(a as f64)));
+    let mut out = vec![0f64; 2 * m];
+    product(
+        [2 * rows, cols, cols],
+        (&neg, cols),
+        (h, cols),
+        (&mut out, cols),
+    );
+    let dot = |a: &[f64], b: &[f64]| -> f64 { a.iter().zip(b).map(|(p, q)| p * q).sum() };
+    // out = ΔW·H over W·H: the traces are −(neg · out).
+    let (e, s) = (-dot(&neg[..m], &out[..m]), -dot(&neg[m..], &out[m..]));
     if s > 0.0 {
         e / s
     } else {
@@ -719,11 +930,11 @@ mod tests {
             .chain(WType::CODEBOOKS.iter().copied())
         {
             let bw = t.block_weights();
-            let (rows, n) = (3, 3 * bw.max(32));
-            let n = if bw == 256 { 512 } else { n };
+            // Two windows of the lazy update at least.
+            let (rows, n) = (3, if bw == 256 { 512 } else { 5 * bw });
             let h = correlated_h(&mut rng, n, 4 * n);
             let x = weights(&mut rng, rows, n);
-            let fb = Feedback::new(n, &h, DAMP).unwrap();
+            let fb = Feedback::new(n, &h, DAMP, plain_product).unwrap();
             let opts = QuantOptions {
                 scale_f16: true,
                 ..QuantOptions::default()
@@ -757,7 +968,7 @@ mod tests {
         for t in [WType::Q2_K, WType::Q3_K] {
             let h = correlated_h(&mut rng, n, 2 * n);
             let x = weights(&mut rng, 1, n);
-            let fb = Feedback::new(n, &h, DAMP).unwrap();
+            let fb = Feedback::new(n, &h, DAMP, plain_product).unwrap();
             let v: Vec<f64> = x.iter().map(|&a| a as f64).collect();
             let w: Vec<f32> = fb.importance()[..QK_K].to_vec();
             let (mut cand, mut deq) = (vec![0u8; t.block_bytes()], vec![0f32; QK_K]);
@@ -845,7 +1056,7 @@ mod tests {
                 ..QuantOptions::default()
             };
             let plain = dequant(&quantize(t, rows, n, &x, &opts).unwrap());
-            let fb = Feedback::new(n, &h, DAMP).unwrap();
+            let fb = Feedback::new(n, &h, DAMP, plain_product).unwrap();
             let fed = dequant(&quantize_matrix(t, rows, n, &x, &opts, &fb).unwrap());
             let one = Passes {
                 refine: 0,
@@ -853,9 +1064,9 @@ mod tests {
             };
             let once = dequant(&quantize_matrix_passes(t, rows, n, &x, &opts, &fb, one).unwrap());
             let (ep, ef, e1) = (
-                output_error(rows, n, &x, &plain, &h),
-                output_error(rows, n, &x, &fed, &h),
-                output_error(rows, n, &x, &once, &h),
+                output_error(rows, n, &x, &plain, &h, plain_product),
+                output_error(rows, n, &x, &fed, &h, plain_product),
+                output_error(rows, n, &x, &once, &h, plain_product),
             );
             eprintln!(
                 "{t}: output error plain {ep:.3e}, with feedback {ef:.3e} ({:.3}; one pass per block {:.3})",
@@ -878,7 +1089,7 @@ mod tests {
         let mut rng = Rng(7);
         let n = 40;
         let h = correlated_h(&mut rng, n, 30);
-        let fb = Feedback::new(n, &h, DAMP).unwrap();
+        let fb = Feedback::new(n, &h, DAMP, plain_product).unwrap();
         let mean = (0..n).map(|i| h[i * n + i]).sum::<f64>() / n as f64;
         for i in 0..n {
             for j in 0..n {
@@ -892,17 +1103,20 @@ mod tests {
                 assert!((s - want).abs() < 1e-8, "({i}, {j}): {s}");
             }
         }
-        assert!(Feedback::new(2, &[0.0; 4], DAMP).is_none());
+        assert!(Feedback::new(2, &[0.0; 4], DAMP, plain_product).is_none());
     }
 
-    /// The same bytes at 1, 2 and 3 threads.
+    /// The same bytes at 1, 2 and 3 threads, and row by row: a row's bytes depend on
+    /// its own values alone, not on the batch it is in (150 rows: three batches, the
+    /// last short; 512 columns: windows of the lazy update for both block widths).
     #[test]
     fn bytes_do_not_depend_on_the_thread_count() {
         let mut rng = Rng(0xda942042e4dd58b5);
-        let (rows, n) = (21, 256);
-        let h = correlated_h(&mut rng, n, 300);
+        let (rows, n) = (150, 512);
+        let h = correlated_h(&mut rng, n, 600);
         let x = weights(&mut rng, rows, n);
-        let fb = Feedback::new(n, &h, DAMP).unwrap();
+        let fb = Feedback::new(n, &h, DAMP, plain_product).unwrap();
+        let opts = QuantOptions::default();
         for t in [WType::Q4_0, WType::Q4_K, WType::IQ4_NL] {
             let outs: Vec<Quantized> = (1..=3)
                 .map(|k| {
@@ -910,12 +1124,15 @@ mod tests {
                         .num_threads(k)
                         .build()
                         .unwrap();
-                    pool.install(|| {
-                        quantize_matrix(t, rows, n, &x, &QuantOptions::default(), &fb).unwrap()
-                    })
+                    pool.install(|| quantize_matrix(t, rows, n, &x, &opts, &fb).unwrap())
                 })
                 .collect();
             assert!(outs.iter().all(|o| *o == outs[0]), "{t}");
+            let rb = t.row_bytes(n);
+            for r in [0, 63, 64, 149] {
+                let one = quantize_matrix(t, 1, n, &x[r * n..(r + 1) * n], &opts, &fb).unwrap();
+                assert_eq!(one.q, outs[0].q[r * rb..(r + 1) * rb], "{t}: row {r}");
+            }
         }
     }
 }

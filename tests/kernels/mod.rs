@@ -2,7 +2,7 @@
 //! in `src/kernels/scalar/`: `tiles` (Q8_0 / Q4_0 products), `quantize` (the activation
 //! quantizer), `blocks` (the GGUF block types), `half` (BF16 / F16 weights, BF16
 //! activations), `attention` (over f32, f16 and Q8_0 caches), `math` (exp, max, SiLU /
-//! GELU), `delta` (the delta rule's head step), `moe` (routing, the clamped SwiGLU);
+//! GELU), `delta` (the delta rule's head step), `subproduct` (error feedback's f64 product), `moe` (routing, the clamped SwiGLU);
 //! `counters`: which tier's code ran.
 //! Below: what the f32 files share.
 
@@ -16,6 +16,7 @@ mod half;
 mod math;
 mod moe;
 mod quantize;
+mod subproduct;
 mod tiles;
 
 /// xorshift32 values in [-scale, scale).

@@ -317,7 +317,7 @@ impl Arrays for GgufArrays<'_> {
         self.source(i).w.importance(row)
     }
 
-    fn feedback(&self, i: usize) -> Option<Feedback> {
+    fn feedback(&self, i: usize) -> Option<std::sync::Arc<Feedback>> {
         self.source(i).w.feedback(self.cov)
     }
 

@@ -11,7 +11,10 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::Instant;
+
+use rayon::prelude::*;
 
 use super::checkpoint::Checkpoint;
 use super::config;
@@ -34,6 +37,7 @@ use crate::format::mlb::{Kind, Layout, MlbWriter, Tensor};
 use crate::format::mli::Mli;
 use crate::format::WType;
 use crate::quant::blocks::is_block_type;
+use crate::quant::feedback::Feedback;
 use crate::quant::{Q4Rule, QuantError};
 
 /// Converts the checkpoint folder `opts.input` (called by [`crate::convert::convert`]
@@ -443,22 +447,41 @@ fn measure_mix(
                 return Err(quant_error(ck, s, 0, e));
             }
             // With the input's covariance: the output error, quantized as the file will
-            // be (with error feedback unless it is off).
-            let h = ctx.cov.zip(s.w.cov.as_ref()).map(|(c, e)| c.matrix(e));
-            let fb = h
-                .as_ref()
-                .filter(|_| opts.error_feedback)
-                .and_then(|h| crate::quant::feedback::Feedback::new(cols, h, opts.feedback_damp));
-            for &ty in mix::candidates(cols, opts.gguf_types) {
-                let (n, x) = mix::sample_for(ty, k, cols, &buf);
-                let e = match &h {
-                    Some(h) => {
-                        mix::output_rel_error(ty, n, cols, &x, s.w.imp.as_deref(), h, fb.as_ref())
-                    }
-                    None => mix::rel_error(ty, n, cols, &x, s.w.imp.as_deref()),
+            // be (with error feedback unless it is off), on the input's first
+            // `FEEDBACK_COLS` channels when it is wider (the window's own factor).
+            let measure = ctx.cov.zip(s.w.cov.as_ref()).map(|(c, e)| {
+                let w = cols.min(mix::FEEDBACK_COLS);
+                let h = c.matrix(e, w);
+                let fb = match opts.error_feedback {
+                    false => None,
+                    true if w == cols => c.feedback(e),
+                    true => Feedback::new(w, &h, c.damp, crate::kernels::sub_product).map(Arc::new),
                 };
-                row.cands.push((ty, mix::matrix_bytes(ty, rows, cols), e));
-            }
+                let x: Vec<f32> = buf
+                    .chunks_exact(cols)
+                    .flat_map(|r| &r[..w])
+                    .copied()
+                    .collect();
+                (w, h, fb, x)
+            });
+            let imp = s.w.imp.as_deref();
+            row.cands = mix::candidates(cols, opts.gguf_types)
+                .par_iter()
+                .map(|&ty| {
+                    let e = match &measure {
+                        Some((w, h, fb, xw)) => {
+                            let (n, x) = mix::sample_for(ty, k, *w, xw);
+                            let imp = imp.map(|i| &i[..*w]);
+                            mix::output_rel_error(ty, n, *w, &x, imp, h, fb.as_deref())
+                        }
+                        None => {
+                            let (n, x) = mix::sample_for(ty, k, cols, &buf);
+                            mix::rel_error(ty, n, cols, &x, imp)
+                        }
+                    };
+                    (ty, mix::matrix_bytes(ty, rows, cols), e)
+                })
+                .collect();
             release_rows(ck, s, 0..rows);
         }
         rows_out.push(row);

@@ -698,7 +698,7 @@ impl Arrays for CheckpointArrays<'_> {
         self.source(i).w.importance(row)
     }
 
-    fn feedback(&self, i: usize) -> Option<Feedback> {
+    fn feedback(&self, i: usize) -> Option<std::sync::Arc<Feedback>> {
         self.source(i).w.feedback(self.cov)
     }
 

@@ -9,6 +9,7 @@
 //! which no other expert's sums describe. [`unrouted_warnings`] names each such expert.
 
 use std::path::Path;
+use std::sync::{Arc, Mutex};
 
 use crate::convert::desc::ModelDesc;
 use crate::convert::error::{ConvertError, Result};
@@ -149,8 +150,8 @@ impl Weighting {
     }
 
     /// Error feedback from the covariance section `cov` (`None`: off), where it holds
-    /// this matrix's input.
-    pub fn feedback(&self, cov: Option<&CovFile>) -> Option<Feedback> {
+    /// this matrix's input (shared with the matrices that read the same input).
+    pub fn feedback(&self, cov: Option<&CovFile>) -> Option<Arc<Feedback>> {
         cov?.feedback(self.cov.as_ref()?)
     }
 }
@@ -250,7 +251,14 @@ pub struct CovFile {
     pub cov: mli_cov::Covariance,
     /// The damping λ of [`CovFile::feedback`].
     pub damp: f64,
+    /// The factors built last, by entry offset, newest last: at most [`RECENT`].
+    recent: Mutex<Vec<(usize, Arc<Feedback>)>>,
 }
+
+/// Factors kept for reuse: the matrices that read one input are at most one other
+/// input apart in array order (wq wk wv; wo wg; w1 w2 w3), so two serve every reuse,
+/// and memory holds at most two factors (n² f64 each) and the one being built.
+const RECENT: usize = 2;
 
 impl CovFile {
     /// The covariance section of the imatrix `p` (already read as `m`), if it has one.
@@ -269,6 +277,7 @@ impl CovFile {
             map: map(p)?,
             cov,
             damp,
+            recent: Mutex::new(Vec::new()),
         }))
     }
 
@@ -314,26 +323,41 @@ impl CovFile {
             .cloned()
     }
 
-    /// `H` of entry `e`: n × n, f64, row-major.
-    pub fn matrix(&self, e: &CovEntry) -> Vec<f64> {
+    /// `H` of entry `e`, its first `w` channels (`w ≤ n`): w × w, f64, row-major.
+    pub fn matrix(&self, e: &CovEntry, w: usize) -> Vec<f64> {
         let tri = mli_cov::values(&self.map, e);
         let n = e.n;
-        let mut h = vec![0f64; n * n];
-        let mut at = 0;
-        for i in 0..n {
-            for j in i..n {
-                h[i * n + j] = tri[at];
-                h[j * n + i] = tri[at];
-                at += 1;
+        assert!(w <= n, "a window of {w} of {n} channels");
+        let mut h = vec![0f64; w * w];
+        for i in 0..w {
+            // Row i of the packed upper triangle starts at i·n − i(i−1)/2.
+            let at = i * n - i * i.saturating_sub(1) / 2;
+            for j in i..w {
+                let v = tri[at + j - i];
+                h[i * w + j] = v;
+                h[j * w + i] = v;
             }
         }
         h
     }
 
     /// The error feedback of entry `e` (`None` when its H is zero or cannot be
-    /// factored).
-    pub fn feedback(&self, e: &CovEntry) -> Option<Feedback> {
-        Feedback::from_packed(e.n, &mli_cov::values(&self.map, e), self.damp)
+    /// factored): built once while the matrices that read its input are quantized
+    /// ([`RECENT`]).
+    pub fn feedback(&self, e: &CovEntry) -> Option<Arc<Feedback>> {
+        let recent = || self.recent.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((_, f)) = recent().iter().find(|(o, _)| *o == e.offset) {
+            return Some(f.clone());
+        }
+        let values = mli_cov::values(&self.map, e);
+        let product = crate::kernels::sub_product;
+        let fb = Arc::new(Feedback::from_packed(e.n, &values, self.damp, product)?);
+        let mut r = recent();
+        r.push((e.offset, fb.clone()));
+        if r.len() > RECENT {
+            r.remove(0);
+        }
+        Some(fb)
     }
 }
 

@@ -9,7 +9,9 @@
 //!    the imatrix when given, and the importance-weighted relative error
 //!    `r = Σ imp_c (w − ŵ)² / Σ imp_c w²` is taken (`imp_c`: the mean square of the
 //!    matrix's input channel `c`, from the imatrix; 1 without one). With uncorrelated
-//!    inputs, `r` is the noise-to-signal ratio of the matrix's output.
+//!    inputs, `r` is the noise-to-signal ratio of the matrix's output. With the input's
+//!    covariance, the relative output error instead ([`output_rel_error`]; on the first
+//!    [`FEEDBACK_COLS`] channels of a wider input).
 //! 2. **Predict.** The model's KL divergence is predicted as `Σ_m w_m · r_m`: every
 //!    matrix's output noise-to-signal ratio adds into the residual stream (the
 //!    classifier's into the logits), so a matrix counts by its relative error, not by its
@@ -38,6 +40,15 @@ use crate::quant::{dequant_matrix, Q4Rule, QuantOptions, Quantized};
 
 /// Rows of a matrix quantized to measure its error in each candidate type.
 pub const SAMPLE_ROWS: usize = 64;
+
+/// With covariances: the input channels (a multiple of 256) the output error is
+/// measured on, the first ones of a wider input, with that window's own covariance and
+/// error feedback. Error feedback's factorization is `O(n³)`: a 1B model's 8192-wide
+/// down projections cost 64× a 2048-wide window's, and the mix would factor each one
+/// besides the write. The relative error of a window estimates the whole row's (its
+/// channels are any of the input's; a window has fewer later columns to compensate an
+/// error, so it errs high, alike for every type).
+pub const FEEDBACK_COLS: usize = 2048;
 
 /// The rows of the [`SAMPLE_ROWS`] that measure type `t`. The codebook quantizers score
 /// every grid entry for every group of 4 or 8 weights, 2-20x a K type's time per block
@@ -286,7 +297,7 @@ pub fn output_rel_error(
     fb: Option<&Feedback>,
 ) -> f64 {
     match round_trip(t, rows, cols, x, imp, fb) {
-        Some(xq) => feedback::output_error(rows, cols, x, &xq, h),
+        Some(xq) => feedback::output_error(rows, cols, x, &xq, h, crate::kernels::sub_product),
         None => f64::INFINITY,
     }
 }

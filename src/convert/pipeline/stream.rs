@@ -11,6 +11,7 @@ use std::io::BufWriter;
 use std::ops::Range;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 use crate::atomic::AtomicFile;
 use crate::convert::error::{ConvertError, Result};
@@ -67,8 +68,9 @@ pub trait Arrays {
     fn importance(&self, i: usize, row: usize) -> (Option<&[f32]>, usize);
 
     /// Error feedback for matrix `i` (from the imatrix's covariance of its input), if
-    /// any: built once per matrix, so one matrix's covariance is in memory at a time.
-    fn feedback(&self, _i: usize) -> Option<Feedback> {
+    /// any: built once per input and shared by the matrices that read it, a few in
+    /// memory at a time (`CovFile::feedback`).
+    fn feedback(&self, _i: usize) -> Option<Arc<Feedback>> {
         None
     }
 
@@ -182,7 +184,7 @@ fn write_arrays(
                             imatrix,
                         };
                         let x = &buf[(at - r.start) * cols..(end - r.start) * cols];
-                        let m = feedback::quantize(wtype, end - at, cols, x, &qopts, fb.as_ref())
+                        let m = feedback::quantize(wtype, end - at, cols, x, &qopts, fb.as_deref())
                             .map_err(|e| arrays.quant_error(i, at, e))?;
                         w.write_mat_rows(&m)
                             .map_err(|e| arrays.refused(i, out, e))?;

@@ -11,4 +11,5 @@ pub mod half;
 pub mod kv;
 pub mod math;
 pub mod quantize;
+pub mod subproduct;
 pub mod tiles;

@@ -19,4 +19,5 @@ pub mod packed_blocks;
 pub mod prefetch;
 pub mod quantize;
 pub mod simd;
+pub mod subproduct;
 pub mod tiles;

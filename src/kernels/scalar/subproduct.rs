@@ -1,0 +1,98 @@
+//! `C −= E·U` in f64, the reference: error feedback's one matrix product (its lazy
+//! batch update and its blocked factorization, `quant::feedback`). `C` is m × n, `E`
+//! m × k, `U` k × n, each row-major with its own row stride; per element, in this order:
+//!
+//! ```text
+//! c_ij = fma(−e_ip, u_pj, c_ij)        p = 0, 1, …, k − 1
+//! ```
+//!
+//! one rounding per step (`f64::mul_add`). The work runs in tiles of `MR` rows × `NR`
+//! columns held in registers (the last rows and columns in tiles of one), the loop over
+//! a tile's columns vectorizes; the SIMD tiers run this very code compiled for their
+//! instruction set with wider tiles. Each element's steps stay the same, so the bits
+//! do, whatever the tile.
+
+use crate::kernels::counters::{count, Op};
+use crate::kernels::tier::Tier;
+
+/// A row-major f64 matrix operand: its values and row stride.
+pub type Rows<'a> = (&'a [f64], usize);
+
+/// The operands' dimensions `[m, k, n]`.
+pub type Dims = [usize; 3];
+
+/// Whether the operands hold `[m, k, n]` with their strides (the table checks it).
+pub fn fits(d: Dims, e: Rows, u: Rows, c: (&[f64], usize)) -> bool {
+    let [m, k, n] = d;
+    let holds = |(v, ld): (&[f64], usize), rows: usize, cols: usize| {
+        rows == 0 || cols == 0 || (ld >= cols && (rows - 1) * ld + cols <= v.len())
+    };
+    holds(e, m, k) && holds(u, k, n) && holds(c, m, n)
+}
+
+/// One tile: rows `i0..i0 + MR`, columns `j0..j0 + NR`.
+#[inline(always)]
+fn tile<const MR: usize, const NR: usize>(
+    (i0, j0): (usize, usize),
+    k: usize,
+    (e, lde): Rows,
+    (u, ldu): Rows,
+    (c, ldc): (&mut [f64], usize),
+) {
+    let mut acc = [[0f64; NR]; MR];
+    for (r, a) in acc.iter_mut().enumerate() {
+        a.copy_from_slice(&c[(i0 + r) * ldc + j0..][..NR]);
+    }
+    let erow: [&[f64]; MR] = std::array::from_fn(|r| &e[(i0 + r) * lde..][..k]);
+    for p in 0..k {
+        let ur: &[f64; NR] = u[p * ldu + j0..][..NR].try_into().expect("NR columns");
+        for (a, er) in acc.iter_mut().zip(&erow) {
+            let x = -er[p];
+            for (o, &y) in a.iter_mut().zip(ur) {
+                *o = x.mul_add(y, *o);
+            }
+        }
+    }
+    for (r, a) in acc.iter().enumerate() {
+        c[(i0 + r) * ldc + j0..][..NR].copy_from_slice(a);
+    }
+}
+
+/// `C −= E·U` in tiles of `MR × NR` (the module docs); shapes as [`fits`] checks them.
+#[inline(always)]
+pub fn tiled<const MR: usize, const NR: usize>(
+    d: Dims,
+    e: Rows,
+    u: Rows,
+    (c, ldc): (&mut [f64], usize),
+) {
+    let [m, k, n] = d;
+    let (mut j0, mut i0);
+    // Column tiles outside, row tiles inside: a tile's k × NR strip of U is read from
+    // the cache for every row tile.
+    j0 = 0;
+    while j0 + NR <= n {
+        i0 = 0;
+        while i0 + MR <= m {
+            tile::<MR, NR>((i0, j0), k, e, u, (c, ldc));
+            i0 += MR;
+        }
+        while i0 < m {
+            tile::<1, NR>((i0, j0), k, e, u, (c, ldc));
+            i0 += 1;
+        }
+        j0 += NR;
+    }
+    while j0 < n {
+        for i in 0..m {
+            tile::<1, 1>((i, j0), k, e, u, (c, ldc));
+        }
+        j0 += 1;
+    }
+}
+
+/// The scalar tier's entry (see `table::SubProductFn`).
+pub fn sub_product(d: Dims, e: Rows, u: Rows, c: (&mut [f64], usize)) {
+    count(Tier::Scalar, Op::SubProduct);
+    tiled::<4, 4>(d, e, u, c)
+}

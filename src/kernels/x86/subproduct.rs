@@ -1,0 +1,28 @@
+//! `C −= E·U` in f64 (`scalar::subproduct`) on x86: the reference compiled for AVX2 +
+//! FMA and for AVX-512 F, with tiles as wide as their registers (4 rows × 8 columns:
+//! 8 of the 16 ymm registers accumulate; 8 × 16: 16 of the 32 zmm). Each element's
+//! chain of fused steps stays the same, so the bits do.
+
+use crate::kernels::counters::{count, Op};
+use crate::kernels::scalar::subproduct::{tiled, Dims, Rows};
+use crate::kernels::tier::Tier;
+
+/// `C −= E·U` (`scalar::subproduct`) compiled for AVX2 and FMA.
+///
+/// # Safety
+/// The CPU must support AVX2 and FMA (safe to call from code compiled with them).
+#[target_feature(enable = "avx2,fma")]
+pub fn sub_product_avx2(d: Dims, e: Rows, u: Rows, c: (&mut [f64], usize)) {
+    count(Tier::Avx2, Op::SubProduct);
+    tiled::<4, 8>(d, e, u, c)
+}
+
+/// `C −= E·U` (`scalar::subproduct`) compiled for AVX-512 F and FMA.
+///
+/// # Safety
+/// The CPU must support AVX-512 F and FMA (safe to call from code compiled with them).
+#[target_feature(enable = "avx512f,fma")]
+pub fn sub_product_avx512(d: Dims, e: Rows, u: Rows, c: (&mut [f64], usize)) {
+    count(Tier::Avx512, Op::SubProduct);
+    tiled::<8, 16>(d, e, u, c)
+}
