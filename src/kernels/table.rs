@@ -330,7 +330,7 @@ fn x86_blocks(w: WType, vnni: bool) -> Option<MatKernels> {
     .or_else(|| {
         for_codebook_type!(w, |C| MatKernels {
             // One token on VBMI: grid lookups 64 at a time.
-            tile: if vnni && x86::codebook_vbmi::has(w) && x86::features::has_avx512vbmi() {
+            tile: if vnni && x86::features::has_avx512vbmi() {
                 x86::codebook_vbmi::tile::<C> as TileFn
             } else {
                 xcb::tile::<C>

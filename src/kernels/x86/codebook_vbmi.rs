@@ -33,7 +33,6 @@ use crate::kernels::acts::ActTile;
 use crate::kernels::counters::{count, Op};
 use crate::kernels::scalar::codebook::CodebookTy;
 use crate::kernels::tier::Tier;
-use crate::quant::codebook;
 
 use super::simd::reduce_lanes;
 
@@ -805,12 +804,7 @@ thread_local! {
     static REORDERED: RefCell<Vec<i8>> = const { RefCell::new(Vec::new()) };
 }
 
-/// Whether type `t` has a kernel here.
-pub fn has(t: WType) -> bool {
-    codebook::is_codebook(t)
-}
-
-/// Tile kernel of IQ3_XXS or IQ2_XXS (see `table::TileFn`; `wd` is empty): one token
+/// Tile kernel of codebook type `C` (see `table::TileFn`; `wd` is empty): one token
 /// here, several by the AVX2 kernel.
 ///
 /// # Safety
@@ -822,7 +816,6 @@ pub unsafe fn tile<C: CodebookTy>(
     x: &ActTile,
     out: &mut [f32],
 ) {
-    debug_assert!(has(C::W));
     if out.len() != rows {
         // SAFETY: the features include the AVX2 kernel's.
         return unsafe { super::codebook::tile::<C>(rows, wq, wd, x, out) };
