@@ -183,57 +183,83 @@ fn levels(t: WType, b: &[u8], j: usize) -> (__m256i, __m256i) {
 
 /// The per-32 scales of super-block `b` of type `t` as 8 lanes: `(dl, dh)`, block `j`'s
 /// first and last 16 weights' `dw` (equal for a scale per 32), the bits of
-/// `quant::codebook::scales` (the same f32 operations, one lane per block).
+/// `quant::codebook::scales` (the same f32 operations, one lane per block). The small
+/// integer codes are taken by loads, shifts and permutes in 8 lanes: as the bytes of a
+/// stack array they cost a failed store forward per super-block (IQ1_M decoded 2x
+/// slower). Both one-token kernels (this file's and `codebook_vbmi`) take them here.
 ///
 /// # Safety
 /// The CPU has AVX2 and F16C. (No closures inside: they would not inherit the caller's
 /// features, and every intrinsic in them would become a call.)
 #[inline(always)]
-unsafe fn scales8(t: WType, b: &[u8]) -> (__m256, __m256) {
-    // The small integer codes of the 8 blocks' two halves, and `d`.
-    let (mut lo, mut hi) = ([0u8; 8], [0u8; 8]);
-    let d = match t {
-        WType::IQ3_XXS => {
-            for (j, l) in lo.iter_mut().enumerate() {
-                *l = b[69 + 4 * j] >> 4;
-            }
-            u16_at(b, 0)
-        }
-        WType::IQ2_XXS => {
-            for (j, l) in lo.iter_mut().enumerate() {
-                *l = b[9 + 8 * j] >> 4;
-            }
-            u16_at(b, 0)
-        }
-        WType::IQ2_XS | WType::IQ2_S => {
-            let at = if t == WType::IQ2_XS { 66 } else { 74 };
-            for j in 0..8 {
-                (lo[j], hi[j]) = (b[at + j] & 15, b[at + j] >> 4);
-            }
-            u16_at(b, 0)
-        }
-        WType::IQ3_S => {
-            for (j, l) in lo.iter_mut().enumerate() {
-                *l = b[106 + j / 2] >> (4 * (j % 2)) & 15;
-            }
-            u16_at(b, 0)
-        }
-        WType::IQ1_M => {
-            // SAFETY: the caller's CPU has AVX2 and F16C; the 4 scale words are bytes
-            // 48..56 of the block.
-            return unsafe { iq1m_scales8(b) };
-        }
-        _ => unreachable!("a codebook type"),
-    };
-    // SAFETY: the caller's CPU has AVX2 and F16C; `lo` and `hi` hold the 8 bytes read.
+pub(super) unsafe fn scales8(t: WType, b: &[u8]) -> (__m256, __m256) {
+    assert!(b.len() >= t.block_bytes());
+    let p = b.as_ptr();
+    // SAFETY: the caller's CPU has AVX2 and F16C; every load is inside the block (the
+    // assert: IQ3_XXS 98 bytes, IQ2_XXS 66, IQ2_XS 74, IQ2_S 82, IQ3_S 110, IQ1_M 56).
     unsafe {
+        let pairs = _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3);
+        let nibble = _mm256_set1_epi32(15);
+        // The codes of the 8 blocks' first and last 16 weights (equal for a scale per
+        // 32), and `d`'s f16 bits.
+        let (nl, nh, d) = match t {
+            // The top 4 bits of each block's sign word (bytes 66 + 4j).
+            WType::IQ3_XXS => {
+                let v = _mm256_srli_epi32::<28>(_mm256_loadu_si256(p.add(66) as *const __m256i));
+                (v, v, u16_at(b, 0))
+            }
+            // The top 4 bits of word 1 of each block's pair (bytes 2 + 8j + 4).
+            WType::IQ2_XXS => {
+                let a = _mm256_loadu_si256(p.add(2) as *const __m256i);
+                let c = _mm256_loadu_si256(p.add(34) as *const __m256i);
+                let odd = _mm256_setr_epi32(1, 3, 5, 7, 1, 3, 5, 7);
+                let v = _mm256_blend_epi32::<0xF0>(
+                    _mm256_permutevar8x32_epi32(a, odd),
+                    _mm256_permutevar8x32_epi32(c, odd),
+                );
+                let v = _mm256_srli_epi32::<28>(v);
+                (v, v, u16_at(b, 0))
+            }
+            // A byte per block: the first half's code low, the last half's high.
+            WType::IQ2_XS | WType::IQ2_S => {
+                let at = if t == WType::IQ2_XS { 66 } else { 74 };
+                let v = _mm256_cvtepu8_epi32(_mm_loadl_epi64(p.add(at) as *const __m128i));
+                (
+                    _mm256_and_si256(v, nibble),
+                    _mm256_srli_epi32::<4>(v),
+                    u16_at(b, 0),
+                )
+            }
+            // A nibble per block, two to a byte (bytes 106..110).
+            WType::IQ3_S => {
+                let v = _mm_cvtsi32_si128(i32::from_le_bytes([b[106], b[107], b[108], b[109]]));
+                let v = _mm256_permutevar8x32_epi32(_mm256_cvtepu8_epi32(v), pairs);
+                let v = _mm256_srlv_epi32(v, _mm256_setr_epi32(0, 4, 0, 4, 0, 4, 0, 4));
+                let v = _mm256_and_si256(v, nibble);
+                (v, v, u16_at(b, 0))
+            }
+            // 3 bits per half h at 3·(h % 4) of scale word h / 4 (bytes 48..56): block
+            // j's halves 2j and 2j + 1 are word j / 2 shifted by 6·(j % 2) and 3 more.
+            WType::IQ1_M => {
+                let w = _mm256_cvtepu16_epi32(_mm_loadl_epi64(p.add(48) as *const __m128i));
+                let w = _mm256_permutevar8x32_epi32(w, pairs);
+                let seven = _mm256_set1_epi32(7);
+                (
+                    _mm256_and_si256(
+                        _mm256_srlv_epi32(w, _mm256_setr_epi32(0, 6, 0, 6, 0, 6, 0, 6)),
+                        seven,
+                    ),
+                    _mm256_and_si256(
+                        _mm256_srlv_epi32(w, _mm256_setr_epi32(3, 9, 3, 9, 3, 9, 3, 9)),
+                        seven,
+                    ),
+                    codebook::iq1m_d_bits(b),
+                )
+            }
+            _ => unreachable!("a codebook type"),
+        };
         let d = _mm256_set1_ps(_mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(d as i32))));
-        let nl = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(
-            lo.as_ptr() as *const __m128i
-        )));
-        let nh = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(
-            hi.as_ptr() as *const __m128i
-        )));
+        let (nl, nh) = (_mm256_cvtepi32_ps(nl), _mm256_cvtepi32_ps(nh));
         let (half, one, two) = (
             _mm256_set1_ps(0.5),
             _mm256_set1_ps(1.0),
@@ -265,54 +291,21 @@ unsafe fn scales8(t: WType, b: &[u8]) -> (__m256, __m256) {
                 let v = _mm256_mul_ps(d, _mm256_add_ps(one, _mm256_mul_ps(two, nl)));
                 (v, v)
             }
-            _ => unreachable!("IQ1_M returned above"),
+            // d·(2·ls + 1)·0.125
+            _ => {
+                let e = _mm256_set1_ps(0.125);
+                (
+                    _mm256_mul_ps(
+                        _mm256_mul_ps(d, _mm256_add_ps(_mm256_mul_ps(two, nl), one)),
+                        e,
+                    ),
+                    _mm256_mul_ps(
+                        _mm256_mul_ps(d, _mm256_add_ps(_mm256_mul_ps(two, nh), one)),
+                        e,
+                    ),
+                )
+            }
         }
-    }
-}
-
-/// IQ1_M's `(dl, dh)` of [`scales8`]: `ls` of half `h` (3 bits at `3·(h % 4)` of scale
-/// word `h / 4`) taken by variable shifts in 8 lanes, as the bytes of a stack array
-/// they were 2x slower (each stored byte, then one 8-byte load: a failed store
-/// forward).
-///
-/// # Safety
-/// The CPU has AVX2 and F16C; `b` holds an IQ1_M block.
-#[inline(always)]
-pub(super) unsafe fn iq1m_scales8(b: &[u8]) -> (__m256, __m256) {
-    assert!(b.len() >= 56);
-    let d = codebook::iq1m_d_bits(b);
-    // SAFETY: the caller's CPU has AVX2 and F16C; bytes 48..56 are in `b`.
-    unsafe {
-        let w = _mm256_cvtepu16_epi32(_mm_loadl_epi64(b.as_ptr().add(48) as *const __m128i));
-        // Block j's halves are h = 2j and 2j + 1: word j / 2, shifts 6·(j % 2) and 3 more.
-        let w = _mm256_permutevar8x32_epi32(w, _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3));
-        let seven = _mm256_set1_epi32(7);
-        let nl = _mm256_and_si256(
-            _mm256_srlv_epi32(w, _mm256_setr_epi32(0, 6, 0, 6, 0, 6, 0, 6)),
-            seven,
-        );
-        let nh = _mm256_and_si256(
-            _mm256_srlv_epi32(w, _mm256_setr_epi32(3, 9, 3, 9, 3, 9, 3, 9)),
-            seven,
-        );
-        let (nl, nh) = (_mm256_cvtepi32_ps(nl), _mm256_cvtepi32_ps(nh));
-        let d = _mm256_set1_ps(_mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(d as i32))));
-        let (one, two, e) = (
-            _mm256_set1_ps(1.0),
-            _mm256_set1_ps(2.0),
-            _mm256_set1_ps(0.125),
-        );
-        // d·(2·ls + 1)·0.125 (no closure: it would not inherit the caller's features)
-        (
-            _mm256_mul_ps(
-                _mm256_mul_ps(d, _mm256_add_ps(_mm256_mul_ps(two, nl), one)),
-                e,
-            ),
-            _mm256_mul_ps(
-                _mm256_mul_ps(d, _mm256_add_ps(_mm256_mul_ps(two, nh), one)),
-                e,
-            ),
-        )
     }
 }
 

@@ -59,28 +59,12 @@ macro_rules! table {
 static IQ3XXS_BYTES: Table<1024> =
     table!(1024, |i| (IQ3XXS_GRID[i % 256] >> (8 * (i / 256))) as u8);
 
-/// IQ2_XXS's levels are 8, 25 and 43: the codes 0, 1, 2 of positions 0-3 (table 0)
-/// and 4-7 (table 1), two bits per position.
-static IQ2XXS_CODES: Table<512> = Table({
-    let mut t = [0u8; 512];
-    let mut i = 0;
-    while i < 512 {
-        let e = IQ2XXS_GRID[i % 256] >> (32 * (i / 256));
-        let mut p = 0;
-        while p < 4 {
-            let code = match (e >> (8 * p)) as u8 {
-                8 => 0,
-                25 => 1,
-                43 => 2,
-                _ => panic!("IQ2_XXS grid levels are 8, 25, 43"),
-            };
-            t[i] |= code << (2 * p);
-            p += 1;
-        }
-        i += 1;
-    }
-    t
-});
+/// IQ2_XXS's codes ([`codes16`]) as two byte tables: positions 0-3 (table 0) and 4-7
+/// (table 1).
+static IQ2XXS_CODES: Table<512> = {
+    let c = codes16(&IQ2XXS_GRID, [8, 25, 43]);
+    table!(512, |i| (c[i % 256] >> (8 * (i / 256))) as u8)
+};
 
 /// The level of each code, in every 128-bit lane (`vpshufb`).
 static IQ2_LEVELS: Table<64> = table!(64, |i| [8, 25, 43, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]
@@ -243,14 +227,6 @@ fn ksigns(idx: __m512i) -> __m512i {
     unsafe { _mm512_permutex2var_epi8(load(&SIGNS, 0), idx, load(&SIGNS, 64)) }
 }
 
-/// The d of a super-block (its first two bytes, f16) in 8 lanes.
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni")]
-#[inline]
-fn d8(b: &[u8]) -> __m256 {
-    let d = u16::from_le_bytes([b[0], b[1]]);
-    _mm256_set1_ps(_mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(d as i32))))
-}
-
 /// Sums i32 lanes `2j` and `2j + 1` into lane `j` of 8.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni")]
 #[inline]
@@ -387,35 +363,6 @@ fn iq3s_sums(b: &[u8], xp: &[i8]) -> __m256i {
     quads_sums(w, per_entry(signs), xp)
 }
 
-/// IQ3_S's scales `d·(1 + 2·ls)` (`ls`: the nibble of each block, bytes 106..110).
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni")]
-#[inline]
-fn iq3s_scales(b: &[u8]) -> __m256 {
-    assert!(b.len() >= 110);
-    let s = u32::from_le_bytes(b[106..110].try_into().unwrap());
-    let s = _mm256_cvtepu8_epi32(_mm_cvtsi32_si128(s as i32));
-    let s = _mm256_permutevar8x32_epi32(s, _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3));
-    let nl = _mm256_and_si256(
-        _mm256_srlv_epi32(s, _mm256_setr_epi32(0, 4, 0, 4, 0, 4, 0, 4)),
-        _mm256_set1_epi32(15),
-    );
-    let nl = _mm256_cvtepi32_ps(nl);
-    let (one, two) = (_mm256_set1_ps(1.0), _mm256_set1_ps(2.0));
-    _mm256_mul_ps(d8(b), _mm256_add_ps(one, _mm256_mul_ps(two, nl)))
-}
-
-/// IQ3_XXS's scales `d·(0.5 + ls)·0.5` (`ls`: the top 4 bits of each block's word).
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni")]
-#[inline]
-fn iq3xxs_scales(b: &[u8]) -> __m256 {
-    assert!(b.len() >= 98);
-    // SAFETY: in bounds (the assert).
-    let aux = unsafe { _mm256_loadu_si256(b.as_ptr().add(66) as *const __m256i) };
-    let ls = _mm256_cvtepi32_ps(_mm256_srli_epi32::<28>(aux));
-    let half = _mm256_set1_ps(0.5);
-    _mm256_mul_ps(_mm256_mul_ps(d8(b), _mm256_add_ps(half, ls)), half)
-}
-
 /// The exact per-block sums of one IQ2_XXS super-block `b` against its reordered
 /// activation quants `xp` (256).
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni")]
@@ -479,21 +426,6 @@ fn iq2xxs_sums(b: &[u8], xp: &[i8]) -> __m256i {
             _mm512_extracti64x4_epi64::<1>(acc),
         )
     }
-}
-
-/// IQ2_XXS's scales `d·(0.5 + ls)·0.25` (`ls`: the top 4 bits of each block's word).
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni")]
-#[inline]
-fn iq2xxs_scales(b: &[u8]) -> __m256 {
-    assert!(b.len() >= 66);
-    // SAFETY: in bounds (the assert).
-    let v = unsafe { _mm512_loadu_si512(b.as_ptr().add(2) as *const _) };
-    let ls = _mm256_cvtepi32_ps(_mm512_cvtepi64_epi32(_mm512_srli_epi64::<60>(v)));
-    let half = _mm256_set1_ps(0.5);
-    _mm256_mul_ps(
-        _mm256_mul_ps(d8(b), _mm256_add_ps(half, ls)),
-        _mm256_set1_ps(0.25),
-    )
 }
 
 /// Word `idx & (N − 1)` (u16 lanes) of table `t`: `vpermt2w` on each 64 words, then a
@@ -691,28 +623,6 @@ fn even_bytes() -> __m512i {
     unsafe { load(&QUADS, 256) }
 }
 
-/// The halves types' scales `(dl, dh)` of super-block `b`.
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni")]
-#[inline]
-fn halves_scales(t: WType, b: &[u8]) -> (__m256, __m256) {
-    if t == WType::IQ1_M {
-        // SAFETY: the features include AVX2 and F16C.
-        return unsafe { super::codebook::iq1m_scales8(b) };
-    }
-    let at = if t == WType::IQ2_XS { 66 } else { 74 };
-    assert!(b.len() >= at + 8);
-    // SAFETY: in bounds (the assert).
-    let s = unsafe { _mm256_cvtepu8_epi32(_mm_loadl_epi64(b.as_ptr().add(at) as *const __m128i)) };
-    let f = _mm256_set1_epi32(15);
-    let nl = _mm256_cvtepi32_ps(_mm256_and_si256(s, f));
-    let nh = _mm256_cvtepi32_ps(_mm256_srli_epi32::<4>(s));
-    let (d, half, q) = (d8(b), _mm256_set1_ps(0.5), _mm256_set1_ps(0.25));
-    (
-        _mm256_mul_ps(_mm256_mul_ps(d, _mm256_add_ps(half, nl)), q),
-        _mm256_mul_ps(_mm256_mul_ps(d, _mm256_add_ps(half, nh)), q),
-    )
-}
-
 /// `x`'s quants (one token, `cols`) reordered super-block by super-block by `perm`
 /// into `xp`.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni")]
@@ -763,15 +673,17 @@ fn rows_one<C: CodebookTy>(rows: usize, wq: &[u8], x: &ActTile, xp: &mut [i8], o
             let xd = &x.d[sb * 8..][..8];
             // SAFETY: `xd` holds the 8 blocks' scales.
             let dx = unsafe { _mm256_loadu_ps(xd.as_ptr()) };
+            // SAFETY: the features include AVX2 and F16C.
+            let (dl, dh) = unsafe { super::codebook::scales8(C::W, b) };
             // The contract's float step per block, as the AVX2 kernel takes it.
             acc = match C::W {
                 WType::IQ3_XXS | WType::IQ3_S | WType::IQ2_XXS => {
-                    let (isum, dw) = match C::W {
-                        WType::IQ3_XXS => (iq3xxs_sums(b, xs), iq3xxs_scales(b)),
-                        WType::IQ3_S => (iq3s_sums(b, xs), iq3s_scales(b)),
-                        _ => (iq2xxs_sums(b, xs), iq2xxs_scales(b)),
+                    let isum = match C::W {
+                        WType::IQ3_XXS => iq3xxs_sums(b, xs),
+                        WType::IQ3_S => iq3s_sums(b, xs),
+                        _ => iq2xxs_sums(b, xs),
                     };
-                    _mm256_fmadd_ps(_mm256_mul_ps(dw, dx), _mm256_cvtepi32_ps(isum), acc)
+                    _mm256_fmadd_ps(_mm256_mul_ps(dl, dx), _mm256_cvtepi32_ps(isum), acc)
                 }
                 _ => {
                     let (lo, hi) = match C::W {
@@ -788,7 +700,6 @@ fn rows_one<C: CodebookTy>(rows: usize, wq: &[u8], x: &ActTile, xp: &mut [i8], o
                             halves_sums::<true>(c, s, xs)
                         }
                     };
-                    let (dl, dh) = halves_scales(C::W, b);
                     let l = _mm256_mul_ps(dl, _mm256_cvtepi32_ps(lo));
                     let v = _mm256_fmadd_ps(dh, _mm256_cvtepi32_ps(hi), l);
                     _mm256_fmadd_ps(dx, v, acc)
