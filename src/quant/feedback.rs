@@ -629,7 +629,7 @@ fn quantize_rows(
                 let qb = &mut q[r * rb + b * bb..][..bb];
                 let s = quantize_block_passes(t, fb, opts, passes, (vr, s2[r]), b, qb, &mut sc)
                     .map_err(|e| (r, b, e))?;
-                if let Some(db) = d.get_mut(r * nd + b).filter(|_| nd > 0) {
+                if let Some(db) = d.get_mut(r * nd + b) {
                     *db = s;
                 }
                 // The block's errors reach the rest of the window now, the columns
