@@ -271,6 +271,23 @@ impl Checkpoint {
         let _ = (t, bytes);
     }
 
+    /// Asks the kernel to start reading `t`'s rows `rows` (`MADV_WILLNEED`), so that the
+    /// next chunk's pages come from the disk while this one is quantized. Only a hint:
+    /// the pages enter the page cache, not this process's resident set.
+    pub fn prefetch(&self, t: &TensorInfo, row_len: usize, rows: std::ops::Range<usize>) {
+        let Some(dtype) = t.dtype else { return };
+        let es = dtype.size();
+        let a = t.start + rows.start * row_len * es;
+        let len = (rows.end.saturating_sub(rows.start)) * row_len * es;
+        let map = &self.shards[t.shard].map;
+        #[cfg(unix)]
+        if len > 0 && a + len <= t.end.min(map.len()) {
+            let _ = map.advise_range(memmap2::Advice::WillNeed, a, len);
+        }
+        #[cfg(not(unix))]
+        let _ = (map, a, len);
+    }
+
     /// Drops the pages of `t`'s rows `rows` from this process's resident set (the data
     /// stays in the page cache; a later read maps it again).
     pub fn release(&self, t: &TensorInfo, row_len: usize, rows: std::ops::Range<usize>) {
