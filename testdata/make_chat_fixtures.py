@@ -342,6 +342,38 @@ def render(tok, conv, tokenize=True):
     return {"text": text, "ids": ids}
 
 
+def committed_template(name, digest):
+    """The committed template `name`, checked against its digest."""
+    source = open(os.path.join(OUT, "templates", name + ".jinja"), "rb").read()
+    assert sha256(source) == digest, (name, "committed template changed")
+    return source.decode("utf-8")
+
+
+def render_all(convs, rendered):
+    """`rendered(conversation)` of every conversation, each result named."""
+    results = []
+    for c in convs:
+        r = rendered(c["conversation"])
+        r["name"] = c["name"]
+        results.append(r)
+    return results
+
+
+def write_expected(name, how, results):
+    """expected/NAME.json: the results and how they were rendered (`how`: the tokenizer
+    and its config or specials)."""
+    doc = {
+        "template": name,
+        **how,
+        "now": NOW.isoformat(),
+        "transformers": transformers.__version__,
+        "jinja2": jinja2.__version__,
+        "results": results,
+    }
+    with open(os.path.join(OUT, "expected", name + ".json"), "w", encoding="utf-8") as f:
+        json.dump(doc, f, ensure_ascii=False, indent=0)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--import", dest="do_import", action="store_true", help="copy the templates in first")
@@ -363,50 +395,18 @@ def main():
     summary = []
     with tempfile.TemporaryDirectory() as tmp:
         for name, (_, _, digest, family, cfg_family) in TEMPLATES.items():
-            source = open(os.path.join(OUT, "templates", name + ".jinja"), "rb").read()
-            assert sha256(source) == digest, (name, "committed template changed")
+            source = committed_template(name, digest)
             tok = load_tokenizer(family, cfg_family, tmp)
-            tok.chat_template = source.decode("utf-8")
-            results = []
-            for c in convs:
-                r = render(tok, c["conversation"])
-                r["name"] = c["name"]
-                results.append(r)
-            doc = {
-                "template": name,
-                "tokenizer": family,
-                "config": cfg_family,
-                "now": NOW.isoformat(),
-                "transformers": transformers.__version__,
-                "jinja2": jinja2.__version__,
-                "results": results,
-            }
-            with open(os.path.join(OUT, "expected", name + ".json"), "w", encoding="utf-8") as f:
-                json.dump(doc, f, ensure_ascii=False, indent=0)
+            tok.chat_template = source
+            results = render_all(convs, lambda c: render(tok, c))
+            write_expected(name, {"tokenizer": family, "config": cfg_family}, results)
             ok = sum("ids" in r for r in results)
             summary.append(f"{name}: {ok} rendered, {len(results) - ok} errors")
         tok = load_tokenizer("smollm2", "smollm2", tmp)
         for name, (_, _, digest, specials) in TEXT_ONLY.items():
-            source = open(os.path.join(OUT, "templates", name + ".jinja"), "rb").read()
-            assert sha256(source) == digest, (name, "committed template changed")
-            tok.chat_template = source.decode("utf-8")
-            results = []
-            for c in convs:
-                conv = dict(c["conversation"], **specials)
-                r = render(tok, conv, tokenize=False)
-                r["name"] = c["name"]
-                results.append(r)
-            doc = {
-                "template": name,
-                "tokenizer": None,
-                "specials": specials,
-                "now": NOW.isoformat(),
-                "transformers": transformers.__version__,
-                "jinja2": jinja2.__version__,
-                "results": results,
-            }
-            with open(os.path.join(OUT, "expected", name + ".json"), "w", encoding="utf-8") as f:
-                json.dump(doc, f, ensure_ascii=False, indent=0)
+            tok.chat_template = committed_template(name, digest)
+            results = render_all(convs, lambda c: render(tok, dict(c, **specials), tokenize=False))
+            write_expected(name, {"tokenizer": None, "specials": specials}, results)
             ok = sum("text" in r for r in results)
             summary.append(f"{name}: {ok} rendered (text only), {len(results) - ok} errors")
     print(f"{len(convs)} conversations")

@@ -233,6 +233,38 @@ fn imatrix_slots_match_an_independent_forward() {
 }
 
 /// Reads a bf16 / f32 tensor of a safetensors file as f32.
+/// A matrix of the default model's attention layers in two `.mlb` files of it: its
+/// layer, Hugging Face name and imatrix slot, and its index in each file.
+struct LayerMat {
+    l: usize,
+    hf: &'static str,
+    slot: Slot,
+    a: usize,
+    b: usize,
+}
+
+/// The v, o and FFN matrices of layers `0..n_layers` in `a` and `b`, layer by layer.
+fn layer_mats(a: &Mlb, b: &Mlb, n_layers: usize) -> Vec<LayerMat> {
+    let mut v = Vec::new();
+    for l in 0..n_layers {
+        let (al, bl) = (&a.layout().layers[l], &b.layout().layers[l]);
+        let (Mixer::Attention(aa), Mixer::Attention(ba)) = (&al.mixer, &bl.mixer) else {
+            panic!("attention layers only")
+        };
+        let (ad, bd) = (al.dense().unwrap(), bl.dense().unwrap());
+        for (hf, a, b, slot) in [
+            ("self_attn.v_proj", aa.wv, ba.wv, Slot::Attn),
+            ("self_attn.o_proj", aa.wo, ba.wo, Slot::Wo),
+            ("mlp.gate_proj", ad.0, bd.0, Slot::W13),
+            ("mlp.up_proj", ad.2, bd.2, Slot::W13),
+            ("mlp.down_proj", ad.1, bd.1, Slot::W2),
+        ] {
+            v.push(LayerMat { l, hf, slot, a, b });
+        }
+    }
+    v
+}
+
 fn st_tensor(path: &Path, name: &str) -> (Vec<usize>, Vec<f32>) {
     let b = std::fs::read(path).unwrap();
     let st = safetensors::SafeTensors::deserialize(&b).unwrap();
@@ -289,25 +321,12 @@ fn imatrix_lowers_the_weighted_q4_error() {
     let (pm, wm) = (Mlb::open(&plain).unwrap(), Mlb::open(&weighted).unwrap());
     let st = testdata().join("default/model.safetensors");
     let mut rows = Vec::new();
-    for l in 0..im.n_layers {
-        let (pl, wl) = (&pm.layout().layers[l], &wm.layout().layers[l]);
-        let (Mixer::Attention(pa), Mixer::Attention(wa)) = (&pl.mixer, &wl.mixer) else {
-            panic!("attention layers only")
-        };
-        let (pd, wd) = (pl.dense().unwrap(), wl.dense().unwrap());
-        for (hf, pi, wi, slot) in [
-            ("self_attn.v_proj", pa.wv, wa.wv, Slot::Attn),
-            ("self_attn.o_proj", pa.wo, wa.wo, Slot::Wo),
-            ("mlp.gate_proj", pd.0, wd.0, Slot::W13),
-            ("mlp.up_proj", pd.2, wd.2, Slot::W13),
-            ("mlp.down_proj", pd.1, wd.1, Slot::W2),
-        ] {
-            let (_, w) = st_tensor(&st, &format!("model.layers.{l}.{hf}.weight"));
-            let imp = Mli::importance(im.slot(l, slot), im.tokens);
-            let p = weighted_err(&pm.mat(pi), &w, &imp);
-            let q = weighted_err(&wm.mat(wi), &w, &imp);
-            rows.push((format!("layer {l} {hf}"), p, q));
-        }
+    for m in layer_mats(&pm, &wm, im.n_layers) {
+        let (_, w) = st_tensor(&st, &format!("model.layers.{}.{}.weight", m.l, m.hf));
+        let imp = Mli::importance(im.slot(m.l, m.slot), im.tokens);
+        let p = weighted_err(&pm.mat(m.a), &w, &imp);
+        let q = weighted_err(&wm.mat(m.b), &w, &imp);
+        rows.push((format!("layer {} {}", m.l, m.hf), p, q));
     }
     // The tied classifier (tok_emb) is weighted by the classifier input.
     let (_, w) = st_tensor(&st, "model.embed_tokens.weight");
@@ -454,30 +473,20 @@ fn covariance_and_error_feedback() {
     let (fm, om) = (Mlb::open(&fed).unwrap(), Mlb::open(&off).unwrap());
     let st = testdata().join("default/model.safetensors");
     let (mut tot_f, mut tot_o) = (0.0, 0.0);
-    for l in 0..im.n_layers {
-        let (fl, ol) = (&fm.layout().layers[l], &om.layout().layers[l]);
-        let (Mixer::Attention(fa), Mixer::Attention(oa)) = (&fl.mixer, &ol.mixer) else {
-            panic!("attention layers only")
-        };
-        let (fd, od) = (fl.dense().unwrap(), ol.dense().unwrap());
-        for (hf, fi, oi, slot) in [
-            ("self_attn.v_proj", fa.wv, oa.wv, Slot::Attn),
-            ("self_attn.o_proj", fa.wo, oa.wo, Slot::Wo),
-            ("mlp.gate_proj", fd.0, od.0, Slot::W13),
-            ("mlp.down_proj", fd.1, od.1, Slot::W2),
-        ] {
-            let (_, w) = st_tensor(&st, &format!("model.layers.{l}.{hf}.weight"));
-            let h = h_of(Some(l), CovSlot::Layer(slot));
-            let (ef, eo) = (
-                output_err(&fm.mat(fi), &w, &h),
-                output_err(&om.mat(oi), &w, &h),
-            );
-            eprintln!(
-                "layer {l} {hf}: output error {eo:.4e} → {ef:.4e} ({:.3})",
-                ef / eo
-            );
-            (tot_f, tot_o) = (tot_f + ef, tot_o + eo);
-        }
+    let mats = layer_mats(&fm, &om, im.n_layers);
+    for m in mats.iter().filter(|m| m.hf != "mlp.up_proj") {
+        let (l, hf) = (m.l, m.hf);
+        let (_, w) = st_tensor(&st, &format!("model.layers.{l}.{hf}.weight"));
+        let h = h_of(Some(l), CovSlot::Layer(m.slot));
+        let (ef, eo) = (
+            output_err(&fm.mat(m.a), &w, &h),
+            output_err(&om.mat(m.b), &w, &h),
+        );
+        eprintln!(
+            "layer {l} {hf}: output error {eo:.4e} → {ef:.4e} ({:.3})",
+            ef / eo
+        );
+        (tot_f, tot_o) = (tot_f + ef, tot_o + eo);
     }
     eprintln!(
         "all: output error {tot_o:.4e} → {tot_f:.4e} ({:.3})",

@@ -7,6 +7,7 @@
 
 use crate::util::testdata;
 use crate::util::tool::{mlb_inspect, tool, Tool};
+use chrono::NaiveDateTime;
 use flate2::read::GzDecoder;
 use krafla::chat::{capture, Chat, ChatError, ChatTemplate, Conversation, Value};
 use krafla::format::mlt::{Mlt, FLAG_CHAT};
@@ -108,9 +109,7 @@ fn real_templates_match_transformers() {
     let mut failures = Vec::new();
     let mut total = 0;
     for &(name, eot) in END_OF_TURN {
-        let exp = read_value(&chat_dir().join(format!("expected/{name}.json")));
-        let source =
-            std::fs::read_to_string(chat_dir().join(format!("templates/{name}.jinja"))).unwrap();
+        let (exp, source, now, results) = expected(name);
         let family = get(&exp, "tokenizer").to_string();
         let cfg_family = get(&exp, "config").to_string();
         let m = mlt_with_template(&family, &cfg_family, &source);
@@ -136,16 +135,6 @@ fn real_templates_match_transformers() {
                 .iter()
                 .any(|s| s.id == eos && s.sources & STOP_EOS != 0));
         }
-        let now = chrono::NaiveDateTime::parse_from_str(
-            &get(&exp, "now").to_string(),
-            "%Y-%m-%dT%H:%M:%S",
-        )
-        .unwrap();
-        let results: HashMap<String, Value> = get(&exp, "results")
-            .try_iter()
-            .unwrap()
-            .map(|r| (get(&r, "name").to_string(), r))
-            .collect();
         let (mut same, mut errors) = (0, 0);
         for (cname, conv) in &convs {
             total += 1;
@@ -207,6 +196,23 @@ fn real_templates_match_transformers() {
     );
 }
 
+/// A template's committed source and what transformers rendered of it
+/// (`expected/{name}.json`): the document, the source, the document's clock and its
+/// results by conversation name.
+fn expected(name: &str) -> (Value, String, NaiveDateTime, HashMap<String, Value>) {
+    let doc = read_value(&chat_dir().join(format!("expected/{name}.json")));
+    let source =
+        std::fs::read_to_string(chat_dir().join(format!("templates/{name}.jinja"))).unwrap();
+    let now =
+        NaiveDateTime::parse_from_str(&get(&doc, "now").to_string(), "%Y-%m-%dT%H:%M:%S").unwrap();
+    let results = get(&doc, "results")
+        .try_iter()
+        .unwrap()
+        .map(|r| (get(&r, "name").to_string(), r))
+        .collect();
+    (doc, source, now, results)
+}
+
 /// The templates of tokenizers not committed here (gpt-oss, Mistral): the rendered text
 /// against transformers' (`apply_chat_template(tokenize=False)`, the model's special-token
 /// strings given), no ids.
@@ -215,10 +221,8 @@ fn text_only_templates_match_transformers() {
     let convs = read_value(&chat_dir().join("conversations.json"));
     let mut failures = Vec::new();
     for name in ["gpt-oss", "mistral-nemo", "mistral-small3.2"] {
-        let exp = read_value(&chat_dir().join(format!("expected/{name}.json")));
+        let (exp, source, now, results) = expected(name);
         assert!(get(&exp, "tokenizer").is_none(), "{name}: text only");
-        let source =
-            std::fs::read_to_string(chat_dir().join(format!("templates/{name}.jinja"))).unwrap();
         let specials: Vec<(String, String)> = get(&exp, "specials")
             .try_iter()
             .unwrap()
@@ -228,16 +232,6 @@ fn text_only_templates_match_transformers() {
             })
             .collect();
         let t = ChatTemplate::from_source(&source, &specials).unwrap();
-        let now = chrono::NaiveDateTime::parse_from_str(
-            &get(&exp, "now").to_string(),
-            "%Y-%m-%dT%H:%M:%S",
-        )
-        .unwrap();
-        let results: HashMap<String, Value> = get(&exp, "results")
-            .try_iter()
-            .unwrap()
-            .map(|r| (get(&r, "name").to_string(), r))
-            .collect();
         let mut same = 0;
         for c in convs.try_iter().unwrap() {
             let cname = get(&c, "name").to_string();

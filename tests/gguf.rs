@@ -883,7 +883,7 @@ fn gguf_llama_cpp_iq_types_copied_and_exported() {
     let types = matrix_types(&first);
     let of = |n: &str| types.iter().find(|(x, _)| x == n).unwrap().1;
     assert_eq!(
-        [
+        vec![
             of("layers.0.wq"),
             of("layers.0.wk"),
             of("layers.0.wv"),
@@ -894,17 +894,12 @@ fn gguf_llama_cpp_iq_types_copied_and_exported() {
             of("tok_emb"),
             of("wcls"),
         ],
+        // Every codebook type in code order on wq..w3, IQ3_XXS again on w2.
         [
-            WType::IQ3_XXS,
-            WType::IQ3_S,
-            WType::IQ2_XXS,
-            WType::IQ2_XS,
-            WType::IQ2_S,
-            WType::IQ1_M,
-            WType::IQ3_XXS,
-            WType::Q8_0,
-            WType::Q8_0,
+            WType::CODEBOOKS,
+            &[WType::IQ3_XXS, WType::Q8_0, WType::Q8_0]
         ]
+        .concat()
     );
     byte_mlt(&a.with_extension("mlt"));
     let x = tmp.path().join("iq.export.gguf");

@@ -292,6 +292,17 @@ impl Server {
         assert_eq!(unsafe { libc::kill(self.pid(), sig) }, 0);
     }
 
+    /// Sends SIGTERM and asserts a clean exit within `limit` (`after`: what the log line
+    /// says the exit came after).
+    fn sigterm_exits_within(&mut self, limit: Duration, after: &str) {
+        let t0 = Instant::now();
+        self.signal(libc::SIGTERM);
+        self.assert_shut_down();
+        let took = t0.elapsed();
+        eprintln!("exit {took:?} after {after}");
+        assert!(took < limit, "{took:?}");
+    }
+
     /// The server's resident memory (VmRSS), KiB.
     fn rss_kib(&self) -> u64 {
         let s = std::fs::read_to_string(format!("/proc/{}/status", self.pid())).unwrap();
@@ -1408,12 +1419,10 @@ fn serve_sigterm_ends_despite_half_sent_requests() {
     b.write_all(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 50\r\n\r\n{")
         .unwrap();
     std::thread::sleep(Duration::from_millis(200));
-    let t0 = Instant::now();
-    s.signal(libc::SIGTERM);
-    s.assert_shut_down();
-    let took = t0.elapsed();
-    eprintln!("exit {took:?} after SIGTERM with two half-sent requests");
-    assert!(took < Duration::from_secs(8), "{took:?}");
+    s.sigterm_exits_within(
+        Duration::from_secs(8),
+        "SIGTERM with two half-sent requests",
+    );
 }
 
 /// Issue 42, 5: a second SIGTERM closes everything at once, a running stream and a
@@ -1429,12 +1438,7 @@ fn serve_second_sigterm_closes_everything_at_once() {
     let (_, lines) = s.long_stream_started(250);
     s.signal(libc::SIGTERM);
     std::thread::sleep(Duration::from_millis(300));
-    let t0 = Instant::now();
-    s.signal(libc::SIGTERM);
-    s.assert_shut_down();
-    let took = t0.elapsed();
-    eprintln!("exit {took:?} after the second SIGTERM");
-    assert!(took < Duration::from_secs(2), "{took:?}");
+    s.sigterm_exits_within(Duration::from_secs(2), "the second SIGTERM");
     drop(lines);
 }
 

@@ -46,3 +46,32 @@ pub(crate) fn alternatives(n: usize) -> String {
         .collect::<Vec<_>>()
         .join(" | ")
 }
+
+/// A streaming reader's test: `run` on `text` whole, in two pieces split at every char
+/// boundary (and, with `three`, in three: for each first cut, every `three`-th later
+/// one), and one char at a time, must give the same; returns it.
+#[cfg(test)]
+pub(crate) fn same_at_every_split<T: PartialEq + std::fmt::Debug>(
+    text: &str,
+    three: Option<usize>,
+    run: impl Fn(&[&str]) -> T,
+) -> T {
+    let whole = run(&[text]);
+    let cuts: Vec<usize> = text.char_indices().map(|(i, _)| i).skip(1).collect();
+    for &a in &cuts {
+        assert_eq!(run(&[&text[..a], &text[a..]]), whole, "split at {a}");
+        let Some(step) = three else { continue };
+        for &b in cuts.iter().filter(|&&b| b > a).step_by(step) {
+            assert_eq!(
+                run(&[&text[..a], &text[a..b], &text[b..]]),
+                whole,
+                "split at {a}, {b}"
+            );
+        }
+    }
+    // One character at a time.
+    let chars: Vec<String> = text.chars().map(String::from).collect();
+    let pieces: Vec<&str> = chars.iter().map(String::as_str).collect();
+    assert_eq!(run(&pieces), whole, "char by char");
+    whole
+}

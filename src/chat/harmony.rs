@@ -430,6 +430,7 @@ pub fn adjust_message(m: &mut Message) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::chat::calls::same_at_every_split;
 
     /// Content, reasoning and calls read from `chunks`, checking that the deltas add up
     /// to the calls.
@@ -465,18 +466,7 @@ mod tests {
     /// Every split of `text` at each byte (char boundary) into two pieces, one at a time,
     /// and char by char, reads as the whole does.
     fn every_split(read_calls: bool, text: &str) -> (String, String, Vec<(String, String)>) {
-        let whole = run(read_calls, &[text]);
-        for (a, _) in text.char_indices().skip(1) {
-            assert_eq!(
-                run(read_calls, &[&text[..a], &text[a..]]),
-                whole,
-                "split at {a}"
-            );
-        }
-        let chars: Vec<String> = text.chars().map(String::from).collect();
-        let pieces: Vec<&str> = chars.iter().map(String::as_str).collect();
-        assert_eq!(run(read_calls, &pieces), whole, "char by char");
-        whole
+        same_at_every_split(text, None, |pieces| run(read_calls, pieces))
     }
 
     #[test]

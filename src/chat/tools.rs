@@ -422,26 +422,41 @@ impl ToolParser {
             };
             return true;
         }
-        if let Some(at) = self.held.find(HERMES_OPEN) {
+        let Some((lead, body)) = self.content_until(HERMES_OPEN, end, out) else {
+            return false;
+        };
+        self.mode = Mode::Call(Call {
+            lead,
+            body,
+            ..Call::default()
+        });
+        true
+    }
+
+    /// The held text before `tag` given out as content. With the tag found: the
+    /// whitespace before it (a call's lead) and the text after it, nothing held. Else
+    /// `None`, and (unless at the `end`) a possible start of the tag, with the whitespace
+    /// before it, still held.
+    fn content_until(
+        &mut self,
+        tag: &str,
+        end: bool,
+        out: &mut Vec<ToolEvent>,
+    ) -> Option<(String, String)> {
+        if let Some(at) = self.held.find(tag) {
             let text_end = self.held[..at].trim_end().len();
-            let after = self.held.split_off(at + HERMES_OPEN.len());
+            let after = self.held.split_off(at + tag.len());
             let lead = self.held.split_off(text_end);
             content(out, std::mem::take(&mut self.held));
-            self.mode = Mode::Call(Call {
-                lead,
-                body: after,
-                ..Call::default()
-            });
-            return true;
+            return Some((lead, after));
         }
         if !end {
-            // Keep a possible start of the tag, and the whitespace before it.
-            let keep = partial_suffix(&self.held, HERMES_OPEN);
+            let keep = partial_suffix(&self.held, tag);
             let text_end = self.held[..keep].trim_end().len();
             let rest = self.held.split_off(text_end);
             content(out, std::mem::replace(&mut self.held, rest));
         }
-        false
+        None
     }
 
     /// One move of the Llama 3 JSON reader; whether it moved on.
@@ -516,21 +531,12 @@ impl ToolParser {
     fn step_mistral(&mut self, end: bool, out: &mut Vec<ToolEvent>) -> bool {
         match &mut self.mode {
             Mode::Text | Mode::Plain => {
-                if let Some(at) = self.held.find(MISTRAL_TAG) {
-                    let text_end = self.held[..at].trim_end().len();
-                    let after = self.held.split_off(at + MISTRAL_TAG.len());
-                    let lead = self.held.split_off(text_end);
-                    content(out, std::mem::replace(&mut self.held, after));
-                    self.mode = Mode::Head(lead);
-                    return true;
-                }
-                if !end {
-                    let keep = partial_suffix(&self.held, MISTRAL_TAG);
-                    let text_end = self.held[..keep].trim_end().len();
-                    let rest = self.held.split_off(text_end);
-                    content(out, std::mem::replace(&mut self.held, rest));
-                }
-                false
+                let Some((lead, after)) = self.content_until(MISTRAL_TAG, end, out) else {
+                    return false;
+                };
+                self.held = after;
+                self.mode = Mode::Head(lead);
+                true
             }
             Mode::Head(lead) => {
                 let t = self.held.trim_start();
@@ -998,6 +1004,7 @@ fn replace_key(map: &Value, key: &str, v: Value) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::chat::calls::same_at_every_split;
 
     /// Everything the parser gives out for `chunks`, and the calls.
     fn run(format: ToolFormat, chunks: &[&str]) -> (String, Vec<(usize, String, String)>) {
@@ -1030,27 +1037,7 @@ mod tests {
     /// Every split of `text` into two or three pieces (at char boundaries) parses as
     /// the whole text does.
     fn every_split(format: ToolFormat, text: &str) -> (String, Vec<(usize, String, String)>) {
-        let whole = run(format, &[text]);
-        let cuts: Vec<usize> = text.char_indices().map(|(i, _)| i).skip(1).collect();
-        for &a in &cuts {
-            assert_eq!(
-                run(format, &[&text[..a], &text[a..]]),
-                whole,
-                "split at {a}"
-            );
-            for &b in cuts.iter().filter(|&&b| b > a).step_by(7) {
-                assert_eq!(
-                    run(format, &[&text[..a], &text[a..b], &text[b..]]),
-                    whole,
-                    "split at {a}, {b}"
-                );
-            }
-        }
-        // One character at a time.
-        let chars: Vec<String> = text.chars().map(String::from).collect();
-        let pieces: Vec<&str> = chars.iter().map(String::as_str).collect();
-        assert_eq!(run(format, &pieces), whole, "char by char");
-        whole
+        same_at_every_split(text, Some(7), |pieces| run(format, pieces))
     }
 
     #[test]

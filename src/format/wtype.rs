@@ -95,6 +95,22 @@ pub struct Geometry {
     pub scale_array: bool,
 }
 
+/// `Some($e)` with `$T` the marker type listed for weight type `$w` (`WType_variant =>
+/// Type`), `None` for the types `$none` matches: how the kernel tables list a family's
+/// types (`for_block_type!`, `for_codebook_type!`).
+macro_rules! with_marker {
+    ($w:expr, |$T:ident| $e:expr, { $($wt:ident => $ty:ty),* $(,)? }, $none:pat) => {
+        match $w {
+            $($crate::format::wtype::WType::$wt => {
+                type $T = $ty;
+                Some($e)
+            })*
+            $none => None,
+        }
+    };
+}
+pub(crate) use with_marker;
+
 impl WType {
     /// Every type, in code order.
     pub const ALL: [WType; 22] = [

@@ -205,15 +205,7 @@ impl<'e> Generator<'e> {
         pos: usize,
         ctx: usize,
     ) -> Result<Step, SessionError> {
-        if self.stop.is_some() {
-            return Err(SessionError::Finished);
-        }
-        let logits = if self.mask(logits)? {
-            &self.masked
-        } else {
-            logits
-        };
-        let sampled = self.sampler.sample_with(logits, history);
+        let sampled = self.sample(logits, |s, l| s.sample_with(l, history))?;
         self.commit(sampled.id);
         Ok(self.took(sampled, pos, ctx))
     }
@@ -230,6 +222,18 @@ impl<'e> Generator<'e> {
         draft: u32,
         q: Option<&[f32]>,
     ) -> Result<(Step, bool), SessionError> {
+        let (sampled, kept) = self.sample(logits, |s, l| s.verify(l, history, draft, q))?;
+        self.commit(sampled.id);
+        Ok((self.took(sampled, pos, ctx), kept))
+    }
+
+    /// `how` of the sampler on `logits`, masked by the grammar if any; an error once the
+    /// generation has stopped.
+    fn sample<R>(
+        &mut self,
+        logits: &[f32],
+        how: impl FnOnce(&mut Sampler, &[f32]) -> R,
+    ) -> Result<R, SessionError> {
         if self.stop.is_some() {
             return Err(SessionError::Finished);
         }
@@ -238,9 +242,7 @@ impl<'e> Generator<'e> {
         } else {
             logits
         };
-        let (sampled, kept) = self.sampler.verify(logits, history, draft, q);
-        self.commit(sampled.id);
-        Ok((self.took(sampled, pos, ctx), kept))
+        Ok(how(&mut self.sampler, logits))
     }
 
     /// With a grammar: `logits` with its mask applied (what may be sampled) into

@@ -204,17 +204,20 @@ const COMMON: GgufNames = &[
     ("wcls", "output.weight", Plain),
 ];
 
-/// Llama, SmolLM3, Qwen2, Qwen3 (the transform matters only for NEOX architectures).
-const LLAMA: &[GgufNames] = &[
-    COMMON,
-    &[
-        ("wq", "attn_q.weight", Rope),
-        ("bq", "attn_q.bias", Rope),
-        ("bk", "attn_k.bias", Rope),
-        ("bv", "attn_v.bias", Plain),
-        ("ffn_norm", "ffn_norm.weight", Plain),
-    ],
+/// A Llama layer's query and the q/k/v biases (Qwen2, gpt-oss); the transform matters
+/// only for NEOX architectures.
+const LLAMA_QKV: GgufNames = &[
+    ("wq", "attn_q.weight", Rope),
+    ("bq", "attn_q.bias", Rope),
+    ("bk", "attn_k.bias", Rope),
+    ("bv", "attn_v.bias", Plain),
 ];
+
+/// The FFN's input norm of a Llama layer.
+const LLAMA_FFN_NORM: GgufNames = &[("ffn_norm", "ffn_norm.weight", Plain)];
+
+/// Llama, SmolLM3, Qwen2, Qwen3.
+const LLAMA: &[GgufNames] = &[COMMON, LLAMA_QKV, LLAMA_FFN_NORM];
 
 /// A mixture-of-experts FFN: the router and the stacked experts.
 const MOE_FFN: GgufNames = &[
@@ -225,7 +228,7 @@ const MOE_FFN: GgufNames = &[
 ];
 
 /// Llama layers with experts (qwen3moe, olmoe, Mixtral as llama).
-const LLAMA_MOE: &[GgufNames] = &[COMMON, LLAMA[1], MOE_FFN];
+const LLAMA_MOE: &[GgufNames] = &[COMMON, LLAMA_QKV, LLAMA_FFN_NORM, MOE_FFN];
 
 /// The experts' keys (after `{arch}.`).
 const MOE_KEYS: &[&str] = &[
@@ -239,11 +242,8 @@ const MOE_KEYS: &[&str] = &[
 /// stacked like their matrices ([w, E]); the experts as every MoE layer's.
 const GPT_OSS: &[GgufNames] = &[
     COMMON,
+    LLAMA_QKV,
     &[
-        ("wq", "attn_q.weight", Rope),
-        ("bq", "attn_q.bias", Rope),
-        ("bk", "attn_k.bias", Rope),
-        ("bv", "attn_v.bias", Plain),
         ("bo", "attn_output.bias", Plain),
         ("sinks", "attn_sinks.weight", Plain),
         ("ffn_norm", "post_attention_norm.weight", Plain),
@@ -255,16 +255,17 @@ const GPT_OSS: &[GgufNames] = &[
     MOE_FFN,
 ];
 
-/// gpt-oss's keys: the experts', the window's, and the yarn betas its converter writes
-/// (read only at llama.cpp's own values, [`super::rope`]).
-const GPT_OSS_KEYS: &[&str] = &[
-    "expert_count",
-    "expert_used_count",
-    "expert_feed_forward_length",
+/// A sliding window's keys: its width, the period of the sliding layers and their RoPE
+/// base.
+const SWA_KEYS: &[&str] = &[
     "attention.sliding_window",
     "attention.sliding_window_pattern",
     "rope.freq_base_swa",
 ];
+
+/// gpt-oss's keys: the experts', the window's, and the yarn betas its converter writes
+/// (read only at llama.cpp's own values, [`super::rope`]).
+const GPT_OSS_KEYS: &[&[&str]] = &[MOE_KEYS, SWA_KEYS];
 
 /// What llama.cpp's gpt-oss loader reads with `get_key` required, beyond what every
 /// architecture needs (`attention.layer_norm_rms_epsilon`, the experts' counts): the
@@ -323,21 +324,6 @@ const QWEN35_MOE: &[GgufNames] = &[
     ],
 ];
 
-const QWEN35_MOE_KEYS: &[&str] = &[
-    "rope.dimension_sections",
-    "ssm.conv_kernel",
-    "ssm.state_size",
-    "ssm.group_count",
-    "ssm.time_step_rank",
-    "ssm.inner_size",
-    "attention.recurrent_layers",
-    "full_attention_interval",
-    "expert_count",
-    "expert_used_count",
-    "expert_feed_forward_length",
-    "expert_shared_feed_forward_length",
-];
-
 const QWEN35_KEYS: &[&str] = &[
     "rope.dimension_sections",
     "ssm.conv_kernel",
@@ -347,6 +333,13 @@ const QWEN35_KEYS: &[&str] = &[
     "ssm.inner_size",
     "attention.recurrent_layers",
     "full_attention_interval",
+];
+
+/// Qwen3.5-MoE's keys: Qwen3.5's, the experts' and the shared expert's width.
+const QWEN35_MOE_KEYS: &[&[&str]] = &[
+    QWEN35_KEYS,
+    MOE_KEYS,
+    &["expert_shared_feed_forward_length"],
 ];
 
 /// How llama.cpp lays out q/k rows of an architecture.
@@ -439,9 +432,9 @@ pub struct GgufArch {
     /// Interleaved multimodal RoPE sections (`rope.dimension_sections`): every rotated
     /// pair must turn with the text position.
     pub rope_sections: bool,
-    /// Metadata keys (after `{arch}.`) read by the converter; any other key under the
-    /// architecture's prefix is refused by name.
-    pub keys: &'static [&'static str],
+    /// Metadata keys (after `{arch}.`) read by the converter, in groups; any other key
+    /// under the architecture's prefix is refused by name.
+    pub keys: &'static [&'static [&'static str]],
     /// Keys (after `{arch}.`) llama.cpp refuses to load the architecture without, where
     /// the converter would otherwise take a default (gpt-oss's window): a file without
     /// one is refused by name rather than converted into a model llama.cpp never runs.
@@ -523,20 +516,12 @@ const COMMON_KEYS: &[&str] = &[
     "vocab_size",
 ];
 
-const GEMMA2_KEYS: &[&str] = &[
-    "attn_logit_softcapping",
-    "final_logit_softcapping",
-    "attention.sliding_window",
-    "attention.sliding_window_pattern",
-    "rope.freq_base_swa",
+const GEMMA2_KEYS: &[&[&str]] = &[
+    &["attn_logit_softcapping", "final_logit_softcapping"],
+    SWA_KEYS,
 ];
 
-const GEMMA3_KEYS: &[&str] = &[
-    "final_logit_softcapping",
-    "attention.sliding_window",
-    "attention.sliding_window_pattern",
-    "rope.freq_base_swa",
-];
+const GEMMA3_KEYS: &[&[&str]] = &[&["final_logit_softcapping"], SWA_KEYS];
 
 /// The fields most architectures share: llama.cpp's Llama names, SiLU, RoPE on every
 /// layer, no window, no keys beyond the common ones.
@@ -642,7 +627,7 @@ pub const GGUF_ARCHS: &[GgufArch] = &[
         arch: &arch::QWEN35,
         names: QWEN35,
         rope_sections: true,
-        keys: QWEN35_KEYS,
+        keys: &[QWEN35_KEYS],
         features: Features {
             gated: true,
             ..NO_FEATURES
@@ -653,7 +638,7 @@ pub const GGUF_ARCHS: &[GgufArch] = &[
         name: "qwen3moe",
         arch: &arch::QWEN3_MOE,
         names: LLAMA_MOE,
-        keys: MOE_KEYS,
+        keys: &[MOE_KEYS],
         features: Features {
             qk_norm: true,
             experts: true,
@@ -666,7 +651,7 @@ pub const GGUF_ARCHS: &[GgufArch] = &[
         name: "olmoe",
         arch: &arch::OLMOE,
         names: LLAMA_MOE,
-        keys: MOE_KEYS,
+        keys: &[MOE_KEYS],
         features: Features {
             qk_norm: true,
             qk_norm_whole: true,
@@ -701,7 +686,7 @@ pub const GGUF_ARCHS: &[GgufArch] = &[
         arch: &arch::MIXTRAL,
         rows: RopeRows::Interleaved,
         names: LLAMA_MOE,
-        keys: MOE_KEYS,
+        keys: &[MOE_KEYS],
         features: Features {
             experts: true,
             ..NO_FEATURES
@@ -764,7 +749,7 @@ impl GgufArch {
 
     /// Whether `{arch}.key` is a key this converter reads for the architecture.
     pub fn knows_key(&self, key: &str) -> bool {
-        COMMON_KEYS.contains(&key) || self.keys.contains(&key)
+        COMMON_KEYS.contains(&key) || self.keys.iter().any(|k| k.contains(&key))
     }
 }
 

@@ -99,6 +99,12 @@ const MIXTRAL_NAMES: &[NameTable] = &[
     ],
 ];
 
+/// gpt-oss's fused gate/up experts: the gate in the even columns, the up in the odd.
+const GATE_COLS: Transform = ExpertsT { first: 0, step: 2 };
+const UP_COLS: Transform = ExpertsT { first: 1, step: 2 };
+/// gpt-oss's down experts: every column.
+const ALL_COLS: Transform = ExpertsT { first: 0, step: 1 };
+
 /// gpt-oss: the o_proj bias, the sinks, a router with a bias, and the experts as two
 /// 3-D tensors stored input-major: gate_up_proj [E, dim, 2·eh] with gate and up in
 /// alternate columns, down_proj [E, eh, dim]; their biases alike.
@@ -110,36 +116,12 @@ const GPT_OSS_NAMES: &[NameTable] = &[
         ("sinks", "self_attn.sinks", Plain),
         ("router", "mlp.router.weight", Flat),
         ("router_b", "mlp.router.bias", Plain),
-        (
-            "ew1",
-            "mlp.experts.gate_up_proj",
-            ExpertsT { first: 0, step: 2 },
-        ),
-        (
-            "ew3",
-            "mlp.experts.gate_up_proj",
-            ExpertsT { first: 1, step: 2 },
-        ),
-        (
-            "ew2",
-            "mlp.experts.down_proj",
-            ExpertsT { first: 0, step: 1 },
-        ),
-        (
-            "eb1",
-            "mlp.experts.gate_up_proj_bias",
-            ExpertsT { first: 0, step: 2 },
-        ),
-        (
-            "eb3",
-            "mlp.experts.gate_up_proj_bias",
-            ExpertsT { first: 1, step: 2 },
-        ),
-        (
-            "eb2",
-            "mlp.experts.down_proj_bias",
-            ExpertsT { first: 0, step: 1 },
-        ),
+        ("ew1", "mlp.experts.gate_up_proj", GATE_COLS),
+        ("ew3", "mlp.experts.gate_up_proj", UP_COLS),
+        ("ew2", "mlp.experts.down_proj", ALL_COLS),
+        ("eb1", "mlp.experts.gate_up_proj_bias", GATE_COLS),
+        ("eb3", "mlp.experts.gate_up_proj_bias", UP_COLS),
+        ("eb2", "mlp.experts.down_proj_bias", ALL_COLS),
     ],
 ];
 
@@ -316,6 +298,42 @@ const BASE: HfArch = HfArch {
     moe: None,
 };
 
+/// Gemma 2 (Gemma 3 differs from it where its row says).
+const GEMMA2: HfArch = HfArch {
+    arch: &arch::GEMMA2,
+    model_types: &["gemma2"],
+    names: GEMMA_NAMES,
+    act_key: "hidden_activation",
+    default_act: "gelu_pytorch_tanh",
+    default_tie: true,
+    default_head_dim: Some(256),
+    default_max_pos: 8192,
+    default_softcaps: (Some(50.0), Some(30.0)),
+    window: Window::LayerTypes,
+    default_layer_types: DefaultLayerTypes::Alternate,
+    ..BASE
+};
+
+/// Qwen3.5 (Qwen3.5-MoE differs from it where its row says).
+const QWEN35: HfArch = HfArch {
+    arch: &arch::QWEN35,
+    model_types: &["qwen3_5_text"],
+    names: QWEN35_NAMES,
+    default_head_dim: Some(256),
+    default_max_pos: 32768,
+    default_layer_types: DefaultLayerTypes::LinearInterval,
+    default_partial_rotary: 0.25,
+    default_linear: Some(LinearDims {
+        k_heads: 16,
+        v_heads: 32,
+        k_dim: 128,
+        v_dim: 128,
+        conv: 4,
+    }),
+    wrappers: &["qwen3_5"],
+    ..BASE
+};
+
 /// Every supported architecture.
 pub const ARCHS: &[HfArch] = &[
     HfArch {
@@ -358,54 +376,19 @@ pub const ARCHS: &[HfArch] = &[
         no_rope_layers: true,
         ..BASE
     },
-    HfArch {
-        arch: &arch::GEMMA2,
-        model_types: &["gemma2"],
-        names: GEMMA_NAMES,
-        act_key: "hidden_activation",
-        default_act: "gelu_pytorch_tanh",
-        default_tie: true,
-        default_head_dim: Some(256),
-        default_max_pos: 8192,
-        default_softcaps: (Some(50.0), Some(30.0)),
-        window: Window::LayerTypes,
-        default_layer_types: DefaultLayerTypes::Alternate,
-        ..BASE
-    },
+    GEMMA2,
     HfArch {
         arch: &arch::GEMMA3,
         model_types: &["gemma3_text"],
-        names: GEMMA_NAMES,
-        act_key: "hidden_activation",
-        default_act: "gelu_pytorch_tanh",
-        default_tie: true,
         default_theta: 1_000_000.0,
         default_local_theta: Some(10_000.0),
-        default_head_dim: Some(256),
         default_max_pos: 131_072,
-        window: Window::LayerTypes,
+        default_softcaps: (None, None),
         default_layer_types: DefaultLayerTypes::Pattern,
         wrappers: &["gemma3"],
-        ..BASE
+        ..GEMMA2
     },
-    HfArch {
-        arch: &arch::QWEN35,
-        model_types: &["qwen3_5_text"],
-        names: QWEN35_NAMES,
-        default_head_dim: Some(256),
-        default_max_pos: 32768,
-        default_layer_types: DefaultLayerTypes::LinearInterval,
-        default_partial_rotary: 0.25,
-        default_linear: Some(LinearDims {
-            k_heads: 16,
-            v_heads: 32,
-            k_dim: 128,
-            v_dim: 128,
-            conv: 4,
-        }),
-        wrappers: &["qwen3_5"],
-        ..BASE
-    },
+    QWEN35,
     HfArch {
         arch: &arch::QWEN3_MOE,
         model_types: &["qwen3_moe"],
@@ -473,17 +456,6 @@ pub const ARCHS: &[HfArch] = &[
         arch: &arch::QWEN35_MOE,
         model_types: &["qwen3_5_moe_text"],
         names: QWEN35_MOE_NAMES,
-        default_head_dim: Some(256),
-        default_max_pos: 32768,
-        default_layer_types: DefaultLayerTypes::LinearInterval,
-        default_partial_rotary: 0.25,
-        default_linear: Some(LinearDims {
-            k_heads: 16,
-            v_heads: 32,
-            k_dim: 128,
-            v_dim: 128,
-            conv: 4,
-        }),
         wrappers: &["qwen3_5_moe"],
         moe: Some(HfMoe {
             default_experts: 256,
@@ -493,7 +465,7 @@ pub const ARCHS: &[HfArch] = &[
             shared_key: Some(("shared_expert_intermediate_size", 512)),
             ..HF_MOE
         }),
-        ..BASE
+        ..QWEN35
     },
 ];
 

@@ -45,22 +45,34 @@ pub enum Stack {
     PerExpert { names: Vec<String>, per: usize },
     /// One tensor [E, in, width] stored input-major (`in` = the row length; 1 for a
     /// vector [E, width]): row i of expert e is column `first + step·i` of slice e.
-    Transposed {
-        per: usize,
-        width: usize,
-        first: usize,
-        step: usize,
-    },
+    Transposed(Strided),
     /// MXFP4 `{hf}` blocks [E, width, in/32, 16] (two FP4 codes a byte, the first in the
     /// low nibble) and `scales` [E, width, in/32] (E8M0: 2^(s − 127)): row i of expert e
     /// is row `first + step·i` of slice e, dequantized exactly to f32.
-    Mxfp4 {
-        scales: String,
-        per: usize,
-        width: usize,
-        first: usize,
-        step: usize,
-    },
+    Mxfp4 { scales: String, at: Strided },
+}
+
+/// Where the experts of one tensor keep their rows: `per` each, row i of expert e at
+/// `first + step·i` of the expert's `width` (columns of a transposed tensor, rows of
+/// MXFP4 blocks).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Strided {
+    pub per: usize,
+    pub width: usize,
+    pub first: usize,
+    pub step: usize,
+}
+
+impl Strided {
+    /// Row `i` of an expert: its place in the expert's `width`.
+    fn local(&self, i: usize) -> usize {
+        self.first + self.step * i
+    }
+
+    /// Row `i` of expert `e`: its place in all experts' `E·width`.
+    fn of(&self, e: usize, i: usize) -> usize {
+        e * self.width + self.local(i)
+    }
 }
 
 /// The FP4 (E2M1) values of MXFP4's codes (OCP MX; GGUF's kvalues_mxfp4 × 0.5).
@@ -90,17 +102,13 @@ impl Source {
         match &self.stack {
             Stack::One => (self.hf.clone(), src.to_string()),
             Stack::PerExpert { names, per } => (names[r / per].clone(), (r % per).to_string()),
-            Stack::Transposed {
-                per, first, step, ..
-            } => (
+            Stack::Transposed(at) => (
                 self.hf.clone(),
-                format!("expert {}, column {}", r / per, first + step * (r % per)),
+                format!("expert {}, column {}", r / at.per, at.local(r % at.per)),
             ),
-            Stack::Mxfp4 {
-                per, first, step, ..
-            } => (
+            Stack::Mxfp4 { at, .. } => (
                 self.hf.clone(),
-                format!("expert {}, row {}", r / per, first + step * (r % per)),
+                format!("expert {}, row {}", r / at.per, at.local(r % at.per)),
             ),
         }
     }
@@ -197,6 +205,12 @@ pub fn sources(
             }
             Transform::ExpertsT { first, step } => {
                 let width = per * step;
+                let at = Strided {
+                    per,
+                    width,
+                    first,
+                    step,
+                };
                 let blocks = format!("{hf}_blocks");
                 if is_mat && !ck.contains(&hf) && ck.contains(&blocks) {
                     let scales = format!("{hf}_scales");
@@ -205,27 +219,14 @@ pub fn sources(
                         (blocks.clone(), vec![n_experts, width, nb, 16], true),
                         (scales.clone(), vec![n_experts, width, nb], true),
                     ];
-                    let st = Stack::Mxfp4 {
-                        scales,
-                        per,
-                        width,
-                        first,
-                        step,
-                    };
-                    (st, checks)
+                    (Stack::Mxfp4 { scales, at }, checks)
                 } else {
                     let want = if is_mat {
                         vec![n_experts, row_len, width]
                     } else {
                         vec![n_experts, width]
                     };
-                    let st = Stack::Transposed {
-                        per,
-                        width,
-                        first,
-                        step,
-                    };
-                    (st, vec![(hf.clone(), want, false)])
+                    (Stack::Transposed(at), vec![(hf.clone(), want, false)])
                 }
             }
             _ => {
@@ -438,23 +439,19 @@ pub fn read_rows(ck: &Checkpoint, s: &Source, rows: Range<usize>, buf: &mut Vec<
                 ck.read_rows(info, dtype.expect("planned"), s.row_len, local, buf);
             }
         }
-        &Stack::Transposed {
-            per,
-            width,
-            first,
-            step,
-        } => {
+        Stack::Transposed(st) => {
             let (info, dtype) = get(&s.hf);
             let dtype = dtype.expect("planned");
             let cols = s.row_len;
+            let step = st.step;
             let mut tmp = Vec::new();
-            for (e, local) in segments(rows, per) {
+            for (e, local) in segments(rows, st.per) {
                 // Column c of the output rows is a strided run of input row c.
                 let (n, base) = (local.len(), buf.len());
                 buf.resize(base + n * cols, 0.0);
                 for c in 0..cols {
                     tmp.clear();
-                    let at = (e * cols + c) * width + first + step * local.start;
+                    let at = (e * cols + c) * st.width + st.local(local.start);
                     ck.read_rows(info, dtype, 1, at..at + step * (n - 1) + 1, &mut tmp);
                     for j in 0..n {
                         buf[base + j * cols + c] = tmp[j * step];
@@ -462,20 +459,14 @@ pub fn read_rows(ck: &Checkpoint, s: &Source, rows: Range<usize>, buf: &mut Vec<
                 }
             }
         }
-        Stack::Mxfp4 {
-            scales,
-            per,
-            width,
-            first,
-            step,
-        } => {
+        Stack::Mxfp4 { scales, at } => {
             let (blocks, _) = get(&s.hf);
             let (sc, _) = get(scales);
             let (blocks, sc) = (ck.raw_bytes(blocks), ck.raw_bytes(sc));
             let nb = s.row_len / 32;
-            for (e, local) in segments(rows, *per) {
+            for (e, local) in segments(rows, at.per) {
                 for i in local {
-                    let r = e * width + first + step * i;
+                    let r = at.of(e, i);
                     let q = &blocks[r * nb * 16..(r + 1) * nb * 16];
                     for (b, &x) in sc[r * nb..(r + 1) * nb].iter().enumerate() {
                         // E8M0: 2^(x − 127); 255 is NaN, refused as a non-finite weight.
@@ -500,14 +491,7 @@ pub fn read_rows(ck: &Checkpoint, s: &Source, rows: Range<usize>, buf: &mut Vec<
 /// ([`mxfp4::qs_from_pairs`]). A scale of 255 (E8M0's NaN) is refused, as the decoding
 /// path refuses the NaN weights it gives.
 fn mxfp4_rows(ck: &Checkpoint, s: &Source, rows: Range<usize>) -> Result<Option<Quantized>> {
-    let Stack::Mxfp4 {
-        scales,
-        per,
-        width,
-        first,
-        step,
-    } = &s.stack
-    else {
+    let Stack::Mxfp4 { scales, at } = &s.stack else {
         return Ok(None);
     };
     let (bi, si) = (
@@ -517,16 +501,16 @@ fn mxfp4_rows(ck: &Checkpoint, s: &Source, rows: Range<usize>) -> Result<Option<
     let (blocks, sc) = (ck.raw_bytes(bi), ck.raw_bytes(si));
     let nb = s.row_len / 32;
     let mut q = Vec::with_capacity(rows.len() * nb * 17);
-    for (e, local) in segments(rows.clone(), *per) {
+    for (e, local) in segments(rows.clone(), at.per) {
         for i in local {
-            let r = e * width + first + step * i;
+            let r = at.of(e, i);
             for b in 0..nb {
                 let x = sc[r * nb + b];
                 if x == 255 {
                     return Err(ConvertError::tensor(
                         ck.path_of(si),
                         scales,
-                        format!("expert {e}, row {}, block {b}: scale 255 is E8M0's NaN: weights must be finite", first + step * i),
+                        format!("expert {e}, row {}, block {b}: scale 255 is E8M0's NaN: weights must be finite", at.local(i)),
                     ));
                 }
                 q.push(x);
@@ -576,23 +560,17 @@ pub fn release_rows(ck: &Checkpoint, s: &Source, rows: Range<usize>) {
                 ck.release(get(&names[e]), s.row_len, local);
             }
         }
-        &Stack::Transposed { per, width, .. } => {
-            for (e, _) in segments(rows, per) {
-                ck.release(get(&s.hf), s.row_len * width, e..e + 1);
+        Stack::Transposed(at) => {
+            for (e, _) in segments(rows, at.per) {
+                ck.release(get(&s.hf), s.row_len * at.width, e..e + 1);
             }
         }
-        Stack::Mxfp4 {
-            scales,
-            per,
-            width,
-            first,
-            step,
-        } => {
+        Stack::Mxfp4 { scales, at } => {
             let nb = s.row_len / 32;
-            for (e, local) in segments(rows, *per) {
+            for (e, local) in segments(rows, at.per) {
                 let (lo, hi) = (local.start, local.end - 1);
-                let r0 = e * width + first + step * lo;
-                let r1 = e * width + first + step * hi + 1;
+                let r0 = at.of(e, lo);
+                let r1 = at.of(e, hi) + 1;
                 ck.release_bytes(get(&s.hf), r0 * nb * 16..r1 * nb * 16);
                 ck.release_bytes(get(scales), r0 * nb..r1 * nb);
             }

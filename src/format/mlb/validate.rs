@@ -54,8 +54,20 @@ fn format(field: &str, v: impl std::fmt::Display, rule: &str) -> FormatError {
 }
 
 fn flag01(field: &str, v: u32) -> Result<()> {
-    if v > 1 {
-        return Err(format(field, v, "must be 0 or 1"));
+    code_at_most(field, v, 1, "must be 0 or 1")
+}
+
+/// A code field whose known values are 0..=`max`.
+fn code_at_most(field: &str, v: u32, max: u32, rule: &str) -> Result<()> {
+    if v > max {
+        return Err(format(field, v, rule));
+    }
+    Ok(())
+}
+
+fn multiple_of_32(field: &str, v: usize) -> Result<()> {
+    if !v.is_multiple_of(32) {
+        return Err(shape(field, v, "must be a multiple of 32"));
     }
     Ok(())
 }
@@ -100,28 +112,25 @@ pub fn validate(h: &Header) -> Result<Dims> {
     positive("rope_theta", h.rope_theta, "must be finite and > 0")?;
     nonneg_finite("norm_eps", h.norm_eps)?;
     validate_rope(h)?;
-    if h.qkv_bias > qkv_bias::QKVO {
-        return Err(format(
-            "qkv_bias",
-            h.qkv_bias,
-            "must be 0, 1 (q, k, v) or 2 (q, k, v and o)",
-        ));
-    }
-    if h.qk_norm > qk_norm::WHOLE {
-        return Err(format(
-            "qk_norm",
-            h.qk_norm,
-            "must be 0, 1 (per head) or 2 (over the whole projection)",
-        ));
-    }
+    code_at_most(
+        "qkv_bias",
+        h.qkv_bias,
+        qkv_bias::QKVO,
+        "must be 0, 1 (q, k, v) or 2 (q, k, v and o)",
+    )?;
+    code_at_most(
+        "qk_norm",
+        h.qk_norm,
+        qk_norm::WHOLE,
+        "must be 0, 1 (per head) or 2 (over the whole projection)",
+    )?;
     flag01("attn_sinks", h.attn_sinks)?;
-    if h.pooling > pooling::CLS {
-        return Err(format(
-            "pooling",
-            h.pooling,
-            "must be 0 (none given), 1 (mean), 2 (last token) or 3 (first token)",
-        ));
-    }
+    code_at_most(
+        "pooling",
+        h.pooling,
+        pooling::CLS,
+        "must be 0 (none given), 1 (mean), 2 (last token) or 3 (first token)",
+    )?;
     flag01("layer_flags", h.layer_flags)?;
     flag01("post_norms", h.post_norms)?;
     flag01("scale_f16", h.scale_f16)?;
@@ -133,13 +142,7 @@ pub fn validate(h: &Header) -> Result<Dims> {
     nonneg_finite("attn_scale", h.attn_scale)?;
     nonneg_finite("attn_softcap", h.attn_softcap)?;
     nonneg_finite("final_softcap", h.final_softcap)?;
-    if !(h.rope_local_theta.is_finite() && h.rope_local_theta >= 0.0) {
-        return Err(format(
-            "rope_local_theta",
-            h.rope_local_theta,
-            "must be finite and ≥ 0",
-        ));
-    }
+    nonneg_finite("rope_local_theta", h.rope_local_theta)?;
     if h.sliding_window > SEQ_LIMIT {
         return Err(format(
             "sliding_window",
@@ -155,12 +158,8 @@ pub fn validate(h: &Header) -> Result<Dims> {
     let hidden_dim = dim_in("hidden_dim", h.hidden_dim, DIM_LIMIT)?;
     let vocab = dim_in("vocab", h.vocab, SEQ_LIMIT)?;
     dim_in("max_seq", h.max_seq, SEQ_LIMIT)?;
-    if dim % 32 != 0 {
-        return Err(shape("dim", dim, "must be a multiple of 32"));
-    }
-    if hidden_dim % 32 != 0 {
-        return Err(shape("hidden_dim", hidden_dim, "must be a multiple of 32"));
-    }
+    multiple_of_32("dim", dim)?;
+    multiple_of_32("hidden_dim", hidden_dim)?;
     if n_heads % n_kv_heads != 0 {
         return Err(shape(
             "n_kv_heads",
@@ -281,9 +280,7 @@ fn validate_moe(h: &Header) -> Result<(usize, usize, usize, usize)> {
         ));
     }
     let eh = dim_in("expert_hidden", h.expert_hidden, DIM_LIMIT)?;
-    if eh % 32 != 0 {
-        return Err(shape("expert_hidden", eh, "must be a multiple of 32"));
-    }
+    multiple_of_32("expert_hidden", eh)?;
     if h.shared_hidden > DIM_LIMIT {
         return Err(shape(
             "shared_hidden",
@@ -291,20 +288,13 @@ fn validate_moe(h: &Header) -> Result<(usize, usize, usize, usize)> {
             "above the limit 65536",
         ));
     }
-    if !h.shared_hidden.is_multiple_of(32) {
-        return Err(shape(
-            "shared_hidden",
-            h.shared_hidden,
-            "must be a multiple of 32",
-        ));
-    }
-    if h.moe_gating > moe_gating::TOPK_SOFTMAX {
-        return Err(format(
-            "moe_gating",
-            h.moe_gating,
-            "must be 0 (softmax, top-k), 1 (the same, renormalised) or 2 (top-k, softmax)",
-        ));
-    }
+    multiple_of_32("shared_hidden", h.shared_hidden as usize)?;
+    code_at_most(
+        "moe_gating",
+        h.moe_gating,
+        moe_gating::TOPK_SOFTMAX,
+        "must be 0 (softmax, top-k), 1 (the same, renormalised) or 2 (top-k, softmax)",
+    )?;
     if h.moe_flags & !moe_flag::ALL != 0 {
         return Err(format(
             "moe_flags",

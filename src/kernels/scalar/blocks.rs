@@ -27,7 +27,7 @@
 //! are the one departure from the Q8_0 / Q4_0 contract: they take two of the affine
 //! step's five float operations off the prompt kernels' vector pipes.
 
-use super::tiles::{reduce_lanes, LANES};
+use super::tiles::{block_rows, reduce_lanes, LANES};
 use crate::format::wtype::{WType, QK, QK_K};
 use crate::kernels::acts::{ActTile, QActs};
 use crate::kernels::counters::{count, Op};
@@ -150,68 +150,36 @@ macro_rules! for_block_type {
     ($w:expr, |$B:ident| $e:expr) => {{
         use $crate::format::wtype::WType;
         use $crate::kernels::scalar::blocks as pb;
-        match $w {
-            WType::Q4_K => {
-                type $B = pb::Q4K;
-                Some($e)
-            }
-            WType::Q5_K => {
-                type $B = pb::Q5K;
-                Some($e)
-            }
-            WType::Q6_K => {
-                type $B = pb::Q6K;
-                Some($e)
-            }
-            WType::Q4_1 => {
-                type $B = pb::Q41;
-                Some($e)
-            }
-            WType::Q5_0 => {
-                type $B = pb::Q50;
-                Some($e)
-            }
-            WType::Q5_1 => {
-                type $B = pb::Q51;
-                Some($e)
-            }
-            WType::IQ4_NL => {
-                type $B = pb::Iq4Nl;
-                Some($e)
-            }
-            WType::Q6_0 => {
-                type $B = pb::Q60;
-                Some($e)
-            }
-            WType::MXFP4 => {
-                type $B = pb::Mxfp4;
-                Some($e)
-            }
-            WType::Q2_K => {
-                type $B = pb::Q2K;
-                Some($e)
-            }
-            WType::Q3_K => {
-                type $B = pb::Q3K;
-                Some($e)
-            }
-            WType::IQ4_XS => {
-                type $B = pb::Iq4Xs;
-                Some($e)
-            }
+        $crate::format::wtype::with_marker!(
+            $w,
+            |$B| $e,
+            {
+                Q4_K => pb::Q4K,
+                Q5_K => pb::Q5K,
+                Q6_K => pb::Q6K,
+                Q4_1 => pb::Q41,
+                Q5_0 => pb::Q50,
+                Q5_1 => pb::Q51,
+                IQ4_NL => pb::Iq4Nl,
+                Q6_0 => pb::Q60,
+                MXFP4 => pb::Mxfp4,
+                Q2_K => pb::Q2K,
+                Q3_K => pb::Q3K,
+                IQ4_XS => pb::Iq4Xs,
+            },
             // Not a [`BlockTy`]: the codebook types have their own kernels
             // (`for_codebook_type!`).
             WType::IQ3_XXS
-            | WType::IQ3_S
-            | WType::IQ2_XXS
-            | WType::IQ2_XS
-            | WType::IQ2_S
-            | WType::IQ1_M
-            | WType::Q8_0
-            | WType::Q4_0
-            | WType::BF16
-            | WType::F16 => None,
-        }
+                | WType::IQ3_S
+                | WType::IQ2_XXS
+                | WType::IQ2_XS
+                | WType::IQ2_S
+                | WType::IQ1_M
+                | WType::Q8_0
+                | WType::Q4_0
+                | WType::BF16
+                | WType::F16
+        )
     }};
 }
 pub(crate) use for_block_type;
@@ -395,15 +363,7 @@ fn level_int(lv: &Levels, l: u8) -> i32 {
 /// blocks; `wd` is empty, the scales are inside) against every token of `x`.
 pub fn tile<B: BlockTy>(rows: usize, wq: &[u8], _wd: &[f32], x: &ActTile, out: &mut [f32]) {
     count(Tier::Scalar, Op::Tile);
-    let (nt, rb) = (out.len() / rows, wq.len() / rows);
-    let nb = x.d.len() / nt;
-    let cols = nb * QK;
-    for (wr, o) in wq.chunks_exact(rb).zip(out.chunks_exact_mut(nt)) {
-        for (t, y) in o.iter_mut().enumerate() {
-            let (xq, xd) = (&x.q[t * cols..(t + 1) * cols], &x.d[t * nb..(t + 1) * nb]);
-            *y = dot(B::W, wr, xq, xd);
-        }
-    }
+    block_rows(rows, wq, x, out, |wr, xq, xd| dot(B::W, wr, xq, xd));
 }
 
 /// `y[t·rows + r] = W[r]·x[t]` for every token of `x` (`w`: rows × cols of type `t`).

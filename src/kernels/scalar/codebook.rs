@@ -18,7 +18,7 @@
 //!
 //! the steps of IQ4_XS and of Q3_K, with the decoded levels in place of theirs.
 
-use super::tiles::{reduce_lanes, LANES};
+use super::tiles::{block_rows, reduce_lanes, LANES};
 use crate::format::wtype::{WType, QK, QK_K};
 use crate::kernels::acts::ActTile;
 use crate::kernels::counters::{count, Op};
@@ -60,35 +60,20 @@ codebook_ty! {
 /// types: the one place that lists the codebook types for the kernel tables.
 macro_rules! for_codebook_type {
     ($w:expr, |$C:ident| $e:expr) => {{
-        use $crate::format::wtype::WType;
         use $crate::kernels::scalar::codebook as cb;
-        match $w {
-            WType::IQ3_XXS => {
-                type $C = cb::Iq3Xxs;
-                Some($e)
-            }
-            WType::IQ3_S => {
-                type $C = cb::Iq3S;
-                Some($e)
-            }
-            WType::IQ2_XXS => {
-                type $C = cb::Iq2Xxs;
-                Some($e)
-            }
-            WType::IQ2_XS => {
-                type $C = cb::Iq2Xs;
-                Some($e)
-            }
-            WType::IQ2_S => {
-                type $C = cb::Iq2S;
-                Some($e)
-            }
-            WType::IQ1_M => {
-                type $C = cb::Iq1M;
-                Some($e)
-            }
-            _ => None,
-        }
+        $crate::format::wtype::with_marker!(
+            $w,
+            |$C| $e,
+            {
+                IQ3_XXS => cb::Iq3Xxs,
+                IQ3_S => cb::Iq3S,
+                IQ2_XXS => cb::Iq2Xxs,
+                IQ2_XS => cb::Iq2Xs,
+                IQ2_S => cb::Iq2S,
+                IQ1_M => cb::Iq1M,
+            },
+            _
+        )
     }};
 }
 pub(crate) use for_codebook_type;
@@ -127,15 +112,7 @@ pub fn dot(t: WType, w: &[u8], xq: &[i8], xd: &[f32]) -> f32 {
 /// blocks; `wd` is empty, the scales are inside) against every token of `x`.
 pub fn tile<C: CodebookTy>(rows: usize, wq: &[u8], _wd: &[f32], x: &ActTile, out: &mut [f32]) {
     count(Tier::Scalar, Op::Tile);
-    let (nt, rb) = (out.len() / rows, wq.len() / rows);
-    let nb = x.d.len() / nt;
-    let cols = nb * QK;
-    for (wr, o) in wq.chunks_exact(rb).zip(out.chunks_exact_mut(nt)) {
-        for (t, y) in o.iter_mut().enumerate() {
-            let (xq, xd) = (&x.q[t * cols..(t + 1) * cols], &x.d[t * nb..(t + 1) * nb]);
-            *y = dot(C::W, wr, xq, xd);
-        }
-    }
+    block_rows(rows, wq, x, out, |wr, xq, xd| dot(C::W, wr, xq, xd));
 }
 
 #[cfg(test)]

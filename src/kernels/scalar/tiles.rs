@@ -33,6 +33,28 @@ pub(crate) fn for_rows(
     }
 }
 
+/// Every row of a block type (`wq`: `rows` rows of blocks with their scales inside)
+/// against every token of `x`: `out[r·nt + t] = dot(row r, x's token t)`, `dot` taking
+/// the row's blocks and the token's quants and scales.
+#[inline(always)]
+pub(crate) fn block_rows(
+    rows: usize,
+    wq: &[u8],
+    x: &ActTile,
+    out: &mut [f32],
+    dot: impl Fn(&[u8], &[i8], &[f32]) -> f32,
+) {
+    let (nt, rb) = (out.len() / rows, wq.len() / rows);
+    let nb = x.d.len() / nt;
+    let cols = nb * QK;
+    for (wr, o) in wq.chunks_exact(rb).zip(out.chunks_exact_mut(nt)) {
+        for (t, y) in o.iter_mut().enumerate() {
+            let (xq, xd) = (&x.q[t * cols..(t + 1) * cols], &x.d[t * nb..(t + 1) * nb]);
+            *y = dot(wr, xq, xd);
+        }
+    }
+}
+
 /// The contract's fixed reduction tree: `((a0+a4)+(a2+a6)) + ((a1+a5)+(a3+a7))`.
 #[inline(always)]
 pub fn reduce_lanes(a: [f32; LANES]) -> f32 {

@@ -23,9 +23,10 @@
 
 use core::arch::x86_64::*;
 
-use super::simd::{hsum8, hsum8_halves, load_scales, reduce_lanes};
+use super::simd::{bit_mask, hsum8, hsum8_halves, load_scales, reduce_lanes};
+use super::tiles::block_rows_of_tile;
 use crate::format::wtype::QK;
-use crate::kernels::acts::{ActTile, TILE_TOKENS};
+use crate::kernels::acts::ActTile;
 use crate::kernels::counters::{count, Op};
 use crate::kernels::scalar::blocks::{BlockTy, ScaleKind};
 use crate::kernels::scalar::tiles::LANES;
@@ -85,17 +86,7 @@ unsafe fn u16_at(p: *const u8, at: usize) -> u16 {
 #[target_feature(enable = "avx2")]
 #[inline]
 fn bits5(qh: u32) -> __m256i {
-    let v = _mm256_set1_epi32(qh as i32);
-    let idx = _mm256_setr_epi64x(
-        0,
-        0x0101_0101_0101_0101,
-        0x0202_0202_0202_0202,
-        0x0303_0303_0303_0303,
-    );
-    let bytes = _mm256_shuffle_epi8(v, idx);
-    let mask = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
-    let set = _mm256_cmpeq_epi8(_mm256_and_si256(bytes, mask), mask);
-    _mm256_and_si256(set, _mm256_set1_epi8(0x10))
+    _mm256_and_si256(bit_mask(qh), _mm256_set1_epi8(0x10))
 }
 
 /// Bits 4–5 of every byte from Q6_0's `qh[8]` (element `j < 16`: bits `4·(j/8)..` of
@@ -455,24 +446,10 @@ unsafe fn row<B: BlockTy, const T: usize>(wq: &[u8], x: &ActTile, out: &mut [f32
 
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn tile_any<B: BlockTy>(rows: usize, wq: &[u8], x: &ActTile, out: &mut [f32]) {
-    let nt = out.len() / rows;
-    debug_assert!((1..=TILE_TOKENS).contains(&nt));
-    let rb = wq.len() / rows;
-    let it = wq.chunks_exact(rb).zip(out.chunks_exact_mut(nt));
-    macro_rules! go {
-        ($n:literal) => {
-            for (q, o) in it {
-                // SAFETY: features enabled here; one row's blocks and `nt` tokens.
-                unsafe { row::<B, $n>(q, x, o) }
-            }
-        };
-    }
-    match nt {
-        1 => go!(1),
-        2 => go!(2),
-        3 => go!(3),
-        _ => go!(4),
-    }
+    block_rows_of_tile!(rows, wq, out, |q, o, N| {
+        // SAFETY: features enabled here; one row's blocks and `N` tokens.
+        unsafe { row::<B, N>(q, x, o) }
+    });
 }
 
 /// Tile kernel of block type `B` (see `table::TileFn`; `wd` is empty).

@@ -23,12 +23,13 @@
 use core::arch::x86_64::*;
 
 use super::packed::{add256, add512, dpbusd_block, lane_tree, store16, store8, with_tokens};
-use super::simd::{hsum8, hsum8_halves, reduce_lanes};
+use super::simd::{bit_mask, hsum8, hsum8_halves, reduce_lanes};
+use super::tiles::block_rows_of_tile;
 use crate::format::iq_grids::{
     IQ1S_GRID, IQ2S_GRID, IQ2XS_GRID, IQ2XXS_GRID, IQ3S_GRID, IQ3XXS_GRID,
 };
 use crate::format::wtype::{WType, QK, QK_K};
-use crate::kernels::acts::{ActTile, PACKED_TILE, TILE_TOKENS};
+use crate::kernels::acts::{ActTile, PACKED_TILE};
 use crate::kernels::counters::{count, Op};
 use crate::kernels::packed::{lane_start, DecodedView, Line, DECODED_LINES, GROUP};
 use crate::kernels::scalar::codebook::CodebookTy;
@@ -54,23 +55,6 @@ fn u16_at(b: &[u8], at: usize) -> u16 {
 
 fn u32_at(b: &[u8], at: usize) -> u32 {
     u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
-}
-
-/// Byte `8k + i` = 0xFF where bit `i` of byte `k` of `s` is set (the signs of 32
-/// weights, 8 per byte).
-#[target_feature(enable = "avx2")]
-#[inline]
-fn sign_mask(s: u32) -> __m256i {
-    let v = _mm256_set1_epi32(s as i32);
-    let idx = _mm256_setr_epi64x(
-        0,
-        0x0101_0101_0101_0101,
-        0x0202_0202_0202_0202,
-        0x0303_0303_0303_0303,
-    );
-    let bytes = _mm256_shuffle_epi8(v, idx);
-    let bit = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
-    _mm256_cmpeq_epi8(_mm256_and_si256(bytes, bit), bit)
 }
 
 /// `vpsignb` factors of a sign mask: −1 where set, +1 elsewhere.
@@ -155,11 +139,11 @@ fn levels(t: WType, b: &[u8], j: usize) -> (__m256i, __m256i) {
                 &IQ2S_GRID,
                 [0, 1, 2, 3].map(|l| codebook::iq2s_index(b, 4 * j + l)),
             );
-            (m, pm1(sign_mask(u32_at(b, 34 + 4 * j))))
+            (m, pm1(bit_mask(u32_at(b, 34 + 4 * j))))
         }
         WType::IQ3_S => {
             let m = grid4(&IQ3S_GRID, |i| codebook::iq3s_index(b, 8 * j + i));
-            (m, pm1(sign_mask(u32_at(b, 74 + 4 * j))))
+            (m, pm1(bit_mask(u32_at(b, 74 + 4 * j))))
         }
         WType::IQ1_M => {
             // A loop, not `array::map` over pairs: LLVM left those closures as calls per
@@ -368,23 +352,7 @@ fn row<C: CodebookTy, const T: usize>(wq: &[u8], x: &ActTile, out: &mut [f32]) {
 
 #[target_feature(enable = "avx2,fma,f16c")]
 fn tile_any<C: CodebookTy>(rows: usize, wq: &[u8], x: &ActTile, out: &mut [f32]) {
-    let nt = out.len() / rows;
-    debug_assert!((1..=TILE_TOKENS).contains(&nt));
-    let rb = wq.len() / rows;
-    let it = wq.chunks_exact(rb).zip(out.chunks_exact_mut(nt));
-    macro_rules! go {
-        ($n:literal) => {
-            for (q, o) in it {
-                row::<C, $n>(q, x, o)
-            }
-        };
-    }
-    match nt {
-        1 => go!(1),
-        2 => go!(2),
-        3 => go!(3),
-        _ => go!(4),
-    }
+    block_rows_of_tile!(rows, wq, out, |q, o, N| row::<C, N>(q, x, o));
 }
 
 /// Tile kernel of codebook type `C` (see `table::TileFn`; `wd` is empty).

@@ -1,6 +1,6 @@
 //! Register helpers the x86 kernels share: exact f16 widening loads, the horizontal
 //! sums and the contract's 8-lane tree on a ymm (and a zmm's two halves), masked scale
-//! loads.
+//! loads, a u32's bits as byte masks.
 
 use core::arch::x86_64::*;
 
@@ -25,6 +25,23 @@ pub(crate) unsafe fn f16x8(p: *const u8) -> __m256 {
 pub(crate) unsafe fn f16x16(p: *const u8) -> __m512 {
     // SAFETY: the function's contract.
     unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i)) }
+}
+
+/// Byte `8k + i` = 0xFF where bit `i` of byte `k` of `s` is set (the signs of 32
+/// codebook weights, 8 per byte; Q5's fifth bits, bit `e` for element `e`).
+#[target_feature(enable = "avx2")]
+#[inline]
+pub(crate) fn bit_mask(s: u32) -> __m256i {
+    let v = _mm256_set1_epi32(s as i32);
+    let idx = _mm256_setr_epi64x(
+        0,
+        0x0101_0101_0101_0101,
+        0x0202_0202_0202_0202,
+        0x0303_0303_0303_0303,
+    );
+    let bytes = _mm256_shuffle_epi8(v, idx);
+    let bit = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
+    _mm256_cmpeq_epi8(_mm256_and_si256(bytes, bit), bit)
 }
 
 /// Lane `j` = sum of the 8 lanes of `v[j]`.

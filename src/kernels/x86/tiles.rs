@@ -191,6 +191,47 @@ macro_rules! each_row_of_tile {
     }};
 }
 
+/// The rows of a block type (their scales inside the blocks: no `wd`) against a tile of
+/// `out.len() / rows` (1..=[`TILE_TOKENS`](crate::kernels::acts::TILE_TOKENS)) tokens:
+/// `$call` per row with its bytes `$q` and outputs `$o`, the count a const `$n`, each
+/// count monomorphized and inlined into the `#[target_feature]` caller (as
+/// [`each_row_of_tile!`]).
+macro_rules! block_rows_of_tile {
+    ($rows:expr, $wq:expr, $out:expr, |$q:ident, $o:ident, $n:ident| $call:expr) => {{
+        let nt = $out.len() / $rows;
+        debug_assert!((1..=$crate::kernels::acts::TILE_TOKENS).contains(&nt));
+        let rb = $wq.len() / $rows;
+        let it = $wq.chunks_exact(rb).zip($out.chunks_exact_mut(nt));
+        match nt {
+            1 => {
+                const $n: usize = 1;
+                for ($q, $o) in it {
+                    $call
+                }
+            }
+            2 => {
+                const $n: usize = 2;
+                for ($q, $o) in it {
+                    $call
+                }
+            }
+            3 => {
+                const $n: usize = 3;
+                for ($q, $o) in it {
+                    $call
+                }
+            }
+            _ => {
+                const $n: usize = 4;
+                for ($q, $o) in it {
+                    $call
+                }
+            }
+        }
+    }};
+}
+pub(super) use block_rows_of_tile;
+
 #[target_feature(enable = "avx2")]
 unsafe fn tile_any<F: WFormat>(rows: usize, wq: &[u8], wd: &[f32], x: &ActTile, out: &mut [f32]) {
     let (xq, xd) = (x.q, x.d);
