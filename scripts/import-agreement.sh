@@ -11,7 +11,7 @@
 #   BOS put first as llama-perplexity puts it): top-1 agreement (both argmaxes equal) and
 #   the mean KL divergence of Krafla's distribution from llama.cpp's. llama.cpp stores its
 #   log-probabilities as 16-bit steps of (max − min)/65535 over the 16 nats below the
-#   maximum; the KLD is over the tokens above that floor (llama.cpp's distribution
+#   maximum; every KLD here is over the tokens above that floor (both distributions
 #   renormalized over them), so it includes the rounding of those steps;
 # - both against the exact arithmetic: the float32 forward of the same weights
 #   (transformers, the GGUF dequantized by gguf-py) on the same ids: each tool's top-1
@@ -125,11 +125,16 @@ def log_softmax(x):
     x = x - x.max(axis=1, keepdims=True)
     return x - np.log(np.exp(x).sum(axis=1, keepdims=True))
 
-def kl_from(lp_p, lp_q, keep=None):
-    """Σ p (log p − log q) over the rows, p over `keep` (renormalized) when given."""
-    p = np.exp(lp_p) if keep is None else np.where(keep, np.exp(lp_p), 0.0)
+def kl_from(lp_p, lp_q, keep):
+    """Σ p (log p − log q) over the rows, both distributions restricted to `keep` (the
+    tokens above llama.cpp's floor) and renormalized there: the floor holds a mass of
+    about n_vocab · e⁻¹⁶ that neither tool's other distribution has."""
+    p = np.where(keep, np.exp(lp_p), 0.0)
+    q = np.where(keep, np.exp(lp_q), 0.0)
     p /= p.sum(axis=1, keepdims=True)
-    return float(np.where(p > 0, p * (np.log(np.where(p > 0, p, 1.0)) - lp_q), 0.0).sum())
+    q /= q.sum(axis=1, keepdims=True)
+    ok = p > 0
+    return float(np.where(ok, p * (np.log(np.where(ok, p, 1.0)) - np.log(np.where(ok, q, 1.0))), 0.0).sum())
 
 agree = total = agree_kr = agree_lr = 0
 kl = kl_kr = kl_lr = 0.0
@@ -157,9 +162,10 @@ for c in range(min(chunks, n_chunk)):
     agree_kr += int((a_k == a_r).sum())
     agree_lr += int((a_l == a_r).sum())
     total += per
-    kl += kl_from(lp_l, lp_k, steps > 0)  # the floor's tokens left out
-    kl_kr += kl_from(lp_r, lp_k)
-    kl_lr += kl_from(lp_r, lp_l)
+    keep = steps > 0
+    kl += kl_from(lp_l, lp_k, keep)
+    kl_kr += kl_from(lp_r, lp_k, keep)
+    kl_lr += kl_from(lp_r, lp_l, keep)
 os.remove(logits_path)
 mb = os.path.getsize(g) / 1e6
 print(f"| {m} | {t.upper()} | {mb:.1f} | {same} / {len(orig)} | {total} | {agree / total:.4f} | {kl / total:.5f} "
