@@ -27,22 +27,12 @@
 # iq1_m"]; CHUNKS: evaluation chunks [8]. Prints a table (also OUT/import-agreement.md).
 set -euo pipefail
 
-repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-BENCH_DIR=${BENCH_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/krafla-bench}
-REAL_DIR=${REAL_DIR:-$BENCH_DIR/real}
-PYTHON=${PYTHON:-$BENCH_DIR/venv/bin/python}
-MODELS=${MODELS:-smollm2-135m gemma3-270m}
+# shellcheck source=quality-env.sh
+. "$(dirname "${BASH_SOURCE[0]}")/quality-env.sh"
 TYPES=${TYPES:-q2_k q3_k iq4_xs iq3_xxs iq3_s iq2_xxs iq2_xs iq2_s iq1_m}
 CHUNKS=${CHUNKS:-8}
-CTX=${CTX:-512}
-THREADS=${THREADS:-2}
-OUT=${OUT:-$BENCH_DIR/quality}
 log() { printf '[agreement %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
-
-llama=$(ls -d "$BENCH_DIR"/llama_cpp_python-*/vendor/llama.cpp 2>/dev/null | sort -V | tail -1 || true)
-lb=$BENCH_DIR/build/bin
-[ -x "$lb/llama-quantize" ] && [ -x "$lb/llama-perplexity" ] && [ -n "$llama" ] ||
-  { echo "import-agreement.sh: no llama.cpp build in $BENCH_DIR (run scripts/quality-vs-llama.sh first)" >&2; exit 2; }
+need_llama import-agreement.sh llama-quantize llama-perplexity
 (cd "$repo" && cargo build -q --release --bin mlb-convert --bin mlb-export --bin mlb-run)
 kb=${CARGO_TARGET_DIR:-$repo/target}/release
 

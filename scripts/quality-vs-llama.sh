@@ -59,16 +59,10 @@
 # deterministic, but the run is long.
 set -euo pipefail
 
-repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-BENCH_DIR=${BENCH_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/krafla-bench}
-REAL_DIR=${REAL_DIR:-$BENCH_DIR/real}
-PYTHON=${PYTHON:-$BENCH_DIR/venv/bin/python}
-MODELS=${MODELS:-smollm2-135m gemma3-270m}
+# shellcheck source=quality-env.sh
+. "$(dirname "${BASH_SOURCE[0]}")/quality-env.sh"
 CHUNKS=${CHUNKS:-16}
 CALIB_CHUNKS=${CALIB_CHUNKS:-24}
-CTX=${CTX:-512}
-THREADS=${THREADS:-2}
-OUT=${OUT:-$BENCH_DIR/quality}
 WRITE_DOC=${WRITE_DOC:-0}
 ONLY_TARGETS=${ONLY_TARGETS:-0}
 SIZES=${SIZES-iq2_m iq3_xxs iq3_m iq4_xs q4_k_m q6_k}
@@ -77,8 +71,8 @@ case "$OUT/" in "$repo"/*) echo "quality-vs-llama.sh: OUT must be outside the re
 mkdir -p "$OUT"
 log() { printf '[quality %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 
-# llama.cpp: the source scripts/bench.sh unpacked, its build, three more tools.
-llama=$(ls -d "$BENCH_DIR"/llama_cpp_python-*/vendor/llama.cpp 2>/dev/null | sort -V | tail -1 || true)
+# llama.cpp: the source scripts/bench.sh unpacked (quality-env.sh found it), its build,
+# three more tools.
 build=$BENCH_DIR/build
 if [ -z "$llama" ] || [ ! -f "$build/CMakeCache.txt" ]; then
   echo "quality-vs-llama.sh: no llama.cpp build in $BENCH_DIR (run PREPARE_ONLY=1 scripts/bench.sh first)" >&2

@@ -22,22 +22,13 @@
 # docs/benchmarks-quality.md between its "type-errors" markers.
 set -euo pipefail
 
-repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-BENCH_DIR=${BENCH_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/krafla-bench}
-REAL_DIR=${REAL_DIR:-$BENCH_DIR/real}
-PYTHON=${PYTHON:-$BENCH_DIR/venv/bin/python}
-MODELS=${MODELS:-smollm2-135m gemma3-270m}
+# shellcheck source=quality-env.sh
+. "$(dirname "${BASH_SOURCE[0]}")/quality-env.sh"
 TYPES=${TYPES:-q2_k q3_k iq2_xs iq3_xxs iq3_s iq4_xs}
 CHUNKS=${CHUNKS:-16}
-CTX=${CTX:-512}
-THREADS=${THREADS:-2}
-OUT=${OUT:-$BENCH_DIR/quality}
 WRITE_DOC=${WRITE_DOC:-0}
 log() { printf '[type-error %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
-
-llama=$(ls -d "$BENCH_DIR"/llama_cpp_python-*/vendor/llama.cpp 2>/dev/null | sort -V | tail -1 || true)
-lb=$BENCH_DIR/build/bin
-[ -x "$lb/llama-quantize" ] && [ -n "$llama" ] || { echo "type-error-vs-llama.sh: no llama.cpp build in $BENCH_DIR (run scripts/quality-vs-llama.sh first)" >&2; exit 2; }
+need_llama type-error-vs-llama.sh llama-quantize
 (cd "$repo" && cargo build -q --release --bin mlb-convert --bin mlb-export)
 kb=${CARGO_TARGET_DIR:-$repo/target}/release
 
