@@ -275,10 +275,9 @@ impl Checkpoint {
     /// next chunk's pages come from the disk while this one is quantized. Only a hint:
     /// the pages enter the page cache, not this process's resident set.
     pub fn prefetch(&self, t: &TensorInfo, row_len: usize, rows: std::ops::Range<usize>) {
-        let Some(dtype) = t.dtype else { return };
-        let es = dtype.size();
-        let a = t.start + rows.start * row_len * es;
-        let len = (rows.end.saturating_sub(rows.start)) * row_len * es;
+        let Some((a, len)) = row_span(t, row_len, rows) else {
+            return;
+        };
         let map = &self.shards[t.shard].map;
         #[cfg(unix)]
         if len > 0 && a + len <= t.end.min(map.len()) {
@@ -291,10 +290,9 @@ impl Checkpoint {
     /// Drops the pages of `t`'s rows `rows` from this process's resident set (the data
     /// stays in the page cache; a later read maps it again).
     pub fn release(&self, t: &TensorInfo, row_len: usize, rows: std::ops::Range<usize>) {
-        let Some(dtype) = t.dtype else { return };
-        let es = dtype.size();
-        let a = t.start + rows.start * row_len * es;
-        let len = (rows.end - rows.start) * row_len * es;
+        let Some((a, len)) = row_span(t, row_len, rows) else {
+            return;
+        };
         #[cfg(unix)]
         {
             let map = &self.shards[t.shard].map;
@@ -309,6 +307,18 @@ impl Checkpoint {
         #[cfg(not(unix))]
         let _ = (a, len);
     }
+}
+
+/// The bytes of `t`'s rows `rows` (`row_len` elements each) in its shard's map: the
+/// offset and length, `None` for a tensor without a float type.
+fn row_span(
+    t: &TensorInfo,
+    row_len: usize,
+    rows: std::ops::Range<usize>,
+) -> Option<(usize, usize)> {
+    let es = t.dtype?.size();
+    let len = rows.end.saturating_sub(rows.start) * row_len * es;
+    Some((t.start + rows.start * row_len * es, len))
 }
 
 /// Little-endian bf16 / f16 / f32 bytes → f32, appended to `out`.
