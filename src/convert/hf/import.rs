@@ -455,7 +455,13 @@ fn measure_mix(
                 let fb = match opts.error_feedback {
                     false => None,
                     true if w == cols => c.feedback(e),
-                    true => Feedback::new(w, &h, c.damp, crate::kernels::sub_product).map(Arc::new),
+                    true => Feedback::new(
+                        w,
+                        &h,
+                        (c.damp, crate::quant::feedback::SHRINK),
+                        crate::kernels::sub_product,
+                    )
+                    .map(Arc::new),
                 };
                 let x: Vec<f32> = buf
                     .chunks_exact(cols)

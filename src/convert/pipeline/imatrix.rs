@@ -16,7 +16,7 @@ use crate::convert::error::{ConvertError, Result};
 use crate::format::mlb::Tensor;
 use crate::format::mli::cov::{self as mli_cov, CovEntry, CovSlot};
 use crate::format::mli::{self, ExpertSlot, Mli, Slot};
-use crate::quant::feedback::Feedback;
+use crate::quant::feedback::{self, Feedback};
 
 /// Reads and checks an MLI1 file against the model.
 pub fn load_imatrix(p: &Path, d: &ModelDesc) -> Result<Mli> {
@@ -351,7 +351,12 @@ impl CovFile {
         }
         let values = mli_cov::values(&self.map, e);
         let product = crate::kernels::sub_product;
-        let fb = Arc::new(Feedback::from_packed(e.n, &values, self.damp, product)?);
+        let fb = Arc::new(Feedback::from_packed(
+            e.n,
+            &values,
+            (self.damp, feedback::SHRINK),
+            product,
+        )?);
         let mut r = recent();
         r.push((e.offset, fb.clone()));
         if r.len() > RECENT {
