@@ -86,6 +86,30 @@ pub const DAMP: f64 = 0.01;
 /// quantizer 0.587%; damping λ = 0.1 instead: 0.571%, 0.3: 0.611%, 1: 0.731%).
 pub const SHRINK: f64 = 0.5;
 
+/// How H is regularized before it is factored: `damp` ([`DAMP`]) and `shrink`
+/// ([`SHRINK`]); `mlb-convert --feedback-damp` and `--feedback-shrink`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Prior {
+    pub damp: f64,
+    pub shrink: f64,
+}
+
+impl Default for Prior {
+    fn default() -> Prior {
+        Prior {
+            damp: DAMP,
+            shrink: SHRINK,
+        }
+    }
+}
+
+impl Prior {
+    /// Only the damping: H's off-diagonal as measured (GPTQ's rule).
+    pub const fn damped(damp: f64) -> Prior {
+        Prior { damp, shrink: 0.0 }
+    }
+}
+
 /// Rows quantized together (one task), sharing the lazy update's reads of `U`. Fixed:
 /// the split never depends on the thread count (nor do a row's bytes on the split).
 pub const BATCH_ROWS: usize = 64;
@@ -131,37 +155,32 @@ pub struct Feedback {
 
 impl Feedback {
     /// From `H` given as its upper triangle packed by rows (`(i, j ≥ i)` at
-    /// `i·n − i(i−1)/2 + (j − i)`), its off-diagonal shrunk by `shrink` ([`SHRINK`]),
-    /// damped by `damp · mean(diag H)`. `None` when H is all zero or not positive
+    /// `i·n − i(i−1)/2 + (j − i)`), regularized by `prior`: its
+    /// off-diagonal shrunk by `prior.shrink`, its diagonal damped by `prior.damp · mean(diag H)`. `None` when H is all zero or not positive
     /// definite even with 100× the damping.
     pub fn from_packed<T: Copy + Into<f64>>(
         n: usize,
         tri: &[T],
-        (damp, shrink): (f64, f64),
+        prior: Prior,
         product: SubProduct,
     ) -> Option<Feedback> {
         assert_eq!(tri.len(), n * (n + 1) / 2, "packed triangle of {n}");
         let start = |i: usize| i * n - i * i.saturating_sub(1) / 2;
-        Feedback::build(n, (damp, shrink), product, |i, j| {
+        Feedback::build(n, prior, product, |i, j| {
             let (a, b) = if i <= j { (i, j) } else { (j, i) };
             tri[start(a) + b - a].into()
         })
     }
 
     /// From `H` (n × n, symmetric, row-major); see [`Feedback::from_packed`].
-    pub fn new(
-        n: usize,
-        h: &[f64],
-        (damp, shrink): (f64, f64),
-        product: SubProduct,
-    ) -> Option<Feedback> {
+    pub fn new(n: usize, h: &[f64], prior: Prior, product: SubProduct) -> Option<Feedback> {
         assert_eq!(h.len(), n * n);
-        Feedback::build(n, (damp, shrink), product, |i, j| h[i * n + j])
+        Feedback::build(n, prior, product, |i, j| h[i * n + j])
     }
 
     fn build(
         n: usize,
-        (damp, shrink): (f64, f64),
+        Prior { damp, shrink }: Prior,
         product: SubProduct,
         h: impl Fn(usize, usize) -> f64,
     ) -> Option<Feedback> {
@@ -964,7 +983,7 @@ mod tests {
             let (rows, n) = (3, if bw == 256 { 512 } else { 5 * bw });
             let h = correlated_h(&mut rng, n, 4 * n);
             let x = weights(&mut rng, rows, n);
-            let fb = Feedback::new(n, &h, (DAMP, 0.0), plain_product).unwrap();
+            let fb = Feedback::new(n, &h, Prior::damped(DAMP), plain_product).unwrap();
             let opts = QuantOptions {
                 scale_f16: true,
                 ..QuantOptions::default()
@@ -998,7 +1017,7 @@ mod tests {
         for t in [WType::Q2_K, WType::Q3_K] {
             let h = correlated_h(&mut rng, n, 2 * n);
             let x = weights(&mut rng, 1, n);
-            let fb = Feedback::new(n, &h, (DAMP, 0.0), plain_product).unwrap();
+            let fb = Feedback::new(n, &h, Prior::damped(DAMP), plain_product).unwrap();
             let v: Vec<f64> = x.iter().map(|&a| a as f64).collect();
             let w: Vec<f32> = fb.importance()[..QK_K].to_vec();
             let (mut cand, mut deq) = (vec![0u8; t.block_bytes()], vec![0f32; QK_K]);
@@ -1086,7 +1105,7 @@ mod tests {
                 ..QuantOptions::default()
             };
             let plain = dequant(&quantize(t, rows, n, &x, &opts).unwrap());
-            let fb = Feedback::new(n, &h, (DAMP, 0.0), plain_product).unwrap();
+            let fb = Feedback::new(n, &h, Prior::damped(DAMP), plain_product).unwrap();
             let fed = dequant(&quantize_matrix(t, rows, n, &x, &opts, &fb).unwrap());
             let one = Passes {
                 refine: 0,
@@ -1113,15 +1132,19 @@ mod tests {
         assert!(bad.is_empty(), "{bad:?}");
     }
 
-    /// A calibration H of few tokens per channel (2 here) holds correlations another
-    /// sample of the same inputs does not: the feedback with its off-diagonal shrunk
-    /// ([`SHRINK`]) has the lower output error on a held-out H (the same factors, 16×
-    /// the tokens).
+    /// A calibration H of few tokens per channel (2 here) whose correlations are weak
+    /// (factor loadings a tenth of [`correlated_h`]'s) is mostly sampling noise off its
+    /// diagonal: the feedback with that off-diagonal shrunk ([`SHRINK`]) has the lower
+    /// output error on a held-out H of the same inputs (16× the tokens). Measured
+    /// (seeded): 0.87 of the unshrunk error for Q2_K, 0.78 for Q4_0. Where strong
+    /// correlations dominate (the full loadings) shrinking costs instead (Q2_K 1.4×):
+    /// [`SHRINK`] is a choice for real activations, measured on them.
     #[test]
-    fn shrinkage_lowers_the_held_out_error_of_a_few_token_covariance() {
+    fn shrinkage_lowers_the_held_out_error_of_a_noisy_covariance() {
         let mut rng = Rng(0x2545f4914f6cdd1d);
         let (rows, n) = (16, 256);
-        let (mix, scale) = factors(&mut rng, n);
+        let (mut mix, scale) = factors(&mut rng, n);
+        mix.iter_mut().for_each(|m| *m *= 0.1);
         let calib = sampled_h(&mut rng, (&mix, &scale), 2 * n);
         let held = sampled_h(&mut rng, (&mix, &scale), 32 * n);
         let x = weights(&mut rng, rows, n);
@@ -1131,13 +1154,16 @@ mod tests {
         };
         for t in [WType::Q2_K, WType::Q4_0] {
             let e = |shrink: f64| {
-                let fb = Feedback::new(n, &calib, (DAMP, shrink), plain_product).unwrap();
+                let prior = Prior { damp: DAMP, shrink };
+                let fb = Feedback::new(n, &calib, prior, plain_product).unwrap();
                 let q = dequant(&quantize_matrix(t, rows, n, &x, &opts, &fb).unwrap());
                 output_error(rows, n, &x, &q, &held, plain_product)
             };
             let (e0, es) = (e(0.0), e(SHRINK));
-            eprintln!("{t}: held-out output error unshrunk {e0:.4e}, shrunk {es:.4e}");
-            assert!(es < e0, "{t}: {es} vs {e0}");
+            assert!(
+                es < 0.95 * e0,
+                "{t}: held-out error shrunk {es:.4e}, unshrunk {e0:.4e}"
+            );
         }
     }
 
@@ -1147,7 +1173,7 @@ mod tests {
         let mut rng = Rng(7);
         let n = 40;
         let h = correlated_h(&mut rng, n, 30);
-        let fb = Feedback::new(n, &h, (DAMP, 0.0), plain_product).unwrap();
+        let fb = Feedback::new(n, &h, Prior::damped(DAMP), plain_product).unwrap();
         let mean = (0..n).map(|i| h[i * n + i]).sum::<f64>() / n as f64;
         for i in 0..n {
             for j in 0..n {
@@ -1161,7 +1187,7 @@ mod tests {
                 assert!((s - want).abs() < 1e-8, "({i}, {j}): {s}");
             }
         }
-        assert!(Feedback::new(2, &[0.0; 4], (DAMP, 0.0), plain_product).is_none());
+        assert!(Feedback::new(2, &[0.0; 4], Prior::damped(DAMP), plain_product).is_none());
     }
 
     /// The same bytes at 1, 2 and 3 threads, and row by row: a row's bytes depend on
@@ -1173,7 +1199,7 @@ mod tests {
         let (rows, n) = (150, 512);
         let h = correlated_h(&mut rng, n, 600);
         let x = weights(&mut rng, rows, n);
-        let fb = Feedback::new(n, &h, (DAMP, 0.0), plain_product).unwrap();
+        let fb = Feedback::new(n, &h, Prior::damped(DAMP), plain_product).unwrap();
         let opts = QuantOptions::default();
         for t in [WType::Q4_0, WType::Q4_K, WType::IQ4_NL] {
             let outs: Vec<Quantized> = (1..=3)
