@@ -120,6 +120,9 @@ struct Cli {
     /// Error feedback's damping λ: λ · mean(diag H) is added to the covariance's diagonal (more: closer to the plain quantizer, less fitted to the calibration text)
     #[arg(long, value_name = "λ", default_value_t = krafla::quant::feedback::DAMP, requires = "imatrix")]
     feedback_damp: f64,
+    /// Error feedback's shrinkage α: the covariance's off-diagonal is multiplied by 1 − α before it is factored (0: as measured; 1: no feedback between columns, only the importance)
+    #[arg(long, value_name = "α", default_value_t = krafla::quant::feedback::SHRINK, requires = "imatrix")]
+    feedback_shrink: f64,
     /// GGUF input: quantize the F32/F16/BF16 matrices, and dequantize and quantize again those of types Krafla lacks (IQ1_S, TQ1_0, ...), to this type (q8_0, q4_0, bf16, f16, q4_k, q5_k, q6_k, q4_1, q5_0, q5_1, iq4_nl, q6_0, mxfp4, q2_k, q3_k, iq4_xs, iq3_xxs, iq3_s, iq2_xxs, iq2_xs, iq2_s, iq1_m); without it F16/BF16 are kept and the others refused
     #[arg(long, value_name = "TYPE", value_parser = requant_type)]
     requantize: Option<WType>,
@@ -190,7 +193,10 @@ fn main() -> ExitCode {
         }),
         imatrix: cli.imatrix,
         error_feedback: !cli.no_error_feedback,
-        feedback_damp: cli.feedback_damp,
+        feedback: krafla::quant::feedback::Prior {
+            damp: cli.feedback_damp,
+            shrink: cli.feedback_shrink,
+        },
         threads: cli.threads,
         requantize: cli.requantize,
         cancel: Some(&STOP),

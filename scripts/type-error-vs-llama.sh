@@ -18,13 +18,15 @@
 # covariance imatrix, the bf16 GGUF, the tokenizer) and llama.cpp's build.
 # Environment (defaults in brackets): BENCH_DIR, REAL_DIR, PYTHON, OUT, MODELS, CTX, THREADS
 # as quality-vs-llama.sh's; TYPES ["q2_k q3_k iq2_xs iq3_xxs iq3_s iq4_xs"]; CHUNKS: chunks
-# of the evaluation text in H [16]; WRITE_DOC=1 splices the table into
+# of the evaluation text in H [16]; SHRINKS: other --feedback-shrink values to measure
+# with the covariance imatrix, a column each [""]; WRITE_DOC=1 splices the table into
 # docs/benchmarks-quality.md between its "type-errors" markers.
 set -euo pipefail
 
 # shellcheck source=quality-env.sh
 . "$(dirname "${BASH_SOURCE[0]}")/quality-env.sh"
 TYPES=${TYPES:-q2_k q3_k iq2_xs iq3_xxs iq3_s iq4_xs}
+SHRINKS=${SHRINKS:-}
 CHUNKS=${CHUNKS:-16}
 WRITE_DOC=${WRITE_DOC:-0}
 log() { printf '[type-error %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
@@ -48,15 +50,16 @@ for m in $MODELS; do
         >"$te/llama-$t.log" 2>&1
       mv "$te/llama-$t.gguf.tmp" "$te/llama-$t.gguf"
     fi
-    for k in krafla krafla-fb; do
+    for k in krafla krafla-fb $(for a in $SHRINKS; do echo "krafla-fb$a"; done); do
       imx=$d/krafla.mli
-      if [ $k = krafla-fb ]; then
-        imx=$d/krafla-cov.mli
-        [ -f "$imx" ] || continue
-      fi
+      shrink=()
+      case $k in
+        krafla-fb?*) shrink=(--feedback-shrink "${k#krafla-fb}");;&
+        krafla-fb*) imx=$d/krafla-cov.mli; [ -f "$imx" ] || continue;;
+      esac
       if [ ! -f "$te/$k-$t.gguf" ]; then
         log "mlb-convert + mlb-export $m $k $t"
-        "$kb/mlb-convert" "$src" --wtype q8_0 --types "w2=$t,wo=$t" --gguf-types --imatrix "$imx" \
+        "$kb/mlb-convert" "$src" --wtype q8_0 --types "w2=$t,wo=$t" --gguf-types --imatrix "$imx" "${shrink[@]}" \
           --threads "$THREADS" -o "$te/$k-$t.mlb" >"$te/$k-$t.log" 2>&1
         cp "$d/bf16.mlt" "$te/$k-$t.mlt"
         "$kb/mlb-export" "$te/$k-$t.mlb" -o "$te/$k-$t.gguf" >>"$te/$k-$t.log" 2>&1
@@ -68,7 +71,7 @@ done
 
 table=$OUT/type-errors.md
 log "input covariances on the evaluation text and the errors"
-PYTHONPATH=$llama/gguf-py "$PYTHON" - "$OUT" "$REAL_DIR" "$BENCH_DIR/gguf" "$CHUNKS" "$CTX" "$THREADS" "$MODELS" "$TYPES" >"$table" <<'PY'
+PYTHONPATH=$llama/gguf-py "$PYTHON" - "$OUT" "$REAL_DIR" "$BENCH_DIR/gguf" "$CHUNKS" "$CTX" "$THREADS" "$MODELS" "$TYPES" "$SHRINKS" >"$table" <<'PY'
 import os, re, sys
 import numpy as np
 import torch
@@ -77,7 +80,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 out, real, ggufs, chunks, ctx, threads = sys.argv[1:7]
 chunks, ctx = int(chunks), int(ctx)
-models, types = sys.argv[7].split(), sys.argv[8].split()
+models, types, shrinks = sys.argv[7].split(), sys.argv[8].split(), sys.argv[9].split()
 torch.set_num_threads(int(threads))
 # GGUF tensor name ↔ the module whose input it reads (Krafla's class beside it)
 hf = {"ffn_down": ("mlp.down_proj", "w2"), "attn_output": ("self_attn.o_proj", "wo")}
@@ -127,10 +130,12 @@ for m in models:
     ref = matrices(os.path.join(ggufs, f"{m}-bf16.gguf"))
     print(f"\n### {m}\n")
     print(f"H over {ntok} tokens.\n")
-    print("| type | matrices | llama.cpp | Krafla | ratio | ≤ 0.8 | Krafla + feedback | ratio |")
-    print("|---|---|---|---|---|---|---|---|")
+    extra = "".join(f" + feedback, α = {a} | ratio |" for a in shrinks)
+    print(f"| type | matrices | llama.cpp | Krafla | ratio | ≤ 0.8 | Krafla + feedback | ratio |{extra}")
+    print("|---|---|---|---|---|---|---|---|" + "---|---|" * len(shrinks))
     for t in types:
-        files = {k: os.path.join(d, f"{k}-{t}.gguf") for k in ("llama", "krafla", "krafla-fb")}
+        kinds = ["llama", "krafla", "krafla-fb"] + [f"krafla-fb{a}" for a in shrinks]
+        files = {k: os.path.join(d, f"{k}-{t}.gguf") for k in kinds}
         got = {k: matrices(f) for k, f in files.items() if os.path.exists(f)}
         want = t.upper()
         # The matrices every file stores in the type itself (not a fallback).
@@ -149,10 +154,11 @@ for m in models:
         e = {k: err(g) for k, g in got.items()}
         cls = {mod: c for mod, c in hf.values()}
         classes = sorted({cls[mod] for _, mod in keys})
-        fb = (f"{100 * e['krafla-fb']:.3f}%", f"{e['krafla-fb'] / e['llama']:.2f}") if "krafla-fb" in e else ("", "")
+        def cells(k):
+            return f" {100 * e[k]:.3f}% | {e[k] / e['llama']:.2f} |" if k in e else "  |  |"
         q = e["krafla"] / e["llama"]
         print(f"| {want} | {len(keys)} ({', '.join(classes)}) | {100 * e['llama']:.3f}% | {100 * e['krafla']:.3f}% | "
-              f"{q:.2f} | {'yes' if q <= 0.8 else 'no'} | {fb[0]} | {fb[1]} |")
+              f"{q:.2f} | {'yes' if q <= 0.8 else 'no'} |" + "".join(cells(k) for k in kinds[2:]))
 PY
 cat "$table"
 

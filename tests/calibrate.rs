@@ -460,6 +460,14 @@ fn covariance_and_error_feedback() {
     )
     .stderr;
     assert!(e.contains("warning: a covariance of"), "{e}");
+    for (flag, v) in [("--feedback-shrink", "1.5"), ("--feedback-damp", "0")] {
+        let e = tool("mlb-convert")
+            .arg(testdata().join("default"))
+            .args(["-o", tmp.path().join("bad.mlb").to_str().unwrap()])
+            .args(a.iter().copied().chain([flag, v]))
+            .fails();
+        assert!(e.contains(flag) && e.contains(v), "{e}");
+    }
     let fed2 = with(&["--threads", "1"], "fed1");
     assert_eq!(std::fs::read(&fed).unwrap(), std::fs::read(&fed2).unwrap());
     let off = with(&["--no-error-feedback"], "off");

@@ -41,8 +41,9 @@ pub struct ConvertOptions {
     /// Error feedback where the imatrix has the input's covariance (`--no-error-feedback`
     /// turns it off).
     pub error_feedback: bool,
-    /// Error feedback's damping: `λ · mean(diag H)` is added to H's diagonal.
-    pub feedback_damp: f64,
+    /// How error feedback regularizes H: `λ · mean(diag H)` added to its diagonal
+    /// (`--feedback-damp`), its off-diagonal shrunk by `(1 − α)` (`--feedback-shrink`).
+    pub feedback: crate::quant::feedback::Prior,
     /// Rayon threads (`None`: rayon's default, one per core).
     pub threads: Option<usize>,
     /// GGUF input: the type of the matrices Krafla cannot store as they are
@@ -81,7 +82,7 @@ impl ConvertOptions {
             q4_rule: None,
             imatrix: None,
             error_feedback: true,
-            feedback_damp: crate::quant::feedback::DAMP,
+            feedback: Default::default(),
             threads: None,
             requantize: None,
             cancel: None,

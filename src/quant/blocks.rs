@@ -94,7 +94,7 @@ pub fn quantize_row(
 ) -> Result<(), (usize, f32)> {
     let (bw, bb) = (t.block_weights(), t.block_bytes());
     let mut w = Vec::with_capacity(x.len());
-    fit::row_weights(x, imp, &mut w);
+    fit::row_weights_for(t, x, imp, &mut w);
     let blocks = x.chunks_exact(bw).zip(w.chunks_exact(bw));
     for (i, ((xb, wb), ob)) in blocks.zip(out.chunks_exact_mut(bb)).enumerate() {
         quantize_block(t, xb, wb, ob).map_err(|v| (i, v))?;
@@ -150,6 +150,7 @@ pub fn dequantize_matrix(t: WType, rows: usize, cols: usize, q: &[u8]) -> Vec<f3
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::format::wtype::QK_K;
     use crate::rng::Rng;
 
     /// `testdata/gguf_blocks.bin` (made by `testdata/make_gguf_blocks.py`): random blocks
@@ -465,7 +466,7 @@ mod tests {
                 for r in 0..rows {
                     let xr = &x[r * cols..(r + 1) * cols];
                     let mut w = Vec::new();
-                    fit::row_weights(xr, imatrix, &mut w);
+                    fit::row_weights_for(t, xr, imatrix, &mut w);
                     for b in 0..cols / bw {
                         let (xb, wb) = (&xr[b * bw..(b + 1) * bw], &w[b * bw..(b + 1) * bw]);
                         let got: Vec<f64> = xq[r * cols + b * bw..][..bw]
@@ -606,6 +607,43 @@ mod tests {
                 with / without
             );
             assert!(with < 0.95 * without, "{t}: {with} vs {without}");
+        }
+    }
+
+    /// A matrix's blocks are searched with its type's weights: Q2_K's magnitude factor
+    /// is `(s² + x²)^¼`, every other type's `sqrt(s² + x²)` ([`fit::magnitude`]).
+    #[test]
+    fn blocks_take_their_types_weights() {
+        let (rows, cols) = (4, 512);
+        let (x, imp) = sample(0x5851f42d4c957f2d, rows, cols, 3);
+        for t in [WType::Q2_K, WType::Q3_K] {
+            let q = quantize_matrix(t, rows, cols, &x, Some(&imp)).unwrap();
+            let (mut fourth, mut half) = (Vec::new(), Vec::new());
+            for xr in x.chunks_exact(cols) {
+                let s2 = xr.iter().map(|v| v * v).sum::<f32>() / cols as f32;
+                for (b, xb) in xr.chunks_exact(QK_K).enumerate() {
+                    let wb = |quarter: bool| -> Vec<f32> {
+                        (0..QK_K)
+                            .map(|i| {
+                                let m = (s2 + xb[i] * xb[i]).sqrt();
+                                imp[b * QK_K + i] * if quarter { m.sqrt() } else { m }
+                            })
+                            .collect()
+                    };
+                    for (o, p) in [(&mut fourth, true), (&mut half, false)] {
+                        let mut ob = vec![0u8; t.block_bytes()];
+                        quantize_block(t, xb, &wb(p), &mut ob).unwrap();
+                        o.extend(ob);
+                    }
+                }
+            }
+            let (want, other) = if t == WType::Q2_K {
+                (fourth, half)
+            } else {
+                (half, fourth)
+            };
+            assert_eq!(q, want, "{t}");
+            assert_ne!(q, other, "{t}: the two weightings should differ here");
         }
     }
 

@@ -134,7 +134,7 @@ pub fn run(opts: &ConvertOptions, progress: &mut (dyn FnMut(Progress) + Send)) -
         imatrix(opts, &sources, &layout, q4_rule, &desc)?,
         &opts.imatrix,
     ) {
-        cov = CovFile::load(p, &mli, opts.feedback_damp)?;
+        cov = CovFile::load(p, &mli, opts.feedback)?;
         if let Some(c) = &cov {
             notes.extend(c.notes(opts.error_feedback));
         }

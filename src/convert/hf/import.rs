@@ -70,7 +70,7 @@ pub fn run(
     let q4_rule = opts.q4_rule.unwrap_or(desc.arch.default_q4_rule);
     let imatrix = imatrix(opts, &desc, &types, q4_rule)?;
     let cov = match (&imatrix, &opts.imatrix) {
-        (Some(m), Some(p)) => CovFile::load(p, m, opts.feedback_damp)?,
+        (Some(m), Some(p)) => CovFile::load(p, m, opts.feedback)?,
         _ => None,
     };
     if let Some(c) = &cov {
@@ -455,7 +455,9 @@ fn measure_mix(
                 let fb = match opts.error_feedback {
                     false => None,
                     true if w == cols => c.feedback(e),
-                    true => Feedback::new(w, &h, c.damp, crate::kernels::sub_product).map(Arc::new),
+                    true => {
+                        Feedback::new(w, &h, c.prior, crate::kernels::sub_product).map(Arc::new)
+                    }
                 };
                 let x: Vec<f32> = buf
                     .chunks_exact(cols)

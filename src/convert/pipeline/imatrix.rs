@@ -16,7 +16,7 @@ use crate::convert::error::{ConvertError, Result};
 use crate::format::mlb::Tensor;
 use crate::format::mli::cov::{self as mli_cov, CovEntry, CovSlot};
 use crate::format::mli::{self, ExpertSlot, Mli, Slot};
-use crate::quant::feedback::Feedback;
+use crate::quant::feedback::{Feedback, Prior};
 
 /// Reads and checks an MLI1 file against the model.
 pub fn load_imatrix(p: &Path, d: &ModelDesc) -> Result<Mli> {
@@ -249,8 +249,8 @@ pub fn cov_slot(t: &Tensor, tied: bool) -> Option<(Option<usize>, CovSlot)> {
 pub struct CovFile {
     map: memmap2::Mmap,
     pub cov: mli_cov::Covariance,
-    /// The damping λ of [`CovFile::feedback`].
-    pub damp: f64,
+    /// How [`CovFile::feedback`] regularizes H.
+    pub prior: Prior,
     /// The factors built last, by entry offset, newest last: at most [`RECENT`].
     recent: Mutex<Vec<(usize, Arc<Feedback>)>>,
 }
@@ -262,12 +262,19 @@ const RECENT: usize = 2;
 
 impl CovFile {
     /// The covariance section of the imatrix `p` (already read as `m`), if it has one.
-    /// `damp`: error feedback's damping λ (> 0).
-    pub fn load(p: &Path, m: &Mli, damp: f64) -> Result<Option<CovFile>> {
+    /// `prior`: error feedback's damping λ (> 0) and shrinkage α (0 to 1).
+    pub fn load(p: &Path, m: &Mli, prior: Prior) -> Result<Option<CovFile>> {
+        let Prior { damp, shrink } = prior;
         if !(damp.is_finite() && damp > 0.0) {
             return Err(ConvertError::options(
                 "--feedback-damp",
                 format!("{damp}: must be a positive number"),
+            ));
+        }
+        if !(0.0..=1.0).contains(&shrink) {
+            return Err(ConvertError::options(
+                "--feedback-shrink",
+                format!("{shrink}: must be from 0 to 1"),
             ));
         }
         let Some(cov) = m.covariance.clone() else {
@@ -276,7 +283,7 @@ impl CovFile {
         Ok(Some(CovFile {
             map: map(p)?,
             cov,
-            damp,
+            prior,
             recent: Mutex::new(Vec::new()),
         }))
     }
@@ -351,7 +358,7 @@ impl CovFile {
         }
         let values = mli_cov::values(&self.map, e);
         let product = crate::kernels::sub_product;
-        let fb = Arc::new(Feedback::from_packed(e.n, &values, self.damp, product)?);
+        let fb = Arc::new(Feedback::from_packed(e.n, &values, self.prior, product)?);
         let mut r = recent();
         r.push((e.offset, fb.clone()));
         if r.len() > RECENT {
