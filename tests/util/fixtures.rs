@@ -88,6 +88,15 @@ pub fn converted(dir: &Path, out: &Path, args: &[&str]) -> Vec<u8> {
     std::fs::read(out).unwrap()
 }
 
+/// The arguments that should give the same file from a float GGUF and from its
+/// checkpoint: `--requantize t` and `--wtype t`, each followed by `extra`.
+pub fn requantize_args<'a>(t: &'a str, extra: &[&'a str]) -> (Vec<&'a str>, Vec<&'a str>) {
+    (
+        [&["--requantize", t][..], extra].concat(),
+        [&["--wtype", t][..], extra].concat(),
+    )
+}
+
 /// `mlt-convert json -o out -q`, which must succeed.
 pub fn convert_tokenizer(json: &Path, out: &Path) {
     tool("mlt-convert")
