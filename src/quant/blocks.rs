@@ -519,19 +519,12 @@ mod tests {
         let x = matrix(&mut rng, rows, cols);
         let imp: Vec<f32> = (0..cols).map(|_| (0.001 + rng.next_f64()) as f32).collect();
         for &t in WType::BLOCKS.iter().chain(WType::CODEBOOKS) {
-            let hashes: Vec<u64> = (1..=3)
-                .map(|n| {
-                    let pool = rayon::ThreadPoolBuilder::new()
-                        .num_threads(n)
-                        .build()
-                        .unwrap();
-                    let q =
-                        pool.install(|| quantize_matrix(t, rows, cols, &x, Some(&imp)).unwrap());
-                    let mut h = std::collections::hash_map::DefaultHasher::new();
-                    q.hash(&mut h);
-                    h.finish()
-                })
-                .collect();
+            let hashes: Vec<u64> = crate::quant::threads::on_1_to_3_threads(|| {
+                let q = quantize_matrix(t, rows, cols, &x, Some(&imp)).unwrap();
+                let mut h = std::collections::hash_map::DefaultHasher::new();
+                q.hash(&mut h);
+                h.finish()
+            });
             assert!(hashes.iter().all(|&h| h == hashes[0]), "{t}: {hashes:x?}");
         }
     }

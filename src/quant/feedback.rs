@@ -1107,15 +1107,9 @@ mod tests {
         let fb = Feedback::new(n, &h, DAMP, plain_product).unwrap();
         let opts = QuantOptions::default();
         for t in [WType::Q4_0, WType::Q4_K, WType::IQ4_NL] {
-            let outs: Vec<Quantized> = (1..=3)
-                .map(|k| {
-                    let pool = rayon::ThreadPoolBuilder::new()
-                        .num_threads(k)
-                        .build()
-                        .unwrap();
-                    pool.install(|| quantize_matrix(t, rows, n, &x, &opts, &fb, FULL).unwrap())
-                })
-                .collect();
+            let outs = crate::quant::threads::on_1_to_3_threads(|| {
+                quantize_matrix(t, rows, n, &x, &opts, &fb, FULL).unwrap()
+            });
             assert!(outs.iter().all(|o| *o == outs[0]), "{t}");
             let rb = t.row_bytes(n);
             for r in [0, 63, 64, 149] {
