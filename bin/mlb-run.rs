@@ -15,8 +15,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use clap::Parser;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use krafla::cli::{count, SpecArgs};
-use krafla::kernels::HalfActs;
+use krafla::cli::{count, HalfActsArgs, SpecArgs};
 use krafla::model::forward::DEFAULT_BATCH;
 use krafla::model::KvType;
 use krafla::tools::run::chat::default_history_file;
@@ -170,12 +169,8 @@ struct Args {
     /// at load (same results; starts sooner, runs slower).
     #[arg(long)]
     no_pack: bool,
-    /// BF16 weights multiply activations rounded to BF16 (llama.cpp's arithmetic, the
-    /// `vdpbf16ps` instruction): about 1.6x the prompt speed on CPUs with AVX-512 BF16,
-    /// and slower elsewhere (the same bits, emulated with FMA). Default: f32
-    /// activations, every product exact. Other weight types are unaffected.
-    #[arg(long)]
-    bf16_activations: bool,
+    #[command(flatten)]
+    acts: HalfActsArgs,
     #[command(flatten)]
     spec: SpecArgs,
 }
@@ -237,9 +232,7 @@ impl Args {
         o.ignore_eos = self.ignore_eos;
         o.model.pack = !self.no_pack;
         o.spec = self.spec.options();
-        if self.bf16_activations {
-            o.model.half_acts = HalfActs::Bf16;
-        }
+        self.acts.apply(&mut o.model);
         o
     }
 }

@@ -11,8 +11,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use clap::Parser;
-use krafla::cli::{count, SpecArgs};
-use krafla::kernels::HalfActs;
+use krafla::cli::{count, HalfActsArgs, SpecArgs};
 use krafla::serve::{Frontend, KvType, Ready, ServeOptions};
 use krafla::session::Pooling;
 
@@ -82,12 +81,8 @@ struct Args {
     /// at load.
     #[arg(long)]
     no_pack: bool,
-    /// BF16 weights multiply activations rounded to BF16 (llama.cpp's arithmetic, the
-    /// `vdpbf16ps` instruction): about 1.6x the prompt speed on CPUs with AVX-512 BF16,
-    /// and slower elsewhere (the same bits, emulated with FMA). Default: f32
-    /// activations, every product exact. Other weight types are unaffected.
-    #[arg(long)]
-    bf16_activations: bool,
+    #[command(flatten)]
+    acts: HalfActsArgs,
     #[command(flatten)]
     spec: SpecArgs,
     /// How /v1/embeddings pools a text's final hidden states: mean (over every
@@ -124,9 +119,7 @@ impl Args {
         o.spec = self.spec.options();
         o.pooling = self.pooling;
         o.max_embed_tokens = self.max_embed_tokens;
-        if self.bf16_activations {
-            o.model.half_acts = HalfActs::Bf16;
-        }
+        self.acts.apply(&mut o.model);
         o
     }
 }

@@ -8,7 +8,8 @@
 
 use std::io::Write;
 
-use crate::session::speculative;
+use crate::kernels::HalfActs;
+use crate::session::{speculative, ModelOptions};
 
 /// Makes writing to a closed pipe end the process quietly; see [`crate::signals`].
 pub use crate::signals::default_sigpipe;
@@ -119,5 +120,25 @@ impl SpecArgs {
             ngram: self.lookup_ngram,
             p_min: self.draft_p_min,
         })
+    }
+}
+
+/// The activation flag mlb-run and mlb-serve share (`#[command(flatten)] acts: HalfActsArgs`).
+#[derive(clap::Args, Debug, Clone)]
+pub struct HalfActsArgs {
+    /// BF16 weights multiply activations rounded to BF16 (llama.cpp's arithmetic, the
+    /// `vdpbf16ps` instruction): about 1.6x the prompt speed on CPUs with AVX-512 BF16,
+    /// and slower elsewhere (the same bits, emulated with FMA). Default: f32
+    /// activations, every product exact. Other weight types are unaffected.
+    #[arg(long)]
+    pub bf16_activations: bool,
+}
+
+impl HalfActsArgs {
+    /// Sets `m.half_acts` when the flag asks for BF16 (otherwise leaves the default).
+    pub fn apply(&self, m: &mut ModelOptions) {
+        if self.bf16_activations {
+            m.half_acts = HalfActs::Bf16;
+        }
     }
 }

@@ -17,7 +17,7 @@ use krafla::synth::{synth_file, tiny_header};
 
 use crate::run::opts;
 use crate::run::reference::{mv, rms};
-use crate::util::fixtures::{convert, convert_tokenizer};
+use crate::util::fixtures::{convert, convert_tokenizer, requantize_args};
 use crate::util::testdata;
 use crate::util::tool::{tool, Tool};
 
@@ -907,30 +907,23 @@ fn gguf_requantized_with_imatrix_equals_checkpoint() {
         std::fs::read(&out).unwrap()
     };
     let q4 = ["--q4-rule", "search", "--q8", "none"];
-    let cases: [(&str, Vec<&str>, Vec<&str>); 4] = [
-        (
-            "q4_k",
-            vec!["--requantize", "q4_k"],
-            vec!["--wtype", "q4_k"],
-        ),
+    let cases = [
+        ("q4_k", requantize_args("q4_k", &[])),
         (
             "q4_k-off",
-            vec!["--requantize", "q4_k", "--no-error-feedback"],
-            vec!["--wtype", "q4_k", "--no-error-feedback"],
+            requantize_args("q4_k", &["--no-error-feedback"]),
         ),
-        (
-            "q4_0",
-            [&["--requantize", "q4_0"][..], &q4].concat(),
-            [&["--wtype", "q4_0"][..], &q4].concat(),
-        ),
+        ("q4_0", requantize_args("q4_0", &q4)),
         (
             "types",
-            vec!["--types", "w2=q5_k,wqk=q4_k"],
-            vec!["--wtype", "bf16", "--types", "w2=q5_k,wqk=q4_k"],
+            (
+                vec!["--types", "w2=q5_k,wqk=q4_k"],
+                vec!["--wtype", "bf16", "--types", "w2=q5_k,wqk=q4_k"],
+            ),
         ),
     ];
     let mut seen = Vec::new();
-    for (name, g, h) in cases {
+    for (name, (g, h)) in cases {
         let (gi, hi) = (
             [&g[..], &["--imatrix", im]].concat(),
             [&h[..], &["--imatrix", im]].concat(),

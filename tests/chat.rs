@@ -5,6 +5,7 @@
 //! templates, the conversations, and for each template and conversation the rendered
 //! text and ids of `apply_chat_template(tokenize=True)`, or the error it raised.
 
+use crate::util::fixtures::copy_files;
 use crate::util::testdata;
 use crate::util::tool::{mlb_inspect, tool, Tool};
 use chrono::NaiveDateTime;
@@ -290,9 +291,8 @@ const TINY_TEMPLATE: &str = "{% for m in messages %}<|startoftext|>{{ m.role }}\
 /// A folder with the default tokenizer.json and tokenizer_config.json.
 fn tokenizer_folder() -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
-    for f in ["tokenizer.json", "tokenizer_config.json"] {
-        std::fs::copy(testdata().join("default").join(f), dir.path().join(f)).unwrap();
-    }
+    let tokenizer = ["tokenizer.json", "tokenizer_config.json"];
+    copy_files(&testdata().join("default"), dir.path(), &tokenizer);
     dir
 }
 

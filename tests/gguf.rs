@@ -16,7 +16,7 @@ use krafla::format::gguf::{self, GgmlType, GgufWriter, MetaValue, TensorSpec};
 use krafla::format::mlb::{self, Header, HEADER_SIZE};
 
 use crate::util::fixtures::byte_mlt;
-use crate::util::fixtures::{convert, converted, f32s, read_f32, reference};
+use crate::util::fixtures::{convert, converted, f32s, read_f32, reference, requantize_args};
 use crate::util::tool::{mlb_convert, mlb_export, tool};
 use crate::util::{first_diff, testdata};
 
@@ -237,36 +237,18 @@ fn gguf_float_requantized_equals_hf_conversion() {
         } else {
             "bf16"
         };
-        for (q, gguf_args, hf_args) in [
-            (
-                "q8_0",
-                vec!["--requantize", "q8_0"],
-                vec!["--wtype", "q8_0"],
-            ),
-            (
-                "q4_0",
-                vec!["--requantize", "q4_0"],
-                vec!["--wtype", "q4_0"],
-            ),
-            (
-                "iq3_s",
-                vec!["--requantize", "iq3_s"],
-                vec!["--wtype", "iq3_s"],
-            ),
-            (
-                "q6_k",
-                vec!["--requantize", "q6_k"],
-                vec!["--wtype", "q6_k"],
-            ),
-            (
-                "q6_k-gguf",
-                vec!["--requantize", "q6_k", "--gguf-types"],
-                vec!["--wtype", "q6_k", "--gguf-types"],
-            ),
+        for (q, (gguf_args, hf_args)) in [
+            ("q8_0", requantize_args("q8_0", &[])),
+            ("q4_0", requantize_args("q4_0", &[])),
+            ("iq3_s", requantize_args("iq3_s", &[])),
+            ("q6_k", requantize_args("q6_k", &[])),
+            ("q6_k-gguf", requantize_args("q6_k", &["--gguf-types"])),
             (
                 "types",
-                vec!["--types", types],
-                vec!["--wtype", float, "--types", types],
+                (
+                    vec!["--types", types],
+                    vec!["--wtype", float, "--types", types],
+                ),
             ),
         ] {
             let a = tmp.path().join(format!("{name}.{q}.gguf.mlb"));

@@ -23,7 +23,7 @@ use krafla::format::mlt::{Attr, Kind, Mlt};
 use krafla::synth::{synth_file, tiny_header};
 use serde_json::Value;
 
-use crate::util::fixtures::convert_to;
+use crate::util::fixtures::{checkpoint, convert_to, copy_files};
 use crate::util::tool::{tool, Tool};
 use crate::util::{stderr, testdata};
 
@@ -110,17 +110,6 @@ fn mkfifo(p: &Path) {
     let c = std::ffi::CString::new(p.as_os_str().as_bytes()).unwrap();
     // SAFETY: a valid NUL-terminated path.
     assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0, "mkfifo");
-}
-
-/// A copy of a fixture checkpoint in `dir/name`.
-fn checkpoint(dir: &Path, fixture: &str, name: &str) -> PathBuf {
-    let src = testdata().join("models").join(fixture);
-    let dst = dir.join(name);
-    std::fs::create_dir_all(&dst).unwrap();
-    for f in ["config.json", "model.safetensors"] {
-        std::fs::copy(src.join(f), dst.join(f)).unwrap();
-    }
-    dst
 }
 
 /// The tensors of a safetensors file: name → (start, end) of its bytes in the file.
@@ -230,9 +219,8 @@ fn mlb_convert_refuses_an_output_that_is_one_of_its_inputs() {
 fn mlt_convert_refuses_an_output_that_is_one_of_its_inputs() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    for f in ["tokenizer.json", "tokenizer_config.json"] {
-        std::fs::copy(testdata().join("default").join(f), d.join(f)).unwrap();
-    }
+    let tokenizer = ["tokenizer.json", "tokenizer_config.json"];
+    copy_files(&testdata().join("default"), d, &tokenizer);
     std::os::unix::fs::symlink("tokenizer.json", d.join("link.mlt")).unwrap();
     for out in ["tokenizer.json", "tokenizer_config.json", "link.mlt"] {
         refused(

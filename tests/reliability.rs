@@ -16,6 +16,7 @@ use krafla::synth::{synth_file, Rng};
 use krafla::tokenizer::{from_hf, Tokenizer};
 
 use crate::run::{cases, file, opts, write_case};
+use crate::util::fixtures::checkpoint;
 use crate::util::tool::{mlb_convert, tool};
 use crate::util::{stderr, testdata};
 
@@ -636,17 +637,6 @@ fn mlb_run_model_truncated_while_running_fails_with_one_line() {
     assert!(!d.join("out.bin").exists());
 }
 
-/// A copy of the llama fixture's checkpoint in `dir/name`.
-fn llama_copy(dir: &Path, name: &str) -> std::path::PathBuf {
-    let src = testdata().join("models/llama");
-    let dst = dir.join(name);
-    std::fs::create_dir_all(&dst).unwrap();
-    for f in ["config.json", "model.safetensors"] {
-        std::fs::copy(src.join(f), dst.join(f)).unwrap();
-    }
-    dst
-}
-
 #[test]
 fn mlb_convert_bad_checkpoints_fail_with_one_line() {
     let dir = tempfile::tempdir().unwrap();
@@ -680,14 +670,14 @@ fn mlb_convert_bad_checkpoints_fail_with_one_line() {
         cases.push(("cfg_field", "config.json", c.into_bytes()));
     }
     for (i, (name, file, bytes)) in cases.iter().enumerate() {
-        let ck = llama_copy(d, &format!("{name}{i}"));
+        let ck = checkpoint(d, "llama", &format!("{name}{i}"));
         std::fs::write(ck.join(file), bytes).unwrap();
         let ck = ck.file_name().unwrap().to_str().unwrap().to_string();
         let out = format!("{ck}.mlb");
         assert_one_line_error(d, "mlb-convert", &[&ck, "-o", &out], file);
         assert!(!d.join(&out).exists(), "{ck}: output written");
     }
-    let ck = llama_copy(d, "no_weights");
+    let ck = checkpoint(d, "llama", "no_weights");
     std::fs::remove_file(ck.join("model.safetensors")).unwrap();
     assert_one_line_error(
         d,

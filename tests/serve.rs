@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use crate::util::fixtures::convert;
+use crate::util::fixtures::{convert, copy_files};
 use crate::util::tool::tool;
 use crate::util::{bin_path, testdata};
 
@@ -1490,17 +1490,17 @@ fn library_embedding(ids: &[u32], pooling: krafla::session::Pooling) -> Vec<f32>
 fn serve_pools_as_the_model_says() {
     use krafla::session::Pooling;
     let dir = files().mlb.parent().unwrap().join("pooled");
-    let hf = dir.join("hf");
+    let hf = copy_files(
+        &testdata().join("default"),
+        &dir.join("hf"),
+        &[
+            "model.safetensors",
+            "config.json",
+            "tokenizer.json",
+            "tokenizer_config.json",
+        ],
+    );
     std::fs::create_dir_all(hf.join("1_Pooling")).unwrap();
-    let src = testdata().join("default");
-    for f in [
-        "model.safetensors",
-        "config.json",
-        "tokenizer.json",
-        "tokenizer_config.json",
-    ] {
-        std::fs::copy(src.join(f), hf.join(f)).unwrap();
-    }
     std::fs::write(
         hf.join("modules.json"),
         r#"[{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},

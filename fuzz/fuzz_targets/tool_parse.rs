@@ -3,6 +3,7 @@
 //! the same events' sums as the whole: content, reasoning, and calls whose argument
 //! deltas add up to the calls' arguments.
 #![no_main]
+use krafla::chat::calls::sum_events;
 use krafla::chat::tools::{ToolEvent, ToolFormat, ToolParser};
 use libfuzzer_sys::fuzz_target;
 
@@ -19,25 +20,7 @@ fn read(format: ToolFormat, pieces: &[&str]) -> (String, String, Vec<(String, St
     let mut p = ToolParser::new(format, vec!["f".into(), "get_weather".into()], true);
     let mut evs: Vec<ToolEvent> = pieces.iter().flat_map(|t| p.push(t)).collect();
     evs.extend(p.finish());
-    let (mut content, mut reasoning, mut calls) = (String::new(), String::new(), Vec::new());
-    for e in evs {
-        match e {
-            ToolEvent::Content(t) => content.push_str(&t),
-            ToolEvent::Reasoning(t) => reasoning.push_str(&t),
-            ToolEvent::Start { index, name } => {
-                assert_eq!(index, calls.len());
-                calls.push((name, String::new()));
-            }
-            ToolEvent::Arguments { index, delta } => calls[index].1.push_str(&delta),
-        }
-    }
-    let whole: Vec<(String, String)> = p
-        .calls()
-        .iter()
-        .map(|c| (c.name.clone(), c.arguments.clone()))
-        .collect();
-    assert_eq!(calls, whole, "deltas add up to the calls");
-    (content, reasoning, whole)
+    sum_events(evs, p.calls())
 }
 
 fuzz_target!(|data: &[u8]| {

@@ -21,6 +21,33 @@ pub enum ToolEvent {
     Arguments { index: usize, delta: String },
 }
 
+/// A reply's events added up as a stream's client adds them: content, reasoning and each
+/// call's (name, arguments). Panics unless the calls start in order and their argument
+/// deltas add up to `calls`, the reader's own (the readers' tests and the fuzz target
+/// hold every split of a text to this).
+pub fn sum_events(
+    evs: Vec<ToolEvent>,
+    calls: &[ToolCall],
+) -> (String, String, Vec<(String, String)>) {
+    let (mut content, mut reasoning) = (String::new(), String::new());
+    let mut streamed: Vec<ToolCall> = Vec::new();
+    for ev in evs {
+        match ev {
+            ToolEvent::Content(t) => content.push_str(&t),
+            ToolEvent::Reasoning(t) => reasoning.push_str(&t),
+            ToolEvent::Start { index, name } => {
+                assert_eq!(index, streamed.len(), "calls start in order");
+                let arguments = String::new();
+                streamed.push(ToolCall { name, arguments });
+            }
+            ToolEvent::Arguments { index, delta } => streamed[index].arguments.push_str(&delta),
+        }
+    }
+    assert_eq!(streamed, calls, "the deltas add up to the calls");
+    let calls = streamed.into_iter().map(|c| (c.name, c.arguments));
+    (content, reasoning, calls.collect())
+}
+
 /// Where the longest suffix of `text` that begins `tag` starts (`text.len()` if none).
 pub(crate) fn partial_suffix(text: &str, tag: &str) -> usize {
     text.char_indices()

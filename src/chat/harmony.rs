@@ -430,7 +430,7 @@ pub fn adjust_message(m: &mut Message) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::chat::calls::same_at_every_split;
+    use crate::chat::calls::{same_at_every_split, sum_events};
 
     /// Content, reasoning and calls read from `chunks`, checking that the deltas add up
     /// to the calls.
@@ -442,25 +442,7 @@ mod tests {
             r.push(c, &mut calls, &mut evs);
         }
         r.finish(&mut calls, &mut evs);
-        let (mut content, mut reasoning) = (String::new(), String::new());
-        let mut streamed: Vec<(String, String)> = Vec::new();
-        for ev in evs {
-            match ev {
-                ToolEvent::Content(t) => content.push_str(&t),
-                ToolEvent::Reasoning(t) => reasoning.push_str(&t),
-                ToolEvent::Start { index, name } => {
-                    assert_eq!(index, streamed.len());
-                    streamed.push((name, String::new()));
-                }
-                ToolEvent::Arguments { index, delta } => streamed[index].1.push_str(&delta),
-            }
-        }
-        let whole: Vec<(String, String)> = calls
-            .iter()
-            .map(|c| (c.name.clone(), c.arguments.clone()))
-            .collect();
-        assert_eq!(streamed, whole, "the deltas add up to the calls");
-        (content, reasoning, whole)
+        sum_events(evs, &calls)
     }
 
     /// Every split of `text` at each byte (char boundary) into two pieces, one at a time,

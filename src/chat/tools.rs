@@ -1004,34 +1004,17 @@ fn replace_key(map: &Value, key: &str, v: Value) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::chat::calls::same_at_every_split;
+    use crate::chat::calls::{same_at_every_split, sum_events};
 
     /// Everything the parser gives out for `chunks`, and the calls.
     fn run(format: ToolFormat, chunks: &[&str]) -> (String, Vec<(usize, String, String)>) {
         let mut p = ToolParser::new(format, vec!["get_weather".into(), "f".into()], true);
-        let mut content = String::new();
-        let mut calls: Vec<(usize, String, String)> = Vec::new();
         let mut evs: Vec<ToolEvent> = chunks.iter().flat_map(|c| p.push(c)).collect();
         evs.extend(p.finish());
-        for ev in evs {
-            match ev {
-                ToolEvent::Content(t) => content.push_str(&t),
-                ToolEvent::Reasoning(t) => panic!("reasoning {t:?}"),
-                ToolEvent::Start { index, name } => {
-                    assert_eq!(index, calls.len(), "starts in order");
-                    calls.push((index, name, String::new()));
-                }
-                ToolEvent::Arguments { index, delta } => calls[index].2.push_str(&delta),
-            }
-        }
-        let whole: Vec<(usize, String, String)> = p
-            .calls()
-            .iter()
-            .enumerate()
-            .map(|(i, c)| (i, c.name.clone(), c.arguments.clone()))
-            .collect();
-        assert_eq!(calls, whole, "the deltas add up to the calls");
-        (content, calls)
+        let (content, reasoning, calls) = sum_events(evs, p.calls());
+        assert!(reasoning.is_empty(), "reasoning {reasoning:?}");
+        let calls = calls.into_iter().enumerate();
+        (content, calls.map(|(i, (n, a))| (i, n, a)).collect())
     }
 
     /// Every split of `text` into two or three pieces (at char boundaries) parses as

@@ -75,6 +75,24 @@ pub struct Moe {
     pub swiglu: Option<(f32, f32)>,
 }
 
+impl Moe {
+    /// Routed experts alone: no shared expert, no biases, the model's `act` (the routing
+    /// tests' shape).
+    pub fn routed(n_experts: usize, k: usize, expert_hidden: usize, gating: Gating) -> Moe {
+        Moe {
+            n_experts,
+            k,
+            expert_hidden,
+            gating,
+            shared_hidden: 0,
+            router_bias: false,
+            expert_bias: false,
+            shared_gate: false,
+            swiglu: None,
+        }
+    }
+}
+
 /// RoPE scaling parameters as stored.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct RopeParams {

@@ -106,20 +106,6 @@ mod tests {
     use super::*;
     use crate::kernels::{Kernels, Tier};
 
-    fn moe(gating: Gating, k: usize) -> Moe {
-        Moe {
-            n_experts: 6,
-            k,
-            expert_hidden: 32,
-            gating,
-            shared_hidden: 0,
-            router_bias: false,
-            expert_bias: false,
-            shared_gate: false,
-            swiglu: None,
-        }
-    }
-
     #[test]
     fn top_k_takes_the_lower_index_of_a_tie_and_never_a_nan() {
         let v = [1.0, 3.0, f32::NAN, 3.0, -1.0, 2.0];
@@ -147,7 +133,7 @@ mod tests {
             Gating::TopKSoftmax,
         ] {
             let mut l = l0;
-            route(&k, &moe(g, 3), &mut l, &mut ids, &mut w);
+            route(&k, &Moe::routed(6, 3, 32, g), &mut l, &mut ids, &mut w);
             assert_eq!(ids, [1, 3, 4], "{g:?}");
             let want: Vec<f64> = match g {
                 Gating::SoftmaxTopK => vec![p[1], p[3], p[4]],

@@ -268,9 +268,9 @@ mod tests {
             x.iter()
                 .fold(0.0f64, |m, &v| if v.abs() > m.abs() { v } else { m })
         };
-        let sym = |x: &[f64], vals: &[f64]| -> Vec<f64> {
-            // d maps the largest-magnitude element to the lowest level.
-            let d = f16r(signed_max(x) / vals[0]);
+        // Each element to the nearest of the levels `d · vals` (the first on a tie; 0
+        // where none is nearer than infinity).
+        let nearest = |x: &[f64], d: f64, vals: &[f64]| -> Vec<f64> {
             x.iter()
                 .map(|&v| {
                     let best = vals.iter().fold(f64::INFINITY, |b, &l| {
@@ -280,10 +280,24 @@ mod tests {
                             b
                         }
                     });
-                    d * best
+                    if best.is_finite() {
+                        d * best
+                    } else {
+                        0.0
+                    }
                 })
                 .collect()
         };
+        // A signed code of `v` under scale `d` in -m..m (0 when `d` is 0).
+        let code = |v: f64, d: f64, m: f64| {
+            if d == 0.0 {
+                0.0
+            } else {
+                (v / d).round().clamp(-m, m - 1.0)
+            }
+        };
+        // d maps the largest-magnitude element to the lowest level.
+        let sym = |x: &[f64], vals: &[f64]| nearest(x, f16r(signed_max(x) / vals[0]), vals);
         let affine = |x: &[f64], nmax: f64, d: f64, mn: f64| -> Vec<f64> {
             x.iter()
                 .map(|&v| {
@@ -297,6 +311,33 @@ mod tests {
                 .collect()
         };
         let uniform = |lo: i32, hi: i32| -> Vec<f64> { (lo..=hi).map(|v| v as f64).collect() };
+        // K-quant affine blocks: sub-blocks of `sub` with `nmax` levels each, their scales
+        // and negated minima as codes 0..=cmax under two f16 super-scales.
+        let sub_affine = |sub: usize, nmax: f64, cmax: f64| -> Vec<f64> {
+            let n = x.len() / sub;
+            let (mut s, mut mu) = (vec![0f64; n], vec![0f64; n]);
+            for j in 0..n {
+                let xj = &x[sub * j..sub * (j + 1)];
+                let mn = xj.iter().cloned().fold(0.0, f64::min);
+                let mx = xj.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                (s[j], mu[j]) = ((mx - mn) / nmax, -mn);
+            }
+            let d = f16r(s.iter().cloned().fold(0.0, f64::max) / cmax);
+            let dm = f16r(mu.iter().cloned().fold(0.0, f64::max) / cmax);
+            let code = |v: f64, d: f64| {
+                if d == 0.0 {
+                    0.0
+                } else {
+                    (v / d).round().min(cmax)
+                }
+            };
+            (0..n)
+                .flat_map(|j| {
+                    let xj = &x[sub * j..sub * (j + 1)];
+                    affine(xj, nmax, d * code(s[j], d), -(dm * code(mu[j], dm)))
+                })
+                .collect()
+        };
         match t {
             WType::Q5_0 => sym(&x, &uniform(-16, 15)),
             WType::Q6_0 => sym(&x, &uniform(-32, 31)),
@@ -312,28 +353,7 @@ mod tests {
             }
             WType::Q4_K | WType::Q5_K => {
                 let nmax = if t == WType::Q4_K { 15.0 } else { 31.0 };
-                let (mut s, mut mu) = ([0f64; 8], [0f64; 8]);
-                for j in 0..8 {
-                    let xj = &x[32 * j..32 * (j + 1)];
-                    let mn = xj.iter().cloned().fold(0.0, f64::min);
-                    let mx = xj.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-                    (s[j], mu[j]) = ((mx - mn) / nmax, -mn);
-                }
-                let d = f16r(s.iter().cloned().fold(0.0, f64::max) / 63.0);
-                let dm = f16r(mu.iter().cloned().fold(0.0, f64::max) / 63.0);
-                let code = |v: f64, d: f64| {
-                    if d == 0.0 {
-                        0.0
-                    } else {
-                        (v / d).round().min(63.0)
-                    }
-                };
-                (0..8)
-                    .flat_map(|j| {
-                        let xj = &x[32 * j..32 * (j + 1)];
-                        affine(xj, nmax, d * code(s[j], d), -(dm * code(mu[j], dm)))
-                    })
-                    .collect()
+                sub_affine(32, nmax, 63.0)
             }
             WType::MXFP4 => {
                 // gguf-py's quantizer: e = floor(log2(max |x|)) − 2 + 127, nearest level.
@@ -345,43 +365,9 @@ mod tests {
                 };
                 let d = 2f64.powf(e - 128.0);
                 let vals: Vec<f64> = mxfp4::KVALUES.iter().map(|&v| v as f64).collect();
-                x.iter()
-                    .map(|&v| {
-                        let l = vals.iter().fold(f64::INFINITY, |b, &l| {
-                            if (v - d * l).abs() < (v - d * b).abs() {
-                                l
-                            } else {
-                                b
-                            }
-                        });
-                        d * l
-                    })
-                    .collect()
+                nearest(&x, d, &vals)
             }
-            WType::Q2_K => {
-                let (mut s, mut mu) = ([0f64; 16], [0f64; 16]);
-                for j in 0..16 {
-                    let xj = &x[16 * j..16 * (j + 1)];
-                    let mn = xj.iter().cloned().fold(0.0, f64::min);
-                    let mx = xj.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-                    (s[j], mu[j]) = ((mx - mn) / 3.0, -mn);
-                }
-                let d = f16r(s.iter().cloned().fold(0.0, f64::max) / 15.0);
-                let dm = f16r(mu.iter().cloned().fold(0.0, f64::max) / 15.0);
-                let code = |v: f64, d: f64| {
-                    if d == 0.0 {
-                        0.0
-                    } else {
-                        (v / d).round().min(15.0)
-                    }
-                };
-                (0..16)
-                    .flat_map(|j| {
-                        let xj = &x[16 * j..16 * (j + 1)];
-                        affine(xj, 3.0, d * code(s[j], d), -(dm * code(mu[j], dm)))
-                    })
-                    .collect()
-            }
+            WType::Q2_K => sub_affine(16, 3.0, 15.0),
             WType::Q3_K | WType::IQ4_XS => {
                 // Sub-block scales mapping the largest element to the lowest level, then
                 // signed 6-bit codes under d = (largest scale) / −32, nearest levels.
@@ -395,56 +381,19 @@ mod tests {
                 let d = f16r(signed_max(&s) / -32.0);
                 (0..256 / sub)
                     .flat_map(|j| {
-                        let c = if d == 0.0 {
-                            0.0
-                        } else {
-                            (s[j] / d).round().clamp(-32.0, 31.0)
-                        };
-                        let dj = d * c;
-                        let vals = &vals;
-                        x[sub * j..sub * (j + 1)]
-                            .iter()
-                            .map(move |&v| {
-                                let l = vals.iter().fold(f64::INFINITY, |b, &l| {
-                                    if (v - dj * l).abs() < (v - dj * b).abs() {
-                                        l
-                                    } else {
-                                        b
-                                    }
-                                });
-                                if l.is_finite() {
-                                    dj * l
-                                } else {
-                                    0.0
-                                }
-                            })
-                            .collect::<Vec<_>>()
+                        nearest(&x[sub * j..sub * (j + 1)], d * code(s[j], d, 32.0), &vals)
                     })
                     .collect()
             }
             WType::Q6_K => {
                 let s: Vec<f64> = x.chunks(16).map(|xj| signed_max(xj) / -32.0).collect();
-                let ms = signed_max(&s);
-                let d = f16r(ms / -128.0);
+                let d = f16r(signed_max(&s) / -128.0);
                 (0..16)
                     .flat_map(|j| {
-                        let c = if d == 0.0 {
-                            0.0
-                        } else {
-                            (s[j] / d).round().clamp(-128.0, 127.0)
-                        };
-                        let dj = d * c;
+                        let dj = d * code(s[j], d, 128.0);
                         x[16 * j..16 * (j + 1)]
                             .iter()
-                            .map(move |&v| {
-                                let l = if dj == 0.0 {
-                                    0.0
-                                } else {
-                                    (v / dj).round().clamp(-32.0, 31.0)
-                                };
-                                dj * l
-                            })
-                            .collect::<Vec<_>>()
+                            .map(move |&v| dj * code(v, dj, 32.0))
                     })
                     .collect()
             }
@@ -571,19 +520,12 @@ mod tests {
         let x = matrix(&mut rng, rows, cols);
         let imp: Vec<f32> = (0..cols).map(|_| (0.001 + rng.next_f64()) as f32).collect();
         for &t in WType::BLOCKS.iter().chain(WType::CODEBOOKS) {
-            let hashes: Vec<u64> = (1..=3)
-                .map(|n| {
-                    let pool = rayon::ThreadPoolBuilder::new()
-                        .num_threads(n)
-                        .build()
-                        .unwrap();
-                    let q =
-                        pool.install(|| quantize_matrix(t, rows, cols, &x, Some(&imp)).unwrap());
-                    let mut h = std::collections::hash_map::DefaultHasher::new();
-                    q.hash(&mut h);
-                    h.finish()
-                })
-                .collect();
+            let hashes: Vec<u64> = crate::quant::threads::on_1_to_3_threads(|| {
+                let q = quantize_matrix(t, rows, cols, &x, Some(&imp)).unwrap();
+                let mut h = std::collections::hash_map::DefaultHasher::new();
+                q.hash(&mut h);
+                h.finish()
+            });
             assert!(hashes.iter().all(|&h| h == hashes[0]), "{t}: {hashes:x?}");
         }
     }

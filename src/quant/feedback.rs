@@ -703,25 +703,15 @@ pub fn quantize(
     fb: Option<&Feedback>,
 ) -> Result<Quantized, QuantError> {
     match fb.filter(|_| !wtype.is_half()) {
-        Some(fb) => quantize_matrix(wtype, rows, cols, x, opts, fb),
+        Some(fb) => quantize_matrix(wtype, rows, cols, x, opts, fb, FULL),
         None => super::quantize(wtype, rows, cols, x, opts),
     }
 }
 
 /// Quantizes a rows × cols matrix (row-major f32) to `t` with error feedback through
-/// `fb` (cols columns): the same output layout as [`super::quantize`].
-pub fn quantize_matrix(
-    t: WType,
-    rows: usize,
-    cols: usize,
-    x: &[f32],
-    opts: &QuantOptions,
-    fb: &Feedback,
-) -> Result<Quantized, QuantError> {
-    quantize_matrix_passes(t, rows, cols, x, opts, fb, FULL)
-}
-
-fn quantize_matrix_passes(
+/// `fb` (cols columns), each block trying `passes` ([`FULL`] in the files): the same
+/// output layout as [`super::quantize`].
+fn quantize_matrix(
     t: WType,
     rows: usize,
     cols: usize,
@@ -992,8 +982,7 @@ mod tests {
                 refine: 0,
                 in_block: false,
             };
-            let got =
-                dequant(&quantize_matrix_passes(t, rows, n, &x, &opts, &fb, search_only).unwrap());
+            let got = dequant(&quantize_matrix(t, rows, n, &x, &opts, &fb, search_only).unwrap());
             let want = plain_obs(t, rows, n, &x, &h, &fb);
             let same = got.iter().zip(&want).filter(|(a, b)| a == b).count();
             // f64 rounding may move a value across a rounding boundary once in a while.
@@ -1106,12 +1095,12 @@ mod tests {
             };
             let plain = dequant(&quantize(t, rows, n, &x, &opts).unwrap());
             let fb = Feedback::new(n, &h, Prior::damped(DAMP), plain_product).unwrap();
-            let fed = dequant(&quantize_matrix(t, rows, n, &x, &opts, &fb).unwrap());
+            let fed = dequant(&quantize_matrix(t, rows, n, &x, &opts, &fb, FULL).unwrap());
             let one = Passes {
                 refine: 0,
                 in_block: true,
             };
-            let once = dequant(&quantize_matrix_passes(t, rows, n, &x, &opts, &fb, one).unwrap());
+            let once = dequant(&quantize_matrix(t, rows, n, &x, &opts, &fb, one).unwrap());
             let (ep, ef, e1) = (
                 output_error(rows, n, &x, &plain, &h, plain_product),
                 output_error(rows, n, &x, &fed, &h, plain_product),
@@ -1156,7 +1145,7 @@ mod tests {
             let e = |shrink: f64| {
                 let prior = Prior { damp: DAMP, shrink };
                 let fb = Feedback::new(n, &calib, prior, plain_product).unwrap();
-                let q = dequant(&quantize_matrix(t, rows, n, &x, &opts, &fb).unwrap());
+                let q = dequant(&quantize_matrix(t, rows, n, &x, &opts, &fb, FULL).unwrap());
                 output_error(rows, n, &x, &q, &held, plain_product)
             };
             let (e0, es) = (e(0.0), e(SHRINK));
@@ -1202,19 +1191,14 @@ mod tests {
         let fb = Feedback::new(n, &h, Prior::damped(DAMP), plain_product).unwrap();
         let opts = QuantOptions::default();
         for t in [WType::Q4_0, WType::Q4_K, WType::IQ4_NL] {
-            let outs: Vec<Quantized> = (1..=3)
-                .map(|k| {
-                    let pool = rayon::ThreadPoolBuilder::new()
-                        .num_threads(k)
-                        .build()
-                        .unwrap();
-                    pool.install(|| quantize_matrix(t, rows, n, &x, &opts, &fb).unwrap())
-                })
-                .collect();
+            let outs = crate::quant::threads::on_1_to_3_threads(|| {
+                quantize_matrix(t, rows, n, &x, &opts, &fb, FULL).unwrap()
+            });
             assert!(outs.iter().all(|o| *o == outs[0]), "{t}");
             let rb = t.row_bytes(n);
             for r in [0, 63, 64, 149] {
-                let one = quantize_matrix(t, 1, n, &x[r * n..(r + 1) * n], &opts, &fb).unwrap();
+                let one =
+                    quantize_matrix(t, 1, n, &x[r * n..(r + 1) * n], &opts, &fb, FULL).unwrap();
                 assert_eq!(one.q, outs[0].q[r * rb..(r + 1) * rb], "{t}: row {r}");
             }
         }

@@ -19,6 +19,8 @@ pub mod lowbit;
 pub mod mxfp4;
 pub mod q4_0;
 pub mod q8_0;
+#[cfg(test)]
+pub(crate) mod threads;
 
 use rayon::prelude::*;
 

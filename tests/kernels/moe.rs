@@ -10,20 +10,6 @@ use krafla::model::{Gating, Moe};
 use super::{bits, Rng};
 use crate::util::tiers::all_kernels;
 
-fn moe(n_experts: usize, k: usize, gating: Gating) -> Moe {
-    Moe {
-        n_experts,
-        k,
-        expert_hidden: 32,
-        gating,
-        shared_hidden: 0,
-        router_bias: false,
-        expert_bias: false,
-        shared_gate: false,
-        swiglu: None,
-    }
-}
-
 /// The contract's top k of `v`: largest first, the lower index on a tie, a NaN last.
 fn top_k(v: &[f32], k: usize) -> Vec<u32> {
     let mut idx: Vec<u32> = (0..v.len() as u32).collect();
@@ -123,7 +109,7 @@ fn routing_gives_the_contract_bits_on_every_tier() {
             ] {
                 let mut lg = l.clone();
                 let (mut ids, mut w) = (vec![0u32; *kk], vec![0f32; *kk]);
-                routing::route(&k, &moe(*ne, *kk, g), &mut lg, &mut ids, &mut w);
+                routing::route(&k, &Moe::routed(*ne, *kk, 32, g), &mut lg, &mut ids, &mut w);
                 let (want_ids, want_w) = route_ref(g, *kk, l);
                 let what = format!(
                     "tier {}, {g:?}, {ne} experts, k {kk}, logits {l:?}",
@@ -145,7 +131,13 @@ fn routing_takes_the_lower_index_on_a_tie() {
     let k = &all_kernels()[0];
     let (mut ids, mut w) = ([0u32; 2], [0f32; 2]);
     let mut l = [1.0, 3.0, 0.0, 3.0];
-    routing::route(k, &moe(4, 2, Gating::TopKSoftmax), &mut l, &mut ids, &mut w);
+    routing::route(
+        k,
+        &Moe::routed(4, 2, 32, Gating::TopKSoftmax),
+        &mut l,
+        &mut ids,
+        &mut w,
+    );
     assert_eq!(ids, [1, 3]);
     assert_eq!(w, [0.5, 0.5]);
 }

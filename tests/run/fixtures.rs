@@ -132,9 +132,6 @@ fn fixtures_match_transformers() {
 /// BF16, F16 and a mixed file of BF16, F16, Q8_0 and Q4_0 matrices.
 #[test]
 fn fixture_tiers_give_the_same_bits() {
-    let root = testdata().join("models");
-    let tmp = tempfile::tempdir().unwrap();
-    let pools = tiers::pools();
     let names = [
         "gemma2",
         "gemma3_text",
@@ -142,12 +139,13 @@ fn fixture_tiers_give_the_same_bits() {
         "qwen3_5_text",
         "smollm3",
     ];
-    for (name, dir, toks) in with_reference(&root, &names) {
-        for (quant, args) in [
-            ("q8_0", &["--wtype", "q8_0"][..]),
-            ("q4_0", &["--wtype", "q4_0", "--f16-scales"][..]),
-            ("bf16", &["--wtype", "bf16"][..]),
-            ("f16", &["--wtype", "f16"][..]),
+    fixture_tiers_agree(
+        &names,
+        &[
+            ("q8_0", &["--wtype", "q8_0"]),
+            ("q4_0", &["--wtype", "q4_0", "--f16-scales"]),
+            ("bf16", &["--wtype", "bf16"]),
+            ("f16", &["--wtype", "f16"]),
             // A mixed file: 2-byte floats and quantized matrices sharing inputs.
             (
                 "mixed",
@@ -156,16 +154,30 @@ fn fixture_tiers_give_the_same_bits() {
                     "bf16",
                     "--types",
                     "wv=q8_0,w13=f16,w2=q4_0,wcls=q8_0",
-                ][..],
+                ],
             ),
-        ] {
+        ],
+        usize::MAX,
+    );
+}
+
+/// Each fixture of `names` converted each way of `quants` (a name, mlb-convert's
+/// arguments): scalar == every tier ([`same_bits_on_every_tier`]) on its first
+/// `max_toks` reference tokens.
+pub fn fixture_tiers_agree(names: &[&'static str], quants: &[(&str, &[&str])], max_toks: usize) {
+    let root = testdata().join("models");
+    let tmp = tempfile::tempdir().unwrap();
+    let pools = tiers::pools();
+    for (name, dir, toks) in with_reference(&root, names) {
+        let toks = &toks[..toks.len().min(max_toks)];
+        for (quant, args) in quants {
             let out = tmp.path().join(format!("{name}.{quant}.mlb"));
             convert(&dir, &out, args);
             let m = Mlb::open(&out).unwrap();
             let model = Model::new(&m).unwrap();
             let what = format!("{name} {quant}");
-            let base = scalar_bits(pools[0], &model, &toks, &what);
-            same_bits_on_every_tier(&pools, &m, &model, &toks, &base, &what);
+            let base = scalar_bits(pools[0], &model, toks, &what);
+            same_bits_on_every_tier(&pools, &m, &model, toks, &base, &what);
         }
     }
 }

@@ -10,10 +10,9 @@ use std::path::Path;
 use krafla::format::mlb::Mlb;
 use krafla::model::{Model, StateOptions};
 
-use super::fixtures::testdata;
-use super::{all_logits, nrmse, routes, same_bits_on_every_tier, scalar_bits};
+use super::fixtures::{fixture_tiers_agree, testdata};
+use super::{all_logits, nrmse, routes};
 use crate::util::fixtures::{convert, ids, read_f32, with_reference};
-use crate::util::tiers;
 
 /// The MoE fixtures (those present in testdata/models run).
 const NAMES: [&str; 6] = [
@@ -155,21 +154,14 @@ fn moe_fixtures_match_transformers() {
 /// fixture at Q4_0 (the packed kernels' expert row ranges) and BF16.
 #[test]
 fn moe_fixture_tiers_give_the_same_bits() {
-    let root = testdata().join("models");
-    let tmp = tempfile::tempdir().unwrap();
-    let pools = tiers::pools();
-    for (name, dir, toks) in with_reference(&root, &NAMES) {
-        for quant in ["q4_0", "bf16"] {
-            let out = tmp.path().join(format!("{name}.{quant}.mlb"));
-            convert(&dir, &out, &["--wtype", quant]);
-            let m = Mlb::open(&out).unwrap();
-            let model = Model::new(&m).unwrap();
-            let what = format!("{name} {quant}");
-            let toks = &toks[..12];
-            let base = scalar_bits(pools[0], &model, toks, &what);
-            same_bits_on_every_tier(&pools, &m, &model, toks, &base, &what);
-        }
-    }
+    fixture_tiers_agree(
+        &NAMES,
+        &[
+            ("q4_0", &["--wtype", "q4_0"]),
+            ("bf16", &["--wtype", "bf16"]),
+        ],
+        12,
+    );
 }
 
 /// gpt-oss's MXFP4 experts asked for as MXFP4 (`--types experts=mxfp4`) are the

@@ -302,16 +302,16 @@ fn start_family(template: &str) -> Server {
     let src = crate::util::testdata().join("default");
     let mut done = DONE.lock().unwrap();
     if done.is_empty() {
-        let hf = dir.join("long-hf");
-        std::fs::create_dir_all(&hf).unwrap();
-        for f in [
-            "model.safetensors",
-            "generation_config.json",
-            "tokenizer.json",
-            "tokenizer_config.json",
-        ] {
-            std::fs::copy(src.join(f), hf.join(f)).unwrap();
-        }
+        let hf = crate::util::fixtures::copy_files(
+            &src,
+            &dir.join("long-hf"),
+            &[
+                "model.safetensors",
+                "generation_config.json",
+                "tokenizer.json",
+                "tokenizer_config.json",
+            ],
+        );
         let mut cfg: Value =
             serde_json::from_str(&std::fs::read_to_string(src.join("config.json")).unwrap())
                 .unwrap();

@@ -88,6 +88,31 @@ pub fn converted(dir: &Path, out: &Path, args: &[&str]) -> Vec<u8> {
     std::fs::read(out).unwrap()
 }
 
+/// Copies `files` of the folder `src` into `dst` (made if missing); returns `dst`.
+pub fn copy_files(src: &Path, dst: &Path, files: &[&str]) -> PathBuf {
+    std::fs::create_dir_all(dst).unwrap();
+    for f in files {
+        std::fs::copy(src.join(f), dst.join(f)).unwrap();
+    }
+    dst.to_path_buf()
+}
+
+/// A copy of the fixture checkpoint `testdata/models/<fixture>` (its config and
+/// weights) in `dir/name`.
+pub fn checkpoint(dir: &Path, fixture: &str, name: &str) -> PathBuf {
+    let src = super::testdata().join("models").join(fixture);
+    copy_files(&src, &dir.join(name), &["config.json", "model.safetensors"])
+}
+
+/// The arguments that should give the same file from a float GGUF and from its
+/// checkpoint: `--requantize t` and `--wtype t`, each followed by `extra`.
+pub fn requantize_args<'a>(t: &'a str, extra: &[&'a str]) -> (Vec<&'a str>, Vec<&'a str>) {
+    (
+        [&["--requantize", t][..], extra].concat(),
+        [&["--wtype", t][..], extra].concat(),
+    )
+}
+
 /// `mlt-convert json -o out -q`, which must succeed.
 pub fn convert_tokenizer(json: &Path, out: &Path) {
     tool("mlt-convert")

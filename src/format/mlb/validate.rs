@@ -527,48 +527,48 @@ fn validate_linear(h: &Header, _dim: usize) -> Result<(usize, usize)> {
 
 /// Checks the per-layer flag bytes against the header.
 pub fn validate_layer_flags(h: &Header, flags: &[u8]) -> Result<()> {
+    use crate::format::error::Status::{Format, Shape};
+    let has = |f: u8, bit: u8| f & bit != 0;
     for (i, &f) in flags.iter().enumerate() {
-        let field = format!("layer_flags[{i}]");
-        if f & !layer_flag::ALL != 0 {
-            return Err(FormatError::format(
-                field,
-                f,
+        // The byte's rules in order: the first one broken is the error.
+        let rules = [
+            (
+                f & !layer_flag::ALL != 0,
+                Format,
                 "unknown layer flag bits (only 1, 2, 4, 8, 16)",
-            ));
-        }
-        if f & layer_flag::MOE != 0 && h.n_experts == 0 {
-            return Err(FormatError::format(
-                field,
-                f,
+            ),
+            (
+                has(f, layer_flag::MOE) && h.n_experts == 0,
+                Format,
                 "mixture-of-experts layer (16) but n_experts is 0",
-            ));
-        }
-        if f & layer_flag::LOCAL_ROPE != 0 && f & layer_flag::NO_ROPE != 0 {
-            return Err(FormatError::format(
-                field,
-                f,
+            ),
+            (
+                has(f, layer_flag::LOCAL_ROPE) && has(f, layer_flag::NO_ROPE),
+                Format,
                 "local RoPE base (2) and no RoPE (4) together",
-            ));
-        }
-        if f & layer_flag::LINEAR != 0 && f & !layer_flag::MOE != layer_flag::LINEAR {
-            return Err(FormatError::format(
-                field,
-                f,
+            ),
+            (
+                has(f, layer_flag::LINEAR) && f & !layer_flag::MOE != layer_flag::LINEAR,
+                Format,
                 "linear attention (8) goes with no flag but MoE (16)",
-            ));
-        }
-        if f & layer_flag::LOCAL_ROPE != 0 && h.rope_local_theta <= 0.0 {
-            return Err(FormatError::format(
-                field,
-                f,
+            ),
+            (
+                has(f, layer_flag::LOCAL_ROPE) && h.rope_local_theta <= 0.0,
+                Format,
                 "local-RoPE layer but rope_local_theta is 0",
-            ));
-        }
-        if f & layer_flag::LINEAR != 0 && h.lin_k_heads == 0 {
-            return Err(FormatError::shape(
-                field,
-                f,
+            ),
+            (
+                has(f, layer_flag::LINEAR) && h.lin_k_heads == 0,
+                Shape,
                 "linear-attention layer but lin_k_heads is 0",
+            ),
+        ];
+        if let Some((_, status, rule)) = rules.into_iter().find(|r| r.0) {
+            return Err(FormatError::new(
+                status,
+                format!("layer_flags[{i}]"),
+                f,
+                rule,
             ));
         }
     }
