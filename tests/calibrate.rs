@@ -885,6 +885,161 @@ fn imatrix_weighs_each_expert_by_its_own_inputs() {
     assert!(!out.exists());
 }
 
+/// Error feedback on mixture-of-experts layers, from `mlb-run --imatrix --covariance`
+/// on the qwen3_5_moe_text fixture (routed experts and a shared expert): each routed
+/// expert's ew2 rows take its own input's covariance (none if no token reached it), its
+/// ew1/ew3 rows the layer's FFN input at its own channel scales, sw1/sw3 the FFN input
+/// and sw2 the shared expert's input. Checked against `feedback::quantize` on the
+/// checkpoint's values (the BF16 conversion's, exact) with factors built here (the
+/// scales written out, the plain product); the bytes do not depend on the thread count.
+#[test]
+fn error_feedback_per_expert() {
+    use krafla::format::mlb::Kind;
+    use krafla::format::mli::cov::{self as mli_cov, CovSlot};
+    use krafla::format::mli::ExpertSlot;
+    use krafla::quant::feedback::{self, plain_product, Feedback, Prior};
+    use krafla::quant::{dequant_mat_row, Q4Rule, QuantOptions, Scales};
+    let dir = testdata().join("models/qwen3_5_moe_text");
+    let tmp = tempfile::tempdir().unwrap();
+    let exact = tmp.path().join("bf16.mlb");
+    convert(&dir, &exact, &["--wtype", "bf16"]);
+    let cov_path = tmp.path().join("cov.mli");
+    let toks: Vec<String> = (0..60).map(|i| ((i * 37 + 5) % 256).to_string()).collect();
+    let p = cov_path.to_str().unwrap();
+    run(
+        &exact,
+        &["--tokens", &toks.join(" "), "--imatrix", p, "--covariance"],
+    )
+    .ok();
+    let bytes = std::fs::read(&cov_path).unwrap();
+    let m = mli::parse(&bytes).unwrap();
+    let (x, cov) = (m.moe.as_ref().unwrap(), m.covariance.as_ref().unwrap());
+    let fb_of = |e: &mli_cov::CovEntry| {
+        let v = mli_cov::values(&bytes, e);
+        Feedback::from_packed(e.n, &v, Prior::default(), plain_product).unwrap()
+    };
+    let q4 = [
+        "--wtype",
+        "q4_0",
+        "--q4-rule",
+        "search",
+        "--q8",
+        "none",
+        "--imatrix",
+        p,
+    ];
+    let fed = tmp.path().join("fed.mlb");
+    let log = convert(&dir, &fed, &q4).stderr;
+    assert!(log.contains("quantizing with error feedback"), "{log}");
+    let one = tmp.path().join("fed1.mlb");
+    convert(&dir, &one, &[&q4[..], &["--threads", "1"]].concat());
+    assert_eq!(std::fs::read(&fed).unwrap(), std::fs::read(&one).unwrap());
+
+    let (b, got) = (Mlb::open(&exact).unwrap(), Mlb::open(&fed).unwrap());
+    let (mut checked, mut own, mut rescaled) = (0, 0, 0);
+    for (i, t) in got.layout().tensors.iter().enumerate() {
+        let (Some(l), Kind::Mat { rows, cols, .. }) = (t.name.layer, t.kind) else {
+            continue;
+        };
+        let l = l as usize;
+        let name = t.name.name;
+        let w13 = cov.find(Some(l), CovSlot::Layer(Slot::W13));
+        let pooled_imp = Mli::importance(m.slot(l, Slot::W13), m.tokens);
+        // Per stack part (an expert, or the whole shared matrix): rows, importance, feedback.
+        let parts: Vec<(usize, Option<Vec<f32>>, Option<Feedback>)> = match name {
+            "ew2" => (0..x.n_experts)
+                .map(|e| {
+                    let n = x.tokens(l, e).unwrap();
+                    let imp = (n > 0)
+                        .then(|| Mli::importance(x.expert(l, e, ExpertSlot::Hidden).unwrap(), n));
+                    let entry = cov.find_expert(Some(l), CovSlot::Layer(Slot::W2), Some(e as u32));
+                    assert_eq!(entry.is_some(), n > 0, "layer {l} expert {e}");
+                    own += entry.is_some() as usize;
+                    (rows / x.n_experts, imp, entry.map(fb_of))
+                })
+                .collect(),
+            "ew1" | "ew3" => (0..x.n_experts)
+                .map(|e| {
+                    let n = x.tokens(l, e).unwrap();
+                    let pooled = fb_of(w13.unwrap());
+                    if n == 0 {
+                        return (rows / x.n_experts, Some(pooled_imp.clone()), Some(pooled));
+                    }
+                    let s = x.expert(l, e, ExpertSlot::In).unwrap();
+                    let all = m.slot(l, Slot::W13);
+                    let r: Vec<f64> = (0..cols)
+                        .map(|c| match all[c] > 0.0 {
+                            true => ((s[c] / n as f64) / (all[c] / m.tokens as f64))
+                                .sqrt()
+                                .max(1e-3),
+                            false => 1.0,
+                        })
+                        .collect();
+                    rescaled += 1;
+                    (
+                        rows / x.n_experts,
+                        Some(Mli::importance(s, n)),
+                        Some(pooled.rescaled(&r)),
+                    )
+                })
+                .collect(),
+            "sw1" | "sw3" => vec![(rows, Some(pooled_imp), w13.map(fb_of))],
+            "sw2" => vec![(
+                rows,
+                Some(Mli::importance(x.shared(l).unwrap(), m.tokens)),
+                cov.find(Some(l), CovSlot::Layer(Slot::W2)).map(fb_of),
+            )],
+            _ => continue,
+        };
+        assert!(
+            parts.iter().all(|p| p.2.is_some()) || name == "ew2",
+            "{name}"
+        );
+        let (q, exact) = (got.mat(i), b.mat(i));
+        let (rb, nb) = (cols / 2, cols / 32);
+        let mut r0 = 0;
+        for (k, (per, imp, fb)) in parts.iter().enumerate() {
+            let mut w = vec![0f32; per * cols];
+            for (r, row) in w.chunks_exact_mut(cols).enumerate() {
+                dequant_mat_row(&exact, r0 + r, row);
+            }
+            let opts = QuantOptions {
+                q4_rule: Q4Rule::Search,
+                imatrix: imp.as_deref(),
+                ..QuantOptions::default()
+            };
+            let want = feedback::quantize(q.wtype, *per, cols, &w, &opts, fb.as_ref()).unwrap();
+            let what = format!("layer {l} {name} part {k}");
+            assert_eq!(&q.q[r0 * rb..(r0 + per) * rb], &want.q[..], "{what}");
+            let Scales::F32(ds) = &want.d else {
+                panic!("{what}: {:?}", want.d)
+            };
+            assert_eq!(&q.d[r0 * nb..(r0 + per) * nb], &ds[..], "{what}");
+            r0 += per;
+            checked += 1;
+        }
+    }
+    assert!(
+        checked > 0 && own > 0 && rescaled > 0,
+        "{checked} {own} {rescaled}"
+    );
+
+    // Without error feedback the experts' rows come out otherwise.
+    let off = tmp.path().join("off.mlb");
+    convert(&dir, &off, &[&q4[..], &["--no-error-feedback"]].concat());
+    let o = Mlb::open(&off).unwrap();
+    let differs = |name: &str| {
+        let i = o
+            .layout()
+            .tensors
+            .iter()
+            .position(|t| t.name.name == name)
+            .unwrap();
+        o.mat(i).q != got.mat(i).q
+    };
+    assert!(differs("ew1") && differs("ew2"));
+}
+
 /// An imatrix weights a GGUF's requantized matrices as it weights a checkpoint's: the
 /// default model exported from BF16 to GGUF and requantized (`--requantize`, `--types`)
 /// with an imatrix that has covariances gives the checkpoint's conversion with it, bit

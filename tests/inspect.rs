@@ -173,6 +173,7 @@ fn mli_covariance_report() {
         CovData {
             layer: Some(0),
             slot: CovSlot::Layer(Slot::Attn),
+            expert: None,
             tokens: 4,
             n: 32,
             tri: &h32,
@@ -180,6 +181,7 @@ fn mli_covariance_report() {
         CovData {
             layer: Some(1),
             slot: CovSlot::Layer(Slot::W2),
+            expert: None,
             tokens: 4,
             n: 64,
             tri: &h64,
@@ -187,6 +189,7 @@ fn mli_covariance_report() {
         CovData {
             layer: None,
             slot: CovSlot::Cls,
+            expert: None,
             tokens: 4,
             n: 32,
             tri: &h32,
@@ -200,6 +203,55 @@ fn mli_covariance_report() {
     assert_eq!(v["header"]["version"], 65537);
     assert_eq!(v["covariance"]["entries"].as_array().unwrap().len(), 3);
     assert_eq!(v["covariance"]["entries"][1]["n"], 64);
+}
+
+/// A mixture-of-experts imatrix's covariances: the routed experts' ew2 inputs of a
+/// layer make one line (their count, the least and most rows), the shared expert's sw2
+/// input its own; the JSON lists every entry with its expert.
+#[test]
+fn mli_expert_covariance_report() {
+    use krafla::format::mli::cov::{write as write_cov, CovData, CovSlot};
+    use krafla::format::mli::{MoeSums, Slot};
+    let dir = tempfile::tempdir().unwrap();
+    let mut m = Mli::new(2, 32, 64, 32).with_moe(MoeSums::new(vec![1], 4, 32, 16, 8));
+    m.tokens = 6;
+    // Diagonal H: channel c's square sum c + 1.
+    let diag = |n: usize| -> Vec<f64> {
+        let mut t = Vec::new();
+        for i in 0..n {
+            t.extend((i..n).map(|j| if i == j { (i + 1) as f64 } else { 0.0 }));
+        }
+        t
+    };
+    let (d16, d8) = (diag(16), diag(8));
+    let data: Vec<CovData> = [(Some(0), 3, &d16), (Some(2), 5, &d16), (None, 6, &d8)]
+        .into_iter()
+        .map(|(expert, tokens, tri)| CovData {
+            layer: Some(1),
+            slot: CovSlot::Layer(Slot::W2),
+            expert,
+            tokens,
+            n: if expert.is_some() { 16 } else { 8 },
+            tri,
+        })
+        .collect();
+    write(dir.path(), "e.mli", &write_cov(m.to_bytes(), &data));
+    let o = mlb_inspect(dir.path(), &["e.mli"]).ok();
+    let cov = &o.stdout[o.stdout.find("covariance section").unwrap()..];
+    insta::assert_snapshot!("mli_expert_covariance_text", cov);
+    let o = mlb_inspect(dir.path(), &["e.mli", "--json"]).ok();
+    let v: serde_json::Value = serde_json::from_str(&o.stdout).unwrap();
+    assert_eq!(v["header"]["version"], 65538);
+    let e = v["covariance"]["entries"].as_array().unwrap();
+    let experts: Vec<_> = e.iter().map(|x| x["expert"].clone()).collect();
+    assert_eq!(
+        experts,
+        [
+            serde_json::json!(0),
+            serde_json::json!(2),
+            serde_json::Value::Null
+        ]
+    );
 }
 
 /// Runs mlb-inspect on `bytes`, which it must refuse cleanly: its stderr.

@@ -965,3 +965,90 @@ fn imatrix_sums_each_expert() {
         }
     }
 }
+
+/// `--covariance` on mixture-of-experts models: each routed expert's ew2 input has its
+/// own entry (a MoE layer's W2 slot with the expert's index) exactly when a token was
+/// routed to it, over its tokens, with the expert's hidden sums as its diagonal; the
+/// shared expert's sw2 input is the layer's W2 entry without an expert (none without a
+/// shared expert); W13 holds every token's FFN input. The file parses back.
+#[test]
+fn covariance_of_each_expert() {
+    use krafla::format::mli::cov::{self as mli_cov, CovSlot};
+    use krafla::format::mli::{parse, ExpertSlot, Slot};
+    use krafla::model::covariance::CovCollector;
+    let mut seen_shared = false;
+    for c in moe_cases().iter().take(3) {
+        let m = load(c, 29);
+        let model = Model::new(&m).unwrap();
+        let toks = tokens(c.h.vocab, 12, 4);
+        let opts = StateOptions::default();
+        let obs = CovCollector::new(&model.cfg);
+        let chunks = [toks.clone()];
+        let (obs, _) =
+            krafla::model::imatrix::collect_with(&model, &opts, &chunks, obs, |_, _| Ok(()))
+                .unwrap();
+        let bytes = obs.to_bytes();
+        let f = parse(&bytes).unwrap();
+        let x = f.moe.as_ref().expect("a version-2 file");
+        let cov = f.covariance.as_ref().expect("a covariance section");
+        let diag = |e: &mli_cov::CovEntry| -> Vec<f64> {
+            let t = mli_cov::values(&bytes, e);
+            let mut at = 0;
+            (0..e.n)
+                .map(|i| {
+                    let v = t[at];
+                    at += e.n - i;
+                    v
+                })
+                .collect()
+        };
+        let close = |a: &[f64], b: &[f64], what: &str| {
+            assert_eq!(a.len(), b.len(), "{what}");
+            for (i, (&a, &b)) in a.iter().zip(b).enumerate() {
+                assert!(
+                    (a - b).abs() <= 1e-6 * b.abs().max(1e-30),
+                    "{what} {i}: {a} vs {b}"
+                );
+            }
+        };
+        let w2 = CovSlot::Layer(Slot::W2);
+        for &l in &x.layers {
+            for e in 0..x.n_experts {
+                let what = format!("{}: layer {l} expert {e}", c.name);
+                let n = x.tokens(l, e).unwrap();
+                match cov.find_expert(Some(l), w2, Some(e as u32)) {
+                    Some(en) => {
+                        assert_eq!((en.n, en.tokens), (x.expert_hidden, n), "{what}");
+                        close(
+                            &diag(en),
+                            x.expert(l, e, ExpertSlot::Hidden).unwrap(),
+                            &what,
+                        );
+                    }
+                    None => assert_eq!(n, 0, "{what}: routed, no entry"),
+                }
+            }
+            let shared = cov.find(Some(l), w2);
+            assert_eq!(
+                shared.is_some(),
+                x.shared_hidden > 0,
+                "{}: layer {l}",
+                c.name
+            );
+            if let Some(en) = shared {
+                seen_shared = true;
+                assert_eq!(en.n, x.shared_hidden);
+                close(&diag(en), x.shared(l).unwrap(), c.name);
+            }
+            let w13 = cov.find(Some(l), CovSlot::Layer(Slot::W13)).unwrap();
+            close(&diag(w13), f.slot(l, Slot::W13), c.name);
+        }
+        assert!(
+            cov.entries.iter().any(|e| e.expert.is_some()),
+            "{}: no expert's entry",
+            c.name
+        );
+        assert!(CovCollector::memory(&model.cfg) > 0);
+    }
+    assert!(seen_shared, "no case with a shared expert");
+}

@@ -1,7 +1,7 @@
 //! The covariance observer (`mlb-run --imatrix F --covariance`): besides the importance
 //! sums of the [`Collector`], the full `H = Σ x xᵀ` of every matrix input, per layer
-//! slot (Attn, Wo, W13, W2) and for the classifier, as the MLI covariance section
-//! ([`crate::format::mli::cov`]) stores it:
+//! slot (Attn, Wo, W13, W2), per routed expert's ew2 input and for the classifier, as
+//! the MLI covariance section ([`crate::format::mli::cov`]) stores it:
 //!
 //! ```text
 //! H[i][j] += (x_i as f64) · (x_j as f64)      for every row x, every j ≥ i
@@ -26,10 +26,8 @@ pub struct CovAccum {
     pub tri: Vec<f64>,
 }
 
-/// Rows of H per task; a tile is ROWS × COLS entries kept in registers over the rows
-/// of x.
-const ROWS: usize = 4;
-const COLS: usize = 8;
+/// Rows of H per task: a band of the triangle, computed as one dense product.
+const BAND: usize = 64;
 
 impl CovAccum {
     pub fn new(n: usize) -> CovAccum {
@@ -40,12 +38,11 @@ impl CovAccum {
         }
     }
 
-    /// Offset of row `i` in the packed triangle.
-    fn row_start(&self, i: usize) -> usize {
-        i * self.n - i * i.saturating_sub(1) / 2
-    }
-
     /// Adds `Σ x xᵀ` of `rows` (rows of n values) in row order.
+    ///
+    /// As the kernel table's f64 product `C −= E·U` with `E = −Xᵀ` and `U = X`: each
+    /// element takes `fma(x_pi, x_pj, h)` for the rows p in order, and a product of two
+    /// f32 values is exact in f64, so the bits are the plain sums' (`h += x_pi · x_pj`).
     pub fn add(&mut self, rows: &[f32]) {
         let n = self.n;
         debug_assert_eq!(rows.len() % n, 0);
@@ -54,114 +51,144 @@ impl CovAccum {
             return;
         }
         self.tokens += t as u64;
-        // x as f64, each row padded with zeros to a whole tile.
-        let np = n.div_ceil(COLS) * COLS;
-        let mut x = vec![0f64; t * np];
-        for (xr, r) in x.chunks_exact_mut(np).zip(rows.chunks_exact(n)) {
-            for (o, &v) in xr.iter_mut().zip(r) {
-                *o = v as f64;
+        let x: Vec<f64> = rows.iter().map(|&v| v as f64).collect();
+        let mut neg_xt = vec![0f64; n * t];
+        for (p, r) in rows.chunks_exact(n).enumerate() {
+            for (i, &v) in r.iter().enumerate() {
+                neg_xt[i * t + p] = -(v as f64);
             }
         }
-        // Split the triangle into groups of ROWS rows; each task owns one group.
-        let starts: Vec<usize> = (0..n).map(|i| self.row_start(i)).collect();
-        let mut groups: Vec<std::sync::Mutex<&mut [f64]>> = Vec::new();
+        // Split the triangle into bands of BAND rows; each task owns one band.
+        let mut bands: Vec<std::sync::Mutex<(usize, &mut [f64])>> = Vec::new();
         let mut rest: &mut [f64] = &mut self.tri;
-        for g in (0..n).step_by(ROWS) {
-            let end = if g + ROWS < n {
-                starts[g + ROWS]
-            } else {
-                starts[n - 1] + 1
-            };
-            let (head, tail) = rest.split_at_mut(end - starts[g]);
-            groups.push(std::sync::Mutex::new(head));
+        for i0 in (0..n).step_by(BAND) {
+            let i1 = (i0 + BAND).min(n);
+            // Rows i0..i1 hold columns i..n each.
+            let len: usize = (i0..i1).map(|i| n - i).sum();
+            let (head, tail) = rest.split_at_mut(len);
+            bands.push(std::sync::Mutex::new((i0, head)));
             rest = tail;
         }
-        let x = &x;
-        pool::run(groups.len(), |gi| {
-            let mut tri = groups[gi].lock().expect("one task per group");
-            add_group(&mut tri, n, np, gi * ROWS, x, t);
+        let (x, neg_xt) = (&x, &neg_xt);
+        pool::run(bands.len(), |b| {
+            let mut band = bands[b].lock().expect("one task per band");
+            let (i0, ref mut tri) = *band;
+            let (m, w) = ((n - i0).min(BAND), n - i0);
+            // The band as a dense m × w block (columns i0..n); left of the diagonal
+            // is scratch.
+            let mut c = vec![0f64; m * w];
+            let mut at = 0;
+            for a in 0..m {
+                c[a * w + a..(a + 1) * w].copy_from_slice(&tri[at..at + w - a]);
+                at += w - a;
+            }
+            crate::kernels::sub_product(
+                [m, t, w],
+                (&neg_xt[i0 * t..], t),
+                (&x[i0..], n),
+                (&mut c, w),
+            );
+            let mut at = 0;
+            for a in 0..m {
+                tri[at..at + w - a].copy_from_slice(&c[a * w + a..(a + 1) * w]);
+                at += w - a;
+            }
         });
-    }
-}
-
-/// Adds the products of rows `i0..i0 + ROWS` (those below n) of H: `tri` holds those
-/// rows of the packed triangle, `x` the `t` rows padded to `np`.
-fn add_group(tri: &mut [f64], n: usize, np: usize, i0: usize, x: &[f64], t: usize) {
-    let ra = ROWS.min(n - i0);
-    // Offsets of the group's rows within `tri`; row i holds columns i..n.
-    let mut off = [0usize; ROWS];
-    for a in 1..ra {
-        off[a] = off[a - 1] + (n - (i0 + a - 1));
-    }
-    let mut j0 = i0 - i0 % COLS;
-    while j0 < n {
-        let mut acc = [[0f64; COLS]; ROWS];
-        for (a, acc_a) in acc.iter_mut().enumerate().take(ra) {
-            for (b, v) in acc_a.iter_mut().enumerate() {
-                let (i, j) = (i0 + a, j0 + b);
-                if j >= i && j < n {
-                    *v = tri[off[a] + j - i];
-                }
-            }
-        }
-        for xr in x.chunks_exact(np).take(t) {
-            let xj: &[f64; COLS] = xr[j0..j0 + COLS].try_into().expect("a padded tile");
-            for (a, acc_a) in acc.iter_mut().enumerate().take(ra) {
-                let xi = xr[i0 + a];
-                for (v, &xb) in acc_a.iter_mut().zip(xj) {
-                    *v += xi * xb;
-                }
-            }
-        }
-        for (a, acc_a) in acc.iter().enumerate().take(ra) {
-            for (b, &v) in acc_a.iter().enumerate() {
-                let (i, j) = (i0 + a, j0 + b);
-                if j >= i && j < n {
-                    tri[off[a] + j - i] = v;
-                }
-            }
-        }
-        j0 += COLS;
     }
 }
 
 /// The observer of `--covariance`: the [`Collector`]'s sums and every input's `H`.
 pub struct CovCollector {
     sums: Collector,
-    /// Per layer: Attn, Wo, W13, W2.
-    layers: Vec<[CovAccum; 4]>,
+    /// Per layer: Attn, Wo, W13 and W2 (a dense layer's w2 input; in a MoE layer the
+    /// shared expert's sw2 input, `None` without one).
+    layers: Vec<[Option<CovAccum>; 4]>,
+    /// Per layer and routed expert: its ew2 input, made when a token first reaches it
+    /// (empty for a dense layer). The ew1/ew3 inputs have no per-expert `H`: dim × dim
+    /// per expert would be E·dim² (at Qwen3-30B-A3B's 48 layers × 128 experts, 103 GB of
+    /// accumulators), each filled by a few tokens; they take the layer's W13 (every
+    /// token's FFN input, of which the router only chooses).
+    experts: Vec<Vec<Option<CovAccum>>>,
+    expert_hidden: usize,
     cls: CovAccum,
     /// lout's input feeds the Wo slot (V·dv = q_dim).
     lout_in_wo: bool,
+}
+
+/// The section's entry of accumulator `a`.
+fn entry(layer: Option<usize>, slot: CovSlot, expert: Option<u32>, a: &CovAccum) -> CovData<'_> {
+    CovData {
+        layer,
+        slot,
+        expert,
+        tokens: a.tokens,
+        n: a.n,
+        tri: &a.tri,
+    }
+}
+
+/// Bytes of one input's accumulator of n channels.
+fn tri_bytes(n: usize) -> u64 {
+    (n * (n + 1) / 2 * 8) as u64
 }
 
 impl CovCollector {
     pub fn new(cfg: &Config) -> CovCollector {
         let sums = Collector::new(cfg);
         let lout_in_wo = !cfg.layers.contains(&LayerKind::Linear) || sums.lout_in_wo();
-        let (d, q, h) = (cfg.dim, cfg.q_dim, cfg.hidden_dim);
+        let (d, q) = (cfg.dim, cfg.q_dim);
+        let layers = (0..cfg.n_layers)
+            .map(|l| {
+                [
+                    Some(CovAccum::new(d)),
+                    Some(CovAccum::new(q)),
+                    Some(CovAccum::new(d)),
+                    Self::w2_width(cfg, l).map(CovAccum::new),
+                ]
+            })
+            .collect();
+        let n_experts = cfg.moe.as_ref().map_or(0, |m| m.n_experts);
+        let experts = (0..cfg.n_layers)
+            .map(|l| match cfg.moe_layers.get(l) {
+                Some(true) => vec![None; n_experts],
+                _ => Vec::new(),
+            })
+            .collect();
         CovCollector {
             sums,
-            layers: (0..cfg.n_layers)
-                .map(|_| {
-                    [
-                        CovAccum::new(d),
-                        CovAccum::new(q),
-                        CovAccum::new(d),
-                        CovAccum::new(h),
-                    ]
-                })
-                .collect(),
+            layers,
+            experts,
+            expert_hidden: cfg.moe.as_ref().map_or(0, |m| m.expert_hidden),
             cls: CovAccum::new(d),
             lout_in_wo,
         }
     }
 
-    /// Bytes its accumulators take for the model `cfg`.
+    /// The width of layer `l`'s W2 input: the dense w2's, or the shared expert's sw2's.
+    fn w2_width(cfg: &Config, l: usize) -> Option<usize> {
+        match (cfg.moe_layers.get(l), &cfg.moe) {
+            (Some(true), Some(m)) => (m.shared_hidden > 0).then_some(m.shared_hidden),
+            _ => Some(cfg.hidden_dim),
+        }
+    }
+
+    /// Bytes its accumulators take for the model `cfg` at most (every expert reached).
     pub fn memory(cfg: &Config) -> u64 {
-        let tri = |n: usize| (n * (n + 1) / 2 * 8) as u64;
-        let (d, q, h) = (cfg.dim, cfg.q_dim, cfg.hidden_dim);
-        cfg.n_layers as u64 * (2 * tri(d) + tri(q) + tri(h)) + tri(d)
+        let (d, q) = (cfg.dim, cfg.q_dim);
+        let experts = cfg
+            .moe
+            .as_ref()
+            .map_or(0, |m| m.n_experts as u64 * tri_bytes(m.expert_hidden));
+        (0..cfg.n_layers)
+            .map(|l| {
+                let moe = cfg.moe_layers.get(l) == Some(&true);
+                2 * tri_bytes(d)
+                    + tri_bytes(q)
+                    + Self::w2_width(cfg, l).map_or(0, tri_bytes)
+                    + if moe { experts } else { 0 }
+            })
+            .sum::<u64>()
+            + tri_bytes(d)
     }
 
     pub fn mli(&self) -> &Mli {
@@ -173,27 +200,20 @@ impl CovCollector {
     pub fn to_bytes(&self) -> Vec<u8> {
         const SLOTS: [Slot; 4] = [Slot::Attn, Slot::Wo, Slot::W13, Slot::W2];
         let mut data: Vec<CovData> = Vec::new();
-        for (l, accs) in self.layers.iter().enumerate() {
+        for (l, (accs, experts)) in self.layers.iter().zip(&self.experts).enumerate() {
             for (slot, a) in SLOTS.iter().zip(accs) {
-                if a.tokens > 0 {
-                    data.push(CovData {
-                        layer: Some(l),
-                        slot: CovSlot::Layer(*slot),
-                        tokens: a.tokens,
-                        n: a.n,
-                        tri: &a.tri,
-                    });
+                if let Some(a) = a.as_ref().filter(|a| a.tokens > 0) {
+                    data.push(entry(Some(l), CovSlot::Layer(*slot), None, a));
+                }
+            }
+            for (e, a) in experts.iter().enumerate() {
+                if let Some(a) = a.as_ref().filter(|a| a.tokens > 0) {
+                    data.push(entry(Some(l), CovSlot::Layer(Slot::W2), Some(e as u32), a));
                 }
             }
         }
         if self.cls.tokens > 0 {
-            data.push(CovData {
-                layer: None,
-                slot: CovSlot::Cls,
-                tokens: self.cls.tokens,
-                n: self.cls.n,
-                tri: &self.cls.tri,
-            });
+            data.push(entry(None, CovSlot::Cls, None, &self.cls));
         }
         let body = self.sums.mli().to_bytes();
         if data.is_empty() {
@@ -206,18 +226,27 @@ impl CovCollector {
 impl Observer for CovCollector {
     fn observe(&mut self, layer: usize, input: Input, rows: &[f32]) {
         self.sums.observe(layer, input, rows);
+        let slots = &mut self.layers[layer];
         let acc = match input {
-            Input::Attn => &mut self.layers[layer][0],
-            Input::Wo => &mut self.layers[layer][1],
-            Input::LinOut if self.lout_in_wo => &mut self.layers[layer][1],
-            Input::W13 => &mut self.layers[layer][2],
-            Input::W2 => &mut self.layers[layer][3],
-            Input::Cls => &mut self.cls,
-            // lout's input of another width has no slot; experts' inputs have none yet.
-            #[allow(unreachable_patterns)]
-            _ => return,
+            Input::Attn => slots[0].as_mut(),
+            Input::Wo => slots[1].as_mut(),
+            Input::LinOut if self.lout_in_wo => slots[1].as_mut(),
+            Input::W13 => slots[2].as_mut(),
+            Input::W2 | Input::SharedHidden => slots[3].as_mut(),
+            Input::Cls => Some(&mut self.cls),
+            Input::ExpertHidden(e) => {
+                let eh = self.expert_hidden;
+                self.experts[layer]
+                    .get_mut(e as usize)
+                    .map(|a| a.get_or_insert_with(|| CovAccum::new(eh)))
+            }
+            // lout's input of another width has no slot; the experts' ew1/ew3 take
+            // the layer's W13 (the struct's note).
+            Input::LinOut | Input::ExpertIn(_) => None,
         };
-        acc.add(rows);
+        if let Some(acc) = acc {
+            acc.add(rows);
+        }
     }
 }
 
@@ -229,7 +258,7 @@ mod tests {
     /// batches: the same bits however the rows are split.
     #[test]
     fn packed_products_match_the_plain_sum() {
-        for n in [1, 5, 8, 13, 36] {
+        for n in [1, 5, 8, 13, 36, 70, 131] {
             let t = 11;
             let x: Vec<f32> = (0..t * n)
                 .map(|k| ((k * 37 % 23) as f32 - 11.0) * 0.37)

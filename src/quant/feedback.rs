@@ -209,11 +209,7 @@ impl Feedback {
         if !ok {
             return None;
         }
-        let inv: Vec<f64> = (0..n)
-            .map(|c| 1.0 / (u[c * n + c] * u[c * n + c]))
-            .collect();
-        let avg = inv.iter().sum::<f64>() / n as f64;
-        let imp = inv.iter().map(|&v| ((v / avg) as f32).max(0.001)).collect();
+        let imp = importance_of(n, &u);
         Some(Feedback { n, u, imp, product })
     }
 
@@ -226,6 +222,38 @@ impl Feedback {
     pub fn importance(&self) -> &[f32] {
         &self.imp
     }
+
+    /// The feedback of `D H D` (`D = diag(r)`, every `r_c > 0`) from this one's of H:
+    /// `(D (H + δI) D)⁻¹ = (U D⁻¹)ᵀ (U D⁻¹)`, so its factor is `U` with column c divided
+    /// by `r_c`, in `O(n²)`. H's shrinkage carries over exactly; its damping becomes
+    /// each channel's `δ·r_c²`. How a routed expert's ew1/ew3 take the layer's pooled
+    /// input correlations at the scales of its own tokens' channels.
+    pub fn rescaled(&self, r: &[f64]) -> Feedback {
+        let n = self.n;
+        assert_eq!(r.len(), n, "one scale per column");
+        debug_assert!(r.iter().all(|&v| v > 0.0 && v.is_finite()));
+        let mut u = self.u.clone();
+        for row in u.chunks_exact_mut(n) {
+            for (v, &s) in row.iter_mut().zip(r) {
+                *v /= s;
+            }
+        }
+        Feedback {
+            n,
+            imp: importance_of(n, &u),
+            u,
+            product: self.product,
+        }
+    }
+}
+
+/// `1 / U_cc²` over its mean, floored at 0.001.
+fn importance_of(n: usize, u: &[f64]) -> Vec<f32> {
+    let inv: Vec<f64> = (0..n)
+        .map(|c| 1.0 / (u[c * n + c] * u[c * n + c]))
+        .collect();
+    let avg = inv.iter().sum::<f64>() / n as f64;
+    inv.iter().map(|&v| ((v / avg) as f32).max(0.001)).collect()
 }
 
 /// Columns per panel of the blocked factorization.
@@ -1179,6 +1207,31 @@ mod tests {
             }
         }
         assert!(Feedback::new(2, &[0.0; 4], Prior::damped(DAMP), plain_product).is_none());
+    }
+
+    /// `rescaled(r)` factors `(D (H + δI) D)⁻¹` (D = diag r): `U'ᵀU' D (H + δI) D = I`.
+    #[test]
+    fn rescaled_factors_the_scaled_covariance() {
+        let mut rng = Rng(11);
+        let n = 24;
+        let h = correlated_h(&mut rng, n, 30);
+        let fb = Feedback::new(n, &h, Prior::damped(DAMP), plain_product).unwrap();
+        let r: Vec<f64> = (0..n).map(|_| 0.2 + 3.0 * rng.next_f64()).collect();
+        let sc = fb.rescaled(&r);
+        let mean = (0..n).map(|i| h[i * n + i]).sum::<f64>() / n as f64;
+        for i in 0..n {
+            for j in 0..n {
+                let mut s = 0.0;
+                for k in 0..n {
+                    let uu: f64 = (0..n).map(|a| sc.u(a, i) * sc.u(a, k)).sum();
+                    let hk = h[k * n + j] + if k == j { DAMP * mean } else { 0.0 };
+                    s += uu * r[k] * hk * r[j];
+                }
+                let want = (i == j) as u8 as f64;
+                assert!((s - want).abs() < 1e-8, "({i}, {j}): {s}");
+            }
+        }
+        assert_ne!(sc.importance(), fb.importance());
     }
 
     /// The same bytes at 1, 2 and 3 threads, and row by row: a row's bytes depend on

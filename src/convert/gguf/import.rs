@@ -51,9 +51,7 @@ use super::types::{copy_type, ggml_type, gguf_only};
 use crate::convert::desc::ModelDesc;
 use crate::convert::error::{ConvertError, Result};
 use crate::convert::options::{ConvertOptions, DEFAULT_Q4_Q8_MASK};
-use crate::convert::pipeline::imatrix::{
-    expert_importance, importance, load_imatrix, unrouted_warnings, CovFile, Weighting,
-};
+use crate::convert::pipeline::imatrix::{load_imatrix, unrouted_warnings, CovFile, Weighting};
 use crate::convert::pipeline::plan::{self, fall_back, matrix_types, TypePlan};
 use crate::convert::pipeline::stream::Progress;
 use crate::convert::pipeline::stream::{self, announce, check_output_name, new_writer, Target};
@@ -364,11 +362,7 @@ fn weigh(
     for (s, t) in sources.iter_mut().zip(&layout.tensors) {
         if let (Some(s), Kind::Mat { cols, .. }) = (s.as_mut(), t.kind) {
             if s.action == Action::Requant {
-                s.w = Weighting {
-                    imp: importance(mli, t, cols, tied),
-                    imp_experts: expert_importance(mli, t, s.rows, cols),
-                    cov: cov.and_then(|c| c.entry(t, cols, tied)),
-                };
+                s.w = Weighting::new(mli, cov, t, (s.rows, cols), tied);
             }
         }
     }

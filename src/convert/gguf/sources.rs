@@ -317,8 +317,8 @@ impl Arrays for GgufArrays<'_> {
         self.source(i).w.importance(row)
     }
 
-    fn feedback(&self, i: usize) -> Option<std::sync::Arc<Feedback>> {
-        self.source(i).w.feedback(self.cov)
+    fn feedback(&self, i: usize, row: usize) -> (Option<std::sync::Arc<Feedback>>, usize) {
+        self.source(i).w.feedback(self.cov, row)
     }
 
     fn quant_error(&self, i: usize, r0: usize, e: QuantError) -> ConvertError {

@@ -10,7 +10,7 @@ use super::arch::{self, Transform};
 use super::checkpoint::Checkpoint;
 use crate::convert::desc::ModelDesc;
 use crate::convert::error::{ConvertError, Result};
-use crate::convert::pipeline::imatrix::{expert_importance, importance, CovFile, Weighting};
+use crate::convert::pipeline::imatrix::{CovFile, Weighting};
 use crate::convert::pipeline::permute::RowMap;
 use crate::convert::pipeline::stream::Arrays;
 use crate::format::mlb::{Kind, Tensor};
@@ -253,16 +253,11 @@ pub fn sources(
             d.arch.norm_plus_one && matches!(transform, Transform::Norm | Transform::RopeNorm);
         // The searching quantizers (Q4_0 search, the block types) use it; the others
         // ignore it.
-        let (imp, imp_experts) = match (imatrix, t.kind) {
-            (Some(m), Kind::Mat { rows, cols, .. }) => (
-                importance(m, t, cols, d.vocab.tied),
-                expert_importance(m, t, rows, cols),
-            ),
-            _ => (None, None),
-        };
-        let cov = match (cov, t.kind) {
-            (Some(c), Kind::Mat { cols, .. }) => c.entry(t, cols, d.vocab.tied),
-            _ => None,
+        let w = match (imatrix, t.kind) {
+            (Some(m), Kind::Mat { rows, cols, .. }) => {
+                Weighting::new(m, cov, t, (rows, cols), d.vocab.tied)
+            }
+            _ => Weighting::default(),
         };
         out.push(Some(Source {
             hf,
@@ -271,11 +266,7 @@ pub fn sources(
             rows,
             row_len,
             plus_one,
-            w: Weighting {
-                imp,
-                imp_experts,
-                cov,
-            },
+            w,
         }));
     }
     Ok(out)
@@ -700,8 +691,8 @@ impl Arrays for CheckpointArrays<'_> {
         self.source(i).w.importance(row)
     }
 
-    fn feedback(&self, i: usize) -> Option<std::sync::Arc<Feedback>> {
-        self.source(i).w.feedback(self.cov)
+    fn feedback(&self, i: usize, row: usize) -> (Option<std::sync::Arc<Feedback>>, usize) {
+        self.source(i).w.feedback(self.cov, row)
     }
 
     fn quant_error(&self, i: usize, r0: usize, e: QuantError) -> ConvertError {

@@ -7,6 +7,12 @@
 //! among tokens, it does not change their inputs), which is what the expert would have
 //! seen; its ew2 is quantized unweighted, as its hidden channels are its own neurons,
 //! which no other expert's sums describe. [`unrouted_warnings`] names each such expert.
+//!
+//! Error feedback on a stacked expert matrix ([`ExpertCov`]): each expert's ew2 takes
+//! its own input's covariance (the tokens routed to it); ew1/ew3 take the layer's FFN
+//! input (every token's: a dim × dim covariance per expert would cost E·dim², and each
+//! would hold few tokens) at the expert's own channel scales ([`Feedback::rescaled`]).
+//! An unrouted expert's ew2 has no feedback, its ew1/ew3 the pooled input's.
 
 use std::path::Path;
 use std::sync::{Arc, Mutex};
@@ -136,8 +142,11 @@ pub struct Weighting {
     pub imp: Option<Vec<f32>>,
     /// Each expert's own importance (a stacked expert matrix, MLI version 2): the write's.
     pub imp_experts: Option<PerExpert>,
-    /// Where the imatrix's covariance section holds this matrix's input covariance.
+    /// Where the imatrix's covariance section holds this matrix's input covariance (the
+    /// pooled one for ew1/ew3: the mix's measure).
     pub cov: Option<CovEntry>,
+    /// Each expert's error feedback (a stacked expert matrix): the write's.
+    pub cov_experts: Option<ExpertCov>,
 }
 
 impl Weighting {
@@ -149,11 +158,75 @@ impl Weighting {
         }
     }
 
-    /// Error feedback from the covariance section `cov` (`None`: off), where it holds
-    /// this matrix's input (shared with the matrices that read the same input).
-    pub fn feedback(&self, cov: Option<&CovFile>) -> Option<Arc<Feedback>> {
-        cov?.feedback(self.cov.as_ref()?)
+    /// What matrix `t` (`rows` × `cols`) takes from the imatrix `m` and its covariance
+    /// section `cov` (`None`: error feedback off).
+    pub fn new(
+        m: &Mli,
+        cov: Option<&CovFile>,
+        t: &Tensor,
+        (rows, cols): (usize, usize),
+        tied: bool,
+    ) -> Weighting {
+        Weighting {
+            imp: importance(m, t, cols, tied),
+            imp_experts: expert_importance(m, t, rows, cols),
+            cov: cov.and_then(|c| c.entry(t, cols, tied)),
+            cov_experts: cov.and_then(|c| c.experts(m, t, rows, cols)),
+        }
     }
+
+    /// Error feedback from the covariance section `cov` (`None`: off) for the rows from
+    /// `row`, where it holds their input (shared with the matrices that read the same
+    /// input), and how many rows from `row` share it (as [`Weighting::importance`]).
+    pub fn feedback(&self, cov: Option<&CovFile>, row: usize) -> (Option<Arc<Feedback>>, usize) {
+        match (&self.cov_experts, cov) {
+            (Some(x), Some(c)) => {
+                let per = x.per();
+                (c.expert_feedback(x, row / per), per - row % per)
+            }
+            (None, Some(c)) => (self.cov.as_ref().and_then(|e| c.feedback(e)), usize::MAX),
+            (_, None) => (None, usize::MAX),
+        }
+    }
+}
+
+/// Error feedback per expert of a stacked expert matrix (`per` rows each).
+#[derive(Debug, Clone, PartialEq)]
+pub enum ExpertCov {
+    /// ew2: each expert's own input covariance (`None`: never routed, no feedback).
+    Own {
+        per: usize,
+        each: Vec<Option<CovEntry>>,
+    },
+    /// ew1/ew3: the layer's FFN input, at each expert's channel scales `r` (the root
+    /// of its tokens' mean square over every token's, per channel; `None`: never
+    /// routed, the pooled input as it is).
+    Pooled {
+        per: usize,
+        entry: CovEntry,
+        scales: Vec<Option<Vec<f64>>>,
+    },
+}
+
+impl ExpertCov {
+    fn per(&self) -> usize {
+        match self {
+            ExpertCov::Own { per, .. } | ExpertCov::Pooled { per, .. } => *per,
+        }
+    }
+}
+
+/// Expert e's channel scales for [`ExpertCov::Pooled`]: `sqrt((own_c / tokens) /
+/// (pooled_c / all))`, 1 where no token had the channel, floored at 10⁻³ (a channel
+/// the expert's tokens never had then costs it next to nothing).
+fn channel_scales(own: &[f64], tokens: u64, pooled: &[f64], all: u64) -> Vec<f64> {
+    own.iter()
+        .zip(pooled)
+        .map(|(&o, &p)| match p > 0.0 {
+            true => ((o / tokens as f64) / (p / all as f64)).sqrt().max(1e-3),
+            false => 1.0,
+        })
+        .collect()
 }
 
 /// The importance of each expert's rows of a stacked expert matrix (`per` rows each).
@@ -236,8 +309,13 @@ pub fn cov_slot(t: &Tensor, tied: bool) -> Option<(Option<usize>, CovSlot)> {
             (Some(l), CovSlot::Layer(Slot::Attn))
         }
         (Some(l), "wo" | "lout") => (Some(l), CovSlot::Layer(Slot::Wo)),
-        (Some(l), "w1" | "w3") => (Some(l), CovSlot::Layer(Slot::W13)),
-        (Some(l), "w2") => (Some(l), CovSlot::Layer(Slot::W2)),
+        // A MoE layer's W13 entry is every token's FFN input (the experts' ew1/ew3
+        // take it rescaled: [`CovFile::experts`]); its W2 entry without an expert is
+        // the shared expert's sw2 input. Each expert's ew2 has an entry of its own.
+        (Some(l), "w1" | "w3" | "ew1" | "ew3" | "sw1" | "sw3") => {
+            (Some(l), CovSlot::Layer(Slot::W13))
+        }
+        (Some(l), "w2" | "sw2") => (Some(l), CovSlot::Layer(Slot::W2)),
         (None, "wcls") => (None, CovSlot::Cls),
         (None, "tok_emb") if tied => (None, CovSlot::Cls),
         _ => return None,
@@ -253,7 +331,15 @@ pub struct CovFile {
     pub prior: Prior,
     /// The factors built last, by entry offset, newest last: at most [`RECENT`].
     recent: Mutex<Vec<(usize, Arc<Feedback>)>>,
+    /// The expert's factor built last, by entry offset and expert: a stack's rows go
+    /// expert by expert, and its factors stay out of `recent`, which keeps the layer's
+    /// W13 factor from ew1 over ew2 to ew3.
+    expert: Mutex<Option<(ExpertKey, Arc<Feedback>)>>,
 }
+
+/// An expert's factor: its entry's offset (the layer's W13 entry for ew1/ew3) and its
+/// index.
+type ExpertKey = (usize, usize);
 
 /// Factors kept for reuse: the matrices that read one input are at most one other
 /// input apart in array order (wq wk wv; wo wg; w1 w2 w3), so two serve every reuse,
@@ -285,6 +371,7 @@ impl CovFile {
             cov,
             prior,
             recent: Mutex::new(Vec::new()),
+            expert: Mutex::new(None),
         }))
     }
 
@@ -312,8 +399,17 @@ impl CovFile {
             (a.tokens as f64 / a.n as f64).total_cmp(&(b.tokens as f64 / b.n as f64))
         }) {
             if feedback {
+                let whose = match (e.layer, e.expert) {
+                    (Some(l), Some(x)) => format!(" (layer {l} expert {x}'s ew2 input)"),
+                    (Some(l), None) => format!(" (layer {l} {} input)", e.slot.name()),
+                    (None, _) => " (the classifier's input)".into(),
+                };
+                let experts = match self.cov.entries.iter().any(|e| e.expert.is_some()) {
+                    true => "; an expert sees only the tokens routed to it",
+                    false => "",
+                };
                 notes.push(format!(
-                    "warning: a covariance of {} channels holds {} tokens: error feedback wants many more tokens than channels (16x at least, GPTQ uses 100x); collect with more --chunks, or compare with --no-error-feedback",
+                    "warning: a covariance of {} channels{whose} holds {} tokens: error feedback wants many more tokens than channels (16x at least, GPTQ uses 100x){experts}; collect with more --chunks, or compare with --no-error-feedback",
                     e.n, e.tokens
                 ));
             }
@@ -328,6 +424,71 @@ impl CovFile {
             .find(layer, slot)
             .filter(|e| e.n == cols && e.tokens > 0)
             .cloned()
+    }
+
+    /// The per-expert feedback of stacked expert matrix `t` (`rows` × `cols`) of a
+    /// version-2 imatrix `m` ([`ExpertCov`]); `None` for any other matrix, or ew1/ew3
+    /// when the file has no covariance of the layer's FFN input.
+    pub fn experts(&self, m: &Mli, t: &Tensor, rows: usize, cols: usize) -> Option<ExpertCov> {
+        let x = m.moe.as_ref()?;
+        let l = t.name.layer? as usize;
+        let per = rows / x.n_experts;
+        match t.name.name {
+            "ew2" => Some(ExpertCov::Own {
+                per,
+                each: (0..x.n_experts as u32)
+                    .map(|e| {
+                        let slot = CovSlot::Layer(Slot::W2);
+                        self.cov
+                            .find_expert(Some(l), slot, Some(e))
+                            .filter(|c| c.n == cols && c.tokens > 0)
+                            .cloned()
+                    })
+                    .collect(),
+            }),
+            "ew1" | "ew3" => {
+                let entry = self.entry(t, cols, false)?;
+                let pooled = m.slot(l, Slot::W13);
+                let scales = (0..x.n_experts)
+                    .map(
+                        |e| match (x.tokens(l, e)?, x.expert(l, e, ExpertSlot::In)?) {
+                            (0, _) => None,
+                            (n, own) => Some(channel_scales(own, n, pooled, m.tokens)),
+                        },
+                    )
+                    .collect();
+                Some(ExpertCov::Pooled { per, entry, scales })
+            }
+            _ => None,
+        }
+    }
+
+    /// Expert `e`'s error feedback in `x` (kept while its rows are written).
+    pub fn expert_feedback(&self, x: &ExpertCov, e: usize) -> Option<Arc<Feedback>> {
+        let (offset, scales) = match x {
+            ExpertCov::Own { each, .. } => (each.get(e)?.as_ref()?.offset, None),
+            ExpertCov::Pooled { entry, scales, .. } => match scales.get(e)? {
+                Some(r) => (entry.offset, Some(r)),
+                None => return self.feedback(entry),
+            },
+        };
+        let lock = || self.expert.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((_, f)) = lock().as_ref().filter(|(k, _)| *k == (offset, e)) {
+            return Some(f.clone());
+        }
+        let fb = Arc::new(match (x, scales) {
+            (ExpertCov::Pooled { entry, .. }, Some(r)) => self.feedback(entry)?.rescaled(r),
+            (ExpertCov::Own { each, .. }, _) => self.build(each[e].as_ref()?)?,
+            _ => unreachable!("a pooled entry without scales returned above"),
+        });
+        *lock() = Some(((offset, e), fb.clone()));
+        Some(fb)
+    }
+
+    /// Entry `e`'s factor, built.
+    fn build(&self, e: &CovEntry) -> Option<Feedback> {
+        let values = mli_cov::values(&self.map, e);
+        Feedback::from_packed(e.n, &values, self.prior, crate::kernels::sub_product)
     }
 
     /// `H` of entry `e`, its first `w` channels (`w ≤ n`): w × w, f64, row-major.
@@ -356,9 +517,7 @@ impl CovFile {
         if let Some((_, f)) = recent().iter().find(|(o, _)| *o == e.offset) {
             return Some(f.clone());
         }
-        let values = mli_cov::values(&self.map, e);
-        let product = crate::kernels::sub_product;
-        let fb = Arc::new(Feedback::from_packed(e.n, &values, self.prior, product)?);
+        let fb = Arc::new(self.build(e)?);
         let mut r = recent();
         r.push((e.offset, fb.clone()));
         if r.len() > RECENT {

@@ -67,11 +67,12 @@ pub trait Arrays {
     /// stacked expert matrix: to the end of the row's expert).
     fn importance(&self, i: usize, row: usize) -> (Option<&[f32]>, usize);
 
-    /// Error feedback for matrix `i` (from the imatrix's covariance of its input), if
-    /// any: built once per input and shared by the matrices that read it, a few in
-    /// memory at a time (`CovFile::feedback`).
-    fn feedback(&self, _i: usize) -> Option<Arc<Feedback>> {
-        None
+    /// Error feedback for matrix `i`'s rows from `row` (from the imatrix's covariance
+    /// of their input), if any, and how many rows from `row` share it (as
+    /// [`Arrays::importance`]): built once per input and shared by the matrices that
+    /// read it, a few in memory at a time (`CovFile::feedback`).
+    fn feedback(&self, _i: usize, _row: usize) -> (Option<Arc<Feedback>>, usize) {
+        (None, usize::MAX)
     }
 
     /// The quantizer refused rows from `r0` of matrix `i`.
@@ -158,11 +159,6 @@ fn write_arrays(
             Kind::Mat {
                 wtype, rows, cols, ..
             } => {
-                let fb = if wtype.is_half() {
-                    None
-                } else {
-                    arrays.feedback(i)
-                };
                 for_row_chunks(rows, cols, cancel, |r| {
                     if let Some(m) = arrays.copied(i, wtype, cols, r.clone())? {
                         w.write_mat_rows(&m)
@@ -172,12 +168,16 @@ fn write_arrays(
                     }
                     buf.clear();
                     arrays.read(i, r.clone(), &mut buf);
-                    // Rows sharing one importance at a time (quantization is per row:
-                    // the cut changes no byte).
+                    // Rows sharing one importance and one feedback at a time
+                    // (quantization is per row: the cut changes no byte).
                     let mut at = r.start;
                     while at < r.end {
                         let (imatrix, span) = arrays.importance(i, at);
-                        let end = r.end.min(at.saturating_add(span));
+                        let (fb, fb_span) = match wtype.is_half() {
+                            true => (None, usize::MAX),
+                            false => arrays.feedback(i, at),
+                        };
+                        let end = r.end.min(at.saturating_add(span.min(fb_span)));
                         let qopts = QuantOptions {
                             scale_f16: target.header.scale_f16 != 0,
                             q4_rule: target.q4_rule,

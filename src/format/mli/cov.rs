@@ -9,16 +9,21 @@
 //! reserved   u32                       0
 //! entries    n_entries × 24 bytes      layer u32 (0xFFFFFFFF: the classifier),
 //!                                      slot u32 (0 Attn, 1 Wo, 2 W13, 3 W2, 4 classifier),
-//!                                      expert u32 (0xFFFFFFFF: not an expert),
+//!                                      expert u32 (0xFFFFFFFF: not an expert's),
 //!                                      n u32 (channels), tokens u64 (rows summed)
 //! values     per entry, in order: f32[n(n+1)/2], the upper triangle of H packed by
 //!            rows: (i, j ≥ i) at i·n − i(i−1)/2 + (j − i)
 //! ```
 //!
-//! Entries are strictly increasing in (layer, slot, expert); `n` is the slot's width;
-//! every value finite and every diagonal value ≥ 0. The expert field leaves room for
-//! per-expert covariances of mixture-of-experts layers (an expert index there); until
-//! they are defined, any other value than 0xFFFFFFFF is refused.
+//! Entries are strictly increasing in (layer, slot, expert); `n` is the input's width;
+//! every value finite and every diagonal value ≥ 0.
+//!
+//! In a mixture-of-experts layer (a version-2 file's `moe_layers`) the W13 entry is the
+//! FFN input of every token (the router's, the shared expert's sw1/sw3 and, pooled, the
+//! routed experts' ew1/ew3), the W2 entry with expert `e` (below `n_experts`) is routed
+//! expert e's ew2 input over the tokens routed to it (`expert_hidden` wide), and the W2
+//! entry without an expert is the shared expert's sw2 input (`shared_hidden` wide; none
+//! without a shared expert). An expert index anywhere else is refused.
 
 use super::slot::Slot;
 use crate::format::error::{FormatError, Result};
@@ -79,7 +84,7 @@ pub struct CovEntry {
     /// `None`: the classifier.
     pub layer: Option<usize>,
     pub slot: CovSlot,
-    /// `None`: not an expert's input (the only kind defined so far).
+    /// `Some(e)`: routed expert e's ew2 input (a MoE layer's W2 slot).
     pub expert: Option<u32>,
     /// Channels (H is n × n).
     pub n: usize,
@@ -119,9 +124,19 @@ pub struct Covariance {
 impl Covariance {
     /// The entry of a layer's input (`None` for the classifier's).
     pub fn find(&self, layer: Option<usize>, slot: CovSlot) -> Option<&CovEntry> {
+        self.find_expert(layer, slot, None)
+    }
+
+    /// The entry of an input of expert `expert` (`None`: of no expert).
+    pub fn find_expert(
+        &self,
+        layer: Option<usize>,
+        slot: CovSlot,
+        expert: Option<u32>,
+    ) -> Option<&CovEntry> {
         self.entries
             .iter()
-            .find(|e| e.layer == layer && e.slot == slot && e.expert.is_none())
+            .find(|e| e.layer == layer && e.slot == slot && e.expert == expert)
     }
 
     /// Bytes of all values.
@@ -143,12 +158,13 @@ pub fn values(file: &[u8], e: &CovEntry) -> Vec<f64> {
 }
 
 /// Reads and checks the section `b[at..]` of a file (the whole file `b`, so offsets are
-/// absolute) against the body's widths `width(slot)` and `n_layers`.
+/// absolute) against `n_layers` and the body's widths: `width(layer, slot, expert)` is
+/// the input's, or why the body has no such input.
 pub fn parse(
     b: &[u8],
     at: usize,
     n_layers: usize,
-    width: impl Fn(CovSlot) -> usize,
+    width: impl Fn(Option<usize>, CovSlot, Option<u32>) -> std::result::Result<usize, String>,
 ) -> Result<Covariance> {
     let short = |what: &str| {
         FormatError::format(
@@ -213,14 +229,14 @@ pub fn parse(
                 ))
             }
         };
-        if expert != NONE {
-            return Err(FormatError::format(
+        let expert = (expert != NONE).then_some(expert);
+        let want = width(layer, slot, expert).map_err(|rule| {
+            FormatError::format(
                 field("expert"),
-                expert,
-                "per-expert covariances are not defined yet: must be 0xFFFFFFFF",
-            ));
-        }
-        let want = width(slot);
+                expert.map_or("0xFFFFFFFF".to_string(), |e| e.to_string()),
+                rule,
+            )
+        })?;
         if n as usize != want {
             return Err(FormatError::shape(
                 field("n"),
@@ -231,7 +247,7 @@ pub fn parse(
         let entry = CovEntry {
             layer,
             slot,
-            expert: None,
+            expert,
             n: n as usize,
             tokens,
             offset: off as usize,
@@ -240,7 +256,12 @@ pub fn parse(
             if entry.key() <= prev.key() {
                 return Err(FormatError::format(
                     field("layer"),
-                    format!("({}, {})", layer.map_or(NONE, |l| l as u32), slot.code()),
+                    format!(
+                        "({}, {}, {})",
+                        layer.map_or(NONE, |l| l as u32),
+                        slot.code(),
+                        expert.unwrap_or(NONE)
+                    ),
                     "entries must be strictly increasing in (layer, slot, expert)",
                 ));
             }
@@ -286,6 +307,8 @@ pub fn parse(
 pub struct CovData<'a> {
     pub layer: Option<usize>,
     pub slot: CovSlot,
+    /// `Some(e)`: routed expert e's input.
+    pub expert: Option<u32>,
     pub tokens: u64,
     pub n: usize,
     pub tri: &'a [f64],
@@ -295,7 +318,13 @@ pub struct CovData<'a> {
 /// file's bytes without one) and sets the version's [`FLAG`].
 pub fn write(mut body: Vec<u8>, data: &[CovData]) -> Vec<u8> {
     let mut order: Vec<&CovData> = data.iter().collect();
-    order.sort_by_key(|d| (d.layer.map_or(NONE, |l| l as u32), d.slot.code()));
+    order.sort_by_key(|d| {
+        (
+            d.layer.map_or(NONE, |l| l as u32),
+            d.slot.code(),
+            d.expert.unwrap_or(NONE),
+        )
+    });
     let version = u32_at(&body, 4) | FLAG;
     body[4..8].copy_from_slice(&version.to_le_bytes());
     let values: usize = order.iter().map(|d| d.tri.len()).sum();
@@ -312,7 +341,7 @@ pub fn write(mut body: Vec<u8>, data: &[CovData]) -> Vec<u8> {
         for v in [
             d.layer.map_or(NONE, |l| l as u32),
             d.slot.code(),
-            NONE,
+            d.expert.unwrap_or(NONE),
             d.n as u32,
         ] {
             body.extend_from_slice(&v.to_le_bytes());

@@ -16,6 +16,7 @@ fn sample() -> (Mli, Vec<f64>, Vec<f64>, Vec<u8>) {
         CovData {
             layer: None,
             slot: CovSlot::Cls,
+            expert: None,
             tokens: 5,
             n: 32,
             tri: &cls,
@@ -23,6 +24,7 @@ fn sample() -> (Mli, Vec<f64>, Vec<f64>, Vec<u8>) {
         CovData {
             layer: Some(1),
             slot: CovSlot::Layer(Slot::W2),
+            expert: None,
             tokens: 5,
             n: 64,
             tri: &w2,
@@ -101,4 +103,108 @@ fn errors() {
     let mut b = good;
     b[vals + 4 * 65..vals + 4 * 66].copy_from_slice(&(-1.0f32).to_le_bytes());
     assert!(parse_mli(&b).is_ok(), "off-diagonal values may be negative");
+}
+
+/// A MoE layer's W2 slot: routed expert e's ew2 input (expert_hidden wide) and, without
+/// an expert, the shared expert's sw2 input (shared_hidden wide); an expert index
+/// anywhere else, or a shared entry where the layer has no shared expert, is refused.
+#[test]
+fn experts_in_a_moe_layer() {
+    use super::MoeSums;
+    // Layer 1 of 2 is MoE: 4 experts of 16, a shared expert of 8; layer 0 dense (64).
+    let mli = |shared: usize| {
+        let mut m = Mli::new(2, 32, 64, 32).with_moe(MoeSums::new(vec![1], 4, 32, 16, shared));
+        m.tokens = 5;
+        m
+    };
+    let tri = |n: usize| -> Vec<f64> { (0..n * (n + 1) / 2).map(|i| (i % 5) as f64).collect() };
+    let (t16, t8, t64) = (tri(16), tri(8), tri(64));
+    let file = |m: &Mli, data: &[(usize, Slot, Option<u32>, &[f64])]| {
+        let data: Vec<CovData> = data
+            .iter()
+            .map(|&(l, slot, expert, tri)| CovData {
+                layer: Some(l),
+                slot: CovSlot::Layer(slot),
+                expert,
+                tokens: 5,
+                n: (((8 * tri.len() + 1) as f64).sqrt() as usize - 1) / 2,
+                tri,
+            })
+            .collect();
+        write(m.to_bytes(), &data)
+    };
+    let m = mli(8);
+    let good = file(
+        &m,
+        &[
+            (1, Slot::W2, None, &t8),
+            (1, Slot::W2, Some(2), &t16),
+            (0, Slot::W2, None, &t64),
+        ],
+    );
+    let p = parse_mli(&good).unwrap();
+    let c = p.covariance.unwrap();
+    // Sorted by (layer, slot, expert), the expert-less entry after the experts'.
+    let keys: Vec<_> = c.entries.iter().map(|e| (e.layer, e.expert, e.n)).collect();
+    assert_eq!(
+        keys,
+        [
+            (Some(0), None, 64),
+            (Some(1), Some(2), 16),
+            (Some(1), None, 8)
+        ]
+    );
+    let w2 = CovSlot::Layer(Slot::W2);
+    assert_eq!(c.find_expert(Some(1), w2, Some(2)).unwrap().n, 16);
+    assert_eq!(c.find(Some(1), w2).unwrap().n, 8);
+    assert!(c.find_expert(Some(1), w2, Some(1)).is_none());
+
+    let refused = |m: &Mli, data: &[(usize, Slot, Option<u32>, &[f64])]| {
+        let e = parse_mli(&file(m, data)).unwrap_err();
+        (e.field.clone(), e.status, e.to_string())
+    };
+    for (m, data, field, says) in [
+        (
+            mli(8),
+            vec![(1, Slot::W2, Some(4), &t16[..])],
+            "expert",
+            "n_experts (4)",
+        ),
+        (
+            mli(8),
+            vec![(0, Slot::W2, Some(0), &t64[..])],
+            "expert",
+            "only a mixture-of-experts",
+        ),
+        (
+            mli(8),
+            vec![(1, Slot::W13, Some(0), &tri(32)[..])],
+            "expert",
+            "W2 slot only",
+        ),
+        (
+            mli(0),
+            vec![(1, Slot::W2, None, &t8[..])],
+            "expert",
+            "without a shared expert",
+        ),
+        (
+            mli(8),
+            vec![(1, Slot::W2, Some(0), &t8[..])],
+            "n",
+            "16 channels",
+        ),
+    ] {
+        let (f, status, msg) = refused(&m, &data);
+        assert_eq!(f, format!("covariance.entries[0].{field}"), "{msg}");
+        assert_eq!(
+            status,
+            if field == "n" {
+                Status::Shape
+            } else {
+                Status::Format
+            }
+        );
+        assert!(msg.contains(says), "{msg}");
+    }
 }

@@ -239,12 +239,38 @@ impl Mli {
             .collect()
     }
 
-    /// The width of a covariance slot's input.
-    pub fn cov_width(&self, slot: CovSlot) -> usize {
-        match slot {
-            CovSlot::Layer(Slot::Wo) => self.q_dim,
-            CovSlot::Layer(Slot::W2) => self.hidden_dim,
-            CovSlot::Layer(Slot::Attn | Slot::W13) | CovSlot::Cls => self.dim,
+    /// The width of a covariance entry's input ([`cov`]'s note: in a MoE layer the W2
+    /// slot holds the experts' ew2 inputs and the shared expert's sw2 input), or why the
+    /// model has no such input.
+    pub fn cov_width(
+        &self,
+        layer: Option<usize>,
+        slot: CovSlot,
+        expert: Option<u32>,
+    ) -> std::result::Result<usize, String> {
+        let moe = self
+            .moe
+            .as_ref()
+            .filter(|x| layer.is_some_and(|l| x.layers.contains(&l)));
+        match (slot, moe, expert) {
+            (CovSlot::Layer(Slot::W2), Some(x), Some(e)) if (e as usize) < x.n_experts => {
+                Ok(x.expert_hidden)
+            }
+            (CovSlot::Layer(Slot::W2), Some(x), Some(_)) => {
+                Err(format!("must be below n_experts ({})", x.n_experts))
+            }
+            (CovSlot::Layer(Slot::W2), Some(x), None) if x.shared_hidden > 0 => Ok(x.shared_hidden),
+            (CovSlot::Layer(Slot::W2), Some(_), None) => Err(
+                "a mixture-of-experts layer without a shared expert has no W2 input of no expert"
+                    .into(),
+            ),
+            (_, Some(_), Some(_)) => {
+                Err("per-expert covariances are defined for the W2 slot only".into())
+            }
+            (_, None, Some(_)) => Err("only a mixture-of-experts layer has experts".into()),
+            (CovSlot::Layer(Slot::Wo), ..) => Ok(self.q_dim),
+            (CovSlot::Layer(Slot::W2), ..) => Ok(self.hidden_dim),
+            (CovSlot::Layer(Slot::Attn | Slot::W13) | CovSlot::Cls, ..) => Ok(self.dim),
         }
     }
 
@@ -351,7 +377,7 @@ pub fn parse(b: &[u8]) -> Result<Mli> {
     let count = n_layers as u64 * (2 * d + q_dim + hidden_dim) as u64 + d as u64;
     let body = HEADER_SIZE as u64 + 8 * count;
     let moe = match base {
-        VERSION_MOE => Some(parse_moe(b, body as usize, n_layers, d)?),
+        VERSION_MOE => Some(parse_moe(b, body as usize, (n_layers, d), with_cov)?),
         _ => None,
     };
     let want = body + moe.as_ref().map_or(0, |(_, len)| *len as u64);
@@ -375,7 +401,7 @@ pub fn parse(b: &[u8]) -> Result<Mli> {
         covariance: None,
     };
     if with_cov {
-        let cov = cov::parse(b, want as usize, n_layers, |s| m.cov_width(s))?;
+        let cov = cov::parse(b, want as usize, n_layers, |l, s, e| m.cov_width(l, s, e))?;
         m.covariance = Some(cov);
     }
     Ok(m)
@@ -398,8 +424,14 @@ fn f64s(b: &[u8], what: &str) -> Result<Vec<f64>> {
 }
 
 /// The version-2 extension at `at` of a file of `n_layers` layers of `dim`: the
-/// experts' sums and the extension's length. Checks the lengths before allocating.
-fn parse_moe(b: &[u8], at: usize, n_layers: usize, width: usize) -> Result<(MoeSums, usize)> {
+/// experts' sums and the extension's length (the file ends with it unless `more`: a
+/// covariance section follows). Checks the lengths before allocating.
+fn parse_moe(
+    b: &[u8],
+    at: usize,
+    (n_layers, width): (usize, usize),
+    more: bool,
+) -> Result<(MoeSums, usize)> {
     let short = || {
         FormatError::format(
             "file",
@@ -448,7 +480,8 @@ fn parse_moe(b: &[u8], at: usize, n_layers: usize, width: usize) -> Result<(MoeS
     let per = 8 * (e as u64 * (1 + width as u64 + eh as u64) + sh as u64);
     let start = list + 4 * n.next_multiple_of(2);
     let len = (start - at) as u64 + n as u64 * per;
-    if b.len() as u64 != at as u64 + len {
+    let end = at as u64 + len;
+    if b.len() as u64 != end && !(more && b.len() as u64 > end) {
         return Err(FormatError::format(
             "file",
             format!("{} bytes", b.len()),

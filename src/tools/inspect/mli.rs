@@ -71,7 +71,7 @@ pub fn report_json(m: &Mli, file_name: &str) -> Value {
         "valid": true,
         "header": {
             "magic": "MLI1",
-            "version": if m.covariance.is_some() { 1 | mli_cov::FLAG } else { 1 },
+            "version": version(m),
             "n_layers": m.n_layers, "dim": m.dim,
             "hidden_dim": m.hidden_dim, "q_dim": if m.q_dim == m.dim { 0 } else { m.q_dim },
             "tokens": m.tokens, "cls_tokens": m.cls_tokens,
@@ -124,19 +124,48 @@ pub fn cov_text(m: &Mli, bytes: &[u8]) -> String {
         s,
         "per input: channels × channels, rows summed, mean square, mean |correlation| off the diagonal"
     );
-    for e in &c.entries {
-        let (ms, corr) = cov_summary(bytes, e);
+    // A MoE layer's experts' entries (one per routed expert) make one line: their
+    // count, the least and most rows, and the means of their figures.
+    let mut i = 0;
+    while i < c.entries.len() {
+        let e = &c.entries[i];
+        let group = c.entries[i..]
+            .iter()
+            .take_while(|x| x.expert.is_some() && (x.layer, x.slot) == (e.layer, e.slot))
+            .count()
+            .max(1);
+        let g = &c.entries[i..i + group];
+        let figures: Vec<(f64, f64)> = g.iter().map(|x| cov_summary(bytes, x)).collect();
+        let mean = |f: fn(&(f64, f64)) -> f64| figures.iter().map(f).sum::<f64>() / group as f64;
+        let (ms, corr) = (mean(|x| x.0), mean(|x| x.1));
         let layer = e.layer.map_or("cls".to_string(), |l| format!("{l:>3}"));
+        let (name, rows) = match e.expert {
+            None => (e.slot.name().to_string(), format!("{} rows", e.tokens)),
+            Some(_) => {
+                let t = g.iter().map(|x| x.tokens);
+                let (lo, hi) = (t.clone().min().unwrap_or(0), t.max().unwrap_or(0));
+                let name = format!("{} ×{group} experts", e.slot.name());
+                (name, format!("{lo}-{hi} rows"))
+            }
+        };
         let _ = writeln!(
             s,
-            "  {layer}  {:<10} {:>5} × {:<5} {:>8} rows  {ms:.4e}  {corr:.4}",
-            e.slot.name(),
-            e.n,
-            e.n,
-            e.tokens
+            "  {layer}  {name:<15} {:>5} × {:<5} {rows:>15}  {ms:.4e}  {corr:.4}",
+            e.n, e.n,
         );
+        i += group;
     }
     s
+}
+
+/// The header's version: 1, or 2 with the experts' sums, plus the covariance bit.
+fn version(m: &Mli) -> u32 {
+    let base = if m.moe.is_some() { 2 } else { 1 };
+    base | if m.covariance.is_some() {
+        mli_cov::FLAG
+    } else {
+        0
+    }
 }
 
 /// The covariance section as JSON (`null` without one).
@@ -150,7 +179,8 @@ pub fn cov_json(m: &Mli, bytes: &[u8]) -> Value {
         .map(|e| {
             let (ms, corr) = cov_summary(bytes, e);
             json!({
-                "layer": e.layer, "slot": e.slot.name(), "n": e.n, "tokens": e.tokens,
+                "layer": e.layer, "slot": e.slot.name(), "expert": e.expert, "n": e.n,
+                "tokens": e.tokens,
                 "mean_square": ms, "mean_abs_correlation": corr,
             })
         })
