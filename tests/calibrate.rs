@@ -743,6 +743,15 @@ fn imatrix_linear_attention_slots() {
     );
 }
 
+/// Test model `name`'s folder and its BF16 conversion in `tmp` (the checkpoint's
+/// values exactly: the fixtures are bf16).
+fn exact_bf16(name: &str, tmp: &Path) -> (PathBuf, PathBuf) {
+    let dir = testdata().join("models").join(name);
+    let exact = tmp.join("bf16.mlb");
+    convert(&dir, &exact, &["--wtype", "bf16"]);
+    (dir, exact)
+}
+
 /// Per-expert importance (an MLI version-2 file) in `mlb-convert --imatrix`: each
 /// expert's ew1/ew3 and ew2 rows are quantized with its own sums over the tokens routed
 /// to it; an expert no token reached takes the layer's pooled FFN input (W13) for
@@ -754,10 +763,8 @@ fn imatrix_weighs_each_expert_by_its_own_inputs() {
     use krafla::format::mlb::Kind;
     use krafla::format::mli::{ExpertSlot, MoeSums};
     use krafla::quant::{dequant_mat_row, quantize, Q4Rule, QuantOptions};
-    let dir = testdata().join("models/olmoe");
     let tmp = tempfile::tempdir().unwrap();
-    let exact = tmp.path().join("bf16.mlb");
-    convert(&dir, &exact, &["--wtype", "bf16"]);
+    let (dir, exact) = exact_bf16("olmoe", tmp.path());
     let b = Mlb::open(&exact).unwrap();
     let (d, h) = (*b.dims(), *b.header());
     let (n_experts, eh) = (h.n_experts as usize, h.expert_hidden as usize);
@@ -899,10 +906,8 @@ fn error_feedback_per_expert() {
     use krafla::format::mli::ExpertSlot;
     use krafla::quant::feedback::{self, plain_product, Feedback, Prior};
     use krafla::quant::{dequant_mat_row, Q4Rule, QuantOptions, Scales};
-    let dir = testdata().join("models/qwen3_5_moe_text");
     let tmp = tempfile::tempdir().unwrap();
-    let exact = tmp.path().join("bf16.mlb");
-    convert(&dir, &exact, &["--wtype", "bf16"]);
+    let (dir, exact) = exact_bf16("qwen3_5_moe_text", tmp.path());
     let cov_path = tmp.path().join("cov.mli");
     let toks: Vec<String> = (0..60).map(|i| ((i * 37 + 5) % 256).to_string()).collect();
     let p = cov_path.to_str().unwrap();

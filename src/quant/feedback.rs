@@ -1186,13 +1186,10 @@ mod tests {
         }
     }
 
-    /// `U` really factors the damped inverse: UᵀU (H + δI) = I.
-    #[test]
-    fn factor_inverts_the_damped_covariance() {
-        let mut rng = Rng(7);
-        let n = 40;
-        let h = correlated_h(&mut rng, n, 30);
-        let fb = Feedback::new(n, &h, Prior::damped(DAMP), plain_product).unwrap();
+    /// `fb`'s factor inverts `D (H + δI) D` (`D = diag r`, δ the default damping of H's
+    /// mean diagonal): `UᵀU D (H + δI) D = I`.
+    fn assert_inverts(fb: &Feedback, h: &[f64], r: &[f64]) {
+        let n = r.len();
         let mean = (0..n).map(|i| h[i * n + i]).sum::<f64>() / n as f64;
         for i in 0..n {
             for j in 0..n {
@@ -1200,38 +1197,28 @@ mod tests {
                 for k in 0..n {
                     let uu: f64 = (0..n).map(|a| fb.u(a, i) * fb.u(a, k)).sum();
                     let hk = h[k * n + j] + if k == j { DAMP * mean } else { 0.0 };
-                    s += uu * hk;
-                }
-                let want = (i == j) as u8 as f64;
-                assert!((s - want).abs() < 1e-8, "({i}, {j}): {s}");
-            }
-        }
-        assert!(Feedback::new(2, &[0.0; 4], Prior::damped(DAMP), plain_product).is_none());
-    }
-
-    /// `rescaled(r)` factors `(D (H + δI) D)⁻¹` (D = diag r): `U'ᵀU' D (H + δI) D = I`.
-    #[test]
-    fn rescaled_factors_the_scaled_covariance() {
-        let mut rng = Rng(11);
-        let n = 24;
-        let h = correlated_h(&mut rng, n, 30);
-        let fb = Feedback::new(n, &h, Prior::damped(DAMP), plain_product).unwrap();
-        let r: Vec<f64> = (0..n).map(|_| 0.2 + 3.0 * rng.next_f64()).collect();
-        let sc = fb.rescaled(&r);
-        let mean = (0..n).map(|i| h[i * n + i]).sum::<f64>() / n as f64;
-        for i in 0..n {
-            for j in 0..n {
-                let mut s = 0.0;
-                for k in 0..n {
-                    let uu: f64 = (0..n).map(|a| sc.u(a, i) * sc.u(a, k)).sum();
-                    let hk = h[k * n + j] + if k == j { DAMP * mean } else { 0.0 };
                     s += uu * r[k] * hk * r[j];
                 }
                 let want = (i == j) as u8 as f64;
                 assert!((s - want).abs() < 1e-8, "({i}, {j}): {s}");
             }
         }
+    }
+
+    /// `U` really factors the damped inverse: UᵀU (H + δI) = I; and `rescaled(r)`
+    /// factors `(D (H + δI) D)⁻¹` (D = diag r), with another importance.
+    #[test]
+    fn factor_inverts_the_damped_covariance() {
+        let mut rng = Rng(7);
+        let n = 40;
+        let h = correlated_h(&mut rng, n, 30);
+        let fb = Feedback::new(n, &h, Prior::damped(DAMP), plain_product).unwrap();
+        assert_inverts(&fb, &h, &vec![1.0; n]);
+        let r: Vec<f64> = (0..n).map(|_| 0.2 + 3.0 * rng.next_f64()).collect();
+        let sc = fb.rescaled(&r);
+        assert_inverts(&sc, &h, &r);
         assert_ne!(sc.importance(), fb.importance());
+        assert!(Feedback::new(2, &[0.0; 4], Prior::damped(DAMP), plain_product).is_none());
     }
 
     /// The same bytes at 1, 2 and 3 threads, and row by row: a row's bytes depend on
