@@ -136,16 +136,8 @@ impl CovCollector {
     pub fn new(cfg: &Config) -> CovCollector {
         let sums = Collector::new(cfg);
         let lout_in_wo = !cfg.layers.contains(&LayerKind::Linear) || sums.lout_in_wo();
-        let (d, q) = (cfg.dim, cfg.q_dim);
         let layers = (0..cfg.n_layers)
-            .map(|l| {
-                [
-                    Some(CovAccum::new(d)),
-                    Some(CovAccum::new(q)),
-                    Some(CovAccum::new(d)),
-                    Self::w2_width(cfg, l).map(CovAccum::new),
-                ]
-            })
+            .map(|l| Self::widths(cfg, l).map(|n| n.map(CovAccum::new)))
             .collect();
         let n_experts = cfg.moe.as_ref().map_or(0, |m| m.n_experts);
         let experts = (0..cfg.n_layers)
@@ -159,36 +151,39 @@ impl CovCollector {
             layers,
             experts,
             expert_hidden: cfg.moe.as_ref().map_or(0, |m| m.expert_hidden),
-            cls: CovAccum::new(d),
+            cls: CovAccum::new(cfg.dim),
             lout_in_wo,
         }
     }
 
-    /// The width of layer `l`'s W2 input: the dense w2's, or the shared expert's sw2's.
-    fn w2_width(cfg: &Config, l: usize) -> Option<usize> {
-        match (cfg.moe_layers.get(l), &cfg.moe) {
+    /// The widths of layer `l`'s Attn, Wo, W13 and W2 inputs; W2 is the dense w2's, or in
+    /// a MoE layer the shared expert's sw2's (`None` without one).
+    fn widths(cfg: &Config, l: usize) -> [Option<usize>; 4] {
+        let w2 = match (cfg.moe_layers.get(l), &cfg.moe) {
             (Some(true), Some(m)) => (m.shared_hidden > 0).then_some(m.shared_hidden),
             _ => Some(cfg.hidden_dim),
-        }
+        };
+        [Some(cfg.dim), Some(cfg.q_dim), Some(cfg.dim), w2]
     }
 
     /// Bytes its accumulators take for the model `cfg` at most (every expert reached).
     pub fn memory(cfg: &Config) -> u64 {
-        let (d, q) = (cfg.dim, cfg.q_dim);
         let experts = cfg
             .moe
             .as_ref()
             .map_or(0, |m| m.n_experts as u64 * tri_bytes(m.expert_hidden));
         (0..cfg.n_layers)
             .map(|l| {
+                let slots: u64 = Self::widths(cfg, l)
+                    .iter()
+                    .flatten()
+                    .map(|&n| tri_bytes(n))
+                    .sum();
                 let moe = cfg.moe_layers.get(l) == Some(&true);
-                2 * tri_bytes(d)
-                    + tri_bytes(q)
-                    + Self::w2_width(cfg, l).map_or(0, tri_bytes)
-                    + if moe { experts } else { 0 }
+                slots + if moe { experts } else { 0 }
             })
             .sum::<u64>()
-            + tri_bytes(d)
+            + tri_bytes(cfg.dim)
     }
 
     pub fn mli(&self) -> &Mli {

@@ -465,23 +465,24 @@ impl CovFile {
 
     /// Expert `e`'s error feedback in `x` (kept while its rows are written).
     pub fn expert_feedback(&self, x: &ExpertCov, e: usize) -> Option<Arc<Feedback>> {
-        let (offset, scales) = match x {
-            ExpertCov::Own { each, .. } => (each.get(e)?.as_ref()?.offset, None),
+        // The entry, and the scales an ew1/ew3 expert takes it at.
+        let (entry, scales) = match x {
+            ExpertCov::Own { each, .. } => (each.get(e)?.as_ref()?, None),
             ExpertCov::Pooled { entry, scales, .. } => match scales.get(e)? {
-                Some(r) => (entry.offset, Some(r)),
+                Some(r) => (entry, Some(r)),
                 None => return self.feedback(entry),
             },
         };
+        let key = (entry.offset, e);
         let lock = || self.expert.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some((_, f)) = lock().as_ref().filter(|(k, _)| *k == (offset, e)) {
+        if let Some((_, f)) = lock().as_ref().filter(|(k, _)| *k == key) {
             return Some(f.clone());
         }
-        let fb = Arc::new(match (x, scales) {
-            (ExpertCov::Pooled { entry, .. }, Some(r)) => self.feedback(entry)?.rescaled(r),
-            (ExpertCov::Own { each, .. }, _) => self.build(each[e].as_ref()?)?,
-            _ => unreachable!("a pooled entry without scales returned above"),
+        let fb = Arc::new(match scales {
+            Some(r) => self.feedback(entry)?.rescaled(r),
+            None => self.build(entry)?,
         });
-        *lock() = Some(((offset, e), fb.clone()));
+        *lock() = Some((key, fb.clone()));
         Some(fb)
     }
 
