@@ -2,15 +2,17 @@
 //! IQ2_S, IQ1_M) on AVX2 + FMA, bit-identical to `scalar::codebook`. Every x86 tier uses
 //! them (the codebook types have no packed layout).
 //!
-//! A super-block is decoded once per row into 8 ymm of 32 level magnitudes `m` and 8
-//! of their signs `s` (±1 bytes), one pair per block of 32, element order: grid entries
-//! loaded by index (scalar loads: Zen 4's `vpgatherdd` was slower), signs from a table
-//! of ±1 bytes per 7-bit sign index (IQ2_XXS, IQ3_XXS, IQ2_XS) or from the sign bits
-//! (`vpshufb` + `vpcmpeqb`); IQ1_M's levels are `8·g ± 1`, `m = |v|` and `s = v`. Then
-//! for every token `vpmaddubsw(m, sign(x, s))` (the IQ4_NL sign trick: `m ≤ 62`, pair
-//! sums ≤ 2·62·127, no saturation) and `vpmaddwd` by 1 give 8 exact i32 partials per
-//! block, reduced to `isum` per block (a scale per 32) or to `Σ_lo`, `Σ_hi` (a scale
-//! per 16), then the contract's float step on the 8 blocks as 8 lanes.
+//! A super-block is decoded per row into 8 ymm of 32 level magnitudes `m` and 8 of
+//! their signs `s` (±1 bytes), one pair per block of 32, element order: grid entries
+//! loaded by index (scalar loads: Zen 4's `vpgatherdd` was slower); signs from a dword
+//! of sign bits per block (`vpermd` + `vpshufb` + `vpcmpeqb`), made for the 8 blocks at
+//! once, the 7-bit sign indices of IQ2_XXS, IQ3_XXS and IQ2_XS with their parity bits
+//! computed in lanes ([`sign_words`]); IQ1_M's levels are `8·g ± 1`, `m = |v|` and
+//! `s = v`. Then for every token `vpmaddubsw(m, sign(x, s))` (the IQ4_NL sign trick:
+//! `m ≤ 62`, pair sums ≤ 2·62·127, no saturation) and `vpmaddwd` by 1 give 8 exact i32
+//! partials per block, reduced to `isum` per block (a scale per 32) or to `Σ_lo`, `Σ_hi`
+//! (a scale per 16), then the contract's float step on the 8 blocks as 8 lanes. With one
+//! token each block is used as it is decoded (the 16 ymm of a whole super-block spill).
 //!
 //! Several tokens (every x86 tier) decode a sub-block of rows once into the layout of
 //! `kernels::packed` ("Decoded codebook groups": levels + 128 as a packed Q8_0 block,
@@ -23,7 +25,7 @@
 use core::arch::x86_64::*;
 
 use super::packed::{add256, add512, dpbusd_block, lane_tree, store16, store8, with_tokens};
-use super::simd::{bit_mask, hsum8, hsum8_halves, reduce_lanes};
+use super::simd::{bit_mask_lane, hsum8, hsum8_halves, reduce_lanes};
 use super::tiles::block_rows_of_tile;
 use crate::format::iq_grids::{
     IQ1S_GRID, IQ2S_GRID, IQ2XS_GRID, IQ2XXS_GRID, IQ3S_GRID, IQ3XXS_GRID,
@@ -53,10 +55,6 @@ fn u16_at(b: &[u8], at: usize) -> u16 {
     u16::from_le_bytes([b[at], b[at + 1]])
 }
 
-fn u32_at(b: &[u8], at: usize) -> u32 {
-    u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
-}
-
 /// `vpsignb` factors of a sign mask: −1 where set, +1 elsewhere.
 #[target_feature(enable = "avx2")]
 #[inline]
@@ -64,30 +62,85 @@ fn pm1(mask: __m256i) -> __m256i {
     _mm256_or_si256(mask, _mm256_set1_epi8(1))
 }
 
-/// The 8 signs of 7-bit sign index `i` as ±1 bytes (GGUF's `KSIGNS[i]`: bit 7 makes
-/// the count of set bits even), so that a block's signs are 4 table loads.
-static SIGNS_PM1: [u64; 128] = {
-    let mut t = [0u64; 128];
-    let mut i = 0;
-    while i < 128 {
-        let s = i as u32 | ((i as u32).count_ones() % 2) << 7;
-        let mut k = 0;
-        while k < 8 {
-            t[i] |= (if s >> k & 1 == 1 { 0xFF } else { 0x01 }) << (8 * k);
-            k += 1;
-        }
-        i += 1;
-    }
-    t
-};
-
-/// The ±1 signs of 32 weights from four 7-bit sign indices (IQ2_XXS, IQ3_XXS: the low
-/// 28 bits of `aux`, 7 per group of 8).
+/// The sign bits of the 8 blocks of super-block `b` of type `t`, dword `j` for block
+/// `j`, bit `e` set where element `e` is negative (for [`bit_mask_lane`]); zero for
+/// IQ1_M, whose levels carry their signs. The 7-bit sign indices (IQ2_XXS, IQ3_XXS,
+/// IQ2_XS) become GGUF's `KSIGNS` bytes in 8 lanes at once: the index, and its parity in
+/// bit 7 (so that every byte has an even count of set bits). A table load per index cost
+/// 4 loads and inserts per block.
 #[target_feature(enable = "avx2")]
 #[inline]
-fn signs4(aux: u32) -> __m256i {
-    let s = |l: u32| SIGNS_PM1[(aux >> (7 * l) & 127) as usize] as i64;
-    _mm256_setr_epi64x(s(0), s(1), s(2), s(3))
+fn sign_words(t: WType, b: &[u8]) -> __m256i {
+    assert!(b.len() >= t.block_bytes());
+    let p = b.as_ptr();
+    // SAFETY: every load is inside the block (the assert: IQ3_XXS 98 bytes, IQ2_XXS 66,
+    // IQ2_XS 74, IQ2_S 82, IQ3_S 110).
+    unsafe {
+        match t {
+            // Bits 0..28 of each block's sign word (bytes 66 + 4j): four 7-bit indices.
+            WType::IQ3_XXS => ksigns_of_words(_mm256_loadu_si256(p.add(66) as *const __m256i)),
+            // Word 1 of each block's pair (bytes 2 + 8j + 4), as in `scales8`.
+            WType::IQ2_XXS => {
+                let a = _mm256_loadu_si256(p.add(2) as *const __m256i);
+                let c = _mm256_loadu_si256(p.add(34) as *const __m256i);
+                let odd = _mm256_setr_epi32(1, 3, 5, 7, 1, 3, 5, 7);
+                ksigns_of_words(_mm256_blend_epi32::<0xF0>(
+                    _mm256_permutevar8x32_epi32(a, odd),
+                    _mm256_permutevar8x32_epi32(c, odd),
+                ))
+            }
+            // The top 7 bits of each of a block's four u16 (bytes 2 + 8j + 2l).
+            WType::IQ2_XS => {
+                let a = _mm256_srli_epi16::<9>(_mm256_loadu_si256(p.add(2) as *const __m256i));
+                let c = _mm256_srli_epi16::<9>(_mm256_loadu_si256(p.add(34) as *const __m256i));
+                let (a, c) = (with_parity(a), with_parity(c));
+                // Per 128-bit lane the pack puts blocks 0, 1, 4, 5 | 2, 3, 6, 7.
+                _mm256_permute4x64_epi64::<0xD8>(_mm256_packus_epi16(a, c))
+            }
+            // A sign bit per weight (bytes 34 + 4j, 74 + 4j).
+            WType::IQ2_S => _mm256_loadu_si256(p.add(34) as *const __m256i),
+            WType::IQ3_S => _mm256_loadu_si256(p.add(74) as *const __m256i),
+            _ => _mm256_setzero_si256(),
+        }
+    }
+}
+
+/// Four 7-bit sign indices per dword (bits `7l..7l + 7`) as the `KSIGNS` bytes of
+/// groups `l = 0..4`.
+#[target_feature(enable = "avx2")]
+#[inline]
+fn ksigns_of_words(w: __m256i) -> __m256i {
+    // No closure: it would not inherit the features (every intrinsic a call).
+    let (m0, m1, m2, m3) = (
+        _mm256_set1_epi32(0x7F),
+        _mm256_set1_epi32(0x7F00),
+        _mm256_set1_epi32(0x7F_0000),
+        _mm256_set1_epi32(0x7F00_0000),
+    );
+    let s = _mm256_or_si256(
+        _mm256_or_si256(
+            _mm256_and_si256(w, m0),
+            _mm256_and_si256(_mm256_slli_epi32::<1>(w), m1),
+        ),
+        _mm256_or_si256(
+            _mm256_and_si256(_mm256_slli_epi32::<2>(w), m2),
+            _mm256_and_si256(_mm256_slli_epi32::<3>(w), m3),
+        ),
+    );
+    with_parity(s)
+}
+
+/// Every byte of `s` (bit 7 clear) with bit 7 set where its count of set bits is odd.
+/// Bit 0 of byte k after the three folds is the XOR of that byte's 8 bits: the shifts
+/// bring in bits of the next byte only above bit 0 (in 16- or 32-bit lanes alike).
+#[target_feature(enable = "avx2")]
+#[inline]
+fn with_parity(s: __m256i) -> __m256i {
+    let x = _mm256_xor_si256(s, _mm256_srli_epi32::<4>(s));
+    let x = _mm256_xor_si256(x, _mm256_srli_epi32::<2>(x));
+    let x = _mm256_xor_si256(x, _mm256_srli_epi32::<1>(x));
+    let odd = _mm256_and_si256(x, _mm256_set1_epi8(1));
+    _mm256_or_si256(s, _mm256_slli_epi32::<7>(odd))
 }
 
 /// Four 8-value grid entries in element order.
@@ -112,39 +165,29 @@ fn grid4(g: &[u32], i: impl Fn(usize) -> usize) -> __m256i {
 }
 
 /// The magnitudes `m` (u8) and `vpsignb` signs `s` (±1, or the signed levels for
-/// IQ1_M) of block `j` (32 weights) of super-block `b` of type `t`: the levels are
-/// `m·s`.
+/// IQ1_M) of block `j` (32 weights) of super-block `b` of type `t`, its sign bits in
+/// `words` ([`sign_words`]): the levels are `m·s`.
 #[target_feature(enable = "avx2")]
 #[inline]
-fn levels(t: WType, b: &[u8], j: usize) -> (__m256i, __m256i) {
-    match t {
+fn levels(t: WType, b: &[u8], words: __m256i, j: usize) -> (__m256i, __m256i) {
+    let m = match t {
         WType::IQ2_XXS => {
             let q = &b[2 + 8 * j..][..4];
-            let m = grid8(&IQ2XXS_GRID, [0, 1, 2, 3].map(|l| q[l] as usize));
-            (m, signs4(u32_at(b, 2 + 8 * j + 4)))
+            grid8(&IQ2XXS_GRID, [0, 1, 2, 3].map(|l| q[l] as usize))
         }
         WType::IQ3_XXS => {
             let q = &b[2 + 8 * j..][..8];
-            let m = grid4(&IQ3XXS_GRID, |i| q[i] as usize);
-            (m, signs4(u32_at(b, 66 + 4 * j)))
+            grid4(&IQ3XXS_GRID, |i| q[i] as usize)
         }
-        WType::IQ2_XS => {
-            let q = [0, 1, 2, 3].map(|l| u16_at(b, 2 + 8 * j + 2 * l));
-            let m = grid8(&IQ2XS_GRID, q.map(|q| (q & 511) as usize));
-            let s = q.map(|q| SIGNS_PM1[(q >> 9) as usize] as i64);
-            (m, _mm256_setr_epi64x(s[0], s[1], s[2], s[3]))
-        }
-        WType::IQ2_S => {
-            let m = grid8(
-                &IQ2S_GRID,
-                [0, 1, 2, 3].map(|l| codebook::iq2s_index(b, 4 * j + l)),
-            );
-            (m, pm1(bit_mask(u32_at(b, 34 + 4 * j))))
-        }
-        WType::IQ3_S => {
-            let m = grid4(&IQ3S_GRID, |i| codebook::iq3s_index(b, 8 * j + i));
-            (m, pm1(bit_mask(u32_at(b, 74 + 4 * j))))
-        }
+        WType::IQ2_XS => grid8(
+            &IQ2XS_GRID,
+            [0, 1, 2, 3].map(|l| (u16_at(b, 2 + 8 * j + 2 * l) & 511) as usize),
+        ),
+        WType::IQ2_S => grid8(
+            &IQ2S_GRID,
+            [0, 1, 2, 3].map(|l| codebook::iq2s_index(b, 4 * j + l)),
+        ),
+        WType::IQ3_S => grid4(&IQ3S_GRID, |i| codebook::iq3s_index(b, 8 * j + i)),
         WType::IQ1_M => {
             // A loop, not `array::map` over pairs: LLVM left those closures as calls per
             // block (decoding ran 2.6x slower; the other types' maps inline, and loops
@@ -159,10 +202,11 @@ fn levels(t: WType, b: &[u8], j: usize) -> (__m256i, __m256i) {
             // bits are masked off.
             let g8 = _mm256_and_si256(_mm256_slli_epi16(g, 3), _mm256_set1_epi8(-8));
             let v = _mm256_add_epi8(g8, _mm256_setr_epi64x(sh[0], sh[1], sh[2], sh[3]));
-            (_mm256_abs_epi8(v), v)
+            return (_mm256_abs_epi8(v), v);
         }
         _ => unreachable!("a codebook type"),
-    }
+    };
+    (m, pm1(bit_mask_lane(words, j)))
 }
 
 /// The per-32 scales of super-block `b` of type `t` as 8 lanes: `(dl, dh)`, block `j`'s
@@ -303,10 +347,49 @@ fn decode<C: CodebookTy>(b: &[u8]) -> Group {
         [_mm256_setzero_si256(); LANES],
         [_mm256_setzero_si256(); LANES],
     );
+    let words = sign_words(C::W, b);
     for j in 0..LANES {
-        (w[j], v[j]) = levels(C::W, b, j);
+        (w[j], v[j]) = levels(C::W, b, words, j);
     }
     Group { w, v, dl, dh }
+}
+
+/// The 8 exact i32 partials of block `j` of `xr` (a token's 8 blocks) against levels
+/// `m·s`.
+#[target_feature(enable = "avx2")]
+#[inline]
+fn block_dot(m: __m256i, s: __m256i, xr: &[i8], j: usize) -> __m256i {
+    let xr = &xr[QK * j..][..QK];
+    // SAFETY: `xr` holds the block's 32 quants.
+    let xv = unsafe { _mm256_loadu_si256(xr.as_ptr() as *const __m256i) };
+    let d = _mm256_maddubs_epi16(m, _mm256_sign_epi8(xv, s));
+    _mm256_madd_epi16(d, _mm256_set1_epi16(1))
+}
+
+/// The contract's float step of a super-block's 8 blocks (partials `p`, weight scales
+/// `dl`, `dh`, the token's block scales `xd`) into `acc`.
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+fn float_step(
+    halves: bool,
+    p: &[__m256i; LANES],
+    dl: __m256,
+    dh: __m256,
+    xd: &[f32],
+    acc: __m256,
+) -> __m256 {
+    let xd = &xd[..LANES];
+    // SAFETY: `xd` holds the 8 blocks' scales.
+    let dx = unsafe { _mm256_loadu_ps(xd.as_ptr()) };
+    if halves {
+        let (lo, hi) = hsum8_halves(p);
+        let l = _mm256_mul_ps(dl, _mm256_cvtepi32_ps(lo));
+        let v = _mm256_fmadd_ps(dh, _mm256_cvtepi32_ps(hi), l);
+        _mm256_fmadd_ps(dx, v, acc)
+    } else {
+        let d = _mm256_mul_ps(dl, dx);
+        _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(hsum8(p)), acc)
+    }
 }
 
 /// One row (`wq`: its super-blocks) against `T` tokens of `x`.
@@ -317,32 +400,37 @@ fn row<C: CodebookTy, const T: usize>(wq: &[u8], x: &ActTile, out: &mut [f32]) {
     let cols = nb * QK;
     assert!(wq.len() == C::W.row_bytes(cols) && x.q.len() >= T * cols && out.len() == T);
     let halves = codebook::halves(C::W);
-    let ones = _mm256_set1_epi16(1);
     let mut acc = [_mm256_setzero_ps(); T];
     for (sb, blk) in wq.chunks_exact(C::W.block_bytes()).enumerate() {
-        let g = decode::<C>(blk);
         let b0 = sb * LANES;
+        if T == 1 {
+            // One token: each block's levels are used as they are decoded (a decoded
+            // super-block, held for several tokens, spills to the stack).
+            // SAFETY: F16C is enabled here.
+            let (dl, dh) = unsafe { scales8(C::W, blk) };
+            let words = sign_words(C::W, blk);
+            let xr = &x.q[b0 * QK..][..QK_K];
+            // Unrolled by hand: as a loop LLVM kept it rolled, `p` on the stack.
+            macro_rules! dots {
+                ($($j:literal)*) => {
+                    [$({
+                        let (m, s) = levels(C::W, blk, words, $j);
+                        block_dot(m, s, xr, $j)
+                    }),*]
+                };
+            }
+            let p = dots!(0 1 2 3 4 5 6 7);
+            acc[0] = float_step(halves, &p, dl, dh, &x.d[b0..][..LANES], acc[0]);
+            continue;
+        }
+        let g = decode::<C>(blk);
         for (t, acc_t) in acc.iter_mut().enumerate() {
             let xr = &x.q[t * cols + b0 * QK..][..QK_K];
-            let xd = &x.d[t * nb + b0..][..LANES];
             let mut p = [_mm256_setzero_si256(); LANES];
             for (j, pj) in p.iter_mut().enumerate() {
-                // SAFETY: `xr` holds the 8 blocks' 256 quants; block j's are at 32·j.
-                let xv = unsafe { _mm256_loadu_si256(xr.as_ptr().add(QK * j) as *const __m256i) };
-                let s = _mm256_maddubs_epi16(g.w[j], _mm256_sign_epi8(xv, g.v[j]));
-                *pj = _mm256_madd_epi16(s, ones);
+                *pj = block_dot(g.w[j], g.v[j], xr, j);
             }
-            // SAFETY: `xd` holds the 8 blocks' scales.
-            let dx = unsafe { _mm256_loadu_ps(xd.as_ptr()) };
-            *acc_t = if halves {
-                let (lo, hi) = hsum8_halves(&p);
-                let l = _mm256_mul_ps(g.dl, _mm256_cvtepi32_ps(lo));
-                let v = _mm256_fmadd_ps(g.dh, _mm256_cvtepi32_ps(hi), l);
-                _mm256_fmadd_ps(dx, v, *acc_t)
-            } else {
-                let d = _mm256_mul_ps(g.dl, dx);
-                _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(hsum8(&p)), *acc_t)
-            };
+            *acc_t = float_step(halves, &p, g.dl, g.dh, &x.d[t * nb + b0..][..LANES], *acc_t);
         }
     }
     for (o, a) in out.iter_mut().zip(acc) {
@@ -410,13 +498,14 @@ pub unsafe fn decode_groups<C: CodebookTy>(
                 let (mut dl, mut dh) = ([0f32; LANES], [0f32; LANES]);
                 // SAFETY: F16C is enabled here.
                 let (vl, vh) = unsafe { scales8(C::W, blk) };
+                let words = sign_words(C::W, blk);
                 // SAFETY: each array holds 8 f32.
                 unsafe {
                     _mm256_storeu_ps(dl.as_mut_ptr(), vl);
                     _mm256_storeu_ps(dh.as_mut_ptr(), vh);
                 }
                 for (l, &start) in starts.iter().enumerate() {
-                    let (m, sg) = levels(C::W, blk, l);
+                    let (m, sg) = levels(C::W, blk, words, l);
                     let v = _mm256_xor_si256(_mm256_sign_epi8(m, sg), flip);
                     let mut u = [0u8; QK];
                     // SAFETY: `u` holds 32 bytes.
@@ -547,8 +636,9 @@ fn checked_tokens(v: &DecodedView, x: &ActTile) -> usize {
 
 /// [`decoded_lane`] on AVX2 for the half group `half` (rows `8·half..8·half + 8`) and
 /// tokens `t0..t0 + T` of a tile of `nt`: the levels `v = u ^ 0x80` of each chunk, then
-/// `vpmaddubsw(|v|, sign(x, v))` and `vpmaddwd` by 1 give each row's 4 products (pair
-/// sums ≤ 2·62·127, no saturation), summed exactly over chunks 0..4 (`Σ_lo`) and 4..8.
+/// `vpmaddubsw(|v|, sign(x, v))` gives each row's pair sums (≤ 2·62·127, no saturation),
+/// two chunks' added and `vpmaddwd` by 1, summed exactly over chunks 0..4 (`Σ_lo`) and
+/// 4..8 (`Σ_hi`; into `Σ_lo` when the type has a scale per 32).
 #[inline(always)]
 unsafe fn decoded_lane_avx2<const HALVES: bool, const T: usize>(
     rec: *const u8,
@@ -570,16 +660,22 @@ unsafe fn decoded_lane_avx2<const HALVES: bool, const T: usize>(
             let wp = rec.add(pos * DECODED_LINES * 64 + 32 * half);
             let at = b * nt + t0;
             let (mut lo, mut hi) = ([_mm256_setzero_si256(); T], [_mm256_setzero_si256(); T]);
-            for k in 0..8 {
-                let u = _mm256_loadu_si256(wp.add(64 * k) as *const __m256i);
-                let v = _mm256_xor_si256(u, flip);
-                let w = _mm256_abs_epi8(v);
+            // Chunks k and k + 1 (one half) share a `vpmaddwd`: their i16 pair sums
+            // add without saturating (2·2·62·127 = 31,496).
+            for k in (0..8).step_by(2) {
+                let u0 = _mm256_loadu_si256(wp.add(64 * k) as *const __m256i);
+                let u1 = _mm256_loadu_si256(wp.add(64 * k + 64) as *const __m256i);
+                let (v0, v1) = (_mm256_xor_si256(u0, flip), _mm256_xor_si256(u1, flip));
+                let (w0, w1) = (_mm256_abs_epi8(v0), _mm256_abs_epi8(v1));
                 for t in 0..T {
                     let xp = xq.add((at + t) * QK + 4 * k) as *const i32;
-                    let xk = _mm256_set1_epi32(xp.read_unaligned());
-                    let s = _mm256_maddubs_epi16(w, _mm256_sign_epi8(xk, v));
-                    let p = _mm256_madd_epi16(s, ones);
-                    if k < 4 {
+                    let x0 = _mm256_set1_epi32(xp.read_unaligned());
+                    let x1 = _mm256_set1_epi32(xp.add(1).read_unaligned());
+                    let s0 = _mm256_maddubs_epi16(w0, _mm256_sign_epi8(x0, v0));
+                    let s1 = _mm256_maddubs_epi16(w1, _mm256_sign_epi8(x1, v1));
+                    let p = _mm256_madd_epi16(_mm256_add_epi16(s0, s1), ones);
+                    // A scale per 32 needs one sum: `hi` stays zero (and unused).
+                    if k < 4 || !HALVES {
                         lo[t] = _mm256_add_epi32(lo[t], p);
                     } else {
                         hi[t] = _mm256_add_epi32(hi[t], p);
@@ -643,20 +739,24 @@ pub unsafe fn decoded_avx2<C: CodebookTy>(v: &DecodedView, x: &ActTile, y: *mut 
     count(Tier::Avx2, Op::Packed);
     let nt = checked_tokens(v, x);
     for g in v.g0..v.g1 {
-        // Passes of 2 tokens: with 4, the sums and accumulators outgrew the 16 ymm.
+        // Passes of 4 tokens for a scale per 32 (one sum a token), else of 2: with 4,
+        // two sums a token and the accumulators outgrow the 16 ymm.
+        let most = if codebook::halves(C::W) { 2 } else { 4 };
         let mut t0 = 0;
         while t0 < nt {
-            let two = nt - t0 >= 2;
+            let n = (nt - t0).min(most);
             // SAFETY: forwarded caller contract; the lengths checked.
             unsafe {
-                match (codebook::halves(C::W), two) {
-                    (true, true) => decoded_pass_avx2::<true, 2>(v, g, x, nt, t0, y, ld),
-                    (true, false) => decoded_pass_avx2::<true, 1>(v, g, x, nt, t0, y, ld),
-                    (false, true) => decoded_pass_avx2::<false, 2>(v, g, x, nt, t0, y, ld),
-                    (false, false) => decoded_pass_avx2::<false, 1>(v, g, x, nt, t0, y, ld),
+                match (codebook::halves(C::W), n) {
+                    (true, 2) => decoded_pass_avx2::<true, 2>(v, g, x, nt, t0, y, ld),
+                    (true, _) => decoded_pass_avx2::<true, 1>(v, g, x, nt, t0, y, ld),
+                    (false, 4) => decoded_pass_avx2::<false, 4>(v, g, x, nt, t0, y, ld),
+                    (false, 3) => decoded_pass_avx2::<false, 3>(v, g, x, nt, t0, y, ld),
+                    (false, 2) => decoded_pass_avx2::<false, 2>(v, g, x, nt, t0, y, ld),
+                    (false, _) => decoded_pass_avx2::<false, 1>(v, g, x, nt, t0, y, ld),
                 }
             }
-            t0 += if two { 2 } else { 1 };
+            t0 += n;
         }
     }
 }
@@ -666,17 +766,45 @@ mod tests {
     use super::*;
     use crate::format::iq_grids::KSIGNS;
 
-    /// The ±1 sign table is GGUF's `KSIGNS`, bit for bit.
+    /// The sign bytes made in lanes are GGUF's `KSIGNS`, bit for bit, for every 7-bit
+    /// index in every group position, from 32-bit words (IQ2_XXS, IQ3_XXS) and from
+    /// u16 (IQ2_XS).
     #[test]
-    fn sign_table_is_ksigns() {
-        for (i, &k) in KSIGNS.iter().enumerate() {
-            for bit in 0..8 {
-                let want = if k >> bit & 1 == 1 { 0xFF } else { 0x01 };
-                assert_eq!(
-                    (SIGNS_PM1[i] >> (8 * bit)) as u8,
-                    want,
-                    "index {i} bit {bit}"
-                );
+    fn lane_signs_are_ksigns() {
+        if !is_x86_feature_detected!("avx2") {
+            eprintln!("skipped: no AVX2");
+            return;
+        }
+        for i in 0..128u32 {
+            let k = u32::from(KSIGNS[i as usize]);
+            // Index i in group l of dword j (the other groups: other indices).
+            let words: [u32; 8] = std::array::from_fn(|j| {
+                (0..4).fold(0, |w, l| w | ((i + 37 * (j as u32 + l)) % 128) << (7 * l))
+            });
+            let u16s: [u16; 16] = std::array::from_fn(|e| (((i + 5 * e as u32) % 128) << 9) as u16);
+            let mut got = [0u32; 8];
+            let mut got16 = [0u32; 8];
+            // SAFETY: AVX2 checked above; the arrays hold 32 bytes each.
+            unsafe {
+                let w = ksigns_of_words(_mm256_loadu_si256(words.as_ptr().cast()));
+                _mm256_storeu_si256(got.as_mut_ptr().cast(), w);
+                let a = with_parity(_mm256_srli_epi16::<9>(_mm256_loadu_si256(
+                    u16s.as_ptr().cast(),
+                )));
+                let w16 = _mm256_permute4x64_epi64::<0xD8>(_mm256_packus_epi16(a, a));
+                _mm256_storeu_si256(got16.as_mut_ptr().cast(), w16);
+            }
+            for (j, &w) in words.iter().enumerate() {
+                for l in 0..4 {
+                    let want = u32::from(KSIGNS[(w >> (7 * l) & 127) as usize]);
+                    assert_eq!(got[j] >> (8 * l) & 255, want, "dword {j} group {l}");
+                }
+            }
+            assert_eq!(got[0] & 255, k);
+            // Lanes 0..4 of the pack hold the first four u16 pairs (a packed twice).
+            for (e, &q) in u16s[..8].iter().enumerate() {
+                let want = u32::from(KSIGNS[(q >> 9) as usize]);
+                assert_eq!(got16[e / 4] >> (8 * (e % 4)) & 255, want, "u16 {e}");
             }
         }
     }

@@ -32,7 +32,23 @@ pub(crate) unsafe fn f16x16(p: *const u8) -> __m512 {
 #[target_feature(enable = "avx2")]
 #[inline]
 pub(crate) fn bit_mask(s: u32) -> __m256i {
-    let v = _mm256_set1_epi32(s as i32);
+    bit_mask_of(_mm256_set1_epi32(s as i32))
+}
+
+/// [`bit_mask`] of dword `j` of `words` (`j < 8`).
+#[target_feature(enable = "avx2")]
+#[inline]
+pub(crate) fn bit_mask_lane(words: __m256i, j: usize) -> __m256i {
+    bit_mask_of(_mm256_permutevar8x32_epi32(
+        words,
+        _mm256_set1_epi32(j as i32),
+    ))
+}
+
+/// [`bit_mask`] of the dword `v` holds in every lane.
+#[target_feature(enable = "avx2")]
+#[inline]
+fn bit_mask_of(v: __m256i) -> __m256i {
     let idx = _mm256_setr_epi64x(
         0,
         0x0101_0101_0101_0101,
