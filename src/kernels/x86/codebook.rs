@@ -63,8 +63,8 @@ fn pm1(mask: __m256i) -> __m256i {
 }
 
 /// The sign bits of the 8 blocks of super-block `b` of type `t`, dword `j` for block
-/// `j`, bit `e` set where element `e` is negative (for [`bit_mask_lane`]); zero for
-/// IQ1_M, whose levels carry their signs. The 7-bit sign indices (IQ2_XXS, IQ3_XXS,
+/// `j`, bit `e` set where element `e` is negative (for [`bit_mask_lane`]); for IQ1_M,
+/// whose levels carry their signs, where element `e`'s shift is −1/8. The 7-bit sign indices (IQ2_XXS, IQ3_XXS,
 /// IQ2_XS) become GGUF's `KSIGNS` bytes in 8 lanes at once: the index, and its parity in
 /// bit 7 (so that every byte has an even count of set bits). A table load per index cost
 /// 4 loads and inserts per block.
@@ -74,7 +74,7 @@ fn sign_words(t: WType, b: &[u8]) -> __m256i {
     assert!(b.len() >= t.block_bytes());
     let p = b.as_ptr();
     // SAFETY: every load is inside the block (the assert: IQ3_XXS 98 bytes, IQ2_XXS 66,
-    // IQ2_XS 74, IQ2_S 82, IQ3_S 110).
+    // IQ2_XS 74, IQ2_S 82, IQ3_S 110, IQ1_M 56).
     unsafe {
         match t {
             // Bits 0..28 of each block's sign word (bytes 66 + 4j): four 7-bit indices.
@@ -100,6 +100,21 @@ fn sign_words(t: WType, b: &[u8]) -> __m256i {
             // A sign bit per weight (bytes 34 + 4j, 74 + 4j).
             WType::IQ2_S => _mm256_loadu_si256(p.add(34) as *const __m256i),
             WType::IQ3_S => _mm256_loadu_si256(p.add(74) as *const __m256i),
+            // IQ1_M: not signs but the shifts, byte l of dword j all ones where group
+            // 4j + l's shift is −1/8: bit 3 of its `qh` nibble (u16 j of bytes 32..48).
+            WType::IQ1_M => {
+                let w = _mm256_cvtepu16_epi32(_mm_loadu_si128(p.add(32) as *const __m128i));
+                let one = _mm256_set1_epi32(1);
+                let b0 = _mm256_and_si256(_mm256_srli_epi32::<3>(w), one);
+                let b1 = _mm256_slli_epi32::<8>(_mm256_and_si256(_mm256_srli_epi32::<7>(w), one));
+                let b2 =
+                    _mm256_slli_epi32::<16>(_mm256_and_si256(_mm256_srli_epi32::<11>(w), one));
+                let b3 =
+                    _mm256_slli_epi32::<24>(_mm256_and_si256(_mm256_srli_epi32::<15>(w), one));
+                let ones = _mm256_or_si256(_mm256_or_si256(b0, b1), _mm256_or_si256(b2, b3));
+                // 0x01 → 0xFF per byte: x·255 = (x << 8) − x, no borrow between bytes.
+                _mm256_sub_epi32(_mm256_slli_epi32::<8>(ones), ones)
+            }
             _ => _mm256_setzero_si256(),
         }
     }
@@ -192,16 +207,15 @@ fn levels(t: WType, b: &[u8], words: __m256i, j: usize) -> (__m256i, __m256i) {
             // A loop, not `array::map` over pairs: LLVM left those closures as calls per
             // block (decoding ran 2.6x slower; the other types' maps inline, and loops
             // there were slower).
-            let (mut i, mut sh) = ([0usize; 4], [0i64; 4]);
-            for l in 0..4 {
-                let (k, neg) = codebook::iq1m_index(b, 4 * j + l);
-                (i[l], sh[l]) = (k, if neg { -1 } else { 0x0101_0101_0101_0101 });
+            let mut i = [0usize; 4];
+            for (l, il) in i.iter_mut().enumerate() {
+                *il = codebook::iq1m_index(b, 4 * j + l).0;
             }
             let g = grid8(&IQ1S_GRID, i);
             // 8·g per byte (g in −1..=1): the 16-bit shift's carries into a byte's low 3
-            // bits are masked off.
+            // bits are masked off. The shifts ±1 from `words`.
             let g8 = _mm256_and_si256(_mm256_slli_epi16(g, 3), _mm256_set1_epi8(-8));
-            let v = _mm256_add_epi8(g8, _mm256_setr_epi64x(sh[0], sh[1], sh[2], sh[3]));
+            let v = _mm256_add_epi8(g8, pm1(bit_mask_lane(words, j)));
             return (_mm256_abs_epi8(v), v);
         }
         _ => unreachable!("a codebook type"),
