@@ -107,10 +107,8 @@ fn sign_words(t: WType, b: &[u8]) -> __m256i {
                 let one = _mm256_set1_epi32(1);
                 let b0 = _mm256_and_si256(_mm256_srli_epi32::<3>(w), one);
                 let b1 = _mm256_slli_epi32::<8>(_mm256_and_si256(_mm256_srli_epi32::<7>(w), one));
-                let b2 =
-                    _mm256_slli_epi32::<16>(_mm256_and_si256(_mm256_srli_epi32::<11>(w), one));
-                let b3 =
-                    _mm256_slli_epi32::<24>(_mm256_and_si256(_mm256_srli_epi32::<15>(w), one));
+                let b2 = _mm256_slli_epi32::<16>(_mm256_and_si256(_mm256_srli_epi32::<11>(w), one));
+                let b3 = _mm256_slli_epi32::<24>(_mm256_and_si256(_mm256_srli_epi32::<15>(w), one));
                 let ones = _mm256_or_si256(_mm256_or_si256(b0, b1), _mm256_or_si256(b2, b3));
                 // 0x01 → 0xFF per byte: x·255 = (x << 8) − x, no borrow between bytes.
                 _mm256_sub_epi32(_mm256_slli_epi32::<8>(ones), ones)
