@@ -192,10 +192,15 @@ fn levels(t: WType, b: &[u8], words: __m256i, j: usize) -> (__m256i, __m256i) {
             let q = &b[2 + 8 * j..][..8];
             grid4(&IQ3XXS_GRID, |i| q[i] as usize)
         }
-        WType::IQ2_XS => grid8(
-            &IQ2XS_GRID,
-            [0, 1, 2, 3].map(|l| (u16_at(b, 2 + 8 * j + 2 * l) & 511) as usize),
-        ),
+        WType::IQ2_XS => {
+            // The block's four u16 as one u64: per-u16 reads were vectorized by LLVM
+            // into byte extractions (`vpextrb`).
+            let q = u64::from_le_bytes(b[2 + 8 * j..][..8].try_into().expect("8 bytes"));
+            grid8(
+                &IQ2XS_GRID,
+                [0, 1, 2, 3].map(|l| (q >> (16 * l) & 511) as usize),
+            )
+        }
         WType::IQ2_S => grid8(
             &IQ2S_GRID,
             [0, 1, 2, 3].map(|l| codebook::iq2s_index(b, 4 * j + l)),
