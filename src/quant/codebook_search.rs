@@ -192,19 +192,37 @@ impl Lattice {
     /// (ascending, as many as [`Lattice::levels`]); `u`, `w` are `dim` long, `w ≥ 0`, all
     /// finite.
     pub fn nearest(&self, vals: &[f32], u: &[f32], w: &[f32], beat: f32) -> Option<(Found, Step)> {
-        let (dim, nl) = (self.dim, vals.len());
-        debug_assert!(nl == self.levels.len() && u.len() == dim && w.len() == dim);
+        // The grids' two shapes, each with its loops unrolled: this runs hundreds of
+        // times per block.
+        match (self.dim, vals.len()) {
+            (8, 3) => self.nearest_in::<8, 3>(vals, u, w, beat),
+            (4, 8) => self.nearest_in::<4, 8>(vals, u, w, beat),
+            (d, l) => unreachable!("no codebook grid has {d} values of {l} levels"),
+        }
+    }
+
+    fn nearest_in<const D: usize, const NL: usize>(
+        &self,
+        vals: &[f32],
+        u: &[f32],
+        w: &[f32],
+        beat: f32,
+    ) -> Option<(Found, Step)> {
+        let vals: &[f32; NL] = vals.try_into().expect("one value per level");
+        let u: &[f32; D] = u.try_into().expect("one target per value");
+        let w: &[f32; D] = w.try_into().expect("one weight per value");
+        // Rows of MAX_LEVELS: a level index masked to 3 bits needs no bounds check.
         let mut c = [[0f32; MAX_LEVELS]; MAX_DIM];
-        let mut delta = [0f32; MAX_DIM];
+        let mut delta = [0f32; D];
         // What a value loses `max_step + 1` levels away from its nearest (the least).
         let mut far = f32::INFINITY;
         // suffix[k]: the least cost of values k.. (each at its nearest level).
         let mut suffix = [0f32; MAX_DIM + 1];
         let (mut base, mut key, mut stride) = (0f32, 0usize, 1usize);
-        for i in 0..dim {
+        for i in 0..D {
             let ci = &mut c[i];
             let mut p = 0;
-            for l in 0..nl {
+            for l in 0..NL {
                 let d = u[i] - vals[l];
                 ci[l] = w[i] * d * d;
                 if ci[l] < ci[p] {
@@ -213,22 +231,26 @@ impl Lattice {
             }
             // The second-nearest level is next to the nearest (the levels are sorted).
             let left = if p > 0 { ci[p - 1] } else { f32::INFINITY };
-            let right = if p + 1 < nl { ci[p + 1] } else { f32::INFINITY };
+            let right = if p + 1 < NL { ci[p + 1] } else { f32::INFINITY };
             delta[i] = left.min(right) - ci[p];
             let k = self.max_step + 1;
             let left = if p >= k { ci[p - k] } else { f32::INFINITY };
-            let right = if p + k < nl { ci[p + k] } else { f32::INFINITY };
+            let right = if p + k < NL { ci[p + k] } else { f32::INFINITY };
             far = far.min(left.min(right) - ci[p]);
             suffix[i] = ci[p];
             base += ci[p];
             key += p * stride;
-            stride *= nl;
+            stride *= NL;
         }
+        let lv: &[[u8; D]] = self.lv.as_chunks().0;
         let cost = |e: usize| -> f32 {
-            let g = &self.lv[e * dim..(e + 1) * dim];
-            g.iter().zip(&c).map(|(&l, ci)| ci[l as usize]).sum()
+            lv[e]
+                .iter()
+                .zip(&c)
+                .map(|(&l, ci)| ci[l as usize & (MAX_LEVELS - 1)])
+                .sum()
         };
-        for i in (0..dim).rev() {
+        for i in (0..D).rev() {
             suffix[i] += suffix[i + 1];
         }
         let found = |entry, cost: f32, step| {
@@ -253,12 +275,15 @@ impl Lattice {
                 };
             }
         }
-        let d = &mut delta[..dim];
-        d.sort_unstable_by(f32::total_cmp);
         // An entry off the list changes more than `radius` values, or one value by more
         // than `max_step` levels (each value's cost grows away from its nearest level).
-        let hamming = if self.radius < dim {
-            d.iter().take(self.radius + 1).sum::<f32>()
+        let hamming = if self.radius < D {
+            // The radius + 1 smallest losses, ascending (a selection: no sort call).
+            for k in 0..=self.radius {
+                let m = (k..D).fold(k, |m, j| if delta[j] < delta[m] { j } else { m });
+                delta.swap(k, m);
+            }
+            delta[..=self.radius].iter().sum::<f32>()
         } else {
             f32::INFINITY
         };
@@ -272,7 +297,7 @@ impl Lattice {
                 cost: beat,
             };
         }
-        let e = self.pruned_scan(&c, &suffix, best);
+        let e = self.pruned_scan::<D>(&c, &suffix, best);
         found(e.entry, e.cost, Step::Scan)
     }
 
@@ -280,21 +305,22 @@ impl Lattice {
     /// skipped as soon as its prefix cost plus the least cost of the values left
     /// (`suffix`) cannot go below the best so far. Exact: every entry it skips costs at
     /// least that much (up to f32 rounding).
-    fn pruned_scan(
+    fn pruned_scan<const D: usize>(
         &self,
         c: &[[f32; MAX_LEVELS]; MAX_DIM],
         suffix: &[f32],
         mut best: Found,
     ) -> Found {
-        let (dim, n) = (self.dim, self.order.len());
+        let n = self.order.len();
+        let slv: &[[u8; D]] = self.slv.as_chunks().0;
+        let skip: &[[u16; D]] = self.skip.as_chunks().0;
         let mut j = 0;
         'entries: while j < n {
-            let g = &self.slv[j * dim..(j + 1) * dim];
             let mut acc = 0f32;
-            for k in 0..dim {
-                acc += c[k][g[k] as usize];
+            for k in 0..D {
+                acc += c[k][slv[j][k] as usize & (MAX_LEVELS - 1)];
                 if acc + suffix[k + 1] >= best.cost {
-                    j = self.skip[j * dim + k] as usize;
+                    j = skip[j][k] as usize;
                     continue 'entries;
                 }
             }

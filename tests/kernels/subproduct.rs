@@ -31,6 +31,8 @@ fn sub_product_gives_the_scalar_bits() {
         (3, 0, 9),
         (9, 33, 8),
         (13, 64, 47),
+        // Past the packed strips' depth (256), with its remainder.
+        (9, 600, 21),
     ] {
         let (lde, ldu, ldc) = (k + 3, n + 5, n + 2);
         let e = values(&mut rng, m * lde, 1.0, 1e300);

@@ -58,34 +58,58 @@ fn tile<const MR: usize, const NR: usize>(
     }
 }
 
-/// `C −= E·U` in tiles of `MR × NR` (the module docs); shapes as [`fits`] checks them.
+/// Depth of a packed strip of `U`: `KC × NR` values (16 KiB at NR = 8) stay in L1 for
+/// every row tile of a column tile.
+const KC: usize = 256;
+
+/// `C −= E·U` in tiles of `MR × NR`; shapes as [`fits`] checks them.
+///
+/// Each column tile's strip of `U` goes through `KC` rows at a time. When more than one
+/// row tile reads it, it is first copied to a contiguous buffer: `U`'s rows are
+/// thousands of f64 apart (a power of two), so read in place the strip's rows fall into
+/// one cache set and miss on every use. A tile's accumulators go back to `C` between
+/// strips, exactly (f64 in, f64 out), so each element's chain of steps is unchanged.
 #[inline(always)]
 pub fn tiled<const MR: usize, const NR: usize>(
     d: Dims,
     e: Rows,
-    u: Rows,
+    (u, ldu): Rows,
     (c, ldc): (&mut [f64], usize),
 ) {
     let [m, k, n] = d;
-    let (mut j0, mut i0);
-    // Column tiles outside, row tiles inside: a tile's k × NR strip of U is read from
-    // the cache for every row tile.
-    j0 = 0;
+    let pack = m > MR;
+    let mut strip = Vec::new();
+    // Column tiles outside, row tiles inside: a tile's strip of U is read from the
+    // cache for every row tile.
+    let mut j0 = 0;
     while j0 + NR <= n {
-        i0 = 0;
-        while i0 + MR <= m {
-            tile::<MR, NR>((i0, j0), k, e, u, (c, ldc));
-            i0 += MR;
-        }
-        while i0 < m {
-            tile::<1, NR>((i0, j0), k, e, u, (c, ldc));
-            i0 += 1;
+        for p0 in (0..k).step_by(KC) {
+            let kc = KC.min(k - p0);
+            let e = (&e.0[p0..], e.1);
+            let (us, cs) = if pack {
+                strip.clear();
+                for p in p0..p0 + kc {
+                    strip.extend_from_slice(&u[p * ldu + j0..][..NR]);
+                }
+                ((&strip[..], NR), (&mut c[j0..], ldc))
+            } else {
+                ((&u[p0 * ldu + j0..], ldu), (&mut c[j0..], ldc))
+            };
+            let mut i0 = 0;
+            while i0 + MR <= m {
+                tile::<MR, NR>((i0, 0), kc, e, us, (&mut *cs.0, ldc));
+                i0 += MR;
+            }
+            while i0 < m {
+                tile::<1, NR>((i0, 0), kc, e, us, (&mut *cs.0, ldc));
+                i0 += 1;
+            }
         }
         j0 += NR;
     }
     while j0 < n {
         for i in 0..m {
-            tile::<1, 1>((i, j0), k, e, u, (c, ldc));
+            tile::<1, 1>((i, j0), k, e, (u, ldu), (c, ldc));
         }
         j0 += 1;
     }
