@@ -152,6 +152,31 @@ fn super_scale(s: &[f32; 16], ws: &[f32; 16], nmax: u8) -> (f32, [u8; 16]) {
     (d, c.map(|c| c.0))
 }
 
+/// Step 1 for 8 weights `x` (element weights `w`): their sign bits (0 for IQ1_M, whose
+/// grid is signed) and into `ts` the targets the grid entries approximate.
+fn signs8(signs: Signs, x: &[f32], w: &[f32], ts: &mut [f32]) -> u8 {
+    if signs == Signs::InGrid {
+        ts.copy_from_slice(x);
+        return 0;
+    }
+    let mut m = 0u8;
+    for (i, (&v, o)) in x.iter().zip(ts.iter_mut()).enumerate() {
+        *o = v.abs();
+        m |= ((v < 0.0) as u8) << i;
+    }
+    if signs == Signs::Parity && m.count_ones() % 2 == 1 {
+        let mut cheap = 0;
+        for i in 1..8 {
+            if w[i] * ts[i] < w[cheap] * ts[cheap] {
+                cheap = i;
+            }
+        }
+        m ^= 1 << cheap;
+        ts[cheap] = -ts[cheap];
+    }
+    m
+}
+
 /// Quantizes one block of codebook type `t` (256 values `x`, element weights `w`) into
 /// `out` ([`WType::block_bytes`] bytes). `Err(v)` when the super-scale `v` does not fit
 /// in an f16.
@@ -162,26 +187,8 @@ pub fn quantize_block(t: WType, x: &[f32], w: &[f32], out: &mut [u8]) -> Result<
     let mut tg = [0f32; QK_K];
     let mut sgn = [0u8; QK_K / 8];
     for (k, m) in sgn.iter_mut().enumerate() {
-        let (xs, ts) = (&x[8 * k..8 * k + 8], &mut tg[8 * k..8 * k + 8]);
-        if sp.signs == Signs::InGrid {
-            ts.copy_from_slice(xs);
-            continue;
-        }
-        for (i, (&v, o)) in xs.iter().zip(ts.iter_mut()).enumerate() {
-            *o = v.abs();
-            *m |= ((v < 0.0) as u8) << i;
-        }
-        if sp.signs == Signs::Parity && m.count_ones() % 2 == 1 {
-            let wk = &w[8 * k..8 * k + 8];
-            let mut cheap = 0;
-            for i in 1..8 {
-                if wk[i] * ts[i] < wk[cheap] * ts[cheap] {
-                    cheap = i;
-                }
-            }
-            *m ^= 1 << cheap;
-            ts[cheap] = -ts[cheap];
-        }
+        let r = 8 * k..8 * k + 8;
+        *m = signs8(sp.signs, &x[r.clone()], &w[r.clone()], &mut tg[r]);
     }
     let gps = sp.sub / sp.group;
     let nsub = QK_K / sp.sub;
@@ -250,6 +257,103 @@ pub fn quantize_block(t: WType, x: &[f32], w: &[f32], out: &mut [u8]) -> Result<
     out[..t.block_bytes()].fill(0);
     pack(t, d, &codes, &idx, &sgn, out);
     Ok(())
+}
+
+/// A block of codebook type `t` whose entries are chosen again, 8 weights at a time in
+/// column order, under the scales it stores: GPTQ's rounding inside the block. Error
+/// feedback (`super::feedback`) drives it: before each 8 it hands over their values with
+/// the errors of the weights before them compensated. The block search rounds every
+/// group against the values as they came in; this is what it misses.
+pub struct Regroup {
+    t: WType,
+    signs: Signs,
+    /// Weights per grid entry.
+    group: usize,
+    d: f32,
+    codes: [u8; 16],
+    /// The stored scale of each 16 weights (what the decoder multiplies by).
+    dw: [f32; QK_K / 16],
+    idx: [u16; QK_K / 4],
+    sgn: [u8; QK_K / 8],
+}
+
+impl Regroup {
+    /// Takes the scales of block `b` (of type `t`); its entries and signs are chosen
+    /// again by [`Regroup::round8`].
+    pub fn new(t: WType, b: &[u8]) -> Regroup {
+        let sp = spec(t);
+        let (d, codes) = stored_scales(t, b);
+        Regroup {
+            t,
+            signs: sp.signs,
+            group: sp.group,
+            d,
+            codes,
+            dw: super::codebook::scales(t, b),
+            idx: [0; QK_K / 4],
+            sgn: [0; QK_K / 8],
+        }
+    }
+
+    /// Chooses the signs and grid entries of weights `8k..8k + 8` for their values `x`
+    /// (element weights `w`) at the stored scale, as step 5 does, and writes into `deq`
+    /// what they will dequantize to.
+    pub fn round8(&mut self, k: usize, x: &[f32], w: &[f32], deq: &mut [f32]) {
+        let t = self.t;
+        let mut tg = [0f32; 8];
+        let m = signs8(self.signs, x, w, &mut tg);
+        self.sgn[k] = m;
+        let dw = self.dw[k / 2];
+        let lat = lattice(t);
+        let g = self.group;
+        for q in 0..8 / g {
+            let r = q * g..(q + 1) * g;
+            let (cand, _, _) = best_at(t, dw, &tg[r.clone()], &w[r.clone()]);
+            self.idx[k * 8 / g + q] = cand;
+            let (e, vals) = if t == WType::IQ1_M {
+                (cand as usize / 2, &IQ1M_VALUES[cand as usize % 2][..])
+            } else {
+                (cand as usize, &lat.levels[..])
+            };
+            for i in r {
+                let v = vals[lat.level(e, i - q * g)];
+                // The decoder's product: its scale times the signed integer level.
+                deq[i] = dw * if m >> i & 1 != 0 { -v } else { v };
+            }
+        }
+    }
+
+    /// Writes the block: the scales it came with, the entries and signs chosen.
+    pub fn pack(&self, out: &mut [u8]) {
+        out[..self.t.block_bytes()].fill(0);
+        pack(self.t, self.d, &self.codes, &self.idx, &self.sgn, out);
+    }
+}
+
+/// The super-scale `d` (f16 value) and the scale codes that block `b` of `t` stores
+/// ([`pack`]'s inverse for those fields).
+fn stored_scales(t: WType, b: &[u8]) -> (f32, [u8; 16]) {
+    let mut codes = [0u8; 16];
+    let nib = |at: usize, h: usize| b[at + h / 2] >> (4 * (h % 2)) & 15;
+    let u32_at = |at: usize| u32::from_le_bytes(b[at..at + 4].try_into().expect("4 bytes"));
+    let d = if t == WType::IQ1_M {
+        super::codebook::iq1m_d(b)
+    } else {
+        half::f16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f32()
+    };
+    match t {
+        WType::IQ2_XXS => (0..8).for_each(|j| codes[j] = (u32_at(2 + 8 * j + 4) >> 28) as u8),
+        WType::IQ3_XXS => (0..8).for_each(|j| codes[j] = (u32_at(66 + 4 * j) >> 28) as u8),
+        WType::IQ2_XS => (0..16).for_each(|h| codes[h] = nib(66, h)),
+        WType::IQ2_S => (0..16).for_each(|h| codes[h] = nib(74, h)),
+        WType::IQ3_S => (0..8).for_each(|j| codes[j] = nib(106, j)),
+        WType::IQ1_M => (0..16).for_each(|h| {
+            let word = u16::from_le_bytes([b[48 + 2 * (h / 4)], b[49 + 2 * (h / 4)]]);
+            codes[h] = (word >> (3 * (h % 4)) & 7) as u8;
+        }),
+        t => panic!("{t} is not a codebook type"),
+    }
+    (d, codes)
 }
 
 /// Writes one block of `t`: super-scale `d`, scale codes, candidate indices per group,
@@ -400,6 +504,43 @@ mod tests {
                 "{t}: {e} (bound {bound}, previous {last})"
             );
             last = e;
+        }
+    }
+
+    /// Regrouping a block on the values it was made from, with their weights, chooses
+    /// what step 5 chose: the same bytes. On other values it keeps the scales, and
+    /// `deq` is what the written block decodes to, bit for bit.
+    #[test]
+    fn regroup_keeps_the_scales_and_predicts_the_decode() {
+        let x = Rng(0x3c6ef372fe94f82b).gaussian(2 * QK_K);
+        let (xa, xb) = x.split_at(QK_K);
+        let mut w = Vec::new();
+        crate::quant::fit::row_weights(xa, None, &mut w);
+        for &t in WType::CODEBOOKS {
+            let mut b = vec![0u8; t.block_bytes()];
+            quantize_block(t, xa, &w, &mut b).unwrap();
+            let mut deq = [0f32; QK_K];
+            for (xs, label) in [(xa, "own values"), (xb, "other values")] {
+                let mut r = Regroup::new(t, &b);
+                for k in 0..QK_K / 8 {
+                    let at = 8 * k..8 * k + 8;
+                    r.round8(k, &xs[at.clone()], &w[at.clone()], &mut deq[at]);
+                }
+                let mut out = vec![0xffu8; t.block_bytes()];
+                r.pack(&mut out);
+                if xs == xa {
+                    assert_eq!(out, b, "{t}: {label}");
+                }
+                assert_eq!(
+                    crate::quant::codebook::scales(t, &out),
+                    crate::quant::codebook::scales(t, &b),
+                    "{t}: {label}"
+                );
+                let mut dec = [0f32; QK_K];
+                crate::quant::codebook::dequant_block(t, &out, &mut dec);
+                let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&deq), bits(&dec), "{t}: {label}");
+            }
         }
     }
 
