@@ -1101,6 +1101,51 @@ mod tests {
         }
     }
 
+    /// A row of `n` weights on a correlated H and its first block as the type's search
+    /// stores it: H, its feedback, the row (f64), the block's element weights (the
+    /// feedback's importance), the block's bytes and what they dequantize to.
+    #[allow(clippy::type_complexity)]
+    fn first_block(
+        rng: &mut Rng,
+        t: WType,
+        n: usize,
+    ) -> (Vec<f64>, Feedback, Vec<f64>, Vec<f32>, Vec<u8>, Vec<f32>) {
+        let h = correlated_h(rng, n, 2 * n);
+        let x = weights(rng, 1, n);
+        let fb = Feedback::new(n, &h, Prior::damped(DAMP), plain_product).unwrap();
+        let v: Vec<f64> = x.iter().map(|&a| a as f64).collect();
+        let w: Vec<f32> = fb.importance()[..QK_K].to_vec();
+        let (mut cand, mut deq) = (vec![0u8; t.block_bytes()], vec![0f32; QK_K]);
+        let opts = QuantOptions::default();
+        quantize_one(t, &opts, &x[..QK_K], &w, &mut cand, &mut deq).unwrap();
+        (h, fb, v, w, cand, deq)
+    }
+
+    /// The inverse of H damped as [`Prior::damped`]`(DAMP)` damps it (Gauss–Jordan).
+    fn damped_inverse(n: usize, h: &[f64]) -> Vec<f64> {
+        let mean = (0..n).map(|i| h[i * n + i]).sum::<f64>() / n as f64;
+        let mut hd = h.to_vec();
+        for i in 0..n {
+            hd[i * n + i] += DAMP * mean;
+        }
+        inverse(n, &hd)
+    }
+
+    /// The textbook OBS step of column `j` stored with error `e`: the columns after it
+    /// move by `−e · G_jk / G_jj`, and G is downdated to them (`G − G_·j G_j· / G_jj`).
+    fn obs_step(n: usize, j: usize, e: f64, r: &mut [f64], g: &mut [f64]) {
+        let gjj = g[j * n + j];
+        for c in j + 1..n {
+            r[c] -= e * g[j * n + c] / gjj;
+        }
+        let gj: Vec<f64> = (0..n).map(|c| g[j * n + c]).collect();
+        for a in j + 1..n {
+            for c in j + 1..n {
+                g[a * n + c] -= gj[a] * gj[c] / gjj;
+            }
+        }
+    }
+
     /// GPTQ's rounding inside a block against the textbook computation: the inverse
     /// covariance G by Gauss–Jordan, each column in turn rounded to the nearest level of
     /// the scales the search chose (the levels computed from the decoded scales, as the
@@ -1111,21 +1156,7 @@ mod tests {
         let mut rng = Rng(0x6a09e667f3bcc908);
         let n = 512;
         for t in [WType::Q2_K, WType::Q3_K] {
-            let h = correlated_h(&mut rng, n, 2 * n);
-            let x = weights(&mut rng, 1, n);
-            let fb = Feedback::new(n, &h, Prior::damped(DAMP), plain_product).unwrap();
-            let v: Vec<f64> = x.iter().map(|&a| a as f64).collect();
-            let w: Vec<f32> = fb.importance()[..QK_K].to_vec();
-            let (mut cand, mut deq) = (vec![0u8; t.block_bytes()], vec![0f32; QK_K]);
-            quantize_one(
-                t,
-                &QuantOptions::default(),
-                &x[..QK_K],
-                &w,
-                &mut cand,
-                &mut deq,
-            )
-            .unwrap();
+            let (h, fb, v, _, mut cand, mut deq) = first_block(&mut rng, t, n);
             let level = |j: usize, k: usize| -> f32 {
                 if t == WType::Q2_K {
                     let (d, dmin, sc, m) = lowbit::q2_scales(&cand);
@@ -1137,12 +1168,7 @@ mod tests {
             };
             let nl = code_levels(t).unwrap();
             // The reference.
-            let mean = (0..n).map(|i| h[i * n + i]).sum::<f64>() / n as f64;
-            let mut hd = h.clone();
-            for i in 0..n {
-                hd[i * n + i] += DAMP * mean;
-            }
-            let mut g = inverse(n, &hd);
+            let mut g = damped_inverse(n, &h);
             let mut r = v.clone();
             let mut want = vec![0usize; QK_K];
             for j in 0..QK_K {
@@ -1155,16 +1181,7 @@ mod tests {
                     .unwrap();
                 want[j] = k;
                 let e = r[j] - level(j, k) as f64;
-                let gjj = g[j * n + j];
-                for c in j + 1..n {
-                    r[c] -= e * g[j * n + c] / gjj;
-                }
-                let gj: Vec<f64> = (0..n).map(|c| g[j * n + c]).collect();
-                for a in j + 1..n {
-                    for c in j + 1..n {
-                        g[a * n + c] -= gj[a] * gj[c] / gjj;
-                    }
-                }
+                obs_step(n, j, e, &mut r, &mut g);
             }
             let mut table = Vec::new();
             round_in_block(t, &fb, &v, 0, &mut cand, &mut deq, &mut table);
@@ -1190,22 +1207,10 @@ mod tests {
         let mut rng = Rng(0xbb67ae8584caa73b);
         let n = 512;
         for &t in WType::CODEBOOKS {
-            let h = correlated_h(&mut rng, n, 2 * n);
-            let x = weights(&mut rng, 1, n);
-            let fb = Feedback::new(n, &h, Prior::damped(DAMP), plain_product).unwrap();
-            let v: Vec<f64> = x.iter().map(|&a| a as f64).collect();
-            let w: Vec<f32> = fb.importance()[..QK_K].to_vec();
-            let (mut cand, mut deq) = (vec![0u8; t.block_bytes()], vec![0f32; QK_K]);
-            let opts = QuantOptions::default();
-            quantize_one(t, &opts, &x[..QK_K], &w, &mut cand, &mut deq).unwrap();
+            let (h, fb, v, w, mut cand, mut deq) = first_block(&mut rng, t, n);
             let searched = deq.clone();
             // The reference.
-            let mean = (0..n).map(|i| h[i * n + i]).sum::<f64>() / n as f64;
-            let mut hd = h.clone();
-            for i in 0..n {
-                hd[i * n + i] += DAMP * mean;
-            }
-            let mut g = inverse(n, &hd);
+            let mut g = damped_inverse(n, &h);
             let mut r = v.clone();
             let mut rg = codebook_fit::Regroup::new(t, &cand);
             let mut want = vec![0f32; QK_K];
@@ -1215,16 +1220,7 @@ mod tests {
                 rg.round8(k, &x8, &w[at.clone()], &mut want[at.clone()]);
                 for j in at {
                     let e = r[j] - want[j] as f64;
-                    let gjj = g[j * n + j];
-                    for c in j + 1..n {
-                        r[c] -= e * g[j * n + c] / gjj;
-                    }
-                    let gj: Vec<f64> = (0..n).map(|c| g[j * n + c]).collect();
-                    for a in j + 1..n {
-                        for c in j + 1..n {
-                            g[a * n + c] -= gj[a] * gj[c] / gjj;
-                        }
-                    }
+                    obs_step(n, j, e, &mut r, &mut g);
                 }
             }
             regroup_in_block(t, &fb, (&v, 0), &w, &mut cand, &mut deq);
