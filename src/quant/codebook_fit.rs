@@ -26,6 +26,9 @@
 //! 5. **Re-assignment**: per sub-block, the codes next to the chosen one, each with its
 //!    entries re-chosen under the stored `dw`; the smallest error is kept.
 //!
+//! Error feedback runs step 5's entry choice once more, 8 weights at a time on values
+//! its compensation has moved ([`Regroup`]).
+//!
 //! All of it is f32 in a fixed order per block: a pure function of the block's values
 //! and weights, the same at any thread count.
 
