@@ -107,46 +107,67 @@ pub fn iq1m_d_bits(b: &[u8]) -> u16 {
 ///
 /// Panics if `t` is not a codebook type or `b` is shorter than its block.
 pub fn scales(t: WType, b: &[u8]) -> [f32; QK_K / 16] {
+    dw_of(t, scale_codes(t, b))
+}
+
+/// The super-scale `d` (its f16 value) and the scale codes `ls` block `b` of codebook type
+/// `t` stores: one per 16 weights (IQ2_XS, IQ2_S, IQ1_M), else one per 32 in the first 8.
+///
+/// Panics if `t` is not a codebook type or `b` is shorter than its block.
+pub fn scale_codes(t: WType, b: &[u8]) -> (f32, [u8; 16]) {
     assert!(is_codebook(t) && b.len() >= t.block_bytes(), "{t} block");
+    let mut codes = [0u8; 16];
+    let nib = |at: usize, h: usize| b[at + h / 2] >> (4 * (h % 2)) & 15;
+    let d = if t == WType::IQ1_M {
+        iq1m_d(b)
+    } else {
+        f16(u16_at(b, 0))
+    };
+    match t {
+        WType::IQ2_XXS => (0..8).for_each(|j| codes[j] = (u32_at(b, 2 + 8 * j + 4) >> 28) as u8),
+        WType::IQ3_XXS => (0..8).for_each(|j| codes[j] = (u32_at(b, 66 + 4 * j) >> 28) as u8),
+        WType::IQ2_XS => (0..16).for_each(|h| codes[h] = nib(66, h)),
+        WType::IQ2_S => (0..16).for_each(|h| codes[h] = nib(74, h)),
+        WType::IQ3_S => (0..8).for_each(|j| codes[j] = nib(106, j)),
+        WType::IQ1_M => (0..16).for_each(|h| {
+            codes[h] = (u16_at(b, 48 + 2 * (h / 4)) >> (3 * (h % 4)) & 7) as u8;
+        }),
+        _ => unreachable!("checked above"),
+    }
+    (d, codes)
+}
+
+/// The scale of each 16 weights from `d` and the codes ([`scale_codes`]).
+pub fn dw_of(t: WType, (d, codes): (f32, [u8; 16])) -> [f32; QK_K / 16] {
     let mut dw = [0f32; QK_K / 16];
-    let nib = |at: usize, h: usize| (b[at + h / 2] >> (4 * (h % 2)) & 15) as f32;
+    let ls = |k: usize| codes[k] as f32;
     match t {
         WType::IQ2_XXS | WType::IQ3_XXS => {
-            let d = f16(u16_at(b, 0));
             for (j, pair) in dw.chunks_exact_mut(2).enumerate() {
-                let ls = if t == WType::IQ3_XXS {
-                    (u32_at(b, 66 + 4 * j) >> 28) as f32
-                } else {
-                    (u32_at(b, 2 + 8 * j + 4) >> 28) as f32
-                };
                 let v = if t == WType::IQ3_XXS {
-                    d * (0.5 + ls) * 0.5
+                    d * (0.5 + ls(j)) * 0.5
                 } else {
-                    d * (0.5 + ls) * 0.25
+                    d * (0.5 + ls(j)) * 0.25
                 };
                 pair.fill(v);
             }
         }
         WType::IQ2_XS | WType::IQ2_S => {
-            let (d, at) = (f16(u16_at(b, 0)), if t == WType::IQ2_XS { 66 } else { 74 });
             for (h, o) in dw.iter_mut().enumerate() {
-                *o = d * (0.5 + nib(at, h)) * 0.25;
+                *o = d * (0.5 + ls(h)) * 0.25;
             }
         }
         WType::IQ3_S => {
-            let d = f16(u16_at(b, 0));
             for (j, pair) in dw.chunks_exact_mut(2).enumerate() {
-                pair.fill(d * (1.0 + 2.0 * nib(106, j)));
+                pair.fill(d * (1.0 + 2.0 * ls(j)));
             }
         }
         WType::IQ1_M => {
-            let d = iq1m_d(b);
             for (h, o) in dw.iter_mut().enumerate() {
-                let ls = (u16_at(b, 48 + 2 * (h / 4)) >> (3 * (h % 4)) & 7) as f32;
-                *o = d * (2.0 * ls + 1.0) * 0.125;
+                *o = d * (2.0 * ls(h) + 1.0) * 0.125;
             }
         }
-        _ => unreachable!("checked above"),
+        t => panic!("{t} is not a codebook type"),
     }
     dw
 }

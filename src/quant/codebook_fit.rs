@@ -285,14 +285,14 @@ impl Regroup {
     /// again by [`Regroup::round8`].
     pub fn new(t: WType, b: &[u8]) -> Regroup {
         let sp = spec(t);
-        let (d, codes) = stored_scales(t, b);
+        let (d, codes) = super::codebook::scale_codes(t, b);
         Regroup {
             t,
             signs: sp.signs,
             group: sp.group,
             d,
             codes,
-            dw: super::codebook::scales(t, b),
+            dw: super::codebook::dw_of(t, (d, codes)),
             idx: [0; QK_K / 4],
             sgn: [0; QK_K / 8],
         }
@@ -331,32 +331,6 @@ impl Regroup {
         out[..self.t.block_bytes()].fill(0);
         pack(self.t, self.d, &self.codes, &self.idx, &self.sgn, out);
     }
-}
-
-/// The super-scale `d` (f16 value) and the scale codes that block `b` of `t` stores
-/// ([`pack`]'s inverse for those fields).
-fn stored_scales(t: WType, b: &[u8]) -> (f32, [u8; 16]) {
-    let mut codes = [0u8; 16];
-    let nib = |at: usize, h: usize| b[at + h / 2] >> (4 * (h % 2)) & 15;
-    let u32_at = |at: usize| u32::from_le_bytes(b[at..at + 4].try_into().expect("4 bytes"));
-    let d = if t == WType::IQ1_M {
-        super::codebook::iq1m_d(b)
-    } else {
-        half::f16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f32()
-    };
-    match t {
-        WType::IQ2_XXS => (0..8).for_each(|j| codes[j] = (u32_at(2 + 8 * j + 4) >> 28) as u8),
-        WType::IQ3_XXS => (0..8).for_each(|j| codes[j] = (u32_at(66 + 4 * j) >> 28) as u8),
-        WType::IQ2_XS => (0..16).for_each(|h| codes[h] = nib(66, h)),
-        WType::IQ2_S => (0..16).for_each(|h| codes[h] = nib(74, h)),
-        WType::IQ3_S => (0..8).for_each(|j| codes[j] = nib(106, j)),
-        WType::IQ1_M => (0..16).for_each(|h| {
-            let word = u16::from_le_bytes([b[48 + 2 * (h / 4)], b[49 + 2 * (h / 4)]]);
-            codes[h] = (word >> (3 * (h % 4)) & 7) as u8;
-        }),
-        t => panic!("{t} is not a codebook type"),
-    }
-    (d, codes)
 }
 
 /// Writes one block of `t`: super-scale `d`, scale codes, candidate indices per group,

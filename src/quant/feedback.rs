@@ -492,28 +492,28 @@ fn quantize_one(
     }
 }
 
+/// Column `i` of the block at `c0` stored as `q`: its scaled error `e = (cur_i − q) /
+/// U_jj` (`j = c0 + i`), returned, and the block's later columns in `cur` (its values as
+/// updated so far) moved by `−e·U_jk`. Every sequential update inside a block is this.
+#[inline(always)]
+fn settle(fb: &Feedback, c0: usize, i: usize, q: f32, cur: &mut [f64]) -> f64 {
+    let row = &fb.u[(c0 + i) * fb.n + c0..][..cur.len()];
+    let e = (cur[i] - q as f64) / row[i];
+    for (o, &u) in cur[i + 1..].iter_mut().zip(&row[i + 1..]) {
+        *o -= e * u;
+    }
+    e
+}
+
 /// The cost `Σ e_j²` of block `c0..c0 + deq.len()` stored as `deq`, once the later
-/// columns compensate (`e`: each column's scaled error), and into `next` the values its
-/// columns reach in the sequential update (each column's updates in increasing `j`,
-/// read along `U`'s rows).
-fn block_cost(
-    fb: &Feedback,
-    v: &[f64],
-    c0: usize,
-    deq: &[f32],
-    e: &mut [f64],
-    next: &mut [f64],
-) -> f64 {
-    let (n, bw) = (fb.n, deq.len());
-    next.copy_from_slice(&v[c0..c0 + bw]);
+/// columns compensate, and into `next` the values its columns reach in the sequential
+/// update (each column's updates in increasing `j`, read along `U`'s rows).
+fn block_cost(fb: &Feedback, v: &[f64], c0: usize, deq: &[f32], next: &mut [f64]) -> f64 {
+    next.copy_from_slice(&v[c0..c0 + deq.len()]);
     let mut cost = 0.0;
-    for i in 0..bw {
-        let row = &fb.u[(c0 + i) * n + c0..][..bw];
-        e[i] = (next[i] - deq[i] as f64) / row[i];
-        cost += e[i] * e[i];
-        for (o, &u) in next[i + 1..].iter_mut().zip(&row[i + 1..]) {
-            *o -= e[i] * u;
-        }
+    for (i, &q) in deq.iter().enumerate() {
+        let e = settle(fb, c0, i, q, next);
+        cost += e * e;
     }
     cost
 }
@@ -561,7 +561,7 @@ fn round_in_block(
     table: &mut Vec<f32>,
 ) -> f64 {
     let nl = code_levels(t).expect("a type whose codes are set one by one");
-    let (n, bw) = (fb.n, QK_K);
+    let bw = QK_K;
     table.resize(nl * bw, 0.0);
     for (k, row) in table.chunks_exact_mut(bw).enumerate() {
         pack_levels(t, &[k as u8; QK_K], cand);
@@ -572,7 +572,6 @@ fn round_in_block(
     let mut q = [0u8; QK_K];
     let mut cost = 0.0;
     for i in 0..bw {
-        let j = c0 + i;
         let (mut bk, mut bd) = (0, f64::INFINITY);
         for k in 0..nl {
             let d = (cur[i] - table[k * bw + i] as f64).abs();
@@ -582,12 +581,8 @@ fn round_in_block(
         }
         q[i] = bk as u8;
         deq[i] = table[bk * bw + i];
-        let row = &fb.u[j * n..(j + 1) * n];
-        let e = (cur[i] - deq[i] as f64) / row[j];
+        let e = settle(fb, c0, i, deq[i], &mut cur);
         cost += e * e;
-        for p in i + 1..bw {
-            cur[p] -= e * row[c0 + p];
-        }
     }
     pack_levels(t, &q, cand);
     cost
@@ -606,7 +601,6 @@ fn regroup_in_block(
     cand: &mut [u8],
     deq: &mut [f32],
 ) -> f64 {
-    let n = fb.n;
     let mut r = codebook_fit::Regroup::new(t, cand);
     let mut cur = [0f64; QK_K];
     cur.copy_from_slice(&v[c0..c0 + QK_K]);
@@ -619,12 +613,8 @@ fn regroup_in_block(
         }
         r.round8(k, &x8, &wb[at.clone()], &mut deq[at.clone()]);
         for i in at {
-            let row = &fb.u[(c0 + i) * n + c0..][..QK_K];
-            let e = (cur[i] - deq[i] as f64) / row[i];
+            let e = settle(fb, c0, i, deq[i], &mut cur);
             cost += e * e;
-            for (o, &u) in cur[i + 1..].iter_mut().zip(&row[i + 1..]) {
-                *o -= e * u;
-            }
         }
     }
     r.pack(cand);
@@ -639,7 +629,6 @@ struct Scratch {
     best_deq: Vec<f32>,
     cand: Vec<u8>,
     next: Vec<f64>,
-    e: Vec<f64>,
     cand2: Vec<u8>,
     deq2: Vec<f32>,
     table: Vec<f32>,
@@ -655,7 +644,6 @@ impl Scratch {
             best_deq: vec![0.0; bw],
             cand: vec![0; bb],
             next: vec![0.0; bw],
-            e: vec![0.0; bw],
             cand2: vec![0; bb],
             deq2: vec![0.0; bw],
             table: Vec::new(),
@@ -679,8 +667,8 @@ fn quantize_block_passes(
 ) -> Result<f32, f32> {
     let bw = t.block_weights();
     let c0 = b * bw;
-    let in_block = passes.in_block && code_levels(t).is_some();
-    let regroup = passes.in_block && codebook::is_codebook(t);
+    // The types whose codes can be chosen again under the block's scales.
+    let in_block = passes.in_block && (code_levels(t).is_some() || codebook::is_codebook(t));
     for i in 0..bw {
         sc.xb[i] = v[c0 + i] as f32;
     }
@@ -699,27 +687,21 @@ fn quantize_block_passes(
         };
         // The block's cost once the later columns compensate, and the values its
         // columns reach in the sequential update (the next pass's targets).
-        let cost = block_cost(fb, v, c0, &sc.deq, &mut sc.e, &mut sc.next);
+        let cost = block_cost(fb, v, c0, &sc.deq, &mut sc.next);
         if cost < best.0 {
             best = (cost, s);
             qb.copy_from_slice(&sc.cand);
             sc.best_deq.copy_from_slice(&sc.deq);
         }
         // The same scales with GPTQ's rounding inside the block.
-        if regroup {
-            sc.cand2.copy_from_slice(&sc.cand);
-            sc.deq2.copy_from_slice(&sc.deq);
-            let cost = regroup_in_block(t, fb, (v, c0), &sc.wb, &mut sc.cand2, &mut sc.deq2);
-            if cost < best.0 {
-                best = (cost, s);
-                qb.copy_from_slice(&sc.cand2);
-                sc.best_deq.copy_from_slice(&sc.deq2);
-            }
-        }
         if in_block {
             sc.cand2.copy_from_slice(&sc.cand);
-            let (cand2, deq2, table) = (&mut sc.cand2, &mut sc.deq2, &mut sc.table);
-            let cost = round_in_block(t, fb, v, c0, cand2, deq2, table);
+            let (cand2, deq2) = (&mut sc.cand2, &mut sc.deq2);
+            let cost = if codebook::is_codebook(t) {
+                regroup_in_block(t, fb, (v, c0), &sc.wb, cand2, deq2)
+            } else {
+                round_in_block(t, fb, v, c0, cand2, deq2, &mut sc.table)
+            };
             if cost < best.0 {
                 best = (cost, s);
                 qb.copy_from_slice(&sc.cand2);

@@ -86,22 +86,23 @@ pub fn tiled<const MR: usize, const NR: usize>(
         for p0 in (0..k).step_by(KC) {
             let kc = KC.min(k - p0);
             let e = (&e.0[p0..], e.1);
-            let (us, cs) = if pack {
+            let us = if pack {
                 strip.clear();
                 for p in p0..p0 + kc {
                     strip.extend_from_slice(&u[p * ldu + j0..][..NR]);
                 }
-                ((&strip[..], NR), (&mut c[j0..], ldc))
+                (&strip[..], NR)
             } else {
-                ((&u[p0 * ldu + j0..], ldu), (&mut c[j0..], ldc))
+                (&u[p0 * ldu + j0..], ldu)
             };
+            let cs = &mut c[j0..];
             let mut i0 = 0;
             while i0 + MR <= m {
-                tile::<MR, NR>((i0, 0), kc, e, us, (&mut *cs.0, ldc));
+                tile::<MR, NR>((i0, 0), kc, e, us, (&mut *cs, ldc));
                 i0 += MR;
             }
             while i0 < m {
-                tile::<1, NR>((i0, 0), kc, e, us, (&mut *cs.0, ldc));
+                tile::<1, NR>((i0, 0), kc, e, us, (&mut *cs, ldc));
                 i0 += 1;
             }
         }
