@@ -904,7 +904,7 @@ fn error_feedback_per_expert() {
     use krafla::format::mlb::Kind;
     use krafla::format::mli::cov::{self as mli_cov, CovSlot};
     use krafla::format::mli::ExpertSlot;
-    use krafla::quant::feedback::{self, plain_product, Feedback, Prior};
+    use krafla::quant::feedback::{self, Feedback, Prior, PLAIN};
     use krafla::quant::{dequant_mat_row, Q4Rule, QuantOptions, Scales};
     let tmp = tempfile::tempdir().unwrap();
     let (dir, exact) = exact_bf16("qwen3_5_moe_text", tmp.path());
@@ -921,7 +921,7 @@ fn error_feedback_per_expert() {
     let (x, cov) = (m.moe.as_ref().unwrap(), m.covariance.as_ref().unwrap());
     let fb_of = |e: &mli_cov::CovEntry| {
         let v = mli_cov::values(&bytes, e);
-        Feedback::from_packed(e.n, &v, Prior::default(), plain_product).unwrap()
+        Feedback::from_packed(e.n, &v, Prior::default(), PLAIN).unwrap()
     };
     let q4 = [
         "--wtype",

@@ -58,6 +58,7 @@ pub use scalar::delta::DeltaHead;
 pub use scalar::kv::{KvData, KvType};
 pub use scalar::tiles::LANES;
 pub use table::{
-    kernels, prefetch_hints, quantize_act, sub_product, supported_tiers, tier, with_tier, Kernels,
+    feedback_kernels, kernels, prefetch_hints, quantize_act, sub_product, supported_tiers, tier,
+    with_tier, Kernels,
 };
 pub use tier::Tier;

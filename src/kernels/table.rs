@@ -90,6 +90,10 @@ pub(super) type DeltaFn = unsafe fn(x: &DeltaHead, s: &mut [f32], o: &mut [f32],
 /// `C −= E·U` in f64: dimensions `[m, k, n]`, then E, U and C with their row strides.
 pub(super) type SubProductFn = unsafe fn(d: Dims, e: Rows, u: Rows, c: (&mut [f64], usize));
 
+/// `y −= a·x` in f64, unfused: safe, since a table holds it only for a tier the CPU
+/// runs (the caller keeps the pointer: error feedback calls it per column).
+pub type SubScaledFn = fn(a: f64, x: &[f64], y: &mut [f64]);
+
 /// `y[t·ld + r]` = weight row `r` · activation token `t`, for the `rows` rows of `w`
 /// (`rows × cols` 2-byte floats, little-endian bytes) and the `x.len() / cols` tokens
 /// of `x`.
@@ -172,8 +176,10 @@ struct F32Kernels {
     gelu_mul: ActFn,
     swiglu_mul: SwigluFn,
     delta: DeltaFn,
-    /// Error feedback's f64 product (not f32, but its one SIMD path sits here).
+    /// Error feedback's f64 product (not f32, but its SIMD paths sit here).
     sub_product: SubProductFn,
+    /// Error feedback's sequential f64 update.
+    sub_scaled: SubScaledFn,
 }
 
 /// The reference f32 kernels (every tier without SIMD versions of them).
@@ -188,6 +194,7 @@ const SCALAR_F32: F32Kernels = F32Kernels {
     swiglu_mul: scalar_math::swiglu_mul,
     delta: scalar_delta::delta_head,
     sub_product: scalar_subproduct::sub_product,
+    sub_scaled: scalar_subproduct::sub_scaled,
 };
 
 /// One tier's kernels: every SIMD path of the crate. Only built for tiers the CPU
@@ -300,6 +307,12 @@ fn x86_kernels(t: Tier, base: Kernels) -> Kernels {
                 _ if !features::has_avx2_fma() => base.f32.sub_product,
                 Tier::Avx2 => subproduct::sub_product_avx2,
                 _ => subproduct::sub_product_avx512,
+            },
+            // SAFETY (both): this table is built only for a tier the CPU runs, which
+            // has AVX2, or AVX-512 F above AVX2.
+            sub_scaled: match t {
+                Tier::Avx2 => |a, x, y| unsafe { subproduct::sub_scaled_avx2(a, x, y) },
+                _ => |a, x, y| unsafe { subproduct::sub_scaled_avx512(a, x, y) },
             },
         },
         ..base
@@ -640,6 +653,12 @@ impl Kernels {
         unsafe { (self.f32.sub_product)(d, e, u, c) }
     }
 
+    /// `y −= a·x` in f64 ([`scalar_subproduct::scaled`]: the product rounded, then the
+    /// difference), as a pointer to keep: error feedback's per-column update.
+    pub fn sub_scaled(&self) -> SubScaledFn {
+        self.f32.sub_scaled
+    }
+
     /// Quantizes `x` (a multiple of 32 values) into `q` (same length) and `d` (one per 32).
     ///
     /// Panics if the lengths disagree.
@@ -811,6 +830,15 @@ pub fn quantize_act(x: &[f32], q: &mut [i8], d: &mut [f32]) {
 /// `C −= E·U` in f64 with the active tier (see [`Kernels::sub_product`]).
 pub fn sub_product(d: Dims, e: Rows, u: Rows, c: (&mut [f64], usize)) {
     kernels().sub_product(d, e, u, c)
+}
+
+/// Error feedback's f64 kernels with the active tier: the product and the sequential
+/// update.
+pub fn feedback_kernels() -> crate::quant::feedback::F64Kernels {
+    crate::quant::feedback::F64Kernels {
+        product: sub_product,
+        sub_scaled: kernels().sub_scaled(),
+    }
 }
 
 #[cfg(test)]

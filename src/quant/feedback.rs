@@ -44,9 +44,10 @@
 //! its updates in increasing `j`, one rounding each; a row's values depend on nothing
 //! but its own, so the bytes do not depend on the batches or the thread count. The
 //! factorization is blocked ([`inverse_upper_factor`]): its `O(n³)` work runs as the
-//! same product. The product is the kernel table's (`kernels::sub_product`, passed in as
-//! a [`SubProduct`]: kernels/ reads the quantizers' block formats, so the quantizers do
-//! not import it). The arithmetic is f64.
+//! same product. The product and the sequential update `v −= e·u` are the kernel
+//! table's (`kernels::feedback_kernels`, passed in as [`F64Kernels`]: kernels/ reads
+//! the quantizers' block formats, so the quantizers do not import it). The arithmetic
+//! is f64.
 //!
 //! This module sits on top of the plain quantizers ([`quantize`] is the entry with an
 //! optional [`Feedback`]); they never call back into it.
@@ -152,6 +153,31 @@ pub const LAZY_COLS: usize = 128;
 /// The kernel table's `kernels::sub_product` (docs/kernels.md), or [`plain_product`].
 pub type SubProduct = fn([usize; 3], (&[f64], usize), (&[f64], usize), (&mut [f64], usize));
 
+/// `y −= a·x` in f64, each product rounded, then the difference (no fusion); `x` at least
+/// as long as `y`. The kernel table's `kernels::Kernels::sub_scaled`, or [`plain_scaled`].
+pub type SubScaled = fn(f64, &[f64], &mut [f64]);
+
+/// The f64 kernels error feedback runs on: the kernel table's
+/// (`kernels::feedback_kernels`), or [`PLAIN`].
+#[derive(Debug, Clone, Copy)]
+pub struct F64Kernels {
+    pub product: SubProduct,
+    pub sub_scaled: SubScaled,
+}
+
+/// The contracts as plain loops: the same bits as the kernels.
+pub const PLAIN: F64Kernels = F64Kernels {
+    product: plain_product,
+    sub_scaled: plain_scaled,
+};
+
+/// [`SubScaled`]'s contract as a plain loop.
+pub fn plain_scaled(a: f64, x: &[f64], y: &mut [f64]) {
+    for (o, &v) in y.iter_mut().zip(x) {
+        *o -= a * v;
+    }
+}
+
 /// [`SubProduct`]'s contract as plain loops (the tests', and any caller's without the
 /// kernel table): the same bits as the kernel.
 pub fn plain_product(
@@ -179,8 +205,9 @@ pub struct Feedback {
     u: Vec<f64>,
     /// `1 / U_cc²` over its mean, floored at 0.001: the block searches' importance.
     imp: Vec<f32>,
-    /// The matrix product of the factorization and of the lazy update.
-    product: SubProduct,
+    /// The matrix product of the factorization and of the lazy update, and the update
+    /// inside a window.
+    k: F64Kernels,
 }
 
 impl Feedback {
@@ -192,26 +219,26 @@ impl Feedback {
         n: usize,
         tri: &[T],
         prior: Prior,
-        product: SubProduct,
+        k: F64Kernels,
     ) -> Option<Feedback> {
         assert_eq!(tri.len(), n * (n + 1) / 2, "packed triangle of {n}");
         let start = |i: usize| i * n - i * i.saturating_sub(1) / 2;
-        Feedback::build(n, prior, product, |i, j| {
+        Feedback::build(n, prior, k, |i, j| {
             let (a, b) = if i <= j { (i, j) } else { (j, i) };
             tri[start(a) + b - a].into()
         })
     }
 
     /// From `H` (n × n, symmetric, row-major); see [`Feedback::from_packed`].
-    pub fn new(n: usize, h: &[f64], prior: Prior, product: SubProduct) -> Option<Feedback> {
+    pub fn new(n: usize, h: &[f64], prior: Prior, k: F64Kernels) -> Option<Feedback> {
         assert_eq!(h.len(), n * n);
-        Feedback::build(n, prior, product, |i, j| h[i * n + j])
+        Feedback::build(n, prior, k, |i, j| h[i * n + j])
     }
 
     fn build(
         n: usize,
         Prior { damp, shrink }: Prior,
-        product: SubProduct,
+        k: F64Kernels,
         h: impl Fn(usize, usize) -> f64,
     ) -> Option<Feedback> {
         let mean = (0..n).map(|i| h(i, i)).sum::<f64>() / n.max(1) as f64;
@@ -232,13 +259,13 @@ impl Feedback {
                     };
                 }
             }
-            inverse_upper_factor(n, &mut u, product)
+            inverse_upper_factor(n, &mut u, k.product)
         });
         if !ok {
             return None;
         }
         let imp = importance_of(n, &u);
-        Some(Feedback { n, u, imp, product })
+        Some(Feedback { n, u, imp, k })
     }
 
     /// `U_ij` (0 below the diagonal).
@@ -270,7 +297,7 @@ impl Feedback {
             n,
             imp: importance_of(n, &u),
             u,
-            product: self.product,
+            k: self.k,
         }
     }
 }
@@ -499,9 +526,7 @@ fn quantize_one(
 fn settle(fb: &Feedback, c0: usize, i: usize, q: f32, cur: &mut [f64]) -> f64 {
     let row = &fb.u[(c0 + i) * fb.n + c0..][..cur.len()];
     let e = (cur[i] - q as f64) / row[i];
-    for (o, &u) in cur[i + 1..].iter_mut().zip(&row[i + 1..]) {
-        *o -= e * u;
-    }
+    (fb.k.sub_scaled)(e, &row[i + 1..], &mut cur[i + 1..]);
     e
 }
 
@@ -766,15 +791,13 @@ fn quantize_rows(
                     let row = &fb.u[j * n..(j + 1) * n];
                     let e = (vr[j] - qi as f64) / row[j];
                     er[j - l0] = e;
-                    for k in j + 1..l1 {
-                        vr[k] -= e * row[k];
-                    }
+                    (fb.k.sub_scaled)(e, &row[j + 1..l1], &mut vr[j + 1..l1]);
                 }
             }
         }
         if l1 < n {
             let u = (&fb.u[l0 * n + l1..], n);
-            (fb.product)([rows, l1 - l0, n - l1], (&errs, lazy), u, (&mut v[l1..], n));
+            (fb.k.product)([rows, l1 - l0, n - l1], (&errs, lazy), u, (&mut v[l1..], n));
         }
     }
     Ok(())
@@ -1062,7 +1085,7 @@ mod tests {
             let (rows, n) = (3, if bw == 256 { 512 } else { 5 * bw });
             let h = correlated_h(&mut rng, n, 4 * n);
             let x = weights(&mut rng, rows, n);
-            let fb = Feedback::new(n, &h, Prior::damped(DAMP), plain_product).unwrap();
+            let fb = Feedback::new(n, &h, Prior::damped(DAMP), PLAIN).unwrap();
             let opts = QuantOptions {
                 scale_f16: true,
                 ..QuantOptions::default()
@@ -1094,7 +1117,7 @@ mod tests {
     ) -> (Vec<f64>, Feedback, Vec<f64>, Vec<f32>, Vec<u8>, Vec<f32>) {
         let h = correlated_h(rng, n, 2 * n);
         let x = weights(rng, 1, n);
-        let fb = Feedback::new(n, &h, Prior::damped(DAMP), plain_product).unwrap();
+        let fb = Feedback::new(n, &h, Prior::damped(DAMP), PLAIN).unwrap();
         let v: Vec<f64> = x.iter().map(|&a| a as f64).collect();
         let w: Vec<f32> = fb.importance()[..QK_K].to_vec();
         let (mut cand, mut deq) = (vec![0u8; t.block_bytes()], vec![0f32; QK_K]);
@@ -1242,7 +1265,7 @@ mod tests {
                 ..QuantOptions::default()
             };
             let plain = dequant(&quantize(t, rows, n, &x, &opts).unwrap());
-            let fb = Feedback::new(n, &h, Prior::damped(DAMP), plain_product).unwrap();
+            let fb = Feedback::new(n, &h, Prior::damped(DAMP), PLAIN).unwrap();
             let fed = dequant(&quantize_matrix(t, rows, n, &x, &opts, &fb, passes_for(t)).unwrap());
             let one = Passes {
                 refine: 0,
@@ -1293,7 +1316,7 @@ mod tests {
         for t in [WType::Q2_K, WType::Q4_0] {
             let e = |shrink: f64| {
                 let prior = Prior { damp: DAMP, shrink };
-                let fb = Feedback::new(n, &calib, prior, plain_product).unwrap();
+                let fb = Feedback::new(n, &calib, prior, PLAIN).unwrap();
                 let q =
                     dequant(&quantize_matrix(t, rows, n, &x, &opts, &fb, passes_for(t)).unwrap());
                 output_error(rows, n, &x, &q, &held, plain_product)
@@ -1332,13 +1355,13 @@ mod tests {
         let mut rng = Rng(7);
         let n = 40;
         let h = correlated_h(&mut rng, n, 30);
-        let fb = Feedback::new(n, &h, Prior::damped(DAMP), plain_product).unwrap();
+        let fb = Feedback::new(n, &h, Prior::damped(DAMP), PLAIN).unwrap();
         assert_inverts(&fb, &h, &vec![1.0; n]);
         let r: Vec<f64> = (0..n).map(|_| 0.2 + 3.0 * rng.next_f64()).collect();
         let sc = fb.rescaled(&r);
         assert_inverts(&sc, &h, &r);
         assert_ne!(sc.importance(), fb.importance());
-        assert!(Feedback::new(2, &[0.0; 4], Prior::damped(DAMP), plain_product).is_none());
+        assert!(Feedback::new(2, &[0.0; 4], Prior::damped(DAMP), PLAIN).is_none());
     }
 
     /// The same bytes at 1, 2 and 3 threads, and row by row: a row's bytes depend on
@@ -1350,7 +1373,7 @@ mod tests {
         let (rows, n) = (150, 512);
         let h = correlated_h(&mut rng, n, 600);
         let x = weights(&mut rng, rows, n);
-        let fb = Feedback::new(n, &h, Prior::damped(DAMP), plain_product).unwrap();
+        let fb = Feedback::new(n, &h, Prior::damped(DAMP), PLAIN).unwrap();
         let opts = QuantOptions::default();
         for t in [WType::Q4_0, WType::Q4_K, WType::IQ4_NL] {
             let outs = crate::quant::threads::on_1_to_3_threads(|| {

@@ -33,6 +33,8 @@ fn sub_product_gives_the_scalar_bits() {
         (13, 64, 47),
         // Past the packed strips' depth (256), with its remainder.
         (9, 600, 21),
+        // Several blocks of column tiles per strip, and a strip of one block.
+        (11, 300, 420),
     ] {
         let (lde, ldu, ldc) = (k + 3, n + 5, n + 2);
         let e = values(&mut rng, m * lde, 1.0, 1e300);
@@ -67,6 +69,33 @@ fn sub_product_gives_the_scalar_bits() {
                     c[i],
                     want[i]
                 );
+            }
+        }
+    }
+}
+
+/// `y −= a·x` (error feedback's update inside a window): every tier's kept pointer
+/// against the contract written out (the product rounded, then the difference), over
+/// lengths across the vectors' edges.
+#[test]
+fn sub_scaled_gives_the_scalar_bits() {
+    let mut rng = Rng(0x5ca1_ab1e);
+    for len in [0, 1, 3, 4, 7, 8, 15, 16, 17, 255, 256] {
+        let x = values(&mut rng, len + 2, 3.0, 1e-300);
+        let y0 = values(&mut rng, len, 5.0, 1e300);
+        for a in [0.7, -1.3e-5, 2.5e7] {
+            let want: Vec<f64> = y0.iter().zip(&x).map(|(&y, &v)| y - a * v).collect();
+            for kern in all_kernels() {
+                let mut y = y0.clone();
+                (kern.sub_scaled())(a, &x, &mut y);
+                for (i, (g, w)) in y.iter().zip(&want).enumerate() {
+                    assert_eq!(
+                        g.to_bits(),
+                        w.to_bits(),
+                        "{}: len {len}, a {a}, index {i}: got {g:e} want {w:e}",
+                        kern.tier()
+                    );
+                }
             }
         }
     }

@@ -455,9 +455,8 @@ fn measure_mix(
                 let fb = match opts.error_feedback {
                     false => None,
                     true if w == cols => c.feedback(e),
-                    true => {
-                        Feedback::new(w, &h, c.prior, crate::kernels::sub_product).map(Arc::new)
-                    }
+                    true => Feedback::new(w, &h, c.prior, crate::kernels::feedback_kernels())
+                        .map(Arc::new),
                 };
                 let x: Vec<f32> = buf
                     .chunks_exact(cols)

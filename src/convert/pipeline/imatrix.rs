@@ -489,7 +489,7 @@ impl CovFile {
     /// Entry `e`'s factor, built.
     fn build(&self, e: &CovEntry) -> Option<Feedback> {
         let values = mli_cov::values(&self.map, e);
-        Feedback::from_packed(e.n, &values, self.prior, crate::kernels::sub_product)
+        Feedback::from_packed(e.n, &values, self.prior, crate::kernels::feedback_kernels())
     }
 
     /// `H` of entry `e`, its first `w` channels (`w ≤ n`): w × w, f64, row-major.

@@ -6,7 +6,10 @@
 //! c_ij = fma(−e_ip, u_pj, c_ij)        p = 0, 1, …, k − 1
 //! ```
 //!
-//! one rounding per step (`f64::mul_add`). The work runs in tiles of `MR` rows × `NR`
+//! one rounding per step (`f64::mul_add`). Its sequential updates inside a block use
+//! [`sub_scaled`]: `y_k −= a·x_k`, the product rounded, then the difference (two
+//! roundings, no fusion), which every tier's wider registers compute the same.
+//! The work runs in tiles of `MR` rows × `NR`
 //! columns held in registers (the last rows and columns in tiles of one), the loop over
 //! a tile's columns vectorizes; the SIMD tiers run this very code compiled for their
 //! instruction set with wider tiles. Each element's steps stay the same, so the bits
@@ -62,13 +65,21 @@ fn tile<const MR: usize, const NR: usize>(
 /// every row tile of a column tile.
 const KC: usize = 256;
 
+/// Values of `U` packed per block of column tiles (192 KiB): the block stays in L2 while
+/// every row tile runs across it.
+const BLOCK_VALUES: usize = 24 * 1024;
+
 /// `C −= E·U` in tiles of `MR × NR`; shapes as [`fits`] checks them.
 ///
-/// Each column tile's strip of `U` goes through `KC` rows at a time. When more than one
-/// row tile reads it, it is first copied to a contiguous buffer: `U`'s rows are
-/// thousands of f64 apart (a power of two), so read in place the strip's rows fall into
-/// one cache set and miss on every use. A tile's accumulators go back to `C` between
-/// strips, exactly (f64 in, f64 out), so each element's chain of steps is unchanged.
+/// The columns go in blocks, the block's `U` in strips of `KC` rows: when more than one
+/// row tile reads a strip it is first copied to a contiguous buffer, each column tile's
+/// part after the other (`U`'s rows are thousands of f64 apart, a power of two, so read
+/// in place a strip's rows fall into one cache set and miss on every use). Each row
+/// tile then runs across the block's column tiles, so that it reads its rows of `C`
+/// in order (a column tile at a time down all the rows, `C`'s rows, also a power of two
+/// apart, were as many streams as rows and missed the prefetcher). A tile's
+/// accumulators go back to `C` between strips, exactly (f64 in, f64 out), so each
+/// element's chain of steps is unchanged.
 #[inline(always)]
 pub fn tiled<const MR: usize, const NR: usize>(
     d: Dims,
@@ -78,42 +89,67 @@ pub fn tiled<const MR: usize, const NR: usize>(
 ) {
     let [m, k, n] = d;
     let pack = m > MR;
+    let full = n / NR * NR;
     let mut strip = Vec::new();
-    // Column tiles outside, row tiles inside: a tile's strip of U is read from the
-    // cache for every row tile.
-    let mut j0 = 0;
-    while j0 + NR <= n {
-        for p0 in (0..k).step_by(KC) {
-            let kc = KC.min(k - p0);
-            let e = (&e.0[p0..], e.1);
-            let us = if pack {
-                strip.clear();
-                for p in p0..p0 + kc {
-                    strip.extend_from_slice(&u[p * ldu + j0..][..NR]);
+    for p0 in (0..k).step_by(KC) {
+        let kc = KC.min(k - p0);
+        let e = (&e.0[p0..], e.1);
+        let nc = (BLOCK_VALUES / kc / NR).max(1) * NR;
+        for jb in (0..full).step_by(nc) {
+            let je = (jb + nc).min(full);
+            // Column tile t's strip starts at t·ts: one tile row more than it holds, so
+            // that the strips do not start a power of two apart either.
+            let ts = (kc + 1) * NR;
+            if pack {
+                // Read along U's rows (tile t's row p lands at t·ts + p·NR): the
+                // prefetcher follows kc rows, not kc × tiles separate lines.
+                strip.resize(ts * (je - jb) / NR, 0.0);
+                for p in 0..kc {
+                    let row = &u[(p0 + p) * ldu + jb..][..je - jb];
+                    for (t, v) in row.chunks_exact(NR).enumerate() {
+                        strip[t * ts + p * NR..][..NR].copy_from_slice(v);
+                    }
                 }
-                (&strip[..], NR)
-            } else {
-                (&u[p0 * ldu + j0..], ldu)
+            }
+            let us = |j0: usize| match pack {
+                true => (&strip[(j0 - jb) / NR * ts..], NR),
+                false => (&u[p0 * ldu + j0..], ldu),
             };
-            let cs = &mut c[j0..];
             let mut i0 = 0;
             while i0 + MR <= m {
-                tile::<MR, NR>((i0, 0), kc, e, us, (&mut *cs, ldc));
+                for j0 in (jb..je).step_by(NR) {
+                    tile::<MR, NR>((i0, 0), kc, e, us(j0), (&mut c[j0..], ldc));
+                }
                 i0 += MR;
             }
             while i0 < m {
-                tile::<1, NR>((i0, 0), kc, e, us, (&mut *cs, ldc));
+                for j0 in (jb..je).step_by(NR) {
+                    tile::<1, NR>((i0, 0), kc, e, us(j0), (&mut c[j0..], ldc));
+                }
                 i0 += 1;
             }
         }
-        j0 += NR;
     }
-    while j0 < n {
+    for j0 in full..n {
         for i in 0..m {
             tile::<1, 1>((i, j0), k, e, (u, ldu), (c, ldc));
         }
-        j0 += 1;
     }
+}
+
+/// `y_k = y_k − a·x_k` for every k (`x` at least as long as `y`): the product rounded to
+/// f64, then the difference. Generic in nothing, so that each tier compiles this very
+/// loop for its registers: unfused, the bits do not depend on the width.
+#[inline(always)]
+pub fn scaled(a: f64, x: &[f64], y: &mut [f64]) {
+    for (o, &v) in y.iter_mut().zip(x) {
+        *o -= a * v;
+    }
+}
+
+/// The scalar tier's `y −= a·x` (see [`scaled`]).
+pub fn sub_scaled(a: f64, x: &[f64], y: &mut [f64]) {
+    scaled(a, x, y)
 }
 
 /// The scalar tier's entry (see `table::SubProductFn`).

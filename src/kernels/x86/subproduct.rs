@@ -4,7 +4,7 @@
 //! chain of fused steps stays the same, so the bits do.
 
 use crate::kernels::counters::{count, Op};
-use crate::kernels::scalar::subproduct::{tiled, Dims, Rows};
+use crate::kernels::scalar::subproduct::{scaled, tiled, Dims, Rows};
 use crate::kernels::tier::Tier;
 
 /// `C −= E·U` (`scalar::subproduct`) compiled for AVX2 and FMA.
@@ -25,4 +25,22 @@ pub fn sub_product_avx2(d: Dims, e: Rows, u: Rows, c: (&mut [f64], usize)) {
 pub fn sub_product_avx512(d: Dims, e: Rows, u: Rows, c: (&mut [f64], usize)) {
     count(Tier::Avx512, Op::SubProduct);
     tiled::<8, 16>(d, e, u, c)
+}
+
+/// `y −= a·x` (`scalar::subproduct::scaled`) compiled for AVX2: 4 lanes, unfused.
+///
+/// # Safety
+/// The CPU must support AVX2 (safe to call from code compiled with it).
+#[target_feature(enable = "avx2")]
+pub fn sub_scaled_avx2(a: f64, x: &[f64], y: &mut [f64]) {
+    scaled(a, x, y)
+}
+
+/// `y −= a·x` (`scalar::subproduct::scaled`) compiled for AVX-512 F: 8 lanes, unfused.
+///
+/// # Safety
+/// The CPU must support AVX-512 F (safe to call from code compiled with it).
+#[target_feature(enable = "avx512f")]
+pub fn sub_scaled_avx512(a: f64, x: &[f64], y: &mut [f64]) {
+    scaled(a, x, y)
 }
