@@ -55,23 +55,23 @@ def main():
     def cut(m):
         return "::".join(m[:level]) if m else "crate"
 
+    def absolute(m, head, rest):
+        # the path `head::rest` (head: crate, self or super) names from module m (a
+        # mod.rs file is its folder)
+        if head == "crate":
+            return list(rest)
+        if head == "self":
+            return list(m) + rest
+        base = list(m[:-1])
+        while rest and rest[0] == "super":
+            base, rest = base[:-1], rest[1:]
+        return base + rest
+
     edges = set()
     for m, p in files.items():
         text = strip_comments(open(p, encoding="utf-8").read())
-        # file module path for super:: resolution (a mod.rs file is its folder)
-        here = list(m)
         for mt in re.finditer(r"\b(crate|super|self)((?:::[A-Za-z_][A-Za-z0-9_]*)+)", text):
-            head, rest = mt.group(1), mt.group(2).split("::")[1:]
-            if head == "crate":
-                base = []
-            elif head == "self":
-                base = list(here)
-            else:
-                base = list(here[:-1])
-                while rest and rest[0] == "super":
-                    base = base[:-1]
-                    rest = rest[1:]
-            target = resolve(base + rest)
+            target = resolve(absolute(m, mt.group(1), mt.group(2).split("::")[1:]))
             if target is None:
                 continue
             a, b = cut(m), cut(target)
@@ -98,21 +98,13 @@ def main():
                 depth += {"{": 1, "}": -1}.get(text[k], 0)
                 k += 1
             inner = text[mt.end():k - 1]
-            head, pre = mt.group(1), [p for p in mt.group(2).split("::") if p]
-            if head == "crate":
-                base = []
-            elif head == "self":
-                base = list(m)
-            else:
-                base = list(m[:-1])
-                while pre and pre[0] == "super":
-                    base = base[:-1]; pre = pre[1:]
+            pre = absolute(m, mt.group(1), [p for p in mt.group(2).split("::") if p])
             for item in re.split(r"[,{}]", inner):
                 item = item.strip().split(" as ")[0]
                 if not item or item == "self":
-                    target = resolve(base + pre)
+                    target = resolve(pre)
                 else:
-                    target = resolve(base + pre + item.split("::"))
+                    target = resolve(pre + item.split("::"))
                 if target is not None and cut(m) != cut(target):
                     edges.add((cut(m), cut(target)))
 

@@ -210,6 +210,10 @@ def conversations():
                         else {"role": "assistant", "content": A[(start + i) % len(A)]})
         return msgs
 
+    def call(call_id, name, arguments):
+        # an OpenAI-shaped tool call, arguments as an object
+        return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+
     sys_msg = {"role": "system", "content": "You are a concise assistant. Réponds brièvement."}
     for n in range(1, 7):
         for gen in (False, True):
@@ -259,8 +263,7 @@ def conversations():
         sys_msg,
         {"role": "user", "content": "Weather in Oslo?"},
         {"role": "assistant", "content": "", "tool_calls": [
-            {"id": "call_0a1b2c", "type": "function",
-             "function": {"name": "get_weather", "arguments": {"location": "Oslo", "unit": "celsius"}}}]},
+            call("call_0a1b2c", "get_weather", {"location": "Oslo", "unit": "celsius"})]},
         {"role": "tool", "tool_call_id": "call_0a1b2c", "name": "get_weather",
          "content": "{\"temp\": -2, \"sky\": \"snow\"}"},
         {"role": "assistant", "content": "It is −2 °C and snowing in Oslo."},
@@ -269,8 +272,8 @@ def conversations():
     add("parallel_tool_calls", [
         {"role": "user", "content": "Weather and time in Oslo?"},
         {"role": "assistant", "content": "Checking both.", "tool_calls": [
-            {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": {"location": "Oslo"}}},
-            {"id": "call_2", "type": "function", "function": {"name": "get_time", "arguments": {"tz": "Europe/Oslo"}}}]},
+            call("call_1", "get_weather", {"location": "Oslo"}),
+            call("call_2", "get_time", {"tz": "Europe/Oslo"})]},
         {"role": "tool", "tool_call_id": "call_1", "content": "cold"},
         {"role": "tool", "tool_call_id": "call_2", "content": "14:30"},
     ], True, tools=TOOLS2)
@@ -278,8 +281,7 @@ def conversations():
     add("tool_calls_nine_char_ids", [
         {"role": "user", "content": "Weather in Oslo?"},
         {"role": "assistant", "content": "", "thinking": "The user wants the weather.", "tool_calls": [
-            {"id": "a1B2c3D4e", "type": "function",
-             "function": {"name": "get_weather", "arguments": {"location": "Oslo", "unit": "celsius"}}}]},
+            call("a1B2c3D4e", "get_weather", {"location": "Oslo", "unit": "celsius"})]},
         {"role": "tool", "tool_call_id": "a1B2c3D4e", "name": "get_weather", "content": "{\"temp\": -2}"},
         {"role": "assistant", "content": "It is −2 °C in Oslo."},
         {"role": "user", "content": "Thanks!"},
@@ -287,7 +289,7 @@ def conversations():
     add("tool_result_last", [
         {"role": "user", "content": "Time in Tokyo?"},
         {"role": "assistant", "content": "", "tool_calls": [
-            {"id": "c9", "type": "function", "function": {"name": "get_time", "arguments": {"tz": "Asia/Tokyo"}}}]},
+            call("c9", "get_time", {"tz": "Asia/Tokyo"})]},
         {"role": "tool", "tool_call_id": "c9", "content": "23:05"},
     ], False, tools=TOOLS2)
     # tool_choice and parallel_tool_calls reach the template as variables.

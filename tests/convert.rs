@@ -1297,28 +1297,24 @@ fn convert_imatrix_checked_and_used() {
     let _ = m.slot(0, Slot::Attn);
     // Mismatched dimensions and zero tokens are refused, naming the field.
     let bad = tmp.path().join("bad.mli");
-    std::fs::write(&bad, Mli::new(2, 64, 64, 64).to_bytes()).unwrap();
     let out2 = tmp.path().join("im2.mlb");
-    let e = err_of(&dir, &out2, |o| {
-        q4(o);
-        o.imatrix = Some(bad.clone());
-    });
+    // The error of a Q4_0 search weighted by `mli`.
+    let err_with = |mli: Mli| {
+        std::fs::write(&bad, mli.to_bytes()).unwrap();
+        err_of(&dir, &out2, |o| {
+            q4(o);
+            o.imatrix = Some(bad.clone());
+        })
+    };
+    let e = err_with(Mli::new(2, 64, 64, 64));
     assert!(e.contains("n_layers") && e.contains("bad.mli"), "{e}");
     let mut z = m.clone();
     z.tokens = 0;
-    std::fs::write(&bad, z.to_bytes()).unwrap();
-    let e = err_of(&dir, &out2, |o| {
-        q4(o);
-        o.imatrix = Some(bad.clone());
-    });
+    let e = err_with(z);
     assert!(e.contains("tokens"), "{e}");
     let mut h = Mli::new(1, 64, 96, 64);
     h.tokens = 1;
-    std::fs::write(&bad, h.to_bytes()).unwrap();
-    let e = err_of(&dir, &out2, |o| {
-        q4(o);
-        o.imatrix = Some(bad.clone());
-    });
+    let e = err_with(h);
     assert!(e.contains("hidden_dim"), "{e}");
     // With the round rule it has no effect: refused.
     let e = err_of(&dir, &out2, |o| {

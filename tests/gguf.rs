@@ -907,14 +907,8 @@ fn codebook_types_quantized_run_and_export() {
     use krafla::format::WType;
     let hf = testdata().join("models").join("llama_k256");
     let tmp = tempfile::tempdir().unwrap();
-    for (ty, want) in [
-        ("iq3_xxs", WType::IQ3_XXS),
-        ("iq3_s", WType::IQ3_S),
-        ("iq2_xxs", WType::IQ2_XXS),
-        ("iq2_xs", WType::IQ2_XS),
-        ("iq2_s", WType::IQ2_S),
-        ("iq1_m", WType::IQ1_M),
-    ] {
+    for &want in WType::CODEBOOKS {
+        let ty = want.cli_name();
         let a = tmp.path().join(format!("{ty}.mlb"));
         let first = converted(&hf, &a, &["--wtype", ty, "--gguf-types"]);
         byte_mlt(&a.with_extension("mlt"));
@@ -1576,22 +1570,16 @@ fn a_log_within_ulps(a: &[u8], mut b: Vec<u8>) -> Vec<u8> {
 #[test]
 fn gguf_export_round_trip_qwen35_synthetic() {
     use krafla::format::mlb::header::{layer_flag, wtype};
-    use krafla::synth::{synth_file, tiny_header};
+    use krafla::synth::{qwen35_hybrid, synth_file, tiny_header};
     let tmp = tempfile::tempdir().unwrap();
     for (q, seed) in [(wtype::Q8_0, 3), (wtype::Q4_0, 4)] {
         let mut h = tiny_header();
         h.vocab = 256;
         h.n_layers = 3;
-        h.layer_flags = 1;
-        h.attn_gate = 1;
-        h.qk_norm = 1;
-        h.rot_dim = 8;
+        qwen35_hybrid(&mut h);
         h.rope_theta = 1e8; // θ = 1e4 over head_dim / rot_dim = 2
-        h.lin_k_heads = 2;
-        h.lin_v_heads = 4;
-        h.lin_k_dim = 32;
+        h.lin_k_dim = 32; // key and value heads of 32, not linear_dims' 16
         h.lin_v_dim = 32;
-        h.lin_conv = 4;
         h.scale_f16 = 1;
         h.wtype = q;
         let bytes = synth_file(&h, &[layer_flag::LINEAR, 0, layer_flag::LINEAR], seed);

@@ -772,25 +772,20 @@ fn mlb_run_numeric_options_reach_the_tools_own_checks() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     small_model(d);
-    for (args, needle) in [
-        (
-            vec!["m.mlb", "--tokens", "1 4294967295"],
-            "ids = 4294967295: must be below n_vocab (96)",
-        ),
-        (
-            vec!["m.mlb", "--tokens", "1", "--temp", "-1"],
-            "--temp = -1: must be a finite number",
-        ),
-        (
-            vec!["m.mlb", "--tokens", "1", "--top-p", "-0.5"],
-            "--top-p = -0.5: must be in (0, 1]",
-        ),
+    refused(
+        d,
+        "mlb-run",
+        &["m.mlb", "--tokens", "1 4294967295"],
+        &["ids = 4294967295: must be below n_vocab (96)"],
+    );
+    // An option out of range, on a one-token prompt.
+    for (option, value, needle) in [
+        ("--temp", "-1", "--temp = -1: must be a finite number"),
+        ("--top-p", "-0.5", "--top-p = -0.5: must be in (0, 1]"),
         // Not a hundred thousand spinning threads.
-        (
-            vec!["m.mlb", "--tokens", "1", "--threads", "100000"],
-            "--threads = 100000: at most 1024",
-        ),
+        ("--threads", "100000", "--threads = 100000: at most 1024"),
     ] {
+        let args = ["m.mlb", "--tokens", "1", option, value];
         refused(d, "mlb-run", &args, &[needle]);
     }
     let ck = testdata().join("models/llama");

@@ -15,19 +15,20 @@ fn write(dir: &Path, name: &str, bytes: &[u8]) {
 }
 
 fn rich_header() -> Header {
-    let mut h = tiny_header();
-    h.wtype = wtype::Q4_0;
-    h.q8_mask = q8_class::TOK_EMB | q8_class::WV;
-    h.qk_norm = 1;
-    h.layer_flags = 1;
-    h.sliding_window = 8;
-    h.rope_local_theta = 10000.0;
-    h.rope_theta = 1_000_000.0;
-    h.shared_classifier = 1;
-    h.act = 1;
-    h.post_norms = 1;
-    h.embed_scale = 8.0;
-    h
+    Header {
+        wtype: wtype::Q4_0,
+        q8_mask: q8_class::TOK_EMB | q8_class::WV,
+        qk_norm: 1,
+        layer_flags: 1,
+        sliding_window: 8,
+        rope_local_theta: 10000.0,
+        rope_theta: 1_000_000.0,
+        shared_classifier: 1,
+        act: 1,
+        post_norms: 1,
+        embed_scale: 8.0,
+        ..tiny_header()
+    }
 }
 
 #[test]

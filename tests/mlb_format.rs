@@ -210,8 +210,10 @@ fn err_empty_and_short() {
     assert_eq!(parse(&f[..255]).unwrap_err().status, Status::Format);
 }
 
+/// One bad field on the tiny header: ML_E_FORMAT, naming the field.
 #[test]
-fn err_magic_version_enums() {
+fn err_single_fields() {
+    // Magic, version and the enumerations.
     assert_eq!(fmt(|h| h.magic = *b"MLB2"), "magic");
     assert_eq!(fmt(|h| h.version = 2), "version");
     assert_eq!(fmt(|h| h.wtype = 23), "wtype");
@@ -220,6 +222,23 @@ fn err_magic_version_enums() {
     assert_eq!(fmt(|h| h.rope_type = 5), "rope_type");
     assert_eq!(fmt(|h| h.act = 2), "act");
     assert_eq!(fmt(|h| h.q8_mask = 4), "q8_mask");
+    // The 0-or-1 fields.
+    assert_eq!(fmt(|h| h.qkv_bias = 3), "qkv_bias");
+    assert_eq!(fmt(|h| h.qk_norm = 3), "qk_norm");
+    assert_eq!(fmt(|h| h.attn_sinks = 2), "attn_sinks");
+    assert_eq!(fmt(|h| h.layer_flags = 2), "layer_flags");
+    assert_eq!(fmt(|h| h.post_norms = 5), "post_norms");
+    assert_eq!(fmt(|h| h.scale_f16 = 2), "scale_f16");
+    assert_eq!(fmt(|h| h.attn_gate = 2), "attn_gate");
+    assert_eq!(fmt(|h| h.pooling = 4), "pooling");
+    // Scales, caps and bases: finite and not negative; the sliding window at most 2^24.
+    assert_eq!(fmt(|h| h.embed_scale = -1.0), "embed_scale");
+    assert_eq!(fmt(|h| h.attn_scale = f32::INFINITY), "attn_scale");
+    assert_eq!(fmt(|h| h.attn_softcap = f32::NAN), "attn_softcap");
+    assert_eq!(fmt(|h| h.final_softcap = -0.5), "final_softcap");
+    assert_eq!(fmt(|h| h.rope_local_theta = -1.0), "rope_local_theta");
+    assert_eq!(fmt(|h| h.sliding_window = (1 << 24) + 1), "sliding_window");
+    assert_eq!(fmt(|h| h.norm_eps = -1e-5), "norm_eps");
 }
 
 #[test]
@@ -275,29 +294,6 @@ fn err_rope_parameters() {
         });
         assert_eq!(got, field, "row {i}");
     }
-}
-
-#[test]
-fn err_boolean_fields() {
-    assert_eq!(fmt(|h| h.qkv_bias = 3), "qkv_bias");
-    assert_eq!(fmt(|h| h.qk_norm = 3), "qk_norm");
-    assert_eq!(fmt(|h| h.attn_sinks = 2), "attn_sinks");
-    assert_eq!(fmt(|h| h.layer_flags = 2), "layer_flags");
-    assert_eq!(fmt(|h| h.post_norms = 5), "post_norms");
-    assert_eq!(fmt(|h| h.scale_f16 = 2), "scale_f16");
-    assert_eq!(fmt(|h| h.attn_gate = 2), "attn_gate");
-    assert_eq!(fmt(|h| h.pooling = 4), "pooling");
-}
-
-#[test]
-fn err_scales_and_caps() {
-    assert_eq!(fmt(|h| h.embed_scale = -1.0), "embed_scale");
-    assert_eq!(fmt(|h| h.attn_scale = f32::INFINITY), "attn_scale");
-    assert_eq!(fmt(|h| h.attn_softcap = f32::NAN), "attn_softcap");
-    assert_eq!(fmt(|h| h.final_softcap = -0.5), "final_softcap");
-    assert_eq!(fmt(|h| h.rope_local_theta = -1.0), "rope_local_theta");
-    assert_eq!(fmt(|h| h.sliding_window = (1 << 24) + 1), "sliding_window");
-    assert_eq!(fmt(|h| h.norm_eps = -1e-5), "norm_eps");
 }
 
 #[test]
@@ -411,54 +407,34 @@ fn err_moe_fields() {
     let mut base = tiny_header();
     synth::tiny_moe(&mut base);
     let flags = [0, layer_flag::MOE];
-    let moe = |edit: fn(&mut Header)| {
-        let (s, f) = status_with(&base, &flags, edit);
-        (s, f)
-    };
+    let moe = |edit: HeaderEdit| status_with(&base, &flags, edit);
     use Status::{Format, Shape};
-    assert_eq!(moe(|h| h.n_experts = 1), (Shape, "n_experts".into()));
-    assert_eq!(moe(|h| h.n_experts = 1025), (Shape, "n_experts".into()));
-    assert_eq!(
-        moe(|h| h.n_experts_used = 0),
-        (Shape, "n_experts_used".into())
-    );
-    assert_eq!(
-        moe(|h| h.n_experts_used = 5),
-        (Shape, "n_experts_used".into())
-    );
-    assert_eq!(
-        moe(|h| h.expert_hidden = 48),
-        (Shape, "expert_hidden".into())
-    );
-    assert_eq!(
-        moe(|h| h.expert_hidden = 0),
-        (Shape, "expert_hidden".into())
-    );
-    assert_eq!(
-        moe(|h| h.shared_hidden = 40),
-        (Shape, "shared_hidden".into())
-    );
-    assert_eq!(moe(|h| h.moe_gating = 3), (Format, "moe_gating".into()));
-    assert_eq!(moe(|h| h.moe_flags = 8), (Format, "moe_flags".into()));
-    assert_eq!(
-        moe(|h| {
-            h.shared_hidden = 0;
-            h.moe_flags = 4
-        }),
-        (Format, "moe_flags".into())
-    );
-    assert_eq!(
-        moe(|h| h.swiglu_limit = -1.0),
-        (Format, "swiglu_limit".into())
-    );
-    assert_eq!(
-        moe(|h| h.swiglu_limit = 7.0),
-        (Format, "swiglu_alpha".into())
-    );
-    assert_eq!(
-        moe(|h| h.swiglu_alpha = 1.7),
-        (Format, "swiglu_alpha".into())
-    );
+    // One bad value on the MoE header, the status and the field the error names.
+    let rows: [(HeaderEdit, Status, &str); 13] = [
+        (|h| h.n_experts = 1, Shape, "n_experts"),
+        (|h| h.n_experts = 1025, Shape, "n_experts"),
+        (|h| h.n_experts_used = 0, Shape, "n_experts_used"),
+        (|h| h.n_experts_used = 5, Shape, "n_experts_used"),
+        (|h| h.expert_hidden = 48, Shape, "expert_hidden"),
+        (|h| h.expert_hidden = 0, Shape, "expert_hidden"),
+        (|h| h.shared_hidden = 40, Shape, "shared_hidden"),
+        (|h| h.moe_gating = 3, Format, "moe_gating"),
+        (|h| h.moe_flags = 8, Format, "moe_flags"),
+        (
+            |h| {
+                h.shared_hidden = 0;
+                h.moe_flags = 4
+            },
+            Format,
+            "moe_flags",
+        ),
+        (|h| h.swiglu_limit = -1.0, Format, "swiglu_limit"),
+        (|h| h.swiglu_limit = 7.0, Format, "swiglu_alpha"),
+        (|h| h.swiglu_alpha = 1.7, Format, "swiglu_alpha"),
+    ];
+    for (i, (edit, status, field)) in rows.into_iter().enumerate() {
+        assert_eq!(moe(edit), (status, field.into()), "row {i}");
+    }
     // Without experts every MoE field is zero, and no layer is flagged 16.
     assert_eq!(fmt(|h| h.moe_gating = 1), "moe_gating");
     assert_eq!(fmt(|h| h.swiglu_alpha = 1.0), "swiglu_alpha");
@@ -506,47 +482,53 @@ fn err_q8_quant_minus_128() {
 
 #[test]
 fn err_shapes() {
-    assert_eq!(shape(|h| h.dim = 0), "dim");
-    assert_eq!(shape(|h| h.n_layers = 65537), "n_layers");
-    assert_eq!(shape(|h| h.n_heads = 0), "n_heads");
-    assert_eq!(shape(|h| h.n_kv_heads = 0), "n_kv_heads");
-    assert_eq!(shape(|h| h.hidden_dim = 0), "hidden_dim");
-    assert_eq!(shape(|h| h.vocab = (1 << 24) + 1), "vocab");
-    assert_eq!(shape(|h| h.max_seq = 0), "max_seq");
-    assert_eq!(shape(|h| h.dim = 48), "dim");
-    assert_eq!(shape(|h| h.hidden_dim = 100), "hidden_dim");
-    assert_eq!(shape(|h| h.n_heads = 3), "n_kv_heads");
-    assert_eq!(
-        shape(|h| {
-            h.n_heads = 3;
-            h.n_kv_heads = 1
-        }),
-        "n_heads"
-    );
-    assert_eq!(shape(|h| h.n_kv_heads = 3), "n_kv_heads");
-    // dim 64 over 32 heads gives head_dim 2 and q_dim 64: fine; 64 heads gives 1 (odd).
-    assert_eq!(
-        shape(|h| {
-            h.n_heads = 64;
-            h.n_kv_heads = 64
-        }),
-        "head_dim"
-    );
-    assert_eq!(shape(|h| h.head_dim = 7), "head_dim");
-    // head_dim 12 × 4 heads = 48: not a multiple of 32.
-    assert_eq!(shape(|h| h.head_dim = 12), "q_dim");
-    assert_eq!(shape(|h| h.head_dim = 32768), "q_dim");
-    assert_eq!(shape(|h| h.vocab = 2), "vocab");
-    assert_eq!(shape(|h| h.rot_dim = 3), "rot_dim");
-    assert_eq!(shape(|h| h.rot_dim = 18), "rot_dim");
-    assert_eq!(shape(|h| h.lin_v_heads = 4), "lin_v_heads");
-    assert_eq!(
-        shape(|h| {
-            linear_dims(h);
-            h.lin_v_heads = 6;
-        }),
-        "lin_v_heads"
-    );
+    // One bad value on the tiny header, the field the error names.
+    let rows: [(HeaderEdit, &str); 21] = [
+        (|h| h.dim = 0, "dim"),
+        (|h| h.n_layers = 65537, "n_layers"),
+        (|h| h.n_heads = 0, "n_heads"),
+        (|h| h.n_kv_heads = 0, "n_kv_heads"),
+        (|h| h.hidden_dim = 0, "hidden_dim"),
+        (|h| h.vocab = (1 << 24) + 1, "vocab"),
+        (|h| h.max_seq = 0, "max_seq"),
+        (|h| h.dim = 48, "dim"),
+        (|h| h.hidden_dim = 100, "hidden_dim"),
+        (|h| h.n_heads = 3, "n_kv_heads"),
+        (
+            |h| {
+                h.n_heads = 3;
+                h.n_kv_heads = 1
+            },
+            "n_heads",
+        ),
+        (|h| h.n_kv_heads = 3, "n_kv_heads"),
+        // dim 64 over 32 heads gives head_dim 2 and q_dim 64: fine; 64 heads gives 1 (odd).
+        (
+            |h| {
+                h.n_heads = 64;
+                h.n_kv_heads = 64
+            },
+            "head_dim",
+        ),
+        (|h| h.head_dim = 7, "head_dim"),
+        // head_dim 12 × 4 heads = 48: not a multiple of 32.
+        (|h| h.head_dim = 12, "q_dim"),
+        (|h| h.head_dim = 32768, "q_dim"),
+        (|h| h.vocab = 2, "vocab"),
+        (|h| h.rot_dim = 3, "rot_dim"),
+        (|h| h.rot_dim = 18, "rot_dim"),
+        (|h| h.lin_v_heads = 4, "lin_v_heads"),
+        (
+            |h| {
+                linear_dims(h);
+                h.lin_v_heads = 6;
+            },
+            "lin_v_heads",
+        ),
+    ];
+    for (i, (edit, field)) in rows.into_iter().enumerate() {
+        assert_eq!(shape(edit), field, "row {i}");
+    }
 }
 
 #[test]

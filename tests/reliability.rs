@@ -494,23 +494,12 @@ fn mlb_run_bad_models_and_tokenizers_fail_with_one_line() {
     std::fs::write(d.join("cut.mlt"), &mlt[..mlt.len() / 2]).unwrap();
     // testdata/default's vocabulary (far more than the model's 96) does not fit.
     std::fs::write(d.join("big.mlt"), mlt).unwrap();
-    for (args, file) in [
-        (
-            vec!["m.mlb", "--tokenizer", "cut.mlt", "-p", "hi"],
-            "cut.mlt",
-        ),
-        (
-            vec!["m.mlb", "--tokenizer", "big.mlt", "-p", "hi"],
-            "big.mlt",
-        ),
-        (
-            vec!["m.mlb", "--tokenizer", "none.mlt", "-p", "hi"],
-            "none.mlt",
-        ),
-        (vec!["m.mlb", "--file", "none.txt"], "none.txt"),
-    ] {
-        assert_one_line_error(d, "mlb-run", &args, file);
+    for mlt in ["cut.mlt", "big.mlt", "none.mlt"] {
+        let args = ["m.mlb", "--tokenizer", mlt, "-p", "hi"];
+        assert_one_line_error(d, "mlb-run", &args, mlt);
     }
+    let args = ["m.mlb", "--file", "none.txt"];
+    assert_one_line_error(d, "mlb-run", &args, "none.txt");
 }
 
 #[test]

@@ -33,6 +33,20 @@ pub struct Case {
     pub flags: Vec<u8>,
 }
 
+impl Case {
+    /// The same model stored as type `t` under `name`; a mixed file takes f16 scales.
+    fn stored_as(&self, name: &'static str, t: u32) -> Case {
+        let mut h = self.h;
+        h.wtype = t;
+        h.scale_f16 = u32::from(t == wtype::MIXED);
+        Case {
+            name,
+            h,
+            flags: self.flags.clone(),
+        }
+    }
+}
+
 /// Headers covering every feature of the spec.
 pub fn cases() -> Vec<Case> {
     let case = |name, flags: Vec<u8>, edit: fn(&mut Header)| {
@@ -107,28 +121,12 @@ pub fn cases() -> Vec<Case> {
         h.head_dim = 32;
         h.qk_norm = 1;
     }));
-    let mut h = v[4].h;
-    h.wtype = wtype::F16;
-    v.push(Case {
-        name: "f16_gemma2_softcaps",
-        h,
-        flags: v[4].flags.clone(),
-    });
-    let mut h = v[7].h;
-    h.wtype = wtype::BF16;
-    v.push(Case {
-        name: "bf16_qwen3_5_delta",
-        h,
-        flags: v[7].flags.clone(),
-    });
-    let mut h = v[7].h;
-    h.wtype = wtype::MIXED;
-    h.scale_f16 = 1;
-    v.push(Case {
-        name: "mixed_all_types_delta_f16_scales",
-        h,
-        flags: v[7].flags.clone(),
-    });
+    let stored = [
+        v[4].stored_as("f16_gemma2_softcaps", wtype::F16),
+        v[7].stored_as("bf16_qwen3_5_delta", wtype::BF16),
+        v[7].stored_as("mixed_all_types_delta_f16_scales", wtype::MIXED),
+    ];
+    v.extend(stored);
     v.extend(moe_cases());
     v
 }
@@ -177,19 +175,11 @@ pub fn moe_cases() -> Vec<Case> {
             },
         ),
     ];
-    for (name, t) in [
-        ("bf16_qwen3_moe", wtype::BF16),
-        ("mixed_qwen3_moe_f16_scales", wtype::MIXED),
-    ] {
-        let mut h = v[0].h;
-        h.wtype = t;
-        h.scale_f16 = u32::from(t == wtype::MIXED);
-        v.push(Case {
-            name,
-            h,
-            flags: v[0].flags.clone(),
-        });
-    }
+    let stored = [
+        v[0].stored_as("bf16_qwen3_moe", wtype::BF16),
+        v[0].stored_as("mixed_qwen3_moe_f16_scales", wtype::MIXED),
+    ];
+    v.extend(stored);
     v
 }
 

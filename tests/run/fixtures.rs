@@ -71,6 +71,14 @@ struct Row {
     top1_f32: f64,
 }
 
+/// The runtime's logits on `toks` from the fixture `name` converted to `out`, with
+/// `acts` activations.
+fn logits_of(out: &Path, name: &str, acts: HalfActs, toks: &[u32]) -> Vec<f32> {
+    let m = Mlb::open(out).unwrap_or_else(|e| panic!("{name}: {e}"));
+    let model = Model::new(&m).unwrap().with_half_acts(acts);
+    all_logits(&model, &StateOptions::default(), toks)
+}
+
 #[test]
 fn fixtures_match_transformers() {
     let Some(fixtures) = all_fixtures() else {
@@ -91,9 +99,7 @@ fn fixtures_match_transformers() {
         ] {
             let out = tmp.path().join(format!("{name}.{quant}.mlb"));
             convert(dir, &out, args);
-            let m = Mlb::open(&out).unwrap_or_else(|e| panic!("{name}: {e}"));
-            let model = Model::new(&m).unwrap();
-            let got = all_logits(&model, &StateOptions::default(), toks);
+            let got = logits_of(&out, name, HalfActs::F32, toks);
             let sim_ref = read_f32(&dir.join(sim));
             let row = Row {
                 name: name.clone(),
@@ -213,9 +219,7 @@ fn fixtures_bf16_f16_match_transformers_f32() {
             if !out.exists() {
                 convert(dir, &out, &["--wtype", wt]);
             }
-            let m = Mlb::open(&out).unwrap_or_else(|e| panic!("{name}: {e}"));
-            let model = Model::new(&m).unwrap().with_half_acts(acts);
-            let got = all_logits(&model, &StateOptions::default(), toks);
+            let got = logits_of(&out, name, acts, toks);
             let (e, t1) = (nrmse(&got, f32_ref), top1(&got, f32_ref, vocab));
             let stored = r["dtype"].as_str().unwrap_or("?");
             eprintln!("{name:34} {stored:9} {ty:5} {e:>10.2e} {t1:>8.3}");

@@ -608,47 +608,28 @@ fn serve_auto_tool_calls_are_read_per_template_family() {
             args(city)
         )
     };
+    let mistral_args = |city: &str| format!("[TOOL_CALLS]get_weather[ARGS]{}", args(city));
+    // The two calls, Oslo's and Bergen's, in one family's format, `sep` between them.
+    fn both(call: impl Fn(&str) -> String, sep: &str) -> String {
+        format!("{}{sep}{}", call("Oslo"), call("Bergen"))
+    }
     // (template, what the model writes, the content expected beside the calls)
     let cases = [
         (
             "qwen3",
-            format!("Checking both.\n{}\n{}", hermes("Oslo"), hermes("Bergen")),
+            format!("Checking both.\n{}", both(hermes, "\n")),
             Some("Checking both."),
         ),
-        (
-            "qwen2.5",
-            format!("{}\n{}", hermes("Oslo"), hermes("Bergen")),
-            None,
-        ),
-        (
-            "smollm3",
-            format!("{}\n{}", hermes("Oslo"), hermes("Bergen")),
-            None,
-        ),
-        (
-            "llama3.1",
-            format!("<|python_tag|>{}; {}", llama("Oslo"), llama("Bergen")),
-            None,
-        ),
-        (
-            "llama3.2",
-            format!("{}; {}", llama("Oslo"), llama("Bergen")),
-            None,
-        ),
+        ("qwen2.5", both(hermes, "\n"), None),
+        ("smollm3", both(hermes, "\n"), None),
+        ("llama3.1", format!("<|python_tag|>{}", both(llama, "; ")), None),
+        ("llama3.2", both(llama, "; "), None),
         (
             "mistral-nemo",
-            format!("Checking both. [TOOL_CALLS][{}, {}]", mistral("Oslo"), mistral("Bergen")),
+            format!("Checking both. [TOOL_CALLS][{}]", both(mistral, ", ")),
             Some("Checking both."),
         ),
-        (
-            "mistral-small3.2",
-            format!(
-                "[TOOL_CALLS]get_weather[ARGS]{}[TOOL_CALLS]get_weather[ARGS]{}",
-                args("Oslo"),
-                args("Bergen")
-            ),
-            None,
-        ),
+        ("mistral-small3.2", both(mistral_args, ""), None),
         // Both header forms; the analysis is reasoning_content (checked below).
         (
             "gpt-oss",

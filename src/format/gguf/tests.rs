@@ -53,6 +53,13 @@ fn tensor(name: &[u8], dims: &[u64], ty: u32, offset: u64) -> Vec<u8> {
 }
 
 impl Raw {
+    /// The good file with one more key-value pair.
+    fn with_kv(kv: Vec<u8>) -> Vec<u8> {
+        let mut r = Raw::good();
+        r.kvs.push(kv);
+        r.bytes()
+    }
+
     /// A valid file: two metadata entries, an F32 vector and a Q8_0 matrix.
     fn good() -> Raw {
         let mut data = vec![0u8; 64 * 4];
@@ -167,39 +174,26 @@ fn counts_are_capped_before_allocating() {
 
 #[test]
 fn keys_and_values() {
-    let mut r = Raw::good();
-    r.kvs.push(kv(b"bad\xff", 4, &1u32.to_le_bytes()));
-    assert_err(&r.bytes(), Status::Format, &["not UTF-8"]);
-    let mut r = Raw::good();
-    r.kvs.push(kv(b"", 4, &1u32.to_le_bytes()));
-    assert_err(&r.bytes(), Status::Format, &["empty key"]);
-    let mut r = Raw::good();
-    r.kvs.push(kv(b"x.type", 13, &[]));
-    assert_err(
-        &r.bytes(),
-        Status::Format,
-        &["x.type = 13", "unknown value type"],
-    );
-    let mut r = Raw::good();
-    r.kvs.push(kv(b"x.flag", 7, &[2]));
-    assert_err(&r.bytes(), Status::Format, &["x.flag = 2", "bool"]);
-    let mut r = Raw::good();
-    r.kvs.push(kv_u32("llama.block_count", 2));
-    assert_err(
-        &r.bytes(),
-        Status::Format,
-        &["llama.block_count = 2", "duplicate key"],
-    );
+    let one = 1u32.to_le_bytes();
+    let bad_type = &["x.type = 13", "unknown value type"];
+    let duplicate = &["llama.block_count = 2", "duplicate key"];
+    for (pair, words) in [
+        (kv(b"bad\xff", 4, &one), &["not UTF-8"][..]),
+        (kv(b"", 4, &one), &["empty key"]),
+        (kv(b"x.type", 13, &[]), bad_type),
+        (kv(b"x.flag", 7, &[2]), &["x.flag = 2", "bool"]),
+        (kv_u32("llama.block_count", 2), duplicate),
+    ] {
+        assert_err(&Raw::with_kv(pair), Status::Format, words);
+    }
 }
 
 #[test]
 fn string_length_past_the_end() {
-    let mut r = Raw::good();
     let mut val = Vec::new();
     val.extend_from_slice(&(1u64 << 50).to_le_bytes());
-    r.kvs.push(kv(b"general.name", 8, &val));
     assert_err(
-        &r.bytes(),
+        &Raw::with_kv(kv(b"general.name", 8, &val)),
         Status::Format,
         &["general.name", "length 1125899906842624", "left"],
     );
@@ -208,25 +202,27 @@ fn string_length_past_the_end() {
 #[test]
 fn arrays() {
     // Nested.
-    let mut r = Raw::good();
     let mut val = 9u32.to_le_bytes().to_vec();
     val.extend_from_slice(&0u64.to_le_bytes());
-    r.kvs.push(kv(b"x.nested", 9, &val));
-    assert_err(&r.bytes(), Status::Format, &["x.nested", "nested arrays"]);
+    assert_err(
+        &Raw::with_kv(kv(b"x.nested", 9, &val)),
+        Status::Format,
+        &["x.nested", "nested arrays"],
+    );
     // A count the file cannot hold.
-    let mut r = Raw::good();
     let mut val = 4u32.to_le_bytes().to_vec();
     val.extend_from_slice(&(u64::MAX / 3).to_le_bytes());
-    r.kvs.push(kv(b"x.big", 9, &val));
-    assert_err(&r.bytes(), Status::Format, &["x.big", "array longer"]);
+    assert_err(
+        &Raw::with_kv(kv(b"x.big", 9, &val)),
+        Status::Format,
+        &["x.big", "array longer"],
+    );
     // A string element running past the end.
-    let mut r = Raw::good();
     let mut val = 8u32.to_le_bytes().to_vec();
     val.extend_from_slice(&1u64.to_le_bytes());
     val.extend_from_slice(&1000u64.to_le_bytes());
-    r.kvs.push(kv(b"tokenizer.ggml.tokens", 9, &val));
     assert_err(
-        &r.bytes(),
+        &Raw::with_kv(kv(b"tokenizer.ggml.tokens", 9, &val)),
         Status::Format,
         &["tokenizer.ggml.tokens", "length 1000"],
     );
@@ -246,17 +242,16 @@ fn arrays() {
 
 #[test]
 fn alignment() {
-    let mut r = Raw::good();
-    r.kvs.push(kv_u32("general.alignment", 24));
     assert_err(
-        &r.bytes(),
+        &Raw::with_kv(kv_u32("general.alignment", 24)),
         Status::Format,
         &["general.alignment = 24", "power of two"],
     );
-    let mut r = Raw::good();
-    r.kvs
-        .push(kv(b"general.alignment", 10, &64u64.to_le_bytes()));
-    assert_err(&r.bytes(), Status::Format, &["general.alignment", "u64"]);
+    assert_err(
+        &Raw::with_kv(kv(b"general.alignment", 10, &64u64.to_le_bytes())),
+        Status::Format,
+        &["general.alignment", "u64"],
+    );
     // 64 works, and moves the data section.
     let mut r = Raw::good();
     r.kvs.push(kv_u32("general.alignment", 64));
@@ -268,64 +263,47 @@ fn alignment() {
 
 #[test]
 fn tensor_infos() {
+    use Status::{Format, Shape};
     let bad = |t: Vec<u8>| {
         let mut r = Raw::good();
         r.tensors[1] = t;
         r.bytes()
     };
-    assert_err(
-        &bad(tensor(&[b'a'; 64], &[64, 2], 8, 256)),
-        Status::Format,
-        &["longer than 63"],
-    );
-    assert_err(
-        &bad(tensor(b"t\xfe", &[64, 2], 8, 256)),
-        Status::Format,
-        &["not UTF-8"],
-    );
-    assert_err(
-        &bad(tensor(b"t", &[], 8, 256)),
-        Status::Shape,
-        &["t = n_dims 0"],
-    );
-    assert_err(
-        &bad(tensor(b"t", &[32; 5], 8, 256)),
-        Status::Shape,
-        &["n_dims 5"],
-    );
-    assert_err(
-        &bad(tensor(b"t", &[64, 0], 8, 256)),
-        Status::Shape,
-        &["t = [64, 0]", "zero"],
-    );
+    // The matrix's info as a Q8_0 matrix at the data's start, other name and dims.
+    let q8 = |name: &[u8], dims: &[u64]| bad(tensor(name, dims, 8, 256));
+    assert_err(&q8(&[b'a'; 64], &[64, 2]), Format, &["longer than 63"]);
+    assert_err(&q8(b"t\xfe", &[64, 2]), Format, &["not UTF-8"]);
+    assert_err(&q8(b"t", &[]), Shape, &["t = n_dims 0"]);
+    assert_err(&q8(b"t", &[32; 5]), Shape, &["n_dims 5"]);
+    assert_err(&q8(b"t", &[64, 0]), Shape, &["t = [64, 0]", "zero"]);
     assert_err(
         &bad(tensor(b"t", &[1 << 32, 1 << 32], 0, 256)),
-        Status::Shape,
+        Shape,
         &["overflows"],
     );
     assert_err(
         &bad(tensor(b"t", &[64, 2], 4, 256)),
-        Status::Format,
+        Format,
         &["t = type 4", "unknown ggml type"],
     );
     assert_err(
-        &bad(tensor(b"t", &[48, 2], 8, 256)),
-        Status::Shape,
+        &q8(b"t", &[48, 2]),
+        Shape,
         &["t = [48, 2]", "block size 32"],
     );
     assert_err(
         &bad(tensor(b"t", &[64, 2], 8, 250)),
-        Status::Format,
+        Format,
         &["t = offset 250", "alignment 32"],
     );
     assert_err(
-        &bad(tensor(b"output_norm.weight", &[64, 2], 8, 256)),
-        Status::Format,
+        &q8(b"output_norm.weight", &[64, 2]),
+        Format,
         &["output_norm.weight", "duplicate tensor name"],
     );
     assert_err(
-        &bad(tensor(b"t", &[64, 4], 8, 256)),
-        Status::Format,
+        &q8(b"t", &[64, 4]),
+        Format,
         &["t = offset 256 + 272 bytes", "past the end"],
     );
     // The data section itself missing.
