@@ -1077,10 +1077,12 @@ fn serve_step_all_gives_each_session_its_solo_bits() {
 /// (models, chat, chat stream, completions, completions stream, logprobs, structured
 /// output through `parse` and the stream helper, tool calls required, named, auto and
 /// parallel, typed errors, SIGTERM exit 0). Needs `KRAFLA_OPENAI_PYTHON` naming a python with `openai`
-/// installed; `.ci/run` makes that venv and sets it. Skipped (with a message) without.
+/// installed; `.ci/run` makes that venv and sets it. Skipped (with a message) without, or
+/// set to the empty string (as `KRAFLA_OPENAI_PYTHON= cargo test` reads: unset).
 #[test]
 fn serve_openai_python_client() {
-    let Some(py) = std::env::var_os("KRAFLA_OPENAI_PYTHON") else {
+    let py = std::env::var_os("KRAFLA_OPENAI_PYTHON").filter(|p| !p.is_empty());
+    let Some(py) = py else {
         eprintln!(
             "serve_openai_python_client: skipped (set KRAFLA_OPENAI_PYTHON to a python with the openai package; .ci/run does)"
         );
