@@ -40,7 +40,7 @@ pub enum Op {
     Half,
     /// A BF16 matrix micro-kernel on BF16 activations (`HalfActs::Bf16`).
     Dot,
-    /// Error feedback's f64 product `C −= E·U`.
+    /// Error feedback's f64 product `C −= E·U`, and its update `y −= a·x`.
     SubProduct,
 }
 

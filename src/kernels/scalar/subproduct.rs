@@ -6,14 +6,15 @@
 //! c_ij = fma(−e_ip, u_pj, c_ij)        p = 0, 1, …, k − 1
 //! ```
 //!
-//! one rounding per step (`f64::mul_add`). Its sequential updates inside a block use
-//! [`sub_scaled`]: `y_k −= a·x_k`, the product rounded, then the difference (two
-//! roundings, no fusion), which every tier's wider registers compute the same.
-//! The work runs in tiles of `MR` rows × `NR`
+//! one rounding per step (`f64::mul_add`). The work runs in tiles of `MR` rows × `NR`
 //! columns held in registers (the last rows and columns in tiles of one), the loop over
 //! a tile's columns vectorizes; the SIMD tiers run this very code compiled for their
 //! instruction set with wider tiles. Each element's steps stay the same, so the bits
 //! do, whatever the tile.
+//!
+//! The sequential updates inside a window use [`sub_scaled`]: `y_k −= a·x_k`, the
+//! product rounded, then the difference (two roundings, no fusion), which every tier's
+//! wider registers compute the same.
 
 use crate::kernels::counters::{count, Op};
 use crate::kernels::tier::Tier;
@@ -142,6 +143,7 @@ pub fn tiled<const MR: usize, const NR: usize>(
 /// loop for its registers: unfused, the bits do not depend on the width.
 #[inline(always)]
 pub fn scaled(a: f64, x: &[f64], y: &mut [f64]) {
+    debug_assert!(x.len() >= y.len(), "sub_scaled: x shorter than y");
     for (o, &v) in y.iter_mut().zip(x) {
         *o -= a * v;
     }
@@ -149,6 +151,7 @@ pub fn scaled(a: f64, x: &[f64], y: &mut [f64]) {
 
 /// The scalar tier's `y −= a·x` (see [`scaled`]).
 pub fn sub_scaled(a: f64, x: &[f64], y: &mut [f64]) {
+    count(Tier::Scalar, Op::SubProduct);
     scaled(a, x, y)
 }
 

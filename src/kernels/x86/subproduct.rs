@@ -33,6 +33,7 @@ pub fn sub_product_avx512(d: Dims, e: Rows, u: Rows, c: (&mut [f64], usize)) {
 /// The CPU must support AVX2 (safe to call from code compiled with it).
 #[target_feature(enable = "avx2")]
 pub fn sub_scaled_avx2(a: f64, x: &[f64], y: &mut [f64]) {
+    count(Tier::Avx2, Op::SubProduct);
     scaled(a, x, y)
 }
 
@@ -42,5 +43,6 @@ pub fn sub_scaled_avx2(a: f64, x: &[f64], y: &mut [f64]) {
 /// The CPU must support AVX-512 F (safe to call from code compiled with it).
 #[target_feature(enable = "avx512f")]
 pub fn sub_scaled_avx512(a: f64, x: &[f64], y: &mut [f64]) {
+    count(Tier::Avx512, Op::SubProduct);
     scaled(a, x, y)
 }
