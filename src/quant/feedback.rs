@@ -6,7 +6,7 @@
 //! than the weight error.
 //!
 //! With `H⁻¹ = UᵀU` (`U` upper triangular; `H` damped by `λ · mean(diag H)` on the
-//! diagonal), the row of `U` at column `j` is the optimal compensation of an error at
+//! diagonal; below, how the work avoids forming `U`), the row of `U` at column `j` is the optimal compensation of an error at
 //! `j` by the columns after it, so after block `B` (columns `c0..c1`) is stored as `q`,
 //! for `j` in `c0..c1`, in order:
 //!
@@ -37,17 +37,23 @@
 //! ([`passes_for`]).
 //!
 //! Rows go in batches of [`BATCH_ROWS`] with GPTQ's lazy update: inside a window of
-//! [`LAZY_COLS`] columns each row's updates reach only the window's columns, its errors
-//! `e` are collected (rows × window), and once the window is done every later column
-//! takes them in one matrix product, `V[:, c1..] −= E · U[c0..c1, c1..]`, which reads
-//! that part of `U` once per batch instead of once per row. Each element still takes
-//! its updates in increasing `j`, one rounding each; a row's values depend on nothing
+//! [`LAZY_COLS`] columns each row's updates reach only the window's columns, and once
+//! the window is done every later column takes its rounding errors in one matrix
+//! product, which reads that part of the factor once per batch instead of once per
+//! row. Over a whole row the sequence above is `w − q = e·U` (w: the row as it came),
+//! so `e = (w − q)·Ũ` with `Ũ = U⁻¹`: upper triangular, `H = Ũ Ũᵀ`, Cholesky's factor
+//! of H in reversed order. The product therefore runs on `Ũ` and the unscaled errors,
+//! `S[:, c1..] += (W − Q)[:, c0..c1] · Ũ[c0..c1, c1..]`, and a window's values on entry
+//! are `w_W + S_W · U_WW`, the optimal values with every earlier column fixed (`U_WW =
+//! (Ũ_WW)⁻¹`, the window's diagonal block of `U`: `Ũ` is triangular). Inside the window
+//! the sequence runs as above on `U_WW`. So only `Ũ` is factored, not inverted: the
+//! triangular inverse was half of the `O(n³)` work. A row's values depend on nothing
 //! but its own, so the bytes do not depend on the batches or the thread count. The
-//! factorization is blocked ([`inverse_upper_factor`]): its `O(n³)` work runs as the
-//! same product. The product and the sequential update `v −= e·u` are the kernel
-//! table's (`kernels::feedback_kernels`, passed in as [`F64Kernels`]: kernels/ reads
-//! the quantizers' block formats, so the quantizers do not import it). The arithmetic
-//! is f64.
+//! factorization is blocked ([`reversed_factor`]): its `O(n³)` work runs as the same
+//! product. The product and the sequential update `v −= e·u` are the kernel table's
+//! (`kernels::feedback_kernels`, passed in as [`F64Kernels`]: kernels/ reads the
+//! quantizers' block formats, so the quantizers do not import it). The arithmetic is
+//! f64.
 //!
 //! This module sits on top of the plain quantizers ([`quantize`] is the entry with an
 //! optional [`Feedback`]); they never call back into it.
@@ -141,12 +147,13 @@ impl Prior {
     }
 }
 
-/// Rows quantized together (one task), sharing the lazy update's reads of `U`. Fixed:
+/// Rows quantized together (one task), sharing the lazy update's reads of `Ũ`. Fixed:
 /// the split never depends on the thread count (nor do a row's bytes on the split).
 pub const BATCH_ROWS: usize = 64;
 
-/// Columns per window of the lazy update (rounded up to whole blocks of the type).
-pub const LAZY_COLS: usize = 128;
+/// Columns per window of the lazy update (whole blocks of every type), and of `U`'s
+/// diagonal blocks ([`Feedback::window_inverse`]).
+pub const LAZY_COLS: usize = 256;
 
 /// `C −= E·U` in f64: `[m, k, n]`, then `E` (m × k), `U` (k × n) and `C` (m × n), each
 /// with its row stride; per element `c = fma(−e_p, u_p, c)` for `p` in increasing order.
@@ -196,14 +203,17 @@ pub fn plain_product(
     }
 }
 
-/// The upper Cholesky factor of a damped inverse covariance, ready to quantize rows of
-/// `n` columns with error feedback.
+/// The reversed-order Cholesky factor of a damped covariance and its inverse's diagonal
+/// blocks, ready to quantize rows of `n` columns with error feedback.
 #[derive(Debug, Clone)]
 pub struct Feedback {
     pub n: usize,
-    /// `U`, n × n row-major, upper triangular: `(H + λ·mean(diag H)·I)⁻¹ = UᵀU`.
-    u: Vec<f64>,
-    /// `1 / U_cc²` over its mean, floored at 0.001: the block searches' importance.
+    /// `Ũ`, n × n row-major, upper triangular: `H + λ·mean(diag H)·I = Ũ Ũᵀ`.
+    f: Vec<f64>,
+    /// `U = Ũ⁻¹`'s diagonal blocks, one per window of [`LAZY_COLS`]: row `j` (n rows of
+    /// `LAZY_COLS`) holds `U_jk` for `k` in `j`'s window, at `k` minus the window's start.
+    uw: Vec<f64>,
+    /// `Ũ_cc² = 1 / U_cc²` over its mean, floored at 0.001: the block searches' importance.
     imp: Vec<f32>,
     /// The matrix product of the factorization and of the lazy update, and the update
     /// inside a window.
@@ -247,30 +257,37 @@ impl Feedback {
         }
         // A channel that never saw input: its weights cost nothing; the damping keeps H
         // positive definite. Should rounding leave it indefinite, damp more.
-        let mut u = vec![0f64; n * n];
-        let ok = [1.0, 10.0, 100.0].into_iter().any(|f| {
+        let mut f = vec![0f64; n * n];
+        let ok = [1.0, 10.0, 100.0].into_iter().any(|x| {
             let r = |i: usize| n - 1 - i;
             for i in 0..n {
                 for j in 0..=i {
-                    u[i * n + j] = if i == j {
-                        h(r(i), r(j)) + damp * f * mean
+                    f[i * n + j] = if i == j {
+                        h(r(i), r(j)) + damp * x * mean
                     } else {
                         h(r(i), r(j)) * (1.0 - shrink)
                     };
                 }
             }
-            inverse_upper_factor(n, &mut u, k.product)
+            reversed_factor(n, &mut f, k.product)
         });
         if !ok {
             return None;
         }
-        let imp = importance_of(n, &u);
-        Some(Feedback { n, u, imp, k })
+        let uw = window_inverses(n, &f);
+        let imp = importance_of(n, &f);
+        Some(Feedback { n, f, uw, imp, k })
     }
 
-    /// `U_ij` (0 below the diagonal).
-    pub fn u(&self, i: usize, j: usize) -> f64 {
-        self.u[i * self.n + j]
+    /// `Ũ_ij` (0 below the diagonal): `H + λ·mean(diag H)·I = Ũ Ũᵀ`.
+    pub fn factor(&self, i: usize, j: usize) -> f64 {
+        self.f[i * self.n + j]
+    }
+
+    /// `U_ij = (Ũ⁻¹)_ij` for `i`, `j` in one window of [`LAZY_COLS`].
+    pub fn window_inverse(&self, i: usize, j: usize) -> f64 {
+        assert_eq!(i / LAZY_COLS, j / LAZY_COLS, "one window");
+        self.uw[i * LAZY_COLS + j % LAZY_COLS]
     }
 
     /// The importance per column the block searches use (`1 / U_cc²`, mean 1).
@@ -279,36 +296,63 @@ impl Feedback {
     }
 
     /// The feedback of `D H D` (`D = diag(r)`, every `r_c > 0`) from this one's of H:
-    /// `(D (H + δI) D)⁻¹ = (U D⁻¹)ᵀ (U D⁻¹)`, so its factor is `U` with column c divided
-    /// by `r_c`, in `O(n²)`. H's shrinkage carries over exactly; its damping becomes
-    /// each channel's `δ·r_c²`. How a routed expert's ew1/ew3 take the layer's pooled
-    /// input correlations at the scales of its own tokens' channels.
+    /// `D (H + δI) D = (D Ũ)(D Ũ)ᵀ`, so its factor is `Ũ` with row j times `r_j`, and
+    /// `U = Ũ⁻¹` takes column c divided by `r_c`, in `O(n²)`. H's shrinkage carries over
+    /// exactly; its damping becomes each channel's `δ·r_c²`. How a routed expert's
+    /// ew1/ew3 take the layer's pooled input correlations at the scales of its own
+    /// tokens' channels.
     pub fn rescaled(&self, r: &[f64]) -> Feedback {
         let n = self.n;
         assert_eq!(r.len(), n, "one scale per column");
         debug_assert!(r.iter().all(|&v| v > 0.0 && v.is_finite()));
-        let mut u = self.u.clone();
-        for row in u.chunks_exact_mut(n) {
-            for (v, &s) in row.iter_mut().zip(r) {
+        let mut f = self.f.clone();
+        for (row, &s) in f.chunks_exact_mut(n).zip(r) {
+            row.iter_mut().for_each(|v| *v *= s);
+        }
+        let mut uw = self.uw.clone();
+        for (j, row) in uw.chunks_exact_mut(LAZY_COLS).enumerate() {
+            let w0 = j / LAZY_COLS * LAZY_COLS;
+            for (v, &s) in row.iter_mut().zip(&r[w0..]) {
                 *v /= s;
             }
         }
         Feedback {
             n,
-            imp: importance_of(n, &u),
-            u,
+            imp: importance_of(n, &f),
+            f,
+            uw,
             k: self.k,
         }
     }
 }
 
-/// `1 / U_cc²` over its mean, floored at 0.001.
-fn importance_of(n: usize, u: &[f64]) -> Vec<f32> {
-    let inv: Vec<f64> = (0..n)
-        .map(|c| 1.0 / (u[c * n + c] * u[c * n + c]))
-        .collect();
-    let avg = inv.iter().sum::<f64>() / n as f64;
-    inv.iter().map(|&v| ((v / avg) as f32).max(0.001)).collect()
+/// `Ũ_cc²` over its mean, floored at 0.001.
+fn importance_of(n: usize, f: &[f64]) -> Vec<f32> {
+    let sq: Vec<f64> = (0..n).map(|c| f[c * n + c] * f[c * n + c]).collect();
+    let avg = sq.iter().sum::<f64>() / n as f64;
+    sq.iter().map(|&v| ((v / avg) as f32).max(0.001)).collect()
+}
+
+/// `U = Ũ⁻¹`'s diagonal blocks, a window of [`LAZY_COLS`] each (the inverse of `Ũ`'s
+/// own diagonal block, since `Ũ` is upper triangular): n rows of `LAZY_COLS`, row `j`
+/// holding `U_jk` at `k` minus its window's start. Back substitution per window, rows
+/// from the last: `U_ii = 1 / Ũ_ii`, `U_ik = −(Σ_{i<m≤k} Ũ_im U_mk) / Ũ_ii`.
+fn window_inverses(n: usize, f: &[f64]) -> Vec<f64> {
+    let mut uw = vec![0f64; n * LAZY_COLS];
+    for w0 in (0..n).step_by(LAZY_COLS) {
+        let w1 = (w0 + LAZY_COLS).min(n);
+        for i in (w0..w1).rev() {
+            let d = f[i * n + i];
+            uw[i * LAZY_COLS + i - w0] = 1.0 / d;
+            for k in i + 1..w1 {
+                let s: f64 = (i + 1..=k)
+                    .map(|m| f[i * n + m] * uw[m * LAZY_COLS + k - w0])
+                    .sum();
+                uw[i * LAZY_COLS + k - w0] = -s / d;
+            }
+        }
+    }
+    uw
 }
 
 /// Columns per panel of the blocked factorization.
@@ -318,20 +362,19 @@ const PANEL: usize = 64;
 const ROW_TILE: usize = 64;
 
 /// In place: `a` holds, in its lower triangle, `J (H + δI) J` (`J` the order
-/// reversal); on success it holds `U`, upper, with `UᵀU = (H + δI)⁻¹`. `false` if the
-/// matrix is not positive definite.
+/// reversal); on success it holds `Ũ`, upper (0 below the diagonal), with `Ũ Ũᵀ = H +
+/// δI`. `false` if the matrix is not positive definite.
 ///
-/// The Cholesky factor `J (H + δI) J = L Lᵀ` gives `H + δI = V Vᵀ` with `V = J L J`
-/// upper, so `U = V⁻¹ = J L⁻¹ J`: factor, invert the triangle, turn the matrix by 180°.
-/// Both steps go by panels of [`PANEL`] columns, and what a panel does to the rows
-/// after it is one `product` per [`ROW_TILE`] rows (the `O(n³)` work; tasks write
-/// disjoint rows, and each element's steps come in a fixed order).
-fn inverse_upper_factor(n: usize, a: &mut [f64], product: SubProduct) -> bool {
+/// The Cholesky factor `J (H + δI) J = L Lᵀ` gives `H + δI = Ũ Ũᵀ` with `Ũ = J L J`
+/// upper: factor, then turn the matrix by 180°. The factor goes by panels of [`PANEL`]
+/// columns, and what a panel does to the rows after it is one `product` per
+/// [`ROW_TILE`] rows (the `O(n³)` work; tasks write disjoint rows, and each element's
+/// steps come in a fixed order).
+fn reversed_factor(n: usize, a: &mut [f64], product: SubProduct) -> bool {
     if !cholesky(n, a, product) {
         return false;
     }
-    invert_lower(n, a, product);
-    // U = J M J: element (p, q) ↔ (n−1−p, n−1−q), i.e. index k ↔ n² − 1 − k.
+    // Ũ = J L J: element (p, q) ↔ (n−1−p, n−1−q), i.e. index k ↔ n² − 1 − k.
     let nn = n * n;
     for k in 0..nn / 2 {
         a.swap(k, nn - 1 - k);
@@ -411,59 +454,6 @@ fn cholesky(n: usize, a: &mut [f64], product: SubProduct) -> bool {
     true
 }
 
-/// `M = L⁻¹` in place of `L` (lower triangle of `a`), by panels: `L X = I` solved
-/// right-looking, `X`'s rows overwriting `L`'s as `L`'s panel is copied out. Panel `P`:
-/// its rows become `L_PP⁻¹` times what they hold (row by row: `X_i = (B_i − Σ_{k<i}
-/// L_ik X_k) / L_ii`), then the rows after it take `B[p1.., ..p1] −= L[p1.., P] ·
-/// X[P, ..p1]`.
-fn invert_lower(n: usize, a: &mut [f64], product: SubProduct) {
-    let (mut lpp, mut panel) = (Vec::new(), Vec::new());
-    for p0 in (0..n).step_by(PANEL) {
-        let p1 = (p0 + PANEL).min(n);
-        let nb = p1 - p0;
-        lpp.clear();
-        for i in p0..p1 {
-            lpp.extend_from_slice(&a[i * n + p0..i * n + p1]);
-            // The identity's columns P in place of L_PP.
-            a[i * n + p0..i * n + p1].fill(0.0);
-            a[i * n + i] = 1.0;
-        }
-        for i in 0..nb {
-            let (done, rest) = a.split_at_mut((p0 + i) * n);
-            let xi = &mut rest[..p1];
-            if i > 0 {
-                product(
-                    [1, i, p1],
-                    (&lpp[i * nb..], nb),
-                    (&done[p0 * n..], n),
-                    (xi, n),
-                );
-            }
-            let d = lpp[i * nb + i];
-            for v in xi.iter_mut() {
-                *v /= d;
-            }
-        }
-        if p1 == n {
-            break;
-        }
-        let (head, tail) = a.split_at_mut(p1 * n);
-        let m = n - p1;
-        panel.clear();
-        for r in 0..m {
-            panel.extend_from_slice(&tail[r * n + p0..r * n + p1]);
-            tail[r * n + p0..r * n + p1].fill(0.0);
-        }
-        let (panel, xp) = (&panel, &head[p0 * n..]);
-        tail.par_chunks_mut(n * ROW_TILE)
-            .enumerate()
-            .for_each(|(ti, rows)| {
-                let (r0, h) = (ti * ROW_TILE, rows.len() / n);
-                product([h, nb, p1], (&panel[r0 * nb..], nb), (xp, n), (rows, n));
-            });
-    }
-}
-
 /// One block quantized by its type's own quantizer: the stored bytes go to `q`, the
 /// scale (Q8_0, Q4_0; as stored, f16-rounded with f16 scales) is returned, and `deq`
 /// gets what the stored bits dequantize to. `Err(v)`: a scale `v` beyond f16.
@@ -524,7 +514,7 @@ fn quantize_one(
 /// updated so far) moved by `−e·U_jk`. Every sequential update inside a block is this.
 #[inline(always)]
 fn settle(fb: &Feedback, c0: usize, i: usize, q: f32, cur: &mut [f64]) -> f64 {
-    let row = &fb.u[(c0 + i) * fb.n + c0..][..cur.len()];
+    let row = &fb.uw[(c0 + i) * LAZY_COLS + c0 % LAZY_COLS..][..cur.len()];
     let e = (cur[i] - q as f64) / row[i];
     (fb.k.sub_scaled)(e, &row[i + 1..], &mut cur[i + 1..]);
     e
@@ -763,19 +753,34 @@ fn quantize_rows(
     let (bw, rb) = (t.block_weights(), t.row_bytes(n));
     let bb = t.block_bytes();
     let nd = d.len() / rows.max(1);
-    let lazy = LAZY_COLS.div_ceil(bw) * bw;
+    let lazy = LAZY_COLS;
+    debug_assert!(lazy.is_multiple_of(bw));
     let s2: Vec<f32> = x
         .chunks_exact(n)
         .map(|r| r.iter().map(|v| v * v).sum::<f32>() / n.max(1) as f32)
         .collect();
-    let mut v: Vec<f64> = x.iter().map(|&a| a as f64).collect();
-    // rows × lazy: each row's scaled errors in the current window.
+    // The row's values as the current window's OBS sequence has them (the window's
+    // columns only), and `S = (W − Q)·Ũ` over the columns fixed so far (the later ones).
+    let mut v = vec![0f64; rows * n];
+    let mut s = vec![0f64; rows * n];
+    // rows × lazy: each row's rounding errors `q − w` in the current window.
     let mut errs = vec![0f64; rows * lazy];
     let mut sc = Scratch::new(t);
     for l0 in (0..n).step_by(lazy) {
         let l1 = (l0 + lazy).min(n);
         for r in 0..rows {
             let vr = &mut v[r * n..(r + 1) * n];
+            let xr = &x[r * n..(r + 1) * n];
+            let sr = &s[r * n..(r + 1) * n];
+            // The window's optimal values with every column before it fixed: `w_W +
+            // S_W · U_WW` (U_WW the inverse of Ũ's diagonal block).
+            for k in l0..l1 {
+                vr[k] = xr[k] as f64;
+            }
+            for i in l0..l1 {
+                let row = &fb.uw[i * lazy + i - l0..][..l1 - i];
+                (fb.k.sub_scaled)(-sr[i], row, &mut vr[i..l1]);
+            }
             let er = &mut errs[r * lazy..r * lazy + (l1 - l0)];
             for b in l0 / bw..l1 / bw {
                 let qb = &mut q[r * rb + b * bb..][..bb];
@@ -788,16 +793,16 @@ fn quantize_rows(
                 // after it with the batch's product.
                 for (i, &qi) in sc.best_deq.iter().enumerate() {
                     let j = b * bw + i;
-                    let row = &fb.u[j * n..(j + 1) * n];
-                    let e = (vr[j] - qi as f64) / row[j];
-                    er[j - l0] = e;
-                    (fb.k.sub_scaled)(e, &row[j + 1..l1], &mut vr[j + 1..l1]);
+                    let row = &fb.uw[j * lazy..][..l1 - l0];
+                    let e = (vr[j] - qi as f64) / row[j - l0];
+                    er[j - l0] = qi as f64 - xr[j] as f64;
+                    (fb.k.sub_scaled)(e, &row[j - l0 + 1..], &mut vr[j + 1..l1]);
                 }
             }
         }
         if l1 < n {
-            let u = (&fb.u[l0 * n + l1..], n);
-            (fb.k.product)([rows, l1 - l0, n - l1], (&errs, lazy), u, (&mut v[l1..], n));
+            let f = (&fb.f[l0 * n + l1..], n);
+            (fb.k.product)([rows, l1 - l0, n - l1], (&errs, lazy), f, (&mut s[l1..], n));
         }
     }
     Ok(())
@@ -1329,37 +1334,51 @@ mod tests {
         }
     }
 
-    /// `fb`'s factor inverts `D (H + δI) D` (`D = diag r`, δ the default damping of H's
-    /// mean diagonal): `UᵀU D (H + δI) D = I`.
-    fn assert_inverts(fb: &Feedback, h: &[f64], r: &[f64]) {
+    /// `fb`'s factor factors `D (H + δI) D` (`D = diag r`, δ the default damping of H's
+    /// mean diagonal): `Ũ Ũᵀ = D (H + δI) D`, `Ũ` upper; and each window's block of `U`
+    /// inverts `Ũ`'s.
+    fn assert_factors(fb: &Feedback, h: &[f64], r: &[f64]) {
         let n = r.len();
         let mean = (0..n).map(|i| h[i * n + i]).sum::<f64>() / n as f64;
         for i in 0..n {
             for j in 0..n {
-                let mut s = 0.0;
-                for k in 0..n {
-                    let uu: f64 = (0..n).map(|a| fb.u(a, i) * fb.u(a, k)).sum();
-                    let hk = h[k * n + j] + if k == j { DAMP * mean } else { 0.0 };
-                    s += uu * r[k] * hk * r[j];
+                if j < i {
+                    assert_eq!(fb.factor(i, j), 0.0, "({i}, {j}) below the diagonal");
                 }
-                let want = (i == j) as u8 as f64;
-                assert!((s - want).abs() < 1e-8, "({i}, {j}): {s}");
+                let ff: f64 = (0..n).map(|k| fb.factor(i, k) * fb.factor(j, k)).sum();
+                let hd = h[i * n + j] + if i == j { DAMP * mean } else { 0.0 };
+                let want = r[i] * hd * r[j];
+                let scale = r[i] * r[j] * mean;
+                assert!(
+                    (ff - want).abs() < 1e-12 * scale,
+                    "({i}, {j}): {ff} vs {want}"
+                );
+                if i / LAZY_COLS == j / LAZY_COLS {
+                    let w0 = i / LAZY_COLS * LAZY_COLS;
+                    let w1 = (w0 + LAZY_COLS).min(n);
+                    let p: f64 = (w0..w1)
+                        .map(|k| fb.factor(i, k) * fb.window_inverse(k, j))
+                        .sum();
+                    let id = (i == j) as u8 as f64;
+                    assert!((p - id).abs() < 1e-9, "(Ũ U)({i}, {j}) = {p}");
+                }
             }
         }
     }
 
-    /// `U` really factors the damped inverse: UᵀU (H + δI) = I; and `rescaled(r)`
-    /// factors `(D (H + δI) D)⁻¹` (D = diag r), with another importance.
+    /// `Ũ` really factors the damped covariance, `U`'s window blocks invert its own; and
+    /// `rescaled(r)` does both for `D (H + δI) D` (D = diag r), with another importance.
     #[test]
-    fn factor_inverts_the_damped_covariance() {
+    fn factor_is_the_damped_covariance() {
         let mut rng = Rng(7);
-        let n = 40;
-        let h = correlated_h(&mut rng, n, 30);
+        // Two windows, the second short.
+        let n = LAZY_COLS + 40;
+        let h = correlated_h(&mut rng, n, 3 * n);
         let fb = Feedback::new(n, &h, Prior::damped(DAMP), PLAIN).unwrap();
-        assert_inverts(&fb, &h, &vec![1.0; n]);
+        assert_factors(&fb, &h, &vec![1.0; n]);
         let r: Vec<f64> = (0..n).map(|_| 0.2 + 3.0 * rng.next_f64()).collect();
         let sc = fb.rescaled(&r);
-        assert_inverts(&sc, &h, &r);
+        assert_factors(&sc, &h, &r);
         assert_ne!(sc.importance(), fb.importance());
         assert!(Feedback::new(2, &[0.0; 4], Prior::damped(DAMP), PLAIN).is_none());
     }
