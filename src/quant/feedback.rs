@@ -1086,8 +1086,9 @@ mod tests {
             .chain(WType::CODEBOOKS.iter().copied())
         {
             let bw = t.block_weights();
-            // Two windows of the lazy update at least.
-            let (rows, n) = (3, if bw == 256 { 512 } else { 5 * bw });
+            // Two windows of the lazy update (the second short for the 32-weight types):
+            // the product and a window's entry values.
+            let (rows, n) = (3, if bw == 256 { 512 } else { LAZY_COLS + 2 * bw });
             let h = correlated_h(&mut rng, n, 4 * n);
             let x = weights(&mut rng, rows, n);
             let fb = Feedback::new(n, &h, Prior::damped(DAMP), PLAIN).unwrap();
