@@ -6,9 +6,9 @@
 //! than the weight error.
 //!
 //! With `H⁻¹ = UᵀU` (`U` upper triangular; `H` damped by `λ · mean(diag H)` on the
-//! diagonal; below, how the work avoids forming `U`), the row of `U` at column `j` is the optimal compensation of an error at
-//! `j` by the columns after it, so after block `B` (columns `c0..c1`) is stored as `q`,
-//! for `j` in `c0..c1`, in order:
+//! diagonal; below, how the work avoids forming `U`), the row of `U` at column `j` is
+//! the optimal compensation of an error at `j` by the columns after it, so after block
+//! `B` (columns `c0..c1`) is stored as `q`, for `j` in `c0..c1`, in order:
 //!
 //! ```text
 //! e_j = (v_j − q_j) / U_jj          (v: the row's values, updated as they go)
@@ -510,8 +510,9 @@ fn quantize_one(
 }
 
 /// Column `i` of the block at `c0` stored as `q`: its scaled error `e = (cur_i − q) /
-/// U_jj` (`j = c0 + i`), returned, and the block's later columns in `cur` (its values as
-/// updated so far) moved by `−e·U_jk`. Every sequential update inside a block is this.
+/// U_jj` (`j = c0 + i`), returned, and the later columns in `cur` (from `c0`, as updated
+/// so far; at most to the window's end) moved by `−e·U_jk`. Every sequential update
+/// inside a window is this.
 #[inline(always)]
 fn settle(fb: &Feedback, c0: usize, i: usize, q: f32, cur: &mut [f64]) -> f64 {
     let row = &fb.uw[(c0 + i) * LAZY_COLS + c0 % LAZY_COLS..][..cur.len()];
@@ -789,14 +790,13 @@ fn quantize_rows(
                 if let Some(db) = d.get_mut(r * nd + b) {
                     *db = s;
                 }
-                // The block's errors reach the rest of the window now, the columns
-                // after it with the batch's product.
+                // The block's errors reach the rest of the window now (the block's own
+                // sequence, run on to the window's end), the columns after it with the
+                // batch's product.
+                let c0 = b * bw;
                 for (i, &qi) in sc.best_deq.iter().enumerate() {
-                    let j = b * bw + i;
-                    let row = &fb.uw[j * lazy..][..l1 - l0];
-                    let e = (vr[j] - qi as f64) / row[j - l0];
-                    er[j - l0] = qi as f64 - xr[j] as f64;
-                    (fb.k.sub_scaled)(e, &row[j - l0 + 1..], &mut vr[j + 1..l1]);
+                    er[c0 + i - l0] = qi as f64 - xr[c0 + i] as f64;
+                    settle(fb, c0, i, qi, &mut vr[c0..l1]);
                 }
             }
         }
