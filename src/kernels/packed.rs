@@ -69,7 +69,7 @@
 //!
 //! ```text
 //! lines 0..8  the block's levels as a packed Q8_0 block: line k holds, for row j, at
-//!             4j..4j+4, level[4k..4k+4] + 128 (u8)
+//!             4j..4j+4, level[4k..4k+4] + 128 (u8; + 64 for the AVX2 kernel)
 //! line 8      the 16 rows' f32 scales of the block's first 16 weights (`dw_lo`)
 //! line 9      the same of its last 16 (`dw_hi`; equal to `dw_lo` for a scale per 32)
 //! ```

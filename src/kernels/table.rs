@@ -349,13 +349,16 @@ fn x86_blocks(w: WType, vnni: bool) -> Option<MatKernels> {
                 xcb::tile::<C>
             },
             packed: None,
-            decoded: Some(DecodedKernels {
-                decode: xcb::decode_groups::<C>,
-                run: if vnni {
-                    xcb::decoded_vnni::<C> as DecodedFn
-                } else {
-                    xcb::decoded_avx2::<C>
-                },
+            decoded: Some(if vnni {
+                DecodedKernels {
+                    decode: xcb::decode_groups::<C, { xcb::OFFSET_VNNI }>,
+                    run: xcb::decoded_vnni::<C>,
+                }
+            } else {
+                DecodedKernels {
+                    decode: xcb::decode_groups::<C, { xcb::OFFSET_AVX2 }>,
+                    run: xcb::decoded_avx2::<C>,
+                }
             }),
         })
     })

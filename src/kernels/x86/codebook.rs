@@ -20,7 +20,8 @@
 //! [`decoded_vnni`] as the packed Q8_0 kernel does, one zmm lane per row, `vpdpbusd`
 //! chains started at `−128·Σx` (a scale per 32) or at `−128·Σx_lo` and `−128·Σx_hi`
 //! (a scale per 16), then the contract's float step on 16 rows; [`decoded_avx2`] a ymm
-//! per half group with the sign trick.
+//! per half group on levels + 64, `vpmaddubsw` + `vpmaddwd` chains started at `−64·Σx`
+//! the same way (no sign trick: pair sums ≤ 2·126·127 fit in i16).
 
 use core::arch::x86_64::*;
 
@@ -38,6 +39,13 @@ use crate::kernels::scalar::codebook::CodebookTy;
 use crate::kernels::scalar::tiles::LANES;
 use crate::kernels::tier::Tier;
 use crate::quant::codebook;
+
+/// What [`decode_groups`] adds to the levels for the VNNI kernel: `vpdpbusd` takes them
+/// as u8.
+pub const OFFSET_VNNI: u8 = 128;
+/// What it adds for the AVX2 kernel: `vpmaddubsw`'s pair sums of `(v + 64)·x` stay
+/// within i16 (`|v| ≤ 62`), where `v + 128` would saturate them.
+pub const OFFSET_AVX2: u8 = 64;
 
 /// A decoded super-block of one row.
 struct Group {
@@ -476,13 +484,14 @@ pub unsafe fn tile<C: CodebookTy>(
     unsafe { tile_any::<C>(rows, wq, x, out) }
 }
 
-/// Decodes groups `g0..g1` of type `C`'s rows into `buf` (see `table::DecodeFn`).
+/// Decodes groups `g0..g1` of type `C`'s rows into `buf` (see `table::DecodeFn`), the
+/// levels stored as `v + OFFSET` (u8): [`OFFSET_VNNI`] or [`OFFSET_AVX2`].
 ///
 /// # Safety
 /// The CPU has AVX2 and F16C; `wq` holds `rows` rows of `cols`, `g1·16 < rows + 16`,
 /// `buf` holds `(g1 − g0)·(cols/32)·DECODED_LINES` lines.
 #[target_feature(enable = "avx2,f16c")]
-pub unsafe fn decode_groups<C: CodebookTy>(
+pub unsafe fn decode_groups<C: CodebookTy, const OFFSET: u8>(
     wq: &[u8],
     rows: usize,
     cols: usize,
@@ -498,7 +507,7 @@ pub unsafe fn decode_groups<C: CodebookTy>(
     assert!(g0 <= g1 && g1 * GROUP < rows + GROUP);
     // Block b = 8·sb + l of a row sits at position lane_start(l) + sb.
     let starts: [usize; LANES] = std::array::from_fn(|l| lane_start(nb, l));
-    let flip = _mm256_set1_epi8(-128);
+    let off = _mm256_set1_epi8(OFFSET as i8);
     for (g, rec) in (g0..g1).zip(buf.chunks_exact_mut(per_group)) {
         for j in 0..GROUP {
             let at = 4 * j..4 * j + 4;
@@ -506,7 +515,7 @@ pub unsafe fn decode_groups<C: CodebookTy>(
             if r >= rows {
                 for lines in rec.chunks_exact_mut(DECODED_LINES) {
                     for (k, line) in lines.iter_mut().enumerate() {
-                        line.0[at.clone()].fill(if k < 8 { 0x80 } else { 0 });
+                        line.0[at.clone()].fill(if k < 8 { OFFSET } else { 0 });
                     }
                 }
                 continue;
@@ -523,7 +532,8 @@ pub unsafe fn decode_groups<C: CodebookTy>(
                 }
                 for (l, &start) in starts.iter().enumerate() {
                     let (m, sg) = levels(C::W, blk, words, l);
-                    let v = _mm256_xor_si256(_mm256_sign_epi8(m, sg), flip);
+                    // |v| ≤ 62: v + 128 and v + 64 are in 0..=255 (wrapping adds).
+                    let v = _mm256_add_epi8(_mm256_sign_epi8(m, sg), off);
                     let mut u = [0u8; QK];
                     // SAFETY: `u` holds 32 bytes.
                     unsafe { _mm256_storeu_si256(u.as_mut_ptr() as *mut __m256i, v) };
@@ -571,8 +581,8 @@ unsafe fn decoded_lane<const HALVES: bool, const T: usize>(
                 if HALVES {
                     let h = *xh.add(at + t);
                     let (i0, i1) = dpbusd_block(
-                        _mm512_set1_epi32(-128 * h),
-                        _mm512_set1_epi32(-128 * (s - h)),
+                        _mm512_set1_epi32(-(OFFSET_VNNI as i32) * h),
+                        _mm512_set1_epi32(-(OFFSET_VNNI as i32) * (s - h)),
                         &lo,
                         &hi,
                         xb,
@@ -582,7 +592,7 @@ unsafe fn decoded_lane<const HALVES: bool, const T: usize>(
                     *acc_t = _mm512_fmadd_ps(dx, v, *acc_t);
                 } else {
                     let (i0, i1) = dpbusd_block(
-                        _mm512_set1_epi32(-128 * s),
+                        _mm512_set1_epi32(-(OFFSET_VNNI as i32) * s),
                         _mm512_setzero_si512(),
                         &lo,
                         &hi,
@@ -652,10 +662,11 @@ fn checked_tokens(v: &DecodedView, x: &ActTile) -> usize {
 }
 
 /// [`decoded_lane`] on AVX2 for the half group `half` (rows `8·half..8·half + 8`) and
-/// tokens `t0..t0 + T` of a tile of `nt`: the levels `v = u ^ 0x80` of each chunk, then
-/// `vpmaddubsw(|v|, sign(x, v))` gives each row's pair sums (≤ 2·62·127, no saturation),
-/// two chunks' added and `vpmaddwd` by 1, summed exactly over chunks 0..4 (`Σ_lo`) and
-/// 4..8 (`Σ_hi`; into `Σ_lo` when the type has a scale per 32).
+/// tokens `t0..t0 + T` of a tile of `nt`: the levels are stored as `u = v + 64`, so
+/// `vpmaddubsw(u, x)` gives each row's pair sums (≤ 2·126·127 = 32,004, no saturation)
+/// and `vpmaddwd` by 1 sums them exactly into `Σ_lo` (chunks 0..4) and `Σ_hi` (4..8;
+/// into `Σ_lo` when the type has a scale per 32), each started at `−64·Σx` of its part
+/// (the activations' half-block sums), so that they end at `Σ v·x`.
 #[inline(always)]
 unsafe fn decoded_lane_avx2<const HALVES: bool, const T: usize>(
     rec: *const u8,
@@ -669,29 +680,33 @@ unsafe fn decoded_lane_avx2<const HALVES: bool, const T: usize>(
     let mut pos = lane_start(nb, l);
     // SAFETY: the caller's contract (see `decoded_avx2`).
     unsafe {
-        let (xq, xd) = (x.iq.as_ptr(), x.id.as_ptr());
-        let (ones, flip) = (_mm256_set1_epi16(1), _mm256_set1_epi8(-128));
+        let (xq, xd, xs, xh) = (x.iq.as_ptr(), x.id.as_ptr(), x.is.as_ptr(), x.ih.as_ptr());
+        let ones = _mm256_set1_epi16(1);
         let mut acc = [_mm256_setzero_ps(); T];
         let mut b = l;
         while b < nb {
             let wp = rec.add(pos * DECODED_LINES * 64 + 32 * half);
             let at = b * nt + t0;
-            let (mut lo, mut hi) = ([_mm256_setzero_si256(); T], [_mm256_setzero_si256(); T]);
-            // Chunks k and k + 1 (one half) share a `vpmaddwd`: their i16 pair sums
-            // add without saturating (2·2·62·127 = 31,496).
-            for k in (0..8).step_by(2) {
-                let u0 = _mm256_loadu_si256(wp.add(64 * k) as *const __m256i);
-                let u1 = _mm256_loadu_si256(wp.add(64 * k + 64) as *const __m256i);
-                let (v0, v1) = (_mm256_xor_si256(u0, flip), _mm256_xor_si256(u1, flip));
-                let (w0, w1) = (_mm256_abs_epi8(v0), _mm256_abs_epi8(v1));
+            let off = OFFSET_AVX2 as i32;
+            let mut lo: [__m256i; T] = std::array::from_fn(|t| {
+                let s = *xs.add(at + t);
+                _mm256_set1_epi32(-off * if HALVES { *xh.add(at + t) } else { s })
+            });
+            // Unused (and zero) for a scale per 32.
+            let mut hi: [__m256i; T] = std::array::from_fn(|t| {
+                let s = *xs.add(at + t);
+                _mm256_set1_epi32(if HALVES {
+                    -off * (s - *xh.add(at + t))
+                } else {
+                    0
+                })
+            });
+            for k in 0..8 {
+                let u = _mm256_loadu_si256(wp.add(64 * k) as *const __m256i);
                 for t in 0..T {
                     let xp = xq.add((at + t) * QK + 4 * k) as *const i32;
-                    let x0 = _mm256_set1_epi32(xp.read_unaligned());
-                    let x1 = _mm256_set1_epi32(xp.add(1).read_unaligned());
-                    let s0 = _mm256_maddubs_epi16(w0, _mm256_sign_epi8(x0, v0));
-                    let s1 = _mm256_maddubs_epi16(w1, _mm256_sign_epi8(x1, v1));
-                    let p = _mm256_madd_epi16(_mm256_add_epi16(s0, s1), ones);
-                    // A scale per 32 needs one sum: `hi` stays zero (and unused).
+                    let p = _mm256_maddubs_epi16(u, _mm256_set1_epi32(xp.read_unaligned()));
+                    let p = _mm256_madd_epi16(p, ones);
                     if k < 4 || !HALVES {
                         lo[t] = _mm256_add_epi32(lo[t], p);
                     } else {
@@ -708,7 +723,7 @@ unsafe fn decoded_lane_avx2<const HALVES: bool, const T: usize>(
                     let v = _mm256_fmadd_ps(dh, _mm256_cvtepi32_ps(hi[t]), l);
                     _mm256_fmadd_ps(dx, v, acc[t])
                 } else {
-                    let isum = _mm256_cvtepi32_ps(_mm256_add_epi32(lo[t], hi[t]));
+                    let isum = _mm256_cvtepi32_ps(lo[t]);
                     _mm256_fmadd_ps(_mm256_mul_ps(dl, dx), isum, acc[t])
                 };
             }
@@ -756,15 +771,16 @@ pub unsafe fn decoded_avx2<C: CodebookTy>(v: &DecodedView, x: &ActTile, y: *mut 
     count(Tier::Avx2, Op::Packed);
     let nt = checked_tokens(v, x);
     for g in v.g0..v.g1 {
-        // Passes of 4 tokens for a scale per 32 (one sum a token), else of 2: with 4,
-        // two sums a token and the accumulators outgrow the 16 ymm.
-        let most = if codebook::halves(C::W) { 2 } else { 4 };
+        // Passes of up to 4 tokens: their sums, accumulators, a level chunk and the
+        // constant fill the 16 ymm.
         let mut t0 = 0;
         while t0 < nt {
-            let n = (nt - t0).min(most);
+            let n = (nt - t0).min(if codebook::halves(C::W) { 3 } else { 4 });
             // SAFETY: forwarded caller contract; the lengths checked.
             unsafe {
                 match (codebook::halves(C::W), n) {
+                    (true, 4) => decoded_pass_avx2::<true, 4>(v, g, x, nt, t0, y, ld),
+                    (true, 3) => decoded_pass_avx2::<true, 3>(v, g, x, nt, t0, y, ld),
                     (true, 2) => decoded_pass_avx2::<true, 2>(v, g, x, nt, t0, y, ld),
                     (true, _) => decoded_pass_avx2::<true, 1>(v, g, x, nt, t0, y, ld),
                     (false, 4) => decoded_pass_avx2::<false, 4>(v, g, x, nt, t0, y, ld),
