@@ -666,11 +666,11 @@ fn checked_tokens(v: &DecodedView, x: &ActTile) -> usize {
 /// `vpmaddubsw(u, x)` gives each row's pair sums (≤ 2·126·127 = 32,004, no saturation)
 /// and `vpmaddwd` by 1 sums them exactly into `Σ_lo` (chunks 0..4) and `Σ_hi` (4..8;
 /// into `Σ_lo` when the type has a scale per 32), each started at `−64·Σx` of its part
-/// (the activations' half-block sums), so that they end at `Σ v·x`.
+/// (`starts`: [`avx2_starts`]), so that they end at `Σ v·x`.
 #[inline(always)]
 unsafe fn decoded_lane_avx2<const HALVES: bool, const T: usize>(
     rec: *const u8,
-    x: &ActTile,
+    (x, starts): (&ActTile, &[i32]),
     nb: usize,
     nt: usize,
     t0: usize,
@@ -680,26 +680,23 @@ unsafe fn decoded_lane_avx2<const HALVES: bool, const T: usize>(
     let mut pos = lane_start(nb, l);
     // SAFETY: the caller's contract (see `decoded_avx2`).
     unsafe {
-        let (xq, xd, xs, xh) = (x.iq.as_ptr(), x.id.as_ptr(), x.is.as_ptr(), x.ih.as_ptr());
+        let (xq, xd, st) = (x.iq.as_ptr(), x.id.as_ptr(), starts.as_ptr());
         let ones = _mm256_set1_epi16(1);
         let mut acc = [_mm256_setzero_ps(); T];
         let mut b = l;
         while b < nb {
             let wp = rec.add(pos * DECODED_LINES * 64 + 32 * half);
             let at = b * nt + t0;
-            let off = OFFSET_AVX2 as i32;
-            let mut lo: [__m256i; T] = std::array::from_fn(|t| {
-                let s = *xs.add(at + t);
-                _mm256_set1_epi32(-off * if HALVES { *xh.add(at + t) } else { s })
-            });
+            // Broadcasts from memory (made here, each start took 6 instructions).
+            let mut lo: [__m256i; T] =
+                std::array::from_fn(|t| _mm256_set1_epi32(*st.add(2 * (at + t))));
             // Unused (and zero) for a scale per 32.
             let mut hi: [__m256i; T] = std::array::from_fn(|t| {
-                let s = *xs.add(at + t);
-                _mm256_set1_epi32(if HALVES {
-                    -off * (s - *xh.add(at + t))
+                if HALVES {
+                    _mm256_set1_epi32(*st.add(2 * (at + t) + 1))
                 } else {
-                    0
-                })
+                    _mm256_setzero_si256()
+                }
             });
             for k in 0..8 {
                 let u = _mm256_loadu_si256(wp.add(64 * k) as *const __m256i);
@@ -740,7 +737,7 @@ unsafe fn decoded_lane_avx2<const HALVES: bool, const T: usize>(
 unsafe fn decoded_pass_avx2<const HALVES: bool, const T: usize>(
     v: &DecodedView,
     g: usize,
-    x: &ActTile,
+    x: (&ActTile, &[i32]),
     nt: usize,
     t0: usize,
     y: *mut f32,
@@ -761,6 +758,22 @@ unsafe fn decoded_pass_avx2<const HALVES: bool, const T: usize>(
     }
 }
 
+/// Where each (block, token)'s sums start in [`decoded_lane_avx2`], in the order of
+/// `x.is`: `-64·Σx_lo` then `-64·Σx_hi` (a scale per 16), or `-64·Σx` then 0.
+fn avx2_starts(x: &ActTile, halves: bool) -> Vec<i32> {
+    let off = OFFSET_AVX2 as i32;
+    x.is.iter()
+        .zip(x.ih)
+        .flat_map(|(&s, &h)| {
+            if halves {
+                [-off * h, -off * (s - h)]
+            } else {
+                [-off * s, 0]
+            }
+        })
+        .collect()
+}
+
 /// Decoded groups of codebook type `C` against a packed tile, AVX2 (the AVX2 and AVX-512
 /// BW tiers; see `table::DecodedFn`).
 ///
@@ -770,12 +783,14 @@ unsafe fn decoded_pass_avx2<const HALVES: bool, const T: usize>(
 pub unsafe fn decoded_avx2<C: CodebookTy>(v: &DecodedView, x: &ActTile, y: *mut f32, ld: usize) {
     count(Tier::Avx2, Op::Packed);
     let nt = checked_tokens(v, x);
+    let starts = avx2_starts(x, codebook::halves(C::W));
+    let x = (x, &starts[..]);
     for g in v.g0..v.g1 {
         // Passes of up to 4 tokens: their sums, accumulators, a level chunk and the
         // constant fill the 16 ymm.
         let mut t0 = 0;
         while t0 < nt {
-            let n = (nt - t0).min(if codebook::halves(C::W) { 3 } else { 4 });
+            let n = (nt - t0).min(4);
             // SAFETY: forwarded caller contract; the lengths checked.
             unsafe {
                 match (codebook::halves(C::W), n) {
