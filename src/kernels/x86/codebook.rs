@@ -687,7 +687,8 @@ unsafe fn decoded_lane_avx2<const HALVES: bool, const T: usize>(
         while b < nb {
             let wp = rec.add(pos * DECODED_LINES * 64 + 32 * half);
             let at = b * nt + t0;
-            // Broadcasts from memory (made here, each start took 6 instructions).
+            // Broadcasts from memory: made in this loop from the sums, each start took
+            // 6 instructions.
             let mut lo: [__m256i; T] =
                 std::array::from_fn(|t| _mm256_set1_epi32(*st.add(2 * (at + t))));
             // Unused (and zero) for a scale per 32.
